@@ -1,0 +1,294 @@
+"""``monai-fast``: the command line.
+
+``monai-fast demo``   race the fast recipe against the plain-MONAI baseline to a target Dice.
+``monai-fast bench``  the same race with all three recipes and repeats; JSON for benchmarks/results.
+``monai-fast synth``  write a synthetic data set in Medical Segmentation Decathlon layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["main", "race", "synthetic_dataset"]
+
+logger = logging.getLogger("monai_fast")
+
+_DEMO_DEFAULTS = {"cases": 16, "shape": (128, 128, 64)}
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("MONAI_FAST_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "monai-fast"
+
+
+def synthetic_dataset(kind: str, cases: int, shape: Sequence[int], seed: int, progress: bool = True) -> Path:
+    """The synthetic set for these parameters, generated once and reused from the cache folder
+    (``$MONAI_FAST_CACHE``, else ``$XDG_CACHE_HOME/monai-fast``, else ``~/.cache/monai-fast``)."""
+    from monai_fast.synthetic import generate_msd
+
+    shape = tuple(int(s) for s in shape)
+    root = _cache_root() / "data" / f"{kind}-n{cases}-{'x'.join(map(str, shape))}-s{seed}"
+    ready = root / "dataset.json"
+    if ready.is_file():
+        try:
+            meta = json.loads(ready.read_text()).get("monai_fast", {})
+            if meta.get("shape") == list(shape) and meta.get("seed") == seed and meta.get("kind") == kind:
+                logger.info("reusing synthetic data in %s", root)
+                return root
+        except (OSError, json.JSONDecodeError):
+            pass  # a damaged folder is simply written again
+    logger.info("writing %d %s cases to %s", cases, kind, root)
+    return generate_msd(root, kind=kind, num_cases=cases, shape=shape, seed=seed, progress=progress)
+
+
+def _resolve_device(name: str) -> str:
+    from monai_fast.telemetry import cuda_available
+
+    if name == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if name.startswith("cuda") and not cuda_available():
+        raise SystemExit(f"--device {name}: this torch build sees no CUDA device (use --device cpu)")
+    return name
+
+
+def _config_from_args(args: argparse.Namespace, seed: int):
+    from monai_fast.recipes import RecipeConfig
+
+    kw = {
+        "max_epochs": args.max_epochs,
+        "seed": seed,
+        "val_interval": args.val_interval,
+        "batch_size": args.batch_size,
+        "num_samples": args.num_samples,
+    }
+    if args.patch_size:
+        kw["patch_size"] = tuple(args.patch_size)
+    if args.channels:
+        kw["channels"] = tuple(args.channels)
+        kw["strides"] = (2,) * (len(args.channels) - 1)
+    if args.workers is not None:
+        kw["num_workers"] = args.workers
+    try:
+        return RecipeConfig(**kw)
+    except ValueError as e:
+        raise SystemExit(f"bad option: {e}") from e
+
+
+def _meta(args: argparse.Namespace, data_root: Path, device: str) -> dict:
+    import ignite
+    import monai
+    import torch
+
+    from monai_fast import __version__
+    from monai_fast.telemetry import device_description
+
+    return {
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": {
+            "device": device_description(device),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "versions": {"monai_fast": __version__, "torch": torch.__version__, "monai": monai.__version__, "ignite": ignite.__version__},
+        "data": str(data_root),
+        "command": " ".join(sys.argv),
+        "options": {k: v for k, v in vars(args).items() if k != "func"},
+    }
+
+
+def race(args: argparse.Namespace, recipes: Sequence[str], run_dir: Path, train_seed: int | None = None):
+    """Generate or read the data, run each recipe to the target, and return the results.
+
+    ``args.seed`` fixes the data and the split; ``train_seed`` (default: the same) the weights and crops.
+    """
+    from monai_fast.data.msd import load_msd_datalist
+    from monai_fast.recipes.runner import run_to_target
+
+    progress = not args.no_progress
+    if args.data_dir:
+        data_root = Path(args.data_dir)
+    else:
+        data_root = synthetic_dataset("spleen-like", args.cases, args.shape, args.seed, progress)
+    train_files, val_files = load_msd_datalist(data_root, val_fraction=args.val_fraction, seed=args.seed)
+    device = _resolve_device(args.device)
+    config = _config_from_args(args, args.seed if train_seed is None else train_seed)
+    logger.info("%d training / %d validation cases from %s on %s", len(train_files), len(val_files), data_root, device)
+    results = []
+    for name in recipes:
+        print(f"-- {name}: training to Dice {args.target} (budget {args.time_budget:.0f} s)", flush=True)
+        r = run_to_target(
+            name, train_files, val_files, config, device, args.target, args.time_budget, run_dir, progress=progress
+        )
+        state = f"reached in {r.time_to_target_s:.1f} s" if r.reached else f"not reached in {r.total_s:.0f} s"
+        print(f"   {name}: {state}, best Dice {r.best_dice or 0:.3f}, {r.epochs_run} epochs", flush=True)
+        results.append(r)
+    return results, _meta(args, data_root, device)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from monai_fast.report.compare import format_table, write_race
+
+    run_dir = Path(args.run_dir or f"runs/demo-{_dt.datetime.now():%Y%m%d-%H%M%S}")
+    results, meta = race(args, args.recipes, run_dir)
+    write_race(results, run_dir, meta)
+    print()
+    print(format_table(results))
+    print(f"\nrun folder: {run_dir}  (results.json, epochs.csv, dice_vs_time.png, TensorBoard events per recipe)")
+    print(f"tensorboard --logdir {run_dir}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from monai_fast.report.compare import format_table, speedup, write_json_atomic, write_race
+
+    stamp = _dt.datetime.now()
+    base_dir = Path(args.run_dir or f"runs/bench-{stamp:%Y%m%d-%H%M%S}")
+    repeats = []
+    meta: dict = {}
+    for i in range(args.repeats):
+        print(f"== repeat {i + 1}/{args.repeats}", flush=True)
+        # repeats differ in weights and crops, not in data or split
+        results, meta = race(args, args.recipes, base_dir / f"repeat{i + 1}", train_seed=args.seed + i)
+        write_race(results, base_dir / f"repeat{i + 1}", meta)
+        print(format_table(results), flush=True)
+        repeats.append(results)
+    summary = {}
+    for name in args.recipes:
+        runs = [next(r for r in rs if r.recipe == name) for rs in repeats]
+        times = [r.time_to_target_s for r in runs if r.reached]
+        summary[name] = {
+            "reached": f"{len(times)}/{len(runs)}",
+            "median_time_to_target_s": statistics.median(times) if times else None,
+            "median_epochs_to_target": statistics.median([r.epochs_to_target for r in runs if r.reached]) if times else None,
+            "median_train_s_per_epoch": statistics.median(r.train_s_per_epoch for r in runs),
+            "median_data_wait_share": statistics.median(r.data_wait_share for r in runs),
+        }
+        if "baseline" in args.recipes and name != "baseline":
+            factors = [speedup(next(r for r in rs if r.recipe == name), next(r for r in rs if r.recipe == "baseline")) for rs in repeats]
+            summary[name]["speedup_over_baseline"] = [
+                {"factor": f, "lower_bound": lb} for f, lb in factors
+            ]
+    doc = {**meta, "benchmark": "time_to_dice", "repeats": [[r.to_dict() for r in rs] for rs in repeats], "summary": summary}
+    out = Path(args.out) / f"time_to_dice_{stamp:%Y%m%d-%H%M%S}.json"
+    write_json_atomic(doc, out)
+    print("\nsummary (medians over repeats):")
+    print(json.dumps(summary, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from monai_fast.synthetic import generate_msd
+
+    root = generate_msd(args.out, kind=args.kind, num_cases=args.cases, shape=args.shape, seed=args.seed, progress=not args.no_progress)
+    print(f"wrote {args.cases} {args.kind} cases in MSD layout to {root}")
+    return 0
+
+
+def _add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequence[str]) -> None:
+    from monai_fast.recipes import RECIPES
+
+    g = p.add_argument_group("data")
+    g.add_argument("--data-dir", help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen); default: synthetic spleen-like data")
+    g.add_argument("--cases", type=int, default=_DEMO_DEFAULTS["cases"], help="synthetic cases to generate (default %(default)s)")
+    g.add_argument("--shape", type=int, nargs=3, default=_DEMO_DEFAULTS["shape"], metavar=("X", "Y", "Z"), help="synthetic volume size in voxels (default %(default)s)")
+    g.add_argument("--val-fraction", type=float, default=0.25, help="share of cases held out for validation (default %(default)s)")
+    g = p.add_argument_group("race")
+    g.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(recipes), help="recipes to run, in this order (default %(default)s)")
+    g.add_argument("--target", type=float, default=0.9, help="validation mean Dice (no background) to reach (default %(default)s)")
+    g.add_argument("--time-budget", type=float, default=budget, help="seconds each recipe may run before it is stopped (default %(default)s)")
+    g.add_argument("--max-epochs", type=int, default=200, help="epoch limit per recipe (default %(default)s)")
+    g.add_argument("--val-interval", type=int, default=1, help="validate every N epochs (default %(default)s)")
+    g.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seed of data, split, weights and crops (default %(default)s)")
+    g = p.add_argument_group("model and batches")
+    g.add_argument("--patch-size", type=int, nargs=3, metavar=("X", "Y", "Z"), help="training patch / sliding-window ROI (default 64 64 64)")
+    g.add_argument("--batch-size", type=int, default=2, help="volumes per batch (default %(default)s)")
+    g.add_argument("--num-samples", type=int, default=4, help="random crops per volume (default %(default)s)")
+    g.add_argument("--channels", type=int, nargs="+", help="UNet channels per level (default 8 16 32 64)")
+    g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
+    g = p.add_argument_group("output")
+    g.add_argument("--run-dir", help="where results.json, epochs.csv, the PNG and TensorBoard events go (default runs/<command>-<time>)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``monai-fast`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="monai-fast",
+        description="Fast 3D medical-image training with MONAI and PyTorch-Ignite: recipes, handlers, benchmarks.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run 'monai-fast COMMAND --help' for the options of one command.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "demo",
+        help="race the fast recipe against a plain-MONAI baseline to a target Dice (about 5 min on 2 CPU cores)",
+        description=(
+            "Generate (once, then reuse) a synthetic spleen-like CT set in MSD layout, train the 'fast' and the "
+            "'baseline' recipe on it until validation mean Dice reaches --target or --time-budget runs out, and print "
+            "time to target, epochs, train/val seconds per epoch, data-wait share and the speed-up. Writes a run "
+            "folder with results.json, epochs.csv, dice_vs_time.png and TensorBoard events. When the baseline does not "
+            "reach the target within its budget, the speed-up is shown as a lower bound ('>=')."
+        ),
+    )
+    _add_race_options(p, budget=210.0, recipes=("fast", "baseline"))
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser(
+        "bench",
+        help="time-to-Dice benchmark of all three recipes with repeats; writes JSON to benchmarks/results/",
+        description="The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, with a longer budget; "
+        "writes one JSON with all epochs, the machine and package versions, and medians.",
+    )
+    _add_race_options(p, budget=1200.0, recipes=("baseline", "monai_tutorial", "fast"))
+    p.add_argument("--repeats", type=int, default=1, help="repeats with different seeds for weights and crops (default %(default)s)")
+    p.add_argument("--out", default="benchmarks/results", help="folder for the result JSON (default %(default)s)")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("synth", help="write a synthetic data set in Medical Segmentation Decathlon layout",
+                       description="Write imagesTr/, labelsTr/ and dataset.json like an MSD task.")
+    p.add_argument("out", help="output folder")
+    p.add_argument("--kind", choices=("spleen-like", "brats-like"), default="spleen-like", help="(default %(default)s)")
+    p.add_argument("--cases", type=int, default=16, help="(default %(default)s)")
+    p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), metavar=("X", "Y", "Z"), help="(default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="(default %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_synth)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``monai-fast`` command."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    logging.getLogger("ignite").setLevel(logging.WARNING)
+    for name in ("cases", "repeats"):
+        if getattr(args, name, 1) < 1:
+            raise SystemExit(f"--{name} must be >= 1")
+    if getattr(args, "time_budget", 1) <= 0:
+        raise SystemExit("--time-budget must be > 0")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

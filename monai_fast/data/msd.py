@@ -1,0 +1,153 @@
+"""Reader for data sets in the Medical Segmentation Decathlon (MSD) layout.
+
+A folder with a ``dataset.json`` (a real ``Task09_Spleen`` / ``Task01_BrainTumour`` or one written
+by :mod:`monai_fast.synthetic`) becomes two lists of ``{"image": path, "label": path}`` dicts,
+ready for MONAI datasets. Every listed file is checked before any training starts: a missing
+``dataset.json``, a listed file that does not exist, or an image whose spatial shape differs from
+its label's is one clear error that names the path at fault.
+
+MONAI's :class:`monai.apps.DecathlonDataset` downloads and splits the official tasks; this reader
+works on any local folder in that layout (ours, a copy on a cluster's scratch disk, a subset) and
+checks it, which ``monai.data.load_decathlon_datalist`` does not.
+
+Example:
+    >>> from monai_fast.data.msd import load_msd_datalist
+    >>> train, val = load_msd_datalist("/data/Task09_Spleen", val_fraction=0.2, seed=0)
+    >>> sorted(train[0])
+    ['image', 'label']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+
+__all__ = ["MSDDataError", "case_id", "load_msd_datalist", "read_dataset_json"]
+
+
+class MSDDataError(ValueError):
+    """A data set in MSD layout is incomplete or inconsistent; the message names the path."""
+
+
+def case_id(path: str | os.PathLike) -> str:
+    """The case name of an MSD file: ``.../spleen_12.nii.gz`` -> ``spleen_12``."""
+    name = Path(path).name
+    for ext in (".nii.gz", ".nii", ".nrrd", ".mha"):
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return name
+
+
+def read_dataset_json(root: str | os.PathLike) -> dict:
+    """Read and minimally validate ``root/dataset.json``.
+
+    Raises:
+        FileNotFoundError: if ``root`` or its ``dataset.json`` does not exist.
+        MSDDataError: if the file is not JSON or has no non-empty ``training`` list of
+            ``{"image", "label"}`` entries.
+    """
+    root = Path(root)
+    path = root / "dataset.json"
+    if not root.is_dir():
+        raise FileNotFoundError(f"MSD data folder {root} does not exist")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: an MSD data folder needs a dataset.json")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise MSDDataError(f"{path} is not valid JSON: {e}") from e
+    training = meta.get("training") if isinstance(meta, dict) else None
+    if not isinstance(training, list) or not training:
+        raise MSDDataError(f"{path} has no non-empty 'training' list")
+    for i, item in enumerate(training):
+        if not isinstance(item, dict) or "image" not in item or "label" not in item:
+            raise MSDDataError(f"{path}: training[{i}] must have 'image' and 'label', got {item!r}")
+    return meta
+
+
+def _resolve(root: Path, rel: str) -> Path:
+    # MSD lists paths as "./imagesTr/x.nii.gz"; absolute paths are kept as they are
+    p = Path(rel)
+    return p if p.is_absolute() else (root / p).resolve()
+
+
+def _spatial_shape(path: Path, n_channels_last: int | None) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in nib.load(str(path)).shape)  # reads the header only
+    except Exception as e:  # nibabel raises several types for unreadable files
+        raise MSDDataError(f"cannot read {path}: {e}") from e
+    return shape[:3] if n_channels_last is None or len(shape) > 3 else shape
+
+
+def load_msd_datalist(
+    root: str | os.PathLike,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    val_cases: Sequence[str] | None = None,
+    check_shapes: bool = True,
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Read an MSD folder and split its training cases into train and validation lists.
+
+    Args:
+        root: folder holding ``dataset.json``, ``imagesTr/`` and ``labelsTr/``.
+        val_fraction: share of cases used for validation when ``val_cases`` is not given
+            (at least one case goes to each side). The split is a fixed permutation by ``seed``.
+        seed: seed of the split.
+        val_cases: the user's own fold: case names (``"spleen_12"``) or file names of the images
+            to validate on; all others train. Unknown names are an error.
+        check_shapes: compare each image's spatial shape with its label's (header reads only).
+
+    Returns:
+        ``(train_files, val_files)``: lists of ``{"image": str, "label": str}`` with absolute paths.
+
+    Raises:
+        FileNotFoundError: no such folder, no ``dataset.json``, or a listed file is missing
+            (the message names every missing file, up to ten).
+        MSDDataError: a malformed ``dataset.json``, an unreadable file, an image/label shape
+            mismatch, an unknown validation case, or a split leaving one side empty.
+    """
+    root = Path(root)
+    meta = read_dataset_json(root)
+    items = [{"image": str(_resolve(root, d["image"])), "label": str(_resolve(root, d["label"]))} for d in meta["training"]]
+
+    missing = [p for d in items for p in (d["image"], d["label"]) if not Path(p).is_file()]
+    if missing:
+        more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
+        raise FileNotFoundError(
+            f"{root / 'dataset.json'} lists files that do not exist: {', '.join(missing[:10])}{more}"
+        )
+    if check_shapes:
+        for d in items:
+            img = _spatial_shape(Path(d["image"]), n_channels_last=1)
+            lab = _spatial_shape(Path(d["label"]), n_channels_last=None)
+            if img[:3] != lab[:3]:
+                raise MSDDataError(
+                    f"image {d['image']} has spatial shape {img[:3]} but its label {d['label']} has {lab[:3]}"
+                )
+
+    ids = [case_id(d["image"]) for d in items]
+    if val_cases is not None:
+        wanted = {case_id(c) for c in val_cases}
+        unknown = sorted(wanted - set(ids))
+        if unknown:
+            raise MSDDataError(f"val_cases not listed in {root / 'dataset.json'}: {unknown}")
+        is_val = [i in wanted for i in ids]
+    else:
+        if not 0.0 < val_fraction < 1.0:
+            raise MSDDataError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        n_val = min(max(1, round(len(items) * val_fraction)), len(items) - 1)
+        perm = np.random.default_rng(seed).permutation(len(items))
+        val_idx = set(perm[:n_val].tolist())
+        is_val = [i in val_idx for i in range(len(items))]
+    train = [d for d, v in zip(items, is_val) if not v]
+    val = [d for d, v in zip(items, is_val) if v]
+    if not train or not val:
+        raise MSDDataError(
+            f"split of {len(items)} cases in {root} leaves {len(train)} for training and {len(val)} for validation"
+        )
+    return train, val

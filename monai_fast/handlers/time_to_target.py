@@ -1,0 +1,139 @@
+"""Stop training when a validation metric reaches a target, or when a wall-clock budget is spent."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Literal
+
+from ignite.engine import Engine, Events
+
+__all__ = ["TimeToTarget"]
+
+
+class TimeToTarget:
+    """Measures wall-clock time to a target metric and ends the run there.
+
+    The clock starts at ``start_time`` (a :func:`time.perf_counter` value; pass the time taken
+    before building the data sets so caching counts) or else at :meth:`attach`. After every run of
+    ``evaluator`` (or every trainer epoch when there is no evaluator) the metric is compared with
+    ``target``; the first time it is met, the time and epoch are recorded and the trainer is
+    terminated. With ``time_budget_s`` the trainer (and a running evaluator) are terminated at the
+    first iteration past the budget, so a slow recipe cannot hold a comparison hostage.
+
+    Attributes:
+        history: ``(elapsed_s, trainer_epoch, value)`` for every metric reading.
+        reached_s: elapsed seconds when the target was met, or ``None``.
+        reached_epoch: trainer epoch when the target was met, or ``None``.
+        budget_exhausted: whether the budget ended the run.
+
+    Args:
+        target: the value to reach.
+        metric_name: key in ``engine.state.metrics``; default: the evaluator's key metric
+            (MONAI engines set ``state.key_metric_name``).
+        time_budget_s: stop after this many seconds; ``None`` for no limit.
+        start_time: :func:`time.perf_counter` value at which the clock started.
+        mode: ``"max"`` if higher is better (Dice), ``"min"`` if lower is (loss).
+
+    Example:
+        >>> import time
+        >>> from monai_fast.handlers import TimeToTarget
+        >>> t0 = time.perf_counter()  # before building the CacheDataset
+        >>> stopper = TimeToTarget(target=0.9, time_budget_s=600, start_time=t0)
+        >>> stopper.attach(trainer, evaluator)  # doctest: +SKIP
+        >>> trainer.run()  # doctest: +SKIP
+        >>> stopper.reached_s  # doctest: +SKIP
+        41.7
+    """
+
+    def __init__(
+        self,
+        target: float,
+        metric_name: str | None = None,
+        time_budget_s: float | None = None,
+        start_time: float | None = None,
+        mode: Literal["max", "min"] = "max",
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if not math.isfinite(target):
+            raise ValueError(f"target must be a finite number, got {target}")
+        if time_budget_s is not None and not time_budget_s > 0:
+            raise ValueError(f"time_budget_s must be > 0 or None, got {time_budget_s}")
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+        self.target = float(target)
+        self.metric_name = metric_name
+        self.time_budget_s = time_budget_s
+        self.start_time = start_time
+        self.mode = mode
+        self.logger = logger or logging.getLogger("monai_fast.handlers")
+        self.history: list[tuple[float, int, float]] = []
+        self.reached_s: float | None = None
+        self.reached_epoch: int | None = None
+        self.budget_exhausted = False
+        self._trainer: Engine | None = None
+        self._evaluator: Engine | None = None
+
+    def elapsed(self) -> float:
+        """Seconds since the clock started."""
+        return time.perf_counter() - (self.start_time if self.start_time is not None else time.perf_counter())
+
+    @property
+    def best(self) -> float | None:
+        """Best metric value seen so far."""
+        values = [v for _, _, v in self.history]
+        if not values:
+            return None
+        return max(values) if self.mode == "max" else min(values)
+
+    def attach(self, trainer: Engine, evaluator: Engine | None = None) -> None:
+        """Watch ``evaluator``'s metric (or ``trainer``'s, without one) and stop ``trainer``.
+
+        Raises:
+            RuntimeError: if already attached.
+        """
+        if self._trainer is not None:
+            raise RuntimeError("TimeToTarget is already attached; make one per run")
+        self._trainer, self._evaluator = trainer, evaluator
+        if self.start_time is None:
+            self.start_time = time.perf_counter()
+        watched = evaluator if evaluator is not None else trainer
+        watched.add_event_handler(Events.COMPLETED if evaluator is not None else Events.EPOCH_COMPLETED, self._check)
+        if self.time_budget_s is not None:
+            trainer.add_event_handler(Events.ITERATION_COMPLETED, self._check_budget)
+            if evaluator is not None:
+                evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._check_budget)
+
+    def _metric(self, engine: Engine) -> float:
+        name = self.metric_name or getattr(engine.state, "key_metric_name", None)
+        if name is None or name not in engine.state.metrics:
+            raise KeyError(
+                f"TimeToTarget: metric {name!r} not in engine.state.metrics {sorted(engine.state.metrics)}; "
+                "pass metric_name="
+            )
+        return float(engine.state.metrics[name])
+
+    def _check(self, engine: Engine) -> None:
+        if self.budget_exhausted:  # a terminated evaluator still fires COMPLETED, with no fresh metric
+            return
+        value = self._metric(engine)
+        elapsed = self.elapsed()
+        assert self._trainer is not None
+        self.history.append((elapsed, self._trainer.state.epoch, value))
+        met = value >= self.target if self.mode == "max" else value <= self.target
+        if met and self.reached_s is None:
+            self.reached_s, self.reached_epoch = elapsed, self._trainer.state.epoch
+            self.logger.info("target %.3f reached: %.4f at %.1f s, epoch %d", self.target, value, elapsed, self.reached_epoch)
+            self._trainer.terminate()
+
+    def _check_budget(self, engine: Engine) -> None:
+        if self.budget_exhausted or self.reached_s is not None:
+            return
+        if self.elapsed() > self.time_budget_s:  # type: ignore[operator]
+            self.budget_exhausted = True
+            self.logger.info("time budget of %.0f s spent; stopping", self.time_budget_s)
+            if self._evaluator is not None:
+                self._evaluator.terminate()
+            assert self._trainer is not None
+            self._trainer.terminate()

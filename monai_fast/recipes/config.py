@@ -1,0 +1,104 @@
+"""Options shared by all recipes, validated once."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class RecipeConfig:
+    """What a recipe is built from, apart from the file lists and the device.
+
+    Defaults suit the spleen-like demo on a small CPU; MONAI's tutorial uses a bigger UNet
+    (``channels=(16, 32, 64, 128, 256)``, ``strides=(2, 2, 2, 2)``, ``num_res_units=2``) and
+    96^3 patches on a GPU.
+
+    Args:
+        patch_size: training crop and sliding-window ROI size, in voxels after resampling.
+        batch_size: volumes per training batch; each gives ``num_samples`` crops.
+        num_samples: crops per volume (``RandCropByPosNegLabeld``).
+        channels: UNet feature channels per level.
+        strides: UNet down-sampling strides (one fewer than ``channels``).
+        num_res_units: residual units per UNet block.
+        pixdim: target voxel spacing in mm for ``Spacingd``.
+        intensity_window: CT window ``(a_min, a_max)`` in HU for ``ScaleIntensityRanged``.
+        lr: learning rate; ``None`` takes the recipe's own (Adam 1e-4, Novograd 2e-3).
+        sw_batch_size: windows per forward pass in sliding-window validation.
+        sw_overlap: sliding-window overlap.
+        val_interval: validate every this many epochs.
+        max_epochs: epoch limit of the trainer.
+        num_workers: ``DataLoader`` workers of the baseline; ``None``: min(4, CPUs).
+        cache_workers: threads filling caches; ``None``: number of CPUs.
+        amp: mixed precision; ``None``: on for CUDA, off on CPU.
+        seed: seed for weights, crops and augmentation.
+    """
+
+    patch_size: tuple[int, int, int] = (64, 64, 64)
+    batch_size: int = 2
+    num_samples: int = 4
+    channels: tuple[int, ...] = (8, 16, 32, 64)
+    strides: tuple[int, ...] = (2, 2, 2)
+    num_res_units: int = 1
+    pixdim: tuple[float, float, float] = (1.5, 1.5, 2.0)
+    intensity_window: tuple[float, float] = (-57.0, 164.0)
+    lr: float | None = None
+    sw_batch_size: int = 4
+    sw_overlap: float = 0.25
+    val_interval: int = 1
+    max_epochs: int = 100
+    num_workers: int | None = None
+    cache_workers: int | None = None
+    amp: bool | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.patch_size = tuple(int(s) for s in self.patch_size)  # type: ignore[assignment]
+        self.channels = tuple(int(c) for c in self.channels)
+        self.strides = tuple(int(s) for s in self.strides)
+        self.pixdim = tuple(float(p) for p in self.pixdim)  # type: ignore[assignment]
+        self.intensity_window = tuple(float(w) for w in self.intensity_window)  # type: ignore[assignment]
+        if len(self.patch_size) != 3 or min(self.patch_size) < 8:
+            raise ValueError(f"patch_size must be three sizes >= 8, got {self.patch_size}")
+        down = 1
+        for s in self.strides:
+            down *= s
+        if any(p % down for p in self.patch_size):
+            raise ValueError(f"patch_size {self.patch_size} must be divisible by the UNet's total stride {down}")
+        if len(self.channels) != len(self.strides) + 1:
+            raise ValueError(f"channels {self.channels} needs exactly one more entry than strides {self.strides}")
+        for name in ("batch_size", "num_samples", "sw_batch_size", "val_interval", "max_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_res_units < 0:
+            raise ValueError(f"num_res_units must be >= 0, got {self.num_res_units}")
+        if not 0.0 <= self.sw_overlap < 1.0:
+            raise ValueError(f"sw_overlap must be in [0, 1), got {self.sw_overlap}")
+        if self.intensity_window[0] >= self.intensity_window[1]:
+            raise ValueError(f"intensity_window must be (low, high) with low < high, got {self.intensity_window}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        for name in ("num_workers", "cache_workers"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"{name} must be >= 0 or None, got {v}")
+
+    @property
+    def loader_workers(self) -> int:
+        return self.num_workers if self.num_workers is not None else min(4, os.cpu_count() or 1)
+
+    @property
+    def cache_threads(self) -> int:
+        return self.cache_workers if self.cache_workers is not None else (os.cpu_count() or 1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RecipeConfig:
+        """Build from a dict, rejecting unknown keys by name."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
+        return cls(**d)

@@ -1,0 +1,231 @@
+"""Train one recipe until a target validation Dice or a time budget, and record every epoch."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from ignite.engine import Engine, Events
+from ignite.handlers import ProgressBar
+from monai.handlers import TensorBoardStatsHandler, from_engine
+from torch.utils.tensorboard import SummaryWriter
+
+from monai_fast.handlers import TimeBreakdown, TimeToTarget
+from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
+from monai_fast.telemetry import device_description
+
+__all__ = ["EPOCH_FIELDS", "EpochRow", "RaceResult", "run_to_target"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EpochRow:
+    """One epoch of one recipe; ``elapsed_s`` counts from before the data sets were built."""
+
+    recipe: str
+    epoch: int
+    elapsed_s: float
+    train_s: float
+    val_s: float
+    data_wait_s: float
+    compute_s: float
+    data_share: float
+    loss: float
+    val_dice: float | None
+
+
+EPOCH_FIELDS = [f for f in EpochRow.__dataclass_fields__]
+
+
+@dataclass
+class RaceResult:
+    """Outcome of :func:`run_to_target` for one recipe."""
+
+    recipe: str
+    target: float
+    reached: bool
+    time_to_target_s: float | None
+    epochs_to_target: int | None
+    epochs_run: int
+    best_dice: float | None
+    setup_s: float
+    total_s: float
+    train_s_per_epoch: float
+    val_s_per_epoch: float
+    data_wait_share: float
+    budget_s: float | None
+    budget_exhausted: bool
+    device: str
+    amp: bool
+    notes: list[str] = field(default_factory=list)
+    epochs: list[EpochRow] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _EpochRecorder:
+    """Collects an :class:`EpochRow` per trainer epoch and mirrors it to TensorBoard."""
+
+    def __init__(self, recipe_name: str, stopper: TimeToTarget, breakdown: TimeBreakdown, writer: SummaryWriter | None):
+        self.name = recipe_name
+        self.stopper = stopper
+        self.breakdown = breakdown
+        self.writer = writer
+        self.rows: list[EpochRow] = []
+        self._loss_sum = 0.0
+        self._n = 0
+        self._val_s = 0.0
+        self._val_dice: float | None = None
+
+    def attach(self, trainer: Engine, evaluator: Engine) -> None:
+        trainer.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, self._iteration_completed)
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
+        evaluator.add_event_handler(Events.COMPLETED, self._val_completed)
+
+    def _epoch_started(self, engine: Engine) -> None:
+        self._loss_sum, self._n, self._val_s, self._val_dice = 0.0, 0, 0.0, None
+
+    def _iteration_completed(self, engine: Engine) -> None:
+        # MONAI's trainer has already turned the loss into a Python float (decollated output)
+        self._loss_sum += float(from_engine(["loss"], first=True)(engine.state.output))
+        self._n += 1
+
+    def _val_completed(self, engine: Engine) -> None:
+        self._val_s = engine.state.times.get("COMPLETED") or 0.0
+        value = engine.state.metrics.get(VAL_METRIC)
+        self._val_dice = None if value is None else float(value)
+
+    def _epoch_completed(self, engine: Engine) -> None:
+        times = self.breakdown.epochs[-1]
+        loss = float(self._loss_sum / max(self._n, 1))
+        row = EpochRow(
+            recipe=self.name,
+            epoch=engine.state.epoch,
+            elapsed_s=self.stopper.elapsed(),
+            train_s=float(engine.state.times.get("EPOCH_COMPLETED") or 0.0),
+            val_s=self._val_s,
+            data_wait_s=times.data_s,
+            compute_s=times.compute_s,
+            data_share=times.data_share,
+            loss=loss,
+            val_dice=self._val_dice,
+        )
+        self.rows.append(row)
+        if self.writer is not None:
+            wall = time.time()
+            for tag, value in (
+                ("epoch/loss", row.loss),
+                ("epoch/train_s", row.train_s),
+                ("epoch/val_s", row.val_s),
+                ("epoch/data_share", row.data_share),
+                ("val/mean_dice", row.val_dice),
+            ):
+                if value is not None:
+                    self.writer.add_scalar(tag, value, row.epoch, walltime=wall)
+            if row.val_dice is not None:
+                # x axis in whole seconds since the clock started: Dice against wall-clock time
+                self.writer.add_scalar("val/mean_dice_vs_seconds", row.val_dice, int(round(row.elapsed_s)))
+            self.writer.flush()
+
+
+def run_to_target(
+    recipe: str,
+    train_files: Sequence[dict],
+    val_files: Sequence[dict],
+    config: RecipeConfig | None = None,
+    device: str | torch.device = "cpu",
+    target: float = 0.9,
+    time_budget_s: float | None = 300.0,
+    run_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> RaceResult:
+    """Build ``recipe`` and train it until validation mean Dice >= ``target`` or the budget is spent.
+
+    The clock starts before the data sets are built, so caching counts against the recipe that
+    caches. Validation runs every ``config.val_interval`` epochs.
+
+    Args:
+        recipe: one of :data:`monai_fast.recipes.RECIPES`.
+        train_files, val_files: ``{"image", "label"}`` dicts, e.g. from
+            :func:`monai_fast.data.msd.load_msd_datalist`.
+        config: recipe options.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        target: validation mean Dice (background excluded) to reach.
+        time_budget_s: wall-clock limit in seconds, ``None`` for none (then ``config.max_epochs``
+            is the only limit).
+        run_dir: if given, TensorBoard events go to ``run_dir/<recipe>/`` and the epochs to
+            ``run_dir/<recipe>/epochs.csv``.
+        progress: show a progress bar per epoch.
+
+    Returns:
+        A :class:`RaceResult` with per-epoch rows.
+    """
+    t0 = time.perf_counter()
+    recipe_obj = build_recipe(recipe, train_files, val_files, config, device, progress=progress)
+    trainer, evaluator = recipe_obj.trainer, recipe_obj.evaluator
+    out = Path(run_dir) / recipe if run_dir is not None else None
+    writer = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        writer = SummaryWriter(log_dir=str(out))
+        TensorBoardStatsHandler(
+            summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
+        ).attach(trainer)
+
+    breakdown = TimeBreakdown()
+    breakdown.attach(trainer)
+    stopper = TimeToTarget(target=target, metric_name=VAL_METRIC, time_budget_s=time_budget_s, start_time=t0)
+    stopper.attach(trainer, evaluator)
+    recorder = _EpochRecorder(recipe, stopper, breakdown, writer)
+    recorder.attach(trainer, evaluator)
+    if progress:
+        ProgressBar(persist=False, desc=f"{recipe}").attach(
+            trainer, output_transform=from_engine(["loss"], first=True)
+        )
+    logger.info("%s: set up in %.1f s; %s", recipe, recipe_obj.setup_s, "; ".join(recipe_obj.notes))
+    try:
+        trainer.run()
+    finally:
+        if writer is not None:
+            writer.close()
+    total = time.perf_counter() - t0
+
+    rows = recorder.rows
+    if out is not None:
+        with open(out / "epochs.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=EPOCH_FIELDS)
+            w.writeheader()
+            w.writerows(asdict(r) for r in rows)
+    n = max(len(rows), 1)
+    val_rows = [r for r in rows if r.val_dice is not None]
+    data_s = sum(r.data_wait_s for r in rows)
+    busy_s = data_s + sum(r.compute_s for r in rows)
+    return RaceResult(
+        recipe=recipe,
+        target=target,
+        reached=stopper.reached_s is not None,
+        time_to_target_s=stopper.reached_s,
+        epochs_to_target=stopper.reached_epoch,
+        epochs_run=len(rows),
+        best_dice=stopper.best,
+        setup_s=recipe_obj.setup_s,
+        total_s=total,
+        train_s_per_epoch=sum(r.train_s for r in rows) / n,
+        val_s_per_epoch=sum(r.val_s for r in val_rows) / max(len(val_rows), 1),
+        data_wait_share=data_s / busy_s if busy_s > 0 else 0.0,
+        budget_s=time_budget_s,
+        budget_exhausted=stopper.budget_exhausted,
+        device=device_description(recipe_obj.device),
+        amp=recipe_obj.amp,
+        notes=recipe_obj.notes,
+        epochs=rows,
+    )

@@ -1,0 +1,138 @@
+"""Side-by-side report of recipes raced to a target Dice: table, CSV, JSON and a PNG."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from monai_fast.recipes.runner import EPOCH_FIELDS, RaceResult  # noqa: E402
+
+__all__ = ["format_table", "plot_dice_vs_time", "speedup", "write_json_atomic", "write_race"]
+
+
+def speedup(fast: RaceResult, slow: RaceResult) -> tuple[float | None, bool]:
+    """How many times sooner ``fast`` reached the target than ``slow``.
+
+    Returns:
+        ``(factor, is_lower_bound)``. When only ``fast`` reached it, ``slow`` is credited with the
+        time it ran, so the factor is a lower bound. ``None`` when ``fast`` did not reach it.
+    """
+    if not fast.reached or not fast.time_to_target_s:
+        return None, False
+    if slow.reached and slow.time_to_target_s:
+        return slow.time_to_target_s / fast.time_to_target_s, False
+    return slow.total_s / fast.time_to_target_s, True
+
+
+def _fmt_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def format_table(results: Sequence[RaceResult], reference: str = "baseline") -> str:
+    """A plain-text table, one row per recipe, with the speed-up over ``reference``."""
+    ref = next((r for r in results if r.recipe == reference), None)
+    head = ["recipe", "time to target s", "epochs", "setup s", "train s/ep", "val s/ep", "data wait", "best Dice", "speed-up"]
+    lines = []
+    for r in results:
+        if r.reached:
+            ttt = _fmt_s(r.time_to_target_s)
+        else:
+            ttt = f"> {r.total_s:.0f} (not reached)"
+        if ref is None or r is ref:
+            sp = "1.0x (ref)" if r is ref else "-"
+        else:
+            factor, lower = speedup(r, ref)
+            sp = "-" if factor is None else f"{'>= ' if lower else ''}{factor:.1f}x"
+        lines.append(
+            [
+                r.recipe,
+                ttt,
+                str(r.epochs_to_target if r.reached else r.epochs_run),
+                _fmt_s(r.setup_s),
+                f"{r.train_s_per_epoch:.2f}",
+                f"{r.val_s_per_epoch:.2f}",
+                f"{100 * r.data_wait_share:.1f}%",
+                "-" if r.best_dice is None else f"{r.best_dice:.3f}",
+                sp,
+            ]
+        )
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*row) for row in lines]
+    return "\n".join(out)
+
+
+def plot_dice_vs_time(results: Sequence[RaceResult], path: str | os.PathLike, target: float | None = None) -> Path:
+    """PNG of validation Dice against wall-clock seconds (caching included), one line per recipe."""
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for r in results:
+        pts = [(e.elapsed_s, e.val_dice) for e in r.epochs if e.val_dice is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o", markersize=3, label=r.recipe)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("wall-clock seconds since start (cache filling included)")
+    ax.set_ylabel("validation mean Dice")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("Time to Dice")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_json_atomic(obj: object, path: str | os.PathLike) -> Path:
+    """Write JSON through a temporary file in the same folder, then rename: never half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_race(results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline") -> dict:
+    """Write ``results.json``, ``epochs.csv`` (all recipes) and ``dice_vs_time.png`` into ``run_dir``.
+
+    Returns:
+        The dict written to ``results.json``.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ref = next((r for r in results if r.recipe == reference), None)
+    speedups = {}
+    if ref is not None:
+        for r in results:
+            if r is not ref:
+                factor, lower = speedup(r, ref)
+                speedups[r.recipe] = {"over": reference, "factor": factor, "lower_bound": lower}
+    doc = {**meta, "results": [r.to_dict() for r in results], "speedups": speedups}
+    write_json_atomic(doc, run_dir / "results.json")
+    with open(run_dir / "epochs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=EPOCH_FIELDS)
+        w.writeheader()
+        for r in results:
+            w.writerows(asdict(e) for e in r.epochs)
+    target = results[0].target if results else None
+    plot_dice_vs_time(results, run_dir / "dice_vs_time.png", target)
+    return doc

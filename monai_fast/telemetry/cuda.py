@@ -1,0 +1,32 @@
+"""The few CUDA calls monai-fast makes, kept in one place so a CPU-only torch build never hits them."""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+__all__ = ["cuda_available", "device_description", "synchronize"]
+
+
+def cuda_available() -> bool:
+    """True when this torch build has CUDA and a device is visible."""
+    return torch.cuda.is_available()
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for all queued kernels on a CUDA ``device``; a no-op for CPU devices."""
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type != "cuda":
+        return
+    if torch.cuda.is_available():
+        torch.cuda.synchronize(dev)
+
+
+def device_description(device: torch.device | str) -> str:
+    """A human-readable name of the device that runs the work, for result files."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(dev)
+        return f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
+    return f"CPU {platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
