@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny real NIfTI data sets in MSD layout, and the ``gpu`` marker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from monai_fast.synthetic import generate_msd
+
+TINY_SHAPE = (48, 48, 32)
+
+
+def pytest_collection_modifyitems(config, items):
+    # GPU tests are reported as skipped with a reason (pytest -rs), never silently dropped
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marker 'gpu'); run on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_spleen(tmp_path_factory):
+    """Six small spleen-like cases (48x48x32 voxels)."""
+    return generate_msd(tmp_path_factory.mktemp("spleen"), "spleen-like", num_cases=6, shape=TINY_SHAPE, progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_files(tiny_spleen):
+    from monai_fast.data.msd import load_msd_datalist
+
+    return load_msd_datalist(tiny_spleen, val_fraction=0.34, seed=0)
+
+
+@pytest.fixture
+def tiny_config():
+    from monai_fast.recipes import RecipeConfig
+
+    return RecipeConfig(patch_size=(32, 32, 32), batch_size=2, num_samples=2, max_epochs=1, num_workers=1, cache_workers=1)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    # never read or write the user's real ~/.cache/monai-fast from a test
+    monkeypatch.setenv("MONAI_FAST_CACHE", str(tmp_path / "cache"))

@@ -1,0 +1,113 @@
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from monai_fast.cli import main
+
+TINY = ["--cases", "5", "--shape", "48", "48", "32", "--patch-size", "32", "32", "32", "--num-samples", "2",
+        "--workers", "1", "--no-progress"]
+
+
+def test_help_explains_every_command():
+    out = subprocess.run([sys.executable, "-m", "monai_fast.cli", "--help"], capture_output=True, text=True, check=True).stdout
+    for cmd in ("demo", "bench", "synth"):
+        assert cmd in out
+    demo = subprocess.run([sys.executable, "-m", "monai_fast.cli", "demo", "--help"], capture_output=True, text=True, check=True).stdout
+    for opt in ("--target", "--time-budget", "--data-dir", "--run-dir", "--device", "--recipes"):
+        assert opt in demo
+
+
+def test_console_script_is_installed():
+    import shutil
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "monai-fast"  # the venv's bin/, also when it is not on PATH
+    exe = str(beside) if beside.exists() else shutil.which("monai-fast")
+    assert exe, "the monai-fast console script is not on PATH: install the package (pip install -e .)"
+    assert "usage: monai-fast" in subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+
+
+def test_demo_end_to_end_tiny(tmp_path, capsys):
+    run = tmp_path / "run"
+    rc = main(["demo", *TINY, "--max-epochs", "2", "--time-budget", "120", "--target", "0.99", "--run-dir", str(run)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "time to target s" in out and "baseline" in out and "fast" in out and "data wait" in out
+
+    doc = json.loads((run / "results.json").read_text())
+    assert [r["recipe"] for r in doc["results"]] == ["fast", "baseline"]
+    for r in doc["results"]:
+        assert r["epochs_run"] == 2 and len(r["epochs"]) == 2
+        assert 0.0 <= r["data_wait_share"] <= 1.0 and r["train_s_per_epoch"] > 0
+    assert doc["machine"]["device"] and doc["versions"]["monai"]
+    assert "fast" in doc["speedups"]
+
+    with open(run / "epochs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and {r["recipe"] for r in rows} == {"fast", "baseline"}
+    assert all(0.0 <= float(r["val_dice"]) <= 1.0 for r in rows)
+
+    with Image.open(run / "dice_vs_time.png") as im:
+        assert im.size[0] > 300 and im.size[1] > 200
+
+    for name in ("fast", "baseline"):
+        acc = EventAccumulator(str(run / name))
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        assert {"val/mean_dice", "epoch/data_share", "train/loss"} <= set(tags)
+        dice = [e.value for e in acc.Scalars("val/mean_dice")]
+        assert len(dice) == 2 and dice == pytest.approx([float(r["val_dice"]) for r in rows if r["recipe"] == name])
+
+    # the second run reuses the cached synthetic data instead of writing it again
+    data_dirs = list((tmp_path / "cache" / "data").iterdir())
+    assert len(data_dirs) == 1
+    stamp = (data_dirs[0] / "dataset.json").stat().st_mtime_ns
+    main(["demo", *TINY, "--recipes", "fast", "--max-epochs", "1", "--run-dir", str(tmp_path / "run2")])
+    assert (data_dirs[0] / "dataset.json").stat().st_mtime_ns == stamp
+
+
+def test_demo_on_user_data_dir_and_bad_dir(tmp_path, tiny_spleen):
+    run = tmp_path / "run"
+    main(["demo", "--data-dir", str(tiny_spleen), "--recipes", "fast", "--max-epochs", "1", "--patch-size", "32", "32", "32",
+          "--num-samples", "2", "--no-progress", "--run-dir", str(run)])
+    assert json.loads((run / "results.json").read_text())["data"] == str(tiny_spleen)
+    with pytest.raises(FileNotFoundError, match="dataset.json"):
+        main(["demo", "--data-dir", str(tmp_path), "--no-progress", "--run-dir", str(tmp_path / "r3")])
+
+
+def test_bench_writes_json_with_repeats(tmp_path):
+    out = tmp_path / "results"
+    main(["bench", *TINY, "--recipes", "baseline", "fast", "--repeats", "2", "--max-epochs", "1",
+          "--run-dir", str(tmp_path / "b"), "--out", str(out)])
+    (path,) = out.glob("time_to_dice_*.json")
+    doc = json.loads(path.read_text())
+    assert doc["benchmark"] == "time_to_dice" and len(doc["repeats"]) == 2
+    assert set(doc["summary"]) == {"baseline", "fast"}
+    assert len(doc["summary"]["fast"]["speedup_over_baseline"]) == 2
+    # repeats differ in training seed, not in data
+    assert doc["repeats"][0][0]["epochs"][0]["loss"] != doc["repeats"][1][0]["epochs"][0]["loss"]
+
+
+def test_synth_command(tmp_path, capsys):
+    main(["synth", str(tmp_path / "b"), "--kind", "brats-like", "--cases", "2", "--shape", "24", "24", "24", "--no-progress"])
+    assert json.loads((tmp_path / "b" / "dataset.json").read_text())["numTraining"] == 2
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["demo", "--cases", "0"], "--cases"),
+    (["demo", "--time-budget", "0"], "--time-budget"),
+    (["demo", "--batch-size", "0", "--cases", "3", "--shape", "16", "16", "16"], "batch_size"),
+    (["demo", "--device", "cuda:0", "--cases", "3", "--shape", "16", "16", "16"], "CUDA"),
+])
+def test_bad_cli_options_are_named(argv, match, capsys):
+    import torch
+
+    if "cuda:0" in argv and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit, match=match):
+        main([*argv, "--no-progress"])

@@ -1,0 +1,80 @@
+import copy
+
+import pytest
+import torch
+from monai.data import CacheDataset, Dataset, ThreadDataLoader
+from monai.engines import SupervisedEvaluator, SupervisedTrainer
+from monai.losses import DiceCELoss, DiceLoss
+from monai.optimizers import Novograd
+
+from monai_fast.recipes import RECIPES, VAL_METRIC, RecipeConfig, build_recipe
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_each_recipe_trains_one_epoch(name, tiny_files, tiny_config):
+    train, val = tiny_files
+    recipe = build_recipe(name, train, val, tiny_config, "cpu", progress=False)
+    assert isinstance(recipe.trainer, SupervisedTrainer) and isinstance(recipe.evaluator, SupervisedEvaluator)
+    before = copy.deepcopy(recipe.network.state_dict())
+    recipe.trainer.run()
+    assert recipe.trainer.state.epoch == 1
+    assert recipe.trainer.state.iteration == len(recipe.train_loader) == 2  # 4 cases, batch 2
+    dice = recipe.evaluator.state.metrics[VAL_METRIC]
+    assert 0.0 <= dice <= 1.0
+    after = recipe.network.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before if after[k].is_floating_point())
+    assert recipe.amp is False  # CPU
+    assert recipe.notes
+
+
+def test_baseline_is_plain_monai(tiny_files, tiny_config):
+    r = build_recipe("baseline", *tiny_files, tiny_config, progress=False)
+    assert type(r.train_loader.dataset) is Dataset
+    assert r.train_loader.num_workers == tiny_config.num_workers
+    assert isinstance(r.loss_function, DiceLoss) and isinstance(r.optimizer, torch.optim.Adam)
+    assert r.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("name", ["monai_tutorial", "fast"])
+def test_cached_recipes_follow_monai_fast_training_guide(name, tiny_files, tiny_config):
+    r = build_recipe(name, *tiny_files, tiny_config, progress=False)
+    assert isinstance(r.train_loader, ThreadDataLoader) and r.train_loader.num_workers == 0
+    assert isinstance(r.train_loader.dataset, CacheDataset)
+    assert isinstance(r.loss_function, DiceCELoss) and isinstance(r.optimizer, Novograd)
+    assert r.optimizer.param_groups[0]["lr"] == pytest.approx(2e-3)
+    # the cache holds everything before the first random transform, as plain tensors with crop indices
+    cached = r.train_loader.dataset._cache[0]
+    assert type(cached["image"]) is torch.Tensor and "label_fg" in cached and "label_bg" in cached
+
+
+def test_amp_request_on_cpu_warns_and_stays_fp32(tiny_files, tiny_config, caplog):
+    cfg = RecipeConfig(**{**tiny_config.to_dict(), "amp": True})
+    r = build_recipe("fast", *tiny_files, cfg, progress=False)
+    assert r.amp is False and "amp=True needs a CUDA device" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"patch_size": (30, 32, 32)}, "divisible"),
+        ({"channels": (8, 16)}, "one more entry"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"sw_overlap": 1.0}, "sw_overlap"),
+        ({"intensity_window": (100, -100)}, "intensity_window"),
+        ({"lr": -1.0}, "lr"),
+    ],
+)
+def test_config_errors_name_the_option(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RecipeConfig(**kwargs)
+
+
+def test_config_from_dict_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="patchsize"):
+        RecipeConfig.from_dict({"patchsize": (64, 64, 64)})
+    assert RecipeConfig.from_dict({"batch_size": 3}).batch_size == 3
+
+
+def test_unknown_recipe(tiny_files):
+    with pytest.raises(ValueError, match="nnunet"):
+        build_recipe("nnunet", *tiny_files)

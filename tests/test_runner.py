@@ -1,0 +1,31 @@
+import csv
+
+import pytest
+
+from monai_fast.recipes.runner import run_to_target
+
+
+def test_fast_recipe_learns(tiny_files, tiny_config, tmp_path):
+    cfg = type(tiny_config)(**{**tiny_config.to_dict(), "max_epochs": 10})
+    r = run_to_target("fast", *tiny_files, cfg, target=1.01, time_budget_s=None, run_dir=tmp_path, progress=False)
+    assert not r.reached and r.epochs_run == 10 and not r.budget_exhausted
+    losses = [e.loss for e in r.epochs]
+    assert losses[-1] < 0.75 * losses[0], losses
+    with open(tmp_path / "fast" / "epochs.csv") as f:
+        assert [float(row["loss"]) for row in csv.DictReader(f)] == pytest.approx(losses)
+
+
+def test_target_met_stops_training_and_records_time(tiny_files, tiny_config):
+    cfg = type(tiny_config)(**{**tiny_config.to_dict(), "max_epochs": 5})
+    r = run_to_target("monai_tutorial", *tiny_files, cfg, target=0.0, time_budget_s=None, progress=False)
+    assert r.reached and r.epochs_to_target == 1 and r.epochs_run == 1
+    assert r.setup_s < r.time_to_target_s <= r.total_s
+    assert r.epochs[0].elapsed_s == pytest.approx(r.time_to_target_s, abs=0.5)
+
+
+def test_budget_stops_a_slow_recipe(tiny_files, tiny_config):
+    cfg = type(tiny_config)(**{**tiny_config.to_dict(), "max_epochs": 50})
+    r = run_to_target("baseline", *tiny_files, cfg, target=1.01, time_budget_s=3.0, progress=False)
+    assert r.budget_exhausted and not r.reached
+    assert r.epochs_run < 50
+    assert r.total_s < 3.0 + 15.0  # stops at the first iteration past the budget (plus worker shutdown)
