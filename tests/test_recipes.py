@@ -78,3 +78,14 @@ def test_config_from_dict_rejects_unknown_keys():
 def test_unknown_recipe(tiny_files):
     with pytest.raises(ValueError, match="nnunet"):
         build_recipe("nnunet", *tiny_files)
+
+
+def test_fast_differs_from_tutorial_only_in_memory_format(tiny_files, tiny_config):
+    fast = build_recipe("fast", *tiny_files, tiny_config, progress=False)
+    tut = build_recipe("monai_tutorial", *tiny_files, tiny_config, progress=False)
+    conv = lambda net: next(m for m in net.modules() if isinstance(m, torch.nn.Conv3d) and m.in_channels > 1).weight  # noqa: E731
+    assert conv(fast.network).is_contiguous(memory_format=torch.channels_last_3d)
+    assert not conv(tut.network).is_contiguous(memory_format=torch.channels_last_3d)
+    # the same weights at the same seed: only the layout differs
+    for a, b in zip(fast.network.state_dict().values(), tut.network.state_dict().values()):
+        assert torch.equal(a, b)

@@ -2,7 +2,11 @@
 
 It starts from MONAI's fast-training recipe (:mod:`monai_fast.recipes.monai_tutorial`) and is
 where the cache planner, GPU transforms, AMP handling and validation savings land as they are
-built and measured; until then it trains exactly like ``monai_tutorial``.
+built and measured. Changes so far, each measured in ``benchmarks/``:
+
+* ``channels_last_3d`` weights: on the demo UNet (2-core CPU, 8x64^3) a training step took
+  0.57 s instead of 0.67 s and a 4x64^3 inference 0.050 s instead of 0.067 s (interleaved
+  medians of 11 runs); cuDNN prefers this layout too, in particular under AMP.
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ def build_fast(
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> Recipe:
-    """monai-fast's recipe; today the same set-up as ``monai_tutorial`` under its own name.
+    """monai-fast's recipe: ``monai_tutorial`` plus the measured changes listed in the module docstring.
 
     Example:
         >>> recipe = build_fast(train_files, val_files, RecipeConfig(max_epochs=2))  # doctest: +SKIP
         >>> recipe.trainer.run()  # doctest: +SKIP
     """
-    return build_cached_recipe("fast", train_files, val_files, config, device, progress)
+    return build_cached_recipe("fast", train_files, val_files, config, device, progress, channels_last=True)
