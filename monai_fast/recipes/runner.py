@@ -188,8 +188,10 @@ def run_to_target(
     recorder = _EpochRecorder(recipe, stopper, breakdown, writer)
     recorder.attach(trainer, evaluator)
     if progress:
+        loss_of = from_engine(["loss"], first=True)
         ProgressBar(persist=False, desc=f"{recipe}").attach(
-            trainer, output_transform=from_engine(["loss"], first=True)
+            trainer,
+            output_transform=lambda out: {"loss": loss_of(out), "last val Dice": stopper.history[-1][2] if stopper.history else 0.0},
         )
     logger.info("%s: set up in %.1f s; %s", recipe, recipe_obj.setup_s, "; ".join(recipe_obj.notes))
     try:
