@@ -3,6 +3,7 @@
 ``monai-fast demo``   race the fast recipe against the plain-MONAI baseline to a target Dice.
 ``monai-fast bench``  the same race with all three recipes and repeats; JSON for benchmarks/results.
 ``monai-fast synth``  write a synthetic data set in Medical Segmentation Decathlon layout.
+``monai-fast doctor`` name a run's bottleneck from its record, with evidence and the fix.
 """
 
 from __future__ import annotations
@@ -134,6 +135,10 @@ def race(args: argparse.Namespace, recipes: Sequence[str], run_dir: Path, train_
         )
         state = f"reached in {r.time_to_target_s:.1f} s" if r.reached else f"not reached in {r.total_s:.0f} s"
         print(f"   {name}: {state}, best Dice {r.best_dice or 0:.3f}, {r.epochs_run} epochs", flush=True)
+        if r.run_dir is not None and r.epochs:
+            from monai_fast.report.doctor import doctor
+
+            r.diagnosis = doctor(r.run_dir).to_dict()
         results.append(r)
     return results, _meta(args, data_root, device)
 
@@ -146,6 +151,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     write_race(results, run_dir, meta)
     print()
     print(format_table(results))
+    for r in results:
+        if r.diagnosis:
+            print(f"doctor, {r.recipe}: {r.diagnosis['verdict']}: {r.diagnosis['evidence'][0]}; "
+                  f"next: {r.diagnosis['fixes'][0]}  (report: {r.run_dir}/report.md)")
     print(f"\nrun folder: {run_dir}  (results.json, epochs.csv, dice_vs_time.png, TensorBoard events per recipe)")
     print(f"tensorboard --logdir {run_dir}")
     return 0
@@ -187,6 +196,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     print("\nsummary (medians over repeats):")
     print(json.dumps(summary, indent=2))
     print(f"\nwrote {out}")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from monai_fast.report.doctor import doctor
+
+    try:
+        diagnosis = doctor(args.run_dir, data_threshold=args.data_threshold, util_low=args.util_low)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from e
+    except ValueError as e:
+        raise SystemExit(f"{args.run_dir}: {e}") from e
+    print(diagnosis.text())
+    print(f"\nreport: {Path(args.run_dir) / 'report.md'}")
     return 0
 
 
@@ -260,6 +283,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1, help="repeats with different seeds for weights and crops (default %(default)s)")
     p.add_argument("--out", default="benchmarks/results", help="folder for the result JSON (default %(default)s)")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "doctor",
+        help="name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record",
+        description="Read a run folder's monai-fast record (record.rank*.jsonl, written by RecordHandler + TimeBreakdown, "
+        "GPUSampler, ThroughputMonitor) and print the verdict, the numbers behind it and what to change. Writes "
+        "report.md with PNG plots into the run folder. Needs only the record: diagnose a cluster run on a laptop.",
+    )
+    p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")
+    p.add_argument("--data-threshold", type=float, default=0.2, help="data-wait share that makes a run data-bound (default %(default)s)")
+    p.add_argument("--util-low", type=float, default=60.0, help="mean GPU utilisation %% below which a GPU counts as idle (default %(default)s)")
+    p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("synth", help="write a synthetic data set in Medical Segmentation Decathlon layout",
                        description="Write imagesTr/, labelsTr/ and dataset.json like an MSD task.")

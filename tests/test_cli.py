@@ -38,6 +38,9 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "time to target s" in out and "baseline" in out and "fast" in out and "data wait" in out
+    assert "doctor, fast:" in out and "doctor, baseline:" in out
+    for name in ("fast", "baseline"):
+        assert (run / name / "report.md").is_file() and (run / name / "record.rank0.jsonl").is_file()
 
     doc = json.loads((run / "results.json").read_text())
     assert [r["recipe"] for r in doc["results"]] == ["fast", "baseline"]
@@ -45,6 +48,7 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
         assert r["epochs_run"] == 2 and len(r["epochs"]) == 2
         assert 0.0 <= r["data_wait_share"] <= 1.0 and r["train_s_per_epoch"] > 0
     assert doc["machine"]["device"] and doc["versions"]["monai"]
+    assert all(r["diagnosis"]["verdict"] in {"data-bound", "compute-bound", "gpu-under-filled", "balanced"} for r in doc["results"])
     assert "fast" in doc["speedups"]
 
     with open(run / "epochs.csv") as f:
@@ -59,7 +63,7 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
         acc = EventAccumulator(str(run / name))
         acc.Reload()
         tags = acc.Tags()["scalars"]
-        assert {"val/mean_dice", "epoch/data_share", "train/loss"} <= set(tags)
+        assert {"val/mean_dice", "epoch/data_share", "train/loss", "throughput/samples_per_s"} <= set(tags)
         dice = [e.value for e in acc.Scalars("val/mean_dice")]
         assert len(dice) == 2 and dice == pytest.approx([float(r["val_dice"]) for r in rows if r["recipe"] == name])
 

@@ -113,3 +113,21 @@ def test_time_to_target_validates():
     stopper.attach(_engine(0))
     with pytest.raises(RuntimeError, match="already attached"):
         stopper.attach(_engine(0))
+
+
+@pytest.mark.gpu
+def test_time_breakdown_cuda_sync_counts_gpu_time_as_compute():
+    import torch
+
+    a = torch.randn(4096, 4096, device="cuda")
+
+    def step(e, b):
+        for _ in range(20):
+            a.matmul(a)  # queued asynchronously; only a sync makes it count
+
+    engine = Engine(step)
+    tb = TimeBreakdown(cuda_sync=True)
+    tb.attach(engine)
+    engine.run(list(range(5)), max_epochs=1)
+    (ep,) = tb.epochs
+    assert ep.compute_s > 10 * ep.data_s

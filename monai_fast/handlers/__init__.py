@@ -1,6 +1,24 @@
 """Ignite event handlers; each one ``attach(engine)``es to any ignite ``Engine``, MONAI's included."""
 
+from monai_fast.handlers.gpu_sampler import GPUSampler
+from monai_fast.handlers.kernel_profiler import KernelProfiler
+from monai_fast.handlers.lifecycle import on_run_end
+from monai_fast.handlers.nvtx import NVTXHandler, nvtx_range
+from monai_fast.handlers.record import RecordHandler, record_of
+from monai_fast.handlers.throughput import ThroughputMonitor
 from monai_fast.handlers.time_breakdown import EpochTimes, TimeBreakdown
 from monai_fast.handlers.time_to_target import TimeToTarget
 
-__all__ = ["EpochTimes", "TimeBreakdown", "TimeToTarget"]
+__all__ = [
+    "EpochTimes",
+    "GPUSampler",
+    "KernelProfiler",
+    "NVTXHandler",
+    "RecordHandler",
+    "ThroughputMonitor",
+    "TimeBreakdown",
+    "TimeToTarget",
+    "nvtx_range",
+    "on_run_end",
+    "record_of",
+]

@@ -9,6 +9,7 @@ from typing import Literal
 
 from ignite.engine import Engine, Events
 
+from monai_fast.handlers.record import record_of
 from monai_fast.telemetry import cuda_available, synchronize
 
 __all__ = ["EpochTimes", "TimeBreakdown"]
@@ -44,7 +45,9 @@ class TimeBreakdown:
 
     Per-epoch totals are appended to ``engine.state.time_breakdown`` (a list of
     :class:`EpochTimes`) and to :attr:`epochs`; a warning is logged when an epoch's data share
-    exceeds ``warn_threshold``.
+    exceeds ``warn_threshold``. With a run record on the engine (:class:`RecordHandler`), each
+    iteration and epoch is also a row of the record (source ``time_breakdown``), and the run's
+    totals its summary.
 
     Args:
         warn_threshold: data share (0..1] above which an epoch is reported as loader-bound.
@@ -125,6 +128,12 @@ class TimeBreakdown:
         self.last_compute_s = self._now() - self._t_got
         self._compute_s += self.last_compute_s
         self._iters += 1
+        record = record_of(engine)
+        if record is not None:
+            record.add(
+                "iteration", "time_breakdown", epoch=engine.state.epoch, iteration=engine.state.iteration,
+                data_s=self.last_data_s, compute_s=self.last_compute_s,
+            )
 
     def _epoch_completed(self, engine: Engine) -> None:
         times = EpochTimes(engine.state.epoch, self._iters, self._data_s, self._compute_s)
@@ -132,6 +141,16 @@ class TimeBreakdown:
         if not hasattr(engine.state, "time_breakdown"):  # state was replaced, e.g. by load_state_dict
             engine.state.time_breakdown = []
         engine.state.time_breakdown.append(times)
+        record = record_of(engine)
+        if record is not None:
+            record.add("epoch", "time_breakdown", **times.as_dict())
+            data = sum(e.data_s for e in self.epochs)
+            busy = data + sum(e.compute_s for e in self.epochs)
+            record.set_summary(
+                "time_breakdown",
+                {"epochs": len(self.epochs), "data_s": data, "compute_s": busy - data,
+                 "data_share": data / busy if busy else 0.0, "warn_threshold": self.warn_threshold},
+            )
         if times.data_share > self.warn_threshold:
             self.logger.warning(
                 "epoch %d: %.0f%% of iteration time is spent waiting for data (%.2f s of %.2f s); "

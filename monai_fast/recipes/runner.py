@@ -16,7 +16,7 @@ from ignite.handlers import ProgressBar
 from monai.handlers import TensorBoardStatsHandler, from_engine
 from torch.utils.tensorboard import SummaryWriter
 
-from monai_fast.handlers import TimeBreakdown, TimeToTarget
+from monai_fast.handlers import GPUSampler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.telemetry import device_description
 
@@ -64,8 +64,10 @@ class RaceResult:
     budget_exhausted: bool
     device: str
     amp: bool
+    run_dir: str | None = None
     notes: list[str] = field(default_factory=list)
     epochs: list[EpochRow] = field(default_factory=list)
+    diagnosis: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,7 +153,9 @@ def run_to_target(
     """Build ``recipe`` and train it until validation mean Dice >= ``target`` or the budget is spent.
 
     The clock starts before the data sets are built, so caching counts against the recipe that
-    caches. Validation runs every ``config.val_interval`` epochs.
+    caches. Validation runs every ``config.val_interval`` epochs. The trainer carries monai-fast's
+    telemetry: ``TimeBreakdown``, ``ThroughputMonitor``, ``NVTXHandler`` (trainer and evaluator),
+    on CUDA a ``GPUSampler``, and with ``run_dir`` a ``RecordHandler``.
 
     Args:
         recipe: one of :data:`monai_fast.recipes.RECIPES`.
@@ -162,8 +166,9 @@ def run_to_target(
         target: validation mean Dice (background excluded) to reach.
         time_budget_s: wall-clock limit in seconds, ``None`` for none (then ``config.max_epochs``
             is the only limit).
-        run_dir: if given, TensorBoard events go to ``run_dir/<recipe>/`` and the epochs to
-            ``run_dir/<recipe>/epochs.csv``.
+        run_dir: if given, ``run_dir/<recipe>/`` receives the TensorBoard events, ``epochs.csv``
+            and the run record (``record.rank0.jsonl``, ``summary.rank0.json``) that
+            ``monai-fast doctor`` reads.
         progress: show a progress bar per epoch.
 
     Returns:
@@ -180,7 +185,14 @@ def run_to_target(
         TensorBoardStatsHandler(
             summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
         ).attach(trainer)
-
+        record = RecordHandler(out)  # the run record the doctor reads, shared by trainer and evaluator
+        record.attach(trainer)
+        record.attach(evaluator)
+    NVTXHandler().attach(trainer)
+    NVTXHandler().attach(evaluator)
+    if recipe_obj.device.type == "cuda":
+        GPUSampler(interval_s=0.5, writer=writer).attach(trainer)
+    ThroughputMonitor(writer=writer, log_every_epoch=False).attach(trainer)
     breakdown = TimeBreakdown()
     breakdown.attach(trainer)
     stopper = TimeToTarget(target=target, metric_name=VAL_METRIC, time_budget_s=time_budget_s, start_time=t0)
@@ -228,6 +240,7 @@ def run_to_target(
         budget_exhausted=stopper.budget_exhausted,
         device=device_description(recipe_obj.device),
         amp=recipe_obj.amp,
+        run_dir=None if out is None else str(out),
         notes=recipe_obj.notes,
         epochs=rows,
     )

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from monai_fast.recipes.runner import EPOCH_FIELDS, RaceResult  # noqa: E402
 
-__all__ = ["format_table", "plot_dice_vs_time", "speedup", "write_json_atomic", "write_race"]
+__all__ = ["best_dice_by", "format_table", "plot_dice_vs_time", "speedup", "write_json_atomic", "write_race"]
 
 
 def speedup(fast: RaceResult, slow: RaceResult) -> tuple[float | None, bool]:
@@ -32,6 +32,12 @@ def speedup(fast: RaceResult, slow: RaceResult) -> tuple[float | None, bool]:
     if slow.reached and slow.time_to_target_s:
         return slow.time_to_target_s / fast.time_to_target_s, False
     return slow.total_s / fast.time_to_target_s, True
+
+
+def best_dice_by(result: RaceResult, seconds: float) -> float | None:
+    """Best validation Dice ``result`` had reached ``seconds`` after its clock started."""
+    seen = [e.val_dice for e in result.epochs if e.val_dice is not None and e.elapsed_s <= seconds]
+    return max(seen) if seen else None
 
 
 def _fmt_s(v: float | None) -> str:
@@ -70,6 +76,15 @@ def format_table(results: Sequence[RaceResult], reference: str = "baseline") -> 
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
     out += [fmt.format(*row) for row in lines]
+    if ref is not None:
+        for r in results:
+            if r is ref or not r.reached or r.time_to_target_s is None:
+                continue
+            at = best_dice_by(ref, r.time_to_target_s)
+            out.append(
+                f"when {r.recipe} reached Dice {r.target:g} ({r.time_to_target_s:.0f} s), {ref.recipe} was at "
+                + ("no validation yet" if at is None else f"Dice {at:.3f}")
+            )
     return "\n".join(out)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 import torch
@@ -29,4 +30,15 @@ def device_description(device: torch.device | str) -> str:
     if dev.type == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(dev)
         return f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
-    return f"CPU {platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
+    return f"CPU {_cpu_model()} ({os.cpu_count()} logical CPUs, {torch.get_num_threads()} torch threads)"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -1,0 +1,229 @@
+"""Background NVML sampling of the GPUs a rank uses: record, CSV, TensorBoard, summary, PNG."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ignite.distributed as idist
+from ignite.engine import Engine, Events
+
+from monai_fast.handlers.lifecycle import on_run_end
+from monai_fast.handlers.record import record_of
+from monai_fast.telemetry.nvml import FIELDS, NvmlBackend, NvmlUnavailable, open_nvml, visible_gpu_indices
+
+__all__ = ["GPUSampler"]
+
+logger = logging.getLogger("monai_fast.handlers")
+
+
+class GPUSampler:
+    """Samples GPU utilisation, memory, power, temperature and SM clock on a background thread.
+
+    Sampling never runs on the training thread (ignite's ``GpuInfo`` polls on it, through the
+    retired ``pynvml.smi``). The thread starts with the engine's run and is stopped and joined
+    when the run ends, also when it raises. Each sample becomes an ``interval`` row of the run
+    record; with ``output_dir`` (default: the record's run folder) a CSV like the fast-training
+    guide's ``nvidia_smi.csv`` and a PNG timeline of utilisation and memory are written; with
+    ``writer`` (a ``SummaryWriter``) the values go to TensorBoard. :attr:`summary` holds mean and
+    peak per GPU after the run. Without NVML (a CPU machine): one warning, and the handler does
+    nothing.
+
+    Args:
+        interval_s: seconds between samples (> 0).
+        gpus: NVML indices to sample; default the GPU of this local rank
+            (``CUDA_VISIBLE_DEVICES`` honoured).
+        output_dir: where ``gpu_rank<R>.csv`` and ``gpu_rank<R>.png`` go; checked for
+            writability here. ``None``: the record's run folder, if any.
+        writer: a TensorBoard ``SummaryWriter`` for ``gpu<i>/util`` etc.
+        backend: an NVML backend; default the real one (tests pass ``FakeNvml``).
+
+    Example:
+        >>> from monai_fast.handlers import GPUSampler
+        >>> sampler = GPUSampler(interval_s=0.5, output_dir="runs/exp1")
+        >>> sampler.attach(trainer)  # doctest: +SKIP
+        >>> trainer.run(); sampler.summary["gpu0"]["gpu_util_mean"]  # doctest: +SKIP
+        97.3
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 1.0,
+        gpus: Sequence[int] | None = None,
+        output_dir: str | os.PathLike | None = None,
+        writer: Any = None,
+        backend: NvmlBackend | None = None,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        if gpus is not None and (not gpus or any(int(g) < 0 for g in gpus)):
+            raise ValueError(f"gpus must be a non-empty list of NVML indices >= 0, got {gpus}")
+        self.output_dir = Path(output_dir) if output_dir is not None else None
+        if self.output_dir is not None:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.output_dir, os.W_OK):
+                raise PermissionError(f"GPUSampler output_dir {self.output_dir} is not writable")
+        self.interval_s = float(interval_s)
+        self.gpus = [int(g) for g in gpus] if gpus is not None else None
+        self.writer = writer
+        self._backend = backend
+        self.max_points = 20000
+        self.samples: list[dict] = []  # for the plot: decimated to at most max_points per run
+        self.summary: dict[str, dict] = {}
+        self._agg: dict[int, dict] = {}
+        self._csv_file = None
+        self._csv = None
+        self._stride = 1
+        self._seen = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._engine: Engine | None = None
+        self.active = False
+
+    def attach(self, engine: Engine) -> None:
+        """Start sampling when ``engine`` starts and stop when its run ends.
+
+        Raises:
+            RuntimeError: if already attached.
+        """
+        if self._engine is not None:
+            raise RuntimeError("GPUSampler is already attached; make one per engine")
+        self._engine = engine
+        if self._backend is None:
+            try:
+                self._backend = open_nvml()
+            except NvmlUnavailable as e:
+                logger.warning("GPUSampler: %s; GPU sampling is off, training is unaffected", e)
+                return
+        count = self._backend.device_count()
+        self.gpus = self.gpus if self.gpus is not None else visible_gpu_indices(idist.get_local_rank())
+        bad = [g for g in self.gpus if g >= count]
+        if bad:
+            raise ValueError(f"GPUSampler: gpus {bad} do not exist; NVML sees {count} GPU(s)")
+        self.active = True
+        engine.add_event_handler(Events.STARTED, self._start)
+        on_run_end(engine, self._finish)
+
+    def _start(self, engine: Engine) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._t0 = time.time()
+        record = record_of(engine)
+        out = self.output_dir or (record.run_dir if record is not None else None)
+        if out is not None:  # streamed while sampling: a run of days does not pile up in memory
+            self._csv_path = Path(out) / f"gpu_rank{idist.get_rank()}.csv"
+            self._csv_file = open(self._csv_path, "w", newline="")
+            self._csv = csv.writer(self._csv_file)
+            self._csv.writerow(["time", "gpu", "gpu_util", "used", "total", "ratio", *FIELDS[4:]])
+        self._thread = threading.Thread(target=self._loop, name="monai-fast-gpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        record = record_of(self._engine) if self._engine is not None else None
+        rank = idist.get_rank()
+        try:
+            while True:
+                now = time.time()
+                for g in self.gpus or []:
+                    values = self._backend.sample(g)  # type: ignore[union-attr]
+                    row = {"gpu": g, "t": now - self._t0, **values}
+                    self._keep(row)
+                    if record is not None:
+                        record.add("interval", "gpu", **row)
+                    if self.writer is not None:
+                        step = len(self.samples)
+                        for k in ("gpu_util", "mem_used_mib", "power_w"):
+                            self.writer.add_scalar(f"rank{rank}/gpu{g}/{k}", values[k], step, walltime=now)
+                if self._stop.wait(self.interval_s):
+                    return
+        except BaseException as e:  # surfaced on the training thread at the end of the run
+            self._error = e
+
+    def _keep(self, row: dict) -> None:
+        agg = self._agg.setdefault(row["gpu"], {"n": 0, "util_sum": 0.0, "util_n": 0, "util_peak": None,
+                                                "mem_peak": None, "power_sum": 0.0, "power_n": 0})
+        agg["n"] += 1
+        agg["mem_total"] = row["mem_total_mib"]
+        if not math.isnan(row["gpu_util"]):
+            agg["util_sum"] += row["gpu_util"]
+            agg["util_n"] += 1
+            agg["util_peak"] = max(agg["util_peak"] or 0.0, row["gpu_util"])
+        if not math.isnan(row["mem_used_mib"]):
+            agg["mem_peak"] = max(agg["mem_peak"] or 0.0, row["mem_used_mib"])
+        if not math.isnan(row["power_w"]):
+            agg["power_sum"] += row["power_w"]
+            agg["power_n"] += 1
+        if self._csv is not None:
+            self._csv.writerow([f"{row['t']:.3f}", row["gpu"], row["gpu_util"], f"{row['mem_used_mib']:.1f}",
+                                f"{row['mem_total_mib']:.1f}", f"{100 * row['mem_used_mib'] / row['mem_total_mib']:.2f}",
+                                *(row[k] for k in FIELDS[4:])])
+        self._seen += 1
+        if self._seen % self._stride == 0:
+            self.samples.append(row)
+            if len(self.samples) > self.max_points:  # halve the plot's resolution, keep the whole span
+                self.samples = self.samples[::2]
+                self._stride *= 2
+
+    def _finish(self, engine: Engine) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=max(5.0, 3 * self.interval_s))
+        self._thread = None
+        self._summarise(engine)
+        if self._error is not None:
+            err, self._error = self._error, None
+            logger.error("GPUSampler's sampling thread failed: %r", err)
+
+    def _summarise(self, engine: Engine) -> None:
+        if self._csv_file is not None:
+            self._csv_file.close()
+            self._csv_file = self._csv = None
+        for g, a in self._agg.items():
+            self.summary[f"gpu{g}"] = {
+                "name": self._backend.name(g),  # type: ignore[union-attr]
+                "samples": a["n"],
+                "gpu_util_mean": a["util_sum"] / a["util_n"] if a["util_n"] else None,
+                "gpu_util_peak": a["util_peak"],
+                "mem_used_peak_mib": a["mem_peak"],
+                "mem_total_mib": a.get("mem_total"),
+                "power_mean_w": a["power_sum"] / a["power_n"] if a["power_n"] else None,
+            }
+        record = record_of(engine)
+        if record is not None:
+            record.set_summary("gpu", self.summary)
+        out = self.output_dir or (record.run_dir if record is not None else None)
+        if out is not None and self.samples:
+            self._plot(Path(out) / f"gpu_rank{idist.get_rank()}.png")
+
+    def _plot(self, path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (a, b) = plt.subplots(2, 1, figsize=(8, 4.5), sharex=True, dpi=100)
+        for g in self.gpus or []:
+            rows = [s for s in self.samples if s["gpu"] == g]
+            t = [r["t"] for r in rows]
+            a.plot(t, [r["gpu_util"] for r in rows], label=f"GPU {g}")
+            b.plot(t, [100 * r["mem_used_mib"] / r["mem_total_mib"] for r in rows], label=f"GPU {g}")
+        a.set_ylabel("utilisation %")
+        b.set_ylabel("memory used %")
+        b.set_xlabel("seconds since start")
+        for ax in (a, b):
+            ax.set_ylim(0, 105)
+            ax.grid(alpha=0.3)
+        a.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)

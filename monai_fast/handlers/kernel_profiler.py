@@ -1,0 +1,137 @@
+"""``torch.profiler`` over a window of iterations: a chrome trace and a DLProf-style kernel summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import ignite.distributed as idist
+from ignite.engine import Engine, Events
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from monai_fast.handlers.lifecycle import on_run_end
+from monai_fast.handlers.record import record_of
+from monai_fast.telemetry import cuda_available
+
+__all__ = ["KernelProfiler", "summarise_profile"]
+
+logger = logging.getLogger("monai_fast.handlers")
+
+
+def summarise_profile(key_averages: Any, top: int = 15) -> dict:
+    """A DLProf-like summary of ``prof.key_averages()``: op/kernel counts, CPU and GPU time in ns,
+    and the ``top`` ops by GPU time (by CPU time when nothing ran on a GPU)."""
+    rows = []
+    for e in key_averages:
+        gpu_us = float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+        rows.append(
+            {
+                "name": e.key,
+                "calls": int(e.count),
+                "cpu_time_ns": int(float(e.self_cpu_time_total) * 1000),
+                "gpu_time_ns": int(gpu_us * 1000),
+            }
+        )
+    on_gpu = any(r["gpu_time_ns"] for r in rows)
+    rows.sort(key=lambda r: r["gpu_time_ns" if on_gpu else "cpu_time_ns"], reverse=True)
+    kernels = [r for r in rows if r["gpu_time_ns"] > 0]
+    return {
+        "All kernels": {
+            "# Kernels": len(kernels),
+            "# Ops": len(rows),
+            "# Calls": sum(r["calls"] for r in rows),
+            "CPU Time (ns)": sum(r["cpu_time_ns"] for r in rows),
+            "GPU Time (ns)": sum(r["gpu_time_ns"] for r in rows),
+        },
+        "ranked_by": "gpu_time_ns" if on_gpu else "cpu_time_ns",
+        "top": rows[:top],
+    }
+
+
+class KernelProfiler:
+    """Profiles a window of iterations with ``torch.profiler`` (DLProf is retired).
+
+    After ``wait`` iterations it warms up for ``warmup`` and records ``active`` iterations, then
+    writes ``trace_rank<R>.json`` (open in ``chrome://tracing`` or Perfetto) and
+    ``kernels_rank<R>.json``, a summary in the shape of DLProf's JSON report (``# Kernels``,
+    ``CPU Time (ns)``, ``GPU Time (ns)`` and the top ops). On a CPU-only build it records CPU ops.
+    The profiler is stopped when the run ends early or raises.
+
+    Args:
+        output_dir: folder for the trace and summary (checked for writability here).
+        wait, warmup, active: the ``torch.profiler.schedule`` window, in iterations.
+        record_shapes: record input shapes (bigger trace).
+        top: number of ops listed in the summary.
+
+    Example:
+        >>> from monai_fast.handlers import KernelProfiler
+        >>> KernelProfiler("runs/exp1", wait=5, warmup=2, active=5).attach(trainer)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        wait: int = 2,
+        warmup: int = 1,
+        active: int = 3,
+        record_shapes: bool = False,
+        top: int = 15,
+    ) -> None:
+        if wait < 0 or warmup < 0 or active < 1:
+            raise ValueError(f"need wait >= 0, warmup >= 0, active >= 1; got {wait}, {warmup}, {active}")
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(self.output_dir, os.W_OK):
+            raise PermissionError(f"KernelProfiler output_dir {self.output_dir} is not writable")
+        self.wait, self.warmup, self.active = wait, warmup, active
+        self.record_shapes = record_shapes
+        self.top = top
+        self.summary: dict | None = None
+        self._prof: profile | None = None
+        self._engine: Engine | None = None
+
+    def attach(self, engine: Engine) -> None:
+        """Raises ``RuntimeError`` if already attached."""
+        if self._engine is not None:
+            raise RuntimeError("KernelProfiler is already attached; make one per engine")
+        self._engine = engine
+        engine.add_event_handler(Events.STARTED, self._start)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._step)
+        on_run_end(engine, self._stop)
+
+    def _start(self, engine: Engine) -> None:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda_available() else [])
+        self._prof = profile(
+            activities=activities,
+            schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
+            on_trace_ready=self._ready,
+            record_shapes=self.record_shapes,
+        )
+        self._prof.__enter__()
+
+    def _step(self, engine: Engine) -> None:
+        if self._prof is not None:
+            self._prof.step()
+
+    def _stop(self, engine: Engine) -> None:
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            prof.__exit__(None, None, None)
+
+    def _ready(self, prof: profile) -> None:
+        rank = idist.get_rank()
+        prof.export_chrome_trace(str(self.output_dir / f"trace_rank{rank}.json"))
+        self.summary = summarise_profile(prof.key_averages(), self.top)
+        tmp = self.output_dir / f".kernels_rank{rank}.json.tmp"
+        tmp.write_text(json.dumps(self.summary, indent=2))
+        os.replace(tmp, self.output_dir / f"kernels_rank{rank}.json")
+        if self._engine is not None and (record := record_of(self._engine)) is not None:
+            record.set_summary("kernels", self.summary["All kernels"] | {"ranked_by": self.summary["ranked_by"], "top": self.summary["top"][:5]})
+        logger.info(
+            "profiled %d iterations: %d ops, CPU %.1f ms, GPU %.1f ms -> %s",
+            self.active, self.summary["All kernels"]["# Ops"], self.summary["All kernels"]["CPU Time (ns)"] / 1e6,
+            self.summary["All kernels"]["GPU Time (ns)"] / 1e6, self.output_dir,
+        )

@@ -1,0 +1,79 @@
+import time
+
+import pytest
+from ignite.engine import Engine
+
+from monai_fast.cli import main
+from monai_fast.handlers import GPUSampler, RecordHandler, ThroughputMonitor, TimeBreakdown
+from monai_fast.recipes import RecipeConfig, build_recipe
+from monai_fast.report.doctor import diagnose, doctor
+from monai_fast.telemetry.nvml import FakeNvml
+
+
+def _record_recipe(run_dir, name, files, config, gpu=None):
+    r = build_recipe(name, *files, config, progress=False)
+    RecordHandler(run_dir).attach(r.trainer)
+    TimeBreakdown().attach(r.trainer)
+    ThroughputMonitor(log_every_epoch=False).attach(r.trainer)
+    if gpu is not None:
+        GPUSampler(interval_s=0.02, backend=gpu).attach(r.trainer)
+    r.trainer.run()
+    return run_dir
+
+
+def test_data_bound_run_of_real_baseline(tmp_path, tiny_files):
+    # deliberately data-bound: loading + resampling in the main process, a tiny network on tiny crops
+    cfg = RecipeConfig(patch_size=(16, 16, 16), channels=(2, 4), strides=(2,), num_res_units=0, num_samples=1,
+                       batch_size=2, num_workers=0, max_epochs=2)
+    d = doctor(_record_recipe(tmp_path, "baseline", tiny_files, cfg))
+    assert d.verdict == "data-bound", d.text()
+    assert d.numbers["data_share"] >= 0.2
+    assert any("CacheDataset" in f for f in d.fixes)
+    report = (tmp_path / "report.md").read_text()
+    assert "data-bound" in report and "time_breakdown.png" in report and (tmp_path / "time_breakdown.png").is_file()
+
+
+def test_compute_bound_run_of_real_fast_recipe(tmp_path, tiny_files, tiny_config):
+    # deliberately compute-bound: cached data, and a network heavy for these crops
+    cfg = RecipeConfig(**{**tiny_config.to_dict(), "max_epochs": 2, "channels": (32, 64, 128), "strides": (2, 2),
+                          "num_res_units": 2})
+    d = doctor(_record_recipe(tmp_path, "fast", tiny_files, cfg))
+    assert d.verdict == "compute-bound", d.text()
+    assert d.numbers["data_share"] < 0.05
+    assert "CPU" in d.fixes[0]
+
+
+def test_gpu_under_filled_from_a_fake_gpu_record(tmp_path):
+    engine = Engine(lambda e, b: time.sleep(0.01))
+    RecordHandler(tmp_path).attach(engine)
+    TimeBreakdown().attach(engine)
+    GPUSampler(interval_s=0.01, backend=FakeNvml(util=[20.0, 30.0], mem_total_mib=80000)).attach(engine)
+    engine.run(list(range(20)), max_epochs=1)
+    d = doctor(tmp_path)
+    assert d.verdict == "gpu-under-filled", d.text()
+    assert (tmp_path / "gpu_util.png").is_file()
+
+
+def test_balanced_and_missing_breakdown():
+    rows = [{"kind": "epoch", "source": "time_breakdown", "epoch": 1, "iterations": 4, "data_s": 1.0, "compute_s": 9.0, "data_share": 0.1}]
+    assert diagnose(rows).verdict == "balanced"
+    with pytest.raises(ValueError, match="TimeBreakdown"):
+        diagnose([{"kind": "interval", "source": "gpu"}])
+
+
+def test_doctor_cli(tmp_path, capsys):
+    engine = Engine(lambda e, b: None)
+    RecordHandler(tmp_path).attach(engine)
+    TimeBreakdown().attach(engine)
+
+    def slow():
+        for i in range(4):
+            time.sleep(0.02)
+            yield i
+
+    engine.run(slow(), max_epochs=1, epoch_length=4)
+    assert main(["doctor", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: data-bound" in out and "report.md" in out
+    with pytest.raises(SystemExit, match="no monai-fast record"):
+        main(["doctor", str(tmp_path / "nothing")])

@@ -1,0 +1,101 @@
+import csv
+import logging
+import threading
+import time
+
+import pytest
+from ignite.engine import Engine
+from PIL import Image
+
+from monai_fast.handlers import GPUSampler, RecordHandler
+from monai_fast.telemetry.nvml import FakeNvml, NvmlUnavailable, open_nvml
+
+
+def _slow_engine(step_s=0.02):
+    return Engine(lambda e, b: time.sleep(step_s))
+
+
+def _sampler_threads():
+    return [t for t in threading.enumerate() if t.name == "monai-fast-gpu-sampler"]
+
+
+def test_samples_off_the_training_thread_and_writes_everything(tmp_path):
+    fake = FakeNvml(count=2, util=[90.0, 95.0, 100.0])
+    engine = _slow_engine()
+    RecordHandler(tmp_path).attach(engine)
+    sampler = GPUSampler(interval_s=0.02, gpus=[1], backend=fake)
+    sampler.attach(engine)
+    engine.run(list(range(10)), max_epochs=1)
+    assert _sampler_threads() == []
+    assert fake.samples >= 3 and threading.get_ident() not in fake.threads
+    s = sampler.summary["gpu1"]
+    assert s["name"] == "Fake GPU 1" and 90.0 <= s["gpu_util_mean"] <= 100.0 and s["gpu_util_peak"] <= 100.0
+    with open(tmp_path / "gpu_rank0.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(sampler.samples) and set(rows[0]) >= {"time", "gpu_util", "used", "total", "ratio"}
+    assert all(r["gpu"] == "1" for r in rows)
+    with Image.open(tmp_path / "gpu_rank0.png") as im:
+        assert im.size[0] > 300
+    from monai_fast.telemetry.record import load_record
+
+    rec_rows, summary = load_record(tmp_path)
+    assert sum(1 for r in rec_rows if r["source"] == "gpu") == len(sampler.samples)
+    assert summary["gpu"]["gpu1"]["samples"] == len(sampler.samples)
+
+
+def test_thread_stops_when_the_run_raises():
+    fake = FakeNvml()
+
+    def step(e, b):
+        time.sleep(0.02)
+        if e.state.iteration == 3:
+            raise ValueError("bad batch 3")
+
+    engine = Engine(step)
+    GPUSampler(interval_s=0.01, backend=fake).attach(engine)
+    with pytest.raises(ValueError, match="bad batch 3"):
+        engine.run(list(range(10)), max_epochs=1)
+    assert _sampler_threads() == []
+    assert fake.samples > 0
+
+
+def test_without_nvml_one_warning_and_inert(caplog):
+    try:
+        open_nvml().shutdown()
+        pytest.skip("NVML is available here; this checks the CPU-machine fallback")
+    except NvmlUnavailable:
+        pass
+    engine = _slow_engine(0)
+    sampler = GPUSampler(interval_s=0.01)
+    with caplog.at_level(logging.WARNING, logger="monai_fast.handlers"):
+        sampler.attach(engine)
+        engine.run(list(range(5)), max_epochs=2)
+    assert caplog.text.count("GPU sampling is off") == 1
+    assert not sampler.active and sampler.samples == [] and _sampler_threads() == []
+    assert engine.state.epoch == 2
+
+
+def test_validation(tmp_path):
+    with pytest.raises(ValueError, match="interval_s"):
+        GPUSampler(interval_s=0)
+    with pytest.raises(ValueError, match="gpus"):
+        GPUSampler(gpus=[])
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OSError, match="file"):
+        GPUSampler(output_dir=blocker / "sub")
+    s = GPUSampler(gpus=[3], backend=FakeNvml(count=2))
+    with pytest.raises(ValueError, match=r"gpus \[3\] do not exist"):
+        s.attach(_slow_engine(0))
+
+
+@pytest.mark.gpu
+def test_real_nvml_readings_on_a_gpu():
+    import torch
+
+    engine = Engine(lambda e, b: torch.randn(2048, 2048, device="cuda").matmul(torch.randn(2048, 2048, device="cuda")).sum().item())
+    sampler = GPUSampler(interval_s=0.05)
+    sampler.attach(engine)
+    engine.run(list(range(200)), max_epochs=1)
+    (s,) = sampler.summary.values()
+    assert s["samples"] > 0 and s["mem_total_mib"] > 1000 and s["gpu_util_peak"] > 0
