@@ -33,11 +33,13 @@ def build_cached_recipe(
     device: str | torch.device,
     progress: bool = True,
     channels_last: bool = False,
+    loader_cls: type[ThreadDataLoader] = ThreadDataLoader,
 ) -> Recipe:
     """The cached, thread-loaded, DiceCE + Novograd set-up behind ``monai_tutorial`` and ``fast``.
 
     With ``channels_last`` the network's weights use the ``channels_last_3d`` memory format, so
     convolutions run in the layout the CPU (oneDNN) and cuDNN kernels prefer; outputs follow it.
+    ``loader_cls`` is the thread loader (``fast`` passes one that surfaces errors).
     """
     t0 = time.perf_counter()
     config = config or RecipeConfig()
@@ -63,8 +65,8 @@ def build_cached_recipe(
         copy_cache=False,
         progress=progress,
     )
-    train_loader = ThreadDataLoader(train_ds, num_workers=0, batch_size=config.batch_size, shuffle=True)
-    val_loader = ThreadDataLoader(val_ds, num_workers=0, batch_size=1)
+    train_loader = loader_cls(train_ds, num_workers=0, batch_size=config.batch_size, shuffle=True)
+    val_loader = loader_cls(val_ds, num_workers=0, batch_size=1)
     network = build_network(config, device)
     if channels_last:
         network = network.to(memory_format=torch.channels_last_3d)
@@ -83,7 +85,7 @@ def build_cached_recipe(
         amp=amp,
         t_start=t0,
         notes=[
-            f"CacheDataset in {where} ({len(train_ds)} train + {len(val_ds)} val items), ThreadDataLoader(0 workers)",
+            f"CacheDataset in {where} ({len(train_ds)} train + {len(val_ds)} val items), {loader_cls.__name__}(0 workers)",
             f"DiceCELoss, Novograd(lr={lr:g}), AMP {'on' if amp else 'off'}"
             + (", channels_last_3d weights" if channels_last else ""),
         ],

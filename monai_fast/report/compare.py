@@ -102,7 +102,7 @@ def plot_dice_vs_time(results: Sequence[RaceResult], path: str | os.PathLike, ta
     ax.set_ylabel("validation mean Dice")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
     ax.set_title("Time to Dice")
     fig.tight_layout()
     path = Path(path)

@@ -141,7 +141,7 @@ def _plot_breakdown(epochs: list[dict], path: Path) -> None:
     ax.set_xlabel("epoch")
     ax.set_ylabel("seconds")
     ax.set_title("Time per epoch: compute vs data wait")
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

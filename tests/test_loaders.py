@@ -1,0 +1,84 @@
+import threading
+
+import pytest
+import torch
+from monai.data import CacheDataset, Dataset, ThreadDataLoader
+from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandLambdad
+
+from monai_fast.data.loaders import DataItemError, SafeThreadDataLoader
+
+
+def _loader_threads():
+    return [t for t in threading.enumerate() if t.name == "monai-fast-loader"]
+
+
+def _files(tiny_files):
+    train, val = tiny_files
+    return train + val
+
+
+def test_truncated_nifti_is_named_not_hidden(tiny_files, tmp_path):
+    files = [dict(d) for d in _files(tiny_files)]
+    bad = tmp_path / "spleen_bad.nii.gz"
+    bad.write_bytes(open(files[3]["image"], "rb").read()[:200])  # a truncated copy of a real file
+    files[3]["image"] = str(bad)
+    ds = Dataset(files, Compose([LoadImaged(keys=["image", "label"]), EnsureChannelFirstd(keys=["image", "label"])]))
+    loader = SafeThreadDataLoader(ds, batch_size=1, shuffle=False)
+    seen = 0
+    with pytest.raises(DataItemError, match=r"item 3 \(image=.*spleen_bad\.nii\.gz, label=.*\.nii\.gz\)"):
+        for _ in loader:
+            seen += 1
+    assert seen == 3 and _loader_threads() == []
+
+
+def test_raising_random_transform_on_cached_data_is_named(tiny_files):
+    files = _files(tiny_files)
+    target = files[1]["image"]
+
+    def maybe_fail(img):
+        if img.meta["filename_or_obj"] == target:
+            raise ValueError("augmentation exploded")
+        return img
+
+    chain = Compose([LoadImaged(keys=["image", "label"]), RandLambdad(keys="image", func=maybe_fail, prob=1.0)])
+    ds = CacheDataset(files, chain, progress=False)
+    with pytest.raises(DataItemError, match=r"item 1 .*augmentation exploded") as info:
+        list(SafeThreadDataLoader(ds, batch_size=2))
+    assert target in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_same_batches_as_monai_thread_loader_when_nothing_fails():
+    data = [{"x": torch.tensor([float(i)])} for i in range(7)]
+    ours = [b["x"].tolist() for b in SafeThreadDataLoader(Dataset(data), batch_size=3, repeats=2)]
+    theirs = [b["x"].tolist() for b in ThreadDataLoader(Dataset(data), batch_size=3, repeats=2)]
+    assert ours == theirs and len(ours) == 6
+
+
+def test_breaking_early_leaves_no_thread():
+    data = [{"x": torch.tensor([float(i)])} for i in range(50)]
+    for i, _ in enumerate(SafeThreadDataLoader(Dataset(data), batch_size=1)):
+        if i == 2:
+            break
+    assert _loader_threads() == []
+
+
+def _explode(x):
+    raise OSError("disk gone")
+
+
+def test_worker_process_errors_surface_too():
+    data = [{"x": torch.tensor([1.0])}] * 4
+    ds = Dataset(data, RandLambdad(keys="x", func=_explode, prob=1.0))
+    with pytest.raises(Exception, match="disk gone"):
+        list(SafeThreadDataLoader(ds, batch_size=2, num_workers=1))
+    assert _loader_threads() == []
+
+
+def test_fast_recipe_surfaces_a_failing_item_from_trainer_run(tiny_files, tiny_config):
+    from monai_fast.recipes import build_recipe
+
+    r = build_recipe("fast", *tiny_files, tiny_config, progress=False)
+    assert isinstance(r.train_loader, SafeThreadDataLoader)
+    r.train_loader.dataset._cache[1]["image"] = None  # one broken cached item
+    with pytest.raises(DataItemError, match=r"item 1 \(image="):
+        r.trainer.run()
