@@ -23,7 +23,7 @@ from typing import Any
 from monai.data import ThreadDataLoader
 from torch.utils.data import DataLoader
 
-__all__ = ["DataItemError", "SafeThreadBuffer", "SafeThreadDataLoader", "describe_item"]
+__all__ = ["DataItemError", "SafeThreadBuffer", "SafeThreadDataLoader", "describe_item", "error_text"]
 
 
 class DataItemError(RuntimeError):
@@ -44,6 +44,15 @@ def describe_item(dataset: Any, index: int) -> str:
     if isinstance(item, (str, os.PathLike)):
         return f"item {index} ({item})"
     return f"item {index}"
+
+
+def error_text(e: BaseException) -> str:
+    """``Type: message`` of the root cause of ``e``; MONAI wraps transform errors as
+    ``RuntimeError("applying transform <...>")``, which then follows as "in ..."."""
+    root = e
+    while root.__cause__ is not None:
+        root = root.__cause__
+    return f"{type(root).__name__}: {root}" + (f" in {e}" if root is not e else "")
 
 
 class _End:
@@ -139,13 +148,7 @@ class SafeThreadDataLoader(ThreadDataLoader):
         try:
             return self.dataset[index]
         except Exception as e:
-            root = e
-            while root.__cause__ is not None:  # MONAI wraps as "applying transform <...>": name the real cause
-                root = root.__cause__
-            where = f" in {e}" if root is not e else ""
-            raise DataItemError(
-                f"loading {describe_item(self.dataset, index)} failed: {type(root).__name__}: {root}{where}"
-            ) from e
+            raise DataItemError(f"loading {describe_item(self.dataset, index)} failed: {error_text(e)}") from e
 
     def __iter__(self) -> Iterator[Any]:
         src = self._batches() if self.num_workers == 0 else DataLoader.__iter__(self)

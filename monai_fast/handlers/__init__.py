@@ -5,6 +5,7 @@ from monai_fast.handlers.kernel_profiler import KernelProfiler
 from monai_fast.handlers.lifecycle import on_run_end
 from monai_fast.handlers.nvtx import NVTXHandler, nvtx_range
 from monai_fast.handlers.record import RecordHandler, record_of
+from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.throughput import ThroughputMonitor
 from monai_fast.handlers.time_breakdown import EpochTimes, TimeBreakdown
 from monai_fast.handlers.time_to_target import TimeToTarget
@@ -15,6 +16,7 @@ __all__ = [
     "KernelProfiler",
     "NVTXHandler",
     "RecordHandler",
+    "SmartCacheUpdater",
     "ThroughputMonitor",
     "TimeBreakdown",
     "TimeToTarget",
