@@ -87,5 +87,5 @@ def test_fast_differs_from_tutorial_only_in_memory_format(tiny_files, tiny_confi
     assert conv(fast.network).is_contiguous(memory_format=torch.channels_last_3d)
     assert not conv(tut.network).is_contiguous(memory_format=torch.channels_last_3d)
     # the same weights at the same seed: only the layout differs
-    for a, b in zip(fast.network.state_dict().values(), tut.network.state_dict().values()):
+    for a, b in zip(fast.network.state_dict().values(), tut.network.state_dict().values(), strict=True):
         assert torch.equal(a, b)

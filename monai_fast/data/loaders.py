@@ -110,7 +110,9 @@ class SafeThreadBuffer:
                     value = self.buffer.get(timeout=self.timeout)
                 except Empty:
                     if not self._thread.is_alive() and self.buffer.empty():
-                        raise RuntimeError("the loader thread stopped without finishing its epoch or reporting an error")
+                        raise RuntimeError(
+                            "the loader thread stopped without finishing its epoch or reporting an error"
+                        ) from None
                     continue
                 if isinstance(value, _End):
                     return

@@ -1,0 +1,156 @@
+"""A disk cache you can trust: ``PersistentDataset`` keyed on what the result depends on.
+
+MONAI's :class:`~monai.data.PersistentDataset` names a cache file after a hash of the item (its
+paths) and, with ``hash_transform``, of the transforms. Three gaps remain, and this class closes
+them:
+
+* **File identity.** A volume overwritten at the same path keeps its old key, so training reads
+  the stale result. Here the key covers each file's size and modification time (``"stat"``,
+  default), or its content hash (``"content"``: slower, survives copies that reset mtimes).
+* **Transform parameters.** MONAI's ``json_hashing`` cannot serialise transform objects and falls
+  back to their class names, so a changed intensity window or spacing keeps the same key. Here
+  the key covers a fingerprint of every deterministic transform's parameters.
+* **Damaged files and writes.** Only some corruptions are caught (a truncated zip-format ``.pt``
+  crashes the run). Here any cache file that does not load is rebuilt, with a warning. MONAI
+  writes into the system temp folder and moves the file, which is a copy when the cache is on
+  another file system. Here the file is written beside its final name and renamed atomically,
+  so a killed run never leaves a half-written file under a valid name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from copy import deepcopy
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from monai.data import PersistentDataset
+from monai.data.utils import pickle_hashing
+from monai.transforms import RandomizableTrait, Transform
+from monai.utils import convert_to_tensor
+
+__all__ = ["TrustedPersistentDataset", "transform_fingerprint"]
+
+def _fp(obj: Any, depth: int = 0) -> str:
+    if depth > 8:
+        return type(obj).__name__
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return repr(obj)
+    if isinstance(obj, (list, tuple)):
+        return "[" + ",".join(_fp(x, depth + 1) for x in obj) + "]"
+    if isinstance(obj, dict):
+        return "{" + ",".join(f"{k!s}:{_fp(v, depth + 1)}" for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))) + "}"
+    if isinstance(obj, (np.ndarray, torch.Tensor)):
+        arr = obj.detach().cpu().numpy() if isinstance(obj, torch.Tensor) else obj
+        return f"array{arr.shape}{arr.dtype}:{hashlib.sha1(np.ascontiguousarray(arr).tobytes()).hexdigest()}"
+    if isinstance(obj, np.generic):
+        return repr(obj.item())
+    if isinstance(obj, (os.PathLike, type)):
+        return str(obj)
+    if callable(obj) and not hasattr(obj, "__dict__"):
+        return getattr(obj, "__qualname__", type(obj).__name__)
+    if hasattr(obj, "__dict__"):
+        state = {k: v for k, v in vars(obj).items() if not k.startswith("__")}
+        return f"{type(obj).__module__}.{type(obj).__qualname__}({_fp(state, depth + 1)})"
+    return type(obj).__name__  # locks, handles: no stable value to hash
+
+
+def transform_fingerprint(transforms: Sequence[Any]) -> str:
+    """A stable hash of transforms' classes and parameters (not their memory addresses)."""
+    return hashlib.sha1(_fp(list(transforms)).encode()).hexdigest()
+
+
+class TrustedPersistentDataset(PersistentDataset):
+    """``PersistentDataset`` whose keys cover file identity and transform parameters, and whose
+    cache files are rebuilt when damaged and written atomically (see the module docstring).
+
+    Args:
+        data: items, e.g. ``{"image": path, "label": path}``.
+        transform: the chain; everything before the first random transform is cached.
+        cache_dir: the cache folder (created).
+        identity: ``"stat"`` (size + mtime, default) or ``"content"`` (SHA-1 of the bytes).
+        kwargs: passed to ``PersistentDataset`` (not ``hash_func`` / ``hash_transform``).
+
+    Example:
+        >>> from monai_fast.data.persistent import TrustedPersistentDataset
+        >>> ds = TrustedPersistentDataset(train_files, transforms, cache_dir="/scratch/cache")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        data: Sequence,
+        transform: Sequence[Callable] | Callable,
+        cache_dir: str | os.PathLike,
+        identity: Literal["stat", "content"] = "stat",
+        **kwargs: Any,
+    ) -> None:
+        if identity not in ("stat", "content"):
+            raise ValueError(f"identity must be 'stat' or 'content', got {identity!r}")
+        for bad in ("hash_func", "hash_transform"):
+            if bad in kwargs:
+                raise ValueError(f"{bad} is set by TrustedPersistentDataset; do not pass it")
+        if cache_dir is None:
+            raise ValueError("cache_dir is required (use CacheDataset for an in-memory cache)")
+        self.identity = identity
+        self._content_hashes: dict[tuple, str] = {}
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        super().__init__(data=data, transform=transform, cache_dir=cache_dir, hash_func=self._item_key, **kwargs)
+        deterministic = []
+        for t in self.transform.flatten().transforms:
+            if isinstance(t, RandomizableTrait) or not isinstance(t, Transform):
+                break
+            deterministic.append(t)
+        self.transform_hash = transform_fingerprint(deterministic)[:16]
+
+    def _file_identity(self, path: Path) -> Any:
+        st = path.stat()
+        if self.identity == "stat":
+            return (st.st_size, st.st_mtime_ns)
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        if key not in self._content_hashes:
+            h = hashlib.sha1()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            self._content_hashes[key] = h.hexdigest()
+        return self._content_hashes[key]
+
+    def _item_key(self, item: Any) -> bytes:
+        def with_identity(v: Any) -> Any:
+            if isinstance(v, (str, os.PathLike)) and os.path.isfile(v):
+                return (str(v), self._file_identity(Path(v)))
+            if isinstance(v, dict):
+                return {k: with_identity(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [with_identity(x) for x in v]
+            return v
+
+        return pickle_hashing(with_identity(item))
+
+    def _cachecheck(self, item_transformed: Any) -> Any:
+        key = self.hash_func(item_transformed).decode("utf-8") + self.transform_hash
+        hashfile = Path(self.cache_dir) / f"{key}.pt"
+        if hashfile.is_file():
+            try:
+                return torch.load(hashfile, weights_only=self.weights_only)
+            except PermissionError:
+                raise
+            except Exception as e:  # any damage: rebuild instead of crashing or training on garbage
+                warnings.warn(f"cache file {hashfile} is damaged ({type(e).__name__}: {e}); rebuilding it", stacklevel=2)
+                hashfile.unlink(missing_ok=True)
+        result = self._pre_transform(deepcopy(item_transformed))
+        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.cache_dir)
+        os.close(fd)
+        try:
+            torch.save(convert_to_tensor(result, convert_numeric=False, track_meta=self.track_meta), tmp)
+            os.replace(tmp, hashfile)  # atomic within one folder
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return result
