@@ -33,11 +33,11 @@ def test_data_bound_run_of_real_baseline(tmp_path, tiny_files):
     assert "data-bound" in report and "time_breakdown.png" in report and (tmp_path / "time_breakdown.png").is_file()
 
 
-def test_compute_bound_run_of_real_fast_recipe(tmp_path, tiny_files, tiny_config):
+def test_compute_bound_run_of_real_cached_recipe(tmp_path, tiny_files, tiny_config):
     # deliberately compute-bound: cached data, and a network heavy for these crops
     cfg = RecipeConfig(**{**tiny_config.to_dict(), "max_epochs": 2, "channels": (32, 64, 128), "strides": (2, 2),
                           "num_res_units": 2})
-    d = doctor(_record_recipe(tmp_path, "fast", tiny_files, cfg))
+    d = doctor(_record_recipe(tmp_path, "monai_tutorial", tiny_files, cfg))
     assert d.verdict == "compute-bound", d.text()
     assert d.numbers["data_share"] < 0.05
     assert "CPU" in d.fixes[0]

@@ -1,5 +1,6 @@
 """Ignite event handlers; each one ``attach(engine)``es to any ignite ``Engine``, MONAI's included."""
 
+from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.gpu_sampler import GPUSampler
 from monai_fast.handlers.kernel_profiler import KernelProfiler
 from monai_fast.handlers.lifecycle import on_run_end
@@ -11,6 +12,7 @@ from monai_fast.handlers.time_breakdown import EpochTimes, TimeBreakdown
 from monai_fast.handlers.time_to_target import TimeToTarget
 
 __all__ = [
+    "AMPToggle",
     "EpochTimes",
     "GPUSampler",
     "KernelProfiler",

@@ -18,6 +18,7 @@ from monai.losses import DiceCELoss
 from monai.optimizers import Novograd
 from monai.transforms import Compose
 
+from monai_fast.handlers.amp import AMPToggle
 from monai_fast.recipes.common import Recipe, assemble, build_network, resolve_amp, seed_everything
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
@@ -34,12 +35,15 @@ def build_cached_recipe(
     progress: bool = True,
     channels_last: bool = False,
     loader_cls: type[ThreadDataLoader] = ThreadDataLoader,
+    precision: str | None = None,
 ) -> Recipe:
     """The cached, thread-loaded, DiceCE + Novograd set-up behind ``monai_tutorial`` and ``fast``.
 
     With ``channels_last`` the network's weights use the ``channels_last_3d`` memory format, so
     convolutions run in the layout the CPU (oneDNN) and cuDNN kernels prefer; outputs follow it.
-    ``loader_cls`` is the thread loader (``fast`` passes one that surfaces errors).
+    ``loader_cls`` is the thread loader (``fast`` passes one that surfaces errors). With
+    ``precision`` (``"bf16"``/``"fp16"``/``"fp32"``), an :class:`~monai_fast.handlers.AMPToggle`
+    on trainer and evaluator runs autocast instead of MONAI's CUDA-only ``amp=True``.
     """
     t0 = time.perf_counter()
     config = config or RecipeConfig()
@@ -71,9 +75,9 @@ def build_cached_recipe(
     if channels_last:
         network = network.to(memory_format=torch.channels_last_3d)
     lr = config.lr or 2e-4 * 10
-    amp = resolve_amp(config, device, default_on_cuda=True)
+    amp = resolve_amp(config, device, default_on_cuda=True) if precision is None else False
     where = f"GPU memory ({device})" if on_gpu else "CPU RAM"
-    return assemble(
+    recipe = assemble(
         name,
         config,
         device,
@@ -86,10 +90,17 @@ def build_cached_recipe(
         t_start=t0,
         notes=[
             f"CacheDataset in {where} ({len(train_ds)} train + {len(val_ds)} val items), {loader_cls.__name__}(0 workers)",
-            f"DiceCELoss, Novograd(lr={lr:g}), AMP {'on' if amp else 'off'}"
+            f"DiceCELoss, Novograd(lr={lr:g}), "
+            + (f"AMP {'on' if amp else 'off'}" if precision is None else f"AMPToggle {precision}")
             + (", channels_last_3d weights" if channels_last else ""),
         ],
     )
+    if precision is not None and precision != "fp32":
+        AMPToggle(precision).attach(recipe.trainer)
+        AMPToggle(precision).attach(recipe.evaluator)
+        recipe.amp = True
+    recipe.setup_s = time.perf_counter() - t0
+    return recipe
 
 
 def build_monai_tutorial(

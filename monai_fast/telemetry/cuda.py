@@ -7,12 +7,18 @@ import platform
 
 import torch
 
-__all__ = ["cuda_available", "device_description", "synchronize"]
+__all__ = ["bf16_supported", "cuda_available", "device_description", "synchronize"]
 
 
 def cuda_available() -> bool:
     """True when this torch build has CUDA and a device is visible."""
     return torch.cuda.is_available()
+
+
+def bf16_supported(device: torch.device | str) -> bool:
+    """Whether a CUDA device runs bfloat16 natively (Ampere and later)."""
+    dev = torch.device(device)
+    return dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
