@@ -81,6 +81,9 @@ def _config_from_args(args: argparse.Namespace, seed: int):
         kw["strides"] = (2,) * (len(args.channels) - 1)
     if args.workers is not None:
         kw["num_workers"] = args.workers
+    if args.fp32:
+        kw["amp"] = False
+    kw["compile"] = args.compile
     try:
         return RecipeConfig(**kw)
     except ValueError as e:
@@ -243,6 +246,8 @@ def _add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequen
     g.add_argument("--num-samples", type=int, default=4, help="random crops per volume (default %(default)s)")
     g.add_argument("--channels", type=int, nargs="+", help="UNet channels per level (default 8 16 32 64)")
     g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
+    g.add_argument("--fp32", action="store_true", help="no mixed precision in any recipe (default: fast picks bf16/fp16 where it pays)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")
     g = p.add_argument_group("output")
     g.add_argument("--run-dir", help="where results.json, epochs.csv, the PNG and TensorBoard events go (default runs/<command>-<time>)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")

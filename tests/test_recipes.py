@@ -107,3 +107,10 @@ def test_fast_picks_its_precision_and_layout_together(tiny_files, tiny_config):
         assert conv.is_contiguous(memory_format=torch.channels_last_3d)
     r.trainer.run()
     assert 0.0 <= r.evaluator.state.metrics["val_mean_dice"] <= 1.0
+
+
+def test_compile_option_reaches_monai_engines(tiny_files, tiny_config):
+    cfg = RecipeConfig(**{**tiny_config.to_dict(), "compile": True})
+    r = build_recipe("monai_tutorial", *tiny_files, cfg, progress=False)
+    assert r.trainer.compile is True and r.evaluator.compile is True
+    assert build_recipe("monai_tutorial", *tiny_files, tiny_config, progress=False).trainer.compile is False

@@ -121,6 +121,7 @@ def assemble(
             VAL_METRIC: MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))
         },
         amp=amp,
+        compile=config.compile,
     )
     trainer = SupervisedTrainer(
         device=device,
@@ -133,6 +134,7 @@ def assemble(
         train_handlers=[ValidationHandler(validator=evaluator, interval=config.val_interval), *train_handlers],
         amp=amp,
         optim_set_to_none=True,
+        compile=config.compile,
     )
     return Recipe(
         name=name,

@@ -30,7 +30,10 @@ class RecipeConfig:
         max_epochs: epoch limit of the trainer.
         num_workers: ``DataLoader`` workers of the baseline; ``None``: min(4, CPUs).
         cache_workers: threads filling caches; ``None``: number of CPUs.
-        amp: mixed precision; ``None``: on for CUDA, off on CPU.
+        amp: mixed precision; ``None``: the recipe's default (``fast``: automatic, also bf16 on
+            CPUs where it is faster; the others: on for CUDA only), ``False``: fp32.
+        compile: compile the network with ``torch.compile`` (MONAI's ``compile=True``); the
+            first iterations then take longer while kernels are built.
         seed: seed for weights, crops and augmentation.
     """
 
@@ -50,6 +53,7 @@ class RecipeConfig:
     num_workers: int | None = None
     cache_workers: int | None = None
     amp: bool | None = None
+    compile: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
