@@ -7,7 +7,7 @@ import platform
 
 import torch
 
-__all__ = ["bf16_supported", "cuda_available", "device_description", "synchronize"]
+__all__ = ["bf16_supported", "cuda_available", "cuda_free_bytes", "device_description", "synchronize"]
 
 
 def cuda_available() -> bool:
@@ -19,6 +19,15 @@ def bf16_supported(device: torch.device | str) -> bool:
     """Whether a CUDA device runs bfloat16 natively (Ampere and later)."""
     dev = torch.device(device)
     return dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def cuda_free_bytes(device: torch.device | str) -> int | None:
+    """Free memory on a CUDA device in bytes (``torch.cuda.mem_get_info``), ``None`` without CUDA."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    free, _total = torch.cuda.mem_get_info(dev)
+    return int(free)
 
 
 def synchronize(device: torch.device | str | None = None) -> None:

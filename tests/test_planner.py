@@ -1,0 +1,85 @@
+import pytest
+import torch
+from monai.data import CacheDataset, Dataset, SmartCacheDataset
+from monai.transforms import Compose
+
+from monai_fast.data.persistent import TrustedPersistentDataset
+from monai_fast.data.planner import item_bytes, plan_cache, rank_partition
+from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
+
+
+@pytest.fixture
+def chain(tiny_config):
+    return Compose(deterministic_transforms(tiny_config) + random_transforms(tiny_config))
+
+
+def _files(tiny_files):
+    return tiny_files[0] + tiny_files[1]
+
+
+def test_measures_the_cached_part_and_picks_ram(chain, tiny_files):
+    files = _files(tiny_files)
+    plan = plan_cache(chain, files, "cpu", ram_budget=10 * 2**30)
+    assert plan.where == "ram" and plan.first_random == 7  # Load..SpatialPad, before RandCropByPosNegLabeld
+    one = Compose(chain.transforms[:7])(dict(files[0]))
+    assert plan.bytes_per_item == pytest.approx(item_bytes(one), rel=0.3)
+    assert plan.total_bytes == int(plan.bytes_per_item * len(files) * 1.2)
+    assert "RAM" in plan.describe()
+    ds = plan.build(files, chain)
+    assert isinstance(ds, CacheDataset) and len(ds) == len(files)
+
+
+def test_budgets_move_the_cache_down_the_hierarchy(chain, tiny_files, tmp_path):
+    files = _files(tiny_files)
+    per = plan_cache(chain, files, "cpu").bytes_per_item
+    need = int(per * len(files) * 1.2)
+    disk = plan_cache(chain, files, "cpu", ram_budget=need // 2, disk_budget=10 * need, cache_dir=tmp_path)
+    assert disk.where == "disk" and "not in RAM" in disk.describe()
+    assert isinstance(disk.build(files, chain), TrustedPersistentDataset)
+    smart = plan_cache(chain, files, "cpu", ram_budget=need // 2, disk_budget=need // 10, cache_dir=tmp_path)
+    assert smart.where == "smartcache" and 2 <= smart.cache_num < len(files)
+    assert isinstance(smart.build(files, chain, replace_rate=0.5), SmartCacheDataset)
+    none = plan_cache(chain, files, "cpu", ram_budget=per // 2)
+    assert none.where == "none" and type(none.build(files, chain)) is Dataset
+
+
+def test_gpu_is_chosen_only_for_a_cuda_device_within_its_budget(chain, tiny_files):
+    files = _files(tiny_files)
+    big = 10 * 2**30
+    assert plan_cache(chain, files, "cpu", gpu_budget=big, ram_budget=big).where == "ram"
+    plan = plan_cache(chain, files, "cuda", gpu_budget=big, ram_budget=big)  # a plan; building it needs CUDA
+    assert plan.where == "gpu" and "GPU memory" in plan.describe() and "image" in plan.tensor_keys
+    tight = plan_cache(chain, files, "cuda", gpu_budget=1000, ram_budget=big)
+    assert tight.where == "ram" and "not in GPU memory" in tight.describe()
+
+
+@pytest.mark.gpu
+def test_gpu_plan_builds_a_cache_in_gpu_memory(chain, tiny_files):
+    files = _files(tiny_files)
+    plan = plan_cache(chain, files, "cuda:0")
+    assert plan.where == "gpu"
+    ds = plan.build(files, chain)
+    assert ds[0][0]["image"].device.type == "cuda"
+
+
+def test_rank_partitions_are_disjoint_and_even():
+    data = [{"i": i} for i in range(10)]
+    parts = [rank_partition(data, r, 3) for r in range(3)]
+    assert len({len(p) for p in parts}) == 1
+    seen = [d["i"] for p in parts for d in p]
+    assert set(seen) == set(range(10))
+    with pytest.raises(ValueError, match="rank"):
+        rank_partition(data, 3, 3)
+
+
+def test_bad_options(chain, tiny_files):
+    with pytest.raises(ValueError, match="empty"):
+        plan_cache(chain, [], "cpu")
+    with pytest.raises(ValueError, match="margin"):
+        plan_cache(chain, _files(tiny_files), "cpu", margin=0.5)
+    with pytest.raises(ValueError, match="ram_budget"):
+        plan_cache(chain, _files(tiny_files), "cpu", ram_budget=-1)
+
+
+def test_item_bytes_counts_nested_tensors():
+    assert item_bytes({"a": torch.zeros(10, dtype=torch.float32), "b": [torch.zeros(2, dtype=torch.int16)], "c": "x"}) == 44
