@@ -1,0 +1,151 @@
+"""Loader variants, after MONAI's dataset_type_performance notebook, on the demo's spleen-like data.
+
+For each variant: time to build (cache fill), first and later epoch times of iterating the
+training loader (the transforms only, no network), and the process's peak RSS growth while
+doing so. Variants: ``Dataset`` + ``DataLoader`` (workers), ``CacheDataset`` +
+``ThreadDataLoader``, ``TrustedPersistentDataset`` (cold, then warm from disk), ``SmartCacheDataset``
+(half cached, rotating), and on CUDA the GPU cache. Each variant runs in a fresh process, so RSS
+figures do not leak into each other. Prints a table and writes
+``benchmarks/results/loader_variants_<time>.json``.
+
+    python benchmarks/loader_variants.py --cases 16 --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import multiprocessing as mp
+import os
+import platform
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+
+def _peak_rss_during(fn):
+    proc = psutil.Process()
+    base = proc.memory_info().rss
+    peak = [base]
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak[0] = max(peak[0], proc.memory_info().rss)
+            stop.wait(0.02)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        out = fn()
+    finally:
+        stop.set()
+        t.join()
+    return out, (max(peak[0], proc.memory_info().rss) - base) / 2**20
+
+
+def _run_variant(name, data_root, epochs, cache_dir, queue):
+    import torch
+    from monai.data import CacheDataset, DataLoader, Dataset, SmartCacheDataset, ThreadDataLoader
+    from monai.transforms import Compose
+
+    from monai_fast.data.msd import load_msd_datalist
+    from monai_fast.data.persistent import TrustedPersistentDataset
+    from monai_fast.recipes import RecipeConfig
+    from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    cfg = RecipeConfig()
+    files, _ = load_msd_datalist(data_root, val_fraction=0.25)
+    cuda = name == "gpu_cache"
+    chain = Compose(
+        deterministic_transforms(cfg, precompute_indices=name != "dataset", plain_tensors=name != "dataset",
+                                 device=torch.device("cuda") if cuda else None)
+        + random_transforms(cfg, precomputed_indices=name != "dataset")
+    )
+
+    def build():
+        if name == "dataset":
+            return DataLoader(Dataset(files, chain), batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.loader_workers)
+        if name in ("cache", "gpu_cache"):
+            ds = CacheDataset(files, chain, cache_rate=1.0, num_workers=cfg.cache_threads, progress=False, copy_cache=not cuda)
+            return ThreadDataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=0)
+        if name.startswith("persistent"):
+            ds = TrustedPersistentDataset(files, chain, cache_dir=cache_dir)
+            return DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.loader_workers)
+        if name == "smartcache":
+            ds = SmartCacheDataset(files, chain, cache_num=max(2, len(files) // 2), replace_rate=0.25,
+                                   num_init_workers=cfg.cache_threads, progress=False)
+            return ThreadDataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=0)
+        raise ValueError(name)
+
+    def run():
+        t = time.perf_counter()
+        loader = build()
+        fill = time.perf_counter() - t
+        ds = loader.dataset
+        if name == "smartcache":
+            ds.start()
+        times = []
+        for _ in range(epochs):
+            t = time.perf_counter()
+            for batch in loader:
+                _ = batch["image"].shape
+            times.append(time.perf_counter() - t)
+            if name == "smartcache":
+                ds.update_cache()
+        if name == "smartcache":
+            ds.shutdown()
+        return fill, times
+
+    (fill, times), rss = _peak_rss_during(run)
+    queue.put({"variant": name, "fill_s": fill, "first_epoch_s": times[0],
+               "later_epoch_s": sum(times[1:]) / max(1, len(times) - 1), "peak_rss_growth_mib": rss})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", type=int, default=16)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args()
+
+    import torch
+
+    from monai_fast.cli import synthetic_dataset
+    from monai_fast.telemetry import device_description
+
+    root = synthetic_dataset("spleen-like", args.cases, (128, 128, 64), 0, progress=False)
+    variants = ["dataset", "cache", "persistent_cold", "persistent_warm", "smartcache"]
+    if torch.cuda.is_available():
+        variants.append("gpu_cache")
+    ctx = mp.get_context("spawn")
+    rows = []
+    with tempfile.TemporaryDirectory() as cache_dir:
+        for name in variants:
+            q = ctx.Queue()
+            proc = ctx.Process(target=_run_variant, args=(name, root, args.epochs, cache_dir, q))
+            proc.start()
+            rows.append(q.get(timeout=1800))
+            proc.join()
+    head = f"{'variant':<16} {'fill s':>7} {'epoch 1 s':>10} {'later s':>8} {'peak RSS +MiB':>14}"
+    print(f"loader variants on {device_description('cpu')}, {args.cases} spleen-like cases, {args.epochs} epochs")
+    print(head)
+    for r in rows:
+        print(f"{r['variant']:<16} {r['fill_s']:>7.2f} {r['first_epoch_s']:>10.2f} {r['later_epoch_s']:>8.2f} {r['peak_rss_growth_mib']:>14.0f}")
+    doc = {"benchmark": "loader_variants", "date": dt.datetime.now().isoformat(timespec="seconds"),
+           "machine": {"device": device_description("cpu"), "platform": platform.platform()},
+           "cases": args.cases, "epochs": args.epochs, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"loader_variants_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    path.write_text(json.dumps(doc, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
