@@ -1,11 +1,12 @@
 """Loader variants, after MONAI's dataset_type_performance notebook, on the demo's spleen-like data.
 
 For each variant: time to build (cache fill), first and later epoch times of iterating the
-training loader (the transforms only, no network), and the process's peak RSS growth while
-doing so. Variants: ``Dataset`` + ``DataLoader`` (workers), ``CacheDataset`` +
+training loader (the transforms only, no network), and the peak RSS growth of the process that
+runs the loader (DataLoader worker processes are not counted). Variants: ``Dataset`` + ``DataLoader`` (workers), ``CacheDataset`` +
 ``ThreadDataLoader``, ``TrustedPersistentDataset`` (cold, then warm from disk), ``SmartCacheDataset``
-(half cached, rotating), and on CUDA the GPU cache. Each variant runs in a fresh process, so RSS
-figures do not leak into each other. Prints a table and writes
+(half cached, rotating), and on CUDA the GPU cache. Each variant runs in a freshly forked process,
+so RSS figures do not leak into each other. (Spawned processes were tried first: there, the
+DataLoader workers ran epochs 3-20x slower, which measured the process set-up, not the loaders.) Prints a table and writes
 ``benchmarks/results/loader_variants_<time>.json``.
 
     python benchmarks/loader_variants.py --cases 16 --epochs 3
@@ -123,7 +124,7 @@ def main() -> None:
     variants = ["dataset", "cache", "persistent_cold", "persistent_warm", "smartcache"]
     if torch.cuda.is_available():
         variants.append("gpu_cache")
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")
     rows = []
     with tempfile.TemporaryDirectory() as cache_dir:
         for name in variants:
