@@ -25,9 +25,9 @@ def test_time_breakdown_splits_data_wait_and_compute(caplog):
         engine.run(_slow_data(5, 0.04), max_epochs=1, epoch_length=5)
     (ep,) = engine.state.time_breakdown
     assert ep is tb.epochs[0] and ep.iterations == 5
-    assert ep.data_s == pytest.approx(0.2, abs=0.08)
-    assert ep.compute_s == pytest.approx(0.05, abs=0.04)
-    assert ep.data_share > 0.6
+    assert 0.2 <= ep.data_s < 1.0  # 5 fetches of >= 40 ms
+    assert 0.05 <= ep.compute_s < ep.data_s  # 5 steps of >= 10 ms
+    assert ep.data_share > 0.5
     assert "waiting for data" in caplog.text
 
 
