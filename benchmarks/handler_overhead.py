@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import platform
 import statistics
@@ -39,6 +38,7 @@ from monai.networks.nets import UNet
 from monai.optimizers import Novograd
 
 from monai_fast.handlers import GPUSampler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown
+from monai_fast.report.compare import write_json_atomic
 from monai_fast.telemetry import cuda_available, device_description
 from monai_fast.telemetry.nvml import FakeNvml, NvmlUnavailable, open_nvml
 
@@ -151,10 +151,7 @@ def main() -> None:
         "ab_ratio_minus_1": ab,
         "bar_met": share < 0.01,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"handler_overhead_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(doc, indent=2))
+    path = write_json_atomic(doc, Path(args.out) / f"handler_overhead_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"wrote {path}")
 
 

@@ -16,37 +16,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import multiprocessing as mp
 import os
 import platform
 import tempfile
-import threading
 import time
 from pathlib import Path
-
-import psutil
-
-
-def _peak_rss_during(fn):
-    proc = psutil.Process()
-    base = proc.memory_info().rss
-    peak = [base]
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            stop.wait(0.02)
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    try:
-        out = fn()
-    finally:
-        stop.set()
-        t.join()
-    return out, (max(peak[0], proc.memory_info().rss) - base) / 2**20
 
 
 def _run_variant(name, data_root, epochs, cache_dir, queue):
@@ -103,9 +78,12 @@ def _run_variant(name, data_root, epochs, cache_dir, queue):
             ds.shutdown()
         return fill, times
 
-    (fill, times), rss = _peak_rss_during(run)
+    from monai_fast.telemetry.memory import PeakRSS
+
+    with PeakRSS() as mem:
+        fill, times = run()
     queue.put({"variant": name, "fill_s": fill, "first_epoch_s": times[0],
-               "later_epoch_s": sum(times[1:]) / max(1, len(times) - 1), "peak_rss_growth_mib": rss})
+               "later_epoch_s": sum(times[1:]) / max(1, len(times) - 1), "peak_rss_growth_mib": mem.growth_mib})
 
 
 def main() -> None:
@@ -141,10 +119,9 @@ def main() -> None:
     doc = {"benchmark": "loader_variants", "date": dt.datetime.now().isoformat(timespec="seconds"),
            "machine": {"device": device_description("cpu"), "platform": platform.platform()},
            "cases": args.cases, "epochs": args.epochs, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"loader_variants_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(doc, indent=2))
+    from monai_fast.report.compare import write_json_atomic
+
+    path = write_json_atomic(doc, Path(args.out) / f"loader_variants_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"wrote {path}")
 
 

@@ -21,11 +21,9 @@ import datetime as dt
 import json
 import platform
 import tempfile
-import threading
 from pathlib import Path
 
 import ignite.distributed as idist
-import psutil
 
 
 def _measure(data_root: str, partition: bool, out_dir: str) -> None:
@@ -36,32 +34,20 @@ def _measure(data_root: str, partition: bool, out_dir: str) -> None:
     from monai_fast.data.planner import rank_partition
     from monai_fast.recipes import RecipeConfig
     from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
+    from monai_fast.telemetry.memory import PeakRSS
 
-    proc = psutil.Process()
-    base = proc.memory_info().rss
-    peak = [base]
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            stop.wait(0.02)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    cfg = RecipeConfig()
-    files, _ = load_msd_datalist(data_root, val_fraction=0.25)
-    rank, world = idist.get_rank(), idist.get_world_size()
-    mine = rank_partition(files, rank, world) if partition else files
-    chain = Compose(deterministic_transforms(cfg, precompute_indices=True, plain_tensors=True)
-                    + random_transforms(cfg, precomputed_indices=True))
-    ds = CacheDataset(mine, chain, cache_rate=1.0, num_workers=1, progress=False, copy_cache=False)
-    for batch in ThreadDataLoader(ds, batch_size=2, shuffle=True):
-        _ = batch["image"].shape
-    stop.set()
-    watcher.join()
-    growth = (max(peak[0], proc.memory_info().rss) - base) / 2**20
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "items": len(mine), "peak_rss_growth_mib": growth}))
+    with PeakRSS() as mem:
+        cfg = RecipeConfig()
+        files, _ = load_msd_datalist(data_root, val_fraction=0.25)
+        rank, world = idist.get_rank(), idist.get_world_size()
+        mine = rank_partition(files, rank, world) if partition else files
+        chain = Compose(deterministic_transforms(cfg, precompute_indices=True, plain_tensors=True)
+                        + random_transforms(cfg, precomputed_indices=True))
+        ds = CacheDataset(mine, chain, cache_rate=1.0, num_workers=1, progress=False, copy_cache=False)
+        for batch in ThreadDataLoader(ds, batch_size=2, shuffle=True):
+            _ = batch["image"].shape
+    result = {"rank": rank, "items": len(mine), "peak_rss_growth_mib": mem.growth_mib}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
 
 def _run(data_root: str, nproc: int, partition: bool) -> list[dict]:
@@ -98,10 +84,9 @@ def main() -> None:
         print(f"{r['setup']:<26} {items:>15} {per:>18} {r['node_total_mib']:>15.0f}")
     doc = {"benchmark": "rank_cache_memory", "date": dt.datetime.now().isoformat(timespec="seconds"),
            "machine": {"device": device_description("cpu"), "platform": platform.platform()}, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"rank_cache_memory_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(doc, indent=2))
+    from monai_fast.report.compare import write_json_atomic
+
+    path = write_json_atomic(doc, Path(args.out) / f"rank_cache_memory_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"wrote {path}")
 
 

@@ -99,3 +99,23 @@ def test_real_nvml_readings_on_a_gpu():
     engine.run(list(range(200)), max_epochs=1)
     (s,) = sampler.summary.values()
     assert s["samples"] > 0 and s["mem_total_mib"] > 1000 and s["gpu_util_peak"] > 0
+
+
+class _Writer:
+    def __init__(self):
+        self.steps = {}
+
+    def add_scalar(self, tag, value, step, walltime=None):
+        self.steps.setdefault(tag, []).append(step)
+
+
+def test_tensorboard_steps_keep_rising_through_plot_decimation():
+    writer = _Writer()
+    engine = _slow_engine(0.01)
+    sampler = GPUSampler(interval_s=0.002, backend=FakeNvml(count=2), gpus=[0, 1], writer=writer)
+    sampler.max_points = 8  # force several halvings of the plot buffer
+    sampler.attach(engine)
+    engine.run(list(range(30)), max_epochs=1)
+    assert len(sampler.samples) <= 9
+    for tag, steps in writer.steps.items():
+        assert steps == sorted(set(steps)) and len(steps) > 8, tag

@@ -102,6 +102,7 @@ def test_real_nvtx_package_runs_on_this_build():
     engine = Engine(lambda e, b: b)
     NVTXHandler(backend=backend).attach(engine)
     engine.run([0, 1], max_epochs=2)
+    assert engine.state.iteration == 4  # ranges pushed and popped through the nvtx package, no error
 
 
 @pytest.mark.gpu
@@ -111,3 +112,4 @@ def test_nvtx_on_cuda_with_real_package():
     engine = Engine(lambda e, b: torch.randn(512, 512, device="cuda").sum().item())
     NVTXHandler().attach(engine)
     engine.run(list(range(4)), max_epochs=2)
+    assert engine.state.iteration == 8

@@ -106,3 +106,16 @@ def test_options_are_checked(tmp_path):
         TrustedPersistentDataset([], _chain(), tmp_path, identity="md5")
     with pytest.raises(ValueError, match="hash_func"):
         TrustedPersistentDataset([], _chain(), tmp_path, hash_func=str)
+
+
+def test_monai_pickle_options_are_honoured(one_case, tmp_path):
+    import pickle
+
+    cache = tmp_path / "cache"
+    TrustedPersistentDataset([one_case], _chain(), cache, pickle_protocol=2)[0]
+    (f,) = _pt_files(cache)
+    import zipfile
+
+    with zipfile.ZipFile(f) as z:  # torch's zip container holds the pickle written with our protocol
+        data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    assert data[:2] == b"\x80\x02" and pickle.HIGHEST_PROTOCOL > 2

@@ -43,12 +43,16 @@ def test_budgets_move_the_cache_down_the_hierarchy(chain, tiny_files, tmp_path):
     assert none.where == "none" and type(none.build(files, chain)) is Dataset
 
 
-def test_gpu_is_chosen_only_for_a_cuda_device_within_its_budget(chain, tiny_files):
+def test_gpu_is_chosen_only_for_a_cuda_device_within_its_budget(chain, tiny_files, tiny_config):
     files = _files(tiny_files)
     big = 10 * 2**30
     assert plan_cache(chain, files, "cpu", gpu_budget=big, ram_budget=big).where == "ram"
     plan = plan_cache(chain, files, "cuda", gpu_budget=big, ram_budget=big)  # a plan; building it needs CUDA
-    assert plan.where == "gpu" and "GPU memory" in plan.describe() and "image" in plan.tensor_keys
+    assert plan.where == "gpu" and "GPU memory" in plan.describe()
+    with_indices = Compose(deterministic_transforms(tiny_config, precompute_indices=True)
+                           + random_transforms(tiny_config, precomputed_indices=True))
+    plan = plan_cache(with_indices, files, "cuda", gpu_budget=big, ram_budget=big)
+    assert plan.tensor_keys == ["image", "label"]  # the 1-D crop-index arrays stay where they are
     tight = plan_cache(chain, files, "cuda", gpu_budget=1000, ram_budget=big)
     assert tight.where == "ram" and "not in GPU memory" in tight.describe()
 

@@ -33,7 +33,8 @@ import torch
 from monai.data import PersistentDataset
 from monai.data.utils import pickle_hashing
 from monai.transforms import RandomizableTrait, Transform
-from monai.utils import convert_to_tensor
+from monai.data.utils import SUPPORTED_PICKLE_MOD
+from monai.utils import convert_to_tensor, look_up_option
 
 __all__ = ["TrustedPersistentDataset", "transform_fingerprint"]
 
@@ -148,7 +149,12 @@ class TrustedPersistentDataset(PersistentDataset):
         fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.cache_dir)
         os.close(fd)
         try:
-            torch.save(convert_to_tensor(result, convert_numeric=False, track_meta=self.track_meta), tmp)
+            torch.save(
+                convert_to_tensor(result, convert_numeric=False, track_meta=self.track_meta),
+                tmp,
+                pickle_module=look_up_option(self.pickle_module, SUPPORTED_PICKLE_MOD),  # as MONAI does
+                pickle_protocol=self.pickle_protocol,
+            )
             os.replace(tmp, hashfile)  # atomic within one folder
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -162,7 +162,11 @@ def plan_cache(
     n = max(1, min(sample, len(data)))
     samples = [deterministic(dict(data[i])) for i in range(n)]
     per_item = int(np.mean([item_bytes(x) for x in samples]))
-    keys = [k for k, v in samples[0].items() if isinstance(v, (torch.Tensor, np.ndarray))] if isinstance(samples[0], dict) else []
+    # images (channel + spatial dims) go to the GPU; 1-D crop-index arrays stay, as in MONAI's tutorial
+    keys = (
+        [k for k, v in samples[0].items() if isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim >= 3]
+        if isinstance(samples[0], dict) else []
+    )
 
     if gpu_budget is None and device.type == "cuda":
         free = cuda_free_bytes(device)

@@ -120,8 +120,7 @@ class GPUSampler:
         record = record_of(engine)
         out = self.output_dir or (record.run_dir if record is not None else None)
         if out is not None:  # streamed while sampling: a run of days does not pile up in memory
-            self._csv_path = Path(out) / f"gpu_rank{idist.get_rank()}.csv"
-            self._csv_file = open(self._csv_path, "w", newline="")
+            self._csv_file = open(Path(out) / f"gpu_rank{idist.get_rank()}.csv", "w", newline="")
             self._csv = csv.writer(self._csv_file)
             self._csv.writerow(["time", "gpu", "gpu_util", "used", "total", "ratio", *FIELDS[4:]])
         self._thread = threading.Thread(target=self._loop, name="monai-fast-gpu-sampler", daemon=True)
@@ -130,8 +129,10 @@ class GPUSampler:
     def _loop(self) -> None:
         record = record_of(self._engine) if self._engine is not None else None
         rank = idist.get_rank()
+        round_ = 0  # TensorBoard step: one per sampling round, never reset by the plot's decimation
         try:
             while True:
+                round_ += 1
                 now = time.time()
                 for g in self.gpus or []:
                     values = self._backend.sample(g)  # type: ignore[union-attr]
@@ -140,12 +141,11 @@ class GPUSampler:
                     if record is not None:
                         record.add("interval", "gpu", **row)
                     if self.writer is not None:
-                        step = len(self.samples)
                         for k in ("gpu_util", "mem_used_mib", "power_w"):
-                            self.writer.add_scalar(f"rank{rank}/gpu{g}/{k}", values[k], step, walltime=now)
+                            self.writer.add_scalar(f"rank{rank}/gpu{g}/{k}", values[k], round_, walltime=now)
                 if self._stop.wait(self.interval_s):
                     return
-        except BaseException as e:  # surfaced on the training thread at the end of the run
+        except BaseException as e:  # reported on the training thread when the run ends
             self._error = e
 
     def _keep(self, row: dict) -> None:
@@ -182,7 +182,7 @@ class GPUSampler:
         self._summarise(engine)
         if self._error is not None:
             err, self._error = self._error, None
-            logger.error("GPUSampler's sampling thread failed: %r", err)
+            logger.error("GPUSampler's sampling thread failed; GPU samples stop at that point", exc_info=err)
 
     def _summarise(self, engine: Engine) -> None:
         if self._csv_file is not None:
