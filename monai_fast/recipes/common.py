@@ -13,7 +13,7 @@ from monai.handlers import MeanDice, ValidationHandler, from_engine
 from monai.inferers import SimpleInferer, SlidingWindowInferer
 from monai.networks.layers import Norm
 from monai.networks.nets import UNet
-from monai.transforms import AsDiscreted, Compose
+from monai.transforms import AsDiscreted, Compose, ToDeviced
 from monai.utils import set_determinism
 from torch.utils.data import DataLoader
 
@@ -103,8 +103,11 @@ def assemble(
     train_handlers: Sequence = (),
 ) -> Recipe:
     """Build the evaluator (sliding window, mean Dice) and the trainer that validates with it."""
+    stitch_on = torch.device(config.val_device) if config.val_device else None
     post = Compose(
-        [
+        # with the output stitched elsewhere than the device, bring the label along for the metric
+        ([ToDeviced(keys=["pred", "label"], device=stitch_on)] if stitch_on is not None else [])
+        + [
             AsDiscreted(keys="pred", argmax=True, to_onehot=2),
             AsDiscreted(keys="label", to_onehot=2),
         ]
@@ -114,7 +117,11 @@ def assemble(
         val_data_loader=val_loader,
         network=network,
         inferer=SlidingWindowInferer(
-            roi_size=config.patch_size, sw_batch_size=config.sw_batch_size, overlap=config.sw_overlap
+            roi_size=config.patch_size,
+            sw_batch_size=config.sw_batch_size,
+            overlap=config.sw_overlap,
+            sw_device=device,
+            device=stitch_on,
         ),
         postprocessing=post,
         key_val_metric={

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, fields
 
+import torch
+
 
 @dataclass
 class RecipeConfig:
@@ -26,6 +28,9 @@ class RecipeConfig:
         lr: learning rate; ``None`` takes the recipe's own (Adam 1e-4, Novograd 2e-3).
         sw_batch_size: windows per forward pass in sliding-window validation.
         sw_overlap: sliding-window overlap.
+        val_device: where the sliding-window output is stitched (MONAI's ``SlidingWindowInferer``
+            ``device``), e.g. ``"cpu"`` to keep large validation volumes off the GPU; ``None``:
+            the training device. The auto-tuner sets it.
         val_interval: validate every this many epochs.
         max_epochs: epoch limit of the trainer.
         num_workers: ``DataLoader`` workers of the baseline; ``None``: min(4, CPUs).
@@ -48,6 +53,7 @@ class RecipeConfig:
     lr: float | None = None
     sw_batch_size: int = 4
     sw_overlap: float = 0.25
+    val_device: str | None = None
     val_interval: int = 1
     max_epochs: int = 100
     num_workers: int | None = None
@@ -82,6 +88,11 @@ class RecipeConfig:
             raise ValueError(f"intensity_window must be (low, high) with low < high, got {self.intensity_window}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.val_device is not None:
+            try:
+                torch.device(self.val_device)
+            except RuntimeError as exc:
+                raise ValueError(f"val_device {self.val_device!r} is not a device name: {exc}") from None
         for name in ("num_workers", "cache_workers"):
             v = getattr(self, name)
             if v is not None and v < 0:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psutil
+import torch
 
-__all__ = ["PeakRSS"]
+__all__ = ["DeviceMemory", "PeakRSS", "is_out_of_memory"]
 
 
 class PeakRSS:
@@ -29,6 +33,7 @@ class PeakRSS:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.interval_s = interval_s
         self.growth_mib = 0.0
+        self.peak_bytes = 0
         self._proc = psutil.Process()
         self._stop = threading.Event()
 
@@ -47,4 +52,96 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
         self._peak = max(self._peak, self._proc.memory_info().rss)
+        self.peak_bytes = int(self._peak)
         self.growth_mib = (self._peak - self._base) / 2**20
+
+
+def _malloc_trim() -> None:
+    """Hand freed heap pages back to the OS (glibc only), so RSS readings start from what is live."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: RSS readings are just less tight
+        pass
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure: CUDA OOM, or the CPU allocator / Python out of memory."""
+    if isinstance(exc, MemoryError):
+        return True
+    oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+class DeviceMemory:
+    """Memory of the device that runs a trial: live bytes now, and the peak over a block.
+
+    On CUDA it reads torch's caching allocator (``memory_reserved`` / ``max_memory_reserved``:
+    what the process holds from the driver, the quantity that runs out). On a CPU it reads this
+    process's resident set size, sampled on a background thread (:class:`PeakRSS`), after asking
+    glibc to return freed pages so the reading reflects live memory.
+
+    Example:
+        >>> import torch
+        >>> from monai_fast.telemetry.memory import DeviceMemory
+        >>> mem = DeviceMemory(torch.device("cpu"))
+        >>> with mem.peak() as p:
+        ...     x = torch.ones(32, 2**20)
+        >>> p.peak_bytes >= mem.live_bytes() - 2**20
+        True
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        if self.device.type == "cuda" and not self.cuda:
+            raise ValueError(f"device {self.device} is CUDA but torch sees no CUDA device")
+
+    def total_bytes(self) -> int:
+        """The device's memory: GPU memory on CUDA, physical RAM on a CPU."""
+        if self.cuda:
+            return int(torch.cuda.get_device_properties(self.device).total_memory)
+        return int(psutil.virtual_memory().total)
+
+    def release(self) -> None:
+        """Collect garbage and return cached/freed memory (CUDA cache, glibc heap)."""
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        _malloc_trim()
+
+    def live_bytes(self) -> int:
+        """Bytes in use now: tensors allocated on CUDA, resident set size on a CPU."""
+        if self.cuda:
+            return int(torch.cuda.memory_allocated(self.device))
+        return int(psutil.Process().memory_info().rss)
+
+    @contextmanager
+    def peak(self) -> Iterator[_Peak]:
+        """Context manager yielding an object whose ``peak_bytes`` is set when the block ends."""
+        result = _Peak()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            try:
+                yield result
+            finally:
+                torch.cuda.synchronize(self.device)
+                result.peak_bytes = int(torch.cuda.max_memory_reserved(self.device))
+            return
+        watcher = PeakRSS(interval_s=0.005).__enter__()
+        try:
+            yield result
+        finally:
+            watcher.__exit__(None, None, None)
+            result.peak_bytes = watcher.peak_bytes
+
+
+class _Peak:
+    """Holder of the peak reading of a :meth:`DeviceMemory.peak` block."""
+
+    peak_bytes: int = 0

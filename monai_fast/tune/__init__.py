@@ -1,0 +1,20 @@
+"""Auto-tuning of batch size, sliding-window batch, validation device and precision by measured throughput."""
+
+from monai_fast.tune.recipe import default_space, default_store_path, tune_recipe
+from monai_fast.tune.search import Trial, grow_then_bisect, pick_best
+from monai_fast.tune.store import TuneStore
+from monai_fast.tune.tuner import SearchSpace, TuneResult, Tuner, TuningError
+
+__all__ = [
+    "SearchSpace",
+    "Trial",
+    "TuneResult",
+    "TuneStore",
+    "Tuner",
+    "TuningError",
+    "default_space",
+    "default_store_path",
+    "grow_then_bisect",
+    "pick_best",
+    "tune_recipe",
+]

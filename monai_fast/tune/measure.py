@@ -1,0 +1,122 @@
+"""Timed real iterations: one training step at a batch size, one sliding-window validation pass.
+
+Inputs are random tensors of the right shape on the right device: a step's cost does not depend on
+the voxel values, and the data path is measured elsewhere (``TimeBreakdown``, the doctor).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from monai.inferers import sliding_window_inference
+
+from monai_fast.telemetry import synchronize
+
+__all__ = ["autocast_for", "time_inference", "time_training_step"]
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_for(precision: str, device: torch.device) -> torch.autocast:
+    """``torch.autocast`` for ``"bf16"``/``"fp16"``; disabled for ``"fp32"``."""
+    if precision not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"precision must be 'bf16', 'fp16' or 'fp32', got {precision!r}")
+    dtype = _DTYPES.get(precision, torch.bfloat16)
+    return torch.autocast(device.type, dtype=dtype, enabled=precision != "fp32")
+
+
+def _timed(step: Callable[[], None], device: torch.device, warmup: int, min_iters: int, min_time_s: float) -> float:
+    """Median seconds of ``step`` after ``warmup`` calls, over at least ``min_iters`` calls and ``min_time_s``."""
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < min_iters or time.perf_counter() - started < min_time_s:
+        t = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - t)
+        if len(times) >= 50:
+            break
+    return statistics.median(times)
+
+
+def time_training_step(
+    network: torch.nn.Module,
+    loss_function: Callable,
+    optimizer: torch.optim.Optimizer,
+    batch: int,
+    patch_size: Sequence[int],
+    in_channels: int,
+    out_channels: int,
+    device: torch.device,
+    precision: str = "fp32",
+    warmup: int = 1,
+    min_iters: int = 3,
+    min_time_s: float = 0.5,
+) -> float:
+    """Median seconds of one forward + loss + backward + optimizer step on ``batch`` patches.
+
+    fp16 uses a ``GradScaler`` as MONAI's trainer does; bf16 and fp32 need none.
+    """
+    network.train()
+    x = torch.rand(batch, in_channels, *patch_size, device=device)
+    y = torch.randint(0, out_channels, (batch, 1, *patch_size), device=device)
+    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast_for(precision, device):
+            loss = loss_function(network(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+
+    try:
+        return _timed(step, device, warmup, min_iters, min_time_s)
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+
+
+def time_inference(
+    network: torch.nn.Module,
+    roi_size: Sequence[int],
+    sw_batch_size: int,
+    volume_shape: Sequence[int],
+    in_channels: int,
+    device: torch.device,
+    val_device: torch.device,
+    precision: str = "fp32",
+    overlap: float = 0.25,
+    warmup: int = 1,
+    min_iters: int = 2,
+    min_time_s: float = 0.5,
+) -> float:
+    """Median seconds of a sliding-window pass over one ``volume_shape`` volume.
+
+    The network runs on ``device``; the volume and the stitched output live on ``val_device``
+    (MONAI's ``sw_device`` / ``device``), which is what Auto3DSeg's ``validation_data_device``
+    chooses: CPU there saves GPU memory on large volumes at the cost of copies.
+    """
+    network.eval()
+    image = torch.rand(1, in_channels, *volume_shape, device=val_device)
+
+    def step() -> None:
+        with torch.no_grad(), autocast_for(precision, device):
+            out = sliding_window_inference(
+                image, roi_size, sw_batch_size, network, overlap=overlap, sw_device=device, device=val_device
+            )
+        out.argmax(1)  # what post-processing does next; keeps the stitched output honest
+
+    try:
+        return _timed(step, device, warmup, min_iters, min_time_s)
+    finally:
+        network.train()

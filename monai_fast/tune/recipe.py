@@ -1,0 +1,95 @@
+"""Tuning for the recipes' network, loss and optimizer, with the result cached on disk."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from monai.losses import DiceCELoss
+from monai.optimizers import Novograd
+
+from monai_fast.handlers.amp import choose_precision
+from monai_fast.recipes.common import build_network
+from monai_fast.recipes.config import RecipeConfig
+from monai_fast.tune.store import TuneStore
+from monai_fast.tune.tuner import SearchSpace, TuneResult, Tuner
+
+__all__ = ["default_store_path", "default_space", "tune_recipe"]
+
+logger = logging.getLogger("monai_fast.tune")
+
+
+def default_store_path() -> Path:
+    """``$MONAI_FAST_CACHE/tuning.json``, else under ``$XDG_CACHE_HOME`` or ``~/.cache``."""
+    root = os.environ.get("MONAI_FAST_CACHE")
+    if root:
+        return Path(root) / "tuning.json"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "monai-fast" / "tuning.json"
+
+
+def default_space(device: torch.device | str, search_amp: bool = False, **kwargs) -> SearchSpace:
+    """The recipes' search space: ``fast``'s automatic precision, plus fp32 when ``search_amp``."""
+    first = choose_precision("auto", device)
+    precisions = [first, "fp32"] if search_amp else [first]
+    return SearchSpace(precisions=precisions, **kwargs)
+
+
+def tune_recipe(
+    config: RecipeConfig,
+    val_shape: tuple[int, int, int],
+    device: str | torch.device = "cpu",
+    space: SearchSpace | None = None,
+    memory_cap_mib: float | None = None,
+    store: TuneStore | str | os.PathLike | None = None,
+    force: bool = False,
+    progress: bool = False,
+    **timing,
+) -> TuneResult:
+    """Tune the ``fast`` recipe's UNet, DiceCE loss and Novograd for ``config``; cached by key.
+
+    Args:
+        config: the recipe options (network size, patch size, crops per volume, overlap).
+        val_shape: spatial size of a typical validation volume after the cached transforms.
+        device: where training runs.
+        space: what to search; default :func:`default_space`.
+        memory_cap_mib: memory a candidate may use (see :class:`~monai_fast.tune.Tuner`).
+        store: the cache file (or a :class:`TuneStore`); default :func:`default_store_path`.
+        force: tune again even when the cache holds a result.
+        progress: a progress bar over trials.
+        **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner.
+
+    Example:
+        >>> from monai_fast.recipes import RecipeConfig
+        >>> from monai_fast.tune import tune_recipe
+        >>> result = tune_recipe(RecipeConfig(), val_shape=(160, 160, 96))  # doctest: +SKIP
+        >>> config = result.apply(RecipeConfig())  # doctest: +SKIP
+    """
+    device = torch.device(device)
+    network = build_network(config, torch.device("cpu"))
+    loss = DiceCELoss(to_onehot_y=True, softmax=True, squared_pred=True, batch=True)
+    lr = config.lr or 2e-3
+    tuner = Tuner(
+        network,
+        loss,
+        lambda params: Novograd(params, lr=lr),
+        patch_size=config.patch_size,
+        val_shape=val_shape,
+        device=device,
+        num_samples=config.num_samples,
+        space=space or default_space(device),
+        memory_cap_mib=memory_cap_mib,
+        overlap=config.sw_overlap,
+        **timing,
+    )
+    if not isinstance(store, TuneStore):
+        store = TuneStore(store or default_store_path())
+    if not force:
+        cached = store.get(tuner.key())
+        if cached is not None:
+            logger.info("tuning: using the cached result from %s", store.path)
+            return cached
+    result = tuner.run(progress=progress)
+    store.put(result)
+    return result

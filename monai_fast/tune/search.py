@@ -1,0 +1,166 @@
+"""Grow-then-bisect search of one integer setting for the highest measured throughput.
+
+The objective (samples/s for a batch size, volumes/s for a sliding-window batch) rises with the
+setting while the device fills, then flattens, and past some size the setting no longer fits in
+memory. A grid wastes trials on both ends; this search doubles from the low end until a trial
+is infeasible, the range ends, or the gain of a doubling falls under ``plateau``; then spends
+what is left of ``max_trials`` narrowing down where the best value lies (bisecting towards the
+memory limit when throughput was still rising there, else around the best value measured).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+__all__ = ["Trial", "grow_then_bisect", "pick_best"]
+
+
+@dataclass
+class Trial:
+    """One measured (or predicted-infeasible) candidate.
+
+    Attributes:
+        value: the setting tried (e.g. a batch size).
+        feasible: whether it ran within the memory budget.
+        throughput: samples (or volumes) per second; ``None`` when infeasible.
+        peak_mib: peak device memory during the trial, MiB (``None`` when not run).
+        reason: why it is infeasible ("out of memory", "peak 3.1 GiB > budget 2.7 GiB", ...).
+        cost_s: wall seconds the trial took (0 for a predicted-infeasible one).
+        predicted: infeasible by extrapolating measured memory; not run.
+    """
+
+    value: int
+    feasible: bool
+    throughput: float | None = None
+    peak_mib: float | None = None
+    reason: str = ""
+    cost_s: float = 0.0
+    predicted: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def pick_best(trials: list[Trial], tie: float = 0.02) -> Trial | None:
+    """The feasible trial with the highest throughput; among those within ``tie`` of it, the smallest value.
+
+    Preferring the smaller setting inside measurement noise saves memory (room for the cache)
+    and keeps batches closer to what the learning rate was tuned for.
+    """
+    ok = [t for t in trials if t.feasible and t.throughput is not None]
+    if not ok:
+        return None
+    best = max(t.throughput for t in ok)  # type: ignore[type-var]
+    near = [t for t in ok if t.throughput >= best * (1.0 - tie)]  # type: ignore[operator]
+    return min(near, key=lambda t: t.value)
+
+
+def grow_then_bisect(
+    evaluate: Callable[[int], Trial],
+    low: int,
+    high: int,
+    max_trials: int = 8,
+    plateau: float | None = 0.05,
+    predict_infeasible: Callable[[int, list[Trial]], str | None] | None = None,
+) -> list[Trial]:
+    """Search ``[low, high]`` for the value with the highest throughput, using at most ``max_trials`` runs.
+
+    Args:
+        evaluate: runs one candidate and returns its :class:`Trial` (must not raise on OOM).
+        low, high: the inclusive range (``1 <= low <= high``).
+        max_trials: most candidates actually run (predicted-infeasible ones are free).
+        plateau: a doubling that gains less than this fraction of throughput stops the growth;
+            ``None``: grow until a value does not fit or the range ends (fill the memory).
+        predict_infeasible: given a value and the trials so far, a reason string when the value
+            surely does not fit (then it is recorded as infeasible without running), else ``None``.
+
+    Returns:
+        The trials in the order they were made.
+
+    Example:
+        >>> from monai_fast.tune.search import Trial, grow_then_bisect, pick_best
+        >>> def fake(b):  # throughput saturates at 8, and 12 or more does not fit
+        ...     return Trial(b, b < 12, min(b, 8) * 10.0 if b < 12 else None)
+        >>> trials = grow_then_bisect(fake, 1, 64)
+        >>> pick_best(trials).value
+        8
+    """
+    if not 1 <= low <= high:
+        raise ValueError(f"need 1 <= low <= high, got low={low}, high={high}")
+    if max_trials < 1:
+        raise ValueError(f"max_trials must be >= 1, got {max_trials}")
+    if plateau is not None and plateau < 0:
+        raise ValueError(f"plateau must be >= 0 or None, got {plateau}")
+    stop_gain = -float("inf") if plateau is None else plateau
+    rise = 1.0 + (plateau or 0.0) / 2
+    trials: list[Trial] = []
+    seen: dict[int, Trial] = {}
+
+    def runs() -> int:
+        return sum(not t.predicted for t in trials)
+
+    def try_value(v: int) -> Trial | None:
+        if v in seen:
+            return seen[v]
+        if runs() >= max_trials:
+            return None
+        why = predict_infeasible(v, trials) if predict_infeasible is not None else None
+        t = Trial(v, False, reason=why, predicted=True) if why else evaluate(v)
+        trials.append(t)
+        seen[v] = t
+        return t
+
+    first = try_value(low)
+    if first is None or not first.feasible:
+        return trials
+    # grow: double until infeasible, the end of the range, a plateau, or the trial budget
+    last_ok, limit = first, None
+    while last_ok.value < high:
+        nxt = try_value(min(2 * last_ok.value, high))
+        if nxt is None:
+            return trials
+        if not nxt.feasible:
+            limit = nxt.value
+            break
+        gain = nxt.throughput / last_ok.throughput - 1.0  # type: ignore[operator]
+        if gain < stop_gain:
+            break
+        last_ok = nxt
+    if limit is not None:
+        # throughput was still rising at last_ok: bisect towards the memory edge while it rises
+        lo, hi = last_ok.value, limit
+        while hi - lo > 1:
+            t = try_value((lo + hi) // 2)
+            if t is None:
+                return trials
+            if not t.feasible:
+                hi = t.value
+            elif t.throughput >= seen[lo].throughput * rise:  # type: ignore[operator]
+                lo = t.value
+            else:
+                break  # no longer rising: the best lies below, narrowed next
+    # narrow the bracket around the best value measured, splitting the wider side first
+    while True:
+        best = pick_best(trials, tie=0.0)
+        assert best is not None
+        values = sorted(v for v, t in seen.items() if t.feasible)
+        i = values.index(best.value)
+        left = values[i - 1] if i > 0 else None
+        right = values[i + 1] if i + 1 < len(values) else _first_infeasible_above(seen, best.value)
+        gaps = []
+        if right is not None and right - best.value > 1:
+            gaps.append((right - best.value, (best.value + right) // 2))
+        if left is not None and best.value - left > 1:
+            gaps.append((best.value - left, int(math.ceil((left + best.value) / 2))))
+        if not gaps:
+            return trials
+        _, mid = max(gaps)
+        if mid in seen or try_value(mid) is None:
+            return trials
+
+
+def _first_infeasible_above(seen: dict[int, Trial], value: int) -> int | None:
+    above = [v for v, t in seen.items() if v > value and not t.feasible]
+    return min(above) if above else None

@@ -1,0 +1,81 @@
+"""A small JSON file of tuning results, keyed by device, memory, model and shapes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from ignite import distributed as idist
+
+from monai_fast.tune.tuner import TuneResult
+
+__all__ = ["TuneStore"]
+
+logger = logging.getLogger("monai_fast.tune")
+
+
+class TuneStore:
+    """Tuning results on disk, so a second run on the same machine and model tunes nothing.
+
+    Writes are atomic (a temporary file in the same folder, then ``os.replace``) and made by rank 0
+    only. A damaged file is reported with its path and set aside, never silently overwritten.
+
+    Args:
+        path: the JSON file (created on first ``put``).
+
+    Example:
+        >>> from monai_fast.tune import TuneStore
+        >>> store = TuneStore("/tmp/monai-fast-doctest-tune.json")
+        >>> store.get("no such key") is None
+        True
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def _load(self) -> dict:
+        if not self.path.exists():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+            if not isinstance(data, dict):
+                raise ValueError("top level is not an object")
+            return data
+        except (OSError, ValueError) as exc:
+            aside = self.path.with_suffix(self.path.suffix + ".damaged")
+            logger.warning("tuning cache %s is unreadable (%s); moved to %s and ignored", self.path, exc, aside)
+            if idist.get_rank() == 0:
+                os.replace(self.path, aside)
+            return {}
+
+    def get(self, key: str) -> TuneResult | None:
+        """The stored result for ``key``, or ``None``."""
+        entry = self._load().get(key)
+        if entry is None:
+            return None
+        try:
+            result = TuneResult.from_dict(entry)
+        except TypeError as exc:
+            logger.warning("tuning cache %s: entry for this key has an old layout (%s); tuning again", self.path, exc)
+            return None
+        result.from_cache = True
+        return result
+
+    def put(self, result: TuneResult) -> None:
+        """Store ``result`` under its key (rank 0 writes; other ranks return)."""
+        if idist.get_rank() != 0:
+            return
+        data = self._load()
+        data[result.key] = result.to_dict()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name, suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except BaseException:
+            os.unlink(tmp)
+            raise

@@ -1,0 +1,491 @@
+"""Pick batch size, sliding-window batch, validation device and precision by measured throughput.
+
+MONAI's Auto3DSeg "GPU customization" tries ``num_images_per_batch`` / ``num_sw_batch_size`` /
+``validation_data_device`` and keeps what fits in memory. :class:`Tuner` keeps what runs
+fastest within a memory budget: every candidate runs a few real iterations after a warm-up, an
+out-of-memory candidate is recorded as infeasible (memory released, search goes on), and under
+``ignite.distributed`` all ranks try the same candidate and agree on its outcome.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import psutil
+import torch
+from ignite import distributed as idist
+
+from monai_fast.telemetry import device_description
+from monai_fast.telemetry.memory import DeviceMemory, is_out_of_memory
+from monai_fast.tune.measure import time_inference, time_training_step
+from monai_fast.tune.search import Trial, grow_then_bisect, pick_best
+
+__all__ = ["SearchSpace", "TuneResult", "Tuner", "TuningError"]
+
+logger = logging.getLogger("monai_fast.tune")
+
+MIB = 2**20
+
+
+class TuningError(RuntimeError):
+    """A trial failed for a reason other than memory (on any rank); the message names the candidate."""
+
+
+@dataclass
+class SearchSpace:
+    """What to search, in the spirit of Auto3DSeg's ``gpu_customization_specs``.
+
+    Args:
+        batch_range: inclusive range of training batch sizes (volumes per batch; each gives
+            ``num_samples`` patches), Auto3DSeg's ``range_num_images_per_batch``.
+        sw_batch_range: inclusive range of sliding-window batch sizes (``range_num_sw_batch_size``).
+        val_devices: where the validation volume and stitched output live; ``None``: the
+            training device, plus ``"cpu"`` when that is a GPU.
+        precisions: precisions to compare (``"bf16"``, ``"fp16"``, ``"fp32"``); the first is
+            also used for validation timing unless another wins.
+        max_trials: most candidates run per search (``num_trials``); each search is one
+            (precision) batch-size search or one (device) sliding-window search.
+        plateau: a doubling that gains less than this share of throughput ends the growth;
+            ``None``: grow until a candidate does not fit (Auto3DSeg's fill-the-memory).
+        margin: share of the memory cap kept free (fragmentation, the data cache, spikes).
+
+    Example:
+        >>> from monai_fast.tune import SearchSpace
+        >>> SearchSpace.from_auto3dseg({"range_num_images_per_batch": [1, 20], "num_trials": 6}).batch_range
+        (1, 20)
+    """
+
+    batch_range: tuple[int, int] = (1, 16)
+    sw_batch_range: tuple[int, int] = (1, 32)
+    val_devices: Sequence[str] | None = None
+    precisions: Sequence[str] = ("fp32",)
+    max_trials: int = 8
+    plateau: float | None = 0.05
+    margin: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("batch_range", "sw_batch_range"):
+            lo, hi = (int(v) for v in getattr(self, name))
+            if not 1 <= lo <= hi:
+                raise ValueError(f"{name} must be (low, high) with 1 <= low <= high, got {getattr(self, name)}")
+            setattr(self, name, (lo, hi))
+        bad = [p for p in self.precisions if p not in ("bf16", "fp16", "fp32")]
+        if bad or not self.precisions:
+            raise ValueError(f"precisions must be a non-empty subset of bf16, fp16, fp32; got {list(self.precisions)}")
+        self.precisions = tuple(dict.fromkeys(self.precisions))
+        if self.max_trials < 1:
+            raise ValueError(f"max_trials must be >= 1, got {self.max_trials}")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
+        if self.plateau is not None and self.plateau < 0:
+            raise ValueError(f"plateau must be >= 0 or None, got {self.plateau}")
+
+    @classmethod
+    def from_auto3dseg(cls, specs: dict, **overrides) -> SearchSpace:
+        """Build from Auto3DSeg-style keys; unknown keys are rejected by name."""
+        names = {
+            "range_num_images_per_batch": "batch_range",
+            "range_num_sw_batch_size": "sw_batch_range",
+            "num_trials": "max_trials",
+            "validation_data_device": "val_devices",
+        }
+        unknown = sorted(set(specs) - set(names))
+        if unknown:
+            raise ValueError(f"unknown tuning key(s) {unknown}; known: {sorted(names)}")
+        kwargs = {names[k]: v for k, v in specs.items()}
+        if isinstance(kwargs.get("val_devices"), str):
+            kwargs["val_devices"] = [kwargs["val_devices"]]
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+
+@dataclass
+class TuneResult:
+    """What the tuner picked, and every trial it made.
+
+    Attributes:
+        key: the cache key (device, memory, model, patch, shapes, ranges, world size).
+        device: human-readable device name.
+        batch_size, sw_batch_size, val_device, precision: the pick.
+        train_samples_per_s: training patches/s of the pick (all ranks together).
+        val_volumes_per_s: validation volumes/s of the pick (per rank).
+        budget_mib: memory a candidate may peak at (cap minus margin).
+        leak_mib: most live memory seen after a trial above the level before the first one
+            (CUDA: allocated tensors; CPU: resident set size).
+        tuning_s: wall seconds the search took.
+        trials: one dict per trial (``phase`` is ``train`` or ``val``).
+        from_cache: the result was read from the cache file, nothing was run.
+    """
+
+    key: str
+    device: str
+    batch_size: int
+    sw_batch_size: int
+    val_device: str
+    precision: str
+    train_samples_per_s: float
+    val_volumes_per_s: float
+    budget_mib: float
+    leak_mib: float
+    tuning_s: float
+    trials: list[dict] = field(default_factory=list)
+    from_cache: bool = False
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.pop("from_cache")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TuneResult:
+        return cls(**d)
+
+    def apply(self, config):
+        """A copy of a :class:`~monai_fast.recipes.RecipeConfig` with the tuned settings."""
+        amp = False if self.precision == "fp32" else None
+        return replace(config, batch_size=self.batch_size, sw_batch_size=self.sw_batch_size,
+                       val_device=self.val_device, amp=amp)
+
+    def table(self) -> str:
+        """The trials as a text table, the pick marked with ``*``."""
+        head = f"{'phase':<6} {'setting':<34} {'result':>14} {'peak MiB':>9} {'cost s':>7}  note"
+        lines = [head, "-" * len(head)]
+        for t in self.trials:
+            unit = "patch/s" if t["phase"] == "train" else "vol/s"
+            res = f"{t['throughput']:.2f} {unit}" if t["feasible"] else "infeasible"
+            peak = f"{t['peak_mib']:.0f}" if t["peak_mib"] is not None else "-"
+            picked = (
+                t["phase"] == "train" and t["precision"] == self.precision and t["value"] == self.batch_size
+            ) or (t["phase"] == "val" and t["val_device"] == self.val_device and t["value"] == self.sw_batch_size)
+            name = "batch_size" if t["phase"] == "train" else "sw_batch_size"
+            where = t["precision"] if t["phase"] == "train" else f"{t['precision']}, {t['val_device']}"
+            setting = f"{name}={t['value']} ({where})"
+            lines.append(f"{t['phase']:<6} {setting:<34} {res:>14} {peak:>9} {t['cost_s']:>7.1f}  {'* ' if picked else ''}{t['reason']}")
+        lines.append(
+            f"pick: batch_size={self.batch_size}, sw_batch_size={self.sw_batch_size}, val_device={self.val_device}, "
+            f"precision={self.precision}; budget {self.budget_mib:.0f} MiB; tuning took {self.tuning_s:.1f} s"
+        )
+        return "\n".join(lines)
+
+
+def model_signature(network: torch.nn.Module) -> str:
+    """Class name, parameter count and a hash of the module tree: equal for equal architectures."""
+    n = sum(p.numel() for p in network.parameters())
+    digest = hashlib.sha1(repr(network).encode()).hexdigest()[:10]
+    return f"{type(network).__name__}-{n}-{digest}"
+
+
+class Tuner:
+    """Search training batch size, sliding-window batch, validation device and precision.
+
+    Args:
+        network: the model; a private copy is tuned, the original's weights are not touched.
+        loss_function: training loss taking ``(prediction, integer label map)``.
+        optimizer_factory: builds the optimizer for the copy, e.g. ``lambda p: Novograd(p, 2e-3)``.
+        patch_size: training patch and sliding-window ROI.
+        val_shape: spatial size of a typical validation volume.
+        device: where training runs.
+        num_samples: patches per volume, so a batch size of ``b`` means ``b * num_samples`` patches.
+        in_channels, out_channels: image channels and classes.
+        space: what to search (:class:`SearchSpace`).
+        memory_cap_mib: most memory a candidate may use; default the GPU's memory, or on a CPU the
+            RAM this process uses now plus what is available. On a CPU it is the resident set
+            size of the process, so the cap also protects the machine from swapping.
+        overlap: sliding-window overlap.
+        warmup, min_iters, min_time_s: per trial: untimed iterations, then at least this many
+            timed ones lasting at least this long (median taken).
+
+    Example:
+        >>> import torch
+        >>> from monai.losses import DiceCELoss
+        >>> from monai.networks.nets import UNet
+        >>> from monai_fast.tune import SearchSpace, Tuner
+        >>> net = UNet(3, 1, 2, channels=(4, 8), strides=(2,))
+        >>> tuner = Tuner(net, DiceCELoss(to_onehot_y=True, softmax=True),
+        ...               lambda p: torch.optim.SGD(p, lr=0.01), patch_size=(16, 16, 16),
+        ...               val_shape=(24, 24, 24), device="cpu", num_samples=1,
+        ...               space=SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 2), max_trials=2),
+        ...               min_time_s=0.0, min_iters=1)
+        >>> result = tuner.run()
+        >>> result.batch_size in (1, 2)
+        True
+    """
+
+    def __init__(
+        self,
+        network: torch.nn.Module,
+        loss_function: Callable,
+        optimizer_factory: Callable[..., torch.optim.Optimizer],
+        patch_size: Sequence[int],
+        val_shape: Sequence[int],
+        device: str | torch.device = "cpu",
+        num_samples: int = 1,
+        in_channels: int = 1,
+        out_channels: int = 2,
+        space: SearchSpace | None = None,
+        memory_cap_mib: float | None = None,
+        overlap: float = 0.25,
+        warmup: int = 1,
+        min_iters: int = 3,
+        min_time_s: float = 0.5,
+    ) -> None:
+        self.device = torch.device(device)
+        self.memory = DeviceMemory(self.device)  # raises for CUDA without a GPU
+        self.patch_size = tuple(int(s) for s in patch_size)
+        self.val_shape = tuple(int(s) for s in val_shape)
+        if len(self.patch_size) != 3 or len(self.val_shape) != 3:
+            raise ValueError(f"patch_size and val_shape need three sizes, got {self.patch_size} and {self.val_shape}")
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        if memory_cap_mib is not None and not memory_cap_mib > 0:
+            raise ValueError(f"memory_cap_mib must be > 0, got {memory_cap_mib}")
+        if warmup < 0 or min_iters < 1 or min_time_s < 0:
+            raise ValueError("need warmup >= 0, min_iters >= 1 and min_time_s >= 0")
+        self.space = space or SearchSpace()
+        val_devices = self.space.val_devices
+        if val_devices is None:
+            val_devices = [str(self.device)] + (["cpu"] if self.device.type == "cuda" else [])
+        self.val_devices = [torch.device(d) for d in val_devices]
+        for d in self.val_devices:
+            if d.type not in ("cpu", self.device.type):
+                raise ValueError(f"val_devices may hold the training device or 'cpu', got {d}")
+        if "fp16" in self.space.precisions and self.device.type != "cuda":
+            raise ValueError("precision 'fp16' needs a CUDA device; use 'bf16' or 'fp32' on a CPU")
+        self.source_network = network
+        self.loss_function = loss_function
+        self.optimizer_factory = optimizer_factory
+        self.num_samples = num_samples
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.memory_cap_mib = memory_cap_mib
+        self.overlap = overlap
+        self.timing = {"warmup": warmup, "min_iters": min_iters, "min_time_s": min_time_s}
+
+    # ------------------------------------------------------------------ public
+    def key(self) -> str:
+        """Cache key: device, its memory, model, shapes, search space and world size."""
+        total = self.memory.total_bytes() // MIB
+        s = self.space
+        return "|".join(
+            [
+                device_description(self.device).split(" (")[0],
+                f"mem={total}MiB",
+                f"cap={self.memory_cap_mib or 'auto'}",
+                model_signature(self.source_network),
+                f"patch={'x'.join(map(str, self.patch_size))}",
+                f"samples={self.num_samples}",
+                f"val={'x'.join(map(str, self.val_shape))}",
+                f"batch={s.batch_range[0]}-{s.batch_range[1]}",
+                f"sw={s.sw_batch_range[0]}-{s.sw_batch_range[1]}",
+                f"prec={','.join(s.precisions)}",
+                f"valdev={','.join(str(d) for d in self.val_devices)}",
+                f"world={idist.get_world_size()}",
+            ]
+        )
+
+    def run(self, progress: bool = False) -> TuneResult:
+        """Run the searches and return the pick; never raises for out-of-memory candidates.
+
+        Raises:
+            TuningError: a trial failed for another reason (a bug, a bad shape) on any rank, or
+                not even the smallest batch fits.
+        """
+        started = time.perf_counter()
+        self.memory.release()
+        self._baseline = self.memory.live_bytes()
+        self._leak = 0
+        self._budget = self._budget_bytes()
+        self._net = copy.deepcopy(self.source_network).to(self.device)
+        self._opt = self.optimizer_factory(self._net.parameters())
+        self._allreduce_s = self._measure_allreduce()
+        self._bar = _progress(progress)
+        records: list[dict] = []
+        try:
+            best_train: tuple[str, Trial] | None = None
+            for precision in self.space.precisions:
+                trials = grow_then_bisect(
+                    lambda b, p=precision: self._train_trial(b, p),
+                    *self.space.batch_range,
+                    max_trials=self.space.max_trials,
+                    plateau=self.space.plateau,
+                    predict_infeasible=self._predict,
+                )
+                records += [dict(t.to_dict(), phase="train", precision=precision, val_device="") for t in trials]
+                pick = pick_best(trials)
+                if pick is not None and (best_train is None or pick.throughput > best_train[1].throughput * 1.02):
+                    best_train = (precision, pick)
+            if best_train is None:
+                raise TuningError(
+                    f"no training batch size in {self.space.batch_range} fits in the budget of "
+                    f"{self._budget / MIB:.0f} MiB on {self.device}: "
+                    + "; ".join(f"{r['value']}: {r['reason']}" for r in records)
+                )
+            precision, train_pick = best_train
+            best_val: tuple[torch.device, Trial] | None = None
+            for vdev in self.val_devices:
+                trials = grow_then_bisect(
+                    lambda s, v=vdev: self._val_trial(s, v, precision),
+                    *self.space.sw_batch_range,
+                    max_trials=self.space.max_trials,
+                    plateau=self.space.plateau,
+                    predict_infeasible=self._predict,
+                )
+                records += [dict(t.to_dict(), phase="val", precision=precision, val_device=str(vdev)) for t in trials]
+                pick = pick_best(trials)
+                if pick is not None and (best_val is None or pick.throughput > best_val[1].throughput * 1.02):
+                    best_val = (vdev, pick)
+            if best_val is None:
+                raise TuningError(
+                    f"no sliding-window batch in {self.space.sw_batch_range} fits in the budget of "
+                    f"{self._budget / MIB:.0f} MiB for a {self.val_shape} volume on {self.device}"
+                )
+        finally:
+            self._bar.close()
+            del self._net, self._opt
+            self.memory.release()
+        return TuneResult(
+            key=self.key(),
+            device=device_description(self.device),
+            batch_size=train_pick.value,
+            sw_batch_size=best_val[1].value,
+            val_device=str(best_val[0]),
+            precision=precision,
+            train_samples_per_s=float(train_pick.throughput),  # type: ignore[arg-type]
+            val_volumes_per_s=float(best_val[1].throughput),  # type: ignore[arg-type]
+            budget_mib=self._budget / MIB,
+            leak_mib=self._leak / MIB,
+            tuning_s=time.perf_counter() - started,
+            trials=records,
+        )
+
+    # ------------------------------------------------------------------ trials
+    def _budget_bytes(self) -> int:
+        if self.memory_cap_mib is not None:
+            cap = self.memory_cap_mib * MIB
+        elif self.memory.cuda:
+            cap = self.memory.total_bytes()
+        else:
+            cap = psutil.Process().memory_info().rss + psutil.virtual_memory().available
+        return int(cap * (1.0 - self.space.margin))
+
+    def _predict(self, value: int, trials: list[Trial]) -> str | None:
+        """Linear extrapolation of peak memory from measured trials of this search."""
+        pts = {t.value: t.peak_mib for t in trials if t.feasible and t.peak_mib is not None}
+        if len(pts) < 2:
+            return None
+        (x0, y0), (x1, y1) = sorted(pts.items())[-2:]
+        slope = (y1 - y0) / (x1 - x0)
+        predicted = y1 + slope * (value - x1)
+        if predicted * MIB > self._budget * 1.25:
+            return f"predicted peak {predicted:.0f} MiB > budget {self._budget / MIB:.0f} MiB"
+        return None
+
+    def _train_trial(self, batch: int, precision: str) -> Trial:
+        patches = batch * self.num_samples
+        self._bar.set_description(f"tune train batch_size={batch} ({precision})")
+        return self._trial(
+            batch,
+            lambda: time_training_step(
+                self._net, self.loss_function, self._opt, patches, self.patch_size, self.in_channels,
+                self.out_channels, self.device, precision, **self.timing,
+            ),
+            per_step=patches,
+            reduce_s=self._allreduce_s,
+        )
+
+    def _val_trial(self, sw_batch: int, val_device: torch.device, precision: str) -> Trial:
+        self._bar.set_description(f"tune val sw_batch_size={sw_batch} ({val_device})")
+        return self._trial(
+            sw_batch,
+            lambda: time_inference(
+                self._net, self.patch_size, sw_batch, self.val_shape, self.in_channels, self.device,
+                val_device, precision, self.overlap, **self.timing,
+            ),
+            per_step=1,
+            reduce_s=0.0,
+            world_scale=False,
+        )
+
+    def _trial(self, value: int, measure: Callable[[], float], per_step: int, reduce_s: float,
+               world_scale: bool = True) -> Trial:
+        t0 = time.perf_counter()
+        seconds, oom, error = float("nan"), False, None
+        with self.memory.peak() as peak:
+            try:
+                seconds = measure()
+            except Exception as exc:  # noqa: BLE001 - sorted below, re-raised unless out of memory
+                if is_out_of_memory(exc):
+                    oom = True
+                else:
+                    error = exc
+                del exc  # its traceback holds the trial's tensors
+        self._opt.zero_grad(set_to_none=True)
+        self.memory.release()
+        self._leak = max(self._leak, self.memory.live_bytes() - self._baseline)
+        peak_b = peak.peak_bytes
+        over = not oom and error is None and peak_b > self._budget
+        # every rank reaches this point once per trial, whatever happened: agree on the outcome
+        flags = self._agree(oom, over, error is not None, peak_b, seconds)
+        if flags["error"]:
+            messages = self._gather_errors(error)
+            raise TuningError(f"trial {value} failed (not out of memory): {messages}") from error
+        self._bar.update(1)
+        cost = time.perf_counter() - t0
+        peak_mib = flags["peak"] / MIB
+        if flags["oom"]:
+            return Trial(value, False, None, None, "out of memory", cost)
+        if flags["over"]:
+            return Trial(value, False, None, peak_mib, f"peak {peak_mib:.0f} MiB > budget {self._budget / MIB:.0f} MiB", cost)
+        world = idist.get_world_size() if world_scale else 1
+        throughput = per_step * world / (flags["seconds"] + reduce_s)
+        return Trial(value, True, throughput, peak_mib, "", cost)
+
+    # ------------------------------------------------------------------ ranks
+    def _agree(self, oom: bool, over: bool, error: bool, peak: int, seconds: float) -> dict:
+        """Max over ranks of the flags, the peak memory and the step time (a no-op for one process)."""
+        if idist.get_world_size() == 1:
+            return {"oom": oom, "over": over, "error": error, "peak": peak, "seconds": seconds}
+        secs = 0.0 if seconds != seconds else seconds  # NaN on failed ranks
+        t = torch.tensor([float(oom), float(over), float(error), float(peak), secs], dtype=torch.float64)
+        t = idist.all_reduce(t, op="MAX")
+        return {"oom": t[0] > 0, "over": t[1] > 0, "error": t[2] > 0, "peak": int(t[3]), "seconds": float(t[4])}
+
+    def _gather_errors(self, error: BaseException | None) -> str:
+        mine = "" if error is None else f"rank {idist.get_rank()}: {type(error).__name__}: {error}"
+        if idist.get_world_size() == 1:
+            return mine
+        return "; ".join(m for m in idist.all_gather(mine) if m)
+
+    def _measure_allreduce(self) -> float:
+        """Seconds of one gradient all-reduce (0 for one process): added to every step under DDP."""
+        if idist.get_world_size() == 1:
+            return 0.0
+        n = sum(p.numel() for p in self._net.parameters())
+        buf = torch.zeros(n, device=idist.device())
+        idist.all_reduce(buf)  # warm-up
+        times = []
+        for _ in range(3):
+            idist.barrier()
+            t = time.perf_counter()
+            idist.all_reduce(buf)
+            times.append(time.perf_counter() - t)
+        return float(max(idist.all_reduce(torch.tensor(sorted(times)[1]), op="MAX").item(), 0.0))
+
+
+class _NoBar:
+    def update(self, n: int) -> None: ...
+    def set_description(self, s: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress(enabled: bool):
+    if not enabled or idist.get_rank() != 0:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(desc="tune", unit="trial", leave=False)

@@ -1,0 +1,278 @@
+"""The auto-tuner: search logic, real trials on a tiny UNet, memory caps, real allocator failures, 2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from ignite import distributed as idist
+from monai.losses import DiceCELoss
+from monai.networks.nets import UNet
+
+from monai_fast.recipes import RecipeConfig
+from monai_fast.tune import SearchSpace, Trial, TuneStore, Tuner, TuningError, grow_then_bisect, pick_best, tune_recipe
+
+FAST = {"warmup": 1, "min_iters": 1, "min_time_s": 0.0}
+
+
+# ---------------------------------------------------------------- search logic on known curves
+def _curve(knee: int, limit: int, drop: float = 0.0):
+    """Throughput rising to a knee then flat (or falling by `drop` per step); infeasible from `limit`."""
+    calls = []
+
+    def f(v: int) -> Trial:
+        calls.append(v)
+        if v >= limit:
+            return Trial(v, False, reason="out of memory")
+        tp = 100.0 * min(v, knee) / knee - drop * max(0, v - knee)
+        return Trial(v, True, tp, peak_mib=10.0 * v)
+
+    return f, calls
+
+
+def test_search_stops_at_memory_edge_and_plateau():
+    f, calls = _curve(knee=8, limit=12)
+    trials = grow_then_bisect(f, 1, 64, max_trials=10)
+    assert pick_best(trials).value == 8
+    assert calls[:7] == [1, 2, 4, 8, 16, 12, 10]  # doubling, then bisecting below the first infeasible value
+    assert len(calls) <= 10
+
+    f, calls = _curve(knee=6, limit=1000, drop=2.0)  # plateau, then slower: no OOM needed to stop
+    trials = grow_then_bisect(f, 1, 512, max_trials=10)
+    assert pick_best(trials).value == 6
+    assert max(calls) <= 16
+
+
+def test_search_is_within_5_percent_of_exhaustive_on_random_curves():
+    rng = random.Random(0)
+    runs = []
+    for _ in range(200):
+        knee, limit, hi = rng.randint(1, 40), rng.randint(2, 80), rng.randint(8, 64)
+        drop = rng.choice([0.0, 0.5, 3.0])
+        f, calls = _curve(knee, limit, drop)
+        best_exhaustive = max(f(v).throughput for v in range(1, min(hi, limit - 1) + 1))
+        ratios = []
+        for budget in (8, 12):
+            trials = grow_then_bisect(f, 1, hi, max_trials=budget)
+            assert sum(not t.predicted for t in trials) <= budget
+            ratios.append(pick_best(trials).throughput / best_exhaustive)
+        runs.append(ratios)
+    # sharp knees and falling curves on ranges up to 64: 8 trials get within 5 % of the exhaustive
+    # best on most curves and never below 75 %; 12 trials on all
+    assert min(r[0] for r in runs) >= 0.75
+    assert sum(r[0] >= 0.95 for r in runs) / len(runs) >= 0.85
+    assert min(r[1] for r in runs) >= 0.95
+
+
+def test_predicted_infeasible_values_are_not_run():
+    f, calls = _curve(knee=64, limit=10**6)
+    trials = grow_then_bisect(f, 1, 1024, max_trials=20, predict_infeasible=lambda v, ts: "too big" if v > 40 else None)
+    assert all(v <= 40 for v in calls)
+    assert any(t.predicted and t.reason == "too big" for t in trials)
+    assert pick_best(trials).value <= 40
+
+
+def test_pick_prefers_smaller_within_noise():
+    ts = [Trial(2, True, 100.0), Trial(4, True, 101.0), Trial(8, True, 90.0), Trial(16, False)]
+    assert pick_best(ts, tie=0.02).value == 2
+    assert pick_best(ts, tie=0.0).value == 4
+    assert pick_best([Trial(1, False)]) is None
+
+
+def test_search_space_validation_and_auto3dseg_keys():
+    s = SearchSpace.from_auto3dseg({"range_num_images_per_batch": [1, 20], "range_num_sw_batch_size": [2, 40], "num_trials": 5})
+    assert (s.batch_range, s.sw_batch_range, s.max_trials) == ((1, 20), (2, 40), 5)
+    with pytest.raises(ValueError, match="range_num_foo"):
+        SearchSpace.from_auto3dseg({"range_num_foo": [1, 2]})
+    with pytest.raises(ValueError, match="batch_range"):
+        SearchSpace(batch_range=(4, 2))
+    with pytest.raises(ValueError, match="precisions"):
+        SearchSpace(precisions=("int8",))
+    with pytest.raises(ValueError, match="fp16"):
+        Tuner(_net(), _loss(), _sgd, (16, 16, 16), (24, 24, 24), space=SearchSpace(precisions=("fp16",)))
+
+
+# ---------------------------------------------------------------- real trials
+def _net(channels=(4, 8, 16)):
+    return UNet(3, 1, 2, channels=channels, strides=(2,) * (len(channels) - 1), num_res_units=0)
+
+
+def _loss():
+    return DiceCELoss(to_onehot_y=True, softmax=True)
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.01)
+
+
+class _GreedyNet(torch.nn.Module):
+    """A real network whose forward asks the real allocator for an impossible buffer from `oom_at` patches on."""
+
+    def __init__(self, oom_at: int, fail_with: type[Exception] | None = None) -> None:
+        super().__init__()
+        self.inner = _net()
+        self.oom_at = oom_at
+        self.fail_with = fail_with
+
+    def forward(self, x):
+        if x.shape[0] >= self.oom_at:
+            if self.fail_with is not None:
+                raise self.fail_with("shape bug in a custom layer")
+            torch.empty(2**50, dtype=torch.uint8)  # 1 PiB: the CPU allocator refuses
+        return self.inner(x)
+
+
+def test_real_tuning_run_on_cpu(tmp_path):
+    net = _net()
+    weights = [p.detach().clone() for p in net.parameters()]
+    tuner = Tuner(net, _loss(), _sgd, (16, 16, 16), (40, 40, 24), num_samples=2,
+                  space=SearchSpace(batch_range=(1, 8), sw_batch_range=(1, 8), max_trials=4), **FAST)
+    result = tuner.run()
+    assert all(torch.equal(a, b) for a, b in zip(weights, net.parameters()))
+    train = [t for t in result.trials if t["phase"] == "train"]
+    val = [t for t in result.trials if t["phase"] == "val"]
+    assert 1 <= len(train) <= 4 and 1 <= len(val) <= 4
+    assert all(t["feasible"] and t["throughput"] > 0 and t["peak_mib"] > 0 for t in train + val)
+    assert result.batch_size in {t["value"] for t in train}
+    assert result.sw_batch_size in {t["value"] for t in val}
+    assert result.val_device == "cpu" and result.precision == "fp32"
+    assert result.train_samples_per_s == pytest.approx(max(t["throughput"] for t in train), rel=0.03)
+    assert result.leak_mib < 64, result.leak_mib  # no trial's tensors outlive it
+    table = result.table()
+    assert "batch_size=" in table and "pick:" in table and "*" in table
+
+
+def test_memory_cap_makes_big_batches_infeasible():
+    import psutil
+
+    space = SearchSpace(batch_range=(1, 16), sw_batch_range=(1, 1), max_trials=5, plateau=None)  # always grow
+    free = Tuner(_net((8, 16, 32)), _loss(), _sgd, (32, 32, 32), (32, 32, 32), num_samples=2, space=space, **FAST).run()
+    peaks = {t["value"]: t["peak_mib"] for t in free.trials if t["phase"] == "train"}
+    assert peaks[16] > peaks[2] + 100, peaks  # activations grow with the batch
+    rss = psutil.Process().memory_info().rss / 2**20
+    cap = (max(peaks[2], rss) + peaks[16]) / 2 / 0.9
+    capped = Tuner(_net((8, 16, 32)), _loss(), _sgd, (32, 32, 32), (32, 32, 32), num_samples=2, space=space,
+                   memory_cap_mib=cap, **FAST).run()
+    train = {t["value"]: t for t in capped.trials if t["phase"] == "train"}
+    assert not train[16]["feasible"] and "budget" in train[16]["reason"]
+    assert train[1]["feasible"]
+    assert capped.batch_size < 16
+    assert train[capped.batch_size]["peak_mib"] <= capped.budget_mib
+
+
+def test_real_allocator_failure_is_infeasible_and_search_goes_on():
+    net = _GreedyNet(oom_at=8)  # batch_size 4 x 2 samples = 8 patches fails
+    tuner = Tuner(net, _loss(), _sgd, (16, 16, 16), (24, 24, 24), num_samples=2,
+                  space=SearchSpace(batch_range=(1, 16), sw_batch_range=(1, 2), max_trials=6, plateau=None), **FAST)
+    result = tuner.run()
+    train = {t["value"]: t for t in result.trials if t["phase"] == "train"}
+    assert train[4]["reason"] == "out of memory" and not train[4]["feasible"]
+    assert 3 in train and train[3]["feasible"]  # bisected back below the failure
+    assert result.batch_size <= 3
+    assert result.leak_mib < 64
+
+
+def test_other_errors_stop_tuning_naming_the_candidate():
+    tuner = Tuner(_GreedyNet(oom_at=4, fail_with=IndexError), _loss(), _sgd, (16, 16, 16), (24, 24, 24), num_samples=2,
+                  space=SearchSpace(batch_range=(1, 8), sw_batch_range=(1, 2), max_trials=4, plateau=None), **FAST)
+    with pytest.raises(TuningError, match=r"trial 2 failed.*IndexError: shape bug"):
+        tuner.run()
+
+
+def test_nothing_fits_is_a_clear_error():
+    tuner = Tuner(_GreedyNet(oom_at=1), _loss(), _sgd, (16, 16, 16), (24, 24, 24),
+                  space=SearchSpace(batch_range=(1, 4), sw_batch_range=(1, 2)), **FAST)
+    with pytest.raises(TuningError, match=r"no training batch size in \(1, 4\) fits.*out of memory"):
+        tuner.run()
+
+
+def test_store_caches_by_key_and_survives_damage(tmp_path, caplog):
+    cfg = RecipeConfig(patch_size=(16, 16, 16), channels=(4, 8), strides=(2,), num_samples=1)
+    space = SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 2), max_trials=2)
+    path = tmp_path / "tuning.json"
+    first = tune_recipe(cfg, (24, 24, 24), space=space, store=path, **FAST)
+    assert not first.from_cache and path.exists()
+    again = tune_recipe(cfg, (24, 24, 24), space=space, store=path, **FAST)
+    assert again.from_cache and again.batch_size == first.batch_size and again.trials == first.trials
+    other = tune_recipe(cfg, (32, 32, 32), space=space, store=path, **FAST)  # another volume: another key
+    assert not other.from_cache
+    assert len(json.loads(path.read_text())) == 2
+    path.write_text('{"truncated": ')
+    fresh = tune_recipe(cfg, (24, 24, 24), space=space, store=path, **FAST)
+    assert not fresh.from_cache
+    assert "unreadable" in caplog.text and str(path) in caplog.text
+    assert (tmp_path / "tuning.json.damaged").exists()
+
+
+def test_tuned_config_trains_with_a_recipe(tiny_files, tiny_config):
+    from monai_fast.recipes import build_recipe
+
+    cfg = tiny_config
+    result = tune_recipe(cfg, (32, 32, 32), space=SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 4), max_trials=2),
+                         store=None, force=True, **FAST)
+    tuned = result.apply(cfg)
+    assert (tuned.batch_size, tuned.sw_batch_size, tuned.val_device) == (result.batch_size, result.sw_batch_size, "cpu")
+    train, val = tiny_files
+    recipe = build_recipe("fast", train, val, RecipeConfig.from_dict({**tuned.to_dict(), "max_epochs": 1}), "cpu", progress=False)
+    recipe.trainer.run()
+    assert 0.0 <= recipe.evaluator.state.metrics["val_mean_dice"] <= 1.0
+    assert recipe.evaluator.inferer.sw_batch_size == result.sw_batch_size
+
+
+# ---------------------------------------------------------------- two real gloo ranks
+def _ddp_tune(local_rank, out_dir, fail_with):
+    rank = idist.get_rank()
+    # rank 1 alone runs out of memory (or hits a bug) from 8 patches on; rank 0 would fit anything
+    net = _GreedyNet(oom_at=8 if rank == 1 else 10**9, fail_with=fail_with if rank == 1 else None)
+    torch.manual_seed(0)
+    tuner = Tuner(net, _loss(), _sgd, (16, 16, 16), (24, 24, 24), num_samples=2,
+                  space=SearchSpace(batch_range=(1, 16), sw_batch_range=(1, 2), max_trials=6, plateau=None), **FAST)
+    try:
+        r = tuner.run()
+        out = {"batch_size": r.batch_size, "sw": r.sw_batch_size,
+               "train": [(t["value"], t["feasible"], t["reason"]) for t in r.trials if t["phase"] == "train"]}
+    except TuningError as e:
+        out = {"error": str(e)}
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(out, f)
+
+
+@pytest.mark.parametrize("fail_with", [None, KeyError])
+def test_two_gloo_ranks_agree_on_infeasible_candidates(tmp_path, fail_with):
+    # spawn, not fork: this process has already run torch's thread pools, which a forked child can deadlock on
+    with idist.Parallel(backend="gloo", nproc_per_node=2, start_method="spawn") as parallel:
+        parallel.run(_ddp_tune, str(tmp_path), fail_with)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    if fail_with is None:
+        assert r0 == r1  # same candidates, same verdicts, same pick
+        train = {v: (ok, why) for v, ok, why in r0["train"]}
+        assert train[4] == (False, "out of memory")  # rank 1's OOM makes it infeasible on rank 0 too
+        assert r0["batch_size"] <= 3
+    else:
+        for r in (r0, r1):
+            assert "rank 1: KeyError" in r["error"] and "trial 4 failed" in r["error"]
+
+
+# ---------------------------------------------------------------- CUDA
+@pytest.mark.gpu
+def test_real_cuda_oom_is_infeasible_and_memory_returns():
+    dev = torch.device("cuda")
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(dev)
+    total_gib = torch.cuda.get_device_properties(dev).total_memory / 2**30
+    # 128^3 patches of a wide UNet: a few hundred per batch exceed any GPU; the cap stays off to force a real OOM
+    net = UNet(3, 1, 2, channels=(32, 64, 128, 256), strides=(2, 2, 2), num_res_units=1)
+    tuner = Tuner(net, _loss(), _sgd, (128, 128, 128), (160, 160, 128), device=dev,
+                  space=SearchSpace(batch_range=(1, 4096), sw_batch_range=(1, 4), max_trials=14, plateau=None, margin=0.0),
+                  memory_cap_mib=10 * total_gib * 2**10, **FAST)
+    result = tuner.run()
+    train = [t for t in result.trials if t["phase"] == "train"]
+    assert any(t["reason"] == "out of memory" for t in train), train
+    assert any(t["feasible"] for t in train)
+    assert result.batch_size < min(t["value"] for t in train if t["reason"] == "out of memory")
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_allocated(dev) == base
+    assert math.isfinite(result.train_samples_per_s)
