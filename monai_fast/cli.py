@@ -4,6 +4,8 @@
 ``monai-fast bench``  the same race with all three recipes and repeats; JSON for benchmarks/results.
 ``monai-fast synth``  write a synthetic data set in Medical Segmentation Decathlon layout.
 ``monai-fast doctor`` name a run's bottleneck from its record, with evidence and the fix.
+``monai-fast tune``   pick batch size, sliding-window batch, validation device, precision by throughput.
+``monai-fast launch`` run a training script on N local processes (torchrun, DDP).
 """
 
 from __future__ import annotations
@@ -67,23 +69,20 @@ def _resolve_device(name: str) -> str:
 def _config_from_args(args: argparse.Namespace, seed: int):
     from monai_fast.recipes import RecipeConfig
 
-    kw = {
-        "max_epochs": args.max_epochs,
-        "seed": seed,
-        "val_interval": args.val_interval,
-        "batch_size": args.batch_size,
-        "num_samples": args.num_samples,
-    }
+    kw = {"seed": seed, "num_samples": args.num_samples}
+    for name in ("max_epochs", "val_interval", "batch_size"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
     if args.patch_size:
         kw["patch_size"] = tuple(args.patch_size)
     if args.channels:
         kw["channels"] = tuple(args.channels)
         kw["strides"] = (2,) * (len(args.channels) - 1)
-    if args.workers is not None:
+    if getattr(args, "workers", None) is not None:
         kw["num_workers"] = args.workers
-    if args.fp32:
+    if getattr(args, "fp32", False):
         kw["amp"] = False
-    kw["compile"] = args.compile
+    kw["compile"] = getattr(args, "compile", False)
     try:
         return RecipeConfig(**kw)
     except ValueError as e:
@@ -130,11 +129,20 @@ def race(args: argparse.Namespace, recipes: Sequence[str], run_dir: Path, train_
     device = _resolve_device(args.device)
     config = _config_from_args(args, args.seed if train_seed is None else train_seed)
     logger.info("%d training / %d validation cases from %s on %s", len(train_files), len(val_files), data_root, device)
+    configs = dict.fromkeys(recipes, config)
+    tuned = None
+    if getattr(args, "tune", False) and "fast" in recipes:
+        tuned = _tune(args, config, val_files, device)
+        configs["fast"] = tuned.apply(config)
+        print(f"-- tuned fast: batch_size={tuned.batch_size}, sw_batch_size={tuned.sw_batch_size}, "
+              f"val_device={tuned.val_device}, precision={tuned.precision}"
+              + (" (from the tuning cache)" if tuned.from_cache else f" (tuning took {tuned.tuning_s:.1f} s, not counted below)"),
+              flush=True)
     results = []
     for name in recipes:
         print(f"-- {name}: training to Dice {args.target} (budget {args.time_budget:.0f} s)", flush=True)
         r = run_to_target(
-            name, train_files, val_files, config, device, args.target, args.time_budget, run_dir, progress=progress
+            name, train_files, val_files, configs[name], device, args.target, args.time_budget, run_dir, progress=progress
         )
         state = f"reached in {r.time_to_target_s:.1f} s" if r.reached else f"not reached in {r.total_s:.0f} s"
         print(f"   {name}: {state}, best Dice {r.best_dice or 0:.3f}, {r.epochs_run} epochs", flush=True)
@@ -143,7 +151,35 @@ def race(args: argparse.Namespace, recipes: Sequence[str], run_dir: Path, train_
 
             r.diagnosis = doctor(r.run_dir).to_dict()
         results.append(r)
-    return results, _meta(args, data_root, device)
+    meta = _meta(args, data_root, device)
+    if tuned is not None:
+        meta["tuning"] = {**tuned.to_dict(), "from_cache": tuned.from_cache}
+    return results, meta
+
+
+def _space_from_args(args: argparse.Namespace, device: str):
+    from monai_fast.tune import default_space
+
+    try:
+        return default_space(
+            device, search_amp=args.search_amp, amp=False if getattr(args, "fp32", False) else None, batch_range=tuple(args.batch_range), sw_batch_range=tuple(args.sw_range),
+            max_trials=args.trials, margin=args.margin,
+        )
+    except ValueError as e:
+        raise SystemExit(f"bad tuning option: {e}") from e
+
+
+def _tune(args: argparse.Namespace, config, val_files: Sequence[dict], device: str):
+    from monai_fast.tune import TuningError, tune_recipe, typical_val_shape
+
+    val_shape = typical_val_shape(val_files, config)
+    try:
+        return tune_recipe(
+            config, val_shape, device, space=_space_from_args(args, device), memory_cap_mib=args.memory_cap_mib,
+            store=args.tune_cache, force=args.retune, progress=not args.no_progress,
+        )
+    except (TuningError, ValueError) as e:
+        raise SystemExit(f"monai-fast: tuning failed: {e}") from e
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -164,7 +200,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from monai_fast.report.compare import format_table, speedup, write_json_atomic, write_race
+    from monai_fast.report.compare import (
+        format_table,
+        speedup,
+        write_json_atomic,
+        write_race,
+    )
 
     stamp = _dt.datetime.now()
     base_dir = Path(args.run_dir or f"runs/bench-{stamp:%Y%m%d-%H%M%S}")
@@ -203,6 +244,42 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from monai_fast.data.msd import load_msd_datalist
+
+    if args.data_dir:
+        data_root = Path(args.data_dir)
+    else:
+        data_root = synthetic_dataset("spleen-like", args.cases, args.shape, args.seed, not args.no_progress)
+    _, val_files = load_msd_datalist(data_root, val_fraction=args.val_fraction, seed=args.seed)
+    device = _resolve_device(args.device)
+    config = _config_from_args(args, args.seed)
+    result = _tune(args, config, val_files, device)
+    print(result.table())
+    if result.from_cache:
+        print("(from the tuning cache; --retune to measure again)")
+    print("\nuse it: monai-fast demo --tune ...   or in Python: tune_recipe(...).apply(RecipeConfig(...))")
+    if args.out:
+        from monai_fast.report.compare import write_json_atomic
+
+        write_json_atomic({**_meta(args, data_root, device), "tuning": result.to_dict()}, Path(args.out))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    import subprocess
+
+    if args.nproc < 1:
+        raise SystemExit("--nproc must be >= 1")
+    if not Path(args.script).is_file():
+        raise SystemExit(f"monai-fast launch: script {args.script} not found")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "--max-restarts=0", "--monitor-interval=1", args.script, *args.script_args]
+    logger.info("running %s", " ".join(cmd))
+    return subprocess.call(cmd)
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from monai_fast.report.doctor import doctor
 
@@ -225,30 +302,56 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequence[str]) -> None:
-    from monai_fast.recipes import RECIPES
-
+def _add_data_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--data-dir", help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen); default: synthetic spleen-like data")
     g.add_argument("--cases", type=int, default=_DEMO_DEFAULTS["cases"], help="synthetic cases to generate (default %(default)s)")
     g.add_argument("--shape", type=int, nargs=3, default=_DEMO_DEFAULTS["shape"], metavar=("X", "Y", "Z"), help="synthetic volume size in voxels (default %(default)s)")
     g.add_argument("--val-fraction", type=float, default=0.25, help="share of cases held out for validation (default %(default)s)")
+    g.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seed of data, split, weights and crops (default %(default)s)")
+
+
+def _add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
+    g = p.add_argument_group("model and batches")
+    g.add_argument("--patch-size", type=int, nargs=3, metavar=("X", "Y", "Z"), help="training patch / sliding-window ROI (default 64 64 64)")
+    if race:
+        g.add_argument("--batch-size", type=int, default=2, help="volumes per batch (default %(default)s)")
+    g.add_argument("--num-samples", type=int, default=4, help="random crops per volume (default %(default)s)")
+    g.add_argument("--channels", type=int, nargs="+", help="UNet channels per level (default 8 16 32 64)")
+    if race:
+        g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
+        g.add_argument("--fp32", action="store_true", help="no mixed precision in any recipe (default: fast picks bf16/fp16 where it pays)")
+        g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")
+
+
+def _add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
+    g = p.add_argument_group("auto-tuning" + (" (with --tune)" if race else ""))
+    if race:
+        g.add_argument("--tune", action="store_true", help="tune fast's batch size, sliding-window batch, validation device "
+                       "and precision first (cached per machine and model; see 'monai-fast tune --help')")
+    g.add_argument("--batch-range", type=int, nargs=2, default=(1, 8), metavar=("LO", "HI"), help="training batch sizes (volumes) to search (default %(default)s)")
+    g.add_argument("--sw-range", type=int, nargs=2, default=(1, 16), metavar=("LO", "HI"), help="sliding-window batch sizes to search (default %(default)s)")
+    g.add_argument("--trials", type=int, default=8, help="most candidates run per search (default %(default)s)")
+    g.add_argument("--memory-cap-mib", type=float, help="most memory a candidate may use (default: the GPU's memory; on a CPU, this process's RAM plus what is free)")
+    g.add_argument("--margin", type=float, default=0.1, help="share of the cap kept free for the data cache and spikes (default %(default)s)")
+    g.add_argument("--search-amp", action="store_true", help="also compare fp32 with the automatic mixed precision")
+    g.add_argument("--retune", action="store_true", help="tune again even when the cache holds a result")
+    g.add_argument("--tune-cache", help="the JSON file of tuning results (default $MONAI_FAST_CACHE/tuning.json or ~/.cache/monai-fast/tuning.json)")
+
+
+def _add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequence[str]) -> None:
+    from monai_fast.recipes import RECIPES
+
+    _add_data_options(p)
     g = p.add_argument_group("race")
     g.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(recipes), help="recipes to run, in this order (default %(default)s)")
     g.add_argument("--target", type=float, default=0.9, help="validation mean Dice (no background) to reach (default %(default)s)")
     g.add_argument("--time-budget", type=float, default=budget, help="seconds each recipe may run before it is stopped (default %(default)s)")
     g.add_argument("--max-epochs", type=int, default=200, help="epoch limit per recipe (default %(default)s)")
     g.add_argument("--val-interval", type=int, default=1, help="validate every N epochs (default %(default)s)")
-    g.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="seed of data, split, weights and crops (default %(default)s)")
-    g = p.add_argument_group("model and batches")
-    g.add_argument("--patch-size", type=int, nargs=3, metavar=("X", "Y", "Z"), help="training patch / sliding-window ROI (default 64 64 64)")
-    g.add_argument("--batch-size", type=int, default=2, help="volumes per batch (default %(default)s)")
-    g.add_argument("--num-samples", type=int, default=4, help="random crops per volume (default %(default)s)")
-    g.add_argument("--channels", type=int, nargs="+", help="UNet channels per level (default 8 16 32 64)")
-    g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
-    g.add_argument("--fp32", action="store_true", help="no mixed precision in any recipe (default: fast picks bf16/fp16 where it pays)")
-    g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")
+    _add_model_options(p, race=True)
+    _add_tuning_options(p, race=True)
     g = p.add_argument_group("output")
     g.add_argument("--run-dir", help="where results.json, epochs.csv, the PNG and TensorBoard events go (default runs/<command>-<time>)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
@@ -289,6 +392,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1, help="repeats with different seeds for weights and crops (default %(default)s)")
     p.add_argument("--out", default="benchmarks/results", help="folder for the result JSON (default %(default)s)")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "tune",
+        help="pick fast's batch size, sliding-window batch, validation device and precision by measured throughput",
+        description="Search the training batch size (volumes per batch), the sliding-window batch size and where the "
+        "validation output is stitched (GPU or CPU), and optionally fp32 against mixed precision, for the fast "
+        "recipe's UNet on this device. Each candidate runs real iterations after a warm-up and is scored by "
+        "patches/s (training) or volumes/s (validation) within a memory budget (cap minus margin). Out-of-memory "
+        "candidates are recorded as infeasible and the search goes on. The search doubles from the low end until a "
+        "candidate does not fit or a doubling gains under 5 %, then bisects. Results are cached per device, memory, "
+        "model, patch and volume size; 'monai-fast demo --tune' applies them.",
+    )
+    _add_data_options(p)
+    _add_model_options(p, race=False)
+    _add_tuning_options(p, race=False)
+    p.add_argument("--out", help="also write the result (with every trial) to this JSON file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_tune)
+
+    p = sub.add_parser(
+        "launch",
+        help="run a training script on N local processes through torchrun (DDP: gloo on CPU, NCCL on GPUs)",
+        description="Start SCRIPT N times on this machine with torchrun (--standalone rendezvous on a free port, no "
+        "restarts) so a script that calls monai_fast.distributed.run(train) trains with DDP. The same script also "
+        "runs unchanged under plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops "
+        "the others and this command exits non-zero.",
+    )
+    p.add_argument("--nproc", type=int, default=2, help="processes to start (default %(default)s; one per GPU on a GPU machine)")
+    p.add_argument("script", help="the training script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(func=_cmd_launch)
 
     p = sub.add_parser(
         "doctor",

@@ -15,7 +15,7 @@ TINY = ["--cases", "5", "--shape", "48", "48", "32", "--patch-size", "32", "32",
 
 def test_help_explains_every_command():
     out = subprocess.run([sys.executable, "-m", "monai_fast.cli", "--help"], capture_output=True, text=True, check=True).stdout
-    for cmd in ("demo", "bench", "synth"):
+    for cmd in ("demo", "bench", "synth", "tune", "doctor"):
         assert cmd in out
     demo = subprocess.run([sys.executable, "-m", "monai_fast.cli", "demo", "--help"], capture_output=True, text=True, check=True).stdout
     for opt in ("--target", "--time-budget", "--data-dir", "--run-dir", "--device", "--recipes"):
@@ -116,3 +116,25 @@ def test_bad_cli_options_are_named(argv, match, capsys):
         pytest.skip("this machine has CUDA")
     with pytest.raises(SystemExit, match=match):
         main([*argv, "--no-progress"])
+
+
+def test_tune_command_then_demo_applies_the_cached_pick(tmp_path, capsys):
+    tiny = ["--cases", "5", "--shape", "48", "48", "32", "--patch-size", "32", "32", "32", "--num-samples", "2", "--no-progress"]
+    search = ["--batch-range", "1", "2", "--sw-range", "1", "2", "--trials", "2", "--tune-cache", str(tmp_path / "t.json")]
+    assert main(["tune", *tiny, *search, "--out", str(tmp_path / "tune.json")]) == 0
+    out = capsys.readouterr().out
+    assert "pick: batch_size=" in out and "sw_batch_size=" in out
+    picked = json.loads((tmp_path / "tune.json").read_text())["tuning"]
+    assert picked["batch_size"] in (1, 2) and picked["trials"]
+    # the demo reads the same pick from the cache (nothing re-measured) and trains fast with it
+    run = tmp_path / "run"
+    main(["demo", *tiny, "--workers", "1", *search, "--tune", "--recipes", "fast", "--max-epochs", "1", "--run-dir", str(run)])
+    out = capsys.readouterr().out
+    assert f"tuned fast: batch_size={picked['batch_size']}, sw_batch_size={picked['sw_batch_size']}" in out
+    assert "from the tuning cache" in out
+    assert json.loads((run / "results.json").read_text())["tuning"]["from_cache"] is True
+
+
+def test_tune_command_names_bad_ranges():
+    with pytest.raises(SystemExit, match="batch_range"):
+        main(["tune", "--cases", "3", "--shape", "16", "16", "16", "--batch-range", "4", "2", "--no-progress"])

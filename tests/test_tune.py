@@ -13,7 +13,15 @@ from monai.losses import DiceCELoss
 from monai.networks.nets import UNet
 
 from monai_fast.recipes import RecipeConfig
-from monai_fast.tune import SearchSpace, Trial, TuneStore, Tuner, TuningError, grow_then_bisect, pick_best, tune_recipe
+from monai_fast.tune import (
+    SearchSpace,
+    Trial,
+    Tuner,
+    TuningError,
+    grow_then_bisect,
+    pick_best,
+    tune_recipe,
+)
 
 FAST = {"warmup": 1, "min_iters": 1, "min_time_s": 0.0}
 
@@ -52,7 +60,7 @@ def test_search_is_within_5_percent_of_exhaustive_on_random_curves():
     for _ in range(200):
         knee, limit, hi = rng.randint(1, 40), rng.randint(2, 80), rng.randint(8, 64)
         drop = rng.choice([0.0, 0.5, 3.0])
-        f, calls = _curve(knee, limit, drop)
+        f, _ = _curve(knee, limit, drop)
         best_exhaustive = max(f(v).throughput for v in range(1, min(hi, limit - 1) + 1))
         ratios = []
         for budget in (8, 12):

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from monai_fast.distributed.model import rank_share
 from monai_fast.recipes.baseline import build_baseline
 from monai_fast.recipes.common import VAL_METRIC, Recipe
 from monai_fast.recipes.config import RecipeConfig
@@ -33,9 +34,18 @@ def build_recipe(
 ) -> Recipe:
     """Build recipe ``name`` (one of :data:`RECIPES`).
 
+    Inside a distributed job (:func:`monai_fast.distributed.run`) each rank takes its share of
+    ``train_files`` (even sizes) and ``val_files`` (no repeats), so each caches only its share;
+    the network is wrapped in DDP (Horovod: its optimizer) and validation Dice is gathered over
+    all ranks by MONAI's metric.
+
     Raises:
         ValueError: for an unknown recipe name.
     """
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; choose one of {RECIPES}")
+    # under DDP/Horovod each rank builds (and caches) only its share of the files
+    train_files, val_files = rank_share(train_files, even=True), rank_share(val_files, even=False)
     if name == "baseline":
         return build_baseline(train_files, val_files, config, device)
     if name == "monai_tutorial":

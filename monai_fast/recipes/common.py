@@ -17,6 +17,7 @@ from monai.transforms import AsDiscreted, Compose, ToDeviced
 from monai.utils import set_determinism
 from torch.utils.data import DataLoader
 
+from monai_fast.distributed.model import distribute
 from monai_fast.recipes.config import RecipeConfig
 
 __all__ = ["Recipe", "VAL_METRIC", "assemble", "build_network", "resolve_amp"]
@@ -103,6 +104,10 @@ def assemble(
     train_handlers: Sequence = (),
 ) -> Recipe:
     """Build the evaluator (sliding window, mean Dice) and the trainer that validates with it."""
+    # one process: unchanged; DDP: the trainer gets the DDP module, the evaluator the bare one
+    # (inference needs no gradient sync); Horovod: its DistributedOptimizer
+    network, optimizer = distribute(network, optimizer)
+    bare = getattr(network, "module", network)
     stitch_on = torch.device(config.val_device) if config.val_device else None
     post = Compose(
         # with the output stitched elsewhere than the device, bring the label along for the metric
@@ -115,7 +120,7 @@ def assemble(
     evaluator = SupervisedEvaluator(
         device=device,
         val_data_loader=val_loader,
-        network=network,
+        network=bare,
         inferer=SlidingWindowInferer(
             roi_size=config.patch_size,
             sw_batch_size=config.sw_batch_size,

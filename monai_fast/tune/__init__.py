@@ -1,9 +1,14 @@
 """Auto-tuning of batch size, sliding-window batch, validation device and precision by measured throughput."""
 
-from monai_fast.tune.recipe import default_space, default_store_path, tune_recipe
+from monai_fast.tune.recipe import (
+    default_space,
+    default_store_path,
+    tune_recipe,
+    typical_val_shape,
+)
 from monai_fast.tune.search import Trial, grow_then_bisect, pick_best
 from monai_fast.tune.store import TuneStore
-from monai_fast.tune.tuner import SearchSpace, TuneResult, Tuner, TuningError
+from monai_fast.tune.tuner import SearchSpace, Tuner, TuneResult, TuningError
 
 __all__ = [
     "SearchSpace",
@@ -17,4 +22,5 @@ __all__ = [
     "grow_then_bisect",
     "pick_best",
     "tune_recipe",
+    "typical_val_shape",
 ]

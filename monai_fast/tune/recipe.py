@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from monai.losses import DiceCELoss
 from monai.optimizers import Novograd
+from monai.transforms import Compose
 
 from monai_fast.handlers.amp import choose_precision
 from monai_fast.recipes.common import build_network
 from monai_fast.recipes.config import RecipeConfig
+from monai_fast.recipes.transforms import deterministic_transforms
 from monai_fast.tune.store import TuneStore
-from monai_fast.tune.tuner import SearchSpace, TuneResult, Tuner
+from monai_fast.tune.tuner import SearchSpace, Tuner, TuneResult
 
-__all__ = ["default_store_path", "default_space", "tune_recipe"]
+__all__ = ["default_space", "default_store_path", "tune_recipe"]
 
 logger = logging.getLogger("monai_fast.tune")
 
@@ -29,11 +33,25 @@ def default_store_path() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "monai-fast" / "tuning.json"
 
 
-def default_space(device: torch.device | str, search_amp: bool = False, **kwargs) -> SearchSpace:
-    """The recipes' search space: ``fast``'s automatic precision, plus fp32 when ``search_amp``."""
+def default_space(device: torch.device | str, search_amp: bool = False, amp: bool | None = None, **kwargs) -> SearchSpace:
+    """The recipes' search space: ``fast``'s automatic precision, plus fp32 when ``search_amp``.
+
+    ``amp=False`` (the recipe's fp32 switch) searches fp32 only.
+    """
+    if amp is False:
+        return SearchSpace(precisions=["fp32"], **kwargs)
     first = choose_precision("auto", device)
     precisions = [first, "fp32"] if search_amp else [first]
     return SearchSpace(precisions=precisions, **kwargs)
+
+
+def typical_val_shape(val_files: Sequence[dict], config: RecipeConfig, n: int = 3) -> tuple[int, int, int]:
+    """Median spatial size of up to ``n`` validation volumes after the recipes' cached transforms."""
+    if not val_files:
+        raise ValueError("no validation files to take a volume size from")
+    chain = Compose(deterministic_transforms(config))
+    shapes = [tuple(chain(dict(item))["image"].shape[1:]) for item in list(val_files)[:n]]
+    return tuple(int(statistics.median(s[i] for s in shapes)) for i in range(3))  # type: ignore[return-value]
 
 
 def tune_recipe(
@@ -58,7 +76,8 @@ def tune_recipe(
         store: the cache file (or a :class:`TuneStore`); default :func:`default_store_path`.
         force: tune again even when the cache holds a result.
         progress: a progress bar over trials.
-        **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner.
+        **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner (default 1, 2,
+            0.3 s: one untimed step, then the median of at least two timed ones).
 
     Example:
         >>> from monai_fast.recipes import RecipeConfig
@@ -67,6 +86,7 @@ def tune_recipe(
         >>> config = result.apply(RecipeConfig())  # doctest: +SKIP
     """
     device = torch.device(device)
+    timing = {"warmup": 1, "min_iters": 2, "min_time_s": 0.3, **timing}
     network = build_network(config, torch.device("cpu"))
     loss = DiceCELoss(to_onehot_y=True, softmax=True, squared_pred=True, batch=True)
     lr = config.lr or 2e-3

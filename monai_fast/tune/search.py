@@ -153,7 +153,7 @@ def grow_then_bisect(
         if right is not None and right - best.value > 1:
             gaps.append((right - best.value, (best.value + right) // 2))
         if left is not None and best.value - left > 1:
-            gaps.append((best.value - left, int(math.ceil((left + best.value) / 2))))
+            gaps.append((best.value - left, math.ceil((left + best.value) / 2)))
         if not gaps:
             return trials
         _, mid = max(gaps)

@@ -42,7 +42,7 @@ class TuneStore:
         try:
             data = json.loads(self.path.read_text())
             if not isinstance(data, dict):
-                raise ValueError("top level is not an object")
+                raise ValueError("top level is not an object")  # noqa: TRY004 - handled just below
             return data
         except (OSError, ValueError) as exc:
             aside = self.path.with_suffix(self.path.suffix + ".damaged")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -53,6 +55,12 @@ class SearchSpace:
         plateau: a doubling that gains less than this share of throughput ends the growth;
             ``None``: grow until a candidate does not fit (Auto3DSeg's fill-the-memory).
         margin: share of the memory cap kept free (fragmentation, the data cache, spikes).
+        strategy: ``"search"`` (grow, then bisect) or ``"grid"`` (every value of both ranges,
+            ignoring ``max_trials``: the exhaustive reference the benchmark compares against).
+        confirm: rounds in which the two best candidates of a search are measured again,
+            alternately, before the pick (their throughput becomes the median of all their
+            measurements); 0 turns it off. Guards against a lucky single measurement on a
+            shared or throttling machine.
 
     Example:
         >>> from monai_fast.tune import SearchSpace
@@ -67,6 +75,8 @@ class SearchSpace:
     max_trials: int = 8
     plateau: float | None = 0.05
     margin: float = 0.1
+    strategy: str = "search"
+    confirm: int = 1
 
     def __post_init__(self) -> None:
         for name in ("batch_range", "sw_batch_range"):
@@ -80,6 +90,10 @@ class SearchSpace:
         self.precisions = tuple(dict.fromkeys(self.precisions))
         if self.max_trials < 1:
             raise ValueError(f"max_trials must be >= 1, got {self.max_trials}")
+        if self.confirm < 0:
+            raise ValueError(f"confirm must be >= 0, got {self.confirm}")
+        if self.strategy not in ("search", "grid"):
+            raise ValueError(f"strategy must be 'search' or 'grid', got {self.strategy!r}")
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
         if self.plateau is not None and self.plateau < 0:
@@ -308,13 +322,7 @@ class Tuner:
         try:
             best_train: tuple[str, Trial] | None = None
             for precision in self.space.precisions:
-                trials = grow_then_bisect(
-                    lambda b, p=precision: self._train_trial(b, p),
-                    *self.space.batch_range,
-                    max_trials=self.space.max_trials,
-                    plateau=self.space.plateau,
-                    predict_infeasible=self._predict,
-                )
+                trials = self._search(lambda b, p=precision: self._train_trial(b, p), self.space.batch_range)
                 records += [dict(t.to_dict(), phase="train", precision=precision, val_device="") for t in trials]
                 pick = pick_best(trials)
                 if pick is not None and (best_train is None or pick.throughput > best_train[1].throughput * 1.02):
@@ -328,13 +336,7 @@ class Tuner:
             precision, train_pick = best_train
             best_val: tuple[torch.device, Trial] | None = None
             for vdev in self.val_devices:
-                trials = grow_then_bisect(
-                    lambda s, v=vdev: self._val_trial(s, v, precision),
-                    *self.space.sw_batch_range,
-                    max_trials=self.space.max_trials,
-                    plateau=self.space.plateau,
-                    predict_infeasible=self._predict,
-                )
+                trials = self._search(lambda s, v=vdev: self._val_trial(s, v, precision), self.space.sw_batch_range)
                 records += [dict(t.to_dict(), phase="val", precision=precision, val_device=str(vdev)) for t in trials]
                 pick = pick_best(trials)
                 if pick is not None and (best_val is None or pick.throughput > best_val[1].throughput * 1.02):
@@ -364,6 +366,36 @@ class Tuner:
         )
 
     # ------------------------------------------------------------------ trials
+    def _search(self, evaluate: Callable[[int], Trial], value_range: tuple[int, int]) -> list[Trial]:
+        if self.space.strategy == "grid":
+            trials = [evaluate(v) for v in range(value_range[0], value_range[1] + 1)]
+        else:
+            trials = grow_then_bisect(
+                evaluate, *value_range, max_trials=self.space.max_trials, plateau=self.space.plateau,
+                predict_infeasible=self._predict,
+            )
+        self._confirm(trials, evaluate)
+        return trials
+
+    def _confirm(self, trials: list[Trial], evaluate: Callable[[int], Trial]) -> None:
+        """Measure the two best feasible candidates again, alternately; keep the median of each."""
+        top = sorted((t for t in trials if t.feasible), key=lambda t: -(t.throughput or 0.0))[:2]
+        if len(top) < 2 or self.space.confirm == 0:
+            return
+        samples = {t.value: [t.throughput] for t in top}
+        for _ in range(self.space.confirm):
+            for t in top:
+                again = evaluate(t.value)
+                t.cost_s += again.cost_s
+                if not again.feasible:  # did not fit this time (memory is shared): not a safe pick
+                    t.feasible, t.throughput, t.reason = False, None, f"confirmation: {again.reason}"
+                    return
+                samples[t.value].append(again.throughput)
+                t.peak_mib = max(t.peak_mib or 0.0, again.peak_mib or 0.0)
+        for t in top:
+            t.throughput = statistics.median(samples[t.value])
+            t.reason = f"median of {len(samples[t.value])} measurements"
+
     def _budget_bytes(self) -> int:
         if self.memory_cap_mib is not None:
             cap = self.memory_cap_mib * MIB
@@ -450,7 +482,7 @@ class Tuner:
         """Max over ranks of the flags, the peak memory and the step time (a no-op for one process)."""
         if idist.get_world_size() == 1:
             return {"oom": oom, "over": over, "error": error, "peak": peak, "seconds": seconds}
-        secs = 0.0 if seconds != seconds else seconds  # NaN on failed ranks
+        secs = seconds if math.isfinite(seconds) else 0.0  # NaN on failed ranks
         t = torch.tensor([float(oom), float(over), float(error), float(peak), secs], dtype=torch.float64)
         t = idist.all_reduce(t, op="MAX")
         return {"oom": t[0] > 0, "over": t[1] > 0, "error": t[2] > 0, "peak": int(t[3]), "seconds": float(t[4])}

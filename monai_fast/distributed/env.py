@@ -1,0 +1,74 @@
+"""Which launcher started this process, and which backend fits it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["LaunchEnv", "detect", "pick_backend"]
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What the environment says about the job this process belongs to.
+
+    Attributes:
+        launcher: ``"torchrun"``, ``"horovod"``, ``"slurm"`` or ``"none"`` (plain ``python``).
+        world_size: processes in the job (1 for ``"none"``).
+        rank: this process's global rank.
+        local_rank: this process's rank on its node.
+    """
+
+    launcher: str
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+
+
+def _int(env: Mapping[str, str], *names: str, default: int = 0) -> int:
+    for n in names:
+        if n in env:
+            try:
+                return int(env[n])
+            except ValueError:
+                raise ValueError(f"environment variable {n}={env[n]!r} is not an integer") from None
+    return default
+
+
+def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
+    """Read the launcher from the environment (``torchrun`` first: it may run inside a SLURM job).
+
+    - torchrun / ``torch.distributed.run``: ``TORCHELASTIC_RUN_ID`` or ``LOCAL_RANK`` + ``WORLD_SIZE``;
+    - horovodrun: ``HOROVOD_RANK`` (gloo controller) or Open MPI's ``OMPI_COMM_WORLD_RANK`` with
+      ``HOROVOD_*`` settings;
+    - SLURM (``srun``, or ``sbatch`` steps): ``SLURM_JOB_ID`` with ``SLURM_PROCID`` and
+      ``SLURM_NTASKS`` > 1 (a one-task allocation is a plain single process).
+
+    Example:
+        >>> from monai_fast.distributed import detect
+        >>> detect({"LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"})
+        LaunchEnv(launcher='torchrun', world_size=4, rank=3, local_rank=1)
+    """
+    env = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "WORLD_SIZE" in env):
+        return LaunchEnv("torchrun", _int(env, "WORLD_SIZE", default=1), _int(env, "RANK"), _int(env, "LOCAL_RANK"))
+    if "HOROVOD_RANK" in env or ("OMPI_COMM_WORLD_RANK" in env and any(k.startswith("HOROVOD_") for k in env)):
+        return LaunchEnv(
+            "horovod",
+            _int(env, "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", default=1),
+            _int(env, "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"),
+            _int(env, "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        )
+    if "SLURM_JOB_ID" in env and "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", default=1) > 1:
+        return LaunchEnv("slurm", _int(env, "SLURM_NTASKS", default=1), _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"))
+    return LaunchEnv("none")
+
+
+def pick_backend(env: LaunchEnv, cuda: bool, nproc_per_node: int | None = None) -> str | None:
+    """``"horovod"`` under horovodrun, else ``"nccl"`` with CUDA or ``"gloo"`` without; ``None`` for one process."""
+    if env.launcher == "horovod":
+        return "horovod"
+    if env.launcher == "none" and not (nproc_per_node and nproc_per_node > 1):
+        return None
+    return "nccl" if cuda else "gloo"

@@ -1,0 +1,155 @@
+"""The distributed layer: launcher detection, local spawn, the tutorial under real torchrun with 2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from ignite import distributed as idist
+
+from monai_fast.distributed import LaunchEnv, detect, pick_backend, run
+from monai_fast.distributed.model import fix_zero_grad_signature, rank_share
+
+ROOT = Path(__file__).resolve().parents[1]
+TUTORIAL = ROOT / "tutorials" / "distributed_train.py"
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, LaunchEnv("none")),
+    ({"TORCHELASTIC_RUN_ID": "1", "LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4"}, LaunchEnv("torchrun", 4, 3, 1)),
+    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1"}, LaunchEnv("horovod", 2, 1, 1)),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "HOROVOD_GLOO": "0"},
+     LaunchEnv("horovod", 2, 1, 1)),
+    ({"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1"}, LaunchEnv("slurm", 2, 1, 1)),
+    ({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, LaunchEnv("none")),  # sbatch's one-task batch step
+    # torchrun inside a SLURM allocation: torchrun made the ranks
+    ({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "RANK": "0"},
+     LaunchEnv("torchrun", 2, 0, 0)),
+])
+def test_detect_launcher(env, expected):
+    assert detect(env) == expected
+
+
+def test_detect_names_a_bad_variable():
+    with pytest.raises(ValueError, match="WORLD_SIZE='two'"):
+        detect({"LOCAL_RANK": "0", "WORLD_SIZE": "two"})
+
+
+def test_pick_backend():
+    assert pick_backend(LaunchEnv("none"), cuda=False) is None
+    assert pick_backend(LaunchEnv("none"), cuda=False, nproc_per_node=2) == "gloo"
+    assert pick_backend(LaunchEnv("torchrun", 2), cuda=True) == "nccl"
+    assert pick_backend(LaunchEnv("slurm", 2), cuda=False) == "gloo"
+    assert pick_backend(LaunchEnv("horovod", 2), cuda=True) == "horovod"
+
+
+def _collect(local_rank, out_dir):
+    t = torch.tensor([float(idist.get_rank() + 1)])
+    total = idist.all_reduce(t).item()
+    seed_draw = torch.rand(1).item()  # seeds differ per rank
+    Path(out_dir, f"r{idist.get_rank()}.json").write_text(json.dumps(
+        {"local_rank": local_rank, "world": idist.get_world_size(), "sum": total, "backend": idist.backend(),
+         "draw": seed_draw, "threads": torch.get_num_threads()}))
+
+
+def test_run_spawns_local_gloo_ranks(tmp_path):
+    run(_collect, str(tmp_path), nproc_per_node=2)
+    r = [json.loads((tmp_path / f"r{i}.json").read_text()) for i in (0, 1)]
+    assert [x["local_rank"] for x in r] == [0, 1]
+    assert all(x["world"] == 2 and x["sum"] == 3.0 and x["backend"] == "gloo" for x in r)
+    assert r[0]["draw"] != r[1]["draw"]
+    assert all(x["threads"] == max(1, (os.cpu_count() or 1) // 2) for x in r)
+
+
+def test_run_single_process_and_bad_arguments(tmp_path, monkeypatch):
+    run(_collect, str(tmp_path))  # plain python: no process group
+    assert json.loads((tmp_path / "r0.json").read_text())["world"] == 1
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="already started by torchrun"):
+        run(_collect, str(tmp_path), nproc_per_node=2)
+
+
+def test_rank_share_single_process():
+    files = [{"image": f"i{i}"} for i in range(5)]
+    assert rank_share(files) == files and rank_share(files, even=False) == files
+
+
+def test_zero_grad_fix_for_optimizers_without_set_to_none():
+    net = torch.nn.Linear(3, 1)
+
+    class OldStyle(torch.optim.SGD):  # the signature Horovod's DistributedOptimizer has
+        def zero_grad(self):  # noqa: D102
+            super().zero_grad(set_to_none=False)
+
+    opt = OldStyle(net.parameters(), lr=0.1)
+    with pytest.raises(TypeError):
+        opt.zero_grad(set_to_none=True)
+    fixed = fix_zero_grad_signature(opt)
+    net(torch.ones(2, 3)).sum().backward()
+    fixed.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in net.parameters())
+    net(torch.ones(2, 3)).sum().backward()
+    fixed.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in net.parameters())
+    plain = torch.optim.SGD(net.parameters(), lr=0.1)
+    assert fix_zero_grad_signature(plain).zero_grad == plain.zero_grad  # untouched
+
+
+def _launch(args, tmp_path, timeout=420):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "monai_fast.cli", "launch", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=tmp_path)
+
+
+def test_tutorial_under_torchrun_two_gloo_ranks(tmp_path, tiny_spleen):
+    out = tmp_path / "out"
+    p = _launch(["--nproc", "2", str(TUTORIAL), "--tiny", "--data-dir", str(tiny_spleen), "--out", str(out),
+                 "--max-epochs", "2"], tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
+    assert r0["launcher"] == r1["launcher"] == "torchrun" and r0["world_size"] == 2 and r0["backend"] == "gloo"
+    assert r0["weights_sha1"] == r1["weights_sha1"]  # DDP kept the weights identical
+    assert r0["val_mean_dice"] == r1["val_mean_dice"]  # the metric was gathered over both ranks' cases
+    assert r0["train_items"] == r1["train_items"] == 2  # 4 training cases, 2 per rank: each caches its share
+    assert r0["val_items"] + r1["val_items"] == 2
+    assert r0["iterations"] == r1["iterations"] == 2  # 1 batch per epoch per rank
+
+
+def test_tutorial_single_process_has_the_same_entry(tmp_path, tiny_spleen):
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, str(TUTORIAL), "--tiny", "--data-dir", str(tiny_spleen), "--out", str(out),
+                        "--max-epochs", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r0 = json.loads((out / "rank0.json").read_text())
+    assert r0["world_size"] == 1 and r0["launcher"] == "none" and r0["train_items"] == 4
+
+
+def test_a_killed_rank_stops_the_job_quickly(tmp_path):
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import os, signal, time, torch\n"
+        "from ignite import distributed as idist\n"
+        "from monai_fast.distributed import run\n"
+        "def train(local_rank):\n"
+        "    for step in range(10**6):\n"
+        "        idist.all_reduce(torch.ones(1))\n"
+        "        if step == 20 and idist.get_rank() == 1:\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "        time.sleep(0.01)\n"
+        "run(train)\n"
+    )
+    t = time.monotonic()
+    p = _launch(["--nproc", "2", str(script)], tmp_path, timeout=180)
+    took = time.monotonic() - t
+    assert p.returncode != 0
+    assert "SIGKILL" in p.stderr or "Signal 9" in p.stderr or "exitcode  : -9" in p.stderr, p.stderr[-3000:]
+    assert took < 120  # bounded: torchrun tears the survivor down; no hang until a collective timeout
