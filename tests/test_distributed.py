@@ -153,3 +153,44 @@ def test_a_killed_rank_stops_the_job_quickly(tmp_path):
     assert p.returncode != 0
     assert "SIGKILL" in p.stderr or "Signal 9" in p.stderr or "exitcode  : -9" in p.stderr, p.stderr[-3000:]
     assert took < 120  # bounded: torchrun tears the survivor down; no hang until a collective timeout
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real one-node SLURM cluster (slurmctld + slurmd + munged) for this test session."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import slurm_cluster
+
+    why = slurm_cluster.missing_parts()
+    if why:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("slurm")
+    env = slurm_cluster.up(root)
+    yield env
+    slurm_cluster.down(root)
+
+
+def test_tutorial_under_srun(slurm, tmp_path, tiny_spleen):
+    out = tmp_path / "out"
+    p = subprocess.run(["srun", "-n", "2", sys.executable, str(TUTORIAL), "--tiny", "--data-dir", str(tiny_spleen),
+                        "--out", str(out), "--max-epochs", "2"], capture_output=True, text=True, timeout=300, env=slurm)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
+    assert r0["launcher"] == r1["launcher"] == "slurm" and r0["world_size"] == 2
+    assert r0["weights_sha1"] == r1["weights_sha1"] and r0["val_mean_dice"] == r1["val_mean_dice"]
+    assert r0["train_items"] == r1["train_items"] == 2
+
+
+def test_tutorial_under_sbatch(slurm, tmp_path, tiny_spleen):
+    out = tmp_path / "out"
+    job = tmp_path / "job.sh"
+    job.write_text(
+        "#!/bin/bash\n#SBATCH --ntasks=2\n#SBATCH --job-name=mf-test\n"
+        f"srun {sys.executable} {TUTORIAL} --tiny --data-dir {tiny_spleen} --out {out} --max-epochs 2\n"
+    )
+    p = subprocess.run(["sbatch", "--wait", "-o", str(tmp_path / "slurm-%j.out"), str(job)],
+                       capture_output=True, text=True, timeout=300, env=slurm)
+    logs = "".join(f.read_text() for f in tmp_path.glob("slurm-*.out"))
+    assert p.returncode == 0, p.stderr + logs[-3000:]
+    r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
+    assert r0["launcher"] == "slurm" and r0["weights_sha1"] == r1["weights_sha1"]

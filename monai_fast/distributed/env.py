@@ -39,7 +39,8 @@ def _int(env: Mapping[str, str], *names: str, default: int = 0) -> int:
 def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
     """Read the launcher from the environment (``torchrun`` first: it may run inside a SLURM job).
 
-    - torchrun / ``torch.distributed.run``: ``TORCHELASTIC_RUN_ID`` or ``LOCAL_RANK`` + ``WORLD_SIZE``;
+    - torchrun / ``torch.distributed.run``: ``TORCHELASTIC_RUN_ID``; other ``env://`` launchers
+      (``torch.distributed.launch``): ``LOCAL_RANK`` + ``WORLD_SIZE`` without SLURM ranks;
     - horovodrun: ``HOROVOD_RANK`` (gloo controller) or Open MPI's ``OMPI_COMM_WORLD_RANK`` with
       ``HOROVOD_*`` settings;
     - SLURM (``srun``, or ``sbatch`` steps): ``SLURM_JOB_ID`` with ``SLURM_PROCID`` and
@@ -51,7 +52,7 @@ def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
         LaunchEnv(launcher='torchrun', world_size=4, rank=3, local_rank=1)
     """
     env = os.environ if environ is None else environ
-    if "TORCHELASTIC_RUN_ID" in env or ("LOCAL_RANK" in env and "WORLD_SIZE" in env):
+    if "TORCHELASTIC_RUN_ID" in env:
         return LaunchEnv("torchrun", _int(env, "WORLD_SIZE", default=1), _int(env, "RANK"), _int(env, "LOCAL_RANK"))
     if "HOROVOD_RANK" in env or ("OMPI_COMM_WORLD_RANK" in env and any(k.startswith("HOROVOD_") for k in env)):
         return LaunchEnv(
@@ -62,6 +63,8 @@ def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
         )
     if "SLURM_JOB_ID" in env and "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", default=1) > 1:
         return LaunchEnv("slurm", _int(env, "SLURM_NTASKS", default=1), _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"))
+    if "LOCAL_RANK" in env and "WORLD_SIZE" in env:  # torch.distributed.launch and other env:// launchers
+        return LaunchEnv("torchrun", _int(env, "WORLD_SIZE", default=1), _int(env, "RANK"), _int(env, "LOCAL_RANK"))
     return LaunchEnv("none")
 
 
