@@ -15,6 +15,12 @@ rank reports the same validation Dice. Handlers that print or write run on rank 
 
 Each rank writes ``rank<R>.json`` into ``--out`` (its share, final validation Dice and a hash of
 its final weights), so you can check that the ranks agree.
+
+With ``--checkpoint-dir`` the run is preemption-safe (``monai_fast.handlers.Preemption``): on
+SIGTERM or SIGUSR1 it finishes the iteration, checkpoints, requeues itself under SLURM and stops;
+started again (or requeued), it resumes at the next iteration::
+
+    sbatch --requeue --signal=B:USR1@120 --wrap "srun python tutorials/distributed_train.py --checkpoint-dir ckpt"
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ from pathlib import Path
 
 import torch
 from ignite import distributed as idist
+from ignite.engine import Events
 from monai.handlers import StatsHandler
 
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.distributed import detect, run
-from monai_fast.handlers import TimeBreakdown
+from monai_fast.handlers import Preemption, TimeBreakdown
 from monai_fast.recipes import RecipeConfig, build_recipe
 from monai_fast.synthetic import generate_msd
 
@@ -59,14 +66,33 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
         patch_size=(32, 32, 32) if args.tiny else (64, 64, 64),
         num_samples=2 if args.tiny else 4,
         max_epochs=args.max_epochs,
+        batch_size=args.batch_size,
         cache_workers=1 if args.tiny else None,
+        amp=False if args.fp32 else None,
     )
     recipe = build_recipe(args.recipe, train_files, val_files, config, idist.device(), progress=False)
     TimeBreakdown().attach(recipe.trainer)  # every rank: its own data-wait share
+    preemption = None
+    if args.checkpoint_dir:
+        preemption = Preemption(
+            {"trainer": recipe.trainer, "model": recipe.network, "optimizer": recipe.optimizer},
+            args.checkpoint_dir, save_every=args.save_every,
+        )
+        preemption.attach(recipe.trainer)
+        preemption.resume()  # no-op on the first start
+    if args.progress_file and rank == 0:
+        progress = Path(args.progress_file)
+
+        @recipe.trainer.on(Events.ITERATION_COMPLETED)
+        def _progress(engine) -> None:  # one line per completed iteration, for monitoring (and the tests)
+            with progress.open("a") as f:
+                f.write(f"{engine.state.iteration}\n")
     if rank == 0:  # printing handlers on one rank only
         StatsHandler(name="train", output_transform=lambda out: None, iteration_log=False).attach(recipe.trainer)
         StatsHandler(name="val", output_transform=lambda out: None, iteration_log=False).attach(recipe.evaluator)
     recipe.trainer.run()
+    if preemption is not None:
+        preemption.exit_if_preempted()  # checkpointed (and requeued under SLURM): nothing more to do now
     result = {
         "rank": rank,
         "world_size": idist.get_world_size(),
@@ -75,6 +101,7 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
         "train_items": len(recipe.train_loader.dataset),
         "val_items": len(recipe.val_loader.dataset),
         "iterations": recipe.trainer.state.iteration,
+        "resumed_from": preemption.resumed_from if preemption is not None else None,
         "val_mean_dice": recipe.evaluator.state.metrics.get("val_mean_dice"),
         "weights_sha1": weights_digest(recipe.network),
     }
@@ -89,8 +116,13 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "monai-fast-distributed"), help="where rank<R>.json go")
     p.add_argument("--recipe", default="fast", choices=("fast", "monai_tutorial", "baseline"))
     p.add_argument("--max-epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=2, help="volumes per batch and rank")
     p.add_argument("--nproc", type=int, help="spawn this many local processes here (instead of a launcher)")
     p.add_argument("--tiny", action="store_true", help="tiny data and patches: a smoke test in seconds")
+    p.add_argument("--fp32", action="store_true", help="no mixed precision (bit-reproducible runs on a CPU)")
+    p.add_argument("--checkpoint-dir", help="make the run preemption-safe, checkpointing here (and resume from here)")
+    p.add_argument("--save-every", type=int, help="with --checkpoint-dir: also checkpoint every N iterations")
+    p.add_argument("--progress-file", help="rank 0 appends each completed iteration number to this file")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("ignite").setLevel(logging.WARNING)

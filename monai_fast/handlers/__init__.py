@@ -5,6 +5,7 @@ from monai_fast.handlers.gpu_sampler import GPUSampler
 from monai_fast.handlers.kernel_profiler import KernelProfiler
 from monai_fast.handlers.lifecycle import on_run_end
 from monai_fast.handlers.nvtx import NVTXHandler, nvtx_range
+from monai_fast.handlers.preemption import Preemption
 from monai_fast.handlers.record import RecordHandler, record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.throughput import ThroughputMonitor
@@ -17,6 +18,7 @@ __all__ = [
     "GPUSampler",
     "KernelProfiler",
     "NVTXHandler",
+    "Preemption",
     "RecordHandler",
     "SmartCacheUpdater",
     "ThroughputMonitor",

@@ -1,0 +1,83 @@
+"""Capture and restore every random state a MONAI training run draws from.
+
+Global generators (Python ``random``, NumPy, torch CPU and CUDA) plus the private
+``numpy.random.RandomState`` (``.R``) of every MONAI ``Randomizable`` transform reachable from a
+data set: MONAI's loaders reseed those at construction, and random crops and flips then draw from
+them, not from the global generators.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from monai.transforms import Randomizable, Transform
+
+__all__ = ["capture", "randomizables", "restore"]
+
+_WALK = ("dataset", "transform", "transforms", "loader")
+
+
+def randomizables(root: Any, _seen: set[int] | None = None) -> list[Any]:
+    """Objects with a ``numpy.random.RandomState`` ``R`` reachable from ``root`` through the
+    attributes data sets and transforms nest by (``dataset``, ``transform``, ``transforms``), in
+    a fixed order. Objects sharing one ``RandomState`` appear once."""
+    seen = set() if _seen is None else _seen
+    found: list[Any] = []
+    if root is None or id(root) in seen or isinstance(root, (str, bytes, int, float, torch.Tensor, np.ndarray)):
+        return found
+    seen.add(id(root))
+    if isinstance(root, (list, tuple)):
+        for item in root:
+            found += randomizables(item, seen)
+        return found
+    rs = getattr(root, "R", None)
+    if isinstance(rs, np.random.RandomState) and id(rs) not in seen:
+        seen.add(id(rs))
+        found.append(root)
+    attrs = getattr(root, "__dict__", {})
+    for name, child in attrs.items():
+        # data sets / loaders point to their transform chain; transforms hold inner transforms
+        # (RandCropByPosNegLabeld's cropper, RandShiftIntensityd's shifter) with their own R
+        if name in _WALK or isinstance(child, (Transform, Randomizable)) or (
+            isinstance(child, (list, tuple)) and child and isinstance(child[0], (Transform, Randomizable))
+        ):
+            found += randomizables(child, seen)
+    return found
+
+
+def capture(data: Any = None) -> dict:
+    """The global random states, and those of the ``Randomizable`` transforms under ``data``."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+    if data is not None:
+        state["transforms"] = [obj.R.get_state() for obj in randomizables(data)]
+    return state
+
+
+def restore(state: dict, data: Any = None) -> None:
+    """Put back what :func:`capture` took; ``data`` must hold the same transform chain.
+
+    Raises:
+        ValueError: the number of random transforms under ``data`` differs from the capture's.
+    """
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if data is not None and "transforms" in state:
+        objs = randomizables(data)
+        if len(objs) != len(state["transforms"]):
+            raise ValueError(
+                f"the data's transform chain has {len(objs)} random transforms, the saved state {len(state['transforms'])}: "
+                "resume with the same transforms"
+            )
+        for obj, s in zip(objs, state["transforms"]):
+            obj.R.set_state(s)

@@ -1,0 +1,177 @@
+"""Preemption: a real signal to a real training process, resume, and equal final weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from ignite.engine import Engine, Events
+
+from monai_fast.handlers import Preemption
+
+TUTORIAL = Path(__file__).resolve().parents[1] / "tutorials" / "distributed_train.py"
+
+
+def _args(data, out, *extra):
+    # fp32 and batch 1: 4 iterations per epoch, bit-reproducible on a CPU
+    return [str(TUTORIAL), "--tiny", "--fp32", "--batch-size", "1", "--data-dir", str(data), "--out", str(out),
+            "--max-epochs", "3", *extra]
+
+
+def _progress(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def _signal_after(cmd, progress: Path, n: int, sig=signal.SIGTERM, env=None, log=None) -> int:
+    """Start cmd, send `sig` once `n` iterations completed; return the exit code."""
+    p = subprocess.Popen(cmd, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while len(_progress(progress)) < n:
+            assert p.poll() is None, "the run ended before it could be signalled"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        p.send_signal(sig)
+        return p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.parametrize("stop_after, sig", [(6, signal.SIGTERM), (8, signal.SIGUSR1)])
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, tiny_spleen, stop_after, sig):
+    # stop_after 6: mid-epoch (epoch 2, batch 2 of 4); 8: the signal lands at an epoch's end
+    ref = subprocess.run([sys.executable, *_args(tiny_spleen, tmp_path / "ref")], capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    expected = json.loads((tmp_path / "ref" / "rank0.json").read_text())
+
+    out, ck, prog = tmp_path / "run", tmp_path / "ckpt", tmp_path / "progress"
+    cmd = [sys.executable, *_args(tiny_spleen, out, "--checkpoint-dir", str(ck), "--progress-file", str(prog))]
+    with open(tmp_path / "first.log", "w") as log:
+        rc = _signal_after(cmd, prog, stop_after, sig, log=log)
+    first = _progress(prog)
+    assert rc == 0, (tmp_path / "first.log").read_text()[-3000:]
+    assert not (out / "rank0.json").exists()  # it stopped early, as asked
+    saved = sorted(p.name for p in ck.iterdir())
+    assert saved == [f"ckpt-{first[-1]:09d}"], saved  # checkpoint at the last completed iteration
+    assert first[-1] < 12
+
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    got = json.loads((out / "rank0.json").read_text())
+    assert got["resumed_from"] == first[-1]
+    assert _progress(prog) == list(range(1, first[-1] + 1)) + list(range(first[-1] + 1, 13))  # none lost, none repeated
+    assert got["weights_sha1"] == expected["weights_sha1"]
+    assert got["val_mean_dice"] == expected["val_mean_dice"]
+
+
+def _tiny_engine(tmp_path, max_epochs=2):
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def step(engine, batch):
+        opt.zero_grad()
+        loss = net(batch).sum()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    engine = Engine(step)
+    data = [torch.ones(1, 2) * i for i in range(4)]
+    pre = Preemption({"trainer": engine, "model": net, "optimizer": opt}, tmp_path / "ck", save_every=2)
+    pre.attach(engine)
+    return engine, pre, data, net
+
+
+def test_half_written_and_damaged_checkpoints_are_never_loaded(tmp_path, caplog):
+    engine, pre, data, _ = _tiny_engine(tmp_path)
+    engine.run(data, max_epochs=2)  # periodic checkpoints at iterations 2, 4, 6, 8; the newest 2 are kept
+    ck = tmp_path / "ck"
+    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-000000006", "ckpt-000000008"]
+    assert not list(ck.glob("**/*.part")) and not list(ck.glob(".*"))
+    # a kill during a write leaves only a temporary folder; a full disk leaves a truncated file
+    (ck / ".ckpt-000000010.tmp").mkdir()
+    (ck / ".ckpt-000000010.tmp" / "state.pt").write_bytes(b"half")
+    state = ck / "ckpt-000000008" / "state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+
+    engine2, pre2, data2, net2 = _tiny_engine(tmp_path)
+    assert pre2.resume() == 6
+    assert "ckpt-000000008 cannot be read" in caplog.text
+    assert not (ck / ".ckpt-000000010.tmp").exists()
+    assert engine2.state.iteration == 6
+
+
+def test_validation_of_options(tmp_path):
+    net = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="to_save is empty"):
+        Preemption({}, tmp_path)
+    with pytest.raises(TypeError, match=r"to_save\['x'\]"):
+        Preemption({"x": object()}, tmp_path)
+    with pytest.raises(ValueError, match="SIGNOPE"):
+        Preemption({"model": net}, tmp_path, signals=("SIGNOPE",))
+    with pytest.raises(ValueError, match="save_every"):
+        Preemption({"model": net}, tmp_path, save_every=0)
+    with pytest.raises(RuntimeError, match="attach"):
+        Preemption({"model": net}, tmp_path).resume()
+
+
+def test_missing_object_in_checkpoint_is_named(tmp_path):
+    engine, pre, data, _ = _tiny_engine(tmp_path)
+    engine.run(data, max_epochs=1)
+    net = torch.nn.Linear(2, 1)
+    engine2 = Engine(lambda e, b: None)
+    pre2 = Preemption({"trainer": engine2, "model": net, "scaler": torch.amp.GradScaler("cpu")}, tmp_path / "ck")
+    pre2.attach(engine2)
+    with pytest.raises(KeyError, match="no state for \\['scaler'\\]"):
+        pre2.resume()
+
+
+def test_signal_handlers_are_restored_after_the_run(tmp_path):
+    before = signal.getsignal(signal.SIGUSR1)
+    engine, pre, data, _ = _tiny_engine(tmp_path)
+    seen = []
+    engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(signal.getsignal(signal.SIGUSR1)))
+    engine.run(data, max_epochs=1)
+    assert seen[0] == pre._on_signal
+    assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_two_torchrun_ranks_stop_together_when_one_is_signalled(tmp_path, tiny_spleen):
+    import psutil
+
+    ref = subprocess.run([sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2",
+                          *_args(tiny_spleen, tmp_path / "ref")], capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    expected = json.loads((tmp_path / "ref" / "rank0.json").read_text())
+
+    out, ck, prog = tmp_path / "run", tmp_path / "ckpt", tmp_path / "progress"
+    cmd = [sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2",
+           *_args(tiny_spleen, out, "--checkpoint-dir", str(ck), "--progress-file", str(prog))]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while len(_progress(prog)) < 3:
+            assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+            time.sleep(0.01)
+        ranks = [c for c in psutil.Process(launcher.pid).children(recursive=True) if str(TUTORIAL) in " ".join(c.cmdline())]
+        rank1 = next(c for c in ranks if c.environ().get("RANK") == "1")
+        os.kill(rank1.pid, signal.SIGUSR1)  # only rank 1 is told; rank 0 must stop at the same iteration
+        assert launcher.wait(timeout=120) == 0, launcher.stderr.read()[-3000:]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    stopped_at = _progress(prog)[-1]
+    assert [p.name for p in ck.iterdir()] == [f"ckpt-{stopped_at:09d}"]
+    assert sorted(p.name for p in (ck / f"ckpt-{stopped_at:09d}").iterdir()) == ["rank0.pt", "rank1.pt", "state.pt"]
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
+    assert r0["resumed_from"] == r1["resumed_from"] == stopped_at
+    assert r0["weights_sha1"] == r1["weights_sha1"] == expected["weights_sha1"]
