@@ -6,6 +6,7 @@
 ``monai-fast doctor`` name a run's bottleneck from its record, with evidence and the fix.
 ``monai-fast tune``   pick batch size, sliding-window batch, validation device, precision by throughput.
 ``monai-fast launch`` run a training script on N local processes (torchrun, DDP).
+``monai-fast sbatch`` write an sbatch script (ranks per GPU, requeue, USR1 before the time limit).
 """
 
 from __future__ import annotations
@@ -280,6 +281,30 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
+def _cmd_sbatch(args: argparse.Namespace) -> int:
+    from monai_fast.distributed.sbatch import SbatchSpec, render_sbatch
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        spec = SbatchSpec(
+            command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
+            cpus_per_task=args.cpus_per_task, time=args.time, requeue=not args.no_requeue,
+            signal_lead_s=args.signal_lead, job_name=args.job_name, partition=args.partition, account=args.account,
+            mem=args.mem,
+        )
+    except ValueError as e:
+        raise SystemExit(f"monai-fast sbatch: {e}") from e
+    script = render_sbatch(spec)
+    if args.out:
+        Path(args.out).write_text(script)
+        print(f"wrote {args.out}; submit with: sbatch {args.out}")
+    else:
+        print(script, end="")
+    return 0
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from monai_fast.report.doctor import doctor
 
@@ -423,6 +448,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(func=_cmd_launch)
+
+    p = sub.add_parser(
+        "sbatch",
+        help="write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit",
+        description="Print (or --out) an sbatch script that starts COMMAND once per rank with srun: one rank per GPU "
+        "(or --tasks-per-node on CPU nodes), requeue on preemption, SIGUSR1 --signal-lead seconds before the end so "
+        "a script with monai_fast.handlers.Preemption checkpoints and requeues itself, and a log that survives "
+        "restarts. Example: monai-fast sbatch --nodes 2 --gpus-per-node 4 --time 08:00:00 -- python train.py "
+        "--checkpoint-dir ckpt",
+    )
+    p.add_argument("--nodes", type=int, default=1, help="(default %(default)s)")
+    p.add_argument("--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)")
+    p.add_argument("--tasks-per-node", type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)")
+    p.add_argument("--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)")
+    p.add_argument("--time", default="04:00:00", help="wall-clock limit (default %(default)s)")
+    p.add_argument("--signal-lead", type=int, default=120, help="seconds before the limit to send SIGUSR1; 0: none (default %(default)s)")
+    p.add_argument("--no-requeue", action="store_true", help="do not let SLURM requeue the job")
+    p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
+    p.add_argument("--partition", help="SLURM partition")
+    p.add_argument("--account", help="SLURM account")
+    p.add_argument("--mem", help="memory per node, e.g. 64G")
+    p.add_argument("--out", help="write the script here instead of printing it")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
+    p.set_defaults(func=_cmd_sbatch)
 
     p = sub.add_parser(
         "doctor",

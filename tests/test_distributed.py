@@ -262,3 +262,38 @@ def test_tutorial_under_horovodrun(tmp_path, tiny_spleen):
     assert r0["weights_sha1"] == r1["weights_sha1"]  # Horovod's DistributedOptimizer averaged the gradients
     assert r0["val_mean_dice"] == r1["val_mean_dice"]
     assert r0["train_items"] == r1["train_items"] == 2
+
+
+def test_sbatch_generator_checks_options():
+    from monai_fast.distributed.sbatch import SbatchSpec, render_sbatch
+
+    text = render_sbatch(SbatchSpec(["python", "train.py", "--lr", "1e-3"], nodes=4, gpus_per_node=8, time="1-00:00:00",
+                                    partition="gpu"))
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8", "#SBATCH --requeue",
+                 "#SBATCH --signal=USR1@120", "#SBATCH --partition=gpu", "#SBATCH --time=1-00:00:00", "# 32 ranks"):
+        assert line in text, line
+    assert text.rstrip().endswith("srun --kill-on-bad-exit=1 python train.py --lr 1e-3")
+    with pytest.raises(ValueError, match="time '4h'"):
+        SbatchSpec(["python", "t.py"], time="4h")
+    with pytest.raises(ValueError, match="command is empty"):
+        SbatchSpec([])
+    with pytest.raises(SystemExit, match="nodes must be >= 1"):
+        from monai_fast.cli import main
+
+        main(["sbatch", "--nodes", "0", "--", "python", "t.py"])
+
+
+def test_generated_sbatch_script_runs_on_the_cluster(slurm, tmp_path, tiny_spleen):
+    from monai_fast.cli import main
+
+    out = tmp_path / "out"
+    script = tmp_path / "job.sh"
+    main(["sbatch", "--gpus-per-node", "0", "--tasks-per-node", "2", "--cpus-per-task", "1", "--time", "00:10:00",
+          "--job-name", "mf-gen", "--out", str(script), "--", sys.executable, str(TUTORIAL), "--tiny", "--data-dir",
+          str(tiny_spleen), "--out", str(out), "--max-epochs", "1"])
+    p = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=300, env=slurm, cwd=tmp_path)
+    logs = "".join(f.read_text() for f in tmp_path.glob("mf-gen-*.out"))
+    assert p.returncode == 0, p.stderr + logs[-3000:]
+    r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
+    assert r0["launcher"] == "slurm" and r0["world_size"] == 2 and r0["weights_sha1"] == r1["weights_sha1"]
+    assert "restart 0" in logs
