@@ -297,3 +297,26 @@ def test_generated_sbatch_script_runs_on_the_cluster(slurm, tmp_path, tiny_splee
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
     assert r0["launcher"] == "slurm" and r0["world_size"] == 2 and r0["weights_sha1"] == r1["weights_sha1"]
     assert "restart 0" in logs
+
+
+BRATS = ROOT / "tutorials" / "brats_distributed.py"
+
+
+def test_brats_tutorial_two_ranks_each_cache_their_share(tmp_path):
+    out = tmp_path / "out"
+    p = _launch(["--nproc", "2", str(BRATS), "--tiny", "--out", str(out), "--max-epochs", "2"], tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r0, r1 = (json.loads((out / f"brats_rank{i}.json").read_text()) for i in (0, 1))
+    assert r0["world_size"] == 2
+    assert r0["cached_items"] == r1["cached_items"] == 3  # 4 train + 2 val cases, halved
+    assert r0["param_sum"] == r1["param_sum"] and r0["val_mean_dice"] == r1["val_mean_dice"]
+    assert r0["cache_device"] == "cpu"
+
+
+@pytest.mark.gpu
+def test_brats_tutorial_caches_on_the_gpu(tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, str(BRATS), "--tiny", "--out", str(out), "--max-epochs", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads((out / "brats_rank0.json").read_text())["cache_device"].startswith("cuda")
