@@ -91,7 +91,7 @@ def _tiny_engine(tmp_path, max_epochs=2):
 
 
 def test_half_written_and_damaged_checkpoints_are_never_loaded(tmp_path, caplog):
-    engine, pre, data, _ = _tiny_engine(tmp_path)
+    engine, _, data, _ = _tiny_engine(tmp_path)
     engine.run(data, max_epochs=2)  # periodic checkpoints at iterations 2, 4, 6, 8; the newest 2 are kept
     ck = tmp_path / "ck"
     assert sorted(p.name for p in ck.iterdir()) == ["ckpt-000000006", "ckpt-000000008"]
@@ -102,7 +102,7 @@ def test_half_written_and_damaged_checkpoints_are_never_loaded(tmp_path, caplog)
     state = ck / "ckpt-000000008" / "state.pt"
     state.write_bytes(state.read_bytes()[:100])
 
-    engine2, pre2, data2, net2 = _tiny_engine(tmp_path)
+    engine2, pre2, _, _ = _tiny_engine(tmp_path)
     assert pre2.resume() == 6
     assert "ckpt-000000008 cannot be read" in caplog.text
     assert not (ck / ".ckpt-000000010.tmp").exists()
@@ -124,7 +124,7 @@ def test_validation_of_options(tmp_path):
 
 
 def test_missing_object_in_checkpoint_is_named(tmp_path):
-    engine, pre, data, _ = _tiny_engine(tmp_path)
+    engine, _, data, _ = _tiny_engine(tmp_path)
     engine.run(data, max_epochs=1)
     net = torch.nn.Linear(2, 1)
     engine2 = Engine(lambda e, b: None)
