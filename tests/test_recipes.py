@@ -114,3 +114,43 @@ def test_compile_option_reaches_monai_engines(tiny_files, tiny_config):
     r = build_recipe("monai_tutorial", *tiny_files, cfg, progress=False)
     assert r.trainer.compile is True and r.evaluator.compile is True
     assert build_recipe("monai_tutorial", *tiny_files, tiny_config, progress=False).trainer.compile is False
+
+
+def test_fast_caches_where_the_planner_says(tiny_files, tiny_config, tmp_path):
+    from monai.data import CacheDataset, SmartCacheDataset
+
+    from monai_fast.data.persistent import TrustedPersistentDataset
+    from monai_fast.handlers import SmartCacheUpdater
+
+    train, val = tiny_files
+    base = tiny_config.to_dict()
+    # plenty of RAM: a CacheDataset, as MONAI's guide does on a CPU
+    r = build_recipe("fast", train, val, RecipeConfig(**base), "cpu", progress=False)
+    assert type(r.train_loader.dataset) is CacheDataset
+    assert any("cache plan (auto)" in n and "RAM" in n for n in r.notes), r.notes
+    # a RAM budget of a few bytes and a cache folder: the trusted disk cache, loaded by workers
+    cfg = RecipeConfig(**{**base, "cache_budget_mib": 0.001, "cache_dir": str(tmp_path / "c")})
+    r = build_recipe("fast", train, val, cfg, "cpu", progress=False)
+    assert isinstance(r.train_loader.dataset, TrustedPersistentDataset)
+    assert r.train_loader.num_workers == cfg.loader_workers
+    r.trainer.run()
+    assert list((tmp_path / "c").glob("*.pt"))  # the disk cache was written while training
+    # forced SmartCache: the recipe drives its rotation itself
+    r = build_recipe("fast", train, val, RecipeConfig(**{**base, "cache": "smartcache"}), "cpu", progress=False)
+    assert isinstance(r.train_loader.dataset, SmartCacheDataset)
+    assert any(isinstance(h, SmartCacheUpdater) for h in _handlers_of(r.trainer))
+    r.trainer.run()
+
+
+def _handlers_of(engine):
+    return [getattr(h, "__self__", None) for hs in engine._event_handlers.values() for h, *_ in hs]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"cache": "tape"}, "cache must be"),
+    ({"cache": "disk"}, "needs cache_dir"),
+    ({"cache_budget_mib": -1}, "cache_budget_mib"),
+])
+def test_cache_options_are_checked(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RecipeConfig(**kwargs)

@@ -39,6 +39,14 @@ class RecipeConfig:
             CPUs where it is faster; the others: on for CUDA only), ``False``: fp32.
         compile: compile the network with ``torch.compile`` (MONAI's ``compile=True``); the
             first iterations then take longer while kernels are built.
+        cache: where ``fast`` caches the deterministic part of the training chain: ``"auto"``
+            (measured by :func:`~monai_fast.data.planner.plan_cache`: GPU memory on CUDA, else RAM,
+            else disk with ``cache_dir``, else a rotating SmartCache, within the budgets),
+            ``"gpu"``, ``"ram"``, ``"disk"``, ``"smartcache"`` or ``"none"``. ``monai_tutorial``
+            always caches like MONAI's guide.
+        cache_dir: folder for a disk cache (``"auto"`` considers disk only when it is set).
+        cache_budget_mib: memory the training cache may take (GPU memory on CUDA, RAM on a
+            CPU); ``None``: half of what is free when the recipe is built.
         seed: seed for weights, crops and augmentation.
     """
 
@@ -60,6 +68,9 @@ class RecipeConfig:
     cache_workers: int | None = None
     amp: bool | None = None
     compile: bool = False
+    cache: str = "auto"
+    cache_dir: str | None = None
+    cache_budget_mib: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -93,6 +104,12 @@ class RecipeConfig:
                 torch.device(self.val_device)
             except RuntimeError as exc:
                 raise ValueError(f"val_device {self.val_device!r} is not a device name: {exc}") from None
+        if self.cache not in ("auto", "gpu", "ram", "disk", "smartcache", "none"):
+            raise ValueError(f"cache must be auto, gpu, ram, disk, smartcache or none; got {self.cache!r}")
+        if self.cache == "disk" and not self.cache_dir:
+            raise ValueError("cache='disk' needs cache_dir")
+        if self.cache_budget_mib is not None and self.cache_budget_mib < 0:
+            raise ValueError(f"cache_budget_mib must be >= 0, got {self.cache_budget_mib}")
         for name in ("num_workers", "cache_workers"):
             v = getattr(self, name)
             if v is not None and v < 0:

@@ -16,6 +16,11 @@ built and measured. Changes so far, each measured in ``benchmarks/``:
 * ``SafeThreadDataLoader`` instead of ``ThreadDataLoader``: the same thread and speed, but an
   item whose transforms raise stops training with an error naming its files, where MONAI's
   loader silently ends the epoch early.
+* the training cache goes where :func:`~monai_fast.data.planner.plan_cache` measures it fits
+  (``RecipeConfig.cache="auto"``): GPU memory on CUDA, else RAM, else a trusted disk cache
+  (with ``cache_dir``), else a SmartCache rotation driven by ``SmartCacheUpdater``; the plan's
+  reason is in ``recipe.notes``. On the demo it picks RAM on a CPU and GPU memory on CUDA, as
+  MONAI's guide does by hand.
 """
 
 from __future__ import annotations
@@ -52,5 +57,5 @@ def build_fast(
     channels_last = not (dev.type == "cpu" and precision == "bf16")  # measured slower together on CPU
     return build_cached_recipe(
         "fast", train_files, val_files, config, device, progress,
-        channels_last=channels_last, loader_cls=SafeThreadDataLoader, precision=precision,
+        channels_last=channels_last, loader_cls=SafeThreadDataLoader, precision=precision, planned=True,
     )

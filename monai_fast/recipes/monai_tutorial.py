@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from monai.data import CacheDataset, ThreadDataLoader
@@ -18,7 +19,9 @@ from monai.losses import DiceCELoss
 from monai.optimizers import Novograd
 from monai.transforms import Compose
 
+from monai_fast.data.planner import plan_cache
 from monai_fast.handlers.amp import AMPToggle
+from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.recipes.common import Recipe, assemble, build_network, resolve_amp, seed_everything
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
@@ -36,6 +39,7 @@ def build_cached_recipe(
     channels_last: bool = False,
     loader_cls: type[ThreadDataLoader] = ThreadDataLoader,
     precision: str | None = None,
+    planned: bool = False,
 ) -> Recipe:
     """The cached, thread-loaded, DiceCE + Novograd set-up behind ``monai_tutorial`` and ``fast``.
 
@@ -43,24 +47,32 @@ def build_cached_recipe(
     convolutions run in the layout the CPU (oneDNN) and cuDNN kernels prefer; outputs follow it.
     ``loader_cls`` is the thread loader (``fast`` passes one that surfaces errors). With
     ``precision`` (``"bf16"``/``"fp16"``/``"fp32"``), an :class:`~monai_fast.handlers.AMPToggle`
-    on trainer and evaluator runs autocast instead of MONAI's CUDA-only ``amp=True``.
+    on trainer and evaluator runs autocast instead of MONAI's CUDA-only ``amp=True``. With
+    ``planned`` the training cache goes where :func:`~monai_fast.data.planner.plan_cache` (or
+    ``config.cache``) says; otherwise it is MONAI's guide's: GPU memory on CUDA, else RAM.
     """
     t0 = time.perf_counter()
     config = config or RecipeConfig()
     device = torch.device(device)
     seed_everything(config)
     on_gpu = device.type == "cuda"
-    cached = deterministic_transforms(
-        config, precompute_indices=True, plain_tensors=True, device=device if on_gpu else None
-    )
-    train_ds = CacheDataset(
-        data=list(train_files),
-        transform=Compose(cached + random_transforms(config, precomputed_indices=True)),
-        cache_rate=1.0,
-        num_workers=config.cache_threads,
-        copy_cache=False,
-        progress=progress,
-    )
+    plan = None
+    if planned:
+        train_ds, train_loader, plan = _planned_train_set(train_files, config, device, loader_cls)
+        on_gpu = plan.where == "gpu"  # validation follows the training cache onto the GPU, or not
+    else:
+        cached = deterministic_transforms(
+            config, precompute_indices=True, plain_tensors=True, device=device if on_gpu else None
+        )
+        train_ds = CacheDataset(
+            data=list(train_files),
+            transform=Compose(cached + random_transforms(config, precomputed_indices=True)),
+            cache_rate=1.0,
+            num_workers=config.cache_threads,
+            copy_cache=False,
+            progress=progress,
+        )
+        train_loader = loader_cls(train_ds, num_workers=0, batch_size=config.batch_size, shuffle=True)
     val_ds = CacheDataset(
         data=list(val_files),
         transform=Compose(deterministic_transforms(config, plain_tensors=True, device=device if on_gpu else None)),
@@ -69,7 +81,6 @@ def build_cached_recipe(
         copy_cache=False,
         progress=progress,
     )
-    train_loader = loader_cls(train_ds, num_workers=0, batch_size=config.batch_size, shuffle=True)
     val_loader = loader_cls(val_ds, num_workers=0, batch_size=1)
     network = build_network(config, device)
     if channels_last:
@@ -77,6 +88,9 @@ def build_cached_recipe(
     lr = config.lr or 2e-4 * 10
     amp = resolve_amp(config, device, default_on_cuda=True) if precision is None else False
     where = f"GPU memory ({device})" if on_gpu else "CPU RAM"
+    if plan is not None:
+        where = {"gpu": f"GPU memory ({device})", "ram": "CPU RAM", "disk": f"a disk cache in {plan.cache_dir}",
+                 "smartcache": f"a SmartCache of {plan.cache_num} items in RAM", "none": "no cache"}[plan.where]
     recipe = assemble(
         name,
         config,
@@ -95,12 +109,48 @@ def build_cached_recipe(
             + (", channels_last_3d weights" if channels_last else ""),
         ],
     )
+    if plan is not None:
+        recipe.notes.append(f"cache plan ({config.cache}): {plan.reasons[-1]}")
+        if plan.where == "smartcache":
+            SmartCacheUpdater(train_ds).attach(recipe.trainer)
     if precision is not None and precision != "fp32":
         AMPToggle(precision).attach(recipe.trainer)
         AMPToggle(precision).attach(recipe.evaluator)
         recipe.amp = True
     recipe.setup_s = time.perf_counter() - t0
     return recipe
+
+
+def _planned_train_set(train_files: Sequence[dict], config: RecipeConfig, device: torch.device, loader_cls):
+    """The training data set and loader where the cache planner (or ``config.cache``) puts them."""
+    full = Compose(
+        deterministic_transforms(config, precompute_indices=True, plain_tensors=True)
+        + random_transforms(config, precomputed_indices=True)
+    )
+    budget = None if config.cache_budget_mib is None else int(config.cache_budget_mib * 2**20)
+    plan = plan_cache(
+        full, list(train_files), device,
+        gpu_budget=budget if device.type == "cuda" else None,
+        ram_budget=budget if device.type != "cuda" else None,
+        cache_dir=config.cache_dir,
+    )
+    if config.cache != "auto":
+        if config.cache == "gpu" and device.type != "cuda":
+            raise ValueError(f"cache='gpu' needs a CUDA device, got {device}")
+        forced = {"where": config.cache}
+        if config.cache == "smartcache":
+            forced["cache_num"] = max(2, min(len(train_files), plan.cache_num or len(train_files) // 2))
+        plan = replace(plan, **forced, reasons=[*plan.reasons, f"cache forced to {config.cache} by the recipe's options"])
+    kwargs: dict = {}
+    if plan.where in ("gpu", "ram"):
+        kwargs["num_workers"] = config.cache_threads
+    elif plan.where == "smartcache":
+        kwargs.update(num_init_workers=config.cache_threads, num_replace_workers=config.cache_threads)
+    ds = plan.build(list(train_files), full, **kwargs)
+    # a cache in memory feeds a thread; a disk cache or none needs worker processes to keep up
+    workers = 0 if plan.where in ("gpu", "ram", "smartcache") else config.loader_workers
+    loader = loader_cls(ds, num_workers=workers, batch_size=config.batch_size, shuffle=True)
+    return ds, loader, plan
 
 
 def build_monai_tutorial(
