@@ -51,7 +51,7 @@ def test_search_stops_at_memory_edge_and_plateau():
     f, calls = _curve(knee=6, limit=1000, drop=2.0)  # plateau, then slower: no OOM needed to stop
     trials = grow_then_bisect(f, 1, 512, max_trials=10)
     assert pick_best(trials).value == 6
-    assert max(calls) <= 16
+    assert max(calls) <= 32  # one doubling past the first that did not gain, then no further
 
 
 def test_search_is_within_5_percent_of_exhaustive_on_random_curves():
@@ -64,7 +64,7 @@ def test_search_is_within_5_percent_of_exhaustive_on_random_curves():
         best_exhaustive = max(f(v).throughput for v in range(1, min(hi, limit - 1) + 1))
         ratios = []
         for budget in (8, 12):
-            trials = grow_then_bisect(f, 1, hi, max_trials=budget)
+            trials = grow_then_bisect(f, 1, hi, max_trials=budget, patience=0)  # noise-free: no second look
             assert sum(not t.predicted for t in trials) <= budget
             ratios.append(pick_best(trials).throughput / best_exhaustive)
         runs.append(ratios)
@@ -73,6 +73,19 @@ def test_search_is_within_5_percent_of_exhaustive_on_random_curves():
     assert min(r[0] for r in runs) >= 0.75
     assert sum(r[0] >= 0.95 for r in runs) / len(runs) >= 0.85
     assert min(r[1] for r in runs) >= 0.95
+
+
+def test_patience_survives_one_low_reading_on_the_way_up():
+    base = {1: 20, 2: 36, 4: 60, 8: 80, 12: 87, 16: 92, 24: 95, 32: 97, 48: 98, 64: 99}
+
+    def noisy(v: int) -> Trial:  # saturating throughput; the reading at 16 came out 12 % low
+        tp = base.get(v, 100 * (1 - 0.8 ** v)) * (0.88 if v == 16 else 1.0)
+        return Trial(v, True, tp)
+
+    stopped = pick_best(grow_then_bisect(noisy, 1, 64, max_trials=8, patience=0))
+    looked_on = pick_best(grow_then_bisect(noisy, 1, 64, max_trials=8, patience=1))
+    assert stopped.value <= 16 and looked_on.value >= 32
+    assert looked_on.throughput >= 0.97 * 99 > stopped.throughput
 
 
 def test_predicted_infeasible_values_are_not_run():

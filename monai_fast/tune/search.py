@@ -3,7 +3,7 @@
 The objective (samples/s for a batch size, volumes/s for a sliding-window batch) rises with the
 setting while the device fills, then flattens, and past some size the setting no longer fits in
 memory. A grid wastes trials on both ends; this search doubles from the low end until a trial
-is infeasible, the range ends, or the gain of a doubling falls under ``plateau``; then spends
+is infeasible, the range ends, or doublings stop gaining ``plateau`` over the best so far; then spends
 what is left of ``max_trials`` narrowing down where the best value lies (bisecting towards the
 memory limit when throughput was still rising there, else around the best value measured).
 """
@@ -64,6 +64,7 @@ def grow_then_bisect(
     max_trials: int = 8,
     plateau: float | None = 0.05,
     predict_infeasible: Callable[[int, list[Trial]], str | None] | None = None,
+    patience: int = 1,
 ) -> list[Trial]:
     """Search ``[low, high]`` for the value with the highest throughput, using at most ``max_trials`` runs.
 
@@ -75,6 +76,8 @@ def grow_then_bisect(
             ``None``: grow until a value does not fit or the range ends (fill the memory).
         predict_infeasible: given a value and the trials so far, a reason string when the value
             surely does not fit (then it is recorded as infeasible without running), else ``None``.
+        patience: doublings that gain less than ``plateau`` over the best so far before the growth
+            stops (1: one more look past a plateau, so a single noisy reading cannot end it).
 
     Returns:
         The trials in the order they were made.
@@ -91,6 +94,8 @@ def grow_then_bisect(
         raise ValueError(f"need 1 <= low <= high, got low={low}, high={high}")
     if max_trials < 1:
         raise ValueError(f"max_trials must be >= 1, got {max_trials}")
+    if patience < 0:
+        raise ValueError(f"patience must be >= 0, got {patience}")
     if plateau is not None and plateau < 0:
         raise ValueError(f"plateau must be >= 0 or None, got {plateau}")
     stop_gain = -float("inf") if plateau is None else plateau
@@ -117,6 +122,7 @@ def grow_then_bisect(
         return trials
     # grow: double until infeasible, the end of the range, a plateau, or the trial budget
     last_ok, limit = first, None
+    best_tp, misses = first.throughput, 0
     while last_ok.value < high:
         nxt = try_value(min(2 * last_ok.value, high))
         if nxt is None:
@@ -124,9 +130,12 @@ def grow_then_bisect(
         if not nxt.feasible:
             limit = nxt.value
             break
-        gain = nxt.throughput / last_ok.throughput - 1.0  # type: ignore[operator]
-        if gain < stop_gain:
-            break
+        if nxt.throughput >= best_tp * (1.0 + stop_gain):  # type: ignore[operator]
+            best_tp, misses = nxt.throughput, 0
+        else:
+            misses += 1  # one noisy reading must not end the growth: look one doubling further
+            if misses > patience:
+                break
         last_ok = nxt
     if limit is not None:
         # throughput was still rising at last_ok: bisect towards the memory edge while it rises
