@@ -129,8 +129,9 @@ class TuneResult:
         train_samples_per_s: training patches/s of the pick (all ranks together).
         val_volumes_per_s: validation volumes/s of the pick (per rank).
         budget_mib: memory a candidate may peak at (cap minus margin).
-        leak_mib: most live memory seen after a trial above the level before the first one
-            (CUDA: allocated tensors; CPU: resident set size).
+        leak_mib: how far live memory after a trial rose above its level after the first trial
+            (CUDA: allocated tensors; CPU: resident set size): memory kept from one trial to
+            the next, which should be none.
         tuning_s: wall seconds the search took.
         trials: one dict per trial (``phase`` is ``train`` or ``val``).
         from_cache: the result was read from the cache file, nothing was run.
@@ -311,7 +312,7 @@ class Tuner:
         """
         started = time.perf_counter()
         self.memory.release()
-        self._baseline = self.memory.live_bytes()
+        self._after_first: int | None = None
         self._leak = 0
         self._budget = self._budget_bytes()
         self._net = copy.deepcopy(self.source_network).to(self.device)
@@ -458,7 +459,10 @@ class Tuner:
                 del exc  # its traceback holds the trial's tensors
         self._opt.zero_grad(set_to_none=True)
         self.memory.release()
-        self._leak = max(self._leak, self.memory.live_bytes() - self._baseline)
+        live = self.memory.live_bytes()
+        if self._after_first is None:  # the model copy and optimizer state exist from here on
+            self._after_first = live
+        self._leak = max(self._leak, live - self._after_first)
         peak_b = peak.peak_bytes
         over = not oom and error is None and peak_b > self._budget
         # every rank reaches this point once per trial, whatever happened: agree on the outcome
