@@ -33,6 +33,7 @@ def _worker(local_rank: int, threads: int, steps: int, out: str, precision: str)
     from monai.losses import DiceCELoss
     from monai.optimizers import Novograd
 
+    from monai_fast.distributed.comm import allreduce_seconds
     from monai_fast.distributed.model import distribute
     from monai_fast.recipes import RecipeConfig
     from monai_fast.recipes.common import build_network
@@ -69,13 +70,7 @@ def _worker(local_rank: int, threads: int, steps: int, out: str, precision: str)
     wall = time.perf_counter() - t0
     local = [step(False) for _ in range(max(3, steps // 2))]
     n = sum(p.numel() for p in net.parameters())
-    buf = torch.zeros(n)
-    reduce_s = []
-    for _ in range(5):
-        idist.barrier()
-        t = time.perf_counter()
-        idist.all_reduce(buf)
-        reduce_s.append(time.perf_counter() - t)
+    reduce_s = allreduce_seconds(n)  # median, slowest rank
     rec = {
         "rank": idist.get_rank(),
         "world": idist.get_world_size(),
@@ -85,7 +80,7 @@ def _worker(local_rank: int, threads: int, steps: int, out: str, precision: str)
         "samples_per_s": idist.get_world_size() * batch * steps / wall,
         "step_s_median": statistics.median(synced),
         "compute_only_step_s_median": statistics.median(local),
-        "allreduce_s_median": statistics.median(reduce_s) if idist.get_world_size() > 1 else 0.0,
+        "allreduce_s_median": reduce_s,
         "gradient_mib": n * 4 / 2**20,
     }
     Path(out, f"rank{idist.get_rank()}.json").write_text(json.dumps(rec))

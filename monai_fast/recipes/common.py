@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from monai_fast.distributed.model import distribute
 from monai_fast.recipes.config import RecipeConfig
 
-__all__ = ["Recipe", "VAL_METRIC", "assemble", "build_network", "resolve_amp"]
+__all__ = ["VAL_METRIC", "Recipe", "assemble", "build_network", "resolve_amp"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,8 @@ def assemble(
     network, optimizer = distribute(network, optimizer)
     bare = getattr(network, "module", network)
     stitch_on = torch.device(config.val_device) if config.val_device else None
+    if stitch_on is not None and stitch_on.type == device.type:
+        stitch_on = None  # stitching where the network runs: MONAI's default, nothing to move
     post = Compose(
         # with the output stitched elsewhere than the device, bring the label along for the metric
         ([ToDeviced(keys=["pred", "label"], device=stitch_on)] if stitch_on is not None else [])

@@ -22,6 +22,7 @@ import psutil
 import torch
 from ignite import distributed as idist
 
+from monai_fast.distributed.comm import allreduce_seconds
 from monai_fast.telemetry import device_description
 from monai_fast.telemetry.memory import DeviceMemory, is_out_of_memory
 from monai_fast.tune.measure import time_inference, time_training_step
@@ -499,29 +500,10 @@ class Tuner:
 
     def _measure_allreduce(self) -> float:
         """Seconds of one gradient all-reduce (0 for one process): added to every step under DDP."""
-        if idist.get_world_size() == 1:
-            return 0.0
-        n = sum(p.numel() for p in self._net.parameters())
-        buf = torch.zeros(n, device=idist.device())
-        idist.all_reduce(buf)  # warm-up
-        times = []
-        for _ in range(3):
-            idist.barrier()
-            t = time.perf_counter()
-            idist.all_reduce(buf)
-            times.append(time.perf_counter() - t)
-        return float(max(idist.all_reduce(torch.tensor(sorted(times)[1]), op="MAX").item(), 0.0))
-
-
-class _NoBar:
-    def update(self, n: int) -> None: ...
-    def set_description(self, s: str) -> None: ...
-    def close(self) -> None: ...
+        return allreduce_seconds(sum(p.numel() for p in self._net.parameters()))
 
 
 def _progress(enabled: bool):
-    if not enabled or idist.get_rank() != 0:
-        return _NoBar()
     from tqdm.auto import tqdm
 
-    return tqdm(desc="tune", unit="trial", leave=False)
+    return tqdm(desc="tune", unit="trial", leave=False, disable=not enabled or idist.get_rank() != 0)
