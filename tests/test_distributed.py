@@ -123,6 +123,35 @@ def test_tutorial_under_torchrun_two_gloo_ranks(tmp_path, tiny_spleen):
     assert r0["iterations"] == r1["iterations"] == 2  # 1 batch per epoch per rank
 
 
+def test_run_joins_the_process_group_threads_before_exit(tmp_path):
+    """A DDP model held in a reference cycle (as ignite engines hold theirs) must not keep the gloo
+    process group, and its worker threads, alive into interpreter shutdown: there they abort the
+    process ("terminate called without an active exception") after the job has done its work."""
+    script = tmp_path / "cycle.py"
+    script.write_text(
+        "import os, torch, ignite.distributed as idist\n"
+        "from monai_fast.distributed import run\n"
+        "def threads():\n"
+        "    return len(os.listdir('/proc/self/task'))\n"
+        "def train(local_rank):\n"
+        "    holder = {'net': idist.auto_model(torch.nn.Conv3d(1, 2, 3))}\n"
+        "    holder['self'] = holder\n"
+        "    holder['net'](torch.rand(1, 1, 8, 8, 8)).sum().backward()\n"
+        "    idist.all_gather(torch.ones(1))\n"
+        "    os.write(1, f'during {threads()}\\n'.encode())\n"
+        "before = threads()\n"
+        "run(train)\n"
+        "os.write(1, f'threads {before} {threads()}\\n'.encode())\n"
+    )
+    p = _launch(["--nproc", "2", str(script)], tmp_path, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    during = [int(line.split()[1]) for line in p.stdout.splitlines() if line.startswith("during")]
+    after = [line.split()[1:] for line in p.stdout.splitlines() if line.startswith("threads")]
+    assert len(during) == len(after) == 2, p.stdout
+    assert all(d > int(b) for d, (b, _) in zip(during, after)), (during, after)  # gloo started threads...
+    assert all(b == a for b, a in after), after  # ...and they are gone once run() returns
+
+
 def test_tutorial_single_process_has_the_same_entry(tmp_path, tiny_spleen):
     out = tmp_path / "out"
     p = subprocess.run([sys.executable, str(TUTORIAL), "--tiny", "--data-dir", str(tiny_spleen), "--out", str(out),

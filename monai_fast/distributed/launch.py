@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import logging
 import os
 import socket
@@ -52,7 +53,15 @@ def setup_rank(seed: int | None = 0) -> torch.device:
 
 def _entry(local_rank: int, fn: Callable, seed: int | None, args: tuple, kwargs: dict) -> None:
     setup_rank(seed)
-    fn(local_rank, *args, **kwargs)
+    try:
+        fn(local_rank, *args, **kwargs)
+    finally:
+        # Engines, DDP modules and metric gathers form reference cycles that would otherwise live on
+        # until interpreter shutdown, holding the process group. Its worker threads then release their
+        # last work (and its tensors) after Python has begun to finalise, and the process aborts with
+        # "terminate called without an active exception". Collect now, so that finalize() destroys
+        # the group and joins its threads while the interpreter is still whole.
+        gc.collect()
 
 
 def run(

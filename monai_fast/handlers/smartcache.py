@@ -63,20 +63,22 @@ class SmartCacheUpdater:
         self._wrap_replacement_worker()
 
     def _wrap_replacement_worker(self) -> None:
-        # MONAI computes replacements in a ThreadPool inside a daemon thread; an exception there is
-        # lost and the thread dies. Capture it so the training thread can raise it.
+        # MONAI computes replacements in a ThreadPool inside a daemon thread; an exception there kills
+        # that thread and never reaches training. Capture it instead, with the item that failed, so the
+        # training thread raises it at the next swap (which _try_swap refuses while an error is held).
         ds, original = self.dataset, self.dataset._replace_cache_thread
 
         def guarded(index: int) -> None:
             try:
                 original(index)
-            except BaseException as e:
+            except Exception as e:
                 pos = ds._replace_data_idx[index]
-                self._error = RuntimeError(
+                error = RuntimeError(
                     f"SmartCache replacement of {describe_item(ds, pos)} failed on rank {idist.get_rank()}: {error_text(e)}"
                 )
-                self._error.__cause__ = e
-                raise
+                error.__cause__ = e
+                if self._error is None:  # the first failure is the one to report
+                    self._error = error
 
         ds._replace_cache_thread = guarded
 
@@ -134,7 +136,7 @@ class SmartCacheUpdater:
         if not ds._update_lock.acquire(timeout=wait_s):
             return False
         try:
-            if not ds._replace_done:
+            if not ds._replace_done or self._error is not None:  # never swap in a failed replacement
                 return False
             del ds._cache[: ds._replace_num]
             ds._cache.extend(ds._replacements)
