@@ -40,7 +40,7 @@ def _worker(local_rank: int, threads: int, steps: int, out: str, precision: str)
     from monai_fast.tune.measure import autocast_for
 
     torch.set_num_threads(threads)
-    cfg = RecipeConfig()
+    cfg = RecipeConfig().with_defaults(batch_size=2, num_samples=4)  # 8 patches a step, as the recorded runs
     device = idist.device()
     net = build_network(cfg, device)
     opt = Novograd(net.parameters(), lr=2e-3)

@@ -35,7 +35,7 @@ def _run_variant(name, data_root, epochs, cache_dir, queue):
     from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    cfg = RecipeConfig()
+    cfg = RecipeConfig().with_defaults(batch_size=2, num_samples=4)  # as the recorded runs
     files, _ = load_msd_datalist(data_root, val_fraction=0.25)
     cuda = name == "gpu_cache"
     chain = Compose(

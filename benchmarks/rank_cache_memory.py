@@ -37,7 +37,7 @@ def _measure(data_root: str, partition: bool, out_dir: str) -> None:
     from monai_fast.telemetry.memory import PeakRSS
 
     with PeakRSS() as mem:
-        cfg = RecipeConfig()
+        cfg = RecipeConfig().with_defaults(batch_size=2, num_samples=4)  # as the recorded runs
         files, _ = load_msd_datalist(data_root, val_fraction=0.25)
         rank, world = idist.get_rank(), idist.get_world_size()
         mine = rank_partition(files, rank, world) if partition else files

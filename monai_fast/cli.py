@@ -70,8 +70,8 @@ def _resolve_device(name: str) -> str:
 def _config_from_args(args: argparse.Namespace, seed: int):
     from monai_fast.recipes import RecipeConfig
 
-    kw = {"seed": seed, "num_samples": args.num_samples}
-    for name in ("max_epochs", "val_interval", "batch_size"):
+    kw = {"seed": seed}
+    for name in ("max_epochs", "val_interval", "batch_size", "num_samples"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
     if args.patch_size:
@@ -341,8 +341,8 @@ def _add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
     g = p.add_argument_group("model and batches")
     g.add_argument("--patch-size", type=int, nargs=3, metavar=("X", "Y", "Z"), help="training patch / sliding-window ROI (default 64 64 64)")
     if race:
-        g.add_argument("--batch-size", type=int, default=2, help="volumes per batch (default %(default)s)")
-    g.add_argument("--num-samples", type=int, default=4, help="random crops per volume (default %(default)s)")
+        g.add_argument("--batch-size", type=int, help="volumes per batch (default: the recipe's own; fast 1, the others 2)")
+    g.add_argument("--num-samples", type=int, help="random crops per volume (default: the recipe's own; fast 2, the others 4)")
     g.add_argument("--channels", type=int, nargs="+", help="UNet channels per level (default 8 16 32 64)")
     if race:
         g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")

@@ -71,7 +71,7 @@ class SmartCacheUpdater:
         def guarded(index: int) -> None:
             try:
                 original(index)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - kept and raised in the training thread
                 pos = ds._replace_data_idx[index]
                 error = RuntimeError(
                     f"SmartCache replacement of {describe_item(ds, pos)} failed on rank {idist.get_rank()}: {error_text(e)}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -13,14 +13,15 @@ from monai.handlers import MeanDice, ValidationHandler, from_engine
 from monai.inferers import SimpleInferer, SlidingWindowInferer
 from monai.networks.layers import Norm
 from monai.networks.nets import UNet
+from monai.optimizers import Novograd
 from monai.transforms import AsDiscreted, Compose, ToDeviced
 from monai.utils import set_determinism
 from torch.utils.data import DataLoader
 
 from monai_fast.distributed.model import distribute
-from monai_fast.recipes.config import RecipeConfig
+from monai_fast.recipes.config import DEFAULT_LR, RecipeConfig
 
-__all__ = ["VAL_METRIC", "Recipe", "assemble", "build_network", "resolve_amp"]
+__all__ = ["VAL_METRIC", "Recipe", "assemble", "build_network", "build_optimizer", "resolve_amp"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,26 @@ class Recipe:
     config: RecipeConfig
     setup_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+
+def build_optimizer(config: RecipeConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """``config.optimizer`` at ``config.lr`` (or that optimizer's default learning rate).
+
+    ``config.optimizer`` must be set; recipes fill it with their own through ``with_defaults``.
+
+    Example:
+        >>> net = torch.nn.Linear(2, 2)
+        >>> build_optimizer(RecipeConfig(optimizer="adamw"), net.parameters()).param_groups[0]["lr"]
+        0.003
+    """
+    if config.optimizer is None:
+        raise ValueError("build_optimizer needs config.optimizer; use config.with_defaults(optimizer=...)")
+    lr = config.lr or DEFAULT_LR[config.optimizer]
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr)  # PyTorch's default weight decay, 0.01
+    return Novograd(params, lr=lr)
 
 
 def resolve_amp(config: RecipeConfig, device: torch.device, default_on_cuda: bool) -> bool:

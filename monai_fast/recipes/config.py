@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
+
+#: optimizers a recipe can be given by name, and the learning rate each gets when ``lr`` is unset
+OPTIMIZERS = ("adam", "adamw", "novograd")
+DEFAULT_LR = {"adam": 1e-4, "adamw": 3e-3, "novograd": 2e-3}
 
 
 @dataclass
@@ -18,14 +22,20 @@ class RecipeConfig:
 
     Args:
         patch_size: training crop and sliding-window ROI size, in voxels after resampling.
-        batch_size: volumes per training batch; each gives ``num_samples`` crops.
-        num_samples: crops per volume (``RandCropByPosNegLabeld``).
+        batch_size: volumes per training batch; each gives ``num_samples`` crops. ``None``: the
+            recipe's own (``baseline`` and ``monai_tutorial``: 2; ``fast``: 1).
+        num_samples: crops per volume (``RandCropByPosNegLabeld``). ``None``: the recipe's own
+            (``baseline`` and ``monai_tutorial``: 4; ``fast``: 2).
         channels: UNet feature channels per level.
         strides: UNet down-sampling strides (one fewer than ``channels``).
         num_res_units: residual units per UNet block.
         pixdim: target voxel spacing in mm for ``Spacingd``.
         intensity_window: CT window ``(a_min, a_max)`` in HU for ``ScaleIntensityRanged``.
-        lr: learning rate; ``None`` takes the recipe's own (Adam 1e-4, Novograd 2e-3).
+        optimizer: ``"adam"``, ``"adamw"`` or ``"novograd"``; ``None``: the recipe's own
+            (``baseline``: Adam, ``monai_tutorial``: Novograd, ``fast``: AdamW).
+        lr: learning rate; ``None``: the optimizer's default here (Adam 1e-4 as in MONAI's spleen
+            tutorial, Novograd 2e-3 as in its fast-training guide, AdamW 3e-3 as measured for
+            ``fast``).
         sw_batch_size: windows per forward pass in sliding-window validation.
         sw_overlap: sliding-window overlap.
         val_device: where the sliding-window output is stitched (MONAI's ``SlidingWindowInferer``
@@ -51,13 +61,14 @@ class RecipeConfig:
     """
 
     patch_size: tuple[int, int, int] = (64, 64, 64)
-    batch_size: int = 2
-    num_samples: int = 4
+    batch_size: int | None = None
+    num_samples: int | None = None
     channels: tuple[int, ...] = (8, 16, 32, 64)
     strides: tuple[int, ...] = (2, 2, 2)
     num_res_units: int = 1
     pixdim: tuple[float, float, float] = (1.5, 1.5, 2.0)
     intensity_window: tuple[float, float] = (-57.0, 164.0)
+    optimizer: str | None = None
     lr: float | None = None
     sw_batch_size: int = 4
     sw_overlap: float = 0.25
@@ -89,7 +100,7 @@ class RecipeConfig:
         if len(self.channels) != len(self.strides) + 1:
             raise ValueError(f"channels {self.channels} needs exactly one more entry than strides {self.strides}")
         for name in ("batch_size", "num_samples", "sw_batch_size", "val_interval", "max_epochs"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_res_units < 0:
             raise ValueError(f"num_res_units must be >= 0, got {self.num_res_units}")
@@ -97,6 +108,8 @@ class RecipeConfig:
             raise ValueError(f"sw_overlap must be in [0, 1), got {self.sw_overlap}")
         if self.intensity_window[0] >= self.intensity_window[1]:
             raise ValueError(f"intensity_window must be (low, high) with low < high, got {self.intensity_window}")
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS} or None, got {self.optimizer!r}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.val_device is not None:
@@ -122,6 +135,21 @@ class RecipeConfig:
     @property
     def cache_threads(self) -> int:
         return self.cache_workers if self.cache_workers is not None else (os.cpu_count() or 1)
+
+    def with_defaults(self, **defaults: object) -> RecipeConfig:
+        """A copy in which each option named in ``defaults`` that is ``None`` takes the given value.
+
+        Recipes call this first, so ``None`` means "the recipe's own choice".
+
+        Example:
+            >>> RecipeConfig(batch_size=4).with_defaults(batch_size=1, num_samples=2).num_samples
+            2
+        """
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(defaults) - known)
+        if unknown:
+            raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
+        return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
     def to_dict(self) -> dict:
         return asdict(self)

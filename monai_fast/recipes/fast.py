@@ -21,6 +21,12 @@ built and measured. Changes so far, each measured in ``benchmarks/``:
   (with ``cache_dir``), else a SmartCache rotation driven by ``SmartCacheUpdater``; the plan's
   reason is in ``recipe.notes``. On the demo it picks RAM on a CPU and GPU memory on CUDA, as
   MONAI's guide does by hand.
+* more, smaller steps with AdamW: batches of 1 volume x 2 crops (``monai_tutorial``: 2 x 4) and
+  ``AdamW(lr=3e-3)`` instead of ``Novograd(lr=2e-3)``. On the demo data (2-core CPU, seeds 0-2)
+  Dice 0.9 came after 4-6 epochs in 10-16 s, against 12-14 epochs in 32-44 s with the
+  ``monai_tutorial`` settings; AdamW alone took 7-11 epochs, the small batches alone 8-10.
+  Each epoch makes twice the optimizer steps at half the compute. The experiment is
+  ``benchmarks/fast_convergence.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +41,10 @@ from monai_fast.recipes.common import Recipe
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.recipes.monai_tutorial import build_cached_recipe
 
-__all__ = ["build_fast"]
+__all__ = ["DEFAULTS", "build_fast"]
+
+#: what ``None`` in :class:`RecipeConfig` means for this recipe
+DEFAULTS = {"batch_size": 1, "num_samples": 2, "optimizer": "adamw"}
 
 
 def build_fast(
@@ -58,4 +67,5 @@ def build_fast(
     return build_cached_recipe(
         "fast", train_files, val_files, config, device, progress,
         channels_last=channels_last, loader_cls=SafeThreadDataLoader, precision=precision, planned=True,
+        defaults=DEFAULTS,
     )

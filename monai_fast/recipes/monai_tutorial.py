@@ -16,17 +16,26 @@ from dataclasses import replace
 import torch
 from monai.data import CacheDataset, ThreadDataLoader
 from monai.losses import DiceCELoss
-from monai.optimizers import Novograd
 from monai.transforms import Compose
 
 from monai_fast.data.planner import plan_cache
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.smartcache import SmartCacheUpdater
-from monai_fast.recipes.common import Recipe, assemble, build_network, resolve_amp, seed_everything
+from monai_fast.recipes.common import (
+    Recipe,
+    assemble,
+    build_network,
+    build_optimizer,
+    resolve_amp,
+    seed_everything,
+)
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
 
-__all__ = ["build_cached_recipe", "build_monai_tutorial"]
+__all__ = ["DEFAULTS", "build_cached_recipe", "build_monai_tutorial"]
+
+#: what ``None`` in :class:`RecipeConfig` means for this recipe
+DEFAULTS = {"batch_size": 2, "num_samples": 4, "optimizer": "novograd"}
 
 
 def build_cached_recipe(
@@ -40,8 +49,9 @@ def build_cached_recipe(
     loader_cls: type[ThreadDataLoader] = ThreadDataLoader,
     precision: str | None = None,
     planned: bool = False,
+    defaults: dict | None = None,
 ) -> Recipe:
-    """The cached, thread-loaded, DiceCE + Novograd set-up behind ``monai_tutorial`` and ``fast``.
+    """The cached, thread-loaded, DiceCE set-up behind ``monai_tutorial`` and ``fast``.
 
     With ``channels_last`` the network's weights use the ``channels_last_3d`` memory format, so
     convolutions run in the layout the CPU (oneDNN) and cuDNN kernels prefer; outputs follow it.
@@ -50,9 +60,10 @@ def build_cached_recipe(
     on trainer and evaluator runs autocast instead of MONAI's CUDA-only ``amp=True``. With
     ``planned`` the training cache goes where :func:`~monai_fast.data.planner.plan_cache` (or
     ``config.cache``) says; otherwise it is MONAI's guide's: GPU memory on CUDA, else RAM.
+    ``defaults`` fill the options left ``None`` in ``config`` (default: :data:`DEFAULTS`).
     """
     t0 = time.perf_counter()
-    config = config or RecipeConfig()
+    config = (config or RecipeConfig()).with_defaults(**(DEFAULTS if defaults is None else defaults))
     device = torch.device(device)
     seed_everything(config)
     on_gpu = device.type == "cuda"
@@ -85,7 +96,8 @@ def build_cached_recipe(
     network = build_network(config, device)
     if channels_last:
         network = network.to(memory_format=torch.channels_last_3d)
-    lr = config.lr or 2e-4 * 10
+    opt = build_optimizer(config, network.parameters())
+    lr = opt.param_groups[0]["lr"]
     amp = resolve_amp(config, device, default_on_cuda=True) if precision is None else False
     where = f"GPU memory ({device})" if on_gpu else "CPU RAM"
     if plan is not None:
@@ -96,7 +108,7 @@ def build_cached_recipe(
         config,
         device,
         network,
-        Novograd(network.parameters(), lr=lr),
+        opt,
         DiceCELoss(to_onehot_y=True, softmax=True, squared_pred=True, batch=True),
         train_loader,
         val_loader,
@@ -104,7 +116,7 @@ def build_cached_recipe(
         t_start=t0,
         notes=[
             f"CacheDataset in {where} ({len(train_ds)} train + {len(val_ds)} val items), {loader_cls.__name__}(0 workers)",
-            f"DiceCELoss, Novograd(lr={lr:g}), "
+            f"batch {config.batch_size} x {config.num_samples} crops, DiceCELoss, {type(opt).__name__}(lr={lr:g}), "
             + (f"AMP {'on' if amp else 'off'}" if precision is None else f"AMPToggle {precision}")
             + (", channels_last_3d weights" if channels_last else ""),
         ],

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 from monai.losses import DiceCELoss
-from monai.optimizers import Novograd
 from monai.transforms import Compose
 
 from monai_fast.handlers.amp import choose_precision
-from monai_fast.recipes.common import build_network
+from monai_fast.recipes.common import build_network, build_optimizer
 from monai_fast.recipes.config import RecipeConfig
+from monai_fast.recipes.fast import DEFAULTS as FAST_DEFAULTS
 from monai_fast.recipes.transforms import deterministic_transforms
 from monai_fast.tune.store import TuneStore
 from monai_fast.tune.tuner import SearchSpace, Tuner, TuneResult
@@ -65,7 +65,7 @@ def tune_recipe(
     progress: bool = False,
     **timing,
 ) -> TuneResult:
-    """Tune the ``fast`` recipe's UNet, DiceCE loss and Novograd for ``config``; cached by key.
+    """Tune the ``fast`` recipe's UNet, DiceCE loss and optimizer for ``config``; cached by key.
 
     Args:
         config: the recipe options (network size, patch size, crops per volume, overlap).
@@ -86,14 +86,14 @@ def tune_recipe(
         >>> config = result.apply(RecipeConfig())  # doctest: +SKIP
     """
     device = torch.device(device)
+    config = config.with_defaults(**FAST_DEFAULTS)
     timing = {"warmup": 1, "min_iters": 2, "min_time_s": 0.3, **timing}
     network = build_network(config, torch.device("cpu"))
     loss = DiceCELoss(to_onehot_y=True, softmax=True, squared_pred=True, batch=True)
-    lr = config.lr or 2e-3
     tuner = Tuner(
         network,
         loss,
-        lambda params: Novograd(params, lr=lr),
+        lambda params: build_optimizer(config, params),
         patch_size=config.patch_size,
         val_shape=val_shape,
         device=device,
