@@ -250,13 +250,19 @@ def test_sbatch_job_preempted_requeues_and_resumes(slurm, tmp_path, tiny_spleen)
     # what SLURM does before a preemption or the time limit with --signal=B:USR1@<seconds>
     subprocess.run(["scancel", "--batch", "--signal=USR1", jid], check=True, env=slurm)
     seen = set()
+    held_since = None
     while True:
         state = _job_state(jid, slurm)
         seen.add(state.split("/")[0])
         node = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, env=slurm).stdout.strip()
-        if state.startswith("PENDING/BeginTime") and node == "idle":
-            # SLURM holds a requeued job for 2 minutes; once the first run is fully torn down (node
-            # idle; earlier, the restart would meet the revoked credential of the old run), start it now
+        if state.startswith("PENDING/BeginTime"):
+            held_since = held_since or time.monotonic()
+        if state.startswith("PENDING/BeginTime") and node == "idle" and time.monotonic() - held_since > 2.5:
+            # SLURM holds a requeued job for 2 minutes because slurmd revoked the first run's job
+            # credential, and a credential made in the same wall-clock second as the revocation counts
+            # as revoked too ("Killing non-startable batch job: Job credential revoked"; it failed
+            # the suite here once when started within that second). With the first run torn down
+            # (node idle) and that second past, start it now.
             subprocess.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"], check=True, env=slurm)
         if state.startswith("COMPLETED"):
             break

@@ -1,3 +1,5 @@
+import sys
+
 import numpy as np
 import pytest
 
@@ -14,3 +16,16 @@ def test_peak_rss_sees_a_transient_allocation():
 def test_peak_rss_validates():
     with pytest.raises(ValueError, match="interval_s"):
         PeakRSS(interval_s=0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's peak RSS (VmHWM) is Linux-only")
+def test_peak_rss_catches_a_spike_between_readings():
+    # one reading a minute: only the kernel's high-water mark can see a spike of a few milliseconds
+    with PeakRSS(interval_s=60) as outer:
+        with PeakRSS(interval_s=60) as inner:
+            buf = np.ones(200 * 2**20 // 8)  # 200 MiB, touched, freed at once
+            del buf
+        after_inner = np.ones(8 * 2**20 // 8)
+        del after_inner
+    assert inner.exact and inner.growth_mib > 150
+    assert outer.exact and outer.peak_bytes >= inner.peak_bytes  # the nested reset does not hide it

@@ -1,4 +1,4 @@
-"""Peak resident memory of this process over a block, sampled on a background thread."""
+"""Memory readings: peak RSS of a block (the kernel's high-water mark, else sampled), device memory."""
 
 from __future__ import annotations
 
@@ -14,11 +14,15 @@ __all__ = ["DeviceMemory", "PeakRSS", "is_out_of_memory"]
 
 
 class PeakRSS:
-    """Context manager: the peak RSS growth of this process while the block runs.
+    """Context manager: the peak RSS of this process while the block runs.
 
-    RSS is read every ``interval_s`` on a background thread, so a short spike between two
-    readings can be missed; the reading at exit is always included. Child processes (DataLoader
-    workers) are not counted.
+    On Linux the kernel keeps the exact peak (``VmHWM`` in ``/proc/self/status``); entering resets
+    it to the current RSS (``/proc/self/clear_refs``, value 5) and leaving reads it, so a spike
+    of any length counts. Where that is not available, RSS is also read every ``interval_s`` on a
+    background thread (a spike shorter than that can then be missed). The reading at exit is
+    always included. Child processes (DataLoader workers) are not counted. A block nested in
+    another resets the kernel's peak, so the outer block then falls back on its own readings for
+    the time before the inner one began.
 
     Example:
         >>> from monai_fast.telemetry.memory import PeakRSS
@@ -34,6 +38,7 @@ class PeakRSS:
         self.interval_s = interval_s
         self.growth_mib = 0.0
         self.peak_bytes = 0
+        self.exact = False  # whether the kernel's high-water mark was used
         self._proc = psutil.Process()
         self._stop = threading.Event()
 
@@ -43,6 +48,7 @@ class PeakRSS:
 
     def __enter__(self) -> PeakRSS:
         self._base = self._peak = self._proc.memory_info().rss
+        self._hwm = _reset_high_water_mark()
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="monai-fast-rss", daemon=True)
         self._thread.start()
@@ -52,8 +58,35 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
         self._peak = max(self._peak, self._proc.memory_info().rss)
+        if self._hwm:
+            hwm = _high_water_mark()
+            if hwm is not None:
+                self._peak = max(self._peak, hwm)
+                self.exact = True
         self.peak_bytes = int(self._peak)
         self.growth_mib = (self._peak - self._base) / 2**20
+
+
+def _high_water_mark() -> int | None:
+    """The kernel's peak RSS of this process in bytes (Linux ``VmHWM``), or ``None``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _reset_high_water_mark() -> bool:
+    """Reset the kernel's peak RSS to the current RSS (Linux >= 4.0); whether that worked."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _high_water_mark() is not None
 
 
 def _malloc_trim() -> None:
@@ -82,8 +115,8 @@ class DeviceMemory:
 
     On CUDA it reads torch's caching allocator (``memory_reserved`` / ``max_memory_reserved``:
     what the process holds from the driver, the quantity that runs out). On a CPU it reads this
-    process's resident set size, sampled on a background thread (:class:`PeakRSS`), after asking
-    glibc to return freed pages so the reading reflects live memory.
+    process's peak resident set size (:class:`PeakRSS`: the kernel's high-water mark on Linux,
+    else sampled), after asking glibc to return freed pages so the reading reflects live memory.
 
     Example:
         >>> import torch
