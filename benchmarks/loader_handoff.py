@@ -28,7 +28,7 @@ from queue import Full
 import torch
 from ignite.engine import Events
 
-import monai_fast.data.loaders as loaders
+from monai_fast.data import loaders
 from monai_fast.cli import synthetic_dataset
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.recipes import RecipeConfig, build_recipe
