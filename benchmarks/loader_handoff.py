@@ -28,8 +28,8 @@ from queue import Full
 import torch
 from ignite.engine import Events
 
-from monai_fast.data import loaders
 from monai_fast.cli import synthetic_dataset
+from monai_fast.data import loaders
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.recipes import RecipeConfig, build_recipe
 from monai_fast.report.compare import write_json_atomic
