@@ -20,9 +20,10 @@ class PeakRSS:
     it to the current RSS (``/proc/self/clear_refs``, value 5) and leaving reads it, so a spike
     of any length counts. Where that is not available, RSS is also read every ``interval_s`` on a
     background thread (a spike shorter than that can then be missed). The reading at exit is
-    always included. Child processes (DataLoader workers) are not counted. A block nested in
-    another resets the kernel's peak, so the outer block then falls back on its own readings for
-    the time before the inner one began.
+    always included. Child processes (DataLoader workers) are not counted. The reset is
+    process-wide: a block nested in another resets the kernel's peak, so the outer block falls
+    back on its own readings for the time before the inner one began, and other readers of the
+    kernel's peak (``VmHWM``, ``getrusage().ru_maxrss``) see it restart at each block.
 
     Example:
         >>> from monai_fast.telemetry.memory import PeakRSS
