@@ -156,6 +156,8 @@ def test_fast_caches_where_the_planner_says(tiny_files, tiny_config, tmp_path):
     r = build_recipe("fast", train, val, cfg, "cpu", progress=False)
     assert isinstance(r.train_loader.dataset, TrustedPersistentDataset)
     assert r.train_loader.num_workers == cfg.loader_workers
+    assert f"TrustedPersistentDataset in a disk cache in {tmp_path / 'c'}" in r.notes[0], r.notes
+    assert f"({cfg.loader_workers} workers)" in r.notes[0], r.notes  # the notes say what was built
     r.trainer.run()
     assert list((tmp_path / "c").glob("*.pt"))  # the disk cache was written while training
     # forced SmartCache: the recipe drives its rotation itself

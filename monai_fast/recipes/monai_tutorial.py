@@ -115,7 +115,8 @@ def build_cached_recipe(
         amp=amp,
         t_start=t0,
         notes=[
-            f"CacheDataset in {where} ({len(train_ds)} train + {len(val_ds)} val items), {loader_cls.__name__}(0 workers)",
+            f"{type(train_ds).__name__} in {where} ({len(train_ds)} train + {len(val_ds)} val items), "
+            f"{loader_cls.__name__}({train_loader.num_workers} workers)",
             f"batch {config.batch_size} x {config.num_samples} crops, DiceCELoss, {type(opt).__name__}(lr={lr:g}), "
             + (f"AMP {'on' if amp else 'off'}" if precision is None else f"AMPToggle {precision}")
             + (", channels_last_3d weights" if channels_last else ""),
