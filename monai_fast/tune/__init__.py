@@ -6,7 +6,7 @@ from monai_fast.tune.recipe import (
     tune_recipe,
     typical_val_shape,
 )
-from monai_fast.tune.search import Trial, grow_then_bisect, pick_best
+from monai_fast.tune.search import Trial, grow_then_bisect, pick_best, race
 from monai_fast.tune.store import TuneStore
 from monai_fast.tune.tuner import SearchSpace, Tuner, TuneResult, TuningError
 
@@ -21,6 +21,7 @@ __all__ = [
     "default_store_path",
     "grow_then_bisect",
     "pick_best",
+    "race",
     "tune_recipe",
     "typical_val_shape",
 ]
