@@ -113,16 +113,16 @@ def test_race_takes_medians_and_drops_the_weakest():
         return Trial(v, True, readings[v].pop(0), peak_mib=float(v), cost_s=1.0)
 
     trials = [Trial(2, True, 20.0), Trial(4, True, 31.0), Trial(6, True, 32.0), Trial(8, True, 40.0)]  # 8: lucky
-    entered = race(trials, again, rounds=2, top=3)
-    assert [t.value for t in entered] == [8, 6, 4]
+    finalists = race(trials, again, rounds=2, top=3)
+    assert [t.value for t in finalists] == [6, 8]
     assert calls == [8, 6, 4, 8, 6]  # 3 candidates; then 4 is dropped and the two leaders go again, best first
     by = {t.value: t for t in trials}
     assert (by[8].throughput, by[6].throughput, by[4].throughput) == (28.0, 33.0, 30.5)
     assert by[6].reason == "median of 3 readings" and by[4].reason == "median of 2 readings"
     assert by[2].throughput == 20.0 and by[2].reason == ""  # not in the race: untouched
     assert by[8].cost_s == 2.0
-    assert pick_best(trials).value == 6
-    assert race(trials, again, rounds=0) and calls == [8, 6, 4, 8, 6]  # rounds=0 runs nothing
+    assert pick_best(finalists).value == 6
+    assert race(trials, again, rounds=0) == [] and calls == [8, 6, 4, 8, 6]  # rounds=0 runs nothing
     with pytest.raises(ValueError, match="top"):
         race(trials, again, top=1)
 
@@ -132,15 +132,40 @@ def test_race_marks_a_candidate_that_no_longer_fits():
         return Trial(v, False, reason="out of memory") if v == 8 else Trial(v, True, 30.0, peak_mib=1.0)
 
     trials = [Trial(4, True, 30.0), Trial(8, True, 35.0)]
-    race(trials, again, rounds=2)
+    assert [t.value for t in race(trials, again, rounds=2)] == [4]
     assert not trials[1].feasible and "out of memory" in trials[1].reason
     assert pick_best(trials).value == 4
+
+
+def test_a_pick_among_finalists_ignores_an_unraced_reading_within_the_tie():
+    # 2 was read once, just within 2 % of the finalists' medians: the tie rule must not pick it
+    readings = {4: [4.4, 4.5], 8: [4.6, 4.6], 16: [4.3]}
+    trials = [Trial(1, True, 4.0), Trial(2, True, 4.52), Trial(4, True, 4.7), Trial(8, True, 4.8), Trial(16, True, 4.75)]
+    finalists = race(trials, lambda v: Trial(v, True, readings[v].pop(0)), rounds=2, top=3)
+    assert pick_best(trials).value == 2  # what picking among all trials would do
+    assert pick_best(finalists).value == 8
+
+
+def test_search_runs_every_value_when_the_budget_covers_the_range():
+    truth = {1: 50.0, 2: 60.0, 3: 62.0, 4: 61.0, 5: 75.0, 6: 62.0, 7: 61.0, 8: 60.0}  # a narrow peak at 5
+    calls = []
+
+    def read(v: int) -> Trial:
+        calls.append(v)
+        return Trial(v, v <= 7, truth[v] if v <= 7 else None)
+
+    trials = grow_then_bisect(read, 1, 8, max_trials=8)
+    assert calls == [1, 2, 3, 4, 5, 6, 7, 8] and pick_best(trials).value == 5
+    calls.clear()
+    grow_then_bisect(read, 1, 8, max_trials=7)  # the budget does not cover it: doubling skips 5
+    assert 5 not in calls[:4] and calls[:4] == [1, 2, 4, 8]
 
 
 def test_race_brings_noisy_picks_closer_to_the_best():
     """A flat-topped curve read with +-15 % noise (what a training step does on a 2-core VM): the
     race must raise the pick's true throughput on average, and how often it is within 5 %."""
     truth = {1: 60.0, 2: 80.0, 3: 90.0, 4: 95.0, 5: 100.0, 6: 97.0, 7: 94.0, 8: 90.0}
+    truth.update({v: 90.0 - 3.0 * (v - 8) for v in range(9, 17)})
     with_race, without = [], []
     for seed in range(300):
         for rounds, out in ((2, with_race), (0, without)):
@@ -149,9 +174,9 @@ def test_race_brings_noisy_picks_closer_to_the_best():
             def read(v: int) -> Trial:
                 return Trial(v, True, truth[v] * rng.uniform(0.85, 1.15))
 
-            trials = grow_then_bisect(read, 1, 8, max_trials=8)
-            race(trials, read, rounds=rounds)
-            out.append(truth[pick_best(trials).value] / 100.0)
+            trials = grow_then_bisect(read, 1, 16, max_trials=8)
+            finalists = race(trials, read, rounds=rounds)
+            out.append(truth[pick_best(finalists or trials).value] / 100.0)
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     within = lambda xs: sum(x >= 0.95 for x in xs) / len(xs)  # noqa: E731
     assert mean(with_race) > mean(without) + 0.005

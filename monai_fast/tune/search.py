@@ -70,6 +70,9 @@ def grow_then_bisect(
 ) -> list[Trial]:
     """Search ``[low, high]`` for the value with the highest throughput, using at most ``max_trials`` runs.
 
+    When the range has no more values than ``max_trials``, every value is run in order (up to the
+    first that does not fit): the budget buys the whole curve, so there is nothing to guess.
+
     Args:
         evaluate: runs one candidate and returns its :class:`Trial` (must not raise on OOM).
         low, high: the inclusive range (``1 <= low <= high``).
@@ -119,6 +122,14 @@ def grow_then_bisect(
         seen[v] = t
         return t
 
+    if high - low + 1 <= max_trials:
+        # the budget covers the range: measure every value (up to the first that does not fit),
+        # so a narrow peak on a flat curve cannot be stepped over
+        for v in range(low, high + 1):
+            t = try_value(v)
+            if t is None or not t.feasible:
+                break
+        return trials
     first = try_value(low)
     if first is None or not first.feasible:
         return trials
@@ -196,14 +207,16 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
         top: candidates that enter the race (at least 2).
 
     Returns:
-        The candidates that entered the race, in their starting order.
+        The finalists, best first: the candidates still racing at the end (empty when no race ran).
+        Pick among these; a candidate dropped earlier, or never raced, has fewer readings, and
+        the readings of those that raced have lost the luck that put them on top.
 
     Example:
         >>> from monai_fast.tune.search import Trial, pick_best, race
         >>> readings = {4: iter([30.0, 30.0]), 6: iter([33.0, 33.0])}  # 8 read 40 once, by luck
         >>> trials = [Trial(4, True, 31.0), Trial(6, True, 32.0), Trial(8, True, 40.0)]
-        >>> _ = race(trials, lambda v: Trial(v, True, next(readings.get(v, iter([28.0, 28.0])))))
-        >>> pick_best(trials).value
+        >>> finalists = race(trials, lambda v: Trial(v, True, next(readings.get(v, iter([28.0, 28.0])))))
+        >>> pick_best(finalists).value
         6
     """
     if rounds < 0:
@@ -213,7 +226,7 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
     entered = sorted((t for t in trials if t.feasible and t.throughput is not None),
                      key=lambda t: -t.throughput)[:top]  # type: ignore[operator]
     if len(entered) < 2 or rounds == 0:
-        return entered
+        return []
     readings = {t.value: [t.throughput] for t in entered}
     racing = list(entered)
     for _ in range(rounds):
@@ -237,4 +250,4 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
         if t.value in readings:
             t.throughput = statistics.median(readings[t.value])
             t.reason = f"median of {len(readings[t.value])} readings"
-    return entered
+    return sorted(racing, key=lambda t: -t.throughput)  # type: ignore[operator]

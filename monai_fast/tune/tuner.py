@@ -329,9 +329,8 @@ class Tuner:
         try:
             best_train: tuple[str, Trial] | None = None
             for precision in self.space.precisions:
-                trials = self._search(lambda b, p=precision: self._train_trial(b, p), self.space.batch_range)
+                trials, pick = self._search(lambda b, p=precision: self._train_trial(b, p), self.space.batch_range)
                 records += [dict(t.to_dict(), phase="train", precision=precision, val_device="") for t in trials]
-                pick = pick_best(trials)
                 if pick is not None and (best_train is None or pick.throughput > best_train[1].throughput * 1.02):
                     best_train = (precision, pick)
             if best_train is None:
@@ -343,9 +342,8 @@ class Tuner:
             precision, train_pick = best_train
             best_val: tuple[torch.device, Trial] | None = None
             for vdev in self.val_devices:
-                trials = self._search(lambda s, v=vdev: self._val_trial(s, v, precision), self.space.sw_batch_range)
+                trials, pick = self._search(lambda s, v=vdev: self._val_trial(s, v, precision), self.space.sw_batch_range)
                 records += [dict(t.to_dict(), phase="val", precision=precision, val_device=str(vdev)) for t in trials]
-                pick = pick_best(trials)
                 if pick is not None and (best_val is None or pick.throughput > best_val[1].throughput * 1.02):
                     best_val = (vdev, pick)
             if best_val is None:
@@ -373,7 +371,8 @@ class Tuner:
         )
 
     # ------------------------------------------------------------------ trials
-    def _search(self, evaluate: Callable[[int], Trial], value_range: tuple[int, int]) -> list[Trial]:
+    def _search(self, evaluate: Callable[[int], Trial], value_range: tuple[int, int]) -> tuple[list[Trial], Trial | None]:
+        """The search's trials and its pick: the best finalist of the race, else the best trial."""
         if self.space.strategy == "grid":
             trials = [evaluate(v) for v in range(value_range[0], value_range[1] + 1)]
         else:
@@ -381,8 +380,8 @@ class Tuner:
                 evaluate, *value_range, max_trials=self.space.max_trials, plateau=self.space.plateau,
                 predict_infeasible=self._predict,
             )
-        race(trials, evaluate, rounds=self.space.confirm, top=self.space.confirm_top)
-        return trials
+        finalists = race(trials, evaluate, rounds=self.space.confirm, top=self.space.confirm_top)
+        return trials, pick_best(finalists or trials)
 
     def _budget_bytes(self) -> int:
         if self.memory_cap_mib is not None:
