@@ -133,10 +133,11 @@ def race(args: argparse.Namespace, recipes: Sequence[str], run_dir: Path, train_
     configs = dict.fromkeys(recipes, config)
     tuned = None
     if getattr(args, "tune", False) and "fast" in recipes:
-        tuned = _tune(args, config, val_files, device)
+        tuned = _tune(args, config, train_files, val_files, device)
         configs["fast"] = tuned.apply(config)
         print(f"-- tuned fast: batch_size={tuned.batch_size}, sw_batch_size={tuned.sw_batch_size}, "
               f"val_device={tuned.val_device}, precision={tuned.precision}"
+              + ("" if tuned.cache_where is None else f", cache {tuned.cache_where} ({tuned.cache_budget_mib:.0f} MiB left for it)")
               + (" (from the tuning cache)" if tuned.from_cache else f" (tuning took {tuned.tuning_s:.1f} s, not counted below)"),
               flush=True)
     results = []
@@ -170,7 +171,7 @@ def _space_from_args(args: argparse.Namespace, device: str):
         raise SystemExit(f"bad tuning option: {e}") from e
 
 
-def _tune(args: argparse.Namespace, config, val_files: Sequence[dict], device: str):
+def _tune(args: argparse.Namespace, config, train_files: Sequence[dict], val_files: Sequence[dict], device: str):
     from monai_fast.tune import TuningError, tune_recipe, typical_val_shape
 
     val_shape = typical_val_shape(val_files, config)
@@ -178,6 +179,7 @@ def _tune(args: argparse.Namespace, config, val_files: Sequence[dict], device: s
         return tune_recipe(
             config, val_shape, device, space=_space_from_args(args, device), memory_cap_mib=args.memory_cap_mib,
             store=args.tune_cache, force=args.retune, progress=not args.no_progress,
+            train_files=train_files if args.place_cache else None, cache_tradeoff=args.cache_tradeoff,
         )
     except (TuningError, ValueError) as e:
         raise SystemExit(f"monai-fast: tuning failed: {e}") from e
@@ -252,10 +254,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         data_root = Path(args.data_dir)
     else:
         data_root = synthetic_dataset("spleen-like", args.cases, args.shape, args.seed, not args.no_progress)
-    _, val_files = load_msd_datalist(data_root, val_fraction=args.val_fraction, seed=args.seed)
+    train_files, val_files = load_msd_datalist(data_root, val_fraction=args.val_fraction, seed=args.seed)
     device = _resolve_device(args.device)
     config = _config_from_args(args, args.seed)
-    result = _tune(args, config, val_files, device)
+    result = _tune(args, config, train_files, val_files, device)
     print(result.table())
     if result.from_cache:
         print("(from the tuning cache; --retune to measure again)")
@@ -361,6 +363,11 @@ def _add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
     g.add_argument("--memory-cap-mib", type=float, help="most memory a candidate may use (default: the GPU's memory; on a CPU, this process's RAM plus what is free)")
     g.add_argument("--margin", type=float, default=0.1, help="share of the cap kept free for the data cache and spikes (default %(default)s)")
     g.add_argument("--search-amp", action="store_true", help="also compare fp32 with the automatic mixed precision")
+    g.add_argument("--place-cache", action="store_true", help="also place the training cache: in device memory (GPU on CUDA, "
+                   "RAM on a CPU) when it fits beside the pick's measured peak, else beside a smaller batch within "
+                   "--cache-tradeoff of its throughput, else where the cache planner sends it")
+    g.add_argument("--cache-tradeoff", type=float, default=0.05, help="largest share of training throughput given up "
+                   "to fit the cache in device memory (default %(default)s)")
     g.add_argument("--retune", action="store_true", help="tune again even when the cache holds a result")
     g.add_argument("--tune-cache", help="the JSON file of tuning results (default $MONAI_FAST_CACHE/tuning.json or ~/.cache/monai-fast/tuning.json)")
 
@@ -422,12 +429,14 @@ def build_parser() -> argparse.ArgumentParser:
         "tune",
         help="pick fast's batch size, sliding-window batch, validation device and precision by measured throughput",
         description="Search the training batch size (volumes per batch), the sliding-window batch size and where the "
-        "validation output is stitched (GPU or CPU), and optionally fp32 against mixed precision, for the fast "
-        "recipe's UNet on this device. Each candidate runs real iterations after a warm-up and is scored by "
-        "patches/s (training) or volumes/s (validation) within a memory budget (cap minus margin). Out-of-memory "
-        "candidates are recorded as infeasible and the search goes on. The search doubles from the low end until a "
-        "candidate does not fit or a doubling gains under 5 %, then bisects. Results are cached per device, memory, "
-        "model, patch and volume size; 'monai-fast demo --tune' applies them.",
+        "validation output is stitched (GPU or CPU), and optionally fp32 against mixed precision and where the "
+        "training cache goes (--place-cache), for the fast recipe's UNet on this device. Each candidate runs real "
+        "iterations after a warm-up and is scored by patches/s (training) or volumes/s (validation) within a memory "
+        "budget (cap minus margin). Out-of-memory candidates are recorded as infeasible and the search goes on. "
+        "A range no longer than --trials is tried value by value; a longer one by doubling from the low end until a "
+        "candidate does not fit or a doubling gains under 5 %, then bisecting. The three best are then measured "
+        "again in a short race. Results are cached per device, memory, model, patch and volume size; "
+        "'monai-fast demo --tune' applies them.",
     )
     _add_data_options(p)
     _add_model_options(p, race=False)

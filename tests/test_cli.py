@@ -120,17 +120,19 @@ def test_bad_cli_options_are_named(argv, match, capsys):
 
 def test_tune_command_then_demo_applies_the_cached_pick(tmp_path, capsys):
     tiny = ["--cases", "5", "--shape", "48", "48", "32", "--patch-size", "32", "32", "32", "--num-samples", "2", "--no-progress"]
-    search = ["--batch-range", "1", "2", "--sw-range", "1", "2", "--trials", "2", "--tune-cache", str(tmp_path / "t.json")]
+    search = ["--batch-range", "1", "2", "--sw-range", "1", "2", "--trials", "2", "--tune-cache", str(tmp_path / "t.json"),
+              "--place-cache"]
     assert main(["tune", *tiny, *search, "--out", str(tmp_path / "tune.json")]) == 0
     out = capsys.readouterr().out
-    assert "pick: batch_size=" in out and "sw_batch_size=" in out
+    assert "pick: batch_size=" in out and "sw_batch_size=" in out and "cache: ram," in out
     picked = json.loads((tmp_path / "tune.json").read_text())["tuning"]
-    assert picked["batch_size"] in (1, 2) and picked["trials"]
+    assert picked["batch_size"] in (1, 2) and picked["trials"] and picked["cache_where"] == "ram"
     # the demo reads the same pick from the cache (nothing re-measured) and trains fast with it
     run = tmp_path / "run"
     main(["demo", *tiny, "--workers", "1", *search, "--tune", "--recipes", "fast", "--max-epochs", "1", "--run-dir", str(run)])
     out = capsys.readouterr().out
     assert f"tuned fast: batch_size={picked['batch_size']}, sw_batch_size={picked['sw_batch_size']}" in out
+    assert f"cache ram ({picked['cache_budget_mib']:.0f} MiB left for it)" in out
     assert "from the tuning cache" in out
     assert json.loads((run / "results.json").read_text())["tuning"]["from_cache"] is True
 

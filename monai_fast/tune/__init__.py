@@ -1,5 +1,6 @@
 """Auto-tuning of batch size, sliding-window batch, validation device and precision by measured throughput."""
 
+from monai_fast.tune.cache import CacheChoice, place_cache
 from monai_fast.tune.recipe import (
     default_space,
     default_store_path,
@@ -11,6 +12,7 @@ from monai_fast.tune.store import TuneStore
 from monai_fast.tune.tuner import SearchSpace, Tuner, TuneResult, TuningError
 
 __all__ = [
+    "CacheChoice",
     "SearchSpace",
     "Trial",
     "TuneResult",
@@ -21,6 +23,7 @@ __all__ = [
     "default_store_path",
     "grow_then_bisect",
     "pick_best",
+    "place_cache",
     "race",
     "tune_recipe",
     "typical_val_shape",

@@ -6,17 +6,20 @@ import logging
 import os
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from monai.losses import DiceCELoss
 from monai.transforms import Compose
 
+from monai_fast.data.planner import plan_cache
 from monai_fast.handlers.amp import choose_precision
 from monai_fast.recipes.common import build_network, build_optimizer
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.recipes.fast import DEFAULTS as FAST_DEFAULTS
-from monai_fast.recipes.transforms import deterministic_transforms
+from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
+from monai_fast.tune.cache import place_cache
 from monai_fast.tune.store import TuneStore
 from monai_fast.tune.tuner import SearchSpace, Tuner, TuneResult
 
@@ -63,6 +66,8 @@ def tune_recipe(
     store: TuneStore | str | os.PathLike | None = None,
     force: bool = False,
     progress: bool = False,
+    train_files: Sequence[dict] | None = None,
+    cache_tradeoff: float = 0.05,
     **timing,
 ) -> TuneResult:
     """Tune the ``fast`` recipe's UNet, DiceCE loss and optimizer for ``config``; cached by key.
@@ -76,6 +81,13 @@ def tune_recipe(
         store: the cache file (or a :class:`TuneStore`); default :func:`default_store_path`.
         force: tune again even when the cache holds a result.
         progress: a progress bar over trials.
+        train_files: the training items; given, the training cache is placed next to the pick
+            (:func:`~monai_fast.tune.cache.place_cache`): its size is measured on two items, it
+            goes to device memory (GPU on CUDA, RAM on a CPU) when it fits beside the pick's
+            peak, else a smaller batch within ``cache_tradeoff`` of the pick's throughput that
+            leaves room is taken, else the planner's next place. ``apply`` then sets
+            ``cache_budget_mib``.
+        cache_tradeoff: largest share of training throughput given up for a cache in device memory.
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner (default 1, 2,
             0.3 s: one untimed step, then the median of at least two timed ones).
 
@@ -105,11 +117,35 @@ def tune_recipe(
     )
     if not isinstance(store, TuneStore):
         store = TuneStore(store or default_store_path())
+    key = tuner.key()
+    chain = sizing = None
+    if train_files is not None:
+        chain = Compose(deterministic_transforms(config, precompute_indices=True, plain_tensors=True)
+                        + random_transforms(config, precomputed_indices=True))
+        sizing = plan_cache(chain, list(train_files), device, gpu_budget=0, ram_budget=0)  # sizes only
+        key += f"|cache={sizing.n_items}x{sizing.bytes_per_item}B,tradeoff={cache_tradeoff:g}"
     if not force:
-        cached = store.get(tuner.key())
+        cached = store.get(key)
         if cached is not None:
             logger.info("tuning: using the cached result from %s", store.path)
             return cached
-    result = tuner.run(progress=progress)
+    result = replace(tuner.run(progress=progress), key=key)
+    if sizing is not None:
+        cuda = device.type == "cuda"
+
+        def plan_for(budget: int) -> str:
+            return plan_cache(chain, list(train_files), device, gpu_budget=budget if cuda else None,
+                              ram_budget=None if cuda else budget, cache_dir=config.cache_dir).where
+
+        val_peak = next((t["peak_mib"] for t in result.trials if t["phase"] == "val" and t["feasible"]
+                         and t["val_device"] == result.val_device and t["value"] == result.sw_batch_size), None)
+        choice = place_cache(result.trials, result.batch_size, result.precision, result.budget_mib,
+                             sizing.total_bytes, device, val_peak_mib=val_peak or 0.0, plan_for=plan_for,
+                             tradeoff=cache_tradeoff)
+        chosen = next(t for t in result.trials
+                      if t["phase"] == "train" and t["precision"] == result.precision and t["value"] == choice.batch_size)
+        result = replace(result, batch_size=choice.batch_size, train_samples_per_s=float(chosen["throughput"]),
+                         cache_where=choice.where, cache_budget_mib=choice.budget_mib, cache_reason="; ".join(choice.reasons))
+        logger.info("tuning: cache %s; %s", choice.where, result.cache_reason)
     store.put(result)
     return result

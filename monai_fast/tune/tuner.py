@@ -141,6 +141,9 @@ class TuneResult:
         tuning_s: wall seconds the search took.
         trials: one dict per trial (``phase`` is ``train`` or ``val``).
         from_cache: the result was read from the cache file, nothing was run.
+        cache_where, cache_budget_mib, cache_reason: where the training cache goes next to the
+            pick, the memory left for it and why (set by ``tune_recipe(..., train_files=...)``,
+            see :func:`~monai_fast.tune.cache.place_cache`; ``None`` when not placed).
     """
 
     key: str
@@ -156,6 +159,9 @@ class TuneResult:
     tuning_s: float
     trials: list[dict] = field(default_factory=list)
     from_cache: bool = False
+    cache_where: str | None = None
+    cache_budget_mib: float | None = None
+    cache_reason: str = ""
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -169,8 +175,9 @@ class TuneResult:
     def apply(self, config):
         """A copy of a :class:`~monai_fast.recipes.RecipeConfig` with the tuned settings."""
         amp = False if self.precision == "fp32" else None
+        extra = {} if self.cache_budget_mib is None else {"cache_budget_mib": self.cache_budget_mib}
         return replace(config, batch_size=self.batch_size, sw_batch_size=self.sw_batch_size,
-                       val_device=self.val_device, amp=amp)
+                       val_device=self.val_device, amp=amp, **extra)
 
     def table(self) -> str:
         """The trials as a text table, the pick marked with ``*``."""
@@ -191,6 +198,8 @@ class TuneResult:
             f"pick: batch_size={self.batch_size}, sw_batch_size={self.sw_batch_size}, val_device={self.val_device}, "
             f"precision={self.precision}; budget {self.budget_mib:.0f} MiB; tuning took {self.tuning_s:.1f} s"
         )
+        if self.cache_where is not None:
+            lines.append(f"cache: {self.cache_where}, {self.cache_budget_mib:.0f} MiB left for it; {self.cache_reason}")
         return "\n".join(lines)
 
 

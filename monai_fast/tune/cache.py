@@ -1,0 +1,128 @@
+"""Place the training cache next to the tuned batch: the memory a batch leaves is the cache's budget.
+
+The fast-training guide's biggest lever is caching the deterministic transforms in device memory
+(GPU memory on CUDA, RAM on a CPU), but the cache and the training step share that memory. The
+tuner measured each batch size's peak, so what is left for the cache is known: budget (cap minus
+margin) minus the pick's peak. :func:`place_cache` measures the cache's size the way the recipes
+do (:func:`~monai_fast.data.planner.plan_cache` on a few items), puts it in device memory when it
+fits next to the pick, and otherwise looks for a smaller measured batch whose throughput is within
+``tradeoff`` of the pick and that leaves room for it. Failing that, the cache goes where the
+planner sends it (RAM on CUDA, else disk or a rotating SmartCache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["CacheChoice", "place_cache"]
+
+MIB = 2**20
+
+
+@dataclass
+class CacheChoice:
+    """Where the training cache goes, for which batch size, and why.
+
+    Attributes:
+        where: the planner's choice for that budget: ``"gpu"``, ``"ram"``, ``"disk"``,
+            ``"smartcache"`` or ``"none"``.
+        batch_size: the training batch size it goes with (the throughput pick, or a smaller
+            measured one traded for a cache in device memory).
+        budget_mib: device memory left for the cache next to that batch (cap minus margin minus
+            the batch's measured peak); the recipes' ``cache_budget_mib``.
+        cache_mib: the cache's measured size, safety margin included.
+        reasons: how the choice was made, for the tuning table and the run's notes.
+    """
+
+    where: str
+    batch_size: int
+    budget_mib: float
+    cache_mib: float
+    reasons: list[str] = field(default_factory=list)
+
+
+def place_cache(
+    trials: Sequence[dict],
+    pick: int,
+    precision: str,
+    budget_mib: float,
+    cache_bytes: int,
+    device: torch.device | str,
+    val_peak_mib: float = 0.0,
+    plan_for: Callable[[int], str] | None = None,
+    tradeoff: float = 0.05,
+) -> CacheChoice:
+    """Choose the cache's place and the batch size it goes with, from the tuner's measured trials.
+
+    Args:
+        trials: the tuner's trial records (``TuneResult.trials``); ``train`` trials of
+            ``precision`` give each batch size's throughput and peak.
+        pick: the throughput pick's batch size.
+        precision: the precision the pick was measured in.
+        budget_mib: memory a candidate may peak at (``TuneResult.budget_mib``).
+        cache_bytes: the cache's size with its safety margin (``CachePlan.total_bytes``).
+        device: the training device; device memory is GPU memory on CUDA, RAM on a CPU.
+        val_peak_mib: the picked validation setting's peak, which the cache has to live with too.
+        plan_for: where the planner puts the cache given a device-memory budget in bytes, for
+            when it does not fit in device memory (default: ``"ram"`` on CUDA, ``"smartcache"``
+            on a CPU).
+        tradeoff: largest share of training throughput given up for a cache in device memory.
+
+    Returns:
+        The :class:`CacheChoice`.
+
+    Raises:
+        ValueError: ``pick`` has no feasible ``train`` trial of ``precision``, or a bad
+            ``tradeoff`` / ``cache_bytes``, naming it.
+
+    Example:
+        >>> trials = [
+        ...     {"phase": "train", "precision": "fp32", "value": 2, "feasible": True, "throughput": 96.0, "peak_mib": 3000.0},
+        ...     {"phase": "train", "precision": "fp32", "value": 4, "feasible": True, "throughput": 100.0, "peak_mib": 6000.0},
+        ... ]
+        >>> choice = place_cache(trials, pick=4, precision="fp32", budget_mib=8000.0, cache_bytes=4000 * 2**20,
+        ...                      device="cuda", val_peak_mib=2000.0)
+        >>> choice.where, choice.batch_size, choice.budget_mib
+        ('gpu', 2, 5000.0)
+    """
+    if not 0.0 <= tradeoff < 1.0:
+        raise ValueError(f"tradeoff must be in [0, 1), got {tradeoff}")
+    if cache_bytes < 0:
+        raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
+    device = torch.device(device)
+    home = "gpu" if device.type == "cuda" else "ram"
+    train = {
+        t["value"]: t for t in trials
+        if t["phase"] == "train" and t["precision"] == precision and t["feasible"] and t["peak_mib"] is not None
+    }
+    if pick not in train:
+        raise ValueError(f"batch size {pick} has no feasible {precision} training trial to take its peak memory from")
+    val_peak = val_peak_mib
+    need_mib = cache_bytes / MIB
+
+    def left(batch: int) -> float:
+        return max(0.0, budget_mib - max(train[batch]["peak_mib"], val_peak))
+
+    best = train[pick]["throughput"]
+    reasons = [f"cache of {need_mib:.0f} MiB (measured on a few items, margin included)"]
+    if need_mib <= left(pick):
+        reasons.append(f"fits in {home.upper() if home == 'gpu' else 'RAM'} next to batch {pick}: "
+                       f"{left(pick):.0f} MiB left of the {budget_mib:.0f} MiB budget")
+        return CacheChoice(home, pick, left(pick), need_mib, reasons)
+    reasons.append(f"does not fit next to batch {pick} ({left(pick):.0f} MiB left)")
+    for b in sorted((b for b in train if b < pick), key=lambda b: -train[b]["throughput"]):
+        share = train[b]["throughput"] / best
+        if share < 1.0 - tradeoff:
+            break
+        if need_mib <= left(b):
+            reasons.append(f"batch {b} instead: {100 * (1 - share):.1f} % less training throughput, and the cache "
+                           f"fits next to it ({left(b):.0f} MiB left), so no host-to-device copies or CPU transforms")
+            return CacheChoice(home, b, left(b), need_mib, reasons)
+    fallback = plan_for(int(left(pick) * MIB)) if plan_for is not None else ("ram" if home == "gpu" else "smartcache")
+    reasons.append(f"no batch within {100 * tradeoff:.0f} % of the pick's throughput leaves room for it: "
+                   f"the planner puts it in {fallback}")
+    return CacheChoice(fallback, pick, left(pick), need_mib, reasons)
+
