@@ -25,6 +25,7 @@ import argparse
 import datetime as dt
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -61,6 +62,19 @@ def sweep(config: RecipeConfig, val_shape, device, space: SearchSpace, rounds: i
         print(f"  sweep round {i + 1}/{rounds}: {result.tuning_s:.1f} s", flush=True)
     med = statistics.median
     return {k: med(v) for k, v in train.items()}, {k: med(v) for k, v in val.items()}, seconds
+
+
+def source_version() -> str | None:
+    """The checkout's commit, with ``+changes`` when the tree differs from it (``None`` outside git)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "")
 
 
 def head_to_head(config: RecipeConfig, val_shape, device, precision: str, train_values, val_values,
@@ -202,6 +216,7 @@ def main(argv=None) -> int:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": device_description(device),
         "command": " ".join([sys.executable, *sys.argv]),
+        "source": source_version(),
         "validation_shape": list(val_shape),
         "precision": precision,
         "sweep": {"train_patches_per_s": train, "val_volumes_per_s": {f"{d}:{s}": v for (d, s), v in val.items()},

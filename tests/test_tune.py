@@ -89,6 +89,20 @@ def test_patience_survives_one_low_reading_on_the_way_up():
     assert looked_on.throughput >= 0.97 * 99 > stopped.throughput
 
 
+def test_growth_goes_on_after_a_low_reading_when_the_next_one_climbs():
+    # the small preset's miss in benchmarks/README.md: 8 read 18 % low, 16 only 2 % above 4's reading,
+    # though the curve still rises to 32
+    readings = {1: 175.0, 2: 261.0, 4: 400.0, 8: 329.0, 16: 409.0, 32: 480.0}
+    calls = []
+
+    def read(v: int) -> Trial:
+        calls.append(v)
+        return Trial(v, True, readings.get(v, 400.0 + 2.5 * v))
+
+    grow_then_bisect(read, 1, 32, max_trials=8, patience=1)
+    assert 32 in calls  # judged against the best alone, 16 was a second miss and the growth stopped there
+
+
 def test_predicted_infeasible_values_are_not_run():
     f, calls = _curve(knee=64, limit=10**6)
     trials = grow_then_bisect(f, 1, 1024, max_trials=20, predict_infeasible=lambda v, ts: "too big" if v > 40 else None)
@@ -161,6 +175,13 @@ def test_search_runs_every_value_when_the_budget_covers_the_range():
     assert 5 not in calls[:4] and calls[:4] == [1, 2, 4, 8]
 
 
+def _noisy_reader(truth: dict[int, float], rng: random.Random):
+    def read(v: int) -> Trial:
+        return Trial(v, True, truth[v] * rng.uniform(0.85, 1.15))
+
+    return read
+
+
 def test_race_brings_noisy_picks_closer_to_the_best():
     """A flat-topped curve read with +-15 % noise (what a training step does on a 2-core VM): the
     race must raise the pick's true throughput on average, and how often it is within 5 %."""
@@ -169,16 +190,17 @@ def test_race_brings_noisy_picks_closer_to_the_best():
     with_race, without = [], []
     for seed in range(300):
         for rounds, out in ((2, with_race), (0, without)):
-            rng = random.Random(seed)
-
-            def read(v: int) -> Trial:
-                return Trial(v, True, truth[v] * rng.uniform(0.85, 1.15))
-
+            read = _noisy_reader(truth, random.Random(seed))
             trials = grow_then_bisect(read, 1, 16, max_trials=8)
             finalists = race(trials, read, rounds=rounds)
             out.append(truth[pick_best(finalists or trials).value] / 100.0)
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    within = lambda xs: sum(x >= 0.95 for x in xs) / len(xs)  # noqa: E731
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    def within(xs: list[float]) -> float:
+        return sum(x >= 0.95 for x in xs) / len(xs)
+
     assert mean(with_race) > mean(without) + 0.005
     assert within(with_race) > within(without) + 0.05
 

@@ -81,8 +81,9 @@ def grow_then_bisect(
             ``None``: grow until a value does not fit or the range ends (fill the memory).
         predict_infeasible: given a value and the trials so far, a reason string when the value
             surely does not fit (then it is recorded as infeasible without running), else ``None``.
-        patience: doublings that gain less than ``plateau`` over the best so far before the growth
-            stops (1: one more look past a plateau, so a single noisy reading cannot end it).
+        patience: doublings in a row that gain less than ``plateau`` before the growth stops (1: one
+            more look past a plateau, so a single noisy reading cannot end it). A doubling gains
+            when it beats the best so far, or the previous reading if that was lower, by ``plateau``.
 
     Returns:
         The trials in the order they were made.
@@ -143,8 +144,11 @@ def grow_then_bisect(
         if not nxt.feasible:
             limit = nxt.value
             break
-        if nxt.throughput >= best_tp * (1.0 + stop_gain):  # type: ignore[operator]
-            best_tp, misses = nxt.throughput, 0
+        # still rising: a gain over the best so far, or over the previous reading when that came out
+        # lower (after a low reading the curve may still climb; judged against the best alone, the
+        # next doubling would have to make up the dip too)
+        if nxt.throughput >= min(best_tp, last_ok.throughput) * (1.0 + stop_gain):  # type: ignore[operator]
+            best_tp, misses = max(best_tp, nxt.throughput), 0  # type: ignore[type-var]
         else:
             misses += 1  # one noisy reading must not end the growth: look one doubling further
             if misses > patience:
