@@ -150,7 +150,7 @@ class DeviceMemory:
                 young generations, where the garbage of a block that just ended sits unless the
                 block raised (a traceback's frames make cycles that may have aged).
         """
-        gc.collect() if full else gc.collect(1)
+        gc.collect(2 if full else 1)
         if self.cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()

@@ -100,11 +100,10 @@ def place_cache(
     }
     if pick not in train:
         raise ValueError(f"batch size {pick} has no feasible {precision} training trial to take its peak memory from")
-    val_peak = val_peak_mib
     need_mib = cache_bytes / MIB
 
     def left(batch: int) -> float:
-        return max(0.0, budget_mib - max(train[batch]["peak_mib"], val_peak))
+        return max(0.0, budget_mib - max(train[batch]["peak_mib"], val_peak_mib))
 
     best = train[pick]["throughput"]
     reasons = [f"cache of {need_mib:.0f} MiB (measured on a few items, margin included)"]
@@ -125,4 +124,3 @@ def place_cache(
     reasons.append(f"no batch within {100 * tradeoff:.0f} % of the pick's throughput leaves room for it: "
                    f"the planner puts it in {fallback}")
     return CacheChoice(fallback, pick, left(pick), need_mib, reasons)
-
