@@ -434,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
         "iterations after a warm-up and is scored by patches/s (training) or volumes/s (validation) within a memory "
         "budget (cap minus margin). Out-of-memory candidates are recorded as infeasible and the search goes on. "
         "A range no longer than --trials is tried value by value; a longer one by doubling from the low end until a "
-        "candidate does not fit or a doubling gains under 5 %, then bisecting. The three best are then measured "
+        "candidate does not fit or two doublings in a row gain under 5 %, then bisecting. The three best are then measured "
         "again in a short race. Results are cached per device, memory, model, patch and volume size; "
         "'monai-fast demo --tune' applies them.",
     )
