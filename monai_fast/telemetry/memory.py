@@ -18,12 +18,15 @@ class PeakRSS:
 
     On Linux the kernel keeps the exact peak (``VmHWM`` in ``/proc/self/status``); entering resets
     it to the current RSS (``/proc/self/clear_refs``, value 5) and leaving reads it, so a spike
-    of any length counts. Where that is not available, RSS is also read every ``interval_s`` on a
-    background thread (a spike shorter than that can then be missed). The reading at exit is
-    always included. Child processes (DataLoader workers) are not counted. The reset is
-    process-wide: a block nested in another resets the kernel's peak, so the outer block falls
-    back on its own readings for the time before the inner one began, and other readers of the
-    kernel's peak (``VmHWM``, ``getrusage().ru_maxrss``) see it restart at each block.
+    of any length counts and nothing runs in the background. Where that is not available, RSS is
+    read every ``interval_s`` on a background thread instead (a spike shorter than that can then
+    be missed). The reading at exit is always included. Child processes (DataLoader workers) are
+    not counted.
+
+    The kernel's peak is one per process, so the reset is process-wide. Blocks that are open
+    together (nested, or in other threads) are told the peak reached so far whenever another
+    block resets it, so each still sees its whole span. Other readers of the kernel's peak
+    (``VmHWM``, ``getrusage().ru_maxrss``) see it restart at each block.
 
     Example:
         >>> from monai_fast.telemetry.memory import PeakRSS
@@ -42,6 +45,7 @@ class PeakRSS:
         self.exact = False  # whether the kernel's high-water mark was used
         self._proc = psutil.Process()
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -49,23 +53,40 @@ class PeakRSS:
 
     def __enter__(self) -> PeakRSS:
         self._base = self._peak = self._proc.memory_info().rss
-        self._hwm = _reset_high_water_mark()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, name="monai-fast-rss", daemon=True)
-        self._thread.start()
+        with _OPEN_LOCK:
+            before = _high_water_mark()  # the peak since the last reset: it belongs to the open blocks
+            self._hwm = _reset_high_water_mark()
+            if self._hwm:
+                for other in _OPEN:
+                    other._peak = max(other._peak, before or 0)
+                _OPEN.append(self)
+        if not self._hwm:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._watch, name="monai-fast-rss", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
         self._peak = max(self._peak, self._proc.memory_info().rss)
         if self._hwm:
-            hwm = _high_water_mark()
+            with _OPEN_LOCK:
+                _OPEN.remove(self)
+                hwm = _high_water_mark()
             if hwm is not None:
                 self._peak = max(self._peak, hwm)
                 self.exact = True
         self.peak_bytes = int(self._peak)
         self.growth_mib = (self._peak - self._base) / 2**20
+
+
+# the kernel keeps one peak per process: the blocks that rely on it, so a reset can tell them
+# the peak it is about to erase (a registry of a process-wide resource, not configuration)
+_OPEN: list[PeakRSS] = []
+_OPEN_LOCK = threading.Lock()
 
 
 def _high_water_mark() -> int | None:
