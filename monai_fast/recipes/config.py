@@ -23,19 +23,17 @@ class RecipeConfig:
     Args:
         patch_size: training crop and sliding-window ROI size, in voxels after resampling.
         batch_size: volumes per training batch; each gives ``num_samples`` crops. ``None``: the
-            recipe's own (``baseline`` and ``monai_tutorial``: 2; ``fast``: 1).
-        num_samples: crops per volume (``RandCropByPosNegLabeld``). ``None``: the recipe's own
-            (``baseline`` and ``monai_tutorial``: 4; ``fast``: 2).
+            recipe's own (its module's ``DEFAULTS``).
+        num_samples: crops per volume (``RandCropByPosNegLabeld``). ``None``: the recipe's own.
         channels: UNet feature channels per level.
         strides: UNet down-sampling strides (one fewer than ``channels``).
         num_res_units: residual units per UNet block.
         pixdim: target voxel spacing in mm for ``Spacingd``.
         intensity_window: CT window ``(a_min, a_max)`` in HU for ``ScaleIntensityRanged``.
-        optimizer: ``"adam"``, ``"adamw"`` or ``"novograd"``; ``None``: the recipe's own
-            (``baseline``: Adam, ``monai_tutorial``: Novograd, ``fast``: AdamW).
-        lr: learning rate; ``None``: the optimizer's default here (Adam 1e-4 as in MONAI's spleen
-            tutorial, Novograd 2e-3 as in its fast-training guide, AdamW 3e-3 as measured for
-            ``fast``).
+        optimizer: ``"adam"``, ``"adamw"`` or ``"novograd"``; ``None``: the recipe's own.
+        lr: learning rate; ``None``: the optimizer's default here (:data:`DEFAULT_LR`: Adam's
+            from MONAI's spleen tutorial, Novograd's from its fast-training guide, AdamW's as
+            measured for ``fast``).
         sw_batch_size: windows per forward pass in sliding-window validation.
         sw_overlap: sliding-window overlap.
         val_device: where the sliding-window output is stitched (MONAI's ``SlidingWindowInferer``

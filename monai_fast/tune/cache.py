@@ -108,7 +108,7 @@ def place_cache(
     best = train[pick]["throughput"]
     reasons = [f"cache of {need_mib:.0f} MiB (measured on a few items, margin included)"]
     if need_mib <= left(pick):
-        reasons.append(f"fits in {home.upper() if home == 'gpu' else 'RAM'} next to batch {pick}: "
+        reasons.append(f"fits in {'GPU' if home == 'gpu' else 'RAM'} next to batch {pick}: "
                        f"{left(pick):.0f} MiB left of the {budget_mib:.0f} MiB budget")
         return CacheChoice(home, pick, left(pick), need_mib, reasons)
     reasons.append(f"does not fit next to batch {pick} ({left(pick):.0f} MiB left)")
