@@ -107,8 +107,8 @@ def run_config(world: int, threads: int, steps: int, precision: str) -> dict:
 def main(argv=None) -> int:
     import os
 
+    from monai_fast.files import write_json
     from monai_fast.handlers.amp import choose_precision
-    from monai_fast.report.compare import write_json_atomic
     from monai_fast.telemetry import device_description
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         "speedup_2_ranks_vs_1_rank_all_cores": two["samples_per_s"] / med[(1, cores)]["samples_per_s"],
     }
     out = Path(args.out) / f"ddp_scaling_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    write_json_atomic(doc, out)
+    write_json(doc, out)
     print(f"wrote {out}")
     return 0
 

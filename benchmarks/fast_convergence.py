@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 
-from monai_fast.cli import synthetic_dataset
 from monai_fast.data.msd import load_msd_datalist
+from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.files import write_json
 from monai_fast.recipes import RecipeConfig
 from monai_fast.recipes.runner import run_to_target
-from monai_fast.report.compare import write_json_atomic
 from monai_fast.telemetry import cuda_available, device_description
 
 VARIANTS = {
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if base and fast:
         print(f"\nfast settings reach Dice {args.target} {base / fast:.2f}x sooner than the monai_tutorial settings (medians)")
     stamp = dt.datetime.now()
-    path = write_json_atomic({
+    path = write_json({
         "benchmark": "fast_convergence", "date": stamp.isoformat(timespec="seconds"),
         "machine": device_description(torch.device(device)), "command": " ".join(sys.argv),
         "options": vars(args), "data": str(data), "summary": summary, "runs": runs,

@@ -37,8 +37,8 @@ from monai.networks.layers import Norm
 from monai.networks.nets import UNet
 from monai.optimizers import Novograd
 
+from monai_fast.files import write_json
 from monai_fast.handlers import GPUSampler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown
-from monai_fast.report.compare import write_json_atomic
 from monai_fast.telemetry import cuda_available, device_description
 from monai_fast.telemetry.nvml import FakeNvml, NvmlUnavailable, open_nvml
 
@@ -151,7 +151,7 @@ def main() -> None:
         "ab_ratio_minus_1": ab,
         "bar_met": share < 0.01,
     }
-    path = write_json_atomic(doc, Path(args.out) / f"handler_overhead_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
+    path = write_json(doc, Path(args.out) / f"handler_overhead_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"wrote {path}")
 
 

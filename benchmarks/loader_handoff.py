@@ -28,11 +28,11 @@ from queue import Full
 import torch
 from ignite.engine import Events
 
-from monai_fast.cli import synthetic_dataset
 from monai_fast.data import loaders
 from monai_fast.data.msd import load_msd_datalist
+from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.files import write_json
 from monai_fast.recipes import RecipeConfig, build_recipe
-from monai_fast.report.compare import write_json_atomic
 from monai_fast.telemetry import cuda_available, device_description
 
 ORIGINAL = loaders.SafeThreadBuffer
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"epoch time with the pause / without, per pair: {' '.join(f'{x:.3f}' for x in ratios)} "
           f"(median {statistics.median(ratios):.3f})")
     stamp = dt.datetime.now()
-    path = write_json_atomic({
+    path = write_json({
         "benchmark": "loader_handoff", "date": stamp.isoformat(timespec="seconds"),
         "machine": device_description(torch.device(device)), "command": " ".join(sys.argv), "options": vars(args),
         "summary": summary, "runs": runs,

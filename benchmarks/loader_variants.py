@@ -95,7 +95,7 @@ def main() -> None:
 
     import torch
 
-    from monai_fast.cli import synthetic_dataset
+    from monai_fast.data.synthetic import synthetic_dataset
     from monai_fast.telemetry import device_description
 
     root = synthetic_dataset("spleen-like", args.cases, (128, 128, 64), 0, progress=False)
@@ -119,9 +119,9 @@ def main() -> None:
     doc = {"benchmark": "loader_variants", "date": dt.datetime.now().isoformat(timespec="seconds"),
            "machine": {"device": device_description("cpu"), "platform": platform.platform()},
            "cases": args.cases, "epochs": args.epochs, "rows": rows}
-    from monai_fast.report.compare import write_json_atomic
+    from monai_fast.files import write_json
 
-    path = write_json_atomic(doc, Path(args.out) / f"loader_variants_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
+    path = write_json(doc, Path(args.out) / f"loader_variants_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"wrote {path}")
 
 

@@ -66,7 +66,7 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args()
 
-    from monai_fast.cli import synthetic_dataset
+    from monai_fast.data.synthetic import synthetic_dataset
     from monai_fast.telemetry import device_description
 
     root = str(synthetic_dataset("spleen-like", args.cases, (128, 128, 64), 0, progress=False))
@@ -84,9 +84,9 @@ def main() -> None:
         print(f"{r['setup']:<26} {items:>15} {per:>18} {r['node_total_mib']:>15.0f}")
     doc = {"benchmark": "rank_cache_memory", "date": dt.datetime.now().isoformat(timespec="seconds"),
            "machine": {"device": device_description("cpu"), "platform": platform.platform()}, "rows": rows}
-    from monai_fast.report.compare import write_json_atomic
+    from monai_fast.files import write_json
 
-    path = write_json_atomic(doc, Path(args.out) / f"rank_cache_memory_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
+    path = write_json(doc, Path(args.out) / f"rank_cache_memory_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"wrote {path}")
 
 

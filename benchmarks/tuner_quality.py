@@ -34,13 +34,13 @@ from pathlib import Path
 import torch
 from monai.losses import DiceCELoss
 
-from monai_fast.cli import synthetic_dataset
 from monai_fast.data.msd import load_msd_datalist
+from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.files import write_json
 from monai_fast.recipes import RecipeConfig
 from monai_fast.recipes.common import build_network, build_optimizer
 from monai_fast.recipes.fast import DEFAULTS as FAST_DEFAULTS
 from monai_fast.recipes.runner import run_to_target
-from monai_fast.report.compare import write_json_atomic
 from monai_fast.telemetry import device_description
 from monai_fast.tune import SearchSpace, default_space, tune_recipe, typical_val_shape
 from monai_fast.tune.measure import time_inference, time_training_step
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
         "fast_default_run_s": None if fast_s is None else full_s,
     }
     out = Path(args.out) / f"tuner_quality_{args.preset}_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    write_json_atomic(doc, out)
+    write_json(doc, out)
     print(f"wrote {out}")
     return 0
 

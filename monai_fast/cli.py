@@ -22,39 +22,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["main", "race", "synthetic_dataset"]
+from monai_fast.data.synthetic import synthetic_dataset
+
+__all__ = ["main", "race"]
 
 logger = logging.getLogger("monai_fast")
 
 _DEMO_DEFAULTS = {"cases": 16, "shape": (128, 128, 64)}
-
-
-def _cache_root() -> Path:
-    env = os.environ.get("MONAI_FAST_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "monai-fast"
-
-
-def synthetic_dataset(kind: str, cases: int, shape: Sequence[int], seed: int, progress: bool = True) -> Path:
-    """The synthetic set for these parameters, generated once and reused from the cache folder
-    (``$MONAI_FAST_CACHE``, else ``$XDG_CACHE_HOME/monai-fast``, else ``~/.cache/monai-fast``)."""
-    from monai_fast.synthetic import generate_msd
-
-    shape = tuple(int(s) for s in shape)
-    root = _cache_root() / "data" / f"{kind}-n{cases}-{'x'.join(map(str, shape))}-s{seed}"
-    ready = root / "dataset.json"
-    if ready.is_file():
-        try:
-            meta = json.loads(ready.read_text()).get("monai_fast", {})
-            if meta.get("shape") == list(shape) and meta.get("seed") == seed and meta.get("kind") == kind:
-                logger.info("reusing synthetic data in %s", root)
-                return root
-        except (OSError, json.JSONDecodeError):
-            pass  # a damaged folder is simply written again
-    logger.info("writing %d %s cases to %s", cases, kind, root)
-    return generate_msd(root, kind=kind, num_cases=cases, shape=shape, seed=seed, progress=progress)
 
 
 def _resolve_device(name: str) -> str:
@@ -206,7 +180,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from monai_fast.report.compare import (
         format_table,
         speedup,
-        write_json_atomic,
+        write_json,
         write_race,
     )
 
@@ -240,7 +214,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 ]
     doc = {**meta, "benchmark": "time_to_dice", "repeats": [[r.to_dict() for r in rs] for rs in repeats], "summary": summary}
     out = Path(args.out) / f"time_to_dice_{stamp:%Y%m%d-%H%M%S}.json"
-    write_json_atomic(doc, out)
+    write_json(doc, out)
     print("\nsummary (medians over repeats):")
     print(json.dumps(summary, indent=2))
     print(f"\nwrote {out}")
@@ -263,9 +237,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print("(from the tuning cache; --retune to measure again)")
     print("\nuse it: monai-fast demo --tune ...   or in Python: tune_recipe(...).apply(RecipeConfig(...))")
     if args.out:
-        from monai_fast.report.compare import write_json_atomic
+        from monai_fast.files import write_json
 
-        write_json_atomic({**_meta(args, data_root, device), "tuning": result.to_dict()}, Path(args.out))
+        write_json({**_meta(args, data_root, device), "tuning": result.to_dict()}, Path(args.out))
         print(f"wrote {args.out}")
     return 0
 
@@ -322,7 +296,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
-    from monai_fast.synthetic import generate_msd
+    from monai_fast.data.synthetic import generate_msd
 
     root = generate_msd(args.out, kind=args.kind, num_cases=args.cases, shape=args.shape, seed=args.seed, progress=not args.no_progress)
     print(f"wrote {args.cases} {args.kind} cases in MSD layout to {root}")

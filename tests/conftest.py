@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from monai_fast.synthetic import generate_msd
+from monai_fast.data.synthetic import generate_msd
 
 TINY_SHAPE = (48, 48, 32)
 

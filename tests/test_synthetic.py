@@ -4,8 +4,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from monai_fast import synthetic
-from monai_fast.synthetic import generate_msd
+from monai_fast.data import synthetic
+from monai_fast.data.synthetic import generate_msd
 
 
 def _arrays(root, name):

@@ -41,8 +41,8 @@ from monai.transforms import (
 )
 
 from monai_fast.data.msd import load_msd_datalist
+from monai_fast.data.synthetic import generate_msd
 from monai_fast.handlers import TimeBreakdown, TimeToTarget
-from monai_fast.synthetic import generate_msd
 
 
 def main() -> None:

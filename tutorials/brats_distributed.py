@@ -54,10 +54,10 @@ from monai.transforms import (
 )
 
 from monai_fast.data.msd import load_msd_datalist
+from monai_fast.data.synthetic import generate_msd
 from monai_fast.distributed import run
 from monai_fast.distributed.model import distribute, rank_share
 from monai_fast.handlers import TimeBreakdown
-from monai_fast.synthetic import generate_msd
 
 
 class MSDBratsToChannels(MapTransform):

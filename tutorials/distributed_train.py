@@ -39,10 +39,10 @@ from ignite.engine import Events
 from monai.handlers import StatsHandler
 
 from monai_fast.data.msd import load_msd_datalist
+from monai_fast.data.synthetic import generate_msd
 from monai_fast.distributed import detect, run
 from monai_fast.handlers import Preemption, TimeBreakdown
 from monai_fast.recipes import RecipeConfig, build_recipe
-from monai_fast.synthetic import generate_msd
 
 
 def weights_digest(network: torch.nn.Module) -> str:

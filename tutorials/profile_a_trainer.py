@@ -26,10 +26,10 @@ import tempfile
 import torch
 
 from monai_fast.data.msd import load_msd_datalist
+from monai_fast.data.synthetic import generate_msd
 from monai_fast.handlers import GPUSampler, KernelProfiler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown
 from monai_fast.recipes import RECIPES, RecipeConfig, build_recipe
 from monai_fast.report.doctor import doctor
-from monai_fast.synthetic import generate_msd
 
 
 def main() -> None:

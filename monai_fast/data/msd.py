@@ -1,7 +1,7 @@
 """Reader for data sets in the Medical Segmentation Decathlon (MSD) layout.
 
 A folder with a ``dataset.json`` (a real ``Task09_Spleen`` / ``Task01_BrainTumour`` or one written
-by :mod:`monai_fast.synthetic`) becomes two lists of ``{"image": path, "label": path}`` dicts,
+by :mod:`monai_fast.data.synthetic`) becomes two lists of ``{"image": path, "label": path}`` dicts,
 ready for MONAI datasets. Every listed file is checked before any training starts: a missing
 ``dataset.json``, a listed file that does not exist, or an image whose spatial shape differs from
 its label's is one clear error that names the path at fault.

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from copy import deepcopy
@@ -35,6 +34,8 @@ from monai.data.utils import pickle_hashing
 from monai.transforms import RandomizableTrait, Transform
 from monai.data.utils import SUPPORTED_PICKLE_MOD
 from monai.utils import convert_to_tensor, look_up_option
+
+from monai_fast.files import atomic_write
 
 __all__ = ["TrustedPersistentDataset", "transform_fingerprint"]
 
@@ -146,17 +147,11 @@ class TrustedPersistentDataset(PersistentDataset):
                 warnings.warn(f"cache file {hashfile} is damaged ({type(e).__name__}: {e}); rebuilding it", stacklevel=2)
                 hashfile.unlink(missing_ok=True)
         result = self._pre_transform(deepcopy(item_transformed))
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.cache_dir)
-        os.close(fd)
-        try:
+        with atomic_write(hashfile, "wb") as f:
             torch.save(
                 convert_to_tensor(result, convert_numeric=False, track_meta=self.track_meta),
-                tmp,
+                f,
                 pickle_module=look_up_option(self.pickle_module, SUPPORTED_PICKLE_MOD),  # as MONAI does
                 pickle_protocol=self.pickle_protocol,
             )
-            os.replace(tmp, hashfile)  # atomic within one folder
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
         return result

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -12,6 +11,7 @@ import ignite.distributed as idist
 from ignite.engine import Engine, Events
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from monai_fast.files import write_json
 from monai_fast.handlers.lifecycle import on_run_end
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry import cuda_available
@@ -125,9 +125,7 @@ class KernelProfiler:
         rank = idist.get_rank()
         prof.export_chrome_trace(str(self.output_dir / f"trace_rank{rank}.json"))
         self.summary = summarise_profile(prof.key_averages(), self.top)
-        tmp = self.output_dir / f".kernels_rank{rank}.json.tmp"
-        tmp.write_text(json.dumps(self.summary, indent=2))
-        os.replace(tmp, self.output_dir / f"kernels_rank{rank}.json")
+        write_json(self.summary, self.output_dir / f"kernels_rank{rank}.json")
         if self._engine is not None and (record := record_of(self._engine)) is not None:
             record.set_summary("kernels", self.summary["All kernels"] | {"ranked_by": self.summary["ranked_by"], "top": self.summary["top"][:5]})
         logger.info(

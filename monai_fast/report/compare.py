@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -15,9 +13,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from monai_fast.files import write_json  # noqa: E402
 from monai_fast.recipes.runner import EPOCH_FIELDS, RaceResult  # noqa: E402
 
-__all__ = ["best_dice_by", "format_table", "plot_dice_vs_time", "speedup", "write_json_atomic", "write_race"]
+__all__ = ["best_dice_by", "format_table", "plot_dice_vs_time", "speedup", "write_race"]
 
 
 def speedup(fast: RaceResult, slow: RaceResult) -> tuple[float | None, bool]:
@@ -111,21 +110,6 @@ def plot_dice_vs_time(results: Sequence[RaceResult], path: str | os.PathLike, ta
     return path
 
 
-def write_json_atomic(obj: object, path: str | os.PathLike) -> Path:
-    """Write JSON through a temporary file in the same folder, then rename: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_race(results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline") -> dict:
     """Write ``results.json``, ``epochs.csv`` (all recipes) and ``dice_vs_time.png`` into ``run_dir``.
 
@@ -142,7 +126,7 @@ def write_race(results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: 
                 factor, lower = speedup(r, ref)
                 speedups[r.recipe] = {"over": reference, "factor": factor, "lower_bound": lower}
     doc = {**meta, "results": [r.to_dict() for r in results], "speedups": speedups}
-    write_json_atomic(doc, run_dir / "results.json")
+    write_json(doc, run_dir / "results.json")
     with open(run_dir / "epochs.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=EPOCH_FIELDS)
         w.writeheader()

@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from monai_fast.files import write_text  # noqa: E402
 from monai_fast.telemetry.record import load_record  # noqa: E402
 
 __all__ = ["Diagnosis", "diagnose", "doctor", "write_report"]
@@ -178,9 +179,7 @@ def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[di
         _plot_gpu(gpu, run_dir / "gpu_util.png")
         md += ["", "## GPU utilisation", "", "![GPU utilisation](gpu_util.png)"]
     path = run_dir / "report.md"
-    tmp = run_dir / ".report.md.tmp"
-    tmp.write_text("\n".join(md) + "\n")
-    os.replace(tmp, path)
+    write_text("\n".join(md) + "\n", path)
     return path
 
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from monai_fast.files import write_json
 
 __all__ = ["KINDS", "RunRecord", "load_record"]
 
@@ -120,14 +121,7 @@ class RunRecord:
             self._closed = True
             if self.run_dir is None:
                 return
-            fd, tmp = tempfile.mkstemp(prefix=".tmp_summary", dir=self.run_dir)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(_jsonable({"rank": self.rank, **self.summary}), f, indent=2)
-                os.replace(tmp, self.run_dir / f"summary.rank{self.rank}.json")
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_json(_jsonable({"rank": self.rank, **self.summary}), self.run_dir / f"summary.rank{self.rank}.json")
 
 
 def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[list[dict], dict]:

@@ -14,6 +14,7 @@ from monai.losses import DiceCELoss
 from monai.transforms import Compose
 
 from monai_fast.data.planner import plan_cache
+from monai_fast.files import cache_root
 from monai_fast.handlers.amp import choose_precision
 from monai_fast.recipes.common import build_network, build_optimizer
 from monai_fast.recipes.config import RecipeConfig
@@ -29,11 +30,8 @@ logger = logging.getLogger("monai_fast.tune")
 
 
 def default_store_path() -> Path:
-    """``$MONAI_FAST_CACHE/tuning.json``, else under ``$XDG_CACHE_HOME`` or ``~/.cache``."""
-    root = os.environ.get("MONAI_FAST_CACHE")
-    if root:
-        return Path(root) / "tuning.json"
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "monai-fast" / "tuning.json"
+    """``tuning.json`` in monai-fast's cache folder (:func:`monai_fast.files.cache_root`)."""
+    return cache_root() / "tuning.json"
 
 
 def default_space(device: torch.device | str, search_amp: bool = False, amp: bool | None = None, **kwargs) -> SearchSpace:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 from ignite import distributed as idist
 
+from monai_fast.files import write_json
 from monai_fast.tune.tuner import TuneResult
 
 __all__ = ["TuneStore"]
@@ -20,7 +20,7 @@ logger = logging.getLogger("monai_fast.tune")
 class TuneStore:
     """Tuning results on disk, so a second run on the same machine and model tunes nothing.
 
-    Writes are atomic (a temporary file in the same folder, then ``os.replace``) and made by rank 0
+    Writes are atomic (:func:`monai_fast.files.write_json`) and made by rank 0
     only. A damaged file is reported with its path and set aside, never silently overwritten.
 
     Args:
@@ -70,12 +70,4 @@ class TuneStore:
             return
         data = self._load()
         data[result.key] = result.to_dict()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name, suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_json(data, self.path, indent=1, fsync=True, sort_keys=True)

@@ -15,7 +15,7 @@ Each case is drawn from its own random stream (``seed`` and the case index), so 
 change when the number of cases does, and the same seed always writes the same bytes.
 
 Example:
-    >>> from monai_fast.synthetic import generate_msd
+    >>> from monai_fast.data.synthetic import generate_msd
     >>> root = generate_msd("/tmp/spleen_like", kind="spleen-like", num_cases=4, shape=(64, 64, 32))
     >>> sorted(p.name for p in root.iterdir())
     ['dataset.json', 'imagesTr', 'labelsTr']
@@ -23,10 +23,10 @@ Example:
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,7 +34,9 @@ import nibabel as nib
 import numpy as np
 from tqdm.auto import tqdm
 
-__all__ = ["KINDS", "generate_msd", "spleen_like_case", "brats_like_case"]
+from monai_fast.files import atomic_write, cache_root, write_json
+
+__all__ = ["KINDS", "brats_like_case", "generate_msd", "spleen_like_case", "synthetic_dataset"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,16 +162,10 @@ def brats_like_case(rng: np.random.Generator, shape: Sequence[int]) -> tuple[np.
 
 def _save_atomic(array: np.ndarray, affine: np.ndarray, path: Path) -> None:
     """Write a NIfTI file through a temporary name in the same folder, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".nii.gz", dir=path.parent)
-    os.close(fd)
-    try:
-        img = nib.Nifti1Image(array, affine)
-        img.header.set_xyzt_units("mm")
-        nib.save(img, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    img = nib.Nifti1Image(array, affine)
+    img.header.set_xyzt_units("mm")
+    with atomic_write(path, "wb") as f:
+        f.write(img.to_bytes() if not path.name.endswith(".gz") else gzip.compress(img.to_bytes(), compresslevel=1, mtime=0))
 
 
 def generate_msd(
@@ -242,8 +238,28 @@ def generate_msd(
         "test": [],
         "monai_fast": {"kind": kind, "shape": list(shape), "spacing": list(spacing), "seed": seed},
     }
-    tmp = root / ".dataset.json.tmp"
-    tmp.write_text(json.dumps(dataset, indent=2))
-    os.replace(tmp, root / "dataset.json")
+    write_json(dataset, root / "dataset.json")
     logger.info("wrote %d %s cases to %s", num_cases, kind, root)
     return root
+
+
+def synthetic_dataset(kind: str, cases: int, shape: Sequence[int], seed: int, progress: bool = True) -> Path:
+    """The synthetic set for these parameters, written once into the cache folder and reused.
+
+    The folder is ``<cache_root()>/data/<kind>-n<cases>-<shape>-s<seed>``
+    (:func:`monai_fast.files.cache_root`). A folder whose ``dataset.json`` is missing, damaged or
+    written for other parameters is written again.
+    """
+    shape = tuple(int(s) for s in shape)
+    root = cache_root() / "data" / f"{kind}-n{cases}-{'x'.join(map(str, shape))}-s{seed}"
+    ready = root / "dataset.json"
+    if ready.is_file():
+        try:
+            meta = json.loads(ready.read_text()).get("monai_fast", {})
+            if meta.get("shape") == list(shape) and meta.get("seed") == seed and meta.get("kind") == kind:
+                logger.info("reusing synthetic data in %s", root)
+                return root
+        except (OSError, json.JSONDecodeError, AttributeError):
+            pass  # a damaged folder is simply written again
+    logger.info("writing %d %s cases to %s", cases, kind, root)
+    return generate_msd(root, kind=kind, num_cases=cases, shape=shape, seed=seed, progress=progress)

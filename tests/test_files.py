@@ -1,0 +1,100 @@
+"""The ground floor: atomic writes, stale temporary files of killed writers, the cache folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from monai_fast.files import atomic_write, cache_root, clean_stale_tmp, tmp_path_for, write_json, write_text
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = write_text("old", tmp_path / "a.txt")
+    with pytest.raises(RuntimeError, match="boom"), atomic_write(target) as f:
+        f.write("half of the new")
+        raise RuntimeError("boom")
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+def test_written_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        p = write_json({"a": 1}, tmp_path / "x.json", fsync=True)
+    finally:
+        os.umask(old)
+    assert p.stat().st_mode & 0o777 == 0o644
+    assert json.loads(p.read_text()) == {"a": 1}
+
+
+def _writer_killed_mid_write(folder: Path) -> Path:
+    """A real process that opens an atomic write, writes half, and is killed with SIGKILL."""
+    code = textwrap.dedent(f"""
+        import sys, time
+        from monai_fast.files import atomic_write
+        with atomic_write({str(folder / 'results.json')!r}) as f:
+            f.write('{{"half": ')
+            f.flush()
+            print("writing", flush=True)
+            time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    leftovers = list(folder.glob(".results.json.*.tmp"))
+    assert len(leftovers) == 1, "the writer's temporary file should exist while it writes"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    return leftovers[0]
+
+
+def test_a_killed_writers_temporary_is_cleaned_by_the_next_write(tmp_path):
+    leftover = _writer_killed_mid_write(tmp_path)
+    assert leftover.exists() and not (tmp_path / "results.json").exists()
+    write_json({"complete": True}, tmp_path / "results.json")
+    assert not leftover.exists()
+    assert json.loads((tmp_path / "results.json").read_text()) == {"complete": True}
+
+
+def test_clean_stale_tmp_keeps_live_writers_and_foreign_files(tmp_path):
+    live = tmp_path_for(tmp_path / "mine.bin")  # this process is alive
+    live.write_text("in progress")
+    foreign = tmp_path / ".someone_elses.tmp"  # not named by tmp_path_for
+    foreign.write_text("x")
+    other_host = tmp_path / ".f.json.otherhost-123.abcd1234.tmp"
+    other_host.write_text("x")
+    dead = _writer_killed_mid_write(tmp_path)
+    assert clean_stale_tmp(tmp_path) == [dead]
+    assert live.exists() and foreign.exists() and other_host.exists()
+    old = time.time() - 3 * 86400
+    os.utime(other_host, (old, old))
+    assert clean_stale_tmp(tmp_path, max_age_s=86400) == [other_host]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"MONAI_FAST_CACHE": "/srv/mf"}, "/srv/mf"),
+        ({"MONAI_FAST_CACHE": "", "XDG_CACHE_HOME": "/xdg"}, "/xdg/monai-fast"),
+        ({"XDG_CACHE_HOME": ""}, "~/.cache/monai-fast"),
+        ({"XDG_CACHE_HOME": "relative/dir"}, "~/.cache/monai-fast"),
+        ({}, "~/.cache/monai-fast"),
+    ],
+)
+def test_cache_root_and_every_user_of_it_agree(monkeypatch, env, expected):
+    from monai_fast.tune import default_store_path
+
+    for name in ("MONAI_FAST_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    root = Path(os.path.expanduser(expected))
+    assert cache_root() == root
+    assert default_store_path() == root / "tuning.json"
