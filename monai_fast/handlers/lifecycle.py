@@ -1,29 +1,76 @@
-"""Run-end hooks that fire however a run ends: completed, terminated or raised.
+"""One attach discipline for every monai-fast handler, and run-end hooks that always fire.
 
-Ignite has no "finally" event, and registering an ``EXCEPTION_RAISED`` handler makes ignite hand
-the exception to that handler instead of raising it (``Engine._handle_exception``). A handler
-that only wants to clean up (pop NVTX ranges, stop a sampling thread, close a file) must still
-let the exception out, and must run even when another handler, such as MONAI's ``StatsHandler``,
-re-raises first. :func:`on_run_end` installs one exception hook per engine, placed first among
-the engine's exception handlers: it runs every registered cleanup, then re-raises.
+**Attach.** Every handler derives from :class:`EngineHandler` and wires itself in
+``_attach(engine)`` through :meth:`EngineHandler.on` and :meth:`EngineHandler.on_run_end`, which
+remember what was registered. The rules, the same for every handler:
+
+* attaching the same instance to the same engine twice raises ``RuntimeError``;
+* attaching a *new instance* of a handler class that is already on the engine (a re-run notebook
+  cell, a second ``train_handlers`` entry) replaces the old one: the old instance is detached (its
+  event handlers removed, its threads stopped through :meth:`EngineHandler._detached`) and a log
+  line says so. Nothing is counted twice;
+* one instance serves one engine, unless its class sets ``multi_engine = True`` (the run record,
+  which the trainer and the evaluator share); attaching it to a second engine otherwise raises
+  ``RuntimeError`` naming the fix (make one per engine);
+* :meth:`EngineHandler.detach` removes a handler from an engine by hand.
+
+**Run end.** Ignite has no "finally" event, and registering an ``EXCEPTION_RAISED`` handler makes
+ignite hand the exception to that handler instead of raising it. A handler that only wants to
+clean up (pop NVTX ranges, stop a sampling thread, close a file) must still let the exception out,
+and must run even when another handler, such as MONAI's ``StatsHandler``, re-raises first.
+:func:`on_run_end` installs one exception hook per engine, placed first among the engine's
+exception handlers: it runs every registered cleanup, then re-raises. Ignite offers no public way
+to order handlers, so this one place reads ``Engine._event_handlers``.
+
+Example:
+    >>> from ignite.engine import Engine, Events
+    >>> class CountEpochs(EngineHandler):
+    ...     def __init__(self) -> None:
+    ...         super().__init__()
+    ...         self.epochs = 0
+    ...     def _attach(self, engine: Engine) -> None:
+    ...         self.on(engine, Events.EPOCH_COMPLETED, self._count)
+    ...     def _count(self, engine: Engine) -> None:
+    ...         self.epochs += 1
+    >>> engine = Engine(lambda e, b: None)
+    >>> old = CountEpochs(); old.attach(engine)
+    >>> new = CountEpochs(); new.attach(engine)   # replaces `old`, as a re-run cell does
+    >>> _ = engine.run([0], max_epochs=2)
+    >>> old.epochs, new.epochs
+    (0, 2)
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any, ClassVar
 
 from ignite.engine import Engine, Events
+from ignite.engine.events import RemovableEventHandle
 
-__all__ = ["on_run_end"]
+__all__ = ["EngineHandler", "handlers_on", "on_run_end"]
 
-_ATTR = "_monai_fast_run_end"
+_RUN_END = "_monai_fast_run_end"
+_REGISTRY = "_monai_fast_handlers"
 logger = logging.getLogger("monai_fast.handlers")
 
 
+class _RunEndHandle:
+    """Removes one :func:`on_run_end` hook again."""
+
+    def __init__(self, engine: Engine, entry: tuple) -> None:
+        self.engine, self.entry = engine, entry
+
+    def remove(self) -> None:
+        hooks = getattr(self.engine, _RUN_END, [])
+        if self.entry in hooks:
+            hooks.remove(self.entry)
+
+
 def _run_all(engine: Engine) -> None:
-    hooks = getattr(engine, _ATTR, [])
-    for fn in [f for f, last in hooks if not last] + [f for f, last in hooks if last]:
+    hooks = list(getattr(engine, _RUN_END, []))
+    for fn, _ in [h for h in hooks if not h[1]] + [h for h in hooks if h[1]]:
         try:
             fn(engine)
         except Exception:  # one failing cleanup must not stop the others, nor hide the run's error
@@ -35,21 +82,116 @@ def _on_exception(engine: Engine, e: BaseException) -> None:
     raise e
 
 
-def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False) -> None:
-    """Call ``fn(engine)`` when each run of ``engine`` ends: on ``COMPLETED``, on ``TERMINATE``
-    (also with ``skip_completed``) and when the run raises, before the exception propagates.
-    ``fn`` may be called twice for one run (``TERMINATE`` then ``COMPLETED``): make it idempotent.
-    Hooks run in the order registered, those with ``last=True`` after all others (the run record
-    closes last, once every handler has written its summary).
+def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False) -> _RunEndHandle:
+    """Call ``fn(engine)`` when each run of ``engine`` ends.
+
+    That is on ``COMPLETED``, on ``TERMINATE`` (also with ``skip_completed``) and when the run
+    raises, before the exception propagates. ``fn`` may be called twice for one run
+    (``TERMINATE`` then ``COMPLETED``): make it idempotent. Hooks run in the order registered,
+    those with ``last=True`` after all others (the run record closes last, once every handler has
+    written its summary).
+
+    Returns:
+        A handle whose ``remove()`` unregisters ``fn``.
     """
-    hooks = getattr(engine, _ATTR, None)
+    hooks = getattr(engine, _RUN_END, None)
     if hooks is None:
         hooks = []
-        setattr(engine, _ATTR, hooks)
+        setattr(engine, _RUN_END, hooks)
         engine.add_event_handler(Events.COMPLETED, _run_all)
         engine.add_event_handler(Events.TERMINATE, _run_all)
         engine.add_event_handler(Events.EXCEPTION_RAISED, _on_exception)
         # first among exception handlers, so a handler that re-raises before us cannot skip cleanup
         handlers = engine._event_handlers[Events.EXCEPTION_RAISED]
         handlers.insert(0, handlers.pop())
-    hooks.append((fn, last))
+    entry = (fn, last)
+    hooks.append(entry)
+    return _RunEndHandle(engine, entry)
+
+
+def handlers_on(engine: Engine) -> dict[type, EngineHandler]:
+    """The monai-fast handlers attached to ``engine``, by class (a copy)."""
+    return dict(getattr(engine, _REGISTRY, {}))
+
+
+class EngineHandler:
+    """Base class of every monai-fast handler: the attach discipline described in this module.
+
+    Subclasses call ``super().__init__()``, validate their options in ``__init__``, register their
+    callbacks in ``_attach(engine)`` with :meth:`on` / :meth:`on_run_end`, and stop what they
+    started (threads, files) in ``_detached(engine)``.
+    """
+
+    #: whether one instance may serve several engines (e.g. a trainer and its evaluator)
+    multi_engine: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._wiring: dict[int, tuple[Engine, list[Any]]] = {}
+
+    @property
+    def engines(self) -> list[Engine]:
+        """The engines this handler is attached to, in attach order."""
+        return [engine for engine, _ in self._wiring.values()]
+
+    @property
+    def engine(self) -> Engine | None:
+        """The first engine this handler is attached to, or ``None``."""
+        return next(iter(self._wiring.values()))[0] if self._wiring else None
+
+    def is_attached(self, engine: Engine | None = None) -> bool:
+        """Whether attached to ``engine`` (to any engine when ``None``)."""
+        return bool(self._wiring) if engine is None else id(engine) in self._wiring
+
+    def attach(self, engine: Engine) -> None:
+        """Wire this handler into ``engine``, replacing another instance of the same class there.
+
+        Raises:
+            RuntimeError: already attached to ``engine``, or to another engine while the class
+                serves one engine per instance.
+        """
+        name = type(self).__name__
+        if self.is_attached(engine):
+            raise RuntimeError(f"this {name} is already attached to this engine")
+        if self._wiring and not self.multi_engine:
+            raise RuntimeError(f"this {name} is already attached to another engine; make one {name} per engine")
+        registry: dict[type, EngineHandler] = getattr(engine, _REGISTRY, None) or {}
+        setattr(engine, _REGISTRY, registry)
+        old = registry.get(type(self))
+        if old is not None and old is not self:
+            logger.info("%s: a new instance replaces the one already attached to this engine", name)
+            old.detach(engine)
+        self._wiring[id(engine)] = (engine, [])
+        registry[type(self)] = self
+        try:
+            self._attach(engine)
+        except BaseException:
+            self.detach(engine)
+            raise
+
+    def detach(self, engine: Engine) -> None:
+        """Remove every callback this handler registered on ``engine`` and stop what it started."""
+        entry = self._wiring.pop(id(engine), None)
+        if entry is None:
+            return
+        for handle in entry[1]:
+            handle.remove()
+        registry = getattr(engine, _REGISTRY, {})
+        if registry.get(type(self)) is self:
+            del registry[type(self)]
+        self._detached(engine)
+
+    def on(self, engine: Engine, event: Any, fn: Callable, *args: Any, **kwargs: Any) -> RemovableEventHandle:
+        """``engine.add_event_handler(event, fn, *args, **kwargs)``, remembered for :meth:`detach`."""
+        handle = engine.add_event_handler(event, fn, *args, **kwargs)
+        self._wiring[id(engine)][1].append(handle)
+        return handle
+
+    def on_run_end(self, engine: Engine, fn: Callable[[Engine], None], last: bool = False) -> None:
+        """:func:`on_run_end`, remembered for :meth:`detach`."""
+        self._wiring[id(engine)][1].append(on_run_end(engine, fn, last=last))
+
+    def _attach(self, engine: Engine) -> None:
+        raise NotImplementedError
+
+    def _detached(self, engine: Engine) -> None:
+        """Stop threads, close files: called once the handler is off ``engine``. Default: nothing."""
