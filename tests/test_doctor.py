@@ -1,6 +1,7 @@
 import time
 
 import pytest
+import torch
 from ignite.engine import Engine
 
 from monai_fast.cli import main
@@ -78,3 +79,47 @@ def test_doctor_cli(tmp_path, capsys):
     assert "verdict: data-bound" in out and "report.md" in out
     with pytest.raises(SystemExit, match="no monai-fast record"):
         main(["doctor", str(tmp_path / "nothing")])
+
+
+def _rank_run(run_dir, rank, step_s, epochs=2):
+    engine = Engine(lambda e, b: time.sleep(step_s))
+    RecordHandler(run_dir, rank=rank).attach(engine)
+    TimeBreakdown().attach(engine)
+    ThroughputMonitor(log_every_epoch=False).attach(engine)
+    engine.run([{"image": torch.zeros(2, 1, 4, 4, 4)}] * 3, max_epochs=epochs)
+
+
+def test_doctor_counts_epochs_once_and_names_the_straggler_rank(tmp_path):
+    _rank_run(tmp_path, 0, 0.01)
+    _rank_run(tmp_path, 1, 0.03)  # a straggler: three times slower
+    d = doctor(tmp_path)
+    assert d.numbers["epochs"] == 2 and d.numbers["ranks"] == 2
+    assert d.numbers["slowest_rank"] == 1 and d.numbers["fastest_rank"] == 0
+    assert d.numbers["straggler_ratio"] > 2.0
+    assert any("slowest rank 1" in e and "straggler" in e for e in d.evidence), d.evidence
+    assert "over 2 epoch(s) and 2 ranks" in d.evidence[0]
+    report = (tmp_path / "report.md").read_text()
+    table = [line for line in report.splitlines() if line.startswith("| 0 |")]
+    assert [tuple(c.strip() for c in line.split("|")[2:4]) for line in table] == [("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
+    assert "What the handlers measured" in report and "rank1: throughput" in report
+
+
+def test_doctor_on_damaged_records_names_the_file_and_still_gives_a_verdict(tmp_path, caplog):
+    _rank_run(tmp_path, 0, 0.0, epochs=1)
+    (tmp_path / "summary.rank0.json").write_text("{ not json")
+    with caplog.at_level("WARNING"):
+        d = doctor(tmp_path)
+    assert "summary.rank0.json" in caplog.text and d.verdict
+    with open(tmp_path / "record.rank0.jsonl", "a") as f:
+        f.write("[1, 2]\n")
+    with pytest.raises(ValueError, match=r"record\.rank0\.jsonl:\d+ is not a record row"):
+        doctor(tmp_path)
+
+
+def test_doctor_gives_the_verdict_when_the_report_cannot_be_written(tmp_path, monkeypatch, caplog):
+    _rank_run(tmp_path, 0, 0.0, epochs=1)
+    (tmp_path / "report.md").mkdir()  # a folder where the report should go: the write fails, also as root
+    with caplog.at_level("WARNING"):
+        d = doctor(tmp_path)
+    assert d.verdict and d.report is None
+    assert "could not write the report" in caplog.text

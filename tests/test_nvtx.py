@@ -1,4 +1,5 @@
 import pytest
+import torch
 from ignite.engine import Engine
 from monai.data import CacheDataset
 from monai.handlers import StatsHandler
@@ -113,3 +114,18 @@ def test_nvtx_on_cuda_with_real_package():
     NVTXHandler().attach(engine)
     engine.run(list(range(4)), max_epochs=2)
     assert engine.state.iteration == 8
+
+
+def test_wrapped_transforms_stay_invertible_in_a_compose():
+    import numpy as np
+    from monai.transforms import Compose, Flipd, RandFlipd
+
+    rec = RecordingNvtx()
+    image = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(1, 2, 3, 4)
+    chain = Compose([nvtx_range(Flipd("image", spatial_axis=0), backend=rec),
+                     nvtx_range(RandFlipd("image", prob=1.0, spatial_axis=2), backend=rec)])
+    out = chain({"image": image.clone()})
+    assert not np.array_equal(np.asarray(out["image"]), image.numpy())
+    back = chain.inverse(out)
+    assert np.array_equal(np.asarray(back["image"]), image.numpy()), "Compose.inverse must undo wrapped transforms"
+    assert rec.open_ranges == [] and ("push", "RandFlipd inverse", rec.calls[-2][2]) in rec.calls

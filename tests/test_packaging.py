@@ -14,3 +14,42 @@ def test_every_code_folder_is_a_package_that_setup_finds():
     }
     missing = sorted(folders - found)
     assert not missing, f"not packaged (no __init__.py?): {missing}"
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def _modules(folder: str) -> list[Path]:
+    return sorted(p for p in (ROOT / "monai_fast" / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_handlers_import_nothing_above_them():
+    above = ("monai_fast.report", "monai_fast.recipes", "monai_fast.tune", "monai_fast.race", "monai_fast.cli")
+    bad = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith(above)) for p in _modules("handlers")}
+    assert not {k: v for k, v in bad.items() if v}, f"handlers/ imports an upper layer: {bad}"
+
+
+def test_the_ground_floor_imports_nothing_of_ours():
+    assert not [n for n in _imports(ROOT / "monai_fast" / "files.py") if n.startswith("monai_fast")]
+
+
+def test_hardware_libraries_are_called_only_in_telemetry():
+    import re
+
+    pattern = re.compile(r"\btorch\.cuda\.|\bimport pynvml\b|\bfrom pynvml\b|^\s*import nvtx\b|^\s*from nvtx\b", re.M)
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in _modules("")
+        if "telemetry" not in p.parts and pattern.search(p.read_text())
+    ]
+    assert not offenders, f"hardware calls outside telemetry/: {offenders}"

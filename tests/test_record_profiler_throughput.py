@@ -19,8 +19,8 @@ def test_record_round_trip_and_atomic_summary(tmp_path):
     rec.close()  # idempotent
     rows, summary = load_record(tmp_path)
     assert [r["i"] for r in rows] == list(range(5)) and rows[0]["value"] == 0.5 and rows[0]["rank"] == 1
-    assert summary == {"rank": 1, "x": {"n": 5}}
-    assert not list(tmp_path.glob(".tmp_*"))
+    assert summary == {"rank": 1, "segments": 1, "x": {"n": 5}}
+    assert not list(tmp_path.glob(".*.tmp"))
     with pytest.raises(ValueError, match="kind"):
         rec.add("minute", "x")
 
@@ -86,8 +86,67 @@ def test_kernel_profiler_writes_trace_and_dlprof_style_summary(tmp_path):
 
 
 def test_kernel_profiler_stops_when_run_ends_early(tmp_path):
-    engine = Engine(lambda e, b: None)
-    KernelProfiler(tmp_path, wait=0, warmup=0, active=50).attach(engine)
-    engine.run([0, 1], max_epochs=1)  # fewer iterations than the window: no crash, profiler stopped
+    seen = []
+    engine = Engine(lambda e, b: seen.append(torch.autograd._profiler_enabled()))
+    prof = KernelProfiler(tmp_path, wait=0, warmup=1, active=50)
+    prof.attach(engine)
+    engine.run([0, 1, 2], max_epochs=1)  # fewer iterations than the window
+    assert seen[-1], "the profiler should have been recording during the run"
+    assert not prof.profiling and not torch.autograd._profiler_enabled(), "the profiler must stop with the run"
     with pytest.raises(ValueError, match="active"):
         KernelProfiler(tmp_path, active=0)
+
+
+def test_kernel_profiler_stops_when_the_run_raises(tmp_path):
+    def step(e, b):
+        if e.state.iteration == 2:
+            raise RuntimeError("bad batch")
+
+    engine = Engine(step)
+    prof = KernelProfiler(tmp_path, wait=0, warmup=0, active=50)
+    prof.attach(engine)
+    with pytest.raises(RuntimeError, match="bad batch"):
+        engine.run([0, 1, 2], max_epochs=1)
+    assert not prof.profiling and not torch.autograd._profiler_enabled()
+
+
+def _event(key, device_type, cpu_us, device_us):
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEventAvg
+
+    e = FunctionEventAvg()
+    e.key, e.count, e.device_type, e.is_user_annotation = key, 2, getattr(DeviceType, device_type), False
+    e.self_cpu_time_total, e.self_device_time_total = cpu_us, device_us
+    return e
+
+
+def test_kernel_summary_counts_gpu_time_once_like_torchs_table():
+    from monai_fast.handlers.kernel_profiler import summarise_profile
+
+    # an op that launched a kernel reports the kernel's time as its own "self device time" too
+    events = [_event("aten::conv3d", "CPU", 50.0, 400.0), _event("implicit_gemm_kernel", "CUDA", 0.0, 400.0),
+              _event("aten::add", "CPU", 10.0, 20.0), _event("elementwise_kernel", "CUDA", 0.0, 20.0)]
+    s = summarise_profile(events)
+    allk = s["All kernels"]
+    assert allk["GPU Time (ns)"] == 420_000 and allk["# Kernels"] == 2 and allk["# Ops"] == 2
+    assert allk["CPU Time (ns)"] == 60_000
+    assert [r["name"] for r in s["top"]] == ["implicit_gemm_kernel", "elementwise_kernel"]
+
+
+@pytest.mark.gpu
+def test_kernel_summary_matches_torchs_device_total_on_cuda(tmp_path):
+    from torch.profiler import ProfilerActivity, profile
+
+    from monai_fast.handlers.kernel_profiler import summarise_profile
+
+    net = torch.nn.Conv3d(1, 8, 3).cuda()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            net(torch.randn(2, 1, 16, 16, 16, device="cuda")).sum().backward()
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    torch_total_us = sum(e.self_device_time_total for e in averages
+                         if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation)
+    s = summarise_profile(averages)
+    assert s["All kernels"]["GPU Time (ns)"] == pytest.approx(torch_total_us * 1000, rel=1e-6)
+    assert s["All kernels"]["# Kernels"] > 0 and s["ranked_by"] == "gpu_time_ns"

@@ -109,3 +109,15 @@ def test_spacing_really_resamples(tiny_spleen, tiny_config):
     # 48 x 1.6 / 1.5 = 51.2 and 32 x 2.5 / 2.0 = 40 voxels
     assert tuple(out["image"].shape[1:]) == (51, 51, 40)
     np.testing.assert_allclose(out["image"].pixdim.tolist(), [1.5, 1.5, 2.0], rtol=1e-5)
+
+
+def test_written_files_follow_the_umask_not_0600(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        root = generate_msd(tmp_path / "d", "spleen-like", num_cases=1, shape=(16, 16, 8), progress=False)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in root.rglob("*") if p.is_file()}
+    assert modes and set(modes.values()) == {0o644}, modes

@@ -30,9 +30,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from monai.data import PersistentDataset
-from monai.data.utils import pickle_hashing
+from monai.data.utils import SUPPORTED_PICKLE_MOD, pickle_hashing
 from monai.transforms import RandomizableTrait, Transform
-from monai.data.utils import SUPPORTED_PICKLE_MOD
 from monai.utils import convert_to_tensor, look_up_option
 
 from monai_fast.files import atomic_write

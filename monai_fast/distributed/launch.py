@@ -15,7 +15,7 @@ from ignite import distributed as idist
 from monai.utils import set_determinism
 
 from monai_fast.distributed.env import detect, pick_backend
-from monai_fast.telemetry import cuda_available
+from monai_fast.telemetry import cuda_available, set_cuda_device
 
 __all__ = ["free_port", "run", "setup_rank"]
 
@@ -42,7 +42,7 @@ def setup_rank(seed: int | None = 0) -> torch.device:
     """
     device = idist.device()
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        set_cuda_device(device)
     elif idist.get_nproc_per_node() > 1 and "OMP_NUM_THREADS" not in os.environ:
         # CPU ranks on one node share its cores (torchrun sets OMP_NUM_THREADS=1 itself)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // idist.get_nproc_per_node()))

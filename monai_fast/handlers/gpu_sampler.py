@@ -1,4 +1,4 @@
-"""Background NVML sampling of the GPUs a rank uses: record, CSV, TensorBoard, summary, PNG."""
+"""Background NVML sampling of the GPUs a rank uses: record rows, CSV, TensorBoard, summary."""
 
 from __future__ import annotations
 
@@ -15,32 +15,35 @@ from typing import Any
 import ignite.distributed as idist
 from ignite.engine import Engine, Events
 
-from monai_fast.handlers.lifecycle import on_run_end
+from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.record import record_of
+from monai_fast.telemetry.cuda import cuda_device_uuid
 from monai_fast.telemetry.nvml import FIELDS, NvmlBackend, NvmlUnavailable, open_nvml, visible_gpu_indices
+from monai_fast.telemetry.record import Kind, Source
 
 __all__ = ["GPUSampler"]
 
 logger = logging.getLogger("monai_fast.handlers")
 
 
-class GPUSampler:
+class GPUSampler(EngineHandler):
     """Samples GPU utilisation, memory, power, temperature and SM clock on a background thread.
 
     Sampling never runs on the training thread (ignite's ``GpuInfo`` polls on it, through the
     retired ``pynvml.smi``). The thread starts with the engine's run and is stopped and joined
     when the run ends, also when it raises. Each sample becomes an ``interval`` row of the run
     record; with ``output_dir`` (default: the record's run folder) a CSV like the fast-training
-    guide's ``nvidia_smi.csv`` and a PNG timeline of utilisation and memory are written; with
-    ``writer`` (a ``SummaryWriter``) the values go to TensorBoard. :attr:`summary` holds mean and
-    peak per GPU after the run. Without NVML (a CPU machine): one warning, and the handler does
-    nothing.
+    guide's ``nvidia_smi.csv`` is written; with ``writer`` (a ``SummaryWriter``) the values go to
+    TensorBoard. :attr:`summary` holds mean and peak per GPU after the run (the doctor prints it and
+    plots the record's rows as ``gpu_util.png``). Without NVML (a CPU machine): one warning, and the
+    handler does nothing.
 
     Args:
         interval_s: seconds between samples (> 0).
-        gpus: NVML indices to sample; default the GPU of this local rank
-            (``CUDA_VISIBLE_DEVICES`` honoured).
-        output_dir: where ``gpu_rank<R>.csv`` and ``gpu_rank<R>.png`` go; checked for
+        gpus: NVML indices to sample; default the GPU this process trains on: the engine's CUDA
+            device (or the current one) matched to NVML by UUID, else this local rank's entry of
+            ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs); see :func:`visible_gpu_indices`.
+        output_dir: where ``gpu_rank<R>.csv`` goes; checked for
             writability here. ``None``: the record's run folder, if any.
         writer: a TensorBoard ``SummaryWriter`` for ``gpu<i>/util`` etc.
         backend: an NVML backend; default the real one (tests pass ``FakeNvml``).
@@ -70,33 +73,22 @@ class GPUSampler:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(self.output_dir, os.W_OK):
                 raise PermissionError(f"GPUSampler output_dir {self.output_dir} is not writable")
+        super().__init__()
         self.interval_s = float(interval_s)
         self.gpus = [int(g) for g in gpus] if gpus is not None else None
         self.writer = writer
         self._backend = backend
-        self.max_points = 20000
-        self.samples: list[dict] = []  # for the plot: decimated to at most max_points per run
+        self.n_samples = 0
         self.summary: dict[str, dict] = {}
         self._agg: dict[int, dict] = {}
         self._csv_file = None
         self._csv = None
-        self._stride = 1
-        self._seen = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._engine: Engine | None = None
         self.active = False
 
-    def attach(self, engine: Engine) -> None:
-        """Start sampling when ``engine`` starts and stop when its run ends.
-
-        Raises:
-            RuntimeError: if already attached.
-        """
-        if self._engine is not None:
-            raise RuntimeError("GPUSampler is already attached; make one per engine")
-        self._engine = engine
+    def _attach(self, engine: Engine) -> None:
         if self._backend is None:
             try:
                 self._backend = open_nvml()
@@ -104,13 +96,20 @@ class GPUSampler:
                 logger.warning("GPUSampler: %s; GPU sampling is off, training is unaffected", e)
                 return
         count = self._backend.device_count()
-        self.gpus = self.gpus if self.gpus is not None else visible_gpu_indices(idist.get_local_rank())
+        if self.gpus is None:
+            device = getattr(engine.state, "device", None)  # MONAI engines; else this process's current CUDA device
+            uuid = cuda_device_uuid(device if device is not None and str(device).startswith("cuda") else None)
+            self.gpus = visible_gpu_indices(idist.get_local_rank(), self._backend, uuid)
         bad = [g for g in self.gpus if g >= count]
         if bad:
             raise ValueError(f"GPUSampler: gpus {bad} do not exist; NVML sees {count} GPU(s)")
         self.active = True
-        engine.add_event_handler(Events.STARTED, self._start)
-        on_run_end(engine, self._finish)
+        self.on(engine, Events.STARTED, self._start)
+        self.on_run_end(engine, self._finish)
+
+    def _detached(self, engine: Engine) -> None:
+        self._finish(engine)
+        self.active = False
 
     def _start(self, engine: Engine) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -127,7 +126,7 @@ class GPUSampler:
         self._thread.start()
 
     def _loop(self) -> None:
-        record = record_of(self._engine) if self._engine is not None else None
+        record = record_of(self.engine) if self.engine is not None else None
         rank = idist.get_rank()
         round_ = 0  # TensorBoard step: one per sampling round, never reset by the plot's decimation
         try:
@@ -139,7 +138,7 @@ class GPUSampler:
                     row = {"gpu": g, "t": now - self._t0, **values}
                     self._keep(row)
                     if record is not None:
-                        record.add("interval", "gpu", **row)
+                        record.add(Kind.INTERVAL, Source.GPU, **row)
                     if self.writer is not None:
                         for k in ("gpu_util", "mem_used_mib", "power_w"):
                             self.writer.add_scalar(f"rank{rank}/gpu{g}/{k}", values[k], round_, walltime=now)
@@ -166,12 +165,7 @@ class GPUSampler:
             self._csv.writerow([f"{row['t']:.3f}", row["gpu"], row["gpu_util"], f"{row['mem_used_mib']:.1f}",
                                 f"{row['mem_total_mib']:.1f}", f"{100 * row['mem_used_mib'] / row['mem_total_mib']:.2f}",
                                 *(row[k] for k in FIELDS[4:])])
-        self._seen += 1
-        if self._seen % self._stride == 0:
-            self.samples.append(row)
-            if len(self.samples) > self.max_points:  # halve the plot's resolution, keep the whole span
-                self.samples = self.samples[::2]
-                self._stride *= 2
+        self.n_samples += 1
 
     def _finish(self, engine: Engine) -> None:
         if self._thread is None:
@@ -200,30 +194,4 @@ class GPUSampler:
             }
         record = record_of(engine)
         if record is not None:
-            record.set_summary("gpu", self.summary)
-        out = self.output_dir or (record.run_dir if record is not None else None)
-        if out is not None and self.samples:
-            self._plot(Path(out) / f"gpu_rank{idist.get_rank()}.png")
-
-    def _plot(self, path: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, (a, b) = plt.subplots(2, 1, figsize=(8, 4.5), sharex=True, dpi=100)
-        for g in self.gpus or []:
-            rows = [s for s in self.samples if s["gpu"] == g]
-            t = [r["t"] for r in rows]
-            a.plot(t, [r["gpu_util"] for r in rows], label=f"GPU {g}")
-            b.plot(t, [100 * r["mem_used_mib"] / r["mem_total_mib"] for r in rows], label=f"GPU {g}")
-        a.set_ylabel("utilisation %")
-        b.set_ylabel("memory used %")
-        b.set_xlabel("seconds since start")
-        for ax in (a, b):
-            ax.set_ylim(0, 105)
-            ax.grid(alpha=0.3)
-        a.legend(loc="lower right")
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
+            record.set_summary(Source.GPU, self.summary)

@@ -12,46 +12,56 @@ from ignite.engine import Engine, Events
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from monai_fast.files import write_json
-from monai_fast.handlers.lifecycle import on_run_end
+from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry import cuda_available
+from monai_fast.telemetry.record import Source
 
 __all__ = ["KernelProfiler", "summarise_profile"]
 
 logger = logging.getLogger("monai_fast.handlers")
 
 
+def _is_device_kernel(e: Any) -> bool:
+    """A device kernel row (``device_type`` CUDA or another accelerator), not a CPU op or a user range."""
+    return "CPU" not in str(getattr(e, "device_type", "CPU")) and not getattr(e, "is_user_annotation", False)
+
+
 def summarise_profile(key_averages: Any, top: int = 15) -> dict:
-    """A DLProf-like summary of ``prof.key_averages()``: op/kernel counts, CPU and GPU time in ns,
-    and the ``top`` ops by GPU time (by CPU time when nothing ran on a GPU)."""
-    rows = []
+    """A DLProf-like summary of ``prof.key_averages()``.
+
+    CPU ops and device kernels are counted apart, as torch's own table does: an op's "self device
+    time" is the time of the kernels it launched, so adding op rows to kernel rows would count GPU
+    time twice. ``# Kernels`` and ``GPU Time (ns)`` cover device kernels only; ``# Ops`` and
+    ``CPU Time (ns)`` cover CPU ops. ``top`` lists the kernels by GPU time, or the ops by CPU time
+    when nothing ran on a device.
+    """
+    ops, kernels = [], []
     for e in key_averages:
-        gpu_us = float(getattr(e, "self_device_time_total", 0.0) or 0.0)
-        rows.append(
-            {
-                "name": e.key,
-                "calls": int(e.count),
-                "cpu_time_ns": int(float(e.self_cpu_time_total) * 1000),
-                "gpu_time_ns": int(gpu_us * 1000),
-            }
-        )
-    on_gpu = any(r["gpu_time_ns"] for r in rows)
-    rows.sort(key=lambda r: r["gpu_time_ns" if on_gpu else "cpu_time_ns"], reverse=True)
-    kernels = [r for r in rows if r["gpu_time_ns"] > 0]
+        device = _is_device_kernel(e)
+        (kernels if device else ops).append({
+            "name": e.key,
+            "calls": int(e.count),
+            "cpu_time_ns": int(float(e.self_cpu_time_total) * 1000),
+            "gpu_time_ns": int(float(getattr(e, "self_device_time_total", 0.0) or 0.0) * 1000) if device else 0,
+        })
+    on_gpu = bool(kernels)
+    ranked = sorted(kernels, key=lambda r: r["gpu_time_ns"], reverse=True) if on_gpu else \
+        sorted(ops, key=lambda r: r["cpu_time_ns"], reverse=True)
     return {
         "All kernels": {
             "# Kernels": len(kernels),
-            "# Ops": len(rows),
-            "# Calls": sum(r["calls"] for r in rows),
-            "CPU Time (ns)": sum(r["cpu_time_ns"] for r in rows),
-            "GPU Time (ns)": sum(r["gpu_time_ns"] for r in rows),
+            "# Ops": len(ops),
+            "# Calls": sum(r["calls"] for r in ops),
+            "CPU Time (ns)": sum(r["cpu_time_ns"] for r in ops),
+            "GPU Time (ns)": sum(r["gpu_time_ns"] for r in kernels),
         },
         "ranked_by": "gpu_time_ns" if on_gpu else "cpu_time_ns",
-        "top": rows[:top],
+        "top": ranked[:top],
     }
 
 
-class KernelProfiler:
+class KernelProfiler(EngineHandler):
     """Profiles a window of iterations with ``torch.profiler`` (DLProf is retired).
 
     After ``wait`` iterations it warms up for ``warmup`` and records ``active`` iterations, then
@@ -86,21 +96,25 @@ class KernelProfiler:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if not os.access(self.output_dir, os.W_OK):
             raise PermissionError(f"KernelProfiler output_dir {self.output_dir} is not writable")
+        super().__init__()
         self.wait, self.warmup, self.active = wait, warmup, active
         self.record_shapes = record_shapes
         self.top = top
         self.summary: dict | None = None
         self._prof: profile | None = None
-        self._engine: Engine | None = None
 
-    def attach(self, engine: Engine) -> None:
-        """Raises ``RuntimeError`` if already attached."""
-        if self._engine is not None:
-            raise RuntimeError("KernelProfiler is already attached; make one per engine")
-        self._engine = engine
-        engine.add_event_handler(Events.STARTED, self._start)
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self._step)
-        on_run_end(engine, self._stop)
+    @property
+    def profiling(self) -> bool:
+        """Whether the profiler is running now (between the run's start and the window's end or the run's end)."""
+        return self._prof is not None
+
+    def _attach(self, engine: Engine) -> None:
+        self.on(engine, Events.STARTED, self._start)
+        self.on(engine, Events.ITERATION_COMPLETED, self._step)
+        self.on_run_end(engine, self._stop)
+
+    def _detached(self, engine: Engine) -> None:
+        self._stop(engine)
 
     def _start(self, engine: Engine) -> None:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda_available() else [])
@@ -126,8 +140,8 @@ class KernelProfiler:
         prof.export_chrome_trace(str(self.output_dir / f"trace_rank{rank}.json"))
         self.summary = summarise_profile(prof.key_averages(), self.top)
         write_json(self.summary, self.output_dir / f"kernels_rank{rank}.json")
-        if self._engine is not None and (record := record_of(self._engine)) is not None:
-            record.set_summary("kernels", self.summary["All kernels"] | {"ranked_by": self.summary["ranked_by"], "top": self.summary["top"][:5]})
+        if self.engine is not None and (record := record_of(self.engine)) is not None:
+            record.set_summary(Source.KERNELS, self.summary["All kernels"] | {"ranked_by": self.summary["ranked_by"], "top": self.summary["top"][:5]})
         logger.info(
             "profiled %d iterations: %d ops, CPU %.1f ms, GPU %.1f ms -> %s",
             self.active, self.summary["All kernels"]["# Ops"], self.summary["All kernels"]["CPU Time (ns)"] / 1e6,

@@ -180,10 +180,18 @@ class EngineHandler:
             del registry[type(self)]
         self._detached(engine)
 
-    def on(self, engine: Engine, event: Any, fn: Callable, *args: Any, **kwargs: Any) -> RemovableEventHandle:
-        """``engine.add_event_handler(event, fn, *args, **kwargs)``, remembered for :meth:`detach`."""
+    def on(
+        self, engine: Engine, event: Any, fn: Callable, *args: Any, owner: Engine | None = None, **kwargs: Any
+    ) -> RemovableEventHandle:
+        """``engine.add_event_handler(event, fn, *args, **kwargs)``, remembered for :meth:`detach`.
+
+        Args:
+            owner: the engine this handler was attached to, when ``engine`` is another one (a
+                handler on the trainer that also listens to the evaluator); detaching the handler
+                from ``owner`` removes this callback too.
+        """
         handle = engine.add_event_handler(event, fn, *args, **kwargs)
-        self._wiring[id(engine)][1].append(handle)
+        self._wiring[id(owner if owner is not None else engine)][1].append(handle)
         return handle
 
     def on_run_end(self, engine: Engine, fn: Callable[[Engine], None], last: bool = False) -> None:

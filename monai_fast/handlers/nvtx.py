@@ -7,10 +7,11 @@ from typing import Any
 
 import ignite.distributed as idist
 from ignite.engine import Engine, Events
+from monai.engines import Workflow
 from monai.engines.utils import IterationEvents
-from monai.transforms import Randomizable, Transform
+from monai.transforms import InvertibleTransform, Randomizable, Transform
 
-from monai_fast.handlers.lifecycle import on_run_end
+from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.telemetry.nvtx import NvtxBackend, PackageNvtx
 
 __all__ = ["COLORS", "NVTXHandler", "nvtx_range"]
@@ -34,7 +35,7 @@ def _default_backend() -> NvtxBackend:
     return PackageNvtx()
 
 
-class NVTXHandler:
+class NVTXHandler(EngineHandler):
     """Marks an engine's work with nested NVTX ranges, named with rank and role.
 
     Ranges: the whole run, each epoch, each data fetch (``get batch``), each iteration and, on
@@ -61,24 +62,22 @@ class NVTXHandler:
     def __init__(self, label: str | None = None, backend: NvtxBackend | None = None) -> None:
         if label is not None and not label.strip():
             raise ValueError("label must be a non-empty string or None")
+        super().__init__()
         self.label = label
         self.backend = backend if backend is not None else _default_backend()
         self._stacks: dict[int, list[str]] = {}
         self._names: dict[int, str] = {}
         self._with_phases: set[int] = set()
 
-    def attach(self, engine: Engine) -> None:
-        """Register the range callbacks on ``engine``.
+    multi_engine = True  # ranges are kept per engine
 
-        Raises:
-            RuntimeError: if this handler is already attached to ``engine``.
-        """
-        if id(engine) in self._stacks:
-            raise RuntimeError("NVTXHandler is already attached to this engine")
+    def _attach(self, engine: Engine) -> None:
         label = self.label or ("validation" if "Evaluator" in type(engine).__name__ else "train")
         self._names[id(engine)] = f"rank{idist.get_rank()} {label}"
         self._stacks[id(engine)] = []
-        on = engine.add_event_handler
+        def on(event: Any, fn: Any, *args: Any) -> None:
+            self.on(engine, event, fn, *args)
+
         on(Events.STARTED, self._push, "run")
         on(Events.EPOCH_STARTED, self._push_epoch)
         on(Events.GET_BATCH_STARTED, self._push, "get batch")
@@ -86,8 +85,8 @@ class NVTXHandler:
         on(Events.ITERATION_STARTED, self._iteration_started)
         on(Events.ITERATION_COMPLETED, self._pop_to, "iteration")
         on(Events.EPOCH_COMPLETED, self._pop_to, "epoch")
-        on_run_end(engine, self._pop_all)
-        if IterationEvents.FORWARD_COMPLETED in getattr(engine, "_allowed_events", []):  # a MONAI engine
+        self.on_run_end(engine, self._pop_all)
+        if isinstance(engine, Workflow):  # a MONAI engine: it fires IterationEvents
             self._with_phases.add(id(engine))
             trains = hasattr(engine, "optimizer")
             on(IterationEvents.FORWARD_COMPLETED, self._switch, "forward", "loss" if trains else None)
@@ -95,6 +94,13 @@ class NVTXHandler:
                 on(IterationEvents.LOSS_COMPLETED, self._switch, "loss", "backward")
                 on(IterationEvents.BACKWARD_COMPLETED, self._switch, "backward", "optimizer step")
                 on(IterationEvents.MODEL_COMPLETED, self._switch, "optimizer step", None)
+
+    def _detached(self, engine: Engine) -> None:
+        if id(engine) in self._stacks:
+            self._pop_all(engine)
+            del self._stacks[id(engine)]
+        self._names.pop(id(engine), None)
+        self._with_phases.discard(id(engine))
 
     # -- range bookkeeping: one stack per engine, always popped in order
     def _push(self, engine: Engine, phase: str, detail: str = "") -> None:
@@ -158,11 +164,27 @@ class _RandomNVTXRange(_NVTXRange, Randomizable):
         self.transform.randomize(data)
 
 
+class _InvertibleNVTXRange(_NVTXRange, InvertibleTransform):
+    """The wrapper of an invertible transform stays invertible: ``Compose.inverse`` undoes it."""
+
+    def inverse(self, data: Any) -> Any:
+        self.backend.push(f"{self.name} inverse", COLORS["transform"])
+        try:
+            return self.transform.inverse(data)
+        finally:
+            self.backend.pop()
+
+
+class _RandomInvertibleNVTXRange(_InvertibleNVTXRange, _RandomNVTXRange):
+    """Random and invertible (``RandFlipd``, ``RandRotate90d``, ...)."""
+
+
 def nvtx_range(transform: Any, name: str | None = None, backend: NvtxBackend | None = None) -> Transform:
     """Wrap a transform so each call is an NVTX range (like MONAI's ``Range``, on the ``nvtx`` package).
 
     A wrapped random transform is still ``Randomizable``, so ``CacheDataset`` caches exactly what it
-    cached before, and ``Compose.set_random_state`` still reaches it.
+    cached before, and ``Compose.set_random_state`` still reaches it. A wrapped invertible transform
+    is still ``InvertibleTransform``, so ``Compose.inverse`` (and MONAI's ``Invertd``) undo it.
 
     Example:
         >>> from monai.transforms import Compose, LoadImaged, Spacingd
@@ -170,5 +192,7 @@ def nvtx_range(transform: Any, name: str | None = None, backend: NvtxBackend | N
     """
     backend = backend if backend is not None else _default_backend()
     name = name or type(transform).__name__
-    cls = _RandomNVTXRange if isinstance(transform, Randomizable) else _NVTXRange
+    random, invertible = isinstance(transform, Randomizable), isinstance(transform, InvertibleTransform)
+    cls = {(False, False): _NVTXRange, (True, False): _RandomNVTXRange,
+           (False, True): _InvertibleNVTXRange, (True, True): _RandomInvertibleNVTXRange}[(random, invertible)]
     return cls(transform, name, backend)

@@ -1,29 +1,37 @@
-"""Put a :class:`~monai_fast.telemetry.record.RunRecord` on an engine, where every handler finds it."""
+"""Put a :class:`~monai_fast.telemetry.record.RunRecord` on engines, where every handler finds it."""
 
 from __future__ import annotations
 
 import os
 
 import ignite.distributed as idist
-from ignite.engine import Engine
+from ignite.engine import Engine, Events
 
-from monai_fast.handlers.lifecycle import on_run_end
-from monai_fast.telemetry.record import RunRecord
+from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.telemetry.record import EngineRecord, RunRecord
 
 __all__ = ["RecordHandler", "record_of"]
 
 
-def record_of(engine: Engine) -> RunRecord | None:
-    """The record attached to ``engine`` (``engine.state.run_record``), if any."""
+def record_of(engine: Engine) -> EngineRecord | None:
+    """The record attached to ``engine``, as that engine writes to it (``None`` without one)."""
     return getattr(engine.state, "run_record", None)
 
 
-class RecordHandler:
+def _default_name(taken: list[str]) -> str:
+    if not taken:
+        return "train"
+    return "validation" if "validation" not in taken else f"engine{len(taken)}"
+
+
+class RecordHandler(EngineHandler):
     """Creates the run's record and shares it with every monai-fast handler on the engines.
 
-    Attach it to the trainer (and the same instance to the evaluator, so validation rows land in
-    the same record). It flushes when each run of an engine ends and closes (writing the summary)
-    when the trainer's run ends, also when it raises.
+    Attach it to the trainer first, then the same instance to the evaluator, so validation rows
+    land in the same record, stamped ``engine="validation"``. Each run of the trainer is a record
+    segment: a second ``trainer.run()`` (a notebook cell run again, more epochs) is recorded as
+    segment 1, appended to the same file. The record is flushed when each run of an engine ends
+    and closed (writing the summary) when each run of the trainer ends, also when it raises.
 
     Args:
         run_dir: the run folder; ``None`` keeps the record in memory.
@@ -36,17 +44,40 @@ class RecordHandler:
         >>> # runs/exp1/record.rank0.jsonl + summary.rank0.json, read by `monai-fast doctor runs/exp1`
     """
 
-    def __init__(self, run_dir: str | os.PathLike | None, rank: int | None = None) -> None:
-        self.record = RunRecord(run_dir, rank=idist.get_rank() if rank is None else rank)
-        self._owner: Engine | None = None
+    multi_engine = True
 
-    def attach(self, engine: Engine) -> None:
-        """The first engine attached owns the record (closes it); later ones share it."""
-        if record_of(engine) is self.record:
-            raise RuntimeError("RecordHandler is already attached to this engine")
-        engine.state.run_record = self.record
-        if self._owner is None:
-            self._owner = engine
-            on_run_end(engine, lambda e: self.record.close(), last=True)
+    def __init__(self, run_dir: str | os.PathLike | None, rank: int | None = None) -> None:
+        super().__init__()
+        self.record = RunRecord(run_dir, rank=idist.get_rank() if rank is None else rank)
+        self._names: dict[int, str] = {}
+        self._pending_name: str | None = None
+
+    def attach(self, engine: Engine, name: str | None = None) -> None:
+        """Share the record with ``engine``; the first engine attached owns it.
+
+        Args:
+            engine: the trainer (first), then its evaluator(s).
+            name: the engine's name in the record's rows; default ``"train"`` for the first engine,
+                ``"validation"`` for the next.
+        """
+        self._pending_name = name
+        super().attach(engine)
+
+    def _attach(self, engine: Engine) -> None:
+        name = self._pending_name or _default_name(list(self._names.values()))
+        if name in self._names.values():
+            raise ValueError(f"RecordHandler: engine name {name!r} is taken; pass another name=")
+        self._names[id(engine)] = name
+        engine.state.run_record = EngineRecord(self.record, name)
+        if self.engine is engine:  # the owner: its runs are the record's segments
+            self.on(engine, Events.STARTED, lambda e: self.record.begin_segment())
+            self.on_run_end(engine, lambda e: self.record.close(), last=True)
         else:
-            on_run_end(engine, lambda e: self.record.flush(), last=True)
+            self.on_run_end(engine, lambda e: self.record.flush(), last=True)
+
+    def _detached(self, engine: Engine) -> None:
+        self._names.pop(id(engine), None)
+        if record_of(engine) is not None and record_of(engine).record is self.record:
+            engine.state.run_record = None
+        if not self.is_attached():
+            self.record.close()

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from monai.transforms import Randomizable, Transform
 
+from monai_fast.telemetry.cuda import cuda_rng_states, set_cuda_rng_states
+
 __all__ = ["capture", "randomizables", "restore"]
 
 _WALK = ("dataset", "transform", "transforms", "loader")
@@ -54,7 +56,7 @@ def capture(data: Any = None) -> dict:
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "cuda": cuda_rng_states(),
     }
     if data is not None:
         state["transforms"] = [obj.R.get_state() for obj in randomizables(data)]
@@ -70,8 +72,7 @@ def restore(state: dict, data: Any = None) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    set_cuda_rng_states(state.get("cuda"))
     if data is not None and "transforms" in state:
         objs = randomizables(data)
         if len(objs) != len(state["transforms"]):

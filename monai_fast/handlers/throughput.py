@@ -10,7 +10,9 @@ from typing import Any
 
 from ignite.engine import Engine, Events
 
+from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.record import record_of
+from monai_fast.telemetry.record import Kind, Source
 
 __all__ = ["ThroughputMonitor", "batch_shape"]
 
@@ -18,7 +20,14 @@ logger = logging.getLogger("monai_fast.handlers")
 
 
 def batch_shape(batch: Any) -> tuple[int, ...] | None:
-    """Shape of the input tensor of a batch: ``batch["image"]``, else the first tensor found."""
+    """Shape of the input tensor of a batch: ``batch["image"]``, else the first tensor found.
+
+    A batch that MONAI's engines decollated after the iteration (``decollate=True``, their
+    default: a list of one dict per sample) counts its samples: ``(len(batch), *sample_shape)``.
+    """
+    if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, dict) for b in batch):
+        sample = batch_shape(batch[0])
+        return (len(batch), *sample) if sample is not None else None
     if hasattr(batch, "shape"):
         return tuple(batch.shape)
     if isinstance(batch, dict):
@@ -36,13 +45,20 @@ def batch_shape(batch: Any) -> tuple[int, ...] | None:
     return None
 
 
-class ThroughputMonitor:
+class ThroughputMonitor(EngineHandler):
     """Measures samples/s and voxels/s (samples x spatial voxels of the input) and estimates the ETA.
 
     Per iteration the values are kept in :attr:`last` (and the run record, if the engine has one);
     per epoch they are logged, written to the record and, with ``writer``, to TensorBoard
-    (``throughput/samples_per_s``, ``throughput/voxels_per_s``, ``throughput/eta_s``). The ETA is
-    the remaining iterations of the run times the mean iteration time of the last epoch.
+    (``throughput/samples_per_s``, ``throughput/voxels_per_s``, ``throughput/eta_s``).
+
+    An epoch's time runs from ``EPOCH_STARTED`` to its last ``ITERATION_COMPLETED``, so validation
+    and other epoch-end work never count as training, whatever order the handlers were attached
+    in (MONAI's ``ValidationHandler`` may run before or after this one). That epoch-end work is
+    measured separately, from the last iteration of one epoch to the start of the next
+    (``epoch_end_s``). The ETA is the remaining iterations times the last epoch's mean iteration
+    time (``eta_train_s``) plus the remaining epoch ends times their mean so far (``eta_end_s``);
+    ``eta_s`` is their sum.
 
     Args:
         shape_fn: batch -> input shape ``(N, C, *spatial)``; default :func:`batch_shape`.
@@ -65,32 +81,36 @@ class ThroughputMonitor:
     ) -> None:
         if not callable(shape_fn):
             raise TypeError("shape_fn must be callable")
+        super().__init__()
         self.shape_fn = shape_fn
         self.writer = writer
         self.log_every_epoch = log_every_epoch
         self.last: dict[str, float] = {}
         self.epochs: list[dict[str, float]] = []
-        self._engine: Engine | None = None
+        self.epoch_ends: list[float] = []
+        self._t_last_iter: float | None = None
 
-    def attach(self, engine: Engine) -> None:
-        """Raises ``RuntimeError`` if already attached."""
-        if self._engine is not None:
-            raise RuntimeError("ThroughputMonitor is already attached; make one per engine")
-        self._engine = engine
-        engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self._iteration_completed)
-        engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
+    def _attach(self, engine: Engine) -> None:
+        self.on(engine, Events.STARTED, self._started)
+        self.on(engine, Events.EPOCH_STARTED, self._epoch_started)
+        self.on(engine, Events.ITERATION_COMPLETED, self._iteration_completed)
+        self.on(engine, Events.EPOCH_COMPLETED, self._epoch_completed)
+
+    def _started(self, engine: Engine) -> None:
+        self._t_last_iter = None  # a new run: the gap since the last one is not an epoch end
 
     def _epoch_started(self, engine: Engine) -> None:
         self._t_epoch = time.perf_counter()
-        self._t_prev = self._t_epoch
+        if self._t_last_iter is not None:
+            self.epoch_ends.append(self._t_epoch - self._t_last_iter)
+        self._t_prev = self._t_last_iter = self._t_epoch
         self._samples = 0
         self._voxels = 0
 
     def _iteration_completed(self, engine: Engine) -> None:
         # an iteration's time runs from the previous one's end, so it includes the data wait
         now = time.perf_counter()
-        dt, self._t_prev = now - self._t_prev, now
+        dt, self._t_prev, self._t_last_iter = now - self._t_prev, now, now
         shape = self.shape_fn(engine.state.batch)
         n = shape[0] if shape else 0
         vox = n * math.prod(shape[2:]) if shape and len(shape) > 2 else 0
@@ -99,27 +119,35 @@ class ThroughputMonitor:
         self.last = {"iteration_s": dt, "samples_per_s": n / dt if dt > 0 else 0.0, "voxels_per_s": vox / dt if dt > 0 else 0.0}
         record = record_of(engine)
         if record is not None:
-            record.add("iteration", "throughput", epoch=engine.state.epoch, iteration=engine.state.iteration, samples=n, **self.last)
+            record.add(Kind.ITERATION, Source.THROUGHPUT, epoch=engine.state.epoch, iteration=engine.state.iteration,
+                       samples=n, **self.last)
+
+    def _eta(self, engine: Engine, elapsed: float) -> tuple[float, float]:
+        iters = engine.state.epoch_length or 0
+        remaining = max((engine.state.max_epochs or 0) * iters - engine.state.iteration, 0)
+        train = remaining * (elapsed / iters if iters else 0.0)
+        ends = sum(self.epoch_ends) / len(self.epoch_ends) if self.epoch_ends else 0.0
+        return train, max((engine.state.max_epochs or 0) - engine.state.epoch, 0) * ends
 
     def _epoch_completed(self, engine: Engine) -> None:
-        elapsed = time.perf_counter() - self._t_epoch
-        iters = engine.state.epoch_length or 0
-        total_iters = (engine.state.max_epochs or 0) * iters
-        remaining = max(total_iters - engine.state.iteration, 0)
-        per_iter = elapsed / iters if iters else 0.0
+        elapsed = (self._t_last_iter or self._t_epoch) - self._t_epoch
+        eta_train, eta_end = self._eta(engine, elapsed)
         stats = {
             "epoch": engine.state.epoch,
             "epoch_s": elapsed,
             "samples": self._samples,
             "samples_per_s": self._samples / elapsed if elapsed > 0 else 0.0,
             "voxels_per_s": self._voxels / elapsed if elapsed > 0 else 0.0,
-            "eta_s": remaining * per_iter,
+            "epoch_end_s": self.epoch_ends[-1] if self.epoch_ends else 0.0,
+            "eta_train_s": eta_train,
+            "eta_end_s": eta_end,
+            "eta_s": eta_train + eta_end,
         }
         self.epochs.append(stats)
         record = record_of(engine)
         if record is not None:
-            record.add("epoch", "throughput", **stats)
-            record.set_summary("throughput", {
+            record.add(Kind.EPOCH, Source.THROUGHPUT, **stats)
+            record.set_summary(Source.THROUGHPUT, {
                 "samples_per_s_mean": sum(e["samples_per_s"] for e in self.epochs) / len(self.epochs),
                 "voxels_per_s_mean": sum(e["voxels_per_s"] for e in self.epochs) / len(self.epochs),
             })
@@ -128,6 +156,6 @@ class ThroughputMonitor:
                 self.writer.add_scalar(f"throughput/{k}", stats[k], engine.state.epoch)
         if self.log_every_epoch:
             logger.info(
-                "epoch %d: %.1f samples/s, %.3g voxels/s, %.1f s, ETA %.0f s",
-                stats["epoch"], stats["samples_per_s"], stats["voxels_per_s"], elapsed, stats["eta_s"],
+                "epoch %d: %.1f samples/s, %.3g voxels/s, %.1f s, ETA %.0f s (%.0f s of it epoch-end work such as validation)",
+                stats["epoch"], stats["samples_per_s"], stats["voxels_per_s"], elapsed, stats["eta_s"], eta_end,
             )

@@ -9,8 +9,10 @@ from typing import Literal
 
 from ignite.engine import Engine, Events
 
+from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry import cuda_available, synchronize
+from monai_fast.telemetry.record import Kind, Source, data_share
 
 __all__ = ["EpochTimes", "TimeBreakdown"]
 
@@ -27,14 +29,13 @@ class EpochTimes:
     @property
     def data_share(self) -> float:
         """Share of iteration time spent waiting for the loader (0 when nothing was timed)."""
-        total = self.data_s + self.compute_s
-        return self.data_s / total if total > 0 else 0.0
+        return data_share(self.data_s, self.compute_s)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "data_share": self.data_share}
 
 
-class TimeBreakdown:
+class TimeBreakdown(EngineHandler):
     """Splits each iteration into time waiting for data and time computing on it.
 
     Data wait is the time from ignite's ``GET_BATCH_STARTED`` to ``GET_BATCH_COMPLETED`` (the
@@ -46,8 +47,8 @@ class TimeBreakdown:
     Per-epoch totals are appended to ``engine.state.time_breakdown`` (a list of
     :class:`EpochTimes`) and to :attr:`epochs`; a warning is logged when an epoch's data share
     exceeds ``warn_threshold``. With a run record on the engine (:class:`RecordHandler`), each
-    iteration and epoch is also a row of the record (source ``time_breakdown``), and the run's
-    totals its summary.
+    iteration and epoch is also a row of the record (source ``time_breakdown``), from which the
+    doctor computes the run's totals. One instance times one engine: give the evaluator its own.
 
     Args:
         warn_threshold: data share (0..1] above which an epoch is reported as loader-bound.
@@ -75,6 +76,7 @@ class TimeBreakdown:
             raise ValueError(f"warn_threshold must be in (0, 1], got {warn_threshold}")
         if cuda_sync not in (True, False, "auto"):
             raise ValueError(f"cuda_sync must be True, False or 'auto', got {cuda_sync!r}")
+        super().__init__()
         self.warn_threshold = warn_threshold
         self.cuda_sync = cuda_sync
         self.logger = logger or logging.getLogger("monai_fast.handlers")
@@ -86,14 +88,7 @@ class TimeBreakdown:
         self._data_s = self._compute_s = 0.0
         self._iters = 0
 
-    def attach(self, engine: Engine) -> None:
-        """Register the timing callbacks on ``engine``.
-
-        Raises:
-            RuntimeError: if this handler is already attached to ``engine``.
-        """
-        if engine.has_event_handler(self._batch_started, Events.GET_BATCH_STARTED):
-            raise RuntimeError(f"{type(self).__name__} is already attached to this engine")
+    def _attach(self, engine: Engine) -> None:
         device = getattr(engine.state, "device", None)  # set by MONAI workflows; None on a plain Engine
         if self.cuda_sync is True and not cuda_available():
             self.logger.warning("TimeBreakdown: cuda_sync=True but CUDA is not available; timing without sync")
@@ -101,11 +96,11 @@ class TimeBreakdown:
             self._sync_device = device if device is not None else "cuda"
         if not hasattr(engine.state, "time_breakdown"):
             engine.state.time_breakdown = []
-        engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
-        engine.add_event_handler(Events.GET_BATCH_STARTED, self._batch_started)
-        engine.add_event_handler(Events.GET_BATCH_COMPLETED, self._batch_completed)
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self._iteration_completed)
-        engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
+        self.on(engine, Events.EPOCH_STARTED, self._epoch_started)
+        self.on(engine, Events.GET_BATCH_STARTED, self._batch_started)
+        self.on(engine, Events.GET_BATCH_COMPLETED, self._batch_completed)
+        self.on(engine, Events.ITERATION_COMPLETED, self._iteration_completed)
+        self.on(engine, Events.EPOCH_COMPLETED, self._epoch_completed)
 
     def _now(self) -> float:
         if self._sync_device is not None:
@@ -131,7 +126,7 @@ class TimeBreakdown:
         record = record_of(engine)
         if record is not None:
             record.add(
-                "iteration", "time_breakdown", epoch=engine.state.epoch, iteration=engine.state.iteration,
+                Kind.ITERATION, Source.TIME_BREAKDOWN, epoch=engine.state.epoch, iteration=engine.state.iteration,
                 data_s=self.last_data_s, compute_s=self.last_compute_s,
             )
 
@@ -143,14 +138,7 @@ class TimeBreakdown:
         engine.state.time_breakdown.append(times)
         record = record_of(engine)
         if record is not None:
-            record.add("epoch", "time_breakdown", **times.as_dict())
-            data = sum(e.data_s for e in self.epochs)
-            busy = data + sum(e.compute_s for e in self.epochs)
-            record.set_summary(
-                "time_breakdown",
-                {"epochs": len(self.epochs), "data_s": data, "compute_s": busy - data,
-                 "data_share": data / busy if busy else 0.0, "warn_threshold": self.warn_threshold},
-            )
+            record.add(Kind.EPOCH, Source.TIME_BREAKDOWN, **times.as_dict())
         if times.data_share > self.warn_threshold:
             self.logger.warning(
                 "epoch %d: %.0f%% of iteration time is spent waiting for data (%.2f s of %.2f s); "

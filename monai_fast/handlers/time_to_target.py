@@ -9,10 +9,12 @@ from typing import Literal
 
 from ignite.engine import Engine, Events
 
+from monai_fast.handlers.lifecycle import EngineHandler
+
 __all__ = ["TimeToTarget"]
 
 
-class TimeToTarget:
+class TimeToTarget(EngineHandler):
     """Measures wall-clock time to a target metric and ends the run there.
 
     The clock starts at ``start_time`` (a :func:`time.perf_counter` value; pass the time taken
@@ -62,6 +64,7 @@ class TimeToTarget:
             raise ValueError(f"time_budget_s must be > 0 or None, got {time_budget_s}")
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+        super().__init__()
         self.target = float(target)
         self.metric_name = metric_name
         self.time_budget_s = time_budget_s
@@ -74,6 +77,7 @@ class TimeToTarget:
         self.budget_exhausted = False
         self._trainer: Engine | None = None
         self._evaluator: Engine | None = None
+        self._pending_evaluator: Engine | None = None
 
     def elapsed(self) -> float:
         """Seconds since the clock started."""
@@ -90,20 +94,28 @@ class TimeToTarget:
     def attach(self, trainer: Engine, evaluator: Engine | None = None) -> None:
         """Watch ``evaluator``'s metric (or ``trainer``'s, without one) and stop ``trainer``.
 
+        The handler belongs to ``trainer`` (a new ``TimeToTarget`` attached to it replaces this
+        one); its callbacks on ``evaluator`` go with it.
+
         Raises:
             RuntimeError: if already attached.
         """
-        if self._trainer is not None:
-            raise RuntimeError("TimeToTarget is already attached; make one per run")
+        self._pending_evaluator = evaluator
+        super().attach(trainer)
+
+    def _attach(self, trainer: Engine) -> None:
+        evaluator, self._pending_evaluator = self._pending_evaluator, None
         self._trainer, self._evaluator = trainer, evaluator
         if self.start_time is None:
             self.start_time = time.perf_counter()
-        watched = evaluator if evaluator is not None else trainer
-        watched.add_event_handler(Events.COMPLETED if evaluator is not None else Events.EPOCH_COMPLETED, self._check)
+        if evaluator is not None:
+            self.on(evaluator, Events.COMPLETED, self._check, owner=trainer)
+        else:
+            self.on(trainer, Events.EPOCH_COMPLETED, self._check)
         if self.time_budget_s is not None:
-            trainer.add_event_handler(Events.ITERATION_COMPLETED, self._check_budget)
+            self.on(trainer, Events.ITERATION_COMPLETED, self._check_budget)
             if evaluator is not None:
-                evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._check_budget)
+                self.on(evaluator, Events.ITERATION_COMPLETED, self._check_budget, owner=trainer)
 
     def _metric(self, engine: Engine) -> float:
         name = self.metric_name or getattr(engine.state, "key_metric_name", None)

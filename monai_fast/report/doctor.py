@@ -9,23 +9,33 @@ on a laptop. Verdicts:
   peak memory < ``mem_low`` of the card) although data keeps up;
 * ``compute-bound``: data wait is negligible (< ``data_low``) and the device is busy;
 * ``balanced``: none of the above stands out.
+
+Only the training engine's rows count (``engine="train"``; validation rows, recorded under their
+own engine name, are left out). Under DDP each epoch is counted once: the figures are given per
+rank and across ranks, where the slowest rank against the fastest (a straggler) is a bottleneck
+of its own. The summaries that handlers write (throughput, GPU, kernels, precision) are listed in
+the report.
+
+Example:
+    >>> from monai_fast.report.doctor import doctor
+    >>> d = doctor("runs/exp1")  # doctest: +SKIP
+    >>> print(d.text())  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from monai_fast.files import write_text  # noqa: E402
-from monai_fast.telemetry.record import load_record  # noqa: E402
+from monai_fast.files import write_text
+from monai_fast.report.plots import plot_breakdown, plot_gpu
+from monai_fast.telemetry.record import Kind, Source, data_share, load_record, select
 
 __all__ = ["Diagnosis", "diagnose", "doctor", "write_report"]
+
+logger = logging.getLogger("monai_fast.report")
 
 FIXES = {
     "data-bound": [
@@ -60,6 +70,7 @@ class Diagnosis:
     evidence: list[str]
     fixes: list[str]
     numbers: dict = field(default_factory=dict)
+    report: str | None = None  #: the report's path, once written
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,6 +80,34 @@ class Diagnosis:
         lines += [f"  - {e}" for e in self.evidence]
         lines += ["what to change:"] + [f"  - {f}" for f in self.fixes]
         return "\n".join(lines)
+
+
+def _per_rank(epochs: list[dict]) -> dict[int, dict]:
+    ranks: dict[int, dict] = {}
+    for r in epochs:
+        agg = ranks.setdefault(int(r.get("rank", 0)), {"epochs": 0, "data_s": 0.0, "compute_s": 0.0})
+        agg["epochs"] += 1
+        agg["data_s"] += r["data_s"]
+        agg["compute_s"] += r["compute_s"]
+    for agg in ranks.values():
+        agg["busy_s"] = agg["data_s"] + agg["compute_s"]
+        agg["data_share"] = data_share(agg["data_s"], agg["compute_s"])
+    return dict(sorted(ranks.items()))
+
+
+def _rank_evidence(ranks: dict[int, dict], numbers: dict) -> list[str]:
+    if len(ranks) < 2:
+        return []
+    slow = max(ranks, key=lambda k: ranks[k]["busy_s"])
+    fast = min(ranks, key=lambda k: ranks[k]["busy_s"])
+    ratio = ranks[slow]["busy_s"] / ranks[fast]["busy_s"] if ranks[fast]["busy_s"] > 0 else float("inf")
+    numbers.update(per_rank=ranks, slowest_rank=slow, fastest_rank=fast, straggler_ratio=ratio)
+    shares = ", ".join(f"rank {k} {100 * v['data_share']:.1f}%" for k, v in ranks.items())
+    return [
+        f"{len(ranks)} ranks; data wait per rank: {shares}",
+        f"slowest rank {slow} ({ranks[slow]['busy_s']:.1f} s) vs fastest rank {fast} ({ranks[fast]['busy_s']:.1f} s): "
+        f"{ratio:.2f}x" + (" - a straggler holds every other rank back at each all-reduce" if ratio >= 1.2 else ""),
+    ]
 
 
 def diagnose(
@@ -81,27 +120,28 @@ def diagnose(
     """Decide the verdict from record rows (see the module docstring for the rules).
 
     Raises:
-        ValueError: if the rows hold no ``time_breakdown`` epochs (attach ``TimeBreakdown``).
+        ValueError: if the rows hold no ``time_breakdown`` epochs of the training engine (attach
+            ``TimeBreakdown``).
     """
-    epochs = [r for r in rows if r.get("kind") == "epoch" and r.get("source") == "time_breakdown"]
+    epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
     if not epochs:
         raise ValueError("the record has no time_breakdown epochs: attach TimeBreakdown (and RecordHandler) to the trainer")
+    ranks = _per_rank(epochs)
+    n_epochs = len({(r.get("segment", 0), r["epoch"]) for r in epochs})
     data = sum(r["data_s"] for r in epochs)
-    busy = data + sum(r["compute_s"] for r in epochs)
-    share = data / busy if busy else 0.0
-    numbers: dict = {"epochs": len(epochs), "data_s": data, "compute_s": busy - data, "data_share": share}
-    evidence = [
-        f"{100 * share:.1f}% of iteration time was spent waiting for data "
-        f"({data:.1f} s of {busy:.1f} s over {len(epochs)} epoch(s))"
-    ]
-    if len(epochs) > 1:
-        later = epochs[1:]
-        ld = sum(r["data_s"] for r in later)
-        lb = ld + sum(r["compute_s"] for r in later)
-        numbers["data_share_after_first_epoch"] = ld / lb if lb else 0.0
+    compute = sum(r["compute_s"] for r in epochs)
+    share = data_share(data, compute)
+    numbers: dict = {"epochs": n_epochs, "ranks": len(ranks), "data_s": data, "compute_s": compute, "data_share": share}
+    over = f"over {n_epochs} epoch(s)" + (f" and {len(ranks)} ranks" if len(ranks) > 1 else "")
+    evidence = [f"{100 * share:.1f}% of iteration time was spent waiting for data ({data:.1f} s of {data + compute:.1f} s {over})"]
+    first = min((r.get("segment", 0), r["epoch"]) for r in epochs)
+    later = [r for r in epochs if (r.get("segment", 0), r["epoch"]) != first]
+    if later:
+        numbers["data_share_after_first_epoch"] = data_share(sum(r["data_s"] for r in later), sum(r["compute_s"] for r in later))
         evidence.append(f"after the first epoch: {100 * numbers['data_share_after_first_epoch']:.1f}%")
+    evidence += _rank_evidence(ranks, numbers)
 
-    gpu = [r for r in rows if r.get("kind") == "interval" and r.get("source") == "gpu"]
+    gpu = select(rows, Kind.INTERVAL, Source.GPU)
     util_mean = mem_peak = None
     if gpu:
         util_mean = sum(r["gpu_util"] for r in gpu) / len(gpu)
@@ -112,10 +152,13 @@ def diagnose(
         )
     else:
         evidence.append("no GPU samples in the record (CPU run, or GPUSampler not attached)")
-    tp = [r for r in rows if r.get("kind") == "epoch" and r.get("source") == "throughput"]
+    tp = select(rows, Kind.EPOCH, Source.THROUGHPUT, engine="train")
     if tp:
-        numbers["samples_per_s"] = sum(r["samples_per_s"] for r in tp) / len(tp)
-        evidence.append(f"throughput {numbers['samples_per_s']:.2f} samples/s")
+        per_rank = {}
+        for r in tp:
+            per_rank.setdefault(r.get("rank", 0), []).append(r["samples_per_s"])
+        numbers["samples_per_s"] = sum(sum(v) / len(v) for v in per_rank.values())  # all ranks together
+        evidence.append(f"throughput {numbers['samples_per_s']:.2f} samples/s" + (" (all ranks)" if len(per_rank) > 1 else ""))
 
     if share >= data_threshold:
         verdict = "data-bound"
@@ -132,51 +175,46 @@ def diagnose(
     return Diagnosis(verdict, evidence, fixes, numbers)
 
 
-def _plot_breakdown(epochs: list[dict], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
-    xs = [r["epoch"] for r in epochs]
-    comp = [r["compute_s"] for r in epochs]
-    data = [r["data_s"] for r in epochs]
-    ax.bar(xs, comp, label="compute", color="tab:green")
-    ax.bar(xs, data, bottom=comp, label="waiting for data", color="tab:red")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("seconds")
-    ax.set_title("Time per epoch: compute vs data wait")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+def _summary_lines(summary: dict) -> list[str]:
+    """What the handlers summarised (throughput, GPU, kernels, precision), per rank."""
+    per_rank = summary if summary and all(k.startswith("rank") and isinstance(v, dict) for k, v in summary.items()) else {"": summary}
+    lines = []
+    for rank, s in per_rank.items():
+        who = f"{rank}: " if rank else ""
+        if tp := s.get(Source.THROUGHPUT.value):
+            lines.append(f"{who}throughput {tp['samples_per_s_mean']:.2f} samples/s, {tp['voxels_per_s_mean']:.3g} voxels/s (mean of epochs)")
+        for gpu, g in (s.get(Source.GPU.value) or {}).items():
+            util = "n/a" if g.get("gpu_util_mean") is None else f"{g['gpu_util_mean']:.0f}%"
+            lines.append(f"{who}{gpu} ({g.get('name')}): mean utilisation {util}, peak memory {g.get('mem_used_peak_mib')} MiB "
+                         f"of {g.get('mem_total_mib')} MiB, {g.get('samples')} samples")
+        if k := s.get(Source.KERNELS.value):
+            top = ", ".join(t["name"] for t in k.get("top", [])[:3])
+            lines.append(f"{who}profiled window: {k.get('# Kernels', k.get('# Ops'))} kernels/ops; top by {k.get('ranked_by')}: {top}")
+        if amp := s.get(Source.AMP.value):
+            lines.append(f"{who}precision {amp.get('precision')}"
+                         + (", fell back to fp32" if amp.get("fell_back") else "")
+                         + f"; non-finite losses {amp.get('nonfinite', 0)}, skipped steps {amp.get('skipped_steps', 0)}")
+    return lines
 
 
-def _plot_gpu(gpu: list[dict], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
-    for key in sorted({(r.get("rank", 0), r["gpu"]) for r in gpu}):
-        pts = [r for r in gpu if (r.get("rank", 0), r["gpu"]) == key]
-        ax.plot([r["t"] for r in pts], [r["gpu_util"] for r in pts], label=f"rank {key[0]} GPU {key[1]}")
-    ax.set_ylim(0, 105)
-    ax.set_xlabel("seconds since start")
-    ax.set_ylabel("GPU utilisation %")
-    ax.legend(loc="lower right")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[dict]) -> Path:
+def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[dict], summary: dict | None = None) -> Path:
     """Write ``report.md`` with ``time_breakdown.png`` (and ``gpu_util.png`` with GPU samples)."""
     run_dir = Path(run_dir)
-    epochs = [r for r in rows if r.get("kind") == "epoch" and r.get("source") == "time_breakdown"]
-    gpu = [r for r in rows if r.get("kind") == "interval" and r.get("source") == "gpu"]
-    _plot_breakdown(epochs, run_dir / "time_breakdown.png")
+    epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
+    gpu = select(rows, Kind.INTERVAL, Source.GPU)
+    plot_breakdown(epochs, run_dir / "time_breakdown.png")
     md = [f"# monai-fast doctor: {run_dir.name}", "", f"**Verdict: {diagnosis.verdict}**", "", "## Evidence", ""]
     md += [f"- {e}" for e in diagnosis.evidence]
     md += ["", "## What to change", ""] + [f"- {f}" for f in diagnosis.fixes]
+    if lines := _summary_lines(summary or {}):
+        md += ["", "## What the handlers measured", ""] + [f"- {x}" for x in lines]
     md += ["", "## Time per epoch", "", "![time breakdown](time_breakdown.png)", ""]
-    md += ["| epoch | iterations | data wait s | compute s | data share |", "|---|---|---|---|---|"]
-    md += [f"| {r['epoch']} | {r['iterations']} | {r['data_s']:.2f} | {r['compute_s']:.2f} | {100 * r['data_share']:.1f}% |" for r in epochs]
+    md += ["| run | epoch | rank | iterations | data wait s | compute s | data share |", "|---|---|---|---|---|---|---|"]
+    md += [f"| {r.get('segment', 0)} | {r['epoch']} | {r.get('rank', 0)} | {r['iterations']} | {r['data_s']:.2f} | "
+           f"{r['compute_s']:.2f} | {100 * data_share(r['data_s'], r['compute_s']):.1f}% |"
+           for r in sorted(epochs, key=lambda r: (r.get("segment", 0), r["epoch"], r.get("rank", 0)))]
     if gpu:
-        _plot_gpu(gpu, run_dir / "gpu_util.png")
+        plot_gpu(gpu, run_dir / "gpu_util.png")
         md += ["", "## GPU utilisation", "", "![GPU utilisation](gpu_util.png)"]
     path = run_dir / "report.md"
     write_text("\n".join(md) + "\n", path)
@@ -184,8 +222,15 @@ def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[di
 
 
 def doctor(run_dir: str | os.PathLike, **thresholds: float) -> Diagnosis:
-    """Load the record in ``run_dir``, diagnose it and write ``report.md``; returns the diagnosis."""
-    rows, _ = load_record(run_dir)
+    """Load the record in ``run_dir``, diagnose it and write ``report.md``; returns the diagnosis.
+
+    A report that cannot be written (a read-only run folder) is logged with its path; the
+    diagnosis is returned all the same, with ``report=None``.
+    """
+    rows, summary = load_record(run_dir)
     diagnosis = diagnose(rows, **thresholds)
-    write_report(run_dir, diagnosis, rows)
+    try:
+        diagnosis.report = str(write_report(run_dir, diagnosis, rows, summary))
+    except OSError as e:
+        logger.warning("doctor: could not write the report in %s (%s); the verdict stands", run_dir, e)
     return diagnosis

@@ -7,7 +7,17 @@ import platform
 
 import torch
 
-__all__ = ["bf16_supported", "cuda_available", "cuda_free_bytes", "device_description", "synchronize"]
+__all__ = [
+    "bf16_supported",
+    "cuda_available",
+    "cuda_device_uuid",
+    "cuda_free_bytes",
+    "cuda_rng_states",
+    "device_description",
+    "set_cuda_device",
+    "set_cuda_rng_states",
+    "synchronize",
+]
 
 
 def cuda_available() -> bool:
@@ -28,6 +38,35 @@ def cuda_free_bytes(device: torch.device | str) -> int | None:
         return None
     free, _total = torch.cuda.mem_get_info(dev)
     return int(free)
+
+
+def cuda_rng_states() -> list[torch.Tensor] | None:
+    """The random generator states of every visible CUDA device, ``None`` without CUDA."""
+    return torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+
+def set_cuda_rng_states(states: list[torch.Tensor] | None) -> None:
+    """Restore what :func:`cuda_rng_states` returned; a no-op for ``None`` or without CUDA."""
+    if states is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states)
+
+
+def cuda_device_uuid(device: torch.device | str | None = None) -> str | None:
+    """The ``GPU-...`` UUID of a CUDA device (the current one by default), ``None`` without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if dev.type != "cuda":
+        return None
+    uuid = getattr(torch.cuda.get_device_properties(dev), "uuid", None)
+    return f"GPU-{uuid}" if uuid is not None else None
+
+
+def set_cuda_device(device: torch.device | str) -> None:
+    """Make ``device`` the current CUDA device of this process; a no-op for CPU devices."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
 
 
 def synchronize(device: torch.device | str | None = None) -> None:

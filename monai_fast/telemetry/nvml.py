@@ -24,6 +24,8 @@ class NvmlBackend(Protocol):
 
     def name(self, index: int) -> str: ...
 
+    def uuid(self, index: int) -> str: ...
+
     def sample(self, index: int) -> dict[str, float]: ...
 
     def shutdown(self) -> None: ...
@@ -55,6 +57,10 @@ class PynvmlBackend:
     def name(self, index: int) -> str:
         n = self._nvml.nvmlDeviceGetName(self._handle(index))
         return n.decode() if isinstance(n, bytes) else str(n)
+
+    def uuid(self, index: int) -> str:
+        u = self._nvml.nvmlDeviceGetUUID(self._handle(index))
+        return u.decode() if isinstance(u, bytes) else str(u)
 
     def sample(self, index: int) -> dict[str, float]:
         nv, h = self._nvml, self._handle(index)
@@ -105,6 +111,9 @@ class FakeNvml:
     def name(self, index: int) -> str:
         return f"Fake GPU {index}"
 
+    def uuid(self, index: int) -> str:
+        return f"GPU-00000000-0000-0000-0000-{index:012d}"
+
     def sample(self, index: int) -> dict[str, float]:
         self.threads.add(threading.get_ident())
         u = self.util[self.samples % len(self.util)]
@@ -133,12 +142,40 @@ def open_nvml() -> NvmlBackend:
     return backend
 
 
-def visible_gpu_indices(local_rank: int) -> list[int]:
-    """The NVML index of the GPU that local rank ``local_rank`` uses by convention (one GPU per
-    rank), honouring ``CUDA_VISIBLE_DEVICES`` given as indices."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        ids = [v.strip() for v in visible.split(",") if v.strip()]
-        if all(v.isdigit() for v in ids) and local_rank < len(ids):
-            return [int(ids[local_rank])]
+def visible_gpu_indices(local_rank: int, backend: NvmlBackend | None = None, cuda_uuid: str | None = None) -> list[int]:
+    """The NVML index of the GPU this process uses (one GPU per rank).
+
+    NVML numbers GPUs in PCI bus order; CUDA numbers the visible ones in ``CUDA_DEVICE_ORDER``
+    (fastest first by default) after ``CUDA_VISIBLE_DEVICES`` (indices, ``GPU-`` UUIDs or ``MIG-``
+    ids) has filtered them, so the two numbers differ on many machines. In order of reliability:
+
+    1. ``cuda_uuid``, the UUID of the CUDA device the process uses (from torch): the NVML device
+       with that UUID.
+    2. The ``CUDA_VISIBLE_DEVICES`` entry of ``local_rank``: a UUID is looked up in NVML; an index
+       is taken as the NVML index (right with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, or when the GPUs
+       are all of one model; step 1 avoids the question wherever torch has initialised CUDA).
+    3. ``local_rank`` itself.
+    """
+    if cuda_uuid and backend is not None:
+        found = _index_of_uuid(backend, cuda_uuid)
+        if found is not None:
+            return [found]
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if local_rank < len(visible):
+        entry = visible[local_rank]
+        if entry.isdigit():
+            return [int(entry)]
+        if backend is not None:
+            found = _index_of_uuid(backend, entry)
+            if found is not None:
+                return [found]
     return [local_rank]
+
+
+def _index_of_uuid(backend: NvmlBackend, uuid: str) -> int | None:
+    want = uuid.lower().removeprefix("gpu-")
+    for i in range(backend.device_count()):
+        have = backend.uuid(i).lower().removeprefix("gpu-")
+        if have == want or (len(want) >= 8 and have.startswith(want)):  # CUDA accepts unique prefixes
+            return i
+    return None

@@ -1,40 +1,109 @@
-"""The per-run record: every monai-fast handler writes its rows here; the doctor reads only this.
+"""The per-run record: the one contract between the handlers that write and the reports that read.
 
-One record per run and rank. Rows have a ``kind`` (``iteration``, ``interval``, ``epoch`` or
-``event``), a ``source`` (the handler), the ``rank`` and wall-clock ``time`` plus the handler's
-fields. They are appended to ``record.rank<R>.jsonl`` in the run folder (flushed every
-``flush_every`` rows and at close), and each handler's summary goes into
-``summary.rank<R>.json``, written atomically at close. Nothing here imports torch or any
-hardware library, so a record made on a GPU cluster can be read on a laptop.
+One record per run and rank. Each row has a ``kind`` (:class:`Kind`), a ``source`` (:class:`Source`:
+which handler wrote it), the ``rank``, the ``engine`` it belongs to (``"train"``, ``"validation"``,
+...), the run ``segment`` (a second ``trainer.run()`` on the same engines is segment 1, ...) and
+the wall-clock ``time``, plus the handler's fields. Rows are appended to ``record.rank<R>.jsonl``
+in the run folder (flushed every ``flush_every`` rows and at close); each handler's summary goes
+into ``summary.rank<R>.json``, written atomically at close. Readers select rows with
+:func:`select` and compute the data share with :func:`data_share`, so "which rows belong to which
+engine, rank and run" is answered here only. Nothing here imports torch or a hardware library, so a
+record made on a GPU cluster can be read on a laptop.
 
 Example:
-    >>> from monai_fast.telemetry.record import RunRecord, load_record
+    >>> from monai_fast.telemetry.record import Kind, RunRecord, Source, load_record, select
     >>> rec = RunRecord("/tmp/run1")
-    >>> rec.add("epoch", "time_breakdown", epoch=1, data_s=0.2, compute_s=3.1)
-    >>> rec.set_summary("time_breakdown", {"data_share": 0.06})
+    >>> _ = rec.add(Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train", epoch=1, data_s=0.2, compute_s=3.1)
+    >>> rec.set_summary(Source.TIME_BREAKDOWN, {"data_share": 0.06})
     >>> rec.close()
     >>> rows, summary = load_record("/tmp/run1")
-    >>> rows[0]["data_s"], summary["time_breakdown"]["data_share"]
-    (0.2, 0.06)
+    >>> [r["data_s"] for r in select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")]
+    [0.2]
+    >>> summary["time_breakdown"]["data_share"]
+    0.06
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from monai_fast.files import write_json
 
-__all__ = ["KINDS", "RunRecord", "load_record"]
+__all__ = ["KINDS", "EngineRecord", "Kind", "RunRecord", "Source", "data_share", "load_record", "select"]
 
-KINDS = ("iteration", "interval", "epoch", "event")
+logger = logging.getLogger("monai_fast.telemetry")
+
+
+class Kind(str, Enum):
+    """What a row describes."""
+
+    ITERATION = "iteration"  #: one training/validation step
+    INTERVAL = "interval"  #: one sample of a background sampler (GPU)
+    EPOCH = "epoch"  #: one epoch of an engine
+    EVENT = "event"  #: something that happened once (a fallback, a run segment starting)
+
+
+class Source(str, Enum):
+    """Which part of monai-fast wrote a row or a summary."""
+
+    RECORD = "record"
+    TIME_BREAKDOWN = "time_breakdown"
+    THROUGHPUT = "throughput"
+    GPU = "gpu"
+    AMP = "amp"
+    KERNELS = "kernels"
+    FAST_TRAINING = "fast_training"
+
+
+KINDS = tuple(k.value for k in Kind)
+
+
+def data_share(data_s: float, compute_s: float) -> float:
+    """Share of iteration time spent waiting for data: ``data / (data + compute)``, 0 when nothing was timed."""
+    busy = data_s + compute_s
+    return data_s / busy if busy > 0 else 0.0
+
+
+def _value(v: Any) -> Any:
+    return v.value if isinstance(v, Enum) else v
+
+
+def select(
+    rows: Iterable[dict],
+    kind: Kind | str | None = None,
+    source: Source | str | None = None,
+    engine: str | None = None,
+    rank: int | None = None,
+    segment: int | None = None,
+) -> list[dict]:
+    """The rows that match every given criterion (``None`` matches anything).
+
+    Rows written before the ``engine`` field existed count as ``"train"``; rows without a
+    ``segment`` count as segment 0.
+    """
+    kind, source = _value(kind), _value(source)
+    return [
+        r
+        for r in rows
+        if (kind is None or r.get("kind") == kind)
+        and (source is None or r.get("source") == source)
+        and (engine is None or r.get("engine", "train") == engine)
+        and (rank is None or r.get("rank") == rank)
+        and (segment is None or r.get("segment", 0) == segment)
+    ]
 
 
 def _jsonable(v: Any) -> Any:
+    if isinstance(v, Enum):
+        return v.value
     if isinstance(v, (str, int, float, bool)) or v is None:
         return v
     if isinstance(v, dict):
@@ -74,6 +143,9 @@ class RunRecord:
         self._pending: list[dict] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._warned_closed = False
+        self._started = False
+        self._segment = 0
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(self.run_dir, os.W_OK):
@@ -81,26 +153,53 @@ class RunRecord:
             self.path = self.run_dir / f"record.rank{rank}.jsonl"
             self.path.write_text("")  # a new run starts a new record
 
-    def add(self, kind: str, source: str, **fields: Any) -> dict:
-        """Append one row; safe to call from any thread."""
+    @property
+    def segment(self) -> int:
+        """The current run segment: 0 for the first run, then one more for each :meth:`begin_segment`."""
+        return self._segment
+
+    def begin_segment(self) -> int:
+        """Start recording a new run of the engines (a second ``trainer.run()``).
+
+        The first call does nothing but mark the start; later calls reopen a closed record (rows
+        are appended to the same file) and count one more segment. Returns the segment number.
+        """
+        with self._lock:
+            if self._started:
+                self._segment += 1
+                self._closed = False
+            self._started = True
+            segment = self._segment
+        self.add(Kind.EVENT, Source.RECORD, what="segment_started")
+        return segment
+
+    def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:
+        """Append one row; safe to call from any thread. Rows added after :meth:`close` are dropped
+        (with a warning, once) until :meth:`begin_segment` reopens the record."""
+        kind, source = _value(kind), _value(source)
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        row = {"kind": kind, "source": source, "rank": self.rank, "time": time.time(), **fields}
+        row = {"kind": kind, "source": source, "rank": self.rank, "segment": self._segment, "time": time.time(), **fields}
         with self._lock:
-            if self.run_dir is None:
+            if self._closed:
+                if not self._warned_closed:
+                    self._warned_closed = True
+                    logger.warning("run record %s is closed; a %s row from %s was dropped", self.run_dir, kind, source)
+            elif self.run_dir is None:
                 self.rows.append(row)
-            elif not self._closed:  # streamed, not kept: a run of days must not grow in memory
+            else:  # streamed, not kept: a run of days must not grow in memory
                 self._pending.append(row)
                 if len(self._pending) >= self.flush_every:
                     self._flush_locked()
         return row
 
-    def set_summary(self, source: str, values: dict) -> None:
+    def set_summary(self, source: Source | str, values: dict) -> None:
         """Set the summary section of ``source`` (replacing an earlier one)."""
         with self._lock:
-            self.summary[source] = values
+            self.summary[_value(source)] = values
 
     def flush(self) -> None:
+        """Append the buffered rows to the file."""
         with self._lock:
             self._flush_locked()
 
@@ -121,7 +220,36 @@ class RunRecord:
             self._closed = True
             if self.run_dir is None:
                 return
-            write_json(_jsonable({"rank": self.rank, **self.summary}), self.run_dir / f"summary.rank{self.rank}.json")
+            write_json(_jsonable({"rank": self.rank, "segments": self._segment + 1, **self.summary}),
+                       self.run_dir / f"summary.rank{self.rank}.json")
+
+
+class EngineRecord:
+    """A :class:`RunRecord` as one engine writes to it: every row is stamped with the engine's name.
+
+    Summaries of the ``"train"`` engine are stored under their source's name, those of other
+    engines under ``"<source>.<engine>"`` (e.g. ``"throughput.validation"``).
+    """
+
+    def __init__(self, record: RunRecord, engine: str) -> None:
+        self.record, self.engine = record, engine
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.record.run_dir
+
+    @property
+    def rank(self) -> int:
+        return self.record.rank
+
+    def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:
+        """:meth:`RunRecord.add` with ``engine=`` this engine's name."""
+        return self.record.add(kind, source, engine=self.engine, **fields)
+
+    def set_summary(self, source: Source | str, values: dict) -> None:
+        """:meth:`RunRecord.set_summary` under this engine's section."""
+        name = _value(source)
+        self.record.set_summary(name if self.engine == "train" else f"{name}.{self.engine}", values)
 
 
 def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[list[dict], dict]:
@@ -131,9 +259,12 @@ def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[li
         ``(rows, summary)``; with several ranks, ``summary`` maps ``"rank<R>"`` to each summary,
         with one rank it is that rank's summary.
 
+    A summary file that is missing or damaged reads as empty, with a warning naming it: the rows
+    alone carry every number the doctor needs.
+
     Raises:
         FileNotFoundError: if the folder has no ``record.rank*.jsonl``, naming the folder.
-        ValueError: for a line that is not JSON, naming file and line.
+        ValueError: for a line that is not a JSON object, naming file and line.
     """
     run_dir = Path(run_dir)
     paths = sorted(run_dir.glob("record.rank*.jsonl")) if rank is None else [run_dir / f"record.rank{rank}.jsonl"]
@@ -147,11 +278,26 @@ def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[li
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{p}:{i} is not a JSON row: {e}") from e
+            if not isinstance(row, dict):
+                raise ValueError(f"{p}:{i} is not a record row (a JSON object): got {type(row).__name__}")
+            rows.append(row)
         r = p.name[len("record.rank") : -len(".jsonl")]
-        s = run_dir / f"summary.rank{r}.json"
-        summaries[f"rank{r}"] = json.loads(s.read_text()) if s.is_file() else {}
+        summaries[f"rank{r}"] = _load_summary(run_dir / f"summary.rank{r}.json")
     summary = next(iter(summaries.values())) if len(summaries) == 1 else summaries
     return rows, summary
+
+
+def _load_summary(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text())
+        if not isinstance(summary, dict):
+            raise ValueError(f"top level is a {type(summary).__name__}, not an object")  # noqa: TRY004
+    except (OSError, ValueError) as e:
+        logger.warning("run summary %s is unreadable (%s); reading the rows without it", path, e)
+        return {}
+    return summary

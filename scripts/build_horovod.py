@@ -8,8 +8,8 @@ This module downloads the sdist, sets the standard to 17 in both files, and buil
 ``openmpi-bin libopenmpi-dev``) into the current Python environment. It needs ``cmake`` and a C++
 compiler, and takes about 4 minutes on 2 cores.
 
-    python -m monai_fast.distributed.build_horovod            # gloo only
-    python -m monai_fast.distributed.build_horovod --with-mpi
+    python scripts/build_horovod.py            # gloo only
+    python scripts/build_horovod.py --with-mpi
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 __all__ = ["HOROVOD_VERSION", "build", "patch_cxx_standard"]
 
-logger = logging.getLogger("monai_fast.distributed")
+logger = logging.getLogger("build_horovod")
 
 HOROVOD_VERSION = "0.28.1"
 _CMAKE_FILES = ("CMakeLists.txt", "horovod/torch/CMakeLists.txt")
@@ -87,7 +87,7 @@ def build(with_mpi: bool = False, workdir: str | os.PathLike | None = None, pyth
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m monai_fast.distributed.build_horovod", description=__doc__,
+    p = argparse.ArgumentParser(prog="python scripts/build_horovod.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--with-mpi", action="store_true", help="also build the MPI controller (needs libopenmpi-dev)")
     p.add_argument("--workdir", help="where to download and build (default: a new temporary folder)")

@@ -1,0 +1,70 @@
+"""The PNG plots of a run's record: time per epoch (compute vs data wait) and GPU utilisation.
+
+Plots live here only; handlers write record rows and the reports draw them.
+
+Example:
+    >>> from monai_fast.report.plots import plot_breakdown
+    >>> rows = [{"epoch": 1, "rank": 0, "data_s": 0.2, "compute_s": 3.0}]
+    >>> plot_breakdown(rows, "/tmp/monai-fast-doctest-breakdown.png").name
+    'monai-fast-doctest-breakdown.png'
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["plot_breakdown", "plot_gpu"]
+
+
+def plot_breakdown(epochs: list[dict], path: str | os.PathLike) -> Path:
+    """Bars of compute and data wait per epoch; one bar per rank, side by side, under DDP.
+
+    Epochs of a later run segment continue the x axis after the earlier ones.
+    """
+    keys = sorted({(r.get("segment", 0), r["epoch"]) for r in epochs})
+    ranks = sorted({int(r.get("rank", 0)) for r in epochs})
+    width = 0.8 / len(ranks)
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
+    for i, rank in enumerate(ranks):
+        mine = {(r.get("segment", 0), r["epoch"]): r for r in epochs if int(r.get("rank", 0)) == rank}
+        xs = [k + (i - (len(ranks) - 1) / 2) * width for k, key in enumerate(keys) if key in mine]
+        comp = [mine[key]["compute_s"] for key in keys if key in mine]
+        data = [mine[key]["data_s"] for key in keys if key in mine]
+        suffix = f" (rank {rank})" if len(ranks) > 1 else ""
+        ax.bar(xs, comp, width=width, label=f"compute{suffix}", color="tab:green", alpha=1.0 - 0.5 * i / len(ranks))
+        ax.bar(xs, data, width=width, bottom=comp, label=f"waiting for data{suffix}", color="tab:red",
+               alpha=1.0 - 0.5 * i / len(ranks))
+    ax.set_xticks(range(len(keys)), [str(e) if s == 0 else f"{e} (run {s + 1})" for s, e in keys])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("seconds")
+    ax.set_title("Time per epoch: compute vs data wait")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2 * min(len(ranks), 2), frameon=False, fontsize="small")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_gpu(gpu: list[dict], path: str | os.PathLike) -> Path:
+    """GPU utilisation over time, one line per rank and GPU."""
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
+    for key in sorted({(r.get("rank", 0), r["gpu"]) for r in gpu}):
+        pts = [r for r in gpu if (r.get("rank", 0), r["gpu"]) == key]
+        ax.plot([r["t"] for r in pts], [r["gpu_util"] for r in pts], label=f"rank {key[0]} GPU {key[1]}")
+    ax.set_ylim(0, 105)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("GPU utilisation %")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
