@@ -20,7 +20,11 @@ With ``--checkpoint-dir`` the run is preemption-safe (``monai_fast.handlers.Pree
 SIGTERM or SIGUSR1 it finishes the iteration, checkpoints, requeues itself under SLURM and stops;
 started again (or requeued), it resumes at the next iteration::
 
-    sbatch --requeue --signal=B:USR1@120 --wrap "srun python tutorials/distributed_train.py --checkpoint-dir ckpt"
+    sbatch --requeue --signal=USR1@120 --wrap "srun python tutorials/distributed_train.py --checkpoint-dir ckpt"
+
+(``--signal=USR1@120`` without ``B:``: SLURM sends it to the ``srun`` tasks, the training processes;
+``B:`` would signal only the batch shell, which does not pass it on. ``monai-fast sbatch`` writes
+the same flag.)
 """
 
 from __future__ import annotations
