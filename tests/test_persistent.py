@@ -8,7 +8,8 @@ import pytest
 import torch
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, ScaleIntensityRanged
 
-from monai_fast.data.persistent import TrustedPersistentDataset, transform_fingerprint
+from monai_fast.data.fingerprint import transform_fingerprint
+from monai_fast.data.persistent import TrustedPersistentDataset
 
 
 def _chain(a_max=164.0):

@@ -9,7 +9,10 @@ them:
   default), or its content hash (``"content"``: slower, survives copies that reset mtimes).
 * **Transform parameters.** MONAI's ``json_hashing`` cannot serialise transform objects and falls
   back to their class names, so a changed intensity window or spacing keeps the same key. Here
-  the key covers a fingerprint of every deterministic transform's parameters.
+  the key covers a fingerprint of every deterministic transform's parameters and functions
+  (:mod:`monai_fast.data.fingerprint`: a ``Lambdad``'s code, closure, defaults and the globals it
+  reads). Transforms holding a callable that cannot be fingerprinted are not trusted: a warning,
+  and their items are recomputed in each run.
 * **Damaged files and writes.** Only some corruptions are caught (a truncated zip-format ``.pt``
   crashes the run). Here any cache file that does not load is rebuilt, with a warning. MONAI
   writes into the system temp folder and moves the file, which is a copy when the cache is on
@@ -20,51 +23,27 @@ them:
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import secrets
 import warnings
 from collections.abc import Callable, Sequence
 from copy import deepcopy
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from monai.data import PersistentDataset
 from monai.data.utils import SUPPORTED_PICKLE_MOD, pickle_hashing
 from monai.transforms import RandomizableTrait, Transform
 from monai.utils import convert_to_tensor, look_up_option
 
+from monai_fast.data.fingerprint import transform_fingerprint
 from monai_fast.files import atomic_write
 
-__all__ = ["TrustedPersistentDataset", "transform_fingerprint"]
+__all__ = ["TrustedPersistentDataset"]
 
-def _fp(obj: Any, depth: int = 0) -> str:
-    if depth > 8:
-        return type(obj).__name__
-    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
-        return repr(obj)
-    if isinstance(obj, (list, tuple)):
-        return "[" + ",".join(_fp(x, depth + 1) for x in obj) + "]"
-    if isinstance(obj, dict):
-        return "{" + ",".join(f"{k!s}:{_fp(v, depth + 1)}" for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))) + "}"
-    if isinstance(obj, (np.ndarray, torch.Tensor)):
-        arr = obj.detach().cpu().numpy() if isinstance(obj, torch.Tensor) else obj
-        return f"array{arr.shape}{arr.dtype}:{hashlib.sha1(np.ascontiguousarray(arr).tobytes()).hexdigest()}"
-    if isinstance(obj, np.generic):
-        return repr(obj.item())
-    if isinstance(obj, (os.PathLike, type)):
-        return str(obj)
-    if callable(obj) and not hasattr(obj, "__dict__"):
-        return getattr(obj, "__qualname__", type(obj).__name__)
-    if hasattr(obj, "__dict__"):
-        state = {k: v for k, v in vars(obj).items() if not k.startswith("__")}
-        return f"{type(obj).__module__}.{type(obj).__qualname__}({_fp(state, depth + 1)})"
-    return type(obj).__name__  # locks, handles: no stable value to hash
-
-
-def transform_fingerprint(transforms: Sequence[Any]) -> str:
-    """A stable hash of transforms' classes and parameters (not their memory addresses)."""
-    return hashlib.sha1(_fp(list(transforms)).encode()).hexdigest()
+logger = logging.getLogger("monai_fast.data")
 
 
 class TrustedPersistentDataset(PersistentDataset):
@@ -107,7 +86,16 @@ class TrustedPersistentDataset(PersistentDataset):
             if isinstance(t, RandomizableTrait) or not isinstance(t, Transform):
                 break
             deterministic.append(t)
-        self.transform_hash = transform_fingerprint(deterministic)[:16]
+        fingerprint = transform_fingerprint(deterministic)
+        self.trusted = not fingerprint.untrusted
+        self.transform_hash = fingerprint.digest[:16]
+        if not self.trusted:  # a key that never matches another run's: recompute rather than serve stale items
+            self.transform_hash += "-" + secrets.token_hex(4)
+            logger.warning(
+                "TrustedPersistentDataset: the cached transforms hold callables whose behaviour cannot be "
+                "fingerprinted (%s); their cache files in %s are recomputed in each run instead of reused",
+                ", ".join(fingerprint.untrusted), cache_dir,
+            )
 
     def _file_identity(self, path: Path) -> Any:
         st = path.stat()
