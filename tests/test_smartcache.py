@@ -92,6 +92,22 @@ def test_resume_through_ignite_checkpoint_continues_the_same_rotation(tmp_path):
     assert ds2.state_dict() == {"start_pos": 4, "updates": 4, "total": 5}
 
 
+def test_several_replace_workers_and_set_data_restart_the_rotation():
+    items = [{"image": f"/data/image{i}.nii.gz", "id": i} for i in range(1, 9)]
+    ds = SafeSmartCacheDataset(items, transform=Lambdad("id", lambda x: x), replace_rate=0.5, cache_num=4,
+                               shuffle=False, progress=False, num_replace_workers=2)
+    assert ds.replace_num == 2
+    ds.start()
+    ds.update_cache(timeout_s=5)
+    assert [int(ds[i]["id"]) for i in range(4)] == [3, 4, 5, 6] and ds.window() == [2, 3, 4, 5]
+    ds.set_data(items[:6])  # stops the thread, re-caches the first items, restarts the rotation at 0
+    assert not ds.is_started() and ds.window() == [0, 1, 2, 3] and ds.replace_num == 2
+    ds.update_cache(timeout_s=5)
+    ds.update_cache(timeout_s=5)
+    ds.shutdown()
+    assert [int(ds[i]["id"]) for i in range(4)] == [5, 6, 1, 2] and ds.state_dict()["start_pos"] == 4
+
+
 def test_a_state_for_another_data_list_is_refused():
     with pytest.raises(ValueError, match="state is for 3 items"):
         _ds().load_state_dict({"start_pos": 1, "updates": 1, "total": 3})
