@@ -32,10 +32,11 @@ from typing import Any, Literal
 import numpy as np
 import psutil
 import torch
-from monai.data import CacheDataset, Dataset, SmartCacheDataset, partition_dataset
+from monai.data import CacheDataset, Dataset, partition_dataset
 from monai.transforms import Compose, RandomizableTrait, ToDeviced, Transform
 
 from monai_fast.data.persistent import TrustedPersistentDataset
+from monai_fast.data.smartcache import SafeSmartCacheDataset
 from monai_fast.telemetry import cuda_free_bytes
 
 __all__ = ["CachePlan", "item_bytes", "plan_cache", "rank_partition"]
@@ -99,7 +100,7 @@ class CachePlan:
         ``gpu``: a ``CacheDataset`` whose cached chain ends with ``ToDeviced`` (random transforms
         then run on the GPU; load it with ``ThreadDataLoader(num_workers=0)``). ``ram``: a
         ``CacheDataset``. ``disk``: a :class:`TrustedPersistentDataset`. ``smartcache``: a
-        ``SmartCacheDataset`` holding ``cache_num`` items. ``none``: a plain ``Dataset``.
+        :class:`SafeSmartCacheDataset` holding ``cache_num`` items. ``none``: a plain ``Dataset``.
         """
         if self.where in ("gpu", "ram", "smartcache"):
             kwargs.setdefault("progress", False)
@@ -112,7 +113,7 @@ class CachePlan:
         if self.where == "disk":
             return TrustedPersistentDataset(data, transform, cache_dir=self.cache_dir, **kwargs)
         if self.where == "smartcache":
-            return SmartCacheDataset(data, transform, cache_num=self.cache_num, **kwargs)
+            return SafeSmartCacheDataset(data, transform, cache_num=self.cache_num, **kwargs)
         return Dataset(data, transform)
 
 

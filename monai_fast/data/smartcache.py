@@ -1,0 +1,320 @@
+"""A ``SmartCacheDataset`` that owns a safe rotation: bounded waits, named errors, resumable state.
+
+MONAI's ``SmartCacheDataset`` prepares the next epoch's replacement items in a background thread
+while holding the lock that ``update_cache()`` waits on. So no wait can time out, and a transform
+that raises kills that thread: ``update_cache()`` then spins forever. ``shutdown()`` also resets the
+rotation's position without resetting the cache, and there is no way to save the position.
+:class:`SafeSmartCacheDataset` keeps MONAI's caching, its constructor and its rotation order, and
+replaces the background machinery with one the class owns (see the class docstring).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.pool import ThreadPool
+from typing import Any
+
+from monai.data import SmartCacheDataset
+
+from monai_fast.data.loaders import DataItemError, describe_item, error_text
+
+__all__ = ["SafeSmartCacheDataset"]
+
+logger = logging.getLogger("monai_fast.data")
+
+
+@dataclass
+class _Rotation:
+    """The rotation's state, guarded by ``cond``; one attribute on the dataset, no MONAI names."""
+
+    rate: float
+    timeout_s: float
+    replace_num: int = 0
+    position: int = 0  # index into ``data`` of the first cached item
+    updates: int = 0  # swaps done since construction (or as restored from a checkpoint)
+    ready: list | None = None  # replacements prepared for ``position``
+    error: tuple[int, BaseException] | None = None  # (item index, exception) of a failed replacement
+    failed: bool = False  # the last update raised: shutdown() does not wait for the thread
+    thread: threading.Thread | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+
+class SafeSmartCacheDataset(SmartCacheDataset):
+    """MONAI's ``SmartCacheDataset`` whose rotation never hangs, names failures and resumes in place.
+
+    Same arguments as ``monai.data.SmartCacheDataset``, plus ``timeout_s``. With 5 items,
+    ``cache_num=4`` and ``replace_rate=0.25`` the epochs see items 1-4, 2-5, 3-5+1, 4-5+1-2, ...
+    exactly as MONAI documents. Drive it with :class:`monai_fast.handlers.SmartCacheUpdater`, or
+    call ``start()``, ``update_cache()`` after each epoch and ``shutdown()`` yourself.
+
+    **What it keeps from MONAI:** the constructor (shuffling, the first ``cache_num`` items cached
+    at construction), ``__getitem__`` / ``__len__``, and ``set_data`` (extended: it also resets the
+    rotation, which MONAI's leaves stale).
+
+    **What it replaces, and why:** the public ``start``, ``is_started``, ``update_cache``,
+    ``shutdown`` and ``manage_replacement`` (the background thread's body). MONAI's thread computes
+    replacements while holding the lock that ``update_cache`` waits on, lets transform errors kill
+    it, and ``shutdown`` resets the position; none of that can be fixed from outside without
+    rewriting its private state. Here the state lives in this class's own ``_rotation`` object:
+
+    * ``update_cache(timeout_s)`` waits at most ``timeout_s`` (``TimeoutError`` naming the pending
+      items); a replacement error is raised in the caller's thread as
+      :class:`~monai_fast.data.loaders.DataItemError` naming the item's index and files; a thread
+      that stopped without a result is a ``RuntimeError``. A failed replacement is never swapped in.
+    * ``shutdown()`` keeps the position (the cache still holds that window) and never waits for a
+      thread after a failed update (a transform stuck on a dead mount is abandoned, as a daemon).
+    * ``state_dict()`` / ``load_state_dict()`` save and restore the position; loading rebuilds the
+      cache for the saved window, reusing the items both windows share.
+
+    MONAI's private ``_start_pos``, ``_round``, ``_replace_done``, ``_update_lock``,
+    ``_replace_mgr``, ``_replacements``, ``_replace_data_idx`` and the private methods using them
+    are left unused. The only private members of MONAI's ``CacheDataset`` this class uses are
+    ``_cache`` (the cached items, read by ``__getitem__``; replaced by a new list at each swap) and
+    ``_load_cache_item(index)`` (runs the deterministic transforms of one item).
+
+    Args:
+        data: the data list, as for ``SmartCacheDataset``.
+        transform: the transform chain, as for ``SmartCacheDataset``.
+        replace_rate: fraction of the cache replaced at each update (> 0).
+        *args: further positional arguments of ``SmartCacheDataset`` (``cache_num``, ...).
+        timeout_s: default longest wait of ``update_cache`` for one replacement, in seconds.
+        **kwargs: further keyword arguments of ``SmartCacheDataset``.
+
+    Example:
+        >>> from monai_fast.data.smartcache import SafeSmartCacheDataset
+        >>> ds = SafeSmartCacheDataset(files, transform, cache_num=4, replace_rate=0.25)  # doctest: +SKIP
+        >>> ds.start(); ...; ds.update_cache(timeout_s=60); ...; ds.shutdown()  # doctest: +SKIP
+        >>> saved = ds.state_dict()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        data: Sequence,
+        transform: Sequence[Callable] | Callable | None = None,
+        replace_rate: float = 0.1,
+        *args: Any,
+        timeout_s: float = 300.0,
+        **kwargs: Any,
+    ) -> None:
+        if not replace_rate > 0:
+            raise ValueError(f"replace_rate must be > 0, got {replace_rate}; use monai.data.CacheDataset to cache all")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        # before MONAI's constructor, which calls set_data() and is_started()
+        self._rotation = _Rotation(rate=float(replace_rate), timeout_s=float(timeout_s))
+        super().__init__(data, transform, replace_rate, *args, **kwargs)
+
+    # ---- MONAI's public interface, replaced -------------------------------------------------
+
+    def set_data(self, data: Sequence) -> None:
+        """MONAI's ``set_data`` (stop, shuffle, re-cache the first items), then restart the rotation at 0."""
+        self.shutdown()
+        super().set_data(data)
+        rot = self._rotation
+        with rot.cond:
+            rot.position, rot.ready, rot.error, rot.failed = 0, None, None, False
+            rot.replace_num = max(0, min(math.ceil(self.cache_num * rot.rate), len(self.data) - self.cache_num))
+
+    def is_started(self) -> bool:
+        """Whether a replacement thread runs and has not been asked to stop."""
+        rot = self._rotation
+        return rot.thread is not None and rot.thread.is_alive() and not rot.stop.is_set()
+
+    def start(self) -> None:
+        """Start preparing replacements in the background (no-op if running); clears a held error."""
+        rot = self._rotation
+        with rot.cond:
+            if self.is_started():
+                return
+            rot.error, rot.failed, rot.ready = None, False, None
+            rot.stop = threading.Event()
+            rot.thread = threading.Thread(
+                target=self.manage_replacement, args=(rot.stop,), name="monai-fast-smartcache", daemon=True
+            )
+            rot.thread.start()
+
+    def update_cache(self, timeout_s: float | None = None) -> None:
+        """Swap the oldest ``replace_num`` cached items for the prepared replacements.
+
+        Starts the background thread if it is not running (as MONAI's does), unless a replacement
+        failed: that error is raised instead.
+
+        Args:
+            timeout_s: longest wait for the replacement; the dataset's ``timeout_s`` when ``None``.
+
+        Raises:
+            DataItemError: preparing a replacement failed; names the item and its files.
+            TimeoutError: the replacement took longer than ``timeout_s``.
+            RuntimeError: the background thread stopped without a replacement.
+        """
+        rot = self._rotation
+        timeout = rot.timeout_s if timeout_s is None else float(timeout_s)
+        if rot.replace_num == 0:  # everything is cached: nothing to rotate
+            rot.updates += 1
+            return
+        with rot.cond:
+            held = rot.error is not None
+        if not held:
+            self.start()
+        deadline = time.monotonic() + timeout
+        with rot.cond:
+            while rot.ready is None:
+                failure = self._failure(deadline, timeout)
+                if failure is not None:
+                    rot.failed = True
+                    raise failure
+                rot.cond.wait(min(max(deadline - time.monotonic(), 0.0), 0.1))
+            self._cache = list(self._cache[rot.replace_num:]) + rot.ready
+            rot.position = (rot.position + rot.replace_num) % len(self.data)
+            rot.ready, rot.failed = None, False
+            rot.updates += 1
+            rot.cond.notify_all()  # the thread prepares the next replacement
+
+    def shutdown(self, wait_s: float | None = None) -> None:
+        """Stop the background thread; the position and the cache stay where they are.
+
+        Args:
+            wait_s: longest wait for the thread to finish the item it is on. Default: the
+                dataset's ``timeout_s``, or no wait after a failed update.
+        """
+        rot = self._rotation
+        with rot.cond:
+            thread = rot.thread
+            rot.stop.set()
+            rot.ready = None
+            rot.cond.notify_all()
+            wait = (0.0 if rot.failed else rot.timeout_s) if wait_s is None else wait_s
+        if thread is None or thread is threading.current_thread():
+            return
+        thread.join(wait)
+        if thread.is_alive():
+            logger.warning("SmartCache: the replacement thread is still busy after %.1f s; left behind (daemon)", wait)
+
+    def manage_replacement(self, stop: threading.Event | None = None) -> None:
+        """Body of the background thread: prepare the replacements for each new position until ``stop``."""
+        rot = self._rotation
+        stop = rot.stop if stop is None else stop
+        while True:
+            with rot.cond:
+                while rot.ready is not None and not stop.is_set():
+                    rot.cond.wait()
+                if stop.is_set():
+                    return
+                position = rot.position
+                indices = self._replacement_indices(position)
+            try:
+                items = self._load_items(indices, self.num_replace_workers, stop)
+            except _ItemFailure as f:
+                with rot.cond:
+                    if not stop.is_set():
+                        rot.error = (f.index, f.error)
+                        rot.cond.notify_all()
+                return
+            with rot.cond:
+                if stop.is_set():
+                    return
+                if position == rot.position and rot.ready is None:
+                    rot.ready = items
+                    rot.cond.notify_all()
+
+    # ---- position and checkpoints -----------------------------------------------------------
+
+    @property
+    def replace_num(self) -> int:
+        """Items swapped at each update."""
+        return self._rotation.replace_num
+
+    @property
+    def updates(self) -> int:
+        """Swaps done so far (restored by :meth:`load_state_dict`)."""
+        return self._rotation.updates
+
+    def window(self) -> list[int]:
+        """Indices into ``data`` of the items cached now, in cache order."""
+        pos, total = self._rotation.position, len(self.data)
+        return [(pos + i) % total for i in range(self.cache_num)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rotation's position: enough to rebuild the same cache window on resume."""
+        rot = self._rotation
+        return {"start_pos": rot.position, "updates": rot.updates, "total": len(self.data)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Move the rotation to a saved position and rebuild the cache there (stops the thread first).
+
+        Raises:
+            ValueError: if the state is for another number of items.
+        """
+        total = len(self.data)
+        if state.get("total") != total:
+            raise ValueError(f"SmartCache state is for {state.get('total')} items, this dataset has {total}")
+        self.shutdown()
+        cached = dict(zip(self.window(), self._cache))
+        rot = self._rotation
+        with rot.cond:
+            rot.position = int(state["start_pos"]) % total
+            rot.updates = int(state.get("updates", 0))
+            rot.ready, rot.error, rot.failed = None, None, False
+        missing = [i for i in self.window() if i not in cached]
+        try:
+            loaded = dict(zip(missing, self._load_items(missing, self.num_workers)))
+        except _ItemFailure as f:
+            raise self._item_error(f.index, f.error) from f.error
+        self._cache = [cached[i] if i in cached else loaded[i] for i in self.window()]
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _replacement_indices(self, position: int) -> list[int]:
+        total = len(self.data)
+        return [(position + self.cache_num + i) % total for i in range(self._rotation.replace_num)]
+
+    def _load_items(self, indices: list[int], workers: int | None, stop: threading.Event | None = None) -> list:
+        def load(index: int) -> Any:
+            if stop is not None and stop.is_set():
+                return None
+            try:
+                return self._load_cache_item(index)
+            except Exception as e:
+                raise _ItemFailure(index, e) from e
+
+        workers = max(1, int(workers or os.cpu_count() or 1))
+        if workers == 1 or len(indices) <= 1:
+            return [load(i) for i in indices]
+        with ThreadPool(min(workers, len(indices))) as pool:
+            return pool.map(load, indices)
+
+    def _item_error(self, index: int, error: BaseException) -> DataItemError:
+        return DataItemError(f"SmartCache replacement of {describe_item(self, index)} failed: {error_text(error)}")
+
+    def _failure(self, deadline: float, timeout: float) -> BaseException | None:
+        """The error that ends a wait for a replacement, or ``None`` to keep waiting (``cond`` held)."""
+        rot = self._rotation
+        if rot.error is not None:
+            index, error = rot.error
+            failure = self._item_error(index, error)
+            failure.__cause__ = error
+            return failure
+        if not self.is_started():
+            return RuntimeError("SmartCache's replacement thread stopped without finishing a replacement")
+        if time.monotonic() >= deadline:
+            pending = ", ".join(describe_item(self, i) for i in self._replacement_indices(rot.position)[:3])
+            return TimeoutError(
+                f"SmartCache replacement took longer than {timeout:g} s ({rot.replace_num} items: {pending}"
+                f"{', ...' if rot.replace_num > 3 else ''}); raise timeout_s, lower replace_rate or add replace workers"
+            )
+        return None
+
+
+class _ItemFailure(Exception):
+    """Loading item ``index`` raised ``error`` (carried out of the worker threads)."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(index, error)
+        self.index, self.error = index, error
