@@ -118,6 +118,20 @@ def test_bad_cli_options_are_named(argv, match, capsys):
         main([*argv, "--no-progress"])
 
 
+def test_unwritable_run_dir_is_named_before_any_training(tmp_path, monkeypatch):
+    import monai_fast.race.core as race_core
+
+    def no_training(*a, **k):
+        raise AssertionError("trained although --run-dir cannot be written")
+
+    monkeypatch.setattr(race_core, "run_to_target", no_training)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SystemExit, match="monai-fast demo: --run-dir: cannot write into"):
+        main(["demo", *TINY, "--run-dir", str(tmp_path / "a-file" / "run")])
+    with pytest.raises(SystemExit, match="monai-fast demo: --target: must be in"):
+        main(["demo", *TINY, "--target", "1.2", "--run-dir", str(tmp_path / "r")])
+
+
 def test_tune_command_then_demo_applies_the_cached_pick(tmp_path, capsys):
     tiny = ["--cases", "5", "--shape", "48", "48", "32", "--patch-size", "32", "32", "32", "--num-samples", "2", "--no-progress"]
     search = ["--batch-range", "1", "2", "--sw-range", "1", "2", "--trials", "2", "--tune-cache", str(tmp_path / "t.json"),

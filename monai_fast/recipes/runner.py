@@ -6,7 +6,7 @@ import csv
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -16,11 +16,12 @@ from ignite.handlers import ProgressBar
 from monai.handlers import TensorBoardStatsHandler, from_engine
 from torch.utils.tensorboard import SummaryWriter
 
+from monai_fast.files import atomic_write
 from monai_fast.handlers import GPUSampler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.telemetry import device_description
 
-__all__ = ["EPOCH_FIELDS", "EpochRow", "RaceResult", "run_to_target"]
+__all__ = ["EPOCH_FIELDS", "EpochRow", "RaceResult", "run_to_target", "write_epochs_csv"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,22 @@ class RaceResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def write_epochs_csv(rows: Iterable[EpochRow], path: str | os.PathLike) -> Path:
+    """Write ``rows`` as CSV (header :data:`EPOCH_FIELDS`) to ``path`` atomically; returns ``path``.
+
+    Example:
+        >>> import tempfile
+        >>> p = write_epochs_csv([], tempfile.mkdtemp() + "/epochs.csv")
+        >>> p.read_text().split(",")[:2]
+        ['recipe', 'epoch']
+    """
+    with atomic_write(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=EPOCH_FIELDS)
+        w.writeheader()
+        w.writerows(asdict(r) for r in rows)
+    return Path(path)
 
 
 class _EpochRecorder:
@@ -215,10 +232,7 @@ def run_to_target(
 
     rows = recorder.rows
     if out is not None:
-        with open(out / "epochs.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=EPOCH_FIELDS)
-            w.writeheader()
-            w.writerows(asdict(r) for r in rows)
+        write_epochs_csv(rows, out / "epochs.csv")
     n = max(len(rows), 1)
     val_rows = [r for r in rows if r.val_dice is not None]
     data_s = sum(r.data_wait_s for r in rows)

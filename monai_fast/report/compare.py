@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import matplotlib
@@ -13,8 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from monai_fast.files import write_json  # noqa: E402
-from monai_fast.recipes.runner import EPOCH_FIELDS, RaceResult  # noqa: E402
+from monai_fast.files import atomic_write, write_json  # noqa: E402
+from monai_fast.recipes.runner import RaceResult, write_epochs_csv  # noqa: E402
 
 __all__ = ["best_dice_by", "format_table", "plot_dice_vs_time", "speedup", "write_race"]
 
@@ -105,7 +103,8 @@ def plot_dice_vs_time(results: Sequence[RaceResult], path: str | os.PathLike, ta
     ax.set_title("Time to Dice")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path)
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png")
     plt.close(fig)
     return path
 
@@ -127,11 +126,7 @@ def write_race(results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: 
                 speedups[r.recipe] = {"over": reference, "factor": factor, "lower_bound": lower}
     doc = {**meta, "results": [r.to_dict() for r in results], "speedups": speedups}
     write_json(doc, run_dir / "results.json")
-    with open(run_dir / "epochs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=EPOCH_FIELDS)
-        w.writeheader()
-        for r in results:
-            w.writerows(asdict(e) for e in r.epochs)
+    write_epochs_csv((e for r in results for e in r.epochs), run_dir / "epochs.csv")
     target = results[0].target if results else None
     plot_dice_vs_time(results, run_dir / "dice_vs_time.png", target)
     return doc

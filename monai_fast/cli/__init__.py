@@ -1,0 +1,74 @@
+"""``monai-fast``: the command line. It parses and prints; the work is in the library.
+
+``monai-fast demo``   race the fast recipe against the plain-MONAI baseline to a target Dice.
+``monai-fast bench``  the same race with all three recipes and repeats; JSON for benchmarks/results.
+``monai-fast synth``  write a synthetic data set in Medical Segmentation Decathlon layout.
+``monai-fast doctor`` name a run's bottleneck from its record, with evidence and the fix.
+``monai-fast tune``   pick batch size, sliding-window batch, validation device, precision by throughput.
+``monai-fast launch`` run a training script on N local processes (torchrun, DDP).
+``monai-fast sbatch`` write an sbatch script (ranks per GPU, requeue, USR1 before the time limit).
+
+``demo``, ``bench`` and ``tune`` call :mod:`monai_fast.race` (in :mod:`monai_fast.cli.race_cmds`);
+the others (in :mod:`monai_fast.cli.tools`) call the data, distributed and report modules.
+
+Example:
+    >>> from monai_fast.cli import main
+    >>> main(["synth", "/tmp/mf-synth", "--cases", "1", "--shape", "16", "16", "16", "--no-progress"])  # doctest: +SKIP
+    wrote 1 spleen-like cases in MSD layout to /tmp/mf-synth
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from monai_fast.cli.args import flag_of
+from monai_fast.cli.race_cmds import add_race_commands
+from monai_fast.cli.tools import add_tool_commands
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``monai-fast`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="monai-fast",
+        description="Fast 3D medical-image training with MONAI and PyTorch-Ignite: recipes, handlers, benchmarks.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run 'monai-fast COMMAND --help' for the options of one command.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_race_commands(sub)
+    add_tool_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``monai-fast`` command; bad input ends in one line naming the option, no traceback."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    logging.getLogger("ignite").setLevel(logging.WARNING)
+    from monai_fast.data.msd import MSDDataError
+    from monai_fast.race import RaceOptionError
+    from monai_fast.tune import TuningError
+
+    try:
+        return int(args.func(args) or 0)
+    except RaceOptionError as e:
+        raise SystemExit(f"monai-fast {args.command}: {flag_of(e.option)}: {e.message}") from e
+    except TuningError as e:
+        raise SystemExit(f"monai-fast: tuning failed: {e}") from e
+    except (FileNotFoundError, MSDDataError) as e:  # bad input: one clear line, no traceback
+        raise SystemExit(f"monai-fast {args.command}: {e}") from e
+
+
+if __name__ == "__main__":
+    sys.exit(main())

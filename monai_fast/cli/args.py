@@ -1,0 +1,152 @@
+"""The options shared by ``demo``, ``bench`` and ``tune``, and their translation into a :class:`RaceSpec`.
+
+Example:
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_race_options(p, budget=60.0, recipes=("fast",))
+    >>> spec = race_spec(p.parse_args(["--target", "0.8", "--max-epochs", "3"]))
+    >>> spec.target, spec.overrides["max_epochs"], spec.recipes
+    (0.8, 3, ['fast'])
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from monai_fast.race import RaceSpec, SyntheticData, TuneOptions
+
+__all__ = ["FLAGS", "add_data_options", "add_model_options", "add_race_options", "add_tuning_options", "flag_of", "race_spec"]
+
+_DEMO_DEFAULTS = {"cases": 16, "shape": (128, 128, 64)}
+
+FLAGS = {
+    "synthetic.cases": "--cases",
+    "synthetic.shape": "--shape",
+    "time_budget_s": "--time-budget",
+    "out_dir": "--out",
+    "overrides": "bad option",
+    "tune": "bad tuning option",
+}
+"""The command-line name of a :class:`~monai_fast.race.RaceOptionError`'s option where it is not ``--<option>``."""
+
+
+def flag_of(option: str) -> str:
+    """The command-line option that sets the race option ``option``.
+
+    Example:
+        >>> flag_of("run_dir"), flag_of("time_budget_s")
+        ('--run-dir', '--time-budget')
+    """
+    return FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
+def add_data_options(p: argparse.ArgumentParser) -> None:
+    """Where the data comes from, the device and the seed."""
+    g = p.add_argument_group("data")
+    g.add_argument("--data-dir", help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen); default: synthetic spleen-like data")
+    g.add_argument("--cases", type=int, default=_DEMO_DEFAULTS["cases"], help="synthetic cases to generate (default %(default)s)")
+    g.add_argument("--shape", type=int, nargs=3, default=_DEMO_DEFAULTS["shape"], metavar=("X", "Y", "Z"), help="synthetic volume size in voxels (default %(default)s)")
+    g.add_argument("--val-fraction", type=float, default=0.25, help="share of cases held out for validation (default %(default)s)")
+    g.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seed of data, split, weights and crops (default %(default)s)")
+
+
+def add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
+    """Network size, patch and batch options (``race``: also those only a race uses)."""
+    g = p.add_argument_group("model and batches")
+    g.add_argument("--patch-size", type=int, nargs=3, metavar=("X", "Y", "Z"), help="training patch / sliding-window ROI (default 64 64 64)")
+    if race:
+        g.add_argument("--batch-size", type=int, help="volumes per batch (default: the recipe's own; fast 1, the others 2)")
+    g.add_argument("--num-samples", type=int, help="random crops per volume (default: the recipe's own; fast 2, the others 4)")
+    g.add_argument("--channels", type=int, nargs="+", help="UNet channels per level (default 8 16 32 64)")
+    if race:
+        g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
+        g.add_argument("--fp32", action="store_true", help="no mixed precision in any recipe (default: fast picks bf16/fp16 where it pays)")
+        g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")
+
+
+def add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
+    """The tuner's search options (``race``: with the ``--tune`` switch)."""
+    g = p.add_argument_group("auto-tuning" + (" (with --tune)" if race else ""))
+    if race:
+        g.add_argument("--tune", action="store_true", help="tune fast's batch size, sliding-window batch, validation device "
+                       "and precision first (cached per machine and model; see 'monai-fast tune --help')")
+    g.add_argument("--batch-range", type=int, nargs=2, default=(1, 8), metavar=("LO", "HI"), help="training batch sizes (volumes) to search (default %(default)s)")
+    g.add_argument("--sw-range", type=int, nargs=2, default=(1, 16), metavar=("LO", "HI"), help="sliding-window batch sizes to search (default %(default)s)")
+    g.add_argument("--trials", type=int, default=8, help="most candidates run per search (default %(default)s)")
+    g.add_argument("--memory-cap-mib", type=float, help="most memory a candidate may use (default: the GPU's memory; on a CPU, this process's RAM plus what is free)")
+    g.add_argument("--margin", type=float, default=0.1, help="share of the cap kept free for the data cache and spikes (default %(default)s)")
+    g.add_argument("--search-amp", action="store_true", help="also compare fp32 with the automatic mixed precision")
+    g.add_argument("--place-cache", action="store_true", help="also place the training cache: in device memory (GPU on CUDA, "
+                   "RAM on a CPU) when it fits beside the pick's measured peak, else beside a smaller batch within "
+                   "--cache-tradeoff of its throughput, else where the cache planner sends it")
+    g.add_argument("--cache-tradeoff", type=float, default=0.05, help="largest share of training throughput given up "
+                   "to fit the cache in device memory (default %(default)s)")
+    g.add_argument("--retune", action="store_true", help="tune again even when the cache holds a result")
+    g.add_argument("--tune-cache", help="the JSON file of tuning results (default $MONAI_FAST_CACHE/tuning.json or ~/.cache/monai-fast/tuning.json)")
+
+
+def add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequence[str]) -> None:
+    """Every option of a race (``demo``, ``bench``), with this default budget and these default recipes."""
+    from monai_fast.recipes import RECIPES
+
+    add_data_options(p)
+    g = p.add_argument_group("race")
+    g.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(recipes), help="recipes to run, in this order (default %(default)s)")
+    g.add_argument("--target", type=float, default=0.9, help="validation mean Dice (no background) to reach, in (0, 1] (default %(default)s)")
+    g.add_argument("--time-budget", type=float, default=budget, help="seconds each recipe may run before it is stopped (default %(default)s)")
+    g.add_argument("--max-epochs", type=int, default=200, help="epoch limit per recipe (default %(default)s)")
+    g.add_argument("--val-interval", type=int, default=1, help="validate every N epochs (default %(default)s)")
+    add_model_options(p, race=True)
+    add_tuning_options(p, race=True)
+    g = p.add_argument_group("output")
+    g.add_argument("--run-dir", help="where results.json, epochs.csv, the PNG and TensorBoard events go (default runs/<command>-<time>)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    for name in ("max_epochs", "val_interval", "batch_size", "num_samples"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
+    if args.patch_size:
+        kw["patch_size"] = tuple(args.patch_size)
+    if args.channels:
+        kw["channels"] = tuple(args.channels)
+        kw["strides"] = (2,) * (len(args.channels) - 1)
+    if getattr(args, "workers", None) is not None:
+        kw["num_workers"] = args.workers
+    if getattr(args, "fp32", False):
+        kw["amp"] = False
+    kw["compile"] = getattr(args, "compile", False)
+    return kw
+
+
+def _tune_options(args: argparse.Namespace) -> TuneOptions:
+    return TuneOptions(
+        batch_range=tuple(args.batch_range), sw_range=tuple(args.sw_range), trials=args.trials, margin=args.margin,
+        search_amp=args.search_amp, memory_cap_mib=args.memory_cap_mib, place_cache=args.place_cache,
+        cache_tradeoff=args.cache_tradeoff, retune=args.retune, store=args.tune_cache,
+    )
+
+
+def race_spec(args: argparse.Namespace, run_dir: str | None = None) -> RaceSpec:
+    """The :class:`RaceSpec` of a parsed ``demo``, ``bench`` or ``tune`` command line."""
+    tune = getattr(args, "tune", True)  # the tune command always tunes
+    return RaceSpec(
+        recipes=getattr(args, "recipes", ("fast",)),
+        data_dir=args.data_dir,
+        synthetic=SyntheticData(cases=args.cases, shape=tuple(args.shape)),
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        target=getattr(args, "target", 0.9),
+        time_budget_s=getattr(args, "time_budget", None),
+        device=args.device,
+        overrides=_overrides(args),
+        tune=_tune_options(args) if tune else None,
+        run_dir=run_dir,
+        progress=not args.no_progress,
+        record_options={k: v for k, v in vars(args).items() if k != "func"},
+    )

@@ -1,0 +1,138 @@
+"""``monai-fast demo | bench | tune``: parse, call :mod:`monai_fast.race`, print.
+
+Example:
+    >>> import argparse
+    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
+    >>> add_race_commands(sub)
+    >>> sorted(sub.choices)
+    ['bench', 'demo', 'tune']
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+
+from monai_fast.cli.args import add_data_options, add_model_options, add_race_options, add_tuning_options, race_spec
+from monai_fast.race import RaceEvents, RaceRun, bench, race, tune_only
+from monai_fast.recipes.runner import RaceResult
+
+__all__ = ["ProgressPrinter", "add_race_commands"]
+
+
+class ProgressPrinter(RaceEvents):
+    """Prints a race's steps as they happen (``table``: also each race's table, as ``bench`` does)."""
+
+    def __init__(self, table: bool = False) -> None:
+        self.table = table
+
+    def repeat_started(self, index: int, repeats: int) -> None:
+        print(f"== repeat {index}/{repeats}", flush=True)
+
+    def tuned(self, tuning) -> None:
+        cache = "" if tuning.cache_where is None else f", cache {tuning.cache_where} ({tuning.cache_budget_mib:.0f} MiB left for it)"
+        how = " (from the tuning cache)" if tuning.from_cache else f" (tuning took {tuning.tuning_s:.1f} s, not counted below)"
+        print(f"-- tuned fast: batch_size={tuning.batch_size}, sw_batch_size={tuning.sw_batch_size}, "
+              f"val_device={tuning.val_device}, precision={tuning.precision}{cache}{how}", flush=True)
+
+    def recipe_started(self, recipe: str, target: float, budget_s: float | None) -> None:
+        budget = "none" if budget_s is None else f"{budget_s:.0f} s"
+        print(f"-- {recipe}: training to Dice {target} (budget {budget})", flush=True)
+
+    def recipe_finished(self, r: RaceResult) -> None:
+        state = f"reached in {r.time_to_target_s:.1f} s" if r.reached else f"not reached in {r.total_s:.0f} s"
+        print(f"   {r.recipe}: {state}, best Dice {r.best_dice or 0:.3f}, {r.epochs_run} epochs", flush=True)
+
+    def race_finished(self, run: RaceRun) -> None:
+        if self.table:
+            from monai_fast.report.compare import format_table
+
+            print(format_table(run.results), flush=True)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from monai_fast.report.compare import format_table
+
+    run = race(race_spec(args, args.run_dir or f"runs/demo-{dt.datetime.now():%Y%m%d-%H%M%S}"), ProgressPrinter())
+    print()
+    print(format_table(run.results))
+    for r in run.results:
+        if r.diagnosis:
+            print(f"doctor, {r.recipe}: {r.diagnosis['verdict']}: {r.diagnosis['evidence'][0]}; "
+                  f"next: {r.diagnosis['fixes'][0]}  (report: {r.run_dir}/report.md)")
+    print(f"\nrun folder: {run.run_dir}  (results.json, epochs.csv, dice_vs_time.png, TensorBoard events per recipe)")
+    print(f"tensorboard --logdir {run.run_dir}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    done = bench(race_spec(args, args.run_dir), repeats=args.repeats, out_dir=args.out, events=ProgressPrinter(table=True))
+    print("\nsummary (medians over repeats):")
+    print(json.dumps(done.summary, indent=2))
+    print(f"\nwrote {done.path}")
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    tuned = tune_only(race_spec(args), out=args.out)
+    print(tuned.result.table())
+    if tuned.result.from_cache:
+        print("(from the tuning cache; --retune to measure again)")
+    print("\nuse it: monai-fast demo --tune ...   or in Python: tune_recipe(...).apply(RecipeConfig(...))")
+    if tuned.path is not None:
+        print(f"wrote {tuned.path}")
+    return 0
+
+
+_DEMO_TEXT = (
+    "Generate (once, then reuse) a synthetic spleen-like CT set in MSD layout, train the 'fast' and the "
+    "'baseline' recipe on it until validation mean Dice reaches --target or --time-budget runs out, and print "
+    "time to target, epochs, train/val seconds per epoch, data-wait share and the speed-up. Writes a run "
+    "folder with results.json, epochs.csv, dice_vs_time.png and TensorBoard events. When the baseline does not "
+    "reach the target within its budget, the speed-up is shown as a lower bound ('>='). Every option is checked "
+    "before training starts (an unwritable --run-dir fails at once)."
+)
+_TUNE_TEXT = (
+    "Search the training batch size (volumes per batch), the sliding-window batch size and where the "
+    "validation output is stitched (GPU or CPU), and optionally fp32 against mixed precision and where the "
+    "training cache goes (--place-cache), for the fast recipe's UNet on this device. Each candidate runs real "
+    "iterations after a warm-up and is scored by patches/s (training) or volumes/s (validation) within a memory "
+    "budget (cap minus margin). Out-of-memory candidates are recorded as infeasible and the search goes on. "
+    "A range no longer than --trials is tried value by value; a longer one by doubling from the low end until a "
+    "candidate does not fit or two doublings in a row gain under 5 %, then bisecting. The three best are then measured "
+    "again in a short race. Results are cached per device, memory, model, patch and volume size; "
+    "'monai-fast demo --tune' applies them."
+)
+
+
+def add_race_commands(sub: argparse._SubParsersAction) -> None:
+    """Add ``demo``, ``bench`` and ``tune`` to the sub-command parsers ``sub``."""
+    p = sub.add_parser(
+        "demo", description=_DEMO_TEXT,
+        help="race the fast recipe against a plain-MONAI baseline to a target Dice (about 5 min on 2 CPU cores)",
+    )
+    add_race_options(p, budget=210.0, recipes=("fast", "baseline"))
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser(
+        "bench",
+        help="time-to-Dice benchmark of all three recipes with repeats; writes JSON to benchmarks/results/",
+        description="The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, with a longer budget; "
+        "writes one JSON with all epochs, the machine and package versions, and medians.",
+    )
+    add_race_options(p, budget=1200.0, recipes=("baseline", "monai_tutorial", "fast"))
+    p.add_argument("--repeats", type=int, default=1, help="repeats with different seeds for weights and crops (default %(default)s)")
+    p.add_argument("--out", default="benchmarks/results", help="folder for the result JSON (default %(default)s)")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "tune", description=_TUNE_TEXT,
+        help="pick fast's batch size, sliding-window batch, validation device and precision by measured throughput",
+    )
+    add_data_options(p)
+    add_model_options(p, race=False)
+    add_tuning_options(p, race=False)
+    p.add_argument("--out", help="also write the result (with every trial) to this JSON file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_tune)

@@ -1,0 +1,150 @@
+"""``monai-fast launch | sbatch | doctor | synth``: parse, call the library, print.
+
+Example:
+    >>> import argparse
+    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
+    >>> add_tool_commands(sub)
+    >>> sorted(sub.choices)
+    ['doctor', 'launch', 'sbatch', 'synth']
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+__all__ = ["add_tool_commands"]
+
+logger = logging.getLogger("monai_fast")
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    import subprocess
+
+    if args.nproc < 1:
+        raise SystemExit("--nproc must be >= 1")
+    if not Path(args.script).is_file():
+        raise SystemExit(f"monai-fast launch: script {args.script} not found")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "--max-restarts=0", "--monitor-interval=1", args.script, *args.script_args]
+    logger.info("running %s", " ".join(cmd))
+    return subprocess.call(cmd)
+
+
+def _cmd_sbatch(args: argparse.Namespace) -> int:
+    from monai_fast.distributed.sbatch import SbatchSpec, render_sbatch
+    from monai_fast.files import write_text
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        spec = SbatchSpec(
+            command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
+            cpus_per_task=args.cpus_per_task, time=args.time, requeue=not args.no_requeue,
+            signal_lead_s=args.signal_lead, job_name=args.job_name, partition=args.partition, account=args.account,
+            mem=args.mem,
+        )
+    except ValueError as e:
+        raise SystemExit(f"monai-fast sbatch: {e}") from e
+    script = render_sbatch(spec)
+    if args.out:
+        write_text(script, args.out)
+        print(f"wrote {args.out}; submit with: sbatch {args.out}")
+    else:
+        print(script, end="")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from monai_fast.report.doctor import doctor
+
+    try:
+        diagnosis = doctor(args.run_dir, data_threshold=args.data_threshold, util_low=args.util_low)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from e
+    except ValueError as e:
+        raise SystemExit(f"{args.run_dir}: {e}") from e
+    print(diagnosis.text())
+    print(f"\nreport: {Path(args.run_dir) / 'report.md'}")
+    return 0
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from monai_fast.data.synthetic import generate_msd
+
+    root = generate_msd(args.out, kind=args.kind, num_cases=args.cases, shape=args.shape, seed=args.seed, progress=not args.no_progress)
+    print(f"wrote {args.cases} {args.kind} cases in MSD layout to {root}")
+    return 0
+
+
+_LAUNCH_TEXT = (
+    "Start SCRIPT N times on this machine with torchrun (--standalone rendezvous on a free port, no "
+    "restarts) so a script that calls monai_fast.distributed.run(train) trains with DDP. The same script also "
+    "runs unchanged under plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops "
+    "the others and this command exits non-zero."
+)
+_SBATCH_TEXT = (
+    "Print (or --out) an sbatch script that starts COMMAND once per rank with srun: one rank per GPU "
+    "(or --tasks-per-node on CPU nodes), requeue on preemption, SIGUSR1 --signal-lead seconds before the end so "
+    "a script with monai_fast.handlers.Preemption checkpoints and requeues itself, and a log that survives "
+    "restarts. Example: monai-fast sbatch --nodes 2 --gpus-per-node 4 --time 08:00:00 -- python train.py "
+    "--checkpoint-dir ckpt"
+)
+
+
+def _add_launch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("launch", description=_LAUNCH_TEXT,
+                       help="run a training script on N local processes through torchrun (DDP: gloo on CPU, NCCL on GPUs)")
+    p.add_argument("--nproc", type=int, default=2, help="processes to start (default %(default)s; one per GPU on a GPU machine)")
+    p.add_argument("script", help="the training script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(func=_cmd_launch)
+
+
+def _add_sbatch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sbatch", description=_SBATCH_TEXT,
+                       help="write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit")
+    p.add_argument("--nodes", type=int, default=1, help="(default %(default)s)")
+    p.add_argument("--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)")
+    p.add_argument("--tasks-per-node", type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)")
+    p.add_argument("--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)")
+    p.add_argument("--time", default="04:00:00", help="wall-clock limit (default %(default)s)")
+    p.add_argument("--signal-lead", type=int, default=120, help="seconds before the limit to send SIGUSR1; 0: none (default %(default)s)")
+    p.add_argument("--no-requeue", action="store_true", help="do not let SLURM requeue the job")
+    p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
+    p.add_argument("--partition", help="SLURM partition")
+    p.add_argument("--account", help="SLURM account")
+    p.add_argument("--mem", help="memory per node, e.g. 64G")
+    p.add_argument("--out", help="write the script here instead of printing it")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
+    p.set_defaults(func=_cmd_sbatch)
+
+
+def add_tool_commands(sub: argparse._SubParsersAction) -> None:
+    """Add ``launch``, ``sbatch``, ``doctor`` and ``synth`` to the sub-command parsers ``sub``."""
+    _add_launch(sub)
+    _add_sbatch(sub)
+    p = sub.add_parser(
+        "doctor",
+        help="name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record",
+        description="Read a run folder's monai-fast record (record.rank*.jsonl, written by RecordHandler + TimeBreakdown, "
+        "GPUSampler, ThroughputMonitor) and print the verdict, the numbers behind it and what to change. Writes "
+        "report.md with PNG plots into the run folder. Needs only the record: diagnose a cluster run on a laptop.",
+    )
+    p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")
+    p.add_argument("--data-threshold", type=float, default=0.2, help="data-wait share that makes a run data-bound (default %(default)s)")
+    p.add_argument("--util-low", type=float, default=60.0, help="mean GPU utilisation %% below which a GPU counts as idle (default %(default)s)")
+    p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser("synth", help="write a synthetic data set in Medical Segmentation Decathlon layout",
+                       description="Write imagesTr/, labelsTr/ and dataset.json like an MSD task.")
+    p.add_argument("out", help="output folder")
+    p.add_argument("--kind", choices=("spleen-like", "brats-like"), default="spleen-like", help="(default %(default)s)")
+    p.add_argument("--cases", type=int, default=16, help="(default %(default)s)")
+    p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), metavar=("X", "Y", "Z"), help="(default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="(default %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_synth)

@@ -1,0 +1,49 @@
+"""Races of recipes to a target Dice, as a library: data -> optional tuning -> run to target -> doctor -> results files.
+
+The ``monai-fast demo``, ``bench`` and ``tune`` commands and ``benchmarks/time_to_dice.py`` are
+thin callers of these functions. Options are plain typed fields of :class:`RaceSpec`, all
+checked before anything trains (:class:`RaceOptionError` names the bad one).
+
+Example:
+    >>> from monai_fast.race import RaceSpec, SyntheticData, race
+    >>> spec = RaceSpec(recipes=("fast", "baseline"), target=0.8, time_budget_s=120, device="cpu",
+    ...                 synthetic=SyntheticData(cases=8, shape=(64, 64, 32)), run_dir="runs/mine")
+    >>> run = race(spec)  # doctest: +SKIP
+    >>> for r in run.results:  # doctest: +SKIP
+    ...     print(r.recipe, r.reached, r.time_to_target_s, r.diagnosis["verdict"])
+"""
+
+from monai_fast.race.bench import REFERENCES, BenchRun, bench, summarize
+from monai_fast.race.core import RaceEvents, RaceRun, TuneRun, load_data, race, run_meta, tune_only
+from monai_fast.race.options import (
+    RaceOptionError,
+    RacePlan,
+    RaceSpec,
+    SyntheticData,
+    TuneOptions,
+    check_writable_dir,
+    plan_race,
+    resolve_device,
+)
+
+__all__ = [
+    "REFERENCES",
+    "BenchRun",
+    "RaceEvents",
+    "RaceOptionError",
+    "RacePlan",
+    "RaceRun",
+    "RaceSpec",
+    "SyntheticData",
+    "TuneOptions",
+    "TuneRun",
+    "bench",
+    "check_writable_dir",
+    "load_data",
+    "plan_race",
+    "race",
+    "resolve_device",
+    "run_meta",
+    "summarize",
+    "tune_only",
+]

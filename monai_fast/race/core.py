@@ -1,0 +1,242 @@
+"""The race: data -> optional tuning -> each recipe to the target -> doctor -> results files.
+
+Example:
+    >>> from monai_fast.race import RaceSpec, SyntheticData, race
+    >>> run = race(RaceSpec(recipes=("fast",), synthetic=SyntheticData(cases=5, shape=(48, 48, 32)),
+    ...                     overrides={"max_epochs": 1, "patch_size": (32, 32, 32)}, device="cpu",
+    ...                     run_dir="runs/try", progress=False))  # doctest: +SKIP
+    >>> run.results[0].diagnosis["verdict"]  # doctest: +SKIP
+    'data-bound'
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import platform
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from monai_fast.race.options import RaceOptionError, RacePlan, RaceSpec, TuneOptions, check_writable_dir, plan_race
+from monai_fast.recipes.runner import RaceResult, run_to_target
+
+__all__ = ["RaceEvents", "RaceRun", "TuneRun", "load_data", "race", "run_meta", "tune_only"]
+
+logger = logging.getLogger(__name__)
+
+
+class RaceEvents:
+    """What a race tells its caller as it goes; every hook does nothing here: subclass to show progress.
+
+    Example:
+        >>> class Say(RaceEvents):
+        ...     def recipe_started(self, recipe, target, budget_s):
+        ...         print(f"{recipe} to {target}")
+        >>> Say().recipe_started("fast", 0.9, 60.0)
+        fast to 0.9
+    """
+
+    def repeat_started(self, index: int, repeats: int) -> None:
+        """A benchmark's repeat ``index`` (from 1) of ``repeats`` begins."""
+
+    def tuned(self, tuning: Any) -> None:
+        """``fast`` was tuned (a :class:`monai_fast.tune.TuneResult`)."""
+
+    def recipe_started(self, recipe: str, target: float, budget_s: float | None) -> None:
+        """``recipe`` starts training to ``target``."""
+
+    def recipe_finished(self, result: RaceResult) -> None:
+        """``recipe`` stopped (target, budget or epochs); ``result.diagnosis`` is filled when it trained."""
+
+    def race_finished(self, run: RaceRun) -> None:
+        """All recipes ran and the results files are written."""
+
+
+@dataclass
+class RaceRun:
+    """What :func:`race` returns: one :class:`RaceResult` per recipe and where the results went."""
+
+    results: list[RaceResult]
+    meta: dict
+    run_dir: Path
+    data_root: Path | None
+    device: str
+    tuning: Any = None  # monai_fast.tune.TuneResult when fast was tuned
+
+    @property
+    def results_json(self) -> Path:
+        return self.run_dir / "results.json"
+
+    @property
+    def epochs_csv(self) -> Path:
+        return self.run_dir / "epochs.csv"
+
+    @property
+    def plot(self) -> Path:
+        return self.run_dir / "dice_vs_time.png"
+
+
+@dataclass
+class TuneRun:
+    """What :func:`tune_only` returns."""
+
+    result: Any  # monai_fast.tune.TuneResult
+    meta: dict
+    path: Path | None
+
+
+def load_data(spec: RaceSpec) -> tuple[Path | None, list[dict], list[dict]]:
+    """``(data_root, train_files, val_files)`` of ``spec``: its file lists, its ``data_dir``, or synthetic data.
+
+    Raises:
+        FileNotFoundError, monai_fast.data.msd.MSDDataError: ``data_dir`` is missing or incomplete.
+    """
+    from monai_fast.data.msd import load_msd_datalist
+    from monai_fast.data.synthetic import synthetic_dataset
+
+    if spec.train_files is not None and spec.val_files is not None:
+        return None, list(spec.train_files), list(spec.val_files)
+    if spec.data_dir is not None:
+        root = Path(spec.data_dir)
+    else:
+        syn = spec.synthetic
+        root = synthetic_dataset(syn.kind, syn.cases, syn.shape, spec.seed, spec.progress)
+    train_files, val_files = load_msd_datalist(root, val_fraction=spec.val_fraction, seed=spec.seed)
+    return root, train_files, val_files
+
+
+def run_meta(data_root: Path | None, device: str, options: Mapping[str, Any] | None = None) -> dict:
+    """The date, machine, package versions, data and options that a results file records."""
+    import ignite
+    import monai
+    import torch
+
+    from monai_fast import __version__
+    from monai_fast.telemetry import device_description
+
+    return {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": {
+            "device": device_description(device),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "versions": {"monai_fast": __version__, "torch": torch.__version__, "monai": monai.__version__, "ignite": ignite.__version__},
+        "data": None if data_root is None else str(data_root),
+        "command": " ".join(sys.argv),
+        "options": dict(options or {}),
+    }
+
+
+def _tune(plan: RacePlan, train_files: Sequence[dict], val_files: Sequence[dict]):
+    from monai_fast.tune import TuningError, tune_recipe, typical_val_shape
+
+    opts: TuneOptions = plan.spec.tune or TuneOptions()
+    try:
+        return tune_recipe(
+            plan.config, typical_val_shape(val_files, plan.config), plan.device, space=plan.space,
+            memory_cap_mib=opts.memory_cap_mib, store=opts.store, force=opts.retune, progress=plan.spec.progress,
+            train_files=train_files if opts.place_cache else None, cache_tradeoff=opts.cache_tradeoff,
+        )
+    except ValueError as e:
+        raise TuningError(str(e)) from e
+
+
+def _diagnose(result: RaceResult) -> None:
+    from monai_fast.report.doctor import doctor
+
+    if result.run_dir is None or not result.epochs:
+        return
+    try:
+        result.diagnosis = doctor(result.run_dir).to_dict()
+    except (FileNotFoundError, ValueError) as e:  # a race's results outlive a record the doctor cannot read
+        logger.warning("%s: no diagnosis: %s", result.recipe, e)
+
+
+def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
+    """Race ``spec.recipes`` to ``spec.target`` on the same data; diagnose each run; write the results files.
+
+    Every option is checked first (:func:`~monai_fast.race.options.plan_race`), the run folder
+    included, so a bad one fails in a second. Then: the data (``spec``'s files, ``data_dir`` or
+    cached synthetic data), ``fast`` tuned when ``spec.tune`` is set, each recipe trained to the
+    target (:func:`~monai_fast.recipes.runner.run_to_target`, into ``run_dir/<recipe>/``), the
+    doctor on each recipe's record (``diagnosis`` filled, ``report.md`` written), and
+    ``results.json``, ``epochs.csv`` and ``dice_vs_time.png`` in ``run_dir``.
+
+    Args:
+        spec: the race's options.
+        events: hooks told of each step (printing is the caller's).
+
+    Returns:
+        A :class:`RaceRun`.
+
+    Raises:
+        RaceOptionError: a bad option, named, before anything runs.
+        monai_fast.tune.TuningError: tuning found nothing that fits.
+
+    Example:
+        >>> spec = RaceSpec(recipes=("fast", "baseline"), target=0.8, time_budget_s=120, device="cpu")
+        >>> run = race(spec)  # doctest: +SKIP
+        >>> [r.reached for r in run.results], run.results_json  # doctest: +SKIP
+    """
+    from monai_fast.report.compare import write_race
+
+    events = events or RaceEvents()
+    plan = plan_race(spec)
+    data_root, train_files, val_files = load_data(spec)
+    logger.info("%d training / %d validation cases from %s on %s", len(train_files), len(val_files),
+                data_root or "the given file lists", plan.device)
+    configs = dict.fromkeys(spec.recipes, plan.config)
+    tuning = None
+    if spec.tune is not None and "fast" in spec.recipes:
+        tuning = _tune(plan, train_files, val_files)
+        configs["fast"] = tuning.apply(plan.config)
+        events.tuned(tuning)
+    results = []
+    for name in spec.recipes:
+        events.recipe_started(name, spec.target, spec.time_budget_s)
+        r = run_to_target(name, train_files, val_files, configs[name], plan.device, spec.target, spec.time_budget_s,
+                          plan.run_dir, progress=spec.progress)
+        _diagnose(r)
+        events.recipe_finished(r)
+        results.append(r)
+    meta = run_meta(data_root, plan.device, spec.record_options)
+    if tuning is not None:
+        meta["tuning"] = {**tuning.to_dict(), "from_cache": tuning.from_cache}
+    write_race(results, plan.run_dir, meta)
+    run = RaceRun(results=results, meta=meta, run_dir=plan.run_dir, data_root=data_root, device=plan.device, tuning=tuning)
+    events.race_finished(run)
+    return run
+
+
+def tune_only(spec: RaceSpec, out: str | os.PathLike | None = None) -> TuneRun:
+    """Tune the ``fast`` recipe on ``spec``'s data and device (``spec.tune``, default :class:`TuneOptions`).
+
+    Args:
+        spec: the data, device, recipe options and tuning options (recipes, target and run folder unused).
+        out: also write the result with every trial (and the machine, versions, options) to this JSON file.
+
+    Example:
+        >>> tuned = tune_only(RaceSpec(device="cpu", tune=TuneOptions(batch_range=(1, 2))))  # doctest: +SKIP
+        >>> tuned.result.batch_size  # doctest: +SKIP
+        2
+    """
+    from monai_fast.files import write_json
+
+    spec = replace(spec, recipes=("fast",), tune=spec.tune or TuneOptions())
+    plan = plan_race(spec, need_run_dir=False)
+    if out is not None:
+        check_writable_dir(Path(out).parent, "out")
+        if Path(out).is_dir():
+            raise RaceOptionError("out", f"{out} is a folder; name a JSON file")
+    data_root, train_files, val_files = load_data(spec)
+    result = _tune(plan, train_files, val_files)
+    meta = run_meta(data_root, plan.device, spec.record_options)
+    if out is not None:
+        write_json({**meta, "tuning": result.to_dict()}, Path(out))
+    return TuneRun(result=result, meta=meta, path=None if out is None else Path(out))

@@ -1,0 +1,268 @@
+"""What a race is asked to do, and the check of every option before anything runs.
+
+:class:`RaceSpec` holds a race's options as plain typed fields; :func:`plan_race` checks them all
+(recipe names, target, budget, data source, device, recipe options, tuning ranges, that the run
+folder can be written) and raises :class:`RaceOptionError` naming the first bad option, so a
+mistake costs a second, not a race.
+
+Example:
+    >>> from monai_fast.race.options import RaceOptionError, RaceSpec, plan_race
+    >>> try:
+    ...     plan_race(RaceSpec(recipes=("fast",), target=1.5, device="cpu"))
+    ... except RaceOptionError as e:
+    ...     print(e.option)
+    target
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from monai_fast.data.synthetic import KINDS
+from monai_fast.recipes import RECIPES, RecipeConfig
+
+__all__ = ["RaceOptionError", "RacePlan", "RaceSpec", "SyntheticData", "TuneOptions", "check_writable_dir", "plan_race",
+           "resolve_device"]
+
+logger = logging.getLogger(__name__)
+
+
+class RaceOptionError(ValueError):
+    """An option of a race is invalid; ``option`` names it (a :class:`RaceSpec` field, dotted for nested ones).
+
+    Example:
+        >>> str(RaceOptionError("target", "must be in (0, 1], got 2"))
+        'target: must be in (0, 1], got 2'
+    """
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"{option}: {message}")
+        self.option = option
+        self.message = message
+
+
+@dataclass(frozen=True)
+class SyntheticData:
+    """The synthetic set generated (once, then reused from the cache folder) when no data is given.
+
+    Example:
+        >>> SyntheticData(cases=5, shape=(48, 48, 32)).kind
+        'spleen-like'
+    """
+
+    kind: str = "spleen-like"
+    cases: int = 16
+    shape: tuple[int, int, int] = (128, 128, 64)
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """How the ``fast`` recipe is tuned before the race (see :func:`monai_fast.tune.tune_recipe`).
+
+    Example:
+        >>> TuneOptions(batch_range=(1, 2), trials=2).sw_range
+        (1, 16)
+    """
+
+    batch_range: tuple[int, int] = (1, 8)
+    sw_range: tuple[int, int] = (1, 16)
+    trials: int = 8
+    margin: float = 0.1
+    search_amp: bool = False
+    memory_cap_mib: float | None = None
+    place_cache: bool = False
+    cache_tradeoff: float = 0.05
+    retune: bool = False
+    store: str | os.PathLike | None = None
+
+
+@dataclass(frozen=True)
+class RaceSpec:
+    """A race's options.
+
+    Attributes:
+        recipes: recipe names (:data:`monai_fast.recipes.RECIPES`), raced in this order.
+        data_dir: an MSD-layout folder with ``dataset.json``; or give ``train_files`` and
+            ``val_files``; with neither, :attr:`synthetic` data is generated.
+        train_files, val_files: ``{"image", "label"}`` dicts.
+        synthetic: the synthetic set used when no data is given.
+        val_fraction: share of ``data_dir``'s cases held out for validation.
+        seed: seed of the synthetic data and the split, and of weights and crops unless ``train_seed``.
+        train_seed: seed of weights and crops (repeats of a benchmark differ only in this).
+        target: validation mean Dice (background excluded) to reach, in (0, 1].
+        time_budget_s: seconds each recipe may run; ``None``: no limit but ``max_epochs``.
+        device: ``"auto"`` (CUDA if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        overrides: :class:`~monai_fast.recipes.RecipeConfig` fields set for every recipe
+            (``max_epochs``, ``patch_size``, ``amp``...); the seed comes from ``seed``/``train_seed``.
+        tune: tune ``fast`` first (when it races) with these options; ``None``: no tuning.
+        run_dir: the run folder; ``None``: ``runs/race-<time>``.
+        progress: progress bars.
+        record_options: what ``results.json`` records under ``options`` (e.g. the command's options).
+    """
+
+    recipes: Sequence[str] = ("fast", "baseline")
+    data_dir: str | os.PathLike | None = None
+    train_files: Sequence[dict] | None = None
+    val_files: Sequence[dict] | None = None
+    synthetic: SyntheticData = field(default_factory=SyntheticData)
+    val_fraction: float = 0.25
+    seed: int = 0
+    train_seed: int | None = None
+    target: float = 0.9
+    time_budget_s: float | None = 210.0
+    device: str = "auto"
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    tune: TuneOptions | None = None
+    run_dir: str | os.PathLike | None = None
+    progress: bool = True
+    record_options: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RacePlan:
+    """A checked :class:`RaceSpec`: the device resolved, the recipe options built, the run folder made."""
+
+    spec: RaceSpec
+    device: str
+    config: RecipeConfig
+    run_dir: Path | None
+    space: Any = None  # monai_fast.tune.SearchSpace when spec.tune is set
+
+
+def resolve_device(name: str) -> str:
+    """``"auto"`` -> ``"cuda"`` or ``"cpu"``; a CUDA name on a build without CUDA is an error.
+
+    Example:
+        >>> resolve_device("cpu")
+        'cpu'
+    """
+    from monai_fast.telemetry import cuda_available
+
+    if name == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if name.startswith("cuda") and not cuda_available():
+        raise RaceOptionError("device", f"{name}: this torch build sees no CUDA device (use cpu)")
+    return name
+
+
+def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
+    """Create ``path`` (with parents) and write a scratch file there; raise naming ``option`` if either fails.
+
+    Example:
+        >>> import tempfile
+        >>> check_writable_dir(tempfile.mkdtemp() + "/run", "run_dir").is_dir()
+        True
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise RaceOptionError(option, f"cannot write into {path}: {e.strerror or e}") from e
+    return path
+
+
+def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
+    """The :class:`RecipeConfig` of ``overrides`` with ``seed``; unknown or bad fields raise naming ``overrides``.
+
+    Example:
+        >>> recipe_config({"max_epochs": 2}, seed=3).seed
+        3
+    """
+    known = {f.name for f in fields(RecipeConfig)} - {"seed"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise RaceOptionError("overrides", f"unknown recipe option(s) {unknown} (the seed is set by seed/train_seed); "
+                              f"known: {sorted(known)}")
+    try:
+        return RecipeConfig(**{**overrides, "seed": seed})
+    except (TypeError, ValueError) as e:
+        raise RaceOptionError("overrides", str(e)) from e
+
+
+def _check_numbers(spec: RaceSpec) -> None:
+    if not 0.0 < spec.target <= 1.0:
+        raise RaceOptionError("target", f"must be in (0, 1], got {spec.target}")
+    if spec.time_budget_s is not None and not spec.time_budget_s > 0:
+        raise RaceOptionError("time_budget_s", f"must be > 0 (or None for no limit), got {spec.time_budget_s}")
+    if not 0.0 < spec.val_fraction < 1.0:
+        raise RaceOptionError("val_fraction", f"must be in (0, 1), got {spec.val_fraction}")
+
+
+def _check_recipes(recipes: Sequence[str]) -> None:
+    if isinstance(recipes, str) or not recipes:
+        raise RaceOptionError("recipes", f"need a non-empty list of recipe names from {list(RECIPES)}, got {recipes!r}")
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown:
+        raise RaceOptionError("recipes", f"unknown recipe(s) {unknown}; known: {list(RECIPES)}")
+    if len(set(recipes)) != len(recipes):
+        raise RaceOptionError("recipes", f"each recipe may race once (one run folder each), got {list(recipes)}")
+
+
+def _check_data(spec: RaceSpec) -> None:
+    lists = (spec.train_files is not None, spec.val_files is not None)
+    if any(lists) and not all(lists):
+        raise RaceOptionError("train_files" if lists[1] else "val_files", "give train_files and val_files together")
+    if all(lists) and spec.data_dir is not None:
+        raise RaceOptionError("data_dir", "give either data_dir or train_files/val_files, not both")
+    if all(lists) and not (spec.train_files and spec.val_files):
+        raise RaceOptionError("train_files", "train_files and val_files must not be empty")
+    syn = spec.synthetic
+    if spec.data_dir is None and not all(lists):
+        if syn.kind not in KINDS:
+            raise RaceOptionError("synthetic.kind", f"must be one of {KINDS}, got {syn.kind!r}")
+        if syn.cases < 1:
+            raise RaceOptionError("synthetic.cases", f"must be >= 1, got {syn.cases}")
+        if len(syn.shape) != 3 or min(syn.shape) < 8:
+            raise RaceOptionError("synthetic.shape", f"must be three sizes >= 8, got {tuple(syn.shape)}")
+
+
+def _search_space(options: TuneOptions, config: RecipeConfig, device: str):
+    from monai_fast.tune import default_space
+
+    try:
+        return default_space(device, search_amp=options.search_amp, amp=False if config.amp is False else None,
+                             batch_range=tuple(options.batch_range), sw_batch_range=tuple(options.sw_range),
+                             max_trials=options.trials, margin=options.margin)
+    except (TypeError, ValueError) as e:
+        raise RaceOptionError("tune", str(e)) from e
+
+
+def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
+    """Check every option of ``spec`` before anything is trained; make the run folder.
+
+    Args:
+        spec: the race's options.
+        need_run_dir: check (and create) the run folder; ``False`` for tuning alone.
+
+    Returns:
+        The :class:`RacePlan` to run.
+
+    Raises:
+        RaceOptionError: naming the first bad option.
+
+    Example:
+        >>> import tempfile
+        >>> plan = plan_race(RaceSpec(recipes=("fast",), device="cpu", run_dir=tempfile.mkdtemp()))
+        >>> plan.device, plan.config.seed
+        ('cpu', 0)
+    """
+    _check_recipes(spec.recipes)
+    _check_numbers(spec)
+    _check_data(spec)
+    device = resolve_device(spec.device)
+    config = recipe_config(spec.overrides, spec.seed if spec.train_seed is None else spec.train_seed)
+    space = None if spec.tune is None or "fast" not in spec.recipes else _search_space(spec.tune, config, device)
+    run_dir = None
+    if need_run_dir:
+        run_dir = Path(spec.run_dir) if spec.run_dir is not None else Path(f"runs/race-{dt.datetime.now():%Y%m%d-%H%M%S}")
+        check_writable_dir(run_dir, "run_dir")
+    return RacePlan(spec=spec, device=device, config=config, run_dir=run_dir, space=space)
