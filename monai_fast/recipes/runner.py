@@ -20,6 +20,7 @@ from monai_fast.files import atomic_write
 from monai_fast.handlers import GPUSampler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.telemetry import device_description
+from monai_fast.telemetry.record import data_share
 
 __all__ = ["EPOCH_FIELDS", "EpochRow", "RaceResult", "run_to_target", "write_epochs_csv"]
 
@@ -235,8 +236,6 @@ def run_to_target(
         write_epochs_csv(rows, out / "epochs.csv")
     n = max(len(rows), 1)
     val_rows = [r for r in rows if r.val_dice is not None]
-    data_s = sum(r.data_wait_s for r in rows)
-    busy_s = data_s + sum(r.compute_s for r in rows)
     return RaceResult(
         recipe=recipe,
         target=target,
@@ -249,7 +248,7 @@ def run_to_target(
         total_s=total,
         train_s_per_epoch=sum(r.train_s for r in rows) / n,
         val_s_per_epoch=sum(r.val_s for r in val_rows) / max(len(val_rows), 1),
-        data_wait_share=data_s / busy_s if busy_s > 0 else 0.0,
+        data_wait_share=data_share(sum(r.data_wait_s for r in rows), sum(r.compute_s for r in rows)),
         budget_s=time_budget_s,
         budget_exhausted=stopper.budget_exhausted,
         device=device_description(recipe_obj.device),
