@@ -100,6 +100,8 @@ class CheckpointFolder(Checkpoint):
         self(engine)
         path = self.dirname / self._saved[-1].filename
         if idist.get_rank() == 0:
+            st = path.stat()
+            self._valid[(path.name, st.st_size, st.st_mtime_ns)] = True  # written whole here: no need to read it back
             self.prune(path)
         idist.barrier()  # on every rank: the file is complete when write() returns
         return path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ class _SkipFirst:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         it = iter(self.loader)
         n, self.n = self.n, 0
         for _ in range(n):
