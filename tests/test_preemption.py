@@ -60,7 +60,7 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, tin
     assert rc == 0, (tmp_path / "first.log").read_text()[-3000:]
     assert not (out / "rank0.json").exists()  # it stopped early, as asked
     saved = sorted(p.name for p in ck.iterdir())
-    assert saved == [f"ckpt-{first[-1]:09d}"], saved  # checkpoint at the last completed iteration
+    assert saved == [f"ckpt-{first[-1]:09d}.pt"], saved  # checkpoint at the last completed iteration
     assert first[-1] < 12
 
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -94,18 +94,26 @@ def test_half_written_and_damaged_checkpoints_are_never_loaded(tmp_path, caplog)
     engine, _, data, _ = _tiny_engine(tmp_path)
     engine.run(data, max_epochs=2)  # periodic checkpoints at iterations 2, 4, 6, 8; the newest 2 are kept
     ck = tmp_path / "ck"
-    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-000000006", "ckpt-000000008"]
-    assert not list(ck.glob("**/*.part")) and not list(ck.glob(".*"))
-    # a kill during a write leaves only a temporary folder; a full disk leaves a truncated file
-    (ck / ".ckpt-000000010.tmp").mkdir()
-    (ck / ".ckpt-000000010.tmp" / "state.pt").write_bytes(b"half")
-    state = ck / "ckpt-000000008" / "state.pt"
-    state.write_bytes(state.read_bytes()[:100])
+    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-000000006.pt", "ckpt-000000008.pt"]
+    # a writer killed (SIGKILL) in the middle of a checkpoint leaves only its temporary file
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from monai_fast.files import atomic_write\n"
+        f"with atomic_write({str(ck / 'ckpt-000000010.pt')!r}, 'wb') as f:\n"
+        "    f.write(b'half'); f.flush(); print('writing', flush=True); time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "writing"
+    writer.kill()
+    writer.wait()
+    leftovers = list(ck.glob(".ckpt-000000010.pt.*.tmp"))
+    assert len(leftovers) == 1 and not (ck / "ckpt-000000010.pt").exists()
+    # a full disk leaves a truncated file
+    newest = ck / "ckpt-000000008.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
 
     engine2, pre2, _, _ = _tiny_engine(tmp_path)
     assert pre2.resume() == 6
-    assert "ckpt-000000008 cannot be read" in caplog.text
-    assert not (ck / ".ckpt-000000010.tmp").exists()
+    assert "ckpt-000000008.pt cannot be read" in caplog.text
+    assert not leftovers[0].exists()
     assert engine2.state.iteration == 6
 
 
@@ -140,7 +148,7 @@ def test_signal_handlers_are_restored_after_the_run(tmp_path):
     seen = []
     engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(signal.getsignal(signal.SIGUSR1)))
     engine.run(data, max_epochs=1)
-    assert seen[0] == pre._on_signal
+    assert seen[0] == pre.stop_signal._on_signal
     assert signal.getsignal(signal.SIGUSR1) == before
 
 
@@ -168,8 +176,9 @@ def test_two_torchrun_ranks_stop_together_when_one_is_signalled(tmp_path, tiny_s
         if launcher.poll() is None:
             launcher.kill()
     stopped_at = _progress(prog)[-1]
-    assert [p.name for p in ck.iterdir()] == [f"ckpt-{stopped_at:09d}"]
-    assert sorted(p.name for p in (ck / f"ckpt-{stopped_at:09d}").iterdir()) == ["rank0.pt", "rank1.pt", "state.pt"]
+    assert [p.name for p in ck.iterdir()] == [f"ckpt-{stopped_at:09d}.pt"]
+    ranks = torch.load(ck / f"ckpt-{stopped_at:09d}.pt", weights_only=False)["preemption"]["ranks"]
+    assert len(ranks) == 2 and all(r["rng_epoch_start"] and r["rng_now"] for r in ranks)  # both ranks' states, one file
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))

@@ -18,7 +18,8 @@ its final weights), so you can check that the ranks agree.
 
 With ``--checkpoint-dir`` the run is preemption-safe (``monai_fast.handlers.Preemption``): on
 SIGTERM or SIGUSR1 it finishes the iteration, checkpoints, requeues itself under SLURM and stops;
-started again (or requeued), it resumes at the next iteration::
+started again (or requeued), it resumes at the next iteration. Started again after it finished,
+it trains nothing (raise ``--max-epochs`` to continue from the last checkpoint)::
 
     sbatch --requeue --signal=USR1@120 --wrap "srun python tutorials/distributed_train.py --checkpoint-dir ckpt"
 

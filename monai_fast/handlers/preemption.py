@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import signal
-import subprocess
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from ignite import distributed as idist
 from ignite.engine import Engine, Events
+from ignite.handlers import Checkpoint
 
 from monai_fast.handlers import rng_state
-from monai_fast.handlers.lifecycle import on_run_end
+from monai_fast.handlers.checkpoint_folder import CheckpointFolder
+from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.handlers.stop_signal import StopSignal, requeue_slurm_job
 
 __all__ = ["Preemption"]
 
 logger = logging.getLogger("monai_fast.handlers")
 
-_PREFIX = "ckpt-"
+_KEY = "preemption"  # the to_save entry holding every rank's random states and position
 
 
 class _SkipFirst:
@@ -36,7 +34,7 @@ class _SkipFirst:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         it = iter(self.loader)
         n, self.n = self.n, 0
         for _ in range(n):
@@ -47,11 +45,20 @@ class _SkipFirst:
         return getattr(self.loader, name)
 
 
-def _unwrap(obj: Any) -> Any:
-    return obj.module if isinstance(obj, torch.nn.parallel.DistributedDataParallel) else obj
+class _RankStates:
+    """The checkpoint entry of every rank's random states and epoch position (gathered before a save)."""
+
+    def __init__(self) -> None:
+        self.value: dict[str, Any] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.value
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.value = dict(state)
 
 
-class Preemption:
+class Preemption(EngineHandler):
     """Survive preemption: on a signal, finish the iteration, checkpoint atomically, requeue, stop.
 
     On ``SIGTERM`` or ``SIGUSR1`` (SLURM's ``--signal=USR1@120`` warning, or the ``SIGTERM`` of
@@ -59,29 +66,42 @@ class Preemption:
     to stop at the same iteration, a checkpoint is written and, under SLURM, the job is requeued
     with ``scontrol requeue`` before the run terminates. When the signal lands in an epoch's last
     iteration or in validation, the checkpoint waits until the epoch's handlers (validation,
-    per-epoch LR steps) have run.
+    per-epoch LR steps) have run. The signal handlers are installed at :meth:`attach` (a signal
+    while data are checked or cached, before ``run()``, stops the run as soon as it starts, with
+    the same requeue and exit) and the process's previous handlers come back when the run ends or
+    the handler is detached (a new ``Preemption`` attached to the same trainer replaces this one).
 
-    A checkpoint is a folder ``ckpt-<iteration>`` holding the state dicts of ``to_save`` (model,
-    optimizer, ``GradScaler``, LR scheduler, the trainer itself, a ``SmartCacheUpdater``: anything
-    with ``state_dict``) and, per rank, the random states at the start of the epoch, the random
-    states now, and the position in the epoch. It is written under a temporary name and renamed
-    when complete, so a folder named ``ckpt-*`` is always whole; a damaged one is skipped with a
-    warning when resuming.
+    Built from two parts: :class:`~monai_fast.handlers.stop_signal.StopSignal` (signals, the
+    ranks' agreed stop) and :class:`~monai_fast.handlers.checkpoint_folder.CheckpointFolder`, a
+    subclass of ignite's ``Checkpoint`` (ignite builds and loads the checkpoint, DDP unwrapped;
+    the file is written from rank 0 through :func:`monai_fast.files.atomic_write`, so it appears
+    whole or not at all). A checkpoint is one file ``ckpt-<iteration>.pt`` holding the state dicts
+    of ``to_save`` (model, optimizer, ``GradScaler``, LR scheduler, the trainer, a
+    ``SmartCacheUpdater``, the precision of an ``AMPToggle``: anything with ``state_dict`` /
+    ``load_state_dict``) and, gathered from every rank, the random states at the start of the
+    epoch, the random states now, and the position in the epoch. The newest ``n_saved`` valid
+    checkpoints are kept, the one just written always among them; damaged ones are named in a
+    warning.
 
-    :meth:`resume` (call it before ``run``) loads the newest checkpoint. A resumed run restores the
-    epoch's starting random states, replays the data loader to the same batch (batches are
-    produced and dropped, so random crops and augmentation draw as before) and continues at the
-    next iteration: on a deterministic set-up its final weights equal an uninterrupted run's.
+    :meth:`resume` (call it before ``run``) loads the newest readable checkpoint; unreadable
+    (truncated) ones are skipped with a warning naming them. A readable checkpoint that does not
+    fit ``to_save`` (another model, a missing entry) raises an error naming the file: the folder
+    is probably another run's. A resumed run restores the epoch's starting random states, replays
+    the data loader to the same batch (batches are produced and dropped, so random crops and
+    augmentation draw as before) and continues at the next iteration: on a deterministic set-up
+    its final weights equal an uninterrupted run's. The trainer's ``max_epochs`` is kept (raise it
+    to train further); when the checkpoint is at the end of the run, ``run()`` does nothing and
+    says so.
 
     Args:
-        to_save: name -> object with ``state_dict``/``load_state_dict``; include the trainer.
-            DDP-wrapped models are saved unwrapped.
+        to_save: name -> object with ``state_dict``/``load_state_dict``; must include the engine
+            this handler is attached to. DDP-wrapped models are saved unwrapped.
         dirname: checkpoint folder (shared by all ranks).
         signals: signal names to catch (installed only from the main thread).
         requeue: ``scontrol requeue $SLURM_JOB_ID`` after the checkpoint; ``None``: when in a SLURM job.
         save_every: also checkpoint every this many iterations (a crash or SIGKILL then loses at
             most that many); ``None``: only on a signal.
-        n_saved: checkpoints kept.
+        n_saved: valid checkpoints kept.
 
     Example:
         >>> from monai_fast.handlers import Preemption
@@ -100,21 +120,19 @@ class Preemption:
         save_every: int | None = None,
         n_saved: int = 2,
     ) -> None:
+        super().__init__()
         if not to_save:
             raise ValueError("to_save is empty: pass at least the model, the optimizer and the trainer")
         for name, obj in to_save.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(f"to_save[{name!r}] ({type(obj).__name__}) has no state_dict/load_state_dict")
-        self.signals = []
-        for name in signals:
-            sig = getattr(signal, name, None)
-            if not isinstance(sig, signal.Signals):
-                raise ValueError(f"unknown signal {name!r}")  # noqa: TRY004 - a bad value, not a bad type
-            self.signals.append(sig)
+        if _KEY in to_save:
+            raise ValueError(f"to_save[{_KEY!r}] is reserved for Preemption's own state; rename that entry")
         if save_every is not None and save_every < 1:
             raise ValueError(f"save_every must be >= 1 or None, got {save_every}")
         if n_saved < 1:
             raise ValueError(f"n_saved must be >= 1, got {n_saved}")
+        self.stop_signal = StopSignal(signals)
         self.to_save = dict(to_save)
         self.dirname = Path(dirname)
         self.requeue = ("SLURM_JOB_ID" in os.environ) if requeue is None else requeue
@@ -122,51 +140,58 @@ class Preemption:
         self.n_saved = n_saved
         self.preempted = False
         self.resumed_from: int | None = None
-        self._signal: int | None = None
-        self._previous: dict[int, Any] = {}
-        self._engine: Engine | None = None
+        self._ranks = _RankStates()
+        self._folder: CheckpointFolder | None = None
         self._epoch_start: dict | None = None
         self._pending: dict | None = None
+        self._restore_now: dict | None = None
+        self._loaded: tuple[int, int] | None = None  # (iteration, epoch) resumed, until the run starts
+        self._late_hooks = False
 
     # ------------------------------------------------------------------ wiring
-    def attach(self, engine: Engine) -> None:
-        """Install the signal handlers and wire checkpointing and resume into ``engine``."""
-        if self._engine is not None:
-            raise RuntimeError("this Preemption is already attached")
-        self._engine = engine
-        engine.add_event_handler(Events.STARTED, self._on_started)
-        # first at EPOCH_STARTED: the epoch's random states are taken (or restored) before anyone draws
-        engine.add_event_handler(Events.EPOCH_STARTED, self._on_epoch_started)
-        handlers = engine._event_handlers[Events.EPOCH_STARTED]
-        handlers.insert(0, handlers.pop())
-        engine.add_event_handler(Events.ITERATION_STARTED, self._on_iteration_started)
-        on_run_end(engine, self._uninstall)
+    def _attach(self, engine: Engine) -> None:
+        if not any(obj is engine for obj in self.to_save.values()):
+            raise ValueError("Preemption: to_save must include the engine it is attached to (e.g. "
+                             "to_save['trainer'] = trainer), or a resumed run would start again at iteration 1")
+        self._folder = CheckpointFolder({**self.to_save, _KEY: self._ranks}, self.dirname, self.n_saved)
+        self.on(engine, Events.STARTED, self._on_started)
+        # first at STARTED and EPOCH_STARTED: the run's state and the epoch's random states are
+        # restored (or taken) before anyone else looks at them or draws
+        self.on(engine, Events.EPOCH_STARTED, self._on_epoch_started)
+        for event in (Events.STARTED, Events.EPOCH_STARTED):
+            handlers = engine._event_handlers[event]
+            handlers.insert(0, handlers.pop())
+        self.on(engine, Events.ITERATION_STARTED, self._on_iteration_started)
+        self.on_run_end(engine, self._run_ended)
+        self.stop_signal.install()
+
+    def _detached(self, engine: Engine) -> None:
+        self.stop_signal.uninstall()
+        self._late_hooks = False
+
+    def _run_ended(self, engine: Engine) -> None:
+        self.stop_signal.uninstall()
 
     def _on_started(self, engine: Engine) -> None:
-        self._install()
+        self.stop_signal.install()  # again, for a second run of the same engine
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None and engine.state.iteration != loaded[0]:
+            # ignite starts a finished run again from iteration 0: keep it finished instead
+            engine.state.iteration, engine.state.epoch = loaded
+            self._pending = None
+            logger.warning("Preemption: the checkpoint at iteration %d is the end of the run (max_epochs=%s): "
+                           "nothing to do; raise max_epochs to train further", loaded[0], engine.state.max_epochs)
+            return
         # last at ITERATION_COMPLETED and EPOCH_COMPLETED (registered now, after the user's
         # handlers): a checkpoint comes after per-iteration scheduler steps, validation and
         # per-epoch steps
-        if not getattr(self, "_late_hooks", False):
-            engine.add_event_handler(Events.ITERATION_COMPLETED, self._on_iteration_completed)
-            engine.add_event_handler(Events.EPOCH_COMPLETED, self._on_epoch_completed)
+        if not self._late_hooks:
+            self.on(engine, Events.ITERATION_COMPLETED, self._on_iteration_completed)
+            self.on(engine, Events.EPOCH_COMPLETED, self._on_epoch_completed)
             self._late_hooks = True
-
-    def _install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            logger.warning("Preemption: not on the main thread, cannot install signal handlers; "
-                           "checkpoints only every save_every iterations")
-            return
-        for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._on_signal)
-
-    def _uninstall(self, engine: Engine) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self._signal = signum  # work happens at the next iteration boundary, not in the handler
+        if self.stop_signal.agreed():  # signalled before the run: nothing trained since the last checkpoint
+            logger.warning("Preemption: %s before the run started; stopping at once", self.stop_signal.name)
+            self._stop(engine, saved=False)
 
     # ------------------------------------------------------------------ events
     def _data(self, engine: Engine) -> Any:
@@ -185,19 +210,12 @@ class Preemption:
         self._epoch_start = rng_state.capture(self._data(engine))
 
     def _on_iteration_started(self, engine: Engine) -> None:
-        now = getattr(self, "_restore_now", None)
+        now, self._restore_now = self._restore_now, None
         if now is not None:  # after the replayed batches: the main thread's states as at the checkpoint
-            self._restore_now = None
             rng_state.restore({k: v for k, v in now.items() if k != "transforms"})
 
-    def _agreed_stop(self) -> bool:
-        flag = self._signal is not None
-        if idist.get_world_size() > 1:
-            flag = bool(idist.all_reduce(torch.tensor([int(flag)], device=idist.device()), op="MAX").item())
-        return flag
-
     def _on_iteration_completed(self, engine: Engine) -> None:
-        stop = self._agreed_stop()
+        stop = self.stop_signal.agreed()
         at = engine.state.iteration % engine.state.epoch_length
         if stop and at == 0:
             return  # the epoch's last iteration: checkpoint after its EPOCH_COMPLETED handlers
@@ -207,27 +225,19 @@ class Preemption:
             self._stop(engine)
 
     def _on_epoch_completed(self, engine: Engine) -> None:
-        stop = self._agreed_stop()
+        stop = self.stop_signal.agreed()
         periodic = bool(self.save_every and engine.state.iteration % self.save_every == 0)
         if stop or periodic:
             self.save(engine, 0)
         if stop:
             self._stop(engine)
 
-    def _stop(self, engine: Engine) -> None:
+    def _stop(self, engine: Engine, saved: bool = True) -> None:
         self.preempted = True
-        name = signal.Signals(self._signal).name if self._signal else "a signal on another rank"
-        logger.warning("Preemption: %s; checkpoint at iteration %d written, stopping", name, engine.state.iteration)
+        what = f"checkpoint at iteration {engine.state.iteration} written" if saved else "no new checkpoint needed"
+        logger.warning("Preemption: %s; %s, stopping", self.stop_signal.name, what)
         if self.requeue and idist.get_rank() == 0:
-            job = os.environ.get("SLURM_JOB_ID")
-            if job is None:
-                logger.error("Preemption: requeue=True but SLURM_JOB_ID is not set; not requeued")
-            else:
-                p = subprocess.run(["scontrol", "requeue", job], check=False, capture_output=True, text=True)
-                if p.returncode == 0:
-                    logger.warning("Preemption: SLURM job %s requeued; it resumes from the checkpoint", job)
-                else:
-                    logger.error("Preemption: 'scontrol requeue %s' failed: %s", job, p.stderr.strip())
+            requeue_slurm_job()
         engine.terminate()
 
     def exit_if_preempted(self, code: int = 0) -> None:
@@ -237,101 +247,54 @@ class Preemption:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, engine: Engine, epoch_iteration: int | None = None) -> Path:
-        """Write a checkpoint now (all ranks must call it); returns its folder."""
+        """Write a checkpoint now (all ranks must call it); returns its file."""
+        if self._folder is None:
+            raise RuntimeError("attach() the Preemption to the trainer before save()")
         it = engine.state.iteration
         at = it % engine.state.epoch_length if epoch_iteration is None else epoch_iteration
-        rank, world = idist.get_rank(), idist.get_world_size()
-        final = self.dirname / f"{_PREFIX}{it:09d}"
-        tmp = self.dirname / f".{_PREFIX}{it:09d}.tmp"
-        if rank == 0:
-            self.dirname.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-        idist.barrier()
-        mine = {
-            "iteration": it,
-            "epoch_iteration": at,
-            "rng_epoch_start": self._epoch_start,
-            "rng_now": rng_state.capture(self._data(engine)),
-        }
-        _atomic_save(mine, tmp / f"rank{rank}.pt")
-        if rank == 0:
-            _atomic_save({k: _unwrap(v).state_dict() for k, v in self.to_save.items()}, tmp / "state.pt")
-        idist.barrier()
-        if rank == 0:
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)  # the folder appears complete or not at all
-            _fsync_dir(self.dirname)
-            for old in self._complete()[self.n_saved:]:
-                shutil.rmtree(old, ignore_errors=True)
-        idist.barrier()
-        logger.info("Preemption: checkpoint %s (%d ranks)", final, world)
-        return final
-
-    def _complete(self) -> list[Path]:
-        if not self.dirname.is_dir():
-            return []
-        found = [p for p in self.dirname.iterdir() if p.is_dir() and p.name.startswith(_PREFIX)]
-        return sorted(found, key=lambda p: p.name, reverse=True)
+        mine = {"rng_epoch_start": self._epoch_start, "rng_now": rng_state.capture(self._data(engine))}
+        ranks = idist.all_gather(mine) if idist.get_world_size() > 1 else [mine]
+        self._ranks.value = {"iteration": it, "epoch_iteration": at, "ranks": list(ranks)}
+        path = self._folder.write(engine)
+        logger.info("Preemption: checkpoint %s (%d ranks)", path, len(ranks))
+        return path
 
     def resume(self) -> int | None:
-        """Load the newest whole checkpoint into ``to_save``; returns its iteration (``None``: none).
+        """Load the newest readable checkpoint into ``to_save``; returns its iteration (``None``: none).
 
-        Folders that fail to load (truncated, another model) are skipped with a warning, newest
-        first; under DDP all ranks agree on the checkpoint. Leftover temporary folders are removed.
+        Unreadable files are skipped with a warning, newest first; under DDP all ranks agree on
+        the checkpoint. The trainer keeps its own ``max_epochs`` when it has one.
+
+        Raises:
+            KeyError: the checkpoint has no state for an entry of ``to_save`` (names the file).
+            RuntimeError: a state does not fit its object, e.g. another model's (names the file).
         """
-        if self._engine is None:
+        if self._folder is None or self.engine is None:
             raise RuntimeError("attach() the Preemption to the trainer before resume()")
-        if idist.get_rank() == 0 and self.dirname.is_dir():
-            for leftover in self.dirname.glob(f".{_PREFIX}*.tmp"):
-                logger.warning("Preemption: removing the unfinished checkpoint %s", leftover)
-                shutil.rmtree(leftover, ignore_errors=True)
-        candidates = self._complete()
-        if idist.get_world_size() > 1:  # the same list on every rank (rank 0's view)
-            listing = idist.broadcast("\n".join(str(p) for p in candidates), src=0, safe_mode=True)
-            candidates = [Path(p) for p in listing.split("\n") if p]
-        for folder in candidates:
-            loaded = None
-            try:
-                state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
-                mine = torch.load(folder / f"rank{idist.get_rank()}.pt", map_location="cpu", weights_only=False)
-                loaded = (state, mine)
-            except Exception as exc:  # noqa: BLE001 - any damage means: try the next one
-                logger.warning("Preemption: checkpoint %s cannot be read (%s); trying an older one", folder, exc)
-            ok = loaded is not None
-            if idist.get_world_size() > 1:
-                ok = bool(idist.all_reduce(torch.tensor([int(ok)], device=idist.device()), op="MIN").item())
-            if not ok:
-                continue
-            state, mine = loaded  # type: ignore[misc]
-            missing = sorted(set(self.to_save) - set(state))
-            if missing:
-                raise KeyError(f"checkpoint {folder} has no state for {missing}; it holds {sorted(state)}")
-            for name, obj in self.to_save.items():
-                _unwrap(obj).load_state_dict(state[name])
-            self._pending = mine
-            self.resumed_from = int(mine["iteration"])
-            logger.warning("Preemption: resumed from %s (iteration %d)", folder, self.resumed_from)
-            return self.resumed_from
-        return None
-
-
-def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        found = self._folder.newest_loadable()
+        if found is None:
+            return None
+        path, state = found
+        missing = sorted(set(self.to_save) - set(state))
+        if missing:
+            raise KeyError(f"checkpoint {path} has no state for {missing}; it holds {sorted(state)}")
+        engine = self.engine
+        max_epochs = engine.state.max_epochs
+        try:
+            Checkpoint.load_objects(self.to_save, {k: state[k] for k in self.to_save})
+        except Exception as exc:
+            raise RuntimeError(f"checkpoint {path} does not fit to_save (another run's folder?): {exc}") from exc
+        if max_epochs is not None:  # the trainer's max_epochs, not the checkpoint's: raise it to train further
+            engine.state.max_epochs = max(max_epochs, engine.state.epoch)
+        ours = state.get(_KEY) or {}
+        ranks = ours.get("ranks") or []
+        if len(ranks) != idist.get_world_size():
+            logger.warning("Preemption: %s was written by %d rank(s), this run has %d: random states not restored",
+                           path, len(ranks), idist.get_world_size())
+            self._pending = None
+        else:
+            self._pending = {**ranks[idist.get_rank()], "epoch_iteration": ours["epoch_iteration"]}
+        self._loaded = (engine.state.iteration, engine.state.epoch)
+        self.resumed_from = int(engine.state.iteration)
+        logger.warning("Preemption: resumed from %s (iteration %d)", path, self.resumed_from)
+        return self.resumed_from

@@ -1,0 +1,185 @@
+"""Preemption's second half: a folder of whole checkpoints ``ckpt-<iteration>.pt``, the newest valid ones kept.
+
+The first half, the stop signal, is :mod:`monai_fast.handlers.stop_signal`;
+:class:`~monai_fast.handlers.Preemption` joins the two to an engine.
+
+**What is ignite's.** :class:`CheckpointFolder` *subclasses* ignite's ``Checkpoint``: ignite
+builds the checkpoint (one dict of every ``state_dict``, DDP / ``DataParallel`` models unwrapped,
+``ZeroRedundancyOptimizer`` consolidated), names the file and hands it to a ``DiskSaver``, which
+writes it from rank 0 only. Loading goes through ``Checkpoint.load_objects`` (DDP unwrapped).
+
+**What is extended, and why.**
+
+* The saver is a ``DiskSaver`` subclass whose write goes through :func:`monai_fast.files.atomic_write`
+  with ``fsync``: the file appears complete or not at all, survives a node loss, and the
+  temporary file of a killed writer is recognised and removed later (ignite's ``atomic=True``
+  neither syncs nor recognises its leftovers).
+* Rotation is by folder listing, not ignite's in-memory list: a restarted process does not know
+  the files its predecessor wrote, and ignite ranks by number, so an unreadable file with a
+  higher number would make it skip the new checkpoint or delete it. Here the file just written
+  is always kept, with the newest *valid* others up to ``n_saved``; damaged files are named in a
+  warning and left for inspection.
+* Per-rank state (random states, position in the epoch) must come back on every rank. Ignite
+  saves from rank 0, so the caller gathers it to every rank first and passes it as one more
+  ``to_save`` entry: a single file per checkpoint holds all ranks' state.
+
+Example:
+    >>> import tempfile, torch
+    >>> from ignite.engine import Engine
+    >>> from monai_fast.handlers.checkpoint_folder import CheckpointFolder
+    >>> net = torch.nn.Linear(2, 1)
+    >>> trainer = Engine(lambda e, b: None)
+    >>> folder = CheckpointFolder({"trainer": trainer, "model": net}, tempfile.mkdtemp(), n_saved=2)
+    >>> _ = trainer.run([0, 1], max_epochs=1)
+    >>> folder.write(trainer).name
+    'ckpt-000000002.pt'
+    >>> path, state = folder.newest_loadable()
+    >>> sorted(state)
+    ['model', 'trainer']
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from ignite import distributed as idist
+from ignite.engine import Engine
+from ignite.handlers import Checkpoint, DiskSaver
+
+from monai_fast.files import atomic_write, clean_stale_tmp
+
+__all__ = ["CheckpointFolder"]
+
+logger = logging.getLogger("monai_fast.handlers")
+
+_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+
+
+class _SyncedDiskSaver(DiskSaver):
+    """ignite's ``DiskSaver`` (rank 0 writes), writing through :func:`monai_fast.files.atomic_write`."""
+
+    def _save_func(self, checkpoint: Mapping, path: Path, func: Callable) -> None:
+        with atomic_write(path, "wb", fsync=True) as f:
+            func(checkpoint, f, **self.kwargs)
+
+
+def _iteration_of(engine: Engine, event: Any) -> int:
+    return engine.state.iteration
+
+
+class CheckpointFolder(Checkpoint):
+    """ignite's ``Checkpoint`` writing ``ckpt-<iteration>.pt`` into ``dirname``; see the module docstring.
+
+    Args:
+        to_save: name -> object with ``state_dict``.
+        dirname: the folder (shared by all ranks; created by rank 0).
+        n_saved: valid checkpoints kept, the one just written included.
+    """
+
+    def __init__(self, to_save: Mapping[str, Any], dirname: str | os.PathLike, n_saved: int = 2) -> None:
+        if n_saved < 1:
+            raise ValueError(f"n_saved must be >= 1, got {n_saved}")
+        saver = _SyncedDiskSaver(dirname, create_dir=True, require_empty=False)
+        super().__init__(to_save, saver, filename_prefix="ckpt", n_saved=None, global_step_transform=_iteration_of,
+                         filename_pattern="{filename_prefix}-{global_step:09d}.{ext}")
+        self.dirname = Path(dirname)
+        self.keep = n_saved
+        self._valid: dict[tuple[str, int, int], bool] = {}
+        self._reported: set[str] = set()
+
+    def write(self, engine: Engine) -> Path:
+        """Write ``ckpt-<engine.state.iteration>.pt`` (all ranks call it), then prune; returns its path."""
+        self._saved = []  # rotation is prune()'s: ignite would unlink a same-named file before rewriting it
+        self(engine)
+        path = self.dirname / self._saved[-1].filename
+        if idist.get_rank() == 0:
+            st = path.stat()
+            self._valid[(path.name, st.st_size, st.st_mtime_ns)] = True  # written whole here: no need to read it back
+            self.prune(path)
+        idist.barrier()  # on every rank: the file is complete when write() returns
+        return path
+
+    def checkpoints(self) -> list[Path]:
+        """The ``ckpt-<iteration>.pt`` files in the folder, highest iteration first."""
+        try:
+            found = [p for p in self.dirname.iterdir() if _NAME.match(p.name) and p.is_file()]
+        except OSError:
+            return []
+        return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
+
+    def is_valid(self, path: Path) -> bool:
+        """Whether ``path`` is a whole ``torch.save`` archive (every member's CRC checked; cached per file version)."""
+        try:
+            st = path.stat()
+        except OSError:
+            return False
+        key = (path.name, st.st_size, st.st_mtime_ns)
+        if key not in self._valid:
+            try:
+                with zipfile.ZipFile(path) as z:
+                    self._valid[key] = z.testzip() is None
+            except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+                self._valid[key] = False
+        return self._valid[key]
+
+    def prune(self, just_written: Path) -> list[Path]:
+        """Keep ``just_written`` and the newest valid others up to ``n_saved``; returns the files removed.
+
+        Damaged files are not counted, not removed, and named in a warning (once each).
+        """
+        keep, removed, damaged = [just_written], [], []
+        for path in self.checkpoints():
+            if path == just_written:
+                continue
+            if not self.is_valid(path):
+                damaged.append(path)
+            elif len(keep) < self.keep:
+                keep.append(path)
+            else:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+        new = [p for p in damaged if p.name not in self._reported]
+        if new:
+            self._reported.update(p.name for p in new)
+            logger.warning("Preemption: damaged checkpoint(s) %s in %s are not counted among the %d kept, and left "
+                           "there for inspection; delete them", ", ".join(p.name for p in new), self.dirname, self.keep)
+        return removed
+
+    def newest_loadable(self) -> tuple[Path, dict[str, Any]] | None:
+        """Load the newest checkpoint that every rank can read (a collective under DDP).
+
+        Unreadable files are skipped with a warning naming them; rank 0 first removes the
+        temporary files of killed writers.
+
+        Returns:
+            ``(path, checkpoint dict)``, or ``None`` when no checkpoint can be read.
+        """
+        if idist.get_rank() == 0:
+            clean_stale_tmp(self.dirname)
+            old = [p.name for p in self.dirname.glob("ckpt-*") if p.is_dir()] if self.dirname.is_dir() else []
+            if old:
+                logger.warning("Preemption: %s hold(s) checkpoints of the old folder format, which are not read",
+                               ", ".join(sorted(old)))
+        candidates = self.checkpoints()
+        if idist.get_world_size() > 1:  # the same list on every rank (rank 0's view)
+            listing = idist.broadcast("\n".join(str(p) for p in candidates), src=0, safe_mode=True)
+            candidates = [Path(p) for p in str(listing).split("\n") if p]
+        for path in candidates:
+            state = None
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=False)
+            except Exception as exc:  # noqa: BLE001 - any damage means: try the next one
+                logger.warning("Preemption: checkpoint %s cannot be read (%s); trying an older one", path, exc)
+            ok = isinstance(state, dict)
+            if idist.get_world_size() > 1:
+                ok = bool(idist.all_reduce(torch.tensor([int(ok)], device=idist.device()), op="MIN").item())
+            if ok:
+                return path, state  # type: ignore[return-value]
+        return None
