@@ -15,11 +15,11 @@ from monai.transforms import Compose
 
 from monai_fast.data.planner import plan_cache
 from monai_fast.files import cache_root
-from monai_fast.handlers.amp import choose_precision
 from monai_fast.recipes.common import build_network, build_optimizer
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.recipes.fast import DEFAULTS as FAST_DEFAULTS
 from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
+from monai_fast.telemetry.precision import choose_precision
 from monai_fast.tune.cache import place_cache
 from monai_fast.tune.store import TuneStore
 from monai_fast.tune.tuner import SearchSpace, Tuner, TuneResult
