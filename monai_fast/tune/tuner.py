@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -25,6 +24,7 @@ from monai_fast.distributed.comm import allreduce_seconds
 from monai_fast.telemetry import device_description
 from monai_fast.telemetry.memory import DeviceMemory, is_out_of_memory
 from monai_fast.tune.measure import time_inference, time_training_step
+from monai_fast.tune.ranks import agree_on_trial, gather_errors
 from monai_fast.tune.result import TuneResult
 from monai_fast.tune.search import Trial, grow_then_bisect, pick_best, race
 from monai_fast.tune.space import SearchSpace
@@ -326,9 +326,9 @@ class Tuner:
         peak_b = peak.peak_bytes
         over = not oom and error is None and peak_b > self._budget
         # every rank reaches this point once per trial, whatever happened: agree on the outcome
-        flags = self._agree(oom, over, error is not None, peak_b, seconds)
+        flags = agree_on_trial(oom, over, error is not None, peak_b, seconds)
         if flags["error"]:
-            messages = self._gather_errors(error)
+            messages = gather_errors(error)
             raise TuningError(f"trial {value} failed (not out of memory): {messages}") from error
         self._bar.update(1)
         cost = time.perf_counter() - t0
@@ -342,21 +342,6 @@ class Tuner:
         return Trial(value, True, throughput, peak_mib, "", cost)
 
     # ------------------------------------------------------------------ ranks
-    def _agree(self, oom: bool, over: bool, error: bool, peak: int, seconds: float) -> dict:
-        """Max over ranks of the flags, the peak memory and the step time (a no-op for one process)."""
-        if idist.get_world_size() == 1:
-            return {"oom": oom, "over": over, "error": error, "peak": peak, "seconds": seconds}
-        secs = seconds if math.isfinite(seconds) else 0.0  # NaN on failed ranks
-        t = torch.tensor([float(oom), float(over), float(error), float(peak), secs], dtype=torch.float64)
-        t = idist.all_reduce(t, op="MAX")
-        return {"oom": t[0] > 0, "over": t[1] > 0, "error": t[2] > 0, "peak": int(t[3]), "seconds": float(t[4])}
-
-    def _gather_errors(self, error: BaseException | None) -> str:
-        mine = "" if error is None else f"rank {idist.get_rank()}: {type(error).__name__}: {error}"
-        if idist.get_world_size() == 1:
-            return mine
-        return "; ".join(m for m in idist.all_gather(mine) if m)
-
     def _measure_allreduce(self) -> float:
         """Seconds of one gradient all-reduce (0 for one process): added to every step under DDP."""
         return allreduce_seconds(sum(p.numel() for p in self._net.parameters()))
