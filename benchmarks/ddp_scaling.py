@@ -37,7 +37,7 @@ def _worker(local_rank: int, threads: int, steps: int, out: str, precision: str)
     from monai_fast.distributed.model import distribute
     from monai_fast.recipes import RecipeConfig
     from monai_fast.recipes.common import build_network
-    from monai_fast.tune.measure import autocast_for
+    from monai_fast.telemetry.precision import autocast_for
 
     torch.set_num_threads(threads)
     cfg = RecipeConfig().with_defaults(batch_size=2, num_samples=4)  # 8 patches a step, as the recorded runs
@@ -108,8 +108,8 @@ def main(argv=None) -> int:
     import os
 
     from monai_fast.files import write_json
-    from monai_fast.handlers.amp import choose_precision
     from monai_fast.telemetry import device_description
+    from monai_fast.telemetry.precision import choose_precision
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)

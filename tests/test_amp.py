@@ -3,10 +3,15 @@ import logging
 import pytest
 import torch
 from ignite.engine import Engine, Events
+from ignite.handlers import Checkpoint, DiskSaver
+from monai.data import DataLoader
+from monai.engines import SupervisedTrainer
 from monai.engines.utils import IterationEvents
+from monai.losses import DiceCELoss
 
 from monai_fast.handlers import AMPToggle, RecordHandler
 from monai_fast.recipes import build_recipe
+from monai_fast.telemetry import precision
 from monai_fast.telemetry.record import load_record
 
 
@@ -76,16 +81,65 @@ def test_nonfinite_losses_skip_steps_then_fall_back_to_fp32(tiny_files, tiny_con
     assert all(torch.isfinite(p).all() for p in r.network.parameters())
 
 
-def test_auto_on_cpu_either_measures_a_gain_or_warns_once(tiny_files, tiny_config, caplog):
+def test_auto_on_a_cpu_without_bf16_hardware_trains_in_fp32_without_timing(tiny_files, tiny_config, monkeypatch):
+    monkeypatch.setattr(precision, "cpu_has_bf16_hardware", lambda flags=None: False)
+    monkeypatch.setattr(precision, "cpu_bf16_speedup", _never_timed)
     r = build_recipe("monai_tutorial", *tiny_files, tiny_config, progress=False)
     amp = AMPToggle("auto")
-    with caplog.at_level(logging.WARNING, logger="monai_fast.handlers"):
-        amp.attach(r.trainer)
-    if amp.precision == "fp32":
-        assert caplog.text.count("not faster on this CPU") == 1
-    else:
-        assert amp.precision == "bf16" and "not faster" not in caplog.text
+    amp.attach(r.trainer)
+    dtypes = _train_conv_dtypes(r)
     r.trainer.run()
+    assert amp.precision == "fp32" and not amp.active and dtypes == [{torch.float32}]
+
+
+def _never_timed(rounds=3):
+    raise AssertionError("AMPToggle measured where it should not")
+
+
+def _tiny_trainer(max_epochs):
+    """A real MONAI trainer: one 3D conv on four random 8^3 volumes, two per batch."""
+    torch.manual_seed(0)
+    net = torch.nn.Conv3d(1, 2, 3, padding=1)
+    data = [{"image": torch.rand(1, 8, 8, 8), "label": torch.randint(0, 2, (1, 8, 8, 8))} for _ in range(4)]
+    return SupervisedTrainer(
+        device=torch.device("cpu"), max_epochs=max_epochs, train_data_loader=DataLoader(data, batch_size=2),
+        network=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+        loss_function=DiceCELoss(to_onehot_y=True, softmax=True),
+    )
+
+
+@pytest.mark.parametrize("load_before_attach", [True, False])
+def test_a_checkpoint_restores_the_precision_and_counts(tmp_path, monkeypatch, load_before_attach):
+    first = _tiny_trainer(max_epochs=2)
+    first.loss_function = _NaNLoss(first.loss_function, bad={3})
+    amp = AMPToggle("bf16")
+    amp.attach(first)
+    ckpt = Checkpoint({"trainer": first, "amp": amp}, DiskSaver(tmp_path, require_empty=False), n_saved=1)
+    first.add_event_handler(Events.EPOCH_COMPLETED, ckpt)
+    first.run()
+    assert amp.stats["nonfinite"] == 1
+    saved = torch.load(tmp_path / ckpt.last_checkpoint, weights_only=False)
+
+    # the resumed process would decide fp32 on its own (no bf16 hardware) and must not measure
+    monkeypatch.setattr(precision, "cpu_has_bf16_hardware", lambda flags=None: False)
+    monkeypatch.setattr(precision, "cpu_bf16_speedup", _never_timed)
+    resumed = _tiny_trainer(max_epochs=3)
+    again = AMPToggle("auto")
+    to_load = {"trainer": resumed, "amp": again}
+    if load_before_attach:
+        Checkpoint.load_objects(to_load, saved)
+        again.attach(resumed)
+    else:
+        again.attach(resumed)
+        assert again.precision == "fp32"
+        Checkpoint.load_objects(to_load, saved)
+    assert again.precision == "bf16" and again.active and again.stats == amp.stats
+    seen = set()
+    resumed.network.register_forward_hook(lambda mod, i, o: seen.add(o.dtype))
+    resumed.state.max_epochs = 3  # the checkpoint's trainer state says 2: one more epoch
+    resumed.run()
+    assert resumed.state.epoch == 3 and seen == {torch.bfloat16}
+    assert again.state_dict()["stats"]["nonfinite"] == 1
 
 
 def test_validation_and_wrong_engines(tiny_files, tiny_config):

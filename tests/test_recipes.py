@@ -179,3 +179,43 @@ def _handlers_of(engine):
 def test_cache_options_are_checked(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RecipeConfig(**kwargs)
+
+
+def test_every_registered_recipe_has_one_builder_signature_and_parts():
+    import inspect
+
+    from monai_fast.recipes import REGISTRY
+
+    assert RECIPES == tuple(REGISTRY) == ("baseline", "monai_tutorial", "fast")
+    signatures = {str(inspect.signature(entry.build)) for entry in REGISTRY.values()}
+    assert len(signatures) == 1, signatures
+    assert all(list(inspect.signature(e.parts).parameters) == ["config", "device"] for e in REGISTRY.values())
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_parts_are_what_the_recipe_trains(name, tiny_files, tiny_config):
+    from monai_fast.recipes import recipe_parts
+
+    cfg = RecipeConfig(**{**tiny_config.to_dict(), "amp": False})
+    parts = recipe_parts(name, cfg, "cpu")
+    r = build_recipe(name, *tiny_files, cfg, progress=False)
+    net = parts.network()
+    assert repr(net) == repr(r.network) and type(parts.loss()) is type(r.loss_function)
+    assert type(parts.optimizer(net.parameters())) is type(r.optimizer)
+    conv = lambda n: next(m for m in n.modules() if isinstance(m, torch.nn.Conv3d) and m.in_channels > 1).weight  # noqa: E731
+    layout = torch.channels_last_3d
+    assert conv(net).is_contiguous(memory_format=layout) == conv(r.network).is_contiguous(memory_format=layout)
+    assert parts.channels_last == (name == "fast")
+    names = lambda chain: [type(t).__name__ for t in chain.transforms]  # noqa: E731
+    assert names(parts.train_transforms()) == names(r.train_loader.dataset.transform)
+    assert (parts.config.batch_size, parts.config.num_samples) == (2, 2)  # the caller's values win over DEFAULTS
+
+
+def test_fast_in_bf16_on_a_cpu_keeps_the_default_layout(monkeypatch):
+    from monai_fast.recipes import recipe_parts
+    from monai_fast.telemetry import precision
+
+    monkeypatch.setattr(precision, "cpu_has_bf16_hardware", lambda flags=None: True)
+    monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda rounds=3: 2.0)
+    parts = recipe_parts("fast", RecipeConfig(), "cpu")
+    assert parts.precision == "bf16" and not parts.channels_last and parts.precision_by == "toggle"

@@ -412,3 +412,27 @@ def test_real_cuda_oom_is_infeasible_and_memory_returns():
     torch.cuda.empty_cache()
     assert torch.cuda.memory_allocated(dev) == base
     assert math.isfinite(result.train_samples_per_s)
+
+
+def test_tune_recipe_times_the_recipes_own_network_layout(tmp_path, monkeypatch):
+    from monai_fast.recipes import recipe_parts
+
+    seen = []
+    real = Tuner.run
+
+    def spy(self, progress=False):
+        seen.append(self)
+        return real(self, progress)
+
+    monkeypatch.setattr(Tuner, "run", spy)
+    cfg = RecipeConfig(patch_size=(16, 16, 16), channels=(4, 8), strides=(2,), num_samples=1, amp=False)
+    space = SearchSpace(batch_range=(1, 1), sw_batch_range=(1, 1), max_trials=1, confirm=0)
+    result = tune_recipe(cfg, (24, 24, 24), space=space, store=tmp_path / "t.json", **FAST)
+    tuner = seen[0]
+    parts = recipe_parts("fast", cfg, "cpu")
+    assert repr(tuner.source_network) == repr(parts.network()) and type(tuner.loss_function) is type(parts.loss())
+    conv = next(m for m in tuner.source_network.modules() if isinstance(m, torch.nn.Conv3d) and m.in_channels > 1)
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last_3d)  # fast's fp32 layout
+    assert "layout=channels_last_3d" in result.key
+    assert type(tuner.optimizer_factory(torch.nn.Linear(1, 1).parameters())) is torch.optim.AdamW
+    assert result.is_pick(result.picked("train")) and result.picked("val")["phase"] == "val"

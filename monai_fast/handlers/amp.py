@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -13,60 +12,11 @@ from monai.engines.utils import IterationEvents
 from monai.inferers import Inferer
 
 from monai_fast.handlers.record import record_of
-from monai_fast.telemetry import bf16_supported
+from monai_fast.telemetry.precision import PRECISIONS, REQUESTS, autocast_dtype, choose_precision
 
-__all__ = ["AMPToggle", "choose_precision", "cpu_bf16_speedup"]
+__all__ = ["AMPToggle"]
 
 logger = logging.getLogger("monai_fast.handlers")
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def cpu_bf16_speedup(repeats: int = 3) -> float:
-    """fp32 time / bf16-autocast time of a small 3D convolution stack on this CPU (> 1: bf16 helps)."""
-    net = torch.nn.Sequential(torch.nn.Conv3d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv3d(16, 8, 3, padding=1))
-    x = torch.randn(2, 8, 32, 32, 32)
-
-    def run(enabled: bool) -> float:
-        best = float("inf")
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
-            net(x)  # warm-up
-            for _ in range(repeats):
-                t = time.perf_counter()
-                net(x)
-                best = min(best, time.perf_counter() - t)
-        return best
-
-    return run(False) / run(True)
-
-
-def choose_precision(requested: str, device: torch.device | str) -> str:
-    """Resolve ``"auto"``/``"bf16"``/``"fp16"``/``"fp32"`` for ``device`` (see :class:`AMPToggle`).
-
-    On a CPU, ``"auto"`` measures bf16 against fp32 and warns once when bf16 is not faster.
-
-    Raises:
-        ValueError: for ``"fp16"`` on a CPU, or an unknown name.
-    """
-    if requested not in ("auto", "bf16", "fp16", "fp32"):
-        raise ValueError(f"precision must be 'auto', 'bf16', 'fp16' or 'fp32', got {requested!r}")
-    device = torch.device(device)
-    if device.type == "cuda":
-        if requested == "auto":
-            return "bf16" if bf16_supported(device) else "fp16"
-        return requested
-    if requested == "fp16":
-        raise ValueError("AMPToggle(dtype='fp16') needs a CUDA device; use 'bf16' or 'fp32' on a CPU")
-    if requested == "auto":
-        gain = cpu_bf16_speedup()
-        if gain < 1.1:
-            logger.warning(
-                "AMPToggle: bf16 autocast is not faster on this CPU (fp32/bf16 time %.2f); training stays in fp32", gain
-            )
-            return "fp32"
-        logger.info("AMPToggle: bf16 autocast measured %.1fx faster than fp32 on this CPU", gain)
-        return "bf16"
-    return requested
 
 
 class _AutocastInferer(Inferer):
@@ -94,8 +44,9 @@ class AMPToggle:
     ``torch.autocast`` for the engine's device (so bf16 also works on a CPU), and:
 
     * picks the precision: ``"auto"`` is bf16 on GPUs that support it, else fp16 with a
-      ``GradScaler`` (through MONAI's own scaler path); on a CPU, bf16 if a quick measurement shows
-      it is faster, else fp32 with one warning saying so;
+      ``GradScaler`` (through MONAI's own scaler path); on a CPU, bf16 only with bf16 matrix
+      hardware and a measured gain, else fp32
+      (:func:`~monai_fast.telemetry.precision.choose_precision`);
     * switches on and off per epoch with ``schedule(epoch) -> bool``, or by :meth:`enable` /
       :meth:`disable`;
     * checks each loss: a non-finite loss skips its optimizer step (gradients dropped; with fp16
@@ -105,6 +56,9 @@ class AMPToggle:
       run and logs a warning.
 
     Counts are on the handler (:attr:`stats`), per epoch in the run record, and in its summary.
+    :meth:`state_dict` holds the chosen precision, the fallback and the counts, so an
+    ``ignite.handlers.Checkpoint`` that includes the handler resumes in the same precision
+    (loaded before :meth:`attach`, nothing is measured again).
 
     Args:
         dtype: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off, the
@@ -116,6 +70,7 @@ class AMPToggle:
         >>> from monai_fast.handlers import AMPToggle
         >>> amp = AMPToggle("auto", schedule=lambda epoch: epoch > 1)  # fp32 for the first epoch
         >>> amp.attach(trainer)  # doctest: +SKIP
+        >>> Checkpoint({"trainer": trainer, "amp": amp}, DiskSaver("ckpt"))  # doctest: +SKIP
     """
 
     def __init__(
@@ -124,7 +79,7 @@ class AMPToggle:
         schedule: Callable[[int], bool] | None = None,
         max_nonfinite: int = 3,
     ) -> None:
-        if dtype not in ("auto", "bf16", "fp16", "fp32"):
+        if dtype not in REQUESTS:
             raise ValueError(f"dtype must be 'auto', 'bf16', 'fp16' or 'fp32', got {dtype!r}")
         if schedule is not None and not callable(schedule):
             raise TypeError("schedule must be callable: epoch -> bool")
@@ -143,6 +98,38 @@ class AMPToggle:
         self._engine: Engine | None = None
         self._scale_before: float | None = None
         self._epoch_counts = dict(self.stats)
+        self._restored = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The chosen precision, whether it fell back to fp32, the on/off switch and the counts."""
+        return {
+            "precision": self.precision,
+            "fell_back": self.fell_back,
+            "enabled": self.enabled,
+            "streak": self._streak,
+            "stats": dict(self.stats),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; before :meth:`attach` it replaces the precision decision.
+
+        Raises:
+            ValueError: for an unknown precision in ``state``.
+        """
+        if state["precision"] not in PRECISIONS:
+            raise ValueError(f"AMPToggle state holds an unknown precision {state['precision']!r}")
+        self.precision = state["precision"]
+        self.fell_back = bool(state["fell_back"])
+        self.enabled = bool(state["enabled"])
+        self._streak = int(state["streak"])
+        self.stats = {k: int(state["stats"][k]) for k in self.stats}
+        self._epoch_counts = dict(self.stats)
+        self._restored = True
+        self.autocast_dtype = autocast_dtype(self.precision)
+        e = self._engine
+        if e is not None and self.precision == "fp16" and hasattr(e, "optimizer") and getattr(e, "scaler", None) is None:
+            e.scaler = torch.amp.GradScaler("cuda")
+        self._apply()
 
     @property
     def active(self) -> bool:
@@ -150,10 +137,12 @@ class AMPToggle:
         return self.enabled and not self.fell_back and self.precision != "fp32"
 
     def enable(self) -> None:
+        """Switch autocast on (unless it fell back to fp32)."""
         self.enabled = True
         self._apply()
 
     def disable(self) -> None:
+        """Switch autocast off until :meth:`enable`."""
         self.enabled = False
         self._apply()
 
@@ -169,9 +158,10 @@ class AMPToggle:
         if not isinstance(getattr(engine, "inferer", None), Inferer):
             raise TypeError("AMPToggle needs a MONAI SupervisedTrainer or SupervisedEvaluator (an engine with an inferer)")
         device = torch.device(getattr(engine.state, "device", None) or "cpu")
-        self.precision = choose_precision(self.requested, device)
+        if not self._restored:  # a resumed run keeps the precision its checkpoint chose
+            self.precision = choose_precision(self.requested, device)
         self.device_type = device.type
-        self.autocast_dtype = _DTYPES.get(self.precision, torch.bfloat16)
+        self.autocast_dtype = autocast_dtype(self.precision)
         self._engine = engine
         engine.inferer = _AutocastInferer(engine.inferer, self)
         trains = hasattr(engine, "optimizer")

@@ -6,25 +6,31 @@ import time
 from collections.abc import Sequence
 
 import torch
-from monai.data import DataLoader, Dataset
-from monai.losses import DiceLoss
-from monai.transforms import Compose
 
-from monai_fast.recipes.common import (
-    Recipe,
-    assemble,
-    build_network,
-    build_optimizer,
-    resolve_amp,
-    seed_everything,
-)
+from monai_fast.recipes.common import Recipe, resolve_amp, seed_everything
+from monai_fast.recipes.compose import compose
 from monai_fast.recipes.config import RecipeConfig
-from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
+from monai_fast.recipes.datasets import uncached_data
+from monai_fast.recipes.parts import RecipeParts
+from monai_fast.recipes.pieces import dice_loss
 
-__all__ = ["DEFAULTS", "build_baseline"]
+__all__ = ["DEFAULTS", "baseline_parts", "build_baseline"]
 
 #: what ``None`` in :class:`RecipeConfig` means for this recipe (MONAI's spleen tutorial's values)
 DEFAULTS = {"batch_size": 2, "num_samples": 4, "optimizer": "adam"}
+
+
+def baseline_parts(config: RecipeConfig | None = None, device: str | torch.device = "cpu") -> RecipeParts:
+    """``DiceLoss``, ``Adam(1e-4)``, default layout, fp32 (MONAI's ``amp`` only when ``config.amp``).
+
+    Example:
+        >>> baseline_parts(RecipeConfig()).loss().__class__.__name__
+        'DiceLoss'
+    """
+    config = (config or RecipeConfig()).with_defaults(**DEFAULTS)
+    device = torch.device(device)
+    amp = resolve_amp(config, device, default_on_cuda=False)
+    return RecipeParts("baseline", config, device, "fp16" if amp else "fp32", "monai", dice_loss)
 
 
 def build_baseline(
@@ -32,38 +38,17 @@ def build_baseline(
     val_files: Sequence[dict],
     config: RecipeConfig | None = None,
     device: str | torch.device = "cpu",
+    progress: bool = True,
 ) -> Recipe:
-    """``Dataset`` + multi-process ``DataLoader`` (every transform runs every epoch), ``DiceLoss``,
-    ``Adam(1e-4)``, fp32 (options left ``None`` in ``config`` take :data:`DEFAULTS`).
+    """:func:`baseline_parts` over ``Dataset`` + multi-process ``DataLoader`` (every transform every epoch).
+
+    Options left ``None`` in ``config`` take :data:`DEFAULTS`; ``progress`` is unused (nothing is cached).
 
     Example:
         >>> recipe = build_baseline(train_files, val_files, RecipeConfig(max_epochs=2))  # doctest: +SKIP
         >>> recipe.trainer.run()  # doctest: +SKIP
     """
     t0 = time.perf_counter()
-    config = (config or RecipeConfig()).with_defaults(**DEFAULTS)
-    device = torch.device(device)
-    seed_everything(config)
-    train_ds = Dataset(
-        data=list(train_files), transform=Compose(deterministic_transforms(config) + random_transforms(config))
-    )
-    val_ds = Dataset(data=list(val_files), transform=Compose(deterministic_transforms(config)))
-    workers = config.loader_workers
-    pin = device.type == "cuda"
-    train_loader = DataLoader(train_ds, batch_size=config.batch_size, shuffle=True, num_workers=workers, pin_memory=pin)
-    val_loader = DataLoader(val_ds, batch_size=1, num_workers=workers, pin_memory=pin)
-    network = build_network(config, device)
-    optimizer = build_optimizer(config, network.parameters())
-    return assemble(
-        "baseline",
-        config,
-        device,
-        network,
-        optimizer,
-        DiceLoss(to_onehot_y=True, softmax=True),
-        train_loader,
-        val_loader,
-        amp=resolve_amp(config, device, default_on_cuda=False),
-        t_start=t0,
-        notes=[f"Dataset + DataLoader({workers} workers): all transforms every epoch", f"DiceLoss, {type(optimizer).__name__}(lr={optimizer.param_groups[0]['lr']:g})"],
-    )
+    parts = baseline_parts(config, device)
+    seed_everything(parts.config)
+    return compose(parts, uncached_data(parts, train_files, val_files), t0)

@@ -149,7 +149,29 @@ class RecipeConfig:
             raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
+    def tuned(
+        self,
+        batch_size: int,
+        sw_batch_size: int,
+        val_device: str,
+        precision: str,
+        cache_budget_mib: float | None = None,
+    ) -> RecipeConfig:
+        """A copy with a tuner's pick (:meth:`monai_fast.tune.TuneResult.apply` calls this).
+
+        ``precision`` maps onto ``amp``: ``"fp32"`` is ``amp=False``, a mixed precision leaves
+        ``amp`` to the recipe's automatic choice; ``cache_budget_mib`` is kept when ``None``.
+
+        Example:
+            >>> RecipeConfig().tuned(4, 8, "cpu", "fp32").amp
+            False
+        """
+        extra = {} if cache_budget_mib is None else {"cache_budget_mib": cache_budget_mib}
+        return replace(self, batch_size=batch_size, sw_batch_size=sw_batch_size, val_device=val_device,
+                       amp=False if precision == "fp32" else None, **extra)
+
     def to_dict(self) -> dict:
+        """The options as a plain dict (``from_dict`` takes it back)."""
         return asdict(self)
 
     @classmethod

@@ -7,9 +7,11 @@ from monai_fast.tune.recipe import (
     tune_recipe,
     typical_val_shape,
 )
+from monai_fast.tune.result import TuneResult
 from monai_fast.tune.search import Trial, grow_then_bisect, pick_best, race
+from monai_fast.tune.space import SearchSpace
 from monai_fast.tune.store import TuneStore
-from monai_fast.tune.tuner import SearchSpace, Tuner, TuneResult, TuningError
+from monai_fast.tune.tuner import Tuner, TuningError
 
 __all__ = [
     "CacheChoice",

@@ -14,18 +14,9 @@ import torch
 from monai.inferers import sliding_window_inference
 
 from monai_fast.telemetry import synchronize
+from monai_fast.telemetry.precision import autocast_for
 
-__all__ = ["autocast_for", "time_inference", "time_training_step"]
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast_for(precision: str, device: torch.device) -> torch.autocast:
-    """``torch.autocast`` for ``"bf16"``/``"fp16"``; disabled for ``"fp32"``."""
-    if precision not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"precision must be 'bf16', 'fp16' or 'fp32', got {precision!r}")
-    dtype = _DTYPES.get(precision, torch.bfloat16)
-    return torch.autocast(device.type, dtype=dtype, enabled=precision != "fp32")
+__all__ = ["time_inference", "time_training_step"]
 
 
 def _timed(step: Callable[[], None], device: torch.device, warmup: int, min_iters: int, min_time_s: float) -> float:

@@ -1,4 +1,4 @@
-"""Tuning for the recipes' network, loss and optimizer, with the result cached on disk."""
+"""Tuning of a recipe's own parts (:func:`~monai_fast.recipes.recipe_parts`), with the result cached on disk."""
 
 from __future__ import annotations
 
@@ -10,19 +10,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from monai.losses import DiceCELoss
-from monai.transforms import Compose
 
 from monai_fast.data.planner import plan_cache
 from monai_fast.files import cache_root
-from monai_fast.handlers.amp import choose_precision
-from monai_fast.recipes.common import build_network, build_optimizer
-from monai_fast.recipes.config import RecipeConfig
-from monai_fast.recipes.fast import DEFAULTS as FAST_DEFAULTS
-from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
-from monai_fast.tune.cache import place_cache
+from monai_fast.recipes import RecipeConfig, RecipeParts, recipe_parts
+from monai_fast.tune.cache import CacheChoice, place_cache
+from monai_fast.tune.result import TuneResult
+from monai_fast.tune.space import SearchSpace
 from monai_fast.tune.store import TuneStore
-from monai_fast.tune.tuner import SearchSpace, Tuner, TuneResult
+from monai_fast.tune.tuner import Tuner
 
 __all__ = ["default_space", "default_store_path", "tune_recipe"]
 
@@ -34,23 +30,33 @@ def default_store_path() -> Path:
     return cache_root() / "tuning.json"
 
 
-def default_space(device: torch.device | str, search_amp: bool = False, amp: bool | None = None, **kwargs) -> SearchSpace:
-    """The recipes' search space: ``fast``'s automatic precision, plus fp32 when ``search_amp``.
+def default_space(device: torch.device | str, search_amp: bool = False, amp: bool | None = None, recipe: str = "fast",
+                  **kwargs) -> SearchSpace:
+    """The search space of ``recipe``: the precision it trains in, plus fp32 when ``search_amp``.
 
-    ``amp=False`` (the recipe's fp32 switch) searches fp32 only.
+    ``amp=False`` (the recipes' fp32 switch) searches fp32 only.
+
+    Example:
+        >>> default_space("cpu", amp=False).precisions
+        ('fp32',)
     """
-    if amp is False:
-        return SearchSpace(precisions=["fp32"], **kwargs)
-    first = choose_precision("auto", device)
+    first = recipe_parts(recipe, RecipeConfig(amp=amp), device).precision
     precisions = [first, "fp32"] if search_amp else [first]
     return SearchSpace(precisions=precisions, **kwargs)
 
 
-def typical_val_shape(val_files: Sequence[dict], config: RecipeConfig, n: int = 3) -> tuple[int, int, int]:
-    """Median spatial size of up to ``n`` validation volumes after the recipes' cached transforms."""
+def typical_val_shape(val_files: Sequence[dict], config: RecipeConfig, n: int = 3,
+                      recipe: str = "fast") -> tuple[int, int, int]:
+    """Median spatial size of up to ``n`` validation volumes after ``recipe``'s validation transforms.
+
+    Example:
+        >>> typical_val_shape(val_files, RecipeConfig())  # doctest: +SKIP
+        (160, 160, 96)
+    """
     if not val_files:
         raise ValueError("no validation files to take a volume size from")
-    chain = Compose(deterministic_transforms(config))
+    # the validation chain does not depend on the precision: amp=False spares the precision's measurement
+    chain = recipe_parts(recipe, replace(config, amp=False)).val_transforms()
     shapes = [tuple(chain(dict(item))["image"].shape[1:]) for item in list(val_files)[:n]]
     return tuple(int(statistics.median(s[i] for s in shapes)) for i in range(3))  # type: ignore[return-value]
 
@@ -66,15 +72,20 @@ def tune_recipe(
     progress: bool = False,
     train_files: Sequence[dict] | None = None,
     cache_tradeoff: float = 0.05,
+    recipe: str = "fast",
     **timing,
 ) -> TuneResult:
-    """Tune the ``fast`` recipe's UNet, DiceCE loss and optimizer for ``config``; cached by key.
+    """Tune ``recipe``'s own parts for ``config``; cached by key.
+
+    The tuner times exactly what the recipe trains (:func:`~monai_fast.recipes.recipe_parts`):
+    its network in its memory format, its loss and optimizer, its precision, and sizes the
+    training cache with its transform chain.
 
     Args:
         config: the recipe options (network size, patch size, crops per volume, overlap).
         val_shape: spatial size of a typical validation volume after the cached transforms.
         device: where training runs.
-        space: what to search; default :func:`default_space`.
+        space: what to search; default: the recipe's precision, default ranges.
         memory_cap_mib: memory a candidate may use (see :class:`~monai_fast.tune.Tuner`).
         store: the cache file (or a :class:`TuneStore`); default :func:`default_store_path`.
         force: tune again even when the cache holds a result.
@@ -86,6 +97,7 @@ def tune_recipe(
             leaves room is taken, else the planner's next place. ``apply`` then sets
             ``cache_budget_mib``.
         cache_tradeoff: largest share of training throughput given up for a cache in device memory.
+        recipe: a registered recipe name (:data:`~monai_fast.recipes.RECIPES`).
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner (default 1, 2,
             0.3 s: one untimed step, then the median of at least two timed ones).
 
@@ -96,31 +108,28 @@ def tune_recipe(
         >>> config = result.apply(RecipeConfig())  # doctest: +SKIP
     """
     device = torch.device(device)
-    config = config.with_defaults(**FAST_DEFAULTS)
+    parts = recipe_parts(recipe, config, device)
     timing = {"warmup": 1, "min_iters": 2, "min_time_s": 0.3, **timing}
-    network = build_network(config, torch.device("cpu"))
-    loss = DiceCELoss(to_onehot_y=True, softmax=True, squared_pred=True, batch=True)
     tuner = Tuner(
-        network,
-        loss,
-        lambda params: build_optimizer(config, params),
-        patch_size=config.patch_size,
+        parts.network(torch.device("cpu")),
+        parts.loss(),
+        parts.optimizer,
+        patch_size=parts.config.patch_size,
         val_shape=val_shape,
         device=device,
-        num_samples=config.num_samples,
-        space=space or default_space(device),
+        num_samples=parts.config.num_samples,
+        space=space or SearchSpace(precisions=[parts.precision]),
         memory_cap_mib=memory_cap_mib,
-        overlap=config.sw_overlap,
+        overlap=parts.config.sw_overlap,
+        memory_format=parts.memory_format,
         **timing,
     )
     if not isinstance(store, TuneStore):
         store = TuneStore(store or default_store_path())
     key = tuner.key()
-    chain = sizing = None
+    sizing = None
     if train_files is not None:
-        chain = Compose(deterministic_transforms(config, precompute_indices=True, plain_tensors=True)
-                        + random_transforms(config, precomputed_indices=True))
-        sizing = plan_cache(chain, list(train_files), device, gpu_budget=0, ram_budget=0)  # sizes only
+        sizing = plan_cache(parts.train_transforms(), list(train_files), device, gpu_budget=0, ram_budget=0)  # sizes only
         key += f"|cache={sizing.n_items}x{sizing.bytes_per_item}B,tradeoff={cache_tradeoff:g}"
     if not force:
         cached = store.get(key)
@@ -129,21 +138,24 @@ def tune_recipe(
             return cached
     result = replace(tuner.run(progress=progress), key=key)
     if sizing is not None:
-        cuda = device.type == "cuda"
-
-        def plan_for(budget: int) -> str:
-            return plan_cache(chain, list(train_files), device, gpu_budget=budget if cuda else None,
-                              ram_budget=None if cuda else budget, cache_dir=config.cache_dir).where
-
-        val_peak = next((t["peak_mib"] for t in result.trials if t["phase"] == "val" and t["feasible"]
-                         and t["val_device"] == result.val_device and t["value"] == result.sw_batch_size), None)
-        choice = place_cache(result.trials, result.batch_size, result.precision, result.budget_mib,
-                             sizing.total_bytes, device, val_peak_mib=val_peak or 0.0, plan_for=plan_for,
-                             tradeoff=cache_tradeoff)
-        chosen = next(t for t in result.trials
-                      if t["phase"] == "train" and t["precision"] == result.precision and t["value"] == choice.batch_size)
+        choice = _place(result, parts, list(train_files), sizing.total_bytes, cache_tradeoff)
+        chosen = result.picked("train", choice.batch_size)
         result = replace(result, batch_size=choice.batch_size, train_samples_per_s=float(chosen["throughput"]),
                          cache_where=choice.where, cache_budget_mib=choice.budget_mib, cache_reason="; ".join(choice.reasons))
         logger.info("tuning: cache %s; %s", choice.where, result.cache_reason)
     store.put(result)
     return result
+
+
+def _place(result: TuneResult, parts: RecipeParts, train_files: list[dict], cache_bytes: int, tradeoff: float) -> CacheChoice:
+    """Where the training cache goes next to the tuner's pick (:func:`~monai_fast.tune.cache.place_cache`)."""
+    device, chain = parts.device, parts.train_transforms()
+    cuda = device.type == "cuda"
+
+    def plan_for(budget: int) -> str:
+        return plan_cache(chain, train_files, device, gpu_budget=budget if cuda else None,
+                          ram_budget=None if cuda else budget, cache_dir=parts.config.cache_dir).where
+
+    val = result.picked("val")
+    return place_cache(result.trials, result.batch_size, result.precision, result.budget_mib, cache_bytes, device,
+                       val_peak_mib=(val or {}).get("peak_mib") or 0.0, plan_for=plan_for, tradeoff=tradeoff)

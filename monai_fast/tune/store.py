@@ -10,7 +10,7 @@ from pathlib import Path
 from ignite import distributed as idist
 
 from monai_fast.files import write_json
-from monai_fast.tune.tuner import TuneResult
+from monai_fast.tune.result import TuneResult
 
 __all__ = ["TuneStore"]
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import psutil
 import torch
@@ -25,182 +24,21 @@ from monai_fast.distributed.comm import allreduce_seconds
 from monai_fast.telemetry import device_description
 from monai_fast.telemetry.memory import DeviceMemory, is_out_of_memory
 from monai_fast.tune.measure import time_inference, time_training_step
+from monai_fast.tune.ranks import agree_on_trial, gather_errors
+from monai_fast.tune.result import TuneResult
 from monai_fast.tune.search import Trial, grow_then_bisect, pick_best, race
+from monai_fast.tune.space import SearchSpace
 
-__all__ = ["SearchSpace", "TuneResult", "Tuner", "TuningError"]
+__all__ = ["SearchSpace", "TuneResult", "Tuner", "TuningError", "model_signature"]
 
 logger = logging.getLogger("monai_fast.tune")
 
 MIB = 2**20
+T = TypeVar("T")
 
 
 class TuningError(RuntimeError):
     """A trial failed for a reason other than memory (on any rank); the message names the candidate."""
-
-
-@dataclass
-class SearchSpace:
-    """What to search, in the spirit of Auto3DSeg's ``gpu_customization_specs``.
-
-    Args:
-        batch_range: inclusive range of training batch sizes (volumes per batch; each gives
-            ``num_samples`` patches), Auto3DSeg's ``range_num_images_per_batch``.
-        sw_batch_range: inclusive range of sliding-window batch sizes (``range_num_sw_batch_size``).
-        val_devices: where the validation volume and stitched output live; ``None``: the
-            training device, plus ``"cpu"`` when that is a GPU.
-        precisions: precisions to compare (``"bf16"``, ``"fp16"``, ``"fp32"``); the first is
-            also used for validation timing unless another wins.
-        max_trials: most candidates run per search (``num_trials``); each search is one
-            (precision) batch-size search or one (device) sliding-window search.
-        plateau: a doubling that gains less than this share of throughput ends the growth;
-            ``None``: grow until a candidate does not fit (Auto3DSeg's fill-the-memory).
-        margin: share of the memory cap kept free (fragmentation, the data cache, spikes).
-        strategy: ``"search"`` (grow, then bisect) or ``"grid"`` (every value of both ranges,
-            ignoring ``max_trials``: the exhaustive reference the benchmark compares against).
-        confirm: rounds of a race among the ``confirm_top`` best candidates of a search, after
-            it and before the pick: each round measures every candidate still racing once more
-            and drops the weakest while more than two remain; a candidate's throughput becomes
-            the median of its readings. 0 turns it off. Guards against a lucky single reading on
-            a shared or throttling machine (on a 2-core VM a single training step scatters by
-            +-15 %).
-        confirm_top: candidates that enter the race (at least 2).
-
-    Example:
-        >>> from monai_fast.tune import SearchSpace
-        >>> SearchSpace.from_auto3dseg({"range_num_images_per_batch": [1, 20], "num_trials": 6}).batch_range
-        (1, 20)
-    """
-
-    batch_range: tuple[int, int] = (1, 16)
-    sw_batch_range: tuple[int, int] = (1, 32)
-    val_devices: Sequence[str] | None = None
-    precisions: Sequence[str] = ("fp32",)
-    max_trials: int = 8
-    plateau: float | None = 0.05
-    margin: float = 0.1
-    strategy: str = "search"
-    confirm: int = 2
-    confirm_top: int = 3
-
-    def __post_init__(self) -> None:
-        for name in ("batch_range", "sw_batch_range"):
-            lo, hi = (int(v) for v in getattr(self, name))
-            if not 1 <= lo <= hi:
-                raise ValueError(f"{name} must be (low, high) with 1 <= low <= high, got {getattr(self, name)}")
-            setattr(self, name, (lo, hi))
-        bad = [p for p in self.precisions if p not in ("bf16", "fp16", "fp32")]
-        if bad or not self.precisions:
-            raise ValueError(f"precisions must be a non-empty subset of bf16, fp16, fp32; got {list(self.precisions)}")
-        self.precisions = tuple(dict.fromkeys(self.precisions))
-        if self.max_trials < 1:
-            raise ValueError(f"max_trials must be >= 1, got {self.max_trials}")
-        if self.confirm < 0:
-            raise ValueError(f"confirm must be >= 0, got {self.confirm}")
-        if self.confirm_top < 2:
-            raise ValueError(f"confirm_top must be >= 2, got {self.confirm_top}")
-        if self.strategy not in ("search", "grid"):
-            raise ValueError(f"strategy must be 'search' or 'grid', got {self.strategy!r}")
-        if not 0.0 <= self.margin < 1.0:
-            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
-        if self.plateau is not None and self.plateau < 0:
-            raise ValueError(f"plateau must be >= 0 or None, got {self.plateau}")
-
-    @classmethod
-    def from_auto3dseg(cls, specs: dict, **overrides) -> SearchSpace:
-        """Build from Auto3DSeg-style keys; unknown keys are rejected by name."""
-        names = {
-            "range_num_images_per_batch": "batch_range",
-            "range_num_sw_batch_size": "sw_batch_range",
-            "num_trials": "max_trials",
-            "validation_data_device": "val_devices",
-        }
-        unknown = sorted(set(specs) - set(names))
-        if unknown:
-            raise ValueError(f"unknown tuning key(s) {unknown}; known: {sorted(names)}")
-        kwargs = {names[k]: v for k, v in specs.items()}
-        if isinstance(kwargs.get("val_devices"), str):
-            kwargs["val_devices"] = [kwargs["val_devices"]]
-        kwargs.update(overrides)
-        return cls(**kwargs)
-
-
-@dataclass
-class TuneResult:
-    """What the tuner picked, and every trial it made.
-
-    Attributes:
-        key: the cache key (device, memory, model, patch, shapes, ranges, world size).
-        device: human-readable device name.
-        batch_size, sw_batch_size, val_device, precision: the pick.
-        train_samples_per_s: training patches/s of the pick (all ranks together).
-        val_volumes_per_s: validation volumes/s of the pick (per rank).
-        budget_mib: memory a candidate may peak at (cap minus margin).
-        leak_mib: how far live memory after a trial rose above its level after the first trial
-            (CUDA: allocated tensors; CPU: resident set size): memory kept from one trial to
-            the next, which should be none.
-        tuning_s: wall seconds the search took.
-        trials: one dict per trial (``phase`` is ``train`` or ``val``).
-        from_cache: the result was read from the cache file, nothing was run.
-        cache_where, cache_budget_mib, cache_reason: where the training cache goes next to the
-            pick, the memory left for it and why (set by ``tune_recipe(..., train_files=...)``,
-            see :func:`~monai_fast.tune.cache.place_cache`; ``None`` when not placed).
-    """
-
-    key: str
-    device: str
-    batch_size: int
-    sw_batch_size: int
-    val_device: str
-    precision: str
-    train_samples_per_s: float
-    val_volumes_per_s: float
-    budget_mib: float
-    leak_mib: float
-    tuning_s: float
-    trials: list[dict] = field(default_factory=list)
-    from_cache: bool = False
-    cache_where: str | None = None
-    cache_budget_mib: float | None = None
-    cache_reason: str = ""
-
-    def to_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d.pop("from_cache")
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TuneResult:
-        return cls(**d)
-
-    def apply(self, config):
-        """A copy of a :class:`~monai_fast.recipes.RecipeConfig` with the tuned settings."""
-        amp = False if self.precision == "fp32" else None
-        extra = {} if self.cache_budget_mib is None else {"cache_budget_mib": self.cache_budget_mib}
-        return replace(config, batch_size=self.batch_size, sw_batch_size=self.sw_batch_size,
-                       val_device=self.val_device, amp=amp, **extra)
-
-    def table(self) -> str:
-        """The trials as a text table, the pick marked with ``*``."""
-        head = f"{'phase':<6} {'setting':<34} {'result':>14} {'peak MiB':>9} {'cost s':>7}  note"
-        lines = [head, "-" * len(head)]
-        for t in self.trials:
-            unit = "patch/s" if t["phase"] == "train" else "vol/s"
-            res = f"{t['throughput']:.2f} {unit}" if t["feasible"] else "infeasible"
-            peak = f"{t['peak_mib']:.0f}" if t["peak_mib"] is not None else "-"
-            picked = (
-                t["phase"] == "train" and t["precision"] == self.precision and t["value"] == self.batch_size
-            ) or (t["phase"] == "val" and t["val_device"] == self.val_device and t["value"] == self.sw_batch_size)
-            name = "batch_size" if t["phase"] == "train" else "sw_batch_size"
-            where = t["precision"] if t["phase"] == "train" else f"{t['precision']}, {t['val_device']}"
-            setting = f"{name}={t['value']} ({where})"
-            lines.append(f"{t['phase']:<6} {setting:<34} {res:>14} {peak:>9} {t['cost_s']:>7.1f}  {'* ' if picked else ''}{t['reason']}")
-        lines.append(
-            f"pick: batch_size={self.batch_size}, sw_batch_size={self.sw_batch_size}, val_device={self.val_device}, "
-            f"precision={self.precision}; budget {self.budget_mib:.0f} MiB; tuning took {self.tuning_s:.1f} s"
-        )
-        if self.cache_where is not None:
-            lines.append(f"cache: {self.cache_where}, {self.cache_budget_mib:.0f} MiB left for it; {self.cache_reason}")
-        return "\n".join(lines)
 
 
 def model_signature(network: torch.nn.Module) -> str:
@@ -229,6 +67,8 @@ class Tuner:
         overlap: sliding-window overlap.
         warmup, min_iters, min_time_s: per trial: untimed iterations, then at least this many
             timed ones lasting at least this long (median taken).
+        memory_format: the weights' layout at a precision, as the recipe trains them (e.g.
+            :attr:`RecipeParts.memory_format <monai_fast.recipes.RecipeParts>`); ``None``: as given.
 
     Example:
         >>> import torch
@@ -263,6 +103,7 @@ class Tuner:
         warmup: int = 1,
         min_iters: int = 3,
         min_time_s: float = 0.5,
+        memory_format: Callable[[str], torch.memory_format] | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.memory = DeviceMemory(self.device)  # raises for CUDA without a GPU
@@ -295,6 +136,7 @@ class Tuner:
         self.memory_cap_mib = memory_cap_mib
         self.overlap = overlap
         self.timing = {"warmup": warmup, "min_iters": min_iters, "min_time_s": min_time_s}
+        self.memory_format = memory_format
 
     # ------------------------------------------------------------------ public
     def key(self) -> str:
@@ -316,6 +158,7 @@ class Tuner:
                 f"valdev={','.join(str(d) for d in self.val_devices)}",
                 f"world={idist.get_world_size()}",
             ]
+            + ([f"layout={','.join(_layout_name(self.memory_format(p)) for p in s.precisions)}"] if self.memory_format else [])
         )
 
     def run(self, progress: bool = False) -> TuneResult:
@@ -336,12 +179,11 @@ class Tuner:
         self._bar = _progress(progress)
         records: list[dict] = []
         try:
-            best_train: tuple[str, Trial] | None = None
-            for precision in self.space.precisions:
-                trials, pick = self._search(lambda b, p=precision: self._train_trial(b, p), self.space.batch_range)
-                records += [dict(t.to_dict(), phase="train", precision=precision, val_device="") for t in trials]
-                if pick is not None and (best_train is None or pick.throughput > best_train[1].throughput * 1.02):
-                    best_train = (precision, pick)
+            train_records, best_train = self._best_over(
+                self.space.precisions, lambda p: (lambda b: self._train_trial(b, p)), self.space.batch_range,
+                lambda p: {"phase": "train", "precision": p, "val_device": ""},
+            )
+            records += train_records
             if best_train is None:
                 raise TuningError(
                     f"no training batch size in {self.space.batch_range} fits in the budget of "
@@ -349,12 +191,12 @@ class Tuner:
                     + "; ".join(f"{r['value']}: {r['reason']}" for r in records)
                 )
             precision, train_pick = best_train
-            best_val: tuple[torch.device, Trial] | None = None
-            for vdev in self.val_devices:
-                trials, pick = self._search(lambda s, v=vdev: self._val_trial(s, v, precision), self.space.sw_batch_range)
-                records += [dict(t.to_dict(), phase="val", precision=precision, val_device=str(vdev)) for t in trials]
-                if pick is not None and (best_val is None or pick.throughput > best_val[1].throughput * 1.02):
-                    best_val = (vdev, pick)
+            self._set_layout(precision)
+            val_records, best_val = self._best_over(
+                self.val_devices, lambda v: (lambda s: self._val_trial(s, v, precision)), self.space.sw_batch_range,
+                lambda v: {"phase": "val", "precision": precision, "val_device": str(v)},
+            )
+            records += val_records
             if best_val is None:
                 raise TuningError(
                     f"no sliding-window batch in {self.space.sw_batch_range} fits in the budget of "
@@ -380,6 +222,28 @@ class Tuner:
         )
 
     # ------------------------------------------------------------------ trials
+    def _best_over(
+        self,
+        options: Sequence[T],
+        evaluate_for: Callable[[T], Callable[[int], Trial]],
+        value_range: tuple[int, int],
+        labels: Callable[[T], dict],
+    ) -> tuple[list[dict], tuple[T, Trial] | None]:
+        """One search per option; every trial labelled, and the option whose pick is best by over 2 %."""
+        records: list[dict] = []
+        best: tuple[T, Trial] | None = None
+        for option in options:
+            trials, pick = self._search(evaluate_for(option), value_range)
+            records += [dict(t.to_dict(), **labels(option)) for t in trials]
+            if pick is not None and (best is None or pick.throughput > best[1].throughput * 1.02):
+                best = (option, pick)
+        return records, best
+
+    def _set_layout(self, precision: str) -> None:
+        """Put the copy's weights in the layout the recipe trains at ``precision`` (in place)."""
+        if self.memory_format is not None:
+            self._net.to(memory_format=self.memory_format(precision))
+
     def _search(self, evaluate: Callable[[int], Trial], value_range: tuple[int, int]) -> tuple[list[Trial], Trial | None]:
         """The search's trials and its pick: the best finalist of the race, else the best trial."""
         if self.space.strategy == "grid":
@@ -416,6 +280,7 @@ class Tuner:
     def _train_trial(self, batch: int, precision: str) -> Trial:
         patches = batch * self.num_samples
         self._bar.set_description(f"tune train batch_size={batch} ({precision})")
+        self._set_layout(precision)
         return self._trial(
             batch,
             lambda: time_training_step(
@@ -461,9 +326,9 @@ class Tuner:
         peak_b = peak.peak_bytes
         over = not oom and error is None and peak_b > self._budget
         # every rank reaches this point once per trial, whatever happened: agree on the outcome
-        flags = self._agree(oom, over, error is not None, peak_b, seconds)
+        flags = agree_on_trial(oom, over, error is not None, peak_b, seconds)
         if flags["error"]:
-            messages = self._gather_errors(error)
+            messages = gather_errors(error)
             raise TuningError(f"trial {value} failed (not out of memory): {messages}") from error
         self._bar.update(1)
         cost = time.perf_counter() - t0
@@ -477,24 +342,13 @@ class Tuner:
         return Trial(value, True, throughput, peak_mib, "", cost)
 
     # ------------------------------------------------------------------ ranks
-    def _agree(self, oom: bool, over: bool, error: bool, peak: int, seconds: float) -> dict:
-        """Max over ranks of the flags, the peak memory and the step time (a no-op for one process)."""
-        if idist.get_world_size() == 1:
-            return {"oom": oom, "over": over, "error": error, "peak": peak, "seconds": seconds}
-        secs = seconds if math.isfinite(seconds) else 0.0  # NaN on failed ranks
-        t = torch.tensor([float(oom), float(over), float(error), float(peak), secs], dtype=torch.float64)
-        t = idist.all_reduce(t, op="MAX")
-        return {"oom": t[0] > 0, "over": t[1] > 0, "error": t[2] > 0, "peak": int(t[3]), "seconds": float(t[4])}
-
-    def _gather_errors(self, error: BaseException | None) -> str:
-        mine = "" if error is None else f"rank {idist.get_rank()}: {type(error).__name__}: {error}"
-        if idist.get_world_size() == 1:
-            return mine
-        return "; ".join(m for m in idist.all_gather(mine) if m)
-
     def _measure_allreduce(self) -> float:
         """Seconds of one gradient all-reduce (0 for one process): added to every step under DDP."""
         return allreduce_seconds(sum(p.numel() for p in self._net.parameters()))
+
+
+def _layout_name(fmt: torch.memory_format) -> str:
+    return str(fmt).removeprefix("torch.")
 
 
 def _progress(enabled: bool):

@@ -1,0 +1,163 @@
+"""The data pieces of the recipes: where the deterministic transforms' output lives, and who loads it.
+
+Each piece takes a recipe's :class:`~monai_fast.recipes.parts.RecipeParts` and the file lists
+and returns a :class:`DataPiece`: training and validation data sets and loaders, and a note
+saying what was built. ``uncached_data`` is plain MONAI; ``guide_cached_data`` is MONAI's
+fast-training guide (everything cached, a thread loader); ``planned_cached_data`` puts the
+training cache where :func:`~monai_fast.data.planner.plan_cache` measures it fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ignite.engine import Engine
+from monai.data import CacheDataset, DataLoader, Dataset, ThreadDataLoader
+
+from monai_fast.data.planner import CachePlan, plan_cache
+from monai_fast.handlers.smartcache import SmartCacheUpdater
+from monai_fast.recipes.parts import RecipeParts
+
+__all__ = ["DataPiece", "guide_cached_data", "planned_cached_data", "uncached_data"]
+
+
+@dataclass
+class DataPiece:
+    """Training and validation data of a recipe.
+
+    Attributes:
+        train_ds, train_loader, val_ds, val_loader: what the engines iterate.
+        where: where the training data is cached, in words; empty when nothing is cached.
+        on_gpu: the cached items live in GPU memory (validation follows the training cache).
+        plan: the cache planner's decision (``planned_cached_data`` only).
+    """
+
+    train_ds: Dataset
+    train_loader: DataLoader
+    val_ds: Dataset
+    val_loader: DataLoader
+    where: str
+    on_gpu: bool = False
+    plan: CachePlan | None = None
+
+    def note(self) -> str:
+        """One line: data set class, where it lives, sizes and the loader."""
+        loader = f"{type(self.train_loader).__name__}({self.train_loader.num_workers} workers)"
+        if not self.where:
+            return f"{type(self.train_ds).__name__} + {loader}: all transforms every epoch"
+        return (f"{type(self.train_ds).__name__} in {self.where} ({len(self.train_ds)} train + {len(self.val_ds)} val "
+                f"items), {loader}")
+
+    def attach(self, trainer: Engine) -> None:
+        """Attach what the data needs while training: a rotating SmartCache gets its updater."""
+        if self.plan is not None and self.plan.where == "smartcache":
+            SmartCacheUpdater(self.train_ds).attach(trainer)
+
+
+def uncached_data(parts: RecipeParts, train_files: Sequence[dict], val_files: Sequence[dict]) -> DataPiece:
+    """``Dataset`` + multi-process ``DataLoader``: every transform runs every epoch.
+
+    Example:
+        >>> data = uncached_data(parts, train_files, val_files)  # doctest: +SKIP
+    """
+    config, pin = parts.config, parts.device.type == "cuda"
+    train_ds = Dataset(data=list(train_files), transform=parts.train_transforms())
+    val_ds = Dataset(data=list(val_files), transform=parts.val_transforms())
+    workers = config.loader_workers
+    train_loader = DataLoader(train_ds, batch_size=config.batch_size, shuffle=True, num_workers=workers, pin_memory=pin)
+    val_loader = DataLoader(val_ds, batch_size=1, num_workers=workers, pin_memory=pin)
+    return DataPiece(train_ds, train_loader, val_ds, val_loader, where="")
+
+
+def guide_cached_data(
+    parts: RecipeParts,
+    train_files: Sequence[dict],
+    val_files: Sequence[dict],
+    loader_cls: type[ThreadDataLoader] = ThreadDataLoader,
+    progress: bool = True,
+) -> DataPiece:
+    """MONAI's guide: ``CacheDataset`` of everything, in GPU memory on CUDA, else RAM; a thread loader.
+
+    Example:
+        >>> data = guide_cached_data(parts, train_files, val_files, progress=False)  # doctest: +SKIP
+    """
+    on_gpu = parts.device.type == "cuda"
+    train_ds = CacheDataset(
+        data=list(train_files),
+        transform=parts.train_transforms(to_device=on_gpu),
+        cache_rate=1.0,
+        num_workers=parts.config.cache_threads,
+        copy_cache=False,
+        progress=progress,
+    )
+    train_loader = loader_cls(train_ds, num_workers=0, batch_size=parts.config.batch_size, shuffle=True)
+    val_ds, val_loader = _cached_val(parts, val_files, on_gpu, loader_cls, progress)
+    where = f"GPU memory ({parts.device})" if on_gpu else "CPU RAM"
+    return DataPiece(train_ds, train_loader, val_ds, val_loader, where=where, on_gpu=on_gpu)
+
+
+def planned_cached_data(
+    parts: RecipeParts,
+    train_files: Sequence[dict],
+    val_files: Sequence[dict],
+    loader_cls: type[ThreadDataLoader] = ThreadDataLoader,
+    progress: bool = True,
+) -> DataPiece:
+    """The training cache where the planner (or ``config.cache``) puts it; validation cached beside it.
+
+    A cache in memory (GPU, RAM, SmartCache) feeds ``loader_cls`` with no worker processes; a
+    disk cache or none gets ``config.loader_workers`` workers to keep up.
+
+    Example:
+        >>> data = planned_cached_data(parts, train_files, val_files, SafeThreadDataLoader)  # doctest: +SKIP
+    """
+    config, device = parts.config, parts.device
+    full = parts.train_transforms()
+    plan = _plan(parts, train_files, full)
+    kwargs: dict = {}
+    if plan.where in ("gpu", "ram"):
+        kwargs["num_workers"] = config.cache_threads
+    elif plan.where == "smartcache":
+        kwargs.update(num_init_workers=config.cache_threads, num_replace_workers=config.cache_threads)
+    train_ds = plan.build(list(train_files), full, **kwargs)
+    workers = 0 if plan.where in ("gpu", "ram", "smartcache") else config.loader_workers
+    train_loader = loader_cls(train_ds, num_workers=workers, batch_size=config.batch_size, shuffle=True)
+    on_gpu = plan.where == "gpu"  # validation follows the training cache onto the GPU, or not
+    val_ds, val_loader = _cached_val(parts, val_files, on_gpu, loader_cls, progress)
+    where = {"gpu": f"GPU memory ({device})", "ram": "CPU RAM", "disk": f"a disk cache in {plan.cache_dir}",
+             "smartcache": f"a SmartCache of {plan.cache_num} items in RAM", "none": "no cache"}[plan.where]
+    return DataPiece(train_ds, train_loader, val_ds, val_loader, where=where, on_gpu=on_gpu, plan=plan)
+
+
+def _plan(parts: RecipeParts, train_files: Sequence[dict], full) -> CachePlan:
+    """The planner's measured place for the training cache, or the one ``config.cache`` forces."""
+    config, device = parts.config, parts.device
+    budget = None if config.cache_budget_mib is None else int(config.cache_budget_mib * 2**20)
+    plan = plan_cache(
+        full, list(train_files), device,
+        gpu_budget=budget if device.type == "cuda" else None,
+        ram_budget=budget if device.type != "cuda" else None,
+        cache_dir=config.cache_dir,
+    )
+    if config.cache == "auto":
+        return plan
+    if config.cache == "gpu" and device.type != "cuda":
+        raise ValueError(f"cache='gpu' needs a CUDA device, got {device}")
+    forced: dict = {"where": config.cache}
+    if config.cache == "smartcache":
+        forced["cache_num"] = max(2, min(len(train_files), plan.cache_num or len(train_files) // 2))
+    return replace(plan, **forced, reasons=[*plan.reasons, f"cache forced to {config.cache} by the recipe's options"])
+
+
+def _cached_val(parts: RecipeParts, val_files: Sequence[dict], on_gpu: bool, loader_cls: type[ThreadDataLoader],
+                progress: bool) -> tuple[CacheDataset, ThreadDataLoader]:
+    ds = CacheDataset(
+        data=list(val_files),
+        transform=parts.val_transforms(to_device=on_gpu),
+        cache_rate=1.0,
+        num_workers=parts.config.cache_threads,
+        copy_cache=False,
+        progress=progress,
+    )
+    return ds, loader_cls(ds, num_workers=0, batch_size=1)

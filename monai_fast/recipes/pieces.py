@@ -1,0 +1,69 @@
+"""Reusable pieces the recipes are composed of: loss, precision, memory format.
+
+The data pieces are in :mod:`monai_fast.recipes.datasets`. Each piece works on plain torch
+modules and ignite engines, so it applies as well to a trainer the user built.
+
+Example:
+    >>> import torch
+    >>> from monai_fast.recipes.pieces import memory_format_for
+    >>> memory_format_for(torch.device("cpu"), "fp32")
+    torch.channels_last_3d
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from ignite.engine import Engine
+from monai.losses import DiceCELoss, DiceLoss
+
+from monai_fast.handlers.amp import AMPToggle
+from monai_fast.recipes.config import RecipeConfig
+from monai_fast.telemetry.precision import choose_precision
+
+__all__ = ["attach_precision", "auto_precision", "dice_ce_loss", "dice_loss", "memory_format_for"]
+
+
+def dice_loss() -> Callable:
+    """``DiceLoss`` on softmax outputs against an integer label map (MONAI's spleen tutorial)."""
+    return DiceLoss(to_onehot_y=True, softmax=True)
+
+
+def dice_ce_loss() -> Callable:
+    """``DiceCELoss`` with squared prediction and batch Dice (MONAI's fast-training guide)."""
+    return DiceCELoss(to_onehot_y=True, softmax=True, squared_pred=True, batch=True)
+
+
+def auto_precision(config: RecipeConfig, device: torch.device) -> str:
+    """fp32 when ``config.amp`` is ``False``, else what :func:`~monai_fast.telemetry.precision.choose_precision` picks.
+
+    Example:
+        >>> auto_precision(RecipeConfig(amp=False), torch.device("cpu"))
+        'fp32'
+    """
+    return "fp32" if config.amp is False else choose_precision("auto", device)
+
+
+def attach_precision(precision: str, *engines: Engine) -> list[AMPToggle]:
+    """An :class:`~monai_fast.handlers.AMPToggle` at ``precision`` on each engine; none for fp32.
+
+    Example:
+        >>> attach_precision("bf16", trainer, evaluator)  # doctest: +SKIP
+    """
+    if precision == "fp32":
+        return []
+    toggles = [AMPToggle(precision) for _ in engines]  # type: ignore[arg-type]
+    for toggle, engine in zip(toggles, engines, strict=True):
+        toggle.attach(engine)
+    return toggles
+
+
+def memory_format_for(device: torch.device, precision: str) -> torch.memory_format:
+    """``channels_last_3d`` weights, the layout oneDNN and cuDNN convolutions prefer, except on a CPU in bf16.
+
+    On a CPU running bf16 the default layout was measured faster (see ``benchmarks/README.md``).
+    """
+    if device.type == "cpu" and precision == "bf16":
+        return torch.contiguous_format
+    return torch.channels_last_3d

@@ -1,0 +1,196 @@
+"""Precision in one place: the names, their autocast dtype, and the choice for a device.
+
+Everything in monai-fast that speaks of ``"bf16"``, ``"fp16"`` or ``"fp32"`` (the
+:class:`~monai_fast.handlers.AMPToggle` handler, the tuner, the recipes) takes the names and the
+dtype mapping from here. The choice for a device:
+
+* CUDA: ``"auto"`` is bf16 where the GPU runs it natively, else fp16 (with a ``GradScaler``).
+* CPU: ``"auto"`` first asks whether the CPU has bf16 matrix hardware
+  (:func:`cpu_has_bf16_hardware`: AMX-BF16 or AVX512-BF16 on x86, BF16/SVE-BF16 on Arm). Without
+  it the answer is fp32, with one info line and no timing. With it, bf16 and fp32 autocast are
+  timed on a small 3D convolution stack in interleaved rounds (:func:`cpu_bf16_speedup`), and
+  under ``ignite.distributed`` with several processes rank 0 decides and broadcasts, so every
+  rank trains in the same precision.
+
+Example:
+    >>> from monai_fast.telemetry.precision import autocast_dtype, choose_precision
+    >>> choose_precision("fp32", "cpu")
+    'fp32'
+    >>> autocast_dtype("bf16")
+    torch.bfloat16
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from ignite import distributed as idist
+
+from monai_fast.telemetry.cuda import bf16_supported
+
+__all__ = [
+    "PRECISIONS",
+    "REQUESTS",
+    "autocast_dtype",
+    "autocast_for",
+    "check_precision",
+    "choose_precision",
+    "cpu_bf16_speedup",
+    "cpu_has_bf16_hardware",
+]
+
+logger = logging.getLogger("monai_fast.telemetry")
+
+#: precisions a run can train in (``"fp32"``: autocast off)
+PRECISIONS = ("bf16", "fp16", "fp32")
+#: what a user may ask for: a precision, or ``"auto"`` to let :func:`choose_precision` decide
+REQUESTS = ("auto", *PRECISIONS)
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: bf16 must beat fp32 by this factor on a CPU to be chosen
+MIN_CPU_GAIN = 1.1
+#: capability flags (``torch.cpu.get_capabilities()`` / ``/proc/cpuinfo``) of native bf16 matrix hardware
+_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "sve_bf16", "bf16")
+
+
+def check_precision(name: str, allow_auto: bool = False) -> str:
+    """``name`` when it is a known precision (or ``"auto"`` with ``allow_auto``).
+
+    Raises:
+        ValueError: naming the allowed values.
+
+    Example:
+        >>> check_precision("bf16")
+        'bf16'
+    """
+    allowed = REQUESTS if allow_auto else PRECISIONS
+    if name not in allowed:
+        raise ValueError(f"precision must be one of {', '.join(repr(a) for a in allowed)}; got {name!r}")
+    return name
+
+
+def autocast_dtype(precision: str) -> torch.dtype:
+    """The dtype autocast runs in for ``precision`` (fp32: ``torch.float32``, autocast off).
+
+    Example:
+        >>> autocast_dtype("fp16")
+        torch.float16
+    """
+    return _DTYPES.get(check_precision(precision), torch.float32)
+
+
+def autocast_for(precision: str, device: torch.device | str) -> torch.autocast:
+    """``torch.autocast`` for ``"bf16"``/``"fp16"`` on ``device``'s type; disabled for ``"fp32"``.
+
+    Example:
+        >>> with autocast_for("bf16", torch.device("cpu")):
+        ...     torch.ones(2, 2) @ torch.ones(2, 2)  # doctest: +SKIP
+    """
+    dtype = autocast_dtype(precision)
+    on = precision != "fp32"
+    return torch.autocast(torch.device(device).type, dtype=dtype if on else torch.bfloat16, enabled=on)
+
+
+def _cpu_flags() -> Mapping[str, Any]:
+    """This CPU's features: torch's public ``torch.cpu.get_capabilities()``, else ``/proc/cpuinfo`` flags."""
+    get = getattr(torch.cpu, "get_capabilities", None)
+    if get is not None:
+        return get()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return dict.fromkeys(line.split(":", 1)[1].split(), True)
+    except OSError:
+        pass
+    return {}
+
+
+def cpu_has_bf16_hardware(flags: Mapping[str, Any] | None = None) -> bool:
+    """Whether this CPU has native bf16 matrix instructions (AMX-BF16, AVX512-BF16, Arm BF16).
+
+    Args:
+        flags: capability flags to judge; default this CPU's (see module docstring).
+
+    Example:
+        >>> cpu_has_bf16_hardware({"avx2": True})
+        False
+        >>> cpu_has_bf16_hardware({"avx512_bf16": True})
+        True
+    """
+    flags = _cpu_flags() if flags is None else flags
+    return any(bool(flags.get(name)) for name in _BF16_FLAGS)
+
+
+def cpu_bf16_speedup(rounds: int = 3) -> float:
+    """fp32 time / bf16-autocast time of a small 3D convolution stack on this CPU (> 1: bf16 helps).
+
+    The two run in interleaved rounds (fp32, bf16, fp32, bf16, ...) after one warm-up each, so a
+    slow patch of a shared machine hits both; the ratio is of the medians.
+
+    Example:
+        >>> cpu_bf16_speedup(rounds=1) > 0  # doctest: +SKIP
+        True
+    """
+    net = torch.nn.Sequential(torch.nn.Conv3d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv3d(16, 8, 3, padding=1))
+    x = torch.randn(2, 8, 32, 32, 32)
+
+    def once(precision: str) -> float:
+        with torch.no_grad(), autocast_for(precision, "cpu"):
+            t = time.perf_counter()
+            net(x)
+            return time.perf_counter() - t
+
+    once("fp32"), once("bf16")  # warm-up: oneDNN picks and caches its kernels
+    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for _ in range(max(1, rounds)):
+        for precision in ("fp32", "bf16"):
+            times[precision].append(once(precision))
+    return statistics.median(times["fp32"]) / statistics.median(times["bf16"])
+
+
+def _decide_cpu() -> str:
+    """This process's choice between bf16 and fp32 on its CPU (hardware first, then a measurement)."""
+    if not cpu_has_bf16_hardware():
+        logger.info("precision: this CPU has no bf16 matrix hardware (AMX-BF16/AVX512-BF16); training in fp32")
+        return "fp32"
+    gain = cpu_bf16_speedup()
+    if gain < MIN_CPU_GAIN:
+        logger.warning("precision: bf16 autocast is not faster on this CPU (fp32/bf16 time %.2f); training in fp32", gain)
+        return "fp32"
+    logger.info("precision: bf16 autocast measured %.1fx faster than fp32 on this CPU", gain)
+    return "bf16"
+
+
+def choose_precision(requested: str, device: torch.device | str) -> str:
+    """Resolve ``"auto"``/``"bf16"``/``"fp16"``/``"fp32"`` for ``device`` (see the module docstring).
+
+    An explicit precision is returned as it is (fp16 needs CUDA). ``"auto"`` on a CPU inside a
+    distributed job of several processes is decided on rank 0 and broadcast to all ranks, so
+    every rank must call this at the same point.
+
+    Raises:
+        ValueError: for ``"fp16"`` on a CPU, or an unknown name.
+
+    Example:
+        >>> choose_precision("bf16", "cpu")
+        'bf16'
+    """
+    check_precision(requested, allow_auto=True)
+    device = torch.device(device)
+    if device.type == "cuda":
+        if requested == "auto":
+            return "bf16" if bf16_supported(device) else "fp16"
+        return requested
+    if requested == "fp16":
+        raise ValueError("precision 'fp16' needs a CUDA device; use 'bf16' or 'fp32' on a CPU")
+    if requested != "auto":
+        return requested
+    if idist.get_world_size() == 1:
+        return _decide_cpu()
+    mine = _decide_cpu() if idist.get_rank() == 0 else None
+    return str(idist.broadcast(mine, src=0, safe_mode=True))

@@ -1,0 +1,100 @@
+"""What the tuner picked and every trial it made, as a table and as recipe options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from monai_fast.recipes.config import RecipeConfig
+
+__all__ = ["TuneResult"]
+
+
+@dataclass
+class TuneResult:
+    """What the tuner picked, and every trial it made.
+
+    Attributes:
+        key: the cache key (device, memory, model, patch, shapes, ranges, world size).
+        device: human-readable device name.
+        batch_size, sw_batch_size, val_device, precision: the pick.
+        train_samples_per_s: training patches/s of the pick (all ranks together).
+        val_volumes_per_s: validation volumes/s of the pick (per rank).
+        budget_mib: memory a candidate may peak at (cap minus margin).
+        leak_mib: how far live memory after a trial rose above its level after the first trial
+            (CUDA: allocated tensors; CPU: resident set size): memory kept from one trial to
+            the next, which should be none.
+        tuning_s: wall seconds the search took.
+        trials: one dict per trial (``phase`` is ``train`` or ``val``).
+        from_cache: the result was read from the cache file, nothing was run.
+        cache_where, cache_budget_mib, cache_reason: where the training cache goes next to the
+            pick, the memory left for it and why (set by ``tune_recipe(..., train_files=...)``,
+            see :func:`~monai_fast.tune.cache.place_cache`; ``None`` when not placed).
+    """
+
+    key: str
+    device: str
+    batch_size: int
+    sw_batch_size: int
+    val_device: str
+    precision: str
+    train_samples_per_s: float
+    val_volumes_per_s: float
+    budget_mib: float
+    leak_mib: float
+    tuning_s: float
+    trials: list[dict] = field(default_factory=list)
+    from_cache: bool = False
+    cache_where: str | None = None
+    cache_budget_mib: float | None = None
+    cache_reason: str = ""
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.pop("from_cache")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TuneResult:
+        return cls(**d)
+
+    def apply(self, config: RecipeConfig) -> RecipeConfig:
+        """A copy of ``config`` with the tuned settings (:meth:`RecipeConfig.tuned <monai_fast.recipes.RecipeConfig.tuned>`)."""
+        return config.tuned(batch_size=self.batch_size, sw_batch_size=self.sw_batch_size, val_device=self.val_device,
+                            precision=self.precision, cache_budget_mib=self.cache_budget_mib)
+
+    def is_pick(self, trial: dict) -> bool:
+        """Whether ``trial`` (one of :attr:`trials`) measured the picked setting of its phase."""
+        if trial["phase"] == "train":
+            return trial["precision"] == self.precision and trial["value"] == self.batch_size
+        return trial["val_device"] == self.val_device and trial["value"] == self.sw_batch_size
+
+    def picked(self, phase: str, value: int | None = None) -> dict | None:
+        """The first feasible trial of ``phase`` at the pick (or at ``value`` with the pick's other settings)."""
+        want = {"phase": phase, "value": value if value is not None else
+                (self.batch_size if phase == "train" else self.sw_batch_size)}
+        want.update({"precision": self.precision} if phase == "train" else {"val_device": self.val_device})
+        return next((t for t in self.trials if t["feasible"] and all(t[k] == v for k, v in want.items())), None)
+
+    def table(self) -> str:
+        """The trials as a text table, the pick marked with ``*``."""
+        head = f"{'phase':<6} {'setting':<34} {'result':>14} {'peak MiB':>9} {'cost s':>7}  note"
+        lines = [head, "-" * len(head)]
+        for t in self.trials:
+            unit = "patch/s" if t["phase"] == "train" else "vol/s"
+            res = f"{t['throughput']:.2f} {unit}" if t["feasible"] else "infeasible"
+            peak = f"{t['peak_mib']:.0f}" if t["peak_mib"] is not None else "-"
+            picked = self.is_pick(t)
+            name = "batch_size" if t["phase"] == "train" else "sw_batch_size"
+            where = t["precision"] if t["phase"] == "train" else f"{t['precision']}, {t['val_device']}"
+            setting = f"{name}={t['value']} ({where})"
+            mark = "* " if picked else ""
+            lines.append(f"{t['phase']:<6} {setting:<34} {res:>14} {peak:>9} {t['cost_s']:>7.1f}  {mark}{t['reason']}")
+        lines.append(
+            f"pick: batch_size={self.batch_size}, sw_batch_size={self.sw_batch_size}, val_device={self.val_device}, "
+            f"precision={self.precision}; budget {self.budget_mib:.0f} MiB; tuning took {self.tuning_s:.1f} s"
+        )
+        if self.cache_where is not None:
+            lines.append(f"cache: {self.cache_where}, {self.cache_budget_mib:.0f} MiB left for it; {self.cache_reason}")
+        return "\n".join(lines)

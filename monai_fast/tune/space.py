@@ -1,0 +1,96 @@
+"""What the tuner searches: value ranges, precisions, validation devices, search strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from monai_fast.telemetry.precision import PRECISIONS
+
+__all__ = ["SearchSpace"]
+
+
+@dataclass
+class SearchSpace:
+    """What to search, in the spirit of Auto3DSeg's ``gpu_customization_specs``.
+
+    Args:
+        batch_range: inclusive range of training batch sizes (volumes per batch; each gives
+            ``num_samples`` patches), Auto3DSeg's ``range_num_images_per_batch``.
+        sw_batch_range: inclusive range of sliding-window batch sizes (``range_num_sw_batch_size``).
+        val_devices: where the validation volume and stitched output live; ``None``: the
+            training device, plus ``"cpu"`` when that is a GPU.
+        precisions: precisions to compare (``"bf16"``, ``"fp16"``, ``"fp32"``); the first is
+            also used for validation timing unless another wins.
+        max_trials: most candidates run per search (``num_trials``); each search is one
+            (precision) batch-size search or one (device) sliding-window search.
+        plateau: a doubling that gains less than this share of throughput ends the growth;
+            ``None``: grow until a candidate does not fit (Auto3DSeg's fill-the-memory).
+        margin: share of the memory cap kept free (fragmentation, the data cache, spikes).
+        strategy: ``"search"`` (grow, then bisect) or ``"grid"`` (every value of both ranges,
+            ignoring ``max_trials``: the exhaustive reference the benchmark compares against).
+        confirm: rounds of a race among the ``confirm_top`` best candidates of a search, after
+            it and before the pick: each round measures every candidate still racing once more
+            and drops the weakest while more than two remain; a candidate's throughput becomes
+            the median of its readings. 0 turns it off. Guards against a lucky single reading on
+            a shared or throttling machine (on a 2-core VM a single training step scatters by
+            +-15 %).
+        confirm_top: candidates that enter the race (at least 2).
+
+    Example:
+        >>> from monai_fast.tune import SearchSpace
+        >>> SearchSpace.from_auto3dseg({"range_num_images_per_batch": [1, 20], "num_trials": 6}).batch_range
+        (1, 20)
+    """
+
+    batch_range: tuple[int, int] = (1, 16)
+    sw_batch_range: tuple[int, int] = (1, 32)
+    val_devices: Sequence[str] | None = None
+    precisions: Sequence[str] = ("fp32",)
+    max_trials: int = 8
+    plateau: float | None = 0.05
+    margin: float = 0.1
+    strategy: str = "search"
+    confirm: int = 2
+    confirm_top: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("batch_range", "sw_batch_range"):
+            lo, hi = (int(v) for v in getattr(self, name))
+            if not 1 <= lo <= hi:
+                raise ValueError(f"{name} must be (low, high) with 1 <= low <= high, got {getattr(self, name)}")
+            setattr(self, name, (lo, hi))
+        bad = [p for p in self.precisions if p not in PRECISIONS]
+        if bad or not self.precisions:
+            raise ValueError(f"precisions must be a non-empty subset of bf16, fp16, fp32; got {list(self.precisions)}")
+        self.precisions = tuple(dict.fromkeys(self.precisions))
+        if self.max_trials < 1:
+            raise ValueError(f"max_trials must be >= 1, got {self.max_trials}")
+        if self.confirm < 0:
+            raise ValueError(f"confirm must be >= 0, got {self.confirm}")
+        if self.confirm_top < 2:
+            raise ValueError(f"confirm_top must be >= 2, got {self.confirm_top}")
+        if self.strategy not in ("search", "grid"):
+            raise ValueError(f"strategy must be 'search' or 'grid', got {self.strategy!r}")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
+        if self.plateau is not None and self.plateau < 0:
+            raise ValueError(f"plateau must be >= 0 or None, got {self.plateau}")
+
+    @classmethod
+    def from_auto3dseg(cls, specs: dict, **overrides) -> SearchSpace:
+        """Build from Auto3DSeg-style keys; unknown keys are rejected by name."""
+        names = {
+            "range_num_images_per_batch": "batch_range",
+            "range_num_sw_batch_size": "sw_batch_range",
+            "num_trials": "max_trials",
+            "validation_data_device": "val_devices",
+        }
+        unknown = sorted(set(specs) - set(names))
+        if unknown:
+            raise ValueError(f"unknown tuning key(s) {unknown}; known: {sorted(names)}")
+        kwargs = {names[k]: v for k, v in specs.items()}
+        if isinstance(kwargs.get("val_devices"), str):
+            kwargs["val_devices"] = [kwargs["val_devices"]]
+        kwargs.update(overrides)
+        return cls(**kwargs)

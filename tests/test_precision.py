@@ -1,0 +1,91 @@
+"""The precision module: names, dtypes, and the CPU decision (hardware first, then interleaved timing)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from ignite import distributed as idist
+
+from monai_fast.telemetry import precision as prec
+
+
+def _no_timing(rounds: int = 3) -> float:
+    raise AssertionError("bf16 was timed on a CPU without bf16 hardware")
+
+
+def test_without_bf16_hardware_auto_is_fp32_with_one_info_line_and_no_timing(monkeypatch, caplog):
+    monkeypatch.setattr(prec, "cpu_has_bf16_hardware", lambda flags=None: False)
+    monkeypatch.setattr(prec, "cpu_bf16_speedup", _no_timing)
+    with caplog.at_level(logging.INFO, logger="monai_fast.telemetry"):
+        assert prec.choose_precision("auto", "cpu") == "fp32"
+    lines = [r for r in caplog.records if r.name == "monai_fast.telemetry"]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO and "no bf16 matrix hardware" in lines[0].getMessage()
+
+
+@pytest.mark.parametrize("gain, expected, level", [(2.0, "bf16", logging.INFO), (1.0, "fp32", logging.WARNING)])
+def test_with_bf16_hardware_the_measurement_decides(monkeypatch, caplog, gain, expected, level):
+    calls = []
+    monkeypatch.setattr(prec, "cpu_has_bf16_hardware", lambda flags=None: True)
+    monkeypatch.setattr(prec, "cpu_bf16_speedup", lambda rounds=3: calls.append(rounds) or gain)
+    with caplog.at_level(logging.INFO, logger="monai_fast.telemetry"):
+        assert prec.choose_precision("auto", "cpu") == expected
+    assert len(calls) == 1
+    lines = [r for r in caplog.records if r.name == "monai_fast.telemetry"]
+    assert len(lines) == 1 and lines[0].levelno == level
+
+
+def test_the_real_measurement_interleaves_fp32_and_bf16(monkeypatch):
+    seen = []
+    real = prec.autocast_for
+    monkeypatch.setattr(prec, "autocast_for", lambda p, d: seen.append(p) or real(p, d))
+    monkeypatch.setattr(prec, "cpu_has_bf16_hardware", lambda flags=None: True)
+    gain = prec.cpu_bf16_speedup(rounds=3)
+    assert gain > 0
+    assert seen == ["fp32", "bf16"] * 4  # one warm-up each, then three interleaved rounds
+
+
+def test_hardware_flags_are_read_from_the_cpu():
+    assert prec.cpu_has_bf16_hardware({"avx512_f": True, "avx2": True}) is False
+    assert prec.cpu_has_bf16_hardware({"amx_bf16": True}) is True
+    assert prec.cpu_has_bf16_hardware({"avx512_bf16": True, "amx_bf16": False}) is True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        flags = None
+    if flags is None:
+        pytest.skip("no x86 /proc/cpuinfo flags to compare with")
+    assert prec.cpu_has_bf16_hardware() == bool({"amx_bf16", "avx512_bf16"} & set(flags))
+
+
+def test_several_ranks_take_rank_0s_choice(monkeypatch):
+    sent = []
+    monkeypatch.setattr(idist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(idist, "get_rank", lambda: 1)
+    monkeypatch.setattr(idist, "broadcast", lambda value, src=0, safe_mode=False: sent.append((value, src)) or "bf16")
+    monkeypatch.setattr(prec, "cpu_has_bf16_hardware", lambda flags=None: False)  # rank 1 alone would pick fp32
+    monkeypatch.setattr(prec, "cpu_bf16_speedup", _no_timing)
+    assert prec.choose_precision("auto", "cpu") == "bf16"
+    assert sent == [(None, 0)]  # rank 1 decided nothing itself
+    monkeypatch.setattr(idist, "get_rank", lambda: 0)
+    monkeypatch.setattr(idist, "broadcast", lambda value, src=0, safe_mode=False: sent.append((value, src)) or value)
+    assert prec.choose_precision("auto", "cpu") == "fp32"
+    assert sent[-1] == ("fp32", 0)  # rank 0 sent its own decision
+
+
+def test_names_dtypes_and_autocast():
+    assert prec.autocast_dtype("bf16") == torch.bfloat16 and prec.autocast_dtype("fp16") == torch.float16
+    assert prec.autocast_dtype("fp32") == torch.float32
+    with pytest.raises(ValueError, match="'bf16', 'fp16', 'fp32'"):
+        prec.check_precision("auto")
+    assert prec.check_precision("auto", allow_auto=True) == "auto"
+    with pytest.raises(ValueError, match="fp16.*CUDA"):
+        prec.choose_precision("fp16", "cpu")
+    conv = torch.nn.Conv3d(1, 2, 3)
+    x = torch.rand(1, 1, 8, 8, 8)
+    with prec.autocast_for("bf16", torch.device("cpu")):
+        assert conv(x).dtype == torch.bfloat16
+    with prec.autocast_for("fp32", torch.device("cpu")):
+        assert conv(x).dtype == torch.float32
