@@ -55,7 +55,7 @@ def test_search_stops_at_memory_edge_and_plateau():
     assert max(calls) <= 32  # one doubling past the first that did not gain, then no further
 
 
-def test_search_is_within_5_percent_of_exhaustive_on_random_curves():
+def test_search_is_within_5_percent_of_exhaustive_with_12_trials_and_mostly_with_8():
     rng = random.Random(0)
     runs = []
     for _ in range(200):
@@ -354,7 +354,7 @@ def test_tuned_config_trains_with_a_recipe(tiny_files, tiny_config):
     train, val = tiny_files
     recipe = build_recipe("fast", train, val, RecipeConfig.from_dict({**tuned.to_dict(), "max_epochs": 1}), "cpu", progress=False)
     recipe.trainer.run()
-    assert 0.0 <= recipe.evaluator.state.metrics["val_mean_dice"] <= 1.0
+    assert math.isfinite(recipe.evaluator.state.metrics["val_mean_dice"]) and recipe.evaluator.state.iteration == len(val)
     assert recipe.evaluator.inferer.sw_batch_size == result.sw_batch_size
 
 

@@ -104,87 +104,116 @@ def grow_then_bisect(
         raise ValueError(f"patience must be >= 0, got {patience}")
     if plateau is not None and plateau < 0:
         raise ValueError(f"plateau must be >= 0 or None, got {plateau}")
-    stop_gain = -float("inf") if plateau is None else plateau
-    rise = 1.0 + (plateau or 0.0) / 2
-    trials: list[Trial] = []
-    seen: dict[int, Trial] = {}
+    search = _Search(evaluate, max_trials, predict_infeasible)
+    if high - low + 1 <= max_trials:
+        search.sweep(low, high)
+    else:
+        search.grow_bisect_narrow(low, high, plateau, patience)
+    return search.trials
 
-    def runs() -> int:
-        return sum(not t.predicted for t in trials)
 
-    def try_value(v: int) -> Trial | None:
-        if v in seen:
-            return seen[v]
-        if runs() >= max_trials:
+class _Search:
+    """The phases of :func:`grow_then_bisect`, sharing its trials and its budget."""
+
+    def __init__(self, evaluate: Callable[[int], Trial], max_trials: int,
+                 predict_infeasible: Callable[[int, list[Trial]], str | None] | None) -> None:
+        self.evaluate, self.max_trials, self.predict_infeasible = evaluate, max_trials, predict_infeasible
+        self.trials: list[Trial] = []
+        self.seen: dict[int, Trial] = {}
+
+    def try_value(self, v: int) -> Trial | None:
+        """The trial of ``v`` (run now, predicted, or from before); ``None`` once the budget is spent."""
+        if v in self.seen:
+            return self.seen[v]
+        if sum(not t.predicted for t in self.trials) >= self.max_trials:
             return None
-        why = predict_infeasible(v, trials) if predict_infeasible is not None else None
-        t = Trial(v, False, reason=why, predicted=True) if why else evaluate(v)
-        trials.append(t)
-        seen[v] = t
+        why = self.predict_infeasible(v, self.trials) if self.predict_infeasible is not None else None
+        t = Trial(v, False, reason=why, predicted=True) if why else self.evaluate(v)
+        self.trials.append(t)
+        self.seen[v] = t
         return t
 
-    if high - low + 1 <= max_trials:
-        # the budget covers the range: measure every value (up to the first that does not fit),
-        # so a narrow peak on a flat curve cannot be stepped over
+    def sweep(self, low: int, high: int) -> None:
+        """The budget covers the range: every value, up to the first that does not fit (a narrow peak
+        on a flat curve cannot be stepped over)."""
         for v in range(low, high + 1):
-            t = try_value(v)
+            t = self.try_value(v)
             if t is None or not t.feasible:
-                break
-        return trials
-    first = try_value(low)
-    if first is None or not first.feasible:
-        return trials
-    # grow: double until infeasible, the end of the range, a plateau, or the trial budget
-    last_ok, limit = first, None
-    best_tp, misses = first.throughput, 0
-    while last_ok.value < high:
-        nxt = try_value(min(2 * last_ok.value, high))
-        if nxt is None:
-            return trials
-        if not nxt.feasible:
-            limit = nxt.value
-            break
-        # still rising: a gain over the best so far, or over the previous reading when that came out
-        # lower (after a low reading the curve may still climb; judged against the best alone, the
-        # next doubling would have to make up the dip too)
-        if nxt.throughput >= min(best_tp, last_ok.throughput) * (1.0 + stop_gain):  # type: ignore[operator]
-            best_tp, misses = max(best_tp, nxt.throughput), 0  # type: ignore[type-var]
-        else:
-            misses += 1  # one noisy reading must not end the growth: look one doubling further
-            if misses > patience:
-                break
-        last_ok = nxt
-    if limit is not None:
-        # throughput was still rising at last_ok: bisect towards the memory edge while it rises
+                return
+
+    def grow_bisect_narrow(self, low: int, high: int, plateau: float | None, patience: int) -> None:
+        first = self.try_value(low)
+        if first is None or not first.feasible:
+            return
+        grown = self._grow(first, high, -float("inf") if plateau is None else plateau, patience)
+        if grown is None:
+            return
+        last_ok, limit = grown
+        if limit is not None and not self._bisect_edge(last_ok, limit, 1.0 + (plateau or 0.0) / 2):
+            return
+        self._narrow()
+
+    def _grow(self, first: Trial, high: int, stop_gain: float, patience: int) -> tuple[Trial, int | None] | None:
+        """Double until infeasible, the end of the range, a plateau, or the budget (then ``None``).
+
+        Returns the last feasible trial and the first infeasible value above it (if one was met).
+        """
+        last_ok, best_tp, misses = first, first.throughput, 0
+        while last_ok.value < high:
+            nxt = self.try_value(min(2 * last_ok.value, high))
+            if nxt is None:
+                return None
+            if not nxt.feasible:
+                return last_ok, nxt.value
+            # still rising: a gain over the best so far, or over the previous reading when that came out
+            # lower (after a low reading the curve may still climb; judged against the best alone, the
+            # next doubling would have to make up the dip too)
+            if nxt.throughput >= min(best_tp, last_ok.throughput) * (1.0 + stop_gain):  # type: ignore[operator,type-var]
+                best_tp, misses = max(best_tp, nxt.throughput), 0  # type: ignore[type-var]
+            else:
+                misses += 1  # one noisy reading must not end the growth: look one doubling further
+                if misses > patience:
+                    return last_ok, None
+            last_ok = nxt
+        return last_ok, None
+
+    def _bisect_edge(self, last_ok: Trial, limit: int, rise: float) -> bool:
+        """Throughput was still rising at ``last_ok``: bisect towards the memory edge while it rises.
+
+        Returns ``False`` when the budget ran out.
+        """
         lo, hi = last_ok.value, limit
         while hi - lo > 1:
-            t = try_value((lo + hi) // 2)
+            t = self.try_value((lo + hi) // 2)
             if t is None:
-                return trials
+                return False
             if not t.feasible:
                 hi = t.value
-            elif t.throughput >= seen[lo].throughput * rise:  # type: ignore[operator]
+            elif t.throughput >= self.seen[lo].throughput * rise:  # type: ignore[operator]
                 lo = t.value
             else:
                 break  # no longer rising: the best lies below, narrowed next
-    # narrow the bracket around the best value measured, splitting the wider side first
-    while True:
-        best = pick_best(trials, tie=0.0)
-        assert best is not None
-        values = sorted(v for v, t in seen.items() if t.feasible)
-        i = values.index(best.value)
-        left = values[i - 1] if i > 0 else None
-        right = values[i + 1] if i + 1 < len(values) else _first_infeasible_above(seen, best.value)
-        gaps = []
-        if right is not None and right - best.value > 1:
-            gaps.append((right - best.value, (best.value + right) // 2))
-        if left is not None and best.value - left > 1:
-            gaps.append((best.value - left, math.ceil((left + best.value) / 2)))
-        if not gaps:
-            return trials
-        _, mid = max(gaps)
-        if mid in seen or try_value(mid) is None:
-            return trials
+        return True
+
+    def _narrow(self) -> None:
+        """Narrow the bracket around the best value measured, splitting the wider side first."""
+        while True:
+            best = pick_best(self.trials, tie=0.0)
+            assert best is not None
+            values = sorted(v for v, t in self.seen.items() if t.feasible)
+            i = values.index(best.value)
+            left = values[i - 1] if i > 0 else None
+            right = values[i + 1] if i + 1 < len(values) else _first_infeasible_above(self.seen, best.value)
+            gaps = []
+            if right is not None and right - best.value > 1:
+                gaps.append((right - best.value, (best.value + right) // 2))
+            if left is not None and best.value - left > 1:
+                gaps.append((best.value - left, math.ceil((left + best.value) / 2)))
+            if not gaps:
+                return
+            _, mid = max(gaps)
+            if mid in self.seen or self.try_value(mid) is None:
+                return
 
 
 def _first_infeasible_above(seen: dict[int, Trial], value: int) -> int | None:
