@@ -29,7 +29,7 @@ def test_data_bound_run_of_real_baseline(tmp_path, tiny_files):
     d = doctor(_record_recipe(tmp_path, "baseline", tiny_files, cfg))
     assert d.verdict == "data-bound", d.text()
     assert d.numbers["data_share"] >= 0.2
-    assert any("CacheDataset" in f for f in d.fixes)
+    assert any("FastTraining(cache='auto')" in f for f in d.fixes)
     report = (tmp_path / "report.md").read_text()
     assert "data-bound" in report and "time_breakdown.png" in report and (tmp_path / "time_breakdown.png").is_file()
 

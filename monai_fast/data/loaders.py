@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from queue import Empty, Full, Queue
 from typing import Any
 
+import torch
 from monai.data import ThreadDataLoader
 from torch.utils.data import DataLoader
 
@@ -138,7 +139,10 @@ class SafeThreadDataLoader(ThreadDataLoader):
     """
 
     def _batches(self) -> Iterator[Any]:
-        # DataLoader's single-process fetch, done here so the failing index is known
+        # DataLoader's single-process fetch, done here so the failing index is known. torch's
+        # iterator draws one number from the loader's generator (a base seed for workers) before
+        # the sampler draws its order; drawing it too keeps the order equal to DataLoader's
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         if self.batch_sampler is not None:
             for indices in self.batch_sampler:
                 yield self.collate_fn([self._fetch(i) for i in indices])

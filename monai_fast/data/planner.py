@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,7 +39,7 @@ from monai_fast.data.persistent import TrustedPersistentDataset
 from monai_fast.data.smartcache import SafeSmartCacheDataset
 from monai_fast.telemetry import cuda_free_bytes
 
-__all__ = ["CachePlan", "item_bytes", "plan_cache", "rank_partition"]
+__all__ = ["CachePlan", "force_plan", "item_bytes", "plan_cache", "rank_partition"]
 
 logger = logging.getLogger(__name__)
 
@@ -212,3 +212,22 @@ def plan_cache(
         return plan
     r.append("no cache: not even two items fit the RAM budget; every epoch runs every transform")
     return plan
+
+
+def force_plan(plan: CachePlan, where: Where) -> CachePlan:
+    """``plan`` with its place forced to ``where`` (the measurements and reasons kept, the override said).
+
+    Raises:
+        ValueError: ``"gpu"`` without a CUDA device, ``"disk"`` without a cache folder, or an
+            unknown place.
+    """
+    if where not in ("gpu", "ram", "disk", "smartcache", "none"):
+        raise ValueError(f"cache must be 'gpu', 'ram', 'disk', 'smartcache' or 'none', got {where!r}")
+    if where == "gpu" and torch.device(plan.device).type != "cuda":
+        raise ValueError(f"cache='gpu' needs a CUDA device, got {plan.device}")
+    if where == "disk" and plan.cache_dir is None:
+        raise ValueError("cache='disk' needs a cache folder (cache_dir)")
+    forced: dict = {"where": where}
+    if where == "smartcache":
+        forced["cache_num"] = max(2, min(plan.n_items, plan.cache_num or plan.n_items // 2))
+    return replace(plan, **forced, reasons=[*plan.reasons, f"cache forced to {where} by the options"])

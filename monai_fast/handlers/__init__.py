@@ -1,6 +1,7 @@
 """Ignite event handlers; each one ``attach(engine)``es to any ignite ``Engine``, MONAI's included."""
 
 from monai_fast.handlers.amp import AMPToggle
+from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.handlers.gpu_sampler import GPUSampler
 from monai_fast.handlers.kernel_profiler import KernelProfiler
 from monai_fast.handlers.lifecycle import on_run_end
@@ -15,6 +16,7 @@ from monai_fast.handlers.time_to_target import TimeToTarget
 __all__ = [
     "AMPToggle",
     "EpochTimes",
+    "FastTraining",
     "GPUSampler",
     "KernelProfiler",
     "NVTXHandler",

@@ -12,7 +12,7 @@ from ignite import distributed as idist
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint
 
-from monai_fast.handlers import rng_state
+from monai_fast.data import rng_state
 from monai_fast.handlers.checkpoint_folder import CheckpointFolder
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.stop_signal import StopSignal, requeue_slurm_job

@@ -33,33 +33,58 @@ from monai_fast.files import write_text
 from monai_fast.report.plots import plot_breakdown, plot_gpu
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, select
 
-__all__ = ["Diagnosis", "diagnose", "doctor", "write_report"]
+__all__ = ["FIXES", "Diagnosis", "applied_levers", "diagnose", "doctor", "write_report"]
 
 logger = logging.getLogger("monai_fast.report")
 
-FIXES = {
+#: per verdict: (the FastTraining lever that applies the fix, or None for a code change, the fix)
+FIXES: dict[str, list[tuple[str | None, str]]] = {
     "data-bound": [
-        "cache the deterministic transforms: recipe 'fast' (CacheDataset; on CUDA the cache sits in GPU "
-        "memory via ToDeviced and the random transforms run there)",
-        "once cached, load with ThreadDataLoader(num_workers=0): no worker processes, no IPC",
-        "data larger than RAM: PersistentDataset (disk) or SmartCacheDataset (a rotating subset)",
-        "precompute foreground/background indices (FgBgToIndicesd) so RandCropByPosNegLabeld skips the label scan",
+        ("data", "cache the deterministic transforms: FastTraining(cache='auto') on your trainer (CacheDataset in RAM; "
+                 "on CUDA in GPU memory via ToDeviced, the random transforms then run there), or recipe 'fast'"),
+        ("data", "once cached, load in a thread without worker processes: FastTraining(loader='auto') (SafeThreadDataLoader)"),
+        (None, "data larger than RAM: FastTraining(cache='disk', cache_dir=...) (a trusted disk cache) or cache='smartcache'"),
+        (None, "precompute foreground/background indices (FgBgToIndicesd) so RandCropByPosNegLabeld skips the label scan"),
     ],
     "gpu-under-filled": [
-        "raise the batch size or crops per volume (RecipeConfig.batch_size / num_samples) until memory is used",
-        "raise the sliding-window batch (RecipeConfig.sw_batch_size) for validation",
-        "turn AMP on (recipe 'fast' does on CUDA) so larger batches fit",
+        (None, "raise the batch size or crops per volume (your DataLoader's batch_size, RandCropByPosNegLabeld's "
+               "num_samples; RecipeConfig.batch_size / num_samples in the recipes) until memory is used"),
+        (None, "raise the sliding-window batch (SlidingWindowInferer's sw_batch_size) for validation"),
+        ("precision", "mixed precision so larger batches fit: FastTraining(precision='auto')"),
     ],
     "compute-bound": [
-        "mixed precision (AMP: bf16 where supported, else fp16 + GradScaler)",
-        "channels_last_3d weights (recipe 'fast' uses them)",
-        "more devices: data-parallel training over several GPUs",
-        "validate less often or with a larger sliding-window batch (val_interval, sw_batch_size)",
+        ("precision", "mixed precision: FastTraining(precision='auto') (bf16 where supported, else fp16 + GradScaler)"),
+        ("memory_format", "channels_last_3d weights where they measure faster: FastTraining(memory_format='auto')"),
+        (None, "more devices: data-parallel training over several GPUs (monai_fast.distributed.run, monai-fast launch)"),
+        (None, "validate less often or with a larger sliding-window batch (ValidationHandler's interval, sw_batch_size)"),
     ],
     "balanced": [
-        "no single bottleneck stands out; profile a window with KernelProfiler to find the costliest ops",
+        (None, "no single bottleneck stands out; profile a window with KernelProfiler to find the costliest ops"),
     ],
 }
+
+
+def applied_levers(rows: list[dict]) -> dict[str, dict]:
+    """What ``FastTraining`` applied in this run (its ``fast_training`` rows), by lever; rank 0's view."""
+    out: dict[str, dict] = {}
+    for r in select(rows, Kind.EVENT, Source.FAST_TRAINING):
+        if r.get("rank", 0) == 0 or r["lever"] not in out:
+            out[r["lever"]] = r
+    return out
+
+
+def _fixes(verdict: str, applied: dict[str, dict]) -> list[str]:
+    """The verdict's fixes, without those ``FastTraining`` already applied (said once instead)."""
+    fixes, already = [], []
+    for lever, text in FIXES[verdict]:
+        on = applied.get(lever)
+        if on is not None and on.get("applied"):
+            already.append(f"{lever} ({on.get('setting')})")
+        else:
+            fixes.append(text)
+    if already:
+        fixes.append("already applied by FastTraining: " + ", ".join(dict.fromkeys(already)))
+    return fixes
 
 
 @dataclass
@@ -168,7 +193,10 @@ def diagnose(
         verdict = "compute-bound"
     else:
         verdict = "balanced"
-    fixes = list(FIXES[verdict])
+    applied = applied_levers(rows)
+    if applied:
+        numbers["fast_training"] = {k: {"applied": v.get("applied"), "setting": v.get("setting")} for k, v in applied.items()}
+    fixes = _fixes(verdict, applied)
     if verdict == "compute-bound" and util_mean is None:
         fixes.insert(0, "this ran on the CPU: a CUDA GPU is the largest single step")
     numbers["thresholds"] = {"data_threshold": data_threshold, "data_low": data_low, "util_low": util_low, "mem_low": mem_low}
@@ -190,6 +218,9 @@ def _summary_lines(summary: dict) -> list[str]:
         if k := s.get(Source.KERNELS.value):
             top = ", ".join(t["name"] for t in k.get("top", [])[:3])
             lines.append(f"{who}profiled window: {k.get('# Kernels', k.get('# Ops'))} kernels/ops; top by {k.get('ranked_by')}: {top}")
+        for lever, v in (s.get(Source.FAST_TRAINING.value) or {}).items():
+            lines.append(f"{who}FastTraining {lever}: " + (f"{v.get('setting')}: " if v.get("applied") else "left alone: ")
+                         + str(v.get("reason", "")))
         if amp := s.get(Source.AMP.value):
             lines.append(f"{who}precision {amp.get('precision')}"
                          + (", fell back to fp32" if amp.get("fell_back") else "")

@@ -1,0 +1,187 @@
+"""Adopt a user's ``DataLoader``: the same batches from a planned cache and a safe thread loader.
+
+:func:`adopt_loader` takes a ``torch.utils.data.DataLoader`` over a MONAI dataset (anything with
+``.data`` and ``.transform``: ``Dataset``, ``CacheDataset``, ``PersistentDataset``, ...), plans
+where the deterministic part of its chain is cached (:func:`~monai_fast.data.planner.plan_cache`:
+GPU memory, RAM, a trusted disk cache, a SmartCache) and returns a
+:class:`~monai_fast.data.loaders.SafeThreadDataLoader` over the cached set that keeps what the
+user chose: batch size, shuffling (and its generator), ``drop_last``, the collate function.
+
+* The transform objects are the user's own, so random transforms draw from the same generators:
+  for the same seed, a loader that ran in the main process (``num_workers=0``) and its adoption
+  give the same crops. (With worker processes the original's crops depend on each worker's seed;
+  the adopted loader runs them in one background thread.)
+* A ``DistributedSampler`` becomes a per-rank partition of the items (its ``seed``; even sizes, as
+  the sampler pads), cached by that rank only; each epoch every item is seen once across ranks,
+  as with the sampler, and the partition is shuffled within the rank when the sampler shuffled.
+* A data set that is already a cache (``CacheDataset``, ``PersistentDataset``, ``SmartCacheDataset``)
+  is kept as it is: only the loader changes.
+
+What cannot be adopted is returned as a reason, never half-done: an ``IterableDataset``, a data
+set without ``.data`` / ``.transform``, a custom sampler or batch sampler, a collate function not
+known to be thread-safe.
+
+Example:
+    >>> from monai_fast.data.adopt import adopt_loader
+    >>> adopted = adopt_loader(trainer.data_loader, device="cuda")  # doctest: +SKIP
+    >>> trainer.data_loader = adopted.loader  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from monai.data import CacheDataset, PersistentDataset, SmartCacheDataset, list_data_collate, pad_list_data_collate
+from monai.transforms import Compose
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, default_collate
+
+from monai_fast.data.loaders import SafeThreadDataLoader
+from monai_fast.data.planner import CachePlan, force_plan, plan_cache, rank_partition
+from monai_fast.data.rng_state import randomizables
+
+__all__ = ["AdoptedData", "THREAD_SAFE_COLLATES", "adopt_loader", "why_not_adoptable"]
+
+logger = logging.getLogger("monai_fast.data")
+
+#: collate functions known to hold no state between calls, so a background thread may run them
+THREAD_SAFE_COLLATES: tuple[Callable, ...] = (default_collate, list_data_collate, pad_list_data_collate)
+_CACHES = (CacheDataset, PersistentDataset, SmartCacheDataset)
+
+
+@dataclass
+class AdoptedData:
+    """A user's loader rebuilt over a cache, and why it was built that way."""
+
+    loader: SafeThreadDataLoader
+    dataset: Any
+    plan: CachePlan | None  #: ``None`` when the user's data set was already a cache
+    where: str  #: "gpu", "ram", "disk", "smartcache", "none" or "user cache"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def smartcache(self) -> bool:
+        """Whether the data set rotates (a SmartCache): it needs a ``SmartCacheUpdater``."""
+        return isinstance(self.dataset, SmartCacheDataset)
+
+
+def why_not_adoptable(loader: Any, force_thread: bool = False) -> str | None:
+    """The reason ``loader`` cannot be adopted, or ``None`` when it can."""
+    if not isinstance(loader, DataLoader):
+        return f"the engine's data is a {type(loader).__name__}, not a torch DataLoader"
+    ds = loader.dataset
+    if isinstance(ds, IterableDataset):
+        return "the data set is an IterableDataset: there are no items to cache"
+    if not isinstance(ds, _CACHES) and not (hasattr(ds, "data") and hasattr(ds, "transform")):
+        return f"the data set ({type(ds).__name__}) has no .data and .transform (use a MONAI Dataset)"
+    if type(loader.batch_sampler).__name__ != "BatchSampler":
+        return f"a custom batch sampler ({type(loader.batch_sampler).__name__}) decides the batches"
+    if not isinstance(loader.sampler, (RandomSampler, SequentialSampler, DistributedSampler)):
+        return f"a custom sampler ({type(loader.sampler).__name__}) decides the order"
+    if not force_thread and loader.collate_fn not in THREAD_SAFE_COLLATES:
+        name = getattr(loader.collate_fn, "__qualname__", type(loader.collate_fn).__name__)
+        return (f"the collate function {name} is not known to be thread-safe "
+                "(pass loader='thread' to run it in the loader thread anyway)")
+    return None
+
+
+def _order(loader: DataLoader) -> tuple[list | None, bool, torch.Generator | None, str]:
+    """The items this rank sees, whether to shuffle them, the generator, and a note."""
+    sampler = loader.sampler
+    if isinstance(sampler, DistributedSampler):
+        items = rank_partition(list(loader.dataset.data), sampler.rank, sampler.num_replicas, seed=sampler.seed)
+        note = (f"DistributedSampler -> this rank's partition ({len(items)} of {len(loader.dataset.data)} items, "
+                f"rank {sampler.rank} of {sampler.num_replicas}), cached by this rank only")
+        return items, sampler.shuffle, None, note
+    if isinstance(sampler, RandomSampler):
+        return None, True, sampler.generator, "shuffled as before"
+    return None, False, None, "in order, as before"
+
+
+def adopt_loader(
+    loader: DataLoader,
+    device: str | torch.device = "cpu",
+    cache: str = "auto",
+    gpu_budget: int | None = None,
+    ram_budget: int | None = None,
+    disk_budget: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_threads: int | None = None,
+    progress: bool = False,
+    force_thread: bool = False,
+) -> AdoptedData:
+    """Rebuild ``loader`` over a planned cache (see the module docstring).
+
+    Args:
+        loader: the user's loader.
+        device: the training device (a CUDA device allows a GPU cache).
+        cache: ``"auto"`` (the planner decides), or ``"gpu"``, ``"ram"``, ``"disk"``,
+            ``"smartcache"``, ``"none"`` to force one.
+        gpu_budget, ram_budget, disk_budget: bytes; ``None``: the planner's defaults.
+        cache_dir: where a disk cache may go.
+        cache_threads: threads filling the cache; default the CPUs.
+        progress: a progress bar while the cache fills.
+        force_thread: run a collate function not known to be thread-safe in the loader thread.
+
+    Raises:
+        ValueError: when the loader cannot be adopted (the reason names what is in the way), or
+            ``cache`` is unknown.
+    """
+    if cache not in ("auto", "gpu", "ram", "disk", "smartcache", "none"):
+        raise ValueError(f"cache must be 'auto', 'gpu', 'ram', 'disk', 'smartcache' or 'none', got {cache!r}")
+    why = why_not_adoptable(loader, force_thread)
+    if why is not None:
+        raise ValueError(why)
+    ds, device = loader.dataset, torch.device(device)
+    items, shuffle, generator, order_note = _order(loader)
+    plan, where = None, "user cache"
+    if isinstance(ds, _CACHES) and items is None:
+        dataset, workers = ds, 0
+        notes = [f"the data set is already a {type(ds).__name__}: kept, only the loader changes"]
+    else:
+        data = items if items is not None else list(ds.data)
+        transform = ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform])
+        plan = plan_cache(transform, data, device, gpu_budget=gpu_budget, ram_budget=ram_budget,
+                          disk_budget=disk_budget, cache_dir=cache_dir)
+        if cache != "auto":
+            plan = force_plan(plan, cache)
+        threads = cache_threads if cache_threads is not None else (os.cpu_count() or 1)
+        kwargs: dict = {}
+        if plan.where in ("gpu", "ram"):
+            kwargs.update(num_workers=threads, progress=progress)
+        elif plan.where == "smartcache":
+            kwargs.update(num_init_workers=threads, num_replace_workers=threads, progress=progress)
+        dataset, where = plan.build(data, transform, **kwargs), plan.where
+        workers = 0 if plan.where in ("gpu", "ram", "smartcache") else loader.num_workers
+        notes = [plan.reasons[-1]]
+    with _random_states_kept(dataset):  # MONAI's loader reseeds the transforms when it is built: undo that
+        new = SafeThreadDataLoader(dataset, batch_size=loader.batch_size, shuffle=shuffle, generator=generator,
+                                   drop_last=loader.drop_last, collate_fn=loader.collate_fn, num_workers=workers)
+    notes.append(f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}, "
+                 f"{workers} worker processes)")
+    return AdoptedData(new, dataset, plan, where, notes)
+
+
+
+@contextlib.contextmanager
+def _random_states_kept(dataset: Any) -> Iterator[None]:
+    """Restore torch's global generator and the random transforms' generators on exit.
+
+    MONAI's ``DataLoader`` with ``num_workers=0`` reseeds the data set's random transforms from
+    torch's generator when it is built; the adopted loader must draw the crops the user's loader
+    would have drawn, so both are put back as they were.
+    """
+    randoms = randomizables(dataset)  # nested ones too (RandCropByPosNegLabeld's cropper has its own R)
+    states = [t.R.get_state() for t in randoms]
+    torch_state = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        for t, s in zip(randoms, states):
+            t.R.set_state(s)

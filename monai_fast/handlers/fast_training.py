@@ -1,0 +1,221 @@
+"""``FastTraining``: the fast-training guide's levers, applied to a trainer the user already has.
+
+Example:
+    >>> from monai_fast.handlers import FastTraining
+    >>> fast = FastTraining()                       # every lever "auto"
+    >>> fast.attach(trainer, evaluator)  # doctest: +SKIP
+    >>> trainer.run()  # doctest: +SKIP
+    >>> fast.applied["data"]  # doctest: +SKIP
+    {'applied': True, 'setting': 'ram', 'reason': 'cache in RAM (CacheDataset): 32 items x ...'}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Literal
+
+import torch
+from ignite.engine import Engine, Events
+from monai.engines import Workflow
+
+from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
+from monai_fast.handlers.amp import AMPToggle
+from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.handlers.memory_format import choose_memory_format
+from monai_fast.handlers.record import record_of
+from monai_fast.handlers.smartcache import SmartCacheUpdater
+from monai_fast.telemetry.record import Kind, Source
+
+__all__ = ["FastTraining"]
+
+logger = logging.getLogger("monai_fast.handlers")
+
+Switch = Literal["auto"] | bool
+
+
+class FastTraining(EngineHandler):
+    """Applies the fast-training guide's levers to an existing MONAI trainer (and its evaluator).
+
+    ``FastTraining().attach(trainer, evaluator)`` before ``trainer.run()``. Each lever is
+    ``"auto"`` (apply where it pays, decided from the device and measurements), a setting, or
+    ``False`` (leave it alone). One log line per lever says what was applied and why, and the
+    run record gets the same as ``fast_training`` rows (the doctor reads them and never
+    recommends what is already on). The user's algorithm stays the user's: the network's
+    architecture, the loss, the optimizer, its learning rate and the batch size are never changed.
+
+    * **cache** / **loader**: the engine's ``DataLoader`` over a MONAI dataset is rebuilt by
+      :func:`~monai_fast.data.adopt.adopt_loader`: the deterministic part of its chain cached where
+      the planner says (GPU memory, RAM, trusted disk cache, SmartCache with its updater attached),
+      loaded by a ``SafeThreadDataLoader`` with the same batch size, shuffling, ``drop_last`` and
+      collate function; a ``DistributedSampler`` becomes a per-rank partition. The evaluator's
+      loader likewise. ``cache`` may force a place (``"gpu"``, ``"ram"``, ``"disk"``,
+      ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
+      to be thread-safe.
+    * **precision**: an :class:`~monai_fast.handlers.amp.AMPToggle` on the trainer and the same
+      precision on the evaluator: bf16 where the device runs it natively, fp16 + GradScaler on
+      other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
+      Left alone when the trainer already uses MONAI's ``amp=True``.
+    * **memory_format**: ``channels_last_3d`` when a copy of the network measured faster in it,
+      for the first batch's shape and the chosen precision (at the first iteration).
+
+    What cannot be applied (a plain ``Dataset`` without ``.transform``, an ``IterableDataset``, a
+    custom sampler, a network that rejects ``channels_last_3d``) is left alone with one log line
+    saying why; the other levers still apply.
+
+    Args:
+        cache: ``"auto"``, a place (see above), or ``False``.
+        loader: ``"auto"``, ``"thread"`` (adopt any collate function), or ``False`` (keep the
+            user's loaders; then no cache either).
+        precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``False``.
+        memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
+        gpu_budget_mib, ram_budget_mib, disk_budget_mib: the planner's budgets (``None``: its defaults).
+        cache_dir: where a disk cache may go (without it, disk is not an option).
+        cache_threads: threads that fill the caches; default all CPUs.
+        progress: progress bars while caches fill.
+    """
+
+    def __init__(
+        self,
+        cache: str | bool = "auto",
+        loader: Literal["auto", "thread"] | bool = "auto",
+        precision: Literal["auto", "bf16", "fp16", "fp32"] | bool = "auto",
+        memory_format: Literal["auto", "channels_last_3d", "contiguous"] | bool = "auto",
+        gpu_budget_mib: float | None = None,
+        ram_budget_mib: float | None = None,
+        disk_budget_mib: float | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_threads: int | None = None,
+        progress: bool = False,
+    ) -> None:
+        _check("cache", cache, ("auto", "gpu", "ram", "disk", "smartcache", "none", False))
+        _check("loader", loader, ("auto", "thread", False))
+        _check("precision", precision, ("auto", "bf16", "fp16", "fp32", False))
+        _check("memory_format", memory_format, ("auto", "channels_last_3d", "contiguous", False))
+        for name, v in (("gpu_budget_mib", gpu_budget_mib), ("ram_budget_mib", ram_budget_mib),
+                        ("disk_budget_mib", disk_budget_mib), ("cache_threads", cache_threads)):
+            if v is not None and not v >= 0:
+                raise ValueError(f"FastTraining: {name} must be >= 0 or None, got {v}")
+        if cache == "disk" and cache_dir is None:
+            raise ValueError("FastTraining: cache='disk' needs cache_dir")
+        super().__init__()
+        self.cache, self.loader, self.precision, self.memory_format = cache, loader, precision, memory_format
+        self.budgets = {k: None if v is None else int(v * 2**20)
+                        for k, v in (("gpu_budget", gpu_budget_mib), ("ram_budget", ram_budget_mib), ("disk_budget", disk_budget_mib))}
+        self.cache_dir, self.cache_threads, self.progress = cache_dir, cache_threads, progress
+        #: per lever: {"applied": bool, "setting": ..., "reason": str}
+        self.applied: dict[str, dict[str, Any]] = {}
+        self.amp: AMPToggle | None = None
+        self._pending_evaluator: Engine | None = None
+        self._helpers: list[EngineHandler] = []
+
+    def attach(self, trainer: Engine, evaluator: Engine | None = None) -> None:
+        """Apply the levers to ``trainer`` (and ``evaluator``); call before ``trainer.run()``.
+
+        Raises:
+            TypeError: ``trainer`` is not a MONAI workflow (``SupervisedTrainer``, ...).
+            RuntimeError: already attached.
+        """
+        if not isinstance(trainer, Workflow):
+            raise TypeError(f"FastTraining needs a MONAI SupervisedTrainer (a monai.engines.Workflow), got {type(trainer).__name__}")
+        if evaluator is not None and not isinstance(evaluator, Workflow):
+            raise TypeError(f"FastTraining: evaluator must be a MONAI SupervisedEvaluator, got {type(evaluator).__name__}")
+        self._pending_evaluator = evaluator
+        super().attach(trainer)
+
+    def _attach(self, trainer: Engine) -> None:
+        evaluator, self._pending_evaluator = self._pending_evaluator, None
+        device = torch.device(getattr(trainer.state, "device", None) or "cpu")
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            self._apply_levers(trainer, evaluator, device)  # measuring here must not shift the run's random stream
+        self.on(trainer, Events.STARTED, self._record)
+
+    def _apply_levers(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
+        self._data(trainer, "data", device)
+        if evaluator is not None:
+            self._data(evaluator, "validation data", torch.device(getattr(evaluator.state, "device", None) or device))
+        self._precision(trainer, evaluator, device)
+        self._memory_format_lever(trainer, device)
+
+    def _detached(self, engine: Engine) -> None:
+        for helper in self._helpers:
+            for e in getattr(helper, "engines", []):
+                helper.detach(e)
+        self._helpers.clear()
+
+    # ------------------------------------------------------------------ levers
+    def _say(self, lever: str, applied: bool, setting: Any, reason: str) -> None:
+        self.applied[lever] = {"applied": applied, "setting": setting, "reason": reason}
+        logger.info("FastTraining %s: %s%s", lever, f"{setting}: " if applied else "left alone: ", reason)
+
+    def _data(self, engine: Workflow, lever: str, device: torch.device) -> None:
+        if self.loader is False or self.cache is False:
+            self._say(lever, False, None, "switched off (loader=False or cache=False)")
+            return
+        why = why_not_adoptable(engine.data_loader, force_thread=self.loader == "thread")
+        if why is not None:
+            self._say(lever, False, None, why)
+            return
+        before = len(engine.data_loader)
+        adopted: AdoptedData = adopt_loader(
+            engine.data_loader, device, cache="auto" if self.cache is True else self.cache, cache_dir=self.cache_dir,
+            cache_threads=self.cache_threads, progress=self.progress, force_thread=self.loader == "thread", **self.budgets,
+        )
+        engine.data_loader = adopted.loader
+        if len(adopted.loader) != before:
+            logger.warning("FastTraining %s: %d batches per epoch instead of %d (the per-rank partition pads evenly)",
+                           lever, len(adopted.loader), before)
+        if adopted.smartcache:
+            updater = SmartCacheUpdater(adopted.dataset)
+            updater.attach(engine)
+            self._helpers.append(updater)
+        self._say(lever, True, adopted.where, "; ".join(adopted.notes))
+
+    def _precision(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
+        if self.precision is False:
+            self._say("precision", False, None, "switched off (precision=False)")
+            return
+        if getattr(trainer, "amp", False):
+            self._say("precision", False, None, "the trainer already runs MONAI's amp=True; kept as built")
+            return
+        amp = AMPToggle("auto" if self.precision is True else self.precision)
+        amp.attach(trainer)
+        self._helpers.append(amp)
+        self.amp = amp
+        if evaluator is not None and not getattr(evaluator, "amp", False):
+            ev = AMPToggle(amp.precision)
+            ev.attach(evaluator)
+            self._helpers.append(ev)
+        reason = {"bf16": f"{device.type} runs bf16 natively" + (" and it measured faster" if device.type == "cpu" else ""),
+                  "fp16": "this GPU has no fast bf16: fp16 with a GradScaler",
+                  "fp32": "no reduced precision pays on this device"}.get(amp.precision, "")
+        self._say("precision", amp.precision != "fp32", amp.precision, reason or f"requested {self.precision}")
+
+    def _memory_format_lever(self, trainer: Workflow, device: torch.device) -> None:
+        if self.memory_format is False:
+            self._say("memory_format", False, None, "switched off (memory_format=False)")
+            return
+        self.on(trainer, Events.ITERATION_STARTED(once=1), self._memory_format, device)
+
+    def _memory_format(self, trainer: Workflow, device: torch.device) -> None:
+        network = trainer.network
+        dtype = self.amp.autocast_dtype if self.amp is not None and self.amp.active else None
+        choice, reason = choose_memory_format(network, trainer.state.batch, device, dtype, self.memory_format)
+        if choice == "channels_last_3d":
+            network.to(memory_format=torch.channels_last_3d)
+        self._say("memory_format", choice == "channels_last_3d", choice, reason)
+        self._record(trainer, only="memory_format")
+
+    def _record(self, trainer: Engine, only: str | None = None) -> None:
+        record = record_of(trainer)
+        if record is None:
+            return
+        for lever, what in self.applied.items():
+            if only is None or lever == only:
+                record.add(Kind.EVENT, Source.FAST_TRAINING, lever=lever, **what)
+        record.set_summary(Source.FAST_TRAINING, dict(self.applied))
+
+
+def _check(name: str, value: Any, allowed: tuple) -> None:
+    if value is not True and value not in allowed:
+        raise ValueError(f"FastTraining: {name} must be one of {', '.join(map(repr, allowed))} or True, got {value!r}")

@@ -1,0 +1,134 @@
+"""Choose the network's memory format (``channels_last_3d`` or contiguous) by measuring a copy of it.
+
+``channels_last_3d`` speeds 3D convolutions up where the convolution kernels prefer it (many GPU
+and some CPU/precision combinations) and slows them down elsewhere, so it is measured: a deep
+copy of the network (the real one, its weights and batch-norm statistics, is untouched) runs a
+forward and backward pass on a random batch of the real batch's shape, in the run's precision, in
+each layout, interleaved over a few rounds; the median decides. Under DDP rank 0 decides and
+every rank takes its answer.
+
+Example:
+    >>> import torch
+    >>> from monai_fast.handlers.memory_format import choose_memory_format
+    >>> net = torch.nn.Conv3d(1, 4, 3)
+    >>> choice, why = choose_memory_format(net, {"image": torch.zeros(2, 1, 8, 8, 8)}, "cpu", None, "contiguous")
+    >>> choice
+    'contiguous'
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import ignite.distributed as idist
+import torch
+
+__all__ = ["MIN_GAIN", "choose_memory_format", "input_volume"]
+
+#: the measured speed-up ``channels_last_3d`` must show to be chosen
+MIN_GAIN = 1.05
+
+
+def input_volume(batch: Any) -> torch.Tensor | None:
+    """The batch's image tensor (``batch["image"]``, else the first 5-D tensor found), or ``None``."""
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.ndim == 5 else None
+    if isinstance(batch, dict):
+        first = batch.get("image")
+        if isinstance(first, torch.Tensor) and first.ndim == 5:
+            return first
+        items = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        items = list(batch)
+    else:
+        return None
+    for item in items:
+        found = input_volume(item)
+        if found is not None:
+            return found
+    return None
+
+
+def _step_s(net: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> float:
+    ctx = torch.autocast(x.device.type, dtype=dtype) if dtype is not None else nullcontext()
+    t0 = time.perf_counter()
+    with ctx:
+        out = net(x)
+    loss = (out[0] if isinstance(out, (list, tuple)) else out).float().mean()
+    loss.backward()
+    if x.device.type == "cuda":
+        from monai_fast.telemetry import synchronize
+
+        synchronize(x.device)
+    net.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+def _measure(network: torch.nn.Module, shape: torch.Size, device: torch.device, dtype: torch.dtype | None,
+             rounds: int) -> tuple[float, float]:
+    """Median seconds of a training step in the default layout and in ``channels_last_3d``."""
+    plain = copy.deepcopy(network).to(device).train()
+    last = copy.deepcopy(network).to(device).train().to(memory_format=torch.channels_last_3d)
+    x = torch.randn(shape, device=device)
+    x_last = x.contiguous(memory_format=torch.channels_last_3d)
+    warm = _step_s(plain, x, dtype), _step_s(last, x_last, dtype)  # warm-up: allocator, kernel choice
+    if rounds < 1:
+        return warm
+    times: dict[str, list[float]] = {"plain": [], "last": []}
+    for _ in range(rounds):
+        times["plain"].append(_step_s(plain, x, dtype))
+        times["last"].append(_step_s(last, x_last, dtype))
+    return statistics.median(times["plain"]), statistics.median(times["last"])
+
+
+def choose_memory_format(
+    network: torch.nn.Module,
+    batch: Any,
+    device: torch.device | str,
+    dtype: torch.dtype | None,
+    request: str = "auto",
+    rounds: int = 3,
+) -> tuple[str, str]:
+    """``("channels_last_3d" | "contiguous", reason)`` for ``network`` on batches like ``batch``.
+
+    Args:
+        network: the network (a DDP wrapper is looked through); only copies of it are run.
+        batch: a batch as the engine sees it; its image tensor gives the shape.
+        device: where the network trains.
+        dtype: the autocast dtype of the run, ``None`` for fp32.
+        request: ``"auto"`` (measure), ``"channels_last_3d"`` (use it if the network accepts it)
+            or ``"contiguous"``.
+        rounds: interleaved measurements per layout.
+    """
+    if request == "contiguous":
+        return "contiguous", "requested"
+    x = input_volume(batch)
+    if x is None:
+        return "contiguous", "the inputs are not 5-D volumes (N, C, D, H, W): nothing to reorder"
+    net = getattr(network, "module", network)  # DDP / DataParallel
+    shape = torch.Size([min(x.shape[0], 2), *x.shape[1:]])
+    device = torch.device(device)
+    decision: list[Any] = [None, None]
+    if idist.get_rank() == 0:
+        try:
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's random stream is untouched
+                plain_s, last_s = _measure(net, shape, device, dtype, rounds if request == "auto" else 0)
+        except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
+            decision = ["contiguous", f"the network rejects channels_last_3d ({type(e).__name__}: {e})"]
+        else:
+            gain = plain_s / last_s if last_s > 0 else 0.0
+            if request == "channels_last_3d":
+                decision = ["channels_last_3d", "requested (the network accepts it)"]
+            elif gain >= MIN_GAIN:
+                decision = ["channels_last_3d", f"a training step measured {gain:.2f}x faster in it ({last_s * 1e3:.0f} ms vs "
+                            f"{plain_s * 1e3:.0f} ms, median of {rounds}, batch {tuple(shape)})"]
+            else:
+                decision = ["contiguous", f"channels_last_3d measured {gain:.2f}x (below {MIN_GAIN}x) "
+                            f"for batch {tuple(shape)}"]
+    if idist.get_world_size() > 1:
+        decision = [idist.broadcast(d, src=0, safe_mode=True) for d in decision]
+    return decision[0], decision[1]

@@ -1,0 +1,226 @@
+"""FastTraining on a trainer written the way MONAI's spleen tutorial writes it, on real NIfTI files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+import torch
+from ignite.engine import Events
+from monai.data import CacheDataset, DataLoader, Dataset, list_data_collate
+from monai.engines import SupervisedEvaluator, SupervisedTrainer
+from monai.handlers import MeanDice, ValidationHandler, from_engine
+from monai.inferers import SlidingWindowInferer
+from monai.losses import DiceLoss
+from monai.networks.nets import UNet
+from monai.transforms import (
+    AsDiscreted,
+    Compose,
+    CropForegroundd,
+    EnsureChannelFirstd,
+    LoadImaged,
+    Orientationd,
+    RandCropByPosNegLabeld,
+    RandFlipd,
+    ScaleIntensityRanged,
+    Spacingd,
+)
+from monai.utils import set_determinism
+from torch.utils.data import TensorDataset
+
+from monai_fast.data.loaders import SafeThreadDataLoader
+from monai_fast.handlers import FastTraining, RecordHandler, TimeBreakdown
+from monai_fast.telemetry.record import Kind, Source, load_record, select
+
+PATCH = (16, 16, 16)
+
+
+def _chain(random: bool) -> Compose:
+    keys = ["image", "label"]
+    t = [
+        LoadImaged(keys=keys), EnsureChannelFirstd(keys=keys), Orientationd(keys=keys, axcodes="RAS"),
+        Spacingd(keys=keys, pixdim=(3.0, 3.0, 4.0), mode=("bilinear", "nearest")),
+        ScaleIntensityRanged(keys="image", a_min=-57, a_max=164, b_min=0.0, b_max=1.0, clip=True),
+        CropForegroundd(keys=keys, source_key="image", allow_smaller=True),
+    ]
+    if random:
+        t += [RandCropByPosNegLabeld(keys=keys, label_key="label", spatial_size=PATCH, pos=1, neg=1, num_samples=2),
+              RandFlipd(keys=keys, prob=0.5, spatial_axis=0)]
+    return Compose(t)
+
+
+def _user_trainer(files, seed=0, train_loader=None, network=None, max_epochs=1):
+    """A plain MONAI trainer + evaluator, as in MONAI's spleen tutorial (tiny sizes)."""
+    set_determinism(seed)
+    train_files, val_files = files
+    loader = train_loader or DataLoader(Dataset(train_files, _chain(True)), batch_size=2, shuffle=True, num_workers=0,
+                                        collate_fn=list_data_collate)
+    val_loader = DataLoader(Dataset(val_files, _chain(False)), batch_size=1, num_workers=0)
+    net = network or UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,), num_res_units=0)
+    post = Compose([AsDiscreted(keys="pred", argmax=True, to_onehot=2), AsDiscreted(keys="label", to_onehot=2)])
+    evaluator = SupervisedEvaluator(
+        device="cpu", val_data_loader=val_loader, network=net, inferer=SlidingWindowInferer(PATCH, sw_batch_size=2),
+        postprocessing=post,
+        key_val_metric={"val_mean_dice": MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))},
+    )
+    trainer = SupervisedTrainer(
+        device="cpu", max_epochs=max_epochs, train_data_loader=loader, network=net,
+        optimizer=torch.optim.Adam(net.parameters(), 1e-4), loss_function=DiceLoss(to_onehot_y=True, softmax=True),
+        train_handlers=[ValidationHandler(validator=evaluator, interval=1)],
+    )
+    return trainer, evaluator
+
+
+def _crops(trainer):
+    seen = []
+
+    def grab(engine):
+        batch = engine.state.batch
+        seen.append((tuple(batch["image"].shape), round(float(batch["image"].double().sum()), 6),
+                     tuple(str(f) for f in batch["image"].meta["filename_or_obj"])))
+
+    trainer.add_event_handler(Events.ITERATION_STARTED, grab)
+    return seen
+
+
+def test_one_attach_replaces_both_loaders_and_records_what_it_applied(tiny_files, tmp_path):
+    trainer, evaluator = _user_trainer(tiny_files)
+    before = (trainer.state.epoch_length, len(evaluator.data_loader))
+    rec = RecordHandler(tmp_path)
+    rec.attach(trainer)
+    rec.attach(evaluator)
+    TimeBreakdown().attach(trainer)
+    fast = FastTraining()
+    fast.attach(trainer, evaluator)
+    assert isinstance(trainer.data_loader, SafeThreadDataLoader) and isinstance(trainer.data_loader.dataset, CacheDataset)
+    assert isinstance(evaluator.data_loader, SafeThreadDataLoader) and isinstance(evaluator.data_loader.dataset, CacheDataset)
+    assert (trainer.state.epoch_length, len(evaluator.data_loader)) == before
+    assert trainer.data_loader.batch_size == 2 and trainer.data_loader.collate_fn is list_data_collate
+    trainer.run()
+    assert math.isfinite(evaluator.state.metrics["val_mean_dice"]) and evaluator.state.iteration == len(tiny_files[1])
+    assert fast.applied["data"]["applied"] and fast.applied["data"]["setting"] == "ram"
+    assert fast.applied["precision"]["setting"] in ("bf16", "fp32") and "memory_format" in fast.applied
+    rows, summary = load_record(tmp_path)
+    levers = {r["lever"]: r for r in select(rows, Kind.EVENT, Source.FAST_TRAINING)}
+    assert set(levers) == {"data", "validation data", "precision", "memory_format"}
+    assert summary["fast_training"]["data"]["setting"] == "ram"
+    # the doctor never recommends what is already on, and says what is
+    from monai_fast.report.doctor import FIXES, doctor
+
+    d = doctor(tmp_path)
+    for lever, text in FIXES[d.verdict]:
+        if lever is not None and fast.applied.get(lever, {}).get("applied"):
+            assert text not in d.fixes, (d.verdict, text)
+    assert "FastTraining data: ram" in (tmp_path / "report.md").read_text()
+
+
+def test_a_data_bound_verdict_after_fast_training_does_not_recommend_caching_again():
+    from monai_fast.report.doctor import diagnose
+
+    rows = [{"kind": "epoch", "source": "time_breakdown", "engine": "train", "epoch": 1, "iterations": 4,
+             "data_s": 5.0, "compute_s": 5.0},
+            {"kind": "event", "source": "fast_training", "lever": "data", "applied": True, "setting": "ram", "reason": "x"}]
+    d = diagnose(rows)
+    assert d.verdict == "data-bound"
+    assert not any("FastTraining(cache='auto')" in f for f in d.fixes) and "already applied by FastTraining: data (ram)" in d.fixes
+    d_without = diagnose(rows[:1])
+    assert any("FastTraining(cache='auto')" in f for f in d_without.fixes)
+
+
+def test_the_same_crops_as_the_users_own_loader_for_the_same_seed(tiny_files):
+    plain, _ = _user_trainer(tiny_files, seed=3, max_epochs=2)
+    want = _crops(plain)
+    plain.run()
+    fast_trainer, fast_eval = _user_trainer(tiny_files, seed=3, max_epochs=2)
+    got = _crops(fast_trainer)
+    FastTraining().attach(fast_trainer, fast_eval)
+    fast_trainer.run()
+    assert len(want) == len(got) == 2 * plain.state.epoch_length
+    assert got == want
+
+
+def test_what_cannot_be_applied_is_left_alone_with_a_reason_and_the_rest_applies(tiny_files, caplog):
+    class RejectsChannelsLast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv3d(1, 2, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            if y.is_contiguous(memory_format=torch.channels_last_3d) and not y.is_contiguous():
+                raise RuntimeError("this network needs contiguous activations")
+            return y
+
+    tensors = TensorDataset(torch.rand(4, 1, *PATCH), torch.randint(0, 2, (4, 1, *PATCH)).float())
+    plain_loader = torch.utils.data.DataLoader(tensors, batch_size=2, collate_fn=lambda b: {
+        "image": torch.stack([x for x, _ in b]), "label": torch.stack([y for _, y in b])})
+    trainer, evaluator = _user_trainer(tiny_files, train_loader=plain_loader, network=RejectsChannelsLast())
+    fast = FastTraining(memory_format="channels_last_3d")
+    with caplog.at_level(logging.INFO, logger="monai_fast.handlers"):
+        fast.attach(trainer, evaluator)
+        trainer.run()
+    assert not fast.applied["data"]["applied"] and "no .data and .transform" in fast.applied["data"]["reason"]
+    assert fast.applied["validation data"]["applied"]  # the evaluator's MONAI loader still adopted
+    assert not fast.applied["memory_format"]["applied"] and "rejects channels_last_3d" in fast.applied["memory_format"]["reason"]
+    assert "FastTraining data: left alone: the data set (TensorDataset)" in caplog.text
+    assert trainer.state.epoch == 1
+
+
+def test_an_unknown_collate_function_is_refused_unless_thread_is_asked_for(tiny_files):
+    def my_collate(batch):
+        return list_data_collate(batch)
+
+    ds = Dataset(tiny_files[0], _chain(True))
+    for loader_option, adopted in (("auto", False), ("thread", True)):
+        trainer, evaluator = _user_trainer(tiny_files, train_loader=DataLoader(ds, batch_size=2, collate_fn=my_collate))
+        fast = FastTraining(loader=loader_option, precision=False, memory_format=False)
+        fast.attach(trainer, evaluator)
+        assert fast.applied["data"]["applied"] is adopted, fast.applied["data"]
+        assert isinstance(trainer.data_loader, SafeThreadDataLoader) is adopted
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="cache"):
+        FastTraining(cache="vram")
+    with pytest.raises(ValueError, match="cache_dir"):
+        FastTraining(cache="disk")
+    with pytest.raises(ValueError, match="ram_budget_mib"):
+        FastTraining(ram_budget_mib=-1)
+    from ignite.engine import Engine
+
+    with pytest.raises(TypeError, match="SupervisedTrainer"):
+        FastTraining().attach(Engine(lambda e, b: None))
+
+
+def _rank_items(local_rank, files, out):
+    import ignite.distributed as idist
+    from torch.utils.data import DistributedSampler
+
+    rank, world = idist.get_rank(), idist.get_world_size()
+    ds = Dataset(files[0], _chain(True))
+    loader = DataLoader(ds, batch_size=1, sampler=DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0))
+    trainer, evaluator = _user_trainer(files, train_loader=loader)
+    fast = FastTraining(precision=False, memory_format=False)
+    fast.attach(trainer)
+    seen = []
+    trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: seen.extend(str(f) for f in e.state.batch["image"].meta["filename_or_obj"]))
+    trainer.run()
+    (out / f"rank{rank}.json").write_text(json.dumps({"seen": seen, "cached": len(trainer.data_loader.dataset),
+                                                      "steps": trainer.state.epoch_length}))
+
+
+def test_two_gloo_ranks_with_a_distributed_sampler_cache_only_their_share(tiny_files, tmp_path):
+    import ignite.distributed as idist
+
+    with idist.Parallel(backend="gloo", nproc_per_node=2) as parallel:
+        parallel.run(_rank_items, tiny_files, tmp_path)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    n = len(tiny_files[0])
+    assert all(r["cached"] == math.ceil(n / 2) for r in ranks)  # each rank caches its share only
+    assert all(r["steps"] == math.ceil(n / 2) for r in ranks)  # as many steps as the sampler gave
+    images = {str(f["image"]) for f in tiny_files[0]}
+    seen = [s for r in ranks for s in set(r["seen"])]
+    assert set(seen) == images, "an item was lost"
+    assert len(seen) == len(images), "an item was seen by both ranks"
