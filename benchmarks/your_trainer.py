@@ -1,0 +1,197 @@
+"""Your trainer, as it is and with one added line: ``FastTraining().attach(trainer, evaluator)``.
+
+The trainer is written the way MONAI's spleen tutorial writes it, with nothing from monai-fast:
+``Dataset`` + ``DataLoader(num_workers=4)`` over the tutorial's transform chain, a 3D ``UNet``,
+``DiceLoss``, ``Adam(1e-4)``, a ``SupervisedEvaluator`` with sliding-window inference and
+``MeanDice``, validation every epoch. Both variants run from the same seed for the same number of
+epochs, taking turns repeat by repeat (plain, fast, plain, fast, ...), so a slow spell of a
+shared machine hits both. The table gives per-epoch training and validation seconds, set-up
+seconds (cache filling counts), the validation Dice after the last epoch, the time to a Dice
+target where reached, and the per-epoch ratio; the JSON keeps every epoch.
+
+    python benchmarks/your_trainer.py                       # about 6 minutes on 2 CPU cores
+    python benchmarks/your_trainer.py --epochs 6 --repeats 3 --device cuda --channels 16 32 64 128 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from ignite.engine import Events
+from monai.data import DataLoader, Dataset
+from monai.engines import SupervisedEvaluator, SupervisedTrainer
+from monai.handlers import MeanDice, ValidationHandler, from_engine
+from monai.inferers import SlidingWindowInferer
+from monai.losses import DiceLoss
+from monai.networks.nets import UNet
+from monai.transforms import (
+    AsDiscreted,
+    Compose,
+    CropForegroundd,
+    EnsureChannelFirstd,
+    LoadImaged,
+    Orientationd,
+    RandCropByPosNegLabeld,
+    RandFlipd,
+    RandRotate90d,
+    RandShiftIntensityd,
+    ScaleIntensityRanged,
+    Spacingd,
+    SpatialPadd,
+)
+from monai.utils import set_determinism
+
+from monai_fast.data.msd import load_msd_datalist
+from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.files import write_json
+from monai_fast.handlers import FastTraining
+from monai_fast.telemetry import cuda_available, device_description
+from monai_fast.telemetry.precision import cpu_has_bf16_hardware
+
+
+def tutorial_chain(patch: tuple[int, int, int], random: bool) -> Compose:
+    """MONAI's spleen tutorial chain (validation: without the random part)."""
+    keys = ["image", "label"]
+    t = [
+        LoadImaged(keys=keys), EnsureChannelFirstd(keys=keys), Orientationd(keys=keys, axcodes="RAS"),
+        Spacingd(keys=keys, pixdim=(1.5, 1.5, 2.0), mode=("bilinear", "nearest")),
+        ScaleIntensityRanged(keys=["image"], a_min=-57, a_max=164, b_min=0.0, b_max=1.0, clip=True),
+        CropForegroundd(keys=keys, source_key="image", allow_smaller=True),
+    ]
+    if random:
+        t += [
+            SpatialPadd(keys=keys, spatial_size=patch),
+            RandCropByPosNegLabeld(keys=keys, label_key="label", spatial_size=patch, pos=1, neg=1, num_samples=4,
+                                   image_key="image", image_threshold=0),
+            RandFlipd(keys=keys, spatial_axis=[0], prob=0.10),
+            RandRotate90d(keys=keys, prob=0.10, max_k=3),
+            RandShiftIntensityd(keys=["image"], offsets=0.10, prob=0.50),
+        ]
+    return Compose(t)
+
+
+def build(files, args, device: str) -> tuple[SupervisedTrainer, SupervisedEvaluator]:
+    """The user's trainer and evaluator, as the tutorial builds them."""
+    set_determinism(args.seed)
+    train_files, val_files = files
+    patch = tuple(args.patch)
+    train_loader = DataLoader(Dataset(train_files, tutorial_chain(patch, True)), batch_size=2, shuffle=True,
+                              num_workers=args.workers)
+    val_loader = DataLoader(Dataset(val_files, tutorial_chain(patch, False)), batch_size=1, num_workers=args.workers)
+    net = UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=tuple(args.channels),
+               strides=(2,) * (len(args.channels) - 1), num_res_units=2, norm="batch").to(device)
+    post = Compose([AsDiscreted(keys="pred", argmax=True, to_onehot=2), AsDiscreted(keys="label", to_onehot=2)])
+    evaluator = SupervisedEvaluator(
+        device=device, val_data_loader=val_loader, network=net, inferer=SlidingWindowInferer(patch, sw_batch_size=4),
+        postprocessing=post,
+        key_val_metric={"val_mean_dice": MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))},
+    )
+    trainer = SupervisedTrainer(
+        device=device, max_epochs=args.epochs, train_data_loader=train_loader, network=net,
+        optimizer=torch.optim.Adam(net.parameters(), 1e-4), loss_function=DiceLoss(to_onehot_y=True, softmax=True),
+        train_handlers=[ValidationHandler(validator=evaluator, interval=1)],
+    )
+    return trainer, evaluator
+
+
+def run_once(files, args, device: str, fast: bool) -> dict:
+    """One run; per epoch: training seconds (iterations only), validation seconds, Dice."""
+    t0 = time.perf_counter()
+    trainer, evaluator = build(files, args, device)
+    ft = FastTraining(progress=False) if fast else None
+    if ft is not None:
+        ft.attach(trainer, evaluator)
+    setup_s = time.perf_counter() - t0
+    epochs: list[dict] = []
+    marks: dict = {}
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: marks.update(start=time.perf_counter()))
+    evaluator.add_event_handler(Events.STARTED, lambda e: marks.update(val=time.perf_counter()))
+
+    def epoch_done(_):
+        now = time.perf_counter()
+        epochs.append({"epoch": trainer.state.epoch, "train_s": marks["val"] - marks["start"], "val_s": now - marks["val"],
+                       "dice": float(evaluator.state.metrics["val_mean_dice"]), "elapsed_s": now - t0})
+
+    evaluator.add_event_handler(Events.COMPLETED, epoch_done)
+    trainer.run()
+    applied = {k: v["setting"] if v["applied"] else None for k, v in ft.applied.items()} if ft is not None else {}
+    return {"variant": "fast" if fast else "plain", "setup_s": setup_s, "epochs": epochs, "applied": applied}
+
+
+def summarise(run: dict, target: float) -> dict:
+    ep = run["epochs"]
+    later = ep[1:] if len(ep) > 1 else ep  # the first epoch carries warm-up
+    reached = next((e for e in ep if e["dice"] >= target), None)
+    return {
+        "train_s": statistics.median(e["train_s"] for e in later),
+        "val_s": statistics.median(e["val_s"] for e in later),
+        "epoch_s": statistics.median(e["train_s"] + e["val_s"] for e in later),
+        "setup_s": run["setup_s"],
+        "final_dice": ep[-1]["dice"],
+        "time_to_target_s": reached["elapsed_s"] if reached else None,
+        "epochs_to_target": reached["epoch"] if reached else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=4, help="epochs per run (default 4)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per variant, interleaved (default 2)")
+    p.add_argument("--cases", type=int, default=16, help="synthetic spleen-like cases (default 16)")
+    p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), help="volume shape (default 128 128 64)")
+    p.add_argument("--patch", type=int, nargs=3, default=(64, 64, 64), help="training crop / sliding window (default 64^3)")
+    p.add_argument("--channels", type=int, nargs="+", default=(8, 16, 32, 64), help="UNet channels (default 8 16 32 64)")
+    p.add_argument("--workers", type=int, default=4, help="DataLoader worker processes of the plain trainer (default 4)")
+    p.add_argument("--target", type=float, default=0.9, help="Dice target for the time-to-target column (default 0.9)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu' or 'cuda'")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the JSON")
+    args = p.parse_args(argv)
+    device = ("cuda" if cuda_available() else "cpu") if args.device == "auto" else args.device
+    root = synthetic_dataset("spleen-like", args.cases, tuple(args.shape), 0, progress=False)
+    files = load_msd_datalist(root, val_fraction=0.25, seed=0)
+    runs = []
+    for r in range(args.repeats):
+        for fast in (False, True):
+            print(f"-- repeat {r + 1}: {'FastTraining' if fast else 'plain'}", flush=True)
+            runs.append({"repeat": r + 1, **run_once(files, args, device, fast)})
+    rows = []
+    for r in range(1, args.repeats + 1):
+        plain = summarise(next(x for x in runs if x["repeat"] == r and x["variant"] == "plain"), args.target)
+        fast = summarise(next(x for x in runs if x["repeat"] == r and x["variant"] == "fast"), args.target)
+        rows.append({"repeat": r, "plain": plain, "fast": fast, "epoch_ratio": plain["epoch_s"] / fast["epoch_s"],
+                     "train_ratio": plain["train_s"] / fast["train_s"], "val_ratio": plain["val_s"] / fast["val_s"],
+                     "dice_gap": fast["final_dice"] - plain["final_dice"]})
+    print(f"\n{'repeat':<7}{'variant':<9}{'setup s':>9}{'train s/ep':>12}{'val s/ep':>10}{'epoch s':>9}{'Dice@' + str(args.epochs):>9}"
+          f"{'to ' + str(args.target):>10}")
+    for row in rows:
+        for name in ("plain", "fast"):
+            s = row[name]
+            tt = f"{s['time_to_target_s']:.0f} s" if s["time_to_target_s"] else "-"
+            print(f"{row['repeat']:<7}{name:<9}{s['setup_s']:>9.1f}{s['train_s']:>12.2f}{s['val_s']:>10.2f}{s['epoch_s']:>9.2f}"
+                  f"{s['final_dice']:>9.3f}{tt:>10}")
+        print(f"{'':<7}{'ratio':<9}{'':>9}{row['train_ratio']:>11.2f}x{row['val_ratio']:>9.2f}x{row['epoch_ratio']:>8.2f}x"
+              f"{row['dice_gap']:>+9.3f}")
+    bf16 = cpu_has_bf16_hardware() if device == "cpu" else None
+    applied = next(x["applied"] for x in runs if x["variant"] == "fast")
+    print(f"\nFastTraining applied: {applied}")
+    print(f"device: {device_description(device)}" + ("" if bf16 is None else f"; CPU bf16 hardware: {'yes' if bf16 else 'no'}"))
+    doc = {"benchmark": "your_trainer", "date": dt.datetime.now().isoformat(timespec="seconds"),
+           "machine": {"device": device_description(device), "cpu_bf16_hardware": bf16, "python": sys.version.split()[0],
+                       "platform": platform.platform(), "torch": torch.__version__},
+           "options": vars(args), "rows": rows, "runs": runs, "applied": applied,
+           "median_epoch_ratio": statistics.median(r["epoch_ratio"] for r in rows)}
+    out = write_json(doc, Path(args.out) / f"your_trainer_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
+    print(f"median per-epoch ratio {doc['median_epoch_ratio']:.2f}x; results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
