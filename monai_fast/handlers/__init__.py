@@ -4,6 +4,7 @@ from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.gpu_sampler import GPUSampler
 from monai_fast.handlers.kernel_profiler import KernelProfiler
 from monai_fast.handlers.lifecycle import on_run_end
+from monai_fast.handlers.nonfinite import NonFiniteGuard, NonFiniteLossError
 from monai_fast.handlers.nvtx import NVTXHandler, nvtx_range
 from monai_fast.handlers.preemption import Preemption
 from monai_fast.handlers.record import RecordHandler, record_of
@@ -18,6 +19,8 @@ __all__ = [
     "GPUSampler",
     "KernelProfiler",
     "NVTXHandler",
+    "NonFiniteGuard",
+    "NonFiniteLossError",
     "Preemption",
     "RecordHandler",
     "SmartCacheUpdater",
