@@ -60,17 +60,11 @@ def test_a_nan_image_in_fp32_stops_with_an_error_naming_the_file(tiny_files, tin
     assert all(torch.isfinite(b).all() for b in r.network.buffers() if b.is_floating_point())
 
 
-class _NaNLoss(torch.nn.Module):
-    """The real loss, NaN on chosen iterations (a numerical blow-up from finite inputs)."""
-
-    def __init__(self, inner, bad):
-        super().__init__()
-        self.inner, self.bad, self.i = inner, set(bad), 0
-
-    def forward(self, pred, label):
-        self.i += 1
-        loss = self.inner(pred, label)
-        return loss * float("nan") if self.i in self.bad else loss
+def _nan_loss_at(trainer, iterations):
+    """The trainer's real loss, NaN at the given iterations (a numerical blow-up from finite inputs)."""
+    inner = trainer.loss_function
+    trainer.loss_function = lambda pred, label: inner(pred, label) * (
+        float("nan") if trainer.state.iteration in iterations else 1.0)
 
 
 def _tiny_trainer(data, epochs=1, network=None):
@@ -96,7 +90,7 @@ def _volumes(n, nan_batch=None):
 def test_a_single_nan_batch_in_fp32_is_skipped_and_training_goes_on(source):
     t = _tiny_trainer(_volumes(8, nan_batch=1 if source == "input" else None))
     if source == "loss":
-        t.loss_function = _NaNLoss(t.loss_function, bad={2})
+        _nan_loss_at(t, {2})
     guard = NonFiniteGuard()
     guard.attach(t)
     snaps = {}
@@ -112,7 +106,7 @@ def test_a_single_nan_batch_in_fp32_is_skipped_and_training_goes_on(source):
 
 def test_nonfinite_losses_in_a_row_in_fp32_stop_with_the_iteration_and_epoch():
     t = _tiny_trainer(_volumes(4), epochs=3)
-    t.loss_function = _NaNLoss(t.loss_function, bad={3, 4, 5, 6})
+    _nan_loss_at(t, {3, 4, 5, 6})
     NonFiniteGuard(max_nonfinite=2).attach(t)
     with pytest.raises(NonFiniteLossError, match=r"2 non-finite losses in a row .*iteration 4 \(epoch 2\)"):
         t.run()
