@@ -9,7 +9,8 @@ from monai.engines import SupervisedTrainer
 from monai.engines.utils import IterationEvents
 from monai.losses import DiceCELoss
 
-from monai_fast.handlers import AMPToggle, RecordHandler
+from monai_fast.handlers import AMPToggle, NonFiniteGuard, RecordHandler
+from monai_fast.handlers.lifecycle import handlers_on
 from monai_fast.recipes import build_recipe
 from monai_fast.telemetry import precision
 from monai_fast.telemetry.record import load_record
@@ -175,3 +176,23 @@ def test_fp16_on_cuda_counts_overflows(tiny_files, tiny_config):
     r.trainer.run()
     assert amp.precision == "fp16" and r.trainer.scaler is not None
     assert amp.stats["nonfinite"] == 1 and amp.stats["overflows"] == 1
+
+
+def test_a_new_toggle_replaces_the_old_one_on_the_same_trainer():
+    t = _tiny_trainer(max_epochs=1)
+    plain = t.inferer
+    t.loss_function = _NaNLoss(t.loss_function, bad={1})
+    old = AMPToggle("bf16")
+    old.attach(t)
+    new = AMPToggle("bf16")
+    new.attach(t)  # a re-run notebook cell
+    assert t.inferer.inner is plain and t.inferer.toggle is new  # autocast applied once
+    old.disable()  # the replaced toggle no longer drives the trainer
+    seen = []
+    t.network.register_forward_hook(lambda mod, i, o: seen.append(o.dtype))
+    t.run()
+    assert seen == [torch.bfloat16, torch.bfloat16]
+    assert new.stats["nonfinite"] == 1 and old.stats["nonfinite"] == 0  # counted once, by the new one
+    assert list(handlers_on(t)).count(NonFiniteGuard) == 1
+    new.detach(t)
+    assert t.inferer is plain and not handlers_on(t)

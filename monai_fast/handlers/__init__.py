@@ -5,6 +5,7 @@ from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.handlers.gpu_sampler import GPUSampler
 from monai_fast.handlers.kernel_profiler import KernelProfiler
 from monai_fast.handlers.lifecycle import on_run_end
+from monai_fast.handlers.nonfinite import NonFiniteGuard, NonFiniteLossError
 from monai_fast.handlers.nvtx import NVTXHandler, nvtx_range
 from monai_fast.handlers.preemption import Preemption
 from monai_fast.handlers.record import RecordHandler, record_of
@@ -20,6 +21,8 @@ __all__ = [
     "GPUSampler",
     "KernelProfiler",
     "NVTXHandler",
+    "NonFiniteGuard",
+    "NonFiniteLossError",
     "Preemption",
     "RecordHandler",
     "SmartCacheUpdater",

@@ -8,9 +8,10 @@ from typing import Any, Literal
 
 import torch
 from ignite.engine import Engine, Events
-from monai.engines.utils import IterationEvents
 from monai.inferers import Inferer
 
+from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
+from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry.precision import PRECISIONS, REQUESTS, autocast_dtype, choose_precision
 
@@ -36,7 +37,7 @@ class _AutocastInferer(Inferer):
         return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
 
 
-class AMPToggle:
+class AMPToggle(EngineHandler):
     """Autocast on a MONAI ``SupervisedTrainer`` / ``SupervisedEvaluator`` that can change at runtime.
 
     MONAI's ``amp=True`` is fixed at construction, always autocasts for ``"cuda"`` and offers no
@@ -49,22 +50,24 @@ class AMPToggle:
       (:func:`~monai_fast.telemetry.precision.choose_precision`);
     * switches on and off per epoch with ``schedule(epoch) -> bool``, or by :meth:`enable` /
       :meth:`disable`;
-    * checks each loss: a non-finite loss skips its optimizer step (gradients dropped; with fp16
-      the scaler skips it) and is counted; fp16 overflows (the scaler lowering its scale) are
-      counted too;
-    * after ``max_nonfinite`` non-finite losses in a row, falls back to fp32 for the rest of the
-      run and logs a warning.
+    * on a trainer, works with the engine's :class:`~monai_fast.handlers.NonFiniteGuard` (attaching
+      one when there is none): the guard skips each step with a non-finite loss, in every
+      precision, and after ``max_nonfinite`` of them in a row asks this handler to fall back to
+      fp32 for the rest of the run (a warning says so); fp16 overflows (the scaler lowering its
+      scale) are counted here.
 
-    Counts are on the handler (:attr:`stats`), per epoch in the run record, and in its summary.
+    Counts are in :attr:`stats`, per epoch in the run record, and in its summary.
     :meth:`state_dict` holds the chosen precision, the fallback and the counts, so an
     ``ignite.handlers.Checkpoint`` that includes the handler resumes in the same precision
-    (loaded before :meth:`attach`, nothing is measured again).
+    (loaded before :meth:`attach`, nothing is measured again). A new ``AMPToggle`` attached to the
+    same engine (a re-run notebook cell) replaces this one, whose inferer wrapping is undone.
 
     Args:
         dtype: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off, the
             non-finite guard stays).
         schedule: ``epoch -> bool``, called at each epoch's start; ``None`` keeps it on.
-        max_nonfinite: consecutive non-finite losses before the fallback to fp32.
+        max_nonfinite: consecutive non-finite losses before the fallback to fp32 (for the guard
+            this handler attaches; a guard already on the engine keeps its own).
 
     Example:
         >>> from monai_fast.handlers import AMPToggle
@@ -79,6 +82,7 @@ class AMPToggle:
         schedule: Callable[[int], bool] | None = None,
         max_nonfinite: int = 3,
     ) -> None:
+        super().__init__()
         if dtype not in REQUESTS:
             raise ValueError(f"dtype must be 'auto', 'bf16', 'fp16' or 'fp32', got {dtype!r}")
         if schedule is not None and not callable(schedule):
@@ -93,20 +97,29 @@ class AMPToggle:
         self.precision = "fp32"
         self.device_type = "cpu"
         self.autocast_dtype = torch.bfloat16
-        self.stats = {"nonfinite": 0, "skipped_steps": 0, "overflows": 0}
-        self._streak = 0
-        self._engine: Engine | None = None
+        self._guard: NonFiniteGuard | None = None
+        self._own_guard = False
+        self._guard_state: dict[str, Any] = NonFiniteGuard().state_dict()  # counts while no guard is attached
+        self._overflows = 0
         self._scale_before: float | None = None
         self._epoch_counts = dict(self.stats)
         self._restored = False
+        self._undo: dict[str, Any] = {}
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """``nonfinite`` losses and ``skipped_steps`` (from the engine's guard), fp16 ``overflows``."""
+        g = self._guard.state_dict() if self._guard is not None else self._guard_state
+        return {"nonfinite": g["stats"]["nonfinite"], "skipped_steps": g["stats"]["skipped_steps"], "overflows": self._overflows}
 
     def state_dict(self) -> dict[str, Any]:
         """The chosen precision, whether it fell back to fp32, the on/off switch and the counts."""
+        g = self._guard.state_dict() if self._guard is not None else self._guard_state
         return {
             "precision": self.precision,
             "fell_back": self.fell_back,
             "enabled": self.enabled,
-            "streak": self._streak,
+            "streak": g["streak"],
             "stats": dict(self.stats),
         }
 
@@ -121,12 +134,15 @@ class AMPToggle:
         self.precision = state["precision"]
         self.fell_back = bool(state["fell_back"])
         self.enabled = bool(state["enabled"])
-        self._streak = int(state["streak"])
-        self.stats = {k: int(state["stats"][k]) for k in self.stats}
+        self._overflows = int(state["stats"]["overflows"])
+        self._guard_state = {"stats": {**self._guard_state["stats"], **state["stats"]}, "streak": int(state["streak"])}
+        self._guard_state["stats"].pop("overflows")
+        if self._guard is not None:
+            self._guard.load_state_dict(self._guard_state)
         self._epoch_counts = dict(self.stats)
         self._restored = True
         self.autocast_dtype = autocast_dtype(self.precision)
-        e = self._engine
+        e = self.engine
         if e is not None and self.precision == "fp16" and hasattr(e, "optimizer") and getattr(e, "scaler", None) is None:
             e.scaler = torch.amp.GradScaler("cuda")
         self._apply()
@@ -146,40 +162,70 @@ class AMPToggle:
         self.enabled = False
         self._apply()
 
-    def attach(self, engine: Engine) -> None:
+    def _attach(self, engine: Engine) -> None:
         """Take over precision on a MONAI engine.
 
         Raises:
             TypeError: if ``engine`` has no ``inferer`` (not a MONAI trainer/evaluator).
-            RuntimeError: if already attached.
         """
-        if self._engine is not None:
-            raise RuntimeError("AMPToggle is already attached; make one per engine")
         if not isinstance(getattr(engine, "inferer", None), Inferer):
             raise TypeError("AMPToggle needs a MONAI SupervisedTrainer or SupervisedEvaluator (an engine with an inferer)")
         device = torch.device(getattr(engine.state, "device", None) or "cpu")
-        if not self._restored:  # a resumed run keeps the precision its checkpoint chose
-            self.precision = choose_precision(self.requested, device)
+        precision = self.precision if self._restored else choose_precision(self.requested, device)
+        self.precision = precision  # a resumed run keeps the precision its checkpoint chose
         self.device_type = device.type
         self.autocast_dtype = autocast_dtype(self.precision)
-        self._engine = engine
+        self._undo = {"inferer": engine.inferer, "amp": getattr(engine, "amp", False),
+                      "amp_kwargs": getattr(engine, "amp_kwargs", {}), "scaler": getattr(engine, "scaler", None)}
         engine.inferer = _AutocastInferer(engine.inferer, self)
         trains = hasattr(engine, "optimizer")
         if trains and self.precision == "fp16" and getattr(engine, "scaler", None) is None:
             engine.scaler = torch.amp.GradScaler("cuda")
         self._apply()
-        engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
-        engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
+        self.on(engine, Events.EPOCH_STARTED, self._epoch_started)
+        self.on(engine, Events.EPOCH_COMPLETED, self._epoch_completed)
         if trains:
-            engine.add_event_handler(Events.ITERATION_STARTED, self._iteration_started)
-            engine.add_event_handler(IterationEvents.BACKWARD_COMPLETED, self._check_loss)
-            engine.add_event_handler(Events.ITERATION_COMPLETED, self._iteration_completed)
+            self._use_guard(engine)
+            self.on(engine, Events.ITERATION_STARTED, self._iteration_started)
+            self.on(engine, Events.ITERATION_COMPLETED, self._iteration_completed)
         logger.info("AMPToggle: %s on %s", self.precision, device)
+
+    def _use_guard(self, engine: Engine) -> None:
+        guard = handlers_on(engine).get(NonFiniteGuard)
+        self._own_guard = guard is None
+        if guard is None:
+            guard = NonFiniteGuard(self.max_nonfinite)
+            guard.attach(engine)
+        if self._restored or self._own_guard:
+            guard.load_state_dict(self._guard_state)
+        guard.fallback = self._fall_back
+        self._guard = guard
+
+    def _detached(self, engine: Engine) -> None:
+        # undo the inferer wrapping (also when another toggle's wrapper sits on top of ours) and MONAI's flags
+        outer = getattr(engine, "inferer", None)
+        if isinstance(outer, _AutocastInferer) and outer.toggle is self:
+            engine.inferer = outer = outer.inner
+        while isinstance(outer, _AutocastInferer):
+            if isinstance(outer.inner, _AutocastInferer) and outer.inner.toggle is self:
+                outer.inner = outer.inner.inner
+            outer = outer.inner
+        for name in ("amp", "amp_kwargs", "scaler"):
+            if name in self._undo and hasattr(engine, name):
+                setattr(engine, name, self._undo[name])
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            self._guard_state = guard.state_dict()
+            if guard.fallback == self._fall_back:
+                guard.fallback = None
+            if self._own_guard:
+                guard.detach(engine)
+        self._undo = {}
 
     def _apply(self) -> None:
         # MONAI's own autocast is hard-wired to "cuda": keep it off and use ours (the inferer);
         # its amp flag only selects the GradScaler path, which fp16 needs
-        e = self._engine
+        e = self.engine
         if e is None:
             return
         e.amp = self.active and self.precision == "fp16" and getattr(e, "scaler", None) is not None
@@ -195,34 +241,29 @@ class AMPToggle:
         scaler = getattr(engine, "scaler", None)
         self._scale_before = scaler.get_scale() if engine.amp and scaler is not None else None
 
-    def _check_loss(self, engine: Engine) -> None:
-        loss = engine.state.output["loss"]
-        if bool(torch.isfinite(loss).all()):
-            self._streak = 0
-            return
-        self.stats["nonfinite"] += 1
-        self._streak += 1
-        if not engine.amp:  # the GradScaler skips such a step by itself
-            engine.optimizer.zero_grad(set_to_none=True)
-            self.stats["skipped_steps"] += 1
-        if self._streak >= self.max_nonfinite and not self.fell_back and self.active:
-            self.fell_back = True
-            self._apply()
-            logger.warning(
-                "AMPToggle: %d non-finite losses in a row at iteration %d; falling back to fp32 for the rest of the run",
-                self._streak, engine.state.iteration,
-            )
-            if (record := record_of(engine)) is not None:
-                record.add("event", "amp", what="fallback_to_fp32", iteration=engine.state.iteration)
+    def _fall_back(self, engine: Engine) -> bool:
+        """The guard's fallback: fp32 for the rest of the run; ``False`` when autocast is off already."""
+        if self.fell_back or not self.active:
+            return False
+        self.fell_back = True
+        self._apply()
+        logger.warning(
+            "AMPToggle: %d non-finite losses in a row at iteration %d; falling back to fp32 for the rest of the run",
+            self._guard.streak if self._guard is not None else 0, engine.state.iteration,
+        )
+        if (record := record_of(engine)) is not None:
+            record.add("event", "amp", what="fallback_to_fp32", iteration=engine.state.iteration)
+        return True
 
     def _iteration_completed(self, engine: Engine) -> None:
         if self._scale_before is not None:
             scaler = engine.scaler
             if scaler.get_scale() < self._scale_before:  # the scaler found inf/nan and skipped the step
-                self.stats["overflows"] += 1
+                self._overflows += 1
 
     def _epoch_completed(self, engine: Engine) -> None:
-        row = {k: self.stats[k] - self._epoch_counts[k] for k in self.stats}
+        stats = self.stats
+        row = {k: stats[k] - self._epoch_counts[k] for k in stats}
         if (record := record_of(engine)) is not None:
             record.add("epoch", "amp", epoch=engine.state.epoch, precision=self.precision, active=self.active, **row)
-            record.set_summary("amp", {"precision": self.precision, "fell_back": self.fell_back, **self.stats})
+            record.set_summary("amp", {"precision": self.precision, "fell_back": self.fell_back, **stats})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.recipes.common import Recipe, assemble
 from monai_fast.recipes.datasets import DataPiece
 from monai_fast.recipes.parts import RecipeParts
@@ -18,6 +19,8 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float) -> Recipe:
     The network is built after the data sets (the seed's random stream is the same as always),
     validation runs through a ``ValidationHandler``, and the precision goes either to MONAI's
     own ``amp`` (``parts.precision_by == "monai"``) or to an ``AMPToggle`` on trainer and evaluator.
+    Every trainer gets a ``NonFiniteGuard``, whatever the precision (fp32 included): a non-finite
+    loss skips its step, and persistent ones stop the run with an error naming the files.
     ``recipe.notes`` say what was built.
 
     Example:
@@ -44,6 +47,7 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float) -> Recipe:
         amp=parts.monai_amp, t_start=t_start, notes=notes,
     )
     data.attach(recipe.trainer)
+    NonFiniteGuard().attach(recipe.trainer)  # before AMPToggle, which then falls back through it
     if parts.precision_by == "toggle" and attach_precision(parts.precision, recipe.trainer, recipe.evaluator):
         recipe.amp = True
     recipe.setup_s = time.perf_counter() - t_start

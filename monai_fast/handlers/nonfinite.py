@@ -1,0 +1,214 @@
+"""A non-finite loss never reaches the weights, in any precision, and ranks decide together.
+
+:class:`NonFiniteGuard` checks each training loss of a MONAI ``SupervisedTrainer`` after the
+backward pass, before the optimizer steps. The semantics:
+
+* **a non-finite loss skips its step**: the gradients are dropped (with MONAI's fp16
+  ``GradScaler`` path they are marked non-finite, so the scaler skips and lowers its scale), the
+  network's buffers (batch-norm running statistics) are put back as they were before the forward
+  pass, and the step is counted. The weights stay exactly as they were.
+* **a streak means the numbers, not the data, are at fault**: after ``max_nonfinite`` non-finite
+  losses in a row from finite inputs, a registered fallback (:class:`~monai_fast.handlers.AMPToggle`
+  going to fp32) gets its chance; where there is none (fp32 already) training stops with
+  :class:`NonFiniteLossError`.
+* **non-finite inputs mean the data is at fault**: a batch whose image or label holds NaN/Inf is
+  skipped once (a transient glitch); the ``max_bad_inputs``-th such batch stops training in any
+  precision (no precision fixes NaN voxels), with an error naming the files: from the batch's
+  MONAI metadata (``MetaTensor.meta["filename_or_obj"]`` or ``image_meta_dict``) when it carries
+  some, else by scanning the training data set's files for non-finite voxels.
+* **under DDP all ranks decide together**: the flags are all-reduced (MAX, ``ignite.distributed``)
+  before any rank steps. DDP has already averaged the gradients during backward, so a NaN on one
+  rank poisons every rank's gradients; all ranks skip, their weights stay equal, and the streaks,
+  the fallback and the error happen at the same iteration on every rank.
+
+Example:
+    >>> from monai_fast.handlers import NonFiniteGuard
+    >>> guard = NonFiniteGuard(max_nonfinite=3)
+    >>> guard.attach(trainer)  # doctest: +SKIP
+    >>> guard.stats  # doctest: +SKIP
+    {'nonfinite': 0, 'skipped_steps': 0, 'bad_inputs': 0}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from ignite import distributed as idist
+from ignite.engine import Engine, Events
+from monai.engines.utils import IterationEvents
+
+from monai_fast.handlers.lifecycle import EngineHandler
+
+__all__ = ["NonFiniteGuard", "NonFiniteLossError", "batch_files", "files_with_nonfinite_voxels"]
+
+logger = logging.getLogger("monai_fast.handlers")
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training stopped on non-finite losses; the message names the iteration, epoch and files."""
+
+
+def _finite(x: Any) -> bool:
+    return not (isinstance(x, torch.Tensor) and x.is_floating_point()) or bool(torch.isfinite(x).all())
+
+
+def batch_files(batch: Any, image_key: str = "image") -> list[str] | None:
+    """Per sample, the file each sample of a collated MONAI batch came from; ``None`` without metadata.
+
+    Example:
+        >>> batch_files({"image": torch.zeros(1, 1, 2, 2, 2), "image_meta_dict": {"filename_or_obj": ["a.nii"]}})
+        ['a.nii']
+    """
+    if not isinstance(batch, dict):
+        return None
+    meta = getattr(batch.get(image_key), "meta", None) or batch.get(f"{image_key}_meta_dict") or {}
+    names = meta.get("filename_or_obj") if isinstance(meta, dict) else None
+    if isinstance(names, (str, os.PathLike)):
+        names = [names]
+    return [str(n) for n in names] if names else None
+
+
+def files_with_nonfinite_voxels(items: Iterable[Any]) -> list[str]:
+    """The files (paths in a MONAI datalist) that hold NaN or Inf voxels, read with ``LoadImage``.
+
+    Example:
+        >>> files_with_nonfinite_voxels([{"image": "imagesTr/a.nii.gz"}])  # doctest: +SKIP
+        ['imagesTr/a.nii.gz']
+    """
+    from monai.transforms import LoadImage
+
+    load, bad = LoadImage(image_only=True), []
+    for item in items:
+        paths = item.values() if isinstance(item, dict) else [item]
+        for path in paths:
+            if isinstance(path, (str, os.PathLike)) and not _finite(torch.as_tensor(load(path)).float()):
+                bad.append(str(path))
+    return bad
+
+
+class NonFiniteGuard(EngineHandler):
+    """Skip steps with a non-finite loss and stop when they persist (see the module docstring).
+
+    Args:
+        max_nonfinite: non-finite losses in a row (finite inputs) before the fallback, or the error.
+        max_bad_inputs: batches with NaN/Inf in their image or label before the error.
+
+    Attributes:
+        stats: ``nonfinite`` losses, ``skipped_steps``, ``bad_inputs`` batches (agreed across ranks).
+        fallback: ``engine -> bool``, called when a streak reaches ``max_nonfinite``; returns whether
+            it changed something (then the streak starts again). Set by ``AMPToggle``.
+
+    Example:
+        >>> NonFiniteGuard(max_nonfinite=5).attach(trainer)  # doctest: +SKIP
+    """
+
+    def __init__(self, max_nonfinite: int = 3, max_bad_inputs: int = 2) -> None:
+        super().__init__()
+        if max_nonfinite < 1:
+            raise ValueError(f"max_nonfinite must be >= 1, got {max_nonfinite}")
+        if max_bad_inputs < 1:
+            raise ValueError(f"max_bad_inputs must be >= 1, got {max_bad_inputs}")
+        self.max_nonfinite = max_nonfinite
+        self.max_bad_inputs = max_bad_inputs
+        self.stats = {"nonfinite": 0, "skipped_steps": 0, "bad_inputs": 0}
+        self.streak = 0
+        self.fallback: Callable[[Engine], bool] | None = None
+        self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counts and the current streak."""
+        return {"stats": dict(self.stats), "streak": self.streak}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (counts missing from an older state stay 0)."""
+        self.stats.update({k: int(v) for k, v in state["stats"].items() if k in self.stats})
+        self.streak = int(state["streak"])
+
+    def _attach(self, engine: Engine) -> None:
+        if not hasattr(engine, "optimizer") or not hasattr(engine, "network"):
+            raise TypeError("NonFiniteGuard needs a MONAI SupervisedTrainer (an engine with a network and an optimizer)")
+        self.on(engine, Events.ITERATION_STARTED, self._save_buffers)
+        self.on(engine, IterationEvents.BACKWARD_COMPLETED, self._check)
+
+    def _detached(self, engine: Engine) -> None:
+        self._saved = []
+        self.fallback = None
+
+    def _save_buffers(self, engine: Engine) -> None:
+        # batch-norm statistics change in the forward pass; a skipped step must not keep them
+        buffers = list(engine.network.buffers())
+        if len(buffers) != len(self._saved) or any(b is not s for b, (s, _) in zip(buffers, self._saved, strict=False)):
+            self._saved = [(b, b.detach().clone()) for b in buffers]
+        else:
+            for b, copy in self._saved:
+                copy.copy_(b.detach())
+
+    def _check(self, engine: Engine) -> None:
+        out = engine.state.output
+        bad_loss = not _finite(out["loss"])
+        bad_input = bad_loss and not all(_finite(out.get(k)) for k in ("image", "label"))
+        flags = torch.tensor([float(bad_loss), float(bad_input)])
+        if idist.get_world_size() > 1:  # every rank steps, or none does
+            flags = idist.all_reduce(flags, op="MAX")
+        any_bad, any_bad_input = bool(flags[0]), bool(flags[1])
+        if not any_bad:
+            self.streak = 0
+            return
+        self._skip_step(engine)
+        self.stats["nonfinite"] += 1
+        self.stats["skipped_steps"] += 1
+        where = f"iteration {engine.state.iteration} (epoch {engine.state.epoch})"
+        if any_bad_input:
+            self.stats["bad_inputs"] += 1
+            logger.warning("NonFiniteGuard: NaN/Inf in the input at %s; step skipped", where)
+            if self.stats["bad_inputs"] >= self.max_bad_inputs:
+                self._stop(engine, f"the input batch held NaN/Inf voxels ({self.stats['bad_inputs']} batches so far) at "
+                           f"{where}; fix or remove the file(s)", bad_loss, bad_input)
+            return
+        self.streak += 1
+        logger.warning("NonFiniteGuard: non-finite loss at %s; step skipped (%d in a row)", where, self.streak)
+        if self.streak < self.max_nonfinite:
+            return
+        if self.fallback is not None and self.fallback(engine):
+            self.streak = 0
+            return
+        self._stop(engine, f"{self.streak} non-finite losses in a row from finite inputs, the last at {where}, and no "
+                   "lower precision to fall back to; lower the learning rate or check the loss", bad_loss, bad_input)
+
+    def _skip_step(self, engine: Engine) -> None:
+        for b, copy in self._saved:
+            b.data.copy_(copy)
+        if getattr(engine, "amp", False) and getattr(engine, "scaler", None) is not None:
+            # the scaler must see the step as non-finite on every rank: it skips it and lowers its scale
+            for group in engine.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.fill_(float("nan"))
+        else:
+            engine.optimizer.zero_grad(set_to_none=True)
+
+    def _stop(self, engine: Engine, why: str, bad_loss: bool, bad_input: bool) -> None:
+        local = self._local_files(engine, bad_input) if bad_loss else ""
+        parts = idist.all_gather(local) if idist.get_world_size() > 1 else [local]
+        named = "; ".join(f"rank {r}: {p}" if len(parts) > 1 else p for r, p in enumerate(parts) if p)
+        raise NonFiniteLossError(f"NonFiniteGuard: {why}. Files: {named or 'the batch carries no file names'}")
+
+    def _local_files(self, engine: Engine, bad_input: bool) -> str:
+        batch = engine.state.batch
+        names = batch_files(batch)
+        if names is not None:
+            image = batch.get("image") if isinstance(batch, dict) else None
+            if bad_input and isinstance(image, torch.Tensor) and len(image) == len(names):
+                named = [n for n, x in zip(names, image, strict=True) if not _finite(x)]
+                names = named or names
+            return ", ".join(dict.fromkeys(names))
+        if not bad_input:
+            return ""
+        items = getattr(getattr(getattr(engine, "data_loader", None), "dataset", None), "data", None) or []
+        logger.warning("NonFiniteGuard: the batch carries no file names; scanning %d training items for NaN/Inf", len(items))
+        bad = files_with_nonfinite_voxels(items)
+        return ", ".join(bad) if bad else "none of the training files holds NaN/Inf voxels (a transform made them)"
