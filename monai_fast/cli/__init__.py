@@ -56,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     logging.getLogger("ignite").setLevel(logging.WARNING)
+    from monai_fast.data.loaders import DataItemError
     from monai_fast.data.msd import MSDDataError
+    from monai_fast.data.preflight import PreflightError
     from monai_fast.race import RaceOptionError
     from monai_fast.tune import TuningError
 
@@ -66,8 +68,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"monai-fast {args.command}: {flag_of(e.option)}: {e.message}") from e
     except TuningError as e:
         raise SystemExit(f"monai-fast: tuning failed: {e}") from e
-    except (FileNotFoundError, MSDDataError) as e:  # bad input: one clear line, no traceback
+    except (FileNotFoundError, MSDDataError, PreflightError) as e:  # bad input: one clear message, no traceback
         raise SystemExit(f"monai-fast {args.command}: {e}") from e
+    except DataItemError as e:  # a file that cannot be read or transformed, named
+        raise SystemExit(f"monai-fast {args.command}: bad data: {_item_line(e)}") from e
+
+
+def _item_line(e: BaseException) -> str:
+    """The one line of a :class:`DataItemError` that names the file, also when a DataLoader worker
+    process re-raised it with the worker's traceback in its text."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    named = [ln.split("DataItemError: ", 1)[1] for ln in lines if "DataItemError: " in ln]
+    return named[-1] if named else (lines[0] if lines else type(e).__name__)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,9 @@ def add_data_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--val-fraction", type=float, default=0.25, help="share of cases held out for validation (default %(default)s)")
     g.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seed of data, split, weights and crops (default %(default)s)")
+    g.add_argument("--no-preflight", action="store_true", help="skip the check of every file before training "
+                   "(unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; "
+                   "cached per file, so only the first run reads them)")
 
 
 def add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
@@ -65,6 +68,9 @@ def add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
         g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
         g.add_argument("--fp32", action="store_true", help="no mixed precision in any recipe (default: fast picks bf16/fp16 where it pays)")
         g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")
+        g.add_argument("--cache", choices=("auto", "gpu", "ram", "disk", "smartcache", "none"),
+                       help="where fast caches its training data (default auto: measured by the cache planner)")
+        g.add_argument("--cache-dir", help="folder for a disk cache (needed by --cache disk)")
 
 
 def add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
@@ -118,6 +124,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         kw["strides"] = (2,) * (len(args.channels) - 1)
     if getattr(args, "workers", None) is not None:
         kw["num_workers"] = args.workers
+    for name in ("cache", "cache_dir"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
     if getattr(args, "fp32", False):
         kw["amp"] = False
     kw["compile"] = getattr(args, "compile", False)
@@ -148,5 +157,6 @@ def race_spec(args: argparse.Namespace, run_dir: str | None = None) -> RaceSpec:
         tune=_tune_options(args) if tune else None,
         run_dir=run_dir,
         progress=not args.no_progress,
+        preflight=not args.no_preflight,
         record_options={k: v for k, v in vars(args).items() if k != "func"},
     )

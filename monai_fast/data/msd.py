@@ -27,7 +27,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-__all__ = ["MSDDataError", "case_id", "load_msd_datalist", "read_dataset_json"]
+__all__ = ["MSDDataError", "case_id", "load_msd_datalist", "read_dataset_json", "shape_mismatch"]
 
 
 class MSDDataError(ValueError):
@@ -74,6 +74,19 @@ def _resolve(root: Path, rel: str) -> Path:
     # MSD lists paths as "./imagesTr/x.nii.gz"; absolute paths are kept as they are
     p = Path(rel)
     return p if p.is_absolute() else (root / p).resolve()
+
+
+def shape_mismatch(image: str, image_shape: tuple[int, ...], label: str, label_shape: tuple[int, ...]) -> str | None:
+    """Why ``image`` and ``label`` do not fit together by their spatial (first three) sizes; ``None`` if they do.
+
+    Example:
+        >>> shape_mismatch("a.nii.gz", (64, 64, 32, 4), "a_seg.nii.gz", (64, 64, 32))
+        >>> shape_mismatch("a.nii.gz", (64, 64, 32), "a_seg.nii.gz", (64, 64, 30))
+        'image a.nii.gz has spatial shape (64, 64, 32) but its label a_seg.nii.gz has (64, 64, 30)'
+    """
+    if tuple(image_shape[:3]) == tuple(label_shape[:3]):
+        return None
+    return f"image {image} has spatial shape {tuple(image_shape[:3])} but its label {label} has {tuple(label_shape[:3])}"
 
 
 def _spatial_shape(path: Path, n_channels_last: int | None) -> tuple[int, ...]:
@@ -125,10 +138,9 @@ def load_msd_datalist(
         for d in items:
             img = _spatial_shape(Path(d["image"]), n_channels_last=1)
             lab = _spatial_shape(Path(d["label"]), n_channels_last=None)
-            if img[:3] != lab[:3]:
-                raise MSDDataError(
-                    f"image {d['image']} has spatial shape {img[:3]} but its label {d['label']} has {lab[:3]}"
-                )
+            mismatch = shape_mismatch(d["image"], img, d["label"], lab)
+            if mismatch:
+                raise MSDDataError(mismatch)
 
     ids = [case_id(d["image"]) for d in items]
     if val_cases is not None:

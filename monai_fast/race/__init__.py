@@ -14,7 +14,7 @@ Example:
 """
 
 from monai_fast.race.bench import REFERENCES, BenchRun, bench, summarize
-from monai_fast.race.core import RaceEvents, RaceRun, TuneRun, load_data, race, run_meta, tune_only
+from monai_fast.race.core import RaceEvents, RaceRun, TuneRun, checked_data, load_data, race, run_meta, tune_only
 from monai_fast.race.options import (
     RaceOptionError,
     RacePlan,
@@ -39,6 +39,7 @@ __all__ = [
     "TuneRun",
     "bench",
     "check_writable_dir",
+    "checked_data",
     "load_data",
     "plan_race",
     "race",

@@ -21,12 +21,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from monai_fast.race.options import RaceOptionError, RacePlan, RaceSpec, TuneOptions, check_writable_dir, plan_race
+from monai_fast.race.options import (
+    RaceOptionError,
+    RacePlan,
+    RaceSpec,
+    TuneOptions,
+    check_writable_dir,
+    plan_race,
+    recipe_config,
+)
 from monai_fast.recipes.runner import RaceResult, run_to_target
 
-__all__ = ["RaceEvents", "RaceRun", "TuneRun", "load_data", "race", "run_meta", "tune_only"]
+__all__ = ["NUM_CLASSES", "RaceEvents", "RaceRun", "TuneRun", "checked_data", "load_data", "race", "run_meta", "tune_only"]
 
 logger = logging.getLogger(__name__)
+
+#: classes of the recipes' task (background and one organ); label values must be 0 or 1
+NUM_CLASSES = 2
 
 
 class RaceEvents:
@@ -109,6 +120,24 @@ def load_data(spec: RaceSpec) -> tuple[Path | None, list[dict], list[dict]]:
     return root, train_files, val_files
 
 
+def checked_data(spec: RaceSpec) -> tuple[Path | None, list[dict], list[dict]]:
+    """:func:`load_data`, then (unless ``spec.preflight`` is off) every file checked before any training.
+
+    Raises:
+        monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
+    """
+    from monai_fast.data.preflight import patch_padding, preflight
+
+    data_root, train_files, val_files = load_data(spec)
+    if spec.preflight:
+        preflight(train_files + val_files, num_classes=NUM_CLASSES)
+    config = recipe_config(spec.overrides, spec.seed)
+    warning = patch_padding(train_files, config.patch_size, config.pixdim)
+    if warning:
+        logger.warning(warning)
+    return data_root, train_files, val_files
+
+
 def run_meta(data_root: Path | None, device: str, options: Mapping[str, Any] | None = None) -> dict:
     """The date, machine, package versions, data and options that a results file records."""
     import ignite
@@ -188,7 +217,7 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
 
     events = events or RaceEvents()
     plan = plan_race(spec)
-    data_root, train_files, val_files = load_data(spec)
+    data_root, train_files, val_files = checked_data(spec)
     logger.info("%d training / %d validation cases from %s on %s", len(train_files), len(val_files),
                 data_root or "the given file lists", plan.device)
     configs = dict.fromkeys(spec.recipes, plan.config)
@@ -234,7 +263,7 @@ def tune_only(spec: RaceSpec, out: str | os.PathLike | None = None) -> TuneRun:
         check_writable_dir(Path(out).parent, "out")
         if Path(out).is_dir():
             raise RaceOptionError("out", f"{out} is a folder; name a JSON file")
-    data_root, train_files, val_files = load_data(spec)
+    data_root, train_files, val_files = checked_data(spec)
     result = _tune(plan, train_files, val_files)
     meta = run_meta(data_root, plan.device, spec.record_options)
     if out is not None:

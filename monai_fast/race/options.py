@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from monai_fast.data.synthetic import KINDS
 from monai_fast.recipes import RECIPES, RecipeConfig
 
@@ -104,6 +106,9 @@ class RaceSpec:
         tune: tune ``fast`` first (when it races) with these options; ``None``: no tuning.
         run_dir: the run folder; ``None``: ``runs/race-<time>``.
         progress: progress bars.
+        preflight: check every file of the data before training (:func:`monai_fast.data.preflight.preflight`:
+            unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; cached
+            per file); ``False`` skips it for a huge data set.
         record_options: what ``results.json`` records under ``options`` (e.g. the command's options).
     """
 
@@ -122,6 +127,7 @@ class RaceSpec:
     tune: TuneOptions | None = None
     run_dir: str | os.PathLike | None = None
     progress: bool = True
+    preflight: bool = True
     record_options: Mapping[str, Any] | None = None
 
 
@@ -147,6 +153,10 @@ def resolve_device(name: str) -> str:
 
     if name == "auto":
         return "cuda" if cuda_available() else "cpu"
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise RaceOptionError("device", f"{name!r} is not a device name ({e}); use auto, cpu, cuda or cuda:N") from None
     if name.startswith("cuda") and not cuda_available():
         raise RaceOptionError("device", f"{name}: this torch build sees no CUDA device (use cpu)")
     return name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
 
@@ -95,6 +96,9 @@ class RecipeConfig:
             down *= s
         if any(p % down for p in self.patch_size):
             raise ValueError(f"patch_size {self.patch_size} must be divisible by the UNet's total stride {down}")
+        if len(self.channels) < 2 or min(self.channels) < 1:
+            raise ValueError(f"channels must be two or more levels of >= 1 features (the UNet goes down at least "
+                             f"once), got {self.channels}")
         if len(self.channels) != len(self.strides) + 1:
             raise ValueError(f"channels {self.channels} needs exactly one more entry than strides {self.strides}")
         for name in ("batch_size", "num_samples", "sw_batch_size", "val_interval", "max_epochs"):
@@ -104,6 +108,10 @@ class RecipeConfig:
             raise ValueError(f"num_res_units must be >= 0, got {self.num_res_units}")
         if not 0.0 <= self.sw_overlap < 1.0:
             raise ValueError(f"sw_overlap must be in [0, 1), got {self.sw_overlap}")
+        if len(self.pixdim) != 3 or not all(math.isfinite(p) and p > 0 for p in self.pixdim):
+            raise ValueError(f"pixdim must be three finite voxel sizes > 0 (mm), got {self.pixdim}")
+        if len(self.intensity_window) != 2 or not all(math.isfinite(w) for w in self.intensity_window):
+            raise ValueError(f"intensity_window must be two finite numbers (low, high), got {self.intensity_window}")
         if self.intensity_window[0] >= self.intensity_window[1]:
             raise ValueError(f"intensity_window must be (low, high) with low < high, got {self.intensity_window}")
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:

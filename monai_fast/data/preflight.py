@@ -1,0 +1,255 @@
+"""A fast check of a data list before training: every bad file named at once, with its reason.
+
+A race can lose an hour to a file that fails in epoch 3, or train for a day on labels that do not
+match the task. :func:`preflight` reads each volume of a ``{"image", "label"}`` list once and
+reports, for every item at fault: a file that cannot be read (a truncated NIfTI), a 2D image or
+label, NaN or Inf in an image, non-integer label values, label values outside ``num_classes``,
+and an image whose spatial shape differs from its label's (the same check as
+:func:`monai_fast.data.msd.load_msd_datalist`, on the data). What it learns about a file is cached
+by the file's identity (path, size, modification time) in ``preflight.json`` in
+:func:`monai_fast.files.cache_root`, so a second run reads no volume it has seen.
+
+Example:
+    >>> from monai_fast.data.preflight import preflight
+    >>> report = preflight(train_files + val_files, num_classes=2)  # doctest: +SKIP
+    >>> report.checked, report.from_cache  # doctest: +SKIP
+    (20, 20)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+
+from monai_fast.data.msd import shape_mismatch
+from monai_fast.files import cache_root, write_json
+
+__all__ = ["PreflightError", "PreflightReport", "patch_padding", "preflight", "scan_file"]
+
+logger = logging.getLogger(__name__)
+
+#: stored scans carry this version; a change in what a scan holds makes old entries unused
+SCAN_VERSION = 1
+_MAX_VALUES = 64  # distinct values kept for a label; more than this is not a label map
+_LOCK = threading.Lock()
+
+
+class PreflightError(ValueError):
+    """The data list has bad files; the message lists every one with its reason (``problems`` too)."""
+
+    def __init__(self, problems: Sequence[tuple[str, str]], checked: int) -> None:
+        self.problems = list(problems)
+        lines = [f"  {path}: {reason}" for path, reason in self.problems]
+        super().__init__(f"preflight found {len(self.problems)} problem(s) in {checked} item(s) "
+                         "(fix or remove them; --no-preflight skips this check):\n" + "\n".join(lines))
+
+
+@dataclass
+class PreflightReport:
+    """What :func:`preflight` found.
+
+    Attributes:
+        checked: items checked.
+        from_cache: files whose scan came from the cache (not read again).
+        read: files read in this call.
+        seconds: wall time of the check.
+        problems: ``(path, reason)`` for every file at fault.
+    """
+
+    checked: int
+    from_cache: int
+    read: int
+    seconds: float
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def scan_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read one volume once and summarise it: shape, finite, integer-valued, value range, distinct values.
+
+    An unreadable file gives ``{"error": "EOFError: ..."}``.
+
+    Example:
+        >>> scan_file("/data/labelsTr/spleen_1.nii.gz")["values"]  # doctest: +SKIP
+        [0, 1]
+    """
+    try:
+        arr = np.asanyarray(nib.load(str(path)).dataobj)
+    except Exception as e:  # nibabel, gzip and numpy raise many types for a damaged file
+        return {"error": f"{type(e).__name__}: {e}"}
+    scan: dict[str, Any] = {"shape": [int(s) for s in arr.shape]}
+    if arr.size == 0:
+        return {**scan, "finite": True, "integer": True, "values": []}
+    if np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool:
+        finite, integer = True, True
+    else:
+        finite = bool(np.isfinite(arr).all())
+        integer = finite and bool(np.all(arr == np.round(arr)))
+    scan.update(finite=finite, integer=integer)
+    if finite:
+        lo, hi = arr.min(), arr.max()
+        scan.update(min=float(lo), max=float(hi))
+        if integer and hi - lo < 4096:
+            counts = np.bincount((arr.ravel() - lo).astype(np.int64), minlength=1)
+            values = (np.flatnonzero(counts) + lo).tolist()
+            scan["values"] = [int(v) for v in values[: _MAX_VALUES + 1]]
+    return scan
+
+
+def _problems(image: str, label: str, img: dict, lab: dict, num_classes: int) -> list[tuple[str, str]]:
+    """The reasons ``image``/``label`` cannot be trained on, from their scans."""
+    out = []
+    for path, scan, what in ((image, img, "image"), (label, lab, "label")):
+        if "error" in scan:
+            out.append((path, f"cannot read the {what}: {scan['error']}"))
+        elif len(scan["shape"]) < 3 or min(scan["shape"][:3]) < 2:
+            out.append((path, f"{what} is not a 3D volume (shape {tuple(scan['shape'])})"))
+    if out:
+        return out
+    if not img["finite"]:
+        out.append((image, "image has NaN or Inf values"))
+    if not lab["integer"]:
+        out.append((label, "label has non-integer or non-finite values; a label map holds class numbers"))
+    else:
+        values = lab.get("values")
+        bad = [v for v in values if not 0 <= v < num_classes] if values is not None else None
+        if bad is None or len(values) > _MAX_VALUES:
+            out.append((label, f"label values span {lab['min']:g}..{lab['max']:g}, not the {num_classes} classes "
+                               f"0..{num_classes - 1}"))
+        elif bad:
+            out.append((label, f"label values {sorted(values)} outside the {num_classes} classes 0..{num_classes - 1}"))
+    mismatch = shape_mismatch(image, tuple(img["shape"]), label, tuple(lab["shape"]))
+    if mismatch:
+        out.append((image, mismatch))
+    return out
+
+
+def _identity(path: str) -> str:
+    st = os.stat(path)
+    return f"{SCAN_VERSION}|{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _load_store(path: Path) -> dict[str, dict]:
+    try:
+        store = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return store if isinstance(store, dict) else {}
+
+
+def preflight(
+    files: Sequence[dict],
+    num_classes: int = 2,
+    keys: tuple[str, str] = ("image", "label"),
+    cache: bool = True,
+    cache_path: str | os.PathLike | None = None,
+    raise_error: bool = True,
+) -> PreflightReport:
+    """Check every item of ``files`` before training; raise one error listing every bad file.
+
+    Args:
+        files: ``{"image": path, "label": path}`` dicts (both lists of a race, joined).
+        num_classes: classes of the task, background included; label values must be in ``0..num_classes-1``.
+        keys: the image key and the label key of each item.
+        cache: reuse and store scans by file identity (path, size, modification time).
+        cache_path: the scans' JSON file; default ``cache_root()/preflight.json``.
+        raise_error: raise :class:`PreflightError` when a file is at fault (else only report it).
+
+    Returns:
+        A :class:`PreflightReport`.
+
+    Raises:
+        PreflightError: listing every ``(path, reason)``, when ``raise_error`` and any file is at fault.
+        ValueError: ``num_classes`` < 2 or an item without both keys.
+
+    Example:
+        >>> preflight([{"image": "/d/img.nii.gz", "label": "/d/lab.nii.gz"}], num_classes=2).ok  # doctest: +SKIP
+        True
+    """
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2 (background and one class), got {num_classes}")
+    t0 = time.perf_counter()
+    image_key, label_key = keys
+    for i, item in enumerate(files):
+        if not isinstance(item, dict) or image_key not in item or label_key not in item:
+            raise ValueError(f"files[{i}] must have {image_key!r} and {label_key!r}, got {item!r}")
+    store_path = Path(cache_path) if cache_path is not None else cache_root() / "preflight.json"
+    with _LOCK:
+        store = _load_store(store_path) if cache else {}
+        scans: dict[str, dict] = {}
+        problems: list[tuple[str, str]] = []
+        read = hits = 0
+        for item in files:
+            for path in (str(item[image_key]), str(item[label_key])):
+                if path in scans:
+                    continue
+                if not os.path.isfile(path):
+                    scans[path] = {"error": "no such file"}
+                    continue
+                key = _identity(path)
+                if key in store:
+                    scans[path], hits = store[key], hits + 1
+                else:
+                    scans[path] = store[key] = scan_file(path)
+                    read += 1
+            problems += _problems(str(item[image_key]), str(item[label_key]), scans[str(item[image_key])],
+                                  scans[str(item[label_key])], num_classes)
+        if cache and read:
+            store_path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(store, store_path, indent=None)
+    report = PreflightReport(checked=len(files), from_cache=hits, read=read, seconds=time.perf_counter() - t0,
+                             problems=problems)
+    logger.info("preflight: %d items, %d files read, %d from the cache, %d problem(s) in %.1f s",
+                report.checked, read, hits, len(problems), report.seconds)
+    if problems and raise_error:
+        raise PreflightError(problems, len(files))
+    return report
+
+
+def patch_padding(files: Sequence[dict], patch_size: Sequence[int], pixdim: Sequence[float],
+                  key: str = "image") -> str | None:
+    """A warning when ``patch_size`` is larger than volumes after resampling to ``pixdim`` (RAS axes); else ``None``.
+
+    Such items are padded up to the patch on every load (``SpatialPadd``), which costs time and
+    trains on padding. Headers only: shape and voxel size of each ``files[i][key]``.
+
+    Example:
+        >>> patch_padding(files, (96, 96, 96), (1.5, 1.5, 2.0))  # doctest: +SKIP
+        'patch_size (96, 96, 96) is larger than 4 of 4 volumes after resampling to pixdim ...'
+    """
+    worst, where, n = [0, 0, 0], "", 0
+    for item in files:
+        try:
+            header = nib.load(str(item[key])).header
+            affine = header.get_best_affine()
+        except Exception:  # an unreadable file is preflight's to report
+            continue
+        shape, zooms = header.get_data_shape()[:3], header.get_zooms()[:3]
+        ras = nib.orientations.io_orientation(affine)  # input axis i -> RAS axis ras[i, 0]
+        size = [0, 0, 0]
+        for i in range(min(3, len(shape))):
+            axis = int(ras[i, 0]) if not np.isnan(ras[i, 0]) else i
+            size[axis] = int(round(shape[i] * float(zooms[i]) / float(pixdim[axis])))
+        pad = [max(0, int(p) - s) for p, s in zip(patch_size, size)]
+        if any(pad):
+            n += 1
+            if sum(pad) > sum(worst):
+                worst, where = pad, f"{item[key]} is {tuple(size)}"
+    if not n:
+        return None
+    return (f"patch_size {tuple(patch_size)} is larger than {n} of {len(files)} volumes after resampling to pixdim "
+            f"{tuple(pixdim)} (e.g. {where}): each such item is padded on every load, by up to {tuple(worst)} voxels; "
+            "use a smaller --patch-size")
