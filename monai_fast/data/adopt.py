@@ -139,27 +139,20 @@ def adopt_loader(
         raise ValueError(why)
     ds, device = loader.dataset, torch.device(device)
     items, shuffle, generator, order_note = _order(loader)
-    plan, where = None, "user cache"
-    if isinstance(ds, _CACHES) and items is None:
-        dataset, workers = ds, 0
-        notes = [f"the data set is already a {type(ds).__name__}: kept, only the loader changes"]
-    else:
-        data = items if items is not None else list(ds.data)
-        transform = ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform])
-        plan = plan_cache(transform, data, device, gpu_budget=gpu_budget, ram_budget=ram_budget,
-                          disk_budget=disk_budget, cache_dir=cache_dir)
-        if cache != "auto":
-            plan = force_plan(plan, cache)
-        threads = cache_threads if cache_threads is not None else (os.cpu_count() or 1)
-        kwargs: dict = {}
-        if plan.where in ("gpu", "ram"):
-            kwargs.update(num_workers=threads, progress=progress)
-        elif plan.where == "smartcache":
-            kwargs.update(num_init_workers=threads, num_replace_workers=threads, progress=progress)
-        dataset, where = plan.build(data, transform, **kwargs), plan.where
-        workers = 0 if plan.where in ("gpu", "ram", "smartcache") else loader.num_workers
-        notes = [plan.reasons[-1]]
-    with _random_states_kept(dataset):  # MONAI's loader reseeds the transforms when it is built: undo that
+    # building caches and MONAI loaders reseeds the transforms (Compose.__init__, DataLoader.__init__):
+    # put their generators and torch's back, so the adopted loader draws the crops the user's would
+    with _random_states_kept(ds):
+        if isinstance(ds, _CACHES) and items is None:
+            dataset, plan, where, workers = ds, None, "user cache", 0
+            notes = [f"the data set is already a {type(ds).__name__}: kept, only the loader changes"]
+        else:
+            data = items if items is not None else list(ds.data)
+            plan = plan_cache(ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform]), data, device,
+                              gpu_budget=gpu_budget, ram_budget=ram_budget, disk_budget=disk_budget, cache_dir=cache_dir)
+            plan = plan if cache == "auto" else force_plan(plan, cache)
+            dataset, where = _build(plan, data, ds.transform, cache_threads, progress), plan.where
+            workers = 0 if plan.where in ("gpu", "ram", "smartcache") else loader.num_workers
+            notes = [plan.reasons[-1]]
         new = SafeThreadDataLoader(dataset, batch_size=loader.batch_size, shuffle=shuffle, generator=generator,
                                    drop_last=loader.drop_last, collate_fn=loader.collate_fn, num_workers=workers)
     notes.append(f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}, "
@@ -168,14 +161,20 @@ def adopt_loader(
 
 
 
+def _build(plan: CachePlan, data: list, transform: Any, cache_threads: int | None, progress: bool) -> Any:
+    transform = transform if isinstance(transform, Compose) else Compose([transform])
+    threads = cache_threads if cache_threads is not None else (os.cpu_count() or 1)
+    kwargs: dict = {}
+    if plan.where in ("gpu", "ram"):
+        kwargs.update(num_workers=threads, progress=progress)
+    elif plan.where == "smartcache":
+        kwargs.update(num_init_workers=threads, num_replace_workers=threads, progress=progress)
+    return plan.build(data, transform, **kwargs)
+
+
 @contextlib.contextmanager
 def _random_states_kept(dataset: Any) -> Iterator[None]:
-    """Restore torch's global generator and the random transforms' generators on exit.
-
-    MONAI's ``DataLoader`` with ``num_workers=0`` reseeds the data set's random transforms from
-    torch's generator when it is built; the adopted loader must draw the crops the user's loader
-    would have drawn, so both are put back as they were.
-    """
+    """Restore torch's global generator and the generators of the random transforms under ``dataset``."""
     randoms = randomizables(dataset)  # nested ones too (RandCropByPosNegLabeld's cropper has its own R)
     states = [t.R.get_state() for t in randoms]
     torch_state = torch.get_rng_state()

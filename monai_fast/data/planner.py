@@ -36,6 +36,7 @@ from monai.data import CacheDataset, Dataset, partition_dataset
 from monai.transforms import Compose, RandomizableTrait, ToDeviced, Transform
 
 from monai_fast.data.persistent import TrustedPersistentDataset
+from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
 from monai_fast.data.smartcache import SafeSmartCacheDataset
 from monai_fast.telemetry import cuda_free_bytes
 
@@ -101,20 +102,24 @@ class CachePlan:
         then run on the GPU; load it with ``ThreadDataLoader(num_workers=0)``). ``ram``: a
         ``CacheDataset``. ``disk``: a :class:`TrustedPersistentDataset`. ``smartcache``: a
         :class:`SafeSmartCacheDataset` holding ``cache_num`` items. ``none``: a plain ``Dataset``.
+        The chain becomes a :class:`~monai_fast.data.safe_chain.NamedItemsCompose` over the same
+        transform objects, so a failing item names its files, and a failed fill ends cleanly.
         """
         if self.where in ("gpu", "ram", "smartcache"):
             kwargs.setdefault("progress", False)
-        if self.where == "gpu":
-            t = list(transform.transforms)
-            t.insert(self.first_random, ToDeviced(keys=self.tensor_keys, device=self.device))
-            return CacheDataset(data, Compose(t), cache_rate=1.0, copy_cache=False, **kwargs)
-        if self.where == "ram":
-            return CacheDataset(data, transform, cache_rate=1.0, **kwargs)
-        if self.where == "disk":
-            return TrustedPersistentDataset(data, transform, cache_dir=self.cache_dir, **kwargs)
-        if self.where == "smartcache":
-            return SafeSmartCacheDataset(data, transform, cache_num=self.cache_num, **kwargs)
-        return Dataset(data, transform)
+        named = transform if isinstance(transform, NamedItemsCompose) else NamedItemsCompose.of(transform)
+        with threads_joined_on_error():  # a failing item ends the fill cleanly, named
+            if self.where == "gpu":
+                t = list(named.transforms)
+                t.insert(self.first_random, ToDeviced(keys=self.tensor_keys, device=self.device))
+                return CacheDataset(data, NamedItemsCompose.of(named, t), cache_rate=1.0, copy_cache=False, **kwargs)
+            if self.where == "ram":
+                return CacheDataset(data, named, cache_rate=1.0, **kwargs)
+            if self.where == "disk":
+                return TrustedPersistentDataset(data, named, cache_dir=self.cache_dir, **kwargs)
+            if self.where == "smartcache":
+                return SafeSmartCacheDataset(data, named, cache_num=self.cache_num, **kwargs)
+            return Dataset(data, named)
 
 
 def _split_index(transform: Compose) -> int:
@@ -159,7 +164,7 @@ def plan_cache(
     transform = transform if isinstance(transform, Compose) else Compose(list(transform))
     device = torch.device(device)
     first_random = _split_index(transform)
-    deterministic = Compose(transform.transforms[:first_random])
+    deterministic = NamedItemsCompose.of(transform, transform.transforms[:first_random])
     n = max(1, min(sample, len(data)))
     samples = [deterministic(dict(data[i])) for i in range(n)]
     per_item = int(np.mean([item_bytes(x) for x in samples]))

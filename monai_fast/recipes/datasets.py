@@ -14,61 +14,20 @@ the fill's other threads (:func:`threads_joined_on_error`) so the process can ex
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from ignite.engine import Engine
 from monai.data import CacheDataset, DataLoader, Dataset, ThreadDataLoader
-from monai.transforms import Compose, ToDeviced
+from monai.transforms import Compose
 
-from monai_fast.data.loaders import DataItemError, error_text, item_files
-from monai_fast.data.planner import CachePlan, plan_cache
+from monai_fast.data.planner import CachePlan, force_plan, plan_cache
+from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.recipes.parts import RecipeParts
 
-__all__ = ["DataPiece", "NamedItemsCompose", "guide_cached_data", "planned_cached_data", "require_device",
-           "threads_joined_on_error", "uncached_data"]
-
-
-class NamedItemsCompose(Compose):
-    """A ``Compose`` whose failure on an item that carries file names is a :class:`DataItemError` naming them.
-
-    MONAI reports a failing transform as ``RuntimeError("applying transform <LoadImaged ...>")`` with
-    the cause chained; the file is in neither. This chain raises
-    ``DataItemError("transforming image=/d/a.nii.gz, label=/d/a_seg.nii.gz failed: EOFError: ...")``
-    instead, in whatever thread or worker process runs it; items without file names (already
-    loaded, without metadata) raise as before.
-
-    Example:
-        >>> from monai.transforms import LoadImaged
-        >>> chain = NamedItemsCompose([LoadImaged(keys="image")])
-        >>> chain({"image": "/no/such.nii.gz"})  # doctest: +SKIP
-        DataItemError: transforming image=/no/such.nii.gz failed: ...
-    """
-
-    @classmethod
-    def of(cls, chain: Compose) -> NamedItemsCompose:
-        """The same transforms and settings as ``chain``, failures named."""
-        return cls(chain.transforms, map_items=chain.map_items, unpack_items=chain.unpack_items, lazy=chain.lazy,
-                   overrides=chain.overrides, log_stats=chain.log_stats)
-
-    def __call__(self, input_: Any, start: int = 0, end: int | None = None, threading: bool = False,
-                 lazy: bool | None = None) -> Any:
-        try:
-            return super().__call__(input_, start=start, end=end, threading=threading, lazy=lazy)
-        except DataItemError:
-            raise
-        except Exception as e:
-            files = item_files(input_)
-            if not files:
-                raise
-            reason = error_text(e)
-            raise DataItemError(f"transforming {files} failed: {reason}", reason=reason) from e
+__all__ = ["DataPiece", "guide_cached_data", "planned_cached_data", "require_device", "uncached_data"]
 
 
 def require_device(device: torch.device) -> None:
@@ -84,31 +43,6 @@ def require_device(device: torch.device) -> None:
 
     if device.type == "cuda" and not cuda_available():
         raise ValueError(f"device {str(device)!r}: this torch build or machine has no CUDA device; use device='cpu'")
-
-
-@contextmanager
-def threads_joined_on_error(timeout_s: float = 300.0) -> Iterator[None]:
-    """On an error in the block, wait (at most ``timeout_s``) for the threads started in it, then re-raise.
-
-    MONAI's ``CacheDataset`` fills its cache in a ``ThreadPool`` and, on the first failing item,
-    terminates the pool without waiting: its other threads are still inside transforms (torch
-    code) while the error unwinds, and a process that exits then aborts ("terminate called without
-    an active exception", exit 134). Once they have finished their items they stop, and the error
-    ends the process like any other.
-
-    Example:
-        >>> with threads_joined_on_error():  # doctest: +SKIP
-        ...     ds = CacheDataset(files, chain, num_workers=4)
-    """
-    before = set(threading.enumerate())
-    try:
-        yield
-    except BaseException:
-        deadline = time.monotonic() + timeout_s
-        for t in set(threading.enumerate()) - before:
-            if t is not threading.current_thread():
-                t.join(max(0.0, deadline - time.monotonic()))
-        raise
 
 
 @dataclass
@@ -205,14 +139,7 @@ def planned_cached_data(
         kwargs["num_workers"] = config.cache_threads
     elif plan.where == "smartcache":
         kwargs.update(num_init_workers=config.cache_threads, num_replace_workers=config.cache_threads)
-    with threads_joined_on_error():
-        if plan.where == "gpu":  # CachePlan.build's GPU chain, kept a NamedItemsCompose (build makes a plain one)
-            chain = list(full.transforms)
-            chain.insert(plan.first_random, ToDeviced(keys=plan.tensor_keys, device=plan.device))
-            train_ds = CacheDataset(list(train_files), NamedItemsCompose(chain), cache_rate=1.0, copy_cache=False,
-                                    progress=False, **kwargs)
-        else:
-            train_ds = plan.build(list(train_files), full, **kwargs)
+    train_ds = plan.build(list(train_files), full, **kwargs)
     workers = 0 if plan.where in ("gpu", "ram", "smartcache") else config.loader_workers
     train_loader = loader_cls(train_ds, num_workers=workers, batch_size=config.batch_size, shuffle=True)
     on_gpu = plan.where == "gpu"  # validation follows the training cache onto the GPU, or not
@@ -222,33 +149,17 @@ def planned_cached_data(
     return DataPiece(train_ds, train_loader, val_ds, val_loader, where=where, on_gpu=on_gpu, plan=plan)
 
 
-_PLAN_SAMPLE = 2  # items the planner loads to measure an item's cached size
-
-
 def _plan(parts: RecipeParts, train_files: Sequence[dict], full) -> CachePlan:
     """The planner's measured place for the training cache, or the one ``config.cache`` forces."""
     config, device = parts.config, parts.device
     budget = None if config.cache_budget_mib is None else int(config.cache_budget_mib * 2**20)
-    try:
-        plan = plan_cache(
-            full, list(train_files), device,
-            gpu_budget=budget if device.type == "cuda" else None,
-            ram_budget=budget if device.type != "cuda" else None,
-            cache_dir=config.cache_dir, sample=_PLAN_SAMPLE,
-        )
-    except Exception:
-        # the planner measured its samples through a plain Compose: find the failing one, named
-        for item in list(train_files)[:_PLAN_SAMPLE]:
-            NamedItemsCompose.of(full)(dict(item))
-        raise
-    if config.cache == "auto":
-        return plan
-    if config.cache == "gpu" and device.type != "cuda":
-        raise ValueError(f"cache='gpu' needs a CUDA device, got {device}")
-    forced: dict = {"where": config.cache}
-    if config.cache == "smartcache":
-        forced["cache_num"] = max(2, min(len(train_files), plan.cache_num or len(train_files) // 2))
-    return replace(plan, **forced, reasons=[*plan.reasons, f"cache forced to {config.cache} by the recipe's options"])
+    plan = plan_cache(
+        full, list(train_files), device,
+        gpu_budget=budget if device.type == "cuda" else None,
+        ram_budget=budget if device.type != "cuda" else None,
+        cache_dir=config.cache_dir,
+    )
+    return plan if config.cache == "auto" else force_plan(plan, config.cache)
 
 
 def _cached_val(parts: RecipeParts, val_files: Sequence[dict], on_gpu: bool, loader_cls: type[ThreadDataLoader],
