@@ -170,16 +170,17 @@ class SafeThreadBuffer:
                 close()
 
     def _timed_out(self, waited: float) -> LoaderTimeoutError:
-        doing = self.working_on() if self.working_on is not None else "no progress report"
+        doing = self.working_on() if self.working_on is not None else "working"
         return LoaderTimeoutError(
-            f"no batch from the loader thread within timeout_s={self.timeout_s:g} s ({waited:.1f} s waited): it has been "
-            f"{doing}. A Python thread cannot be stopped: it is left behind as a daemon. If the data is only slow, "
-            "raise timeout_s (None turns the watchdog off)."
+            f"no batch from the loader thread within timeout_s={self.timeout_s:g} s ({waited:.1f} s waited): "
+            f"it has been {doing}. A Python thread cannot be stopped: it is left behind as a daemon. "
+            "If the data is only slow, raise timeout_s (None turns the watchdog off)."
         )
 
     def __iter__(self) -> Iterator[Any]:
         self._running = True
-        thread = threading.Thread(target=self._produce, args=(current_cuda_device(),), name="monai-fast-loader", daemon=True)
+        device = current_cuda_device()  # the training thread's, at the start of the epoch
+        thread = threading.Thread(target=self._produce, args=(device,), name="monai-fast-loader", daemon=True)
         self._thread = thread
         thread.start()
         stuck = False
@@ -259,19 +260,13 @@ class SafeThreadDataLoader(ThreadDataLoader):
         self._persistent: tuple[DataLoader, _Recorded] | None = None
 
     def _batches(self, progress: _Progress) -> Iterator[Any]:
-        # DataLoader's single-process fetch, done here so the failing index is known
-        if self.batch_sampler is not None:
-            for indices in self.batch_sampler:
-                progress.batch += 1
-                items = [self._fetch(i, progress) for i in indices]
-                progress.start(None)
-                yield self.collate_fn(items)
-        else:
-            for i in self.sampler:
-                progress.batch += 1
-                item = self._fetch(i, progress)
-                progress.start(None)
-                yield self.collate_fn(item)
+        # DataLoader's single-process fetch, done here so the failing (or stuck) index is known
+        batched = self.batch_sampler is not None
+        for drawn in self.batch_sampler if batched else self.sampler:
+            progress.batch += 1
+            items = [self._fetch(i, progress) for i in drawn] if batched else self._fetch(drawn, progress)
+            progress.start(None)
+            yield self.collate_fn(items)
 
     def _fetch(self, index: int, progress: _Progress | None = None) -> Any:
         if progress is not None:
