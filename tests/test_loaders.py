@@ -6,6 +6,7 @@ from monai.data import CacheDataset, Dataset, ThreadDataLoader
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandLambdad
 
 from monai_fast.data.loaders import DataItemError, SafeThreadDataLoader
+from monai_fast.telemetry.cuda import cuda_available
 
 
 def _loader_threads():
@@ -82,3 +83,47 @@ def test_fast_recipe_surfaces_a_failing_item_from_trainer_run(tiny_files, tiny_c
     r.train_loader.dataset._cache[1]["image"] = None  # one broken cached item
     with pytest.raises(DataItemError, match=r"item 1 \(image="):
         r.trainer.run()
+
+
+def _record_devices(monkeypatch, main_device):
+    from monai_fast.data import loaders
+
+    events = []
+    monkeypatch.setattr(loaders, "current_cuda_device", lambda: main_device)  # the hardware edge
+    name = threading.current_thread
+    monkeypatch.setattr(loaders, "set_cuda_device", lambda d: events.append(("set", name().name, d)))
+    data = [{"x": torch.tensor([float(i)])} for i in range(3)]
+    ds = Dataset(data, RandLambdad(keys="x", func=lambda x: events.append(("item", name().name)) or x, prob=1.0))
+    return events, ds
+
+
+def test_loader_thread_sets_the_main_threads_cuda_device_before_producing(monkeypatch):
+    events, ds = _record_devices(monkeypatch, torch.device("cuda", 1))
+    assert len(list(SafeThreadDataLoader(ds, batch_size=1))) == 3
+    assert events[0] == ("set", "monai-fast-loader", torch.device("cuda", 1))
+    assert events[1:] == [("item", "monai-fast-loader")] * 3
+
+
+@pytest.mark.skipif(cuda_available(), reason="checks the CPU build")
+def test_loader_thread_sets_no_cuda_device_without_cuda(monkeypatch):
+    from monai_fast.telemetry.cuda import current_cuda_device
+
+    events, ds = _record_devices(monkeypatch, current_cuda_device())  # the real wrapper on this CPU build
+    assert len(list(SafeThreadDataLoader(ds, batch_size=1))) == 3
+    assert [e for e in events if e[0] == "set"] == []
+
+
+@pytest.mark.gpu
+def test_batch_made_through_todeviced_lands_on_the_main_threads_gpu():
+    from monai.transforms import ToDeviced
+
+    from monai_fast.telemetry.cuda import set_cuda_device
+
+    last = torch.device("cuda", torch.cuda.device_count() - 1)
+    set_cuda_device(last)
+    try:
+        ds = Dataset([{"x": torch.tensor([float(i)])} for i in range(4)], ToDeviced(keys="x", device="cuda"))
+        devices = {b["x"].device for b in SafeThreadDataLoader(ds, batch_size=2)}
+    finally:
+        set_cuda_device(torch.device("cuda", 0))
+    assert devices == {last}

@@ -13,6 +13,7 @@ __all__ = [
     "cuda_device_uuid",
     "cuda_free_bytes",
     "cuda_rng_states",
+    "current_cuda_device",
     "device_description",
     "set_cuda_device",
     "set_cuda_rng_states",
@@ -60,6 +61,24 @@ def cuda_device_uuid(device: torch.device | str | None = None) -> str | None:
         return None
     uuid = getattr(torch.cuda.get_device_properties(dev), "uuid", None)
     return f"GPU-{uuid}" if uuid is not None else None
+
+
+def current_cuda_device() -> torch.device | None:
+    """The calling thread's current CUDA device, ``None`` when this process has not initialised CUDA.
+
+    CUDA's current device is per thread: a new thread starts on device 0. A thread that works for
+    another one (a loader thread) calls :func:`set_cuda_device` with what this returned there.
+    Without CUDA (a CPU build, or CUDA never used in this process) it returns ``None`` and creates
+    no CUDA context.
+
+    Example:
+        >>> from monai_fast.telemetry.cuda import current_cuda_device
+        >>> current_cuda_device() is None  # on a CPU-only machine
+        True
+    """
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def set_cuda_device(device: torch.device | str) -> None:
