@@ -5,7 +5,8 @@ import torch
 from monai.data import CacheDataset, Dataset, ThreadDataLoader
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandLambdad
 
-from monai_fast.data.loaders import DataItemError, SafeThreadDataLoader
+from monai_fast.data.items import DataItemError
+from monai_fast.data.loaders import SafeThreadDataLoader
 from monai_fast.telemetry.cuda import cuda_available
 
 

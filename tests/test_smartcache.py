@@ -9,7 +9,7 @@ from ignite.handlers import Checkpoint, DiskSaver
 from monai.data import DataLoader, SmartCacheDataset
 from monai.transforms import Lambdad
 
-from monai_fast.data.loaders import DataItemError
+from monai_fast.data.items import DataItemError
 from monai_fast.data.smartcache import SafeSmartCacheDataset
 from monai_fast.handlers import SmartCacheUpdater
 

@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     logging.getLogger("ignite").setLevel(logging.WARNING)
-    from monai_fast.data.loaders import DataItemError
+    from monai_fast.data.items import DataItemError
     from monai_fast.data.msd import MSDDataError
     from monai_fast.data.preflight import PreflightError
     from monai_fast.race import RaceOptionError

@@ -19,7 +19,7 @@ from typing import Any
 
 from monai.transforms import Compose
 
-from monai_fast.data.loaders import DataItemError, error_text, item_files
+from monai_fast.data.items import DataItemError, error_text, item_files
 
 __all__ = ["NamedItemsCompose", "threads_joined_on_error"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from monai.data import SmartCacheDataset
 
-from monai_fast.data.loaders import DataItemError, describe_item, error_text
+from monai_fast.data.items import DataItemError, describe_item, error_text
 
 __all__ = ["SafeSmartCacheDataset"]
 

@@ -79,7 +79,7 @@ def test_preflight_in_the_cli_names_the_truncated_file_before_training(clean_set
 
 @pytest.mark.parametrize("cache", ["disk", "smartcache"])
 def test_truncated_nifti_in_disk_and_smartcache_raises_data_item_error_naming_the_file(clean_set, tmp_path, cache):
-    from monai_fast.data.loaders import DataItemError
+    from monai_fast.data.items import DataItemError
     from monai_fast.recipes import RecipeConfig, build_recipe
 
     data, victim = _truncated_copy(clean_set, tmp_path / "data", "train")

@@ -11,7 +11,8 @@ import pytest
 from monai.data import Dataset
 from monai.transforms import Compose, Lambdad, LoadImaged
 
-from monai_fast.data.loaders import LoaderTimeoutError, SafeThreadDataLoader
+from monai_fast.data.items import LoaderTimeoutError
+from monai_fast.data.loaders import SafeThreadDataLoader
 
 RELEASE = threading.Event()  # never set in a worker process (a forked copy): it blocks for good
 
