@@ -51,19 +51,36 @@ if __name__ == "__main__":
 """
 
 
-def _start(tmp_path: Path, mode: str, *launch_args: str) -> tuple[subprocess.Popen, list[psutil.Process]]:
-    """Start the launcher in a session of its own; return it and its descendants once both ranks are ready."""
+def _launch(tmp_path: Path, *args: str) -> subprocess.Popen:
+    """``monai-fast launch ARGS`` in a session of its own, its output in launch.log (no pipe that orphans hold open)."""
+    with open(tmp_path / "launch.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2", *args], cwd=tmp_path,
+                                start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _finish(proc: subprocess.Popen, tmp_path: Path, reap: list[psutil.Process], timeout: float = 60) -> str:
+    """Wait for the launcher itself to end; its output. On a hang, its processes are left to ``reap``."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        reap.extend([*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)])
+        raise
+    return (tmp_path / "launch.log").read_text()
+
+
+def _start(tmp_path: Path, reap: list[psutil.Process], mode: str, *launch_args: str) -> tuple[subprocess.Popen, list]:
+    """Start the launcher on the rank script; return it and its descendants once both ranks are ready."""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    proc = subprocess.Popen([sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2", *launch_args,
-                             str(script), str(tmp_path), mode], cwd=tmp_path, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _launch(tmp_path, *launch_args, str(script), str(tmp_path), mode)
     deadline = time.monotonic() + 120
     while not all((tmp_path / f"ready.{r}").exists() for r in (0, 1)):
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert proc.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
         assert time.monotonic() < deadline, "the ranks never became ready"
         time.sleep(0.1)
-    return proc, psutil.Process(proc.pid).children(recursive=True)
+    family = psutil.Process(proc.pid).children(recursive=True)
+    reap.extend(family)
+    return proc, family
 
 
 @pytest.fixture
@@ -87,11 +104,10 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def test_sigterm_to_the_launcher_only_checkpoints_every_rank_and_leaves_no_orphan(tmp_path, reap):
-    proc, family = _start(tmp_path, "checkpoint")
-    reap.extend(family)
+    proc, family = _start(tmp_path, reap, "checkpoint")
     assert len(family) >= 3  # torchrun and two ranks
     os.kill(proc.pid, signal.SIGTERM)  # as docker stop, Kubernetes or `kill PID` do
-    out = proc.communicate(timeout=60)[0]
+    out = _finish(proc, tmp_path, reap)
     assert _markers(tmp_path) == [f"checkpoint written by rank {r} on SIGTERM" for r in (0, 1)], out[-3000:]
     assert proc.returncode == 0, out[-3000:]  # the ranks' status: both exited 0 after their checkpoint
     psutil.wait_procs(family, timeout=5)
@@ -99,20 +115,18 @@ def test_sigterm_to_the_launcher_only_checkpoints_every_rank_and_leaves_no_orpha
 
 
 def test_sigterm_to_the_process_group_waits_for_the_ranks_checkpoints(tmp_path, reap):
-    proc, family = _start(tmp_path, "checkpoint")
-    reap.extend(family)
+    proc, _ = _start(tmp_path, reap, "checkpoint")
     os.killpg(proc.pid, signal.SIGTERM)  # as a terminal or a batch system signals a whole group
-    out = proc.communicate(timeout=60)[0]
+    out = _finish(proc, tmp_path, reap)
     assert len(_markers(tmp_path)) == 2, out[-3000:]  # written before the launcher ended
     assert proc.returncode == 0, out[-3000:]
 
 
 def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path, reap):
-    proc, family = _start(tmp_path, "ignore", "--grace-s", "2")
-    reap.extend(family)
+    proc, family = _start(tmp_path, reap, "ignore", "--grace-s", "2")
     t = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)
-    out = proc.communicate(timeout=60)[0]
+    out = _finish(proc, tmp_path, reap)
     took = time.monotonic() - t
     assert took >= 2.0, out[-3000:]  # the ranks had their grace period
     assert proc.returncode != 0 and "did not stop within 2 s" in out, out[-3000:]
@@ -120,13 +134,12 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path, 
     assert _alive(family) == []
 
 
-def test_ignite_parallel_with_nproc_per_node_under_launch_stops_with_one_clear_message(tmp_path):
+def test_ignite_parallel_with_nproc_per_node_under_launch_stops_with_one_clear_message(tmp_path, reap):
     script = tmp_path / "nested.py"
     script.write_text(NESTED_SCRIPT)
-    p = subprocess.run([sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2", str(script)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode != 0
-    assert "nproc_per_node=2 was given, but this process was already started by monai-fast launch" in p.stderr, \
-        p.stderr[-3000:]
-    assert "Drop nproc_per_node" in p.stderr
-    assert "Gloo connectFullMesh failed" not in p.stderr
+    proc = _launch(tmp_path, str(script))
+    out = _finish(proc, tmp_path, reap, timeout=120)  # no hang, no gloo time-out
+    assert proc.returncode != 0, out[-3000:]
+    assert "nproc_per_node=2 was given, but this process was already started by monai-fast launch" in out, out[-3000:]
+    assert "Drop nproc_per_node" in out
+    assert "Gloo connectFullMesh failed" not in out
