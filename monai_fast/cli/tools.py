@@ -34,12 +34,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     if not Path(args.script).is_file():
         raise SystemExit(f"monai-fast launch: script {args.script} not found")
     # each rank runs the script through monai_fast.distributed.launched (which stops a second spawn);
-    # torchrun's own shutdown wait (when it is signalled itself) matches --grace-s
+    # torchrun's own shutdown wait (should it be signalled itself, e.g. by a cgroup-wide stop) matches --grace-s
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "--max-restarts=0", "--monitor-interval=1", f"--shutdown-timeout={math.ceil(args.grace_s)}",
-           "-m", "monai_fast.distributed.launched", args.script, *args.script_args]
+           "--max-restarts=0", "--monitor-interval=1", "-m", "monai_fast.distributed.launched", args.script,
+           *args.script_args]
+    env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s))}
     logger.info("running %s", " ".join(cmd))
-    return supervise(cmd, grace_s=args.grace_s, env={**os.environ, LAUNCHED_BY: str(args.nproc)})
+    return supervise(cmd, grace_s=args.grace_s, env=env)
 
 
 def _cmd_sbatch(args: argparse.Namespace) -> int:

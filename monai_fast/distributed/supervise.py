@@ -150,8 +150,7 @@ def _wait(s: _Supervision, poll_s: float) -> None:
             except subprocess.TimeoutExpired:
                 s.proc.kill()
                 s.proc.wait()
-            s.deadline = None  # everything is dead; the next pass returns
-            continue
+            return
         time.sleep(poll_s)
 
 
