@@ -21,16 +21,26 @@ logger = logging.getLogger("monai_fast")
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    import subprocess
+    import math
+    import os
+
+    from monai_fast.distributed.env import LAUNCHED_BY
+    from monai_fast.distributed.supervise import supervise
 
     if args.nproc < 1:
-        raise SystemExit("--nproc must be >= 1")
+        raise SystemExit("monai-fast launch: --nproc must be >= 1")
+    if args.grace_s < 0:
+        raise SystemExit(f"monai-fast launch: --grace-s must be >= 0, got {args.grace_s}")
     if not Path(args.script).is_file():
         raise SystemExit(f"monai-fast launch: script {args.script} not found")
+    # each rank runs the script through monai_fast.distributed.launched (which stops a second spawn);
+    # torchrun's own shutdown wait (should it be signalled itself, e.g. by a cgroup-wide stop) matches --grace-s
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "--max-restarts=0", "--monitor-interval=1", args.script, *args.script_args]
+           "--max-restarts=0", "--monitor-interval=1", "-m", "monai_fast.distributed.launched", args.script,
+           *args.script_args]
+    env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s))}
     logger.info("running %s", " ".join(cmd))
-    return subprocess.call(cmd)
+    return supervise(cmd, grace_s=args.grace_s, env=env)
 
 
 def _cmd_sbatch(args: argparse.Namespace) -> int:
@@ -84,7 +94,10 @@ _LAUNCH_TEXT = (
     "Start SCRIPT N times on this machine with torchrun (--standalone rendezvous on a free port, no "
     "restarts) so a script that calls monai_fast.distributed.run(train) trains with DDP. The same script also "
     "runs unchanged under plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops "
-    "the others and this command exits non-zero."
+    "the others and this command exits non-zero. SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
+    "kill, Ctrl-C) are passed on to every rank; it waits up to --grace-s for them to checkpoint and stop, kills "
+    "what is left, and exits with the job's status (128+N for a death by signal N). A script that spawns its "
+    "own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop nproc_per_node."
 )
 _SBATCH_TEXT = (
     "Print (or --out) an sbatch script that starts COMMAND once per rank with srun: one rank per GPU "
@@ -99,6 +112,8 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("launch", description=_LAUNCH_TEXT,
                        help="run a training script on N local processes through torchrun (DDP: gloo on CPU, NCCL on GPUs)")
     p.add_argument("--nproc", type=int, default=2, help="processes to start (default %(default)s; one per GPU on a GPU machine)")
+    p.add_argument("--grace-s", type=float, default=120.0, help="on SIGTERM, SIGINT or SIGUSR1 (passed on to every "
+                   "rank), seconds the ranks may take to checkpoint and stop before they are killed (default %(default)s)")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(func=_cmd_launch)

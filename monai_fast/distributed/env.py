@@ -6,7 +6,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["LaunchEnv", "detect", "pick_backend"]
+__all__ = ["LAUNCHED_BY", "LaunchEnv", "detect", "nested_spawn_message", "pick_backend"]
+
+LAUNCHED_BY = "MONAI_FAST_LAUNCH"
+"""Set (to the number of processes) in the environment of the ranks that ``monai-fast launch`` starts."""
 
 
 @dataclass(frozen=True)
@@ -75,3 +78,20 @@ def pick_backend(env: LaunchEnv, cuda: bool, nproc_per_node: int | None = None) 
     if env.launcher == "none" and not (nproc_per_node and nproc_per_node > 1):
         return None
     return "nccl" if cuda else "gloo"
+
+
+def nested_spawn_message(nproc_per_node: int, env: LaunchEnv, environ: Mapping[str, str] | None = None) -> str:
+    """Why a rank must not start ``nproc_per_node`` processes of its own, and what to change.
+
+    Example:
+        >>> print(nested_spawn_message(2, LaunchEnv("torchrun", 2), {LAUNCHED_BY: "2"}))  # doctest: +ELLIPSIS
+        nproc_per_node=2 was given, but this process was already started by monai-fast launch (torchrun, ...
+    """
+    environ = os.environ if environ is None else environ
+    by = f"monai-fast launch (torchrun, --nproc {environ[LAUNCHED_BY]})" if LAUNCHED_BY in environ else env.launcher
+    return (
+        f"nproc_per_node={nproc_per_node} was given, but this process was already started by {by} as rank {env.rank} "
+        f"of {env.world_size}: starting {nproc_per_node} more processes per rank makes separate jobs that fight over "
+        "one rendezvous port. Drop nproc_per_node (keep backend: idist.Parallel(backend=...) or "
+        "monai_fast.distributed.run(train)) so each rank joins the launched job, or start the script with plain python"
+    )

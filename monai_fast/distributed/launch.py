@@ -14,7 +14,7 @@ import torch
 from ignite import distributed as idist
 from monai.utils import set_determinism
 
-from monai_fast.distributed.env import detect, pick_backend
+from monai_fast.distributed.env import detect, nested_spawn_message, pick_backend
 from monai_fast.telemetry import cuda_available, set_cuda_device
 
 __all__ = ["free_port", "run", "setup_rank"]
@@ -93,10 +93,7 @@ def run(
     """
     env = detect()
     if nproc_per_node is not None and env.launcher != "none":
-        raise ValueError(
-            f"nproc_per_node={nproc_per_node} was given, but this process was already started by {env.launcher} "
-            f"(world size {env.world_size}); drop nproc_per_node or launch with plain python"
-        )
+        raise ValueError(nested_spawn_message(nproc_per_node, env))
     if backend == "auto":
         backend = pick_backend(env, cuda_available(), nproc_per_node)
     elif backend is None and env.world_size > 1:
