@@ -27,30 +27,12 @@ from typing import Any
 import ignite.distributed as idist
 import torch
 
-__all__ = ["MIN_GAIN", "choose_memory_format", "input_volume"]
+from monai_fast.handlers.throughput import batch_shape
+
+__all__ = ["MIN_GAIN", "choose_memory_format"]
 
 #: the measured speed-up ``channels_last_3d`` must show to be chosen
 MIN_GAIN = 1.05
-
-
-def input_volume(batch: Any) -> torch.Tensor | None:
-    """The batch's image tensor (``batch["image"]``, else the first 5-D tensor found), or ``None``."""
-    if isinstance(batch, torch.Tensor):
-        return batch if batch.ndim == 5 else None
-    if isinstance(batch, dict):
-        first = batch.get("image")
-        if isinstance(first, torch.Tensor) and first.ndim == 5:
-            return first
-        items = list(batch.values())
-    elif isinstance(batch, (list, tuple)):
-        items = list(batch)
-    else:
-        return None
-    for item in items:
-        found = input_volume(item)
-        if found is not None:
-            return found
-    return None
 
 
 def _step_s(net: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> float:
@@ -106,11 +88,11 @@ def choose_memory_format(
     """
     if request == "contiguous":
         return "contiguous", "requested"
-    x = input_volume(batch)
-    if x is None:
+    found = batch_shape(batch)
+    if found is None or len(found) != 5:
         return "contiguous", "the inputs are not 5-D volumes (N, C, D, H, W): nothing to reorder"
     net = getattr(network, "module", network)  # DDP / DataParallel
-    shape = torch.Size([min(x.shape[0], 2), *x.shape[1:]])
+    shape = torch.Size([min(found[0], 2), *found[1:]])
     device = torch.device(device)
     decision: list[Any] = [None, None]
     if idist.get_rank() == 0:
