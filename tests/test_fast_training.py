@@ -224,3 +224,26 @@ def test_two_gloo_ranks_with_a_distributed_sampler_cache_only_their_share(tiny_f
     seen = [s for r in ranks for s in set(r["seen"])]
     assert set(seen) == images, "an item was lost"
     assert len(seen) == len(images), "an item was seen by both ranks"
+
+
+def test_doctor_apply_prescribes_fast_training_or_what_unblocks_its_levers(tiny_files, tmp_path, capsys):
+    from monai_fast.cli import main
+
+    def my_collate(batch):
+        return list_data_collate(batch)
+
+    for name, fast in (("plain", None), ("refused", FastTraining(precision=False, memory_format=False))):
+        loader = DataLoader(Dataset(tiny_files[0], _chain(True)), batch_size=2, collate_fn=my_collate)
+        trainer, evaluator = _user_trainer(tiny_files, train_loader=loader)
+        RecordHandler(tmp_path / name).attach(trainer)
+        TimeBreakdown().attach(trainer)
+        if fast is not None:
+            fast.attach(trainer, evaluator)
+        trainer.run()
+        assert main(["doctor", str(tmp_path / name), "--apply"]) == 0
+        out = capsys.readouterr().out.split("to apply (add before trainer.run()):")[1]
+        if fast is None:
+            assert out.strip().startswith("FastTraining().attach(trainer, evaluator)"), out
+        else:
+            assert "FastTraining is attached already" in out and "data: the collate function" in out
+            assert "FastTraining(loader='thread')" in out, out

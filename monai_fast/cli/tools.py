@@ -78,7 +78,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"{args.run_dir}: {e}") from e
     print(diagnosis.text())
-    print(f"\nreport: {Path(args.run_dir) / 'report.md'}")
+    print(f"\nreport: {diagnosis.report}" if diagnosis.report else "\nreport: not written (see the warning above)")
+    if args.apply:
+        from monai_fast.report.prescription import prescribe
+        from monai_fast.telemetry.record import load_record
+
+        print("\nto apply (add before trainer.run()):\n" + prescribe(load_record(args.run_dir)[0], diagnosis))
     return 0
 
 
@@ -152,6 +157,8 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")
     p.add_argument("--data-threshold", type=float, default=0.2, help="data-wait share that makes a run data-bound (default %(default)s)")
     p.add_argument("--util-low", type=float, default=60.0, help="mean GPU utilisation %% below which a GPU counts as idle (default %(default)s)")
+    p.add_argument("--apply", action="store_true",
+                   help="also print the exact FastTraining(...) line for this run, and the code changes it cannot make")
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("synth", help="write a synthetic data set in Medical Segmentation Decathlon layout",

@@ -1,0 +1,73 @@
+"""``monai-fast doctor RUN --apply``: the exact ``FastTraining(...)`` line for a run, and the code changes it cannot make.
+
+The prescription comes from the doctor's verdict and from what ``FastTraining`` recorded in the
+run (its ``fast_training`` rows):
+
+* no ``FastTraining`` in the run: ``FastTraining().attach(trainer, evaluator)`` (every lever
+  ``"auto"``), when the verdict has a fix that one of its levers applies;
+* ``FastTraining`` in the run: the levers it left alone, each with the reason it gave and the
+  option or code change that lets it apply (a collate function not known to be thread-safe:
+  ``loader="thread"``; a data set without ``.transform``: a MONAI ``Dataset``; MONAI's own
+  ``amp=True``: build the trainer without it);
+* the verdict's fixes that no lever applies, as code changes.
+
+Example:
+    >>> rows = [{"kind": "epoch", "source": "time_breakdown", "epoch": 1, "iterations": 4, "data_s": 5.0, "compute_s": 5.0}]
+    >>> print(prescribe(rows).splitlines()[0])
+    FastTraining().attach(trainer, evaluator)
+"""
+
+from __future__ import annotations
+
+from monai_fast.report.doctor import FIXES, Diagnosis, applied_levers, diagnose
+
+__all__ = ["prescribe"]
+
+#: (a fragment of the reason FastTraining logged, what unblocks the lever)
+_UNBLOCK = (
+    ("not known to be thread-safe", "FastTraining(loader='thread') runs your collate function in the loader thread"),
+    ("no .data and .transform", "wrap your items in monai.data.Dataset(data, transform) (or CacheDataset)"),
+    ("IterableDataset", "give FastTraining a map-style MONAI Dataset (items it can cache)"),
+    ("custom sampler", "use shuffle=True / a DistributedSampler, or keep your sampler (the data lever stays off)"),
+    ("custom batch sampler", "use batch_size= in your DataLoader, or keep your batch sampler (the data lever stays off)"),
+    ("amp=True", "build the trainer with amp=False and let FastTraining(precision='auto') choose"),
+    ("rejects channels_last_3d", "keep the default layout: FastTraining(memory_format=False)"),
+)
+
+
+def _unblock(reason: str) -> str | None:
+    return next((fix for fragment, fix in _UNBLOCK if fragment in reason), None)
+
+
+def prescribe(rows: list[dict], diagnosis: Diagnosis | None = None) -> str:
+    """The ``FastTraining`` line and the code changes for the run whose record rows are ``rows``.
+
+    Args:
+        rows: the run record's rows (:func:`~monai_fast.telemetry.record.load_record`).
+        diagnosis: the doctor's verdict for them; computed when ``None``.
+    """
+    diagnosis = diagnosis or diagnose(rows)
+    levers = applied_levers(rows)
+    lines: list[str] = []
+    lever_fixes = [lever for lever, _ in FIXES[diagnosis.verdict] if lever is not None]
+    if not levers:
+        lines.append("FastTraining().attach(trainer, evaluator)")
+        if lever_fixes:
+            lines.append(f"#   applies what the {diagnosis.verdict} verdict calls for: " + ", ".join(dict.fromkeys(lever_fixes)))
+        else:
+            lines.append("#   the guide's levers, measured on your device (the verdict itself needs no lever)")
+    else:
+        lines.append("# FastTraining is attached already; what it left alone, and what lets it apply:")
+        off = {k: v for k, v in levers.items() if not v.get("applied")}
+        for lever, row in off.items():
+            reason = str(row.get("reason", ""))
+            lines.append(f"#   {lever}: {reason}")
+            if (fix := _unblock(reason)) is not None:
+                lines.append(f"#     -> {fix}")
+        if not off:
+            lines.append("#   nothing: every lever applied")
+    code = [text for lever, text in FIXES[diagnosis.verdict] if lever is None]
+    if code:
+        lines.append(f"# code changes for the {diagnosis.verdict} verdict that no FastTraining option makes:")
+        lines += [f"#   - {text}" for text in code]
+    return "\n".join(lines)
