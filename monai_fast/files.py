@@ -7,7 +7,8 @@ renamed onto the target only once complete (``os.replace``, atomic on POSIX). A 
 file or the new one, never half of one. A writer killed in the middle leaves its temporary file
 behind; :func:`clean_stale_tmp` removes such leftovers once their writer is gone (a dead process
 on this host, or older than ``max_age_s`` when written from another host), and every atomic write
-cleans the leftovers of its own target first.
+cleans the leftovers of its own target first (writers of many files into one folder clean the
+folder once instead).
 
 This module imports nothing else of monai-fast.
 
@@ -131,7 +132,9 @@ def clean_stale_tmp(folder: str | os.PathLike, target: str | None = None, max_ag
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", fsync: bool = False, **open_kwargs: Any) -> Iterator[IO]:
+def atomic_write(
+    path: str | os.PathLike, mode: str = "w", fsync: bool = False, clean: bool = True, **open_kwargs: Any
+) -> Iterator[IO]:
     """Open a temporary file beside ``path``; on a clean exit rename it onto ``path``.
 
     On an exception the temporary file is removed and ``path`` is left as it was. The parent
@@ -142,6 +145,9 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", fsync: bool = False, 
         mode: ``"w"`` (text) or ``"wb"`` (bytes).
         fsync: flush the file (and the folder's entry) to stable storage before returning: for
             files that must survive a power cut or node loss (checkpoints, tuning results).
+        clean: first remove leftovers of killed writers of this file. That lists the folder, so a
+            writer of many files into one folder (a disk cache) passes ``False`` and calls
+            :func:`clean_stale_tmp` on the folder once instead.
         open_kwargs: passed to :func:`open` (``encoding``, ...).
 
     Yields:
@@ -152,7 +158,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", fsync: bool = False, 
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_tmp(path.parent, target=path.name)
+    if clean:
+        clean_stale_tmp(path.parent, target=path.name)
     tmp = tmp_path_for(path)
     try:
         with open(tmp, mode, **open_kwargs) as f:

@@ -31,7 +31,8 @@ from monai.utils import set_determinism
 from torch.utils.data import TensorDataset
 
 from monai_fast.data.loaders import SafeThreadDataLoader
-from monai_fast.handlers import FastTraining, RecordHandler, TimeBreakdown
+from monai_fast.handlers import FastTraining, NonFiniteGuard, RecordHandler, TimeBreakdown
+from monai_fast.handlers.lifecycle import handlers_on
 from monai_fast.telemetry.record import Kind, Source, load_record, select
 
 PATCH = (16, 16, 16)
@@ -178,6 +179,7 @@ def test_an_unknown_collate_function_is_refused_unless_thread_is_asked_for(tiny_
         fast = FastTraining(loader=loader_option, precision=False, memory_format=False)
         fast.attach(trainer, evaluator)
         assert fast.applied["data"]["applied"] is adopted, fast.applied["data"]
+        assert NonFiniteGuard in handlers_on(trainer), "non-finite losses are guarded also with precision=False"
         assert isinstance(trainer.data_loader, SafeThreadDataLoader) is adopted
 
 

@@ -98,3 +98,24 @@ def test_cache_root_and_every_user_of_it_agree(monkeypatch, env, expected):
     root = Path(os.path.expanduser(expected))
     assert cache_root() == root
     assert default_store_path() == root / "tuning.json"
+
+
+def test_a_disk_cache_cleans_its_folder_once_not_on_every_item(tiny_files, tmp_path, monkeypatch):
+    """Listing the folder on every write made building a cache of n items cost n listings of n files."""
+    from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged
+
+    import monai_fast.files as files
+    from monai_fast.data.persistent import TrustedPersistentDataset
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    leftover = _writer_killed_mid_write(cache)  # a killed writer's temporary in the cache folder
+    ds = TrustedPersistentDataset(tiny_files[0], Compose([LoadImaged(keys=["image", "label"]),
+                                                          EnsureChannelFirstd(keys=["image", "label"])]), cache)
+    assert not leftover.exists(), "the data set removes leftovers of killed writers when it opens its folder"
+    calls = []
+    real = files.clean_stale_tmp
+    monkeypatch.setattr(files, "clean_stale_tmp", lambda *a, **k: calls.append(a) or real(*a, **k))
+    for i in range(len(ds)):
+        ds[i]
+    assert len(list(cache.glob("*.pt"))) == len(tiny_files[0]) and calls == []

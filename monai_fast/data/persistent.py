@@ -39,7 +39,7 @@ from monai.transforms import RandomizableTrait, Transform
 from monai.utils import convert_to_tensor, look_up_option
 
 from monai_fast.data.fingerprint import transform_fingerprint
-from monai_fast.files import atomic_write
+from monai_fast.files import atomic_write, clean_stale_tmp
 
 __all__ = ["TrustedPersistentDataset"]
 
@@ -80,6 +80,7 @@ class TrustedPersistentDataset(PersistentDataset):
         self.identity = identity
         self._content_hashes: dict[tuple, str] = {}
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        clean_stale_tmp(cache_dir)  # leftovers of killed writers, once per data set
         super().__init__(data=data, transform=transform, cache_dir=cache_dir, hash_func=self._item_key, **kwargs)
         deterministic = []
         for t in self.transform.flatten().transforms:
@@ -134,7 +135,7 @@ class TrustedPersistentDataset(PersistentDataset):
                 warnings.warn(f"cache file {hashfile} is damaged ({type(e).__name__}: {e}); rebuilding it", stacklevel=2)
                 hashfile.unlink(missing_ok=True)
         result = self._pre_transform(deepcopy(item_transformed))
-        with atomic_write(hashfile, "wb") as f:
+        with atomic_write(hashfile, "wb", clean=False) as f:  # the folder was cleaned once, in __init__
             torch.save(
                 convert_to_tensor(result, convert_numeric=False, track_meta=self.track_meta),
                 f,

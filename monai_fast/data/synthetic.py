@@ -34,7 +34,7 @@ import nibabel as nib
 import numpy as np
 from tqdm.auto import tqdm
 
-from monai_fast.files import atomic_write, cache_root, write_json
+from monai_fast.files import atomic_write, cache_root, clean_stale_tmp, write_json
 
 __all__ = ["KINDS", "brats_like_case", "generate_msd", "spleen_like_case", "synthetic_dataset"]
 
@@ -164,7 +164,7 @@ def _save_atomic(array: np.ndarray, affine: np.ndarray, path: Path) -> None:
     """Write a NIfTI file through a temporary name in the same folder, then rename it into place."""
     img = nib.Nifti1Image(array, affine)
     img.header.set_xyzt_units("mm")
-    with atomic_write(path, "wb") as f:
+    with atomic_write(path, "wb", clean=False) as f:  # generate_msd cleans each folder once
         f.write(img.to_bytes() if not path.name.endswith(".gz") else gzip.compress(img.to_bytes(), compresslevel=1, mtime=0))
 
 
@@ -210,8 +210,9 @@ def generate_msd(
 
     root = Path(root)
     meta = _DESCRIPTIONS[kind]
-    (root / "imagesTr").mkdir(parents=True, exist_ok=True)
-    (root / "labelsTr").mkdir(parents=True, exist_ok=True)
+    for sub in ("imagesTr", "labelsTr"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        clean_stale_tmp(root / sub)  # leftovers of a killed earlier run
     make_case = spleen_like_case if kind == "spleen-like" else brats_like_case
     affine = _affine(spacing, shape, lps=(kind == "spleen-like"))
     training = []

@@ -21,8 +21,9 @@ from monai.engines import Workflow
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.handlers.amp import AMPToggle
-from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
 from monai_fast.handlers.memory_format import choose_memory_format
+from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.record import record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.telemetry.record import Kind, Source
@@ -55,7 +56,8 @@ class FastTraining(EngineHandler):
     * **precision**: an :class:`~monai_fast.handlers.amp.AMPToggle` on the trainer and the same
       precision on the evaluator: bf16 where the device runs it natively, fp16 + GradScaler on
       other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
-      Left alone when the trainer already uses MONAI's ``amp=True``.
+      Left alone when the trainer already uses MONAI's ``amp=True``. In every case a
+      :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
     * **memory_format**: ``channels_last_3d`` when a copy of the network measured faster in it,
       for the first batch's shape and the chosen precision (at the first iteration).
 
@@ -134,12 +136,16 @@ class FastTraining(EngineHandler):
         self._data(trainer, "data", device)
         if evaluator is not None:
             self._data(evaluator, "validation data", torch.device(getattr(evaluator.state, "device", None) or device))
+        if NonFiniteGuard not in handlers_on(trainer):  # every precision, also with precision=False or MONAI's amp
+            guard = NonFiniteGuard()
+            guard.attach(trainer)
+            self._helpers.append(guard)
         self._precision(trainer, evaluator, device)
         self._memory_format_lever(trainer, device)
 
     def _detached(self, engine: Engine) -> None:
         for helper in self._helpers:
-            for e in getattr(helper, "engines", []):
+            for e in helper.engines:
                 helper.detach(e)
         self._helpers.clear()
 
