@@ -20,7 +20,8 @@ clean up (pop NVTX ranges, stop a sampling thread, close a file) must still let 
 and must run even when another handler, such as MONAI's ``StatsHandler``, re-raises first.
 :func:`on_run_end` installs one exception hook per engine, placed first among the engine's
 exception handlers: it runs every registered cleanup, then re-raises. Ignite offers no public way
-to order handlers, so this one place reads ``Engine._event_handlers``.
+to order handlers, so this one place reads ``Engine._event_handlers`` (also for
+``EngineHandler.on(..., first=True)``).
 
 Example:
     >>> from ignite.engine import Engine, Events
@@ -43,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -102,11 +104,17 @@ def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False)
         engine.add_event_handler(Events.TERMINATE, _run_all)
         engine.add_event_handler(Events.EXCEPTION_RAISED, _on_exception)
         # first among exception handlers, so a handler that re-raises before us cannot skip cleanup
-        handlers = engine._event_handlers[Events.EXCEPTION_RAISED]
-        handlers.insert(0, handlers.pop())
+        _move_last_to_front(engine, Events.EXCEPTION_RAISED)
     entry = (fn, last)
     hooks.append(entry)
     return _RunEndHandle(engine, entry)
+
+
+def _move_last_to_front(engine: Engine, event: Any) -> None:
+    """Make the handler added last for ``event`` run first. Ignite has no public way to order
+    handlers; this is the one place monai-fast reads ``Engine._event_handlers``."""
+    handlers = engine._event_handlers[event]
+    handlers.insert(0, handlers.pop())
 
 
 def handlers_on(engine: Engine) -> dict[type, EngineHandler]:
@@ -114,7 +122,7 @@ def handlers_on(engine: Engine) -> dict[type, EngineHandler]:
     return dict(getattr(engine, _REGISTRY, {}))
 
 
-class EngineHandler:
+class EngineHandler(ABC):
     """Base class of every monai-fast handler: the attach discipline described in this module.
 
     Subclasses call ``super().__init__()``, validate their options in ``__init__``, register their
@@ -181,7 +189,8 @@ class EngineHandler:
         self._detached(engine)
 
     def on(
-        self, engine: Engine, event: Any, fn: Callable, *args: Any, owner: Engine | None = None, **kwargs: Any
+        self, engine: Engine, event: Any, fn: Callable, *args: Any, owner: Engine | None = None, first: bool = False,
+        **kwargs: Any,
     ) -> RemovableEventHandle:
         """``engine.add_event_handler(event, fn, *args, **kwargs)``, remembered for :meth:`detach`.
 
@@ -189,8 +198,12 @@ class EngineHandler:
             owner: the engine this handler was attached to, when ``engine`` is another one (a
                 handler on the trainer that also listens to the evaluator); detaching the handler
                 from ``owner`` removes this callback too.
+            first: run before the handlers already registered for ``event`` (the run's state must
+                be restored before others look at it).
         """
         handle = engine.add_event_handler(event, fn, *args, **kwargs)
+        if first:
+            _move_last_to_front(engine, event)
         self._wiring[id(owner if owner is not None else engine)][1].append(handle)
         return handle
 
@@ -198,8 +211,9 @@ class EngineHandler:
         """:func:`on_run_end`, remembered for :meth:`detach`."""
         self._wiring[id(engine)][1].append(on_run_end(engine, fn, last=last))
 
+    @abstractmethod
     def _attach(self, engine: Engine) -> None:
-        raise NotImplementedError
+        """Register this handler's callbacks on ``engine`` (with :meth:`on` / :meth:`on_run_end`)."""
 
     def _detached(self, engine: Engine) -> None:
         """Stop threads, close files: called once the handler is off ``engine``. Default: nothing."""

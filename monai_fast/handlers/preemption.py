@@ -154,13 +154,10 @@ class Preemption(EngineHandler):
             raise ValueError("Preemption: to_save must include the engine it is attached to (e.g. "
                              "to_save['trainer'] = trainer), or a resumed run would start again at iteration 1")
         self._folder = CheckpointFolder({**self.to_save, _KEY: self._ranks}, self.dirname, self.n_saved)
-        self.on(engine, Events.STARTED, self._on_started)
         # first at STARTED and EPOCH_STARTED: the run's state and the epoch's random states are
         # restored (or taken) before anyone else looks at them or draws
-        self.on(engine, Events.EPOCH_STARTED, self._on_epoch_started)
-        for event in (Events.STARTED, Events.EPOCH_STARTED):
-            handlers = engine._event_handlers[event]
-            handlers.insert(0, handlers.pop())
+        self.on(engine, Events.STARTED, self._on_started, first=True)
+        self.on(engine, Events.EPOCH_STARTED, self._on_epoch_started, first=True)
         self.on(engine, Events.ITERATION_STARTED, self._on_iteration_started)
         self.on_run_end(engine, self._run_ended)
         self.stop_signal.install()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import torch
 
 if TYPE_CHECKING:
     from monai_fast.recipes.config import RecipeConfig
 
-__all__ = ["TuneResult"]
+__all__ = ["TuneResult", "layout_name", "model_signature"]
 
 
 @dataclass
@@ -98,3 +101,16 @@ class TuneResult:
         if self.cache_where is not None:
             lines.append(f"cache: {self.cache_where}, {self.cache_budget_mib:.0f} MiB left for it; {self.cache_reason}")
         return "\n".join(lines)
+
+
+def model_signature(network: torch.nn.Module) -> str:
+    """Class name, parameter count and a hash of the module tree (part of a result's key): equal
+    for equal architectures."""
+    n = sum(p.numel() for p in network.parameters())
+    digest = hashlib.sha1(repr(network).encode()).hexdigest()[:10]
+    return f"{type(network).__name__}-{n}-{digest}"
+
+
+def layout_name(fmt: torch.memory_format) -> str:
+    """``"channels_last_3d"`` / ``"contiguous_format"``: a memory format as a result records it."""
+    return str(fmt).removeprefix("torch.")

@@ -10,7 +10,6 @@ out-of-memory candidate is recorded as infeasible (memory released, search goes 
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,11 +24,11 @@ from monai_fast.telemetry import device_description
 from monai_fast.telemetry.memory import DeviceMemory, is_out_of_memory
 from monai_fast.tune.measure import time_inference, time_training_step
 from monai_fast.tune.ranks import agree_on_trial, gather_errors
-from monai_fast.tune.result import TuneResult
+from monai_fast.tune.result import TuneResult, layout_name, model_signature
 from monai_fast.tune.search import Trial, grow_then_bisect, pick_best, race
 from monai_fast.tune.space import SearchSpace
 
-__all__ = ["SearchSpace", "TuneResult", "Tuner", "TuningError", "model_signature"]
+__all__ = ["SearchSpace", "TuneResult", "Tuner", "TuningError", "model_signature"]  # re-exported from their homes
 
 logger = logging.getLogger("monai_fast.tune")
 
@@ -39,13 +38,6 @@ T = TypeVar("T")
 
 class TuningError(RuntimeError):
     """A trial failed for a reason other than memory (on any rank); the message names the candidate."""
-
-
-def model_signature(network: torch.nn.Module) -> str:
-    """Class name, parameter count and a hash of the module tree: equal for equal architectures."""
-    n = sum(p.numel() for p in network.parameters())
-    digest = hashlib.sha1(repr(network).encode()).hexdigest()[:10]
-    return f"{type(network).__name__}-{n}-{digest}"
 
 
 class Tuner:
@@ -158,7 +150,7 @@ class Tuner:
                 f"valdev={','.join(str(d) for d in self.val_devices)}",
                 f"world={idist.get_world_size()}",
             ]
-            + ([f"layout={','.join(_layout_name(self.memory_format(p)) for p in s.precisions)}"] if self.memory_format else [])
+            + ([f"layout={','.join(layout_name(self.memory_format(p)) for p in s.precisions)}"] if self.memory_format else [])
         )
 
     def run(self, progress: bool = False) -> TuneResult:
@@ -345,10 +337,6 @@ class Tuner:
     def _measure_allreduce(self) -> float:
         """Seconds of one gradient all-reduce (0 for one process): added to every step under DDP."""
         return allreduce_seconds(sum(p.numel() for p in self._net.parameters()))
-
-
-def _layout_name(fmt: torch.memory_format) -> str:
-    return str(fmt).removeprefix("torch.")
 
 
 def _progress(enabled: bool):
