@@ -32,8 +32,6 @@ __all__ = ["FastTraining"]
 
 logger = logging.getLogger("monai_fast.handlers")
 
-Switch = Literal["auto"] | bool
-
 
 class FastTraining(EngineHandler):
     """Applies the fast-training guide's levers to an existing MONAI trainer (and its evaluator).
