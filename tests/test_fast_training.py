@@ -105,7 +105,7 @@ def test_one_attach_replaces_both_loaders_and_records_what_it_applied(tiny_files
     assert fast.applied["precision"]["setting"] in ("bf16", "fp32") and "memory_format" in fast.applied
     rows, summary = load_record(tmp_path)
     levers = {r["lever"]: r for r in select(rows, Kind.EVENT, Source.FAST_TRAINING)}
-    assert set(levers) == {"data", "validation data", "precision", "memory_format"}
+    assert set(levers) == {"data", "validation data", "precision", "memory_format", "validation"}
     assert summary["fast_training"]["data"]["setting"] == "ram"
     # the doctor never recommends what is already on, and says what is
     from monai_fast.report.doctor import FIXES, doctor
@@ -204,21 +204,31 @@ def _rank_items(local_rank, files, out):
     ds = Dataset(files[0], _chain(True))
     loader = DataLoader(ds, batch_size=1, sampler=DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0))
     trainer, evaluator = _user_trainer(files, train_loader=loader)
-    fast = FastTraining(precision=False, memory_format=False)
+    fast = FastTraining()  # every lever auto: the decisions must agree across ranks
     fast.attach(trainer)
     seen = []
     trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: seen.extend(str(f) for f in e.state.batch["image"].meta["filename_or_obj"]))
     trainer.run()
+    decisions = {lever: what["setting"] for lever, what in fast.applied.items() if lever != "data"}
     (out / f"rank{rank}.json").write_text(json.dumps({"seen": seen, "cached": len(trainer.data_loader.dataset),
-                                                      "steps": trainer.state.epoch_length}))
+                                                      "steps": trainer.state.epoch_length, "decisions": decisions}))
 
 
-def test_two_gloo_ranks_with_a_distributed_sampler_cache_only_their_share(tiny_files, tmp_path):
+@pytest.mark.parametrize("backend", ["gloo", "horovod"])
+def test_two_ranks_with_a_distributed_sampler_cache_only_their_share_and_agree(backend, tiny_files, tmp_path, monkeypatch):
+    import os
+    from pathlib import Path
+
     import ignite.distributed as idist
 
-    with idist.Parallel(backend="gloo", nproc_per_node=2) as parallel:
+    if backend == "horovod":
+        pytest.importorskip("horovod.torch", reason="Horovod is not built here: python scripts/build_horovod.py (the CI does)")
+        # horovodrun's processes unpickle _rank_items by its module: let them import this file
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    with idist.Parallel(backend=backend, nproc_per_node=2) as parallel:
         parallel.run(_rank_items, tiny_files, tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["decisions"] == ranks[1]["decisions"] and "memory_format" in ranks[0]["decisions"], ranks
     n = len(tiny_files[0])
     assert all(r["cached"] == math.ceil(n / 2) for r in ranks)  # each rank caches its share only
     assert all(r["steps"] == math.ceil(n / 2) for r in ranks)  # as many steps as the sampler gave
@@ -249,3 +259,46 @@ def test_doctor_apply_prescribes_fast_training_or_what_unblocks_its_levers(tiny_
         else:
             assert "FastTraining is attached already" in out and "data: the collate function" in out
             assert "FastTraining(loader='thread')" in out, out
+
+
+def test_validation_tune_measures_the_sliding_window_batch_once_and_reuses_the_store(tiny_files, tmp_path):
+    from monai_fast.handlers.fast_training import _sliding_window
+    from monai_fast.tune import TuneStore
+
+    store = tmp_path / "tuning.json"
+    picks = []
+    for _ in range(2):
+        trainer, evaluator = _user_trainer(tiny_files)
+        window = _sliding_window(evaluator.inferer)
+        fast = FastTraining(precision="fp32", memory_format=False, validation="tune", tune_store=store)
+        fast.attach(trainer, evaluator)
+        assert window.sw_batch_size == 2  # nothing measured before the evaluator's first run
+        trainer.run()
+        what = fast.applied["validation"]
+        assert what["setting"] == f"sw_batch_size={window.sw_batch_size}" and "volumes/s" in what["reason"], what
+        assert what["applied"] == (window.sw_batch_size != 2)
+        picks.append((window.sw_batch_size, what["reason"]))
+        assert math.isfinite(evaluator.state.metrics["val_mean_dice"])
+    stored = TuneStore(store)._load()
+    assert len(stored) == 1 and next(iter(stored)).endswith("|validation-only"), stored  # one measurement, kept
+    assert picks[0][0] == picks[1][0] and "(cached)" in picks[1][1] and "(cached)" not in picks[0][1]
+
+
+def test_validation_false_leaves_the_evaluator_as_built(tiny_files):
+    trainer, evaluator = _user_trainer(tiny_files)
+    loader, inferer = evaluator.data_loader, evaluator.inferer
+    fast = FastTraining(validation=False)
+    fast.attach(trainer, evaluator)
+    assert evaluator.data_loader is loader and evaluator.inferer is inferer
+    assert not fast.applied["validation"]["applied"] and "validation data" not in fast.applied
+    assert trainer.data_loader is not None and fast.applied["data"]["applied"]  # the trainer's levers still apply
+
+
+def test_validation_tune_with_an_inferer_that_is_not_a_sliding_window_says_so(tiny_files):
+    from monai.inferers import SimpleInferer
+
+    trainer, evaluator = _user_trainer(tiny_files)
+    evaluator.inferer = SimpleInferer()
+    fast = FastTraining(precision="fp32", validation="tune")
+    fast.attach(trainer, evaluator)
+    assert not fast.applied["validation"]["applied"] and "not a SlidingWindowInferer" in fast.applied["validation"]["reason"]

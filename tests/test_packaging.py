@@ -17,9 +17,13 @@ def test_every_code_folder_is_a_package_that_setup_finds():
 
 
 def _imports(path: Path) -> set[str]:
+    """Modules ``path`` imports at run time (``if TYPE_CHECKING:`` blocks left out)."""
     import ast
 
     tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            node.body = []
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -33,10 +37,31 @@ def _modules(folder: str) -> list[Path]:
     return sorted(p for p in (ROOT / "monai_fast" / folder).rglob("*.py") if "__pycache__" not in p.parts)
 
 
+#: the tuner's recipe binding; the rest of ``tune/`` is the tuner core, which handlers may use
+TUNE_RECIPE_BOUND = ("monai_fast.tune.recipe",)
+ABOVE_HANDLERS = ("monai_fast.report", "monai_fast.recipes", "monai_fast.race", "monai_fast.cli", *TUNE_RECIPE_BOUND)
+
+
 def test_handlers_import_nothing_above_them():
-    above = ("monai_fast.report", "monai_fast.recipes", "monai_fast.tune", "monai_fast.race", "monai_fast.cli")
-    bad = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith(above)) for p in _modules("handlers")}
+    bad = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith(ABOVE_HANDLERS))
+           for p in _modules("handlers")}
     assert not {k: v for k, v in bad.items() if v}, f"handlers/ imports an upper layer: {bad}"
+
+
+def test_the_tuner_core_imports_nothing_above_handlers():
+    above = (*ABOVE_HANDLERS, "monai_fast.handlers")
+    core = [p for p in _modules("tune") if p.stem != "recipe"]
+    bad = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith(above)) for p in core}
+    assert not {k: v for k, v in bad.items() if v}, f"the tuner core imports an upper layer: {bad}"
+
+
+def test_importing_the_tuner_does_not_import_the_recipes():
+    import subprocess
+    import sys
+
+    code = "import sys, monai_fast.tune; print('monai_fast.recipes' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_the_ground_floor_imports_nothing_of_ours():

@@ -126,7 +126,7 @@ def test_fast_picks_its_precision_and_layout_together(tiny_files, tiny_config):
     if r.amp:  # bf16 measured faster on this CPU: autocast on trainer and evaluator, default layout
         assert isinstance(r.trainer.inferer, _AutocastInferer) and isinstance(r.evaluator.inferer, _AutocastInferer)
         assert not conv.is_contiguous(memory_format=torch.channels_last_3d)
-        assert "AMPToggle bf16" in " ".join(r.notes)
+        assert "FastTraining precision: bf16" in " ".join(r.notes)
     else:
         assert conv.is_contiguous(memory_format=torch.channels_last_3d)
     r.trainer.run()
@@ -151,14 +151,14 @@ def test_fast_caches_where_the_planner_says(tiny_files, tiny_config, tmp_path):
     # plenty of RAM: a CacheDataset, as MONAI's guide does on a CPU
     r = build_recipe("fast", train, val, RecipeConfig(**base), "cpu", progress=False)
     assert type(r.train_loader.dataset) is CacheDataset
-    assert any("cache plan (auto)" in n and "RAM" in n for n in r.notes), r.notes
+    assert any(n.startswith("FastTraining data: ram (") for n in r.notes), r.notes
     # a RAM budget of a few bytes and a cache folder: the trusted disk cache, loaded by workers
     cfg = RecipeConfig(**{**base, "cache_budget_mib": 0.001, "cache_dir": str(tmp_path / "c")})
     r = build_recipe("fast", train, val, cfg, "cpu", progress=False)
     assert isinstance(r.train_loader.dataset, TrustedPersistentDataset)
     assert r.train_loader.num_workers == cfg.loader_workers
-    assert f"TrustedPersistentDataset in a disk cache in {tmp_path / 'c'}" in r.notes[0], r.notes
-    assert f"({cfg.loader_workers} workers)" in r.notes[0], r.notes  # the notes say what was built
+    data_note = next(n for n in r.notes if n.startswith("FastTraining data: disk ("))  # the notes say what was built
+    assert str(tmp_path / "c") in data_note and f"{cfg.loader_workers} worker processes" in data_note, data_note
     r.trainer.run()
     assert list((tmp_path / "c").glob("*.pt"))  # the disk cache was written while training
     # forced SmartCache: the recipe drives its rotation itself

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from ignite.engine import Engine, Events
 from monai.engines import Workflow
+from monai.inferers import SlidingWindowInferer
+from monai.utils import CommonKeys
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.handlers.amp import AMPToggle
@@ -27,6 +30,7 @@ from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.record import record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.telemetry.record import Kind, Source
+from monai_fast.tune.validation import tune_validation  # the tuner core, below handlers (docs/design.md)
 
 __all__ = ["FastTraining"]
 
@@ -58,6 +62,13 @@ class FastTraining(EngineHandler):
       :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
     * **memory_format**: ``channels_last_3d`` when a copy of the network measured faster in it,
       for the first batch's shape and the chosen precision (at the first iteration).
+    * **validation**: ``"auto"`` gives the evaluator its adopted loader and the trainer's precision
+      and keeps its sliding-window settings; ``"tune"`` also measures the evaluator's
+      ``sw_batch_size`` at its first run (:func:`~monai_fast.tune.validation.tune_validation`, on a
+      volume of the first validation item's size, at the run's precision; cached in the tuning
+      store, so a second run does not measure again) and sets it on its ``SlidingWindowInferer``.
+      The stitching device is kept (moving it would move the metric's inputs). ``False`` leaves
+      the evaluator alone.
 
     What cannot be applied (a plain ``Dataset`` without ``.transform``, an ``IterableDataset``, a
     custom sampler, a network that rejects ``channels_last_3d``) is left alone with one log line
@@ -69,10 +80,13 @@ class FastTraining(EngineHandler):
             user's loaders; then no cache either).
         precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``False``.
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
+        validation: ``"auto"``, ``"tune"`` or ``False`` (see above).
         gpu_budget_mib, ram_budget_mib, disk_budget_mib: the planner's budgets (``None``: its defaults).
         cache_dir: where a disk cache may go (without it, disk is not an option).
         cache_threads: threads that fill the caches; default all CPUs.
         progress: progress bars while caches fill.
+        tune_store: where ``validation="tune"`` caches its measurement: ``"default"`` (the tuning
+            store in monai-fast's cache folder), a JSON file, or ``None`` (measure every run).
     """
 
     def __init__(
@@ -81,17 +95,20 @@ class FastTraining(EngineHandler):
         loader: Literal["auto", "thread"] | bool = "auto",
         precision: Literal["auto", "bf16", "fp16", "fp32"] | bool = "auto",
         memory_format: Literal["auto", "channels_last_3d", "contiguous"] | bool = "auto",
+        validation: Literal["auto", "tune"] | bool = "auto",
         gpu_budget_mib: float | None = None,
         ram_budget_mib: float | None = None,
         disk_budget_mib: float | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_threads: int | None = None,
         progress: bool = False,
+        tune_store: str | os.PathLike | None = "default",
     ) -> None:
         _check("cache", cache, ("auto", "gpu", "ram", "disk", "smartcache", "none", False))
         _check("loader", loader, ("auto", "thread", False))
         _check("precision", precision, ("auto", "bf16", "fp16", "fp32", False))
         _check("memory_format", memory_format, ("auto", "channels_last_3d", "contiguous", False))
+        _check("validation", validation, ("auto", "tune", False))
         for name, v in (("gpu_budget_mib", gpu_budget_mib), ("ram_budget_mib", ram_budget_mib),
                         ("disk_budget_mib", disk_budget_mib), ("cache_threads", cache_threads)):
             if v is not None and not v >= 0:
@@ -100,9 +117,10 @@ class FastTraining(EngineHandler):
             raise ValueError("FastTraining: cache='disk' needs cache_dir")
         super().__init__()
         self.cache, self.loader, self.precision, self.memory_format = cache, loader, precision, memory_format
+        self.validation = validation
         self.budgets = {k: None if v is None else int(v * 2**20)
                         for k, v in (("gpu_budget", gpu_budget_mib), ("ram_budget", ram_budget_mib), ("disk_budget", disk_budget_mib))}
-        self.cache_dir, self.cache_threads, self.progress = cache_dir, cache_threads, progress
+        self.cache_dir, self.cache_threads, self.progress, self.tune_store = cache_dir, cache_threads, progress, tune_store
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
         self.applied: dict[str, dict[str, Any]] = {}
         self.amp: AMPToggle | None = None
@@ -132,6 +150,9 @@ class FastTraining(EngineHandler):
 
     def _apply_levers(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
         self._data(trainer, "data", device)
+        if evaluator is not None and self.validation is False:
+            self._say("validation", False, None, "switched off (validation=False): the evaluator is kept as built")
+            evaluator = None
         if evaluator is not None:
             self._data(evaluator, "validation data", torch.device(getattr(evaluator.state, "device", None) or device))
         if NonFiniteGuard not in handlers_on(trainer):  # every precision, also with precision=False or MONAI's amp
@@ -140,6 +161,8 @@ class FastTraining(EngineHandler):
             self._helpers.append(guard)
         self._precision(trainer, evaluator, device)
         self._memory_format_lever(trainer, device)
+        if evaluator is not None:
+            self._validation_lever(trainer, evaluator, device)
 
     def _detached(self, engine: Engine) -> None:
         for helper in self._helpers:
@@ -182,6 +205,9 @@ class FastTraining(EngineHandler):
         if getattr(trainer, "amp", False):
             self._say("precision", False, None, "the trainer already runs MONAI's amp=True; kept as built")
             return
+        if self.precision == "fp32":
+            self._say("precision", False, "fp32", "requested fp32: engines kept as built")
+            return
         amp = AMPToggle("auto" if self.precision is True else self.precision)
         amp.attach(trainer)
         self._helpers.append(amp)
@@ -205,10 +231,46 @@ class FastTraining(EngineHandler):
         network = trainer.network
         dtype = self.amp.autocast_dtype if self.amp is not None and self.amp.active else None
         choice, reason = choose_memory_format(network, trainer.state.batch, device, dtype, self.memory_format)
-        if choice == "channels_last_3d":
-            network.to(memory_format=torch.channels_last_3d)
+        # both ways: a network the user (or a recipe) put in channels_last_3d goes back when contiguous wins
+        network.to(memory_format=torch.channels_last_3d if choice == "channels_last_3d" else torch.contiguous_format)
         self._say("memory_format", choice == "channels_last_3d", choice, reason)
         self._record(trainer, only="memory_format")
+
+    def _validation_lever(self, trainer: Workflow, evaluator: Workflow, device: torch.device) -> None:
+        if self.validation == "auto" or self.validation is True:
+            self._say("validation", False, None, "sliding-window settings kept as built (validation='tune' measures them)")
+            return
+        window = _sliding_window(evaluator.inferer)
+        if window is None:
+            self._say("validation", False, None, f"the evaluator's inferer ({type(evaluator.inferer).__name__}) is not a "
+                      "SlidingWindowInferer: nothing to tune")
+            return
+        self._validation_tuned = False
+        self.on(evaluator, Events.STARTED, self._tune_validation, trainer, window, device, owner=trainer)
+
+    def _tune_validation(self, evaluator: Workflow, trainer: Workflow, window: SlidingWindowInferer,
+                         device: torch.device) -> None:
+        if self._validation_tuned:  # once per attach (Events.STARTED has no once= filter: its count stays 0)
+            return
+        self._validation_tuned = True
+        image = _first_image(evaluator.data_loader)
+        if image is None or image.dim() != 4:
+            self._say("validation", False, None, "the first validation item has no 4-D image (C, D, H, W): nothing to tune")
+            self._record(trainer, only="validation")
+            return
+        precision = self.amp.precision if self.amp is not None and self.amp.active else "fp32"
+        before = window.sw_batch_size
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            pick = tune_validation(
+                evaluator.network, window.roi_size, tuple(image.shape[1:]), window.sw_device or device, precision,
+                overlap=float(min(window.overlap)) if isinstance(window.overlap, Sequence) else float(window.overlap),
+                in_channels=image.shape[0], sw_batch_range=(1, 32), store=self.tune_store,
+            )
+        window.sw_batch_size = pick.sw_batch_size
+        self._say("validation", pick.sw_batch_size != before, f"sw_batch_size={pick.sw_batch_size}",
+                  f"measured {pick.val_volumes_per_s:.2f} volumes/s on {tuple(image.shape[1:])} volumes at {precision} "
+                  f"(was sw_batch_size={before}){' (cached)' if pick.from_cache else ''}")
+        self._record(trainer, only="validation")
 
     def _record(self, trainer: Engine, only: str | None = None) -> None:
         record = record_of(trainer)
@@ -218,6 +280,22 @@ class FastTraining(EngineHandler):
             if only is None or lever == only:
                 record.add(Kind.EVENT, Source.FAST_TRAINING, lever=lever, **what)
         record.set_summary(Source.FAST_TRAINING, dict(self.applied))
+
+
+def _sliding_window(inferer: Any) -> SlidingWindowInferer | None:
+    """The ``SlidingWindowInferer`` inside ``inferer`` (looking through ``AMPToggle``'s wrapper), or ``None``."""
+    while not isinstance(inferer, SlidingWindowInferer) and hasattr(inferer, "inner"):
+        inferer = inferer.inner
+    return inferer if isinstance(inferer, SlidingWindowInferer) else None
+
+
+def _first_image(loader: Any) -> torch.Tensor | None:
+    """The image tensor of the first item of ``loader``'s data set (the first crop when it gives a list)."""
+    item = loader.dataset[0]
+    if isinstance(item, (list, tuple)) and item:
+        item = item[0]
+    image = item.get(CommonKeys.IMAGE) if isinstance(item, dict) else None
+    return torch.as_tensor(image) if image is not None else None
 
 
 def _check(name: str, value: Any, allowed: tuple) -> None:

@@ -29,7 +29,7 @@ import torch
 
 from monai_fast.handlers.throughput import batch_shape
 
-__all__ = ["MIN_GAIN", "choose_memory_format"]
+__all__ = ["MIN_GAIN", "choose_memory_format", "in_channels_last_3d"]
 
 #: the measured speed-up ``channels_last_3d`` must show to be chosen
 MIN_GAIN = 1.05
@@ -67,6 +67,22 @@ def _measure(network: torch.nn.Module, shape: torch.Size, device: torch.device, 
     return statistics.median(times["plain"]), statistics.median(times["last"])
 
 
+def in_channels_last_3d(network: torch.nn.Module) -> bool:
+    """Whether all the network's 5-D weights are in ``channels_last_3d``, at least one unambiguously.
+
+    A weight with one input channel has the same strides in both layouts, so it decides nothing.
+
+    Example:
+        >>> in_channels_last_3d(torch.nn.Conv3d(2, 4, 3).to(memory_format=torch.channels_last_3d))
+        True
+        >>> in_channels_last_3d(torch.nn.Conv3d(1, 4, 3))
+        False
+    """
+    weights = [p for p in network.parameters() if p.dim() == 5]
+    last = [p.is_contiguous(memory_format=torch.channels_last_3d) for p in weights]
+    return all(last) and any(is_last and not p.is_contiguous() for p, is_last in zip(weights, last, strict=True))
+
+
 def choose_memory_format(
     network: torch.nn.Module,
     batch: Any,
@@ -88,10 +104,12 @@ def choose_memory_format(
     """
     if request == "contiguous":
         return "contiguous", "requested"
+    net = getattr(network, "module", network)  # DDP / DataParallel
+    if request == "channels_last_3d" and in_channels_last_3d(net):
+        return "channels_last_3d", "requested (the weights are in it already)"
     found = batch_shape(batch)
     if found is None or len(found) != 5:
         return "contiguous", "the inputs are not 5-D volumes (N, C, D, H, W): nothing to reorder"
-    net = getattr(network, "module", network)  # DDP / DataParallel
     shape = torch.Size([min(found[0], 2), *found[1:]])
     device = torch.device(device)
     decision: list[Any] = [None, None]

@@ -2,9 +2,9 @@
 
 Each piece takes a recipe's :class:`~monai_fast.recipes.parts.RecipeParts` and the file lists
 and returns a :class:`DataPiece`: training and validation data sets and loaders, and a note
-saying what was built. ``uncached_data`` is plain MONAI; ``guide_cached_data`` is MONAI's
-fast-training guide (everything cached, a thread loader); ``planned_cached_data`` puts the
-training cache where :func:`~monai_fast.data.planner.plan_cache` measures it fits.
+saying what was built. ``uncached_data`` is plain MONAI (the ``fast`` recipe's
+:class:`~monai_fast.handlers.FastTraining` adopts it into planned caches); ``guide_cached_data`` is
+MONAI's fast-training guide (everything cached, a thread loader).
 
 A file that cannot be read (a truncated NIfTI, say) ends the build or the epoch with one
 :class:`~monai_fast.data.loaders.DataItemError` naming the file, in every cache mode and in loader
@@ -18,16 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from ignite.engine import Engine
 from monai.data import CacheDataset, DataLoader, Dataset, ThreadDataLoader
 from monai.transforms import Compose
 
-from monai_fast.data.planner import CachePlan, force_plan, plan_cache
 from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
-from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.recipes.parts import RecipeParts
 
-__all__ = ["DataPiece", "guide_cached_data", "planned_cached_data", "require_device", "uncached_data"]
+__all__ = ["DataPiece", "guide_cached_data", "require_device", "uncached_data"]
 
 
 def require_device(device: torch.device) -> None:
@@ -52,8 +49,7 @@ class DataPiece:
     Attributes:
         train_ds, train_loader, val_ds, val_loader: what the engines iterate.
         where: where the training data is cached, in words; empty when nothing is cached.
-        on_gpu: the cached items live in GPU memory (validation follows the training cache).
-        plan: the cache planner's decision (``planned_cached_data`` only).
+        on_gpu: the cached items live in GPU memory.
     """
 
     train_ds: Dataset
@@ -62,7 +58,6 @@ class DataPiece:
     val_loader: DataLoader
     where: str
     on_gpu: bool = False
-    plan: CachePlan | None = None
 
     def note(self) -> str:
         """One line: data set class, where it lives, sizes and the loader."""
@@ -71,11 +66,6 @@ class DataPiece:
             return f"{type(self.train_ds).__name__} + {loader}: all transforms every epoch"
         return (f"{type(self.train_ds).__name__} in {self.where} ({len(self.train_ds)} train + {len(self.val_ds)} val "
                 f"items), {loader}")
-
-    def attach(self, trainer: Engine) -> None:
-        """Attach what the data needs while training: a rotating SmartCache gets its updater."""
-        if self.plan is not None and self.plan.where == "smartcache":
-            SmartCacheUpdater(self.train_ds).attach(trainer)
 
 
 def uncached_data(parts: RecipeParts, train_files: Sequence[dict], val_files: Sequence[dict]) -> DataPiece:
@@ -113,53 +103,6 @@ def guide_cached_data(
     val_ds, val_loader = _cached_val(parts, val_files, on_gpu, loader_cls, progress)
     where = f"GPU memory ({parts.device})" if on_gpu else "CPU RAM"
     return DataPiece(train_ds, train_loader, val_ds, val_loader, where=where, on_gpu=on_gpu)
-
-
-def planned_cached_data(
-    parts: RecipeParts,
-    train_files: Sequence[dict],
-    val_files: Sequence[dict],
-    loader_cls: type[ThreadDataLoader] = ThreadDataLoader,
-    progress: bool = True,
-) -> DataPiece:
-    """The training cache where the planner (or ``config.cache``) puts it; validation cached beside it.
-
-    A cache in memory (GPU, RAM, SmartCache) feeds ``loader_cls`` with no worker processes; a
-    disk cache or none gets ``config.loader_workers`` workers to keep up.
-
-    Example:
-        >>> data = planned_cached_data(parts, train_files, val_files, SafeThreadDataLoader)  # doctest: +SKIP
-    """
-    require_device(parts.device)
-    config, device = parts.config, parts.device
-    full = NamedItemsCompose.of(parts.train_transforms())
-    plan = _plan(parts, train_files, full)
-    kwargs: dict = {}
-    if plan.where in ("gpu", "ram"):
-        kwargs["num_workers"] = config.cache_threads
-    elif plan.where == "smartcache":
-        kwargs.update(num_init_workers=config.cache_threads, num_replace_workers=config.cache_threads)
-    train_ds = plan.build(list(train_files), full, **kwargs)
-    workers = 0 if plan.where in ("gpu", "ram", "smartcache") else config.loader_workers
-    train_loader = loader_cls(train_ds, num_workers=workers, batch_size=config.batch_size, shuffle=True)
-    on_gpu = plan.where == "gpu"  # validation follows the training cache onto the GPU, or not
-    val_ds, val_loader = _cached_val(parts, val_files, on_gpu, loader_cls, progress)
-    where = {"gpu": f"GPU memory ({device})", "ram": "CPU RAM", "disk": f"a disk cache in {plan.cache_dir}",
-             "smartcache": f"a SmartCache of {plan.cache_num} items in RAM", "none": "no cache"}[plan.where]
-    return DataPiece(train_ds, train_loader, val_ds, val_loader, where=where, on_gpu=on_gpu, plan=plan)
-
-
-def _plan(parts: RecipeParts, train_files: Sequence[dict], full) -> CachePlan:
-    """The planner's measured place for the training cache, or the one ``config.cache`` forces."""
-    config, device = parts.config, parts.device
-    budget = None if config.cache_budget_mib is None else int(config.cache_budget_mib * 2**20)
-    plan = plan_cache(
-        full, list(train_files), device,
-        gpu_budget=budget if device.type == "cuda" else None,
-        ram_budget=budget if device.type != "cuda" else None,
-        cache_dir=config.cache_dir,
-    )
-    return plan if config.cache == "auto" else force_plan(plan, config.cache)
 
 
 def _cached_val(parts: RecipeParts, val_files: Sequence[dict], on_gpu: bool, loader_cls: type[ThreadDataLoader],

@@ -1,16 +1,19 @@
-"""``fast``: monai-fast's own recipe, MONAI's fast-training recipe plus measured changes.
+"""``fast``: a plain MONAI trainer with the recipe's algorithm choices, made fast by :class:`FastTraining`.
 
-Composed of the shared pieces:
+The trainer and evaluator are built as a MONAI user builds them (``Dataset`` + ``DataLoader`` with
+worker processes, sliding-window evaluator, see :func:`~monai_fast.recipes.datasets.uncached_data`);
+then ``FastTraining(...).attach(trainer, evaluator)`` applies the levers, the same mechanism a
+user's own trainer gets:
 
-* data: the training cache where :func:`~monai_fast.data.planner.plan_cache` measures it fits
-  (``RecipeConfig.cache="auto"``: GPU memory on CUDA, else RAM, else a trusted disk cache with
-  ``cache_dir``, else a SmartCache rotation driven by ``SmartCacheUpdater``), validation cached
-  beside it, both read by a ``SafeThreadDataLoader`` (an item whose transforms raise stops
-  training with an error naming its files);
-* precision: an :class:`~monai_fast.handlers.AMPToggle` on trainer and evaluator at the precision
-  :func:`~monai_fast.telemetry.precision.choose_precision` picks (``RecipeConfig.amp=False``: fp32);
-* memory format: ``channels_last_3d`` weights, except on a CPU running bf16;
-* loss and optimizer: ``DiceCELoss`` as ``monai_tutorial``; batches of 1 volume x 2 crops and
+* data: both loaders adopted over caches where :func:`~monai_fast.data.planner.plan_cache`
+  measures they fit (``RecipeConfig.cache="auto"``: GPU memory on CUDA, else RAM, else a trusted
+  disk cache with ``cache_dir``, else a SmartCache rotation), read by a ``SafeThreadDataLoader``
+  (an item whose transforms raise stops training with an error naming its files);
+* precision: what :func:`~monai_fast.telemetry.precision.choose_precision` picks
+  (``RecipeConfig.amp=False``: fp32), on trainer and evaluator;
+* memory format: ``channels_last_3d`` weights, except on a CPU running bf16 (the rule the tuner
+  times too, so the tuned batch size is measured in the layout that trains);
+* the recipe's algorithm: ``DiceCELoss`` as ``monai_tutorial``; batches of 1 volume x 2 crops and
   ``AdamW(lr=3e-3)``.
 
 The measurements behind each change are in ``benchmarks/README.md``.
@@ -24,15 +27,15 @@ from functools import partial
 
 import torch
 
-from monai_fast.data.loaders import SafeThreadDataLoader
+from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.recipes.common import Recipe, seed_everything
 from monai_fast.recipes.compose import compose
 from monai_fast.recipes.config import RecipeConfig
-from monai_fast.recipes.datasets import planned_cached_data
+from monai_fast.recipes.datasets import uncached_data
 from monai_fast.recipes.parts import RecipeParts
 from monai_fast.recipes.pieces import auto_precision, dice_ce_loss, memory_format_for
 
-__all__ = ["DEFAULTS", "build_fast", "fast_parts"]
+__all__ = ["DEFAULTS", "build_fast", "fast_parts", "fast_training"]
 
 #: what ``None`` in :class:`RecipeConfig` means for this recipe
 DEFAULTS = {"batch_size": 1, "num_samples": 2, "optimizer": "adamw"}
@@ -60,7 +63,7 @@ def build_fast(
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> Recipe:
-    """monai-fast's recipe: :func:`fast_parts` over the planned cache and a ``SafeThreadDataLoader``.
+    """monai-fast's recipe: :func:`fast_parts` in a plain MONAI trainer, then :func:`fast_training` attached.
 
     Example:
         >>> recipe = build_fast(train_files, val_files, RecipeConfig(max_epochs=2))  # doctest: +SKIP
@@ -69,4 +72,22 @@ def build_fast(
     t0 = time.perf_counter()
     parts = fast_parts(config, device)
     seed_everything(parts.config)
-    return compose(parts, planned_cached_data(parts, train_files, val_files, SafeThreadDataLoader, progress), t0)
+    return compose(parts, uncached_data(parts, train_files, val_files), t0, levers=fast_training(parts, progress))
+
+
+def fast_training(parts: RecipeParts, progress: bool = False) -> FastTraining:
+    """The :class:`FastTraining` the ``fast`` recipe attaches: its cache options, precision and layout.
+
+    Example:
+        >>> fast_training(fast_parts(RecipeConfig(amp=False))).precision
+        'fp32'
+    """
+    config = parts.config
+    budget = config.cache_budget_mib
+    on_cuda = parts.device.type == "cuda"
+    return FastTraining(
+        cache=config.cache, precision=parts.precision,
+        memory_format="channels_last_3d" if parts.channels_last else "contiguous",
+        gpu_budget_mib=budget if on_cuda else None, ram_budget_mib=None if on_cuda else budget,
+        cache_dir=config.cache_dir, cache_threads=config.cache_threads, progress=progress,
+    )

@@ -15,14 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from ignite.engine import Engine
 from monai.losses import DiceCELoss, DiceLoss
 
-from monai_fast.handlers.amp import AMPToggle
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.telemetry.precision import choose_precision
 
-__all__ = ["attach_precision", "auto_precision", "dice_ce_loss", "dice_loss", "memory_format_for"]
+__all__ = ["auto_precision", "dice_ce_loss", "dice_loss", "memory_format_for"]
 
 
 def dice_loss() -> Callable:
@@ -43,20 +41,6 @@ def auto_precision(config: RecipeConfig, device: torch.device) -> str:
         'fp32'
     """
     return "fp32" if config.amp is False else choose_precision("auto", device)
-
-
-def attach_precision(precision: str, *engines: Engine) -> list[AMPToggle]:
-    """An :class:`~monai_fast.handlers.AMPToggle` at ``precision`` on each engine; none for fp32.
-
-    Example:
-        >>> attach_precision("bf16", trainer, evaluator)  # doctest: +SKIP
-    """
-    if precision == "fp32":
-        return []
-    toggles = [AMPToggle(precision) for _ in engines]  # type: ignore[arg-type]
-    for toggle, engine in zip(toggles, engines, strict=True):
-        toggle.attach(engine)
-    return toggles
 
 
 def memory_format_for(device: torch.device, precision: str) -> torch.memory_format:

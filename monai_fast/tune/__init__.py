@@ -1,17 +1,24 @@
-"""Auto-tuning of batch size, sliding-window batch, validation device and precision by measured throughput."""
+"""Auto-tuning of batch size, sliding-window batch, validation device and precision by measured throughput.
+
+The tuner itself (:class:`Tuner`, :func:`tune_validation`, the search, the store) measures a
+network and needs nothing above :mod:`monai_fast.telemetry`, so handlers may use it;
+:func:`tune_recipe` and its helpers bind it to the recipes and are imported on first use, so
+``import monai_fast.tune`` never pulls the recipes in.
+"""
+
+from importlib import import_module
+from typing import Any
 
 from monai_fast.tune.cache import CacheChoice, place_cache
-from monai_fast.tune.recipe import (
-    default_space,
-    default_store_path,
-    tune_recipe,
-    typical_val_shape,
-)
 from monai_fast.tune.result import TuneResult
 from monai_fast.tune.search import Trial, grow_then_bisect, pick_best, race
 from monai_fast.tune.space import SearchSpace
-from monai_fast.tune.store import TuneStore
+from monai_fast.tune.store import TuneStore, default_store_path
 from monai_fast.tune.tuner import Tuner, TuningError
+from monai_fast.tune.validation import tune_validation
+
+#: names bound to the recipes, imported from :mod:`monai_fast.tune.recipe` when first asked for
+_RECIPE_BOUND = ("default_space", "tune_recipe", "typical_val_shape")
 
 __all__ = [
     "CacheChoice",
@@ -28,5 +35,12 @@ __all__ = [
     "place_cache",
     "race",
     "tune_recipe",
+    "tune_validation",
     "typical_val_shape",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RECIPE_BOUND:
+        return getattr(import_module("monai_fast.tune.recipe"), name)
+    raise AttributeError(f"module 'monai_fast.tune' has no attribute {name!r}")

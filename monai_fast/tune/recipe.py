@@ -7,27 +7,20 @@ import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from monai_fast.data.planner import plan_cache
-from monai_fast.files import cache_root
 from monai_fast.recipes import RecipeConfig, RecipeParts, recipe_parts
 from monai_fast.tune.cache import CacheChoice, place_cache
 from monai_fast.tune.result import TuneResult
 from monai_fast.tune.space import SearchSpace
-from monai_fast.tune.store import TuneStore
+from monai_fast.tune.store import TuneStore, default_store_path
 from monai_fast.tune.tuner import Tuner
 
 __all__ = ["default_space", "default_store_path", "tune_recipe"]
 
 logger = logging.getLogger("monai_fast.tune")
-
-
-def default_store_path() -> Path:
-    """``tuning.json`` in monai-fast's cache folder (:func:`monai_fast.files.cache_root`)."""
-    return cache_root() / "tuning.json"
 
 
 def default_space(device: torch.device | str, search_amp: bool = False, amp: bool | None = None, recipe: str = "fast",

@@ -9,12 +9,17 @@ from pathlib import Path
 
 from ignite import distributed as idist
 
-from monai_fast.files import write_json
+from monai_fast.files import cache_root, write_json
 from monai_fast.tune.result import TuneResult
 
-__all__ = ["TuneStore"]
+__all__ = ["TuneStore", "default_store_path"]
 
 logger = logging.getLogger("monai_fast.tune")
+
+
+def default_store_path() -> Path:
+    """``tuning.json`` in monai-fast's cache folder (:func:`monai_fast.files.cache_root`)."""
+    return cache_root() / "tuning.json"
 
 
 class TuneStore:

@@ -9,10 +9,11 @@ out-of-memory candidate is recorded as infeasible (memory released, search goes 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import psutil
@@ -45,8 +46,10 @@ class Tuner:
 
     Args:
         network: the model; a private copy is tuned, the original's weights are not touched.
-        loss_function: training loss taking ``(prediction, integer label map)``.
-        optimizer_factory: builds the optimizer for the copy, e.g. ``lambda p: Novograd(p, 2e-3)``.
+        loss_function: training loss taking ``(prediction, integer label map)`` (``None`` for
+            :meth:`run_validation`).
+        optimizer_factory: builds the optimizer for the copy, e.g. ``lambda p: Novograd(p, 2e-3)``
+            (``None`` for :meth:`run_validation`).
         patch_size: training patch and sliding-window ROI.
         val_shape: spatial size of a typical validation volume.
         device: where training runs.
@@ -81,8 +84,8 @@ class Tuner:
     def __init__(
         self,
         network: torch.nn.Module,
-        loss_function: Callable,
-        optimizer_factory: Callable[..., torch.optim.Optimizer],
+        loss_function: Callable | None,
+        optimizer_factory: Callable[..., torch.optim.Optimizer] | None,
         patch_size: Sequence[int],
         val_shape: Sequence[int],
         device: str | torch.device = "cpu",
@@ -160,22 +163,11 @@ class Tuner:
             TuningError: a trial failed for another reason (a bug, a bad shape) on any rank, or
                 not even the smallest batch fits.
         """
-        started = time.perf_counter()
-        self.memory.release()
-        self._after_first: int | None = None
-        self._leak = 0
-        self._budget = self._budget_bytes()
-        self._net = copy.deepcopy(self.source_network).to(self.device)
-        self._opt = self.optimizer_factory(self._net.parameters())
-        self._allreduce_s = self._measure_allreduce()
-        self._bar = _progress(progress)
-        records: list[dict] = []
-        try:
-            train_records, best_train = self._best_over(
+        with self._session(progress) as started:
+            records, best_train = self._best_over(
                 self.space.precisions, lambda p: (lambda b: self._train_trial(b, p)), self.space.batch_range,
                 lambda p: {"phase": "train", "precision": p, "val_device": ""},
             )
-            records += train_records
             if best_train is None:
                 raise TuningError(
                     f"no training batch size in {self.space.batch_range} fits in the budget of "
@@ -183,21 +175,7 @@ class Tuner:
                     + "; ".join(f"{r['value']}: {r['reason']}" for r in records)
                 )
             precision, train_pick = best_train
-            self._set_layout(precision)
-            val_records, best_val = self._best_over(
-                self.val_devices, lambda v: (lambda s: self._val_trial(s, v, precision)), self.space.sw_batch_range,
-                lambda v: {"phase": "val", "precision": precision, "val_device": str(v)},
-            )
-            records += val_records
-            if best_val is None:
-                raise TuningError(
-                    f"no sliding-window batch in {self.space.sw_batch_range} fits in the budget of "
-                    f"{self._budget / MIB:.0f} MiB for a {self.val_shape} volume on {self.device}"
-                )
-        finally:
-            self._bar.close()
-            del self._net, self._opt
-            self.memory.release()
+            val_records, best_val = self._validation_phase(precision)
         return TuneResult(
             key=self.key(),
             device=device_description(self.device),
@@ -206,12 +184,65 @@ class Tuner:
             val_device=str(best_val[0]),
             precision=precision,
             train_samples_per_s=float(train_pick.throughput),  # type: ignore[arg-type]
-            val_volumes_per_s=float(best_val[1].throughput),  # type: ignore[arg-type]
+            val_volumes_per_s=float(best_val[1].throughput),
             budget_mib=self._budget / MIB,
             leak_mib=self._leak / MIB,
             tuning_s=time.perf_counter() - started,
-            trials=records,
+            trials=records + val_records,
         )
+
+    def run_validation(self, precision: str, progress: bool = False) -> TuneResult:
+        """Search only the sliding-window batch and stitching device, for a network trained at ``precision``.
+
+        The result's training fields are empty (``batch_size`` 0, no training throughput): only
+        ``sw_batch_size``, ``val_device`` and ``val_volumes_per_s`` are measured. ``loss_function``
+        and ``optimizer_factory`` may be ``None``.
+
+        Raises:
+            TuningError: as :meth:`run`; also for ``precision`` outside the search space's.
+        """
+        if precision not in self.space.precisions:
+            raise TuningError(f"precision {precision!r} is not in the search space's {list(self.space.precisions)}")
+        with self._session(progress) as started:
+            records, best_val = self._validation_phase(precision)
+        return TuneResult(
+            key=self.key() + "|validation-only", device=device_description(self.device), batch_size=0,
+            sw_batch_size=best_val[1].value, val_device=str(best_val[0]), precision=precision,
+            train_samples_per_s=0.0, val_volumes_per_s=float(best_val[1].throughput), budget_mib=self._budget / MIB,
+            leak_mib=self._leak / MIB, tuning_s=time.perf_counter() - started, trials=records,
+        )
+
+    @contextlib.contextmanager
+    def _session(self, progress: bool) -> Iterator[float]:
+        """The private network copy, its optimizer, the budget and the progress bar of one search."""
+        started = time.perf_counter()
+        self.memory.release()
+        self._after_first: int | None = None
+        self._leak = 0
+        self._budget = self._budget_bytes()
+        self._net = copy.deepcopy(self.source_network).to(self.device)
+        self._opt = self.optimizer_factory(self._net.parameters()) if self.optimizer_factory is not None else None
+        self._allreduce_s = self._measure_allreduce()
+        self._bar = _progress(progress)
+        try:
+            yield started
+        finally:
+            self._bar.close()
+            del self._net, self._opt
+            self.memory.release()
+
+    def _validation_phase(self, precision: str) -> tuple[list[dict], tuple[torch.device, Trial]]:
+        self._set_layout(precision)
+        records, best = self._best_over(
+            self.val_devices, lambda v: (lambda s: self._val_trial(s, v, precision)), self.space.sw_batch_range,
+            lambda v: {"phase": "val", "precision": precision, "val_device": str(v)},
+        )
+        if best is None:
+            raise TuningError(
+                f"no sliding-window batch in {self.space.sw_batch_range} fits in the budget of "
+                f"{self._budget / MIB:.0f} MiB for a {self.val_shape} volume on {self.device}"
+            )
+        return records, best
 
     # ------------------------------------------------------------------ trials
     def _best_over(
@@ -309,7 +340,8 @@ class Tuner:
                 else:
                     error = exc
                 del exc  # its traceback holds the trial's tensors
-        self._opt.zero_grad(set_to_none=True)
+        if self._opt is not None:
+            self._opt.zero_grad(set_to_none=True)
         self.memory.release(full=oom or error is not None)  # a full collection costs ~0.2 s per trial
         live = self.memory.live_bytes()
         if self._after_first is None:  # the model copy and optimizer state exist from here on
