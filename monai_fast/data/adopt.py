@@ -41,6 +41,7 @@ from monai.data import CacheDataset, PersistentDataset, SmartCacheDataset, list_
 from monai.transforms import Compose
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, default_collate
 
+from monai_fast.data.background import fill_order_options
 from monai_fast.data.loaders import SafeThreadDataLoader
 from monai_fast.data.planner import CachePlan, force_plan, plan_cache, rank_partition
 from monai_fast.data.rng_state import randomizables
@@ -114,6 +115,7 @@ def adopt_loader(
     cache_threads: int | None = None,
     progress: bool = False,
     force_thread: bool = False,
+    background: bool = False,
 ) -> AdoptedData:
     """Rebuild ``loader`` over a planned cache (see the module docstring).
 
@@ -127,6 +129,9 @@ def adopt_loader(
         cache_threads: threads filling the cache; default the CPUs.
         progress: a progress bar while the cache fills.
         force_thread: run a collate function not known to be thread-safe in the loader thread.
+        background: a cache in GPU memory or RAM fills in the background while training runs
+            (:mod:`monai_fast.data.background`: the first epoch takes cached items first; from the
+            first epoch that starts with the cache full, the same order as without).
 
     Raises:
         ValueError: when the loader cannot be adopted (the reason names what is in the way), or
@@ -150,26 +155,29 @@ def adopt_loader(
             plan = plan_cache(ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform]), data, device,
                               gpu_budget=gpu_budget, ram_budget=ram_budget, disk_budget=disk_budget, cache_dir=cache_dir)
             plan = plan if cache == "auto" else force_plan(plan, cache)
-            dataset, where = _build(plan, data, ds.transform, cache_threads, progress), plan.where
+            dataset, where = _build(plan, data, ds.transform, cache_threads, progress, background), plan.where
             workers = 0 if plan.where in ("gpu", "ram", "smartcache") else loader.num_workers
             notes = [plan.reasons[-1]]
-        new = SafeThreadDataLoader(dataset, batch_size=loader.batch_size, shuffle=shuffle, generator=generator,
-                                   drop_last=loader.drop_last, collate_fn=loader.collate_fn, num_workers=workers)
+        new = SafeThreadDataLoader(dataset, batch_size=loader.batch_size, drop_last=loader.drop_last,
+                                   collate_fn=loader.collate_fn, num_workers=workers,
+                                   **fill_order_options(dataset, shuffle, generator))
     notes.append(f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}, "
                  f"{workers} worker processes)")
     return AdoptedData(new, dataset, plan, where, notes)
 
 
 
-def _build(plan: CachePlan, data: list, transform: Any, cache_threads: int | None, progress: bool) -> Any:
+def _build(plan: CachePlan, data: list, transform: Any, cache_threads: int | None, progress: bool,
+           background: bool) -> Any:
     transform = transform if isinstance(transform, Compose) else Compose([transform])
-    threads = cache_threads if cache_threads is not None else (os.cpu_count() or 1)
+    spare = (os.cpu_count() or 2) - 1 if background and plan.where in ("gpu", "ram") else (os.cpu_count() or 1)
+    threads = cache_threads if cache_threads is not None else max(1, spare)  # background: the trainer keeps a core
     kwargs: dict = {}
     if plan.where in ("gpu", "ram"):
         kwargs.update(num_workers=threads, progress=progress)
     elif plan.where == "smartcache":
         kwargs.update(num_init_workers=threads, num_replace_workers=threads, progress=progress)
-    return plan.build(data, transform, **kwargs)
+    return plan.build(data, transform, background=background, **kwargs)
 
 
 @contextlib.contextmanager

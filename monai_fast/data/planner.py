@@ -35,6 +35,7 @@ import torch
 from monai.data import CacheDataset, Dataset, partition_dataset
 from monai.transforms import Compose, RandomizableTrait, ToDeviced, Transform
 
+from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.persistent import TrustedPersistentDataset
 from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
 from monai_fast.data.smartcache import SafeSmartCacheDataset
@@ -95,7 +96,7 @@ class CachePlan:
         """One paragraph: what was chosen, and why each better option was not."""
         return "\n".join(self.reasons)
 
-    def build(self, data: Sequence, transform: Compose, **kwargs: Any) -> Dataset:
+    def build(self, data: Sequence, transform: Compose, background: bool = False, **kwargs: Any) -> Dataset:
         """The data set this plan calls for (``kwargs`` go to the MONAI class).
 
         ``gpu``: a ``CacheDataset`` whose cached chain ends with ``ToDeviced`` (random transforms
@@ -104,17 +105,31 @@ class CachePlan:
         :class:`SafeSmartCacheDataset` holding ``cache_num`` items. ``none``: a plain ``Dataset``.
         The chain becomes a :class:`~monai_fast.data.safe_chain.NamedItemsCompose` over the same
         transform objects, so a failing item names its files, and a failed fill ends cleanly.
+
+        ``background=True``: ``gpu`` and ``ram`` give a
+        :class:`~monai_fast.data.background.BackgroundCacheDataset` (same place, same items; it fills
+        while training runs: load it with ``**fill_order_options(ds, shuffle)``). ``disk`` and ``none``
+        are lazy already (an item is made when first read); ``smartcache`` fills its first window
+        before returning, as without it.
+
+        Example:
+            >>> ds = plan.build(train_files, transforms, background=True, num_workers=3)  # doctest: +SKIP
         """
         if self.where in ("gpu", "ram", "smartcache"):
             kwargs.setdefault("progress", False)
         named = transform if isinstance(transform, NamedItemsCompose) else NamedItemsCompose.of(transform)
+        cache_cls = BackgroundCacheDataset if background else CacheDataset
+        if background and self.where == "smartcache":
+            logger.info("background fill: a SmartCache fills its first window of %s items before training", self.cache_num)
         with threads_joined_on_error():  # a failing item ends the fill cleanly, named
             if self.where == "gpu":
                 t = list(named.transforms)
                 t.insert(self.first_random, ToDeviced(keys=self.tensor_keys, device=self.device))
-                return CacheDataset(data, NamedItemsCompose.of(named, t), cache_rate=1.0, copy_cache=False, **kwargs)
+                if background:
+                    kwargs["device"] = self.device
+                return cache_cls(data, NamedItemsCompose.of(named, t), cache_rate=1.0, copy_cache=False, **kwargs)
             if self.where == "ram":
-                return CacheDataset(data, named, cache_rate=1.0, **kwargs)
+                return cache_cls(data, named, cache_rate=1.0, **kwargs)
             if self.where == "disk":
                 return TrustedPersistentDataset(data, named, cache_dir=self.cache_dir, **kwargs)
             if self.where == "smartcache":

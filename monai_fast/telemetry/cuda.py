@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -17,6 +19,7 @@ __all__ = [
     "device_description",
     "set_cuda_device",
     "set_cuda_rng_states",
+    "side_stream",
     "synchronize",
 ]
 
@@ -86,6 +89,28 @@ def set_cuda_device(device: torch.device | str) -> None:
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+
+
+@contextmanager
+def side_stream(device: torch.device | str | None) -> Iterator[None]:
+    """Run the block's CUDA work on a fresh stream of ``device`` and wait for it at the end; CPU: a no-op.
+
+    A background thread copying to the GPU then does not queue behind the training thread's
+    kernels on the default stream, and what it made is complete, on every stream, when the block ends.
+
+    Example:
+        >>> from monai_fast.telemetry.cuda import side_stream
+        >>> with side_stream("cpu"):
+        ...     pass
+    """
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
+        yield
+        return
+    stream = torch.cuda.Stream(dev)
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
