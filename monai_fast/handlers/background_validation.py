@@ -99,6 +99,10 @@ class BackgroundValidation(EngineHandler):
         network = getattr(trainer, "network", None)
         if not isinstance(network, torch.nn.Module):
             raise TypeError(f"BackgroundValidation: the trainer must have a network (a MONAI SupervisedTrainer), got {type(trainer).__name__}")
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # the evaluator's metric all-reduce would interleave with DDP's gradient all-reduce
+            raise ValueError("BackgroundValidation: not in a multi-process run (collectives from two threads); use ValidationSchedule")
         self._source = getattr(network, "module", network)  # DDP: the bare module, as the evaluator uses
         self._own_network = self.evaluator.network
         self.evaluator.network = copy.deepcopy(self._source)  # the snapshot, only ever written between validations
