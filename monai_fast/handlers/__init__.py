@@ -1,6 +1,7 @@
 """Ignite event handlers; each one ``attach(engine)``es to any ignite ``Engine``, MONAI's included."""
 
 from monai_fast.handlers.amp import AMPToggle
+from monai_fast.handlers.background_validation import BackgroundValidation, BackgroundValidationError
 from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.handlers.gpu_sampler import GPUSampler
 from monai_fast.handlers.kernel_profiler import KernelProfiler
@@ -13,9 +14,12 @@ from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.throughput import ThroughputMonitor
 from monai_fast.handlers.time_breakdown import EpochTimes, TimeBreakdown
 from monai_fast.handlers.time_to_target import TimeToTarget
+from monai_fast.handlers.validation_schedule import ValidationSchedule, estimator_like
 
 __all__ = [
     "AMPToggle",
+    "BackgroundValidation",
+    "BackgroundValidationError",
     "EpochTimes",
     "FastTraining",
     "GPUSampler",
@@ -29,6 +33,8 @@ __all__ = [
     "ThroughputMonitor",
     "TimeBreakdown",
     "TimeToTarget",
+    "ValidationSchedule",
+    "estimator_like",
     "nvtx_range",
     "on_run_end",
     "record_of",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from typing import Literal
 
 from ignite.engine import Engine, Events
+from monai.engines import Evaluator
 
 from monai_fast.handlers.lifecycle import EngineHandler
 
@@ -20,14 +22,27 @@ class TimeToTarget(EngineHandler):
     The clock starts at ``start_time`` (a :func:`time.perf_counter` value; pass the time taken
     before building the data sets so caching counts) or else at :meth:`attach`. After every run of
     ``evaluator`` (or every trainer epoch when there is no evaluator) the metric is compared with
-    ``target``; the first time it is met, the time and epoch are recorded and the trainer is
-    terminated. With ``time_budget_s`` the trainer (and a running evaluator) are terminated at the
-    first iteration past the budget, so a slow recipe cannot hold a comparison hostage.
+    ``target``. The first time it is met, the time and epoch are recorded (``reached_s``); the
+    first time two consecutive readings meet it, again (``stable_s``: a *stable* target). The
+    trainer is terminated at the first (``stop_on="first"``) or at the stable one
+    (``stop_on="stable"``). With ``time_budget_s`` the trainer (and a running evaluator) are
+    terminated at the first iteration past the budget, so a slow recipe cannot hold a comparison
+    hostage.
+
+    Times are wall clock when the reading arrives, so validation that overlaps training
+    (:class:`~monai_fast.handlers.BackgroundValidation`) counts once, when its result is in. A
+    reading is attributed to the epoch whose weights were validated: a MONAI ``Evaluator`` is run
+    as ``evaluator.run(trainer_epoch)`` and keeps that epoch in ``state.epoch``; for other engines
+    it is the trainer's current epoch. Readings may come from another thread (a lock orders them).
+    Only ``evaluator`` is watched: a cheap estimate on another engine
+    (:class:`~monai_fast.handlers.ValidationSchedule`) never declares the target.
 
     Attributes:
-        history: ``(elapsed_s, trainer_epoch, value)`` for every metric reading.
-        reached_s: elapsed seconds when the target was met, or ``None``.
-        reached_epoch: trainer epoch when the target was met, or ``None``.
+        history: ``(elapsed_s, validated_epoch, value)`` for every metric reading.
+        reached_s: elapsed seconds when the target was first met, or ``None``.
+        reached_epoch: epoch of the weights that first met the target, or ``None``.
+        stable_s: elapsed seconds when two consecutive readings had met the target, or ``None``.
+        stable_epoch: epoch of the second of those two readings, or ``None``.
         budget_exhausted: whether the budget ended the run.
 
     Args:
@@ -37,6 +52,7 @@ class TimeToTarget(EngineHandler):
         time_budget_s: stop after this many seconds; ``None`` for no limit.
         start_time: :func:`time.perf_counter` value at which the clock started.
         mode: ``"max"`` if higher is better (Dice), ``"min"`` if lower is (loss).
+        stop_on: ``"first"`` reading at the target, or ``"stable"``: the second consecutive one.
 
     Example:
         >>> import time
@@ -57,6 +73,7 @@ class TimeToTarget(EngineHandler):
         start_time: float | None = None,
         mode: Literal["max", "min"] = "max",
         logger: logging.Logger | None = None,
+        stop_on: Literal["first", "stable"] = "first",
     ) -> None:
         if not math.isfinite(target):
             raise ValueError(f"target must be a finite number, got {target}")
@@ -64,17 +81,23 @@ class TimeToTarget(EngineHandler):
             raise ValueError(f"time_budget_s must be > 0 or None, got {time_budget_s}")
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+        if stop_on not in ("first", "stable"):
+            raise ValueError(f"stop_on must be 'first' or 'stable', got {stop_on!r}")
         super().__init__()
         self.target = float(target)
         self.metric_name = metric_name
         self.time_budget_s = time_budget_s
         self.start_time = start_time
         self.mode = mode
+        self.stop_on = stop_on
         self.logger = logger or logging.getLogger("monai_fast.handlers")
         self.history: list[tuple[float, int, float]] = []
         self.reached_s: float | None = None
         self.reached_epoch: int | None = None
+        self.stable_s: float | None = None
+        self.stable_epoch: int | None = None
         self.budget_exhausted = False
+        self._lock = threading.Lock()
         self._trainer: Engine | None = None
         self._evaluator: Engine | None = None
         self._pending_evaluator: Engine | None = None
@@ -126,18 +149,30 @@ class TimeToTarget(EngineHandler):
             )
         return float(engine.state.metrics[name])
 
+    def met(self, value: float) -> bool:
+        """Whether ``value`` is at (or past) the target."""
+        return value >= self.target if self.mode == "max" else value <= self.target
+
     def _check(self, engine: Engine) -> None:
         if self.budget_exhausted:  # a terminated evaluator still fires COMPLETED, with no fresh metric
             return
         value = self._metric(engine)
-        elapsed = self.elapsed()
         assert self._trainer is not None
-        self.history.append((elapsed, self._trainer.state.epoch, value))
-        met = value >= self.target if self.mode == "max" else value <= self.target
-        if met and self.reached_s is None:
-            self.reached_s, self.reached_epoch = elapsed, self._trainer.state.epoch
-            self.logger.info("target %.3f reached: %.4f at %.1f s, epoch %d", self.target, value, elapsed, self.reached_epoch)
-            self._trainer.terminate()
+        epoch = engine.state.epoch if isinstance(engine, Evaluator) else self._trainer.state.epoch
+        with self._lock:
+            elapsed = self.elapsed()
+            previous_met = bool(self.history) and self.met(self.history[-1][2])
+            self.history.append((elapsed, epoch, value))
+            if not self.met(value):
+                return
+            if self.reached_s is None:
+                self.reached_s, self.reached_epoch = elapsed, epoch
+                self.logger.info("target %.3f reached: %.4f at %.1f s, epoch %d", self.target, value, elapsed, epoch)
+            if previous_met and self.stable_s is None:
+                self.stable_s, self.stable_epoch = elapsed, epoch
+                self.logger.info("target %.3f stable: %.4f at %.1f s, epoch %d", self.target, value, elapsed, epoch)
+            if self.stop_on == "first" or self.stable_s is not None:
+                self._trainer.terminate()
 
     def _check_budget(self, engine: Engine) -> None:
         if self.budget_exhausted or self.reached_s is not None:

@@ -140,3 +140,27 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+@contextmanager
+def side_stream(device: torch.device | str) -> Iterator[None]:
+    """Run the block on a fresh CUDA stream of ``device``; a plain block elsewhere (CPU, no CUDA).
+
+    The new stream first waits for the work already queued on the current stream (a weight
+    snapshot copied there is complete before the block reads it), and is synchronized on exit, so
+    the block's results are ready when it ends. Work queued meanwhile on other streams (training)
+    overlaps with it.
+
+    Example:
+        >>> with side_stream("cpu"):  # no CUDA: just runs the block
+        ...     x = 1 + 1
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        yield
+        return
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()

@@ -61,6 +61,7 @@ class Source(str, Enum):
     AMP = "amp"
     KERNELS = "kernels"
     FAST_TRAINING = "fast_training"
+    VALIDATION = "validation"  #: validation schedule decisions and background validations
 
 
 KINDS = tuple(k.value for k in Kind)
