@@ -91,28 +91,6 @@ def set_cuda_device(device: torch.device | str) -> None:
         torch.cuda.set_device(dev)
 
 
-@contextmanager
-def side_stream(device: torch.device | str | None) -> Iterator[None]:
-    """Run the block's CUDA work on a fresh stream of ``device`` and wait for it at the end; CPU: a no-op.
-
-    A background thread copying to the GPU then does not queue behind the training thread's
-    kernels on the default stream, and what it made is complete, on every stream, when the block ends.
-
-    Example:
-        >>> from monai_fast.telemetry.cuda import side_stream
-        >>> with side_stream("cpu"):
-        ...     pass
-    """
-    dev = torch.device(device) if device is not None else None
-    if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
-        yield
-        return
-    stream = torch.cuda.Stream(dev)
-    with torch.cuda.stream(stream):
-        yield
-    stream.synchronize()
-
-
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait for all queued kernels on a CUDA ``device``; a no-op for CPU devices."""
     dev = torch.device(device) if device is not None else None
@@ -143,8 +121,11 @@ def _cpu_model() -> str:
 
 
 @contextmanager
-def side_stream(device: torch.device | str) -> Iterator[None]:
-    """Run the block on a fresh CUDA stream of ``device``; a plain block elsewhere (CPU, no CUDA).
+def side_stream(device: torch.device | str | None) -> Iterator[None]:
+    """Run the block on a fresh CUDA stream of ``device``; a plain block elsewhere (CPU, no CUDA, ``None``).
+
+    A background thread (a cache fill, a validation) then does not queue behind the training
+    thread's kernels on the default stream.
 
     The new stream first waits for the work already queued on the current stream (a weight
     snapshot copied there is complete before the block reads it), and is synchronized on exit, so
@@ -155,8 +136,8 @@ def side_stream(device: torch.device | str) -> Iterator[None]:
         >>> with side_stream("cpu"):  # no CUDA: just runs the block
         ...     x = 1 + 1
     """
-    dev = torch.device(device)
-    if dev.type != "cuda" or not torch.cuda.is_available():
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
         yield
         return
     stream = torch.cuda.Stream(dev)
