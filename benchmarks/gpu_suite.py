@@ -126,7 +126,7 @@ def run_logged(argv: list[str], log: Path, timeout_s: float) -> tuple[int | None
                     break
                 except subprocess.TimeoutExpired:
                     continue
-            return None, f"timed out after {timeout_s:.0f} s (process group ended)"
+            return None, "timed out"
 
 
 def _pythonpath() -> str:
@@ -150,7 +150,9 @@ def run_step(s: Suite, name: str) -> dict:
     rc, error = 0, None
     for argv in commands:
         rc, error = run_logged(argv, log, max(1.0, limit - (time.monotonic() - t0)))
-        if error is None and rc != 0:
+        if error == "timed out":
+            error = f"timed out after {limit:.0f} s, the step's limit (its process group was ended)"
+        elif error is None and rc != 0:
             error = f"exit status {rc}"
         if error is not None:
             break
