@@ -10,6 +10,7 @@ DataLoader workers ran epochs 3-20x slower, which measured the process set-up, n
 ``benchmarks/results/loader_variants_<time>.json``.
 
     python benchmarks/loader_variants.py --cases 16 --epochs 3
+    python benchmarks/loader_variants.py --device cpu --cases 4 --epochs 2 --shape 48 48 32   # toy size
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", type=int, default=16)
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), help="volume shape (default 128 128 64)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="cuda adds the GPU cache variant; auto: cuda when present (default %(default)s)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args()
 
@@ -98,9 +102,11 @@ def main() -> None:
     from monai_fast.data.synthetic import synthetic_dataset
     from monai_fast.telemetry import device_description
 
-    root = synthetic_dataset("spleen-like", args.cases, (128, 128, 64), 0, progress=False)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this torch build sees no CUDA device")
+    root = synthetic_dataset("spleen-like", args.cases, tuple(args.shape), 0, progress=False)
     variants = ["dataset", "cache", "persistent_cold", "persistent_warm", "smartcache"]
-    if torch.cuda.is_available():
+    if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()):
         variants.append("gpu_cache")
     ctx = mp.get_context("fork")
     rows = []
@@ -118,7 +124,7 @@ def main() -> None:
         print(f"{r['variant']:<16} {r['fill_s']:>7.2f} {r['first_epoch_s']:>10.2f} {r['later_epoch_s']:>8.2f} {r['peak_rss_growth_mib']:>14.0f}")
     doc = {"benchmark": "loader_variants", "date": dt.datetime.now().isoformat(timespec="seconds"),
            "machine": {"device": device_description("cpu"), "platform": platform.platform()},
-           "cases": args.cases, "epochs": args.epochs, "rows": rows}
+           "cases": args.cases, "epochs": args.epochs, "shape": list(args.shape), "rows": rows}
     from monai_fast.files import write_json
 
     path = write_json(doc, Path(args.out) / f"loader_variants_{dt.datetime.now():%Y%m%d-%H%M%S}.json")

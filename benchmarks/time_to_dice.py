@@ -5,6 +5,7 @@ every option (patch size, channels, tuning...), this script the ones a benchmark
 
     python benchmarks/time_to_dice.py --repeats 2
     python benchmarks/time_to_dice.py --recipes monai_tutorial fast --time-budget 600 --device cuda
+    python benchmarks/time_to_dice.py --patch 96 96 96 --channels 16 32 64 128 256 --res-units 2 --data-dir DIR
 
 Prints a line per recipe and the medians, and writes ``benchmarks/results/time_to_dice_<time>.json``
 with every epoch of every run, the machine and the package versions.
@@ -42,13 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", type=int, default=16, help="synthetic cases (default %(default)s)")
     p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), help="synthetic volume size (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of data and split, first training seed (default %(default)s)")
+    p.add_argument("--patch", type=int, nargs=3, help="training crop / sliding window (default: the recipes' 64^3)")
+    p.add_argument("--channels", type=int, nargs="+", help="UNet channels, stride 2 each (default: the recipes' 8 16 32 64)")
+    p.add_argument("--res-units", type=int, help="UNet residual units per level (default: the recipes' 1)")
     p.add_argument("--run-dir", help="run folders of the repeats (default runs/bench-<time>)")
     p.add_argument("--out", default="benchmarks/results", help="folder of the JSON (default %(default)s)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    overrides: dict = {"max_epochs": args.max_epochs}
+    if args.patch:
+        overrides["patch_size"] = tuple(args.patch)
+    if args.channels:
+        overrides.update(channels=tuple(args.channels), strides=(2,) * (len(args.channels) - 1))
+    if args.res_units is not None:
+        overrides["num_res_units"] = args.res_units
     spec = RaceSpec(recipes=args.recipes, data_dir=args.data_dir, synthetic=SyntheticData(cases=args.cases, shape=tuple(args.shape)),
                     seed=args.seed, target=args.target, time_budget_s=args.time_budget, device=args.device,
-                    overrides={"max_epochs": args.max_epochs}, run_dir=args.run_dir, progress=False, record_options=vars(args))
+                    overrides=overrides, run_dir=args.run_dir, progress=False, record_options=vars(args))
     try:
         done = bench(spec, repeats=args.repeats, out_dir=args.out, events=_Say())
     except RaceOptionError as e:

@@ -17,6 +17,7 @@ the best of many noisy medians is biased upwards, so this understates the pick. 
 interleaved rounds, with a bootstrap 90 % interval over rounds. Prints a table, writes JSON.
 
     python benchmarks/tuner_quality.py            # about 8 minutes on 2 CPU cores
+    python benchmarks/tuner_quality.py --tiny --device cpu   # toy size, seconds: proves the script runs
 """
 
 from __future__ import annotations
@@ -137,12 +138,17 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=3, help="sweep's best values taken into the head-to-head (default %(default)s)")
     ap.add_argument("--h2h-rounds", type=int, default=6, help="interleaved head-to-head rounds (default %(default)s)")
     ap.add_argument("--skip-training", action="store_true", help="no reference training run")
+    ap.add_argument("--tiny", action="store_true",
+                    help="toy size (4 small volumes, preset small, ranges 1-2, one round of each, no training run)")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
+    if args.tiny:
+        args.preset, args.batch_range, args.sw_range, args.skip_training = "small", (1, 2), (1, 2), True
+        args.rounds = args.tuner_runs = args.top = args.h2h_rounds = 1
     device = torch.device(args.device)
     config = RecipeConfig() if args.preset == "demo" else RecipeConfig(
         channels=(4, 8, 16), strides=(2, 2), num_res_units=0, patch_size=(32, 32, 32), num_samples=1)
-    root = synthetic_dataset("spleen-like", 16, (128, 128, 64), 0, progress=False)
+    root = synthetic_dataset("spleen-like", *((4, (48, 48, 32)) if args.tiny else (16, (128, 128, 64))), 0, progress=False)
     train_files, val_files = load_msd_datalist(root, val_fraction=0.25, seed=0)
     val_shape = typical_val_shape(val_files, config)
     space = default_space(device, batch_range=tuple(args.batch_range), sw_batch_range=tuple(args.sw_range))

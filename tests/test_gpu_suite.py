@@ -1,0 +1,44 @@
+"""The GPU suite's ``--device cpu --tiny`` mode runs every step, so the suite cannot rot between GPU runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "benchmarks" / "gpu_suite.py"
+STEPS = ["pytest", "race", "your_trainer", "tuner_quality", "loader_variants", "kernels", "nvtx"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_tiny_cpu_suite_runs_every_step_and_writes_the_results_json(tmp_path):
+    out = tmp_path / "suite"
+    done = subprocess.run([sys.executable, str(SUITE), "--device", "cpu", "--tiny", "--out", str(out), "--commit", "abc1234"],
+                          capture_output=True, text=True, timeout=840, cwd=ROOT)
+    doc = json.loads((out / "gpu_suite.json").read_text())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + json.dumps(doc["steps"], default=str)[-3000:]
+    assert doc["tiny"] is True and doc["passed"] == STEPS and doc["failed"] == []
+    m = doc["machine"]
+    assert m["device"] == "cpu" and m["commit"] == "abc1234" and m["commit_from"] == "--commit"
+    assert {"description", "driver", "torch", "cuda", "cudnn", "packages"} <= set(m)
+    assert m["packages"]["monai"] and m["packages"]["pytorch-ignite"]
+    steps = doc["steps"]
+    for name in STEPS:
+        assert steps[name]["status"] == "passed" and steps[name]["results"] is not None, name
+        assert (out / steps[name]["log"]).stat().st_size > 0, name
+    assert steps["pytest"]["results"]["tests"] >= 8  # every gpu-marked test collected (skipped here)
+    runs = steps["race"]["results"]["runs"]
+    assert sorted(r["recipe"] for r in runs) == ["baseline", "fast", "monai_tutorial"]
+    assert set(steps["race"]["results"]["bars"]) == {"fast_2x_monai_tutorial", "fast_20x_baseline", "fast_gpu_util_90",
+                                                     "fast_data_wait_under_2pct"}
+    assert steps["your_trainer"]["results"]["median_epoch_ratio"] > 0
+    assert steps["tuner_quality"]["results"]["picks"]
+    assert steps["loader_variants"]["results"]["gpu_cache"] is False  # CPU: no GPU cache variant
+    assert steps["kernels"]["results"]["match"] is True
+    assert steps["nvtx"]["results"]["checked"] in (True, False)
+    assert not (out / "work").exists()  # the scratch data is not left in the results folder
