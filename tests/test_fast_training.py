@@ -302,3 +302,22 @@ def test_validation_tune_with_an_inferer_that_is_not_a_sliding_window_says_so(ti
     fast = FastTraining(precision="fp32", validation="tune")
     fast.attach(trainer, evaluator)
     assert not fast.applied["validation"]["applied"] and "not a SlidingWindowInferer" in fast.applied["validation"]["reason"]
+
+
+def test_background_fill_adopts_both_loaders_over_background_caches_validation_after_training(tiny_files):
+    from monai_fast.data.background import BackgroundCacheDataset
+
+    trainer, evaluator = _user_trainer(tiny_files, max_epochs=2)
+    fast = FastTraining(precision="fp32", memory_format=False, background_fill=True)
+    fast.attach(trainer, evaluator)
+    train_ds, val_ds = trainer.data_loader.dataset, evaluator.data_loader.dataset
+    assert isinstance(train_ds, BackgroundCacheDataset) and isinstance(val_ds, BackgroundCacheDataset)
+    assert val_ds.fill.after is train_ds.fill  # validation fills after the training cache
+    seen = []
+    trainer.add_event_handler(Events.ITERATION_STARTED,
+                              lambda e: seen.append(sorted(str(f) for f in e.state.batch["image"].meta["filename_or_obj"])))
+    trainer.run()
+    per_epoch = len(seen) // 2
+    first = [f for batch in seen[:per_epoch] for f in batch]
+    assert sorted(set(first)) == sorted(str(f["image"]) for f in tiny_files[0])  # every item in the first epoch
+    assert math.isfinite(evaluator.state.metrics["val_mean_dice"])

@@ -41,7 +41,7 @@ from monai.data import CacheDataset, PersistentDataset, SmartCacheDataset, list_
 from monai.transforms import Compose
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, default_collate
 
-from monai_fast.data.background import fill_order_options
+from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
 from monai_fast.data.loaders import SafeThreadDataLoader
 from monai_fast.data.planner import CachePlan, force_plan, plan_cache, rank_partition
 from monai_fast.data.rng_state import randomizables
@@ -116,6 +116,7 @@ def adopt_loader(
     progress: bool = False,
     force_thread: bool = False,
     background: bool = False,
+    after: Any = None,
 ) -> AdoptedData:
     """Rebuild ``loader`` over a planned cache (see the module docstring).
 
@@ -155,7 +156,7 @@ def adopt_loader(
             plan = plan_cache(ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform]), data, device,
                               gpu_budget=gpu_budget, ram_budget=ram_budget, disk_budget=disk_budget, cache_dir=cache_dir)
             plan = plan if cache == "auto" else force_plan(plan, cache)
-            dataset, where = _build(plan, data, ds.transform, cache_threads, progress, background), plan.where
+            dataset, where = _build(plan, data, ds.transform, cache_threads, progress, background, after), plan.where
             workers = 0 if plan.where in ("gpu", "ram", "smartcache") else loader.num_workers
             notes = [plan.reasons[-1]]
         new = SafeThreadDataLoader(dataset, batch_size=loader.batch_size, drop_last=loader.drop_last,
@@ -168,13 +169,15 @@ def adopt_loader(
 
 
 def _build(plan: CachePlan, data: list, transform: Any, cache_threads: int | None, progress: bool,
-           background: bool) -> Any:
+           background: bool, after: Any) -> Any:
     transform = transform if isinstance(transform, Compose) else Compose([transform])
     spare = (os.cpu_count() or 2) - 1 if background and plan.where in ("gpu", "ram") else (os.cpu_count() or 1)
     threads = cache_threads if cache_threads is not None else max(1, spare)  # background: the trainer keeps a core
     kwargs: dict = {}
     if plan.where in ("gpu", "ram"):
         kwargs.update(num_workers=threads, progress=progress)
+        if background and isinstance(after, BackgroundCacheDataset):
+            kwargs["after"] = after
     elif plan.where == "smartcache":
         kwargs.update(num_init_workers=threads, num_replace_workers=threads, progress=progress)
     return plan.build(data, transform, background=background, **kwargs)

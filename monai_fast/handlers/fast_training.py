@@ -54,7 +54,11 @@ class FastTraining(EngineHandler):
       collate function; a ``DistributedSampler`` becomes a per-rank partition. The evaluator's
       loader likewise. ``cache`` may force a place (``"gpu"``, ``"ram"``, ``"disk"``,
       ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
-      to be thread-safe.
+      to be thread-safe. ``background_fill=True`` starts training before a GPU or RAM cache is
+      full (:mod:`monai_fast.data.background`: the fill runs on the spare cores, the first epoch
+      takes cached items first, each item once; from the first epoch that starts with the cache
+      full the order is the sampler's, as without); the evaluator's cache then fills after the
+      trainer's, during the first epoch.
     * **precision**: an :class:`~monai_fast.handlers.amp.AMPToggle` on the trainer and the same
       precision on the evaluator: bf16 where the device runs it natively, fp16 + GradScaler on
       other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
@@ -83,7 +87,9 @@ class FastTraining(EngineHandler):
         validation: ``"auto"``, ``"tune"`` or ``False`` (see above).
         gpu_budget_mib, ram_budget_mib, disk_budget_mib: the planner's budgets (``None``: its defaults).
         cache_dir: where a disk cache may go (without it, disk is not an option).
-        cache_threads: threads that fill the caches; default all CPUs.
+        cache_threads: threads that fill the caches; default all CPUs (all but one with
+            ``background_fill``).
+        background_fill: fill GPU/RAM caches while training runs instead of before it.
         progress: progress bars while caches fill.
         tune_store: where ``validation="tune"`` caches its measurement: ``"default"`` (the tuning
             store in monai-fast's cache folder), a JSON file, or ``None`` (measure every run).
@@ -101,6 +107,7 @@ class FastTraining(EngineHandler):
         disk_budget_mib: float | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_threads: int | None = None,
+        background_fill: bool = False,
         progress: bool = False,
         tune_store: str | os.PathLike | None = "default",
     ) -> None:
@@ -121,6 +128,8 @@ class FastTraining(EngineHandler):
         self.budgets = {k: None if v is None else int(v * 2**20)
                         for k, v in (("gpu_budget", gpu_budget_mib), ("ram_budget", ram_budget_mib), ("disk_budget", disk_budget_mib))}
         self.cache_dir, self.cache_threads, self.progress, self.tune_store = cache_dir, cache_threads, progress, tune_store
+        self.background_fill = bool(background_fill)
+        self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
         self.applied: dict[str, dict[str, Any]] = {}
         self.amp: AMPToggle | None = None
@@ -186,8 +195,11 @@ class FastTraining(EngineHandler):
         before = len(engine.data_loader)
         adopted: AdoptedData = adopt_loader(
             engine.data_loader, device, cache="auto" if self.cache is True else self.cache, cache_dir=self.cache_dir,
-            cache_threads=self.cache_threads, progress=self.progress, force_thread=self.loader == "thread", **self.budgets,
+            cache_threads=self.cache_threads, progress=self.progress, force_thread=self.loader == "thread",
+            background=self.background_fill, after=self._train_cache, **self.budgets,
         )
+        if self._train_cache is None:
+            self._train_cache = adopted.dataset
         engine.data_loader = adopted.loader
         if len(adopted.loader) != before:
             logger.warning("FastTraining %s: %d batches per epoch instead of %d (the per-rank partition pads evenly)",

@@ -56,6 +56,8 @@ class RecipeConfig:
         cache_dir: folder for a disk cache (``"auto"`` considers disk only when it is set).
         cache_budget_mib: memory the training cache may take (GPU memory on CUDA, RAM on a
             CPU); ``None``: half of what is free when the recipe is built.
+        background_fill: ``fast`` fills its GPU/RAM caches while training runs instead of
+            before (``FastTraining(background_fill=True)``).
         seed: seed for weights, crops and augmentation.
     """
 
@@ -81,6 +83,7 @@ class RecipeConfig:
     cache: str = "auto"
     cache_dir: str | None = None
     cache_budget_mib: float | None = None
+    background_fill: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:

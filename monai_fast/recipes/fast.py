@@ -89,5 +89,6 @@ def fast_training(parts: RecipeParts, progress: bool = False) -> FastTraining:
         cache=config.cache, precision=parts.precision,
         memory_format="channels_last_3d" if parts.channels_last else "contiguous",
         gpu_budget_mib=budget if on_cuda else None, ram_budget_mib=None if on_cuda else budget,
-        cache_dir=config.cache_dir, cache_threads=config.cache_threads, progress=progress,
+        cache_dir=config.cache_dir, cache_threads=config.cache_workers,
+        background_fill=config.background_fill, progress=progress,
     )
