@@ -18,6 +18,8 @@ from monai.transforms import Lambdad
 
 from monai_fast.handlers import RecordHandler, TimeBreakdown
 from monai_fast.handlers.checkpoint_folder import CheckpointFolder
+from monai_fast.recipes import RecipeConfig
+from monai_fast.recipes.runner import run_to_target
 from monai_fast.report.doctor import diagnose, doctor
 from monai_fast.report.wall_clock import SHARES, wall_clock
 from monai_fast.telemetry.record import Kind, RunRecord, Source, load_record
@@ -127,3 +129,12 @@ def test_wall_clock_fix_already_applied_by_fast_training_is_not_recommended():
     assert not any("FastTraining(precision='auto')" in f and f.startswith("validation is") for f in after)
     assert any("ValidationHandler(interval=N)" in f for f in after)
     assert set(wall_clock(rows)[0].seconds) == set(SHARES)
+
+
+def test_recipe_runner_records_its_set_up_in_the_wall_clock(tiny_files, tiny_config, tmp_path):
+    cfg = RecipeConfig(**{**tiny_config.to_dict(), "patch_size": (16, 16, 16), "channels": (4, 8), "strides": (2,)})
+    r = run_to_target("monai_tutorial", *tiny_files, cfg, target=1.01, time_budget_s=None, run_dir=tmp_path,
+                      progress=False)
+    wc = doctor(r.run_dir).numbers["wall_clock"]
+    assert wc["seconds"]["setup"] == pytest.approx(r.setup_s, rel=0.05, abs=0.05)  # data sets and caches built
+    assert wc["seconds"]["validation"] > 0 and wc["total_s"] <= r.total_s + 0.1
