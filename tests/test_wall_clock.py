@@ -70,6 +70,7 @@ def test_slow_validation_is_the_largest_share_of_a_wall_clock_that_sums_to_100_p
     assert wc["seconds"]["validation"] >= 2 * 4 * VAL_SLEEP_S * 0.95
     assert wc["seconds"]["checkpoint"] > 0 and wc["seconds"]["setup"] > 0 and wc["seconds"]["compute"] > 0
     assert d.fixes[0].startswith("validation is") and "ValidationHandler(interval=N)" in d.fixes[0]
+    assert sum("validate less often" in f for f in d.fixes) == 1
     assert "where the wall clock went:" in d.text()
     report = (tmp_path / "report.md").read_text()
     assert "## Where the wall clock went" in report and "| validation |" in report and "| **total** |" in report

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from monai_fast.files import write_json, write_text
 from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock
-from monai_fast.report.wall_clock import table_lines, wall_clock, wall_clock_advice
+from monai_fast.report.wall_clock import LABELS, table_lines, wall_clock, wall_clock_advice
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, select
 
 __all__ = ["FIXES", "Diagnosis", "applied_levers", "diagnose", "doctor", "write_report"]
@@ -227,6 +227,8 @@ def _add_wall_clock(rows: list[dict], applied: dict[str, dict], numbers: dict, e
     more, advice = wall_clock_advice(wc, applied)
     evidence += more
     training = wc.share("compute") + wc.share("data_wait")
+    if any(f.startswith(LABELS["validation"]) for _, f in advice):  # said there, in more detail
+        fixes[:] = [f for f in fixes if not f.startswith("validate less often")]
     fixes[:0] = [f for share, f in advice if share > training]
     fixes += [f for share, f in advice if share <= training]
 

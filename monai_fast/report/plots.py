@@ -88,7 +88,7 @@ def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
         path: the PNG to write.
     """
     bars = [("wall clock", wc["seconds"])] + ([("overlapped", wc["overlapped"])] if wc["overlapped"] else [])
-    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.5 * len(bars)), dpi=100)
+    fig, ax = plt.subplots(figsize=(6, 1.8 + 0.4 * len(bars)), dpi=100)
     for y, (_, parts) in enumerate(bars):
         left = 0.0
         for cat, seconds in parts.items():
@@ -102,5 +102,5 @@ def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
     ax.set_title(f"Where the wall clock went (rank {wc['rank']}, {wc['total_s']:.1f} s)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, frameon=False, fontsize="small")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")
     return _save(fig, path)

@@ -178,7 +178,8 @@ _ADVICE: tuple[tuple[str, float, tuple[str, str | None] | None, str], ...] = (
 
 
 def wall_clock_advice(wc: WallClock, applied: dict[str, dict]) -> tuple[list[str], list[tuple[float, str]]]:
-    """Evidence lines and ``(share, fix)`` pairs from the wall clock; a fix ``FastTraining`` already applied is left out.
+    """Evidence lines and ``(share, fix)`` pairs from the wall clock, one fix line per category that takes much
+    of it; a fix ``FastTraining`` already applied is left out.
 
     Args:
         wc: the run's wall clock.
@@ -189,14 +190,13 @@ def wall_clock_advice(wc: WallClock, applied: dict[str, dict]) -> tuple[list[str
                 + ", ".join(f"{LABELS[c]} {100 * wc.share(c):.0f}%" for c in top)]
     if wc.overlapped:
         evidence.append("overlapped with training: " + ", ".join(f"{LABELS.get(c, c)} {s:.1f} s" for c, s in wc.overlapped.items()))
-    fixes: list[tuple[float, str]] = []
-    seen: set[str] = set()
+    texts: dict[str, list[str]] = {}
     for category, threshold, lever, text in _ADVICE:
-        if wc.share(category) < threshold or text in seen:
+        if wc.share(category) < threshold or any(text in t for t in texts.values()):
             continue
         on = applied.get(lever[0]) if lever else None
         if on is not None and on.get("applied") and (lever[1] is None or on.get("setting") == lever[1]):  # type: ignore[index]
             continue
-        seen.add(text)
-        fixes.append((wc.share(category), f"{LABELS[category]} is {100 * wc.share(category):.0f}% of the wall clock: {text}"))
+        texts.setdefault(category, []).append(text)
+    fixes = [(wc.share(c), f"{LABELS[c]} is {100 * wc.share(c):.0f}% of the wall clock: " + "; ".join(t)) for c, t in texts.items()]
     return evidence, fixes
