@@ -19,6 +19,8 @@ writes it from rank 0 only. Loading goes through ``Checkpoint.load_objects`` (DD
   higher number would make it skip the new checkpoint or delete it. Here the file just written
   is always kept, with the newest *valid* others up to ``n_saved``; damaged files are named in a
   warning and left for inspection.
+* With a run record on the engine (``RecordHandler``), each checkpoint's wall-clock time is a
+  ``checkpoint`` span of the record, which the doctor counts in the run's wall clock.
 * Per-rank state (random states, position in the epoch) must come back on every rank. Ignite
   saves from rank 0, so the caller gathers it to every rank first and passes it as one more
   ``to_save`` entry: a single file per checkpoint holds all ranks' state.
@@ -45,6 +47,7 @@ import os
 import re
 import zipfile
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +57,8 @@ from ignite.engine import Engine
 from ignite.handlers import Checkpoint, DiskSaver
 
 from monai_fast.files import atomic_write, clean_stale_tmp
+from monai_fast.handlers.record import record_of
+from monai_fast.telemetry.record import Category, Source
 
 __all__ = ["CheckpointFolder"]
 
@@ -68,6 +73,11 @@ class _SyncedDiskSaver(DiskSaver):
     def _save_func(self, checkpoint: Mapping, path: Path, func: Callable) -> None:
         with atomic_write(path, "wb", fsync=True) as f:
             func(checkpoint, f, **self.kwargs)
+
+
+def _span(engine: Engine) -> AbstractContextManager[None]:
+    record = record_of(engine)
+    return nullcontext() if record is None else record.span(Category.CHECKPOINT, source=Source.CHECKPOINT)
 
 
 def _iteration_of(engine: Engine, event: Any) -> int:
@@ -94,8 +104,19 @@ class CheckpointFolder(Checkpoint):
         self._valid: dict[tuple[str, int, int], bool] = {}
         self._reported: set[str] = set()
 
+    def __call__(self, engine: Engine) -> None:
+        """ignite's ``Checkpoint.__call__``, timed as a ``checkpoint`` span of the engine's run record."""
+        with _span(engine):
+            super().__call__(engine)
+
     def write(self, engine: Engine) -> Path:
-        """Write ``ckpt-<engine.state.iteration>.pt`` (all ranks call it), then prune; returns its path."""
+        """Write ``ckpt-<engine.state.iteration>.pt`` (all ranks call it), then prune; returns its path.
+
+        The whole of it (the wait for rank 0 included) is a ``checkpoint`` span of the run record."""
+        with _span(engine):
+            return self._write(engine)
+
+    def _write(self, engine: Engine) -> Path:
         self._saved = []  # rotation is prune()'s: ignite would unlink a same-named file before rewriting it
         self(engine)
         path = self.dirname / self._saved[-1].filename

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
+from contextlib import AbstractContextManager
+from typing import Any
 
 import ignite.distributed as idist
 from ignite.engine import Engine, Events
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.telemetry.record import EngineRecord, RunRecord
+from monai_fast.telemetry.record import Category, EngineRecord, RunRecord, Source
 
 __all__ = ["RecordHandler", "record_of"]
 
@@ -33,12 +36,19 @@ class RecordHandler(EngineHandler):
     segment 1, appended to the same file. The record is flushed when each run of an engine ends
     and closed (writing the summary) when each run of the trainer ends, also when it raises.
 
+    It also records where the wall clock went (``span`` rows, :mod:`monai_fast.telemetry.spans`):
+    each run of the trainer as the frame (``run``), each run of another engine (the evaluator) as
+    ``validation``, overlapped when it ran on another thread than the trainer; and the user's own
+    set-up through :meth:`span`. ``monai-fast doctor`` turns them into the run's wall-clock shares.
+
     Args:
         run_dir: the run folder; ``None`` keeps the record in memory.
         rank: default ``idist.get_rank()``.
 
     Example:
         >>> rec = RecordHandler("runs/exp1")
+        >>> with rec.span("setup"):  # doctest: +SKIP
+        ...     trainer, evaluator = build_my_engines()  # data sets, caches, network
         >>> rec.attach(trainer); rec.attach(evaluator)  # doctest: +SKIP
         >>> trainer.run()  # doctest: +SKIP
         >>> # runs/exp1/record.rank0.jsonl + summary.rank0.json, read by `monai-fast doctor runs/exp1`
@@ -51,6 +61,12 @@ class RecordHandler(EngineHandler):
         self.record = RunRecord(run_dir, rank=idist.get_rank() if rank is None else rank)
         self._names: dict[int, str] = {}
         self._pending_name: str | None = None
+        self._started: dict[int, float] = {}  # engine id -> time.time() its current run started
+
+    def span(self, category: Category | str, **fields: Any) -> AbstractContextManager[None]:
+        """:meth:`RunRecord.span <monai_fast.telemetry.spans.SpanWriter.span>`: time a ``with`` block
+        (your own set-up: ``category="setup"``, or ``"cache_fill"``) into the run record."""
+        return self.record.span(category, **fields)
 
     def attach(self, engine: Engine, name: str | None = None) -> None:
         """Share the record with ``engine``; the first engine attached owns it.
@@ -69,11 +85,25 @@ class RecordHandler(EngineHandler):
             raise ValueError(f"RecordHandler: engine name {name!r} is taken; pass another name=")
         self._names[id(engine)] = name
         engine.state.run_record = EngineRecord(self.record, name)
+        # first at STARTED, last at the run's end: the span covers the other handlers' work too
+        self.on(engine, Events.STARTED, self._run_started, first=True)
+        self.on_run_end(engine, self._run_ended, last=True)
+
+    def _run_started(self, engine: Engine) -> None:
         if self.engine is engine:  # the owner: its runs are the record's segments
-            self.on(engine, Events.STARTED, lambda e: self.record.begin_segment())
-            self.on_run_end(engine, lambda e: self.record.close(), last=True)
+            self.record.begin_segment()
+        self._started[id(engine)] = time.time()
+
+    def _run_ended(self, engine: Engine) -> None:
+        start = self._started.pop(id(engine), None)  # None: the second call for one run (TERMINATE, COMPLETED)
+        owner = self.engine is engine
+        if start is not None:
+            category = Category.RUN if owner else Category.VALIDATION
+            record_of(engine).add_span(category, start, max(time.time(), start), source=Source.RECORD)  # type: ignore[union-attr]
+        if owner:
+            self.record.close()
         else:
-            self.on_run_end(engine, lambda e: self.record.flush(), last=True)
+            self.record.flush()
 
     def _detached(self, engine: Engine) -> None:
         self._names.pop(id(engine), None)

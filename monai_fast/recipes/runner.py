@@ -20,7 +20,8 @@ from monai_fast.files import atomic_write
 from monai_fast.handlers import GPUSampler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.telemetry import device_description
-from monai_fast.telemetry.record import data_share
+from monai_fast.telemetry.record import Category, Source, data_share
+from monai_fast.telemetry.spans import wall_time
 
 __all__ = ["EPOCH_FIELDS", "EpochRow", "RaceResult", "run_to_target", "write_epochs_csv"]
 
@@ -206,6 +207,7 @@ def run_to_target(
         record = RecordHandler(out)  # the run record the doctor reads, shared by trainer and evaluator
         record.attach(trainer)
         record.attach(evaluator)
+        record.record.add_span(Category.SETUP, wall_time(t0), wall_time(t0 + recipe_obj.setup_s), source=Source.RECIPE)
     NVTXHandler().attach(trainer)
     NVTXHandler().attach(evaluator)
     if recipe_obj.device.type == "cuda":

@@ -16,6 +16,13 @@ rank and across ranks, where the slowest rank against the fastest (a straggler) 
 of its own. The summaries that handlers write (throughput, GPU, kernels, precision) are listed in
 the report.
 
+Beyond the iterations, the doctor accounts for the run's whole wall clock
+(:mod:`monai_fast.report.wall_clock`): set-up, cache filling, compute, data wait, validation,
+checkpoints, handlers and idle, with shares summing to 100 % and overlapped work listed apart.
+The report shows the table and ``wall_clock.png``; a category that takes much of the wall clock
+(validation >= 30 %, ...) adds its fix, unless ``FastTraining`` already applied it. The diagnosis
+is also written as ``doctor.json``.
+
 Example:
     >>> from monai_fast.report.doctor import doctor
     >>> d = doctor("runs/exp1")  # doctest: +SKIP
@@ -29,8 +36,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from monai_fast.files import write_text
-from monai_fast.report.plots import plot_breakdown, plot_gpu
+from monai_fast.files import write_json, write_text
+from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock
+from monai_fast.report.wall_clock import LABELS, table_lines, wall_clock, wall_clock_advice
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, select
 
 __all__ = ["FIXES", "Diagnosis", "applied_levers", "diagnose", "doctor", "write_report"]
@@ -104,6 +112,8 @@ class Diagnosis:
         lines = [f"verdict: {self.verdict}", "evidence:"]
         lines += [f"  - {e}" for e in self.evidence]
         lines += ["what to change:"] + [f"  - {f}" for f in self.fixes]
+        if wc := self.numbers.get("wall_clock"):
+            lines += ["where the wall clock went:"] + [f"  {x}" for x in table_lines(wc, markdown=False)]
         return "\n".join(lines)
 
 
@@ -199,8 +209,28 @@ def diagnose(
     fixes = _fixes(verdict, applied)
     if verdict == "compute-bound" and util_mean is None:
         fixes.insert(0, "this ran on the CPU: a CUDA GPU is the largest single step")
+    _add_wall_clock(rows, applied, numbers, evidence, fixes)
     numbers["thresholds"] = {"data_threshold": data_threshold, "data_low": data_low, "util_low": util_low, "mem_low": mem_low}
     return Diagnosis(verdict, evidence, fixes, numbers)
+
+
+def _add_wall_clock(rows: list[dict], applied: dict[str, dict], numbers: dict, evidence: list[str], fixes: list[str]) -> None:
+    """The wall clock's evidence and fixes; its fixes go first when what they address outweighs the iterations."""
+    clocks = wall_clock(rows)
+    if not clocks:
+        evidence.append("no wall-clock spans in the record (attach RecordHandler to the trainer and the evaluator)")
+        return
+    wc = clocks[min(clocks)]
+    numbers["wall_clock"] = wc.to_dict()
+    if len(clocks) > 1:
+        numbers["wall_clock_per_rank"] = {k: v.to_dict() for k, v in clocks.items()}
+    more, advice = wall_clock_advice(wc, applied)
+    evidence += more
+    training = wc.share("compute") + wc.share("data_wait")
+    if any(f.startswith(LABELS["validation"]) for _, f in advice):  # said there, in more detail
+        fixes[:] = [f for f in fixes if not f.startswith("validate less often")]
+    fixes[:0] = [f for share, f in advice if share > training]
+    fixes += [f for share, f in advice if share <= training]
 
 
 def _summary_lines(summary: dict) -> list[str]:
@@ -229,7 +259,8 @@ def _summary_lines(summary: dict) -> list[str]:
 
 
 def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[dict], summary: dict | None = None) -> Path:
-    """Write ``report.md`` with ``time_breakdown.png`` (and ``gpu_util.png`` with GPU samples)."""
+    """Write ``report.md`` with ``time_breakdown.png``, ``wall_clock.png`` (with wall-clock spans) and
+    ``gpu_util.png`` (with GPU samples), and the diagnosis as ``doctor.json``."""
     run_dir = Path(run_dir)
     epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
     gpu = select(rows, Kind.INTERVAL, Source.GPU)
@@ -237,6 +268,9 @@ def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[di
     md = [f"# monai-fast doctor: {run_dir.name}", "", f"**Verdict: {diagnosis.verdict}**", "", "## Evidence", ""]
     md += [f"- {e}" for e in diagnosis.evidence]
     md += ["", "## What to change", ""] + [f"- {f}" for f in diagnosis.fixes]
+    if wc := diagnosis.numbers.get("wall_clock"):
+        plot_wall_clock(wc, run_dir / "wall_clock.png")
+        md += ["", "## Where the wall clock went", "", "![wall clock](wall_clock.png)", ""] + table_lines(wc)
     if lines := _summary_lines(summary or {}):
         md += ["", "## What the handlers measured", ""] + [f"- {x}" for x in lines]
     md += ["", "## Time per epoch", "", "![time breakdown](time_breakdown.png)", ""]
@@ -249,6 +283,7 @@ def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[di
         md += ["", "## GPU utilisation", "", "![GPU utilisation](gpu_util.png)"]
     path = run_dir / "report.md"
     write_text("\n".join(md) + "\n", path)
+    write_json(diagnosis.to_dict() | {"report": str(path)}, run_dir / "doctor.json")
     return path
 
 

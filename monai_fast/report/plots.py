@@ -1,4 +1,4 @@
-"""The PNG plots of a run's record: time per epoch (compute vs data wait) and GPU utilisation.
+"""The PNG plots of a run's record: time per epoch (compute vs data wait), the wall clock's shares, GPU utilisation.
 
 Plots live here only; handlers write record rows and the reports draw them.
 
@@ -19,7 +19,24 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["plot_breakdown", "plot_gpu"]
+from monai_fast.files import atomic_write  # noqa: E402
+from monai_fast.report.wall_clock import LABELS  # noqa: E402
+
+__all__ = ["plot_breakdown", "plot_gpu", "plot_wall_clock"]
+
+_COLOURS = {"setup": "tab:gray", "cache_fill": "tab:brown", "compute": "tab:green", "data_wait": "tab:red",
+            "validation": "tab:blue", "checkpoint": "tab:purple", "handlers": "tab:orange", "idle": "lightgray"}
+
+
+def _save(fig: plt.Figure, path: str | os.PathLike) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    try:
+        with atomic_write(path, "wb") as f:  # a report never shows half a picture
+            fig.savefig(f, format="png", bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return path
 
 
 def plot_breakdown(epochs: list[dict], path: str | os.PathLike) -> Path:
@@ -45,11 +62,7 @@ def plot_breakdown(epochs: list[dict], path: str | os.PathLike) -> Path:
     ax.set_ylabel("seconds")
     ax.set_title("Time per epoch: compute vs data wait")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2 * min(len(ranks), 2), frameon=False, fontsize="small")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_gpu(gpu: list[dict], path: str | os.PathLike) -> Path:
@@ -63,8 +76,31 @@ def plot_gpu(gpu: list[dict], path: str | os.PathLike) -> Path:
     ax.set_ylabel("GPU utilisation %")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
+
+
+def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
+    """One bar of the wall clock's critical path, split by category (seconds, share in the legend),
+    and a second bar of the work that overlapped training, when there was some.
+
+    Args:
+        wc: :meth:`monai_fast.report.wall_clock.WallClock.to_dict`.
+        path: the PNG to write.
+    """
+    bars = [("wall clock", wc["seconds"])] + ([("overlapped", wc["overlapped"])] if wc["overlapped"] else [])
+    fig, ax = plt.subplots(figsize=(6, 1.8 + 0.4 * len(bars)), dpi=100)
+    for y, (_, parts) in enumerate(bars):
+        left = 0.0
+        for cat, seconds in parts.items():
+            if seconds <= 0:
+                continue
+            share = f"{100 * wc['shares'][cat]:.0f}%" if y == 0 else f"{seconds:.1f} s beside training"
+            ax.barh(y, seconds, left=left, color=_COLOURS.get(cat, "tab:cyan"), hatch="//" if y else None,
+                    label=f"{LABELS.get(cat, cat)} ({share})")
+            left += seconds
+    ax.set_yticks(range(len(bars)), [name for name, _ in bars])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_title(f"Where the wall clock went (rank {wc['rank']}, {wc['total_s']:.1f} s)")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")
+    return _save(fig, path)

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from monai_fast.files import write_json
+from monai_fast.telemetry.spans import Category, SpanWriter
 
-__all__ = ["KINDS", "EngineRecord", "Kind", "RunRecord", "Source", "data_share", "load_record", "select"]
+__all__ = ["KINDS", "Category", "EngineRecord", "Kind", "RunRecord", "Source", "data_share", "load_record", "select"]
 
 logger = logging.getLogger("monai_fast.telemetry")
 
@@ -49,6 +50,7 @@ class Kind(str, Enum):
     INTERVAL = "interval"  #: one sample of a background sampler (GPU)
     EPOCH = "epoch"  #: one epoch of an engine
     EVENT = "event"  #: something that happened once (a fallback, a run segment starting)
+    SPAN = "span"  #: a stretch of wall-clock time of one Category (see monai_fast.telemetry.spans)
 
 
 class Source(str, Enum):
@@ -62,6 +64,9 @@ class Source(str, Enum):
     KERNELS = "kernels"
     FAST_TRAINING = "fast_training"
     VALIDATION = "validation"  #: validation schedule decisions and background validations
+    CHECKPOINT = "checkpoint"
+    RECIPE = "recipe"
+    USER = "user"
 
 
 KINDS = tuple(k.value for k in Kind)
@@ -115,11 +120,13 @@ def _jsonable(v: Any) -> Any:
     return item() if callable(item) else str(v)
 
 
-class RunRecord:
+class RunRecord(SpanWriter):
     """Rows and summaries of one run on one rank, streamed to the run folder.
 
     With a run folder, rows are appended to the file and not kept in memory (a run of days must
-    not grow); without one (``run_dir=None``) they are kept in :attr:`rows`.
+    not grow); without one (``run_dir=None``) they are kept in :attr:`rows`. Wall-clock spans
+    (set-up, cache filling, ...) are written with :meth:`span` / :meth:`add_span`
+    (:mod:`monai_fast.telemetry.spans`).
 
     Args:
         run_dir: the run folder (created; must be writable, checked here). ``None`` keeps the
@@ -147,6 +154,7 @@ class RunRecord:
         self._warned_closed = False
         self._started = False
         self._segment = 0
+        self._trainer_thread = threading.get_ident()  # until a run starts: the thread that made the record
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(self.run_dir, os.W_OK):
@@ -163,9 +171,11 @@ class RunRecord:
         """Start recording a new run of the engines (a second ``trainer.run()``).
 
         The first call does nothing but mark the start; later calls reopen a closed record (rows
-        are appended to the same file) and count one more segment. Returns the segment number.
+        are appended to the same file) and count one more segment. The calling thread is the
+        trainer's from now on (spans from other threads are overlapped). Returns the segment number.
         """
         with self._lock:
+            self._trainer_thread = threading.get_ident()
             if self._started:
                 self._segment += 1
                 self._closed = False
@@ -193,6 +203,10 @@ class RunRecord:
                 if len(self._pending) >= self.flush_every:
                     self._flush_locked()
         return row
+
+    def on_critical_thread(self) -> bool:
+        """Whether the calling thread runs the trainer (or made the record, before the first run)."""
+        return threading.get_ident() == self._trainer_thread
 
     def set_summary(self, source: Source | str, values: dict) -> None:
         """Set the summary section of ``source`` (replacing an earlier one)."""
@@ -225,7 +239,7 @@ class RunRecord:
                        self.run_dir / f"summary.rank{self.rank}.json")
 
 
-class EngineRecord:
+class EngineRecord(SpanWriter):
     """A :class:`RunRecord` as one engine writes to it: every row is stamped with the engine's name.
 
     Summaries of the ``"train"`` engine are stored under their source's name, those of other
@@ -246,6 +260,10 @@ class EngineRecord:
     def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:
         """:meth:`RunRecord.add` with ``engine=`` this engine's name."""
         return self.record.add(kind, source, engine=self.engine, **fields)
+
+    def on_critical_thread(self) -> bool:
+        """:meth:`RunRecord.on_critical_thread`."""
+        return self.record.on_critical_thread()
 
     def set_summary(self, source: Source | str, values: dict) -> None:
         """:meth:`RunRecord.set_summary` under this engine's section."""

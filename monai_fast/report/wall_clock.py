@@ -1,0 +1,202 @@
+"""Where a run's wall clock went: set-up, cache filling, compute, data wait, validation, checkpoints,
+handlers, idle, with shares that sum to 100 %, and the work that overlapped training listed apart.
+
+Read from the run record alone (:mod:`monai_fast.telemetry.spans` says who writes what). The wall
+clock of a run is each ``trainer.run()`` (its ``run`` span), reaching back to the set-up and cache
+spans recorded before it. Every instant of it is given to exactly one category, the most specific
+one at work on the trainer's thread, in this order: checkpoint, validation, cache filling, data
+wait, compute (``TimeBreakdown``'s iterations), set-up; inside a run, the rest is ``handlers``
+(between iterations: event handlers, metrics, logging, loader start-up), before it ``idle``. So a
+checkpoint written inside validation counts once, as checkpoint, and the shares add up to the
+wall clock exactly. Spans flagged ``overlapped`` (background work beside training) are never in
+the shares: they are listed with the seconds they ran (the union of their spans, per category).
+
+Example:
+    >>> rows = [
+    ...     {"kind": "span", "category": "setup", "start": 0.0, "end": 2.0, "overlapped": False},
+    ...     {"kind": "span", "category": "run", "start": 2.0, "end": 10.0, "overlapped": False},
+    ...     {"kind": "span", "category": "validation", "start": 6.0, "end": 9.0, "overlapped": False},
+    ...     {"kind": "iteration", "source": "time_breakdown", "time": 6.0, "data_s": 1.0, "compute_s": 3.0},
+    ... ]
+    >>> wc = wall_clock(rows)[0]
+    >>> wc.total_s, wc.seconds["validation"], wc.seconds["compute"], wc.seconds["handlers"]
+    (10.0, 3.0, 3.0, 1.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from monai_fast.telemetry.record import Category, Kind, Source, select
+
+__all__ = ["LABELS", "SHARES", "WallClock", "table_lines", "wall_clock", "wall_clock_advice"]
+
+#: the categories of the critical path, in the order reports list them
+SHARES = ("setup", "cache_fill", "compute", "data_wait", "validation", "checkpoint", "handlers", "idle")
+LABELS = {
+    "setup": "set-up", "cache_fill": "cache filling", "compute": "training compute", "data_wait": "waiting for data",
+    "validation": "validation", "checkpoint": "checkpoints", "handlers": "handlers between iterations", "idle": "idle",
+}
+#: who gets an instant claimed by several categories: the first in this order
+_PRIORITY = ("checkpoint", "validation", "cache_fill", "data_wait", "compute", "setup", "handlers", "idle")
+
+
+@dataclass
+class WallClock:
+    """One rank's wall clock: ``seconds`` per category of the critical path (summing to ``total_s``)
+    and ``overlapped`` seconds per category of the work beside it."""
+
+    rank: int
+    runs: int
+    total_s: float
+    seconds: dict[str, float]
+    overlapped: dict[str, float] = field(default_factory=dict)
+
+    def share(self, category: str) -> float:
+        """``category``'s share of the wall clock (0..1)."""
+        return self.seconds.get(category, 0.0) / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "shares": {c: self.share(c) for c in self.seconds}}
+
+
+def _intervals(rows: list[dict], engine: str) -> tuple[list[tuple[float, float, str]], dict[str, list[tuple[float, float]]]]:
+    """The trainer thread's intervals ``(start, end, category)`` and the overlapped spans by category."""
+    critical: list[tuple[float, float, str]] = []
+    overlapped: dict[str, list[tuple[float, float]]] = {}
+    for r in select(rows, Kind.SPAN):
+        cat = r["category"]
+        if cat == Category.RUN.value:
+            continue
+        if r.get("overlapped"):
+            overlapped.setdefault(cat, []).append((r["start"], r["end"]))
+        else:
+            critical.append((r["start"], r["end"], cat))
+    for r in select(rows, Kind.ITERATION, Source.TIME_BREAKDOWN, engine=engine):
+        end, compute, data = r["time"], r["compute_s"], r["data_s"]
+        critical.append((end - compute, end, "compute"))
+        critical.append((end - compute - data, end - compute, "data_wait"))
+    return critical, overlapped
+
+
+def _windows(frames: list[tuple[float, float]], critical: list[tuple[float, float, str]]) -> list[tuple[float, float]]:
+    """Each run's frame, reaching back to the spans recorded since the previous run ended (its set-up)."""
+    out, previous_end = [], float("-inf")
+    for start, end in sorted(frames):
+        before = [s for s, e, _ in critical if s >= previous_end and e <= end]
+        out.append((min([start, *before]), end))
+        previous_end = end
+    return out
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total
+
+
+def _sweep(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Seconds per category, each instant inside an ``idle`` window given to the first active one in ``_PRIORITY``."""
+    index = {c: i for i, c in enumerate(_PRIORITY)}
+    events = sorted((t, d, index[c]) for s, e, c in intervals if e > s and c in index for t, d in ((s, 1), (e, -1)))
+    active = [0] * len(_PRIORITY)
+    seconds = [0.0] * len(_PRIORITY)
+    prev = None
+    for t, d, i in events:
+        if prev is not None and t > prev and active[-1] > 0:
+            seconds[next(k for k, n in enumerate(active) if n > 0)] += t - prev
+        active[i] += d
+        prev = t
+    return {c: seconds[index[c]] for c in SHARES}
+
+
+def _one_rank(rows: list[dict], rank: int) -> WallClock | None:
+    frames = select(rows, Kind.SPAN, rank=rank)
+    frames = [r for r in frames if r["category"] == Category.RUN.value]
+    if not frames:
+        return None
+    engine = frames[0].get("engine", "train")
+    mine = [r for r in rows if r.get("rank", 0) == rank]
+    critical, overlapped = _intervals(mine, engine)
+    windows = _windows([(r["start"], r["end"]) for r in frames], critical)
+    intervals = critical + [(r["start"], r["end"], "handlers") for r in frames] + [(s, e, "idle") for s, e in windows]
+    seconds = _sweep(intervals)
+    return WallClock(rank, len(frames), sum(seconds.values()), seconds, {c: _union(v) for c, v in sorted(overlapped.items())})
+
+
+def wall_clock(rows: list[dict]) -> dict[int, WallClock]:
+    """Each rank's :class:`WallClock` from a run record's rows (ranks without a ``run`` span are left out).
+
+    Rows without a rank count as rank 0.
+    """
+    ranks = sorted({int(r.get("rank", 0)) for r in select(rows, Kind.SPAN)})
+    rows = [r if "rank" in r else {**r, "rank": 0} for r in rows]
+    out = {rank: _one_rank(rows, rank) for rank in ranks}
+    return {rank: wc for rank, wc in out.items() if wc is not None}
+
+
+def table_lines(wc: dict, markdown: bool = True) -> list[str]:
+    """The "where the wall clock went" table of a :meth:`WallClock.to_dict`, as markdown or plain text lines."""
+    runs = f" ({wc['runs']} runs)" if wc["runs"] > 1 else ""
+    head = f"rank {wc['rank']}: {wc['total_s']:.1f} s from set-up to the end of training{runs}"
+    rows = [(LABELS.get(c, c), s, wc["shares"][c]) for c, s in wc["seconds"].items()]
+    hidden = [(LABELS.get(c, c), s) for c, s in wc["overlapped"].items()]
+    if not markdown:
+        lines = [head] + [f"  {label:<28} {s:8.2f} s {100 * share:5.1f}%" for label, s, share in rows]
+        lines += [f"  overlapped with training (not in the shares): {label} {s:.2f} s" for label, s in hidden]
+        return lines
+    lines = [head, "", "| where | seconds | share |", "|---|---|---|"]
+    lines += [f"| {label} | {s:.2f} | {100 * share:.1f}% |" for label, s, share in rows]
+    lines.append(f"| **total** | {wc['total_s']:.2f} | 100.0% |")
+    if hidden:
+        lines += ["", "Overlapped with training (ran beside it; not in the shares above):", "",
+                  "| where | seconds |", "|---|---|"] + [f"| {label} | {s:.2f} |" for label, s in hidden]
+    return lines
+
+
+#: (category, share at or above which it is worth a fix, FastTraining lever and setting that applies it or None, fix)
+_ADVICE: tuple[tuple[str, float, tuple[str, str | None] | None, str], ...] = (
+    ("validation", 0.3, None, "validate less often: ValidationHandler(interval=N) on your trainer "
+                              "(RecipeConfig.val_interval in the recipes)"),
+    ("validation", 0.3, None, "cheaper validation at the same accuracy: a larger SlidingWindowInferer sw_batch_size "
+                              "(`monai-fast tune` measures the fastest), or validate a subset while the target is far"),
+    ("validation", 0.3, ("precision", None), "mixed precision for the evaluator too: FastTraining(precision='auto') "
+                                             "(set on the trainer and the evaluator)"),
+    ("setup", 0.3, ("data", "disk"), "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
+                                     "(a trusted disk cache; the next run skips the fill)"),
+    ("cache_fill", 0.3, ("data", "disk"), "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
+                                          "(a trusted disk cache; the next run skips the fill)"),
+    ("checkpoint", 0.1, None, "checkpoint less often: a larger Preemption(save_every=...) (or your ignite "
+                              "Checkpoint / MONAI CheckpointSaver's interval)"),
+    ("handlers", 0.2, None, "between iterations: log and compute metrics less often, persistent_workers=True in your "
+                            "DataLoader (worker start-up at every epoch), or time your own handlers with RecordHandler.span"),
+    ("idle", 0.2, None, "time outside the recorded work: wrap your set-up in RecordHandler.span('setup') to see it"),
+)
+
+
+def wall_clock_advice(wc: WallClock, applied: dict[str, dict]) -> tuple[list[str], list[tuple[float, str]]]:
+    """Evidence lines and ``(share, fix)`` pairs from the wall clock, one fix line per category that takes much
+    of it; a fix ``FastTraining`` already applied is left out.
+
+    Args:
+        wc: the run's wall clock.
+        applied: :func:`monai_fast.report.doctor.applied_levers` of the run.
+    """
+    top = sorted(wc.seconds, key=lambda c: -wc.seconds[c])[:3]
+    evidence = [f"wall clock {wc.total_s:.1f} s (rank {wc.rank}): "
+                + ", ".join(f"{LABELS[c]} {100 * wc.share(c):.0f}%" for c in top)]
+    if wc.overlapped:
+        evidence.append("overlapped with training: " + ", ".join(f"{LABELS.get(c, c)} {s:.1f} s" for c, s in wc.overlapped.items()))
+    texts: dict[str, list[str]] = {}
+    for category, threshold, lever, text in _ADVICE:
+        if wc.share(category) < threshold or any(text in t for t in texts.values()):
+            continue
+        on = applied.get(lever[0]) if lever else None
+        if on is not None and on.get("applied") and (lever[1] is None or on.get("setting") == lever[1]):  # type: ignore[index]
+            continue
+        texts.setdefault(category, []).append(text)
+    fixes = [(wc.share(c), f"{LABELS[c]} is {100 * wc.share(c):.0f}% of the wall clock: " + "; ".join(t)) for c, t in texts.items()]
+    return evidence, fixes

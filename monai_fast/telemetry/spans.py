@@ -1,0 +1,140 @@
+"""Wall-clock spans: where a run's time went, as rows of the run record (``kind="span"``).
+
+A span is one stretch of work of one :class:`Category` from ``start`` to ``end`` (``time.time()``
+seconds, the clock of every record row), with ``duration_s`` and an ``overlapped`` flag. A span
+is *overlapped* when it ran beside training rather than in its way (a background validation, a
+cache filled by another thread while the model trains): the doctor lists overlapped work
+separately and never counts it in the shares of the critical path, which sum to 100 %. By
+default a span is overlapped when it is written from a thread other than the one that runs the
+trainer (the thread that started the record's current run, or made the record before that);
+``overlapped=True/False`` says it outright. When the trainer's thread waits for background work
+(joins the thread filling a cache), record that wait on the trainer's thread as a span of its own.
+
+Who writes which category:
+
+* ``run``: the frame, one per ``trainer.run()`` (:class:`~monai_fast.handlers.RecordHandler`);
+* ``validation``: each run of an engine that shares the trainer's record (the evaluator), as
+  the trainer sees it (:class:`~monai_fast.handlers.RecordHandler`);
+* ``checkpoint``: each checkpoint written by :class:`~monai_fast.handlers.checkpoint_folder.CheckpointFolder`
+  (``Preemption``);
+* ``setup`` and ``cache_fill``: the recipe runner (from its clock start to the built recipe),
+  the data layer and the user, through :meth:`SpanWriter.span` on the record object;
+* ``data_wait`` and ``compute`` come from ``TimeBreakdown``'s iteration rows, ``handlers`` (the
+  work between iterations no span explains) and ``idle`` (the rest of the wall clock) are
+  derived by the doctor (:mod:`monai_fast.report.wall_clock`); they are not written as spans.
+
+Example:
+    >>> from monai_fast.telemetry.record import RunRecord
+    >>> rec = RunRecord(None)
+    >>> with rec.span("setup"):
+    ...     data = list(range(10))  # build the data sets, fill caches, ...
+    >>> row = rec.rows[-1]
+    >>> row["kind"], row["category"], row["overlapped"], row["duration_s"] >= 0
+    ('span', 'setup', False, True)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+from typing import Any
+
+__all__ = ["DERIVED", "RECORDABLE", "Category", "SpanWriter", "wall_time"]
+
+
+class Category(str, Enum):
+    """What a stretch of wall-clock time was spent on."""
+
+    RUN = "run"  #: the frame: one run of the trainer (not a share of its own)
+    SETUP = "setup"  #: building data sets, networks, engines before training
+    CACHE_FILL = "cache_fill"  #: filling a cache (in RAM, GPU memory, on disk)
+    DATA_WAIT = "data_wait"  #: the trainer waiting for its loader (from TimeBreakdown)
+    COMPUTE = "compute"  #: the training step (from TimeBreakdown)
+    VALIDATION = "validation"  #: a run of the evaluator
+    CHECKPOINT = "checkpoint"  #: writing a checkpoint
+    HANDLERS = "handlers"  #: between iterations, in event handlers (derived)
+    IDLE = "idle"  #: none of the above (derived)
+
+
+#: categories derived by the doctor or taken from TimeBreakdown's rows, never written as spans
+DERIVED = (Category.DATA_WAIT, Category.COMPUTE, Category.HANDLERS, Category.IDLE)
+#: categories a span row may have
+RECORDABLE = tuple(c.value for c in Category if c not in DERIVED)
+
+
+def wall_time(perf_counter_value: float) -> float:
+    """The ``time.time()`` reading for a past :func:`time.perf_counter` reading (e.g. a recipe's ``t0``)."""
+    return time.time() - (time.perf_counter() - perf_counter_value)
+
+
+def _category(category: Category | str) -> str:
+    value = category.value if isinstance(category, Category) else category
+    if value not in RECORDABLE:
+        raise ValueError(f"span category must be one of {', '.join(RECORDABLE)} (data_wait, compute, handlers and idle "
+                         f"are derived by the doctor), got {category!r}")
+    return value
+
+
+class SpanWriter:
+    """The span API of the run record (mixed into ``RunRecord`` and ``EngineRecord``).
+
+    Subclasses provide ``add(kind, source, **fields)`` and ``on_critical_thread()``.
+    """
+
+    def add(self, kind: Any, source: Any, **fields: Any) -> dict:  # pragma: no cover - provided by the record
+        raise NotImplementedError
+
+    def on_critical_thread(self) -> bool:  # pragma: no cover - provided by the record
+        raise NotImplementedError
+
+    def add_span(
+        self, category: Category | str, start: float, end: float, source: Any = "user", overlapped: bool | None = None,
+        **fields: Any,
+    ) -> dict:
+        """Record a span that is over: ``start`` and ``end`` are ``time.time()`` readings.
+
+        Args:
+            category: one of :data:`RECORDABLE`.
+            start, end: when it began and ended (``end >= start``); see :func:`wall_time` for a
+                :func:`time.perf_counter` reading.
+            source: who writes it (a ``Source``); default ``"user"``.
+            overlapped: whether it ran beside training; ``None``: when written from a thread
+                other than the trainer's.
+            fields: more fields of the row.
+
+        Raises:
+            ValueError: an unknown category, or ``end`` before ``start``, naming it.
+        """
+        value = _category(category)
+        if not end >= start:
+            raise ValueError(f"span {value!r}: end ({end}) is before start ({start})")
+        if overlapped is None:
+            overlapped = not self.on_critical_thread()
+        return self.add("span", source, category=value, start=float(start), end=float(end),
+                        duration_s=float(end - start), overlapped=bool(overlapped), **fields)
+
+    @contextmanager
+    def span(
+        self, category: Category | str, source: Any = "user", overlapped: bool | None = None, **fields: Any,
+    ) -> Iterator[None]:
+        """Record the wall-clock time of a ``with`` block as a span (also when the block raises).
+
+        Example:
+            >>> from monai_fast.telemetry.record import RunRecord
+            >>> rec = RunRecord(None)
+            >>> with rec.span("cache_fill", items=32):
+            ...     pass
+            >>> rec.rows[-1]["items"]
+            32
+        """
+        _category(category)  # a bad category fails before the work, not after it
+        if overlapped is None:
+            overlapped = not self.on_critical_thread()
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.add_span(category, start, max(time.time(), start), source=source, overlapped=overlapped, **fields)
+
