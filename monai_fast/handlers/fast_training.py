@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -158,12 +159,15 @@ class FastTraining(EngineHandler):
         self.on(trainer, Events.STARTED, self._record)
 
     def _apply_levers(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
-        self._data(trainer, "data", device)
+        record = record_of(trainer)  # with a RecordHandler attached first, the fill is in the doctor's wall clock
+        with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
+            self._data(trainer, "data", device)
         if evaluator is not None and self.validation is False:
             self._say("validation", False, None, "switched off (validation=False): the evaluator is kept as built")
             evaluator = None
         if evaluator is not None:
-            self._data(evaluator, "validation data", torch.device(getattr(evaluator.state, "device", None) or device))
+            with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
+                self._data(evaluator, "validation data", torch.device(getattr(evaluator.state, "device", None) or device))
         if NonFiniteGuard not in handlers_on(trainer):  # every precision, also with precision=False or MONAI's amp
             guard = NonFiniteGuard()
             guard.attach(trainer)

@@ -32,6 +32,7 @@ _UNBLOCK = (
     ("custom batch sampler", "use batch_size= in your DataLoader, or keep your batch sampler (the data lever stays off)"),
     ("amp=True", "build the trainer with amp=False and let FastTraining(precision='auto') choose"),
     ("rejects channels_last_3d", "keep the default layout: FastTraining(memory_format=False)"),
+    ("validation='tune'", "FastTraining(validation='tune') measures your evaluator's sw_batch_size at its first run"),
 )
 
 
