@@ -53,10 +53,10 @@ def epochs_from_curve(points: Sequence[tuple[int, float]], target: float) -> flo
 
 def _epochs_by_ratio(slow: RaceResult, fast: RaceResult) -> tuple[float, str] | None:
     """Epochs to target of ``slow`` scaled from ``fast``: both to ``slow``'s best Dice, ``fast`` on to the target."""
-    best = max(((e.val_dice, e.epoch) for e in slow.epochs if e.val_dice is not None), default=None)
-    if best is None or best[0] <= 0 or not fast.epochs_to_target:
+    dice = max((e.val_dice for e in slow.epochs if e.val_dice is not None), default=None)
+    if dice is None or dice <= 0 or not fast.epochs_to_target:
         return None
-    dice, slow_epoch = best
+    slow_epoch = next(e.epoch for e in slow.epochs if e.val_dice is not None and e.val_dice >= dice)  # first at its best
     fast_epoch = next((e.epoch for e in fast.epochs if e.val_dice is not None and e.val_dice >= dice), None)
     if fast_epoch is None:
         return None
@@ -114,7 +114,8 @@ def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float) -> dict:
     if epochs is None:
         why = "its Dice did not rise and fast gives no ratio; run longer (--time-budget, --budget-multiple)"
         return {"time_to_target_s": _figure(None, "n/a", why), "epochs_to_target": _figure(None, "n/a", why)}
-    epochs = max(epochs, float(r.epochs_run))
+    if epochs <= r.epochs_run:  # it ran that many without reaching the target
+        epochs, basis = float(r.epochs_run + 1), f"{basis}; raised to the epochs it ran + 1"
     seconds = r.setup_s + epochs * per_epoch
     return {"epochs_to_target": _figure(epochs, ESTIMATED, basis),
             "time_to_target_s": _figure(seconds, ESTIMATED, f"set-up {r.setup_s:.1f} s + {epochs:g} epochs x "
