@@ -89,7 +89,9 @@ def test_demo_prints_the_cap_up_front_and_a_table_of_measured_and_estimated_figu
     assert main(["demo", *TINY_DEMO, "--max-epochs", "6", "--target", "0.015", "--time-budget", "250",
                  "--budget-multiple", "1", "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].startswith("budget: fast up to 250 s; baseline 1x fast's time to target, at most 250 s")
+    assert out.splitlines()[0].startswith("sized for cpu (default: small, for a CPU): 4 synthetic volumes of 32x32x32 voxels, "
+                                          "32x32x32 patches, UNet 4-8 with 1 residual unit(s)")
+    assert out.splitlines()[1].startswith("budget: fast up to 250 s; baseline 1x fast's time to target, at most 250 s")
     head = next(ln for ln in out.splitlines() if ln.startswith("recipe"))
     assert re.split(r"\s{2,}", head)[:2] == ["recipe", "time to target s"] and "epochs to target" in head and "s/epoch interleaved" in head
     lines = out.splitlines()

@@ -14,8 +14,11 @@ import argparse
 import datetime as dt
 import json
 
+import torch
+
 from monai_fast.cli.args import add_data_options, add_model_options, add_race_options, add_tuning_options, race_spec
-from monai_fast.race import RaceEvents, RaceRun, RaceSpec, bench, race, tune_only
+from monai_fast.race import RaceEvents, RaceRun, RaceSpec, bench, race, resolve_device, tune_only
+from monai_fast.race.scale import demo_scale, size_line
 from monai_fast.recipes.runner import RaceResult
 
 __all__ = ["ProgressPrinter", "add_race_commands", "budget_line"]
@@ -60,7 +63,9 @@ class ProgressPrinter(RaceEvents):
 def _cmd_demo(args: argparse.Namespace) -> int:
     from monai_fast.race.headline import format_headline
 
-    spec = race_spec(args, args.run_dir or f"runs/demo-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    scale = demo_scale(torch.device(resolve_device(args.device)))
+    spec = race_spec(args, args.run_dir or f"runs/demo-{dt.datetime.now():%Y%m%d-%H%M%S}", scale)
+    print(size_line(spec, scale), flush=True)
     print(budget_line(spec), flush=True)
     run = race(spec, ProgressPrinter())
     print()
