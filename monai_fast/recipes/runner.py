@@ -165,17 +165,9 @@ class _EpochRecorder:
             self.writer.flush()
 
 
-def run_to_target(
-    recipe: str,
-    train_files: Sequence[dict],
-    val_files: Sequence[dict],
-    config: RecipeConfig | None = None,
-    device: str | torch.device = "cpu",
-    target: float = 0.9,
-    time_budget_s: float | None = 300.0,
-    run_dir: str | os.PathLike | None = None,
-    progress: bool = True,
-) -> RaceResult:
+def run_to_target(recipe: str, train_files: Sequence[dict], val_files: Sequence[dict], config: RecipeConfig | None = None,
+                  device: str | torch.device = "cpu", target: float = 0.9, time_budget_s: float | None = 300.0,
+                  run_dir: str | os.PathLike | None = None, progress: bool = True) -> RaceResult:
     """Build ``recipe`` and train it until validation mean Dice >= ``target`` or the budget is spent.
 
     The clock starts before the data sets are built, so caching counts against the recipe that
@@ -207,8 +199,7 @@ def run_to_target(
         >>> result.reached, result.time_to_target_s  # doctest: +SKIP
     """
     run = TargetRun(recipe, train_files, val_files, config, device, target, time_budget_s, run_dir, progress)
-    while not run.done:
-        run.segment(epochs=None)
+    run.segment(epochs=None)
     return run.finish()
 
 
