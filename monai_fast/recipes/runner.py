@@ -231,7 +231,8 @@ class TargetRun:
         self.writer = _attach_telemetry(self.built, self.out)
         self.breakdown = TimeBreakdown()
         self.breakdown.attach(trainer)
-        self.stopper = TimeToTarget(target=target, metric_name=VAL_METRIC, time_budget_s=time_budget_s, start_time=t0)
+        self.stopper = TimeToTarget(target=target, metric_name=VAL_METRIC, time_budget_s=time_budget_s, start_time=t0,
+                                    logger=logging.getLogger(f"{__name__}.{recipe}"))  # lines that name the recipe
         self.stopper.attach(trainer, evaluator)
         bars = show_progress(progress)
         self.recorder = _EpochRecorder(recipe, self.stopper, self.breakdown, self.writer, log_epochs=not bars)
