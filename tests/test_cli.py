@@ -35,7 +35,8 @@ def test_console_script_is_installed():
 
 def test_demo_end_to_end_tiny(tmp_path, capsys):
     run = tmp_path / "run"
-    rc = main(["demo", *TINY, "--max-epochs", "2", "--time-budget", "120", "--target", "0.99", "--run-dir", str(run)])
+    rc = main(["demo", *TINY, "--max-epochs", "2", "--time-budget", "120", "--budget-multiple", "100", "--target", "0.99",
+               "--run-dir", str(run)])
     assert rc == 0
     out = capsys.readouterr().out
     assert "time to target s" in out and "baseline" in out and "fast" in out and "data wait" in out

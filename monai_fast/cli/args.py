@@ -15,11 +15,12 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from monai_fast.race import RaceSpec, SyntheticData, TuneOptions
+from monai_fast.race.scale import DemoScale, demo_scale
 
 __all__ = ["FLAGS", "add_data_options", "add_model_options", "add_race_options", "add_tuning_options", "flag_of", "race_spec"]
-
-_DEMO_DEFAULTS = {"cases": 16, "shape": (128, 128, 64)}
 
 FLAGS = {
     "synthetic.cases": "--cases",
@@ -46,8 +47,9 @@ def add_data_options(p: argparse.ArgumentParser) -> None:
     """Where the data comes from, the device and the seed."""
     g = p.add_argument_group("data")
     g.add_argument("--data-dir", help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen); default: synthetic spleen-like data")
-    g.add_argument("--cases", type=int, default=_DEMO_DEFAULTS["cases"], help="synthetic cases to generate (default %(default)s)")
-    g.add_argument("--shape", type=int, nargs=3, default=_DEMO_DEFAULTS["shape"], metavar=("X", "Y", "Z"), help="synthetic volume size in voxels (default %(default)s)")
+    g.add_argument("--cases", type=int, help="synthetic cases to generate (default 16; the demo on CUDA: 40)")
+    g.add_argument("--shape", type=int, nargs=3, metavar=("X", "Y", "Z"),
+                   help="synthetic volume size in voxels (default 128 128 64; the demo on CUDA: 240 240 96)")
     g.add_argument("--val-fraction", type=float, default=0.25, help="share of cases held out for validation (default %(default)s)")
     g.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="seed of data, split, weights and crops (default %(default)s)")
@@ -141,19 +143,40 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
     )
 
 
-def race_spec(args: argparse.Namespace, run_dir: str | None = None) -> RaceSpec:
-    """The :class:`RaceSpec` of a parsed ``demo``, ``bench`` or ``tune`` command line."""
+def _scaled(args: argparse.Namespace, scale: DemoScale) -> tuple[SyntheticData, dict[str, Any]]:
+    """The synthetic set and recipe options of ``scale`` where the command line set none (its --channels: its network)."""
+    syn = SyntheticData(cases=scale.synthetic.cases if args.cases is None else args.cases,
+                        shape=scale.synthetic.shape if args.shape is None else tuple(args.shape))
+    base = dict(scale.overrides)
+    if args.channels:
+        for name in ("channels", "strides", "num_res_units"):
+            base.pop(name, None)
+    return syn, {**base, **_overrides(args)}
+
+
+def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoScale | None = None) -> RaceSpec:
+    """The :class:`RaceSpec` of a parsed ``demo``, ``bench`` or ``tune`` command line.
+
+    Args:
+        args: the parsed options.
+        run_dir: the run folder.
+        scale: the defaults for the options left unset (the demo's :func:`~monai_fast.race.scale.demo_scale`);
+            ``None``: the CPU-sized ones.
+    """
     tune = getattr(args, "tune", True)  # the tune command always tunes
+    synthetic, overrides = _scaled(args, scale or demo_scale(torch.device("cpu")))
     return RaceSpec(
         recipes=getattr(args, "recipes", ("fast",)),
         data_dir=args.data_dir,
-        synthetic=SyntheticData(cases=args.cases, shape=tuple(args.shape)),
+        synthetic=synthetic,
         val_fraction=args.val_fraction,
         seed=args.seed,
         target=getattr(args, "target", 0.9),
         time_budget_s=getattr(args, "time_budget", None),
+        budget_multiple=getattr(args, "budget_multiple", None),
+        interleave=getattr(args, "interleave", False),
         device=args.device,
-        overrides=_overrides(args),
+        overrides=overrides,
         tune=_tune_options(args) if tune else None,
         run_dir=run_dir,
         progress=not args.no_progress,

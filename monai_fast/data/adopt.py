@@ -45,6 +45,7 @@ from monai_fast.data.background import BackgroundCacheDataset, fill_order_option
 from monai_fast.data.loaders import SafeThreadDataLoader
 from monai_fast.data.planner import CachePlan, force_plan, plan_cache, rank_partition
 from monai_fast.data.rng_state import randomizables
+from monai_fast.progress import show_progress
 
 __all__ = ["AdoptedData", "THREAD_SAFE_COLLATES", "adopt_loader", "why_not_adoptable"]
 
@@ -175,11 +176,11 @@ def _build(plan: CachePlan, data: list, transform: Any, cache_threads: int | Non
     threads = cache_threads if cache_threads is not None else max(1, spare)  # background: the trainer keeps a core
     kwargs: dict = {}
     if plan.where in ("gpu", "ram"):
-        kwargs.update(num_workers=threads, progress=progress)
+        kwargs.update(num_workers=threads, progress=show_progress(progress))
         if background and isinstance(after, BackgroundCacheDataset):
             kwargs["after"] = after
     elif plan.where == "smartcache":
-        kwargs.update(num_init_workers=threads, num_replace_workers=threads, progress=progress)
+        kwargs.update(num_init_workers=threads, num_replace_workers=threads, progress=show_progress(progress))
     return plan.build(data, transform, background=background, **kwargs)
 
 

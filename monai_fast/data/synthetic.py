@@ -32,9 +32,9 @@ from pathlib import Path
 
 import nibabel as nib
 import numpy as np
-from tqdm.auto import tqdm
 
 from monai_fast.files import atomic_write, cache_root, clean_stale_tmp, write_json
+from monai_fast.progress import progress_bar
 
 __all__ = ["KINDS", "brats_like_case", "generate_msd", "spleen_like_case", "synthetic_dataset"]
 
@@ -216,7 +216,7 @@ def generate_msd(
     make_case = spleen_like_case if kind == "spleen-like" else brats_like_case
     affine = _affine(spacing, shape, lps=(kind == "spleen-like"))
     training = []
-    for i in tqdm(range(num_cases), desc=f"writing {kind} cases", disable=not progress, leave=False):
+    for i in progress_bar(range(num_cases), enabled=progress, desc=f"writing {kind} cases", leave=False):
         rng = np.random.default_rng([seed, i])
         image, label = make_case(rng, shape)
         name = f"{meta['prefix']}_{i + 1:03d}.nii.gz"

@@ -188,7 +188,7 @@ class AMPToggle(EngineHandler):
             self._use_guard(engine)
             self.on(engine, Events.ITERATION_STARTED, self._iteration_started)
             self.on(engine, Events.ITERATION_COMPLETED, self._iteration_completed)
-        logger.info("AMPToggle: %s on %s", self.precision, device)
+        logger.info("AMPToggle: %s on %s for %s", self.precision, device, "training" if trains else "validation")
 
     def _use_guard(self, engine: Engine) -> None:
         guard = handlers_on(engine).get(NonFiniteGuard)

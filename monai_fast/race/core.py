@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from monai_fast.race.headline import headline
+from monai_fast.race.interleave import run_interleaved
 from monai_fast.race.options import (
     RaceOptionError,
     RacePlan,
@@ -59,6 +61,9 @@ class RaceEvents:
 
     def recipe_started(self, recipe: str, target: float, budget_s: float | None) -> None:
         """``recipe`` starts training to ``target``."""
+
+    def budget_set(self, recipe: str, budget_s: float, how: dict) -> None:
+        """``recipe``'s budget was set from the lead's time (``how``: cap, multiple, lead, lead's seconds)."""
 
     def recipe_finished(self, result: RaceResult) -> None:
         """``recipe`` stopped (target, budget or epochs); ``result.diagnosis`` is filled when it trained."""
@@ -187,13 +192,27 @@ def _diagnose(result: RaceResult) -> None:
         logger.warning("%s: no diagnosis: %s", result.recipe, e)
 
 
+def _run_one(spec: RaceSpec, plan: RacePlan, name: str, config: Any, train_files: Sequence[dict],
+             val_files: Sequence[dict], events: RaceEvents) -> RaceResult:
+    events.recipe_started(name, spec.target, spec.time_budget_s)
+    return run_to_target(name, train_files, val_files, config, plan.device, spec.target, spec.time_budget_s,
+                         plan.run_dir, progress=spec.progress)
+
+
+def _finished(result: RaceResult, events: RaceEvents) -> RaceResult:
+    _diagnose(result)
+    events.recipe_finished(result)
+    return result
+
+
 def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     """Race ``spec.recipes`` to ``spec.target`` on the same data; diagnose each run; write the results files.
 
     Every option is checked first (:func:`~monai_fast.race.options.plan_race`), the run folder
     included, so a bad one fails in a second. Then: the data (``spec``'s files, ``data_dir`` or
     cached synthetic data), ``fast`` tuned when ``spec.tune`` is set, each recipe trained to the
-    target (:func:`~monai_fast.recipes.runner.run_to_target`, into ``run_dir/<recipe>/``), the
+    target (:func:`~monai_fast.recipes.runner.run_to_target`, into ``run_dir/<recipe>/``; with
+    ``spec.interleave`` an epoch at a time in turns, :mod:`monai_fast.race.interleave`), the
     doctor on each recipe's record (``diagnosis`` filled, ``report.md`` written), and
     ``results.json``, ``epochs.csv`` and ``dice_vs_time.png`` in ``run_dir``.
 
@@ -226,15 +245,16 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         tuning = _tune(plan, train_files, val_files)
         configs["fast"] = tuning.apply(plan.config)
         events.tuned(tuning)
-    results = []
-    for name in spec.recipes:
-        events.recipe_started(name, spec.target, spec.time_budget_s)
-        r = run_to_target(name, train_files, val_files, configs[name], plan.device, spec.target, spec.time_budget_s,
-                          plan.run_dir, progress=spec.progress)
-        _diagnose(r)
-        events.recipe_finished(r)
-        results.append(r)
     meta = run_meta(data_root, plan.device, spec.record_options)
+    if spec.interleave:
+        results, paired, budget = run_interleaved(spec.recipes, configs, train_files, val_files, plan.device, spec.target,
+                                                  spec.time_budget_s, spec.budget_multiple, plan.run_dir, spec.progress, events)
+        meta["headline"] = headline(results, paired, budget)
+        for r in results:
+            _finished(r, events)
+    else:
+        results = [_finished(_run_one(spec, plan, name, configs[name], train_files, val_files, events), events)
+                   for name in spec.recipes]
     if tuning is not None:
         meta["tuning"] = {**tuning.to_dict(), "from_cache": tuning.from_cache}
     write_race(results, plan.run_dir, meta)

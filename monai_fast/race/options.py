@@ -99,7 +99,14 @@ class RaceSpec:
         seed: seed of the synthetic data and the split, and of weights and crops unless ``train_seed``.
         train_seed: seed of weights and crops (repeats of a benchmark differ only in this).
         target: validation mean Dice (background excluded) to reach, in (0, 1].
-        time_budget_s: seconds each recipe may run; ``None``: no limit but ``max_epochs``.
+        time_budget_s: seconds each recipe may run (with ``budget_multiple``, the cap); ``None``: no
+            limit but ``max_epochs``.
+        budget_multiple: the recipes other than ``fast`` get this many times ``fast``'s time to
+            target (its time run when it missed), at most ``time_budget_s``; ``None``: each gets
+            ``time_budget_s``.
+        interleave: train the recipes an epoch at a time, the one whose clock is behind next, so
+            their seconds per epoch are measured in the same conditions; ``results.json`` then holds
+            the ``headline`` (:func:`monai_fast.race.headline.headline`).
         device: ``"auto"`` (CUDA if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         overrides: :class:`~monai_fast.recipes.RecipeConfig` fields set for every recipe
             (``max_epochs``, ``patch_size``, ``amp``...); the seed comes from ``seed``/``train_seed``.
@@ -122,6 +129,8 @@ class RaceSpec:
     train_seed: int | None = None
     target: float = 0.9
     time_budget_s: float | None = 210.0
+    budget_multiple: float | None = None
+    interleave: bool = False
     device: str = "auto"
     overrides: Mapping[str, Any] = field(default_factory=dict)
     tune: TuneOptions | None = None
@@ -203,6 +212,10 @@ def _check_numbers(spec: RaceSpec) -> None:
         raise RaceOptionError("target", f"must be in (0, 1], got {spec.target}")
     if spec.time_budget_s is not None and not spec.time_budget_s > 0:
         raise RaceOptionError("time_budget_s", f"must be > 0 (or None for no limit), got {spec.time_budget_s}")
+    if spec.budget_multiple is not None and not spec.budget_multiple > 0:
+        raise RaceOptionError("budget_multiple", f"must be > 0 (or None: every recipe gets time_budget_s), got {spec.budget_multiple}")
+    if spec.budget_multiple is not None and not spec.interleave:
+        raise RaceOptionError("budget_multiple", "needs interleave=True (the lead's time sets the others' budget)")
     if not 0.0 < spec.val_fraction < 1.0:
         raise RaceOptionError("val_fraction", f"must be in (0, 1), got {spec.val_fraction}")
 

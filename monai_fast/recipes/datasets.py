@@ -22,6 +22,7 @@ from monai.data import CacheDataset, DataLoader, Dataset, ThreadDataLoader
 from monai.transforms import Compose
 
 from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
+from monai_fast.progress import show_progress
 from monai_fast.recipes.parts import RecipeParts
 
 __all__ = ["DataPiece", "guide_cached_data", "require_device", "uncached_data"]
@@ -115,4 +116,4 @@ def _cache(parts: RecipeParts, files: Sequence[dict], chain: Compose, progress: 
     """Everything cached as MONAI's guide does; a failing file named, the fill's threads finished first."""
     with threads_joined_on_error():
         return CacheDataset(data=list(files), transform=NamedItemsCompose.of(chain), cache_rate=1.0,
-                            num_workers=parts.config.cache_threads, copy_cache=False, progress=progress)
+                            num_workers=parts.config.cache_threads, copy_cache=False, progress=show_progress(progress))

@@ -18,12 +18,14 @@ from torch.utils.tensorboard import SummaryWriter
 
 from monai_fast.files import atomic_write
 from monai_fast.handlers import GPUSampler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
+from monai_fast.progress import show_progress
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
+from monai_fast.recipes.common import Recipe
 from monai_fast.telemetry import device_description
 from monai_fast.telemetry.record import Category, Source, data_share
 from monai_fast.telemetry.spans import wall_time
 
-__all__ = ["EPOCH_FIELDS", "EpochRow", "RaceResult", "run_to_target", "write_epochs_csv"]
+__all__ = ["EPOCH_FIELDS", "EpochRow", "RaceResult", "TargetRun", "run_to_target", "write_epochs_csv"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +97,10 @@ def write_epochs_csv(rows: Iterable[EpochRow], path: str | os.PathLike) -> Path:
 class _EpochRecorder:
     """Collects an :class:`EpochRow` per trainer epoch and mirrors it to TensorBoard."""
 
-    def __init__(self, recipe_name: str, stopper: TimeToTarget, breakdown: TimeBreakdown, writer: SummaryWriter | None):
+    def __init__(self, recipe_name: str, stopper: TimeToTarget, breakdown: TimeBreakdown, writer: SummaryWriter | None,
+                 log_epochs: bool = False):
         self.name = recipe_name
+        self.log_epochs = log_epochs
         self.stopper = stopper
         self.breakdown = breakdown
         self.writer = writer
@@ -141,6 +145,10 @@ class _EpochRecorder:
             val_dice=self._val_dice,
         )
         self.rows.append(row)
+        if self.log_epochs:  # where no bar is drawn: one line per epoch
+            dice = "" if row.val_dice is None else f", val Dice {row.val_dice:.3f}"
+            logger.info("%s epoch %d: loss %.4f, %.1f s (train %.1f s, val %.1f s)%s", self.name, row.epoch, row.loss,
+                        row.train_s + row.val_s, row.train_s, row.val_s, dice)
         if self.writer is not None:
             wall = time.time()
             for tag, value in (
@@ -158,23 +166,16 @@ class _EpochRecorder:
             self.writer.flush()
 
 
-def run_to_target(
-    recipe: str,
-    train_files: Sequence[dict],
-    val_files: Sequence[dict],
-    config: RecipeConfig | None = None,
-    device: str | torch.device = "cpu",
-    target: float = 0.9,
-    time_budget_s: float | None = 300.0,
-    run_dir: str | os.PathLike | None = None,
-    progress: bool = True,
-) -> RaceResult:
+def run_to_target(recipe: str, train_files: Sequence[dict], val_files: Sequence[dict], config: RecipeConfig | None = None,
+                  device: str | torch.device = "cpu", target: float = 0.9, time_budget_s: float | None = 300.0,
+                  run_dir: str | os.PathLike | None = None, progress: bool = True) -> RaceResult:
     """Build ``recipe`` and train it until validation mean Dice >= ``target`` or the budget is spent.
 
     The clock starts before the data sets are built, so caching counts against the recipe that
     caches. Validation runs every ``config.val_interval`` epochs. The trainer carries monai-fast's
     telemetry: ``TimeBreakdown``, ``ThroughputMonitor``, ``NVTXHandler`` (trainer and evaluator),
-    on CUDA a ``GPUSampler``, and with ``run_dir`` a ``RecordHandler``.
+    on CUDA a ``GPUSampler``, and with ``run_dir`` a ``RecordHandler``. A :class:`TargetRun` run
+    to its end in one go.
 
     Args:
         recipe: one of :data:`monai_fast.recipes.RECIPES`.
@@ -188,15 +189,123 @@ def run_to_target(
         run_dir: if given, ``run_dir/<recipe>/`` receives the TensorBoard events, ``epochs.csv``
             and the run record (``record.rank0.jsonl``, ``summary.rank0.json``) that
             ``monai-fast doctor`` reads.
-        progress: show a progress bar per epoch.
+        progress: a progress bar per epoch where one fits (:func:`monai_fast.progress.show_progress`),
+            else one log line per epoch.
 
     Returns:
         A :class:`RaceResult` with per-epoch rows.
+
+    Example:
+        >>> result = run_to_target("fast", train_files, val_files, device="cpu", time_budget_s=60)  # doctest: +SKIP
+        >>> result.reached, result.time_to_target_s  # doctest: +SKIP
     """
-    t0 = time.perf_counter()
-    recipe_obj = build_recipe(recipe, train_files, val_files, config, device, progress=progress)
-    trainer, evaluator = recipe_obj.trainer, recipe_obj.evaluator
-    out = Path(run_dir) / recipe if run_dir is not None else None
+    run = TargetRun(recipe, train_files, val_files, config, device, target, time_budget_s, run_dir, progress)
+    run.segment(epochs=None)
+    return run.finish()
+
+
+class TargetRun:
+    """One recipe trained towards a target in segments, on a clock that runs only while it trains.
+
+    :func:`run_to_target` runs it in one segment; a race that interleaves recipes runs each a few
+    epochs at a time (``segment(1)``), so a change of the host's load hits them all. The clock (the
+    :class:`~monai_fast.handlers.TimeToTarget`'s) starts before the data sets are built and stops
+    between segments, so each recipe's times count only its own work. ``budget_s`` may be changed
+    between segments.
+
+    Example:
+        >>> run = TargetRun("baseline", train_files, val_files, device="cpu", time_budget_s=600)  # doctest: +SKIP
+        >>> while not run.done:  # doctest: +SKIP
+        ...     run.segment(epochs=1)
+        >>> run.finish().epochs_run  # doctest: +SKIP
+    """
+
+    def __init__(self, recipe: str, train_files: Sequence[dict], val_files: Sequence[dict],
+                 config: RecipeConfig | None = None, device: str | torch.device = "cpu", target: float = 0.9,
+                 time_budget_s: float | None = 300.0, run_dir: str | os.PathLike | None = None,
+                 progress: bool = True) -> None:
+        t0 = time.perf_counter()
+        self.recipe, self.target, self.time_budget_s = recipe, target, time_budget_s
+        self.built = build_recipe(recipe, train_files, val_files, config, device, progress=progress)
+        trainer, evaluator = self.built.trainer, self.built.evaluator
+        self.out = Path(run_dir) / recipe if run_dir is not None else None
+        self.writer = _attach_telemetry(self.built, self.out, t0)
+        self.breakdown = TimeBreakdown()
+        self.breakdown.attach(trainer)
+        self.stopper = TimeToTarget(target=target, metric_name=VAL_METRIC, time_budget_s=time_budget_s, start_time=t0,
+                                    logger=logging.getLogger(f"{__name__}.{recipe}"))  # lines that name the recipe
+        self.stopper.attach(trainer, evaluator)
+        bars = show_progress(progress)
+        self.recorder = _EpochRecorder(recipe, self.stopper, self.breakdown, self.writer, log_epochs=not bars)
+        self.recorder.attach(trainer, evaluator)
+        if bars:
+            loss_of = from_engine(["loss"], first=True)
+            stopper = self.stopper
+            ProgressBar(persist=False, desc=f"{recipe}").attach(
+                trainer,
+                output_transform=lambda out: {"loss": loss_of(out), "last val Dice": stopper.history[-1][2] if stopper.history else 0.0},
+            )
+        self._segment_end = 0
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, self._maybe_pause)
+        logger.info("%s: set up in %.1f s; %s", recipe, self.built.setup_s, "; ".join(self.built.notes))
+        self._paused_at = time.perf_counter()
+        self._finished: RaceResult | None = None
+
+    @property
+    def budget_s(self) -> float | None:
+        """Seconds this recipe's clock may run; settable between segments (a budget set later than at start)."""
+        return self.stopper.time_budget_s
+
+    @budget_s.setter
+    def budget_s(self, seconds: float) -> None:
+        if self.stopper.time_budget_s is None:
+            raise ValueError(f"{self.recipe}: a run started with no budget cannot be given one later")
+        self.stopper.time_budget_s = self.time_budget_s = float(seconds)
+
+    def elapsed(self) -> float:
+        """Seconds on this recipe's clock (setup and its own segments only)."""
+        return (self._paused_at if self._paused_at is not None else time.perf_counter()) - (self.stopper.start_time or 0.0)
+
+    @property
+    def done(self) -> bool:
+        """Target reached, budget spent, or the epoch limit hit."""
+        state = self.built.trainer.state
+        max_epochs = state.max_epochs or self.built.config.max_epochs
+        over = self.time_budget_s is not None and self.elapsed() > self.time_budget_s
+        return self.stopper.reached_s is not None or self.stopper.budget_exhausted or over or state.epoch >= max_epochs
+
+    def segment(self, epochs: int | None = 1) -> None:
+        """Train ``epochs`` more epochs (``None``: to the end), the clock running only meanwhile."""
+        if self.done:
+            return
+        assert self._paused_at is not None
+        self.stopper.start_time = (self.stopper.start_time or 0.0) + time.perf_counter() - self._paused_at
+        self._paused_at = None
+        self._segment_end = 0 if epochs is None else self.built.trainer.state.epoch + epochs
+        try:
+            self.built.trainer.run()
+        finally:
+            self._paused_at = time.perf_counter()
+
+    def _maybe_pause(self, engine: Engine) -> None:
+        if self._segment_end and engine.state.epoch >= self._segment_end:
+            engine.terminate()
+
+    def finish(self) -> RaceResult:
+        """Close the TensorBoard writer, write ``epochs.csv`` and return the :class:`RaceResult` (once)."""
+        if self._finished is None:
+            if self.writer is not None:
+                self.writer.close()
+            if self.out is not None:
+                write_epochs_csv(self.recorder.rows, self.out / "epochs.csv")
+            self._finished = _result(self.recipe, self.target, self.time_budget_s, self.built, self.stopper,
+                                     self.recorder.rows, self.elapsed(), self.out)
+        return self._finished
+
+
+def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWriter | None:
+    """TensorBoard, the run record (its set-up span from ``t0``), NVTX, the GPU sampler and throughput on ``built``'s engines."""
+    trainer, evaluator = built.trainer, built.evaluator
     writer = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -207,35 +316,17 @@ def run_to_target(
         record = RecordHandler(out)  # the run record the doctor reads, shared by trainer and evaluator
         record.attach(trainer)
         record.attach(evaluator)
-        record.record.add_span(Category.SETUP, wall_time(t0), wall_time(t0 + recipe_obj.setup_s), source=Source.RECIPE)
+        record.record.add_span(Category.SETUP, wall_time(t0), wall_time(t0 + built.setup_s), source=Source.RECIPE)
     NVTXHandler().attach(trainer)
     NVTXHandler().attach(evaluator)
-    if recipe_obj.device.type == "cuda":
+    if built.device.type == "cuda":
         GPUSampler(interval_s=0.5, writer=writer).attach(trainer)
     ThroughputMonitor(writer=writer, log_every_epoch=False).attach(trainer)
-    breakdown = TimeBreakdown()
-    breakdown.attach(trainer)
-    stopper = TimeToTarget(target=target, metric_name=VAL_METRIC, time_budget_s=time_budget_s, start_time=t0)
-    stopper.attach(trainer, evaluator)
-    recorder = _EpochRecorder(recipe, stopper, breakdown, writer)
-    recorder.attach(trainer, evaluator)
-    if progress:
-        loss_of = from_engine(["loss"], first=True)
-        ProgressBar(persist=False, desc=f"{recipe}").attach(
-            trainer,
-            output_transform=lambda out: {"loss": loss_of(out), "last val Dice": stopper.history[-1][2] if stopper.history else 0.0},
-        )
-    logger.info("%s: set up in %.1f s; %s", recipe, recipe_obj.setup_s, "; ".join(recipe_obj.notes))
-    try:
-        trainer.run()
-    finally:
-        if writer is not None:
-            writer.close()
-    total = time.perf_counter() - t0
+    return writer
 
-    rows = recorder.rows
-    if out is not None:
-        write_epochs_csv(rows, out / "epochs.csv")
+
+def _result(recipe: str, target: float, budget_s: float | None, built: Recipe, stopper: TimeToTarget,
+            rows: list[EpochRow], total: float, out: Path | None) -> RaceResult:
     n = max(len(rows), 1)
     val_rows = [r for r in rows if r.val_dice is not None]
     return RaceResult(
@@ -246,16 +337,16 @@ def run_to_target(
         epochs_to_target=stopper.reached_epoch,
         epochs_run=len(rows),
         best_dice=stopper.best,
-        setup_s=recipe_obj.setup_s,
+        setup_s=built.setup_s,
         total_s=total,
         train_s_per_epoch=sum(r.train_s for r in rows) / n,
         val_s_per_epoch=sum(r.val_s for r in val_rows) / max(len(val_rows), 1),
         data_wait_share=data_share(sum(r.data_wait_s for r in rows), sum(r.compute_s for r in rows)),
-        budget_s=time_budget_s,
+        budget_s=budget_s,
         budget_exhausted=stopper.budget_exhausted,
-        device=device_description(recipe_obj.device),
-        amp=recipe_obj.amp,
+        device=device_description(built.device),
+        amp=built.amp,
         run_dir=None if out is None else str(out),
-        notes=recipe_obj.notes,
+        notes=built.notes,
         epochs=rows,
     )

@@ -372,6 +372,6 @@ class Tuner:
 
 
 def _progress(enabled: bool):
-    from tqdm.auto import tqdm
+    from monai_fast.progress import progress_bar
 
-    return tqdm(desc="tune", unit="trial", leave=False, disable=not enabled or idist.get_rank() != 0)
+    return progress_bar(desc="tune", unit="trial", leave=False, enabled=enabled and idist.get_rank() == 0)

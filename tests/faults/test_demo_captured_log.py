@@ -1,0 +1,35 @@
+"""``monai-fast demo > log 2>&1``: a captured log has no carriage-return redraws and no line said twice."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+TINY_DEMO = ["--cases", "4", "--shape", "32", "32", "32", "--patch-size", "32", "32", "32", "--channels", "4", "8",
+             "--max-epochs", "2", "--target", "0.99"]
+
+
+def _captured_demo(tmp_path: Path) -> str:
+    env = {**os.environ, "MONAI_FAST_CACHE": str(tmp_path / "cache")}
+    log = tmp_path / "log"
+    with open(log, "wb") as f:  # stdout and stderr to one file, as a shell's `> log 2>&1`
+        proc = subprocess.run([sys.executable, "-m", "monai_fast.cli", "demo", *TINY_DEMO, "--run-dir", str(tmp_path / "run")],
+                              stdout=f, stderr=subprocess.STDOUT, env=env, timeout=600)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    return text
+
+
+def test_captured_demo_log_has_no_redraws_and_no_line_twice(tmp_path):
+    text = _captured_demo(tmp_path)
+    assert "\r" not in text
+    lines = [re.sub(r"^\d\d:\d\d:\d\d ", "", ln) for ln in text.splitlines() if ln.strip() and not set(ln) <= {"-", " "}]
+    twice = {ln: n for ln, n in collections.Counter(lines).items() if n > 1}
+    assert not twice, twice
+    # one line per epoch instead of a bar: each recipe's two epochs, with loss, time and Dice
+    for recipe in ("fast", "baseline"):
+        assert len([ln for ln in lines if re.search(rf"{recipe} epoch \d+: loss .* s .*val Dice", ln)]) == 2

@@ -1,0 +1,105 @@
+"""The demo's headline: interleaved epochs, a budget derived from fast's time, figures marked measured or estimated."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from monai_fast.cli import main
+from monai_fast.race import RaceSpec, SyntheticData, race
+from monai_fast.race.headline import ESTIMATED, MEASURED, epochs_from_curve, format_headline, headline
+from monai_fast.race.interleave import budget_after_lead
+from monai_fast.recipes.runner import EpochRow, RaceResult
+
+TINY_RACE = {"max_epochs": 6, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "amp": False}
+TINY_DEMO = ["--cases", "4", "--shape", "32", "32", "32", "--patch-size", "32", "32", "32", "--channels", "4", "8",
+             "--fp32", "--no-progress"]
+
+
+def _result(recipe: str, dice: list[float], target: float, s_per_epoch: float, reached_at: int | None = None) -> RaceResult:
+    rows = [EpochRow(recipe, i + 1, (i + 1) * s_per_epoch, s_per_epoch * 0.8, s_per_epoch * 0.2, 0.0, 1.0, 0.0, 1.0, d)
+            for i, d in enumerate(dice)]
+    reached = reached_at is not None
+    return RaceResult(recipe, target, reached, reached_at * s_per_epoch if reached else None, reached_at, len(rows),
+                      max(dice), 0.0, len(rows) * s_per_epoch, s_per_epoch * 0.8, s_per_epoch * 0.2, 0.1, 100.0,
+                      not reached, "cpu", False, epochs=rows)
+
+
+def test_baseline_stopped_early_gets_an_estimate_from_its_dice_curve_labelled_estimated():
+    fast = _result("fast", [0.3, 0.6, 0.9], 0.9, 1.0, reached_at=3)
+    base = _result("baseline", [0.1, 0.2, 0.3, 0.4], 0.9, 4.0)  # rising: 0.1 more Dice per doubling... of log(epoch)
+    doc = headline([fast, base], {"fast": 3, "baseline": 1}, {"cap_s": 300})
+    b = doc["recipes"]["baseline"]
+    assert b["epochs_to_target"]["how"] == ESTIMATED and "Dice vs log(epoch)" in b["epochs_to_target"]["basis"]
+    assert b["epochs_to_target"]["value"] == epochs_from_curve([(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)], 0.9) > 4
+    # its time: epochs x its seconds per epoch measured interleaved (its first epoch only here)
+    assert b["time_to_target_s"]["value"] == pytest.approx(b["epochs_to_target"]["value"] * 4.0)
+    assert doc["recipes"]["fast"]["time_to_target_s"] == {"value": 3.0, "how": MEASURED, "basis": ""}
+    assert doc["speedup"]["how"] == ESTIMATED and doc["speedup"]["factor"] == pytest.approx(b["time_to_target_s"]["value"] / 3.0)
+    table = format_headline(doc)
+    assert "(estimated)" in table.splitlines()[3] and "(measured)" in table.splitlines()[2]
+    assert "speed-up over baseline:" in table and "(estimated:" in table and ">=" not in table
+
+
+def test_flat_baseline_curve_falls_back_to_fasts_epoch_ratio():
+    fast = _result("fast", [0.2, 0.4, 0.6, 0.9], 0.9, 1.0, reached_at=4)
+    base = _result("baseline", [0.2, 0.2, 0.2], 0.9, 2.0)  # flat: no line to extrapolate
+    b = headline([fast, base], {"fast": 4, "baseline": 3}, {})["recipes"]["baseline"]
+    # fast reached the baseline's best (0.2) at epoch 1 and the target at 4; the baseline's best came at epoch 1
+    assert b["epochs_to_target"]["value"] == 4.0 and "fast needed 1 epoch(s)" in b["epochs_to_target"]["basis"]
+    assert b["time_to_target_s"]["how"] == ESTIMATED
+
+
+def test_baseline_reaching_the_target_is_measured():
+    fast = _result("fast", [0.5, 0.9], 0.9, 1.0, reached_at=2)
+    base = _result("baseline", [0.3, 0.6, 0.9], 0.9, 3.0, reached_at=3)
+    sp = headline([fast, base], {"fast": 2, "baseline": 1}, {})["speedup"]
+    assert sp == {"over": "baseline", "factor": pytest.approx(9.0 / 2.0), "how": MEASURED,
+                  "basis": "baseline's time to target (measured) / fast's (measured)"}
+
+
+def test_budget_is_a_multiple_of_the_leads_time_within_the_cap():
+    assert budget_after_lead(10.0, multiple=3.0, cap=300.0) == 30.0
+    assert budget_after_lead(200.0, multiple=3.0, cap=300.0) == 300.0
+    assert budget_after_lead(7.0, multiple=2.0, cap=None) == 14.0
+
+
+def test_interleaved_race_gives_the_baseline_a_budget_derived_from_fasts_time(tmp_path):
+    spec = RaceSpec(recipes=("fast", "baseline"), synthetic=SyntheticData(cases=4, shape=(32, 32, 32)), target=0.015,
+                    time_budget_s=300, budget_multiple=1.0, interleave=True, device="cpu", run_dir=tmp_path / "run",
+                    progress=False, preflight=False, overrides=TINY_RACE)
+    run = race(spec)
+    fast, base = run.results
+    assert fast.reached  # Dice 0.012 then 0.020 at this size and seed
+    budget = run.meta["headline"]["budget"]
+    assert budget["lead_s"] == pytest.approx(fast.time_to_target_s) and budget["lead_reached"]
+    assert base.budget_s == pytest.approx(fast.time_to_target_s) == pytest.approx(budget["others_s"])
+    assert base.budget_s < 300 and not base.reached
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    est = doc["headline"]["recipes"]["baseline"]["time_to_target_s"]
+    assert est["how"] == ESTIMATED and est["value"] > 0 and "measured interleaved" in est["basis"]
+    assert doc["headline"]["recipes"]["fast"]["epochs_interleaved"] == fast.epochs_run
+
+
+def test_demo_prints_the_cap_up_front_and_a_table_of_measured_and_estimated_figures(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MONAI_FAST_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    assert main(["demo", *TINY_DEMO, "--max-epochs", "6", "--target", "0.015", "--time-budget", "250",
+                 "--budget-multiple", "1", "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("sized for cpu (default: small, for a CPU): 4 synthetic volumes of 32x32x32 voxels, "
+                                          "32x32x32 patches, UNet 4-8 with 1 residual unit(s)")
+    assert out.splitlines()[1].startswith("budget: fast up to 250 s; baseline 1x fast's time to target, at most 250 s")
+    head = next(ln for ln in out.splitlines() if ln.startswith("recipe"))
+    assert re.split(r"\s{2,}", head)[:2] == ["recipe", "time to target s"] and "epochs to target" in head and "s/epoch interleaved" in head
+    lines = out.splitlines()
+    at = lines.index(head)
+    rows = {ln.split()[0]: ln for ln in lines[at + 2:at + 4]}  # under the header and its rule
+    assert rows["fast"].count("(measured)") == 3 and rows["baseline"].count("(estimated)") == 2
+    assert "baseline time to target: estimated:" in out and "speed-up over baseline:" in out
+    doc = json.loads((run / "results.json").read_text())
+    assert set(doc["headline"]) == {"method", "budget", "recipes", "speedup"}
+    assert set(doc["headline"]["recipes"]["baseline"]) >= {"time_to_target_s", "epochs_to_target", "s_per_epoch_interleaved",
+                                                           "epochs_interleaved", "epochs_run", "best_dice"}
