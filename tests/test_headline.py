@@ -9,7 +9,7 @@ import pytest
 
 from monai_fast.cli import main
 from monai_fast.race import RaceSpec, SyntheticData, race
-from monai_fast.race.headline import ESTIMATED, MEASURED, epochs_from_curve, format_headline, headline
+from monai_fast.race.headline import ESTIMATED, MEASURED, MIN_PROGRESS, epochs_by_progress, format_headline, headline
 from monai_fast.race.interleave import budget_after_lead
 from monai_fast.recipes.runner import EpochRow, RaceResult
 
@@ -29,11 +29,11 @@ def _result(recipe: str, dice: list[float], target: float, s_per_epoch: float, r
 
 def test_baseline_stopped_early_gets_an_estimate_from_its_dice_curve_labelled_estimated():
     fast = _result("fast", [0.3, 0.6, 0.9], 0.9, 1.0, reached_at=3)
-    base = _result("baseline", [0.1, 0.2, 0.3, 0.4], 0.9, 4.0)  # rising: 0.1 more Dice per doubling... of log(epoch)
+    base = _result("baseline", [0.1, 0.2, 0.3, 0.4], 0.9, 4.0)  # 0.4 at epoch 4; fast had 0.6 at epoch 2
     doc = headline([fast, base], {"fast": 3, "baseline": 1}, {"cap_s": 300})
     b = doc["recipes"]["baseline"]
-    assert b["epochs_to_target"]["how"] == ESTIMATED and "Dice vs log(epoch)" in b["epochs_to_target"]["basis"]
-    assert b["epochs_to_target"]["value"] == epochs_from_curve([(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)], 0.9) > 4
+    assert b["epochs_to_target"]["how"] == ESTIMATED and "reached Dice 0.400 at epoch 4" in b["epochs_to_target"]["basis"]
+    assert b["epochs_to_target"]["value"] == 4 * 3 / 2  # its epoch at 0.4 x fast's epochs to target / fast's epoch at 0.4
     # its time: epochs x its seconds per epoch measured interleaved (its first epoch only here)
     assert b["time_to_target_s"]["value"] == pytest.approx(b["epochs_to_target"]["value"] * 4.0)
     assert doc["recipes"]["fast"]["time_to_target_s"] == {"value": 3.0, "how": MEASURED, "basis": ""}
@@ -43,13 +43,18 @@ def test_baseline_stopped_early_gets_an_estimate_from_its_dice_curve_labelled_es
     assert "speed-up over baseline:" in table and "(estimated:" in table and ">=" not in table
 
 
-def test_flat_baseline_curve_falls_back_to_fasts_epoch_ratio():
+def test_a_baseline_still_at_the_flat_start_of_its_curve_gets_no_estimate_and_the_headline_is_per_epoch():
     fast = _result("fast", [0.2, 0.4, 0.6, 0.9], 0.9, 1.0, reached_at=4)
-    base = _result("baseline", [0.2, 0.2, 0.2], 0.9, 2.0)  # flat: no line to extrapolate
-    b = headline([fast, base], {"fast": 4, "baseline": 3}, {})["recipes"]["baseline"]
-    # fast reached the baseline's best (0.2) at epoch 1 and the target at 4; the baseline's best came at epoch 1
-    assert b["epochs_to_target"]["value"] == 4.0 and "fast needed 1 epoch(s)" in b["epochs_to_target"]["basis"]
-    assert b["time_to_target_s"]["how"] == ESTIMATED
+    base = _result("baseline", [0.04, 0.05, 0.048] * 3, 0.9, 3.0)  # below MIN_PROGRESS x target: extrapolating is noise
+    assert epochs_by_progress([(i + 1, d.val_dice) for i, d in enumerate(base.epochs)], [(1, 0.2)], 4, 0.9) is None
+    doc = headline([fast, base], {"fast": 4, "baseline": 4}, {})
+    b = doc["recipes"]["baseline"]
+    assert b["epochs_to_target"]["value"] is None and b["time_to_target_s"]["how"] == "n/a"
+    assert f"below {MIN_PROGRESS:g}x the target" in b["time_to_target_s"]["basis"]
+    assert doc["speedup"]["factor"] is None and doc["speedup"]["per_epoch"] == pytest.approx(3.0)
+    table = format_headline(doc)
+    assert "speed-up over baseline: 3.0x per epoch (measured, interleaved); to the target: n/a" in table
+    assert "e+" not in table  # no absurd extrapolated figure
 
 
 def test_baseline_reaching_the_target_is_measured():

@@ -83,8 +83,8 @@ def budget_line(spec: RaceSpec) -> str:
     """The line the demo prints before it starts: how long each recipe may run, and how to change it.
 
     Example:
-        >>> print(budget_line(RaceSpec(time_budget_s=300, budget_multiple=3, interleave=True)))
-        budget: fast up to 300 s; baseline 3x fast's time to target, at most 300 s (--time-budget, --budget-multiple); epochs interleaved
+        >>> print(budget_line(RaceSpec(time_budget_s=600, budget_multiple=15, interleave=True)))
+        budget: fast up to 600 s; baseline 15x fast's time to target, at most 600 s (--time-budget, --budget-multiple); epochs interleaved
     """
     from monai_fast.race.interleave import lead_of
 
@@ -146,8 +146,8 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
         "demo", description=_DEMO_TEXT,
         help="race the fast recipe against a plain-MONAI baseline to a target Dice (about 5 min on 2 CPU cores)",
     )
-    add_race_options(p, budget=300.0, recipes=("fast", "baseline"))
-    p.add_argument("--budget-multiple", type=float, default=3.0, help="the other recipes may run this many times fast's "
+    add_race_options(p, budget=600.0, recipes=("fast", "baseline"))
+    p.add_argument("--budget-multiple", type=float, default=15.0, help="the other recipes may run this many times fast's "
                    "time to target (its time run when it missed), at most --time-budget (default %(default)s)")
     p.set_defaults(func=_cmd_demo, interleave=True)
 

@@ -3,66 +3,61 @@
 The race interleaves the recipes' epochs (the one whose clock is behind trains next), so their
 seconds per epoch are measured in the same conditions: a change of the host's load hits both.
 ``fast``'s epochs to target and time to target are measured. The baseline's time to target is
-measured when it reaches the target within its budget; otherwise it is **estimated**: its epochs to
-target from its Dice curve so far (a straight line through Dice against log(epoch) over the
-later half of its validations), or, when the curve does not rise, from how many more epochs it
-needed than ``fast`` to reach the same Dice; times its seconds per epoch measured interleaved
-with ``fast``, plus its set-up. Never a bare lower bound.
+measured when it reaches the target within its budget; otherwise it is **estimated** from its
+Dice curve so far: the epoch at which it reached its best Dice, against the epoch at which
+``fast`` reached that Dice, scales ``fast``'s epochs to target (a baseline that needed 10x the
+epochs to Dice 0.5 is taken to need 10x the epochs to the target); times its seconds per epoch
+measured interleaved with ``fast``, plus its set-up. Only a curve that got somewhere is used: its
+best Dice must be at least :data:`MIN_PROGRESS` of the target (an extrapolation from the flat
+start of a Dice curve is noise). Otherwise there is no estimate, the table says why, and the
+headline is the per-epoch speed-up, measured. Never a bare lower bound.
 
 Example:
-    >>> epochs_from_curve([(1, 0.1), (2, 0.2), (4, 0.3), (8, 0.4)], target=0.5)
-    16.0
+    >>> epochs_by_progress([(5, 0.2), (20, 0.5)], fast_curve=[(1, 0.3), (2, 0.5), (4, 0.9)], fast_epochs=4, target=0.9)
+    (40.0, 20, 0.5, 2)
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 
 from monai_fast.recipes.runner import RaceResult
 
-__all__ = ["MEASURED", "ESTIMATED", "epochs_from_curve", "format_headline", "headline"]
+__all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "format_headline", "headline"]
 
 MEASURED = "measured"
 ESTIMATED = "estimated"
 
 
-def epochs_from_curve(points: Sequence[tuple[int, float]], target: float) -> float | None:
-    """Epochs to ``target`` from ``(epoch, Dice)`` points: a least-squares line of Dice against log(epoch).
+#: the share of the target the reference's best Dice must reach before its time to target is estimated
+MIN_PROGRESS = 0.3
 
-    Fits the later half of the points (at least 3). ``None`` when there are fewer than 3 or the
-    line does not rise.
+
+def epochs_by_progress(curve: Sequence[tuple[int, float]], fast_curve: Sequence[tuple[int, float]], fast_epochs: int,
+                       target: float) -> tuple[float, int, float, int] | None:
+    """Epochs to ``target`` for a run with Dice ``curve``, scaled from a faster run that reached it in ``fast_epochs``.
+
+    Returns ``(epochs, slow_epoch, dice, fast_epoch)``: the run reached its best ``dice`` at
+    ``slow_epoch``, the fast run reached it at ``fast_epoch``, so the estimate is
+    ``slow_epoch * fast_epochs / fast_epoch``. ``None`` when the best Dice is below
+    ``MIN_PROGRESS * target`` or the fast run never reached it.
 
     Example:
-        >>> epochs_from_curve([(1, 0.3), (2, 0.3), (3, 0.3)], target=0.9) is None
+        >>> epochs_by_progress([(1, 0.04), (7, 0.05)], [(1, 0.3)], fast_epochs=7, target=0.9) is None
         True
     """
-    pts = [(e, d) for e, d in points if e > 0]
-    if len(pts) < 3:
+    points = [(e, d) for e, d in curve if d is not None]
+    if not points:
         return None
-    pts = pts[len(pts) // 2:] if len(pts) >= 6 else pts
-    xs, ys = [math.log(e) for e, _ in pts], [d for _, d in pts]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
-    if slope <= 1e-9:
+    dice = max(d for _, d in points)
+    if dice < MIN_PROGRESS * target:
         return None
-    return round(math.exp(mx + (target - my) / slope), 1)
-
-
-def _epochs_by_ratio(slow: RaceResult, fast: RaceResult) -> tuple[float, str] | None:
-    """Epochs to target of ``slow`` scaled from ``fast``: both to ``slow``'s best Dice, ``fast`` on to the target."""
-    dice = max((e.val_dice for e in slow.epochs if e.val_dice is not None), default=None)
-    if dice is None or dice <= 0 or not fast.epochs_to_target:
-        return None
-    slow_epoch = next(e.epoch for e in slow.epochs if e.val_dice is not None and e.val_dice >= dice)  # first at its best
-    fast_epoch = next((e.epoch for e in fast.epochs if e.val_dice is not None and e.val_dice >= dice), None)
+    slow_epoch = next(e for e, d in points if d >= dice)  # the first epoch at its best
+    fast_epoch = next((e for e, d in fast_curve if d is not None and d >= dice), None)
     if fast_epoch is None:
         return None
-    epochs = round(slow_epoch * fast.epochs_to_target / fast_epoch, 1)
-    return epochs, (f"{fast.recipe} needed {fast_epoch} epoch(s) to {slow.recipe}'s best Dice {dice:.3f} "
-                    f"({slow_epoch} epochs) and {fast.epochs_to_target} to the target")
+    return round(slow_epoch * fast_epochs / fast_epoch, 1), slow_epoch, dice, fast_epoch
 
 
 def _s_per_epoch(result: RaceResult, interleaved: int) -> float:
@@ -107,13 +102,17 @@ def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budg
 
 def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float) -> dict:
     curve = [(e.epoch, e.val_dice) for e in r.epochs if e.val_dice is not None]
-    epochs, basis = epochs_from_curve(curve, r.target), f"line through Dice vs log(epoch), {len(curve)} validations"
-    if epochs is None and fast is not None and fast.reached:
-        by_ratio = _epochs_by_ratio(r, fast)
-        epochs, basis = by_ratio if by_ratio else (None, "")
-    if epochs is None:
-        why = "its Dice did not rise and fast gives no ratio; run longer (--time-budget, --budget-multiple)"
+    found = None
+    if fast is not None and fast.reached and fast.epochs_to_target:
+        found = epochs_by_progress(curve, [(e.epoch, e.val_dice) for e in fast.epochs], fast.epochs_to_target, r.target)
+    if found is None:
+        best = max((d for _, d in curve), default=0.0)
+        why = (f"its best Dice {best:.3f} in {r.epochs_run} epochs is below {MIN_PROGRESS:g}x the target, too early in its "
+               "curve to extrapolate; give it longer (--budget-multiple, --time-budget)")
         return {"time_to_target_s": _figure(None, "n/a", why), "epochs_to_target": _figure(None, "n/a", why)}
+    epochs, slow_epoch, dice, fast_epoch = found
+    basis = (f"it reached Dice {dice:.3f} at epoch {slow_epoch}, {fast.recipe} at epoch {fast_epoch} and the target at "
+             f"{fast.epochs_to_target}: {slow_epoch} x {fast.epochs_to_target} / {fast_epoch}")
     if epochs <= r.epochs_run:  # it ran that many without reaching the target
         epochs, basis = float(r.epochs_run + 1), f"{basis}; raised to the epochs it ran + 1"
     seconds = r.setup_s + epochs * per_epoch
@@ -128,8 +127,10 @@ def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
         return {"over": reference, "factor": None, "how": "n/a", "basis": f"needs both {fast} and {reference}"}
     ta, tb = a["time_to_target_s"], b["time_to_target_s"]
     if ta["how"] != MEASURED or not ta["value"] or tb["value"] is None:
-        return {"over": reference, "factor": None, "how": "n/a", "basis": f"{fast} did not reach the target" if
-                ta["how"] != MEASURED else tb["basis"]}
+        per_epoch = (b["s_per_epoch_interleaved"] / a["s_per_epoch_interleaved"]
+                     if a["s_per_epoch_interleaved"] and b["s_per_epoch_interleaved"] else None)
+        why = f"{fast} did not reach the target" if ta["how"] != MEASURED else f"{reference}'s time to target: n/a"
+        return {"over": reference, "factor": None, "how": "n/a", "basis": why, "per_epoch": per_epoch}
     how = MEASURED if tb["how"] == MEASURED else ESTIMATED
     return {"over": reference, "factor": tb["value"] / ta["value"], "how": how,
             "basis": f"{reference}'s time to target ({tb['how']}) / {fast}'s (measured)"}
@@ -162,7 +163,10 @@ def format_headline(doc: dict) -> str:
             if e[key]["how"] != MEASURED:
                 out.append(f"{name} {key.replace('_', ' ').replace(' s', '')}: {e[key]['how']}: {e[key]['basis']}")
     sp = doc["speedup"]
-    if sp["factor"] is None:
+    if sp["factor"] is None and sp.get("per_epoch"):
+        out.append(f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch (measured, interleaved); "
+                   f"to the target: n/a ({sp['basis']})")
+    elif sp["factor"] is None:
         out.append(f"speed-up: n/a ({sp['basis']})")
     else:
         out.append(f"speed-up over {sp['over']}: {sp['factor']:.1f}x ({sp['how']}: {sp['basis']})")
