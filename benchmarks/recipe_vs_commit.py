@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         table[k] = {**med, "ratio": ratio}
         print(f"{k:>20} {med['old'] or float('nan'):9.2f} {med['new'] or float('nan'):9.2f} {ratio or float('nan'):8.2f}")
     path = args.out / f"recipe_vs_commit_{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json(path, {"recipe": args.recipe, "old": str(args.old), "options": {k: str(v) for k, v in vars(args).items()},
-                      "runs": runs, "medians": table})
+    write_json({"recipe": args.recipe, "old": str(args.old), "options": {k: str(v) for k, v in vars(args).items()},
+                "runs": runs, "medians": table}, path)
     print(f"wrote {path}")
     return 0
 
