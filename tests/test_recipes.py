@@ -220,3 +220,28 @@ def test_fast_in_bf16_on_a_cpu_keeps_the_default_layout(monkeypatch):
     monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda rounds=3: 2.0)
     parts = recipe_parts("fast", RecipeConfig(), "cpu")
     assert parts.precision == "bf16" and not parts.channels_last and parts.precision_by == "toggle"
+
+
+def test_fast_validates_on_a_schedule_and_only_a_full_validation_counts(tiny_files, tiny_config):
+    from ignite.engine import Events
+
+    from monai_fast.handlers import ValidationSchedule
+
+    cfg = RecipeConfig(**{**tiny_config.to_dict(), "max_epochs": 3, "val_every": 2, "val_target": 0.99, "val_margin": 0.0})
+    r = build_recipe("fast", *tiny_files, cfg, progress=False)
+    assert r.config.validation == "schedule"  # fast's default
+    schedule = next(h for h in _handlers_of(r.trainer) if isinstance(h, ValidationSchedule))
+    full_runs = []
+    r.evaluator.add_event_handler(Events.COMPLETED, lambda e: full_runs.append(r.trainer.state.epoch))
+    r.trainer.run()
+    assert [e for e, _ in schedule.estimates] == [1, 2, 3]  # the estimate every epoch (the target stays far)
+    assert full_runs == schedule.full_epochs == [2, 3]  # full: every val_every epochs and the last; no ValidationHandler
+    assert len(schedule.estimator.data_loader.dataset) == min(cfg.val_subset, len(tiny_files[1]))
+    assert build_recipe("monai_tutorial", *tiny_files, cfg, progress=False).config.validation is None  # every epoch
+
+
+def test_a_bad_validation_option_is_named():
+    with pytest.raises(ValueError, match="validation must be"):
+        RecipeConfig(validation="sometimes")
+    with pytest.raises(ValueError, match="val_every"):
+        RecipeConfig(val_every=0)

@@ -16,12 +16,13 @@ from monai.networks.nets import UNet
 from monai.optimizers import Novograd
 from monai.transforms import AsDiscreted, Compose, ToDeviced
 from monai.utils import set_determinism
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from monai_fast.distributed.model import distribute
+from monai_fast.handlers.validation_schedule import ValidationSchedule, estimator_like
 from monai_fast.recipes.config import DEFAULT_LR, RecipeConfig
 
-__all__ = ["VAL_METRIC", "Recipe", "assemble", "build_network", "build_optimizer", "resolve_amp"]
+__all__ = ["VAL_METRIC", "Recipe", "assemble", "attach_validation_schedule", "build_network", "build_optimizer", "resolve_amp"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,17 +130,8 @@ def assemble(
     # (inference needs no gradient sync); Horovod: its DistributedOptimizer
     network, optimizer = distribute(network, optimizer)
     bare = getattr(network, "module", network)
-    stitch_on = torch.device(config.val_device) if config.val_device else None
-    if stitch_on is not None and stitch_on.type == device.type:
-        stitch_on = None  # stitching where the network runs: MONAI's default, nothing to move
-    post = Compose(
-        # with the output stitched elsewhere than the device, bring the label along for the metric
-        ([ToDeviced(keys=["pred", "label"], device=stitch_on)] if stitch_on is not None else [])
-        + [
-            AsDiscreted(keys="pred", argmax=True, to_onehot=2),
-            AsDiscreted(keys="label", to_onehot=2),
-        ]
-    )
+    stitch_on = _stitch_device(config, device)
+    post = _postprocessing(stitch_on)
     evaluator = SupervisedEvaluator(
         device=device,
         val_data_loader=val_loader,
@@ -152,9 +144,7 @@ def assemble(
             device=stitch_on,
         ),
         postprocessing=post,
-        key_val_metric={
-            VAL_METRIC: MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))
-        },
+        key_val_metric=_val_metric(),
         amp=amp,
         compile=config.compile,
     )
@@ -166,7 +156,9 @@ def assemble(
         optimizer=optimizer,
         loss_function=loss_function,
         inferer=SimpleInferer(),
-        train_handlers=[ValidationHandler(validator=evaluator, interval=config.val_interval), *train_handlers],
+        # on a schedule, compose attaches a ValidationSchedule once the evaluator's data is final
+        train_handlers=([ValidationHandler(validator=evaluator, interval=config.val_interval)]
+                        if config.validation in (None, "every_epoch") else []) + list(train_handlers),
         amp=amp,
         optim_set_to_none=True,
         compile=config.compile,
@@ -186,3 +178,41 @@ def assemble(
         setup_s=time.perf_counter() - t_start,
         notes=list(notes),
     )
+
+
+def _stitch_device(config: RecipeConfig, device: torch.device) -> torch.device | None:
+    """Where the sliding-window output is stitched when not where the network runs (``None``: there)."""
+    stitch_on = torch.device(config.val_device) if config.val_device else None
+    return None if stitch_on is None or stitch_on.type == device.type else stitch_on
+
+
+def _postprocessing(stitch_on: torch.device | None) -> Compose:
+    """Argmax and one-hot for the Dice metric; with the output stitched off the device, the label follows it."""
+    return Compose(
+        ([ToDeviced(keys=["pred", "label"], device=stitch_on)] if stitch_on is not None else [])
+        + [AsDiscreted(keys="pred", argmax=True, to_onehot=2), AsDiscreted(keys="label", to_onehot=2)]
+    )
+
+
+def _val_metric() -> dict:
+    return {VAL_METRIC: MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))}
+
+
+def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
+    """A :class:`~monai_fast.handlers.ValidationSchedule` on ``recipe``'s trainer, as ``config.validation="schedule"`` asks.
+
+    The estimate is the mean Dice on the first ``config.val_subset`` items of the evaluator's
+    (final) data set, with the evaluator's network, inferer and precision.
+
+    Example:
+        >>> attach_validation_schedule(recipe).every  # doctest: +SKIP
+        5
+    """
+    config, evaluator = recipe.config, recipe.evaluator
+    dataset = evaluator.data_loader.dataset
+    subset = DataLoader(Subset(dataset, range(min(config.val_subset, len(dataset)))), batch_size=1, num_workers=0)
+    estimator = estimator_like(evaluator, subset, _val_metric(), _postprocessing(_stitch_device(config, recipe.device)))
+    schedule = ValidationSchedule(evaluator, estimator, target=config.val_target, margin=config.val_margin,
+                                  every=config.val_every, metric_name=VAL_METRIC)
+    schedule.attach(recipe.trainer)
+    return schedule

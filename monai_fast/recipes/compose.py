@@ -6,7 +6,7 @@ import time
 
 from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.handlers.nonfinite import NonFiniteGuard
-from monai_fast.recipes.common import Recipe, assemble
+from monai_fast.recipes.common import Recipe, assemble, attach_validation_schedule
 from monai_fast.recipes.datasets import DataPiece
 from monai_fast.recipes.parts import RecipeParts
 
@@ -58,5 +58,9 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
         recipe.amp = levers.applied["precision"]["applied"]
         recipe.notes.extend(f"FastTraining {lever}: {what['setting'] if what['applied'] else 'left alone'} ({what['reason']})"
                      for lever, what in levers.applied.items())
+    if config.validation == "schedule":
+        attach_validation_schedule(recipe)
+        recipe.notes.append(f"validation on a schedule: Dice on {config.val_subset} case(s) every epoch, the full validation "
+                            f"every {config.val_every} epochs until that is within {config.val_margin:g} of {config.val_target:g}")
     recipe.setup_s = time.perf_counter() - t_start
     return recipe

@@ -40,7 +40,16 @@ class RecipeConfig:
         val_device: where the sliding-window output is stitched (MONAI's ``SlidingWindowInferer``
             ``device``), e.g. ``"cpu"`` to keep large validation volumes off the GPU; ``None``:
             the training device. The auto-tuner sets it.
-        val_interval: validate every this many epochs.
+        val_interval: validate every this many epochs (``validation="every_epoch"``).
+        validation: when the full validation runs: ``"every_epoch"`` (every ``val_interval``
+            epochs, MONAI's ``ValidationHandler``) or ``"schedule"`` (a
+            :class:`~monai_fast.handlers.ValidationSchedule`: the Dice on the first ``val_subset``
+            validation cases after every epoch decides; the full validation every ``val_every``
+            epochs while that estimate is more than ``val_margin`` below ``val_target``, every epoch
+            from then on; only a full validation declares the target); ``None``: the recipe's
+            default (``fast``: ``"schedule"``, the others ``"every_epoch"``).
+        val_target, val_every, val_margin, val_subset: the schedule's settings (the race sets
+            ``val_target`` to its target).
         max_epochs: epoch limit of the trainer.
         num_workers: ``DataLoader`` workers of the baseline; ``None``: min(4, CPUs).
         cache_workers: threads filling caches; ``None``: number of CPUs.
@@ -75,6 +84,11 @@ class RecipeConfig:
     sw_overlap: float = 0.25
     val_device: str | None = None
     val_interval: int = 1
+    validation: str | None = None
+    val_target: float = 0.9
+    val_every: int = 5
+    val_margin: float = 0.1
+    val_subset: int = 2
     max_epochs: int = 100
     num_workers: int | None = None
     cache_workers: int | None = None
@@ -126,6 +140,14 @@ class RecipeConfig:
                 torch.device(self.val_device)
             except RuntimeError as exc:
                 raise ValueError(f"val_device {self.val_device!r} is not a device name: {exc}") from None
+        if self.validation not in (None, "every_epoch", "schedule"):
+            raise ValueError(f"validation must be 'every_epoch' or 'schedule' (or None: the recipe's default); "
+                             f"got {self.validation!r}")
+        for name in ("val_every", "val_subset"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.val_margin >= 0:
+            raise ValueError(f"val_margin must be >= 0, got {self.val_margin}")
         if self.cache not in ("auto", "gpu", "ram", "disk", "smartcache", "none"):
             raise ValueError(f"cache must be auto, gpu, ram, disk, smartcache or none; got {self.cache!r}")
         if self.cache == "disk" and not self.cache_dir:

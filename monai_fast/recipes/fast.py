@@ -14,7 +14,10 @@ user's own trainer gets:
 * memory format: ``channels_last_3d`` weights, except on a CPU running bf16 (the rule the tuner
   times too, so the tuned batch size is measured in the layout that trains);
 * the recipe's algorithm: ``DiceCELoss`` as ``monai_tutorial``; batches of 1 volume x 2 crops and
-  ``AdamW(lr=3e-3)``.
+  ``AdamW(lr=3e-3)``;
+* validation on a schedule (``RecipeConfig.validation="schedule"``): a Dice estimate on two
+  validation cases after every epoch decides when the full validation runs (only a full one
+  declares the target).
 
 The measurements behind each change are in ``benchmarks/README.md``.
 """
@@ -38,7 +41,7 @@ from monai_fast.recipes.pieces import auto_precision, dice_ce_loss, memory_forma
 __all__ = ["DEFAULTS", "build_fast", "fast_parts", "fast_training"]
 
 #: what ``None`` in :class:`RecipeConfig` means for this recipe
-DEFAULTS = {"batch_size": 1, "num_samples": 2, "optimizer": "adamw"}
+DEFAULTS = {"batch_size": 1, "num_samples": 2, "optimizer": "adamw", "validation": "schedule"}
 
 
 def fast_parts(config: RecipeConfig | None = None, device: str | torch.device = "cpu") -> RecipeParts:

@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -226,6 +226,7 @@ class TargetRun:
                  progress: bool = True) -> None:
         t0 = time.perf_counter()
         self.recipe, self.target, self.time_budget_s = recipe, target, time_budget_s
+        config = replace(config or RecipeConfig(), val_target=target)  # a validation schedule aims where the race does
         self.built = build_recipe(recipe, train_files, val_files, config, device, progress=progress)
         trainer, evaluator = self.built.trainer, self.built.evaluator
         self.out = Path(run_dir) / recipe if run_dir is not None else None
