@@ -103,7 +103,7 @@ def choose_memory_format(
         rounds: interleaved measurements per layout.
     """
     if request == "contiguous":
-        return "contiguous", "requested"
+        return "contiguous", "the default layout requested"
     net = getattr(network, "module", network)  # DDP / DataParallel
     if request == "channels_last_3d" and in_channels_last_3d(net):
         return "channels_last_3d", "requested (the weights are in it already)"
