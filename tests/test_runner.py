@@ -13,6 +13,10 @@ def test_fast_recipe_learns(tiny_files, tiny_config, tmp_path):
     assert losses[-1] < 0.75 * losses[0], losses
     with open(tmp_path / "fast" / "epochs.csv") as f:
         assert [float(row["loss"]) for row in csv.DictReader(f)] == pytest.approx(losses)
+    # a whole epoch on the clock counts what training and full validation leave out (the schedule's estimate)
+    assert all(e.wall_s >= e.train_s + e.val_s and e.cpu_s > 0 for e in r.epochs), r.epochs
+    estimate_only = [e for e in r.epochs if e.val_dice is None]  # epochs whose validation was the estimate alone
+    assert estimate_only and all(e.wall_s > e.train_s + 1e-3 for e in estimate_only)
 
 
 def test_target_met_stops_training_and_records_time(tiny_files, tiny_config):

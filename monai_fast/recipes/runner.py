@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import psutil
 import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import ProgressBar
@@ -32,7 +33,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class EpochRow:
-    """One epoch of one recipe; ``elapsed_s`` counts from before the data sets were built."""
+    """One epoch of one recipe; ``elapsed_s`` counts from before the data sets were built.
+
+    ``train_s`` is the training iterations (ignite's epoch time), ``val_s`` the full validation;
+    ``wall_s`` is the whole epoch on the recipe's clock (also a validation estimate, handlers);
+    ``cpu_s`` the CPU seconds this process and its finished loader workers spent in it.
+    """
 
     recipe: str
     epoch: int
@@ -44,6 +50,8 @@ class EpochRow:
     data_share: float
     loss: float
     val_dice: float | None
+    wall_s: float | None = None
+    cpu_s: float | None = None
 
 
 EPOCH_FIELDS = [f for f in EpochRow.__dataclass_fields__]
@@ -76,6 +84,12 @@ class RaceResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process (all threads) and of its children that have ended (loader workers)."""
+    t = psutil.Process().cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def write_epochs_csv(rows: Iterable[EpochRow], path: str | os.PathLike) -> Path:
@@ -118,6 +132,7 @@ class _EpochRecorder:
 
     def _epoch_started(self, engine: Engine) -> None:
         self._loss_sum, self._n, self._val_s, self._val_dice = 0.0, 0, 0.0, None
+        self._started = (self.stopper.elapsed(), _cpu_seconds())
 
     def _iteration_completed(self, engine: Engine) -> None:
         # MONAI's trainer has already turned the loss into a Python float (decollated output)
@@ -143,6 +158,8 @@ class _EpochRecorder:
             data_share=times.data_share,
             loss=loss,
             val_dice=self._val_dice,
+            wall_s=self.stopper.elapsed() - self._started[0],
+            cpu_s=_cpu_seconds() - self._started[1],
         )
         self.rows.append(row)
         if self.log_epochs:  # where no bar is drawn: one line per epoch
