@@ -31,7 +31,7 @@ ESTIMATED = "estimated"
 
 
 #: the share of the target the reference's best Dice must reach before its time to target is estimated
-MIN_PROGRESS = 0.3
+MIN_PROGRESS = 0.15
 
 
 def epochs_by_progress(curve: Sequence[tuple[int, float]], fast_curve: Sequence[tuple[int, float]], fast_epochs: int,
