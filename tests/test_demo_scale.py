@@ -47,3 +47,15 @@ def test_demo_options_left_unset_take_the_devices_scale_and_set_ones_win():
     assert spec.overrides["channels"] == (8, 16) and spec.overrides["strides"] == (2,) and "num_res_units" not in spec.overrides
     spec = race_spec(parse(["bench"]), "runs/x")  # bench and tune: the CPU-sized defaults on any device
     assert spec.synthetic == SyntheticData() and "num_res_units" not in spec.overrides
+
+
+def test_the_overlaps_can_be_switched_from_the_command_line():
+    from monai_fast.cli import build_parser
+    from monai_fast.recipes import RecipeConfig
+
+    parse = build_parser().parse_args
+    on = race_spec(parse(["bench", "--background-fill"]), "runs/x").overrides
+    off = race_spec(parse(["bench", "--validation", "every_epoch"]), "runs/x").overrides
+    assert on["background_fill"] is True and "validation" not in on  # the recipe's own default (fast: schedule)
+    assert off["validation"] == "every_epoch" and "background_fill" not in off
+    assert RecipeConfig(**off).validation == "every_epoch"

@@ -107,6 +107,11 @@ def add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequenc
     g.add_argument("--time-budget", type=float, default=budget, help="seconds each recipe may run before it is stopped (default %(default)s)")
     g.add_argument("--max-epochs", type=int, default=200, help="epoch limit per recipe (default %(default)s)")
     g.add_argument("--val-interval", type=int, default=1, help="validate every N epochs (default %(default)s)")
+    g.add_argument("--validation", choices=("every_epoch", "schedule"),
+                   help="when the full validation runs: every --val-interval epochs, or on a schedule decided by a "
+                        "Dice estimate on 2 cases (default: the recipe's; fast: schedule)")
+    g.add_argument("--background-fill", action="store_true",
+                   help="fast: fill the caches while training runs (first epoch in fill order; runs not reproducible)")
     add_model_options(p, race=True)
     add_tuning_options(p, race=True)
     g = p.add_argument_group("output")
@@ -116,9 +121,11 @@ def add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequenc
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = {}
-    for name in ("max_epochs", "val_interval", "batch_size", "num_samples"):
+    for name in ("max_epochs", "val_interval", "batch_size", "num_samples", "validation"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
+    if getattr(args, "background_fill", False):
+        kw["background_fill"] = True
     if args.patch_size:
         kw["patch_size"] = tuple(args.patch_size)
     if args.channels:
