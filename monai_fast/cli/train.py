@@ -31,7 +31,7 @@ from typing import Any
 
 from monai_fast.cli.args import add_data_options, add_model_options, race_spec
 from monai_fast.distributed.sagemaker import SageMakerEnv, SageMakerEnvError, read_sagemaker_env, torchrun_command
-from monai_fast.recipes.config import NETWORKS
+from monai_fast.recipes.config import NETWORKS, OPTIMIZERS
 
 __all__ = ["add_train_command", "hyperparameter_values"]
 
@@ -67,6 +67,8 @@ def _train_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--network", choices=NETWORKS, default="unet",
                    help="MONAI's UNet or SegResNet (init_filters = the first of --channels) (default %(default)s)")
     g.add_argument("--dropout", type=float, default=0.0, help="dropout probability of the network (default %(default)s)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, help="default: the recipe's own (fast: adamw)")
+    g.add_argument("--lr", "--learning-rate", type=float, help="learning rate (default: the optimizer's default here)")
     g.add_argument("--max-epochs", "--epochs", type=int, default=100, help="epochs to train (default %(default)s)")
     g.add_argument("--target", type=float, default=1.0,
                    help="stop once validation mean Dice reaches this, in (0, 1] (default %(default)s: run every epoch)")
@@ -176,13 +178,17 @@ def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
     """One rank of the run: train ``spec``'s recipe; rank 0 writes the model, the report and the results."""
     from ignite import distributed as idist
 
-    from monai_fast.race import checked_data, plan_race, run_meta
+    from monai_fast.race import check_writable_dir, checked_data, plan_race, run_meta
     from monai_fast.recipes.runner import TargetRun
     from monai_fast.report.compare import write_race
     from monai_fast.report.doctor import doctor
 
     lead = idist.get_rank() == 0
     plan = plan_race(spec, need_run_dir=lead)  # every option checked before any data is read
+    if lead:  # and every output folder, so that no training is lost to an unwritable one
+        check_writable_dir(out.model_dir, "model_dir")
+        if out.tensorboard_dir is not None:
+            check_writable_dir(out.tensorboard_dir, "tensorboard_dir")
     data_root, train_files, val_files = checked_data(spec)
     run = TargetRun(spec.recipes[0], train_files, val_files, plan.config, plan.device, spec.target, spec.time_budget_s,
                     plan.run_dir if lead else None, spec.progress and lead)
@@ -228,7 +234,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     out = _outputs(args, sm)
     args.recipes = [args.recipe]
     spec = race_spec(args, str(out.output_dir), demo_scale(torch.device(resolve_device(args.device))))
-    spec = replace(spec, overrides={**spec.overrides, "network": args.network, "dropout": args.dropout})
+    chosen = {k: getattr(args, k) for k in ("network", "dropout", "optimizer", "lr") if getattr(args, k) is not None}
+    spec = replace(spec, overrides={**spec.overrides, **chosen})
     run(_train, spec, out, seed=args.seed)
     return 0
 
