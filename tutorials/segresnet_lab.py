@@ -128,8 +128,8 @@ def performance(result: RaceResult, peak_bytes: int, device: torch.device, summa
 
 def performance_table(p: dict) -> str:
     """``p`` (from :func:`performance`) as the lab's markdown table."""
-    def num(v, fmt: str, none: str = "n/a") -> str:
-        return none if v is None else format(v, fmt)
+    def num(v: float | None, fmt: str) -> str:
+        return "n/a" if v is None else format(v, fmt)
 
     rows = [
         ("device", p["device"]),
@@ -137,7 +137,7 @@ def performance_table(p: dict) -> str:
         ("epochs", str(p["epochs"])),
         ("time per epoch", f"{p['time_per_epoch_s']:.2f} s (train {p['train_s_per_epoch']:.2f} s + validation "
                            f"{p['val_s_per_epoch']:.2f} s)"),
-        ("training throughput", num(p["samples_per_s"], ".2f") + " patches/s"),
+        ("training throughput", "n/a" if p["samples_per_s"] is None else f"{p['samples_per_s']:.2f} patches/s"),
         ("final validation Dice", num(p["final_dice"], ".3f") + f" (best {num(p['best_dice'], '.3f')})"),
         (p["peak_memory_kind"], f"{p['peak_memory_mib']:.0f} MiB"),
         ("GPU utilisation", "n/a (no GPU)" if p["gpu_util_mean"] is None else f"{p['gpu_util_mean']:.0f} % (mean)"),
