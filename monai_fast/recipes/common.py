@@ -12,7 +12,7 @@ from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import MeanDice, ValidationHandler, from_engine
 from monai.inferers import SimpleInferer, SlidingWindowInferer
 from monai.networks.layers import Norm
-from monai.networks.nets import UNet
+from monai.networks.nets import SegResNet, UNet
 from monai.optimizers import Novograd
 from monai.transforms import AsDiscreted, Compose, ToDeviced
 from monai.utils import set_determinism
@@ -27,6 +27,8 @@ __all__ = ["VAL_METRIC", "Recipe", "assemble", "attach_validation_schedule", "bu
 logger = logging.getLogger(__name__)
 
 VAL_METRIC = "val_mean_dice"
+#: residual blocks per down-sampling level of MONAI's SegResNet (its default; deeper levels take the last)
+SEGRESNET_BLOCKS_DOWN = (1, 2, 2, 4)
 
 
 @dataclass
@@ -92,7 +94,25 @@ def resolve_amp(config: RecipeConfig, device: torch.device, default_on_cuda: boo
 
 
 def build_network(config: RecipeConfig, device: torch.device, out_channels: int = 2) -> torch.nn.Module:
-    """A 3D UNet with batch norm, as in MONAI's spleen tutorials, sized by ``config``."""
+    """``config.network`` sized by ``config``: MONAI's 3D ``UNet`` with batch norm (as in MONAI's spleen
+    tutorials) or its ``SegResNet`` (``init_filters=channels[0]``, one level per entry of ``channels``).
+
+    Example:
+        >>> cfg = RecipeConfig(network="segresnet", channels=(16, 32, 64, 128), dropout=0.2)
+        >>> type(build_network(cfg, torch.device("cpu"))).__name__
+        'SegResNet'
+    """
+    if config.network == "segresnet":
+        levels = len(config.channels)
+        return SegResNet(
+            spatial_dims=3,
+            in_channels=1,
+            out_channels=out_channels,
+            init_filters=config.channels[0],
+            dropout_prob=config.dropout or None,
+            blocks_down=tuple(SEGRESNET_BLOCKS_DOWN[min(i, len(SEGRESNET_BLOCKS_DOWN) - 1)] for i in range(levels)),
+            blocks_up=(1,) * (levels - 1),
+        ).to(device)
     return UNet(
         spatial_dims=3,
         in_channels=1,
@@ -101,6 +121,7 @@ def build_network(config: RecipeConfig, device: torch.device, out_channels: int 
         strides=config.strides,
         num_res_units=config.num_res_units,
         norm=Norm.BATCH,
+        dropout=config.dropout,
     ).to(device)
 
 

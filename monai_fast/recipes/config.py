@@ -11,6 +11,10 @@ import torch
 #: optimizers a recipe can be given by name, and the learning rate each gets when ``lr`` is unset
 OPTIMIZERS = ("adam", "adamw", "novograd")
 DEFAULT_LR = {"adam": 1e-4, "adamw": 3e-3, "novograd": 2e-3}
+#: the networks a recipe can train (MONAI's ``UNet`` and ``SegResNet``)
+NETWORKS = ("unet", "segresnet")
+#: SegResNet's group norm splits the first level's features into this many groups
+SEGRESNET_GROUPS = 8
 
 
 @dataclass
@@ -26,9 +30,13 @@ class RecipeConfig:
         batch_size: volumes per training batch; each gives ``num_samples`` crops. ``None``: the
             recipe's own (its module's ``DEFAULTS``).
         num_samples: crops per volume (``RandCropByPosNegLabeld``). ``None``: the recipe's own.
-        channels: UNet feature channels per level.
-        strides: UNet down-sampling strides (one fewer than ``channels``).
-        num_res_units: residual units per UNet block.
+        network: ``"unet"`` (MONAI's ``UNet`` with batch norm) or ``"segresnet"`` (MONAI's
+            ``SegResNet``: ``init_filters=channels[0]``, one level per entry of ``channels``, which
+            must then double per level from a multiple of 8, with all ``strides`` 2).
+        channels: feature channels per level.
+        strides: down-sampling strides (one fewer than ``channels``).
+        num_res_units: residual units per UNet block (unused by SegResNet).
+        dropout: dropout probability (UNet's ``dropout``, SegResNet's ``dropout_prob``).
         pixdim: target voxel spacing in mm for ``Spacingd``.
         intensity_window: CT window ``(a_min, a_max)`` in HU for ``ScaleIntensityRanged``.
         optimizer: ``"adam"``, ``"adamw"`` or ``"novograd"``; ``None``: the recipe's own.
@@ -73,9 +81,11 @@ class RecipeConfig:
     patch_size: tuple[int, int, int] = (64, 64, 64)
     batch_size: int | None = None
     num_samples: int | None = None
+    network: str = "unet"
     channels: tuple[int, ...] = (8, 16, 32, 64)
     strides: tuple[int, ...] = (2, 2, 2)
     num_res_units: int = 1
+    dropout: float = 0.0
     pixdim: tuple[float, float, float] = (1.5, 1.5, 2.0)
     intensity_window: tuple[float, float] = (-57.0, 164.0)
     optimizer: str | None = None
@@ -106,18 +116,20 @@ class RecipeConfig:
         self.strides = tuple(int(s) for s in self.strides)
         self.pixdim = tuple(float(p) for p in self.pixdim)  # type: ignore[assignment]
         self.intensity_window = tuple(float(w) for w in self.intensity_window)  # type: ignore[assignment]
+        self.dropout = float(self.dropout)
         if len(self.patch_size) != 3 or min(self.patch_size) < 8:
             raise ValueError(f"patch_size must be three sizes >= 8, got {self.patch_size}")
         down = 1
         for s in self.strides:
             down *= s
         if any(p % down for p in self.patch_size):
-            raise ValueError(f"patch_size {self.patch_size} must be divisible by the UNet's total stride {down}")
+            raise ValueError(f"patch_size {self.patch_size} must be divisible by the network's total stride {down}")
         if len(self.channels) < 2 or min(self.channels) < 1:
             raise ValueError(f"channels must be two or more levels of >= 1 features (the UNet goes down at least "
                              f"once), got {self.channels}")
         if len(self.channels) != len(self.strides) + 1:
             raise ValueError(f"channels {self.channels} needs exactly one more entry than strides {self.strides}")
+        self._check_network()
         for name in ("batch_size", "num_samples", "sw_batch_size", "val_interval", "max_epochs"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -158,6 +170,22 @@ class RecipeConfig:
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ValueError(f"{name} must be >= 0 or None, got {v}")
+
+    def _check_network(self) -> None:
+        if self.network not in NETWORKS:
+            raise ValueError(f"network must be one of {NETWORKS}, got {self.network!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.network != "segresnet":
+            return
+        if any(s != 2 for s in self.strides):
+            raise ValueError(f"network 'segresnet' halves the size at every level: strides must all be 2, got {self.strides}")
+        doubling = tuple(self.channels[0] * 2**i for i in range(len(self.channels)))
+        if self.channels[0] % SEGRESNET_GROUPS or self.channels != doubling:
+            like = doubling if self.channels[0] % SEGRESNET_GROUPS == 0 else (16, 32, 64, 128)
+            raise ValueError(f"network 'segresnet' doubles its features per level from init_filters=channels[0], a "
+                             f"multiple of {SEGRESNET_GROUPS} (its group norm): channels must be like {like}, "
+                             f"got {self.channels}")
 
     @property
     def loader_workers(self) -> int:

@@ -1,0 +1,261 @@
+"""``monai-fast train``: train one recipe from hyperparameters, the SageMaker training toolkit's way when it is there.
+
+Outside SageMaker it is an ordinary command (``--data-dir``, ``--output-dir``, ``--model-dir``...).
+Inside a SageMaker training container (:mod:`monai_fast.distributed.sagemaker` reads its variables)
+the defaults come from the job: data from ``SM_CHANNEL_TRAINING``, the model's ``state_dict`` into
+``SM_MODEL_DIR``, the record, report, results and plots into ``SM_OUTPUT_DATA_DIR``, TensorBoard
+events where SageMaker collects them, the device from ``SM_NUM_GPUS``, and options from the job's
+hyperparameters (``SM_HPS`` or ``hyperparameters.json``; a hyperparameter ``max_epochs`` or
+``max-epochs`` is the option ``--max-epochs``, values as JSON or as strings). Options given on the
+command line win over hyperparameters. On several hosts (``SM_HOSTS``) each host starts this same
+command under torchrun, meeting at the first host.
+
+Example:
+    >>> import argparse
+    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
+    >>> add_train_command(sub)
+    >>> sorted(sub.choices)
+    ['train']
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import re
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from monai_fast.cli.args import add_data_options, add_model_options, race_spec
+from monai_fast.distributed.sagemaker import SageMakerEnv, SageMakerEnvError, read_sagemaker_env, torchrun_command
+from monai_fast.recipes.config import NETWORKS, OPTIMIZERS
+
+__all__ = ["add_train_command", "hyperparameter_values"]
+
+logger = logging.getLogger("monai_fast")
+
+_TEXT = (
+    "Train one recipe (default fast) on an MSD-layout folder (--data-dir; default: synthetic spleen-like data) until "
+    "--max-epochs, --target or --time-budget; write the final model's state_dict (model.pth, with recipe.json to rebuild "
+    "it) into --model-dir, and the run record, the doctor's report, results.json, epochs.csv and plots into --output-dir. "
+    "In a SageMaker training job the defaults come from the job (SM_CHANNEL_TRAINING, SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, "
+    "SM_NUM_GPUS, TensorBoard under /opt/ml/output/tensorboard) and its hyperparameters (SM_HPS or "
+    "hyperparameters.json) set any option below by name (max_epochs or max-epochs: --max-epochs); the command line "
+    "wins. With several hosts (SM_HOSTS) each host runs this command under torchrun, the rendezvous on the first host."
+)
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """Where a training run writes: the run folder, the model, TensorBoard (``None``: only the run folder's)."""
+
+    output_dir: Path
+    model_dir: Path
+    tensorboard_dir: Path | None
+
+
+def _train_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add every ``train`` option to ``parser`` (the sub-command's, or a stand-alone one for hyperparameters)."""
+    from monai_fast.recipes import RECIPES
+
+    add_data_options(parser)
+    g = parser.add_argument_group("training")
+    g.add_argument("--recipe", choices=RECIPES, default="fast", help="the recipe to train (default %(default)s)")
+    g.add_argument("--network", choices=NETWORKS, default="unet",
+                   help="MONAI's UNet or SegResNet (init_filters = the first of --channels) (default %(default)s)")
+    g.add_argument("--dropout", type=float, default=0.0, help="dropout probability of the network (default %(default)s)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, help="default: the recipe's own (fast: adamw)")
+    g.add_argument("--lr", "--learning-rate", type=float, help="learning rate (default: the optimizer's default here)")
+    g.add_argument("--max-epochs", "--epochs", type=int, default=100, help="epochs to train (default %(default)s)")
+    g.add_argument("--target", type=float, default=1.0,
+                   help="stop once validation mean Dice reaches this, in (0, 1] (default %(default)s: run every epoch)")
+    g.add_argument("--time-budget", type=float, help="stop after this many seconds (default: no limit)")
+    g.add_argument("--val-interval", type=int, default=1, help="validate every N epochs (default %(default)s)")
+    add_model_options(parser, race=True)
+    g = parser.add_argument_group("output")
+    g.add_argument("--output-dir", help="run record, report, results and plots (default $SM_OUTPUT_DATA_DIR, else runs/train-<time>)")
+    g.add_argument("--model-dir", help="the final model.pth and recipe.json (default $SM_MODEL_DIR, else <output-dir>/model)")
+    g.add_argument("--tensorboard-dir", help="also write TensorBoard loss and Dice here (default in SageMaker: "
+                   "$SM_OUTPUT_DIR/tensorboard, where its TensorBoardOutputConfig collects them; else only <output-dir>/<recipe>)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs)")
+    return parser
+
+
+def _hp_tokens(name: str, value: Any) -> list[str]:
+    """``--name value...`` for one hyperparameter (a list, or a string of numbers, gives several values)."""
+    flag = "--" + name.lstrip("-").replace("_", "-")
+    if isinstance(value, bool):
+        return [flag] if value else []
+    if isinstance(value, list):
+        return [flag, *(str(v) for v in value)]
+    if isinstance(value, str) and re.fullmatch(r"\s*-?[\d.]+([\s,]+-?[\d.]+)+\s*", value):
+        return [flag, *re.split(r"[\s,]+", value.strip())]
+    return [flag, str(value)]
+
+
+def hyperparameter_values(hyperparameters: dict[str, Any], source: str) -> dict[str, Any]:
+    """The ``train`` options that ``hyperparameters`` set, by destination name; one error naming a bad one.
+
+    Keys SageMaker adds for its own use (``sagemaker_*``) and ``None`` values are skipped.
+
+    Raises:
+        SystemExit: naming the hyperparameter, where it came from, and why it is refused.
+
+    Example:
+        >>> hyperparameter_values({"epochs": 2, "network": "segresnet", "patch_size": "32 32 32"}, "SM_HPS")
+        {'max_epochs': 2, 'network': 'segresnet', 'patch_size': [32, 32, 32]}
+    """
+    parser = _train_parser(argparse.ArgumentParser(prog="monai-fast train", exit_on_error=False, add_help=False,
+                                                   allow_abbrev=False))
+    defaults = vars(parser.parse_args([]))
+    values: dict[str, Any] = {}
+    for name, value in hyperparameters.items():
+        if name.startswith("sagemaker_") or value is None:
+            continue
+        where = f"monai-fast train: hyperparameter {name!r} (from {source})"
+        try:
+            parsed, extra = parser.parse_known_args(_hp_tokens(name, value))
+        except argparse.ArgumentError as e:
+            raise SystemExit(f"{where}: {e}") from None
+        if extra:
+            why = "is not an option of monai-fast train" if extra[0].startswith("--") else f"takes no value, got {value!r}"
+            raise SystemExit(f"{where}: {why} (see monai-fast train --help)")
+        values.update({k: v for k, v in vars(parsed).items() if v != defaults[k]})
+    return values
+
+
+def _merged(args: argparse.Namespace, sm: SageMakerEnv) -> argparse.Namespace:
+    """``args`` with the job's hyperparameters and directories as defaults (what the command line set wins)."""
+    defaults = vars(_train_parser(argparse.ArgumentParser(add_help=False)).parse_args([]))
+    given = {k: v for k, v in vars(args).items() if k in defaults and v != defaults[k]}
+    merged = {**vars(args), **hyperparameter_values(sm.hyperparameters, sm.hyperparameters_from), **given}
+    if merged.get("data_dir") is None and sm.training_dir is not None:
+        merged["data_dir"] = str(sm.training_dir)
+    if merged.get("device") == "auto" and sm.num_gpus == 0:
+        merged["device"] = "cpu"
+    return argparse.Namespace(**merged)
+
+
+def _outputs(args: argparse.Namespace, sm: SageMakerEnv) -> _Outputs:
+    output = Path(args.output_dir or sm.output_data_dir or f"runs/train-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    model = Path(args.model_dir or sm.model_dir or output / "model")
+    tensorboard = args.tensorboard_dir or sm.tensorboard_dir
+    return _Outputs(output, model, Path(tensorboard) if tensorboard else None)
+
+
+def _attach_tensorboard(built: Any, folder: Path) -> Any:
+    """MONAI's TensorBoard handlers on ``built``'s trainer (loss per iteration) and evaluator (Dice per epoch)."""
+    from monai.handlers import TensorBoardStatsHandler, from_engine
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = SummaryWriter(log_dir=str(folder))
+    TensorBoardStatsHandler(summary_writer=writer, tag_name="train/loss",
+                            output_transform=from_engine(["loss"], first=True)).attach(built.trainer)
+    TensorBoardStatsHandler(summary_writer=writer, iteration_log=False, output_transform=lambda out: None,
+                            global_epoch_transform=lambda _: built.trainer.state.epoch).attach(built.evaluator)
+    return writer
+
+
+def _save_model(built: Any, model_dir: Path) -> Path:
+    """The bare network's ``state_dict`` as ``model.pth`` and its recipe options as ``recipe.json``, each atomic."""
+    import torch
+
+    from monai_fast.files import atomic_write, write_json
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    path = model_dir / "model.pth"
+    with atomic_write(path, "wb") as f:
+        torch.save(getattr(built.network, "module", built.network).state_dict(), f)
+    write_json({"recipe": built.name, "config": built.config.to_dict()}, model_dir / "recipe.json")
+    return path
+
+
+def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
+    """One rank of the run: train ``spec``'s recipe; rank 0 writes the model, the report and the results."""
+    from ignite import distributed as idist
+
+    from monai_fast.race import check_writable_dir, checked_data, plan_race, run_meta
+    from monai_fast.recipes.runner import TargetRun
+    from monai_fast.report.compare import write_race
+    from monai_fast.report.doctor import doctor
+
+    lead = idist.get_rank() == 0
+    plan = plan_race(spec, need_run_dir=lead)  # every option checked before any data is read
+    if lead:  # and every output folder, so that no training is lost to an unwritable one
+        check_writable_dir(out.model_dir, "model_dir")
+        if out.tensorboard_dir is not None:
+            check_writable_dir(out.tensorboard_dir, "tensorboard_dir")
+    data_root, train_files, val_files = checked_data(spec)
+    run = TargetRun(spec.recipes[0], train_files, val_files, plan.config, plan.device, spec.target, spec.time_budget_s,
+                    plan.run_dir if lead else None, spec.progress and lead)
+    writer = _attach_tensorboard(run.built, out.tensorboard_dir) if lead and out.tensorboard_dir else None
+    try:
+        run.segment(epochs=None)
+    finally:
+        if writer is not None:
+            writer.close()
+    result = run.finish()
+    if not lead:
+        return
+    model = _save_model(run.built, out.model_dir)
+    result.diagnosis = doctor(result.run_dir).to_dict() if result.run_dir and result.epochs else None
+    write_race([result], plan.run_dir, run_meta(data_root, plan.device, spec.record_options))
+    dice = "none" if result.best_dice is None else f"{result.best_dice:.3f}"
+    print(f"trained {result.recipe} ({plan.config.network}) for {result.epochs_run} epochs in {result.total_s:.1f} s "
+          f"on {result.device}: best validation Dice {dice}", flush=True)
+    if result.diagnosis:
+        print(f"doctor: {result.diagnosis['verdict']}: {result.diagnosis['evidence'][0]}  (report: {result.run_dir}/report.md)")
+    print(f"model: {model}\nresults: {plan.run_dir}/results.json")
+    if out.tensorboard_dir:
+        print(f"tensorboard --logdir {out.tensorboard_dir}")
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from monai_fast.distributed import detect, run
+    from monai_fast.race.options import resolve_device
+    from monai_fast.race.scale import demo_scale
+
+    try:
+        sm = read_sagemaker_env()
+    except SageMakerEnvError as e:
+        raise SystemExit(f"monai-fast train: SageMaker environment: {e}") from e
+    if sm.present:
+        logger.info("SageMaker job: host %s of %s, %s GPU(s), hyperparameters from %s", sm.current_host,
+                    list(sm.hosts), sm.num_gpus, sm.hyperparameters_from or "nowhere")
+    args = _merged(args, sm)
+    if len(sm.hosts) > 1 and detect().launcher == "none":
+        return _launch_hosts(sm)
+    import torch
+
+    out = _outputs(args, sm)
+    args.recipes = [args.recipe]
+    spec = race_spec(args, str(out.output_dir), demo_scale(torch.device(resolve_device(args.device))))
+    chosen = {k: getattr(args, k) for k in ("network", "dropout", "optimizer", "lr") if getattr(args, k) is not None}
+    spec = replace(spec, overrides={**spec.overrides, **chosen})
+    run(_train, spec, out, seed=args.seed)
+    return 0
+
+
+def _launch_hosts(sm: SageMakerEnv) -> int:
+    """This host's share of a multi-host job: this same command line under torchrun, rendezvous on the first host."""
+    import os
+
+    from monai_fast.distributed.env import LAUNCHED_BY
+    from monai_fast.distributed.supervise import supervise
+
+    cmd = torchrun_command(sm, ["-m", "monai_fast.cli", *sys.argv[1:]])
+    print("launching: " + " ".join(cmd), flush=True)
+    return supervise(cmd, grace_s=120.0, env={**os.environ, LAUNCHED_BY: str(len(sm.hosts))})
+
+
+def add_train_command(sub: argparse._SubParsersAction) -> None:
+    """Add ``train`` to the sub-command parsers ``sub``."""
+    p = sub.add_parser("train", description=_TEXT,
+                       help="train one recipe and save the model; SageMaker's channels, model dir and hyperparameters when present")
+    _train_parser(p)
+    p.set_defaults(func=_cmd_train, tune=False)
+

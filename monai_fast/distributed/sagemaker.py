@@ -1,0 +1,187 @@
+"""The SageMaker training toolkit's environment, read in one place; and the torchrun command of a multi-host job.
+
+The names and meanings follow the toolkit's documentation of its variables
+(https://github.com/aws/sagemaker-training-toolkit/blob/master/ENVIRONMENT_VARIABLES.md):
+``SM_CHANNEL_TRAINING`` (the ``training`` channel's folder), ``SM_MODEL_DIR`` (uploaded as the
+model), ``SM_OUTPUT_DATA_DIR`` (other artefacts; ``SM_OUTPUT_DIR`` is its parent, ``/opt/ml/output``),
+``SM_HPS`` (the hyperparameters, a JSON object), ``SM_INPUT_CONFIG_DIR`` (holding
+``hyperparameters.json``, default ``/opt/ml/input/config``), ``SM_NUM_GPUS``, ``SM_HOSTS`` (a JSON
+list) and ``SM_CURRENT_HOST``. Two behaviours copy the toolkit's code rather than its prose:
+hyperparameter values are JSON-decoded where they can be and kept as strings where not
+(``environment.read_hyperparameters``: SageMaker stores them as strings), and a job on several
+hosts meets at the first host on port 7777 (``torch_distributed.TorchDistributedRunner``:
+``torchrun --nnodes N --nproc_per_node G --master_addr hosts[0] --master_port 7777 --node_rank I``).
+TensorBoard goes where SageMaker's ``TensorBoardOutputConfig`` collects it by default,
+``/opt/ml/output/tensorboard`` (``SM_OUTPUT_DIR/tensorboard``), else ``SM_OUTPUT_DATA_DIR/tensorboard``.
+
+Example:
+    >>> env = read_sagemaker_env({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2",
+    ...                           "SM_NUM_GPUS": "4", "SM_HPS": '{"epochs": "3"}'})
+    >>> env.present, env.node_rank, env.hyperparameters
+    (True, 1, {'epochs': 3})
+    >>> torchrun_command(env, ["-m", "monai_fast.cli", "train"])[3:13]
+    ['--nnodes', '2', '--nproc_per_node', '4', '--master_addr', 'algo-1', '--master_port', '7777', '--node_rank', '1']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MASTER_PORT", "SageMakerEnv", "SageMakerEnvError", "decode_hyperparameters", "read_sagemaker_env",
+           "torchrun_command"]
+
+#: the rendezvous port of the toolkit's torchrun runner
+MASTER_PORT = 7777
+DEFAULT_CONFIG_DIR = "/opt/ml/input/config"
+
+
+class SageMakerEnvError(ValueError):
+    """A SageMaker variable or file holds something unusable; ``name`` is the variable (or file)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name
+
+
+@dataclass(frozen=True)
+class SageMakerEnv:
+    """What the toolkit's environment says; every field ``None`` (or empty) outside SageMaker.
+
+    Attributes:
+        training_dir: ``SM_CHANNEL_TRAINING``.
+        model_dir: ``SM_MODEL_DIR``.
+        output_data_dir: ``SM_OUTPUT_DATA_DIR``.
+        tensorboard_dir: where TensorBoard events go for SageMaker to collect.
+        hyperparameters: ``SM_HPS``, else ``hyperparameters.json``, values decoded (see :func:`decode_hyperparameters`).
+        hyperparameters_from: which of the two they came from (for messages).
+        num_gpus: ``SM_NUM_GPUS``.
+        hosts: ``SM_HOSTS``.
+        current_host: ``SM_CURRENT_HOST``.
+    """
+
+    training_dir: Path | None = None
+    model_dir: Path | None = None
+    output_data_dir: Path | None = None
+    tensorboard_dir: Path | None = None
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    hyperparameters_from: str = ""
+    num_gpus: int | None = None
+    hosts: tuple[str, ...] = ()
+    current_host: str | None = None
+
+    @property
+    def present(self) -> bool:
+        """Whether any SageMaker variable (or hyperparameters file) was found."""
+        return self != SageMakerEnv()
+
+    @property
+    def node_rank(self) -> int:
+        """This host's place in :attr:`hosts` (0 on one host)."""
+        return self.hosts.index(self.current_host) if self.current_host in self.hosts else 0
+
+
+def decode_hyperparameters(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Each value JSON-decoded where it is a string that decodes, else kept (the toolkit's rule).
+
+    Example:
+        >>> decode_hyperparameters({"epochs": "2", "network": "segresnet", "fp32": "true", "patch": [32, 32, 32]})
+        {'epochs': 2, 'network': 'segresnet', 'fp32': True, 'patch': [32, 32, 32]}
+    """
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        out[str(key)] = value
+    return out
+
+
+def _json(environ: Mapping[str, str], name: str, kind: type) -> Any:
+    try:
+        value = json.loads(environ[name])
+    except ValueError as e:
+        raise SageMakerEnvError(name, f"is not JSON ({e}): {environ[name]!r}") from None
+    if not isinstance(value, kind):
+        raise SageMakerEnvError(name, f"must be a JSON {kind.__name__}, got {environ[name]!r}")
+    return value
+
+
+def _hyperparameters(environ: Mapping[str, str]) -> tuple[dict[str, Any], str]:
+    if "SM_HPS" in environ:
+        return decode_hyperparameters(_json(environ, "SM_HPS", dict)), "SM_HPS"
+    path = Path(environ.get("SM_INPUT_CONFIG_DIR", DEFAULT_CONFIG_DIR)) / "hyperparameters.json"
+    if not path.is_file():
+        return {}, ""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SageMakerEnvError(str(path), f"cannot be read as JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise SageMakerEnvError(str(path), "must hold a JSON object of hyperparameters")
+    return decode_hyperparameters(raw), str(path)
+
+
+def _hosts(environ: Mapping[str, str]) -> tuple[tuple[str, ...], str | None]:
+    hosts = tuple(_json(environ, "SM_HOSTS", list)) if "SM_HOSTS" in environ else ()
+    if not all(isinstance(h, str) and h for h in hosts):
+        raise SageMakerEnvError("SM_HOSTS", f"must list host names, got {environ['SM_HOSTS']!r}")
+    current = environ.get("SM_CURRENT_HOST")
+    if hosts and current not in hosts:
+        raise SageMakerEnvError("SM_CURRENT_HOST", f"{current!r} is not one of SM_HOSTS {list(hosts)}")
+    return hosts, current
+
+
+def read_sagemaker_env(environ: Mapping[str, str] | None = None) -> SageMakerEnv:
+    """The toolkit's variables from ``environ`` (default: this process's environment).
+
+    Raises:
+        SageMakerEnvError: naming the variable (or file) that holds something unusable.
+    """
+    environ = os.environ if environ is None else environ
+
+    def path(name: str) -> Path | None:
+        return Path(environ[name]) if environ.get(name) else None
+
+    num_gpus = None
+    if "SM_NUM_GPUS" in environ:
+        try:
+            num_gpus = int(environ["SM_NUM_GPUS"])
+        except ValueError:
+            raise SageMakerEnvError("SM_NUM_GPUS", f"must be a whole number, got {environ['SM_NUM_GPUS']!r}") from None
+        if num_gpus < 0:
+            raise SageMakerEnvError("SM_NUM_GPUS", f"must be >= 0, got {num_gpus}")
+    hps, hps_from = _hyperparameters(environ)
+    hosts, current = _hosts(environ)
+    output_data = path("SM_OUTPUT_DATA_DIR")
+    output = path("SM_OUTPUT_DIR")
+    tensorboard = output / "tensorboard" if output else (output_data / "tensorboard" if output_data else None)
+    return SageMakerEnv(
+        training_dir=path("SM_CHANNEL_TRAINING"), model_dir=path("SM_MODEL_DIR"), output_data_dir=output_data,
+        tensorboard_dir=tensorboard, hyperparameters=hps, hyperparameters_from=hps_from, num_gpus=num_gpus,
+        hosts=hosts, current_host=current,
+    )
+
+
+def torchrun_command(env: SageMakerEnv, command: Sequence[str], nproc_per_node: int | None = None) -> list[str]:
+    """The torchrun line that starts ``command`` (``python``'s arguments: ``["-m", "pkg", ...]`` or a script) on
+    this host of ``env``'s multi-host job: the rendezvous on the first host, as the toolkit's own runner.
+
+    Args:
+        env: the job (its hosts and this host's name).
+        command: what each rank runs, as arguments of ``python``.
+        nproc_per_node: processes on this host; ``None``: one per GPU (``SM_NUM_GPUS``), at least one.
+    """
+    if len(env.hosts) < 2:
+        raise SageMakerEnvError("SM_HOSTS", f"a rendezvous needs two or more hosts, got {list(env.hosts)}")
+    nproc = nproc_per_node if nproc_per_node is not None else max(env.num_gpus or 0, 1)
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(env.hosts)), "--nproc_per_node", str(nproc),
+            "--master_addr", env.hosts[0], "--master_port", str(MASTER_PORT), "--node_rank", str(env.node_rank),
+            *command]
