@@ -27,6 +27,8 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
+from monai_fast.data.remote import is_url, localize, read_remote_text
+
 __all__ = ["MSDDataError", "case_id", "load_msd_datalist", "read_dataset_json", "shape_mismatch"]
 
 
@@ -44,21 +46,28 @@ def case_id(path: str | os.PathLike) -> str:
 
 
 def read_dataset_json(root: str | os.PathLike) -> dict:
-    """Read and minimally validate ``root/dataset.json``.
+    """Read and minimally validate ``root/dataset.json`` (``root`` may be a URL: :mod:`monai_fast.data.remote`).
 
     Raises:
         FileNotFoundError: if ``root`` or its ``dataset.json`` does not exist.
         MSDDataError: if the file is not JSON or has no non-empty ``training`` list of
             ``{"image", "label"}`` entries.
     """
+    if is_url(str(root)):
+        path = f"{str(root).rstrip('/')}/dataset.json"
+        return _check_meta(read_remote_text(path), path)
     root = Path(root)
     path = root / "dataset.json"
     if not root.is_dir():
         raise FileNotFoundError(f"MSD data folder {root} does not exist")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: an MSD data folder needs a dataset.json")
+    return _check_meta(path.read_text(), path)
+
+
+def _check_meta(text: str, path: str | Path) -> dict:
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(text)
     except json.JSONDecodeError as e:
         raise MSDDataError(f"{path} is not valid JSON: {e}") from e
     training = meta.get("training") if isinstance(meta, dict) else None
@@ -74,6 +83,19 @@ def _resolve(root: Path, rel: str) -> Path:
     # MSD lists paths as "./imagesTr/x.nii.gz"; absolute paths are kept as they are
     p = Path(rel)
     return p if p.is_absolute() else (root / p).resolve()
+
+
+def _items(root: str | os.PathLike) -> tuple[list[dict[str, str]], str]:
+    """The listed training pairs as local paths (fetched first when ``root`` is a URL), and where they are listed."""
+    meta = read_dataset_json(root)
+    if not is_url(str(root)):
+        root = Path(root)
+        pairs = [{k: str(_resolve(root, d[k])) for k in ("image", "label")} for d in meta["training"]]
+        return pairs, str(root / "dataset.json")
+    base = str(root).rstrip("/")
+    pairs = [{k: d[k] if is_url(d[k]) else f"{base}/{d[k].removeprefix('./')}" for k in ("image", "label")}
+             for d in meta["training"]]
+    return localize(pairs), f"{base}/dataset.json"
 
 
 def shape_mismatch(image: str, image_shape: tuple[int, ...], label: str, label_shape: tuple[int, ...]) -> str | None:
@@ -107,7 +129,10 @@ def load_msd_datalist(
     """Read an MSD folder and split its training cases into train and validation lists.
 
     Args:
-        root: folder holding ``dataset.json``, ``imagesTr/`` and ``labelsTr/``.
+        root: folder holding ``dataset.json``, ``imagesTr/`` and ``labelsTr/``; or such a folder
+            on object storage (``s3://bucket/Task09_Spleen``, any fsspec URL): the listed files are
+            fetched once into the local cache (:func:`monai_fast.data.remote.localize`) and the
+            lists name the local copies.
         val_fraction: share of cases used for validation when ``val_cases`` is not given
             (at least one case goes to each side). The split is a fixed permutation by ``seed``.
         seed: seed of the split.
@@ -124,15 +149,13 @@ def load_msd_datalist(
         MSDDataError: a malformed ``dataset.json``, an unreadable file, an image/label shape
             mismatch, an unknown validation case, or a split leaving one side empty.
     """
-    root = Path(root)
-    meta = read_dataset_json(root)
-    items = [{"image": str(_resolve(root, d["image"])), "label": str(_resolve(root, d["label"]))} for d in meta["training"]]
+    items, listing = _items(root)
 
     missing = [p for d in items for p in (d["image"], d["label"]) if not Path(p).is_file()]
     if missing:
         more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
         raise FileNotFoundError(
-            f"{root / 'dataset.json'} lists files that do not exist: {', '.join(missing[:10])}{more}"
+            f"{listing} lists files that do not exist: {', '.join(missing[:10])}{more}"
         )
     if check_shapes:
         for d in items:
@@ -147,7 +170,7 @@ def load_msd_datalist(
         wanted = {case_id(c) for c in val_cases}
         unknown = sorted(wanted - set(ids))
         if unknown:
-            raise MSDDataError(f"val_cases not listed in {root / 'dataset.json'}: {unknown}")
+            raise MSDDataError(f"val_cases not listed in {listing}: {unknown}")
         is_val = [i in wanted for i in ids]
     else:
         if not 0.0 < val_fraction < 1.0:
