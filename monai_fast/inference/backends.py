@@ -42,7 +42,7 @@ from monai_fast.inference.checkpoint import InferenceError
 from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import autocast_for, cpu_has_bf16_hardware
 
-__all__ = ["BACKENDS", "BackendUnavailable", "Predictor", "available", "build_predictor", "missing", "onnx_model"]
+__all__ = ["BACKENDS", "BackendUnavailable", "Predictor", "available", "build_predictor", "missing", "onnx_model", "require"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,17 @@ def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
         if needs:
             return " and ".join(needs)
     return None
+
+
+def require(backend: str, device: torch.device | str = "cpu") -> None:
+    """Raise :class:`BackendUnavailable` naming ``backend`` and what it lacks when it cannot run on ``device``.
+
+    Example:
+        >>> require("eager", "cpu")
+    """
+    lacking = missing(backend, device)
+    if lacking is not None:
+        raise BackendUnavailable(f"backend {backend!r} is not available here: it needs {lacking}")
 
 
 def available(device: torch.device | str = "cpu") -> dict[str, str | None]:
@@ -219,9 +230,7 @@ def build_predictor(
         BackendUnavailable: the backend cannot run here (what is missing named), or building it failed.
     """
     device = torch.device(device)
-    lacking = missing(backend, device)
-    if lacking is not None:
-        raise BackendUnavailable(f"backend {backend!r} is not available here: it needs {lacking}")
+    require(backend, device)
     network = network.to(device).eval()
     example = torch.zeros(sw_batch_size, int(getattr(network, "in_channels", 1)), *roi_size, device=device)
     t0 = time.perf_counter()

@@ -44,7 +44,7 @@ from monai.transforms import (
 
 from monai_fast.data.preflight import PreflightError, scan_file
 from monai_fast.data.safe_chain import NamedItemsCompose
-from monai_fast.inference.backends import BackendUnavailable, Predictor, build_predictor, missing
+from monai_fast.inference.backends import Predictor, build_predictor, require
 from monai_fast.inference.checkpoint import InferenceError, load_checkpoint
 from monai_fast.inference.nifti import AtomicNiftiWriter
 from monai_fast.progress import progress_bar, show_progress
@@ -217,16 +217,14 @@ def infer(
     """
     t0 = time.perf_counter()
     device = torch.device(device)
+    require(backend, device)
     if isinstance(model, torch.nn.Module):
         if config is None:
             raise InferenceError("infer(network, ...) needs config=RecipeConfig(...) of the network (patch size, spacing)")
-        network = model.to(device).eval()
+        network = model
     else:
-        network, config = load_checkpoint(model, config=config, device=device)
-    lacking = missing(backend, device)
-    if lacking is not None:
-        raise BackendUnavailable(f"backend {backend!r} is not available here: it needs {lacking}")
-    sw_batch_size = sw_batch_size or config.sw_batch_size
+        network, config = load_checkpoint(model, config=config)  # on the CPU; build_predictor moves it
+    sw_batch_size = config.sw_batch_size if sw_batch_size is None else sw_batch_size
     overlap = config.sw_overlap if overlap is None else overlap
     if sw_batch_size < 1 or not 0.0 <= overlap < 1.0:
         raise InferenceError(f"sw_batch_size must be >= 1 and overlap in [0, 1); got {sw_batch_size} and {overlap}")
