@@ -66,16 +66,18 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def time_rounds(predictors: dict, volumes: list[torch.Tensor], inferer: SlidingWindowInferer, rounds: int,
-                device: str) -> tuple[dict[str, list[float]], dict[str, int], dict[str, list[torch.Tensor]]]:
-    """Per backend: each volume's latency over all rounds, the peak memory, and the first round's label maps."""
+                device: str) -> tuple[dict[str, list[float]], dict[str, tuple[int, int]], dict[str, list[torch.Tensor]]]:
+    """Per backend: each volume's latency over all rounds, the peak memory and its growth over the memory in use
+    before the pass (bytes, the largest of the rounds), and the first round's label maps."""
     times: dict[str, list[float]] = {b: [] for b in predictors}
-    peaks: dict[str, int] = dict.fromkeys(predictors, 0)
+    peaks: dict[str, tuple[int, int]] = dict.fromkeys(predictors, (0, 0))
     labels: dict[str, list[torch.Tensor]] = {b: [] for b in predictors}
     memory = DeviceMemory(device)
     order = list(predictors)
     for r in range(rounds):
         for backend in order[r % len(order):] + order[: r % len(order)]:  # interleaved, rotated each round
             memory.release(full=False)
+            before = memory.live_bytes()
             with memory.peak() as peak, torch.no_grad():
                 for x in volumes:
                     t = time.perf_counter()
@@ -84,7 +86,7 @@ def time_rounds(predictors: dict, volumes: list[torch.Tensor], inferer: SlidingW
                     times[backend].append(time.perf_counter() - t)
                     if r == 0:
                         labels[backend].append(_argmax(logits))
-            peaks[backend] = max(peaks[backend], peak.peak_bytes)
+            peaks[backend] = (max(peaks[backend][0], peak.peak_bytes), max(peaks[backend][1], peak.peak_bytes - before))
             print(f"round {r + 1}/{rounds} {backend:<9} median {statistics.median(times[backend]):.3f} s/volume", flush=True)
     return times, peaks, labels
 
@@ -98,7 +100,7 @@ def rows_of(predictors: dict, lacking: dict[str, str], times: dict, peaks: dict,
         latency = statistics.median(times[backend])
         rows.append({"backend": backend, "available": True, "detail": p.detail, "prepare_s": p.prepare_s,
                      "latency_s": latency, "latency_all_s": times[backend], "volumes_per_s": 1.0 / latency if latency else None,
-                     "peak_mib": peaks[backend] / 2**20, "dice_vs_eager": dice,
+                     "peak_mib": peaks[backend][0] / 2**20, "growth_mib": peaks[backend][1] / 2**20, "dice_vs_eager": dice,
                      "voxels_equal": statistics.mean(a["voxels"] for a in agree), "agrees": dice >= MIN_DICE})
     rows += [{"backend": b, "available": False, "missing": why} for b, why in lacking.items()]
     return rows
@@ -106,14 +108,15 @@ def rows_of(predictors: dict, lacking: dict[str, str], times: dict, peaks: dict,
 
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table."""
-    lines = ["| backend | runs as | prepare s | latency s/volume | volumes/s | peak MiB | Dice vs eager | agrees |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| backend | runs as | prepare s | latency s/volume | volumes/s | peak MiB (+ during inference) | Dice vs eager "
+             "| agrees |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if not r["available"]:
-            lines.append(f"| {r['backend']} | not available: needs {r['missing']} | | | | | | |")
+            lines.append(f"| {r['backend']} | not available: {r['missing']} | | | | | | |")
             continue
         lines.append(f"| {r['backend']} | {r['detail']} | {r['prepare_s']:.1f} | {r['latency_s']:.3f} | {r['volumes_per_s']:.2f} "
-                     f"| {r['peak_mib']:.0f} | {r['dice_vs_eager']:.4f} | {'yes' if r['agrees'] else 'NO'} |")
+                     f"| {r['peak_mib']:.0f} (+{r['growth_mib']:.0f}) | {r['dice_vs_eager']:.4f} "
+                     f"| {'yes' if r['agrees'] else 'NO'} |")
     return "\n".join(lines)
 
 
@@ -122,7 +125,7 @@ def _predictors(backends: list[str], net: torch.nn.Module, config: RecipeConfig,
     for backend in backends:
         why = missing(backend, device)
         if why is not None:
-            lacking[backend] = why
+            lacking[backend] = f"needs {why}"
             print(f"{backend}: not available here: needs {why}", flush=True)
             continue
         try:
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     inferer = SlidingWindowInferer(roi_size=config.patch_size, sw_batch_size=config.sw_batch_size, overlap=config.sw_overlap)
     times, peaks, labels = time_rounds(predictors, volumes, inferer, args.rounds, device)
     rows = rows_of(predictors, lacking, times, peaks, labels)
-    print(f"\n{len(volumes)} validation volumes on {device_description(torch.device(device))}; weights: {weights}\n")
+    print(f"\n{len(volumes)} validation volume(s) on {device_description(torch.device(device))}; weights: {weights}\n")
     print(table(rows))
     path = Path(args.out) / f"inference_{time.strftime('%Y%m%d-%H%M%S')}.json"
     write_json({"machine": device_description(torch.device(device)), "command": " ".join(sys.argv), "options": vars(args),

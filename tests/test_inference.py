@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def model_file(tmp_path_factory) -> Path:
-    return write_model(tmp_path_factory.mktemp("model") / "model.pt")
+def model_file(tmp_path_factory, tiny_spleen) -> Path:
+    return write_model(tmp_path_factory.mktemp("model") / "model.pt", balance_on=images(tiny_spleen)[0])
 
 
 def test_predictions_are_nifti_label_maps_with_the_inputs_affine_and_shape(model_file, tiny_spleen, tmp_path):
@@ -46,7 +46,7 @@ def test_predictions_are_nifti_label_maps_with_the_inputs_affine_and_shape(model
         assert out.shape == src.shape[:3]
         np.testing.assert_allclose(out.affine, src.affine, atol=1e-4)  # LPS input: resampled to RAS and back
         values = np.unique(np.asarray(out.dataobj))
-        assert set(values.tolist()) <= {0, 1} and out.get_data_dtype() == np.uint8
+        assert set(values.tolist()) == {0, 1} and out.get_data_dtype() == np.uint8
     assert len(result.seconds) == 2 and result.volumes_per_s > 0
 
 
@@ -57,7 +57,8 @@ def test_an_msd_folder_infers_the_validation_split_of_training(model_file, tiny_
     assert all(p.is_file() for p in result.outputs)
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b not in ("eager", "tensorrt")])
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=[pytest.mark.slow] if b == "compile" else [])  # compiling: ~25 s
+                                     for b in BACKENDS if b not in ("eager", "tensorrt")])
 def test_each_available_backend_agrees_with_eager_fp32(backend, model_file, tiny_spleen, tmp_path):
     two_images = images(tiny_spleen)
     lacking = missing(backend, "cpu")
@@ -66,7 +67,9 @@ def test_each_available_backend_agrees_with_eager_fp32(backend, model_file, tiny
     eager = infer(model_file, two_images, tmp_path / "eager", progress=False)
     other = infer(model_file, two_images, tmp_path / backend, backend=backend, progress=False)
     for a, b in zip(eager.outputs, other.outputs):
-        agree = agreement(np.asarray(nib.load(a).dataobj), np.asarray(nib.load(b).dataobj))
+        reference = np.asarray(nib.load(a).dataobj)
+        assert 0.2 < reference.mean() < 0.8  # many voxels near a tie: agreement is not trivial
+        agree = agreement(reference, np.asarray(nib.load(b).dataobj))
         assert agree["voxels"] >= 0.99 and agree["dice"] >= 0.99, (backend, agree)
 
 

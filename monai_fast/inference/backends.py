@@ -156,8 +156,14 @@ def onnx_model(network: torch.nn.Module, example: torch.Tensor) -> bytes:
     Example:
         >>> data = onnx_model(torch.nn.Conv3d(1, 2, 3, padding=1).eval(), torch.zeros(1, 1, 8, 8, 8))  # doctest: +SKIP
     """
-    program = torch.onnx.export(network, (example,), dynamo=True, verbose=False, input_names=["image"],
-                                output_names=["logits"])
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)  # not a line per torchvision op it skips
+    try:
+        program = torch.onnx.export(network, (example,), dynamo=True, verbose=False, input_names=["image"],
+                                    output_names=["logits"])
+    finally:
+        exporter_log.setLevel(level)
     return program.model_proto.SerializeToString()
 
 

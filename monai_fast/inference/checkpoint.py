@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +74,24 @@ def save_checkpoint(path: str | os.PathLike, network: torch.nn.Module, config: R
     return Path(path)
 
 
+def _why(path: Path, e: Exception) -> str:
+    """One line on why ``torch.load`` failed (torch's own text runs to several paragraphs)."""
+    if not zipfile.is_zipfile(path):
+        return "not a zip archive (damaged, truncated, or another format)"
+    if "Weights only load failed" in str(e):
+        return ("it holds pickled Python objects, not only tensors and plain values (a whole model saved with "
+                "torch.save(model)?); save the weights with monai_fast.inference.save_checkpoint")
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
+
+
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path}: no such file")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch/pickle/zipfile raise many types for a damaged or foreign file
-        raise CheckpointError(f"checkpoint {path} cannot be read as a torch.save file: {type(e).__name__}: {e}") from e
+        raise CheckpointError(f"checkpoint {path} cannot be read as a torch.save file: {_why(path, e)}") from e
     if not isinstance(obj, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of weights and config")
     return obj

@@ -58,7 +58,9 @@ def _other_network(path: Path) -> Path:
 
 BAD_CHECKPOINTS = {
     "missing": (lambda p: p, "no such file"),
-    "garbage": (lambda p: (p.write_bytes(b"not a checkpoint" * 10), p)[1], "cannot be read as a torch.save file"),
+    "garbage": (lambda p: (p.write_bytes(b"not a checkpoint" * 10), p)[1], "cannot be read as a torch.save file: not a zip"),
+    "whole model": (lambda p: (torch.save(build_network(CONFIG, torch.device("cpu")), p), p)[1],
+                    "holds pickled Python objects.*save_checkpoint"),
     "no config": (lambda p: (torch.save({"model": build_network(CONFIG, torch.device("cpu")).state_dict()}, p), p)[1],
                   "has no 'config'"),
     "wrong weights": (_other_network, "weights do not fit the UNet its config describes"),
@@ -70,9 +72,9 @@ def test_a_bad_checkpoint_is_named_in_one_error_before_any_volume_is_read(case, 
     make, reason = BAD_CHECKPOINTS[case]
     path = make(tmp_path / "model.pt")
     # the only image does not exist: reading any volume (or checking it) would raise something else
-    with pytest.raises(CheckpointError, match=rf"checkpoint {re.escape(str(path))}.*{reason}"):
+    with pytest.raises(CheckpointError, match=rf"checkpoint {re.escape(str(path))}.*{reason}") as e:
         infer(path, [str(tmp_path / "never-read.nii.gz")], tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
 
 
 def test_bad_images_are_listed_in_one_error_before_any_inference(model_file, tiny_spleen, tmp_path):
