@@ -26,6 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from monai_fast.cli.args import flag_of
+from monai_fast.cli.infer_cmd import add_infer_command
 from monai_fast.cli.race_cmds import add_race_commands
 from monai_fast.cli.tools import add_tool_commands
 from monai_fast.cli.train import add_train_command
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_race_commands(sub)
     add_tool_commands(sub)
     add_train_command(sub)
+    add_infer_command(sub)
     return parser
 
 

@@ -21,7 +21,8 @@ Beyond the iterations, the doctor accounts for the run's whole wall clock
 checkpoints, handlers and idle, with shares summing to 100 % and overlapped work listed apart.
 The report shows the table and ``wall_clock.png``; a category that takes much of the wall clock
 (validation >= 30 %, ...) adds its fix, unless ``FastTraining`` already applied it. The diagnosis
-is also written as ``doctor.json``.
+is also written as ``doctor.json``. A run that validated gets an inference section: validation's
+seconds and share of the wall clock, and where faster inference backends are measured and run.
 
 Example:
     >>> from monai_fast.report.doctor import doctor
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from monai_fast.files import write_json, write_text
 from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock
-from monai_fast.report.wall_clock import LABELS, table_lines, wall_clock, wall_clock_advice
+from monai_fast.report.wall_clock import LABELS, WallClock, table_lines, wall_clock, wall_clock_advice
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, select
 
 __all__ = ["FIXES", "Diagnosis", "applied_levers", "diagnose", "doctor", "write_report"]
@@ -114,6 +115,8 @@ class Diagnosis:
         lines += ["what to change:"] + [f"  - {f}" for f in self.fixes]
         if wc := self.numbers.get("wall_clock"):
             lines += ["where the wall clock went:"] + [f"  {x}" for x in table_lines(wc, markdown=False)]
+        if inference := self.numbers.get("inference"):
+            lines += ["inference:", f"  {inference['text']}"]
         return "\n".join(lines)
 
 
@@ -222,6 +225,8 @@ def _add_wall_clock(rows: list[dict], applied: dict[str, dict], numbers: dict, e
         return
     wc = clocks[min(clocks)]
     numbers["wall_clock"] = wc.to_dict()
+    if inference := _inference(wc):
+        numbers["inference"] = inference
     if len(clocks) > 1:
         numbers["wall_clock_per_rank"] = {k: v.to_dict() for k, v in clocks.items()}
     more, advice = wall_clock_advice(wc, applied)
@@ -231,6 +236,18 @@ def _add_wall_clock(rows: list[dict], applied: dict[str, dict], numbers: dict, e
         fixes[:] = [f for f in fixes if not f.startswith("validate less often")]
     fixes[:0] = [f for share, f in advice if share > training]
     fixes += [f for share, f in advice if share <= training]
+
+
+def _inference(wc: WallClock) -> dict | None:
+    """The inference section: validation's (sliding-window inference's) time, and where faster inference is measured."""
+    sync, beside = wc.seconds.get("validation", 0.0), wc.overlapped.get("validation", 0.0)
+    if sync + beside <= 0:
+        return None
+    text = (f"validation (sliding-window inference) took {sync:.1f} s, {100 * wc.share('validation'):.1f}% of the wall "
+            "clock" + (f", and {beside:.1f} s beside training" if beside else "") + "; python benchmarks/inference.py "
+            "times the inference backends (eager, autocast, compile, onnx, tensorrt) on this machine, and "
+            "monai-fast infer --backend NAME runs the trained network with one")
+    return {"validation_s": sync, "overlapped_s": beside, "share": wc.share("validation"), "text": text}
 
 
 def _summary_lines(summary: dict) -> list[str]:
@@ -271,6 +288,8 @@ def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[di
     if wc := diagnosis.numbers.get("wall_clock"):
         plot_wall_clock(wc, run_dir / "wall_clock.png")
         md += ["", "## Where the wall clock went", "", "![wall clock](wall_clock.png)", ""] + table_lines(wc)
+    if inference := diagnosis.numbers.get("inference"):
+        md += ["", "## Inference", "", inference["text"]]
     if lines := _summary_lines(summary or {}):
         md += ["", "## What the handlers measured", ""] + [f"- {x}" for x in lines]
     md += ["", "## Time per epoch", "", "![time breakdown](time_breakdown.png)", ""]

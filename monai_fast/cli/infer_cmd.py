@@ -1,0 +1,69 @@
+"""``monai-fast infer``: sliding-window inference of a checkpoint over an MSD folder or image files.
+
+Parses, calls :func:`monai_fast.inference.infer`, prints one line. A bad checkpoint, an
+unavailable backend or a bad option ends in one line naming it, before any volume is read.
+
+Example:
+    >>> import argparse
+    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
+    >>> add_infer_command(sub)
+    >>> sorted(sub.choices)
+    ['infer']
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_infer_command"]
+
+_TEXT = (
+    "Run sliding-window inference of CHECKPOINT (written by monai_fast.inference.save_checkpoint: a recipe network's "
+    "weights and its RecipeConfig) over DATA, an MSD folder (its --split) or NIfTI image files, and write "
+    "OUT/<name>_seg.nii.gz label maps with each input's affine and shape. Every image is checked first (readable, 3D, "
+    "finite). Backends: eager (fp32), autocast (bf16 on a CPU with bf16 hardware, fp16 on CUDA), compile "
+    "(torch.compile), onnx (ONNX Runtime; pip install 'monai-fast[infer]'), tensorrt (torch-tensorrt and a CUDA GPU). "
+    "benchmarks/inference.py times them all and checks each agrees with eager."
+)
+
+
+def _cmd_infer(args: argparse.Namespace) -> int:
+    from monai_fast.inference import InferenceError, infer
+    from monai_fast.race.options import check_writable_dir, resolve_device
+
+    device = resolve_device(args.device)
+    out = check_writable_dir(args.out, "out")
+    data = args.data[0] if len(args.data) == 1 else args.data
+    try:
+        result = infer(args.checkpoint, data, out, backend=args.backend, device=device, split=args.split,
+                       val_fraction=args.val_fraction, sw_batch_size=args.sw_batch_size, overlap=args.overlap,
+                       preflight=not args.no_preflight, progress=not args.no_progress)
+    except InferenceError as e:
+        raise SystemExit(f"monai-fast infer: {e}") from e
+    print(f"wrote {len(result.outputs)} predictions to {out} (backend {result.backend}: {result.detail} on {result.device}; "
+          f"{result.volumes_per_s:.2f} volumes/s of inference, backend built in {result.prepare_s:.1f} s)")
+    return 0
+
+
+def add_infer_command(sub: argparse._SubParsersAction) -> None:
+    """Add ``infer`` to the sub-command parsers ``sub``."""
+    from monai_fast.inference.backends import BACKENDS
+    from monai_fast.inference.run import SPLITS
+
+    p = sub.add_parser("infer", description=_TEXT,
+                       help="sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, compile, "
+                       "onnx, tensorrt)")
+    p.add_argument("checkpoint", help="the model file (monai_fast.inference.save_checkpoint)")
+    p.add_argument("data", nargs="+", help="an MSD folder with dataset.json, or NIfTI image files")
+    p.add_argument("--out", default="predictions", help="folder for <name>_seg.nii.gz (default %(default)s)")
+    p.add_argument("--backend", choices=BACKENDS, default="eager", help="what runs the network (default %(default)s)")
+    p.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
+    p.add_argument("--split", choices=SPLITS, default="val", help="an MSD folder's cases: the validation split of "
+                   "training (same --val-fraction and the checkpoint's seed), train, all, or the test images "
+                   "(default %(default)s)")
+    p.add_argument("--val-fraction", type=float, default=0.25, help="as in training (default %(default)s)")
+    p.add_argument("--sw-batch-size", type=int, help="windows per network call (default: the checkpoint's config)")
+    p.add_argument("--overlap", type=float, help="sliding-window overlap in [0, 1) (default: the checkpoint's config)")
+    p.add_argument("--no-preflight", action="store_true", help="skip the check of every image before inference")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (a log line per volume instead)")
+    p.set_defaults(func=_cmd_infer)

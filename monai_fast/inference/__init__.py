@@ -1,0 +1,40 @@
+"""Inference of a trained recipe network: sliding window over a data list, NIfTI predictions, fast backends.
+
+* :func:`save_checkpoint` / :func:`load_checkpoint`: a network's weights with the
+  :class:`~monai_fast.recipes.RecipeConfig` that rebuilds it (:mod:`.checkpoint`).
+* :func:`infer`: sliding-window inference over an MSD folder or image files, predictions written
+  as ``<name>_seg.nii.gz`` with the input's affine and shape (:mod:`.run`).
+* :data:`BACKENDS` (``eager``, ``autocast``, ``compile``, ``onnx``, ``tensorrt``) and
+  :func:`build_predictor` (:mod:`.backends`); :func:`agreement` compares two backends' predictions.
+
+``monai-fast infer`` is the command line; ``benchmarks/inference.py`` times every backend.
+
+Example:
+    >>> from monai_fast.inference import infer, save_checkpoint
+    >>> save_checkpoint("model.pt", recipe.network, recipe.config)  # doctest: +SKIP
+    >>> infer("model.pt", "Task09_Spleen", "predictions", backend="onnx").outputs[0]  # doctest: +SKIP
+    PosixPath('predictions/spleen_12_seg.nii.gz')
+"""
+
+from monai_fast.inference.backends import BACKENDS, BackendUnavailable, Predictor, available, build_predictor, missing
+from monai_fast.inference.checkpoint import CheckpointError, InferenceError, load_checkpoint, save_checkpoint
+from monai_fast.inference.compare import agreement
+from monai_fast.inference.run import SPLITS, InferenceResult, data_list, infer
+
+__all__ = [
+    "BACKENDS",
+    "SPLITS",
+    "BackendUnavailable",
+    "CheckpointError",
+    "InferenceError",
+    "InferenceResult",
+    "Predictor",
+    "agreement",
+    "available",
+    "build_predictor",
+    "data_list",
+    "infer",
+    "load_checkpoint",
+    "missing",
+    "save_checkpoint",
+]

@@ -1,0 +1,272 @@
+"""Sliding-window inference of a trained checkpoint over a data list, predictions written as NIfTI.
+
+:func:`infer` does, in this order, so that bad input fails before any work is lost: load the
+checkpoint (:func:`~monai_fast.inference.checkpoint.load_checkpoint`: a bad file is named before
+any volume is read), check the backend can run here, resolve the data list (an MSD folder's
+split, or image files), check every image (readable, 3D, finite: the checks of
+:mod:`monai_fast.data.preflight`, one error listing every bad file), then build the backend and
+run. Each volume goes through the recipes' preprocessing (orientation, spacing, intensity
+window), MONAI's ``SlidingWindowInferer`` with the backend's predictor, back to the input's grid
+(MONAI's ``Invertd``) and to ``<out_dir>/<name>_seg.nii.gz`` (``SaveImage``, the input's affine
+and shape, written atomically). Progress: a bar where one fits (:mod:`monai_fast.progress`), else
+one log line per volume.
+
+Example:
+    >>> from monai_fast.inference import infer
+    >>> result = infer("model.pt", "Task09_Spleen", "predictions", backend="onnx")  # doctest: +SKIP
+    >>> result.volumes_per_s  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from monai.data import DataLoader, Dataset, decollate_batch
+from monai.inferers import SlidingWindowInferer
+from monai.transforms import (
+    AsDiscreted,
+    Compose,
+    EnsureChannelFirstd,
+    Invertd,
+    LoadImaged,
+    Orientationd,
+    SaveImage,
+    ScaleIntensityRanged,
+    Spacingd,
+)
+
+from monai_fast.data.preflight import PreflightError, scan_file
+from monai_fast.data.safe_chain import NamedItemsCompose
+from monai_fast.inference.backends import Predictor, build_predictor, require
+from monai_fast.inference.checkpoint import InferenceError, load_checkpoint
+from monai_fast.inference.nifti import AtomicNiftiWriter
+from monai_fast.progress import progress_bar, show_progress
+from monai_fast.recipes.config import RecipeConfig
+from monai_fast.telemetry import synchronize
+
+__all__ = ["SPLITS", "InferenceResult", "check_images", "data_list", "infer", "inference_transforms", "output_name"]
+
+logger = logging.getLogger(__name__)
+
+#: what an MSD folder's cases are inferred: the validation split of training, the training split, both, or imagesTs
+SPLITS = ("val", "train", "all", "test")
+
+
+@dataclass
+class InferenceResult:
+    """What :func:`infer` did.
+
+    Attributes:
+        backend, detail: the backend and what ran (``"bf16 autocast"``...).
+        device: where the network ran.
+        inputs, outputs: each image and its prediction file, in order.
+        seconds: per volume, sliding-window inference (network and stitching) in seconds.
+        prepare_s: building the backend (compilation, export).
+        total_s: the whole call.
+    """
+
+    backend: str
+    detail: str
+    device: str
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[Path] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    prepare_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def volumes_per_s(self) -> float:
+        """Volumes per second of sliding-window inference (loading and writing left out)."""
+        return len(self.seconds) / sum(self.seconds) if self.seconds and sum(self.seconds) > 0 else 0.0
+
+
+def data_list(data: str | os.PathLike | Sequence, split: str = "val", val_fraction: float = 0.25,
+              seed: int = 0) -> list[str]:
+    """The image files of ``data``: an MSD folder's ``split`` (see :data:`SPLITS`), one image file, or a list of them.
+
+    The ``val`` split is :func:`~monai_fast.data.msd.load_msd_datalist`'s with the same
+    ``val_fraction`` and ``seed``: the cases a race with those settings validated on.
+
+    Example:
+        >>> data_list(["/d/a.nii.gz", {"image": "/d/b.nii.gz"}])
+        ['/d/a.nii.gz', '/d/b.nii.gz']
+    """
+    if isinstance(data, (str, os.PathLike)):
+        root = Path(data)
+        if not root.is_dir():
+            return [str(root)]
+        from monai_fast.data.msd import load_msd_datalist, read_dataset_json
+
+        if split not in SPLITS:
+            raise InferenceError(f"split {split!r} is not one of {', '.join(SPLITS)}")
+        if split == "test":
+            tests = read_dataset_json(root).get("test") or []
+            if not tests:
+                raise InferenceError(f"{root / 'dataset.json'} lists no test images; use split 'val', 'train' or 'all'")
+            return [str((root / (t["image"] if isinstance(t, dict) else t)).resolve()) for t in tests]
+        train, val = load_msd_datalist(root, val_fraction=val_fraction, seed=seed)
+        chosen = {"val": val, "train": train, "all": train + val}[split]
+        return [d["image"] for d in chosen]
+    return [str(d["image"]) if isinstance(d, dict) else str(d) for d in data]
+
+
+def check_images(paths: Sequence[str]) -> None:
+    """Every image readable, 3D and finite (:func:`~monai_fast.data.preflight.scan_file`), else one error naming each bad one.
+
+    Raises:
+        PreflightError: listing ``(path, reason)`` for every bad image.
+    """
+    problems = []
+    for path in paths:
+        if not os.path.isfile(path):
+            problems.append((path, "no such file"))
+            continue
+        scan = scan_file(path)
+        if "error" in scan:
+            problems.append((path, f"cannot read the image: {scan['error']}"))
+        elif len(scan["shape"]) < 3 or min(scan["shape"][:3]) < 2:
+            problems.append((path, f"image is not a 3D volume (shape {tuple(scan['shape'])})"))
+        elif not scan["finite"]:
+            problems.append((path, "image has NaN or Inf values"))
+    if problems:
+        raise PreflightError(problems, len(paths))
+
+
+def output_name(image: str | os.PathLike) -> str:
+    """The prediction's file name for ``image``, without the extension: ``case_1.nii.gz`` -> ``case_1_seg``.
+
+    Example:
+        >>> output_name("/d/spleen_1.nii.gz")
+        'spleen_1_seg'
+    """
+    name = Path(image).name
+    for ext in (".nii.gz", ".nii"):
+        if name.endswith(ext):
+            return name[: -len(ext)] + "_seg"
+    return Path(name).stem + "_seg"
+
+
+def inference_transforms(config: RecipeConfig) -> Compose:
+    """The recipes' preprocessing of an image (load, RAS, ``config.pixdim``, CT window), invertible by ``Invertd``."""
+    return Compose([
+        LoadImaged(keys="image"),
+        EnsureChannelFirstd(keys="image"),
+        Orientationd(keys="image", axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
+        Spacingd(keys="image", pixdim=config.pixdim, mode="bilinear"),
+        ScaleIntensityRanged(keys="image", a_min=config.intensity_window[0], a_max=config.intensity_window[1],
+                             b_min=0.0, b_max=1.0, clip=True),
+    ])
+
+
+def _outputs(paths: Sequence[str], out_dir: Path) -> list[Path]:
+    """Each image's prediction path; two images that would write the same file are an error naming both."""
+    outs, seen = [], {}
+    for p in paths:
+        out = out_dir / (output_name(p) + ".nii.gz")
+        if out in seen:
+            raise InferenceError(f"{seen[out]} and {p} would both be written to {out}: give images distinct file names")
+        seen[out] = p
+        outs.append(out)
+    return outs
+
+
+def infer(
+    model: str | os.PathLike | torch.nn.Module,
+    data: str | os.PathLike | Sequence,
+    out_dir: str | os.PathLike,
+    backend: str = "eager",
+    *,
+    config: RecipeConfig | None = None,
+    device: str | torch.device = "cpu",
+    split: str = "val",
+    val_fraction: float = 0.25,
+    sw_batch_size: int | None = None,
+    overlap: float | None = None,
+    preflight: bool = True,
+    progress: bool = True,
+) -> InferenceResult:
+    """Run sliding-window inference of ``model`` over ``data`` and write one NIfTI prediction per image.
+
+    Args:
+        model: an inference checkpoint (:func:`~monai_fast.inference.save_checkpoint`), or a
+            network (then ``config`` is needed).
+        data: an MSD folder (its ``split``), an image file, or a list of image files / ``{"image": path}``.
+        out_dir: where ``<name>_seg.nii.gz`` files go (created).
+        backend: one of :data:`~monai_fast.inference.backends.BACKENDS`.
+        config: the network's :class:`RecipeConfig`; default the checkpoint's. Its
+            ``patch_size`` is the window, its ``sw_batch_size`` / ``sw_overlap`` / ``val_device``
+            (tuned or set for training) the sliding window's defaults.
+        device: where the network runs.
+        split, val_fraction: which of an MSD folder's cases (:func:`data_list`; the seed is the config's).
+        sw_batch_size, overlap: override the config's sliding-window batch and overlap.
+        preflight: check every image before any inference (:func:`check_images`).
+        progress: a progress bar where one fits, else a log line per volume.
+
+    Raises:
+        CheckpointError: the checkpoint, named, before any volume is read.
+        BackendUnavailable: the backend cannot run here; names what is missing.
+        PreflightError: every bad image with its reason.
+        InferenceError: a bad option, or two images with the same output name.
+    """
+    t0 = time.perf_counter()
+    device = torch.device(device)
+    require(backend, device)
+    if isinstance(model, torch.nn.Module):
+        if config is None:
+            raise InferenceError("infer(network, ...) needs config=RecipeConfig(...) of the network (patch size, spacing)")
+        network = model
+    else:
+        network, config = load_checkpoint(model, config=config)  # on the CPU; build_predictor moves it
+    sw_batch_size = config.sw_batch_size if sw_batch_size is None else sw_batch_size
+    overlap = config.sw_overlap if overlap is None else overlap
+    if sw_batch_size < 1 or not 0.0 <= overlap < 1.0:
+        raise InferenceError(f"sw_batch_size must be >= 1 and overlap in [0, 1); got {sw_batch_size} and {overlap}")
+    paths = data_list(data, split=split, val_fraction=val_fraction, seed=config.seed)
+    if not paths:
+        raise InferenceError(f"no images to infer in {data}")
+    out_dir = Path(out_dir)
+    outputs = _outputs(paths, out_dir)
+    if preflight:
+        check_images(paths)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    predictor = build_predictor(network, backend, config.patch_size, sw_batch_size, device)
+    result = InferenceResult(backend, predictor.detail, str(device), list(paths), outputs, prepare_s=predictor.prepare_s)
+    stitch = torch.device(config.val_device) if config.val_device else device
+    inferer = SlidingWindowInferer(roi_size=config.patch_size, sw_batch_size=sw_batch_size, overlap=overlap,
+                                   sw_device=device, device=stitch)
+    _run(predictor, inferer, config, paths, outputs, device, result, progress)
+    result.total_s = time.perf_counter() - t0
+    logger.info("infer %s: %d volumes in %.1f s (%.2f volumes/s of inference; backend built in %.1f s) -> %s",
+                backend, len(paths), result.total_s, result.volumes_per_s, result.prepare_s, out_dir)
+    return result
+
+
+def _run(predictor: Predictor, inferer: SlidingWindowInferer, config: RecipeConfig, paths: Sequence[str],
+         outputs: Sequence[Path], device: torch.device, result: InferenceResult, progress: bool) -> None:
+    """Load, infer, invert and save each volume in turn."""
+    pre = inference_transforms(config)
+    post = Compose([Invertd(keys="pred", transform=pre, orig_keys="image", nearest_interp=False, to_tensor=True),
+                    AsDiscreted(keys="pred", argmax=True)])
+    saver = SaveImage(writer=AtomicNiftiWriter, output_ext=".nii.gz", output_dtype=np.uint8, resample=False,
+                      separate_folder=False, print_log=False)
+    loader = DataLoader(Dataset([{"image": p} for p in paths], transform=NamedItemsCompose.of(pre)), batch_size=1,
+                        num_workers=0)
+    bars = show_progress(progress)
+    for i, batch in enumerate(progress_bar(loader, enabled=progress, desc=f"infer ({predictor.backend})",
+                                           unit="volume", total=len(paths))):
+        t = time.perf_counter()
+        with torch.no_grad():
+            batch["pred"] = inferer(batch["image"].to(device), predictor)
+        synchronize(device)
+        result.seconds.append(time.perf_counter() - t)
+        item = post(decollate_batch(batch)[0])
+        saver(item["pred"], filename=str(outputs[i])[: -len(".nii.gz")])
+        if not bars:
+            logger.info("infer %d/%d: %s -> %s in %.2f s", i + 1, len(paths), paths[i], outputs[i], result.seconds[-1])
