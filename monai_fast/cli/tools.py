@@ -14,10 +14,32 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from monai_fast.distributed.launch import LaunchSpec
 
 __all__ = ["add_tool_commands"]
 
 logger = logging.getLogger("monai_fast")
+
+
+def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
+    """The launch options checked together: every bad one named in one line, before anything starts."""
+    from monai_fast.distributed.launch import LaunchSpec
+
+    problems = [] if Path(args.script).is_file() else [f"script {args.script} not found"]
+    if args.grace_s < 0:
+        problems.append(f"--grace-s must be >= 0, got {args.grace_s}")
+    spec = None
+    try:
+        spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                          master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id)
+    except ValueError as e:
+        problems.insert(0, str(e))
+    if problems or spec is None:
+        raise SystemExit("monai-fast launch: " + "; ".join(problems))
+    return spec
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
@@ -25,19 +47,14 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import os
 
     from monai_fast.distributed.env import LAUNCHED_BY
+    from monai_fast.distributed.launch import torchrun_args
     from monai_fast.distributed.supervise import supervise
 
-    if args.nproc < 1:
-        raise SystemExit("monai-fast launch: --nproc must be >= 1")
-    if args.grace_s < 0:
-        raise SystemExit(f"monai-fast launch: --grace-s must be >= 0, got {args.grace_s}")
-    if not Path(args.script).is_file():
-        raise SystemExit(f"monai-fast launch: script {args.script} not found")
+    spec = _launch_spec(args)
     # each rank runs the script through monai_fast.distributed.launched (which stops a second spawn);
     # torchrun's own shutdown wait (should it be signalled itself, e.g. by a cgroup-wide stop) matches --grace-s
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "--max-restarts=0", "--monitor-interval=1", "-m", "monai_fast.distributed.launched", args.script,
-           *args.script_args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(spec), "-m", "monai_fast.distributed.launched",
+           args.script, *args.script_args]
     env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s))}
     logger.info("running %s", " ".join(cmd))
     return supervise(cmd, grace_s=args.grace_s, env=env)
@@ -96,13 +113,18 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 _LAUNCH_TEXT = (
-    "Start SCRIPT N times on this machine with torchrun (--standalone rendezvous on a free port, no "
-    "restarts) so a script that calls monai_fast.distributed.run(train) trains with DDP. The same script also "
-    "runs unchanged under plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops "
-    "the others and this command exits non-zero. SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
-    "kill, Ctrl-C) are passed on to every rank; it waits up to --grace-s for them to checkpoint and stop, kills "
-    "what is left, and exits with the job's status (128+N for a death by signal N). A script that spawns its "
-    "own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop nproc_per_node."
+    "Start SCRIPT --nproc times on this machine with torchrun (no restarts) so a script that calls "
+    "monai_fast.distributed.run(train) trains with DDP. One node: a --standalone rendezvous on a free port. Several "
+    "nodes without SLURM: run the same command on each node with --nnodes N and either --master-addr HOST "
+    "--master-port P --node-rank I (static: node 0 is HOST) or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d: torchrun "
+    "numbers the nodes); every option is checked before anything starts. The same script also runs unchanged under "
+    "plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops the others on its node "
+    "and this command exits non-zero; the other nodes' ranks fail at their next collective (at the latest after "
+    "run()'s timeout_s). SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
+    "kill, Ctrl-C, a Kubernetes eviction) are passed on to every rank of this node; it waits up to --grace-s for them "
+    "to checkpoint and stop, kills what is left, and exits with the job's status (128+N for a death by signal N). A "
+    "script that spawns its own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop "
+    "nproc_per_node."
 )
 _SBATCH_TEXT = (
     "Print (or --out) an sbatch script that starts COMMAND once per rank with srun: one rank per GPU "
@@ -115,8 +137,15 @@ _SBATCH_TEXT = (
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("launch", description=_LAUNCH_TEXT,
-                       help="run a training script on N local processes through torchrun (DDP: gloo on CPU, NCCL on GPUs)")
+                       help="run a training script on N processes per node through torchrun, on one node or several "
+                       "(DDP: gloo on CPU, NCCL on GPUs)")
     p.add_argument("--nproc", type=int, default=2, help="processes to start (default %(default)s; one per GPU on a GPU machine)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes in the job; run this command on each (default %(default)s)")
+    p.add_argument("--node-rank", type=int, help="static rendezvous: this node's index, 0 to NNODES-1 (0 on --master-addr)")
+    p.add_argument("--master-addr", help="static rendezvous: node 0's address, reachable from every node")
+    p.add_argument("--master-port", type=int, help="static rendezvous: a free port on node 0 (default 29500, torchrun's)")
+    p.add_argument("--rdzv-endpoint", help="c10d rendezvous: HOST:PORT every node reaches (instead of --master-addr)")
+    p.add_argument("--rdzv-id", help="c10d rendezvous: the job's name, the same on every node")
     p.add_argument("--grace-s", type=float, default=120.0, help="on SIGTERM, SIGINT or SIGUSR1 (passed on to every "
                    "rank), seconds the ranks may take to checkpoint and stop before they are killed (default %(default)s)")
     p.add_argument("script", help="the training script")
