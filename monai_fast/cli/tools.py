@@ -1,11 +1,11 @@
-"""``monai-fast launch | sbatch | doctor | synth``: parse, call the library, print.
+"""``monai-fast launch | sbatch | k8s | doctor | synth``: parse, call the library, print.
 
 Example:
     >>> import argparse
     >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
     >>> add_tool_commands(sub)
     >>> sorted(sub.choices)
-    ['doctor', 'launch', 'sbatch', 'synth']
+    ['doctor', 'k8s', 'launch', 'sbatch', 'synth']
 """
 
 from __future__ import annotations
@@ -60,28 +60,51 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     return supervise(cmd, grace_s=args.grace_s, env=env)
 
 
-def _cmd_sbatch(args: argparse.Namespace) -> int:
-    from monai_fast.distributed.sbatch import SbatchSpec, render_sbatch
+def _after_dashes(words: list[str]) -> list[str]:
+    """A trailing command as the user wrote it, without the ``--`` that separates it from our options."""
+    return words[1:] if words and words[0] == "--" else list(words)
+
+
+def _emit(text: str, out: str | None, submit: str) -> None:
+    """Write ``text`` to ``out`` atomically (saying how to submit it) or print it."""
     from monai_fast.files import write_text
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    if out:
+        write_text(text, out)
+        print(f"wrote {out}; submit with: {submit} {out}")
+    else:
+        print(text, end="")
+
+
+def _cmd_sbatch(args: argparse.Namespace) -> int:
+    from monai_fast.distributed.sbatch import SbatchSpec, render_sbatch
+
     try:
         spec = SbatchSpec(
-            command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
-            cpus_per_task=args.cpus_per_task, time=args.time, requeue=not args.no_requeue,
-            signal_lead_s=args.signal_lead, job_name=args.job_name, partition=args.partition, account=args.account,
-            mem=args.mem,
+            _after_dashes(args.command), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+            tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task, time=args.time,
+            requeue=not args.no_requeue, signal_lead_s=args.signal_lead, job_name=args.job_name,
+            partition=args.partition, account=args.account, mem=args.mem,
         )
     except ValueError as e:
         raise SystemExit(f"monai-fast sbatch: {e}") from e
-    script = render_sbatch(spec)
-    if args.out:
-        write_text(script, args.out)
-        print(f"wrote {args.out}; submit with: sbatch {args.out}")
-    else:
-        print(script, end="")
+    _emit(render_sbatch(spec), args.out, "sbatch")
+    return 0
+
+
+def _cmd_k8s(args: argparse.Namespace) -> int:
+    from monai_fast.distributed.k8s import PyTorchJobSpec, render_pytorchjob
+
+    try:
+        spec = PyTorchJobSpec(
+            _after_dashes(args.script), image=args.image, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+            procs_per_node=args.procs_per_node, cpus_per_node=args.cpus_per_node, memory=args.memory,
+            job_name=args.job_name, namespace=args.namespace, grace_s=args.grace_s, backoff_limit=args.backoff_limit,
+            volume_claim=args.volume_claim, mount_path=args.mount_path,
+        )
+    except ValueError as e:
+        raise SystemExit(f"monai-fast k8s: {e}") from e
+    _emit(render_pytorchjob(spec), args.out, "kubectl apply -f")
     return 0
 
 
@@ -172,10 +195,42 @@ def _add_sbatch(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_sbatch)
 
 
+_K8S_TEXT = (
+    "Print (or --out) a Kubernetes PyTorchJob (Kubeflow training operator, kubeflow.org/v1) that runs SCRIPT on "
+    "--nodes pods (one Master, the rest Workers) with monai-fast launch: one rank per GPU (or --procs-per-node on CPU "
+    "pods), the rendezvous at the master through the MASTER_ADDR, MASTER_PORT and RANK the operator sets. On an "
+    "eviction the ranks get SIGTERM and --grace-s to checkpoint (monai_fast.handlers.Preemption); a failed or evicted "
+    "pod restarts (restartPolicy OnFailure, at most --backoff-limit times) and the job resumes from the checkpoints "
+    "on --volume-claim. Example: monai-fast k8s --image me/monai-fast:1 --nodes 2 --gpus-per-node 4 --volume-claim runs "
+    "-- train.py --checkpoint-dir /workspace/run/ckpt"
+)
+
+
+def _add_k8s(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("k8s", description=_K8S_TEXT,
+                       help="write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace")
+    p.add_argument("--image", required=True, help="container image with monai-fast installed")
+    p.add_argument("--nodes", type=int, default=2, help="pods, one per node (default %(default)s)")
+    p.add_argument("--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU pods (default %(default)s)")
+    p.add_argument("--procs-per-node", type=int, default=1, help="ranks per pod when --gpus-per-node is 0 (default %(default)s)")
+    p.add_argument("--cpus-per-node", type=int, default=8, help="CPU cores per pod (default %(default)s)")
+    p.add_argument("--memory", help="memory per pod, e.g. 64Gi")
+    p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
+    p.add_argument("--namespace", help="Kubernetes namespace (default: kubectl's current one)")
+    p.add_argument("--grace-s", type=int, default=120, help="seconds the ranks get to checkpoint after SIGTERM (default %(default)s)")
+    p.add_argument("--backoff-limit", type=int, default=3, help="pod restarts before the job fails (default %(default)s)")
+    p.add_argument("--volume-claim", help="PersistentVolumeClaim (ReadWriteMany) for data, checkpoints and records")
+    p.add_argument("--mount-path", default="/workspace/run", help="where --volume-claim is mounted (default %(default)s)")
+    p.add_argument("--out", help="write the manifest here instead of printing it")
+    p.add_argument("script", nargs=argparse.REMAINDER, help="the training script (in the image) and its arguments, after '--'")
+    p.set_defaults(func=_cmd_k8s)
+
+
 def add_tool_commands(sub: argparse._SubParsersAction) -> None:
-    """Add ``launch``, ``sbatch``, ``doctor`` and ``synth`` to the sub-command parsers ``sub``."""
+    """Add ``launch``, ``sbatch``, ``k8s``, ``doctor`` and ``synth`` to the sub-command parsers ``sub``."""
     _add_launch(sub)
     _add_sbatch(sub)
+    _add_k8s(sub)
     p = sub.add_parser(
         "doctor",
         help="name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record",
