@@ -34,7 +34,8 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
     spec = None
     try:
         spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                          master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id)
+                          master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                          max_restarts=args.max_restarts)
     except ValueError as e:
         problems.insert(0, str(e))
     if problems or spec is None:
@@ -136,14 +137,16 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 _LAUNCH_TEXT = (
-    "Start SCRIPT --nproc times on this machine with torchrun (no restarts) so a script that calls "
+    "Start SCRIPT --nproc times on this machine with torchrun so a script that calls "
     "monai_fast.distributed.run(train) trains with DDP. One node: a --standalone rendezvous on a free port. Several "
     "nodes without SLURM: run the same command on each node with --nnodes N and either --master-addr HOST "
     "--master-port P --node-rank I (static: node 0 is HOST) or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d: torchrun "
     "numbers the nodes); every option is checked before anything starts. The same script also runs unchanged under "
-    "plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops the others on its node "
-    "and this command exits non-zero; the other nodes' ranks fail at their next collective (at the latest after "
-    "run()'s timeout_s). SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
+    "plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops the others on its node; "
+    "the other nodes' ranks fail at their next collective (at the latest after run()'s timeout_s). Then, with "
+    "--max-restarts K, torchrun starts all ranks again (at most K times) and a script with "
+    "monai_fast.handlers.Preemption(save_every=N) resumes from its latest checkpoint; without, this command exits "
+    "non-zero. SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
     "kill, Ctrl-C, a Kubernetes eviction) are passed on to every rank of this node; it waits up to --grace-s for them "
     "to checkpoint and stop, kills what is left, and exits with the job's status (128+N for a death by signal N). A "
     "script that spawns its own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop "
@@ -169,6 +172,8 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--master-port", type=int, help="static rendezvous: a free port on node 0 (default 29500, torchrun's)")
     p.add_argument("--rdzv-endpoint", help="c10d rendezvous: HOST:PORT every node reaches (instead of --master-addr)")
     p.add_argument("--rdzv-id", help="c10d rendezvous: the job's name, the same on every node")
+    p.add_argument("--max-restarts", type=int, default=0, help="when a rank dies, restart all ranks up to this many times; "
+                   "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)")
     p.add_argument("--grace-s", type=float, default=120.0, help="on SIGTERM, SIGINT or SIGUSR1 (passed on to every "
                    "rank), seconds the ranks may take to checkpoint and stop before they are killed (default %(default)s)")
     p.add_argument("script", help="the training script")

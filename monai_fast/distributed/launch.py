@@ -145,6 +145,11 @@ class LaunchSpec:
         master_port: a free port on node 0 (default 29500, torchrun's); static form.
         rdzv_endpoint: ``HOST:PORT`` of the c10d rendezvous (a port free on HOST); c10d form.
         rdzv_id: the job's name at the rendezvous, the same on every node; c10d form.
+        max_restarts: when a rank dies, torchrun restarts every rank (of every node, under c10d)
+            up to this many times; a script with :class:`~monai_fast.handlers.Preemption`
+            (``save_every=N``, ``resume()`` before ``run()``) then continues from its latest checkpoint,
+            redoing at most N iterations. Several nodes need the c10d form for it (a static
+            rendezvous has no rounds in which the nodes' restarts meet).
 
     Example:
         >>> spec = LaunchSpec(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500)
@@ -162,6 +167,7 @@ class LaunchSpec:
     master_port: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         problems = _count_problems(self) + (_c10d_problems(self) if self.rdzv_endpoint or self.rdzv_id else _static_problems(self))
@@ -180,6 +186,12 @@ def _count_problems(spec: LaunchSpec) -> list[str]:
     problems = [f"--nproc must be >= 1, got {spec.nproc}"] if spec.nproc < 1 else []
     if spec.nnodes < 1:
         problems.append(f"--nnodes must be >= 1, got {spec.nnodes}")
+    if spec.max_restarts < 0:
+        problems.append(f"--max-restarts must be >= 0, got {spec.max_restarts}")
+    elif spec.max_restarts and spec.nnodes > 1 and not spec.rdzv_endpoint:
+        problems.append(f"--max-restarts {spec.max_restarts} across {spec.nnodes} nodes needs the c10d rendezvous "
+                        "(--rdzv-endpoint HOST:PORT --rdzv-id JOB): a --master-addr (static) rendezvous has no rounds in which "
+                        "the nodes' restarts meet")
     return problems
 
 
@@ -225,7 +237,7 @@ def _c10d_problems(spec: LaunchSpec) -> list[str]:
 
 
 def torchrun_args(spec: LaunchSpec) -> list[str]:
-    """torchrun's options for ``spec``: where the nodes meet, ranks per node, no restarts.
+    """torchrun's options for ``spec``: where the nodes meet, ranks per node, restarts.
 
     Example:
         >>> torchrun_args(LaunchSpec(nproc=2))
@@ -241,4 +253,4 @@ def torchrun_args(spec: LaunchSpec) -> list[str]:
                  f"--master-port={spec.master_port or DEFAULT_MASTER_PORT}", "--rdzv-backend=static"]
     else:
         where = ["--standalone"]
-    return [*where, f"--nproc-per-node={spec.nproc}", "--max-restarts=0", "--monitor-interval=1"]
+    return [*where, f"--nproc-per-node={spec.nproc}", f"--max-restarts={spec.max_restarts}", "--monitor-interval=1"]
