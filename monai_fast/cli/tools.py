@@ -48,7 +48,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import os
 
     from monai_fast.distributed.env import LAUNCHED_BY
-    from monai_fast.distributed.launch import torchrun_args
+    from monai_fast.distributed.launch import torchrun_args, torchrun_env
     from monai_fast.distributed.supervise import supervise
 
     spec = _launch_spec(args)
@@ -56,7 +56,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     # torchrun's own shutdown wait (should it be signalled itself, e.g. by a cgroup-wide stop) matches --grace-s
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(spec), "-m", "monai_fast.distributed.launched",
            args.script, *args.script_args]
-    env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s))}
+    env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s)),
+           **torchrun_env(spec)}
     logger.info("running %s", " ".join(cmd))
     return supervise(cmd, grace_s=args.grace_s, env=env)
 

@@ -20,7 +20,7 @@ from monai.utils import set_determinism
 from monai_fast.distributed.env import detect, nested_spawn_message, pick_backend
 from monai_fast.telemetry import cuda_available, set_cuda_device
 
-__all__ = ["LaunchSpec", "free_port", "run", "setup_rank", "torchrun_args"]
+__all__ = ["LaunchSpec", "free_port", "run", "setup_rank", "torchrun_args", "torchrun_env"]
 
 logger = logging.getLogger("monai_fast.distributed")
 
@@ -254,3 +254,19 @@ def torchrun_args(spec: LaunchSpec) -> list[str]:
     else:
         where = ["--standalone"]
     return [*where, f"--nproc-per-node={spec.nproc}", f"--max-restarts={spec.max_restarts}", "--monitor-interval=1"]
+
+
+def torchrun_env(spec: LaunchSpec) -> dict[str, str]:
+    """Environment variables torchrun needs for ``spec``, beyond the caller's.
+
+    With restarts, the ranks of each round must not share the rendezvous's TCP store: they would
+    keep their process-group keys across rounds (torch 2.x writes them without a per-round
+    prefix there), so a restarted rank 0 reads the dead rank's old address and its gloo/NCCL set-up
+    fails with "Connection refused". ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives every round a
+    store of its own on a fresh port.
+
+    Example:
+        >>> torchrun_env(LaunchSpec(max_restarts=2))
+        {'TORCH_DISABLE_SHARE_RDZV_TCP_STORE': '1'}
+    """
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts else {}
