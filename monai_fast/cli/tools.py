@@ -182,12 +182,17 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_launch)
 
 
+def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str) -> None:
+    """Nodes and ranks per node, the same for every job writer (sbatch, k8s)."""
+    p.add_argument("--nodes", type=int, default=nodes, help="nodes (one pod each on Kubernetes) (default %(default)s)")
+    p.add_argument("--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)")
+    p.add_argument(cpu_ranks_flag, type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)")
+
+
 def _add_sbatch(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sbatch", description=_SBATCH_TEXT,
                        help="write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit")
-    p.add_argument("--nodes", type=int, default=1, help="(default %(default)s)")
-    p.add_argument("--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)")
-    p.add_argument("--tasks-per-node", type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)")
+    _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node")
     p.add_argument("--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)")
     p.add_argument("--time", default="04:00:00", help="wall-clock limit (default %(default)s)")
     p.add_argument("--signal-lead", type=int, default=120, help="seconds before the limit to send SIGUSR1; 0: none (default %(default)s)")
@@ -216,9 +221,7 @@ def _add_k8s(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("k8s", description=_K8S_TEXT,
                        help="write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace")
     p.add_argument("--image", required=True, help="container image with monai-fast installed")
-    p.add_argument("--nodes", type=int, default=2, help="pods, one per node (default %(default)s)")
-    p.add_argument("--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU pods (default %(default)s)")
-    p.add_argument("--procs-per-node", type=int, default=1, help="ranks per pod when --gpus-per-node is 0 (default %(default)s)")
+    _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node")
     p.add_argument("--cpus-per-node", type=int, default=8, help="CPU cores per pod (default %(default)s)")
     p.add_argument("--memory", help="memory per pod, e.g. 64Gi")
     p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
