@@ -9,6 +9,7 @@ rank reports the same validation Dice. Handlers that print or write run on rank 
 
     python tutorials/distributed_train.py --tiny                          # 1 process
     monai-fast launch --nproc 2 tutorials/distributed_train.py --tiny     # 2 local processes (torchrun)
+    monai-fast launch --nnodes 2 --node-rank I --master-addr NODE0 --nproc 4 tutorials/distributed_train.py  # on each of 2 nodes
     torchrun --nproc-per-node 4 tutorials/distributed_train.py            # 4 GPUs: NCCL
     srun -n 2 python tutorials/distributed_train.py --tiny                # SLURM (also inside sbatch)
     horovodrun -np 2 --gloo python tutorials/distributed_train.py --tiny  # Horovod
@@ -46,7 +47,7 @@ from monai.handlers import StatsHandler
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.data.synthetic import generate_msd
 from monai_fast.distributed import detect, run
-from monai_fast.handlers import Preemption, TimeBreakdown
+from monai_fast.handlers import Preemption, RecordHandler, TimeBreakdown
 from monai_fast.recipes import RecipeConfig, build_recipe
 
 
@@ -76,6 +77,10 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
         amp=False if args.fp32 else None,
     )
     recipe = build_recipe(args.recipe, train_files, val_files, config, idist.device(), progress=False)
+    if args.run_dir:  # every rank writes its record (record.rank<R>.jsonl) for `monai-fast doctor RUN_DIR`
+        record = RecordHandler(args.run_dir)
+        record.attach(recipe.trainer)
+        record.attach(recipe.evaluator)
     TimeBreakdown().attach(recipe.trainer)  # every rank: its own data-wait share
     preemption = None
     if args.checkpoint_dir:
@@ -127,6 +132,7 @@ def main() -> None:
     p.add_argument("--fp32", action="store_true", help="no mixed precision (bit-reproducible runs on a CPU)")
     p.add_argument("--checkpoint-dir", help="make the run preemption-safe, checkpointing here (and resume from here)")
     p.add_argument("--save-every", type=int, help="with --checkpoint-dir: also checkpoint every N iterations")
+    p.add_argument("--run-dir", help="write each rank's run record here (read it with: monai-fast doctor RUN_DIR)")
     p.add_argument("--progress-file", help="rank 0 appends each completed iteration number to this file")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

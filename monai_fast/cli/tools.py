@@ -1,11 +1,11 @@
-"""``monai-fast launch | sbatch | doctor | synth``: parse, call the library, print.
+"""``monai-fast launch | sbatch | k8s | doctor | synth``: parse, call the library, print.
 
 Example:
     >>> import argparse
     >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
     >>> add_tool_commands(sub)
     >>> sorted(sub.choices)
-    ['doctor', 'launch', 'sbatch', 'synth']
+    ['doctor', 'k8s', 'launch', 'sbatch', 'synth']
 """
 
 from __future__ import annotations
@@ -14,10 +14,33 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from monai_fast.distributed.launch import LaunchSpec
 
 __all__ = ["add_tool_commands"]
 
 logger = logging.getLogger("monai_fast")
+
+
+def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
+    """The launch options checked together: every bad one named in one line, before anything starts."""
+    from monai_fast.distributed.launch import LaunchSpec
+
+    problems = [] if Path(args.script).is_file() else [f"script {args.script} not found"]
+    if args.grace_s < 0:
+        problems.append(f"--grace-s must be >= 0, got {args.grace_s}")
+    spec = None
+    try:
+        spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                          master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                          max_restarts=args.max_restarts)
+    except ValueError as e:
+        problems.insert(0, str(e))
+    if problems or spec is None:
+        raise SystemExit("monai-fast launch: " + "; ".join(problems))
+    return spec
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
@@ -25,46 +48,65 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import os
 
     from monai_fast.distributed.env import LAUNCHED_BY
+    from monai_fast.distributed.launch import torchrun_args, torchrun_env
     from monai_fast.distributed.supervise import supervise
 
-    if args.nproc < 1:
-        raise SystemExit("monai-fast launch: --nproc must be >= 1")
-    if args.grace_s < 0:
-        raise SystemExit(f"monai-fast launch: --grace-s must be >= 0, got {args.grace_s}")
-    if not Path(args.script).is_file():
-        raise SystemExit(f"monai-fast launch: script {args.script} not found")
+    spec = _launch_spec(args)
     # each rank runs the script through monai_fast.distributed.launched (which stops a second spawn);
     # torchrun's own shutdown wait (should it be signalled itself, e.g. by a cgroup-wide stop) matches --grace-s
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "--max-restarts=0", "--monitor-interval=1", "-m", "monai_fast.distributed.launched", args.script,
-           *args.script_args]
-    env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s))}
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(spec), "-m", "monai_fast.distributed.launched",
+           args.script, *args.script_args]
+    env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s)),
+           **torchrun_env(spec)}
     logger.info("running %s", " ".join(cmd))
     return supervise(cmd, grace_s=args.grace_s, env=env)
 
 
-def _cmd_sbatch(args: argparse.Namespace) -> int:
-    from monai_fast.distributed.sbatch import SbatchSpec, render_sbatch
+def _after_dashes(words: list[str]) -> list[str]:
+    """A trailing command as the user wrote it, without the ``--`` that separates it from our options."""
+    return words[1:] if words and words[0] == "--" else list(words)
+
+
+def _emit(text: str, out: str | None, submit: str) -> None:
+    """Write ``text`` to ``out`` atomically (saying how to submit it) or print it."""
     from monai_fast.files import write_text
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    if out:
+        write_text(text, out)
+        print(f"wrote {out}; submit with: {submit} {out}")
+    else:
+        print(text, end="")
+
+
+def _cmd_sbatch(args: argparse.Namespace) -> int:
+    from monai_fast.distributed.sbatch import SbatchSpec, render_sbatch
+
     try:
         spec = SbatchSpec(
-            command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
-            cpus_per_task=args.cpus_per_task, time=args.time, requeue=not args.no_requeue,
-            signal_lead_s=args.signal_lead, job_name=args.job_name, partition=args.partition, account=args.account,
-            mem=args.mem,
+            _after_dashes(args.command), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+            tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task, time=args.time,
+            requeue=not args.no_requeue, signal_lead_s=args.signal_lead, job_name=args.job_name,
+            partition=args.partition, account=args.account, mem=args.mem,
         )
     except ValueError as e:
         raise SystemExit(f"monai-fast sbatch: {e}") from e
-    script = render_sbatch(spec)
-    if args.out:
-        write_text(script, args.out)
-        print(f"wrote {args.out}; submit with: sbatch {args.out}")
-    else:
-        print(script, end="")
+    _emit(render_sbatch(spec), args.out, "sbatch")
+    return 0
+
+
+def _cmd_k8s(args: argparse.Namespace) -> int:
+    from monai_fast.distributed.k8s import PyTorchJobSpec, render_pytorchjob
+
+    try:
+        spec = PyTorchJobSpec(
+            _after_dashes(args.script), image=args.image, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+            procs_per_node=args.procs_per_node, cpus_per_node=args.cpus_per_node, memory=args.memory,
+            job_name=args.job_name, namespace=args.namespace, grace_s=args.grace_s, backoff_limit=args.backoff_limit,
+            volume_claim=args.volume_claim, mount_path=args.mount_path,
+        )
+    except ValueError as e:
+        raise SystemExit(f"monai-fast k8s: {e}") from e
+    _emit(render_pytorchjob(spec), args.out, "kubectl apply -f")
     return 0
 
 
@@ -96,13 +138,20 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 _LAUNCH_TEXT = (
-    "Start SCRIPT N times on this machine with torchrun (--standalone rendezvous on a free port, no "
-    "restarts) so a script that calls monai_fast.distributed.run(train) trains with DDP. The same script also "
-    "runs unchanged under plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops "
-    "the others and this command exits non-zero. SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
-    "kill, Ctrl-C) are passed on to every rank; it waits up to --grace-s for them to checkpoint and stop, kills "
-    "what is left, and exits with the job's status (128+N for a death by signal N). A script that spawns its "
-    "own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop nproc_per_node."
+    "Start SCRIPT --nproc times on this machine with torchrun so a script that calls "
+    "monai_fast.distributed.run(train) trains with DDP. One node: a --standalone rendezvous on a free port. Several "
+    "nodes without SLURM: run the same command on each node with --nnodes N and either --master-addr HOST "
+    "--master-port P --node-rank I (static: node 0 is HOST) or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d: torchrun "
+    "numbers the nodes); every option is checked before anything starts. The same script also runs unchanged under "
+    "plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops the others on its node; "
+    "the other nodes' ranks fail at their next collective (at the latest after run()'s timeout_s). Then, with "
+    "--max-restarts K, torchrun starts all ranks again (at most K times) and a script with "
+    "monai_fast.handlers.Preemption(save_every=N) resumes from its latest checkpoint; without, this command exits "
+    "non-zero. SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
+    "kill, Ctrl-C, a Kubernetes eviction) are passed on to every rank of this node; it waits up to --grace-s for them "
+    "to checkpoint and stop, kills what is left, and exits with the job's status (128+N for a death by signal N). A "
+    "script that spawns its own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop "
+    "nproc_per_node."
 )
 _SBATCH_TEXT = (
     "Print (or --out) an sbatch script that starts COMMAND once per rank with srun: one rank per GPU "
@@ -115,8 +164,17 @@ _SBATCH_TEXT = (
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("launch", description=_LAUNCH_TEXT,
-                       help="run a training script on N local processes through torchrun (DDP: gloo on CPU, NCCL on GPUs)")
+                       help="run a training script on N processes per node through torchrun, on one node or several "
+                       "(DDP: gloo on CPU, NCCL on GPUs)")
     p.add_argument("--nproc", type=int, default=2, help="processes to start (default %(default)s; one per GPU on a GPU machine)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes in the job; run this command on each (default %(default)s)")
+    p.add_argument("--node-rank", type=int, help="static rendezvous: this node's index, 0 to NNODES-1 (0 on --master-addr)")
+    p.add_argument("--master-addr", help="static rendezvous: node 0's address, reachable from every node")
+    p.add_argument("--master-port", type=int, help="static rendezvous: a free port on node 0 (default 29500, torchrun's)")
+    p.add_argument("--rdzv-endpoint", help="c10d rendezvous: HOST:PORT every node reaches (instead of --master-addr)")
+    p.add_argument("--rdzv-id", help="c10d rendezvous: the job's name, the same on every node")
+    p.add_argument("--max-restarts", type=int, default=0, help="when a rank dies, restart all ranks up to this many times; "
+                   "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)")
     p.add_argument("--grace-s", type=float, default=120.0, help="on SIGTERM, SIGINT or SIGUSR1 (passed on to every "
                    "rank), seconds the ranks may take to checkpoint and stop before they are killed (default %(default)s)")
     p.add_argument("script", help="the training script")
@@ -124,12 +182,17 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_launch)
 
 
+def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str) -> None:
+    """Nodes and ranks per node, the same for every job writer (sbatch, k8s)."""
+    p.add_argument("--nodes", type=int, default=nodes, help="nodes (one pod each on Kubernetes) (default %(default)s)")
+    p.add_argument("--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)")
+    p.add_argument(cpu_ranks_flag, type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)")
+
+
 def _add_sbatch(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sbatch", description=_SBATCH_TEXT,
                        help="write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit")
-    p.add_argument("--nodes", type=int, default=1, help="(default %(default)s)")
-    p.add_argument("--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)")
-    p.add_argument("--tasks-per-node", type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)")
+    _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node")
     p.add_argument("--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)")
     p.add_argument("--time", default="04:00:00", help="wall-clock limit (default %(default)s)")
     p.add_argument("--signal-lead", type=int, default=120, help="seconds before the limit to send SIGUSR1; 0: none (default %(default)s)")
@@ -143,10 +206,40 @@ def _add_sbatch(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_sbatch)
 
 
+_K8S_TEXT = (
+    "Print (or --out) a Kubernetes PyTorchJob (Kubeflow training operator, kubeflow.org/v1) that runs SCRIPT on "
+    "--nodes pods (one Master, the rest Workers) with monai-fast launch: one rank per GPU (or --procs-per-node on CPU "
+    "pods), the rendezvous at the master through the MASTER_ADDR, MASTER_PORT and RANK the operator sets. On an "
+    "eviction the ranks get SIGTERM and --grace-s to checkpoint (monai_fast.handlers.Preemption); a failed or evicted "
+    "pod restarts (restartPolicy OnFailure, at most --backoff-limit times) and the job resumes from the checkpoints "
+    "on --volume-claim. Example: monai-fast k8s --image me/monai-fast:1 --nodes 2 --gpus-per-node 4 --volume-claim runs "
+    "-- train.py --checkpoint-dir /workspace/run/ckpt"
+)
+
+
+def _add_k8s(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("k8s", description=_K8S_TEXT,
+                       help="write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace")
+    p.add_argument("--image", required=True, help="container image with monai-fast installed")
+    _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node")
+    p.add_argument("--cpus-per-node", type=int, default=8, help="CPU cores per pod (default %(default)s)")
+    p.add_argument("--memory", help="memory per pod, e.g. 64Gi")
+    p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
+    p.add_argument("--namespace", help="Kubernetes namespace (default: kubectl's current one)")
+    p.add_argument("--grace-s", type=int, default=120, help="seconds the ranks get to checkpoint after SIGTERM (default %(default)s)")
+    p.add_argument("--backoff-limit", type=int, default=3, help="pod restarts before the job fails (default %(default)s)")
+    p.add_argument("--volume-claim", help="PersistentVolumeClaim (ReadWriteMany) for data, checkpoints and records")
+    p.add_argument("--mount-path", default="/workspace/run", help="where --volume-claim is mounted (default %(default)s)")
+    p.add_argument("--out", help="write the manifest here instead of printing it")
+    p.add_argument("script", nargs=argparse.REMAINDER, help="the training script (in the image) and its arguments, after '--'")
+    p.set_defaults(func=_cmd_k8s)
+
+
 def add_tool_commands(sub: argparse._SubParsersAction) -> None:
-    """Add ``launch``, ``sbatch``, ``doctor`` and ``synth`` to the sub-command parsers ``sub``."""
+    """Add ``launch``, ``sbatch``, ``k8s``, ``doctor`` and ``synth`` to the sub-command parsers ``sub``."""
     _add_launch(sub)
     _add_sbatch(sub)
+    _add_k8s(sub)
     p = sub.add_parser(
         "doctor",
         help="name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record",

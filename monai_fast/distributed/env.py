@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["LAUNCHED_BY", "LaunchEnv", "detect", "nested_spawn_message", "pick_backend"]
+__all__ = ["LAUNCHED_BY", "LaunchEnv", "detect", "nested_spawn_message", "pick_backend", "placement"]
 
 LAUNCHED_BY = "MONAI_FAST_LAUNCH"
 """Set (to the number of processes) in the environment of the ranks that ``monai-fast launch`` starts."""
@@ -21,12 +23,18 @@ class LaunchEnv:
         world_size: processes in the job (1 for ``"none"``).
         rank: this process's global rank.
         local_rank: this process's rank on its node.
+        node_rank: the node's index in the job (torchrun's ``GROUP_RANK``, SLURM's ``SLURM_NODEID``,
+            Horovod's ``HOROVOD_CROSS_RANK``); 0 on one node.
+        nnodes: nodes in the job (torchrun's ``GROUP_WORLD_SIZE``, ``SLURM_NNODES``,
+            ``HOROVOD_CROSS_SIZE``); 1 on one node.
     """
 
     launcher: str
     world_size: int = 1
     rank: int = 0
     local_rank: int = 0
+    node_rank: int = 0
+    nnodes: int = 1
 
 
 def _int(env: Mapping[str, str], *names: str, default: int = 0) -> int:
@@ -42,8 +50,9 @@ def _int(env: Mapping[str, str], *names: str, default: int = 0) -> int:
 def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
     """Read the launcher from the environment (``torchrun`` first: it may run inside a SLURM job).
 
-    - torchrun / ``torch.distributed.run``: ``TORCHELASTIC_RUN_ID``; other ``env://`` launchers
-      (``torch.distributed.launch``): ``LOCAL_RANK`` + ``WORLD_SIZE`` without SLURM ranks;
+    - torchrun / ``torch.distributed.run`` (also ``monai-fast launch``, on one node or several):
+      ``TORCHELASTIC_RUN_ID``; other ``env://`` launchers (``torch.distributed.launch``):
+      ``LOCAL_RANK`` + ``WORLD_SIZE`` without SLURM ranks;
     - horovodrun: ``HOROVOD_RANK`` (gloo controller) or Open MPI's ``OMPI_COMM_WORLD_RANK`` with
       ``HOROVOD_*`` settings;
     - SLURM (``srun``, or ``sbatch`` steps): ``SLURM_JOB_ID`` with ``SLURM_PROCID`` and
@@ -51,24 +60,55 @@ def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
 
     Example:
         >>> from monai_fast.distributed import detect
-        >>> detect({"LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"})
-        LaunchEnv(launcher='torchrun', world_size=4, rank=3, local_rank=1)
+        >>> detect({"LOCAL_RANK": "0", "RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x",
+        ...         "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"})
+        LaunchEnv(launcher='torchrun', world_size=4, rank=3, local_rank=0, node_rank=1, nnodes=2)
     """
     env = os.environ if environ is None else environ
     if "TORCHELASTIC_RUN_ID" in env:
-        return LaunchEnv("torchrun", _int(env, "WORLD_SIZE", default=1), _int(env, "RANK"), _int(env, "LOCAL_RANK"))
+        return _env_ranks(env)
     if "HOROVOD_RANK" in env or ("OMPI_COMM_WORLD_RANK" in env and any(k.startswith("HOROVOD_") for k in env)):
         return LaunchEnv(
             "horovod",
             _int(env, "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", default=1),
             _int(env, "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"),
             _int(env, "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+            _int(env, "HOROVOD_CROSS_RANK"),
+            _int(env, "HOROVOD_CROSS_SIZE", default=1),
         )
-    if "SLURM_JOB_ID" in env and "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", default=1) > 1:
-        return LaunchEnv("slurm", _int(env, "SLURM_NTASKS", default=1), _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"))
+    if _slurm_ranks(env):
+        return LaunchEnv("slurm", _int(env, "SLURM_NTASKS", default=1), _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"),
+                         _int(env, "SLURM_NODEID"), _int(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1))
     if "LOCAL_RANK" in env and "WORLD_SIZE" in env:  # torch.distributed.launch and other env:// launchers
-        return LaunchEnv("torchrun", _int(env, "WORLD_SIZE", default=1), _int(env, "RANK"), _int(env, "LOCAL_RANK"))
+        return _env_ranks(env)
     return LaunchEnv("none")
+
+
+def _env_ranks(env: Mapping[str, str]) -> LaunchEnv:
+    """torchrun's variables (``GROUP_RANK``: the node; static or c10d rendezvous alike)."""
+    return LaunchEnv("torchrun", _int(env, "WORLD_SIZE", default=1), _int(env, "RANK"), _int(env, "LOCAL_RANK"),
+                     _int(env, "GROUP_RANK"), _int(env, "GROUP_WORLD_SIZE", default=1))
+
+
+def _slurm_ranks(env: Mapping[str, str]) -> bool:
+    """Whether srun made this process one of several tasks (a one-task allocation is a plain single process)."""
+    return "SLURM_JOB_ID" in env and "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", default=1) > 1
+
+
+def placement(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Where this process runs: the host's name and :func:`detect`'s node and local rank, for the run record.
+
+    Several "nodes" may share one host name (two ``monai-fast launch`` processes on one machine,
+    containers), so a node is told apart by ``node_rank`` with ``host`` beside it.
+
+    Example:
+        >>> p = placement({"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1"})
+        >>> p["launcher"], p["node_rank"], p["local_rank"], isinstance(p["host"], str)
+        ('torchrun', 1, 0, True)
+    """
+    env = detect(environ)
+    return {"host": socket.gethostname(), "launcher": env.launcher, "node_rank": env.node_rank, "nnodes": env.nnodes,
+            "local_rank": env.local_rank}
 
 
 def pick_backend(env: LaunchEnv, cuda: bool, nproc_per_node: int | None = None) -> str | None:

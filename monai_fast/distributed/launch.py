@@ -1,4 +1,6 @@
-"""Run one training function unchanged under python, torchrun, horovodrun, srun/sbatch or a local spawn."""
+"""Run one training function unchanged under python, torchrun, horovodrun, srun/sbatch or a local spawn;
+and the torchrun command line of ``monai-fast launch`` (one node, or several: static or c10d rendezvous).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,7 +20,7 @@ from monai.utils import set_determinism
 from monai_fast.distributed.env import detect, nested_spawn_message, pick_backend
 from monai_fast.telemetry import cuda_available, set_cuda_device
 
-__all__ = ["free_port", "run", "setup_rank"]
+__all__ = ["LaunchSpec", "free_port", "run", "setup_rank", "torchrun_args", "torchrun_env"]
 
 logger = logging.getLogger("monai_fast.distributed")
 
@@ -117,3 +120,153 @@ def run(
     finally:
         if backend is not None:
             idist.finalize()
+
+
+DEFAULT_MASTER_PORT = 29500
+"""torchrun's own default for ``--master-port``."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Where ``monai-fast launch`` starts its ranks: this node only, or one node of several.
+
+    Three forms: one node (``nnodes=1``, nothing else: torchrun ``--standalone``); several nodes
+    meeting at node 0 (static rendezvous: ``master_addr``, ``master_port``, this node's
+    ``node_rank``, the same on every node but the rank); several nodes meeting at a c10d
+    rendezvous (``rdzv_endpoint`` ``HOST:PORT`` and ``rdzv_id``, the same on every node; torchrun
+    numbers the nodes). Every option is checked here, before anything starts, and all problems
+    are named in one :class:`ValueError`, each by its command-line flag.
+
+    Args:
+        nproc: ranks on this node (one per GPU).
+        nnodes: nodes in the job.
+        node_rank: this node's index, ``0 .. nnodes-1`` (0 on the ``master_addr`` host); static form.
+        master_addr: node 0's address, reachable from every node; static form.
+        master_port: a free port on node 0 (default 29500, torchrun's); static form.
+        rdzv_endpoint: ``HOST:PORT`` of the c10d rendezvous (a port free on HOST); c10d form.
+        rdzv_id: the job's name at the rendezvous, the same on every node; c10d form.
+        max_restarts: when a rank dies, torchrun restarts every rank (of every node, under c10d)
+            up to this many times; a script with :class:`~monai_fast.handlers.Preemption`
+            (``save_every=N``, ``resume()`` before ``run()``) then continues from its latest checkpoint,
+            redoing at most N iterations. Several nodes need the c10d form for it (a static
+            rendezvous has no rounds in which the nodes' restarts meet).
+
+    Example:
+        >>> spec = LaunchSpec(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500)
+        >>> torchrun_args(spec)[:4]
+        ['--nnodes=2', '--node-rank=1', '--master-addr=10.0.0.1', '--master-port=29500']
+        >>> LaunchSpec(nnodes=2, node_rank=2, master_addr="h")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: --node-rank 2 must be below --nnodes 2 ...
+    """
+
+    nproc: int = 2
+    nnodes: int = 1
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+
+    def __post_init__(self) -> None:
+        problems = _count_problems(self) + (_c10d_problems(self) if self.rdzv_endpoint or self.rdzv_id else _static_problems(self))
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def form(self) -> str:
+        """``"standalone"`` (one node), ``"static"`` (``--master-addr``) or ``"c10d"`` (``--rdzv-endpoint``)."""
+        if self.rdzv_endpoint:
+            return "c10d"
+        return "static" if self.master_addr else "standalone"
+
+
+def _count_problems(spec: LaunchSpec) -> list[str]:
+    problems = [f"--nproc must be >= 1, got {spec.nproc}"] if spec.nproc < 1 else []
+    if spec.nnodes < 1:
+        problems.append(f"--nnodes must be >= 1, got {spec.nnodes}")
+    if spec.max_restarts < 0:
+        problems.append(f"--max-restarts must be >= 0, got {spec.max_restarts}")
+    elif spec.max_restarts and spec.nnodes > 1 and not spec.rdzv_endpoint:
+        problems.append(f"--max-restarts {spec.max_restarts} across {spec.nnodes} nodes needs the c10d rendezvous "
+                        "(--rdzv-endpoint HOST:PORT --rdzv-id JOB): a --master-addr (static) rendezvous has no rounds in which "
+                        "the nodes' restarts meet")
+    return problems
+
+
+def _port_problem(flag: str, port: int) -> list[str]:
+    return [] if 1 <= port <= 65535 else [f"{flag} {port} is not a TCP port (1-65535)"]
+
+
+def _static_problems(spec: LaunchSpec) -> list[str]:
+    problems: list[str] = []
+    if spec.node_rank is not None and not 0 <= spec.node_rank < max(spec.nnodes, 1):
+        problems.append(f"--node-rank {spec.node_rank} must be below --nnodes {spec.nnodes} (nodes are numbered "
+                        f"0 to {max(spec.nnodes, 1) - 1}, 0 on the --master-addr host)")
+    if spec.master_addr is not None and (not spec.master_addr.strip() or spec.master_addr.count(":") == 1):
+        problems.append(f"--master-addr {spec.master_addr!r} is not a host name or address"
+                        + (": give the port with --master-port" if ":" in spec.master_addr else ""))
+    if spec.master_port is not None:
+        problems += _port_problem("--master-port", spec.master_port)
+    if spec.nnodes > 1 and spec.master_addr is None:
+        problems.append(f"--nnodes {spec.nnodes} needs where the nodes meet: --master-addr HOST --node-rank I "
+                        "(static), or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d)")
+    elif spec.nnodes > 1 and spec.node_rank is None:
+        problems.append(f"--nnodes {spec.nnodes} with --master-addr needs this node's --node-rank (0 to {spec.nnodes - 1})")
+    elif spec.master_addr is None and (spec.node_rank or spec.master_port is not None):
+        problems.append("--node-rank and --master-port need --master-addr (node 0's address)")
+    return problems
+
+
+def _c10d_problems(spec: LaunchSpec) -> list[str]:
+    static = [flag for flag, v in (("--master-addr", spec.master_addr), ("--master-port", spec.master_port),
+                                   ("--node-rank", spec.node_rank)) if v is not None]
+    problems = [f"{' and '.join(static)} cannot be mixed with the c10d rendezvous (--rdzv-endpoint, --rdzv-id): "
+                "use one form; under c10d torchrun numbers the nodes"] if static else []
+    if not spec.rdzv_endpoint:
+        return problems + ["--rdzv-id needs --rdzv-endpoint HOST:PORT"]
+    host, _, port = spec.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        problems.append(f"--rdzv-endpoint {spec.rdzv_endpoint!r} is not HOST:PORT (the port is required)")
+    else:
+        problems += _port_problem("--rdzv-endpoint's port", int(port))
+    if not spec.rdzv_id or not spec.rdzv_id.strip():
+        problems.append("--rdzv-endpoint needs --rdzv-id JOB, the same on every node (and new for each job)")
+    return problems
+
+
+def torchrun_args(spec: LaunchSpec) -> list[str]:
+    """torchrun's options for ``spec``: where the nodes meet, ranks per node, restarts.
+
+    Example:
+        >>> torchrun_args(LaunchSpec(nproc=2))
+        ['--standalone', '--nproc-per-node=2', '--max-restarts=0', '--monitor-interval=1']
+        >>> torchrun_args(LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="job7"))[:4]
+        ['--nnodes=2', '--rdzv-backend=c10d', '--rdzv-endpoint=h:29400', '--rdzv-id=job7']
+    """
+    if spec.form == "c10d":
+        where = [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}",
+                 f"--rdzv-id={spec.rdzv_id}"]
+    elif spec.form == "static":
+        where = [f"--nnodes={spec.nnodes}", f"--node-rank={spec.node_rank or 0}", f"--master-addr={spec.master_addr}",
+                 f"--master-port={spec.master_port or DEFAULT_MASTER_PORT}", "--rdzv-backend=static"]
+    else:
+        where = ["--standalone"]
+    return [*where, f"--nproc-per-node={spec.nproc}", f"--max-restarts={spec.max_restarts}", "--monitor-interval=1"]
+
+
+def torchrun_env(spec: LaunchSpec) -> dict[str, str]:
+    """Environment variables torchrun needs for ``spec``, beyond the caller's.
+
+    With restarts, the ranks of each round must not share the rendezvous's TCP store: they would
+    keep their process-group keys across rounds (torch 2.x writes them without a per-round
+    prefix there), so a restarted rank 0 reads the dead rank's old address and its gloo/NCCL set-up
+    fails with "Connection refused". ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives every round a
+    store of its own on a fresh port.
+
+    Example:
+        >>> torchrun_env(LaunchSpec(max_restarts=2))
+        {'TORCH_DISABLE_SHARE_RDZV_TCP_STORE': '1'}
+    """
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts else {}

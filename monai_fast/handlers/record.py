@@ -10,8 +10,9 @@ from typing import Any
 import ignite.distributed as idist
 from ignite.engine import Engine, Events
 
+from monai_fast.distributed.env import placement
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.telemetry.record import Category, EngineRecord, RunRecord, Source
+from monai_fast.telemetry.record import Category, EngineRecord, Kind, RunRecord, Source
 
 __all__ = ["RecordHandler", "record_of"]
 
@@ -35,6 +36,10 @@ class RecordHandler(EngineHandler):
     segment: a second ``trainer.run()`` (a notebook cell run again, more epochs) is recorded as
     segment 1, appended to the same file. The record is flushed when each run of an engine ends
     and closed (writing the summary) when each run of the trainer ends, also when it raises.
+
+    Each run of the trainer starts with a ``placement`` event row: the host, node and local rank
+    and the launcher (:func:`monai_fast.distributed.env.placement`), so the doctor can tell which
+    nodes a multi-node job ran on.
 
     It also records where the wall clock went (``span`` rows, :mod:`monai_fast.telemetry.spans`):
     each run of the trainer as the frame (``run``), each run of another engine (the evaluator) as
@@ -92,6 +97,8 @@ class RecordHandler(EngineHandler):
     def _run_started(self, engine: Engine) -> None:
         if self.engine is engine:  # the owner: its runs are the record's segments
             self.record.begin_segment()
+            # where this rank runs (host, node, launcher): the doctor lists the job's nodes from these rows
+            self.record.add(Kind.EVENT, Source.RECORD, what="placement", **placement())
         self._started[id(engine)] = time.time()
 
     def _run_ended(self, engine: Engine) -> None:

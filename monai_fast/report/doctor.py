@@ -13,7 +13,8 @@ on a laptop. Verdicts:
 Only the training engine's rows count (``engine="train"``; validation rows, recorded under their
 own engine name, are left out). Under DDP each epoch is counted once: the figures are given per
 rank and across ranks, where the slowest rank against the fastest (a straggler) is a bottleneck
-of its own. The summaries that handlers write (throughput, GPU, kernels, precision) are listed in
+of its own; the node each rank ran on (host and node rank, from ``RecordHandler``'s ``placement``
+rows) is listed, so a multi-node job shows all its nodes. The summaries that handlers write (throughput, GPU, kernels, precision) are listed in
 the report.
 
 Beyond the iterations, the doctor accounts for the run's whole wall clock
@@ -148,6 +149,20 @@ def _rank_evidence(ranks: dict[int, dict], numbers: dict) -> list[str]:
     ]
 
 
+def _node_evidence(rows: list[dict], numbers: dict) -> list[str]:
+    """Which node each rank ran on (the record's ``placement`` rows, the latest per rank), for jobs of several ranks."""
+    where = {int(r.get("rank", 0)): r for r in select(rows, Kind.EVENT, Source.RECORD) if r.get("what") == "placement"}
+    if len(where) < 2:
+        return []
+    nodes: dict[tuple[int, str], list[int]] = {}
+    for rank, r in sorted(where.items()):
+        nodes.setdefault((int(r.get("node_rank", 0)), str(r.get("host", "?"))), []).append(rank)
+    numbers["nodes"] = [{"node_rank": n, "host": h, "ranks": ranks} for (n, h), ranks in sorted(nodes.items())]
+    listed = "; ".join(f"node {n} on {h}: rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+                       for (n, h), rs in sorted(nodes.items()))
+    return [f"{len(where)} ranks on {len(nodes)} node(s) ({where[min(where)].get('launcher', '?')}): {listed}"]
+
+
 def diagnose(
     rows: list[dict],
     data_threshold: float = 0.2,
@@ -177,7 +192,7 @@ def diagnose(
     if later:
         numbers["data_share_after_first_epoch"] = data_share(sum(r["data_s"] for r in later), sum(r["compute_s"] for r in later))
         evidence.append(f"after the first epoch: {100 * numbers['data_share_after_first_epoch']:.1f}%")
-    evidence += _rank_evidence(ranks, numbers)
+    evidence += _rank_evidence(ranks, numbers) + _node_evidence(rows, numbers)
 
     gpu = select(rows, Kind.INTERVAL, Source.GPU)
     util_mean = mem_peak = None
