@@ -8,15 +8,14 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from monai.networks.nets import SegResNet, UNet
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from monai_fast.cli import main
 from monai_fast.data.synthetic import generate_msd
 from monai_fast.distributed.sagemaker import MASTER_PORT, SageMakerEnvError, read_sagemaker_env, torchrun_command
+from monai_fast.inference.checkpoint import load_checkpoint
 from monai_fast.recipes import RecipeConfig
-from monai_fast.recipes.common import build_network
 
 TINY = ["--patch-size", "32", "32", "32", "--num-samples", "2", "--val-fraction", "0.34", "--no-progress"]
 
@@ -61,9 +60,8 @@ def test_train_in_a_sagemaker_tree_writes_model_report_and_tensorboard_where_sag
 
     saved = json.loads((ml / "model" / "recipe.json").read_text())
     assert saved["recipe"] == "fast" and saved["config"]["network"] == "segresnet"
-    network = build_network(RecipeConfig.from_dict(saved["config"]), torch.device("cpu"))
-    network.load_state_dict(torch.load(ml / "model" / "model.pth", map_location="cpu"))  # strict: every weight there
-    assert isinstance(network, SegResNet)
+    network, config = load_checkpoint(ml / "model" / "model.pth")  # what monai-fast infer reads; strict load
+    assert isinstance(network, SegResNet) and config == RecipeConfig.from_dict(saved["config"])
 
     results = json.loads((ml / "output" / "data" / "results.json").read_text())
     assert results["results"][0]["epochs_run"] == 1  # the command line's --max-epochs 1 beat the hyperparameter's 3
@@ -84,10 +82,7 @@ def test_train_without_sagemaker_is_an_ordinary_cli(tmp_path, tiny_spleen, monke
     out = tmp_path / "out"
     assert main(["train", "--data-dir", str(tiny_spleen), "--output-dir", str(out), "--max-epochs", "1", "--device", "cpu",
                  *TINY]) == 0
-    state = torch.load(out / "model" / "model.pth", map_location="cpu")
-    network = build_network(RecipeConfig.from_dict(json.loads((out / "model" / "recipe.json").read_text())["config"]),
-                            torch.device("cpu"))
-    network.load_state_dict(state)
+    network, _ = load_checkpoint(out / "model" / "model.pth")
     assert isinstance(network, UNet)
     assert (out / "fast" / "report.md").is_file() and not (out / "tensorboard").exists()
     assert "best validation Dice" in capsys.readouterr().out

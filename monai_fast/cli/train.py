@@ -39,7 +39,7 @@ logger = logging.getLogger("monai_fast")
 
 _TEXT = (
     "Train one recipe (default fast) on an MSD-layout folder (--data-dir; default: synthetic spleen-like data) until "
-    "--max-epochs, --target or --time-budget; write the final model's state_dict (model.pth, with recipe.json to rebuild "
+    "--max-epochs, --target or --time-budget; write the final model (model.pth, a checkpoint monai-fast infer reads; recipe.json to rebuild "
     "it) into --model-dir, and the run record, the doctor's report, results.json, epochs.csv and plots into --output-dir. "
     "In a SageMaker training job the defaults come from the job (SM_CHANNEL_TRAINING, SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, "
     "SM_NUM_GPUS, TensorBoard under /opt/ml/output/tensorboard) and its hyperparameters (SM_HPS or "
@@ -161,15 +161,15 @@ def _attach_tensorboard(built: Any, folder: Path) -> Any:
 
 
 def _save_model(built: Any, model_dir: Path) -> Path:
-    """The bare network's ``state_dict`` as ``model.pth`` and its recipe options as ``recipe.json``, each atomic."""
-    import torch
+    """``model.pth``: an inference checkpoint (weights + ``RecipeConfig``, ``monai-fast infer`` reads it); ``recipe.json`` beside it.
 
-    from monai_fast.files import atomic_write, write_json
+    Both written atomically.
+    """
+    from monai_fast.files import write_json
+    from monai_fast.inference.checkpoint import save_checkpoint
 
     model_dir.mkdir(parents=True, exist_ok=True)
-    path = model_dir / "model.pth"
-    with atomic_write(path, "wb") as f:
-        torch.save(getattr(built.network, "module", built.network).state_dict(), f)
+    path = save_checkpoint(model_dir / "model.pth", built.network, built.config)
     write_json({"recipe": built.name, "config": built.config.to_dict()}, model_dir / "recipe.json")
     return path
 
