@@ -4,6 +4,7 @@ from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.background_validation import BackgroundValidation, BackgroundValidationError
 from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.handlers.gpu_sampler import GPUSampler
+from monai_fast.handlers.inference_split import InferenceSplit, InferenceTimes
 from monai_fast.handlers.kernel_profiler import KernelProfiler
 from monai_fast.handlers.lifecycle import on_run_end
 from monai_fast.handlers.nonfinite import NonFiniteGuard, NonFiniteLossError
@@ -23,6 +24,8 @@ __all__ = [
     "EpochTimes",
     "FastTraining",
     "GPUSampler",
+    "InferenceSplit",
+    "InferenceTimes",
     "KernelProfiler",
     "NVTXHandler",
     "NonFiniteGuard",

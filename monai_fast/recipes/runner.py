@@ -18,7 +18,15 @@ from monai.handlers import TensorBoardStatsHandler, from_engine
 from torch.utils.tensorboard import SummaryWriter
 
 from monai_fast.files import atomic_write
-from monai_fast.handlers import GPUSampler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
+from monai_fast.handlers import (
+    GPUSampler,
+    InferenceSplit,
+    NVTXHandler,
+    RecordHandler,
+    ThroughputMonitor,
+    TimeBreakdown,
+    TimeToTarget,
+)
 from monai_fast.progress import show_progress
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.recipes.common import Recipe
@@ -335,6 +343,7 @@ def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWrit
         record.attach(trainer)
         record.attach(evaluator)
         record.record.add_span(Category.SETUP, wall_time(t0), wall_time(t0 + built.setup_s), source=Source.RECIPE)
+        InferenceSplit().attach(evaluator)  # after the evaluator's metrics: the doctor's network vs stitching split
     NVTXHandler().attach(trainer)
     NVTXHandler().attach(evaluator)
     if built.device.type == "cuda":

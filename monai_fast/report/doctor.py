@@ -240,7 +240,7 @@ def _add_wall_clock(rows: list[dict], applied: dict[str, dict], numbers: dict, e
         return
     wc = clocks[min(clocks)]
     numbers["wall_clock"] = wc.to_dict()
-    if inference := _inference(wc):
+    if inference := _inference(wc, rows):
         numbers["inference"] = inference
     if len(clocks) > 1:
         numbers["wall_clock_per_rank"] = {k: v.to_dict() for k, v in clocks.items()}
@@ -253,16 +253,34 @@ def _add_wall_clock(rows: list[dict], applied: dict[str, dict], numbers: dict, e
     fixes += [f for share, f in advice if share <= training]
 
 
-def _inference(wc: WallClock) -> dict | None:
-    """The inference section: validation's (sliding-window inference's) time, and where faster inference is measured."""
+def _inference(wc: WallClock, rows: list[dict]) -> dict | None:
+    """The inference section: validation's (sliding-window inference's) time, its split into network and
+    sliding window when :class:`~monai_fast.handlers.InferenceSplit` timed it, and where faster inference is measured."""
     sync, beside = wc.seconds.get("validation", 0.0), wc.overlapped.get("validation", 0.0)
     if sync + beside <= 0:
         return None
     text = (f"validation (sliding-window inference) took {sync:.1f} s, {100 * wc.share('validation'):.1f}% of the wall "
-            "clock" + (f", and {beside:.1f} s beside training" if beside else "") + "; python benchmarks/inference.py "
-            "times the inference backends (eager, autocast, compile, onnx, tensorrt) on this machine, and "
-            "monai-fast infer --backend NAME runs the trained network with one")
-    return {"validation_s": sync, "overlapped_s": beside, "share": wc.share("validation"), "text": text}
+            "clock" + (f", and {beside:.1f} s beside training" if beside else "") + ". ")
+    numbers: dict = {"validation_s": sync, "overlapped_s": beside, "share": wc.share("validation")}
+    split = select(rows, Kind.EPOCH, Source.INFERENCE)
+    split = [r for r in split if r.get("rank", 0) == min(r.get("rank", 0) for r in split)]
+    parts = {k: sum(r[k] for r in split) for k in ("network_s", "sliding_window_s", "before_s", "after_s", "windows")}
+    total = sum(v for k, v in parts.items() if k.endswith("_s"))
+    if total > 0:
+        share = {k: v / total for k, v in parts.items() if k.endswith("_s")}
+        numbers["split"] = {**parts, "iteration_s": total, "shares": share}
+        text += (f"Of its iterations ({total:.1f} s, {parts['windows']:.0f} windows): network {100 * share['network_s']:.0f}%, "
+                 f"sliding window around it (cutting windows, stitching) {100 * share['sliding_window_s']:.0f}%, "
+                 f"before the first window (batch to device) {100 * share['before_s']:.0f}%, after the inferer "
+                 f"(post-processing, metric) {100 * share['after_s']:.0f}%. ")
+        if share["sliding_window_s"] >= 0.3:
+            text += ("Stitching outweighs much of the network: fewer, larger window batches (sw_batch_size; "
+                     "FastTraining(validation='tune') measures it) and stitching on the network's device help. ")
+    else:
+        text += "Attach monai_fast.handlers.InferenceSplit to the evaluator to split it into network and stitching. "
+    text += ("python benchmarks/inference.py times the inference backends (eager, autocast, compile, onnx, tensorrt) "
+             "on this machine, and monai-fast infer --backend NAME runs the trained network with one")
+    return {**numbers, "text": text}
 
 
 def _summary_lines(summary: dict) -> list[str]:

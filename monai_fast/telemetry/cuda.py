@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,9 +19,11 @@ __all__ = [
     "current_cuda_device",
     "device_description",
     "set_cuda_device",
+    "seconds_between",
     "set_cuda_rng_states",
     "side_stream",
     "synchronize",
+    "time_mark",
 ]
 
 
@@ -145,3 +148,37 @@ def side_stream(device: torch.device | str | None) -> Iterator[None]:
     with torch.cuda.stream(stream):
         yield
     stream.synchronize()
+
+
+Mark = float | torch.cuda.Event
+"""A point in time from :func:`time_mark`: a host clock reading, or a CUDA event on the current stream."""
+
+
+def time_mark(device: torch.device | str | None) -> Mark:
+    """A point in time on ``device``'s timeline without waiting for it.
+
+    On a CUDA device this records a timing event on the current stream (the point the stream
+    reaches once the work queued before it has run); elsewhere it reads ``time.perf_counter()``.
+    Use :func:`seconds_between` on two marks of the same device.
+
+    Example:
+        >>> a = time_mark("cpu"); b = time_mark("cpu")
+        >>> seconds_between(a, b) >= 0
+        True
+    """
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(dev))
+        return event
+    return time.perf_counter()
+
+
+def seconds_between(start: Mark, end: Mark) -> float:
+    """Seconds from ``start`` to ``end`` (two :func:`time_mark` marks); waits for a CUDA ``end`` to be reached."""
+    if isinstance(start, float) and isinstance(end, float):
+        return end - start
+    if isinstance(start, float) or isinstance(end, float):
+        raise TypeError("seconds_between needs two marks of the same kind (two host readings or two CUDA events)")
+    end.synchronize()
+    return start.elapsed_time(end) / 1000.0

@@ -64,6 +64,7 @@ class Source(str, Enum):
     KERNELS = "kernels"
     FAST_TRAINING = "fast_training"
     VALIDATION = "validation"  #: validation schedule decisions and background validations
+    INFERENCE = "inference"  #: an evaluator run split into network and sliding-window time
     CHECKPOINT = "checkpoint"
     RECIPE = "recipe"
     USER = "user"

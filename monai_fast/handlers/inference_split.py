@@ -1,0 +1,177 @@
+"""Where a validation iteration's time goes: the network, the sliding window around it, and the rest."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import asdict, dataclass
+
+import torch
+from ignite.engine import Engine, Events
+
+from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.handlers.record import record_of
+from monai_fast.telemetry.cuda import Mark, seconds_between, time_mark
+from monai_fast.telemetry.record import Kind, Source
+
+__all__ = ["InferenceSplit", "InferenceTimes"]
+
+try:  # MONAI's engines fire FORWARD_COMPLETED right after the inferer returns
+    from monai.engines.utils import IterationEvents
+except ImportError:  # pragma: no cover - MONAI is a dependency; a plain ignite engine has no such event
+    IterationEvents = None
+
+
+@dataclass
+class InferenceTimes:
+    """Totals of one evaluator run (one validation), in seconds.
+
+    ``network_s`` is the time inside the network's forward calls; ``sliding_window_s`` the rest of
+    the inferer, from the first window's call to the inferer's return (cutting windows, padding,
+    stitching the outputs into the volume); ``before_s`` from the iteration's start to the first
+    window (the batch moved to the device, padding before the first window); ``after_s`` from the
+    inferer's return to the end of the iteration (post-processing, metric updates). On an engine
+    without MONAI's ``FORWARD_COMPLETED`` event the inferer is taken to end with its last window,
+    and ``after_s`` holds the rest.
+    """
+
+    iterations: int = 0
+    network_calls: int = 0
+    windows: int = 0
+    network_s: float = 0.0
+    sliding_window_s: float = 0.0
+    before_s: float = 0.0
+    after_s: float = 0.0
+
+    @property
+    def iteration_s(self) -> float:
+        return self.network_s + self.sliding_window_s + self.before_s + self.after_s
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "iteration_s": self.iteration_s}
+
+
+class InferenceSplit(EngineHandler):
+    """Splits an evaluator's iterations into network time and sliding-window time around it.
+
+    Forward hooks on the network (MONAI's ``engine.network``, or ``network``) mark each window
+    batch's call; MONAI's ``FORWARD_COMPLETED`` event marks the inferer's return. The calls are
+    counted only on the thread that runs the evaluator's iteration, so a network shared with a
+    trainer (MONAI's evaluators share the trainer's) is timed for validation only. On a CUDA device
+    the marks are CUDA events on the current stream, so the split is the device's timeline and adds
+    no synchronisation until the iteration's end. Each run's totals (:class:`InferenceTimes`) are
+    appended to :attr:`runs` and, with a run record on the engine, written as an ``epoch`` row of
+    source ``inference``, from which the doctor reports stitching versus network.
+
+    Attach it after the evaluator's metrics (MONAI attaches them when it builds the evaluator), so
+    that their updates count as ``after_s``.
+
+    Args:
+        network: the module the inferer calls; default the engine's ``network`` attribute.
+        logger: where the per-run line (debug level) and warnings go; default ``monai_fast.handlers``.
+
+    Raises:
+        ValueError: at ``attach``, when no network is given and the engine has none.
+
+    Example:
+        >>> from monai_fast.handlers import InferenceSplit
+        >>> split = InferenceSplit()
+        >>> split.attach(evaluator)  # doctest: +SKIP
+        >>> evaluator.run()  # doctest: +SKIP
+        >>> split.runs[-1].network_s / split.runs[-1].iteration_s  # doctest: +SKIP
+        0.81
+    """
+
+    def __init__(self, network: torch.nn.Module | None = None, logger: logging.Logger | None = None) -> None:
+        if network is not None and not isinstance(network, torch.nn.Module):
+            raise ValueError(f"network must be a torch.nn.Module, got {type(network).__name__}")
+        super().__init__()
+        self.network = network
+        self.logger = logger or logging.getLogger("monai_fast.handlers")
+        self.runs: list[InferenceTimes] = []
+        self._hooks: list = []
+        self._thread: int | None = None
+        self._device = None
+        self._totals = InferenceTimes()
+        self._start: Mark | None = None
+        self._calls: list[list[Mark]] = []
+        self._forward_done: Mark | None = None
+        self._warned = False
+
+    def _attach(self, engine: Engine) -> None:
+        net = self.network if self.network is not None else getattr(engine, "network", None)
+        if not isinstance(net, torch.nn.Module):
+            raise ValueError("InferenceSplit: the engine has no `network` attribute (not a MONAI evaluator); "
+                             "pass network=<the module the inferer calls>")
+        self._device = getattr(engine.state, "device", None)
+        self._hooks = [net.register_forward_pre_hook(self._before_call), net.register_forward_hook(self._after_call)]
+        self.on(engine, Events.EPOCH_STARTED, self._run_started)
+        self.on(engine, Events.ITERATION_STARTED, self._iteration_started)
+        if IterationEvents is not None:
+            try:
+                self.on(engine, IterationEvents.FORWARD_COMPLETED, self._forward_completed)
+            except ValueError:  # a plain ignite engine: the event is not registered there
+                pass
+        self.on(engine, Events.ITERATION_COMPLETED, self._iteration_completed)
+        self.on(engine, Events.EPOCH_COMPLETED, self._run_completed)
+
+    def _detached(self, engine: Engine) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def _mine(self) -> bool:
+        return self._thread == threading.get_ident()
+
+    def _before_call(self, module: torch.nn.Module, args: tuple) -> None:
+        if self._mine():
+            windows = args[0].shape[0] if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0 else 1
+            self._calls.append([time_mark(self._device), None, windows])
+
+    def _after_call(self, module: torch.nn.Module, args: tuple, output: object) -> None:
+        if self._mine() and self._calls and self._calls[-1][1] is None:
+            self._calls[-1][1] = time_mark(self._device)
+
+    def _run_started(self, engine: Engine) -> None:
+        self._totals = InferenceTimes()
+
+    def _iteration_started(self, engine: Engine) -> None:
+        self._thread = threading.get_ident()
+        self._calls, self._forward_done = [], None
+        self._start = time_mark(self._device)
+
+    def _forward_completed(self, engine: Engine) -> None:
+        self._forward_done = time_mark(self._device)
+
+    def _iteration_completed(self, engine: Engine) -> None:
+        end = time_mark(self._device)
+        self._thread = None
+        t, calls = self._totals, [c for c in self._calls if c[1] is not None]
+        t.iterations += 1
+        if not calls:
+            t.after_s += seconds_between(self._start, end)
+            return
+        network = sum(seconds_between(a, b) for a, b, _ in calls)
+        inferer_end = self._forward_done if self._forward_done is not None else calls[-1][1]
+        t.network_calls += len(calls)
+        t.windows += sum(n for _, _, n in calls)
+        t.network_s += network
+        t.sliding_window_s += max(0.0, seconds_between(calls[0][0], inferer_end) - network)
+        t.before_s += seconds_between(self._start, calls[0][0])
+        t.after_s += seconds_between(inferer_end, end)
+
+    def _run_completed(self, engine: Engine) -> None:
+        t = self._totals
+        self.runs.append(t)
+        if t.iterations and not t.network_calls and not self._warned:
+            self._warned = True
+            self.logger.warning("InferenceSplit: the hooked network was not called during this run; pass "
+                                "network=<the module the inferer calls> (a compiled or wrapped copy?)")
+        record = record_of(engine)
+        if record is not None:
+            record.add(Kind.EPOCH, Source.INFERENCE, **t.as_dict())
+        if t.iteration_s > 0:
+            self.logger.debug("InferenceSplit: %d iterations in %.2f s: network %.0f%%, sliding window around it %.0f%%, "
+                             "before %.0f%%, after %.0f%%", t.iterations, t.iteration_s, 100 * t.network_s / t.iteration_s,
+                             100 * t.sliding_window_s / t.iteration_s, 100 * t.before_s / t.iteration_s,
+                             100 * t.after_s / t.iteration_s)
