@@ -73,6 +73,30 @@ def test_each_available_backend_agrees_with_eager_fp32(backend, model_file, tiny
         assert agree["voxels"] >= 0.99 and agree["dice"] >= 0.99, (backend, agree)
 
 
+def test_auto_sliding_window_is_measured_once_then_read_from_the_store_and_agrees(model_file, tiny_spleen, tmp_path, caplog):
+    two_images = images(tiny_spleen)
+    store = tmp_path / "tuning.json"
+    eager = infer(model_file, two_images, tmp_path / "fixed", progress=False)
+    with caplog.at_level("INFO", logger="monai_fast"):
+        auto = infer(model_file, two_images, tmp_path / "auto", sw_batch_size="auto", tune_store=store,
+                     sw_batch_range=(1, 2), progress=False)
+        infer(model_file, two_images, tmp_path / "again", sw_batch_size="auto", tune_store=store,
+                     sw_batch_range=(1, 2), progress=False)
+    entries = json.loads(store.read_text())
+    assert len(entries["results"] if "results" in entries else entries) == 1
+    measured = [r.getMessage() for r in caplog.records if r.getMessage().startswith("infer: sw_batch_size")]
+    assert len(measured) == 2 and sum("using the cached result" in r.getMessage() for r in caplog.records) == 1
+    for a, b in zip(eager.outputs, auto.outputs):
+        agree = agreement(np.asarray(nib.load(a).dataobj), np.asarray(nib.load(b).dataobj))
+        assert agree["voxels"] >= 0.99, agree
+
+
+def test_the_cli_names_a_bad_sw_batch_size(model_file, tiny_spleen, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["infer", str(model_file), *images(tiny_spleen), "--out", str(tmp_path / "out"), "--sw-batch-size", "0"])
+    assert "--sw-batch-size" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
 def test_a_training_checkpoint_loads_with_the_config_passed(tmp_path):
     net = build_network(CONFIG, torch.device("cpu"))
     torch.save({"trainer": {"epoch": 3}, "model": net.state_dict()}, tmp_path / "ckpt-000000003.pt")  # CheckpointFolder's

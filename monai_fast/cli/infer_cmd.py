@@ -27,6 +27,18 @@ _TEXT = (
 )
 
 
+def _sw_batch(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {value}")
+    return value
+
+
 def _cmd_infer(args: argparse.Namespace) -> int:
     from monai_fast.inference import InferenceError, infer
     from monai_fast.race.options import check_writable_dir, resolve_device
@@ -62,7 +74,9 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
                    "training (same --val-fraction and the checkpoint's seed), train, all, or the test images "
                    "(default %(default)s)")
     p.add_argument("--val-fraction", type=float, default=0.25, help="as in training (default %(default)s)")
-    p.add_argument("--sw-batch-size", type=int, help="windows per network call (default: the checkpoint's config)")
+    p.add_argument("--sw-batch-size", type=_sw_batch, help="windows per network call, or 'auto' to measure it (and the "
+                   "stitching device) on the first image's size, cached in the tuning store (default: the checkpoint's "
+                   "config)")
     p.add_argument("--overlap", type=float, help="sliding-window overlap in [0, 1) (default: the checkpoint's config)")
     p.add_argument("--no-preflight", action="store_true", help="skip the check of every image before inference")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (a log line per volume instead)")

@@ -42,7 +42,7 @@ from monai_fast.inference.checkpoint import InferenceError
 from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import autocast_for, cpu_has_bf16_hardware
 
-__all__ = ["BACKENDS", "BackendUnavailable", "Predictor", "available", "build_predictor", "missing", "onnx_model", "require"]
+__all__ = ["BACKENDS", "BackendUnavailable", "Predictor", "available", "build_predictor", "missing", "onnx_model", "precision_of", "require"]
 
 logger = logging.getLogger(__name__)
 
@@ -198,11 +198,18 @@ def _tensorrt(network: torch.nn.Module, example: torch.Tensor) -> tuple[Callable
     return (lambda x: engine(x).float()), "TensorRT (torch-tensorrt, fp16 kernels)"
 
 
+def precision_of(backend: str, device: torch.device | str) -> str:
+    """The precision ``backend``'s network runs at on ``device``: fp16 (CUDA) or bf16 for autocast, else fp32."""
+    if backend == "autocast":
+        return "fp16" if torch.device(device).type == "cuda" else "bf16"
+    return "fp32"
+
+
 def _build(network: torch.nn.Module, backend: str, example: torch.Tensor, device: torch.device) -> tuple[Callable, str]:
     if backend == "eager":
         return network, "fp32"
     if backend == "autocast":
-        precision = "fp16" if device.type == "cuda" else "bf16"
+        precision = precision_of(backend, device)
 
         def run(x: torch.Tensor) -> torch.Tensor:
             with autocast_for(precision, device):

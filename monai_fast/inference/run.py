@@ -44,14 +44,14 @@ from monai.transforms import (
 
 from monai_fast.data.preflight import PreflightError, scan_file
 from monai_fast.data.safe_chain import NamedItemsCompose
-from monai_fast.inference.backends import Predictor, build_predictor, require
+from monai_fast.inference.backends import Predictor, build_predictor, precision_of, require
 from monai_fast.inference.checkpoint import InferenceError, load_checkpoint
 from monai_fast.inference.nifti import AtomicNiftiWriter
 from monai_fast.progress import progress_bar, show_progress
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.telemetry import synchronize
 
-__all__ = ["SPLITS", "InferenceResult", "check_images", "data_list", "infer", "inference_transforms", "output_name"]
+__all__ = ["SPLITS", "InferenceResult", "check_images", "data_list", "infer", "inference_transforms", "output_name", "tuned_window"]
 
 logger = logging.getLogger(__name__)
 
@@ -187,10 +187,12 @@ def infer(
     device: str | torch.device = "cpu",
     split: str = "val",
     val_fraction: float = 0.25,
-    sw_batch_size: int | None = None,
+    sw_batch_size: int | str | None = None,
     overlap: float | None = None,
     preflight: bool = True,
     progress: bool = True,
+    tune_store: str | os.PathLike | None = "default",
+    sw_batch_range: tuple[int, int] = (1, 32),
 ) -> InferenceResult:
     """Run sliding-window inference of ``model`` over ``data`` and write one NIfTI prediction per image.
 
@@ -205,7 +207,11 @@ def infer(
             (tuned or set for training) the sliding window's defaults.
         device: where the network runs.
         split, val_fraction: which of an MSD folder's cases (:func:`data_list`; the seed is the config's).
-        sw_batch_size, overlap: override the config's sliding-window batch and overlap.
+        sw_batch_size, overlap: override the config's sliding-window batch and overlap. ``"auto"``
+            measures the batch and the stitching device on the first image's size
+            (:func:`tuned_window`).
+        tune_store: where ``"auto"`` keeps its measurement (``"default"``, a path, or ``None``).
+        sw_batch_range: the inclusive range of window batches ``"auto"`` searches.
         preflight: check every image before any inference (:func:`check_images`).
         progress: a progress bar where one fits, else a log line per volume.
 
@@ -224,10 +230,12 @@ def infer(
         network = model
     else:
         network, config = load_checkpoint(model, config=config)  # on the CPU; build_predictor moves it
-    sw_batch_size = config.sw_batch_size if sw_batch_size is None else sw_batch_size
+    auto = sw_batch_size == "auto"
+    sw_batch_size = config.sw_batch_size if sw_batch_size is None or auto else sw_batch_size
     overlap = config.sw_overlap if overlap is None else overlap
-    if sw_batch_size < 1 or not 0.0 <= overlap < 1.0:
-        raise InferenceError(f"sw_batch_size must be >= 1 and overlap in [0, 1); got {sw_batch_size} and {overlap}")
+    if not isinstance(sw_batch_size, int) or sw_batch_size < 1 or not 0.0 <= overlap < 1.0:
+        raise InferenceError(f"sw_batch_size must be an int >= 1 or 'auto', and overlap in [0, 1); got {sw_batch_size!r} "
+                             f"and {overlap}")
     paths = data_list(data, split=split, val_fraction=val_fraction, seed=config.seed)
     if not paths:
         raise InferenceError(f"no images to infer in {data}")
@@ -236,9 +244,11 @@ def infer(
     if preflight:
         check_images(paths)
     out_dir.mkdir(parents=True, exist_ok=True)
+    stitch = torch.device(config.val_device) if config.val_device else device
+    if auto:
+        sw_batch_size, stitch = tuned_window(network, config, paths[0], backend, device, overlap, tune_store, sw_batch_range)
     predictor = build_predictor(network, backend, config.patch_size, sw_batch_size, device)
     result = InferenceResult(backend, predictor.detail, str(device), list(paths), outputs, prepare_s=predictor.prepare_s)
-    stitch = torch.device(config.val_device) if config.val_device else device
     inferer = SlidingWindowInferer(roi_size=config.patch_size, sw_batch_size=sw_batch_size, overlap=overlap,
                                    sw_device=device, device=stitch)
     _run(predictor, inferer, config, paths, outputs, device, result, progress)
@@ -246,6 +256,26 @@ def infer(
     logger.info("infer %s: %d volumes in %.1f s (%.2f volumes/s of inference; backend built in %.1f s) -> %s",
                 backend, len(paths), result.total_s, result.volumes_per_s, result.prepare_s, out_dir)
     return result
+
+
+def tuned_window(network: torch.nn.Module, config: RecipeConfig, image: str, backend: str, device: torch.device,
+                 overlap: float, store: str | os.PathLike | None = "default",
+                 sw_batch_range: tuple[int, int] = (1, 32)) -> tuple[int, torch.device]:
+    """The fastest ``sw_batch_size`` and stitching device for ``network`` on volumes of ``image``'s size.
+
+    Measured by :func:`~monai_fast.tune.tune_validation` with the eager network at the backend's
+    precision (autocast's bf16/fp16, else fp32), cached in the tuning store, so a second run with
+    the same network and size reads it back.
+    """
+    from monai_fast.tune.validation import tune_validation  # the tuner loads only when asked for
+
+    shape = tuple(inference_transforms(config)({"image": image})["image"].shape[1:])
+    precision = precision_of(backend, device)
+    pick = tune_validation(network.to(device), config.patch_size, shape, device, precision, overlap=overlap,
+                           sw_batch_range=sw_batch_range, store=store)
+    logger.info("infer: sw_batch_size %d, stitching on %s, measured on %s volumes at %s (%.2f volumes/s)",
+                pick.sw_batch_size, pick.val_device, "x".join(map(str, shape)), precision, pick.val_volumes_per_s)
+    return pick.sw_batch_size, torch.device(pick.val_device)
 
 
 def _run(predictor: Predictor, inferer: SlidingWindowInferer, config: RecipeConfig, paths: Sequence[str],
