@@ -141,8 +141,9 @@ def test_unwritable_run_dir_is_named_before_any_training(tmp_path, monkeypatch):
 
 def test_tune_command_then_demo_applies_the_cached_pick(tmp_path, capsys):
     tiny = ["--cases", "5", "--shape", "48", "48", "32", "--patch-size", "32", "32", "32", "--num-samples", "2", "--no-progress"]
+    # --fp32: the precision is part of the tuning key, and a CPU's bf16 measurement can differ between two processes
     search = ["--batch-range", "1", "2", "--sw-range", "1", "2", "--trials", "2", "--tune-cache", str(tmp_path / "t.json"),
-              "--place-cache"]
+              "--place-cache", "--fp32"]
     assert main(["tune", *tiny, *search, "--out", str(tmp_path / "tune.json")]) == 0
     out = capsys.readouterr().out
     assert "pick: batch_size=" in out and "sw_batch_size=" in out and "cache: ram," in out

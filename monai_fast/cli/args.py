@@ -68,7 +68,9 @@ def add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
     g.add_argument("--channels", type=int, nargs="+", help="UNet channels per level (default 8 16 32 64)")
     if race:
         g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
-        g.add_argument("--fp32", action="store_true", help="no mixed precision in any recipe (default: fast picks bf16/fp16 where it pays)")
+    g.add_argument("--fp32", action="store_true", help="no mixed precision in any recipe (default: fast picks bf16/fp16 where it "
+                   "pays, measured on a CPU)")
+    if race:
         g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")
         g.add_argument("--cache", choices=("auto", "gpu", "ram", "disk", "smartcache", "none"),
                        help="where fast caches its training data (default auto: measured by the cache planner)")
