@@ -39,7 +39,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,85 +64,16 @@ from monai.utils import set_determinism
 from monai_fast.data.wsi_reader import choose_wsi_backend
 from monai_fast.handlers import AMPToggle, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
 from monai_fast.recipes.pathology_augment import AugmentingPrepareBatch, batch_augment, cucim_status, to_unit_range
+from monai_fast.recipes.pathology_config import SIZES, PathologyConfig, PathologySize
 
-__all__ = ["METRIC", "SIZES", "VARIANTS", "PathologyConfig", "PathologyRun", "PathologySize", "build_pathology", "run_pathology"]
+__all__ = ["METRIC", "SIZES", "VARIANTS", "PathologyConfig", "PathologyRun", "PathologySize", "build_pathology", "results_table",
+           "run_pathology", "summarize"]
 
 logger = logging.getLogger(__name__)
 
 VARIANTS = ("plain", "fast")
 #: the validation metric the target is on
 METRIC = "val_auc"
-
-
-@dataclass(frozen=True)
-class PathologyConfig:
-    """Options of both pipelines; sizes come from :data:`SIZES` (``SIZES[name].config()``).
-
-    Args:
-        patch_size: patch side at level 0, in pixels.
-        batch_size: patches per batch.
-        init_features, growth_rate, block_config: MONAI ``DenseNet`` width and depth.
-        max_epochs: epochs at most.
-        lr: learning rate (Novograd in ``fast``, Adam in ``plain``).
-        precision: ``fast``'s ``AMPToggle`` request (``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``).
-        workers: loader worker processes of ``plain`` (``fast`` loads in a thread).
-        backend: ``fast``'s WSI backend (:data:`monai_fast.data.wsi_reader.BACKENDS`).
-        prob: probability of the flip and of the rotation.
-        seed: weights, shuffling and augmentation.
-    """
-
-    patch_size: int = 64
-    batch_size: int = 32
-    init_features: int = 16
-    growth_rate: int = 16
-    block_config: tuple[int, ...] = (2, 4, 4)
-    max_epochs: int = 5
-    lr: float = 1e-3
-    precision: str = "auto"
-    workers: int = 2
-    backend: str = "auto"
-    prob: float = 0.5
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("patch_size", "batch_size", "init_features", "growth_rate", "max_epochs"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {self.workers}")
-
-
-@dataclass(frozen=True)
-class PathologySize:
-    """One size of the task: the synthetic slides and the pipeline options."""
-
-    slides: int
-    shape: tuple[int, int]
-    tile: int
-    levels: int
-    options: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def patch_size(self) -> int:
-        return int(self.options.get("patch_size", PathologyConfig.patch_size))
-
-    def config(self, **overrides: Any) -> PathologyConfig:
-        """The :class:`PathologyConfig` of this size, with ``overrides`` (``None`` values ignored)."""
-        return PathologyConfig(**{**self.options, **{k: v for k, v in overrides.items() if v is not None}})
-
-
-#: ``tiny``: seconds on a CPU (tests); ``cpu``: a few minutes on a laptop; ``gpu``: Camelyon-like patches
-#: (224 pixels) and DenseNet-121's layout on a GPU
-SIZES = {
-    "tiny": PathologySize(3, (512, 512), 128, 2, {"patch_size": 32, "batch_size": 16, "init_features": 8, "growth_rate": 8,
-                                                  "block_config": (2, 2), "max_epochs": 2, "workers": 1}),
-    "cpu": PathologySize(4, (3072, 3072), 256, 3, {"patch_size": 64, "batch_size": 32, "init_features": 8, "growth_rate": 8,
-                                                   "block_config": (2, 2, 2), "max_epochs": 6}),
-    "gpu": PathologySize(8, (8192, 8192), 256, 4, {"patch_size": 224, "batch_size": 64, "init_features": 64, "growth_rate": 32,
-                                                   "block_config": (6, 12, 24, 16), "max_epochs": 10, "workers": 8}),
-}
 
 
 @dataclass
@@ -332,3 +263,34 @@ def run_pathology(variant: str, train: Sequence[dict], val: Sequence[dict], conf
     out = summarize(run, time.perf_counter() - t0)
     out["config"] = asdict(config or PathologyConfig())
     return out
+
+
+def results_table(results: Sequence[dict[str, Any]]) -> str:
+    """Runs (from :func:`run_pathology`) as a markdown table; ratios against the ``plain`` run of the same repeat.
+
+    Example:
+        >>> print(results_table([{"variant": "fast", "patches_per_s": 120.0, "data_share": 0.01, "epochs": 3,
+        ...                       "best_auc": 0.97, "time_to_target_s": 40.0, "target_auc": 0.95}]))  # doctest: +NORMALIZE_WHITESPACE
+        | variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC 0.95 | patches/s vs plain | time to target vs plain |
+        |---|---|---|---|---|---|---|---|---|
+        | fast | 1 | 120.0 | 1.0 % | 3 | 0.970 | 40.0 s | | |
+    """
+    def cell(v: float | None, fmt: str, unit: str = "") -> str:
+        return "-" if v is None else format(v, fmt) + unit
+
+    target = results[0].get("target_auc", 0.0) if results else 0.0
+    lines = [f"| variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC {target:g} | patches/s vs plain | time to target vs plain |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        repeat = r.get("repeat", 1)
+        plain = next((p for p in results if p["variant"] == "plain" and p.get("repeat", 1) == repeat), None)
+        speed = time_ratio = ""
+        if plain is not None and r is not plain:
+            if r["patches_per_s"] and plain["patches_per_s"]:
+                speed = f"{r['patches_per_s'] / plain['patches_per_s']:.2f}x"
+            if r["time_to_target_s"] and plain["time_to_target_s"]:
+                time_ratio = f"{plain['time_to_target_s'] / r['time_to_target_s']:.2f}x as fast"
+        share = None if r["data_share"] is None else 100 * r["data_share"]
+        lines.append(f"| {r['variant']} | {repeat} | {cell(r['patches_per_s'], '.1f')} | {cell(share, '.1f', ' %')} | {r['epochs']} "
+                     f"| {cell(r['best_auc'], '.3f')} | {cell(r['time_to_target_s'], '.1f', ' s')} | {speed} | {time_ratio} |")
+    return "\n".join(lines)
