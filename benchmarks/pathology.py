@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="rounds of all variants, interleaved (default %(default)s)")
     p.add_argument("--target", type=float, help="validation ROC AUC (default 0.95; --tiny: 0.8)")
     p.add_argument("--max-epochs", type=int, help="default: the size's")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto", help="fast's AMPToggle (default %(default)s)")
     p.add_argument("--time-budget", type=float, default=1800.0, help="seconds per run (default %(default)s)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     root = synthetic_wsi_dataset(size.slides, size.shape, size.patch_size, tile=size.tile, levels=size.levels, progress=False)
     train, val = load_wsi_datalist(root)
-    config = size.config(max_epochs=args.max_epochs)
+    config = size.config(max_epochs=args.max_epochs, precision=args.precision)
     runs = []
     for repeat in range(1, repeats + 1):
         for variant in args.variants:  # interleaved

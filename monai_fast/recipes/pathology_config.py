@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from monai_fast.data.wsi_reader import BACKENDS
+from monai_fast.telemetry.precision import check_precision
+
 __all__ = ["SIZES", "PathologyConfig", "PathologySize"]
 
 
@@ -52,6 +55,11 @@ class PathologyConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not 0.0 <= self.prob <= 1.0:
+            raise ValueError(f"prob must be in [0, 1], got {self.prob}")
+        check_precision(self.precision, allow_auto=True)
 
 
 @dataclass(frozen=True)
