@@ -74,7 +74,7 @@ def test_fast_pipeline_carries_the_levers_and_plain_does_not(patches):
     fast = build_pathology("fast", *patches, config, "cpu")
     plain = build_pathology("plain", *patches, config, "cpu")
     assert isinstance(fast.trainer.data_loader, ThreadDataLoader) and not isinstance(plain.trainer.data_loader, ThreadDataLoader)
-    assert isinstance(fast.trainer.optimizer, Novograd) and isinstance(plain.trainer.optimizer, torch.optim.Adam)
+    assert isinstance(fast.trainer.optimizer, Novograd) and isinstance(plain.trainer.optimizer, torch.optim.SGD)
     assert isinstance(fast.trainer.prepare_batch, AugmentingPrepareBatch)
     assert isinstance(fast.trainer.prepare_batch.augment, TorchBatchAugment)  # no cuCIM on a CPU
     assert AMPToggle in handlers_on(fast.trainer) and AMPToggle not in handlers_on(plain.trainer)

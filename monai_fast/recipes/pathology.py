@@ -6,7 +6,7 @@ After MONAI's pathology tumour-detection example (Camelyon16 patches, MONAI's WS
 * ``plain``: MONAI as installed on a CPU machine: ``PatchWSIDataset`` with MONAI's ``tifffile``
   reader (a whole-level decode per patch), per-patch augmentation in the loader's worker
   processes (MONAI's ``RandScaleIntensityd``, ``RandFlipd``, ``RandRotate90d``), a torch
-  ``DataLoader``, Adam, fp32.
+  ``DataLoader``, SGD with momentum (the example's baseline), fp32.
 * ``fast``: the guide's levers: the WSI backend chosen by what is installed (cuCIM on a GPU,
   else OpenSlide, else monai-fast's tile-aware tifffile reader:
   :mod:`monai_fast.data.wsi_reader`), ``uint8`` patches through a ``ThreadDataLoader``,
@@ -123,13 +123,18 @@ def _datasets(variant: str, train: Sequence[dict], val: Sequence[dict], config: 
                               reader=reader.make(level=0)) for d, t in ((train, True), (val, False))]
         notes["augment"] = "MONAI per-patch transforms in loader workers (CPU)"
         kw = {"num_workers": config.workers, "persistent_workers": config.workers > 0}
+        notes["loader"] = f"DataLoader ({config.workers} worker processes)"
         return (DataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
                 DataLoader(ds[1], batch_size=config.batch_size, **kw))
     reader = choose_wsi_backend(config.backend, device, quiet=True)
     notes["reader"] = ("tifffile, tile-aware" if reader.name == "tifffile" else reader.name) + f" ({reader.why})"
     ds = [PatchWSIDataset(list(d), patch_size=p, patch_level=0, reader=reader.make(level=0)) for d in (train, val)]
-    return (ThreadDataLoader(ds[0], batch_size=config.batch_size, shuffle=True),
-            ThreadDataLoader(ds[1], batch_size=config.batch_size))
+    # a thread is enough for tile reads on a CPU; a GPU eats patches faster than one thread reads them
+    workers = config.workers if device.type == "cuda" else 0
+    notes["loader"] = f"ThreadDataLoader ({workers} worker processes)" if workers else "ThreadDataLoader (one thread)"
+    kw = {"num_workers": workers, "persistent_workers": workers > 0}
+    return (ThreadDataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
+            ThreadDataLoader(ds[1], batch_size=config.batch_size, **kw))
 
 
 def _engines(variant: str, loaders: tuple[Any, Any], network: torch.nn.Module, config: PathologyConfig,
@@ -154,7 +159,8 @@ def _engines(variant: str, loaders: tuple[Any, Any], network: torch.nn.Module, c
         key_val_metric={METRIC: ROCAUC(output_transform=stack)},
         additional_metrics={"val_acc": Accuracy(output_transform=binary)},
     )
-    optimizer = (Novograd(network.parameters(), lr=config.lr) if fast else torch.optim.Adam(network.parameters(), lr=config.lr))
+    optimizer = (Novograd(network.parameters(), lr=config.lr) if fast
+                 else torch.optim.SGD(network.parameters(), lr=config.lr, momentum=0.9))  # the example's baseline
     notes["optimizer"] = type(optimizer).__name__
     trainer = SupervisedTrainer(
         device=device, max_epochs=config.max_epochs, train_data_loader=loaders[0], network=network,

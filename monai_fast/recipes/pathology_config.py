@@ -26,9 +26,9 @@ class PathologyConfig:
         batch_size: patches per batch.
         init_features, growth_rate, block_config: MONAI ``DenseNet`` width and depth.
         max_epochs: epochs at most.
-        lr: learning rate (Novograd in ``fast``, Adam in ``plain``).
+        lr: learning rate (Novograd in ``fast``, SGD with momentum 0.9 in ``plain``).
         precision: ``fast``'s ``AMPToggle`` request (``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``).
-        workers: loader worker processes of ``plain`` (``fast`` loads in a thread).
+        workers: loader worker processes of ``plain``, and of ``fast`` on a GPU (on a CPU it reads in a thread).
         backend: ``fast``'s WSI backend (:data:`monai_fast.data.wsi_reader.BACKENDS`).
         prob: probability of the flip and of the rotation.
         seed: weights, shuffling and augmentation.
@@ -84,7 +84,7 @@ class PathologySize:
 #: ``tiny``: seconds on a CPU (tests); ``cpu``: a few minutes on a laptop; ``gpu``: Camelyon-like patches
 #: (224 pixels) and DenseNet-121's layout on a GPU
 SIZES = {
-    "tiny": PathologySize(3, (512, 512), 128, 2, {"patch_size": 32, "batch_size": 16, "init_features": 8, "growth_rate": 8,
+    "tiny": PathologySize(3, (384, 384), 128, 2, {"patch_size": 32, "batch_size": 16, "init_features": 8, "growth_rate": 8,
                                                   "block_config": (2, 2), "max_epochs": 2, "workers": 1}),
     "cpu": PathologySize(4, (3072, 3072), 256, 3, {"patch_size": 64, "batch_size": 32, "init_features": 8, "growth_rate": 8,
                                                    "block_config": (2, 2, 2), "max_epochs": 6}),
