@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import logging
 from pathlib import Path
 
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     root = args.data_dir or synthetic_wsi_dataset(size.slides, size.shape, size.patch_size, tile=size.tile, levels=size.levels)
     train, val = load_wsi_datalist(root)
     print(f"{len(train)} training and {len(val)} validation patches from {root}")
-    config = size.config(max_epochs=args.max_epochs, backend=args.backend, precision=args.precision)
+    labelled = json.loads((Path(root) / "dataset.json").read_text()).get("monai_fast", {}).get("patch_size")
+    config = size.config(max_epochs=args.max_epochs, backend=args.backend, precision=args.precision,
+                         patch_size=labelled)  # the patch size the labels were made for, when the folder says
     variants = VARIANTS if args.variant == "both" else (args.variant,)
     results = [run_pathology(v, train, val, config, device, target=args.target, time_budget_s=args.time_budget, run_dir=run_dir)
                for v in variants]
