@@ -94,8 +94,8 @@ def _outputs(nb: Any) -> list[dict]:
     return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
 
 
-def test_the_three_tutorial_notebooks_exist():
-    assert {"attach_and_doctor", "dataset_types", "mixed_precision"} <= set(NAMES)
+def test_the_tutorial_notebooks_exist():
+    assert {"attach_and_doctor", "dataset_types", "mixed_precision", "pathology_tumor_detection"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -131,3 +131,12 @@ def test_rerunning_the_attach_cells_does_not_double_handlers(executed):
     assert any("fast.attach(fast_trainer, fast_evaluator)" in s for s in sources)
     printed = "".join(o.get("text", "") for o in _outputs(nb) if o.output_type == "stream")
     assert "each timed once" in printed  # the notebook's own count of record rows per iteration and epoch
+
+
+@pytest.mark.timeout(600)
+def test_pathology_notebook_trains_plain_and_fast_and_tables_their_patches_per_s(executed):
+    nb, _ = executed("pathology_tumor_detection")
+    shown = "".join(o.get("data", {}).get("text/markdown", "") for o in _outputs(nb))
+    assert "| variant | repeat | patches/s |" in shown and "| plain | 1 |" in shown and "| fast | 1 |" in shown
+    printed = "".join(o.get("text", "") for o in _outputs(nb) if o.output_type == "stream")
+    assert "GPU levers: cuCIM" in printed  # the one line on what this machine can use

@@ -131,9 +131,23 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def _cmd_synth(args: argparse.Namespace) -> int:
     from monai_fast.data.synthetic import generate_msd
+    from monai_fast.data.wsi import generate_wsi
 
-    root = generate_msd(args.out, kind=args.kind, num_cases=args.cases, shape=args.shape, seed=args.seed, progress=not args.no_progress)
-    print(f"wrote {args.cases} {args.kind} cases in MSD layout to {root}")
+    wsi = args.kind == "wsi"
+    shape = args.shape or ((4096, 4096) if wsi else (128, 128, 64))
+    if len(shape) != (2 if wsi else 3):
+        raise SystemExit(f"monai-fast synth: --shape: --kind {args.kind} takes {'2 sizes (rows columns)' if wsi else '3 sizes (X Y Z)'}, "
+                         f"got {len(shape)}")
+    cases = args.cases if args.cases is not None else (4 if wsi else 16)
+    try:
+        if wsi:
+            root = generate_wsi(args.out, num_slides=cases, size=shape, tile=args.tile, levels=args.levels, patch_size=args.patch,
+                                seed=args.seed, progress=not args.no_progress)
+        else:
+            root = generate_msd(args.out, kind=args.kind, num_cases=cases, shape=shape, seed=args.seed, progress=not args.no_progress)
+    except ValueError as e:  # a bad size, named by the generator
+        raise SystemExit(f"monai-fast synth: {e}") from e
+    print(f"wrote {cases} {args.kind} {'slides (pyramidal TIFF, masks, patches.csv, dataset.json)' if wsi else 'cases in MSD layout'} to {root}")
     return 0
 
 
@@ -254,12 +268,18 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
                    help="also print the exact FastTraining(...) line for this run, and the code changes it cannot make")
     p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser("synth", help="write a synthetic data set in Medical Segmentation Decathlon layout",
-                       description="Write imagesTr/, labelsTr/ and dataset.json like an MSD task.")
+    p = sub.add_parser("synth", help="write a synthetic data set: MSD layout (3D) or Camelyon-like whole-slide images (--kind wsi)",
+                       description="Write imagesTr/, labelsTr/ and dataset.json like an MSD task; or, with --kind wsi, "
+                       "pyramidal tiled TIFF slides with tumour regions, their tissue and tumour masks, patches.csv and a "
+                       "dataset.json of patch locations and labels for MONAI's PatchWSIDataset.")
     p.add_argument("out", help="output folder")
-    p.add_argument("--kind", choices=("spleen-like", "brats-like"), default="spleen-like", help="(default %(default)s)")
-    p.add_argument("--cases", type=int, default=16, help="(default %(default)s)")
-    p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), metavar=("X", "Y", "Z"), help="(default %(default)s)")
+    p.add_argument("--kind", choices=("spleen-like", "brats-like", "wsi"), default="spleen-like", help="(default %(default)s)")
+    p.add_argument("--cases", type=int, help="cases, or slides for wsi (default 16; wsi: 4)")
+    p.add_argument("--shape", type=int, nargs="+", metavar="N",
+                   help="volume size X Y Z (default 128 128 64); wsi: level-0 rows columns (default 4096 4096)")
+    p.add_argument("--tile", type=int, default=256, help="wsi: TIFF tile size (default %(default)s)")
+    p.add_argument("--levels", type=int, default=3, help="wsi: pyramid levels (default %(default)s)")
+    p.add_argument("--patch", type=int, default=96, help="wsi: patch size of the patch grid (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="(default %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_synth)
