@@ -172,6 +172,9 @@ def fit_link(sweep: list[dict], ranks: int = 2) -> dict:
     x0, y0 = scale * points[0]["bytes"], points[0]["s"]
     dx = [scale * p["bytes"] - x0 for p in points[1:]]
     slope = sum(d * (p["s"] - y0) for d, p in zip(dx, points[1:])) / sum(d * d for d in dx)
+    if slope <= 0:
+        raise ValueError(f"all-reduce times {[round(p['s'], 6) for p in points]} s do not grow with the buffer "
+                         f"({[p['bytes'] for p in points]} bytes): no bandwidth to fit; give --sweep-mb sizes further apart")
     return {"latency_s": max(0.0, y0 - slope * x0) / (2 * (ranks - 1)), "bandwidth_bytes_s": 1 / slope, "points": sweep}
 
 
@@ -212,6 +215,20 @@ def _print_results(med: dict[str, dict], fits: dict[str, dict], model: list[dict
     for r in model:
         print(f"{r['link']:<34} {r['source']:<13} {r['ranks']:>5} {1e6 * r['latency_s']:>6.1f} {r['bandwidth_bytes_s'] / 1e9:>7.2f} "
               f"{1000 * r['allreduce_s']:>13.2f} {100 * r['share_of_step']:>7.1f}% {r['speedup']:>8.1f}x")
+
+
+def _fits(rows: dict[str, list[dict]]) -> dict[str, dict]:
+    """:func:`fit_link` per configuration of several ranks, on the median time per buffer size over the rounds."""
+    fits = {}
+    for name, runs in rows.items():
+        if runs[0]["sweep"]:
+            points = [{"bytes": p["bytes"], "s": statistics.median(r["sweep"][i]["s"] for r in runs)}
+                      for i, p in enumerate(runs[0]["sweep"])]
+            try:
+                fits[name] = fit_link(points)
+            except ValueError as e:  # a noisy sweep: the rest of the results still count
+                print(f"{LABELS[name]}: {e}", flush=True)
+    return fits
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -255,8 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[name].append(res)
             print(f"round {r + 1}: {LABELS[name]}: {res['samples_per_s']:.2f} samples/s", flush=True)
     med = {c: {k: statistics.median(x[k] for x in v) for k in v[0] if isinstance(v[0][k], (int, float))} for c, v in rows.items()}
-    fits = {c: fit_link([{"bytes": p["bytes"], "s": statistics.median(x["sweep"][i]["s"] for x in v)}
-                         for i, p in enumerate(v[0]["sweep"])]) for c, v in rows.items() if v[0]["sweep"]}
+    fits = _fits(rows)
     model = scaling_model(fits, args.model_step_s)
     _print_results(med, fits, model, args.model_step_s)
     ratios = {f"speedup_{c}_vs_1x1": med[c]["samples_per_s"] / med["1x1"]["samples_per_s"]

@@ -30,11 +30,13 @@ def test_fit_link_recovers_the_latency_and_bandwidth_of_a_ring(bench):
     fit = bench.fit_link(sweep)
     assert fit["latency_s"] == pytest.approx(a) and fit["bandwidth_bytes_s"] == pytest.approx(b)
     assert bench.ring_seconds(1.88e7, 8, a, b) == pytest.approx(14 * a + 1.75 * 1.88e7 / b)
+    with pytest.raises(ValueError, match="do not grow with the buffer"):
+        bench.fit_link([{"bytes": 1e3, "s": 3e-4}, {"bytes": 1e5, "s": 2e-4}])
 
 
 def test_two_launch_processes_as_nodes_time_the_step_and_the_allreduce_sweep(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--steps", "1", "--repeats", "1", "--configs", "nodes",
-                           "--sweep-mb", "0.001", "0.1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                           "--sweep-mb", "0.001", "4", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
                           cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (result,) = tmp_path.glob("ddp_scaling_*.json")
@@ -42,7 +44,7 @@ def test_two_launch_processes_as_nodes_time_the_step_and_the_allreduce_sweep(tmp
     (row,) = doc["rounds"]["nodes"]
     assert row["world"] == 2 and row["launcher"] == "torchrun" and row["node_ranks"] == [0, 1]  # one rank per "node"
     assert row["step_s"] > 0 and row["compute_only_step_s"] > 0 and row["allreduce_s"] > 0
-    assert [p["bytes"] for p in row["sweep"]] == [1000, 100000] and all(p["s"] > 0 for p in row["sweep"])
+    assert [p["bytes"] for p in row["sweep"]] == [1000, 4000000] and all(p["s"] > 0 for p in row["sweep"])
     fit = doc["allreduce_fit"]["nodes"]
     assert fit["bandwidth_bytes_s"] > 0 and fit["latency_s"] >= 0
     measured = [m for m in doc["model"] if m["source"] == "measured, N=2"]
