@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +13,7 @@ import pytest
 from ignite.engine import Engine
 
 from monai_fast.distributed import detect, free_port
+from monai_fast.distributed.drill import run_local_nodes, static_nodes
 from monai_fast.handlers import RecordHandler
 from monai_fast.report.doctor import diagnose
 from monai_fast.telemetry.record import Kind, Source, load_record, select
@@ -69,33 +68,11 @@ def test_doctor_lists_each_node_and_its_ranks():
     assert d.numbers["nodes"] == [{"node_rank": 0, "host": "a", "ranks": [0, 1]}, {"node_rank": 1, "host": "b", "ranks": [2, 3]}]
 
 
-def _two_nodes(where: list[list[str]], script_and_args: list[str], cwd: Path, timeout: float = 420) -> list[tuple[int, str]]:
-    """Start ``monai-fast launch`` once per entry of ``where`` (a node's options), 1 rank each; each one's
-    status and output (in a file: no pipe that an orphan could hold open)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    logs = [cwd / f"node{i}.log" for i in range(len(where))]
-    procs = []
-    for opts, log in zip(where, logs):
-        with open(log, "w") as f:
-            procs.append(subprocess.Popen([sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "1", "--grace-s", "5",
-                                           *opts, *script_and_args], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd))
-    try:
-        for p in procs:
-            p.wait(timeout)
-    finally:
-        for p in procs:
-            if p.poll() is None:  # a hang: SIGTERM, which monai-fast launch passes on, then waits --grace-s
-                p.send_signal(signal.SIGTERM)
-                p.wait(60)
-    return [(p.returncode, log.read_text()) for p, log in zip(procs, logs)]
-
-
 def test_two_launch_processes_on_localhost_train_as_two_nodes_with_equal_weights(tmp_path, tiny_spleen):
-    out, run_dir, port = tmp_path / "out", tmp_path / "run", free_port()
-    static = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
-    done = _two_nodes([[*static, "--node-rank", "0"], [*static, "--node-rank", "1"]],
-                      [str(TUTORIAL), "--tiny", "--fp32", "--data-dir", str(tiny_spleen), "--out", str(out), "--max-epochs", "1",
-                       "--run-dir", str(run_dir)], tmp_path)
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    done = run_local_nodes(static_nodes(2, free_port()),
+                           [str(TUTORIAL), "--tiny", "--fp32", "--data-dir", str(tiny_spleen), "--out", str(out), "--max-epochs", "1",
+                            "--run-dir", str(run_dir)], tmp_path)
     for rc, log in done:
         assert rc == 0, log[-3000:]
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
@@ -126,7 +103,7 @@ def test_two_launch_processes_meet_at_a_c10d_rendezvous(tmp_path):
         "run(train, sys.argv[1])\n"
     )
     c10d = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "mn-test"]
-    done = _two_nodes([c10d, c10d], [str(script), str(tmp_path)], tmp_path, timeout=240)
+    done = run_local_nodes([c10d, c10d], [str(script), str(tmp_path)], tmp_path, timeout_s=240)
     for rc, log in done:
         assert rc == 0, log[-3000:]
     r = [json.loads((tmp_path / f"r{i}.json").read_text()) for i in (0, 1)]
