@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import statistics
@@ -265,8 +266,14 @@ def run_pathology(variant: str, train: Sequence[dict], val: Sequence[dict], conf
     """
     t0 = time.perf_counter()
     run = build_pathology(variant, train, val, config, device, target, time_budget_s, run_dir, start_time=t0)
-    run.trainer.run()
-    out = summarize(run, time.perf_counter() - t0)
+    try:
+        run.trainer.run()
+        out = summarize(run, time.perf_counter() - t0)
+    finally:
+        # the engines and handlers form reference cycles that keep the persistent loader workers alive; collected
+        # here, their iterators shut down in this process, not later inside a forked worker of the next run
+        del run
+        gc.collect()
     out["config"] = asdict(config or PathologyConfig())
     return out
 
