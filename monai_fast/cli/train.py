@@ -48,6 +48,9 @@ _TEXT = (
 )
 
 
+PREEMPTED_EXIT = 143  #: exit status of a run stopped by SIGTERM/SIGUSR1 after its checkpoint (128 + SIGTERM)
+
+
 @dataclass(frozen=True)
 class _Outputs:
     """Where a training run writes: the run folder, the model, TensorBoard (``None``: only the run folder's)."""
@@ -55,6 +58,8 @@ class _Outputs:
     output_dir: Path
     model_dir: Path
     tensorboard_dir: Path | None
+    checkpoint_dir: Path | None = None
+    save_every: int | None = None
 
 
 def _train_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -80,6 +85,11 @@ def _train_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--model-dir", help="the final model.pth and recipe.json (default $SM_MODEL_DIR, else <output-dir>/model)")
     g.add_argument("--tensorboard-dir", help="also write TensorBoard loss and Dice here (default in SageMaker: "
                    "$SM_OUTPUT_DIR/tensorboard, where its TensorBoardOutputConfig collects them; else only <output-dir>/<recipe>)")
+    g.add_argument("--checkpoint-dir", help="make the run preemption-safe: on SIGTERM/SIGUSR1 (a spot reclaim, scancel) "
+                   "finish the iteration, checkpoint here and exit 143; the same command resumes from here (default in "
+                   "SageMaker: /opt/ml/checkpoints when the job has checkpointing configured)")
+    g.add_argument("--save-every", type=int, help="with a checkpoint folder, also checkpoint every N iterations, so a crash "
+                   "loses at most N (default: only on a signal)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs)")
     return parser
 
@@ -143,7 +153,12 @@ def _outputs(args: argparse.Namespace, sm: SageMakerEnv) -> _Outputs:
     output = Path(args.output_dir or sm.output_data_dir or f"runs/train-{dt.datetime.now():%Y%m%d-%H%M%S}")
     model = Path(args.model_dir or sm.model_dir or output / "model")
     tensorboard = args.tensorboard_dir or sm.tensorboard_dir
-    return _Outputs(output, model, Path(tensorboard) if tensorboard else None)
+    checkpoints = args.checkpoint_dir or sm.checkpoint_dir
+    if args.save_every is not None and (args.save_every < 1 or not checkpoints):
+        raise SystemExit("monai-fast train: --save-every needs a whole number >= 1 and a --checkpoint-dir, got "
+                         f"{args.save_every} and {checkpoints}")
+    return _Outputs(output, model, Path(tensorboard) if tensorboard else None, Path(checkpoints) if checkpoints else None,
+                    args.save_every)
 
 
 def _attach_tensorboard(built: Any, folder: Path) -> Any:
@@ -174,6 +189,17 @@ def _save_model(built: Any, model_dir: Path) -> Path:
     return path
 
 
+def _preemption(built: Any, out: _Outputs) -> Any:
+    """:class:`~monai_fast.handlers.Preemption` on ``built``'s trainer (model, optimizer, trainer), resumed from its folder."""
+    from monai_fast.handlers import Preemption
+
+    preemption = Preemption({"trainer": built.trainer, "model": built.network, "optimizer": built.optimizer},
+                            out.checkpoint_dir, save_every=out.save_every)
+    preemption.attach(built.trainer)
+    preemption.resume()  # nothing to resume on a first start
+    return preemption
+
+
 def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
     """One rank of the run: train ``spec``'s recipe; rank 0 writes the model, the report and the results."""
     from ignite import distributed as idist
@@ -189,15 +215,23 @@ def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
         check_writable_dir(out.model_dir, "model_dir")
         if out.tensorboard_dir is not None:
             check_writable_dir(out.tensorboard_dir, "tensorboard_dir")
+        if out.checkpoint_dir is not None:
+            check_writable_dir(out.checkpoint_dir, "checkpoint_dir")
     data_root, train_files, val_files = checked_data(spec)
     run = TargetRun(spec.recipes[0], train_files, val_files, plan.config, plan.device, spec.target, spec.time_budget_s,
                     plan.run_dir if lead else None, spec.progress and lead)
     writer = _attach_tensorboard(run.built, out.tensorboard_dir) if lead and out.tensorboard_dir else None
+    preemption = _preemption(run.built, out) if out.checkpoint_dir is not None else None
     try:
         run.segment(epochs=None)
     finally:
         if writer is not None:
             writer.close()
+    if preemption is not None and preemption.preempted:
+        if lead:
+            print(f"preempted: checkpointed at iteration {run.built.trainer.state.iteration} in {out.checkpoint_dir}; "
+                  "the same command resumes from there", flush=True)
+        preemption.exit_if_preempted(PREEMPTED_EXIT)
     result = run.finish()
     if not lead:
         return

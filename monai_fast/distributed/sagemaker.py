@@ -58,6 +58,9 @@ class SageMakerEnv:
         model_dir: ``SM_MODEL_DIR``.
         output_data_dir: ``SM_OUTPUT_DATA_DIR``.
         tensorboard_dir: where TensorBoard events go for SageMaker to collect.
+        checkpoint_dir: ``/opt/ml/checkpoints`` (beside ``SM_MODEL_DIR``) when that folder exists:
+            SageMaker's local checkpoint folder, which it creates for a job with checkpointing
+            configured, syncs to ``checkpoint_s3_uri`` and restores when a spot job restarts.
         hyperparameters: ``SM_HPS``, else ``hyperparameters.json``, values decoded (see :func:`decode_hyperparameters`).
         hyperparameters_from: which of the two they came from (for messages).
         num_gpus: ``SM_NUM_GPUS``.
@@ -69,6 +72,7 @@ class SageMakerEnv:
     model_dir: Path | None = None
     output_data_dir: Path | None = None
     tensorboard_dir: Path | None = None
+    checkpoint_dir: Path | None = None
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     hyperparameters_from: str = ""
     num_gpus: int | None = None
@@ -166,8 +170,14 @@ def read_sagemaker_env(environ: Mapping[str, str] | None = None) -> SageMakerEnv
     return SageMakerEnv(
         training_dir=path("SM_CHANNEL_TRAINING"), model_dir=path("SM_MODEL_DIR"), output_data_dir=output_data,
         tensorboard_dir=tensorboard, hyperparameters=hps, hyperparameters_from=hps_from, num_gpus=num_gpus,
-        hosts=hosts, current_host=current,
+        hosts=hosts, current_host=current, checkpoint_dir=_checkpoints(path("SM_MODEL_DIR")),
     )
+
+
+def _checkpoints(model_dir: Path | None) -> Path | None:
+    """SageMaker's local checkpoint folder beside the model folder (``/opt/ml/checkpoints``), if the job has one."""
+    folder = model_dir.parent / "checkpoints" if model_dir is not None else None
+    return folder if folder is not None and folder.is_dir() else None
 
 
 def torchrun_command(env: SageMakerEnv, command: Sequence[str], nproc_per_node: int | None = None) -> list[str]:

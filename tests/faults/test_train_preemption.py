@@ -1,0 +1,61 @@
+"""``monai-fast train --checkpoint-dir``: a SIGTERM (a spot reclaim) checkpoints and exits 143, the same command
+resumes and writes the model; SageMaker's /opt/ml/checkpoints is the default there; a bad --save-every is named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from monai_fast.cli import main
+from monai_fast.cli.train import PREEMPTED_EXIT
+from monai_fast.distributed.sagemaker import read_sagemaker_env
+
+TINY = ["--patch-size", "32", "32", "32", "--num-samples", "2", "--val-fraction", "0.34", "--no-progress", "--device", "cpu"]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
+
+
+def test_sigterm_checkpoints_and_exits_143_then_the_same_command_resumes_and_writes_the_model(tmp_path, tiny_spleen):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    cmd = [sys.executable, "-m", "monai_fast.cli", "train", "--data-dir", str(tiny_spleen), "--output-dir", str(out),
+           "--checkpoint-dir", str(ckpt), "--save-every", "1", "--max-epochs", "4", *TINY]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(ckpt.glob("ckpt-*.pt")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == PREEMPTED_EXIT, stderr[-3000:]
+    assert "preempted: checkpointed at iteration" in stdout and not (out / "model" / "model.pth").exists()
+
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Preemption: resumed from" in done.stderr and (out / "model" / "model.pth").is_file()
+
+
+def test_save_every_without_a_checkpoint_folder_is_named_before_training(tmp_path, tiny_spleen, monkeypatch):
+    for k in [k for k in os.environ if k.startswith("SM_")]:
+        monkeypatch.delenv(k)
+    with pytest.raises(SystemExit, match="--save-every"):
+        main(["train", "--data-dir", str(tiny_spleen), "--output-dir", str(tmp_path / "out"), "--save-every", "3", *TINY])
+    assert not (tmp_path / "out").exists()
+
+
+def test_sagemakers_checkpoint_folder_is_the_default_only_where_the_job_has_one(tmp_path):
+    ml = tmp_path / "opt" / "ml"
+    (ml / "model").mkdir(parents=True)
+    env = {"SM_MODEL_DIR": str(ml / "model")}
+    assert read_sagemaker_env(env).checkpoint_dir is None
+    (ml / "checkpoints").mkdir()
+    assert read_sagemaker_env(env).checkpoint_dir == ml / "checkpoints"
