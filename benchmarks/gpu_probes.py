@@ -223,6 +223,12 @@ def collect(name: str, out: Path, work: Path, device: str) -> dict | None:
                     "picks": [{k: r[k] for k in ("batch_size", "sw_batch_size", "val_device", "h2h_pick_over_best", "tuning_s")}
                               for r in doc["tuner_runs"]]}
         return {"file": doc["file"], "rows": doc["rows"], "gpu_cache": any(r["variant"] == "gpu_cache" for r in doc["rows"])}
+    if name == "inference":
+        doc = _newest_json(out / name)
+        return {"file": doc["file"], "rows": doc["rows"]}
+    if name == "pathology":
+        doc = _newest_json(out / name)
+        return {"file": doc["file"], "runs": [{k: v for k, v in r.items() if k not in ("history", "config")} for r in doc["runs"]]}
     return json.loads((out / f"{name}.json").read_text())
 
 

@@ -38,7 +38,7 @@ from gpu_probes import collect, machine  # noqa: E402 (benchmarks/, the script's
 
 from monai_fast.files import write_json  # noqa: E402
 
-STEPS = ("pytest", "race", "your_trainer", "tuner_quality", "loader_variants", "kernels", "nvtx")
+STEPS = ("pytest", "race", "your_trainer", "tuner_quality", "loader_variants", "inference", "pathology", "kernels", "nvtx")
 logger = logging.getLogger("gpu_suite")
 
 
@@ -97,6 +97,14 @@ def step_plan(s: Suite, name: str) -> tuple[list[list[str]], float]:
         size = ["--cases", "4", "--epochs", "2", "--shape", "48", "48", "32"] if tiny else ["--cases", "16", "--epochs", "3"]
         return [s.script("loader_variants.py") + ["--device", s.device, "--out", str(s.out / "loader_variants"), *size]], \
             300 if tiny else 900
+    if name == "inference":  # TensorRT and ONNX Runtime's CUDA provider run where their packages are; else named
+        size = ["--tiny"] if tiny else ["--train-epochs", "5", "--rounds", "3"]
+        return [s.script("inference.py") + ["--device", s.device, "--out", str(s.out / "inference"), *size]], \
+            300 if tiny else 900
+    if name == "pathology":  # cuCIM where installed; else the tile-aware reader and torch augmentation on the GPU
+        size = ["--tiny"] if tiny else ["--repeats", "2", "--time-budget", "300"]
+        return [s.script("pathology.py") + ["--device", s.device, "--out", str(s.out / "pathology"), *size]], \
+            300 if tiny else 1500
     return [s.probe(name)], 300 if tiny else 600
 
 

@@ -11,7 +11,7 @@ dest=${1:-.whl}
 py=${PYTHON:-python3}
 wheels=(
   monai==1.6.1 pytorch-ignite==0.5.5 nibabel==5.4.2 nvtx==0.2.17 nvidia-ml-py==13.615.71 tqdm==4.70.1
-  fsspec==2026.9.0 tensorboard==2.21.0
+  fsspec==2026.9.0 tensorboard==2.21.0 tifffile==2026.3.3
 )
 # what the image of the GPU machines already holds (/work/.library/device/KINDS.md), and torch itself
 image=(torch numpy packaging typing-extensions importlib-resources absl-py grpcio markdown protobuf setuptools

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "gpu_suite.py"
-STEPS = ["pytest", "race", "your_trainer", "tuner_quality", "loader_variants", "kernels", "nvtx"]
+STEPS = ["pytest", "race", "your_trainer", "tuner_quality", "loader_variants", "inference", "pathology", "kernels", "nvtx"]
 
 
 @pytest.mark.slow
@@ -39,6 +39,8 @@ def test_tiny_cpu_suite_runs_every_step_and_writes_the_results_json(tmp_path):
     assert steps["your_trainer"]["results"]["median_epoch_ratio"] > 0
     assert steps["tuner_quality"]["results"]["picks"]
     assert steps["loader_variants"]["results"]["gpu_cache"] is False  # CPU: no GPU cache variant
+    assert {r["backend"] for r in steps["inference"]["results"]["rows"]} >= {"eager", "tensorrt"}
+    assert {r["variant"] for r in steps["pathology"]["results"]["runs"]} == {"plain", "fast"}
     assert steps["kernels"]["results"]["match"] is True
     assert steps["nvtx"]["results"]["checked"] in (True, False)
     assert not (out / "work").exists()  # the scratch data is not left in the results folder
