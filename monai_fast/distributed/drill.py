@@ -6,10 +6,13 @@ launch``, so torchrun, its rendezvous and :func:`~monai_fast.distributed.supervi
 - :func:`run_local_nodes` starts one launcher per "node", all meeting at ``127.0.0.1`` (a static
   rendezvous from :func:`static_nodes`, or any options you give), and waits for them. The ranks of
   different launchers talk over TCP as across nodes, but through loopback: no network is timed.
-- :func:`kill_drill` runs a launcher with ``--max-restarts``, SIGKILLs one rank once the progress
-  file shows a given iteration, and times how long torchrun's restart takes to bring the job back to
-  its next completed iteration. The script appends each completed iteration number to a progress file
-  (``tutorials/distributed_train.py --progress-file``); times come from polling it.
+- :func:`kill_drill` runs a launcher with ``--max-restarts`` (or one per node, e.g. two at one c10d
+  rendezvous), SIGKILLs one rank once the progress file shows a given iteration, and times how long
+  torchrun's restart takes to bring the job back to its next completed iteration. The script appends
+  each completed iteration number to a progress file (``tutorials/distributed_train.py
+  --progress-file``); times come from polling it. Instead of a rank it can lose a whole node (its
+  launcher's process tree, :func:`kill_tree`), then start a replacement with the same command; or the
+  node holding the c10d rendezvous (:func:`rdzv_host`).
 
 Launchers write into log files, never pipes (an orphaned rank could hold a pipe open), and a launcher
 still running at the deadline gets SIGTERM, which it passes on to its ranks.
@@ -264,6 +267,8 @@ class _Nodes:
             self.rank(rank).send_signal(signal.SIGKILL)
             return
         host = rdzv_host(self.launchers, _rdzv_port(self.nodes))
+        if host < 0:
+            raise RuntimeError(f"no launcher listens on the c10d rendezvous port {_rdzv_port(self.nodes)}")
         i = host if what == "rdzv-host" else next(k for k in range(len(self.launchers)) if k != host)
         kill_tree(self.launchers[i])
         if what == "node":  # a replacement node: the same command, joining the next rendezvous round

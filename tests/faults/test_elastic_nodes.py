@@ -50,8 +50,8 @@ def uninterrupted(tmp_path_factory, tiny_spleen) -> str:
     return digest
 
 
-def _drill(tmp_path: Path, data: Path, lose: str):
-    c10d = [*_c10d(f"drill-{lose}")]
+def _drill(tmp_path: Path, data: Path, lose: str, c10d: list[str] | None = None):
+    c10d = c10d or _c10d(f"drill-{lose}")
     out = tmp_path / "run"
     out.mkdir()
     return out, kill_drill(_script(data, out, checkpoints=True), out / "progress", tmp_path / "drill.log", KILL_AFTER,
@@ -68,3 +68,20 @@ def test_two_nodes_resume_after_a_lost_rank_or_node_with_the_weights_of_an_unint
     assert all(json.loads((out / f"rank{r}.json").read_text())["resumed_from"] == SAVE_EVERY for r in (0, 1))
     assert drill.redone <= KILL_AFTER - SAVE_EVERY  # at most the iterations since the last checkpoint
     assert _digests(out) == [uninterrupted, uninterrupted]  # both ranks, bit for bit
+
+
+def test_losing_the_rendezvous_host_node_ends_the_other_with_a_clear_message_and_a_new_start_resumes(tmp_path, tiny_spleen,
+                                                                                                     uninterrupted):
+    c10d = _c10d("drill-host")
+    out, drill = _drill(tmp_path, tiny_spleen, "rdzv-host", c10d)
+    lost, survivor = sorted(drill.returncodes)
+    assert lost == -9 and survivor > 0, (drill.returncodes, drill.log[-3000:])  # the survivor failed at once: no restart, no hang
+    assert drill.wall_s - drill.killed_at_s < 120  # well before any gloo or rendezvous time-out
+    assert f"the c10d rendezvous at {c10d[3]} is gone: its host node" in drill.log, drill.log[-6000:]
+    assert "Start the launcher on every node again with the same command" in drill.log
+    # what the message says: both nodes started again with the same command resume from the checkpoint
+    for rc, log in run_local_nodes([c10d, c10d], _script(tiny_spleen, out, checkpoints=True), tmp_path, timeout_s=300):
+        assert rc == 0, log[-3000:]
+    assert all(json.loads((out / f"rank{r}.json").read_text())["resumed_from"] == SAVE_EVERY for r in (0, 1))
+    assert sorted(set(read_progress(out / "progress"))) == list(range(1, ITERATIONS + 1))
+    assert _digests(out) == [uninterrupted, uninterrupted]
