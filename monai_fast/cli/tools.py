@@ -46,9 +46,10 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
 def _cmd_launch(args: argparse.Namespace) -> int:
     import math
     import os
+    import tempfile
 
     from monai_fast.distributed.env import LAUNCHED_BY
-    from monai_fast.distributed.launch import torchrun_args, torchrun_env
+    from monai_fast.distributed.launch import rendezvous_failure, torchrun_args, torchrun_env
     from monai_fast.distributed.supervise import supervise
 
     spec = _launch_spec(args)
@@ -59,7 +60,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s)),
            **torchrun_env(spec)}
     logger.info("running %s", " ".join(cmd))
-    return supervise(cmd, grace_s=args.grace_s, env=env)
+    with tempfile.TemporaryDirectory(prefix="monai-fast-launch-") as tmp:
+        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(tmp, "torchrun-error.json")  # torchrun's own error (ranks get theirs)
+        status = supervise(cmd, grace_s=args.grace_s, env=env)
+        why = rendezvous_failure(env["TORCHELASTIC_ERROR_FILE"], spec) if status else None
+    if why:
+        logger.error("monai-fast launch: %s", why)
+    return status
 
 
 def _after_dashes(words: list[str]) -> list[str]:
@@ -161,7 +168,8 @@ _LAUNCH_TEXT = (
     "the other nodes' ranks fail at their next collective (at the latest after run()'s timeout_s). Then, with "
     "--max-restarts K, torchrun starts all ranks again (at most K times) and a script with "
     "monai_fast.handlers.Preemption(save_every=N) resumes from its latest checkpoint; without, this command exits "
-    "non-zero. SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
+    "non-zero. Under c10d a lost node's replacement (the same command) joins the restart; losing the node whose "
+    "launcher holds --rdzv-endpoint ends the job on every node, with a message saying to start all nodes again. SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
     "kill, Ctrl-C, a Kubernetes eviction) are passed on to every rank of this node; it waits up to --grace-s for them "
     "to checkpoint and stop, kills what is left, and exits with the job's status (128+N for a death by signal N). A "
     "script that spawns its own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop "

@@ -6,10 +6,13 @@ launch``, so torchrun, its rendezvous and :func:`~monai_fast.distributed.supervi
 - :func:`run_local_nodes` starts one launcher per "node", all meeting at ``127.0.0.1`` (a static
   rendezvous from :func:`static_nodes`, or any options you give), and waits for them. The ranks of
   different launchers talk over TCP as across nodes, but through loopback: no network is timed.
-- :func:`kill_drill` runs a launcher with ``--max-restarts``, SIGKILLs one rank once the progress
-  file shows a given iteration, and times how long torchrun's restart takes to bring the job back to
-  its next completed iteration. The script appends each completed iteration number to a progress file
-  (``tutorials/distributed_train.py --progress-file``); times come from polling it.
+- :func:`kill_drill` runs a launcher with ``--max-restarts`` (or one per node, e.g. two at one c10d
+  rendezvous), SIGKILLs one rank once the progress file shows a given iteration, and times how long
+  torchrun's restart takes to bring the job back to its next completed iteration. The script appends
+  each completed iteration number to a progress file (``tutorials/distributed_train.py
+  --progress-file``); times come from polling it. Instead of a rank it can lose a whole node (its
+  launcher's process tree, :func:`kill_tree`), then start a replacement with the same command; or the
+  node holding the c10d rendezvous (:func:`rdzv_host`).
 
 Launchers write into log files, never pipes (an orphaned rank could hold a pipe open), and a launcher
 still running at the deadline gets SIGTERM, which it passes on to its ranks.
@@ -33,8 +36,8 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["KillDrill", "TimedRun", "kill_drill", "launch", "rank_process", "read_progress", "run_local_nodes",
-           "static_nodes", "timed_launch"]
+__all__ = ["KillDrill", "TimedRun", "kill_drill", "kill_tree", "launch", "rank_process", "rdzv_host", "read_progress",
+           "run_local_nodes", "static_nodes", "timed_launch"]
 
 _POLL_S = 0.01
 
@@ -140,6 +143,7 @@ class KillDrill(TimedRun):
 
     killed_after: int = 0
     killed_at_s: float = 0.0
+    returncodes: list[int] = field(default_factory=list)  # each node's launcher at the end (a replaced one: its replacement)
 
     @property
     def redone(self) -> int:
@@ -164,24 +168,24 @@ class _Watch:
         now = time.monotonic() - self.t0
         self.seen += [(i, now) for i in lines[len(self.seen):]]
 
-    def until(self, launcher: subprocess.Popen, done, deadline: float, log: Path) -> None:
+    def until(self, launchers: Sequence[subprocess.Popen], done, deadline: float, logs: Sequence[Path]) -> None:
         while not done():
             self.poll()
-            if launcher.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the launcher ended or ran past its deadline before the drill's point: "
-                                   f"{log.read_text()[-3000:]}")
+            if any(p.poll() is not None for p in launchers) or time.monotonic() > deadline:
+                raise RuntimeError("a launcher ended or ran past its deadline before the drill's point: "
+                                   + "".join(log.read_text()[-3000:] for log in logs))
             time.sleep(_POLL_S)
 
 
-def _finish(launcher: subprocess.Popen, watch: _Watch, deadline: float) -> int:
+def _finish(launchers: Sequence[subprocess.Popen], watch: _Watch, deadline: float) -> list[int]:
     try:
-        while launcher.poll() is None and time.monotonic() < deadline:
+        while any(p.poll() is None for p in launchers) and time.monotonic() < deadline:
             watch.poll()
             time.sleep(_POLL_S)
     finally:
-        _stop([launcher])
+        _stop(launchers)
     watch.poll()
-    return launcher.returncode
+    return [p.returncode for p in launchers]
 
 
 def timed_launch(args: Sequence[str], progress: str | os.PathLike, log: str | os.PathLike, nproc: int = 2,
@@ -196,38 +200,121 @@ def timed_launch(args: Sequence[str], progress: str | os.PathLike, log: str | os
     t0 = time.monotonic()
     launcher = launch(args, log, nproc=nproc)
     watch = _Watch(Path(progress), t0)
-    rc = _finish(launcher, watch, t0 + timeout_s)
+    (rc,) = _finish([launcher], watch, t0 + timeout_s)
     return TimedRun(rc, time.monotonic() - t0, watch.seen, Path(log).read_text())
 
 
+def rdzv_host(launchers: Sequence[subprocess.Popen], port: int) -> int:
+    """Which launcher's torchrun holds the c10d rendezvous store (listens on ``port``); -1: none (yet)."""
+    for i, launcher in enumerate(launchers):
+        try:
+            tree = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in tree:
+            try:
+                if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in p.net_connections("tcp")):
+                    return i
+            except psutil.Error:
+                continue
+    return -1
+
+
+def kill_tree(launcher: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every process under it at once, as when its node is lost; reap it."""
+    procs = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            continue
+    launcher.wait(60)
+
+
+def _rdzv_port(nodes: Sequence[Sequence[str]]) -> int:
+    opts = list(nodes[0])
+    if "--rdzv-endpoint" not in opts:
+        raise ValueError("losing a node needs the c10d rendezvous: give each node --rdzv-endpoint HOST:PORT --rdzv-id JOB")
+    return int(opts[opts.index("--rdzv-endpoint") + 1].rpartition(":")[2])
+
+
+class _Nodes:
+    """The launchers of a drill, one per node, each with a log ``LOG.node<I>.log`` (``LOG`` itself for one node)."""
+
+    def __init__(self, nodes: Sequence[Sequence[str]], args: Sequence[str], log: Path, nproc: int, max_restarts: int) -> None:
+        self.nodes, self.nproc, self.logs, self.starts = nodes, nproc, [], [0] * len(nodes)
+        self.args = ["--max-restarts", str(max_restarts), *args]
+        self.base = log if len(nodes) == 1 else log.with_suffix("")
+        self.launchers = [self._start(i) for i in range(len(nodes))]
+
+    def _start(self, i: int) -> subprocess.Popen:
+        log = self.base if len(self.nodes) == 1 else Path(f"{self.base}.node{i}{'.again' * self.starts[i]}.log")
+        self.starts[i] += 1
+        self.logs.append(log)
+        return launch([*self.nodes[i], *self.args], log, nproc=self.nproc, env={"OMP_NUM_THREADS": "1"} if len(self.nodes) > 1 else None)
+
+    def rank(self, rank: str) -> psutil.Process:
+        for launcher in self.launchers:
+            try:
+                return rank_process(launcher, rank)
+            except RuntimeError:
+                continue
+        raise RuntimeError(f"no rank {rank} under the launchers (pids {[p.pid for p in self.launchers]})")
+
+    def lose(self, what: str, rank: str) -> None:
+        """SIGKILL the rank (``"rank"``), or a node's whole tree: a worker (``"node"``, started again), the rendezvous host."""
+        if what == "rank":
+            self.rank(rank).send_signal(signal.SIGKILL)
+            return
+        host = rdzv_host(self.launchers, _rdzv_port(self.nodes))
+        if host < 0:
+            raise RuntimeError(f"no launcher listens on the c10d rendezvous port {_rdzv_port(self.nodes)}")
+        i = host if what == "rdzv-host" else next(k for k in range(len(self.launchers)) if k != host)
+        kill_tree(self.launchers[i])
+        if what == "node":  # a replacement node: the same command, joining the next rendezvous round
+            self.launchers[i] = self._start(i)
+
+    def text(self) -> str:
+        return "".join(f"== {log.name}\n{log.read_text()}" for log in self.logs) if len(self.logs) > 1 else self.logs[0].read_text()
+
+
 def kill_drill(args: Sequence[str], progress: str | os.PathLike, log: str | os.PathLike, kill_after: int,
-               rank: str = "1", nproc: int = 2, max_restarts: int = 1, timeout_s: float = 420.0) -> KillDrill:
-    """``monai-fast launch --max-restarts N ARGS``; SIGKILL ``rank`` once iteration ``kill_after`` completed; run to the end.
+               rank: str = "1", nproc: int = 2, max_restarts: int = 1, timeout_s: float = 420.0,
+               nodes: Sequence[Sequence[str]] = ((),), lose: str = "rank") -> KillDrill:
+    """``monai-fast launch --max-restarts N ARGS`` per node; once iteration ``kill_after`` completed, lose a part; run to the end.
 
     Args:
         args: the script and its arguments (a script that resumes from its checkpoints and appends each
             completed iteration to ``progress``).
         kill_after: the iteration after which the rank is killed (mid-epoch, if you want the hard case).
+        nodes: each node's launch options (one launcher per entry, ``nproc`` ranks each), e.g. the same
+            ``--nnodes 2 --rdzv-endpoint HOST:PORT --rdzv-id JOB`` twice; by default one node.
+        lose: ``"rank"``: SIGKILL ``rank``; ``"node"``: SIGKILL the whole tree of a launcher that does not hold
+            the c10d rendezvous (a lost node), then start the same command again (its replacement);
+            ``"rdzv-host"``: SIGKILL the tree of the launcher that holds it, with no replacement.
 
     Raises:
-        RuntimeError: the launcher ended, or ``timeout_s`` passed, before iteration ``kill_after``.
+        RuntimeError: a launcher ended, or ``timeout_s`` passed, before iteration ``kill_after``.
 
     Example:
         >>> d = kill_drill(["train.py", "--save-every", "3", "--progress-file", "p"], "p", "run.log", kill_after=5)  # doctest: +SKIP
         >>> d.redone, round(d.restart_s, 1), d.returncode  # doctest: +SKIP
         (2, 14.3, 0)
     """
+    if lose not in ("rank", "node", "rdzv-host"):
+        raise ValueError(f"lose={lose!r}: one of 'rank', 'node', 'rdzv-host'")
     t0 = time.monotonic()
     deadline = t0 + timeout_s
-    launcher = launch(["--max-restarts", str(max_restarts), *args], log, nproc=nproc)
+    run = _Nodes(nodes, args, Path(log), nproc, max_restarts)
     watch = _Watch(Path(progress), t0)
     try:
-        watch.until(launcher, lambda: len(watch.seen) >= kill_after, deadline, Path(log))
+        watch.until(run.launchers, lambda: len(watch.seen) >= kill_after, deadline, run.logs)
         killed_after = watch.seen[-1][0]
-        rank_process(launcher, rank).send_signal(signal.SIGKILL)
+        run.lose(lose, rank)
         killed_at = time.monotonic() - t0
     except BaseException:
-        _stop([launcher])
+        _stop(run.launchers)
         raise
-    rc = _finish(launcher, watch, deadline)
-    return KillDrill(rc, time.monotonic() - t0, watch.seen, Path(log).read_text(), killed_after, killed_at)
+    rcs = _finish(run.launchers, watch, deadline)
+    return KillDrill(next((rc for rc in rcs if rc), 0), time.monotonic() - t0, watch.seen, run.text(), killed_after, killed_at,
+                     returncodes=rcs)

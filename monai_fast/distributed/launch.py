@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import json
 import logging
 import os
 import socket
@@ -20,7 +21,7 @@ from monai.utils import set_determinism
 from monai_fast.distributed.env import detect, nested_spawn_message, pick_backend
 from monai_fast.telemetry import cuda_available, set_cuda_device
 
-__all__ = ["LaunchSpec", "free_port", "run", "setup_rank", "torchrun_args", "torchrun_env"]
+__all__ = ["LaunchSpec", "free_port", "rendezvous_failure", "run", "setup_rank", "torchrun_args", "torchrun_env"]
 
 logger = logging.getLogger("monai_fast.distributed")
 
@@ -270,3 +271,38 @@ def torchrun_env(spec: LaunchSpec) -> dict[str, str]:
         {'TORCH_DISABLE_SHARE_RDZV_TCP_STORE': '1'}
     """
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts else {}
+
+
+def rendezvous_failure(error_file: str | os.PathLike, spec: LaunchSpec) -> str | None:
+    """What a failed torchrun's error file (``TORCHELASTIC_ERROR_FILE``) says about its c10d rendezvous, in one line.
+
+    torchrun keeps the c10d rendezvous in the node whose torchrun first bound ``--rdzv-endpoint``. Lose that
+    node and every other node's torchrun fails on its next look at the rendezvous (within a second) with a
+    ``RendezvousConnectionError`` traceback: no restart can bring the job back, since the rendezvous and its
+    rounds went with the node. A node that waits for the others longer than the join time-out (torchrun's
+    600 s) fails with ``RendezvousTimeoutError``. Anything else (a rank's own error): ``None``.
+
+    Example:
+        >>> import tempfile
+        >>> f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        >>> _ = f.write('{"message": {"message": "RendezvousConnectionError: The connection to the C10d store has failed."}}')
+        >>> f.close()
+        >>> rendezvous_failure(f.name, LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="j"))[:53]
+        'the c10d rendezvous at h:29400 is gone: its host node'
+    """
+    if spec.form != "c10d":
+        return None
+    try:
+        with open(error_file) as f:
+            message = str(json.load(f).get("message", {}).get("message", ""))
+    except (OSError, ValueError, AttributeError):
+        return None
+    if message.startswith("RendezvousConnectionError"):
+        return (f"the c10d rendezvous at {spec.rdzv_endpoint} is gone: its host node (the one whose launcher first bound "
+                "--rdzv-endpoint) was lost or stopped, and the job with it (--max-restarts cannot help: the restarts meet "
+                "there). Start the launcher on every node again with the same command; a script with Preemption resumes "
+                "from its latest checkpoint")
+    if message.startswith("RendezvousTimeoutError"):
+        return (f"not all --nnodes {spec.nnodes} nodes joined the c10d rendezvous at {spec.rdzv_endpoint} (--rdzv-id "
+                f"{spec.rdzv_id}) in time: start the launcher on every node, with the same --rdzv-endpoint and --rdzv-id")
+    return None
