@@ -5,9 +5,12 @@ seconds per epoch are measured in the same conditions: a change of the host's lo
 ``fast``'s epochs to target and time to target are measured. The baseline's time to target is
 measured when it reaches the target within its budget; otherwise it is **estimated** from its
 Dice curve so far: the epoch at which it reached its best Dice, against the epoch at which
-``fast`` reached that Dice, scales ``fast``'s epochs to target (a baseline that needed 10x the
-epochs to Dice 0.5 is taken to need 10x the epochs to the target); times its seconds per epoch
-measured interleaved with ``fast``, plus its set-up. Only a curve that got somewhere is used: its
+``fast`` reached that Dice in a full validation, scales ``fast``'s epochs to target (a baseline
+that needed 10x the epochs to Dice 0.5 is taken to need 10x the epochs to the target); times its
+seconds per epoch measured interleaved with ``fast``, plus its set-up. The input is load-free when the
+baseline ran an epoch budget (``epoch_multiple``): both runs draw their own random streams, so
+for a seed their Dice curves are the same on a quiet or a loaded host, and only the seconds per
+epoch (measured side by side) follow the load. Only a curve that got somewhere is used: its
 best Dice must be at least :data:`MIN_PROGRESS` of the target (an extrapolation from the flat
 start of a Dice curve is noise). Otherwise there is no estimate, the table says why, and the
 headline is the per-epoch speed-up, measured. Never a bare lower bound.
@@ -24,7 +27,8 @@ from collections.abc import Mapping, Sequence
 
 from monai_fast.recipes.runner import RaceResult
 
-__all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "format_headline", "headline"]
+__all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "format_headline", "headline",
+           "stop_reason"]
 
 MEASURED = "measured"
 ESTIMATED = "estimated"
@@ -72,6 +76,24 @@ def _s_per_epoch(result: RaceResult, interleaved: int, cpu: bool = False) -> flo
     return statistics.fmean(r.wall_s if r.wall_s is not None else r.train_s + r.val_s for r in rows) if rows else 0.0
 
 
+def stop_reason(result: RaceResult, budget: Mapping[str, object]) -> str:
+    """Why ``result``'s recipe stopped: ``"target"``, ``"epoch budget"``, ``"wall-clock budget"`` or ``"epoch limit"``.
+
+    Example:
+        >>> r = RaceResult("baseline", 0.9, False, None, None, 40, 0.5, 0.0, 300.0, 7.0, 0.5, 0.1, 600.0, False, "cpu", False)
+        >>> stop_reason(r, {"others_epochs": 40}), stop_reason(r, {"others_epochs": 50})
+        ('epoch budget', 'epoch limit')
+    """
+    if result.reached:
+        return "target"
+    epochs = budget.get("others_epochs")
+    if isinstance(epochs, int) and result.epochs_run >= epochs and result.recipe != budget.get("lead"):
+        return "epoch budget"
+    if result.budget_exhausted or (result.budget_s is not None and result.total_s >= result.budget_s):
+        return "wall-clock budget"
+    return "epoch limit"
+
+
 def _figure(value: float | None, how: str, basis: str = "") -> dict:
     return {"value": value, "how": how, "basis": basis}
 
@@ -96,19 +118,26 @@ def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budg
         per_epoch = _s_per_epoch(r, interleaved.get(r.recipe, 0))
         entry = {"s_per_epoch_interleaved": per_epoch, "epochs_interleaved": interleaved.get(r.recipe, 0),
                  "cpu_s_per_epoch_interleaved": _s_per_epoch(r, interleaved.get(r.recipe, 0), cpu=True),
-                 "epochs_run": r.epochs_run, "best_dice": r.best_dice, "data_wait_share": r.data_wait_share}
+                 "epochs_run": r.epochs_run, "best_dice": r.best_dice, "data_wait_share": r.data_wait_share,
+                 "stopped": stop_reason(r, budget)}
         if r.reached:
             entry["time_to_target_s"] = _figure(r.time_to_target_s, MEASURED)
             entry["epochs_to_target"] = _figure(r.epochs_to_target, MEASURED)
         else:
-            entry.update(_estimate(r, by.get(fast), per_epoch))
+            limit = budget.get("others_epochs") if r.recipe != budget.get("lead") else None
+            entry.update(_estimate(r, by.get(fast), per_epoch, limit if isinstance(limit, int) else None))
         doc["recipes"][r.recipe] = entry
     doc["speedup"] = _speedup(doc["recipes"], fast, reference)
     return doc
 
 
-def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float) -> dict:
-    curve = [(e.epoch, e.val_dice) for e in r.epochs if e.val_dice is not None]
+def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: int | None) -> dict:
+    """``r``'s estimated epochs and time to target from its first ``limit`` epochs (its epoch budget; ``None``: all).
+
+    Turns taken while ``fast`` trained can carry a quick recipe past its epoch budget on a host
+    that slows ``fast`` more; its estimate still reads only the epochs the budget gives it.
+    """
+    curve = [(e.epoch, e.val_dice) for e in r.epochs[:limit] if e.val_dice is not None]
     found = None
     if fast is not None and fast.reached and fast.epochs_to_target:
         found = epochs_by_progress(curve, [(e.epoch, e.val_dice) for e in fast.epochs], fast.epochs_to_target, r.target)
@@ -171,6 +200,11 @@ def format_headline(doc: dict) -> str:
         for key in ("epochs_to_target", "time_to_target_s"):
             if e[key]["how"] != MEASURED:
                 out.append(f"{name} {key.replace('_', ' ').replace(' s', '')}: {e[key]['how']}: {e[key]['basis']}")
+    epochs = doc["budget"].get("others_epochs")
+    for name, e in doc["recipes"].items():
+        if epochs and name != doc["budget"].get("lead") and e.get("stopped") == "wall-clock budget":
+            out.append(f"{name}: stopped by its wall-clock budget after {e['epochs_run']} of its {epochs} epochs: how far "
+                       "its Dice curve got depended on the host's speed (--time-budget raises the cap)")
     sp = doc["speedup"]
     if sp["factor"] is None and sp.get("per_epoch"):
         out.append(f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch (measured, interleaved); "
