@@ -12,7 +12,15 @@ import pytest
 from monai_fast.cli import main
 from monai_fast.race import RaceSpec, SyntheticData, race
 from monai_fast.race.core import load_data
-from monai_fast.race.headline import ESTIMATED, MEASURED, MIN_PROGRESS, epochs_by_progress, format_headline, headline
+from monai_fast.race.headline import (
+    ESTIMATED,
+    MEASURED,
+    MIN_PROGRESS,
+    epochs_by_progress,
+    epochs_by_slope,
+    format_headline,
+    headline,
+)
 from monai_fast.race.interleave import budget_after_lead, epochs_after_lead
 from monai_fast.race.options import recipe_config
 from monai_fast.recipes.runner import EpochRow, RaceResult, TargetRun
@@ -89,7 +97,10 @@ def test_interleaved_race_gives_the_baseline_a_budget_derived_from_fasts_time(tm
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert doc["headline"]["recipes"]["baseline"]["stopped"] == "wall-clock budget"
     est = doc["headline"]["recipes"]["baseline"]["time_to_target_s"]
-    assert est["how"] == ESTIMATED and est["value"] > 0 and "measured interleaved" in est["basis"]
+    if est["how"] == ESTIMATED:  # the epochs its budget gave it (time-bound: one or two here) made a curve to extrapolate
+        assert est["value"] > 0 and "measured interleaved" in est["basis"]
+    else:  # too few: no estimate, said why, and the headline is the per-epoch speed-up, measured
+        assert est["how"] == "n/a" and "too early in its curve" in est["basis"] and doc["headline"]["speedup"]["per_epoch"] > 0
     assert doc["headline"]["recipes"]["fast"]["epochs_interleaved"] == fast.epochs_run
 
 
@@ -110,8 +121,12 @@ def test_demo_prints_the_cap_up_front_and_a_table_of_measured_and_estimated_figu
     lines = out.splitlines()
     at = lines.index(head)
     rows = {ln.split()[0]: ln for ln in lines[at + 2:at + 4]}  # under the header and its rule
-    assert rows["fast"].count("(measured)") == 3 and rows["baseline"].count("(estimated)") == 2
-    assert "baseline time to target: estimated:" in out and "speed-up over baseline:" in out
+    assert rows["fast"].count("(measured)") == 3
+    if rows["baseline"].count("(estimated)") == 2:
+        assert "baseline time to target: estimated:" in out and "speed-up over baseline:" in out
+    else:  # a curve too flat to extrapolate (the tiny baseline's, often): no figure, the reason, the per-epoch headline
+        assert rows["baseline"].split()[1:3] == ["-", "-"] and "baseline time to target: n/a: its best Dice" in out
+        assert "x per epoch (measured, interleaved); to the target: n/a" in out
     assert set(doc["headline"]) == {"method", "budget", "recipes", "speedup"}
     assert set(doc["headline"]["recipes"]["baseline"]) >= {"time_to_target_s", "epochs_to_target", "s_per_epoch_interleaved",
                                                            "epochs_interleaved", "epochs_run", "best_dice"}
@@ -165,3 +180,16 @@ def test_a_wall_clock_cap_cutting_the_epoch_budget_short_is_said():
     assert ("baseline: stopped by its wall-clock budget after 4 of its 6 epochs: how far its Dice curve got depended on "
             "the host's speed") in format_headline(doc)
     assert headline([fast, replace(base, epochs_run=6)], {}, budget)["recipes"]["baseline"]["stopped"] == "epoch budget"
+
+
+def test_where_fasts_validations_are_too_sparse_the_baselines_own_slope_is_extrapolated():
+    # fast validated fully only at its target epoch: "fast reached Dice 0.3 at epoch 9" would make 30 x 9 / 9,
+    # no more than the baseline ran (a bare lower bound); the line through its last half reaches 0.9 at epoch 90
+    fast = _result("fast", [0.0] * 8 + [0.94], 0.9, 1.0, reached_at=9)
+    base = _result("baseline", [0.01 * e for e in range(1, 31)], 0.9, 4.0)
+    assert epochs_by_slope([(i + 1, r.val_dice) for i, r in enumerate(base.epochs)], 0.9) == (90.0, 16, 30, 0.01)
+    b = headline([fast, base], {"fast": 9, "baseline": 1}, {"lead": "fast"})["recipes"]["baseline"]
+    assert b["epochs_to_target"]["value"] == 90.0 and b["epochs_to_target"]["how"] == ESTIMATED
+    assert "per epoch over epochs 16-30 (least squares" in b["epochs_to_target"]["basis"]
+    assert "raised" not in b["epochs_to_target"]["basis"]
+    assert b["time_to_target_s"]["value"] == pytest.approx(90 * 4.0)

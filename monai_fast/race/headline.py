@@ -6,8 +6,12 @@ seconds per epoch are measured in the same conditions: a change of the host's lo
 measured when it reaches the target within its budget; otherwise it is **estimated** from its
 Dice curve so far: the epoch at which it reached its best Dice, against the epoch at which
 ``fast`` reached that Dice in a full validation, scales ``fast``'s epochs to target (a baseline
-that needed 10x the epochs to Dice 0.5 is taken to need 10x the epochs to the target); times its
-seconds per epoch measured interleaved with ``fast``, plus its set-up. The input is load-free when the
+that needed 10x the epochs to Dice 0.5 is taken to need 10x the epochs to the target). Where
+``fast``'s full validations are too sparse for that (a validation schedule runs few while far
+from the target, so the first one at that Dice may be its target epoch), the epochs are where a
+straight line through the last half of the baseline's own curve reaches the target
+(:func:`epochs_by_slope`). Either is times its seconds per epoch measured interleaved with
+``fast``, plus its set-up. The input is load-free when the
 baseline ran an epoch budget (``epoch_multiple``): both runs draw their own random streams, so
 for a seed their Dice curves are the same on a quiet or a loaded host, and only the seconds per
 epoch (measured side by side) follow the load. Only a curve that got somewhere is used: its
@@ -27,7 +31,7 @@ from collections.abc import Mapping, Sequence
 
 from monai_fast.recipes.runner import RaceResult
 
-__all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "format_headline", "headline",
+__all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "epochs_by_slope", "format_headline", "headline",
            "stop_reason"]
 
 MEASURED = "measured"
@@ -62,6 +66,30 @@ def epochs_by_progress(curve: Sequence[tuple[int, float]], fast_curve: Sequence[
     if fast_epoch is None:
         return None
     return round(slow_epoch * fast_epochs / fast_epoch, 1), slow_epoch, dice, fast_epoch
+
+
+def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[float, int, int, float] | None:
+    """Epochs to ``target`` where a straight line through the last half of the Dice ``curve`` (least squares) reaches it.
+
+    Returns ``(epochs, first, last, slope)``: the line fitted over epochs ``first`` to ``last``
+    rises ``slope`` Dice per epoch. ``None`` with fewer than 4 points, a best Dice below
+    ``MIN_PROGRESS * target``, or a line that does not rise. Used where the fast run's full
+    validations are too sparse to say when it passed the slow run's Dice (a validation schedule
+    runs few while far from the target).
+
+    Example:
+        >>> epochs_by_slope([(e, 0.01 * e) for e in range(1, 31)], target=0.9)
+        (90.0, 16, 30, 0.01)
+    """
+    points = [(e, d) for e, d in curve if d is not None]
+    if len(points) < 4 or max(d for _, d in points) < MIN_PROGRESS * target:
+        return None
+    half = points[len(points) // 2:]
+    mx, my = statistics.fmean(e for e, _ in half), statistics.fmean(d for _, d in half)
+    slope = sum((e - mx) * (d - my) for e, d in half) / sum((e - mx) ** 2 for e, _ in half)
+    if not slope > 0:
+        return None
+    return round(mx + (target - my) / slope, 1), half[0][0], half[-1][0], round(slope, 6)
 
 
 def _s_per_epoch(result: RaceResult, interleaved: int, cpu: bool = False) -> float | None:
@@ -141,14 +169,20 @@ def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: i
     found = None
     if fast is not None and fast.reached and fast.epochs_to_target:
         found = epochs_by_progress(curve, [(e.epoch, e.val_dice) for e in fast.epochs], fast.epochs_to_target, r.target)
-    if found is None:
-        best = max((d for _, d in curve), default=0.0)
-        why = (f"its best Dice {best:.3f} in {r.epochs_run} epochs is below {MIN_PROGRESS:g}x the target, too early in its "
-               "curve to extrapolate; give it longer (--budget-multiple, --time-budget)")
-        return {"time_to_target_s": _figure(None, "n/a", why), "epochs_to_target": _figure(None, "n/a", why)}
-    epochs, slow_epoch, dice, fast_epoch = found
-    basis = (f"it reached Dice {dice:.3f} at epoch {slow_epoch}, {fast.recipe} at epoch {fast_epoch} and the target at "
-             f"{fast.epochs_to_target}: {slow_epoch} x {fast.epochs_to_target} / {fast_epoch}")
+    if found is not None and found[0] > r.epochs_run:
+        epochs, slow_epoch, dice, fast_epoch = found
+        basis = (f"it reached Dice {dice:.3f} at epoch {slow_epoch}, {fast.recipe} at epoch {fast_epoch} and the target at "
+                 f"{fast.epochs_to_target}: {slow_epoch} x {fast.epochs_to_target} / {fast_epoch}")
+    else:  # fast's full validations do not place that Dice before its own target epoch: the curve's own slope
+        sloped = epochs_by_slope(curve, r.target)
+        if sloped is None:
+            best = max((d for _, d in curve), default=0.0)
+            why = (f"its best Dice {best:.3f} in {len(r.epochs[:limit])} epochs is below {MIN_PROGRESS:g}x the target or not "
+                   "rising, too early in its curve to extrapolate; give it longer (--epoch-multiple, --time-budget)")
+            return {"time_to_target_s": _figure(None, "n/a", why), "epochs_to_target": _figure(None, "n/a", why)}
+        epochs, first, last, slope = sloped
+        basis = (f"its Dice rose {slope:.4f} per epoch over epochs {first}-{last} (least squares over the last half of "
+                 f"its curve); that line reaches {r.target:g} at epoch {epochs:g}")
     if epochs <= r.epochs_run:  # it ran that many without reaching the target
         epochs, basis = float(r.epochs_run + 1), f"{basis}; raised to the epochs it ran + 1"
     seconds = r.setup_s + epochs * per_epoch
