@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 
 import pytest
 import torch
@@ -89,3 +90,31 @@ def test_names_dtypes_and_autocast():
         assert conv(x).dtype == torch.bfloat16
     with prec.autocast_for("fp32", torch.device("cpu")):
         assert conv(x).dtype == torch.float32
+
+
+def test_the_measurement_counts_cpu_work_so_other_processes_cannot_flip_it(monkeypatch):
+    # two busy processes on every core would slow fp32 and bf16 rounds by any amount; the thread's
+    # CPU time, on one torch thread, only sees the work each precision does
+    ctx = mp.get_context("spawn")
+    spinners = [ctx.Process(target=_spin, daemon=True) for _ in range(2 * (torch.get_num_threads() or 1))]
+    for p in spinners:
+        p.start()
+    threads = torch.get_num_threads()
+    try:
+        reads = []
+        real = prec.time.thread_time
+        monkeypatch.setattr(prec.time, "thread_time", lambda: reads.append(1) or real())
+        gains = [prec.cpu_bf16_speedup(rounds=3) for _ in range(2)]
+    finally:
+        for p in spinners:
+            p.terminate()
+            p.join(timeout=30)
+    assert reads, "the measurement must read the thread's CPU time"
+    assert torch.get_num_threads() == threads  # put back
+    if prec.cpu_has_bf16_hardware():
+        assert all(g > prec.MIN_CPU_GAIN for g in gains), gains  # bf16 hardware measured faster, loaded or not
+
+
+def _spin() -> None:
+    while True:
+        pass

@@ -94,6 +94,9 @@ def test_read_only_run_dir_fails_before_any_training(tmp_path, monkeypatch):
     ({"val_files": [{"image": "a", "label": "b"}]}, "train_files"),
     ({"synthetic": SyntheticData(cases=0)}, "synthetic.cases"),
     ({"device": "cuda:0"}, "device"),
+    ({"epoch_multiple": 0.0, "interleave": True}, "epoch_multiple"),
+    ({"epoch_multiple": 2.0}, "epoch_multiple"),  # needs interleave: fast's epochs set the others' budget
+    ({"budget_multiple": -1.0, "interleave": True}, "budget_multiple"),
 ])
 def test_bad_options_are_named_before_anything_runs(fields, option, tmp_path, monkeypatch):
     import torch

@@ -183,6 +183,7 @@ def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoS
         target=getattr(args, "target", 0.9),
         time_budget_s=getattr(args, "time_budget", None),
         budget_multiple=getattr(args, "budget_multiple", None),
+        epoch_multiple=getattr(args, "epoch_multiple", None) or None,  # 0: no epoch budget
         interleave=getattr(args, "interleave", False),
         device=args.device,
         overrides=overrides,

@@ -21,7 +21,10 @@ from monai_fast.race import RaceEvents, RaceRun, RaceSpec, bench, race, resolve_
 from monai_fast.race.scale import demo_scale, size_line
 from monai_fast.recipes.runner import RaceResult
 
-__all__ = ["ProgressPrinter", "add_race_commands", "budget_line"]
+__all__ = ["DEMO_EPOCH_MULTIPLE", "ProgressPrinter", "add_race_commands", "budget_line", "budget_text"]
+
+#: the demo's default epoch budget of the baseline, in multiples of fast's epochs to target
+DEMO_EPOCH_MULTIPLE = 4.0
 
 
 class ProgressPrinter(RaceEvents):
@@ -44,10 +47,7 @@ class ProgressPrinter(RaceEvents):
         print(f"-- {recipe}: training to Dice {target} (budget {budget})", flush=True)
 
     def budget_set(self, recipe: str, budget_s: float, how: dict) -> None:
-        lead = f"{how['lead']} reached the target in {how['lead_s']:.1f} s" if how["lead_reached"] else \
-            f"{how['lead']} ran {how['lead_s']:.1f} s without reaching it"
-        print(f"-- {recipe}: budget {budget_s:.0f} s on its own clock ({lead}; {how['multiple']:g}x that, "
-              f"at most {how['cap_s']:.0f} s)", flush=True)
+        print(f"-- {recipe}: {budget_text(budget_s, how)}", flush=True)
 
     def recipe_finished(self, r: RaceResult) -> None:
         state = f"reached in {r.time_to_target_s:.1f} s" if r.reached else f"not reached in {r.total_s:.0f} s"
@@ -83,8 +83,8 @@ def budget_line(spec: RaceSpec) -> str:
     """The line the demo prints before it starts: how long each recipe may run, and how to change it.
 
     Example:
-        >>> print(budget_line(RaceSpec(time_budget_s=600, budget_multiple=15, interleave=True)))
-        budget: fast up to 600 s; baseline 15x fast's time to target, at most 600 s (--time-budget, --budget-multiple); epochs interleaved
+        >>> print(budget_line(RaceSpec(time_budget_s=600, epoch_multiple=5, interleave=True)))
+        budget: fast up to 600 s; baseline 5x fast's epochs to target, at most 600 s (--epoch-multiple, --budget-multiple, --time-budget); epochs interleaved
     """
     from monai_fast.race.interleave import lead_of
 
@@ -92,9 +92,30 @@ def budget_line(spec: RaceSpec) -> str:
     cap = "no cap" if spec.time_budget_s is None else f"at most {spec.time_budget_s:.0f} s"
     others = ", ".join(r for r in spec.recipes if r != lead)
     lead_part = f"{lead} up to {spec.time_budget_s:.0f} s" if spec.time_budget_s is not None else f"{lead} no limit"
-    rule = f"{spec.budget_multiple:g}x {lead}'s time to target, {cap}" if spec.budget_multiple else cap
-    return (f"budget: {lead_part}" + (f"; {others} {rule}" if others else "") + " (--time-budget, --budget-multiple)"
-            + ("; epochs interleaved" if spec.interleave else ""))
+    rules = [f"{m:g}x {lead}'s {what} to target" for m, what in ((spec.epoch_multiple, "epochs"), (spec.budget_multiple, "time"))
+             if m]
+    rule = f"{' and '.join(rules)}, {cap}" if rules else cap
+    return (f"budget: {lead_part}" + (f"; {others} {rule}" if others else "")
+            + " (--epoch-multiple, --budget-multiple, --time-budget)" + ("; epochs interleaved" if spec.interleave else ""))
+
+
+def budget_text(budget_s: float, how: dict) -> str:
+    """What a recipe other than the lead got once the lead was done: its epochs and its seconds, and from what.
+
+    Example:
+        >>> print(budget_text(600.0, {"lead": "fast", "lead_s": 20.0, "lead_reached": True, "lead_epochs": 8,
+        ...                           "multiple": None, "cap_s": 600.0, "epoch_multiple": 5.0, "others_epochs": 40}))
+        budget 40 epochs (fast reached the target in 8 epochs, 20.0 s; 5x its epochs), at most 600 s on its own clock
+    """
+    lead = how["lead"]
+    done = f"reached the target in {how['lead_epochs']} epochs, {how['lead_s']:.1f} s" if how["lead_reached"] else \
+        f"ran {how['lead_epochs']} epochs, {how['lead_s']:.1f} s without reaching it"
+    rules = [f"{how['epoch_multiple']:g}x its epochs"] if how.get("others_epochs") else []
+    rules += [f"{how['multiple']:g}x its time"] if how.get("multiple") else []
+    cap = "no cap" if how["cap_s"] is None else f"at most {how['cap_s']:.0f} s"
+    epochs = f"{how['others_epochs']} epochs" if how.get("others_epochs") else f"{budget_s:.0f} s"
+    seconds = f"at most {budget_s:.0f} s" if how.get("multiple") or how.get("others_epochs") else cap
+    return f"budget {epochs} ({lead} {done}; {', '.join(rules) or cap}), {seconds} on its own clock"
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -121,8 +142,9 @@ _DEMO_TEXT = (
     "'baseline' recipe on it until validation mean Dice reaches --target or --time-budget runs out, and print "
     "time to target, epochs, train/val seconds per epoch, data-wait share and the speed-up. Writes a run "
     "folder with results.json, epochs.csv, dice_vs_time.png and TensorBoard events. The recipes train an epoch at "
-    "a time in turns, so their seconds per epoch meet the same host load; fast's time to target then sets the "
-    "baseline's budget (--budget-multiple times it, at most --time-budget, printed up front). When the baseline "
+    "a time in turns, so their seconds per epoch meet the same host load, each drawing its own random stream, so "
+    "for a seed their Dice curves do not depend on the load. fast's epochs to target then set the baseline's "
+    "budget (--epoch-multiple times them, at most --time-budget seconds, printed up front). When the baseline "
     "does not reach the target in its budget, its time to target is estimated (epochs from its Dice curve x its "
     "seconds per epoch measured beside fast's) and labelled 'estimated'. Every option is checked before training "
     "starts (an unwritable --run-dir fails at once)."
@@ -147,8 +169,12 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
         help="race the fast recipe against a plain-MONAI baseline to a target Dice (about 7 min on 2 CPU cores; at most 10 min of training per recipe)",
     )
     add_race_options(p, budget=600.0, recipes=("fast", "baseline"))
-    p.add_argument("--budget-multiple", type=float, default=15.0, help="the other recipes may run this many times fast's "
-                   "time to target (its time run when it missed), at most --time-budget (default %(default)s)")
+    p.add_argument("--epoch-multiple", type=float, default=DEMO_EPOCH_MULTIPLE, help="the other recipes train at most "
+                   "this many times fast's epochs to target (its epochs run when it missed), within --time-budget; a "
+                   "count of epochs, so how far their Dice curves get does not depend on the host's load; 0: no epoch "
+                   "budget (default %(default)s)")
+    p.add_argument("--budget-multiple", type=float, help="also stop the other recipes after this many times fast's "
+                   "time to target (its time run when it missed), within --time-budget (default: no such limit)")
     p.set_defaults(func=_cmd_demo, interleave=True)
 
     p = sub.add_parser(

@@ -3,7 +3,8 @@
 Global generators (Python ``random``, NumPy, torch CPU and CUDA) plus the private
 ``numpy.random.RandomState`` (``.R``) of every MONAI ``Randomizable`` transform reachable from a
 data set: MONAI's loaders reseed those at construction, and random crops and flips then draw from
-them, not from the global generators.
+them, not from the global generators. :class:`OwnRandomStream` gives a run its own copy of the
+global generators, so runs taking turns in one process draw as each would alone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from monai.transforms import Randomizable, Transform
 
 from monai_fast.telemetry.cuda import cuda_rng_states, set_cuda_rng_states
 
-__all__ = ["capture", "randomizables", "restore"]
+__all__ = ["OwnRandomStream", "capture", "randomizables", "restore"]
 
 _WALK = ("dataset", "transform", "transforms", "loader")
 
@@ -82,3 +83,40 @@ def restore(state: dict, data: Any = None) -> None:
             )
         for obj, s in zip(objs, state["transforms"]):
             obj.R.set_state(s)
+
+
+class OwnRandomStream:
+    """A run's own copy of the global random generators, swapped in while the run works (``with``).
+
+    Runs that take turns in one process (a race's recipes, an epoch each) otherwise share the global
+    generators: how many numbers one draws between the other's turns (a loader's shuffle, a worker's
+    base seed) would depend on the order of the turns, and so on the host's load. Each run keeps its
+    own stream instead and draws exactly as it would alone. Created just after the run seeded
+    itself; the transforms' own ``R`` states are the run's already (its loaders seeded them).
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0); mine = OwnRandomStream()
+        >>> with mine:
+        ...     a = torch.rand(1)
+        >>> _ = torch.rand(5)  # someone else draws in between
+        >>> with mine:
+        ...     b = torch.rand(1)
+        >>> _ = torch.manual_seed(0); bool((torch.rand(2) == torch.cat([a, b])).all())
+        True
+    """
+
+    def __init__(self) -> None:
+        self._state = capture()
+        self._outside: dict | None = None
+
+    def __enter__(self) -> OwnRandomStream:
+        self._outside = capture()
+        restore(self._state)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._state = capture()
+        if self._outside is not None:
+            restore(self._outside)
+            self._outside = None

@@ -5,9 +5,16 @@ seconds per epoch are measured in the same conditions: a change of the host's lo
 ``fast``'s epochs to target and time to target are measured. The baseline's time to target is
 measured when it reaches the target within its budget; otherwise it is **estimated** from its
 Dice curve so far: the epoch at which it reached its best Dice, against the epoch at which
-``fast`` reached that Dice, scales ``fast``'s epochs to target (a baseline that needed 10x the
-epochs to Dice 0.5 is taken to need 10x the epochs to the target); times its seconds per epoch
-measured interleaved with ``fast``, plus its set-up. Only a curve that got somewhere is used: its
+``fast`` reached that Dice in a full validation, scales ``fast``'s epochs to target (a baseline
+that needed 10x the epochs to Dice 0.5 is taken to need 10x the epochs to the target). Where
+``fast``'s full validations are too sparse for that (a validation schedule runs few while far
+from the target, so the first one at that Dice may be its target epoch), the epochs are where a
+straight line through the last half of the baseline's own curve reaches the target
+(:func:`epochs_by_slope`). Either is times its seconds per epoch measured interleaved with
+``fast``, plus its set-up. The input is load-free when the
+baseline ran an epoch budget (``epoch_multiple``): both runs draw their own random streams, so
+for a seed their Dice curves are the same on a quiet or a loaded host, and only the seconds per
+epoch (measured side by side) follow the load. Only a curve that got somewhere is used: its
 best Dice must be at least :data:`MIN_PROGRESS` of the target (an extrapolation from the flat
 start of a Dice curve is noise). Otherwise there is no estimate, the table says why, and the
 headline is the per-epoch speed-up, measured. Never a bare lower bound.
@@ -24,7 +31,8 @@ from collections.abc import Mapping, Sequence
 
 from monai_fast.recipes.runner import RaceResult
 
-__all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "format_headline", "headline"]
+__all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "epochs_by_slope", "format_headline", "headline",
+           "stop_reason"]
 
 MEASURED = "measured"
 ESTIMATED = "estimated"
@@ -60,6 +68,30 @@ def epochs_by_progress(curve: Sequence[tuple[int, float]], fast_curve: Sequence[
     return round(slow_epoch * fast_epochs / fast_epoch, 1), slow_epoch, dice, fast_epoch
 
 
+def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[float, int, int, float] | None:
+    """Epochs to ``target`` where a straight line through the last half of the Dice ``curve`` (least squares) reaches it.
+
+    Returns ``(epochs, first, last, slope)``: the line fitted over epochs ``first`` to ``last``
+    rises ``slope`` Dice per epoch. ``None`` with fewer than 4 points, a best Dice below
+    ``MIN_PROGRESS * target``, or a line that does not rise. Used where the fast run's full
+    validations are too sparse to say when it passed the slow run's Dice (a validation schedule
+    runs few while far from the target).
+
+    Example:
+        >>> epochs_by_slope([(e, 0.01 * e) for e in range(1, 31)], target=0.9)
+        (90.0, 16, 30, 0.01)
+    """
+    points = [(e, d) for e, d in curve if d is not None]
+    if len(points) < 4 or max(d for _, d in points) < MIN_PROGRESS * target:
+        return None
+    half = points[len(points) // 2:]
+    mx, my = statistics.fmean(e for e, _ in half), statistics.fmean(d for _, d in half)
+    slope = sum((e - mx) * (d - my) for e, d in half) / sum((e - mx) ** 2 for e, _ in half)
+    if not slope > 0:
+        return None
+    return round(mx + (target - my) / slope, 1), half[0][0], half[-1][0], round(slope, 6)
+
+
 def _s_per_epoch(result: RaceResult, interleaved: int, cpu: bool = False) -> float | None:
     """Mean wall (or CPU) seconds per whole epoch over the first ``interleaved`` epochs (all when none were).
 
@@ -70,6 +102,24 @@ def _s_per_epoch(result: RaceResult, interleaved: int, cpu: bool = False) -> flo
         values = [r.cpu_s for r in rows if r.cpu_s is not None]
         return statistics.fmean(values) if values else None
     return statistics.fmean(r.wall_s if r.wall_s is not None else r.train_s + r.val_s for r in rows) if rows else 0.0
+
+
+def stop_reason(result: RaceResult, budget: Mapping[str, object]) -> str:
+    """Why ``result``'s recipe stopped: ``"target"``, ``"epoch budget"``, ``"wall-clock budget"`` or ``"epoch limit"``.
+
+    Example:
+        >>> r = RaceResult("baseline", 0.9, False, None, None, 40, 0.5, 0.0, 300.0, 7.0, 0.5, 0.1, 600.0, False, "cpu", False)
+        >>> stop_reason(r, {"others_epochs": 40}), stop_reason(r, {"others_epochs": 50})
+        ('epoch budget', 'epoch limit')
+    """
+    if result.reached:
+        return "target"
+    epochs = budget.get("others_epochs")
+    if isinstance(epochs, int) and result.epochs_run >= epochs and result.recipe != budget.get("lead"):
+        return "epoch budget"
+    if result.budget_exhausted or (result.budget_s is not None and result.total_s >= result.budget_s):
+        return "wall-clock budget"
+    return "epoch limit"
 
 
 def _figure(value: float | None, how: str, basis: str = "") -> dict:
@@ -96,30 +146,43 @@ def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budg
         per_epoch = _s_per_epoch(r, interleaved.get(r.recipe, 0))
         entry = {"s_per_epoch_interleaved": per_epoch, "epochs_interleaved": interleaved.get(r.recipe, 0),
                  "cpu_s_per_epoch_interleaved": _s_per_epoch(r, interleaved.get(r.recipe, 0), cpu=True),
-                 "epochs_run": r.epochs_run, "best_dice": r.best_dice, "data_wait_share": r.data_wait_share}
+                 "epochs_run": r.epochs_run, "best_dice": r.best_dice, "data_wait_share": r.data_wait_share,
+                 "stopped": stop_reason(r, budget)}
         if r.reached:
             entry["time_to_target_s"] = _figure(r.time_to_target_s, MEASURED)
             entry["epochs_to_target"] = _figure(r.epochs_to_target, MEASURED)
         else:
-            entry.update(_estimate(r, by.get(fast), per_epoch))
+            limit = budget.get("others_epochs") if r.recipe != budget.get("lead") else None
+            entry.update(_estimate(r, by.get(fast), per_epoch, limit if isinstance(limit, int) else None))
         doc["recipes"][r.recipe] = entry
     doc["speedup"] = _speedup(doc["recipes"], fast, reference)
     return doc
 
 
-def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float) -> dict:
-    curve = [(e.epoch, e.val_dice) for e in r.epochs if e.val_dice is not None]
+def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: int | None) -> dict:
+    """``r``'s estimated epochs and time to target from its first ``limit`` epochs (its epoch budget; ``None``: all).
+
+    Turns taken while ``fast`` trained can carry a quick recipe past its epoch budget on a host
+    that slows ``fast`` more; its estimate still reads only the epochs the budget gives it.
+    """
+    curve = [(e.epoch, e.val_dice) for e in r.epochs[:limit] if e.val_dice is not None]
     found = None
     if fast is not None and fast.reached and fast.epochs_to_target:
         found = epochs_by_progress(curve, [(e.epoch, e.val_dice) for e in fast.epochs], fast.epochs_to_target, r.target)
-    if found is None:
-        best = max((d for _, d in curve), default=0.0)
-        why = (f"its best Dice {best:.3f} in {r.epochs_run} epochs is below {MIN_PROGRESS:g}x the target, too early in its "
-               "curve to extrapolate; give it longer (--budget-multiple, --time-budget)")
-        return {"time_to_target_s": _figure(None, "n/a", why), "epochs_to_target": _figure(None, "n/a", why)}
-    epochs, slow_epoch, dice, fast_epoch = found
-    basis = (f"it reached Dice {dice:.3f} at epoch {slow_epoch}, {fast.recipe} at epoch {fast_epoch} and the target at "
-             f"{fast.epochs_to_target}: {slow_epoch} x {fast.epochs_to_target} / {fast_epoch}")
+    if found is not None and found[0] > r.epochs_run:
+        epochs, slow_epoch, dice, fast_epoch = found
+        basis = (f"it reached Dice {dice:.3f} at epoch {slow_epoch}, {fast.recipe} at epoch {fast_epoch} and the target at "
+                 f"{fast.epochs_to_target}: {slow_epoch} x {fast.epochs_to_target} / {fast_epoch}")
+    else:  # fast's full validations do not place that Dice before its own target epoch: the curve's own slope
+        sloped = epochs_by_slope(curve, r.target)
+        if sloped is None:
+            best = max((d for _, d in curve), default=0.0)
+            why = (f"its best Dice {best:.3f} in {len(r.epochs[:limit])} epochs is below {MIN_PROGRESS:g}x the target or not "
+                   "rising, too early in its curve to extrapolate; give it longer (--epoch-multiple, --time-budget)")
+            return {"time_to_target_s": _figure(None, "n/a", why), "epochs_to_target": _figure(None, "n/a", why)}
+        epochs, first, last, slope = sloped
+        basis = (f"its Dice rose {slope:.4f} per epoch over epochs {first}-{last} (least squares over the last half of "
+                 f"its curve); that line reaches {r.target:g} at epoch {epochs:g}")
     if epochs <= r.epochs_run:  # it ran that many without reaching the target
         epochs, basis = float(r.epochs_run + 1), f"{basis}; raised to the epochs it ran + 1"
     seconds = r.setup_s + epochs * per_epoch
@@ -171,6 +234,11 @@ def format_headline(doc: dict) -> str:
         for key in ("epochs_to_target", "time_to_target_s"):
             if e[key]["how"] != MEASURED:
                 out.append(f"{name} {key.replace('_', ' ').replace(' s', '')}: {e[key]['how']}: {e[key]['basis']}")
+    epochs = doc["budget"].get("others_epochs")
+    for name, e in doc["recipes"].items():
+        if epochs and name != doc["budget"].get("lead") and e.get("stopped") == "wall-clock budget":
+            out.append(f"{name}: stopped by its wall-clock budget after {e['epochs_run']} of its {epochs} epochs: how far "
+                       "its Dice curve got depended on the host's speed (--time-budget raises the cap)")
     sp = doc["speedup"]
     if sp["factor"] is None and sp.get("per_epoch"):
         out.append(f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch (measured, interleaved); "

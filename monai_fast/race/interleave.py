@@ -1,15 +1,22 @@
 """Recipes trained an epoch at a time in turns, so their per-epoch times meet the same host load.
 
 The recipe whose clock is behind trains the next epoch, so each gets about the same wall-clock
-share while ``fast`` (the lead) trains. Then the lead's time to target sets the others' budget
-(``budget_multiple`` times it, at most the cap) and they train on alone to the target or that
-budget. :func:`monai_fast.race.headline.headline` turns the results into the demo's headline.
+share while ``fast`` (the lead) trains. Then the lead sets the others' budget and they train on
+alone to the target or that budget: ``epoch_multiple`` times the lead's epochs to target (a
+count of epochs: how far their Dice curves get does not depend on the host's load), and/or
+``budget_multiple`` times its time to target, always at most the wall-clock cap.
+:func:`monai_fast.race.headline.headline` turns the results into the demo's headline.
+
+Each run draws from its own random stream (:class:`~monai_fast.data.rng_state.OwnRandomStream`),
+so the order of the turns, which follows the host's load, changes none of their shuffles or crops.
 
 Example:
     >>> budget_after_lead(12.0, multiple=3.0, cap=300.0)
     36.0
     >>> budget_after_lead(200.0, multiple=3.0, cap=300.0)
     300.0
+    >>> epochs_after_lead(8, multiple=5.0)
+    40
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any
 from monai_fast.recipes import RecipeConfig
 from monai_fast.recipes.runner import RaceResult, TargetRun
 
-__all__ = ["budget_after_lead", "lead_of", "run_interleaved"]
+__all__ = ["budget_after_lead", "epochs_after_lead", "lead_of", "run_interleaved"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +56,20 @@ def budget_after_lead(lead_s: float, multiple: float | None, cap: float | None) 
     return cap if multiple is None else min(cap, multiple * lead_s)
 
 
+def epochs_after_lead(lead_epochs: int, multiple: float | None) -> int | None:
+    """Epochs the other recipes get: ``multiple`` x the lead's epochs (to target, or run when it missed), rounded up.
+
+    Example:
+        >>> epochs_after_lead(7, multiple=None) is None, epochs_after_lead(7, multiple=2.5)
+        (True, 18)
+    """
+    return None if multiple is None else max(1, math.ceil(multiple * lead_epochs))
+
+
 def run_interleaved(
     recipes: Sequence[str], configs: Mapping[str, RecipeConfig], train_files: Sequence[dict], val_files: Sequence[dict],
     device: str, target: float, cap_s: float | None, multiple: float | None, run_dir: Path | None, progress: bool,
-    events: Any,
+    events: Any, epoch_multiple: float | None = None,
 ) -> tuple[list[RaceResult], dict[str, int], dict]:
     """Train ``recipes`` in turns until the lead is done, then the others alone within the budget the lead sets.
 
@@ -62,8 +79,9 @@ def run_interleaved(
         train_files, val_files: the data.
         device, target, run_dir, progress: as :func:`monai_fast.recipes.runner.run_to_target`.
         cap_s: most seconds on any recipe's clock (``None``: no cap).
-        multiple: the others' budget in multiples of the lead's time (``None``: the cap).
+        multiple: the others' wall-clock budget in multiples of the lead's time (``None``: the cap).
         events: a :class:`monai_fast.race.RaceEvents`.
+        epoch_multiple: the others' epoch budget in multiples of the lead's epochs (``None``: none).
 
     Returns:
         ``(results in recipes' order, epochs each ran interleaved, how the budgets were set)``.
@@ -84,13 +102,19 @@ def run_interleaved(
     paired = {n: len(runs[n].recorder.rows) for n in recipes}
     lead_result = runs[lead].finish()
     lead_s = lead_result.time_to_target_s if lead_result.reached else lead_result.total_s
+    lead_epochs = lead_result.epochs_to_target if lead_result.reached else lead_result.epochs_run
     others_s = budget_after_lead(lead_s, multiple, cap_s)
+    others_epochs = epochs_after_lead(lead_epochs, epoch_multiple)
     budget = {"cap_s": cap_s, "multiple": multiple, "lead": lead, "lead_s": lead_s, "lead_reached": lead_result.reached,
-              "others_s": None if math.isinf(others_s) else others_s}
+              "others_s": None if math.isinf(others_s) else others_s, "epoch_multiple": epoch_multiple,
+              "lead_epochs": lead_epochs, "others_epochs": others_epochs}
     for name in recipes:
-        if name != lead and not runs[name].done:
-            runs[name].budget_s = others_s
+        run = runs[name]
+        if name != lead and not run.done:
+            run.budget_s = others_s
             events.budget_set(name, others_s, budget)
-            runs[name].segment(epochs=None)
+            left = None if others_epochs is None else others_epochs - run.built.trainer.state.epoch
+            if left is None or left > 0:
+                run.segment(epochs=left)
     logger.info("interleaved epochs: %s", ", ".join(f"{n} {k}" for n, k in paired.items()))
     return [runs[n].finish() for n in recipes], paired, budget

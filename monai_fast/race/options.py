@@ -104,6 +104,10 @@ class RaceSpec:
         budget_multiple: the recipes other than ``fast`` get this many times ``fast``'s time to
             target (its time run when it missed), at most ``time_budget_s``; ``None``: each gets
             ``time_budget_s``.
+        epoch_multiple: the recipes other than ``fast`` train at most this many times ``fast``'s
+            epochs to target (its epochs run when it missed), still within their wall-clock budget;
+            a count of epochs, so how far their Dice curves get does not depend on the host's load;
+            ``None``: no epoch budget.
         interleave: train the recipes an epoch at a time, the one whose clock is behind next, so
             their seconds per epoch are measured in the same conditions; ``results.json`` then holds
             the ``headline`` (:func:`monai_fast.race.headline.headline`).
@@ -130,6 +134,7 @@ class RaceSpec:
     target: float = 0.9
     time_budget_s: float | None = 210.0
     budget_multiple: float | None = None
+    epoch_multiple: float | None = None
     interleave: bool = False
     device: str = "auto"
     overrides: Mapping[str, Any] = field(default_factory=dict)
@@ -212,10 +217,12 @@ def _check_numbers(spec: RaceSpec) -> None:
         raise RaceOptionError("target", f"must be in (0, 1], got {spec.target}")
     if spec.time_budget_s is not None and not spec.time_budget_s > 0:
         raise RaceOptionError("time_budget_s", f"must be > 0 (or None for no limit), got {spec.time_budget_s}")
-    if spec.budget_multiple is not None and not spec.budget_multiple > 0:
-        raise RaceOptionError("budget_multiple", f"must be > 0 (or None: every recipe gets time_budget_s), got {spec.budget_multiple}")
-    if spec.budget_multiple is not None and not spec.interleave:
-        raise RaceOptionError("budget_multiple", "needs interleave=True (the lead's time sets the others' budget)")
+    for name, what in (("budget_multiple", "time"), ("epoch_multiple", "epochs")):
+        value = getattr(spec, name)
+        if value is not None and not value > 0:
+            raise RaceOptionError(name, f"must be > 0 (or None), got {value}")
+        if value is not None and not spec.interleave:
+            raise RaceOptionError(name, f"needs interleave=True (the lead's {what} to target sets the others' budget)")
     if not 0.0 < spec.val_fraction < 1.0:
         raise RaceOptionError("val_fraction", f"must be in (0, 1), got {spec.val_fraction}")
 

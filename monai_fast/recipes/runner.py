@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import psutil
 import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import ProgressBar
 from monai.handlers import TensorBoardStatsHandler, from_engine
 from torch.utils.tensorboard import SummaryWriter
 
-from monai_fast.files import atomic_write
+from monai_fast.data.rng_state import OwnRandomStream
 from monai_fast.handlers import (
     GPUSampler,
     InferenceSplit,
@@ -30,6 +28,7 @@ from monai_fast.handlers import (
 from monai_fast.progress import show_progress
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.recipes.common import Recipe
+from monai_fast.recipes.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, write_epochs_csv
 from monai_fast.telemetry import device_description
 from monai_fast.telemetry.record import Category, Source, data_share
 from monai_fast.telemetry.spans import wall_time
@@ -37,32 +36,6 @@ from monai_fast.telemetry.spans import wall_time
 __all__ = ["EPOCH_FIELDS", "EpochRow", "RaceResult", "TargetRun", "run_to_target", "write_epochs_csv"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EpochRow:
-    """One epoch of one recipe; ``elapsed_s`` counts from before the data sets were built.
-
-    ``train_s`` is the training iterations (ignite's epoch time), ``val_s`` the full validation;
-    ``wall_s`` is the whole epoch on the recipe's clock (also a validation estimate, handlers);
-    ``cpu_s`` the CPU seconds this process and its finished loader workers spent in it.
-    """
-
-    recipe: str
-    epoch: int
-    elapsed_s: float
-    train_s: float
-    val_s: float
-    data_wait_s: float
-    compute_s: float
-    data_share: float
-    loss: float
-    val_dice: float | None
-    wall_s: float | None = None
-    cpu_s: float | None = None
-
-
-EPOCH_FIELDS = [f for f in EpochRow.__dataclass_fields__]
 
 
 @dataclass
@@ -92,103 +65,6 @@ class RaceResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _cpu_seconds() -> float:
-    """CPU seconds of this process (all threads) and of its children that have ended (loader workers)."""
-    t = psutil.Process().cpu_times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-def write_epochs_csv(rows: Iterable[EpochRow], path: str | os.PathLike) -> Path:
-    """Write ``rows`` as CSV (header :data:`EPOCH_FIELDS`) to ``path`` atomically; returns ``path``.
-
-    Example:
-        >>> import tempfile
-        >>> p = write_epochs_csv([], tempfile.mkdtemp() + "/epochs.csv")
-        >>> p.read_text().split(",")[:2]
-        ['recipe', 'epoch']
-    """
-    with atomic_write(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=EPOCH_FIELDS)
-        w.writeheader()
-        w.writerows(asdict(r) for r in rows)
-    return Path(path)
-
-
-class _EpochRecorder:
-    """Collects an :class:`EpochRow` per trainer epoch and mirrors it to TensorBoard."""
-
-    def __init__(self, recipe_name: str, stopper: TimeToTarget, breakdown: TimeBreakdown, writer: SummaryWriter | None,
-                 log_epochs: bool = False):
-        self.name = recipe_name
-        self.log_epochs = log_epochs
-        self.stopper = stopper
-        self.breakdown = breakdown
-        self.writer = writer
-        self.rows: list[EpochRow] = []
-        self._loss_sum = 0.0
-        self._n = 0
-        self._val_s = 0.0
-        self._val_dice: float | None = None
-
-    def attach(self, trainer: Engine, evaluator: Engine) -> None:
-        trainer.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
-        trainer.add_event_handler(Events.ITERATION_COMPLETED, self._iteration_completed)
-        trainer.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
-        evaluator.add_event_handler(Events.COMPLETED, self._val_completed)
-
-    def _epoch_started(self, engine: Engine) -> None:
-        self._loss_sum, self._n, self._val_s, self._val_dice = 0.0, 0, 0.0, None
-        self._started = (self.stopper.elapsed(), _cpu_seconds())
-
-    def _iteration_completed(self, engine: Engine) -> None:
-        # MONAI's trainer has already turned the loss into a Python float (decollated output)
-        self._loss_sum += float(from_engine(["loss"], first=True)(engine.state.output))
-        self._n += 1
-
-    def _val_completed(self, engine: Engine) -> None:
-        self._val_s = engine.state.times.get("COMPLETED") or 0.0
-        value = engine.state.metrics.get(VAL_METRIC)
-        self._val_dice = None if value is None else float(value)
-
-    def _epoch_completed(self, engine: Engine) -> None:
-        times = self.breakdown.epochs[-1]
-        loss = float(self._loss_sum / max(self._n, 1))
-        row = EpochRow(
-            recipe=self.name,
-            epoch=engine.state.epoch,
-            elapsed_s=self.stopper.elapsed(),
-            train_s=float(engine.state.times.get("EPOCH_COMPLETED") or 0.0),
-            val_s=self._val_s,
-            data_wait_s=times.data_s,
-            compute_s=times.compute_s,
-            data_share=times.data_share,
-            loss=loss,
-            val_dice=self._val_dice,
-            wall_s=self.stopper.elapsed() - self._started[0],
-            cpu_s=_cpu_seconds() - self._started[1],
-        )
-        self.rows.append(row)
-        if self.log_epochs:  # where no bar is drawn: one line per epoch
-            dice = "" if row.val_dice is None else f", val Dice {row.val_dice:.3f}"
-            logger.info("%s epoch %d: loss %.4f, %.1f s (train %.1f s, val %.1f s)%s", self.name, row.epoch, row.loss,
-                        row.train_s + row.val_s, row.train_s, row.val_s, dice)
-        if self.writer is not None:
-            wall = time.time()
-            for tag, value in (
-                ("epoch/loss", row.loss),
-                ("epoch/train_s", row.train_s),
-                ("epoch/val_s", row.val_s),
-                ("epoch/data_share", row.data_share),
-                ("val/mean_dice", row.val_dice),
-            ):
-                if value is not None:
-                    self.writer.add_scalar(tag, value, row.epoch, walltime=wall)
-            if row.val_dice is not None:
-                # x axis in whole seconds since the clock started: Dice against wall-clock time
-                self.writer.add_scalar("val/mean_dice_vs_seconds", row.val_dice, int(round(row.elapsed_s)))
-            self.writer.flush()
 
 
 def run_to_target(recipe: str, train_files: Sequence[dict], val_files: Sequence[dict], config: RecipeConfig | None = None,
@@ -235,8 +111,10 @@ class TargetRun:
     :func:`run_to_target` runs it in one segment; a race that interleaves recipes runs each a few
     epochs at a time (``segment(1)``), so a change of the host's load hits them all. The clock (the
     :class:`~monai_fast.handlers.TimeToTarget`'s) starts before the data sets are built and stops
-    between segments, so each recipe's times count only its own work. ``budget_s`` may be changed
-    between segments.
+    between segments, so each recipe's times count only its own work. Each run draws from its own
+    copy of the global random generators (:class:`~monai_fast.data.rng_state.OwnRandomStream`), so
+    its shuffles and crops are those it would draw alone, whatever the order of the turns.
+    ``budget_s`` may be changed between segments.
 
     Example:
         >>> run = TargetRun("baseline", train_files, val_files, device="cpu", time_budget_s=600)  # doctest: +SKIP
@@ -253,6 +131,7 @@ class TargetRun:
         self.recipe, self.target, self.time_budget_s = recipe, target, time_budget_s
         config = replace(config or RecipeConfig(), val_target=target)  # a validation schedule aims where the race does
         self.built = build_recipe(recipe, train_files, val_files, config, device, progress=progress)
+        self.random = OwnRandomStream()  # its own draws, however the turns of a race fall
         trainer, evaluator = self.built.trainer, self.built.evaluator
         self.out = Path(run_dir) / recipe if run_dir is not None else None
         self.writer = _attach_telemetry(self.built, self.out, t0)
@@ -262,7 +141,7 @@ class TargetRun:
                                     logger=logging.getLogger(f"{__name__}.{recipe}"))  # lines that name the recipe
         self.stopper.attach(trainer, evaluator)
         bars = show_progress(progress)
-        self.recorder = _EpochRecorder(recipe, self.stopper, self.breakdown, self.writer, log_epochs=not bars)
+        self.recorder = EpochRecorder(recipe, self.stopper, self.breakdown, self.writer, log_epochs=not bars)
         self.recorder.attach(trainer, evaluator)
         if bars:
             loss_of = from_engine(["loss"], first=True)
@@ -309,7 +188,8 @@ class TargetRun:
         self._paused_at = None
         self._segment_end = 0 if epochs is None else self.built.trainer.state.epoch + epochs
         try:
-            self.built.trainer.run()
+            with self.random:
+                self.built.trainer.run()
         finally:
             self._paused_at = time.perf_counter()
 

@@ -8,7 +8,8 @@ dtype mapping from here. The choice for a device:
 * CPU: ``"auto"`` first asks whether the CPU has bf16 matrix hardware
   (:func:`cpu_has_bf16_hardware`: AMX-BF16 or AVX512-BF16 on x86, BF16/SVE-BF16 on Arm). Without
   it the answer is fp32, with one info line and no timing. With it, bf16 and fp32 autocast are
-  timed on a small 3D convolution stack in interleaved rounds (:func:`cpu_bf16_speedup`), and
+  timed on a small 3D convolution stack in interleaved rounds, by the CPU time they cost rather
+  than the wall clock, so the host's load does not flip the choice (:func:`cpu_bf16_speedup`), and
   under ``ignite.distributed`` with several processes rank 0 decides and broadcasts, so every
   rank trains in the same precision.
 
@@ -128,10 +129,13 @@ def cpu_has_bf16_hardware(flags: Mapping[str, Any] | None = None) -> bool:
 def cpu_bf16_speedup(rounds: int = 5) -> float:
     """fp32 time / bf16-autocast time of a small 3D convolution stack on this CPU (> 1: bf16 helps).
 
-    The two run in interleaved rounds (fp32, bf16, fp32, bf16, ...) after one warm-up each; the
-    ratio is of each one's fastest round. Other work on a shared machine only ever adds time, so
-    the fastest rounds are the ones it disturbed least (medians flipped the decision on a loaded
-    2-core host: 0.89x there against 1.6-2.0x quiet).
+    Each precision's cost is the CPU time of the calling thread (``time.thread_time``) with torch
+    on one thread, not wall-clock time: other processes on a shared machine delay a run (the
+    time it waits for a core, the other threads' stalls at each barrier) but do not change the
+    work it does. Wall-clock timings of this stack on a loaded 2-core host gave anything from
+    0.2x to 7.5x, even the fastest of 5 or 40 rounds, so the choice flipped from run to run; the
+    thread's CPU time gave 1.6-2.1x loaded and quiet alike. The two run in interleaved rounds
+    (fp32, bf16, fp32, bf16, ...) after one warm-up each; the ratio is of each one's least.
 
     Example:
         >>> cpu_bf16_speedup(rounds=1) > 0  # doctest: +SKIP
@@ -142,16 +146,21 @@ def cpu_bf16_speedup(rounds: int = 5) -> float:
 
     def once(precision: str) -> float:
         with torch.no_grad(), autocast_for(precision, "cpu"):
-            t = time.perf_counter()
+            t = time.thread_time()
             net(x)
-            return time.perf_counter() - t
+            return time.thread_time() - t
 
-    once("fp32"), once("bf16")  # warm-up: oneDNN picks and caches its kernels
-    times: dict[str, list[float]] = {"fp32": [], "bf16": []}
-    for _ in range(max(1, rounds)):
-        for precision in ("fp32", "bf16"):
-            times[precision].append(once(precision))
-    return min(times["fp32"]) / min(times["bf16"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # all the work in this thread, where thread_time sees it
+    try:
+        once("fp32"), once("bf16")  # warm-up: oneDNN picks and caches its kernels
+        times: dict[str, list[float]] = {"fp32": [], "bf16": []}
+        for _ in range(max(1, rounds)):
+            for precision in ("fp32", "bf16"):
+                times[precision].append(once(precision))
+    finally:
+        torch.set_num_threads(threads)
+    return min(times["fp32"]) / max(min(times["bf16"]), 1e-9)
 
 
 def _decide_cpu() -> str:
