@@ -166,7 +166,7 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``demo``, ``bench`` and ``tune`` to the sub-command parsers ``sub``."""
     p = sub.add_parser(
         "demo", description=_DEMO_TEXT,
-        help="race the fast recipe against a plain-MONAI baseline to a target Dice (about 7 min on 2 CPU cores; at most 10 min of training per recipe)",
+        help="race the fast recipe against a plain-MONAI baseline to a target Dice (about 4-5 min on 2 CPU cores; at most --time-budget (600 s) of training per recipe)",
     )
     add_race_options(p, budget=600.0, recipes=("fast", "baseline"))
     p.add_argument("--epoch-multiple", type=float, default=DEMO_EPOCH_MULTIPLE, help="the other recipes train at most "
