@@ -36,7 +36,7 @@ def test_fit_link_recovers_the_latency_and_bandwidth_of_a_ring(bench):
 
 def test_two_launch_processes_as_nodes_time_the_step_and_the_allreduce_sweep(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--steps", "1", "--repeats", "1", "--configs", "nodes",
-                           "--sweep-mb", "0.001", "4", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                           "--sweep-mb", "0.001", "16", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
                           cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (result,) = tmp_path.glob("ddp_scaling_*.json")
@@ -44,7 +44,7 @@ def test_two_launch_processes_as_nodes_time_the_step_and_the_allreduce_sweep(tmp
     (row,) = doc["rounds"]["nodes"]
     assert row["world"] == 2 and row["launcher"] == "torchrun" and row["node_ranks"] == [0, 1]  # one rank per "node"
     assert row["step_s"] > 0 and row["compute_only_step_s"] > 0 and row["allreduce_s"] > 0
-    assert [p["bytes"] for p in row["sweep"]] == [1000, 4000000] and all(p["s"] > 0 for p in row["sweep"])
+    assert [p["bytes"] for p in row["sweep"]] == [1000, 16000000] and all(p["s"] > 0 for p in row["sweep"])
     fit = doc["allreduce_fit"]["nodes"]
     assert fit["bandwidth_bytes_s"] > 0 and fit["latency_s"] >= 0
     measured = [m for m in doc["model"] if m["source"] == "measured, N=2"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 
 import torch
 from ignite import distributed as idist
@@ -13,11 +14,14 @@ from monai_fast.telemetry import synchronize
 __all__ = ["allreduce_seconds"]
 
 
-def allreduce_seconds(numel: int, repeats: int = 5) -> float:
-    """Median seconds of one all-reduce of ``numel`` float32 values, slowest rank; 0 for one process.
+def allreduce_seconds(numel: int, repeats: int = 5,
+                      statistic: Callable[[Sequence[float]], float] = statistics.median) -> float:
+    """Seconds of one all-reduce of ``numel`` float32 values (``statistic`` of ``repeats``, slowest rank); 0 for one process.
 
     Every rank must call it. The device is synchronised around each call, so on CUDA the time
-    is NCCL's work, not the launch of an asynchronous kernel.
+    is NCCL's work, not the launch of an asynchronous kernel. The median (default) is what a
+    training step pays; ``min`` is the link's floor, what a latency/bandwidth fit wants on a host
+    where other processes delay a rank now and then.
 
     Example:
         >>> from monai_fast.distributed.comm import allreduce_seconds
@@ -37,4 +41,4 @@ def allreduce_seconds(numel: int, repeats: int = 5) -> float:
         idist.all_reduce(buf)
         synchronize(device)
         times.append(time.perf_counter() - t)
-    return float(idist.all_reduce(torch.tensor(statistics.median(times), dtype=torch.float64), op="MAX").item())
+    return float(idist.all_reduce(torch.tensor(statistic(times), dtype=torch.float64), op="MAX").item())

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -261,18 +261,26 @@ class _Nodes:
                 continue
         raise RuntimeError(f"no rank {rank} under the launchers (pids {[p.pid for p in self.launchers]})")
 
-    def lose(self, what: str, rank: str) -> None:
-        """SIGKILL the rank (``"rank"``), or a node's whole tree: a worker (``"node"``, started again), the rendezvous host."""
+    def aim(self, what: str, rank: str) -> Callable[[], None]:
+        """Find what to lose now; the returned call SIGKILLs it at once (the slow search is done before the drill's point).
+
+        ``what``: ``"rank"`` (that rank's process), ``"node"`` (the whole tree of a launcher that does not hold the
+        c10d rendezvous, then the same command started again: its replacement) or ``"rdzv-host"`` (the tree that does).
+        """
         if what == "rank":
-            self.rank(rank).send_signal(signal.SIGKILL)
-            return
+            proc = self.rank(rank)
+            return lambda: proc.send_signal(signal.SIGKILL)
         host = rdzv_host(self.launchers, _rdzv_port(self.nodes))
         if host < 0:
             raise RuntimeError(f"no launcher listens on the c10d rendezvous port {_rdzv_port(self.nodes)}")
         i = host if what == "rdzv-host" else next(k for k in range(len(self.launchers)) if k != host)
-        kill_tree(self.launchers[i])
-        if what == "node":  # a replacement node: the same command, joining the next rendezvous round
-            self.launchers[i] = self._start(i)
+
+        def fire() -> None:
+            kill_tree(self.launchers[i])
+            if what == "node":  # a replacement node: the same command, joining the next rendezvous round
+                self.launchers[i] = self._start(i)
+
+        return fire
 
     def text(self) -> str:
         return "".join(f"== {log.name}\n{log.read_text()}" for log in self.logs) if len(self.logs) > 1 else self.logs[0].read_text()
@@ -308,9 +316,11 @@ def kill_drill(args: Sequence[str], progress: str | os.PathLike, log: str | os.P
     run = _Nodes(nodes, args, Path(log), nproc, max_restarts)
     watch = _Watch(Path(progress), t0)
     try:
+        watch.until(run.launchers, lambda: len(watch.seen) >= 1, deadline, run.logs)  # the ranks and rendezvous are up
+        fire = run.aim(lose, rank)
         watch.until(run.launchers, lambda: len(watch.seen) >= kill_after, deadline, run.logs)
         killed_after = watch.seen[-1][0]
-        run.lose(lose, rank)
+        fire()
         killed_at = time.monotonic() - t0
     except BaseException:
         _stop(run.launchers)
