@@ -95,7 +95,7 @@ def _outputs(nb: Any) -> list[dict]:
 
 
 def test_the_tutorial_notebooks_exist():
-    assert {"attach_and_doctor", "dataset_types", "mixed_precision", "pathology_tumor_detection"} <= set(NAMES)
+    assert {"attach_and_doctor", "dataset_types", "mixed_precision", "pathology_tumor_detection", "segresnet_lab"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -140,3 +140,18 @@ def test_pathology_notebook_trains_plain_and_fast_and_tables_their_patches_per_s
     assert "| variant | repeat | patches/s |" in shown and "| plain | 1 |" in shown and "| fast | 1 |" in shown
     printed = "".join(o.get("text", "") for o in _outputs(nb) if o.output_type == "stream")
     assert "GPU levers: cuCIM" in printed  # the one line on what this machine can use
+
+
+@pytest.mark.timeout(600)
+def test_lab_notebook_measures_its_table_and_reads_back_its_tensorboard_scalars_and_images(executed):
+    nb, _ = executed("segresnet_lab")
+    shown = "".join(o.get("data", {}).get("text/markdown", "") for o in _outputs(nb))
+    for row in ("| time per epoch |", "| final validation Dice |", "| peak RSS (CPU) |", "| network | SegResNet,"):
+        assert row in shown, (row, shown)
+    printed = "".join(o.get("text", "") for o in _outputs(nb) if o.output_type == "stream")
+    scalars = next(line for line in printed.splitlines() if line.startswith("scalars:"))
+    assert all(tag in scalars for tag in ("epoch/loss", "val/mean_dice", "throughput/samples_per_s")), scalars
+    images = next(line for line in printed.splitlines() if line.startswith("images:"))
+    assert all(f"lab/{name}" in images for name in ("input", "label", "prediction")), images
+    pngs = [o for o in _outputs(nb) if "image/png" in o.get("data", {})]
+    assert len(pngs) >= 3  # the data, the scalars, the prediction
