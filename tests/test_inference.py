@@ -26,6 +26,7 @@ from monai_fast.inference import (
     load_checkpoint,
     missing,
 )
+from monai_fast.inference.backends import precision_of
 from monai_fast.recipes.common import build_network
 from monai_fast.report.doctor import doctor
 
@@ -115,7 +116,8 @@ def test_the_cli_writes_predictions_and_prints_one_line(model_file, tiny_spleen,
 
 def test_the_benchmark_runs_at_tiny_size_and_reports_each_backend(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "benchmarks/inference.py", "--tiny", "--backends", "eager", "onnx", "tensorrt", "--out", str(tmp_path)]
+    cmd = [sys.executable, "benchmarks/inference.py", "--tiny", "--backends", "eager", "autocast", "onnx", "tensorrt",
+           "--out", str(tmp_path)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = {r["backend"]: r for r in json.loads(next(tmp_path.glob("inference_*.json")).read_text())["rows"]}
@@ -123,6 +125,11 @@ def test_the_benchmark_runs_at_tiny_size_and_reports_each_backend(tmp_path):
     assert not rows["tensorrt"]["available"] and "CUDA GPU" in rows["tensorrt"]["missing"]
     if missing("onnx") is None:
         assert rows["onnx"]["agrees"] and rows["onnx"]["volumes_per_s"] > 0 and rows["onnx"]["peak_mib"] > 0
+    if precision_of("autocast", "cpu") == "fp32":  # no bf16 hardware: autocast is fp32, judged like the others
+        assert rows["autocast"]["agrees"] is True
+    else:  # bf16 on random weights: near-tied logits; Dice shown, not judged
+        assert rows["autocast"]["agrees"] is None and 0 <= rows["autocast"]["dice_vs_eager"] <= 1
+        assert "| n/a (random weights) |" in done.stdout
     assert "| backend | runs as |" in done.stdout
 
 
