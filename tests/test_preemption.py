@@ -72,6 +72,55 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, tin
     assert got["val_mean_dice"] == expected["val_mean_dice"]
 
 
+def _relative_distance(a: dict, b: dict) -> float:
+    """||a - b|| / ||b|| over the floating-point tensors of two state dicts with the same keys."""
+    assert a.keys() == b.keys()
+    keys = [k for k in b if b[k].is_floating_point()]
+    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in keys)
+    return (num / sum(float(b[k].double().pow(2).sum()) for k in keys)) ** 0.5
+
+
+def _resume_against_reference(tmp_path: Path, data: Path, stop_after: int = 6) -> dict:
+    """A reference run, a run SIGTERMed after ``stop_after`` iterations and resumed: their weights, and the checkpoint's."""
+    ref = subprocess.run([sys.executable, *_args(data, tmp_path / "ref", "--save-weights")], capture_output=True, text=True,
+                         timeout=300)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    out, ck, prog = tmp_path / "run", tmp_path / "ckpt", tmp_path / "progress"
+    cmd = [sys.executable, *_args(data, out, "--checkpoint-dir", str(ck), "--progress-file", str(prog), "--save-weights")]
+    with open(tmp_path / "first.log", "w") as log:
+        assert _signal_after(cmd, prog, stop_after, log=log) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    stopped_after = _progress(prog)[-1]  # the iteration running when the signal came is finished first
+    (saved,) = ck.iterdir()
+    at_checkpoint = torch.load(saved, map_location="cpu", weights_only=False)["model"]
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    return {"ref": json.loads((tmp_path / "ref" / "rank0.json").read_text()), "got": json.loads((out / "rank0.json").read_text()),
+            "ref_weights": torch.load(tmp_path / "ref" / "weights_rank0.pt", weights_only=True),
+            "got_weights": torch.load(out / "weights_rank0.pt", weights_only=True), "at_checkpoint": at_checkpoint,
+            "stopped_after": stopped_after, "progress": _progress(prog)}
+
+
+def test_saved_weights_of_a_resumed_run_equal_the_reference_and_differ_from_the_checkpoint(tmp_path, tiny_spleen):
+    # the mechanics of the CUDA test below, on a CPU, where the run is bit-reproducible
+    r = _resume_against_reference(tmp_path, tiny_spleen)
+    assert r["got"]["device"] == "cpu" and r["got"]["resumed_from"] == r["stopped_after"] >= 6
+    assert _relative_distance(r["got_weights"], r["ref_weights"]) == 0.0
+    assert _relative_distance(r["at_checkpoint"], r["ref_weights"]) > 0.0  # 6 more iterations moved the weights
+
+
+@pytest.mark.gpu
+def test_resume_on_cuda_ends_within_tolerance_of_an_uninterrupted_run(tmp_path, tiny_spleen):
+    # cuDNN's backward kernels are not bit-exact: the resumed run must land near the reference, far nearer than
+    # the checkpoint it resumed from, with every iteration run once
+    r = _resume_against_reference(tmp_path, tiny_spleen)
+    assert r["got"]["device"].startswith("cuda") and r["ref"]["device"].startswith("cuda")
+    assert r["got"]["resumed_from"] == r["stopped_after"] >= 6 and r["progress"] == list(range(1, 13))  # each once
+    resumed = _relative_distance(r["got_weights"], r["ref_weights"])
+    moved = _relative_distance(r["at_checkpoint"], r["ref_weights"])
+    assert resumed < 1e-2 and moved > 10 * resumed, (resumed, moved)
+    assert abs(r["got"]["val_mean_dice"] - r["ref"]["val_mean_dice"]) <= 0.05
+
+
 def _tiny_engine(tmp_path, max_epochs=2):
     net = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)

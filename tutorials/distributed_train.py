@@ -14,8 +14,10 @@ rank reports the same validation Dice. Handlers that print or write run on rank 
     srun -n 2 python tutorials/distributed_train.py --tiny                # SLURM (also inside sbatch)
     horovodrun -np 2 --gloo python tutorials/distributed_train.py --tiny  # Horovod
 
-Each rank writes ``rank<R>.json`` into ``--out`` (its share, final validation Dice and a hash of
-its final weights), so you can check that the ranks agree.
+Each rank writes ``rank<R>.json`` into ``--out`` (its device, its share, final validation Dice and
+a hash of its final weights), so you can check that the ranks agree; ``--save-weights`` also writes
+the final weights (``weights_rank<R>.pt``, a CPU state dict) for comparisons within a tolerance,
+as on a GPU, where cuDNN is not bit-exact.
 
 With ``--checkpoint-dir`` the run is preemption-safe (``monai_fast.handlers.Preemption``): on
 SIGTERM or SIGUSR1 it finishes the iteration, checkpoints, requeues itself under SLURM and stops;
@@ -107,6 +109,7 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
         "rank": rank,
         "world_size": idist.get_world_size(),
         "backend": idist.backend(),
+        "device": str(idist.device()),
         "launcher": detect().launcher,
         "train_items": len(recipe.train_loader.dataset),
         "val_items": len(recipe.val_loader.dataset),
@@ -116,6 +119,9 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
         "weights_sha1": weights_digest(recipe.network),
     }
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.save_weights:
+        state = {k: v.detach().cpu() for k, v in getattr(recipe.network, "module", recipe.network).state_dict().items()}
+        torch.save(state, Path(args.out) / f"weights_rank{rank}.pt")
     (Path(args.out) / f"rank{rank}.json").write_text(json.dumps(result))
     logging.getLogger("tutorial").info("rank %d: %s", rank, result)
 
@@ -134,6 +140,7 @@ def main() -> None:
     p.add_argument("--save-every", type=int, help="with --checkpoint-dir: also checkpoint every N iterations")
     p.add_argument("--run-dir", help="write each rank's run record here (read it with: monai-fast doctor RUN_DIR)")
     p.add_argument("--progress-file", help="rank 0 appends each completed iteration number to this file")
+    p.add_argument("--save-weights", action="store_true", help="also write each rank's final weights (weights_rank<R>.pt)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("ignite").setLevel(logging.WARNING)
