@@ -167,3 +167,22 @@ def test_cuda_device_uuid_is_known_to_nvml():
     assert uuid and uuid.startswith("GPU-")
     (index,) = visible_gpu_indices(0, backend, uuid)
     assert backend.uuid(index) == uuid
+
+
+@pytest.mark.gpu
+def test_the_sampler_reads_the_gpu_this_process_computes_on():
+    import torch
+
+    from monai_fast.telemetry.cuda import cuda_device_uuid
+
+    backend = open_nvml()
+    uuid = cuda_device_uuid("cuda:0")
+    (ours,) = [i for i in range(backend.device_count()) if backend.uuid(i) == uuid]  # NVML's index of CUDA's device 0
+    held = torch.empty(1024 * 2**20, dtype=torch.uint8, device="cuda:0")  # 1 GiB this process holds on it
+    engine = Engine(lambda e, b: (held.add_(1), torch.cuda.synchronize(), time.sleep(0.01)))
+    sampler = GPUSampler(interval_s=0.02)
+    sampler.attach(engine)
+    engine.run(list(range(60)), max_epochs=1)
+    assert sampler.gpus == [ours]
+    (summary,) = sampler.summary.values()
+    assert summary["samples"] > 0 and summary["mem_used_peak_mib"] >= 1024  # our gigabyte shows on the sampled GPU
