@@ -51,6 +51,7 @@ def figures(head: dict) -> dict:
         "fast_s_per_epoch": fast["s_per_epoch_interleaved"], "baseline_s_per_epoch": base["s_per_epoch_interleaved"],
         "baseline_epochs_run": base["epochs_run"], "baseline_best_dice": base["best_dice"], "baseline_stopped": base["stopped"],
         "baseline_epochs_to_target": base["epochs_to_target"], "budget": head["budget"],
+        "others_cpu_share": (head.get("host") or {}).get("others_cpu_share"),
     }
 
 
@@ -62,7 +63,7 @@ def recompute(folder: Path) -> None:
         doc = json.loads((folder / f"{run['name']}.results.json").read_text())
         results = [RaceResult(**{**r, "epochs": [EpochRow(**e) for e in r["epochs"]]}) for r in doc["results"]]
         paired = {name: e["epochs_interleaved"] for name, e in doc["headline"]["recipes"].items()}
-        head = headline(results, paired, doc["headline"]["budget"])
+        head = headline(results, paired, doc["headline"]["budget"], host=doc["headline"].get("host"))
         print(f"== {run['name']}\n{format_headline(head)}")
         runs.append({**run, **figures(head), "as_run": {k: run[k] for k in ("speedup", "how", "baseline_epochs_to_target")}})
     factors = [r["speedup"] for r in runs if r["speedup"]]
@@ -116,7 +117,8 @@ def main() -> None:
             r = runs[-1]
             print(f"{name}: {r['speedup'] or 0:.1f}x ({r['how']}), per epoch {r['per_epoch_ratio']:.2f}x, fast "
                   f"{r['fast_epochs_to_target']} epochs {r['fast_time_to_target_s'] or 0:.1f} s, baseline {r['baseline_epochs_run']} "
-                  f"epochs ({r['baseline_stopped']}), load {r['load_avg_1min_at_start']:.1f}", flush=True)
+                  f"epochs ({r['baseline_stopped']}), load {r['load_avg_1min_at_start']:.1f}, other processes' CPU share "
+                  f"{'-' if r['others_cpu_share'] is None else format(r['others_cpu_share'], '.0%')}", flush=True)
     factors = [r["speedup"] for r in runs if r["speedup"]]
     spread = max(factors) / min(factors) - 1 if len(factors) == len(runs) else None
     write_json({"command": " ".join(sys.argv), "spinners": args.spinners, "cpus": os.cpu_count(), "runs": runs,

@@ -24,6 +24,7 @@ from monai_fast.race.headline import (
 from monai_fast.race.interleave import budget_after_lead, epochs_after_lead
 from monai_fast.race.options import recipe_config
 from monai_fast.recipes.runner import EpochRow, RaceResult, TargetRun
+from monai_fast.telemetry.host import describe_host_load
 
 TINY_RACE = {"max_epochs": 6, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "amp": False}
 TINY_DEMO = ["--cases", "4", "--shape", "32", "32", "32", "--patch-size", "32", "32", "32", "--channels", "4", "8",
@@ -127,7 +128,10 @@ def test_demo_prints_the_cap_up_front_and_a_table_of_measured_and_estimated_figu
     else:  # a curve too flat to extrapolate (the tiny baseline's, often): no figure, the reason, the per-epoch headline
         assert rows["baseline"].split()[1:3] == ["-", "-"] and "baseline time to target: n/a: its best Dice" in out
         assert "x per epoch (measured, interleaved); to the target: n/a" in out
-    assert set(doc["headline"]) == {"method", "budget", "recipes", "speedup"}
+    assert set(doc["headline"]) == {"method", "budget", "recipes", "speedup", "host"}
+    host = doc["headline"]["host"]
+    assert 0 <= host["others_cpu_share"] <= 1 and host["cpus"] >= 1 and host["wall_s"] > 0
+    assert describe_host_load(host, "the epochs taken in turns") in out  # the line under the table
     assert set(doc["headline"]["recipes"]["baseline"]) >= {"time_to_target_s", "epochs_to_target", "s_per_epoch_interleaved",
                                                            "epochs_interleaved", "epochs_run", "best_dice"}
 

@@ -247,10 +247,10 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         events.tuned(tuning)
     meta = run_meta(data_root, plan.device, spec.record_options)
     if spec.interleave:
-        results, paired, budget = run_interleaved(spec.recipes, configs, train_files, val_files, plan.device, spec.target,
+        results, paired, budget, host = run_interleaved(spec.recipes, configs, train_files, val_files, plan.device, spec.target,
                                                   spec.time_budget_s, spec.budget_multiple, plan.run_dir, spec.progress, events,
                                                   epoch_multiple=spec.epoch_multiple)
-        meta["headline"] = headline(results, paired, budget)
+        meta["headline"] = headline(results, paired, budget, host=host)
         for r in results:
             _finished(r, events)
     else:

@@ -30,6 +30,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from monai_fast.recipes.runner import RaceResult
+from monai_fast.telemetry.host import describe_host_load
 
 __all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "epochs_by_slope", "format_headline", "headline",
            "stop_reason"]
@@ -127,7 +128,7 @@ def _figure(value: float | None, how: str, basis: str = "") -> dict:
 
 
 def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budget: Mapping[str, object],
-             fast: str = "fast", reference: str = "baseline") -> dict:
+             fast: str = "fast", reference: str = "baseline", host: Mapping[str, object] | None = None) -> dict:
     """The headline of an interleaved race: per recipe its figures (each ``{"value", "how", "basis"}``) and the speed-up.
 
     Args:
@@ -135,6 +136,8 @@ def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budg
         interleaved: per recipe, how many of its first epochs ran interleaved with the others.
         budget: how the budgets were set (written as is).
         fast, reference: the recipe whose speed-up is the headline, and the one it is measured against.
+        host: how busy the host was while the epochs were taken in turns
+            (:meth:`monai_fast.telemetry.host.HostLoad.stop`); printed under the table.
 
     Example:
         >>> headline([], {}, {})["speedup"]["how"]
@@ -142,6 +145,8 @@ def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budg
     """
     by = {r.recipe: r for r in results}
     doc: dict = {"method": "interleaved epochs", "budget": dict(budget), "recipes": {}}
+    if host is not None:
+        doc["host"] = dict(host)
     for r in results:
         per_epoch = _s_per_epoch(r, interleaved.get(r.recipe, 0))
         entry = {"s_per_epoch_interleaved": per_epoch, "epochs_interleaved": interleaved.get(r.recipe, 0),
@@ -239,6 +244,8 @@ def format_headline(doc: dict) -> str:
         if epochs and name != doc["budget"].get("lead") and e.get("stopped") == "wall-clock budget":
             out.append(f"{name}: stopped by its wall-clock budget after {e['epochs_run']} of its {epochs} epochs: how far "
                        "its Dice curve got depended on the host's speed (--time-budget raises the cap)")
+    if doc.get("host"):
+        out.append(describe_host_load(doc["host"], "the epochs taken in turns"))
     sp = doc["speedup"]
     if sp["factor"] is None and sp.get("per_epoch"):
         out.append(f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch (measured, interleaved); "

@@ -29,6 +29,7 @@ from typing import Any
 
 from monai_fast.recipes import RecipeConfig
 from monai_fast.recipes.runner import RaceResult, TargetRun
+from monai_fast.telemetry.host import HostLoad
 
 __all__ = ["budget_after_lead", "epochs_after_lead", "lead_of", "run_interleaved"]
 
@@ -70,7 +71,7 @@ def run_interleaved(
     recipes: Sequence[str], configs: Mapping[str, RecipeConfig], train_files: Sequence[dict], val_files: Sequence[dict],
     device: str, target: float, cap_s: float | None, multiple: float | None, run_dir: Path | None, progress: bool,
     events: Any, epoch_multiple: float | None = None,
-) -> tuple[list[RaceResult], dict[str, int], dict]:
+) -> tuple[list[RaceResult], dict[str, int], dict, dict]:
     """Train ``recipes`` in turns until the lead is done, then the others alone within the budget the lead sets.
 
     Args:
@@ -84,10 +85,11 @@ def run_interleaved(
         epoch_multiple: the others' epoch budget in multiples of the lead's epochs (``None``: none).
 
     Returns:
-        ``(results in recipes' order, epochs each ran interleaved, how the budgets were set)``.
+        ``(results in recipes' order, epochs each ran interleaved, how the budgets were set, how busy the host
+        was while they took turns)`` (the last from :class:`~monai_fast.telemetry.host.HostLoad`).
 
     Example:
-        >>> results, paired, budget = run_interleaved(["fast", "baseline"], configs, tr, va, "cpu", 0.9,
+        >>> results, paired, budget, host = run_interleaved(["fast", "baseline"], configs, tr, va, "cpu", 0.9,
         ...                                           300.0, 3.0, None, False, RaceEvents())  # doctest: +SKIP
     """
     lead = lead_of(recipes)
@@ -96,9 +98,11 @@ def run_interleaved(
         events.recipe_started(name, target, cap_s)
         runs[name] = TargetRun(name, train_files, val_files, configs[name], device, target,
                                math.inf if cap_s is None else cap_s, run_dir, progress)
+    host = HostLoad().start()  # what other processes took while the per-epoch times were measured side by side
     while not runs[lead].done:
         behind = min((n for n in recipes if not runs[n].done), key=lambda n: runs[n].elapsed())
         runs[behind].segment(epochs=1)
+    host_load = host.stop()
     paired = {n: len(runs[n].recorder.rows) for n in recipes}
     lead_result = runs[lead].finish()
     lead_s = lead_result.time_to_target_s if lead_result.reached else lead_result.total_s
@@ -117,4 +121,4 @@ def run_interleaved(
             if left is None or left > 0:
                 run.segment(epochs=left)
     logger.info("interleaved epochs: %s", ", ".join(f"{n} {k}" for n, k in paired.items()))
-    return [runs[n].finish() for n in recipes], paired, budget
+    return [runs[n].finish() for n in recipes], paired, budget, host_load

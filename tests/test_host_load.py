@@ -1,0 +1,94 @@
+"""HostLoad: the CPU share other processes took while something was measured (real processes, not fakes)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from monai_fast.race.headline import format_headline, headline
+from monai_fast.telemetry.host import BUSY_SHARE, HostLoad, describe_host_load
+
+SPIN = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < {s}: pass\n"
+WINDOW_S = 2.0
+
+
+def _spin(seconds: float) -> None:
+    exec(SPIN.format(s=seconds))
+
+
+def _own_children_spinning(n: int) -> dict:
+    """The share while ``n`` of our own child processes spin: our own work, not another job's."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_spin, args=(WINDOW_S + 1.0,)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)  # past their interpreters' start-up
+    load = HostLoad().start()
+    time.sleep(WINDOW_S)
+    share = load.stop()
+    for p in procs:
+        p.join(10)
+    return share
+
+
+def _strangers_spinning(n: int) -> dict:
+    """The share while ``n`` processes that are not ours spin (orphaned through a shell that exits at once)."""
+    script = f"{sys.executable} -c '{SPIN.format(s=WINDOW_S + 1.0)}'"
+    subprocess.run(["sh", "-c", " ".join([f"({script}) >/dev/null 2>&1 &"] * n)], check=True, timeout=30)
+    time.sleep(0.5)
+    me = psutil.Process()
+    assert not [c for c in me.children(recursive=True) if "time.monotonic" in " ".join(c.cmdline())]  # not ours
+    load = HostLoad().start()
+    time.sleep(WINDOW_S)
+    share = load.stop()
+    time.sleep(1.2)  # they end on their own
+    return share
+
+
+def test_other_processes_count_and_our_own_children_do_not():
+    n = os.cpu_count() or 1
+    own = _own_children_spinning(n)
+    other = _strangers_spinning(n)
+    assert own["cpus"] == other["cpus"] == psutil.cpu_count()
+    assert 0.0 <= own["others_cpu_share"] <= 1.0 and 0.0 <= other["others_cpu_share"] <= 1.0
+    # n spinners that are not ours take a large share of an otherwise quiet host; ours are subtracted
+    assert other["others_cpu_share"] > own["others_cpu_share"] + 0.1, (own, other)
+    assert abs(other["wall_s"] - WINDOW_S) < 1.0
+
+
+def test_stop_before_start_is_refused():
+    with pytest.raises(RuntimeError, match="before start"):
+        HostLoad().stop()
+
+
+def test_the_line_says_quiet_or_busy_and_the_headline_prints_it():
+    quiet = {"others_cpu_share": BUSY_SHARE / 2, "cpus": 2, "wall_s": 30.0}
+    busy = {"others_cpu_share": 0.48, "cpus": 2, "wall_s": 30.0}
+    assert describe_host_load(quiet, "x").startswith("host: quiet during x (other processes took 5% of the 2 CPUs)")
+    assert "48% of the 2 CPUs during x: a busy host" in describe_host_load(busy, "x")
+    assert describe_host_load(None, "x") == "host: load not measured"
+    doc = headline([], {}, {}, host=busy)
+    assert doc["host"] == busy
+    assert "host: other processes took 48% of the 2 CPUs during the epochs taken in turns" in format_headline(doc)
+    assert "host:" not in format_headline(headline([], {}, {}))  # not measured: no line (an old results.json)
+
+
+def test_our_children_that_end_inside_the_window_are_still_ours():
+    # loader workers end with each epoch: once reaped, their CPU time is in children_*, still ours
+    n = os.cpu_count() or 1
+    load = HostLoad().start()
+    procs = [mp.get_context("spawn").Process(target=_spin, args=(WINDOW_S,)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    ended = load.stop()
+    assert all(p.exitcode == 0 for p in procs)
+    other = _strangers_spinning(n)
+    assert other["others_cpu_share"] > ended["others_cpu_share"] + 0.1, (ended, other)
