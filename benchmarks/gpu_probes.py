@@ -229,6 +229,11 @@ def collect(name: str, out: Path, work: Path, device: str) -> dict | None:
     if name == "pathology":
         doc = _newest_json(out / name)
         return {"file": doc["file"], "runs": [{k: v for k, v in r.items() if k not in ("history", "config")} for r in doc["runs"]]}
+    if name == "lab":  # its table, figure and numbers; the TensorBoard events stay in the scratch folder
+        (out / "lab").mkdir(parents=True, exist_ok=True)
+        for f in ("performance.json", "performance.md", "prediction.png"):
+            shutil.copyfile(work / "lab" / f, out / "lab" / f)
+        return json.loads((out / "lab" / "performance.json").read_text())
     return json.loads((out / f"{name}.json").read_text())
 
 

@@ -4,12 +4,13 @@ Steps (each in its own process, with its own log and time limit; a failed step i
 the suite goes on): ``pytest`` (``pytest -m gpu``), ``race`` (``time_to_dice.py``: ``fast``,
 ``monai_tutorial``, ``baseline`` on a spleen-scale synthetic set, with the GPUSampler's readings),
 ``your_trainer`` (``FastTraining`` on ``your_trainer.py``), ``tuner_quality``, ``loader_variants``
-(with the GPU cache on CUDA), ``kernels`` (the kernel summary against ``torch.profiler``'s own
+(with the GPU cache on CUDA), ``inference``, ``pathology``, ``lab`` (the SegResNet lab's measured
+table, ``tutorials/segresnet_lab.py``, 30 epochs at its GPU size), ``kernels`` (the kernel summary against ``torch.profiler``'s own
 totals) and ``nvtx`` (the ranges seen by Nsight Systems when an ``nsys`` binary is present).
 ``gpu_suite.json`` names the device, driver, torch/CUDA versions and the source commit, and is
 rewritten after every step, so a suite killed midway still leaves what it measured.
 
-    python benchmarks/gpu_suite.py                       # CUDA, about 20 minutes on one H100
+    python benchmarks/gpu_suite.py                       # CUDA, about 25 minutes on one H100
     python benchmarks/gpu_suite.py --device cpu --tiny   # every step at toy size, about 2 minutes
     python benchmarks/gpu_suite.py --steps race --race-budget 60 --commit 1b837d1
 
@@ -38,7 +39,8 @@ from gpu_probes import collect, machine  # noqa: E402 (benchmarks/, the script's
 
 from monai_fast.files import write_json  # noqa: E402
 
-STEPS = ("pytest", "race", "your_trainer", "tuner_quality", "loader_variants", "inference", "pathology", "kernels", "nvtx")
+STEPS = ("pytest", "race", "your_trainer", "tuner_quality", "loader_variants", "inference", "pathology", "lab", "kernels",
+         "nvtx")
 logger = logging.getLogger("gpu_suite")
 
 
@@ -105,6 +107,10 @@ def step_plan(s: Suite, name: str) -> tuple[list[list[str]], float]:
         size = ["--tiny"] if tiny else ["--repeats", "2", "--time-budget", "300"]
         return [s.script("pathology.py") + ["--device", s.device, "--out", str(s.out / "pathology"), *size]], \
             300 if tiny else 1500
+    if name == "lab":  # the lab's expected-performance table, measured at its GPU size (30 of its 100 epochs)
+        size = ["--tiny"] if tiny else ["--max-epochs", "30"]
+        return [[sys.executable, str(ROOT / "tutorials" / "segresnet_lab.py"), "--device", s.device, "--no-progress",
+                 "--run-dir", str(s.work / "lab"), *size]], 300 if tiny else 900
     return [s.probe(name)], 300 if tiny else 600
 
 

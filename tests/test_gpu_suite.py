@@ -11,7 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "gpu_suite.py"
-STEPS = ["pytest", "race", "your_trainer", "tuner_quality", "loader_variants", "inference", "pathology", "kernels", "nvtx"]
+STEPS = ["pytest", "race", "your_trainer", "tuner_quality", "loader_variants", "inference", "pathology", "lab", "kernels",
+         "nvtx"]
 
 
 @pytest.mark.slow
@@ -41,6 +42,9 @@ def test_tiny_cpu_suite_runs_every_step_and_writes_the_results_json(tmp_path):
     assert steps["loader_variants"]["results"]["gpu_cache"] is False  # CPU: no GPU cache variant
     assert {r["backend"] for r in steps["inference"]["results"]["rows"]} >= {"eager", "tensorrt"}
     assert {r["variant"] for r in steps["pathology"]["results"]["runs"]} == {"plain", "fast"}
+    lab = steps["lab"]["results"]
+    assert lab["epochs"] == 2 and lab["network"].startswith("SegResNet") and lab["time_per_epoch_s"] > 0
+    assert (out / "lab" / "performance.md").read_text().count("| time per epoch |") == 1 and (out / "lab" / "prediction.png").is_file()
     assert steps["kernels"]["results"]["match"] is True
     assert steps["nvtx"]["results"]["checked"] in (True, False)
     assert not (out / "work").exists()  # the scratch data is not left in the results folder
