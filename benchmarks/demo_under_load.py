@@ -81,7 +81,7 @@ def one_run(condition: str, spinners: int, run_dir: Path, log: Path, demo_args: 
     load_before, t0 = os.getloadavg()[0], time.perf_counter()
     try:
         with open(log, "w") as f:
-            rc = subprocess.run([sys.executable, "-m", "monai_fast.cli", "demo", "--no-progress", "--run-dir", str(run_dir),
+            rc = subprocess.run([sys.executable, "-m", "monai_fast", "demo", "--no-progress", "--run-dir", str(run_dir),
                                  *demo_args], stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     finally:
         for p in busy:

@@ -31,7 +31,7 @@ from monai_fast.cli.race_cmds import add_race_commands
 from monai_fast.cli.tools import add_tool_commands
 from monai_fast.cli.train import add_train_command
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMPUTE_COMMANDS", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,8 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``monai-fast`` command; bad input ends in one line naming the option, no traceback."""
+#: commands that train or infer, where :mod:`monai_fast.openmp`'s line is worth a log line
+COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch"})
+
+
+def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = ()) -> int:
+    """Run one ``monai-fast`` command; bad input ends in one line naming the option, no traceback.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+        startup_notes: what the entry point set up before torch loaded (:mod:`monai_fast.__main__`),
+            logged once for the commands that compute.
+    """
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -60,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     logging.getLogger("ignite").setLevel(logging.WARNING)
+    for note in startup_notes if args.command in COMPUTE_COMMANDS else ():
+        logging.getLogger("monai_fast").info(note)
     from monai_fast.data.items import DataItemError
     from monai_fast.data.msd import MSDDataError
     from monai_fast.data.preflight import PreflightError

@@ -1,0 +1,29 @@
+"""The ``monai-fast`` command's entry point (also ``python -m monai_fast``).
+
+It bounds OpenMP's spin before torch loads (:func:`monai_fast.openmp.bound_openmp_spin`), then
+hands over to :func:`monai_fast.cli.main`, which logs what was set.
+
+Example:
+    >>> from monai_fast.__main__ import main
+    >>> main(["synth", "/tmp/mf-synth", "--cases", "1", "--shape", "16", "16", "16", "--no-progress"])  # doctest: +SKIP
+    0
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from monai_fast.openmp import bound_openmp_spin
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Bound OpenMP's spin (while torch is not loaded yet), then run the command line."""
+    note = bound_openmp_spin()
+    from monai_fast.cli import main as cli_main  # imports torch: after the bound
+
+    return cli_main(argv, startup_notes=[note] if note else [])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
