@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run 'monai-fast COMMAND --help' for the options of one command.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     add_race_commands(sub)
     add_tool_commands(sub)
     add_train_command(sub)
@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = ()) -
         datefmt="%H:%M:%S",
     )
     logging.getLogger("ignite").setLevel(logging.WARNING)
-    for note in startup_notes if args.command in COMPUTE_COMMANDS else ():
+    for note in startup_notes if args.subcommand in COMPUTE_COMMANDS else ():
         logging.getLogger("monai_fast").info(note)
     from monai_fast.data.items import DataItemError
     from monai_fast.data.msd import MSDDataError
@@ -81,13 +81,13 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = ()) -
     try:
         return int(args.func(args) or 0)
     except RaceOptionError as e:
-        raise SystemExit(f"monai-fast {args.command}: {flag_of(e.option)}: {e.message}") from e
+        raise SystemExit(f"monai-fast {args.subcommand}: {flag_of(e.option)}: {e.message}") from e
     except TuningError as e:
         raise SystemExit(f"monai-fast: tuning failed: {e}") from e
     except (FileNotFoundError, MSDDataError, PreflightError) as e:  # bad input: one clear message, no traceback
-        raise SystemExit(f"monai-fast {args.command}: {e}") from e
+        raise SystemExit(f"monai-fast {args.subcommand}: {e}") from e
     except DataItemError as e:  # a file that cannot be read or transformed, named
-        raise SystemExit(f"monai-fast {args.command}: bad data: {_item_line(e)}") from e
+        raise SystemExit(f"monai-fast {args.subcommand}: bad data: {_item_line(e)}") from e
 
 
 def _item_line(e: BaseException) -> str:
