@@ -14,15 +14,19 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from monai_fast.openmp import bound_openmp_spin
+from monai_fast.openmp import bound_openmp_spin, libgomp_mapped
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Bound OpenMP's spin (while torch is not loaded yet), then run the command line."""
+    """Bound OpenMP's spin (while torch is not loaded yet), then run the command line.
+
+    The line saying so is passed on only when torch did load GNU OpenMP (a torch built on another
+    threading library ignores the variable).
+    """
     note = bound_openmp_spin()
     from monai_fast.cli import main as cli_main  # imports torch: after the bound
 
-    return cli_main(argv, startup_notes=[note] if note else [])
+    return cli_main(argv, startup_notes=[note] if note and libgomp_mapped() else [])
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
-__all__ = ["BOUNDED_SPINCOUNT", "SPIN_ENV", "WAIT_POLICY_ENV", "bound_openmp_spin", "openmp_loaded"]
+__all__ = ["BOUNDED_SPINCOUNT", "SPIN_ENV", "WAIT_POLICY_ENV", "bound_openmp_spin", "libgomp_mapped", "openmp_loaded"]
 
 #: the variable libgomp reads for the rounds a waiting thread spins before it sleeps
 SPIN_ENV = "GOMP_SPINCOUNT"
@@ -39,6 +39,20 @@ SPIN_ENV = "GOMP_SPINCOUNT"
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 #: the spin bound ``monai-fast`` sets (libgomp's own default is 300000)
 BOUNDED_SPINCOUNT = 10000
+
+
+def libgomp_mapped() -> bool:
+    """Whether GNU OpenMP's library is loaded in this process (read from ``/proc/self/maps``; ``False`` off Linux).
+
+    Example:
+        >>> import torch  # doctest: +SKIP
+        >>> libgomp_mapped()  # doctest: +SKIP
+        True
+    """
+    try:
+        return "libgomp" in Path("/proc/self/maps").read_text()
+    except OSError:  # not Linux: no /proc, and no libgomp to bound
+        return False
 
 
 def openmp_loaded() -> bool:
@@ -49,13 +63,7 @@ def openmp_loaded() -> bool:
         >>> openmp_loaded()  # doctest: +SKIP
         True
     """
-    if "torch" in sys.modules:
-        return True
-    maps = Path("/proc/self/maps")
-    try:
-        return "libgomp" in maps.read_text()
-    except OSError:  # not Linux: no /proc, and no libgomp to bound
-        return False
+    return "torch" in sys.modules or libgomp_mapped()
 
 
 def bound_openmp_spin(environ: MutableMapping[str, str] | None = None, loaded: bool | None = None) -> str | None:
