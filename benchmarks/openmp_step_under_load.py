@@ -1,0 +1,122 @@
+"""One CPU training step on a busy host: OpenMP threads left to the scheduler vs bound to separate cores.
+
+A lead for issue 16, not a setting ``monai-fast`` applies. Each run is a fresh process that times
+``--steps`` training steps of a small UNet (bf16 autocast where the CPU has it, fp32 otherwise;
+batch 2 of 64^3 patches, a fixed batch) with torch's default threads, printing wall and CPU seconds
+per step. Variants, alternated within each repeat:
+
+- ``free``: threads placed by the scheduler (``GOMP_SPINCOUNT=10000``, as ``monai-fast`` sets it);
+- ``bound``: the same with ``OMP_PROC_BIND=spread OMP_PLACES=cores`` (one OpenMP thread per core).
+
+``loaded`` runs them with one busy-loop process per core for the whole run. On the 2-core host of
+``benchmarks/README.md`` ("OpenMP spin") an unbound process under load sometimes ran its step at
+one core's worth of CPU time for the whole run (both threads sharing a core while the busy
+processes had the other), several times slower than a bound one. Binding is not applied by the
+command because a bound main thread passes its one-core mask to every process it forks (loader
+workers) and the variables to every process it starts (ranks).
+
+    python benchmarks/openmp_step_under_load.py --repeats 4          # about 3 min on 2 cores
+
+Prints a table and writes ``openmp_step_under_load_<stamp>.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from monai_fast.files import write_json
+
+STEP = """
+import json, time, torch
+from monai.networks.nets import UNet
+from monai.losses import DiceCELoss
+torch.manual_seed(0)
+net = UNet(3, 1, 2, (8, 16, 32, 64), (2, 2, 2), num_res_units=1)
+opt = torch.optim.AdamW(net.parameters(), 3e-3)
+loss_f = DiceCELoss(to_onehot_y=True, softmax=True)
+x = torch.randn(2, 1, 64, 64, 64)
+y = (torch.rand(2, 1, 64, 64, 64) > 0.9).float()
+bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+def step():
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = loss_f(net(x), y)
+    loss.backward()
+    opt.step()
+for _ in range(3):
+    step()
+c0, w0 = time.process_time(), time.perf_counter()
+for _ in range({steps}):
+    step()
+print(json.dumps({{"wall_s": (time.perf_counter() - w0) / {steps}, "cpu_s": (time.process_time() - c0) / {steps},
+                  "threads": torch.get_num_threads(), "bf16": bool(bf16)}}))
+"""
+
+VARIANTS = {"free": {}, "bound": {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"}}
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def one_run(variant: str, steps: int) -> dict:
+    """The step timed in a fresh process with ``variant``'s OpenMP settings."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")}
+    env.update(GOMP_SPINCOUNT="10000", **VARIANTS[variant])
+    proc = subprocess.run([sys.executable, "-c", STEP.format(steps=steps)], env=env, capture_output=True, text=True,
+                          check=False, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"the step failed ({variant}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=4, help="runs of each variant per condition (default %(default)s)")
+    p.add_argument("--steps", type=int, default=16, help="timed steps per run (default %(default)s)")
+    p.add_argument("--spinners", type=int, default=os.cpu_count() or 1, help="busy processes while loaded (default: one per core)")
+    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON (default %(default)s)")
+    args = p.parse_args()
+    runs = []
+    for condition in ("quiet", "loaded"):
+        busy = [mp.get_context("spawn").Process(target=_spin, daemon=True)
+                for _ in range(args.spinners if condition == "loaded" else 0)]
+        for b in busy:
+            b.start()
+        try:
+            for rep in range(1, args.repeats + 1):
+                for variant in VARIANTS:
+                    r = {"condition": condition, "variant": variant, "repeat": rep, **one_run(variant, args.steps)}
+                    runs.append(r)
+                    print(f"{condition} {variant} {rep}: {r['wall_s']:.3f} s wall, {r['cpu_s']:.3f} s CPU per step", flush=True)
+        finally:
+            for b in busy:
+                b.terminate()
+                b.join(timeout=30)
+    head = ["condition", "variant", "runs", "wall s/step (each run)", "median", "CPU s/step median"]
+    rows = []
+    for condition in ("quiet", "loaded"):
+        for variant in VARIANTS:
+            mine = [r for r in runs if r["condition"] == condition and r["variant"] == variant]
+            rows.append([condition, variant, str(len(mine)), " ".join(f"{r['wall_s']:.2f}" for r in mine),
+                         f"{statistics.median(r['wall_s'] for r in mine):.3f}",
+                         f"{statistics.median(r['cpu_s'] for r in mine):.3f}"])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    for line in [head, ["-" * w for w in widths], *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+    out = Path(args.out) / f"openmp_step_under_load_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    write_json({"command": " ".join(sys.argv), "cpus": os.cpu_count(), "spinners": args.spinners, "runs": runs}, out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
