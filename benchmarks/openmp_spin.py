@@ -71,6 +71,16 @@ def one_run(condition: str, spincount: int, spinners: int, run_dir: Path, demo_a
             "others_cpu_share": (doc["headline"].get("host") or {}).get("others_cpu_share"), "curves": curves}
 
 
+def _median(values: list[float | None]) -> float | None:
+    """The median of the values that exist (``None``: fast missed the target in that run); ``None`` if none do."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
 def summarize(runs: list[dict]) -> list[dict]:
     """Per condition and spin count: the medians of the runs' figures."""
     rows = []
@@ -79,7 +89,7 @@ def summarize(runs: list[dict]) -> list[dict]:
             mine = [r for r in runs if r["condition"] == condition and r["spincount"] == spincount]
             if mine:
                 rows.append({"condition": condition, "spincount": spincount, "runs": len(mine), **{
-                    k: statistics.median(r[k] for r in mine)
+                    k: _median([r[k] for r in mine])
                     for k in ("fast_time_to_target_s", "fast_s_per_epoch", "baseline_s_per_epoch", "per_epoch_ratio",
                               "fast_cpu_s_per_epoch", "baseline_cpu_s_per_epoch")}})
     return rows
@@ -103,16 +113,17 @@ def main() -> None:
                 for spincount in args.spincounts:
                     r = one_run(condition, spincount, args.spinners, Path(tmp) / f"{condition}-{spincount}-{rep}", demo_args)
                     runs.append({"repeat": rep, **r})
-                    print(f"{condition} GOMP_SPINCOUNT={spincount} repeat {rep}: fast {r['fast_time_to_target_s'] or 0:.1f} s to "
-                          f"target, s/epoch fast {r['fast_s_per_epoch']:.2f} baseline {r['baseline_s_per_epoch']:.2f} "
+                    print(f"{condition} GOMP_SPINCOUNT={spincount} repeat {rep}: fast "
+                          f"{_cell(r['fast_time_to_target_s'], '.1f')} s to target, s/epoch fast {r['fast_s_per_epoch']:.2f} baseline {r['baseline_s_per_epoch']:.2f} "
                           f"(ratio {r['per_epoch_ratio']:.2f}x)", flush=True)
     same = all(r["curves"] == runs[0]["curves"] for r in runs)
     rows = summarize(runs)
     head = ["condition", "GOMP_SPINCOUNT", "runs", "fast to target s", "fast s/epoch", "baseline s/epoch", "per-epoch ratio",
             "fast CPU s/epoch", "baseline CPU s/epoch"]
-    cells = [[r["condition"], str(r["spincount"]), str(r["runs"]), f"{r['fast_time_to_target_s']:.1f}",
-              f"{r['fast_s_per_epoch']:.2f}", f"{r['baseline_s_per_epoch']:.2f}", f"{r['per_epoch_ratio']:.2f}x",
-              f"{r['fast_cpu_s_per_epoch']:.1f}", f"{r['baseline_cpu_s_per_epoch']:.1f}"] for r in rows]
+    cells = [[r["condition"], str(r["spincount"]), str(r["runs"]), _cell(r["fast_time_to_target_s"], ".1f"),
+              _cell(r["fast_s_per_epoch"], ".2f"), _cell(r["baseline_s_per_epoch"], ".2f"),
+              _cell(r["per_epoch_ratio"], ".2f") + "x", _cell(r["fast_cpu_s_per_epoch"], ".1f"),
+              _cell(r["baseline_cpu_s_per_epoch"], ".1f")] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
     for line in [head, ["-" * w for w in widths], *cells]:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
