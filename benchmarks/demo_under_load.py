@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import multiprocessing as mp
 import os
 import shutil
 import subprocess
@@ -30,15 +29,12 @@ import sys
 import time
 from pathlib import Path
 
+from busy import busy_cores
+
 from monai_fast.files import write_json
 from monai_fast.race.headline import format_headline, headline
 from monai_fast.recipes.epochs import EpochRow
 from monai_fast.recipes.runner import RaceResult
-
-
-def _spin() -> None:
-    while True:
-        pass
 
 
 def figures(head: dict) -> dict:
@@ -75,18 +71,10 @@ def recompute(folder: Path) -> None:
 
 def one_run(condition: str, spinners: int, run_dir: Path, log: Path, demo_args: list[str]) -> dict:
     """Run the demo once (with ``spinners`` busy processes when ``condition`` is ``loaded``); its headline in figures."""
-    busy = [mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(spinners if condition == "loaded" else 0)]
-    for p in busy:
-        p.start()
     load_before, t0 = os.getloadavg()[0], time.perf_counter()
-    try:
-        with open(log, "w") as f:
-            rc = subprocess.run([sys.executable, "-m", "monai_fast", "demo", "--no-progress", "--run-dir", str(run_dir),
-                                 *demo_args], stdout=f, stderr=subprocess.STDOUT, check=False).returncode
-    finally:
-        for p in busy:
-            p.terminate()
-            p.join(timeout=30)
+    with busy_cores(spinners if condition == "loaded" else 0), open(log, "w") as f:
+        rc = subprocess.run([sys.executable, "-m", "monai_fast", "demo", "--no-progress", "--run-dir", str(run_dir),
+                             *demo_args], stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         raise SystemExit(f"the demo failed (exit {rc}); see {log}")
     head = json.loads((run_dir / "results.json").read_text())["headline"]

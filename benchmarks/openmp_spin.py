@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import multiprocessing as mp
 import os
 import statistics
 import subprocess
@@ -33,28 +32,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from busy import busy_cores
+
 from monai_fast.files import write_json
-
-
-def _spin() -> None:
-    while True:
-        pass
 
 
 def one_run(condition: str, spincount: int, spinners: int, run_dir: Path, demo_args: list[str]) -> dict:
     """The demo once in a fresh process with ``GOMP_SPINCOUNT=spincount``; its figures and Dice curves."""
-    busy = [mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(spinners if condition == "loaded" else 0)]
-    for p in busy:
-        p.start()
     env = {**os.environ, "GOMP_SPINCOUNT": str(spincount)}
     t0 = time.perf_counter()
-    try:
+    with busy_cores(spinners if condition == "loaded" else 0):
         proc = subprocess.run([sys.executable, "-m", "monai_fast", "demo", "--no-progress", "--run-dir", str(run_dir),
                                *demo_args], env=env, capture_output=True, text=True, check=False)
-    finally:
-        for p in busy:
-            p.terminate()
-            p.join(timeout=30)
     if proc.returncode != 0:
         raise SystemExit(f"the demo failed (exit {proc.returncode}, GOMP_SPINCOUNT={spincount}):\n{proc.stdout[-3000:]}"
                          f"{proc.stderr[-3000:]}")

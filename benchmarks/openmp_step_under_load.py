@@ -25,12 +25,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import multiprocessing as mp
 import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from busy import busy_cores
 
 from monai_fast.files import write_json
 
@@ -63,11 +64,6 @@ print(json.dumps({{"wall_s": (time.perf_counter() - w0) / {steps}, "cpu_s": (tim
 VARIANTS = {"free": {}, "bound": {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"}}
 
 
-def _spin() -> None:
-    while True:
-        pass
-
-
 def one_run(variant: str, steps: int) -> dict:
     """The step timed in a fresh process with ``variant``'s OpenMP settings."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")}
@@ -88,20 +84,12 @@ def main() -> None:
     args = p.parse_args()
     runs = []
     for condition in ("quiet", "loaded"):
-        busy = [mp.get_context("spawn").Process(target=_spin, daemon=True)
-                for _ in range(args.spinners if condition == "loaded" else 0)]
-        for b in busy:
-            b.start()
-        try:
+        with busy_cores(args.spinners if condition == "loaded" else 0):
             for rep in range(1, args.repeats + 1):
                 for variant in VARIANTS:
                     r = {"condition": condition, "variant": variant, "repeat": rep, **one_run(variant, args.steps)}
                     runs.append(r)
                     print(f"{condition} {variant} {rep}: {r['wall_s']:.3f} s wall, {r['cpu_s']:.3f} s CPU per step", flush=True)
-        finally:
-            for b in busy:
-                b.terminate()
-                b.join(timeout=30)
     head = ["condition", "variant", "runs", "wall s/step (each run)", "median", "CPU s/step median"]
     rows = []
     for condition in ("quiet", "loaded"):

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from monai_fast.files import write_json, write_text
 from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock
+from monai_fast.report.ranks import node_evidence, rank_evidence, rank_times
 from monai_fast.report.wall_clock import LABELS, WallClock, table_lines, wall_clock, wall_clock_advice
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, select
 
@@ -121,48 +122,6 @@ class Diagnosis:
         return "\n".join(lines)
 
 
-def _per_rank(epochs: list[dict]) -> dict[int, dict]:
-    ranks: dict[int, dict] = {}
-    for r in epochs:
-        agg = ranks.setdefault(int(r.get("rank", 0)), {"epochs": 0, "data_s": 0.0, "compute_s": 0.0})
-        agg["epochs"] += 1
-        agg["data_s"] += r["data_s"]
-        agg["compute_s"] += r["compute_s"]
-    for agg in ranks.values():
-        agg["busy_s"] = agg["data_s"] + agg["compute_s"]
-        agg["data_share"] = data_share(agg["data_s"], agg["compute_s"])
-    return dict(sorted(ranks.items()))
-
-
-def _rank_evidence(ranks: dict[int, dict], numbers: dict) -> list[str]:
-    if len(ranks) < 2:
-        return []
-    slow = max(ranks, key=lambda k: ranks[k]["busy_s"])
-    fast = min(ranks, key=lambda k: ranks[k]["busy_s"])
-    ratio = ranks[slow]["busy_s"] / ranks[fast]["busy_s"] if ranks[fast]["busy_s"] > 0 else float("inf")
-    numbers.update(per_rank=ranks, slowest_rank=slow, fastest_rank=fast, straggler_ratio=ratio)
-    shares = ", ".join(f"rank {k} {100 * v['data_share']:.1f}%" for k, v in ranks.items())
-    return [
-        f"{len(ranks)} ranks; data wait per rank: {shares}",
-        f"slowest rank {slow} ({ranks[slow]['busy_s']:.1f} s) vs fastest rank {fast} ({ranks[fast]['busy_s']:.1f} s): "
-        f"{ratio:.2f}x" + (" - a straggler holds every other rank back at each all-reduce" if ratio >= 1.2 else ""),
-    ]
-
-
-def _node_evidence(rows: list[dict], numbers: dict) -> list[str]:
-    """Which node each rank ran on (the record's ``placement`` rows, the latest per rank), for jobs of several ranks."""
-    where = {int(r.get("rank", 0)): r for r in select(rows, Kind.EVENT, Source.RECORD) if r.get("what") == "placement"}
-    if len(where) < 2:
-        return []
-    nodes: dict[tuple[int, str], list[int]] = {}
-    for rank, r in sorted(where.items()):
-        nodes.setdefault((int(r.get("node_rank", 0)), str(r.get("host", "?"))), []).append(rank)
-    numbers["nodes"] = [{"node_rank": n, "host": h, "ranks": ranks} for (n, h), ranks in sorted(nodes.items())]
-    listed = "; ".join(f"node {n} on {h}: rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
-                       for (n, h), rs in sorted(nodes.items()))
-    return [f"{len(where)} ranks on {len(nodes)} node(s) ({where[min(where)].get('launcher', '?')}): {listed}"]
-
-
 def diagnose(
     rows: list[dict],
     data_threshold: float = 0.2,
@@ -179,7 +138,7 @@ def diagnose(
     epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
     if not epochs:
         raise ValueError("the record has no time_breakdown epochs: attach TimeBreakdown (and RecordHandler) to the trainer")
-    ranks = _per_rank(epochs)
+    ranks = rank_times(epochs)
     n_epochs = len({(r.get("segment", 0), r["epoch"]) for r in epochs})
     data = sum(r["data_s"] for r in epochs)
     compute = sum(r["compute_s"] for r in epochs)
@@ -192,7 +151,7 @@ def diagnose(
     if later:
         numbers["data_share_after_first_epoch"] = data_share(sum(r["data_s"] for r in later), sum(r["compute_s"] for r in later))
         evidence.append(f"after the first epoch: {100 * numbers['data_share_after_first_epoch']:.1f}%")
-    evidence += _rank_evidence(ranks, numbers) + _node_evidence(rows, numbers)
+    evidence += rank_evidence(ranks, numbers) + node_evidence(rows, numbers)
 
     gpu = select(rows, Kind.INTERVAL, Source.GPU)
     util_mean = mem_peak = None

@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -77,17 +78,20 @@ def _category(category: Category | str) -> str:
     return value
 
 
-class SpanWriter:
-    """The span API of the run record (mixed into ``RunRecord`` and ``EngineRecord``).
+class SpanWriter(ABC):
+    """The span API of the run record (the base of ``RunRecord`` and ``EngineRecord``).
 
-    Subclasses provide ``add(kind, source, **fields)`` and ``on_critical_thread()``.
+    Subclasses implement :meth:`add` and :meth:`on_critical_thread`; a class that lacks either
+    cannot be instantiated.
     """
 
-    def add(self, kind: Any, source: Any, **fields: Any) -> dict:  # pragma: no cover - provided by the record
-        raise NotImplementedError
+    @abstractmethod
+    def add(self, kind: Any, source: Any, **fields: Any) -> dict:
+        """Append one row of ``kind`` from ``source`` with ``fields``; returns the row as written."""
 
-    def on_critical_thread(self) -> bool:  # pragma: no cover - provided by the record
-        raise NotImplementedError
+    @abstractmethod
+    def on_critical_thread(self) -> bool:
+        """Whether the calling thread is the one whose time is the run's critical path (the trainer's)."""
 
     def add_span(
         self, category: Category | str, start: float, end: float, source: Any = "user", overlapped: bool | None = None,
