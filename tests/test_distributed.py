@@ -315,7 +315,7 @@ def test_sbatch_generator_checks_options():
         SbatchSpec(["python", "t.py"], time="4h")
     with pytest.raises(ValueError, match="command is empty"):
         SbatchSpec([])
-    with pytest.raises(SystemExit, match="nodes must be >= 1"):
+    with pytest.raises(SystemExit, match=r"^monai-fast sbatch: nodes must be >= 1"):  # the command named, not its argv
         from monai_fast.cli import main
 
         main(["sbatch", "--nodes", "0", "--", "python", "t.py"])
