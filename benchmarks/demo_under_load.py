@@ -3,7 +3,8 @@
 Each pair runs the demo once as the host is (``quiet``) and once with ``--spinners`` busy-loop
 processes (one per core by default: a competing CPU job) running for the whole demo
 (``loaded``). Each run's captured output and ``results.json`` are kept; the summary has every
-run's headline (speed-up, measured or estimated), fast's epochs and time to target, the
+run's headline (speed-up, measured or estimated, and its clock: wall, or CPU seconds on a busy host),
+both speed-ups and both per-epoch ratios (wall and CPU seconds), fast's epochs and time to target, the
 baseline's epochs run and estimated epochs to target, both seconds per epoch and the host's load
 average, and the spread: largest over smallest headline, minus 1. ``--recompute FOLDER`` rebuilds
 every run's headline from its saved ``results.json`` with this checkout's
@@ -41,10 +42,16 @@ def figures(head: dict) -> dict:
     """The summary's figures of one headline (:func:`monai_fast.race.headline.headline`'s document)."""
     fast, base = head["recipes"]["fast"], head["recipes"]["baseline"]
     return {
-        "speedup": head["speedup"]["factor"], "how": head["speedup"]["how"],
+        "speedup": head["speedup"]["factor"], "how": head["speedup"]["how"], "clock": head["speedup"].get("clock", "wall"),
+        "wall_speedup": head["speedup"].get("wall_factor", head["speedup"]["factor"]),
+        "cpu_speedup": head["speedup"].get("cpu_factor"),
         "per_epoch_ratio": base["s_per_epoch_interleaved"] / fast["s_per_epoch_interleaved"],
+        "cpu_per_epoch_ratio": (base["cpu_s_per_epoch_interleaved"] / fast["cpu_s_per_epoch_interleaved"]
+                                if base.get("cpu_s_per_epoch_interleaved") and fast.get("cpu_s_per_epoch_interleaved") else None),
         "fast_epochs_to_target": fast["epochs_to_target"]["value"], "fast_time_to_target_s": fast["time_to_target_s"]["value"],
         "fast_s_per_epoch": fast["s_per_epoch_interleaved"], "baseline_s_per_epoch": base["s_per_epoch_interleaved"],
+        "fast_cpu_s_per_epoch": fast.get("cpu_s_per_epoch_interleaved"),
+        "baseline_cpu_s_per_epoch": base.get("cpu_s_per_epoch_interleaved"),
         "baseline_epochs_run": base["epochs_run"], "baseline_best_dice": base["best_dice"], "baseline_stopped": base["stopped"],
         "baseline_epochs_to_target": base["epochs_to_target"], "budget": head["budget"],
         "others_cpu_share": (head.get("host") or {}).get("others_cpu_share"),
@@ -103,7 +110,9 @@ def main() -> None:
             runs.append({"name": name, **one_run(condition, args.spinners, run_dir, folder / f"{name}.log", args.demo_args)})
             shutil.copy(run_dir / "results.json", folder / f"{name}.results.json")
             r = runs[-1]
-            print(f"{name}: {r['speedup'] or 0:.1f}x ({r['how']}), per epoch {r['per_epoch_ratio']:.2f}x, fast "
+            cpu_ratio = "-" if r["cpu_per_epoch_ratio"] is None else f"{r['cpu_per_epoch_ratio']:.2f}x"
+            print(f"{name}: {r['speedup'] or 0:.1f}x ({r['how']}, {r['clock']} clock), per epoch {r['per_epoch_ratio']:.2f}x wall, "
+                  f"{cpu_ratio} CPU, fast "
                   f"{r['fast_epochs_to_target']} epochs {r['fast_time_to_target_s'] or 0:.1f} s, baseline {r['baseline_epochs_run']} "
                   f"epochs ({r['baseline_stopped']}), load {r['load_avg_1min_at_start']:.1f}, other processes' CPU share "
                   f"{'-' if r['others_cpu_share'] is None else format(r['others_cpu_share'], '.0%')}", flush=True)

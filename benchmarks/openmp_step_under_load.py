@@ -6,7 +6,9 @@ batch 2 of 64^3 patches, a fixed batch) with torch's default threads, printing w
 per step. Variants, alternated within each repeat:
 
 - ``free``: threads placed by the scheduler (``GOMP_SPINCOUNT=10000``, as ``monai-fast`` sets it);
-- ``bound``: the same with ``OMP_PROC_BIND=spread OMP_PLACES=cores`` (one OpenMP thread per core).
+- ``bound``: the same with ``OMP_PROC_BIND=spread OMP_PLACES=cores`` (one OpenMP thread per core);
+- ``workers``: the team's worker threads pinned one per core, the main thread free
+  (:func:`monai_fast.openmp.pin_openmp_workers`, what the ``monai-fast`` command does).
 
 ``loaded`` runs them with one busy-loop process per core for the whole run. On the 2-core host of
 ``benchmarks/README.md`` ("OpenMP spin") an unbound process under load sometimes ran its step at
@@ -36,7 +38,9 @@ from busy import busy_cores
 from monai_fast.files import write_json
 
 STEP = """
-import json, time, torch
+import json, os, time, torch
+from monai_fast.openmp import pin_openmp_workers
+pinned = pin_openmp_workers() is not None if os.environ.get("STEP_PIN_WORKERS") == "1" else False
 from monai.networks.nets import UNet
 from monai.losses import DiceCELoss
 torch.manual_seed(0)
@@ -58,15 +62,15 @@ c0, w0 = time.process_time(), time.perf_counter()
 for _ in range({steps}):
     step()
 print(json.dumps({{"wall_s": (time.perf_counter() - w0) / {steps}, "cpu_s": (time.process_time() - c0) / {steps},
-                  "threads": torch.get_num_threads(), "bf16": bool(bf16)}}))
+                  "threads": torch.get_num_threads(), "bf16": bool(bf16), "pinned": pinned}}))
 """
 
-VARIANTS = {"free": {}, "bound": {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"}}
+VARIANTS = {"free": {}, "bound": {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"}, "workers": {"STEP_PIN_WORKERS": "1"}}
 
 
 def one_run(variant: str, steps: int) -> dict:
     """The step timed in a fresh process with ``variant``'s OpenMP settings."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "STEP_PIN_WORKERS")}
     env.update(GOMP_SPINCOUNT="10000", **VARIANTS[variant])
     proc = subprocess.run([sys.executable, "-c", STEP.format(steps=steps)], env=env, capture_output=True, text=True,
                           check=False, timeout=900)

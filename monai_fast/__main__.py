@@ -1,7 +1,8 @@
 """The ``monai-fast`` command's entry point (also ``python -m monai_fast``).
 
 It bounds OpenMP's spin before torch loads (:func:`monai_fast.openmp.bound_openmp_spin`), then
-hands over to :func:`monai_fast.cli.main`, which logs what was set.
+hands over to :func:`monai_fast.cli.main`, which pins OpenMP's worker threads for a command that
+computes here (:func:`monai_fast.openmp.pin_openmp_workers`) and logs what was set.
 
 Example:
     >>> from monai_fast.__main__ import main
@@ -26,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     note = bound_openmp_spin()
     from monai_fast.cli import main as cli_main  # imports torch: after the bound
 
-    return cli_main(argv, startup_notes=[note] if note and libgomp_mapped() else [])
+    return cli_main(argv, startup_notes=[note] if note and libgomp_mapped() else [], pin_openmp=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""How long GNU OpenMP's threads spin before they sleep, bounded before torch loads.
+"""GNU OpenMP's threads made to share a busy host well: their spin bounded, the main team's workers pinned.
 
 PyTorch's Linux wheels run CPU kernels on GNU OpenMP (libgomp). After a parallel region its
 threads spin ``GOMP_SPINCOUNT`` rounds (libgomp's own default is 300000) waiting for the next one,
@@ -14,6 +14,12 @@ start: the ``monai-fast`` command calls :func:`bound_openmp_spin` before anythin
 A script of one's own does the same by exporting ``GOMP_SPINCOUNT=10000`` before Python starts.
 A ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` already set is the user's choice and is left alone.
 
+Under a competing job the scheduler sometimes keeps both threads of a 2-thread team on one core
+for a whole run (the other core left to the competing job), and a step then takes several times
+the CPU time it takes on a quiet host. :func:`pin_openmp_workers` gives each worker thread of the
+main thread's team a core of its own, where that cannot crowd anything (see there); the command
+calls it for the commands that compute.
+
 Example:
     >>> env = {}
     >>> bound_openmp_spin(env, loaded=False)
@@ -28,10 +34,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-__all__ = ["BOUNDED_SPINCOUNT", "SPIN_ENV", "WAIT_POLICY_ENV", "bound_openmp_spin", "libgomp_mapped", "openmp_loaded"]
+__all__ = ["BOUNDED_SPINCOUNT", "LOCAL_RANKS_ENV", "PIN_ENV", "SPIN_ENV", "USER_BINDING_ENV", "WAIT_POLICY_ENV", "bound_openmp_spin",
+           "libgomp_mapped", "openmp_loaded", "physical_cores", "pin_openmp_workers"]
 
 #: the variable libgomp reads for the rounds a waiting thread spins before it sleeps
 SPIN_ENV = "GOMP_SPINCOUNT"
@@ -39,6 +46,12 @@ SPIN_ENV = "GOMP_SPINCOUNT"
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 #: the spin bound ``monai-fast`` sets (libgomp's own default is 300000)
 BOUNDED_SPINCOUNT = 10000
+#: ``0`` leaves OpenMP's worker threads to the scheduler (:func:`pin_openmp_workers`)
+PIN_ENV = "MONAI_FAST_PIN_OPENMP"
+#: OpenMP thread binding the user chose; any of them set: nothing is pinned
+USER_BINDING_ENV = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+#: launchers' count of processes on this node; above 1: nothing is pinned
+LOCAL_RANKS_ENV = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE")
 
 
 def libgomp_mapped() -> bool:
@@ -89,3 +102,102 @@ def bound_openmp_spin(environ: MutableMapping[str, str] | None = None, loaded: b
     env[SPIN_ENV] = str(BOUNDED_SPINCOUNT)
     return (f"OpenMP threads spin at most {BOUNDED_SPINCOUNT} rounds before sleeping ({SPIN_ENV}; set it to choose "
             "another value)")
+
+
+def physical_cores(allowed: set[int] | None = None) -> list[frozenset[int]]:
+    """The cores this process may run on, each the set of its logical CPUs (SMT siblings) within ``allowed``.
+
+    Read from ``/sys/devices/system/cpu/cpuN/topology``; where that is missing each logical CPU is a core.
+
+    Args:
+        allowed: logical CPUs to consider (default: this process's affinity, ``os.sched_getaffinity(0)``).
+
+    Example:
+        >>> cores = physical_cores()
+        >>> sum(len(c) for c in cores) == len(os.sched_getaffinity(0))
+        True
+    """
+    allowed = set(os.sched_getaffinity(0)) if allowed is None else set(allowed)
+    cores: dict[frozenset[int], None] = {}
+    for cpu in sorted(allowed):
+        siblings = _parse_cpu_list(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        cores[frozenset((siblings or {cpu}) & allowed)] = None
+    return list(cores)
+
+
+def _parse_cpu_list(path: str) -> set[int] | None:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    cpus: set[int] = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _thread_ids() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
+    """Keep the main OpenMP team's worker threads on separate cores; the main thread stays free.
+
+    Call it from the main thread at a process's start, after torch loaded and before other threads
+    start. It runs one parallel region so that libgomp creates its worker threads, then gives
+    worker ``k`` core ``k`` of this process's cores (:func:`physical_cores`); core 0 is left to
+    the main thread, which keeps its whole mask, so every thread and process it starts later
+    (loader threads, forked workers) keeps it too. Pinned, two threads of one team never share a
+    core for a whole run while a competing job holds the others (``benchmarks/openmp_step_under_load.py``).
+    What is computed does not change: the team's size and the work's split stay the same.
+
+    It pins only where that cannot crowd threads onto fewer cores: on Linux, torch's threads
+    equal to the process's cores (the team covers every core it may use), more than one core,
+    one process per node (none of :data:`LOCAL_RANKS_ENV` above 1: torchrun's, mpirun's, Horovod's or
+    an ``srun`` step's count of processes here; ranks side by side would pin to the same cores), and no
+    OpenMP binding of the user's (``OMP_PROC_BIND``, ``OMP_PLACES``, ``GOMP_CPU_AFFINITY``,
+    ``KMP_AFFINITY``) or ``MONAI_FAST_PIN_OPENMP=0``.
+
+    Args:
+        environ: the environment to read those variables from (default ``os.environ``).
+
+    Returns:
+        The line to log when it pinned, else ``None``.
+
+    Example:
+        >>> pin_openmp_workers({"MONAI_FAST_PIN_OPENMP": "0"}) is None
+        True
+    """
+    env = os.environ if environ is None else environ
+    if env.get(PIN_ENV, "1") == "0" or any(env.get(k) for k in USER_BINDING_ENV):
+        return None
+    if any(_int(env.get(k)) > 1 for k in LOCAL_RANKS_ENV):
+        return None
+    if not hasattr(os, "sched_setaffinity") or not Path("/proc/self/task").is_dir() or not libgomp_mapped():
+        return None
+    import torch
+
+    cores = physical_cores()
+    threads = torch.get_num_threads()
+    if len(cores) < 2 or threads != len(cores):
+        return None
+    before = _thread_ids()
+    torch.ones(threads * 65536).mul_(2.0)  # a parallel region: libgomp starts its team's workers
+    workers = sorted(_thread_ids() - before)
+    if len(workers) != threads - 1:  # not one new thread per worker: something else started threads too
+        return None
+    for tid, core in zip(workers, cores[1:]):
+        os.sched_setaffinity(tid, core)
+    return (f"OpenMP's {len(workers)} worker thread(s) pinned one per core, the main thread free "
+            f"({PIN_ENV}=0 to leave them to the scheduler)")
+
+
+def _int(value: str | None) -> int:
+    """The leading integer of ``value`` (SLURM writes ``2(x3)`` for 2 tasks on each of 3 nodes); 0 when none."""
+    digits = ""
+    for ch in (value or "").strip():
+        if not ch.isdigit():
+            break
+        digits += ch
+    return int(digits) if digits else 0

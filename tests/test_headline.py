@@ -31,13 +31,15 @@ TINY_DEMO = ["--cases", "4", "--shape", "32", "32", "32", "--patch-size", "32", 
              "--fp32", "--no-progress"]
 
 
-def _result(recipe: str, dice: list[float], target: float, s_per_epoch: float, reached_at: int | None = None) -> RaceResult:
-    rows = [EpochRow(recipe, i + 1, (i + 1) * s_per_epoch, s_per_epoch * 0.8, s_per_epoch * 0.2, 0.0, 1.0, 0.0, 1.0, d)
+def _result(recipe: str, dice: list[float], target: float, s_per_epoch: float, reached_at: int | None = None,
+            cpu_s_per_epoch: float | None = None, setup_cpu_s: float | None = None, device: str = "CPU x86_64") -> RaceResult:
+    rows = [EpochRow(recipe, i + 1, (i + 1) * s_per_epoch, s_per_epoch * 0.8, s_per_epoch * 0.2, 0.0, 1.0, 0.0, 1.0, d,
+                     cpu_s=cpu_s_per_epoch)
             for i, d in enumerate(dice)]
     reached = reached_at is not None
     return RaceResult(recipe, target, reached, reached_at * s_per_epoch if reached else None, reached_at, len(rows),
                       max(dice), 0.0, len(rows) * s_per_epoch, s_per_epoch * 0.8, s_per_epoch * 0.2, 0.1, 100.0,
-                      not reached, "cpu", False, epochs=rows)
+                      not reached, device, False, epochs=rows, setup_cpu_s=setup_cpu_s)
 
 
 def test_baseline_stopped_early_gets_an_estimate_from_its_dice_curve_labelled_estimated():
@@ -74,8 +76,56 @@ def test_baseline_reaching_the_target_is_measured():
     fast = _result("fast", [0.5, 0.9], 0.9, 1.0, reached_at=2)
     base = _result("baseline", [0.3, 0.6, 0.9], 0.9, 3.0, reached_at=3)
     sp = headline([fast, base], {"fast": 2, "baseline": 1}, {})["speedup"]
-    assert sp == {"over": "baseline", "factor": pytest.approx(9.0 / 2.0), "how": MEASURED,
-                  "basis": "baseline's time to target (measured) / fast's (measured)"}
+    assert {k: sp[k] for k in ("over", "factor", "how", "basis", "clock")} == {
+        "over": "baseline", "factor": pytest.approx(9.0 / 2.0), "how": MEASURED,
+        "basis": "baseline's time to target (measured) / fast's (measured)", "clock": "wall"}
+    assert sp["cpu_factor"] is None  # no CPU times recorded: none made up
+
+
+QUIET = {"others_cpu_share": 0.01, "cpus": 2, "wall_s": 60.0}
+BUSY = {"others_cpu_share": 0.5, "cpus": 2, "wall_s": 60.0}
+
+
+def _busy_pair(device: str = "CPU x86_64") -> tuple[RaceResult, RaceResult]:
+    """A race on a loaded host: fast 2 s/epoch on the wall for 1 CPU s; baseline 5 s for 4 CPU s (it runs more threads)."""
+    fast = _result("fast", [0.5, 0.9], 0.9, 2.0, reached_at=2, cpu_s_per_epoch=1.0, setup_cpu_s=2.0, device=device)
+    base = _result("baseline", [0.2, 0.3, 0.45, 0.6], 0.9, 5.0, cpu_s_per_epoch=4.0, setup_cpu_s=0.0, device=device)
+    return fast, base
+
+
+def test_on_a_busy_cpu_host_the_speedup_is_taken_in_cpu_seconds_and_the_wall_clock_one_is_shown_beside():
+    fast, base = _busy_pair()
+    doc = headline([fast, base], {"fast": 2, "baseline": 2}, {}, host=BUSY)
+    b = doc["recipes"]["baseline"]
+    assert doc["recipes"]["fast"]["cpu_s_to_target"] == {"value": 2.0 + 2 * 1.0, "how": MEASURED, "basis": ""}
+    epochs = b["epochs_to_target"]["value"]  # 0.6 at its epoch 4, fast had it at 2 and the target at 2: 4 x 2 / 2
+    assert epochs == 4 * 2 / 2 + 0 or epochs > 4  # raised past the epochs it ran when the estimate falls within them
+    assert b["cpu_s_to_target"]["how"] == ESTIMATED and b["cpu_s_to_target"]["value"] == pytest.approx(epochs * 4.0)
+    sp = doc["speedup"]
+    assert sp["clock"] == "cpu" and sp["factor"] == pytest.approx(epochs * 4.0 / 4.0) == sp["cpu_factor"]
+    assert sp["wall_factor"] == pytest.approx(epochs * 5.0 / 4.0)  # the wall clock's ratio, kept beside
+    table = format_headline(doc)
+    assert "CPU s to target" in table.splitlines()[0]
+    assert f"speed-up over baseline: {sp['factor']:.1f}x in CPU time (estimated:" in table
+    assert f"wall clock on this busy host {sp['wall_factor']:.1f}x" in table and "a competing job does not stretch" in table
+
+
+def test_on_a_quiet_host_or_a_gpu_the_speedup_stays_on_the_wall_clock():
+    fast, base = _busy_pair()
+    quiet = headline([fast, base], {"fast": 2, "baseline": 2}, {}, host=QUIET)["speedup"]
+    assert quiet["clock"] == "wall" and quiet["factor"] == quiet["wall_factor"] and quiet["cpu_factor"] > 0
+    assert f"; in CPU time {quiet['cpu_factor']:.1f}x" in format_headline(headline([fast, base], {"fast": 2, "baseline": 2}, {},
+                                                                                    host=QUIET))
+    gpu = headline(list(_busy_pair("CUDA NVIDIA H100")), {"fast": 2, "baseline": 2}, {}, host=BUSY)["speedup"]
+    assert gpu["clock"] == "wall"  # CPU seconds say nothing of a GPU's work
+
+
+def test_on_a_busy_cpu_host_without_a_time_to_target_the_per_epoch_speedup_is_in_cpu_seconds():
+    fast = _result("fast", [0.2, 0.4, 0.6, 0.9], 0.9, 2.0, reached_at=4, cpu_s_per_epoch=1.0, setup_cpu_s=1.0)
+    base = _result("baseline", [0.04, 0.05, 0.048] * 3, 0.9, 5.0, cpu_s_per_epoch=3.0, setup_cpu_s=0.0)
+    doc = headline([fast, base], {"fast": 4, "baseline": 4}, {}, host=BUSY)
+    assert doc["speedup"]["per_epoch"] == pytest.approx(3.0) and doc["speedup"]["per_epoch_wall"] == pytest.approx(2.5)
+    assert "3.0x per epoch in CPU time (measured, interleaved; wall clock on this host 2.5x)" in format_headline(doc)
 
 
 def test_budget_is_a_multiple_of_the_leads_time_within_the_cap():
@@ -122,12 +172,13 @@ def test_demo_prints_the_cap_up_front_and_a_table_of_measured_and_estimated_figu
     lines = out.splitlines()
     at = lines.index(head)
     rows = {ln.split()[0]: ln for ln in lines[at + 2:at + 4]}  # under the header and its rule
-    assert rows["fast"].count("(measured)") == 3
-    if rows["baseline"].count("(estimated)") == 2:
+    assert rows["fast"].count("(measured)") == 4  # time, CPU time and epochs to target, s/epoch
+    if rows["baseline"].count("(estimated)") == 3:
         assert "baseline time to target: estimated:" in out and "speed-up over baseline:" in out
     else:  # a curve too flat to extrapolate (the tiny baseline's, often): no figure, the reason, the per-epoch headline
-        assert rows["baseline"].split()[1:3] == ["-", "-"] and "baseline time to target: n/a: its best Dice" in out
-        assert "x per epoch (measured, interleaved); to the target: n/a" in out
+        assert rows["baseline"].split()[1:4] == ["-", "-", "-"] and "baseline time to target: n/a: its best Dice" in out
+        assert re.search(r"x per epoch( in CPU time)? \(measured, interleaved(; wall clock on this host [\d.]+x)?\); to the "
+                         "target: n/a", out)
     assert set(doc["headline"]) == {"method", "budget", "recipes", "speedup", "host"}
     host = doc["headline"]["host"]
     assert 0 <= host["others_cpu_share"] <= 1 and host["cpus"] >= 1 and host["wall_s"] > 0

@@ -33,8 +33,15 @@ def _own_children_spinning(n: int) -> dict:
     time.sleep(WINDOW_S)
     share = load.stop()
     for p in procs:
-        p.join(10)
+        p.join(60)  # a slow, busy host may need longer than the spin itself to end them
     return share
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:  # ended (or a zombie not yet reaped) while we looked
+        return ""
 
 
 def _strangers_spinning(n: int) -> dict:
@@ -43,7 +50,7 @@ def _strangers_spinning(n: int) -> dict:
     subprocess.run(["sh", "-c", " ".join([f"({script}) >/dev/null 2>&1 &"] * n)], check=True, timeout=30)
     time.sleep(0.5)
     me = psutil.Process()
-    assert not [c for c in me.children(recursive=True) if "time.monotonic" in " ".join(c.cmdline())]  # not ours
+    assert not [c for c in me.children(recursive=True) if "time.monotonic" in _cmdline(c)]  # not ours
     load = HostLoad().start()
     time.sleep(WINDOW_S)
     share = load.stop()

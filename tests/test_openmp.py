@@ -6,6 +6,7 @@ loads), so these tests check the setting that took effect, not only the environm
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from monai_fast.openmp import BOUNDED_SPINCOUNT, bound_openmp_spin, openmp_loaded
+from monai_fast.openmp import BOUNDED_SPINCOUNT, _int, bound_openmp_spin, libgomp_mapped, openmp_loaded, physical_cores
 
 
 def _libgomp_spincount(args: list[str], **extra: str) -> str:
@@ -78,3 +79,73 @@ def test_the_spin_count_changes_no_result(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         weights.append(torch.load(path))
     assert torch.equal(weights[0], weights[1])
+
+
+_PIN = """
+import json, os, sys, threading
+import torch
+torch.set_num_threads(int(sys.argv[1]))
+from monai_fast.openmp import pin_openmp_workers
+
+def masks():
+    return {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+
+before = masks()
+note = pin_openmp_workers()
+after = masks()
+seen = {}
+t = threading.Thread(target=lambda: seen.update(thread=sorted(os.sched_getaffinity(0))))
+t.start(); t.join()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, json.dumps(sorted(os.sched_getaffinity(0))).encode()); os._exit(0)
+os.waitpid(pid, 0)
+seen["child"] = json.loads(os.read(r, 4096))
+print(json.dumps({"note": note, "main": threading.get_native_id(), "before": before, "after": after, **seen}))
+"""
+
+
+def _pin(threads: int, **extra: str) -> dict:
+    """Run :func:`pin_openmp_workers` in a fresh process with ``threads`` torch threads; every thread's CPU mask."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY",
+                                                          "LOCAL_WORLD_SIZE", "MONAI_FAST_PIN_OPENMP")}
+    env.update(extra)
+    proc = subprocess.run([sys.executable, "-c", _PIN, str(threads)], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+needs_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not libgomp_mapped(),
+                                 reason="pinning needs 2 or more cores and GNU OpenMP")
+
+
+@needs_cores
+def test_the_workers_get_a_core_each_and_the_main_thread_its_threads_and_its_children_keep_every_core():
+    cores = physical_cores()
+    doc = _pin(len(cores))
+    allowed = sorted(os.sched_getaffinity(0))
+    assert doc["note"] and "pinned one per core" in doc["note"]
+    after = {int(t): m for t, m in doc["after"].items()}
+    workers = {t: m for t, m in after.items() if str(t) not in doc["before"]}
+    assert len(workers) == len(cores) - 1  # one per worker of the team, pinned
+    assert sorted(tuple(m) for m in workers.values()) == sorted(tuple(sorted(c)) for c in cores[1:])
+    assert after[doc["main"]] == allowed  # the main thread free...
+    assert doc["thread"] == allowed and doc["child"] == allowed  # ...so a thread or a forked worker it starts is too
+
+
+@needs_cores
+@pytest.mark.parametrize("threads, extra", [(None, {"MONAI_FAST_PIN_OPENMP": "0"}), (None, {"OMP_PROC_BIND": "close"}),
+                                            (None, {"LOCAL_WORLD_SIZE": "2"}), (None, {"SLURM_STEP_TASKS_PER_NODE": "2(x3)"}),
+                                            (1, {})])
+def test_nothing_is_pinned_where_it_could_crowd_or_the_user_chose(threads, extra):
+    doc = _pin(threads or len(physical_cores()), **extra)
+    allowed = sorted(os.sched_getaffinity(0))
+    assert doc["note"] is None
+    if "OMP_PROC_BIND" not in extra:  # (with it, libgomp binds the threads itself, as the user asked)
+        assert all(m == allowed for m in doc["after"].values())
+
+
+def test_the_leading_count_of_a_launchers_variable():
+    assert [_int(v) for v in ("2(x3)", "4", "", "x", None)] == [2, 4, 0, 0, 0]

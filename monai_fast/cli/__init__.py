@@ -55,13 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
 COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch"})
 
 
-def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = ()) -> int:
+def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), pin_openmp: bool = False) -> int:
     """Run one ``monai-fast`` command; bad input ends in one line naming the option, no traceback.
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
         startup_notes: what the entry point set up before torch loaded (:mod:`monai_fast.__main__`),
             logged once for the commands that compute.
+        pin_openmp: for a command that trains or infers in this process, pin OpenMP's worker threads one
+            per core first (:func:`monai_fast.openmp.pin_openmp_workers`; the entry point asks for it).
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -70,7 +72,12 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = ()) -
         datefmt="%H:%M:%S",
     )
     logging.getLogger("ignite").setLevel(logging.WARNING)
-    for note in startup_notes if args.subcommand in COMPUTE_COMMANDS else ():
+    notes = list(startup_notes) if args.subcommand in COMPUTE_COMMANDS else []
+    if pin_openmp and args.subcommand in COMPUTE_COMMANDS - {"launch"}:  # before any thread starts; launch's ranks compute
+        from monai_fast.openmp import pin_openmp_workers
+
+        notes.append(pin_openmp_workers())
+    for note in filter(None, notes):
         logging.getLogger("monai_fast").info(note)
     from monai_fast.data.items import DataItemError
     from monai_fast.data.msd import MSDDataError

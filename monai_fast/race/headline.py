@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from monai_fast.recipes.runner import RaceResult
-from monai_fast.telemetry.host import describe_host_load
+from monai_fast.telemetry.host import BUSY_SHARE, describe_host_load
 
 __all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "epochs_by_slope", "format_headline", "headline",
            "stop_reason"]
@@ -159,9 +159,60 @@ def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budg
         else:
             limit = budget.get("others_epochs") if r.recipe != budget.get("lead") else None
             entry.update(_estimate(r, by.get(fast), per_epoch, limit if isinstance(limit, int) else None))
+        entry["cpu_s_to_target"] = _cpu_to_target(r, entry)
         doc["recipes"][r.recipe] = entry
     doc["speedup"] = _speedup(doc["recipes"], fast, reference)
+    busy = host is not None and host.get("others_cpu_share", 0.0) >= BUSY_SHARE
+    on_cpu = bool(results) and all(str(r.device).lower().startswith("cpu") for r in results)  # device_description()
+    doc["speedup"] = _clock(doc["speedup"], doc["recipes"], fast, reference, cpu=busy and on_cpu)
     return doc
+
+
+def _cpu_to_target(r: RaceResult, entry: dict) -> dict:
+    """``r``'s CPU seconds to the target: its set-up's plus its epochs' (measured), or per epoch x epochs (estimated)."""
+    epochs = entry["epochs_to_target"]
+    if r.setup_cpu_s is None or epochs["value"] is None:
+        return _figure(None, "n/a", "no CPU times recorded" if r.setup_cpu_s is None else epochs["basis"])
+    if epochs["how"] == MEASURED:
+        rows = r.epochs[:int(epochs["value"])]
+        if len(rows) < epochs["value"] or any(e.cpu_s is None for e in rows):
+            return _figure(None, "n/a", "an epoch without its CPU time")
+        return _figure(r.setup_cpu_s + sum(e.cpu_s for e in rows), MEASURED)
+    per_epoch = entry["cpu_s_per_epoch_interleaved"]
+    if per_epoch is None:
+        return _figure(None, "n/a", "no CPU times recorded")
+    return _figure(r.setup_cpu_s + epochs["value"] * per_epoch, ESTIMATED,
+                   f"set-up {r.setup_cpu_s:.1f} CPU s + {epochs['value']:g} epochs x {per_epoch:.2f} CPU s/epoch measured interleaved")
+
+
+def _clock(speedup: dict, recipes: Mapping[str, dict], fast: str, reference: str, cpu: bool) -> dict:
+    """``speedup`` with the speed-up in CPU seconds beside the wall-clock one; with ``cpu`` the headline's ``factor`` is the CPU one.
+
+    A competing job stretches each recipe's wall clock by how much of the cores it leaves to that
+    recipe's threads, which is not the same for two recipes that run different numbers of threads
+    and processes; the CPU seconds a recipe needs stay what they are on a quiet host.
+    """
+    out = {**speedup, "clock": "wall", "wall_factor": speedup["factor"], "cpu_factor": None}
+    a, b = recipes.get(fast), recipes.get(reference)
+    if a is None or b is None:
+        return out
+    ta, tb = a["cpu_s_to_target"], b["cpu_s_to_target"]
+    if ta["how"] != MEASURED or not ta["value"] or tb["value"] is None:
+        return _cpu_per_epoch(out, recipes, fast, reference) if cpu and out["factor"] is None else out
+    out.update(cpu_factor=tb["value"] / ta["value"], cpu_how=MEASURED if tb["how"] == MEASURED else ESTIMATED)
+    if cpu:
+        out.update(clock="cpu", factor=out["cpu_factor"], how=out["cpu_how"],
+                   basis=f"{reference}'s CPU time to target ({tb['how']}) / {fast}'s (measured)")
+    return out
+
+
+def _cpu_per_epoch(speedup: dict, recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
+    """On a busy CPU host without a time to target, the per-epoch speed-up in CPU seconds (the wall one kept beside)."""
+    a, b = recipes.get(fast), recipes.get(reference)
+    ca, cb = (None, None) if a is None or b is None else (a["cpu_s_per_epoch_interleaved"], b["cpu_s_per_epoch_interleaved"])
+    if not ca or not cb or speedup.get("per_epoch") is None:
+        return speedup
+    return {**speedup, "clock": "cpu", "per_epoch_wall": speedup["per_epoch"], "per_epoch": cb / ca}
 
 
 def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: int | None) -> dict:
@@ -220,12 +271,14 @@ def format_headline(doc: dict) -> str:
 
     Example:
         >>> print(format_headline(headline([], {}, {})))
-        recipe  time to target s  epochs to target  s/epoch interleaved  CPU s/epoch  data wait  best Dice
-        ------  ----------------  ----------------  -------------------  -----------  ---------  ---------
+        recipe  time to target s  CPU s to target  epochs to target  s/epoch interleaved  CPU s/epoch  data wait  best Dice
+        ------  ----------------  ---------------  ----------------  -------------------  -----------  ---------  ---------
         speed-up: n/a (needs both fast and baseline)
     """
-    head = ["recipe", "time to target s", "epochs to target", "s/epoch interleaved", "CPU s/epoch", "data wait", "best Dice"]
-    rows = [[name, _cell(e["time_to_target_s"], ".1f"), _cell(e["epochs_to_target"], "g"),
+    head = ["recipe", "time to target s", "CPU s to target", "epochs to target", "s/epoch interleaved", "CPU s/epoch",
+            "data wait", "best Dice"]
+    rows = [[name, _cell(e["time_to_target_s"], ".1f"), _cell(e.get("cpu_s_to_target", _figure(None, "n/a")), ".1f"),
+             _cell(e["epochs_to_target"], "g"),
              f"{e['s_per_epoch_interleaved']:.2f} ({MEASURED})",
              "-" if e.get("cpu_s_per_epoch_interleaved") is None else f"{e['cpu_s_per_epoch_interleaved']:.1f}",
              f"{100 * e['data_wait_share']:.1f}%",
@@ -236,8 +289,8 @@ def format_headline(doc: dict) -> str:
     out = [fmt.format(*head).rstrip(), fmt.format(*("-" * w for w in widths)).rstrip()]
     out += [fmt.format(*row).rstrip() for row in rows]
     for name, e in doc["recipes"].items():
-        for key in ("epochs_to_target", "time_to_target_s"):
-            if e[key]["how"] != MEASURED:
+        for key in ("epochs_to_target", "time_to_target_s", "cpu_s_to_target"):
+            if key in e and (e[key]["how"] == ESTIMATED or (e[key]["how"] != MEASURED and key != "cpu_s_to_target")):
                 out.append(f"{name} {key.replace('_', ' ').replace(' s', '')}: {e[key]['how']}: {e[key]['basis']}")
     epochs = doc["budget"].get("others_epochs")
     for name, e in doc["recipes"].items():
@@ -247,11 +300,20 @@ def format_headline(doc: dict) -> str:
     if doc.get("host"):
         out.append(describe_host_load(doc["host"], "the epochs taken in turns"))
     sp = doc["speedup"]
+    cpu = sp.get("clock") == "cpu"
+    if cpu:
+        out.append("the host was busy: the speed-up is taken in CPU seconds, which a competing job does not stretch "
+                   "(it stretches each recipe's wall clock by the share of the cores it leaves that recipe's threads)")
     if sp["factor"] is None and sp.get("per_epoch"):
-        out.append(f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch (measured, interleaved); "
-                   f"to the target: n/a ({sp['basis']})")
+        clock = (f" in CPU time (measured, interleaved; wall clock on this host {sp['per_epoch_wall']:.1f}x)" if cpu
+                 else " (measured, interleaved)")
+        out.append(f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch{clock}; to the target: n/a ({sp['basis']})")
     elif sp["factor"] is None:
         out.append(f"speed-up: n/a ({sp['basis']})")
+    elif cpu:
+        wall = "" if sp.get("wall_factor") is None else f"; wall clock on this busy host {sp['wall_factor']:.1f}x"
+        out.append(f"speed-up over {sp['over']}: {sp['factor']:.1f}x in CPU time ({sp['how']}: {sp['basis']}){wall}")
     else:
-        out.append(f"speed-up over {sp['over']}: {sp['factor']:.1f}x ({sp['how']}: {sp['basis']})")
+        also = "" if sp.get("cpu_factor") is None else f"; in CPU time {sp['cpu_factor']:.1f}x"
+        out.append(f"speed-up over {sp['over']}: {sp['factor']:.1f}x ({sp['how']}: {sp['basis']}){also}")
     return "\n".join(out)

@@ -56,8 +56,13 @@ class EpochRow:
 EPOCH_FIELDS = [f for f in EpochRow.__dataclass_fields__]
 
 
-def _cpu_seconds() -> float:
-    """CPU seconds of this process (all threads) and of its children that have ended (loader workers)."""
+def cpu_seconds() -> float:
+    """CPU seconds of this process (all threads) and of its children that have ended (loader workers).
+
+    Example:
+        >>> cpu_seconds() > 0
+        True
+    """
     t = psutil.Process().cpu_times()
     return t.user + t.system + t.children_user + t.children_system
 
@@ -102,7 +107,7 @@ class EpochRecorder:
 
     def _epoch_started(self, engine: Engine) -> None:
         self._loss_sum, self._n, self._val_s, self._val_dice = 0.0, 0, 0.0, None
-        self._started = (self.stopper.elapsed(), _cpu_seconds())
+        self._started = (self.stopper.elapsed(), cpu_seconds())
 
     def _iteration_completed(self, engine: Engine) -> None:
         # MONAI's trainer has already turned the loss into a Python float (decollated output)
@@ -129,7 +134,7 @@ class EpochRecorder:
             loss=loss,
             val_dice=self._val_dice,
             wall_s=self.stopper.elapsed() - self._started[0],
-            cpu_s=_cpu_seconds() - self._started[1],
+            cpu_s=cpu_seconds() - self._started[1],
         )
         self.rows.append(row)
         if self.log_epochs:  # where no bar is drawn: one line per epoch

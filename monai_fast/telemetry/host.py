@@ -78,12 +78,11 @@ def describe_host_load(load: dict | None, what: str) -> str:
 
     Example:
         >>> describe_host_load({"others_cpu_share": 0.48, "cpus": 2, "wall_s": 60.0}, "the epochs taken in turns")
-        'host: other processes took 48% of the 2 CPUs during the epochs taken in turns: a busy host; the per-epoch ratio is for this load'
+        'host: other processes took 48% of the 2 CPUs during the epochs taken in turns: a busy host'
     """
     if not load:
         return "host: load not measured"
     share, cpus = load["others_cpu_share"], load["cpus"]
     if share < BUSY_SHARE:
         return f"host: quiet during {what} (other processes took {100 * share:.0f}% of the {cpus} CPUs)"
-    return (f"host: other processes took {100 * share:.0f}% of the {cpus} CPUs during {what}: a busy host; "
-            "the per-epoch ratio is for this load")
+    return f"host: other processes took {100 * share:.0f}% of the {cpus} CPUs during {what}: a busy host"

@@ -14,7 +14,7 @@ TINY_DEMO = ["--cases", "4", "--shape", "32", "32", "32", "--patch-size", "32", 
 
 
 def _captured_demo(tmp_path: Path) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "MONAI_FAST_PIN_OPENMP")}
     env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
     log = tmp_path / "log"
     with open(log, "wb") as f:  # stdout and stderr to one file, as a shell's `> log 2>&1`
@@ -33,6 +33,9 @@ def test_captured_demo_log_has_no_redraws_and_no_line_twice(tmp_path):
     assert not twice, twice
     # the command's entry point bounded OpenMP's spin before torch loaded, and said so once
     assert len([ln for ln in lines if "OpenMP threads spin at most 10000 rounds" in ln]) == 1, text
+    # and pinned OpenMP's worker threads one per core where the host has more than one core, saying so once
+    pinned = [ln for ln in lines if "worker thread(s) pinned one per core" in ln]
+    assert len(pinned) == (1 if len(os.sched_getaffinity(0)) > 1 else 0), text
     # one line per epoch instead of a bar: each recipe's two epochs, with loss and time (Dice when fully validated)
     for recipe in ("fast", "baseline"):
         assert len([ln for ln in lines if re.search(rf"{recipe} epoch \d+: loss .* s \(train", ln)]) == 2
