@@ -8,7 +8,9 @@ per step. Variants, alternated within each repeat:
 - ``free``: threads placed by the scheduler (``GOMP_SPINCOUNT=10000``, as ``monai-fast`` sets it);
 - ``bound``: the same with ``OMP_PROC_BIND=spread OMP_PLACES=cores`` (one OpenMP thread per core);
 - ``workers``: the team's worker threads pinned one per core, the main thread free
-  (:func:`monai_fast.openmp.pin_openmp_workers`, what the ``monai-fast`` command does).
+  (:func:`monai_fast.openmp.pin_openmp_workers`);
+- ``iteration``: the workers pinned, and the main thread on the core they left free during each step
+  (:func:`monai_fast.openmp.on_core`), what the ``monai-fast`` command does.
 
 ``loaded`` runs them with one busy-loop process per core for the whole run. On the 2-core host of
 ``benchmarks/README.md`` ("OpenMP spin") an unbound process under load sometimes ran its step at
@@ -39,8 +41,9 @@ from monai_fast.files import write_json
 
 STEP = """
 import json, os, time, torch
-from monai_fast.openmp import pin_openmp_workers
-pinned = pin_openmp_workers() is not None if os.environ.get("STEP_PIN_WORKERS") == "1" else False
+from monai_fast.openmp import free_core, on_core, pin_openmp_workers
+pinned = pin_openmp_workers() is not None if os.environ.get("STEP_PIN_WORKERS") in ("1", "main") else False
+core = free_core() if os.environ.get("STEP_PIN_WORKERS") == "main" else None
 from monai.networks.nets import UNet
 from monai.losses import DiceCELoss
 torch.manual_seed(0)
@@ -51,6 +54,9 @@ x = torch.randn(2, 1, 64, 64, 64)
 y = (torch.rand(2, 1, 64, 64, 64) > 0.9).float()
 bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 def step():
+    with on_core(core):
+        _step()
+def _step():
     opt.zero_grad()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss = loss_f(net(x), y)
@@ -65,7 +71,8 @@ print(json.dumps({{"wall_s": (time.perf_counter() - w0) / {steps}, "cpu_s": (tim
                   "threads": torch.get_num_threads(), "bf16": bool(bf16), "pinned": pinned}}))
 """
 
-VARIANTS = {"free": {}, "bound": {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"}, "workers": {"STEP_PIN_WORKERS": "1"}}
+VARIANTS = {"free": {}, "bound": {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"}, "workers": {"STEP_PIN_WORKERS": "1"},
+            "iteration": {"STEP_PIN_WORKERS": "main"}}
 
 
 def one_run(variant: str, steps: int) -> dict:

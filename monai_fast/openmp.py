@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["BOUNDED_SPINCOUNT", "LOCAL_RANKS_ENV", "PIN_ENV", "SPIN_ENV", "USER_BINDING_ENV", "WAIT_POLICY_ENV", "bound_openmp_spin",
-           "libgomp_mapped", "openmp_loaded", "physical_cores", "pin_openmp_workers"]
+           "free_core", "libgomp_mapped", "on_core", "openmp_loaded", "physical_cores", "pin_openmp_workers"]
 
 #: the variable libgomp reads for the rounds a waiting thread spins before it sleeps
 SPIN_ENV = "GOMP_SPINCOUNT"
@@ -201,3 +202,56 @@ def _int(value: str | None) -> int:
             break
         digits += ch
     return int(digits) if digits else 0
+
+
+def free_core(process_cpus: set[int] | None = None) -> frozenset[int] | None:
+    """The first core of this process that none of its pinned threads holds: where its main thread computes.
+
+    A thread is pinned when its CPU mask is narrower than the process's (``/proc/self/task``).
+    ``None`` when no thread is pinned (nothing to keep apart) or every core is held.
+
+    Args:
+        process_cpus: the process's CPUs (default: the calling thread's mask; call it while that is the whole set).
+
+    Example:
+        >>> free_core() is None or len(free_core()) >= 1
+        True
+    """
+    full = set(os.sched_getaffinity(0)) if process_cpus is None else set(process_cpus)
+    taken: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            mask = set(os.sched_getaffinity(int(tid)))
+        except OSError:  # the thread ended meanwhile
+            continue
+        if mask < full:
+            taken |= mask
+    if not taken:
+        return None
+    return next((core for core in physical_cores(full) if not core & taken), None)
+
+
+@contextmanager
+def on_core(core: frozenset[int] | None) -> Iterator[None]:
+    """Run the calling thread on ``core`` inside the block, then give it its whole mask back (``None``: no change).
+
+    Threads and processes it starts inside the block inherit the one-core mask, so the block should
+    only compute (a training or validation iteration).
+
+    Example:
+        >>> with on_core(None):
+        ...     pass
+    """
+    if core is None:
+        yield
+        return
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, core)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mask)

@@ -2,6 +2,7 @@
 
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.background_validation import BackgroundValidation, BackgroundValidationError
+from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.handlers.gpu_sampler import GPUSampler
 from monai_fast.handlers.inference_split import InferenceSplit, InferenceTimes
@@ -27,6 +28,7 @@ __all__ = [
     "InferenceSplit",
     "InferenceTimes",
     "KernelProfiler",
+    "MainThreadCore",
     "NVTXHandler",
     "NonFiniteGuard",
     "NonFiniteLossError",

@@ -19,6 +19,7 @@ from monai_fast.data.rng_state import OwnRandomStream
 from monai_fast.handlers import (
     GPUSampler,
     InferenceSplit,
+    MainThreadCore,
     NVTXHandler,
     RecordHandler,
     ThroughputMonitor,
@@ -76,8 +77,9 @@ def run_to_target(recipe: str, train_files: Sequence[dict], val_files: Sequence[
     The clock starts before the data sets are built, so caching counts against the recipe that
     caches. Validation runs every ``config.val_interval`` epochs. The trainer carries monai-fast's
     telemetry: ``TimeBreakdown``, ``ThroughputMonitor``, ``NVTXHandler`` (trainer and evaluator),
-    on CUDA a ``GPUSampler``, and with ``run_dir`` a ``RecordHandler``. A :class:`TargetRun` run
-    to its end in one go.
+    on CUDA a ``GPUSampler``, and with ``run_dir`` a ``RecordHandler``; where the command pinned
+    OpenMP's workers, a ``MainThreadCore`` (trainer and evaluator). A :class:`TargetRun` run to its
+    end in one go.
 
     Args:
         recipe: one of :data:`monai_fast.recipes.RECIPES`.
@@ -228,6 +230,8 @@ def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWrit
         InferenceSplit().attach(evaluator)  # after the evaluator's metrics: the doctor's network vs stitching split
     NVTXHandler().attach(trainer)
     NVTXHandler().attach(evaluator)
+    for engine in (trainer, evaluator):  # apart from OpenMP's pinned workers (when the command pinned them)
+        MainThreadCore().attach(engine)
     if built.device.type == "cuda":
         GPUSampler(interval_s=0.5, writer=writer).attach(trainer)
     ThroughputMonitor(writer=writer, log_every_epoch=False).attach(trainer)

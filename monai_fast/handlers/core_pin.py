@@ -1,0 +1,85 @@
+"""Keep an engine's main thread on its own core during each iteration, apart from OpenMP's pinned workers.
+
+With OpenMP's worker threads pinned one per core (:func:`monai_fast.openmp.pin_openmp_workers`)
+the main thread is still free, and under a competing job the scheduler can settle it on a worker's
+core for a whole run (the competing processes then share the other cores). The two threads of one
+team then take turns on one core, and a training step costs several times its CPU time on a quiet
+host (``benchmarks/openmp_step_under_load.py``). :class:`MainThreadCore` puts the main thread on the
+core the workers left free from ``ITERATION_STARTED`` to ``ITERATION_COMPLETED`` and gives it its
+whole mask back after: data loading, the loader's threads and processes, validation's set-up and
+everything between iterations keep every core. An engine run on another thread (a background
+evaluator) is left alone.
+
+Example:
+    >>> from ignite.engine import Engine
+    >>> engine = Engine(lambda e, b: b)
+    >>> MainThreadCore(core=None).attach(engine)  # no core to keep apart: nothing registered
+    >>> engine.run([1, 2], max_epochs=1).output
+    2
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Collection
+
+from ignite.engine import Engine, Events
+
+from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.openmp import free_core
+
+__all__ = ["MainThreadCore"]
+
+_FREE_CORE = object()  # the default: the core the pinned workers left free
+
+
+class MainThreadCore(EngineHandler):
+    """During each iteration, the main thread on the core OpenMP's pinned workers left free.
+
+    Args:
+        core: the logical CPUs to compute on (default :func:`monai_fast.openmp.free_core`: the first
+            core no pinned thread holds); ``None`` (also when no thread is pinned) registers nothing.
+
+    Raises:
+        ValueError: ``core`` is empty or outside this thread's CPUs.
+
+    Example:
+        >>> from monai_fast.openmp import pin_openmp_workers  # doctest: +SKIP
+        >>> pin_openmp_workers()  # at the process's start, before other threads  # doctest: +SKIP
+        >>> MainThreadCore().attach(trainer)  # doctest: +SKIP
+    """
+
+    def __init__(self, core: Collection[int] | None | object = _FREE_CORE) -> None:
+        super().__init__()
+        if core is _FREE_CORE:
+            core = free_core()
+        if core is not None:
+            core = frozenset(core)  # type: ignore[arg-type]
+            allowed = os.sched_getaffinity(0)
+            if not core or not core <= allowed:
+                raise ValueError(f"MainThreadCore: core {sorted(core)} is not within this thread's CPUs {sorted(allowed)}")
+        self.core: frozenset[int] | None = core  # type: ignore[assignment]
+        self._mask: set[int] | None = None
+
+    def _attach(self, engine: Engine) -> None:
+        if self.core is None:
+            return
+        self.on(engine, Events.ITERATION_STARTED, self._pin)
+        self.on(engine, Events.ITERATION_COMPLETED, self._unpin)
+        self.on_run_end(engine, self._unpin)  # also when an iteration raised: the whole mask back
+
+    def _detached(self, engine: Engine) -> None:
+        self._unpin(engine)
+
+    def _pin(self, engine: Engine) -> None:
+        if threading.current_thread() is not threading.main_thread() or self._mask is not None:
+            return
+        self._mask = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, self.core)
+
+    def _unpin(self, engine: Engine) -> None:
+        if self._mask is None or threading.current_thread() is not threading.main_thread():
+            return
+        os.sched_setaffinity(0, self._mask)
+        self._mask = None
