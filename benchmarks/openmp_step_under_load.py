@@ -1,6 +1,6 @@
-"""One CPU training step on a busy host: OpenMP threads left to the scheduler vs bound to separate cores.
+"""One CPU training step on a busy host: OpenMP threads left to the scheduler vs kept on separate cores.
 
-A lead for issue 16, not a setting ``monai-fast`` applies. Each run is a fresh process that times
+Each run is a fresh process that times
 ``--steps`` training steps of a small UNet (bf16 autocast where the CPU has it, fp32 otherwise;
 batch 2 of 64^3 patches, a fixed batch) with torch's default threads, printing wall and CPU seconds
 per step. Variants, alternated within each repeat:
@@ -13,13 +13,13 @@ per step. Variants, alternated within each repeat:
   (:func:`monai_fast.openmp.on_core`), what the ``monai-fast`` command does.
 
 ``loaded`` runs them with one busy-loop process per core for the whole run. On the 2-core host of
-``benchmarks/README.md`` ("OpenMP spin") an unbound process under load sometimes ran its step at
-one core's worth of CPU time for the whole run (both threads sharing a core while the busy
-processes had the other), several times slower than a bound one. Binding is not applied by the
-command because a bound main thread passes its one-core mask to every process it forks (loader
-workers) and the variables to every process it starts (ranks).
+``benchmarks/README.md`` ("OpenMP spin") a process whose threads are not kept apart sometimes ran its
+step at one core's worth of CPU time for the whole run (both threads sharing a core while the busy
+processes had the other), several times slower than a bound one. ``OMP_PROC_BIND`` is not what the
+command uses because a bound main thread passes its one-core mask to every thread and process it
+starts (loader threads and workers) and the variables to every process it starts (ranks).
 
-    python benchmarks/openmp_step_under_load.py --repeats 4          # about 3 min on 2 cores
+    python benchmarks/openmp_step_under_load.py --repeats 4          # about 6 min on 2 cores
 
 Prints a table and writes ``openmp_step_under_load_<stamp>.json`` to ``--out``.
 """

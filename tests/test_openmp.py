@@ -53,17 +53,25 @@ def test_nothing_is_set_once_libgomp_has_loaded():
 
 
 _STEPS = """
+import os
 import torch
 from monai.networks.nets import UNet
-torch.set_num_threads(2)
+from monai_fast.openmp import free_core, on_core, pin_openmp_workers
+torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+core = None
+if os.environ.get("PIN") == "1":
+    assert pin_openmp_workers() is not None
+    core = free_core()
+    assert core is not None
 torch.manual_seed(0)
 net = UNet(3, 1, 2, (8, 16, 32), (2, 2), num_res_units=1)
 opt = torch.optim.AdamW(net.parameters(), 1e-2)
 x = torch.randn(2, 1, 32, 32, 32)
 for _ in range(3):
-    opt.zero_grad()
-    net(x).square().mean().backward()
-    opt.step()
+    with on_core(core):
+        opt.zero_grad()
+        net(x).square().mean().backward()
+        opt.step()
 torch.save(torch.cat([p.detach().flatten() for p in net.parameters()]), {path!r})
 """
 
@@ -73,7 +81,7 @@ def test_the_spin_count_changes_no_result(tmp_path):
     weights = []
     for spin in ("300000", str(BOUNDED_SPINCOUNT)):
         path = tmp_path / f"w{spin}.pt"
-        env = {**os.environ, "GOMP_SPINCOUNT": spin}
+        env = {**os.environ, "GOMP_SPINCOUNT": spin, "PIN": "0"}
         proc = subprocess.run([sys.executable, "-c", _STEPS.format(path=str(path))], env=env, capture_output=True, text=True,
                               timeout=300, check=False)
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -149,3 +157,17 @@ def test_nothing_is_pinned_where_it_could_crowd_or_the_user_chose(threads, extra
 
 def test_the_leading_count_of_a_launchers_variable():
     assert [_int(v) for v in ("2(x3)", "4", "", "x", None)] == [2, 4, 0, 0, 0]
+
+
+@needs_cores
+def test_pinning_changes_no_result(tmp_path):
+    """One thread per core, free vs workers pinned and the main thread on its core during the steps: bit-equal weights."""
+    weights = []
+    for pin in ("0", "1"):
+        path = tmp_path / f"w{pin}.pt"
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
+        proc = subprocess.run([sys.executable, "-c", _STEPS.format(path=str(path))], env={**env, "PIN": pin, "THREADS": str(len(physical_cores()))},
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        weights.append(torch.load(path))
+    assert torch.equal(weights[0], weights[1])

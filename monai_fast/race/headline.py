@@ -19,6 +19,15 @@ best Dice must be at least :data:`MIN_PROGRESS` of the target (an extrapolation 
 start of a Dice curve is noise). Otherwise there is no estimate, the table says why, and the
 headline is the per-epoch speed-up, measured. Never a bare lower bound.
 
+Each recipe's CPU seconds to the target (its set-up's and its epochs', from the process's and its
+ended loader workers' CPU times) are figured the same way. On a quiet host the speed-up is the
+wall clock's. On a busy CPU host (other processes took at least
+:data:`~monai_fast.telemetry.host.BUSY_SHARE` of the CPUs while the epochs were taken in turns) it
+is the CPU seconds' ratio, with the wall clock's beside it: a competing job stretches each
+recipe's wall clock by the share of the cores it leaves that recipe's threads, which differs
+between recipes with different numbers of threads and processes, while the CPU seconds each
+needs stay those of the quiet host (with OpenMP's threads kept apart: :mod:`monai_fast.openmp`).
+
 Example:
     >>> epochs_by_progress([(5, 0.2), (20, 0.5)], fast_curve=[(1, 0.3), (2, 0.5), (4, 0.9)], fast_epochs=4, target=0.9)
     (40.0, 20, 0.5, 2)
@@ -262,6 +271,9 @@ def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
             "basis": f"{reference}'s time to target ({tb['how']}) / {fast}'s (measured)"}
 
 
+_LABELS = {"epochs_to_target": "epochs to target", "time_to_target_s": "time to target", "cpu_s_to_target": "CPU time to target"}
+
+
 def _cell(fig: dict, fmt: str) -> str:
     return "-" if fig["value"] is None else f"{fig['value']:{fmt}} ({fig['how']})"
 
@@ -291,7 +303,7 @@ def format_headline(doc: dict) -> str:
     for name, e in doc["recipes"].items():
         for key in ("epochs_to_target", "time_to_target_s", "cpu_s_to_target"):
             if key in e and (e[key]["how"] == ESTIMATED or (e[key]["how"] != MEASURED and key != "cpu_s_to_target")):
-                out.append(f"{name} {key.replace('_', ' ').replace(' s', '')}: {e[key]['how']}: {e[key]['basis']}")
+                out.append(f"{name} {_LABELS[key]}: {e[key]['how']}: {e[key]['basis']}")
     epochs = doc["budget"].get("others_epochs")
     for name, e in doc["recipes"].items():
         if epochs and name != doc["budget"].get("lead") and e.get("stopped") == "wall-clock budget":
