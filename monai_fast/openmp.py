@@ -17,8 +17,11 @@ A ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` already set is the user's choice and
 Under a competing job the scheduler sometimes keeps both threads of a 2-thread team on one core
 for a whole run (the other core left to the competing job), and a step then takes several times
 the CPU time it takes on a quiet host. :func:`pin_openmp_workers` gives each worker thread of the
-main thread's team a core of its own, where that cannot crowd anything (see there); the command
-calls it for the commands that compute.
+main thread's team a core of its own, where that cannot crowd anything (see there; the command
+calls it for the commands that compute), and :func:`on_core` puts the main thread on the core they
+left free (:func:`free_core`) while it computes; :class:`monai_fast.handlers.MainThreadCore` does
+that for each iteration of an engine. Pinning the workers alone is not enough: the scheduler can
+then settle the free main thread on a worker's core.
 
 Example:
     >>> env = {}
@@ -149,9 +152,11 @@ def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
     start. It runs one parallel region so that libgomp creates its worker threads, then gives
     worker ``k`` core ``k`` of this process's cores (:func:`physical_cores`); core 0 is left to
     the main thread, which keeps its whole mask, so every thread and process it starts later
-    (loader threads, forked workers) keeps it too. Pinned, two threads of one team never share a
-    core for a whole run while a competing job holds the others (``benchmarks/openmp_step_under_load.py``).
-    What is computed does not change: the team's size and the work's split stay the same.
+    (loader threads, forked workers) keeps it too. With the main thread also on its core while it
+    computes (:func:`on_core`, :class:`monai_fast.handlers.MainThreadCore`), two threads of one team
+    no longer share a core for a whole run while a competing job holds the others
+    (``benchmarks/openmp_step_under_load.py``). What is computed does not change: the team's size
+    and the work's split stay the same.
 
     It pins only where that cannot crowd threads onto fewer cores: on Linux, torch's threads
     equal to the process's cores (the team covers every core it may use), more than one core,
