@@ -71,3 +71,58 @@ def test_no_pinned_thread_no_core_and_a_core_outside_the_mask_is_refused():
         MainThreadCore({max(ALL) + 1})
     with pytest.raises(ValueError, match="not within"):
         MainThreadCore(set())
+
+
+_RACE_ENGINES = """
+import json, os, sys
+import torch
+from ignite.engine import Events
+from monai_fast.openmp import free_core, pin_openmp_workers
+assert pin_openmp_workers() is not None
+from monai_fast.handlers import MainThreadCore
+from monai_fast.handlers.lifecycle import handlers_on
+from monai_fast.race import RaceSpec, SyntheticData
+from monai_fast.race.core import load_data
+from monai_fast.race.options import recipe_config
+from monai_fast.recipes.runner import TargetRun
+_, train, val = load_data(RaceSpec(synthetic=SyntheticData(cases=4, shape=(32, 32, 32)), progress=False))
+config = recipe_config({"max_epochs": 1, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "amp": False,
+                        "val_interval": 1}, seed=0)
+run = TargetRun(sys.argv[1], train, val, config, "cpu", 0.99, 300, None, False)
+engines = {"trainer": run.built.trainer, "evaluator": run.built.evaluator}
+seen = {name: [] for name in engines}
+for name, engine in engines.items():
+    engine.add_event_handler(Events.ITERATION_STARTED(once=1), lambda e, n=name: seen[n].append(sorted(os.sched_getaffinity(0))))
+run.segment(epochs=1)
+cores = {name: sorted(handlers_on(e)[MainThreadCore].core or []) for name, e in engines.items()}
+from monai_fast.handlers import ValidationSchedule
+schedule = handlers_on(run.built.trainer).get(ValidationSchedule)
+if schedule is not None:  # the schedule's cheap estimate runs on its own engine
+    cores["estimator"] = sorted(handlers_on(schedule.estimator)[MainThreadCore].core or [])
+print(json.dumps({"core": sorted(free_core()), "cores": cores, "seen": seen, "after": sorted(os.sched_getaffinity(0))}))
+"""
+
+
+@pytest.mark.skipif(len(ALL) < 2, reason="pinning needs 2 or more cores")
+@pytest.mark.parametrize("recipe", ["fast", "baseline"])
+def test_the_race_runs_each_iteration_on_the_free_core_when_the_workers_are_pinned(recipe, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import torch
+
+    from monai_fast.openmp import libgomp_mapped, physical_cores
+
+    if torch.get_num_threads() != len(physical_cores()) or not libgomp_mapped():
+        pytest.skip("torch's threads do not cover this host's cores: nothing is pinned")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
+    env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-c", _RACE_ENGINES, recipe], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    engines = {"trainer", "evaluator"} | ({"estimator"} if recipe == "fast" else set())  # fast validates on a schedule
+    assert doc["cores"] == {name: doc["core"] for name in engines}  # every engine carries the free core
+    assert doc["seen"]["trainer"] == [doc["core"]] and doc["seen"]["evaluator"] == [doc["core"]]  # and compute on it
+    assert doc["after"] == sorted(ALL)  # and the main thread has every CPU back after the run

@@ -25,7 +25,9 @@ from monai_fast.handlers import (
     ThroughputMonitor,
     TimeBreakdown,
     TimeToTarget,
+    ValidationSchedule,
 )
+from monai_fast.handlers.lifecycle import handlers_on
 from monai_fast.progress import show_progress
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.recipes.common import Recipe
@@ -78,8 +80,8 @@ def run_to_target(recipe: str, train_files: Sequence[dict], val_files: Sequence[
     caches. Validation runs every ``config.val_interval`` epochs. The trainer carries monai-fast's
     telemetry: ``TimeBreakdown``, ``ThroughputMonitor``, ``NVTXHandler`` (trainer and evaluator),
     on CUDA a ``GPUSampler``, and with ``run_dir`` a ``RecordHandler``; where the command pinned
-    OpenMP's workers, a ``MainThreadCore`` (trainer and evaluator). A :class:`TargetRun` run to its
-    end in one go.
+    OpenMP's workers, a ``MainThreadCore`` (trainer, evaluator and a validation schedule's
+    estimator). A :class:`TargetRun` run to its end in one go.
 
     Args:
         recipe: one of :data:`monai_fast.recipes.RECIPES`.
@@ -230,7 +232,9 @@ def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWrit
         InferenceSplit().attach(evaluator)  # after the evaluator's metrics: the doctor's network vs stitching split
     NVTXHandler().attach(trainer)
     NVTXHandler().attach(evaluator)
-    for engine in (trainer, evaluator):  # apart from OpenMP's pinned workers (when the command pinned them)
+    schedule = handlers_on(trainer).get(ValidationSchedule)
+    estimator = [schedule.estimator] if isinstance(schedule, ValidationSchedule) else []
+    for engine in (trainer, evaluator, *estimator):  # apart from OpenMP's pinned workers (when the command pinned them)
         MainThreadCore().attach(engine)
     if built.device.type == "cuda":
         GPUSampler(interval_s=0.5, writer=writer).attach(trainer)
