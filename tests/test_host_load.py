@@ -99,3 +99,22 @@ def test_our_children_that_end_inside_the_window_are_still_ours():
     assert all(p.exitcode == 0 for p in procs)
     other = _strangers_spinning(n)
     assert other["others_cpu_share"] > ended["others_cpu_share"] + 0.1, (ended, other)
+
+
+def test_the_process_trees_cpu_time_counts_a_live_child_before_it_is_reaped():
+    """A loader worker's CPU counts when spent: the epoch that used it sees it, not the one that reaps it later."""
+    from monai_fast.telemetry.host import process_tree_cpu_seconds
+
+    child = subprocess.Popen([sys.executable, "-c", SPIN.format(s=1.0) + "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        time.sleep(0.3)
+        before = process_tree_cpu_seconds()
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).cpu_times().user < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.1)  # until it has spun its second (slower on a busy host)
+        spent = process_tree_cpu_seconds() - before
+        assert child.poll() is None  # still alive, not yet reaped
+        assert spent > 0.5, spent
+    finally:
+        child.communicate(b"", timeout=30)

@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import psutil
 from ignite.engine import Engine, Events
 from monai.handlers import from_engine
 from torch.utils.tensorboard import SummaryWriter
@@ -24,6 +23,7 @@ from torch.utils.tensorboard import SummaryWriter
 from monai_fast.files import atomic_write
 from monai_fast.handlers import TimeBreakdown, TimeToTarget
 from monai_fast.recipes import VAL_METRIC
+from monai_fast.telemetry.host import process_tree_cpu_seconds
 
 __all__ = ["EPOCH_FIELDS", "EpochRecorder", "EpochRow", "write_epochs_csv"]
 
@@ -36,7 +36,7 @@ class EpochRow:
 
     ``train_s`` is the training iterations (ignite's epoch time), ``val_s`` the full validation;
     ``wall_s`` is the whole epoch on the recipe's clock (also a validation estimate, handlers);
-    ``cpu_s`` the CPU seconds this process and its finished loader workers spent in it.
+    ``cpu_s`` the CPU seconds this process and its loader workers (live or ended) spent in it.
     """
 
     recipe: str
@@ -54,17 +54,6 @@ class EpochRow:
 
 
 EPOCH_FIELDS = [f for f in EpochRow.__dataclass_fields__]
-
-
-def cpu_seconds() -> float:
-    """CPU seconds of this process (all threads) and of its children that have ended (loader workers).
-
-    Example:
-        >>> cpu_seconds() > 0
-        True
-    """
-    t = psutil.Process().cpu_times()
-    return t.user + t.system + t.children_user + t.children_system
 
 
 def write_epochs_csv(rows: Iterable[EpochRow], path: str | os.PathLike) -> Path:
@@ -107,7 +96,7 @@ class EpochRecorder:
 
     def _epoch_started(self, engine: Engine) -> None:
         self._loss_sum, self._n, self._val_s, self._val_dice = 0.0, 0, 0.0, None
-        self._started = (self.stopper.elapsed(), cpu_seconds())
+        self._started = (self.stopper.elapsed(), process_tree_cpu_seconds())
 
     def _iteration_completed(self, engine: Engine) -> None:
         # MONAI's trainer has already turned the loss into a Python float (decollated output)
@@ -134,7 +123,7 @@ class EpochRecorder:
             loss=loss,
             val_dice=self._val_dice,
             wall_s=self.stopper.elapsed() - self._started[0],
-            cpu_s=cpu_seconds() - self._started[1],
+            cpu_s=process_tree_cpu_seconds() - self._started[1],
         )
         self.rows.append(row)
         if self.log_epochs:  # where no bar is drawn: one line per epoch

@@ -31,8 +31,9 @@ from monai_fast.handlers.lifecycle import handlers_on
 from monai_fast.progress import show_progress
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.recipes.common import Recipe
-from monai_fast.recipes.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, cpu_seconds, write_epochs_csv
+from monai_fast.recipes.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, write_epochs_csv
 from monai_fast.telemetry import device_description
+from monai_fast.telemetry.host import process_tree_cpu_seconds
 from monai_fast.telemetry.record import Category, Source, data_share
 from monai_fast.telemetry.spans import wall_time
 
@@ -132,11 +133,11 @@ class TargetRun:
                  config: RecipeConfig | None = None, device: str | torch.device = "cpu", target: float = 0.9,
                  time_budget_s: float | None = 300.0, run_dir: str | os.PathLike | None = None,
                  progress: bool = True) -> None:
-        t0, cpu0 = time.perf_counter(), cpu_seconds()
+        t0, cpu0 = time.perf_counter(), process_tree_cpu_seconds()
         self.recipe, self.target, self.time_budget_s = recipe, target, time_budget_s
         config = replace(config or RecipeConfig(), val_target=target)  # a validation schedule aims where the race does
         self.built = build_recipe(recipe, train_files, val_files, config, device, progress=progress)
-        self.setup_cpu_s = cpu_seconds() - cpu0  # building the data sets and caches, in CPU seconds
+        self.setup_cpu_s = process_tree_cpu_seconds() - cpu0  # building the data sets and caches, in CPU seconds
         self.random = OwnRandomStream()  # its own draws, however the turns of a race fall
         trainer, evaluator = self.built.trainer, self.built.evaluator
         self.out = Path(run_dir) / recipe if run_dir is not None else None

@@ -21,14 +21,22 @@ import time
 
 import psutil
 
-__all__ = ["BUSY_SHARE", "HostLoad", "describe_host_load"]
+__all__ = ["BUSY_SHARE", "HostLoad", "describe_host_load", "process_tree_cpu_seconds"]
 
 #: from this share of the CPUs taken by other processes on, a measurement is said to be on a busy host
 BUSY_SHARE = 0.1
 
 
-def _own_cpu_s() -> float:
-    """CPU seconds of this process, its ended children, and its live descendants (loader workers)."""
+def process_tree_cpu_seconds() -> float:
+    """CPU seconds of this process (all threads), its ended children, and its live descendants (loader workers).
+
+    A loader worker's CPU time counts from the moment it is spent, not only once the worker has
+    been reaped (a worker ends when its iterator is dropped, which may be after the epoch that used it).
+
+    Example:
+        >>> process_tree_cpu_seconds() > 0
+        True
+    """
     me = psutil.Process()
     t = me.cpu_times()
     total = t.user + t.system + t.children_user + t.children_system
@@ -55,7 +63,7 @@ class HostLoad:
 
     def start(self) -> HostLoad:
         """Begin the window (again, if it ran before); returns ``self``."""
-        self._start = (time.monotonic(), _busy_cpu_s(), _own_cpu_s())
+        self._start = (time.monotonic(), _busy_cpu_s(), process_tree_cpu_seconds())
         return self
 
     def stop(self) -> dict:
@@ -67,7 +75,7 @@ class HostLoad:
         if self._start is None:
             raise RuntimeError("HostLoad.stop() before start()")
         t0, busy0, own0 = self._start
-        wall, busy, own = time.monotonic() - t0, _busy_cpu_s() - busy0, _own_cpu_s() - own0
+        wall, busy, own = time.monotonic() - t0, _busy_cpu_s() - busy0, process_tree_cpu_seconds() - own0
         cpus = psutil.cpu_count() or 1
         share = max(0.0, busy - own) / (wall * cpus) if wall > 0 else 0.0
         return {"others_cpu_share": min(1.0, share), "cpus": cpus, "wall_s": wall}
