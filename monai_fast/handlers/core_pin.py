@@ -23,11 +23,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Collection
+from contextlib import ExitStack
 
 from ignite.engine import Engine, Events
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.openmp import free_core
+from monai_fast.openmp import free_core, on_core
 
 __all__ = ["MainThreadCore"]
 
@@ -60,7 +61,7 @@ class MainThreadCore(EngineHandler):
             if not core or not core <= allowed:
                 raise ValueError(f"MainThreadCore: core {sorted(core)} is not within this thread's CPUs {sorted(allowed)}")
         self.core: frozenset[int] | None = core  # type: ignore[assignment]
-        self._mask: set[int] | None = None
+        self._held: ExitStack | None = None  # the on_core block held from ITERATION_STARTED to ITERATION_COMPLETED
 
     def _attach(self, engine: Engine) -> None:
         if self.core is None:
@@ -73,13 +74,11 @@ class MainThreadCore(EngineHandler):
         self._unpin(engine)
 
     def _pin(self, engine: Engine) -> None:
-        if threading.current_thread() is not threading.main_thread() or self._mask is not None:
-            return
-        self._mask = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, self.core)
+        if threading.current_thread() is threading.main_thread() and self._held is None:
+            self._held = ExitStack()
+            self._held.enter_context(on_core(self.core))
 
     def _unpin(self, engine: Engine) -> None:
-        if self._mask is None or threading.current_thread() is not threading.main_thread():
-            return
-        os.sched_setaffinity(0, self._mask)
-        self._mask = None
+        if self._held is not None and threading.current_thread() is threading.main_thread():
+            held, self._held = self._held, None
+            held.close()  # on_core's exit: the whole mask back
