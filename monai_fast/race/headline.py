@@ -20,7 +20,7 @@ start of a Dice curve is noise). Otherwise there is no estimate, the table says 
 headline is the per-epoch speed-up, measured. Never a bare lower bound.
 
 Each recipe's CPU seconds to the target (its set-up's and its epochs', from the process's and its
-ended loader workers' CPU times) are figured the same way. On a quiet host the speed-up is the
+loader workers' CPU times, live or ended) are figured the same way. On a quiet host the speed-up is the
 wall clock's. On a busy CPU host (other processes took at least
 :data:`~monai_fast.telemetry.host.BUSY_SHARE` of the CPUs while the epochs were taken in turns) it
 is the CPU seconds' ratio, with the wall clock's beside it: a competing job stretches each
