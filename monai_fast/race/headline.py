@@ -19,14 +19,14 @@ best Dice must be at least :data:`MIN_PROGRESS` of the target (an extrapolation 
 start of a Dice curve is noise). Otherwise there is no estimate, the table says why, and the
 headline is the per-epoch speed-up, measured. Never a bare lower bound.
 
-Each recipe's CPU seconds to the target (its set-up's and its epochs', from the process's and its
-loader workers' CPU times, live or ended) are figured the same way. On a quiet host the speed-up is the
-wall clock's. On a busy CPU host (other processes took at least
-:data:`~monai_fast.telemetry.host.BUSY_SHARE` of the CPUs while the epochs were taken in turns) it
-is the CPU seconds' ratio, with the wall clock's beside it: a competing job stretches each
-recipe's wall clock by the share of the cores it leaves that recipe's threads, which differs
-between recipes with different numbers of threads and processes, while the CPU seconds each
-needs stay those of the quiet host (with OpenMP's threads kept apart: :mod:`monai_fast.openmp`).
+The speed-up is always the wall clock's, on a quiet host and a busy one alike: it is the time
+the user waits, and the epochs it rests on were taken in turns, so a competing job slowed both
+recipes while they were measured (:mod:`monai_fast.openmp` keeps OpenMP's threads apart, so such
+a job no longer collapses one recipe's threads onto one core). Each recipe's CPU seconds to the
+target (its set-up's and its epochs', from the process's and its loader workers' CPU times, live
+or ended) are figured the same way and printed beside it. They are not the headline: an idle
+OpenMP thread's spin counts as CPU time on a quiet host and yields on a busy one, so they
+follow the load too. How busy the host was is printed under the table.
 
 Example:
     >>> epochs_by_progress([(5, 0.2), (20, 0.5)], fast_curve=[(1, 0.3), (2, 0.5), (4, 0.9)], fast_epochs=4, target=0.9)
@@ -39,7 +39,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from monai_fast.recipes.runner import RaceResult
-from monai_fast.telemetry.host import BUSY_SHARE, describe_host_load
+from monai_fast.telemetry.host import describe_host_load
 
 __all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "epochs_by_slope", "format_headline", "headline",
            "stop_reason"]
@@ -170,10 +170,7 @@ def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budg
             entry.update(_estimate(r, by.get(fast), per_epoch, limit if isinstance(limit, int) else None))
         entry["cpu_s_to_target"] = _cpu_to_target(r, entry)
         doc["recipes"][r.recipe] = entry
-    doc["speedup"] = _speedup(doc["recipes"], fast, reference)
-    busy = host is not None and host.get("others_cpu_share", 0.0) >= BUSY_SHARE
-    on_cpu = bool(results) and all(str(r.device).lower().startswith("cpu") for r in results)  # device_description()
-    doc["speedup"] = _clock(doc["speedup"], doc["recipes"], fast, reference, cpu=busy and on_cpu)
+    doc["speedup"] = _cpu_beside(_speedup(doc["recipes"], fast, reference), doc["recipes"], fast, reference)
     return doc
 
 
@@ -194,34 +191,22 @@ def _cpu_to_target(r: RaceResult, entry: dict) -> dict:
                    f"set-up {r.setup_cpu_s:.1f} CPU s + {epochs['value']:g} epochs x {per_epoch:.2f} CPU s/epoch measured interleaved")
 
 
-def _clock(speedup: dict, recipes: Mapping[str, dict], fast: str, reference: str, cpu: bool) -> dict:
-    """``speedup`` with the speed-up in CPU seconds beside the wall-clock one; with ``cpu`` the headline's ``factor`` is the CPU one.
+def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
+    """``speedup`` (the wall clock's) with the same ratio in CPU seconds beside it: ``cpu_factor``, or ``per_epoch_cpu``.
 
-    A competing job stretches each recipe's wall clock by how much of the cores it leaves to that
-    recipe's threads, which is not the same for two recipes that run different numbers of threads
-    and processes; the CPU seconds a recipe needs stay what they are on a quiet host.
+    Each is ``None`` where a recipe has no CPU time for it.
     """
-    out = {**speedup, "clock": "wall", "wall_factor": speedup["factor"], "cpu_factor": None}
+    out = {**speedup, "clock": "wall", "cpu_factor": None}
     a, b = recipes.get(fast), recipes.get(reference)
     if a is None or b is None:
         return out
     ta, tb = a["cpu_s_to_target"], b["cpu_s_to_target"]
-    if ta["how"] != MEASURED or not ta["value"] or tb["value"] is None:
-        return _cpu_per_epoch(out, recipes, fast, reference) if cpu and out["factor"] is None else out
-    out.update(cpu_factor=tb["value"] / ta["value"], cpu_how=MEASURED if tb["how"] == MEASURED else ESTIMATED)
-    if cpu:
-        out.update(clock="cpu", factor=out["cpu_factor"], how=out["cpu_how"],
-                   basis=f"{reference}'s CPU time to target ({tb['how']}) / {fast}'s (measured)")
+    if ta["how"] == MEASURED and ta["value"] and tb["value"] is not None:
+        out.update(cpu_factor=tb["value"] / ta["value"], cpu_how=MEASURED if tb["how"] == MEASURED else ESTIMATED)
+    ca, cb = a["cpu_s_per_epoch_interleaved"], b["cpu_s_per_epoch_interleaved"]
+    if out.get("per_epoch") is not None:
+        out["per_epoch_cpu"] = cb / ca if ca and cb else None
     return out
-
-
-def _cpu_per_epoch(speedup: dict, recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
-    """On a busy CPU host without a time to target, the per-epoch speed-up in CPU seconds (the wall one kept beside)."""
-    a, b = recipes.get(fast), recipes.get(reference)
-    ca, cb = (None, None) if a is None or b is None else (a["cpu_s_per_epoch_interleaved"], b["cpu_s_per_epoch_interleaved"])
-    if not ca or not cb or speedup.get("per_epoch") is None:
-        return speedup
-    return {**speedup, "clock": "cpu", "per_epoch_wall": speedup["per_epoch"], "per_epoch": cb / ca}
 
 
 def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: int | None) -> dict:
@@ -312,19 +297,12 @@ def format_headline(doc: dict) -> str:
     if doc.get("host"):
         out.append(describe_host_load(doc["host"], "the epochs taken in turns"))
     sp = doc["speedup"]
-    cpu = sp.get("clock") == "cpu"
-    if cpu:
-        out.append("the host was busy: the speed-up is taken in CPU seconds, which a competing job does not stretch "
-                   "(it stretches each recipe's wall clock by the share of the cores it leaves that recipe's threads)")
     if sp["factor"] is None and sp.get("per_epoch"):
-        clock = (f" in CPU time (measured, interleaved; wall clock on this host {sp['per_epoch_wall']:.1f}x)" if cpu
-                 else " (measured, interleaved)")
-        out.append(f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch{clock}; to the target: n/a ({sp['basis']})")
+        cpu = "" if sp.get("per_epoch_cpu") is None else f"; in CPU time {sp['per_epoch_cpu']:.1f}x"
+        out.append(f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch (measured, interleaved{cpu}); "
+                   f"to the target: n/a ({sp['basis']})")
     elif sp["factor"] is None:
         out.append(f"speed-up: n/a ({sp['basis']})")
-    elif cpu:
-        wall = "" if sp.get("wall_factor") is None else f"; wall clock on this busy host {sp['wall_factor']:.1f}x"
-        out.append(f"speed-up over {sp['over']}: {sp['factor']:.1f}x in CPU time ({sp['how']}: {sp['basis']}){wall}")
     else:
         also = "" if sp.get("cpu_factor") is None else f"; in CPU time {sp['cpu_factor']:.1f}x"
         out.append(f"speed-up over {sp['over']}: {sp['factor']:.1f}x ({sp['how']}: {sp['basis']}){also}")
