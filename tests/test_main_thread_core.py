@@ -126,3 +126,60 @@ def test_the_race_runs_each_iteration_on_the_free_core_when_the_workers_are_pinn
     assert doc["cores"] == {name: doc["core"] for name in engines}  # every engine carries the free core
     assert doc["seen"]["trainer"] == [doc["core"]] and doc["seen"]["evaluator"] == [doc["core"]]  # and compute on it
     assert doc["after"] == sorted(ALL)  # and the main thread has every CPU back after the run
+
+
+_INFER_AND_TUNE = """
+import json, os, sys
+import torch
+from monai_fast.openmp import free_core, pin_openmp_workers
+assert pin_openmp_workers() is not None
+sys.path.insert(0, sys.argv[1])
+from inference_parts import CONFIG, write_model
+from monai.losses import DiceCELoss
+from monai.networks.nets import UNet
+from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.inference import infer
+from monai_fast.inference.checkpoint import load_checkpoint
+from monai_fast.tune import SearchSpace, Tuner
+seen = {"infer": [], "tune": []}
+def hook(name):
+    return lambda module, args: seen[name].append(sorted(os.sched_getaffinity(0)))
+root = synthetic_dataset("spleen-like", 2, (32, 32, 24), 0, progress=False)
+image = sorted(str(p) for p in (root / "imagesTr").glob("*.nii.gz"))[0]
+net, config = load_checkpoint(write_model(__import__("pathlib").Path(sys.argv[2]) / "model.pt"))
+net.register_forward_pre_hook(hook("infer"))
+infer(net, [image], sys.argv[2], config=CONFIG, progress=False, preflight=False)
+tnet = UNet(3, 1, 2, channels=(4, 8), strides=(2,))
+tnet.register_forward_pre_hook(hook("tune"))
+Tuner(tnet, DiceCELoss(to_onehot_y=True, softmax=True), lambda p: torch.optim.SGD(p, lr=0.01), patch_size=(16, 16, 16),
+      val_shape=(24, 24, 24), device="cpu", num_samples=1, min_time_s=0.0, min_iters=1,
+      space=SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 2), max_trials=2, precisions=("fp32",))).run()
+print(json.dumps({"core": sorted(free_core()), "seen": seen, "after": sorted(os.sched_getaffinity(0))}))
+"""
+
+
+@pytest.mark.skipif(len(ALL) < 2, reason="pinning needs 2 or more cores")
+def test_infer_and_the_tuners_trials_compute_on_the_free_core_when_the_workers_are_pinned(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from monai_fast.openmp import libgomp_mapped, physical_cores
+
+    if torch.get_num_threads() != len(physical_cores()) or not libgomp_mapped():
+        pytest.skip("torch's threads do not cover this host's cores: nothing is pinned")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
+    env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-c", _INFER_AND_TUNE, str(Path(__file__).parent), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    warm_up, *windows = doc["seen"]["infer"]
+    assert warm_up == sorted(ALL)  # the backend's warm-up, before the loop: it may start a compiler's workers
+    assert windows and set(map(tuple, windows)) == {tuple(doc["core"])}  # every window batch of the loop
+    tune_calls = [tuple(c) for c in doc["seen"]["tune"]]
+    assert tune_calls.count(tuple(doc["core"])) >= 2  # the trials' steps and windows (on the tuner's copy of the network)
+    assert doc["after"] == sorted(ALL)
