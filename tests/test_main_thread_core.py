@@ -183,3 +183,54 @@ def test_infer_and_the_tuners_trials_compute_on_the_free_core_when_the_workers_a
     tune_calls = [tuple(c) for c in doc["seen"]["tune"]]
     assert tune_calls.count(tuple(doc["core"])) >= 2  # the trials' steps and windows (on the tuner's copy of the network)
     assert doc["after"] == sorted(ALL)
+
+
+_USER_TRAINER = """
+import json, os, sys
+import torch
+from ignite.engine import Events
+from monai_fast.openmp import free_core, pin_openmp_workers
+assert pin_openmp_workers() is not None
+sys.path.insert(0, sys.argv[1])
+from test_fast_training import _user_trainer
+from monai_fast.data.msd import load_msd_datalist
+from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.handlers import FastTraining, MainThreadCore
+from monai_fast.handlers.lifecycle import handlers_on
+root = synthetic_dataset("spleen-like", 4, (48, 48, 32), 0, progress=False)
+trainer, evaluator = _user_trainer(load_msd_datalist(root, val_fraction=0.34, seed=0), max_epochs=2)
+FastTraining(precision="fp32", memory_format=False).attach(trainer, evaluator)
+seen = {"trainer": [], "evaluator": [], "between": []}
+trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: seen["trainer"].append(sorted(os.sched_getaffinity(0))))
+evaluator.add_event_handler(Events.ITERATION_STARTED, lambda e: seen["evaluator"].append(sorted(os.sched_getaffinity(0))))
+trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: seen["between"].append(sorted(os.sched_getaffinity(0))))
+trainer.run()
+print(json.dumps({"core": sorted(free_core()), "seen": seen, "after": sorted(os.sched_getaffinity(0)),
+                  "cores": [sorted(handlers_on(e)[MainThreadCore].core) for e in (trainer, evaluator)]}))
+"""
+
+
+@pytest.mark.skipif(len(ALL) < 2, reason="pinning needs 2 or more cores")
+def test_fast_training_puts_the_users_iterations_on_the_free_core_when_the_script_pinned_the_workers(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    from monai_fast.openmp import libgomp_mapped, physical_cores
+
+    if torch.get_num_threads() != len(physical_cores()) or not libgomp_mapped():
+        pytest.skip("torch's threads do not cover this host's cores: nothing is pinned")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
+    env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-c", _USER_TRAINER, str(Path(__file__).parent)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["cores"] == [doc["core"], doc["core"]]
+    # ITERATION_STARTED handlers added after FastTraining run once its MainThreadCore took the core
+    assert doc["seen"]["trainer"] and {tuple(c) for c in doc["seen"]["trainer"]} == {tuple(doc["core"])}
+    assert doc["seen"]["evaluator"] and {tuple(c) for c in doc["seen"]["evaluator"]} == {tuple(doc["core"])}
+    assert doc["seen"]["between"] == [sorted(ALL)] * 2 and doc["after"] == sorted(ALL)  # every CPU between iterations

@@ -25,6 +25,7 @@ from monai.utils import CommonKeys
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.handlers.amp import AMPToggle
+from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
 from monai_fast.handlers.memory_format import choose_memory_format
 from monai_fast.handlers.nonfinite import NonFiniteGuard
@@ -65,6 +66,10 @@ class FastTraining(EngineHandler):
       other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
       Left alone when the trainer already uses MONAI's ``amp=True``. In every case a
       :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
+    * The trainer and the evaluator also get a :class:`~monai_fast.handlers.core_pin.MainThreadCore`
+      (unless they have one): where OpenMP's workers were pinned at the script's start
+      (:func:`monai_fast.openmp.pin_openmp_workers`), each iteration computes on the core they left
+      free; otherwise it registers nothing.
     * **memory_format**: ``channels_last_3d`` when a copy of the network measured faster in it,
       for the first batch's shape and the chosen precision (at the first iteration).
     * **validation**: ``"auto"`` gives the evaluator its adopted loader and the trainer's precision
@@ -172,6 +177,11 @@ class FastTraining(EngineHandler):
             guard = NonFiniteGuard()
             guard.attach(trainer)
             self._helpers.append(guard)
+        for engine in (trainer, evaluator):  # registers nothing unless OpenMP's workers were pinned
+            if engine is not None and MainThreadCore not in handlers_on(engine):
+                core = MainThreadCore()
+                core.attach(engine)
+                self._helpers.append(core)
         self._precision(trainer, evaluator, device)
         self._memory_format_lever(trainer, device)
         if evaluator is not None:

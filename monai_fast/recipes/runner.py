@@ -236,7 +236,8 @@ def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWrit
     schedule = handlers_on(trainer).get(ValidationSchedule)
     estimator = [schedule.estimator] if isinstance(schedule, ValidationSchedule) else []
     for engine in (trainer, evaluator, *estimator):  # apart from OpenMP's pinned workers (when the command pinned them)
-        MainThreadCore().attach(engine)
+        if MainThreadCore not in handlers_on(engine):  # FastTraining attaches one to the recipes built on it
+            MainThreadCore().attach(engine)
     if built.device.type == "cuda":
         GPUSampler(interval_s=0.5, writer=writer).attach(trainer)
     ThroughputMonitor(writer=writer, log_every_epoch=False).attach(trainer)
