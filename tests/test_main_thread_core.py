@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import pytest
 from ignite.engine import Engine, Events
@@ -73,6 +74,26 @@ def test_no_pinned_thread_no_core_and_a_core_outside_the_mask_is_refused():
         MainThreadCore(set())
 
 
+def _pinned(script: str, *args: str, tmp_path) -> dict:
+    """Run ``script`` in a fresh process that pins OpenMP's workers first; the JSON of its last line."""
+    import json
+    import subprocess
+    import sys
+
+    import torch
+
+    from monai_fast.openmp import libgomp_mapped, physical_cores
+
+    if torch.get_num_threads() != len(physical_cores()) or not libgomp_mapped():
+        pytest.skip("torch's threads do not cover this host's cores: nothing is pinned")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
+    env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 _RACE_ENGINES = """
 import json, os, sys
 import torch
@@ -106,22 +127,7 @@ print(json.dumps({"core": sorted(free_core()), "cores": cores, "seen": seen, "af
 @pytest.mark.skipif(len(ALL) < 2, reason="pinning needs 2 or more cores")
 @pytest.mark.parametrize("recipe", ["fast", "baseline"])
 def test_the_race_runs_each_iteration_on_the_free_core_when_the_workers_are_pinned(recipe, tmp_path):
-    import json
-    import subprocess
-    import sys
-
-    import torch
-
-    from monai_fast.openmp import libgomp_mapped, physical_cores
-
-    if torch.get_num_threads() != len(physical_cores()) or not libgomp_mapped():
-        pytest.skip("torch's threads do not cover this host's cores: nothing is pinned")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
-    env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
-    proc = subprocess.run([sys.executable, "-c", _RACE_ENGINES, recipe], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc = _pinned(_RACE_ENGINES, recipe, tmp_path=tmp_path)
     engines = {"trainer", "evaluator"} | ({"estimator"} if recipe == "fast" else set())  # fast validates on a schedule
     assert doc["cores"] == {name: doc["core"] for name in engines}  # every engine carries the free core
     assert doc["seen"]["trainer"] == [doc["core"]] and doc["seen"]["evaluator"] == [doc["core"]]  # and compute on it
@@ -160,23 +166,7 @@ print(json.dumps({"core": sorted(free_core()), "seen": seen, "after": sorted(os.
 
 @pytest.mark.skipif(len(ALL) < 2, reason="pinning needs 2 or more cores")
 def test_infer_and_the_tuners_trials_compute_on_the_free_core_when_the_workers_are_pinned(tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import torch
-
-    from monai_fast.openmp import libgomp_mapped, physical_cores
-
-    if torch.get_num_threads() != len(physical_cores()) or not libgomp_mapped():
-        pytest.skip("torch's threads do not cover this host's cores: nothing is pinned")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
-    env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
-    proc = subprocess.run([sys.executable, "-c", _INFER_AND_TUNE, str(Path(__file__).parent), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc = _pinned(_INFER_AND_TUNE, str(Path(__file__).parent), str(tmp_path), tmp_path=tmp_path)
     warm_up, *windows = doc["seen"]["infer"]
     assert warm_up == sorted(ALL)  # the backend's warm-up, before the loop: it may start a compiler's workers
     assert windows and set(map(tuple, windows)) == {tuple(doc["core"])}  # every window batch of the loop
@@ -212,23 +202,7 @@ print(json.dumps({"core": sorted(free_core()), "seen": seen, "after": sorted(os.
 
 @pytest.mark.skipif(len(ALL) < 2, reason="pinning needs 2 or more cores")
 def test_fast_training_puts_the_users_iterations_on_the_free_core_when_the_script_pinned_the_workers(tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import torch
-
-    from monai_fast.openmp import libgomp_mapped, physical_cores
-
-    if torch.get_num_threads() != len(physical_cores()) or not libgomp_mapped():
-        pytest.skip("torch's threads do not cover this host's cores: nothing is pinned")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
-    env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
-    proc = subprocess.run([sys.executable, "-c", _USER_TRAINER, str(Path(__file__).parent)], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc = _pinned(_USER_TRAINER, str(Path(__file__).parent), tmp_path=tmp_path)
     assert doc["cores"] == [doc["core"], doc["core"]]
     # ITERATION_STARTED handlers added after FastTraining run once its MainThreadCore took the core
     assert doc["seen"]["trainer"] and {tuple(c) for c in doc["seen"]["trainer"]} == {tuple(doc["core"])}
