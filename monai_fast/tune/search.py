@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
-__all__ = ["Trial", "grow_then_bisect", "pick_best", "race"]
+from monai_fast.tune.space import SearchSpace
+
+T = TypeVar("T")
+
+__all__ = ["Trial", "best_over", "grow_then_bisect", "peak_over_budget", "pick_best", "race"]
 
 
 @dataclass
@@ -57,6 +62,27 @@ def pick_best(trials: list[Trial], tie: float = 0.02) -> Trial | None:
     best = max(t.throughput for t in ok)  # type: ignore[type-var]
     near = [t for t in ok if t.throughput >= best * (1.0 - tie)]  # type: ignore[operator]
     return min(near, key=lambda t: t.value)
+
+
+def peak_over_budget(value: int, trials: list[Trial], budget_bytes: int, slack: float = 1.25) -> str | None:
+    """Why ``value`` need not be run: the peak memory extrapolated from the two largest measured trials exceeds
+    ``slack`` x ``budget_bytes`` (a line through them); ``None`` with fewer than two measured trials or within it.
+
+    Example:
+        >>> trials = [Trial(1, True, 1.0, 100.0), Trial(2, True, 1.5, 200.0)]
+        >>> peak_over_budget(8, trials, budget_bytes=500 * 2**20)
+        'predicted peak 800 MiB > budget 500 MiB'
+        >>> peak_over_budget(4, trials, budget_bytes=500 * 2**20) is None
+        True
+    """
+    points = {t.value: t.peak_mib for t in trials if t.feasible and t.peak_mib is not None}
+    if len(points) < 2:
+        return None
+    (x0, y0), (x1, y1) = sorted(points.items())[-2:]
+    predicted = y1 + (y1 - y0) / (x1 - x0) * (value - x1)
+    if predicted * 2**20 > budget_bytes * slack:
+        return f"predicted peak {predicted:.0f} MiB > budget {budget_bytes / 2**20:.0f} MiB"
+    return None
 
 
 def grow_then_bisect(
@@ -284,3 +310,34 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
             t.throughput = statistics.median(readings[t.value])
             t.reason = f"median of {len(readings[t.value])} readings"
     return sorted(racing, key=lambda t: -t.throughput)  # type: ignore[operator]
+
+
+def best_over(options: Sequence[T], evaluate_for: Callable[[T], Callable[[int], Trial]], value_range: tuple[int, int],
+              labels: Callable[[T], dict], space: SearchSpace,
+              predict_infeasible: Callable[[int, list[Trial]], str | None] | None = None) -> tuple[list[dict], tuple[T, Trial] | None]:
+    """One search of ``value_range`` per option, as ``space`` says; every trial labelled, and the option whose pick is best by over 2 %.
+
+    Each search grows then bisects (or runs the grid), races its best few (``space.confirm``
+    rounds among ``space.confirm_top``) and picks (:func:`pick_best`).
+
+    Example:
+        >>> make = lambda scale: (lambda v: Trial(v, True, throughput=scale * v))
+        >>> records, best = best_over([1, 3], make, (1, 4), lambda o: {"option": o}, SearchSpace(strategy="grid", confirm=0))
+        >>> len(records), best[0], best[1].value
+        (8, 3, 4)
+    """
+    records: list[dict] = []
+    best: tuple[T, Trial] | None = None
+    for option in options:
+        evaluate = evaluate_for(option)
+        if space.strategy == "grid":
+            trials = [evaluate(v) for v in range(value_range[0], value_range[1] + 1)]
+        else:
+            trials = grow_then_bisect(evaluate, *value_range, max_trials=space.max_trials, plateau=space.plateau,
+                                      predict_infeasible=predict_infeasible)
+        finalists = race(trials, evaluate, rounds=space.confirm, top=space.confirm_top)
+        pick = pick_best(finalists or trials)
+        records += [dict(t.to_dict(), **labels(option)) for t in trials]
+        if pick is not None and (best is None or pick.throughput > best[1].throughput * 1.02):
+            best = (option, pick)
+    return records, best

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import psutil
+
+from monai_fast.telemetry.memory import DeviceMemory
 from monai_fast.telemetry.precision import PRECISIONS
 
 __all__ = ["SearchSpace"]
@@ -76,6 +79,23 @@ class SearchSpace:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
         if self.plateau is not None and self.plateau < 0:
             raise ValueError(f"plateau must be >= 0 or None, got {self.plateau}")
+
+    def budget_bytes(self, memory: DeviceMemory, cap_mib: float | None = None) -> int:
+        """Bytes a trial may peak at: ``cap_mib``, else the GPU's memory, else this process's RSS plus the
+        available RAM; less the :attr:`margin` share.
+
+        Example:
+            >>> import torch
+            >>> SearchSpace(margin=0.25).budget_bytes(DeviceMemory(torch.device("cpu")), cap_mib=100) == 75 * 2**20
+            True
+        """
+        if cap_mib is not None:
+            cap = cap_mib * 2**20
+        elif memory.cuda:
+            cap = memory.total_bytes()
+        else:
+            cap = psutil.Process().memory_info().rss + psutil.virtual_memory().available
+        return int(cap * (1.0 - self.margin))
 
     @classmethod
     def from_auto3dseg(cls, specs: dict, **overrides) -> SearchSpace:

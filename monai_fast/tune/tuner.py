@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-import psutil
 import torch
 from ignite import distributed as idist
 
@@ -27,7 +26,7 @@ from monai_fast.telemetry.memory import DeviceMemory, is_out_of_memory
 from monai_fast.tune.measure import time_inference, time_training_step
 from monai_fast.tune.ranks import agree_on_trial, gather_errors
 from monai_fast.tune.result import TuneResult, layout_name, model_signature
-from monai_fast.tune.search import Trial, grow_then_bisect, pick_best, race
+from monai_fast.tune.search import Trial, best_over, peak_over_budget
 from monai_fast.tune.space import SearchSpace
 
 __all__ = ["SearchSpace", "TuneResult", "Tuner", "TuningError", "model_signature"]  # re-exported from their homes
@@ -221,7 +220,7 @@ class Tuner:
         self.memory.release()
         self._after_first: int | None = None
         self._leak = 0
-        self._budget = self._budget_bytes()
+        self._budget = self.space.budget_bytes(self.memory, self.memory_cap_mib)
         self._net = copy.deepcopy(self.source_network).to(self.device)
         self._opt = self.optimizer_factory(self._net.parameters()) if self.optimizer_factory is not None else None
         self._allreduce_s = self._measure_allreduce()
@@ -247,60 +246,15 @@ class Tuner:
         return records, best
 
     # ------------------------------------------------------------------ trials
-    def _best_over(
-        self,
-        options: Sequence[T],
-        evaluate_for: Callable[[T], Callable[[int], Trial]],
-        value_range: tuple[int, int],
-        labels: Callable[[T], dict],
-    ) -> tuple[list[dict], tuple[T, Trial] | None]:
-        """One search per option; every trial labelled, and the option whose pick is best by over 2 %."""
-        records: list[dict] = []
-        best: tuple[T, Trial] | None = None
-        for option in options:
-            trials, pick = self._search(evaluate_for(option), value_range)
-            records += [dict(t.to_dict(), **labels(option)) for t in trials]
-            if pick is not None and (best is None or pick.throughput > best[1].throughput * 1.02):
-                best = (option, pick)
-        return records, best
+    def _best_over(self, options: Sequence[T], evaluate_for: Callable[[T], Callable[[int], Trial]],
+                   value_range: tuple[int, int], labels: Callable[[T], dict]) -> tuple[list[dict], tuple[T, Trial] | None]:
+        return best_over(options, evaluate_for, value_range, labels, self.space,
+                         lambda value, trials: peak_over_budget(value, trials, self._budget))
 
     def _set_layout(self, precision: str) -> None:
         """Put the copy's weights in the layout the recipe trains at ``precision`` (in place)."""
         if self.memory_format is not None:
             self._net.to(memory_format=self.memory_format(precision))
-
-    def _search(self, evaluate: Callable[[int], Trial], value_range: tuple[int, int]) -> tuple[list[Trial], Trial | None]:
-        """The search's trials and its pick: the best finalist of the race, else the best trial."""
-        if self.space.strategy == "grid":
-            trials = [evaluate(v) for v in range(value_range[0], value_range[1] + 1)]
-        else:
-            trials = grow_then_bisect(
-                evaluate, *value_range, max_trials=self.space.max_trials, plateau=self.space.plateau,
-                predict_infeasible=self._predict,
-            )
-        finalists = race(trials, evaluate, rounds=self.space.confirm, top=self.space.confirm_top)
-        return trials, pick_best(finalists or trials)
-
-    def _budget_bytes(self) -> int:
-        if self.memory_cap_mib is not None:
-            cap = self.memory_cap_mib * MIB
-        elif self.memory.cuda:
-            cap = self.memory.total_bytes()
-        else:
-            cap = psutil.Process().memory_info().rss + psutil.virtual_memory().available
-        return int(cap * (1.0 - self.space.margin))
-
-    def _predict(self, value: int, trials: list[Trial]) -> str | None:
-        """Linear extrapolation of peak memory from measured trials of this search."""
-        pts = {t.value: t.peak_mib for t in trials if t.feasible and t.peak_mib is not None}
-        if len(pts) < 2:
-            return None
-        (x0, y0), (x1, y1) = sorted(pts.items())[-2:]
-        slope = (y1 - y0) / (x1 - x0)
-        predicted = y1 + slope * (value - x1)
-        if predicted * MIB > self._budget * 1.25:
-            return f"predicted peak {predicted:.0f} MiB > budget {self._budget / MIB:.0f} MiB"
-        return None
 
     def _train_trial(self, batch: int, precision: str) -> Trial:
         patches = batch * self.num_samples
