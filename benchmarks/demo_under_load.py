@@ -3,8 +3,9 @@
 Each pair runs the demo once as the host is (``quiet``) and once with ``--spinners`` busy-loop
 processes (one per core by default: a competing CPU job) running for the whole demo
 (``loaded``). Each run's captured output and ``results.json`` are kept; the summary has every
-run's headline (speed-up, measured or estimated, and its clock; results saved before the demo took
-the wall clock's on every host may have CPU seconds there), both speed-ups and both per-epoch ratios (wall and CPU seconds), fast's epochs and time to target, the
+run's headline (speed-up, measured or estimated, and its clock: older results may hold the CPU
+seconds' figure there; ``--recompute`` rebuilds it), both speed-ups and both per-epoch ratios (wall
+and CPU seconds), fast's epochs and time to target, the
 baseline's epochs run and estimated epochs to target, both seconds per epoch and the host's load
 average, and the spread: largest over smallest headline, minus 1. ``--recompute FOLDER`` rebuilds
 every run's headline from its saved ``results.json`` with this checkout's

@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["BOUNDED_SPINCOUNT", "LOCAL_RANKS_ENV", "PIN_ENV", "SPIN_ENV", "USER_BINDING_ENV", "WAIT_POLICY_ENV", "bound_openmp_spin",
-           "free_core", "libgomp_mapped", "on_core", "openmp_loaded", "physical_cores", "pin_openmp_workers"]
+           "free_core", "libgomp_mapped", "main_thread_core", "on_core", "openmp_loaded", "physical_cores", "pin_openmp_workers"]
 
 #: the variable libgomp reads for the rounds a waiting thread spins before it sleeps
 SPIN_ENV = "GOMP_SPINCOUNT"
@@ -238,6 +239,22 @@ def free_core(process_cpus: set[int] | None = None) -> frozenset[int] | None:
     if not taken:
         return None
     return next((core for core in physical_cores(full) if not core & taken), None)
+
+
+def main_thread_core() -> frozenset[int] | None:
+    """:func:`free_core` when called on the main thread, else ``None``: only the main thread computes on that core.
+
+    A thread of its own (a background validation, a tuner run from it) keeps its mask: on the free
+    core it would compete with the main thread's iterations.
+
+    Example:
+        >>> import threading
+        >>> box = []
+        >>> t = threading.Thread(target=lambda: box.append(main_thread_core())); t.start(); t.join()
+        >>> box
+        [None]
+    """
+    return free_core() if threading.current_thread() is threading.main_thread() else None
 
 
 @contextmanager

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOY = ["--patch", "16", "16", "16", "--channels", "4", "8", "--batch", "2", "--steps", "2", "--repeats", "1"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="torch.compile on a CPU needs a C++ compiler")
 def test_compile_step_times_eager_and_compiled_in_their_own_processes(tmp_path):
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # a cold compile, not this host's cache

@@ -147,7 +147,7 @@ from monai_fast.data.synthetic import synthetic_dataset
 from monai_fast.inference import infer
 from monai_fast.inference.checkpoint import load_checkpoint
 from monai_fast.tune import SearchSpace, Tuner
-seen = {"infer": [], "tune": []}
+seen = {"infer": [], "tune": [], "tune_main": []}
 def hook(name):
     return lambda module, args: seen[name].append(sorted(os.sched_getaffinity(0)))
 root = synthetic_dataset("spleen-like", 2, (32, 32, 24), 0, progress=False)
@@ -157,9 +157,15 @@ net.register_forward_pre_hook(hook("infer"))
 infer(net, [image], sys.argv[2], config=CONFIG, progress=False, preflight=False)
 tnet = UNet(3, 1, 2, channels=(4, 8), strides=(2,))
 tnet.register_forward_pre_hook(hook("tune"))
-Tuner(tnet, DiceCELoss(to_onehot_y=True, softmax=True), lambda p: torch.optim.SGD(p, lr=0.01), patch_size=(16, 16, 16),
-      val_shape=(24, 24, 24), device="cpu", num_samples=1, min_time_s=0.0, min_iters=1,
-      space=SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 2), max_trials=2, precisions=("fp32",))).run()
+tune = lambda: Tuner(tnet, DiceCELoss(to_onehot_y=True, softmax=True), lambda p: torch.optim.SGD(p, lr=0.01),
+                     patch_size=(16, 16, 16), val_shape=(24, 24, 24), device="cpu", num_samples=1, min_time_s=0.0,
+                     min_iters=1, space=SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 2), max_trials=2,
+                                                    precisions=("fp32",))).run()
+tune()
+import threading
+seen["tune_main"], seen["tune"] = seen["tune"], []
+thread = threading.Thread(target=tune)  # as from a background validation: that thread keeps its mask
+thread.start(); thread.join()
 print(json.dumps({"core": sorted(free_core()), "seen": seen, "after": sorted(os.sched_getaffinity(0))}))
 """
 
@@ -170,8 +176,9 @@ def test_infer_and_the_tuners_trials_compute_on_the_free_core_when_the_workers_a
     warm_up, *windows = doc["seen"]["infer"]
     assert warm_up == sorted(ALL)  # the backend's warm-up, before the loop: it may start a compiler's workers
     assert windows and set(map(tuple, windows)) == {tuple(doc["core"])}  # every window batch of the loop
-    tune_calls = [tuple(c) for c in doc["seen"]["tune"]]
-    assert tune_calls.count(tuple(doc["core"])) >= 2  # the trials' steps and windows (on the tuner's copy of the network)
+    tune_calls = {tuple(c) for c in doc["seen"]["tune_main"]}
+    assert doc["seen"]["tune_main"] and tune_calls == {tuple(doc["core"])}  # every trial's steps and windows (its copy)
+    assert doc["seen"]["tune"] and {tuple(c) for c in doc["seen"]["tune"]} == {tuple(sorted(ALL))}  # another thread: left alone
     assert doc["after"] == sorted(ALL)
 
 
@@ -189,8 +196,10 @@ from monai_fast.handlers import FastTraining, MainThreadCore
 from monai_fast.handlers.lifecycle import handlers_on
 root = synthetic_dataset("spleen-like", 4, (48, 48, 32), 0, progress=False)
 trainer, evaluator = _user_trainer(load_msd_datalist(root, val_fraction=0.34, seed=0), max_epochs=2)
+seen = {"trainer": [], "evaluator": [], "between": [], "completed": []}
+# the user's own handler, registered before FastTraining (as train_handlers are): it runs between iterations
+trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen["completed"].append(sorted(os.sched_getaffinity(0))))
 FastTraining(precision="fp32", memory_format=False).attach(trainer, evaluator)
-seen = {"trainer": [], "evaluator": [], "between": []}
 trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: seen["trainer"].append(sorted(os.sched_getaffinity(0))))
 evaluator.add_event_handler(Events.ITERATION_STARTED, lambda e: seen["evaluator"].append(sorted(os.sched_getaffinity(0))))
 trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: seen["between"].append(sorted(os.sched_getaffinity(0))))
@@ -208,3 +217,4 @@ def test_fast_training_puts_the_users_iterations_on_the_free_core_when_the_scrip
     assert doc["seen"]["trainer"] and {tuple(c) for c in doc["seen"]["trainer"]} == {tuple(doc["core"])}
     assert doc["seen"]["evaluator"] and {tuple(c) for c in doc["seen"]["evaluator"]} == {tuple(doc["core"])}
     assert doc["seen"]["between"] == [sorted(ALL)] * 2 and doc["after"] == sorted(ALL)  # every CPU between iterations
+    assert doc["seen"]["completed"] and doc["seen"]["completed"] == [sorted(ALL)] * len(doc["seen"]["completed"])

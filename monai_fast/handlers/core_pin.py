@@ -6,8 +6,10 @@ core for a whole run (the competing processes then share the other cores). The t
 team then take turns on one core, and a training step costs several times its CPU time on a quiet
 host (``benchmarks/openmp_step_under_load.py``). :class:`MainThreadCore` puts the main thread on the
 core the workers left free from ``ITERATION_STARTED`` to ``ITERATION_COMPLETED`` and gives it its
-whole mask back after: data loading, the loader's threads and processes, validation's set-up and
-everything between iterations keep every core. An engine run on another thread (a background
+whole mask back after, before any other ``ITERATION_COMPLETED`` handler runs (also those registered
+before it, such as a ``ValidationHandler(epoch_level=False)`` that runs a whole evaluation there): data
+loading, the loader's threads and processes, validation's set-up and everything between iterations
+keep every core. An engine run on another thread (a background
 evaluator) is left alone.
 
 Example:
@@ -67,7 +69,7 @@ class MainThreadCore(EngineHandler):
         if self.core is None:
             return
         self.on(engine, Events.ITERATION_STARTED, self._pin)
-        self.on(engine, Events.ITERATION_COMPLETED, self._unpin)
+        self.on(engine, Events.ITERATION_COMPLETED, self._unpin, first=True)  # before handlers registered earlier
         self.on_run_end(engine, self._unpin)  # also when an iteration raised: the whole mask back
 
     def _detached(self, engine: Engine) -> None:

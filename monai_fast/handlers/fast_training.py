@@ -66,8 +66,8 @@ class FastTraining(EngineHandler):
       other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
       Left alone when the trainer already uses MONAI's ``amp=True``. In every case a
       :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
-    * The trainer and the evaluator also get a :class:`~monai_fast.handlers.core_pin.MainThreadCore`
-      (unless they have one): where OpenMP's workers were pinned at the script's start
+    * The trainer and the evaluator (unless ``validation=False``) also get a
+      :class:`~monai_fast.handlers.core_pin.MainThreadCore` (unless they have one): where OpenMP's workers were pinned at the script's start
       (:func:`monai_fast.openmp.pin_openmp_workers`), each iteration computes on the core they left
       free; otherwise it registers nothing.
     * **memory_format**: ``channels_last_3d`` when a copy of the network measured faster in it,

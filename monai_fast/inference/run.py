@@ -47,7 +47,7 @@ from monai_fast.data.safe_chain import NamedItemsCompose
 from monai_fast.inference.backends import Predictor, build_predictor, precision_of, require
 from monai_fast.inference.checkpoint import InferenceError, load_checkpoint
 from monai_fast.inference.nifti import AtomicNiftiWriter
-from monai_fast.openmp import free_core, on_core
+from monai_fast.openmp import main_thread_core, on_core
 from monai_fast.progress import progress_bar, show_progress
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.telemetry import synchronize
@@ -290,7 +290,7 @@ def _run(predictor: Predictor, inferer: SlidingWindowInferer, config: RecipeConf
     loader = DataLoader(Dataset([{"image": p} for p in paths], transform=NamedItemsCompose.of(pre)), batch_size=1,
                         num_workers=0)
     bars = show_progress(progress)
-    core = free_core()  # with OpenMP's workers pinned, the windows are computed on the core they left free
+    core = main_thread_core()  # with OpenMP's workers pinned, the main thread computes the windows on the free core
     for i, batch in enumerate(progress_bar(loader, enabled=progress, desc=f"infer ({predictor.backend})",
                                            unit="volume", total=len(paths))):
         t = time.perf_counter()

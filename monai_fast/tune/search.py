@@ -15,9 +15,10 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from monai_fast.tune.space import SearchSpace
+if TYPE_CHECKING:  # only its attributes are read: importing the module would load torch
+    from monai_fast.tune.space import SearchSpace
 
 T = TypeVar("T")
 
@@ -321,6 +322,7 @@ def best_over(options: Sequence[T], evaluate_for: Callable[[T], Callable[[int], 
     rounds among ``space.confirm_top``) and picks (:func:`pick_best`).
 
     Example:
+        >>> from monai_fast.tune.space import SearchSpace
         >>> make = lambda scale: (lambda v: Trial(v, True, throughput=scale * v))
         >>> records, best = best_over([1, 3], make, (1, 4), lambda o: {"option": o}, SearchSpace(strategy="grid", confirm=0))
         >>> len(records), best[0], best[1].value

@@ -20,7 +20,7 @@ import torch
 from ignite import distributed as idist
 
 from monai_fast.distributed.comm import allreduce_seconds
-from monai_fast.openmp import free_core, on_core
+from monai_fast.openmp import main_thread_core, on_core
 from monai_fast.telemetry import device_description
 from monai_fast.telemetry.memory import DeviceMemory, is_out_of_memory
 from monai_fast.tune.measure import time_inference, time_training_step
@@ -132,7 +132,6 @@ class Tuner:
         self.overlap = overlap
         self.timing = {"warmup": warmup, "min_iters": min_iters, "min_time_s": min_time_s}
         self.memory_format = memory_format
-        self._core = free_core()  # with OpenMP's workers pinned, trials compute on the core they left free
 
     # ------------------------------------------------------------------ public
     def key(self) -> str:
@@ -289,7 +288,7 @@ class Tuner:
         seconds, oom, error = float("nan"), False, None
         with self.memory.peak() as peak:
             try:
-                with on_core(self._core):
+                with on_core(main_thread_core()):  # OpenMP's workers pinned: the main thread's trial on the free core
                     seconds = measure()
             except Exception as exc:  # noqa: BLE001 - sorted below, re-raised unless out of memory
                 if is_out_of_memory(exc):
