@@ -67,9 +67,9 @@ class FastTraining(EngineHandler):
       Left alone when the trainer already uses MONAI's ``amp=True``. In every case a
       :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
     * The trainer and the evaluator (unless ``validation=False``) also get a
-      :class:`~monai_fast.handlers.core_pin.MainThreadCore` (unless they have one): where OpenMP's workers were pinned at the script's start
-      (:func:`monai_fast.openmp.pin_openmp_workers`), each iteration computes on the core they left
-      free; otherwise it registers nothing.
+      :class:`~monai_fast.handlers.core_pin.MainThreadCore` (unless they have one): where OpenMP's
+      workers were pinned at the script's start (:func:`monai_fast.openmp.pin_openmp_workers`),
+      each iteration computes on the core they left free; otherwise it registers nothing.
     * **memory_format**: ``channels_last_3d`` when a copy of the network measured faster in it,
       for the first batch's shape and the chosen precision (at the first iteration).
     * **validation**: ``"auto"`` gives the evaluator its adopted loader and the trainer's precision

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-if TYPE_CHECKING:  # only its attributes are read: importing the module would load torch
+if TYPE_CHECKING:  # only its attributes are read here; space.py imports the telemetry (and torch)
     from monai_fast.tune.space import SearchSpace
 
 T = TypeVar("T")
