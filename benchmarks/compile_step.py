@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps < 1 or args.repeats < 1:
         p.error("--steps and --repeats must be >= 1")
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        p.error("torch.compile's CPU kernels need a C++ compiler (g++ or clang++) on the PATH")
     if args.variant is not None:
         print(json.dumps(one_process(args)))
         return 0

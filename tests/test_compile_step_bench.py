@@ -38,3 +38,11 @@ def test_compile_step_refuses_a_bad_count():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_step.py"), "--steps", "0"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "--steps and --repeats must be >= 1" in proc.stderr
+
+
+def test_compile_step_names_the_missing_compiler_before_it_runs(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path)}  # no g++, c++ or clang++ there
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_step.py"), "--out", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "need a C++ compiler (g++ or clang++)" in proc.stderr
+    assert not list(tmp_path.glob("compile_step_*.json"))

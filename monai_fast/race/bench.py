@@ -90,10 +90,11 @@ def bench(spec: RaceSpec, repeats: int = 1, out_dir: str | os.PathLike = "benchm
         RaceOptionError: a bad option (``repeats``, ``out_dir`` or any of ``spec``), before anything runs.
 
     Example:
-        >>> bench(RaceSpec(device="cpu"), repeats=0)
-        Traceback (most recent call last):
-        ...
-        monai_fast.race.options.RaceOptionError: repeats: must be >= 1, got 0
+        >>> try:
+        ...     bench(RaceSpec(device="cpu"), repeats=0)
+        ... except RaceOptionError as e:
+        ...     print(e)
+        repeats: must be >= 1, got 0
     """
     if repeats < 1:
         raise RaceOptionError("repeats", f"must be >= 1, got {repeats}")
