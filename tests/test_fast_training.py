@@ -105,7 +105,8 @@ def test_one_attach_replaces_both_loaders_and_records_what_it_applied(tiny_files
     assert fast.applied["precision"]["setting"] in ("bf16", "fp32") and "memory_format" in fast.applied
     rows, summary = load_record(tmp_path)
     levers = {r["lever"]: r for r in select(rows, Kind.EVENT, Source.FAST_TRAINING)}
-    assert set(levers) == {"data", "validation data", "precision", "memory_format", "validation"}
+    assert set(levers) == {"data", "validation data", "precision", "memory_format", "validation", "prefetch",
+                           "validation prefetch"}
     assert summary["fast_training"]["data"]["setting"] == "ram"
     fills = [r for r in rows if r["kind"] == "span" and r["category"] == "cache_fill"]
     assert len(fills) == 2 and all(r["duration_s"] > 0 and not r["overlapped"] for r in fills)  # in the doctor's wall clock

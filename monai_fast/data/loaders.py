@@ -19,12 +19,21 @@ training loop. :class:`SafeThreadDataLoader` keeps the thread and the speed, but
   workers are shut down (PyTorch terminates a stuck worker);
 * the loader thread runs on the CUDA device the training thread uses when the epoch starts (a
   new thread would otherwise start on ``cuda:0``, so ``ToDeviced("cuda")`` in the chain or
-  pinned memory would land on another rank's GPU).
+  pinned memory would land on another rank's GPU);
+* ``prefetch=False`` makes each batch in the training thread when the loop asks for it, so no
+  batch is made while a step computes. On a CPU whose every core runs the step's intra-op
+  threads, a batch made alongside the step can slow the step by more than the batch costs
+  (``benchmarks/loader_overlap.py``); :func:`prefetch_pays` says where making it ahead is sure to
+  pay. Failing items are named the same way; a batch made in the training thread cannot be
+  interrupted, so there the watchdog logs an error naming the item instead of raising. The
+  setting is read at each batch and may change between batches
+  (:class:`~monai_fast.handlers.prefetch.PrefetchChoice` times both ways and keeps the faster).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -38,12 +47,13 @@ from torch.utils.data import DataLoader, IterableDataset
 from monai_fast.data.items import DataItemError, LoaderTimeoutError, describe_item, error_text
 from monai_fast.telemetry.cuda import current_cuda_device, set_cuda_device
 
-__all__ = ["SafeThreadBuffer", "SafeThreadDataLoader"]
+__all__ = ["SafeThreadBuffer", "SafeThreadDataLoader", "prefetch_pays"]
 
 logger = logging.getLogger(__name__)
 
 TORCH_TIMEOUT_TEXT = "DataLoader timed out after"  # PyTorch's message when ``timeout=`` runs out
 SHUTDOWN_GRACE_S = 30.0  # PyTorch joins, then terminates, each stuck worker (5 s + 5 s) before we raise
+_IDLE_CHECK_S = 5.0  # an idle loader thread re-checks the stop flag this often (a stop also wakes it)
 
 
 class _End:
@@ -82,9 +92,15 @@ class SafeThreadBuffer:
         timeout_s: the longest the consumer waits for one item before :class:`LoaderTimeoutError`
             (the thread, if stuck, is abandoned); ``None`` waits as long as the thread lives.
         working_on: what the thread is doing, for the timeout message.
+        prefetch: ``True``: the thread makes items ahead, up to ``buffer_size``; ``False``: it makes
+            each item only when the consumer asks for the next one. A callable is asked at each item
+            (after the consumer has received it, before it works on it), so the mode may change
+            from one item to the next.
 
     Example:
         >>> list(SafeThreadBuffer(range(3), timeout_s=60))
+        [0, 1, 2]
+        >>> list(SafeThreadBuffer(range(3), timeout_s=60, prefetch=False))
         [0, 1, 2]
     """
 
@@ -95,16 +111,21 @@ class SafeThreadBuffer:
         timeout: float = 0.01,
         timeout_s: float | None = None,
         working_on: Callable[[], str] | None = None,
+        prefetch: bool | Callable[[], bool] = True,
     ) -> None:
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
         self.src = src
+        self.buffer_size = buffer_size
         self.buffer: Queue = Queue(buffer_size)
         self.timeout = timeout
         self.timeout_s = timeout_s
         self.working_on = working_on
+        self.prefetch = prefetch
+        self._asked = threading.Semaphore(0)  # one release per item the consumer asks for
         self._running = False
         self._thread: threading.Thread | None = None
+        self._it: Iterator[Any] | None = None
 
     def _put(self, value: Any) -> bool:
         while self._running:
@@ -119,16 +140,35 @@ class SafeThreadBuffer:
         try:
             if device is not None:  # a new thread starts on cuda:0, whatever device the trainer uses
                 set_cuda_device(device)
-            for value in self.src:
+            it = self._it
+            while self._wait_for_request():
+                try:
+                    value = next(it)
+                except StopIteration:
+                    self._put(_End())
+                    return
                 if not self._put(value):
                     return
-            self._put(_End())
         except BaseException as e:  # handed to the consumer, which raises it in the training thread
             self._put(_Failure(e))
         finally:
-            close = getattr(self.src, "close", None)
-            if close is not None:  # a generator's clean-up (worker shutdown) runs here, not at GC
-                close()
+            self._close()
+
+    def _close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:  # a generator's clean-up (worker shutdown) runs now, not at GC
+            close()
+
+    def _wait_for_request(self) -> bool:
+        """Block until the consumer asks for an item; ``False`` once it has stopped.
+
+        The wait sleeps without polling (the consumer's stop wakes it): a thread waking up every few
+        milliseconds takes the GIL from the training step and slows it.
+        """
+        while self._running:
+            if self._asked.acquire(timeout=_IDLE_CHECK_S):
+                return self._running
+        return False
 
     def _timed_out(self, waited: float) -> LoaderTimeoutError:
         doing = self.working_on() if self.working_on is not None else "working"
@@ -140,39 +180,95 @@ class SafeThreadBuffer:
 
     def __iter__(self) -> Iterator[Any]:
         self._running = True
-        device = current_cuda_device()  # the training thread's, at the start of the epoch
-        thread = threading.Thread(target=self._produce, args=(device,), name="monai-fast-loader", daemon=True)
-        self._thread = thread
-        thread.start()
+        self._asked = threading.Semaphore(0)
+        # advanced by the loader thread (items made ahead) or by this one (on demand), never by both at once
+        self._it = it = iter(self.src)
+        thread: threading.Thread | None = None
         stuck = False
+        asked = 0  # items asked of the thread and not yet received
+
+        def ask() -> None:
+            nonlocal asked, thread
+            if thread is None:
+                device = current_cuda_device()  # the training thread's, at the start of the epoch
+                thread = threading.Thread(target=self._produce, args=(device,), name="monai-fast-loader", daemon=True)
+                self._thread = thread
+                thread.start()
+            asked += 1
+            self._asked.release()
+
         try:
-            start = time.monotonic()
+            if self._prefetch_now():
+                ask()
             while True:
-                try:
-                    value = self.buffer.get(timeout=self.timeout)
-                except Empty:
-                    if not thread.is_alive() and self.buffer.empty():
-                        raise RuntimeError(
-                            "the loader thread stopped without finishing its epoch or reporting an error"
-                        ) from None
-                    waited = time.monotonic() - start
-                    if self.timeout_s is not None and waited > self.timeout_s:
-                        stuck = True
-                        raise self._timed_out(waited) from None
-                    continue
+                if asked == 0:  # made here, while the consumer waits for it
+                    value = self._make_here(it)
+                else:
+                    value = self._receive(thread)
+                    asked -= 1
                 if isinstance(value, _End):
                     return
                 if isinstance(value, _Failure):
                     raise value.error
+                if self._prefetch_now():
+                    while asked < self.buffer_size:  # made while the consumer works on this one
+                        ask()
                 yield value
-                start = time.monotonic()
+        except LoaderTimeoutError:
+            stuck = True
+            raise
         finally:
             self._running = False
+            self._asked.release()  # wakes a waiting loader thread, which sees the stop
             self._thread = None
-            thread.join(0 if stuck else self.timeout_s)
-            if thread.is_alive():
-                thread.name = "monai-fast-loader (abandoned)"
-                logger.warning("the loader thread did not stop; it is left behind as a daemon thread")
+            if thread is None:
+                self._close()
+            else:  # the thread closes the iterator as it stops
+                thread.join(0 if stuck else self.timeout_s)
+                if thread.is_alive():
+                    thread.name = "monai-fast-loader (abandoned)"
+                    logger.warning("the loader thread did not stop; it is left behind as a daemon thread")
+
+    def _prefetch_now(self) -> bool:
+        return bool(self.prefetch() if callable(self.prefetch) else self.prefetch)
+
+    def _receive(self, thread: threading.Thread | None) -> Any:
+        """The next item from the loader thread, waiting at most ``timeout_s``."""
+        start = time.monotonic()
+        while True:
+            try:
+                return self.buffer.get(timeout=self.timeout)
+            except Empty:
+                if thread is None or not thread.is_alive() and self.buffer.empty():
+                    raise RuntimeError("the loader thread stopped without finishing its epoch or reporting an error") from None
+                waited = time.monotonic() - start
+                if self.timeout_s is not None and waited > self.timeout_s:
+                    raise self._timed_out(waited) from None
+
+    def _make_here(self, it: Iterator[Any]) -> Any:
+        """The next item, made in the consumer's thread; past ``timeout_s`` an error log names what it is doing.
+
+        A call in the consumer's own thread cannot be interrupted, so here the watchdog can only say
+        what is stuck (the loader thread's watchdog raises instead).
+        """
+        timer = None
+        if self.timeout_s is not None:
+            timer = threading.Timer(self.timeout_s, self._log_stuck, args=(time.monotonic(),))
+            timer.daemon = True
+            timer.start()
+        try:
+            return next(it)
+        except StopIteration:
+            return _End()
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _log_stuck(self, since: float) -> None:
+        doing = self.working_on() if self.working_on is not None else "working"
+        logger.error("no batch within timeout_s=%g s (%.1f s so far): the training thread has been %s; a batch made "
+                     "on demand cannot be interrupted (prefetch=True makes it in the loader thread, whose watchdog "
+                     "raises)", self.timeout_s, time.monotonic() - since, doing)
 
 
 # DataLoader options copied to the loader that runs the worker processes (those this torch has)
@@ -203,9 +299,11 @@ class SafeThreadDataLoader(ThreadDataLoader):
     """MONAI's ``ThreadDataLoader`` with errors surfaced and a watchdog (see the module docstring).
 
     Takes the same arguments, plus ``timeout_s`` (seconds one batch may take, 600 by default;
-    ``None`` turns the watchdog off). With ``num_workers=0`` (the usual set-up on cached data) the
-    batches are fetched in the background thread by this class, so a failing or stuck item is named;
-    with worker processes, PyTorch re-raises the worker's error and this class makes sure it is not
+    ``None`` turns the watchdog off) and ``prefetch`` (``False``: each batch is made in the
+    training thread when the loop asks for it, not while the previous step computes; see the module
+    docstring). With ``num_workers=0`` (the usual set-up on cached data) this class fetches the
+    batches itself (in the loader thread, or on demand in the training thread), so a failing or
+    stuck item is named; with worker processes, PyTorch re-raises the worker's error and this class makes sure it is not
     lost, and PyTorch's ``timeout`` is set to ``timeout_s`` (a smaller ``timeout=`` wins).
 
     Example:
@@ -213,11 +311,15 @@ class SafeThreadDataLoader(ThreadDataLoader):
         >>> loader = SafeThreadDataLoader(cache_ds, batch_size=2, shuffle=True, timeout_s=120)  # doctest: +SKIP
     """
 
-    def __init__(self, dataset: Any, *args: Any, timeout_s: float | None = 600.0, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, *args: Any, timeout_s: float | None = 600.0, prefetch: bool = True,
+                 **kwargs: Any) -> None:
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+        if not isinstance(prefetch, bool):
+            raise TypeError(f"prefetch must be True or False, got {prefetch!r}")
         super().__init__(dataset, *args, **kwargs)
         self.timeout_s = timeout_s
+        self.prefetch = prefetch
         self._persistent: tuple[DataLoader, _Recorded] | None = None
 
     def _batches(self, progress: _Progress) -> Iterator[Any]:
@@ -308,6 +410,31 @@ class SafeThreadDataLoader(ThreadDataLoader):
             src = self._worker_batches()
             limit = None if self.timeout_s is None else self.timeout_s + SHUTDOWN_GRACE_S
             working_on = lambda: "waiting for the worker processes"  # noqa: E731
-        for batch in SafeThreadBuffer(src, self.buffer_size, self.buffer_timeout, limit, working_on):
+        for batch in SafeThreadBuffer(src, self.buffer_size, self.buffer_timeout, limit, working_on, lambda: self.prefetch):
             for _ in range(self.repeats):
                 yield batch
+
+
+def prefetch_pays(device: torch.device | str) -> tuple[bool, str]:
+    """Whether a loader thread should make the next batch while the step computes, and why.
+
+    On a CUDA device the step runs on the GPU and the CPU is free to make the next batch: yes. On a
+    CPU, yes while the step's intra-op threads (``torch.get_num_threads()``) leave a CPU of this
+    process's affinity free. When they use them all, ``False``: making a batch alongside the step
+    then competes with the step's OpenMP team for its cores and can cost the step more than the
+    batch costs, or less when the batch is costly (``benchmarks/loader_overlap.py``), so it is for a
+    measurement to decide (:class:`~monai_fast.handlers.prefetch.PrefetchChoice`).
+
+    Example:
+        >>> prefetch_pays("cuda")[0]
+        True
+    """
+    device = torch.device(device)
+    if device.type != "cpu":
+        return True, f"the step runs on {device.type}: the next batch is made while it computes"
+    threads = torch.get_num_threads()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads < cpus:
+        return True, f"the step's {threads} threads leave {cpus - threads} of {cpus} CPUs to make the next batch"
+    return False, (f"the step's {threads} threads use all {cpus} CPUs: each batch is made when the step asks for it, "
+                   "not alongside it")

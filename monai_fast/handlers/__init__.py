@@ -11,6 +11,7 @@ from monai_fast.handlers.lifecycle import on_run_end
 from monai_fast.handlers.nonfinite import NonFiniteGuard, NonFiniteLossError
 from monai_fast.handlers.nvtx import NVTXHandler, nvtx_range
 from monai_fast.handlers.preemption import Preemption
+from monai_fast.handlers.prefetch import PrefetchChoice
 from monai_fast.handlers.record import RecordHandler, record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.throughput import ThroughputMonitor
@@ -33,6 +34,7 @@ __all__ = [
     "NonFiniteGuard",
     "NonFiniteLossError",
     "Preemption",
+    "PrefetchChoice",
     "RecordHandler",
     "SmartCacheUpdater",
     "ThroughputMonitor",

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -24,11 +25,13 @@ from monai.inferers import SlidingWindowInferer
 from monai.utils import CommonKeys
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
+from monai_fast.data.loaders import prefetch_pays
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
 from monai_fast.handlers.memory_format import choose_memory_format
 from monai_fast.handlers.nonfinite import NonFiniteGuard
+from monai_fast.handlers.prefetch import PrefetchChoice
 from monai_fast.handlers.record import record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.telemetry.record import Kind, Source
@@ -56,7 +59,13 @@ class FastTraining(EngineHandler):
       collate function; a ``DistributedSampler`` becomes a per-rank partition. The evaluator's
       loader likewise. ``cache`` may force a place (``"gpu"``, ``"ram"``, ``"disk"``,
       ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
-      to be thread-safe. ``background_fill=True`` starts training before a GPU or RAM cache is
+      to be thread-safe. ``prefetch="auto"`` lets the loader thread make the next batch while the
+      step computes where a CPU is free for it (on a GPU, or on a CPU where the step's intra-op
+      threads leave a CPU free: :func:`~monai_fast.data.loaders.prefetch_pays`); where the step's
+      threads use every CPU, a :class:`~monai_fast.handlers.prefetch.PrefetchChoice` times the first
+      iterations both ways (a batch made alongside such a step can slow it by more than the batch
+      costs) and keeps the faster. The ``prefetch`` (and ``validation prefetch``) entry of
+      :attr:`applied` says which and why. ``background_fill=True`` starts training before a GPU or RAM cache is
       full (:mod:`monai_fast.data.background`: the fill runs on the spare cores, the first epoch
       takes cached items first, each item once; from the first epoch that starts with the cache
       full the order is the sampler's, as without); the evaluator's cache then fills after the
@@ -96,6 +105,8 @@ class FastTraining(EngineHandler):
         cache_threads: threads that fill the caches; default all CPUs (all but one with
             ``background_fill``).
         background_fill: fill GPU/RAM caches while training runs instead of before it.
+        prefetch: ``"auto"`` (see above), ``True`` (always make the next batch during the step) or
+            ``False`` (make each batch when the step asks for it).
         progress: progress bars while caches fill.
         tune_store: where ``validation="tune"`` caches its measurement: ``"default"`` (the tuning
             store in monai-fast's cache folder), a JSON file, or ``None`` (measure every run).
@@ -114,6 +125,7 @@ class FastTraining(EngineHandler):
         cache_dir: str | os.PathLike | None = None,
         cache_threads: int | None = None,
         background_fill: bool = False,
+        prefetch: Literal["auto"] | bool = "auto",
         progress: bool = False,
         tune_store: str | os.PathLike | None = "default",
     ) -> None:
@@ -122,6 +134,8 @@ class FastTraining(EngineHandler):
         _check("precision", precision, ("auto", "bf16", "fp16", "fp32", False))
         _check("memory_format", memory_format, ("auto", "channels_last_3d", "contiguous", False))
         _check("validation", validation, ("auto", "tune", False))
+        if not (isinstance(prefetch, bool) or prefetch == "auto"):
+            raise ValueError(f"FastTraining: prefetch must be 'auto', True or False, got {prefetch!r}")
         for name, v in (("gpu_budget_mib", gpu_budget_mib), ("ram_budget_mib", ram_budget_mib),
                         ("disk_budget_mib", disk_budget_mib), ("cache_threads", cache_threads)):
             if v is not None and not v >= 0:
@@ -135,6 +149,7 @@ class FastTraining(EngineHandler):
                         for k, v in (("gpu_budget", gpu_budget_mib), ("ram_budget", ram_budget_mib), ("disk_budget", disk_budget_mib))}
         self.cache_dir, self.cache_threads, self.progress, self.tune_store = cache_dir, cache_threads, progress, tune_store
         self.background_fill = bool(background_fill)
+        self.prefetch = prefetch
         self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
         self.applied: dict[str, dict[str, Any]] = {}
@@ -166,13 +181,14 @@ class FastTraining(EngineHandler):
     def _apply_levers(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
         record = record_of(trainer)  # with a RecordHandler attached first, the fill is in the doctor's wall clock
         with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
-            self._data(trainer, "data", device)
+            self._data(trainer, "data", device, trainer)
         if evaluator is not None and self.validation is False:
             self._say("validation", False, None, "switched off (validation=False): the evaluator is kept as built")
             evaluator = None
         if evaluator is not None:
             with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
-                self._data(evaluator, "validation data", torch.device(getattr(evaluator.state, "device", None) or device))
+                self._data(evaluator, "validation data", torch.device(getattr(evaluator.state, "device", None) or device),
+                           trainer)
         if NonFiniteGuard not in handlers_on(trainer):  # every precision, also with precision=False or MONAI's amp
             guard = NonFiniteGuard()
             guard.attach(trainer)
@@ -198,7 +214,7 @@ class FastTraining(EngineHandler):
         self.applied[lever] = {"applied": applied, "setting": setting, "reason": reason}
         logger.info("FastTraining %s: %s%s", lever, f"{setting}: " if applied else "left alone: ", reason)
 
-    def _data(self, engine: Workflow, lever: str, device: torch.device) -> None:
+    def _data(self, engine: Workflow, lever: str, device: torch.device, trainer: Engine) -> None:
         if self.loader is False or self.cache is False:
             self._say(lever, False, None, "switched off (loader=False or cache=False)")
             return
@@ -207,10 +223,15 @@ class FastTraining(EngineHandler):
             self._say(lever, False, None, why)
             return
         before = len(engine.data_loader)
+        if self.prefetch == "auto":
+            prefetch, why_prefetch = prefetch_pays(device)
+            measure = not prefetch
+        else:
+            prefetch, why_prefetch, measure = self.prefetch, f"requested prefetch={self.prefetch}", False
         adopted: AdoptedData = adopt_loader(
             engine.data_loader, device, cache="auto" if self.cache is True else self.cache, cache_dir=self.cache_dir,
             cache_threads=self.cache_threads, progress=self.progress, force_thread=self.loader == "thread",
-            background=self.background_fill, after=self._train_cache, **self.budgets,
+            background=self.background_fill, after=self._train_cache, prefetch=prefetch, **self.budgets,
         )
         if self._train_cache is None:
             self._train_cache = adopted.dataset
@@ -223,6 +244,18 @@ class FastTraining(EngineHandler):
             updater.attach(engine)
             self._helpers.append(updater)
         self._say(lever, True, adopted.where, "; ".join(adopted.notes))
+        name = lever.replace("data", "prefetch")
+        if measure:
+            choice = PrefetchChoice(adopted.loader, on_choice=functools.partial(self._prefetch_chosen, trainer, name))
+            choice.attach(engine)
+            self._helpers.append(choice)
+            self._say(name, True, "measuring", f"{why_prefetch}; the first iterations time it against prefetch")
+        else:
+            self._say(name, True, "ahead" if prefetch else "on demand", why_prefetch)
+
+    def _prefetch_chosen(self, trainer: Engine, name: str, prefetch: bool, reason: str) -> None:
+        self._say(name, True, "ahead" if prefetch else "on demand", f"measured {reason}")
+        self._record(trainer, only=name)
 
     def _precision(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
         if self.precision is False:

@@ -1,0 +1,229 @@
+"""Batches made ahead in the loader thread or on demand in the training thread, and the measured choice."""
+
+import logging
+import threading
+import time
+
+import pytest
+import torch
+from ignite.engine import Engine, Events
+from monai.data import CacheDataset, Dataset
+from monai.transforms import Compose, LoadImaged, RandGaussianNoised, RandLambdad
+from torch.utils.data import DataLoader
+
+from monai_fast.data.items import DataItemError
+from monai_fast.data.loaders import SafeThreadDataLoader, prefetch_pays
+from monai_fast.handlers import FastTraining, PrefetchChoice
+
+
+def _loader_threads():
+    return [t for t in threading.enumerate() if t.name == "monai-fast-loader"]
+
+
+class _Made:
+    """A data set that notes which thread made each item, and when; ``busy`` is set while it makes one."""
+
+    def __init__(self, n: int, cost: float = 0.0) -> None:
+        self.n, self.cost, self.log, self.busy = n, cost, [], threading.Event()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        self.busy.set()
+        start = time.perf_counter()
+        time.sleep(self.cost)
+        self.log.append((i, threading.current_thread().name, start, time.perf_counter()))
+        self.busy.clear()
+        return {"x": torch.tensor([float(i)])}
+
+
+def _consume(loader, work_s: float, stop_after: int | None = None):
+    got, windows = [], []
+    for b in loader:
+        start = time.perf_counter()
+        time.sleep(work_s)
+        windows.append((start, time.perf_counter()))
+        got.append(int(b["x"]))
+        if stop_after is not None and len(got) == stop_after:
+            break
+    return got, windows
+
+
+def _made_during(log, windows):
+    return [i for i, _, s, e in log if any(s < we and e > ws for ws, we in windows)]
+
+
+def test_on_demand_makes_every_batch_in_the_training_thread_and_none_while_it_works():
+    ds = _Made(6, cost=0.005)
+    got, windows = _consume(SafeThreadDataLoader(ds, batch_size=1, prefetch=False), work_s=0.02)
+    assert got == list(range(6))
+    assert {name for _, name, _, _ in ds.log} == {threading.current_thread().name}
+    assert _made_during(ds.log, windows) == [] and _loader_threads() == []
+
+
+def test_prefetch_makes_the_next_batch_in_the_loader_thread_while_the_training_thread_works():
+    ds = _Made(6, cost=0.005)
+    got, windows = _consume(SafeThreadDataLoader(ds, batch_size=1, prefetch=True), work_s=0.02)
+    assert got == list(range(6))
+    assert {name for _, name, _, _ in ds.log} == {"monai-fast-loader"}
+    assert len(_made_during(ds.log, windows)) >= 4 and _loader_threads() == []
+
+
+def _noisy_batches(prefetch: bool, switch: bool = False):
+    data = [{"x": torch.full((4,), float(i))} for i in range(9)]
+    chain = Compose([RandGaussianNoised(keys="x", prob=1.0)]).set_random_state(0)
+    loader = SafeThreadDataLoader(Dataset(data, chain), batch_size=2, shuffle=True,
+                                  generator=torch.Generator().manual_seed(1), prefetch=prefetch)
+    batches = []
+    for b in loader:
+        if switch:
+            loader.prefetch = not loader.prefetch  # read when the next batch arrives
+        batches.append(b["x"])
+    return batches
+
+
+def test_ahead_on_demand_and_switching_every_batch_give_the_same_batches():
+    ahead, on_demand, switching = _noisy_batches(True), _noisy_batches(False), _noisy_batches(True, switch=True)
+    assert len(ahead) == len(on_demand) == len(switching) == 5
+    for a, b, c in zip(ahead, on_demand, switching):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert not torch.equal(ahead[0], _noisy_batches(True)[1])  # the noise is there (the check can fail)
+    assert _loader_threads() == []
+
+
+def test_a_failing_item_made_on_demand_is_named(tiny_files):
+    files = tiny_files[0] + tiny_files[1]
+    target = files[1]["image"]
+
+    def maybe_fail(img):
+        if img.meta["filename_or_obj"] == target:
+            raise ValueError("augmentation exploded")
+        return img
+
+    chain = Compose([LoadImaged(keys=["image", "label"]), RandLambdad(keys="image", func=maybe_fail, prob=1.0)])
+    ds = CacheDataset(files, chain, progress=False)
+    with pytest.raises(DataItemError, match=r"item 1 .*augmentation exploded") as info:
+        list(SafeThreadDataLoader(ds, batch_size=2, prefetch=False))
+    assert target in str(info.value) and _loader_threads() == []
+
+
+def test_a_slow_batch_made_on_demand_is_named_in_an_error_log(caplog):
+    ds = _Made(2, cost=0.5)
+    with caplog.at_level(logging.ERROR, logger="monai_fast.data.loaders"):
+        got, _ = _consume(SafeThreadDataLoader(ds, batch_size=1, prefetch=False, timeout_s=0.2), work_s=0)
+    assert got == [0, 1]  # a batch made in the training thread cannot be cut short: it still arrives
+    stuck = [r.getMessage() for r in caplog.records if "timeout_s=0.2" in r.getMessage()]
+    assert len(stuck) == 2 and "loading item 0" in stuck[0] and "loading item 1" in stuck[1]
+
+
+def test_stopping_wakes_an_idle_loader_thread_at_once():
+    ds = _Made(50)
+    modes = iter([True] + [False] * 49)  # the thread makes batches 0-2, then waits idle for a request that never comes
+    loader = SafeThreadDataLoader(ds, batch_size=1)
+    start = None
+    for i, _ in enumerate(loader):
+        loader.prefetch = next(modes)
+        if i == 3:
+            time.sleep(0.1)
+            start = time.perf_counter()
+            break
+    assert time.perf_counter() - start < 2.0  # an idle thread re-checks on its own only every 5 s
+    assert [name for _, name, _, _ in ds.log] == ["monai-fast-loader"] * 3 + [threading.current_thread().name]
+    assert _loader_threads() == []
+
+
+def test_prefetch_pays_on_a_gpu_and_on_a_cpu_with_a_core_left_over():
+    assert prefetch_pays("cuda")[0] is True
+    threads, cpus = torch.get_num_threads(), len(__import__("os").sched_getaffinity(0))
+    try:
+        torch.set_num_threads(cpus)
+        pays, why = prefetch_pays("cpu")
+        assert pays is False and f"use all {cpus} CPUs" in why
+        if cpus > 1:
+            torch.set_num_threads(cpus - 1)
+            pays, why = prefetch_pays("cpu")
+            assert pays is True and "leave 1 of" in why
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _choose(step, item_cost: float, pairs: int = 2, epochs: int = 3, per_epoch: int = 8):
+    ds = _Made(per_epoch, cost=item_cost)
+    loader = SafeThreadDataLoader(ds, batch_size=1, prefetch=False)
+    engine = Engine(lambda e, b: step(ds))
+    chosen = []
+    choice = PrefetchChoice(loader, pairs=pairs, on_choice=lambda p, why: chosen.append((p, why)))
+    choice.attach(engine)
+    after = []
+    engine.add_event_handler(Events.ITERATION_COMPLETED,
+                             lambda e: after.append(loader.prefetch) if choice.prefetch is not None else None)
+    engine.run(loader, max_epochs=epochs)
+    assert engine.state.iteration == epochs * per_epoch and _loader_threads() == []
+    assert len(chosen) == 1 and all(len(t) == pairs for t in choice.times.values())
+    assert after and set(after) == {choice.prefetch} and loader.prefetch is choice.prefetch
+    return choice, chosen[0]
+
+
+def test_the_choice_keeps_prefetch_when_making_batches_ahead_hides_their_cost():
+    choice, (prefetch, why) = _choose(lambda ds: time.sleep(0.03), item_cost=0.03)
+    assert prefetch is True and why.startswith("prefetch: ")
+    ahead, asked = (float(x.split(" s")[0]) for x in why.split(": ", 1)[1].split(" against "))
+    assert ahead < asked
+
+
+def test_the_choice_goes_on_demand_when_a_batch_made_alongside_slows_the_step():
+    # stands in for a CPU whose every core runs the step's OpenMP team: a batch made during the step
+    # costs the step more than the batch itself (measured for real in benchmarks/loader_overlap.py)
+    def step(ds):
+        made = len(ds.log)
+        time.sleep(0.02)
+        if ds.busy.is_set() or len(ds.log) != made:
+            time.sleep(0.04)
+
+    choice, (prefetch, why) = _choose(step, item_cost=0.005)
+    assert prefetch is False and why.startswith("on demand: ")
+
+
+def test_epochs_too_short_to_time_keep_the_loaders_setting():
+    loader = SafeThreadDataLoader(_Made(2), batch_size=1, prefetch=False)
+    engine = Engine(lambda e, b: None)
+    chosen = []
+    choice = PrefetchChoice(loader, on_choice=lambda p, why: chosen.append((p, why)))
+    choice.attach(engine)
+    engine.run(loader, max_epochs=3)
+    assert chosen == [(False, "on demand kept: epochs of 2 iteration(s) are too short to time both ways")]
+    assert loader.prefetch is False and choice.times == {True: [], False: []}
+
+
+def test_prefetch_choice_refuses_what_it_cannot_measure():
+    with pytest.raises(TypeError, match="SafeThreadDataLoader"):
+        PrefetchChoice(DataLoader(list(range(3))))
+    with pytest.raises(ValueError, match="pairs must be an integer >= 1"):
+        PrefetchChoice(SafeThreadDataLoader(list(range(3))), pairs=0)
+    with pytest.raises(ValueError, match="prefetch must be 'auto', True or False"):
+        FastTraining(prefetch="yes")
+    with pytest.raises(TypeError, match="prefetch must be True or False"):
+        SafeThreadDataLoader(list(range(3)), prefetch="auto")
+
+
+def test_fast_training_sets_the_loaders_prefetch_and_says_why(tiny_files):
+    from test_fast_training import _user_trainer
+
+    trainer, evaluator = _user_trainer(tiny_files)
+    fast = FastTraining(prefetch=False)
+    fast.attach(trainer, evaluator)
+    assert trainer.data_loader.prefetch is False and evaluator.data_loader.prefetch is False
+    assert fast.applied["prefetch"] == {"applied": True, "setting": "on demand", "reason": "requested prefetch=False"}
+    assert not any(isinstance(h, PrefetchChoice) for h in fast._helpers)
+
+    trainer, evaluator = _user_trainer(tiny_files)
+    fast = FastTraining()
+    fast.attach(trainer, evaluator)
+    pays, why = prefetch_pays("cpu")
+    choices = [h for h in fast._helpers if isinstance(h, PrefetchChoice)]
+    if pays:  # a CPU left over for the loader thread: made ahead, nothing to measure
+        assert fast.applied["prefetch"]["setting"] == "ahead" and choices == []
+    else:  # the step's threads use every CPU: both ways are timed on the first iterations
+        assert fast.applied["prefetch"]["setting"] == "measuring" and why in fast.applied["prefetch"]["reason"]
+        assert {c.loader for c in choices} == {trainer.data_loader, evaluator.data_loader}
