@@ -33,7 +33,8 @@ def test_truncated_nifti_is_named_not_hidden(tiny_files, tmp_path):
     assert seen == 3 and _loader_threads() == []
 
 
-def test_raising_random_transform_on_cached_data_is_named(tiny_files):
+@pytest.mark.parametrize("prefetch", [True, False])  # made in the loader thread, or in this one on demand
+def test_raising_random_transform_on_cached_data_is_named(tiny_files, prefetch):
     files = _files(tiny_files)
     target = files[1]["image"]
 
@@ -45,8 +46,8 @@ def test_raising_random_transform_on_cached_data_is_named(tiny_files):
     chain = Compose([LoadImaged(keys=["image", "label"]), RandLambdad(keys="image", func=maybe_fail, prob=1.0)])
     ds = CacheDataset(files, chain, progress=False)
     with pytest.raises(DataItemError, match=r"item 1 .*augmentation exploded") as info:
-        list(SafeThreadDataLoader(ds, batch_size=2))
-    assert target in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
+        list(SafeThreadDataLoader(ds, batch_size=2, prefetch=prefetch))
+    assert target in str(info.value) and isinstance(info.value.__cause__, RuntimeError) and _loader_threads() == []
 
 
 def test_same_batches_as_monai_thread_loader_when_nothing_fails():
