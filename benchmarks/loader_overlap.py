@@ -115,45 +115,15 @@ def summarise(run: dict) -> dict:
             "final_dice": run["epochs"][-1]["dice"]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=2, help="runs per variant and condition, taking turns (default 2)")
-    p.add_argument("--epochs", type=int, default=5, help="epochs per run; the first is left out as warm-up (default 5)")
-    p.add_argument("--chains", nargs="+", choices=("tutorial", "heavy"), default=["tutorial", "heavy"])
-    p.add_argument("--isa", nargs="+", choices=tuple(ISA_LIMITS), default=["avx2", "native"])
-    p.add_argument("--cases", type=int, default=16, help="synthetic spleen-like cases, a quarter for validation (default 16)")
-    p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), help="volume shape (default 128 128 64)")
-    p.add_argument("--patch", type=int, nargs=3, default=(64, 64, 64), help="training crop / sliding window (default 64^3)")
-    p.add_argument("--channels", type=int, nargs="+", default=(8, 16, 32, 64), help="UNet channels (default 8 16 32 64)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the JSON")
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(json.loads(args.child))))
-        return 0
-    if args.repeats < 1 or args.epochs < 2:
-        p.error("--repeats must be >= 1 and --epochs >= 2 (the first epoch is left out)")
-    from monai_fast.files import write_json
-
-    base = {"cases": args.cases, "shape": list(args.shape), "patch": list(args.patch), "channels": list(args.channels),
-            "epochs": args.epochs}
-    runs = []
-    for r in range(args.repeats):
-        for isa in args.isa:
-            for chain in args.chains:
-                order = VARIANTS[r % 3:] + VARIANTS[:r % 3]  # each variant first in turn
-                for variant in order:
-                    spec = {**base, "chain": chain, "isa": isa, "variant": variant}
-                    print(f"-- repeat {r + 1}, {isa}, {chain} chain: {variant}", flush=True)
-                    result = run_child(spec)
-                    runs.append({"repeat": r + 1, **spec, **result, "summary": summarise(result)})
+def report(runs: list[dict], isas: list[str], chains: list[str], repeats: int) -> list[dict]:
+    """Print the table of ``runs`` and return its rows (ratios, what auto chose, the loss check)."""
     rows = []
     print(f"\n{'isa':<7}{'chain':<9}{'repeat':<7}{'variant':<11}{'train s/ep':>11}{'step s/ep':>10}{'wait s/ep':>10}"
           f"{'val s/ep':>9}{'precision':>10}{'layout':>17}")
-    for isa in args.isa:
-        for chain in args.chains:
+    for isa in isas:
+        for chain in chains:
             ratios, gaps = [], []
-            for r in range(1, args.repeats + 1):
+            for r in range(1, repeats + 1):
                 pair = {x["variant"]: x for x in runs if x["repeat"] == r and x["isa"] == isa and x["chain"] == chain}
                 for v in VARIANTS:
                     s = pair[v]["summary"]
@@ -178,6 +148,51 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{isa:<7}{chain:<9}training s/epoch, prefetch over on demand: {on_demand} (median {row['median_on_demand']:.2f}x); "
                   f"prefetch over auto: {auto} (median {row['median_auto']:.2f}x; auto chose {chose}); "
                   f"largest loss difference {row['max_loss_difference']} over {len(gaps)} pairs with the same precision and layout")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=2, help="runs per variant and condition, taking turns (default 2)")
+    p.add_argument("--epochs", type=int, default=5, help="epochs per run; the first is left out as warm-up (default 5)")
+    p.add_argument("--chains", nargs="+", choices=("tutorial", "heavy"), default=["tutorial", "heavy"])
+    p.add_argument("--isa", nargs="+", choices=tuple(ISA_LIMITS), default=["avx2", "native"])
+    p.add_argument("--cases", type=int, default=16, help="synthetic spleen-like cases, a quarter for validation (default 16)")
+    p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), help="volume shape (default 128 128 64)")
+    p.add_argument("--patch", type=int, nargs=3, default=(64, 64, 64), help="training crop / sliding window (default 64^3)")
+    p.add_argument("--channels", type=int, nargs="+", default=(8, 16, 32, 64), help="UNet channels (default 8 16 32 64)")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the JSON")
+    p.add_argument("--recompute", metavar="JSON", help="print the table of a saved run and rewrite its rows with this code")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+    if args.recompute:
+        from monai_fast.files import write_json
+
+        doc = json.loads(Path(args.recompute).read_text())
+        o = doc["options"]
+        doc["rows"] = report(doc["runs"], o["isa"], o["chains"], o["repeats"])
+        print(f"rows rewritten: {write_json(doc, Path(args.recompute))}")
+        return 0
+    if args.repeats < 1 or args.epochs < 2:
+        p.error("--repeats must be >= 1 and --epochs >= 2 (the first epoch is left out)")
+    from monai_fast.files import write_json
+
+    base = {"cases": args.cases, "shape": list(args.shape), "patch": list(args.patch), "channels": list(args.channels),
+            "epochs": args.epochs}
+    runs = []
+    for r in range(args.repeats):
+        for isa in args.isa:
+            for chain in args.chains:
+                order = VARIANTS[r % 3:] + VARIANTS[:r % 3]  # each variant first in turn
+                for variant in order:
+                    spec = {**base, "chain": chain, "isa": isa, "variant": variant}
+                    print(f"-- repeat {r + 1}, {isa}, {chain} chain: {variant}", flush=True)
+                    result = run_child(spec)
+                    runs.append({"repeat": r + 1, **spec, **result, "summary": summarise(result)})
+    rows = report(runs, args.isa, args.chains, args.repeats)
     cpu = platform.processor() or platform.machine()
     doc = {"benchmark": "loader_overlap", "date": dt.datetime.now().isoformat(timespec="seconds"),
            "machine": {"processor": cpu, "cpus": os.cpu_count(), "threads": runs[0]["threads"], "python": sys.version.split()[0],

@@ -71,7 +71,7 @@ def test_prefetch_makes_the_next_batch_in_the_loader_thread_while_the_training_t
 
 def _noisy_batches(prefetch: bool, switch: bool = False):
     data = [{"x": torch.full((4,), float(i))} for i in range(9)]
-    chain = Compose([RandGaussianNoised(keys="x", prob=1.0)]).set_random_state(0)
+    chain = Compose([RandGaussianNoised(keys="x", prob=1.0)])  # its seed comes from the loader's generator
     loader = SafeThreadDataLoader(Dataset(data, chain), batch_size=2, shuffle=True,
                                   generator=torch.Generator().manual_seed(1), prefetch=prefetch)
     batches = []
@@ -87,7 +87,7 @@ def test_ahead_on_demand_and_switching_every_batch_give_the_same_batches():
     assert len(ahead) == len(on_demand) == len(switching) == 5
     for a, b, c in zip(ahead, on_demand, switching):
         assert torch.equal(a, b) and torch.equal(a, c)
-    assert not torch.equal(ahead[0], _noisy_batches(True)[1])  # the noise is there (the check can fail)
+    assert not any(torch.equal(a, a.round()) for a in ahead)  # the items are whole numbers plus noise: it is there
     assert _loader_threads() == []
 
 
@@ -116,19 +116,10 @@ def test_stopping_wakes_an_idle_loader_thread_at_once():
     assert _loader_threads() == []
 
 
-def test_prefetch_pays_on_a_gpu_and_on_a_cpu_with_a_core_left_over():
+def test_prefetch_surely_pays_on_a_gpu_and_is_measured_on_a_cpu():
     assert prefetch_pays("cuda")[0] is True
-    threads, cpus = torch.get_num_threads(), len(__import__("os").sched_getaffinity(0))
-    try:
-        torch.set_num_threads(cpus)
-        pays, why = prefetch_pays("cpu")
-        assert pays is False and f"use all {cpus} CPUs" in why
-        if cpus > 1:
-            torch.set_num_threads(cpus - 1)
-            pays, why = prefetch_pays("cpu")
-            assert pays is True and "leave 1 of" in why
-    finally:
-        torch.set_num_threads(threads)
+    pays, why = prefetch_pays("cpu")
+    assert pays is False and f"{torch.get_num_threads()} intra-op threads" in why
 
 
 def _choose(step, item_cost: float, pairs: int = 2, epochs: int = 3, per_epoch: int = 8):
@@ -203,10 +194,20 @@ def test_fast_training_sets_the_loaders_prefetch_and_says_why(tiny_files):
     trainer, evaluator = _user_trainer(tiny_files)
     fast = FastTraining()
     fast.attach(trainer, evaluator)
-    pays, why = prefetch_pays("cpu")
     choices = [h for h in fast._helpers if isinstance(h, PrefetchChoice)]
-    if pays:  # a CPU left over for the loader thread: made ahead, nothing to measure
-        assert fast.applied["prefetch"]["setting"] == "ahead" and choices == []
-    else:  # the step's threads use every CPU: both ways are timed on the first iterations
-        assert fast.applied["prefetch"]["setting"] == "measuring" and why in fast.applied["prefetch"]["reason"]
-        assert {c.loader for c in choices} == {trainer.data_loader, evaluator.data_loader}
+    assert fast.applied["prefetch"]["setting"] == "measuring" and "intra-op threads" in fast.applied["prefetch"]["reason"]
+    assert {c.loader for c in choices} == {trainer.data_loader, evaluator.data_loader}
+    assert trainer.data_loader.prefetch is False  # on demand until the measurement says otherwise
+
+
+def test_fast_training_keeps_batches_ahead_where_worker_processes_make_them(tiny_files):
+    from monai.data import DataLoader, list_data_collate
+    from test_fast_training import _chain, _user_trainer
+
+    loader = DataLoader(Dataset(tiny_files[0], _chain(True)), batch_size=2, num_workers=1, collate_fn=list_data_collate)
+    trainer, evaluator = _user_trainer(tiny_files, train_loader=loader)
+    fast = FastTraining(cache="none")
+    fast.attach(trainer, evaluator)
+    assert trainer.data_loader.num_workers == 1 and trainer.data_loader.prefetch is True
+    assert fast.applied["prefetch"] == {"applied": True, "setting": "ahead", "reason": "1 worker processes make the batches ahead"}
+    assert [h.loader for h in fast._helpers if isinstance(h, PrefetchChoice)] == [evaluator.data_loader]

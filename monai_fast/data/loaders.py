@@ -21,10 +21,11 @@ training loop. :class:`SafeThreadDataLoader` keeps the thread and the speed, but
   new thread would otherwise start on ``cuda:0``, so ``ToDeviced("cuda")`` in the chain or
   pinned memory would land on another rank's GPU);
 * ``prefetch=False`` makes each batch in the training thread when the loop asks for it, so no
-  batch is made while a step computes. On a CPU whose every core runs the step's intra-op
-  threads, a batch made alongside the step can slow the step by more than the batch costs
+  batch is made while a step computes (with worker processes they still work ahead; only the
+  hand-over moves). On a CPU whose every core runs the step's intra-op threads, a batch made
+  alongside the step can slow the step by more than the batch costs
   (``benchmarks/loader_overlap.py``); :func:`prefetch_pays` says where making it ahead is sure to
-  pay. Failing items are named the same way; a batch made in the training thread cannot be
+  pay. With ``prefetch=True`` the thread makes up to ``buffer_size`` batches ahead. Failing items are named the same way; a batch made in the training thread cannot be
   interrupted, so there the watchdog logs an error naming the item instead of raising. The
   setting is read at each batch and may change between batches
   (:class:`~monai_fast.handlers.prefetch.PrefetchChoice` times both ways and keeps the faster).
@@ -82,6 +83,46 @@ class _Progress:
         return f"{doing} for {time.monotonic() - self.since:.1f} s (batch {self.batch} of the epoch)"
 
 
+class _Run:
+    """One iteration of a :class:`SafeThreadBuffer`: its iterator, queue, requests and stop flag."""
+
+    def __init__(self, it: Iterator[Any], size: int, timeout: float) -> None:
+        self.it, self.timeout = it, timeout
+        self.queue: Queue = Queue(size)  # never fuller than the requests, at most ``size``
+        self.asked = threading.Semaphore(0)  # one release per item the consumer asks for
+        self.running = True
+        self.stuck = False  # the consumer gave up waiting: the thread is not waited for
+
+    def put(self, value: Any) -> bool:
+        while self.running:
+            try:
+                self.queue.put(value, timeout=self.timeout)
+                return True
+            except Full:
+                continue
+        return False
+
+    def wait_for_request(self) -> bool:
+        """Block until the consumer asks for an item; ``False`` once it has stopped.
+
+        The wait sleeps without polling (the stop wakes it): a thread waking up every few
+        milliseconds takes the GIL from the training step.
+        """
+        while self.running:
+            if self.asked.acquire(timeout=_IDLE_CHECK_S):
+                return self.running
+        return False
+
+    def stop(self) -> None:
+        self.running = False
+        self.asked.release()
+
+    def close(self) -> None:
+        close = getattr(self.it, "close", None)
+        if close is not None:  # a generator's clean-up (worker shutdown) runs now, not at GC
+            close()
+
+
 class SafeThreadBuffer:
     """Iterates ``src`` in a background thread; its errors and its end reach the consumer.
 
@@ -90,7 +131,9 @@ class SafeThreadBuffer:
         buffer_size: items queued ahead.
         timeout: seconds per wait on the queue before re-checking the thread.
         timeout_s: the longest the consumer waits for one item before :class:`LoaderTimeoutError`
-            (the thread, if stuck, is abandoned); ``None`` waits as long as the thread lives.
+            (the thread, if stuck, is abandoned); ``None`` waits as long as the thread lives. An item
+            made on demand in the consumer's own thread cannot be interrupted: past ``timeout_s`` an
+            error log names what it is doing.
         working_on: what the thread is doing, for the timeout message.
         prefetch: ``True``: the thread makes items ahead, up to ``buffer_size``; ``False``: it makes
             each item only when the consumer asks for the next one. A callable is asked at each item
@@ -117,58 +160,27 @@ class SafeThreadBuffer:
             raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
         self.src = src
         self.buffer_size = buffer_size
-        self.buffer: Queue = Queue(buffer_size)
         self.timeout = timeout
         self.timeout_s = timeout_s
         self.working_on = working_on
         self.prefetch = prefetch
-        self._asked = threading.Semaphore(0)  # one release per item the consumer asks for
-        self._running = False
-        self._thread: threading.Thread | None = None
-        self._it: Iterator[Any] | None = None
 
-    def _put(self, value: Any) -> bool:
-        while self._running:
-            try:
-                self.buffer.put(value, timeout=self.timeout)
-                return True
-            except Full:
-                continue
-        return False
-
-    def _produce(self, device: Any) -> None:
+    def _produce(self, run: _Run, device: Any) -> None:
         try:
             if device is not None:  # a new thread starts on cuda:0, whatever device the trainer uses
                 set_cuda_device(device)
-            it = self._it
-            while self._wait_for_request():
+            while run.wait_for_request():
                 try:
-                    value = next(it)
+                    value = next(run.it)
                 except StopIteration:
-                    self._put(_End())
+                    run.put(_End())
                     return
-                if not self._put(value):
+                if not run.put(value):
                     return
         except BaseException as e:  # handed to the consumer, which raises it in the training thread
-            self._put(_Failure(e))
+            run.put(_Failure(e))
         finally:
-            self._close()
-
-    def _close(self) -> None:
-        close = getattr(self._it, "close", None)
-        if close is not None:  # a generator's clean-up (worker shutdown) runs now, not at GC
-            close()
-
-    def _wait_for_request(self) -> bool:
-        """Block until the consumer asks for an item; ``False`` once it has stopped.
-
-        The wait sleeps without polling (the consumer's stop wakes it): a thread waking up every few
-        milliseconds takes the GIL from the training step and slows it.
-        """
-        while self._running:
-            if self._asked.acquire(timeout=_IDLE_CHECK_S):
-                return self._running
-        return False
+            run.close()
 
     def _timed_out(self, waited: float) -> LoaderTimeoutError:
         doing = self.working_on() if self.working_on is not None else "working"
@@ -179,32 +191,29 @@ class SafeThreadBuffer:
         )
 
     def __iter__(self) -> Iterator[Any]:
-        self._running = True
-        self._asked = threading.Semaphore(0)
-        # advanced by the loader thread (items made ahead) or by this one (on demand), never by both at once
-        self._it = it = iter(self.src)
+        # one run's own iterator, queue and signals: a thread abandoned by an earlier run cannot touch them
+        run = _Run(iter(self.src), self.buffer_size, self.timeout)
         thread: threading.Thread | None = None
-        stuck = False
         asked = 0  # items asked of the thread and not yet received
 
         def ask() -> None:
             nonlocal asked, thread
             if thread is None:
                 device = current_cuda_device()  # the training thread's, at the start of the epoch
-                thread = threading.Thread(target=self._produce, args=(device,), name="monai-fast-loader", daemon=True)
-                self._thread = thread
-                thread.start()
+                started = threading.Thread(target=self._produce, args=(run, device), name="monai-fast-loader", daemon=True)
+                started.start()
+                thread = started
             asked += 1
-            self._asked.release()
+            run.asked.release()
 
         try:
             if self._prefetch_now():
                 ask()
             while True:
                 if asked == 0:  # made here, while the consumer waits for it
-                    value = self._make_here(it)
+                    value = self._make_here(run.it)
                 else:
-                    value = self._receive(thread)
+                    value = self._receive(run, thread)
                     asked -= 1
                 if isinstance(value, _End):
                     return
@@ -214,17 +223,12 @@ class SafeThreadBuffer:
                     while asked < self.buffer_size:  # made while the consumer works on this one
                         ask()
                 yield value
-        except LoaderTimeoutError:
-            stuck = True
-            raise
         finally:
-            self._running = False
-            self._asked.release()  # wakes a waiting loader thread, which sees the stop
-            self._thread = None
+            run.stop()  # wakes a waiting loader thread, which sees the stop
             if thread is None:
-                self._close()
+                run.close()
             else:  # the thread closes the iterator as it stops
-                thread.join(0 if stuck else self.timeout_s)
+                thread.join(0 if run.stuck else self.timeout_s)
                 if thread.is_alive():
                     thread.name = "monai-fast-loader (abandoned)"
                     logger.warning("the loader thread did not stop; it is left behind as a daemon thread")
@@ -232,17 +236,18 @@ class SafeThreadBuffer:
     def _prefetch_now(self) -> bool:
         return bool(self.prefetch() if callable(self.prefetch) else self.prefetch)
 
-    def _receive(self, thread: threading.Thread | None) -> Any:
+    def _receive(self, run: _Run, thread: threading.Thread | None) -> Any:
         """The next item from the loader thread, waiting at most ``timeout_s``."""
         start = time.monotonic()
         while True:
             try:
-                return self.buffer.get(timeout=self.timeout)
+                return run.queue.get(timeout=self.timeout)
             except Empty:
-                if thread is None or not thread.is_alive() and self.buffer.empty():
+                if thread is None or not thread.is_alive() and run.queue.empty():
                     raise RuntimeError("the loader thread stopped without finishing its epoch or reporting an error") from None
                 waited = time.monotonic() - start
                 if self.timeout_s is not None and waited > self.timeout_s:
+                    run.stuck = True
                     raise self._timed_out(waited) from None
 
     def _make_here(self, it: Iterator[Any]) -> Any:
@@ -416,25 +421,22 @@ class SafeThreadDataLoader(ThreadDataLoader):
 
 
 def prefetch_pays(device: torch.device | str) -> tuple[bool, str]:
-    """Whether a loader thread should make the next batch while the step computes, and why.
+    """Whether making the next batch while the step computes surely pays, and why.
 
     On a CUDA device the step runs on the GPU and the CPU is free to make the next batch: yes. On a
-    CPU, yes while the step's intra-op threads (``torch.get_num_threads()``) leave a CPU of this
-    process's affinity free. When they use them all, ``False``: making a batch alongside the step
-    then competes with the step's OpenMP team for its cores and can cost the step more than the
-    batch costs, or less when the batch is costly (``benchmarks/loader_overlap.py``), so it is for a
-    measurement to decide (:class:`~monai_fast.handlers.prefetch.PrefetchChoice`).
+    CPU the loader thread competes with the step's OpenMP team for the cores; on this project's
+    2-core CPU that cost the step more than the batch in fp32 and about as much with a costly chain
+    in bf16 (``benchmarks/loader_overlap.py``), and SMT siblings, other ranks on the node or a
+    smaller thread count change the balance. So on a CPU the answer is ``False``: for a measurement
+    to decide (:class:`~monai_fast.handlers.prefetch.PrefetchChoice`).
 
     Example:
-        >>> prefetch_pays("cuda")[0]
-        True
+        >>> prefetch_pays("cuda")[0], prefetch_pays("cpu")[0]
+        (True, False)
     """
     device = torch.device(device)
     if device.type != "cpu":
         return True, f"the step runs on {device.type}: the next batch is made while it computes"
-    threads = torch.get_num_threads()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if threads < cpus:
-        return True, f"the step's {threads} threads leave {cpus - threads} of {cpus} CPUs to make the next batch"
-    return False, (f"the step's {threads} threads use all {cpus} CPUs: each batch is made when the step asks for it, "
-                   "not alongside it")
+    return False, (f"the step runs on the CPU ({torch.get_num_threads()} intra-op threads, {cpus} CPUs): a batch made "
+                   "alongside it may cost it more than the batch")

@@ -60,12 +60,12 @@ class FastTraining(EngineHandler):
       loader likewise. ``cache`` may force a place (``"gpu"``, ``"ram"``, ``"disk"``,
       ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
       to be thread-safe. ``prefetch="auto"`` lets the loader thread make the next batch while the
-      step computes where a CPU is free for it (on a GPU, or on a CPU where the step's intra-op
-      threads leave a CPU free: :func:`~monai_fast.data.loaders.prefetch_pays`); where the step's
-      threads use every CPU, a :class:`~monai_fast.handlers.prefetch.PrefetchChoice` times the first
-      iterations both ways (a batch made alongside such a step can slow it by more than the batch
-      costs) and keeps the faster. The ``prefetch`` (and ``validation prefetch``) entry of
-      :attr:`applied` says which and why. ``background_fill=True`` starts training before a GPU or RAM cache is
+      step computes on a GPU (:func:`~monai_fast.data.loaders.prefetch_pays`) and where worker
+      processes make the batches; on a CPU a :class:`~monai_fast.handlers.prefetch.PrefetchChoice`
+      times the first iterations both ways (a batch made alongside a step that runs on every core
+      can slow it by more than the batch costs; on demand, it is made in the training thread) and
+      keeps the faster. The ``prefetch`` (and ``validation prefetch``) entry of :attr:`applied`
+      says which and why. ``background_fill=True`` starts training before a GPU or RAM cache is
       full (:mod:`monai_fast.data.background`: the fill runs on the spare cores, the first epoch
       takes cached items first, each item once; from the first epoch that starts with the cache
       full the order is the sampler's, as without); the evaluator's cache then fills after the
@@ -233,6 +233,10 @@ class FastTraining(EngineHandler):
             cache_threads=self.cache_threads, progress=self.progress, force_thread=self.loader == "thread",
             background=self.background_fill, after=self._train_cache, prefetch=prefetch, **self.budgets,
         )
+        if measure and adopted.loader.num_workers > 0:  # the workers make batches ahead whatever the thread does
+            adopted.loader.prefetch = prefetch = True
+            measure = False
+            why_prefetch = f"{adopted.loader.num_workers} worker processes make the batches ahead"
         if self._train_cache is None:
             self._train_cache = adopted.dataset
         engine.data_loader = adopted.loader

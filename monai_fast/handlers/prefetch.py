@@ -16,7 +16,7 @@ Example:
     >>> choice.attach(trainer)  # doctest: +SKIP
     >>> trainer.run()  # doctest: +SKIP
     >>> choice.prefetch, choice.reason  # doctest: +SKIP
-    (False, 'on demand: 0.431 s per iteration against 0.507 s with prefetch (median of 4 each)')
+    (False, 'on demand: 0.431 s per iteration against 0.507 s with prefetch (medians of 4 and 4 timed iterations)')
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ class PrefetchChoice(EngineHandler):
         prefetch = ahead < asked
         won, lost = (ahead, asked) if prefetch else (asked, ahead)
         self._settle(prefetch, f"{'prefetch' if prefetch else 'on demand'}: {won:.3f} s per iteration against "
-                               f"{lost:.3f} s {'on demand' if prefetch else 'with prefetch'} (median of {self.pairs} each)")
+                               f"{lost:.3f} s {'on demand' if prefetch else 'with prefetch'} (medians of {len(self.times[prefetch])} and "
+                               f"{len(self.times[not prefetch])} timed iterations)")
 
     def _settle(self, prefetch: bool, reason: str) -> None:
         self.prefetch, self.reason = prefetch, reason
