@@ -25,10 +25,11 @@ training loop. :class:`SafeThreadDataLoader` keeps the thread and the speed, but
   hand-over moves). On a CPU whose every core runs the step's intra-op threads, a batch made
   alongside the step can slow the step by more than the batch costs
   (``benchmarks/loader_overlap.py``); :func:`prefetch_pays` says where making it ahead is sure to
-  pay. With ``prefetch=True`` the thread makes up to ``buffer_size`` batches ahead. Failing items are named the same way; a batch made in the training thread cannot be
-  interrupted, so there the watchdog logs an error naming the item instead of raising. The
-  setting is read at each batch and may change between batches
-  (:class:`~monai_fast.handlers.prefetch.PrefetchChoice` times both ways and keeps the faster).
+  pay. With ``prefetch=True`` the thread makes up to ``buffer_size`` batches ahead. Failing items
+  are named the same way; a batch made in the training thread cannot be interrupted, so there the
+  watchdog logs an error naming the item instead of raising. The setting is read at each batch and
+  may change between batches (:class:`~monai_fast.handlers.prefetch.PrefetchChoice` times both ways
+  and keeps the faster).
 """
 
 from __future__ import annotations
@@ -124,10 +125,10 @@ class _Run:
 
 
 class SafeThreadBuffer:
-    """Iterates ``src`` in a background thread; its errors and its end reach the consumer.
+    """Iterates ``src`` in a background thread, or item by item in the consumer's (``prefetch``); errors and end reach it.
 
     Args:
-        src: the iterable to run in the background.
+        src: the iterable to run.
         buffer_size: items queued ahead.
         timeout: seconds per wait on the queue before re-checking the thread.
         timeout_s: the longest the consumer waits for one item before :class:`LoaderTimeoutError`

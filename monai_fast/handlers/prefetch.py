@@ -129,9 +129,9 @@ class PrefetchChoice(EngineHandler):
         ahead, asked = statistics.median(self.times[True]), statistics.median(self.times[False])
         prefetch = ahead < asked
         won, lost = (ahead, asked) if prefetch else (asked, ahead)
+        counts = f"medians of {len(self.times[prefetch])} and {len(self.times[not prefetch])} timed iterations"
         self._settle(prefetch, f"{'prefetch' if prefetch else 'on demand'}: {won:.3f} s per iteration against "
-                               f"{lost:.3f} s {'on demand' if prefetch else 'with prefetch'} (medians of {len(self.times[prefetch])} and "
-                               f"{len(self.times[not prefetch])} timed iterations)")
+                               f"{lost:.3f} s {'on demand' if prefetch else 'with prefetch'} ({counts})")
 
     def _settle(self, prefetch: bool, reason: str) -> None:
         self.prefetch, self.reason = prefetch, reason
