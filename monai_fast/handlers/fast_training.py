@@ -236,6 +236,7 @@ class FastTraining(EngineHandler):
         if measure and adopted.loader.num_workers > 0:  # the workers make batches ahead whatever the thread does
             adopted.loader.prefetch = prefetch = True
             measure = False
+            adopted.notes[-1] = adopted.notes[-1].replace("prefetch=False", "prefetch=True")
             why_prefetch = f"{adopted.loader.num_workers} worker processes make the batches ahead"
         if self._train_cache is None:
             self._train_cache = adopted.dataset
