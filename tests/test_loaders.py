@@ -88,7 +88,7 @@ def test_fast_recipe_surfaces_a_failing_item_from_trainer_run(tiny_files, tiny_c
 
 
 def _record_devices(monkeypatch, main_device):
-    from monai_fast.data import loaders
+    from monai_fast.data import thread_buffer as loaders  # where the loader thread sets its device
 
     events = []
     monkeypatch.setattr(loaders, "current_cuda_device", lambda: main_device)  # the hardware edge

@@ -118,7 +118,6 @@ def adopt_loader(
     force_thread: bool = False,
     background: bool = False,
     after: Any = None,
-    prefetch: bool = True,
 ) -> AdoptedData:
     """Rebuild ``loader`` over a planned cache (see the module docstring).
 
@@ -136,8 +135,6 @@ def adopt_loader(
             (:mod:`monai_fast.data.background`: the first epoch takes cached items first; from the
             first epoch that starts with the cache full, the same order as without).
         after: the trainer's background-filled data set, which this (the evaluator's) fill waits for.
-        prefetch: the loader thread makes the next batch while the step computes (``False``: when the
-            step asks for it; :func:`~monai_fast.data.loaders.prefetch_pays`).
 
     Raises:
         ValueError: when the loader cannot be adopted (the reason names what is in the way), or
@@ -165,10 +162,10 @@ def adopt_loader(
             workers = 0 if plan.where in ("gpu", "ram", "smartcache") else loader.num_workers
             notes = [plan.reasons[-1]]
         new = SafeThreadDataLoader(dataset, batch_size=loader.batch_size, drop_last=loader.drop_last,
-                                   collate_fn=loader.collate_fn, num_workers=workers, prefetch=prefetch,
+                                   collate_fn=loader.collate_fn, num_workers=workers,
                                    **fill_order_options(dataset, shuffle, generator))
     notes.append(f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}, "
-                 f"{workers} worker processes, prefetch={prefetch})")
+                 f"{workers} worker processes)")
     return AdoptedData(new, dataset, plan, where, notes)
 
 

@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from queue import Empty, Full, Queue
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -47,7 +45,7 @@ from monai.data import ThreadDataLoader
 from torch.utils.data import DataLoader, IterableDataset
 
 from monai_fast.data.items import DataItemError, LoaderTimeoutError, describe_item, error_text
-from monai_fast.telemetry.cuda import current_cuda_device, set_cuda_device
+from monai_fast.data.thread_buffer import SafeThreadBuffer
 
 __all__ = ["SafeThreadBuffer", "SafeThreadDataLoader", "prefetch_pays"]
 
@@ -55,16 +53,6 @@ logger = logging.getLogger(__name__)
 
 TORCH_TIMEOUT_TEXT = "DataLoader timed out after"  # PyTorch's message when ``timeout=`` runs out
 SHUTDOWN_GRACE_S = 30.0  # PyTorch joins, then terminates, each stuck worker (5 s + 5 s) before we raise
-_IDLE_CHECK_S = 5.0  # an idle loader thread re-checks the stop flag this often (a stop also wakes it)
-
-
-class _End:
-    pass
-
-
-class _Failure:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
 
 
 class _Progress:
@@ -82,199 +70,6 @@ class _Progress:
     def text(self) -> str:
         doing = "collating" if self.index is None else f"loading {describe_item(self.dataset, self.index)}"
         return f"{doing} for {time.monotonic() - self.since:.1f} s (batch {self.batch} of the epoch)"
-
-
-class _Run:
-    """One iteration of a :class:`SafeThreadBuffer`: its iterator, queue, requests and stop flag."""
-
-    def __init__(self, it: Iterator[Any], size: int, timeout: float) -> None:
-        self.it, self.timeout = it, timeout
-        self.queue: Queue = Queue(size)  # never fuller than the requests, at most ``size``
-        self.asked = threading.Semaphore(0)  # one release per item the consumer asks for
-        self.running = True
-        self.stuck = False  # the consumer gave up waiting: the thread is not waited for
-
-    def put(self, value: Any) -> bool:
-        while self.running:
-            try:
-                self.queue.put(value, timeout=self.timeout)
-                return True
-            except Full:
-                continue
-        return False
-
-    def wait_for_request(self) -> bool:
-        """Block until the consumer asks for an item; ``False`` once it has stopped.
-
-        The wait sleeps without polling (the stop wakes it): a thread waking up every few
-        milliseconds takes the GIL from the training step.
-        """
-        while self.running:
-            if self.asked.acquire(timeout=_IDLE_CHECK_S):
-                return self.running
-        return False
-
-    def stop(self) -> None:
-        self.running = False
-        self.asked.release()
-
-    def close(self) -> None:
-        close = getattr(self.it, "close", None)
-        if close is not None:  # a generator's clean-up (worker shutdown) runs now, not at GC
-            close()
-
-
-class SafeThreadBuffer:
-    """Iterates ``src`` in a background thread, or item by item in the consumer's (``prefetch``); errors and end reach it.
-
-    Args:
-        src: the iterable to run.
-        buffer_size: items queued ahead.
-        timeout: seconds per wait on the queue before re-checking the thread.
-        timeout_s: the longest the consumer waits for one item before :class:`LoaderTimeoutError`
-            (the thread, if stuck, is abandoned); ``None`` waits as long as the thread lives. An item
-            made on demand in the consumer's own thread cannot be interrupted: past ``timeout_s`` an
-            error log names what it is doing.
-        working_on: what the thread is doing, for the timeout message.
-        prefetch: ``True``: the thread makes items ahead, up to ``buffer_size``; ``False``: it makes
-            each item only when the consumer asks for the next one. A callable is asked at each item
-            (after the consumer has received it, before it works on it), so the mode may change
-            from one item to the next.
-
-    Example:
-        >>> list(SafeThreadBuffer(range(3), timeout_s=60))
-        [0, 1, 2]
-        >>> list(SafeThreadBuffer(range(3), timeout_s=60, prefetch=False))
-        [0, 1, 2]
-    """
-
-    def __init__(
-        self,
-        src: Iterable[Any],
-        buffer_size: int = 1,
-        timeout: float = 0.01,
-        timeout_s: float | None = None,
-        working_on: Callable[[], str] | None = None,
-        prefetch: bool | Callable[[], bool] = True,
-    ) -> None:
-        if buffer_size < 1:
-            raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
-        self.src = src
-        self.buffer_size = buffer_size
-        self.timeout = timeout
-        self.timeout_s = timeout_s
-        self.working_on = working_on
-        self.prefetch = prefetch
-
-    def _produce(self, run: _Run, device: Any) -> None:
-        try:
-            if device is not None:  # a new thread starts on cuda:0, whatever device the trainer uses
-                set_cuda_device(device)
-            while run.wait_for_request():
-                try:
-                    value = next(run.it)
-                except StopIteration:
-                    run.put(_End())
-                    return
-                if not run.put(value):
-                    return
-        except BaseException as e:  # handed to the consumer, which raises it in the training thread
-            run.put(_Failure(e))
-        finally:
-            run.close()
-
-    def _timed_out(self, waited: float) -> LoaderTimeoutError:
-        doing = self.working_on() if self.working_on is not None else "working"
-        return LoaderTimeoutError(
-            f"no batch from the loader thread within timeout_s={self.timeout_s:g} s ({waited:.1f} s waited): "
-            f"it has been {doing}. A Python thread cannot be stopped: it is left behind as a daemon. "
-            "If the data is only slow, raise timeout_s (None turns the watchdog off)."
-        )
-
-    def __iter__(self) -> Iterator[Any]:
-        # one run's own iterator, queue and signals: a thread abandoned by an earlier run cannot touch them
-        run = _Run(iter(self.src), self.buffer_size, self.timeout)
-        thread: threading.Thread | None = None
-        asked = 0  # items asked of the thread and not yet received
-
-        def ask() -> None:
-            nonlocal asked, thread
-            if thread is None:
-                device = current_cuda_device()  # the training thread's, at the start of the epoch
-                started = threading.Thread(target=self._produce, args=(run, device), name="monai-fast-loader", daemon=True)
-                started.start()
-                thread = started
-            asked += 1
-            run.asked.release()
-
-        try:
-            if self._prefetch_now():
-                ask()
-            while True:
-                if asked == 0:  # made here, while the consumer waits for it
-                    value = self._make_here(run.it)
-                else:
-                    value = self._receive(run, thread)
-                    asked -= 1
-                if isinstance(value, _End):
-                    return
-                if isinstance(value, _Failure):
-                    raise value.error
-                if self._prefetch_now():
-                    while asked < self.buffer_size:  # made while the consumer works on this one
-                        ask()
-                yield value
-        finally:
-            run.stop()  # wakes a waiting loader thread, which sees the stop
-            if thread is None:
-                run.close()
-            else:  # the thread closes the iterator as it stops
-                thread.join(0 if run.stuck else self.timeout_s)
-                if thread.is_alive():
-                    thread.name = "monai-fast-loader (abandoned)"
-                    logger.warning("the loader thread did not stop; it is left behind as a daemon thread")
-
-    def _prefetch_now(self) -> bool:
-        return bool(self.prefetch() if callable(self.prefetch) else self.prefetch)
-
-    def _receive(self, run: _Run, thread: threading.Thread | None) -> Any:
-        """The next item from the loader thread, waiting at most ``timeout_s``."""
-        start = time.monotonic()
-        while True:
-            try:
-                return run.queue.get(timeout=self.timeout)
-            except Empty:
-                if thread is None or not thread.is_alive() and run.queue.empty():
-                    raise RuntimeError("the loader thread stopped without finishing its epoch or reporting an error") from None
-                waited = time.monotonic() - start
-                if self.timeout_s is not None and waited > self.timeout_s:
-                    run.stuck = True
-                    raise self._timed_out(waited) from None
-
-    def _make_here(self, it: Iterator[Any]) -> Any:
-        """The next item, made in the consumer's thread; past ``timeout_s`` an error log names what it is doing.
-
-        A call in the consumer's own thread cannot be interrupted, so here the watchdog can only say
-        what is stuck (the loader thread's watchdog raises instead).
-        """
-        timer = None
-        if self.timeout_s is not None:
-            timer = threading.Timer(self.timeout_s, self._log_stuck, args=(time.monotonic(),))
-            timer.daemon = True
-            timer.start()
-        try:
-            return next(it)
-        except StopIteration:
-            return _End()
-        finally:
-            if timer is not None:
-                timer.cancel()
-
-    def _log_stuck(self, since: float) -> None:
-        doing = self.working_on() if self.working_on is not None else "working"
-        logger.error("no batch within timeout_s=%g s (%.1f s so far): the training thread has been %s; a batch made "
-                     "on demand cannot be interrupted (prefetch=True makes it in the loader thread, whose watchdog "
-                     "raises)", self.timeout_s, time.monotonic() - since, doing)
 
 
 # DataLoader options copied to the loader that runs the worker processes (those this torch has)

@@ -25,13 +25,12 @@ from monai.inferers import SlidingWindowInferer
 from monai.utils import CommonKeys
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
-from monai_fast.data.loaders import prefetch_pays
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
 from monai_fast.handlers.memory_format import choose_memory_format
 from monai_fast.handlers.nonfinite import NonFiniteGuard
-from monai_fast.handlers.prefetch import PrefetchChoice
+from monai_fast.handlers.prefetch import prefetch_for
 from monai_fast.handlers.record import record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.telemetry.record import Kind, Source
@@ -59,17 +58,14 @@ class FastTraining(EngineHandler):
       collate function; a ``DistributedSampler`` becomes a per-rank partition. The evaluator's
       loader likewise. ``cache`` may force a place (``"gpu"``, ``"ram"``, ``"disk"``,
       ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
-      to be thread-safe. ``prefetch="auto"`` lets the loader thread make the next batch while the
-      step computes on a GPU (:func:`~monai_fast.data.loaders.prefetch_pays`) and where worker
-      processes make the batches; on a CPU a :class:`~monai_fast.handlers.prefetch.PrefetchChoice`
-      times the first iterations both ways (a batch made alongside a step that runs on every core
-      can slow it by more than the batch costs; on demand, it is made in the training thread) and
-      keeps the faster. The ``prefetch`` (and ``validation prefetch``) entry of :attr:`applied`
-      says which and why. ``background_fill=True`` starts training before a GPU or RAM cache is
-      full (:mod:`monai_fast.data.background`: the fill runs on the spare cores, the first epoch
-      takes cached items first, each item once; from the first epoch that starts with the cache
-      full the order is the sampler's, as without); the evaluator's cache then fills after the
-      trainer's, during the first epoch.
+      to be thread-safe. ``prefetch="auto"``: the next batch is made during the step on
+      a GPU and with worker processes; on a CPU a :class:`~monai_fast.handlers.prefetch.PrefetchChoice`
+      times both ways over the first iterations and keeps the faster (``applied["prefetch"]``).
+      ``background_fill=True`` starts training before a GPU or RAM cache is full
+      (:mod:`monai_fast.data.background`: the fill runs on the spare cores, the first epoch takes
+      cached items first, each item once; from the first epoch that starts with the cache full the
+      order is the sampler's, as without); the evaluator's cache then fills after the trainer's,
+      during the first epoch.
     * **precision**: an :class:`~monai_fast.handlers.amp.AMPToggle` on the trainer and the same
       precision on the evaluator: bf16 where the device runs it natively, fp16 + GradScaler on
       other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
@@ -105,8 +101,7 @@ class FastTraining(EngineHandler):
         cache_threads: threads that fill the caches; default all CPUs (all but one with
             ``background_fill``).
         background_fill: fill GPU/RAM caches while training runs instead of before it.
-        prefetch: ``"auto"`` (see above), ``True`` (always make the next batch during the step) or
-            ``False`` (make each batch when the step asks for it).
+        prefetch: ``"auto"`` (see above), ``True`` (batches made ahead) or ``False`` (on demand).
         progress: progress bars while caches fill.
         tune_store: where ``validation="tune"`` caches its measurement: ``"default"`` (the tuning
             store in monai-fast's cache folder), a JSON file, or ``None`` (measure every run).
@@ -223,21 +218,11 @@ class FastTraining(EngineHandler):
             self._say(lever, False, None, why)
             return
         before = len(engine.data_loader)
-        if self.prefetch == "auto":
-            prefetch, why_prefetch = prefetch_pays(device)
-            measure = not prefetch
-        else:
-            prefetch, why_prefetch, measure = self.prefetch, f"requested prefetch={self.prefetch}", False
         adopted: AdoptedData = adopt_loader(
             engine.data_loader, device, cache="auto" if self.cache is True else self.cache, cache_dir=self.cache_dir,
             cache_threads=self.cache_threads, progress=self.progress, force_thread=self.loader == "thread",
-            background=self.background_fill, after=self._train_cache, prefetch=prefetch, **self.budgets,
+            background=self.background_fill, after=self._train_cache, **self.budgets,
         )
-        if measure and adopted.loader.num_workers > 0:  # the workers make batches ahead whatever the thread does
-            adopted.loader.prefetch = prefetch = True
-            measure = False
-            adopted.notes[-1] = adopted.notes[-1].replace("prefetch=False", "prefetch=True")
-            why_prefetch = f"{adopted.loader.num_workers} worker processes make the batches ahead"
         if self._train_cache is None:
             self._train_cache = adopted.dataset
         engine.data_loader = adopted.loader
@@ -250,13 +235,12 @@ class FastTraining(EngineHandler):
             self._helpers.append(updater)
         self._say(lever, True, adopted.where, "; ".join(adopted.notes))
         name = lever.replace("data", "prefetch")
-        if measure:
-            choice = PrefetchChoice(adopted.loader, on_choice=functools.partial(self._prefetch_chosen, trainer, name))
+        setting, why, choice = prefetch_for(adopted.loader, device, self.prefetch,
+                                            functools.partial(self._prefetch_chosen, trainer, name))
+        if choice is not None:
             choice.attach(engine)
             self._helpers.append(choice)
-            self._say(name, True, "measuring", f"{why_prefetch}; the first iterations time it against prefetch")
-        else:
-            self._say(name, True, "ahead" if prefetch else "on demand", why_prefetch)
+        self._say(name, True, setting, why)
 
     def _prefetch_chosen(self, trainer: Engine, name: str, prefetch: bool, reason: str) -> None:
         self._say(name, True, "ahead" if prefetch else "on demand", f"measured {reason}")

@@ -28,9 +28,10 @@ from typing import Any
 
 from ignite.engine import Engine, Events
 
+from monai_fast.data.loaders import prefetch_pays
 from monai_fast.handlers.lifecycle import EngineHandler
 
-__all__ = ["PrefetchChoice"]
+__all__ = ["PrefetchChoice", "prefetch_for"]
 
 
 class PrefetchChoice(EngineHandler):
@@ -138,3 +139,36 @@ class PrefetchChoice(EngineHandler):
         self.loader.prefetch = prefetch
         if self.on_choice is not None:
             self.on_choice(prefetch, reason)
+
+
+def prefetch_for(loader: Any, device: Any, requested: str | bool = "auto",
+                 on_choice: Callable[[bool, str], None] | None = None) -> tuple[str, str, PrefetchChoice | None]:
+    """Set ``loader.prefetch`` for ``requested`` and say why; on a CPU with ``"auto"``, a :class:`PrefetchChoice` to attach.
+
+    ``True`` / ``False`` are kept as requested. ``"auto"``: ahead where worker processes make the
+    batches (they work ahead in any case) and where :func:`~monai_fast.data.loaders.prefetch_pays`
+    says it surely pays (a GPU); otherwise on demand until the returned choice has measured both.
+
+    Returns:
+        the setting (``"ahead"``, ``"on demand"`` or ``"measuring"``), the reason, and the
+        :class:`PrefetchChoice` for the caller to attach to the loader's engine (or ``None``).
+
+    Example:
+        >>> from monai_fast.data.loaders import SafeThreadDataLoader
+        >>> loader = SafeThreadDataLoader(list(range(4)))
+        >>> prefetch_for(loader, "cuda")[:2], loader.prefetch
+        (('ahead', 'the step runs on cuda: the next batch is made while it computes'), True)
+        >>> prefetch_for(loader, "cpu")[0], loader.prefetch
+        ('measuring', False)
+    """
+    if requested != "auto":
+        loader.prefetch = bool(requested)
+        return ("ahead" if requested else "on demand"), f"requested prefetch={requested}", None
+    if loader.num_workers > 0:
+        loader.prefetch = True
+        return "ahead", f"{loader.num_workers} worker processes make the batches ahead", None
+    pays, why = prefetch_pays(device)
+    loader.prefetch = pays
+    if pays:
+        return "ahead", why, None
+    return "measuring", f"{why}; the first iterations time it against prefetch", PrefetchChoice(loader, on_choice=on_choice)
