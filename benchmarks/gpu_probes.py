@@ -213,6 +213,17 @@ def collect(name: str, out: Path, work: Path, device: str) -> dict | None:
         return collect_pytest(out)
     if name == "race":
         return collect_race(out, work)
+    if name == "overlaps":
+        doc = _newest_json(out / name)
+        rows = doc["summary"]
+        on, off = rows.get("on", {}), rows.get("off", {})
+        bars = {  # issue 15 on a GPU: the same two ratios, utilisation not lower with the overlaps
+            "on_first_within_1_5x_training": on.get("first_over_train") is not None and on["first_over_train"] <= 1.5,
+            "on_1_8x_faster_than_off": [r >= 1.8 for r in on.get("off_over_this_first", [])],
+            "gpu_util_not_lower": None if on.get("gpu_util_training") is None or off.get("gpu_util_training") is None
+            else on["gpu_util_training"] >= off["gpu_util_training"],
+        }
+        return {"file": doc["file"], "summary": rows, "bars": bars}
     if name in ("your_trainer", "tuner_quality", "loader_variants"):
         doc = _newest_json(out / name)
         if name == "your_trainer":

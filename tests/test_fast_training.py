@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ from monai.utils import set_determinism
 from torch.utils.data import TensorDataset
 
 from monai_fast.data.loaders import SafeThreadDataLoader
-from monai_fast.handlers import FastTraining, NonFiniteGuard, RecordHandler, TimeBreakdown
+from monai_fast.handlers import FastTraining, NonFiniteGuard, PrefetchChoice, RecordHandler, TimeBreakdown
 from monai_fast.handlers.lifecycle import handlers_on
 from monai_fast.telemetry.record import Kind, Source, load_record, select
 
@@ -308,14 +309,24 @@ def test_validation_tune_with_an_inferer_that_is_not_a_sliding_window_says_so(ti
 
 
 def test_background_fill_adopts_both_loaders_over_background_caches_validation_after_training(tiny_files):
+    from monai.transforms import Lambdad
+
     from monai_fast.data.background import BackgroundCacheDataset
 
-    trainer, evaluator = _user_trainer(tiny_files, max_epochs=2)
+    def slowly(image):  # a deterministic step slow enough that the fill is still running after the attach
+        time.sleep(0.3)
+        return image
+
+    chain = Compose([*_chain(False).transforms, Lambdad(keys="image", func=slowly), *_chain(True).transforms[6:]])
+    loader = DataLoader(Dataset(tiny_files[0], chain), batch_size=2, shuffle=True, num_workers=0, collate_fn=list_data_collate)
+    trainer, evaluator = _user_trainer(tiny_files, max_epochs=2, train_loader=loader)
     fast = FastTraining(precision="fp32", memory_format=False, background_fill=True)
     fast.attach(trainer, evaluator)
     train_ds, val_ds = trainer.data_loader.dataset, evaluator.data_loader.dataset
     assert isinstance(train_ds, BackgroundCacheDataset) and isinstance(val_ds, BackgroundCacheDataset)
     assert val_ds.fill.after is train_ds.fill  # validation fills after the training cache
+    choices = [h for h in fast._helpers if isinstance(h, PrefetchChoice)]  # they time nothing until both caches are full
+    assert len(choices) == 2 and not train_ds.complete and not any(c.ready() for c in choices)
     seen = []
     trainer.add_event_handler(Events.ITERATION_STARTED,
                               lambda e: seen.append(sorted(str(f) for f in e.state.batch["image"].meta["filename_or_obj"])))
@@ -324,3 +335,4 @@ def test_background_fill_adopts_both_loaders_over_background_caches_validation_a
     first = [f for batch in seen[:per_epoch] for f in batch]
     assert sorted(set(first)) == sorted(str(f["image"]) for f in tiny_files[0])  # every item in the first epoch
     assert math.isfinite(evaluator.state.metrics["val_mean_dice"])
+    assert train_ds.wait(30) and val_ds.wait(30) and all(c.ready() for c in choices)

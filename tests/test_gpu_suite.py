@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "gpu_suite.py"
-STEPS = ["pytest", "race", "your_trainer", "tuner_quality", "loader_variants", "inference", "pathology", "lab", "kernels",
+STEPS = ["pytest", "race", "overlaps", "your_trainer", "tuner_quality", "loader_variants", "inference", "pathology", "lab", "kernels",
          "nvtx"]
 
 
@@ -37,6 +37,10 @@ def test_tiny_cpu_suite_runs_every_step_and_writes_the_results_json(tmp_path):
     assert sorted(r["recipe"] for r in runs) == ["baseline", "fast", "monai_tutorial"]
     assert set(steps["race"]["results"]["bars"]) == {"fast_2x_monai_tutorial", "fast_20x_baseline", "fast_gpu_util_90",
                                                      "fast_data_wait_under_2pct"}
+    overlaps = steps["overlaps"]["results"]
+    assert set(overlaps["summary"]) == {"off", "on"} and overlaps["summary"]["on"]["off_over_this_first"]
+    assert set(overlaps["bars"]) == {"on_first_within_1_5x_training", "on_1_8x_faster_than_off", "gpu_util_not_lower"}
+    assert overlaps["bars"]["gpu_util_not_lower"] is None  # no GPU: no utilisation to compare
     assert steps["your_trainer"]["results"]["median_epoch_ratio"] > 0
     assert steps["tuner_quality"]["results"]["picks"]
     assert steps["loader_variants"]["results"]["gpu_cache"] is False  # CPU: no GPU cache variant

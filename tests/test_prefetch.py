@@ -159,6 +159,43 @@ def test_the_choice_goes_on_demand_when_a_batch_made_alongside_slows_the_step():
     assert prefetch is False and why.startswith("on demand: ")
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_nothing_is_timed_while_a_cache_fills_in_the_background(gated):
+    # while the fill runs, a batch asked for on demand waits for its item (slow), which a batch made
+    # ahead hides; once the cache is full, a batch made alongside the step slows it (the OpenMP stand-in
+    # above) and on demand is faster. Timed during the fill, the choice would keep the wrong setting.
+    filling = {"on": True}
+
+    class Filling(_Made):
+        def __getitem__(self, i):
+            self.cost = 0.08 if filling["on"] else 0.002
+            return super().__getitem__(i)
+
+    def step(ds):
+        made = len(ds.log)
+        time.sleep(0.04)
+        if ds.busy.is_set() or len(ds.log) != made:
+            time.sleep(0.04)
+
+    ds = Filling(8)
+    loader = SafeThreadDataLoader(ds, batch_size=1, prefetch=False)
+    engine = Engine(lambda e, b: step(ds))
+    choice = PrefetchChoice(loader, pairs=2, ready=(lambda: not filling["on"]) if gated else None)
+    choice.attach(engine)
+    timed_while_filling = []
+
+    @engine.on(Events.EPOCH_COMPLETED(once=1))
+    def fill_done(_):
+        timed_while_filling.append(sum(len(t) for t in choice.times.values()))
+        filling["on"] = False
+
+    engine.run(loader, max_epochs=3)
+    if gated:
+        assert timed_while_filling == [0] and choice.prefetch is False and choice.reason.startswith("on demand: ")
+    else:  # the same run timed during the fill: it keeps prefetch (this is what the gate is for)
+        assert timed_while_filling == [4] and choice.prefetch is True
+
+
 def test_epochs_too_short_to_time_keep_the_loaders_setting():
     loader = SafeThreadDataLoader(_Made(2), batch_size=1, prefetch=False)
     engine = Engine(lambda e, b: None)

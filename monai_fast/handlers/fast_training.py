@@ -25,6 +25,7 @@ from monai.inferers import SlidingWindowInferer
 from monai.utils import CommonKeys
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
+from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
@@ -60,7 +61,8 @@ class FastTraining(EngineHandler):
       ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
       to be thread-safe. ``prefetch="auto"``: the next batch is made during the step on
       a GPU and with worker processes; on a CPU a :class:`~monai_fast.handlers.prefetch.PrefetchChoice`
-      times both ways over the first iterations and keeps the faster (``applied["prefetch"]``).
+      times both ways over the first iterations and keeps the faster (``applied["prefetch"]``);
+      with ``background_fill`` it times nothing until every cache is full.
       ``background_fill=True`` starts training before a GPU or RAM cache is full
       (:mod:`monai_fast.data.background`: the fill runs on the spare cores, the first epoch takes
       cached items first, each item once; from the first epoch that starts with the cache full the
@@ -146,6 +148,7 @@ class FastTraining(EngineHandler):
         self.background_fill = bool(background_fill)
         self.prefetch = prefetch
         self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
+        self._fills: list[Any] = []  # data sets filling in the background: no prefetch timing until all are full
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
         self.applied: dict[str, dict[str, Any]] = {}
         self.amp: AMPToggle | None = None
@@ -225,6 +228,8 @@ class FastTraining(EngineHandler):
         )
         if self._train_cache is None:
             self._train_cache = adopted.dataset
+        if isinstance(adopted.dataset, BackgroundCacheDataset):
+            self._fills.append(adopted.dataset)
         engine.data_loader = adopted.loader
         if len(adopted.loader) != before:
             logger.warning("FastTraining %s: %d batches per epoch instead of %d (the per-rank partition pads evenly)",
@@ -236,11 +241,14 @@ class FastTraining(EngineHandler):
         self._say(lever, True, adopted.where, "; ".join(adopted.notes))
         name = lever.replace("data", "prefetch")
         setting, why, choice = prefetch_for(adopted.loader, device, self.prefetch,
-                                            functools.partial(self._prefetch_chosen, trainer, name))
+                                            functools.partial(self._prefetch_chosen, trainer, name), ready=self._filled)
         if choice is not None:
             choice.attach(engine)
             self._helpers.append(choice)
         self._say(name, True, setting, why)
+
+    def _filled(self) -> bool:
+        return all(ds.complete for ds in self._fills)
 
     def _prefetch_chosen(self, trainer: Engine, name: str, prefetch: bool, reason: str) -> None:
         self._say(name, True, "ahead" if prefetch else "on demand", f"measured {reason}")

@@ -7,7 +7,8 @@ hiding behind the step. :class:`PrefetchChoice` settles it on the run itself: ov
 iterations it alternates the loader's ``prefetch`` in blocks of a few iterations and times each
 iteration but a block's first from the arrival of its batch to the arrival of the next one (the
 step, the handlers, and the wait for the next batch, which is where making it on demand costs).
-After ``pairs`` timed iterations of each way the lower median wins and stays. Both ways give the same batches in the
+After ``pairs`` timed iterations of each way the lower median wins and stays; while a cache still
+fills in the background (``ready``) nothing is timed. Both ways give the same batches in the
 same order, so the choice changes timing only, never a result.
 
 Example:
@@ -48,6 +49,9 @@ class PrefetchChoice(EngineHandler):
             the first of a block or of an epoch.
         on_choice: called once with ``(prefetch, reason)`` when the choice is made. An engine whose
             epochs are shorter than a block keeps the loader's setting from before the attach.
+        ready: asked at each batch; while it returns ``False`` no iteration is timed (a cache still
+            filling in the background takes cores from both settings alike and would decide the
+            choice). ``None``: always ready.
 
     Raises:
         TypeError: ``loader`` has no boolean ``prefetch``.
@@ -68,14 +72,15 @@ class PrefetchChoice(EngineHandler):
     #: iterations per block of one setting
     BLOCK = 3
 
-    def __init__(self, loader: Any, pairs: int = 4, on_choice: Callable[[bool, str], None] | None = None) -> None:
+    def __init__(self, loader: Any, pairs: int = 4, on_choice: Callable[[bool, str], None] | None = None,
+                 ready: Callable[[], bool] | None = None) -> None:
         if not isinstance(getattr(loader, "prefetch", None), bool):
             raise TypeError(f"PrefetchChoice needs a loader with a boolean 'prefetch' (a SafeThreadDataLoader), "
                             f"got {type(loader).__name__}")
         if not isinstance(pairs, int) or pairs < 1:
             raise ValueError(f"PrefetchChoice: pairs must be an integer >= 1, got {pairs!r}")
         super().__init__()
-        self.loader, self.pairs, self.on_choice = loader, pairs, on_choice
+        self.loader, self.pairs, self.on_choice, self.ready = loader, pairs, on_choice, ready
         self._initial: bool = loader.prefetch  # kept when no iteration can be timed
         #: seconds per timed iteration, by setting
         self.times: dict[bool, list[float]] = {True: [], False: []}
@@ -121,7 +126,7 @@ class PrefetchChoice(EngineHandler):
             return
         iteration = engine.state.iteration + 1  # the one starting now; ignite counts it after this event
         setting = self.loader.prefetch
-        timed = iteration > 1 and self._previous == setting
+        timed = iteration > 1 and self._previous == setting and (self.ready is None or bool(self.ready()))
         self._open = (setting, now, engine.state.epoch, timed)
         self._previous = setting
         self._in_block += 1
@@ -142,12 +147,14 @@ class PrefetchChoice(EngineHandler):
 
 
 def prefetch_for(loader: Any, device: Any, requested: str | bool = "auto",
-                 on_choice: Callable[[bool, str], None] | None = None) -> tuple[str, str, PrefetchChoice | None]:
+                 on_choice: Callable[[bool, str], None] | None = None,
+                 ready: Callable[[], bool] | None = None) -> tuple[str, str, PrefetchChoice | None]:
     """Set ``loader.prefetch`` for ``requested`` and say why; on a CPU with ``"auto"``, a :class:`PrefetchChoice` to attach.
 
     ``True`` / ``False`` are kept as requested. ``"auto"``: ahead where worker processes make the
     batches (they work ahead in any case) and where :func:`~monai_fast.data.loaders.prefetch_pays`
-    says it surely pays (a GPU); otherwise on demand until the returned choice has measured both.
+    says it surely pays (a GPU); otherwise on demand until the returned choice has measured both
+    (``on_choice`` and ``ready`` go to it).
 
     Returns:
         the setting (``"ahead"``, ``"on demand"`` or ``"measuring"``), the reason, and the
@@ -171,4 +178,4 @@ def prefetch_for(loader: Any, device: Any, requested: str | bool = "auto",
     loader.prefetch = pays
     if pays:
         return "ahead", why, None
-    return "measuring", f"{why}; the first iterations time it against prefetch", PrefetchChoice(loader, on_choice=on_choice)
+    return "measuring", f"{why}; the first iterations time it against prefetch", PrefetchChoice(loader, on_choice=on_choice, ready=ready)

@@ -59,8 +59,9 @@ def test_thread_loader_stuck_item_raises_naming_item_3_and_abandons_its_thread(t
     assert not abandoned[0].is_alive()  # once unblocked it stops instead of producing on
 
 
-def test_worker_process_stuck_item_raises_naming_the_option_and_leaves_no_worker(tiny_files):
+def test_worker_process_stuck_item_raises_naming_the_option_and_leaves_no_worker(tiny_files, caplog):
     files = _files(tiny_files)
+    threads_before = set(threading.enumerate())
     ds = _dataset(files, files[3]["image"], lambda: threading.Event().wait())
     loader = SafeThreadDataLoader(ds, batch_size=1, num_workers=1, timeout_s=1)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -72,6 +73,9 @@ def test_worker_process_stuck_item_raises_naming_the_option_and_leaves_no_worker
     assert time.monotonic() - start < 30 and seen == 3
     assert f"item 3 (image={files[3]['image']}" in str(info.value)
     assert _new_children(before) == []
+    # the loader thread itself was healthy (the workers timed out): it stopped, nothing was abandoned
+    assert [t.name for t in set(threading.enumerate()) - threads_before if t.name.startswith("monai-fast-loader")] == []
+    assert "did not stop" not in caplog.text
 
 
 @pytest.mark.parametrize("workers", [0, 1])
