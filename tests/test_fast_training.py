@@ -107,7 +107,7 @@ def test_one_attach_replaces_both_loaders_and_records_what_it_applied(tiny_files
     rows, summary = load_record(tmp_path)
     levers = {r["lever"]: r for r in select(rows, Kind.EVENT, Source.FAST_TRAINING)}
     assert set(levers) == {"data", "validation data", "precision", "memory_format", "validation", "prefetch",
-                           "validation prefetch"}
+                           "validation prefetch", "prediction layout"}
     assert summary["fast_training"]["data"]["setting"] == "ram"
     fills = [r for r in rows if r["kind"] == "span" and r["category"] == "cache_fill"]
     assert len(fills) == 2 and all(r["duration_s"] > 0 and not r["overlapped"] for r in fills)  # in the doctor's wall clock

@@ -124,7 +124,10 @@ def test_fast_picks_its_precision_and_layout_together(tiny_files, tiny_config):
     r = build_recipe("fast", *tiny_files, tiny_config, progress=False)
     conv = next(m for m in r.network.modules() if isinstance(m, torch.nn.Conv3d) and m.in_channels > 1).weight
     if r.amp:  # bf16 measured faster on this CPU: autocast on trainer and evaluator, default layout
-        assert isinstance(r.trainer.inferer, _AutocastInferer) and isinstance(r.evaluator.inferer, _AutocastInferer)
+        evaluator_inferer = r.evaluator.inferer
+        if not isinstance(evaluator_inferer, _AutocastInferer):  # FastTraining's prediction layout wraps it
+            evaluator_inferer = evaluator_inferer.inner
+        assert isinstance(r.trainer.inferer, _AutocastInferer) and isinstance(evaluator_inferer, _AutocastInferer)
         assert not conv.is_contiguous(memory_format=torch.channels_last_3d)
         assert "FastTraining precision: bf16" in " ".join(r.notes)
     else:

@@ -10,6 +10,7 @@ from monai_fast.handlers.kernel_profiler import KernelProfiler
 from monai_fast.handlers.lifecycle import on_run_end
 from monai_fast.handlers.nonfinite import NonFiniteGuard, NonFiniteLossError
 from monai_fast.handlers.nvtx import NVTXHandler, nvtx_range
+from monai_fast.handlers.prediction_layout import ClassesInnermost
 from monai_fast.handlers.preemption import Preemption
 from monai_fast.handlers.prefetch import PrefetchChoice
 from monai_fast.handlers.record import RecordHandler, record_of
@@ -23,6 +24,7 @@ __all__ = [
     "AMPToggle",
     "BackgroundValidation",
     "BackgroundValidationError",
+    "ClassesInnermost",
     "EpochTimes",
     "FastTraining",
     "GPUSampler",

@@ -31,6 +31,7 @@ from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
 from monai_fast.handlers.memory_format import choose_memory_format
 from monai_fast.handlers.nonfinite import NonFiniteGuard
+from monai_fast.handlers.prediction_layout import ClassesInnermost
 from monai_fast.handlers.prefetch import prefetch_for
 from monai_fast.handlers.record import record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
@@ -86,6 +87,10 @@ class FastTraining(EngineHandler):
       store, so a second run does not measure again) and sets it on its ``SlidingWindowInferer``.
       The stitching device is kept (moving it would move the metric's inputs). ``False`` leaves
       the evaluator alone.
+    * **prediction_layout**: on a CPU, the evaluator's predictions come back with the class
+      dimension innermost (:class:`~monai_fast.handlers.prediction_layout.ClassesInnermost`) when
+      the argmax over classes, which MONAI's ``AsDiscrete(argmax=True)`` post-processing takes,
+      measured faster that way; the values are the same.
 
     What cannot be applied (a plain ``Dataset`` without ``.transform``, an ``IterableDataset``, a
     custom sampler, a network that rejects ``channels_last_3d``) is left alone with one log line
@@ -104,6 +109,7 @@ class FastTraining(EngineHandler):
             ``background_fill``).
         background_fill: fill GPU/RAM caches while training runs instead of before it.
         prefetch: ``"auto"`` (see above), ``True`` (batches made ahead) or ``False`` (on demand).
+        prediction_layout: ``"auto"`` (measured, see above), ``True`` or ``False``.
         progress: progress bars while caches fill.
         tune_store: where ``validation="tune"`` caches its measurement: ``"default"`` (the tuning
             store in monai-fast's cache folder), a JSON file, or ``None`` (measure every run).
@@ -123,6 +129,7 @@ class FastTraining(EngineHandler):
         cache_threads: int | None = None,
         background_fill: bool = False,
         prefetch: Literal["auto"] | bool = "auto",
+        prediction_layout: Literal["auto"] | bool = "auto",
         progress: bool = False,
         tune_store: str | os.PathLike | None = "default",
     ) -> None:
@@ -131,8 +138,9 @@ class FastTraining(EngineHandler):
         _check("precision", precision, ("auto", "bf16", "fp16", "fp32", False))
         _check("memory_format", memory_format, ("auto", "channels_last_3d", "contiguous", False))
         _check("validation", validation, ("auto", "tune", False))
-        if not (isinstance(prefetch, bool) or prefetch == "auto"):
-            raise ValueError(f"FastTraining: prefetch must be 'auto', True or False, got {prefetch!r}")
+        for name, v in (("prefetch", prefetch), ("prediction_layout", prediction_layout)):
+            if not (isinstance(v, bool) or v == "auto"):
+                raise ValueError(f"FastTraining: {name} must be 'auto', True or False, got {v!r}")
         for name, v in (("gpu_budget_mib", gpu_budget_mib), ("ram_budget_mib", ram_budget_mib),
                         ("disk_budget_mib", disk_budget_mib), ("cache_threads", cache_threads)):
             if v is not None and not v >= 0:
@@ -146,7 +154,7 @@ class FastTraining(EngineHandler):
                         for k, v in (("gpu_budget", gpu_budget_mib), ("ram_budget", ram_budget_mib), ("disk_budget", disk_budget_mib))}
         self.cache_dir, self.cache_threads, self.progress, self.tune_store = cache_dir, cache_threads, progress, tune_store
         self.background_fill = bool(background_fill)
-        self.prefetch = prefetch
+        self.prefetch, self.prediction_layout = prefetch, prediction_layout
         self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
         self._fills: list[Any] = []  # data sets filling in the background: no prefetch timing until all are full
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
@@ -200,9 +208,10 @@ class FastTraining(EngineHandler):
         self._memory_format_lever(trainer, device)
         if evaluator is not None:
             self._validation_lever(trainer, evaluator, device)
+            self._prediction_layout_lever(evaluator)
 
     def _detached(self, engine: Engine) -> None:
-        for helper in self._helpers:
+        for helper in reversed(self._helpers):  # last wrapped, first unwrapped (inferer wrappers nest)
             for e in helper.engines:
                 helper.detach(e)
         self._helpers.clear()
@@ -291,6 +300,15 @@ class FastTraining(EngineHandler):
         network.to(memory_format=torch.channels_last_3d if choice == "channels_last_3d" else torch.contiguous_format)
         self._say("memory_format", choice == "channels_last_3d", choice, reason)
         self._record(trainer, only="memory_format")
+
+    def _prediction_layout_lever(self, evaluator: Workflow) -> None:
+        if self.prediction_layout is False:
+            self._say("prediction layout", False, None, "switched off (prediction_layout=False)")
+            return
+        layout = ClassesInnermost(self.prediction_layout)
+        layout.attach(evaluator)
+        self._helpers.append(layout)
+        self._say("prediction layout", layout.active, "classes innermost" if layout.active else None, layout.reason)
 
     def _validation_lever(self, trainer: Workflow, evaluator: Workflow, device: torch.device) -> None:
         if self.validation == "auto" or self.validation is True:
