@@ -74,13 +74,17 @@ def test_auto_measures_the_argmax_and_stays_off_where_it_does_not_pay(tiny_files
     assert layout.reason.startswith("argmax over classes measured ") and "with the classes innermost" in layout.reason
 
 
-def test_predictions_off_the_cpu_and_engines_without_an_inferer_are_left_alone():
+def test_only_cpu_predictions_are_converted_and_engines_without_an_inferer_are_refused():
     engine = Engine(lambda e, b: None)
     engine.inferer = SimpleInferer()
-    engine.state.device = torch.device("cuda")
+    engine.state.device = torch.device("cuda")  # a GPU evaluator may still stitch on the CPU
     layout = ClassesInnermost(True)
     layout.attach(engine)
-    assert not layout.active and "cuda" in layout.reason and isinstance(engine.inferer, SimpleInferer)
+    assert layout.active and "stitched on cuda pass unchanged" in layout.reason
+    out = engine.inferer(torch.randn(1, 1, 4, 5, 6), lambda x: torch.cat([x, -x], 1))
+    assert out.stride(1) == 1 and torch.equal(out, torch.cat([out[:, :1], -out[:, :1]], 1))
+    flat = engine.inferer(torch.randn(1, 1, 4, 5), lambda x: torch.cat([x, -x], 1))  # 2-D images: not 5-D, unchanged
+    assert flat.is_contiguous()
     with pytest.raises(TypeError, match="needs a MONAI SupervisedEvaluator"):
         ClassesInnermost().attach(Engine(lambda e, b: None))
     with pytest.raises(ValueError, match="mode must be 'auto' or True"):

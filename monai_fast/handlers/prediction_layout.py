@@ -79,8 +79,9 @@ class ClassesInnermost(EngineHandler):
     """Wraps a MONAI evaluator's inferer so its CPU predictions have the class dimension innermost.
 
     With ``"auto"`` it times the argmax over classes both ways (:func:`argmax_gain`, about 0.1 s)
-    and turns on only where the innermost layout is at least ``min_gain`` times faster; ``True``
-    turns it on without measuring. Predictions on a GPU, and any that are not 5-D
+    on a CPU and turns on only where the innermost layout is at least ``min_gain`` times faster;
+    ``True`` turns it on without measuring. Predictions on a GPU (an evaluator may stitch on the
+    CPU while its network runs on a GPU: those are converted), and any that are not 5-D
     ``(batch, classes, D, H, W)`` tensors, pass unchanged. Values never change, only their memory
     layout. Detaching restores the engine's inferer.
 
@@ -112,16 +113,16 @@ class ClassesInnermost(EngineHandler):
     def _attach(self, engine: Engine) -> None:
         if not isinstance(getattr(engine, "inferer", None), Inferer):
             raise TypeError("ClassesInnermost needs a MONAI SupervisedEvaluator (an engine with an inferer)")
-        device = torch.device(getattr(engine.state, "device", None) or "cpu")
-        if device.type != "cpu":
-            self.reason = f"predictions stay on {device.type}, where the argmax over classes is not the slow CPU kernel"
-        elif self.mode is True:
+        if self.mode is True:
             self.active, self.reason = True, "requested"
-        else:
+        else:  # the slow kernel is the CPU's: timed there, whatever the engine's device
             plain_s, inner_s = argmax_gain()
             self.active = plain_s >= self.min_gain * inner_s
             self.reason = (f"argmax over classes measured {plain_s * 1e3:.1f} ms in the default layout against "
                            f"{inner_s * 1e3:.1f} ms with the classes innermost")
+        device = torch.device(getattr(engine.state, "device", None) or "cpu")
+        if self.active and device.type != "cpu":
+            self.reason += f"; predictions stitched on {device.type} pass unchanged (only those stitched on the CPU)"
         if self.active:
             self._wrapper = _ClassesInnermostInferer(engine.inferer, self)
             engine.inferer = self._wrapper
