@@ -90,7 +90,8 @@ def step_plan(s: Suite, name: str) -> tuple[list[list[str]], float]:
         size = (["--patch", "32", "32", "32", "--channels", "4", "8", "16", "--res-units", "1", "--max-epochs", "2",
                  "--target", "0.05", "--repeats", "1"] if tiny
                 else ["--patch", "96", "96", "96", "--channels", "16", "32", "64", "128", "256", "--res-units", "2",
-                      "--repeats", "2", "--variants", "off", "on", "--time-budget", str(s.race_budget)])
+                      "--repeats", "2", "--time-budget", str(s.race_budget)])
+        size += ["--variants", "off", "on"]
         return [s.probe("data"), s.script("overlaps.py") + ["--data-dir", str(s.work / "spleen_scale"), "--device", s.device,
                                                              "--out", str(s.out / "overlaps"), *size]], \
             300 + 4 * (s.race_budget + (60 if tiny else 180))

@@ -18,9 +18,10 @@ iteration done), the time to the first and the stable target, and the CPU second
   issue's first bar: <= 1.5x);
 * ``off / variant``: the ``off`` run's time to target over this variant's, same repeat (its second
   bar: >= 1.8x for ``on``);
-* ``CPU floor``: the run's CPU seconds up to the first target over the CPUs it may use: no way of
-  overlapping the same work on these CPUs finishes sooner. Where the floor is above 1.5x the
-  training windows, the first bar cannot be met on this machine by overlapping alone.
+* ``CPU floor``: the run's CPU seconds up to the first target over the CPUs it may use: overlapping
+  the same work on these CPUs cannot finish much sooner (the CPU seconds include OpenMP's
+  spin-waiting, so it is an estimate, not a strict bound). ``off / floor``: the ``off`` run's time
+  over this run's floor, about the most the second bar could reach with this variant's work here.
 
 On CUDA each run also samples the GPU (``GPUSampler``, every 0.2 s) and gives the mean
 utilisation inside the training windows (the issue: not lower with the overlaps). With
@@ -30,6 +31,7 @@ validation set once at the end: the Dice the overlaps must leave unchanged (+-0.
     python benchmarks/overlaps.py --repeats 2                                   # 40 volumes of 128x128x96
     python benchmarks/overlaps.py --repeats 2 --cases 16 --shape 128 128 64     # monai-fast bench's default set
     python benchmarks/overlaps.py --cases 6 --shape 48 48 32 --patch 32 32 32 --target 0.05 --repeats 1  # a toy run
+    python benchmarks/overlaps.py --recompute benchmarks/results/overlaps_<time>.json     # a saved run's table again
 
 Prints the table and writes ``<out>/overlaps_<time>.json`` with every epoch of every run.
 """
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import json
 import os
 import platform
 import statistics
@@ -123,13 +126,15 @@ def run_variant(variant: str, args: argparse.Namespace, files: tuple[list, list]
         stopper.attach(trainer, evaluator)
     with tempfile.TemporaryDirectory() as tmp:
         sampler = GPUSampler(interval_s=0.2, output_dir=tmp) if torch.device(device).type == "cuda" else None
-        if sampler is not None:
+        started: dict = {}
+        if sampler is not None:  # its CSV's times count from its own start: note ours right after it
             sampler.attach(trainer)
-        unix_t0 = time.time()
+            trainer.add_event_handler(Events.STARTED, lambda _: started.setdefault("unix", time.time()))
         trainer.run()
         gpu_util = None
         if sampler is not None and sampler.active:
-            gpu_util = _gpu_util_in(next(Path(tmp).glob("gpu_rank*.csv"), Path(tmp) / "none"), unix_t0, windows.epochs)
+            gpu_util = _gpu_util_in(next(Path(tmp).glob("gpu_rank*.csv"), Path(tmp) / "none"), started["unix"],
+                                    windows.epochs)
     out = {"variant": variant, "seed": seed, "setup_s": setup_s, "setup_cpu_s": setup_cpu_s, "epochs": windows.epochs,
            "epochs_run": trainer.state.epoch, "wall_s": time.perf_counter() - t0, "cpu_s": process_tree_cpu_seconds() - cpu0,
            "gpu_util_training": gpu_util, "notes": list(built.notes)}
@@ -185,6 +190,9 @@ def summarise(runs: list[dict], cpus: int) -> dict:
             "cpu_floor_s": _med([r["cpu_s_to_first"] / cpus for r in reached]),
             "floor_over_train": _med([r["cpu_s_to_first"] / cpus / r["train_s_to_first"] for r in reached]),
             "off_over_this_first": speedups, "off_over_this_stable": stable,
+            # the most this variant's own work allows: off's time over this run's CPU floor
+            "off_over_this_floor": [off[r["seed"]]["first_s"] / (r["cpu_s_to_first"] / cpus) for r in reached
+                                    if off.get(r["seed"], {}).get("first_s")],
             "epochs_to_first": _med([r["first_epoch"] for r in reached]),
             "full_validations": _med([r["full_validations"] for r in mine]),
             "gpu_util_training": _med([r["gpu_util_training"] for r in mine]),
@@ -198,7 +206,7 @@ def table(rows: dict) -> str:
         return "-" if v is None else format(v, spec)
 
     head = (f"{'variant':<9}{'reached':>8}{'set-up s':>9}{'first s':>8}{'stable s':>9}{'train s':>8}{'first/train':>12}"
-            f"{'CPU floor s':>12}{'floor/train':>12}{'off/this first':>16}{'off/this stable':>17}{'GPU util %':>11}"
+            f"{'CPU floor s':>12}{'floor/train':>12}{'off/this first':>16}{'off/this stable':>17}{'off/floor':>16}{'GPU util %':>11}"
             f"{'fixed-epoch Dice':>18}")
     lines = [head]
     for variant, r in rows.items():
@@ -206,7 +214,8 @@ def table(rows: dict) -> str:
             f"{variant:<9}{r['reached']:>8}{f(r['setup_s']):>9}{f(r['first_s']):>8}{f(r['stable_s']):>9}"
             f"{f(r['train_s_to_first']):>8}{f(r['first_over_train'], '.2f') + 'x':>12}{f(r['cpu_floor_s']):>12}"
             f"{f(r['floor_over_train'], '.2f') + 'x':>12}{' '.join(format(s, '.2f') for s in r['off_over_this_first']) or '-':>16}"
-            f"{' '.join(format(s, '.2f') for s in r['off_over_this_stable']) or '-':>17}{f(r['gpu_util_training']):>11}"
+            f"{' '.join(format(s, '.2f') for s in r['off_over_this_stable']) or '-':>17}"
+            f"{' '.join(format(s, '.2f') for s in r['off_over_this_floor']) or '-':>16}{f(r['gpu_util_training']):>11}"
             f"{' '.join(format(d, '.3f') for d in r['fixed_epoch_dice']) or '-':>18}")
     return "\n".join(lines)
 
@@ -231,7 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="first training seed; the data's is 0 (default 0)")
     p.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda' (default auto)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the JSON")
+    p.add_argument("--recompute", metavar="JSON", help="print the table of a saved run with this script's summary "
+                   "(and write it back into that file), without running anything")
     args = p.parse_args(argv)
+    if args.recompute:
+        doc = json.loads(Path(args.recompute).read_text())
+        doc["summary"] = summarise(doc["runs"], doc["machine"]["cpus"])
+        write_json(doc, Path(args.recompute))
+        print(table(doc["summary"]))
+        return 0
     if args.repeats < 1 or args.max_epochs < 1 or args.fixed_epochs < 0 or not 0 < args.target <= 1:
         p.error("--repeats and --max-epochs must be >= 1, --fixed-epochs >= 0, --target in (0, 1]")
     device = ("cuda" if cuda_available() else "cpu") if args.device == "auto" else args.device

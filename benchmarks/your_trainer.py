@@ -131,9 +131,10 @@ def floor_once(files, args, device: str, applied: dict, epochs: int = 2) -> dict
     """The same epoch's compute alone: the training steps on a fixed batch and the validation's sliding windows.
 
     The network, loss and optimizer are built as in :func:`build`, in the precision and layout
-    FastTraining chose in the same repeat; no data is loaded, no handler runs. An accelerated
-    epoch cannot take less than this, so plain epoch / floor epoch is the most any data, loader or
-    handler lever can give on this machine.
+    FastTraining chose in the same repeat; no data is loaded, no handler runs; every batch is taken
+    as full. An accelerated epoch should not take much less than this (it is itself a measurement:
+    0.99x was seen), so plain epoch / floor epoch is about the most any data, loader or handler
+    lever can give on this machine.
     """
     trainer, evaluator = build(files, args, device)
     net, optimizer, loss_fn, inferer = trainer.network, trainer.optimizer, trainer.loss_function, evaluator.inferer

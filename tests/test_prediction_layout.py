@@ -51,6 +51,9 @@ def test_classes_innermost_gives_the_evaluator_the_same_results_and_detaching_re
     layout = ClassesInnermost(True)
     layout.attach(evaluator)
     assert layout.active and layout.reason == "requested" and evaluator.inferer is not inferer
+    assert evaluator.inferer.sw_batch_size == inferer.sw_batch_size  # the sliding window's, read through
+    evaluator.inferer.sw_batch_size = 3  # and set through
+    assert inferer.sw_batch_size == 3
     image = next(iter(evaluator.data_loader))["image"]
     out = evaluator.inferer(image, evaluator.network)
     assert out.dim() == 5 and out.stride(1) == 1  # the classes innermost
@@ -64,14 +67,16 @@ def test_classes_innermost_gives_the_evaluator_the_same_results_and_detaching_re
 
 
 def test_auto_measures_the_argmax_and_stays_off_where_it_does_not_pay(tiny_files):
+    state = torch.get_rng_state()
     plain_s, inner_s = argmax_gain(size=24, rounds=2)
     assert plain_s > 0 and inner_s > 0
+    assert torch.equal(torch.get_rng_state(), state)  # the measurement does not move the run's random stream
     evaluator = _evaluator(tiny_files)
     inferer = evaluator.inferer
     layout = ClassesInnermost(min_gain=1e9)  # no layout is a billion times faster
     layout.attach(evaluator)
     assert not layout.active and evaluator.inferer is inferer
-    assert layout.reason.startswith("argmax over classes measured ") and "with the classes innermost" in layout.reason
+    assert layout.reason.startswith("argmax over classes measured ") and "with the classes put innermost first" in layout.reason
 
 
 def test_only_cpu_predictions_are_converted_and_engines_without_an_inferer_are_refused():
@@ -85,6 +90,9 @@ def test_only_cpu_predictions_are_converted_and_engines_without_an_inferer_are_r
     assert out.stride(1) == 1 and torch.equal(out, torch.cat([out[:, :1], -out[:, :1]], 1))
     flat = engine.inferer(torch.randn(1, 1, 4, 5), lambda x: torch.cat([x, -x], 1))  # 2-D images: not 5-D, unchanged
     assert flat.is_contiguous()
+    off_cpu = engine.inferer(torch.empty(1, 1, 4, 5, 6, device="meta"), lambda x: torch.cat([x, -x], 1))
+    assert off_cpu.device.type == "meta" and off_cpu.is_contiguous()  # not on the CPU: passed unchanged
+    assert engine.inferer.inner.__class__ is SimpleInferer  # other attributes are the inner inferer's
     with pytest.raises(TypeError, match="needs a MONAI SupervisedEvaluator"):
         ClassesInnermost().attach(Engine(lambda e, b: None))
     with pytest.raises(ValueError, match="mode must be 'auto' or True"):
@@ -113,3 +121,59 @@ def test_fast_training_applies_it_on_the_evaluator_and_unwraps_every_inferer_on_
                                                  "reason": "switched off (prediction_layout=False)"}
     with pytest.raises(ValueError, match="prediction_layout must be 'auto', True or False"):
         FastTraining(prediction_layout="fast")
+
+
+def test_monai_fast_infer_post_processing_gives_the_same_label_map_with_the_classes_innermost():
+    from monai.transforms import AsDiscreted
+
+    from monai_fast.inference.run import _pred_classes_innermost
+
+    affine = torch.diag(torch.tensor([0.8, 0.8, 2.5, 1.0]))
+    pred = MetaTensor(torch.randn(3, 20, 18, 7), affine=affine, meta={"filename_or_obj": "ct_7.nii.gz"})
+    pred[:, 0, 0, 0] = 1.0  # a tie
+    post = AsDiscreted(keys="pred", argmax=True)
+    item = {"pred": pred, "image": "unchanged"}
+    inner = _pred_classes_innermost(item)["pred"]
+    assert inner.stride(0) == 1 and torch.equal(inner, pred) and item["pred"] is pred  # a new item, the old one kept
+    assert inner.applied_operations == pred.applied_operations  # nothing traced
+    a, b = post({"pred": pred})["pred"], post({"pred": inner})["pred"]
+    assert torch.equal(a, b) and a.dtype == b.dtype and torch.equal(b.affine, affine)
+    assert b.meta["filename_or_obj"] == "ct_7.nii.gz" and int(b[0, 0, 0, 0]) == 0  # the first of the tied classes
+
+
+def test_either_wrapper_can_be_detached_first_whatever_sits_on_top(tiny_files):
+    evaluator = _evaluator(tiny_files)
+    inferer = evaluator.inferer
+    amp, layout = AMPToggle("bf16"), ClassesInnermost(True)
+    amp.attach(evaluator)
+    layout.attach(evaluator)  # ours on top of AMPToggle's
+    amp.detach(evaluator)  # the inner one first: it unlinks itself from under ours
+    assert evaluator.inferer.inner is inferer
+    layout.detach(evaluator)
+    assert evaluator.inferer is inferer
+
+    layout, amp = ClassesInnermost(True), AMPToggle("bf16")
+    layout.attach(evaluator)
+    amp.attach(evaluator)  # AMPToggle's on top of ours
+    layout.detach(evaluator)
+    assert evaluator.inferer.inner is inferer
+    amp.detach(evaluator)
+    assert evaluator.inferer is inferer
+
+
+def test_the_argmax_benchmark_runs_at_toy_size_and_checks_the_labels(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "argmax_layout.py"
+    proc = subprocess.run([sys.executable, str(script), "--rounds", "1", "--shapes", "2x8x9x10", "3x4x5x6", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (written,) = tmp_path.glob("argmax_layout_*.json")
+    rows = json.loads(written.read_text())["rows"]
+    assert [r["shape"] for r in rows] == [[2, 8, 9, 10], [3, 4, 5, 6]] and all(r["same_labels"] for r in rows)
+    assert all(r["ms"]["argmax"] / r["ms"]["innermost + argmax"] == pytest.approx(r["speedup_innermost"]) for r in rows)
+    bad = subprocess.run([sys.executable, str(script), "--shapes", "2x8"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "CxDxHxW" in bad.stderr

@@ -182,7 +182,9 @@ def test_nothing_is_timed_while_a_cache_fills_in_the_background(gated):
     engine = Engine(lambda e, b: step(ds))
     choice = PrefetchChoice(loader, pairs=2, ready=(lambda: not filling["on"]) if gated else None)
     choice.attach(engine)
-    timed_while_filling = []
+    timed_while_filling, settings_while_filling = [], []
+    engine.add_event_handler(Events.ITERATION_STARTED,
+                             lambda e: settings_while_filling.append(loader.prefetch) if filling["on"] else None)
 
     @engine.on(Events.EPOCH_COMPLETED(once=1))
     def fill_done(_):
@@ -192,6 +194,7 @@ def test_nothing_is_timed_while_a_cache_fills_in_the_background(gated):
     engine.run(loader, max_epochs=3)
     if gated:
         assert timed_while_filling == [0] and choice.prefetch is False and choice.reason.startswith("on demand: ")
+        assert set(settings_while_filling) == {False}  # the loader's own setting, held while nothing is timed
     else:  # the same run timed during the fill: it keeps prefetch (this is what the gate is for)
         assert timed_while_filling == [4] and choice.prefetch is True
 

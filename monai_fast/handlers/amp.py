@@ -206,7 +206,7 @@ class AMPToggle(EngineHandler):
         outer = getattr(engine, "inferer", None)
         if isinstance(outer, _AutocastInferer) and outer.toggle is self:
             engine.inferer = outer = outer.inner
-        while isinstance(outer, _AutocastInferer):
+        while "inner" in getattr(outer, "__dict__", {}):  # through any wrapper above ours (ClassesInnermost's, another toggle's)
             if isinstance(outer.inner, _AutocastInferer) and outer.inner.toggle is self:
                 outer.inner = outer.inner.inner
             outer = outer.inner

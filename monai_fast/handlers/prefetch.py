@@ -49,9 +49,10 @@ class PrefetchChoice(EngineHandler):
             the first of a block or of an epoch.
         on_choice: called once with ``(prefetch, reason)`` when the choice is made. An engine whose
             epochs are shorter than a block keeps the loader's setting from before the attach.
-        ready: asked at each batch; while it returns ``False`` no iteration is timed (a cache still
-            filling in the background takes cores from both settings alike and would decide the
-            choice). ``None``: always ready.
+        ready: asked at each batch; while it returns ``False`` the loader keeps its setting from
+            before the attach and no iteration is timed (a cache still filling in the background
+            makes batches asked for on demand wait for it, which would decide the choice). ``None``:
+            always ready.
 
     Raises:
         TypeError: ``loader`` has no boolean ``prefetch``.
@@ -91,6 +92,7 @@ class PrefetchChoice(EngineHandler):
         self._in_block = 0
         self._previous: bool | None = None  # the setting of the iteration before, in this epoch
         self._open: tuple[bool, float, int, bool] | None = None  # (setting, batch arrival, epoch, timed)
+        self._waiting = False  # ``ready`` said no at this batch
 
     def _attach(self, engine: Engine) -> None:
         self.on(engine, Events.GET_BATCH_STARTED, self._set)
@@ -108,6 +110,10 @@ class PrefetchChoice(EngineHandler):
     def _set(self, engine: Engine) -> None:
         if self.prefetch is not None:
             return
+        self._waiting = self.ready is not None and not self.ready()
+        if self._waiting:  # not ready to time: the loader keeps its own setting, nothing alternates
+            self.loader.prefetch = self._initial
+            return
         # settings alternate in blocks of BLOCK iterations; a block's first iteration is not timed, since
         # what the loader thread did in the iteration before it still disturbs it
         if self._in_block >= self.BLOCK and len(self.times[not self._setting]) < self.pairs:
@@ -124,9 +130,12 @@ class PrefetchChoice(EngineHandler):
         if all(len(t) >= self.pairs for t in self.times.values()):
             self._choose()
             return
+        if self._waiting:  # an iteration begun before the run was ready to time is not timed, nor counted in a block
+            self._open = self._previous = None
+            return
         iteration = engine.state.iteration + 1  # the one starting now; ignite counts it after this event
         setting = self.loader.prefetch
-        timed = iteration > 1 and self._previous == setting and (self.ready is None or bool(self.ready()))
+        timed = iteration > 1 and self._previous == setting
         self._open = (setting, now, engine.state.epoch, timed)
         self._previous = setting
         self._in_block += 1
