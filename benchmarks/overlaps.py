@@ -63,6 +63,9 @@ from monai_fast.recipes.common import VAL_METRIC
 from monai_fast.telemetry import cuda_available, device_description
 from monai_fast.telemetry.host import process_tree_cpu_seconds
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this script's folder, also when imported
+from time_to_dice import recipe_sizes  # noqa: E402 (benchmarks/, the same command-line sizes)
+
 VARIANTS: dict[str, dict] = {
     "off": {"validation": "every_epoch", "background_fill": False},
     "schedule": {"validation": "schedule", "background_fill": False},
@@ -113,7 +116,7 @@ def run_variant(variant: str, args: argparse.Namespace, files: tuple[list, list]
     """One run of ``fast`` the ``variant`` way: to the stable target, or ``fixed_epochs`` then a full validation."""
     t0, cpu0 = time.perf_counter(), process_tree_cpu_seconds()
     config = RecipeConfig(max_epochs=fixed_epochs or args.max_epochs, seed=seed, val_target=args.target, **VARIANTS[variant],
-                          **sizes(args))
+                          **recipe_sizes(args))
     built = build_recipe("fast", files[0], files[1], config, device, progress=False)
     setup_s, setup_cpu_s = time.perf_counter() - t0, process_tree_cpu_seconds() - cpu0
     trainer, evaluator = built.trainer, built.evaluator
@@ -147,18 +150,6 @@ def run_variant(variant: str, args: argparse.Namespace, files: tuple[list, list]
                stable_epoch=stopper.stable_epoch, full_validations=len(stopper.history), best_dice=stopper.best,
                train_s_to_first=windows.train_s(first_epoch) if first_epoch else None,
                cpu_s_to_first=windows.cpu_at_validation.get(first_epoch, float("nan")) - cpu0 if first_epoch else None)
-    return out
-
-
-def sizes(args: argparse.Namespace) -> dict:
-    """The recipe options the command line overrides (patch, UNet channels, residual units)."""
-    out: dict = {}
-    if args.patch:
-        out["patch_size"] = tuple(args.patch)
-    if args.channels:
-        out.update(channels=tuple(args.channels), strides=(2,) * (len(args.channels) - 1))
-    if args.res_units is not None:
-        out["num_res_units"] = args.res_units
     return out
 
 

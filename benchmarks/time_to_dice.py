@@ -31,6 +31,18 @@ class _Say(RaceEvents):
         print(f"   {r.recipe}: {state}, best Dice {r.best_dice or 0:.3f}, {r.epochs_run} epochs", flush=True)
 
 
+def recipe_sizes(args: argparse.Namespace) -> dict:
+    """The recipe options ``--patch``, ``--channels`` and ``--res-units`` override (``overlaps.py`` uses it too)."""
+    out: dict = {}
+    if args.patch:
+        out["patch_size"] = tuple(args.patch)
+    if args.channels:
+        out.update(channels=tuple(args.channels), strides=(2,) * (len(args.channels) - 1))
+    if args.res_units is not None:
+        out["num_res_units"] = args.res_units
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipes", nargs="+", choices=RECIPES, default=["baseline", "monai_tutorial", "fast"])
@@ -50,13 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/results", help="folder of the JSON (default %(default)s)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    overrides: dict = {"max_epochs": args.max_epochs}
-    if args.patch:
-        overrides["patch_size"] = tuple(args.patch)
-    if args.channels:
-        overrides.update(channels=tuple(args.channels), strides=(2,) * (len(args.channels) - 1))
-    if args.res_units is not None:
-        overrides["num_res_units"] = args.res_units
+    overrides: dict = {"max_epochs": args.max_epochs, **recipe_sizes(args)}
     spec = RaceSpec(recipes=args.recipes, data_dir=args.data_dir, synthetic=SyntheticData(cases=args.cases, shape=tuple(args.shape)),
                     seed=args.seed, target=args.target, time_budget_s=args.time_budget, device=args.device,
                     overrides=overrides, run_dir=args.run_dir, progress=False, record_options=vars(args))
