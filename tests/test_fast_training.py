@@ -266,14 +266,14 @@ def test_doctor_apply_prescribes_fast_training_or_what_unblocks_its_levers(tiny_
 
 
 def test_validation_tune_measures_the_sliding_window_batch_once_and_reuses_the_store(tiny_files, tmp_path):
-    from monai_fast.handlers.fast_training import _sliding_window
+    from monai_fast.handlers.window_tune import sliding_window_of
     from monai_fast.tune import TuneStore
 
     store = tmp_path / "tuning.json"
     picks = []
     for _ in range(2):
         trainer, evaluator = _user_trainer(tiny_files)
-        window = _sliding_window(evaluator.inferer)
+        window = sliding_window_of(evaluator.inferer)
         fast = FastTraining(precision="fp32", memory_format=False, validation="tune", tune_store=store)
         fast.attach(trainer, evaluator)
         assert window.sw_batch_size == 2  # nothing measured before the evaluator's first run
@@ -306,6 +306,10 @@ def test_validation_tune_with_an_inferer_that_is_not_a_sliding_window_says_so(ti
     fast = FastTraining(precision="fp32", validation="tune")
     fast.attach(trainer, evaluator)
     assert not fast.applied["validation"]["applied"] and "not a SlidingWindowInferer" in fast.applied["validation"]["reason"]
+    from monai_fast.handlers import SlidingWindowTune
+
+    with pytest.raises(TypeError, match="is not a SlidingWindowInferer"):  # the handler on its own, through the wrappers
+        SlidingWindowTune(lambda: "fp32", "cpu", store=None).attach(evaluator)
 
 
 def test_background_fill_adopts_both_loaders_over_background_caches_validation_after_training(tiny_files):

@@ -19,6 +19,7 @@ from monai_fast.handlers.throughput import ThroughputMonitor
 from monai_fast.handlers.time_breakdown import EpochTimes, TimeBreakdown
 from monai_fast.handlers.time_to_target import TimeToTarget
 from monai_fast.handlers.validation_schedule import ValidationSchedule, estimator_like
+from monai_fast.handlers.window_tune import SlidingWindowTune
 
 __all__ = [
     "AMPToggle",
@@ -38,6 +39,7 @@ __all__ = [
     "Preemption",
     "PrefetchChoice",
     "RecordHandler",
+    "SlidingWindowTune",
     "SmartCacheUpdater",
     "ThroughputMonitor",
     "TimeBreakdown",

@@ -15,14 +15,11 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from ignite.engine import Engine, Events
 from monai.engines import Workflow
-from monai.inferers import SlidingWindowInferer
-from monai.utils import CommonKeys
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
@@ -35,8 +32,8 @@ from monai_fast.handlers.prediction_layout import ClassesInnermost
 from monai_fast.handlers.prefetch import prefetch_for
 from monai_fast.handlers.record import record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
+from monai_fast.handlers.window_tune import SlidingWindowTune, sliding_window_of
 from monai_fast.telemetry.record import Kind, Source
-from monai_fast.tune.validation import tune_validation  # the tuner core, below handlers (docs/design.md)
 
 __all__ = ["FastTraining"]
 
@@ -82,7 +79,7 @@ class FastTraining(EngineHandler):
       for the first batch's shape and the chosen precision (at the first iteration).
     * **validation**: ``"auto"`` gives the evaluator its adopted loader and the trainer's precision
       and keeps its sliding-window settings; ``"tune"`` also measures the evaluator's
-      ``sw_batch_size`` at its first run (:func:`~monai_fast.tune.validation.tune_validation`, on a
+      ``sw_batch_size`` at its first run (:class:`~monai_fast.handlers.window_tune.SlidingWindowTune`, on a
       volume of the first validation item's size, at the run's precision; cached in the tuning
       store, so a second run does not measure again) and sets it on its ``SlidingWindowInferer``.
       The stitching device is kept (moving it would move the metric's inputs). ``False`` leaves
@@ -314,36 +311,17 @@ class FastTraining(EngineHandler):
         if self.validation == "auto" or self.validation is True:
             self._say("validation", False, None, "sliding-window settings kept as built (validation='tune' measures them)")
             return
-        window = _sliding_window(evaluator.inferer)
-        if window is None:
+        if sliding_window_of(evaluator.inferer) is None:
             self._say("validation", False, None, f"the evaluator's inferer ({type(evaluator.inferer).__name__}) is not a "
                       "SlidingWindowInferer: nothing to tune")
             return
-        self._validation_tuned = False
-        self.on(evaluator, Events.STARTED, self._tune_validation, trainer, window, device, owner=trainer)
+        tune = SlidingWindowTune(lambda: self.amp.precision if self.amp is not None and self.amp.active else "fp32", device,
+                                 self.tune_store, on_result=functools.partial(self._validation_tuned, trainer))
+        tune.attach(evaluator)
+        self._helpers.append(tune)
 
-    def _tune_validation(self, evaluator: Workflow, trainer: Workflow, window: SlidingWindowInferer,
-                         device: torch.device) -> None:
-        if self._validation_tuned:  # once per attach (Events.STARTED has no once= filter: its count stays 0)
-            return
-        self._validation_tuned = True
-        image = _first_image(evaluator.data_loader)
-        if image is None or image.dim() != 4:
-            self._say("validation", False, None, "the first validation item has no 4-D image (C, D, H, W): nothing to tune")
-            self._record(trainer, only="validation")
-            return
-        precision = self.amp.precision if self.amp is not None and self.amp.active else "fp32"
-        before = window.sw_batch_size
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            pick = tune_validation(
-                evaluator.network, window.roi_size, tuple(image.shape[1:]), window.sw_device or device, precision,
-                overlap=float(min(window.overlap)) if isinstance(window.overlap, Sequence) else float(window.overlap),
-                in_channels=image.shape[0], sw_batch_range=(1, 32), store=self.tune_store,
-            )
-        window.sw_batch_size = pick.sw_batch_size
-        self._say("validation", pick.sw_batch_size != before, f"sw_batch_size={pick.sw_batch_size}",
-                  f"measured {pick.val_volumes_per_s:.2f} volumes/s on {tuple(image.shape[1:])} volumes at {precision} "
-                  f"(was sw_batch_size={before}){' (cached)' if pick.from_cache else ''}")
+    def _validation_tuned(self, trainer: Engine, applied: bool, setting: str | None, reason: str) -> None:
+        self._say("validation", applied, setting, reason)
         self._record(trainer, only="validation")
 
     def _record(self, trainer: Engine, only: str | None = None) -> None:
@@ -354,22 +332,6 @@ class FastTraining(EngineHandler):
             if only is None or lever == only:
                 record.add(Kind.EVENT, Source.FAST_TRAINING, lever=lever, **what)
         record.set_summary(Source.FAST_TRAINING, dict(self.applied))
-
-
-def _sliding_window(inferer: Any) -> SlidingWindowInferer | None:
-    """The ``SlidingWindowInferer`` inside ``inferer`` (looking through ``AMPToggle``'s wrapper), or ``None``."""
-    while not isinstance(inferer, SlidingWindowInferer) and hasattr(inferer, "inner"):
-        inferer = inferer.inner
-    return inferer if isinstance(inferer, SlidingWindowInferer) else None
-
-
-def _first_image(loader: Any) -> torch.Tensor | None:
-    """The image tensor of the first item of ``loader``'s data set (the first crop when it gives a list)."""
-    item = loader.dataset[0]
-    if isinstance(item, (list, tuple)) and item:
-        item = item[0]
-    image = item.get(CommonKeys.IMAGE) if isinstance(item, dict) else None
-    return torch.as_tensor(image) if image is not None else None
 
 
 def _check(name: str, value: Any, allowed: tuple) -> None:

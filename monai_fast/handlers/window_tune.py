@@ -1,0 +1,110 @@
+"""Measure a MONAI evaluator's sliding-window batch at its first run and set it on its ``SlidingWindowInferer``.
+
+Example:
+    >>> from monai_fast.handlers import SlidingWindowTune
+    >>> tune = SlidingWindowTune(lambda: "fp32", "cpu", store=None)
+    >>> tune.attach(evaluator)  # doctest: +SKIP
+    >>> evaluator.run(); tune.reason  # doctest: +SKIP
+    'measured 3.10 volumes/s on (96, 80, 80) volumes at fp32 (was sw_batch_size=4)'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from ignite.engine import Engine, Events
+from monai.inferers import SlidingWindowInferer
+from monai.utils import CommonKeys
+
+from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.tune.validation import tune_validation  # the tuner core, below handlers (docs/design.md)
+
+__all__ = ["SlidingWindowTune", "sliding_window_of"]
+
+
+def sliding_window_of(inferer: Any) -> SlidingWindowInferer | None:
+    """The ``SlidingWindowInferer`` inside ``inferer`` (through wrappers with an ``inner``: AMPToggle's, ...), or ``None``.
+
+    Example:
+        >>> sliding_window_of(SlidingWindowInferer((16, 16, 16))).roi_size
+        (16, 16, 16)
+    """
+    while not isinstance(inferer, SlidingWindowInferer) and "inner" in getattr(inferer, "__dict__", {}):
+        inferer = inferer.inner
+    return inferer if isinstance(inferer, SlidingWindowInferer) else None
+
+
+def _first_image(loader: Any) -> torch.Tensor | None:
+    """The image tensor of the first item of ``loader``'s data set (the first crop when it gives a list)."""
+    item = loader.dataset[0]
+    if isinstance(item, (list, tuple)) and item:
+        item = item[0]
+    image = item.get(CommonKeys.IMAGE) if isinstance(item, dict) else None
+    return torch.as_tensor(image) if image is not None else None
+
+
+class SlidingWindowTune(EngineHandler):
+    """At the evaluator's first run, times its sliding window on a volume of its first item's size and sets the batch.
+
+    :func:`~monai_fast.tune.validation.tune_validation` measures ``sw_batch_size`` from 1 to 32 at
+    the precision the evaluator runs in (kept in the tuning store, so a second run reads it back);
+    the stitching device is kept (moving it would move the metric's inputs). It measures once per
+    attach; the global random state is left as it was.
+
+    Args:
+        precision: called at the first run: the evaluator's precision (``"bf16"``, ``"fp16"``, ``"fp32"``).
+        device: where the network runs (the stitching device, when the window has none).
+        store: the tuning store: ``"default"``, a JSON file, or ``None`` (measure every run).
+        on_result: called once with ``(applied, setting, reason)``: whether the batch changed, the
+            setting (``"sw_batch_size=N"``, or ``None`` when nothing could be measured) and why.
+
+    Raises:
+        TypeError: (at attach) the engine's inferer holds no ``SlidingWindowInferer``.
+
+    Example:
+        >>> SlidingWindowTune(lambda: "bf16", "cpu", store=None).reason
+        ''
+    """
+
+    def __init__(self, precision: Callable[[], str], device: str | torch.device, store: str | os.PathLike | None = "default",
+                 on_result: Callable[[bool, str | None, str], None] | None = None) -> None:
+        super().__init__()
+        self.precision, self.device, self.store, self.on_result = precision, torch.device(device), store, on_result
+        self.reason = ""
+        self._window: SlidingWindowInferer | None = None
+        self._done = False
+
+    def _attach(self, engine: Engine) -> None:
+        self._window = sliding_window_of(getattr(engine, "inferer", None))
+        if self._window is None:
+            raise TypeError(f"SlidingWindowTune: the engine's inferer ({type(getattr(engine, 'inferer', None)).__name__}) "
+                            "is not a SlidingWindowInferer")
+        self._done = False
+        self.on(engine, Events.STARTED, self._tune)  # Events.STARTED has no once= filter (its count stays 0)
+
+    def _tune(self, engine: Engine) -> None:
+        if self._done:
+            return
+        self._done = True
+        window, image = self._window, _first_image(engine.data_loader)
+        if image is None or image.dim() != 4:
+            self._result(False, None, "the first validation item has no 4-D image (C, D, H, W): nothing to tune")
+            return
+        precision, before = self.precision(), window.sw_batch_size
+        overlap = float(min(window.overlap)) if isinstance(window.overlap, Sequence) else float(window.overlap)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            pick = tune_validation(engine.network, window.roi_size, tuple(image.shape[1:]), window.sw_device or self.device,
+                                   precision, overlap=overlap, in_channels=image.shape[0], sw_batch_range=(1, 32),
+                                   store=self.store)
+        window.sw_batch_size = pick.sw_batch_size
+        self._result(pick.sw_batch_size != before, f"sw_batch_size={pick.sw_batch_size}",
+                     f"measured {pick.val_volumes_per_s:.2f} volumes/s on {tuple(image.shape[1:])} volumes at {precision} "
+                     f"(was sw_batch_size={before}){' (cached)' if pick.from_cache else ''}")
+
+    def _result(self, applied: bool, setting: str | None, reason: str) -> None:
+        self.reason = reason
+        if self.on_result is not None:
+            self.on_result(applied, setting, reason)
