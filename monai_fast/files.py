@@ -10,6 +10,14 @@ on this host, or older than ``max_age_s`` when written from another host), and e
 cleans the leftovers of its own target first (writers of many files into one folder clean the
 folder once instead).
 
+A write that runs out of space (``ENOSPC``, ``EDQUOT``) raises :class:`NoSpaceError`, which names
+the file and the space missing; the target keeps its old content and the temporary file is removed.
+:func:`ensure_free_space` checks a folder before work whose output would otherwise be lost.
+
+A run folder has one owner at a time: :class:`RunFolderLock` holds an advisory lock
+(``fcntl.flock``) on a file inside it. The kernel drops the lock when its process ends, however it
+ends, so a crash never leaves a folder locked.
+
 This module imports nothing else of monai-fast.
 
 Example:
@@ -26,21 +34,140 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import secrets
+import shutil
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["APP", "atomic_write", "cache_root", "clean_stale_tmp", "tmp_path_for", "write_json", "write_text"]
+__all__ = [
+    "APP",
+    "NoSpaceError",
+    "RunFolderBusyError",
+    "RunFolderLock",
+    "atomic_write",
+    "cache_root",
+    "clean_stale_tmp",
+    "ensure_free_space",
+    "free_bytes",
+    "tmp_path_for",
+    "write_json",
+    "write_text",
+]
 
 APP = "monai-fast"
 _TMP_SUFFIX = ".tmp"
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+LOCK_NAME = ".monai-fast.lock"  #: the lock file :class:`RunFolderLock` holds inside a run folder
 logger = logging.getLogger("monai_fast.files")
+
+
+def _mib(n: int | float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+class NoSpaceError(OSError):
+    """A file could not be written for lack of space; the message names the file and the shortfall.
+
+    It is an :class:`OSError` with ``errno.ENOSPC`` (or ``EDQUOT`` for a quota), so code that
+    handles ``OSError`` still does.
+
+    Attributes:
+        path: the file (or folder) that could not be written.
+        needed: bytes the output needs, where known before writing.
+        free: bytes free on the file system at the time of the error, where known.
+        written: bytes written when the file system filled, where the write had started.
+    """
+
+    def __init__(self, path: str | os.PathLike, needed: int | None = None, free: int | None = None,
+                 what: str = "", code: int = errno.ENOSPC, written: int | None = None) -> None:
+        self.path = Path(path)
+        self.needed = needed
+        self.free = free
+        self.written = written
+        parts = [f"{what + ' ' if what else ''}{self.path}: no space left on the device"]
+        if code == errno.EDQUOT:
+            parts[0] = f"{what + ' ' if what else ''}{self.path}: disk quota exceeded"
+        if needed is not None and free is not None:
+            parts.append(f"needs {_mib(needed)}, {_mib(free)} free ({_mib(max(needed - free, 0))} missing)")
+        elif needed is not None:
+            parts.append(f"needs at least {_mib(needed)}")
+        elif free is not None:
+            parts.append(f"{_mib(free)} free")
+        if written is not None:
+            parts.append(f"the file system filled after {_mib(written)} of it; the file was not written and "
+                         f"what it held before is unchanged")
+        super().__init__(code, "; ".join(parts))
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+    def __reduce__(self):  # picklable across worker processes
+        return (_rebuild_no_space, (str(self.path), self.needed, self.free, self.args[1], self.errno, self.written))
+
+
+def _rebuild_no_space(path: str, needed: int | None, free: int | None, message: str, code: int,
+                      written: int | None = None) -> NoSpaceError:
+    err = NoSpaceError(path, needed, free, code=code, written=written)
+    err.args = (code, message)
+    return err
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Bytes free to this user on the file system holding ``path`` (its nearest existing parent)."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") -> int:
+    """Raise :class:`NoSpaceError` unless the file system holding ``path`` has ``need_bytes`` free.
+
+    Call it before work whose output would be lost if it could not be written (a model written
+    after hours of training), with the output's size estimated from what is known at the start.
+
+    Args:
+        path: the file or folder to be written (it need not exist yet).
+        need_bytes: the bytes the output needs.
+        what: what the output is, for the message (``"model"``).
+
+    Returns:
+        The bytes free.
+
+    Example:
+        >>> import tempfile
+        >>> ensure_free_space(tempfile.gettempdir(), 1) > 0
+        True
+    """
+    free = free_bytes(path)
+    if free < need_bytes:
+        raise NoSpaceError(path, needed=int(need_bytes), free=free, what=what)
+    return free
+
+
+def _as_no_space(err: OSError, path: Path, tmp: Path) -> OSError:
+    """``err`` as a :class:`NoSpaceError` naming ``path`` when it is ENOSPC/EDQUOT, else ``err``."""
+    if isinstance(err, NoSpaceError) or err.errno not in _NO_SPACE:
+        return err
+    try:
+        written = tmp.stat().st_size
+    except OSError:
+        written = None
+    with contextlib.suppress(OSError):
+        tmp.unlink()  # before measuring what is free: the partial file is not kept
+    try:
+        free = free_bytes(path.parent)
+    except OSError:
+        free = None
+    return NoSpaceError(path, free=free, code=err.errno, written=written)
 
 
 def cache_root(create: bool = False) -> Path:
@@ -138,7 +265,8 @@ def atomic_write(
     """Open a temporary file beside ``path``; on a clean exit rename it onto ``path``.
 
     On an exception the temporary file is removed and ``path`` is left as it was. The parent
-    folder is created if needed.
+    folder is created if needed. Running out of space raises :class:`NoSpaceError` naming
+    ``path`` (not the temporary file).
 
     Args:
         path: the final file.
@@ -170,8 +298,15 @@ def atomic_write(
         os.replace(tmp, path)
         if fsync:
             _fsync_dir(path.parent)
+    except OSError as err:
+        converted = _as_no_space(err, path, tmp)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if converted is err:
+            raise
+        raise converted from err
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             tmp.unlink()
         raise
 
@@ -197,3 +332,100 @@ def write_json(obj: Any, path: str | os.PathLike, indent: int | None = 2, fsync:
     with atomic_write(path, "w", fsync=fsync, encoding="utf-8") as f:
         json.dump(obj, f, indent=indent, **dump_kwargs)
     return Path(path)
+
+
+class RunFolderBusyError(RuntimeError):
+    """Another live process owns the run folder; the message names the folder and that process."""
+
+
+class RunFolderLock:
+    """One run per folder at a time: an advisory lock on ``<folder>/.monai-fast.lock``.
+
+    The lock is ``fcntl.flock`` on an open file: the kernel releases it when the owning process
+    exits or is killed, so a crash never leaves the folder locked. The lock file keeps the owner's
+    host, pid and command line for the message a second claimant gets. Taking the lock again in the
+    process that holds it is a no-op (a notebook cell run twice), counted so that the last
+    :meth:`release` frees it. On a platform without ``fcntl`` the lock is advisory only (a warning).
+
+    Args:
+        folder: the run folder (created if missing).
+        what: what owns it, for messages (``"monai-fast train"``).
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> with RunFolderLock(folder):
+        ...     pass
+    """
+
+    _held: dict[str, tuple[int, int]] = {}  # resolved folder -> (fd, count): one lock per folder per process
+
+    def __init__(self, folder: str | os.PathLike, what: str = "a monai-fast run") -> None:
+        self.folder = Path(folder)
+        self.what = what
+        self._key = ""
+        self._owned = False
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._owned
+
+    def acquire(self) -> RunFolderLock:
+        """Take the lock, or raise :class:`RunFolderBusyError` naming the folder and its owner."""
+        if self._owned:
+            return self
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._key = str(self.folder.resolve())
+        if self._key in RunFolderLock._held:
+            fd, count = RunFolderLock._held[self._key]
+            RunFolderLock._held[self._key] = (fd, count + 1)
+            self._owned = True
+            return self
+        lock_path = self.folder / LOCK_NAME
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            logger.warning("no fcntl on this platform: %s is not protected against a second run", self.folder)
+            fcntl = None
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                owner = ""
+                with contextlib.suppress(OSError):
+                    owner = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+                os.close(fd)
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                raise RunFolderBusyError(
+                    f"{self.folder} is in use by another run ({owner or 'owner unknown'}); "
+                    f"use another folder for {self.what}, or wait for that run to end"
+                ) from None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n".encode(), 0)
+        RunFolderLock._held[self._key] = (fd, 1)
+        self._owned = True
+        return self
+
+    def release(self) -> None:
+        """Give the lock back (the last holder in this process frees it)."""
+        if not self._owned:
+            return
+        self._owned = False
+        fd, count = RunFolderLock._held.get(self._key, (-1, 0))
+        if count > 1:
+            RunFolderLock._held[self._key] = (fd, count - 1)
+            return
+        RunFolderLock._held.pop(self._key, None)
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing the descriptor drops the flock
+
+    def __enter__(self) -> RunFolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
