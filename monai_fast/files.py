@@ -339,7 +339,7 @@ class RunFolderBusyError(RuntimeError):
 
 
 class RunFolderLock:
-    """One run per folder at a time: an advisory lock on ``<folder>/.monai-fast.lock``.
+    """One run per folder at a time: an advisory lock on ``<folder>/.monai-fast.lock`` (or ``name``).
 
     The lock is ``fcntl.flock`` on an open file: the kernel releases it when the owning process
     exits or is killed, so a crash never leaves the folder locked. The lock file keeps the owner's
@@ -350,6 +350,8 @@ class RunFolderLock:
     Args:
         folder: the run folder (created if missing).
         what: what owns it, for messages (``"monai-fast train"``).
+        name: the lock file's name; ranks of one run that share a folder each take their own
+            (``".monai-fast.rank1.lock"``), so two runs clash rank by rank.
 
     Example:
         >>> import tempfile
@@ -358,11 +360,14 @@ class RunFolderLock:
         ...     pass
     """
 
-    _held: dict[str, tuple[int, int]] = {}  # resolved folder -> (fd, count): one lock per folder per process
+    _held: dict[str, tuple[int, int]] = {}  # resolved lock file -> (fd, count): one flock per file per process
 
-    def __init__(self, folder: str | os.PathLike, what: str = "a monai-fast run") -> None:
+    def __init__(self, folder: str | os.PathLike, what: str = "a monai-fast run", name: str = LOCK_NAME) -> None:
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"RunFolderLock name must be a plain file name, got {name!r}")
         self.folder = Path(folder)
         self.what = what
+        self.name = name
         self._key = ""
         self._owned = False
 
@@ -376,13 +381,13 @@ class RunFolderLock:
         if self._owned:
             return self
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._key = str(self.folder.resolve())
+        self._key = str(self.folder.resolve() / self.name)
         if self._key in RunFolderLock._held:
             fd, count = RunFolderLock._held[self._key]
             RunFolderLock._held[self._key] = (fd, count + 1)
             self._owned = True
             return self
-        lock_path = self.folder / LOCK_NAME
+        lock_path = self.folder / self.name
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             import fcntl
