@@ -1,8 +1,88 @@
 """monai-fast: fast 3D medical-image training with MONAI and PyTorch-Ignite.
 
-Handlers that ``attach(engine)`` to any ignite ``Engine`` (MONAI's trainers included), recipes that
-build complete MONAI training set-ups, synthetic data in Decathlon layout, and the ``monai-fast``
-command (``demo``, ``bench``, ``synth``).
+The package's face is the plugin: handlers that ``attach(engine)`` to any ignite ``Engine``
+(MONAI's ``SupervisedTrainer`` and ``SupervisedEvaluator`` included), importable from here::
+
+    from monai_fast import FastTraining
+
+    FastTraining().attach(trainer, evaluator)
+    trainer.run()
+
+The names are resolved on first use, so ``import monai_fast`` alone (the ``monai-fast`` command's
+start, ``monai_fast.__version__``) does not load torch or MONAI.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "FastTraining": "monai_fast.handlers.fast_training",
+    "AMPToggle": "monai_fast.handlers.amp",
+    "BackgroundValidation": "monai_fast.handlers.background_validation",
+    "ClassesInnermost": "monai_fast.handlers.prediction_layout",
+    "GPUSampler": "monai_fast.handlers.gpu_sampler",
+    "InferenceSplit": "monai_fast.handlers.inference_split",
+    "KernelProfiler": "monai_fast.handlers.kernel_profiler",
+    "MainThreadCore": "monai_fast.handlers.core_pin",
+    "NVTXHandler": "monai_fast.handlers.nvtx",
+    "NonFiniteGuard": "monai_fast.handlers.nonfinite",
+    "Preemption": "monai_fast.handlers.preemption",
+    "PrefetchChoice": "monai_fast.handlers.prefetch",
+    "RecordHandler": "monai_fast.handlers.record",
+    "SlidingWindowTune": "monai_fast.handlers.window_tune",
+    "SmartCacheUpdater": "monai_fast.handlers.smartcache",
+    "ThroughputMonitor": "monai_fast.handlers.throughput",
+    "TimeBreakdown": "monai_fast.handlers.time_breakdown",
+    "TimeToTarget": "monai_fast.handlers.time_to_target",
+    "ValidationSchedule": "monai_fast.handlers.validation_schedule",
+    "SafeThreadDataLoader": "monai_fast.data.loaders",
+    "SafeSmartCacheDataset": "monai_fast.data.smartcache",
+    "TrustedPersistentDataset": "monai_fast.data.persistent",
+    "plan_cache": "monai_fast.data.planner",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on first use
+    from monai_fast.data.loaders import SafeThreadDataLoader
+    from monai_fast.data.persistent import TrustedPersistentDataset
+    from monai_fast.data.planner import plan_cache
+    from monai_fast.data.smartcache import SafeSmartCacheDataset
+    from monai_fast.handlers.amp import AMPToggle
+    from monai_fast.handlers.background_validation import BackgroundValidation
+    from monai_fast.handlers.core_pin import MainThreadCore
+    from monai_fast.handlers.fast_training import FastTraining
+    from monai_fast.handlers.gpu_sampler import GPUSampler
+    from monai_fast.handlers.inference_split import InferenceSplit
+    from monai_fast.handlers.kernel_profiler import KernelProfiler
+    from monai_fast.handlers.nonfinite import NonFiniteGuard
+    from monai_fast.handlers.nvtx import NVTXHandler
+    from monai_fast.handlers.prediction_layout import ClassesInnermost
+    from monai_fast.handlers.preemption import Preemption
+    from monai_fast.handlers.prefetch import PrefetchChoice
+    from monai_fast.handlers.record import RecordHandler
+    from monai_fast.handlers.smartcache import SmartCacheUpdater
+    from monai_fast.handlers.throughput import ThroughputMonitor
+    from monai_fast.handlers.time_breakdown import TimeBreakdown
+    from monai_fast.handlers.time_to_target import TimeToTarget
+    from monai_fast.handlers.validation_schedule import ValidationSchedule
+    from monai_fast.handlers.window_tune import SlidingWindowTune
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name from its module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'monai_fast' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
