@@ -204,9 +204,9 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_launch)
 
 
-def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str) -> None:
-    """Nodes and ranks per node, the same for every job writer (sbatch, k8s)."""
-    p.add_argument("--nodes", type=int, default=nodes, help="nodes (one pod each on Kubernetes) (default %(default)s)")
+def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str, nodes_help: str) -> None:
+    """Nodes and ranks per node, the same for every job writer (sbatch, k8s); ``nodes_help`` says what a node is there."""
+    p.add_argument("--nodes", type=int, default=nodes, help=f"{nodes_help} (default %(default)s)")
     p.add_argument("--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)")
     p.add_argument(cpu_ranks_flag, type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)")
 
@@ -214,7 +214,7 @@ def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str) 
 def _add_sbatch(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sbatch", description=_SBATCH_TEXT,
                        help="write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit")
-    _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node")
+    _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node", nodes_help="nodes to allocate (#SBATCH --nodes)")
     p.add_argument("--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)")
     p.add_argument("--time", default="04:00:00", help="wall-clock limit (default %(default)s)")
     p.add_argument("--signal-lead", type=int, default=120, help="seconds before the limit to send SIGUSR1; 0: none (default %(default)s)")
@@ -243,7 +243,7 @@ def _add_k8s(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("k8s", description=_K8S_TEXT,
                        help="write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace")
     p.add_argument("--image", required=True, help="container image with monai-fast installed")
-    _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node")
+    _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node", nodes_help="nodes, one pod each")
     p.add_argument("--cpus-per-node", type=int, default=8, help="CPU cores per pod (default %(default)s)")
     p.add_argument("--memory", help="memory per pod, e.g. 64Gi")
     p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
