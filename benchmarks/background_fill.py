@@ -1,7 +1,7 @@
 """Does filling the cache in the background shorten the time to the first step and to the end of epoch 2?
 
 Trains the ``fast`` recipe's parts (its transforms, network, loss and optimizer; no validation)
-over the planner's cache built two ways, alternating: ``foreground`` (today: the cache is full
+over the planner's cache built two ways, alternating: ``foreground`` (the cache is full
 before the first step) and ``background`` (``CachePlan.build(background=True)``, the loader
 ordered by ``fill_order_options``). The clock starts before the cache is built. Reported per
 variant (medians of the repeats): seconds to the end of the first iteration and to the end of

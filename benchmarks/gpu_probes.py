@@ -182,7 +182,7 @@ def collect_pytest(out: Path) -> dict:
 
 
 def collect_race(out: Path, work: Path) -> dict:
-    """Per repeat and recipe: time to the target, GPUSampler's readings and data wait; the bars of issue 14."""
+    """Per repeat and recipe: time to the target, GPUSampler's readings and data wait; the GPU bars (speed-up, utilisation)."""
     doc = _newest_json(out / "race")
     runs = []
     for i, repeat in enumerate(doc["repeats"], 1):
@@ -217,7 +217,7 @@ def collect(name: str, out: Path, work: Path, device: str) -> dict | None:
         doc = _newest_json(out / name)
         rows = doc["summary"]
         on, off = rows.get("on", {}), rows.get("off", {})
-        bars = {  # issue 15 on a GPU: the same two ratios, utilisation not lower with the overlaps
+        bars = {  # the overlaps' two ratios on a GPU, utilisation not lower with the overlaps
             "on_first_within_1_5x_training": on.get("first_over_train") is not None and on["first_over_train"] <= 1.5,
             "on_1_8x_faster_than_off": [r >= 1.8 for r in on.get("off_over_this_first", [])],
             "gpu_util_not_lower": None if on.get("gpu_util_training") is None or off.get("gpu_util_training") is None

@@ -3,7 +3,7 @@
 Steps (each in its own process, with its own log and time limit; a failed step is recorded and
 the suite goes on): ``pytest`` (``pytest -m gpu``), ``race`` (``time_to_dice.py``: ``fast``,
 ``monai_tutorial``, ``baseline`` on a spleen-scale synthetic set, with the GPUSampler's readings),
-``overlaps`` (``overlaps.py``: ``fast`` with its overlaps off and on, issue 15's ratios and the
+``overlaps`` (``overlaps.py``: ``fast`` with its overlaps off and on, the overlaps' two ratios and the
 GPU utilisation inside the training windows), ``your_trainer`` (``FastTraining`` on
 ``your_trainer.py``), ``tuner_quality``, ``loader_variants`` (with the GPU cache on CUDA), ``inference``, ``pathology``, ``lab`` (the SegResNet lab's measured
 table, ``tutorials/segresnet_lab.py``, 30 epochs at its GPU size), ``kernels`` (the kernel summary against ``torch.profiler``'s own
@@ -86,7 +86,7 @@ def step_plan(s: Suite, name: str) -> tuple[list[list[str]], float]:
     if name == "race":
         per_recipe = s.race_budget + (60 if tiny else 180)  # set-up and the last validation past the budget
         return [s.probe("data"), race_argv(s)], 300 + 3 * s.race_repeats * per_recipe
-    if name == "overlaps":  # issue 15: fast with its overlaps off and on, on the race's set and network
+    if name == "overlaps":  # fast with its overlaps off and on, on the race's set and network
         size = (["--patch", "32", "32", "32", "--channels", "4", "8", "16", "--res-units", "1", "--max-epochs", "2",
                  "--target", "0.05", "--repeats", "1"] if tiny
                 else ["--patch", "96", "96", "96", "--channels", "16", "32", "64", "128", "256", "--res-units", "2",

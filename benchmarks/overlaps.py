@@ -1,4 +1,4 @@
-"""Issue 15's two ratios, measured in one run: ``fast`` to a Dice target with its overlaps on and off.
+"""The overlaps' two ratios, measured in one run: ``fast`` to a Dice target with its overlaps on and off.
 
 Variants (the same recipe, data and seeds; they take turns repeat by repeat, so a slow spell of a
 shared machine hits each):
@@ -142,7 +142,7 @@ def run_variant(variant: str, args: argparse.Namespace, files: tuple[list, list]
            "epochs_run": trainer.state.epoch, "wall_s": time.perf_counter() - t0, "cpu_s": process_tree_cpu_seconds() - cpu0,
            "gpu_util_training": gpu_util, "notes": list(built.notes)}
     if fixed_epochs is not None:
-        evaluator.run()  # the whole validation set at the final weights, today's settings
+        evaluator.run()  # the whole validation set at the final weights, the recipe's settings
         out["final_dice"] = float(evaluator.state.metrics[VAL_METRIC])
         return out
     first_epoch = stopper.reached_epoch

@@ -2,7 +2,7 @@
 
 The same recipe (``fast`` by default) on the same data, three ways, interleaved and repeated:
 
-* ``sync``: MONAI's ``ValidationHandler``, full validation after every epoch (today's recipes);
+* ``sync``: MONAI's ``ValidationHandler``, full validation after every epoch (MONAI's usual set-up);
 * ``schedule``: :class:`~monai_fast.handlers.ValidationSchedule`: a cheap estimate on the first
   ``--subset`` validation cases decides when the full validation runs (every ``--every`` epochs
   while far, every epoch once within ``--margin``);

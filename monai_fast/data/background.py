@@ -11,13 +11,13 @@ all cores but the training thread's) from the moment it is made:
   item only; one that no thread has started is made by the reader itself (no core idles).
 * **The first epoch** (any epoch that starts before the fill is complete) is ordered by
   :class:`FillOrderSampler` around the loader's own sampler: it draws that sampler's order for the
-  epoch exactly as today (same random numbers), then hands out every drawn index exactly as often
+  epoch exactly as the loader alone would (same random numbers), then hands out every drawn index exactly as often
   as drawn (once each for a shuffle), each step taking the **earliest index of the remaining draw
   that is cached**; when none is, the earliest that no thread has started (the loader makes it),
-  else it waits for the first of them to finish. With the fill ahead of training, that is today's
-  order; behind it, a shuffle within what is ready.
+  else it waits for the first of them to finish. With the fill ahead of training, that is the
+  sampler's own order; behind it, a shuffle within what is ready.
 * **From the first epoch that starts with the cache full**, the sampler's order is the same as
-  today's for the same seed (epoch k here = epoch k with a foreground fill). The random transforms
+  a foreground fill's for the same seed (epoch k here = epoch k with a foreground fill). The random transforms
   draw the same numbers per item, but on items in another order during a partial epoch, so crops
   after it may differ from a foreground run's.
 * **A failure** in the fill stops it; the next read or sampler step, on the training side, joins
@@ -308,7 +308,7 @@ class FillOrderSampler(Sampler[int]):
         self.partial_epochs = 0  #: epochs that started before the cache was full
 
     def __iter__(self) -> Iterator[int]:
-        order = list(self.sampler)  # today's draw for this epoch, the same random numbers
+        order = list(self.sampler)  # the sampler's own draw for this epoch, the same random numbers
         fill = getattr(self.dataset, "fill", None)
         if not isinstance(fill, _Fill) or fill.complete:
             yield from order
