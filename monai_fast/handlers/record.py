@@ -8,18 +8,58 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import ignite.distributed as idist
+import torch
 from ignite.engine import Engine, Events
 
 from monai_fast.distributed.env import placement
 from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.handlers.window_tune import sliding_window_of
 from monai_fast.telemetry.record import Category, EngineRecord, Kind, RunRecord, Source
 
-__all__ = ["RecordHandler", "record_of"]
+__all__ = ["RecordHandler", "describe_engine", "record_of"]
 
 
 def record_of(engine: Engine) -> EngineRecord | None:
     """The record attached to ``engine``, as that engine writes to it (``None`` without one)."""
     return getattr(engine.state, "run_record", None)
+
+
+_CONV_DIMS = (
+    (torch.nn.Conv3d, 3), (torch.nn.ConvTranspose3d, 3), (torch.nn.Conv2d, 2), (torch.nn.ConvTranspose2d, 2),
+    (torch.nn.Conv1d, 1), (torch.nn.ConvTranspose1d, 1),
+)
+
+
+def describe_engine(engine: Engine) -> dict[str, Any]:
+    """What an engine runs, for the record: network class and spatial dimensions, inferer, sliding window, amp.
+
+    Reads the public attributes of MONAI workflows (``network``, ``inferer``, ``amp``); a plain
+    ignite ``Engine`` has none of them and gets ``None`` for each.
+
+    Example:
+        >>> from monai.networks.nets import UNet
+        >>> from monai.engines import SupervisedEvaluator
+        >>> from monai.inferers import SimpleInferer
+        >>> net = UNet(2, 1, 2, channels=(4, 8), strides=(2,))
+        >>> ev = SupervisedEvaluator("cpu", [], net, inferer=SimpleInferer())
+        >>> d = describe_engine(ev)
+        >>> d["spatial_dims"], d["inferer"], d["sliding_window"]
+        (2, 'SimpleInferer', False)
+    """
+    network = getattr(engine, "network", None)
+    dims = None
+    if isinstance(network, torch.nn.Module):
+        dims = next((d for m in network.modules() for kind, d in _CONV_DIMS if isinstance(m, kind)), None)
+    inferer = getattr(engine, "inferer", None)
+    window = sliding_window_of(inferer) if inferer is not None else None
+    return {
+        "network": type(network).__name__ if network is not None else None,
+        "spatial_dims": dims,
+        "inferer": type(inferer).__name__ if inferer is not None else None,
+        "sliding_window": None if inferer is None else window is not None,
+        "sw_batch_size": getattr(window, "sw_batch_size", None),
+        "amp": getattr(engine, "amp", None),
+    }
 
 
 def _default_name(taken: list[str]) -> str:
@@ -39,7 +79,15 @@ class RecordHandler(EngineHandler):
 
     Each run of the trainer starts with a ``placement`` event row: the host, node and local rank
     and the launcher (:func:`monai_fast.distributed.env.placement`), so the doctor can tell which
-    nodes a multi-node job ran on.
+    nodes a multi-node job ran on. The first run of each engine in a segment adds an ``engine``
+    event row saying what the engine runs: the network's class and spatial dimensions (from its
+    convolutions), the inferer and whether it is a sliding window, and MONAI's ``amp`` flag, so the
+    doctor advises only what applies to this network and this validation.
+
+    The record owns the run folder for its rank (see :class:`~monai_fast.telemetry.record.RunRecord`):
+    creating a ``RecordHandler`` on a folder another process is writing to raises
+    :class:`~monai_fast.files.RunFolderBusyError` before any work. A folder that holds a record
+    already is continued: the new runs are new segments after the earlier ones.
 
     It also records where the wall clock went (``span`` rows, :mod:`monai_fast.telemetry.spans`):
     each run of the trainer as the frame (``run``), each run of another engine (the evaluator) as
@@ -67,6 +115,7 @@ class RecordHandler(EngineHandler):
         self._names: dict[int, str] = {}
         self._pending_name: str | None = None
         self._started: dict[int, float] = {}  # engine id -> time.time() its current run started
+        self._described: dict[int, int] = {}  # engine id -> the segment its engine row was written in
 
     def span(self, category: Category | str, **fields: Any) -> AbstractContextManager[None]:
         """:meth:`RunRecord.span <monai_fast.telemetry.spans.SpanWriter.span>`: time a ``with`` block
@@ -99,6 +148,9 @@ class RecordHandler(EngineHandler):
             self.record.begin_segment()
             # where this rank runs (host, node, launcher): the doctor lists the job's nodes from these rows
             self.record.add(Kind.EVENT, Source.RECORD, what="placement", **placement())
+        if self._described.get(id(engine)) != self.record.segment:
+            self._described[id(engine)] = self.record.segment
+            record_of(engine).add(Kind.EVENT, Source.RECORD, what="engine", **describe_engine(engine))  # type: ignore[union-attr]
         self._started[id(engine)] = time.time()
 
     def _run_ended(self, engine: Engine) -> None:
@@ -108,7 +160,7 @@ class RecordHandler(EngineHandler):
             category = Category.RUN if owner else Category.VALIDATION
             record_of(engine).add_span(category, start, max(time.time(), start), source=Source.RECORD)  # type: ignore[union-attr]
         if owner:
-            self.record.close()
+            self.record.close(epoch=engine.state.epoch, iteration=engine.state.iteration)
         else:
             self.record.flush()
 

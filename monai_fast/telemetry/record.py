@@ -4,8 +4,21 @@ One record per run and rank. Each row has a ``kind`` (:class:`Kind`), a ``source
 which handler wrote it), the ``rank``, the ``engine`` it belongs to (``"train"``, ``"validation"``,
 ...), the run ``segment`` (a second ``trainer.run()`` on the same engines is segment 1, ...) and
 the wall-clock ``time``, plus the handler's fields. Rows are appended to ``record.rank<R>.jsonl``
-in the run folder (flushed every ``flush_every`` rows and at close); each handler's summary goes
-into ``summary.rank<R>.json``, written atomically at close. Readers select rows with
+in the run folder, each written to the file as it is added (``flush_every=1``), so a rank killed
+mid-run keeps every row it measured; each handler's summary goes into ``summary.rank<R>.json``,
+written atomically at close.
+
+The record file is append-only: a record opened on a run folder that holds one already (a notebook
+cell run again, a restarted job) adds new segments after the earlier ones, never erases them. Each
+segment starts with a ``segment_started`` event (its pid and host) and a segment that ends
+normally has a ``segment_ended`` event, so a reader tells a rank that stopped early from one that
+finished. One writer per rank and folder at a time: the record takes the folder's per-rank
+:class:`~monai_fast.files.RunFolderLock` (``.monai-fast.rank<R>.lock``) before it writes, so a
+second run into the same folder fails with :class:`~monai_fast.files.RunFolderBusyError` before
+any work; the kernel drops the lock when its owner exits or is killed.
+
+Readers find the record files with :func:`record_files` (exactly ``record.rank<R>.jsonl``; a
+stray copy such as ``record.rank0 (copy).jsonl`` is named and left out), select rows with
 :func:`select` and compute the data share with :func:`data_share`, so "which rows belong to which
 engine, rank and run" is answered here only. Nothing here imports torch or a hardware library, so a
 record made on a GPU cluster can be read on a laptop.
@@ -28,6 +41,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -35,10 +50,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from monai_fast.files import write_json
+from monai_fast.files import RunFolderLock, write_json
 from monai_fast.telemetry.spans import Category, SpanWriter
 
-__all__ = ["KINDS", "Category", "EngineRecord", "Kind", "RunRecord", "Source", "data_share", "load_record", "select"]
+__all__ = [
+    "KINDS", "RECORD_NAME", "Category", "EngineRecord", "Kind", "RunRecord", "Source", "data_share", "load_record",
+    "record_files", "select",
+]
 
 logger = logging.getLogger("monai_fast.telemetry")
 
@@ -71,6 +89,10 @@ class Source(str, Enum):
 
 
 KINDS = tuple(k.value for k in Kind)
+#: the name of a rank's record file; nothing else in a run folder is read as a record
+RECORD_NAME = re.compile(r"record\.rank(\d+)\.jsonl")
+#: how much of an existing record's end is read to find its last segment
+_TAIL_BYTES = 1 << 16
 
 
 def data_share(data_s: float, compute_s: float) -> float:
@@ -129,17 +151,25 @@ class RunRecord(SpanWriter):
     (set-up, cache filling, ...) are written with :meth:`span` / :meth:`add_span`
     (:mod:`monai_fast.telemetry.spans`).
 
+    A run folder that holds this rank's record already is continued, never erased: the new rows go
+    after the earlier ones, as the next segment, and the summary keeps the sections this record
+    does not set again. The folder's per-rank lock is held from here until :meth:`close` (taken
+    again by the next :meth:`begin_segment`), so two runs cannot write one record.
+
     Args:
         run_dir: the run folder (created; must be writable, checked here). ``None`` keeps the
             record in memory only.
         rank: this process's rank; default 0. The distributed layer passes ``idist.get_rank()``.
-        flush_every: rows buffered before they are appended to the file.
+        flush_every: rows buffered before they are written to the file; 1 (the default) writes
+            each row as it is added, so a killed process loses none.
 
     Raises:
         PermissionError: if ``run_dir`` cannot be written, naming it.
+        monai_fast.files.RunFolderBusyError: if another process writes this rank's record in
+            ``run_dir``, naming the folder and that process.
     """
 
-    def __init__(self, run_dir: str | os.PathLike | None, rank: int = 0, flush_every: int = 256) -> None:
+    def __init__(self, run_dir: str | os.PathLike | None, rank: int = 0, flush_every: int = 1) -> None:
         if rank < 0:
             raise ValueError(f"rank must be >= 0, got {rank}")
         if flush_every < 1:
@@ -155,34 +185,70 @@ class RunRecord(SpanWriter):
         self._warned_closed = False
         self._started = False
         self._segment = 0
+        self._file: Any = None
+        self._events: dict[tuple[str, str], dict] = {}  # (source, lever) -> the latest fast_training-style event
         self._trainer_thread = threading.get_ident()  # until a run starts: the thread that made the record
+        self._folder_lock: RunFolderLock | None = None
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(self.run_dir, os.W_OK):
                 raise PermissionError(f"run folder {self.run_dir} is not writable")
+            self._folder_lock = RunFolderLock(self.run_dir, what=f"the run record of rank {rank}",
+                                              name=f".monai-fast.rank{rank}.lock").acquire()
             self.path = self.run_dir / f"record.rank{rank}.jsonl"
-            self.path.write_text("")  # a new run starts a new record
+            last = _last_segment(self.path)
+            self._segment = 0 if last is None else last + 1  # a record already here: continue it
+            self.summary = {k: v for k, v in _load_summary(self.run_dir / f"summary.rank{rank}.json").items()
+                            if k not in ("rank", "segments")}
+            self._open()
+
+    def _open(self) -> None:
+        """Open the record file for appending; a row cut short at its end (a killed writer) is removed first."""
+        assert self.run_dir is not None
+        if self.path.is_file():
+            with open(self.path, "r+b") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - _TAIL_BYTES))
+                tail = f.read()
+                if tail and not tail.endswith(b"\n"):
+                    cut = tail.rfind(b"\n")
+                    keep = (max(0, size - _TAIL_BYTES) + cut + 1) if cut >= 0 else (0 if size <= _TAIL_BYTES else size)
+                    if keep < size:
+                        logger.warning("%s: its last row was cut short (its writer stopped while writing it); removed",
+                                       self.path)
+                        f.truncate(keep)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open until close()
 
     @property
     def segment(self) -> int:
-        """The current run segment: 0 for the first run, then one more for each :meth:`begin_segment`."""
+        """The current run segment: one more than the record's last (0 for a new record), then one more for each
+        later :meth:`begin_segment`."""
         return self._segment
 
     def begin_segment(self) -> int:
         """Start recording a new run of the engines (a second ``trainer.run()``).
 
-        The first call does nothing but mark the start; later calls reopen a closed record (rows
-        are appended to the same file) and count one more segment. The calling thread is the
-        trainer's from now on (spans from other threads are overlapped). Returns the segment number.
+        The first call marks the start of the segment this record opened with; later calls reopen
+        a closed record (taking the folder's lock again; rows are appended to the same file) and
+        count one more segment. Either way a ``segment_started`` event with the process id and
+        host is written. The calling thread is the trainer's from now on (spans from other threads
+        are overlapped). Returns the segment number.
+
+        Raises:
+            monai_fast.files.RunFolderBusyError: another process took the run folder since this
+                record was closed.
         """
         with self._lock:
+            if self._closed and self._folder_lock is not None:
+                self._folder_lock.acquire()
+                self._open()
             self._trainer_thread = threading.get_ident()
             if self._started:
                 self._segment += 1
                 self._closed = False
             self._started = True
             segment = self._segment
-        self.add(Kind.EVENT, Source.RECORD, what="segment_started")
+        self.add(Kind.EVENT, Source.RECORD, what="segment_started", pid=os.getpid(), host=socket.gethostname())
         return segment
 
     def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:
@@ -197,13 +263,25 @@ class RunRecord(SpanWriter):
                 if not self._warned_closed:
                     self._warned_closed = True
                     logger.warning("run record %s is closed; a %s row from %s was dropped", self.run_dir, kind, source)
-            elif self.run_dir is None:
+                return row
+            if kind == Kind.EVENT.value and "lever" in fields:
+                self._events[(source, str(fields["lever"]))] = row
+            if self.run_dir is None:
                 self.rows.append(row)
             else:  # streamed, not kept: a run of days must not grow in memory
                 self._pending.append(row)
                 if len(self._pending) >= self.flush_every:
                     self._flush_locked()
         return row
+
+    def lever(self, source: Source | str, lever: str) -> dict | None:
+        """The latest event row of ``source`` about ``lever`` (e.g. ``FastTraining``'s ``"data"``), or ``None``.
+
+        Handlers read what another handler applied in this run here (kept in memory; the rows
+        themselves are streamed to the file).
+        """
+        with self._lock:
+            return self._events.get((_value(source), lever))
 
     def on_critical_thread(self) -> bool:
         """Whether the calling thread runs the trainer (or made the record, before the first run)."""
@@ -215,20 +293,22 @@ class RunRecord(SpanWriter):
             self.summary[_value(source)] = values
 
     def flush(self) -> None:
-        """Append the buffered rows to the file."""
+        """Write the buffered rows to the file."""
         with self._lock:
             self._flush_locked()
 
     def _flush_locked(self) -> None:
-        if self.run_dir is None or not self._pending:
+        if self._file is None or not self._pending:
             return
-        with open(self.path, "a") as f:
-            for row in self._pending:
-                f.write(json.dumps(_jsonable(row)) + "\n")
+        self._file.write("".join(json.dumps(_jsonable(row)) + "\n" for row in self._pending))
+        self._file.flush()  # into the kernel: a SIGKILL after this loses nothing
         self._pending.clear()
 
-    def close(self) -> None:
-        """Flush rows and write the summary JSON atomically. Idempotent."""
+    def close(self, **fields: Any) -> None:
+        """End the segment: write a ``segment_ended`` event (with ``fields``), flush the rows, write the
+        summary JSON atomically and give the run folder's lock back. Idempotent."""
+        if not self._closed and self._started:
+            self.add(Kind.EVENT, Source.RECORD, what="segment_ended", **fields)
         with self._lock:
             if self._closed:
                 return
@@ -236,8 +316,33 @@ class RunRecord(SpanWriter):
             self._closed = True
             if self.run_dir is None:
                 return
-            write_json(_jsonable({"rank": self.rank, "segments": self._segment + 1, **self.summary}),
-                       self.run_dir / f"summary.rank{self.rank}.json")
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+            try:
+                write_json(_jsonable({"rank": self.rank, "segments": self._segment + 1, **self.summary}),
+                           self.run_dir / f"summary.rank{self.rank}.json")
+            finally:
+                if self._folder_lock is not None:
+                    self._folder_lock.release()
+
+
+def _last_segment(path: Path) -> int | None:
+    """The segment of the last complete row of an existing record file (``None``: no such file or row)."""
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - _TAIL_BYTES))
+        lines = f.read().split(b"\n")
+    for line in reversed(lines[1:] if size > _TAIL_BYTES else lines):  # the first may be cut by the seek
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("segment"), int):
+            return row["segment"]
+    return None
 
 
 class EngineRecord(SpanWriter):
@@ -266,14 +371,42 @@ class EngineRecord(SpanWriter):
         """:meth:`RunRecord.on_critical_thread`."""
         return self.record.on_critical_thread()
 
+    def lever(self, source: Source | str, lever: str) -> dict | None:
+        """:meth:`RunRecord.lever`."""
+        return self.record.lever(source, lever)
+
     def set_summary(self, source: Source | str, values: dict) -> None:
         """:meth:`RunRecord.set_summary` under this engine's section."""
         name = _value(source)
         self.record.set_summary(name if self.engine == "train" else f"{name}.{self.engine}", values)
 
 
+def record_files(run_dir: str | os.PathLike) -> tuple[dict[int, Path], list[Path]]:
+    """The run's record files by rank, and the files that look like one but are not the run's.
+
+    A record file is named exactly ``record.rank<R>.jsonl``; anything else that starts with
+    ``record`` and ends in ``.jsonl`` (``record.rank0 (copy).jsonl``, ``record.rank0.jsonl.bak``
+    renamed back, ...) is a stray: returned in the second list, never read.
+    """
+    run_dir = Path(run_dir)
+    ranks: dict[int, Path] = {}
+    strays: list[Path] = []
+    for p in sorted(run_dir.glob("record*.jsonl*")):
+        if not p.is_file():
+            continue
+        m = RECORD_NAME.fullmatch(p.name)
+        if m is None:
+            strays.append(p)
+        else:
+            ranks[int(m.group(1))] = p
+    return dict(sorted(ranks.items())), strays
+
+
 def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[list[dict], dict]:
     """Read a run folder's record: all ranks' rows (or one rank's) and their summaries.
+
+    Only the files :func:`record_files` names as the run's are read; strays are named in a
+    warning. A last line cut short (a rank killed while writing it) is left out with a warning.
 
     Returns:
         ``(rows, summary)``; with several ranks, ``summary`` maps ``"rank<R>"`` to each summary,
@@ -283,28 +416,36 @@ def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[li
     alone carry every number the doctor needs.
 
     Raises:
-        FileNotFoundError: if the folder has no ``record.rank*.jsonl``, naming the folder.
+        FileNotFoundError: if the folder has no ``record.rank<R>.jsonl``, naming the folder.
         ValueError: for a line that is not a JSON object, naming file and line.
     """
     run_dir = Path(run_dir)
-    paths = sorted(run_dir.glob("record.rank*.jsonl")) if rank is None else [run_dir / f"record.rank{rank}.jsonl"]
-    paths = [p for p in paths if p.is_file()]
-    if not paths:
-        raise FileNotFoundError(f"no monai-fast record (record.rank*.jsonl) in {run_dir}")
+    files, strays = record_files(run_dir)
+    if strays:
+        logger.warning("%s: not read, not a record file of the run (only record.rank<R>.jsonl are): %s",
+                       run_dir, ", ".join(p.name for p in strays))
+    if rank is not None:
+        files = {rank: files[rank]} if rank in files else {}
+    if not files:
+        raise FileNotFoundError(f"no monai-fast record (record.rank<R>.jsonl) in {run_dir}")
     rows: list[dict] = []
     summaries: dict[str, dict] = {}
-    for p in paths:
-        for i, line in enumerate(p.read_text().splitlines(), 1):
+    for r, p in files.items():
+        text = p.read_text(encoding="utf-8", errors="replace")
+        lines = text.split("\n")
+        for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
+                if i == len(lines):  # no newline after it: the writer was killed mid-row
+                    logger.warning("%s:%d: a row cut short (its writer stopped while writing it) is left out", p, i)
+                    continue
                 raise ValueError(f"{p}:{i} is not a JSON row: {e}") from e
             if not isinstance(row, dict):
                 raise ValueError(f"{p}:{i} is not a record row (a JSON object): got {type(row).__name__}")
             rows.append(row)
-        r = p.name[len("record.rank") : -len(".jsonl")]
         summaries[f"rank{r}"] = _load_summary(run_dir / f"summary.rank{r}.json")
     summary = next(iter(summaries.values())) if len(summaries) == 1 else summaries
     return rows, summary
