@@ -1,7 +1,9 @@
 """``monai-fast infer``: sliding-window inference of a checkpoint over an MSD folder or image files.
 
 Parses, calls :func:`monai_fast.inference.infer`, prints one line. A bad checkpoint, an
-unavailable backend or a bad option ends in one line naming it, before any volume is read.
+unavailable backend, a bad option, or an output that would replace an input or an existing file
+ends in one line naming it, before any volume is read; a full output disk ends in one line naming
+the prediction file and the space missing.
 
 Example:
     >>> import argparse
@@ -18,10 +20,13 @@ import argparse
 __all__ = ["add_infer_command"]
 
 _TEXT = (
-    "Run sliding-window inference of CHECKPOINT (written by monai_fast.inference.save_checkpoint: a recipe network's "
-    "weights and its RecipeConfig) over DATA, an MSD folder (its --split) or NIfTI image files, and write "
-    "OUT/<name>_seg.nii.gz label maps with each input's affine and shape. Every image is checked first (readable, 3D, "
-    "finite). Backends: eager (fp32), autocast (bf16 on a CPU with bf16 hardware, fp16 on CUDA), compile "
+    "Run sliding-window inference of CHECKPOINT (written by monai_fast.inference.save_checkpoint or monai-fast train: "
+    "a recipe network's weights, its RecipeConfig and the chain it was validated with) over DATA, an MSD folder (its "
+    "--split) or NIfTI image files, and write OUT/<name>_seg.nii.gz label maps with each input's affine and shape. "
+    "Each image goes through the checkpoint's validation chain (orientation, spacing, intensity window, crop to the "
+    "foreground, pad) and the prediction is inverted back onto the image's grid. A checkpoint of weights only (a "
+    "MONAI CheckpointSaver file) needs --recipe-config. Every image is checked first (readable, 3D, finite), and "
+    "every output path: none may be an input, none may exist without --overwrite. Backends: eager (fp32), autocast (bf16 on a CPU with bf16 hardware, fp16 on CUDA), compile "
     "(torch.compile), onnx (ONNX Runtime; pip install 'monai-fast[infer]'), tensorrt (torch-tensorrt and a CUDA GPU). "
     "benchmarks/inference.py times them all and checks each agrees with eager."
 )
@@ -40,17 +45,21 @@ def _sw_batch(text: str) -> int | str:
 
 
 def _cmd_infer(args: argparse.Namespace) -> int:
+    from monai_fast.files import NoSpaceError
     from monai_fast.inference import InferenceError, infer
+    from monai_fast.inference.checkpoint import read_recipe_config
     from monai_fast.race.options import check_writable_dir, resolve_device
 
     device = resolve_device(args.device)
-    out = check_writable_dir(args.out, "out")
     data = args.data[0] if len(args.data) == 1 else args.data
     try:
+        config = read_recipe_config(args.recipe_config) if args.recipe_config else None
+        out = check_writable_dir(args.out, "out")
         result = infer(args.checkpoint, data, out, backend=args.backend, device=device, split=args.split,
                        val_fraction=args.val_fraction, sw_batch_size=args.sw_batch_size, overlap=args.overlap,
-                       preflight=not args.no_preflight, progress=not args.no_progress)
-    except InferenceError as e:
+                       preflight=not args.no_preflight, progress=not args.no_progress, config=config,
+                       overwrite=args.overwrite)
+    except (InferenceError, NoSpaceError) as e:
         raise SystemExit(f"monai-fast infer: {e}") from e
     print(f"wrote {len(result.outputs)} predictions to {out} (backend {result.backend}: {result.detail} on {result.device}; "
           f"{result.volumes_per_s:.2f} volumes/s of inference, backend built in {result.prepare_s:.1f} s)")
@@ -78,6 +87,12 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
                    "stitching device) on the first image's size, cached in the tuning store (default: the checkpoint's "
                    "config)")
     p.add_argument("--overlap", type=float, help="sliding-window overlap in [0, 1) (default: the checkpoint's config)")
+    p.add_argument("--recipe-config", metavar="FILE", help="the RecipeConfig the network was trained with, for a "
+                   "checkpoint that holds weights only (a MONAI CheckpointSaver or Preemption file): the recipe.json "
+                   "monai-fast train writes beside model.pth, or a JSON object of RecipeConfig options; it builds the "
+                   "network and its validation chain")
+    p.add_argument("--overwrite", action="store_true", help="replace prediction files that exist already (an input "
+                   "image is never replaced)")
     p.add_argument("--no-preflight", action="store_true", help="skip the check of every image before inference")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (a log line per volume instead)")
     p.set_defaults(func=_cmd_infer)

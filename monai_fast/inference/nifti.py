@@ -3,7 +3,10 @@
 ``SaveImage`` hands the prediction to its writer, whose ``nib.save`` writes in place: a killed
 run would leave half a prediction under its final name. :class:`AtomicNiftiWriter` builds the
 same ``Nifti1Image`` (MONAI's ``create_backend_obj``, the affine as sform and qform, as MONAI's
-``NibabelWriter`` does) and writes its bytes atomically, gzipped for ``.nii.gz``.
+``NibabelWriter`` does) and writes its bytes atomically, gzipped for ``.nii.gz``. The bytes are
+complete in memory before anything is written, so a file system without room for them is one
+:class:`~monai_fast.files.NoSpaceError` naming the file, the bytes it needs and the bytes free,
+raised before a byte is written.
 
 Example:
     >>> import numpy as np
@@ -23,7 +26,7 @@ from monai.data import NibabelWriter
 from monai.data.utils import to_affine_nd
 from monai.utils import convert_data_type
 
-from monai_fast.files import atomic_write
+from monai_fast.files import atomic_write, ensure_free_space
 
 __all__ = ["AtomicNiftiWriter"]
 
@@ -32,12 +35,20 @@ class AtomicNiftiWriter(NibabelWriter):
     """``NibabelWriter`` whose :meth:`write` goes through :func:`~monai_fast.files.atomic_write`."""
 
     def write(self, filename: str | os.PathLike, verbose: bool = False, **obj_kwargs: Any) -> None:
-        """Write the data set by ``set_data_array``/``set_metadata`` to ``filename`` whole or not at all."""
+        """Write the data set by ``set_data_array``/``set_metadata`` to ``filename`` whole or not at all.
+
+        Raises:
+            NoSpaceError: the file system holding ``filename`` has no room for it (named, with the
+                bytes needed and free); ``filename`` is left as it was.
+        """
         affine = np.eye(4) if self.affine is None else convert_data_type(self.affine, np.ndarray)[0]
         image = self.create_backend_obj(self.data_obj, affine=affine, dtype=self.output_dtype, **obj_kwargs)
         affine = to_affine_nd(r=3, affine=affine)
         image.set_sform(affine, code=1)
         image.set_qform(affine, code=1)
         data = image.to_bytes()
+        if str(filename).endswith(".gz"):
+            data = gzip.compress(data, compresslevel=1)
+        ensure_free_space(filename, len(data), what="prediction")
         with atomic_write(filename, "wb") as f:
-            f.write(gzip.compress(data, compresslevel=1) if str(filename).endswith(".gz") else data)
+            f.write(data)

@@ -1,15 +1,18 @@
 """Sliding-window inference of a trained checkpoint over a data list, predictions written as NIfTI.
 
 :func:`infer` does, in this order, so that bad input fails before any work is lost: load the
-checkpoint (:func:`~monai_fast.inference.checkpoint.load_checkpoint`: a bad file is named before
+checkpoint (:func:`~monai_fast.inference.checkpoint.load_model`: a bad file is named before
 any volume is read), check the backend can run here, resolve the data list (an MSD folder's
-split, or image files), check every image (readable, 3D, finite: the checks of
+split, or image files), check every output path (none may be an input; none may exist unless
+``overwrite``), check every image (readable, 3D, finite: the checks of
 :mod:`monai_fast.data.preflight`, one error listing every bad file), then build the backend and
-run. Each volume goes through the recipes' preprocessing (orientation, spacing, intensity
-window), MONAI's ``SlidingWindowInferer`` with the backend's predictor, back to the input's grid
-(MONAI's ``Invertd``) and to ``<out_dir>/<name>_seg.nii.gz`` (``SaveImage``, the input's affine
-and shape, written atomically). Progress: a bar where one fits (:mod:`monai_fast.progress`), else
-one log line per volume.
+run. Each volume goes through the chain the network was validated with (the checkpoint's record,
+:mod:`monai_fast.inference.chain`: orientation, spacing, intensity window, crop to the foreground,
+pad to a patch), MONAI's ``SlidingWindowInferer`` with the backend's predictor, back to the
+input's grid (MONAI's ``Invertd`` undoes the chain) and to ``<out_dir>/<name>_seg.nii.gz`` (the
+input's affine and shape, written whole or not at all; a full disk is one
+:class:`~monai_fast.files.NoSpaceError` naming the file and the space missing). Progress: a bar
+where one fits (:mod:`monai_fast.progress`), else one log line per volume.
 
 Example:
     >>> from monai_fast.inference import infer
@@ -33,20 +36,15 @@ from monai.inferers import SlidingWindowInferer
 from monai.transforms import (
     AsDiscreted,
     Compose,
-    EnsureChannelFirstd,
     Invertd,
-    LoadImaged,
-    Orientationd,
-    SaveImage,
-    ScaleIntensityRanged,
-    Spacingd,
 )
 
 from monai_fast.data.preflight import PreflightError, scan_file
 from monai_fast.data.safe_chain import NamedItemsCompose
 from monai_fast.handlers.prediction_layout import argmax_gain, classes_innermost
 from monai_fast.inference.backends import Predictor, build_predictor, precision_of, require
-from monai_fast.inference.checkpoint import InferenceError, load_checkpoint
+from monai_fast.inference.chain import ChainError, build_chain, recipe_chain
+from monai_fast.inference.checkpoint import CheckpointError, InferenceError, load_model
 from monai_fast.inference.nifti import AtomicNiftiWriter
 from monai_fast.openmp import main_thread_core, on_core
 from monai_fast.progress import progress_bar, show_progress
@@ -155,27 +153,53 @@ def output_name(image: str | os.PathLike) -> str:
     return Path(name).stem + "_seg"
 
 
-def inference_transforms(config: RecipeConfig) -> Compose:
-    """The recipes' preprocessing of an image (load, RAS, ``config.pixdim``, CT window), invertible by ``Invertd``."""
-    return Compose([
-        LoadImaged(keys="image"),
-        EnsureChannelFirstd(keys="image"),
-        Orientationd(keys="image", axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
-        Spacingd(keys="image", pixdim=config.pixdim, mode="bilinear"),
-        ScaleIntensityRanged(keys="image", a_min=config.intensity_window[0], a_max=config.intensity_window[1],
-                             b_min=0.0, b_max=1.0, clip=True),
-    ])
+def inference_transforms(config: RecipeConfig, chain: Sequence[dict] | None = None) -> Compose:
+    """The preprocessing of an ``{"image": path}`` item, invertible by ``Invertd``.
+
+    Args:
+        config: the network's config.
+        chain: the validation chain record (:mod:`monai_fast.inference.chain`); default the
+            recipes' validation chain for ``config`` (load, RAS, ``config.pixdim``, CT window, crop
+            to the foreground, pad to ``config.patch_size``).
+    """
+    return build_chain(chain if chain is not None else recipe_chain(config))
 
 
-def _outputs(paths: Sequence[str], out_dir: Path) -> list[Path]:
-    """Each image's prediction path; two images that would write the same file are an error naming both."""
-    outs, seen = [], {}
+def _identity(path: str | os.PathLike) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _outputs(paths: Sequence[str], out_dir: Path, overwrite: bool = False) -> list[Path]:
+    """Each image's prediction path, checked before any work.
+
+    Raises:
+        InferenceError: two images would write the same file (both named); a prediction would
+            replace one of the inputs (always refused, the input named); or prediction files exist
+            already and ``overwrite`` is off (the files named).
+    """
+    inputs = {os.path.realpath(p): p for p in paths}
+    inodes = {ident: p for p in paths if (ident := _identity(p)) is not None}
+    outs, seen, existing = [], {}, []
     for p in paths:
         out = out_dir / (output_name(p) + ".nii.gz")
         if out in seen:
             raise InferenceError(f"{seen[out]} and {p} would both be written to {out}: give images distinct file names")
         seen[out] = p
+        clash = inputs.get(os.path.realpath(out)) or inodes.get(_identity(out))  # the same file by another path
+        if clash is not None:
+            raise InferenceError(f"the prediction of {p} would be written to {out}, which is the input image {clash}: "
+                                 "choose an output folder that holds none of the inputs")
+        if out.exists() or out.is_symlink():
+            existing.append(out)
         outs.append(out)
+    if existing and not overwrite:
+        shown = ", ".join(map(str, existing[:3])) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
+        raise InferenceError(f"{len(existing)} prediction file(s) exist already: {shown}; pass --overwrite "
+                             "(overwrite=True) to replace them, or choose another output folder")
     return outs
 
 
@@ -195,12 +219,15 @@ def infer(
     progress: bool = True,
     tune_store: str | os.PathLike | None = "default",
     sw_batch_range: tuple[int, int] = (1, 32),
+    overwrite: bool = False,
+    chain: Sequence[dict] | None = None,
 ) -> InferenceResult:
     """Run sliding-window inference of ``model`` over ``data`` and write one NIfTI prediction per image.
 
     Args:
         model: an inference checkpoint (:func:`~monai_fast.inference.save_checkpoint`), or a
-            network (then ``config`` is needed).
+            network (then ``config`` is needed). A checkpoint without a config (a MONAI
+            ``CheckpointSaver`` file) needs ``config`` too.
         data: an MSD folder (its ``split``), an image file, or a list of image files / ``{"image": path}``.
         out_dir: where ``<name>_seg.nii.gz`` files go (created).
         backend: one of :data:`~monai_fast.inference.backends.BACKENDS`.
@@ -216,12 +243,19 @@ def infer(
         sw_batch_range: the inclusive range of window batches ``"auto"`` searches.
         preflight: check every image before any inference (:func:`check_images`).
         progress: a progress bar where one fits, else a log line per volume.
+        overwrite: replace prediction files that exist already (an input is never replaced).
+        chain: for a network given as ``model``, the chain record it was validated with
+            (:mod:`monai_fast.inference.chain`); default the recipes' validation chain for
+            ``config``. A checkpoint brings its own.
 
     Raises:
         CheckpointError: the checkpoint, named, before any volume is read.
         BackendUnavailable: the backend cannot run here; names what is missing.
         PreflightError: every bad image with its reason.
-        InferenceError: a bad option, or two images with the same output name.
+        InferenceError: a bad option, two images with the same output name, an output that is an
+            input, or outputs that exist (without ``overwrite``).
+        NoSpaceError: the output folder's file system is full; names the prediction file and the
+            space missing. Predictions written before it are complete; none is half-written.
     """
     t0 = time.perf_counter()
     device = torch.device(device)
@@ -229,9 +263,15 @@ def infer(
     if isinstance(model, torch.nn.Module):
         if config is None:
             raise InferenceError("infer(network, ...) needs config=RecipeConfig(...) of the network (patch size, spacing)")
-        network = model
+        network, source = model, "chain="
+        chain = list(chain) if chain is not None else recipe_chain(config)
     else:
-        network, config = load_checkpoint(model, config=config)  # on the CPU; build_predictor moves it
+        loaded = load_model(model, config=config)  # on the CPU; build_predictor moves it
+        network, config, chain, source = loaded.network, loaded.config, loaded.chain, f"checkpoint {model}"
+    try:
+        pre = inference_transforms(config, chain)
+    except ChainError as e:
+        raise CheckpointError(f"the validation chain of {source} cannot be rebuilt: {e}") from e
     auto = sw_batch_size == "auto"
     sw_batch_size = config.sw_batch_size if sw_batch_size is None or auto else sw_batch_size
     overlap = config.sw_overlap if overlap is None else overlap
@@ -242,18 +282,19 @@ def infer(
     if not paths:
         raise InferenceError(f"no images to infer in {data}")
     out_dir = Path(out_dir)
-    outputs = _outputs(paths, out_dir)
+    outputs = _outputs(paths, out_dir, overwrite)
     if preflight:
         check_images(paths)
     out_dir.mkdir(parents=True, exist_ok=True)
     stitch = torch.device(config.val_device) if config.val_device else device
     if auto:
-        sw_batch_size, stitch = tuned_window(network, config, paths[0], backend, device, overlap, tune_store, sw_batch_range)
+        sw_batch_size, stitch = tuned_window(network, config, paths[0], backend, device, overlap, tune_store,
+                                             sw_batch_range, pre)
     predictor = build_predictor(network, backend, config.patch_size, sw_batch_size, device)
     result = InferenceResult(backend, predictor.detail, str(device), list(paths), outputs, prepare_s=predictor.prepare_s)
     inferer = SlidingWindowInferer(roi_size=config.patch_size, sw_batch_size=sw_batch_size, overlap=overlap,
                                    sw_device=device, device=stitch)
-    _run(predictor, inferer, config, paths, outputs, device, result, progress)
+    _run(predictor, inferer, pre, paths, outputs, device, result, progress)
     result.total_s = time.perf_counter() - t0
     logger.info("infer %s: %d volumes in %.1f s (%.2f volumes/s of inference; backend built in %.1f s) -> %s",
                 backend, len(paths), result.total_s, result.volumes_per_s, result.prepare_s, out_dir)
@@ -262,16 +303,18 @@ def infer(
 
 def tuned_window(network: torch.nn.Module, config: RecipeConfig, image: str, backend: str, device: torch.device,
                  overlap: float, store: str | os.PathLike | None = "default",
-                 sw_batch_range: tuple[int, int] = (1, 32)) -> tuple[int, torch.device]:
+                 sw_batch_range: tuple[int, int] = (1, 32), pre: Compose | None = None) -> tuple[int, torch.device]:
     """The fastest ``sw_batch_size`` and stitching device for ``network`` on volumes of ``image``'s size.
 
     Measured by :func:`~monai_fast.tune.tune_validation` with the eager network at the backend's
     precision (autocast's bf16/fp16, else fp32), cached in the tuning store, so a second run with
-    the same network and size reads it back.
+    the same network and size reads it back. ``pre`` is the preprocessing (default
+    :func:`inference_transforms` of ``config``): the size measured is the size the windows run on.
     """
     from monai_fast.tune.validation import tune_validation  # the tuner loads only when asked for
 
-    shape = tuple(inference_transforms(config)({"image": image})["image"].shape[1:])
+    pre = pre if pre is not None else inference_transforms(config)
+    shape = tuple(pre({"image": image})["image"].shape[1:])
     precision = precision_of(backend, device)
     pick = tune_validation(network.to(device), config.patch_size, shape, device, precision, overlap=overlap,
                            sw_batch_range=sw_batch_range, store=store)
@@ -289,16 +332,26 @@ def _pred_classes_innermost(item: dict) -> dict:
     return {**item, "pred": classes_innermost(pred, dim=0)} if pred.device.type == "cpu" else item
 
 
-def _run(predictor: Predictor, inferer: SlidingWindowInferer, config: RecipeConfig, paths: Sequence[str],
+def _save(prediction: torch.Tensor, path: Path) -> None:
+    """Write a ``(1, *spatial)`` label map as ``uint8`` NIfTI with its metadata's affine (no resampling), whole or not at all.
+
+    MONAI's writer directly, not ``SaveImage``: ``SaveImage`` turns any error of its writer (a full
+    disk included) into "cannot find a suitable writer"; here the writer's own error, a
+    :class:`~monai_fast.files.NoSpaceError` naming ``path``, reaches the caller.
+    """
+    writer = AtomicNiftiWriter(output_dtype=np.uint8)
+    writer.set_data_array(prediction, channel_dim=0, squeeze_end_dims=True)
+    writer.set_metadata(meta_dict=getattr(prediction, "meta", None), resample=False)
+    writer.write(path)
+
+
+def _run(predictor: Predictor, inferer: SlidingWindowInferer, pre: Compose, paths: Sequence[str],
          outputs: Sequence[Path], device: torch.device, result: InferenceResult, progress: bool) -> None:
     """Load, infer, invert and save each volume in turn."""
-    pre = inference_transforms(config)
     plain_s, inner_s = argmax_gain()  # PyTorch's CPU argmax over a dimension that is not innermost (pytorch#140000)
     innermost = [_pred_classes_innermost] if plain_s >= 1.2 * inner_s else []
     post = Compose([Invertd(keys="pred", transform=pre, orig_keys="image", nearest_interp=False, to_tensor=True),
                     *innermost, AsDiscreted(keys="pred", argmax=True)])
-    saver = SaveImage(writer=AtomicNiftiWriter, output_ext=".nii.gz", output_dtype=np.uint8, resample=False,
-                      separate_folder=False, print_log=False)
     loader = DataLoader(Dataset([{"image": p} for p in paths], transform=NamedItemsCompose.of(pre)), batch_size=1,
                         num_workers=0)
     bars = show_progress(progress)
@@ -311,6 +364,6 @@ def _run(predictor: Predictor, inferer: SlidingWindowInferer, config: RecipeConf
         synchronize(device)
         result.seconds.append(time.perf_counter() - t)
         item = post(decollate_batch(batch)[0])
-        saver(item["pred"], filename=str(outputs[i])[: -len(".nii.gz")])
+        _save(item["pred"], outputs[i])
         if not bars:
             logger.info("infer %d/%d: %s -> %s in %.2f s", i + 1, len(paths), paths[i], outputs[i], result.seconds[-1])

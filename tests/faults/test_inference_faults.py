@@ -62,7 +62,7 @@ BAD_CHECKPOINTS = {
     "whole model": (lambda p: (torch.save(build_network(CONFIG, torch.device("cpu")), p), p)[1],
                     "holds pickled Python objects.*save_checkpoint"),
     "no config": (lambda p: (torch.save({"model": build_network(CONFIG, torch.device("cpu")).state_dict()}, p), p)[1],
-                  "has no 'config'"),
+                  "no 'config' to rebuild the network from .*--recipe-config FILE"),
     "wrong weights": (_other_network, "weights do not fit the UNet its config describes"),
 }
 
