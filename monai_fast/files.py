@@ -52,11 +52,13 @@ __all__ = [
     "NoSpaceError",
     "RunFolderBusyError",
     "RunFolderLock",
+    "atomic_path",
     "atomic_write",
     "cache_root",
     "clean_stale_tmp",
     "ensure_free_space",
     "free_bytes",
+    "no_space_in",
     "tmp_path_for",
     "write_json",
     "write_text",
@@ -87,7 +89,17 @@ class NoSpaceError(OSError):
     """
 
     def __init__(self, path: str | os.PathLike, needed: int | None = None, free: int | None = None,
-                 what: str = "", code: int = errno.ENOSPC, written: int | None = None) -> None:
+                 what: str = "", code: int = errno.ENOSPC, written: int | None = None, detail: str = "") -> None:
+        text = str(path)
+        if "\n" in text and needed is None and free is None and written is None:
+            # rebuilt from a message alone (a DataLoader worker re-raises ``type(err)(traceback_text)``):
+            # keep the original one-line message, not the traceback as a path
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            named = [ln.split("NoSpaceError: ", 1)[1] for ln in lines if "NoSpaceError: " in ln]
+            line = named[-1] if named else lines[-1]
+            self.path, self.needed, self.free, self.written = Path(line.split(": ", 1)[0]), None, None, None
+            super().__init__(code, line)
+            return
         self.path = Path(path)
         self.needed = needed
         self.free = free
@@ -104,6 +116,8 @@ class NoSpaceError(OSError):
         if written is not None:
             parts.append(f"the file system filled after {_mib(written)} of it; the file was not written and "
                          f"what it held before is unchanged")
+        if detail:
+            parts.append(detail)
         super().__init__(code, "; ".join(parts))
 
     def __str__(self) -> str:
@@ -118,6 +132,45 @@ def _rebuild_no_space(path: str, needed: int | None, free: int | None, message: 
     err = NoSpaceError(path, needed, free, code=code, written=written)
     err.args = (code, message)
     return err
+
+
+def no_space_in(err: BaseException | None, path: str | os.PathLike | None = None) -> NoSpaceError | None:
+    """The :class:`NoSpaceError` behind ``err``, or ``None`` when ``err`` is not about space.
+
+    Writers report a full file system in several shapes: an ``OSError`` with ``ENOSPC``/``EDQUOT``,
+    or another exception raised while handling one (``torch.save`` raises ``RuntimeError: unexpected
+    pos ...`` from its zip writer after the file object's ``OSError``). This walks ``err``'s
+    chain (``__cause__``, ``__context__``) and returns the first :class:`NoSpaceError` found, or
+    one built from the first ``ENOSPC``/``EDQUOT`` error, naming ``path`` (else the error's own
+    ``filename``, else ``"a file"``) and the space free.
+
+    Args:
+        err: the exception raised by a write.
+        path: the file being written, for the message.
+    """
+    found = _space_error_in(err)
+    if found is None or isinstance(found, NoSpaceError):
+        return found
+    target = path if path is not None else (found.filename or "a file")
+    try:
+        free = free_bytes(target) if (path is not None or found.filename) else None
+    except OSError:
+        free = None
+    return NoSpaceError(target, free=free, code=found.errno)
+
+
+def _space_error_in(err: BaseException | None) -> OSError | None:
+    """The first :class:`NoSpaceError`, else the first ENOSPC/EDQUOT ``OSError``, in ``err``'s chain."""
+    seen: set[int] = set()
+    found: OSError | None = None
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, NoSpaceError):
+            return err
+        if found is None and isinstance(err, OSError) and err.errno in _NO_SPACE:
+            found = err
+        err = err.__cause__ or err.__context__
+    return found
 
 
 def free_bytes(path: str | os.PathLike) -> int:
@@ -153,10 +206,13 @@ def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") 
     return free
 
 
-def _as_no_space(err: OSError, path: Path, tmp: Path) -> OSError:
-    """``err`` as a :class:`NoSpaceError` naming ``path`` when it is ENOSPC/EDQUOT, else ``err``."""
-    if isinstance(err, NoSpaceError) or err.errno not in _NO_SPACE:
+def _as_no_space(err: BaseException, path: Path, tmp: Path) -> BaseException:
+    """``err`` as a :class:`NoSpaceError` naming ``path`` when it is, or arose from, ENOSPC/EDQUOT, else ``err``."""
+    cause = _space_error_in(err)
+    if cause is None:
         return err
+    if isinstance(cause, NoSpaceError):  # a nested write's, already naming its file
+        return cause
     try:
         written = tmp.stat().st_size
     except OSError:
@@ -167,7 +223,7 @@ def _as_no_space(err: OSError, path: Path, tmp: Path) -> OSError:
         free = free_bytes(path.parent)
     except OSError:
         free = None
-    return NoSpaceError(path, free=free, code=err.errno, written=written)
+    return NoSpaceError(path, free=free, code=cause.errno, written=written)
 
 
 def cache_root(create: bool = False) -> Path:
@@ -298,7 +354,58 @@ def atomic_write(
         os.replace(tmp, path)
         if fsync:
             _fsync_dir(path.parent)
-    except OSError as err:
+    except Exception as err:  # an OSError, or a writer's own error raised over one (torch.save's "unexpected pos")
+        converted = _as_no_space(err, path, tmp)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if converted is err:
+            raise
+        raise converted from err
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, fsync: bool = False, clean: bool = True) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that takes a file name; renamed onto ``path`` on a clean exit.
+
+    The counterpart of :func:`atomic_write` for libraries that open the file themselves
+    (``prof.export_chrome_trace(name)``, ``nib.save(img, name)``): the same guarantees, the same
+    :class:`NoSpaceError` naming ``path``. The temporary name ends in ``.tmp``, so a writer that
+    picks its format from the suffix needs the format passed explicitly.
+
+    Args:
+        path: the final file.
+        fsync: flush the file and the folder's entry to stable storage before returning.
+        clean: first remove leftovers of killed writers of this file.
+
+    Yields:
+        The temporary path to write to.
+
+    Raises:
+        FileNotFoundError: the writer returned without writing the temporary path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if clean:
+        clean_stale_tmp(path.parent, target=path.name)
+    tmp = tmp_path_for(path)
+    try:
+        yield tmp
+        if not tmp.is_file():
+            raise FileNotFoundError(f"{path}: the writer wrote nothing under the temporary name {tmp.name}")
+        if fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)
+        if fsync:
+            _fsync_dir(path.parent)
+    except Exception as err:
         converted = _as_no_space(err, path, tmp)
         with contextlib.suppress(OSError):
             tmp.unlink()

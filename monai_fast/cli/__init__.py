@@ -58,6 +58,9 @@ COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch
 def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), pin_openmp: bool = False) -> int:
     """Run one ``monai-fast`` command; bad input ends in one line naming the option, no traceback.
 
+    An output that cannot be written ends the same way: a full file system (one line naming the
+    file and the space missing) or a checkpoint folder replaced by a file.
+
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
         startup_notes: what the entry point set up before torch loaded (:mod:`monai_fast.__main__`),
@@ -95,6 +98,30 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
         raise SystemExit(f"monai-fast {args.subcommand}: {e}") from e
     except DataItemError as e:  # a file that cannot be read or transformed, named
         raise SystemExit(f"monai-fast {args.subcommand}: bad data: {_item_line(e)}") from e
+    except Exception as e:  # a full disk or a replaced output folder: the one line naming the path, whatever raised it
+        stop = _output_line(e)
+        if stop is None:
+            raise
+        raise SystemExit(f"monai-fast {args.subcommand}: {stop}") from e
+
+
+def _output_line(e: BaseException) -> str | None:
+    """The one-line message of an output that could not be written (a full file system, a checkpoint folder
+    that is no longer a folder), found anywhere in ``e``'s chain; ``None`` for other errors."""
+    from monai_fast.files import no_space_in
+    from monai_fast.handlers.checkpoint_folder import CheckpointFolderError
+
+    full = no_space_in(e)
+    if full is not None:
+        return str(full)
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, CheckpointFolderError):
+            return str(cur)
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def _item_line(e: BaseException) -> str:

@@ -18,11 +18,18 @@ them:
   writes into the system temp folder and moves the file, which is a copy when the cache is on
   another file system. Here the file is written beside its final name and renamed atomically,
   so a killed run never leaves a half-written file under a valid name.
+* **A full disk.** MONAI's write fails with ``RuntimeError: unexpected pos ...`` (torch's zip
+  writer over the ``ENOSPC``) and the run ends. Here a cache folder that fills up is named in
+  one warning with the space missing; the item that did not fit is returned from memory, no file
+  is left under its name, and from then on this process computes the remaining items in memory
+  each time they are loaded (items already on disk are still read). Training goes on at the speed
+  of an uncached data set instead of stopping.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 import secrets
@@ -39,7 +46,7 @@ from monai.transforms import RandomizableTrait, Transform
 from monai.utils import convert_to_tensor, look_up_option
 
 from monai_fast.data.fingerprint import transform_fingerprint
-from monai_fast.files import atomic_write, clean_stale_tmp
+from monai_fast.files import NoSpaceError, atomic_write, clean_stale_tmp
 
 __all__ = ["TrustedPersistentDataset"]
 
@@ -56,6 +63,10 @@ class TrustedPersistentDataset(PersistentDataset):
         cache_dir: the cache folder (created).
         identity: ``"stat"`` (size + mtime, default) or ``"content"`` (SHA-1 of the bytes).
         kwargs: passed to ``PersistentDataset`` (not ``hash_func`` / ``hash_transform``).
+
+    Attributes:
+        disk_full: once the cache folder has filled up, the :class:`~monai_fast.files.NoSpaceError`
+            naming it and the space missing (items are then no longer written); ``None`` until then.
 
     Example:
         >>> from monai_fast.data.persistent import TrustedPersistentDataset
@@ -78,6 +89,7 @@ class TrustedPersistentDataset(PersistentDataset):
         if cache_dir is None:
             raise ValueError("cache_dir is required (use CacheDataset for an in-memory cache)")
         self.identity = identity
+        self.disk_full: NoSpaceError | None = None
         self._content_hashes: dict[tuple, str] = {}
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         clean_stale_tmp(cache_dir)  # leftovers of killed writers, once per data set
@@ -135,11 +147,36 @@ class TrustedPersistentDataset(PersistentDataset):
                 warnings.warn(f"cache file {hashfile} is damaged ({type(e).__name__}: {e}); rebuilding it", stacklevel=2)
                 hashfile.unlink(missing_ok=True)
         result = self._pre_transform(deepcopy(item_transformed))
-        with atomic_write(hashfile, "wb", clean=False) as f:  # the folder was cleaned once, in __init__
-            torch.save(
-                convert_to_tensor(result, convert_numeric=False, track_meta=self.track_meta),
-                f,
-                pickle_module=look_up_option(self.pickle_module, SUPPORTED_PICKLE_MOD),  # as MONAI does
-                pickle_protocol=self.pickle_protocol,
-            )
+        if self.disk_full is not None:
+            return result
+        try:
+            with atomic_write(hashfile, "wb", clean=False) as f:  # the folder was cleaned once, in __init__
+                self._save(result, f)
+        except NoSpaceError as err:  # no file under the item's name; go on without the disk
+            self._stop_writing(err, result)
         return result
+
+    def _save(self, result: Any, f: Any) -> None:
+        torch.save(
+            convert_to_tensor(result, convert_numeric=False, track_meta=self.track_meta),
+            f,
+            pickle_module=look_up_option(self.pickle_module, SUPPORTED_PICKLE_MOD),  # as MONAI does
+            pickle_protocol=self.pickle_protocol,
+        )
+
+    def _stop_writing(self, err: NoSpaceError, result: Any) -> None:
+        """Stop writing to the full cache folder, with one warning naming it and the space one item misses."""
+        size = io.BytesIO()
+        try:
+            self._save(result, size)
+            needed: int | None = size.getbuffer().nbytes
+        except Exception:  # noqa: BLE001 - the size is for the message only
+            needed = None
+        finally:
+            size.close()
+        self.disk_full = NoSpaceError(
+            self.cache_dir, needed=needed, free=err.free, what="disk cache folder", code=err.errno,
+            detail="items are no longer written there (those already cached are still read) and the rest are "
+                   "computed in memory each time they are loaded; free space there or use another cache folder",
+        )
+        logger.warning("TrustedPersistentDataset: %s", self.disk_full)

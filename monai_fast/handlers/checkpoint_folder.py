@@ -21,6 +21,12 @@ writes it from rank 0 only. Loading goes through ``Checkpoint.load_objects`` (DD
   warning and left for inspection.
 * With a run record on the engine (``RecordHandler``), each checkpoint's wall-clock time is a
   ``checkpoint`` span of the record, which the doctor counts in the run's wall clock.
+* A checkpoint that cannot be written stops the run on every rank with one clear error, and the
+  checkpoints already written stay: a full file system raises
+  :class:`~monai_fast.files.NoSpaceError` naming the file, the space missing (the previous
+  checkpoint's size is the estimate) and the checkpoints kept; a folder that something replaced
+  with a file raises :class:`CheckpointFolderError` naming it and the last checkpoint written.
+  Under DDP the ranks learn rank 0's failure together, so none waits for a file that never comes.
 * Per-rank state (random states, position in the epoch) must come back on every rank. Ignite
   saves from rank 0, so the caller gathers it to every rank first and passes it as one more
   ``to_save`` entry: a single file per checkpoint holds all ranks' state.
@@ -42,6 +48,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -56,15 +63,31 @@ from ignite import distributed as idist
 from ignite.engine import Engine
 from ignite.handlers import Checkpoint, DiskSaver
 
-from monai_fast.files import atomic_write, clean_stale_tmp
+from monai_fast.files import NoSpaceError, atomic_write, clean_stale_tmp, no_space_in
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry.record import Category, Source
 
-__all__ = ["CheckpointFolder"]
+__all__ = ["CheckpointFolder", "CheckpointFolderError"]
 
 logger = logging.getLogger("monai_fast.handlers")
 
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+
+
+class CheckpointFolderError(OSError):
+    """A checkpoint cannot be written because its folder is no longer a folder; the message names it.
+
+    An :class:`OSError` with ``errno.ENOTDIR`` whose ``filename`` is the folder.
+    """
+
+    def __init__(self, folder: str | os.PathLike, message: str) -> None:
+        super().__init__(errno.ENOTDIR, message, str(folder))
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+    def __reduce__(self):
+        return (type(self), (self.filename, self.args[1]))
 
 
 class _SyncedDiskSaver(DiskSaver):
@@ -73,6 +96,18 @@ class _SyncedDiskSaver(DiskSaver):
     def _save_func(self, checkpoint: Mapping, path: Path, func: Callable) -> None:
         with atomic_write(path, "wb", fsync=True) as f:
             func(checkpoint, f, **self.kwargs)
+
+
+def _as_rank_failure(said: str, path: Path) -> Exception:
+    """Another rank's failure to write ``path`` (``"<type>\\t<message>"``), raised here too: same type where ours."""
+    kind, _, message = said.partition("\t")
+    if kind == "NoSpaceError":
+        err: Exception = NoSpaceError(path)
+        err.args = (errno.ENOSPC, message)
+        return err
+    if kind == "CheckpointFolderError":
+        return CheckpointFolderError(path.parent, message)
+    return RuntimeError(f"checkpoint {path} was not written ({kind} on another rank): {message}")
 
 
 def _span(engine: Engine) -> AbstractContextManager[None]:
@@ -103,6 +138,7 @@ class CheckpointFolder(Checkpoint):
         self.keep = n_saved
         self._valid: dict[tuple[str, int, int], bool] = {}
         self._reported: set[str] = set()
+        self._last: Path | None = None  # the checkpoint this process wrote last
 
     def __call__(self, engine: Engine) -> None:
         """ignite's ``Checkpoint.__call__``, timed as a ``checkpoint`` span of the engine's run record."""
@@ -118,14 +154,60 @@ class CheckpointFolder(Checkpoint):
 
     def _write(self, engine: Engine) -> Path:
         self._saved = []  # rotation is prune()'s: ignite would unlink a same-named file before rewriting it
-        self(engine)
-        path = self.dirname / self._saved[-1].filename
-        if idist.get_rank() == 0:
-            st = path.stat()
-            self._valid[(path.name, st.st_size, st.st_mtime_ns)] = True  # written whole here: no need to read it back
-            self.prune(path)
-        idist.barrier()  # on every rank: the file is complete when write() returns
+        name = f"ckpt-{engine.state.iteration:09d}.pt"
+        failure: BaseException | None = None
+        path = self.dirname / name
+        try:
+            if idist.get_rank() == 0 and self.dirname.exists() and not self.dirname.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(self.dirname))
+            self(engine)
+            path = self.dirname / self._saved[-1].filename
+            if idist.get_rank() == 0:
+                st = path.stat()
+                self._valid[(path.name, st.st_size, st.st_mtime_ns)] = True  # written whole here: no need to read it
+                self.prune(path)
+        except Exception as err:  # noqa: BLE001 - explained, agreed across ranks, raised below
+            failure = self._explain(err, name)
+            if failure is not err:
+                failure.__cause__ = err
+        if idist.get_world_size() > 1:  # also the barrier: the file is complete when write() returns
+            mine = f"{type(failure).__name__}\t{failure}" if failure is not None else ""
+            said = [m for m in idist.all_gather(mine) if m]
+            if said and failure is None:
+                failure = _as_rank_failure(said[0], path)
+        if failure is not None:
+            raise failure
+        self._last = path
         return path
+
+    def _explain(self, err: BaseException, name: str) -> BaseException:
+        """``err`` as one clear error naming the folder, the space missing and what is kept; else ``err``."""
+        kept = [p.name for p in self.checkpoints() if self.is_valid(p)] if self.dirname.is_dir() else []
+        kept_text = (f"the checkpoints in {self.dirname} are kept ({', '.join(kept)})" if kept
+                     else f"no earlier checkpoint is in {self.dirname}")
+        last = self._last
+        if not self.dirname.is_dir() and isinstance(err, (FileExistsError, NotADirectoryError)):
+            what = "a file" if self.dirname.exists() else "something"
+            written = f"the last checkpoint this run wrote there is {last.name}" if last else "this run wrote none there"
+            message = (f"checkpoint folder {self.dirname} is no longer a folder ({what} replaced it): {name} "
+                       f"was not written and the run stops; {written}; move the file away or give another folder, "
+                       f"then resume")
+            return CheckpointFolderError(self.dirname, message)
+        full = no_space_in(err)
+        if full is not None:
+            estimate = self._size_of(last) or next((self._size_of(self.dirname / k) for k in kept), None)
+            detail = f"{kept_text}; the run stops"
+            explained = NoSpaceError(self.dirname / name, needed=estimate, free=full.free, what="checkpoint",
+                                     code=full.errno, written=full.written, detail=detail)
+            return explained
+        return err
+
+    @staticmethod
+    def _size_of(path: Path | None) -> int | None:
+        try:
+            return path.stat().st_size if path is not None else None
+        except OSError:
+            return None
 
     def checkpoints(self) -> list[Path]:
         """The ``ckpt-<iteration>.pt`` files in the folder, highest iteration first."""
