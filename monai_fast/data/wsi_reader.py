@@ -64,6 +64,11 @@ class TiledTiffWSIReader(TiffFileWSIReader):
     Levels stored in strips (not tiles) fall back to MONAI's whole-level read. The file handle of
     one slide is shared by the threads of a ``ThreadDataLoader``: reads of one slide take turns.
 
+    A patch that reaches outside the level is a :class:`ValueError` naming the slide, the location
+    and the level's size, and a tile cut short by the end of the file one naming the slide and the
+    tile: the patch is never zero-padded, so a wrong location or a truncated slide cannot train on
+    blank pixels unnoticed. :func:`monai_fast.data.preflight.preflight_wsi` finds both before training.
+
     Example:
         >>> reader = TiledTiffWSIReader(level=0)
         >>> wsi = reader.read("slide_001.tif")  # doctest: +SKIP
@@ -81,20 +86,32 @@ class TiledTiffWSIReader(TiffFileWSIReader):
         with self._locks_guard:
             return self._locks.setdefault(id(wsi), threading.Lock())
 
-    def _region(self, wsi: Any, page: Any, top: int, left: int, size: tuple[int, int]) -> np.ndarray:
-        """Rows ``top..top+size[0]``, columns ``left..left+size[1]`` of ``page``, zero outside the image."""
+    def _region(self, wsi: Any, level: int, top: int, left: int, size: tuple[int, int]) -> np.ndarray:
+        """Rows ``top..top+size[0]``, columns ``left..left+size[1]`` of ``level``, all inside the image.
+
+        Raises:
+            ValueError: the region reaches outside the page, or a tile it needs is cut short by the
+                end of the file; the message names the slide.
+        """
+        page = wsi.pages[level]
         th, tw = page.tilelength, page.tilewidth
         h, w = page.imagelength, page.imagewidth
-        across = -(-w // tw)
-        out = np.zeros((size[0], size[1], page.samplesperpixel), dtype=page.dtype)
-        bottom, right = min(h, top + size[0]), min(w, left + size[1])
         fh = wsi.filehandle
-        for tr in range(max(0, top) // th, -(-bottom // th)):
-            for tc in range(max(0, left) // tw, -(-right // tw)):
+        if top < 0 or left < 0 or top + size[0] > h or left + size[1] > w:
+            raise ValueError(f"{fh.path}: the {size[0]} x {size[1]} patch at row {top}, column {left} of level "
+                             f"{level} reaches outside the level's {h} x {w} pixels")
+        across = -(-w // tw)
+        out = np.empty((size[0], size[1], page.samplesperpixel), dtype=page.dtype)
+        bottom, right = top + size[0], left + size[1]
+        for tr in range(top // th, -(-bottom // th)):
+            for tc in range(left // tw, -(-right // tw)):
                 index = tr * across + tc
                 with self._lock(wsi):
                     fh.seek(page.dataoffsets[index])
                     data = fh.read(page.databytecounts[index])
+                if len(data) != page.databytecounts[index]:
+                    raise ValueError(f"{fh.path}: tile {index} of level {level} has {len(data)} of its "
+                                     f"{page.databytecounts[index]} bytes: the file is truncated")
                 tile = page.decode(data, index, jpegtables=page.jpegtables)[0].reshape(th, tw, -1)
                 r0, c0 = tr * th, tc * tw
                 rs, cs = max(top, r0), max(left, c0)
@@ -108,7 +125,7 @@ class TiledTiffWSIReader(TiffFileWSIReader):
             return super()._get_patch(wsi, location, size, level, dtype, mode)
         ratio = self.get_downsample_ratio(wsi=wsi, level=level)
         top, left = (round(location[i] / ratio) for i in range(2))
-        patch = self._region(wsi, page, top, left, tuple(size)).astype(dtype, copy=False)
+        patch = self._region(wsi, level, top, left, tuple(size)).astype(dtype, copy=False)
         if mode in "RGB" and patch.shape[-1] not in (3, 4):
             raise ValueError(f"The image is expected to have three or four color channels in '{mode}' mode but has {patch.shape[-1]}.")
         if mode in "RGB":

@@ -9,7 +9,7 @@ After MONAI's pathology tumour-detection example (Camelyon16 patches, MONAI's WS
   ``DataLoader``, SGD with momentum (the example's baseline), fp32.
 * ``fast``: the guide's levers: the WSI backend chosen by what is installed (cuCIM on a GPU,
   else OpenSlide, else monai-fast's tile-aware tifffile reader:
-  :mod:`monai_fast.data.wsi_reader`), ``uint8`` patches through a ``ThreadDataLoader``,
+  :mod:`monai_fast.data.wsi_reader`), ``uint8`` patches through a ``SafeThreadDataLoader``,
   augmentation of whole batches on the training device (cuCIM's GPU kernels through MONAI's
   ``RandCuCIM`` where cuCIM and CUDA are present, torch operations otherwise:
   :mod:`monai_fast.recipes.pathology_augment`), ``AMPToggle("auto")``, Novograd.
@@ -18,9 +18,18 @@ Both carry the same measuring handlers (``TimeBreakdown``, ``ThroughputMonitor``
 ``TimeToTarget`` on the validation AUC, and with a run folder ``RecordHandler``), so their
 patches/s and time to a target AUC compare within one run.
 
+Neither ends an epoch short. Before anything is built, :func:`~monai_fast.data.preflight.preflight_wsi`
+checks every slide (readable to its end, at least the patch's size) and every patch location
+(wholly inside its slide), and names each one at fault. During training, a patch that fails is
+raised in the training thread with its slide and location (``SafeThreadDataLoader``), and an
+:class:`~monai_fast.handlers.epoch_length_guard.EpochLengthGuard` on the trainer and on the
+evaluator raises when a loader's pass or an epoch ends before its length, ahead of the validation
+and the metrics of that epoch: a run that trained or validated on fewer patches than its lists
+never reports an AUC.
+
 The network is MONAI's 2D ``DenseNet`` (at full size on a GPU: DenseNet-121's layout). MONAI's
 example uses ``TorchVisionFCModel`` (a torchvision ResNet-18), but torchvision has no wheel for
-this project's CPU-only torch build, so a MONAI-native network stands in; its width is set per
+some CPU-only torch builds, so a MONAI-native network stands in; its width is set per
 size (:data:`SIZES`).
 
 Example:
@@ -46,7 +55,7 @@ from typing import Any
 
 import torch
 from ignite.metrics import Accuracy
-from monai.data import DataLoader, PatchWSIDataset, ThreadDataLoader
+from monai.data import DataLoader, PatchWSIDataset
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import ROCAUC, ValidationHandler, from_engine
 from monai.networks.nets import DenseNet
@@ -62,8 +71,11 @@ from monai.transforms import (
 )
 from monai.utils import set_determinism
 
-from monai_fast.data.wsi_reader import choose_wsi_backend
+from monai_fast.data.loaders import SafeThreadDataLoader
+from monai_fast.data.preflight import preflight_wsi
+from monai_fast.data.wsi_reader import WSIBackend, choose_wsi_backend
 from monai_fast.handlers import AMPToggle, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
+from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
 from monai_fast.recipes.pathology_augment import AugmentingPrepareBatch, batch_augment, cucim_status, to_unit_range
 from monai_fast.recipes.pathology_config import SIZES, PathologyConfig, PathologySize
 
@@ -114,11 +126,10 @@ def _plain_transforms(train: bool, prob: float) -> Compose:
 
 
 def _datasets(variant: str, train: Sequence[dict], val: Sequence[dict], config: PathologyConfig,
-              device: torch.device, notes: dict[str, str]) -> tuple[Any, Any]:
-    """The training and validation loaders of ``variant``."""
+              device: torch.device, reader: WSIBackend, notes: dict[str, str]) -> tuple[Any, Any]:
+    """The training and validation loaders of ``variant``, reading with ``reader``."""
     p = config.patch_size
     if variant == "plain":
-        reader = choose_wsi_backend("tifffile-monai", device)
         notes["reader"] = "tifffile (MONAI's TiffFileWSIReader: whole-level decode per patch)"
         ds = [PatchWSIDataset(list(d), patch_size=p, patch_level=0, transform=_plain_transforms(t, config.prob),
                               reader=reader.make(level=0)) for d, t in ((train, True), (val, False))]
@@ -127,15 +138,17 @@ def _datasets(variant: str, train: Sequence[dict], val: Sequence[dict], config: 
         notes["loader"] = f"DataLoader ({config.workers} worker processes)"
         return (DataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
                 DataLoader(ds[1], batch_size=config.batch_size, **kw))
-    reader = choose_wsi_backend(config.backend, device, quiet=True)
     notes["reader"] = ("tifffile, tile-aware" if reader.name == "tifffile" else reader.name) + f" ({reader.why})"
     ds = [PatchWSIDataset(list(d), patch_size=p, patch_level=0, reader=reader.make(level=0)) for d in (train, val)]
     # a thread is enough for tile reads on a CPU; a GPU eats patches faster than one thread reads them
     workers = config.workers if device.type == "cuda" else 0
-    notes["loader"] = f"ThreadDataLoader ({workers} worker processes)" if workers else "ThreadDataLoader (one thread)"
+    # the safe thread loader raises a failing patch's error (slide and location named) in the training thread;
+    # MONAI's ThreadDataLoader would end the epoch there instead
+    notes["loader"] = (f"SafeThreadDataLoader ({workers} worker processes)" if workers
+                       else "SafeThreadDataLoader (one thread)")
     kw = {"num_workers": workers, "persistent_workers": workers > 0}
-    return (ThreadDataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
-            ThreadDataLoader(ds[1], batch_size=config.batch_size, **kw))
+    return (SafeThreadDataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
+            SafeThreadDataLoader(ds[1], batch_size=config.batch_size, **kw))
 
 
 def _engines(variant: str, loaders: tuple[Any, Any], network: torch.nn.Module, config: PathologyConfig,
@@ -196,6 +209,8 @@ def build_pathology(variant: str, train: Sequence[dict], val: Sequence[dict], co
     Raises:
         ValueError: for an unknown ``variant`` or a bad option.
         monai_fast.data.wsi_reader.WSIBackendError: ``config.backend`` cannot run here (named).
+        monai_fast.data.preflight.PreflightError: a slide that cannot be read to its end, is smaller
+            than the patch, or a patch location outside its slide (each named; ``config.preflight``).
     """
     t0 = time.perf_counter() if start_time is None else start_time
     if variant not in VARIANTS:
@@ -204,9 +219,15 @@ def build_pathology(variant: str, train: Sequence[dict], val: Sequence[dict], co
     device = torch.device(device)
     set_determinism(config.seed)
     notes: dict[str, str] = {}
-    loaders = _datasets(variant, train, val, config, device, notes)
+    reader = choose_wsi_backend("tifffile-monai" if variant == "plain" else config.backend, device, quiet=True)
+    if config.preflight:  # a bad slide or location is named here, not in a loader thread in the middle of an epoch
+        preflight_wsi({"training": train, "validation": val}, config.patch_size, reader=reader.make(level=0))
+    loaders = _datasets(variant, train, val, config, device, reader, notes)
     network = classifier(config).to(device)
     trainer, evaluator = _engines(variant, loaders, network, config, device, notes)
+    # first among the epoch's handlers: no validation, AUC or checkpoint comes from an epoch that ended short
+    EpochLengthGuard("training").attach(trainer)
+    EpochLengthGuard("validation").attach(evaluator)
     amp = None
     if variant == "fast":
         amp = AMPToggle(config.precision)

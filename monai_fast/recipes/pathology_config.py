@@ -32,6 +32,8 @@ class PathologyConfig:
         backend: ``fast``'s WSI backend (:data:`monai_fast.data.wsi_reader.BACKENDS`).
         prob: probability of the flip and of the rotation.
         seed: weights, shuffling and augmentation.
+        preflight: check every slide and patch location before training
+            (:func:`monai_fast.data.preflight.preflight_wsi`); ``False`` skips the check.
     """
 
     patch_size: int = 64
@@ -46,6 +48,7 @@ class PathologyConfig:
     backend: str = "auto"
     prob: float = 0.5
     seed: int = 0
+    preflight: bool = True
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "batch_size", "init_features", "growth_rate", "max_epochs"):

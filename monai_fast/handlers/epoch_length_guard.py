@@ -1,0 +1,114 @@
+"""An epoch that ends short is an error, not a smaller epoch: :class:`EpochLengthGuard`.
+
+Ignite treats a data loader's ``StopIteration`` as the end of a pass. When a pass ends before the
+loader's ``len()`` (a loader thread that died on a failing item ends its iterator that way in
+MONAI's ``ThreadDataLoader``), ignite starts a new pass to fill the epoch, or, when the new pass
+gives nothing at once, ends the epoch early with only a warning. Either way the epoch trains on,
+or a validation scores, other items than the loader's, and the run goes on to report its metrics.
+
+:class:`EpochLengthGuard` checks both ends on the engine it is attached to:
+
+* every pass of the loader gave ``len(loader)`` batches (checked when ignite sees the pass stop,
+  before it starts the next one);
+* every epoch ran its ``epoch_length`` iterations (checked first among the ``EPOCH_COMPLETED``
+  handlers, so a validation, a checkpoint or a metric of a short epoch never runs).
+
+A shortfall raises :class:`ShortEpochError` naming the engine, the epoch and the counts. An epoch
+ended on purpose (``engine.terminate()``, ``terminate_epoch()``, ``max_iters``) is not a shortfall,
+and a run resumed in the middle of an epoch expects only that epoch's remaining iterations. A
+loader without ``len()`` (an iterable data set) has no pass length to check.
+
+Example:
+    >>> from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
+    >>> EpochLengthGuard("training").attach(trainer)  # doctest: +SKIP
+    >>> EpochLengthGuard("validation").attach(evaluator)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ignite.engine import Engine, Events
+
+from monai_fast.handlers.lifecycle import EngineHandler
+
+__all__ = ["EpochLengthGuard", "ShortEpochError"]
+
+logger = logging.getLogger(__name__)
+
+
+class ShortEpochError(RuntimeError):
+    """A data pass or an epoch ended before its length; the message names the engine and the counts."""
+
+
+class EpochLengthGuard(EngineHandler):
+    """Raises :class:`ShortEpochError` when a loader's pass or an epoch ends short (see the module docstring).
+
+    Args:
+        name: what the engine does, for the message (``"training"``, ``"validation"``).
+
+    Attributes:
+        passes: complete loader passes seen.
+    """
+
+    def __init__(self, name: str = "engine") -> None:
+        super().__init__()
+        self.name = name
+        self.passes = 0
+        self._taken = 0  # batches from the loader's current pass
+        self._first_epoch = True  # the first epoch of a run may resume in its middle
+        self._offset = 0  # iterations of this epoch done before the run started (a resume)
+        self._start = 0  # engine.state.iteration when this epoch started
+        self._ended_on_purpose = False
+
+    def _attach(self, engine: Engine) -> None:
+        self.on(engine, Events.STARTED, self._started)
+        self.on(engine, Events.EPOCH_STARTED, self._epoch_started)
+        self.on(engine, Events.GET_BATCH_COMPLETED, self._batch)
+        self.on(engine, Events.DATALOADER_STOP_ITERATION, self._pass_ended, first=True)
+        self.on(engine, Events.TERMINATE_SINGLE_EPOCH, self._epoch_terminated)
+        self.on(engine, Events.TERMINATE, self._on_purpose)
+        self.on(engine, Events.EPOCH_COMPLETED, self._epoch_completed, first=True)
+
+    def _started(self, engine: Engine) -> None:
+        self._taken, self._first_epoch = 0, True  # ignite starts a fresh iterator for every run
+
+    def _epoch_started(self, engine: Engine) -> None:
+        length = engine.state.epoch_length
+        self._offset = engine.state.iteration % length if self._first_epoch and length else 0
+        self._first_epoch = False
+        self._start = engine.state.iteration
+        self._ended_on_purpose = False
+
+    def _batch(self, engine: Engine) -> None:
+        self._taken += 1
+
+    def _on_purpose(self, engine: Engine) -> None:
+        self._ended_on_purpose = True
+
+    def _epoch_terminated(self, engine: Engine, iter_counter: int = 0) -> None:  # ignite passes iter_counter
+        self._ended_on_purpose = True
+
+    def _pass_ended(self, engine: Engine) -> None:
+        try:
+            expected = len(engine.state.dataloader)  # type: ignore[arg-type]
+        except TypeError:  # no len(): nothing to compare with
+            expected = None
+        taken, self._taken = self._taken, 0
+        if expected is not None and taken != expected:
+            raise ShortEpochError(
+                f"the {self.name} data loader ended a pass after {taken} of its {expected} batches (epoch "
+                f"{engine.state.epoch}, iteration {engine.state.iteration}): the pass lost items, so the epoch is not "
+                "used. A loader whose thread stops on an error ends its pass this way (MONAI's ThreadDataLoader); "
+                "monai_fast.data.loaders.SafeThreadDataLoader raises the failing item's error instead")
+        self.passes += 1
+
+    def _epoch_completed(self, engine: Engine) -> None:
+        length = engine.state.epoch_length
+        if self._ended_on_purpose or not length:
+            return
+        done, expected = engine.state.iteration - self._start, length - self._offset
+        if done != expected:
+            raise ShortEpochError(
+                f"{self.name} epoch {engine.state.epoch} ended after {done} of its {expected} iterations: the data "
+                "loader gave no more batches, so the epoch's results are not used")
