@@ -48,7 +48,7 @@ class GPUSampler(EngineHandler):
         writer: a TensorBoard ``SummaryWriter`` for ``gpu<i>/util`` etc.
         backend: an NVML backend; default the real one (tests pass ``FakeNvml``).
 
-    Example:
+    Examples:
         >>> from monai_fast.handlers import GPUSampler
         >>> sampler = GPUSampler(interval_s=0.5, output_dir="runs/exp1")
         >>> sampler.attach(trainer)  # doctest: +SKIP

@@ -65,7 +65,7 @@ class ThroughputMonitor(EngineHandler):
         writer: a TensorBoard ``SummaryWriter``.
         log_every_epoch: log a line per epoch.
 
-    Example:
+    Examples:
         >>> from monai_fast.handlers import ThroughputMonitor
         >>> tp = ThroughputMonitor()
         >>> tp.attach(trainer)  # doctest: +SKIP

@@ -132,9 +132,9 @@ def cpu_bf16_speedup(rounds: int = 5) -> float:
     Each precision's cost is the CPU time of the calling thread (``time.thread_time``) with torch
     on one thread, not wall-clock time: other processes on a shared machine delay a run (the
     time it waits for a core, the other threads' stalls at each barrier) but do not change the
-    work it does. Wall-clock timings of this stack on a loaded 2-core host gave anything from
-    0.2x to 7.5x, even the fastest of 5 or 40 rounds, so the choice flipped from run to run; the
-    thread's CPU time gave 1.6-2.1x loaded and quiet alike. The two run in interleaved rounds
+    work it does. On a loaded machine wall-clock timings of this stack scatter so widely that the
+    choice would flip from run to run, while the thread's CPU time stays steady, loaded and quiet
+    alike. The two run in interleaved rounds
     (fp32, bf16, fp32, bf16, ...) after one warm-up each; the ratio is of each one's least.
 
     Example:

@@ -1,0 +1,288 @@
+"""Write the docs' results page from the results JSON: one row per result, with machine, date and commit.
+
+Each benchmark script writes ``benchmarks/results/<name>_<YYYYMMDD-HHMMSS>.json``. This script reads
+every one, takes each benchmark's headline figures from its own keys (an extractor per benchmark;
+one that has none is listed with its file), names the machine and the date the file records and
+the commit that added the file to git, and writes ``docs/benchmarks.md``. The newest result of
+each benchmark comes first in its section.
+
+Usage:
+    python benchmarks/report.py                  # writes docs/benchmarks.md
+    python benchmarks/report.py --out page.md    # elsewhere
+    python benchmarks/report.py --check          # exit 1 when docs/benchmarks.md is not up to date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "benchmarks.md"
+_STAMP = re.compile(r"^(?P<name>.+?)_(?P<stamp>\d{8}-\d{4,6})(?:\.json)?$")
+
+Extractor = Callable[[dict], str]
+
+
+def _x(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}x"
+
+
+def _s(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f} s"
+
+
+def _your_trainer(d: dict) -> str:
+    isa = (d.get("machine") or {}).get("onednn_max_cpu_isa")
+    bf16 = (d.get("machine") or {}).get("cpu_bf16_hardware")
+    ratios = [r.get("epoch_ratio") for r in d.get("rows", []) if isinstance(r, dict) and r.get("epoch_ratio")]
+    where = f"CPU limited to {isa}" if isa else ("bf16 hardware" if bf16 else "no bf16 hardware")
+    each = ", ".join(f"{r:.2f}x" for r in ratios) if ratios else ""
+    return f"FastTraining on a tutorial-style trainer, per-epoch speed-up: median {_x(d.get('median_epoch_ratio'))}" + (
+        f" ({each})" if each else "") + f"; {where}"
+
+
+def _time_to_dice(d: dict) -> str:
+    summary = d.get("summary", {})
+    parts = [f"{name} {_s(v.get('median_time_to_target_s'))} ({v.get('reached', '?')} reached)"
+             for name, v in summary.items() if isinstance(v, dict)]
+    return "median time to Dice 0.9: " + ", ".join(parts)
+
+
+def _argmax_layout(d: dict) -> str:
+    rows = d.get("rows", [])
+    parts = []
+    for row in rows[:3]:
+        ms = row.get("ms", {})
+        shape = "x".join(str(s) for s in row.get("shape", []))
+        parts.append(f"{shape}: {ms.get('argmax', 0):.1f} ms -> {ms.get('innermost + argmax', 0):.1f} ms")
+    return "argmax over classes, default layout -> classes innermost: " + "; ".join(parts)
+
+
+def _overlaps(d: dict) -> str:
+    summary = d.get("summary", {})
+    parts = [f"{name} {_s(v.get('first_s'))}" for name, v in summary.items() if isinstance(v, dict) and "first_s" in v]
+    return "fast to the first target, overlaps off / schedule / on: " + ", ".join(parts)
+
+
+def _per_pair_median(d: dict, key: str) -> float | None:
+    v = d.get("summary", {}).get(key)
+    return v.get("median") if isinstance(v, dict) else None
+
+
+def _background_fill(d: dict) -> str:
+    return (f"first iteration, background over foreground fill: "
+            f"{_x(_per_pair_median(d, 'first_iteration_s_background_over_foreground'))}; end of epoch 2: "
+            f"{_x(_per_pair_median(d, 'epoch2_end_s_background_over_foreground'))}")
+
+
+def _compile_step(d: dict) -> str:
+    return (f"torch.compile over eager: training step {_x(d.get('median_train_ratio'))}, "
+            f"sliding window {_x(d.get('median_window_ratio'))}")
+
+
+def _fast_convergence(d: dict) -> str:
+    return "median epochs to Dice 0.9: " + ", ".join(
+        f"{k} {v.get('median_epochs')}" for k, v in d.get("summary", {}).items() if isinstance(v, dict))
+
+
+def _handler_overhead(d: dict) -> str:
+    share = d.get("overhead_share")
+    return "all telemetry handlers together: " + ("n/a" if share is None else f"{share * 100:.3f} % of a training step")
+
+
+def _loader_overlap(d: dict) -> str:
+    return "; ".join(
+        f"{r.get('isa')} {r.get('chain')}: prefetch / on demand {_x(r.get('median_on_demand'))}, "
+        f"prefetch / auto {_x(r.get('median_auto'))}" for r in d.get("rows", []))
+
+
+def _loader_variants(d: dict) -> str:
+    return "later epoch: " + ", ".join(f"{r.get('variant')} {_s(r.get('later_epoch_s'), 2)}" for r in d.get("rows", []))
+
+
+def _rank_cache_memory(d: dict) -> str:
+    return "peak RSS per node: " + ", ".join(f"{r.get('setup')} {r.get('node_total_mib', 0):.0f} MiB" for r in d.get("rows", []))
+
+
+def _elastic_restart(d: dict) -> str:
+    rows = d.get("rows", [])
+    return "a rank SIGKILLed and restarted: " + ", ".join(
+        f"save every {r.get('save_every')}: +{_s(r.get('extra_s'))}, weights equal: {r.get('weights_equal')}" for r in rows)
+
+
+def _ddp_scaling(d: dict) -> str:
+    return f"2 gloo ranks on 1 CPU node over 1 rank: {_x(d.get('speedup_2x1_vs_1x1'))} (a CPU's cores are shared)"
+
+
+def _inference(d: dict) -> str:
+    rows = [r for r in d.get("rows", []) if r.get("available")]
+    base = next((r.get("latency_s") for r in rows if r.get("backend") == "eager"), None)
+    return "latency per volume: " + ", ".join(
+        f"{r.get('backend')} {_s(r.get('latency_s'), 2)}" + (f" ({base / r['latency_s']:.2f}x eager)" if base and r.get("latency_s") else "")
+        for r in rows)
+
+
+def _segresnet_lab(d: dict) -> str:
+    return (f"{d.get('network')}: {_s(d.get('time_per_epoch_s'), 2)} per epoch over {d.get('epochs')} epochs, "
+            f"final Dice {d.get('final_dice', 0):.3f}")
+
+
+def _recipe_vs_commit(d: dict) -> str:
+    med = d.get("medians", {})
+    return f"`{d.get('recipe')}` new / old: " + ", ".join(f"{k} {v.get('ratio', 0):.2f}" for k, v in med.items())
+
+
+def _tuner_quality(d: dict) -> str:
+    pick = d.get("pick_over_best")
+    if isinstance(pick, dict):
+        return "tuner's pick over the best measured: " + ", ".join(f"{k} {v:.3f}" for k, v in pick.items() if isinstance(v, (int, float)))
+    return f"tuner's pick over the best measured: {pick}" if pick is not None else "tuner runs against a head-to-head race"
+
+
+def _pathology(d: dict) -> str:
+    return "; ".join(f"{r.get('variant')}: {r.get('patches_per_s', 0):.1f} patches/s, AUC {r.get('best_auc', 0):.3f}"
+                     for r in d.get("runs", []) if isinstance(r, dict))
+
+
+def _openmp_spin(d: dict) -> str:
+    return "; ".join(f"{r.get('condition')} GOMP_SPINCOUNT={r.get('spincount')}: fast {_s(r.get('fast_time_to_target_s'))} to "
+                     f"target, per-epoch ratio {_x(r.get('per_epoch_ratio'))}" for r in d.get("summary", []))
+
+
+EXTRACTORS: dict[str, Extractor] = {
+    "your_trainer": _your_trainer,
+    "time_to_dice": _time_to_dice,
+    "argmax_layout": _argmax_layout,
+    "overlaps": _overlaps,
+    "background_fill": _background_fill,
+    "compile_step": _compile_step,
+    "fast_convergence": _fast_convergence,
+    "handler_overhead": _handler_overhead,
+    "loader_overlap": _loader_overlap,
+    "loader_variants": _loader_variants,
+    "rank_cache_memory": _rank_cache_memory,
+    "elastic_restart": _elastic_restart,
+    "ddp_scaling": _ddp_scaling,
+    "inference": _inference,
+    "segresnet_lab_cpu": _segresnet_lab,
+    "recipe_vs_commit": _recipe_vs_commit,
+    "tuner_quality": _tuner_quality,
+    "tuner_quality_demo": _tuner_quality,
+    "tuner_quality_small": _tuner_quality,
+    "pathology": _pathology,
+    "openmp_spin": _openmp_spin,
+}
+
+
+def _machine(d: dict) -> str:
+    m = d.get("machine")
+    if isinstance(m, str):
+        return m
+    if isinstance(m, dict):
+        text = m.get("device") or m.get("processor") or ""
+        if m.get("onednn_max_cpu_isa"):
+            text += f", ISA limited to {m['onednn_max_cpu_isa']}"
+        if m.get("torch"):
+            text += f", torch {m['torch']}"
+        return text or "not recorded"
+    if isinstance(d.get("device"), str):
+        return d["device"]
+    return "not recorded"
+
+
+def _date(d: dict, stamp: str) -> str:
+    if isinstance(d.get("date"), str):
+        return d["date"][:16].replace("T", " ")
+    try:
+        fmt = "%Y%m%d-%H%M%S" if len(stamp) == 15 else "%Y%m%d-%H%M"
+        return datetime.strptime(stamp, fmt).strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return stamp
+
+
+def _commit(path: Path) -> str:
+    """The short hash of the commit that added ``path``; ``uncommitted`` when git does not know it."""
+    try:
+        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h", "--", str(path.relative_to(ROOT))],
+                             cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out[-1] if out else "uncommitted"
+
+
+def rows(results: Path = RESULTS) -> list[dict[str, Any]]:
+    """One row per results JSON: benchmark, result, machine, date, commit, file."""
+    out = []
+    for path in sorted(results.glob("*.json")):
+        match = _STAMP.match(path.name)
+        if not match:
+            continue
+        name, stamp = match["name"], match["stamp"]
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"{path}: not readable as JSON ({err})") from err
+        extractor = EXTRACTORS.get(name)
+        try:
+            result = extractor(data) if extractor else "see the JSON"
+        except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+            raise SystemExit(f"{path}: the {name} extractor could not read it ({err!r})") from err
+        out.append({"benchmark": name, "result": result, "machine": _machine(data), "date": _date(data, stamp),
+                    "stamp": stamp, "commit": _commit(path), "file": path.name})
+    out.sort(key=lambda r: (r["benchmark"], -int(r["stamp"].replace("-", "").ljust(14, "0"))))
+    return out
+
+
+def render(table: list[dict[str, Any]]) -> str:
+    """The results page as Markdown."""
+    lines = [
+        "# Benchmarks and results",
+        "",
+        "Generated by `python benchmarks/report.py` from `benchmarks/results/*.json`; each row names the",
+        "machine and date the result records and the commit that added it. What each script measures",
+        "and how to run it is in `benchmarks/README.md`. Timings are ratios of variants measured in the",
+        "same run, taking turns, so a slow spell of the machine hits every variant.",
+        "",
+    ]
+    names = sorted({r["benchmark"] for r in table})
+    for name in names:
+        lines += [f"## {name}", "", "| result | machine | date | commit | file |", "|---|---|---|---|---|"]
+        for r in (r for r in table if r["benchmark"] == name):
+            result = r["result"].replace("|", "/")
+            lines.append(f"| {result} | {r['machine']} | {r['date']} | {r['commit']} | `{r['file']}` |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of results JSON (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=PAGE, help="the page to write (default %(default)s)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the page differs from what would be written")
+    args = parser.parse_args(argv)
+    table = rows(args.results)
+    text = render(table)
+    if args.check:
+        current = args.out.read_text() if args.out.exists() else ""
+        if current != text:
+            print(f"{args.out} is not up to date: run python benchmarks/report.py", file=sys.stderr)
+            return 1
+        return 0
+    args.out.write_text(text)
+    print(f"{len(table)} results from {len({r['benchmark'] for r in table})} benchmarks -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

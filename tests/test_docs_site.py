@@ -1,0 +1,82 @@
+"""The docs are a product's: the site builds with --strict, the front pages stay short, no development diary.
+
+``mkdocs build --strict`` fails on a broken link, a page missing from the navigation, or an API
+reference whose docstring does not parse; the words check keeps development history (rounds,
+issue numbers, "today", one machine's "this host") out of the project's own text.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: phrases that belong to the history (git, CHANGELOG.md), not to the project's text
+HISTORY = re.compile(
+    r"\bsessions? \d+|\bdevelopment rounds?\b|(?<!MONAI )\bissues? #?\d+\b|\btoday('s)?\b"
+    r"|\bthis project's (?:CPU|\d-core|machine|host|Xeon)|\bon (?:this|a loaded|a quiet|a busy) \d-core (?:host|machine)\b"
+    r"|no GPU (?:has been|was) lent|\bwas fixed\b|\bas of now\b",
+    re.IGNORECASE,
+)
+
+
+def _project_texts() -> list[Path]:
+    files = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    files += sorted((ROOT / "monai_fast").rglob("*.py")) + sorted((ROOT / "tutorials").glob("*.py"))
+    files += sorted((ROOT / "tutorials").glob("*.ipynb")) + sorted((ROOT / "benchmarks").glob("*.py"))
+    return files
+
+
+def test_no_development_history_in_the_project_text():
+    offenders = []
+    for path in _project_texts():
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if HISTORY.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:120]}")
+    assert not offenders, "development history in the project's text:\n" + "\n".join(offenders)
+
+
+def test_the_history_check_catches_what_it_should():
+    for text in ["in session 12 it was", "see issue 28", "today's order", "this project's 2-core CPU",
+                 "on a loaded 2-core host gave 0.2x"]:
+        assert HISTORY.search(text), text
+    for text in ["a torchrun rendezvous on the first host", "ONNX Runtime session", "this host's share of the job",
+                 "round 1: every backend in turn", "processes on this host", "OpenMP threads on a busy host",
+                 "MONAI issues #913 / #3843"]:
+        assert not HISTORY.search(text), text
+
+
+@pytest.mark.parametrize("name", ["README.md", "benchmarks/README.md"])
+def test_front_pages_are_short(name):
+    size = len((ROOT / name).read_text(encoding="utf-8"))
+    assert size <= 15_000, f"{name} is {size} characters; the detail belongs on the docs site"
+
+
+def test_every_result_is_on_the_results_page():
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    missing = [p.name for p in (ROOT / "benchmarks" / "results").glob("*.json") if f"`{p.name}`" not in page]
+    assert not missing, f"run python benchmarks/report.py: {missing}"
+
+
+def test_the_results_page_generator_runs(tmp_path):
+    out = tmp_path / "page.md"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert text.startswith("# Benchmarks and results") and "| result | machine | date | commit | file |" in text
+
+
+def test_the_docs_site_builds_strictly(tmp_path):
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
+    assert mkdocs, "mkdocs is part of the dev extra: pip install -e '.[dev]'"
+    r = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (tmp_path / "site" / "api" / "index.html").exists()
