@@ -160,11 +160,12 @@ def test_the_dataset_times_out_on_its_own():
 
 
 def test_validation():
-    with pytest.raises(TypeError, match="SafeSmartCacheDataset"):
+    with pytest.raises(TypeError, match="needs a monai.data.SmartCacheDataset.*got list"):
         SmartCacheUpdater([1, 2, 3])
     plain = SmartCacheDataset(ITEMS, cache_num=4, replace_rate=0.25, shuffle=False, progress=False)
-    with pytest.raises(TypeError, match="SafeSmartCacheDataset.*SmartCacheHandler"):
-        SmartCacheUpdater(plain)
+    assert SmartCacheUpdater(plain).mode is None  # MONAI's own is accepted; the mode is chosen at attach
+    with pytest.raises(TypeError, match="data_loader holds no data, not a SmartCacheDataset.*SmartCacheUpdater\\(dataset\\)"):
+        SmartCacheUpdater().attach(Engine(lambda e, b: None))  # a plain engine gets its data at run()
     with pytest.raises(ValueError, match="timeout_s"):
         SmartCacheUpdater(_ds(), timeout_s=0)
     with pytest.raises(ValueError, match="replace_rate"):

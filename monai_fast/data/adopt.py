@@ -14,12 +14,24 @@ user chose: batch size, shuffling (and its generator), ``drop_last``, the collat
 * A ``DistributedSampler`` becomes a per-rank partition of the items (its ``seed``; even sizes, as
   the sampler pads), cached by that rank only; each epoch every item is seen once across ranks,
   as with the sampler, and the partition is shuffled within the rank when the sampler shuffled.
-* A data set that is already a cache (``CacheDataset``, ``PersistentDataset``, ``SmartCacheDataset``)
-  is kept as it is: only the loader changes.
+* A data set that is already a cache (``CacheDataset``, ``PersistentDataset``) is kept as it is:
+  only the loader changes. MONAI's ``SmartCacheDataset`` becomes a
+  :class:`~monai_fast.data.smartcache.SafeSmartCacheDataset` over the same items, window and
+  rotation settings (:meth:`~monai_fast.data.smartcache.SafeSmartCacheDataset.adopt`; its cached
+  window is handed over, never a second cache); under a ``DistributedSampler`` each rank rotates
+  its partition, caching its share of ``cache_num``.
+
+**The item path.** Rebuilding reads ``.data`` and ``.transform``, so it gives the same items only
+when the data set's item is ``transform(data[index])``. :func:`unknown_item_path` is the one rule,
+used by every adoption: the methods that make an item (``__getitem__``, ``__getitems__``,
+``_transform``, ``__len__``, and for a SmartCache its rotation) must resolve, through the class's
+MRO, to MONAI's ``Dataset``, ``CacheDataset``, ``PersistentDataset`` or ``SmartCacheDataset``, or to
+monai-fast's own classes. A subclass that overrides one of them (to add a key, say) is left alone,
+with the reason naming the class and its methods.
 
 What cannot be adopted is returned as a reason, never half-done: an ``IterableDataset``, a data
-set without ``.data`` / ``.transform``, a custom sampler or batch sampler, a collate function not
-known to be thread-safe.
+set without ``.data`` / ``.transform``, a data set with its own item path, a custom sampler or
+batch sampler, a collate function not known to be thread-safe.
 
 Example:
     >>> from monai_fast.data.adopt import adopt_loader
@@ -31,13 +43,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from monai.data import CacheDataset, PersistentDataset, SmartCacheDataset, list_data_collate, pad_list_data_collate
+from monai.data import CacheDataset, Dataset, PersistentDataset, SmartCacheDataset, list_data_collate, pad_list_data_collate
 from monai.transforms import Compose
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, default_collate
 
@@ -45,15 +58,61 @@ from monai_fast.data.background import BackgroundCacheDataset, fill_order_option
 from monai_fast.data.loaders import SafeThreadDataLoader
 from monai_fast.data.planner import CachePlan, force_plan, plan_cache, rank_partition
 from monai_fast.data.rng_state import randomizables
+from monai_fast.data.smartcache import SafeSmartCacheDataset
 from monai_fast.progress import show_progress
 
-__all__ = ["AdoptedData", "THREAD_SAFE_COLLATES", "adopt_loader", "why_not_adoptable"]
+__all__ = ["AdoptedData", "THREAD_SAFE_COLLATES", "adopt_loader", "unknown_item_path", "why_not_adoptable"]
 
 logger = logging.getLogger("monai_fast.data")
 
 #: collate functions known to hold no state between calls, so a background thread may run them
 THREAD_SAFE_COLLATES: tuple[Callable, ...] = (default_collate, list_data_collate, pad_list_data_collate)
 _CACHES = (CacheDataset, PersistentDataset, SmartCacheDataset)
+#: MONAI's classes whose item is ``transform(data[index])`` (cached or not, a SmartCache's over its window)
+KNOWN_ITEM_PATHS: tuple[type, ...] = (Dataset, CacheDataset, PersistentDataset, SmartCacheDataset)
+_ITEM_PATH = ("__getitem__", "__getitems__", "_transform", "__len__")
+_ROTATION = ("set_data", "randomize", "is_started", "start", "update_cache", "shutdown", "manage_replacement",
+             "_load_cache_item", "_fill_cache", "_restart", "_try_update_cache", "_try_shutdown", "_compute_data_idx",
+             "_replace_cache_thread", "_compute_replacements", "_try_manage_replacement")
+
+
+def _own_methods(dataset: Any, names: tuple[str, ...]) -> list[str]:
+    """``Class.name`` for each of ``names`` that ``dataset``'s class takes from outside MONAI's known classes and monai-fast."""
+    own = []
+    for name in names:
+        owner = next((c for c in type(dataset).__mro__ if name in vars(c)), None)
+        if owner is None or owner in KNOWN_ITEM_PATHS or owner.__module__.split(".")[0] in ("monai_fast", "builtins"):
+            continue
+        if owner.__module__.startswith("monai.") and owner in SmartCacheDataset.__mro__:  # Randomizable's own
+            continue
+        own.append(f"{owner.__name__}.{name}")
+    return own
+
+
+def unknown_item_path(dataset: Any, rotation: bool = False) -> str | None:
+    """Why ``dataset``'s items cannot be rebuilt from its ``.data`` and ``.transform``, or ``None`` when they can.
+
+    The rule of every adoption (see the module docstring): the methods making an item, and with
+    ``rotation`` those of a SmartCache's rotation, must resolve to MONAI's own data set classes
+    or to monai-fast's.
+
+    Example:
+        >>> from monai.data import Dataset
+        >>> class Tagged(Dataset):
+        ...     def __getitem__(self, index):
+        ...         return {**super().__getitem__(index), "tag": index}
+        >>> unknown_item_path(Dataset([{"x": 1}])) is None
+        True
+        >>> unknown_item_path(Tagged([{"x": 1}]))[:60]
+        "the data set's class Tagged has its own __getitem__ (Tagged."
+    """
+    own = _own_methods(dataset, _ITEM_PATH + (_ROTATION if rotation else ()))
+    if not own:
+        return None
+    names = ", ".join(sorted({o.rsplit(".", 1)[1] for o in own}))
+    what = "its items or their rotation" if rotation else "its items"
+    return (f"the data set's class {type(dataset).__name__} has its own {names} ({', '.join(own)}): {what} may "
+            "differ from MONAI's transform(data[i]), so it is not rebuilt from .data and .transform")
 
 
 @dataclass
@@ -81,6 +140,11 @@ def why_not_adoptable(loader: Any, force_thread: bool = False) -> str | None:
         return "the data set is an IterableDataset: there are no items to cache"
     if not isinstance(ds, _CACHES) and not (hasattr(ds, "data") and hasattr(ds, "transform")):
         return f"the data set ({type(ds).__name__}) has no .data and .transform (use a MONAI Dataset)"
+    rebuilt = not isinstance(ds, _CACHES) or isinstance(loader.sampler, DistributedSampler)
+    if rebuilt or isinstance(ds, SmartCacheDataset):
+        why = unknown_item_path(ds, rotation=isinstance(ds, SmartCacheDataset))
+        if why is not None and rebuilt:
+            return why
     if type(loader.batch_sampler).__name__ != "BatchSampler":
         return f"a custom batch sampler ({type(loader.batch_sampler).__name__}) decides the batches"
     if not isinstance(loader.sampler, (RandomSampler, SequentialSampler, DistributedSampler)):
@@ -150,9 +214,14 @@ def adopt_loader(
     # building caches and MONAI loaders reseeds the transforms (Compose.__init__, DataLoader.__init__):
     # put their generators and torch's back, so the adopted loader draws the crops the user's would
     with _random_states_kept(ds):
-        if isinstance(ds, _CACHES) and items is None:
+        if isinstance(ds, SmartCacheDataset) and (items is not None or _adoptable_smartcache(ds)):
+            dataset, plan, where, workers, notes = _adopt_smartcache(ds, items, loader.sampler)
+        elif isinstance(ds, _CACHES) and items is None:
             dataset, plan, where, workers = ds, None, "user cache", 0
             notes = [f"the data set is already a {type(ds).__name__}: kept, only the loader changes"]
+            why = unknown_item_path(ds, rotation=True) if isinstance(ds, SmartCacheDataset) else None
+            if why is not None:
+                notes[0] += f" (its rotation stays MONAI's: {why})"
         else:
             data = items if items is not None else list(ds.data)
             plan = plan_cache(ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform]), data, device,
@@ -168,6 +237,27 @@ def adopt_loader(
                  f"{workers} worker processes)")
     return AdoptedData(new, dataset, plan, where, notes)
 
+
+
+def _adoptable_smartcache(ds: SmartCacheDataset) -> bool:
+    """A MONAI ``SmartCacheDataset`` (not yet safe) whose item path and rotation are MONAI's own."""
+    return not isinstance(ds, SafeSmartCacheDataset) and unknown_item_path(ds, rotation=True) is None
+
+
+def _adopt_smartcache(ds: SmartCacheDataset, items: list | None, sampler: Any) -> tuple[Any, None, str, int, list[str]]:
+    """``ds`` as a :class:`SafeSmartCacheDataset` (over this rank's ``items`` under a ``DistributedSampler``)."""
+    timeout = ds._rotation.timeout_s if isinstance(ds, SafeSmartCacheDataset) else 300.0
+    if items is None:
+        safe = SafeSmartCacheDataset.adopt(ds, timeout_s=timeout)
+        note = (f"the data set is a MONAI {type(ds).__name__}: its items, window of {safe.cache_num}, "
+                f"{safe.replace_num} replacements per epoch and random state adopted into a SafeSmartCacheDataset "
+                "(bounded waits, named errors, resumable); the cached window handed over, no second cache")
+    else:
+        share = min(len(items), math.ceil(ds.cache_num / sampler.num_replicas))
+        safe = SafeSmartCacheDataset.adopt(ds, data=items, cache_num=share, timeout_s=timeout)
+        note = (f"the data set is a {type(ds).__name__}: this rank rotates its partition in a SafeSmartCacheDataset "
+                f"caching {share} of the window's {ds.cache_num} items, {safe.replace_num} replaced per epoch")
+    return safe, None, "smartcache", 0, [note]
 
 
 def _build(plan: CachePlan, data: list, transform: Any, cache_threads: int | None, progress: bool,

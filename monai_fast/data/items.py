@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["DataItemError", "LoaderTimeoutError", "describe_item", "error_text", "item_files"]
+__all__ = ["DataItemError", "LoaderTimeoutError", "describe_item", "error_text", "fetch_item", "item_files",
+           "worker_item_error"]
 
 
 class DataItemError(RuntimeError):
@@ -73,6 +74,44 @@ def error_text(e: BaseException) -> str:
     while root.__cause__ is not None:
         root = root.__cause__
     return f"{type(root).__name__}: {root}" + (f" in {e}" if root is not e else "")
+
+
+def fetch_item(dataset: Any, index: int) -> Any:
+    """``dataset[index]``; a failure is raised as :class:`DataItemError` naming the index and the item's files.
+
+    The one place a loader reads an item, in its thread, in the training thread and in worker
+    processes alike, so a failing item reads the same wherever it was loaded.
+
+    Raises:
+        DataItemError: ``"loading item 3 (image=/d/a.nii.gz) failed: EOFError: ..."``, the original
+            error chained as its cause.
+    """
+    try:
+        return dataset[index]
+    except Exception as e:
+        reason = error_text(e)
+        raise DataItemError(f"loading {describe_item(dataset, index)} failed: {reason}", reason=reason) from e
+
+
+_WORKER_TYPE = f"{DataItemError.__name__}: "
+
+
+def worker_item_error(e: BaseException) -> DataItemError | None:
+    """The :class:`DataItemError` a DataLoader worker process raised, rebuilt with its own message; else ``None``.
+
+    PyTorch re-raises a worker's exception in the main process as the same type over the worker's
+    whole traceback text ("Caught DataItemError in DataLoader worker process 0. Original
+    Traceback ..."). The worker's message is the text after the last ``DataItemError:`` of that
+    traceback; the returned error carries just that message, as the loader thread's error does.
+    """
+    if not isinstance(e, DataItemError):
+        return None
+    text = str(e)
+    if "DataLoader worker process" not in text or _WORKER_TYPE not in text:
+        return None
+    message = text.rsplit(_WORKER_TYPE, 1)[1].strip()
+    _, sep, reason = message.partition(" failed: ")
+    return type(e)(message, reason=reason if sep else None)
 
 
 class LoaderTimeoutError(DataItemError):

@@ -42,12 +42,12 @@ from typing import Any
 
 import torch
 from monai.data import ThreadDataLoader
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from monai_fast.data.items import DataItemError, LoaderTimeoutError, describe_item, error_text
+from monai_fast.data.items import DataItemError, LoaderTimeoutError, describe_item, fetch_item, worker_item_error
 from monai_fast.data.thread_buffer import SafeThreadBuffer
 
-__all__ = ["SafeThreadBuffer", "SafeThreadDataLoader", "prefetch_pays"]
+__all__ = ["DataItemError", "SafeThreadBuffer", "SafeThreadDataLoader", "prefetch_pays"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,23 @@ class _Recorded:
         return len(self.sampler)  # type: ignore[arg-type]
 
 
+class _NamedItems(Dataset):
+    """A map-style data set read through :func:`~monai_fast.data.items.fetch_item`: what worker processes load.
+
+    Its ``__dict__`` holds the data set itself, so MONAI's ``worker_init_fn`` (``set_rnd``) seeds
+    the same random transforms in the same order as over the bare data set.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return fetch_item(self.dataset, index)
+
+
 class SafeThreadDataLoader(ThreadDataLoader):
     """MONAI's ``ThreadDataLoader`` with errors surfaced and a watchdog (see the module docstring).
 
@@ -138,10 +155,7 @@ class SafeThreadDataLoader(ThreadDataLoader):
     def _fetch(self, index: int, progress: _Progress | None = None) -> Any:
         if progress is not None:
             progress.start(index)
-        try:
-            return self.dataset[index]
-        except Exception as e:
-            raise DataItemError(f"loading {describe_item(self.dataset, index)} failed: {error_text(e)}") from e
+        return fetch_item(self.dataset, index)
 
     def _worker_timeout(self) -> tuple[float, str]:
         ours = self.timeout_s if self.timeout_s is not None else 0.0
@@ -157,10 +171,10 @@ class SafeThreadDataLoader(ThreadDataLoader):
         options["timeout"] = self._worker_timeout()[0]
         if self.batch_sampler is not None:
             record = _Recorded(self.batch_sampler)
-            loader = DataLoader(self.dataset, batch_sampler=record, **options)
+            loader = DataLoader(_NamedItems(self.dataset), batch_sampler=record, **options)
         else:
             record = _Recorded(self.sampler)
-            loader = DataLoader(self.dataset, batch_size=None, sampler=record, **options)
+            loader = DataLoader(_NamedItems(self.dataset), batch_size=None, sampler=record, **options)
         if self.persistent_workers:
             self._persistent = (loader, record)
         return loader, record
@@ -175,6 +189,9 @@ class SafeThreadDataLoader(ThreadDataLoader):
             except StopIteration:
                 return
             except RuntimeError as e:
+                named = worker_item_error(e)  # a worker's failing item: its own message, not the whole traceback text
+                if named is not None:
+                    raise named from e
                 if TORCH_TIMEOUT_TEXT not in str(e):
                     raise
             else:

@@ -1,7 +1,7 @@
 """Transform chains that name the file they fail on, and cache fills that end cleanly.
 
 A file that cannot be read (a truncated NIfTI, say) must end a cache build or an epoch with one
-:class:`~monai_fast.data.loaders.DataItemError` naming the file, in every cache mode, thread and
+:class:`~monai_fast.data.items.DataItemError` naming the file, in every cache mode, thread and
 loader worker process, and the process must exit like after any other error.
 
 Example:

@@ -20,13 +20,25 @@ from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
 from typing import Any
 
+import numpy as np
 from monai.data import SmartCacheDataset
 
 from monai_fast.data.items import DataItemError, describe_item, error_text
 
-__all__ = ["SafeSmartCacheDataset"]
+__all__ = ["SafeSmartCacheDataset", "replace_count"]
 
 logger = logging.getLogger("monai_fast.data")
+
+
+def replace_count(dataset: SmartCacheDataset) -> int:
+    """Items a ``SmartCacheDataset`` replaces at each update.
+
+    MONAI keeps this count only in its private ``_replace_num``; this function is the one place
+    monai-fast reads it (a :class:`SafeSmartCacheDataset` has it public as ``replace_num``).
+    """
+    if isinstance(dataset, SafeSmartCacheDataset):
+        return dataset.replace_num
+    return int(dataset._replace_num)
 
 
 @dataclass
@@ -66,7 +78,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     * ``update_cache(timeout_s)`` waits at most ``timeout_s`` (``TimeoutError`` naming the pending
       items); a replacement error is raised in the caller's thread as
-      :class:`~monai_fast.data.loaders.DataItemError` naming the item's index and files; a thread
+      :class:`~monai_fast.data.items.DataItemError` naming the item's index and files; a thread
       that stopped without a result is a ``RuntimeError``. A failed replacement is never swapped in.
     * ``shutdown()`` keeps the position (the cache still holds that window) and never waits for a
       thread after a failed update (a transform stuck on a dead mount is abandoned, as a daemon).
@@ -76,8 +88,13 @@ class SafeSmartCacheDataset(SmartCacheDataset):
     MONAI's private ``_start_pos``, ``_round``, ``_replace_done``, ``_update_lock``,
     ``_replace_mgr``, ``_replacements``, ``_replace_data_idx`` and the private methods using them
     are left unused. The only private members of MONAI's ``CacheDataset`` this class uses are
-    ``_cache`` (the cached items, read by ``__getitem__``; replaced by a new list at each swap) and
-    ``_load_cache_item(index)`` (runs the deterministic transforms of one item).
+    ``_cache`` (the cached items, read by ``__getitem__``; replaced by a new list at each swap),
+    ``_load_cache_item(index)`` (runs the deterministic transforms of one item) and ``_fill_cache``
+    (extended: :meth:`adopt` hands over the items a MONAI data set has cached already).
+
+    :meth:`adopt` turns a MONAI ``SmartCacheDataset`` the user built into this class: the same
+    items in the same order, transform, cache size, replacement count, workers, ``copy_cache``,
+    ``as_contiguous`` and random state (so a later ``set_data`` shuffles as MONAI's would).
 
     Args:
         data: the data list, as for ``SmartCacheDataset``.
@@ -111,6 +128,75 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         self._rotation = _Rotation(rate=float(replace_rate), timeout_s=float(timeout_s))
         super().__init__(data, transform, replace_rate, *args, **kwargs)
 
+    @classmethod
+    def adopt(
+        cls, dataset: SmartCacheDataset, data: Sequence | None = None, cache_num: int | None = None,
+        timeout_s: float = 300.0,
+    ) -> SafeSmartCacheDataset:
+        """A safe rotation over what a MONAI ``SmartCacheDataset`` (or one of this class) holds.
+
+        The items are ``dataset.data`` as it stands (MONAI shuffled them at construction, so they
+        are taken in that order and not shuffled again); transform, ``cache_num``, the number of
+        items replaced at each update, init and replace workers, ``progress``, ``copy_cache``,
+        ``as_contiguous`` and the random state carry over. A MONAI data set whose rotation never
+        started hands over its cached window, so nothing is transformed twice; one that has
+        rotated (MONAI's ``shutdown`` resets the position but not the cache) is re-cached from
+        the first item.
+
+        The replacement count comes from :func:`replace_count`; whether the rotation ever started
+        from MONAI's private ``_replace_mgr`` (``None`` until ``start``).
+
+        Args:
+            dataset: the data set to adopt; it is shut down first if its rotation runs.
+            data: other items to rotate over instead (a rank's share of ``dataset.data``); then
+                nothing is handed over and ``cache_num`` may differ.
+            cache_num: items to cache; default ``dataset.cache_num`` (at most the number of items).
+            timeout_s: as for the constructor.
+
+        Raises:
+            TypeError: ``dataset`` is not a ``SmartCacheDataset``.
+
+        Example:
+            >>> safe = SafeSmartCacheDataset.adopt(monai_smartcache_ds, timeout_s=120)  # doctest: +SKIP
+        """
+        if not isinstance(dataset, SmartCacheDataset):
+            raise TypeError(f"SafeSmartCacheDataset.adopt needs a monai.data.SmartCacheDataset, got {type(dataset).__name__}")
+        replace_num = replace_count(dataset)
+        if isinstance(dataset, SafeSmartCacheDataset):
+            rate = dataset._rotation.rate
+        else:
+            rate = replace_num / max(1, dataset.cache_num)
+        if dataset.is_started():
+            dataset.shutdown()
+        items = list(dataset.data if data is None else data)
+        num = min(len(items), int(dataset.cache_num if cache_num is None else cache_num))
+        fresh = not isinstance(dataset, SafeSmartCacheDataset) and getattr(dataset, "_replace_mgr", True) is None
+        handed = list(dataset._cache) if data is None and fresh and len(dataset._cache) == num else None
+        safe = cls.__new__(cls)
+        safe._handed_over = handed
+        safe.__init__(  # type: ignore[misc]
+            items, dataset.transform, rate if rate > 0 else 1.0, cache_num=num, num_init_workers=dataset.num_workers,
+            num_replace_workers=dataset.num_replace_workers, progress=dataset.progress, shuffle=False,
+            copy_cache=dataset.copy_cache, as_contiguous=dataset.as_contiguous, timeout_s=timeout_s,
+        )
+        safe._handed_over = None
+        if data is None:  # exactly MONAI's count, whatever rounding the rate took
+            safe._rotation.replace_num = max(0, min(replace_num, len(items) - num))
+        if dataset.shuffle:
+            state = np.random.RandomState()
+            state.set_state(dataset.R.get_state())
+            safe.set_random_state(state=state)
+            safe.shuffle = True
+        return safe
+
+    def _fill_cache(self, indices: Any = None) -> list:
+        """MONAI's fill, or the window a data set being adopted has cached already (see :meth:`adopt`)."""
+        handed = getattr(self, "_handed_over", None)
+        if handed is not None and (indices is None or list(indices) == list(range(len(handed)))):
+            self._handed_over = None
+            return handed
+        return super()._fill_cache(indices)
+
     # ---- MONAI's public interface, replaced -------------------------------------------------
 
     def set_data(self, data: Sequence) -> None:
@@ -120,7 +206,8 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         rot = self._rotation
         with rot.cond:
             rot.position, rot.ready, rot.error, rot.failed = 0, None, None, False
-            rot.replace_num = max(0, min(math.ceil(self.cache_num * rot.rate), len(self.data) - self.cache_num))
+            # the tolerance keeps a rate of replace_num / cache_num (an adopted data set's) at that count
+            rot.replace_num = max(0, min(math.ceil(self.cache_num * rot.rate - 1e-9), len(self.data) - self.cache_num))
 
     def is_started(self) -> bool:
         """Whether a replacement thread runs and has not been asked to stop."""

@@ -7,7 +7,7 @@ saying what was built. ``uncached_data`` is plain MONAI (the ``fast`` recipe's
 MONAI's fast-training guide (everything cached, a thread loader).
 
 A file that cannot be read (a truncated NIfTI, say) ends the build or the epoch with one
-:class:`~monai_fast.data.loaders.DataItemError` naming the file, in every cache mode and in loader
+:class:`~monai_fast.data.items.DataItemError` naming the file, in every cache mode and in loader
 worker processes: every chain is a :class:`NamedItemsCompose`, and a failed cache fill waits for
 the fill's other threads (:func:`threads_joined_on_error`) so the process can exit cleanly.
 """

@@ -1,0 +1,332 @@
+"""``SmartCacheUpdater().attach(trainer)`` over MONAI's own ``SmartCacheDataset``: adopted, or driven where it cannot be.
+
+Real MONAI trainers on tiny tensors, MONAI's ``SmartCacheDataset`` on real NIfTI files, ignite's
+``Checkpoint``, a real notebook kernel and two real gloo ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ignite.distributed as idist
+import pytest
+import torch
+from ignite.engine import Events
+from ignite.handlers import Checkpoint, DiskSaver
+from monai.data import DataLoader, SmartCacheDataset, list_data_collate
+from monai.engines import SupervisedTrainer
+from monai.handlers import SmartCacheHandler
+from monai.transforms import Compose, EnsureChannelFirstd, Lambdad, LoadImaged, Resized
+from torch.utils.data import DistributedSampler
+
+from monai_fast.data.items import DataItemError
+from monai_fast.data.loaders import SafeThreadDataLoader
+from monai_fast.data.smartcache import SafeSmartCacheDataset
+from monai_fast.handlers import FastTraining, SmartCacheUpdater
+from monai_fast.handlers.lifecycle import handlers_on
+
+ROOT = Path(__file__).resolve().parents[1]
+ITEMS = [{"image": f"/data/image{i}.nii.gz", "id": i} for i in range(1, 6)]
+GUIDE = [[1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 1], [4, 5, 1, 2], [5, 1, 2, 3]]
+
+
+class CountedUpdates(SmartCacheDataset):
+    """A user's subclass with its own rotation method: it is driven as MONAI's, never adopted."""
+
+    calls = 0
+
+    def update_cache(self) -> None:
+        type(self).calls += 1
+        super().update_cache()
+
+
+def _tensors(fn=lambda x: x):
+    """Items become tiny image/label tensors; ``fn`` sees the id (to fail or block on one)."""
+    return Compose([Lambdad("id", fn),
+                    Lambdad("image", lambda _: torch.zeros(1, 4, 4, 4)),
+                    Lambdad("label", lambda _: torch.zeros(1, 4, 4, 4), overwrite=True, allow_missing_keys=True)])
+
+
+def _ds(cls=SmartCacheDataset, fn=lambda x: x, items=ITEMS, **kwargs):
+    items = [{**d, "label": 0} for d in items]
+    options = {"replace_rate": 0.25, "cache_num": 4, "shuffle": False, "progress": False, **kwargs}
+    return cls(items, _tensors(fn), **options)
+
+
+def _trainer(ds, seen, max_epochs=5, loader=None):
+    """A MONAI SupervisedTrainer over ``ds`` that records the ids of each epoch's items (in the window's order)."""
+    net = torch.nn.Conv3d(1, 1, 1)
+    loader = loader or DataLoader(ds, batch_size=2, shuffle=False, collate_fn=list_data_collate)
+    trainer = SupervisedTrainer(device="cpu", max_epochs=max_epochs, train_data_loader=loader, network=net,
+                                optimizer=torch.optim.SGD(net.parameters(), 0.0),
+                                loss_function=lambda p, y: (p - y.float()).abs().mean())
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: seen.append([]))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen[-1].extend(_ids(e.state.batch)))
+    return trainer
+
+
+def _ids(batch):
+    """The ids in a batch (MONAI's trainer decollates it into a list of items after the step)."""
+    return [int(d["id"]) for d in batch] if isinstance(batch, list) else [int(i) for i in batch["id"]]
+
+
+def _seen_by_monais_own_handler(make_ds, epochs=5, **loader_kwargs):
+    seen = []
+    ds = make_ds()
+    trainer = _trainer(ds, seen, epochs, DataLoader(ds, batch_size=2, collate_fn=list_data_collate, **loader_kwargs))
+    SmartCacheHandler(ds).attach(trainer)
+    trainer.run()
+    return seen
+
+
+@pytest.mark.parametrize("cls, mode", [(SmartCacheDataset, "adopted"), (CountedUpdates, "monai")])
+def test_one_attach_line_rotates_monais_smartcache_as_monais_own_handler_does(cls, mode, caplog):
+    made = []
+    counted = lambda x: made.append(x) or x  # noqa: E731
+    ds = _ds(cls, counted, shuffle=True, seed=3)  # shuffled with a seed: the adoption keeps that order
+    made.clear()
+    seen = []
+    trainer = _trainer(ds, seen)
+    CountedUpdates.calls = 0
+    with caplog.at_level(logging.INFO, logger="monai_fast"):
+        updater = SmartCacheUpdater(timeout_s=30)
+        updater.attach(trainer)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SmartCacheUpdater:")]
+    assert updater.mode == mode and len(lines) == 1
+    if mode == "adopted":
+        assert "adopted into a SafeSmartCacheDataset" in lines[0] and made == []  # the cached window handed over
+        assert isinstance(trainer.data_loader, SafeThreadDataLoader) and trainer.data_loader.batch_size == 2
+        assert isinstance(updater.dataset, SafeSmartCacheDataset) and updater.dataset.data == ds.data
+        assert trainer.data_loader.collate_fn is list_data_collate
+    else:
+        assert "drives MONAI's own rotation" in lines[0] and "CountedUpdates.update_cache" in lines[0]
+        assert trainer.data_loader.dataset is ds and updater.reason.startswith("the data set's class CountedUpdates")
+    trainer.run()
+    assert not updater.dataset.is_started()  # shut down at COMPLETED
+    assert CountedUpdates.calls == (5 if mode == "monai" else 0)  # the user's override ran, once per epoch
+    assert seen == _seen_by_monais_own_handler(lambda: _ds(cls, shuffle=True, seed=3))
+
+
+def _failing_nifti_files(tiny_files, tmp_path):
+    train, val = tiny_files
+    files = [{**d, "id": i} for i, d in enumerate((train + val)[:5], start=1)]
+    bad = tmp_path / "spleen_truncated.nii.gz"
+    bad.write_bytes(Path(files[4]["image"]).read_bytes()[:200])  # a truncated copy of a real file
+    files[4]["image"] = str(bad)
+    return files
+
+
+def _nifti_chain():
+    keys = ["image", "label"]
+    return Compose([LoadImaged(keys=keys), EnsureChannelFirstd(keys=keys), Resized(keys=keys, spatial_size=(4, 4, 4))])
+
+
+@pytest.mark.parametrize("cls, mode", [(SmartCacheDataset, "adopted"), (CountedUpdates, "monai")])
+def test_a_truncated_nifti_replacement_raises_naming_the_file_instead_of_hanging(cls, mode, tiny_files, tmp_path):
+    # MONAI's own thread dies on the truncated file and update_cache() polls forever; here the epoch's end raises
+    files = _failing_nifti_files(tiny_files, tmp_path)
+    ds = cls(files, _nifti_chain(), replace_rate=0.25, cache_num=4, shuffle=False, progress=False)
+    seen = []
+    trainer = _trainer(ds, seen, max_epochs=3)
+    updater = SmartCacheUpdater(timeout_s=60)
+    updater.attach(trainer)
+    assert updater.mode == mode
+    start = time.monotonic()
+    with pytest.raises(DataItemError, match=r"SmartCache replacement of item 4 \(image=.*spleen_truncated\.nii\.gz"):
+        trainer.run()
+    assert time.monotonic() - start < 30 and len(seen) == 1  # the first epoch's end, not a hang
+    assert not updater.dataset.is_started()
+
+
+def test_a_stuck_replacement_in_monais_rotation_times_out_and_the_run_end_does_not_wait():
+    release = threading.Event()
+
+    def stuck(i):
+        if i == 5:
+            release.wait(60)  # a transform on a dead network mount
+        return i
+
+    ds = _ds(CountedUpdates, stuck)
+    updater = SmartCacheUpdater(timeout_s=1.0)
+    trainer = _trainer(ds, [], max_epochs=2)
+    updater.attach(trainer)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"SmartCacheDataset.update_cache took longer than 1 s"):
+        trainer.run()
+    assert updater.mode == "monai" and time.monotonic() - start < 10
+    release.set()
+
+
+MODES = {"adopted": SmartCacheDataset, "monai": CountedUpdates}
+
+
+@pytest.mark.parametrize("saved_in, resumed_in", [("adopted", "adopted"), ("monai", "monai"), ("monai", "adopted"),
+                                                  ("adopted", "monai")])
+def test_a_checkpoint_resumes_the_same_rotation_in_either_mode(saved_in, resumed_in, tmp_path):
+    seen = []
+    trainer = _trainer(_ds(MODES[saved_in]), seen, max_epochs=2)
+    updater = SmartCacheUpdater()
+    updater.attach(trainer)  # before the Checkpoint, so an epoch-end save sees the rotated position
+    trainer.add_event_handler(Events.EPOCH_COMPLETED,
+                              Checkpoint({"trainer": trainer, "smartcache": updater}, DiskSaver(tmp_path), n_saved=1))
+    trainer.run()
+    (path,) = tmp_path.glob("*.pt")
+
+    rest = []
+    trainer2 = _trainer(_ds(MODES[resumed_in]), rest, max_epochs=5)
+    updater2 = SmartCacheUpdater()
+    updater2.attach(trainer2)
+    Checkpoint.load_objects({"trainer": trainer2, "smartcache": updater2}, torch.load(path, weights_only=False))
+    trainer2.state.max_epochs = 5  # the checkpoint holds the first run's 2
+    trainer2.run()
+    assert (updater.mode, updater2.mode) == (saved_in, resumed_in)
+    assert seen + rest == GUIDE
+    assert updater2.state_dict() == {"start_pos": 0, "updates": 5, "total": 5}
+
+
+@pytest.mark.parametrize("mode", ["adopted", "monai"])
+def test_a_second_run_continues_the_rotation_after_the_shutdown_at_completed(mode):
+    # MONAI's shutdown() resets its position but not its cache; the second run must still continue the rotation
+    seen = []
+    trainer = _trainer(_ds(MODES[mode]), seen, max_epochs=2)
+    updater = SmartCacheUpdater()
+    updater.attach(trainer)
+    trainer.run()
+    assert not updater.dataset.is_started()
+    trainer.state.max_epochs = 5
+    trainer.run()
+    assert seen == GUIDE and updater.state_dict()["updates"] == 5
+
+
+def test_fast_training_keeps_the_users_smartcache_and_attaches_the_updater():
+    ds = _ds(shuffle=True, seed=1)
+    trainer = _trainer(ds, [], max_epochs=2)
+    fast = FastTraining(precision=False, memory_format=False, prefetch=False)
+    fast.attach(trainer)
+    row = fast.applied["data"]
+    assert row["applied"] and row["setting"] == "smartcache" and "no second cache" in row["reason"]
+    adopted = trainer.data_loader.dataset
+    assert isinstance(adopted, SafeSmartCacheDataset) and adopted.data == ds.data and adopted.cache_num == 4
+    assert handlers_on(trainer)[SmartCacheUpdater].mode == "safe"
+    trainer.run()
+    assert adopted.updates == 2
+
+
+def test_fast_training_drives_a_subclass_with_its_own_rotation():
+    ds = _ds(CountedUpdates)
+    seen = []
+    trainer = _trainer(ds, seen, max_epochs=3)
+    fast = FastTraining(precision=False, memory_format=False, prefetch=False)
+    fast.attach(trainer)
+    assert trainer.data_loader.dataset is ds and "its rotation stays MONAI's" in fast.applied["data"]["reason"]
+    assert handlers_on(trainer)[SmartCacheUpdater].mode == "monai"
+    trainer.run()
+    assert seen == GUIDE[:3]
+
+
+def test_recipe_cache_smartcache_goes_through_the_same_adoption(tiny_files):
+    # a monai-fast recipe is a plain MONAI trainer + FastTraining: cache="smartcache" builds the safe rotation
+    trainer = _trainer(_ds(), [], max_epochs=1, loader=DataLoader(
+        __import__("monai.data", fromlist=["Dataset"]).Dataset([{**d, "label": 0} for d in ITEMS], _tensors()),
+        batch_size=2, collate_fn=list_data_collate))
+    fast = FastTraining(cache="smartcache", precision=False, memory_format=False, prefetch=False)
+    fast.attach(trainer)
+    assert isinstance(trainer.data_loader.dataset, SafeSmartCacheDataset)
+    assert handlers_on(trainer)[SmartCacheUpdater].mode == "safe"
+
+
+# ---- two gloo ranks ---------------------------------------------------------------------------------
+
+def _ddp_main(local_rank, out_dir):
+    rank = idist.get_rank()
+    results = {}
+    for mode in ("adopted", "monai"):
+        failing = {"on": False}
+
+        def fn(i):
+            if failing["on"] and rank == 1:
+                raise ValueError(f"rank 1 cannot read item {i}")
+            return i
+
+        items = [{**d, "id": d["id"] + 100 * k} for k in range(2) for d in ITEMS]  # 10 items
+        ds = _ds(MODES[mode], fn, items=items)
+        seen = []
+        loader = DataLoader(ds, batch_size=1, sampler=DistributedSampler(ds, shuffle=False), collate_fn=list_data_collate)
+        trainer = _trainer(ds, seen, max_epochs=3, loader=loader)
+        updater = SmartCacheUpdater(timeout_s=30)
+        updater.attach(trainer)
+        failing["on"] = True  # the window is cached (per rank when adopted); the first replacement fails on rank 1
+        try:
+            trainer.run()
+            msg = "no error"
+        except RuntimeError as e:
+            msg = f"{type(e).__name__}: {e}"
+        results[mode] = {"mode": updater.mode, "error": msg, "cached": len(updater.dataset), "seen": seen,
+                         "window": sorted(int(updater.dataset[i]["id"]) for i in range(len(updater.dataset)))}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def test_two_gloo_ranks_fail_together_in_both_modes_and_adoption_partitions_the_items(tmp_path):
+    with idist.Parallel(backend="gloo", nproc_per_node=2, start_method="fork") as parallel:
+        parallel.run(_ddp_main, str(tmp_path))
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    for mode in ("adopted", "monai"):
+        assert r0[mode]["mode"] == r1[mode]["mode"] == mode
+        assert r1[mode]["error"].startswith("DataItemError: SmartCache replacement of item") and "rank 1 cannot read" in r1[mode]["error"]
+        assert "failed on another rank" in r0[mode]["error"]
+        assert len(r0[mode]["seen"]) == len(r1[mode]["seen"]) == 1  # both stopped at the first epoch's end
+    # adopted: each rank rotates its own partition, caching half of the 4-item window
+    assert r0["adopted"]["cached"] == r1["adopted"]["cached"] == 2
+    assert not set(r0["adopted"]["window"]) & set(r1["adopted"]["window"])
+    assert r0["monai"]["cached"] == 4  # MONAI's: the whole window on every rank, the sampler splits it
+
+
+# ---- a real notebook kernel --------------------------------------------------------------------------
+
+def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path):
+    nbformat = pytest.importorskip("nbformat", reason="notebook tests need the dev extra")
+    nbclient = pytest.importorskip("nbclient", reason="notebook tests need the dev extra")
+    pytest.importorskip("ipykernel", reason="notebook tests need the dev extra")
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+
+    setup = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "from test_smartcache_monai import _ds, _trainer, _seen_by_monais_own_handler\n"
+        "from monai_fast.handlers import SmartCacheUpdater\n"
+        "ds = _ds(shuffle=True, seed=5)\n"
+        "seen = []\n"
+        "trainer = _trainer(ds, seen, max_epochs=4)"
+    )
+    attach = "updater = SmartCacheUpdater(timeout_s=60)\nupdater.attach(trainer)\nprint(updater.mode)"
+    check = (
+        "trainer.run()\n"
+        "assert seen == _seen_by_monais_own_handler(lambda: _ds(shuffle=True, seed=5), epochs=4), seen\n"
+        "assert updater.dataset.updates == 4 and not updater.dataset.is_started()\n"
+        "print('rotated', updater.dataset.updates)"
+    )
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (setup, attach, check)])
+    spec = tmp_path / "kernels" / "monai-fast-smartcache"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "k", "language": "python"}))
+    km = AsyncKernelManager(kernel_name=spec.name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
+    client = nbclient.NotebookClient(nb, km=km, timeout=300, startup_timeout=180,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    modes = []
+    with client.setup_kernel(env=env, cleanup_kc=True):
+        client.execute_cell(nb.cells[0], 0)
+        for _ in range(2):  # the attach cell, run twice as a user re-running it
+            client.execute_cell(nb.cells[1], 1)
+            modes.append(nb.cells[1].outputs[-1]["text"].strip())
+        client.execute_cell(nb.cells[2], 2)
+    assert modes == ["adopted", "safe"]  # the second attach finds the adopted rotation and replaces the first updater
+    assert "rotated 4" in nb.cells[2].outputs[-1]["text"]
