@@ -1,0 +1,94 @@
+"""Ground floor: optional dependencies, each named with the extra that installs it.
+
+The core install is torch, MONAI, PyTorch-Ignite, NumPy, nibabel, psutil and tqdm: enough for
+``FastTraining`` and the handlers. Everything else is an extra, imported where it is used:
+
+=============  ==============================================  ===========================
+extra          packages                                        used by
+=============  ==============================================  ===========================
+``s3``         s3fs (fsspec comes with torch)                  data lists on S3
+``wsi``        tifffile                                        whole-slide images
+``onnx``       onnx, onnxruntime, onnxscript                   ``infer --backend onnx``
+``plots``      matplotlib, tensorboard                         PNGs, TensorBoard events
+``notebooks``  nbclient, nbformat, ipykernel                   running the notebooks
+``nvidia``     nvtx, nvidia-ml-py                              NVTX ranges, NVML sampling
+``all``        every extra above
+``dev``        ``all`` and the test and docs tools
+=============  ==============================================  ===========================
+
+:func:`require` imports a module or raises :class:`MissingExtraError` with the one line that
+installs it, so a missing extra is never a bare ``ImportError`` deep in a run.
+
+This module imports nothing else of monai-fast.
+
+Example:
+    >>> from monai_fast.extras import require
+    >>> json = require("json", extra="plots", feature="a demo")  # installed: returned as imported
+    >>> json.dumps([1])
+    '[1]'
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+__all__ = ["EXTRAS", "MissingExtraError", "available", "require"]
+
+#: extra -> the distributions it installs (``setup.cfg`` lists the same, with versions)
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "s3": ("s3fs",),
+    "wsi": ("tifffile",),
+    "onnx": ("onnx", "onnxruntime", "onnxscript"),
+    "plots": ("matplotlib", "tensorboard"),
+    "notebooks": ("nbclient", "nbformat", "ipykernel"),
+    "nvidia": ("nvtx", "nvidia-ml-py"),
+}
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency is not installed; the message names the extra that installs it."""
+
+    def __init__(self, module: str, extra: str, feature: str) -> None:
+        self.module = module
+        self.extra = extra
+        self.feature = feature
+        super().__init__(f"{feature} needs {module}, which is not installed: pip install \"monai-fast[{extra}]\"",
+                         name=module)
+
+
+def available(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken one
+        return False
+
+
+def require(module: str, extra: str, feature: str) -> ModuleType:
+    """Import ``module``, or raise :class:`MissingExtraError` naming ``extra``.
+
+    Args:
+        module: the module to import (``"s3fs"``, ``"matplotlib.pyplot"``).
+        extra: the extra that installs it (a key of :data:`EXTRAS`).
+        feature: what needs it, for the message (``"reading s3://bucket/Task"``).
+
+    Returns:
+        The imported module.
+    """
+    if extra not in EXTRAS:
+        raise ValueError(f"unknown extra {extra!r}; one of {sorted(EXTRAS)}")
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        top = module.split(".")[0]
+        if err.name is not None and err.name.split(".")[0] not in (top, *_distribution_modules(extra)):
+            raise  # a dependency of the optional package itself is broken: not ours to rename
+        raise MissingExtraError(module, extra, feature) from err
+
+
+def _distribution_modules(extra: str) -> tuple[str, ...]:
+    """Top-level module names of an extra's distributions (``nvidia-ml-py`` -> ``pynvml``)."""
+    renames = {"nvidia-ml-py": "pynvml"}
+    return tuple(renames.get(d, d.replace("-", "_")) for d in EXTRAS[extra])
