@@ -10,13 +10,14 @@ from typing import Any
 import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
+from monai.data import CacheDataset, PersistentDataset
 
 from monai_fast.distributed.env import placement
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.window_tune import sliding_window_of
 from monai_fast.telemetry.record import Category, EngineRecord, Kind, RunRecord, Source
 
-__all__ = ["RecordHandler", "describe_engine", "record_of"]
+__all__ = ["RecordHandler", "cached_dataset", "describe_engine", "record_of"]
 
 
 def record_of(engine: Engine) -> EngineRecord | None:
@@ -30,11 +31,20 @@ _CONV_DIMS = (
 )
 
 
-def describe_engine(engine: Engine) -> dict[str, Any]:
-    """What an engine runs, for the record: network class and spatial dimensions, inferer, sliding window, amp.
+def cached_dataset(engine: Engine) -> str | None:
+    """The class name of the data set ``engine`` runs on when it is a cache (MONAI's ``CacheDataset``,
+    ``PersistentDataset`` and their subclasses), else ``None``."""
+    loader = getattr(engine.state, "dataloader", None) or getattr(engine, "data_loader", None)
+    dataset = getattr(loader, "dataset", None)
+    return type(dataset).__name__ if isinstance(dataset, (CacheDataset, PersistentDataset)) else None
 
-    Reads the public attributes of MONAI workflows (``network``, ``inferer``, ``amp``); a plain
-    ignite ``Engine`` has none of them and gets ``None`` for each.
+
+def describe_engine(engine: Engine) -> dict[str, Any]:
+    """What an engine runs, for the record: network class and spatial dimensions, inferer, sliding window, amp,
+    and whether its data set is a cache.
+
+    Reads the public attributes of MONAI workflows (``network``, ``inferer``, ``amp``) and ignite's
+    ``state.dataloader``; a plain ignite ``Engine`` has no network or inferer and gets ``None`` for them.
 
     Example:
         >>> from monai.networks.nets import UNet
@@ -59,6 +69,7 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
         "sliding_window": None if inferer is None else window is not None,
         "sw_batch_size": getattr(window, "sw_batch_size", None),
         "amp": getattr(engine, "amp", None),
+        "data_cached": cached_dataset(engine) is not None,
     }
 
 

@@ -10,7 +10,7 @@ from typing import Literal
 from ignite.engine import Engine, Events
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.record import record_of
+from monai_fast.handlers.record import cached_dataset, record_of
 from monai_fast.telemetry import cuda_available, synchronize
 from monai_fast.telemetry.record import Kind, Source, data_share
 
@@ -46,7 +46,12 @@ class TimeBreakdown(EngineHandler):
 
     Per-epoch totals are appended to ``engine.state.time_breakdown`` (a list of
     :class:`EpochTimes`) and to :attr:`epochs`; a warning is logged when an epoch's data share
-    exceeds ``warn_threshold``. With a run record on the engine (:class:`RecordHandler`), each
+    exceeds ``warn_threshold``, with the fix that applies: caching the deterministic transforms,
+    or, when the data is cached already (``FastTraining``'s data lever in the run record, or a
+    MONAI ``CacheDataset`` / ``PersistentDataset`` under the engine's loader), moving the random
+    transforms to the device and loading with more threads. ``engine.state.time_breakdown`` holds
+    the epochs of the engine's current run (a second ``engine.run()`` starts a new list);
+    :attr:`epochs` keeps every epoch this handler timed. With a run record on the engine (:class:`RecordHandler`), each
     iteration and epoch is also a row of the record (source ``time_breakdown``), from which the
     doctor computes the run's totals. One instance times one engine: give the evaluator its own.
 
@@ -94,8 +99,8 @@ class TimeBreakdown(EngineHandler):
             self.logger.warning("TimeBreakdown: cuda_sync=True but CUDA is not available; timing without sync")
         elif self.cuda_sync is True or (self.cuda_sync == "auto" and device is not None and str(device).startswith("cuda")):
             self._sync_device = device if device is not None else "cuda"
-        if not hasattr(engine.state, "time_breakdown"):
-            engine.state.time_breakdown = []
+        engine.state.time_breakdown = []
+        self.on(engine, Events.STARTED, self._run_started)
         self.on(engine, Events.EPOCH_STARTED, self._epoch_started)
         self.on(engine, Events.GET_BATCH_STARTED, self._batch_started)
         self.on(engine, Events.GET_BATCH_COMPLETED, self._batch_completed)
@@ -106,6 +111,19 @@ class TimeBreakdown(EngineHandler):
         if self._sync_device is not None:
             synchronize(self._sync_device)
         return time.perf_counter()
+
+    def _run_started(self, engine: Engine) -> None:
+        # each run's own epochs: a run started again (a notebook cell, more epochs) does not count the last one's
+        engine.state.time_breakdown = []
+
+    def _cache_on(self, engine: Engine) -> str | None:
+        """Where the engine's data is cached already (``None``: not cached, as far as the run shows)."""
+        record = record_of(engine)
+        lever = record.lever(Source.FAST_TRAINING, "data") if record is not None else None
+        if lever is not None and lever.get("applied"):
+            return f"FastTraining cached them ({lever.get('setting')})"
+        name = cached_dataset(engine)
+        return f"the loader reads a {name}" if name is not None else None
 
     def _epoch_started(self, engine: Engine) -> None:
         self._data_s = self._compute_s = 0.0
@@ -140,11 +158,15 @@ class TimeBreakdown(EngineHandler):
         if record is not None:
             record.add(Kind.EPOCH, Source.TIME_BREAKDOWN, **times.as_dict())
         if times.data_share > self.warn_threshold:
+            cached = self._cache_on(engine)
+            fix = ("cache deterministic transforms (CacheDataset / GPU cache) or use ThreadDataLoader" if cached is None
+                   else f"the deterministic transforms are cached ({cached}): run the random transforms on the device "
+                        "(ToDeviced before them), load with more threads, or precompute crop indices (FgBgToIndicesd)")
             self.logger.warning(
-                "epoch %d: %.0f%% of iteration time is spent waiting for data (%.2f s of %.2f s); "
-                "cache deterministic transforms (CacheDataset / GPU cache) or use ThreadDataLoader",
+                "epoch %d: %.0f%% of iteration time is spent waiting for data (%.2f s of %.2f s); %s",
                 times.epoch,
                 100 * times.data_share,
                 times.data_s,
                 times.data_s + times.compute_s,
+                fix,
             )

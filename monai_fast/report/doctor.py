@@ -21,7 +21,15 @@ Beyond the iterations, the doctor accounts for the run's whole wall clock
 (:mod:`monai_fast.report.wall_clock`): set-up, cache filling, compute, data wait, validation,
 checkpoints, handlers and idle, with shares summing to 100 % and overlapped work listed apart.
 The report shows the table and ``wall_clock.png``; a category that takes much of the wall clock
-(validation >= 30 %, ...) adds its fix, unless ``FastTraining`` already applied it. The diagnosis
+(validation >= 30 %, ...) adds its fix, unless ``FastTraining`` already applied it.
+
+The doctor advises only what applies to the run (:mod:`monai_fast.report.applied`): no mixed
+precision for a run that trained in bf16 or fp16 however it was set, no ``channels_last_3d`` for a
+2-D network, no sliding-window settings for a validation without a sliding window; what is on
+already is said once. It reads exactly the run's record files (``record.rank<N>.jsonl``; a stray
+copy is named in the evidence, never read), lists the record's segments (a notebook run again, a
+restarted job) and names every rank whose record stops before the run's end. Every line of the
+report is a whole sentence (:func:`~monai_fast.report.applied.sentence`). The diagnosis
 is also written as ``doctor.json``. A run that validated gets an inference section: validation's
 seconds and share of the wall clock, and where faster inference backends are measured and run.
 
@@ -39,10 +47,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from monai_fast.files import write_json, write_text
+from monai_fast.report.applied import InEffect, applied_levers, in_effect, sentence
 from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock
-from monai_fast.report.ranks import node_evidence, rank_evidence, rank_times
+from monai_fast.report.ranks import node_evidence, rank_evidence, rank_times, segment_evidence, stopped_early
 from monai_fast.report.wall_clock import LABELS, WallClock, table_lines, wall_clock, wall_clock_advice
-from monai_fast.telemetry.record import Kind, Source, data_share, load_record, select
+from monai_fast.telemetry.record import Kind, Source, data_share, load_record, record_files, select
 
 __all__ = ["FIXES", "Diagnosis", "applied_levers", "diagnose", "doctor", "write_report"]
 
@@ -67,7 +76,8 @@ FIXES: dict[str, list[tuple[str | None, str]]] = {
         ("precision", "mixed precision: FastTraining(precision='auto') (bf16 where supported, else fp16 + GradScaler)"),
         ("memory_format", "channels_last_3d weights where they measure faster: FastTraining(memory_format='auto')"),
         (None, "more devices: data-parallel training over several GPUs (monai_fast.distributed.run, monai-fast launch)"),
-        (None, "validate less often or with a larger sliding-window batch (ValidationHandler's interval, sw_batch_size)"),
+        (None, "validate less often (ValidationHandler's interval)"),
+        (None, "validate with a larger sliding-window batch (SlidingWindowInferer's sw_batch_size)"),
     ],
     "balanced": [
         (None, "no single bottleneck stands out; profile a window with KernelProfiler to find the costliest ops"),
@@ -75,26 +85,35 @@ FIXES: dict[str, list[tuple[str | None, str]]] = {
 }
 
 
-def applied_levers(rows: list[dict]) -> dict[str, dict]:
-    """What ``FastTraining`` applied in this run (its ``fast_training`` rows), by lever; rank 0's view."""
-    out: dict[str, dict] = {}
-    for r in select(rows, Kind.EVENT, Source.FAST_TRAINING):
-        if r.get("rank", 0) == 0 or r["lever"] not in out:
-            out[r["lever"]] = r
-    return out
+def _applies(lever: str | None, text: str, run: InEffect) -> bool:
+    """Whether a fix fits the run: ``channels_last_3d`` needs a 3-D network, sliding-window settings a
+    sliding-window validation (unknown counts as fitting)."""
+    if lever == "memory_format" and run.spatial_dims is not None and run.spatial_dims != 3:
+        return False
+    return not (("sliding-window" in text or "sw_batch_size" in text) and run.sliding_window is False)
 
 
-def _fixes(verdict: str, applied: dict[str, dict]) -> list[str]:
-    """The verdict's fixes, without those ``FastTraining`` already applied (said once instead)."""
-    fixes, already = [], []
+def _fixes(verdict: str, applied: dict[str, dict], run: InEffect | None = None) -> list[str]:
+    """The verdict's fixes that fit the run, without those it has on already (said once instead): what
+    ``FastTraining`` applied, and the precision the run trained in however it was set."""
+    run = run or InEffect(None, None, None, None, None)
+    fixes, already, on_in_run = [], [], []
     for lever, text in FIXES[verdict]:
-        on = applied.get(lever)
+        if not _applies(lever, text, run):
+            continue
+        on = applied.get(lever) if lever is not None else None
         if on is not None and on.get("applied"):
             already.append(f"{lever} ({on.get('setting')})")
+        elif lever == "precision" and run.precision is not None:
+            on_in_run.append(f"precision ({run.precision}, set by {run.precision_by})")
+        elif lever == "data" and run.data_cached and "cache" in text:
+            on_in_run.append("data (the training data set is a cache)")
         else:
             fixes.append(text)
     if already:
         fixes.append("already applied by FastTraining: " + ", ".join(dict.fromkeys(already)))
+    if on_in_run:
+        fixes.append("already on in this run: " + ", ".join(dict.fromkeys(on_in_run)))
     return fixes
 
 
@@ -112,13 +131,14 @@ class Diagnosis:
         return asdict(self)
 
     def text(self) -> str:
+        """The diagnosis as plain text; every evidence, fix and paragraph line is a whole sentence."""
         lines = [f"verdict: {self.verdict}", "evidence:"]
-        lines += [f"  - {e}" for e in self.evidence]
-        lines += ["what to change:"] + [f"  - {f}" for f in self.fixes]
+        lines += [f"  - {sentence(e)}" for e in self.evidence]
+        lines += ["what to change:"] + [f"  - {sentence(f)}" for f in self.fixes]
         if wc := self.numbers.get("wall_clock"):
             lines += ["where the wall clock went:"] + [f"  {x}" for x in table_lines(wc, markdown=False)]
         if inference := self.numbers.get("inference"):
-            lines += ["inference:", f"  {inference['text']}"]
+            lines += ["inference:", f"  {sentence(inference['text'])}"]
         return "\n".join(lines)
 
 
@@ -152,6 +172,7 @@ def diagnose(
         numbers["data_share_after_first_epoch"] = data_share(sum(r["data_s"] for r in later), sum(r["compute_s"] for r in later))
         evidence.append(f"after the first epoch: {100 * numbers['data_share_after_first_epoch']:.1f}%")
     evidence += rank_evidence(ranks, numbers) + node_evidence(rows, numbers)
+    evidence += segment_evidence(rows, numbers) + stopped_early(rows, numbers)
 
     gpu = select(rows, Kind.INTERVAL, Source.GPU)
     util_mean = mem_peak = None
@@ -183,15 +204,19 @@ def diagnose(
     applied = applied_levers(rows)
     if applied:
         numbers["fast_training"] = {k: {"applied": v.get("applied"), "setting": v.get("setting")} for k, v in applied.items()}
-    fixes = _fixes(verdict, applied)
+    run = in_effect(rows)
+    numbers["in_effect"] = asdict(run)
+    fixes = _fixes(verdict, applied, run)
     if verdict == "compute-bound" and util_mean is None:
         fixes.insert(0, "this ran on the CPU: a CUDA GPU is the largest single step")
-    _add_wall_clock(rows, applied, numbers, evidence, fixes)
+    _add_wall_clock(rows, applied, run, numbers, evidence, fixes)
     numbers["thresholds"] = {"data_threshold": data_threshold, "data_low": data_low, "util_low": util_low, "mem_low": mem_low}
     return Diagnosis(verdict, evidence, fixes, numbers)
 
 
-def _add_wall_clock(rows: list[dict], applied: dict[str, dict], numbers: dict, evidence: list[str], fixes: list[str]) -> None:
+def _add_wall_clock(
+    rows: list[dict], applied: dict[str, dict], run: InEffect, numbers: dict, evidence: list[str], fixes: list[str],
+) -> None:
     """The wall clock's evidence and fixes; its fixes go first when what they address outweighs the iterations."""
     clocks = wall_clock(rows)
     if not clocks:
@@ -199,26 +224,27 @@ def _add_wall_clock(rows: list[dict], applied: dict[str, dict], numbers: dict, e
         return
     wc = clocks[min(clocks)]
     numbers["wall_clock"] = wc.to_dict()
-    if inference := _inference(wc, rows):
+    if inference := _inference(wc, rows, run):
         numbers["inference"] = inference
     if len(clocks) > 1:
         numbers["wall_clock_per_rank"] = {k: v.to_dict() for k, v in clocks.items()}
-    more, advice = wall_clock_advice(wc, applied)
+    more, advice = wall_clock_advice(wc, applied, run)
     evidence += more
     training = wc.share("compute") + wc.share("data_wait")
     if any(f.startswith(LABELS["validation"]) for _, f in advice):  # said there, in more detail
-        fixes[:] = [f for f in fixes if not f.startswith("validate less often")]
+        fixes[:] = [f for f in fixes if not f.startswith(("validate less often", "validate with a larger"))]
     fixes[:0] = [f for share, f in advice if share > training]
     fixes += [f for share, f in advice if share <= training]
 
 
-def _inference(wc: WallClock, rows: list[dict]) -> dict | None:
+def _inference(wc: WallClock, rows: list[dict], run: InEffect) -> dict | None:
     """The inference section: validation's (sliding-window inference's) time, its split into network and
     sliding window when :class:`~monai_fast.handlers.InferenceSplit` timed it, and where faster inference is measured."""
     sync, beside = wc.seconds.get("validation", 0.0), wc.overlapped.get("validation", 0.0)
     if sync + beside <= 0:
         return None
-    text = (f"validation (sliding-window inference) took {sync:.1f} s, {100 * wc.share('validation'):.1f}% of the wall "
+    what = "validation" if run.sliding_window is False else "validation (sliding-window inference)"
+    text = (f"{what} took {sync:.1f} s, {100 * wc.share('validation'):.1f}% of the wall "
             "clock" + (f", and {beside:.1f} s beside training" if beside else "") + ". ")
     numbers: dict = {"validation_s": sync, "overlapped_s": beside, "share": wc.share("validation")}
     split = select(rows, Kind.EPOCH, Source.INFERENCE)
@@ -235,10 +261,10 @@ def _inference(wc: WallClock, rows: list[dict]) -> dict | None:
         if share["sliding_window_s"] >= 0.3:
             text += ("Stitching outweighs much of the network: fewer, larger window batches (sw_batch_size; "
                      "FastTraining(validation='tune') measures it) and stitching on the network's device help. ")
-    else:
+    elif run.sliding_window is not False:
         text += "Attach monai_fast.handlers.InferenceSplit to the evaluator to split it into network and stitching. "
     text += ("python benchmarks/inference.py times the inference backends (eager, autocast, compile, onnx, tensorrt) "
-             "on this machine, and monai-fast infer --backend NAME runs the trained network with one")
+             "on this machine, and monai-fast infer --backend NAME runs the trained network with the backend you pick.")
     return {**numbers, "text": text}
 
 
@@ -275,15 +301,15 @@ def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[di
     gpu = select(rows, Kind.INTERVAL, Source.GPU)
     plot_breakdown(epochs, run_dir / "time_breakdown.png")
     md = [f"# monai-fast doctor: {run_dir.name}", "", f"**Verdict: {diagnosis.verdict}**", "", "## Evidence", ""]
-    md += [f"- {e}" for e in diagnosis.evidence]
-    md += ["", "## What to change", ""] + [f"- {f}" for f in diagnosis.fixes]
+    md += [f"- {sentence(e)}" for e in diagnosis.evidence]
+    md += ["", "## What to change", ""] + [f"- {sentence(f)}" for f in diagnosis.fixes]
     if wc := diagnosis.numbers.get("wall_clock"):
         plot_wall_clock(wc, run_dir / "wall_clock.png")
         md += ["", "## Where the wall clock went", "", "![wall clock](wall_clock.png)", ""] + table_lines(wc)
     if inference := diagnosis.numbers.get("inference"):
-        md += ["", "## Inference", "", inference["text"]]
+        md += ["", "## Inference", "", sentence(inference["text"])]
     if lines := _summary_lines(summary or {}):
-        md += ["", "## What the handlers measured", ""] + [f"- {x}" for x in lines]
+        md += ["", "## What the handlers measured", ""] + [f"- {sentence(x)}" for x in lines]
     md += ["", "## Time per epoch", "", "![time breakdown](time_breakdown.png)", ""]
     md += ["| run | epoch | rank | iterations | data wait s | compute s | data share |", "|---|---|---|---|---|---|---|"]
     md += [f"| {r.get('segment', 0)} | {r['epoch']} | {r.get('rank', 0)} | {r['iterations']} | {r['data_s']:.2f} | "
@@ -306,6 +332,10 @@ def doctor(run_dir: str | os.PathLike, **thresholds: float) -> Diagnosis:
     """
     rows, summary = load_record(run_dir)
     diagnosis = diagnose(rows, **thresholds)
+    if strays := record_files(run_dir)[1]:
+        diagnosis.evidence.append("not read, not written by this run (a record file is named exactly "
+                                  "record.rank<N>.jsonl): " + ", ".join(p.name for p in strays))
+        diagnosis.numbers["strays"] = [p.name for p in strays]
     try:
         diagnosis.report = str(write_report(run_dir, diagnosis, rows, summary))
     except OSError as e:

@@ -1,4 +1,5 @@
-"""The doctor's evidence across ranks and nodes: per-rank time split, the straggler, which node each rank ran on.
+"""The doctor's evidence across ranks, nodes and segments: per-rank time split, the straggler, which node each
+rank ran on, the record's segments (runs and restarts) and the ranks whose record stops before the run's end.
 
 Read from the run record's rows (all ranks' files merged by :func:`monai_fast.telemetry.record.load_record`);
 :func:`monai_fast.report.doctor.diagnose` adds these lines to its evidence for jobs of several ranks.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from monai_fast.telemetry.record import Kind, Source, data_share, select
 
-__all__ = ["node_evidence", "rank_evidence", "rank_times"]
+__all__ = ["node_evidence", "rank_evidence", "rank_times", "segment_evidence", "segments", "stopped_early"]
 
 
 def rank_times(epochs: list[dict]) -> dict[int, dict]:
@@ -63,3 +64,96 @@ def node_evidence(rows: list[dict], numbers: dict) -> list[str]:
     listed = "; ".join(f"node {n} on {h}: rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
                        for (n, h), rs in sorted(nodes.items()))
     return [f"{len(where)} ranks on {len(nodes)} node(s) ({where[min(where)].get('launcher', '?')}): {listed}"]
+
+
+def segments(rows: list[dict]) -> dict[int, list[dict]]:
+    """Per rank, its record's segments in order: ``segment``, ``start`` and ``last`` (time of the first and
+    last row), ``pid``, ``host``, ``ended`` (an end row was written; ``None`` for a record without segment rows),
+    and the last ``epoch`` and ``iteration`` the trainer timed in it.
+
+    Example:
+        >>> rows = [{"kind": "event", "source": "record", "what": "segment_started", "segment": 0, "time": 1.0, "pid": 7},
+        ...         {"kind": "iteration", "source": "time_breakdown", "segment": 0, "time": 2.0, "epoch": 1, "iteration": 3}]
+        >>> s = segments(rows)[0][0]
+        >>> s["ended"], s["iteration"], s["pid"]
+        (False, 3, 7)
+    """
+    out: dict[int, dict[int, dict]] = {}
+    for r in rows:
+        rank, seg = int(r.get("rank", 0)), int(r.get("segment", 0))
+        s = out.setdefault(rank, {}).setdefault(seg, {"segment": seg, "start": None, "last": None, "pid": None,
+                                                       "host": None, "ended": None, "epoch": 0, "iteration": 0})
+        t = r.get("end", r.get("time"))
+        if isinstance(t, (int, float)):
+            s["last"] = t if s["last"] is None else max(s["last"], t)
+            first = r.get("start", t)
+            s["start"] = first if s["start"] is None else min(s["start"], first)
+        what = r.get("what") if r.get("kind") == Kind.EVENT.value and r.get("source") == Source.RECORD.value else None
+        if what == "segment_started":
+            s["pid"], s["host"] = r.get("pid"), r.get("host")
+            s["ended"] = bool(s["ended"])
+        elif what == "segment_ended":
+            s["ended"] = True
+        elif r.get("kind") == Kind.ITERATION.value and r.get("source") == Source.TIME_BREAKDOWN.value \
+                and r.get("engine", "train") == "train":
+            s["epoch"] = max(s["epoch"], int(r.get("epoch", 0)))
+            s["iteration"] = max(s["iteration"], int(r.get("iteration", 0)))
+    return {rank: [segs[k] for k in sorted(segs)] for rank, segs in sorted(out.items())}
+
+
+def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:
+    """The doctor's line on the record's segments (none for a record of one segment); adds them to ``numbers``.
+
+    Each segment is a run of the trainer: a notebook cell run again, or a new process (a restart) that
+    continued the record. The line gives each segment's process, how far it trained and whether it
+    ended, and the time from the first segment's start to the last row.
+    """
+    per_rank = segments(rows)
+    if not per_rank:
+        return []
+    rank = min(per_rank)
+    segs = per_rank[rank]
+    if len(segs) < 2:
+        return []
+    numbers["segments"] = segs
+    restarts = sum(1 for a, b in zip(segs, segs[1:]) if b["pid"] is not None and a["pid"] != b["pid"])
+    numbers["restarts"] = restarts
+    parts = []
+    for i, s in enumerate(segs):
+        where = f"pid {s['pid']}" if s["pid"] is not None else "process unknown"
+        if i and s["pid"] is not None and segs[i - 1]["pid"] != s["pid"]:
+            where += ", a restart"
+        end = {True: "ended", False: "stopped without its end row (killed or crashed)", None: "end unknown"}[s["ended"]]
+        parts.append(f"segment {s['segment']} ({where}) to epoch {s['epoch']}, iteration {s['iteration']}, {end}")
+    span = max(s["last"] or 0.0 for s in segs) - min(s["start"] or 0.0 for s in segs)
+    numbers["segments_span_s"] = span
+    return [f"the record holds {len(segs)} segments (runs of the trainer; {restarts} restart(s) in a new process) "
+            f"over {span:.1f} s from the first start to the last row (rank {rank}): " + "; ".join(parts)]
+
+
+def stopped_early(rows: list[dict], numbers: dict) -> list[str]:
+    """The doctor's lines naming every rank whose record stops before the run's end: its last segment has
+    no end row, or it timed fewer iterations than another rank. Adds ``stopped_early`` (ranks) to ``numbers``."""
+    per_rank = segments(rows)
+    if not per_rank:
+        return []
+    last = {rank: segs[-1] for rank, segs in per_rank.items()}
+    reach = {rank: (s["segment"], s["iteration"]) for rank, s in last.items()}
+    furthest = max(reach.values())
+    lines, early = [], []
+    for rank, s in last.items():
+        behind = reach[rank] < furthest
+        if s["ended"] is not False and not behind:
+            continue
+        early.append(rank)
+        why = []
+        if s["ended"] is False:
+            why.append("without an end row (the process was killed or crashed, or is still running)")
+        if behind:
+            ahead = [k for k, v in reach.items() if v == furthest]
+            why.append(f"while rank {ahead[0]} reached segment {furthest[0]}, iteration {furthest[1]}")
+        lines.append(f"rank {rank} stopped early: its record ends at segment {s['segment']}, epoch {s['epoch']}, "
+                     f"iteration {s['iteration']} " + " ".join(why))
+    if early:
+        numbers["stopped_early"] = early
+    return lines

@@ -3,7 +3,9 @@ handlers, idle, with shares that sum to 100 %, and the work that overlapped trai
 
 Read from the run record alone (:mod:`monai_fast.telemetry.spans` says who writes what). The wall
 clock of a run is each ``trainer.run()`` (its ``run`` span), reaching back to the set-up and cache
-spans recorded before it. Every instant of it is given to exactly one category, the most specific
+spans recorded before it, over every segment of the record (a notebook run again, a restarted
+job); a segment whose process was killed before it wrote its ``run`` span counts from its first
+row to its last. Every instant of it is given to exactly one category, the most specific
 one at work on the trainer's thread, in this order: checkpoint, validation, cache filling, data
 wait, compute (``TimeBreakdown``'s iterations), set-up; inside a run, the rest is ``handlers``
 (between iterations: event handlers, metrics, logging, loader start-up), before it ``idle``. So a
@@ -27,7 +29,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from typing import TYPE_CHECKING
+
 from monai_fast.telemetry.record import Category, Kind, Source, select
+
+if TYPE_CHECKING:
+    from monai_fast.report.applied import InEffect
 
 __all__ = ["LABELS", "SHARES", "WallClock", "table_lines", "wall_clock", "wall_clock_advice"]
 
@@ -113,16 +120,31 @@ def _sweep(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
     return {c: seconds[index[c]] for c in SHARES}
 
 
+def _unfinished_frames(mine: list[dict], framed: set[int]) -> list[tuple[float, float]]:
+    """A frame for each segment that began a run (``segment_started``) but has no ``run`` span: its process
+    stopped before the run ended; the frame goes from the segment's start to its last row."""
+    started = {r.get("segment", 0): r["time"] for r in select(mine, Kind.EVENT, Source.RECORD)
+               if r.get("what") == "segment_started"}
+    out = []
+    for seg, start in started.items():
+        if seg in framed:
+            continue
+        last = max((r.get("end", r["time"]) for r in mine if r.get("segment", 0) == seg and "time" in r), default=start)
+        out.append((start, max(start, last)))
+    return out
+
+
 def _one_rank(rows: list[dict], rank: int) -> WallClock | None:
-    frames = select(rows, Kind.SPAN, rank=rank)
-    frames = [r for r in frames if r["category"] == Category.RUN.value]
+    mine = [r for r in rows if r.get("rank", 0) == rank]
+    runs = [r for r in select(mine, Kind.SPAN) if r["category"] == Category.RUN.value]
+    frames = [(r["start"], r["end"]) for r in runs]
+    frames += _unfinished_frames(mine, {r.get("segment", 0) for r in runs})
     if not frames:
         return None
-    engine = frames[0].get("engine", "train")
-    mine = [r for r in rows if r.get("rank", 0) == rank]
+    engine = runs[0].get("engine", "train") if runs else "train"
     critical, overlapped = _intervals(mine, engine)
-    windows = _windows([(r["start"], r["end"]) for r in frames], critical)
-    intervals = critical + [(r["start"], r["end"], "handlers") for r in frames] + [(s, e, "idle") for s, e in windows]
+    windows = _windows(frames, critical)
+    intervals = critical + [(s, e, "handlers") for s, e in frames] + [(s, e, "idle") for s, e in windows]
     seconds = _sweep(intervals)
     return WallClock(rank, len(frames), sum(seconds.values()), seconds, {c: _union(v) for c, v in sorted(overlapped.items())})
 
@@ -132,7 +154,7 @@ def wall_clock(rows: list[dict]) -> dict[int, WallClock]:
 
     Rows without a rank count as rank 0.
     """
-    ranks = sorted({int(r.get("rank", 0)) for r in select(rows, Kind.SPAN)})
+    ranks = sorted({int(r.get("rank", 0)) for r in rows if r.get("kind") in (Kind.SPAN.value, Kind.EVENT.value)})
     rows = [r if "rank" in r else {**r, "rank": 0} for r in rows]
     out = {rank: _one_rank(rows, rank) for rank in ranks}
     return {rank: wc for rank, wc in out.items() if wc is not None}
@@ -162,7 +184,8 @@ _ADVICE: tuple[tuple[str, float, tuple[str, str | None] | None, str], ...] = (
     ("validation", 0.3, None, "validate less often: ValidationHandler(interval=N) on your trainer "
                               "(RecipeConfig.val_interval in the recipes)"),
     ("validation", 0.3, None, "cheaper validation at the same accuracy: a larger SlidingWindowInferer sw_batch_size "
-                              "(`monai-fast tune` measures the fastest), or validate a subset while the target is far"),
+                              "(`monai-fast tune` measures the fastest)"),
+    ("validation", 0.3, None, "validate a subset while the target is far"),
     ("validation", 0.3, ("precision", None), "mixed precision for the evaluator too: FastTraining(precision='auto') "
                                              "(set on the trainer and the evaluator)"),
     ("setup", 0.3, ("data", "disk"), "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
@@ -177,13 +200,17 @@ _ADVICE: tuple[tuple[str, float, tuple[str, str | None] | None, str], ...] = (
 )
 
 
-def wall_clock_advice(wc: WallClock, applied: dict[str, dict]) -> tuple[list[str], list[tuple[float, str]]]:
+def wall_clock_advice(
+    wc: WallClock, applied: dict[str, dict], run: InEffect | None = None,
+) -> tuple[list[str], list[tuple[float, str]]]:
     """Evidence lines and ``(share, fix)`` pairs from the wall clock, one fix line per category that takes much
-    of it; a fix ``FastTraining`` already applied is left out.
+    of it; a fix ``FastTraining`` already applied, or that does not fit the run, is left out.
 
     Args:
         wc: the run's wall clock.
-        applied: :func:`monai_fast.report.doctor.applied_levers` of the run.
+        applied: :func:`monai_fast.report.applied.applied_levers` of the run.
+        run: what the run had on (:func:`monai_fast.report.applied.in_effect`): no mixed precision
+            advice for a run in reduced precision, no sliding-window advice for a validation without one.
     """
     top = sorted(wc.seconds, key=lambda c: -wc.seconds[c])[:3]
     evidence = [f"wall clock {wc.total_s:.1f} s (rank {wc.rank}): "
@@ -196,6 +223,10 @@ def wall_clock_advice(wc: WallClock, applied: dict[str, dict]) -> tuple[list[str
             continue
         on = applied.get(lever[0]) if lever else None
         if on is not None and on.get("applied") and (lever[1] is None or on.get("setting") == lever[1]):  # type: ignore[index]
+            continue
+        if run is not None and lever and lever[0] == "precision" and run.precision is not None:
+            continue
+        if run is not None and run.sliding_window is False and ("sliding-window" in text or "sw_batch_size" in text):
             continue
         texts.setdefault(category, []).append(text)
     fixes = [(wc.share(c), f"{LABELS[c]} is {100 * wc.share(c):.0f}% of the wall clock: " + "; ".join(t)) for c, t in texts.items()]

@@ -1,0 +1,100 @@
+"""What a run had on, read from its record: the doctor advises only what applies to it.
+
+A fix is worth saying only when the run does not have it already and when it fits the run:
+mixed precision for a run that trained in bf16, ``channels_last_3d`` for a 2-D network or a larger
+sliding-window batch for a validation without a sliding window are not advice. This module reads
+what the run applied from the record's rows:
+
+* ``FastTraining``'s ``fast_training`` rows (each lever, applied or not, with its setting);
+* the precision the trainer ran in: ``AMPToggle``'s ``amp`` epoch rows and MONAI's ``amp`` flag
+  in ``RecordHandler``'s ``engine`` rows;
+* what each engine runs (``RecordHandler``'s ``engine`` rows): the network's spatial dimensions,
+  whether the evaluator's inferer is a sliding window, whether the training data is cached.
+
+Records without ``engine`` rows leave those questions open (``None``): the advice is then given
+as before, for the reader to judge.
+
+Example:
+    >>> rows = [{"kind": "event", "source": "record", "what": "engine", "engine": "train", "spatial_dims": 2},
+    ...         {"kind": "epoch", "source": "amp", "engine": "train", "precision": "bf16", "active": True}]
+    >>> run = in_effect(rows)
+    >>> run.precision, run.spatial_dims, run.sliding_window
+    ('bf16', 2, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from monai_fast.telemetry.record import Kind, Source, select
+
+__all__ = ["InEffect", "applied_levers", "in_effect", "sentence"]
+
+_REDUCED = ("bf16", "fp16", "float16", "bfloat16")
+
+
+def applied_levers(rows: list[dict]) -> dict[str, dict]:
+    """What ``FastTraining`` applied in this run (its ``fast_training`` rows), by lever; rank 0's view."""
+    out: dict[str, dict] = {}
+    for r in select(rows, Kind.EVENT, Source.FAST_TRAINING):
+        if r.get("rank", 0) == 0 or r["lever"] not in out:
+            out[r["lever"]] = r
+    return out
+
+
+@dataclass(frozen=True)
+class InEffect:
+    """What the run had on: ``None`` where the record does not say."""
+
+    precision: str | None  #: the reduced precision the trainer ran in ("bf16", "fp16", "amp"), or None (fp32 or unknown)
+    precision_by: str | None  #: who set it: "FastTraining", "AMPToggle", "MONAI amp=True"
+    spatial_dims: int | None  #: the training network's spatial dimensions (from its convolutions)
+    sliding_window: bool | None  #: whether validation ran a sliding-window inferer (False: no validation ran)
+    data_cached: bool | None  #: whether the training data set is a cache
+
+
+def in_effect(rows: list[dict]) -> InEffect:
+    """Read :class:`InEffect` from a run record's rows (see the module docstring for the sources)."""
+    engines = [r for r in select(rows, Kind.EVENT, Source.RECORD) if r.get("what") == "engine"]
+    train = [r for r in engines if r.get("engine", "train") == "train"]
+    others = [r for r in engines if r.get("engine", "train") != "train"]
+    levers = applied_levers(rows)
+
+    precision = by = None
+    lever = levers.get("precision")
+    if lever is not None and lever.get("applied") and str(lever.get("setting")) in _REDUCED:
+        precision, by = str(lever["setting"]), "FastTraining"
+    if precision is None:
+        amp = [r for r in select(rows, Kind.EPOCH, Source.AMP, engine="train") if r.get("active")]
+        reduced = [r for r in amp if str(r.get("precision")) in _REDUCED]
+        if reduced:
+            precision, by = str(reduced[-1]["precision"]), "AMPToggle"
+    if precision is None and any(r.get("amp") for r in train):
+        precision, by = "amp", "MONAI amp=True"
+
+    dims = next((r["spatial_dims"] for r in reversed(train) if r.get("spatial_dims") is not None), None)
+    windows = [r["sliding_window"] for r in others if r.get("sliding_window") is not None]
+    sliding = any(windows) if windows else (False if train and not others else None)
+    data = levers.get("data")
+    cached: bool | None = None
+    if data is not None:
+        cached = bool(data.get("applied"))
+    if not cached and any(r.get("data_cached") for r in train):
+        cached = True
+    elif cached is None and train and any("data_cached" in r for r in train):
+        cached = False
+    return InEffect(precision, by, dims, sliding, cached)
+
+
+def sentence(text: str) -> str:
+    """``text`` as a whole sentence: with a full stop at its end unless it ends with one (or ``!``, ``?``, ``:``).
+
+    Every line of prose the doctor prints or writes goes through here, so no line of a report
+    stops without its end.
+
+    Example:
+        >>> sentence("raise the batch size"), sentence("done."), sentence("")
+        ('raise the batch size.', 'done.', '')
+    """
+    text = text.rstrip()
+    return text if not text or text[-1] in ".!?:" else text + "."
