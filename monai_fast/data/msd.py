@@ -20,16 +20,20 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import nibabel as nib
 import numpy as np
 
-from monai_fast.data.remote import is_url, localize, read_remote_text
+from monai_fast.data.remote import _localize, is_url
 
 __all__ = ["MSDDataError", "case_id", "load_msd_datalist", "read_dataset_json", "shape_mismatch"]
+
+logger = logging.getLogger("monai_fast.data.msd")
 
 
 class MSDDataError(ValueError):
@@ -45,17 +49,30 @@ def case_id(path: str | os.PathLike) -> str:
     return name
 
 
-def read_dataset_json(root: str | os.PathLike) -> dict:
-    """Read and minimally validate ``root/dataset.json`` (``root`` may be a URL: :mod:`monai_fast.data.remote`).
+def read_dataset_json(root: str | os.PathLike, remote_options: Mapping[str, Any] | None = None) -> dict:
+    """Read and minimally validate ``root/dataset.json``.
+
+    ``root`` may be a URL (:mod:`monai_fast.data.remote`): its ``dataset.json`` is fetched into the
+    local cache like the data files, so a folder fetched once can be read again with the server
+    down (with one warning saying so).
+
+    Args:
+        root: the MSD folder, local or a URL.
+        remote_options: keyword arguments for :func:`monai_fast.data.remote.localize` when ``root``
+            is a URL (``storage_options``, ``read_timeout``, ``retries``, ``cache_dir``...).
 
     Raises:
         FileNotFoundError: if ``root`` or its ``dataset.json`` does not exist.
         MSDDataError: if the file is not JSON or has no non-empty ``training`` list of
             ``{"image", "label"}`` entries.
+        monai_fast.data.remote.RemoteDataError: a URL's ``dataset.json`` cannot be fetched, nor
+            read from the cache.
     """
     if is_url(str(root)):
-        path = f"{str(root).rstrip('/')}/dataset.json"
-        return _check_meta(read_remote_text(path), path)
+        meta, _, offline = _remote_meta(str(root), dict(remote_options or {}))
+        if offline:
+            logger.warning(offline)
+        return meta
     root = Path(root)
     path = root / "dataset.json"
     if not root.is_dir():
@@ -63,6 +80,16 @@ def read_dataset_json(root: str | os.PathLike) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: an MSD data folder needs a dataset.json")
     return _check_meta(path.read_text(), path)
+
+
+def _remote_meta(root: str, options: dict) -> tuple[dict, str, str | None]:
+    """The checked ``dataset.json`` of the folder at URL ``root``, its URL, and the offline note if any."""
+    url = f"{root.rstrip('/')}/dataset.json"
+    try:
+        files, offline = _localize([{"dataset": url}], **{"progress": False, **options})
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{url} not found: an MSD data folder needs a dataset.json") from e
+    return _check_meta(Path(files[0]["dataset"]).read_text(), url), url, offline
 
 
 def _check_meta(text: str, path: str | Path) -> dict:
@@ -85,17 +112,22 @@ def _resolve(root: Path, rel: str) -> Path:
     return p if p.is_absolute() else (root / p).resolve()
 
 
-def _items(root: str | os.PathLike) -> tuple[list[dict[str, str]], str]:
+def _items(root: str | os.PathLike, remote_options: Mapping[str, Any] | None) -> tuple[list[dict[str, str]], str]:
     """The listed training pairs as local paths (fetched first when ``root`` is a URL), and where they are listed."""
-    meta = read_dataset_json(root)
     if not is_url(str(root)):
+        meta = read_dataset_json(root)
         root = Path(root)
         pairs = [{k: str(_resolve(root, d[k])) for k in ("image", "label")} for d in meta["training"]]
         return pairs, str(root / "dataset.json")
+    options = dict(remote_options or {})
+    meta, listing, offline_meta = _remote_meta(str(root), options)
     base = str(root).rstrip("/")
     pairs = [{k: d[k] if is_url(d[k]) else f"{base}/{d[k].removeprefix('./')}" for k in ("image", "label")}
              for d in meta["training"]]
-    return localize(pairs), f"{base}/dataset.json"
+    files, offline = _localize(pairs, **options)
+    if offline or offline_meta:  # one warning for the listing and its files
+        logger.warning(offline or offline_meta)
+    return files, listing
 
 
 def shape_mismatch(image: str, image_shape: tuple[int, ...], label: str, label_shape: tuple[int, ...]) -> str | None:
@@ -125,6 +157,7 @@ def load_msd_datalist(
     seed: int = 0,
     val_cases: Sequence[str] | None = None,
     check_shapes: bool = True,
+    remote_options: Mapping[str, Any] | None = None,
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """Read an MSD folder and split its training cases into train and validation lists.
 
@@ -139,6 +172,10 @@ def load_msd_datalist(
         val_cases: the user's own fold: case names (``"spleen_12"``) or file names of the images
             to validate on; all others train. Unknown names are an error.
         check_shapes: compare each image's spatial shape with its label's (header reads only).
+        remote_options: keyword arguments for :func:`monai_fast.data.remote.localize` when ``root``
+            is a URL: ``storage_options``, ``connect_timeout``, ``read_timeout``, ``retries``,
+            ``cache_dir``, ``workers``, ``progress``. With the server down and every listed file
+            (and ``dataset.json``) in the cache, the cached copies are used with one warning.
 
     Returns:
         ``(train_files, val_files)``: lists of ``{"image": str, "label": str}`` with absolute paths.
@@ -146,10 +183,12 @@ def load_msd_datalist(
     Raises:
         FileNotFoundError: no such folder, no ``dataset.json``, or a listed file is missing
             (the message names every missing file, up to ten).
+        monai_fast.data.remote.RemoteDataError: a URL's files cannot be fetched (each named), or
+            the server cannot be reached and some files have no cached copy (each named).
         MSDDataError: a malformed ``dataset.json``, an unreadable file, an image/label shape
             mismatch, an unknown validation case, or a split leaving one side empty.
     """
-    items, listing = _items(root)
+    items, listing = _items(root, remote_options)
 
     missing = [p for d in items for p in (d["image"], d["label"]) if not Path(p).is_file()]
     if missing:
