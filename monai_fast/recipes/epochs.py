@@ -15,15 +15,18 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ignite.engine import Engine, Events
 from monai.handlers import from_engine
-from torch.utils.tensorboard import SummaryWriter
 
 from monai_fast.files import atomic_write
 from monai_fast.handlers import TimeBreakdown, TimeToTarget
 from monai_fast.recipes import VAL_METRIC
 from monai_fast.telemetry.host import process_tree_cpu_seconds
+
+if TYPE_CHECKING:  # the writer comes from the caller; tensorboard is the [plots] extra
+    from torch.utils.tensorboard import SummaryWriter
 
 __all__ = ["EPOCH_FIELDS", "EpochRecorder", "EpochRow", "write_epochs_csv"]
 

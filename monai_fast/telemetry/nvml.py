@@ -35,10 +35,12 @@ class PynvmlBackend:
     """Reads utilisation, memory, power, temperature and SM clock through nvidia-ml-py."""
 
     def __init__(self) -> None:
+        from monai_fast.extras import MissingExtraError, require
+
         try:
-            import pynvml
-        except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
-            raise NvmlUnavailable(f"nvidia-ml-py is not installed: {e}") from e
+            pynvml = require("pynvml", extra="nvidia", feature="GPU sampling through NVML")
+        except MissingExtraError as e:
+            raise NvmlUnavailable(str(e)) from e
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:

@@ -26,9 +26,9 @@ class PackageNvtx:
     """Ranges through the ``nvtx`` package, in the ``monai-fast`` domain."""
 
     def __init__(self) -> None:
-        import nvtx
+        from monai_fast.extras import require
 
-        self._nvtx = nvtx
+        self._nvtx = require("nvtx", extra="nvidia", feature="NVTX ranges (NVTXHandler, nvtx_range)")
 
     def push(self, message: str, color: str) -> None:
         self._nvtx.push_range(message=message, color=color, domain=DOMAIN)
