@@ -88,6 +88,7 @@ class EpochLengthGuard(EngineHandler):
 
     def _epoch_terminated(self, engine: Engine, iter_counter: int = 0) -> None:  # ignite passes iter_counter
         self._ended_on_purpose = True
+        self._taken = 0  # ignite starts a new pass after a terminated epoch
 
     def _pass_ended(self, engine: Engine) -> None:
         try:
