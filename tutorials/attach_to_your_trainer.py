@@ -43,9 +43,11 @@ from monai.transforms import (
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.data.synthetic import generate_msd
 from monai_fast.handlers import TimeBreakdown, TimeToTarget
+from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup
 
 
 def main() -> None:
+    catch_stop_signals()  # first: a SIGTERM/SIGUSR1 during set-up is reported, not a silent death
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", help="MSD folder with dataset.json; default: write a synthetic spleen-like set")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -105,6 +107,7 @@ def main() -> None:
     stopper = TimeToTarget(args.target, "val_mean_dice", time_budget_s=args.time_budget, start_time=t0)  # monai-fast
     stopper.attach(trainer, evaluator)
 
+    end_of_setup()  # a signal during set-up stops here with a message (a Preemption attached above would take it over)
     trainer.run()
 
     for ep in trainer.state.time_breakdown:

@@ -58,6 +58,7 @@ from monai_fast.data.synthetic import generate_msd
 from monai_fast.distributed import run
 from monai_fast.distributed.model import distribute, rank_share
 from monai_fast.handlers import TimeBreakdown
+from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup
 
 
 class MSDBratsToChannels(MapTransform):
@@ -72,6 +73,7 @@ class MSDBratsToChannels(MapTransform):
 
 
 def train(local_rank: int, args: argparse.Namespace) -> None:
+    catch_stop_signals()  # first: a SIGTERM/SIGUSR1 during set-up is reported, not a silent death
     rank, device = idist.get_rank(), idist.device()
     data_dir = Path(args.data_dir) if args.data_dir else Path(args.out) / "data"
     if not args.data_dir:
@@ -139,6 +141,7 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     TimeBreakdown().attach(trainer)
     if rank == 0:
         StatsHandler(name="val", output_transform=lambda out: None, iteration_log=False).attach(evaluator)
+    end_of_setup()  # a signal during set-up stops here with a message
     trainer.run()
     result = {
         "rank": rank,

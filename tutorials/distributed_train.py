@@ -50,6 +50,7 @@ from monai_fast.data.msd import load_msd_datalist
 from monai_fast.data.synthetic import generate_msd
 from monai_fast.distributed import detect, run
 from monai_fast.handlers import Preemption, RecordHandler, TimeBreakdown
+from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup
 from monai_fast.recipes import RecipeConfig, build_recipe
 
 
@@ -62,6 +63,7 @@ def weights_digest(network: torch.nn.Module) -> str:
 
 
 def train(local_rank: int, args: argparse.Namespace) -> None:
+    catch_stop_signals()  # first: SIGTERM/SIGUSR1 while data are written and cached are kept for the run's start
     rank = idist.get_rank()
     data_dir = Path(args.data_dir) if args.data_dir else Path(args.out) / "data"
     if not args.data_dir:
@@ -90,8 +92,10 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
             {"trainer": recipe.trainer, "model": recipe.network, "optimizer": recipe.optimizer},
             args.checkpoint_dir, save_every=args.save_every,
         )
-        preemption.attach(recipe.trainer)
+        preemption.attach(recipe.trainer)  # takes over a signal caught during set-up: the run stops at its start
         preemption.resume()  # no-op on the first start
+    else:
+        end_of_setup()  # no checkpoint folder: a signal during set-up stops here, with a message (exit 143)
     if args.progress_file and rank == 0:
         progress = Path(args.progress_file)
 

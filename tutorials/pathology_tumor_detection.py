@@ -32,6 +32,7 @@ import torch
 from monai_fast.data.wsi import load_wsi_datalist, synthetic_wsi_dataset
 from monai_fast.data.wsi_reader import BACKENDS, choose_wsi_backend
 from monai_fast.files import write_json
+from monai_fast.handlers.stop_signal import stop_signals_caught
 from monai_fast.recipes.pathology import SIZES, VARIANTS, results_table, run_pathology
 from monai_fast.recipes.pathology_augment import cucim_status
 from monai_fast.telemetry import cuda_available
@@ -66,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     reader = choose_wsi_backend(args.backend, device, quiet=True)
     print(f"GPU levers: cuCIM {'on' if cucim is None else 'off: ' + cucim}; WSI reader {reader.name}")
 
-    root = args.data_dir or synthetic_wsi_dataset(size.slides, size.shape, size.patch_size, tile=size.tile, levels=size.levels)
-    train, val = load_wsi_datalist(root)
+    with stop_signals_caught():  # a SIGTERM/SIGUSR1 while the slides are written or listed stops here, with a message
+        root = args.data_dir or synthetic_wsi_dataset(size.slides, size.shape, size.patch_size, tile=size.tile,
+                                                      levels=size.levels)
+        train, val = load_wsi_datalist(root)
     print(f"{len(train)} training and {len(val)} validation patches from {root}")
     labelled = json.loads((Path(root) / "dataset.json").read_text()).get("monai_fast", {}).get("patch_size")
     config = size.config(max_epochs=args.max_epochs, backend=args.backend, precision=args.precision,

@@ -28,6 +28,7 @@ import torch
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.data.synthetic import generate_msd
 from monai_fast.handlers import GPUSampler, KernelProfiler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown
+from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup
 from monai_fast.recipes import RECIPES, RecipeConfig, build_recipe
 from monai_fast.report.doctor import doctor
 
@@ -44,6 +45,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("ignite").setLevel(logging.WARNING)
 
+    catch_stop_signals()  # from here: a SIGTERM/SIGUSR1 during set-up is reported, not a silent death
     shape, cases = ((48, 48, 32), 5) if args.tiny else ((128, 128, 64), 16)
     root = args.data_dir or generate_msd(tempfile.mkdtemp(prefix="spleen_like_"), num_cases=cases, shape=shape)
     train_files, val_files = load_msd_datalist(root, val_fraction=0.25)
@@ -59,6 +61,7 @@ def main() -> None:
     TimeBreakdown().attach(recipe.trainer)
     ThroughputMonitor().attach(recipe.trainer)
     KernelProfiler(args.run_dir, wait=2, warmup=1, active=3).attach(recipe.trainer)
+    end_of_setup()  # a signal during set-up stops here with a message
     recipe.trainer.run()
 
     print(doctor(args.run_dir).text())

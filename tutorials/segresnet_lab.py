@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from monai_fast.handlers.stop_signal import stop_signals_caught
 from monai_fast.recipes import RECIPES
 from monai_fast.recipes.lab import lab_data, run_lab
 from monai_fast.report.doctor import doctor
@@ -60,7 +61,8 @@ def main() -> None:
     logging.getLogger("ignite").setLevel(logging.WARNING)
     device = torch.device(args.device)
     size = "tiny" if args.tiny else "gpu" if device.type == "cuda" else "cpu"
-    train_files, val_files, config = lab_data(size, args.data_dir, args.max_epochs, progress=not args.no_progress)
+    with stop_signals_caught():  # a SIGTERM/SIGUSR1 while the data are written stops here, with a message
+        train_files, val_files, config = lab_data(size, args.data_dir, args.max_epochs, progress=not args.no_progress)
     run_dir = Path(args.run_dir or f"runs/segresnet-lab-{dt.datetime.now():%Y%m%d-%H%M%S}")
     lab = run_lab(train_files, val_files, config, device, run_dir, recipe=args.recipe, target=args.target,
                   progress=not args.no_progress)

@@ -20,7 +20,8 @@ import torch
 from monai_fast.race import RaceSpec, SyntheticData, TuneOptions
 from monai_fast.race.scale import DemoScale, demo_scale
 
-__all__ = ["FLAGS", "add_data_options", "add_model_options", "add_race_options", "add_tuning_options", "flag_of", "race_spec"]
+__all__ = ["FLAGS", "add_data_options", "add_model_options", "add_race_options", "add_tuning_options",
+           "add_validation_options", "flag_of", "race_spec"]
 
 FLAGS = {
     "synthetic.cases": "--cases",
@@ -56,6 +57,26 @@ def add_data_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-preflight", action="store_true", help="skip the check of every file before training "
                    "(unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; "
                    "cached per file, so only the first run reads them)")
+
+
+def add_validation_options(g: argparse._ActionsContainer) -> None:
+    """``--validation`` and ``--val-interval`` (``demo``, ``bench``, ``train``), their defaults the recipes' own.
+
+    The defaults shown come from :class:`~monai_fast.recipes.RecipeConfig` and the ``fast`` recipe's
+    defaults, so the help says what a run does when neither option is given.
+    """
+    from monai_fast.recipes import RecipeConfig
+    from monai_fast.recipes.fast import DEFAULTS as FAST_DEFAULTS
+
+    cfg = RecipeConfig()
+    g.add_argument("--validation", choices=("every_epoch", "schedule"),
+                   help="when the full validation runs: every --val-interval epochs, or on a schedule: a Dice estimate "
+                        f"on {cfg.val_subset} validation cases after every epoch, the full validation every "
+                        f"{cfg.val_every} epochs while the estimate is far below the target, every epoch once near "
+                        f"it, and at the last epoch (default: the recipe's; fast: {FAST_DEFAULTS['validation']}, "
+                        "the others: every_epoch)")
+    g.add_argument("--val-interval", type=int,
+                   help=f"with --validation every_epoch: validate every N epochs (default {cfg.val_interval})")
 
 
 def add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
@@ -108,10 +129,7 @@ def add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequenc
     g.add_argument("--target", type=float, default=0.9, help="validation mean Dice (no background) to reach, in (0, 1] (default %(default)s)")
     g.add_argument("--time-budget", type=float, default=budget, help="seconds each recipe may run before it is stopped (default %(default)s)")
     g.add_argument("--max-epochs", type=int, default=200, help="epoch limit per recipe (default %(default)s)")
-    g.add_argument("--val-interval", type=int, default=1, help="validate every N epochs (default %(default)s)")
-    g.add_argument("--validation", choices=("every_epoch", "schedule"),
-                   help="when the full validation runs: every --val-interval epochs, or on a schedule decided by a "
-                        "Dice estimate on 2 cases (default: the recipe's; fast: schedule)")
+    add_validation_options(g)
     g.add_argument("--background-fill", action="store_true",
                    help="fast: fill the caches while training runs (first epoch in fill order; runs not reproducible)")
     add_model_options(p, race=True)

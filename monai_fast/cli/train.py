@@ -2,13 +2,21 @@
 
 Outside SageMaker it is an ordinary command (``--data-dir``, ``--output-dir``, ``--model-dir``...).
 Inside a SageMaker training container (:mod:`monai_fast.distributed.sagemaker` reads its variables)
-the defaults come from the job: data from ``SM_CHANNEL_TRAINING``, the model's ``state_dict`` into
+the defaults come from the job: data from its input channel (the only one, the one ``--channel``
+names, else ``training``; synthetic data never stand in for a missing channel there), the model's ``state_dict`` into
 ``SM_MODEL_DIR``, the record, report, results and plots into ``SM_OUTPUT_DATA_DIR``, TensorBoard
 events where SageMaker collects them, the device from ``SM_NUM_GPUS``, and options from the job's
 hyperparameters (``SM_HPS`` or ``hyperparameters.json``; a hyperparameter ``max_epochs`` or
 ``max-epochs`` is the option ``--max-epochs``, values as JSON or as strings). Options given on the
 command line win over hyperparameters. On several hosts (``SM_HOSTS``) each host starts this same
 command under torchrun, meeting at the first host.
+
+A stop signal (``SIGTERM``, ``SIGUSR1``) is caught from the command's first line: one received
+while the data are read or cached stops the run at its start, checkpointed with
+``--checkpoint-dir``, and always with a message and :data:`PREEMPTED_EXIT`. The model folder's free
+space is checked against the network's size before any data is read; after training the model is
+written first, then the other outputs, each on its own, so that a full disk costs only the file
+that did not fit (named, with the space missing) and the command exits 1.
 
 Example:
     >>> import argparse
@@ -29,8 +37,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from monai_fast.cli.args import add_data_options, add_model_options, race_spec
+from monai_fast.cli.args import add_data_options, add_model_options, add_validation_options, race_spec
 from monai_fast.distributed.sagemaker import SageMakerEnv, SageMakerEnvError, read_sagemaker_env, torchrun_command
+from monai_fast.handlers.stop_signal import STOPPED_EXIT, catch_stop_signals, end_of_setup
 from monai_fast.recipes.config import NETWORKS, OPTIMIZERS
 
 __all__ = ["add_train_command", "hyperparameter_values"]
@@ -41,14 +50,17 @@ _TEXT = (
     "Train one recipe (default fast) on an MSD-layout folder (--data-dir; default: synthetic spleen-like data) until "
     "--max-epochs, --target or --time-budget; write the final model (model.pth, a checkpoint monai-fast infer reads; recipe.json to rebuild "
     "it) into --model-dir, and the run record, the doctor's report, results.json, epochs.csv and plots into --output-dir. "
-    "In a SageMaker training job the defaults come from the job (SM_CHANNEL_TRAINING, SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, "
-    "SM_NUM_GPUS, TensorBoard under /opt/ml/output/tensorboard) and its hyperparameters (SM_HPS or "
+    "In a SageMaker training job (any SM_* variable set) the defaults come from the job: the data from its input "
+    "channel (SM_CHANNEL_<NAME>: the only one, the one --channel names, else 'training'; never synthetic data), SM_MODEL_DIR, "
+    "SM_OUTPUT_DATA_DIR, SM_NUM_GPUS, TensorBoard under /opt/ml/output/tensorboard; and its hyperparameters (SM_HPS or "
     "hyperparameters.json) set any option below by name (max_epochs or max-epochs: --max-epochs); the command line "
     "wins. With several hosts (SM_HOSTS) each host runs this command under torchrun, the rendezvous on the first host."
 )
 
 
-PREEMPTED_EXIT = 143  #: exit status of a run stopped by SIGTERM/SIGUSR1 after its checkpoint (128 + SIGTERM)
+PREEMPTED_EXIT = STOPPED_EXIT  #: exit status of a run stopped by SIGTERM/SIGUSR1 (128 + SIGTERM), checkpointed if it can
+OUTPUT_FAILED_EXIT = 1  #: exit status of a run whose model was saved but another output could not be written
+MODEL_MARGIN = 1.1, 1 << 20  #: the model file's size estimate: its tensors' bytes x 1.1 + 1 MiB (archive, recipe.json)
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,8 @@ def _train_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     add_data_options(parser)
     g = parser.add_argument_group("training")
+    g.add_argument("--channel", help="in a SageMaker job: the input channel to train on (its folder is "
+                   "SM_CHANNEL_<NAME>; default: the job's only channel, else 'training')")
     g.add_argument("--recipe", choices=RECIPES, default="fast", help="the recipe to train (default %(default)s)")
     g.add_argument("--network", choices=NETWORKS, default="unet",
                    help="MONAI's UNet or SegResNet (init_filters = the first of --channels) (default %(default)s)")
@@ -78,7 +92,7 @@ def _train_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--target", type=float, default=1.0,
                    help="stop once validation mean Dice reaches this, in (0, 1] (default %(default)s: run every epoch)")
     g.add_argument("--time-budget", type=float, help="stop after this many seconds (default: no limit)")
-    g.add_argument("--val-interval", type=int, default=1, help="validate every N epochs (default %(default)s)")
+    add_validation_options(g)
     add_model_options(parser, race=True)
     g = parser.add_argument_group("output")
     g.add_argument("--output-dir", help="run record, report, results and plots (default $SM_OUTPUT_DATA_DIR, else runs/train-<time>)")
@@ -142,8 +156,15 @@ def _merged(args: argparse.Namespace, sm: SageMakerEnv) -> argparse.Namespace:
     defaults = vars(_train_parser(argparse.ArgumentParser(add_help=False)).parse_args([]))
     given = {k: v for k, v in vars(args).items() if k in defaults and v != defaults[k]}
     merged = {**vars(args), **hyperparameter_values(sm.hyperparameters, sm.hyperparameters_from), **given}
-    if merged.get("data_dir") is None and sm.training_dir is not None:
-        merged["data_dir"] = str(sm.training_dir)
+    if sm.present and merged.get("data_dir") is None:
+        try:
+            merged["data_dir"] = str(sm.channel_dir(merged.get("channel")))
+        except SageMakerEnvError as e:
+            read = ", ".join(sm.variables) or "hyperparameters.json"
+            raise SystemExit(f"monai-fast train: SageMaker job (read: {read}): {e}; or give --data-dir") from None
+    elif merged.get("channel") is not None and not sm.present:
+        raise SystemExit(f"monai-fast train: --channel {merged['channel']} names a SageMaker input channel, but no "
+                         "SageMaker variable (SM_*) is set; give --data-dir")
     if merged.get("device") == "auto" and sm.num_gpus == 0:
         merged["device"] = "cpu"
     return argparse.Namespace(**merged)
@@ -175,6 +196,17 @@ def _attach_tensorboard(built: Any, folder: Path) -> Any:
     return writer
 
 
+def _model_bytes(config: Any) -> int:
+    """Bytes ``model.pth`` needs: the network of ``config`` built on the CPU, its tensors' bytes plus the margin."""
+    import torch
+
+    from monai_fast.recipes.common import build_network
+
+    network = build_network(config, torch.device("cpu"))
+    tensors = sum(t.numel() * t.element_size() for t in network.state_dict().values())
+    return int(tensors * MODEL_MARGIN[0]) + MODEL_MARGIN[1]
+
+
 def _save_model(built: Any, model_dir: Path) -> Path:
     """``model.pth``: an inference checkpoint (weights + ``RecipeConfig``, ``monai-fast infer`` reads it); ``recipe.json`` beside it.
 
@@ -195,33 +227,103 @@ def _preemption(built: Any, out: _Outputs) -> Any:
 
     preemption = Preemption({"trainer": built.trainer, "model": built.network, "optimizer": built.optimizer},
                             out.checkpoint_dir, save_every=out.save_every)
-    preemption.attach(built.trainer)
+    preemption.attach(built.trainer)  # takes over a signal caught during set-up: the run stops at its start
     preemption.resume()  # nothing to resume on a first start
     return preemption
+
+
+def _remote_listed(spec: Any) -> tuple[Any, str | None]:
+    """``spec`` with a ``--data-dir`` URL (``s3://bucket/Task09_Spleen``) read into its file lists, and the URL.
+
+    :func:`~monai_fast.data.msd.load_msd_datalist` reads an MSD folder on object storage (the files are fetched
+    once into the local cache); a local ``--data-dir`` is left as it is (``None``: no URL).
+    """
+    from monai_fast.data.msd import load_msd_datalist
+    from monai_fast.data.remote import is_url
+
+    if spec.data_dir is None or not is_url(str(spec.data_dir)):
+        return spec, None
+    url = str(spec.data_dir)
+    train_files, val_files = load_msd_datalist(url, val_fraction=spec.val_fraction, seed=spec.seed)
+    return replace(spec, data_dir=None, train_files=train_files, val_files=val_files), url
+
+
+def _stopped_message(preemption: Any, iteration: int, folder: Path | None) -> str:
+    """What a stopped run says: the checkpoint written, or why none was needed."""
+    name = preemption.stop_signal.name
+    if iteration == (preemption.resumed_from or 0):  # signalled before any training in this start
+        where = (f"the checkpoint at iteration {iteration} in {folder}" if preemption.resumed_from
+                 else "the start")
+        return (f"preempted: {name} before training started, nothing new to checkpoint; the same command starts "
+                f"again from {where}")
+    return f"preempted: checkpointed at iteration {iteration} in {folder}; the same command resumes from there"
+
+
+def _write_outputs(run: Any, lead: bool, out: _Outputs, plan: Any, data_root: Any,
+                   spec: Any) -> tuple[Any, Path | None, list[str]]:
+    """After training: the model first, then epochs.csv, the doctor's report and the results, each on its own.
+
+    A write that fails (a full disk) is named and the others still run; returns the result, the model's file and
+    the failures' messages.
+    """
+    from monai_fast.race import run_meta
+    from monai_fast.report.compare import write_race
+    from monai_fast.report.doctor import doctor
+
+    failed: list[str] = []
+    model = None
+    if lead:
+        try:
+            model = _save_model(run.built, out.model_dir)
+        except OSError as e:
+            failed.append(f"model {out.model_dir / 'model.pth'}: {e}")
+    try:
+        result = run.finish()
+    except OSError as e:  # epochs.csv; the result is kept and finish() returns it
+        failed.append(f"epochs.csv: {e}")
+        result = run.finish()
+    if not lead:
+        return result, model, failed
+    try:
+        result.diagnosis = doctor(result.run_dir).to_dict() if result.run_dir and result.epochs else None
+    except OSError as e:
+        failed.append(f"the doctor's report in {result.run_dir}: {e}")
+    try:
+        write_race([result], plan.run_dir, run_meta(data_root, plan.device, spec.record_options))
+    except OSError as e:
+        failed.append(f"results in {plan.run_dir}: {e}")
+    return result, model, failed
 
 
 def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
     """One rank of the run: train ``spec``'s recipe; rank 0 writes the model, the report and the results."""
     from ignite import distributed as idist
 
-    from monai_fast.race import check_writable_dir, checked_data, plan_race, run_meta
+    from monai_fast.files import ensure_free_space
+    from monai_fast.race import check_writable_dir, checked_data, plan_race
     from monai_fast.recipes.runner import TargetRun
-    from monai_fast.report.compare import write_race
-    from monai_fast.report.doctor import doctor
 
     lead = idist.get_rank() == 0
     plan = plan_race(spec, need_run_dir=lead)  # every option checked before any data is read
-    if lead:  # and every output folder, so that no training is lost to an unwritable one
+    if lead:  # and every output folder, so that no training is lost to an unwritable or full one
         check_writable_dir(out.model_dir, "model_dir")
+        try:
+            ensure_free_space(out.model_dir / "model.pth", _model_bytes(plan.config), "model_dir: the model")
+        except OSError as e:
+            raise SystemExit(f"monai-fast train: {e}; free space there or give another --model-dir") from None
         if out.tensorboard_dir is not None:
             check_writable_dir(out.tensorboard_dir, "tensorboard_dir")
         if out.checkpoint_dir is not None:
             check_writable_dir(out.checkpoint_dir, "checkpoint_dir")
+    spec, url = _remote_listed(spec)
     data_root, train_files, val_files = checked_data(spec)
+    data_root = url or data_root
     run = TargetRun(spec.recipes[0], train_files, val_files, plan.config, plan.device, spec.target, spec.time_budget_s,
                     plan.run_dir if lead else None, spec.progress and lead)
     writer = _attach_tensorboard(run.built, out.tensorboard_dir) if lead and out.tensorboard_dir else None
     preemption = _preemption(run.built, out) if out.checkpoint_dir is not None else None
+    if preemption is None:
+        end_of_setup(PREEMPTED_EXIT)  # a signal caught during set-up, with no checkpoint folder: stop here, saying so
     try:
         run.segment(epochs=None)
     finally:
@@ -229,23 +331,23 @@ def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
             writer.close()
     if preemption is not None and preemption.preempted:
         if lead:
-            print(f"preempted: checkpointed at iteration {run.built.trainer.state.iteration} in {out.checkpoint_dir}; "
-                  "the same command resumes from there", flush=True)
+            print(_stopped_message(preemption, run.built.trainer.state.iteration, out.checkpoint_dir), flush=True)
         preemption.exit_if_preempted(PREEMPTED_EXIT)
-    result = run.finish()
+    result, model, failed = _write_outputs(run, lead, out, plan, data_root, spec)
+    for line in failed:
+        print(f"monai-fast train: not written: {line}", file=sys.stderr, flush=True)
     if not lead:
         return
-    model = _save_model(run.built, out.model_dir)
-    result.diagnosis = doctor(result.run_dir).to_dict() if result.run_dir and result.epochs else None
-    write_race([result], plan.run_dir, run_meta(data_root, plan.device, spec.record_options))
     dice = "none" if result.best_dice is None else f"{result.best_dice:.3f}"
     print(f"trained {result.recipe} ({plan.config.network}) for {result.epochs_run} epochs in {result.total_s:.1f} s "
           f"on {result.device}: best validation Dice {dice}", flush=True)
     if result.diagnosis:
         print(f"doctor: {result.diagnosis['verdict']}: {result.diagnosis['evidence'][0]}  (report: {result.run_dir}/report.md)")
-    print(f"model: {model}\nresults: {plan.run_dir}/results.json")
+    print(f"model: {model or 'not written'}\nresults: {plan.run_dir}/results.json")
     if out.tensorboard_dir:
         print(f"tensorboard --logdir {out.tensorboard_dir}")
+    if failed:
+        raise SystemExit(OUTPUT_FAILED_EXIT)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -253,15 +355,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from monai_fast.race.options import resolve_device
     from monai_fast.race.scale import demo_scale
 
+    catch_stop_signals()  # first: a signal while the job is read and the data checked or cached is kept for the run
     try:
         sm = read_sagemaker_env()
     except SageMakerEnvError as e:
         raise SystemExit(f"monai-fast train: SageMaker environment: {e}") from e
     if sm.present:
-        logger.info("SageMaker job: host %s of %s, %s GPU(s), hyperparameters from %s", sm.current_host,
-                    list(sm.hosts), sm.num_gpus, sm.hyperparameters_from or "nowhere")
+        logger.info("SageMaker job: %s", sm.describe())
     args = _merged(args, sm)
     if len(sm.hosts) > 1 and detect().launcher == "none":
+        end_of_setup(PREEMPTED_EXIT)  # the launcher passes signals on to the ranks from here
         return _launch_hosts(sm)
     import torch
 

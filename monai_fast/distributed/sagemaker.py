@@ -2,7 +2,8 @@
 
 The names and meanings follow the toolkit's documentation of its variables
 (https://github.com/aws/sagemaker-training-toolkit/blob/master/ENVIRONMENT_VARIABLES.md):
-``SM_CHANNEL_TRAINING`` (the ``training`` channel's folder), ``SM_MODEL_DIR`` (uploaded as the
+``SM_CHANNEL_<NAME>`` (each input channel's folder, ``SM_CHANNEL_TRAINING`` for the channel
+``training``; ``SM_CHANNELS`` lists the names), ``SM_MODEL_DIR`` (uploaded as the
 model), ``SM_OUTPUT_DATA_DIR`` (other artefacts; ``SM_OUTPUT_DIR`` is its parent, ``/opt/ml/output``),
 ``SM_HPS`` (the hyperparameters, a JSON object), ``SM_INPUT_CONFIG_DIR`` (holding
 ``hyperparameters.json``, default ``/opt/ml/input/config``), ``SM_NUM_GPUS``, ``SM_HOSTS`` (a JSON
@@ -19,6 +20,8 @@ Example:
     ...                           "SM_NUM_GPUS": "4", "SM_HPS": '{"epochs": "3"}'})
     >>> env.present, env.node_rank, env.hyperparameters
     (True, 1, {'epochs': 3})
+    >>> read_sagemaker_env({"SM_CHANNEL_TRAIN": "/data"}).channel_dir()
+    PosixPath('/data')
     >>> torchrun_command(env, ["-m", "monai_fast.cli", "train"])[3:13]
     ['--nnodes', '2', '--nproc_per_node', '4', '--master_addr', 'algo-1', '--master_port', '7777', '--node_rank', '1']
 """
@@ -55,6 +58,7 @@ class SageMakerEnv:
 
     Attributes:
         training_dir: ``SM_CHANNEL_TRAINING``.
+        channels: every input channel's folder by channel name (``SM_CHANNEL_<NAME>``; the name in lower case).
         model_dir: ``SM_MODEL_DIR``.
         output_data_dir: ``SM_OUTPUT_DATA_DIR``.
         tensorboard_dir: where TensorBoard events go for SageMaker to collect.
@@ -66,9 +70,11 @@ class SageMakerEnv:
         num_gpus: ``SM_NUM_GPUS``.
         hosts: ``SM_HOSTS``.
         current_host: ``SM_CURRENT_HOST``.
+        variables: the names of the ``SM_*`` variables set.
     """
 
     training_dir: Path | None = None
+    channels: dict[str, Path] = field(default_factory=dict)
     model_dir: Path | None = None
     output_data_dir: Path | None = None
     tensorboard_dir: Path | None = None
@@ -78,11 +84,54 @@ class SageMakerEnv:
     num_gpus: int | None = None
     hosts: tuple[str, ...] = ()
     current_host: str | None = None
+    variables: tuple[str, ...] = ()
 
     @property
     def present(self) -> bool:
-        """Whether any SageMaker variable (or hyperparameters file) was found."""
-        return self != SageMakerEnv()
+        """Whether any SageMaker variable (``SM_*``) or hyperparameters file was found."""
+        return bool(self.variables) or self != SageMakerEnv()
+
+    def channel_dir(self, name: str | None = None) -> Path:
+        """The folder of the input channel ``name``; ``None``: the only channel, else ``training``.
+
+        Raises:
+            SageMakerEnvError: no such channel, or several and none named, naming the variables read.
+
+        Example:
+            >>> env = read_sagemaker_env({"SM_CHANNEL_TRAIN": "/a", "SM_CHANNEL_EVAL": "/b"})
+            >>> env.channel_dir("train"), env.channel_dir("EVAL")
+            (PosixPath('/a'), PosixPath('/b'))
+        """
+        found = ", ".join(f"SM_CHANNEL_{c.upper()}={p}" for c, p in sorted(self.channels.items())) or "none set"
+        if name is not None:
+            if name.lower() not in self.channels:
+                raise SageMakerEnvError(f"SM_CHANNEL_{name.upper()}", f"no input channel {name!r} (channels: {found})")
+            return self.channels[name.lower()]
+        if len(self.channels) == 1:
+            return next(iter(self.channels.values()))
+        if "training" in self.channels:
+            return self.channels["training"]
+        if not self.channels:
+            raise SageMakerEnvError("SM_CHANNEL_<NAME>", "no input channel: none of SM_CHANNELS and SM_CHANNEL_* is "
+                                    "set, and synthetic data do not stand in for a job's data")
+        raise SageMakerEnvError("SM_CHANNEL_<NAME>", f"several input channels and none named 'training' ({found}): "
+                                "name one with --channel")
+
+    def describe(self) -> str:
+        """One line on the job: its hosts, GPUs and hyperparameters, saying which were not given.
+
+        Example:
+            >>> read_sagemaker_env({"SM_MODEL_DIR": "/opt/ml/model"}).describe()
+            'one host (SM_HOSTS not set), GPUs: SM_NUM_GPUS not set, channels: none, hyperparameters: none'
+        """
+        if self.hosts:
+            hosts = f"host {self.current_host} of {len(self.hosts)} ({', '.join(self.hosts)})"
+        else:
+            hosts = "one host (SM_HOSTS not set)"
+        gpus = "GPUs: SM_NUM_GPUS not set" if self.num_gpus is None else f"{self.num_gpus} GPU(s)"
+        channels = ", ".join(f"{c}={p}" for c, p in sorted(self.channels.items())) or "none"
+        return (f"{hosts}, {gpus}, channels: {channels}, "
+                f"hyperparameters: {'from ' + self.hyperparameters_from if self.hyperparameters_from else 'none'}")
 
     @property
     def node_rank(self) -> int:
@@ -133,6 +182,12 @@ def _hyperparameters(environ: Mapping[str, str]) -> tuple[dict[str, Any], str]:
     return decode_hyperparameters(raw), str(path)
 
 
+def _channels(environ: Mapping[str, str]) -> dict[str, Path]:
+    """Every ``SM_CHANNEL_<NAME>`` with a value, by channel name in lower case (the toolkit upper-cases it)."""
+    prefix = "SM_CHANNEL_"
+    return {k[len(prefix):].lower(): Path(v) for k, v in sorted(environ.items()) if k.startswith(prefix) and v}
+
+
 def _hosts(environ: Mapping[str, str]) -> tuple[tuple[str, ...], str | None]:
     hosts = tuple(_json(environ, "SM_HOSTS", list)) if "SM_HOSTS" in environ else ()
     if not all(isinstance(h, str) and h for h in hosts):
@@ -168,7 +223,9 @@ def read_sagemaker_env(environ: Mapping[str, str] | None = None) -> SageMakerEnv
     output = path("SM_OUTPUT_DIR")
     tensorboard = output / "tensorboard" if output else (output_data / "tensorboard" if output_data else None)
     return SageMakerEnv(
-        training_dir=path("SM_CHANNEL_TRAINING"), model_dir=path("SM_MODEL_DIR"), output_data_dir=output_data,
+        training_dir=path("SM_CHANNEL_TRAINING"), channels=_channels(environ),
+        variables=tuple(sorted(k for k in environ if k.startswith("SM_"))),
+        model_dir=path("SM_MODEL_DIR"), output_data_dir=output_data,
         tensorboard_dir=tensorboard, hyperparameters=hps, hyperparameters_from=hps_from, num_gpus=num_gpus,
         hosts=hosts, current_host=current, checkpoint_dir=_checkpoints(path("SM_MODEL_DIR")),
     )

@@ -70,6 +70,10 @@ class Preemption(EngineHandler):
     while data are checked or cached, before ``run()``, stops the run as soon as it starts, with
     the same requeue and exit) and the process's previous handlers come back when the run ends or
     the handler is detached (a new ``Preemption`` attached to the same trainer replaces this one).
+    A signal that arrives before :meth:`attach`, while the program builds its data sets and
+    network, is caught when the program calls
+    :func:`~monai_fast.handlers.stop_signal.catch_stop_signals` first thing: :meth:`attach` takes
+    it over, and the run stops at its start in the same way.
 
     Built from two parts: :class:`~monai_fast.handlers.stop_signal.StopSignal` (signals, the
     ranks' agreed stop) and :class:`~monai_fast.handlers.checkpoint_folder.CheckpointFolder`, a
@@ -105,6 +109,8 @@ class Preemption(EngineHandler):
 
     Example:
         >>> from monai_fast.handlers import Preemption
+        >>> from monai_fast.handlers.stop_signal import catch_stop_signals
+        >>> catch_stop_signals()  # first thing in the program  # doctest: +SKIP
         >>> pre = Preemption({"trainer": trainer, "model": net, "optimizer": opt}, "ckpt")  # doctest: +SKIP
         >>> pre.attach(trainer); pre.resume()  # doctest: +SKIP
         >>> trainer.run()  # doctest: +SKIP

@@ -3,6 +3,16 @@
 The second half, the checkpoint folder, is :mod:`monai_fast.handlers.checkpoint_folder`;
 :class:`~monai_fast.handlers.Preemption` joins the two to an engine.
 
+A program's set-up (reading and caching data, building the network) runs before any engine
+exists, and a stop signal then (SLURM's ``SIGUSR1`` warning, a spot reclaim's ``SIGTERM``) would
+end the process at once, with no message and no checkpoint. :func:`catch_stop_signals`, called
+first thing, records such a signal instead; the first :class:`StopSignal` installed afterwards
+(the one of a :class:`~monai_fast.handlers.Preemption` at ``attach``) takes the record over, so
+the run stops at its start with the usual checkpoint, requeue and exit status. A program without
+a ``Preemption`` calls :func:`end_of_setup` before it trains (or wraps its set-up in
+:func:`stop_signals_caught`): a signal received meanwhile then stops it there with a message
+and :data:`STOPPED_EXIT`.
+
 Example:
     >>> import os, signal
     >>> from monai_fast.handlers.stop_signal import StopSignal
@@ -12,6 +22,13 @@ Example:
     >>> stop.name, stop.agreed()
     ('SIGUSR1', True)
     >>> stop.uninstall()
+
+    At the start of a program::
+
+        catch_stop_signals()          # a signal during set-up is kept for the run's start
+        ...                           # data checked and cached, network and engines built
+        Preemption(...).attach(trainer)  # takes the kept signal over: stops at the run's start
+        # or, with no Preemption: end_of_setup()  (exits 143 with a message if a signal came)
 """
 
 from __future__ import annotations
@@ -19,17 +36,24 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import contextlib
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from ignite import distributed as idist
 
-__all__ = ["StopSignal", "requeue_slurm_job"]
+__all__ = ["STOPPED_EXIT", "STOP_SIGNALS", "StopSignal", "catch_stop_signals", "end_of_setup", "requeue_slurm_job",
+           "stop_signals_caught"]
 
 logger = logging.getLogger("monai_fast.handlers")
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  #: the signals of a preemption or a time limit (SLURM, spot reclaims, scancel)
+STOPPED_EXIT = 143  #: exit status of a program stopped by a stop signal (128 + SIGTERM)
+
+_setup_catcher: StopSignal | None = None  # the process's set-up catcher, until a StopSignal takes it over
 
 
 class StopSignal:
@@ -67,13 +91,19 @@ class StopSignal:
         return signal.Signals(self.received).name if self.received is not None else "a signal on another rank"
 
     def install(self) -> None:
-        """Put this object's handler on each signal, remembering the previous handlers (main thread only)."""
+        """Put this object's handler on each signal, remembering the previous handlers (main thread only).
+
+        A set-up catcher of :func:`catch_stop_signals` still in place is taken over: its handlers
+        are removed first (so the handlers remembered here are the program's own) and a signal it
+        recorded becomes this object's.
+        """
         if self.installed:
             return
         if threading.current_thread() is not threading.main_thread():
             logger.warning("Preemption: not on the main thread, cannot install signal handlers; "
                            "checkpoints only every save_every iterations")
             return
+        _take_over_setup_catcher(self)
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
@@ -96,6 +126,96 @@ class StopSignal:
         if idist.get_world_size() > 1:
             flag = bool(idist.all_reduce(torch.tensor([int(flag)], device=idist.device()), op="MAX").item())
         return flag
+
+
+def _remove_setup_catcher() -> StopSignal | None:
+    """Remove the set-up catcher, giving the signals their previous handlers back; returns it (``None``: none)."""
+    global _setup_catcher
+    catcher, _setup_catcher = _setup_catcher, None
+    if catcher is not None:
+        catcher.uninstall()
+    return catcher
+
+
+def _take_over_setup_catcher(heir: StopSignal) -> None:
+    """Remove the set-up catcher (if any, and not ``heir`` itself), handing its recorded signal to ``heir``."""
+    if _setup_catcher is None or _setup_catcher is heir:
+        return
+    catcher = _remove_setup_catcher()
+    assert catcher is not None
+    if catcher.received is not None and heir.received is None:
+        heir.received = catcher.received
+        logger.warning("%s received during set-up; the run stops at its start", catcher.name)
+
+
+def catch_stop_signals(signals: Sequence[str] = STOP_SIGNALS) -> StopSignal:
+    """Record stop signals from now on instead of dying of them; call it first thing in a program.
+
+    Only signals whose handler is the default one (which ends the process) are caught: a handler
+    the program or its launcher installed keeps working. The catcher stays until the next
+    :class:`StopSignal` is installed (a :class:`~monai_fast.handlers.Preemption` at ``attach``),
+    which takes over a signal recorded meanwhile, or until :func:`end_of_setup`. Calling it again
+    while a catcher is in place returns that catcher. Off the main thread it catches nothing.
+
+    Args:
+        signals: signal names (default ``SIGTERM`` and ``SIGUSR1``).
+
+    Returns:
+        The catcher; its ``received`` is the signal number recorded, if any.
+    """
+    global _setup_catcher
+    if _setup_catcher is not None:
+        return _setup_catcher
+    catcher = StopSignal(signals)
+    catcher.signals = [sig for sig in catcher.signals if signal.getsignal(sig) == signal.SIG_DFL]
+    if threading.current_thread() is threading.main_thread() and catcher.signals:
+        for sig in catcher.signals:
+            catcher._previous[sig] = signal.signal(sig, catcher._on_signal)
+        _setup_catcher = catcher
+    return catcher
+
+
+def end_of_setup(exit_code: int = STOPPED_EXIT) -> None:
+    """The end of set-up in a program with no :class:`~monai_fast.handlers.Preemption`: signals act again as before.
+
+    The set-up catcher of :func:`catch_stop_signals` (if still in place) gives each signal its
+    default handler back; when a signal arrived during set-up, the program stops here, before
+    training, with a warning naming the signal and ``SystemExit(exit_code)`` (nothing was trained,
+    so nothing is checkpointed; under SLURM the job is not requeued).
+
+    Raises:
+        SystemExit: ``exit_code``, when a stop signal arrived during set-up.
+    """
+    catcher = _remove_setup_catcher()
+    if catcher is not None and catcher.received is not None:
+        logger.warning("%s received during set-up; stopping before training (nothing trained, nothing to "
+                       "checkpoint), exit status %d", catcher.name, exit_code)
+        raise SystemExit(exit_code)
+
+
+@contextlib.contextmanager
+def stop_signals_caught(exit_code: int = STOPPED_EXIT, signals: Sequence[str] = STOP_SIGNALS) -> Iterator[StopSignal]:
+    """Set-up inside a ``with`` block: a stop signal meanwhile stops the program at the block's end.
+
+    :func:`catch_stop_signals` on entry and :func:`end_of_setup` on a normal exit; a
+    :class:`~monai_fast.handlers.Preemption` attached inside the block takes a recorded signal
+    over instead. Nested inside a catcher already in place (a program's own), the block leaves
+    it alone. On an exception the catcher is removed and the exception goes on.
+
+    Example:
+        >>> with stop_signals_caught():
+        ...     pass  # build the data sets, caches and engines
+    """
+    owner = _setup_catcher is None
+    catcher = catch_stop_signals(signals)
+    try:
+        yield catcher
+    except BaseException:
+        if owner and _setup_catcher is catcher:
+            _remove_setup_catcher()  # the exception is the news
+        raise
+    if owner:
+        end_of_setup(exit_code)
 
 
 def requeue_slurm_job() -> bool:

@@ -28,6 +28,7 @@ from monai_fast.handlers import (
     ValidationSchedule,
 )
 from monai_fast.handlers.lifecycle import handlers_on
+from monai_fast.handlers.stop_signal import stop_signals_caught
 from monai_fast.progress import show_progress
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.recipes.common import Recipe
@@ -122,6 +123,12 @@ class TargetRun:
     its shuffles and crops are those it would draw alone, whatever the order of the turns.
     ``budget_s`` may be changed between segments.
 
+    A stop signal (``SIGTERM``, ``SIGUSR1``) while the data sets and caches are built is caught
+    (:func:`~monai_fast.handlers.stop_signal.stop_signals_caught`): the program then stops when the
+    set-up is done, with a message and exit status 143, instead of dying silently in the middle;
+    inside a program that catches them from its start (``monai-fast train``), the program's own
+    catcher keeps the signal for its :class:`~monai_fast.handlers.Preemption`.
+
     Example:
         >>> run = TargetRun("baseline", train_files, val_files, device="cpu", time_budget_s=600)  # doctest: +SKIP
         >>> while not run.done:  # doctest: +SKIP
@@ -136,7 +143,8 @@ class TargetRun:
         t0, cpu0 = time.perf_counter(), process_tree_cpu_seconds()
         self.recipe, self.target, self.time_budget_s = recipe, target, time_budget_s
         config = replace(config or RecipeConfig(), val_target=target)  # a validation schedule aims where the race does
-        self.built = build_recipe(recipe, train_files, val_files, config, device, progress=progress)
+        with stop_signals_caught():
+            self.built = build_recipe(recipe, train_files, val_files, config, device, progress=progress)
         self.setup_cpu_s = process_tree_cpu_seconds() - cpu0  # building the data sets and caches, in CPU seconds
         self.random = OwnRandomStream()  # its own draws, however the turns of a race fall
         trainer, evaluator = self.built.trainer, self.built.evaluator
@@ -205,14 +213,19 @@ class TargetRun:
             engine.terminate()
 
     def finish(self) -> RaceResult:
-        """Close the TensorBoard writer, write ``epochs.csv`` and return the :class:`RaceResult` (once)."""
+        """Close the TensorBoard writer, write ``epochs.csv`` and return the :class:`RaceResult` (once).
+
+        The result is kept before ``epochs.csv`` is written: when that write fails (a full disk:
+        :class:`~monai_fast.files.NoSpaceError` names the file), the error propagates and a second
+        call returns the result, so the caller can still write its other outputs.
+        """
         if self._finished is None:
             if self.writer is not None:
                 self.writer.close()
-            if self.out is not None:
-                write_epochs_csv(self.recorder.rows, self.out / "epochs.csv")
             self._finished = _result(self.recipe, self.target, self.time_budget_s, self.built, self.stopper,
                                      self.recorder.rows, self.elapsed(), self.out, self.setup_cpu_s)
+            if self.out is not None:
+                write_epochs_csv(self.recorder.rows, self.out / "epochs.csv")
         return self._finished
 
 

@@ -12,11 +12,11 @@ from monai_fast.cli import main
 
 @pytest.fixture
 def job(tmp_path, monkeypatch):
-    """A SageMaker-like environment with empty model and output folders; returns them."""
+    """A SageMaker-like environment with empty model, output and channel folders; returns them."""
     for k in [k for k in os.environ if k.startswith("SM_")]:
         monkeypatch.delenv(k)
     dirs = {"SM_MODEL_DIR": tmp_path / "model", "SM_OUTPUT_DATA_DIR": tmp_path / "output" / "data",
-            "SM_INPUT_CONFIG_DIR": tmp_path / "config"}
+            "SM_INPUT_CONFIG_DIR": tmp_path / "config", "SM_CHANNEL_TRAINING": tmp_path / "training"}
     for name, folder in dirs.items():
         folder.mkdir(parents=True)
         monkeypatch.setenv(name, str(folder))
