@@ -206,8 +206,13 @@ def _run(fs: Any, make: Callable[[], Awaitable[Any]], timeout: float | None, sto
         raise
 
 
-def _retrying(what: str, limits: _Limits, stop: threading.Event | None, call: Callable[[], Any]) -> Any:
-    """``call()``, tried again ``limits.retries`` times on errors other than missing, forbidden or stopped."""
+def _retrying(
+    what: str, limits: _Limits, stop: threading.Event | None, call: Callable[[], Any], level: int = logging.INFO
+) -> Any:
+    """``call()``, tried again ``limits.retries`` times on errors other than missing, forbidden or stopped.
+
+    Each failed try is logged at ``level``; the last one's error propagates.
+    """
     for attempt in range(1, limits.retries + 2):
         try:
             return call()
@@ -217,8 +222,8 @@ def _retrying(what: str, limits: _Limits, stop: threading.Event | None, call: Ca
             if attempt > limits.retries:
                 raise
             pause = limits.backoff(attempt + 1)
-            logger.warning("%s: try %d of %d failed (%s: %s); trying again in %.2f s",
-                           what, attempt, limits.retries + 1, type(e).__name__, e, pause)
+            logger.log(level, "%s: try %d of %d failed (%s: %s); trying again in %.2f s",
+                       what, attempt, limits.retries + 1, type(e).__name__, e, pause)
             if stop is not None and stop.wait(pause):
                 raise _Stopped() from e
             if stop is None:
@@ -478,7 +483,7 @@ def _download(remote: _Remote, dest: Path, stop: threading.Event, advance: Calla
         with atomic_write(dest, "wb", fsync=True, clean=False) as dst:
             temps.add(dst.name)
             transfer = _Transfer(remote, dst, stop, advance, limits)
-            _retrying(f"fetching {remote.url}", limits, stop, transfer.copy)
+            _retrying(f"fetching {remote.url}", limits, stop, transfer.copy, logging.WARNING)
     except _Stopped:
         raise
     except Exception as e:

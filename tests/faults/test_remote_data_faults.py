@@ -1,16 +1,22 @@
-"""Remote data lists under faults: missing keys named before any download, a dropped connection leaves no file.
+"""Remote data lists under faults: missing keys named before any download, a dropped connection leaves no file,
+a server that is down is worked around from the cache or each missing copy is named.
 
 A real S3-compatible server (moto's, ``tests/s3_server.py``) on 127.0.0.1; the dropped connection
-is the server shutting the socket after part of the body, on every GET of that object.
+is the server shutting the socket after part of the body, on every GET of that object; a server
+that is down is an endpoint on 127.0.0.1 where nothing listens.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import s3fs
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from s3_server import s3_fixture, server_fixture  # noqa: E402, F401 (pytest fixtures s3, server)
@@ -69,3 +75,58 @@ def test_a_dropped_connection_leaves_no_file_and_names_the_url(server, s3):
 
     files = localize(datalist, workers=2)  # the connection is back: the whole object arrives
     assert Path(files[0]["image"]).read_bytes() == payload
+
+
+def dead_endpoint() -> str:
+    """An http://127.0.0.1 address where nothing listens (connections are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def upload_folder(client, bucket: str, folder: Path, prefix: str) -> None:
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            client.upload_file(str(f), bucket, f"{prefix}/{f.relative_to(folder).as_posix()}")
+
+
+@pytest.mark.timeout(120)
+def test_with_the_server_down_a_fully_cached_folder_is_used_with_one_warning(s3, tiny_spleen, monkeypatch, caplog):
+    client, bucket = s3
+    upload_folder(client, bucket, tiny_spleen, "Task09")
+    root = f"s3://{bucket}/Task09"
+    online = load_msd_datalist(root, val_fraction=0.34, seed=0)
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", dead_endpoint())  # the server is gone
+    s3fs.S3FileSystem.clear_instance_cache()
+    caplog.set_level(logging.WARNING)
+    start = time.monotonic()
+    offline = load_msd_datalist(root, val_fraction=0.34, seed=0, remote_options={"connect_timeout": 1.0})
+    assert offline == online  # the same split of the same local copies
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "working offline" in warned[0].getMessage(), [r.getMessage() for r in warned]
+    assert f"s3://{bucket}" in warned[0].getMessage() and str(cache_root() / "remote") in warned[0].getMessage()
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.timeout(120)
+def test_with_the_server_down_each_file_missing_from_the_cache_is_named(s3, tiny_spleen, monkeypatch):
+    client, bucket = s3
+    upload_folder(client, bucket, tiny_spleen, "Task09")
+    root = f"s3://{bucket}/Task09"
+    train, _ = load_msd_datalist(root, val_fraction=0.34, seed=0)
+    Path(train[0]["label"]).unlink()  # one file's copy is gone
+    label_url = f"{root}/labelsTr/{Path(train[0]['label']).name}"
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", dead_endpoint())
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(RemoteDataError, match="cannot reach the server") as err:
+        load_msd_datalist(root, val_fraction=0.34, seed=0, remote_options={"connect_timeout": 1.0})
+    message = str(err.value)
+    assert f"1 remote file(s) have no local copy in {cache_root() / 'remote'}" in message
+    assert label_url in message and "['label']" in message
+
+    for copy in (cache_root() / "remote").rglob("dataset.json"):
+        copy.unlink()  # without its listing nothing can be known offline
+    with pytest.raises(RemoteDataError, match=f"{root}/dataset.json"):
+        load_msd_datalist(root, remote_options={"connect_timeout": 1.0})
