@@ -1,9 +1,11 @@
 """Inference of a trained recipe network: sliding window over a data list, NIfTI predictions, fast backends.
 
-* :func:`save_checkpoint` / :func:`load_checkpoint`: a network's weights with the
-  :class:`~monai_fast.recipes.RecipeConfig` that rebuilds it (:mod:`.checkpoint`).
-* :func:`infer`: sliding-window inference over an MSD folder or image files, predictions written
-  as ``<name>_seg.nii.gz`` with the input's affine and shape (:mod:`.run`).
+* :func:`save_checkpoint` / :func:`load_model` / :func:`load_checkpoint`: a network's weights with
+  the :class:`~monai_fast.recipes.RecipeConfig` that rebuilds it and the record of the chain it was
+  validated with (:mod:`.checkpoint`, :mod:`.chain`).
+* :func:`infer`: sliding-window inference over an MSD folder or image files through that chain,
+  predictions inverted onto each input's grid and written as ``<name>_seg.nii.gz`` with its affine
+  and shape (:mod:`.run`).
 * :data:`BACKENDS` (``eager``, ``autocast``, ``compile``, ``onnx``, ``tensorrt``) and
   :func:`build_predictor` (:mod:`.backends`); :func:`agreement` compares two backends' predictions.
 
@@ -17,7 +19,16 @@ Example:
 """
 
 from monai_fast.inference.backends import BACKENDS, BackendUnavailable, Predictor, available, build_predictor, missing
-from monai_fast.inference.checkpoint import CheckpointError, InferenceError, load_checkpoint, save_checkpoint
+from monai_fast.inference.chain import ChainError, build_chain, recipe_chain
+from monai_fast.inference.checkpoint import (
+    CheckpointError,
+    InferenceError,
+    LoadedModel,
+    load_checkpoint,
+    load_model,
+    read_recipe_config,
+    save_checkpoint,
+)
 from monai_fast.inference.compare import agreement
 from monai_fast.inference.run import SPLITS, InferenceResult, data_list, infer
 
@@ -25,16 +36,22 @@ __all__ = [
     "BACKENDS",
     "SPLITS",
     "BackendUnavailable",
+    "ChainError",
     "CheckpointError",
     "InferenceError",
     "InferenceResult",
+    "LoadedModel",
     "Predictor",
     "agreement",
     "available",
+    "build_chain",
     "build_predictor",
     "data_list",
     "infer",
     "load_checkpoint",
+    "load_model",
     "missing",
+    "read_recipe_config",
+    "recipe_chain",
     "save_checkpoint",
 ]
