@@ -96,7 +96,7 @@ class StallProxy:
         while not self._closing.is_set():
             try:
                 client, _ = self._listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

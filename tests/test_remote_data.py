@@ -31,7 +31,8 @@ def upload_msd(client, bucket: str, folder: Path, prefix: str = "Task") -> list[
         if f.is_file():
             client.upload_file(str(f), bucket, f"{prefix}/{f.relative_to(folder).as_posix()}")
     names = sorted(p.name for p in (folder / "imagesTr").glob("*.nii.gz"))
-    return [{"image": f"s3://{bucket}/{prefix}/imagesTr/{n}", "label": f"s3://{bucket}/{prefix}/labelsTr/{n}"} for n in names]
+    base = f"s3://{bucket}/{prefix}"
+    return [{"image": f"{base}/imagesTr/{n}", "label": f"{base}/labelsTr/{n}"} for n in names]
 
 
 def test_remote_files_are_fetched_once_and_a_second_call_downloads_nothing(server, s3, tiny_spleen):
@@ -103,7 +104,28 @@ def test_a_monai_trainer_trains_one_epoch_on_a_localized_list(s3, tiny_spleen, t
     trainer = SupervisedTrainer(device=torch.device("cpu"), max_epochs=1, train_data_loader=loader, network=net,
                                 optimizer=parts.optimizer(net.parameters()), loss_function=parts.loss(),
                                 decollate=False)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(e.state.output["loss"].detach().item()))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED,
+                              lambda e: losses.append(e.state.output["loss"].detach().item()))
     trainer.run()
     assert trainer.state.epoch == 1 and trainer.state.iteration == 1
     assert len(losses) == 1 and math.isfinite(losses[0])
+
+
+def test_an_msd_folder_on_s3_is_read_from_the_cache_the_second_time(server, s3, tiny_spleen):
+    client, bucket = s3
+    upload_msd(client, bucket, tiny_spleen, prefix="Task09")
+    first = load_msd_datalist(f"s3://{bucket}/Task09", val_fraction=0.34, seed=0)
+    meta = f"/{bucket}/Task09/dataset.json"
+    gets = server.gets(meta)
+    assert gets == 1
+    copies = list((cache_root() / "remote").rglob("dataset.json"))
+    assert len(copies) == 1 and copies[0].read_bytes() == (tiny_spleen / "dataset.json").read_bytes()
+    assert load_msd_datalist(f"s3://{bucket}/Task09", val_fraction=0.34, seed=0) == first
+    assert server.gets(meta) == gets  # looked up (HEAD), not downloaded again
+
+
+@pytest.mark.parametrize("bad", [{"retries": -1}, {"read_timeout": 0}, {"connect_timeout": -2.0}, {"workers": 0}])
+def test_time_limits_and_retries_are_checked(bad):
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=name):
+        localize([{"image": "s3://bucket/a.nii.gz"}], **bad)

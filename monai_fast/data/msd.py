@@ -140,7 +140,8 @@ def shape_mismatch(image: str, image_shape: tuple[int, ...], label: str, label_s
     """
     if tuple(image_shape[:3]) == tuple(label_shape[:3]):
         return None
-    return f"image {image} has spatial shape {tuple(image_shape[:3])} but its label {label} has {tuple(label_shape[:3])}"
+    return (f"image {image} has spatial shape {tuple(image_shape[:3])} but its label {label} has "
+            f"{tuple(label_shape[:3])}")
 
 
 def _spatial_shape(path: Path, n_channels_last: int | None) -> tuple[int, ...]:

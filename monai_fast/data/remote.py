@@ -37,7 +37,7 @@ Example:
     >>> from monai_fast.data.remote import is_url, localize
     >>> is_url("s3://bucket/imagesTr/spleen_1.nii.gz"), is_url("/data/spleen_1.nii.gz")
     (True, False)
-    >>> files = localize([{"image": "s3://bucket/imagesTr/spleen_1.nii.gz", "label": "/data/l.nii.gz"}])  # doctest: +SKIP
+    >>> files = localize([{"image": "s3://bucket/imagesTr/spleen_1.nii.gz"}])  # doctest: +SKIP
     >>> files[0]["image"]  # doctest: +SKIP
     '/home/me/.cache/monai-fast/remote/s3/6f1e.../0b9a.../spleen_1.nii.gz'
 """
@@ -90,7 +90,19 @@ class _Stopped(Exception):
 
 
 class _Stall(Exception):
-    """A request got no answer, or a body brought too few bytes, within its time limit."""
+    """A request got no answer, or a body brought too few bytes, within its time limit.
+
+    ``partial`` is how many bytes of the current piece had arrived when it stalled.
+    """
+
+    def __init__(self, message: str, partial: int = 0) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+def _reason(err: BaseException) -> str:
+    """``err`` as a message: a stall says itself what happened, other errors carry their type."""
+    return str(err) if isinstance(err, _Stall) else f"{type(err).__name__}: {err}"
 
 
 @dataclass(frozen=True)
@@ -191,7 +203,7 @@ def _run(fs: Any, make: Callable[[], Awaitable[Any]], timeout: float | None, sto
         try:
             return await asyncio.wait_for(make(), timeout)
         except asyncio.TimeoutError as e:
-            raise _Stall(f"no answer within {timeout:g} s") from e
+            raise _Stall(f"no answer within {timeout:g} s (connect_timeout + read_timeout)") from e
 
     future = asyncio.run_coroutine_threadsafe(bounded(), fs.loop)
     try:
@@ -222,8 +234,8 @@ def _retrying(
             if attempt > limits.retries:
                 raise
             pause = limits.backoff(attempt + 1)
-            logger.log(level, "%s: try %d of %d failed (%s: %s); trying again in %.2f s",
-                       what, attempt, limits.retries + 1, type(e).__name__, e, pause)
+            logger.log(level, "%s: try %d of %d failed (%s); trying again in %.2f s",
+                       what, attempt, limits.retries + 1, _reason(e), pause)
             if stop is not None and stop.wait(pause):
                 raise _Stopped() from e
             if stop is None:
@@ -252,7 +264,8 @@ def _lookup(url: str, storage_options: dict, limits: _Limits) -> _Remote:
     fs, path = fsspec.core.url_to_fs(url, **_options(url, storage_options, limits))
     fs.invalidate_cache(path)  # a listing cached by fsspec must not hide a changed object
     if isinstance(fs, AsyncFileSystem):
-        info = _retrying(f"looking up {url}", limits, None, lambda: _run(fs, lambda: fs._info(path), limits.request_s, None))
+        info = _retrying(f"looking up {url}", limits, None,
+                         lambda: _run(fs, lambda: fs._info(path), limits.request_s, None))
     else:
         info = _retrying(f"looking up {url}", limits, None, lambda: fs.info(path))
     if info.get("type") == "directory":
@@ -287,7 +300,9 @@ def _cached_copy(url: str, cache_dir: Path) -> Path | None:
     return max(copies, key=lambda p: p.stat().st_mtime_ns, default=None)
 
 
-def _parallel(fn: Callable[[str], Any], items: Sequence[str], workers: int, stop: threading.Event | None = None) -> dict:
+def _parallel(
+    fn: Callable[[str], Any], items: Sequence[str], workers: int, stop: threading.Event | None = None
+) -> dict:
     """``{item: fn(item)}`` on daemon threads; every exception comes back as the value (none is lost).
 
     The threads are daemons and the caller waits in short, interruptible steps: Ctrl-C reaches the
@@ -384,7 +399,9 @@ def _lookup_all(
     results = _parallel(look, urls, workers)
     missing = [u for u in urls if isinstance(results[u], FileNotFoundError)]
     if missing:
-        raise FileNotFoundError(f"{len(missing)} remote file(s) in the data list do not exist: {_listed(missing, found)}")
+        raise FileNotFoundError(
+            f"{len(missing)} remote file(s) in the data list do not exist: {_listed(missing, found)}"
+        )
     offline: dict[str, tuple[Path, BaseException]] = {}
     uncached: list[str] = []
     for u in urls:
@@ -398,13 +415,13 @@ def _lookup_all(
     if uncached:
         first = results[uncached[0]]
         raise RemoteDataError(
-            f"cannot reach the server ({type(first).__name__}: {first}) and {len(uncached)} remote file(s) have no "
+            f"cannot reach the server ({_reason(first)}) and {len(uncached)} remote file(s) have no "
             f"local copy in {cache_dir} to work offline from: {_listed(uncached, found)}"
         ) from first
     for u in urls:
         e = results[u]
         if isinstance(e, BaseException) and u not in offline:
-            raise RemoteDataError(f"cannot look up {u}: {type(e).__name__}: {e}") from e
+            raise RemoteDataError(f"cannot look up {u}: {_reason(e)}") from e
     return {u: r for u, r in results.items() if u not in offline}, offline
 
 
@@ -421,8 +438,8 @@ async def _read_chunk(src: Any, size: int, read_timeout: float) -> bytes:
                 raise asyncio.TimeoutError
             part = await asyncio.wait_for(src.read(size - have), left)
         except asyncio.TimeoutError as e:
-            raise _Stall(f"stalled: fewer than {_STALL_BYTES >> 10} KiB arrived in {read_timeout:g} s "
-                         f"(read_timeout)") from e
+            raise _Stall(f"fewer than {_STALL_BYTES >> 10} KiB arrived in {read_timeout:g} s (read_timeout)",
+                         have) from e
         if not part:
             break
         parts.append(part)
@@ -461,8 +478,12 @@ class _Transfer:
             with contextlib.suppress(NotImplementedError):
                 streamed = _run(fs, lambda: fs.open_async(path, "rb"), limits.request_s, self.stop)
         if streamed is not None:
-            while chunk := _run(fs, lambda: _read_chunk(streamed, _CHUNK, limits.read_timeout), None, self.stop):
-                self.write(chunk)
+            try:
+                while chunk := _run(fs, lambda: _read_chunk(streamed, _CHUNK, limits.read_timeout), None, self.stop):
+                    self.write(chunk)
+            except _Stall as e:
+                of = f" of {self.remote.size}" if self.remote.size is not None else ""
+                raise _Stall(f"stalled after {self.written + e.partial}{of} bytes: {e}") from e
         else:  # a filesystem without a streaming reader: its own client's time limits apply
             with fs.open(path, "rb", block_size=_BLOCK) as src:
                 while chunk := src.read(_CHUNK):
@@ -480,18 +501,16 @@ def _download(remote: _Remote, dest: Path, stop: threading.Event, advance: Calla
     transfer: _Transfer | None = None
     tries = limits.retries + 1
     try:
-        with atomic_write(dest, "wb", fsync=True, clean=False) as dst:
+        with atomic_write(dest, "wb", fsync=True) as dst:
             temps.add(dst.name)
             transfer = _Transfer(remote, dst, stop, advance, limits)
             _retrying(f"fetching {remote.url}", limits, stop, transfer.copy, logging.WARNING)
     except _Stopped:
         raise
     except Exception as e:
-        got = transfer.written if transfer is not None else 0
-        of = f" of {remote.size}" if remote.size is not None else ""
         raise RemoteDataError(
-            f"fetching {remote.url} failed after {tries} tr{'y' if tries == 1 else 'ies'}, {got}{of} bytes arrived "
-            f"({type(e).__name__}: {e}); no file was left at {dest}"
+            f"fetching {remote.url} failed after {tries} tr{'y' if tries == 1 else 'ies'} ({_reason(e)}); "
+            f"no file was left at {dest}"
         ) from e
     finally:
         if transfer is not None:
@@ -520,7 +539,8 @@ def _fetch_all(todo: dict[str, tuple[_Remote, Path]], workers: int, progress: bo
         raise results[failed[0]]
     if failed:
         first = results[failed[0]]
-        raise RemoteDataError(f"{first} ({len(failed) - 1} other download(s) failed too: {', '.join(failed[1:4])})") from first
+        others = ", ".join(failed[1:4])
+        raise RemoteDataError(f"{first} ({len(failed) - 1} other download(s) failed too: {others})") from first
 
 
 def _localize(
@@ -564,7 +584,7 @@ def _localize(
     if offline:
         url, (_, err) = next(iter(offline.items()))
         hosts = sorted({f"{_scheme(u)}://{urlsplit(u).netloc}" for u in offline})
-        note = (f"working offline: cannot reach {', '.join(hosts)} ({type(err).__name__}: {err}); using the local "
+        note = (f"working offline: cannot reach {', '.join(hosts)} ({_reason(err)}); using the local "
                 f"copies in {folder} of {len(offline)} remote file(s) as last fetched, which may be out of date")
     return _substitute(list(datalist), local), note
 
@@ -642,4 +662,4 @@ def read_remote_text(
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{url} not found") from e
     except Exception as e:
-        raise RemoteDataError(f"cannot read {url}: {type(e).__name__}: {e}") from e
+        raise RemoteDataError(f"cannot read {url}: {_reason(e)}") from e
