@@ -128,6 +128,11 @@ class RecordHandler(EngineHandler):
         self._started: dict[int, float] = {}  # engine id -> time.time() its current run started
         self._described: dict[int, int] = {}  # engine id -> the segment its engine row was written in
 
+    @property
+    def segment(self) -> int:
+        """The record's current segment: the rows of the trainer's latest run carry it (``select(rows, segment=...)``)."""
+        return self.record.segment
+
     def span(self, category: Category | str, **fields: Any) -> AbstractContextManager[None]:
         """:meth:`RunRecord.span <monai_fast.telemetry.spans.SpanWriter.span>`: time a ``with`` block
         (your own set-up: ``category="setup"``, or ``"cache_fill"``) into the run record."""

@@ -1,0 +1,302 @@
+"""The run record and the doctor read exactly the run, whole, and advise only what applies.
+
+Real parts only: MONAI SupervisedTrainer/Evaluator on tiny tensors, real processes writing rank records,
+SIGKILL mid-run, a second process into the same folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from monai.data import CacheDataset, DataLoader, Dataset
+from monai.engines import SupervisedEvaluator, SupervisedTrainer
+from monai.handlers import ValidationHandler
+from monai.inferers import SimpleInferer
+from monai.networks.nets import UNet
+from monai.transforms import Lambdad, RandLambdad
+
+from monai_fast.handlers import AMPToggle, RecordHandler, TimeBreakdown
+from monai_fast.report.doctor import doctor
+from monai_fast.telemetry.record import Kind, Source, load_record, select
+
+#: one rank of a run: a real ignite engine timed into the record of ``rank`` in ``folder``
+RANK_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from ignite.engine import Engine
+    from monai_fast.handlers import RecordHandler, TimeBreakdown
+    folder, rank, epochs, sleep = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    record = RecordHandler(folder, rank=rank)
+    print("ready", flush=True)
+    engine = Engine(lambda e, b: time.sleep(sleep))
+    record.attach(engine)
+    TimeBreakdown().attach(engine)
+    engine.run(list(range(5)), max_epochs=epochs)
+    print("done", flush=True)
+""")
+
+
+def _rank(tmp_path: Path, folder: Path, rank: int, epochs: int, sleep: float) -> subprocess.Popen:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.Popen([sys.executable, str(script), str(folder), str(rank), str(epochs), str(sleep)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for_rows(path: Path, kind: str, n: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the rank process ended early: {proc.communicate()}"
+        if path.is_file() and sum(f'"kind": "{kind}"' in line for line in path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not reach {n} {kind} rows in {timeout_s} s")
+
+
+def _items(n: int, shape: tuple[int, ...] = (1, 8, 8, 8)) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    return [{"image": torch.rand(*shape, generator=g), "label": (torch.rand(*shape, generator=g) > 0.5).float()}
+            for _ in range(n)]
+
+
+def _segmentation_run(folder: Path, epochs: int = 2, amp: str | None = None) -> tuple[SupervisedTrainer, RecordHandler]:
+    net = torch.nn.Conv3d(1, 1, 3, padding=1)
+    trainer = SupervisedTrainer(device="cpu", max_epochs=epochs, train_data_loader=DataLoader(Dataset(_items(4)), batch_size=2),
+                                network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01),
+                                loss_function=torch.nn.MSELoss())
+    record = RecordHandler(folder)
+    record.attach(trainer)
+    TimeBreakdown().attach(trainer)
+    if amp is not None:
+        AMPToggle(amp).attach(trainer)
+    return trainer, record
+
+
+# ------------------------------------------------------------------ read exactly the run's files
+
+
+def test_a_stray_copy_of_a_record_is_not_read_and_is_named(tmp_path):
+    trainer, _ = _segmentation_run(tmp_path)
+    trainer.run()
+    before = doctor(tmp_path).numbers
+    shutil.copy(tmp_path / "record.rank0.jsonl", tmp_path / "record.rank0 (copy).jsonl")
+    after = doctor(tmp_path)
+    assert after.numbers["data_s"] == pytest.approx(before["data_s"])
+    assert after.numbers["compute_s"] == pytest.approx(before["compute_s"]) and after.numbers["epochs"] == 2
+    assert after.numbers["strays"] == ["record.rank0 (copy).jsonl"]
+    assert any("record.rank0 (copy).jsonl" in e and "not read" in e for e in after.evidence)
+
+
+# ------------------------------------------------------------------ one run per folder
+
+
+def test_a_second_run_into_the_same_folder_fails_at_once_and_a_killed_owner_leaves_no_lock(tmp_path):
+    folder = tmp_path / "run"
+    first = _rank(tmp_path, folder, 0, epochs=400, sleep=0.01)
+    try:
+        assert first.stdout.readline().strip() == "ready"
+        second = _rank(tmp_path, folder, 0, epochs=1, sleep=0.0)
+        out, err = second.communicate(timeout=60)
+        assert second.returncode != 0, out
+        assert "RunFolderBusyError" in err and str(folder) in err and f"pid {first.pid}" in err, err
+        assert "ready" not in out  # it failed when the record was made, before any work
+        rows, _ = load_record(folder)
+        assert {r.get("pid") for r in rows if r.get("what") == "segment_started"} == {first.pid}  # no mixed record
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    third = _rank(tmp_path, folder, 0, epochs=1, sleep=0.0)  # the kernel dropped the killed owner's lock
+    out, err = third.communicate(timeout=60)
+    assert third.returncode == 0 and "done" in out, err
+
+
+# ------------------------------------------------------------------ a killed rank keeps what it measured
+
+
+def test_a_sigkilled_rank_keeps_its_rows_and_the_doctor_names_it(tmp_path):
+    folder = tmp_path / "run"
+    rank0 = _rank(tmp_path, folder, 0, epochs=4, sleep=0.01)
+    rank1 = _rank(tmp_path, folder, 1, epochs=400, sleep=0.01)
+    try:
+        _wait_for_rows(folder / "record.rank1.jsonl", "epoch", 2, rank1)
+        rank1.send_signal(signal.SIGKILL)
+        rank1.wait(timeout=30)
+        out, err = rank0.communicate(timeout=90)
+        assert rank0.returncode == 0, err
+    finally:
+        for p in (rank0, rank1):
+            if p.poll() is None:
+                p.kill()
+    rows, _ = load_record(folder)
+    killed = select(rows, Kind.ITERATION, Source.TIME_BREAKDOWN, rank=1)
+    assert len(killed) >= 10  # every iteration it timed before the kill, not a buffer lost with the process
+    assert len(select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, rank=0)) == 4
+    d = doctor(folder)
+    assert d.numbers["stopped_early"] == [1]
+    named = [e for e in d.evidence if e.startswith("rank 1 stopped early")]
+    assert named and "without an end row" in named[0], d.evidence
+    assert not any(e.startswith("rank 0 stopped early") for e in d.evidence)
+
+
+# ------------------------------------------------------------------ append, never truncate
+
+
+def test_a_new_record_handler_on_the_folder_appends_a_segment(tmp_path):
+    trainer, _ = _segmentation_run(tmp_path, epochs=2)
+    trainer.run()
+    record = RecordHandler(tmp_path)  # a notebook cell run again: a new handler on the same run folder
+    record.attach(trainer)
+    TimeBreakdown().attach(trainer)
+    trainer.state.max_epochs = 4  # two more epochs
+    trainer.run()
+    rows, summary = load_record(tmp_path)
+    epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
+    assert [(r["segment"], r["epoch"]) for r in epochs] == [(0, 1), (0, 2), (1, 3), (1, 4)]
+    assert summary["segments"] == 2
+    assert [ep.epoch for ep in trainer.state.time_breakdown] == [3, 4]  # this run's epochs, each once
+    d = doctor(tmp_path)
+    assert d.numbers["epochs"] == 4 and d.numbers["wall_clock"]["runs"] == 2
+    assert any(e.startswith("the record holds 2 segments") for e in d.evidence), d.evidence
+
+
+def test_a_restarted_job_continues_the_record_and_the_wall_clock_spans_both_processes(tmp_path):
+    folder = tmp_path / "run"
+    first = _rank(tmp_path, folder, 0, epochs=400, sleep=0.02)
+    try:
+        _wait_for_rows(folder / "record.rank0.jsonl", "epoch", 3, first)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    second = _rank(tmp_path, folder, 0, epochs=3, sleep=0.02)  # the restart
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err
+    rows, _ = load_record(folder)
+    first_rows = [r for r in rows if r["segment"] == 0]
+    busy = sum(r["data_s"] + r["compute_s"] for r in select(rows, Kind.ITERATION, Source.TIME_BREAKDOWN))
+    d = doctor(folder)
+    assert d.numbers["epochs"] >= 6 and d.numbers["restarts"] == 1
+    segs = d.numbers["segments"]
+    assert [s["ended"] for s in segs] == [False, True] and segs[0]["pid"] == first.pid
+    assert d.numbers["wall_clock"]["total_s"] >= busy  # both processes' work, not the last one's alone
+    assert d.numbers["wall_clock"]["total_s"] > max(r["time"] for r in first_rows) - min(r["time"] for r in first_rows)
+    assert any("a restart" in e for e in d.evidence), d.evidence
+
+
+# ------------------------------------------------------------------ advice that applies
+
+
+def test_no_mixed_precision_advice_for_a_run_that_trained_in_bf16(tmp_path):
+    trainer, _ = _segmentation_run(tmp_path, amp="bf16")
+    trainer.run()
+    d = doctor(tmp_path)
+    assert d.numbers["in_effect"]["precision"] == "bf16"
+    assert not any("mixed precision" in f for f in d.fixes), d.fixes
+    assert any(f.startswith("already on in this run: precision (bf16") for f in d.fixes), d.fixes
+
+
+class _PatchClassifier(torch.nn.Module):
+    """A 2-D patch classifier (pathology-style): conv, pool, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+def _patch_classifier_run(folder: Path) -> SupervisedTrainer:
+    g = torch.Generator().manual_seed(0)
+    items = [{"image": torch.rand(3, 16, 16, generator=g), "label": torch.tensor(i % 2)} for i in range(8)]
+    net = _PatchClassifier()
+    slow = Lambdad(keys="image", func=lambda x: (time.sleep(0.05), x)[1])  # validation: a large share of the clock
+    evaluator = SupervisedEvaluator(device="cpu", val_data_loader=DataLoader(Dataset(items[:4], slow), batch_size=2),
+                                    network=net, inferer=SimpleInferer())
+    trainer = SupervisedTrainer(device="cpu", max_epochs=2, train_data_loader=DataLoader(Dataset(items), batch_size=4),
+                                network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01),
+                                loss_function=torch.nn.CrossEntropyLoss(),
+                                train_handlers=[ValidationHandler(validator=evaluator, interval=1)])
+    record = RecordHandler(folder)
+    record.attach(trainer)
+    record.attach(evaluator)
+    TimeBreakdown().attach(trainer)
+    return trainer
+
+
+def test_no_3d_or_sliding_window_advice_for_a_2d_patch_classifier(tmp_path):
+    _patch_classifier_run(tmp_path).run()
+    d = doctor(tmp_path)
+    run = d.numbers["in_effect"]
+    assert run["spatial_dims"] == 2 and run["sliding_window"] is False
+    assert d.numbers["wall_clock"]["shares"]["validation"] >= 0.3  # the validation advice is in play
+    everything = d.text() + (tmp_path / "report.md").read_text()
+    for word in ("channels_last_3d", "sliding-window", "sw_batch_size", "SlidingWindowInferer", "stitching"):
+        assert word not in everything, (word, everything)
+    assert any("validate less often" in f for f in d.fixes), d.fixes  # what does apply is still said
+
+
+def test_a_3d_unet_with_a_sliding_window_still_gets_that_advice(tmp_path):
+    from monai.inferers import SlidingWindowInferer
+
+    net = UNet(3, 1, 2, channels=(4, 8), strides=(2,))
+    items = _items(4, (1, 16, 16, 16))
+    evaluator = SupervisedEvaluator(device="cpu", val_data_loader=DataLoader(Dataset(items[:2]), batch_size=1),
+                                    network=net, inferer=SlidingWindowInferer((8, 8, 8), sw_batch_size=2))
+    trainer = SupervisedTrainer(device="cpu", max_epochs=1, train_data_loader=DataLoader(Dataset(items), batch_size=2),
+                                network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01),
+                                loss_function=torch.nn.MSELoss(),
+                                train_handlers=[ValidationHandler(validator=evaluator, interval=1)])
+    record = RecordHandler(tmp_path)
+    record.attach(trainer)
+    record.attach(evaluator)
+    TimeBreakdown().attach(trainer)
+    trainer.run()
+    d = doctor(tmp_path)
+    assert d.numbers["in_effect"]["spatial_dims"] == 3 and d.numbers["in_effect"]["sliding_window"] is True
+    if d.verdict == "compute-bound":
+        assert any("channels_last_3d" in f for f in d.fixes) and any("sliding-window" in f for f in d.fixes)
+    assert "sliding-window inference" in d.numbers["inference"]["text"]
+
+
+def test_time_breakdown_does_not_advise_caching_data_that_is_cached(tmp_path, caplog):
+    slow_random = RandLambdad(keys="image", func=lambda x: (time.sleep(0.03), x)[1], prob=1.0)  # runs after the cache
+    data = CacheDataset(_items(4), transform=slow_random, progress=False)
+    net = torch.nn.Conv3d(1, 1, 1)
+    trainer = SupervisedTrainer(device="cpu", max_epochs=1, train_data_loader=DataLoader(data, batch_size=1),
+                                network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01),
+                                loss_function=torch.nn.MSELoss())
+    TimeBreakdown(warn_threshold=0.2).attach(trainer)
+    with caplog.at_level(logging.WARNING, logger="monai_fast.handlers"):
+        trainer.run()
+    warned = [r.getMessage() for r in caplog.records if "waiting for data" in r.getMessage()]
+    assert warned, "the epoch was not data-bound: the test checks nothing"
+    assert "cache deterministic transforms" not in warned[0] and "are cached (the loader reads a CacheDataset)" in warned[0]
+
+
+# ------------------------------------------------------------------ whole sentences
+
+
+def test_every_line_of_the_report_ends_its_sentence(tmp_path):
+    _patch_classifier_run(tmp_path).run()
+    d = doctor(tmp_path)
+    text = d.text().splitlines()
+    prose = [line.strip()[2:] for line in text if line.strip().startswith("- ")]
+    assert d.numbers.get("inference"), "no inference section: the test checks less than it should"
+    prose += [text[text.index("inference:") + 1].strip()]
+    report = (tmp_path / "report.md").read_text().splitlines()
+    prose += [line[2:] for line in report if line.startswith("- ")]
+    prose += [report[report.index("## Inference") + 2]]
+    assert prose and all(p.rstrip().endswith((".", "!", "?")) for p in prose), [p for p in prose if not p.endswith(".")]
+    assert json.loads((tmp_path / "doctor.json").read_text())["numbers"]["inference"]["text"].endswith(".")
