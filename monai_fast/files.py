@@ -44,6 +44,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import IO, Any
 
@@ -60,6 +61,7 @@ __all__ = [
     "free_bytes",
     "no_space_in",
     "tmp_path_for",
+    "write_bytes",
     "write_json",
     "write_text",
 ]
@@ -67,12 +69,18 @@ __all__ = [
 APP = "monai-fast"
 _TMP_SUFFIX = ".tmp"
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+FULL_BELOW = 256 * 1024  #: a native writer's error with less free than this counts as a full file system
 LOCK_NAME = ".monai-fast.lock"  #: the lock file :class:`RunFolderLock` holds inside a run folder
 logger = logging.getLogger("monai_fast.files")
 
 
 def _mib(n: int | float) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    """``n`` bytes in the unit that shows it best (KiB, MiB or GiB)."""
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
+    if n >= 2**20:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**10:.1f} KiB"
 
 
 class NoSpaceError(OSError):
@@ -206,9 +214,18 @@ def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") 
     return free
 
 
-def _as_no_space(err: BaseException, path: Path, tmp: Path) -> BaseException:
-    """``err`` as a :class:`NoSpaceError` naming ``path`` when it is, or arose from, ENOSPC/EDQUOT, else ``err``."""
+def _as_no_space(err: BaseException, path: Path, tmp: Path, needed: int | None = None,
+                 native: bool = False) -> BaseException:
+    """``err`` as a :class:`NoSpaceError` naming ``path`` when it is, or arose from, ENOSPC/EDQUOT, else ``err``.
+
+    With ``native`` (a library wrote the file from C/C++, whose stream errors carry no errno), an
+    error raised while the file system has less than :data:`FULL_BELOW` bytes free counts as a full one.
+    """
     cause = _space_error_in(err)
+    if cause is None and native:
+        with contextlib.suppress(OSError):
+            if free_bytes(path.parent) < FULL_BELOW:
+                cause = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if cause is None:
         return err
     if isinstance(cause, NoSpaceError):  # a nested write's, already naming its file
@@ -223,7 +240,7 @@ def _as_no_space(err: BaseException, path: Path, tmp: Path) -> BaseException:
         free = free_bytes(path.parent)
     except OSError:
         free = None
-    return NoSpaceError(path, free=free, code=cause.errno, written=written)
+    return NoSpaceError(path, needed=needed, free=free, code=cause.errno, written=written)
 
 
 def cache_root(create: bool = False) -> Path:
@@ -316,7 +333,8 @@ def clean_stale_tmp(folder: str | os.PathLike, target: str | None = None, max_ag
 
 @contextlib.contextmanager
 def atomic_write(
-    path: str | os.PathLike, mode: str = "w", fsync: bool = False, clean: bool = True, **open_kwargs: Any
+    path: str | os.PathLike, mode: str = "w", fsync: bool = False, clean: bool = True, size: int | None = None,
+    **open_kwargs: Any,
 ) -> Iterator[IO]:
     """Open a temporary file beside ``path``; on a clean exit rename it onto ``path``.
 
@@ -332,6 +350,8 @@ def atomic_write(
         clean: first remove leftovers of killed writers of this file. That lists the folder, so a
             writer of many files into one folder (a disk cache) passes ``False`` and calls
             :func:`clean_stale_tmp` on the folder once instead.
+        size: the bytes the file will hold, where known: a full file system's error then says how
+            much space is missing.
         open_kwargs: passed to :func:`open` (``encoding``, ...).
 
     Yields:
@@ -355,7 +375,7 @@ def atomic_write(
         if fsync:
             _fsync_dir(path.parent)
     except Exception as err:  # an OSError, or a writer's own error raised over one (torch.save's "unexpected pos")
-        converted = _as_no_space(err, path, tmp)
+        converted = _as_no_space(err, path, tmp, size)
         with contextlib.suppress(OSError):
             tmp.unlink()
         if converted is err:
@@ -368,18 +388,22 @@ def atomic_write(
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, fsync: bool = False, clean: bool = True) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, fsync: bool = False, clean: bool = True,
+                size: int | None = None) -> Iterator[Path]:
     """A temporary path beside ``path`` for a writer that takes a file name; renamed onto ``path`` on a clean exit.
 
     The counterpart of :func:`atomic_write` for libraries that open the file themselves
     (``prof.export_chrome_trace(name)``, ``nib.save(img, name)``): the same guarantees, the same
-    :class:`NoSpaceError` naming ``path``. The temporary name ends in ``.tmp``, so a writer that
-    picks its format from the suffix needs the format passed explicitly.
+    :class:`NoSpaceError` naming ``path`` (a C/C++ writer's stream error, which carries no errno,
+    counts as a full file system when less than :data:`FULL_BELOW` bytes are left). The temporary
+    name ends in ``.tmp``, so a writer that picks its format from the suffix needs the format
+    passed explicitly.
 
     Args:
         path: the final file.
         fsync: flush the file and the folder's entry to stable storage before returning.
         clean: first remove leftovers of killed writers of this file.
+        size: the bytes the file will hold, where known (for the space missing in the error).
 
     Yields:
         The temporary path to write to.
@@ -406,16 +430,21 @@ def atomic_path(path: str | os.PathLike, fsync: bool = False, clean: bool = True
         if fsync:
             _fsync_dir(path.parent)
     except Exception as err:
-        converted = _as_no_space(err, path, tmp)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        converted = _as_no_space(err, path, tmp, size, native=True)
+        _remove_tmp(tmp)
         if converted is err:
             raise
         raise converted from err
     except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        _remove_tmp(tmp)
         raise
+
+
+def _remove_tmp(tmp: Path) -> None:
+    """Remove ``tmp`` and what a writer made beside it from its name (kineto writes ``<name>.tmp`` first)."""
+    with contextlib.suppress(OSError):
+        for leftover in tmp.parent.glob(glob_escape(tmp.name) + "*"):
+            leftover.unlink(missing_ok=True)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -427,18 +456,22 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+def write_bytes(data: bytes, path: str | os.PathLike, fsync: bool = False, clean: bool = True) -> Path:
+    """Write ``data`` to ``path`` atomically; returns ``path``. A full file system's error says how much is missing."""
+    with atomic_write(path, "wb", fsync=fsync, clean=clean, size=len(data)) as f:
+        f.write(data)
+    return Path(path)
+
+
 def write_text(text: str, path: str | os.PathLike, fsync: bool = False) -> Path:
-    """Write ``text`` to ``path`` atomically; returns ``path``."""
-    with atomic_write(path, "w", fsync=fsync, encoding="utf-8") as f:
-        f.write(text)
-    return Path(path)
+    """Write ``text`` to ``path`` atomically (UTF-8); returns ``path``."""
+    return write_bytes(text.encode("utf-8"), path, fsync=fsync)
 
 
-def write_json(obj: Any, path: str | os.PathLike, indent: int | None = 2, fsync: bool = False, **dump_kwargs: Any) -> Path:
+def write_json(obj: Any, path: str | os.PathLike, indent: int | None = 2, fsync: bool = False,
+               **dump_kwargs: Any) -> Path:
     """Write ``obj`` as JSON to ``path`` atomically; returns ``path``."""
-    with atomic_write(path, "w", fsync=fsync, encoding="utf-8") as f:
-        json.dump(obj, f, indent=indent, **dump_kwargs)
-    return Path(path)
+    return write_text(json.dumps(obj, indent=indent, **dump_kwargs), path, fsync=fsync)
 
 
 class RunFolderBusyError(RuntimeError):

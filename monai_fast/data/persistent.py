@@ -144,7 +144,8 @@ class TrustedPersistentDataset(PersistentDataset):
             except PermissionError:
                 raise
             except Exception as e:  # any damage: rebuild instead of crashing or training on garbage
-                warnings.warn(f"cache file {hashfile} is damaged ({type(e).__name__}: {e}); rebuilding it", stacklevel=2)
+                warnings.warn(f"cache file {hashfile} is damaged ({type(e).__name__}: {e}); rebuilding it",
+                              stacklevel=2)
                 hashfile.unlink(missing_ok=True)
         result = self._pre_transform(deepcopy(item_transformed))
         if self.disk_full is not None:

@@ -33,7 +33,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-from monai_fast.files import atomic_write, cache_root, clean_stale_tmp, write_json
+from monai_fast.files import cache_root, clean_stale_tmp, write_bytes, write_json
 from monai_fast.progress import progress_bar
 
 __all__ = ["KINDS", "brats_like_case", "generate_msd", "spleen_like_case", "synthetic_dataset"]
@@ -164,8 +164,8 @@ def _save_atomic(array: np.ndarray, affine: np.ndarray, path: Path) -> None:
     """Write a NIfTI file through a temporary name in the same folder, then rename it into place."""
     img = nib.Nifti1Image(array, affine)
     img.header.set_xyzt_units("mm")
-    with atomic_write(path, "wb", clean=False) as f:  # generate_msd cleans each folder once
-        f.write(img.to_bytes() if not path.name.endswith(".gz") else gzip.compress(img.to_bytes(), compresslevel=1, mtime=0))
+    data = img.to_bytes() if not path.name.endswith(".gz") else gzip.compress(img.to_bytes(), compresslevel=1, mtime=0)
+    write_bytes(data, path, clean=False)  # generate_msd cleans each folder once
 
 
 def generate_msd(

@@ -188,7 +188,8 @@ class CheckpointFolder(Checkpoint):
         last = self._last
         if not self.dirname.is_dir() and isinstance(err, (FileExistsError, NotADirectoryError)):
             what = "a file" if self.dirname.exists() else "something"
-            written = f"the last checkpoint this run wrote there is {last.name}" if last else "this run wrote none there"
+            written = (f"the last checkpoint this run wrote there is {last.name}" if last
+                       else "this run wrote none there")
             message = (f"checkpoint folder {self.dirname} is no longer a folder ({what} replaced it): {name} "
                        f"was not written and the run stops; {written}; move the file away or give another folder, "
                        f"then resume")

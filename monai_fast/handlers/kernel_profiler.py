@@ -11,7 +11,7 @@ import ignite.distributed as idist
 from ignite.engine import Engine, Events
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from monai_fast.files import write_json
+from monai_fast.files import NoSpaceError, atomic_path, write_json
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry import cuda_available
@@ -72,7 +72,9 @@ class KernelProfiler(EngineHandler):
 
     Args:
         output_dir: folder for the trace and summary (checked for writability here).
-        wait, warmup, active: the ``torch.profiler.schedule`` window, in iterations.
+        wait: iterations skipped before the ``torch.profiler.schedule`` window.
+        warmup: iterations profiled but discarded, to warm the profiler up.
+        active: iterations recorded.
         record_shapes: record input shapes (bigger trace).
         top: number of ops listed in the summary.
 
@@ -137,11 +139,16 @@ class KernelProfiler(EngineHandler):
 
     def _ready(self, prof: profile) -> None:
         rank = idist.get_rank()
-        prof.export_chrome_trace(str(self.output_dir / f"trace_rank{rank}.json"))
         self.summary = summarise_profile(prof.key_averages(), self.top)
-        write_json(self.summary, self.output_dir / f"kernels_rank{rank}.json")
+        try:  # whole files or none; a full disk is named and training goes on (the summary stays in memory)
+            with atomic_path(self.output_dir / f"trace_rank{rank}.json") as tmp:
+                prof.export_chrome_trace(str(tmp))
+            write_json(self.summary, self.output_dir / f"kernels_rank{rank}.json")
+        except NoSpaceError as err:
+            logger.warning("KernelProfiler: profile not written: %s", err)
         if self.engine is not None and (record := record_of(self.engine)) is not None:
-            record.set_summary(Source.KERNELS, self.summary["All kernels"] | {"ranked_by": self.summary["ranked_by"], "top": self.summary["top"][:5]})
+            record.set_summary(Source.KERNELS, self.summary["All kernels"]
+                               | {"ranked_by": self.summary["ranked_by"], "top": self.summary["top"][:5]})
         logger.info(
             "profiled %d iterations: %d ops, CPU %.1f ms, GPU %.1f ms -> %s",
             self.active, self.summary["All kernels"]["# Ops"], self.summary["All kernels"]["CPU Time (ns)"] / 1e6,

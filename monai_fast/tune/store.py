@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ignite import distributed as idist
 
-from monai_fast.files import cache_root, write_json
+from monai_fast.files import NoSpaceError, cache_root, write_json
 from monai_fast.tune.result import TuneResult
 
 __all__ = ["TuneStore", "default_store_path"]
@@ -26,7 +26,9 @@ class TuneStore:
     """Tuning results on disk, so a second run on the same machine and model tunes nothing.
 
     Writes are atomic (:func:`monai_fast.files.write_json`) and made by rank 0
-    only. A damaged file is reported with its path and set aside, never silently overwritten.
+    only. A damaged file is reported with its path and set aside, never silently overwritten. A
+    file system too full for the file keeps it as it was, with a warning naming it and the space
+    missing: the result is still returned to the caller, and the next run tunes again.
 
     Args:
         path: the JSON file (created on first ``put``).
@@ -75,4 +77,7 @@ class TuneStore:
             return
         data = self._load()
         data[result.key] = result.to_dict()
-        write_json(data, self.path, indent=1, fsync=True, sort_keys=True)
+        try:
+            write_json(data, self.path, indent=1, fsync=True, sort_keys=True)
+        except NoSpaceError as err:  # the result stands; only its reuse by a later run is lost
+            logger.warning("tuning cache not updated: %s", err)

@@ -21,8 +21,11 @@ from monai_fast.files import (
     NoSpaceError,
     RunFolderBusyError,
     RunFolderLock,
+    atomic_path,
     atomic_write,
     ensure_free_space,
+    no_space_in,
+    write_bytes,
     write_json,
 )
 
@@ -125,3 +128,70 @@ def test_the_same_process_may_take_its_own_folder_again(tmp_path):
     second.release()
     free = subprocess.run([sys.executable, "-c", proc_code], capture_output=True, text=True)
     assert free.returncode == 0, free.stderr
+
+
+def test_torch_save_on_a_full_disk_is_named_not_unexpected_pos(small_fs):
+    import torch
+
+    target = small_fs / "item.pt"
+    with pytest.raises(NoSpaceError) as info:  # torch's zip writer raises "unexpected pos" over the ENOSPC
+        with atomic_write(target, "wb") as f:
+            torch.save(torch.zeros(400_000), f)
+    assert str(target) in str(info.value) and "unexpected pos" not in str(info.value)
+    assert list(small_fs.iterdir()) == []
+
+
+def test_a_writer_that_takes_a_path_gets_the_same_guarantees(small_fs):
+    import torch
+
+    target = small_fs / "trace.json"
+    target.write_text("old")
+    with pytest.raises(NoSpaceError, match="trace.json"):
+        with atomic_path(target) as tmp:
+            torch.save(torch.zeros(400_000), str(tmp))  # opens the file itself
+    assert target.read_text() == "old" and sorted(p.name for p in small_fs.iterdir()) == ["trace.json"]
+
+
+def test_atomic_path_renames_a_complete_file_and_refuses_a_missing_one(tmp_path):
+    with atomic_path(tmp_path / "small.json") as tmp:
+        tmp.write_text("{}")
+    assert (tmp_path / "small.json").read_text() == "{}" and sorted(tmp_path.iterdir()) == [tmp_path / "small.json"]
+    with pytest.raises(FileNotFoundError, match="none.json"):
+        with atomic_path(tmp_path / "none.json"):
+            pass
+
+
+def test_a_known_size_says_how_much_is_missing(small_fs):
+    with pytest.raises(NoSpaceError) as info:
+        write_bytes(b"x" * 3 * 2**20, small_fs / "model.pth")
+    assert info.value.needed == 3 * 2**20 and "3.0 MiB" in str(info.value) and "missing" in str(info.value)
+    assert list(small_fs.iterdir()) == []
+
+
+class _FullDiskItems:
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        raise NoSpaceError(self.folder / f"item{i}.pt", needed=2**20, free=0)
+
+
+def test_no_space_from_a_loader_worker_keeps_its_one_line(tmp_path):
+    from torch.utils.data import DataLoader
+
+    with pytest.raises(NoSpaceError) as info:  # the worker re-raises type(err)(traceback text)
+        next(iter(DataLoader(_FullDiskItems(tmp_path), num_workers=1)))
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(str(tmp_path / "item0.pt")) and "missing" in text
+    assert no_space_in(RuntimeError("wrapped")) is None
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.bin"))
+        except OSError:
+            raise RuntimeError("unexpected pos 1152 vs 1046")  # noqa: B904 - as torch's writer raises it
+    except RuntimeError as wrapped:
+        found = no_space_in(wrapped)
+    assert isinstance(found, NoSpaceError) and str(tmp_path / "x.bin") in str(found)
