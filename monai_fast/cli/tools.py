@@ -35,7 +35,7 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
     try:
         spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                           master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                          max_restarts=args.max_restarts)
+                          max_restarts=args.max_restarts, rdzv_timeout_s=args.rdzv_timeout)
     except ValueError as e:
         problems.insert(0, str(e))
     if problems or spec is None:
@@ -49,8 +49,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import tempfile
 
     from monai_fast.distributed.env import LAUNCHED_BY
-    from monai_fast.distributed.launch import rendezvous_failure, torchrun_args, torchrun_env
-    from monai_fast.distributed.supervise import supervise
+    from monai_fast.distributed.launch import (
+        rendezvous_failure, rendezvous_timeout_message, rendezvous_wait_line, torchrun_args, torchrun_env,
+    )
+    from monai_fast.distributed.supervise import NoRankStarted, supervise
 
     spec = _launch_spec(args)
     # each rank runs the script through monai_fast.distributed.launched (which stops a second spawn);
@@ -62,7 +64,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     logger.info("running %s", " ".join(cmd))
     with tempfile.TemporaryDirectory(prefix="monai-fast-launch-") as tmp:
         env["TORCHELASTIC_ERROR_FILE"] = os.path.join(tmp, "torchrun-error.json")  # torchrun's own error (ranks get theirs)
-        status = supervise(cmd, grace_s=args.grace_s, env=env)
+        wait_line = rendezvous_wait_line(spec)
+        if wait_line:
+            logger.info("%s", wait_line)
+        try:
+            status = supervise(cmd, grace_s=args.grace_s, env=env, start_timeout_s=spec.rdzv_timeout_s)
+        except NoRankStarted:
+            raise SystemExit(f"monai-fast launch: {rendezvous_timeout_message(spec)}") from None
         why = rendezvous_failure(env["TORCHELASTIC_ERROR_FILE"], spec) if status else None
     if why:
         logger.error("monai-fast launch: %s", why)
@@ -163,7 +171,9 @@ _LAUNCH_TEXT = (
     "monai_fast.distributed.run(train) trains with DDP. One node: a --standalone rendezvous on a free port. Several "
     "nodes without SLURM: run the same command on each node with --nnodes N and either --master-addr HOST "
     "--master-port P --node-rank I (static: node 0 is HOST) or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d: torchrun "
-    "numbers the nodes); every option is checked before anything starts. The same script also runs unchanged under "
+    "numbers the nodes); every option is checked before anything starts. It says at once where it waits for the "
+    "other nodes, and stops with one line naming that endpoint and the likely cause when no rendezvous forms within "
+    "--rdzv-timeout seconds. The same script also runs unchanged under "
     "plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops the others on its node; "
     "the other nodes' ranks fail at their next collective (at the latest after run()'s timeout_s). Then, with "
     "--max-restarts K, torchrun starts all ranks again (at most K times) and a script with "
@@ -185,6 +195,8 @@ _SBATCH_TEXT = (
 
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:
+    from monai_fast.distributed.launch import DEFAULT_RDZV_TIMEOUT_S
+
     p = sub.add_parser("launch", description=_LAUNCH_TEXT,
                        help="run a training script on N processes per node through torchrun, on one node or several "
                        "(DDP: gloo on CPU, NCCL on GPUs)")
@@ -195,6 +207,9 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--master-port", type=int, help="static rendezvous: a free port on node 0 (default 29500, torchrun's)")
     p.add_argument("--rdzv-endpoint", help="c10d rendezvous: HOST:PORT every node reaches (instead of --master-addr)")
     p.add_argument("--rdzv-id", help="c10d rendezvous: the job's name, the same on every node")
+    p.add_argument("--rdzv-timeout", type=float, default=DEFAULT_RDZV_TIMEOUT_S, metavar="S",
+                   help="seconds to wait for the rendezvous (every node met, ranks started) before stopping with one "
+                   "line naming the endpoint (default %(default)g, torchrun's)")
     p.add_argument("--max-restarts", type=int, default=0, help="when a rank dies, restart all ranks up to this many times; "
                    "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)")
     p.add_argument("--grace-s", type=float, default=120.0, help="on SIGTERM, SIGINT or SIGUSR1 (passed on to every "

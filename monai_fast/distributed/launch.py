@@ -8,6 +8,7 @@ import datetime as dt
 import gc
 import json
 import logging
+import math
 import os
 import socket
 from collections.abc import Callable
@@ -21,7 +22,10 @@ from monai.utils import set_determinism
 from monai_fast.distributed.env import detect, nested_spawn_message, pick_backend
 from monai_fast.telemetry import cuda_available, set_cuda_device
 
-__all__ = ["LaunchSpec", "free_port", "rendezvous_failure", "run", "setup_rank", "torchrun_args", "torchrun_env"]
+__all__ = [
+    "DEFAULT_RDZV_TIMEOUT_S", "LaunchSpec", "free_port", "rendezvous_failure", "rendezvous_timeout_message",
+    "rendezvous_wait_line", "run", "setup_rank", "torchrun_args", "torchrun_env",
+]
 
 logger = logging.getLogger("monai_fast.distributed")
 
@@ -126,6 +130,9 @@ def run(
 DEFAULT_MASTER_PORT = 29500
 """torchrun's own default for ``--master-port``."""
 
+DEFAULT_RDZV_TIMEOUT_S = 600.0
+"""How long ``monai-fast launch`` waits for the rendezvous by default (torchrun's own c10d join time-out)."""
+
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -151,6 +158,9 @@ class LaunchSpec:
             (``save_every=N``, ``resume()`` before ``run()``) then continues from its latest checkpoint,
             redoing at most N iterations. Several nodes need the c10d form for it (a static
             rendezvous has no rounds in which the nodes' restarts meet).
+        rdzv_timeout_s: how long this node waits for the rendezvous (all ``nnodes`` nodes met, ranks
+            started) before it stops with one line naming the endpoint; under c10d also torchrun's
+            ``join_timeout`` for the rendezvous rounds of restarts.
 
     Example:
         >>> spec = LaunchSpec(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500)
@@ -169,6 +179,7 @@ class LaunchSpec:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     max_restarts: int = 0
+    rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S
 
     def __post_init__(self) -> None:
         problems = _count_problems(self) + (_c10d_problems(self) if self.rdzv_endpoint or self.rdzv_id else _static_problems(self))
@@ -189,6 +200,8 @@ def _count_problems(spec: LaunchSpec) -> list[str]:
         problems.append(f"--nnodes must be >= 1, got {spec.nnodes}")
     if spec.max_restarts < 0:
         problems.append(f"--max-restarts must be >= 0, got {spec.max_restarts}")
+    if not spec.rdzv_timeout_s > 0:
+        problems.append(f"--rdzv-timeout must be > 0 seconds, got {spec.rdzv_timeout_s}")
     elif spec.max_restarts and spec.nnodes > 1 and not spec.rdzv_endpoint:
         problems.append(f"--max-restarts {spec.max_restarts} across {spec.nnodes} nodes needs the c10d rendezvous "
                         "(--rdzv-endpoint HOST:PORT --rdzv-id JOB): a --master-addr (static) rendezvous has no rounds in which "
@@ -237,6 +250,9 @@ def _c10d_problems(spec: LaunchSpec) -> list[str]:
     return problems
 
 
+_TORCHRUN_JOIN_TIMEOUT_S = 600  # torchrun's c10d join_timeout when --rdzv-conf does not set one
+
+
 def torchrun_args(spec: LaunchSpec) -> list[str]:
     """torchrun's options for ``spec``: where the nodes meet, ranks per node, restarts.
 
@@ -249,6 +265,9 @@ def torchrun_args(spec: LaunchSpec) -> list[str]:
     if spec.form == "c10d":
         where = [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}",
                  f"--rdzv-id={spec.rdzv_id}"]
+        join_timeout = math.ceil(spec.rdzv_timeout_s)
+        if join_timeout != _TORCHRUN_JOIN_TIMEOUT_S:  # only what differs from torchrun's own default
+            where.append(f"--rdzv-conf=join_timeout={join_timeout}")
     elif spec.form == "static":
         where = [f"--nnodes={spec.nnodes}", f"--node-rank={spec.node_rank or 0}", f"--master-addr={spec.master_addr}",
                  f"--master-port={spec.master_port or DEFAULT_MASTER_PORT}", "--rdzv-backend=static"]
@@ -304,5 +323,64 @@ def rendezvous_failure(error_file: str | os.PathLike, spec: LaunchSpec) -> str |
                 "from its latest checkpoint")
     if message.startswith("RendezvousTimeoutError"):
         return (f"not all --nnodes {spec.nnodes} nodes joined the c10d rendezvous at {spec.rdzv_endpoint} (--rdzv-id "
-                f"{spec.rdzv_id}) in time: start the launcher on every node, with the same --rdzv-endpoint and --rdzv-id")
+                f"{spec.rdzv_id}) within --rdzv-timeout {spec.rdzv_timeout_s:g} s: start the launcher on every node, "
+                "with the same --rdzv-endpoint and --rdzv-id")
     return None
+
+
+def _meeting_point(spec: LaunchSpec) -> str:
+    """``HOST:PORT`` where this node's launcher meets the others."""
+    if spec.form == "c10d":
+        return str(spec.rdzv_endpoint)
+    return f"{spec.master_addr}:{spec.master_port or DEFAULT_MASTER_PORT}"
+
+
+def rendezvous_wait_line(spec: LaunchSpec) -> str | None:
+    """The line ``monai-fast launch`` prints before it waits for other nodes; ``None`` on one node alone.
+
+    Example:
+        >>> rendezvous_wait_line(LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="j", rdzv_timeout_s=60))
+        'waiting for the rendezvous at h:29400 (2 nodes, --rdzv-id j) (up to 60 s; --rdzv-timeout)'
+    """
+    if spec.form == "standalone":
+        return None
+    nodes = f"{spec.nnodes} node{'s' if spec.nnodes != 1 else ''}"
+    who = f"--rdzv-id {spec.rdzv_id}" if spec.form == "c10d" else f"this one --node-rank {spec.node_rank}"
+    return (f"waiting for the rendezvous at {_meeting_point(spec)} ({nodes}, {who}) "
+            f"(up to {spec.rdzv_timeout_s:g} s; --rdzv-timeout)")
+
+
+def _tcp_answer(host: str, port: int, timeout_s: float) -> str:
+    """What a plain TCP connection to ``host:port`` finds: ``"accepts"``, ``"refused"`` or ``"unreachable"``."""
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
+            return "accepts"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "unreachable"
+
+
+def rendezvous_timeout_message(spec: LaunchSpec, probe_s: float = 2.0) -> str:
+    """One line saying that no rendezvous formed within ``spec.rdzv_timeout_s``, what the endpoint does, and the remedy.
+
+    The endpoint is probed with a plain TCP connection to tell the usual causes apart: a port that accepts
+    connections but hosts no rendezvous (another program holds it, or the other nodes never came), a port
+    where nothing listens (the node that hosts the rendezvous has not started), or a host out of reach.
+    """
+    where = _meeting_point(spec)
+    host, _, port = where.rpartition(":")
+    head = f"no rendezvous at {where} within --rdzv-timeout {spec.rdzv_timeout_s:g} s"
+    answer = _tcp_answer(host, int(port), probe_s)
+    flag = "--rdzv-endpoint" if spec.form == "c10d" else "--master-port"
+    if answer == "accepts" and spec.nnodes == 1:
+        return (f"{head}: {where} accepts connections but never answered as a rendezvous store: another program holds "
+                f"that port; give {flag} a free port")
+    if answer == "accepts":
+        return (f"{head}: {where} accepts connections but the {spec.nnodes} nodes did not all meet there: start the "
+                f"launcher on every node with the same options, and check that no other program holds port {port} "
+                f"on {host} (then give {flag} a free port)")
+    if answer == "refused":
+        return (f"{head}: nothing listens at {where}: start the launcher on {host} (it hosts the rendezvous), "
+                f"or correct the address and port")
+    return f"{head}: {host} cannot be reached on port {port}: check the address, the network and the firewall"

@@ -16,6 +16,12 @@ It returns only when the launcher has ended, with its status in the shell's conv
 signal N is ``128 + N``). Should the launcher die first (killed by the OOM killer), its orphaned ranks
 are stopped the same way.
 
+A launcher that has started no rank yet is still waiting for its rendezvous (the other nodes, or a
+store at an endpoint that may never answer: torch's store client then blocks without a time-out).
+Such a launcher has nothing to checkpoint: a stop signal ends it within a few seconds, and with
+``start_timeout_s`` it is stopped when no rank has started in that time, and :class:`NoRankStarted`
+is raised, so the caller can name the endpoint instead of waiting without end.
+
 Example:
     >>> import sys
     >>> from monai_fast.distributed.supervise import supervise
@@ -36,7 +42,7 @@ from types import FrameType
 
 import psutil
 
-__all__ = ["FORWARDED", "exit_status", "supervise"]
+__all__ = ["FORWARDED", "NoRankStarted", "exit_status", "supervise"]
 
 logger = logging.getLogger("monai_fast.distributed")
 
@@ -44,6 +50,11 @@ FORWARDED: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.S
 """The signals passed on to the ranks."""
 
 _LAUNCHER_EXIT_S = 10.0  # after the ranks are killed, how long torchrun may take to report them
+_REMIND_S = 30.0  # while no rank has started, how often the wait is logged
+
+
+class NoRankStarted(TimeoutError):
+    """The launcher started no rank within ``start_timeout_s`` (it was waiting for its rendezvous); it was stopped."""
 
 
 def exit_status(returncode: int) -> int:
@@ -74,6 +85,7 @@ class _Supervision:
         self.ranks: dict[int, psutil.Process] = {}
         self.delivered: dict[int, int] = {}  # pid -> how many of ``received`` it was sent
         self.deadline: float | None = None
+        self.started_at = time.monotonic()
         self._launcher: psutil.Process | None = None
 
     def start(self, cmd: list[str], env: dict[str, str] | None) -> None:
@@ -90,6 +102,16 @@ class _Supervision:
         self.received.append(sig)
         if self.deadline is None:
             self.deadline = time.monotonic() + self.grace_s
+        if not self.ranks:  # still at the rendezvous: nothing to checkpoint, the launcher itself stops
+            self.deadline = min(self.deadline, time.monotonic() + _LAUNCHER_EXIT_S)
+            self.signal_launcher(sig)
+
+    def signal_launcher(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the launcher's own process group (it leads a session of its own)."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError, AttributeError):
+            pass
 
     def find_ranks(self) -> None:
         """Remember the launcher's children (torchrun's ranks) while it lives: orphans are found by pid later."""
@@ -130,20 +152,43 @@ class _Supervision:
                 pass
 
 
-def _wait(s: _Supervision, poll_s: float) -> None:
+def _stop_launcher(s: _Supervision) -> None:
+    """Kill the launcher and its process group, and reap it."""
+    s.kill_all()
+    s.signal_launcher(signal.SIGKILL)
+    s.proc.kill()
+    s.proc.wait()
+
+
+def _wait(s: _Supervision, poll_s: float, start_timeout_s: float | None) -> None:
+    reminded = s.started_at
     while True:
         s.find_ranks()
         launcher_done = s.proc.poll() is not None
         if launcher_done and not s.alive_ranks():
             return
+        now = time.monotonic()
+        if start_timeout_s is not None and not s.ranks and not s.received and not launcher_done:
+            if now - s.started_at > start_timeout_s:
+                _stop_launcher(s)
+                raise NoRankStarted(f"the launcher started no rank within {start_timeout_s:g} s: stopped")
+            if now - reminded >= _REMIND_S:
+                reminded = now
+                logger.info("still waiting for the rendezvous: %.0f s left", start_timeout_s - (now - s.started_at))
         if launcher_done and not s.received:  # orphans: the launcher died under them
             logger.warning("the launcher ended (status %s) but ranks %s live on: stopping them",
                            s.proc.returncode, sorted(p.pid for p in s.alive_ranks()))
             s.on_signal(signal.SIGTERM, None)
         s.deliver()
         if s.deadline is not None and time.monotonic() > s.deadline:
-            logger.warning("the ranks did not stop within %.0f s: killing %s", s.grace_s,
-                           sorted(p.pid for p in s.alive_ranks()) or "the launcher")
+            if s.ranks:
+                logger.warning("the ranks did not stop within %.0f s: killing %s", s.grace_s,
+                               sorted(p.pid for p in s.alive_ranks()) or "the launcher")
+            else:
+                logger.warning("the launcher, still at its rendezvous, did not stop within %.0f s: killing it",
+                               _LAUNCHER_EXIT_S)
+                _stop_launcher(s)
+                return
             s.kill_all()
             try:
                 s.proc.wait(_LAUNCHER_EXIT_S)
@@ -155,7 +200,7 @@ def _wait(s: _Supervision, poll_s: float) -> None:
 
 
 def supervise(cmd: Sequence[str], grace_s: float = 120.0, env: Mapping[str, str] | None = None,
-              poll_s: float = 0.1) -> int:
+              poll_s: float = 0.1, start_timeout_s: float | None = None) -> int:
     """Run ``cmd`` (a launcher such as torchrun) to its end, passing ``FORWARDED`` signals to its children.
 
     Args:
@@ -164,9 +209,14 @@ def supervise(cmd: Sequence[str], grace_s: float = 120.0, env: Mapping[str, str]
             before they are killed.
         env: the launcher's environment (default: this process's).
         poll_s: how often the children are looked for and their state checked.
+        start_timeout_s: if set, how long the launcher may take to start its first rank (its rendezvous);
+            past it the launcher is killed and :class:`NoRankStarted` raised.
 
     Returns:
         The launcher's exit status, ``128 + N`` if signal N killed it.
+
+    Raises:
+        NoRankStarted: no rank started within ``start_timeout_s``.
 
     Signal handlers are installed only from the main thread (Python's rule) and restored on return.
     """
@@ -177,7 +227,7 @@ def supervise(cmd: Sequence[str], grace_s: float = 120.0, env: Mapping[str, str]
     previous = {sig: signal.signal(sig, s.on_signal) for sig in FORWARDED} if main else {}
     try:
         s.start(list(cmd), None if env is None else dict(env))  # after the handlers: no signal is missed
-        _wait(s, poll_s)
+        _wait(s, poll_s, start_timeout_s)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
