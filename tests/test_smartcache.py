@@ -164,7 +164,7 @@ def test_validation():
         SmartCacheUpdater([1, 2, 3])
     plain = SmartCacheDataset(ITEMS, cache_num=4, replace_rate=0.25, shuffle=False, progress=False)
     assert SmartCacheUpdater(plain).mode is None  # MONAI's own is accepted; the mode is chosen at attach
-    with pytest.raises(TypeError, match="data_loader holds no data, not a SmartCacheDataset.*SmartCacheUpdater\\(dataset\\)"):
+    with pytest.raises(TypeError, match=r"holds no data, not a SmartCacheDataset.*SmartCacheUpdater\(dataset\)"):
         SmartCacheUpdater().attach(Engine(lambda e, b: None))  # a plain engine gets its data at run()
     with pytest.raises(ValueError, match="timeout_s"):
         SmartCacheUpdater(_ds(), timeout_s=0)

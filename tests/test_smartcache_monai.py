@@ -1,4 +1,4 @@
-"""``SmartCacheUpdater().attach(trainer)`` over MONAI's own ``SmartCacheDataset``: adopted, or driven where it cannot be.
+"""``SmartCacheUpdater().attach(trainer)`` over MONAI's ``SmartCacheDataset``: adopted, or driven where it cannot be.
 
 Real MONAI trainers on tiny tensors, MONAI's ``SmartCacheDataset`` on real NIfTI files, ignite's
 ``Checkpoint``, a real notebook kernel and two real gloo ranks.
@@ -249,7 +249,7 @@ def _ddp_main(local_rank, out_dir):
     for mode in ("adopted", "monai"):
         failing = {"on": False}
 
-        def fn(i):
+        def fn(i, failing=failing):
             if failing["on"] and rank == 1:
                 raise ValueError(f"rank 1 cannot read item {i}")
             return i
@@ -257,7 +257,8 @@ def _ddp_main(local_rank, out_dir):
         items = [{**d, "id": d["id"] + 100 * k} for k in range(2) for d in ITEMS]  # 10 items
         ds = _ds(MODES[mode], fn, items=items)
         seen = []
-        loader = DataLoader(ds, batch_size=1, sampler=DistributedSampler(ds, shuffle=False), collate_fn=list_data_collate)
+        sampler = DistributedSampler(ds, shuffle=False)
+        loader = DataLoader(ds, batch_size=1, sampler=sampler, collate_fn=list_data_collate)
         trainer = _trainer(ds, seen, max_epochs=3, loader=loader)
         updater = SmartCacheUpdater(timeout_s=30)
         updater.attach(trainer)
@@ -278,7 +279,8 @@ def test_two_gloo_ranks_fail_together_in_both_modes_and_adoption_partitions_the_
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     for mode in ("adopted", "monai"):
         assert r0[mode]["mode"] == r1[mode]["mode"] == mode
-        assert r1[mode]["error"].startswith("DataItemError: SmartCache replacement of item") and "rank 1 cannot read" in r1[mode]["error"]
+        assert r1[mode]["error"].startswith("DataItemError: SmartCache replacement of item")
+        assert "rank 1 cannot read" in r1[mode]["error"]
         assert "failed on another rank" in r0[mode]["error"]
         assert len(r0[mode]["seen"]) == len(r1[mode]["seen"]) == 1  # both stopped at the first epoch's end
     # adopted: each rank rotates its own partition, caching half of the 4-item window
@@ -317,7 +319,8 @@ def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path
     spec.mkdir(parents=True)
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "k", "language": "python"}))
-    km = AsyncKernelManager(kernel_name=spec.name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
+    specs = KernelSpecManager(kernel_dirs=[str(spec.parent)])
+    km = AsyncKernelManager(kernel_name=spec.name, kernel_spec_manager=specs)
     client = nbclient.NotebookClient(nb, km=km, timeout=300, startup_timeout=180,
                                      resources={"metadata": {"path": str(tmp_path)}})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}

@@ -50,7 +50,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from monai.data import CacheDataset, Dataset, PersistentDataset, SmartCacheDataset, list_data_collate, pad_list_data_collate
+from monai.data import (
+    CacheDataset,
+    Dataset,
+    PersistentDataset,
+    SmartCacheDataset,
+    list_data_collate,
+    pad_list_data_collate,
+)
 from monai.transforms import Compose
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, default_collate
 
@@ -77,7 +84,7 @@ _ROTATION = ("set_data", "randomize", "is_started", "start", "update_cache", "sh
 
 
 def _own_methods(dataset: Any, names: tuple[str, ...]) -> list[str]:
-    """``Class.name`` for each of ``names`` that ``dataset``'s class takes from outside MONAI's known classes and monai-fast."""
+    """``Class.name`` for each of ``names`` that the class of ``dataset`` takes from outside the known classes."""
     own = []
     for name in names:
         owner = next((c for c in type(dataset).__mro__ if name in vars(c)), None)

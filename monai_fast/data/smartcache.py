@@ -160,7 +160,9 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             >>> safe = SafeSmartCacheDataset.adopt(monai_smartcache_ds, timeout_s=120)  # doctest: +SKIP
         """
         if not isinstance(dataset, SmartCacheDataset):
-            raise TypeError(f"SafeSmartCacheDataset.adopt needs a monai.data.SmartCacheDataset, got {type(dataset).__name__}")
+            raise TypeError(
+                f"SafeSmartCacheDataset.adopt needs a monai.data.SmartCacheDataset, got {type(dataset).__name__}"
+            )
         replace_num = replace_count(dataset)
         if isinstance(dataset, SafeSmartCacheDataset):
             rate = dataset._rotation.rate

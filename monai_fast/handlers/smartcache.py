@@ -111,9 +111,10 @@ class SmartCacheUpdater(EngineHandler):
         held = getattr(loader, "dataset", None)
         ds = self._given if self._given is not None else held
         if not isinstance(ds, SmartCacheDataset):
+            holds = type(held).__name__ if loader is not None else "no data"
             raise TypeError(
-                f"SmartCacheUpdater: the engine's data_loader holds {type(held).__name__ if loader is not None else 'no data'}"
-                ", not a SmartCacheDataset; pass the data set: SmartCacheUpdater(dataset)"
+                f"SmartCacheUpdater: the engine's data_loader holds {holds}, not a SmartCacheDataset; pass the data "
+                "set: SmartCacheUpdater(dataset)"
             )
         self.mode, self.reason, self._drive = self._choose(engine, loader, ds)
         self.on(engine, Events.STARTED, self._started)
@@ -123,7 +124,9 @@ class SmartCacheUpdater(EngineHandler):
             state, self._pending = self._pending, None
             self.load_state_dict(state)
 
-    def _choose(self, engine: Engine, loader: Any, ds: SmartCacheDataset) -> tuple[str, str | None, _MonaiRotation | None]:
+    def _choose(
+        self, engine: Engine, loader: Any, ds: SmartCacheDataset
+    ) -> tuple[str, str | None, _MonaiRotation | None]:
         """Adopt MONAI's data set where the rules allow, else drive it; log which mode and why."""
         if isinstance(ds, SafeSmartCacheDataset):
             self.dataset = ds
