@@ -54,7 +54,13 @@ class FastTraining(EngineHandler):
       :func:`~monai_fast.data.adopt.adopt_loader`: the deterministic part of its chain cached where
       the planner says (GPU memory, RAM, trusted disk cache, SmartCache with its updater attached),
       loaded by a ``SafeThreadDataLoader`` with the same batch size, shuffling, ``drop_last`` and
-      collate function; a ``DistributedSampler`` becomes a per-rank partition. The evaluator's
+      collate function; a ``DistributedSampler`` becomes a per-rank partition. A data set that is
+      already a cache is kept (never a second cache): MONAI's ``SmartCacheDataset`` becomes a
+      :class:`~monai_fast.data.smartcache.SafeSmartCacheDataset` over the same items and window,
+      and a :class:`~monai_fast.handlers.smartcache.SmartCacheUpdater` rotates it (a subclass with
+      its own rotation is kept and the updater drives MONAI's rotation). A data set whose class has
+      its own item path (``__getitem__``, ``_transform``) is not rebuilt from ``.data`` /
+      ``.transform`` (:func:`~monai_fast.data.adopt.unknown_item_path`). The evaluator's
       loader likewise. ``cache`` may force a place (``"gpu"``, ``"ram"``, ``"disk"``,
       ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
       to be thread-safe. ``prefetch="auto"``: the next batch is made during the step on
@@ -89,8 +95,9 @@ class FastTraining(EngineHandler):
       the argmax over classes, which MONAI's ``AsDiscrete(argmax=True)`` post-processing takes,
       measured faster that way; the values are the same.
 
-    What cannot be applied (a plain ``Dataset`` without ``.transform``, an ``IterableDataset``, a
-    custom sampler, a network that rejects ``channels_last_3d``) is left alone with one log line
+    What cannot be applied (a plain ``Dataset`` without ``.transform``, a data set class with its
+    own ``__getitem__``, an ``IterableDataset``, a custom sampler, a network that rejects
+    ``channels_last_3d``) is left alone with one log line
     saying why; the other levers still apply.
 
     Args:
