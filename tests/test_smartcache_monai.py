@@ -230,17 +230,6 @@ def test_fast_training_drives_a_subclass_with_its_own_rotation():
     assert seen == GUIDE[:3]
 
 
-def test_recipe_cache_smartcache_goes_through_the_same_adoption(tiny_files):
-    # a monai-fast recipe is a plain MONAI trainer + FastTraining: cache="smartcache" builds the safe rotation
-    trainer = _trainer(_ds(), [], max_epochs=1, loader=DataLoader(
-        __import__("monai.data", fromlist=["Dataset"]).Dataset([{**d, "label": 0} for d in ITEMS], _tensors()),
-        batch_size=2, collate_fn=list_data_collate))
-    fast = FastTraining(cache="smartcache", precision=False, memory_format=False, prefetch=False)
-    fast.attach(trainer)
-    assert isinstance(trainer.data_loader.dataset, SafeSmartCacheDataset)
-    assert handlers_on(trainer)[SmartCacheUpdater].mode == "safe"
-
-
 # ---- two gloo ranks ---------------------------------------------------------------------------------
 
 def _ddp_main(local_rank, out_dir):
