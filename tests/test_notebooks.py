@@ -155,3 +155,36 @@ def test_lab_notebook_measures_its_table_and_reads_back_its_tensorboard_scalars_
     assert all(f"lab/{name}" in images for name in ("input", "label", "prediction")), images
     pngs = [o for o in _outputs(nb) if "image/png" in o.get("data", {})]
     assert len(pngs) >= 3  # the data, the scalars, the prediction
+
+
+def test_auto_size_is_decided_from_the_device_in_one_place():
+    from monai_fast.recipes.tutorial_sizes import tutorial_size
+
+    assert tutorial_size("auto", "cpu") == "test" and tutorial_size("auto", "cuda") == "full"
+    assert tutorial_size("full", "cpu") == "full" and tutorial_size("test", "cuda") == "test"
+    with pytest.raises(ValueError, match=r"SIZE must be one of \('test', 'full', 'auto'\), got 'big'"):
+        tutorial_size("big")
+
+
+@pytest.mark.timeout(600)
+def test_auto_size_on_a_cpu_picks_the_test_size_in_every_notebook(tmp_path):
+    """Each notebook's parameters cell (``SIZE = "auto"``, as committed) and its set-up cell, run in one kernel
+    that sees no GPU: every notebook must resolve to the size that runs in about a minute on a CPU."""
+    cells = []
+    for path in NOTEBOOKS:
+        code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        at = next(i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", []))
+        assert 'SIZE = "auto"' in code[at].source, f"{path.name}: SIZE is committed as 'auto'"
+        cells += [nbformat.v4.new_code_cell(code[at].source), nbformat.v4.new_code_cell(code[at + 1].source)]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    client = nbclient.NotebookClient(nb, km=_kernel_manager(tmp_path / "kernels"), timeout=CELL_TIMEOUT_S, startup_timeout=180,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": pythonpath, "MONAI_FAST_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("MPLBACKEND", None)
+    with client.setup_kernel(env=env, cleanup_kc=True):
+        for index, cell in enumerate(nb.cells):
+            client.execute_cell(cell, index)
+    for path, setup in zip(NOTEBOOKS, nb.cells[1::2]):
+        printed = "".join(o.get("text", "") for o in setup.outputs if o.output_type == "stream")
+        assert "SIZE='test'" in printed, (path.name, printed)
