@@ -493,8 +493,31 @@ class _Transfer:
             raise EOFError(f"the body ended after {self.written} of the object's {size} bytes")
 
 
+class _Temporaries:
+    """The temporary files of the downloads in progress, removed by the caller when it is interrupted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: set[str] = set()
+
+    def add(self, path: str) -> None:
+        with self._lock:
+            self._paths.add(path)
+
+    def discard(self, path: str) -> None:
+        with self._lock:
+            self._paths.discard(path)
+
+    def remove_all(self) -> None:
+        with self._lock:
+            paths, self._paths = self._paths, set()
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 def _download(remote: _Remote, dest: Path, stop: threading.Event, advance: Callable[[int], None], limits: _Limits,
-              temps: set[str]) -> None:
+              temps: _Temporaries) -> None:
     """Fetch ``remote`` into ``dest``, atomically, tried ``limits.retries`` more times after a failure."""
     if stop.is_set():
         raise _Stopped()
@@ -520,7 +543,7 @@ def _download(remote: _Remote, dest: Path, stop: threading.Event, advance: Calla
 def _fetch_all(todo: dict[str, tuple[_Remote, Path]], workers: int, progress: bool, limits: _Limits) -> None:
     total = sum(r.size or 0 for r, _ in todo.values())
     stop, lock = threading.Event(), threading.Lock()
-    temps: set[str] = set()
+    temps = _Temporaries()
     with progress_bar(total=total, enabled=progress, desc="fetch remote data", unit="B", unit_scale=True) as bar:
 
         def advance(n: int) -> None:
@@ -529,10 +552,8 @@ def _fetch_all(todo: dict[str, tuple[_Remote, Path]], workers: int, progress: bo
 
         try:
             results = _parallel(lambda u: _download(*todo[u], stop, advance, limits, temps), list(todo), workers, stop)
-        except BaseException:  # Ctrl-C: the workers are stopping; their temporary files go now
-            for tmp in list(temps):
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+        except BaseException:  # Ctrl-C: the workers are stopping; their temporary files are removed first
+            temps.remove_all()
             raise
     failed = [u for u in todo if isinstance(results[u], BaseException) and not isinstance(results[u], _Stopped)]
     if len(failed) == 1:
