@@ -39,7 +39,7 @@ from typing import Any
 
 from monai_fast.cli.args import add_data_options, add_model_options, add_validation_options, race_spec
 from monai_fast.distributed.sagemaker import SageMakerEnv, SageMakerEnvError, read_sagemaker_env, torchrun_command
-from monai_fast.handlers.stop_signal import STOPPED_EXIT, catch_stop_signals, end_of_setup
+from monai_fast.handlers.stop_signal import STOPPED_EXIT, end_of_setup, stop_signals_caught
 from monai_fast.recipes.config import NETWORKS, OPTIMIZERS
 
 __all__ = ["add_train_command", "hyperparameter_values"]
@@ -342,8 +342,11 @@ def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
     print(f"trained {result.recipe} ({plan.config.network}) for {result.epochs_run} epochs in {result.total_s:.1f} s "
           f"on {result.device}: best validation Dice {dice}", flush=True)
     if result.diagnosis:
-        print(f"doctor: {result.diagnosis['verdict']}: {result.diagnosis['evidence'][0]}  (report: {result.run_dir}/report.md)")
-    print(f"model: {model or 'not written'}\nresults: {plan.run_dir}/results.json")
+        report = Path(result.run_dir or "") / "report.md"
+        print(f"doctor: {result.diagnosis['verdict']}: {result.diagnosis['evidence'][0]}  "
+              f"(report: {report if report.is_file() else 'not written'})")
+    results = Path(plan.run_dir) / "results.json"
+    print(f"model: {model or 'not written'}\nresults: {results if results.is_file() else 'not written'}")
     if out.tensorboard_dir:
         print(f"tensorboard --logdir {out.tensorboard_dir}")
     if failed:
@@ -351,11 +354,16 @@ def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    """The command: stop signals caught from its first line (until a ``Preemption`` or the end of set-up)."""
+    with stop_signals_caught(PREEMPTED_EXIT):  # a signal while the job is read, the data checked or cached: kept
+        return _train_command(args)
+
+
+def _train_command(args: argparse.Namespace) -> int:
     from monai_fast.distributed import detect, run
     from monai_fast.race.options import resolve_device
     from monai_fast.race.scale import demo_scale
 
-    catch_stop_signals()  # first: a signal while the job is read and the data checked or cached is kept for the run
     try:
         sm = read_sagemaker_env()
     except SageMakerEnvError as e:
