@@ -484,6 +484,9 @@ class _Transfer:
             except _Stall as e:
                 of = f" of {self.remote.size}" if self.remote.size is not None else ""
                 raise _Stall(f"stalled after {self.written + e.partial}{of} bytes: {e}") from e
+            finally:
+                with contextlib.suppress(Exception):  # the stream's connection goes back or is dropped
+                    _run(fs, streamed.close, limits.request_s, None)
         else:  # a filesystem without a streaming reader: its own client's time limits apply
             with fs.open(path, "rb", block_size=_BLOCK) as src:
                 while chunk := src.read(_CHUNK):
