@@ -177,10 +177,11 @@ def test_auto_size_on_a_cpu_picks_the_test_size_in_every_notebook(tmp_path):
         assert 'SIZE = "auto"' in code[at].source, f"{path.name}: SIZE is committed as 'auto'"
         cells += [nbformat.v4.new_code_cell(code[at].source), nbformat.v4.new_code_cell(code[at + 1].source)]
     nb = nbformat.v4.new_notebook(cells=cells)
-    client = nbclient.NotebookClient(nb, km=_kernel_manager(tmp_path / "kernels"), timeout=CELL_TIMEOUT_S, startup_timeout=180,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(nb, km=_kernel_manager(tmp_path / "kernels"), timeout=CELL_TIMEOUT_S,
+                                     startup_timeout=180, resources={"metadata": {"path": str(tmp_path)}})
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": pythonpath, "MONAI_FAST_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHONPATH": pythonpath, "MONAI_FAST_CACHE": str(tmp_path / "cache"),
+           "CUDA_VISIBLE_DEVICES": ""}  # a machine without a GPU
     env.pop("MPLBACKEND", None)
     with client.setup_kernel(env=env, cleanup_kc=True):
         for index, cell in enumerate(nb.cells):

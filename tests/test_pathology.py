@@ -122,3 +122,13 @@ def test_cucim_path_augments_on_the_gpu_and_reads_what_the_tiled_reader_reads(pa
     r = run_pathology("fast", *patches, SIZES["tiny"].config(max_epochs=1), "cuda", target=1.01)
     assert r["reader"].startswith("cucim") and r["augment"].startswith("cuCIM GPU kernels")
     assert r["precision"] in ("bf16", "fp16") and r["patches_per_s"] > 0
+
+
+def test_both_pipelines_check_their_slides_and_guard_their_epochs(patches):
+    from monai_fast.data.loaders import SafeThreadDataLoader
+    from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
+
+    for variant in ("plain", "fast"):
+        run = build_pathology(variant, *patches, SIZES["tiny"].config(precision="fp32"), "cpu")
+        assert EpochLengthGuard in handlers_on(run.trainer) and EpochLengthGuard in handlers_on(run.evaluator)
+    assert isinstance(run.trainer.data_loader, SafeThreadDataLoader) and run.notes["loader"].startswith("SafeThreadDataLoader")

@@ -113,3 +113,26 @@ def test_synth_command_writes_a_wsi_set(tmp_path, capsys):
     assert capsys.readouterr().out.startswith(f"wrote 2 wsi slides (pyramidal TIFF, masks, patches.csv, dataset.json) to {tmp_path / 'w'}")
     meta = json.loads((tmp_path / "w" / "dataset.json").read_text())
     assert meta["monai_fast"]["size"] == [256, 256] and len(meta["slides"]) == 2
+
+
+def test_the_slide_scan_gives_every_level_and_opens_other_formats_only_with_a_reader(wsi_root, tmp_path):
+    from monai_fast.data.preflight import scan_slide
+
+    assert scan_slide(wsi_root / "slides" / "slide_001.tif") == {"levels": [[512, 384], [256, 192], [128, 96]]}
+    other = tmp_path / "slide.svs-like"
+    other.write_bytes(b"\x89PNG not a tiff")
+    assert scan_slide(other) == {"error": "not a TIFF file, and no WSI reader was given to open it"}
+    assert scan_slide(other, reader=WSIReader(backend="tifffile"))["error"].startswith("TiffFileError")
+
+
+def test_the_tiled_reader_refuses_a_patch_that_reaches_past_the_edge(wsi_root):
+    reader = TiledTiffWSIReader()
+    wsi = reader.read(str(wsi_root / "slides" / "slide_001.tif"))
+    patch, _ = reader.get_data(wsi, location=(SIZE[0] - PATCH, SIZE[1] - PATCH), size=(PATCH, PATCH))  # the last corner
+    assert patch.shape == (3, PATCH, PATCH)
+    with pytest.raises(ValueError, match=r"slide_001.tif: the 32 x 32 patch at row 481, column 352 of level 0 reaches "
+                                         r"outside the level's 512 x 384 pixels"):
+        reader.get_data(wsi, location=(SIZE[0] - PATCH + 1, SIZE[1] - PATCH), size=(PATCH, PATCH))
+    with pytest.raises(ValueError, match=r"the 32 x 150 patch at row 64, column 48 of level 1 reaches outside the "
+                                         r"level's 256 x 192 pixels"):
+        reader.get_data(wsi, location=(128, 96), size=(PATCH, 150), level=1)

@@ -39,7 +39,8 @@ import numpy as np
 from monai_fast.data.msd import shape_mismatch
 from monai_fast.files import cache_root, write_json
 
-__all__ = ["PreflightError", "PreflightReport", "patch_padding", "preflight", "preflight_wsi", "scan_file", "scan_slide"]
+__all__ = ["PreflightError", "PreflightReport", "patch_padding", "preflight", "preflight_wsi", "scan_file",
+           "scan_slide"]
 
 logger = logging.getLogger(__name__)
 
@@ -302,21 +303,22 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
             if reader is None:
                 return {"error": "not a TIFF file, and no WSI reader was given to open it"}
             wsi = reader.read(path)
-            return {"levels": [[int(v) for v in reader.get_size(wsi, level)] for level in range(reader.get_level_count(wsi))]}
+            levels = range(reader.get_level_count(wsi))
+            return {"levels": [[int(v) for v in reader.get_size(wsi, level)] for level in levels]}
         import tifffile
 
         capture, tiff_logger = _LogCapture(), logging.getLogger("tifffile")
         tiff_logger.addHandler(capture)
         try:
             with tifffile.TiffFile(path) as tif:
-                end = os.fstat(tif.filehandle.fileno()).st_size if hasattr(tif.filehandle, "fileno") else os.path.getsize(path)
+                end = os.path.getsize(path)
                 levels = []
                 for level, page in enumerate(tif.pages):
                     offsets, counts = page.dataoffsets, page.databytecounts
                     for i, (offset, count) in enumerate(zip(offsets, counts)):
                         if count == 0 or offset + count > end:
-                            return {"error": f"level {level} is cut short: its part {i} of {len(offsets)} lies at bytes "
-                                             f"{offset}..{offset + count} of a {end}-byte file (truncated?)"}
+                            return {"error": f"level {level} is cut short: its part {i} of {len(offsets)} lies at "
+                                             f"bytes {offset}..{offset + count} of a {end}-byte file (truncated?)"}
                     if offsets:
                         tif.filehandle.seek(offsets[-1])
                         page.decode(tif.filehandle.read(counts[-1]), len(offsets) - 1, jpegtables=page.jpegtables)
@@ -350,7 +352,8 @@ def _patch_problem(levels: list[list[int]], location: Sequence[int], size: tuple
     start = [int(location[i]) - (size[i] // 2 if center else 0) for i in range(2)]
     top, left = (round(start[i] / (levels[0][i] / levels[level][i])) for i in range(2))
     if top < 0 or left < 0 or top + size[0] > h or left + size[1] > w:
-        return (f"the {size[0]} x {size[1]} patch at location {tuple(int(v) for v in location)} (rows {top}..{top + size[0]}, "
+        where = tuple(int(v) for v in location)
+        return (f"the {size[0]} x {size[1]} patch at location {where} (rows {top}..{top + size[0]}, "
                 f"columns {left}..{left + size[1]} at level {level}) reaches outside the slide's {h} x {w} pixels"
                 + (f" (level 0: {h0} x {w0})" if level else ""))
     return None
@@ -441,12 +444,14 @@ def preflight_wsi(
         for path, reasons in bad.items():
             problems += [(path, r) for r in reasons[:_LOCATIONS_NAMED]]
             if len(reasons) > _LOCATIONS_NAMED:
-                problems.append((path, f"... and {len(reasons) - _LOCATIONS_NAMED} more patch(es) of this slide at fault"))
+                more = len(reasons) - _LOCATIONS_NAMED
+                problems.append((path, f"... and {more} more patch(es) of this slide at fault"))
         if cache and read:
             store_path.parent.mkdir(parents=True, exist_ok=True)
             write_json(store, store_path, indent=None)
     checked = sum(len(items) for items in lists.values())
-    report = PreflightReport(checked=checked, from_cache=hits, read=read, seconds=time.perf_counter() - t0, problems=problems)
+    report = PreflightReport(checked=checked, from_cache=hits, read=read, seconds=time.perf_counter() - t0,
+                             problems=problems)
     logger.info("preflight (WSI): %d patches on %d slide(s), %d read, %d from the cache, %d problem(s) in %.1f s",
                 checked, len(scans), read, hits, len(problems), report.seconds)
     if problems and raise_error:
