@@ -12,6 +12,7 @@ extra          packages                                        used by
 ``plots``      matplotlib, tensorboard                         PNGs, TensorBoard events
 ``notebooks``  nbclient, nbformat, ipykernel                   running the notebooks
 ``nvidia``     nvtx, nvidia-ml-py                              NVTX ranges, NVML sampling
+``bundle``     fire, pyyaml                                    ``python -m monai.bundle``, YAML configs
 ``all``        every extra above
 ``dev``        ``all`` and the test and docs tools
 =============  ==============================================  ===========================
@@ -44,6 +45,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "plots": ("matplotlib", "tensorboard"),
     "notebooks": ("nbclient", "nbformat", "ipykernel"),
     "nvidia": ("nvtx", "nvidia-ml-py"),
+    "bundle": ("fire", "pyyaml"),
 }
 
 
@@ -90,5 +92,5 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
 
 def _distribution_modules(extra: str) -> tuple[str, ...]:
     """Top-level module names of an extra's distributions (``nvidia-ml-py`` -> ``pynvml``)."""
-    renames = {"nvidia-ml-py": "pynvml"}
+    renames = {"nvidia-ml-py": "pynvml", "pyyaml": "yaml"}
     return tuple(renames.get(d, d.replace("-", "_")) for d in EXTRAS[extra])

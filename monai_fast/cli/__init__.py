@@ -7,6 +7,7 @@
 ``monai-fast tune``   pick batch size, sliding-window batch, validation device, precision by throughput.
 ``monai-fast launch`` run a training script on N local processes (torchrun, DDP).
 ``monai-fast sbatch`` write an sbatch script (ranks per GPU, requeue, USR1 before the time limit).
+``monai-fast bundle`` run a MONAI bundle with FastTraining, or write the bundle config fragment.
 
 ``demo``, ``bench`` and ``tune`` call :mod:`monai_fast.race` (in :mod:`monai_fast.cli.race_cmds`);
 the others (in :mod:`monai_fast.cli.tools`) call the data, distributed and report modules.
@@ -26,6 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from monai_fast.cli.args import flag_of
+from monai_fast.cli.bundle_cmd import add_bundle_command
 from monai_fast.cli.infer_cmd import add_infer_command
 from monai_fast.cli.race_cmds import add_race_commands
 from monai_fast.cli.tools import add_tool_commands
@@ -48,11 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_tool_commands(sub)
     add_train_command(sub)
     add_infer_command(sub)
+    add_bundle_command(sub)
     return parser
 
 
 #: commands that train or infer, where :mod:`monai_fast.openmp`'s line is worth a log line
-COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch"})
+COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch", "bundle"})
 
 
 def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), pin_openmp: bool = False) -> int:

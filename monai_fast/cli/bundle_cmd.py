@@ -1,0 +1,122 @@
+"""``monai-fast bundle run | fragment``: MONAI bundles with FastTraining. Parses, calls, prints.
+
+Example:
+    >>> import argparse
+    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
+    >>> add_bundle_command(sub)
+    >>> sorted(sub.choices)
+    ['bundle']
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_bundle_command"]
+
+_RUN_TEXT = (
+    "Run the MONAI bundle in BUNDLE_DIR as 'python -m monai.bundle run' does (its configs/train.json or the "
+    "--config_file list, merged as MONAI merges them; --meta_file, --logging_file; overrides as 'id=value' or "
+    "'--id value'; the config's initialize, run and finalize sections), with FastTraining attached to the config's "
+    "trainer (train#trainer) and evaluator (validate#evaluator), a run record in <output_dir>/monai_fast, "
+    "FastTraining's decisions printed before training and the doctor's verdict at the end. --no-fast runs the "
+    "bundle as published, with the record, for a side-by-side. Parsing a config runs the code in it: run bundles "
+    "you trust."
+)
+_FRAGMENT_TEXT = (
+    "Write the config fragment that makes MONAI's own runner attach FastTraining: merged after the bundle's "
+    "train.json (python -m monai.bundle run --config_file \"['configs/train.json','configs/fast.json']\"), it "
+    "appends to the bundle's initialize section an attach of a run record and FastTraining to train#trainer and "
+    "validate#evaluator."
+)
+
+
+def _own_options(r: argparse.ArgumentParser) -> None:
+    """The options of ``bundle run`` itself (the rest of the line is config overrides)."""
+    r.add_argument("--config_file", "--config-file", dest="config_file", default=None,
+                   help="config file(s) to merge: a path or \"['configs/train.json','extra.json']\" "
+                        "(default configs/train.json or .yaml)")
+    r.add_argument("--meta_file", "--meta-file", dest="meta_file", default=None,
+                   help="default configs/metadata.json when present")
+    r.add_argument("--logging_file", "--logging-file", dest="logging_file", default=None,
+                   help="default configs/logging.conf when present")
+    r.add_argument("--no-logging-file", action="store_true", help="apply no logging file")
+    r.add_argument("--trainer-id", default="train#trainer", help="the trainer's config id (default %(default)s)")
+    r.add_argument("--evaluator-id", default="validate#evaluator",
+                   help="the evaluator's config id (default %(default)s; left out when the config has none)")
+    r.add_argument("--no-fast", action="store_true", help="run the bundle as published (with the run record)")
+    r.add_argument("--fp32", action="store_true", help="FastTraining leaves precision alone")
+    r.add_argument("--run-dir", default=None, help="where the run record goes (default <output_dir>/monai_fast)")
+
+
+def _split(args: argparse.Namespace) -> argparse.Namespace:
+    """Take this command's own options out of the overrides (the positional REMAINDER collects every token)."""
+    own = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _own_options(own)
+    known, rest = own.parse_known_args(args.overrides)
+    for key, value in vars(known).items():
+        if value != own.get_default(key):
+            setattr(args, key, value)
+    args.overrides = rest
+    return args
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from monai_fast.bundle import BundleError, parse_overrides, run_bundle
+    from monai_fast.bundle.fragment import decision_lines
+
+    args = _split(args)
+    try:
+        overrides = parse_overrides(args.overrides)
+        fast_options = {"precision": False} if args.fp32 else {}
+
+        def show(applied: dict) -> None:
+            lines = decision_lines(applied) if applied else ["FastTraining: not attached (--no-fast): the bundle as published"]
+            for line in lines:
+                print(line, flush=True)
+
+        result = run_bundle(
+            args.bundle_dir,
+            config_files=args.config_file,
+            meta_file=args.meta_file,
+            logging_file=False if args.no_logging_file else args.logging_file,
+            overrides=overrides,
+            fast=not args.no_fast,
+            fast_options=fast_options,
+            trainer_id=args.trainer_id,
+            evaluator_id=args.evaluator_id,
+            run_dir=args.run_dir,
+            on_applied=show,
+        )
+    except BundleError as e:
+        raise SystemExit(f"monai-fast bundle run: {e}") from e
+    print(f"run record: {result.run_dir} (monai-fast doctor {result.run_dir})")
+    if result.verdict:
+        print(result.verdict)
+    return 0
+
+
+def _cmd_fragment(args: argparse.Namespace) -> int:
+    from monai_fast.bundle import write_fragment
+
+    path = write_fragment(args.out)
+    print(f"wrote {path}: merge it after the bundle's train.json with --config_file \"['configs/train.json','{path}']\"")
+    return 0
+
+
+def add_bundle_command(sub: argparse._SubParsersAction) -> None:
+    """Register ``monai-fast bundle`` (``run``, ``fragment``) on the command's subparsers."""
+    p = sub.add_parser("bundle", help="run a MONAI bundle with FastTraining, or write the bundle config fragment",
+                       description="MONAI bundles with FastTraining: 'run' runs one, 'fragment' writes the config "
+                                   "fragment a bundle can ship.")
+    bsub = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
+    r = bsub.add_parser("run", help="run a bundle's training with FastTraining attached", description=_RUN_TEXT)
+    r.add_argument("bundle_dir", metavar="BUNDLE_DIR", help="the bundle folder (configs/ inside)")
+    _own_options(r)
+    r.add_argument("overrides", nargs=argparse.REMAINDER,
+                   help="config overrides as monai.bundle takes them: id=value or --id value "
+                        "(e.g. --train#trainer#max_epochs 2 dataset_dir=/data/Task09_Spleen)")
+    r.set_defaults(func=_cmd_run)
+    f = bsub.add_parser("fragment", help="write the config fragment a bundle can ship", description=_FRAGMENT_TEXT)
+    f.add_argument("--out", default="configs/fast.json", help="where to write it (default %(default)s)")
+    f.set_defaults(func=_cmd_fragment)

@@ -1,0 +1,124 @@
+"""MONAI bundles with FastTraining: ``run_bundle`` / ``monai-fast bundle run`` and the config fragment.
+
+Real parts: a bundle in the Model Zoo's layout written for these tests (``tests/bundles/seg3d``:
+UNet, DiceCE, Novograd, ``CacheDataset`` + ``DataLoader(num_workers=2)``, ``amp: true``, the
+zoo's handlers: ``ValidationHandler``, ``StatsHandler``, ``TensorBoardStatsHandler``,
+``CheckpointSaver`` with the key metric, ``MetricsSaver``, a training ``Accuracy``), parsed by
+MONAI's own ``ConfigWorkflow``, on synthetic NIfTI files; MONAI's own runner
+(``python -m monai.bundle run``) for the fragment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monai_fast.bundle import FRAGMENT, BundleError, bundle_config_files, parse_overrides, run_bundle, write_fragment
+from monai_fast.data.synthetic import generate_msd
+from monai_fast.telemetry.record import load_record
+
+ROOT = Path(__file__).resolve().parents[1]
+SEG3D = ROOT / "tests" / "bundles" / "seg3d"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return generate_msd(tmp_path_factory.mktemp("bundle-data"), num_cases=4, shape=(48, 48, 32), progress=False)
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    dst = tmp_path / "seg3d"
+    shutil.copytree(SEG3D, dst)
+    return dst
+
+
+def small(data: Path) -> dict:
+    """What a 2-core CPU needs changed: data, epochs, device, patch and network size."""
+    return {"dataset_dir": str(data), "max_epochs": 1, "num_val": 1, "patch_size": [16, 16, 16],
+            "network_def#channels": [4, 8], "network_def#strides": [2], "network_def#num_res_units": 0,
+            "device": "$torch.device('cpu')"}
+
+
+def _outputs(bundle: Path) -> dict:
+    return {"model": (bundle / "models" / "model.pt").is_file(),
+            "metrics": (bundle / "eval" / "metrics.csv").is_file(),
+            "tensorboard": any(p.name.startswith("events.out.tfevents") for p in (bundle / "eval").iterdir())}
+
+
+def test_run_bundle_attaches_fast_training_and_keeps_the_bundles_handlers(bundle, data):
+    seen = {}
+    result = run_bundle(bundle, overrides=small(data), on_applied=seen.update, logging_file=False)
+    assert {"data", "precision"} <= set(seen) <= set(result.applied)  # shown before training; some settle while it runs
+    assert {"data", "precision"} <= set(result.applied)
+    # the bundle's own CacheDataset is kept: never a second cache
+    assert result.run_dir == bundle / "eval" / "monai_fast"
+    assert _outputs(bundle) == {"model": True, "metrics": True, "tensorboard": True}
+    rows, summary = load_record(result.run_dir)
+    assert any(r.get("kind") == "epoch" for r in rows)
+    assert result.verdict and result.verdict.startswith("verdict:")
+
+
+def test_no_fast_runs_the_bundle_as_published_with_the_record(bundle, data):
+    result = run_bundle(bundle, overrides=small(data), fast=False, logging_file=False)
+    assert result.applied == {}
+    assert _outputs(bundle) == {"model": True, "metrics": True, "tensorboard": True}
+    rows, _ = load_record(result.run_dir)
+    assert rows and not any(r.get("source") == "fast_training" for r in rows)
+
+
+def test_the_fragment_makes_monais_own_runner_attach_fast_training(bundle, data):
+    fragment = write_fragment(bundle / "configs" / "fast.json")
+    assert json.loads(fragment.read_text()) == FRAGMENT
+    overrides = []
+    for key, value in {**small(data), "bundle_root": str(bundle)}.items():
+        overrides += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file",
+           str([str(bundle / "configs" / "train.json"), str(fragment)]), "--meta_file",
+           str(bundle / "configs" / "metadata.json"), "--logging_file", str(bundle / "configs" / "logging.conf"), *overrides]
+    r = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "FastTraining precision:" in r.stdout and "FastTraining data:" in r.stdout
+    assert _outputs(bundle)["model"]
+    _, summary = load_record(bundle / "eval" / "monai_fast")
+    assert summary  # FastTraining's decisions in the record
+
+
+def test_the_command_line_runs_a_bundle_and_prints_the_decisions(bundle, data):
+    overrides = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in small(data).items()]
+    cmd = [sys.executable, "-m", "monai_fast", "bundle", "run", str(bundle), "--no-logging-file", *overrides]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "FastTraining precision:" in r.stdout and "run record:" in r.stdout and "verdict:" in r.stdout
+
+
+def test_bad_bundles_are_named_before_training(bundle, tmp_path, data):
+    with pytest.raises(BundleError, match="does not exist"):
+        bundle_config_files(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BundleError, match="no train.json"):
+        bundle_config_files(tmp_path / "empty")
+    with pytest.raises(BundleError, match="extra.json not found"):
+        bundle_config_files(bundle, "['configs/train.json','extra.json']")
+    assert bundle_config_files(bundle, "['configs/train.json']") == [(bundle / "configs" / "train.json").resolve()]
+    with pytest.raises(BundleError, match="'train#nope'"):
+        run_bundle(bundle, overrides=small(data), trainer_id="train#nope", logging_file=False)
+    with pytest.raises(BundleError, match="'validate#nope'"):
+        run_bundle(bundle, overrides=small(data), evaluator_id="validate#nope", logging_file=False)
+    assert not (bundle / "models").exists()  # nothing trained
+
+
+def test_overrides_read_as_monai_bundle_reads_them():
+    assert parse_overrides(["--a#b", "2", "--c=[1, 2]", "d=true", "e=$torch.device('cpu')", "f=%x.json#k", "g=text"]) == {
+        "a#b": 2, "c": [1, 2], "d": True, "e": "$torch.device('cpu')", "f": "%x.json#k", "g": "text"}
+    with pytest.raises(BundleError, match="has no value"):
+        parse_overrides(["--a#b"])
+    with pytest.raises(BundleError, match="cannot read override"):
+        parse_overrides(["stray"])
