@@ -21,7 +21,8 @@ def _balance(net: torch.nn.Module, config: RecipeConfig, image: str) -> None:
     x = inference_transforms(config)({"image": image})["image"].unsqueeze(0)
     with torch.no_grad():
         logits = SlidingWindowInferer(config.patch_size, config.sw_batch_size, config.sw_overlap)(x, net)
-        last = [m for m in net.modules() if isinstance(m, (torch.nn.Conv3d, torch.nn.ConvTranspose3d)) and m.out_channels == 2]
+        convs = (torch.nn.Conv3d, torch.nn.ConvTranspose3d)
+        last = [m for m in net.modules() if isinstance(m, convs) and m.out_channels == 2]
         last[-1].bias[1] -= (logits[:, 1] - logits[:, 0]).median()
 
 

@@ -1,5 +1,5 @@
-"""Inference (issue 18, items 5-7): a checkpoint's sliding-window predictions written as NIfTI on the input's grid,
-backends that agree with eager fp32, clear errors for a missing backend or a bad checkpoint, the benchmark, the doctor."""
+"""Inference: a checkpoint's sliding-window predictions written as NIfTI on the input's grid, backends that agree
+with eager fp32, clear errors for a missing backend or a bad checkpoint, the benchmark, the doctor."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_an_msd_folder_infers_the_validation_split_of_training(model_file, tiny_
     assert all(p.is_file() for p in result.outputs)
 
 
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=[pytest.mark.slow] if b == "compile" else [])  # compiling: ~25 s
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=[pytest.mark.slow] if b == "compile" else [])  # compiles
                                      for b in BACKENDS if b not in ("eager", "tensorrt")])
 def test_each_available_backend_agrees_with_eager_fp32(backend, model_file, tiny_spleen, tmp_path):
     two_images = images(tiny_spleen)
@@ -74,7 +74,8 @@ def test_each_available_backend_agrees_with_eager_fp32(backend, model_file, tiny
         assert agree["voxels"] >= 0.99 and agree["dice"] >= 0.99, (backend, agree)
 
 
-def test_auto_sliding_window_is_measured_once_then_read_from_the_store_and_agrees(model_file, tiny_spleen, tmp_path, caplog):
+def test_auto_sliding_window_is_measured_once_then_read_from_the_store_and_agrees(model_file, tiny_spleen, tmp_path,
+                                                                                   caplog):
     two_images = images(tiny_spleen)
     store = tmp_path / "tuning.json"
     eager = infer(model_file, two_images, tmp_path / "fixed", progress=False)
@@ -100,7 +101,8 @@ def test_the_cli_names_a_bad_sw_batch_size(model_file, tiny_spleen, tmp_path, ca
 
 def test_a_training_checkpoint_loads_with_the_config_passed(tmp_path):
     net = build_network(CONFIG, torch.device("cpu"))
-    torch.save({"trainer": {"epoch": 3}, "model": net.state_dict()}, tmp_path / "ckpt-000000003.pt")  # CheckpointFolder's
+    # a CheckpointFolder's file
+    torch.save({"trainer": {"epoch": 3}, "model": net.state_dict()}, tmp_path / "ckpt-000000003.pt")
     loaded, config = load_checkpoint(tmp_path / "ckpt-000000003.pt", config=CONFIG)
     assert config == CONFIG and not loaded.training
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), net.state_dict().values()))

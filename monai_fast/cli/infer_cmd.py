@@ -26,7 +26,8 @@ _TEXT = (
     "Each image goes through the checkpoint's validation chain (orientation, spacing, intensity window, crop to the "
     "foreground, pad) and the prediction is inverted back onto the image's grid. A checkpoint of weights only (a "
     "MONAI CheckpointSaver file) needs --recipe-config. Every image is checked first (readable, 3D, finite), and "
-    "every output path: none may be an input, none may exist without --overwrite. Backends: eager (fp32), autocast (bf16 on a CPU with bf16 hardware, fp16 on CUDA), compile "
+    "every output path: none may be an input, none may exist without --overwrite. Backends: eager (fp32), autocast "
+    "(bf16 on a CPU with bf16 hardware, fp16 on CUDA), compile "
     "(torch.compile), onnx (ONNX Runtime; pip install 'monai-fast[infer]'), tensorrt (torch-tensorrt and a CUDA GPU). "
     "benchmarks/inference.py times them all and checks each agrees with eager."
 )
@@ -61,8 +62,9 @@ def _cmd_infer(args: argparse.Namespace) -> int:
                        overwrite=args.overwrite)
     except (InferenceError, NoSpaceError) as e:
         raise SystemExit(f"monai-fast infer: {e}") from e
-    print(f"wrote {len(result.outputs)} predictions to {out} (backend {result.backend}: {result.detail} on {result.device}; "
-          f"{result.volumes_per_s:.2f} volumes/s of inference, backend built in {result.prepare_s:.1f} s)")
+    print(f"wrote {len(result.outputs)} predictions to {out} (backend {result.backend}: {result.detail} on "
+          f"{result.device}; {result.volumes_per_s:.2f} volumes/s of inference, backend built in "
+          f"{result.prepare_s:.1f} s)")
     return 0
 
 
@@ -72,13 +74,14 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
     from monai_fast.inference.run import SPLITS
 
     p = sub.add_parser("infer", description=_TEXT,
-                       help="sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, compile, "
-                       "onnx, tensorrt)")
+                       help="sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, "
+                       "compile, onnx, tensorrt)")
     p.add_argument("checkpoint", help="the model file (monai_fast.inference.save_checkpoint)")
     p.add_argument("data", nargs="+", help="an MSD folder with dataset.json, or NIfTI image files")
     p.add_argument("--out", default="predictions", help="folder for <name>_seg.nii.gz (default %(default)s)")
     p.add_argument("--backend", choices=BACKENDS, default="eager", help="what runs the network (default %(default)s)")
-    p.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
+    p.add_argument("--device", default="auto",
+                   help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
     p.add_argument("--split", choices=SPLITS, default="val", help="an MSD folder's cases: the validation split of "
                    "training (same --val-fraction and the checkpoint's seed), train, all, or the test images "
                    "(default %(default)s)")

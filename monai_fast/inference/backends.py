@@ -42,7 +42,8 @@ from monai_fast.inference.checkpoint import InferenceError
 from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import autocast_for, cpu_has_bf16_hardware
 
-__all__ = ["BACKENDS", "BackendUnavailable", "Predictor", "available", "build_predictor", "missing", "onnx_model", "precision_of", "require"]
+__all__ = ["BACKENDS", "BackendUnavailable", "Predictor", "available", "build_predictor", "missing", "onnx_model",
+           "precision_of", "require"]
 
 logger = logging.getLogger(__name__)
 
@@ -176,8 +177,8 @@ def _onnx(network: torch.nn.Module, example: torch.Tensor, device: torch.device)
         if "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
         else:
-            logger.warning("backend 'onnx': this onnxruntime has no CUDAExecutionProvider (pip install onnxruntime-gpu); "
-                           "the windows run on the CPU")
+            logger.warning("backend 'onnx': this onnxruntime has no CUDAExecutionProvider (pip install "
+                           "onnxruntime-gpu); the windows run on the CPU")
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()  # the same cores torch would use
     options.log_severity_level = 3
@@ -194,7 +195,8 @@ def _onnx(network: torch.nn.Module, example: torch.Tensor, device: torch.device)
 def _tensorrt(network: torch.nn.Module, example: torch.Tensor) -> tuple[Callable, str]:
     import torch_tensorrt
 
-    engine = torch_tensorrt.compile(network, ir="dynamo", inputs=[example], enabled_precisions={torch.float16, torch.float32})
+    engine = torch_tensorrt.compile(network, ir="dynamo", inputs=[example],
+                                    enabled_precisions={torch.float16, torch.float32})
     return (lambda x: engine(x).float()), "TensorRT (torch-tensorrt, fp16 kernels)"
 
 

@@ -153,8 +153,9 @@ def _weights(path: Path, obj: dict[str, Any]) -> dict[str, torch.Tensor]:
     if state is None and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
         state = obj  # a bare state_dict
     if not state:
-        raise CheckpointError(f"checkpoint {path} has no network weights (looked for {', '.join(map(repr, _WEIGHT_KEYS))} "
-                              f"or a bare state_dict; found {sorted(obj)[:8]})")
+        looked = ", ".join(map(repr, _WEIGHT_KEYS))
+        raise CheckpointError(f"checkpoint {path} has no network weights (looked for {looked} or a bare state_dict; "
+                              f"found {sorted(obj)[:8]})")
     state = dict(state)
     consume_prefix_in_state_dict_if_present(state, "module.")  # saved from a DDP module
     return state

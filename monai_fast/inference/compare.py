@@ -28,7 +28,7 @@ def _array(x: np.ndarray | torch.Tensor) -> np.ndarray:
 
 
 def agreement(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor, num_classes: int = 2) -> dict[str, float]:
-    """Mean Dice over the classes ``1..num_classes-1`` between label maps ``a`` and ``b``, and the share of equal voxels.
+    """Mean Dice over the classes ``1..num_classes-1`` between label maps ``a`` and ``b``; the share of equal voxels.
 
     A class absent from both counts as Dice 1 (they agree that it is not there).
 

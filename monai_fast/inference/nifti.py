@@ -11,7 +11,7 @@ raised before a byte is written.
 Example:
     >>> import numpy as np
     >>> from monai.transforms import SaveImage
-    >>> saver = SaveImage(writer=AtomicNiftiWriter, output_ext=".nii.gz", resample=False, print_log=False)  # doctest: +SKIP
+    >>> saver = SaveImage(writer=AtomicNiftiWriter, output_ext=".nii.gz", resample=False)  # doctest: +SKIP
     >>> saver(prediction, filename="out/case_1_seg")  # doctest: +SKIP
 """
 

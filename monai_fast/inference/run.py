@@ -51,7 +51,8 @@ from monai_fast.progress import progress_bar, show_progress
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.telemetry import synchronize
 
-__all__ = ["SPLITS", "InferenceResult", "check_images", "data_list", "infer", "inference_transforms", "output_name", "tuned_window"]
+__all__ = ["SPLITS", "InferenceResult", "check_images", "data_list", "infer", "inference_transforms", "output_name",
+           "tuned_window"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def data_list(data: str | os.PathLike | Sequence, split: str = "val", val_fracti
 
 
 def check_images(paths: Sequence[str]) -> None:
-    """Every image readable, 3D and finite (:func:`~monai_fast.data.preflight.scan_file`), else one error naming each bad one.
+    """Every image readable, 3D and finite (:func:`~monai_fast.data.preflight.scan_file`), else one error naming each.
 
     Raises:
         PreflightError: listing ``(path, reason)`` for every bad image.
@@ -262,7 +263,8 @@ def infer(
     require(backend, device)
     if isinstance(model, torch.nn.Module):
         if config is None:
-            raise InferenceError("infer(network, ...) needs config=RecipeConfig(...) of the network (patch size, spacing)")
+            raise InferenceError("infer(network, ...) needs config=RecipeConfig(...) of the network (patch size, "
+                                 "spacing)")
         network, source = model, "chain="
         chain = list(chain) if chain is not None else recipe_chain(config)
     else:
@@ -276,8 +278,8 @@ def infer(
     sw_batch_size = config.sw_batch_size if sw_batch_size is None or auto else sw_batch_size
     overlap = config.sw_overlap if overlap is None else overlap
     if not isinstance(sw_batch_size, int) or sw_batch_size < 1 or not 0.0 <= overlap < 1.0:
-        raise InferenceError(f"sw_batch_size must be an int >= 1 or 'auto', and overlap in [0, 1); got {sw_batch_size!r} "
-                             f"and {overlap}")
+        raise InferenceError(f"sw_batch_size must be an int >= 1 or 'auto', and overlap in [0, 1); got "
+                             f"{sw_batch_size!r} and {overlap}")
     paths = data_list(data, split=split, val_fraction=val_fraction, seed=config.seed)
     if not paths:
         raise InferenceError(f"no images to infer in {data}")
@@ -291,7 +293,8 @@ def infer(
         sw_batch_size, stitch = tuned_window(network, config, paths[0], backend, device, overlap, tune_store,
                                              sw_batch_range, pre)
     predictor = build_predictor(network, backend, config.patch_size, sw_batch_size, device)
-    result = InferenceResult(backend, predictor.detail, str(device), list(paths), outputs, prepare_s=predictor.prepare_s)
+    result = InferenceResult(backend, predictor.detail, str(device), list(paths), outputs,
+                             prepare_s=predictor.prepare_s)
     inferer = SlidingWindowInferer(roi_size=config.patch_size, sw_batch_size=sw_batch_size, overlap=overlap,
                                    sw_device=device, device=stitch)
     _run(predictor, inferer, pre, paths, outputs, device, result, progress)
@@ -333,7 +336,7 @@ def _pred_classes_innermost(item: dict) -> dict:
 
 
 def _save(prediction: torch.Tensor, path: Path) -> None:
-    """Write a ``(1, *spatial)`` label map as ``uint8`` NIfTI with its metadata's affine (no resampling), whole or not at all.
+    """Write a ``(1, *spatial)`` label map as ``uint8`` NIfTI on its metadata's affine, whole or not at all.
 
     MONAI's writer directly, not ``SaveImage``: ``SaveImage`` turns any error of its writer (a full
     disk included) into "cannot find a suitable writer"; here the writer's own error, a

@@ -39,7 +39,7 @@ def trained(tmp_path_factory) -> dict:
     config = RecipeConfig(patch_size=(32, 32, 32), channels=(8, 16, 32), strides=(2, 2), pixdim=SPACING, max_epochs=4,
                           batch_size=2, num_samples=2, num_workers=0, optimizer="adamw", lr=3e-3, amp=False, seed=0)
     recipe = build_recipe("baseline", train, val, config, "cpu", progress=False)
-    recipe.trainer.run()  # validation runs through the recipe's ValidationHandler; run it once more on the final weights
+    recipe.trainer.run()  # the recipe's ValidationHandler validates; once more on the final weights:
     recipe.evaluator.run()
     model = save_checkpoint(tmp / "model.pt", recipe.network, recipe.config)
     return {"dice": float(recipe.evaluator.state.metrics[VAL_METRIC]), "model": model, "val": val,

@@ -64,7 +64,8 @@ def _other_network(path: Path) -> Path:
 
 BAD_CHECKPOINTS = {
     "missing": (lambda p: p, "no such file"),
-    "garbage": (lambda p: (p.write_bytes(b"not a checkpoint" * 10), p)[1], "cannot be read as a torch.save file: not a zip"),
+    "garbage": (lambda p: (p.write_bytes(b"not a checkpoint" * 10), p)[1],
+                "cannot be read as a torch.save file: not a zip"),
     "whole model": (lambda p: (torch.save(build_network(CONFIG, torch.device("cpu")), p), p)[1],
                     "holds pickled Python objects.*save_checkpoint"),
     "no config": (lambda p: (torch.save({"model": build_network(CONFIG, torch.device("cpu")).state_dict()}, p), p)[1],
@@ -88,7 +89,8 @@ def test_bad_images_are_listed_in_one_error_before_any_inference(model_file, tin
     broken = tmp_path / "broken.nii.gz"
     broken.write_bytes(Path(two_images[0]).read_bytes()[:200])
     with pytest.raises(PreflightError) as e:
-        infer(model_file, [two_images[1], str(broken), str(tmp_path / "absent.nii.gz")], tmp_path / "out", progress=False)
+        infer(model_file, [two_images[1], str(broken), str(tmp_path / "absent.nii.gz")], tmp_path / "out",
+              progress=False)
     assert [p for p, _ in e.value.problems] == [str(broken), str(tmp_path / "absent.nii.gz")]
     assert not (tmp_path / "out").exists()
 
@@ -179,8 +181,9 @@ def _checkpoint_saver_file(folder: Path, single: bool) -> Path:
     net = build_network(CONFIG, torch.device("cpu"))
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     data = [{"image": torch.rand(1, 16, 16, 16), "label": (torch.rand(1, 16, 16, 16) > 0.5).float()} for _ in range(2)]
-    trainer = SupervisedTrainer(device=torch.device("cpu"), max_epochs=1, train_data_loader=DataLoader(data, batch_size=1),
-                                network=net, optimizer=opt, loss_function=DiceLoss(to_onehot_y=True, softmax=True))
+    trainer = SupervisedTrainer(device=torch.device("cpu"), max_epochs=1,
+                                train_data_loader=DataLoader(data, batch_size=1), network=net, optimizer=opt,
+                                loss_function=DiceLoss(to_onehot_y=True, softmax=True))
     save = {"net": net} if single else {"net": net, "opt": opt}
     CheckpointSaver(str(folder), save, save_final=True, final_filename="final.pt").attach(trainer)
     trainer.run()
@@ -199,7 +202,8 @@ def test_a_monai_checkpoint_saver_file_says_what_to_pass_and_runs_with_recipe_co
     recipe_json = write_json({"recipe": "baseline", "config": CONFIG.to_dict()}, tmp_path / "recipe.json")
     assert main(["infer", str(saved), image, "--out", str(tmp_path / "out"), "--recipe-config", str(recipe_json),
                  "--device", "cpu", "--no-progress"]) == 0
-    assert nib.load(tmp_path / "out" / Path(image).name.replace(".nii.gz", "_seg.nii.gz")).shape == nib.load(image).shape
+    written = tmp_path / "out" / Path(image).name.replace(".nii.gz", "_seg.nii.gz")
+    assert nib.load(written).shape == nib.load(image).shape
 
 
 def test_a_bad_recipe_config_is_named(model_file, tiny_spleen, tmp_path):
