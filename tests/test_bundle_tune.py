@@ -1,0 +1,59 @@
+"""``tune_bundle``: the tuner measures a bundle's batch sizes and writes an override the bundle reads.
+
+Real parts: the Model-Zoo-layout test bundle (``tests/bundles/seg3d``) parsed by MONAI's
+``ConfigParser``, its network, loss and optimizer timed for real on synthetic NIfTI files, and the
+written ``tuned.json`` merged by MONAI's ``ConfigWorkflow`` as a bundle user merges it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from monai_fast.bundle import BundleError
+from monai_fast.bundle.tune import ZOO_KEYS, tune_bundle
+from monai_fast.data.synthetic import generate_msd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tune-bundle")
+    data = generate_msd(base / "data", num_cases=3, shape=(40, 40, 32), progress=False)
+    dst = base / "seg3d"
+    shutil.copytree(ROOT / "tests" / "bundles" / "seg3d", dst)
+    overrides = {"dataset_dir": str(data), "num_val": 1, "patch_size": [16, 16, 16], "network_def#channels": [4, 8],
+                 "network_def#strides": [2], "network_def#num_res_units": 0, "device": "$torch.device('cpu')"}
+    return dst, overrides
+
+
+def test_tuned_json_names_the_zoo_keys_and_the_bundle_reads_it(bundle):
+    from monai.bundle import ConfigWorkflow
+
+    root, overrides = bundle
+    tuned = tune_bundle(root, overrides=overrides, batch_range=(1, 2), sw_batch_range=(1, 2),
+                        warmup=0, min_iters=1, min_time_s=0.0)
+    written = json.loads(tuned.path.read_text())
+    assert tuned.path == root / "configs" / "tuned.json" and written == tuned.overrides and tuned.layout == "zoo"
+    assert written[ZOO_KEYS["batch"]] in (1, 2) and written[ZOO_KEYS["sw_batch"]] in (1, 2)
+    assert ZOO_KEYS["val_device"] not in written  # a CPU run stitches where it computes
+    trials = tuned.result["trials"]
+    assert {t["phase"] for t in trials} == {"train", "val"}
+    # the patch and crops per volume come from the bundle's own chain (RandCropByPosNegLabeld: 16^3, 2 crops)
+    assert "patch=16x16x16" in tuned.result["key"] and "samples=2" in tuned.result["key"]
+    workflow = ConfigWorkflow(config_file=[str(root / "configs" / "train.json"), str(tuned.path)], logging_file=False,
+                              meta_file=str(root / "configs" / "metadata.json"), bundle_root=str(root), **overrides)
+    workflow.initialize()
+    assert workflow.parser.get_parsed_content("train#dataloader").batch_size == written[ZOO_KEYS["batch"]]
+    assert workflow.parser.get_parsed_content("validate#inferer").sw_batch_size == written[ZOO_KEYS["sw_batch"]]
+
+
+def test_a_bundle_without_a_3d_sliding_window_is_refused_by_name(bundle, tmp_path):
+    root, overrides = bundle
+    with pytest.raises(BundleError, match="validate#inferer is not a 3-D sliding window"):
+        tune_bundle(root, overrides={**overrides, "validate#inferer": {"_target_": "SimpleInferer"}}, out=tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
