@@ -8,8 +8,8 @@ or a validation scores, other items than the loader's, and the run goes on to re
 
 :class:`EpochLengthGuard` checks both ends on the engine it is attached to:
 
-* every pass of the loader gave ``len(loader)`` batches (checked when ignite sees the pass stop,
-  before it starts the next one);
+* every pass of the loader gave ``len(loader)`` batches (times ``repeats`` for MONAI's
+  ``ThreadDataLoader``; checked when ignite sees the pass stop, before it starts the next one);
 * every epoch ran its ``epoch_length`` iterations (checked first among the ``EPOCH_COMPLETED``
   handlers, so a validation, a checkpoint or a metric of a short epoch never runs).
 
@@ -91,8 +91,10 @@ class EpochLengthGuard(EngineHandler):
         self._taken = 0  # ignite starts a new pass after a terminated epoch
 
     def _pass_ended(self, engine: Engine) -> None:
+        loader = engine.state.dataloader
         try:
-            expected = len(engine.state.dataloader)  # type: ignore[arg-type]
+            # MONAI's ThreadDataLoader(repeats=n) yields each of its len() batches n times
+            expected = len(loader) * int(getattr(loader, "repeats", 1))  # type: ignore[arg-type]
         except TypeError:  # no len(): nothing to compare with
             expected = None
         taken, self._taken = self._taken, 0

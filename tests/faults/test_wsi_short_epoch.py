@@ -19,7 +19,7 @@ import pytest
 import tifffile
 import torch
 from ignite.engine import Engine, Events
-from monai.data import PatchWSIDataset, ThreadDataLoader
+from monai.data import Dataset, PatchWSIDataset, ThreadDataLoader
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import ValidationHandler
 
@@ -191,9 +191,10 @@ def test_the_guard_stops_a_validation_whose_loader_ends_short(good_set, tmp_path
     assert scored == []  # no metric of the short validation
 
 
-@pytest.mark.parametrize("how", ["normal", "terminate", "terminate_epoch", "epoch_length", "max_iters", "resume"])
+@pytest.mark.parametrize("how", ["normal", "terminate", "terminate_epoch", "epoch_length", "max_iters", "resume",
+                                 "repeats"])
 def test_the_guard_lets_complete_and_deliberately_ended_epochs_pass(how):
-    data = list(range(8))
+    data = ThreadDataLoader(Dataset(list(range(8))), batch_size=1, repeats=2) if how == "repeats" else list(range(8))
 
     def step(engine, batch):
         if how == "terminate" and engine.state.iteration == 3:
@@ -214,7 +215,7 @@ def test_the_guard_lets_complete_and_deliberately_ended_epochs_pass(how):
         kw = {}
     engine.run(data, **kw)
     expected = {"normal": 24, "terminate": 3, "terminate_epoch": 19, "epoch_length": 9, "max_iters": 13,
-                "resume": 24}[how]
+                "resume": 24, "repeats": 24}[how]
     assert engine.state.iteration == expected
 
 
