@@ -59,13 +59,13 @@ def _ds(cls=SmartCacheDataset, fn=lambda x: x, items=ITEMS, **kwargs):
     return cls(items, _tensors(fn), **options)
 
 
-def _trainer(ds, seen, max_epochs=5, loader=None):
+def _trainer(ds, seen, max_epochs=5, loader=None, train_handlers=None):
     """A MONAI SupervisedTrainer over ``ds`` that records the ids of each epoch's items (in the window's order)."""
     net = torch.nn.Conv3d(1, 1, 1)
     loader = loader or DataLoader(ds, batch_size=2, shuffle=False, collate_fn=list_data_collate)
     trainer = SupervisedTrainer(device="cpu", max_epochs=max_epochs, train_data_loader=loader, network=net,
                                 optimizer=torch.optim.SGD(net.parameters(), 0.0),
-                                loss_function=lambda p, y: (p - y.float()).abs().mean())
+                                loss_function=lambda p, y: (p - y.float()).abs().mean(), train_handlers=train_handlers)
     trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: seen.append([]))
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen[-1].extend(_ids(e.state.batch)))
     return trainer
@@ -202,6 +202,23 @@ def test_a_second_run_continues_the_rotation_after_the_shutdown_at_completed(mod
     trainer.state.max_epochs = 5
     trainer.run()
     assert seen == GUIDE and updater.state_dict()["updates"] == 5
+
+
+@pytest.mark.parametrize("mode", ["adopted", "monai", "fast_training"])
+def test_monais_smartcache_handler_left_in_the_script_is_taken_over_not_run_twice(mode, caplog):
+    # a script written for MONAI keeps SmartCacheHandler(ds) in train_handlers and adds the attach line
+    ds = _ds(MODES.get(mode, SmartCacheDataset))
+    seen = []
+    trainer = _trainer(ds, seen, max_epochs=3, train_handlers=[SmartCacheHandler(ds)])
+    with caplog.at_level(logging.INFO, logger="monai_fast"):
+        if mode == "fast_training":
+            FastTraining(precision=False, memory_format=False, prefetch=False).attach(trainer)
+        else:
+            SmartCacheUpdater().attach(trainer)
+    assert any("MONAI's SmartCacheHandler for this data set is removed" in r.getMessage() for r in caplog.records)
+    trainer.run()
+    assert seen == GUIDE[:3]  # once per epoch, on the data set the loader reads
+    assert not ds.is_started()  # MONAI's handler did not start the (adopted-from) data set's thread
 
 
 def test_fast_training_keeps_the_users_smartcache_and_attaches_the_updater():

@@ -15,6 +15,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
@@ -94,7 +95,8 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     :meth:`adopt` turns a MONAI ``SmartCacheDataset`` the user built into this class: the same
     items in the same order, transform, cache size, replacement count, workers, ``copy_cache``,
-    ``as_contiguous`` and random state (so a later ``set_data`` shuffles as MONAI's would).
+    ``as_contiguous`` and random state (so a later ``set_data`` shuffles as MONAI's would);
+    ``adopted_from`` names the data set it came from while that exists.
 
     Args:
         data: the data list, as for ``SmartCacheDataset``.
@@ -182,6 +184,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             copy_cache=dataset.copy_cache, as_contiguous=dataset.as_contiguous, timeout_s=timeout_s,
         )
         safe._handed_over = None
+        safe._adopted_from = weakref.ref(dataset)
         if data is None:  # exactly MONAI's count, whatever rounding the rate took
             safe._rotation.replace_num = max(0, min(replace_num, len(items) - num))
         if dataset.shuffle:
@@ -314,6 +317,12 @@ class SafeSmartCacheDataset(SmartCacheDataset):
                     rot.cond.notify_all()
 
     # ---- position and checkpoints -----------------------------------------------------------
+
+    @property
+    def adopted_from(self) -> SmartCacheDataset | None:
+        """The data set :meth:`adopt` built this one from, while it exists; else ``None``."""
+        ref = getattr(self, "_adopted_from", None)
+        return None if ref is None else ref()
 
     @property
     def replace_num(self) -> int:

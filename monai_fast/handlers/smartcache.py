@@ -20,6 +20,7 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from monai.data import SmartCacheDataset
+from monai.handlers import SmartCacheHandler
 
 from monai_fast.data.adopt import adopt_loader, unknown_item_path, why_not_adoptable
 from monai_fast.data.items import DataItemError, describe_item, error_text
@@ -58,6 +59,10 @@ class SmartCacheUpdater(EngineHandler):
       stop): rebuild the data set before the next run. The position is counted here, and
       ``load_state_dict`` moves MONAI's rotation there through ``set_data`` (the same window, the
       data list rotated to start at it).
+
+    MONAI's ``SmartCacheHandler`` for the same data set (in a script's ``train_handlers``) is
+    removed from the engine at attach, with a log line: the rotation runs once per epoch, and never
+    on a data set the loader no longer reads.
 
     ``state_dict()`` is ``{"start_pos", "updates", "total"}`` in every mode, so a checkpoint taken
     in one mode resumes in another. Pass the updater to ignite's ``Checkpoint``, attached *after*
@@ -116,6 +121,7 @@ class SmartCacheUpdater(EngineHandler):
                 f"SmartCacheUpdater: the engine's data_loader holds {holds}, not a SmartCacheDataset; pass the data "
                 "set: SmartCacheUpdater(dataset)"
             )
+        _take_over_from_monais_handler(engine, ds)
         self.mode, self.reason, self._drive = self._choose(engine, loader, ds)
         self.on(engine, Events.STARTED, self._started)
         self.on(engine, Events.EPOCH_COMPLETED, self._epoch_completed)
@@ -202,6 +208,32 @@ class SmartCacheUpdater(EngineHandler):
             self._drive.load_state_dict(state, self.timeout_s)
         else:
             self.dataset.load_state_dict(state)
+
+
+def _take_over_from_monais_handler(engine: Engine, dataset: SmartCacheDataset) -> None:
+    """Remove MONAI's ``SmartCacheHandler`` for ``dataset`` (or the data set it was adopted from) from ``engine``.
+
+    A script written for MONAI's ``SmartCacheDataset`` has MONAI's handler in its
+    ``train_handlers``: left there, it would rotate the data set a second time each epoch (or, once
+    adopted, the data set the loader no longer reads, and wait forever on its failed replacement).
+    Ignite has no public way to list an engine's handlers, so this reads ``Engine._event_handlers``;
+    the removal goes through the public ``remove_event_handler``.
+    """
+    sources = [dataset]
+    if isinstance(dataset, SafeSmartCacheDataset) and dataset.adopted_from is not None:
+        sources.append(dataset.adopted_from)
+    found: list[SmartCacheHandler] = []
+    for fn, *_ in engine._event_handlers.get(Events.EPOCH_COMPLETED, []):
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, SmartCacheHandler) and any(owner.smartcacher is s for s in sources) and owner not in found:
+            found.append(owner)
+    for handler in found:
+        for event, fn in ((Events.STARTED, handler.started), (Events.EPOCH_COMPLETED, handler.epoch_completed),
+                          (Events.COMPLETED, handler.completed)):
+            if engine.has_event_handler(fn, event):
+                engine.remove_event_handler(fn, event)
+        logger.info("SmartCacheUpdater: MONAI's SmartCacheHandler for this data set is removed from the engine; "
+                    "the updater rotates it (once per epoch)")
 
 
 class _MonaiRotation:
