@@ -221,6 +221,20 @@ def test_monais_smartcache_handler_left_in_the_script_is_taken_over_not_run_twic
     assert not ds.is_started()  # MONAI's handler did not start the (adopted-from) data set's thread
 
 
+def test_an_attach_cell_rerun_between_runs_keeps_monais_rotation_counted():
+    seen = []
+    ds = _ds(CountedUpdates)
+    trainer = _trainer(ds, seen, max_epochs=2)
+    SmartCacheUpdater().attach(trainer)
+    trainer.run()
+    updater = SmartCacheUpdater()  # the cell runs again after the first run
+    updater.attach(trainer)
+    assert updater.state_dict() == {"start_pos": 2, "updates": 2, "total": 5}
+    trainer.state.max_epochs = 4
+    trainer.run()
+    assert seen == GUIDE[:4]
+
+
 def test_fast_training_keeps_the_users_smartcache_and_attaches_the_updater():
     ds = _ds(shuffle=True, seed=1)
     trainer = _trainer(ds, [], max_epochs=2)

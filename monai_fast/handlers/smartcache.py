@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -152,7 +153,7 @@ class SmartCacheUpdater(EngineHandler):
         self.dataset = ds
         logger.info("SmartCacheUpdater: drives MONAI's own rotation (start, update_cache, shutdown) with timeout_s=%g "
                     "and named errors, not adopted: %s", self.timeout_s, why)
-        return "monai", why, _MonaiRotation(ds)
+        return "monai", why, _MonaiRotation.of(ds)
 
     def _detached(self, engine: Engine) -> None:
         self._stop(engine)
@@ -197,7 +198,7 @@ class SmartCacheUpdater(EngineHandler):
         if self.dataset is None:
             raise RuntimeError("SmartCacheUpdater.state_dict: attach the updater first (it finds its data set then)")
         if not isinstance(self.dataset, SafeSmartCacheDataset):  # given MONAI's, not attached yet
-            return _MonaiRotation(self.dataset).state_dict()
+            return _MonaiRotation.of(self.dataset).state_dict()
         return self.dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -244,7 +245,19 @@ class _MonaiRotation:
     for each update since. MONAI's ``shutdown`` resets its own position but not its cache, so a
     rotation that moved since it was last placed is placed again (``set_data``) before it
     restarts. A replacement error in MONAI's background thread is caught by :class:`_ThreadErrors`.
+    One object per data set (:meth:`of`), so an updater that replaces another (a re-run cell)
+    continues the count.
     """
+
+    _by_dataset: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, dataset: SmartCacheDataset) -> _MonaiRotation:
+        """The rotation state of ``dataset``, made at first use."""
+        rotation = cls._by_dataset.get(dataset)
+        if rotation is None:
+            rotation = cls._by_dataset[dataset] = cls(dataset)
+        return rotation
 
     def __init__(self, dataset: SmartCacheDataset) -> None:
         self.dataset = dataset
