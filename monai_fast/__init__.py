@@ -25,6 +25,7 @@ _EXPORTS = {
     "AMPToggle": "monai_fast.handlers.amp",
     "BackgroundValidation": "monai_fast.handlers.background_validation",
     "ClassesInnermost": "monai_fast.handlers.prediction_layout",
+    "EpochLengthGuard": "monai_fast.handlers.epoch_length_guard",
     "GPUSampler": "monai_fast.handlers.gpu_sampler",
     "InferenceSplit": "monai_fast.handlers.inference_split",
     "KernelProfiler": "monai_fast.handlers.kernel_profiler",
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on f
     from monai_fast.handlers.amp import AMPToggle
     from monai_fast.handlers.background_validation import BackgroundValidation
     from monai_fast.handlers.core_pin import MainThreadCore
+    from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
     from monai_fast.handlers.fast_training import FastTraining
     from monai_fast.handlers.gpu_sampler import GPUSampler
     from monai_fast.handlers.inference_split import InferenceSplit

@@ -3,6 +3,7 @@
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.background_validation import BackgroundValidation, BackgroundValidationError
 from monai_fast.handlers.core_pin import MainThreadCore
+from monai_fast.handlers.epoch_length_guard import EpochLengthGuard, ShortEpochError
 from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.handlers.gpu_sampler import GPUSampler
 from monai_fast.handlers.inference_split import InferenceSplit, InferenceTimes
@@ -26,6 +27,7 @@ __all__ = [
     "BackgroundValidation",
     "BackgroundValidationError",
     "ClassesInnermost",
+    "EpochLengthGuard",
     "EpochTimes",
     "FastTraining",
     "GPUSampler",
@@ -39,6 +41,7 @@ __all__ = [
     "Preemption",
     "PrefetchChoice",
     "RecordHandler",
+    "ShortEpochError",
     "SlidingWindowTune",
     "SmartCacheUpdater",
     "ThroughputMonitor",
