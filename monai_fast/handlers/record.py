@@ -130,7 +130,8 @@ class RecordHandler(EngineHandler):
 
     @property
     def segment(self) -> int:
-        """The record's current segment: the rows of the trainer's latest run carry it (``select(rows, segment=...)``)."""
+        """The record's current segment: the rows of the trainer's latest run carry it
+        (``select(rows, segment=...)``)."""
         return self.record.segment
 
     def span(self, category: Category | str, **fields: Any) -> AbstractContextManager[None]:
@@ -166,7 +167,8 @@ class RecordHandler(EngineHandler):
             self.record.add(Kind.EVENT, Source.RECORD, what="placement", **placement())
         if self._described.get(id(engine)) != self.record.segment:
             self._described[id(engine)] = self.record.segment
-            record_of(engine).add(Kind.EVENT, Source.RECORD, what="engine", **describe_engine(engine))  # type: ignore[union-attr]
+            described = describe_engine(engine)
+            record_of(engine).add(Kind.EVENT, Source.RECORD, what="engine", **described)  # type: ignore[union-attr]
         self._started[id(engine)] = time.time()
 
     def _run_ended(self, engine: Engine) -> None:

@@ -46,7 +46,7 @@ def applied_levers(rows: list[dict]) -> dict[str, dict]:
 class InEffect:
     """What the run had on: ``None`` where the record does not say."""
 
-    precision: str | None  #: the reduced precision the trainer ran in ("bf16", "fp16", "amp"), or None (fp32 or unknown)
+    precision: str | None  #: the reduced precision the trainer ran in ("bf16", "fp16", "amp"); None: fp32 or unknown
     precision_by: str | None  #: who set it: "FastTraining", "AMPToggle", "MONAI amp=True"
     spatial_dims: int | None  #: the training network's spatial dimensions (from its convolutions)
     sliding_window: bool | None  #: whether validation ran a sliding-window inferer (False: no validation ran)

@@ -72,8 +72,10 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
     and the last ``epoch`` and ``iteration`` the trainer timed in it.
 
     Example:
-        >>> rows = [{"kind": "event", "source": "record", "what": "segment_started", "segment": 0, "time": 1.0, "pid": 7},
-        ...         {"kind": "iteration", "source": "time_breakdown", "segment": 0, "time": 2.0, "epoch": 1, "iteration": 3}]
+        >>> rows = [
+        ...     {"kind": "event", "source": "record", "what": "segment_started", "segment": 0, "time": 1.0, "pid": 7},
+        ...     {"kind": "iteration", "source": "time_breakdown", "segment": 0, "time": 2.0, "epoch": 1, "iteration": 3},
+        ... ]
         >>> s = segments(rows)[0][0]
         >>> s["ended"], s["iteration"], s["pid"]
         (False, 3, 7)

@@ -257,7 +257,8 @@ class RunRecord(SpanWriter):
         kind, source = _value(kind), _value(source)
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        row = {"kind": kind, "source": source, "rank": self.rank, "segment": self._segment, "time": time.time(), **fields}
+        row = {"kind": kind, "source": source, "rank": self.rank, "segment": self._segment, "time": time.time(),
+               **fields}
         with self._lock:
             if self._closed:
                 if not self._warned_closed:

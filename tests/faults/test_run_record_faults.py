@@ -71,7 +71,8 @@ def _items(n: int, shape: tuple[int, ...] = (1, 8, 8, 8)) -> list[dict]:
 
 def _segmentation_run(folder: Path, epochs: int = 2, amp: str | None = None) -> tuple[SupervisedTrainer, RecordHandler]:
     net = torch.nn.Conv3d(1, 1, 3, padding=1)
-    trainer = SupervisedTrainer(device="cpu", max_epochs=epochs, train_data_loader=DataLoader(Dataset(_items(4)), batch_size=2),
+    loader = DataLoader(Dataset(_items(4)), batch_size=2)
+    trainer = SupervisedTrainer(device="cpu", max_epochs=epochs, train_data_loader=loader,
                                 network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01),
                                 loss_function=torch.nn.MSELoss())
     record = RecordHandler(folder)
@@ -199,7 +200,7 @@ def test_a_restarted_job_continues_the_record_and_the_wall_clock_spans_both_proc
 def test_no_mixed_precision_advice_for_a_run_that_trained_in_bf16(tmp_path):
     trainer, _ = _segmentation_run(tmp_path, amp="bf16")
     trainer.run()
-    d = doctor(tmp_path, data_low=0.99)  # compute-bound whatever the host's load: the verdict whose fixes name precision
+    d = doctor(tmp_path, data_low=0.99)  # compute-bound whatever the host's load: its fixes name precision
     assert d.verdict == "compute-bound"
     assert not any("mixed precision" in f for f in d.fixes), d.fixes
     assert any(f.startswith("already on in this run: precision (bf16") for f in d.fixes), d.fixes
@@ -284,7 +285,8 @@ def test_time_breakdown_does_not_advise_caching_data_that_is_cached(tmp_path, ca
         trainer.run()
     warned = [r.getMessage() for r in caplog.records if "waiting for data" in r.getMessage()]
     assert warned, "the epoch was not data-bound: the test checks nothing"
-    assert "cache deterministic transforms" not in warned[0] and "are cached (the loader reads a CacheDataset)" in warned[0]
+    assert "cache deterministic transforms" not in warned[0]
+    assert "are cached (the loader reads a CacheDataset)" in warned[0]
 
 
 # ------------------------------------------------------------------ whole sentences
