@@ -218,3 +218,43 @@ def test_a_tuning_result_that_cannot_be_stored_is_still_returned(small_fs, caplo
         store.put(result)
     assert any("tuning.json" in r.getMessage() and "no space" in r.getMessage() for r in caplog.records)
     assert store.path.read_text() == "{}"
+
+
+def _two_ranks_checkpoint(local_rank: int, folder: str, out_dir: str) -> None:
+    import json
+
+    from ignite import distributed as idist
+    from ignite.engine import Engine
+
+    from monai_fast.handlers.checkpoint_folder import CheckpointFolder
+
+    net = torch.nn.Linear(256, 256)
+    engine = Engine(lambda e, b: None)
+    ckpt = CheckpointFolder({"trainer": engine, "model": net}, folder, n_saved=2)
+    engine.add_event_handler(Events.ITERATION_COMPLETED(every=2), ckpt.write)
+    if idist.get_rank() == 0:  # the file system fills after the first checkpoint
+        engine.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: _fill(Path(folder).parent, 16 * 1024))
+    try:
+        engine.run(range(6), max_epochs=1)
+        said = {"error": None}
+    except Exception as err:  # noqa: BLE001 - what each rank saw is the test's evidence
+        said = {"error": type(err).__name__, "message": str(err), "iteration": engine.state.iteration}
+    Path(out_dir, f"rank{idist.get_rank()}.json").write_text(json.dumps(said))
+
+
+def test_a_full_disk_under_ddp_stops_every_rank_with_the_same_error(small_fs, tmp_path):
+    import json
+    import time
+
+    from monai_fast.distributed import run
+
+    folder = small_fs("1M") / "ckpt"
+    start = time.monotonic()
+    run(_two_ranks_checkpoint, str(folder), str(tmp_path), nproc_per_node=2, timeout_s=60)
+    assert time.monotonic() - start < 50  # no rank waited for the collective's timeout
+    said = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [s["error"] for s in said] == ["NoSpaceError", "NoSpaceError"], said  # rank 1 learns rank 0's failure
+    for s in said:
+        assert s["error"] == "NoSpaceError" and s["iteration"] == 4, s
+        assert "ckpt-000000004.pt" in s["message"] and "ckpt-000000002.pt" in s["message"]
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt-000000002.pt"]
