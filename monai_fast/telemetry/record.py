@@ -24,12 +24,14 @@ engine, rank and run" is answered here only. Nothing here imports torch or a har
 record made on a GPU cluster can be read on a laptop.
 
 Example:
+    >>> import tempfile
     >>> from monai_fast.telemetry.record import Kind, RunRecord, Source, load_record, select
-    >>> rec = RunRecord("/tmp/run1")
+    >>> run1 = tempfile.mkdtemp()
+    >>> rec = RunRecord(run1)
     >>> _ = rec.add(Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train", epoch=1, data_s=0.2, compute_s=3.1)
     >>> rec.set_summary(Source.TIME_BREAKDOWN, {"data_share": 0.06})
     >>> rec.close()
-    >>> rows, summary = load_record("/tmp/run1")
+    >>> rows, summary = load_record(run1)
     >>> [r["data_s"] for r in select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")]
     [0.2]
     >>> summary["time_breakdown"]["data_share"]
@@ -55,7 +57,7 @@ from monai_fast.telemetry.spans import Category, SpanWriter
 
 __all__ = [
     "KINDS", "RECORD_NAME", "Category", "EngineRecord", "Kind", "RunRecord", "Source", "data_share", "load_record",
-    "record_files", "select",
+    "record_files", "record_lock", "select",
 ]
 
 logger = logging.getLogger("monai_fast.telemetry")
@@ -193,8 +195,7 @@ class RunRecord(SpanWriter):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(self.run_dir, os.W_OK):
                 raise PermissionError(f"run folder {self.run_dir} is not writable")
-            self._folder_lock = RunFolderLock(self.run_dir, what=f"the run record of rank {rank}",
-                                              name=f".monai-fast.rank{rank}.lock").acquire()
+            self._folder_lock = record_lock(self.run_dir, rank).acquire()
             self.path = self.run_dir / f"record.rank{rank}.jsonl"
             last = _last_segment(self.path)
             self._segment = 0 if last is None else last + 1  # a record already here: continue it
@@ -326,6 +327,22 @@ class RunRecord(SpanWriter):
             finally:
                 if self._folder_lock is not None:
                     self._folder_lock.release()
+
+
+def record_lock(run_dir: str | os.PathLike, rank: int = 0, what: str | None = None) -> RunFolderLock:
+    """The lock that owns ``run_dir`` for ``rank``'s record (``.monai-fast.rank<R>.lock``), not yet taken.
+
+    :class:`RunRecord` takes it before it writes. A command that does set-up work before it makes
+    the record (``monai-fast train`` builds data sets and caches first) takes the same lock at its
+    start, so a second run into the folder stops before that work; the record's own taking of it
+    later in the same process is counted, not refused.
+
+    Example:
+        >>> import tempfile
+        >>> with record_lock(tempfile.mkdtemp(), rank=0, what="monai-fast train"):
+        ...     pass  # set-up, then RecordHandler(...) on the same folder
+    """
+    return RunFolderLock(run_dir, what=what or f"the run record of rank {rank}", name=f".monai-fast.rank{rank}.lock")
 
 
 def _last_segment(path: Path) -> int | None:
