@@ -10,9 +10,16 @@ on this host, or older than ``max_age_s`` when written from another host), and e
 cleans the leftovers of its own target first (writers of many files into one folder clean the
 folder once instead).
 
+A library that opens the file itself (a profiler's trace) writes to the temporary path that
+:func:`atomic_path` yields, with the same guarantees.
+
 A write that runs out of space (``ENOSPC``, ``EDQUOT``) raises :class:`NoSpaceError`, which names
 the file and the space missing; the target keeps its old content and the temporary file is removed.
-:func:`ensure_free_space` checks a folder before work whose output would otherwise be lost.
+That holds also when the writer reports the full file system in its own words (``torch.save``
+raises ``RuntimeError: unexpected pos ...`` over the ``OSError``): :func:`no_space_in` finds the
+``ENOSPC`` in an exception's chain, and the command line uses it to end any command on a full
+disk with that one line. :func:`ensure_free_space` checks a folder before work whose output
+would otherwise be lost.
 
 A run folder has one owner at a time: :class:`RunFolderLock` holds an advisory lock
 (``fcntl.flock``) on a file inside it. The kernel drops the lock when its process ends, however it
