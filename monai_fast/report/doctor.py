@@ -53,7 +53,7 @@ from monai_fast.report.ranks import node_evidence, rank_evidence, rank_times, se
 from monai_fast.report.wall_clock import LABELS, WallClock, table_lines, wall_clock, wall_clock_advice
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, record_files, select
 
-__all__ = ["FIXES", "Diagnosis", "applied_levers", "diagnose", "doctor", "write_report"]
+__all__ = ["FIXES", "Diagnosis", "applied_levers", "diagnose", "doctor", "fix_applies", "write_report"]
 
 logger = logging.getLogger("monai_fast.report")
 
@@ -85,7 +85,7 @@ FIXES: dict[str, list[tuple[str | None, str]]] = {
 }
 
 
-def _applies(lever: str | None, text: str, run: InEffect) -> bool:
+def fix_applies(lever: str | None, text: str, run: InEffect) -> bool:
     """Whether a fix fits the run: ``channels_last_3d`` needs a 3-D network, sliding-window settings a
     sliding-window validation (unknown counts as fitting)."""
     if lever == "memory_format" and run.spatial_dims is not None and run.spatial_dims != 3:
@@ -99,7 +99,7 @@ def _fixes(verdict: str, applied: dict[str, dict], run: InEffect | None = None) 
     run = run or InEffect(None, None, None, None, None)
     fixes, already, on_in_run = [], [], []
     for lever, text in FIXES[verdict]:
-        if not _applies(lever, text, run):
+        if not fix_applies(lever, text, run):
             continue
         on = applied.get(lever) if lever is not None else None
         if on is not None and on.get("applied"):

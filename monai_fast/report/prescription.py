@@ -9,7 +9,8 @@ run (its ``fast_training`` rows):
   option or code change that lets it apply (a collate function not known to be thread-safe:
   ``loader="thread"``; a data set without ``.transform``: a MONAI ``Dataset``; MONAI's own
   ``amp=True``: build the trainer without it);
-* the verdict's fixes that no lever applies, as code changes.
+* the verdict's fixes that no lever applies and that fit the run (no sliding-window settings for a
+  validation without a sliding window), as code changes.
 
 Example:
     >>> rows = [{"kind": "epoch", "source": "time_breakdown", "epoch": 1, "iterations": 4, "data_s": 5.0, "compute_s": 5.0}]
@@ -19,7 +20,8 @@ Example:
 
 from __future__ import annotations
 
-from monai_fast.report.doctor import FIXES, Diagnosis, applied_levers, diagnose
+from monai_fast.report.applied import in_effect
+from monai_fast.report.doctor import FIXES, Diagnosis, applied_levers, diagnose, fix_applies
 
 __all__ = ["prescribe"]
 
@@ -67,7 +69,8 @@ def prescribe(rows: list[dict], diagnosis: Diagnosis | None = None) -> str:
                 lines.append(f"#     -> {fix}")
         if not off:
             lines.append("#   nothing: every lever applied")
-    code = [text for lever, text in FIXES[diagnosis.verdict] if lever is None]
+    run = in_effect(rows)
+    code = [text for lever, text in FIXES[diagnosis.verdict] if lever is None and fix_applies(lever, text, run)]
     if code:
         lines.append(f"# code changes for the {diagnosis.verdict} verdict that no FastTraining option makes:")
         lines += [f"#   - {text}" for text in code]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ignite.engine import Events
 from monai.data import CacheDataset, DataLoader, Dataset
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import ValidationHandler
@@ -27,7 +28,9 @@ from monai.networks.nets import UNet
 from monai.transforms import Lambdad, RandLambdad
 
 from monai_fast.handlers import AMPToggle, RecordHandler, TimeBreakdown
+from monai_fast.handlers.record import record_of
 from monai_fast.report.doctor import doctor
+from monai_fast.report.prescription import prescribe
 from monai_fast.telemetry.record import Kind, Source, load_record, select
 
 #: one rank of a run: a real ignite engine timed into the record of ``rank`` in ``folder``
@@ -223,7 +226,7 @@ def _patch_classifier_run(folder: Path) -> SupervisedTrainer:
     g = torch.Generator().manual_seed(0)
     items = [{"image": torch.rand(3, 16, 16, generator=g), "label": torch.tensor(i % 2)} for i in range(8)]
     net = _PatchClassifier()
-    slow = Lambdad(keys="image", func=lambda x: (time.sleep(0.05), x)[1])  # validation: a large share of the clock
+    slow = Lambdad(keys="image", func=lambda x: (time.sleep(0.1), x)[1])  # validation: a large share of the clock
     evaluator = SupervisedEvaluator(device="cpu", val_data_loader=DataLoader(Dataset(items[:4], slow), batch_size=2),
                                     network=net, inferer=SimpleInferer())
     trainer = SupervisedTrainer(device="cpu", max_epochs=2, train_data_loader=DataLoader(Dataset(items), batch_size=4),
@@ -248,6 +251,8 @@ def test_no_3d_or_sliding_window_advice_for_a_2d_patch_classifier(tmp_path):
     assert any("validate less often" in f for f in d.fixes), d.fixes  # what does apply is still said
     run = d.numbers["in_effect"]
     assert run["spatial_dims"] == 2 and run["sliding_window"] is False
+    prescription = prescribe(load_record(tmp_path)[0], d)  # monai-fast doctor --apply
+    assert "sw_batch_size" not in prescription and "sliding-window" not in prescription, prescription
 
 
 def test_a_3d_unet_with_a_sliding_window_still_gets_that_advice(tmp_path):
@@ -287,6 +292,22 @@ def test_time_breakdown_does_not_advise_caching_data_that_is_cached(tmp_path, ca
     assert warned, "the epoch was not data-bound: the test checks nothing"
     assert "cache deterministic transforms" not in warned[0]
     assert "are cached (the loader reads a CacheDataset)" in warned[0]
+
+
+def test_time_breakdown_reads_the_cache_lever_from_the_run_record(tmp_path, caplog):
+    slow = Lambdad(keys="image", func=lambda x: (time.sleep(0.03), x)[1])
+    trainer, _ = _segmentation_run(tmp_path, epochs=1)
+    trainer.data_loader = DataLoader(Dataset(_items(4), slow), batch_size=1)
+
+    @trainer.on(Events.STARTED)
+    def _fast_training_row(engine):  # the row FastTraining writes when its data lever cached the data set
+        record_of(engine).add(Kind.EVENT, Source.FAST_TRAINING, lever="data", applied=True, setting="ram",
+                              reason="cache in RAM (CacheDataset)")
+
+    with caplog.at_level(logging.WARNING, logger="monai_fast.handlers"):
+        trainer.run()
+    warned = [r.getMessage() for r in caplog.records if "waiting for data" in r.getMessage()]
+    assert warned and "FastTraining cached them (ram)" in warned[0] and "cache deterministic" not in warned[0], warned
 
 
 # ------------------------------------------------------------------ whole sentences
