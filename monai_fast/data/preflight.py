@@ -215,8 +215,7 @@ def preflight(
             problems += _problems(str(item[image_key]), str(item[label_key]), scans[str(item[image_key])],
                                   scans[str(item[label_key])], num_classes)
         if cache and read:
-            store_path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(store, store_path, indent=None)
+            _store(store, store_path)
     report = PreflightReport(checked=len(files), from_cache=hits, read=read, seconds=time.perf_counter() - t0,
                              problems=problems)
     logger.info("preflight: %d items, %d files read, %d from the cache, %d problem(s) in %.1f s",
@@ -447,8 +446,7 @@ def preflight_wsi(
                 more = len(reasons) - _LOCATIONS_NAMED
                 problems.append((path, f"... and {more} more patch(es) of this slide at fault"))
         if cache and read:
-            store_path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(store, store_path, indent=None)
+            _store(store, store_path)
     checked = sum(len(items) for items in lists.values())
     report = PreflightReport(checked=checked, from_cache=hits, read=read, seconds=time.perf_counter() - t0,
                              problems=problems)
@@ -457,3 +455,13 @@ def preflight_wsi(
     if problems and raise_error:
         raise PreflightError(problems, checked, skip="preflight=False skips this check")
     return report
+
+
+def _store(store: dict, store_path: Path) -> None:
+    """Keep the scans for the next run; a cache that cannot be written (a full disk) costs a re-read, not the run."""
+    try:
+        store_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(store, store_path, indent=None)
+    except OSError as err:
+        logger.warning("preflight: the check cache %s could not be written (%s); the next run reads the files again",
+                       store_path, err)

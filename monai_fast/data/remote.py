@@ -527,7 +527,7 @@ def _download(remote: _Remote, dest: Path, stop: threading.Event, advance: Calla
     transfer: _Transfer | None = None
     tries = limits.retries + 1
     try:
-        with atomic_write(dest, "wb", fsync=True) as dst:
+        with atomic_write(dest, "wb", fsync=True, size=remote.size) as dst:
             temps.add(dst.name)
             transfer = _Transfer(remote, dst, stop, advance, limits)
             _retrying(f"fetching {remote.url}", limits, stop, transfer.copy, logging.WARNING)

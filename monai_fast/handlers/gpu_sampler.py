@@ -15,6 +15,7 @@ from typing import Any
 import ignite.distributed as idist
 from ignite.engine import Engine, Events
 
+from monai_fast.files import no_space_in
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry.cuda import cuda_device_uuid
@@ -145,7 +146,8 @@ class GPUSampler(EngineHandler):
                 if self._stop.wait(self.interval_s):
                     return
         except BaseException as e:  # reported on the training thread when the run ends
-            self._error = e
+            csv_path = getattr(self._csv_file, "name", None)
+            self._error = (no_space_in(e, csv_path) or e) if isinstance(e, Exception) else e
 
     def _keep(self, row: dict) -> None:
         agg = self._agg.setdefault(row["gpu"], {"n": 0, "util_sum": 0.0, "util_n": 0, "util_peak": None,

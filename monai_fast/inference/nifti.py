@@ -26,7 +26,7 @@ from monai.data import NibabelWriter
 from monai.data.utils import to_affine_nd
 from monai.utils import convert_data_type
 
-from monai_fast.files import atomic_write, ensure_free_space
+from monai_fast.files import ensure_free_space, write_bytes
 
 __all__ = ["AtomicNiftiWriter"]
 
@@ -50,5 +50,4 @@ class AtomicNiftiWriter(NibabelWriter):
         if str(filename).endswith(".gz"):
             data = gzip.compress(data, compresslevel=1)
         ensure_free_space(filename, len(data), what="prediction")
-        with atomic_write(filename, "wb") as f:
-            f.write(data)
+        write_bytes(data, filename)
