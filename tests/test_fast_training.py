@@ -340,3 +340,39 @@ def test_background_fill_adopts_both_loaders_over_background_caches_validation_a
     assert sorted(set(first)) == sorted(str(f["image"]) for f in tiny_files[0])  # every item in the first epoch
     assert math.isfinite(evaluator.state.metrics["val_mean_dice"])
     assert train_ds.wait(30) and val_ds.wait(30) and all(c.ready() for c in choices)
+
+
+def _monai_amp(engine) -> None:
+    """Rebuild the engine's amp state as MONAI's ``amp=True`` leaves it (what a bundle's ``"amp": true`` builds)."""
+    engine.amp = True
+    engine.amp_kwargs = {}
+    engine.scaler = torch.amp.GradScaler("cuda", enabled=False)
+
+
+def test_monai_amp_on_a_cpu_is_read_as_a_request_for_reduced_precision(tiny_files):
+    trainer, evaluator = _user_trainer(tiny_files)
+    _monai_amp(trainer)
+    _monai_amp(evaluator)
+    dtypes = []
+    hook = trainer.network.model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    fast = FastTraining(precision="bf16", cache=False, loader=False, prefetch=False, prediction_layout=False)
+    fast.attach(trainer, evaluator)
+    row = fast.applied["precision"]
+    assert row["applied"] and row["setting"] == "bf16"
+    assert "MONAI's amp=True" in row["reason"] and "does nothing on cpu" in row["reason"]
+    assert trainer.amp is False and evaluator.amp is False  # MONAI's CUDA-only autocast path switched off
+    trainer.run()
+    hook.remove()
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # training and validation forwards ran in bf16
+    fast.detach(trainer)
+    assert trainer.amp is True and evaluator.amp is True  # as built again
+
+
+def test_monai_amp_auto_on_a_cpu_decides_by_the_device(tiny_files):
+    trainer, evaluator = _user_trainer(tiny_files)
+    _monai_amp(trainer)
+    fast = FastTraining(cache=False, loader=False, prefetch=False, prediction_layout=False)
+    fast.attach(trainer, evaluator)
+    row = fast.applied["precision"]
+    assert row["setting"] in ("bf16", "fp32") and "MONAI's amp=True" in row["reason"]
+    assert fast.amp is not None and trainer.amp is False

@@ -75,7 +75,9 @@ class FastTraining(EngineHandler):
     * **precision**: an :class:`~monai_fast.handlers.amp.AMPToggle` on the trainer and the same
       precision on the evaluator: bf16 where the device runs it natively, fp16 + GradScaler on
       other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
-      Left alone when the trainer already uses MONAI's ``amp=True``. In every case a
+      Left alone when the trainer already uses MONAI's ``amp=True`` on CUDA. MONAI's amp autocasts
+      for CUDA only, so on a CPU ``amp=True`` (a bundle's ``"amp": true``) changes nothing: it is
+      read as a request for reduced precision and handled as above, and the log says so. In every case a
       :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
     * The trainer and the evaluator (unless ``validation=False``) also get a
       :class:`~monai_fast.handlers.core_pin.MainThreadCore` (unless they have one): where OpenMP's
@@ -107,7 +109,9 @@ class FastTraining(EngineHandler):
         precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``False``.
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
         validation: ``"auto"``, ``"tune"`` or ``False`` (see above).
-        gpu_budget_mib, ram_budget_mib, disk_budget_mib: the planner's budgets (``None``: its defaults).
+        gpu_budget_mib: the planner's GPU memory budget (``None``: its default).
+        ram_budget_mib: the planner's RAM budget (``None``: its default).
+        disk_budget_mib: the planner's disk budget (``None``: its default).
         cache_dir: where a disk cache may go (without it, disk is not an option).
         cache_threads: threads that fill the caches; default all CPUs (all but one with
             ``background_fill``).
@@ -271,23 +275,29 @@ class FastTraining(EngineHandler):
         if self.precision is False:
             self._say("precision", False, None, "switched off (precision=False)")
             return
-        if getattr(trainer, "amp", False):
-            self._say("precision", False, None, "the trainer already runs MONAI's amp=True; kept as built")
+        monai_amp = bool(getattr(trainer, "amp", False))
+        if monai_amp and device.type == "cuda":
+            self._say("precision", False, None, "the trainer already runs MONAI's amp=True on CUDA; kept as built")
             return
         if self.precision == "fp32":
             self._say("precision", False, "fp32", "requested fp32: engines kept as built")
             return
+        # MONAI's amp=True autocasts for "cuda" only, so off CUDA it changes nothing: it is read as a request for
+        # reduced precision, which the toggle applies where the device runs it (and MONAI's no-op flag is set off)
         amp = AMPToggle("auto" if self.precision is True else self.precision)
         amp.attach(trainer)
         self._helpers.append(amp)
         self.amp = amp
-        if evaluator is not None and not getattr(evaluator, "amp", False):
+        if evaluator is not None and not (getattr(evaluator, "amp", False) and device.type == "cuda"):
             ev = AMPToggle(amp.precision)
             ev.attach(evaluator)
             self._helpers.append(ev)
         reason = {"bf16": f"{device.type} runs bf16 natively" + (" and it measured faster" if device.type == "cpu" else ""),
                   "fp16": "this GPU has no fast bf16: fp16 with a GradScaler",
                   "fp32": "no reduced precision pays on this device"}.get(amp.precision, "")
+        if monai_amp:
+            reason = (f"MONAI's amp=True autocasts for CUDA only and does nothing on {device.type}: read as a request "
+                      f"for reduced precision; {reason or 'requested ' + str(self.precision)}")
         self._say("precision", amp.precision != "fp32", amp.precision, reason or f"requested {self.precision}")
 
     def _memory_format_lever(self, trainer: Workflow, device: torch.device) -> None:
