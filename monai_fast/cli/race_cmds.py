@@ -13,23 +13,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 
 import torch
 
 from monai_fast.cli.args import add_data_options, add_model_options, add_race_options, add_tuning_options, race_spec
 from monai_fast.race import RaceEvents, RaceRun, RaceSpec, bench, race, resolve_device, tune_only
+from monai_fast.race.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
 from monai_fast.race.scale import demo_scale, size_line
 from monai_fast.recipes.runner import RaceResult
 
-__all__ = ["DEMO_EPOCH_MULTIPLE", "DEMO_TIME_BUDGET_S", "ProgressPrinter", "add_race_commands", "budget_line", "budget_text"]
-
-#: the demo's default epoch budget of the baseline, in multiples of fast's epochs to target
-DEMO_EPOCH_MULTIPLE = 4.0
-
-#: the demo's wall-clock cap per recipe: a safety net above the epoch budget, so that on a loaded or
-#: slow host the baseline still runs its epochs (its Dice curve, hence the estimate, is then the
-#: quiet host's) instead of being cut short by the clock
-DEMO_TIME_BUDGET_S = 1200.0
+__all__ = ["DEMO_EPOCH_MULTIPLE", "DEMO_TOTAL_BUDGET_S", "ProgressPrinter", "add_race_commands", "budget_line",
+           "budget_text", "time_line"]
 
 
 class ProgressPrinter(RaceEvents):
@@ -54,6 +49,10 @@ class ProgressPrinter(RaceEvents):
     def budget_set(self, recipe: str, budget_s: float, how: dict) -> None:
         print(f"-- {recipe}: {budget_text(budget_s, how)}", flush=True)
 
+    def time_shared(self, recipe: str, budget_s: float, left_s: float) -> None:
+        print(f"-- {recipe}: up to {budget_s:.0f} s on its own clock (set-up included): its share of the "
+              f"{left_s:.0f} s left after the set-up, the others training as long beside it", flush=True)
+
     def recipe_finished(self, r: RaceResult) -> None:
         state = f"reached in {r.time_to_target_s:.1f} s" if r.reached else f"not reached in {r.total_s:.0f} s"
         print(f"   {r.recipe}: {state}, best Dice {r.best_dice or 0:.3f}, {r.epochs_run} epochs", flush=True)
@@ -68,10 +67,18 @@ class ProgressPrinter(RaceEvents):
 def _cmd_demo(args: argparse.Namespace) -> int:
     from monai_fast.race.headline import format_headline
 
+    from dataclasses import replace
+
     scale = demo_scale(torch.device(resolve_device(args.device)))
     spec = race_spec(args, args.run_dir or f"runs/demo-{dt.datetime.now():%Y%m%d-%H%M%S}", scale)
+    if not args.total_budget >= 0:
+        raise SystemExit(f"monai-fast demo: --total-budget must be >= 0 seconds (0: no bound), got {args.total_budget}")
+    spec = replace(spec, total_budget_s=args.total_budget or None)  # 0: no bound
     print(size_line(spec, scale), flush=True)
     print(budget_line(spec), flush=True)
+    line = time_line(spec)
+    if line:
+        print(line, flush=True)
     run = race(spec, ProgressPrinter())
     print()
     print(format_headline(run.meta["headline"]))
@@ -89,19 +96,62 @@ def budget_line(spec: RaceSpec) -> str:
 
     Example:
         >>> print(budget_line(RaceSpec(time_budget_s=600, epoch_multiple=5, interleave=True)))
-        budget: fast up to 600 s; baseline 5x fast's epochs to target, at most 600 s (--epoch-multiple, --budget-multiple, --time-budget); epochs interleaved
+        budget: fast up to 600 s; baseline 5x fast's epochs to target, at most 600 s, at most 100 epochs (--max-epochs) (--epoch-multiple, --budget-multiple, --time-budget); epochs interleaved
+        >>> print(budget_line(RaceSpec(time_budget_s=None, total_budget_s=300, epoch_multiple=4, interleave=True,
+        ...                            overrides={"max_epochs": 6})))
+        budget: fast up to a third of the time left after the set-up; baseline 4x fast's epochs to target, or until the time is up, at most 6 epochs (--max-epochs) (--epoch-multiple, --budget-multiple, --time-budget, --total-budget); epochs interleaved
     """
     from monai_fast.race.interleave import lead_of
+    from monai_fast.race.options import recipe_config
 
     lead = lead_of(spec.recipes)
     cap = "no cap" if spec.time_budget_s is None else f"at most {spec.time_budget_s:.0f} s"
     others = ", ".join(r for r in spec.recipes if r != lead)
-    lead_part = f"{lead} up to {spec.time_budget_s:.0f} s" if spec.time_budget_s is not None else f"{lead} no limit"
-    rules = [f"{m:g}x {lead}'s {what} to target" for m, what in ((spec.epoch_multiple, "epochs"), (spec.budget_multiple, "time"))
-             if m]
-    rule = f"{' and '.join(rules)}, {cap}" if rules else cap
+    if spec.time_budget_s is not None:
+        lead_part = f"{lead} up to {spec.time_budget_s:.0f} s"
+    else:
+        shared = _share_words(len(spec.recipes)) + " of the time left after the set-up"
+        lead_part = f"{lead} up to {shared}" if spec.total_budget_s else f"{lead} no limit"
+    max_epochs = recipe_config(spec.overrides, spec.seed).max_epochs
+    rules = [f"{m:g}x {lead}'s {what} to target" for m, what in ((spec.epoch_multiple, "epochs"),
+                                                                  (spec.budget_multiple, "time")) if m]
+    if spec.total_budget_s:
+        rule = ", ".join([*rules, *([cap] if spec.time_budget_s is not None else [])]) + ", or until the time is up"
+        rule = rule.lstrip(", ")
+    else:
+        rule = f"{' and '.join(rules)}, {cap}" if rules else cap
+    if spec.epoch_multiple:
+        rule += f", at most {max_epochs} epochs (--max-epochs)"
+    flags = "--epoch-multiple, --budget-multiple, --time-budget" + (", --total-budget" if spec.total_budget_s else "")
     return (f"budget: {lead_part}" + (f"; {others} {rule}" if others else "")
-            + " (--epoch-multiple, --budget-multiple, --time-budget)" + ("; epochs interleaved" if spec.interleave else ""))
+            + f" ({flags})" + ("; epochs interleaved" if spec.interleave else ""))
+
+
+def _share_words(recipes: int) -> str:
+    """The lead's share of the time under a total bound, in words (:func:`monai_fast.race.interleave.lead_share`)."""
+    return {1: "half", 2: "a third", 3: "a quarter"}.get(recipes, f"1/{recipes + 1}")
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in words for a person: ``"10 min"``, ``"4 min 30 s"``, ``"45 s"``."""
+    minutes, rest = divmod(round(seconds), 60)
+    if not minutes:
+        return f"{rest} s"
+    return f"{minutes} min" + (f" {rest} s" if rest else "")
+
+
+def time_line(spec: RaceSpec) -> str | None:
+    """The line that says up front how long the demo takes at most (``None`` without a total bound).
+
+    Example:
+        >>> print(time_line(RaceSpec(total_budget_s=600, interleave=True)))
+        time: at most 10 min (600 s) from here on any machine: data, set-up, training of fast and baseline, reports (--total-budget)
+    """
+    if not spec.total_budget_s:
+        return None
+    bound = f"{_duration(spec.total_budget_s)} ({spec.total_budget_s:.0f} s)"
+    return (f"time: at most {bound} from here on any machine: data, set-up, training of "
+            f"{' and '.join(spec.recipes)}, reports (--total-budget)")
 
 
 def budget_text(budget_s: float, how: dict) -> str:
@@ -117,9 +167,15 @@ def budget_text(budget_s: float, how: dict) -> str:
         f"ran {how['lead_epochs']} epochs, {how['lead_s']:.1f} s without reaching it"
     rules = [f"{how['epoch_multiple']:g}x its epochs"] if how.get("others_epochs") else []
     rules += [f"{how['multiple']:g}x its time"] if how.get("multiple") else []
+    if how.get("max_epochs") and how.get("others_epochs"):
+        wanted = math.ceil(how["epoch_multiple"] * how["lead_epochs"])
+        rules[0] += f" = {wanted}, capped by --max-epochs {how['max_epochs']}"
     cap = "no cap" if how["cap_s"] is None else f"at most {how['cap_s']:.0f} s"
     epochs = f"{how['others_epochs']} epochs" if how.get("others_epochs") else f"{budget_s:.0f} s"
-    seconds = f"at most {budget_s:.0f} s" if how.get("multiple") or how.get("others_epochs") else cap
+    limited = how.get("multiple") or how.get("others_epochs") or how.get("deadline_left_s") is not None
+    seconds = f"at most {budget_s:.0f} s" if limited else cap
+    if how.get("deadline_left_s") is not None:
+        seconds += f" ({how['deadline_left_s']:.0f} s left of --total-budget)"
     return f"budget {epochs} ({lead} {done}; {', '.join(rules) or cap}), {seconds} on its own clock"
 
 
@@ -149,7 +205,9 @@ _DEMO_TEXT = (
     "folder with results.json, epochs.csv, dice_vs_time.png and TensorBoard events. The recipes train an epoch at "
     "a time in turns, so their seconds per epoch meet the same host load, each drawing its own random stream, so "
     "for a seed their Dice curves do not depend on the load. fast's epochs to target then set the baseline's "
-    "budget (--epoch-multiple times them, at most --time-budget seconds, printed up front). When the baseline "
+    "budget (--epoch-multiple times them, printed up front). The whole demo ends within --total-budget seconds "
+    "on any machine (said up front): fast may train a third of the time left after the set-up, the baseline as "
+    "long beside it, then alone until its epoch budget is spent or the time is up. When the baseline "
     "does not reach the target in its budget, its time to target is estimated (epochs from its Dice curve x its "
     "seconds per epoch measured beside fast's) and labelled 'estimated'. Every option is checked before training "
     "starts (an unwritable --run-dir fails at once)."
@@ -171,9 +229,15 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``demo``, ``bench`` and ``tune`` to the sub-command parsers ``sub``."""
     p = sub.add_parser(
         "demo", description=_DEMO_TEXT,
-        help="race the fast recipe against a plain-MONAI baseline to a target Dice (about 4-5 min on 2 CPU cores; at most --time-budget (1200 s) of training per recipe)",
+        help="race the fast recipe against a plain-MONAI baseline to a target Dice (at most --total-budget, "
+        f"{DEMO_TOTAL_BUDGET_S:.0f} s, in all)",
     )
-    add_race_options(p, budget=DEMO_TIME_BUDGET_S, recipes=("fast", "baseline"))
+    add_race_options(p, budget=None, recipes=("fast", "baseline"))
+    p.add_argument("--total-budget", type=float, default=DEMO_TOTAL_BUDGET_S, metavar="S",
+                   help="the whole demo (data, set-up, both recipes, reports) ends within S seconds on any machine: "
+                   "fast trains at most a third of the time left after the set-up (the baseline as long beside it, "
+                   "in turns), then the baseline its epoch budget or until the time is up; 0: no bound (default "
+                   "%(default)g)")
     p.add_argument("--epoch-multiple", type=float, default=DEMO_EPOCH_MULTIPLE, help="the other recipes train at most "
                    "this many times fast's epochs to target (its epochs run when it missed), within --time-budget; a "
                    "count of epochs, so how far their Dice curves get does not depend on the host's load; 0: no epoch "
@@ -188,7 +252,7 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
         description="The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, with a longer budget; "
         "writes one JSON with all epochs, the machine and package versions, and medians.",
     )
-    add_race_options(p, budget=1200.0, recipes=("baseline", "monai_tutorial", "fast"))
+    add_race_options(p, budget=TIME_BUDGET_S, recipes=("baseline", "monai_tutorial", "fast"))
     p.add_argument("--repeats", type=int, default=1, help="repeats with different seeds for weights and crops (default %(default)s)")
     p.add_argument("--out", default="benchmarks/results", help="folder for the result JSON (default %(default)s)")
     p.set_defaults(func=_cmd_bench)

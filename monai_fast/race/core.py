@@ -16,6 +16,7 @@ import logging
 import os
 import platform
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,6 +42,9 @@ logger = logging.getLogger(__name__)
 #: classes of the recipes' task (background and one organ); label values must be 0 or 1
 NUM_CLASSES = 2
 
+#: under a total bound, the share of it kept for the doctor and the results files after training
+REPORT_SHARE = 0.1
+
 
 class RaceEvents:
     """What a race tells its caller as it goes; every hook does nothing here: subclass to show progress.
@@ -64,6 +68,9 @@ class RaceEvents:
 
     def budget_set(self, recipe: str, budget_s: float, how: dict) -> None:
         """``recipe``'s budget was set from the lead's time (``how``: cap, multiple, lead, lead's seconds)."""
+
+    def time_shared(self, recipe: str, budget_s: float, left_s: float) -> None:
+        """Under a total bound, the lead ``recipe`` may run ``budget_s`` on its clock (``left_s`` left after set-up)."""
 
     def recipe_finished(self, result: RaceResult) -> None:
         """``recipe`` stopped (target, budget or epochs); ``result.diagnosis`` is filled when it trained."""
@@ -215,6 +222,8 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     ``spec.interleave`` an epoch at a time in turns, :mod:`monai_fast.race.interleave`), the
     doctor on each recipe's record (``diagnosis`` filled, ``report.md`` written), and
     ``results.json``, ``epochs.csv`` and ``dice_vs_time.png`` in ``run_dir``.
+    With ``spec.total_budget_s`` training ends by that bound less :data:`REPORT_SHARE` of it, kept
+    for the doctor and the results files.
 
     Args:
         spec: the race's options.
@@ -234,6 +243,8 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     """
     from monai_fast.report.compare import write_race
 
+    started = time.monotonic()
+    deadline = None if spec.total_budget_s is None else started + (1.0 - REPORT_SHARE) * spec.total_budget_s
     events = events or RaceEvents()
     plan = plan_race(spec)
     data_root, train_files, val_files = checked_data(spec)
@@ -247,9 +258,10 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         events.tuned(tuning)
     meta = run_meta(data_root, plan.device, spec.record_options)
     if spec.interleave:
-        results, paired, budget, host = run_interleaved(spec.recipes, configs, train_files, val_files, plan.device, spec.target,
-                                                  spec.time_budget_s, spec.budget_multiple, plan.run_dir, spec.progress, events,
-                                                  epoch_multiple=spec.epoch_multiple)
+        results, paired, budget, host = run_interleaved(
+            spec.recipes, configs, train_files, val_files, plan.device, spec.target, spec.time_budget_s,
+            spec.budget_multiple, plan.run_dir, spec.progress, events, epoch_multiple=spec.epoch_multiple,
+            deadline=deadline)
         meta["headline"] = headline(results, paired, budget, host=host)
         for r in results:
             _finished(r, events)

@@ -102,6 +102,12 @@ def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[
     return round(mx + (target - my) / slope, 1), half[0][0], half[-1][0], round(slope, 6)
 
 
+def _epoch_seconds(result: RaceResult, interleaved: int) -> list[float]:
+    """Wall seconds of each whole epoch among the first ``interleaved`` (all when none were)."""
+    rows = result.epochs[:interleaved] or result.epochs
+    return [r.wall_s if r.wall_s is not None else r.train_s + r.val_s for r in rows]
+
+
 def _s_per_epoch(result: RaceResult, interleaved: int, cpu: bool = False) -> float | None:
     """Mean wall (or CPU) seconds per whole epoch over the first ``interleaved`` epochs (all when none were).
 
@@ -167,7 +173,8 @@ def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budg
             entry["epochs_to_target"] = _figure(r.epochs_to_target, MEASURED)
         else:
             limit = budget.get("others_epochs") if r.recipe != budget.get("lead") else None
-            entry.update(_estimate(r, by.get(fast), per_epoch, limit if isinstance(limit, int) else None))
+            entry.update(_estimate(r, by.get(fast), per_epoch, limit if isinstance(limit, int) else None,
+                                   _epoch_seconds(r, interleaved.get(r.recipe, 0))))
         entry["cpu_s_to_target"] = _cpu_to_target(r, entry)
         doc["recipes"][r.recipe] = entry
     doc["speedup"] = _cpu_beside(_speedup(doc["recipes"], fast, reference), doc["recipes"], fast, reference)
@@ -209,16 +216,21 @@ def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference
     return out
 
 
-def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: int | None) -> dict:
+def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: int | None,
+              epoch_seconds: Sequence[float] = ()) -> dict:
     """``r``'s estimated epochs and time to target from its first ``limit`` epochs (its epoch budget; ``None``: all).
 
     Turns taken while ``fast`` trained can carry a quick recipe past its epoch budget on a host
     that slows ``fast`` more; its estimate still reads only the epochs the budget gives it.
+    Each estimated figure carries its range (``low``, ``high``): the epochs between the two ways of
+    estimating them where both apply, the seconds from there times its fastest and its slowest
+    epoch (``epoch_seconds``).
     """
     curve = [(e.epoch, e.val_dice) for e in r.epochs[:limit] if e.val_dice is not None]
     found = None
     if fast is not None and fast.reached and fast.epochs_to_target:
         found = epochs_by_progress(curve, [(e.epoch, e.val_dice) for e in fast.epochs], fast.epochs_to_target, r.target)
+    ways = [w[0] for w in (found, epochs_by_slope(curve, r.target)) if w is not None]
     if found is not None and found[0] > r.epochs_run:
         epochs, slow_epoch, dice, fast_epoch = found
         basis = (f"it reached Dice {dice:.3f} at epoch {slow_epoch}, {fast.recipe} at epoch {fast_epoch} and the target at "
@@ -236,9 +248,16 @@ def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: i
     if epochs <= r.epochs_run:  # it ran that many without reaching the target
         epochs, basis = float(r.epochs_run + 1), f"{basis}; raised to the epochs it ran + 1"
     seconds = r.setup_s + epochs * per_epoch
-    return {"epochs_to_target": _figure(epochs, ESTIMATED, basis),
-            "time_to_target_s": _figure(seconds, ESTIMATED, f"set-up {r.setup_s:.1f} s + {epochs:g} epochs x "
-                                        f"{per_epoch:.2f} s/epoch measured interleaved")}
+    floor = float(r.epochs_run + 1)
+    e_low, e_high = max(floor, min([epochs, *ways])), max(floor, epochs, *ways)
+    s_low = r.setup_s + e_low * min(epoch_seconds or [per_epoch])
+    s_high = r.setup_s + e_high * max(epoch_seconds or [per_epoch])
+    spread = (f"range {s_low:.0f}-{s_high:.0f} s: {e_low:g}-{e_high:g} epochs x its fastest and slowest epoch "
+              f"({min(epoch_seconds or [per_epoch]):.2f}-{max(epoch_seconds or [per_epoch]):.2f} s)")
+    return {"epochs_to_target": {**_figure(epochs, ESTIMATED, basis), "low": e_low, "high": e_high},
+            "time_to_target_s": {**_figure(seconds, ESTIMATED, f"set-up {r.setup_s:.1f} s + {epochs:g} epochs x "
+                                           f"{per_epoch:.2f} s/epoch measured interleaved; {spread}"),
+                                 "low": s_low, "high": s_high}}
 
 
 def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
@@ -252,8 +271,11 @@ def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
         why = f"{fast} did not reach the target" if ta["how"] != MEASURED else f"{reference}'s time to target: n/a"
         return {"over": reference, "factor": None, "how": "n/a", "basis": why, "per_epoch": per_epoch}
     how = MEASURED if tb["how"] == MEASURED else ESTIMATED
-    return {"over": reference, "factor": tb["value"] / ta["value"], "how": how,
-            "basis": f"{reference}'s time to target ({tb['how']}) / {fast}'s (measured)"}
+    out = {"over": reference, "factor": tb["value"] / ta["value"], "how": how,
+           "basis": f"{reference}'s time to target ({tb['how']}) / {fast}'s (measured)"}
+    if "low" in tb and "high" in tb:
+        out.update(low=tb["low"] / ta["value"], high=tb["high"] / ta["value"])
+    return out
 
 
 _LABELS = {"epochs_to_target": "epochs to target", "time_to_target_s": "time to target", "cpu_s_to_target": "CPU time to target"}
@@ -305,5 +327,6 @@ def format_headline(doc: dict) -> str:
         out.append(f"speed-up: n/a ({sp['basis']})")
     else:
         also = "" if sp.get("cpu_factor") is None else f"; in CPU time {sp['cpu_factor']:.1f}x"
-        out.append(f"speed-up over {sp['over']}: {sp['factor']:.1f}x ({sp['how']}: {sp['basis']}){also}")
+        spread = "" if sp.get("low") is None else f"; range {sp['low']:.1f}x-{sp['high']:.1f}x"
+        out.append(f"speed-up over {sp['over']}: {sp['factor']:.1f}x ({sp['how']}: {sp['basis']}{spread}){also}")
     return "\n".join(out)

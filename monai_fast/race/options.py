@@ -30,10 +30,19 @@ import torch
 from monai_fast.data.synthetic import KINDS
 from monai_fast.recipes import RECIPES, RecipeConfig
 
-__all__ = ["RaceOptionError", "RacePlan", "RaceSpec", "SyntheticData", "TuneOptions", "check_writable_dir", "plan_race",
-           "resolve_device"]
+__all__ = ["DEMO_EPOCH_MULTIPLE", "DEMO_TOTAL_BUDGET_S", "TIME_BUDGET_S", "RaceOptionError", "RacePlan", "RaceSpec",
+           "SyntheticData", "TuneOptions", "check_writable_dir", "plan_race", "resolve_device"]
 
 logger = logging.getLogger(__name__)
+
+#: seconds on each recipe's own clock before it is stopped, unless a race sets another cap
+TIME_BUDGET_S = 1200.0
+
+#: the demo's whole wall clock by default: data, set-up, both recipes' training and the reports
+DEMO_TOTAL_BUDGET_S = 600.0
+
+#: the demo's epoch budget of the baseline by default, in multiples of fast's epochs to target
+DEMO_EPOCH_MULTIPLE = 4.0
 
 
 class RaceOptionError(ValueError):
@@ -100,7 +109,13 @@ class RaceSpec:
         train_seed: seed of weights and crops (repeats of a benchmark differ only in this).
         target: validation mean Dice (background excluded) to reach, in (0, 1].
         time_budget_s: seconds each recipe may run (with ``budget_multiple``, the cap); ``None``: no
-            limit but ``max_epochs``.
+            limit but ``max_epochs`` (and ``total_budget_s``).
+        total_budget_s: seconds the whole race may take from the call of :func:`~monai_fast.race.race`
+            on (data, set-up, training, reports); needs ``interleave``. The lead trains at most a share
+            of what is left after the set-up (a third with two recipes; the others train as long beside
+            it, in turns), then each other recipe trains on within its epoch or time budget or until
+            that time is up, whichever comes first (:mod:`monai_fast.race.interleave`); ``None``: no
+            such bound.
         budget_multiple: the recipes other than ``fast`` get this many times ``fast``'s time to
             target (its time run when it missed), at most ``time_budget_s``; ``None``: each gets
             ``time_budget_s``.
@@ -132,7 +147,8 @@ class RaceSpec:
     seed: int = 0
     train_seed: int | None = None
     target: float = 0.9
-    time_budget_s: float | None = 210.0
+    time_budget_s: float | None = TIME_BUDGET_S
+    total_budget_s: float | None = None
     budget_multiple: float | None = None
     epoch_multiple: float | None = None
     interleave: bool = False
@@ -217,6 +233,10 @@ def _check_numbers(spec: RaceSpec) -> None:
         raise RaceOptionError("target", f"must be in (0, 1], got {spec.target}")
     if spec.time_budget_s is not None and not spec.time_budget_s > 0:
         raise RaceOptionError("time_budget_s", f"must be > 0 (or None for no limit), got {spec.time_budget_s}")
+    if spec.total_budget_s is not None and not spec.total_budget_s > 0:
+        raise RaceOptionError("total_budget_s", f"must be > 0 (or None for no bound), got {spec.total_budget_s}")
+    if spec.total_budget_s is not None and not spec.interleave:
+        raise RaceOptionError("total_budget_s", "needs interleave=True (the recipes share the time in turns)")
     for name, what in (("budget_multiple", "time"), ("epoch_multiple", "epochs")):
         value = getattr(spec, name)
         if value is not None and not value > 0:
