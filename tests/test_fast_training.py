@@ -376,3 +376,15 @@ def test_monai_amp_auto_on_a_cpu_decides_by_the_device(tiny_files):
     row = fast.applied["precision"]
     assert row["setting"] in ("bf16", "fp32") and "MONAI's amp=True" in row["reason"]
     assert fast.amp is not None and trainer.amp is False
+
+
+def test_fast_training_guards_both_engines_against_short_epochs(tiny_files):
+    from monai_fast.handlers import EpochLengthGuard
+
+    trainer, evaluator = _user_trainer(tiny_files)
+    fast = FastTraining(cache=False, loader=False, prefetch=False, prediction_layout=False, precision=False)
+    fast.attach(trainer, evaluator)
+    assert EpochLengthGuard in handlers_on(trainer) and EpochLengthGuard in handlers_on(evaluator)
+    trainer.run()  # full epochs pass the guard
+    fast.detach(trainer)
+    assert EpochLengthGuard not in handlers_on(trainer) and EpochLengthGuard not in handlers_on(evaluator)

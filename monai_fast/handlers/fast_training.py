@@ -25,6 +25,7 @@ from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
+from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
 from monai_fast.handlers.memory_format import choose_memory_format
 from monai_fast.handlers.nonfinite import NonFiniteGuard
@@ -79,6 +80,9 @@ class FastTraining(EngineHandler):
       for CUDA only, so on a CPU ``amp=True`` (a bundle's ``"amp": true``) changes nothing: it is
       read as a request for reduced precision and handled as above, and the log says so. In every case a
       :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
+    * The trainer and the evaluator also get an
+      :class:`~monai_fast.handlers.epoch_length_guard.EpochLengthGuard` (unless they have one): a
+      loader pass or an epoch that ends before its length raises before any metric is computed.
     * The trainer and the evaluator (unless ``validation=False``) also get a
       :class:`~monai_fast.handlers.core_pin.MainThreadCore` (unless they have one): where OpenMP's
       workers were pinned at the script's start (:func:`monai_fast.openmp.pin_openmp_workers`),
@@ -207,6 +211,11 @@ class FastTraining(EngineHandler):
             guard = NonFiniteGuard()
             guard.attach(trainer)
             self._helpers.append(guard)
+        for engine, name in ((trainer, "training"), (evaluator, "validation")):  # no metric from a short epoch
+            if engine is not None and EpochLengthGuard not in handlers_on(engine):
+                length_guard = EpochLengthGuard(name)
+                length_guard.attach(engine)
+                self._helpers.append(length_guard)
         for engine in (trainer, evaluator):  # registers nothing unless OpenMP's workers were pinned
             if engine is not None and MainThreadCore not in handlers_on(engine):
                 core = MainThreadCore()
