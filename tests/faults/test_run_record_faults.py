@@ -119,9 +119,9 @@ def test_a_second_run_into_the_same_folder_fails_at_once_and_a_killed_owner_leav
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
-    third = _rank(tmp_path, folder, 0, epochs=1, sleep=0.0)  # the kernel dropped the killed owner's lock
-    out, err = third.communicate(timeout=60)
-    assert third.returncode == 0 and "done" in out, err
+    record = RecordHandler(folder)  # the kernel dropped the killed owner's lock: the folder is free again
+    assert record.segment == 1  # and the killed run's rows are kept, the new run after them
+    record.record.close()
 
 
 # ------------------------------------------------------------------ a killed rank keeps what it measured
