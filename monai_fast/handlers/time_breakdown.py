@@ -51,9 +51,10 @@ class TimeBreakdown(EngineHandler):
     MONAI ``CacheDataset`` / ``PersistentDataset`` under the engine's loader), moving the random
     transforms to the device and loading with more threads. ``engine.state.time_breakdown`` holds
     the epochs of the engine's current run (a second ``engine.run()`` starts a new list);
-    :attr:`epochs` keeps every epoch this handler timed. With a run record on the engine (:class:`RecordHandler`), each
-    iteration and epoch is also a row of the record (source ``time_breakdown``), from which the
-    doctor computes the run's totals. One instance times one engine: give the evaluator its own.
+    :attr:`epochs` keeps every epoch this handler timed. With a run record on the engine
+    (:class:`RecordHandler`), each iteration and epoch is also a row of the record (source
+    ``time_breakdown``), from which the doctor computes the run's totals. One instance times one
+    engine: give the evaluator its own.
 
     Args:
         warn_threshold: data share (0..1] above which an epoch is reported as loader-bound.
