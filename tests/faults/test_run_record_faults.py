@@ -325,3 +325,26 @@ def test_every_line_of_the_report_ends_its_sentence(tmp_path):
     prose += [report[report.index("## Inference") + 2]]
     assert prose and all(p.rstrip().endswith((".", "!", "?")) for p in prose), [p for p in prose if not p.endswith(".")]
     assert json.loads((tmp_path / "doctor.json").read_text())["numbers"]["inference"]["text"].endswith(".")
+
+
+def test_a_row_cut_short_by_a_kill_is_left_out_and_the_next_segment_starts_on_its_own_line(tmp_path, caplog):
+    trainer, _ = _segmentation_run(tmp_path, epochs=1)
+    trainer.run()
+    path = tmp_path / "record.rank0.jsonl"
+    whole = path.read_text()
+    with path.open("a") as f:
+        f.write('{"kind": "iteration", "source": "time_b')  # what a writer killed mid-row leaves
+    with caplog.at_level(logging.WARNING, logger="monai_fast.telemetry"):
+        rows, _ = load_record(tmp_path)
+    assert len(rows) == len(whole.splitlines()) and any("cut short" in r.getMessage() for r in caplog.records)
+    trainer, _ = _segmentation_run(tmp_path, epochs=1)  # the restart continues the record
+    trainer.run()
+    rows, _ = load_record(tmp_path)
+    assert [r["epoch"] for r in select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN)] == [1, 1]
+    assert sorted({r["segment"] for r in rows}) == [0, 1]
+
+
+def test_only_a_stray_copy_in_the_folder_is_no_record(tmp_path):
+    (tmp_path / "record.rank0 (copy).jsonl").write_text('{"kind": "epoch"}\n')
+    with pytest.raises(FileNotFoundError, match=r"record\.rank<R>\.jsonl"):
+        load_record(tmp_path)
