@@ -42,6 +42,8 @@ logger = logging.getLogger("monai_fast.bundle")
 
 TRAINER_ID = "train#trainer"  #: where the Model Zoo's train configs put the trainer
 EVALUATOR_ID = "validate#evaluator"  #: and the evaluator
+RUN_ID = "run"  #: the run section of the Model Zoo's train configs
+LEGACY_RUN_ID = "training"  #: its older name, run when a config has no ``run`` section
 _CONFIG_NAMES = ("train.json", "train.yaml", "train.yml")
 
 
@@ -60,6 +62,9 @@ class BundleResult:
         trainer_id: the config id of the trainer attached to.
         evaluator_id: the config id of the evaluator, ``None`` when the bundle has none.
         verdict: the doctor's verdict as text (``None`` when not asked for or not possible).
+        metrics: the engines' last metrics as numbers: ``"train/<name>"`` from the trainer,
+            ``"validate/<name>"`` from the evaluator's last validation, and ``"validate/best"`` (its best
+            key metric), so that a caller compares runs without reading the bundle's own output files.
     """
 
     run_dir: Path
@@ -68,6 +73,7 @@ class BundleResult:
     trainer_id: str = TRAINER_ID
     evaluator_id: str | None = EVALUATOR_ID
     verdict: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
@@ -176,7 +182,7 @@ def run_bundle(
     evaluator_id: str | None = EVALUATOR_ID,
     run_dir: str | os.PathLike | None = None,
     init_id: str = "initialize",
-    run_id: str = "run",
+    run_id: str = RUN_ID,
     final_id: str = "finalize",
     doctor: bool = True,
     on_applied: Any = None,
@@ -198,7 +204,8 @@ def run_bundle(
         run_dir: where the run record goes; default ``<output_dir>/monai_fast`` when the config has
             an ``output_dir``, else ``<bundle_dir>/eval/monai_fast``.
         init_id: the config's initialize section.
-        run_id: the config's run section.
+        run_id: the config's run section; left at ``"run"`` with a config that has only the older
+            ``"training"`` section (as some Model Zoo bundles do), that one runs.
         final_id: the config's finalize section.
         doctor: read the record at the end and return the doctor's verdict.
         on_applied: called with FastTraining's decisions once attached, before training (the CLI
@@ -225,16 +232,26 @@ def run_bundle(
         raise BundleError(f"logging file {logging_file} not found")
     pairs = dict(overrides or {})
     pairs.setdefault("bundle_root", str(root))
-    workflow = ConfigWorkflow(
-        config_file=[str(f) for f in files],
-        meta_file=str(meta) if meta is not None else None,
-        logging_file=str(logging_file) if logging_file else False,
-        init_id=init_id,
-        run_id=run_id,
-        final_id=final_id,
-        **pairs,
-    )
+
+    def make(run: str) -> Any:
+        return ConfigWorkflow(
+            config_file=[str(f) for f in files],
+            meta_file=str(meta) if meta is not None else None,
+            logging_file=str(logging_file) if logging_file else False,
+            init_id=init_id,
+            run_id=run,
+            final_id=final_id,
+            **pairs,
+        )
+
+    workflow = make(run_id)
     parser = workflow.parser
+    if run_id == RUN_ID and run_id not in parser and LEGACY_RUN_ID in parser:
+        logger.info("bundle: no %r section: running %r, the older Model Zoo name of the run section", RUN_ID,
+                    LEGACY_RUN_ID)
+        run_id = LEGACY_RUN_ID
+        workflow = make(run_id)
+        parser = workflow.parser
     if trainer_id not in parser:
         raise BundleError(f"the config ({', '.join(f.name for f in files)}) has no {trainer_id!r}; "
                           "name the trainer with --trainer-id")
@@ -244,7 +261,8 @@ def run_bundle(
         logger.info("bundle: no %s in the config: training without an evaluator", evaluator_id)
         evaluator_id = None
     if run_id not in parser:
-        raise BundleError(f"the config has no {run_id!r} section to run")
+        raise BundleError(f"the config has no {run_id!r} section to run"
+                          + (f" (nor {LEGACY_RUN_ID!r})" if run_id == RUN_ID else ""))
     workflow.initialize()
     trainer = parser.get_parsed_content(trainer_id)
     evaluator = parser.get_parsed_content(evaluator_id) if evaluator_id is not None else None
@@ -263,9 +281,34 @@ def run_bundle(
         on_applied(result.applied)
     workflow.run()
     workflow.finalize()
+    result.metrics = _metrics(trainer, evaluator)
     if doctor:
         result.verdict = _verdict(folder)
     return result
+
+
+def _metrics(trainer: Any, evaluator: Any) -> dict[str, float]:
+    """The engines' last metrics that read as one number each (per-class tensors and the like are left out)."""
+    out: dict[str, float] = {}
+    for prefix, engine in (("train", trainer), ("validate", evaluator)):
+        state = getattr(engine, "state", None)
+        for name, value in (getattr(state, "metrics", None) or {}).items():
+            number = _number(value)
+            if number is not None:
+                out[f"{prefix}/{name}"] = number
+    best = _number(getattr(getattr(evaluator, "state", None), "best_metric", None))
+    if best is not None and evaluator is not None and getattr(evaluator.state, "best_metric_epoch", -1) > 0:
+        out["validate/best"] = best
+    return out
+
+
+def _number(value: Any) -> float | None:
+    try:
+        if hasattr(value, "numel") and value.numel() != 1:
+            return None
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _run_dir(parser: Any, root: Path) -> Path:

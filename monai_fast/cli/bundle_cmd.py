@@ -91,6 +91,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except BundleError as e:
         raise SystemExit(f"monai-fast bundle run: {e}") from e
     print(f"run record: {result.run_dir} (monai-fast doctor {result.run_dir})")
+    if result.metrics:
+        print("metrics: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(result.metrics.items())))
     if result.verdict:
         print(result.verdict)
     return 0

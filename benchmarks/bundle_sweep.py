@@ -1,0 +1,491 @@
+"""The Model Zoo sweep: every bundle whose train config builds a ``SupervisedTrainer``, run by ``monai-fast bundle run``.
+
+For each bundle under ``ZOO/models`` (a Model Zoo checkout, or any folder holding bundles in its layout) whose
+``configs/train.json`` or ``.yaml`` builds a ``SupervisedTrainer``, the sweep copies the bundle to a scratch folder,
+writes synthetic data shaped like the bundle's inputs and runs ``monai-fast bundle run`` on it in its own process
+group with a time limit, so that a crash or a hang is a row of the table, never the end of the sweep.
+
+The synthetic data follows the bundle itself: the keys its ``LoadImaged`` reads, the channels and spatial dimensions
+of ``configs/metadata.json`` (``network_data_format``), the classes of its output, the voxel spacing of its
+``Spacingd`` (so that no resampling changes the size), and the file type its config names (NIfTI for 3-D, PNG or
+JPEG for 2-D images, ``.npy`` where the config reads NumPy files). Overridden are only: the training and validation
+data lists (found by following the trainer's ``train_data_loader`` and the evaluator's ``val_data_loader`` to their
+data sets' ``data``), the epochs (one epoch of two iterations: ``train#trainer#max_epochs`` and
+``train#trainer#epoch_length``), the device (CPU), a training batch above 2 (down to 2) and the per-bundle sizes a
+2-core CPU cannot hold, listed in :data:`CPU_SIZES` with their reason. Nothing is downloaded.
+
+A row says: ``builds`` (the trainer was made and FastTraining attached), ``trains`` (at least two training
+iterations ran, read from the run record), the levers FastTraining applied (from the record), and the reason where
+not (the last line of the error, or the time limit).
+
+    python benchmarks/bundle_sweep.py --zoo /path/to/model-zoo                  # all bundles, 300 s each
+    python benchmarks/bundle_sweep.py --zoo /path/to/model-zoo --bundles spleen_ct_segmentation --timeout 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from monai_fast.files import write_json  # noqa: E402
+
+__all__ = ["CPU_SIZES", "Prepared", "SweepRow", "find_bundles", "prepare", "run_prepared", "sweep", "table"]
+
+TRAIN_NAMES = ("train.json", "train.yaml", "train.yml")
+LOADERS = ("LoadImaged", "LoadImage")
+
+#: Per-bundle sizes a 2-core CPU cannot hold, with the reason: only sizes, never the algorithm.
+CPU_SIZES: dict[str, dict[str, Any]] = {
+    "swin_unetr_btcv_segmentation": {"volume": [64, 64, 64], "why": "96^3 SwinUNETR windows: 64^3 volumes"},
+    "wholeBody_ct_segmentation": {"volume": [96, 96, 96], "why": "whole-body volumes: 96^3"},
+    "brats_mri_segmentation": {"volume": [96, 96, 64], "why": "240x240x155 volumes: 96x96x64"},
+}
+
+
+class Skip(Exception):
+    """A bundle the sweep cannot prepare: the message is the row's reason."""
+
+
+@dataclass
+class Prepared:
+    """A bundle copied to a scratch folder with synthetic data and the overrides that point it there."""
+
+    name: str
+    bundle_dir: Path
+    overrides: dict[str, Any]
+    config_file: Path
+    notes: list[str] = field(default_factory=list)
+    trainer_id: str = "train#trainer"
+    evaluator_id: str | None = "validate#evaluator"
+
+
+@dataclass
+class SweepRow:
+    """One bundle's row of the sweep table."""
+
+    bundle: str
+    builds: bool = False
+    trains: bool = False
+    iterations: int = 0
+    applied: dict[str, str] = field(default_factory=dict)
+    left_alone: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    reason: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def _train_config(bundle: Path) -> Path | None:
+    for name in TRAIN_NAMES:
+        if (bundle / "configs" / name).is_file():
+            return bundle / "configs" / name
+    return None
+
+
+def find_bundles(zoo: Path, names: Sequence[str] | None = None) -> list[Path]:
+    """The bundles under ``zoo/models`` whose train config builds a ``SupervisedTrainer`` (or the ones named)."""
+    models = zoo / "models"
+    if not models.is_dir():
+        raise SystemExit(f"bundle_sweep: {models} is not a folder (--zoo names a Model Zoo checkout)")
+    found = []
+    for bundle in sorted(p for p in models.iterdir() if p.is_dir()):
+        if names and bundle.name not in names:
+            continue
+        cfg = _train_config(bundle)
+        if cfg is not None and "SupervisedTrainer" in cfg.read_text(errors="replace"):
+            found.append(bundle)
+    missing = sorted(set(names or ()) - {b.name for b in found})
+    if missing:
+        raise SystemExit(f"bundle_sweep: no SupervisedTrainer bundle named {', '.join(missing)} under {models}")
+    return found
+
+
+def _walk(node: Any, path: str = "") -> Iterable[tuple[str, Any]]:
+    yield path, node
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk(v, f"{path}#{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk(v, f"{path}#{i}" if path else str(i))
+
+
+def _get(config: dict, cid: str) -> Any:
+    node: Any = config
+    for part in cid.split("#"):
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return node
+
+
+def _ref(value: Any) -> str | None:
+    """The id a plain ``@id`` reference points to."""
+    if isinstance(value, str) and re.fullmatch(r"@[\w#]+", value):
+        return value[1:]
+    return None
+
+
+def _resolve_id(config: dict, cid: str) -> str:
+    """Follow plain ``@id`` references from ``cid`` to the id holding the object."""
+    for _ in range(8):
+        target = _ref(_get(config, cid))
+        if target is None:
+            return cid
+        cid = target
+    return cid
+
+
+def _data_id(config: dict, engine_id: str, loader_key: str) -> str | None:
+    """The config id of the ``data`` of the data set behind an engine's loader."""
+    try:
+        loader = _resolve_id(config, f"{engine_id}#{loader_key}")
+        dataset = _resolve_id(config, f"{loader}#dataset")
+        node = _get(config, dataset)
+    except (KeyError, IndexError, ValueError, TypeError):
+        return None
+    return f"{dataset}#data" if isinstance(node, dict) and "data" in node else None
+
+
+def _literal(config: dict, value: Any) -> Any:
+    """A config value with plain ``@id`` references followed (``$`` expressions are left as they are)."""
+    for _ in range(8):
+        target = _ref(value)
+        if target is None:
+            return value
+        try:
+            value = _get(config, target)
+        except (KeyError, IndexError, ValueError):
+            return value
+    return value
+
+
+def _engine_id(config: dict, target: str, default: str) -> str | None:
+    """The config id of the object built from ``target`` (the Model Zoo's id first)."""
+    try:
+        node = _get(config, default)
+        if isinstance(node, dict) and str(node.get("_target_", "")).endswith(target):
+            return default
+    except (KeyError, IndexError, ValueError, TypeError):
+        pass
+    for cid, node in _walk(config):
+        if isinstance(node, dict) and str(node.get("_target_", "")).split(".")[-1] == target:
+            return cid
+    return None
+
+
+def _load_keys(config: dict, section: str) -> list[str]:
+    for _, node in _walk(config.get(section, config)):
+        if isinstance(node, dict) and node.get("_target_") in LOADERS:
+            keys = _literal(config, node.get("keys", "image"))
+            keys = [keys] if isinstance(keys, str) else list(keys)
+            if all(isinstance(k, str) and not k.startswith("$") for k in keys):
+                return keys
+    return []
+
+
+def _pixdim(config: dict, dims: int) -> list[float]:
+    for _, node in _walk(config.get("train", config)):
+        if isinstance(node, dict) and node.get("_target_") == "Spacingd":
+            pix = _literal(config, node.get("pixdim"))
+            if isinstance(pix, (list, tuple)) and all(isinstance(x, (int, float)) for x in pix):
+                return [float(x) for x in pix][:dims]
+    return [1.0] * dims
+
+
+def _io(meta: dict) -> tuple[dict, dict]:
+    fmt = meta.get("network_data_format", {})
+    inputs = fmt.get("inputs", {})
+    outputs = fmt.get("outputs", {})
+    return (next(iter(inputs.values()), {}), next(iter(outputs.values()), {}))
+
+
+def _write_image(path: Path, array: np.ndarray, spacing: Sequence[float], ext: str) -> None:
+    """One synthetic file: ``array`` is channel-last for NIfTI and 2-D images."""
+    if ext == ".nii.gz":
+        import nibabel as nib
+
+        affine = np.diag([*spacing, 1.0]) if len(spacing) == 3 else np.eye(4)
+        nib.save(nib.Nifti1Image(array, affine), str(path))
+    elif ext == ".npy":
+        np.save(path, array)
+    else:
+        from PIL import Image
+
+        a = array.squeeze(-1) if array.ndim == 3 and array.shape[-1] == 1 else array
+        Image.fromarray(a.astype(np.uint8)).save(path)
+
+
+def _case(rng: np.random.Generator, shape: Sequence[int], channels: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """An image with a bright blob over noise and its label: the blob's octants carry the classes 1..C-1."""
+    grid = np.meshgrid(*[np.linspace(-1, 1, s) for s in shape], indexing="ij")
+    radius = np.sqrt(sum(g ** 2 for g in grid))
+    blob = radius < 0.6
+    label = np.zeros(shape, np.uint8)
+    if classes > 1:
+        part = sum((g > 0).astype(int) << i for i, g in enumerate(grid[:3]))
+        label[blob] = 1 + (part[blob] % (classes - 1))
+    image = rng.normal(0, 30, (*shape, channels)) + 120 * blob[..., None]
+    return image.astype(np.float32), label
+
+
+def prepare(bundle: Path, work: Path, seed: int = 0, volume: Sequence[int] | None = None,
+            extra: dict[str, Any] | None = None) -> Prepared:
+    """Copy ``bundle`` into ``work`` and write synthetic data shaped like its inputs; the overrides pointing to it.
+
+    Args:
+        bundle: the bundle folder.
+        work: the scratch folder the copy goes to.
+        seed: the synthetic data's seed.
+        volume: the synthetic images' spatial shape (default: the metadata's input shape, or :data:`CPU_SIZES`).
+        extra: more overrides, applied last (sizes for a quick run).
+
+    Raises:
+        Skip: the bundle reads its data in a way the sweep cannot shape, named.
+    """
+    from monai.bundle import ConfigParser
+
+    name = bundle.name
+    dst = work / name
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(bundle, dst, ignore=shutil.ignore_patterns("models", "eval", "*.pt", "*.ts"))
+    cfg_file = _train_config(dst)
+    assert cfg_file is not None
+    config = ConfigParser.load_config_file(str(cfg_file))
+    meta_path = dst / "configs" / "metadata.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    inp, out = _io(meta)
+    text = cfg_file.read_text(errors="replace")
+    trainer_id = _engine_id(config, "SupervisedTrainer", "train#trainer")
+    evaluator_id = _engine_id(config, "SupervisedEvaluator", "validate#evaluator")
+    if trainer_id is None:
+        raise Skip("no SupervisedTrainer object in the config")
+    train_data = _data_id(config, trainer_id, "train_data_loader")
+    if train_data is None:
+        raise Skip("the trainer's data set has no 'data' list to point at synthetic files")
+    val_data = _data_id(config, evaluator_id, "val_data_loader") if evaluator_id else None
+    keys = _load_keys(config, trainer_id.split("#")[0] if "#" in trainer_id else "")
+    if not keys:
+        raise Skip("no LoadImaged in the training chain: the data format is the bundle's own")
+    meta_shape = list(inp.get("spatial_shape") or [])
+    shape = [int(s) for s in meta_shape if isinstance(s, int) or str(s).isdigit()]
+    net = config.get("network_def") if isinstance(config.get("network_def"), dict) else {}
+    dims = _literal(config, net.get("spatial_dims", len(meta_shape) or 3))
+    dims = int(dims) if isinstance(dims, int) else len(meta_shape) or 3
+    if len(shape) != dims:
+        shape = [96] * 3 if dims == 3 else [128, 128]
+    size = CPU_SIZES.get(name, {})
+    shape = list(volume or size.get("volume", shape))
+    shape = [min(s, 128) if dims == 3 else s for s in shape]
+    channels = int(inp.get("num_channels", 1) or 1)
+    classes = int(out.get("num_channels", 2) or 2)
+    if dims == 3:
+        ext = ".nii.gz"
+    elif ".npy" in text:
+        ext = ".npy"
+    elif re.search(r"\.jpe?g\b", text):
+        ext = ".jpg"
+    else:
+        ext = ".png"
+    if ext in (".png", ".jpg") and channels not in (1, 3):
+        raise Skip(f"{channels}-channel 2-D images have no PNG/JPEG form")
+    spacing = _pixdim(config, dims) if dims == 3 else [1.0] * dims
+    data_dir = dst / "synthetic_data"
+    data_dir.mkdir()
+    rng = np.random.default_rng(seed)
+    classify = (out.get("type") == "probabilities" or out.get("format") == "classes"
+                or len(out.get("spatial_shape") or []) < dims)
+    items = []
+    for i in range(5):
+        image, label = _case(rng, shape, channels, classes)
+        item: dict[str, Any] = {}
+        for k, key in enumerate(keys):
+            path = data_dir / f"case{i}_{key}{ext}"
+            is_label = k > 0 and ("label" in key or "seg" in key or len(keys) == 2)
+            if is_label:
+                arr = label[..., None] if ext != ".nii.gz" else label
+                if ext in (".png", ".jpg") and classes == 2:
+                    arr = arr * 255
+            else:
+                arr = image if ext != ".png" and ext != ".jpg" else np.clip(image, 0, 255)
+                if ext == ".nii.gz" and channels == 1:
+                    arr = arr[..., 0]
+                if ext == ".npy":
+                    arr = np.clip(image, 0, 255).astype(np.uint8)
+            _write_image(path, arr, spacing, ext)
+            item[key] = str(path)
+        if classify and "label" not in item:
+            item["label"] = int(i % max(classes, 1)) if classes > 1 else 0
+        items.append(item)
+    overrides: dict[str, Any] = {train_data: items[:4], f"{trainer_id}#max_epochs": 1,
+                                 f"{trainer_id}#epoch_length": 2}
+    if val_data is not None:
+        overrides[val_data] = items[4:]
+    if "device" in config:
+        overrides["device"] = "$torch.device('cpu')"
+    else:
+        overrides[f"{trainer_id}#device"] = "$torch.device('cpu')"
+    try:
+        loader = _resolve_id(config, f"{trainer_id}#train_data_loader")
+        batch = _literal(config, _get(config, loader).get("batch_size", 1))
+        if isinstance(batch, int) and batch > 2:
+            overrides[f"{loader}#batch_size"] = 2
+    except (KeyError, AttributeError, ValueError):
+        pass
+    overrides.update(extra or {})
+    notes = [size["why"]] if size else []
+    return Prepared(name=name, bundle_dir=dst, overrides=overrides, config_file=cfg_file, notes=notes,
+                    trainer_id=trainer_id, evaluator_id=evaluator_id)
+
+
+def _reason(text: str) -> str:
+    """The root cause of a failed run: a missing package, else the first exception of the chain, else the last line."""
+    m = re.search(r"No module named '([\w.]+)'", text)
+    if m:
+        return f"needs package {m.group(1).split('.')[0]} (not installed here)"
+    m = re.search(r"Cannot locate class or function path: '([\w.]+)'", text)
+    if m:
+        return f"cannot locate {m.group(1)}: needs package {m.group(1).split('.')[0]} (not installed here)"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Exit)\b.*:", ln)
+              or ln.startswith("monai-fast bundle")]
+    if errors:
+        first, last = errors[0], errors[-1]
+        return first[:200] if first == last or len(errors) == 1 else f"{first[:200]} (then {last[:120]})"
+    return lines[-1][:240] if lines else "no output"
+
+
+def run_prepared(prep: Prepared, timeout: float, fast: bool = True) -> SweepRow:
+    """Run one prepared bundle through ``monai-fast bundle run`` in its own process group, within ``timeout``."""
+    from monai_fast.telemetry.record import load_record
+
+    run_dir = prep.bundle_dir / "sweep_record"
+    cmd = [sys.executable, "-m", "monai_fast", "bundle", "run", str(prep.bundle_dir), "--no-logging-file",
+           "--run-dir", str(run_dir), "--trainer-id", prep.trainer_id]
+    if prep.evaluator_id:
+        cmd += ["--evaluator-id", prep.evaluator_id]
+    if not fast:
+        cmd.append("--no-fast")
+    cmd += [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in prep.overrides.items()]
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "MONAI_FAST_NO_DOWNLOAD": "1"}
+    row = SweepRow(bundle=prep.name, overrides={k: v for k, v in prep.overrides.items() if not k.endswith("#data")})
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=prep.bundle_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=env)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        timed_out = True
+    row.seconds = round(time.monotonic() - start, 1)
+    row.builds = any(ln.startswith("FastTraining") for ln in output.splitlines())
+    try:
+        rows, summary = load_record(run_dir)
+    except (FileNotFoundError, ValueError):
+        rows, summary = [], {}
+    row.iterations = sum(1 for r in rows if r.get("kind") == "iteration" and r.get("engine") == "train")
+    row.trains = row.iterations >= 2
+    for lever, d in (summary.get("fast_training") or {}).items():
+        target = row.applied if d.get("applied") else row.left_alone
+        target[lever] = str(d.get("setting") if d.get("applied") else d.get("reason", ""))[:160]
+    if timed_out:
+        row.reason = f"over the {timeout:.0f} s limit" + ("" if row.trains else " before two iterations")
+    elif proc.returncode != 0:
+        row.reason = _reason(output)
+    elif not row.trains:
+        row.reason = f"ran {row.iterations} training iteration(s)"
+    if prep.notes:
+        row.reason = "; ".join([*prep.notes, row.reason] if row.reason else prep.notes)
+    (prep.bundle_dir / "sweep_output.txt").write_text(output)
+    return row
+
+
+def sweep(zoo: Path, names: Sequence[str] | None, timeout: float, work: Path, fast: bool = True,
+          volume: Sequence[int] | None = None, extra: dict[str, Any] | None = None) -> list[SweepRow]:
+    """Prepare and run each bundle in turn; a bundle that cannot be prepared is a row with the reason."""
+    rows = []
+    for bundle in find_bundles(zoo, names):
+        try:
+            prep = prepare(bundle, work, volume=volume, extra=extra)
+        except Skip as why:
+            rows.append(SweepRow(bundle=bundle.name, reason=str(why)))
+        except Exception as err:  # noqa: BLE001 - a config the sweep cannot read is a row, not the end
+            rows.append(SweepRow(bundle=bundle.name, reason=f"preparing synthetic data: {type(err).__name__}: {err}"))
+        else:
+            rows.append(run_prepared(prep, timeout, fast=fast))
+        r = rows[-1]
+        print(f"{r.bundle}: builds={r.builds} trains={r.trains} ({r.iterations} it, {r.seconds} s) {r.reason}",
+              flush=True)
+    return rows
+
+
+def _levers(applied: dict[str, str]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in applied.items()) or "-"
+
+
+def table(rows: Sequence[SweepRow]) -> str:
+    """The sweep as a markdown table."""
+    out = ["| bundle | builds | trains 2 iterations | levers applied | why not, where not |", "|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.bundle} | {'yes' if r.builds else 'no'} | {'yes' if r.trains else 'no'} | "
+                   f"{_levers(r.applied)} | {r.reason.replace('|', '/') or '-'} |")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--zoo", required=True, type=Path, help="a folder with models/<bundle>/configs/train.json|yaml")
+    ap.add_argument("--bundles", nargs="*", default=None, help="only these bundles (folder names under models/)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per bundle (default %(default)s)")
+    ap.add_argument("--no-fast", action="store_true", help="run the bundles as published (no FastTraining)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="where the JSON goes")
+    ap.add_argument("--keep", default=None, help="keep the prepared bundles in this folder (default: a temp folder)")
+    ap.add_argument("--volume", type=int, nargs="+", default=None,
+                    help="the synthetic images' spatial shape for every bundle (default: each bundle's own)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="ID=VALUE",
+                    help="more overrides for every bundle (e.g. sizes for a quick run)")
+    args = ap.parse_args(argv)
+    from monai_fast.bundle import parse_overrides
+
+    extra = parse_overrides(args.set)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bundle-sweep-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = sweep(args.zoo, args.bundles, args.timeout, work, fast=not args.no_fast, volume=args.volume,
+                     extra=extra)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(table(rows))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    zoo_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.zoo, capture_output=True, text=True).stdout.strip()
+    doc = {"benchmark": "bundle_sweep", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "commit": commit, "zoo": str(args.zoo), "zoo_commit": zoo_commit or None, "timeout_s": args.timeout,
+           "fast": not args.no_fast, "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+           "rows": [asdict(r) for r in rows]}
+    out = write_json(doc, Path(args.out) / f"bundle_sweep_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""The bundle benchmark (``benchmarks/bundle.py``) and the Model Zoo sweep (``benchmarks/bundle_sweep.py``) at toy size.
+
+Real parts: the test bundle ``tests/bundles/seg3d`` (the Model Zoo's layout) on synthetic NIfTI files, each run in
+its own process through ``run_bundle`` / ``monai-fast bundle run``; for the sweep, a folder laid out as the Model
+Zoo (``models/<bundle>/configs``) holding that bundle, a bundle whose network needs a package that is not installed,
+and a bundle whose ``initialize`` section never returns.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monai_fast.data.synthetic import generate_msd
+
+ROOT = Path(__file__).resolve().parents[1]
+SEG3D = ROOT / "tests" / "bundles" / "seg3d"
+TINY = ["patch_size=[16,16,16]", "network_def#channels=[4,8]", "network_def#strides=[2]",
+        "network_def#num_res_units=0"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return generate_msd(tmp_path_factory.mktemp("bench-data"), num_cases=3, shape=(32, 32, 24), progress=False)
+
+
+def test_bundle_bench_pairs_published_and_fast_runs_and_its_table_says_what_its_json_says(data, tmp_path):
+    out = tmp_path / "results"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bundle.py"), "--bundle", str(SEG3D), "--repeats", "1",
+           "--epochs", "2", "--out", str(out), f"dataset_dir={data}", "num_val=1", *TINY,
+           "device=$torch.device('cpu')"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (path,) = out.glob("bundle_seg3d_*.json")
+    doc = json.loads(path.read_text())
+    assert doc["epochs"] == 2 and doc["repeats"] == 1 and doc["commit"]
+    assert [run["variant"] for run in doc["runs"]] == ["published", "fast"]  # taking turns, published first
+    published, fast = doc["runs"]
+    assert published["applied"] == {} and fast["applied"]  # --no-fast attaches nothing
+    assert {"data", "precision"} <= set(fast["applied"])
+    assert set(doc["levers_applied"]) | set(doc["levers_left_alone"]) == set(fast["applied"])
+    for run in doc["runs"]:
+        assert [e["epoch"] for e in run["epochs"]] == [1, 2]
+        for e in run["epochs"]:
+            assert e["train_s"] > 0 and e["validation_s"] > 0  # the bundle validates every epoch
+            assert e["epoch_s"] == pytest.approx(e["train_s"] + e["validation_s"], abs=1e-3)
+        assert 0.0 <= run["metrics"]["validate/val_mean_dice"] <= 1.0
+    assert doc["metric"] == "validate/val_mean_dice"
+    (pair,) = doc["summary"]["pairs"]
+    assert pair["published_s"] == published["epochs"][1]["epoch_s"]  # the epochs after the first
+    assert pair["fast_s"] == fast["epochs"][1]["epoch_s"]
+    assert pair["ratio"] == pytest.approx(pair["published_s"] / pair["fast_s"], rel=1e-3)
+    assert doc["summary"]["median_ratio"] == pair["ratio"]
+    assert pair["fast_metric"] == fast["metrics"]["validate/val_mean_dice"]
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("| 1 |"))
+    assert f"{pair['published_s']:.3f}" in row and f"{pair['fast_s']:.3f}" in row and f"{pair['ratio']:.3f}" in row
+    assert f"median per-epoch ratio (published / fast): {pair['ratio']:.3f}" in r.stdout
+    assert "levers applied: data: " in r.stdout
+
+
+def _zoo(tmp_path: Path) -> Path:
+    """A folder in the Model Zoo's layout: seg3d, a bundle needing a missing package, and one that hangs."""
+    models = tmp_path / "zoo" / "models"
+    shutil.copytree(SEG3D, models / "seg3d")
+    for name, change in (("needs_pkg", {"network_def": {"_target_": "not_a_real_package.Net"}}),
+                         ("hangs", {"initialize": ["$__import__('time').sleep(3600)"]})):
+        shutil.copytree(SEG3D, models / name)
+        cfg = models / name / "configs" / "train.json"
+        config = json.loads(cfg.read_text())
+        config.update(change)
+        cfg.write_text(json.dumps(config))
+    return tmp_path / "zoo"
+
+
+def _sweep(zoo: Path, out: Path, bundles: list[str], timeout: int) -> tuple[subprocess.CompletedProcess, dict]:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bundle_sweep.py"), "--zoo", str(zoo), "--out", str(out),
+           "--timeout", str(timeout), "--volume", "32", "32", "24", "--bundles", *bundles, "--set", *TINY]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (path,) = out.glob("bundle_sweep_*.json")
+    return r, json.loads(path.read_text())
+
+
+def test_sweep_makes_a_row_per_bundle_and_a_crash_is_a_row(tmp_path):
+    zoo = _zoo(tmp_path)
+    r, doc = _sweep(zoo, tmp_path / "out", ["seg3d", "needs_pkg"], timeout=300)
+    rows = {row["bundle"]: row for row in doc["rows"]}
+    assert set(rows) == {"seg3d", "needs_pkg"}
+    seg = rows["seg3d"]
+    assert seg["builds"] and seg["trains"] and seg["iterations"] == 2 and seg["reason"] == ""
+    assert "data" in seg["applied"] and "precision" in {**seg["applied"], **seg["left_alone"]}
+    # only data lists, epochs, device and the sizes asked for are overridden
+    assert seg["overrides"]["train#trainer#max_epochs"] == 1 and seg["overrides"]["train#trainer#epoch_length"] == 2
+    assert seg["overrides"]["device"] == "$torch.device('cpu')"
+    bad = rows["needs_pkg"]
+    assert not bad["builds"] and not bad["trains"] and "needs package not_a_real_package" in bad["reason"]
+    assert "| seg3d | yes | yes | data: user cache" in r.stdout
+    assert "| needs_pkg | no | no | - | cannot locate not_a_real_package.Net: needs package" in r.stdout
+
+
+def test_sweep_ends_a_hanging_bundle_at_its_time_limit(tmp_path):
+    zoo = _zoo(tmp_path)
+    r, doc = _sweep(zoo, tmp_path / "out", ["hangs"], timeout=20)
+    (row,) = doc["rows"]
+    assert not row["builds"] and not row["trains"]
+    assert row["reason"] == "over the 20 s limit before two iterations"
+    assert row["seconds"] < 60
