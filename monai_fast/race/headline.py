@@ -314,8 +314,9 @@ def format_headline(doc: dict) -> str:
     epochs = doc["budget"].get("others_epochs")
     for name, e in doc["recipes"].items():
         if epochs and name != doc["budget"].get("lead") and e.get("stopped") == "wall-clock budget":
+            flag = "--total-budget" if doc["budget"].get("deadline_left_s") is not None else "--time-budget"
             out.append(f"{name}: stopped by its wall-clock budget after {e['epochs_run']} of its {epochs} epochs: how far "
-                       "its Dice curve got depended on the host's speed (--time-budget raises the cap)")
+                       f"its Dice curve got depended on the host's speed ({flag} raises the cap)")
     if doc.get("host"):
         out.append(describe_host_load(doc["host"], "the epochs taken in turns"))
     sp = doc["speedup"]
