@@ -101,7 +101,7 @@ def _left(deadline: float | None) -> float:
 
 
 def _fits(run: TargetRun, deadline: float | None) -> bool:
-    """Whether ``run``'s next epoch, as long as its longest so far, ends before ``deadline``.
+    """Whether ``run``'s next epoch ends before ``deadline``, taken as long as its longest so far plus their spread.
 
     An epoch cut by the clock has no validation, so it adds nothing to the Dice curve: past this
     point the time is better left to the reports.
@@ -109,7 +109,7 @@ def _fits(run: TargetRun, deadline: float | None) -> bool:
     if deadline is None:
         return True
     walls = [r.wall_s for r in run.recorder.rows if r.wall_s is not None]
-    return _left(deadline) > (max(walls) if walls else 0.0)
+    return _left(deadline) > (2 * max(walls) - min(walls) if walls else 0.0)
 
 
 def run_interleaved(
