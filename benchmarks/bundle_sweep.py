@@ -76,6 +76,7 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     trainer_id: str = "train#trainer"
     evaluator_id: str | None = "validate#evaluator"
+    missing: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -163,6 +164,21 @@ def _data_id(config: dict, engine_id: str, loader_key: str) -> str | None:
     return f"{dataset}#data" if isinstance(node, dict) and "data" in node else None
 
 
+def _describe(config: dict, trainer_id: str) -> str:
+    """What the trainer's loader is, for a reason text: its id and its target or expression."""
+    try:
+        loader = _resolve_id(config, f"{trainer_id}#train_data_loader")
+        node = _get(config, loader)
+    except (KeyError, IndexError, ValueError, TypeError):
+        return "no loader found"
+    if isinstance(node, dict):
+        ds = node.get("dataset")
+        ds_node = _get(config, _ref(ds)) if _ref(ds) else ds
+        what = ds_node.get("_target_") if isinstance(ds_node, dict) else str(ds_node)[:80]
+        return f"{loader}: {node.get('_target_')} over {what}"
+    return f"{loader}: {str(node)[:80]}"
+
+
 def _literal(config: dict, value: Any) -> Any:
     """A config value with plain ``@id`` references followed (``$`` expressions are left as they are)."""
     for _ in range(8):
@@ -190,11 +206,18 @@ def _engine_id(config: dict, target: str, default: str) -> str | None:
     return None
 
 
+def _common_key(key: Any) -> Any:
+    """``$monai.utils.CommonKeys.IMAGE`` as the key it names (``image``)."""
+    m = re.fullmatch(r"\$monai\.utils\.CommonKeys\.(\w+)", key) if isinstance(key, str) else None
+    return m.group(1).lower() if m else key
+
+
 def _load_keys(config: dict, section: str) -> list[str]:
     for _, node in _walk(config.get(section, config)):
         if isinstance(node, dict) and node.get("_target_") in LOADERS:
             keys = _literal(config, node.get("keys", "image"))
-            keys = [keys] if isinstance(keys, str) else list(keys)
+            keys = [keys] if isinstance(keys, str) else [_literal(config, k) for k in keys]
+            keys = [_common_key(k) for k in keys]
             if all(isinstance(k, str) and not k.startswith("$") for k in keys):
                 return keys
     return []
@@ -272,13 +295,43 @@ def prepare(bundle: Path, work: Path, seed: int = 0, volume: Sequence[int] | Non
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     inp, out = _io(meta)
     text = cfg_file.read_text(errors="replace")
+    missing = _missing_packages(meta)
+    try:
+        return _prepare(name, dst, cfg_file, config, inp, out, text, seed, volume, extra, missing)
+    except Skip as why:
+        raise Skip(f"{why}{_missing_text(missing)}") from None
+
+
+def _missing_packages(meta: dict) -> list[str]:
+    """The optional packages the bundle's metadata lists that cannot be imported here."""
+    import importlib.util
+
+    names = {"pytorch-ignite": "ignite", "pillow": "PIL", "scikit-image": "skimage", "opencv-python": "cv2",
+             "openslide-python": "openslide", "pyyaml": "yaml", "itk": "itk", "cucim": "cucim",
+             "scikit-learn": "sklearn"}
+    out = []
+    for pkg in (meta.get("optional_packages_version") or {}):
+        base = re.sub(r"-cu\d+$", "", pkg.lower())
+        module = names.get(base, base.replace("-", "_"))
+        if importlib.util.find_spec(module) is None:
+            out.append(pkg)
+    return out
+
+
+def _missing_text(missing: Sequence[str]) -> str:
+    return f" (the metadata lists packages not installed here: {', '.join(missing)})" if missing else ""
+
+
+def _prepare(name: str, dst: Path, cfg_file: Path, config: dict, inp: dict, out: dict, text: str, seed: int,
+             volume: Sequence[int] | None, extra: dict[str, Any] | None, missing: list[str]) -> Prepared:
     trainer_id = _engine_id(config, "SupervisedTrainer", "train#trainer")
     evaluator_id = _engine_id(config, "SupervisedEvaluator", "validate#evaluator")
     if trainer_id is None:
         raise Skip("no SupervisedTrainer object in the config")
     train_data = _data_id(config, trainer_id, "train_data_loader")
     if train_data is None:
-        raise Skip("the trainer's data set has no 'data' list to point at synthetic files")
+        raise Skip(f"the data set behind {trainer_id}#train_data_loader has no 'data' list to point at synthetic "
+                   f"files ({_describe(config, trainer_id)})")
     val_data = _data_id(config, evaluator_id, "val_data_loader") if evaluator_id else None
     keys = _load_keys(config, trainer_id.split("#")[0] if "#" in trainer_id else "")
     if not keys:
@@ -295,7 +348,7 @@ def prepare(bundle: Path, work: Path, seed: int = 0, volume: Sequence[int] | Non
     shape = [min(s, 128) if dims == 3 else s for s in shape]
     channels = int(inp.get("num_channels", 1) or 1)
     classes = int(out.get("num_channels", 2) or 2)
-    if dims == 3:
+    if dims == 3 or ".nii" in text:
         ext = ".nii.gz"
     elif ".npy" in text:
         ext = ".npy"
@@ -328,6 +381,13 @@ def prepare(bundle: Path, work: Path, seed: int = 0, volume: Sequence[int] | Non
                     arr = arr[..., 0]
                 if ext == ".npy":
                     arr = np.clip(image, 0, 255).astype(np.uint8)
+            if ext == ".nii.gz" and arr.ndim == 4 and not is_label:
+                # a multi-channel volume is one file per channel, as the Model Zoo's data lists give it
+                paths = [data_dir / f"case{i}_{key}_c{c}{ext}" for c in range(arr.shape[-1])]
+                for c, one in enumerate(paths):
+                    _write_image(one, np.ascontiguousarray(arr[..., c]), spacing, ext)
+                item[key] = [str(x) for x in paths]
+                continue
             _write_image(path, arr, spacing, ext)
             item[key] = str(path)
         if classify and "label" not in item:
@@ -351,7 +411,7 @@ def prepare(bundle: Path, work: Path, seed: int = 0, volume: Sequence[int] | Non
     overrides.update(extra or {})
     notes = [size["why"]] if size else []
     return Prepared(name=name, bundle_dir=dst, overrides=overrides, config_file=cfg_file, notes=notes,
-                    trainer_id=trainer_id, evaluator_id=evaluator_id)
+                    trainer_id=trainer_id, evaluator_id=evaluator_id, missing=missing)
 
 
 def _reason(text: str) -> str:
@@ -359,6 +419,9 @@ def _reason(text: str) -> str:
     m = re.search(r"No module named '([\w.]+)'", text)
     if m:
         return f"needs package {m.group(1).split('.')[0]} (not installed here)"
+    m = re.search(r"required package `([\w.]+)` is not installed", text)
+    if m:
+        return f"needs package {m.group(1)} (not installed here)"
     m = re.search(r"Cannot locate class or function path: '([\w.]+)'", text)
     if m:
         return f"cannot locate {m.group(1)}: needs package {m.group(1).split('.')[0]} (not installed here)"
@@ -410,7 +473,9 @@ def run_prepared(prep: Prepared, timeout: float, fast: bool = True) -> SweepRow:
     if timed_out:
         row.reason = f"over the {timeout:.0f} s limit" + ("" if row.trains else " before two iterations")
     elif proc.returncode != 0:
-        row.reason = _reason(output)
+        row.reason = ("trained, then " if row.trains else "") + _reason(output)
+        if "needs package" not in row.reason:
+            row.reason += _missing_text(prep.missing)
     elif not row.trains:
         row.reason = f"ran {row.iterations} training iteration(s)"
     if prep.notes:

@@ -122,3 +122,19 @@ def test_overrides_read_as_monai_bundle_reads_them():
         parse_overrides(["--a#b"])
     with pytest.raises(BundleError, match="cannot read override"):
         parse_overrides(["stray"])
+
+
+def test_a_config_with_the_older_training_section_runs_it(bundle, data):
+    """Some Model Zoo bundles name their run section ``training``: it runs when the config has no ``run``."""
+    cfg = bundle / "configs" / "train.json"
+    config = json.loads(cfg.read_text())
+    config["training"] = config.pop("run")
+    cfg.write_text(json.dumps(config))
+    result = run_bundle(bundle, overrides=small(data), logging_file=False, doctor=False)
+    assert (bundle / "models" / "model.pt").is_file()
+    assert 0.0 <= result.metrics["validate/val_mean_dice"] <= 1.0 and "validate/best" in result.metrics
+    assert "train/train_accuracy" in result.metrics
+    config.pop("training")
+    cfg.write_text(json.dumps(config))
+    with pytest.raises(BundleError, match="no 'run' section to run \\(nor 'training'\\)"):
+        run_bundle(bundle, overrides=small(data), logging_file=False)
