@@ -26,17 +26,32 @@ _KEY = "preemption"  # the to_save entry holding every rank's random states and 
 
 class _SkipFirst:
     """A loader whose next ``iter()`` starts ``n`` batches in (the batches are produced, then dropped,
-    so random transforms draw exactly as they did before the checkpoint)."""
+    so random transforms draw exactly as they did before the checkpoint).
+
+    During that shortened pass its length is the batches the pass still yields, ``repeats`` (MONAI's
+    ``ThreadDataLoader``) counted in, and its ``repeats`` is 1, so a handler that compares the
+    batches a pass gave with the loader's length (an ``EpochLengthGuard``) sees a whole pass; from
+    the next ``iter()`` on it is the loader itself again.
+    """
 
     def __init__(self, loader: Any, n: int) -> None:
         self.loader, self.n = loader, n
+        self._dropped = 0  # batches dropped at the start of the current pass
 
     def __len__(self) -> int:
+        if self._dropped:
+            return len(self.loader) * int(getattr(self.loader, "repeats", 1)) - self._dropped
         return len(self.loader)
+
+    @property
+    def repeats(self) -> int:
+        """The loader's ``repeats`` (1 during the shortened pass, whose length counts them already)."""
+        return 1 if self._dropped else int(getattr(self.loader, "repeats", 1))
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.loader)
         n, self.n = self.n, 0
+        self._dropped = n
         for _ in range(n):
             next(it)
         return it
