@@ -207,7 +207,7 @@ def run_bundle(
         run_id: the config's run section; left at ``"run"`` with a config that has only the older
             ``"training"`` section (as some Model Zoo bundles do), that one runs.
         final_id: the config's finalize section.
-        doctor: read the record at the end and return the doctor's verdict.
+        doctor: read the record at the end and return the doctor's verdict (on rank 0, once every rank is done).
         on_applied: called with FastTraining's decisions once attached, before training (the CLI
             prints them there, whatever the bundle's logging does).
 

@@ -110,8 +110,9 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
 
 def _output_line(e: BaseException) -> str | None:
     """The one-line message of an output that could not be written (a full file system, a checkpoint folder
-    that is no longer a folder), found anywhere in ``e``'s chain; ``None`` for other errors."""
-    from monai_fast.files import no_space_in
+    that is no longer a folder, a run folder another run owns), found anywhere in ``e``'s chain; ``None`` for
+    other errors."""
+    from monai_fast.files import RunFolderBusyError, no_space_in
     from monai_fast.handlers.checkpoint_folder import CheckpointFolderError
 
     full = no_space_in(e)
@@ -121,7 +122,7 @@ def _output_line(e: BaseException) -> str | None:
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, CheckpointFolderError):
+        if isinstance(cur, (CheckpointFolderError, RunFolderBusyError)):
             return str(cur)
         cur = cur.__cause__ or cur.__context__
     return None

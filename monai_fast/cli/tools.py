@@ -28,7 +28,16 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
     """The launch options checked together: every bad one named in one line, before anything starts."""
     from monai_fast.distributed.launch import LaunchSpec
 
-    problems = [] if Path(args.script).is_file() else [f"script {args.script} not found"]
+    if getattr(args, "module", False):
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(args.script) is not None
+        except (ImportError, ValueError):
+            found = False
+        problems = [] if found else [f"module {args.script} not found (-m)"]
+    else:
+        problems = [] if Path(args.script).is_file() else [f"script {args.script} not found"]
     if args.grace_s < 0:
         problems.append(f"--grace-s must be >= 0, got {args.grace_s}")
     spec = None
@@ -57,8 +66,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     spec = _launch_spec(args)
     # each rank runs the script through monai_fast.distributed.launched (which stops a second spawn);
     # torchrun's own shutdown wait (should it be signalled itself, e.g. by a cgroup-wide stop) matches --grace-s
+    target = ["-m", args.script] if args.module else [args.script]
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(spec), "-m", "monai_fast.distributed.launched",
-           args.script, *args.script_args]
+           *target, *args.script_args]
     env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s)),
            **torchrun_env(spec)}
     logger.info("running %s", " ".join(cmd))
@@ -214,7 +224,9 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
                    "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)")
     p.add_argument("--grace-s", type=float, default=120.0, help="on SIGTERM, SIGINT or SIGUSR1 (passed on to every "
                    "rank), seconds the ranks may take to checkpoint and stop before they are killed (default %(default)s)")
-    p.add_argument("script", help="the training script")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="SCRIPT is a module, run as python -m SCRIPT (e.g. -m monai_fast bundle run BUNDLE_DIR)")
+    p.add_argument("script", help="the training script (or, with -m, the module)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(func=_cmd_launch)
 

@@ -2,7 +2,8 @@
 
 torchrun starts ``python -m monai_fast.distributed.launched SCRIPT ARGS...`` on each rank. That runs
 SCRIPT as ``__main__`` just as ``python SCRIPT ARGS...`` would (same ``sys.argv``, ``sys.path[0]`` is
-the script's folder), with one difference: ``ignite.distributed.spawn`` refuses to run. A script
+the script's folder); ``-m MODULE ARGS...`` runs a module as ``python -m MODULE ARGS...`` would
+(``monai-fast launch -m monai_fast bundle run BUNDLE_DIR``). Either way with one difference: ``ignite.distributed.spawn`` refuses to run. A script
 written for plain python, ``idist.Parallel(backend="gloo", nproc_per_node=2)``, would otherwise have
 each launched rank start two more processes: separate jobs that race for torchrun's rendezvous port
 and end in a gloo connection error, or train apart without a word. Instead every rank stops at once
@@ -55,17 +56,30 @@ def guard_ignite_spawn() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``argv[0]`` (a script) with ``argv[1:]`` as its arguments; 2 if it tried to spawn ranks itself."""
+    """Run ``argv[0]`` (a script, or ``-m MODULE``) with the rest as its arguments; 2 if it tried to spawn ranks itself.
+
+    A ``SystemExit`` of the script or module (``sys.exit(main())``) ends the rank with its status, as under python.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print("usage: python -m monai_fast.distributed.launched SCRIPT [ARGS...]", file=sys.stderr)
         return 2
+    module = argv[0] == "-m"
+    if module:
+        argv = argv[1:]
+        if not argv:
+            print("usage: python -m monai_fast.distributed.launched -m MODULE [ARGS...]", file=sys.stderr)
+            return 2
     script = argv[0]
     guard_ignite_spawn()
     sys.argv = argv
-    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` sets it
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module:
+            sys.path[0] = os.getcwd()  # as `python -m MODULE` sets it
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` sets it
+            runpy.run_path(script, run_name="__main__")
     except NestedSpawnError as e:
         print(f"monai-fast launch: {script}: {e}", file=sys.stderr, flush=True)
         return 2
