@@ -33,10 +33,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
-import contextlib
 import subprocess
 import threading
 from collections.abc import Iterator, Sequence

@@ -90,7 +90,8 @@ def test_without_a_channel_a_sagemaker_job_fails_naming_the_variables_read_and_w
 
 def test_several_channels_need_training_or_a_named_one():
     env = read_sagemaker_env({"SM_CHANNEL_TRAIN": "/a", "SM_CHANNEL_EVAL": "/b"})
-    with pytest.raises(SageMakerEnvError, match=r"several input channels.*SM_CHANNEL_EVAL=/b.*SM_CHANNEL_TRAIN=/a.*--channel"):
+    several = r"several input channels.*SM_CHANNEL_EVAL=/b.*SM_CHANNEL_TRAIN=/a.*--channel"
+    with pytest.raises(SageMakerEnvError, match=several):
         env.channel_dir()
     assert env.channel_dir("train") == Path("/a")
     with pytest.raises(SageMakerEnvError, match=r"SM_CHANNEL_TEST: no input channel 'test'"):
@@ -130,14 +131,15 @@ def test_a_model_folder_too_small_for_the_model_is_named_before_any_data_is_read
     assert time.monotonic() - start < 30
 
 
-def test_an_output_folder_that_fills_costs_only_its_files_and_the_model_is_written_first(small_fs, tmp_path, tiny_spleen):
+def test_an_output_folder_that_fills_costs_only_its_files_and_the_model_is_written_first(small_fs, tmp_path,
+                                                                                        tiny_spleen):
     # Out of inodes: the run folder, its recipe folder and the four files written during training (lock, TensorBoard
     # events, record, summary) fit in 7 with the mount's root; epochs.csv, written after training, does not.
     out = small_fs("size=4m,nr_inodes=7", "out")
     model_dir = tmp_path / "model"
     proc = subprocess.run(
-        [sys.executable, "-m", "monai_fast.cli", "train", "--data-dir", str(tiny_spleen), "--output-dir", str(out / "run"),
-         "--model-dir", str(model_dir), *TINY], capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path)
+        [sys.executable, "-m", "monai_fast.cli", "train", "--data-dir", str(tiny_spleen), "--output-dir",
+         str(out / "run"), "--model-dir", str(model_dir), *TINY], capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     network, _ = load_checkpoint(model_dir / "model.pth")  # the model is whole
     assert (model_dir / "recipe.json").is_file()
