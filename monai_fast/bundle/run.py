@@ -280,11 +280,28 @@ def run_bundle(
     if on_applied is not None:
         on_applied(result.applied)
     workflow.run()
+    ranks, rank = _world_size(), _rank()  # before finalize, which may end the process group
+    if ranks > 1:  # every rank's record is complete before rank 0 reads it
+        import torch.distributed as dist
+
+        dist.barrier()
     workflow.finalize()
     result.metrics = _metrics(trainer, evaluator)
-    if doctor:
+    if doctor and rank == 0:
         result.verdict = _verdict(folder)
     return result
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _metrics(trainer: Any, evaluator: Any) -> dict[str, float]:
