@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from monai.networks.nets import SegResNet, UNet
@@ -113,3 +114,24 @@ def test_hyperparameters_come_from_sm_hps_before_the_file_with_values_as_json_or
     from_file = read_sagemaker_env({"SM_INPUT_CONFIG_DIR": str(tmp_path)})
     assert from_file.hyperparameters == {"epochs": 9} and from_file.hyperparameters_from.endswith("hyperparameters.json")
     assert not read_sagemaker_env({}).present
+
+
+def test_a_second_train_into_a_folder_in_use_stops_at_once_in_one_line(tmp_path, tiny_spleen):
+    out = tmp_path / "out"
+    hold = ("import sys, time; from monai_fast.telemetry.record import record_lock; "
+            f"record_lock({str(out / 'fast')!r}, 0, what='the first run').acquire(); print('held', flush=True); time.sleep(60)")
+    owner = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "held"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "monai_fast", "train", "--data-dir", str(tiny_spleen), "--output-dir",
+                            str(out), "--max-epochs", "1", "--device", "cpu", *TINY], capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert "in use by another run" in r.stderr and f"pid {owner.pid}" in r.stderr
+        assert "preflight" not in r.stderr and time.monotonic() - t0 < 60  # stopped before reading any data
+        assert not (out / "model" / "model.pth").exists()
+    finally:
+        owner.kill()
+        owner.wait()

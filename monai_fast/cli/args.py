@@ -47,7 +47,8 @@ def flag_of(option: str) -> str:
 def add_data_options(p: argparse.ArgumentParser) -> None:
     """Where the data comes from, the device and the seed."""
     g = p.add_argument_group("data")
-    g.add_argument("--data-dir", help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen); default: synthetic spleen-like data")
+    g.add_argument("--data-dir", help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen), or its URL "
+                   "(s3://bucket/Task09_Spleen, any fsspec URL); default: synthetic spleen-like data")
     g.add_argument("--cases", type=int, help="synthetic cases to generate (default 16; the demo on CUDA: 40)")
     g.add_argument("--shape", type=int, nargs=3, metavar=("X", "Y", "Z"),
                    help="synthetic volume size in voxels (default 128 128 64; the demo on CUDA: 240 240 96)")

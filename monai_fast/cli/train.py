@@ -233,22 +233,6 @@ def _preemption(built: Any, out: _Outputs) -> Any:
     return preemption
 
 
-def _remote_listed(spec: Any) -> tuple[Any, str | None]:
-    """``spec`` with a ``--data-dir`` URL (``s3://bucket/Task09_Spleen``) read into its file lists, and the URL.
-
-    :func:`~monai_fast.data.msd.load_msd_datalist` reads an MSD folder on object storage (the files are fetched
-    once into the local cache); a local ``--data-dir`` is left as it is (``None``: no URL).
-    """
-    from monai_fast.data.msd import load_msd_datalist
-    from monai_fast.data.remote import is_url
-
-    if spec.data_dir is None or not is_url(str(spec.data_dir)):
-        return spec, None
-    url = str(spec.data_dir)
-    train_files, val_files = load_msd_datalist(url, val_fraction=spec.val_fraction, seed=spec.seed)
-    return replace(spec, data_dir=None, train_files=train_files, val_files=val_files), url
-
-
 def _stopped_message(preemption: Any, iteration: int, folder: Path | None) -> str:
     """What a stopped run says: the checkpoint written, or why none was needed."""
     name = preemption.stop_signal.name
@@ -297,15 +281,33 @@ def _write_outputs(run: Any, lead: bool, out: _Outputs, plan: Any, data_root: An
 
 
 def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
-    """One rank of the run: train ``spec``'s recipe; rank 0 writes the model, the report and the results."""
+    """One rank of the run: train ``spec``'s recipe; rank 0 writes the model, the report and the results.
+
+    Rank 0 owns the run folder from the start (the record's lock, taken again by the record later): a
+    second ``monai-fast train`` into the same folder stops at once, before its set-up work.
+    """
     from ignite import distributed as idist
 
-    from monai_fast.files import ensure_free_space
-    from monai_fast.race import check_writable_dir, checked_data, plan_race
-    from monai_fast.recipes.runner import TargetRun
+    from monai_fast.race import plan_race
+    from monai_fast.telemetry.record import record_lock
 
     lead = idist.get_rank() == 0
     plan = plan_race(spec, need_run_dir=lead)  # every option checked before any data is read
+    record_dir = Path(plan.run_dir) / spec.recipes[0] if lead and plan.run_dir else None  # where TargetRun records
+    owner = record_lock(record_dir, 0, what="monai-fast train").acquire() if record_dir is not None else None
+    try:
+        _train_owned(spec, out, plan, lead)
+    finally:
+        if owner is not None:
+            owner.release()
+
+
+def _train_owned(spec: Any, out: _Outputs, plan: Any, lead: bool) -> None:
+    """:func:`_train` once the options are checked and the run folder is this run's."""
+    from monai_fast.files import ensure_free_space
+    from monai_fast.race import check_writable_dir, checked_data
+    from monai_fast.recipes.runner import TargetRun
+
     if lead:  # and every output folder, so that no training is lost to an unwritable or full one
         check_writable_dir(out.model_dir, "model_dir")
         try:
@@ -316,9 +318,7 @@ def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
             check_writable_dir(out.tensorboard_dir, "tensorboard_dir")
         if out.checkpoint_dir is not None:
             check_writable_dir(out.checkpoint_dir, "checkpoint_dir")
-    spec, url = _remote_listed(spec)
-    data_root, train_files, val_files = checked_data(spec)
-    data_root = url or data_root
+    data_root, train_files, val_files = checked_data(spec)  # a --data-dir URL is read from object storage
     run = TargetRun(spec.recipes[0], train_files, val_files, plan.config, plan.device, spec.target, spec.time_budget_s,
                     plan.run_dir if lead else None, spec.progress and lead)
     writer = _attach_tensorboard(run.built, out.tensorboard_dir) if lead and out.tensorboard_dir else None

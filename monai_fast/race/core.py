@@ -112,19 +112,21 @@ class TuneRun:
     path: Path | None
 
 
-def load_data(spec: RaceSpec) -> tuple[Path | None, list[dict], list[dict]]:
-    """``(data_root, train_files, val_files)`` of ``spec``: its file lists, its ``data_dir``, or synthetic data.
+def load_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
+    """``(data_root, train_files, val_files)`` of ``spec``: its file lists, its ``data_dir`` (a folder or a URL,
+    read as :func:`~monai_fast.data.msd.load_msd_datalist` reads it), or synthetic data.
 
     Raises:
         FileNotFoundError, monai_fast.data.msd.MSDDataError: ``data_dir`` is missing or incomplete.
     """
     from monai_fast.data.msd import load_msd_datalist
+    from monai_fast.data.remote import is_url
     from monai_fast.data.synthetic import synthetic_dataset
 
     if spec.train_files is not None and spec.val_files is not None:
         return None, list(spec.train_files), list(spec.val_files)
-    if spec.data_dir is not None:
-        root = Path(spec.data_dir)
+    if spec.data_dir is not None:  # a folder, or a URL (s3://bucket/Task09_Spleen) kept as written
+        root = str(spec.data_dir) if is_url(str(spec.data_dir)) else Path(spec.data_dir)
     else:
         syn = spec.synthetic
         root = synthetic_dataset(syn.kind, syn.cases, syn.shape, spec.seed, spec.progress)

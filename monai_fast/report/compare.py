@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,8 @@ from monai_fast.files import atomic_write, write_json  # noqa: E402
 from monai_fast.recipes.runner import RaceResult, write_epochs_csv  # noqa: E402
 
 __all__ = ["best_dice_by", "format_table", "plot_dice_vs_time", "speedup", "write_race"]
+
+logger = logging.getLogger("monai_fast.report")
 
 
 def speedup(fast: RaceResult, slow: RaceResult) -> tuple[float | None, bool]:
@@ -112,6 +115,9 @@ def plot_dice_vs_time(results: Sequence[RaceResult], path: str | os.PathLike, ta
 def write_race(results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline") -> dict:
     """Write ``results.json``, ``epochs.csv`` (all recipes) and ``dice_vs_time.png`` into ``run_dir``.
 
+    Each file is tried on its own; when one cannot be written (a full disk) the others still are, each
+    failure is logged with its path, and the first is raised at the end.
+
     Returns:
         The dict written to ``results.json``.
     """
@@ -125,8 +131,17 @@ def write_race(results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: 
                 factor, lower = speedup(r, ref)
                 speedups[r.recipe] = {"over": reference, "factor": factor, "lower_bound": lower}
     doc = {**meta, "results": [r.to_dict() for r in results], "speedups": speedups}
-    write_json(doc, run_dir / "results.json")
-    write_epochs_csv((e for r in results for e in r.epochs), run_dir / "epochs.csv")
     target = results[0].target if results else None
-    plot_dice_vs_time(results, run_dir / "dice_vs_time.png", target)
+    writes = [(run_dir / "results.json", lambda path: write_json(doc, path)),
+              (run_dir / "epochs.csv", lambda path: write_epochs_csv((e for r in results for e in r.epochs), path)),
+              (run_dir / "dice_vs_time.png", lambda path: plot_dice_vs_time(results, path, target))]
+    failed: list[OSError] = []
+    for path, write in writes:  # each output on its own: one that does not fit costs only itself
+        try:
+            write(path)
+        except OSError as err:
+            logger.error("not written: %s: %s", path, err)
+            failed.append(err)
+    if failed:
+        raise failed[0]
     return doc
