@@ -112,9 +112,18 @@ def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False)
 
 def _move_last_to_front(engine: Engine, event: Any) -> None:
     """Make the handler added last for ``event`` run first. Ignite has no public way to order
-    handlers; this is the one place monai-fast reads ``Engine._event_handlers``."""
+    handlers; this module is the one place monai-fast reads ``Engine._event_handlers``."""
     handlers = engine._event_handlers[event]
     handlers.insert(0, handlers.pop())
+
+
+def callbacks_on(engine: Engine, event: Any) -> list[Any]:
+    """The callables registered on ``engine`` for ``event``, in order (a copy).
+
+    Ignite has no public way to list an engine's handlers; this module is the one place monai-fast
+    reads ``Engine._event_handlers``. Removing one goes through ignite's public ``remove_event_handler``.
+    """
+    return [entry[0] for entry in engine._event_handlers.get(event, [])]
 
 
 def handlers_on(engine: Engine) -> dict[type, EngineHandler]:

@@ -26,7 +26,7 @@ from monai.handlers import SmartCacheHandler
 from monai_fast.data.adopt import adopt_loader, unknown_item_path, why_not_adoptable
 from monai_fast.data.items import DataItemError, describe_item, error_text
 from monai_fast.data.smartcache import SafeSmartCacheDataset, replace_count
-from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on
 
 __all__ = ["SmartCacheUpdater"]
 
@@ -217,14 +217,14 @@ def _take_over_from_monais_handler(engine: Engine, dataset: SmartCacheDataset) -
     A script written for MONAI's ``SmartCacheDataset`` has MONAI's handler in its
     ``train_handlers``: left there, it would rotate the data set a second time each epoch (or, once
     adopted, the data set the loader no longer reads, and wait forever on its failed replacement).
-    Ignite has no public way to list an engine's handlers, so this reads ``Engine._event_handlers``;
-    the removal goes through the public ``remove_event_handler``.
+    The handlers are listed through :func:`~monai_fast.handlers.lifecycle.callbacks_on` (ignite has no
+    public way to list them); the removal goes through the public ``remove_event_handler``.
     """
     sources = [dataset]
     if isinstance(dataset, SafeSmartCacheDataset) and dataset.adopted_from is not None:
         sources.append(dataset.adopted_from)
     found: list[SmartCacheHandler] = []
-    for fn, *_ in engine._event_handlers.get(Events.EPOCH_COMPLETED, []):
+    for fn in callbacks_on(engine, Events.EPOCH_COMPLETED):
         owner = getattr(fn, "__self__", None)
         if isinstance(owner, SmartCacheHandler) and any(owner.smartcacher is s for s in sources) and owner not in found:
             found.append(owner)
