@@ -25,6 +25,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import sys
 from pathlib import Path
 
 import torch
@@ -55,6 +56,21 @@ def _options(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train the pathology variants; bad slides or a short epoch end in one line naming them (exit 1)."""
+    from monai_fast.data.items import DataItemError
+    from monai_fast.data.preflight import PreflightError
+    from monai_fast.data.wsi import WSIDataError
+    from monai_fast.data.wsi_reader import WSIBackendError
+    from monai_fast.handlers import ShortEpochError
+
+    try:
+        return _main(argv)
+    except (PreflightError, DataItemError, ShortEpochError, WSIDataError, WSIBackendError) as e:
+        print(f"pathology_tumor_detection: {e}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = _options(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("ignite").setLevel(logging.WARNING)

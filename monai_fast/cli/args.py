@@ -27,6 +27,7 @@ FLAGS = {
     "synthetic.cases": "--cases",
     "synthetic.shape": "--shape",
     "time_budget_s": "--time-budget",
+    "total_budget_s": "--total-budget",
     "out_dir": "--out",
     "overrides": "bad option",
     "tune": "bad tuning option",
@@ -128,7 +129,9 @@ def add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequenc
     g = p.add_argument_group("race")
     g.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(recipes), help="recipes to run, in this order (default %(default)s)")
     g.add_argument("--target", type=float, default=0.9, help="validation mean Dice (no background) to reach, in (0, 1] (default %(default)s)")
-    g.add_argument("--time-budget", type=float, default=budget, help="seconds each recipe may run before it is stopped (default %(default)s)")
+    g.add_argument("--time-budget", type=float, default=budget,
+                   help="seconds each recipe may run before it is stopped (default %(default)s; the demo: none, "
+                        "--total-budget bounds the whole run)")
     g.add_argument("--max-epochs", type=int, default=200, help="epoch limit per recipe (default %(default)s)")
     add_validation_options(g)
     g.add_argument("--background-fill", action="store_true",

@@ -231,4 +231,5 @@ def test_the_tutorial_on_a_truncated_slide_fails_naming_it_and_writes_no_results
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0, done.stdout
     assert "slide_002.tif: cannot read the slide: level 0 is cut short" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr  # one message, not a traceback
     assert not (tmp_path / "run" / "results.json").exists()
