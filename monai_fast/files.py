@@ -122,6 +122,8 @@ class NoSpaceError(OSError):
         parts = [f"{what + ' ' if what else ''}{self.path}: no space left on the device"]
         if code == errno.EDQUOT:
             parts[0] = f"{what + ' ' if what else ''}{self.path}: disk quota exceeded"
+        if _no_inodes_left(self.path):  # bytes may be free while the file system has no room for another file
+            parts.append("the file system has no free inodes (room for files) left, whatever bytes it shows free")
         if needed is not None and free is not None:
             parts.append(f"needs {_mib(needed)}, {_mib(free)} free ({_mib(max(needed - free, 0))} missing)")
         elif needed is not None:
@@ -186,6 +188,18 @@ def _space_error_in(err: BaseException | None) -> OSError | None:
             found = err
         err = err.__cause__ or err.__context__
     return found
+
+
+def _no_inodes_left(path: Path) -> bool:
+    """Whether the file system holding ``path`` (its nearest existing parent) has no free inodes."""
+    probe = path.absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except (OSError, AttributeError):  # no statvfs (Windows), or the path went away
+        return False
+    return st.f_files > 0 and st.f_favail == 0
 
 
 def free_bytes(path: str | os.PathLike) -> int:

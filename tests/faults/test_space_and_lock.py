@@ -195,3 +195,22 @@ def test_no_space_from_a_loader_worker_keeps_its_one_line(tmp_path):
     except RuntimeError as wrapped:
         found = no_space_in(wrapped)
     assert isinstance(found, NoSpaceError) and str(tmp_path / "x.bin") in str(found)
+
+
+def test_a_file_system_out_of_inodes_says_so(tmp_path):
+    mnt = tmp_path / "few-inodes"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4M,nr_inodes=3", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        written = []
+        with pytest.raises(NoSpaceError) as info:
+            for i in range(10):
+                written.append(write_json({"i": i}, mnt / f"f{i}.json"))
+        assert "no free inodes" in str(info.value) and str(mnt) in str(info.value)
+        assert written and all(p.exists() for p in written)  # what was written before is kept
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
