@@ -57,3 +57,23 @@ def test_a_bundle_without_a_3d_sliding_window_is_refused_by_name(bundle, tmp_pat
     with pytest.raises(BundleError, match="validate#inferer is not a 3-D sliding window"):
         tune_bundle(root, overrides={**overrides, "validate#inferer": {"_target_": "SimpleInferer"}}, out=tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_monai_fast_tune_bundle_writes_the_override_from_the_command_line(bundle, tmp_path):
+    import subprocess
+    import sys
+
+    root, overrides = bundle
+    sets = []
+    for key, value in {**overrides, "validate#inferer#sw_batch_size": 1}.items():
+        sets += ["--set", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+    out = tmp_path / "tuned.json"
+    r = subprocess.run([sys.executable, "-m", "monai_fast", "tune", "--bundle", str(root), "--bundle-out", str(out),
+                        "--no-progress", *sets], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    written = json.loads(out.read_text())
+    assert set(written) >= {ZOO_KEYS["batch"], ZOO_KEYS["sw_batch"]}
+    assert f"{ZOO_KEYS['batch']} = {written[ZOO_KEYS['batch']]}" in r.stdout and str(out) in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "monai_fast", "tune", "--bundle", str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0 and "nope does not exist" in bad.stderr and "Traceback" not in bad.stderr

@@ -187,7 +187,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune_bundle(args: argparse.Namespace) -> int:
+    from monai_fast.bundle import BundleError, parse_overrides
+    from monai_fast.bundle.tune import tune_bundle
+
+    try:
+        tuned = tune_bundle(args.bundle, config_files=args.bundle_config, overrides=parse_overrides(args.set),
+                            out=args.bundle_out, progress=not args.no_progress)
+    except BundleError as e:
+        raise SystemExit(f"monai-fast tune --bundle: {e}") from e
+    for key, value in tuned.overrides.items():
+        print(f"{key} = {value}")
+    print(f"wrote {tuned.path}: python -m monai.bundle run --config_file \"['configs/train.json','{tuned.path}']\" "
+          f"(or monai-fast bundle run {args.bundle} --config_file ...)")
+    return 0
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
+    if args.bundle:
+        return _cmd_tune_bundle(args)
     tuned = tune_only(race_spec(args), out=args.out)
     print(tuned.result.table())
     if tuned.result.from_cache:
@@ -266,4 +284,13 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
     add_tuning_options(p, race=False)
     p.add_argument("--out", help="also write the result (with every trial) to this JSON file")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b = p.add_argument_group("a MONAI bundle instead of a recipe")
+    b.add_argument("--bundle", metavar="DIR", help="tune this bundle's training batch, sliding-window batch and "
+                   "stitching device for its network and patch on this device, and write an override file the "
+                   "bundle merges as one more config (the Model Zoo's or Auto3DSeg's keys)")
+    b.add_argument("--bundle-config", help="the bundle's config file(s), as monai.bundle takes them "
+                   "(default configs/train.json)")
+    b.add_argument("--set", action="append", default=[], metavar="ID=VALUE",
+                   help="a bundle config override, as monai.bundle takes it (repeat: --set dataset_dir=/data ...)")
+    b.add_argument("--bundle-out", help="the override file (default <DIR>/configs/tuned.json)")
     p.set_defaults(func=_cmd_tune)
