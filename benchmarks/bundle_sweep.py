@@ -364,13 +364,17 @@ def _prepare(name: str, dst: Path, cfg_file: Path, config: dict, inp: dict, out:
     rng = np.random.default_rng(seed)
     classify = (out.get("type") == "probabilities" or out.get("format") == "classes"
                 or len(out.get("spatial_shape") or []) < dims)
+    label_keys = {key for k, key in enumerate(keys) if k > 0 and ("label" in key or "seg" in key or len(keys) == 2)}
+    image_keys = [key for key in keys if key not in label_keys]
+    if len(image_keys) > 1 and channels % len(image_keys) == 0:
+        channels //= len(image_keys)  # one input channel per image key, concatenated by the chain
     items = []
     for i in range(5):
         image, label = _case(rng, shape, channels, classes)
         item: dict[str, Any] = {}
         for k, key in enumerate(keys):
             path = data_dir / f"case{i}_{key}{ext}"
-            is_label = k > 0 and ("label" in key or "seg" in key or len(keys) == 2)
+            is_label = key in label_keys
             if is_label:
                 arr = label[..., None] if ext != ".nii.gz" else label
                 if ext in (".png", ".jpg") and classes == 2:
@@ -467,7 +471,9 @@ def run_prepared(prep: Prepared, timeout: float, fast: bool = True) -> SweepRow:
         rows, summary = [], {}
     row.iterations = sum(1 for r in rows if r.get("kind") == "iteration" and r.get("engine") == "train")
     row.trains = row.iterations >= 2
-    for lever, d in (summary.get("fast_training") or {}).items():
+    decisions = summary.get("fast_training") or {
+        r["lever"]: r for r in rows if r.get("source") == "fast_training" and r.get("kind") == "event" and "lever" in r}
+    for lever, d in decisions.items():
         target = row.applied if d.get("applied") else row.left_alone
         target[lever] = str(d.get("setting") if d.get("applied") else d.get("reason", ""))[:160]
     if timed_out:
