@@ -1,4 +1,4 @@
-"""The Model Zoo sweep: every bundle whose train config builds a ``SupervisedTrainer``, run by ``monai-fast bundle run``.
+"""The Model Zoo sweep: each bundle whose train config builds a ``SupervisedTrainer``, run by ``monai-fast bundle run``.
 
 For each bundle under ``ZOO/models`` (a Model Zoo checkout, or any folder holding bundles in its layout) whose
 ``configs/train.json`` or ``.yaml`` builds a ``SupervisedTrainer``, the sweep copies the bundle to a scratch folder,
@@ -372,7 +372,7 @@ def _prepare(name: str, dst: Path, cfg_file: Path, config: dict, inp: dict, out:
     for i in range(5):
         image, label = _case(rng, shape, channels, classes)
         item: dict[str, Any] = {}
-        for k, key in enumerate(keys):
+        for key in keys:
             path = data_dir / f"case{i}_{key}{ext}"
             is_label = key in label_keys
             if is_label:
@@ -548,7 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print(table(rows))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    zoo_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.zoo, capture_output=True, text=True).stdout.strip()
+    zoo_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.zoo, capture_output=True,
+                                text=True).stdout.strip()
     doc = {"benchmark": "bundle_sweep", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "commit": commit, "zoo": str(args.zoo), "zoo_commit": zoo_commit or None, "timeout_s": args.timeout,
            "fast": not args.no_fast, "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},

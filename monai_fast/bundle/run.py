@@ -20,7 +20,7 @@ runner does: run bundles you trust.
 
 Example:
     >>> from monai_fast.bundle import run_bundle
-    >>> result = run_bundle("spleen_ct_segmentation", overrides={"dataset_dir": "/data/Task09_Spleen"})  # doctest: +SKIP
+    >>> result = run_bundle("spleen_ct_segmentation", overrides={"dataset_dir": "/data/Task09"})  # doctest: +SKIP
     >>> result.applied["precision"]["setting"]  # doctest: +SKIP
     'bf16'
 """
@@ -160,7 +160,8 @@ def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Seque
         candidates = [path] if path.is_absolute() else [Path.cwd() / path, root / path]
         hit = next((c for c in candidates if c.is_file()), None)
         if hit is None:
-            raise BundleError(f"config file {name} not found (looked in {', '.join(str(c.parent) for c in candidates)})")
+            where = ", ".join(str(c.parent) for c in candidates)
+            raise BundleError(f"config file {name} not found (looked in {where})")
         found.append(hit.resolve())
     return found
 

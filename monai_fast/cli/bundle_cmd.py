@@ -71,7 +71,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         fast_options = {"precision": False} if args.fp32 else {}
 
         def show(applied: dict) -> None:
-            lines = decision_lines(applied) if applied else ["FastTraining: not attached (--no-fast): the bundle as published"]
+            plain = ["FastTraining: not attached (--no-fast): the bundle as published"]
+            lines = decision_lines(applied) if applied else plain
             for line in lines:
                 print(line, flush=True)
 
@@ -102,7 +103,8 @@ def _cmd_fragment(args: argparse.Namespace) -> int:
     from monai_fast.bundle import write_fragment
 
     path = write_fragment(args.out)
-    print(f"wrote {path}: merge it after the bundle's train.json with --config_file \"['configs/train.json','{path}']\"")
+    print(f"wrote {path}: merge it after the bundle's train.json with "
+          f"--config_file \"['configs/train.json','{path}']\"")
     return 0
 
 
