@@ -159,7 +159,26 @@ def _openmp_spin(d: dict) -> str:
                      f"target, per-epoch ratio {_x(r.get('per_epoch_ratio'))}" for r in d.get("summary", []))
 
 
+def _bundle(d: dict) -> str:
+    summary = d.get("summary", {})
+    pairs = ", ".join(f"{q.get('ratio', 0):.2f}x" for q in summary.get("pairs", []))
+    levers = ", ".join(f"{k} {v}" for k, v in (d.get("levers_applied") or {}).items())
+    return (f"{d.get('bundle')} as published over monai-fast bundle run, per epoch: median "
+            f"{_x(summary.get('median_ratio'))} ({pairs}); levers: {levers}")
+
+
+def _bundle_sweep(d: dict) -> str:
+    rows = d.get("rows", [])
+    builds = sum(1 for r in rows if r.get("builds"))
+    trains = sum(1 for r in rows if r.get("trains"))
+    return (f"Model Zoo sweep ({d.get('zoo_commit', '?')[:7]}): {len(rows)} bundles, {builds} build, "
+            f"{trains} train 2 iterations with FastTraining (the table is on the bundles page)")
+
+
 EXTRACTORS: dict[str, Extractor] = {
+    "bundle_spleen_ct_segmentation": _bundle,
+    "bundle_wholeBody_ct_segmentation": _bundle,
+    "bundle_sweep": _bundle_sweep,
     "your_trainer": _your_trainer,
     "time_to_dice": _time_to_dice,
     "argmax_layout": _argmax_layout,
@@ -192,6 +211,8 @@ def _machine(d: dict) -> str:
         text = m.get("device") or m.get("processor") or ""
         if m.get("onednn_max_cpu_isa"):
             text += f", ISA limited to {m['onednn_max_cpu_isa']}"
+        if not text and m.get("cpus"):
+            text = f"CPU ({m['cpus']} logical CPUs)"
         if m.get("torch"):
             text += f", torch {m['torch']}"
         return text or "not recorded"
