@@ -293,6 +293,8 @@ def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
 
     lead = idist.get_rank() == 0
     plan = plan_race(spec, need_run_dir=lead)  # every option checked before any data is read
+    if lead:  # and every output folder, so that no training is lost to an unwritable or full one
+        _check_outputs(out, plan)
     record_dir = Path(plan.run_dir) / spec.recipes[0] if lead and plan.run_dir else None  # where TargetRun records
     owner = record_lock(record_dir, 0, what="monai-fast train").acquire() if record_dir is not None else None
     try:
@@ -302,22 +304,27 @@ def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
             owner.release()
 
 
-def _train_owned(spec: Any, out: _Outputs, plan: Any, lead: bool) -> None:
-    """:func:`_train` once the options are checked and the run folder is this run's."""
+def _check_outputs(out: _Outputs, plan: Any) -> None:
+    """Every output folder writable, and the model's folder with room for the model, before any work."""
     from monai_fast.files import ensure_free_space
-    from monai_fast.race import check_writable_dir, checked_data
+    from monai_fast.race import check_writable_dir
+
+    check_writable_dir(out.model_dir, "model_dir")
+    try:
+        ensure_free_space(out.model_dir / "model.pth", _model_bytes(plan.config), "model_dir: the model")
+    except OSError as e:
+        raise SystemExit(f"monai-fast train: {e}; free space there or give another --model-dir") from None
+    if out.tensorboard_dir is not None:
+        check_writable_dir(out.tensorboard_dir, "tensorboard_dir")
+    if out.checkpoint_dir is not None:
+        check_writable_dir(out.checkpoint_dir, "checkpoint_dir")
+
+
+def _train_owned(spec: Any, out: _Outputs, plan: Any, lead: bool) -> None:
+    """:func:`_train` once the options and outputs are checked and the run folder is this run's."""
+    from monai_fast.race import checked_data
     from monai_fast.recipes.runner import TargetRun
 
-    if lead:  # and every output folder, so that no training is lost to an unwritable or full one
-        check_writable_dir(out.model_dir, "model_dir")
-        try:
-            ensure_free_space(out.model_dir / "model.pth", _model_bytes(plan.config), "model_dir: the model")
-        except OSError as e:
-            raise SystemExit(f"monai-fast train: {e}; free space there or give another --model-dir") from None
-        if out.tensorboard_dir is not None:
-            check_writable_dir(out.tensorboard_dir, "tensorboard_dir")
-        if out.checkpoint_dir is not None:
-            check_writable_dir(out.checkpoint_dir, "checkpoint_dir")
     data_root, train_files, val_files = checked_data(spec)  # a --data-dir URL is read from object storage
     run = TargetRun(spec.recipes[0], train_files, val_files, plan.config, plan.device, spec.target, spec.time_budget_s,
                     plan.run_dir if lead else None, spec.progress and lead)
