@@ -381,11 +381,7 @@ def atomic_write(
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if clean:
-        clean_stale_tmp(path.parent, target=path.name)
-    tmp = tmp_path_for(path)
+    path, tmp = _prepare(path, clean)
     try:
         with open(tmp, mode, **open_kwargs) as f:
             yield f
@@ -432,11 +428,7 @@ def atomic_path(path: str | os.PathLike, fsync: bool = False, clean: bool = True
     Raises:
         FileNotFoundError: the writer returned without writing the temporary path.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if clean:
-        clean_stale_tmp(path.parent, target=path.name)
-    tmp = tmp_path_for(path)
+    path, tmp = _prepare(path, clean)
     try:
         yield tmp
         if not tmp.is_file():
@@ -466,6 +458,15 @@ def _remove_tmp(tmp: Path) -> None:
     with contextlib.suppress(OSError):
         for leftover in tmp.parent.glob(glob_escape(tmp.name) + "*"):
             leftover.unlink(missing_ok=True)
+
+
+def _prepare(path: str | os.PathLike, clean: bool) -> tuple[Path, Path]:
+    """The target as a ``Path`` (its folder made) and a fresh temporary name beside it; leftovers cleaned first."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if clean:
+        clean_stale_tmp(path.parent, target=path.name)
+    return path, tmp_path_for(path)
 
 
 def _fsync_dir(folder: Path) -> None:
