@@ -180,7 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     doc = {"benchmark": "bundle", "bundle": args.bundle.name, "bundle_path": str(args.bundle),
            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                       "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+                       "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY")},
            "overrides": overrides, "epochs": args.epochs, "repeats": args.repeats,
            "metric": _dice(runs[0]["metrics"])[0],
            "levers_applied": {k: v.get("setting") for k, v in fast_applied.items() if v.get("applied")},
