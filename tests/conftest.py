@@ -1,6 +1,10 @@
-"""Shared fixtures: tiny real NIfTI data sets in MSD layout, and the ``gpu`` marker."""
+"""Shared fixtures: tiny real NIfTI data sets in MSD layout, small real file systems, and the ``gpu`` marker."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,3 +48,29 @@ def tiny_config():
 def _isolated_cache(tmp_path, monkeypatch):
     # never read or write the user's real ~/.cache/monai-fast from a test
     monkeypatch.setenv("MONAI_FAST_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount real small file systems: ``tmpfs("size=1M")`` or ``tmpfs("size=4M,nr_inodes=3", "name")``.
+
+    Each is a tmpfs under ``tmp_path`` with the given mount options, unmounted after the test. Mounting
+    needs root (CAP_SYS_ADMIN): without it the test is skipped with the reason.
+    """
+    mounted: list[Path] = []
+
+    def mount(options: str = "size=1M", name: str = "small") -> Path:
+        folder = tmp_path / name
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() != 0:
+            pytest.skip("mounting a small tmpfs needs root")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in reversed(mounted):
+        subprocess.run(["umount", "-l", str(folder)], check=False)

@@ -9,7 +9,6 @@ subprocess.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,29 +30,10 @@ from monai_fast.handlers.checkpoint_folder import CheckpointFolderError
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _mount(folder: Path, size: str) -> Path:
-    folder.mkdir(parents=True)
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    return folder
-
-
 @pytest.fixture
-def small_fs(tmp_path):
-    """A real 1 MiB tmpfs (a 2 MiB one on request), unmounted afterwards."""
-    mounted: list[Path] = []
-
-    def make(size: str = "1M", name: str = "small") -> Path:
-        mounted.append(_mount(tmp_path / name, size))
-        return mounted[-1]
-
-    yield make
-    for m in mounted:
-        subprocess.run(["umount", "-l", str(m)], check=False)
+def small_fs(tmpfs):
+    """``small_fs("1M")``: a real tmpfs of that size (the ``tmpfs`` fixture of ``tests/conftest.py``)."""
+    return lambda size="1M", name="small": tmpfs(f"size={size}", name)
 
 
 def _fill(folder: Path, leave: int) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -144,22 +143,15 @@ def test_existing_predictions_are_kept_unless_overwrite_is_given(model_file, tin
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmpfs):
     """A real 2 MiB tmpfs with an empty ``out`` folder, filled to the last byte: no room for a prediction."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs", str(disk)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
-        (disk / "out").mkdir()
-        with open(disk / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 4096)
-        assert shutil.disk_usage(disk).free < 4096
-        yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
+    disk = tmpfs("size=2M", "disk")
+    (disk / "out").mkdir()
+    with open(disk / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+    assert shutil.disk_usage(disk).free < 4096
+    return disk
 
 
 def test_a_full_output_disk_is_one_line_naming_the_prediction_and_nothing_is_half_written(model_file, tiny_spleen,

@@ -31,19 +31,9 @@ from monai_fast.files import (
 
 
 @pytest.fixture
-def small_fs(tmp_path):
-    """A real 1 MiB tmpfs, unmounted afterwards."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+def small_fs(tmpfs):
+    """A real 1 MiB tmpfs (the ``tmpfs`` fixture of ``tests/conftest.py``)."""
+    return tmpfs("size=1M")
 
 
 def test_full_disk_names_the_file_and_keeps_the_old_content(small_fs):
@@ -197,20 +187,11 @@ def test_no_space_from_a_loader_worker_keeps_its_one_line(tmp_path):
     assert isinstance(found, NoSpaceError) and str(tmp_path / "x.bin") in str(found)
 
 
-def test_a_file_system_out_of_inodes_says_so(tmp_path):
-    mnt = tmp_path / "few-inodes"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4M,nr_inodes=3", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        written = []
-        with pytest.raises(NoSpaceError) as info:
-            for i in range(10):
-                written.append(write_json({"i": i}, mnt / f"f{i}.json"))
-        assert "no free inodes" in str(info.value) and str(mnt) in str(info.value)
-        assert written and all(p.exists() for p in written)  # what was written before is kept
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+def test_a_file_system_out_of_inodes_says_so(tmpfs):
+    mnt = tmpfs("size=4M,nr_inodes=3", "few-inodes")
+    written = []
+    with pytest.raises(NoSpaceError) as info:
+        for i in range(10):
+            written.append(write_json({"i": i}, mnt / f"f{i}.json"))
+    assert "no free inodes" in str(info.value) and str(mnt) in str(info.value)
+    assert written and all(p.exists() for p in written)  # what was written before is kept

@@ -39,28 +39,10 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
 
 
-def _mount(folder: Path, options: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    return folder
-
-
 @pytest.fixture
-def small_fs(tmp_path):
-    """A real tmpfs mounted with the given options, unmounted afterwards."""
-    mounted: list[Path] = []
-
-    def make(options: str, name: str) -> Path:
-        mounted.append(_mount(tmp_path / name, options))
-        return mounted[-1]
-
-    yield make
-    for m in mounted:
-        subprocess.run(["umount", "-l", str(m)], check=False)
+def small_fs(tmpfs):
+    """``small_fs(options, name)``: a real tmpfs mounted with those options (``tests/conftest.py``)."""
+    return tmpfs
 
 
 # ---------------------------------------------------------------------------------------------- SageMaker channels
