@@ -49,13 +49,21 @@ def time_shape(shape: tuple[int, ...], rounds: int) -> dict:
             f(pred)
             times[name].append((time.perf_counter() - start) * 1e3)
     ms = {name: statistics.median(t) for name, t in times.items()}
-    return {"shape": list(shape), "ms": ms, "times_ms": times, "same_labels": same,
-            "speedup_innermost": ms["argmax"] / ms["innermost + argmax"]}
+    return {
+        "shape": list(shape),
+        "ms": ms,
+        "times_ms": times,
+        "same_labels": same,
+        "speedup_innermost": ms["argmax"] / ms["innermost + argmax"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), help="CxDxHxW prediction shapes (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per variant, interleaved (default 5)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the JSON")
@@ -69,12 +77,23 @@ def main(argv: list[str] | None = None) -> int:
     rows = [time_shape(s, args.rounds) for s in shapes]
     print(f"{'prediction':<16}" + "".join(f"{name + ' ms':>24}" for name in VARIANTS) + f"{'speed-up':>10}{'same':>6}")
     for r in rows:
-        print(f"{'x'.join(map(str, r['shape'])):<16}" + "".join(f"{r['ms'][n]:>24.1f}" for n in VARIANTS)
-              + f"{r['speedup_innermost']:>9.1f}x{'yes' if r['same_labels'] else 'NO':>6}")
-    doc = {"benchmark": "argmax_layout", "date": dt.datetime.now().isoformat(timespec="seconds"),
-           "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__,
-                       "threads": torch.get_num_threads(), "python": sys.version.split()[0]},
-           "options": vars(args), "rows": rows}
+        print(
+            f"{'x'.join(map(str, r['shape'])):<16}"
+            + "".join(f"{r['ms'][n]:>24.1f}" for n in VARIANTS)
+            + f"{r['speedup_innermost']:>9.1f}x{'yes' if r['same_labels'] else 'NO':>6}"
+        )
+    doc = {
+        "benchmark": "argmax_layout",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": {
+            "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "python": sys.version.split()[0],
+        },
+        "options": vars(args),
+        "rows": rows,
+    }
     out = write_json(doc, Path(args.out) / f"argmax_layout_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"results: {out}")
     return 0 if all(r["same_labels"] for r in rows) else 1

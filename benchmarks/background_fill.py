@@ -46,16 +46,28 @@ def one_run(train: list[dict], background: bool, config: RecipeConfig, device: s
     ds = plan.build(train, chain, background=background)
     loader = SafeThreadDataLoader(ds, batch_size=parts.config.batch_size, **fill_order_options(ds, shuffle=True))
     net = parts.network(device)
-    trainer = SupervisedTrainer(device=torch.device(device), max_epochs=2, train_data_loader=loader, network=net,
-                                optimizer=parts.optimizer(net.parameters()), loss_function=parts.loss())
+    trainer = SupervisedTrainer(
+        device=torch.device(device),
+        max_epochs=2,
+        train_data_loader=loader,
+        network=net,
+        optimizer=parts.optimizer(net.parameters()),
+        loss_function=parts.loss(),
+    )
     stamps: dict = {}
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=1), lambda e: stamps.__setitem__("first", time.perf_counter()))
+    trainer.add_event_handler(
+        Events.ITERATION_COMPLETED(once=1), lambda e: stamps.__setitem__("first", time.perf_counter())
+    )
     trainer.run()
     end = time.perf_counter()
     if background:
         ds.shutdown()
-    return {"variant": VARIANTS[background], "where": plan.where, "first_iteration_s": stamps["first"] - start,
-            "epoch2_end_s": end - start}
+    return {
+        "variant": VARIANTS[background],
+        "where": plan.where,
+        "first_iteration_s": stamps["first"] - start,
+        "epoch2_end_s": end - start,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         for background in (False, True):
             r = one_run(train, background, config, device)
             runs.append(r)
-            print(f"  run {i + 1} {r['variant']:>10} ({r['where']}): first iteration {r['first_iteration_s']:.2f} s, "
-                  f"end of epoch 2 {r['epoch2_end_s']:.2f} s", flush=True)
+            print(
+                f"  run {i + 1} {r['variant']:>10} ({r['where']}): first iteration {r['first_iteration_s']:.2f} s, "
+                f"end of epoch 2 {r['epoch2_end_s']:.2f} s",
+                flush=True,
+            )
     summary: dict = {}
     print(f"\n{'variant':>10} {'first iteration s':>18} {'end of epoch 2 s':>17}   (medians of {args.repeats})")
     for name in VARIANTS:
@@ -90,11 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         summary[f"{key}_background_over_foreground"] = {"per_pair": ratios, "median": statistics.median(ratios)}
         print(f"{key} background / foreground per pair: {' '.join(f'{x:.3f}' for x in ratios)}")
     stamp = dt.datetime.now()
-    path = write_json({
-        "benchmark": "background_fill", "date": stamp.isoformat(timespec="seconds"),
-        "machine": device_description(torch.device(device)), "command": " ".join(sys.argv), "options": vars(args),
-        "summary": summary, "runs": runs,
-    }, Path(args.out) / f"background_fill_{stamp:%Y%m%d-%H%M%S}.json")
+    path = write_json(
+        {
+            "benchmark": "background_fill",
+            "date": stamp.isoformat(timespec="seconds"),
+            "machine": device_description(torch.device(device)),
+            "command": " ".join(sys.argv),
+            "options": vars(args),
+            "summary": summary,
+            "runs": runs,
+        },
+        Path(args.out) / f"background_fill_{stamp:%Y%m%d-%H%M%S}.json",
+    )
     print(f"wrote {path}")
     return 0
 

@@ -45,16 +45,28 @@ def epoch_times(rows: Sequence[dict]) -> list[dict[str, float]]:
     A validation span counts in the epoch whose ``TimeBreakdown`` row follows its end (the bundle's
     ``ValidationHandler`` runs at the end of the training epoch, before the row is written).
     """
-    epochs = sorted((r for r in rows if r.get("kind") == "epoch" and r.get("source") == "time_breakdown"
-                     and r.get("engine") == "train"), key=lambda r: r["time"])
+    epochs = sorted(
+        (
+            r
+            for r in rows
+            if r.get("kind") == "epoch" and r.get("source") == "time_breakdown" and r.get("engine") == "train"
+        ),
+        key=lambda r: r["time"],
+    )
     spans = [r for r in rows if r.get("kind") == "span" and r.get("category") == "validation"]
     out = []
     previous = float("-inf")
     for e in epochs:
         val = sum(s["duration_s"] for s in spans if previous < s["end"] <= e["time"])
         train = float(e["data_s"]) + float(e["compute_s"])
-        out.append({"epoch": int(e["epoch"]), "train_s": round(train, 4), "validation_s": round(val, 4),
-                    "epoch_s": round(train + val, 4)})
+        out.append(
+            {
+                "epoch": int(e["epoch"]),
+                "train_s": round(train, 4),
+                "validation_s": round(val, 4),
+                "epoch_s": round(train + val, 4),
+            }
+        )
         previous = e["time"]
     return out
 
@@ -77,23 +89,46 @@ def _child(args: argparse.Namespace) -> int:
 
     overrides = parse_overrides(args.overrides)
     start = time.perf_counter()
-    result = run_bundle(args.bundle, config_files=args.config_file, overrides=overrides, fast=args.variant == "fast",
-                        logging_file=False, run_dir=args.run_dir, doctor=False)
+    result = run_bundle(
+        args.bundle,
+        config_files=args.config_file,
+        overrides=overrides,
+        fast=args.variant == "fast",
+        logging_file=False,
+        run_dir=args.run_dir,
+        doctor=False,
+    )
     wall = time.perf_counter() - start
     rows, _ = load_record(result.run_dir)
-    doc = {"variant": args.variant, "wall_s": round(wall, 3), "applied": result.applied, "metrics": result.metrics,
-           "epochs": epoch_times(rows)}
+    doc = {
+        "variant": args.variant,
+        "wall_s": round(wall, 3),
+        "applied": result.applied,
+        "metrics": result.metrics,
+        "epochs": epoch_times(rows),
+    }
     Path(args.child).write_text(json.dumps(doc))
     return 0
 
 
-def _run(bundle: Path, variant: str, overrides: Sequence[str], config_file: str | None, work: Path,
-         timeout: float) -> dict[str, Any]:
+def _run(
+    bundle: Path, variant: str, overrides: Sequence[str], config_file: str | None, work: Path, timeout: float
+) -> dict[str, Any]:
     copy = work / f"{variant}-{time.monotonic_ns()}"
     shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns("eval", "runs"))
     out = copy / "bench_result.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--bundle", str(copy), "--variant", variant, "--child",
-           str(out), "--run-dir", str(copy / "record")]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--bundle",
+        str(copy),
+        "--variant",
+        variant,
+        "--child",
+        str(out),
+        "--run-dir",
+        str(copy / "record"),
+    ]
     if config_file:
         cmd += ["--config_file", config_file]
     cmd += list(overrides)
@@ -116,27 +151,39 @@ def summarise(runs: Sequence[dict]) -> dict[str, Any]:
     for i in range(0, len(runs) - 1, 2):
         a, b = runs[i], runs[i + 1]
         pa, pb = _per_epoch(a["epochs"]), _per_epoch(b["epochs"])
-        pairs.append({"repeat": i // 2 + 1, "published_s": pa, "fast_s": pb,
-                      "ratio": round(pa / pb, 4) if pa and pb else None,
-                      "published_first_epoch_s": a["epochs"][0]["epoch_s"] if a["epochs"] else None,
-                      "fast_first_epoch_s": b["epochs"][0]["epoch_s"] if b["epochs"] else None,
-                      "published_metric": _dice(a["metrics"])[1], "fast_metric": _dice(b["metrics"])[1]})
+        pairs.append(
+            {
+                "repeat": i // 2 + 1,
+                "published_s": pa,
+                "fast_s": pb,
+                "ratio": round(pa / pb, 4) if pa and pb else None,
+                "published_first_epoch_s": a["epochs"][0]["epoch_s"] if a["epochs"] else None,
+                "fast_first_epoch_s": b["epochs"][0]["epoch_s"] if b["epochs"] else None,
+                "published_metric": _dice(a["metrics"])[1],
+                "fast_metric": _dice(b["metrics"])[1],
+            }
+        )
     ratios = [p["ratio"] for p in pairs if p["ratio"] is not None]
     return {"pairs": pairs, "median_ratio": round(statistics.median(ratios), 4) if ratios else None}
 
 
 def _table(doc: dict) -> str:
-    lines = [f"bundle {doc['bundle']}: {doc['epochs']} epoch(s), {doc['repeats']} repeat(s), metric {doc['metric']}",
-             "| repeat | published s/epoch | fast s/epoch | ratio | first epoch published / fast s "
-             "| metric published | metric fast |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"bundle {doc['bundle']}: {doc['epochs']} epoch(s), {doc['repeats']} repeat(s), metric {doc['metric']}",
+        "| repeat | published s/epoch | fast s/epoch | ratio | first epoch published / fast s "
+        "| metric published | metric fast |",
+        "|---|---|---|---|---|---|---|",
+    ]
 
     def f(x: Any) -> str:
         return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
 
     for p in doc["summary"]["pairs"]:
-        lines.append(f"| {p['repeat']} | {f(p['published_s'])} | {f(p['fast_s'])} | {f(p['ratio'])} | "
-                     f"{f(p['published_first_epoch_s'])} / {f(p['fast_first_epoch_s'])} | "
-                     f"{f(p['published_metric'])} | {f(p['fast_metric'])} |")
+        lines.append(
+            f"| {p['repeat']} | {f(p['published_s'])} | {f(p['fast_s'])} | {f(p['ratio'])} | "
+            f"{f(p['published_first_epoch_s'])} / {f(p['fast_first_epoch_s'])} | "
+            f"{f(p['published_metric'])} | {f(p['fast_metric'])} |"
+        )
     lines.append(f"median per-epoch ratio (published / fast): {f(doc['summary']['median_ratio'])}")
     lines.append("levers applied: " + (", ".join(f"{k}: {v}" for k, v in doc["levers_applied"].items()) or "none"))
     if doc["levers_left_alone"]:
@@ -147,8 +194,13 @@ def _table(doc: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bundle", required=True, type=Path, help="the bundle folder (configs/ inside)")
-    ap.add_argument("--config_file", "--config-file", dest="config_file", default=None,
-                    help="config file(s) as monai.bundle takes them (default configs/train.json|yaml)")
+    ap.add_argument(
+        "--config_file",
+        "--config-file",
+        dest="config_file",
+        default=None,
+        help="config file(s) as monai.bundle takes them (default configs/train.json|yaml)",
+    )
     ap.add_argument("--repeats", type=int, default=2, help="pairs of runs (default %(default)s)")
     ap.add_argument("--epochs", type=int, default=3, help="training epochs per run: train#trainer#max_epochs")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (default %(default)s)")
@@ -172,22 +224,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             for variant in VARIANTS:
                 doc = _run(args.bundle.resolve(), variant, overrides, args.config_file, work, args.timeout)
                 runs.append(doc)
-                print(f"repeat {repeat + 1} {variant}: {doc['wall_s']:.1f} s, per epoch "
-                      f"{_per_epoch(doc['epochs'])} s, {_dice(doc['metrics'])}", flush=True)
+                print(
+                    f"repeat {repeat + 1} {variant}: {doc['wall_s']:.1f} s, per epoch "
+                    f"{_per_epoch(doc['epochs'])} s, {_dice(doc['metrics'])}",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     fast_applied = runs[1]["applied"]
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    doc = {"benchmark": "bundle", "bundle": args.bundle.name, "bundle_path": str(args.bundle),
-           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                       "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
-                       "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY")},
-           "overrides": overrides, "epochs": args.epochs, "repeats": args.repeats,
-           "metric": _dice(runs[0]["metrics"])[0],
-           "levers_applied": {k: v.get("setting") for k, v in fast_applied.items() if v.get("applied")},
-           "levers_left_alone": {k: v.get("reason") for k, v in fast_applied.items() if not v.get("applied")},
-           "runs": runs, "summary": summarise(runs)}
+    doc = {
+        "benchmark": "bundle",
+        "bundle": args.bundle.name,
+        "bundle_path": str(args.bundle),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+            "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
+        },
+        "overrides": overrides,
+        "epochs": args.epochs,
+        "repeats": args.repeats,
+        "metric": _dice(runs[0]["metrics"])[0],
+        "levers_applied": {k: v.get("setting") for k, v in fast_applied.items() if v.get("applied")},
+        "levers_left_alone": {k: v.get("reason") for k, v in fast_applied.items() if not v.get("applied")},
+        "runs": runs,
+        "summary": summarise(runs),
+    }
     print(_table(doc))
     out = write_json(doc, Path(args.out) / f"bundle_{args.bundle.name}_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"wrote {out}")

@@ -258,7 +258,7 @@ def _write_image(path: Path, array: np.ndarray, spacing: Sequence[float], ext: s
 def _case(rng: np.random.Generator, shape: Sequence[int], channels: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
     """An image with a bright blob over noise and its label: the blob's octants carry the classes 1..C-1."""
     grid = np.meshgrid(*[np.linspace(-1, 1, s) for s in shape], indexing="ij")
-    radius = np.sqrt(sum(g ** 2 for g in grid))
+    radius = np.sqrt(sum(g**2 for g in grid))
     blob = radius < 0.6
     label = np.zeros(shape, np.uint8)
     if classes > 1:
@@ -268,8 +268,9 @@ def _case(rng: np.random.Generator, shape: Sequence[int], channels: int, classes
     return image.astype(np.float32), label
 
 
-def prepare(bundle: Path, work: Path, seed: int = 0, volume: Sequence[int] | None = None,
-            extra: dict[str, Any] | None = None) -> Prepared:
+def prepare(
+    bundle: Path, work: Path, seed: int = 0, volume: Sequence[int] | None = None, extra: dict[str, Any] | None = None
+) -> Prepared:
     """Copy ``bundle`` into ``work`` and write synthetic data shaped like its inputs; the overrides pointing to it.
 
     Args:
@@ -306,11 +307,19 @@ def _missing_packages(meta: dict) -> list[str]:
     """The optional packages the bundle's metadata lists that cannot be imported here."""
     import importlib.util
 
-    names = {"pytorch-ignite": "ignite", "pillow": "PIL", "scikit-image": "skimage", "opencv-python": "cv2",
-             "openslide-python": "openslide", "pyyaml": "yaml", "itk": "itk", "cucim": "cucim",
-             "scikit-learn": "sklearn"}
+    names = {
+        "pytorch-ignite": "ignite",
+        "pillow": "PIL",
+        "scikit-image": "skimage",
+        "opencv-python": "cv2",
+        "openslide-python": "openslide",
+        "pyyaml": "yaml",
+        "itk": "itk",
+        "cucim": "cucim",
+        "scikit-learn": "sklearn",
+    }
     out = []
-    for pkg in (meta.get("optional_packages_version") or {}):
+    for pkg in meta.get("optional_packages_version") or {}:
         base = re.sub(r"-cu\d+$", "", pkg.lower())
         module = names.get(base, base.replace("-", "_"))
         if importlib.util.find_spec(module) is None:
@@ -322,16 +331,29 @@ def _missing_text(missing: Sequence[str]) -> str:
     return f" (the metadata lists packages not installed here: {', '.join(missing)})" if missing else ""
 
 
-def _prepare(name: str, dst: Path, cfg_file: Path, config: dict, inp: dict, out: dict, text: str, seed: int,
-             volume: Sequence[int] | None, extra: dict[str, Any] | None, missing: list[str]) -> Prepared:
+def _prepare(
+    name: str,
+    dst: Path,
+    cfg_file: Path,
+    config: dict,
+    inp: dict,
+    out: dict,
+    text: str,
+    seed: int,
+    volume: Sequence[int] | None,
+    extra: dict[str, Any] | None,
+    missing: list[str],
+) -> Prepared:
     trainer_id = _engine_id(config, "SupervisedTrainer", "train#trainer")
     evaluator_id = _engine_id(config, "SupervisedEvaluator", "validate#evaluator")
     if trainer_id is None:
         raise Skip("no SupervisedTrainer object in the config")
     train_data = _data_id(config, trainer_id, "train_data_loader")
     if train_data is None:
-        raise Skip(f"the data set behind {trainer_id}#train_data_loader has no 'data' list to point at synthetic "
-                   f"files ({_describe(config, trainer_id)})")
+        raise Skip(
+            f"the data set behind {trainer_id}#train_data_loader has no 'data' list to point at synthetic "
+            f"files ({_describe(config, trainer_id)})"
+        )
     val_data = _data_id(config, evaluator_id, "val_data_loader") if evaluator_id else None
     keys = _load_keys(config, trainer_id.split("#")[0] if "#" in trainer_id else "")
     if not keys:
@@ -362,8 +384,11 @@ def _prepare(name: str, dst: Path, cfg_file: Path, config: dict, inp: dict, out:
     data_dir = dst / "synthetic_data"
     data_dir.mkdir()
     rng = np.random.default_rng(seed)
-    classify = (out.get("type") == "probabilities" or out.get("format") == "classes"
-                or len(out.get("spatial_shape") or []) < dims)
+    classify = (
+        out.get("type") == "probabilities"
+        or out.get("format") == "classes"
+        or len(out.get("spatial_shape") or []) < dims
+    )
     label_keys = {key for k, key in enumerate(keys) if k > 0 and ("label" in key or "seg" in key or len(keys) == 2)}
     image_keys = [key for key in keys if key not in label_keys]
     if len(image_keys) > 1 and channels % len(image_keys) == 0:
@@ -397,8 +422,7 @@ def _prepare(name: str, dst: Path, cfg_file: Path, config: dict, inp: dict, out:
         if classify and "label" not in item:
             item["label"] = int(i % max(classes, 1)) if classes > 1 else 0
         items.append(item)
-    overrides: dict[str, Any] = {train_data: items[:4], f"{trainer_id}#max_epochs": 1,
-                                 f"{trainer_id}#epoch_length": 2}
+    overrides: dict[str, Any] = {train_data: items[:4], f"{trainer_id}#max_epochs": 1, f"{trainer_id}#epoch_length": 2}
     if val_data is not None:
         overrides[val_data] = items[4:]
     if "device" in config:
@@ -414,8 +438,16 @@ def _prepare(name: str, dst: Path, cfg_file: Path, config: dict, inp: dict, out:
         pass
     overrides.update(extra or {})
     notes = [size["why"]] if size else []
-    return Prepared(name=name, bundle_dir=dst, overrides=overrides, config_file=cfg_file, notes=notes,
-                    trainer_id=trainer_id, evaluator_id=evaluator_id, missing=missing)
+    return Prepared(
+        name=name,
+        bundle_dir=dst,
+        overrides=overrides,
+        config_file=cfg_file,
+        notes=notes,
+        trainer_id=trainer_id,
+        evaluator_id=evaluator_id,
+        missing=missing,
+    )
 
 
 def _reason(text: str) -> str:
@@ -430,8 +462,9 @@ def _reason(text: str) -> str:
     if m:
         return f"cannot locate {m.group(1)}: needs package {m.group(1).split('.')[0]} (not installed here)"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Exit)\b.*:", ln)
-              or ln.startswith("monai-fast bundle")]
+    errors = [
+        ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Exit)\b.*:", ln) or ln.startswith("monai-fast bundle")
+    ]
     if errors:
         first, last = errors[0], errors[-1]
         return first[:200] if first == last or len(errors) == 1 else f"{first[:200]} (then {last[:120]})"
@@ -443,19 +476,40 @@ def run_prepared(prep: Prepared, timeout: float, fast: bool = True) -> SweepRow:
     from monai_fast.telemetry.record import load_record
 
     run_dir = prep.bundle_dir / "sweep_record"
-    cmd = [sys.executable, "-m", "monai_fast", "bundle", "run", str(prep.bundle_dir), "--no-logging-file",
-           "--run-dir", str(run_dir), "--trainer-id", prep.trainer_id]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai_fast",
+        "bundle",
+        "run",
+        str(prep.bundle_dir),
+        "--no-logging-file",
+        "--run-dir",
+        str(run_dir),
+        "--trainer-id",
+        prep.trainer_id,
+    ]
     if prep.evaluator_id:
         cmd += ["--evaluator-id", prep.evaluator_id]
     if not fast:
         cmd.append("--no-fast")
     cmd += [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in prep.overrides.items()]
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "MONAI_FAST_NO_DOWNLOAD": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "MONAI_FAST_NO_DOWNLOAD": "1",
+    }
     row = SweepRow(bundle=prep.name, overrides={k: v for k, v in prep.overrides.items() if not k.endswith("#data")})
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=prep.bundle_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=prep.bundle_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
         timed_out = False
@@ -472,7 +526,8 @@ def run_prepared(prep: Prepared, timeout: float, fast: bool = True) -> SweepRow:
     row.iterations = sum(1 for r in rows if r.get("kind") == "iteration" and r.get("engine") == "train")
     row.trains = row.iterations >= 2
     decisions = summary.get("fast_training") or {
-        r["lever"]: r for r in rows if r.get("source") == "fast_training" and r.get("kind") == "event" and "lever" in r}
+        r["lever"]: r for r in rows if r.get("source") == "fast_training" and r.get("kind") == "event" and "lever" in r
+    }
     for lever, d in decisions.items():
         target = row.applied if d.get("applied") else row.left_alone
         target[lever] = str(d.get("setting") if d.get("applied") else d.get("reason", ""))[:160]
@@ -490,8 +545,15 @@ def run_prepared(prep: Prepared, timeout: float, fast: bool = True) -> SweepRow:
     return row
 
 
-def sweep(zoo: Path, names: Sequence[str] | None, timeout: float, work: Path, fast: bool = True,
-          volume: Sequence[int] | None = None, extra: dict[str, Any] | None = None) -> list[SweepRow]:
+def sweep(
+    zoo: Path,
+    names: Sequence[str] | None,
+    timeout: float,
+    work: Path,
+    fast: bool = True,
+    volume: Sequence[int] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> list[SweepRow]:
     """Prepare and run each bundle in turn; a bundle that cannot be prepared is a row with the reason."""
     rows = []
     for bundle in find_bundles(zoo, names):
@@ -504,8 +566,9 @@ def sweep(zoo: Path, names: Sequence[str] | None, timeout: float, work: Path, fa
         else:
             rows.append(run_prepared(prep, timeout, fast=fast))
         r = rows[-1]
-        print(f"{r.bundle}: builds={r.builds} trains={r.trains} ({r.iterations} it, {r.seconds} s) {r.reason}",
-              flush=True)
+        print(
+            f"{r.bundle}: builds={r.builds} trains={r.trains} ({r.iterations} it, {r.seconds} s) {r.reason}", flush=True
+        )
     return rows
 
 
@@ -517,8 +580,10 @@ def table(rows: Sequence[SweepRow]) -> str:
     """The sweep as a markdown table."""
     out = ["| bundle | builds | trains 2 iterations | levers applied | why not, where not |", "|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r.bundle} | {'yes' if r.builds else 'no'} | {'yes' if r.trains else 'no'} | "
-                   f"{_levers(r.applied)} | {r.reason.replace('|', '/') or '-'} |")
+        out.append(
+            f"| {r.bundle} | {'yes' if r.builds else 'no'} | {'yes' if r.trains else 'no'} | "
+            f"{_levers(r.applied)} | {r.reason.replace('|', '/') or '-'} |"
+        )
     return "\n".join(out)
 
 
@@ -530,10 +595,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-fast", action="store_true", help="run the bundles as published (no FastTraining)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="where the JSON goes")
     ap.add_argument("--keep", default=None, help="keep the prepared bundles in this folder (default: a temp folder)")
-    ap.add_argument("--volume", type=int, nargs="+", default=None,
-                    help="the synthetic images' spatial shape for every bundle (default: each bundle's own)")
-    ap.add_argument("--set", nargs="*", default=[], metavar="ID=VALUE",
-                    help="more overrides for every bundle (e.g. sizes for a quick run)")
+    ap.add_argument(
+        "--volume",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the synthetic images' spatial shape for every bundle (default: each bundle's own)",
+    )
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="ID=VALUE",
+        help="more overrides for every bundle (e.g. sizes for a quick run)",
+    )
     args = ap.parse_args(argv)
     from monai_fast.bundle import parse_overrides
 
@@ -541,19 +616,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bundle-sweep-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        rows = sweep(args.zoo, args.bundles, args.timeout, work, fast=not args.no_fast, volume=args.volume,
-                     extra=extra)
+        rows = sweep(args.zoo, args.bundles, args.timeout, work, fast=not args.no_fast, volume=args.volume, extra=extra)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(table(rows))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    zoo_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.zoo, capture_output=True,
-                                text=True).stdout.strip()
-    doc = {"benchmark": "bundle_sweep", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "commit": commit, "zoo": str(args.zoo), "zoo_commit": zoo_commit or None, "timeout_s": args.timeout,
-           "fast": not args.no_fast, "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-           "rows": [asdict(r) for r in rows]}
+    zoo_commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=args.zoo, capture_output=True, text=True
+    ).stdout.strip()
+    doc = {
+        "benchmark": "bundle_sweep",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit,
+        "zoo": str(args.zoo),
+        "zoo_commit": zoo_commit or None,
+        "timeout_s": args.timeout,
+        "fast": not args.no_fast,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "rows": [asdict(r) for r in rows],
+    }
     out = write_json(doc, Path(args.out) / f"bundle_sweep_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"wrote {out}")
     return 0

@@ -42,7 +42,9 @@ RING_MODEL = [  # (link, where the numbers come from, ranks, per-hop latency s, 
 ]
 
 
-def _worker(local_rank: int, threads: int, steps: int, out: str, precision: str, tiny: bool, sweep_mb: list[float]) -> None:
+def _worker(
+    local_rank: int, threads: int, steps: int, out: str, precision: str, tiny: bool, sweep_mb: list[float]
+) -> None:
     from ignite import distributed as idist
     from monai.losses import DiceCELoss
     from monai.optimizers import Novograd
@@ -55,7 +57,9 @@ def _worker(local_rank: int, threads: int, steps: int, out: str, precision: str,
     from monai_fast.telemetry.precision import autocast_for
 
     torch.set_num_threads(threads)
-    cfg = RecipeConfig(patch_size=(32, 32, 32) if tiny else (64, 64, 64)).with_defaults(batch_size=2, num_samples=4)  # 8 patches
+    cfg = RecipeConfig(patch_size=(32, 32, 32) if tiny else (64, 64, 64)).with_defaults(
+        batch_size=2, num_samples=4
+    )  # 8 patches
     device = idist.device()
     net = build_network(cfg, device)
     opt = Novograd(net.parameters(), lr=2e-3)
@@ -99,9 +103,12 @@ def _worker(local_rank: int, threads: int, steps: int, out: str, precision: str,
         "gradient_mib": n * 4 / 2**20,
         "launcher": detect().launcher,
         "node_rank": detect().node_rank,
-        "sweep": [{"bytes": 4 * int(mb * 1e6 / 4), "s": allreduce_seconds(int(mb * 1e6 / 4), repeats=9, statistic=min)}
-                  for mb in sweep_mb]
-        if idist.get_world_size() > 1 else [],
+        "sweep": [
+            {"bytes": 4 * int(mb * 1e6 / 4), "s": allreduce_seconds(int(mb * 1e6 / 4), repeats=9, statistic=min)}
+            for mb in sweep_mb
+        ]
+        if idist.get_world_size() > 1
+        else [],
     }
     Path(out, f"rank{idist.get_rank()}.json").write_text(json.dumps(rec))
 
@@ -118,8 +125,20 @@ def _run_nodes(threads: int, steps: int, out: str, precision: str, tiny: bool, s
     from monai_fast.distributed import free_port
     from monai_fast.distributed.drill import run_local_nodes, static_nodes
 
-    worker = [str(Path(__file__).resolve()), "--node-worker", out, "--threads", str(threads), "--steps", str(steps),
-              "--precision", precision, "--sweep-mb", *map(str, sweep_mb), *(["--tiny"] if tiny else [])]
+    worker = [
+        str(Path(__file__).resolve()),
+        "--node-worker",
+        out,
+        "--threads",
+        str(threads),
+        "--steps",
+        str(steps),
+        "--precision",
+        precision,
+        "--sweep-mb",
+        *map(str, sweep_mb),
+        *(["--tiny"] if tiny else []),
+    ]
     for rc, log in run_local_nodes(static_nodes(2, free_port()), worker, out, nproc=1):
         if rc != 0:
             raise SystemExit(f"ddp_scaling: a 2-node launcher failed (exit status {rc}):\n{log[-3000:]}")
@@ -134,7 +153,9 @@ def run_config(name: str, threads: int, steps: int, precision: str, tiny: bool, 
     if name == "nodes":
         _run_nodes(threads, steps, out, precision, tiny, sweep_mb)
     else:
-        run(_worker, threads, steps, out, precision, tiny, sweep_mb, nproc_per_node=world if world > 1 else None, seed=0)
+        run(
+            _worker, threads, steps, out, precision, tiny, sweep_mb, nproc_per_node=world if world > 1 else None, seed=0
+        )
     ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
     if len(ranks) != world:
         raise SystemExit(f"ddp_scaling: {name}: {len(ranks)} of {world} ranks wrote their results into {out}")
@@ -150,7 +171,9 @@ def run_config(name: str, threads: int, steps: int, precision: str, tiny: bool, 
         "batch_per_rank": ranks[0]["batch_per_rank"],
         "launcher": ranks[0]["launcher"],
         "node_ranks": [r["node_rank"] for r in ranks],
-        "sweep": [{"bytes": p["bytes"], "s": max(r["sweep"][i]["s"] for r in ranks)} for i, p in enumerate(ranks[0]["sweep"])],
+        "sweep": [
+            {"bytes": p["bytes"], "s": max(r["sweep"][i]["s"] for r in ranks)} for i, p in enumerate(ranks[0]["sweep"])
+        ],
     }
 
 
@@ -174,8 +197,10 @@ def fit_link(sweep: list[dict], ranks: int = 2) -> dict:
     dx = [scale * p["bytes"] - x0 for p in points[1:]]
     slope = sum(d * (p["s"] - y0) for d, p in zip(dx, points[1:])) / sum(d * d for d in dx)
     if slope <= 0:
-        raise ValueError(f"all-reduce times {[round(p['s'], 6) for p in points]} s do not grow with the buffer "
-                         f"({[p['bytes'] for p in points]} bytes): no bandwidth to fit; give --sweep-mb sizes further apart")
+        raise ValueError(
+            f"all-reduce times {[round(p['s'], 6) for p in points]} s do not grow with the buffer "
+            f"({[p['bytes'] for p in points]} bytes): no bandwidth to fit; give --sweep-mb sizes further apart"
+        )
     return {"latency_s": max(0.0, y0 - slope * x0) / (2 * (ranks - 1)), "bandwidth_bytes_s": 1 / slope, "points": sweep}
 
 
@@ -190,9 +215,21 @@ def scaling_model(links: dict[str, dict], step_s: float) -> list[dict]:
     ``links`` maps a measured configuration to its :func:`fit_link`; :data:`RING_MODEL` adds the assumed
     GPU links. The speed-up ``N step / (step + all-reduce)`` counts no overlap with the backward pass.
     """
-    rows = [{"link": f"gloo, {LABELS[name]} (loopback)", "source": "measured, N=2", "ranks": n, "latency_s": f["latency_s"],
-             "bandwidth_bytes_s": f["bandwidth_bytes_s"]} for name, f in links.items() for n in (8, 32)]
-    rows += [{"link": link, "source": src, "ranks": n, "latency_s": a, "bandwidth_bytes_s": b} for link, src, n, a, b in RING_MODEL]
+    rows = [
+        {
+            "link": f"gloo, {LABELS[name]} (loopback)",
+            "source": "measured, N=2",
+            "ranks": n,
+            "latency_s": f["latency_s"],
+            "bandwidth_bytes_s": f["bandwidth_bytes_s"],
+        }
+        for name, f in links.items()
+        for n in (8, 32)
+    ]
+    rows += [
+        {"link": link, "source": src, "ranks": n, "latency_s": a, "bandwidth_bytes_s": b}
+        for link, src, n, a, b in RING_MODEL
+    ]
     for r in rows:
         r["allreduce_s"] = ring_seconds(SEGRESNET_GRADIENT_BYTES, r["ranks"], r["latency_s"], r["bandwidth_bytes_s"])
         r["share_of_step"] = r["allreduce_s"] / step_s
@@ -202,20 +239,32 @@ def scaling_model(links: dict[str, dict], step_s: float) -> list[dict]:
 
 def _print_results(med: dict[str, dict], fits: dict[str, dict], model: list[dict], step_s: float) -> None:
     ref = med["1x1"]["samples_per_s"] if "1x1" in med else float("nan")
-    print(f"\n{'configuration':<18} {'samples/s':>10} {'vs 1x1':>7} {'step s':>8} {'compute s':>10} {'allreduce s':>12}")
+    print(
+        f"\n{'configuration':<18} {'samples/s':>10} {'vs 1x1':>7} {'step s':>8} {'compute s':>10} {'allreduce s':>12}"
+    )
     for name, m in med.items():
-        print(f"{LABELS[name]:<18} {m['samples_per_s']:>10.2f} {m['samples_per_s'] / ref:>6.2f}x "
-              f"{m['step_s']:>8.3f} {m['compute_only_step_s']:>10.3f} {m['allreduce_s']:>12.4f}")
+        print(
+            f"{LABELS[name]:<18} {m['samples_per_s']:>10.2f} {m['samples_per_s'] / ref:>6.2f}x "
+            f"{m['step_s']:>8.3f} {m['compute_only_step_s']:>10.3f} {m['allreduce_s']:>12.4f}"
+        )
     for name, f in fits.items():
         points = ", ".join(f"{p['bytes'] / 1e6:g} MB {1000 * p['s']:.2f} ms" for p in f["points"])
-        print(f"all-reduce, {LABELS[name]} (2 ranks, gloo, loopback): {points}; fit a = {1e6 * f['latency_s']:.1f} us "
-              f"per hop, B = {f['bandwidth_bytes_s'] / 1e9:.2f} GB/s")
-    print(f"\nmodel: {SEGRESNET_GRADIENT_BYTES / 1e6:.1f} MB SegResNet gradient once per step of {step_s:.2f} s (assumed), "
-          "no overlap with the backward pass")
-    print(f"{'link':<34} {'a, B from':<13} {'ranks':>5} {'a us':>6} {'B GB/s':>7} {'all-reduce ms':>13} {'/ step':>8} {'speed-up':>9}")
+        print(
+            f"all-reduce, {LABELS[name]} (2 ranks, gloo, loopback): {points}; fit a = {1e6 * f['latency_s']:.1f} us "
+            f"per hop, B = {f['bandwidth_bytes_s'] / 1e9:.2f} GB/s"
+        )
+    print(
+        f"\nmodel: {SEGRESNET_GRADIENT_BYTES / 1e6:.1f} MB SegResNet gradient once per step of {step_s:.2f} s (assumed), "
+        "no overlap with the backward pass"
+    )
+    print(
+        f"{'link':<34} {'a, B from':<13} {'ranks':>5} {'a us':>6} {'B GB/s':>7} {'all-reduce ms':>13} {'/ step':>8} {'speed-up':>9}"
+    )
     for r in model:
-        print(f"{r['link']:<34} {r['source']:<13} {r['ranks']:>5} {1e6 * r['latency_s']:>6.1f} {r['bandwidth_bytes_s'] / 1e9:>7.2f} "
-              f"{1000 * r['allreduce_s']:>13.2f} {100 * r['share_of_step']:>7.1f}% {r['speedup']:>8.1f}x")
+        print(
+            f"{r['link']:<34} {r['source']:<13} {r['ranks']:>5} {1e6 * r['latency_s']:>6.1f} {r['bandwidth_bytes_s'] / 1e9:>7.2f} "
+            f"{1000 * r['allreduce_s']:>13.2f} {100 * r['share_of_step']:>7.1f}% {r['speedup']:>8.1f}x"
+        )
 
 
 def _fits(rows: dict[str, list[dict]]) -> dict[str, dict]:
@@ -223,8 +272,10 @@ def _fits(rows: dict[str, list[dict]]) -> dict[str, dict]:
     fits = {}
     for name, runs in rows.items():
         if runs[0]["sweep"]:
-            points = [{"bytes": p["bytes"], "s": statistics.median(r["sweep"][i]["s"] for r in runs)}
-                      for i, p in enumerate(runs[0]["sweep"])]
+            points = [
+                {"bytes": p["bytes"], "s": statistics.median(r["sweep"][i]["s"] for r in runs)}
+                for i, p in enumerate(runs[0]["sweep"])
+            ]
             try:
                 fits[name] = fit_link(points)
             except ValueError as e:  # a noisy sweep: the rest of the results still count
@@ -236,20 +287,33 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2, help="alternating rounds of all configurations")
-    ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS), help="configurations to run (default all)")
-    ap.add_argument("--sweep-mb", type=float, nargs="+", default=[0.001, 0.5, 4.0, 18.8],
-                    help="all-reduce buffer sizes (MB) timed by ranks of several, for the latency/bandwidth fit")
+    ap.add_argument(
+        "--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS), help="configurations to run (default all)"
+    )
+    ap.add_argument(
+        "--sweep-mb",
+        type=float,
+        nargs="+",
+        default=[0.001, 0.5, 4.0, 18.8],
+        help="all-reduce buffer sizes (MB) timed by ranks of several, for the latency/bandwidth fit",
+    )
     ap.add_argument("--model-step-s", type=float, default=0.3, help="the one-GPU step time the 8/32-GPU model assumes")
     ap.add_argument("--tiny", action="store_true", help="32^3 patches: a toy run")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--node-worker", help=argparse.SUPPRESS)  # set by the "nodes" configuration for its launched ranks
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
-    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-                    help="autocast precision of every configuration (default: auto, measured on this CPU)")
+    ap.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="autocast precision of every configuration (default: auto, measured on this CPU)",
+    )
     args = ap.parse_args(argv)
     if args.steps < 1 or args.repeats < 1 or len(args.sweep_mb) < 2 or min(args.sweep_mb) <= 0:
-        ap.error(f"--steps {args.steps} and --repeats {args.repeats} must be >= 1, and --sweep-mb {args.sweep_mb} "
-                 "two or more sizes > 0")
+        ap.error(
+            f"--steps {args.steps} and --repeats {args.repeats} must be >= 1, and --sweep-mb {args.sweep_mb} "
+            "two or more sizes > 0"
+        )
     return args
 
 
@@ -272,22 +336,32 @@ def main(argv: list[str] | None = None) -> int:
             res = run_config(name, threads[name], args.steps, precision, args.tiny, args.sweep_mb)
             rows[name].append(res)
             print(f"round {r + 1}: {LABELS[name]}: {res['samples_per_s']:.2f} samples/s", flush=True)
-    med = {c: {k: statistics.median(x[k] for x in v) for k in v[0] if isinstance(v[0][k], (int, float))} for c, v in rows.items()}
+    med = {
+        c: {k: statistics.median(x[k] for x in v) for k in v[0] if isinstance(v[0][k], (int, float))}
+        for c, v in rows.items()
+    }
     fits = _fits(rows)
     model = scaling_model(fits, args.model_step_s)
     _print_results(med, fits, model, args.model_step_s)
-    ratios = {f"speedup_{c}_vs_1x1": med[c]["samples_per_s"] / med["1x1"]["samples_per_s"]
-              for c in med if c != "1x1" and "1x1" in med}
+    ratios = {
+        f"speedup_{c}_vs_1x1": med[c]["samples_per_s"] / med["1x1"]["samples_per_s"]
+        for c in med
+        if c != "1x1" and "1x1" in med
+    }
     if "2x1" in med:
         two = med["2x1"]
-        print(f"\n2 ranks vs 1 (equal per-rank batch {two['batch_per_rank']:.0f} patches, one core each): "
-              f"{ratios.get('speedup_2x1_vs_1x1', float('nan')):.2f}x (bar >= 1.6x); gradient {two['gradient_mib']:.2f} MiB, "
-              f"all-reduce {1000 * two['allreduce_s']:.1f} ms = {100 * two['allreduce_s'] / two['step_s']:.1f} % of a step")
+        print(
+            f"\n2 ranks vs 1 (equal per-rank batch {two['batch_per_rank']:.0f} patches, one core each): "
+            f"{ratios.get('speedup_2x1_vs_1x1', float('nan')):.2f}x (bar >= 1.6x); gradient {two['gradient_mib']:.2f} MiB, "
+            f"all-reduce {1000 * two['allreduce_s']:.1f} ms = {100 * two['allreduce_s'] / two['step_s']:.1f} % of a step"
+        )
     if "2x1" in med and "nodes" in med:
         two, nodes = med["2x1"], med["nodes"]
-        print(f"2 nodes x 1 rank (two launchers, torchrun's TCP rendezvous) vs 2 ranks in one group: "
-              f"{nodes['samples_per_s'] / two['samples_per_s']:.2f}x the samples/s; gradient all-reduce "
-              f"{1000 * nodes['allreduce_s']:.1f} ms vs {1000 * two['allreduce_s']:.1f} ms")
+        print(
+            f"2 nodes x 1 rank (two launchers, torchrun's TCP rendezvous) vs 2 ranks in one group: "
+            f"{nodes['samples_per_s'] / two['samples_per_s']:.2f}x the samples/s; gradient all-reduce "
+            f"{1000 * nodes['allreduce_s']:.1f} ms vs {1000 * two['allreduce_s']:.1f} ms"
+        )
     doc = {
         "benchmark": "ddp_scaling",
         "date": dt.datetime.now().isoformat(timespec="seconds"),

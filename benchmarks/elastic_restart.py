@@ -66,13 +66,17 @@ def _row(save_every: int, drill: KillDrill, ref: TimedRun, out: Path, expected: 
 
 
 def _table(rows: list[dict], ref: TimedRun) -> str:
-    lines = [f"uninterrupted: {ref.wall_s:.1f} s, {len(ref.steps)} iterations, median {ref.iteration_s():.2f} s apart",
-             f"{'save every':>10} {'killed after':>12} {'resumed at':>10} {'redone':>6} {'restart s':>9} "
-             f"{'total s':>8} {'vs uninterrupted':>17} {'equal weights':>13}"]
+    lines = [
+        f"uninterrupted: {ref.wall_s:.1f} s, {len(ref.steps)} iterations, median {ref.iteration_s():.2f} s apart",
+        f"{'save every':>10} {'killed after':>12} {'resumed at':>10} {'redone':>6} {'restart s':>9} "
+        f"{'total s':>8} {'vs uninterrupted':>17} {'equal weights':>13}",
+    ]
     for r in rows:
         extra = f"+{r['extra_s']:.1f} s ({r['wall_s'] / ref.wall_s:.2f}x)"
-        lines.append(f"{r['save_every']:>10} {r['killed_after']:>12} {str(r['resumed_from']):>10} {r['iterations_redone']:>6} "
-                     f"{r['restart_s']:>9.1f} {r['wall_s']:>8.1f} {extra:>17} {'yes' if r['weights_equal'] else 'NO':>13}")
+        lines.append(
+            f"{r['save_every']:>10} {r['killed_after']:>12} {str(r['resumed_from']):>10} {r['iterations_redone']:>6} "
+            f"{r['restart_s']:>9.1f} {r['wall_s']:>8.1f} {extra:>17} {'yes' if r['weights_equal'] else 'NO':>13}"
+        )
     return "\n".join(lines)
 
 
@@ -80,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--save-every", type=int, nargs="+", default=[1, 3, 6], help="checkpoint intervals (iterations)")
     ap.add_argument("--epochs", type=int, default=3, help="epochs per run (the tutorial's --max-epochs)")
-    ap.add_argument("--tiny", action="store_true", help="the tutorial's --tiny data and patches (2 iterations per epoch)")
+    ap.add_argument(
+        "--tiny", action="store_true", help="the tutorial's --tiny data and patches (2 iterations per epoch)"
+    )
     ap.add_argument("--timeout-s", type=float, default=900.0, help="the most one run may take")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
@@ -100,8 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         "ranks": RANKS,
         "tiny": args.tiny,
         "epochs": args.epochs,
-        "uninterrupted": {"wall_s": ref.wall_s, "iterations": len(ref.steps), "iteration_s": ref.iteration_s(),
-                          "steps": ref.steps},
+        "uninterrupted": {
+            "wall_s": ref.wall_s,
+            "iterations": len(ref.steps),
+            "iteration_s": ref.iteration_s(),
+            "steps": ref.steps,
+        },
         "rows": rows,
     }
     out = Path(args.out) / f"elastic_restart_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
@@ -114,27 +124,68 @@ def _measure(args: argparse.Namespace, work: Path) -> tuple[TimedRun, list[dict]
     """The uninterrupted run, then one kill drill per ``--save-every``, in ``work``."""
     from monai_fast.data.synthetic import generate_msd  # after the arguments are checked: imports MONAI
 
-    data = generate_msd(work / "data", num_cases=6 if args.tiny else 16, shape=(48, 48, 32) if args.tiny else (128, 128, 64),
-                        progress=False)
-    common = [str(TUTORIAL), "--fp32", "--batch-size", "1", "--data-dir", str(data), "--max-epochs", str(args.epochs),
-              *(["--tiny"] if args.tiny else [])]
-    ref = _checked(timed_launch([*common, "--out", str(work / "ref"), "--progress-file", str(work / "ref.progress")],
-                                work / "ref.progress", work / "ref.log", nproc=RANKS, timeout_s=args.timeout_s), "uninterrupted")
+    data = generate_msd(
+        work / "data",
+        num_cases=6 if args.tiny else 16,
+        shape=(48, 48, 32) if args.tiny else (128, 128, 64),
+        progress=False,
+    )
+    common = [
+        str(TUTORIAL),
+        "--fp32",
+        "--batch-size",
+        "1",
+        "--data-dir",
+        str(data),
+        "--max-epochs",
+        str(args.epochs),
+        *(["--tiny"] if args.tiny else []),
+    ]
+    ref = _checked(
+        timed_launch(
+            [*common, "--out", str(work / "ref"), "--progress-file", str(work / "ref.progress")],
+            work / "ref.progress",
+            work / "ref.log",
+            nproc=RANKS,
+            timeout_s=args.timeout_s,
+        ),
+        "uninterrupted",
+    )
     total, expected = len(ref.steps), _digests(work / "ref")[0]
     late = [n for n in args.save_every if kill_point(n) >= total]
     if late:
-        raise SystemExit(f"elastic_restart: --save-every {late}: the kill point (iteration 2N-1) must come before the run's "
-                         f"last iteration ({total}); raise --epochs or lower --save-every")
+        raise SystemExit(
+            f"elastic_restart: --save-every {late}: the kill point (iteration 2N-1) must come before the run's "
+            f"last iteration ({total}); raise --epochs or lower --save-every"
+        )
     print(f"uninterrupted: {ref.wall_s:.1f} s for {total} iterations", flush=True)
     rows = []
     for n in args.save_every:
         run = work / f"every{n}"
-        drill = kill_drill([*common, "--out", str(run), "--checkpoint-dir", str(run / "ckpt"), "--save-every", str(n),
-                            "--progress-file", str(run / "progress")], run / "progress", work / f"every{n}.log",
-                           kill_after=kill_point(n), nproc=RANKS, timeout_s=args.timeout_s)
+        drill = kill_drill(
+            [
+                *common,
+                "--out",
+                str(run),
+                "--checkpoint-dir",
+                str(run / "ckpt"),
+                "--save-every",
+                str(n),
+                "--progress-file",
+                str(run / "progress"),
+            ],
+            run / "progress",
+            work / f"every{n}.log",
+            kill_after=kill_point(n),
+            nproc=RANKS,
+            timeout_s=args.timeout_s,
+        )
         rows.append(_row(n, _checked(drill, f"--save-every {n}"), ref, run, expected))
-        print(f"save every {n}: killed after {drill.killed_after}, {drill.redone} redone, restart {drill.restart_s:.1f} s, "
-              f"total {drill.wall_s:.1f} s", flush=True)
+        print(
+            f"save every {n}: killed after {drill.killed_after}, {drill.redone} redone, restart {drill.restart_s:.1f} s, "
+            f"total {drill.wall_s:.1f} s",
+            flush=True,
+        )
     return ref, rows
 
 

@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds (default 0 1 2)")
     ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     ap.add_argument("--cases", type=int, default=16, help="synthetic cases (default 16, as the demo)")
-    ap.add_argument("--shape", type=int, nargs=3, default=[128, 128, 64], help="synthetic volume size (default 128 128 64)")
+    ap.add_argument(
+        "--shape", type=int, nargs=3, default=[128, 128, 64], help="synthetic volume size (default 128 128 64)"
+    )
     ap.add_argument("--target", type=float, default=0.9, help="validation mean Dice to reach (default 0.9)")
     ap.add_argument("--time-budget", type=float, default=150.0, help="seconds per run (default 150)")
     ap.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
@@ -65,12 +67,20 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.variants:
             cfg = RecipeConfig(seed=seed, max_epochs=200, **VARIANTS[name])
             r = run_to_target("fast", train, val, cfg, device, args.target, args.time_budget, progress=False)
-            runs.append({
-                "variant": name, "seed": seed, **VARIANTS[name], "reached": r.reached,
-                "epochs_to_target": r.epochs_to_target, "time_to_target_s": r.time_to_target_s,
-                "train_s_per_epoch": r.train_s_per_epoch, "val_s_per_epoch": r.val_s_per_epoch,
-                "dice_per_epoch": [e.val_dice for e in r.epochs], "notes": r.notes,
-            })
+            runs.append(
+                {
+                    "variant": name,
+                    "seed": seed,
+                    **VARIANTS[name],
+                    "reached": r.reached,
+                    "epochs_to_target": r.epochs_to_target,
+                    "time_to_target_s": r.time_to_target_s,
+                    "train_s_per_epoch": r.train_s_per_epoch,
+                    "val_s_per_epoch": r.val_s_per_epoch,
+                    "dice_per_epoch": [e.val_dice for e in r.epochs],
+                    "notes": r.notes,
+                }
+            )
             got = f"{r.epochs_to_target} epochs, {r.time_to_target_s:.1f} s" if r.reached else "not reached"
             print(f"  seed {seed} {name:<15} {got}", flush=True)
 
@@ -86,18 +96,31 @@ def main(argv: list[str] | None = None) -> int:
         per_ep = " ".join(str(r["epochs_to_target"]) if r["reached"] else "-" for r in mine)
         per_s = " ".join(f"{r['time_to_target_s']:.1f}" if r["reached"] else "-" for r in mine)
         print(f"{name:<16} {per_ep:<22} {cell(eps):>7} {per_s:<28} {cell(secs):>7}")
-        summary[name] = {"reached": f"{len(eps)}/{len(mine)}", "median_epochs": statistics.median(eps) if eps else None,
-                         "median_time_s": statistics.median(secs) if secs else None}
+        summary[name] = {
+            "reached": f"{len(eps)}/{len(mine)}",
+            "median_epochs": statistics.median(eps) if eps else None,
+            "median_time_s": statistics.median(secs) if secs else None,
+        }
     base = summary.get("monai_tutorial", {}).get("median_time_s")
     fast = summary.get("fast", {}).get("median_time_s")
     if base and fast:
-        print(f"\nfast settings reach Dice {args.target} {base / fast:.2f}x sooner than the monai_tutorial settings (medians)")
+        print(
+            f"\nfast settings reach Dice {args.target} {base / fast:.2f}x sooner than the monai_tutorial settings (medians)"
+        )
     stamp = dt.datetime.now()
-    path = write_json({
-        "benchmark": "fast_convergence", "date": stamp.isoformat(timespec="seconds"),
-        "machine": device_description(torch.device(device)), "command": " ".join(sys.argv),
-        "options": vars(args), "data": str(data), "summary": summary, "runs": runs,
-    }, Path(args.out) / f"fast_convergence_{stamp:%Y%m%d-%H%M%S}.json")
+    path = write_json(
+        {
+            "benchmark": "fast_convergence",
+            "date": stamp.isoformat(timespec="seconds"),
+            "machine": device_description(torch.device(device)),
+            "command": " ".join(sys.argv),
+            "options": vars(args),
+            "data": str(data),
+            "summary": summary,
+            "runs": runs,
+        },
+        Path(args.out) / f"fast_convergence_{stamp:%Y%m%d-%H%M%S}.json",
+    )
     print(f"wrote {path}")
     return 0
 

@@ -34,7 +34,9 @@ NSYS_GLOBS = ("/opt/nvidia/nsight-systems*/*/bin/nsys", "/usr/local/cuda*/bin/ns
 
 def _run(argv: list[str], timeout: float = 30.0) -> str | None:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True, cwd=ROOT).stdout.strip()
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, check=True, cwd=ROOT
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -55,12 +57,17 @@ def machine(device: str, commit: str | None, root: Path) -> dict:
             versions[dist] = None
     driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
     return {
-        "device": device, "description": device_description(device),
+        "device": device,
+        "description": device_description(device),
         "driver": driver.splitlines()[0] if driver else None,
-        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "python": sys.version.split()[0], "platform": platform.platform(), "packages": versions,
-        "commit": commit or head, "commit_from": "--commit" if commit else ("git" if head else None),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": versions,
+        "commit": commit or head,
+        "commit_from": "--commit" if commit else ("git" if head else None),
         "tree_changed": None if commit or not head else bool(dirty),
     }
 
@@ -111,10 +118,19 @@ def probe_kernels(args: argparse.Namespace) -> dict:
         torch_ns = sum(e.self_cpu_time_total for e in averages) * 1000
         ours_ns = summary["All kernels"]["CPU Time (ns)"]
     rows = len(averages)  # each row's time is truncated to whole ns in the summary
-    match = abs(ours_ns - torch_ns) <= max(rows, 1e-6 * torch_ns) and (summary["All kernels"]["# Kernels"] > 0 or not cuda)
-    return {"compared": "GPU Time (ns)" if cuda else "CPU Time (ns)", "summary_ns": ours_ns, "torch_ns": torch_ns,
-            "match": bool(match), "kernels": summary["All kernels"], "ranked_by": summary["ranked_by"],
-            "top": summary["top"][:5], "ok": bool(match)}
+    match = abs(ours_ns - torch_ns) <= max(rows, 1e-6 * torch_ns) and (
+        summary["All kernels"]["# Kernels"] > 0 or not cuda
+    )
+    return {
+        "compared": "GPU Time (ns)" if cuda else "CPU Time (ns)",
+        "summary_ns": ours_ns,
+        "torch_ns": torch_ns,
+        "match": bool(match),
+        "kernels": summary["All kernels"],
+        "ranked_by": summary["ranked_by"],
+        "top": summary["top"][:5],
+        "ok": bool(match),
+    }
 
 
 def nvtx_workload(args: argparse.Namespace) -> dict:
@@ -145,11 +161,25 @@ def probe_nvtx(args: argparse.Namespace) -> dict:
     """The workload's ranges under ``nsys`` (``nsys stats`` must list ``suite: iteration``); without nsys, say so."""
     nsys = find_nsys()
     if nsys is None:
-        return {"nsys": None, "checked": False, "workload": nvtx_workload(args), "ok": True,
-                "note": "no nsys binary on PATH or under /opt/nvidia, /usr/local/cuda: ranges not checked"}
+        return {
+            "nsys": None,
+            "checked": False,
+            "workload": nvtx_workload(args),
+            "ok": True,
+            "note": "no nsys binary on PATH or under /opt/nvidia, /usr/local/cuda: ranges not checked",
+        }
     rep = Path(args.work) / "nvtx_probe"
-    me = [sys.executable, str(Path(__file__).resolve()), "nvtx_workload", "--device", args.device,
-          "--out", str(Path(args.work)), "--work", str(args.work)]
+    me = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "nvtx_workload",
+        "--device",
+        args.device,
+        "--out",
+        str(Path(args.work)),
+        "--work",
+        str(args.work),
+    ]
     prof = _run([nsys, "profile", "--trace=nvtx,cuda", "--force-overwrite=true", "-o", str(rep), *me], timeout=240)
     stats = None
     for report in ("nvtx_sum", "nvtxsum", "nvtx_pushpop_sum"):
@@ -157,8 +187,14 @@ def probe_nvtx(args: argparse.Namespace) -> dict:
         if stats:
             break
     seen = bool(stats) and "suite: iteration" in stats
-    return {"nsys": nsys, "checked": True, "profiled": prof is not None, "ranges_seen": seen,
-            "stats_excerpt": (stats or "")[:2000], "ok": seen}
+    return {
+        "nsys": nsys,
+        "checked": True,
+        "profiled": prof is not None,
+        "ranges_seen": seen,
+        "stats_excerpt": (stats or "")[:2000],
+        "ok": seen,
+    }
 
 
 PROBES = {"data": probe_data, "kernels": probe_kernels, "nvtx": probe_nvtx, "nvtx_workload": nvtx_workload}
@@ -176,9 +212,17 @@ def collect_pytest(out: Path) -> dict:
     suites = ET.parse(out / "pytest_gpu.xml").getroot()
     suites = [suites] if suites.tag == "testsuite" else list(suites)
     counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
-    failed = [f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s
-              if c.find("failure") is not None or c.find("error") is not None]
-    return {**counts, "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"], "failed_tests": failed}
+    failed = [
+        f"{c.get('classname')}::{c.get('name')}"
+        for s in suites
+        for c in s
+        if c.find("failure") is not None or c.find("error") is not None
+    ]
+    return {
+        **counts,
+        "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+        "failed_tests": failed,
+    }
 
 
 def collect_race(out: Path, work: Path) -> dict:
@@ -188,19 +232,33 @@ def collect_race(out: Path, work: Path) -> dict:
     for i, repeat in enumerate(doc["repeats"], 1):
         for r in repeat:
             numbers = (r.get("diagnosis") or {}).get("numbers", {})
-            runs.append({"repeat": i, "recipe": r["recipe"], "reached": r["reached"], "time_to_target_s": r["time_to_target_s"],
-                         "total_s": r["total_s"], "epochs_run": r["epochs_run"], "best_dice": r["best_dice"],
-                         "data_wait_share": r["data_wait_share"], "gpu_util_mean": numbers.get("gpu_util_mean"),
-                         "gpu_mem_peak_fraction": numbers.get("gpu_mem_peak_fraction"),
-                         "gpu_samples": numbers.get("gpu_samples", 0)})
+            runs.append(
+                {
+                    "repeat": i,
+                    "recipe": r["recipe"],
+                    "reached": r["reached"],
+                    "time_to_target_s": r["time_to_target_s"],
+                    "total_s": r["total_s"],
+                    "epochs_run": r["epochs_run"],
+                    "best_dice": r["best_dice"],
+                    "data_wait_share": r["data_wait_share"],
+                    "gpu_util_mean": numbers.get("gpu_util_mean"),
+                    "gpu_mem_peak_fraction": numbers.get("gpu_mem_peak_fraction"),
+                    "gpu_samples": numbers.get("gpu_samples", 0),
+                }
+            )
             csv = work / "race_runs" / f"repeat{i}" / r["recipe"] / "gpu_rank0.csv"
             if csv.is_file():
                 shutil.copyfile(csv, out / "race" / f"gpu_repeat{i}_{r['recipe']}.csv")
     fast = [r for r in runs if r["recipe"] == "fast"]
     speedups = doc["summary"].get("fast", {})
     bars = {
-        "fast_2x_monai_tutorial": [s["factor"] is not None and s["factor"] >= 2 for s in speedups.get("speedup_over_monai_tutorial", [])],
-        "fast_20x_baseline": [s["factor"] is not None and s["factor"] >= 20 for s in speedups.get("speedup_over_baseline", [])],
+        "fast_2x_monai_tutorial": [
+            s["factor"] is not None and s["factor"] >= 2 for s in speedups.get("speedup_over_monai_tutorial", [])
+        ],
+        "fast_20x_baseline": [
+            s["factor"] is not None and s["factor"] >= 20 for s in speedups.get("speedup_over_baseline", [])
+        ],
         "fast_gpu_util_90": [r["gpu_util_mean"] is not None and r["gpu_util_mean"] >= 90 for r in fast],
         "fast_data_wait_under_2pct": [r["data_wait_share"] < 0.02 for r in fast],
     }
@@ -220,26 +278,47 @@ def collect(name: str, out: Path, work: Path, device: str) -> dict | None:
         bars = {  # the overlaps' two ratios on a GPU, utilisation not lower with the overlaps
             "on_first_within_1_5x_training": on.get("first_over_train") is not None and on["first_over_train"] <= 1.5,
             "on_1_8x_faster_than_off": [r >= 1.8 for r in on.get("off_over_this_first", [])],
-            "gpu_util_not_lower": None if on.get("gpu_util_training") is None or off.get("gpu_util_training") is None
+            "gpu_util_not_lower": None
+            if on.get("gpu_util_training") is None or off.get("gpu_util_training") is None
             else on["gpu_util_training"] >= off["gpu_util_training"],
         }
         return {"file": doc["file"], "summary": rows, "bars": bars}
     if name in ("your_trainer", "tuner_quality", "loader_variants"):
         doc = _newest_json(out / name)
         if name == "your_trainer":
-            return {"file": doc["file"], "median_epoch_ratio": doc["median_epoch_ratio"], "applied": doc["applied"], "rows": doc["rows"]}
+            return {
+                "file": doc["file"],
+                "median_epoch_ratio": doc["median_epoch_ratio"],
+                "applied": doc["applied"],
+                "rows": doc["rows"],
+            }
         if name == "tuner_quality":
-            oom = [t for r in doc["tuner_runs"] for t in r["tuner"].get("trials", []) if t.get("reason") == "out of memory"]
-            return {"file": doc["file"], "precision": doc["precision"], "cuda_oom_trials": len(oom),
-                    "picks": [{k: r[k] for k in ("batch_size", "sw_batch_size", "val_device", "h2h_pick_over_best", "tuning_s")}
-                              for r in doc["tuner_runs"]]}
-        return {"file": doc["file"], "rows": doc["rows"], "gpu_cache": any(r["variant"] == "gpu_cache" for r in doc["rows"])}
+            oom = [
+                t for r in doc["tuner_runs"] for t in r["tuner"].get("trials", []) if t.get("reason") == "out of memory"
+            ]
+            return {
+                "file": doc["file"],
+                "precision": doc["precision"],
+                "cuda_oom_trials": len(oom),
+                "picks": [
+                    {k: r[k] for k in ("batch_size", "sw_batch_size", "val_device", "h2h_pick_over_best", "tuning_s")}
+                    for r in doc["tuner_runs"]
+                ],
+            }
+        return {
+            "file": doc["file"],
+            "rows": doc["rows"],
+            "gpu_cache": any(r["variant"] == "gpu_cache" for r in doc["rows"]),
+        }
     if name == "inference":
         doc = _newest_json(out / name)
         return {"file": doc["file"], "rows": doc["rows"]}
     if name == "pathology":
         doc = _newest_json(out / name)
-        return {"file": doc["file"], "runs": [{k: v for k, v in r.items() if k not in ("history", "config")} for r in doc["runs"]]}
+        return {
+            "file": doc["file"],
+            "runs": [{k: v for k, v in r.items() if k not in ("history", "config")} for r in doc["runs"]],
+        }
     if name == "lab":  # its table, figure and numbers; the TensorBoard events stay in the scratch folder
         (out / "lab").mkdir(parents=True, exist_ok=True)
         for f in ("performance.json", "performance.md", "prediction.png"):

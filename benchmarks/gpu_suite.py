@@ -40,8 +40,19 @@ from gpu_probes import collect, machine  # noqa: E402 (benchmarks/, the script's
 
 from monai_fast.files import write_json  # noqa: E402
 
-STEPS = ("pytest", "race", "overlaps", "your_trainer", "tuner_quality", "loader_variants", "inference", "pathology", "lab", "kernels",
-         "nvtx")
+STEPS = (
+    "pytest",
+    "race",
+    "overlaps",
+    "your_trainer",
+    "tuner_quality",
+    "loader_variants",
+    "inference",
+    "pathology",
+    "lab",
+    "kernels",
+    "nvtx",
+)
 logger = logging.getLogger("gpu_suite")
 
 
@@ -61,66 +72,208 @@ class Suite:
         return [sys.executable, str(ROOT / "benchmarks" / name)]
 
     def probe(self, name: str) -> list[str]:
-        return [sys.executable, str(ROOT / "benchmarks" / "gpu_probes.py"), name, "--device", self.device,
-                "--out", str(self.out), "--work", str(self.work)] + (["--tiny"] if self.tiny else [])
+        return [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_probes.py"),
+            name,
+            "--device",
+            self.device,
+            "--out",
+            str(self.out),
+            "--work",
+            str(self.work),
+        ] + (["--tiny"] if self.tiny else [])
 
 
 def race_argv(s: Suite) -> list[str]:
     """``time_to_dice.py`` on the probe's spleen-scale set, with MONAI's tutorial UNet and 96^3 patches."""
-    size = (["--patch", "32", "32", "32", "--channels", "4", "8", "16", "--res-units", "1", "--max-epochs", "1"] if s.tiny
-            else ["--patch", "96", "96", "96", "--channels", "16", "32", "64", "128", "256", "--res-units", "2",
-                  "--max-epochs", "300"])
+    size = (
+        ["--patch", "32", "32", "32", "--channels", "4", "8", "16", "--res-units", "1", "--max-epochs", "1"]
+        if s.tiny
+        else [
+            "--patch",
+            "96",
+            "96",
+            "96",
+            "--channels",
+            "16",
+            "32",
+            "64",
+            "128",
+            "256",
+            "--res-units",
+            "2",
+            "--max-epochs",
+            "300",
+        ]
+    )
     return s.script("time_to_dice.py") + [
-        "--recipes", "fast", "monai_tutorial", "baseline", "--repeats", str(s.race_repeats), "--data-dir",
-        str(s.work / "spleen_scale"), "--time-budget", str(s.race_budget), "--device", s.device,
-        "--out", str(s.out / "race"), "--run-dir", str(s.work / "race_runs"), *size]
+        "--recipes",
+        "fast",
+        "monai_tutorial",
+        "baseline",
+        "--repeats",
+        str(s.race_repeats),
+        "--data-dir",
+        str(s.work / "spleen_scale"),
+        "--time-budget",
+        str(s.race_budget),
+        "--device",
+        s.device,
+        "--out",
+        str(s.out / "race"),
+        "--run-dir",
+        str(s.work / "race_runs"),
+        *size,
+    ]
 
 
 def step_plan(s: Suite, name: str) -> tuple[list[list[str]], float]:
     """The commands of step ``name`` (run in order, all must succeed) and its time limit in seconds."""
     tiny = s.tiny
     if name == "pytest":
-        argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-q", "-p", "no:cacheprovider",
-                f"--junitxml={s.out / 'pytest_gpu.xml'}", str(ROOT / "tests")]
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "gpu",
+            "-rs",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={s.out / 'pytest_gpu.xml'}",
+            str(ROOT / "tests"),
+        ]
         return [argv], 300 if tiny else 1200
     if name == "race":
         per_recipe = s.race_budget + (60 if tiny else 180)  # set-up and the last validation past the budget
         return [s.probe("data"), race_argv(s)], 300 + 3 * s.race_repeats * per_recipe
     if name == "overlaps":  # fast with its overlaps off and on, on the race's set and network
-        size = (["--patch", "32", "32", "32", "--channels", "4", "8", "16", "--res-units", "1", "--max-epochs", "2",
-                 "--target", "0.05", "--repeats", "1"] if tiny
-                else ["--patch", "96", "96", "96", "--channels", "16", "32", "64", "128", "256", "--res-units", "2",
-                      "--repeats", "2", "--time-budget", str(s.race_budget)])
+        size = (
+            [
+                "--patch",
+                "32",
+                "32",
+                "32",
+                "--channels",
+                "4",
+                "8",
+                "16",
+                "--res-units",
+                "1",
+                "--max-epochs",
+                "2",
+                "--target",
+                "0.05",
+                "--repeats",
+                "1",
+            ]
+            if tiny
+            else [
+                "--patch",
+                "96",
+                "96",
+                "96",
+                "--channels",
+                "16",
+                "32",
+                "64",
+                "128",
+                "256",
+                "--res-units",
+                "2",
+                "--repeats",
+                "2",
+                "--time-budget",
+                str(s.race_budget),
+            ]
+        )
         size += ["--variants", "off", "on"]
-        return [s.probe("data"), s.script("overlaps.py") + ["--data-dir", str(s.work / "spleen_scale"), "--device", s.device,
-                                                             "--out", str(s.out / "overlaps"), *size]], \
-            300 + 4 * (s.race_budget + (60 if tiny else 180))
+        return [
+            s.probe("data"),
+            s.script("overlaps.py")
+            + [
+                "--data-dir",
+                str(s.work / "spleen_scale"),
+                "--device",
+                s.device,
+                "--out",
+                str(s.out / "overlaps"),
+                *size,
+            ],
+        ], 300 + 4 * (s.race_budget + (60 if tiny else 180))
     if name == "your_trainer":
-        size = (["--cases", "4", "--shape", "48", "48", "32", "--patch", "32", "32", "32", "--channels", "4", "8",
-                 "--epochs", "1", "--repeats", "1", "--workers", "0"] if tiny
-                else ["--channels", "16", "32", "64", "128", "256", "--epochs", "6", "--repeats", "2"])
-        return [s.script("your_trainer.py") + ["--device", s.device, "--out", str(s.out / "your_trainer"), *size]], \
-            300 if tiny else 900
+        size = (
+            [
+                "--cases",
+                "4",
+                "--shape",
+                "48",
+                "48",
+                "32",
+                "--patch",
+                "32",
+                "32",
+                "32",
+                "--channels",
+                "4",
+                "8",
+                "--epochs",
+                "1",
+                "--repeats",
+                "1",
+                "--workers",
+                "0",
+            ]
+            if tiny
+            else ["--channels", "16", "32", "64", "128", "256", "--epochs", "6", "--repeats", "2"]
+        )
+        return [
+            s.script("your_trainer.py") + ["--device", s.device, "--out", str(s.out / "your_trainer"), *size]
+        ], 300 if tiny else 900
     if name == "tuner_quality":
-        size = ["--tiny"] if tiny else ["--rounds", "2", "--tuner-runs", "2", "--h2h-rounds", "4", "--batch-range", "1", "32"]
-        return [s.script("tuner_quality.py") + ["--device", s.device, "--out", str(s.out / "tuner_quality"), *size]], \
-            300 if tiny else 1200
+        size = (
+            ["--tiny"]
+            if tiny
+            else ["--rounds", "2", "--tuner-runs", "2", "--h2h-rounds", "4", "--batch-range", "1", "32"]
+        )
+        return [
+            s.script("tuner_quality.py") + ["--device", s.device, "--out", str(s.out / "tuner_quality"), *size]
+        ], 300 if tiny else 1200
     if name == "loader_variants":
-        size = ["--cases", "4", "--epochs", "2", "--shape", "48", "48", "32"] if tiny else ["--cases", "16", "--epochs", "3"]
-        return [s.script("loader_variants.py") + ["--device", s.device, "--out", str(s.out / "loader_variants"), *size]], \
-            300 if tiny else 900
+        size = (
+            ["--cases", "4", "--epochs", "2", "--shape", "48", "48", "32"]
+            if tiny
+            else ["--cases", "16", "--epochs", "3"]
+        )
+        return [
+            s.script("loader_variants.py") + ["--device", s.device, "--out", str(s.out / "loader_variants"), *size]
+        ], 300 if tiny else 900
     if name == "inference":  # TensorRT and ONNX Runtime's CUDA provider run where their packages are; else named
         size = ["--tiny"] if tiny else ["--train-epochs", "5", "--rounds", "3"]
-        return [s.script("inference.py") + ["--device", s.device, "--out", str(s.out / "inference"), *size]], \
-            300 if tiny else 900
+        return [
+            s.script("inference.py") + ["--device", s.device, "--out", str(s.out / "inference"), *size]
+        ], 300 if tiny else 900
     if name == "pathology":  # cuCIM where installed; else the tile-aware reader and torch augmentation on the GPU
         size = ["--tiny"] if tiny else ["--repeats", "2", "--time-budget", "300"]
-        return [s.script("pathology.py") + ["--device", s.device, "--out", str(s.out / "pathology"), *size]], \
-            300 if tiny else 1500
+        return [
+            s.script("pathology.py") + ["--device", s.device, "--out", str(s.out / "pathology"), *size]
+        ], 300 if tiny else 1500
     if name == "lab":  # the lab's expected-performance table, measured at its GPU size (30 of its 100 epochs)
         size = ["--tiny"] if tiny else ["--max-epochs", "30"]
-        return [[sys.executable, str(ROOT / "tutorials" / "segresnet_lab.py"), "--device", s.device, "--no-progress",
-                 "--run-dir", str(s.work / "lab"), *size]], 300 if tiny else 900
+        return [
+            [
+                sys.executable,
+                str(ROOT / "tutorials" / "segresnet_lab.py"),
+                "--device",
+                s.device,
+                "--no-progress",
+                "--run-dir",
+                str(s.work / "lab"),
+                *size,
+            ]
+        ], 300 if tiny else 900
     return [s.probe(name)], 300 if tiny else 600
 
 
@@ -133,8 +286,14 @@ def run_logged(argv: list[str], log: Path, timeout_s: float) -> tuple[int | None
         f.write(f"$ {' '.join(argv)}\n")
         f.flush()
         try:
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath()})
+            proc = subprocess.Popen(
+                argv,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath()},
+            )
         except OSError as e:
             return None, f"could not start {argv[0]}: {e}"
         try:
@@ -180,8 +339,13 @@ def run_step(s: Suite, name: str) -> dict:
             error = f"exit status {rc}"
         if error is not None:
             break
-    entry = {"status": "passed" if error is None else "failed", "seconds": round(time.monotonic() - t0, 1),
-             "rc": rc, "log": str(log.relative_to(s.out)), "error": error}
+    entry = {
+        "status": "passed" if error is None else "failed",
+        "seconds": round(time.monotonic() - t0, 1),
+        "rc": rc,
+        "log": str(log.relative_to(s.out)),
+        "error": error,
+    }
     try:
         entry["results"] = collect(name, s.out, s.work, s.device)
     except Exception as e:  # noqa: BLE001 - a step's results that cannot be read are recorded, not fatal
@@ -218,8 +382,10 @@ def check_device(p: argparse.ArgumentParser, device: str) -> None:
     if dev.type not in ("cuda", "cpu"):
         p.error(f"--device {device!r}: use cuda, cuda:N or cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device {device!r}: this torch build ({torch.__version__}) sees no CUDA device; "
-                "run on a GPU machine, or use --device cpu --tiny to check the suite itself")
+        p.error(
+            f"--device {device!r}: this torch build ({torch.__version__}) sees no CUDA device; "
+            "run on a GPU machine, or use --device cpu --tiny to check the suite itself"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,19 +399,36 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--race-repeats must be >= 1, got {args.race_repeats}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     stamp = dt.datetime.now()
-    out = Path(args.out or ROOT / "benchmarks" / "results" / f"gpu_suite_{stamp:%Y%m%d-%H%M%S}{'_tiny' if args.tiny else ''}")
+    out = Path(
+        args.out or ROOT / "benchmarks" / "results" / f"gpu_suite_{stamp:%Y%m%d-%H%M%S}{'_tiny' if args.tiny else ''}"
+    )
     try:
         (out / "logs").mkdir(parents=True, exist_ok=True)
     except OSError as e:
         p.error(f"--out {out}: cannot create it: {e.strerror or e}")
     work = Path(args.work) if args.work else out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    suite = Suite(out=out, work=work, device=args.device, tiny=args.tiny,
-                  race_budget=args.race_budget or (30.0 if args.tiny else 120.0),
-                  race_repeats=args.race_repeats or (1 if args.tiny else 2), step_timeout=args.step_timeout)
-    doc = {"suite": "gpu_suite", "format": 1, "date": stamp.isoformat(timespec="seconds"), "tiny": args.tiny,
-           "command": " ".join([sys.executable, *sys.argv]), "machine": machine(args.device, args.commit, ROOT),
-           "steps_requested": list(args.steps), "steps": {}, "passed": [], "failed": []}
+    suite = Suite(
+        out=out,
+        work=work,
+        device=args.device,
+        tiny=args.tiny,
+        race_budget=args.race_budget or (30.0 if args.tiny else 120.0),
+        race_repeats=args.race_repeats or (1 if args.tiny else 2),
+        step_timeout=args.step_timeout,
+    )
+    doc = {
+        "suite": "gpu_suite",
+        "format": 1,
+        "date": stamp.isoformat(timespec="seconds"),
+        "tiny": args.tiny,
+        "command": " ".join([sys.executable, *sys.argv]),
+        "machine": machine(args.device, args.commit, ROOT),
+        "steps_requested": list(args.steps),
+        "steps": {},
+        "passed": [],
+        "failed": [],
+    }
     json_path = out / "gpu_suite.json"
     write_json(doc, json_path)
     for name in args.steps:
@@ -254,8 +437,13 @@ def main(argv: list[str] | None = None) -> int:
         doc["steps"][name] = entry
         doc[entry["status"]].append(name)
         write_json(doc, json_path)
-        logger.info("step %s %s in %.0f s%s", name, entry["status"], entry["seconds"],
-                    "" if entry["error"] is None else f": {entry['error']} (see {out / entry['log']})")
+        logger.info(
+            "step %s %s in %.0f s%s",
+            name,
+            entry["status"],
+            entry["seconds"],
+            "" if entry["error"] is None else f": {entry['error']} (see {out / entry['log']})",
+        )
     if not args.keep_work and not args.work:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"passed": doc["passed"], "failed": doc["failed"]}))

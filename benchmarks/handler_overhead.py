@@ -95,7 +95,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=6, help="A/B rounds on the real trainer (default %(default)s)")
     p.add_argument("--iterations", type=int, default=8, help="trainer iterations per round (default %(default)s)")
-    p.add_argument("--noop-iterations", type=int, default=5000, help="iterations of the no-op engine (default %(default)s)")
+    p.add_argument(
+        "--noop-iterations", type=int, default=5000, help="iterations of the no-op engine (default %(default)s)"
+    )
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON (default %(default)s)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -146,7 +148,12 @@ def main() -> None:
         "gpu_sampler_backend": nvml_kind,
         "handlers": ["RecordHandler", "NVTXHandler", "GPUSampler", "TimeBreakdown", "ThroughputMonitor"],
         "noop_us_per_iteration": {"bare": bare_us, "all_handlers": full_us, "cost": cost_us},
-        "trainer": {"batch_shape": list(shape), "iteration_s_bare": iter_s, "rounds_bare_s": rounds_bare, "rounds_full_s": rounds_full},
+        "trainer": {
+            "batch_shape": list(shape),
+            "iteration_s_bare": iter_s,
+            "rounds_bare_s": rounds_bare,
+            "rounds_full_s": rounds_full,
+        },
         "overhead_share": share,
         "ab_ratio_minus_1": ab,
         "bar_met": share < 0.01,

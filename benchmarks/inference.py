@@ -42,20 +42,37 @@ from monai_fast.recipes.common import build_network
 from monai_fast.telemetry import cuda_available, device_description, synchronize
 from monai_fast.telemetry.memory import DeviceMemory
 
-TINY = {"cases": 4, "shape": (32, 32, 24), "patch": (16, 16, 16), "channels": (4, 8, 16), "rounds": 1, "sw_batch_size": 2}
+TINY = {
+    "cases": 4,
+    "shape": (32, 32, 24),
+    "patch": (16, 16, 16),
+    "channels": (4, 8, 16),
+    "rounds": 1,
+    "sw_batch_size": 2,
+}
 
 
-def network_and_config(args: argparse.Namespace, train: list[dict], val: list[dict],
-                       device: str) -> tuple[torch.nn.Module, RecipeConfig, str]:
+def network_and_config(
+    args: argparse.Namespace, train: list[dict], val: list[dict], device: str
+) -> tuple[torch.nn.Module, RecipeConfig, str]:
     """The network to time, its config, and where its weights came from."""
     if args.checkpoint:
         net, config = load_checkpoint(args.checkpoint, device=device)
         return net, config, f"checkpoint {args.checkpoint}"
-    config = RecipeConfig(patch_size=tuple(args.patch), channels=tuple(args.channels),
-                          strides=(2,) * (len(args.channels) - 1), sw_batch_size=args.sw_batch_size,
-                          max_epochs=max(1, args.train_epochs), seed=0)
+    config = RecipeConfig(
+        patch_size=tuple(args.patch),
+        channels=tuple(args.channels),
+        strides=(2,) * (len(args.channels) - 1),
+        sw_batch_size=args.sw_batch_size,
+        max_epochs=max(1, args.train_epochs),
+        seed=0,
+    )
     if args.train_epochs < 1:
-        return build_network(config, torch.device(device)).eval(), config, "random weights (no --checkpoint, --train-epochs 0)"
+        return (
+            build_network(config, torch.device(device)).eval(),
+            config,
+            "random weights (no --checkpoint, --train-epochs 0)",
+        )
     recipe = build_recipe("fast", train, val, config, device, progress=False)
     recipe.trainer.run()
     dice = recipe.evaluator.state.metrics.get("val_mean_dice")
@@ -67,8 +84,9 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=1)[0].to(torch.uint8).cpu()
 
 
-def time_rounds(predictors: dict, volumes: list[torch.Tensor], inferer: SlidingWindowInferer, rounds: int,
-                device: str) -> tuple[dict[str, list[float]], dict[str, tuple[int, int]], dict[str, list[torch.Tensor]]]:
+def time_rounds(
+    predictors: dict, volumes: list[torch.Tensor], inferer: SlidingWindowInferer, rounds: int, device: str
+) -> tuple[dict[str, list[float]], dict[str, tuple[int, int]], dict[str, list[torch.Tensor]]]:
     """Per backend: each volume's latency over all rounds, the peak memory and its growth over the memory in use
     before the pass (bytes, the largest of the rounds), and the first round's label maps."""
     times: dict[str, list[float]] = {b: [] for b in predictors}
@@ -77,7 +95,7 @@ def time_rounds(predictors: dict, volumes: list[torch.Tensor], inferer: SlidingW
     memory = DeviceMemory(device)
     order = list(predictors)
     for r in range(rounds):
-        for backend in order[r % len(order):] + order[: r % len(order)]:  # interleaved, rotated each round
+        for backend in order[r % len(order) :] + order[: r % len(order)]:  # interleaved, rotated each round
             memory.release(full=False)
             before = memory.live_bytes()
             with memory.peak() as peak, torch.no_grad():
@@ -89,12 +107,21 @@ def time_rounds(predictors: dict, volumes: list[torch.Tensor], inferer: SlidingW
                     if r == 0:
                         labels[backend].append(_argmax(logits))
             peaks[backend] = (max(peaks[backend][0], peak.peak_bytes), max(peaks[backend][1], peak.peak_bytes - before))
-            print(f"round {r + 1}/{rounds} {backend:<9} median {statistics.median(times[backend]):.3f} s/volume", flush=True)
+            print(
+                f"round {r + 1}/{rounds} {backend:<9} median {statistics.median(times[backend]):.3f} s/volume",
+                flush=True,
+            )
     return times, peaks, labels
 
 
-def rows_of(predictors: dict, lacking: dict[str, str], times: dict, peaks: dict, labels: dict,
-            unjudged: frozenset[str] = frozenset()) -> list[dict]:
+def rows_of(
+    predictors: dict,
+    lacking: dict[str, str],
+    times: dict,
+    peaks: dict,
+    labels: dict,
+    unjudged: frozenset[str] = frozenset(),
+) -> list[dict]:
     """One row per backend asked for: timing, memory and agreement with eager, or what it lacks.
 
     ``unjudged``: backends whose Dice vs eager is reported with ``agrees: None`` (reduced precision
@@ -105,26 +132,42 @@ def rows_of(predictors: dict, lacking: dict[str, str], times: dict, peaks: dict,
         agree = [agreement(a, b) for a, b in zip(labels[backend], labels["eager"])]
         dice = statistics.mean(a["dice"] for a in agree)
         latency = statistics.median(times[backend])
-        rows.append({"backend": backend, "available": True, "detail": p.detail, "prepare_s": p.prepare_s,
-                     "latency_s": latency, "latency_all_s": times[backend], "volumes_per_s": 1.0 / latency if latency else None,
-                     "peak_mib": peaks[backend][0] / 2**20, "growth_mib": peaks[backend][1] / 2**20, "dice_vs_eager": dice,
-                     "voxels_equal": statistics.mean(a["voxels"] for a in agree),
-                     "agrees": None if backend in unjudged else dice >= MIN_DICE})
+        rows.append(
+            {
+                "backend": backend,
+                "available": True,
+                "detail": p.detail,
+                "prepare_s": p.prepare_s,
+                "latency_s": latency,
+                "latency_all_s": times[backend],
+                "volumes_per_s": 1.0 / latency if latency else None,
+                "peak_mib": peaks[backend][0] / 2**20,
+                "growth_mib": peaks[backend][1] / 2**20,
+                "dice_vs_eager": dice,
+                "voxels_equal": statistics.mean(a["voxels"] for a in agree),
+                "agrees": None if backend in unjudged else dice >= MIN_DICE,
+            }
+        )
     rows += [{"backend": b, "available": False, "missing": why} for b, why in lacking.items()]
     return rows
 
 
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table."""
-    lines = ["| backend | runs as | prepare s | latency s/volume | volumes/s | peak MiB (+ during inference) | Dice vs eager "
-             "| agrees |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| backend | runs as | prepare s | latency s/volume | volumes/s | peak MiB (+ during inference) | Dice vs eager "
+        "| agrees |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if not r["available"]:
             lines.append(f"| {r['backend']} | not available: {r['missing']} | | | | | | |")
             continue
-        lines.append(f"| {r['backend']} | {r['detail']} | {r['prepare_s']:.1f} | {r['latency_s']:.3f} | {r['volumes_per_s']:.2f} "
-                     f"| {r['peak_mib']:.0f} (+{r['growth_mib']:.0f}) | {r['dice_vs_eager']:.4f} "
-                     f"| {_verdict(r['agrees'])} |")
+        lines.append(
+            f"| {r['backend']} | {r['detail']} | {r['prepare_s']:.1f} | {r['latency_s']:.3f} | {r['volumes_per_s']:.2f} "
+            f"| {r['peak_mib']:.0f} (+{r['growth_mib']:.0f}) | {r['dice_vs_eager']:.4f} "
+            f"| {_verdict(r['agrees'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -132,7 +175,9 @@ def _verdict(agrees: bool | None) -> str:
     return "n/a (random weights)" if agrees is None else "yes" if agrees else "NO"
 
 
-def _predictors(backends: list[str], net: torch.nn.Module, config: RecipeConfig, device: str) -> tuple[dict, dict[str, str]]:
+def _predictors(
+    backends: list[str], net: torch.nn.Module, config: RecipeConfig, device: str
+) -> tuple[dict, dict[str, str]]:
     predictors, lacking = {}, {}
     for backend in backends:
         why = missing(backend, device)
@@ -151,16 +196,28 @@ def _predictors(backends: list[str], net: torch.nn.Module, config: RecipeConfig,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS), help="eager is always included")
-    p.add_argument("--rounds", type=int, default=3, help="passes over the validation set per backend, interleaved "
-                   "(default %(default)s)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="passes over the validation set per backend, interleaved (default %(default)s)",
+    )
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda (default %(default)s)")
-    p.add_argument("--checkpoint", help="a monai_fast.inference.save_checkpoint file (default: --train-epochs or random weights)")
-    p.add_argument("--train-epochs", type=int, default=0, help="without --checkpoint, train the fast recipe this long first")
+    p.add_argument(
+        "--checkpoint", help="a monai_fast.inference.save_checkpoint file (default: --train-epochs or random weights)"
+    )
+    p.add_argument(
+        "--train-epochs", type=int, default=0, help="without --checkpoint, train the fast recipe this long first"
+    )
     p.add_argument("--data-dir", help="an MSD folder (default: synthetic spleen-like data)")
     p.add_argument("--cases", type=int, default=20, help="synthetic cases (default %(default)s)")
-    p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), help="synthetic volume size (default %(default)s)")
+    p.add_argument(
+        "--shape", type=int, nargs=3, default=(128, 128, 64), help="synthetic volume size (default %(default)s)"
+    )
     p.add_argument("--patch", type=int, nargs=3, default=(64, 64, 64), help="sliding-window ROI (default %(default)s)")
-    p.add_argument("--channels", type=int, nargs="+", default=(8, 16, 32, 64), help="UNet channels (default %(default)s)")
+    p.add_argument(
+        "--channels", type=int, nargs="+", default=(8, 16, 32, 64), help="UNet channels (default %(default)s)"
+    )
     p.add_argument("--sw-batch-size", type=int, default=4, help="windows per network call (default %(default)s)")
     p.add_argument("--tiny", action="store_true", help="toy size: " + ", ".join(f"{k} {v}" for k, v in TINY.items()))
     p.add_argument("--out", default="benchmarks/results")
@@ -169,14 +226,20 @@ def main(argv: list[str] | None = None) -> int:
         vars(args).update(TINY)
     logging.basicConfig(level=logging.WARNING)
     device = ("cuda" if cuda_available() else "cpu") if args.device == "auto" else args.device
-    root = Path(args.data_dir) if args.data_dir else synthetic_dataset("spleen-like", args.cases, args.shape, 0, progress=False)
+    root = (
+        Path(args.data_dir)
+        if args.data_dir
+        else synthetic_dataset("spleen-like", args.cases, args.shape, 0, progress=False)
+    )
     train, val = load_msd_datalist(root, val_fraction=0.25, seed=0)
     net, config, weights = network_and_config(args, train, val, device)
     pre = inference_transforms(config)
     volumes = [pre({"image": d["image"]})["image"].unsqueeze(0).to(device) for d in val]
     backends = ["eager"] + [b for b in args.backends if b != "eager"]
     predictors, lacking = _predictors(backends, net, config, device)
-    inferer = SlidingWindowInferer(roi_size=config.patch_size, sw_batch_size=config.sw_batch_size, overlap=config.sw_overlap)
+    inferer = SlidingWindowInferer(
+        roi_size=config.patch_size, sw_batch_size=config.sw_batch_size, overlap=config.sw_overlap
+    )
     times, peaks, labels = time_rounds(predictors, volumes, inferer, args.rounds, device)
     random_weights = args.checkpoint is None and args.train_epochs < 1
     unjudged = frozenset(b for b in predictors if random_weights and precision_of(b, device) != "fp32")
@@ -184,8 +247,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(volumes)} validation volume(s) on {device_description(torch.device(device))}; weights: {weights}\n")
     print(table(rows))
     path = Path(args.out) / f"inference_{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json({"machine": device_description(torch.device(device)), "command": " ".join(sys.argv), "options": vars(args),
-                "weights": weights, "config": config.to_dict(), "volumes": len(volumes), "rows": rows}, path)
+    write_json(
+        {
+            "machine": device_description(torch.device(device)),
+            "command": " ".join(sys.argv),
+            "options": vars(args),
+            "weights": weights,
+            "config": config.to_dict(),
+            "volumes": len(volumes),
+            "rows": rows,
+        },
+        path,
+    )
     print(f"wrote {path}")
     return 0 if all(r.get("agrees") is not False for r in rows) else 1
 

@@ -60,41 +60,75 @@ def child(spec: dict) -> dict:
     trainer, evaluator = build(files, args, "cpu")
     if spec["chain"] == "heavy":
         ds = trainer.data_loader.dataset
-        ds.transform = Compose(list(ds.transform.transforms) + [
-            RandAffined(keys=["image", "label"], prob=1.0, rotate_range=(0.26, 0.26, 0.26), scale_range=(0.1, 0.1, 0.1),
-                        mode=("bilinear", "nearest"), padding_mode="zeros")])
-    fast = FastTraining(prefetch={"prefetch": True, "on_demand": False, "auto": "auto"}[spec["variant"]], progress=False)
+        ds.transform = Compose(
+            list(ds.transform.transforms)
+            + [
+                RandAffined(
+                    keys=["image", "label"],
+                    prob=1.0,
+                    rotate_range=(0.26, 0.26, 0.26),
+                    scale_range=(0.1, 0.1, 0.1),
+                    mode=("bilinear", "nearest"),
+                    padding_mode="zeros",
+                )
+            ]
+        )
+    fast = FastTraining(
+        prefetch={"prefetch": True, "on_demand": False, "auto": "auto"}[spec["variant"]], progress=False
+    )
     fast.attach(trainer, evaluator)
     it: list[dict] = []
     marks: dict = {}
     epochs: list[dict] = []
     trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: marks.update(epoch=time.perf_counter()))
     trainer.add_event_handler(Events.GET_BATCH_STARTED, lambda e: marks.update(get=time.perf_counter()))
-    trainer.add_event_handler(Events.GET_BATCH_COMPLETED, lambda e: marks.update(wait=time.perf_counter() - marks["get"]))
+    trainer.add_event_handler(
+        Events.GET_BATCH_COMPLETED, lambda e: marks.update(wait=time.perf_counter() - marks["get"])
+    )
     trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: marks.update(step=time.perf_counter()))
 
     def iteration_done(e):
-        it.append({"epoch": e.state.epoch, "wait_s": marks["wait"], "step_s": time.perf_counter() - marks["step"],
-                   "loss": float(e.state.output[0]["loss"] if isinstance(e.state.output, list) else e.state.output["loss"])})
+        it.append(
+            {
+                "epoch": e.state.epoch,
+                "wait_s": marks["wait"],
+                "step_s": time.perf_counter() - marks["step"],
+                "loss": float(
+                    e.state.output[0]["loss"] if isinstance(e.state.output, list) else e.state.output["loss"]
+                ),
+            }
+        )
 
     trainer.add_event_handler(Events.ITERATION_COMPLETED, iteration_done)
     evaluator.add_event_handler(Events.STARTED, lambda e: marks.update(val=time.perf_counter()))
 
     def epoch_done(_):
-        epochs.append({"epoch": trainer.state.epoch, "train_s": marks["val"] - marks["epoch"],
-                       "val_s": time.perf_counter() - marks["val"], "dice": float(evaluator.state.metrics["val_mean_dice"])})
+        epochs.append(
+            {
+                "epoch": trainer.state.epoch,
+                "train_s": marks["val"] - marks["epoch"],
+                "val_s": time.perf_counter() - marks["val"],
+                "dice": float(evaluator.state.metrics["val_mean_dice"]),
+            }
+        )
 
     evaluator.add_event_handler(Events.COMPLETED, epoch_done)
     trainer.run()
-    return {"iterations": it, "epochs": epochs, "threads": torch.get_num_threads(),
-            "applied": {k: v["setting"] if v["applied"] else None for k, v in fast.applied.items()},
-            "prefetch": fast.applied["prefetch"]}
+    return {
+        "iterations": it,
+        "epochs": epochs,
+        "threads": torch.get_num_threads(),
+        "applied": {k: v["setting"] if v["applied"] else None for k, v in fast.applied.items()},
+        "prefetch": fast.applied["prefetch"],
+    }
 
 
 def run_child(spec: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
     env.update(ISA_LIMITS[spec["isa"]])
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise SystemExit(f"run {spec} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -108,18 +142,22 @@ def summarise(run: dict) -> dict:
         d = per_epoch.setdefault(i["epoch"], {"step": 0.0, "wait": 0.0})
         d["step"] += i["step_s"]
         d["wait"] += i["wait_s"]
-    return {"train_s": statistics.median(e["train_s"] for e in later),
-            "step_s": statistics.median(d["step"] for d in per_epoch.values()),
-            "wait_s": statistics.median(d["wait"] for d in per_epoch.values()),
-            "val_s": statistics.median(e["val_s"] for e in later),
-            "final_dice": run["epochs"][-1]["dice"]}
+    return {
+        "train_s": statistics.median(e["train_s"] for e in later),
+        "step_s": statistics.median(d["step"] for d in per_epoch.values()),
+        "wait_s": statistics.median(d["wait"] for d in per_epoch.values()),
+        "val_s": statistics.median(e["val_s"] for e in later),
+        "final_dice": run["epochs"][-1]["dice"],
+    }
 
 
 def report(runs: list[dict], isas: list[str], chains: list[str], repeats: int) -> list[dict]:
     """Print the table of ``runs`` and return its rows (ratios, what auto chose, the loss check)."""
     rows = []
-    print(f"\n{'isa':<7}{'chain':<9}{'repeat':<7}{'variant':<11}{'train s/ep':>11}{'step s/ep':>10}{'wait s/ep':>10}"
-          f"{'val s/ep':>9}{'precision':>10}{'layout':>17}")
+    print(
+        f"\n{'isa':<7}{'chain':<9}{'repeat':<7}{'variant':<11}{'train s/ep':>11}{'step s/ep':>10}{'wait s/ep':>10}"
+        f"{'val s/ep':>9}{'precision':>10}{'layout':>17}"
+    )
     for isa in isas:
         for chain in chains:
             ratios, gaps = [], []
@@ -127,42 +165,71 @@ def report(runs: list[dict], isas: list[str], chains: list[str], repeats: int) -
                 pair = {x["variant"]: x for x in runs if x["repeat"] == r and x["isa"] == isa and x["chain"] == chain}
                 for v in VARIANTS:
                     s = pair[v]["summary"]
-                    print(f"{isa:<7}{chain:<9}{r:<7}{v:<11}{s['train_s']:>11.2f}{s['step_s']:>10.2f}{s['wait_s']:>10.2f}"
-                          f"{s['val_s']:>9.2f}{pair[v]['applied'].get('precision') or 'fp32':>10}"
-                          f"{pair[v]['applied'].get('memory_format') or 'contiguous':>17}")
+                    print(
+                        f"{isa:<7}{chain:<9}{r:<7}{v:<11}{s['train_s']:>11.2f}{s['step_s']:>10.2f}{s['wait_s']:>10.2f}"
+                        f"{s['val_s']:>9.2f}{pair[v]['applied'].get('precision') or 'fp32':>10}"
+                        f"{pair[v]['applied'].get('memory_format') or 'contiguous':>17}"
+                    )
                 train = {v: pair[v]["summary"]["train_s"] for v in VARIANTS}
-                ratios.append({"prefetch/on_demand": train["prefetch"] / train["on_demand"],
-                               "prefetch/auto": train["prefetch"] / train["auto"], "auto_chose": pair["auto"]["prefetch"]["setting"]})
-                for other in VARIANTS[1:]:  # FastTraining's measured layout may differ between runs, and with it the numerics
-                    if all(pair[other]["applied"].get(k) == pair["prefetch"]["applied"].get(k) for k in ("precision", "memory_format")):
+                ratios.append(
+                    {
+                        "prefetch/on_demand": train["prefetch"] / train["on_demand"],
+                        "prefetch/auto": train["prefetch"] / train["auto"],
+                        "auto_chose": pair["auto"]["prefetch"]["setting"],
+                    }
+                )
+                for other in VARIANTS[
+                    1:
+                ]:  # FastTraining's measured layout may differ between runs, and with it the numerics
+                    if all(
+                        pair[other]["applied"].get(k) == pair["prefetch"]["applied"].get(k)
+                        for k in ("precision", "memory_format")
+                    ):
                         losses = zip(pair["prefetch"]["iterations"], pair[other]["iterations"])
                         gaps.append(max(abs(a["loss"] - b["loss"]) for a, b in losses))
-            row = {"isa": isa, "chain": chain, "repeats": ratios,
-                   "median_on_demand": statistics.median(x["prefetch/on_demand"] for x in ratios),
-                   "median_auto": statistics.median(x["prefetch/auto"] for x in ratios),
-                   "max_loss_difference": max(gaps) if gaps else None, "loss_pairs_compared": len(gaps)}
+            row = {
+                "isa": isa,
+                "chain": chain,
+                "repeats": ratios,
+                "median_on_demand": statistics.median(x["prefetch/on_demand"] for x in ratios),
+                "median_auto": statistics.median(x["prefetch/auto"] for x in ratios),
+                "max_loss_difference": max(gaps) if gaps else None,
+                "loss_pairs_compared": len(gaps),
+            }
             rows.append(row)
             on_demand = " ".join(f"{x['prefetch/on_demand']:.2f}" for x in ratios)
             auto = " ".join(f"{x['prefetch/auto']:.2f}" for x in ratios)
             chose = ", ".join(x["auto_chose"] for x in ratios)
-            print(f"{isa:<7}{chain:<9}training s/epoch, prefetch over on demand: {on_demand} (median {row['median_on_demand']:.2f}x); "
-                  f"prefetch over auto: {auto} (median {row['median_auto']:.2f}x; auto chose {chose}); "
-                  f"largest loss difference {row['max_loss_difference']} over {len(gaps)} pairs with the same precision and layout")
+            print(
+                f"{isa:<7}{chain:<9}training s/epoch, prefetch over on demand: {on_demand} (median {row['median_on_demand']:.2f}x); "
+                f"prefetch over auto: {auto} (median {row['median_auto']:.2f}x; auto chose {chose}); "
+                f"largest loss difference {row['max_loss_difference']} over {len(gaps)} pairs with the same precision and layout"
+            )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeats", type=int, default=2, help="runs per variant and condition, taking turns (default 2)")
     p.add_argument("--epochs", type=int, default=5, help="epochs per run; the first is left out as warm-up (default 5)")
     p.add_argument("--chains", nargs="+", choices=("tutorial", "heavy"), default=["tutorial", "heavy"])
     p.add_argument("--isa", nargs="+", choices=tuple(ISA_LIMITS), default=["avx2", "native"])
-    p.add_argument("--cases", type=int, default=16, help="synthetic spleen-like cases, a quarter for validation (default 16)")
+    p.add_argument(
+        "--cases", type=int, default=16, help="synthetic spleen-like cases, a quarter for validation (default 16)"
+    )
     p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), help="volume shape (default 128 128 64)")
-    p.add_argument("--patch", type=int, nargs=3, default=(64, 64, 64), help="training crop / sliding window (default 64^3)")
-    p.add_argument("--channels", type=int, nargs="+", default=(8, 16, 32, 64), help="UNet channels (default 8 16 32 64)")
+    p.add_argument(
+        "--patch", type=int, nargs=3, default=(64, 64, 64), help="training crop / sliding window (default 64^3)"
+    )
+    p.add_argument(
+        "--channels", type=int, nargs="+", default=(8, 16, 32, 64), help="UNet channels (default 8 16 32 64)"
+    )
     p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the JSON")
-    p.add_argument("--recompute", metavar="JSON", help="print the table of a saved run and rewrite its rows with this code")
+    p.add_argument(
+        "--recompute", metavar="JSON", help="print the table of a saved run and rewrite its rows with this code"
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -180,13 +247,18 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeats must be >= 1 and --epochs >= 2 (the first epoch is left out)")
     from monai_fast.files import write_json
 
-    base = {"cases": args.cases, "shape": list(args.shape), "patch": list(args.patch), "channels": list(args.channels),
-            "epochs": args.epochs}
+    base = {
+        "cases": args.cases,
+        "shape": list(args.shape),
+        "patch": list(args.patch),
+        "channels": list(args.channels),
+        "epochs": args.epochs,
+    }
     runs = []
     for r in range(args.repeats):
         for isa in args.isa:
             for chain in args.chains:
-                order = VARIANTS[r % 3:] + VARIANTS[:r % 3]  # each variant first in turn
+                order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]  # each variant first in turn
                 for variant in order:
                     spec = {**base, "chain": chain, "isa": isa, "variant": variant}
                     print(f"-- repeat {r + 1}, {isa}, {chain} chain: {variant}", flush=True)
@@ -194,10 +266,20 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append({"repeat": r + 1, **spec, **result, "summary": summarise(result)})
     rows = report(runs, args.isa, args.chains, args.repeats)
     cpu = platform.processor() or platform.machine()
-    doc = {"benchmark": "loader_overlap", "date": dt.datetime.now().isoformat(timespec="seconds"),
-           "machine": {"processor": cpu, "cpus": os.cpu_count(), "threads": runs[0]["threads"], "python": sys.version.split()[0],
-                       "platform": platform.platform()},
-           "options": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows, "runs": runs}
+    doc = {
+        "benchmark": "loader_overlap",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": {
+            "processor": cpu,
+            "cpus": os.cpu_count(),
+            "threads": runs[0]["threads"],
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
+        "options": {k: v for k, v in vars(args).items() if k != "child"},
+        "rows": rows,
+        "runs": runs,
+    }
     out = write_json(doc, Path(args.out) / f"loader_overlap_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"results: {out}")
     return 0

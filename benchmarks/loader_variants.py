@@ -40,23 +40,37 @@ def _run_variant(name, data_root, epochs, cache_dir, queue):
     files, _ = load_msd_datalist(data_root, val_fraction=0.25)
     cuda = name == "gpu_cache"
     chain = Compose(
-        deterministic_transforms(cfg, precompute_indices=name != "dataset", plain_tensors=name != "dataset",
-                                 device=torch.device("cuda") if cuda else None)
+        deterministic_transforms(
+            cfg,
+            precompute_indices=name != "dataset",
+            plain_tensors=name != "dataset",
+            device=torch.device("cuda") if cuda else None,
+        )
         + random_transforms(cfg, precomputed_indices=name != "dataset")
     )
 
     def build():
         if name == "dataset":
-            return DataLoader(Dataset(files, chain), batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.loader_workers)
+            return DataLoader(
+                Dataset(files, chain), batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.loader_workers
+            )
         if name in ("cache", "gpu_cache"):
-            ds = CacheDataset(files, chain, cache_rate=1.0, num_workers=cfg.cache_threads, progress=False, copy_cache=not cuda)
+            ds = CacheDataset(
+                files, chain, cache_rate=1.0, num_workers=cfg.cache_threads, progress=False, copy_cache=not cuda
+            )
             return ThreadDataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=0)
         if name.startswith("persistent"):
             ds = TrustedPersistentDataset(files, chain, cache_dir=cache_dir)
             return DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.loader_workers)
         if name == "smartcache":
-            ds = SmartCacheDataset(files, chain, cache_num=max(2, len(files) // 2), replace_rate=0.25,
-                                   num_init_workers=cfg.cache_threads, progress=False)
+            ds = SmartCacheDataset(
+                files,
+                chain,
+                cache_num=max(2, len(files) // 2),
+                replace_rate=0.25,
+                num_init_workers=cfg.cache_threads,
+                progress=False,
+            )
             return ThreadDataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=0)
         raise ValueError(name)
 
@@ -83,8 +97,15 @@ def _run_variant(name, data_root, epochs, cache_dir, queue):
 
     with PeakRSS() as mem:
         fill, times = run()
-    queue.put({"variant": name, "fill_s": fill, "first_epoch_s": times[0],
-               "later_epoch_s": sum(times[1:]) / max(1, len(times) - 1), "peak_rss_growth_mib": mem.growth_mib})
+    queue.put(
+        {
+            "variant": name,
+            "fill_s": fill,
+            "first_epoch_s": times[0],
+            "later_epoch_s": sum(times[1:]) / max(1, len(times) - 1),
+            "peak_rss_growth_mib": mem.growth_mib,
+        }
+    )
 
 
 def main() -> None:
@@ -92,8 +113,12 @@ def main() -> None:
     p.add_argument("--cases", type=int, default=16)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), help="volume shape (default 128 128 64)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="cuda adds the GPU cache variant; auto: cuda when present (default %(default)s)")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="cuda adds the GPU cache variant; auto: cuda when present (default %(default)s)",
+    )
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args()
 
@@ -121,10 +146,18 @@ def main() -> None:
     print(f"loader variants on {device_description('cpu')}, {args.cases} spleen-like cases, {args.epochs} epochs")
     print(head)
     for r in rows:
-        print(f"{r['variant']:<16} {r['fill_s']:>7.2f} {r['first_epoch_s']:>10.2f} {r['later_epoch_s']:>8.2f} {r['peak_rss_growth_mib']:>14.0f}")
-    doc = {"benchmark": "loader_variants", "date": dt.datetime.now().isoformat(timespec="seconds"),
-           "machine": {"device": device_description("cpu"), "platform": platform.platform()},
-           "cases": args.cases, "epochs": args.epochs, "shape": list(args.shape), "rows": rows}
+        print(
+            f"{r['variant']:<16} {r['fill_s']:>7.2f} {r['first_epoch_s']:>10.2f} {r['later_epoch_s']:>8.2f} {r['peak_rss_growth_mib']:>14.0f}"
+        )
+    doc = {
+        "benchmark": "loader_variants",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": {"device": device_description("cpu"), "platform": platform.platform()},
+        "cases": args.cases,
+        "epochs": args.epochs,
+        "shape": list(args.shape),
+        "rows": rows,
+    }
     from monai_fast.files import write_json
 
     path = write_json(doc, Path(args.out) / f"loader_variants_{dt.datetime.now():%Y%m%d-%H%M%S}.json")

@@ -42,22 +42,35 @@ def one_run(condition: str, spincount: int, spinners: int, run_dir: Path, demo_a
     env = {**os.environ, "GOMP_SPINCOUNT": str(spincount)}
     t0 = time.perf_counter()
     with busy_cores(spinners if condition == "loaded" else 0):
-        proc = subprocess.run([sys.executable, "-m", "monai_fast", "demo", "--no-progress", "--run-dir", str(run_dir),
-                               *demo_args], env=env, capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "monai_fast", "demo", "--no-progress", "--run-dir", str(run_dir), *demo_args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if proc.returncode != 0:
-        raise SystemExit(f"the demo failed (exit {proc.returncode}, GOMP_SPINCOUNT={spincount}):\n{proc.stdout[-3000:]}"
-                         f"{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"the demo failed (exit {proc.returncode}, GOMP_SPINCOUNT={spincount}):\n{proc.stdout[-3000:]}"
+            f"{proc.stderr[-3000:]}"
+        )
     doc = json.loads((run_dir / "results.json").read_text())
     recipes = doc["headline"]["recipes"]
     fast, base = recipes["fast"], recipes["baseline"]
     curves = {r["recipe"]: [e["val_dice"] for e in r["epochs"]] for r in doc["results"]}
-    return {"condition": condition, "spincount": spincount, "wall_s": time.perf_counter() - t0,
-            "fast_time_to_target_s": fast["time_to_target_s"]["value"], "fast_s_per_epoch": fast["s_per_epoch_interleaved"],
-            "baseline_s_per_epoch": base["s_per_epoch_interleaved"],
-            "per_epoch_ratio": base["s_per_epoch_interleaved"] / fast["s_per_epoch_interleaved"],
-            "fast_cpu_s_per_epoch": fast["cpu_s_per_epoch_interleaved"],
-            "baseline_cpu_s_per_epoch": base["cpu_s_per_epoch_interleaved"],
-            "others_cpu_share": (doc["headline"].get("host") or {}).get("others_cpu_share"), "curves": curves}
+    return {
+        "condition": condition,
+        "spincount": spincount,
+        "wall_s": time.perf_counter() - t0,
+        "fast_time_to_target_s": fast["time_to_target_s"]["value"],
+        "fast_s_per_epoch": fast["s_per_epoch_interleaved"],
+        "baseline_s_per_epoch": base["s_per_epoch_interleaved"],
+        "per_epoch_ratio": base["s_per_epoch_interleaved"] / fast["s_per_epoch_interleaved"],
+        "fast_cpu_s_per_epoch": fast["cpu_s_per_epoch_interleaved"],
+        "baseline_cpu_s_per_epoch": base["cpu_s_per_epoch_interleaved"],
+        "others_cpu_share": (doc["headline"].get("host") or {}).get("others_cpu_share"),
+        "curves": curves,
+    }
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -77,22 +90,45 @@ def summarize(runs: list[dict]) -> list[dict]:
         for spincount in dict.fromkeys(r["spincount"] for r in runs):
             mine = [r for r in runs if r["condition"] == condition and r["spincount"] == spincount]
             if mine:
-                rows.append({"condition": condition, "spincount": spincount, "runs": len(mine), **{
-                    k: _median([r[k] for r in mine])
-                    for k in ("fast_time_to_target_s", "fast_s_per_epoch", "baseline_s_per_epoch", "per_epoch_ratio",
-                              "fast_cpu_s_per_epoch", "baseline_cpu_s_per_epoch")}})
+                rows.append(
+                    {
+                        "condition": condition,
+                        "spincount": spincount,
+                        "runs": len(mine),
+                        **{
+                            k: _median([r[k] for r in mine])
+                            for k in (
+                                "fast_time_to_target_s",
+                                "fast_s_per_epoch",
+                                "baseline_s_per_epoch",
+                                "per_epoch_ratio",
+                                "fast_cpu_s_per_epoch",
+                                "baseline_cpu_s_per_epoch",
+                            )
+                        },
+                    }
+                )
     return rows
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--spincounts", type=int, nargs="+", default=[300000, 10000],
-                   help="GOMP_SPINCOUNT values, alternated (default: libgomp's own 300000, and 10000)")
+    p.add_argument(
+        "--spincounts",
+        type=int,
+        nargs="+",
+        default=[300000, 10000],
+        help="GOMP_SPINCOUNT values, alternated (default: libgomp's own 300000, and 10000)",
+    )
     p.add_argument("--conditions", nargs="+", choices=["quiet", "loaded"], default=["quiet", "loaded"])
     p.add_argument("--repeats", type=int, default=2, help="runs of each variant per condition (default %(default)s)")
-    p.add_argument("--spinners", type=int, default=os.cpu_count() or 1, help="busy processes while loaded (default: one per core)")
+    p.add_argument(
+        "--spinners", type=int, default=os.cpu_count() or 1, help="busy processes while loaded (default: one per core)"
+    )
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON (default %(default)s)")
-    p.add_argument("demo_args", nargs="*", help="options passed to monai-fast demo (after --; default --epoch-multiple 1)")
+    p.add_argument(
+        "demo_args", nargs="*", help="options passed to monai-fast demo (after --; default --epoch-multiple 1)"
+    )
     args = p.parse_args()
     demo_args = args.demo_args or ["--epoch-multiple", "1"]
     runs = []
@@ -100,26 +136,60 @@ def main() -> None:
         for condition in args.conditions:
             for rep in range(1, args.repeats + 1):
                 for spincount in args.spincounts:
-                    r = one_run(condition, spincount, args.spinners, Path(tmp) / f"{condition}-{spincount}-{rep}", demo_args)
+                    r = one_run(
+                        condition, spincount, args.spinners, Path(tmp) / f"{condition}-{spincount}-{rep}", demo_args
+                    )
                     runs.append({"repeat": rep, **r})
-                    print(f"{condition} GOMP_SPINCOUNT={spincount} repeat {rep}: fast "
-                          f"{_cell(r['fast_time_to_target_s'], '.1f')} s to target, s/epoch fast {r['fast_s_per_epoch']:.2f} baseline {r['baseline_s_per_epoch']:.2f} "
-                          f"(ratio {r['per_epoch_ratio']:.2f}x)", flush=True)
+                    print(
+                        f"{condition} GOMP_SPINCOUNT={spincount} repeat {rep}: fast "
+                        f"{_cell(r['fast_time_to_target_s'], '.1f')} s to target, s/epoch fast {r['fast_s_per_epoch']:.2f} baseline {r['baseline_s_per_epoch']:.2f} "
+                        f"(ratio {r['per_epoch_ratio']:.2f}x)",
+                        flush=True,
+                    )
     same = all(r["curves"] == runs[0]["curves"] for r in runs)
     rows = summarize(runs)
-    head = ["condition", "GOMP_SPINCOUNT", "runs", "fast to target s", "fast s/epoch", "baseline s/epoch", "per-epoch ratio",
-            "fast CPU s/epoch", "baseline CPU s/epoch"]
-    cells = [[r["condition"], str(r["spincount"]), str(r["runs"]), _cell(r["fast_time_to_target_s"], ".1f"),
-              _cell(r["fast_s_per_epoch"], ".2f"), _cell(r["baseline_s_per_epoch"], ".2f"),
-              _cell(r["per_epoch_ratio"], ".2f") + "x", _cell(r["fast_cpu_s_per_epoch"], ".1f"),
-              _cell(r["baseline_cpu_s_per_epoch"], ".1f")] for r in rows]
+    head = [
+        "condition",
+        "GOMP_SPINCOUNT",
+        "runs",
+        "fast to target s",
+        "fast s/epoch",
+        "baseline s/epoch",
+        "per-epoch ratio",
+        "fast CPU s/epoch",
+        "baseline CPU s/epoch",
+    ]
+    cells = [
+        [
+            r["condition"],
+            str(r["spincount"]),
+            str(r["runs"]),
+            _cell(r["fast_time_to_target_s"], ".1f"),
+            _cell(r["fast_s_per_epoch"], ".2f"),
+            _cell(r["baseline_s_per_epoch"], ".2f"),
+            _cell(r["per_epoch_ratio"], ".2f") + "x",
+            _cell(r["fast_cpu_s_per_epoch"], ".1f"),
+            _cell(r["baseline_cpu_s_per_epoch"], ".1f"),
+        ]
+        for r in rows
+    ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
     for line in [head, ["-" * w for w in widths], *cells]:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
     print(f"Dice curves equal in every run: {same}")
     out = Path(args.out) / f"openmp_spin_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    write_json({"command": " ".join(sys.argv), "cpus": os.cpu_count(), "spinners": args.spinners, "demo_args": demo_args,
-                "curves_equal": same, "summary": rows, "runs": runs}, out)
+    write_json(
+        {
+            "command": " ".join(sys.argv),
+            "cpus": os.cpu_count(),
+            "spinners": args.spinners,
+            "demo_args": demo_args,
+            "curves_equal": same,
+            "summary": rows,
+            "runs": runs,
+        },
+        out,
+    )
     print(f"wrote {out}")
 
 

@@ -71,16 +71,30 @@ print(json.dumps({{"wall_s": (time.perf_counter() - w0) / {steps}, "cpu_s": (tim
                   "threads": torch.get_num_threads(), "bf16": bool(bf16), "pinned": pinned}}))
 """
 
-VARIANTS = {"free": {}, "bound": {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"}, "workers": {"STEP_PIN_WORKERS": "1"},
-            "iteration": {"STEP_PIN_WORKERS": "main"}}
+VARIANTS = {
+    "free": {},
+    "bound": {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores"},
+    "workers": {"STEP_PIN_WORKERS": "1"},
+    "iteration": {"STEP_PIN_WORKERS": "main"},
+}
 
 
 def one_run(variant: str, steps: int) -> dict:
     """The step timed in a fresh process with ``variant``'s OpenMP settings."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "STEP_PIN_WORKERS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "STEP_PIN_WORKERS")
+    }
     env.update(GOMP_SPINCOUNT="10000", **VARIANTS[variant])
-    proc = subprocess.run([sys.executable, "-c", STEP.format(steps=steps)], env=env, capture_output=True, text=True,
-                          check=False, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", STEP.format(steps=steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"the step failed ({variant}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -90,7 +104,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=4, help="runs of each variant per condition (default %(default)s)")
     p.add_argument("--steps", type=int, default=16, help="timed steps per run (default %(default)s)")
-    p.add_argument("--spinners", type=int, default=os.cpu_count() or 1, help="busy processes while loaded (default: one per core)")
+    p.add_argument(
+        "--spinners", type=int, default=os.cpu_count() or 1, help="busy processes while loaded (default: one per core)"
+    )
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON (default %(default)s)")
     args = p.parse_args()
     runs = []
@@ -100,15 +116,25 @@ def main() -> None:
                 for variant in VARIANTS:
                     r = {"condition": condition, "variant": variant, "repeat": rep, **one_run(variant, args.steps)}
                     runs.append(r)
-                    print(f"{condition} {variant} {rep}: {r['wall_s']:.3f} s wall, {r['cpu_s']:.3f} s CPU per step", flush=True)
+                    print(
+                        f"{condition} {variant} {rep}: {r['wall_s']:.3f} s wall, {r['cpu_s']:.3f} s CPU per step",
+                        flush=True,
+                    )
     head = ["condition", "variant", "runs", "wall s/step (each run)", "median", "CPU s/step median"]
     rows = []
     for condition in ("quiet", "loaded"):
         for variant in VARIANTS:
             mine = [r for r in runs if r["condition"] == condition and r["variant"] == variant]
-            rows.append([condition, variant, str(len(mine)), " ".join(f"{r['wall_s']:.2f}" for r in mine),
-                         f"{statistics.median(r['wall_s'] for r in mine):.3f}",
-                         f"{statistics.median(r['cpu_s'] for r in mine):.3f}"])
+            rows.append(
+                [
+                    condition,
+                    variant,
+                    str(len(mine)),
+                    " ".join(f"{r['wall_s']:.2f}" for r in mine),
+                    f"{statistics.median(r['wall_s'] for r in mine):.3f}",
+                    f"{statistics.median(r['cpu_s'] for r in mine):.3f}",
+                ]
+            )
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     for line in [head, ["-" * w for w in widths], *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())

@@ -44,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="rounds of all variants, interleaved (default %(default)s)")
     p.add_argument("--target", type=float, help="validation ROC AUC (default 0.95; --tiny: 0.8)")
     p.add_argument("--max-epochs", type=int, help="default: the size's")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto", help="fast's AMPToggle (default %(default)s)")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp16", "fp32"),
+        default="auto",
+        help="fast's AMPToggle (default %(default)s)",
+    )
     p.add_argument("--time-budget", type=float, default=1800.0, help="seconds per run (default %(default)s)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
@@ -55,9 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 1 if args.tiny else args.repeats
     target = args.target if args.target is not None else 0.8 if args.tiny else 0.95
     cucim = cucim_status(device)
-    print(f"{device_description(device)}; size {size_name}; cuCIM {'on' if cucim is None else 'off: ' + cucim}", flush=True)
+    print(
+        f"{device_description(device)}; size {size_name}; cuCIM {'on' if cucim is None else 'off: ' + cucim}",
+        flush=True,
+    )
 
-    root = synthetic_wsi_dataset(size.slides, size.shape, size.patch_size, tile=size.tile, levels=size.levels, progress=False)
+    root = synthetic_wsi_dataset(
+        size.slides, size.shape, size.patch_size, tile=size.tile, levels=size.levels, progress=False
+    )
     train, val = load_wsi_datalist(root)
     config = size.config(max_epochs=args.max_epochs, precision=args.precision)
     runs = []
@@ -65,18 +75,38 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants:  # interleaved
             r = run_pathology(variant, train, val, config, device, target=target, time_budget_s=args.time_budget)
             runs.append({**r, "repeat": repeat})
-            print(f"repeat {repeat} {variant:<5} {r['patches_per_s'] or 0:.1f} patches/s, best AUC {r['best_auc'] or 0:.3f}, "
-                  f"target {'at %.1f s' % r['time_to_target_s'] if r['time_to_target_s'] else 'not reached'}", flush=True)
+            reached = f"at {r['time_to_target_s']:.1f} s" if r["time_to_target_s"] else "not reached"
+            print(
+                f"repeat {repeat} {variant:<5} {r['patches_per_s'] or 0:.1f} patches/s, best AUC {r['best_auc'] or 0:.3f}, "
+                f"target {reached}",
+                flush=True,
+            )
     print(results_table(runs))
     for variant in args.variants:
         r = next(x for x in runs if x["variant"] == variant)
         print(f"{variant}: reader {r['reader']}; augmentation {r['augment']}; {r['optimizer']}, {r['precision']}")
     path = Path(args.out) / f"pathology_{time.strftime('%Y%m%d-%H%M%S')}.json"
-    machine = {"device": device_description(device), "python": sys.version.split()[0], "platform": platform.platform(),
-               "torch": torch.__version__, "monai": monai.__version__, "cucim": cucim or "available"}
-    write_json({"command": " ".join(sys.argv), "options": vars(args), "size": size_name, "target_auc": target,
-                "data": str(root), "patches": {"training": len(train), "validation": len(val)}, "machine": machine,
-                "runs": runs}, path)
+    machine = {
+        "device": device_description(device),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "monai": monai.__version__,
+        "cucim": cucim or "available",
+    }
+    write_json(
+        {
+            "command": " ".join(sys.argv),
+            "options": vars(args),
+            "size": size_name,
+            "target_auc": target,
+            "data": str(root),
+            "patches": {"training": len(train), "validation": len(val)},
+            "machine": machine,
+            "runs": runs,
+        },
+        path,
+    )
     print(f"wrote {path}")
     return 0
 

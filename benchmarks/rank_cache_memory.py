@@ -41,8 +41,10 @@ def _measure(data_root: str, partition: bool, out_dir: str) -> None:
         files, _ = load_msd_datalist(data_root, val_fraction=0.25)
         rank, world = idist.get_rank(), idist.get_world_size()
         mine = rank_partition(files, rank, world) if partition else files
-        chain = Compose(deterministic_transforms(cfg, precompute_indices=True, plain_tensors=True)
-                        + random_transforms(cfg, precomputed_indices=True))
+        chain = Compose(
+            deterministic_transforms(cfg, precompute_indices=True, plain_tensors=True)
+            + random_transforms(cfg, precomputed_indices=True)
+        )
         ds = CacheDataset(mine, chain, cache_rate=1.0, num_workers=1, progress=False, copy_cache=False)
         for batch in ThreadDataLoader(ds, batch_size=2, shuffle=True):
             _ = batch["image"].shape
@@ -71,8 +73,11 @@ def main() -> None:
 
     root = str(synthetic_dataset("spleen-like", args.cases, (128, 128, 64), 0, progress=False))
     rows = []
-    for label, nproc, partition in (("1 rank, all items", 1, False), ("2 ranks, full copy each", 2, False),
-                                    ("2 ranks, partition each", 2, True)):
+    for label, nproc, partition in (
+        ("1 rank, all items", 1, False),
+        ("2 ranks, full copy each", 2, False),
+        ("2 ranks, partition each", 2, True),
+    ):
         ranks = _run(root, nproc, partition)
         total = sum(r["peak_rss_growth_mib"] for r in ranks)
         rows.append({"setup": label, "ranks": ranks, "node_total_mib": total})
@@ -82,8 +87,12 @@ def main() -> None:
         items = "/".join(str(x["items"]) for x in r["ranks"])
         per = "/".join(f"{x['peak_rss_growth_mib']:.0f}" for x in r["ranks"])
         print(f"{r['setup']:<26} {items:>15} {per:>18} {r['node_total_mib']:>15.0f}")
-    doc = {"benchmark": "rank_cache_memory", "date": dt.datetime.now().isoformat(timespec="seconds"),
-           "machine": {"device": device_description("cpu"), "platform": platform.platform()}, "rows": rows}
+    doc = {
+        "benchmark": "rank_cache_memory",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": {"device": device_description("cpu"), "platform": platform.platform()},
+        "rows": rows,
+    }
     from monai_fast.files import write_json
 
     path = write_json(doc, Path(args.out) / f"rank_cache_memory_{dt.datetime.now():%Y%m%d-%H%M%S}.json")

@@ -33,9 +33,28 @@ FIELDS = ("setup_s", "train_s_per_epoch", "val_s_per_epoch", "epochs_to_target",
 def run_tree(tree: Path, args: argparse.Namespace, seed: int, out: Path) -> dict:
     """The recipe's result from ``tree``'s own ``time_to_dice.py`` (one repeat, training seed ``seed``)."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(tree / "benchmarks" / "time_to_dice.py"), "--recipes", args.recipe, "--repeats", "1",
-           "--seed", str(seed), "--cases", str(args.cases), "--shape", *map(str, args.shape), "--target", str(args.target),
-           "--time-budget", str(args.time_budget), "--out", str(out), "--run-dir", str(out / "runs")]
+    cmd = [
+        sys.executable,
+        str(tree / "benchmarks" / "time_to_dice.py"),
+        "--recipes",
+        args.recipe,
+        "--repeats",
+        "1",
+        "--seed",
+        str(seed),
+        "--cases",
+        str(args.cases),
+        "--shape",
+        *map(str, args.shape),
+        "--target",
+        str(args.target),
+        "--time-budget",
+        str(args.time_budget),
+        "--out",
+        str(out),
+        "--run-dir",
+        str(out / "runs"),
+    ]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     subprocess.run(cmd, env=env, check=True, cwd=tree, stdout=subprocess.DEVNULL)
     result = json.loads(next(out.glob("time_to_dice_*.json")).read_text())
@@ -68,10 +87,20 @@ def main(argv: list[str] | None = None) -> int:
         med = {n: statistics.median(v) if (v := [r[k] for r in runs[n] if r[k] is not None]) else None for n in runs}
         ratio = med["new"] / med["old"] if med["old"] and med["new"] is not None else None
         table[k] = {**med, "ratio": ratio}
-        print(f"{k:>20} {med['old'] or float('nan'):9.2f} {med['new'] or float('nan'):9.2f} {ratio or float('nan'):8.2f}")
+        print(
+            f"{k:>20} {med['old'] or float('nan'):9.2f} {med['new'] or float('nan'):9.2f} {ratio or float('nan'):8.2f}"
+        )
     path = args.out / f"recipe_vs_commit_{time.strftime('%Y%m%d-%H%M%S')}.json"
-    write_json({"recipe": args.recipe, "old": str(args.old), "options": {k: str(v) for k, v in vars(args).items()},
-                "runs": runs, "medians": table}, path)
+    write_json(
+        {
+            "recipe": args.recipe,
+            "old": str(args.old),
+            "options": {k: str(v) for k, v in vars(args).items()},
+            "runs": runs,
+            "medians": table,
+        },
+        path,
+    )
     print(f"wrote {path}")
     return 0
 

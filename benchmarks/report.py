@@ -22,7 +22,6 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,14 +46,20 @@ def _your_trainer(d: dict) -> str:
     ratios = [r.get("epoch_ratio") for r in d.get("rows", []) if isinstance(r, dict) and r.get("epoch_ratio")]
     where = f"CPU limited to {isa}" if isa else ("bf16 hardware" if bf16 else "no bf16 hardware")
     each = ", ".join(f"{r:.2f}x" for r in ratios) if ratios else ""
-    return f"FastTraining on a tutorial-style trainer, per-epoch speed-up: median {_x(d.get('median_epoch_ratio'))}" + (
-        f" ({each})" if each else "") + f"; {where}"
+    return (
+        f"FastTraining on a tutorial-style trainer, per-epoch speed-up: median {_x(d.get('median_epoch_ratio'))}"
+        + (f" ({each})" if each else "")
+        + f"; {where}"
+    )
 
 
 def _time_to_dice(d: dict) -> str:
     summary = d.get("summary", {})
-    parts = [f"{name} {_s(v.get('median_time_to_target_s'))} ({v.get('reached', '?')} reached)"
-             for name, v in summary.items() if isinstance(v, dict)]
+    parts = [
+        f"{name} {_s(v.get('median_time_to_target_s'))} ({v.get('reached', '?')} reached)"
+        for name, v in summary.items()
+        if isinstance(v, dict)
+    ]
     return "median time to Dice 0.9: " + ", ".join(parts)
 
 
@@ -80,19 +85,24 @@ def _per_pair_median(d: dict, key: str) -> float | None:
 
 
 def _background_fill(d: dict) -> str:
-    return (f"first iteration, background over foreground fill: "
-            f"{_x(_per_pair_median(d, 'first_iteration_s_background_over_foreground'))}; end of epoch 2: "
-            f"{_x(_per_pair_median(d, 'epoch2_end_s_background_over_foreground'))}")
+    return (
+        f"first iteration, background over foreground fill: "
+        f"{_x(_per_pair_median(d, 'first_iteration_s_background_over_foreground'))}; end of epoch 2: "
+        f"{_x(_per_pair_median(d, 'epoch2_end_s_background_over_foreground'))}"
+    )
 
 
 def _compile_step(d: dict) -> str:
-    return (f"torch.compile over eager: training step {_x(d.get('median_train_ratio'))}, "
-            f"sliding window {_x(d.get('median_window_ratio'))}")
+    return (
+        f"torch.compile over eager: training step {_x(d.get('median_train_ratio'))}, "
+        f"sliding window {_x(d.get('median_window_ratio'))}"
+    )
 
 
 def _fast_convergence(d: dict) -> str:
     return "median epochs to Dice 0.9: " + ", ".join(
-        f"{k} {v.get('median_epochs')}" for k, v in d.get("summary", {}).items() if isinstance(v, dict))
+        f"{k} {v.get('median_epochs')}" for k, v in d.get("summary", {}).items() if isinstance(v, dict)
+    )
 
 
 def _handler_overhead(d: dict) -> str:
@@ -103,7 +113,9 @@ def _handler_overhead(d: dict) -> str:
 def _loader_overlap(d: dict) -> str:
     return "; ".join(
         f"{r.get('isa')} {r.get('chain')}: prefetch / on demand {_x(r.get('median_on_demand'))}, "
-        f"prefetch / auto {_x(r.get('median_auto'))}" for r in d.get("rows", []))
+        f"prefetch / auto {_x(r.get('median_auto'))}"
+        for r in d.get("rows", [])
+    )
 
 
 def _loader_variants(d: dict) -> str:
@@ -111,13 +123,17 @@ def _loader_variants(d: dict) -> str:
 
 
 def _rank_cache_memory(d: dict) -> str:
-    return "peak RSS per node: " + ", ".join(f"{r.get('setup')} {r.get('node_total_mib', 0):.0f} MiB" for r in d.get("rows", []))
+    return "peak RSS per node: " + ", ".join(
+        f"{r.get('setup')} {r.get('node_total_mib', 0):.0f} MiB" for r in d.get("rows", [])
+    )
 
 
 def _elastic_restart(d: dict) -> str:
     rows = d.get("rows", [])
     return "a rank SIGKILLed and restarted: " + ", ".join(
-        f"save every {r.get('save_every')}: +{_s(r.get('extra_s'))}, weights equal: {r.get('weights_equal')}" for r in rows)
+        f"save every {r.get('save_every')}: +{_s(r.get('extra_s'))}, weights equal: {r.get('weights_equal')}"
+        for r in rows
+    )
 
 
 def _ddp_scaling(d: dict) -> str:
@@ -128,13 +144,17 @@ def _inference(d: dict) -> str:
     rows = [r for r in d.get("rows", []) if r.get("available")]
     base = next((r.get("latency_s") for r in rows if r.get("backend") == "eager"), None)
     return "latency per volume: " + ", ".join(
-        f"{r.get('backend')} {_s(r.get('latency_s'), 2)}" + (f" ({base / r['latency_s']:.2f}x eager)" if base and r.get("latency_s") else "")
-        for r in rows)
+        f"{r.get('backend')} {_s(r.get('latency_s'), 2)}"
+        + (f" ({base / r['latency_s']:.2f}x eager)" if base and r.get("latency_s") else "")
+        for r in rows
+    )
 
 
 def _segresnet_lab(d: dict) -> str:
-    return (f"{d.get('network')}: {_s(d.get('time_per_epoch_s'), 2)} per epoch over {d.get('epochs')} epochs, "
-            f"final Dice {d.get('final_dice', 0):.3f}")
+    return (
+        f"{d.get('network')}: {_s(d.get('time_per_epoch_s'), 2)} per epoch over {d.get('epochs')} epochs, "
+        f"final Dice {d.get('final_dice', 0):.3f}"
+    )
 
 
 def _recipe_vs_commit(d: dict) -> str:
@@ -145,34 +165,48 @@ def _recipe_vs_commit(d: dict) -> str:
 def _tuner_quality(d: dict) -> str:
     pick = d.get("pick_over_best")
     if isinstance(pick, dict):
-        return "tuner's pick over the best measured: " + ", ".join(f"{k} {v:.3f}" for k, v in pick.items() if isinstance(v, (int, float)))
-    return f"tuner's pick over the best measured: {pick}" if pick is not None else "tuner runs against a head-to-head race"
+        return "tuner's pick over the best measured: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in pick.items() if isinstance(v, (int, float))
+        )
+    return (
+        f"tuner's pick over the best measured: {pick}" if pick is not None else "tuner runs against a head-to-head race"
+    )
 
 
 def _pathology(d: dict) -> str:
-    return "; ".join(f"{r.get('variant')}: {r.get('patches_per_s', 0):.1f} patches/s, AUC {r.get('best_auc', 0):.3f}"
-                     for r in d.get("runs", []) if isinstance(r, dict))
+    return "; ".join(
+        f"{r.get('variant')}: {r.get('patches_per_s', 0):.1f} patches/s, AUC {r.get('best_auc', 0):.3f}"
+        for r in d.get("runs", [])
+        if isinstance(r, dict)
+    )
 
 
 def _openmp_spin(d: dict) -> str:
-    return "; ".join(f"{r.get('condition')} GOMP_SPINCOUNT={r.get('spincount')}: fast {_s(r.get('fast_time_to_target_s'))} to "
-                     f"target, per-epoch ratio {_x(r.get('per_epoch_ratio'))}" for r in d.get("summary", []))
+    return "; ".join(
+        f"{r.get('condition')} GOMP_SPINCOUNT={r.get('spincount')}: fast {_s(r.get('fast_time_to_target_s'))} to "
+        f"target, per-epoch ratio {_x(r.get('per_epoch_ratio'))}"
+        for r in d.get("summary", [])
+    )
 
 
 def _bundle(d: dict) -> str:
     summary = d.get("summary", {})
     pairs = ", ".join(f"{q.get('ratio', 0):.2f}x" for q in summary.get("pairs", []))
     levers = ", ".join(f"{k} {v}" for k, v in (d.get("levers_applied") or {}).items())
-    return (f"{d.get('bundle')} as published over monai-fast bundle run, per epoch: median "
-            f"{_x(summary.get('median_ratio'))} ({pairs}); levers: {levers}")
+    return (
+        f"{d.get('bundle')} as published over monai-fast bundle run, per epoch: median "
+        f"{_x(summary.get('median_ratio'))} ({pairs}); levers: {levers}"
+    )
 
 
 def _bundle_sweep(d: dict) -> str:
     rows = d.get("rows", [])
     builds = sum(1 for r in rows if r.get("builds"))
     trains = sum(1 for r in rows if r.get("trains"))
-    return (f"Model Zoo sweep ({d.get('zoo_commit', '?')[:7]}): {len(rows)} bundles, {builds} build, "
-            f"{trains} train 2 iterations with FastTraining (the table is on the bundles page)")
+    return (
+        f"Model Zoo sweep ({d.get('zoo_commit', '?')[:7]}): {len(rows)} bundles, {builds} build, "
+        f"{trains} train 2 iterations with FastTraining (the table is on the bundles page)"
+    )
 
 
 EXTRACTORS: dict[str, Extractor] = {
@@ -234,8 +268,13 @@ def _date(d: dict, stamp: str) -> str:
 def _commit(path: Path) -> str:
     """The short hash of the commit that added ``path``; ``uncommitted`` when git does not know it."""
     try:
-        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h", "--", str(path.relative_to(ROOT))],
-                             cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.split()
+        out = subprocess.run(
+            ["git", "log", "--diff-filter=A", "--format=%h", "--", str(path.relative_to(ROOT))],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.split()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out[-1] if out else "uncommitted"
@@ -258,8 +297,17 @@ def rows(results: Path = RESULTS) -> list[dict[str, Any]]:
             result = extractor(data) if extractor else "see the JSON"
         except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError) as err:
             raise SystemExit(f"{path}: the {name} extractor could not read it ({err!r})") from err
-        out.append({"benchmark": name, "result": result, "machine": _machine(data), "date": _date(data, stamp),
-                    "stamp": stamp, "commit": _commit(path), "file": path.name})
+        out.append(
+            {
+                "benchmark": name,
+                "result": result,
+                "machine": _machine(data),
+                "date": _date(data, stamp),
+                "stamp": stamp,
+                "commit": _commit(path),
+                "file": path.name,
+            }
+        )
     out.sort(key=lambda r: (r["benchmark"], -int(r["stamp"].replace("-", "").ljust(14, "0"))))
     return out
 
@@ -286,8 +334,9 @@ def render(table: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of results JSON (default %(default)s)")
     parser.add_argument("--out", type=Path, default=PAGE, help="the page to write (default %(default)s)")
     parser.add_argument("--check", action="store_true", help="exit 1 when the page differs from what would be written")

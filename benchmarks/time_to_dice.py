@@ -46,26 +46,46 @@ def recipe_sizes(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipes", nargs="+", choices=RECIPES, default=["baseline", "monai_tutorial", "fast"])
-    p.add_argument("--repeats", type=int, default=1, help="races with training seeds seed, seed+1, ... (default %(default)s)")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="races with training seeds seed, seed+1, ... (default %(default)s)"
+    )
     p.add_argument("--target", type=float, default=0.9, help="validation mean Dice to reach (default %(default)s)")
     p.add_argument("--time-budget", type=float, default=1200.0, help="seconds per recipe (default %(default)s)")
     p.add_argument("--max-epochs", type=int, default=200, help="epoch limit per recipe (default %(default)s)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default %(default)s)")
     p.add_argument("--data-dir", help="an MSD-layout folder; default: synthetic spleen-like data")
     p.add_argument("--cases", type=int, default=16, help="synthetic cases (default %(default)s)")
-    p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), help="synthetic volume size (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of data and split, first training seed (default %(default)s)")
+    p.add_argument(
+        "--shape", type=int, nargs=3, default=(128, 128, 64), help="synthetic volume size (default %(default)s)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of data and split, first training seed (default %(default)s)"
+    )
     p.add_argument("--patch", type=int, nargs=3, help="training crop / sliding window (default: the recipes' 64^3)")
-    p.add_argument("--channels", type=int, nargs="+", help="UNet channels, stride 2 each (default: the recipes' 8 16 32 64)")
+    p.add_argument(
+        "--channels", type=int, nargs="+", help="UNet channels, stride 2 each (default: the recipes' 8 16 32 64)"
+    )
     p.add_argument("--res-units", type=int, help="UNet residual units per level (default: the recipes' 1)")
     p.add_argument("--run-dir", help="run folders of the repeats (default runs/bench-<time>)")
     p.add_argument("--out", default="benchmarks/results", help="folder of the JSON (default %(default)s)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     overrides: dict = {"max_epochs": args.max_epochs, **recipe_sizes(args)}
-    spec = RaceSpec(recipes=args.recipes, data_dir=args.data_dir, synthetic=SyntheticData(cases=args.cases, shape=tuple(args.shape)),
-                    seed=args.seed, target=args.target, time_budget_s=args.time_budget, device=args.device,
-                    overrides=overrides, run_dir=args.run_dir, progress=False, record_options=vars(args))
+    spec = RaceSpec(
+        recipes=args.recipes,
+        data_dir=args.data_dir,
+        synthetic=SyntheticData(cases=args.cases, shape=tuple(args.shape)),
+        seed=args.seed,
+        target=args.target,
+        time_budget_s=args.time_budget,
+        device=args.device,
+        overrides=overrides,
+        run_dir=args.run_dir,
+        progress=False,
+        record_options=vars(args),
+    )
     try:
         done = bench(spec, repeats=args.repeats, out_dir=args.out, events=_Say())
     except RaceOptionError as e:

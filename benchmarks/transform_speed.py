@@ -47,11 +47,15 @@ def chain_of(recipe: str, config: RecipeConfig) -> tuple[list[MapTransform], int
     """The recipe's training chain and the length of its cached head (as ``CacheDataset`` computes it)."""
     parts = recipe_parts(recipe, config, "cpu")
     chain = parts.cached_transforms() + parts.random_transforms()
-    first_random = Compose(chain).get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform))
+    first_random = Compose(chain).get_index_of_first(
+        lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform)
+    )
     return chain, len(chain) if first_random is None else first_random
 
 
-def time_chain(chain: list[MapTransform], files: list[dict], device: torch.device, repeats: int, seed: int) -> list[list[float]]:
+def time_chain(
+    chain: list[MapTransform], files: list[dict], device: torch.device, repeats: int, seed: int
+) -> list[list[float]]:
     """Milliseconds of each transform (one list per transform, one value per case and repeat).
 
     On a CUDA ``device`` a ``ToDeviced`` is put after the first transform (the load) and timed as
@@ -110,8 +114,10 @@ def print_table(rows: list[dict], summary: dict, devices: list[str]) -> None:
         print(f"{r['transform']:<26} {'yes' if r['cached'] else 'no':>6} {cells}")
     for d in devices:
         s = summary[d]
-        print(f"{d}: cached head {s['cached_ms']:.1f} ms per volume (once, at cache fill), tail {s['per_epoch_ms']:.1f} ms "
-              f"every epoch: the cache removes {100 * s['cache_removes_share']:.0f} % of the epoch's transform time")
+        print(
+            f"{d}: cached head {s['cached_ms']:.1f} ms per volume (once, at cache fill), tail {s['per_epoch_ms']:.1f} ms "
+            f"every epoch: the cache removes {100 * s['cache_removes_share']:.0f} % of the epoch's transform time"
+        )
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -149,12 +155,22 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(rows, devices)
     print_table(rows, summary, devices)
     stamp = dt.datetime.now()
-    path = write_json({
-        "benchmark": "transform_speed", "date": stamp.isoformat(timespec="seconds"),
-        "machine": {d: device_description(torch.device(d)) for d in devices}, "command": " ".join(sys.argv),
-        "options": vars(args), "recipe": args.recipe, "devices": devices, "cached_head_length": head,
-        "transforms": rows, "summary": summary, "times_ms": by_device,
-    }, Path(args.out) / f"transform_speed_{stamp:%Y%m%d-%H%M%S}.json")
+    path = write_json(
+        {
+            "benchmark": "transform_speed",
+            "date": stamp.isoformat(timespec="seconds"),
+            "machine": {d: device_description(torch.device(d)) for d in devices},
+            "command": " ".join(sys.argv),
+            "options": vars(args),
+            "recipe": args.recipe,
+            "devices": devices,
+            "cached_head_length": head,
+            "transforms": rows,
+            "summary": summary,
+            "times_ms": by_device,
+        },
+        Path(args.out) / f"transform_speed_{stamp:%Y%m%d-%H%M%S}.json",
+    )
     print(f"wrote {path}")
     return 0
 

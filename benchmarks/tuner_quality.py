@@ -54,8 +54,14 @@ def sweep(config: RecipeConfig, val_shape, device, space: SearchSpace, rounds: i
     val: dict = {}
     seconds = 0.0
     for i in range(rounds):
-        result = tune_recipe(config, val_shape, device, space=replace(space, strategy="grid", confirm=0),
-                             store=Path(tempfile.mkdtemp()) / "sweep.json", force=True)
+        result = tune_recipe(
+            config,
+            val_shape,
+            device,
+            space=replace(space, strategy="grid", confirm=0),
+            store=Path(tempfile.mkdtemp()) / "sweep.json",
+            force=True,
+        )
         seconds += result.tuning_s
         for t in result.trials:
             key = t["value"] if t["phase"] == "train" else (t["val_device"], t["value"])
@@ -69,17 +75,24 @@ def source_version() -> str | None:
     """The checkout's commit, with ``+changes`` when the tree differs from it (``None`` outside git)."""
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+changes" if dirty else "")
 
 
-def head_to_head(config: RecipeConfig, val_shape, device, precision: str, train_values, val_values,
-                 rounds: int, seed: int = 0) -> tuple[dict, dict]:
+def head_to_head(
+    config: RecipeConfig, val_shape, device, precision: str, train_values, val_values, rounds: int, seed: int = 0
+) -> tuple[dict, dict]:
     """Throughput of each candidate in ``rounds`` interleaved rounds, in a fresh random order per
     round, timed like a tuner trial but longer (2 warm-up steps, then at least 4 steps and 1 s).
 
@@ -103,8 +116,18 @@ def head_to_head(config: RecipeConfig, val_shape, device, precision: str, train_
                 train[key].append(patches / s)
             else:
                 dev, sw = key
-                s = time_inference(net, config.patch_size, sw, val_shape, 1, device, torch.device(dev), precision,
-                                   config.sw_overlap, **timing)
+                s = time_inference(
+                    net,
+                    config.patch_size,
+                    sw,
+                    val_shape,
+                    1,
+                    device,
+                    torch.device(dev),
+                    precision,
+                    config.sw_overlap,
+                    **timing,
+                )
                 val[key].append(1.0 / s)
         print(f"  head-to-head round {r + 1}/{rounds}", flush=True)
     return train, val
@@ -130,25 +153,39 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-range", type=int, nargs=2, default=(1, 8))
     ap.add_argument("--sw-range", type=int, nargs=2, default=(1, 16))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--preset", choices=("demo", "small"), default="demo",
-                    help="demo: the fast recipe's UNet and 64^3 patches (flat curves on a CPU); small: a 4-8-16 UNet on "
-                         "32^3 patches, where per-step overhead makes throughput rise with the batch (default %(default)s)")
+    ap.add_argument(
+        "--preset",
+        choices=("demo", "small"),
+        default="demo",
+        help="demo: the fast recipe's UNet and 64^3 patches (flat curves on a CPU); small: a 4-8-16 UNet on "
+        "32^3 patches, where per-step overhead makes throughput rise with the batch (default %(default)s)",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="exhaustive sweeps, median per value (default %(default)s)")
     ap.add_argument("--tuner-runs", type=int, default=3, help="independent tuner runs (default %(default)s)")
-    ap.add_argument("--top", type=int, default=3, help="sweep's best values taken into the head-to-head (default %(default)s)")
+    ap.add_argument(
+        "--top", type=int, default=3, help="sweep's best values taken into the head-to-head (default %(default)s)"
+    )
     ap.add_argument("--h2h-rounds", type=int, default=6, help="interleaved head-to-head rounds (default %(default)s)")
     ap.add_argument("--skip-training", action="store_true", help="no reference training run")
-    ap.add_argument("--tiny", action="store_true",
-                    help="toy size (4 small volumes, preset small, ranges 1-2, one round of each, no training run)")
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="toy size (4 small volumes, preset small, ranges 1-2, one round of each, no training run)",
+    )
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
     if args.tiny:
         args.preset, args.batch_range, args.sw_range, args.skip_training = "small", (1, 2), (1, 2), True
         args.rounds = args.tuner_runs = args.top = args.h2h_rounds = 1
     device = torch.device(args.device)
-    config = RecipeConfig() if args.preset == "demo" else RecipeConfig(
-        channels=(4, 8, 16), strides=(2, 2), num_res_units=0, patch_size=(32, 32, 32), num_samples=1)
-    root = synthetic_dataset("spleen-like", *((4, (48, 48, 32)) if args.tiny else (16, (128, 128, 64))), 0, progress=False)
+    config = (
+        RecipeConfig()
+        if args.preset == "demo"
+        else RecipeConfig(channels=(4, 8, 16), strides=(2, 2), num_res_units=0, patch_size=(32, 32, 32), num_samples=1)
+    )
+    root = synthetic_dataset(
+        "spleen-like", *((4, (48, 48, 32)) if args.tiny else (16, (128, 128, 64))), 0, progress=False
+    )
     train_files, val_files = load_msd_datalist(root, val_fraction=0.25, seed=0)
     val_shape = typical_val_shape(val_files, config)
     space = default_space(device, batch_range=tuple(args.batch_range), sw_batch_range=tuple(args.sw_range))
@@ -159,8 +196,11 @@ def main(argv=None) -> int:
     results = []
     for i in range(args.tuner_runs):
         print(f"tuner run {i + 1}/{args.tuner_runs}:", flush=True)
-        results.append(tune_recipe(config, val_shape, device, space=space,
-                                   store=Path(tempfile.mkdtemp()) / "tune.json", force=True))
+        results.append(
+            tune_recipe(
+                config, val_shape, device, space=space, store=Path(tempfile.mkdtemp()) / "tune.json", force=True
+            )
+        )
         print(results[-1].table())
     precision = results[0].precision
     best_b = max(train, key=lambda b: train[b] or 0)
@@ -182,17 +222,24 @@ def main(argv=None) -> int:
         full_s = epoch_s * config.max_epochs
 
     runs = []
-    print(f"\n{'run':<4} {'setting':<22} {'pick':>10} {'sweep best':>11} {'sweep':>6} {'h2h best':>10} "
-          f"{'head-to-head (90 % CI)':>24} {'tuning s':>9}")
+    print(
+        f"\n{'run':<4} {'setting':<22} {'pick':>10} {'sweep best':>11} {'sweep':>6} {'h2h best':>10} "
+        f"{'head-to-head (90 % CI)':>24} {'tuning s':>9}"
+    )
     for i, res in enumerate(results, 1):
         vkey = (res.val_device, res.sw_batch_size)
         tq, tlo, thi = ratio_with_interval(h_train, res.batch_size)
         vq, vlo, vhi = ratio_with_interval(h_val, vkey)
         run = {
-            "batch_size": res.batch_size, "sw_batch_size": res.sw_batch_size, "val_device": res.val_device,
-            "tuning_s": res.tuning_s, "trials_run": sum(not t["predicted"] for t in res.trials),
-            "sweep_pick_over_best": {"train": (train[res.batch_size] or 0) / train[best_b],
-                                     "val": (val[vkey] or 0) / val[best_v]},
+            "batch_size": res.batch_size,
+            "sw_batch_size": res.sw_batch_size,
+            "val_device": res.val_device,
+            "tuning_s": res.tuning_s,
+            "trials_run": sum(not t["predicted"] for t in res.trials),
+            "sweep_pick_over_best": {
+                "train": (train[res.batch_size] or 0) / train[best_b],
+                "val": (val[vkey] or 0) / val[best_v],
+            },
             "h2h_pick_over_best": {"train": tq, "val": vq},
             "h2h_interval_90": {"train": [tlo, thi], "val": [vlo, vhi]},
             "tuning_share_of_default_run": None if fast_s is None else res.tuning_s / full_s,
@@ -201,21 +248,35 @@ def main(argv=None) -> int:
         runs.append(run)
         h_best_b = max(h_train, key=lambda k: med(h_train[k]))
         h_best_v = max(h_val, key=lambda k: med(h_val[k]))
-        print(f"{i:<4} {'training batch size':<22} {res.batch_size:>10} {best_b:>11} "
-              f"{run['sweep_pick_over_best']['train']:>6.3f} {h_best_b:>10} {f'{tq:.3f} ({tlo:.3f}-{thi:.3f})':>24} "
-              f"{res.tuning_s:>9.1f}")
-        print(f"{'':<4} {'sliding-window batch':<22} {f'{vkey[1]} ({vkey[0]})':>10} {f'{best_v[1]} ({best_v[0]})':>11} "
-              f"{run['sweep_pick_over_best']['val']:>6.3f} {f'{h_best_v[1]} ({h_best_v[0]})':>10} "
-              f"{f'{vq:.3f} ({vlo:.3f}-{vhi:.3f})':>24}")
-    print("\nhead-to-head medians: training " + ", ".join(f"{k}: {med(v):.2f}" for k, v in h_train.items())
-          + "; validation " + ", ".join(f"{k[1]} ({k[0]}): {med(v):.3f}" for k, v in h_val.items()))
+        print(
+            f"{i:<4} {'training batch size':<22} {res.batch_size:>10} {best_b:>11} "
+            f"{run['sweep_pick_over_best']['train']:>6.3f} {h_best_b:>10} {f'{tq:.3f} ({tlo:.3f}-{thi:.3f})':>24} "
+            f"{res.tuning_s:>9.1f}"
+        )
+        print(
+            f"{'':<4} {'sliding-window batch':<22} {f'{vkey[1]} ({vkey[0]})':>10} {f'{best_v[1]} ({best_v[0]})':>11} "
+            f"{run['sweep_pick_over_best']['val']:>6.3f} {f'{h_best_v[1]} ({h_best_v[0]})':>10} "
+            f"{f'{vq:.3f} ({vlo:.3f}-{vhi:.3f})':>24}"
+        )
+    print(
+        "\nhead-to-head medians: training "
+        + ", ".join(f"{k}: {med(v):.2f}" for k, v in h_train.items())
+        + "; validation "
+        + ", ".join(f"{k[1]} ({k[0]}): {med(v):.3f}" for k, v in h_val.items())
+    )
     tuning = [r.tuning_s for r in results]
-    print(f"tuning: {min(tuning):.1f}-{max(tuning):.1f} s per run; exhaustive sweeps: {sweep_s:.1f} s, "
-          f"{args.rounds} x {len(train) + len(val)} trials")
+    print(
+        f"tuning: {min(tuning):.1f}-{max(tuning):.1f} s per run; exhaustive sweeps: {sweep_s:.1f} s, "
+        f"{args.rounds} x {len(train) + len(val)} trials"
+    )
     if fast_s is not None:
-        print(f"default fast run to Dice 0.9: {fast_s:.1f} s; tuning is {100 * max(tuning) / fast_s:.0f} % of it at most")
-        print(f"default fast run of RecipeConfig().max_epochs={config.max_epochs} epochs at {epoch_s:.2f} s/epoch: "
-              f"{full_s:.0f} s; tuning is {100 * max(tuning) / full_s:.1f} % of it at most")
+        print(
+            f"default fast run to Dice 0.9: {fast_s:.1f} s; tuning is {100 * max(tuning) / fast_s:.0f} % of it at most"
+        )
+        print(
+            f"default fast run of RecipeConfig().max_epochs={config.max_epochs} epochs at {epoch_s:.2f} s/epoch: "
+            f"{full_s:.0f} s; tuning is {100 * max(tuning) / full_s:.1f} % of it at most"
+        )
     doc = {
         "benchmark": "tuner_quality",
         "preset": args.preset,
@@ -225,11 +286,17 @@ def main(argv=None) -> int:
         "source": source_version(),
         "validation_shape": list(val_shape),
         "precision": precision,
-        "sweep": {"train_patches_per_s": train, "val_volumes_per_s": {f"{d}:{s}": v for (d, s), v in val.items()},
-                  "seconds": sweep_s, "rounds": args.rounds},
-        "head_to_head": {"rounds": args.h2h_rounds,
-                         "train_patches_per_s": {str(k): v for k, v in h_train.items()},
-                         "val_volumes_per_s": {f"{d}:{s}": v for (d, s), v in h_val.items()}},
+        "sweep": {
+            "train_patches_per_s": train,
+            "val_volumes_per_s": {f"{d}:{s}": v for (d, s), v in val.items()},
+            "seconds": sweep_s,
+            "rounds": args.rounds,
+        },
+        "head_to_head": {
+            "rounds": args.h2h_rounds,
+            "train_patches_per_s": {str(k): v for k, v in h_train.items()},
+            "val_volumes_per_s": {f"{d}:{s}": v for (d, s), v in h_val.items()},
+        },
         "tuner_runs": runs,
         "fast_run_to_dice_0_9_s": fast_s,
         "fast_default_run_s": None if fast_s is None else full_s,

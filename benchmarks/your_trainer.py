@@ -62,7 +62,9 @@ def tutorial_chain(patch: tuple[int, int, int], random: bool) -> Compose:
     """MONAI's spleen tutorial chain (validation: without the random part)."""
     keys = ["image", "label"]
     t = [
-        LoadImaged(keys=keys), EnsureChannelFirstd(keys=keys), Orientationd(keys=keys, axcodes="RAS"),
+        LoadImaged(keys=keys),
+        EnsureChannelFirstd(keys=keys),
+        Orientationd(keys=keys, axcodes="RAS"),
         Spacingd(keys=keys, pixdim=(1.5, 1.5, 2.0), mode=("bilinear", "nearest")),
         ScaleIntensityRanged(keys=["image"], a_min=-57, a_max=164, b_min=0.0, b_max=1.0, clip=True),
         CropForegroundd(keys=keys, source_key="image", allow_smaller=True),
@@ -70,8 +72,16 @@ def tutorial_chain(patch: tuple[int, int, int], random: bool) -> Compose:
     if random:
         t += [
             SpatialPadd(keys=keys, spatial_size=patch),
-            RandCropByPosNegLabeld(keys=keys, label_key="label", spatial_size=patch, pos=1, neg=1, num_samples=4,
-                                   image_key="image", image_threshold=0),
+            RandCropByPosNegLabeld(
+                keys=keys,
+                label_key="label",
+                spatial_size=patch,
+                pos=1,
+                neg=1,
+                num_samples=4,
+                image_key="image",
+                image_threshold=0,
+            ),
             RandFlipd(keys=keys, spatial_axis=[0], prob=0.10),
             RandRotate90d(keys=keys, prob=0.10, max_k=3),
             RandShiftIntensityd(keys=["image"], offsets=0.10, prob=0.50),
@@ -84,20 +94,37 @@ def build(files, args, device: str) -> tuple[SupervisedTrainer, SupervisedEvalua
     set_determinism(args.seed)
     train_files, val_files = files
     patch = tuple(args.patch)
-    train_loader = DataLoader(Dataset(train_files, tutorial_chain(patch, True)), batch_size=2, shuffle=True,
-                              num_workers=args.workers)
+    train_loader = DataLoader(
+        Dataset(train_files, tutorial_chain(patch, True)), batch_size=2, shuffle=True, num_workers=args.workers
+    )
     val_loader = DataLoader(Dataset(val_files, tutorial_chain(patch, False)), batch_size=1, num_workers=args.workers)
-    net = UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=tuple(args.channels),
-               strides=(2,) * (len(args.channels) - 1), num_res_units=2, norm="batch").to(device)
+    net = UNet(
+        spatial_dims=3,
+        in_channels=1,
+        out_channels=2,
+        channels=tuple(args.channels),
+        strides=(2,) * (len(args.channels) - 1),
+        num_res_units=2,
+        norm="batch",
+    ).to(device)
     post = Compose([AsDiscreted(keys="pred", argmax=True, to_onehot=2), AsDiscreted(keys="label", to_onehot=2)])
     evaluator = SupervisedEvaluator(
-        device=device, val_data_loader=val_loader, network=net, inferer=SlidingWindowInferer(patch, sw_batch_size=4),
+        device=device,
+        val_data_loader=val_loader,
+        network=net,
+        inferer=SlidingWindowInferer(patch, sw_batch_size=4),
         postprocessing=post,
-        key_val_metric={"val_mean_dice": MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))},
+        key_val_metric={
+            "val_mean_dice": MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))
+        },
     )
     trainer = SupervisedTrainer(
-        device=device, max_epochs=args.epochs, train_data_loader=train_loader, network=net,
-        optimizer=torch.optim.Adam(net.parameters(), 1e-4), loss_function=DiceLoss(to_onehot_y=True, softmax=True),
+        device=device,
+        max_epochs=args.epochs,
+        train_data_loader=train_loader,
+        network=net,
+        optimizer=torch.optim.Adam(net.parameters(), 1e-4),
+        loss_function=DiceLoss(to_onehot_y=True, softmax=True),
         train_handlers=[ValidationHandler(validator=evaluator, interval=1)],
     )
     return trainer, evaluator
@@ -118,8 +145,15 @@ def run_once(files, args, device: str, fast: bool) -> dict:
 
     def epoch_done(_):
         now = time.perf_counter()
-        epochs.append({"epoch": trainer.state.epoch, "train_s": marks["val"] - marks["start"], "val_s": now - marks["val"],
-                       "dice": float(evaluator.state.metrics["val_mean_dice"]), "elapsed_s": now - t0})
+        epochs.append(
+            {
+                "epoch": trainer.state.epoch,
+                "train_s": marks["val"] - marks["start"],
+                "val_s": now - marks["val"],
+                "dice": float(evaluator.state.metrics["val_mean_dice"]),
+                "elapsed_s": now - t0,
+            }
+        )
 
     evaluator.add_event_handler(Events.COMPLETED, epoch_done)
     trainer.run()
@@ -172,8 +206,14 @@ def floor_once(files, args, device: str, applied: dict, epochs: int = 2) -> dict
     step(), step(), validate()  # warm-up
     per_epoch = [(sum(step() for _ in range(len(trainer.data_loader))), validate()) for _ in range(epochs)]
     train_s, val_s = statistics.median(t for t, _ in per_epoch), statistics.median(v for _, v in per_epoch)
-    return {"variant": "floor", "precision": precision, "memory_format": "channels_last_3d" if last else "contiguous",
-            "train_s": train_s, "val_s": val_s, "epoch_s": train_s + val_s}
+    return {
+        "variant": "floor",
+        "precision": precision,
+        "memory_format": "channels_last_3d" if last else "contiguous",
+        "train_s": train_s,
+        "val_s": val_s,
+        "epoch_s": train_s + val_s,
+    }
 
 
 def summarise(run: dict, target: float) -> dict:
@@ -192,18 +232,30 @@ def summarise(run: dict, target: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--epochs", type=int, default=4, help="epochs per run (default 4)")
     p.add_argument("--repeats", type=int, default=2, help="runs per variant, interleaved (default 2)")
     p.add_argument("--cases", type=int, default=16, help="synthetic spleen-like cases (default 16)")
     p.add_argument("--shape", type=int, nargs=3, default=(128, 128, 64), help="volume shape (default 128 128 64)")
-    p.add_argument("--patch", type=int, nargs=3, default=(64, 64, 64), help="training crop / sliding window (default 64^3)")
-    p.add_argument("--channels", type=int, nargs="+", default=(8, 16, 32, 64), help="UNet channels (default 8 16 32 64)")
-    p.add_argument("--workers", type=int, default=4, help="DataLoader worker processes of the plain trainer (default 4)")
+    p.add_argument(
+        "--patch", type=int, nargs=3, default=(64, 64, 64), help="training crop / sliding window (default 64^3)"
+    )
+    p.add_argument(
+        "--channels", type=int, nargs="+", default=(8, 16, 32, 64), help="UNet channels (default 8 16 32 64)"
+    )
+    p.add_argument(
+        "--workers", type=int, default=4, help="DataLoader worker processes of the plain trainer (default 4)"
+    )
     p.add_argument("--target", type=float, default=0.9, help="Dice target for the time-to-target column (default 0.9)")
-    p.add_argument("--floor", action="store_true", help="also time the same epoch's compute alone (training steps on a "
-                   "fixed batch, the validation's sliding windows) in FastTraining's precision and layout: the most any "
-                   "lever that keeps the user's computation can give")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the same epoch's compute alone (training steps on a "
+        "fixed batch, the validation's sliding windows) in FastTraining's precision and layout: the most any "
+        "lever that keeps the user's computation can give",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu' or 'cuda'")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"), help="folder for the JSON")
@@ -223,39 +275,73 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(1, args.repeats + 1):
         plain = summarise(next(x for x in runs if x["repeat"] == r and x["variant"] == "plain"), args.target)
         fast = summarise(next(x for x in runs if x["repeat"] == r and x["variant"] == "fast"), args.target)
-        rows.append({"repeat": r, "plain": plain, "fast": fast, "epoch_ratio": plain["epoch_s"] / fast["epoch_s"],
-                     "train_ratio": plain["train_s"] / fast["train_s"], "val_ratio": plain["val_s"] / fast["val_s"],
-                     "dice_gap": fast["final_dice"] - plain["final_dice"]})
+        rows.append(
+            {
+                "repeat": r,
+                "plain": plain,
+                "fast": fast,
+                "epoch_ratio": plain["epoch_s"] / fast["epoch_s"],
+                "train_ratio": plain["train_s"] / fast["train_s"],
+                "val_ratio": plain["val_s"] / fast["val_s"],
+                "dice_gap": fast["final_dice"] - plain["final_dice"],
+            }
+        )
         floor = next((x for x in runs if x["repeat"] == r and x["variant"] == "floor"), None)
         if floor is not None:  # the most any lever that keeps the user's computation could give, and how near fast is
-            rows[-1].update(floor=floor, floor_ratio=plain["epoch_s"] / floor["epoch_s"],
-                            fast_over_floor=fast["epoch_s"] / floor["epoch_s"])
-    print(f"\n{'repeat':<7}{'variant':<9}{'setup s':>9}{'train s/ep':>12}{'val s/ep':>10}{'epoch s':>9}{'Dice@' + str(args.epochs):>9}"
-          f"{'to ' + str(args.target):>10}")
+            rows[-1].update(
+                floor=floor,
+                floor_ratio=plain["epoch_s"] / floor["epoch_s"],
+                fast_over_floor=fast["epoch_s"] / floor["epoch_s"],
+            )
+    print(
+        f"\n{'repeat':<7}{'variant':<9}{'setup s':>9}{'train s/ep':>12}{'val s/ep':>10}{'epoch s':>9}{'Dice@' + str(args.epochs):>9}"
+        f"{'to ' + str(args.target):>10}"
+    )
     for row in rows:
         for name in ("plain", "fast"):
             s = row[name]
             tt = f"{s['time_to_target_s']:.0f} s" if s["time_to_target_s"] else "-"
-            print(f"{row['repeat']:<7}{name:<9}{s['setup_s']:>9.1f}{s['train_s']:>12.2f}{s['val_s']:>10.2f}{s['epoch_s']:>9.2f}"
-                  f"{s['final_dice']:>9.3f}{tt:>10}")
-        print(f"{'':<7}{'ratio':<9}{'':>9}{row['train_ratio']:>11.2f}x{row['val_ratio']:>9.2f}x{row['epoch_ratio']:>8.2f}x"
-              f"{row['dice_gap']:>+9.3f}")
+            print(
+                f"{row['repeat']:<7}{name:<9}{s['setup_s']:>9.1f}{s['train_s']:>12.2f}{s['val_s']:>10.2f}{s['epoch_s']:>9.2f}"
+                f"{s['final_dice']:>9.3f}{tt:>10}"
+            )
+        print(
+            f"{'':<7}{'ratio':<9}{'':>9}{row['train_ratio']:>11.2f}x{row['val_ratio']:>9.2f}x{row['epoch_ratio']:>8.2f}x"
+            f"{row['dice_gap']:>+9.3f}"
+        )
         if "floor" in row:
             f = row["floor"]
-            print(f"{'':<7}{'floor':<9}{'':>9}{f['train_s']:>12.2f}{f['val_s']:>10.2f}{f['epoch_s']:>9.2f}   "
-                  f"plain/floor {row['floor_ratio']:.2f}x, fast/floor {row['fast_over_floor']:.2f}x ({f['precision']}, "
-                  f"{f['memory_format']})")
+            print(
+                f"{'':<7}{'floor':<9}{'':>9}{f['train_s']:>12.2f}{f['val_s']:>10.2f}{f['epoch_s']:>9.2f}   "
+                f"plain/floor {row['floor_ratio']:.2f}x, fast/floor {row['fast_over_floor']:.2f}x ({f['precision']}, "
+                f"{f['memory_format']})"
+            )
     bf16 = cpu_has_bf16_hardware() if device == "cpu" else None
     applied = next(x["applied"] for x in runs if x["variant"] == "fast")
     print(f"\nFastTraining applied: {applied}")
     limit = os.environ.get("ONEDNN_MAX_CPU_ISA")  # set to emulate an older CPU on this one
-    print(f"device: {device_description(device)}" + ("" if bf16 is None else f"; CPU bf16 hardware: {'yes' if bf16 else 'no'}")
-          + (f"; oneDNN limited to {limit}" if limit else ""))
-    doc = {"benchmark": "your_trainer", "date": dt.datetime.now().isoformat(timespec="seconds"),
-           "machine": {"device": device_description(device), "cpu_bf16_hardware": bf16, "onednn_max_cpu_isa": limit, "python": sys.version.split()[0],
-                       "platform": platform.platform(), "torch": torch.__version__},
-           "options": vars(args), "rows": rows, "runs": runs, "applied": applied,
-           "median_epoch_ratio": statistics.median(r["epoch_ratio"] for r in rows)}
+    print(
+        f"device: {device_description(device)}"
+        + ("" if bf16 is None else f"; CPU bf16 hardware: {'yes' if bf16 else 'no'}")
+        + (f"; oneDNN limited to {limit}" if limit else "")
+    )
+    doc = {
+        "benchmark": "your_trainer",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": {
+            "device": device_description(device),
+            "cpu_bf16_hardware": bf16,
+            "onednn_max_cpu_isa": limit,
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
+        "options": vars(args),
+        "rows": rows,
+        "runs": runs,
+        "applied": applied,
+        "median_epoch_ratio": statistics.median(r["epoch_ratio"] for r in rows),
+    }
     out = write_json(doc, Path(args.out) / f"your_trainer_{dt.datetime.now():%Y%m%d-%H%M%S}.json")
     print(f"median per-epoch ratio {doc['median_epoch_ratio']:.2f}x; results: {out}")
     return 0

@@ -50,30 +50,30 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on first use
-    from monai_fast.data.loaders import SafeThreadDataLoader
-    from monai_fast.data.persistent import TrustedPersistentDataset
-    from monai_fast.data.planner import plan_cache
-    from monai_fast.data.smartcache import SafeSmartCacheDataset
-    from monai_fast.handlers.amp import AMPToggle
-    from monai_fast.handlers.background_validation import BackgroundValidation
-    from monai_fast.handlers.core_pin import MainThreadCore
-    from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
-    from monai_fast.handlers.fast_training import FastTraining
-    from monai_fast.handlers.gpu_sampler import GPUSampler
-    from monai_fast.handlers.inference_split import InferenceSplit
-    from monai_fast.handlers.kernel_profiler import KernelProfiler
-    from monai_fast.handlers.nonfinite import NonFiniteGuard
-    from monai_fast.handlers.nvtx import NVTXHandler
-    from monai_fast.handlers.prediction_layout import ClassesInnermost
-    from monai_fast.handlers.preemption import Preemption
-    from monai_fast.handlers.prefetch import PrefetchChoice
-    from monai_fast.handlers.record import RecordHandler
-    from monai_fast.handlers.smartcache import SmartCacheUpdater
-    from monai_fast.handlers.throughput import ThroughputMonitor
-    from monai_fast.handlers.time_breakdown import TimeBreakdown
-    from monai_fast.handlers.time_to_target import TimeToTarget
-    from monai_fast.handlers.validation_schedule import ValidationSchedule
-    from monai_fast.handlers.window_tune import SlidingWindowTune
+    from monai_fast.data.loaders import SafeThreadDataLoader as SafeThreadDataLoader
+    from monai_fast.data.persistent import TrustedPersistentDataset as TrustedPersistentDataset
+    from monai_fast.data.planner import plan_cache as plan_cache
+    from monai_fast.data.smartcache import SafeSmartCacheDataset as SafeSmartCacheDataset
+    from monai_fast.handlers.amp import AMPToggle as AMPToggle
+    from monai_fast.handlers.background_validation import BackgroundValidation as BackgroundValidation
+    from monai_fast.handlers.core_pin import MainThreadCore as MainThreadCore
+    from monai_fast.handlers.epoch_length_guard import EpochLengthGuard as EpochLengthGuard
+    from monai_fast.handlers.fast_training import FastTraining as FastTraining
+    from monai_fast.handlers.gpu_sampler import GPUSampler as GPUSampler
+    from monai_fast.handlers.inference_split import InferenceSplit as InferenceSplit
+    from monai_fast.handlers.kernel_profiler import KernelProfiler as KernelProfiler
+    from monai_fast.handlers.nonfinite import NonFiniteGuard as NonFiniteGuard
+    from monai_fast.handlers.nvtx import NVTXHandler as NVTXHandler
+    from monai_fast.handlers.prediction_layout import ClassesInnermost as ClassesInnermost
+    from monai_fast.handlers.preemption import Preemption as Preemption
+    from monai_fast.handlers.prefetch import PrefetchChoice as PrefetchChoice
+    from monai_fast.handlers.record import RecordHandler as RecordHandler
+    from monai_fast.handlers.smartcache import SmartCacheUpdater as SmartCacheUpdater
+    from monai_fast.handlers.throughput import ThroughputMonitor as ThroughputMonitor
+    from monai_fast.handlers.time_breakdown import TimeBreakdown as TimeBreakdown
+    from monai_fast.handlers.time_to_target import TimeToTarget as TimeToTarget
+    from monai_fast.handlers.validation_schedule import ValidationSchedule as ValidationSchedule
+    from monai_fast.handlers.window_tune import SlidingWindowTune as SlidingWindowTune
 
 
 def __getattr__(name: str) -> Any:

@@ -56,8 +56,9 @@ class MissingExtraError(ImportError):
         self.module = module
         self.extra = extra
         self.feature = feature
-        super().__init__(f"{feature} needs {module}, which is not installed: pip install \"monai-fast[{extra}]\"",
-                         name=module)
+        super().__init__(
+            f'{feature} needs {module}, which is not installed: pip install "monai-fast[{extra}]"', name=module
+        )
 
 
 def available(module: str) -> bool:

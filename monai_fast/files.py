@@ -103,8 +103,16 @@ class NoSpaceError(OSError):
         written: bytes written when the file system filled, where the write had started.
     """
 
-    def __init__(self, path: str | os.PathLike, needed: int | None = None, free: int | None = None,
-                 what: str = "", code: int = errno.ENOSPC, written: int | None = None, detail: str = "") -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        needed: int | None = None,
+        free: int | None = None,
+        what: str = "",
+        code: int = errno.ENOSPC,
+        written: int | None = None,
+        detail: str = "",
+    ) -> None:
         text = str(path)
         if "\n" in text and needed is None and free is None and written is None:
             # rebuilt from a message alone (a DataLoader worker re-raises ``type(err)(traceback_text)``):
@@ -131,8 +139,10 @@ class NoSpaceError(OSError):
         elif free is not None:
             parts.append(f"{_mib(free)} free")
         if written is not None:
-            parts.append(f"the file system filled after {_mib(written)} of it; the file was not written and "
-                         f"what it held before is unchanged")
+            parts.append(
+                f"the file system filled after {_mib(written)} of it; the file was not written and "
+                f"what it held before is unchanged"
+            )
         if detail:
             parts.append(detail)
         super().__init__(code, "; ".join(parts))
@@ -144,8 +154,9 @@ class NoSpaceError(OSError):
         return (_rebuild_no_space, (str(self.path), self.needed, self.free, self.args[1], self.errno, self.written))
 
 
-def _rebuild_no_space(path: str, needed: int | None, free: int | None, message: str, code: int,
-                      written: int | None = None) -> NoSpaceError:
+def _rebuild_no_space(
+    path: str, needed: int | None, free: int | None, message: str, code: int, written: int | None = None
+) -> NoSpaceError:
     err = NoSpaceError(path, needed, free, code=code, written=written)
     err.args = (code, message)
     return err
@@ -235,8 +246,9 @@ def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") 
     return free
 
 
-def _as_no_space(err: BaseException, path: Path, tmp: Path, needed: int | None = None,
-                 native: bool = False) -> BaseException:
+def _as_no_space(
+    err: BaseException, path: Path, tmp: Path, needed: int | None = None, native: bool = False
+) -> BaseException:
     """``err`` as a :class:`NoSpaceError` naming ``path`` when it is, or arose from, ENOSPC/EDQUOT, else ``err``.
 
     With ``native`` (a library wrote the file from C/C++, whose stream errors carry no errno), an
@@ -354,7 +366,11 @@ def clean_stale_tmp(folder: str | os.PathLike, target: str | None = None, max_ag
 
 @contextlib.contextmanager
 def atomic_write(
-    path: str | os.PathLike, mode: str = "w", fsync: bool = False, clean: bool = True, size: int | None = None,
+    path: str | os.PathLike,
+    mode: str = "w",
+    fsync: bool = False,
+    clean: bool = True,
+    size: int | None = None,
     **open_kwargs: Any,
 ) -> Iterator[IO]:
     """Open a temporary file beside ``path``; on a clean exit rename it onto ``path``.
@@ -405,8 +421,9 @@ def atomic_write(
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, fsync: bool = False, clean: bool = True,
-                size: int | None = None) -> Iterator[Path]:
+def atomic_path(
+    path: str | os.PathLike, fsync: bool = False, clean: bool = True, size: int | None = None
+) -> Iterator[Path]:
     """A temporary path beside ``path`` for a writer that takes a file name; renamed onto ``path`` on a clean exit.
 
     The counterpart of :func:`atomic_write` for libraries that open the file themselves
@@ -490,8 +507,9 @@ def write_text(text: str, path: str | os.PathLike, fsync: bool = False) -> Path:
     return write_bytes(text.encode("utf-8"), path, fsync=fsync)
 
 
-def write_json(obj: Any, path: str | os.PathLike, indent: int | None = 2, fsync: bool = False,
-               **dump_kwargs: Any) -> Path:
+def write_json(
+    obj: Any, path: str | os.PathLike, indent: int | None = 2, fsync: bool = False, **dump_kwargs: Any
+) -> Path:
     """Write ``obj`` as JSON to ``path`` atomically; returns ``path``."""
     return write_text(json.dumps(obj, indent=indent, **dump_kwargs), path, fsync=fsync)
 

@@ -42,8 +42,22 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["BOUNDED_SPINCOUNT", "LOCAL_RANKS_ENV", "PIN_ENV", "SPIN_ENV", "USER_BINDING_ENV", "WAIT_POLICY_ENV", "bound_openmp_spin",
-           "free_core", "libgomp_mapped", "main_thread_core", "on_core", "openmp_loaded", "physical_cores", "pin_openmp_workers"]
+__all__ = [
+    "BOUNDED_SPINCOUNT",
+    "LOCAL_RANKS_ENV",
+    "PIN_ENV",
+    "SPIN_ENV",
+    "USER_BINDING_ENV",
+    "WAIT_POLICY_ENV",
+    "bound_openmp_spin",
+    "free_core",
+    "libgomp_mapped",
+    "main_thread_core",
+    "on_core",
+    "openmp_loaded",
+    "physical_cores",
+    "pin_openmp_workers",
+]
 
 #: the variable libgomp reads for the rounds a waiting thread spins before it sleeps
 SPIN_ENV = "GOMP_SPINCOUNT"
@@ -105,8 +119,10 @@ def bound_openmp_spin(environ: MutableMapping[str, str] | None = None, loaded: b
     if openmp_loaded() if loaded is None else loaded:
         return None
     env[SPIN_ENV] = str(BOUNDED_SPINCOUNT)
-    return (f"OpenMP threads spin at most {BOUNDED_SPINCOUNT} rounds before sleeping ({SPIN_ENV}; set it to choose "
-            "another value)")
+    return (
+        f"OpenMP threads spin at most {BOUNDED_SPINCOUNT} rounds before sleeping ({SPIN_ENV}; set it to choose "
+        "another value)"
+    )
 
 
 def physical_cores(allowed: set[int] | None = None) -> list[frozenset[int]]:
@@ -196,8 +212,10 @@ def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
         return None
     for tid, core in zip(workers, cores[1:]):
         os.sched_setaffinity(tid, core)
-    return (f"OpenMP's {len(workers)} worker thread(s) pinned one per core, the main thread free "
-            f"({PIN_ENV}=0 to leave them to the scheduler)")
+    return (
+        f"OpenMP's {len(workers)} worker thread(s) pinned one per core, the main thread free "
+        f"({PIN_ENV}=0 to leave them to the scheduler)"
+    )
 
 
 def _int(value: str | None) -> int:

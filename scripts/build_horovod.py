@@ -59,13 +59,29 @@ def build(with_mpi: bool = False, workdir: str | os.PathLike | None = None, pyth
     """Download, patch and ``pip install`` Horovod into ``python``'s environment."""
     for tool in ("cmake", "g++"):
         if shutil.which(tool) is None:
-            raise RuntimeError(f"building Horovod needs {tool}: apt-get install cmake g++ (Debian) or your system's equivalent")
+            raise RuntimeError(
+                f"building Horovod needs {tool}: apt-get install cmake g++ (Debian) or your system's equivalent"
+            )
     import torch  # noqa: F401 - Horovod's build links against the installed torch: fail early without it
 
     work = Path(workdir or tempfile.mkdtemp(prefix="horovod-build-"))
     work.mkdir(parents=True, exist_ok=True)
-    subprocess.run([python, "-m", "pip", "download", f"horovod=={HOROVOD_VERSION}", "--no-deps", "--no-binary", ":all:",
-                    "-d", str(work), "-q"], check=True)
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "download",
+            f"horovod=={HOROVOD_VERSION}",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(work),
+            "-q",
+        ],
+        check=True,
+    )
     sdist = work / f"horovod-{HOROVOD_VERSION}.tar.gz"
     with tarfile.open(sdist) as tar:
         tar.extractall(work, filter="data")
@@ -81,14 +97,25 @@ def build(with_mpi: bool = False, workdir: str | os.PathLike | None = None, pyth
         "MAKEFLAGS": f"-j{os.cpu_count() or 1}",
     }
     env["HOROVOD_WITH_MPI" if with_mpi else "HOROVOD_WITHOUT_MPI"] = "1"
-    subprocess.run([python, "-m", "pip", "install", "--no-build-isolation", "--no-cache-dir", str(src)], check=True, env=env)
-    subprocess.run([python, "-c", "import horovod, horovod.torch as hvd; assert hvd.gloo_built(); print('horovod', horovod.__version__, 'gloo ok')"],
-                   check=True)
+    subprocess.run(
+        [python, "-m", "pip", "install", "--no-build-isolation", "--no-cache-dir", str(src)], check=True, env=env
+    )
+    subprocess.run(
+        [
+            python,
+            "-c",
+            "import horovod, horovod.torch as hvd; assert hvd.gloo_built(); print('horovod', horovod.__version__, 'gloo ok')",
+        ],
+        check=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python scripts/build_horovod.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python scripts/build_horovod.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--with-mpi", action="store_true", help="also build the MPI controller (needs libopenmpi-dev)")
     p.add_argument("--workdir", help="where to download and build (default: a new temporary folder)")
     args = p.parse_args(argv)

@@ -31,7 +31,9 @@ def write_cases(folder: Path, n: int = 8) -> list[dict[str, str]]:
 class Held:
     """A deterministic step that holds named cases: until ``release`` is set (at most ``wait_s``), or raises."""
 
-    def __init__(self, hold: tuple[str, ...] = (), fail: str | None = None, wait_s: float = 20.0, sleep_s: float = 0.0) -> None:
+    def __init__(
+        self, hold: tuple[str, ...] = (), fail: str | None = None, wait_s: float = 20.0, sleep_s: float = 0.0
+    ) -> None:
         self.hold, self.fail, self.wait_s, self.sleep_s = hold, fail, wait_s, sleep_s
         self.release = threading.Event()
         self.done: dict[str, float] = {}  # case -> time.monotonic() its deterministic part ended
@@ -50,7 +52,9 @@ class Held:
 
 def chain(held: Held, random: bool = True) -> Compose:
     steps = [LoadImaged(keys=["image", "label"]), EnsureChannelFirstd(keys=["image", "label"]), Lambdad("image", held)]
-    return Compose(steps + ([RandSpatialCropd(keys=["image", "label"], roi_size=(4, 4, 4), random_size=False)] if random else []))
+    return Compose(
+        steps + ([RandSpatialCropd(keys=["image", "label"], roi_size=(4, 4, 4), random_size=False)] if random else [])
+    )
 
 
 def planned(files: list[dict], held: Held, background: bool, random: bool = True, workers: int = 1):
@@ -70,8 +74,14 @@ def trainer(loader, epochs: int) -> tuple[SupervisedTrainer, list[list[str]], di
     net = torch.nn.Conv3d(1, 1, 1)
     seen: list[list[str]] = []
     times: dict = {}
-    t = SupervisedTrainer(device=torch.device("cpu"), max_epochs=epochs, train_data_loader=loader, network=net,
-                          optimizer=torch.optim.SGD(net.parameters(), 0.01), loss_function=torch.nn.MSELoss())
+    t = SupervisedTrainer(
+        device=torch.device("cpu"),
+        max_epochs=epochs,
+        train_data_loader=loader,
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), 0.01),
+        loss_function=torch.nn.MSELoss(),
+    )
 
     @t.on(Events.EPOCH_STARTED)
     def _epoch(engine) -> None:

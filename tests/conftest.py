@@ -41,7 +41,9 @@ def tiny_files(tiny_spleen):
 def tiny_config():
     from monai_fast.recipes import RecipeConfig
 
-    return RecipeConfig(patch_size=(32, 32, 32), batch_size=2, num_samples=2, max_epochs=1, num_workers=1, cache_workers=1)
+    return RecipeConfig(
+        patch_size=(32, 32, 32), batch_size=2, num_samples=2, max_epochs=1, num_workers=1, cache_workers=1
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -64,8 +66,9 @@ def tmpfs(tmp_path):
         folder.mkdir(parents=True, exist_ok=True)
         if os.geteuid() != 0:
             pytest.skip("mounting a small tmpfs needs root")
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True,
-                              text=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True, text=True
+        )
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
         mounted.append(folder)

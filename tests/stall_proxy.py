@@ -144,8 +144,8 @@ class StallProxy:
                     for i in range(0, len(data), rule.chunk):
                         if self._closing.wait(rule.every):
                             return
-                        link.client.sendall(data[i:i + rule.chunk])
-                        link.sent += len(data[i:i + rule.chunk])
+                        link.client.sendall(data[i : i + rule.chunk])
+                        link.sent += len(data[i : i + rule.chunk])
                 else:
                     link.client.sendall(data)
         with contextlib.suppress(OSError):

@@ -103,8 +103,11 @@ def _tiny_trainer(max_epochs):
     net = torch.nn.Conv3d(1, 2, 3, padding=1)
     data = [{"image": torch.rand(1, 8, 8, 8), "label": torch.randint(0, 2, (1, 8, 8, 8))} for _ in range(4)]
     return SupervisedTrainer(
-        device=torch.device("cpu"), max_epochs=max_epochs, train_data_loader=DataLoader(data, batch_size=2),
-        network=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+        device=torch.device("cpu"),
+        max_epochs=max_epochs,
+        train_data_loader=DataLoader(data, batch_size=2),
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
         loss_function=DiceCELoss(to_onehot_y=True, softmax=True),
     )
 

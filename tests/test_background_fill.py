@@ -15,7 +15,9 @@ from monai_fast.data.planner import rank_partition
 
 
 def _loader(ds, seed: int = 0) -> SafeThreadDataLoader:
-    return SafeThreadDataLoader(ds, batch_size=2, **fill_order_options(ds, shuffle=True, generator=torch.Generator().manual_seed(seed)))
+    return SafeThreadDataLoader(
+        ds, batch_size=2, **fill_order_options(ds, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    )
 
 
 def test_training_first_iteration_starts_before_the_fill_finishes(tmp_path):
@@ -73,8 +75,11 @@ def test_background_cache_contents_equal_the_foreground_fill(tmp_path):
 def test_adopt_loader_background_fills_only_this_ranks_share(tmp_path):
     files = write_cases(tmp_path)
     held = Held(sleep_s=0.05)
-    user = DataLoader(Dataset(files, chain(held)), batch_size=2,
-                      sampler=DistributedSampler(Dataset(files), num_replicas=2, rank=1, shuffle=True, seed=3))
+    user = DataLoader(
+        Dataset(files, chain(held)),
+        batch_size=2,
+        sampler=DistributedSampler(Dataset(files), num_replicas=2, rank=1, shuffle=True, seed=3),
+    )
     adopted = adopt_loader(user, cache="ram", background=True, cache_threads=1)
     share = rank_partition(files, 1, 2, seed=3)
     assert isinstance(adopted.dataset, BackgroundCacheDataset)
@@ -88,8 +93,7 @@ def test_validation_cache_after_the_training_cache_waits_for_it(tmp_path):
     files = write_cases(tmp_path)
     held = Held(hold=("case_0",))
     train = planned(files[:4], held, background=True)
-    val = BackgroundCacheDataset(files[4:], chain(Held(), random=False), num_workers=2,
-                                 after=train, copy_cache=False)
+    val = BackgroundCacheDataset(files[4:], chain(Held(), random=False), num_workers=2, after=train, copy_cache=False)
     assert not train.wait(0.5)
     assert val.fill.done == 0
     first = val[0]  # validation reads: that one item is made now, not after the training fill

@@ -41,15 +41,24 @@ def bundle(tmp_path):
 
 def small(data: Path) -> dict:
     """What a 2-core CPU needs changed: data, epochs, device, patch and network size."""
-    return {"dataset_dir": str(data), "max_epochs": 1, "num_val": 1, "patch_size": [16, 16, 16],
-            "network_def#channels": [4, 8], "network_def#strides": [2], "network_def#num_res_units": 0,
-            "device": "$torch.device('cpu')"}
+    return {
+        "dataset_dir": str(data),
+        "max_epochs": 1,
+        "num_val": 1,
+        "patch_size": [16, 16, 16],
+        "network_def#channels": [4, 8],
+        "network_def#strides": [2],
+        "network_def#num_res_units": 0,
+        "device": "$torch.device('cpu')",
+    }
 
 
 def _outputs(bundle: Path) -> dict:
-    return {"model": (bundle / "models" / "model.pt").is_file(),
-            "metrics": (bundle / "eval" / "metrics.csv").is_file(),
-            "tensorboard": any(p.name.startswith("events.out.tfevents") for p in (bundle / "eval").iterdir())}
+    return {
+        "model": (bundle / "models" / "model.pt").is_file(),
+        "metrics": (bundle / "eval" / "metrics.csv").is_file(),
+        "tensorboard": any(p.name.startswith("events.out.tfevents") for p in (bundle / "eval").iterdir()),
+    }
 
 
 def test_run_bundle_attaches_fast_training_and_keeps_the_bundles_handlers(bundle, data):
@@ -79,11 +88,22 @@ def test_the_fragment_makes_monais_own_runner_attach_fast_training(bundle, data)
     overrides = []
     for key, value in {**small(data), "bundle_root": str(bundle)}.items():
         overrides += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file",
-           str([str(bundle / "configs" / "train.json"), str(fragment)]), "--meta_file",
-           str(bundle / "configs" / "metadata.json"), "--logging_file", str(bundle / "configs" / "logging.conf"), *overrides]
-    r = subprocess.run(cmd, cwd=bundle, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run",
+        "--config_file",
+        str([str(bundle / "configs" / "train.json"), str(fragment)]),
+        "--meta_file",
+        str(bundle / "configs" / "metadata.json"),
+        "--logging_file",
+        str(bundle / "configs" / "logging.conf"),
+        *overrides,
+    ]
+    r = subprocess.run(
+        cmd, cwd=bundle, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "FastTraining precision:" in r.stdout and "FastTraining data:" in r.stdout
     assert _outputs(bundle)["model"]
@@ -116,8 +136,9 @@ def test_bad_bundles_are_named_before_training(bundle, tmp_path, data):
 
 
 def test_overrides_read_as_monai_bundle_reads_them():
-    assert parse_overrides(["--a#b", "2", "--c=[1, 2]", "d=true", "e=$torch.device('cpu')", "f=%x.json#k", "g=text"]) == {
-        "a#b": 2, "c": [1, 2], "d": True, "e": "$torch.device('cpu')", "f": "%x.json#k", "g": "text"}
+    assert parse_overrides(
+        ["--a#b", "2", "--c=[1, 2]", "d=true", "e=$torch.device('cpu')", "f=%x.json#k", "g=text"]
+    ) == {"a#b": 2, "c": [1, 2], "d": True, "e": "$torch.device('cpu')", "f": "%x.json#k", "g": "text"}
     with pytest.raises(BundleError, match="has no value"):
         parse_overrides(["--a#b"])
     with pytest.raises(BundleError, match="cannot read override"):
@@ -145,8 +166,25 @@ def test_a_multi_gpu_bundle_runs_under_launch_with_fast_training_per_rank(bundle
     ranks = {**small(data), "num_val": 2}  # MONAI's DistributedSampler needs an item per rank
     overrides = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in ranks.items() if k != "device"]
     configs = str([str(bundle / "configs" / "train.json"), str(bundle / "configs" / "multi_gpu_train.json")])
-    cmd = [sys.executable, "-m", "monai_fast", "launch", "--nproc", "2", "--rdzv-timeout", "120", "-m", "monai_fast",
-           "bundle", "run", str(bundle), "--config_file", configs, "--no-logging-file", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai_fast",
+        "launch",
+        "--nproc",
+        "2",
+        "--rdzv-timeout",
+        "120",
+        "-m",
+        "monai_fast",
+        "bundle",
+        "run",
+        str(bundle),
+        "--config_file",
+        configs,
+        "--no-logging-file",
+        *overrides,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-4000:]
     assert r.stdout.count("FastTraining precision:") == 2  # decided on each rank

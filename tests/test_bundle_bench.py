@@ -20,8 +20,7 @@ from monai_fast.data.synthetic import generate_msd
 
 ROOT = Path(__file__).resolve().parents[1]
 SEG3D = ROOT / "tests" / "bundles" / "seg3d"
-TINY = ["patch_size=[16,16,16]", "network_def#channels=[4,8]", "network_def#strides=[2]",
-        "network_def#num_res_units=0"]
+TINY = ["patch_size=[16,16,16]", "network_def#channels=[4,8]", "network_def#strides=[2]", "network_def#num_res_units=0"]
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +30,22 @@ def data(tmp_path_factory):
 
 def test_bundle_bench_pairs_published_and_fast_runs_and_its_table_says_what_its_json_says(data, tmp_path):
     out = tmp_path / "results"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bundle.py"), "--bundle", str(SEG3D), "--repeats", "1",
-           "--epochs", "2", "--out", str(out), f"dataset_dir={data}", "num_val=1", *TINY,
-           "device=$torch.device('cpu')"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bundle.py"),
+        "--bundle",
+        str(SEG3D),
+        "--repeats",
+        "1",
+        "--epochs",
+        "2",
+        "--out",
+        str(out),
+        f"dataset_dir={data}",
+        "num_val=1",
+        *TINY,
+        "device=$torch.device('cpu')",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (path,) = out.glob("bundle_seg3d_*.json")
@@ -67,8 +79,10 @@ def _zoo(tmp_path: Path) -> Path:
     """A folder in the Model Zoo's layout: seg3d, a bundle needing a missing package, and one that hangs."""
     models = tmp_path / "zoo" / "models"
     shutil.copytree(SEG3D, models / "seg3d")
-    for name, change in (("needs_pkg", {"network_def": {"_target_": "not_a_real_package.Net"}}),
-                         ("hangs", {"initialize": ["$__import__('time').sleep(3600)"]})):
+    for name, change in (
+        ("needs_pkg", {"network_def": {"_target_": "not_a_real_package.Net"}}),
+        ("hangs", {"initialize": ["$__import__('time').sleep(3600)"]}),
+    ):
         shutil.copytree(SEG3D, models / name)
         cfg = models / name / "configs" / "train.json"
         config = json.loads(cfg.read_text())
@@ -78,8 +92,24 @@ def _zoo(tmp_path: Path) -> Path:
 
 
 def _sweep(zoo: Path, out: Path, bundles: list[str], timeout: int) -> tuple[subprocess.CompletedProcess, dict]:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bundle_sweep.py"), "--zoo", str(zoo), "--out", str(out),
-           "--timeout", str(timeout), "--volume", "32", "32", "24", "--bundles", *bundles, "--set", *TINY]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bundle_sweep.py"),
+        "--zoo",
+        str(zoo),
+        "--out",
+        str(out),
+        "--timeout",
+        str(timeout),
+        "--volume",
+        "32",
+        "32",
+        "24",
+        "--bundles",
+        *bundles,
+        "--set",
+        *TINY,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (path,) = out.glob("bundle_sweep_*.json")

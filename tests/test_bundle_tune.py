@@ -26,8 +26,15 @@ def bundle(tmp_path_factory):
     data = generate_msd(base / "data", num_cases=3, shape=(40, 40, 32), progress=False)
     dst = base / "seg3d"
     shutil.copytree(ROOT / "tests" / "bundles" / "seg3d", dst)
-    overrides = {"dataset_dir": str(data), "num_val": 1, "patch_size": [16, 16, 16], "network_def#channels": [4, 8],
-                 "network_def#strides": [2], "network_def#num_res_units": 0, "device": "$torch.device('cpu')"}
+    overrides = {
+        "dataset_dir": str(data),
+        "num_val": 1,
+        "patch_size": [16, 16, 16],
+        "network_def#channels": [4, 8],
+        "network_def#strides": [2],
+        "network_def#num_res_units": 0,
+        "device": "$torch.device('cpu')",
+    }
     return dst, overrides
 
 
@@ -35,8 +42,9 @@ def test_tuned_json_names_the_zoo_keys_and_the_bundle_reads_it(bundle):
     from monai.bundle import ConfigWorkflow
 
     root, overrides = bundle
-    tuned = tune_bundle(root, overrides=overrides, batch_range=(1, 2), sw_batch_range=(1, 2),
-                        warmup=0, min_iters=1, min_time_s=0.0)
+    tuned = tune_bundle(
+        root, overrides=overrides, batch_range=(1, 2), sw_batch_range=(1, 2), warmup=0, min_iters=1, min_time_s=0.0
+    )
     written = json.loads(tuned.path.read_text())
     assert tuned.path == root / "configs" / "tuned.json" and written == tuned.overrides and tuned.layout == "zoo"
     assert written[ZOO_KEYS["batch"]] in (1, 2) and written[ZOO_KEYS["sw_batch"]] in (1, 2)
@@ -45,8 +53,13 @@ def test_tuned_json_names_the_zoo_keys_and_the_bundle_reads_it(bundle):
     assert {t["phase"] for t in trials} == {"train", "val"}
     # the patch and crops per volume come from the bundle's own chain (RandCropByPosNegLabeld: 16^3, 2 crops)
     assert "patch=16x16x16" in tuned.result["key"] and "samples=2" in tuned.result["key"]
-    workflow = ConfigWorkflow(config_file=[str(root / "configs" / "train.json"), str(tuned.path)], logging_file=False,
-                              meta_file=str(root / "configs" / "metadata.json"), bundle_root=str(root), **overrides)
+    workflow = ConfigWorkflow(
+        config_file=[str(root / "configs" / "train.json"), str(tuned.path)],
+        logging_file=False,
+        meta_file=str(root / "configs" / "metadata.json"),
+        bundle_root=str(root),
+        **overrides,
+    )
     workflow.initialize()
     assert workflow.parser.get_parsed_content("train#dataloader").batch_size == written[ZOO_KEYS["batch"]]
     assert workflow.parser.get_parsed_content("validate#inferer").sw_batch_size == written[ZOO_KEYS["sw_batch"]]
@@ -55,7 +68,9 @@ def test_tuned_json_names_the_zoo_keys_and_the_bundle_reads_it(bundle):
 def test_a_bundle_without_a_3d_sliding_window_is_refused_by_name(bundle, tmp_path):
     root, overrides = bundle
     with pytest.raises(BundleError, match="validate#inferer is not a 3-D sliding window"):
-        tune_bundle(root, overrides={**overrides, "validate#inferer": {"_target_": "SimpleInferer"}}, out=tmp_path / "t.json")
+        tune_bundle(
+            root, overrides={**overrides, "validate#inferer": {"_target_": "SimpleInferer"}}, out=tmp_path / "t.json"
+        )
     assert not (tmp_path / "t.json").exists()
 
 
@@ -68,12 +83,33 @@ def test_monai_fast_tune_bundle_writes_the_override_from_the_command_line(bundle
     for key, value in {**overrides, "validate#inferer#sw_batch_size": 1}.items():
         sets += ["--set", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
     out = tmp_path / "tuned.json"
-    r = subprocess.run([sys.executable, "-m", "monai_fast", "tune", "--bundle", str(root), "--bundle-out", str(out),
-                        "--no-progress", *sets], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "monai_fast",
+            "tune",
+            "--bundle",
+            str(root),
+            "--bundle-out",
+            str(out),
+            "--no-progress",
+            *sets,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     written = json.loads(out.read_text())
     assert set(written) >= {ZOO_KEYS["batch"], ZOO_KEYS["sw_batch"]}
     assert f"{ZOO_KEYS['batch']} = {written[ZOO_KEYS['batch']]}" in r.stdout and str(out) in r.stdout
-    bad = subprocess.run([sys.executable, "-m", "monai_fast", "tune", "--bundle", str(tmp_path / "nope")],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    bad = subprocess.run(
+        [sys.executable, "-m", "monai_fast", "tune", "--bundle", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert bad.returncode != 0 and "nope does not exist" in bad.stderr and "Traceback" not in bad.stderr

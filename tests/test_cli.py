@@ -10,15 +10,34 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from monai_fast.cli import main
 from monai_fast.telemetry.record import data_share
 
-TINY = ["--cases", "5", "--shape", "48", "48", "32", "--patch-size", "32", "32", "32", "--num-samples", "2",
-        "--workers", "1", "--no-progress"]
+TINY = [
+    "--cases",
+    "5",
+    "--shape",
+    "48",
+    "48",
+    "32",
+    "--patch-size",
+    "32",
+    "32",
+    "32",
+    "--num-samples",
+    "2",
+    "--workers",
+    "1",
+    "--no-progress",
+]
 
 
 def test_help_explains_every_command():
-    out = subprocess.run([sys.executable, "-m", "monai_fast.cli", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "monai_fast.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for cmd in ("demo", "bench", "synth", "tune", "doctor"):
         assert cmd in out
-    demo = subprocess.run([sys.executable, "-m", "monai_fast.cli", "demo", "--help"], capture_output=True, text=True, check=True).stdout
+    demo = subprocess.run(
+        [sys.executable, "-m", "monai_fast.cli", "demo", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for opt in ("--target", "--time-budget", "--data-dir", "--run-dir", "--device", "--recipes"):
         assert opt in demo
 
@@ -35,8 +54,22 @@ def test_console_script_is_installed():
 
 def test_demo_end_to_end_tiny(tmp_path, capsys):
     run = tmp_path / "run"
-    rc = main(["demo", *TINY, "--max-epochs", "2", "--time-budget", "120", "--budget-multiple", "100", "--target", "0.99",
-               "--run-dir", str(run)])
+    rc = main(
+        [
+            "demo",
+            *TINY,
+            "--max-epochs",
+            "2",
+            "--time-budget",
+            "120",
+            "--budget-multiple",
+            "100",
+            "--target",
+            "0.99",
+            "--run-dir",
+            str(run),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "time to target s" in out and "baseline" in out and "fast" in out and "data wait" in out
@@ -51,7 +84,10 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
         share = data_share(sum(e["data_wait_s"] for e in r["epochs"]), sum(e["compute_s"] for e in r["epochs"]))
         assert r["data_wait_share"] == pytest.approx(share) and r["train_s_per_epoch"] > 0
     assert doc["machine"]["device"] and doc["versions"]["monai"]
-    assert all(r["diagnosis"]["verdict"] in {"data-bound", "compute-bound", "gpu-under-filled", "balanced"} for r in doc["results"])
+    assert all(
+        r["diagnosis"]["verdict"] in {"data-bound", "compute-bound", "gpu-under-filled", "balanced"}
+        for r in doc["results"]
+    )
     assert "fast" in doc["speedups"]
 
     with open(run / "epochs.csv") as f:
@@ -60,7 +96,10 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
     for r in doc["results"]:  # the CSV and the JSON tell the same epochs
         csv_dice = [float(x["val_dice"]) if x["val_dice"] else None for x in rows if x["recipe"] == r["recipe"]]
         assert csv_dice == [pytest.approx(e["val_dice"]) if e["val_dice"] is not None else None for e in r["epochs"]]
-    assert [e["val_dice"] is None for e in doc["results"][0]["epochs"]] == [True, False]  # fast: estimate, then full (last)
+    assert [e["val_dice"] is None for e in doc["results"][0]["epochs"]] == [
+        True,
+        False,
+    ]  # fast: estimate, then full (last)
 
     with Image.open(run / "dice_vs_time.png") as im:
         assert im.size[0] > 300 and im.size[1] > 200
@@ -84,8 +123,26 @@ def test_demo_end_to_end_tiny(tmp_path, capsys):
 
 def test_demo_on_user_data_dir_and_bad_dir(tmp_path, tiny_spleen):
     run = tmp_path / "run"
-    main(["demo", "--data-dir", str(tiny_spleen), "--recipes", "fast", "--max-epochs", "1", "--patch-size", "32", "32", "32",
-          "--num-samples", "2", "--no-progress", "--run-dir", str(run)])
+    main(
+        [
+            "demo",
+            "--data-dir",
+            str(tiny_spleen),
+            "--recipes",
+            "fast",
+            "--max-epochs",
+            "1",
+            "--patch-size",
+            "32",
+            "32",
+            "32",
+            "--num-samples",
+            "2",
+            "--no-progress",
+            "--run-dir",
+            str(run),
+        ]
+    )
     assert json.loads((run / "results.json").read_text())["data"] == str(tiny_spleen)
     with pytest.raises(SystemExit, match="monai-fast demo: .*dataset.json"):
         main(["demo", "--data-dir", str(tmp_path), "--no-progress", "--run-dir", str(tmp_path / "r3")])
@@ -93,8 +150,23 @@ def test_demo_on_user_data_dir_and_bad_dir(tmp_path, tiny_spleen):
 
 def test_bench_writes_json_with_repeats(tmp_path):
     out = tmp_path / "results"
-    main(["bench", *TINY, "--recipes", "baseline", "fast", "--repeats", "2", "--max-epochs", "1",
-          "--run-dir", str(tmp_path / "b"), "--out", str(out)])
+    main(
+        [
+            "bench",
+            *TINY,
+            "--recipes",
+            "baseline",
+            "fast",
+            "--repeats",
+            "2",
+            "--max-epochs",
+            "1",
+            "--run-dir",
+            str(tmp_path / "b"),
+            "--out",
+            str(out),
+        ]
+    )
     (path,) = out.glob("time_to_dice_*.json")
     doc = json.loads(path.read_text())
     assert doc["benchmark"] == "time_to_dice" and len(doc["repeats"]) == 2
@@ -106,16 +178,33 @@ def test_bench_writes_json_with_repeats(tmp_path):
 
 
 def test_synth_command(tmp_path, capsys):
-    main(["synth", str(tmp_path / "b"), "--kind", "brats-like", "--cases", "2", "--shape", "24", "24", "24", "--no-progress"])
+    main(
+        [
+            "synth",
+            str(tmp_path / "b"),
+            "--kind",
+            "brats-like",
+            "--cases",
+            "2",
+            "--shape",
+            "24",
+            "24",
+            "24",
+            "--no-progress",
+        ]
+    )
     assert json.loads((tmp_path / "b" / "dataset.json").read_text())["numTraining"] == 2
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["demo", "--cases", "0"], "--cases"),
-    (["demo", "--time-budget", "0"], "--time-budget"),
-    (["demo", "--batch-size", "0", "--cases", "3", "--shape", "16", "16", "16"], "batch_size"),
-    (["demo", "--device", "cuda:0", "--cases", "3", "--shape", "16", "16", "16"], "CUDA"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["demo", "--cases", "0"], "--cases"),
+        (["demo", "--time-budget", "0"], "--time-budget"),
+        (["demo", "--batch-size", "0", "--cases", "3", "--shape", "16", "16", "16"], "batch_size"),
+        (["demo", "--device", "cuda:0", "--cases", "3", "--shape", "16", "16", "16"], "CUDA"),
+    ],
+)
 def test_bad_cli_options_are_named(argv, match, capsys):
     import torch
 
@@ -140,10 +229,36 @@ def test_unwritable_run_dir_is_named_before_any_training(tmp_path, monkeypatch):
 
 
 def test_tune_command_then_demo_applies_the_cached_pick(tmp_path, capsys):
-    tiny = ["--cases", "5", "--shape", "48", "48", "32", "--patch-size", "32", "32", "32", "--num-samples", "2", "--no-progress"]
+    tiny = [
+        "--cases",
+        "5",
+        "--shape",
+        "48",
+        "48",
+        "32",
+        "--patch-size",
+        "32",
+        "32",
+        "32",
+        "--num-samples",
+        "2",
+        "--no-progress",
+    ]
     # --fp32: the precision is part of the tuning key, and a CPU's bf16 measurement can differ between two processes
-    search = ["--batch-range", "1", "2", "--sw-range", "1", "2", "--trials", "2", "--tune-cache", str(tmp_path / "t.json"),
-              "--place-cache", "--fp32"]
+    search = [
+        "--batch-range",
+        "1",
+        "2",
+        "--sw-range",
+        "1",
+        "2",
+        "--trials",
+        "2",
+        "--tune-cache",
+        str(tmp_path / "t.json"),
+        "--place-cache",
+        "--fp32",
+    ]
     assert main(["tune", *tiny, *search, "--out", str(tmp_path / "tune.json")]) == 0
     out = capsys.readouterr().out
     assert "pick: batch_size=" in out and "sw_batch_size=" in out and "cache: ram," in out
@@ -151,7 +266,22 @@ def test_tune_command_then_demo_applies_the_cached_pick(tmp_path, capsys):
     assert picked["batch_size"] in (1, 2) and picked["trials"] and picked["cache_where"] == "ram"
     # the demo reads the same pick from the cache (nothing re-measured) and trains fast with it
     run = tmp_path / "run"
-    main(["demo", *tiny, "--workers", "1", *search, "--tune", "--recipes", "fast", "--max-epochs", "1", "--run-dir", str(run)])
+    main(
+        [
+            "demo",
+            *tiny,
+            "--workers",
+            "1",
+            *search,
+            "--tune",
+            "--recipes",
+            "fast",
+            "--max-epochs",
+            "1",
+            "--run-dir",
+            str(run),
+        ]
+    )
     out = capsys.readouterr().out
     assert f"tuned fast: batch_size={picked['batch_size']}, sw_batch_size={picked['sw_batch_size']}" in out
     assert f"cache ram ({picked['cache_budget_mib']:.0f} MiB left for it)" in out

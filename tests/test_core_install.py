@@ -70,8 +70,13 @@ def _core_site(tmp_path: Path) -> Path:
 
 def _run_core(site: Path, code: str, timeout: int = 300) -> subprocess.CompletedProcess:
     boot = f"import sys; sys.path[:0] = [{str(site)!r}, {str(ROOT)!r}]\n"
-    return subprocess.run([sys.executable, "-S", "-E", "-c", boot + textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-S", "-E", "-c", boot + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +144,17 @@ def test_a_missing_extra_is_one_line_naming_it(core_site):
     """
     r = _run_core(core_site, code)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert 'MSG the doctor\'s PNGs needs matplotlib.pyplot, which is not installed: pip install "monai-fast[plots]"' in r.stdout
+    assert (
+        'MSG the doctor\'s PNGs needs matplotlib.pyplot, which is not installed: pip install "monai-fast[plots]"'
+        in r.stdout
+    )
 
 
 def test_require_returns_an_installed_module_and_refuses_unknown_extras():
     assert require("json", extra="plots", feature="x").dumps([1]) == "[1]"
     with pytest.raises(ValueError, match="unknown extra"):
         require("json", extra="nope", feature="x")
-    with pytest.raises(MissingExtraError, match=r'monai-fast\[wsi\]') as info:
+    with pytest.raises(MissingExtraError, match=r"monai-fast\[wsi\]") as info:
         require("a_module_that_is_not_there", extra="wsi", feature="reading slides")
     assert isinstance(info.value, ImportError) and info.value.extra == "wsi"
     assert available("json") and not available("a_module_that_is_not_there") and not available("json.nope.x")
@@ -154,6 +162,7 @@ def test_require_returns_an_installed_module_and_refuses_unknown_extras():
 
 def test_setup_cfg_extras_match_the_code():
     text = (ROOT / "setup.cfg").read_text()
+
     def listed(extra: str) -> set[str]:
         block = re.search(rf"^{extra} =\n((?:    .+\n)+)", text, re.MULTILINE)
         assert block, f"setup.cfg has no [{extra}] extra"

@@ -35,9 +35,29 @@ def test_fit_link_recovers_the_latency_and_bandwidth_of_a_ring(bench):
 
 
 def test_two_launch_processes_as_nodes_time_the_step_and_the_allreduce_sweep(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--steps", "1", "--repeats", "1", "--configs", "nodes",
-                           "--sweep-mb", "0.001", "16", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--tiny",
+            "--steps",
+            "1",
+            "--repeats",
+            "1",
+            "--configs",
+            "nodes",
+            "--sweep-mb",
+            "0.001",
+            "16",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (result,) = tmp_path.glob("ddp_scaling_*.json")
     doc = json.loads(result.read_text())
@@ -48,6 +68,8 @@ def test_two_launch_processes_as_nodes_time_the_step_and_the_allreduce_sweep(tmp
     fit = doc["allreduce_fit"]["nodes"]
     assert fit["bandwidth_bytes_s"] > 0 and fit["latency_s"] >= 0
     measured = [m for m in doc["model"] if m["source"] == "measured, N=2"]
-    assert [m["ranks"] for m in measured] == [8, 32] and all(m["bandwidth_bytes_s"] == fit["bandwidth_bytes_s"] for m in measured)
+    assert [m["ranks"] for m in measured] == [8, 32] and all(
+        m["bandwidth_bytes_s"] == fit["bandwidth_bytes_s"] for m in measured
+    )
     assert {m["link"] for m in doc["model"] if m["source"] == "assumed"} == {"NVLink", "InfiniBand 100 Gb/s"}
     assert "2 nodes x 1 rank" in done.stdout and "gloo, 2 nodes x 1 rank (loopback)" in done.stdout

@@ -20,18 +20,46 @@ ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "tutorials" / "distributed_train.py"
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({}, LaunchEnv("none")),
-    ({"TORCHELASTIC_RUN_ID": "1", "LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4"}, LaunchEnv("torchrun", 4, 3, 1)),
-    ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1"}, LaunchEnv("horovod", 2, 1, 1)),
-    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "HOROVOD_GLOO": "0"},
-     LaunchEnv("horovod", 2, 1, 1)),
-    ({"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1"}, LaunchEnv("slurm", 2, 1, 1)),
-    ({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, LaunchEnv("none")),  # sbatch's one-task batch step
-    # torchrun inside a SLURM allocation: torchrun made the ranks
-    ({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "RANK": "0"},
-     LaunchEnv("torchrun", 2, 0, 0)),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, LaunchEnv("none")),
+        (
+            {"TORCHELASTIC_RUN_ID": "1", "LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4"},
+            LaunchEnv("torchrun", 4, 3, 1),
+        ),
+        ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1"}, LaunchEnv("horovod", 2, 1, 1)),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "1",
+                "OMPI_COMM_WORLD_SIZE": "2",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "HOROVOD_GLOO": "0",
+            },
+            LaunchEnv("horovod", 2, 1, 1),
+        ),
+        (
+            {"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1"},
+            LaunchEnv("slurm", 2, 1, 1),
+        ),
+        (
+            {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"},
+            LaunchEnv("none"),
+        ),  # sbatch's one-task batch step
+        # torchrun inside a SLURM allocation: torchrun made the ranks
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_PROCID": "0",
+                "SLURM_NTASKS": "1",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "2",
+                "RANK": "0",
+            },
+            LaunchEnv("torchrun", 2, 0, 0),
+        ),
+    ],
+)
 def test_detect_launcher(env, expected):
     assert detect(env) == expected
 
@@ -53,9 +81,18 @@ def _collect(local_rank, out_dir):
     t = torch.tensor([float(idist.get_rank() + 1)])
     total = idist.all_reduce(t).item()
     seed_draw = torch.rand(1).item()  # seeds differ per rank
-    Path(out_dir, f"r{idist.get_rank()}.json").write_text(json.dumps(
-        {"local_rank": local_rank, "world": idist.get_world_size(), "sum": total, "backend": idist.backend(),
-         "draw": seed_draw, "threads": torch.get_num_threads()}))
+    Path(out_dir, f"r{idist.get_rank()}.json").write_text(
+        json.dumps(
+            {
+                "local_rank": local_rank,
+                "world": idist.get_world_size(),
+                "sum": total,
+                "backend": idist.backend(),
+                "draw": seed_draw,
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 def test_run_spawns_local_gloo_ranks(tmp_path):
@@ -105,14 +142,33 @@ def test_zero_grad_fix_for_optimizers_without_set_to_none():
 
 def _launch(args, tmp_path, timeout=420):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "monai_fast.cli", "launch", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "monai_fast.cli", "launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=tmp_path,
+    )
 
 
 def test_tutorial_under_torchrun_two_gloo_ranks(tmp_path, tiny_spleen):
     out = tmp_path / "out"
-    p = _launch(["--nproc", "2", str(TUTORIAL), "--tiny", "--data-dir", str(tiny_spleen), "--out", str(out),
-                 "--max-epochs", "2"], tmp_path)
+    p = _launch(
+        [
+            "--nproc",
+            "2",
+            str(TUTORIAL),
+            "--tiny",
+            "--data-dir",
+            str(tiny_spleen),
+            "--out",
+            str(out),
+            "--max-epochs",
+            "2",
+        ],
+        tmp_path,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
     assert r0["launcher"] == r1["launcher"] == "torchrun" and r0["world_size"] == 2 and r0["backend"] == "gloo"
@@ -154,8 +210,23 @@ def test_run_joins_the_process_group_threads_before_exit(tmp_path):
 
 def test_tutorial_single_process_has_the_same_entry(tmp_path, tiny_spleen):
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, str(TUTORIAL), "--tiny", "--data-dir", str(tiny_spleen), "--out", str(out),
-                        "--max-epochs", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(TUTORIAL),
+            "--tiny",
+            "--data-dir",
+            str(tiny_spleen),
+            "--out",
+            str(out),
+            "--max-epochs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     r0 = json.loads((out / "rank0.json").read_text())
     assert r0["world_size"] == 1 and r0["launcher"] == "none" and r0["train_items"] == 4
@@ -200,8 +271,26 @@ def slurm(tmp_path_factory):
 
 def test_tutorial_under_srun(slurm, tmp_path, tiny_spleen):
     out = tmp_path / "out"
-    p = subprocess.run(["srun", "-n", "2", sys.executable, str(TUTORIAL), "--tiny", "--data-dir", str(tiny_spleen),
-                        "--out", str(out), "--max-epochs", "2"], capture_output=True, text=True, timeout=300, env=slurm)
+    p = subprocess.run(
+        [
+            "srun",
+            "-n",
+            "2",
+            sys.executable,
+            str(TUTORIAL),
+            "--tiny",
+            "--data-dir",
+            str(tiny_spleen),
+            "--out",
+            str(out),
+            "--max-epochs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=slurm,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
     assert r0["launcher"] == r1["launcher"] == "slurm" and r0["world_size"] == 2
@@ -216,8 +305,13 @@ def test_tutorial_under_sbatch(slurm, tmp_path, tiny_spleen):
         "#!/bin/bash\n#SBATCH --ntasks=2\n#SBATCH --job-name=mf-test\n"
         f"srun {sys.executable} {TUTORIAL} --tiny --data-dir {tiny_spleen} --out {out} --max-epochs 2\n"
     )
-    p = subprocess.run(["sbatch", "--wait", "-o", str(tmp_path / "slurm-%j.out"), str(job)],
-                       capture_output=True, text=True, timeout=300, env=slurm)
+    p = subprocess.run(
+        ["sbatch", "--wait", "-o", str(tmp_path / "slurm-%j.out"), str(job)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=slurm,
+    )
     logs = "".join(f.read_text() for f in tmp_path.glob("slurm-*.out"))
     assert p.returncode == 0, p.stderr + logs[-3000:]
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
@@ -231,18 +325,41 @@ def _job_state(job: str, env) -> str:
 
 
 def test_sbatch_job_preempted_requeues_and_resumes(slurm, tmp_path, tiny_spleen):
-    common = [str(TUTORIAL), "--tiny", "--fp32", "--batch-size", "1", "--data-dir", str(tiny_spleen), "--max-epochs", "3"]
-    ref = subprocess.run([sys.executable, *common, "--out", str(tmp_path / "ref")], capture_output=True, text=True, timeout=300)
+    common = [
+        str(TUTORIAL),
+        "--tiny",
+        "--fp32",
+        "--batch-size",
+        "1",
+        "--data-dir",
+        str(tiny_spleen),
+        "--max-epochs",
+        "3",
+    ]
+    ref = subprocess.run(
+        [sys.executable, *common, "--out", str(tmp_path / "ref")], capture_output=True, text=True, timeout=300
+    )
     assert ref.returncode == 0, ref.stderr[-2000:]
     expected = json.loads((tmp_path / "ref" / "rank0.json").read_text())
 
     prog, out = tmp_path / "progress", tmp_path / "out"
     job = tmp_path / "job.sh"
-    job.write_text("#!/bin/bash\n#SBATCH --ntasks=1\n#SBATCH --requeue\n"
-                   f"exec {sys.executable} {' '.join(common)} --out {out} --checkpoint-dir {tmp_path / 'ckpt'} "
-                   f"--progress-file {prog}\n")
-    jid = subprocess.run(["sbatch", "--parsable", "--open-mode=append", "-o", str(tmp_path / "slurm-%j.out"), str(job)], capture_output=True,
-                         text=True, check=True, env=slurm).stdout.strip().split(";")[0]
+    job.write_text(
+        "#!/bin/bash\n#SBATCH --ntasks=1\n#SBATCH --requeue\n"
+        f"exec {sys.executable} {' '.join(common)} --out {out} --checkpoint-dir {tmp_path / 'ckpt'} "
+        f"--progress-file {prog}\n"
+    )
+    jid = (
+        subprocess.run(
+            ["sbatch", "--parsable", "--open-mode=append", "-o", str(tmp_path / "slurm-%j.out"), str(job)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=slurm,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
     deadline = time.monotonic() + 300
     while len(prog.read_text().split() if prog.exists() else []) < 6:
         assert time.monotonic() < deadline, _job_state(jid, slurm)
@@ -254,7 +371,9 @@ def test_sbatch_job_preempted_requeues_and_resumes(slurm, tmp_path, tiny_spleen)
     while True:
         state = _job_state(jid, slurm)
         seen.add(state.split("/")[0])
-        node = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, env=slurm).stdout.strip()
+        node = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, env=slurm
+        ).stdout.strip()
         if state.startswith("PENDING/BeginTime"):
             held_since = held_since or time.monotonic()
         if state.startswith("PENDING/BeginTime") and node == "idle" and time.monotonic() - held_since > 2.5:
@@ -291,9 +410,27 @@ def test_tutorial_under_horovodrun(tmp_path, tiny_spleen):
     horovodrun = _need_horovod()
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
-    p = subprocess.run([horovodrun, "-np", "2", "--gloo", sys.executable, str(TUTORIAL), "--tiny", "--data-dir",
-                        str(tiny_spleen), "--out", str(out), "--max-epochs", "2"],
-                       capture_output=True, text=True, timeout=300, env=env)
+    p = subprocess.run(
+        [
+            horovodrun,
+            "-np",
+            "2",
+            "--gloo",
+            sys.executable,
+            str(TUTORIAL),
+            "--tiny",
+            "--data-dir",
+            str(tiny_spleen),
+            "--out",
+            str(out),
+            "--max-epochs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
     assert r0["launcher"] == r1["launcher"] == "horovod" and r0["backend"] == "horovod"
@@ -305,10 +442,19 @@ def test_tutorial_under_horovodrun(tmp_path, tiny_spleen):
 def test_sbatch_generator_checks_options():
     from monai_fast.distributed.sbatch import SbatchSpec, render_sbatch
 
-    text = render_sbatch(SbatchSpec(["python", "train.py", "--lr", "1e-3"], nodes=4, gpus_per_node=8, time="1-00:00:00",
-                                    partition="gpu"))
-    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8", "#SBATCH --requeue",
-                 "#SBATCH --signal=USR1@120", "#SBATCH --partition=gpu", "#SBATCH --time=1-00:00:00", "# 32 ranks"):
+    text = render_sbatch(
+        SbatchSpec(["python", "train.py", "--lr", "1e-3"], nodes=4, gpus_per_node=8, time="1-00:00:00", partition="gpu")
+    )
+    for line in (
+        "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=USR1@120",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=1-00:00:00",
+        "# 32 ranks",
+    ):
         assert line in text, line
     assert text.rstrip().endswith("srun --kill-on-bad-exit=1 python train.py --lr 1e-3")
     with pytest.raises(ValueError, match="time '4h'"):
@@ -326,10 +472,36 @@ def test_generated_sbatch_script_runs_on_the_cluster(slurm, tmp_path, tiny_splee
 
     out = tmp_path / "out"
     script = tmp_path / "job.sh"
-    main(["sbatch", "--gpus-per-node", "0", "--tasks-per-node", "2", "--cpus-per-task", "1", "--time", "00:10:00",
-          "--job-name", "mf-gen", "--out", str(script), "--", sys.executable, str(TUTORIAL), "--tiny", "--data-dir",
-          str(tiny_spleen), "--out", str(out), "--max-epochs", "1"])
-    p = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=300, env=slurm, cwd=tmp_path)
+    main(
+        [
+            "sbatch",
+            "--gpus-per-node",
+            "0",
+            "--tasks-per-node",
+            "2",
+            "--cpus-per-task",
+            "1",
+            "--time",
+            "00:10:00",
+            "--job-name",
+            "mf-gen",
+            "--out",
+            str(script),
+            "--",
+            sys.executable,
+            str(TUTORIAL),
+            "--tiny",
+            "--data-dir",
+            str(tiny_spleen),
+            "--out",
+            str(out),
+            "--max-epochs",
+            "1",
+        ]
+    )
+    p = subprocess.run(
+        ["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=300, env=slurm, cwd=tmp_path
+    )
     logs = "".join(f.read_text() for f in tmp_path.glob("mf-gen-*.out"))
     assert p.returncode == 0, p.stderr + logs[-3000:]
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
@@ -354,7 +526,11 @@ def test_brats_tutorial_two_ranks_each_cache_their_share(tmp_path):
 @pytest.mark.gpu
 def test_brats_tutorial_caches_on_the_gpu(tmp_path):
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, str(BRATS), "--tiny", "--out", str(out), "--max-epochs", "1"],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, str(BRATS), "--tiny", "--out", str(out), "--max-epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads((out / "brats_rank0.json").read_text())["cache_device"].startswith("cuda")

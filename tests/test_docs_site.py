@@ -43,12 +43,23 @@ def test_no_development_history_in_the_project_text():
 
 
 def test_the_history_check_catches_what_it_should():
-    for text in ["in session 12 it was", "see issue 28", "today's order", "this project's 2-core CPU",
-                 "on a loaded 2-core host gave 0.2x"]:
+    for text in [
+        "in session 12 it was",
+        "see issue 28",
+        "today's order",
+        "this project's 2-core CPU",
+        "on a loaded 2-core host gave 0.2x",
+    ]:
         assert HISTORY.search(text), text
-    for text in ["a torchrun rendezvous on the first host", "ONNX Runtime session", "this host's share of the job",
-                 "round 1: every backend in turn", "processes on this host", "OpenMP threads on a busy host",
-                 "MONAI issues #913 / #3843"]:
+    for text in [
+        "a torchrun rendezvous on the first host",
+        "ONNX Runtime session",
+        "this host's share of the job",
+        "round 1: every backend in turn",
+        "processes on this host",
+        "OpenMP threads on a busy host",
+        "MONAI issues #913 / #3843",
+    ]:
         assert not HISTORY.search(text), text
 
 
@@ -66,8 +77,12 @@ def test_every_result_is_on_the_results_page():
 
 def test_the_results_page_generator_runs(tmp_path):
     out = tmp_path / "page.md"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "report.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     text = out.read_text()
     assert text.startswith("# Benchmarks and results") and "| result | machine | date | commit | file |" in text
@@ -76,7 +91,13 @@ def test_the_results_page_generator_runs(tmp_path):
 def test_the_docs_site_builds_strictly(tmp_path):
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
     assert mkdocs, "mkdocs is part of the dev extra: pip install -e '.[dev]'"
-    r = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+    r = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "index.html").exists()

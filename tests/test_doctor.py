@@ -24,8 +24,16 @@ def _record_recipe(run_dir, name, files, config, gpu=None):
 
 def test_data_bound_run_of_real_baseline(tmp_path, tiny_files):
     # deliberately data-bound: loading + resampling in the main process, a tiny network on tiny crops
-    cfg = RecipeConfig(patch_size=(16, 16, 16), channels=(2, 4), strides=(2,), num_res_units=0, num_samples=1,
-                       batch_size=2, num_workers=0, max_epochs=2)
+    cfg = RecipeConfig(
+        patch_size=(16, 16, 16),
+        channels=(2, 4),
+        strides=(2,),
+        num_res_units=0,
+        num_samples=1,
+        batch_size=2,
+        num_workers=0,
+        max_epochs=2,
+    )
     d = doctor(_record_recipe(tmp_path, "baseline", tiny_files, cfg))
     assert d.verdict == "data-bound", d.text()
     assert d.numbers["data_share"] >= 0.2
@@ -37,8 +45,9 @@ def test_data_bound_run_of_real_baseline(tmp_path, tiny_files):
 def test_compute_bound_run_of_real_cached_recipe(tmp_path, tiny_files, tiny_config):
     # deliberately compute-bound: cached data, and a network heavy for these crops (4 epochs, and
     # 64-128-256 channels: with 32-64-128 a slow spell of the shared host once tipped the share to 5.7 %)
-    cfg = RecipeConfig(**{**tiny_config.to_dict(), "max_epochs": 4, "channels": (64, 128, 256), "strides": (2, 2),
-                          "num_res_units": 2})
+    cfg = RecipeConfig(
+        **{**tiny_config.to_dict(), "max_epochs": 4, "channels": (64, 128, 256), "strides": (2, 2), "num_res_units": 2}
+    )
     d = doctor(_record_recipe(tmp_path, "monai_tutorial", tiny_files, cfg))
     assert d.verdict == "compute-bound", d.text()
     assert d.numbers["data_share"] < 0.05
@@ -57,7 +66,17 @@ def test_gpu_under_filled_from_a_fake_gpu_record(tmp_path):
 
 
 def test_balanced_and_missing_breakdown():
-    rows = [{"kind": "epoch", "source": "time_breakdown", "epoch": 1, "iterations": 4, "data_s": 1.0, "compute_s": 9.0, "data_share": 0.1}]
+    rows = [
+        {
+            "kind": "epoch",
+            "source": "time_breakdown",
+            "epoch": 1,
+            "iterations": 4,
+            "data_s": 1.0,
+            "compute_s": 9.0,
+            "data_share": 0.1,
+        }
+    ]
     assert diagnose(rows).verdict == "balanced"
     with pytest.raises(ValueError, match="TimeBreakdown"):
         diagnose([{"kind": "interval", "source": "gpu"}])
@@ -100,7 +119,12 @@ def test_doctor_counts_epochs_once_and_names_the_straggler_rank(tmp_path):
     assert "over 2 epoch(s) and 2 ranks" in d.evidence[0]
     report = (tmp_path / "report.md").read_text()
     table = [line for line in report.splitlines() if line.startswith("| 0 |")]
-    assert [tuple(c.strip() for c in line.split("|")[2:4]) for line in table] == [("1", "0"), ("1", "1"), ("2", "0"), ("2", "1")]
+    assert [tuple(c.strip() for c in line.split("|")[2:4]) for line in table] == [
+        ("1", "0"),
+        ("1", "1"),
+        ("2", "0"),
+        ("2", "1"),
+    ]
     assert "What the handlers measured" in report and "rank1: throughput" in report
 
 

@@ -42,14 +42,18 @@ PATCH = (16, 16, 16)
 def _chain(random: bool) -> Compose:
     keys = ["image", "label"]
     t = [
-        LoadImaged(keys=keys), EnsureChannelFirstd(keys=keys), Orientationd(keys=keys, axcodes="RAS"),
+        LoadImaged(keys=keys),
+        EnsureChannelFirstd(keys=keys),
+        Orientationd(keys=keys, axcodes="RAS"),
         Spacingd(keys=keys, pixdim=(3.0, 3.0, 4.0), mode=("bilinear", "nearest")),
         ScaleIntensityRanged(keys="image", a_min=-57, a_max=164, b_min=0.0, b_max=1.0, clip=True),
         CropForegroundd(keys=keys, source_key="image", allow_smaller=True),
     ]
     if random:
-        t += [RandCropByPosNegLabeld(keys=keys, label_key="label", spatial_size=PATCH, pos=1, neg=1, num_samples=2),
-              RandFlipd(keys=keys, prob=0.5, spatial_axis=0)]
+        t += [
+            RandCropByPosNegLabeld(keys=keys, label_key="label", spatial_size=PATCH, pos=1, neg=1, num_samples=2),
+            RandFlipd(keys=keys, prob=0.5, spatial_axis=0),
+        ]
     return Compose(t)
 
 
@@ -57,19 +61,29 @@ def _user_trainer(files, seed=0, train_loader=None, network=None, max_epochs=1):
     """A plain MONAI trainer + evaluator, as in MONAI's spleen tutorial (tiny sizes)."""
     set_determinism(seed)
     train_files, val_files = files
-    loader = train_loader or DataLoader(Dataset(train_files, _chain(True)), batch_size=2, shuffle=True, num_workers=0,
-                                        collate_fn=list_data_collate)
+    loader = train_loader or DataLoader(
+        Dataset(train_files, _chain(True)), batch_size=2, shuffle=True, num_workers=0, collate_fn=list_data_collate
+    )
     val_loader = DataLoader(Dataset(val_files, _chain(False)), batch_size=1, num_workers=0)
     net = network or UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(4, 8), strides=(2,), num_res_units=0)
     post = Compose([AsDiscreted(keys="pred", argmax=True, to_onehot=2), AsDiscreted(keys="label", to_onehot=2)])
     evaluator = SupervisedEvaluator(
-        device="cpu", val_data_loader=val_loader, network=net, inferer=SlidingWindowInferer(PATCH, sw_batch_size=2),
+        device="cpu",
+        val_data_loader=val_loader,
+        network=net,
+        inferer=SlidingWindowInferer(PATCH, sw_batch_size=2),
         postprocessing=post,
-        key_val_metric={"val_mean_dice": MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))},
+        key_val_metric={
+            "val_mean_dice": MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))
+        },
     )
     trainer = SupervisedTrainer(
-        device="cpu", max_epochs=max_epochs, train_data_loader=loader, network=net,
-        optimizer=torch.optim.Adam(net.parameters(), 1e-4), loss_function=DiceLoss(to_onehot_y=True, softmax=True),
+        device="cpu",
+        max_epochs=max_epochs,
+        train_data_loader=loader,
+        network=net,
+        optimizer=torch.optim.Adam(net.parameters(), 1e-4),
+        loss_function=DiceLoss(to_onehot_y=True, softmax=True),
         train_handlers=[ValidationHandler(validator=evaluator, interval=1)],
     )
     return trainer, evaluator
@@ -80,8 +94,13 @@ def _crops(trainer):
 
     def grab(engine):
         batch = engine.state.batch
-        seen.append((tuple(batch["image"].shape), round(float(batch["image"].double().sum()), 6),
-                     tuple(str(f) for f in batch["image"].meta["filename_or_obj"])))
+        seen.append(
+            (
+                tuple(batch["image"].shape),
+                round(float(batch["image"].double().sum()), 6),
+                tuple(str(f) for f in batch["image"].meta["filename_or_obj"]),
+            )
+        )
 
     trainer.add_event_handler(Events.ITERATION_STARTED, grab)
     return seen
@@ -96,8 +115,12 @@ def test_one_attach_replaces_both_loaders_and_records_what_it_applied(tiny_files
     TimeBreakdown().attach(trainer)
     fast = FastTraining()
     fast.attach(trainer, evaluator)
-    assert isinstance(trainer.data_loader, SafeThreadDataLoader) and isinstance(trainer.data_loader.dataset, CacheDataset)
-    assert isinstance(evaluator.data_loader, SafeThreadDataLoader) and isinstance(evaluator.data_loader.dataset, CacheDataset)
+    assert isinstance(trainer.data_loader, SafeThreadDataLoader) and isinstance(
+        trainer.data_loader.dataset, CacheDataset
+    )
+    assert isinstance(evaluator.data_loader, SafeThreadDataLoader) and isinstance(
+        evaluator.data_loader.dataset, CacheDataset
+    )
     assert (trainer.state.epoch_length, len(evaluator.data_loader)) == before
     assert trainer.data_loader.batch_size == 2 and trainer.data_loader.collate_fn is list_data_collate
     trainer.run()
@@ -106,11 +129,21 @@ def test_one_attach_replaces_both_loaders_and_records_what_it_applied(tiny_files
     assert fast.applied["precision"]["setting"] in ("bf16", "fp32") and "memory_format" in fast.applied
     rows, summary = load_record(tmp_path)
     levers = {r["lever"]: r for r in select(rows, Kind.EVENT, Source.FAST_TRAINING)}
-    assert set(levers) == {"data", "validation data", "precision", "memory_format", "validation", "prefetch",
-                           "validation prefetch", "prediction layout"}
+    assert set(levers) == {
+        "data",
+        "validation data",
+        "precision",
+        "memory_format",
+        "validation",
+        "prefetch",
+        "validation prefetch",
+        "prediction layout",
+    }
     assert summary["fast_training"]["data"]["setting"] == "ram"
     fills = [r for r in rows if r["kind"] == "span" and r["category"] == "cache_fill"]
-    assert len(fills) == 2 and all(r["duration_s"] > 0 and not r["overlapped"] for r in fills)  # in the doctor's wall clock
+    assert len(fills) == 2 and all(
+        r["duration_s"] > 0 and not r["overlapped"] for r in fills
+    )  # in the doctor's wall clock
     # the doctor never recommends what is already on, and says what is
     from monai_fast.report.doctor import FIXES, doctor
 
@@ -124,12 +157,24 @@ def test_one_attach_replaces_both_loaders_and_records_what_it_applied(tiny_files
 def test_a_data_bound_verdict_after_fast_training_does_not_recommend_caching_again():
     from monai_fast.report.doctor import diagnose
 
-    rows = [{"kind": "epoch", "source": "time_breakdown", "engine": "train", "epoch": 1, "iterations": 4,
-             "data_s": 5.0, "compute_s": 5.0},
-            {"kind": "event", "source": "fast_training", "lever": "data", "applied": True, "setting": "ram", "reason": "x"}]
+    rows = [
+        {
+            "kind": "epoch",
+            "source": "time_breakdown",
+            "engine": "train",
+            "epoch": 1,
+            "iterations": 4,
+            "data_s": 5.0,
+            "compute_s": 5.0,
+        },
+        {"kind": "event", "source": "fast_training", "lever": "data", "applied": True, "setting": "ram", "reason": "x"},
+    ]
     d = diagnose(rows)
     assert d.verdict == "data-bound"
-    assert not any("FastTraining(cache='auto')" in f for f in d.fixes) and "already applied by FastTraining: data (ram)" in d.fixes
+    assert (
+        not any("FastTraining(cache='auto')" in f for f in d.fixes)
+        and "already applied by FastTraining: data (ram)" in d.fixes
+    )
     d_without = diagnose(rows[:1])
     assert any("FastTraining(cache='auto')" in f for f in d_without.fixes)
 
@@ -159,8 +204,11 @@ def test_what_cannot_be_applied_is_left_alone_with_a_reason_and_the_rest_applies
             return y
 
     tensors = TensorDataset(torch.rand(4, 1, *PATCH), torch.randint(0, 2, (4, 1, *PATCH)).float())
-    plain_loader = torch.utils.data.DataLoader(tensors, batch_size=2, collate_fn=lambda b: {
-        "image": torch.stack([x for x, _ in b]), "label": torch.stack([y for _, y in b])})
+    plain_loader = torch.utils.data.DataLoader(
+        tensors,
+        batch_size=2,
+        collate_fn=lambda b: {"image": torch.stack([x for x, _ in b]), "label": torch.stack([y for _, y in b])},
+    )
     trainer, evaluator = _user_trainer(tiny_files, train_loader=plain_loader, network=RejectsChannelsLast())
     fast = FastTraining(memory_format="channels_last_3d")
     with caplog.at_level(logging.INFO, logger="monai_fast.handlers"):
@@ -168,7 +216,10 @@ def test_what_cannot_be_applied_is_left_alone_with_a_reason_and_the_rest_applies
         trainer.run()
     assert not fast.applied["data"]["applied"] and "no .data and .transform" in fast.applied["data"]["reason"]
     assert fast.applied["validation data"]["applied"]  # the evaluator's MONAI loader still adopted
-    assert not fast.applied["memory_format"]["applied"] and "rejects channels_last_3d" in fast.applied["memory_format"]["reason"]
+    assert (
+        not fast.applied["memory_format"]["applied"]
+        and "rejects channels_last_3d" in fast.applied["memory_format"]["reason"]
+    )
     assert "FastTraining data: left alone: the data set (TensorDataset)" in caplog.text
     assert trainer.state.epoch == 1
 
@@ -206,29 +257,47 @@ def _rank_items(local_rank, files, out):
 
     rank, world = idist.get_rank(), idist.get_world_size()
     ds = Dataset(files[0], _chain(True))
-    loader = DataLoader(ds, batch_size=1, sampler=DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0))
+    loader = DataLoader(
+        ds, batch_size=1, sampler=DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    )
     trainer, evaluator = _user_trainer(files, train_loader=loader)
     fast = FastTraining()  # every lever auto: the decisions must agree across ranks
     fast.attach(trainer)
     seen = []
-    trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: seen.extend(str(f) for f in e.state.batch["image"].meta["filename_or_obj"]))
+    trainer.add_event_handler(
+        Events.ITERATION_STARTED, lambda e: seen.extend(str(f) for f in e.state.batch["image"].meta["filename_or_obj"])
+    )
     trainer.run()
     decisions = {lever: what["setting"] for lever, what in fast.applied.items() if lever != "data"}
-    (out / f"rank{rank}.json").write_text(json.dumps({"seen": seen, "cached": len(trainer.data_loader.dataset),
-                                                      "steps": trainer.state.epoch_length, "decisions": decisions}))
+    (out / f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "seen": seen,
+                "cached": len(trainer.data_loader.dataset),
+                "steps": trainer.state.epoch_length,
+                "decisions": decisions,
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("backend", ["gloo", "horovod"])
-def test_two_ranks_with_a_distributed_sampler_cache_only_their_share_and_agree(backend, tiny_files, tmp_path, monkeypatch):
+def test_two_ranks_with_a_distributed_sampler_cache_only_their_share_and_agree(
+    backend, tiny_files, tmp_path, monkeypatch
+):
     import os
     from pathlib import Path
 
     import ignite.distributed as idist
 
     if backend == "horovod":
-        pytest.importorskip("horovod.torch", reason="Horovod is not built here: python scripts/build_horovod.py (the CI does)")
+        pytest.importorskip(
+            "horovod.torch", reason="Horovod is not built here: python scripts/build_horovod.py (the CI does)"
+        )
         # horovodrun's processes unpickle _rank_items by its module: let them import this file
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+        )
     with idist.Parallel(backend=backend, nproc_per_node=2) as parallel:
         parallel.run(_rank_items, tiny_files, tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -305,10 +374,15 @@ def test_validation_tune_with_an_inferer_that_is_not_a_sliding_window_says_so(ti
     evaluator.inferer = SimpleInferer()
     fast = FastTraining(precision="fp32", validation="tune")
     fast.attach(trainer, evaluator)
-    assert not fast.applied["validation"]["applied"] and "not a SlidingWindowInferer" in fast.applied["validation"]["reason"]
+    assert (
+        not fast.applied["validation"]["applied"]
+        and "not a SlidingWindowInferer" in fast.applied["validation"]["reason"]
+    )
     from monai_fast.handlers import SlidingWindowTune
 
-    with pytest.raises(TypeError, match="is not a SlidingWindowInferer"):  # the handler on its own, through the wrappers
+    with pytest.raises(
+        TypeError, match="is not a SlidingWindowInferer"
+    ):  # the handler on its own, through the wrappers
         SlidingWindowTune(lambda: "fp32", "cpu", store=None).attach(evaluator)
 
 
@@ -322,18 +396,24 @@ def test_background_fill_adopts_both_loaders_over_background_caches_validation_a
         return image
 
     chain = Compose([*_chain(False).transforms, Lambdad(keys="image", func=slowly), *_chain(True).transforms[6:]])
-    loader = DataLoader(Dataset(tiny_files[0], chain), batch_size=2, shuffle=True, num_workers=0, collate_fn=list_data_collate)
+    loader = DataLoader(
+        Dataset(tiny_files[0], chain), batch_size=2, shuffle=True, num_workers=0, collate_fn=list_data_collate
+    )
     trainer, evaluator = _user_trainer(tiny_files, max_epochs=2, train_loader=loader)
     fast = FastTraining(precision="fp32", memory_format=False, background_fill=True)
     fast.attach(trainer, evaluator)
     train_ds, val_ds = trainer.data_loader.dataset, evaluator.data_loader.dataset
     assert isinstance(train_ds, BackgroundCacheDataset) and isinstance(val_ds, BackgroundCacheDataset)
     assert val_ds.fill.after is train_ds.fill  # validation fills after the training cache
-    choices = [h for h in fast._helpers if isinstance(h, PrefetchChoice)]  # they time nothing until both caches are full
+    choices = [
+        h for h in fast._helpers if isinstance(h, PrefetchChoice)
+    ]  # they time nothing until both caches are full
     assert len(choices) == 2 and not train_ds.complete and not any(c.ready() for c in choices)
     seen = []
-    trainer.add_event_handler(Events.ITERATION_STARTED,
-                              lambda e: seen.append(sorted(str(f) for f in e.state.batch["image"].meta["filename_or_obj"])))
+    trainer.add_event_handler(
+        Events.ITERATION_STARTED,
+        lambda e: seen.append(sorted(str(f) for f in e.state.batch["image"].meta["filename_or_obj"])),
+    )
     trainer.run()
     per_epoch = len(seen) // 2
     first = [f for batch in seen[:per_epoch] for f in batch]

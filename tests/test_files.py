@@ -40,7 +40,7 @@ def _writer_killed_mid_write(folder: Path) -> Path:
     code = textwrap.dedent(f"""
         import sys, time
         from monai_fast.files import atomic_write
-        with atomic_write({str(folder / 'results.json')!r}) as f:
+        with atomic_write({str(folder / "results.json")!r}) as f:
             f.write('{{"half": ')
             f.flush()
             print("writing", flush=True)
@@ -110,8 +110,11 @@ def test_a_disk_cache_cleans_its_folder_once_not_on_every_item(tiny_files, tmp_p
     cache = tmp_path / "cache"
     cache.mkdir()
     leftover = _writer_killed_mid_write(cache)  # a killed writer's temporary in the cache folder
-    ds = TrustedPersistentDataset(tiny_files[0], Compose([LoadImaged(keys=["image", "label"]),
-                                                          EnsureChannelFirstd(keys=["image", "label"])]), cache)
+    ds = TrustedPersistentDataset(
+        tiny_files[0],
+        Compose([LoadImaged(keys=["image", "label"]), EnsureChannelFirstd(keys=["image", "label"])]),
+        cache,
+    )
     assert not leftover.exists(), "the data set removes leftovers of killed writers when it opens its folder"
     calls = []
     real = files.clean_stale_tmp

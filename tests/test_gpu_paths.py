@@ -29,9 +29,19 @@ def _your_trainer_module():
 
 
 @pytest.mark.gpu
-def test_fast_recipe_on_cuda_caches_on_the_gpu_trains_in_bf16_and_reaches_a_validation_dice(tiny_files, tiny_config, tmp_path):
-    r = run_to_target("fast", *tiny_files, replace(tiny_config, max_epochs=3), "cuda", target=0.99, time_budget_s=300,
-                      run_dir=tmp_path, progress=False)
+def test_fast_recipe_on_cuda_caches_on_the_gpu_trains_in_bf16_and_reaches_a_validation_dice(
+    tiny_files, tiny_config, tmp_path
+):
+    r = run_to_target(
+        "fast",
+        *tiny_files,
+        replace(tiny_config, max_epochs=3),
+        "cuda",
+        target=0.99,
+        time_budget_s=300,
+        run_dir=tmp_path,
+        progress=False,
+    )
     assert r.epochs_run == 3 and r.best_dice is not None and math.isfinite(r.best_dice) and r.best_dice > 0
     assert any("GPU memory" in n for n in r.notes), r.notes
     assert any("AMPToggle bf16" in n for n in r.notes), r.notes
@@ -66,7 +76,10 @@ def test_fast_training_on_cuda_caches_on_the_gpu_in_bf16_and_decides_the_memory_
     fmt = fast.applied["memory_format"]
     assert fmt["setting"] in ("channels_last_3d", "contiguous") and fmt["reason"], fmt
     # a weight with one input channel or a 1x1x1 kernel is both layouts at once: look at one that is not
-    conv = next(m for m in trainer.network.modules() if isinstance(m, torch.nn.Conv3d) and m.in_channels > 1
-                and m.weight.shape[2] > 1)
+    conv = next(
+        m
+        for m in trainer.network.modules()
+        if isinstance(m, torch.nn.Conv3d) and m.in_channels > 1 and m.weight.shape[2] > 1
+    )
     assert conv.weight.is_contiguous(memory_format=torch.channels_last_3d) == (fmt["setting"] == "channels_last_3d")
     assert math.isfinite(evaluator.state.metrics["val_mean_dice"])

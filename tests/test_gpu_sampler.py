@@ -91,7 +91,9 @@ def test_validation(tmp_path):
 def test_real_nvml_readings_on_a_gpu():
     import torch
 
-    engine = Engine(lambda e, b: torch.randn(2048, 2048, device="cuda").matmul(torch.randn(2048, 2048, device="cuda")).sum().item())
+    engine = Engine(
+        lambda e, b: torch.randn(2048, 2048, device="cuda").matmul(torch.randn(2048, 2048, device="cuda")).sum().item()
+    )
     sampler = GPUSampler(interval_s=0.05)
     sampler.attach(engine)
     engine.run(list(range(200)), max_epochs=1)

@@ -27,19 +27,72 @@ from monai_fast.recipes.runner import EpochRow, RaceResult, TargetRun
 from monai_fast.telemetry.host import describe_host_load
 
 TINY_RACE = {"max_epochs": 6, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "amp": False}
-TINY_DEMO = ["--cases", "4", "--shape", "32", "32", "32", "--patch-size", "32", "32", "32", "--channels", "4", "8",
-             "--fp32", "--no-progress"]
+TINY_DEMO = [
+    "--cases",
+    "4",
+    "--shape",
+    "32",
+    "32",
+    "32",
+    "--patch-size",
+    "32",
+    "32",
+    "32",
+    "--channels",
+    "4",
+    "8",
+    "--fp32",
+    "--no-progress",
+]
 
 
-def _result(recipe: str, dice: list[float], target: float, s_per_epoch: float, reached_at: int | None = None,
-            cpu_s_per_epoch: float | None = None, setup_cpu_s: float | None = None, device: str = "CPU x86_64") -> RaceResult:
-    rows = [EpochRow(recipe, i + 1, (i + 1) * s_per_epoch, s_per_epoch * 0.8, s_per_epoch * 0.2, 0.0, 1.0, 0.0, 1.0, d,
-                     cpu_s=cpu_s_per_epoch)
-            for i, d in enumerate(dice)]
+def _result(
+    recipe: str,
+    dice: list[float],
+    target: float,
+    s_per_epoch: float,
+    reached_at: int | None = None,
+    cpu_s_per_epoch: float | None = None,
+    setup_cpu_s: float | None = None,
+    device: str = "CPU x86_64",
+) -> RaceResult:
+    rows = [
+        EpochRow(
+            recipe,
+            i + 1,
+            (i + 1) * s_per_epoch,
+            s_per_epoch * 0.8,
+            s_per_epoch * 0.2,
+            0.0,
+            1.0,
+            0.0,
+            1.0,
+            d,
+            cpu_s=cpu_s_per_epoch,
+        )
+        for i, d in enumerate(dice)
+    ]
     reached = reached_at is not None
-    return RaceResult(recipe, target, reached, reached_at * s_per_epoch if reached else None, reached_at, len(rows),
-                      max(dice), 0.0, len(rows) * s_per_epoch, s_per_epoch * 0.8, s_per_epoch * 0.2, 0.1, 100.0,
-                      not reached, device, False, epochs=rows, setup_cpu_s=setup_cpu_s)
+    return RaceResult(
+        recipe,
+        target,
+        reached,
+        reached_at * s_per_epoch if reached else None,
+        reached_at,
+        len(rows),
+        max(dice),
+        0.0,
+        len(rows) * s_per_epoch,
+        s_per_epoch * 0.8,
+        s_per_epoch * 0.2,
+        0.1,
+        100.0,
+        not reached,
+        device,
+        False,
+        epochs=rows,
+        setup_cpu_s=setup_cpu_s,
+    )
 
 
 def test_baseline_stopped_early_gets_an_estimate_from_its_dice_curve_labelled_estimated():
@@ -47,12 +100,18 @@ def test_baseline_stopped_early_gets_an_estimate_from_its_dice_curve_labelled_es
     base = _result("baseline", [0.1, 0.2, 0.3, 0.4], 0.9, 4.0)  # 0.4 at epoch 4; fast had 0.6 at epoch 2
     doc = headline([fast, base], {"fast": 3, "baseline": 1}, {"cap_s": 300})
     b = doc["recipes"]["baseline"]
-    assert b["epochs_to_target"]["how"] == ESTIMATED and "reached Dice 0.400 at epoch 4" in b["epochs_to_target"]["basis"]
-    assert b["epochs_to_target"]["value"] == 4 * 3 / 2  # its epoch at 0.4 x fast's epochs to target / fast's epoch at 0.4
+    assert (
+        b["epochs_to_target"]["how"] == ESTIMATED and "reached Dice 0.400 at epoch 4" in b["epochs_to_target"]["basis"]
+    )
+    assert (
+        b["epochs_to_target"]["value"] == 4 * 3 / 2
+    )  # its epoch at 0.4 x fast's epochs to target / fast's epoch at 0.4
     # its time: epochs x its seconds per epoch measured interleaved (its first epoch only here)
     assert b["time_to_target_s"]["value"] == pytest.approx(b["epochs_to_target"]["value"] * 4.0)
     assert doc["recipes"]["fast"]["time_to_target_s"] == {"value": 3.0, "how": MEASURED, "basis": ""}
-    assert doc["speedup"]["how"] == ESTIMATED and doc["speedup"]["factor"] == pytest.approx(b["time_to_target_s"]["value"] / 3.0)
+    assert doc["speedup"]["how"] == ESTIMATED and doc["speedup"]["factor"] == pytest.approx(
+        b["time_to_target_s"]["value"] / 3.0
+    )
     table = format_headline(doc)
     assert "(estimated)" in table.splitlines()[3] and "(measured)" in table.splitlines()[2]
     assert "speed-up over baseline:" in table and "(estimated:" in table and ">=" not in table
@@ -77,8 +136,12 @@ def test_baseline_reaching_the_target_is_measured():
     base = _result("baseline", [0.3, 0.6, 0.9], 0.9, 3.0, reached_at=3)
     sp = headline([fast, base], {"fast": 2, "baseline": 1}, {})["speedup"]
     assert {k: sp[k] for k in ("over", "factor", "how", "basis", "clock")} == {
-        "over": "baseline", "factor": pytest.approx(9.0 / 2.0), "how": MEASURED,
-        "basis": "baseline's time to target (measured) / fast's (measured)", "clock": "wall"}
+        "over": "baseline",
+        "factor": pytest.approx(9.0 / 2.0),
+        "how": MEASURED,
+        "basis": "baseline's time to target (measured) / fast's (measured)",
+        "clock": "wall",
+    }
     assert sp["cpu_factor"] is None  # no CPU times recorded: none made up
 
 
@@ -134,9 +197,19 @@ def test_budget_is_a_multiple_of_the_leads_time_within_the_cap():
 
 
 def test_interleaved_race_gives_the_baseline_a_budget_derived_from_fasts_time(tmp_path):
-    spec = RaceSpec(recipes=("fast", "baseline"), synthetic=SyntheticData(cases=4, shape=(32, 32, 32)), target=0.015,
-                    time_budget_s=300, budget_multiple=1.0, interleave=True, device="cpu", run_dir=tmp_path / "run",
-                    progress=False, preflight=False, overrides=TINY_RACE)
+    spec = RaceSpec(
+        recipes=("fast", "baseline"),
+        synthetic=SyntheticData(cases=4, shape=(32, 32, 32)),
+        target=0.015,
+        time_budget_s=300,
+        budget_multiple=1.0,
+        interleave=True,
+        device="cpu",
+        run_dir=tmp_path / "run",
+        progress=False,
+        preflight=False,
+        overrides=TINY_RACE,
+    )
     run = race(spec)
     fast, base = run.results
     assert fast.reached  # Dice 0.012 then 0.020 at this size and seed
@@ -147,30 +220,61 @@ def test_interleaved_race_gives_the_baseline_a_budget_derived_from_fasts_time(tm
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert doc["headline"]["recipes"]["baseline"]["stopped"] == "wall-clock budget"
     est = doc["headline"]["recipes"]["baseline"]["time_to_target_s"]
-    if est["how"] == ESTIMATED:  # the epochs its budget gave it (time-bound: one or two here) made a curve to extrapolate
+    if (
+        est["how"] == ESTIMATED
+    ):  # the epochs its budget gave it (time-bound: one or two here) made a curve to extrapolate
         assert est["value"] > 0 and "measured interleaved" in est["basis"]
     else:  # too few: no estimate, said why, and the headline is the per-epoch speed-up, measured
-        assert est["how"] == "n/a" and "too early in its curve" in est["basis"] and doc["headline"]["speedup"]["per_epoch"] > 0
+        assert (
+            est["how"] == "n/a"
+            and "too early in its curve" in est["basis"]
+            and doc["headline"]["speedup"]["per_epoch"] > 0
+        )
     assert doc["headline"]["recipes"]["fast"]["epochs_interleaved"] == fast.epochs_run
 
 
 def test_demo_prints_the_cap_up_front_and_a_table_of_measured_and_estimated_figures(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MONAI_FAST_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    assert main(["demo", *TINY_DEMO, "--max-epochs", "6", "--target", "0.015", "--time-budget", "250",
-                 "--epoch-multiple", "1.5", "--run-dir", str(run)]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                *TINY_DEMO,
+                "--max-epochs",
+                "6",
+                "--target",
+                "0.015",
+                "--time-budget",
+                "250",
+                "--epoch-multiple",
+                "1.5",
+                "--run-dir",
+                str(run),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert out.splitlines()[0].startswith("sized for cpu (default: small, for a CPU): 4 synthetic volumes of 32x32x32 voxels, "
-                                          "32x32x32 patches, UNet 4-8 with 1 residual unit(s)")
-    assert out.splitlines()[1].startswith("budget: fast up to 250 s; baseline 1.5x fast's epochs to target, at most 250 s")
+    assert out.splitlines()[0].startswith(
+        "sized for cpu (default: small, for a CPU): 4 synthetic volumes of 32x32x32 voxels, "
+        "32x32x32 patches, UNet 4-8 with 1 residual unit(s)"
+    )
+    assert out.splitlines()[1].startswith(
+        "budget: fast up to 250 s; baseline 1.5x fast's epochs to target, at most 250 s"
+    )
     doc = json.loads((run / "results.json").read_text())
     k = doc["headline"]["budget"]["lead_epochs"]
     assert f"-- baseline: budget {epochs_after_lead(k, 1.5)} epochs (fast reached the target in {k} epochs" in out
     head = next(ln for ln in out.splitlines() if ln.startswith("recipe"))
-    assert re.split(r"\s{2,}", head)[:2] == ["recipe", "time to target s"] and "epochs to target" in head and "s/epoch interleaved" in head
+    assert (
+        re.split(r"\s{2,}", head)[:2] == ["recipe", "time to target s"]
+        and "epochs to target" in head
+        and "s/epoch interleaved" in head
+    )
     lines = out.splitlines()
     at = lines.index(head)
-    rows = {ln.split()[0]: ln for ln in lines[at + 2:at + 4]}  # under the header and its rule
+    rows = {ln.split()[0]: ln for ln in lines[at + 2 : at + 4]}  # under the header and its rule
     assert rows["fast"].count("(measured)") == 4  # time, CPU time and epochs to target, s/epoch
     if rows["baseline"].count("(estimated)") == 3:
         assert "baseline time to target: estimated:" in out and "speed-up over baseline:" in out
@@ -181,8 +285,14 @@ def test_demo_prints_the_cap_up_front_and_a_table_of_measured_and_estimated_figu
     host = doc["headline"]["host"]
     assert 0 <= host["others_cpu_share"] <= 1 and host["cpus"] >= 1 and host["wall_s"] > 0
     assert describe_host_load(host, "the epochs taken in turns") in out  # the line under the table
-    assert set(doc["headline"]["recipes"]["baseline"]) >= {"time_to_target_s", "epochs_to_target", "s_per_epoch_interleaved",
-                                                           "epochs_interleaved", "epochs_run", "best_dice"}
+    assert set(doc["headline"]["recipes"]["baseline"]) >= {
+        "time_to_target_s",
+        "epochs_to_target",
+        "s_per_epoch_interleaved",
+        "epochs_interleaved",
+        "epochs_run",
+        "best_dice",
+    }
 
 
 def test_a_recipe_trains_the_same_alone_as_in_turns_with_another():
@@ -202,9 +312,19 @@ def test_a_recipe_trains_the_same_alone_as_in_turns_with_another():
 
 
 def test_the_baselines_epoch_budget_and_its_curve_do_not_depend_on_the_order_of_the_turns(tmp_path, monkeypatch):
-    spec = RaceSpec(recipes=("fast", "baseline"), synthetic=SyntheticData(cases=4, shape=(32, 32, 32)), target=0.015,
-                    time_budget_s=300, epoch_multiple=2.0, interleave=True, device="cpu", run_dir=tmp_path / "quiet",
-                    progress=False, preflight=False, overrides={**TINY_RACE, "max_epochs": 12})
+    spec = RaceSpec(
+        recipes=("fast", "baseline"),
+        synthetic=SyntheticData(cases=4, shape=(32, 32, 32)),
+        target=0.015,
+        time_budget_s=300,
+        epoch_multiple=2.0,
+        interleave=True,
+        device="cpu",
+        run_dir=tmp_path / "quiet",
+        progress=False,
+        preflight=False,
+        overrides={**TINY_RACE, "max_epochs": 12},
+    )
     quiet = race(spec)
     real = TargetRun.elapsed  # a host where fast's epochs take 5x as long: the baseline takes more turns in a row
     monkeypatch.setattr(TargetRun, "elapsed", lambda run: real(run) * (5.0 if run.recipe == "fast" else 1.0))
@@ -216,11 +336,15 @@ def test_the_baselines_epoch_budget_and_its_curve_do_not_depend_on_the_order_of_
         assert fast.reached and doc["budget"]["lead_epochs"] == fast.epochs_to_target
         assert doc["budget"]["others_epochs"] == 2 * fast.epochs_to_target
         # turns taken while fast trained may carry it past its budget; its estimate reads only the budget's epochs
-        assert base.reached or (base.epochs_run >= doc["budget"]["others_epochs"]
-                                and doc["recipes"]["baseline"]["stopped"] == "epoch budget")
+        assert base.reached or (
+            base.epochs_run >= doc["budget"]["others_epochs"]
+            and doc["recipes"]["baseline"]["stopped"] == "epoch budget"
+        )
     for a, b in zip(quiet.results, loaded.results):  # the same Dice, epoch by epoch, for both recipes
         n = min(len(a.epochs), len(b.epochs))
-        assert n >= (2 if a.recipe == "fast" else 4) and [e.val_dice for e in a.epochs[:n]] == [e.val_dice for e in b.epochs[:n]]
+        assert n >= (2 if a.recipe == "fast" else 4) and [e.val_dice for e in a.epochs[:n]] == [
+            e.val_dice for e in b.epochs[:n]
+        ]
     assert docs[0]["recipes"]["baseline"]["epochs_to_target"] == docs[1]["recipes"]["baseline"]["epochs_to_target"]
 
 
@@ -229,9 +353,13 @@ def test_a_wall_clock_cap_cutting_the_epoch_budget_short_is_said():
     base = _result("baseline", [0.1, 0.2, 0.3, 0.4], 0.9, 4.0)  # its 16 s budget spent after 4 of its 6 epochs
     budget = {"lead": "fast", "cap_s": 16.0, "epoch_multiple": 2.0, "lead_epochs": 3, "others_epochs": 6}
     doc = headline([fast, replace(base, budget_s=16.0, budget_exhausted=True)], {"fast": 3, "baseline": 1}, budget)
-    assert doc["recipes"]["baseline"]["stopped"] == "wall-clock budget" and doc["recipes"]["fast"]["stopped"] == "target"
-    assert ("baseline: stopped by its wall-clock budget after 4 of its 6 epochs: how far its Dice curve got depended on "
-            "the host's speed") in format_headline(doc)
+    assert (
+        doc["recipes"]["baseline"]["stopped"] == "wall-clock budget" and doc["recipes"]["fast"]["stopped"] == "target"
+    )
+    assert (
+        "baseline: stopped by its wall-clock budget after 4 of its 6 epochs: how far its Dice curve got depended on "
+        "the host's speed"
+    ) in format_headline(doc)
     assert headline([fast, replace(base, epochs_run=6)], {}, budget)["recipes"]["baseline"]["stopped"] == "epoch budget"
 
 

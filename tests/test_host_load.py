@@ -105,8 +105,9 @@ def test_the_process_trees_cpu_time_counts_a_live_child_before_it_is_reaped():
     """A loader worker's CPU counts when spent: the epoch that used it sees it, not the one that reaps it later."""
     from monai_fast.telemetry.host import process_tree_cpu_seconds
 
-    child = subprocess.Popen([sys.executable, "-c", SPIN.format(s=1.0) + "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", SPIN.format(s=1.0) + "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         time.sleep(0.3)
         before = process_tree_cpu_seconds()

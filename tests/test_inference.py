@@ -58,8 +58,14 @@ def test_an_msd_folder_infers_the_validation_split_of_training(model_file, tiny_
     assert all(p.is_file() for p in result.outputs)
 
 
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=[pytest.mark.slow] if b == "compile" else [])  # compiles
-                                     for b in BACKENDS if b not in ("eager", "tensorrt")])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param(b, marks=[pytest.mark.slow] if b == "compile" else [])  # compiles
+        for b in BACKENDS
+        if b not in ("eager", "tensorrt")
+    ],
+)
 def test_each_available_backend_agrees_with_eager_fp32(backend, model_file, tiny_spleen, tmp_path):
     two_images = images(tiny_spleen)
     lacking = missing(backend, "cpu")
@@ -74,16 +80,31 @@ def test_each_available_backend_agrees_with_eager_fp32(backend, model_file, tiny
         assert agree["voxels"] >= 0.99 and agree["dice"] >= 0.99, (backend, agree)
 
 
-def test_auto_sliding_window_is_measured_once_then_read_from_the_store_and_agrees(model_file, tiny_spleen, tmp_path,
-                                                                                   caplog):
+def test_auto_sliding_window_is_measured_once_then_read_from_the_store_and_agrees(
+    model_file, tiny_spleen, tmp_path, caplog
+):
     two_images = images(tiny_spleen)
     store = tmp_path / "tuning.json"
     eager = infer(model_file, two_images, tmp_path / "fixed", progress=False)
     with caplog.at_level("INFO", logger="monai_fast"):
-        auto = infer(model_file, two_images, tmp_path / "auto", sw_batch_size="auto", tune_store=store,
-                     sw_batch_range=(1, 2), progress=False)
-        infer(model_file, two_images, tmp_path / "again", sw_batch_size="auto", tune_store=store,
-                     sw_batch_range=(1, 2), progress=False)
+        auto = infer(
+            model_file,
+            two_images,
+            tmp_path / "auto",
+            sw_batch_size="auto",
+            tune_store=store,
+            sw_batch_range=(1, 2),
+            progress=False,
+        )
+        infer(
+            model_file,
+            two_images,
+            tmp_path / "again",
+            sw_batch_size="auto",
+            tune_store=store,
+            sw_batch_range=(1, 2),
+            progress=False,
+        )
     entries = json.loads(store.read_text())
     assert len(entries["results"] if "results" in entries else entries) == 1
     measured = [r.getMessage() for r in caplog.records if r.getMessage().startswith("infer: sw_batch_size")]
@@ -112,14 +133,25 @@ def test_the_cli_writes_predictions_and_prints_one_line(model_file, tiny_spleen,
     two_images = images(tiny_spleen)
     assert main(["infer", str(model_file), *two_images, "--out", str(tmp_path / "out"), "--no-progress"]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
-        Path(p).name.replace(".nii.gz", "_seg.nii.gz") for p in two_images)
+        Path(p).name.replace(".nii.gz", "_seg.nii.gz") for p in two_images
+    )
     assert capsys.readouterr().out.startswith(f"wrote 2 predictions to {tmp_path / 'out'} (backend eager: fp32 on cpu")
 
 
 def test_the_benchmark_runs_at_tiny_size_and_reports_each_backend(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "benchmarks/inference.py", "--tiny", "--backends", "eager", "autocast", "onnx", "tensorrt",
-           "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "benchmarks/inference.py",
+        "--tiny",
+        "--backends",
+        "eager",
+        "autocast",
+        "onnx",
+        "tensorrt",
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = {r["backend"]: r for r in json.loads(next(tmp_path.glob("inference_*.json")).read_text())["rows"]}

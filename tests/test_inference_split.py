@@ -37,7 +37,9 @@ class SlowConv(torch.nn.Module):
 
 def _items(n: int) -> list[dict]:
     g = torch.Generator().manual_seed(0)
-    return [{"image": torch.rand(1, *SHAPE, generator=g), "label": torch.rand(1, *SHAPE, generator=g)} for _ in range(n)]
+    return [
+        {"image": torch.rand(1, *SHAPE, generator=g), "label": torch.rand(1, *SHAPE, generator=g)} for _ in range(n)
+    ]
 
 
 def _slow_post(batch):
@@ -55,9 +57,13 @@ class SlowStitching(SlidingWindowInferer):
 
 
 def _evaluator(net: torch.nn.Module, volumes: int = 2) -> SupervisedEvaluator:
-    return SupervisedEvaluator(device="cpu", val_data_loader=DataLoader(Dataset(_items(volumes)), batch_size=1),
-                               network=net, inferer=SlowStitching(ROI, sw_batch_size=SW_BATCH, overlap=0.0),
-                               postprocessing=_slow_post)
+    return SupervisedEvaluator(
+        device="cpu",
+        val_data_loader=DataLoader(Dataset(_items(volumes)), batch_size=1),
+        network=net,
+        inferer=SlowStitching(ROI, sw_batch_size=SW_BATCH, overlap=0.0),
+        postprocessing=_slow_post,
+    )
 
 
 def test_each_validation_is_split_into_network_windows_and_the_post_processing_after_the_inferer():
@@ -80,14 +86,22 @@ def test_each_validation_is_split_into_network_windows_and_the_post_processing_a
 def test_a_network_shared_with_the_trainer_is_timed_for_validation_only():
     net = SlowConv()
     evaluator = _evaluator(net, volumes=1)
-    trainer = SupervisedTrainer(device="cpu", max_epochs=2, train_data_loader=DataLoader(Dataset(_items(3)), batch_size=1),
-                                network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01), loss_function=torch.nn.MSELoss(),
-                                train_handlers=[ValidationHandler(validator=evaluator, interval=1)])
+    trainer = SupervisedTrainer(
+        device="cpu",
+        max_epochs=2,
+        train_data_loader=DataLoader(Dataset(_items(3)), batch_size=1),
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), 0.01),
+        loss_function=torch.nn.MSELoss(),
+        train_handlers=[ValidationHandler(validator=evaluator, interval=1)],
+    )
     split = InferenceSplit()
     split.attach(evaluator)
     trainer.run()
     assert len(split.runs) == 2
-    assert [r.network_calls for r in split.runs] == [math.ceil(WINDOWS / SW_BATCH)] * 2  # 3 training calls/epoch not counted
+    assert [r.network_calls for r in split.runs] == [
+        math.ceil(WINDOWS / SW_BATCH)
+    ] * 2  # 3 training calls/epoch not counted
 
 
 def test_calls_from_another_thread_during_validation_are_not_counted():
@@ -133,9 +147,15 @@ def test_the_doctor_reports_network_and_stitching_shares_from_the_split(tmp_path
         record = RecordHandler(tmp_path / name)
         net = SlowConv()
         evaluator = _evaluator(net, volumes=1)
-        trainer = SupervisedTrainer(device="cpu", max_epochs=1, train_data_loader=DataLoader(Dataset(_items(2)), batch_size=1),
-                                    network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01),
-                                    loss_function=torch.nn.MSELoss(), train_handlers=[ValidationHandler(validator=evaluator, interval=1)])
+        trainer = SupervisedTrainer(
+            device="cpu",
+            max_epochs=1,
+            train_data_loader=DataLoader(Dataset(_items(2)), batch_size=1),
+            network=net,
+            optimizer=torch.optim.SGD(net.parameters(), 0.01),
+            loss_function=torch.nn.MSELoss(),
+            train_handlers=[ValidationHandler(validator=evaluator, interval=1)],
+        )
         record.attach(trainer)
         record.attach(evaluator)
         TimeBreakdown().attach(trainer)
@@ -161,4 +181,3 @@ def test_a_network_that_is_never_called_warns_once(caplog):
         evaluator.run()
     assert sum("was not called" in r.getMessage() for r in caplog.records) == 1
     assert split.runs[-1].network_calls == 0 and split.runs[-1].after_s > 0
-

@@ -17,7 +17,7 @@ from monai_fast.distributed.k8s import PyTorchJobSpec, pytorchjob, render_pytorc
 
 yaml = pytest.importorskip("yaml")  # PyYAML reads the manifest in the test; rendering does not need it
 
-SCRIPT = ["train.py", "--checkpoint-dir", "/workspace/run/ckpt", "--note", "it's a \"test\""]
+SCRIPT = ["train.py", "--checkpoint-dir", "/workspace/run/ckpt", "--note", 'it\'s a "test"']
 
 
 def _manifest(**kw) -> dict:
@@ -44,7 +44,9 @@ def test_manifest_is_a_pytorchjob_with_one_master_and_the_other_nodes_as_workers
         assert {m["mountPath"] for m in c["volumeMounts"]} == {"/dev/shm", "/workspace/run"}
         assert {"name": "run", "persistentVolumeClaim": {"claimName": "runs"}} in pod["volumes"]
         assert pod["terminationGracePeriodSeconds"] > 120  # longer than the ranks' --grace-s
-        assert c["command"] == ["/bin/sh", "-c"] and c["args"][0].startswith("exec monai-fast launch --nnodes 3 --nproc 4 ")
+        assert c["command"] == ["/bin/sh", "-c"] and c["args"][0].startswith(
+            "exec monai-fast launch --nnodes 3 --nproc 4 "
+        )
     assert doc["spec"]["runPolicy"]["backoffLimit"] == 3
 
 
@@ -62,14 +64,36 @@ def test_the_pods_command_under_a_shell_is_a_launch_that_launch_accepts(tmp_path
     fake.parent.mkdir()
     fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    c = _manifest(nodes=2, gpus_per_node=2)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "RANK": "1", "MASTER_ADDR": "spleen-master-0",
-           "MASTER_PORT": "23456", "WORLD_SIZE": "2"}
+    c = _manifest(nodes=2, gpus_per_node=2)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][
+        0
+    ]
+    env = {
+        **os.environ,
+        "PATH": f"{fake.parent}:{os.environ['PATH']}",
+        "RANK": "1",
+        "MASTER_ADDR": "spleen-master-0",
+        "MASTER_PORT": "23456",
+        "WORLD_SIZE": "2",
+    }
     p = subprocess.run([*c["command"], *c["args"]], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert p.returncode == 0, p.stderr
     argv = json.loads(p.stdout)
-    assert argv == ["launch", "--nnodes", "2", "--nproc", "2", "--node-rank", "1", "--master-addr", "spleen-master-0",
-                    "--master-port", "23456", "--grace-s", "120", *SCRIPT]
+    assert argv == [
+        "launch",
+        "--nnodes",
+        "2",
+        "--nproc",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "spleen-master-0",
+        "--master-port",
+        "23456",
+        "--grace-s",
+        "120",
+        *SCRIPT,
+    ]
     (tmp_path / "train.py").write_text("")
     monkeypatch.chdir(tmp_path)
     spec = _launch_spec(build_parser().parse_args(argv))
@@ -85,8 +109,22 @@ def test_cli_writes_the_manifest(tmp_path, capsys):
 
 def test_cli_names_every_bad_option():
     with pytest.raises(SystemExit) as e:
-        main(["k8s", "--image", "me/mf:1", "--nodes", "0", "--job-name", "Spleen_Job", "--memory", "64GB", "--",
-              "python", "train.py"])
+        main(
+            [
+                "k8s",
+                "--image",
+                "me/mf:1",
+                "--nodes",
+                "0",
+                "--job-name",
+                "Spleen_Job",
+                "--memory",
+                "64GB",
+                "--",
+                "python",
+                "train.py",
+            ]
+        )
     message = str(e.value)
     assert message.startswith("monai-fast k8s: ") and message.count("monai-fast k8s:") == 1
     for named in ("nodes must be >= 1", "job_name 'Spleen_Job'", "memory '64GB'", "without 'python'"):

@@ -88,8 +88,9 @@ def _pinned(script: str, *args: str, tmp_path) -> dict:
         pytest.skip("torch's threads do not cover this host's cores: nothing is pinned")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
     env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
-    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -178,7 +179,9 @@ def test_infer_and_the_tuners_trials_compute_on_the_free_core_when_the_workers_a
     assert windows and set(map(tuple, windows)) == {tuple(doc["core"])}  # every window batch of the loop
     tune_calls = {tuple(c) for c in doc["seen"]["tune_main"]}
     assert doc["seen"]["tune_main"] and tune_calls == {tuple(doc["core"])}  # every trial's steps and windows (its copy)
-    assert doc["seen"]["tune"] and {tuple(c) for c in doc["seen"]["tune"]} == {tuple(sorted(ALL))}  # another thread: left alone
+    assert doc["seen"]["tune"] and {tuple(c) for c in doc["seen"]["tune"]} == {
+        tuple(sorted(ALL))
+    }  # another thread: left alone
     assert doc["after"] == sorted(ALL)
 
 

@@ -22,15 +22,47 @@ ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "tutorials" / "distributed_train.py"
 
 
-@pytest.mark.parametrize("env, node_rank, nnodes", [
-    ({"TORCHELASTIC_RUN_ID": "j", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"},
-     1, 2),
-    ({"SLURM_JOB_ID": "7", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
-      "SLURM_NNODES": "4"}, 2, 4),
-    ({"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_CROSS_RANK": "1",
-      "HOROVOD_CROSS_SIZE": "2"}, 1, 2),
-    ({}, 0, 1),
-])
+@pytest.mark.parametrize(
+    "env, node_rank, nnodes",
+    [
+        (
+            {
+                "TORCHELASTIC_RUN_ID": "j",
+                "RANK": "3",
+                "WORLD_SIZE": "4",
+                "LOCAL_RANK": "1",
+                "GROUP_RANK": "1",
+                "GROUP_WORLD_SIZE": "2",
+            },
+            1,
+            2,
+        ),
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_PROCID": "5",
+                "SLURM_NTASKS": "8",
+                "SLURM_LOCALID": "1",
+                "SLURM_NODEID": "2",
+                "SLURM_NNODES": "4",
+            },
+            2,
+            4,
+        ),
+        (
+            {
+                "HOROVOD_RANK": "3",
+                "HOROVOD_SIZE": "4",
+                "HOROVOD_LOCAL_RANK": "1",
+                "HOROVOD_CROSS_RANK": "1",
+                "HOROVOD_CROSS_SIZE": "2",
+            },
+            1,
+            2,
+        ),
+        ({}, 0, 1),
+    ],
+)
 def test_detect_reads_the_node_rank_and_node_count_of_each_launcher(env, node_rank, nnodes):
     found = detect(env)
     assert (found.node_rank, found.nnodes) == (node_rank, nnodes)
@@ -42,8 +74,14 @@ def test_detect_names_a_bad_node_variable():
 
 
 def test_record_handler_writes_where_the_rank_runs(tmp_path, monkeypatch):
-    for k, v in {"TORCHELASTIC_RUN_ID": "j", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "GROUP_RANK": "3",
-                 "GROUP_WORLD_SIZE": "4"}.items():
+    for k, v in {
+        "TORCHELASTIC_RUN_ID": "j",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "3",
+        "GROUP_WORLD_SIZE": "4",
+    }.items():
         monkeypatch.setenv(k, v)
     trainer = Engine(lambda e, b: None)
     RecordHandler(tmp_path).attach(trainer)
@@ -55,38 +93,78 @@ def test_record_handler_writes_where_the_rank_runs(tmp_path, monkeypatch):
 
 
 def _rank_rows(rank: int, node: int, host: str) -> list[dict]:
-    return [{"kind": "event", "source": "record", "rank": rank, "what": "placement", "host": host, "node_rank": node,
-             "launcher": "torchrun"},
-            {"kind": "epoch", "source": "time_breakdown", "rank": rank, "engine": "train", "epoch": 1, "iterations": 2,
-             "data_s": 0.1, "compute_s": 1.0}]
+    return [
+        {
+            "kind": "event",
+            "source": "record",
+            "rank": rank,
+            "what": "placement",
+            "host": host,
+            "node_rank": node,
+            "launcher": "torchrun",
+        },
+        {
+            "kind": "epoch",
+            "source": "time_breakdown",
+            "rank": rank,
+            "engine": "train",
+            "epoch": 1,
+            "iterations": 2,
+            "data_s": 0.1,
+            "compute_s": 1.0,
+        },
+    ]
 
 
 def test_doctor_lists_each_node_and_its_ranks():
     rows = _rank_rows(0, 0, "a") + _rank_rows(1, 0, "a") + _rank_rows(2, 1, "b") + _rank_rows(3, 1, "b")
     d = diagnose(rows)
     assert "4 ranks on 2 node(s) (torchrun): node 0 on a: ranks 0, 1; node 1 on b: ranks 2, 3" in d.evidence
-    assert d.numbers["nodes"] == [{"node_rank": 0, "host": "a", "ranks": [0, 1]}, {"node_rank": 1, "host": "b", "ranks": [2, 3]}]
+    assert d.numbers["nodes"] == [
+        {"node_rank": 0, "host": "a", "ranks": [0, 1]},
+        {"node_rank": 1, "host": "b", "ranks": [2, 3]},
+    ]
 
 
 def test_two_launch_processes_on_localhost_train_as_two_nodes_with_equal_weights(tmp_path, tiny_spleen):
     out, run_dir = tmp_path / "out", tmp_path / "run"
-    done = run_local_nodes(static_nodes(2, free_port()),
-                           [str(TUTORIAL), "--tiny", "--fp32", "--data-dir", str(tiny_spleen), "--out", str(out), "--max-epochs", "1",
-                            "--run-dir", str(run_dir)], tmp_path)
+    done = run_local_nodes(
+        static_nodes(2, free_port()),
+        [
+            str(TUTORIAL),
+            "--tiny",
+            "--fp32",
+            "--data-dir",
+            str(tiny_spleen),
+            "--out",
+            str(out),
+            "--max-epochs",
+            "1",
+            "--run-dir",
+            str(run_dir),
+        ],
+        tmp_path,
+    )
     for rc, log in done:
         assert rc == 0, log[-3000:]
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
     assert r0["launcher"] == r1["launcher"] == "torchrun" and r0["world_size"] == r1["world_size"] == 2
     assert r0["weights_sha1"] == r1["weights_sha1"]  # one DDP job across the two "nodes"
     assert r0["train_items"] == r1["train_items"] == 2  # each node's rank took its share
-    placements = {r["rank"]: r["node_rank"] for r in select(load_record(run_dir)[0], Kind.EVENT, Source.RECORD)
-                  if r.get("what") == "placement"}
+    placements = {
+        r["rank"]: r["node_rank"]
+        for r in select(load_record(run_dir)[0], Kind.EVENT, Source.RECORD)
+        if r.get("what") == "placement"
+    }
     assert placements == {0: 0, 1: 1}
-    doc = subprocess.run([sys.executable, "-m", "monai_fast.cli", "doctor", str(run_dir)], capture_output=True, text=True,
-                         timeout=300)
+    doc = subprocess.run(
+        [sys.executable, "-m", "monai_fast.cli", "doctor", str(run_dir)], capture_output=True, text=True, timeout=300
+    )
     assert doc.returncode == 0, doc.stderr[-3000:]
     host = socket.gethostname()
-    assert f"2 ranks on 2 node(s) (torchrun): node 0 on {host}: rank 0; node 1 on {host}: rank 1" in doc.stdout, doc.stdout
+    assert f"2 ranks on 2 node(s) (torchrun): node 0 on {host}: rank 0; node 1 on {host}: rank 1" in doc.stdout, (
+        doc.stdout
+    )
 
 
 def test_two_launch_processes_meet_at_a_c10d_rendezvous(tmp_path):

@@ -36,10 +36,18 @@ def test_running_the_training_cells_again_passes_the_notebooks_own_checks(tmp_pa
     nb = nbformat.read(NOTEBOOK, as_version=4)
     tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
     nb.cells.insert(tagged[0] + 1, nbformat.v4.new_code_cell('SIZE = "test"'))
-    client = nbclient.NotebookClient(nb, km=_kernel_manager(tmp_path / "kernels"), timeout=300, startup_timeout=180,
-                                     resources={"metadata": {"path": str(tmp_path)}})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-           "MONAI_FAST_CACHE": str(tmp_path / "cache")}
+    client = nbclient.NotebookClient(
+        nb,
+        km=_kernel_manager(tmp_path / "kernels"),
+        timeout=300,
+        startup_timeout=180,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "MONAI_FAST_CACHE": str(tmp_path / "cache"),
+    }
     env.pop("MPLBACKEND", None)
     twice = []
     with client.setup_kernel(env=env, cleanup_kc=True):
@@ -56,6 +64,9 @@ def test_running_the_training_cells_again_passes_the_notebooks_own_checks(tmp_pa
     rows = [json.loads(line) for line in (tmp_path / "runs" / "attach_and_doctor" / "record.rank0.jsonl").open()]
     started = [r for r in rows if r.get("what") == "segment_started"]
     assert [r["segment"] for r in started] == [0, 1]  # both runs of the trainer kept, in order
-    epochs = [(r["segment"], r["epoch"]) for r in rows
-              if r["kind"] == "epoch" and r["source"] == "time_breakdown" and r.get("engine") == "train"]
+    epochs = [
+        (r["segment"], r["epoch"])
+        for r in rows
+        if r["kind"] == "epoch" and r["source"] == "time_breakdown" and r.get("engine") == "train"
+    ]
     assert epochs == [(0, 1), (0, 2), (1, 1), (1, 2)]

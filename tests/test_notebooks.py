@@ -54,8 +54,13 @@ def execute(path: Path, workdir: Path, cache: Path) -> tuple[Any, list[int]]:
     """Run ``path`` at test size in ``workdir``; returns the executed notebook and the indices of re-run cells."""
     nb = inject_parameters(nbformat.read(path, as_version=4), SIZE="test")
     workdir.mkdir(parents=True, exist_ok=True)
-    client = nbclient.NotebookClient(nb, km=_kernel_manager(workdir / "kernels"), timeout=CELL_TIMEOUT_S, startup_timeout=180,
-                                     resources={"metadata": {"path": str(workdir)}})
+    client = nbclient.NotebookClient(
+        nb,
+        km=_kernel_manager(workdir / "kernels"),
+        timeout=CELL_TIMEOUT_S,
+        startup_timeout=180,
+        resources={"metadata": {"path": str(workdir)}},
+    )
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": pythonpath, "MONAI_FAST_CACHE": str(cache)}
     env.pop("MPLBACKEND", None)  # the kernel picks its inline backend itself
@@ -95,7 +100,13 @@ def _outputs(nb: Any) -> list[dict]:
 
 
 def test_the_tutorial_notebooks_exist():
-    assert {"attach_and_doctor", "dataset_types", "mixed_precision", "pathology_tumor_detection", "segresnet_lab"} <= set(NAMES)
+    assert {
+        "attach_and_doctor",
+        "dataset_types",
+        "mixed_precision",
+        "pathology_tumor_detection",
+        "segresnet_lab",
+    } <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -177,11 +188,20 @@ def test_auto_size_on_a_cpu_picks_the_test_size_in_every_notebook(tmp_path):
         assert 'SIZE = "auto"' in code[at].source, f"{path.name}: SIZE is committed as 'auto'"
         cells += [nbformat.v4.new_code_cell(code[at].source), nbformat.v4.new_code_cell(code[at + 1].source)]
     nb = nbformat.v4.new_notebook(cells=cells)
-    client = nbclient.NotebookClient(nb, km=_kernel_manager(tmp_path / "kernels"), timeout=CELL_TIMEOUT_S,
-                                     startup_timeout=180, resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb,
+        km=_kernel_manager(tmp_path / "kernels"),
+        timeout=CELL_TIMEOUT_S,
+        startup_timeout=180,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": pythonpath, "MONAI_FAST_CACHE": str(tmp_path / "cache"),
-           "CUDA_VISIBLE_DEVICES": ""}  # a machine without a GPU
+    env = {
+        **os.environ,
+        "PYTHONPATH": pythonpath,
+        "MONAI_FAST_CACHE": str(tmp_path / "cache"),
+        "CUDA_VISIBLE_DEVICES": "",
+    }  # a machine without a GPU
     env.pop("MPLBACKEND", None)
     with client.setup_kernel(env=env, cleanup_kc=True):
         for index, cell in enumerate(nb.cells):

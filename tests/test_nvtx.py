@@ -17,10 +17,18 @@ def test_exact_sequence_on_a_plain_engine():
     names = [(c[0], c[1]) for c in rec.calls]
     p = "rank0 train: "
     assert names == [
-        ("push", p + "run"), ("push", p + "epoch 1"),
-        ("push", p + "get batch"), ("pop", p + "get batch"), ("push", p + "iteration"), ("pop", p + "iteration"),
-        ("push", p + "get batch"), ("pop", p + "get batch"), ("push", p + "iteration"), ("pop", p + "iteration"),
-        ("pop", p + "epoch 1"), ("pop", p + "run"),
+        ("push", p + "run"),
+        ("push", p + "epoch 1"),
+        ("push", p + "get batch"),
+        ("pop", p + "get batch"),
+        ("push", p + "iteration"),
+        ("pop", p + "iteration"),
+        ("push", p + "get batch"),
+        ("pop", p + "get batch"),
+        ("push", p + "iteration"),
+        ("pop", p + "iteration"),
+        ("pop", p + "epoch 1"),
+        ("pop", p + "run"),
     ]
     colors = {c[1].split(": ")[1].split(" ")[0]: c[2] for c in rec.calls if c[0] == "push"}
     assert len(set(colors.values())) == len(colors)  # one colour per phase
@@ -38,7 +46,10 @@ def test_monai_trainer_phases_and_evaluator(tiny_files, tiny_config):
     pushes = [c[1] for c in rec.calls if c[0] == "push"]
     first_iter = pushes.index("rank0 train: iteration")
     assert pushes[first_iter : first_iter + 5] == [
-        "rank0 train: iteration", "rank0 train: forward", "rank0 train: loss", "rank0 train: backward",
+        "rank0 train: iteration",
+        "rank0 train: forward",
+        "rank0 train: loss",
+        "rank0 train: backward",
         "rank0 train: optimizer step",
     ]
     assert pushes.count("rank0 train: optimizer step") == r.trainer.state.iteration
@@ -89,7 +100,9 @@ def test_nvtx_range_keeps_the_cache_split():
         calls["rand"] += 1
         return x * 2
 
-    chain = Compose([nvtx_range(Lambdad("a", det), "Det", rec), nvtx_range(RandLambdad("a", rnd, prob=1.0), "Rand", rec)])
+    chain = Compose(
+        [nvtx_range(Lambdad("a", det), "Det", rec), nvtx_range(RandLambdad("a", rnd, prob=1.0), "Rand", rec)]
+    )
     ds = CacheDataset([{"a": 1}, {"a": 2}], chain, cache_rate=1.0, progress=False)
     assert calls == {"det": 2, "rand": 0}  # the wrapped random transform is not cached
     assert ds[0]["a"] == 4 and ds[1]["a"] == 6
@@ -122,8 +135,12 @@ def test_wrapped_transforms_stay_invertible_in_a_compose():
 
     rec = RecordingNvtx()
     image = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(1, 2, 3, 4)
-    chain = Compose([nvtx_range(Flipd("image", spatial_axis=0), backend=rec),
-                     nvtx_range(RandFlipd("image", prob=1.0, spatial_axis=2), backend=rec)])
+    chain = Compose(
+        [
+            nvtx_range(Flipd("image", spatial_axis=0), backend=rec),
+            nvtx_range(RandFlipd("image", prob=1.0, spatial_axis=2), backend=rec),
+        ]
+    )
     out = chain({"image": image.clone()})
     assert not np.array_equal(np.asarray(out["image"]), image.numpy())
     back = chain.inverse(out)

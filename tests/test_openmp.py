@@ -82,8 +82,14 @@ def test_the_spin_count_changes_no_result(tmp_path):
     for spin in ("300000", str(BOUNDED_SPINCOUNT)):
         path = tmp_path / f"w{spin}.pt"
         env = {**os.environ, "GOMP_SPINCOUNT": spin, "PIN": "0"}
-        proc = subprocess.run([sys.executable, "-c", _STEPS.format(path=str(path))], env=env, capture_output=True, text=True,
-                              timeout=300, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", _STEPS.format(path=str(path))],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         weights.append(torch.load(path))
     assert torch.equal(weights[0], weights[1])
@@ -116,17 +122,30 @@ print(json.dumps({"note": note, "main": threading.get_native_id(), "before": bef
 
 def _pin(threads: int, **extra: str) -> dict:
     """Run :func:`pin_openmp_workers` in a fresh process with ``threads`` torch threads; every thread's CPU mask."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY",
-                                                          "LOCAL_WORLD_SIZE", "MONAI_FAST_PIN_OPENMP")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "OMP_PROC_BIND",
+            "OMP_PLACES",
+            "GOMP_CPU_AFFINITY",
+            "KMP_AFFINITY",
+            "LOCAL_WORLD_SIZE",
+            "MONAI_FAST_PIN_OPENMP",
+        )
+    }
     env.update(extra)
-    proc = subprocess.run([sys.executable, "-c", _PIN, str(threads)], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PIN, str(threads)], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-needs_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not libgomp_mapped(),
-                                 reason="pinning needs 2 or more cores and GNU OpenMP")
+needs_cores = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2 or not libgomp_mapped(), reason="pinning needs 2 or more cores and GNU OpenMP"
+)
 
 
 @needs_cores
@@ -144,9 +163,16 @@ def test_the_workers_get_a_core_each_and_the_main_thread_its_threads_and_its_chi
 
 
 @needs_cores
-@pytest.mark.parametrize("threads, extra", [(None, {"MONAI_FAST_PIN_OPENMP": "0"}), (None, {"OMP_PROC_BIND": "close"}),
-                                            (None, {"LOCAL_WORLD_SIZE": "2"}), (None, {"SLURM_STEP_TASKS_PER_NODE": "2(x3)"}),
-                                            (1, {})])
+@pytest.mark.parametrize(
+    "threads, extra",
+    [
+        (None, {"MONAI_FAST_PIN_OPENMP": "0"}),
+        (None, {"OMP_PROC_BIND": "close"}),
+        (None, {"LOCAL_WORLD_SIZE": "2"}),
+        (None, {"SLURM_STEP_TASKS_PER_NODE": "2(x3)"}),
+        (1, {}),
+    ],
+)
 def test_nothing_is_pinned_where_it_could_crowd_or_the_user_chose(threads, extra):
     doc = _pin(threads or len(physical_cores()), **extra)
     allowed = sorted(os.sched_getaffinity(0))
@@ -166,8 +192,14 @@ def test_pinning_changes_no_result(tmp_path):
     for pin in ("0", "1"):
         path = tmp_path / f"w{pin}.pt"
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
-        proc = subprocess.run([sys.executable, "-c", _STEPS.format(path=str(path))], env={**env, "PIN": pin, "THREADS": str(len(physical_cores()))},
-                              capture_output=True, text=True, timeout=300, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", _STEPS.format(path=str(path))],
+            env={**env, "PIN": pin, "THREADS": str(len(physical_cores()))},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         weights.append(torch.load(path))
     assert torch.equal(weights[0], weights[1])

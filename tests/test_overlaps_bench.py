@@ -11,14 +11,45 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "overlaps.py"
-TOY = ["--cases", "6", "--shape", "48", "48", "32", "--patch", "32", "32", "32", "--channels", "4", "8", "--target", "0.05",
-       "--max-epochs", "8", "--repeats", "1", "--fixed-epochs", "1", "--variants", "off", "on", "--device", "cpu"]
+TOY = [
+    "--cases",
+    "6",
+    "--shape",
+    "48",
+    "48",
+    "32",
+    "--patch",
+    "32",
+    "32",
+    "32",
+    "--channels",
+    "4",
+    "8",
+    "--target",
+    "0.05",
+    "--max-epochs",
+    "8",
+    "--repeats",
+    "1",
+    "--fixed-epochs",
+    "1",
+    "--variants",
+    "off",
+    "on",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.mark.slow
 def test_overlaps_runs_fast_with_the_overlaps_off_and_on_and_reports_the_issues_ratios(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), *TOY], capture_output=True, text=True,
-                          timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), *TOY],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (written,) = tmp_path.glob("overlaps_*.json")
     doc = json.loads(written.read_text())
@@ -47,7 +78,12 @@ def test_overlaps_runs_fast_with_the_overlaps_off_and_on_and_reports_the_issues_
 
 
 def test_overlaps_refuses_bad_counts_before_any_work(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--repeats", "0", "--out", str(tmp_path)], capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--repeats", "0", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2 and "--repeats and --max-epochs must be >= 1" in proc.stderr
     assert not list(tmp_path.glob("overlaps_*.json"))

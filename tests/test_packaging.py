@@ -39,8 +39,15 @@ def _modules(folder: str) -> list[Path]:
 
 #: the tuner's recipe binding; the rest of ``tune/`` is the tuner core, which handlers may use
 TUNE_RECIPE_BOUND = ("monai_fast.tune.recipe",)
-ABOVE_HANDLERS = ("monai_fast.report", "monai_fast.recipes", "monai_fast.race", "monai_fast.cli", "monai_fast.bundle",
-                  "monai_fast.inference", *TUNE_RECIPE_BOUND)
+ABOVE_HANDLERS = (
+    "monai_fast.report",
+    "monai_fast.recipes",
+    "monai_fast.race",
+    "monai_fast.cli",
+    "monai_fast.bundle",
+    "monai_fast.inference",
+    *TUNE_RECIPE_BOUND,
+)
 
 #: the layers, lowest first (docs/design.md): a module imports its own layer and those below, never one above
 LAYERS = [
@@ -93,8 +100,10 @@ def test_the_layer_check_sees_an_upward_import():
 
 
 def test_handlers_import_nothing_above_them():
-    bad = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith(ABOVE_HANDLERS))
-           for p in _modules("handlers")}
+    bad = {
+        str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith(ABOVE_HANDLERS))
+        for p in _modules("handlers")
+    }
     assert not {k: v for k, v in bad.items() if v}, f"handlers/ imports an upper layer: {bad}"
 
 
@@ -124,8 +133,6 @@ def test_hardware_libraries_are_called_only_in_telemetry():
 
     pattern = re.compile(r"\btorch\.cuda\.|\bimport pynvml\b|\bfrom pynvml\b|^\s*import nvtx\b|^\s*from nvtx\b", re.M)
     offenders = [
-        str(p.relative_to(ROOT))
-        for p in _modules("")
-        if "telemetry" not in p.parts and pattern.search(p.read_text())
+        str(p.relative_to(ROOT)) for p in _modules("") if "telemetry" not in p.parts and pattern.search(p.read_text())
     ]
     assert not offenders, f"hardware calls outside telemetry/: {offenders}"

@@ -31,7 +31,9 @@ NO_JITTER = {"brightness": 0.0, "contrast": 0.0, "saturation": 0.0}
 @pytest.fixture(scope="module")
 def patches(tmp_path_factory):
     s = SIZES["tiny"]
-    root = generate_wsi(tmp_path_factory.mktemp("wsi"), s.slides, s.shape, s.tile, s.levels, s.patch_size, progress=False)
+    root = generate_wsi(
+        tmp_path_factory.mktemp("wsi"), s.slides, s.shape, s.tile, s.levels, s.patch_size, progress=False
+    )
     return load_wsi_datalist(root)
 
 
@@ -54,7 +56,9 @@ def test_torch_batch_augment_draws_a_flip_and_a_turn_per_patch():
     y = TorchBatchAugment(prob=0.5, jitter=NO_JITTER)(x)
     ref = x.float() / 127.5 - 1.0
     which = [next(i for i, v in enumerate(_variants_of(r)) if torch.allclose(v, a, atol=1e-5)) for r, a in zip(ref, y)]
-    assert len(set(which)) >= 6  # patches of one batch are flipped and turned differently (cuCIM's RandCuCIM: all alike)
+    assert (
+        len(set(which)) >= 6
+    )  # patches of one batch are flipped and turned differently (cuCIM's RandCuCIM: all alike)
     assert which.count(0) < 64
 
 
@@ -73,7 +77,9 @@ def test_fast_pipeline_carries_the_levers_and_plain_does_not(patches):
     config = SIZES["tiny"].config(precision="fp32")
     fast = build_pathology("fast", *patches, config, "cpu")
     plain = build_pathology("plain", *patches, config, "cpu")
-    assert isinstance(fast.trainer.data_loader, ThreadDataLoader) and not isinstance(plain.trainer.data_loader, ThreadDataLoader)
+    assert isinstance(fast.trainer.data_loader, ThreadDataLoader) and not isinstance(
+        plain.trainer.data_loader, ThreadDataLoader
+    )
     assert isinstance(fast.trainer.optimizer, Novograd) and isinstance(plain.trainer.optimizer, torch.optim.SGD)
     assert isinstance(fast.trainer.prepare_batch, AugmentingPrepareBatch)
     assert isinstance(fast.trainer.prepare_batch.augment, TorchBatchAugment)  # no cuCIM on a CPU
@@ -87,8 +93,19 @@ def test_fast_pipeline_carries_the_levers_and_plain_does_not(patches):
 
 def test_pathology_tutorial_trains_at_tiny_size(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MONAI_FAST_CACHE": str(tmp_path / "cache")}
-    cmd = [sys.executable, str(ROOT / "tutorials" / "pathology_tumor_detection.py"), "--tiny", "--device", "cpu",
-           "--max-epochs", "1", "--precision", "fp32", "--run-dir", str(tmp_path / "run")]
+    cmd = [
+        sys.executable,
+        str(ROOT / "tutorials" / "pathology_tumor_detection.py"),
+        "--tiny",
+        "--device",
+        "cpu",
+        "--max-epochs",
+        "1",
+        "--precision",
+        "fp32",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.startswith("GPU levers: cuCIM off: ")
@@ -101,8 +118,19 @@ def test_pathology_tutorial_trains_at_tiny_size(tmp_path):
 
 def test_the_benchmark_runs_plain_and_fast_at_tiny_size(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MONAI_FAST_CACHE": str(tmp_path / "cache")}
-    cmd = [sys.executable, "benchmarks/pathology.py", "--tiny", "--device", "cpu", "--max-epochs", "1", "--precision", "fp32",
-           "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "benchmarks/pathology.py",
+        "--tiny",
+        "--device",
+        "cpu",
+        "--max-epochs",
+        "1",
+        "--precision",
+        "fp32",
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     data = json.loads(next(tmp_path.glob("pathology_*.json")).read_text())
@@ -131,4 +159,6 @@ def test_both_pipelines_check_their_slides_and_guard_their_epochs(patches):
     for variant in ("plain", "fast"):
         run = build_pathology(variant, *patches, SIZES["tiny"].config(precision="fp32"), "cpu")
         assert EpochLengthGuard in handlers_on(run.trainer) and EpochLengthGuard in handlers_on(run.evaluator)
-    assert isinstance(run.trainer.data_loader, SafeThreadDataLoader) and run.notes["loader"].startswith("SafeThreadDataLoader")
+    assert isinstance(run.trainer.data_loader, SafeThreadDataLoader) and run.notes["loader"].startswith(
+        "SafeThreadDataLoader"
+    )

@@ -13,11 +13,13 @@ from monai_fast.data.persistent import TrustedPersistentDataset
 
 
 def _chain(a_max=164.0):
-    return Compose([
-        LoadImaged(keys=["image", "label"]),
-        EnsureChannelFirstd(keys=["image", "label"]),
-        ScaleIntensityRanged(keys="image", a_min=-57, a_max=a_max, b_min=0, b_max=1, clip=True),
-    ])
+    return Compose(
+        [
+            LoadImaged(keys=["image", "label"]),
+            EnsureChannelFirstd(keys=["image", "label"]),
+            ScaleIntensityRanged(keys="image", a_min=-57, a_max=a_max, b_min=0, b_max=1, clip=True),
+        ]
+    )
 
 
 @pytest.fixture

@@ -49,8 +49,10 @@ def test_gpu_is_chosen_only_for_a_cuda_device_within_its_budget(chain, tiny_file
     assert plan_cache(chain, files, "cpu", gpu_budget=big, ram_budget=big).where == "ram"
     plan = plan_cache(chain, files, "cuda", gpu_budget=big, ram_budget=big)  # a plan; building it needs CUDA
     assert plan.where == "gpu" and "GPU memory" in plan.describe()
-    with_indices = Compose(deterministic_transforms(tiny_config, precompute_indices=True)
-                           + random_transforms(tiny_config, precomputed_indices=True))
+    with_indices = Compose(
+        deterministic_transforms(tiny_config, precompute_indices=True)
+        + random_transforms(tiny_config, precomputed_indices=True)
+    )
     plan = plan_cache(with_indices, files, "cuda", gpu_budget=big, ram_budget=big)
     assert plan.tensor_keys == ["image", "label"]  # the 1-D crop-index arrays stay where they are
     tight = plan_cache(chain, files, "cuda", gpu_budget=1000, ram_budget=big)
@@ -86,4 +88,7 @@ def test_bad_options(chain, tiny_files):
 
 
 def test_item_bytes_counts_nested_tensors():
-    assert item_bytes({"a": torch.zeros(10, dtype=torch.float32), "b": [torch.zeros(2, dtype=torch.int16)], "c": "x"}) == 44
+    assert (
+        item_bytes({"a": torch.zeros(10, dtype=torch.float32), "b": [torch.zeros(2, dtype=torch.int16)], "c": "x"})
+        == 44
+    )

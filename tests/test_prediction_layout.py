@@ -24,7 +24,9 @@ def _validate(evaluator):
     """Post-processed predictions, labels and the metric of one validation run."""
     seen = []
     handle = evaluator.add_event_handler(
-        Events.ITERATION_COMPLETED, lambda e: seen.append([(o["pred"].clone(), o["label"].clone()) for o in e.state.output]))
+        Events.ITERATION_COMPLETED,
+        lambda e: seen.append([(o["pred"].clone(), o["label"].clone()) for o in e.state.output]),
+    )
     evaluator.run()
     handle.remove()
     return seen, evaluator.state.metrics["val_mean_dice"]
@@ -76,7 +78,10 @@ def test_auto_measures_the_argmax_and_stays_off_where_it_does_not_pay(tiny_files
     layout = ClassesInnermost(min_gain=1e9)  # no layout is a billion times faster
     layout.attach(evaluator)
     assert not layout.active and evaluator.inferer is inferer
-    assert layout.reason.startswith("argmax over classes measured ") and "with the classes put innermost first" in layout.reason
+    assert (
+        layout.reason.startswith("argmax over classes measured ")
+        and "with the classes put innermost first" in layout.reason
+    )
 
 
 def test_only_cpu_predictions_are_converted_and_engines_without_an_inferer_are_refused():
@@ -117,8 +122,11 @@ def test_fast_training_applies_it_on_the_evaluator_and_unwraps_every_inferer_on_
     trainer, evaluator = _user_trainer(tiny_files)
     fast = FastTraining(precision="fp32", prediction_layout=False)
     fast.attach(trainer, evaluator)
-    assert fast.applied["prediction layout"] == {"applied": False, "setting": None,
-                                                 "reason": "switched off (prediction_layout=False)"}
+    assert fast.applied["prediction layout"] == {
+        "applied": False,
+        "setting": None,
+        "reason": "switched off (prediction_layout=False)",
+    }
     with pytest.raises(ValueError, match="prediction_layout must be 'auto', True or False"):
         FastTraining(prediction_layout="fast")
 
@@ -168,8 +176,13 @@ def test_the_argmax_benchmark_runs_at_toy_size_and_checks_the_labels(tmp_path):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "argmax_layout.py"
-    proc = subprocess.run([sys.executable, str(script), "--rounds", "1", "--shapes", "2x8x9x10", "3x4x5x6", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--rounds", "1", "--shapes", "2x8x9x10", "3x4x5x6", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (written,) = tmp_path.glob("argmax_layout_*.json")
     rows = json.loads(written.read_text())["rows"]

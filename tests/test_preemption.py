@@ -21,8 +21,20 @@ TUTORIAL = Path(__file__).resolve().parents[1] / "tutorials" / "distributed_trai
 
 def _args(data, out, *extra):
     # fp32 and batch 1: 4 iterations per epoch, bit-reproducible on a CPU
-    return [str(TUTORIAL), "--tiny", "--fp32", "--batch-size", "1", "--data-dir", str(data), "--out", str(out),
-            "--max-epochs", "3", *extra]
+    return [
+        str(TUTORIAL),
+        "--tiny",
+        "--fp32",
+        "--batch-size",
+        "1",
+        "--data-dir",
+        str(data),
+        "--out",
+        str(out),
+        "--max-epochs",
+        "3",
+        *extra,
+    ]
 
 
 def _progress(path: Path) -> list[int]:
@@ -48,7 +60,9 @@ def _signal_after(cmd, progress: Path, n: int, sig=signal.SIGTERM, env=None, log
 @pytest.mark.parametrize("stop_after, sig", [(6, signal.SIGTERM), (8, signal.SIGUSR1)])
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, tiny_spleen, stop_after, sig):
     # stop_after 6: mid-epoch (epoch 2, batch 2 of 4); 8: the signal lands at an epoch's end
-    ref = subprocess.run([sys.executable, *_args(tiny_spleen, tmp_path / "ref")], capture_output=True, text=True, timeout=300)
+    ref = subprocess.run(
+        [sys.executable, *_args(tiny_spleen, tmp_path / "ref")], capture_output=True, text=True, timeout=300
+    )
     assert ref.returncode == 0, ref.stderr[-3000:]
     expected = json.loads((tmp_path / "ref" / "rank0.json").read_text())
 
@@ -82,11 +96,15 @@ def _relative_distance(a: dict, b: dict) -> float:
 
 def _resume_against_reference(tmp_path: Path, data: Path, stop_after: int = 6) -> dict:
     """A reference run, a run SIGTERMed after ``stop_after`` iterations and resumed: their weights, and the checkpoint's."""
-    ref = subprocess.run([sys.executable, *_args(data, tmp_path / "ref", "--save-weights")], capture_output=True, text=True,
-                         timeout=300)
+    ref = subprocess.run(
+        [sys.executable, *_args(data, tmp_path / "ref", "--save-weights")], capture_output=True, text=True, timeout=300
+    )
     assert ref.returncode == 0, ref.stderr[-3000:]
     out, ck, prog = tmp_path / "run", tmp_path / "ckpt", tmp_path / "progress"
-    cmd = [sys.executable, *_args(data, out, "--checkpoint-dir", str(ck), "--progress-file", str(prog), "--save-weights")]
+    cmd = [
+        sys.executable,
+        *_args(data, out, "--checkpoint-dir", str(ck), "--progress-file", str(prog), "--save-weights"),
+    ]
     with open(tmp_path / "first.log", "w") as log:
         assert _signal_after(cmd, prog, stop_after, log=log) == 0, (tmp_path / "first.log").read_text()[-3000:]
     stopped_after = _progress(prog)[-1]  # the iteration running when the signal came is finished first
@@ -94,10 +112,15 @@ def _resume_against_reference(tmp_path: Path, data: Path, stop_after: int = 6) -
     at_checkpoint = torch.load(saved, map_location="cpu", weights_only=False)["model"]
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
-    return {"ref": json.loads((tmp_path / "ref" / "rank0.json").read_text()), "got": json.loads((out / "rank0.json").read_text()),
-            "ref_weights": torch.load(tmp_path / "ref" / "weights_rank0.pt", weights_only=True),
-            "got_weights": torch.load(out / "weights_rank0.pt", weights_only=True), "at_checkpoint": at_checkpoint,
-            "stopped_after": stopped_after, "progress": _progress(prog)}
+    return {
+        "ref": json.loads((tmp_path / "ref" / "rank0.json").read_text()),
+        "got": json.loads((out / "rank0.json").read_text()),
+        "ref_weights": torch.load(tmp_path / "ref" / "weights_rank0.pt", weights_only=True),
+        "got_weights": torch.load(out / "weights_rank0.pt", weights_only=True),
+        "at_checkpoint": at_checkpoint,
+        "stopped_after": stopped_after,
+        "progress": _progress(prog),
+    }
 
 
 def test_saved_weights_of_a_resumed_run_equal_the_reference_and_differ_from_the_checkpoint(tmp_path, tiny_spleen):
@@ -145,11 +168,20 @@ def test_half_written_and_damaged_checkpoints_are_never_loaded(tmp_path, caplog)
     ck = tmp_path / "ck"
     assert sorted(p.name for p in ck.iterdir()) == ["ckpt-000000006.pt", "ckpt-000000008.pt"]
     # a writer killed (SIGKILL) in the middle of a checkpoint leaves only its temporary file
-    writer = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\n"
-        "from monai_fast.files import atomic_write\n"
-        f"with atomic_write({str(ck / 'ckpt-000000010.pt')!r}, 'wb') as f:\n"
-        "    f.write(b'half'); f.flush(); print('writing', flush=True); time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\n"
+                "from monai_fast.files import atomic_write\n"
+                f"with atomic_write({str(ck / 'ckpt-000000010.pt')!r}, 'wb') as f:\n"
+                "    f.write(b'half'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert writer.stdout.readline().strip() == "writing"
     writer.kill()
     writer.wait()
@@ -204,20 +236,33 @@ def test_signal_handlers_are_restored_after_the_run(tmp_path):
 def test_two_torchrun_ranks_stop_together_when_one_is_signalled(tmp_path, tiny_spleen):
     import psutil
 
-    ref = subprocess.run([sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2",
-                          *_args(tiny_spleen, tmp_path / "ref")], capture_output=True, text=True, timeout=300)
+    ref = subprocess.run(
+        [sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2", *_args(tiny_spleen, tmp_path / "ref")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ref.returncode == 0, ref.stderr[-3000:]
     expected = json.loads((tmp_path / "ref" / "rank0.json").read_text())
 
     out, ck, prog = tmp_path / "run", tmp_path / "ckpt", tmp_path / "progress"
-    cmd = [sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2",
-           *_args(tiny_spleen, out, "--checkpoint-dir", str(ck), "--progress-file", str(prog))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai_fast.cli",
+        "launch",
+        "--nproc",
+        "2",
+        *_args(tiny_spleen, out, "--checkpoint-dir", str(ck), "--progress-file", str(prog)),
+    ]
     launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         while len(_progress(prog)) < 3:
             assert launcher.poll() is None, launcher.stderr.read()[-3000:]
             time.sleep(0.01)
-        ranks = [c for c in psutil.Process(launcher.pid).children(recursive=True) if str(TUTORIAL) in " ".join(c.cmdline())]
+        ranks = [
+            c for c in psutil.Process(launcher.pid).children(recursive=True) if str(TUTORIAL) in " ".join(c.cmdline())
+        ]
         rank1 = next(c for c in ranks if c.environ().get("RANK") == "1")
         os.kill(rank1.pid, signal.SIGUSR1)  # only rank 1 is told; rank 0 must stop at the same iteration
         assert launcher.wait(timeout=120) == 0, launcher.stderr.read()[-3000:]

@@ -72,8 +72,9 @@ def test_prefetch_makes_the_next_batch_in_the_loader_thread_while_the_training_t
 def _noisy_batches(prefetch: bool, switch: bool = False):
     data = [{"x": torch.full((4,), float(i))} for i in range(9)]
     chain = Compose([RandGaussianNoised(keys="x", prob=1.0)])  # its seed comes from the loader's generator
-    loader = SafeThreadDataLoader(Dataset(data, chain), batch_size=2, shuffle=True,
-                                  generator=torch.Generator().manual_seed(1), prefetch=prefetch)
+    loader = SafeThreadDataLoader(
+        Dataset(data, chain), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1), prefetch=prefetch
+    )
     batches = []
     for b in loader:
         if switch:
@@ -130,8 +131,9 @@ def _choose(step, item_cost: float, pairs: int = 2, epochs: int = 3, per_epoch: 
     choice = PrefetchChoice(loader, pairs=pairs, on_choice=lambda p, why: chosen.append((p, why)))
     choice.attach(engine)
     after = []
-    engine.add_event_handler(Events.ITERATION_COMPLETED,
-                             lambda e: after.append(loader.prefetch) if choice.prefetch is not None else None)
+    engine.add_event_handler(
+        Events.ITERATION_COMPLETED, lambda e: after.append(loader.prefetch) if choice.prefetch is not None else None
+    )
     engine.run(loader, max_epochs=epochs)
     assert engine.state.iteration == epochs * per_epoch and _loader_threads() == []
     assert len(chosen) == 1 and all(len(t) == pairs for t in choice.times.values())
@@ -183,8 +185,9 @@ def test_nothing_is_timed_while_a_cache_fills_in_the_background(gated):
     choice = PrefetchChoice(loader, pairs=2, ready=(lambda: not filling["on"]) if gated else None)
     choice.attach(engine)
     timed_while_filling, settings_while_filling = [], []
-    engine.add_event_handler(Events.ITERATION_STARTED,
-                             lambda e: settings_while_filling.append(loader.prefetch) if filling["on"] else None)
+    engine.add_event_handler(
+        Events.ITERATION_STARTED, lambda e: settings_while_filling.append(loader.prefetch) if filling["on"] else None
+    )
 
     @engine.on(Events.EPOCH_COMPLETED(once=1))
     def fill_done(_):
@@ -235,7 +238,9 @@ def test_fast_training_sets_the_loaders_prefetch_and_says_why(tiny_files):
     fast = FastTraining()
     fast.attach(trainer, evaluator)
     choices = [h for h in fast._helpers if isinstance(h, PrefetchChoice)]
-    assert fast.applied["prefetch"]["setting"] == "measuring" and "intra-op threads" in fast.applied["prefetch"]["reason"]
+    assert (
+        fast.applied["prefetch"]["setting"] == "measuring" and "intra-op threads" in fast.applied["prefetch"]["reason"]
+    )
     assert {c.loader for c in choices} == {trainer.data_loader, evaluator.data_loader}
     assert trainer.data_loader.prefetch is False  # on demand until the measurement says otherwise
 
@@ -249,5 +254,9 @@ def test_fast_training_keeps_batches_ahead_where_worker_processes_make_them(tiny
     fast = FastTraining(cache="none")
     fast.attach(trainer, evaluator)
     assert trainer.data_loader.num_workers == 1 and trainer.data_loader.prefetch is True
-    assert fast.applied["prefetch"] == {"applied": True, "setting": "ahead", "reason": "1 worker processes make the batches ahead"}
+    assert fast.applied["prefetch"] == {
+        "applied": True,
+        "setting": "ahead",
+        "reason": "1 worker processes make the batches ahead",
+    }
     assert [h.loader for h in fast._helpers if isinstance(h, PrefetchChoice)] == [evaluator.data_loader]

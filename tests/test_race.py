@@ -28,8 +28,20 @@ class _Log(RaceEvents):
 def test_race_with_plain_arguments_returns_diagnosed_results_and_writes_files(tiny_files, tmp_path):
     train, val = tiny_files
     events = _Log()
-    run = race(RaceSpec(recipes=["fast"], train_files=train, val_files=val, target=0.99, time_budget_s=120.0, device="cpu",
-                        overrides=TINY, run_dir=tmp_path / "run", progress=False), events)
+    run = race(
+        RaceSpec(
+            recipes=["fast"],
+            train_files=train,
+            val_files=val,
+            target=0.99,
+            time_budget_s=120.0,
+            device="cpu",
+            overrides=TINY,
+            run_dir=tmp_path / "run",
+            progress=False,
+        ),
+        events,
+    )
 
     (r,) = run.results
     assert r.recipe == "fast" and r.epochs_run == 2 and len(r.epochs) == 2 and r.target == 0.99
@@ -82,22 +94,25 @@ def test_read_only_run_dir_fails_before_any_training(tmp_path, monkeypatch):
         locked.chmod(0o700)
 
 
-@pytest.mark.parametrize("fields, option", [
-    ({"target": 0.0}, "target"),
-    ({"target": 1.5}, "target"),
-    ({"recipes": ["fast", "turbo"]}, "recipes"),
-    ({"recipes": ["fast", "fast"]}, "recipes"),
-    ({"recipes": []}, "recipes"),
-    ({"time_budget_s": -1.0}, "time_budget_s"),
-    ({"overrides": {"batch_size": 0}}, "overrides"),
-    ({"overrides": {"learning_rate": 1.0}}, "overrides"),
-    ({"val_files": [{"image": "a", "label": "b"}]}, "train_files"),
-    ({"synthetic": SyntheticData(cases=0)}, "synthetic.cases"),
-    ({"device": "cuda:0"}, "device"),
-    ({"epoch_multiple": 0.0, "interleave": True}, "epoch_multiple"),
-    ({"epoch_multiple": 2.0}, "epoch_multiple"),  # needs interleave: fast's epochs set the others' budget
-    ({"budget_multiple": -1.0, "interleave": True}, "budget_multiple"),
-])
+@pytest.mark.parametrize(
+    "fields, option",
+    [
+        ({"target": 0.0}, "target"),
+        ({"target": 1.5}, "target"),
+        ({"recipes": ["fast", "turbo"]}, "recipes"),
+        ({"recipes": ["fast", "fast"]}, "recipes"),
+        ({"recipes": []}, "recipes"),
+        ({"time_budget_s": -1.0}, "time_budget_s"),
+        ({"overrides": {"batch_size": 0}}, "overrides"),
+        ({"overrides": {"learning_rate": 1.0}}, "overrides"),
+        ({"val_files": [{"image": "a", "label": "b"}]}, "train_files"),
+        ({"synthetic": SyntheticData(cases=0)}, "synthetic.cases"),
+        ({"device": "cuda:0"}, "device"),
+        ({"epoch_multiple": 0.0, "interleave": True}, "epoch_multiple"),
+        ({"epoch_multiple": 2.0}, "epoch_multiple"),  # needs interleave: fast's epochs set the others' budget
+        ({"budget_multiple": -1.0, "interleave": True}, "budget_multiple"),
+    ],
+)
 def test_bad_options_are_named_before_anything_runs(fields, option, tmp_path, monkeypatch):
     import torch
 
@@ -122,13 +137,33 @@ def test_summarize_medians_and_same_repeat_speedups():
     from monai_fast.recipes.runner import RaceResult
 
     def result(recipe, ttt):
-        return RaceResult(recipe=recipe, target=0.9, reached=ttt is not None, time_to_target_s=ttt, epochs_to_target=3 if ttt else None,
-                          epochs_run=3, best_dice=0.9, setup_s=1.0, total_s=ttt or 100.0, train_s_per_epoch=2.0, val_s_per_epoch=1.0,
-                          data_wait_share=0.1, budget_s=100.0, budget_exhausted=ttt is None, device="cpu", amp=False)
+        return RaceResult(
+            recipe=recipe,
+            target=0.9,
+            reached=ttt is not None,
+            time_to_target_s=ttt,
+            epochs_to_target=3 if ttt else None,
+            epochs_run=3,
+            best_dice=0.9,
+            setup_s=1.0,
+            total_s=ttt or 100.0,
+            train_s_per_epoch=2.0,
+            val_s_per_epoch=1.0,
+            data_wait_share=0.1,
+            budget_s=100.0,
+            budget_exhausted=ttt is None,
+            device="cpu",
+            amp=False,
+        )
 
-    s = summarize([[result("baseline", 40.0), result("fast", 10.0)], [result("baseline", None), result("fast", 20.0)]],
-                  ["baseline", "fast"])
+    s = summarize(
+        [[result("baseline", 40.0), result("fast", 10.0)], [result("baseline", None), result("fast", 20.0)]],
+        ["baseline", "fast"],
+    )
     assert s["baseline"]["reached"] == "1/2" and s["baseline"]["median_time_to_target_s"] == 40.0
     assert s["fast"]["median_time_to_target_s"] == 15.0
-    assert s["fast"]["speedup_over_baseline"] == [{"factor": 4.0, "lower_bound": False}, {"factor": 5.0, "lower_bound": True}]
+    assert s["fast"]["speedup_over_baseline"] == [
+        {"factor": 4.0, "lower_bound": False},
+        {"factor": 5.0, "lower_bound": True},
+    ]
     assert "speedup_over_monai_tutorial" not in s["fast"]

@@ -59,8 +59,9 @@ def test_batch_and_crops_left_unset_take_the_recipes_own(name, batch, crops, tin
     assert r.train_loader.batch_size == batch
     first = next(iter(r.train_loader))
     assert first["image"].shape[0] == batch * crops  # each volume gives `crops` random patches
-    mine = build_recipe(name, *tiny_files, RecipeConfig(**{**cfg.to_dict(), "batch_size": 3, "num_samples": 1}),
-                        progress=False)
+    mine = build_recipe(
+        name, *tiny_files, RecipeConfig(**{**cfg.to_dict(), "batch_size": 3, "num_samples": 1}), progress=False
+    )
     assert mine.train_loader.batch_size == 3 and next(iter(mine.train_loader))["image"].shape[0] == 3
     assert cfg.batch_size is None and cfg.num_samples is None  # the caller's config is not changed
 
@@ -133,7 +134,9 @@ def test_fast_picks_its_precision_and_layout_together(tiny_files, tiny_config):
     else:
         assert conv.is_contiguous(memory_format=torch.channels_last_3d)
     r.trainer.run()
-    assert math.isfinite(r.evaluator.state.metrics["val_mean_dice"]) and r.evaluator.state.iteration == len(tiny_files[1])
+    assert math.isfinite(r.evaluator.state.metrics["val_mean_dice"]) and r.evaluator.state.iteration == len(
+        tiny_files[1]
+    )
 
 
 def test_compile_option_reaches_monai_engines(tiny_files, tiny_config):
@@ -175,11 +178,14 @@ def _handlers_of(engine):
     return [getattr(h, "__self__", None) for hs in engine._event_handlers.values() for h, *_ in hs]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"cache": "tape"}, "cache must be"),
-    ({"cache": "disk"}, "needs cache_dir"),
-    ({"cache_budget_mib": -1}, "cache_budget_mib"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"cache": "tape"}, "cache must be"),
+        ({"cache": "disk"}, "needs cache_dir"),
+        ({"cache_budget_mib": -1}, "cache_budget_mib"),
+    ],
+)
 def test_cache_options_are_checked(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RecipeConfig(**kwargs)
@@ -230,7 +236,9 @@ def test_fast_validates_on_a_schedule_and_only_a_full_validation_counts(tiny_fil
 
     from monai_fast.handlers import ValidationSchedule
 
-    cfg = RecipeConfig(**{**tiny_config.to_dict(), "max_epochs": 3, "val_every": 2, "val_target": 0.99, "val_margin": 0.0})
+    cfg = RecipeConfig(
+        **{**tiny_config.to_dict(), "max_epochs": 3, "val_every": 2, "val_target": 0.99, "val_margin": 0.0}
+    )
     r = build_recipe("fast", *tiny_files, cfg, progress=False)
     assert r.config.validation == "schedule"  # fast's default
     schedule = next(h for h in _handlers_of(r.trainer) if isinstance(h, ValidationSchedule))
@@ -238,7 +246,9 @@ def test_fast_validates_on_a_schedule_and_only_a_full_validation_counts(tiny_fil
     r.evaluator.add_event_handler(Events.COMPLETED, lambda e: full_runs.append(r.trainer.state.epoch))
     r.trainer.run()
     assert [e for e, _ in schedule.estimates] == [1, 2, 3]  # the estimate every epoch (the target stays far)
-    assert full_runs == schedule.full_epochs == [2, 3]  # full: every val_every epochs and the last; no ValidationHandler
+    assert (
+        full_runs == schedule.full_epochs == [2, 3]
+    )  # full: every val_every epochs and the last; no ValidationHandler
     assert len(schedule.estimator.data_loader.dataset) == min(cfg.val_subset, len(tiny_files[1]))
     assert build_recipe("monai_tutorial", *tiny_files, cfg, progress=False).config.validation is None  # every epoch
 

@@ -124,8 +124,12 @@ def test_kernel_summary_counts_gpu_time_once_like_torchs_table():
     from monai_fast.handlers.kernel_profiler import summarise_profile
 
     # an op that launched a kernel reports the kernel's time as its own "self device time" too
-    events = [_event("aten::conv3d", "CPU", 50.0, 400.0), _event("implicit_gemm_kernel", "CUDA", 0.0, 400.0),
-              _event("aten::add", "CPU", 10.0, 20.0), _event("elementwise_kernel", "CUDA", 0.0, 20.0)]
+    events = [
+        _event("aten::conv3d", "CPU", 50.0, 400.0),
+        _event("implicit_gemm_kernel", "CUDA", 0.0, 400.0),
+        _event("aten::add", "CPU", 10.0, 20.0),
+        _event("elementwise_kernel", "CUDA", 0.0, 20.0),
+    ]
     s = summarise_profile(events)
     allk = s["All kernels"]
     assert allk["GPU Time (ns)"] == 420_000 and allk["# Kernels"] == 2 and allk["# Ops"] == 2
@@ -145,8 +149,11 @@ def test_kernel_summary_matches_torchs_device_total_on_cuda(tmp_path):
             net(torch.randn(2, 1, 16, 16, 16, device="cuda")).sum().backward()
         torch.cuda.synchronize()
     averages = prof.key_averages()
-    torch_total_us = sum(e.self_device_time_total for e in averages
-                         if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation)
+    torch_total_us = sum(
+        e.self_device_time_total
+        for e in averages
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation
+    )
     s = summarise_profile(averages)
     assert s["All kernels"]["GPU Time (ns)"] == pytest.approx(torch_total_us * 1000, rel=1e-6)
     assert s["All kernels"]["# Kernels"] > 0 and s["ranked_by"] == "gpu_time_ns"

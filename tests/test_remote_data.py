@@ -101,11 +101,18 @@ def test_a_monai_trainer_trains_one_epoch_on_a_localized_list(s3, tiny_spleen, t
     torch.manual_seed(0)
     net = parts.network()
     losses: list[float] = []
-    trainer = SupervisedTrainer(device=torch.device("cpu"), max_epochs=1, train_data_loader=loader, network=net,
-                                optimizer=parts.optimizer(net.parameters()), loss_function=parts.loss(),
-                                decollate=False)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED,
-                              lambda e: losses.append(e.state.output["loss"].detach().item()))
+    trainer = SupervisedTrainer(
+        device=torch.device("cpu"),
+        max_epochs=1,
+        train_data_loader=loader,
+        network=net,
+        optimizer=parts.optimizer(net.parameters()),
+        loss_function=parts.loss(),
+        decollate=False,
+    )
+    trainer.add_event_handler(
+        Events.ITERATION_COMPLETED, lambda e: losses.append(e.state.output["loss"].detach().item())
+    )
     trainer.run()
     assert trainer.state.epoch == 1 and trainer.state.iteration == 1
     assert len(losses) == 1 and math.isfinite(losses[0])

@@ -24,8 +24,13 @@ LAB = Path(__file__).resolve().parents[1] / "tutorials" / "segresnet_lab.py"
 
 def test_segresnet_lab_tiny_writes_tensorboard_scalars_and_images_a_figure_and_its_table(tmp_path):
     run = tmp_path / "lab"
-    proc = subprocess.run([sys.executable, str(LAB), "--tiny", "--device", "cpu", "--no-progress", "--run-dir", str(run)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(LAB), "--tiny", "--device", "cpu", "--no-progress", "--run-dir", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     events = EventAccumulator(str(run / "fast"))
@@ -46,7 +51,12 @@ def test_segresnet_lab_tiny_writes_tensorboard_scalars_and_images_a_figure_and_i
     assert math.isfinite(numbers["final_dice"]) and numbers["peak_memory_mib"] > 0
     assert numbers["peak_memory_kind"] == "peak RSS (CPU)" and numbers["gpu_util_mean"] is None
     table = (run / "performance.md").read_text()
-    for row in ("| time per epoch |", "| final validation Dice |", "| peak RSS (CPU) |", "| GPU utilisation | n/a (no GPU) |"):
+    for row in (
+        "| time per epoch |",
+        "| final validation Dice |",
+        "| peak RSS (CPU) |",
+        "| GPU utilisation | n/a (no GPU) |",
+    ):
         assert row in table
     assert "| time per epoch |" in proc.stdout
 
@@ -60,7 +70,9 @@ def test_lab_network_option_builds_monais_segresnet_exactly():
 
 
 def test_build_recipe_with_segresnet_trains_one_tiny_epoch(tiny_files, tiny_config):
-    config = RecipeConfig(**{**tiny_config.to_dict(), "network": "segresnet", "channels": (8, 16, 32), "strides": (2, 2)})
+    config = RecipeConfig(
+        **{**tiny_config.to_dict(), "network": "segresnet", "channels": (8, 16, 32), "strides": (2, 2)}
+    )
     recipe = build_recipe("fast", *tiny_files, config, "cpu", progress=False)
     assert isinstance(getattr(recipe.network, "module", recipe.network), SegResNet)
     before = copy.deepcopy(recipe.network.state_dict())
@@ -78,13 +90,22 @@ def test_the_tuners_model_signature_tells_the_networks_apart():
     assert model_signature(unet).startswith("UNet-") and model_signature(segresnet).startswith("SegResNet-")
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"network": "vnet"}, r"network must be one of \('unet', 'segresnet'\), got 'vnet'"),
-    ({"network": "segresnet", "channels": (12, 24), "strides": (2,)}, r"network 'segresnet'.*channels must be like"),
-    ({"network": "segresnet", "channels": (8, 16, 64), "strides": (2, 2)}, r"channels must be like \(8, 16, 32\)"),
-    ({"network": "segresnet", "channels": (8, 16), "strides": (3,), "patch_size": (24, 24, 24)}, r"strides must all be 2"),
-    ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"network": "vnet"}, r"network must be one of \('unet', 'segresnet'\), got 'vnet'"),
+        (
+            {"network": "segresnet", "channels": (12, 24), "strides": (2,)},
+            r"network 'segresnet'.*channels must be like",
+        ),
+        ({"network": "segresnet", "channels": (8, 16, 64), "strides": (2, 2)}, r"channels must be like \(8, 16, 32\)"),
+        (
+            {"network": "segresnet", "channels": (8, 16), "strides": (3,), "patch_size": (24, 24, 24)},
+            r"strides must all be 2",
+        ),
+        ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
+    ],
+)
 def test_a_bad_network_option_is_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RecipeConfig(**kwargs)

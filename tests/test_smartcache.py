@@ -18,8 +18,17 @@ GUIDE = [[1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 1], [4, 5, 1, 2], [5, 1, 2, 3]]
 
 
 def _ds(items=ITEMS, fn=lambda x: x, replace_rate=0.25, cache_num=4, **kwargs):
-    return SafeSmartCacheDataset(items, transform=Lambdad("id", fn), replace_rate=replace_rate, cache_num=cache_num,
-                                 shuffle=False, progress=False, num_init_workers=1, num_replace_workers=1, **kwargs)
+    return SafeSmartCacheDataset(
+        items,
+        transform=Lambdad("id", fn),
+        replace_rate=replace_rate,
+        cache_num=cache_num,
+        shuffle=False,
+        progress=False,
+        num_init_workers=1,
+        num_replace_workers=1,
+        **kwargs,
+    )
 
 
 def _engine(seen):
@@ -75,8 +84,9 @@ def test_resume_through_ignite_checkpoint_continues_the_same_rotation(tmp_path):
     engine = _engine(seen)
     updater = SmartCacheUpdater(ds)
     updater.attach(engine)  # before the Checkpoint, so an epoch-end save sees the rotated position
-    engine.add_event_handler(Events.EPOCH_COMPLETED,
-                             Checkpoint({"trainer": engine, "smartcache": updater}, DiskSaver(tmp_path), n_saved=1))
+    engine.add_event_handler(
+        Events.EPOCH_COMPLETED, Checkpoint({"trainer": engine, "smartcache": updater}, DiskSaver(tmp_path), n_saved=1)
+    )
     engine.run(DataLoader(ds, batch_size=1, shuffle=False), max_epochs=2)
     (path,) = tmp_path.glob("*.pt")
 
@@ -94,8 +104,15 @@ def test_resume_through_ignite_checkpoint_continues_the_same_rotation(tmp_path):
 
 def test_several_replace_workers_and_set_data_restart_the_rotation():
     items = [{"image": f"/data/image{i}.nii.gz", "id": i} for i in range(1, 9)]
-    ds = SafeSmartCacheDataset(items, transform=Lambdad("id", lambda x: x), replace_rate=0.5, cache_num=4,
-                               shuffle=False, progress=False, num_replace_workers=2)
+    ds = SafeSmartCacheDataset(
+        items,
+        transform=Lambdad("id", lambda x: x),
+        replace_rate=0.5,
+        cache_num=4,
+        shuffle=False,
+        progress=False,
+        num_replace_workers=2,
+    )
     assert ds.replace_num == 2
     ds.start()
     ds.update_cache(timeout_s=5)
@@ -121,7 +138,9 @@ def test_failing_replacement_is_raised_in_the_training_thread_naming_the_item():
 
     ds = _ds(fn=fn)  # items 1-4 are cached at construction; item 5 fails in the background
     t = time.monotonic()
-    with pytest.raises(DataItemError, match=r"item 4 \(image=/data/image5\.nii\.gz\).*ValueError: corrupt volume") as info:
+    with pytest.raises(
+        DataItemError, match=r"item 4 \(image=/data/image5\.nii\.gz\).*ValueError: corrupt volume"
+    ) as info:
         _run(ds, SmartCacheUpdater(ds, timeout_s=30), 3)
     assert info.value.__cause__ is not None  # the original error is kept
     assert time.monotonic() - t < 20

@@ -48,9 +48,13 @@ class CountedUpdates(SmartCacheDataset):
 
 def _tensors(fn=lambda x: x):
     """Items become tiny image/label tensors; ``fn`` sees the id (to fail or block on one)."""
-    return Compose([Lambdad("id", fn),
-                    Lambdad("image", lambda _: torch.zeros(1, 4, 4, 4)),
-                    Lambdad("label", lambda _: torch.zeros(1, 4, 4, 4), overwrite=True, allow_missing_keys=True)])
+    return Compose(
+        [
+            Lambdad("id", fn),
+            Lambdad("image", lambda _: torch.zeros(1, 4, 4, 4)),
+            Lambdad("label", lambda _: torch.zeros(1, 4, 4, 4), overwrite=True, allow_missing_keys=True),
+        ]
+    )
 
 
 def _ds(cls=SmartCacheDataset, fn=lambda x: x, items=ITEMS, **kwargs):
@@ -63,9 +67,15 @@ def _trainer(ds, seen, max_epochs=5, loader=None, train_handlers=None):
     """A MONAI SupervisedTrainer over ``ds`` that records the ids of each epoch's items (in the window's order)."""
     net = torch.nn.Conv3d(1, 1, 1)
     loader = loader or DataLoader(ds, batch_size=2, shuffle=False, collate_fn=list_data_collate)
-    trainer = SupervisedTrainer(device="cpu", max_epochs=max_epochs, train_data_loader=loader, network=net,
-                                optimizer=torch.optim.SGD(net.parameters(), 0.0),
-                                loss_function=lambda p, y: (p - y.float()).abs().mean(), train_handlers=train_handlers)
+    trainer = SupervisedTrainer(
+        device="cpu",
+        max_epochs=max_epochs,
+        train_data_loader=loader,
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), 0.0),
+        loss_function=lambda p, y: (p - y.float()).abs().mean(),
+        train_handlers=train_handlers,
+    )
     trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: seen.append([]))
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen[-1].extend(_ids(e.state.batch)))
     return trainer
@@ -166,15 +176,17 @@ def test_a_stuck_replacement_in_monais_rotation_times_out_and_the_run_end_does_n
 MODES = {"adopted": SmartCacheDataset, "monai": CountedUpdates}
 
 
-@pytest.mark.parametrize("saved_in, resumed_in", [("adopted", "adopted"), ("monai", "monai"), ("monai", "adopted"),
-                                                  ("adopted", "monai")])
+@pytest.mark.parametrize(
+    "saved_in, resumed_in", [("adopted", "adopted"), ("monai", "monai"), ("monai", "adopted"), ("adopted", "monai")]
+)
 def test_a_checkpoint_resumes_the_same_rotation_in_either_mode(saved_in, resumed_in, tmp_path):
     seen = []
     trainer = _trainer(_ds(MODES[saved_in]), seen, max_epochs=2)
     updater = SmartCacheUpdater()
     updater.attach(trainer)  # before the Checkpoint, so an epoch-end save sees the rotated position
-    trainer.add_event_handler(Events.EPOCH_COMPLETED,
-                              Checkpoint({"trainer": trainer, "smartcache": updater}, DiskSaver(tmp_path), n_saved=1))
+    trainer.add_event_handler(
+        Events.EPOCH_COMPLETED, Checkpoint({"trainer": trainer, "smartcache": updater}, DiskSaver(tmp_path), n_saved=1)
+    )
     trainer.run()
     (path,) = tmp_path.glob("*.pt")
 
@@ -263,6 +275,7 @@ def test_fast_training_drives_a_subclass_with_its_own_rotation():
 
 # ---- two gloo ranks ---------------------------------------------------------------------------------
 
+
 def _ddp_main(local_rank, out_dir):
     rank = idist.get_rank()
     results = {}
@@ -288,8 +301,13 @@ def _ddp_main(local_rank, out_dir):
             msg = "no error"
         except RuntimeError as e:
             msg = f"{type(e).__name__}: {e}"
-        results[mode] = {"mode": updater.mode, "error": msg, "cached": len(updater.dataset), "seen": seen,
-                         "window": sorted(int(updater.dataset[i]["id"]) for i in range(len(updater.dataset)))}
+        results[mode] = {
+            "mode": updater.mode,
+            "error": msg,
+            "cached": len(updater.dataset),
+            "seen": seen,
+            "window": sorted(int(updater.dataset[i]["id"]) for i in range(len(updater.dataset))),
+        }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
 
 
@@ -310,6 +328,7 @@ def test_two_gloo_ranks_fail_together_in_both_modes_and_adoption_partitions_the_
 
 
 # ---- a real notebook kernel --------------------------------------------------------------------------
+
 
 def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path):
     nbformat = pytest.importorskip("nbformat", reason="notebook tests need the dev extra")
@@ -341,8 +360,9 @@ def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "k", "language": "python"}))
     specs = KernelSpecManager(kernel_dirs=[str(spec.parent)])
     km = AsyncKernelManager(kernel_name=spec.name, kernel_spec_manager=specs)
-    client = nbclient.NotebookClient(nb, km=km, timeout=300, startup_timeout=180,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, km=km, timeout=300, startup_timeout=180, resources={"metadata": {"path": str(tmp_path)}}
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     modes = []
     with client.setup_kernel(env=env, cleanup_kc=True):

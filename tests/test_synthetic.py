@@ -56,6 +56,7 @@ def test_brats_like_four_channels_and_nested_regions(tmp_path):
     assert img.shape == (48, 48, 48, 4) and lab.shape == (48, 48, 48)
     whole, core, enh = lab > 0, lab >= 2, lab == 3
     assert whole.sum() > core.sum() > enh.sum() > 0
+
     # nesting: the tumour core lies inside the whole tumour's bounding box, the enhancing part inside the core's
     def box(m):
         idx = np.argwhere(m)

@@ -11,14 +11,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "transform_speed.py"
-HEAD = ["LoadImaged", "EnsureChannelFirstd", "Orientationd", "Spacingd", "ScaleIntensityRanged", "CropForegroundd",
-        "SpatialPadd", "FgBgToIndicesd", "EnsureTyped"]
+HEAD = [
+    "LoadImaged",
+    "EnsureChannelFirstd",
+    "Orientationd",
+    "Spacingd",
+    "ScaleIntensityRanged",
+    "CropForegroundd",
+    "SpatialPadd",
+    "FgBgToIndicesd",
+    "EnsureTyped",
+]
 TAIL = ["RandCropByPosNegLabeld", "RandFlipd", "RandFlipd", "RandFlipd", "RandRotate90d", "RandShiftIntensityd"]
 
 
 def run_tiny(out: Path, device: str) -> tuple[subprocess.CompletedProcess, dict]:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--device", device, "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--device", device, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (result,) = out.glob("transform_speed_*.json")
     return done, json.loads(result.read_text())
@@ -35,7 +49,7 @@ def test_tiny_run_times_each_transform_of_the_fast_chain_on_cpu_and_marks_the_ca
     assert all(len(times) == 2 for times in doc["times_ms"]["cpu"])  # 2 tiny cases x 1 repeat, per transform
     s = doc["summary"]["cpu"]
     assert s["cached_ms"] == pytest.approx(sum(r["cpu_ms"] for r in rows[: len(HEAD)]))
-    assert s["per_epoch_ms"] == pytest.approx(sum(r["cpu_ms"] for r in rows[len(HEAD):]))
+    assert s["per_epoch_ms"] == pytest.approx(sum(r["cpu_ms"] for r in rows[len(HEAD) :]))
     assert 0 < s["cache_removes_share"] < 1
     assert "RandCropByPosNegLabeld" in done.stdout and "the cache removes" in done.stdout
 

@@ -80,7 +80,7 @@ def test_patience_survives_one_low_reading_on_the_way_up():
     base = {1: 20, 2: 36, 4: 60, 8: 80, 12: 87, 16: 92, 24: 95, 32: 97, 48: 98, 64: 99}
 
     def noisy(v: int) -> Trial:  # saturating throughput; the reading at 16 came out 12 % low
-        tp = base.get(v, 100 * (1 - 0.8 ** v)) * (0.88 if v == 16 else 1.0)
+        tp = base.get(v, 100 * (1 - 0.8**v)) * (0.88 if v == 16 else 1.0)
         return Trial(v, True, tp)
 
     stopped = pick_best(grow_then_bisect(noisy, 1, 64, max_trials=8, patience=0))
@@ -154,7 +154,13 @@ def test_race_marks_a_candidate_that_no_longer_fits():
 def test_a_pick_among_finalists_ignores_an_unraced_reading_within_the_tie():
     # 2 was read once, just within 2 % of the finalists' medians: the tie rule must not pick it
     readings = {4: [4.4, 4.5], 8: [4.6, 4.6], 16: [4.3]}
-    trials = [Trial(1, True, 4.0), Trial(2, True, 4.52), Trial(4, True, 4.7), Trial(8, True, 4.8), Trial(16, True, 4.75)]
+    trials = [
+        Trial(1, True, 4.0),
+        Trial(2, True, 4.52),
+        Trial(4, True, 4.7),
+        Trial(8, True, 4.8),
+        Trial(16, True, 4.75),
+    ]
     finalists = race(trials, lambda v: Trial(v, True, readings[v].pop(0)), rounds=2, top=3)
     assert pick_best(trials).value == 2  # what picking among all trials would do
     assert pick_best(finalists).value == 8
@@ -206,7 +212,9 @@ def test_race_brings_noisy_picks_closer_to_the_best():
 
 
 def test_search_space_validation_and_auto3dseg_keys():
-    s = SearchSpace.from_auto3dseg({"range_num_images_per_batch": [1, 20], "range_num_sw_batch_size": [2, 40], "num_trials": 5})
+    s = SearchSpace.from_auto3dseg(
+        {"range_num_images_per_batch": [1, 20], "range_num_sw_batch_size": [2, 40], "num_trials": 5}
+    )
     assert (s.batch_range, s.sw_batch_range, s.max_trials) == ((1, 20), (2, 40), 5)
     with pytest.raises(ValueError, match="range_num_foo"):
         SearchSpace.from_auto3dseg({"range_num_foo": [1, 2]})
@@ -253,8 +261,16 @@ class _GreedyNet(torch.nn.Module):
 def test_real_tuning_run_on_cpu(tmp_path):
     net = _net()
     weights = [p.detach().clone() for p in net.parameters()]
-    tuner = Tuner(net, _loss(), _sgd, (16, 16, 16), (40, 40, 24), num_samples=2,
-                  space=SearchSpace(batch_range=(1, 8), sw_batch_range=(1, 8), max_trials=4), **FAST)
+    tuner = Tuner(
+        net,
+        _loss(),
+        _sgd,
+        (16, 16, 16),
+        (40, 40, 24),
+        num_samples=2,
+        space=SearchSpace(batch_range=(1, 8), sw_batch_range=(1, 8), max_trials=4),
+        **FAST,
+    )
     result = tuner.run()
     assert all(torch.equal(a, b) for a, b in zip(weights, net.parameters()))
     train = [t for t in result.trials if t["phase"] == "train"]
@@ -289,8 +305,17 @@ def test_memory_cap_makes_big_batches_infeasible():
     # with room for the resident set to drift between the two runs
     low = max(peaks[2], psutil.Process().memory_info().rss / 2**20)
     cap = (low + 0.75 * (peaks[16] - low)) / 0.9
-    capped = Tuner(_net((8, 16, 32)), _loss(), _sgd, (48, 48, 48), (48, 48, 48), num_samples=2, space=space,
-                   memory_cap_mib=cap, **FAST).run()
+    capped = Tuner(
+        _net((8, 16, 32)),
+        _loss(),
+        _sgd,
+        (48, 48, 48),
+        (48, 48, 48),
+        num_samples=2,
+        space=space,
+        memory_cap_mib=cap,
+        **FAST,
+    ).run()
     train = {t["value"]: t for t in capped.trials if t["phase"] == "train"}
     over = sorted(v for v, t in train.items() if not t["feasible"])
     assert over and all("budget" in train[v]["reason"] for v in over), train  # measured or predicted over budget
@@ -301,8 +326,16 @@ def test_memory_cap_makes_big_batches_infeasible():
 
 def test_real_allocator_failure_is_infeasible_and_search_goes_on():
     net = _GreedyNet(oom_at=8)  # batch_size 4 x 2 samples = 8 patches fails
-    tuner = Tuner(net, _loss(), _sgd, (16, 16, 16), (24, 24, 24), num_samples=2,
-                  space=SearchSpace(batch_range=(1, 16), sw_batch_range=(1, 2), max_trials=6, plateau=None), **FAST)
+    tuner = Tuner(
+        net,
+        _loss(),
+        _sgd,
+        (16, 16, 16),
+        (24, 24, 24),
+        num_samples=2,
+        space=SearchSpace(batch_range=(1, 16), sw_batch_range=(1, 2), max_trials=6, plateau=None),
+        **FAST,
+    )
     result = tuner.run()
     train = {t["value"]: t for t in result.trials if t["phase"] == "train"}
     assert train[4]["reason"] == "out of memory" and not train[4]["feasible"]
@@ -312,15 +345,30 @@ def test_real_allocator_failure_is_infeasible_and_search_goes_on():
 
 
 def test_other_errors_stop_tuning_naming_the_candidate():
-    tuner = Tuner(_GreedyNet(oom_at=4, fail_with=IndexError), _loss(), _sgd, (16, 16, 16), (24, 24, 24), num_samples=2,
-                  space=SearchSpace(batch_range=(1, 8), sw_batch_range=(1, 2), max_trials=4, plateau=None), **FAST)
+    tuner = Tuner(
+        _GreedyNet(oom_at=4, fail_with=IndexError),
+        _loss(),
+        _sgd,
+        (16, 16, 16),
+        (24, 24, 24),
+        num_samples=2,
+        space=SearchSpace(batch_range=(1, 8), sw_batch_range=(1, 2), max_trials=4, plateau=None),
+        **FAST,
+    )
     with pytest.raises(TuningError, match=r"trial 2 failed.*IndexError: shape bug"):
         tuner.run()
 
 
 def test_nothing_fits_is_a_clear_error():
-    tuner = Tuner(_GreedyNet(oom_at=1), _loss(), _sgd, (16, 16, 16), (24, 24, 24),
-                  space=SearchSpace(batch_range=(1, 4), sw_batch_range=(1, 2)), **FAST)
+    tuner = Tuner(
+        _GreedyNet(oom_at=1),
+        _loss(),
+        _sgd,
+        (16, 16, 16),
+        (24, 24, 24),
+        space=SearchSpace(batch_range=(1, 4), sw_batch_range=(1, 2)),
+        **FAST,
+    )
     with pytest.raises(TuningError, match=r"no training batch size in \(1, 4\) fits.*out of memory"):
         tuner.run()
 
@@ -347,14 +395,24 @@ def test_tuned_config_trains_with_a_recipe(tiny_files, tiny_config):
     from monai_fast.recipes import build_recipe
 
     cfg = tiny_config
-    result = tune_recipe(cfg, (32, 32, 32), space=SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 4), max_trials=2),
-                         store=None, force=True, **FAST)
+    result = tune_recipe(
+        cfg,
+        (32, 32, 32),
+        space=SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 4), max_trials=2),
+        store=None,
+        force=True,
+        **FAST,
+    )
     tuned = result.apply(cfg)
     assert (tuned.batch_size, tuned.sw_batch_size, tuned.val_device) == (result.batch_size, result.sw_batch_size, "cpu")
     train, val = tiny_files
-    recipe = build_recipe("fast", train, val, RecipeConfig.from_dict({**tuned.to_dict(), "max_epochs": 1}), "cpu", progress=False)
+    recipe = build_recipe(
+        "fast", train, val, RecipeConfig.from_dict({**tuned.to_dict(), "max_epochs": 1}), "cpu", progress=False
+    )
     recipe.trainer.run()
-    assert math.isfinite(recipe.evaluator.state.metrics["val_mean_dice"]) and recipe.evaluator.state.iteration == len(val)
+    assert math.isfinite(recipe.evaluator.state.metrics["val_mean_dice"]) and recipe.evaluator.state.iteration == len(
+        val
+    )
     assert recipe.evaluator.inferer.sw_batch_size == result.sw_batch_size
 
 
@@ -364,12 +422,23 @@ def _ddp_tune(local_rank, out_dir, fail_with):
     # rank 1 alone runs out of memory (or hits a bug) from 8 patches on; rank 0 would fit anything
     net = _GreedyNet(oom_at=8 if rank == 1 else 10**9, fail_with=fail_with if rank == 1 else None)
     torch.manual_seed(0)
-    tuner = Tuner(net, _loss(), _sgd, (16, 16, 16), (24, 24, 24), num_samples=2,
-                  space=SearchSpace(batch_range=(1, 16), sw_batch_range=(1, 2), max_trials=6, plateau=None), **FAST)
+    tuner = Tuner(
+        net,
+        _loss(),
+        _sgd,
+        (16, 16, 16),
+        (24, 24, 24),
+        num_samples=2,
+        space=SearchSpace(batch_range=(1, 16), sw_batch_range=(1, 2), max_trials=6, plateau=None),
+        **FAST,
+    )
     try:
         r = tuner.run()
-        out = {"batch_size": r.batch_size, "sw": r.sw_batch_size,
-               "train": [(t["value"], t["feasible"], t["reason"]) for t in r.trials if t["phase"] == "train"]}
+        out = {
+            "batch_size": r.batch_size,
+            "sw": r.sw_batch_size,
+            "train": [(t["value"], t["feasible"], t["reason"]) for t in r.trials if t["phase"] == "train"],
+        }
     except TuningError as e:
         out = {"error": str(e)}
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
@@ -401,9 +470,17 @@ def test_real_cuda_oom_is_infeasible_and_memory_returns():
     total_gib = torch.cuda.get_device_properties(dev).total_memory / 2**30
     # 128^3 patches of a wide UNet: a few hundred per batch exceed any GPU; the cap stays off to force a real OOM
     net = UNet(3, 1, 2, channels=(32, 64, 128, 256), strides=(2, 2, 2), num_res_units=1)
-    tuner = Tuner(net, _loss(), _sgd, (128, 128, 128), (160, 160, 128), device=dev,
-                  space=SearchSpace(batch_range=(1, 4096), sw_batch_range=(1, 4), max_trials=14, plateau=None, margin=0.0),
-                  memory_cap_mib=10 * total_gib * 2**10, **FAST)
+    tuner = Tuner(
+        net,
+        _loss(),
+        _sgd,
+        (128, 128, 128),
+        (160, 160, 128),
+        device=dev,
+        space=SearchSpace(batch_range=(1, 4096), sw_batch_range=(1, 4), max_trials=14, plateau=None, margin=0.0),
+        memory_cap_mib=10 * total_gib * 2**10,
+        **FAST,
+    )
     result = tuner.run()
     train = [t for t in result.trials if t["phase"] == "train"]
     assert any(t["reason"] == "out of memory" for t in train), train

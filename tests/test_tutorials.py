@@ -10,7 +10,10 @@ TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
 def test_attach_to_your_trainer_tiny(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(TUTORIALS / "attach_to_your_trainer.py"), "--tiny", "--device", "cpu"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("epoch ")]
@@ -21,9 +24,21 @@ def test_attach_to_your_trainer_tiny(tmp_path):
 def test_profile_a_trainer_tiny(tmp_path):
     run = tmp_path / "profile"
     proc = subprocess.run(
-        [sys.executable, str(TUTORIALS / "profile_a_trainer.py"), "--tiny", "--device", "cpu", "--epochs", "2",
-         "--run-dir", str(run)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            str(TUTORIALS / "profile_a_trainer.py"),
+            "--tiny",
+            "--device",
+            "cpu",
+            "--epochs",
+            "2",
+            "--run-dir",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "verdict:" in proc.stdout

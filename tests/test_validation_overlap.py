@@ -46,16 +46,24 @@ def _post() -> Compose:
 
 
 def _evaluator(network: torch.nn.Module, cases: list[dict]) -> SupervisedEvaluator:
-    return SupervisedEvaluator(device="cpu", val_data_loader=cases, network=network, postprocessing=_post(), key_val_metric=_metric())
+    return SupervisedEvaluator(
+        device="cpu", val_data_loader=cases, network=network, postprocessing=_post(), key_val_metric=_metric()
+    )
 
 
 def _trainer(network: torch.nn.Module, max_epochs: int, handlers: list | None = None, n: int = 2) -> SupervisedTrainer:
     g = torch.Generator().manual_seed(1)
-    data = [{"image": torch.rand(2, 1, *SHAPE, generator=g), "label": (torch.rand(2, *SHAPE, generator=g) > 0.5).long()}
-            for _ in range(n)]
+    data = [
+        {"image": torch.rand(2, 1, *SHAPE, generator=g), "label": (torch.rand(2, *SHAPE, generator=g) > 0.5).long()}
+        for _ in range(n)
+    ]
     return SupervisedTrainer(
-        device="cpu", max_epochs=max_epochs, train_data_loader=data, network=network,
-        optimizer=torch.optim.SGD(network.parameters(), lr=0.1), loss_function=torch.nn.CrossEntropyLoss(),
+        device="cpu",
+        max_epochs=max_epochs,
+        train_data_loader=data,
+        network=network,
+        optimizer=torch.optim.SGD(network.parameters(), lr=0.1),
+        loss_function=torch.nn.CrossEntropyLoss(),
         train_handlers=handlers or [],
     )
 
@@ -133,8 +141,10 @@ class SlowEvalNet(torch.nn.Module):
 
 def _val_cases(n: int = 2) -> list[dict]:
     g = torch.Generator().manual_seed(2)
-    return [{"image": torch.rand(1, 1, *SHAPE, generator=g), "label": (torch.rand(1, 1, *SHAPE, generator=g) > 0.5).float()}
-            for _ in range(n)]
+    return [
+        {"image": torch.rand(1, 1, *SHAPE, generator=g), "label": (torch.rand(1, 1, *SHAPE, generator=g) > 0.5).float()}
+        for _ in range(n)
+    ]
 
 
 def test_background_validation_equals_sync_validation_of_the_same_snapshot_and_epoch():
@@ -142,8 +152,10 @@ def test_background_validation_equals_sync_validation_of_the_same_snapshot_and_e
     net = SlowEvalNet(eval_delay_s=0.05)
     trainer = _trainer(net, max_epochs=6, n=4)
     snapshots: dict[int, dict] = {}
-    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: snapshots.update(
-        {e.state.epoch: {k: v.clone() for k, v in net.state_dict().items()}}))
+    trainer.add_event_handler(
+        Events.EPOCH_COMPLETED,
+        lambda e: snapshots.update({e.state.epoch: {k: v.clone() for k, v in net.state_dict().items()}}),
+    )
     evaluator = _evaluator(net, _val_cases())
     background = BackgroundValidation(evaluator, threads=(1, 1))
     background.attach(trainer)

@@ -29,8 +29,10 @@ VAL_SLEEP_S = 0.25  # per validation item: 4 items -> 1 s per validation, far ab
 
 def _items(n: int) -> list[dict]:
     g = torch.Generator().manual_seed(0)
-    return [{"image": torch.rand(1, 8, 8, 8, generator=g), "label": (torch.rand(1, 8, 8, 8, generator=g) > 0.5).float()}
-            for _ in range(n)]
+    return [
+        {"image": torch.rand(1, 8, 8, 8, generator=g), "label": (torch.rand(1, 8, 8, 8, generator=g) > 0.5).float()}
+        for _ in range(n)
+    ]
 
 
 def _slow(x: torch.Tensor) -> torch.Tensor:
@@ -44,11 +46,19 @@ def _engines(record: RecordHandler, val_in_thread: bool = False) -> tuple[Superv
         net = torch.nn.Conv3d(1, 1, 3, padding=1)
         train = DataLoader(Dataset(_items(4)), batch_size=2)
         val = DataLoader(Dataset(_items(4), Lambdad(keys="image", func=_slow)), batch_size=1)
-        evaluator = SupervisedEvaluator(device="cpu", val_data_loader=val, network=copy.deepcopy(net) if val_in_thread else net)
+        evaluator = SupervisedEvaluator(
+            device="cpu", val_data_loader=val, network=copy.deepcopy(net) if val_in_thread else net
+        )
         handlers = [] if val_in_thread else [ValidationHandler(validator=evaluator, interval=1)]
-        trainer = SupervisedTrainer(device="cpu", max_epochs=2, train_data_loader=train, network=net,
-                                    optimizer=torch.optim.SGD(net.parameters(), 0.01), loss_function=torch.nn.MSELoss(),
-                                    train_handlers=handlers)
+        trainer = SupervisedTrainer(
+            device="cpu",
+            max_epochs=2,
+            train_data_loader=train,
+            network=net,
+            optimizer=torch.optim.SGD(net.parameters(), 0.01),
+            loss_function=torch.nn.MSELoss(),
+            train_handlers=handlers,
+        )
     record.attach(trainer)
     record.attach(evaluator)
     TimeBreakdown().attach(trainer)
@@ -92,7 +102,9 @@ def test_work_beside_training_is_listed_as_overlapped_and_not_counted_in_the_sha
         threads.append(threading.Thread(target=evaluator.run))
         threads[-1].start()
 
-    trainer.add_event_handler(Events.STARTED, lambda e: (threads.append(threading.Thread(target=fill_cache)), threads[-1].start()))
+    trainer.add_event_handler(
+        Events.STARTED, lambda e: (threads.append(threading.Thread(target=fill_cache)), threads[-1].start())
+    )
     trainer.add_event_handler(Events.EPOCH_COMPLETED(once=1), validate_in_background)
     # joined within the run: the record closes when the trainer's run ends
     trainer.add_event_handler(Events.EPOCH_COMPLETED(once=2), lambda e: [t.join(timeout=60) for t in threads])
@@ -110,7 +122,9 @@ def test_work_beside_training_is_listed_as_overlapped_and_not_counted_in_the_sha
 def test_a_span_of_an_unknown_category_fails_before_its_work_naming_the_categories():
     rec = RunRecord(None)
     ran = []
-    with pytest.raises(ValueError, match=r"span category must be one of .*setup, cache_fill, validation, checkpoint .*got 'compute'"):
+    with pytest.raises(
+        ValueError, match=r"span category must be one of .*setup, cache_fill, validation, checkpoint .*got 'compute'"
+    ):
         with rec.span("compute"):
             ran.append(1)
     assert ran == [] and rec.rows == []
@@ -134,8 +148,9 @@ def test_wall_clock_fix_already_applied_by_fast_training_is_not_recommended():
 
 def test_recipe_runner_records_its_set_up_in_the_wall_clock(tiny_files, tiny_config, tmp_path):
     cfg = RecipeConfig(**{**tiny_config.to_dict(), "patch_size": (16, 16, 16), "channels": (4, 8), "strides": (2,)})
-    r = run_to_target("monai_tutorial", *tiny_files, cfg, target=1.01, time_budget_s=None, run_dir=tmp_path,
-                      progress=False)
+    r = run_to_target(
+        "monai_tutorial", *tiny_files, cfg, target=1.01, time_budget_s=None, run_dir=tmp_path, progress=False
+    )
     wc = doctor(r.run_dir).numbers["wall_clock"]
     assert wc["seconds"]["setup"] == pytest.approx(r.setup_s, rel=0.05, abs=0.05)  # data sets and caches built
     assert wc["seconds"]["validation"] > 0 and wc["total_s"] <= r.total_s + 0.1

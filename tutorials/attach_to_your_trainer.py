@@ -90,8 +90,12 @@ def main() -> None:
         val_data_loader=ThreadDataLoader(val_ds, batch_size=1),
         network=net,
         inferer=SlidingWindowInferer(roi_size=patch, sw_batch_size=4),
-        postprocessing=Compose([AsDiscreted(keys="pred", argmax=True, to_onehot=2), AsDiscreted(keys="label", to_onehot=2)]),
-        key_val_metric={"val_mean_dice": MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))},
+        postprocessing=Compose(
+            [AsDiscreted(keys="pred", argmax=True, to_onehot=2), AsDiscreted(keys="label", to_onehot=2)]
+        ),
+        key_val_metric={
+            "val_mean_dice": MeanDice(include_background=False, output_transform=from_engine(["pred", "label"]))
+        },
     )
     trainer = SupervisedTrainer(
         device=device,
@@ -111,7 +115,9 @@ def main() -> None:
     trainer.run()
 
     for ep in trainer.state.time_breakdown:
-        print(f"epoch {ep.epoch}: {ep.iterations} iterations, data wait {100 * ep.data_share:.1f}% of {ep.data_s + ep.compute_s:.2f} s")
+        print(
+            f"epoch {ep.epoch}: {ep.iterations} iterations, data wait {100 * ep.data_share:.1f}% of {ep.data_s + ep.compute_s:.2f} s"
+        )
     if stopper.reached_s is not None:
         print(f"reached Dice {args.target} after {stopper.reached_s:.1f} s (epoch {stopper.reached_epoch})")
     else:

@@ -112,8 +112,14 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     val_loader = ThreadDataLoader(val_ds, num_workers=0, batch_size=1)
 
     channels = 8 if args.tiny else 16
-    network = SegResNet(blocks_down=(1, 2, 2, 4), blocks_up=(1, 1, 1), init_filters=channels, in_channels=4,
-                        out_channels=3, dropout_prob=0.2).to(device)
+    network = SegResNet(
+        blocks_down=(1, 2, 2, 4),
+        blocks_up=(1, 1, 1),
+        init_filters=channels,
+        in_channels=4,
+        out_channels=3,
+        dropout_prob=0.2,
+    ).to(device)
     optimizer = Novograd(network.parameters(), lr=1e-4 * 10)
     network, optimizer = distribute(network, optimizer)  # DDP (or Horovod) for this job
     amp = device.type == "cuda"
@@ -123,7 +129,9 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
         network=getattr(network, "module", network),
         inferer=SlidingWindowInferer(roi_size=roi, sw_batch_size=4, overlap=0.5),
         postprocessing=Compose([Activationsd(keys="pred", sigmoid=True), AsDiscreted(keys="pred", threshold=0.5)]),
-        key_val_metric={"val_mean_dice": MeanDice(include_background=True, output_transform=from_engine(["pred", "label"]))},
+        key_val_metric={
+            "val_mean_dice": MeanDice(include_background=True, output_transform=from_engine(["pred", "label"]))
+        },
         amp=amp,
     )
     trainer = SupervisedTrainer(
@@ -157,7 +165,9 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", help="MSD Task01_BrainTumour-layout folder; default: a synthetic brats-like set in --out")
+    p.add_argument(
+        "--data-dir", help="MSD Task01_BrainTumour-layout folder; default: a synthetic brats-like set in --out"
+    )
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "monai-fast-brats"))
     p.add_argument("--max-epochs", type=int, default=2)
     p.add_argument("--tiny", action="store_true", help="tiny volumes and network: a smoke test")

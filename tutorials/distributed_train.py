@@ -90,7 +90,8 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
     if args.checkpoint_dir:
         preemption = Preemption(
             {"trainer": recipe.trainer, "model": recipe.network, "optimizer": recipe.optimizer},
-            args.checkpoint_dir, save_every=args.save_every,
+            args.checkpoint_dir,
+            save_every=args.save_every,
         )
         preemption.attach(recipe.trainer)  # takes over a signal caught during set-up: the run stops at its start
         preemption.resume()  # no-op on the first start
@@ -103,6 +104,7 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
         def _progress(engine) -> None:  # one line per completed iteration, for monitoring (and the tests)
             with progress.open("a") as f:
                 f.write(f"{engine.state.iteration}\n")
+
     if rank == 0:  # printing handlers on one rank only
         StatsHandler(name="train", output_transform=lambda out: None, iteration_log=False).attach(recipe.trainer)
         StatsHandler(name="val", output_transform=lambda out: None, iteration_log=False).attach(recipe.evaluator)
@@ -133,7 +135,9 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", help="MSD folder with dataset.json; default: a synthetic set written into --out")
-    p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "monai-fast-distributed"), help="where rank<R>.json go")
+    p.add_argument(
+        "--out", default=os.path.join(tempfile.gettempdir(), "monai-fast-distributed"), help="where rank<R>.json go"
+    )
     p.add_argument("--recipe", default="fast", choices=("fast", "monai_tutorial", "baseline"))
     p.add_argument("--max-epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=2, help="volumes per batch and rank")
@@ -144,7 +148,9 @@ def main() -> None:
     p.add_argument("--save-every", type=int, help="with --checkpoint-dir: also checkpoint every N iterations")
     p.add_argument("--run-dir", help="write each rank's run record here (read it with: monai-fast doctor RUN_DIR)")
     p.add_argument("--progress-file", help="rank 0 appends each completed iteration number to this file")
-    p.add_argument("--save-weights", action="store_true", help="also write each rank's final weights (weights_rank<R>.pt)")
+    p.add_argument(
+        "--save-weights", action="store_true", help="also write each rank's final weights (weights_rank<R>.pt)"
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("ignite").setLevel(logging.WARNING)

@@ -44,13 +44,19 @@ def _options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if cuda_available() else "cpu")
     p.add_argument("--size", choices=SIZES, help="tiny, cpu or gpu (default: gpu on CUDA, else cpu)")
     p.add_argument("--tiny", action="store_true", help="same as --size tiny: a smoke test in seconds on a CPU")
-    p.add_argument("--data-dir", help="a folder with dataset.json from 'monai-fast synth --kind wsi'; default: synthetic, cached")
+    p.add_argument(
+        "--data-dir", help="a folder with dataset.json from 'monai-fast synth --kind wsi'; default: synthetic, cached"
+    )
     p.add_argument("--variant", choices=(*VARIANTS, "both"), default="fast", help="(default %(default)s)")
     p.add_argument("--target", type=float, default=0.95, help="validation ROC AUC to stop at (default %(default)s)")
     p.add_argument("--max-epochs", type=int, help="default: the size's")
     p.add_argument("--time-budget", type=float, help="seconds per pipeline (default: none)")
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="fast pipeline's WSI reader (default %(default)s)")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto", help="(default %(default)s)")
+    p.add_argument(
+        "--backend", choices=BACKENDS, default="auto", help="fast pipeline's WSI reader (default %(default)s)"
+    )
+    p.add_argument(
+        "--precision", choices=("auto", "bf16", "fp16", "fp32"), default="auto", help="(default %(default)s)"
+    )
     p.add_argument("--run-dir", help="default runs/pathology-<time>")
     return p.parse_args(argv)
 
@@ -84,16 +90,22 @@ def _main(argv: list[str] | None = None) -> int:
     print(f"GPU levers: cuCIM {'on' if cucim is None else 'off: ' + cucim}; WSI reader {reader.name}")
 
     with stop_signals_caught():  # a SIGTERM/SIGUSR1 while the slides are written or listed stops here, with a message
-        root = args.data_dir or synthetic_wsi_dataset(size.slides, size.shape, size.patch_size, tile=size.tile,
-                                                      levels=size.levels)
+        root = args.data_dir or synthetic_wsi_dataset(
+            size.slides, size.shape, size.patch_size, tile=size.tile, levels=size.levels
+        )
         train, val = load_wsi_datalist(root)
     print(f"{len(train)} training and {len(val)} validation patches from {root}")
     labelled = json.loads((Path(root) / "dataset.json").read_text()).get("monai_fast", {}).get("patch_size")
-    config = size.config(max_epochs=args.max_epochs, backend=args.backend, precision=args.precision,
-                         patch_size=labelled)  # the patch size the labels were made for, when the folder says
+    config = size.config(
+        max_epochs=args.max_epochs, backend=args.backend, precision=args.precision, patch_size=labelled
+    )  # the patch size the labels were made for, when the folder says
     variants = VARIANTS if args.variant == "both" else (args.variant,)
-    results = [run_pathology(v, train, val, config, device, target=args.target, time_budget_s=args.time_budget, run_dir=run_dir)
-               for v in variants]
+    results = [
+        run_pathology(
+            v, train, val, config, device, target=args.target, time_budget_s=args.time_budget, run_dir=run_dir
+        )
+        for v in variants
+    ]
     write_json({"device": str(device), "data": str(root), "results": results}, run_dir / "results.json")
     print(results_table(results))
     for r in results:

@@ -65,7 +65,9 @@ def main() -> None:
     recipe.trainer.run()
 
     print(doctor(args.run_dir).text())
-    print(f"report: {args.run_dir}/report.md; trace: {args.run_dir}/trace_rank0.json; kernels: {args.run_dir}/kernels_rank0.json")
+    print(
+        f"report: {args.run_dir}/report.md; trace: {args.run_dir}/trace_rank0.json; kernels: {args.run_dir}/kernels_rank0.json"
+    )
 
 
 if __name__ == "__main__":

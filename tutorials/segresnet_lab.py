@@ -43,7 +43,9 @@ def _options() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", help="MSD folder with dataset.json; default: a synthetic spleen-like set (cached)")
     p.add_argument("--device", default="cuda" if cuda_available() else "cpu")
-    p.add_argument("--recipe", choices=RECIPES, default="fast", help="the recipe around the network (default %(default)s)")
+    p.add_argument(
+        "--recipe", choices=RECIPES, default="fast", help="the recipe around the network (default %(default)s)"
+    )
     p.add_argument("--max-epochs", type=int, help="default 100 on a GPU, 20 on a CPU, 2 with --tiny")
     p.add_argument("--target", type=float, default=1.0, help="stop at this validation Dice (default: run every epoch)")
     p.add_argument("--run-dir", help="default runs/segresnet-lab-<time>")
@@ -64,8 +66,16 @@ def main() -> None:
     with stop_signals_caught():  # a SIGTERM/SIGUSR1 while the data are written stops here, with a message
         train_files, val_files, config = lab_data(size, args.data_dir, args.max_epochs, progress=not args.no_progress)
     run_dir = Path(args.run_dir or f"runs/segresnet-lab-{dt.datetime.now():%Y%m%d-%H%M%S}")
-    lab = run_lab(train_files, val_files, config, device, run_dir, recipe=args.recipe, target=args.target,
-                  progress=not args.no_progress)
+    lab = run_lab(
+        train_files,
+        val_files,
+        config,
+        device,
+        run_dir,
+        recipe=args.recipe,
+        target=args.target,
+        progress=not args.no_progress,
+    )
     diagnosis = doctor(lab.record_dir)
     print(lab.table)
     print(f"doctor: {diagnosis.verdict}; figure: {run_dir / 'prediction.png'}; table: {run_dir / 'performance.md'}")

@@ -248,22 +248,25 @@ def run_bundle(
     workflow = make(run_id)
     parser = workflow.parser
     if run_id == RUN_ID and run_id not in parser and LEGACY_RUN_ID in parser:
-        logger.info("bundle: no %r section: running %r, the older Model Zoo name of the run section", RUN_ID,
-                    LEGACY_RUN_ID)
+        logger.info(
+            "bundle: no %r section: running %r, the older Model Zoo name of the run section", RUN_ID, LEGACY_RUN_ID
+        )
         run_id = LEGACY_RUN_ID
         workflow = make(run_id)
         parser = workflow.parser
     if trainer_id not in parser:
-        raise BundleError(f"the config ({', '.join(f.name for f in files)}) has no {trainer_id!r}; "
-                          "name the trainer with --trainer-id")
+        raise BundleError(
+            f"the config ({', '.join(f.name for f in files)}) has no {trainer_id!r}; name the trainer with --trainer-id"
+        )
     if evaluator_id is not None and evaluator_id not in parser:
         if evaluator_id != EVALUATOR_ID:
             raise BundleError(f"the config has no {evaluator_id!r} (--evaluator-id)")
         logger.info("bundle: no %s in the config: training without an evaluator", evaluator_id)
         evaluator_id = None
     if run_id not in parser:
-        raise BundleError(f"the config has no {run_id!r} section to run"
-                          + (f" (nor {LEGACY_RUN_ID!r})" if run_id == RUN_ID else ""))
+        raise BundleError(
+            f"the config has no {run_id!r} section to run" + (f" (nor {LEGACY_RUN_ID!r})" if run_id == RUN_ID else "")
+        )
     workflow.initialize()
     trainer = parser.get_parsed_content(trainer_id)
     evaluator = parser.get_parsed_content(evaluator_id) if evaluator_id is not None else None

@@ -42,11 +42,17 @@ __all__ = ["AUTO3DSEG_KEYS", "ZOO_KEYS", "BundleTuning", "tune_bundle"]
 logger = logging.getLogger("monai_fast.bundle")
 
 #: what the tuner sets, in the Model Zoo's config layout
-ZOO_KEYS = {"batch": "train#dataloader#batch_size", "sw_batch": "validate#inferer#sw_batch_size",
-            "val_device": "validate#inferer#device"}
+ZOO_KEYS = {
+    "batch": "train#dataloader#batch_size",
+    "sw_batch": "validate#inferer#sw_batch_size",
+    "val_device": "validate#inferer#device",
+}
 #: and in an Auto3DSeg-generated algorithm's (``hyper_parameters.yaml``)
-AUTO3DSEG_KEYS = {"batch": "num_images_per_batch", "sw_batch": "num_sw_batch_size",
-                  "val_device": "validation_data_device"}
+AUTO3DSEG_KEYS = {
+    "batch": "num_images_per_batch",
+    "sw_batch": "num_sw_batch_size",
+    "val_device": "validation_data_device",
+}
 
 
 @dataclass
@@ -144,11 +150,16 @@ def tune_bundle(
     inferer_id, inferer = _first(parser, ["validate#inferer", "infer#inferer"], "the validation inferer")
     roi = getattr(inferer, "roi_size", None)
     if roi is None or len(tuple(roi)) != 3:
-        raise BundleError(f"{inferer_id} is not a 3-D sliding window (roi_size {roi}): the bundle tuner times "
-                          "3-D segmentation bundles")
+        raise BundleError(
+            f"{inferer_id} is not a 3-D sliding window (roi_size {roi}): the bundle tuner times "
+            "3-D segmentation bundles"
+        )
     roi = tuple(int(r) for r in roi)
-    crop = _find_in(parser.get_parsed_content("train#preprocessing"), ("spatial_size", "num_samples")) \
-        if "train#preprocessing" in parser else {}
+    crop = (
+        _find_in(parser.get_parsed_content("train#preprocessing"), ("spatial_size", "num_samples"))
+        if "train#preprocessing" in parser
+        else {}
+    )
     patch = tuple(int(s) for s in crop.get("spatial_size", roi))
     if len(patch) != 3 or min(patch) < 1:
         patch = roi
@@ -161,10 +172,18 @@ def tune_bundle(
         precision = "fp16" if amp and device.type == "cuda" else "fp32"
     opt_class, opt_defaults = type(optimizer), dict(optimizer.defaults)
     tuner = Tuner(
-        copy.deepcopy(network).to(device), loss, lambda params: opt_class(params, **opt_defaults),
-        patch_size=patch, val_shape=val_shape, device=device, num_samples=num_samples, in_channels=in_channels,
-        out_channels=out_channels, overlap=float(getattr(inferer, "overlap", 0.25)),
-        space=SearchSpace(batch_range=batch_range, sw_batch_range=sw_batch_range, precisions=[precision]), **timing,
+        copy.deepcopy(network).to(device),
+        loss,
+        lambda params: opt_class(params, **opt_defaults),
+        patch_size=patch,
+        val_shape=val_shape,
+        device=device,
+        num_samples=num_samples,
+        in_channels=in_channels,
+        out_channels=out_channels,
+        overlap=float(getattr(inferer, "overlap", 0.25)),
+        space=SearchSpace(batch_range=batch_range, sw_batch_range=sw_batch_range, precisions=[precision]),
+        **timing,
     )
     result = tuner.run(progress=progress)
     tuned: dict[str, Any] = {keys["batch"]: int(result.batch_size), keys["sw_batch"]: int(result.sw_batch_size)}
@@ -172,8 +191,16 @@ def tune_bundle(
         tuned[keys["val_device"]] = result.val_device if auto3dseg else f"$torch.device('{result.val_device}')"
     path = Path(out) if out is not None else root / "configs" / "tuned.json"
     write_json(tuned, path)
-    logger.info("bundle tuning: %s -> %s (patch %s x %d crops, validation volume %s, %s on %s)", tuned, path,
-                "x".join(map(str, patch)), num_samples, "x".join(map(str, val_shape)), precision, device)
+    logger.info(
+        "bundle tuning: %s -> %s (patch %s x %d crops, validation volume %s, %s on %s)",
+        tuned,
+        path,
+        "x".join(map(str, patch)),
+        num_samples,
+        "x".join(map(str, val_shape)),
+        precision,
+        device,
+    )
     return BundleTuning(overrides=tuned, path=path, result=result.to_dict(), layout="auto3dseg" if auto3dseg else "zoo")
 
 

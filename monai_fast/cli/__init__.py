@@ -79,7 +79,9 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
     )
     logging.getLogger("ignite").setLevel(logging.WARNING)
     notes = list(startup_notes) if args.subcommand in COMPUTE_COMMANDS else []
-    if pin_openmp and args.subcommand in COMPUTE_COMMANDS - {"launch"}:  # before any thread starts; launch's ranks compute
+    if pin_openmp and args.subcommand in COMPUTE_COMMANDS - {
+        "launch"
+    }:  # before any thread starts; launch's ranks compute
         from monai_fast.openmp import pin_openmp_workers
 
         notes.append(pin_openmp_workers())

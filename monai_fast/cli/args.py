@@ -20,8 +20,16 @@ import torch
 from monai_fast.race import RaceSpec, SyntheticData, TuneOptions
 from monai_fast.race.scale import DemoScale, demo_scale
 
-__all__ = ["FLAGS", "add_data_options", "add_model_options", "add_race_options", "add_tuning_options",
-           "add_validation_options", "flag_of", "race_spec"]
+__all__ = [
+    "FLAGS",
+    "add_data_options",
+    "add_model_options",
+    "add_race_options",
+    "add_tuning_options",
+    "add_validation_options",
+    "flag_of",
+    "race_spec",
+]
 
 FLAGS = {
     "synthetic.cases": "--cases",
@@ -48,17 +56,33 @@ def flag_of(option: str) -> str:
 def add_data_options(p: argparse.ArgumentParser) -> None:
     """Where the data comes from, the device and the seed."""
     g = p.add_argument_group("data")
-    g.add_argument("--data-dir", help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen), or its URL "
-                   "(s3://bucket/Task09_Spleen, any fsspec URL); default: synthetic spleen-like data")
+    g.add_argument(
+        "--data-dir",
+        help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen), or its URL "
+        "(s3://bucket/Task09_Spleen, any fsspec URL); default: synthetic spleen-like data",
+    )
     g.add_argument("--cases", type=int, help="synthetic cases to generate (default 16; the demo on CUDA: 40)")
-    g.add_argument("--shape", type=int, nargs=3, metavar=("X", "Y", "Z"),
-                   help="synthetic volume size in voxels (default 128 128 64; the demo on CUDA: 240 240 96)")
-    g.add_argument("--val-fraction", type=float, default=0.25, help="share of cases held out for validation (default %(default)s)")
-    g.add_argument("--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
+    g.add_argument(
+        "--shape",
+        type=int,
+        nargs=3,
+        metavar=("X", "Y", "Z"),
+        help="synthetic volume size in voxels (default 128 128 64; the demo on CUDA: 240 240 96)",
+    )
+    g.add_argument(
+        "--val-fraction", type=float, default=0.25, help="share of cases held out for validation (default %(default)s)"
+    )
+    g.add_argument(
+        "--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)"
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of data, split, weights and crops (default %(default)s)")
-    g.add_argument("--no-preflight", action="store_true", help="skip the check of every file before training "
-                   "(unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; "
-                   "cached per file, so only the first run reads them)")
+    g.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the check of every file before training "
+        "(unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; "
+        "cached per file, so only the first run reads them)",
+    )
 
 
 def add_validation_options(g: argparse._ActionsContainer) -> None:
@@ -71,32 +95,54 @@ def add_validation_options(g: argparse._ActionsContainer) -> None:
     from monai_fast.recipes.fast import DEFAULTS as FAST_DEFAULTS
 
     cfg = RecipeConfig()
-    g.add_argument("--validation", choices=("every_epoch", "schedule"),
-                   help="when the full validation runs: every --val-interval epochs, or on a schedule: a Dice estimate "
-                        f"on {cfg.val_subset} validation cases after every epoch, the full validation every "
-                        f"{cfg.val_every} epochs while the estimate is far below the target, every epoch once near "
-                        f"it, and at the last epoch (default: the recipe's; fast: {FAST_DEFAULTS['validation']}, "
-                        "the others: every_epoch)")
-    g.add_argument("--val-interval", type=int,
-                   help=f"with --validation every_epoch: validate every N epochs (default {cfg.val_interval})")
+    g.add_argument(
+        "--validation",
+        choices=("every_epoch", "schedule"),
+        help="when the full validation runs: every --val-interval epochs, or on a schedule: a Dice estimate "
+        f"on {cfg.val_subset} validation cases after every epoch, the full validation every "
+        f"{cfg.val_every} epochs while the estimate is far below the target, every epoch once near "
+        f"it, and at the last epoch (default: the recipe's; fast: {FAST_DEFAULTS['validation']}, "
+        "the others: every_epoch)",
+    )
+    g.add_argument(
+        "--val-interval",
+        type=int,
+        help=f"with --validation every_epoch: validate every N epochs (default {cfg.val_interval})",
+    )
 
 
 def add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
     """Network size, patch and batch options (``race``: also those only a race uses)."""
     g = p.add_argument_group("model and batches")
-    g.add_argument("--patch-size", type=int, nargs=3, metavar=("X", "Y", "Z"), help="training patch / sliding-window ROI (default 64 64 64)")
+    g.add_argument(
+        "--patch-size",
+        type=int,
+        nargs=3,
+        metavar=("X", "Y", "Z"),
+        help="training patch / sliding-window ROI (default 64 64 64)",
+    )
     if race:
-        g.add_argument("--batch-size", type=int, help="volumes per batch (default: the recipe's own; fast 1, the others 2)")
-    g.add_argument("--num-samples", type=int, help="random crops per volume (default: the recipe's own; fast 2, the others 4)")
+        g.add_argument(
+            "--batch-size", type=int, help="volumes per batch (default: the recipe's own; fast 1, the others 2)"
+        )
+    g.add_argument(
+        "--num-samples", type=int, help="random crops per volume (default: the recipe's own; fast 2, the others 4)"
+    )
     g.add_argument("--channels", type=int, nargs="+", help="UNet channels per level (default 8 16 32 64)")
     if race:
         g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
-    g.add_argument("--fp32", action="store_true", help="no mixed precision in any recipe (default: fast picks bf16/fp16 where it "
-                   "pays, measured on a CPU)")
+    g.add_argument(
+        "--fp32",
+        action="store_true",
+        help="no mixed precision in any recipe (default: fast picks bf16/fp16 where it pays, measured on a CPU)",
+    )
     if race:
         g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")
-        g.add_argument("--cache", choices=("auto", "gpu", "ram", "disk", "smartcache", "none"),
-                       help="where fast caches its training data (default auto: measured by the cache planner)")
+        g.add_argument(
+            "--cache",
+            choices=("auto", "gpu", "ram", "disk", "smartcache", "none"),
+            help="where fast caches its training data (default auto: measured by the cache planner)",
+        )
         g.add_argument("--cache-dir", help="folder for a disk cache (needed by --cache disk)")
 
 
@@ -104,21 +150,59 @@ def add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
     """The tuner's search options (``race``: with the ``--tune`` switch)."""
     g = p.add_argument_group("auto-tuning" + (" (with --tune)" if race else ""))
     if race:
-        g.add_argument("--tune", action="store_true", help="tune fast's batch size, sliding-window batch, validation device "
-                       "and precision first (cached per machine and model; see 'monai-fast tune --help')")
-    g.add_argument("--batch-range", type=int, nargs=2, default=(1, 8), metavar=("LO", "HI"), help="training batch sizes (volumes) to search (default %(default)s)")
-    g.add_argument("--sw-range", type=int, nargs=2, default=(1, 16), metavar=("LO", "HI"), help="sliding-window batch sizes to search (default %(default)s)")
+        g.add_argument(
+            "--tune",
+            action="store_true",
+            help="tune fast's batch size, sliding-window batch, validation device "
+            "and precision first (cached per machine and model; see 'monai-fast tune --help')",
+        )
+    g.add_argument(
+        "--batch-range",
+        type=int,
+        nargs=2,
+        default=(1, 8),
+        metavar=("LO", "HI"),
+        help="training batch sizes (volumes) to search (default %(default)s)",
+    )
+    g.add_argument(
+        "--sw-range",
+        type=int,
+        nargs=2,
+        default=(1, 16),
+        metavar=("LO", "HI"),
+        help="sliding-window batch sizes to search (default %(default)s)",
+    )
     g.add_argument("--trials", type=int, default=8, help="most candidates run per search (default %(default)s)")
-    g.add_argument("--memory-cap-mib", type=float, help="most memory a candidate may use (default: the GPU's memory; on a CPU, this process's RAM plus what is free)")
-    g.add_argument("--margin", type=float, default=0.1, help="share of the cap kept free for the data cache and spikes (default %(default)s)")
+    g.add_argument(
+        "--memory-cap-mib",
+        type=float,
+        help="most memory a candidate may use (default: the GPU's memory; on a CPU, this process's RAM plus what is free)",
+    )
+    g.add_argument(
+        "--margin",
+        type=float,
+        default=0.1,
+        help="share of the cap kept free for the data cache and spikes (default %(default)s)",
+    )
     g.add_argument("--search-amp", action="store_true", help="also compare fp32 with the automatic mixed precision")
-    g.add_argument("--place-cache", action="store_true", help="also place the training cache: in device memory (GPU on CUDA, "
-                   "RAM on a CPU) when it fits beside the pick's measured peak, else beside a smaller batch within "
-                   "--cache-tradeoff of its throughput, else where the cache planner sends it")
-    g.add_argument("--cache-tradeoff", type=float, default=0.05, help="largest share of training throughput given up "
-                   "to fit the cache in device memory (default %(default)s)")
+    g.add_argument(
+        "--place-cache",
+        action="store_true",
+        help="also place the training cache: in device memory (GPU on CUDA, "
+        "RAM on a CPU) when it fits beside the pick's measured peak, else beside a smaller batch within "
+        "--cache-tradeoff of its throughput, else where the cache planner sends it",
+    )
+    g.add_argument(
+        "--cache-tradeoff",
+        type=float,
+        default=0.05,
+        help="largest share of training throughput given up to fit the cache in device memory (default %(default)s)",
+    )
     g.add_argument("--retune", action="store_true", help="tune again even when the cache holds a result")
-    g.add_argument("--tune-cache", help="the JSON file of tuning results (default $MONAI_FAST_CACHE/tuning.json or ~/.cache/monai-fast/tuning.json)")
+    g.add_argument(
+        "--tune-cache",
+        help="the JSON file of tuning results (default $MONAI_FAST_CACHE/tuning.json or ~/.cache/monai-fast/tuning.json)",
+    )
 
 
 def add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequence[str]) -> None:
@@ -127,19 +211,40 @@ def add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequenc
 
     add_data_options(p)
     g = p.add_argument_group("race")
-    g.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(recipes), help="recipes to run, in this order (default %(default)s)")
-    g.add_argument("--target", type=float, default=0.9, help="validation mean Dice (no background) to reach, in (0, 1] (default %(default)s)")
-    g.add_argument("--time-budget", type=float, default=budget,
-                   help="seconds each recipe may run before it is stopped (default %(default)s; the demo: none, "
-                        "--total-budget bounds the whole run)")
+    g.add_argument(
+        "--recipes",
+        nargs="+",
+        choices=RECIPES,
+        default=list(recipes),
+        help="recipes to run, in this order (default %(default)s)",
+    )
+    g.add_argument(
+        "--target",
+        type=float,
+        default=0.9,
+        help="validation mean Dice (no background) to reach, in (0, 1] (default %(default)s)",
+    )
+    g.add_argument(
+        "--time-budget",
+        type=float,
+        default=budget,
+        help="seconds each recipe may run before it is stopped (default %(default)s; the demo: none, "
+        "--total-budget bounds the whole run)",
+    )
     g.add_argument("--max-epochs", type=int, default=200, help="epoch limit per recipe (default %(default)s)")
     add_validation_options(g)
-    g.add_argument("--background-fill", action="store_true",
-                   help="fast: fill the caches while training runs (first epoch in fill order; runs not reproducible)")
+    g.add_argument(
+        "--background-fill",
+        action="store_true",
+        help="fast: fill the caches while training runs (first epoch in fill order; runs not reproducible)",
+    )
     add_model_options(p, race=True)
     add_tuning_options(p, race=True)
     g = p.add_argument_group("output")
-    g.add_argument("--run-dir", help="where results.json, epochs.csv, the PNG and TensorBoard events go (default runs/<command>-<time>)")
+    g.add_argument(
+        "--run-dir",
+        help="where results.json, epochs.csv, the PNG and TensorBoard events go (default runs/<command>-<time>)",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
 
 
@@ -168,16 +273,25 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _tune_options(args: argparse.Namespace) -> TuneOptions:
     return TuneOptions(
-        batch_range=tuple(args.batch_range), sw_range=tuple(args.sw_range), trials=args.trials, margin=args.margin,
-        search_amp=args.search_amp, memory_cap_mib=args.memory_cap_mib, place_cache=args.place_cache,
-        cache_tradeoff=args.cache_tradeoff, retune=args.retune, store=args.tune_cache,
+        batch_range=tuple(args.batch_range),
+        sw_range=tuple(args.sw_range),
+        trials=args.trials,
+        margin=args.margin,
+        search_amp=args.search_amp,
+        memory_cap_mib=args.memory_cap_mib,
+        place_cache=args.place_cache,
+        cache_tradeoff=args.cache_tradeoff,
+        retune=args.retune,
+        store=args.tune_cache,
     )
 
 
 def _scaled(args: argparse.Namespace, scale: DemoScale) -> tuple[SyntheticData, dict[str, Any]]:
     """The synthetic set and recipe options of ``scale`` where the command line set none (its --channels: its network)."""
-    syn = SyntheticData(cases=scale.synthetic.cases if args.cases is None else args.cases,
-                        shape=scale.synthetic.shape if args.shape is None else tuple(args.shape))
+    syn = SyntheticData(
+        cases=scale.synthetic.cases if args.cases is None else args.cases,
+        shape=scale.synthetic.shape if args.shape is None else tuple(args.shape),
+    )
     base = dict(scale.overrides)
     if args.channels:
         for name in ("channels", "strides", "num_res_units"):

@@ -33,17 +33,31 @@ _FRAGMENT_TEXT = (
 
 def _own_options(r: argparse.ArgumentParser) -> None:
     """The options of ``bundle run`` itself (the rest of the line is config overrides)."""
-    r.add_argument("--config_file", "--config-file", dest="config_file", default=None,
-                   help="config file(s) to merge: a path or \"['configs/train.json','extra.json']\" "
-                        "(default configs/train.json or .yaml)")
-    r.add_argument("--meta_file", "--meta-file", dest="meta_file", default=None,
-                   help="default configs/metadata.json when present")
-    r.add_argument("--logging_file", "--logging-file", dest="logging_file", default=None,
-                   help="default configs/logging.conf when present")
+    r.add_argument(
+        "--config_file",
+        "--config-file",
+        dest="config_file",
+        default=None,
+        help="config file(s) to merge: a path or \"['configs/train.json','extra.json']\" "
+        "(default configs/train.json or .yaml)",
+    )
+    r.add_argument(
+        "--meta_file", "--meta-file", dest="meta_file", default=None, help="default configs/metadata.json when present"
+    )
+    r.add_argument(
+        "--logging_file",
+        "--logging-file",
+        dest="logging_file",
+        default=None,
+        help="default configs/logging.conf when present",
+    )
     r.add_argument("--no-logging-file", action="store_true", help="apply no logging file")
     r.add_argument("--trainer-id", default="train#trainer", help="the trainer's config id (default %(default)s)")
-    r.add_argument("--evaluator-id", default="validate#evaluator",
-                   help="the evaluator's config id (default %(default)s; left out when the config has none)")
+    r.add_argument(
+        "--evaluator-id",
+        default="validate#evaluator",
+        help="the evaluator's config id (default %(default)s; left out when the config has none)",
+    )
     r.add_argument("--no-fast", action="store_true", help="run the bundle as published (with the run record)")
     r.add_argument("--fp32", action="store_true", help="FastTraining leaves precision alone")
     r.add_argument("--run-dir", default=None, help="where the run record goes (default <output_dir>/monai_fast)")
@@ -103,23 +117,30 @@ def _cmd_fragment(args: argparse.Namespace) -> int:
     from monai_fast.bundle import write_fragment
 
     path = write_fragment(args.out)
-    print(f"wrote {path}: merge it after the bundle's train.json with "
-          f"--config_file \"['configs/train.json','{path}']\"")
+    print(
+        f"wrote {path}: merge it after the bundle's train.json with --config_file \"['configs/train.json','{path}']\""
+    )
     return 0
 
 
 def add_bundle_command(sub: argparse._SubParsersAction) -> None:
     """Register ``monai-fast bundle`` (``run``, ``fragment``) on the command's subparsers."""
-    p = sub.add_parser("bundle", help="run a MONAI bundle with FastTraining, or write the bundle config fragment",
-                       description="MONAI bundles with FastTraining: 'run' runs one, 'fragment' writes the config "
-                                   "fragment a bundle can ship.")
+    p = sub.add_parser(
+        "bundle",
+        help="run a MONAI bundle with FastTraining, or write the bundle config fragment",
+        description="MONAI bundles with FastTraining: 'run' runs one, 'fragment' writes the config "
+        "fragment a bundle can ship.",
+    )
     bsub = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
     r = bsub.add_parser("run", help="run a bundle's training with FastTraining attached", description=_RUN_TEXT)
     r.add_argument("bundle_dir", metavar="BUNDLE_DIR", help="the bundle folder (configs/ inside)")
     _own_options(r)
-    r.add_argument("overrides", nargs=argparse.REMAINDER,
-                   help="config overrides as monai.bundle takes them: id=value or --id value "
-                        "(e.g. --train#trainer#max_epochs 2 dataset_dir=/data/Task09_Spleen)")
+    r.add_argument(
+        "overrides",
+        nargs=argparse.REMAINDER,
+        help="config overrides as monai.bundle takes them: id=value or --id value "
+        "(e.g. --train#trainer#max_epochs 2 dataset_dir=/data/Task09_Spleen)",
+    )
     r.set_defaults(func=_cmd_run)
     f = bsub.add_parser("fragment", help="write the config fragment a bundle can ship", description=_FRAGMENT_TEXT)
     f.add_argument("--out", default="configs/fast.json", help="where to write it (default %(default)s)")

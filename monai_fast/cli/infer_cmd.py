@@ -56,15 +56,28 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     try:
         config = read_recipe_config(args.recipe_config) if args.recipe_config else None
         out = check_writable_dir(args.out, "out")
-        result = infer(args.checkpoint, data, out, backend=args.backend, device=device, split=args.split,
-                       val_fraction=args.val_fraction, sw_batch_size=args.sw_batch_size, overlap=args.overlap,
-                       preflight=not args.no_preflight, progress=not args.no_progress, config=config,
-                       overwrite=args.overwrite)
+        result = infer(
+            args.checkpoint,
+            data,
+            out,
+            backend=args.backend,
+            device=device,
+            split=args.split,
+            val_fraction=args.val_fraction,
+            sw_batch_size=args.sw_batch_size,
+            overlap=args.overlap,
+            preflight=not args.no_preflight,
+            progress=not args.no_progress,
+            config=config,
+            overwrite=args.overwrite,
+        )
     except (InferenceError, NoSpaceError) as e:
         raise SystemExit(f"monai-fast infer: {e}") from e
-    print(f"wrote {len(result.outputs)} predictions to {out} (backend {result.backend}: {result.detail} on "
-          f"{result.device}; {result.volumes_per_s:.2f} volumes/s of inference, backend built in "
-          f"{result.prepare_s:.1f} s)")
+    print(
+        f"wrote {len(result.outputs)} predictions to {out} (backend {result.backend}: {result.detail} on "
+        f"{result.device}; {result.volumes_per_s:.2f} volumes/s of inference, backend built in "
+        f"{result.prepare_s:.1f} s)"
+    )
     return 0
 
 
@@ -73,29 +86,49 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
     from monai_fast.inference.backends import BACKENDS
     from monai_fast.inference.run import SPLITS
 
-    p = sub.add_parser("infer", description=_TEXT,
-                       help="sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, "
-                       "compile, onnx, tensorrt)")
+    p = sub.add_parser(
+        "infer",
+        description=_TEXT,
+        help="sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, "
+        "compile, onnx, tensorrt)",
+    )
     p.add_argument("checkpoint", help="the model file (monai_fast.inference.save_checkpoint)")
     p.add_argument("data", nargs="+", help="an MSD folder with dataset.json, or NIfTI image files")
     p.add_argument("--out", default="predictions", help="folder for <name>_seg.nii.gz (default %(default)s)")
     p.add_argument("--backend", choices=BACKENDS, default="eager", help="what runs the network (default %(default)s)")
-    p.add_argument("--device", default="auto",
-                   help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)")
-    p.add_argument("--split", choices=SPLITS, default="val", help="an MSD folder's cases: the validation split of "
-                   "training (same --val-fraction and the checkpoint's seed), train, all, or the test images "
-                   "(default %(default)s)")
+    p.add_argument(
+        "--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)"
+    )
+    p.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="val",
+        help="an MSD folder's cases: the validation split of "
+        "training (same --val-fraction and the checkpoint's seed), train, all, or the test images "
+        "(default %(default)s)",
+    )
     p.add_argument("--val-fraction", type=float, default=0.25, help="as in training (default %(default)s)")
-    p.add_argument("--sw-batch-size", type=_sw_batch, help="windows per network call, or 'auto' to measure it (and the "
-                   "stitching device) on the first image's size, cached in the tuning store (default: the checkpoint's "
-                   "config)")
+    p.add_argument(
+        "--sw-batch-size",
+        type=_sw_batch,
+        help="windows per network call, or 'auto' to measure it (and the "
+        "stitching device) on the first image's size, cached in the tuning store (default: the checkpoint's "
+        "config)",
+    )
     p.add_argument("--overlap", type=float, help="sliding-window overlap in [0, 1) (default: the checkpoint's config)")
-    p.add_argument("--recipe-config", metavar="FILE", help="the RecipeConfig the network was trained with, for a "
-                   "checkpoint that holds weights only (a MONAI CheckpointSaver or Preemption file): the recipe.json "
-                   "monai-fast train writes beside model.pth, or a JSON object of RecipeConfig options; it builds the "
-                   "network and its validation chain")
-    p.add_argument("--overwrite", action="store_true", help="replace prediction files that exist already (an input "
-                   "image is never replaced)")
+    p.add_argument(
+        "--recipe-config",
+        metavar="FILE",
+        help="the RecipeConfig the network was trained with, for a "
+        "checkpoint that holds weights only (a MONAI CheckpointSaver or Preemption file): the recipe.json "
+        "monai-fast train writes beside model.pth, or a JSON object of RecipeConfig options; it builds the "
+        "network and its validation chain",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace prediction files that exist already (an input image is never replaced)",
+    )
     p.add_argument("--no-preflight", action="store_true", help="skip the check of every image before inference")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (a log line per volume instead)")
     p.set_defaults(func=_cmd_infer)

@@ -23,8 +23,15 @@ from monai_fast.race.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TI
 from monai_fast.race.scale import demo_scale, size_line
 from monai_fast.recipes.runner import RaceResult
 
-__all__ = ["DEMO_EPOCH_MULTIPLE", "DEMO_TOTAL_BUDGET_S", "ProgressPrinter", "add_race_commands", "budget_line",
-           "budget_text", "time_line"]
+__all__ = [
+    "DEMO_EPOCH_MULTIPLE",
+    "DEMO_TOTAL_BUDGET_S",
+    "ProgressPrinter",
+    "add_race_commands",
+    "budget_line",
+    "budget_text",
+    "time_line",
+]
 
 
 class ProgressPrinter(RaceEvents):
@@ -37,10 +44,21 @@ class ProgressPrinter(RaceEvents):
         print(f"== repeat {index}/{repeats}", flush=True)
 
     def tuned(self, tuning) -> None:
-        cache = "" if tuning.cache_where is None else f", cache {tuning.cache_where} ({tuning.cache_budget_mib:.0f} MiB left for it)"
-        how = " (from the tuning cache)" if tuning.from_cache else f" (tuning took {tuning.tuning_s:.1f} s, not counted below)"
-        print(f"-- tuned fast: batch_size={tuning.batch_size}, sw_batch_size={tuning.sw_batch_size}, "
-              f"val_device={tuning.val_device}, precision={tuning.precision}{cache}{how}", flush=True)
+        cache = (
+            ""
+            if tuning.cache_where is None
+            else f", cache {tuning.cache_where} ({tuning.cache_budget_mib:.0f} MiB left for it)"
+        )
+        how = (
+            " (from the tuning cache)"
+            if tuning.from_cache
+            else f" (tuning took {tuning.tuning_s:.1f} s, not counted below)"
+        )
+        print(
+            f"-- tuned fast: batch_size={tuning.batch_size}, sw_batch_size={tuning.sw_batch_size}, "
+            f"val_device={tuning.val_device}, precision={tuning.precision}{cache}{how}",
+            flush=True,
+        )
 
     def recipe_started(self, recipe: str, target: float, budget_s: float | None) -> None:
         budget = "none" if budget_s is None else f"{budget_s:.0f} s"
@@ -50,8 +68,11 @@ class ProgressPrinter(RaceEvents):
         print(f"-- {recipe}: {budget_text(budget_s, how)}", flush=True)
 
     def time_shared(self, recipe: str, budget_s: float, left_s: float) -> None:
-        print(f"-- {recipe}: up to {budget_s:.0f} s on its own clock (set-up included): its share of the "
-              f"{left_s:.0f} s left after the set-up, the others training as long beside it", flush=True)
+        print(
+            f"-- {recipe}: up to {budget_s:.0f} s on its own clock (set-up included): its share of the "
+            f"{left_s:.0f} s left after the set-up, the others training as long beside it",
+            flush=True,
+        )
 
     def recipe_finished(self, r: RaceResult) -> None:
         state = f"reached in {r.time_to_target_s:.1f} s" if r.reached else f"not reached in {r.total_s:.0f} s"
@@ -65,9 +86,9 @@ class ProgressPrinter(RaceEvents):
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from monai_fast.race.headline import format_headline
-
     from dataclasses import replace
+
+    from monai_fast.race.headline import format_headline
 
     scale = demo_scale(torch.device(resolve_device(args.device)))
     spec = race_spec(args, args.run_dir or f"runs/demo-{dt.datetime.now():%Y%m%d-%H%M%S}", scale)
@@ -84,8 +105,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(format_headline(run.meta["headline"]))
     for r in run.results:
         if r.diagnosis:
-            print(f"doctor, {r.recipe}: {r.diagnosis['verdict']}: {r.diagnosis['evidence'][0]}; "
-                  f"next: {r.diagnosis['fixes'][0]}  (report: {r.run_dir}/report.md)")
+            print(
+                f"doctor, {r.recipe}: {r.diagnosis['verdict']}: {r.diagnosis['evidence'][0]}; "
+                f"next: {r.diagnosis['fixes'][0]}  (report: {r.run_dir}/report.md)"
+            )
     print(f"\nrun folder: {run.run_dir}  (results.json, epochs.csv, dice_vs_time.png, TensorBoard events per recipe)")
     print(f"tensorboard --logdir {run.run_dir}")
     return 0
@@ -113,8 +136,11 @@ def budget_line(spec: RaceSpec) -> str:
         shared = _share_words(len(spec.recipes)) + " of the time left after the set-up"
         lead_part = f"{lead} up to {shared}" if spec.total_budget_s else f"{lead} no limit"
     max_epochs = recipe_config(spec.overrides, spec.seed).max_epochs
-    rules = [f"{m:g}x {lead}'s {what} to target" for m, what in ((spec.epoch_multiple, "epochs"),
-                                                                  (spec.budget_multiple, "time")) if m]
+    rules = [
+        f"{m:g}x {lead}'s {what} to target"
+        for m, what in ((spec.epoch_multiple, "epochs"), (spec.budget_multiple, "time"))
+        if m
+    ]
     if spec.total_budget_s:
         rule = ", ".join([*rules, *([cap] if spec.time_budget_s is not None else [])]) + ", or until the time is up"
         rule = rule.lstrip(", ")
@@ -123,8 +149,12 @@ def budget_line(spec: RaceSpec) -> str:
     if spec.epoch_multiple:
         rule += f", at most {max_epochs} epochs (--max-epochs)"
     flags = "--epoch-multiple, --budget-multiple, --time-budget" + (", --total-budget" if spec.total_budget_s else "")
-    return (f"budget: {lead_part}" + (f"; {others} {rule}" if others else "")
-            + f" ({flags})" + ("; epochs interleaved" if spec.interleave else ""))
+    return (
+        f"budget: {lead_part}"
+        + (f"; {others} {rule}" if others else "")
+        + f" ({flags})"
+        + ("; epochs interleaved" if spec.interleave else "")
+    )
 
 
 def _share_words(recipes: int) -> str:
@@ -150,8 +180,10 @@ def time_line(spec: RaceSpec) -> str | None:
     if not spec.total_budget_s:
         return None
     bound = f"{_duration(spec.total_budget_s)} ({spec.total_budget_s:.0f} s)"
-    return (f"time: at most {bound} from here on any machine: data, set-up, training of "
-            f"{' and '.join(spec.recipes)}, reports (--total-budget)")
+    return (
+        f"time: at most {bound} from here on any machine: data, set-up, training of "
+        f"{' and '.join(spec.recipes)}, reports (--total-budget)"
+    )
 
 
 def budget_text(budget_s: float, how: dict) -> str:
@@ -163,8 +195,11 @@ def budget_text(budget_s: float, how: dict) -> str:
         budget 40 epochs (fast reached the target in 8 epochs, 20.0 s; 5x its epochs), at most 600 s on its own clock
     """
     lead = how["lead"]
-    done = f"reached the target in {how['lead_epochs']} epochs, {how['lead_s']:.1f} s" if how["lead_reached"] else \
-        f"ran {how['lead_epochs']} epochs, {how['lead_s']:.1f} s without reaching it"
+    done = (
+        f"reached the target in {how['lead_epochs']} epochs, {how['lead_s']:.1f} s"
+        if how["lead_reached"]
+        else f"ran {how['lead_epochs']} epochs, {how['lead_s']:.1f} s without reaching it"
+    )
     rules = [f"{how['epoch_multiple']:g}x its epochs"] if how.get("others_epochs") else []
     rules += [f"{how['multiple']:g}x its time"] if how.get("multiple") else []
     if how.get("max_epochs") and how.get("others_epochs"):
@@ -180,7 +215,9 @@ def budget_text(budget_s: float, how: dict) -> str:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    done = bench(race_spec(args, args.run_dir), repeats=args.repeats, out_dir=args.out, events=ProgressPrinter(table=True))
+    done = bench(
+        race_spec(args, args.run_dir), repeats=args.repeats, out_dir=args.out, events=ProgressPrinter(table=True)
+    )
     print("\nsummary (medians over repeats):")
     print(json.dumps(done.summary, indent=2))
     print(f"\nwrote {done.path}")
@@ -192,14 +229,21 @@ def _cmd_tune_bundle(args: argparse.Namespace) -> int:
     from monai_fast.bundle.tune import tune_bundle
 
     try:
-        tuned = tune_bundle(args.bundle, config_files=args.bundle_config, overrides=parse_overrides(args.set),
-                            out=args.bundle_out, progress=not args.no_progress)
+        tuned = tune_bundle(
+            args.bundle,
+            config_files=args.bundle_config,
+            overrides=parse_overrides(args.set),
+            out=args.bundle_out,
+            progress=not args.no_progress,
+        )
     except BundleError as e:
         raise SystemExit(f"monai-fast tune --bundle: {e}") from e
     for key, value in tuned.overrides.items():
         print(f"{key} = {value}")
-    print(f"wrote {tuned.path}: python -m monai.bundle run --config_file \"['configs/train.json','{tuned.path}']\" "
-          f"(or monai-fast bundle run {args.bundle} --config_file ...)")
+    print(
+        f"wrote {tuned.path}: python -m monai.bundle run --config_file \"['configs/train.json','{tuned.path}']\" "
+        f"(or monai-fast bundle run {args.bundle} --config_file ...)"
+    )
     return 0
 
 
@@ -246,22 +290,37 @@ _TUNE_TEXT = (
 def add_race_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``demo``, ``bench`` and ``tune`` to the sub-command parsers ``sub``."""
     p = sub.add_parser(
-        "demo", description=_DEMO_TEXT,
+        "demo",
+        description=_DEMO_TEXT,
         help="race the fast recipe against a plain-MONAI baseline to a target Dice (at most --total-budget, "
         f"{DEMO_TOTAL_BUDGET_S:.0f} s, in all)",
     )
     add_race_options(p, budget=None, recipes=("fast", "baseline"))
-    p.add_argument("--total-budget", type=float, default=DEMO_TOTAL_BUDGET_S, metavar="S",
-                   help="the whole demo (data, set-up, both recipes, reports) ends within S seconds on any machine: "
-                   "fast trains at most a third of the time left after the set-up (the baseline as long beside it, "
-                   "in turns), then the baseline its epoch budget or until the time is up; 0: no bound (default "
-                   "%(default)g)")
-    p.add_argument("--epoch-multiple", type=float, default=DEMO_EPOCH_MULTIPLE, help="the other recipes train at most "
-                   "this many times fast's epochs to target (its epochs run when it missed), within --time-budget; a "
-                   "count of epochs, so how far their Dice curves get does not depend on the host's load; 0: no epoch "
-                   "budget (default %(default)s)")
-    p.add_argument("--budget-multiple", type=float, help="also stop the other recipes after this many times fast's "
-                   "time to target (its time run when it missed), within --time-budget (default: no such limit)")
+    p.add_argument(
+        "--total-budget",
+        type=float,
+        default=DEMO_TOTAL_BUDGET_S,
+        metavar="S",
+        help="the whole demo (data, set-up, both recipes, reports) ends within S seconds on any machine: "
+        "fast trains at most a third of the time left after the set-up (the baseline as long beside it, "
+        "in turns), then the baseline its epoch budget or until the time is up; 0: no bound (default "
+        "%(default)g)",
+    )
+    p.add_argument(
+        "--epoch-multiple",
+        type=float,
+        default=DEMO_EPOCH_MULTIPLE,
+        help="the other recipes train at most "
+        "this many times fast's epochs to target (its epochs run when it missed), within --time-budget; a "
+        "count of epochs, so how far their Dice curves get does not depend on the host's load; 0: no epoch "
+        "budget (default %(default)s)",
+    )
+    p.add_argument(
+        "--budget-multiple",
+        type=float,
+        help="also stop the other recipes after this many times fast's "
+        "time to target (its time run when it missed), within --time-budget (default: no such limit)",
+    )
     p.set_defaults(func=_cmd_demo, interleave=True)
 
     p = sub.add_parser(
@@ -271,12 +330,18 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
         "writes one JSON with all epochs, the machine and package versions, and medians.",
     )
     add_race_options(p, budget=TIME_BUDGET_S, recipes=("baseline", "monai_tutorial", "fast"))
-    p.add_argument("--repeats", type=int, default=1, help="repeats with different seeds for weights and crops (default %(default)s)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="repeats with different seeds for weights and crops (default %(default)s)",
+    )
     p.add_argument("--out", default="benchmarks/results", help="folder for the result JSON (default %(default)s)")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
-        "tune", description=_TUNE_TEXT,
+        "tune",
+        description=_TUNE_TEXT,
         help="pick fast's batch size, sliding-window batch, validation device and precision by measured throughput",
     )
     add_data_options(p)
@@ -285,12 +350,22 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="also write the result (with every trial) to this JSON file")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     b = p.add_argument_group("a MONAI bundle instead of a recipe")
-    b.add_argument("--bundle", metavar="DIR", help="tune this bundle's training batch, sliding-window batch and "
-                   "stitching device for its network and patch on this device, and write an override file the "
-                   "bundle merges as one more config (the Model Zoo's or Auto3DSeg's keys)")
-    b.add_argument("--bundle-config", help="the bundle's config file(s), as monai.bundle takes them "
-                   "(default configs/train.json)")
-    b.add_argument("--set", action="append", default=[], metavar="ID=VALUE",
-                   help="a bundle config override, as monai.bundle takes it (repeat: --set dataset_dir=/data ...)")
+    b.add_argument(
+        "--bundle",
+        metavar="DIR",
+        help="tune this bundle's training batch, sliding-window batch and "
+        "stitching device for its network and patch on this device, and write an override file the "
+        "bundle merges as one more config (the Model Zoo's or Auto3DSeg's keys)",
+    )
+    b.add_argument(
+        "--bundle-config", help="the bundle's config file(s), as monai.bundle takes them (default configs/train.json)"
+    )
+    b.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="ID=VALUE",
+        help="a bundle config override, as monai.bundle takes it (repeat: --set dataset_dir=/data ...)",
+    )
     b.add_argument("--bundle-out", help="the override file (default <DIR>/configs/tuned.json)")
     p.set_defaults(func=_cmd_tune)

@@ -42,9 +42,17 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
         problems.append(f"--grace-s must be >= 0, got {args.grace_s}")
     spec = None
     try:
-        spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                          master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                          max_restarts=args.max_restarts, rdzv_timeout_s=args.rdzv_timeout)
+        spec = LaunchSpec(
+            nproc=args.nproc,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            rdzv_endpoint=args.rdzv_endpoint,
+            rdzv_id=args.rdzv_id,
+            max_restarts=args.max_restarts,
+            rdzv_timeout_s=args.rdzv_timeout,
+        )
     except ValueError as e:
         problems.insert(0, str(e))
     if problems or spec is None:
@@ -59,7 +67,11 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
     from monai_fast.distributed.env import LAUNCHED_BY
     from monai_fast.distributed.launch import (
-        rendezvous_failure, rendezvous_timeout_message, rendezvous_wait_line, torchrun_args, torchrun_env,
+        rendezvous_failure,
+        rendezvous_timeout_message,
+        rendezvous_wait_line,
+        torchrun_args,
+        torchrun_env,
     )
     from monai_fast.distributed.supervise import NoRankStarted, supervise
 
@@ -67,13 +79,27 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     # each rank runs the script through monai_fast.distributed.launched (which stops a second spawn);
     # torchrun's own shutdown wait (should it be signalled itself, e.g. by a cgroup-wide stop) matches --grace-s
     target = ["-m", args.script] if args.module else [args.script]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(spec), "-m", "monai_fast.distributed.launched",
-           *target, *args.script_args]
-    env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s)),
-           **torchrun_env(spec)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *torchrun_args(spec),
+        "-m",
+        "monai_fast.distributed.launched",
+        *target,
+        *args.script_args,
+    ]
+    env = {
+        **os.environ,
+        LAUNCHED_BY: str(args.nproc),
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s)),
+        **torchrun_env(spec),
+    }
     logger.info("running %s", " ".join(cmd))
     with tempfile.TemporaryDirectory(prefix="monai-fast-launch-") as tmp:
-        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(tmp, "torchrun-error.json")  # torchrun's own error (ranks get theirs)
+        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(
+            tmp, "torchrun-error.json"
+        )  # torchrun's own error (ranks get theirs)
         wait_line = rendezvous_wait_line(spec)
         if wait_line:
             logger.info("%s", wait_line)
@@ -108,10 +134,18 @@ def _cmd_sbatch(args: argparse.Namespace) -> int:
 
     try:
         spec = SbatchSpec(
-            _after_dashes(args.command), nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-            tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task, time=args.time,
-            requeue=not args.no_requeue, signal_lead_s=args.signal_lead, job_name=args.job_name,
-            partition=args.partition, account=args.account, mem=args.mem,
+            _after_dashes(args.command),
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            tasks_per_node=args.tasks_per_node,
+            cpus_per_task=args.cpus_per_task,
+            time=args.time,
+            requeue=not args.no_requeue,
+            signal_lead_s=args.signal_lead,
+            job_name=args.job_name,
+            partition=args.partition,
+            account=args.account,
+            mem=args.mem,
         )
     except ValueError as e:
         raise SystemExit(f"monai-fast sbatch: {e}") from e
@@ -124,10 +158,19 @@ def _cmd_k8s(args: argparse.Namespace) -> int:
 
     try:
         spec = PyTorchJobSpec(
-            _after_dashes(args.script), image=args.image, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-            procs_per_node=args.procs_per_node, cpus_per_node=args.cpus_per_node, memory=args.memory,
-            job_name=args.job_name, namespace=args.namespace, grace_s=args.grace_s, backoff_limit=args.backoff_limit,
-            volume_claim=args.volume_claim, mount_path=args.mount_path,
+            _after_dashes(args.script),
+            image=args.image,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            procs_per_node=args.procs_per_node,
+            cpus_per_node=args.cpus_per_node,
+            memory=args.memory,
+            job_name=args.job_name,
+            namespace=args.namespace,
+            grace_s=args.grace_s,
+            backoff_limit=args.backoff_limit,
+            volume_claim=args.volume_claim,
+            mount_path=args.mount_path,
         )
     except ValueError as e:
         raise SystemExit(f"monai-fast k8s: {e}") from e
@@ -161,18 +204,32 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     wsi = args.kind == "wsi"
     shape = args.shape or ((4096, 4096) if wsi else (128, 128, 64))
     if len(shape) != (2 if wsi else 3):
-        raise SystemExit(f"monai-fast synth: --shape: --kind {args.kind} takes {'2 sizes (rows columns)' if wsi else '3 sizes (X Y Z)'}, "
-                         f"got {len(shape)}")
+        raise SystemExit(
+            f"monai-fast synth: --shape: --kind {args.kind} takes {'2 sizes (rows columns)' if wsi else '3 sizes (X Y Z)'}, "
+            f"got {len(shape)}"
+        )
     cases = args.cases if args.cases is not None else (4 if wsi else 16)
     try:
         if wsi:
-            root = generate_wsi(args.out, num_slides=cases, size=shape, tile=args.tile, levels=args.levels, patch_size=args.patch,
-                                seed=args.seed, progress=not args.no_progress)
+            root = generate_wsi(
+                args.out,
+                num_slides=cases,
+                size=shape,
+                tile=args.tile,
+                levels=args.levels,
+                patch_size=args.patch,
+                seed=args.seed,
+                progress=not args.no_progress,
+            )
         else:
-            root = generate_msd(args.out, kind=args.kind, num_cases=cases, shape=shape, seed=args.seed, progress=not args.no_progress)
+            root = generate_msd(
+                args.out, kind=args.kind, num_cases=cases, shape=shape, seed=args.seed, progress=not args.no_progress
+            )
     except ValueError as e:  # a bad size, named by the generator
         raise SystemExit(f"monai-fast synth: {e}") from e
-    print(f"wrote {cases} {args.kind} {'slides (pyramidal TIFF, masks, patches.csv, dataset.json)' if wsi else 'cases in MSD layout'} to {root}")
+    print(
+        f"wrote {cases} {args.kind} {'slides (pyramidal TIFF, masks, patches.csv, dataset.json)' if wsi else 'cases in MSD layout'} to {root}"
+    )
     return 0
 
 
@@ -207,25 +264,55 @@ _SBATCH_TEXT = (
 def _add_launch(sub: argparse._SubParsersAction) -> None:
     from monai_fast.distributed.launch import DEFAULT_RDZV_TIMEOUT_S
 
-    p = sub.add_parser("launch", description=_LAUNCH_TEXT,
-                       help="run a training script on N processes per node through torchrun, on one node or several "
-                       "(DDP: gloo on CPU, NCCL on GPUs)")
-    p.add_argument("--nproc", type=int, default=2, help="processes to start (default %(default)s; one per GPU on a GPU machine)")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes in the job; run this command on each (default %(default)s)")
-    p.add_argument("--node-rank", type=int, help="static rendezvous: this node's index, 0 to NNODES-1 (0 on --master-addr)")
+    p = sub.add_parser(
+        "launch",
+        description=_LAUNCH_TEXT,
+        help="run a training script on N processes per node through torchrun, on one node or several "
+        "(DDP: gloo on CPU, NCCL on GPUs)",
+    )
+    p.add_argument(
+        "--nproc", type=int, default=2, help="processes to start (default %(default)s; one per GPU on a GPU machine)"
+    )
+    p.add_argument(
+        "--nnodes", type=int, default=1, help="nodes in the job; run this command on each (default %(default)s)"
+    )
+    p.add_argument(
+        "--node-rank", type=int, help="static rendezvous: this node's index, 0 to NNODES-1 (0 on --master-addr)"
+    )
     p.add_argument("--master-addr", help="static rendezvous: node 0's address, reachable from every node")
-    p.add_argument("--master-port", type=int, help="static rendezvous: a free port on node 0 (default 29500, torchrun's)")
+    p.add_argument(
+        "--master-port", type=int, help="static rendezvous: a free port on node 0 (default 29500, torchrun's)"
+    )
     p.add_argument("--rdzv-endpoint", help="c10d rendezvous: HOST:PORT every node reaches (instead of --master-addr)")
     p.add_argument("--rdzv-id", help="c10d rendezvous: the job's name, the same on every node")
-    p.add_argument("--rdzv-timeout", type=float, default=DEFAULT_RDZV_TIMEOUT_S, metavar="S",
-                   help="seconds to wait for the rendezvous (every node met, ranks started) before stopping with one "
-                   "line naming the endpoint (default %(default)g, torchrun's)")
-    p.add_argument("--max-restarts", type=int, default=0, help="when a rank dies, restart all ranks up to this many times; "
-                   "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)")
-    p.add_argument("--grace-s", type=float, default=120.0, help="on SIGTERM, SIGINT or SIGUSR1 (passed on to every "
-                   "rank), seconds the ranks may take to checkpoint and stop before they are killed (default %(default)s)")
-    p.add_argument("-m", "--module", action="store_true",
-                   help="SCRIPT is a module, run as python -m SCRIPT (e.g. -m monai_fast bundle run BUNDLE_DIR)")
+    p.add_argument(
+        "--rdzv-timeout",
+        type=float,
+        default=DEFAULT_RDZV_TIMEOUT_S,
+        metavar="S",
+        help="seconds to wait for the rendezvous (every node met, ranks started) before stopping with one "
+        "line naming the endpoint (default %(default)g, torchrun's)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="when a rank dies, restart all ranks up to this many times; "
+        "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)",
+    )
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=120.0,
+        help="on SIGTERM, SIGINT or SIGUSR1 (passed on to every "
+        "rank), seconds the ranks may take to checkpoint and stop before they are killed (default %(default)s)",
+    )
+    p.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="SCRIPT is a module, run as python -m SCRIPT (e.g. -m monai_fast bundle run BUNDLE_DIR)",
+    )
     p.add_argument("script", help="the training script (or, with -m, the module)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(func=_cmd_launch)
@@ -234,17 +321,31 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
 def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str, nodes_help: str) -> None:
     """Nodes and ranks per node, the same for every job writer (sbatch, k8s); ``nodes_help`` says what a node is there."""
     p.add_argument("--nodes", type=int, default=nodes, help=f"{nodes_help} (default %(default)s)")
-    p.add_argument("--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)")
-    p.add_argument(cpu_ranks_flag, type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)"
+    )
+    p.add_argument(
+        cpu_ranks_flag, type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)"
+    )
 
 
 def _add_sbatch(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sbatch", description=_SBATCH_TEXT,
-                       help="write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit")
+    p = sub.add_parser(
+        "sbatch",
+        description=_SBATCH_TEXT,
+        help="write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit",
+    )
     _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node", nodes_help="nodes to allocate (#SBATCH --nodes)")
-    p.add_argument("--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)")
+    p.add_argument(
+        "--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)"
+    )
     p.add_argument("--time", default="04:00:00", help="wall-clock limit (default %(default)s)")
-    p.add_argument("--signal-lead", type=int, default=120, help="seconds before the limit to send SIGUSR1; 0: none (default %(default)s)")
+    p.add_argument(
+        "--signal-lead",
+        type=int,
+        default=120,
+        help="seconds before the limit to send SIGUSR1; 0: none (default %(default)s)",
+    )
     p.add_argument("--no-requeue", action="store_true", help="do not let SLURM requeue the job")
     p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
     p.add_argument("--partition", help="SLURM partition")
@@ -267,20 +368,34 @@ _K8S_TEXT = (
 
 
 def _add_k8s(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("k8s", description=_K8S_TEXT,
-                       help="write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace")
+    p = sub.add_parser(
+        "k8s",
+        description=_K8S_TEXT,
+        help="write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace",
+    )
     p.add_argument("--image", required=True, help="container image with monai-fast installed")
     _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node", nodes_help="nodes, one pod each")
     p.add_argument("--cpus-per-node", type=int, default=8, help="CPU cores per pod (default %(default)s)")
     p.add_argument("--memory", help="memory per pod, e.g. 64Gi")
     p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
     p.add_argument("--namespace", help="Kubernetes namespace (default: kubectl's current one)")
-    p.add_argument("--grace-s", type=int, default=120, help="seconds the ranks get to checkpoint after SIGTERM (default %(default)s)")
-    p.add_argument("--backoff-limit", type=int, default=3, help="pod restarts before the job fails (default %(default)s)")
+    p.add_argument(
+        "--grace-s",
+        type=int,
+        default=120,
+        help="seconds the ranks get to checkpoint after SIGTERM (default %(default)s)",
+    )
+    p.add_argument(
+        "--backoff-limit", type=int, default=3, help="pod restarts before the job fails (default %(default)s)"
+    )
     p.add_argument("--volume-claim", help="PersistentVolumeClaim (ReadWriteMany) for data, checkpoints and records")
-    p.add_argument("--mount-path", default="/workspace/run", help="where --volume-claim is mounted (default %(default)s)")
+    p.add_argument(
+        "--mount-path", default="/workspace/run", help="where --volume-claim is mounted (default %(default)s)"
+    )
     p.add_argument("--out", help="write the manifest here instead of printing it")
-    p.add_argument("script", nargs=argparse.REMAINDER, help="the training script (in the image) and its arguments, after '--'")
+    p.add_argument(
+        "script", nargs=argparse.REMAINDER, help="the training script (in the image) and its arguments, after '--'"
+    )
     p.set_defaults(func=_cmd_k8s)
 
 
@@ -297,21 +412,44 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
         "report.md with PNG plots into the run folder. Needs only the record: diagnose a cluster run on a laptop.",
     )
     p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")
-    p.add_argument("--data-threshold", type=float, default=0.2, help="data-wait share that makes a run data-bound (default %(default)s)")
-    p.add_argument("--util-low", type=float, default=60.0, help="mean GPU utilisation %% below which a GPU counts as idle (default %(default)s)")
-    p.add_argument("--apply", action="store_true",
-                   help="also print the exact FastTraining(...) line for this run, and the code changes it cannot make")
+    p.add_argument(
+        "--data-threshold",
+        type=float,
+        default=0.2,
+        help="data-wait share that makes a run data-bound (default %(default)s)",
+    )
+    p.add_argument(
+        "--util-low",
+        type=float,
+        default=60.0,
+        help="mean GPU utilisation %% below which a GPU counts as idle (default %(default)s)",
+    )
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="also print the exact FastTraining(...) line for this run, and the code changes it cannot make",
+    )
     p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser("synth", help="write a synthetic data set: MSD layout (3D) or Camelyon-like whole-slide images (--kind wsi)",
-                       description="Write imagesTr/, labelsTr/ and dataset.json like an MSD task; or, with --kind wsi, "
-                       "pyramidal tiled TIFF slides with tumour regions, their tissue and tumour masks, patches.csv and a "
-                       "dataset.json of patch locations and labels for MONAI's PatchWSIDataset.")
+    p = sub.add_parser(
+        "synth",
+        help="write a synthetic data set: MSD layout (3D) or Camelyon-like whole-slide images (--kind wsi)",
+        description="Write imagesTr/, labelsTr/ and dataset.json like an MSD task; or, with --kind wsi, "
+        "pyramidal tiled TIFF slides with tumour regions, their tissue and tumour masks, patches.csv and a "
+        "dataset.json of patch locations and labels for MONAI's PatchWSIDataset.",
+    )
     p.add_argument("out", help="output folder")
-    p.add_argument("--kind", choices=("spleen-like", "brats-like", "wsi"), default="spleen-like", help="(default %(default)s)")
+    p.add_argument(
+        "--kind", choices=("spleen-like", "brats-like", "wsi"), default="spleen-like", help="(default %(default)s)"
+    )
     p.add_argument("--cases", type=int, help="cases, or slides for wsi (default 16; wsi: 4)")
-    p.add_argument("--shape", type=int, nargs="+", metavar="N",
-                   help="volume size X Y Z (default 128 128 64); wsi: level-0 rows columns (default 4096 4096)")
+    p.add_argument(
+        "--shape",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="volume size X Y Z (default 128 128 64); wsi: level-0 rows columns (default 4096 4096)",
+    )
     p.add_argument("--tile", type=int, default=256, help="wsi: TIFF tile size (default %(default)s)")
     p.add_argument("--levels", type=int, default=3, help="wsi: pyramid levels (default %(default)s)")
     p.add_argument("--patch", type=int, default=96, help="wsi: patch size of the patch grid (default %(default)s)")

@@ -81,30 +81,58 @@ def _train_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     add_data_options(parser)
     g = parser.add_argument_group("training")
-    g.add_argument("--channel", help="in a SageMaker job: the input channel to train on (its folder is "
-                   "SM_CHANNEL_<NAME>; default: the job's only channel, else 'training')")
+    g.add_argument(
+        "--channel",
+        help="in a SageMaker job: the input channel to train on (its folder is "
+        "SM_CHANNEL_<NAME>; default: the job's only channel, else 'training')",
+    )
     g.add_argument("--recipe", choices=RECIPES, default="fast", help="the recipe to train (default %(default)s)")
-    g.add_argument("--network", choices=NETWORKS, default="unet",
-                   help="MONAI's UNet or SegResNet (init_filters = the first of --channels) (default %(default)s)")
-    g.add_argument("--dropout", type=float, default=0.0, help="dropout probability of the network (default %(default)s)")
+    g.add_argument(
+        "--network",
+        choices=NETWORKS,
+        default="unet",
+        help="MONAI's UNet or SegResNet (init_filters = the first of --channels) (default %(default)s)",
+    )
+    g.add_argument(
+        "--dropout", type=float, default=0.0, help="dropout probability of the network (default %(default)s)"
+    )
     g.add_argument("--optimizer", choices=OPTIMIZERS, help="default: the recipe's own (fast: adamw)")
     g.add_argument("--lr", "--learning-rate", type=float, help="learning rate (default: the optimizer's default here)")
     g.add_argument("--max-epochs", "--epochs", type=int, default=100, help="epochs to train (default %(default)s)")
-    g.add_argument("--target", type=float, default=1.0,
-                   help="stop once validation mean Dice reaches this, in (0, 1] (default %(default)s: run every epoch)")
+    g.add_argument(
+        "--target",
+        type=float,
+        default=1.0,
+        help="stop once validation mean Dice reaches this, in (0, 1] (default %(default)s: run every epoch)",
+    )
     g.add_argument("--time-budget", type=float, help="stop after this many seconds (default: no limit)")
     add_validation_options(g)
     add_model_options(parser, race=True)
     g = parser.add_argument_group("output")
-    g.add_argument("--output-dir", help="run record, report, results and plots (default $SM_OUTPUT_DATA_DIR, else runs/train-<time>)")
-    g.add_argument("--model-dir", help="the final model.pth and recipe.json (default $SM_MODEL_DIR, else <output-dir>/model)")
-    g.add_argument("--tensorboard-dir", help="also write TensorBoard loss and Dice here (default in SageMaker: "
-                   "$SM_OUTPUT_DIR/tensorboard, where its TensorBoardOutputConfig collects them; else only <output-dir>/<recipe>)")
-    g.add_argument("--checkpoint-dir", help="make the run preemption-safe: on SIGTERM/SIGUSR1 (a spot reclaim, scancel) "
-                   "finish the iteration, checkpoint here and exit 143; the same command resumes from here (default in "
-                   "SageMaker: /opt/ml/checkpoints when the job has checkpointing configured)")
-    g.add_argument("--save-every", type=int, help="with a checkpoint folder, also checkpoint every N iterations, so a crash "
-                   "loses at most N (default: only on a signal)")
+    g.add_argument(
+        "--output-dir",
+        help="run record, report, results and plots (default $SM_OUTPUT_DATA_DIR, else runs/train-<time>)",
+    )
+    g.add_argument(
+        "--model-dir", help="the final model.pth and recipe.json (default $SM_MODEL_DIR, else <output-dir>/model)"
+    )
+    g.add_argument(
+        "--tensorboard-dir",
+        help="also write TensorBoard loss and Dice here (default in SageMaker: "
+        "$SM_OUTPUT_DIR/tensorboard, where its TensorBoardOutputConfig collects them; else only <output-dir>/<recipe>)",
+    )
+    g.add_argument(
+        "--checkpoint-dir",
+        help="make the run preemption-safe: on SIGTERM/SIGUSR1 (a spot reclaim, scancel) "
+        "finish the iteration, checkpoint here and exit 143; the same command resumes from here (default in "
+        "SageMaker: /opt/ml/checkpoints when the job has checkpointing configured)",
+    )
+    g.add_argument(
+        "--save-every",
+        type=int,
+        help="with a checkpoint folder, also checkpoint every N iterations, so a crash "
+        "loses at most N (default: only on a signal)",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs)")
     return parser
 
@@ -133,8 +161,9 @@ def hyperparameter_values(hyperparameters: dict[str, Any], source: str) -> dict[
         >>> hyperparameter_values({"epochs": 2, "network": "segresnet", "patch_size": "32 32 32"}, "SM_HPS")
         {'max_epochs': 2, 'network': 'segresnet', 'patch_size': [32, 32, 32]}
     """
-    parser = _train_parser(argparse.ArgumentParser(prog="monai-fast train", exit_on_error=False, add_help=False,
-                                                   allow_abbrev=False))
+    parser = _train_parser(
+        argparse.ArgumentParser(prog="monai-fast train", exit_on_error=False, add_help=False, allow_abbrev=False)
+    )
     defaults = vars(parser.parse_args([]))
     values: dict[str, Any] = {}
     for name, value in hyperparameters.items():
@@ -146,7 +175,11 @@ def hyperparameter_values(hyperparameters: dict[str, Any], source: str) -> dict[
         except argparse.ArgumentError as e:
             raise SystemExit(f"{where}: {e}") from None
         if extra:
-            why = "is not an option of monai-fast train" if extra[0].startswith("--") else f"takes no value, got {value!r}"
+            why = (
+                "is not an option of monai-fast train"
+                if extra[0].startswith("--")
+                else f"takes no value, got {value!r}"
+            )
             raise SystemExit(f"{where}: {why} (see monai-fast train --help)")
         values.update({k: v for k, v in vars(parsed).items() if v != defaults[k]})
     return values
@@ -164,8 +197,10 @@ def _merged(args: argparse.Namespace, sm: SageMakerEnv) -> argparse.Namespace:
             read = ", ".join(sm.variables) or "hyperparameters.json"
             raise SystemExit(f"monai-fast train: SageMaker job (read: {read}): {e}; or give --data-dir") from None
     elif merged.get("channel") is not None and not sm.present:
-        raise SystemExit(f"monai-fast train: --channel {merged['channel']} names a SageMaker input channel, but no "
-                         "SageMaker variable (SM_*) is set; give --data-dir")
+        raise SystemExit(
+            f"monai-fast train: --channel {merged['channel']} names a SageMaker input channel, but no "
+            "SageMaker variable (SM_*) is set; give --data-dir"
+        )
     if merged.get("device") == "auto" and sm.num_gpus == 0:
         merged["device"] = "cpu"
     return argparse.Namespace(**merged)
@@ -177,10 +212,17 @@ def _outputs(args: argparse.Namespace, sm: SageMakerEnv) -> _Outputs:
     tensorboard = args.tensorboard_dir or sm.tensorboard_dir
     checkpoints = args.checkpoint_dir or sm.checkpoint_dir
     if args.save_every is not None and (args.save_every < 1 or not checkpoints):
-        raise SystemExit("monai-fast train: --save-every needs a whole number >= 1 and a --checkpoint-dir, got "
-                         f"{args.save_every} and {checkpoints}")
-    return _Outputs(output, model, Path(tensorboard) if tensorboard else None, Path(checkpoints) if checkpoints else None,
-                    args.save_every)
+        raise SystemExit(
+            "monai-fast train: --save-every needs a whole number >= 1 and a --checkpoint-dir, got "
+            f"{args.save_every} and {checkpoints}"
+        )
+    return _Outputs(
+        output,
+        model,
+        Path(tensorboard) if tensorboard else None,
+        Path(checkpoints) if checkpoints else None,
+        args.save_every,
+    )
 
 
 def _attach_tensorboard(built: Any, folder: Path) -> Any:
@@ -190,10 +232,15 @@ def _attach_tensorboard(built: Any, folder: Path) -> Any:
 
     folder.mkdir(parents=True, exist_ok=True)
     writer = SummaryWriter(log_dir=str(folder))
-    TensorBoardStatsHandler(summary_writer=writer, tag_name="train/loss",
-                            output_transform=from_engine(["loss"], first=True)).attach(built.trainer)
-    TensorBoardStatsHandler(summary_writer=writer, iteration_log=False, output_transform=lambda out: None,
-                            global_epoch_transform=lambda _: built.trainer.state.epoch).attach(built.evaluator)
+    TensorBoardStatsHandler(
+        summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
+    ).attach(built.trainer)
+    TensorBoardStatsHandler(
+        summary_writer=writer,
+        iteration_log=False,
+        output_transform=lambda out: None,
+        global_epoch_transform=lambda _: built.trainer.state.epoch,
+    ).attach(built.evaluator)
     return writer
 
 
@@ -226,8 +273,11 @@ def _preemption(built: Any, out: _Outputs) -> Any:
     """:class:`~monai_fast.handlers.Preemption` on ``built``'s trainer (model, optimizer, trainer), resumed from its folder."""
     from monai_fast.handlers import Preemption
 
-    preemption = Preemption({"trainer": built.trainer, "model": built.network, "optimizer": built.optimizer},
-                            out.checkpoint_dir, save_every=out.save_every)
+    preemption = Preemption(
+        {"trainer": built.trainer, "model": built.network, "optimizer": built.optimizer},
+        out.checkpoint_dir,
+        save_every=out.save_every,
+    )
     preemption.attach(built.trainer)  # takes over a signal caught during set-up: the run stops at its start
     preemption.resume()  # nothing to resume on a first start
     return preemption
@@ -237,15 +287,17 @@ def _stopped_message(preemption: Any, iteration: int, folder: Path | None) -> st
     """What a stopped run says: the checkpoint written, or why none was needed."""
     name = preemption.stop_signal.name
     if iteration == (preemption.resumed_from or 0):  # signalled before any training in this start
-        where = (f"the checkpoint at iteration {iteration} in {folder}" if preemption.resumed_from
-                 else "the start")
-        return (f"preempted: {name} before training started, nothing new to checkpoint; the same command starts "
-                f"again from {where}")
+        where = f"the checkpoint at iteration {iteration} in {folder}" if preemption.resumed_from else "the start"
+        return (
+            f"preempted: {name} before training started, nothing new to checkpoint; the same command starts "
+            f"again from {where}"
+        )
     return f"preempted: checkpointed at iteration {iteration} in {folder}; the same command resumes from there"
 
 
-def _write_outputs(run: Any, lead: bool, out: _Outputs, plan: Any, data_root: Any,
-                   spec: Any) -> tuple[Any, Path | None, list[str]]:
+def _write_outputs(
+    run: Any, lead: bool, out: _Outputs, plan: Any, data_root: Any, spec: Any
+) -> tuple[Any, Path | None, list[str]]:
     """After training: the model first, then epochs.csv, the doctor's report and the results, each on its own.
 
     A write that fails (a full disk) is named and the others still run; returns the result, the model's file and
@@ -326,8 +378,17 @@ def _train_owned(spec: Any, out: _Outputs, plan: Any, lead: bool) -> None:
     from monai_fast.recipes.runner import TargetRun
 
     data_root, train_files, val_files = checked_data(spec)  # a --data-dir URL is read from object storage
-    run = TargetRun(spec.recipes[0], train_files, val_files, plan.config, plan.device, spec.target, spec.time_budget_s,
-                    plan.run_dir if lead else None, spec.progress and lead)
+    run = TargetRun(
+        spec.recipes[0],
+        train_files,
+        val_files,
+        plan.config,
+        plan.device,
+        spec.target,
+        spec.time_budget_s,
+        plan.run_dir if lead else None,
+        spec.progress and lead,
+    )
     writer = _attach_tensorboard(run.built, out.tensorboard_dir) if lead and out.tensorboard_dir else None
     preemption = _preemption(run.built, out) if out.checkpoint_dir is not None else None
     if preemption is None:
@@ -347,12 +408,17 @@ def _train_owned(spec: Any, out: _Outputs, plan: Any, lead: bool) -> None:
     if not lead:
         return
     dice = "none" if result.best_dice is None else f"{result.best_dice:.3f}"
-    print(f"trained {result.recipe} ({plan.config.network}) for {result.epochs_run} epochs in {result.total_s:.1f} s "
-          f"on {result.device}: best validation Dice {dice}", flush=True)
+    print(
+        f"trained {result.recipe} ({plan.config.network}) for {result.epochs_run} epochs in {result.total_s:.1f} s "
+        f"on {result.device}: best validation Dice {dice}",
+        flush=True,
+    )
     if result.diagnosis:
         report = Path(result.run_dir or "") / "report.md"
-        print(f"doctor: {result.diagnosis['verdict']}: {result.diagnosis['evidence'][0]}  "
-              f"(report: {report if report.is_file() else 'not written'})")
+        print(
+            f"doctor: {result.diagnosis['verdict']}: {result.diagnosis['evidence'][0]}  "
+            f"(report: {report if report.is_file() else 'not written'})"
+        )
     results = Path(plan.run_dir) / "results.json"
     print(f"model: {model or 'not written'}\nresults: {results if results.is_file() else 'not written'}")
     if out.tensorboard_dir:
@@ -407,8 +473,10 @@ def _launch_hosts(sm: SageMakerEnv) -> int:
 
 def add_train_command(sub: argparse._SubParsersAction) -> None:
     """Add ``train`` to the sub-command parsers ``sub``."""
-    p = sub.add_parser("train", description=_TEXT,
-                       help="train one recipe and save the model; SageMaker's channels, model dir and hyperparameters when present")
+    p = sub.add_parser(
+        "train",
+        description=_TEXT,
+        help="train one recipe and save the model; SageMaker's channels, model dir and hyperparameters when present",
+    )
     _train_parser(p)
     p.set_defaults(func=_cmd_train, tune=False)
-

@@ -59,7 +59,14 @@ from monai.data import (
     pad_list_data_collate,
 )
 from monai.transforms import Compose
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, default_collate
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    default_collate,
+)
 
 from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
 from monai_fast.data.loaders import SafeThreadDataLoader
@@ -78,9 +85,24 @@ _CACHES = (CacheDataset, PersistentDataset, SmartCacheDataset)
 #: MONAI's classes whose item is ``transform(data[index])`` (cached or not, a SmartCache's over its window)
 KNOWN_ITEM_PATHS: tuple[type, ...] = (Dataset, CacheDataset, PersistentDataset, SmartCacheDataset)
 _ITEM_PATH = ("__getitem__", "__getitems__", "_transform", "__len__")
-_ROTATION = ("set_data", "randomize", "is_started", "start", "update_cache", "shutdown", "manage_replacement",
-             "_load_cache_item", "_fill_cache", "_restart", "_try_update_cache", "_try_shutdown", "_compute_data_idx",
-             "_replace_cache_thread", "_compute_replacements", "_try_manage_replacement")
+_ROTATION = (
+    "set_data",
+    "randomize",
+    "is_started",
+    "start",
+    "update_cache",
+    "shutdown",
+    "manage_replacement",
+    "_load_cache_item",
+    "_fill_cache",
+    "_restart",
+    "_try_update_cache",
+    "_try_shutdown",
+    "_compute_data_idx",
+    "_replace_cache_thread",
+    "_compute_replacements",
+    "_try_manage_replacement",
+)
 
 
 def _own_methods(dataset: Any, names: tuple[str, ...]) -> list[str]:
@@ -118,8 +140,10 @@ def unknown_item_path(dataset: Any, rotation: bool = False) -> str | None:
         return None
     names = ", ".join(sorted({o.rsplit(".", 1)[1] for o in own}))
     what = "its items or their rotation" if rotation else "its items"
-    return (f"the data set's class {type(dataset).__name__} has its own {names} ({', '.join(own)}): {what} may "
-            "differ from MONAI's transform(data[i]), so it is not rebuilt from .data and .transform")
+    return (
+        f"the data set's class {type(dataset).__name__} has its own {names} ({', '.join(own)}): {what} may "
+        "differ from MONAI's transform(data[i]), so it is not rebuilt from .data and .transform"
+    )
 
 
 @dataclass
@@ -158,8 +182,10 @@ def why_not_adoptable(loader: Any, force_thread: bool = False) -> str | None:
         return f"a custom sampler ({type(loader.sampler).__name__}) decides the order"
     if not force_thread and loader.collate_fn not in THREAD_SAFE_COLLATES:
         name = getattr(loader.collate_fn, "__qualname__", type(loader.collate_fn).__name__)
-        return (f"the collate function {name} is not known to be thread-safe "
-                "(pass loader='thread' to run it in the loader thread anyway)")
+        return (
+            f"the collate function {name} is not known to be thread-safe "
+            "(pass loader='thread' to run it in the loader thread anyway)"
+        )
     return None
 
 
@@ -168,8 +194,10 @@ def _order(loader: DataLoader) -> tuple[list | None, bool, torch.Generator | Non
     sampler = loader.sampler
     if isinstance(sampler, DistributedSampler):
         items = rank_partition(list(loader.dataset.data), sampler.rank, sampler.num_replicas, seed=sampler.seed)
-        note = (f"DistributedSampler -> this rank's partition ({len(items)} of {len(loader.dataset.data)} items, "
-                f"rank {sampler.rank} of {sampler.num_replicas}), cached by this rank only")
+        note = (
+            f"DistributedSampler -> this rank's partition ({len(items)} of {len(loader.dataset.data)} items, "
+            f"rank {sampler.rank} of {sampler.num_replicas}), cached by this rank only"
+        )
         return items, sampler.shuffle, None, note
     if isinstance(sampler, RandomSampler):
         return None, True, sampler.generator, "shuffled as before"
@@ -231,19 +259,32 @@ def adopt_loader(
                 notes[0] += f" (its rotation stays MONAI's: {why})"
         else:
             data = items if items is not None else list(ds.data)
-            plan = plan_cache(ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform]), data, device,
-                              gpu_budget=gpu_budget, ram_budget=ram_budget, disk_budget=disk_budget, cache_dir=cache_dir)
+            plan = plan_cache(
+                ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform]),
+                data,
+                device,
+                gpu_budget=gpu_budget,
+                ram_budget=ram_budget,
+                disk_budget=disk_budget,
+                cache_dir=cache_dir,
+            )
             plan = plan if cache == "auto" else force_plan(plan, cache)
             dataset, where = _build(plan, data, ds.transform, cache_threads, progress, background, after), plan.where
             workers = 0 if plan.where in ("gpu", "ram", "smartcache") else loader.num_workers
             notes = [plan.reasons[-1]]
-        new = SafeThreadDataLoader(dataset, batch_size=loader.batch_size, drop_last=loader.drop_last,
-                                   collate_fn=loader.collate_fn, num_workers=workers,
-                                   **fill_order_options(dataset, shuffle, generator))
-    notes.append(f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}, "
-                 f"{workers} worker processes)")
+        new = SafeThreadDataLoader(
+            dataset,
+            batch_size=loader.batch_size,
+            drop_last=loader.drop_last,
+            collate_fn=loader.collate_fn,
+            num_workers=workers,
+            **fill_order_options(dataset, shuffle, generator),
+        )
+    notes.append(
+        f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}, "
+        f"{workers} worker processes)"
+    )
     return AdoptedData(new, dataset, plan, where, notes)
-
 
 
 def _adoptable_smartcache(ds: SmartCacheDataset) -> bool:
@@ -256,19 +297,24 @@ def _adopt_smartcache(ds: SmartCacheDataset, items: list | None, sampler: Any) -
     timeout = ds._rotation.timeout_s if isinstance(ds, SafeSmartCacheDataset) else 300.0
     if items is None:
         safe = SafeSmartCacheDataset.adopt(ds, timeout_s=timeout)
-        note = (f"the data set is a MONAI {type(ds).__name__}: its items, window of {safe.cache_num}, "
-                f"{safe.replace_num} replacements per epoch and random state adopted into a SafeSmartCacheDataset "
-                "(bounded waits, named errors, resumable); the cached window handed over, no second cache")
+        note = (
+            f"the data set is a MONAI {type(ds).__name__}: its items, window of {safe.cache_num}, "
+            f"{safe.replace_num} replacements per epoch and random state adopted into a SafeSmartCacheDataset "
+            "(bounded waits, named errors, resumable); the cached window handed over, no second cache"
+        )
     else:
         share = min(len(items), math.ceil(ds.cache_num / sampler.num_replicas))
         safe = SafeSmartCacheDataset.adopt(ds, data=items, cache_num=share, timeout_s=timeout)
-        note = (f"the data set is a {type(ds).__name__}: this rank rotates its partition in a SafeSmartCacheDataset "
-                f"caching {share} of the window's {ds.cache_num} items, {safe.replace_num} replaced per epoch")
+        note = (
+            f"the data set is a {type(ds).__name__}: this rank rotates its partition in a SafeSmartCacheDataset "
+            f"caching {share} of the window's {ds.cache_num} items, {safe.replace_num} replaced per epoch"
+        )
     return safe, None, "smartcache", 0, [note]
 
 
-def _build(plan: CachePlan, data: list, transform: Any, cache_threads: int | None, progress: bool,
-           background: bool, after: Any) -> Any:
+def _build(
+    plan: CachePlan, data: list, transform: Any, cache_threads: int | None, progress: bool, background: bool, after: Any
+) -> Any:
     transform = transform if isinstance(transform, Compose) else Compose([transform])
     spare = (os.cpu_count() or 2) - 1 if background and plan.where in ("gpu", "ram") else (os.cpu_count() or 1)
     threads = cache_threads if cache_threads is not None else max(1, spare)  # background: the trainer keeps a core

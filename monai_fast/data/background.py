@@ -74,8 +74,14 @@ def _stop_all() -> None:  # a thread inside torch code at interpreter exit abort
 class _Fill:
     """The cache's container (MONAI's ``runtime_cache``) and the threads filling it."""
 
-    def __init__(self, load: Callable[[int], Any], describe: Callable[[int], str], workers: int,
-                 device: torch.device | None, after: _Fill | None) -> None:
+    def __init__(
+        self,
+        load: Callable[[int], Any],
+        describe: Callable[[int], str],
+        workers: int,
+        device: torch.device | None,
+        after: _Fill | None,
+    ) -> None:
         self.load, self.describe, self.workers, self.after = load, describe, workers, after
         self.device = device
         self.items: list[Any] = []
@@ -122,8 +128,10 @@ class _Fill:
         self.items, self.state, self.cursor, self.done = [None] * n, [_PENDING] * n, 0, 0
         device = self.device if self.device is not None else current_cuda_device()
         self.device = device
-        self.threads = [threading.Thread(target=self._run, name=f"monai-fast-fill-{i}", daemon=True)
-                        for i in range(min(self.workers, n))]
+        self.threads = [
+            threading.Thread(target=self._run, name=f"monai-fast-fill-{i}", daemon=True)
+            for i in range(min(self.workers, n))
+        ]
         for t in self.threads:
             t.start()
         _LIVE.add(self)
@@ -177,8 +185,10 @@ class _Fill:
 
     def _raise(self) -> None:
         if self.pid != os.getpid():
-            raise RuntimeError("a background cache fill runs in the process that made the data set; a loader worker "
-                               "process cannot read it before it is complete: use num_workers=0 (a thread loader)")
+            raise RuntimeError(
+                "a background cache fill runs in the process that made the data set; a loader worker "
+                "process cannot read it before it is complete: use num_workers=0 (a thread loader)"
+            )
         self.stop(JOIN_S)
         index, error = self.error  # type: ignore[misc]
         text = f"background cache fill of {self.describe(index)} failed: {error_text(error)}"
@@ -222,7 +232,9 @@ class _Fill:
             if t is not threading.current_thread():
                 t.join(join_s)
                 if t.is_alive():
-                    logger.warning("background cache fill: %s still busy after %.0f s; left behind (daemon)", t.name, join_s)
+                    logger.warning(
+                        "background cache fill: %s still busy after %.0f s; left behind (daemon)", t.name, join_s
+                    )
         _LIVE.discard(self)
 
 
@@ -247,17 +259,29 @@ class BackgroundCacheDataset(CacheDataset):
         True
     """
 
-    def __init__(self, data: Sequence, transform: Any = None, *args: Any, num_workers: int | None = None,
-                 device: str | torch.device | None = None, after: BackgroundCacheDataset | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        data: Sequence,
+        transform: Any = None,
+        *args: Any,
+        num_workers: int | None = None,
+        device: str | torch.device | None = None,
+        after: BackgroundCacheDataset | None = None,
+        **kwargs: Any,
+    ) -> None:
         for bad in ("hash_as_key", "runtime_cache"):
             if kwargs.get(bad):
                 raise ValueError(f"BackgroundCacheDataset decides {bad}; do not pass it")
         workers = max(1, (os.cpu_count() or 2) - 1) if num_workers is None else max(1, int(num_workers))
         dev = torch.device(device) if device is not None else None
         # made before MONAI's constructor, which calls set_data()
-        self.fill = _Fill(self._load_cache_item, lambda i: describe_item(self, i), workers,
-                          dev if dev is not None and dev.type == "cuda" else None, None if after is None else after.fill)
+        self.fill = _Fill(
+            self._load_cache_item,
+            lambda i: describe_item(self, i),
+            workers,
+            dev if dev is not None and dev.type == "cuda" else None,
+            None if after is None else after.fill,
+        )
         kwargs.pop("runtime_cache", None)
         kwargs.pop("hash_as_key", None)
         super().__init__(data, transform, *args, num_workers=workers, runtime_cache=self.fill, **kwargs)

@@ -60,10 +60,18 @@ class _Walker:
 
     def _fp(self, obj: Any, d: int) -> str:
         if isinstance(obj, (list, tuple, set, frozenset)):
-            items = sorted(self.fp(x, d) for x in obj) if isinstance(obj, (set, frozenset)) else [self.fp(x, d) for x in obj]
+            items = (
+                sorted(self.fp(x, d) for x in obj)
+                if isinstance(obj, (set, frozenset))
+                else [self.fp(x, d) for x in obj]
+            )
             return f"{type(obj).__name__}[" + ",".join(items) + "]"
         if isinstance(obj, dict):
-            return "{" + ",".join(f"{k!s}:{self.fp(v, d)}" for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))) + "}"
+            return (
+                "{"
+                + ",".join(f"{k!s}:{self.fp(v, d)}" for k, v in sorted(obj.items(), key=lambda kv: str(kv[0])))
+                + "}"
+            )
         if isinstance(obj, (np.ndarray, torch.Tensor)):
             arr = obj.detach().cpu().numpy() if isinstance(obj, torch.Tensor) else obj
             return f"array{arr.shape}{arr.dtype}:{hashlib.sha1(np.ascontiguousarray(arr).tobytes()).hexdigest()}"
@@ -77,8 +85,18 @@ class _Walker:
             return f"method({self.fp(obj.__func__, d)},{self.fp(obj.__self__, d)})"
         if isinstance(obj, functools.partial):
             return f"partial({self.fp(obj.func, d)},{self.fp(obj.args, d)},{self.fp(obj.keywords, d)})"
-        if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodDescriptorType,
-                            types.WrapperDescriptorType, types.MethodWrapperType, types.ClassMethodDescriptorType, np.ufunc)):
+        if isinstance(
+            obj,
+            (
+                types.BuiltinFunctionType,
+                types.BuiltinMethodType,
+                types.MethodDescriptorType,
+                types.WrapperDescriptorType,
+                types.MethodWrapperType,
+                types.ClassMethodDescriptorType,
+                np.ufunc,
+            ),
+        ):
             return f"builtin:{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
         if hasattr(obj, "__dict__"):
             state = {k: v for k, v in vars(obj).items() if not k.startswith("__")}

@@ -10,8 +10,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["DataItemError", "LoaderTimeoutError", "describe_item", "error_text", "fetch_item", "item_files",
-           "worker_item_error"]
+__all__ = [
+    "DataItemError",
+    "LoaderTimeoutError",
+    "describe_item",
+    "error_text",
+    "fetch_item",
+    "item_files",
+    "worker_item_error",
+]
 
 
 class DataItemError(RuntimeError):

@@ -74,8 +74,16 @@ class _Progress:
 
 # DataLoader options copied to the loader that runs the worker processes (those this torch has)
 _WORKER_OPTIONS = (
-    "num_workers", "collate_fn", "pin_memory", "worker_init_fn", "multiprocessing_context", "generator",
-    "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
 )
 
 
@@ -129,8 +137,9 @@ class SafeThreadDataLoader(ThreadDataLoader):
         >>> loader = SafeThreadDataLoader(cache_ds, batch_size=2, shuffle=True, timeout_s=120)  # doctest: +SKIP
     """
 
-    def __init__(self, dataset: Any, *args: Any, timeout_s: float | None = 600.0, prefetch: bool = True,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: Any, *args: Any, timeout_s: float | None = 600.0, prefetch: bool = True, **kwargs: Any
+    ) -> None:
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
         if not isinstance(prefetch, bool):
@@ -228,7 +237,9 @@ class SafeThreadDataLoader(ThreadDataLoader):
             src = self._worker_batches()
             limit = None if self.timeout_s is None else self.timeout_s + SHUTDOWN_GRACE_S
             working_on = lambda: "waiting for the worker processes"  # noqa: E731
-        for batch in SafeThreadBuffer(src, self.buffer_size, self.buffer_timeout, limit, working_on, lambda: self.prefetch):
+        for batch in SafeThreadBuffer(
+            src, self.buffer_size, self.buffer_timeout, limit, working_on, lambda: self.prefetch
+        ):
             for _ in range(self.repeats):
                 yield batch
 
@@ -251,5 +262,7 @@ def prefetch_pays(device: torch.device | str) -> tuple[bool, str]:
     if device.type != "cpu":
         return True, f"the step runs on {device.type}: the next batch is made while it computes"
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return False, (f"the step runs on the CPU ({torch.get_num_threads()} intra-op threads, {cpus} CPUs): a batch made "
-                   "alongside it may cost it more than the batch")
+    return False, (
+        f"the step runs on the CPU ({torch.get_num_threads()} intra-op threads, {cpus} CPUs): a batch made "
+        "alongside it may cost it more than the batch"
+    )

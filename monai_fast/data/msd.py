@@ -122,8 +122,10 @@ def _items(root: str | os.PathLike, remote_options: Mapping[str, Any] | None) ->
     options = dict(remote_options or {})
     meta, listing, offline_meta = _remote_meta(str(root), options)
     base = str(root).rstrip("/")
-    pairs = [{k: d[k] if is_url(d[k]) else f"{base}/{d[k].removeprefix('./')}" for k in ("image", "label")}
-             for d in meta["training"]]
+    pairs = [
+        {k: d[k] if is_url(d[k]) else f"{base}/{d[k].removeprefix('./')}" for k in ("image", "label")}
+        for d in meta["training"]
+    ]
     files, offline = _localize(pairs, **options)
     if offline or offline_meta:  # one warning for the listing and its files
         logger.warning(offline or offline_meta)
@@ -140,8 +142,9 @@ def shape_mismatch(image: str, image_shape: tuple[int, ...], label: str, label_s
     """
     if tuple(image_shape[:3]) == tuple(label_shape[:3]):
         return None
-    return (f"image {image} has spatial shape {tuple(image_shape[:3])} but its label {label} has "
-            f"{tuple(label_shape[:3])}")
+    return (
+        f"image {image} has spatial shape {tuple(image_shape[:3])} but its label {label} has {tuple(label_shape[:3])}"
+    )
 
 
 def _spatial_shape(path: Path, n_channels_last: int | None) -> tuple[int, ...]:
@@ -194,9 +197,7 @@ def load_msd_datalist(
     missing = [p for d in items for p in (d["image"], d["label"]) if not Path(p).is_file()]
     if missing:
         more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
-        raise FileNotFoundError(
-            f"{listing} lists files that do not exist: {', '.join(missing[:10])}{more}"
-        )
+        raise FileNotFoundError(f"{listing} lists files that do not exist: {', '.join(missing[:10])}{more}")
     if check_shapes:
         for d in items:
             img = _spatial_shape(Path(d["image"]), n_channels_last=1)

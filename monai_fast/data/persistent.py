@@ -107,7 +107,8 @@ class TrustedPersistentDataset(PersistentDataset):
             logger.warning(
                 "TrustedPersistentDataset: the cached transforms hold callables whose behaviour cannot be "
                 "fingerprinted (%s); their cache files in %s are recomputed in each run instead of reused",
-                ", ".join(fingerprint.untrusted), cache_dir,
+                ", ".join(fingerprint.untrusted),
+                cache_dir,
             )
 
     def _file_identity(self, path: Path) -> Any:
@@ -144,8 +145,9 @@ class TrustedPersistentDataset(PersistentDataset):
             except PermissionError:
                 raise
             except Exception as e:  # any damage: rebuild instead of crashing or training on garbage
-                warnings.warn(f"cache file {hashfile} is damaged ({type(e).__name__}: {e}); rebuilding it",
-                              stacklevel=2)
+                warnings.warn(
+                    f"cache file {hashfile} is damaged ({type(e).__name__}: {e}); rebuilding it", stacklevel=2
+                )
                 hashfile.unlink(missing_ok=True)
         result = self._pre_transform(deepcopy(item_transformed))
         if self.disk_full is not None:
@@ -176,8 +178,12 @@ class TrustedPersistentDataset(PersistentDataset):
         finally:
             size.close()
         self.disk_full = NoSpaceError(
-            self.cache_dir, needed=needed, free=err.free, what="disk cache folder", code=err.errno,
+            self.cache_dir,
+            needed=needed,
+            free=err.free,
+            what="disk cache folder",
+            code=err.errno,
             detail="items are no longer written there (those already cached are still read) and the rest are "
-                   "computed in memory each time they are loaded; free space there or use another cache folder",
+            "computed in memory each time they are loaded; free space there or use another cache folder",
         )
         logger.warning("TrustedPersistentDataset: %s", self.disk_full)

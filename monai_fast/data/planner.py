@@ -65,7 +65,9 @@ def rank_partition(data: Sequence, rank: int, world_size: int, seed: int = 0) ->
     """This rank's share of ``data`` (even sizes across ranks, as DDP needs), for per-rank caches."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    return list(partition_dataset(list(data), num_partitions=world_size, shuffle=True, seed=seed, even_divisible=True)[rank])
+    return list(
+        partition_dataset(list(data), num_partitions=world_size, shuffle=True, seed=seed, even_divisible=True)[rank]
+    )
 
 
 def _gib(n: float) -> str:
@@ -120,7 +122,9 @@ class CachePlan:
         named = transform if isinstance(transform, NamedItemsCompose) else NamedItemsCompose.of(transform)
         cache_cls = BackgroundCacheDataset if background else CacheDataset
         if background and self.where == "smartcache":
-            logger.info("background fill: a SmartCache fills its first window of %s items before training", self.cache_num)
+            logger.info(
+                "background fill: a SmartCache fills its first window of %s items before training", self.cache_num
+            )
         with threads_joined_on_error():  # a failing item ends the fill cleanly, named
             if self.where == "gpu":
                 t = list(named.transforms)
@@ -186,7 +190,8 @@ def plan_cache(
     # images (channel + spatial dims) go to the GPU; 1-D crop-index arrays stay, as in MONAI's tutorial
     keys = (
         [k for k, v in samples[0].items() if isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim >= 3]
-        if isinstance(samples[0], dict) else []
+        if isinstance(samples[0], dict)
+        else []
     )
 
     if gpu_budget is None and device.type == "cuda":
@@ -198,18 +203,28 @@ def plan_cache(
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         disk_budget = int(shutil.disk_usage(cache_dir).free * 0.8)
     plan = CachePlan(
-        where="none", first_random=first_random, n_items=len(data), bytes_per_item=per_item, margin=margin,
-        budgets={"gpu": gpu_budget, "ram": ram_budget, "disk": disk_budget}, device=str(device),
-        cache_dir=None if cache_dir is None else str(cache_dir), tensor_keys=keys,
+        where="none",
+        first_random=first_random,
+        n_items=len(data),
+        bytes_per_item=per_item,
+        margin=margin,
+        budgets={"gpu": gpu_budget, "ram": ram_budget, "disk": disk_budget},
+        device=str(device),
+        cache_dir=None if cache_dir is None else str(cache_dir),
+        tensor_keys=keys,
     )
     need = plan.total_bytes
     head = f"{len(data)} items x {_gib(per_item)} = {_gib(per_item * len(data))} (x{margin:g} margin: {_gib(need)})"
     r = plan.reasons
-    r.append(f"cached part: the first {first_random} of {len(transform.transforms)} transforms (up to the first random one)")
+    r.append(
+        f"cached part: the first {first_random} of {len(transform.transforms)} transforms (up to the first random one)"
+    )
     if device.type == "cuda" and gpu_budget is not None and need <= gpu_budget:
         plan.where = "gpu"
-        r.append(f"cache in GPU memory: {head} fits the GPU budget of {_gib(gpu_budget)}; "
-                 "load with ThreadDataLoader(num_workers=0), random transforms run on the GPU")
+        r.append(
+            f"cache in GPU memory: {head} fits the GPU budget of {_gib(gpu_budget)}; "
+            "load with ThreadDataLoader(num_workers=0), random transforms run on the GPU"
+        )
         return plan
     if device.type == "cuda":
         r.append(f"not in GPU memory: {head} exceeds the GPU budget of {_gib(gpu_budget or 0)}")
@@ -220,15 +235,19 @@ def plan_cache(
     r.append(f"not in RAM: {head} exceeds the RAM budget of {_gib(ram_budget)}")
     if cache_dir is not None and disk_budget is not None and need <= disk_budget:
         plan.where = "disk"
-        r.append(f"cache on disk (TrustedPersistentDataset in {cache_dir}): fits the disk budget of {_gib(disk_budget)}")
+        r.append(
+            f"cache on disk (TrustedPersistentDataset in {cache_dir}): fits the disk budget of {_gib(disk_budget)}"
+        )
         return plan
     if cache_dir is not None:
         r.append(f"not on disk: exceeds the disk budget of {_gib(disk_budget or 0)} in {cache_dir}")
     fit = int(ram_budget // max(1, per_item * margin))
     if fit >= 2:
         plan.where, plan.cache_num = "smartcache", min(fit, len(data))
-        r.append(f"SmartCacheDataset holding {plan.cache_num} of {len(data)} items in RAM, rotating each epoch "
-                 "(drive it with SmartCacheUpdater)")
+        r.append(
+            f"SmartCacheDataset holding {plan.cache_num} of {len(data)} items in RAM, rotating each epoch "
+            "(drive it with SmartCacheUpdater)"
+        )
         return plan
     r.append("no cache: not even two items fit the RAM budget; every epoch runs every transform")
     return plan

@@ -39,8 +39,15 @@ import numpy as np
 from monai_fast.data.msd import shape_mismatch
 from monai_fast.files import cache_root, write_json
 
-__all__ = ["PreflightError", "PreflightReport", "patch_padding", "preflight", "preflight_wsi", "scan_file",
-           "scan_slide"]
+__all__ = [
+    "PreflightError",
+    "PreflightReport",
+    "patch_padding",
+    "preflight",
+    "preflight_wsi",
+    "scan_file",
+    "scan_slide",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +60,15 @@ _LOCK = threading.Lock()
 class PreflightError(ValueError):
     """The data list has bad files; the message lists every one with its reason (``problems`` too)."""
 
-    def __init__(self, problems: Sequence[tuple[str, str]], checked: int,
-                 skip: str = "--no-preflight skips this check") -> None:
+    def __init__(
+        self, problems: Sequence[tuple[str, str]], checked: int, skip: str = "--no-preflight skips this check"
+    ) -> None:
         self.problems = list(problems)
         lines = [f"  {path}: {reason}" for path, reason in self.problems]
-        super().__init__(f"preflight found {len(self.problems)} problem(s) in {checked} item(s) "
-                         f"(fix or remove them; {skip}):\n" + "\n".join(lines))
+        super().__init__(
+            f"preflight found {len(self.problems)} problem(s) in {checked} item(s) "
+            f"(fix or remove them; {skip}):\n" + "\n".join(lines)
+        )
 
 
 @dataclass
@@ -134,8 +144,13 @@ def _problems(image: str, label: str, img: dict, lab: dict, num_classes: int) ->
         values = lab.get("values")
         bad = [v for v in values if not 0 <= v < num_classes] if values is not None else None
         if bad is None or len(values) > _MAX_VALUES:
-            out.append((label, f"label values span {lab['min']:g}..{lab['max']:g}, not the {num_classes} classes "
-                               f"0..{num_classes - 1}"))
+            out.append(
+                (
+                    label,
+                    f"label values span {lab['min']:g}..{lab['max']:g}, not the {num_classes} classes "
+                    f"0..{num_classes - 1}",
+                )
+            )
         elif bad:
             out.append((label, f"label values {sorted(values)} outside the {num_classes} classes 0..{num_classes - 1}"))
     mismatch = shape_mismatch(image, tuple(img["shape"]), label, tuple(lab["shape"]))
@@ -212,21 +227,34 @@ def preflight(
                 else:
                     scans[path] = store[key] = scan_file(path)
                     read += 1
-            problems += _problems(str(item[image_key]), str(item[label_key]), scans[str(item[image_key])],
-                                  scans[str(item[label_key])], num_classes)
+            problems += _problems(
+                str(item[image_key]),
+                str(item[label_key]),
+                scans[str(item[image_key])],
+                scans[str(item[label_key])],
+                num_classes,
+            )
         if cache and read:
             _store(store, store_path)
-    report = PreflightReport(checked=len(files), from_cache=hits, read=read, seconds=time.perf_counter() - t0,
-                             problems=problems)
-    logger.info("preflight: %d items, %d files read, %d from the cache, %d problem(s) in %.1f s",
-                report.checked, read, hits, len(problems), report.seconds)
+    report = PreflightReport(
+        checked=len(files), from_cache=hits, read=read, seconds=time.perf_counter() - t0, problems=problems
+    )
+    logger.info(
+        "preflight: %d items, %d files read, %d from the cache, %d problem(s) in %.1f s",
+        report.checked,
+        read,
+        hits,
+        len(problems),
+        report.seconds,
+    )
     if problems and raise_error:
         raise PreflightError(problems, len(files))
     return report
 
 
-def patch_padding(files: Sequence[dict], patch_size: Sequence[int], pixdim: Sequence[float],
-                  key: str = "image") -> str | None:
+def patch_padding(
+    files: Sequence[dict], patch_size: Sequence[int], pixdim: Sequence[float], key: str = "image"
+) -> str | None:
     """A warning when ``patch_size`` is larger than volumes after resampling to ``pixdim`` (RAS axes); else ``None``.
 
     Such items are padded up to the patch on every load (``SpatialPadd``), which costs time and
@@ -256,9 +284,11 @@ def patch_padding(files: Sequence[dict], patch_size: Sequence[int], pixdim: Sequ
                 worst, where = pad, f"{item[key]} is {tuple(size)}"
     if not n:
         return None
-    return (f"patch_size {tuple(patch_size)} is larger than {n} of {len(files)} volumes after resampling to pixdim "
-            f"{tuple(pixdim)} (e.g. {where}): each such item is padded on every load, by up to {tuple(worst)} voxels; "
-            "use a smaller --patch-size")
+    return (
+        f"patch_size {tuple(patch_size)} is larger than {n} of {len(files)} volumes after resampling to pixdim "
+        f"{tuple(pixdim)} (e.g. {where}): each such item is padded on every load, by up to {tuple(worst)} voxels; "
+        "use a smaller --patch-size"
+    )
 
 
 #: bad patch locations named per slide; the rest of that slide's are counted
@@ -316,8 +346,10 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
                     offsets, counts = page.dataoffsets, page.databytecounts
                     for i, (offset, count) in enumerate(zip(offsets, counts)):
                         if count == 0 or offset + count > end:
-                            return {"error": f"level {level} is cut short: its part {i} of {len(offsets)} lies at "
-                                             f"bytes {offset}..{offset + count} of a {end}-byte file (truncated?)"}
+                            return {
+                                "error": f"level {level} is cut short: its part {i} of {len(offsets)} lies at "
+                                f"bytes {offset}..{offset + count} of a {end}-byte file (truncated?)"
+                            }
                     if offsets:
                         tif.filehandle.seek(offsets[-1])
                         page.decode(tif.filehandle.read(counts[-1]), len(offsets) - 1, jpegtables=page.jpegtables)
@@ -333,8 +365,9 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-def _patch_problem(levels: list[list[int]], location: Sequence[int], size: tuple[int, int], level: int,
-                   center: bool) -> str | None:
+def _patch_problem(
+    levels: list[list[int]], location: Sequence[int], size: tuple[int, int], level: int, center: bool
+) -> str | None:
     """Why the patch cannot be read whole from a slide with these level sizes, or ``None``.
 
     As MONAI's ``PatchWSIDataset``: ``location`` is at level 0, a centre when ``center`` (the
@@ -346,15 +379,19 @@ def _patch_problem(levels: list[list[int]], location: Sequence[int], size: tuple
     h0, w0 = levels[0]
     h, w = levels[level]
     if h < size[0] or w < size[1]:
-        return (f"the slide is {h} x {w} pixels at level {level}, smaller than the {size[0]} x {size[1]} patch "
-                "(it would be padded)")
+        return (
+            f"the slide is {h} x {w} pixels at level {level}, smaller than the {size[0]} x {size[1]} patch "
+            "(it would be padded)"
+        )
     start = [int(location[i]) - (size[i] // 2 if center else 0) for i in range(2)]
     top, left = (round(start[i] / (levels[0][i] / levels[level][i])) for i in range(2))
     if top < 0 or left < 0 or top + size[0] > h or left + size[1] > w:
         where = tuple(int(v) for v in location)
-        return (f"the {size[0]} x {size[1]} patch at location {where} (rows {top}..{top + size[0]}, "
-                f"columns {left}..{left + size[1]} at level {level}) reaches outside the slide's {h} x {w} pixels"
-                + (f" (level 0: {h0} x {w0})" if level else ""))
+        return (
+            f"the {size[0]} x {size[1]} patch at location {where} (rows {top}..{top + size[0]}, "
+            f"columns {left}..{left + size[1]} at level {level}) reaches outside the slide's {h} x {w} pixels"
+            + (f" (level 0: {h0} x {w0})" if level else "")
+        )
     return None
 
 
@@ -436,8 +473,9 @@ def preflight_wsi(
                     continue
                 size = item.get("patch_size", default_size)
                 size = tuple(int(v) for v in (size if isinstance(size, Sequence) else (size, size)))
-                why = _patch_problem(scans[path]["levels"], item["location"], size, int(item.get("patch_level", level)),
-                                     center_location)
+                why = _patch_problem(
+                    scans[path]["levels"], item["location"], size, int(item.get("patch_level", level)), center_location
+                )
                 if why is not None:
                     bad.setdefault(path, []).append(f"{name}[{i}]: {why}")
         for path, reasons in bad.items():
@@ -448,10 +486,18 @@ def preflight_wsi(
         if cache and read:
             _store(store, store_path)
     checked = sum(len(items) for items in lists.values())
-    report = PreflightReport(checked=checked, from_cache=hits, read=read, seconds=time.perf_counter() - t0,
-                             problems=problems)
-    logger.info("preflight (WSI): %d patches on %d slide(s), %d read, %d from the cache, %d problem(s) in %.1f s",
-                checked, len(scans), read, hits, len(problems), report.seconds)
+    report = PreflightReport(
+        checked=checked, from_cache=hits, read=read, seconds=time.perf_counter() - t0, problems=problems
+    )
+    logger.info(
+        "preflight (WSI): %d patches on %d slide(s), %d read, %d from the cache, %d problem(s) in %.1f s",
+        checked,
+        len(scans),
+        read,
+        hits,
+        len(problems),
+        report.seconds,
+    )
     if problems and raise_error:
         raise PreflightError(problems, checked, skip="preflight=False skips this check")
     return report
@@ -463,5 +509,8 @@ def _store(store: dict, store_path: Path) -> None:
         store_path.parent.mkdir(parents=True, exist_ok=True)
         write_json(store, store_path, indent=None)
     except OSError as err:
-        logger.warning("preflight: the check cache %s could not be written (%s); the next run reads the files again",
-                       store_path, err)
+        logger.warning(
+            "preflight: the check cache %s could not be written (%s); the next run reads the files again",
+            store_path,
+            err,
+        )

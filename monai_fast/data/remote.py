@@ -158,8 +158,11 @@ def _options(url: str, storage_options: dict, limits: _Limits) -> dict:
     options = dict(storage_options)
     if _scheme(url) in _S3:
         # botocore's own retries would multiply ours; one attempt per try, ours counted and bounded
-        config = {"connect_timeout": limits.connect_timeout, "read_timeout": limits.read_timeout,
-                  "retries": {"total_max_attempts": 1}}
+        config = {
+            "connect_timeout": limits.connect_timeout,
+            "read_timeout": limits.read_timeout,
+            "retries": {"total_max_attempts": 1},
+        }
         config.update(options.get("config_kwargs") or {})
         options["config_kwargs"] = config
     return options
@@ -234,8 +237,15 @@ def _retrying(
             if attempt > limits.retries:
                 raise
             pause = limits.backoff(attempt + 1)
-            logger.log(level, "%s: try %d of %d failed (%s); trying again in %.2f s",
-                       what, attempt, limits.retries + 1, _reason(e), pause)
+            logger.log(
+                level,
+                "%s: try %d of %d failed (%s); trying again in %.2f s",
+                what,
+                attempt,
+                limits.retries + 1,
+                _reason(e),
+                pause,
+            )
             if stop is not None and stop.wait(pause):
                 raise _Stopped() from e
             if stop is None:
@@ -264,8 +274,9 @@ def _lookup(url: str, storage_options: dict, limits: _Limits) -> _Remote:
     fs, path = fsspec.core.url_to_fs(url, **_options(url, storage_options, limits))
     fs.invalidate_cache(path)  # a listing cached by fsspec must not hide a changed object
     if isinstance(fs, AsyncFileSystem):
-        info = _retrying(f"looking up {url}", limits, None,
-                         lambda: _run(fs, lambda: fs._info(path), limits.request_s, None))
+        info = _retrying(
+            f"looking up {url}", limits, None, lambda: _run(fs, lambda: fs._info(path), limits.request_s, None)
+        )
     else:
         info = _retrying(f"looking up {url}", limits, None, lambda: fs.info(path))
     if info.get("type") == "directory":
@@ -438,8 +449,9 @@ async def _read_chunk(src: Any, size: int, read_timeout: float) -> bytes:
                 raise asyncio.TimeoutError
             part = await asyncio.wait_for(src.read(size - have), left)
         except asyncio.TimeoutError as e:
-            raise _Stall(f"fewer than {_STALL_BYTES >> 10} KiB arrived in {read_timeout:g} s (read_timeout)",
-                         have) from e
+            raise _Stall(
+                f"fewer than {_STALL_BYTES >> 10} KiB arrived in {read_timeout:g} s (read_timeout)", have
+            ) from e
         if not part:
             break
         parts.append(part)
@@ -452,8 +464,9 @@ async def _read_chunk(src: Any, size: int, read_timeout: float) -> bytes:
 class _Transfer:
     """One download into an open temporary file: bytes written so far, progress, stop."""
 
-    def __init__(self, remote: _Remote, dst: BinaryIO, stop: threading.Event, advance: Callable[[int], None],
-                 limits: _Limits) -> None:
+    def __init__(
+        self, remote: _Remote, dst: BinaryIO, stop: threading.Event, advance: Callable[[int], None], limits: _Limits
+    ) -> None:
         self.remote, self.dst, self.stop, self.advance, self.limits = remote, dst, stop, advance, limits
         self.written = 0
 
@@ -519,8 +532,14 @@ class _Temporaries:
                 os.unlink(path)
 
 
-def _download(remote: _Remote, dest: Path, stop: threading.Event, advance: Callable[[int], None], limits: _Limits,
-              temps: _Temporaries) -> None:
+def _download(
+    remote: _Remote,
+    dest: Path,
+    stop: threading.Event,
+    advance: Callable[[int], None],
+    limits: _Limits,
+    temps: _Temporaries,
+) -> None:
     """Fetch ``remote`` into ``dest``, atomically, tried ``limits.retries`` more times after a failure."""
     if stop.is_set():
         raise _Stopped()
@@ -602,14 +621,21 @@ def _localize(
         mib = sum(r.size or 0 for r, _ in todo.values()) / 2**20
         logger.info("fetching %d of %d remote files (%.1f MiB) into %s", len(todo), len(remotes), mib, folder)
         _fetch_all(todo, workers, progress, limits)
-    logger.info("%d remote files local in %s (%d fetched now) after %.1f s", len(remotes) + len(offline), folder,
-                len(todo), time.perf_counter() - start)
+    logger.info(
+        "%d remote files local in %s (%d fetched now) after %.1f s",
+        len(remotes) + len(offline),
+        folder,
+        len(todo),
+        time.perf_counter() - start,
+    )
     note = None
     if offline:
         url, (_, err) = next(iter(offline.items()))
         hosts = sorted({f"{_scheme(u)}://{urlsplit(u).netloc}" for u in offline})
-        note = (f"working offline: cannot reach {', '.join(hosts)} ({_reason(err)}); using the local "
-                f"copies in {folder} of {len(offline)} remote file(s) as last fetched, which may be out of date")
+        note = (
+            f"working offline: cannot reach {', '.join(hosts)} ({_reason(err)}); using the local "
+            f"copies in {folder} of {len(offline)} remote file(s) as last fetched, which may be out of date"
+        )
     return _substitute(list(datalist), local), note
 
 
@@ -653,15 +679,19 @@ def localize(
         >>> localize([{"image": "/data/a.nii.gz", "label": "file:///data/a_seg.nii.gz"}])
         [{'image': '/data/a.nii.gz', 'label': '/data/a_seg.nii.gz'}]
     """
-    files, offline = _localize(datalist, cache_dir, workers, progress, storage_options, connect_timeout,
-                               read_timeout, retries)
+    files, offline = _localize(
+        datalist, cache_dir, workers, progress, storage_options, connect_timeout, read_timeout, retries
+    )
     if offline:
         logger.warning(offline)
     return files
 
 
 def read_remote_text(
-    url: str, storage_options: dict | None = None, connect_timeout: float = 10.0, read_timeout: float = 30.0,
+    url: str,
+    storage_options: dict | None = None,
+    connect_timeout: float = 10.0,
+    read_timeout: float = 30.0,
     retries: int = 3,
 ) -> str:
     """The text of a small remote file, read directly, not cached, within the same time limits as :func:`localize`.
@@ -678,8 +708,9 @@ def read_remote_text(
     try:
         fs, path = fsspec.core.url_to_fs(url, **_options(url, dict(storage_options or {}), limits))
         if isinstance(fs, AsyncFileSystem):
-            data = _retrying(f"reading {url}", limits, None,
-                             lambda: _run(fs, lambda: fs._cat_file(path), limits.request_s, None))
+            data = _retrying(
+                f"reading {url}", limits, None, lambda: _run(fs, lambda: fs._cat_file(path), limits.request_s, None)
+            )
         else:
             data = _retrying(f"reading {url}", limits, None, lambda: fs.cat_file(path))
         return data.decode("utf-8")

@@ -44,8 +44,10 @@ def randomizables(root: Any, _seen: set[int] | None = None) -> list[Any]:
     for name, child in attrs.items():
         # data sets / loaders point to their transform chain; transforms hold inner transforms
         # (RandCropByPosNegLabeld's cropper, RandShiftIntensityd's shifter) with their own R
-        if name in _WALK or isinstance(child, (Transform, Randomizable)) or (
-            isinstance(child, (list, tuple)) and child and isinstance(child[0], (Transform, Randomizable))
+        if (
+            name in _WALK
+            or isinstance(child, (Transform, Randomizable))
+            or (isinstance(child, (list, tuple)) and child and isinstance(child[0], (Transform, Randomizable)))
         ):
             found += randomizables(child, seen)
     return found

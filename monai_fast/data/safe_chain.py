@@ -43,11 +43,18 @@ class NamedItemsCompose(Compose):
     @classmethod
     def of(cls, chain: Compose, transforms: list | None = None) -> NamedItemsCompose:
         """The settings of ``chain`` over its transforms (or ``transforms``), failures named."""
-        return cls(chain.transforms if transforms is None else transforms, map_items=chain.map_items, unpack_items=chain.unpack_items, lazy=chain.lazy,
-                   overrides=chain.overrides, log_stats=chain.log_stats)
+        return cls(
+            chain.transforms if transforms is None else transforms,
+            map_items=chain.map_items,
+            unpack_items=chain.unpack_items,
+            lazy=chain.lazy,
+            overrides=chain.overrides,
+            log_stats=chain.log_stats,
+        )
 
-    def __call__(self, input_: Any, start: int = 0, end: int | None = None, threading: bool = False,
-                 lazy: bool | None = None) -> Any:
+    def __call__(
+        self, input_: Any, start: int = 0, end: int | None = None, threading: bool = False, lazy: bool | None = None
+    ) -> Any:
         try:
             return super().__call__(input_, start=start, end=end, threading=threading, lazy=lazy)
         except DataItemError:

@@ -132,7 +132,10 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     @classmethod
     def adopt(
-        cls, dataset: SmartCacheDataset, data: Sequence | None = None, cache_num: int | None = None,
+        cls,
+        dataset: SmartCacheDataset,
+        data: Sequence | None = None,
+        cache_num: int | None = None,
         timeout_s: float = 300.0,
     ) -> SafeSmartCacheDataset:
         """A safe rotation over what a MONAI ``SmartCacheDataset`` (or one of this class) holds.
@@ -179,9 +182,17 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         safe = cls.__new__(cls)
         safe._handed_over = handed
         safe.__init__(  # type: ignore[misc]
-            items, dataset.transform, rate if rate > 0 else 1.0, cache_num=num, num_init_workers=dataset.num_workers,
-            num_replace_workers=dataset.num_replace_workers, progress=dataset.progress, shuffle=False,
-            copy_cache=dataset.copy_cache, as_contiguous=dataset.as_contiguous, timeout_s=timeout_s,
+            items,
+            dataset.transform,
+            rate if rate > 0 else 1.0,
+            cache_num=num,
+            num_init_workers=dataset.num_workers,
+            num_replace_workers=dataset.num_replace_workers,
+            progress=dataset.progress,
+            shuffle=False,
+            copy_cache=dataset.copy_cache,
+            as_contiguous=dataset.as_contiguous,
+            timeout_s=timeout_s,
         )
         safe._handed_over = None
         safe._adopted_from = weakref.ref(dataset)
@@ -263,7 +274,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
                     rot.failed = True
                     raise failure
                 rot.cond.wait(min(max(deadline - time.monotonic(), 0.0), 0.1))
-            self._cache = list(self._cache[rot.replace_num:]) + rot.ready
+            self._cache = list(self._cache[rot.replace_num :]) + rot.ready
             rot.position = (rot.position + rot.replace_num) % len(self.data)
             rot.ready, rot.failed = None, False
             rot.updates += 1

@@ -151,7 +151,9 @@ class SafeThreadBuffer:
             nonlocal asked, thread
             if thread is None:
                 device = current_cuda_device()  # the training thread's, at the start of the epoch
-                started = threading.Thread(target=self._produce, args=(run, device), name="monai-fast-loader", daemon=True)
+                started = threading.Thread(
+                    target=self._produce, args=(run, device), name="monai-fast-loader", daemon=True
+                )
                 started.start()
                 thread = started
             asked += 1
@@ -195,7 +197,9 @@ class SafeThreadBuffer:
                 return run.queue.get(timeout=self.timeout)
             except Empty:
                 if thread is None or not thread.is_alive() and run.queue.empty():
-                    raise RuntimeError("the loader thread stopped without finishing its epoch or reporting an error") from None
+                    raise RuntimeError(
+                        "the loader thread stopped without finishing its epoch or reporting an error"
+                    ) from None
                 waited = time.monotonic() - start
                 if self.timeout_s is not None and waited > self.timeout_s:
                     run.stuck = True
@@ -222,6 +226,11 @@ class SafeThreadBuffer:
 
     def _log_stuck(self, since: float) -> None:
         doing = self.working_on() if self.working_on is not None else "working"
-        logger.error("no batch within timeout_s=%g s (%.1f s so far): the training thread has been %s; a batch made "
-                     "on demand cannot be interrupted (prefetch=True makes it in the loader thread, whose watchdog "
-                     "raises)", self.timeout_s, time.monotonic() - since, doing)
+        logger.error(
+            "no batch within timeout_s=%g s (%.1f s so far): the training thread has been %s; a batch made "
+            "on demand cannot be interrupted (prefetch=True makes it in the loader thread, whose watchdog "
+            "raises)",
+            self.timeout_s,
+            time.monotonic() - since,
+            doing,
+        )

@@ -41,7 +41,14 @@ import numpy as np
 from monai_fast.files import atomic_write, cache_root, clean_stale_tmp, write_json, write_text
 from monai_fast.progress import progress_bar
 
-__all__ = ["MASK_DOWNSAMPLE", "WSIDataError", "generate_wsi", "load_wsi_datalist", "synthetic_wsi_dataset", "wsi_like_slide"]
+__all__ = [
+    "MASK_DOWNSAMPLE",
+    "WSIDataError",
+    "generate_wsi",
+    "load_wsi_datalist",
+    "synthetic_wsi_dataset",
+    "wsi_like_slide",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +64,9 @@ class WSIDataError(ValueError):
     """A WSI data set folder that cannot be used; the message names the file and the key at fault."""
 
 
-def _smooth_field_2d(rng: np.random.Generator, shape: tuple[int, int], n_waves: int = 5, max_freq: float = 3.0) -> np.ndarray:
+def _smooth_field_2d(
+    rng: np.random.Generator, shape: tuple[int, int], n_waves: int = 5, max_freq: float = 3.0
+) -> np.ndarray:
     """A smooth random field in about [-1, 1] on ``shape``: a sum of low-frequency plane waves."""
     y = np.linspace(-1.0, 1.0, shape[0], dtype=np.float32)[:, None]
     x = np.linspace(-1.0, 1.0, shape[1], dtype=np.float32)[None, :]
@@ -106,7 +115,10 @@ def wsi_like_slide(rng: np.random.Generator, size: tuple[int, int]) -> tuple[np.
     band = MASK_DOWNSAMPLE * max(1, 1024 // MASK_DOWNSAMPLE)
     for r0 in range(0, h, band):
         rows = slice(r0 // MASK_DOWNSAMPLE, min(h, r0 + band) // MASK_DOWNSAMPLE)
-        up = [np.repeat(np.repeat(m[rows], MASK_DOWNSAMPLE, axis=0), MASK_DOWNSAMPLE, axis=1) for m in (tissue_c, tumour_c, shade_c)]
+        up = [
+            np.repeat(np.repeat(m[rows], MASK_DOWNSAMPLE, axis=0), MASK_DOWNSAMPLE, axis=1)
+            for m in (tissue_c, tumour_c, shade_c)
+        ]
         tissue, tumour, shade = up
         shape = tissue.shape
         img = np.broadcast_to(_BACKGROUND, (*shape, 3)).copy()
@@ -134,10 +146,15 @@ def _write_tiff(path: Path, levels: list[np.ndarray], tile: int) -> None:
     """A tiled TIFF, one page per level (reduced-resolution pages after the first), atomically."""
     import tifffile
 
-    with atomic_write(path, "wb", clean=False) as f, tifffile.TiffWriter(f) as tif:  # generate_wsi cleans each folder once
+    with (
+        atomic_write(path, "wb", clean=False) as f,
+        tifffile.TiffWriter(f) as tif,
+    ):  # generate_wsi cleans each folder once
         for i, a in enumerate(levels):
             tiled = {"tile": (tile, tile)} if min(a.shape[:2]) >= tile else {}
-            tif.write(a, photometric="rgb" if a.ndim == 3 else "minisblack", subfiletype=1 if i else 0, metadata=None, **tiled)
+            tif.write(
+                a, photometric="rgb" if a.ndim == 3 else "minisblack", subfiletype=1 if i else 0, metadata=None, **tiled
+            )
 
 
 def _patches(tissue: np.ndarray, tumour: np.ndarray, size: tuple[int, int], patch: int) -> list[tuple[int, int, int]]:
@@ -159,13 +176,17 @@ def _check(num_slides: int, size: Sequence[int], tile: int, levels: int, patch_s
         raise ValueError(f"num_slides must be >= 2 (training and validation slides), got {num_slides}")
     size = tuple(int(s) for s in size)
     if len(size) != 2 or min(size) < 128 or any(s % MASK_DOWNSAMPLE for s in size):
-        raise ValueError(f"size must be two sizes (rows, columns) >= 128 and multiples of {MASK_DOWNSAMPLE}, got {size}")
+        raise ValueError(
+            f"size must be two sizes (rows, columns) >= 128 and multiples of {MASK_DOWNSAMPLE}, got {size}"
+        )
     if tile < 16 or tile % 16:
         raise ValueError(f"tile must be a multiple of 16 (a TIFF rule), got {tile}")
     if not 1 <= levels <= 8 or min(size) >> (levels - 1) < 16:
         raise ValueError(f"levels must be 1..8 and leave the smallest level >= 16 pixels, got {levels} for size {size}")
     if not 8 <= patch_size <= min(size) // 4:
-        raise ValueError(f"patch_size must be between 8 and a quarter of the slide ({min(size) // 4}), got {patch_size}")
+        raise ValueError(
+            f"patch_size must be between 8 and a quarter of the slide ({min(size) // 4}), got {patch_size}"
+        )
     return size  # type: ignore[return-value]
 
 
@@ -215,17 +236,46 @@ def generate_wsi(
         for r, c, label in _patches(tissue, tumour, size, patch_size):
             lists[split].append({"image": f"slides/{name}.tif", "location": [r, c], "label": [label]})
             rows.append((name, c, r, label, split))
-        slides.append({"name": name, "image": f"slides/{name}.tif", "split": split,
-                       "tissue_mask": f"masks/{name}_tissue.tif", "tumor_mask": f"masks/{name}_tumor.tif"})
+        slides.append(
+            {
+                "name": name,
+                "image": f"slides/{name}.tif",
+                "split": split,
+                "tissue_mask": f"masks/{name}_tissue.tif",
+                "tumor_mask": f"masks/{name}_tumor.tif",
+            }
+        )
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows([("image", "x", "y", "label", "split"), *rows])
     write_text(text.getvalue(), root / "patches.csv")
-    params = {"kind": "wsi", "num_slides": num_slides, "size": list(size), "tile": tile, "levels": levels,
-              "patch_size": patch_size, "seed": seed, "mask_downsample": MASK_DOWNSAMPLE}
-    write_json({"name": "WSILike", "description": "Synthetic Camelyon-like whole-slide images (monai-fast)",
-                "labels": {"0": "normal", "1": "tumor"}, "slides": slides, **lists, "monai_fast": params}, root / "dataset.json")
-    logger.info("wrote %d wsi-like slides (%d training / %d validation patches) to %s",
-                num_slides, len(lists["training"]), len(lists["validation"]), root)
+    params = {
+        "kind": "wsi",
+        "num_slides": num_slides,
+        "size": list(size),
+        "tile": tile,
+        "levels": levels,
+        "patch_size": patch_size,
+        "seed": seed,
+        "mask_downsample": MASK_DOWNSAMPLE,
+    }
+    write_json(
+        {
+            "name": "WSILike",
+            "description": "Synthetic Camelyon-like whole-slide images (monai-fast)",
+            "labels": {"0": "normal", "1": "tumor"},
+            "slides": slides,
+            **lists,
+            "monai_fast": params,
+        },
+        root / "dataset.json",
+    )
+    logger.info(
+        "wrote %d wsi-like slides (%d training / %d validation patches) to %s",
+        num_slides,
+        len(lists["training"]),
+        len(lists["validation"]),
+        root,
+    )
     return root
 
 
@@ -241,7 +291,9 @@ def load_wsi_datalist(root: str | os.PathLike) -> tuple[list[dict], list[dict]]:
     try:
         meta = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise WSIDataError(f"{path}: cannot read the WSI data set list ({e}); write one with 'monai-fast synth --kind wsi'") from e
+        raise WSIDataError(
+            f"{path}: cannot read the WSI data set list ({e}); write one with 'monai-fast synth --kind wsi'"
+        ) from e
     out: list[list[dict]] = []
     for key in ("training", "validation"):
         items = meta.get(key) if isinstance(meta, dict) else None
@@ -259,16 +311,31 @@ def load_wsi_datalist(root: str | os.PathLike) -> tuple[list[dict], list[dict]]:
     return out[0], out[1]
 
 
-def synthetic_wsi_dataset(num_slides: int, size: Sequence[int], patch_size: int, seed: int = 0, tile: int = 256,
-                          levels: int = 3, progress: bool = True) -> Path:
+def synthetic_wsi_dataset(
+    num_slides: int,
+    size: Sequence[int],
+    patch_size: int,
+    seed: int = 0,
+    tile: int = 256,
+    levels: int = 3,
+    progress: bool = True,
+) -> Path:
     """The synthetic WSI set for these parameters, written once into the cache folder and reused.
 
     The folder is ``<cache_root()>/data/wsi-n<slides>-<rows>x<cols>-p<patch>-s<seed>``; one whose
     ``dataset.json`` is missing, damaged or written for other parameters is written again.
     """
     size = tuple(int(s) for s in size)
-    want = {"kind": "wsi", "num_slides": num_slides, "size": list(size), "tile": tile, "levels": levels,
-            "patch_size": patch_size, "seed": seed, "mask_downsample": MASK_DOWNSAMPLE}
+    want = {
+        "kind": "wsi",
+        "num_slides": num_slides,
+        "size": list(size),
+        "tile": tile,
+        "levels": levels,
+        "patch_size": patch_size,
+        "seed": seed,
+        "mask_downsample": MASK_DOWNSAMPLE,
+    }
     root = cache_root() / "data" / f"wsi-n{num_slides}-{size[0]}x{size[1]}-p{patch_size}-t{tile}-l{levels}-s{seed}"
     try:
         if json.loads((root / "dataset.json").read_text()).get("monai_fast") == want:
@@ -276,4 +343,6 @@ def synthetic_wsi_dataset(num_slides: int, size: Sequence[int], patch_size: int,
             return root
     except (OSError, json.JSONDecodeError, AttributeError):
         pass  # missing or damaged: written again
-    return generate_wsi(root, num_slides, size, tile=tile, levels=levels, patch_size=patch_size, seed=seed, progress=progress)
+    return generate_wsi(
+        root, num_slides, size, tile=tile, levels=levels, patch_size=patch_size, seed=seed, progress=progress
+    )

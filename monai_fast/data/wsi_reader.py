@@ -41,9 +41,11 @@ logger = logging.getLogger(__name__)
 
 #: what ``choose_wsi_backend`` accepts
 BACKENDS = ("auto", "cucim", "openslide", "tifffile", "tifffile-monai")
-_PACKAGES = {"cucim": ("cucim", "pip install cucim-cu12 on a CUDA 12 machine"),
-             "openslide": ("openslide", "pip install openslide-python openslide-bin"),
-             "tifffile": ("tifffile", "pip install tifffile")}
+_PACKAGES = {
+    "cucim": ("cucim", "pip install cucim-cu12 on a CUDA 12 machine"),
+    "openslide": ("openslide", "pip install openslide-python openslide-bin"),
+    "tifffile": ("tifffile", "pip install tifffile"),
+}
 
 
 class WSIBackendError(RuntimeError):
@@ -98,8 +100,10 @@ class TiledTiffWSIReader(TiffFileWSIReader):
         h, w = page.imagelength, page.imagewidth
         fh = wsi.filehandle
         if top < 0 or left < 0 or top + size[0] > h or left + size[1] > w:
-            raise ValueError(f"{fh.path}: the {size[0]} x {size[1]} patch at row {top}, column {left} of level "
-                             f"{level} reaches outside the level's {h} x {w} pixels")
+            raise ValueError(
+                f"{fh.path}: the {size[0]} x {size[1]} patch at row {top}, column {left} of level "
+                f"{level} reaches outside the level's {h} x {w} pixels"
+            )
         across = -(-w // tw)
         out = np.empty((size[0], size[1], page.samplesperpixel), dtype=page.dtype)
         bottom, right = top + size[0], left + size[1]
@@ -110,8 +114,10 @@ class TiledTiffWSIReader(TiffFileWSIReader):
                     fh.seek(page.dataoffsets[index])
                     data = fh.read(page.databytecounts[index])
                 if len(data) != page.databytecounts[index]:
-                    raise ValueError(f"{fh.path}: tile {index} of level {level} has {len(data)} of its "
-                                     f"{page.databytecounts[index]} bytes: the file is truncated")
+                    raise ValueError(
+                        f"{fh.path}: tile {index} of level {level} has {len(data)} of its "
+                        f"{page.databytecounts[index]} bytes: the file is truncated"
+                    )
                 tile = page.decode(data, index, jpegtables=page.jpegtables)[0].reshape(th, tw, -1)
                 r0, c0 = tr * th, tc * tw
                 rs, cs = max(top, r0), max(left, c0)
@@ -119,7 +125,9 @@ class TiledTiffWSIReader(TiffFileWSIReader):
                 out[rs - top : re - top, cs - left : ce - left] = tile[rs - r0 : re - r0, cs - c0 : ce - c0]
         return out
 
-    def _get_patch(self, wsi: Any, location: tuple[int, int], size: tuple[int, int], level: int, dtype: Any, mode: str) -> np.ndarray:
+    def _get_patch(
+        self, wsi: Any, location: tuple[int, int], size: tuple[int, int], level: int, dtype: Any, mode: str
+    ) -> np.ndarray:
         page = wsi.pages[level]
         if not page.is_tiled:
             return super()._get_patch(wsi, location, size, level, dtype, mode)
@@ -127,7 +135,9 @@ class TiledTiffWSIReader(TiffFileWSIReader):
         top, left = (round(location[i] / ratio) for i in range(2))
         patch = self._region(wsi, level, top, left, tuple(size)).astype(dtype, copy=False)
         if mode in "RGB" and patch.shape[-1] not in (3, 4):
-            raise ValueError(f"The image is expected to have three or four color channels in '{mode}' mode but has {patch.shape[-1]}.")
+            raise ValueError(
+                f"The image is expected to have three or four color channels in '{mode}' mode but has {patch.shape[-1]}."
+            )
         if mode in "RGB":
             patch = patch[..., :3]
         return np.moveaxis(patch, -1, self.channel_dim)

@@ -36,14 +36,31 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["KillDrill", "TimedRun", "kill_drill", "kill_tree", "launch", "rank_process", "rdzv_host", "read_progress",
-           "run_local_nodes", "static_nodes", "timed_launch"]
+__all__ = [
+    "KillDrill",
+    "TimedRun",
+    "kill_drill",
+    "kill_tree",
+    "launch",
+    "rank_process",
+    "rdzv_host",
+    "read_progress",
+    "run_local_nodes",
+    "static_nodes",
+    "timed_launch",
+]
 
 _POLL_S = 0.01
 
 
-def launch(args: Sequence[str], log: str | os.PathLike, nproc: int = 2, grace_s: float = 10.0,
-           env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None) -> subprocess.Popen:
+def launch(
+    args: Sequence[str],
+    log: str | os.PathLike,
+    nproc: int = 2,
+    grace_s: float = 10.0,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> subprocess.Popen:
     """Start ``monai-fast launch --nproc NPROC --grace-s GRACE_S ARGS...`` with its output in ``log``.
 
     Args:
@@ -55,9 +72,13 @@ def launch(args: Sequence[str], log: str | os.PathLike, nproc: int = 2, grace_s:
         cwd: the launcher's working folder.
     """
     with open(log, "w") as f:
-        return subprocess.Popen([sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", str(nproc), "--grace-s",
-                                 str(grace_s), *args], stdout=f, stderr=subprocess.STDOUT, cwd=cwd,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        return subprocess.Popen(
+            [sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", str(nproc), "--grace-s", str(grace_s), *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
 
 
 def _stop(procs: Sequence[subprocess.Popen]) -> None:
@@ -73,8 +94,14 @@ def static_nodes(nnodes: int, port: int, addr: str = "127.0.0.1") -> list[list[s
     return [[*common, "--node-rank", str(i)] for i in range(nnodes)]
 
 
-def run_local_nodes(where: Sequence[Sequence[str]], script_and_args: Sequence[str], folder: str | os.PathLike,
-                    nproc: int = 1, timeout_s: float = 420.0, env: Mapping[str, str] | None = None) -> list[tuple[int, str]]:
+def run_local_nodes(
+    where: Sequence[Sequence[str]],
+    script_and_args: Sequence[str],
+    folder: str | os.PathLike,
+    nproc: int = 1,
+    timeout_s: float = 420.0,
+    env: Mapping[str, str] | None = None,
+) -> list[tuple[int, str]]:
     """One ``monai-fast launch`` per entry of ``where`` (a node's options), ``nproc`` ranks each; wait for all.
 
     Returns:
@@ -86,8 +113,17 @@ def run_local_nodes(where: Sequence[Sequence[str]], script_and_args: Sequence[st
         [(0, '...'), (0, '...')]
     """
     logs = [Path(folder, f"node{i}.log") for i in range(len(where))]
-    procs = [launch([*opts, *script_and_args], log, nproc=nproc, grace_s=5.0, env={"OMP_NUM_THREADS": "1", **(env or {})},
-                    cwd=folder) for opts, log in zip(where, logs)]
+    procs = [
+        launch(
+            [*opts, *script_and_args],
+            log,
+            nproc=nproc,
+            grace_s=5.0,
+            env={"OMP_NUM_THREADS": "1", **(env or {})},
+            cwd=folder,
+        )
+        for opts, log in zip(where, logs)
+    ]
     try:
         for p in procs:
             p.wait(timeout_s)
@@ -143,7 +179,9 @@ class KillDrill(TimedRun):
 
     killed_after: int = 0
     killed_at_s: float = 0.0
-    returncodes: list[int] = field(default_factory=list)  # each node's launcher at the end (a replaced one: its replacement)
+    returncodes: list[int] = field(
+        default_factory=list
+    )  # each node's launcher at the end (a replaced one: its replacement)
 
     @property
     def redone(self) -> int:
@@ -166,14 +204,16 @@ class _Watch:
     def poll(self) -> None:
         lines = read_progress(self.path)
         now = time.monotonic() - self.t0
-        self.seen += [(i, now) for i in lines[len(self.seen):]]
+        self.seen += [(i, now) for i in lines[len(self.seen) :]]
 
     def until(self, launchers: Sequence[subprocess.Popen], done, deadline: float, logs: Sequence[Path]) -> None:
         while not done():
             self.poll()
             if any(p.poll() is not None for p in launchers) or time.monotonic() > deadline:
-                raise RuntimeError("a launcher ended or ran past its deadline before the drill's point: "
-                                   + "".join(log.read_text()[-3000:] for log in logs))
+                raise RuntimeError(
+                    "a launcher ended or ran past its deadline before the drill's point: "
+                    + "".join(log.read_text()[-3000:] for log in logs)
+                )
             time.sleep(_POLL_S)
 
 
@@ -188,8 +228,9 @@ def _finish(launchers: Sequence[subprocess.Popen], watch: _Watch, deadline: floa
     return [p.returncode for p in launchers]
 
 
-def timed_launch(args: Sequence[str], progress: str | os.PathLike, log: str | os.PathLike, nproc: int = 2,
-                 timeout_s: float = 420.0) -> TimedRun:
+def timed_launch(
+    args: Sequence[str], progress: str | os.PathLike, log: str | os.PathLike, nproc: int = 2, timeout_s: float = 420.0
+) -> TimedRun:
     """Run ``monai-fast launch ARGS`` to its end, stamping the progress file's iterations as they appear.
 
     Example:
@@ -234,14 +275,18 @@ def kill_tree(launcher: subprocess.Popen) -> None:
 def _rdzv_port(nodes: Sequence[Sequence[str]]) -> int:
     opts = list(nodes[0])
     if "--rdzv-endpoint" not in opts:
-        raise ValueError("losing a node needs the c10d rendezvous: give each node --rdzv-endpoint HOST:PORT --rdzv-id JOB")
+        raise ValueError(
+            "losing a node needs the c10d rendezvous: give each node --rdzv-endpoint HOST:PORT --rdzv-id JOB"
+        )
     return int(opts[opts.index("--rdzv-endpoint") + 1].rpartition(":")[2])
 
 
 class _Nodes:
     """The launchers of a drill, one per node, each with a log ``LOG.node<I>.log`` (``LOG`` itself for one node)."""
 
-    def __init__(self, nodes: Sequence[Sequence[str]], args: Sequence[str], log: Path, nproc: int, max_restarts: int) -> None:
+    def __init__(
+        self, nodes: Sequence[Sequence[str]], args: Sequence[str], log: Path, nproc: int, max_restarts: int
+    ) -> None:
         self.nodes, self.nproc, self.logs, self.starts = nodes, nproc, [], [0] * len(nodes)
         self.args = ["--max-restarts", str(max_restarts), *args]
         self.base = log if len(nodes) == 1 else log.with_suffix("")
@@ -251,7 +296,12 @@ class _Nodes:
         log = self.base if len(self.nodes) == 1 else Path(f"{self.base}.node{i}{'.again' * self.starts[i]}.log")
         self.starts[i] += 1
         self.logs.append(log)
-        return launch([*self.nodes[i], *self.args], log, nproc=self.nproc, env={"OMP_NUM_THREADS": "1"} if len(self.nodes) > 1 else None)
+        return launch(
+            [*self.nodes[i], *self.args],
+            log,
+            nproc=self.nproc,
+            env={"OMP_NUM_THREADS": "1"} if len(self.nodes) > 1 else None,
+        )
 
     def rank(self, rank: str) -> psutil.Process:
         for launcher in self.launchers:
@@ -283,12 +333,25 @@ class _Nodes:
         return fire
 
     def text(self) -> str:
-        return "".join(f"== {log.name}\n{log.read_text()}" for log in self.logs) if len(self.logs) > 1 else self.logs[0].read_text()
+        return (
+            "".join(f"== {log.name}\n{log.read_text()}" for log in self.logs)
+            if len(self.logs) > 1
+            else self.logs[0].read_text()
+        )
 
 
-def kill_drill(args: Sequence[str], progress: str | os.PathLike, log: str | os.PathLike, kill_after: int,
-               rank: str = "1", nproc: int = 2, max_restarts: int = 1, timeout_s: float = 420.0,
-               nodes: Sequence[Sequence[str]] = ((),), lose: str = "rank") -> KillDrill:
+def kill_drill(
+    args: Sequence[str],
+    progress: str | os.PathLike,
+    log: str | os.PathLike,
+    kill_after: int,
+    rank: str = "1",
+    nproc: int = 2,
+    max_restarts: int = 1,
+    timeout_s: float = 420.0,
+    nodes: Sequence[Sequence[str]] = ((),),
+    lose: str = "rank",
+) -> KillDrill:
     """``monai-fast launch --max-restarts N ARGS`` per node; once iteration ``kill_after`` completed, lose a part; run to the end.
 
     Args:
@@ -326,5 +389,12 @@ def kill_drill(args: Sequence[str], progress: str | os.PathLike, log: str | os.P
         _stop(run.launchers)
         raise
     rcs = _finish(run.launchers, watch, deadline)
-    return KillDrill(next((rc for rc in rcs if rc), 0), time.monotonic() - t0, watch.seen, run.text(), killed_after, killed_at,
-                     returncodes=rcs)
+    return KillDrill(
+        next((rc for rc in rcs if rc), 0),
+        time.monotonic() - t0,
+        watch.seen,
+        run.text(),
+        killed_after,
+        killed_at,
+        returncodes=rcs,
+    )

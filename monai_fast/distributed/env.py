@@ -77,8 +77,14 @@ def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
             _int(env, "HOROVOD_CROSS_SIZE", default=1),
         )
     if _slurm_ranks(env):
-        return LaunchEnv("slurm", _int(env, "SLURM_NTASKS", default=1), _int(env, "SLURM_PROCID"), _int(env, "SLURM_LOCALID"),
-                         _int(env, "SLURM_NODEID"), _int(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1))
+        return LaunchEnv(
+            "slurm",
+            _int(env, "SLURM_NTASKS", default=1),
+            _int(env, "SLURM_PROCID"),
+            _int(env, "SLURM_LOCALID"),
+            _int(env, "SLURM_NODEID"),
+            _int(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1),
+        )
     if "LOCAL_RANK" in env and "WORLD_SIZE" in env:  # torch.distributed.launch and other env:// launchers
         return _env_ranks(env)
     return LaunchEnv("none")
@@ -86,8 +92,14 @@ def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
 
 def _env_ranks(env: Mapping[str, str]) -> LaunchEnv:
     """torchrun's variables (``GROUP_RANK``: the node; static or c10d rendezvous alike)."""
-    return LaunchEnv("torchrun", _int(env, "WORLD_SIZE", default=1), _int(env, "RANK"), _int(env, "LOCAL_RANK"),
-                     _int(env, "GROUP_RANK"), _int(env, "GROUP_WORLD_SIZE", default=1))
+    return LaunchEnv(
+        "torchrun",
+        _int(env, "WORLD_SIZE", default=1),
+        _int(env, "RANK"),
+        _int(env, "LOCAL_RANK"),
+        _int(env, "GROUP_RANK"),
+        _int(env, "GROUP_WORLD_SIZE", default=1),
+    )
 
 
 def _slurm_ranks(env: Mapping[str, str]) -> bool:
@@ -107,8 +119,13 @@ def placement(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         ('torchrun', 1, 0, True)
     """
     env = detect(environ)
-    return {"host": socket.gethostname(), "launcher": env.launcher, "node_rank": env.node_rank, "nnodes": env.nnodes,
-            "local_rank": env.local_rank}
+    return {
+        "host": socket.gethostname(),
+        "launcher": env.launcher,
+        "node_rank": env.node_rank,
+        "nnodes": env.nnodes,
+        "local_rank": env.local_rank,
+    }
 
 
 def pick_backend(env: LaunchEnv, cuda: bool, nproc_per_node: int | None = None) -> str | None:

@@ -83,8 +83,14 @@ class PyTorchJobSpec:
         problems = _script_problems(self.script)
         if not self.image or any(c.isspace() for c in self.image):
             problems.append(f"image {self.image!r} is not an image reference like registry/name:tag")
-        for name, least in (("nodes", 1), ("procs_per_node", 1), ("cpus_per_node", 1), ("gpus_per_node", 0),
-                            ("grace_s", 0), ("backoff_limit", 0)):
+        for name, least in (
+            ("nodes", 1),
+            ("procs_per_node", 1),
+            ("cpus_per_node", 1),
+            ("gpus_per_node", 0),
+            ("grace_s", 0),
+            ("backoff_limit", 0),
+        ):
             if getattr(self, name) < least:
                 problems.append(f"{name} must be >= {least}, got {getattr(self, name)}")
         for name in ("job_name", "namespace", "volume_claim"):
@@ -115,9 +121,11 @@ def _script_problems(script: Sequence[str]) -> list[str]:
 
 def _launch_line(spec: PyTorchJobSpec) -> str:
     """The container's shell command: ``monai-fast launch`` with the rendezvous the operator set up."""
-    return (f"exec monai-fast launch --nnodes {spec.nodes} --nproc {spec.ranks_per_node} --node-rank \"$RANK\" "
-            f"--master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" --grace-s {spec.grace_s} "
-            + " ".join(shlex.quote(a) for a in spec.script))
+    return (
+        f'exec monai-fast launch --nnodes {spec.nodes} --nproc {spec.ranks_per_node} --node-rank "$RANK" '
+        f'--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" --grace-s {spec.grace_s} '
+        + " ".join(shlex.quote(a) for a in spec.script)
+    )
 
 
 def _pod_template(spec: PyTorchJobSpec) -> dict[str, Any]:
@@ -157,8 +165,10 @@ def pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": metadata,
-        "spec": {"runPolicy": {"backoffLimit": spec.backoff_limit, "cleanPodPolicy": "None"},
-                 "pytorchReplicaSpecs": replicas},
+        "spec": {
+            "runPolicy": {"backoffLimit": spec.backoff_limit, "cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": replicas,
+        },
     }
 
 

@@ -23,8 +23,16 @@ from monai_fast.distributed.env import detect, nested_spawn_message, pick_backen
 from monai_fast.telemetry import cuda_available, set_cuda_device
 
 __all__ = [
-    "DEFAULT_RDZV_TIMEOUT_S", "LaunchSpec", "free_port", "rendezvous_failure", "rendezvous_timeout_message",
-    "rendezvous_wait_line", "run", "setup_rank", "torchrun_args", "torchrun_env",
+    "DEFAULT_RDZV_TIMEOUT_S",
+    "LaunchSpec",
+    "free_port",
+    "rendezvous_failure",
+    "rendezvous_timeout_message",
+    "rendezvous_wait_line",
+    "run",
+    "setup_rank",
+    "torchrun_args",
+    "torchrun_env",
 ]
 
 logger = logging.getLogger("monai_fast.distributed")
@@ -113,13 +121,16 @@ def run(
         pg["timeout"] = dt.timedelta(seconds=timeout_s)
     if backend is not None and nproc_per_node is not None and nproc_per_node > 1:
         logger.info("spawning %d local processes, backend %s", nproc_per_node, backend)
-        with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node, master_port=free_port(),
-                            start_method="spawn", **pg) as parallel:
+        with idist.Parallel(
+            backend=backend, nproc_per_node=nproc_per_node, master_port=free_port(), start_method="spawn", **pg
+        ) as parallel:
             parallel.run(_entry, fn, seed, args, kwargs)
         return
     if backend is not None:
         idist.initialize(backend, **pg)
-    logger.info("launcher %s, backend %s, rank %d of %d", env.launcher, backend, idist.get_rank(), idist.get_world_size())
+    logger.info(
+        "launcher %s, backend %s, rank %d of %d", env.launcher, backend, idist.get_rank(), idist.get_world_size()
+    )
     try:
         _entry(idist.get_local_rank(), fn, seed, args, kwargs)
     finally:
@@ -182,7 +193,9 @@ class LaunchSpec:
     rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        problems = _count_problems(self) + (_c10d_problems(self) if self.rdzv_endpoint or self.rdzv_id else _static_problems(self))
+        problems = _count_problems(self) + (
+            _c10d_problems(self) if self.rdzv_endpoint or self.rdzv_id else _static_problems(self)
+        )
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -203,9 +216,11 @@ def _count_problems(spec: LaunchSpec) -> list[str]:
     if not spec.rdzv_timeout_s > 0:
         problems.append(f"--rdzv-timeout must be > 0 seconds, got {spec.rdzv_timeout_s}")
     elif spec.max_restarts and spec.nnodes > 1 and not spec.rdzv_endpoint:
-        problems.append(f"--max-restarts {spec.max_restarts} across {spec.nnodes} nodes needs the c10d rendezvous "
-                        "(--rdzv-endpoint HOST:PORT --rdzv-id JOB): a --master-addr (static) rendezvous has no rounds in which "
-                        "the nodes' restarts meet")
+        problems.append(
+            f"--max-restarts {spec.max_restarts} across {spec.nnodes} nodes needs the c10d rendezvous "
+            "(--rdzv-endpoint HOST:PORT --rdzv-id JOB): a --master-addr (static) rendezvous has no rounds in which "
+            "the nodes' restarts meet"
+        )
     return problems
 
 
@@ -216,28 +231,49 @@ def _port_problem(flag: str, port: int) -> list[str]:
 def _static_problems(spec: LaunchSpec) -> list[str]:
     problems: list[str] = []
     if spec.node_rank is not None and not 0 <= spec.node_rank < max(spec.nnodes, 1):
-        problems.append(f"--node-rank {spec.node_rank} must be below --nnodes {spec.nnodes} (nodes are numbered "
-                        f"0 to {max(spec.nnodes, 1) - 1}, 0 on the --master-addr host)")
+        problems.append(
+            f"--node-rank {spec.node_rank} must be below --nnodes {spec.nnodes} (nodes are numbered "
+            f"0 to {max(spec.nnodes, 1) - 1}, 0 on the --master-addr host)"
+        )
     if spec.master_addr is not None and (not spec.master_addr.strip() or spec.master_addr.count(":") == 1):
-        problems.append(f"--master-addr {spec.master_addr!r} is not a host name or address"
-                        + (": give the port with --master-port" if ":" in spec.master_addr else ""))
+        problems.append(
+            f"--master-addr {spec.master_addr!r} is not a host name or address"
+            + (": give the port with --master-port" if ":" in spec.master_addr else "")
+        )
     if spec.master_port is not None:
         problems += _port_problem("--master-port", spec.master_port)
     if spec.nnodes > 1 and spec.master_addr is None:
-        problems.append(f"--nnodes {spec.nnodes} needs where the nodes meet: --master-addr HOST --node-rank I "
-                        "(static), or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d)")
+        problems.append(
+            f"--nnodes {spec.nnodes} needs where the nodes meet: --master-addr HOST --node-rank I "
+            "(static), or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d)"
+        )
     elif spec.nnodes > 1 and spec.node_rank is None:
-        problems.append(f"--nnodes {spec.nnodes} with --master-addr needs this node's --node-rank (0 to {spec.nnodes - 1})")
+        problems.append(
+            f"--nnodes {spec.nnodes} with --master-addr needs this node's --node-rank (0 to {spec.nnodes - 1})"
+        )
     elif spec.master_addr is None and (spec.node_rank or spec.master_port is not None):
         problems.append("--node-rank and --master-port need --master-addr (node 0's address)")
     return problems
 
 
 def _c10d_problems(spec: LaunchSpec) -> list[str]:
-    static = [flag for flag, v in (("--master-addr", spec.master_addr), ("--master-port", spec.master_port),
-                                   ("--node-rank", spec.node_rank)) if v is not None]
-    problems = [f"{' and '.join(static)} cannot be mixed with the c10d rendezvous (--rdzv-endpoint, --rdzv-id): "
-                "use one form; under c10d torchrun numbers the nodes"] if static else []
+    static = [
+        flag
+        for flag, v in (
+            ("--master-addr", spec.master_addr),
+            ("--master-port", spec.master_port),
+            ("--node-rank", spec.node_rank),
+        )
+        if v is not None
+    ]
+    problems = (
+        [
+            f"{' and '.join(static)} cannot be mixed with the c10d rendezvous (--rdzv-endpoint, --rdzv-id): "
+            "use one form; under c10d torchrun numbers the nodes"
+        ]
+        if static
+        else []
+    )
     if not spec.rdzv_endpoint:
         return problems + ["--rdzv-id needs --rdzv-endpoint HOST:PORT"]
     host, _, port = spec.rdzv_endpoint.rpartition(":")
@@ -263,14 +299,23 @@ def torchrun_args(spec: LaunchSpec) -> list[str]:
         ['--nnodes=2', '--rdzv-backend=c10d', '--rdzv-endpoint=h:29400', '--rdzv-id=job7']
     """
     if spec.form == "c10d":
-        where = [f"--nnodes={spec.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}",
-                 f"--rdzv-id={spec.rdzv_id}"]
+        where = [
+            f"--nnodes={spec.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={spec.rdzv_endpoint}",
+            f"--rdzv-id={spec.rdzv_id}",
+        ]
         join_timeout = math.ceil(spec.rdzv_timeout_s)
         if join_timeout != _TORCHRUN_JOIN_TIMEOUT_S:  # only what differs from torchrun's own default
             where.append(f"--rdzv-conf=join_timeout={join_timeout}")
     elif spec.form == "static":
-        where = [f"--nnodes={spec.nnodes}", f"--node-rank={spec.node_rank or 0}", f"--master-addr={spec.master_addr}",
-                 f"--master-port={spec.master_port or DEFAULT_MASTER_PORT}", "--rdzv-backend=static"]
+        where = [
+            f"--nnodes={spec.nnodes}",
+            f"--node-rank={spec.node_rank or 0}",
+            f"--master-addr={spec.master_addr}",
+            f"--master-port={spec.master_port or DEFAULT_MASTER_PORT}",
+            "--rdzv-backend=static",
+        ]
     else:
         where = ["--standalone"]
     return [*where, f"--nproc-per-node={spec.nproc}", f"--max-restarts={spec.max_restarts}", "--monitor-interval=1"]
@@ -317,14 +362,18 @@ def rendezvous_failure(error_file: str | os.PathLike, spec: LaunchSpec) -> str |
     except (OSError, ValueError, AttributeError):
         return None
     if message.startswith("RendezvousConnectionError"):
-        return (f"the c10d rendezvous at {spec.rdzv_endpoint} is gone: its host node (the one whose launcher first bound "
-                "--rdzv-endpoint) was lost or stopped, and the job with it (--max-restarts cannot help: the restarts meet "
-                "there). Start the launcher on every node again with the same command; a script with Preemption resumes "
-                "from its latest checkpoint")
+        return (
+            f"the c10d rendezvous at {spec.rdzv_endpoint} is gone: its host node (the one whose launcher first bound "
+            "--rdzv-endpoint) was lost or stopped, and the job with it (--max-restarts cannot help: the restarts meet "
+            "there). Start the launcher on every node again with the same command; a script with Preemption resumes "
+            "from its latest checkpoint"
+        )
     if message.startswith("RendezvousTimeoutError"):
-        return (f"not all --nnodes {spec.nnodes} nodes joined the c10d rendezvous at {spec.rdzv_endpoint} (--rdzv-id "
-                f"{spec.rdzv_id}) within --rdzv-timeout {spec.rdzv_timeout_s:g} s: start the launcher on every node, "
-                "with the same --rdzv-endpoint and --rdzv-id")
+        return (
+            f"not all --nnodes {spec.nnodes} nodes joined the c10d rendezvous at {spec.rdzv_endpoint} (--rdzv-id "
+            f"{spec.rdzv_id}) within --rdzv-timeout {spec.rdzv_timeout_s:g} s: start the launcher on every node, "
+            "with the same --rdzv-endpoint and --rdzv-id"
+        )
     return None
 
 
@@ -346,8 +395,10 @@ def rendezvous_wait_line(spec: LaunchSpec) -> str | None:
         return None
     nodes = f"{spec.nnodes} node{'s' if spec.nnodes != 1 else ''}"
     who = f"--rdzv-id {spec.rdzv_id}" if spec.form == "c10d" else f"this one --node-rank {spec.node_rank}"
-    return (f"waiting for the rendezvous at {_meeting_point(spec)} ({nodes}, {who}) "
-            f"(up to {spec.rdzv_timeout_s:g} s; --rdzv-timeout)")
+    return (
+        f"waiting for the rendezvous at {_meeting_point(spec)} ({nodes}, {who}) "
+        f"(up to {spec.rdzv_timeout_s:g} s; --rdzv-timeout)"
+    )
 
 
 def _tcp_answer(host: str, port: int, timeout_s: float) -> str:
@@ -374,13 +425,19 @@ def rendezvous_timeout_message(spec: LaunchSpec, probe_s: float = 2.0) -> str:
     answer = _tcp_answer(host, int(port), probe_s)
     flag = "--rdzv-endpoint" if spec.form == "c10d" else "--master-port"
     if answer == "accepts" and spec.nnodes == 1:
-        return (f"{head}: {where} accepts connections but never answered as a rendezvous store: another program holds "
-                f"that port; give {flag} a free port")
+        return (
+            f"{head}: {where} accepts connections but never answered as a rendezvous store: another program holds "
+            f"that port; give {flag} a free port"
+        )
     if answer == "accepts":
-        return (f"{head}: {where} accepts connections but the {spec.nnodes} nodes did not all meet there: start the "
-                f"launcher on every node with the same options, and check that no other program holds port {port} "
-                f"on {host} (then give {flag} a free port)")
+        return (
+            f"{head}: {where} accepts connections but the {spec.nnodes} nodes did not all meet there: start the "
+            f"launcher on every node with the same options, and check that no other program holds port {port} "
+            f"on {host} (then give {flag} a free port)"
+        )
     if answer == "refused":
-        return (f"{head}: nothing listens at {where}: start the launcher on {host} (it hosts the rendezvous), "
-                f"or correct the address and port")
+        return (
+            f"{head}: nothing listens at {where}: start the launcher on {host} (it hosts the rendezvous), "
+            f"or correct the address and port"
+        )
     return f"{head}: {host} cannot be reached on port {port}: check the address, the network and the firewall"

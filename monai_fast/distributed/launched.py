@@ -47,8 +47,9 @@ def guard_ignite_spawn() -> None:
     from monai_fast.distributed.env import detect, nested_spawn_message
 
     @functools.wraps(utils.spawn)
-    def refuse(backend: str, fn: Any, args: tuple, kwargs_dict: dict | None = None, nproc_per_node: int = 1,
-               **kwargs: Any) -> None:
+    def refuse(
+        backend: str, fn: Any, args: tuple, kwargs_dict: dict | None = None, nproc_per_node: int = 1, **kwargs: Any
+    ) -> None:
         raise NestedSpawnError(nested_spawn_message(nproc_per_node, detect()))
 
     utils.spawn = refuse  # what idist.Parallel.run calls

@@ -51,7 +51,9 @@ def fix_zero_grad_signature(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
     return optimizer
 
 
-def distribute(network: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def distribute(
+    network: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """``idist.auto_model`` + ``idist.auto_optim`` for the current backend; a no-op for one process.
 
     Under torch.distributed the network becomes a ``DistributedDataParallel`` (rank 0's weights

@@ -36,8 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MASTER_PORT", "SageMakerEnv", "SageMakerEnvError", "decode_hyperparameters", "read_sagemaker_env",
-           "torchrun_command"]
+__all__ = [
+    "MASTER_PORT",
+    "SageMakerEnv",
+    "SageMakerEnvError",
+    "decode_hyperparameters",
+    "read_sagemaker_env",
+    "torchrun_command",
+]
 
 #: the rendezvous port of the toolkit's torchrun runner
 MASTER_PORT = 7777
@@ -112,10 +118,14 @@ class SageMakerEnv:
         if "training" in self.channels:
             return self.channels["training"]
         if not self.channels:
-            raise SageMakerEnvError("SM_CHANNEL_<NAME>", "no input channel: none of SM_CHANNELS and SM_CHANNEL_* is "
-                                    "set, and synthetic data do not stand in for a job's data")
-        raise SageMakerEnvError("SM_CHANNEL_<NAME>", f"several input channels and none named 'training' ({found}): "
-                                "name one with --channel")
+            raise SageMakerEnvError(
+                "SM_CHANNEL_<NAME>",
+                "no input channel: none of SM_CHANNELS and SM_CHANNEL_* is "
+                "set, and synthetic data do not stand in for a job's data",
+            )
+        raise SageMakerEnvError(
+            "SM_CHANNEL_<NAME>", f"several input channels and none named 'training' ({found}): name one with --channel"
+        )
 
     def describe(self) -> str:
         """One line on the job: its hosts, GPUs and hyperparameters, saying which were not given.
@@ -130,8 +140,10 @@ class SageMakerEnv:
             hosts = "one host (SM_HOSTS not set)"
         gpus = "GPUs: SM_NUM_GPUS not set" if self.num_gpus is None else f"{self.num_gpus} GPU(s)"
         channels = ", ".join(f"{c}={p}" for c, p in sorted(self.channels.items())) or "none"
-        return (f"{hosts}, {gpus}, channels: {channels}, "
-                f"hyperparameters: {'from ' + self.hyperparameters_from if self.hyperparameters_from else 'none'}")
+        return (
+            f"{hosts}, {gpus}, channels: {channels}, "
+            f"hyperparameters: {'from ' + self.hyperparameters_from if self.hyperparameters_from else 'none'}"
+        )
 
     @property
     def node_rank(self) -> int:
@@ -185,7 +197,7 @@ def _hyperparameters(environ: Mapping[str, str]) -> tuple[dict[str, Any], str]:
 def _channels(environ: Mapping[str, str]) -> dict[str, Path]:
     """Every ``SM_CHANNEL_<NAME>`` with a value, by channel name in lower case (the toolkit upper-cases it)."""
     prefix = "SM_CHANNEL_"
-    return {k[len(prefix):].lower(): Path(v) for k, v in sorted(environ.items()) if k.startswith(prefix) and v}
+    return {k[len(prefix) :].lower(): Path(v) for k, v in sorted(environ.items()) if k.startswith(prefix) and v}
 
 
 def _hosts(environ: Mapping[str, str]) -> tuple[tuple[str, ...], str | None]:
@@ -223,11 +235,18 @@ def read_sagemaker_env(environ: Mapping[str, str] | None = None) -> SageMakerEnv
     output = path("SM_OUTPUT_DIR")
     tensorboard = output / "tensorboard" if output else (output_data / "tensorboard" if output_data else None)
     return SageMakerEnv(
-        training_dir=path("SM_CHANNEL_TRAINING"), channels=_channels(environ),
+        training_dir=path("SM_CHANNEL_TRAINING"),
+        channels=_channels(environ),
         variables=tuple(sorted(k for k in environ if k.startswith("SM_"))),
-        model_dir=path("SM_MODEL_DIR"), output_data_dir=output_data,
-        tensorboard_dir=tensorboard, hyperparameters=hps, hyperparameters_from=hps_from, num_gpus=num_gpus,
-        hosts=hosts, current_host=current, checkpoint_dir=_checkpoints(path("SM_MODEL_DIR")),
+        model_dir=path("SM_MODEL_DIR"),
+        output_data_dir=output_data,
+        tensorboard_dir=tensorboard,
+        hyperparameters=hps,
+        hyperparameters_from=hps_from,
+        num_gpus=num_gpus,
+        hosts=hosts,
+        current_host=current,
+        checkpoint_dir=_checkpoints(path("SM_MODEL_DIR")),
     )
 
 
@@ -249,6 +268,19 @@ def torchrun_command(env: SageMakerEnv, command: Sequence[str], nproc_per_node: 
     if len(env.hosts) < 2:
         raise SageMakerEnvError("SM_HOSTS", f"a rendezvous needs two or more hosts, got {list(env.hosts)}")
     nproc = nproc_per_node if nproc_per_node is not None else max(env.num_gpus or 0, 1)
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(env.hosts)), "--nproc_per_node", str(nproc),
-            "--master_addr", env.hosts[0], "--master_port", str(MASTER_PORT), "--node_rank", str(env.node_rank),
-            *command]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(len(env.hosts)),
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        env.hosts[0],
+        "--master_port",
+        str(MASTER_PORT),
+        "--node_rank",
+        str(env.node_rank),
+        *command,
+    ]

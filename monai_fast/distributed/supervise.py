@@ -130,7 +130,7 @@ class _Supervision:
     def deliver(self) -> None:
         """Send every rank the signals it has not been sent yet (a rank started late gets them all)."""
         for rank in self.alive_ranks():
-            for sig in self.received[self.delivered.get(rank.pid, 0):]:
+            for sig in self.received[self.delivered.get(rank.pid, 0) :]:
                 try:
                     rank.send_signal(sig)
                 except psutil.Error:
@@ -176,17 +176,24 @@ def _wait(s: _Supervision, poll_s: float, start_timeout_s: float | None) -> None
                 reminded = now
                 logger.info("still waiting for the rendezvous: %.0f s left", start_timeout_s - (now - s.started_at))
         if launcher_done and not s.received:  # orphans: the launcher died under them
-            logger.warning("the launcher ended (status %s) but ranks %s live on: stopping them",
-                           s.proc.returncode, sorted(p.pid for p in s.alive_ranks()))
+            logger.warning(
+                "the launcher ended (status %s) but ranks %s live on: stopping them",
+                s.proc.returncode,
+                sorted(p.pid for p in s.alive_ranks()),
+            )
             s.on_signal(signal.SIGTERM, None)
         s.deliver()
         if s.deadline is not None and time.monotonic() > s.deadline:
             if s.ranks:
-                logger.warning("the ranks did not stop within %.0f s: killing %s", s.grace_s,
-                               sorted(p.pid for p in s.alive_ranks()) or "the launcher")
+                logger.warning(
+                    "the ranks did not stop within %.0f s: killing %s",
+                    s.grace_s,
+                    sorted(p.pid for p in s.alive_ranks()) or "the launcher",
+                )
             else:
-                logger.warning("the launcher, still at its rendezvous, did not stop within %.0f s: killing it",
-                               _LAUNCHER_EXIT_S)
+                logger.warning(
+                    "the launcher, still at its rendezvous, did not stop within %.0f s: killing it", _LAUNCHER_EXIT_S
+                )
                 _stop_launcher(s)
                 return
             s.kill_all()
@@ -199,8 +206,13 @@ def _wait(s: _Supervision, poll_s: float, start_timeout_s: float | None) -> None
         time.sleep(poll_s)
 
 
-def supervise(cmd: Sequence[str], grace_s: float = 120.0, env: Mapping[str, str] | None = None,
-              poll_s: float = 0.1, start_timeout_s: float | None = None) -> int:
+def supervise(
+    cmd: Sequence[str],
+    grace_s: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    poll_s: float = 0.1,
+    start_timeout_s: float | None = None,
+) -> int:
     """Run ``cmd`` (a launcher such as torchrun) to its end, passing ``FORWARDED`` signals to its children.
 
     Args:

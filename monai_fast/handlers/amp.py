@@ -110,7 +110,11 @@ class AMPToggle(EngineHandler):
     def stats(self) -> dict[str, int]:
         """``nonfinite`` losses and ``skipped_steps`` (from the engine's guard), fp16 ``overflows``."""
         g = self._guard.state_dict() if self._guard is not None else self._guard_state
-        return {"nonfinite": g["stats"]["nonfinite"], "skipped_steps": g["stats"]["skipped_steps"], "overflows": self._overflows}
+        return {
+            "nonfinite": g["stats"]["nonfinite"],
+            "skipped_steps": g["stats"]["skipped_steps"],
+            "overflows": self._overflows,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """The chosen precision, whether it fell back to fp32, the on/off switch and the counts."""
@@ -143,7 +147,12 @@ class AMPToggle(EngineHandler):
         self._restored = True
         self.autocast_dtype = autocast_dtype(self.precision)
         e = self.engine
-        if e is not None and self.precision == "fp16" and hasattr(e, "optimizer") and getattr(e, "scaler", None) is None:
+        if (
+            e is not None
+            and self.precision == "fp16"
+            and hasattr(e, "optimizer")
+            and getattr(e, "scaler", None) is None
+        ):
             e.scaler = torch.amp.GradScaler("cuda")
         self._apply()
 
@@ -169,14 +178,20 @@ class AMPToggle(EngineHandler):
             TypeError: if ``engine`` has no ``inferer`` (not a MONAI trainer/evaluator).
         """
         if not isinstance(getattr(engine, "inferer", None), Inferer):
-            raise TypeError("AMPToggle needs a MONAI SupervisedTrainer or SupervisedEvaluator (an engine with an inferer)")
+            raise TypeError(
+                "AMPToggle needs a MONAI SupervisedTrainer or SupervisedEvaluator (an engine with an inferer)"
+            )
         device = torch.device(getattr(engine.state, "device", None) or "cpu")
         precision = self.precision if self._restored else choose_precision(self.requested, device)
         self.precision = precision  # a resumed run keeps the precision its checkpoint chose
         self.device_type = device.type
         self.autocast_dtype = autocast_dtype(self.precision)
-        self._undo = {"inferer": engine.inferer, "amp": getattr(engine, "amp", False),
-                      "amp_kwargs": getattr(engine, "amp_kwargs", {}), "scaler": getattr(engine, "scaler", None)}
+        self._undo = {
+            "inferer": engine.inferer,
+            "amp": getattr(engine, "amp", False),
+            "amp_kwargs": getattr(engine, "amp_kwargs", {}),
+            "scaler": getattr(engine, "scaler", None),
+        }
         engine.inferer = _AutocastInferer(engine.inferer, self)
         trains = hasattr(engine, "optimizer")
         if trains and self.precision == "fp16" and getattr(engine, "scaler", None) is None:
@@ -206,7 +221,9 @@ class AMPToggle(EngineHandler):
         outer = getattr(engine, "inferer", None)
         if isinstance(outer, _AutocastInferer) and outer.toggle is self:
             engine.inferer = outer = outer.inner
-        while "inner" in getattr(outer, "__dict__", {}):  # through any wrapper above ours (ClassesInnermost's, another toggle's)
+        while "inner" in getattr(
+            outer, "__dict__", {}
+        ):  # through any wrapper above ours (ClassesInnermost's, another toggle's)
             if isinstance(outer.inner, _AutocastInferer) and outer.inner.toggle is self:
                 outer.inner = outer.inner.inner
             outer = outer.inner
@@ -249,7 +266,8 @@ class AMPToggle(EngineHandler):
         self._apply()
         logger.warning(
             "AMPToggle: %d non-finite losses in a row at iteration %d; falling back to fp32 for the rest of the run",
-            self._guard.streak if self._guard is not None else 0, engine.state.iteration,
+            self._guard.streak if self._guard is not None else 0,
+            engine.state.iteration,
         )
         if (record := record_of(engine)) is not None:
             record.add("event", "amp", what="fallback_to_fp32", iteration=engine.state.iteration)

@@ -75,13 +75,17 @@ class BackgroundValidation(EngineHandler):
         logger: logging.Logger | None = None,
     ) -> None:
         if not isinstance(evaluator, Evaluator) or not isinstance(getattr(evaluator, "network", None), torch.nn.Module):
-            raise TypeError(f"BackgroundValidation: evaluator must be a MONAI Evaluator with a network, got {type(evaluator).__name__}")
+            raise TypeError(
+                f"BackgroundValidation: evaluator must be a MONAI Evaluator with a network, got {type(evaluator).__name__}"
+            )
         if not (isinstance(interval, int) and interval >= 1):
             raise ValueError(f"BackgroundValidation: interval must be an int >= 1, got {interval!r}")
         if when_busy not in ("skip", "wait"):
             raise ValueError(f"BackgroundValidation: when_busy must be 'skip' or 'wait', got {when_busy!r}")
         if threads is not None and (len(threads) != 2 or min(threads) < 1):
-            raise ValueError(f"BackgroundValidation: threads must be (training, validation), each >= 1, got {threads!r}")
+            raise ValueError(
+                f"BackgroundValidation: threads must be (training, validation), each >= 1, got {threads!r}"
+            )
         super().__init__()
         self.evaluator, self.interval, self.when_busy = evaluator, interval, when_busy
         half = max(1, torch.get_num_threads() // 2)
@@ -98,18 +102,25 @@ class BackgroundValidation(EngineHandler):
     def _attach(self, trainer: Engine) -> None:
         network = getattr(trainer, "network", None)
         if not isinstance(network, torch.nn.Module):
-            raise TypeError(f"BackgroundValidation: the trainer must have a network (a MONAI SupervisedTrainer), got {type(trainer).__name__}")
+            raise TypeError(
+                f"BackgroundValidation: the trainer must have a network (a MONAI SupervisedTrainer), got {type(trainer).__name__}"
+            )
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # the evaluator's metric all-reduce would interleave with DDP's gradient all-reduce
-            raise ValueError("BackgroundValidation: not in a multi-process run (collectives from two threads); use ValidationSchedule")
+            raise ValueError(
+                "BackgroundValidation: not in a multi-process run (collectives from two threads); use ValidationSchedule"
+            )
         self._source = getattr(network, "module", network)  # DDP: the bare module, as the evaluator uses
         self._own_network = self.evaluator.network
         self.evaluator.network = copy.deepcopy(self._source)  # the snapshot, only ever written between validations
         self.on(trainer, Events.STARTED, self._started)
         self.on(trainer, Events.ITERATION_COMPLETED, self._raise_error)
         self.on(trainer, Events.EPOCH_COMPLETED, self._epoch_completed)
-        for event in (Events.TERMINATE, Events.COMPLETED):  # before the run-end hooks, so an error is raised, not logged
+        for event in (
+            Events.TERMINATE,
+            Events.COMPLETED,
+        ):  # before the run-end hooks, so an error is raised, not logged
             self.on(trainer, event, self._completed, first=True)
         self.on_run_end(trainer, self._stop)
 
@@ -125,7 +136,9 @@ class BackgroundValidation(EngineHandler):
     def _raise_error(self, trainer: Engine | None = None) -> None:
         if self._error is not None:
             (epoch, error), self._error = self._error, None
-            raise BackgroundValidationError(f"background validation of epoch {epoch}'s weights failed: {error!r}") from error
+            raise BackgroundValidationError(
+                f"background validation of epoch {epoch}'s weights failed: {error!r}"
+            ) from error
 
     def _epoch_completed(self, trainer: Engine) -> None:
         self._raise_error()
@@ -158,8 +171,14 @@ class BackgroundValidation(EngineHandler):
             return
         record = record_of(trainer)
         if record is not None:
-            record.add(Kind.EPOCH, Source.VALIDATION, epoch=epoch, background=True, full=True,
-                       full_s=time.perf_counter() - start)
+            record.add(
+                Kind.EPOCH,
+                Source.VALIDATION,
+                epoch=epoch,
+                background=True,
+                full=True,
+                full_s=time.perf_counter() - start,
+            )
 
     def _completed(self, trainer: Engine) -> None:
         if self._thread is not None:

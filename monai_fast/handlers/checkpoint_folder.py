@@ -132,8 +132,14 @@ class CheckpointFolder(Checkpoint):
         if n_saved < 1:
             raise ValueError(f"n_saved must be >= 1, got {n_saved}")
         saver = _SyncedDiskSaver(dirname, create_dir=True, require_empty=False)
-        super().__init__(to_save, saver, filename_prefix="ckpt", n_saved=None, global_step_transform=_iteration_of,
-                         filename_pattern="{filename_prefix}-{global_step:09d}.{ext}")
+        super().__init__(
+            to_save,
+            saver,
+            filename_prefix="ckpt",
+            n_saved=None,
+            global_step_transform=_iteration_of,
+            filename_pattern="{filename_prefix}-{global_step:09d}.{ext}",
+        )
         self.dirname = Path(dirname)
         self.keep = n_saved
         self._valid: dict[tuple[str, int, int], bool] = {}
@@ -183,23 +189,36 @@ class CheckpointFolder(Checkpoint):
     def _explain(self, err: BaseException, name: str) -> BaseException:
         """``err`` as one clear error naming the folder, the space missing and what is kept; else ``err``."""
         kept = [p.name for p in self.checkpoints() if self.is_valid(p)] if self.dirname.is_dir() else []
-        kept_text = (f"the checkpoints in {self.dirname} are kept ({', '.join(kept)})" if kept
-                     else f"no earlier checkpoint is in {self.dirname}")
+        kept_text = (
+            f"the checkpoints in {self.dirname} are kept ({', '.join(kept)})"
+            if kept
+            else f"no earlier checkpoint is in {self.dirname}"
+        )
         last = self._last
         if not self.dirname.is_dir() and isinstance(err, (FileExistsError, NotADirectoryError)):
             what = "a file" if self.dirname.exists() else "something"
-            written = (f"the last checkpoint this run wrote there is {last.name}" if last
-                       else "this run wrote none there")
-            message = (f"checkpoint folder {self.dirname} is no longer a folder ({what} replaced it): {name} "
-                       f"was not written and the run stops; {written}; move the file away or give another folder, "
-                       f"then resume")
+            written = (
+                f"the last checkpoint this run wrote there is {last.name}" if last else "this run wrote none there"
+            )
+            message = (
+                f"checkpoint folder {self.dirname} is no longer a folder ({what} replaced it): {name} "
+                f"was not written and the run stops; {written}; move the file away or give another folder, "
+                f"then resume"
+            )
             return CheckpointFolderError(self.dirname, message)
         full = no_space_in(err)
         if full is not None:
             estimate = self._size_of(last) or next((self._size_of(self.dirname / k) for k in kept), None)
             detail = f"{kept_text}; the run stops"
-            explained = NoSpaceError(self.dirname / name, needed=estimate, free=full.free, what="checkpoint",
-                                     code=full.errno, written=full.written, detail=detail)
+            explained = NoSpaceError(
+                self.dirname / name,
+                needed=estimate,
+                free=full.free,
+                what="checkpoint",
+                code=full.errno,
+                written=full.written,
+                detail=detail,
+            )
             return explained
         return err
 
@@ -252,8 +271,13 @@ class CheckpointFolder(Checkpoint):
         new = [p for p in damaged if p.name not in self._reported]
         if new:
             self._reported.update(p.name for p in new)
-            logger.warning("Preemption: damaged checkpoint(s) %s in %s are not counted among the %d kept, and left "
-                           "there for inspection; delete them", ", ".join(p.name for p in new), self.dirname, self.keep)
+            logger.warning(
+                "Preemption: damaged checkpoint(s) %s in %s are not counted among the %d kept, and left "
+                "there for inspection; delete them",
+                ", ".join(p.name for p in new),
+                self.dirname,
+                self.keep,
+            )
         return removed
 
     def newest_loadable(self) -> tuple[Path, dict[str, Any]] | None:
@@ -269,8 +293,10 @@ class CheckpointFolder(Checkpoint):
             clean_stale_tmp(self.dirname)
             old = [p.name for p in self.dirname.glob("ckpt-*") if p.is_dir()] if self.dirname.is_dir() else []
             if old:
-                logger.warning("Preemption: %s hold(s) checkpoints of the old folder format, which are not read",
-                               ", ".join(sorted(old)))
+                logger.warning(
+                    "Preemption: %s hold(s) checkpoints of the old folder format, which are not read",
+                    ", ".join(sorted(old)),
+                )
         candidates = self.checkpoints()
         if idist.get_world_size() > 1:  # the same list on every rank (rank 0's view)
             listing = idist.broadcast("\n".join(str(p) for p in candidates), src=0, safe_mode=True)

@@ -61,7 +61,9 @@ class MainThreadCore(EngineHandler):
             core = frozenset(core)  # type: ignore[arg-type]
             allowed = os.sched_getaffinity(0)
             if not core or not core <= allowed:
-                raise ValueError(f"MainThreadCore: core {sorted(core)} is not within this thread's CPUs {sorted(allowed)}")
+                raise ValueError(
+                    f"MainThreadCore: core {sorted(core)} is not within this thread's CPUs {sorted(allowed)}"
+                )
         self.core: frozenset[int] | None = core  # type: ignore[assignment]
         self._held: ExitStack | None = None  # the on_core block held from ITERATION_STARTED to ITERATION_COMPLETED
 

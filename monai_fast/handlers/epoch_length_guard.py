@@ -103,7 +103,8 @@ class EpochLengthGuard(EngineHandler):
                 f"the {self.name} data loader ended a pass after {taken} of its {expected} batches (epoch "
                 f"{engine.state.epoch}, iteration {engine.state.iteration}): the pass lost items, so the epoch is not "
                 "used. A loader whose thread stops on an error ends its pass this way (MONAI's ThreadDataLoader); "
-                "monai_fast.data.loaders.SafeThreadDataLoader raises the failing item's error instead")
+                "monai_fast.data.loaders.SafeThreadDataLoader raises the failing item's error instead"
+            )
         self.passes += 1
 
     def _epoch_completed(self, engine: Engine) -> None:
@@ -114,4 +115,5 @@ class EpochLengthGuard(EngineHandler):
         if done != expected:
             raise ShortEpochError(
                 f"{self.name} epoch {engine.state.epoch} ended after {done} of its {expected} iterations: the data "
-                "loader gave no more batches, so the epoch's results are not used")
+                "loader gave no more batches, so the epoch's results are not used"
+            )

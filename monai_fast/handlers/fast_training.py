@@ -153,8 +153,12 @@ class FastTraining(EngineHandler):
         for name, v in (("prefetch", prefetch), ("prediction_layout", prediction_layout)):
             if not (isinstance(v, bool) or v == "auto"):
                 raise ValueError(f"FastTraining: {name} must be 'auto', True or False, got {v!r}")
-        for name, v in (("gpu_budget_mib", gpu_budget_mib), ("ram_budget_mib", ram_budget_mib),
-                        ("disk_budget_mib", disk_budget_mib), ("cache_threads", cache_threads)):
+        for name, v in (
+            ("gpu_budget_mib", gpu_budget_mib),
+            ("ram_budget_mib", ram_budget_mib),
+            ("disk_budget_mib", disk_budget_mib),
+            ("cache_threads", cache_threads),
+        ):
             if v is not None and not v >= 0:
                 raise ValueError(f"FastTraining: {name} must be >= 0 or None, got {v}")
         if cache == "disk" and cache_dir is None:
@@ -162,9 +166,20 @@ class FastTraining(EngineHandler):
         super().__init__()
         self.cache, self.loader, self.precision, self.memory_format = cache, loader, precision, memory_format
         self.validation = validation
-        self.budgets = {k: None if v is None else int(v * 2**20)
-                        for k, v in (("gpu_budget", gpu_budget_mib), ("ram_budget", ram_budget_mib), ("disk_budget", disk_budget_mib))}
-        self.cache_dir, self.cache_threads, self.progress, self.tune_store = cache_dir, cache_threads, progress, tune_store
+        self.budgets = {
+            k: None if v is None else int(v * 2**20)
+            for k, v in (
+                ("gpu_budget", gpu_budget_mib),
+                ("ram_budget", ram_budget_mib),
+                ("disk_budget", disk_budget_mib),
+            )
+        }
+        self.cache_dir, self.cache_threads, self.progress, self.tune_store = (
+            cache_dir,
+            cache_threads,
+            progress,
+            tune_store,
+        )
         self.background_fill = bool(background_fill)
         self.prefetch, self.prediction_layout = prefetch, prediction_layout
         self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
@@ -183,9 +198,13 @@ class FastTraining(EngineHandler):
             RuntimeError: already attached.
         """
         if not isinstance(trainer, Workflow):
-            raise TypeError(f"FastTraining needs a MONAI SupervisedTrainer (a monai.engines.Workflow), got {type(trainer).__name__}")
+            raise TypeError(
+                f"FastTraining needs a MONAI SupervisedTrainer (a monai.engines.Workflow), got {type(trainer).__name__}"
+            )
         if evaluator is not None and not isinstance(evaluator, Workflow):
-            raise TypeError(f"FastTraining: evaluator must be a MONAI SupervisedEvaluator, got {type(evaluator).__name__}")
+            raise TypeError(
+                f"FastTraining: evaluator must be a MONAI SupervisedEvaluator, got {type(evaluator).__name__}"
+            )
         self._pending_evaluator = evaluator
         super().attach(trainer)
 
@@ -205,8 +224,12 @@ class FastTraining(EngineHandler):
             evaluator = None
         if evaluator is not None:
             with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
-                self._data(evaluator, "validation data", torch.device(getattr(evaluator.state, "device", None) or device),
-                           trainer)
+                self._data(
+                    evaluator,
+                    "validation data",
+                    torch.device(getattr(evaluator.state, "device", None) or device),
+                    trainer,
+                )
         if NonFiniteGuard not in handlers_on(trainer):  # every precision, also with precision=False or MONAI's amp
             guard = NonFiniteGuard()
             guard.attach(trainer)
@@ -248,9 +271,16 @@ class FastTraining(EngineHandler):
             return
         before = len(engine.data_loader)
         adopted: AdoptedData = adopt_loader(
-            engine.data_loader, device, cache="auto" if self.cache is True else self.cache, cache_dir=self.cache_dir,
-            cache_threads=self.cache_threads, progress=self.progress, force_thread=self.loader == "thread",
-            background=self.background_fill, after=self._train_cache, **self.budgets,
+            engine.data_loader,
+            device,
+            cache="auto" if self.cache is True else self.cache,
+            cache_dir=self.cache_dir,
+            cache_threads=self.cache_threads,
+            progress=self.progress,
+            force_thread=self.loader == "thread",
+            background=self.background_fill,
+            after=self._train_cache,
+            **self.budgets,
         )
         if self._train_cache is None:
             self._train_cache = adopted.dataset
@@ -258,16 +288,25 @@ class FastTraining(EngineHandler):
             self._fills.append(adopted.dataset)
         engine.data_loader = adopted.loader
         if len(adopted.loader) != before:
-            logger.warning("FastTraining %s: %d batches per epoch instead of %d (the per-rank partition pads evenly)",
-                           lever, len(adopted.loader), before)
+            logger.warning(
+                "FastTraining %s: %d batches per epoch instead of %d (the per-rank partition pads evenly)",
+                lever,
+                len(adopted.loader),
+                before,
+            )
         if adopted.smartcache:
             updater = SmartCacheUpdater(adopted.dataset)
             updater.attach(engine)
             self._helpers.append(updater)
         self._say(lever, True, adopted.where, "; ".join(adopted.notes))
         name = lever.replace("data", "prefetch")
-        setting, why, choice = prefetch_for(adopted.loader, device, self.prefetch,
-                                            functools.partial(self._prefetch_chosen, trainer, name), ready=self._filled)
+        setting, why, choice = prefetch_for(
+            adopted.loader,
+            device,
+            self.prefetch,
+            functools.partial(self._prefetch_chosen, trainer, name),
+            ready=self._filled,
+        )
         if choice is not None:
             choice.attach(engine)
             self._helpers.append(choice)
@@ -301,12 +340,16 @@ class FastTraining(EngineHandler):
             ev = AMPToggle(amp.precision)
             ev.attach(evaluator)
             self._helpers.append(ev)
-        reason = {"bf16": f"{device.type} runs bf16 natively" + (" and it measured faster" if device.type == "cpu" else ""),
-                  "fp16": "this GPU has no fast bf16: fp16 with a GradScaler",
-                  "fp32": "no reduced precision pays on this device"}.get(amp.precision, "")
+        reason = {
+            "bf16": f"{device.type} runs bf16 natively" + (" and it measured faster" if device.type == "cpu" else ""),
+            "fp16": "this GPU has no fast bf16: fp16 with a GradScaler",
+            "fp32": "no reduced precision pays on this device",
+        }.get(amp.precision, "")
         if monai_amp:
-            reason = (f"MONAI's amp=True autocasts for CUDA only and does nothing on {device.type}: read as a request "
-                      f"for reduced precision; {reason or 'requested ' + str(self.precision)}")
+            reason = (
+                f"MONAI's amp=True autocasts for CUDA only and does nothing on {device.type}: read as a request "
+                f"for reduced precision; {reason or 'requested ' + str(self.precision)}"
+            )
         self._say("precision", amp.precision != "fp32", amp.precision, reason or f"requested {self.precision}")
 
     def _memory_format_lever(self, trainer: Workflow, device: torch.device) -> None:
@@ -335,14 +378,25 @@ class FastTraining(EngineHandler):
 
     def _validation_lever(self, trainer: Workflow, evaluator: Workflow, device: torch.device) -> None:
         if self.validation == "auto" or self.validation is True:
-            self._say("validation", False, None, "sliding-window settings kept as built (validation='tune' measures them)")
+            self._say(
+                "validation", False, None, "sliding-window settings kept as built (validation='tune' measures them)"
+            )
             return
         if sliding_window_of(evaluator.inferer) is None:
-            self._say("validation", False, None, f"the evaluator's inferer ({type(evaluator.inferer).__name__}) is not a "
-                      "SlidingWindowInferer: nothing to tune")
+            self._say(
+                "validation",
+                False,
+                None,
+                f"the evaluator's inferer ({type(evaluator.inferer).__name__}) is not a "
+                "SlidingWindowInferer: nothing to tune",
+            )
             return
-        tune = SlidingWindowTune(lambda: self.amp.precision if self.amp is not None and self.amp.active else "fp32", device,
-                                 self.tune_store, on_result=functools.partial(self._validation_tuned, trainer))
+        tune = SlidingWindowTune(
+            lambda: self.amp.precision if self.amp is not None and self.amp.active else "fp32",
+            device,
+            self.tune_store,
+            on_result=functools.partial(self._validation_tuned, trainer),
+        )
         tune.attach(evaluator)
         self._helpers.append(tune)
 

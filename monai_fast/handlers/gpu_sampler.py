@@ -150,8 +150,10 @@ class GPUSampler(EngineHandler):
             self._error = (no_space_in(e, csv_path) or e) if isinstance(e, Exception) else e
 
     def _keep(self, row: dict) -> None:
-        agg = self._agg.setdefault(row["gpu"], {"n": 0, "util_sum": 0.0, "util_n": 0, "util_peak": None,
-                                                "mem_peak": None, "power_sum": 0.0, "power_n": 0})
+        agg = self._agg.setdefault(
+            row["gpu"],
+            {"n": 0, "util_sum": 0.0, "util_n": 0, "util_peak": None, "mem_peak": None, "power_sum": 0.0, "power_n": 0},
+        )
         agg["n"] += 1
         agg["mem_total"] = row["mem_total_mib"]
         if not math.isnan(row["gpu_util"]):
@@ -164,9 +166,17 @@ class GPUSampler(EngineHandler):
             agg["power_sum"] += row["power_w"]
             agg["power_n"] += 1
         if self._csv is not None:
-            self._csv.writerow([f"{row['t']:.3f}", row["gpu"], row["gpu_util"], f"{row['mem_used_mib']:.1f}",
-                                f"{row['mem_total_mib']:.1f}", f"{100 * row['mem_used_mib'] / row['mem_total_mib']:.2f}",
-                                *(row[k] for k in FIELDS[4:])])
+            self._csv.writerow(
+                [
+                    f"{row['t']:.3f}",
+                    row["gpu"],
+                    row["gpu_util"],
+                    f"{row['mem_used_mib']:.1f}",
+                    f"{row['mem_total_mib']:.1f}",
+                    f"{100 * row['mem_used_mib'] / row['mem_total_mib']:.2f}",
+                    *(row[k] for k in FIELDS[4:]),
+                ]
+            )
         self.n_samples += 1
 
     def _finish(self, engine: Engine) -> None:

@@ -101,8 +101,10 @@ class InferenceSplit(EngineHandler):
     def _attach(self, engine: Engine) -> None:
         net = self.network if self.network is not None else getattr(engine, "network", None)
         if not isinstance(net, torch.nn.Module):
-            raise ValueError("InferenceSplit: the engine has no `network` attribute (not a MONAI evaluator); "
-                             "pass network=<the module the inferer calls>")
+            raise ValueError(
+                "InferenceSplit: the engine has no `network` attribute (not a MONAI evaluator); "
+                "pass network=<the module the inferer calls>"
+            )
         self._device = getattr(engine.state, "device", None)
         self._hooks = [net.register_forward_pre_hook(self._before_call), net.register_forward_hook(self._after_call)]
         self.on(engine, Events.EPOCH_STARTED, self._run_started)
@@ -165,13 +167,21 @@ class InferenceSplit(EngineHandler):
         self.runs.append(t)
         if t.iterations and not t.network_calls and not self._warned:
             self._warned = True
-            self.logger.warning("InferenceSplit: the hooked network was not called during this run; pass "
-                                "network=<the module the inferer calls> (a compiled or wrapped copy?)")
+            self.logger.warning(
+                "InferenceSplit: the hooked network was not called during this run; pass "
+                "network=<the module the inferer calls> (a compiled or wrapped copy?)"
+            )
         record = record_of(engine)
         if record is not None:
             record.add(Kind.EPOCH, Source.INFERENCE, **t.as_dict())
         if t.iteration_s > 0:
-            self.logger.debug("InferenceSplit: %d iterations in %.2f s: network %.0f%%, sliding window around it %.0f%%, "
-                             "before %.0f%%, after %.0f%%", t.iterations, t.iteration_s, 100 * t.network_s / t.iteration_s,
-                             100 * t.sliding_window_s / t.iteration_s, 100 * t.before_s / t.iteration_s,
-                             100 * t.after_s / t.iteration_s)
+            self.logger.debug(
+                "InferenceSplit: %d iterations in %.2f s: network %.0f%%, sliding window around it %.0f%%, "
+                "before %.0f%%, after %.0f%%",
+                t.iterations,
+                t.iteration_s,
+                100 * t.network_s / t.iteration_s,
+                100 * t.sliding_window_s / t.iteration_s,
+                100 * t.before_s / t.iteration_s,
+                100 * t.after_s / t.iteration_s,
+            )

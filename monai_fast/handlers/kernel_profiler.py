@@ -39,15 +39,20 @@ def summarise_profile(key_averages: Any, top: int = 15) -> dict:
     ops, kernels = [], []
     for e in key_averages:
         device = _is_device_kernel(e)
-        (kernels if device else ops).append({
-            "name": e.key,
-            "calls": int(e.count),
-            "cpu_time_ns": int(float(e.self_cpu_time_total) * 1000),
-            "gpu_time_ns": int(float(getattr(e, "self_device_time_total", 0.0) or 0.0) * 1000) if device else 0,
-        })
+        (kernels if device else ops).append(
+            {
+                "name": e.key,
+                "calls": int(e.count),
+                "cpu_time_ns": int(float(e.self_cpu_time_total) * 1000),
+                "gpu_time_ns": int(float(getattr(e, "self_device_time_total", 0.0) or 0.0) * 1000) if device else 0,
+            }
+        )
     on_gpu = bool(kernels)
-    ranked = sorted(kernels, key=lambda r: r["gpu_time_ns"], reverse=True) if on_gpu else \
-        sorted(ops, key=lambda r: r["cpu_time_ns"], reverse=True)
+    ranked = (
+        sorted(kernels, key=lambda r: r["gpu_time_ns"], reverse=True)
+        if on_gpu
+        else sorted(ops, key=lambda r: r["cpu_time_ns"], reverse=True)
+    )
     return {
         "All kernels": {
             "# Kernels": len(kernels),
@@ -147,10 +152,15 @@ class KernelProfiler(EngineHandler):
         except NoSpaceError as err:
             logger.warning("KernelProfiler: profile not written: %s", err)
         if self.engine is not None and (record := record_of(self.engine)) is not None:
-            record.set_summary(Source.KERNELS, self.summary["All kernels"]
-                               | {"ranked_by": self.summary["ranked_by"], "top": self.summary["top"][:5]})
+            record.set_summary(
+                Source.KERNELS,
+                self.summary["All kernels"] | {"ranked_by": self.summary["ranked_by"], "top": self.summary["top"][:5]},
+            )
         logger.info(
             "profiled %d iterations: %d ops, CPU %.1f ms, GPU %.1f ms -> %s",
-            self.active, self.summary["All kernels"]["# Ops"], self.summary["All kernels"]["CPU Time (ns)"] / 1e6,
-            self.summary["All kernels"]["GPU Time (ns)"] / 1e6, self.output_dir,
+            self.active,
+            self.summary["All kernels"]["# Ops"],
+            self.summary["All kernels"]["CPU Time (ns)"] / 1e6,
+            self.summary["All kernels"]["GPU Time (ns)"] / 1e6,
+            self.output_dir,
         )

@@ -198,7 +198,13 @@ class EngineHandler(ABC):
         self._detached(engine)
 
     def on(
-        self, engine: Engine, event: Any, fn: Callable, *args: Any, owner: Engine | None = None, first: bool = False,
+        self,
+        engine: Engine,
+        event: Any,
+        fn: Callable,
+        *args: Any,
+        owner: Engine | None = None,
+        first: bool = False,
         **kwargs: Any,
     ) -> RemovableEventHandle:
         """``engine.add_event_handler(event, fn, *args, **kwargs)``, remembered for :meth:`detach`.
@@ -224,5 +230,5 @@ class EngineHandler(ABC):
     def _attach(self, engine: Engine) -> None:
         """Register this handler's callbacks on ``engine`` (with :meth:`on` / :meth:`on_run_end`)."""
 
-    def _detached(self, engine: Engine) -> None:
+    def _detached(self, engine: Engine) -> None:  # noqa: B027 (an optional hook: most handlers have nothing to stop)
         """Stop threads, close files: called once the handler is off ``engine``. Default: nothing."""

@@ -50,8 +50,9 @@ def _step_s(net: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) ->
     return time.perf_counter() - t0
 
 
-def _measure(network: torch.nn.Module, shape: torch.Size, device: torch.device, dtype: torch.dtype | None,
-             rounds: int) -> tuple[float, float]:
+def _measure(
+    network: torch.nn.Module, shape: torch.Size, device: torch.device, dtype: torch.dtype | None, rounds: int
+) -> tuple[float, float]:
     """Median seconds of a training step in the default layout and in ``channels_last_3d``."""
     plain = copy.deepcopy(network).to(device).train()
     last = copy.deepcopy(network).to(device).train().to(memory_format=torch.channels_last_3d)
@@ -115,7 +116,9 @@ def choose_memory_format(
     decision: list[Any] = [None, None]
     if idist.get_rank() == 0:
         try:
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's random stream is untouched
+            with torch.random.fork_rng(
+                devices=[device] if device.type == "cuda" else []
+            ):  # the run's random stream is untouched
                 plain_s, last_s = _measure(net, shape, device, dtype, rounds if request == "auto" else 0)
         except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
             decision = ["contiguous", f"the network rejects channels_last_3d ({type(e).__name__}: {e})"]
@@ -124,11 +127,16 @@ def choose_memory_format(
             if request == "channels_last_3d":
                 decision = ["channels_last_3d", "requested (the network accepts it)"]
             elif gain >= MIN_GAIN:
-                decision = ["channels_last_3d", f"a training step measured {gain:.2f}x faster in it ({last_s * 1e3:.0f} ms vs "
-                            f"{plain_s * 1e3:.0f} ms, median of {rounds}, batch {tuple(shape)})"]
+                decision = [
+                    "channels_last_3d",
+                    f"a training step measured {gain:.2f}x faster in it ({last_s * 1e3:.0f} ms vs "
+                    f"{plain_s * 1e3:.0f} ms, median of {rounds}, batch {tuple(shape)})",
+                ]
             else:
-                decision = ["contiguous", f"channels_last_3d measured {gain:.2f}x (below {MIN_GAIN}x) "
-                            f"for batch {tuple(shape)}"]
+                decision = [
+                    "contiguous",
+                    f"channels_last_3d measured {gain:.2f}x (below {MIN_GAIN}x) for batch {tuple(shape)}",
+                ]
     if idist.get_world_size() > 1:
         decision = [idist.broadcast(d, src=0, safe_mode=True) for d in decision]
     return decision[0], decision[1]

@@ -130,7 +130,9 @@ class NonFiniteGuard(EngineHandler):
 
     def _attach(self, engine: Engine) -> None:
         if not hasattr(engine, "optimizer") or not hasattr(engine, "network"):
-            raise TypeError("NonFiniteGuard needs a MONAI SupervisedTrainer (an engine with a network and an optimizer)")
+            raise TypeError(
+                "NonFiniteGuard needs a MONAI SupervisedTrainer (an engine with a network and an optimizer)"
+            )
         self.on(engine, Events.ITERATION_STARTED, self._save_buffers)
         self.on(engine, IterationEvents.BACKWARD_COMPLETED, self._check)
 
@@ -166,8 +168,13 @@ class NonFiniteGuard(EngineHandler):
             self.stats["bad_inputs"] += 1
             logger.warning("NonFiniteGuard: NaN/Inf in the input at %s; step skipped", where)
             if self.stats["bad_inputs"] >= self.max_bad_inputs:
-                self._stop(engine, f"the input batch held NaN/Inf voxels ({self.stats['bad_inputs']} batches so far) at "
-                           f"{where}; fix or remove the file(s)", bad_loss, bad_input)
+                self._stop(
+                    engine,
+                    f"the input batch held NaN/Inf voxels ({self.stats['bad_inputs']} batches so far) at "
+                    f"{where}; fix or remove the file(s)",
+                    bad_loss,
+                    bad_input,
+                )
             return
         self.streak += 1
         logger.warning("NonFiniteGuard: non-finite loss at %s; step skipped (%d in a row)", where, self.streak)
@@ -176,8 +183,13 @@ class NonFiniteGuard(EngineHandler):
         if self.fallback is not None and self.fallback(engine):
             self.streak = 0
             return
-        self._stop(engine, f"{self.streak} non-finite losses in a row from finite inputs, the last at {where}, and no "
-                   "lower precision to fall back to; lower the learning rate or check the loss", bad_loss, bad_input)
+        self._stop(
+            engine,
+            f"{self.streak} non-finite losses in a row from finite inputs, the last at {where}, and no "
+            "lower precision to fall back to; lower the learning rate or check the loss",
+            bad_loss,
+            bad_input,
+        )
 
     def _skip_step(self, engine: Engine) -> None:
         for b, copy in self._saved:
@@ -209,6 +221,8 @@ class NonFiniteGuard(EngineHandler):
         if not bad_input:
             return ""
         items = getattr(getattr(getattr(engine, "data_loader", None), "dataset", None), "data", None) or []
-        logger.warning("NonFiniteGuard: the batch carries no file names; scanning %d training items for NaN/Inf", len(items))
+        logger.warning(
+            "NonFiniteGuard: the batch carries no file names; scanning %d training items for NaN/Inf", len(items)
+        )
         bad = files_with_nonfinite_voxels(items)
         return ", ".join(bad) if bad else "none of the training files holds NaN/Inf voxels (a transform made them)"

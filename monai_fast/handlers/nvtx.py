@@ -75,6 +75,7 @@ class NVTXHandler(EngineHandler):
         label = self.label or ("validation" if "Evaluator" in type(engine).__name__ else "train")
         self._names[id(engine)] = f"rank{idist.get_rank()} {label}"
         self._stacks[id(engine)] = []
+
         def on(event: Any, fn: Any, *args: Any) -> None:
             self.on(engine, event, fn, *args)
 
@@ -193,6 +194,10 @@ def nvtx_range(transform: Any, name: str | None = None, backend: NvtxBackend | N
     backend = backend if backend is not None else _default_backend()
     name = name or type(transform).__name__
     random, invertible = isinstance(transform, Randomizable), isinstance(transform, InvertibleTransform)
-    cls = {(False, False): _NVTXRange, (True, False): _RandomNVTXRange,
-           (False, True): _InvertibleNVTXRange, (True, True): _RandomInvertibleNVTXRange}[(random, invertible)]
+    cls = {
+        (False, False): _NVTXRange,
+        (True, False): _RandomNVTXRange,
+        (False, True): _InvertibleNVTXRange,
+        (True, True): _RandomInvertibleNVTXRange,
+    }[(random, invertible)]
     return cls(transform, name, backend)

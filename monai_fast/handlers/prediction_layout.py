@@ -148,8 +148,10 @@ class ClassesInnermost(EngineHandler):
         else:  # the slow kernel is the CPU's: timed there, whatever the engine's device
             plain_s, inner_s = argmax_gain()
             self.active = plain_s >= self.min_gain * inner_s
-            self.reason = (f"argmax over classes measured {plain_s * 1e3:.1f} ms in the default layout against "
-                           f"{inner_s * 1e3:.1f} ms with the classes put innermost first")
+            self.reason = (
+                f"argmax over classes measured {plain_s * 1e3:.1f} ms in the default layout against "
+                f"{inner_s * 1e3:.1f} ms with the classes put innermost first"
+            )
         device = torch.device(getattr(engine.state, "device", None) or "cpu")
         if self.active and device.type != "cpu":
             self.reason += f"; predictions stitched on {device.type} pass unchanged (only those stitched on the CPU)"

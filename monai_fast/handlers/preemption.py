@@ -172,8 +172,10 @@ class Preemption(EngineHandler):
     # ------------------------------------------------------------------ wiring
     def _attach(self, engine: Engine) -> None:
         if not any(obj is engine for obj in self.to_save.values()):
-            raise ValueError("Preemption: to_save must include the engine it is attached to (e.g. "
-                             "to_save['trainer'] = trainer), or a resumed run would start again at iteration 1")
+            raise ValueError(
+                "Preemption: to_save must include the engine it is attached to (e.g. "
+                "to_save['trainer'] = trainer), or a resumed run would start again at iteration 1"
+            )
         self._folder = CheckpointFolder({**self.to_save, _KEY: self._ranks}, self.dirname, self.n_saved)
         # first at STARTED and EPOCH_STARTED: the run's state and the epoch's random states are
         # restored (or taken) before anyone else looks at them or draws
@@ -197,8 +199,12 @@ class Preemption(EngineHandler):
             # ignite starts a finished run again from iteration 0: keep it finished instead
             engine.state.iteration, engine.state.epoch = loaded
             self._pending = None
-            logger.warning("Preemption: the checkpoint at iteration %d is the end of the run (max_epochs=%s): "
-                           "nothing to do; raise max_epochs to train further", loaded[0], engine.state.max_epochs)
+            logger.warning(
+                "Preemption: the checkpoint at iteration %d is the end of the run (max_epochs=%s): "
+                "nothing to do; raise max_epochs to train further",
+                loaded[0],
+                engine.state.max_epochs,
+            )
             return
         # last at ITERATION_COMPLETED and EPOCH_COMPLETED (registered now, after the user's
         # handlers): a checkpoint comes after per-iteration scheduler steps, validation and
@@ -307,8 +313,12 @@ class Preemption(EngineHandler):
         ours = state.get(_KEY) or {}
         ranks = ours.get("ranks") or []
         if len(ranks) != idist.get_world_size():
-            logger.warning("Preemption: %s was written by %d rank(s), this run has %d: random states not restored",
-                           path, len(ranks), idist.get_world_size())
+            logger.warning(
+                "Preemption: %s was written by %d rank(s), this run has %d: random states not restored",
+                path,
+                len(ranks),
+                idist.get_world_size(),
+            )
             self._pending = None
         else:
             self._pending = {**ranks[idist.get_rank()], "epoch_iteration": ours["epoch_iteration"]}

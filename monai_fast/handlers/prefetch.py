@@ -73,11 +73,18 @@ class PrefetchChoice(EngineHandler):
     #: iterations per block of one setting
     BLOCK = 3
 
-    def __init__(self, loader: Any, pairs: int = 4, on_choice: Callable[[bool, str], None] | None = None,
-                 ready: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        pairs: int = 4,
+        on_choice: Callable[[bool, str], None] | None = None,
+        ready: Callable[[], bool] | None = None,
+    ) -> None:
         if not isinstance(getattr(loader, "prefetch", None), bool):
-            raise TypeError(f"PrefetchChoice needs a loader with a boolean 'prefetch' (a SafeThreadDataLoader), "
-                            f"got {type(loader).__name__}")
+            raise TypeError(
+                f"PrefetchChoice needs a loader with a boolean 'prefetch' (a SafeThreadDataLoader), "
+                f"got {type(loader).__name__}"
+            )
         if not isinstance(pairs, int) or pairs < 1:
             raise ValueError(f"PrefetchChoice: pairs must be an integer >= 1, got {pairs!r}")
         super().__init__()
@@ -104,8 +111,11 @@ class PrefetchChoice(EngineHandler):
         self._previous = None
         length = engine.state.epoch_length
         if self.prefetch is None and length is not None and length < self.BLOCK:
-            self._settle(self._initial, f"{'prefetch' if self._initial else 'on demand'} kept: epochs of {length} "
-                                        f"iteration(s) are too short to time both ways")
+            self._settle(
+                self._initial,
+                f"{'prefetch' if self._initial else 'on demand'} kept: epochs of {length} "
+                f"iteration(s) are too short to time both ways",
+            )
 
     def _set(self, engine: Engine) -> None:
         if self.prefetch is not None:
@@ -145,8 +155,11 @@ class PrefetchChoice(EngineHandler):
         prefetch = ahead < asked
         won, lost = (ahead, asked) if prefetch else (asked, ahead)
         counts = f"medians of {len(self.times[prefetch])} and {len(self.times[not prefetch])} timed iterations"
-        self._settle(prefetch, f"{'prefetch' if prefetch else 'on demand'}: {won:.3f} s per iteration against "
-                               f"{lost:.3f} s {'on demand' if prefetch else 'with prefetch'} ({counts})")
+        self._settle(
+            prefetch,
+            f"{'prefetch' if prefetch else 'on demand'}: {won:.3f} s per iteration against "
+            f"{lost:.3f} s {'on demand' if prefetch else 'with prefetch'} ({counts})",
+        )
 
     def _settle(self, prefetch: bool, reason: str) -> None:
         self.prefetch, self.reason = prefetch, reason
@@ -155,9 +168,13 @@ class PrefetchChoice(EngineHandler):
             self.on_choice(prefetch, reason)
 
 
-def prefetch_for(loader: Any, device: Any, requested: str | bool = "auto",
-                 on_choice: Callable[[bool, str], None] | None = None,
-                 ready: Callable[[], bool] | None = None) -> tuple[str, str, PrefetchChoice | None]:
+def prefetch_for(
+    loader: Any,
+    device: Any,
+    requested: str | bool = "auto",
+    on_choice: Callable[[bool, str], None] | None = None,
+    ready: Callable[[], bool] | None = None,
+) -> tuple[str, str, PrefetchChoice | None]:
     """Set ``loader.prefetch`` for ``requested`` and say why; on a CPU with ``"auto"``, a :class:`PrefetchChoice` to attach.
 
     ``True`` / ``False`` are kept as requested. ``"auto"``: ahead where worker processes make the
@@ -187,4 +204,8 @@ def prefetch_for(loader: Any, device: Any, requested: str | bool = "auto",
     loader.prefetch = pays
     if pays:
         return "ahead", why, None
-    return "measuring", f"{why}; the first iterations time it against prefetch", PrefetchChoice(loader, on_choice=on_choice, ready=ready)
+    return (
+        "measuring",
+        f"{why}; the first iterations time it against prefetch",
+        PrefetchChoice(loader, on_choice=on_choice, ready=ready),
+    )

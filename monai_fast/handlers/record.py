@@ -26,8 +26,12 @@ def record_of(engine: Engine) -> EngineRecord | None:
 
 
 _CONV_DIMS = (
-    (torch.nn.Conv3d, 3), (torch.nn.ConvTranspose3d, 3), (torch.nn.Conv2d, 2), (torch.nn.ConvTranspose2d, 2),
-    (torch.nn.Conv1d, 1), (torch.nn.ConvTranspose1d, 1),
+    (torch.nn.Conv3d, 3),
+    (torch.nn.ConvTranspose3d, 3),
+    (torch.nn.Conv2d, 2),
+    (torch.nn.ConvTranspose2d, 2),
+    (torch.nn.Conv1d, 1),
+    (torch.nn.ConvTranspose1d, 1),
 )
 
 

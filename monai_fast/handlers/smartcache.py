@@ -140,8 +140,11 @@ class SmartCacheUpdater(EngineHandler):
             logger.info("SmartCacheUpdater: rotates the SafeSmartCacheDataset (timeout_s=%g)", self.timeout_s)
             return "safe", None, None
         if loader is None or getattr(loader, "dataset", None) is not ds:
-            why = ("the engine has no data_loader to rebuild (a plain ignite Engine gets its data at run())"
-                   if loader is None else "the engine's data_loader does not hold this data set")
+            why = (
+                "the engine has no data_loader to rebuild (a plain ignite Engine gets its data at run())"
+                if loader is None
+                else "the engine's data_loader does not hold this data set"
+            )
         else:
             why = why_not_adoptable(loader) or unknown_item_path(ds, rotation=True)
         if why is None:
@@ -151,8 +154,12 @@ class SmartCacheUpdater(EngineHandler):
             logger.info("SmartCacheUpdater: %s; the engine's data_loader rebuilt: %s", *adopted.notes[:2])
             return "adopted", None, None
         self.dataset = ds
-        logger.info("SmartCacheUpdater: drives MONAI's own rotation (start, update_cache, shutdown) with timeout_s=%g "
-                    "and named errors, not adopted: %s", self.timeout_s, why)
+        logger.info(
+            "SmartCacheUpdater: drives MONAI's own rotation (start, update_cache, shutdown) with timeout_s=%g "
+            "and named errors, not adopted: %s",
+            self.timeout_s,
+            why,
+        )
         return "monai", why, _MonaiRotation.of(ds)
 
     def _detached(self, engine: Engine) -> None:
@@ -229,12 +236,17 @@ def _take_over_from_monais_handler(engine: Engine, dataset: SmartCacheDataset) -
         if isinstance(owner, SmartCacheHandler) and any(owner.smartcacher is s for s in sources) and owner not in found:
             found.append(owner)
     for handler in found:
-        for event, fn in ((Events.STARTED, handler.started), (Events.EPOCH_COMPLETED, handler.epoch_completed),
-                          (Events.COMPLETED, handler.completed)):
+        for event, fn in (
+            (Events.STARTED, handler.started),
+            (Events.EPOCH_COMPLETED, handler.epoch_completed),
+            (Events.COMPLETED, handler.completed),
+        ):
             if engine.has_event_handler(fn, event):
                 engine.remove_event_handler(fn, event)
-        logger.info("SmartCacheUpdater: MONAI's SmartCacheHandler for this data set is removed from the engine; "
-                    "the updater rotates it (once per epoch)")
+        logger.info(
+            "SmartCacheUpdater: MONAI's SmartCacheHandler for this data set is removed from the engine; "
+            "the updater rotates it (once per epoch)"
+        )
 
 
 class _MonaiRotation:
@@ -341,14 +353,20 @@ class _MonaiRotation:
             if self.error is not None and thread.is_alive():
                 self.failed = True
                 if raise_errors:
-                    logger.warning("MONAI's SmartCacheDataset.%s keeps waiting in a daemon thread after its "
-                                   "replacement thread died; rebuild the data set before another run", name)
+                    logger.warning(
+                        "MONAI's SmartCacheDataset.%s keeps waiting in a daemon thread after its "
+                        "replacement thread died; rebuild the data set before another run",
+                        name,
+                    )
                 return
             if thread.is_alive() and time.monotonic() >= deadline:
                 self.failed = True
                 if not raise_errors:
-                    logger.warning("MONAI's SmartCacheDataset.%s did not return within %.1f s; left behind (daemon)",
-                                   name, timeout_s)
+                    logger.warning(
+                        "MONAI's SmartCacheDataset.%s did not return within %.1f s; left behind (daemon)",
+                        name,
+                        timeout_s,
+                    )
                     return
                 raise TimeoutError(
                     f"MONAI's SmartCacheDataset.{name} took longer than {timeout_s:g} s (its replacement thread is "

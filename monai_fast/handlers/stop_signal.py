@@ -45,8 +45,15 @@ from typing import Any
 import torch
 from ignite import distributed as idist
 
-__all__ = ["STOPPED_EXIT", "STOP_SIGNALS", "StopSignal", "catch_stop_signals", "end_of_setup", "requeue_slurm_job",
-           "stop_signals_caught"]
+__all__ = [
+    "STOPPED_EXIT",
+    "STOP_SIGNALS",
+    "StopSignal",
+    "catch_stop_signals",
+    "end_of_setup",
+    "requeue_slurm_job",
+    "stop_signals_caught",
+]
 
 logger = logging.getLogger("monai_fast.handlers")
 
@@ -100,8 +107,10 @@ class StopSignal:
         if self.installed:
             return
         if threading.current_thread() is not threading.main_thread():
-            logger.warning("Preemption: not on the main thread, cannot install signal handlers; "
-                           "checkpoints only every save_every iterations")
+            logger.warning(
+                "Preemption: not on the main thread, cannot install signal handlers; "
+                "checkpoints only every save_every iterations"
+            )
             return
         _take_over_setup_catcher(self)
         for sig in self.signals:
@@ -188,8 +197,12 @@ def end_of_setup(exit_code: int = STOPPED_EXIT) -> None:
     """
     catcher = _remove_setup_catcher()
     if catcher is not None and catcher.received is not None:
-        logger.warning("%s received during set-up; stopping before training (nothing trained, nothing to "
-                       "checkpoint), exit status %d", catcher.name, exit_code)
+        logger.warning(
+            "%s received during set-up; stopping before training (nothing trained, nothing to "
+            "checkpoint), exit status %d",
+            catcher.name,
+            exit_code,
+        )
         raise SystemExit(exit_code)
 
 

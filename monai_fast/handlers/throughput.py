@@ -116,11 +116,21 @@ class ThroughputMonitor(EngineHandler):
         vox = n * math.prod(shape[2:]) if shape and len(shape) > 2 else 0
         self._samples += n
         self._voxels += vox
-        self.last = {"iteration_s": dt, "samples_per_s": n / dt if dt > 0 else 0.0, "voxels_per_s": vox / dt if dt > 0 else 0.0}
+        self.last = {
+            "iteration_s": dt,
+            "samples_per_s": n / dt if dt > 0 else 0.0,
+            "voxels_per_s": vox / dt if dt > 0 else 0.0,
+        }
         record = record_of(engine)
         if record is not None:
-            record.add(Kind.ITERATION, Source.THROUGHPUT, epoch=engine.state.epoch, iteration=engine.state.iteration,
-                       samples=n, **self.last)
+            record.add(
+                Kind.ITERATION,
+                Source.THROUGHPUT,
+                epoch=engine.state.epoch,
+                iteration=engine.state.iteration,
+                samples=n,
+                **self.last,
+            )
 
     def _eta(self, engine: Engine, elapsed: float) -> tuple[float, float]:
         iters = engine.state.epoch_length or 0
@@ -147,15 +157,23 @@ class ThroughputMonitor(EngineHandler):
         record = record_of(engine)
         if record is not None:
             record.add(Kind.EPOCH, Source.THROUGHPUT, **stats)
-            record.set_summary(Source.THROUGHPUT, {
-                "samples_per_s_mean": sum(e["samples_per_s"] for e in self.epochs) / len(self.epochs),
-                "voxels_per_s_mean": sum(e["voxels_per_s"] for e in self.epochs) / len(self.epochs),
-            })
+            record.set_summary(
+                Source.THROUGHPUT,
+                {
+                    "samples_per_s_mean": sum(e["samples_per_s"] for e in self.epochs) / len(self.epochs),
+                    "voxels_per_s_mean": sum(e["voxels_per_s"] for e in self.epochs) / len(self.epochs),
+                },
+            )
         if self.writer is not None:
             for k in ("samples_per_s", "voxels_per_s", "eta_s", "epoch_s"):
                 self.writer.add_scalar(f"throughput/{k}", stats[k], engine.state.epoch)
         if self.log_every_epoch:
             logger.info(
                 "epoch %d: %.1f samples/s, %.3g voxels/s, %.1f s, ETA %.0f s (%.0f s of it epoch-end work such as validation)",
-                stats["epoch"], stats["samples_per_s"], stats["voxels_per_s"], elapsed, stats["eta_s"], eta_end,
+                stats["epoch"],
+                stats["samples_per_s"],
+                stats["voxels_per_s"],
+                elapsed,
+                stats["eta_s"],
+                eta_end,
             )

@@ -98,7 +98,9 @@ class TimeBreakdown(EngineHandler):
         device = getattr(engine.state, "device", None)  # set by MONAI workflows; None on a plain Engine
         if self.cuda_sync is True and not cuda_available():
             self.logger.warning("TimeBreakdown: cuda_sync=True but CUDA is not available; timing without sync")
-        elif self.cuda_sync is True or (self.cuda_sync == "auto" and device is not None and str(device).startswith("cuda")):
+        elif self.cuda_sync is True or (
+            self.cuda_sync == "auto" and device is not None and str(device).startswith("cuda")
+        ):
             self._sync_device = device if device is not None else "cuda"
         engine.state.time_breakdown = []
         self.on(engine, Events.STARTED, self._run_started)
@@ -145,8 +147,12 @@ class TimeBreakdown(EngineHandler):
         record = record_of(engine)
         if record is not None:
             record.add(
-                Kind.ITERATION, Source.TIME_BREAKDOWN, epoch=engine.state.epoch, iteration=engine.state.iteration,
-                data_s=self.last_data_s, compute_s=self.last_compute_s,
+                Kind.ITERATION,
+                Source.TIME_BREAKDOWN,
+                epoch=engine.state.epoch,
+                iteration=engine.state.iteration,
+                data_s=self.last_data_s,
+                compute_s=self.last_compute_s,
             )
 
     def _epoch_completed(self, engine: Engine) -> None:
@@ -160,9 +166,12 @@ class TimeBreakdown(EngineHandler):
             record.add(Kind.EPOCH, Source.TIME_BREAKDOWN, **times.as_dict())
         if times.data_share > self.warn_threshold:
             cached = self._cache_on(engine)
-            fix = ("cache deterministic transforms (CacheDataset / GPU cache) or use ThreadDataLoader" if cached is None
-                   else f"the deterministic transforms are cached ({cached}): run the random transforms on the device "
-                        "(ToDeviced before them), load with more threads, or precompute crop indices (FgBgToIndicesd)")
+            fix = (
+                "cache deterministic transforms (CacheDataset / GPU cache) or use ThreadDataLoader"
+                if cached is None
+                else f"the deterministic transforms are cached ({cached}): run the random transforms on the device "
+                "(ToDeviced before them), load with more threads, or precompute crop indices (FgBgToIndicesd)"
+            )
             self.logger.warning(
                 "epoch %d: %.0f%% of iteration time is spent waiting for data (%.2f s of %.2f s); %s",
                 times.epoch,

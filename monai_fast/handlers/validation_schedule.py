@@ -102,7 +102,9 @@ class ValidationSchedule(EngineHandler):
             if not isinstance(e, Evaluator):
                 raise TypeError(f"ValidationSchedule: {name} must be a MONAI Evaluator, got {type(e).__name__}")
         if estimator is evaluator:
-            raise ValueError("ValidationSchedule: estimator must be another engine than evaluator (a subset, a coarser overlap)")
+            raise ValueError(
+                "ValidationSchedule: estimator must be another engine than evaluator (a subset, a coarser overlap)"
+            )
         if not math.isfinite(target):
             raise ValueError(f"ValidationSchedule: target must be a finite number, got {target}")
         if not (math.isfinite(margin) and margin >= 0):
@@ -127,8 +129,10 @@ class ValidationSchedule(EngineHandler):
         self.estimator.run(epoch)
         name = self.metric_name or self.estimator.state.key_metric_name
         if name not in self.estimator.state.metrics:
-            raise KeyError(f"ValidationSchedule: metric {name!r} not in the estimator's metrics "
-                           f"{sorted(self.estimator.state.metrics)}; pass metric_name=")
+            raise KeyError(
+                f"ValidationSchedule: metric {name!r} not in the estimator's metrics "
+                f"{sorted(self.estimator.state.metrics)}; pass metric_name="
+            )
         return float(self.estimator.state.metrics[name])
 
     def is_close(self, estimate: float) -> bool:
@@ -145,8 +149,13 @@ class ValidationSchedule(EngineHandler):
             self.estimates.append((epoch, estimate))
             if self.is_close(estimate):
                 self.close_epoch = epoch
-                self.logger.info("estimate %.4f within %.3f of target %.3f at epoch %d: full validation every epoch",
-                                 estimate, self.margin, self.target, epoch)
+                self.logger.info(
+                    "estimate %.4f within %.3f of target %.3f at epoch %d: full validation every epoch",
+                    estimate,
+                    self.margin,
+                    self.target,
+                    epoch,
+                )
         last = trainer.state.max_epochs is not None and epoch >= trainer.state.max_epochs
         full = self.close_epoch is not None or epoch % self.every == 0 or last
         if full:
@@ -154,6 +163,12 @@ class ValidationSchedule(EngineHandler):
             self.full_epochs.append(epoch)
         record = record_of(trainer)
         if record is not None:
-            record.add(Kind.EPOCH, Source.VALIDATION, epoch=epoch, estimate=estimate, full=full,
-                       estimate_s=self.estimator.state.times.get("COMPLETED") if estimate is not None else None,
-                       full_s=self.evaluator.state.times.get("COMPLETED") if full else None)
+            record.add(
+                Kind.EPOCH,
+                Source.VALIDATION,
+                epoch=epoch,
+                estimate=estimate,
+                full=full,
+                estimate_s=self.estimator.state.times.get("COMPLETED") if estimate is not None else None,
+                full_s=self.evaluator.state.times.get("COMPLETED") if full else None,
+            )

@@ -69,8 +69,13 @@ class SlidingWindowTune(EngineHandler):
         ''
     """
 
-    def __init__(self, precision: Callable[[], str], device: str | torch.device, store: str | os.PathLike | None = "default",
-                 on_result: Callable[[bool, str | None, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        precision: Callable[[], str],
+        device: str | torch.device,
+        store: str | os.PathLike | None = "default",
+        on_result: Callable[[bool, str | None, str], None] | None = None,
+    ) -> None:
         super().__init__()
         self.precision, self.device, self.store, self.on_result = precision, torch.device(device), store, on_result
         self.reason = ""
@@ -80,8 +85,10 @@ class SlidingWindowTune(EngineHandler):
     def _attach(self, engine: Engine) -> None:
         self._window = sliding_window_of(getattr(engine, "inferer", None))
         if self._window is None:
-            raise TypeError(f"SlidingWindowTune: the engine's inferer ({type(getattr(engine, 'inferer', None)).__name__}) "
-                            "is not a SlidingWindowInferer")
+            raise TypeError(
+                f"SlidingWindowTune: the engine's inferer ({type(getattr(engine, 'inferer', None)).__name__}) "
+                "is not a SlidingWindowInferer"
+            )
         self._done = False
         self.on(engine, Events.STARTED, self._tune)  # Events.STARTED has no once= filter (its count stays 0)
 
@@ -96,13 +103,24 @@ class SlidingWindowTune(EngineHandler):
         precision, before = self.precision(), window.sw_batch_size
         overlap = float(min(window.overlap)) if isinstance(window.overlap, Sequence) else float(window.overlap)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            pick = tune_validation(engine.network, window.roi_size, tuple(image.shape[1:]), window.sw_device or self.device,
-                                   precision, overlap=overlap, in_channels=image.shape[0], sw_batch_range=(1, 32),
-                                   store=self.store)
+            pick = tune_validation(
+                engine.network,
+                window.roi_size,
+                tuple(image.shape[1:]),
+                window.sw_device or self.device,
+                precision,
+                overlap=overlap,
+                in_channels=image.shape[0],
+                sw_batch_range=(1, 32),
+                store=self.store,
+            )
         window.sw_batch_size = pick.sw_batch_size
-        self._result(pick.sw_batch_size != before, f"sw_batch_size={pick.sw_batch_size}",
-                     f"measured {pick.val_volumes_per_s:.2f} volumes/s on {tuple(image.shape[1:])} volumes at {precision} "
-                     f"(was sw_batch_size={before}){' (cached)' if pick.from_cache else ''}")
+        self._result(
+            pick.sw_batch_size != before,
+            f"sw_batch_size={pick.sw_batch_size}",
+            f"measured {pick.val_volumes_per_s:.2f} volumes/s on {tuple(image.shape[1:])} volumes at {precision} "
+            f"(was sw_batch_size={before}){' (cached)' if pick.from_cache else ''}",
+        )
 
     def _result(self, applied: bool, setting: str | None, reason: str) -> None:
         self.reason = reason

@@ -42,8 +42,17 @@ from monai_fast.inference.checkpoint import InferenceError
 from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import autocast_for, cpu_has_bf16_hardware
 
-__all__ = ["BACKENDS", "BackendUnavailable", "Predictor", "available", "build_predictor", "missing", "onnx_model",
-           "precision_of", "require"]
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailable",
+    "Predictor",
+    "available",
+    "build_predictor",
+    "missing",
+    "onnx_model",
+    "precision_of",
+    "require",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -98,17 +107,22 @@ def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
     if device.type == "cuda" and not gpu:
         return f"a CUDA device for device {str(device)!r} (this torch build or machine has none)"
     if backend == "autocast" and device.type == "cpu" and not cpu_has_bf16_hardware():
-        return ("bf16 matrix hardware (AMX-BF16 or AVX512-BF16) on this CPU: without it bf16 autocast is emulated and "
-                "slower than fp32; run it on a CUDA device (fp16) or use backend 'eager'")
+        return (
+            "bf16 matrix hardware (AMX-BF16 or AVX512-BF16) on this CPU: without it bf16 autocast is emulated and "
+            "slower than fp32; run it on a CUDA device (fp16) or use backend 'eager'"
+        )
     if backend == "compile" and device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         return "a C++ compiler (g++ or clang++) on the PATH for torch.compile's CPU kernels"
     if backend == "onnx":
-        absent = [name for name, mod in (("onnx", "onnx"), ("onnxruntime", "onnxruntime"), ("onnxscript", "onnxscript"))
-                  if not _has(mod)]
+        absent = [
+            name
+            for name, mod in (("onnx", "onnx"), ("onnxruntime", "onnxruntime"), ("onnxscript", "onnxscript"))
+            if not _has(mod)
+        ]
         if absent:
             return f"the Python package(s) {', '.join(absent)} ({_INSTALL})"
     if backend == "tensorrt":
-        needs = ([] if _has("torch_tensorrt") else ["the torch-tensorrt package (pip install torch-tensorrt)"])
+        needs = [] if _has("torch_tensorrt") else ["the torch-tensorrt package (pip install torch-tensorrt)"]
         needs += [] if gpu else [f"a CUDA GPU (device is {str(device)!r})"]
         if needs:
             return " and ".join(needs)
@@ -145,7 +159,7 @@ class _FixedBatch:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         if n > self.batch:
-            return torch.cat([self(x[i:i + self.batch]) for i in range(0, n, self.batch)])
+            return torch.cat([self(x[i : i + self.batch]) for i in range(0, n, self.batch)])
         if n < self.batch:
             return self.fn(torch.cat([x, x.new_zeros((self.batch - n, *x.shape[1:]))]))[:n]
         return self.fn(x)
@@ -161,8 +175,9 @@ def onnx_model(network: torch.nn.Module, example: torch.Tensor) -> bytes:
     level = exporter_log.level
     exporter_log.setLevel(logging.ERROR)  # not a line per torchvision op it skips
     try:
-        program = torch.onnx.export(network, (example,), dynamo=True, verbose=False, input_names=["image"],
-                                    output_names=["logits"])
+        program = torch.onnx.export(
+            network, (example,), dynamo=True, verbose=False, input_names=["image"], output_names=["logits"]
+        )
     finally:
         exporter_log.setLevel(level)
     return program.model_proto.SerializeToString()
@@ -177,8 +192,10 @@ def _onnx(network: torch.nn.Module, example: torch.Tensor, device: torch.device)
         if "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
         else:
-            logger.warning("backend 'onnx': this onnxruntime has no CUDAExecutionProvider (pip install "
-                           "onnxruntime-gpu); the windows run on the CPU")
+            logger.warning(
+                "backend 'onnx': this onnxruntime has no CUDAExecutionProvider (pip install "
+                "onnxruntime-gpu); the windows run on the CPU"
+            )
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()  # the same cores torch would use
     options.log_severity_level = 3
@@ -195,8 +212,9 @@ def _onnx(network: torch.nn.Module, example: torch.Tensor, device: torch.device)
 def _tensorrt(network: torch.nn.Module, example: torch.Tensor) -> tuple[Callable, str]:
     import torch_tensorrt
 
-    engine = torch_tensorrt.compile(network, ir="dynamo", inputs=[example],
-                                    enabled_precisions={torch.float16, torch.float32})
+    engine = torch_tensorrt.compile(
+        network, ir="dynamo", inputs=[example], enabled_precisions={torch.float16, torch.float32}
+    )
     return (lambda x: engine(x).float()), "TensorRT (torch-tensorrt, fp16 kernels)"
 
 

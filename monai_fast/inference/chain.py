@@ -42,11 +42,24 @@ __all__ = ["ALLOWED", "ChainError", "build_chain", "check_chain", "recipe_chain"
 
 #: the MONAI dictionary transforms a chain record may name: deterministic preprocessing, invertible where it
 #: changes the grid, so that ``Invertd`` takes a prediction back onto the input's grid
-ALLOWED = frozenset({
-    "LoadImaged", "EnsureChannelFirstd", "Orientationd", "Spacingd", "ScaleIntensityRanged", "ScaleIntensityd",
-    "NormalizeIntensityd", "ClipIntensityPercentilesd", "CropForegroundd", "SpatialPadd", "DivisiblePadd",
-    "CenterSpatialCropd", "ResizeWithPadOrCropd", "Resized",
-})
+ALLOWED = frozenset(
+    {
+        "LoadImaged",
+        "EnsureChannelFirstd",
+        "Orientationd",
+        "Spacingd",
+        "ScaleIntensityRanged",
+        "ScaleIntensityd",
+        "NormalizeIntensityd",
+        "ClipIntensityPercentilesd",
+        "CropForegroundd",
+        "SpatialPadd",
+        "DivisiblePadd",
+        "CenterSpatialCropd",
+        "ResizeWithPadOrCropd",
+        "Resized",
+    }
+)
 _PLAIN = (str, int, float, bool, type(None))
 
 
@@ -66,8 +79,15 @@ def recipe_chain(config: RecipeConfig) -> list[dict[str, Any]]:
         {"_target_": "EnsureChannelFirstd", "keys": keys},
         {"_target_": "Orientationd", "keys": keys, "axcodes": "RAS", "labels": [["L", "R"], ["P", "A"], ["I", "S"]]},
         {"_target_": "Spacingd", "keys": keys, "pixdim": list(config.pixdim), "mode": ["bilinear", "nearest"]},
-        {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": config.intensity_window[0],
-         "a_max": config.intensity_window[1], "b_min": 0.0, "b_max": 1.0, "clip": True},
+        {
+            "_target_": "ScaleIntensityRanged",
+            "keys": "image",
+            "a_min": config.intensity_window[0],
+            "a_max": config.intensity_window[1],
+            "b_min": 0.0,
+            "b_max": 1.0,
+            "clip": True,
+        },
         {"_target_": "CropForegroundd", "keys": keys, "source_key": "image", "allow_smaller": True},
         {"_target_": "SpatialPadd", "keys": keys, "spatial_size": list(config.patch_size)},
     ]
@@ -93,8 +113,10 @@ def check_chain(record: Any) -> list[dict[str, Any]]:
             raise ChainError(f"chain entry {i} is not a mapping with a '_target_' transform name: {entry!r:.120}")
         name = entry["_target_"]
         if name not in ALLOWED:
-            raise ChainError(f"chain entry {i} names {name!r}, which is not one of the deterministic MONAI transforms "
-                             f"inference rebuilds ({', '.join(sorted(ALLOWED))})")
+            raise ChainError(
+                f"chain entry {i} names {name!r}, which is not one of the deterministic MONAI transforms "
+                f"inference rebuilds ({', '.join(sorted(ALLOWED))})"
+            )
         bad = [k for k, v in entry.items() if not isinstance(k, str) or not _plain(v)]
         if bad:
             raise ChainError(f"chain entry {i} ({name}): argument(s) {bad} are not plain values (text, numbers, lists)")
@@ -124,8 +146,10 @@ def build_chain(record: Sequence[Mapping[str, Any]], image_key: str = "image") -
         except (TypeError, ValueError) as e:
             raise ChainError(f"chain entry {i} ({name}) cannot be built from its arguments {entry}: {e}") from e
     if not any(image_key in t.keys for t in transforms):
-        raise ChainError(f"no transform of the chain record acts on {image_key!r} (keys: "
-                         f"{sorted({k for t in transforms for k in t.keys})})")
+        raise ChainError(
+            f"no transform of the chain record acts on {image_key!r} (keys: "
+            f"{sorted({k for t in transforms for k in t.keys})})"
+        )
     return Compose(transforms)
 
 

@@ -49,8 +49,16 @@ from monai_fast.inference.chain import ChainError, check_chain, recipe_chain
 from monai_fast.recipes.common import build_network
 from monai_fast.recipes.config import RecipeConfig
 
-__all__ = ["FORMAT", "CheckpointError", "InferenceError", "LoadedModel", "load_checkpoint", "load_model",
-           "read_recipe_config", "save_checkpoint"]
+__all__ = [
+    "FORMAT",
+    "CheckpointError",
+    "InferenceError",
+    "LoadedModel",
+    "load_checkpoint",
+    "load_model",
+    "read_recipe_config",
+    "save_checkpoint",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +102,12 @@ class LoadedModel:
     chain_recorded: bool
 
 
-def save_checkpoint(path: str | os.PathLike, network: torch.nn.Module, config: RecipeConfig,
-                    chain: Sequence[dict[str, Any]] | None = None) -> Path:
+def save_checkpoint(
+    path: str | os.PathLike,
+    network: torch.nn.Module,
+    config: RecipeConfig,
+    chain: Sequence[dict[str, Any]] | None = None,
+) -> Path:
     """Write ``network``'s weights, ``config`` and its validation chain as an inference checkpoint (atomically).
 
     Args:
@@ -118,8 +130,14 @@ def save_checkpoint(path: str | os.PathLike, network: torch.nn.Module, config: R
     record = check_chain(list(chain) if chain is not None else recipe_chain(config))
     bare = getattr(network, "module", network)
     state = {k: v.detach().cpu() for k, v in bare.state_dict().items()}
-    payload = {"format": FORMAT, "version": _VERSION, "config": config.to_dict(),
-               "out_channels": int(getattr(bare, "out_channels", 2)), "chain": record, "model": state}
+    payload = {
+        "format": FORMAT,
+        "version": _VERSION,
+        "config": config.to_dict(),
+        "out_channels": int(getattr(bare, "out_channels", 2)),
+        "chain": record,
+        "model": state,
+    }
     with atomic_write(path, "wb", fsync=True) as f:
         torch.save(payload, f)
     return Path(path)
@@ -130,8 +148,10 @@ def _why(path: Path, e: Exception) -> str:
     if not zipfile.is_zipfile(path):
         return "not a zip archive (damaged, truncated, or another format)"
     if "Weights only load failed" in str(e):
-        return ("it holds pickled Python objects, not only tensors and plain values (a whole model saved with "
-                "torch.save(model)?); save the weights with monai_fast.inference.save_checkpoint")
+        return (
+            "it holds pickled Python objects, not only tensors and plain values (a whole model saved with "
+            "torch.save(model)?); save the weights with monai_fast.inference.save_checkpoint"
+        )
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
 
@@ -154,8 +174,10 @@ def _weights(path: Path, obj: dict[str, Any]) -> dict[str, torch.Tensor]:
         state = obj  # a bare state_dict
     if not state:
         looked = ", ".join(map(repr, _WEIGHT_KEYS))
-        raise CheckpointError(f"checkpoint {path} has no network weights (looked for {looked} or a bare state_dict; "
-                              f"found {sorted(obj)[:8]})")
+        raise CheckpointError(
+            f"checkpoint {path} has no network weights (looked for {looked} or a bare state_dict; "
+            f"found {sorted(obj)[:8]})"
+        )
     state = dict(state)
     consume_prefix_in_state_dict_if_present(state, "module.")  # saved from a DDP module
     return state
@@ -165,8 +187,10 @@ def _config(path: Path, obj: dict[str, Any], config: RecipeConfig | None) -> Rec
     if config is not None:
         return config
     if "config" not in obj:
-        raise CheckpointError(f"checkpoint {path} holds network weights but no 'config' to rebuild the network from "
-                              f"(a MONAI CheckpointSaver or training checkpoint?): {_HOW_TO_GIVE_CONFIG}")
+        raise CheckpointError(
+            f"checkpoint {path} holds network weights but no 'config' to rebuild the network from "
+            f"(a MONAI CheckpointSaver or training checkpoint?): {_HOW_TO_GIVE_CONFIG}"
+        )
     try:
         return RecipeConfig.from_dict(dict(obj["config"]))
     except (TypeError, ValueError) as e:
@@ -184,15 +208,19 @@ def _chain(path: Path, obj: dict[str, Any], cfg: RecipeConfig, given: bool) -> t
     if given:
         logger.info("checkpoint %s: preprocessing with the recipes' validation chain for the config given", path)
     else:
-        logger.warning("checkpoint %s holds no record of the chain its network was validated with; inference uses the "
-                       "recipes' validation chain for its config (%s). Write it with "
-                       "monai_fast.inference.save_checkpoint to record the chain", path,
-                       ", ".join(t["_target_"] for t in chain))
+        logger.warning(
+            "checkpoint %s holds no record of the chain its network was validated with; inference uses the "
+            "recipes' validation chain for its config (%s). Write it with "
+            "monai_fast.inference.save_checkpoint to record the chain",
+            path,
+            ", ".join(t["_target_"] for t in chain),
+        )
     return chain, False
 
 
-def load_model(path: str | os.PathLike, config: RecipeConfig | None = None,
-               device: torch.device | str = "cpu") -> LoadedModel:
+def load_model(
+    path: str | os.PathLike, config: RecipeConfig | None = None, device: torch.device | str = "cpu"
+) -> LoadedModel:
     """The network of a checkpoint, weights loaded, in eval mode on ``device``, with its config and chain.
 
     Args:
@@ -217,8 +245,10 @@ def load_model(path: str | os.PathLike, config: RecipeConfig | None = None,
         network.load_state_dict(state)
     except RuntimeError as e:
         first = str(e).strip().splitlines()
-        raise CheckpointError(f"checkpoint {path}: its weights do not fit the UNet its config describes "
-                              f"(channels {cfg.channels}, strides {cfg.strides}): {' '.join(first[:3])}") from e
+        raise CheckpointError(
+            f"checkpoint {path}: its weights do not fit the UNet its config describes "
+            f"(channels {cfg.channels}, strides {cfg.strides}): {' '.join(first[:3])}"
+        ) from e
     logger.info("loaded %s: UNet channels %s, %d output channels", path, cfg.channels, out_channels)
     return LoadedModel(network.eval(), cfg, chain, recorded)
 
@@ -251,8 +281,9 @@ def read_recipe_config(path: str | os.PathLike) -> RecipeConfig:
     if isinstance(obj, dict) and isinstance(obj.get("config"), dict):
         obj = obj["config"]
     if not isinstance(obj, dict):
-        raise InferenceError(f"recipe config {path} holds a {type(obj).__name__}, not a JSON object of RecipeConfig "
-                             "options")
+        raise InferenceError(
+            f"recipe config {path} holds a {type(obj).__name__}, not a JSON object of RecipeConfig options"
+        )
     try:
         return RecipeConfig.from_dict(obj)
     except (TypeError, ValueError) as e:

@@ -51,8 +51,16 @@ from monai_fast.progress import progress_bar, show_progress
 from monai_fast.recipes.config import RecipeConfig
 from monai_fast.telemetry import synchronize
 
-__all__ = ["SPLITS", "InferenceResult", "check_images", "data_list", "infer", "inference_transforms", "output_name",
-           "tuned_window"]
+__all__ = [
+    "SPLITS",
+    "InferenceResult",
+    "check_images",
+    "data_list",
+    "infer",
+    "inference_transforms",
+    "output_name",
+    "tuned_window",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +96,9 @@ class InferenceResult:
         return len(self.seconds) / sum(self.seconds) if self.seconds and sum(self.seconds) > 0 else 0.0
 
 
-def data_list(data: str | os.PathLike | Sequence, split: str = "val", val_fraction: float = 0.25,
-              seed: int = 0) -> list[str]:
+def data_list(
+    data: str | os.PathLike | Sequence, split: str = "val", val_fraction: float = 0.25, seed: int = 0
+) -> list[str]:
     """The image files of ``data``: an MSD folder's ``split`` (see :data:`SPLITS`), one image file, or a list of them.
 
     The ``val`` split is :func:`~monai_fast.data.msd.load_msd_datalist`'s with the same
@@ -192,15 +201,19 @@ def _outputs(paths: Sequence[str], out_dir: Path, overwrite: bool = False) -> li
         seen[out] = p
         clash = inputs.get(os.path.realpath(out)) or inodes.get(_identity(out))  # the same file by another path
         if clash is not None:
-            raise InferenceError(f"the prediction of {p} would be written to {out}, which is the input image {clash}: "
-                                 "choose an output folder that holds none of the inputs")
+            raise InferenceError(
+                f"the prediction of {p} would be written to {out}, which is the input image {clash}: "
+                "choose an output folder that holds none of the inputs"
+            )
         if out.exists() or out.is_symlink():
             existing.append(out)
         outs.append(out)
     if existing and not overwrite:
         shown = ", ".join(map(str, existing[:3])) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
-        raise InferenceError(f"{len(existing)} prediction file(s) exist already: {shown}; pass --overwrite "
-                             "(overwrite=True) to replace them, or choose another output folder")
+        raise InferenceError(
+            f"{len(existing)} prediction file(s) exist already: {shown}; pass --overwrite "
+            "(overwrite=True) to replace them, or choose another output folder"
+        )
     return outs
 
 
@@ -263,8 +276,9 @@ def infer(
     require(backend, device)
     if isinstance(model, torch.nn.Module):
         if config is None:
-            raise InferenceError("infer(network, ...) needs config=RecipeConfig(...) of the network (patch size, "
-                                 "spacing)")
+            raise InferenceError(
+                "infer(network, ...) needs config=RecipeConfig(...) of the network (patch size, spacing)"
+            )
         network, source = model, "chain="
         chain = list(chain) if chain is not None else recipe_chain(config)
     else:
@@ -278,8 +292,9 @@ def infer(
     sw_batch_size = config.sw_batch_size if sw_batch_size is None or auto else sw_batch_size
     overlap = config.sw_overlap if overlap is None else overlap
     if not isinstance(sw_batch_size, int) or sw_batch_size < 1 or not 0.0 <= overlap < 1.0:
-        raise InferenceError(f"sw_batch_size must be an int >= 1 or 'auto', and overlap in [0, 1); got "
-                             f"{sw_batch_size!r} and {overlap}")
+        raise InferenceError(
+            f"sw_batch_size must be an int >= 1 or 'auto', and overlap in [0, 1); got {sw_batch_size!r} and {overlap}"
+        )
     paths = data_list(data, split=split, val_fraction=val_fraction, seed=config.seed)
     if not paths:
         raise InferenceError(f"no images to infer in {data}")
@@ -290,23 +305,41 @@ def infer(
     out_dir.mkdir(parents=True, exist_ok=True)
     stitch = torch.device(config.val_device) if config.val_device else device
     if auto:
-        sw_batch_size, stitch = tuned_window(network, config, paths[0], backend, device, overlap, tune_store,
-                                             sw_batch_range, pre)
+        sw_batch_size, stitch = tuned_window(
+            network, config, paths[0], backend, device, overlap, tune_store, sw_batch_range, pre
+        )
     predictor = build_predictor(network, backend, config.patch_size, sw_batch_size, device)
-    result = InferenceResult(backend, predictor.detail, str(device), list(paths), outputs,
-                             prepare_s=predictor.prepare_s)
-    inferer = SlidingWindowInferer(roi_size=config.patch_size, sw_batch_size=sw_batch_size, overlap=overlap,
-                                   sw_device=device, device=stitch)
+    result = InferenceResult(
+        backend, predictor.detail, str(device), list(paths), outputs, prepare_s=predictor.prepare_s
+    )
+    inferer = SlidingWindowInferer(
+        roi_size=config.patch_size, sw_batch_size=sw_batch_size, overlap=overlap, sw_device=device, device=stitch
+    )
     _run(predictor, inferer, pre, paths, outputs, device, result, progress)
     result.total_s = time.perf_counter() - t0
-    logger.info("infer %s: %d volumes in %.1f s (%.2f volumes/s of inference; backend built in %.1f s) -> %s",
-                backend, len(paths), result.total_s, result.volumes_per_s, result.prepare_s, out_dir)
+    logger.info(
+        "infer %s: %d volumes in %.1f s (%.2f volumes/s of inference; backend built in %.1f s) -> %s",
+        backend,
+        len(paths),
+        result.total_s,
+        result.volumes_per_s,
+        result.prepare_s,
+        out_dir,
+    )
     return result
 
 
-def tuned_window(network: torch.nn.Module, config: RecipeConfig, image: str, backend: str, device: torch.device,
-                 overlap: float, store: str | os.PathLike | None = "default",
-                 sw_batch_range: tuple[int, int] = (1, 32), pre: Compose | None = None) -> tuple[int, torch.device]:
+def tuned_window(
+    network: torch.nn.Module,
+    config: RecipeConfig,
+    image: str,
+    backend: str,
+    device: torch.device,
+    overlap: float,
+    store: str | os.PathLike | None = "default",
+    sw_batch_range: tuple[int, int] = (1, 32),
+    pre: Compose | None = None,
+) -> tuple[int, torch.device]:
     """The fastest ``sw_batch_size`` and stitching device for ``network`` on volumes of ``image``'s size.
 
     Measured by :func:`~monai_fast.tune.tune_validation` with the eager network at the backend's
@@ -319,10 +352,24 @@ def tuned_window(network: torch.nn.Module, config: RecipeConfig, image: str, bac
     pre = pre if pre is not None else inference_transforms(config)
     shape = tuple(pre({"image": image})["image"].shape[1:])
     precision = precision_of(backend, device)
-    pick = tune_validation(network.to(device), config.patch_size, shape, device, precision, overlap=overlap,
-                           sw_batch_range=sw_batch_range, store=store)
-    logger.info("infer: sw_batch_size %d, stitching on %s, measured on %s volumes at %s (%.2f volumes/s)",
-                pick.sw_batch_size, pick.val_device, "x".join(map(str, shape)), precision, pick.val_volumes_per_s)
+    pick = tune_validation(
+        network.to(device),
+        config.patch_size,
+        shape,
+        device,
+        precision,
+        overlap=overlap,
+        sw_batch_range=sw_batch_range,
+        store=store,
+    )
+    logger.info(
+        "infer: sw_batch_size %d, stitching on %s, measured on %s volumes at %s (%.2f volumes/s)",
+        pick.sw_batch_size,
+        pick.val_device,
+        "x".join(map(str, shape)),
+        precision,
+        pick.val_volumes_per_s,
+    )
     return pick.sw_batch_size, torch.device(pick.val_device)
 
 
@@ -348,19 +395,34 @@ def _save(prediction: torch.Tensor, path: Path) -> None:
     writer.write(path)
 
 
-def _run(predictor: Predictor, inferer: SlidingWindowInferer, pre: Compose, paths: Sequence[str],
-         outputs: Sequence[Path], device: torch.device, result: InferenceResult, progress: bool) -> None:
+def _run(
+    predictor: Predictor,
+    inferer: SlidingWindowInferer,
+    pre: Compose,
+    paths: Sequence[str],
+    outputs: Sequence[Path],
+    device: torch.device,
+    result: InferenceResult,
+    progress: bool,
+) -> None:
     """Load, infer, invert and save each volume in turn."""
     plain_s, inner_s = argmax_gain()  # PyTorch's CPU argmax over a dimension that is not innermost (pytorch#140000)
     innermost = [_pred_classes_innermost] if plain_s >= 1.2 * inner_s else []
-    post = Compose([Invertd(keys="pred", transform=pre, orig_keys="image", nearest_interp=False, to_tensor=True),
-                    *innermost, AsDiscreted(keys="pred", argmax=True)])
-    loader = DataLoader(Dataset([{"image": p} for p in paths], transform=NamedItemsCompose.of(pre)), batch_size=1,
-                        num_workers=0)
+    post = Compose(
+        [
+            Invertd(keys="pred", transform=pre, orig_keys="image", nearest_interp=False, to_tensor=True),
+            *innermost,
+            AsDiscreted(keys="pred", argmax=True),
+        ]
+    )
+    loader = DataLoader(
+        Dataset([{"image": p} for p in paths], transform=NamedItemsCompose.of(pre)), batch_size=1, num_workers=0
+    )
     bars = show_progress(progress)
     core = main_thread_core()  # with OpenMP's workers pinned, the main thread computes the windows on the free core
-    for i, batch in enumerate(progress_bar(loader, enabled=progress, desc=f"infer ({predictor.backend})",
-                                           unit="volume", total=len(paths))):
+    for i, batch in enumerate(
+        progress_bar(loader, enabled=progress, desc=f"infer ({predictor.backend})", unit="volume", total=len(paths))
+    ):
         t = time.perf_counter()
         with torch.no_grad(), on_core(core):
             batch["pred"] = inferer(batch["image"].to(device), predictor)

@@ -65,15 +65,21 @@ def summarize(repeats: Sequence[Sequence[RaceResult]], recipes: Sequence[str]) -
         }
         for ref in REFERENCES:  # same-run ratios against each reference that raced
             if ref in recipes and name != ref:
-                pairs = [(next(r for r in rs if r.recipe == name), next(r for r in rs if r.recipe == ref)) for rs in repeats]
+                pairs = [
+                    (next(r for r in rs if r.recipe == name), next(r for r in rs if r.recipe == ref)) for rs in repeats
+                ]
                 summary[name][f"speedup_over_{ref}"] = [
                     {"factor": f, "lower_bound": lb} for f, lb in (speedup(a, b) for a, b in pairs)
                 ]
     return summary
 
 
-def bench(spec: RaceSpec, repeats: int = 1, out_dir: str | os.PathLike = "benchmarks/results",
-          events: RaceEvents | None = None) -> BenchRun:
+def bench(
+    spec: RaceSpec,
+    repeats: int = 1,
+    out_dir: str | os.PathLike = "benchmarks/results",
+    events: RaceEvents | None = None,
+) -> BenchRun:
     """Race ``spec`` ``repeats`` times (training seed ``seed + i``, same data and split); write one JSON.
 
     Repeat ``i`` goes to ``run_dir/repeat<i>/`` (a :func:`~monai_fast.race.race` run folder each);
@@ -109,8 +115,12 @@ def bench(spec: RaceSpec, repeats: int = 1, out_dir: str | os.PathLike = "benchm
         events.repeat_started(i + 1, repeats)
         runs.append(race(one, events))
     summary = summarize([run.results for run in runs], list(spec.recipes))
-    doc = {**runs[-1].meta, "benchmark": "time_to_dice", "repeats": [[r.to_dict() for r in run.results] for run in runs],
-           "summary": summary}
+    doc = {
+        **runs[-1].meta,
+        "benchmark": "time_to_dice",
+        "repeats": [[r.to_dict() for r in run.results] for run in runs],
+        "summary": summary,
+    }
     write_json(doc, out)
     logger.info("wrote %s", out)
     return BenchRun(repeats=runs, summary=summary, path=out)

@@ -35,7 +35,17 @@ from monai_fast.race.options import (
 )
 from monai_fast.recipes.runner import RaceResult, run_to_target
 
-__all__ = ["NUM_CLASSES", "RaceEvents", "RaceRun", "TuneRun", "checked_data", "load_data", "race", "run_meta", "tune_only"]
+__all__ = [
+    "NUM_CLASSES",
+    "RaceEvents",
+    "RaceRun",
+    "TuneRun",
+    "checked_data",
+    "load_data",
+    "race",
+    "run_meta",
+    "tune_only",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +179,12 @@ def run_meta(data_root: Path | None, device: str, options: Mapping[str, Any] | N
             "platform": platform.platform(),
             "python": platform.python_version(),
         },
-        "versions": {"monai_fast": __version__, "torch": torch.__version__, "monai": monai.__version__, "ignite": ignite.__version__},
+        "versions": {
+            "monai_fast": __version__,
+            "torch": torch.__version__,
+            "monai": monai.__version__,
+            "ignite": ignite.__version__,
+        },
         "data": None if data_root is None else str(data_root),
         "command": " ".join(sys.argv),
         "options": dict(options or {}),
@@ -182,9 +197,16 @@ def _tune(plan: RacePlan, train_files: Sequence[dict], val_files: Sequence[dict]
     opts: TuneOptions = plan.spec.tune or TuneOptions()
     try:
         return tune_recipe(
-            plan.config, typical_val_shape(val_files, plan.config), plan.device, space=plan.space,
-            memory_cap_mib=opts.memory_cap_mib, store=opts.store, force=opts.retune, progress=plan.spec.progress,
-            train_files=train_files if opts.place_cache else None, cache_tradeoff=opts.cache_tradeoff,
+            plan.config,
+            typical_val_shape(val_files, plan.config),
+            plan.device,
+            space=plan.space,
+            memory_cap_mib=opts.memory_cap_mib,
+            store=opts.store,
+            force=opts.retune,
+            progress=plan.spec.progress,
+            train_files=train_files if opts.place_cache else None,
+            cache_tradeoff=opts.cache_tradeoff,
         )
     except ValueError as e:
         raise TuningError(str(e)) from e
@@ -201,11 +223,27 @@ def _diagnose(result: RaceResult) -> None:
         logger.warning("%s: no diagnosis: %s", result.recipe, e)
 
 
-def _run_one(spec: RaceSpec, plan: RacePlan, name: str, config: Any, train_files: Sequence[dict],
-             val_files: Sequence[dict], events: RaceEvents) -> RaceResult:
+def _run_one(
+    spec: RaceSpec,
+    plan: RacePlan,
+    name: str,
+    config: Any,
+    train_files: Sequence[dict],
+    val_files: Sequence[dict],
+    events: RaceEvents,
+) -> RaceResult:
     events.recipe_started(name, spec.target, spec.time_budget_s)
-    return run_to_target(name, train_files, val_files, config, plan.device, spec.target, spec.time_budget_s,
-                         plan.run_dir, progress=spec.progress)
+    return run_to_target(
+        name,
+        train_files,
+        val_files,
+        config,
+        plan.device,
+        spec.target,
+        spec.time_budget_s,
+        plan.run_dir,
+        progress=spec.progress,
+    )
 
 
 def _finished(result: RaceResult, events: RaceEvents) -> RaceResult:
@@ -250,8 +288,13 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     events = events or RaceEvents()
     plan = plan_race(spec)
     data_root, train_files, val_files = checked_data(spec)
-    logger.info("%d training / %d validation cases from %s on %s", len(train_files), len(val_files),
-                data_root or "the given file lists", plan.device)
+    logger.info(
+        "%d training / %d validation cases from %s on %s",
+        len(train_files),
+        len(val_files),
+        data_root or "the given file lists",
+        plan.device,
+    )
     configs = dict.fromkeys(spec.recipes, plan.config)
     tuning = None
     if spec.tune is not None and "fast" in spec.recipes:
@@ -261,19 +304,34 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     meta = run_meta(data_root, plan.device, spec.record_options)
     if spec.interleave:
         results, paired, budget, host = run_interleaved(
-            spec.recipes, configs, train_files, val_files, plan.device, spec.target, spec.time_budget_s,
-            spec.budget_multiple, plan.run_dir, spec.progress, events, epoch_multiple=spec.epoch_multiple,
-            deadline=deadline)
+            spec.recipes,
+            configs,
+            train_files,
+            val_files,
+            plan.device,
+            spec.target,
+            spec.time_budget_s,
+            spec.budget_multiple,
+            plan.run_dir,
+            spec.progress,
+            events,
+            epoch_multiple=spec.epoch_multiple,
+            deadline=deadline,
+        )
         meta["headline"] = headline(results, paired, budget, host=host)
         for r in results:
             _finished(r, events)
     else:
-        results = [_finished(_run_one(spec, plan, name, configs[name], train_files, val_files, events), events)
-                   for name in spec.recipes]
+        results = [
+            _finished(_run_one(spec, plan, name, configs[name], train_files, val_files, events), events)
+            for name in spec.recipes
+        ]
     if tuning is not None:
         meta["tuning"] = {**tuning.to_dict(), "from_cache": tuning.from_cache}
     write_race(results, plan.run_dir, meta)
-    run = RaceRun(results=results, meta=meta, run_dir=plan.run_dir, data_root=data_root, device=plan.device, tuning=tuning)
+    run = RaceRun(
+        results=results, meta=meta, run_dir=plan.run_dir, data_root=data_root, device=plan.device, tuning=tuning
+    )
     events.race_finished(run)
     return run
 

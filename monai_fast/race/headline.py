@@ -41,8 +41,16 @@ from collections.abc import Mapping, Sequence
 from monai_fast.recipes.runner import RaceResult
 from monai_fast.telemetry.host import describe_host_load
 
-__all__ = ["ESTIMATED", "MEASURED", "MIN_PROGRESS", "epochs_by_progress", "epochs_by_slope", "format_headline", "headline",
-           "stop_reason"]
+__all__ = [
+    "ESTIMATED",
+    "MEASURED",
+    "MIN_PROGRESS",
+    "epochs_by_progress",
+    "epochs_by_slope",
+    "format_headline",
+    "headline",
+    "stop_reason",
+]
 
 MEASURED = "measured"
 ESTIMATED = "estimated"
@@ -52,8 +60,9 @@ ESTIMATED = "estimated"
 MIN_PROGRESS = 0.15
 
 
-def epochs_by_progress(curve: Sequence[tuple[int, float]], fast_curve: Sequence[tuple[int, float]], fast_epochs: int,
-                       target: float) -> tuple[float, int, float, int] | None:
+def epochs_by_progress(
+    curve: Sequence[tuple[int, float]], fast_curve: Sequence[tuple[int, float]], fast_epochs: int, target: float
+) -> tuple[float, int, float, int] | None:
     """Epochs to ``target`` for a run with Dice ``curve``, scaled from a faster run that reached it in ``fast_epochs``.
 
     Returns ``(epochs, slow_epoch, dice, fast_epoch)``: the run reached its best ``dice`` at
@@ -94,7 +103,7 @@ def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[
     points = [(e, d) for e, d in curve if d is not None]
     if len(points) < 4 or max(d for _, d in points) < MIN_PROGRESS * target:
         return None
-    half = points[len(points) // 2:]
+    half = points[len(points) // 2 :]
     mx, my = statistics.fmean(e for e, _ in half), statistics.fmean(d for _, d in half)
     slope = sum((e - mx) * (d - my) for e, d in half) / sum((e - mx) ** 2 for e, _ in half)
     if not slope > 0:
@@ -142,8 +151,14 @@ def _figure(value: float | None, how: str, basis: str = "") -> dict:
     return {"value": value, "how": how, "basis": basis}
 
 
-def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budget: Mapping[str, object],
-             fast: str = "fast", reference: str = "baseline", host: Mapping[str, object] | None = None) -> dict:
+def headline(
+    results: Sequence[RaceResult],
+    interleaved: Mapping[str, int],
+    budget: Mapping[str, object],
+    fast: str = "fast",
+    reference: str = "baseline",
+    host: Mapping[str, object] | None = None,
+) -> dict:
     """The headline of an interleaved race: per recipe its figures (each ``{"value", "how", "basis"}``) and the speed-up.
 
     Args:
@@ -164,17 +179,29 @@ def headline(results: Sequence[RaceResult], interleaved: Mapping[str, int], budg
         doc["host"] = dict(host)
     for r in results:
         per_epoch = _s_per_epoch(r, interleaved.get(r.recipe, 0))
-        entry = {"s_per_epoch_interleaved": per_epoch, "epochs_interleaved": interleaved.get(r.recipe, 0),
-                 "cpu_s_per_epoch_interleaved": _s_per_epoch(r, interleaved.get(r.recipe, 0), cpu=True),
-                 "epochs_run": r.epochs_run, "best_dice": r.best_dice, "data_wait_share": r.data_wait_share,
-                 "stopped": stop_reason(r, budget)}
+        entry = {
+            "s_per_epoch_interleaved": per_epoch,
+            "epochs_interleaved": interleaved.get(r.recipe, 0),
+            "cpu_s_per_epoch_interleaved": _s_per_epoch(r, interleaved.get(r.recipe, 0), cpu=True),
+            "epochs_run": r.epochs_run,
+            "best_dice": r.best_dice,
+            "data_wait_share": r.data_wait_share,
+            "stopped": stop_reason(r, budget),
+        }
         if r.reached:
             entry["time_to_target_s"] = _figure(r.time_to_target_s, MEASURED)
             entry["epochs_to_target"] = _figure(r.epochs_to_target, MEASURED)
         else:
             limit = budget.get("others_epochs") if r.recipe != budget.get("lead") else None
-            entry.update(_estimate(r, by.get(fast), per_epoch, limit if isinstance(limit, int) else None,
-                                   _epoch_seconds(r, interleaved.get(r.recipe, 0))))
+            entry.update(
+                _estimate(
+                    r,
+                    by.get(fast),
+                    per_epoch,
+                    limit if isinstance(limit, int) else None,
+                    _epoch_seconds(r, interleaved.get(r.recipe, 0)),
+                )
+            )
         entry["cpu_s_to_target"] = _cpu_to_target(r, entry)
         doc["recipes"][r.recipe] = entry
     doc["speedup"] = _cpu_beside(_speedup(doc["recipes"], fast, reference), doc["recipes"], fast, reference)
@@ -187,15 +214,18 @@ def _cpu_to_target(r: RaceResult, entry: dict) -> dict:
     if r.setup_cpu_s is None or epochs["value"] is None:
         return _figure(None, "n/a", "no CPU times recorded" if r.setup_cpu_s is None else epochs["basis"])
     if epochs["how"] == MEASURED:
-        rows = r.epochs[:int(epochs["value"])]
+        rows = r.epochs[: int(epochs["value"])]
         if len(rows) < epochs["value"] or any(e.cpu_s is None for e in rows):
             return _figure(None, "n/a", "an epoch without its CPU time")
         return _figure(r.setup_cpu_s + sum(e.cpu_s for e in rows), MEASURED)
     per_epoch = entry["cpu_s_per_epoch_interleaved"]
     if per_epoch is None:
         return _figure(None, "n/a", "no CPU times recorded")
-    return _figure(r.setup_cpu_s + epochs["value"] * per_epoch, ESTIMATED,
-                   f"set-up {r.setup_cpu_s:.1f} CPU s + {epochs['value']:g} epochs x {per_epoch:.2f} CPU s/epoch measured interleaved")
+    return _figure(
+        r.setup_cpu_s + epochs["value"] * per_epoch,
+        ESTIMATED,
+        f"set-up {r.setup_cpu_s:.1f} CPU s + {epochs['value']:g} epochs x {per_epoch:.2f} CPU s/epoch measured interleaved",
+    )
 
 
 def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
@@ -216,8 +246,9 @@ def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference
     return out
 
 
-def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: int | None,
-              epoch_seconds: Sequence[float] = ()) -> dict:
+def _estimate(
+    r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: int | None, epoch_seconds: Sequence[float] = ()
+) -> dict:
     """``r``'s estimated epochs and time to target from its first ``limit`` epochs (its epoch budget; ``None``: all).
 
     Turns taken while ``fast`` trained can carry a quick recipe past its epoch budget on a host
@@ -233,18 +264,24 @@ def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: i
     ways = [w[0] for w in (found, epochs_by_slope(curve, r.target)) if w is not None]
     if found is not None and found[0] > r.epochs_run:
         epochs, slow_epoch, dice, fast_epoch = found
-        basis = (f"it reached Dice {dice:.3f} at epoch {slow_epoch}, {fast.recipe} at epoch {fast_epoch} and the target at "
-                 f"{fast.epochs_to_target}: {slow_epoch} x {fast.epochs_to_target} / {fast_epoch}")
+        basis = (
+            f"it reached Dice {dice:.3f} at epoch {slow_epoch}, {fast.recipe} at epoch {fast_epoch} and the target at "
+            f"{fast.epochs_to_target}: {slow_epoch} x {fast.epochs_to_target} / {fast_epoch}"
+        )
     else:  # fast's full validations do not place that Dice before its own target epoch: the curve's own slope
         sloped = epochs_by_slope(curve, r.target)
         if sloped is None:
             best = max((d for _, d in curve), default=0.0)
-            why = (f"its best Dice {best:.3f} in {len(r.epochs[:limit])} epochs is below {MIN_PROGRESS:g}x the target or not "
-                   "rising, too early in its curve to extrapolate; give it longer (--epoch-multiple, --time-budget)")
+            why = (
+                f"its best Dice {best:.3f} in {len(r.epochs[:limit])} epochs is below {MIN_PROGRESS:g}x the target or not "
+                "rising, too early in its curve to extrapolate; give it longer (--epoch-multiple, --time-budget)"
+            )
             return {"time_to_target_s": _figure(None, "n/a", why), "epochs_to_target": _figure(None, "n/a", why)}
         epochs, first, last, slope = sloped
-        basis = (f"its Dice rose {slope:.4f} per epoch over epochs {first}-{last} (least squares over the last half of "
-                 f"its curve); that line reaches {r.target:g} at epoch {epochs:g}")
+        basis = (
+            f"its Dice rose {slope:.4f} per epoch over epochs {first}-{last} (least squares over the last half of "
+            f"its curve); that line reaches {r.target:g} at epoch {epochs:g}"
+        )
     if epochs <= r.epochs_run:  # it ran that many without reaching the target
         epochs, basis = float(r.epochs_run + 1), f"{basis}; raised to the epochs it ran + 1"
     seconds = r.setup_s + epochs * per_epoch
@@ -252,12 +289,23 @@ def _estimate(r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: i
     e_low, e_high = max(floor, min([epochs, *ways])), max(floor, epochs, *ways)
     s_low = r.setup_s + e_low * min(epoch_seconds or [per_epoch])
     s_high = r.setup_s + e_high * max(epoch_seconds or [per_epoch])
-    spread = (f"range {s_low:.0f}-{s_high:.0f} s: {e_low:g}-{e_high:g} epochs x its fastest and slowest epoch "
-              f"({min(epoch_seconds or [per_epoch]):.2f}-{max(epoch_seconds or [per_epoch]):.2f} s)")
-    return {"epochs_to_target": {**_figure(epochs, ESTIMATED, basis), "low": e_low, "high": e_high},
-            "time_to_target_s": {**_figure(seconds, ESTIMATED, f"set-up {r.setup_s:.1f} s + {epochs:g} epochs x "
-                                           f"{per_epoch:.2f} s/epoch measured interleaved; {spread}"),
-                                 "low": s_low, "high": s_high}}
+    spread = (
+        f"range {s_low:.0f}-{s_high:.0f} s: {e_low:g}-{e_high:g} epochs x its fastest and slowest epoch "
+        f"({min(epoch_seconds or [per_epoch]):.2f}-{max(epoch_seconds or [per_epoch]):.2f} s)"
+    )
+    return {
+        "epochs_to_target": {**_figure(epochs, ESTIMATED, basis), "low": e_low, "high": e_high},
+        "time_to_target_s": {
+            **_figure(
+                seconds,
+                ESTIMATED,
+                f"set-up {r.setup_s:.1f} s + {epochs:g} epochs x "
+                f"{per_epoch:.2f} s/epoch measured interleaved; {spread}",
+            ),
+            "low": s_low,
+            "high": s_high,
+        },
+    }
 
 
 def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
@@ -266,19 +314,30 @@ def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
         return {"over": reference, "factor": None, "how": "n/a", "basis": f"needs both {fast} and {reference}"}
     ta, tb = a["time_to_target_s"], b["time_to_target_s"]
     if ta["how"] != MEASURED or not ta["value"] or tb["value"] is None:
-        per_epoch = (b["s_per_epoch_interleaved"] / a["s_per_epoch_interleaved"]
-                     if a["s_per_epoch_interleaved"] and b["s_per_epoch_interleaved"] else None)
+        per_epoch = (
+            b["s_per_epoch_interleaved"] / a["s_per_epoch_interleaved"]
+            if a["s_per_epoch_interleaved"] and b["s_per_epoch_interleaved"]
+            else None
+        )
         why = f"{fast} did not reach the target" if ta["how"] != MEASURED else f"{reference}'s time to target: n/a"
         return {"over": reference, "factor": None, "how": "n/a", "basis": why, "per_epoch": per_epoch}
     how = MEASURED if tb["how"] == MEASURED else ESTIMATED
-    out = {"over": reference, "factor": tb["value"] / ta["value"], "how": how,
-           "basis": f"{reference}'s time to target ({tb['how']}) / {fast}'s (measured)"}
+    out = {
+        "over": reference,
+        "factor": tb["value"] / ta["value"],
+        "how": how,
+        "basis": f"{reference}'s time to target ({tb['how']}) / {fast}'s (measured)",
+    }
     if "low" in tb and "high" in tb:
         out.update(low=tb["low"] / ta["value"], high=tb["high"] / ta["value"])
     return out
 
 
-_LABELS = {"epochs_to_target": "epochs to target", "time_to_target_s": "time to target", "cpu_s_to_target": "CPU time to target"}
+_LABELS = {
+    "epochs_to_target": "epochs to target",
+    "time_to_target_s": "time to target",
+    "cpu_s_to_target": "CPU time to target",
+}
 
 
 def _cell(fig: dict, fmt: str) -> str:
@@ -294,15 +353,29 @@ def format_headline(doc: dict) -> str:
         ------  ----------------  ---------------  ----------------  -------------------  -----------  ---------  ---------
         speed-up: n/a (needs both fast and baseline)
     """
-    head = ["recipe", "time to target s", "CPU s to target", "epochs to target", "s/epoch interleaved", "CPU s/epoch",
-            "data wait", "best Dice"]
-    rows = [[name, _cell(e["time_to_target_s"], ".1f"), _cell(e.get("cpu_s_to_target", _figure(None, "n/a")), ".1f"),
-             _cell(e["epochs_to_target"], "g"),
-             f"{e['s_per_epoch_interleaved']:.2f} ({MEASURED})",
-             "-" if e.get("cpu_s_per_epoch_interleaved") is None else f"{e['cpu_s_per_epoch_interleaved']:.1f}",
-             f"{100 * e['data_wait_share']:.1f}%",
-             "-" if e["best_dice"] is None else f"{e['best_dice']:.3f}"]
-            for name, e in doc["recipes"].items()]
+    head = [
+        "recipe",
+        "time to target s",
+        "CPU s to target",
+        "epochs to target",
+        "s/epoch interleaved",
+        "CPU s/epoch",
+        "data wait",
+        "best Dice",
+    ]
+    rows = [
+        [
+            name,
+            _cell(e["time_to_target_s"], ".1f"),
+            _cell(e.get("cpu_s_to_target", _figure(None, "n/a")), ".1f"),
+            _cell(e["epochs_to_target"], "g"),
+            f"{e['s_per_epoch_interleaved']:.2f} ({MEASURED})",
+            "-" if e.get("cpu_s_per_epoch_interleaved") is None else f"{e['cpu_s_per_epoch_interleaved']:.1f}",
+            f"{100 * e['data_wait_share']:.1f}%",
+            "-" if e["best_dice"] is None else f"{e['best_dice']:.3f}",
+        ]
+        for name, e in doc["recipes"].items()
+    ]
     widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     out = [fmt.format(*head).rstrip(), fmt.format(*("-" * w for w in widths)).rstrip()]
@@ -315,15 +388,19 @@ def format_headline(doc: dict) -> str:
     for name, e in doc["recipes"].items():
         if epochs and name != doc["budget"].get("lead") and e.get("stopped") == "wall-clock budget":
             flag = "--total-budget" if doc["budget"].get("deadline_left_s") is not None else "--time-budget"
-            out.append(f"{name}: stopped by its wall-clock budget after {e['epochs_run']} of its {epochs} epochs: how far "
-                       f"its Dice curve got depended on the host's speed ({flag} raises the cap)")
+            out.append(
+                f"{name}: stopped by its wall-clock budget after {e['epochs_run']} of its {epochs} epochs: how far "
+                f"its Dice curve got depended on the host's speed ({flag} raises the cap)"
+            )
     if doc.get("host"):
         out.append(describe_host_load(doc["host"], "the epochs taken in turns"))
     sp = doc["speedup"]
     if sp["factor"] is None and sp.get("per_epoch"):
         cpu = "" if sp.get("per_epoch_cpu") is None else f"; in CPU time {sp['per_epoch_cpu']:.1f}x"
-        out.append(f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch (measured, interleaved{cpu}); "
-                   f"to the target: n/a ({sp['basis']})")
+        out.append(
+            f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch (measured, interleaved{cpu}); "
+            f"to the target: n/a ({sp['basis']})"
+        )
     elif sp["factor"] is None:
         out.append(f"speed-up: n/a ({sp['basis']})")
     else:

@@ -113,9 +113,19 @@ def _fits(run: TargetRun, deadline: float | None) -> bool:
 
 
 def run_interleaved(
-    recipes: Sequence[str], configs: Mapping[str, RecipeConfig], train_files: Sequence[dict], val_files: Sequence[dict],
-    device: str, target: float, cap_s: float | None, multiple: float | None, run_dir: Path | None, progress: bool,
-    events: Any, epoch_multiple: float | None = None, deadline: float | None = None,
+    recipes: Sequence[str],
+    configs: Mapping[str, RecipeConfig],
+    train_files: Sequence[dict],
+    val_files: Sequence[dict],
+    device: str,
+    target: float,
+    cap_s: float | None,
+    multiple: float | None,
+    run_dir: Path | None,
+    progress: bool,
+    events: Any,
+    epoch_multiple: float | None = None,
+    deadline: float | None = None,
 ) -> tuple[list[RaceResult], dict[str, int], dict, dict]:
     """Train ``recipes`` in turns until the lead is done, then the others alone within the budget the lead sets.
 
@@ -143,11 +153,22 @@ def run_interleaved(
     runs: dict[str, TargetRun] = {}
     for name in recipes:
         events.recipe_started(name, target, cap_s if deadline is None else min(cap_s or math.inf, _left(deadline)))
-        runs[name] = TargetRun(name, train_files, val_files, configs[name], device, target,
-                               math.inf if cap_s is None else cap_s, run_dir, progress)
+        runs[name] = TargetRun(
+            name,
+            train_files,
+            val_files,
+            configs[name],
+            device,
+            target,
+            math.inf if cap_s is None else cap_s,
+            run_dir,
+            progress,
+        )
     if deadline is not None:  # the lead's share of the time the set-up left
         left = _left(deadline)
-        runs[lead].budget_s = min(runs[lead].budget_s or math.inf, runs[lead].elapsed() + lead_share(len(recipes)) * left)
+        runs[lead].budget_s = min(
+            runs[lead].budget_s or math.inf, runs[lead].elapsed() + lead_share(len(recipes)) * left
+        )
         shared = getattr(events, "time_shared", None)
         if shared is not None:
             shared(lead, runs[lead].budget_s, left)
@@ -167,10 +188,18 @@ def run_interleaved(
     max_epochs = max(configs[n].max_epochs for n in recipes if n != lead) if len(recipes) > 1 else None
     wanted_epochs = epochs_after_lead(lead_epochs, epoch_multiple)
     others_epochs = epochs_after_lead(lead_epochs, epoch_multiple, max_epochs)
-    budget = {"cap_s": cap_s, "multiple": multiple, "lead": lead, "lead_s": lead_s, "lead_reached": lead_result.reached,
-              "others_s": None if math.isinf(others_s) else others_s, "epoch_multiple": epoch_multiple,
-              "lead_epochs": lead_epochs, "others_epochs": others_epochs,
-              "max_epochs": max_epochs if wanted_epochs != others_epochs else None}
+    budget = {
+        "cap_s": cap_s,
+        "multiple": multiple,
+        "lead": lead,
+        "lead_s": lead_s,
+        "lead_reached": lead_result.reached,
+        "others_s": None if math.isinf(others_s) else others_s,
+        "epoch_multiple": epoch_multiple,
+        "lead_epochs": lead_epochs,
+        "others_epochs": others_epochs,
+        "max_epochs": max_epochs if wanted_epochs != others_epochs else None,
+    }
     others = [n for n in recipes if n != lead and not runs[n].done]
     for i, name in enumerate(others):
         run = runs[name]

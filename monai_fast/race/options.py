@@ -30,8 +30,19 @@ import torch
 from monai_fast.data.synthetic import KINDS
 from monai_fast.recipes import RECIPES, RecipeConfig
 
-__all__ = ["DEMO_EPOCH_MULTIPLE", "DEMO_TOTAL_BUDGET_S", "TIME_BUDGET_S", "RaceOptionError", "RacePlan", "RaceSpec",
-           "SyntheticData", "TuneOptions", "check_writable_dir", "plan_race", "resolve_device"]
+__all__ = [
+    "DEMO_EPOCH_MULTIPLE",
+    "DEMO_TOTAL_BUDGET_S",
+    "TIME_BUDGET_S",
+    "RaceOptionError",
+    "RacePlan",
+    "RaceSpec",
+    "SyntheticData",
+    "TuneOptions",
+    "check_writable_dir",
+    "plan_race",
+    "resolve_device",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -220,8 +231,10 @@ def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
     known = {f.name for f in fields(RecipeConfig)} - {"seed"}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise RaceOptionError("overrides", f"unknown recipe option(s) {unknown} (the seed is set by seed/train_seed); "
-                              f"known: {sorted(known)}")
+        raise RaceOptionError(
+            "overrides",
+            f"unknown recipe option(s) {unknown} (the seed is set by seed/train_seed); known: {sorted(known)}",
+        )
     try:
         return RecipeConfig(**{**overrides, "seed": seed})
     except (TypeError, ValueError) as e:
@@ -279,9 +292,15 @@ def _search_space(options: TuneOptions, config: RecipeConfig, device: str):
     from monai_fast.tune import default_space
 
     try:
-        return default_space(device, search_amp=options.search_amp, amp=False if config.amp is False else None,
-                             batch_range=tuple(options.batch_range), sw_batch_range=tuple(options.sw_range),
-                             max_trials=options.trials, margin=options.margin)
+        return default_space(
+            device,
+            search_amp=options.search_amp,
+            amp=False if config.amp is False else None,
+            batch_range=tuple(options.batch_range),
+            sw_batch_range=tuple(options.sw_range),
+            max_trials=options.trials,
+            margin=options.margin,
+        )
     except (TypeError, ValueError) as e:
         raise RaceOptionError("tune", str(e)) from e
 
@@ -313,6 +332,8 @@ def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
     space = None if spec.tune is None or "fast" not in spec.recipes else _search_space(spec.tune, config, device)
     run_dir = None
     if need_run_dir:
-        run_dir = Path(spec.run_dir) if spec.run_dir is not None else Path(f"runs/race-{dt.datetime.now():%Y%m%d-%H%M%S}")
+        run_dir = (
+            Path(spec.run_dir) if spec.run_dir is not None else Path(f"runs/race-{dt.datetime.now():%Y%m%d-%H%M%S}")
+        )
         check_writable_dir(run_dir, "run_dir")
     return RacePlan(spec=spec, device=device, config=config, run_dir=run_dir, space=space)

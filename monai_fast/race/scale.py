@@ -43,7 +43,12 @@ class DemoScale:
 
 
 _SPLEEN_SCALE = SyntheticData(cases=40, shape=(240, 240, 96))  # 1.6 x 1.6 x 2.5 mm: ~256 x 256 x 120 at 1.5 x 1.5 x 2
-_TUTORIAL_UNET = {"patch_size": (96, 96, 96), "channels": (16, 32, 64, 128, 256), "strides": (2, 2, 2, 2), "num_res_units": 2}
+_TUTORIAL_UNET = {
+    "patch_size": (96, 96, 96),
+    "channels": (16, 32, 64, 128, 256),
+    "strides": (2, 2, 2, 2),
+    "num_res_units": 2,
+}
 
 
 def demo_scale(device: torch.device) -> DemoScale:
@@ -57,8 +62,12 @@ def demo_scale(device: torch.device) -> DemoScale:
         "spleen-scale (like Task09 Spleen after resampling), MONAI's tutorial UNet"
     """
     if device.type == "cuda":
-        return DemoScale("cuda", _SPLEEN_SCALE, dict(_TUTORIAL_UNET),
-                         "spleen-scale (like Task09 Spleen after resampling), MONAI's tutorial UNet")
+        return DemoScale(
+            "cuda",
+            _SPLEEN_SCALE,
+            dict(_TUTORIAL_UNET),
+            "spleen-scale (like Task09 Spleen after resampling), MONAI's tutorial UNet",
+        )
     return DemoScale(device.type, SyntheticData(), {}, "small, for a CPU")
 
 
@@ -74,6 +83,8 @@ def size_line(spec: RaceSpec, scale: DemoScale) -> str:
         data = f"data from {spec.data_dir or 'the given file lists'}"
     else:
         data = f"{spec.synthetic.cases} synthetic volumes of {'x'.join(map(str, spec.synthetic.shape))} voxels"
-    return (f"sized for {scale.device} (default: {scale.name}): {data}, {'x'.join(map(str, config.patch_size))} patches, "
-            f"UNet {'-'.join(map(str, config.channels))} with {config.num_res_units} residual unit(s); "
-            "--cases, --shape, --patch-size, --channels change it")
+    return (
+        f"sized for {scale.device} (default: {scale.name}): {data}, {'x'.join(map(str, config.patch_size))} patches, "
+        f"UNet {'-'.join(map(str, config.channels))} with {config.num_res_units} residual unit(s); "
+        "--cases, --shape, --patch-size, --channels change it"
+    )

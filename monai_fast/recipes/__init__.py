@@ -27,8 +27,17 @@ from monai_fast.recipes.fast import build_fast, fast_parts
 from monai_fast.recipes.monai_tutorial import build_monai_tutorial, monai_tutorial_parts
 from monai_fast.recipes.parts import RecipeParts
 
-__all__ = ["REGISTRY", "RECIPES", "VAL_METRIC", "Recipe", "RecipeConfig", "RecipeEntry", "RecipeParts", "build_recipe",
-           "recipe_parts"]
+__all__ = [
+    "REGISTRY",
+    "RECIPES",
+    "VAL_METRIC",
+    "Recipe",
+    "RecipeConfig",
+    "RecipeEntry",
+    "RecipeParts",
+    "build_recipe",
+    "recipe_parts",
+]
 
 
 class RecipeEntry(NamedTuple):
@@ -39,11 +48,13 @@ class RecipeEntry(NamedTuple):
 
 
 #: the recipes by name, in the order they are raced
-REGISTRY: Mapping[str, RecipeEntry] = MappingProxyType({
-    "baseline": RecipeEntry(baseline_parts, build_baseline),
-    "monai_tutorial": RecipeEntry(monai_tutorial_parts, build_monai_tutorial),
-    "fast": RecipeEntry(fast_parts, build_fast),
-})
+REGISTRY: Mapping[str, RecipeEntry] = MappingProxyType(
+    {
+        "baseline": RecipeEntry(baseline_parts, build_baseline),
+        "monai_tutorial": RecipeEntry(monai_tutorial_parts, build_monai_tutorial),
+        "fast": RecipeEntry(fast_parts, build_fast),
+    }
+)
 RECIPES = tuple(REGISTRY)
 
 

@@ -22,7 +22,15 @@ from monai_fast.distributed.model import distribute
 from monai_fast.handlers.validation_schedule import ValidationSchedule, estimator_like
 from monai_fast.recipes.config import DEFAULT_LR, RecipeConfig
 
-__all__ = ["VAL_METRIC", "Recipe", "assemble", "attach_validation_schedule", "build_network", "build_optimizer", "resolve_amp"]
+__all__ = [
+    "VAL_METRIC",
+    "Recipe",
+    "assemble",
+    "attach_validation_schedule",
+    "build_network",
+    "build_optimizer",
+    "resolve_amp",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -178,8 +186,12 @@ def assemble(
         loss_function=loss_function,
         inferer=SimpleInferer(),
         # on a schedule, compose attaches a ValidationSchedule once the evaluator's data is final
-        train_handlers=([ValidationHandler(validator=evaluator, interval=config.val_interval)]
-                        if config.validation in (None, "every_epoch") else []) + list(train_handlers),
+        train_handlers=(
+            [ValidationHandler(validator=evaluator, interval=config.val_interval)]
+            if config.validation in (None, "every_epoch")
+            else []
+        )
+        + list(train_handlers),
         amp=amp,
         optim_set_to_none=True,
         compile=config.compile,
@@ -233,7 +245,13 @@ def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
     dataset = evaluator.data_loader.dataset
     subset = DataLoader(Subset(dataset, range(min(config.val_subset, len(dataset)))), batch_size=1, num_workers=0)
     estimator = estimator_like(evaluator, subset, _val_metric(), _postprocessing(_stitch_device(config, recipe.device)))
-    schedule = ValidationSchedule(evaluator, estimator, target=config.val_target, margin=config.val_margin,
-                                  every=config.val_every, metric_name=VAL_METRIC)
+    schedule = ValidationSchedule(
+        evaluator,
+        estimator,
+        target=config.val_target,
+        margin=config.val_margin,
+        every=config.val_every,
+        metric_name=VAL_METRIC,
+    )
     schedule.attach(recipe.trainer)
     return schedule

@@ -32,8 +32,10 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
         ...                  levers=fast_training(parts))  # doctest: +SKIP
     """
     if (parts.precision_by == "toggle") != (levers is not None):
-        raise ValueError(f"recipe {parts.name!r}: precision_by={parts.precision_by!r} "
-                         f"{'needs' if levers is None else 'cannot take'} a FastTraining to apply it")
+        raise ValueError(
+            f"recipe {parts.name!r}: precision_by={parts.precision_by!r} "
+            f"{'needs' if levers is None else 'cannot take'} a FastTraining to apply it"
+        )
     config = parts.config
     network = parts.network()
     optimizer = parts.optimizer(network.parameters())
@@ -41,26 +43,41 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
     lr = optimizer.param_groups[0]["lr"]
     precision_note = f"AMP {'on' if parts.monai_amp else 'off'}" if levers is None else f"precision {parts.precision}"
     notes = [
-        data.note() if levers is None else f"built over {type(data.train_ds).__name__} + {type(data.train_loader).__name__}, "
+        data.note()
+        if levers is None
+        else f"built over {type(data.train_ds).__name__} + {type(data.train_loader).__name__}, "
         "then adopted by FastTraining",
         f"batch {config.batch_size} x {config.num_samples} crops, {type(loss).__name__}, "
         f"{type(optimizer).__name__}(lr={lr:g}), {precision_note}"
         + (", channels_last_3d weights" if parts.channels_last else ""),
     ]
     recipe = assemble(
-        parts.name, config, parts.device, network, optimizer, loss, data.train_loader, data.val_loader,
-        amp=parts.monai_amp, t_start=t_start, notes=notes,
+        parts.name,
+        config,
+        parts.device,
+        network,
+        optimizer,
+        loss,
+        data.train_loader,
+        data.val_loader,
+        amp=parts.monai_amp,
+        t_start=t_start,
+        notes=notes,
     )
     NonFiniteGuard().attach(recipe.trainer)  # before AMPToggle, which then falls back through it
     if levers is not None:
         levers.attach(recipe.trainer, recipe.evaluator)
         recipe.train_loader, recipe.val_loader = recipe.trainer.data_loader, recipe.evaluator.data_loader
         recipe.amp = levers.applied["precision"]["applied"]
-        recipe.notes.extend(f"FastTraining {lever}: {what['setting'] if what['applied'] else 'left alone'} ({what['reason']})"
-                     for lever, what in levers.applied.items())
+        recipe.notes.extend(
+            f"FastTraining {lever}: {what['setting'] if what['applied'] else 'left alone'} ({what['reason']})"
+            for lever, what in levers.applied.items()
+        )
     if config.validation == "schedule":
         attach_validation_schedule(recipe)
-        recipe.notes.append(f"validation on a schedule: Dice on {config.val_subset} case(s) every epoch, the full validation "
-                            f"every {config.val_every} epochs until that is within {config.val_margin:g} of {config.val_target:g}")
+        recipe.notes.append(
+            f"validation on a schedule: Dice on {config.val_subset} case(s) every epoch, the full validation "
+            f"every {config.val_every} epochs until that is within {config.val_margin:g} of {config.val_target:g}"
+        )
     recipe.setup_s = time.perf_counter() - t_start
     return recipe

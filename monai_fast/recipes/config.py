@@ -125,8 +125,10 @@ class RecipeConfig:
         if any(p % down for p in self.patch_size):
             raise ValueError(f"patch_size {self.patch_size} must be divisible by the network's total stride {down}")
         if len(self.channels) < 2 or min(self.channels) < 1:
-            raise ValueError(f"channels must be two or more levels of >= 1 features (the UNet goes down at least "
-                             f"once), got {self.channels}")
+            raise ValueError(
+                f"channels must be two or more levels of >= 1 features (the UNet goes down at least "
+                f"once), got {self.channels}"
+            )
         if len(self.channels) != len(self.strides) + 1:
             raise ValueError(f"channels {self.channels} needs exactly one more entry than strides {self.strides}")
         self._check_network()
@@ -153,8 +155,10 @@ class RecipeConfig:
             except RuntimeError as exc:
                 raise ValueError(f"val_device {self.val_device!r} is not a device name: {exc}") from None
         if self.validation not in (None, "every_epoch", "schedule"):
-            raise ValueError(f"validation must be 'every_epoch' or 'schedule' (or None: the recipe's default); "
-                             f"got {self.validation!r}")
+            raise ValueError(
+                f"validation must be 'every_epoch' or 'schedule' (or None: the recipe's default); "
+                f"got {self.validation!r}"
+            )
         for name in ("val_every", "val_subset"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -179,13 +183,17 @@ class RecipeConfig:
         if self.network != "segresnet":
             return
         if any(s != 2 for s in self.strides):
-            raise ValueError(f"network 'segresnet' halves the size at every level: strides must all be 2, got {self.strides}")
+            raise ValueError(
+                f"network 'segresnet' halves the size at every level: strides must all be 2, got {self.strides}"
+            )
         doubling = tuple(self.channels[0] * 2**i for i in range(len(self.channels)))
         if self.channels[0] % SEGRESNET_GROUPS or self.channels != doubling:
             like = doubling if self.channels[0] % SEGRESNET_GROUPS == 0 else (16, 32, 64, 128)
-            raise ValueError(f"network 'segresnet' doubles its features per level from init_filters=channels[0], a "
-                             f"multiple of {SEGRESNET_GROUPS} (its group norm): channels must be like {like}, "
-                             f"got {self.channels}")
+            raise ValueError(
+                f"network 'segresnet' doubles its features per level from init_filters=channels[0], a "
+                f"multiple of {SEGRESNET_GROUPS} (its group norm): channels must be like {like}, "
+                f"got {self.channels}"
+            )
 
     @property
     def loader_workers(self) -> int:
@@ -228,8 +236,14 @@ class RecipeConfig:
             False
         """
         extra = {} if cache_budget_mib is None else {"cache_budget_mib": cache_budget_mib}
-        return replace(self, batch_size=batch_size, sw_batch_size=sw_batch_size, val_device=val_device,
-                       amp=False if precision == "fp32" else None, **extra)
+        return replace(
+            self,
+            batch_size=batch_size,
+            sw_batch_size=sw_batch_size,
+            val_device=val_device,
+            amp=False if precision == "fp32" else None,
+            **extra,
+        )
 
     def to_dict(self) -> dict:
         """The options as a plain dict (``from_dict`` takes it back)."""

@@ -65,8 +65,10 @@ class DataPiece:
         loader = f"{type(self.train_loader).__name__}({self.train_loader.num_workers} workers)"
         if not self.where:
             return f"{type(self.train_ds).__name__} + {loader}: all transforms every epoch"
-        return (f"{type(self.train_ds).__name__} in {self.where} ({len(self.train_ds)} train + {len(self.val_ds)} val "
-                f"items), {loader}")
+        return (
+            f"{type(self.train_ds).__name__} in {self.where} ({len(self.train_ds)} train + {len(self.val_ds)} val "
+            f"items), {loader}"
+        )
 
 
 def uncached_data(parts: RecipeParts, train_files: Sequence[dict], val_files: Sequence[dict]) -> DataPiece:
@@ -106,8 +108,9 @@ def guide_cached_data(
     return DataPiece(train_ds, train_loader, val_ds, val_loader, where=where, on_gpu=on_gpu)
 
 
-def _cached_val(parts: RecipeParts, val_files: Sequence[dict], on_gpu: bool, loader_cls: type[ThreadDataLoader],
-                progress: bool) -> tuple[CacheDataset, ThreadDataLoader]:
+def _cached_val(
+    parts: RecipeParts, val_files: Sequence[dict], on_gpu: bool, loader_cls: type[ThreadDataLoader], progress: bool
+) -> tuple[CacheDataset, ThreadDataLoader]:
     ds = _cache(parts, val_files, parts.val_transforms(to_device=on_gpu), progress)
     return ds, loader_cls(ds, num_workers=0, batch_size=1)
 
@@ -115,5 +118,11 @@ def _cached_val(parts: RecipeParts, val_files: Sequence[dict], on_gpu: bool, loa
 def _cache(parts: RecipeParts, files: Sequence[dict], chain: Compose, progress: bool) -> CacheDataset:
     """Everything cached as MONAI's guide does; a failing file named, the fill's threads finished first."""
     with threads_joined_on_error():
-        return CacheDataset(data=list(files), transform=NamedItemsCompose.of(chain), cache_rate=1.0,
-                            num_workers=parts.config.cache_threads, copy_cache=False, progress=show_progress(progress))
+        return CacheDataset(
+            data=list(files),
+            transform=NamedItemsCompose.of(chain),
+            cache_rate=1.0,
+            num_workers=parts.config.cache_threads,
+            copy_cache=False,
+            progress=show_progress(progress),
+        )

@@ -78,8 +78,14 @@ def write_epochs_csv(rows: Iterable[EpochRow], path: str | os.PathLike) -> Path:
 class EpochRecorder:
     """Collects an :class:`EpochRow` per trainer epoch and mirrors it to TensorBoard."""
 
-    def __init__(self, recipe_name: str, stopper: TimeToTarget, breakdown: TimeBreakdown, writer: SummaryWriter | None,
-                 log_epochs: bool = False):
+    def __init__(
+        self,
+        recipe_name: str,
+        stopper: TimeToTarget,
+        breakdown: TimeBreakdown,
+        writer: SummaryWriter | None,
+        log_epochs: bool = False,
+    ):
         self.name = recipe_name
         self.log_epochs = log_epochs
         self.stopper = stopper
@@ -131,8 +137,16 @@ class EpochRecorder:
         self.rows.append(row)
         if self.log_epochs:  # where no bar is drawn: one line per epoch
             dice = "" if row.val_dice is None else f", val Dice {row.val_dice:.3f}"
-            logger.info("%s epoch %d: loss %.4f, %.1f s (train %.1f s, val %.1f s)%s", self.name, row.epoch, row.loss,
-                        row.train_s + row.val_s, row.train_s, row.val_s, dice)
+            logger.info(
+                "%s epoch %d: loss %.4f, %.1f s (train %.1f s, val %.1f s)%s",
+                self.name,
+                row.epoch,
+                row.loss,
+                row.train_s + row.val_s,
+                row.train_s,
+                row.val_s,
+                dice,
+            )
         if self.writer is not None:
             wall = time.time()
             for tag, value in (
@@ -148,5 +162,3 @@ class EpochRecorder:
                 # x axis in whole seconds since the clock started: Dice against wall-clock time
                 self.writer.add_scalar("val/mean_dice_vs_seconds", row.val_dice, int(round(row.elapsed_s)))
             self.writer.flush()
-
-

@@ -54,8 +54,14 @@ def fast_parts(config: RecipeConfig | None = None, device: str | torch.device = 
     config = (config or RecipeConfig()).with_defaults(**DEFAULTS)
     device = torch.device(device)
     return RecipeParts(
-        "fast", config, device, auto_precision(config, device), "toggle", dice_ce_loss,
-        cache_form=True, memory_format=partial(memory_format_for, device),
+        "fast",
+        config,
+        device,
+        auto_precision(config, device),
+        "toggle",
+        dice_ce_loss,
+        cache_form=True,
+        memory_format=partial(memory_format_for, device),
     )
 
 
@@ -89,9 +95,13 @@ def fast_training(parts: RecipeParts, progress: bool = False) -> FastTraining:
     budget = config.cache_budget_mib
     on_cuda = parts.device.type == "cuda"
     return FastTraining(
-        cache=config.cache, precision=parts.precision,
+        cache=config.cache,
+        precision=parts.precision,
         memory_format="channels_last_3d" if parts.channels_last else "contiguous",
-        gpu_budget_mib=budget if on_cuda else None, ram_budget_mib=None if on_cuda else budget,
-        cache_dir=config.cache_dir, cache_threads=config.cache_workers,
-        background_fill=config.background_fill, progress=progress,
+        gpu_budget_mib=budget if on_cuda else None,
+        ram_budget_mib=None if on_cuda else budget,
+        cache_dir=config.cache_dir,
+        cache_threads=config.cache_workers,
+        background_fill=config.background_fill,
+        progress=progress,
     )

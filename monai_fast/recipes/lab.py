@@ -34,8 +34,17 @@ from monai_fast.telemetry import device_description
 from monai_fast.telemetry.memory import DeviceMemory
 from monai_fast.telemetry.record import load_record
 
-__all__ = ["LAB_NETWORK", "LAB_SIZES", "LabRun", "PredictionImages", "lab_data", "performance", "performance_table",
-           "prediction_figure", "run_lab"]
+__all__ = [
+    "LAB_NETWORK",
+    "LAB_SIZES",
+    "LabRun",
+    "PredictionImages",
+    "lab_data",
+    "performance",
+    "performance_table",
+    "prediction_figure",
+    "run_lab",
+]
 
 #: the lab's network: SegResNet(init_filters=16, dropout_prob=0.2), four levels as MONAI's default
 LAB_NETWORK = {"network": "segresnet", "channels": (16, 32, 64, 128), "strides": (2, 2, 2), "dropout": 0.2}
@@ -108,7 +117,9 @@ def prediction_figure(volumes: dict[str, np.ndarray]) -> Figure:
     return fig
 
 
-def performance(result: RaceResult, peak_bytes: int, device: torch.device, summary: dict, network: torch.nn.Module) -> dict:
+def performance(
+    result: RaceResult, peak_bytes: int, device: torch.device, summary: dict, network: torch.nn.Module
+) -> dict:
     """The lab's expected-performance numbers, from the run's own measurements."""
     dice = [e.val_dice for e in result.epochs if e.val_dice is not None]
     gpus = [g for g in summary.get("gpu", {}).values() if isinstance(g, dict)]
@@ -131,6 +142,7 @@ def performance(result: RaceResult, peak_bytes: int, device: torch.device, summa
 
 def performance_table(p: dict) -> str:
     """``p`` (from :func:`performance`) as the lab's markdown table."""
+
     def num(v: float | None, fmt: str) -> str:
         return "n/a" if v is None else format(v, fmt)
 
@@ -138,8 +150,11 @@ def performance_table(p: dict) -> str:
         ("device", p["device"]),
         ("network", p["network"]),
         ("epochs", str(p["epochs"])),
-        ("time per epoch", f"{p['time_per_epoch_s']:.2f} s (train {p['train_s_per_epoch']:.2f} s + validation "
-                           f"{p['val_s_per_epoch']:.2f} s)"),
+        (
+            "time per epoch",
+            f"{p['time_per_epoch_s']:.2f} s (train {p['train_s_per_epoch']:.2f} s + validation "
+            f"{p['val_s_per_epoch']:.2f} s)",
+        ),
         ("training throughput", "n/a" if p["samples_per_s"] is None else f"{p['samples_per_s']:.2f} patches/s"),
         ("final validation Dice", num(p["final_dice"], ".3f") + f" (best {num(p['best_dice'], '.3f')})"),
         (p["peak_memory_kind"], f"{p['peak_memory_mib']:.0f} MiB"),
@@ -148,8 +163,9 @@ def performance_table(p: dict) -> str:
     return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]) + "\n"
 
 
-def lab_data(size: str, data_dir: str | os.PathLike | None = None, max_epochs: int | None = None,
-             progress: bool = False) -> tuple[list[dict], list[dict], RecipeConfig]:
+def lab_data(
+    size: str, data_dir: str | os.PathLike | None = None, max_epochs: int | None = None, progress: bool = False
+) -> tuple[list[dict], list[dict], RecipeConfig]:
     """The lab's files and recipe options at ``size`` (a key of :data:`LAB_SIZES`).
 
     Without ``data_dir`` a synthetic spleen-like set of that size is written once into the cache; with it,
@@ -179,8 +195,16 @@ class LabRun:
     record_dir: Path
 
 
-def run_lab(train_files: list[dict], val_files: list[dict], config: RecipeConfig, device: str | torch.device,
-            run_dir: str | os.PathLike, recipe: str = "fast", target: float = 1.0, progress: bool = False) -> LabRun:
+def run_lab(
+    train_files: list[dict],
+    val_files: list[dict],
+    config: RecipeConfig,
+    device: str | torch.device,
+    run_dir: str | os.PathLike,
+    recipe: str = "fast",
+    target: float = 1.0,
+    progress: bool = False,
+) -> LabRun:
     """Train ``recipe`` with ``config`` (e.g. from :func:`lab_data`) and write the lab's outputs into ``run_dir``.
 
     Writes TensorBoard events and the run record (``<run_dir>/<recipe>/``), ``prediction.png``,
@@ -190,8 +214,17 @@ def run_lab(train_files: list[dict], val_files: list[dict], config: RecipeConfig
     device = torch.device(device)
     run_dir = Path(run_dir)
     with DeviceMemory(device).peak() as peak:
-        run = TargetRun(recipe, train_files, val_files, config, device, target=target, time_budget_s=None,
-                        run_dir=run_dir, progress=progress)
+        run = TargetRun(
+            recipe,
+            train_files,
+            val_files,
+            config,
+            device,
+            target=target,
+            time_budget_s=None,
+            run_dir=run_dir,
+            progress=progress,
+        )
         images = PredictionImages(run.writer, run.built.trainer)
         images.attach(run.built.evaluator)
         run.segment(epochs=None)
@@ -205,6 +238,8 @@ def run_lab(train_files: list[dict], val_files: list[dict], config: RecipeConfig
     numbers = performance(result, peak.peak_bytes, device, load_record(out)[1], network)
     write_json(numbers, run_dir / "performance.json")
     table = performance_table(numbers)
-    write_text(f"# SegResNet lab: expected performance\n\nMeasured by this run on {device_description(device)}.\n\n{table}",
-               run_dir / "performance.md")
+    write_text(
+        f"# SegResNet lab: expected performance\n\nMeasured by this run on {device_description(device)}.\n\n{table}",
+        run_dir / "performance.md",
+    )
     return LabRun(result, numbers, table, images.last, run_dir, out)

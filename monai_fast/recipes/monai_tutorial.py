@@ -37,7 +37,9 @@ def monai_tutorial_parts(config: RecipeConfig | None = None, device: str | torch
     config = (config or RecipeConfig()).with_defaults(**DEFAULTS)
     device = torch.device(device)
     amp = resolve_amp(config, device, default_on_cuda=True)
-    return RecipeParts("monai_tutorial", config, device, "fp16" if amp else "fp32", "monai", dice_ce_loss, cache_form=True)
+    return RecipeParts(
+        "monai_tutorial", config, device, "fp16" if amp else "fp32", "monai", dice_ce_loss, cache_form=True
+    )
 
 
 def build_monai_tutorial(

@@ -97,7 +97,9 @@ class RecipeParts:
             to_device: end with ``ToDeviced`` to :attr:`device` (a cache in GPU memory).
         """
         return deterministic_transforms(
-            self.config, precompute_indices=self.cache_form, plain_tensors=self.cache_form,
+            self.config,
+            precompute_indices=self.cache_form,
+            plain_tensors=self.cache_form,
             device=self.device if to_device else None,
         )
 
@@ -111,6 +113,8 @@ class RecipeParts:
 
     def val_transforms(self, to_device: bool = False) -> Compose:
         """The validation chain: the deterministic transforms, no crop indices."""
-        return Compose(deterministic_transforms(
-            self.config, plain_tensors=self.cache_form, device=self.device if to_device else None
-        ))
+        return Compose(
+            deterministic_transforms(
+                self.config, plain_tensors=self.cache_form, device=self.device if to_device else None
+            )
+        )

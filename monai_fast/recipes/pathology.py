@@ -79,8 +79,18 @@ from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
 from monai_fast.recipes.pathology_augment import AugmentingPrepareBatch, batch_augment, cucim_status, to_unit_range
 from monai_fast.recipes.pathology_config import SIZES, PathologyConfig, PathologySize
 
-__all__ = ["METRIC", "SIZES", "VARIANTS", "PathologyConfig", "PathologyRun", "PathologySize", "build_pathology", "results_table",
-           "run_pathology", "summarize"]
+__all__ = [
+    "METRIC",
+    "SIZES",
+    "VARIANTS",
+    "PathologyConfig",
+    "PathologyRun",
+    "PathologySize",
+    "build_pathology",
+    "results_table",
+    "run_pathology",
+    "summarize",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +117,14 @@ class PathologyRun:
 
 def classifier(config: PathologyConfig) -> torch.nn.Module:
     """MONAI's 2D ``DenseNet``: 3 input channels (RGB), one logit (tumour)."""
-    return DenseNet(spatial_dims=2, in_channels=3, out_channels=1, init_features=config.init_features,
-                    growth_rate=config.growth_rate, block_config=tuple(config.block_config))
+    return DenseNet(
+        spatial_dims=2,
+        in_channels=3,
+        out_channels=1,
+        init_features=config.init_features,
+        growth_rate=config.growth_rate,
+        block_config=tuple(config.block_config),
+    )
 
 
 def _plain_transforms(train: bool, prob: float) -> Compose:
@@ -116,43 +132,71 @@ def _plain_transforms(train: bool, prob: float) -> Compose:
     tail = [ScaleIntensityRanged(keys="image", a_min=0.0, a_max=255.0, b_min=-1.0, b_max=1.0, clip=True)]
     if not train:
         return Compose([CastToTyped(keys="image", dtype=torch.float32), *tail])
-    return Compose([
-        CastToTyped(keys="image", dtype=torch.float32),
-        RandScaleIntensityd(keys="image", factors=0.25, prob=1.0),
-        RandFlipd(keys="image", prob=prob, spatial_axis=1),
-        RandRotate90d(keys="image", prob=prob, max_k=3),
-        *tail,
-    ])
+    return Compose(
+        [
+            CastToTyped(keys="image", dtype=torch.float32),
+            RandScaleIntensityd(keys="image", factors=0.25, prob=1.0),
+            RandFlipd(keys="image", prob=prob, spatial_axis=1),
+            RandRotate90d(keys="image", prob=prob, max_k=3),
+            *tail,
+        ]
+    )
 
 
-def _datasets(variant: str, train: Sequence[dict], val: Sequence[dict], config: PathologyConfig,
-              device: torch.device, reader: WSIBackend, notes: dict[str, str]) -> tuple[Any, Any]:
+def _datasets(
+    variant: str,
+    train: Sequence[dict],
+    val: Sequence[dict],
+    config: PathologyConfig,
+    device: torch.device,
+    reader: WSIBackend,
+    notes: dict[str, str],
+) -> tuple[Any, Any]:
     """The training and validation loaders of ``variant``, reading with ``reader``."""
     p = config.patch_size
     if variant == "plain":
         notes["reader"] = "tifffile (MONAI's TiffFileWSIReader: whole-level decode per patch)"
-        ds = [PatchWSIDataset(list(d), patch_size=p, patch_level=0, transform=_plain_transforms(t, config.prob),
-                              reader=reader.make(level=0)) for d, t in ((train, True), (val, False))]
+        ds = [
+            PatchWSIDataset(
+                list(d),
+                patch_size=p,
+                patch_level=0,
+                transform=_plain_transforms(t, config.prob),
+                reader=reader.make(level=0),
+            )
+            for d, t in ((train, True), (val, False))
+        ]
         notes["augment"] = "MONAI per-patch transforms in loader workers (CPU)"
         kw = {"num_workers": config.workers, "persistent_workers": config.workers > 0}
         notes["loader"] = f"DataLoader ({config.workers} worker processes)"
-        return (DataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
-                DataLoader(ds[1], batch_size=config.batch_size, **kw))
+        return (
+            DataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
+            DataLoader(ds[1], batch_size=config.batch_size, **kw),
+        )
     notes["reader"] = ("tifffile, tile-aware" if reader.name == "tifffile" else reader.name) + f" ({reader.why})"
     ds = [PatchWSIDataset(list(d), patch_size=p, patch_level=0, reader=reader.make(level=0)) for d in (train, val)]
     # a thread is enough for tile reads on a CPU; a GPU eats patches faster than one thread reads them
     workers = config.workers if device.type == "cuda" else 0
     # the safe thread loader raises a failing patch's error (slide and location named) in the training thread;
     # MONAI's ThreadDataLoader would end the epoch there instead
-    notes["loader"] = (f"SafeThreadDataLoader ({workers} worker processes)" if workers
-                       else "SafeThreadDataLoader (one thread)")
+    notes["loader"] = (
+        f"SafeThreadDataLoader ({workers} worker processes)" if workers else "SafeThreadDataLoader (one thread)"
+    )
     kw = {"num_workers": workers, "persistent_workers": workers > 0}
-    return (SafeThreadDataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
-            SafeThreadDataLoader(ds[1], batch_size=config.batch_size, **kw))
+    return (
+        SafeThreadDataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
+        SafeThreadDataLoader(ds[1], batch_size=config.batch_size, **kw),
+    )
 
 
-def _engines(variant: str, loaders: tuple[Any, Any], network: torch.nn.Module, config: PathologyConfig,
-             device: torch.device, notes: dict[str, str]) -> tuple[SupervisedTrainer, SupervisedEvaluator]:
+def _engines(
+    variant: str,
+    loaders: tuple[Any, Any],
+    network: torch.nn.Module,
+    config: PathologyConfig,
+    device: torch.device,
+    notes: dict[str, str],
+) -> tuple[SupervisedTrainer, SupervisedEvaluator]:
     """MONAI's trainer and evaluator: BCE on one logit, ROC AUC and accuracy on the sigmoid."""
     fast = variant == "fast"
     prepare = {}
@@ -167,19 +211,29 @@ def _engines(variant: str, loaders: tuple[Any, Any], network: torch.nn.Module, c
         return (pred > 0.5).long(), label.long()
 
     evaluator = SupervisedEvaluator(
-        device=device, val_data_loader=loaders[1], network=network,
+        device=device,
+        val_data_loader=loaders[1],
+        network=network,
         prepare_batch=AugmentingPrepareBatch(to_unit_range) if fast else PrepareBatchPlain(),
         postprocessing=Activationsd(keys="pred", sigmoid=True),
         key_val_metric={METRIC: ROCAUC(output_transform=stack)},
         additional_metrics={"val_acc": Accuracy(output_transform=binary)},
     )
-    optimizer = (Novograd(network.parameters(), lr=config.lr) if fast
-                 else torch.optim.SGD(network.parameters(), lr=config.lr, momentum=0.9))  # the example's baseline
+    optimizer = (
+        Novograd(network.parameters(), lr=config.lr)
+        if fast
+        else torch.optim.SGD(network.parameters(), lr=config.lr, momentum=0.9)
+    )  # the example's baseline
     notes["optimizer"] = type(optimizer).__name__
     trainer = SupervisedTrainer(
-        device=device, max_epochs=config.max_epochs, train_data_loader=loaders[0], network=network,
-        optimizer=optimizer, loss_function=torch.nn.BCEWithLogitsLoss(),
-        train_handlers=[ValidationHandler(validator=evaluator, interval=1, epoch_level=True)], **prepare,
+        device=device,
+        max_epochs=config.max_epochs,
+        train_data_loader=loaders[0],
+        network=network,
+        optimizer=optimizer,
+        loss_function=torch.nn.BCEWithLogitsLoss(),
+        train_handlers=[ValidationHandler(validator=evaluator, interval=1, epoch_level=True)],
+        **prepare,
     )
     return trainer, evaluator
 
@@ -191,9 +245,17 @@ class PrepareBatchPlain(AugmentingPrepareBatch):
         super().__init__(lambda x: x)
 
 
-def build_pathology(variant: str, train: Sequence[dict], val: Sequence[dict], config: PathologyConfig | None = None,
-                    device: torch.device | str = "cpu", target: float = 0.95, time_budget_s: float | None = None,
-                    run_dir: str | os.PathLike | None = None, start_time: float | None = None) -> PathologyRun:
+def build_pathology(
+    variant: str,
+    train: Sequence[dict],
+    val: Sequence[dict],
+    config: PathologyConfig | None = None,
+    device: torch.device | str = "cpu",
+    target: float = 0.95,
+    time_budget_s: float | None = None,
+    run_dir: str | os.PathLike | None = None,
+    start_time: float | None = None,
+) -> PathologyRun:
     """Build ``variant`` (``"plain"`` or ``"fast"``) on the patch lists of :func:`~monai_fast.data.wsi.load_wsi_datalist`.
 
     Args:
@@ -239,7 +301,9 @@ def build_pathology(variant: str, train: Sequence[dict], val: Sequence[dict], co
     breakdown, throughput = TimeBreakdown(), ThroughputMonitor(log_every_epoch=False)
     breakdown.attach(trainer)
     throughput.attach(trainer)
-    stopper = TimeToTarget(target, METRIC, time_budget_s=time_budget_s, start_time=t0, logger=logging.getLogger(f"{__name__}.{variant}"))
+    stopper = TimeToTarget(
+        target, METRIC, time_budget_s=time_budget_s, start_time=t0, logger=logging.getLogger(f"{__name__}.{variant}")
+    )
     stopper.attach(trainer, evaluator)
     if run_dir is not None:
         record = RecordHandler(Path(run_dir) / variant)
@@ -278,9 +342,16 @@ def summarize(run: PathologyRun, total_s: float) -> dict[str, Any]:
     }
 
 
-def run_pathology(variant: str, train: Sequence[dict], val: Sequence[dict], config: PathologyConfig | None = None,
-                  device: torch.device | str = "cpu", target: float = 0.95, time_budget_s: float | None = None,
-                  run_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+def run_pathology(
+    variant: str,
+    train: Sequence[dict],
+    val: Sequence[dict],
+    config: PathologyConfig | None = None,
+    device: torch.device | str = "cpu",
+    target: float = 0.95,
+    time_budget_s: float | None = None,
+    run_dir: str | os.PathLike | None = None,
+) -> dict[str, Any]:
     """Build and train ``variant`` to ``target`` AUC (or ``config.max_epochs`` / the budget); :func:`summarize` it.
 
     The clock starts before the data sets are built. Arguments as :func:`build_pathology`.
@@ -309,12 +380,15 @@ def results_table(results: Sequence[dict[str, Any]]) -> str:
         |---|---|---|---|---|---|---|---|---|
         | fast | 1 | 120.0 | 1.0 % | 3 | 0.970 | 40.0 s | | |
     """
+
     def cell(v: float | None, fmt: str, unit: str = "") -> str:
         return "-" if v is None else format(v, fmt) + unit
 
     target = results[0].get("target_auc", 0.0) if results else 0.0
-    lines = [f"| variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC {target:g} | patches/s vs plain | time to target vs plain |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC {target:g} | patches/s vs plain | time to target vs plain |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         repeat = r.get("repeat", 1)
         plain = next((p for p in results if p["variant"] == "plain" and p.get("repeat", 1) == repeat), None)
@@ -325,6 +399,8 @@ def results_table(results: Sequence[dict[str, Any]]) -> str:
             if r["time_to_target_s"] and plain["time_to_target_s"]:
                 time_ratio = f"{plain['time_to_target_s'] / r['time_to_target_s']:.2f}x as fast"
         share = None if r["data_share"] is None else 100 * r["data_share"]
-        lines.append(f"| {r['variant']} | {repeat} | {cell(r['patches_per_s'], '.1f')} | {cell(share, '.1f', ' %')} | {r['epochs']} "
-                     f"| {cell(r['best_auc'], '.3f')} | {cell(r['time_to_target_s'], '.1f', ' s')} | {speed} | {time_ratio} |")
+        lines.append(
+            f"| {r['variant']} | {repeat} | {cell(r['patches_per_s'], '.1f')} | {cell(share, '.1f', ' %')} | {r['epochs']} "
+            f"| {cell(r['best_auc'], '.3f')} | {cell(r['time_to_target_s'], '.1f', ' s')} | {speed} | {time_ratio} |"
+        )
     return "\n".join(lines)

@@ -109,19 +109,22 @@ def _cucim_chain(device: torch.device, prob: float) -> Callable[[Any], torch.Ten
     """MONAI's tumour-detection GPU chain: cuCIM colour jitter, flip, rotation, scaling; a torch tensor out."""
     from monai.transforms import CastToType, Compose, CuCIM, RandCuCIM, ToCupy, ToTensor
 
-    return Compose([
-        ToCupy(),
-        RandCuCIM(name="rand_color_jitter", prob=1.0, **JITTER),
-        RandCuCIM(name="rand_image_flip", prob=prob, spatial_axis=-1),
-        RandCuCIM(name="rand_image_rotate_90", prob=prob, max_k=3, spatial_axis=(-2, -1)),
-        CastToType(dtype=np.float32),
-        CuCIM(name="scale_intensity_range", a_min=0.0, a_max=255.0, b_min=-1.0, b_max=1.0),
-        ToTensor(device=device, track_meta=False),
-    ])
+    return Compose(
+        [
+            ToCupy(),
+            RandCuCIM(name="rand_color_jitter", prob=1.0, **JITTER),
+            RandCuCIM(name="rand_image_flip", prob=prob, spatial_axis=-1),
+            RandCuCIM(name="rand_image_rotate_90", prob=prob, max_k=3, spatial_axis=(-2, -1)),
+            CastToType(dtype=np.float32),
+            CuCIM(name="scale_intensity_range", a_min=0.0, a_max=255.0, b_min=-1.0, b_max=1.0),
+            ToTensor(device=device, track_meta=False),
+        ]
+    )
 
 
-def batch_augment(device: torch.device | str, prob: float = 0.5, use_cucim: bool | None = None,
-                  quiet: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+def batch_augment(
+    device: torch.device | str, prob: float = 0.5, use_cucim: bool | None = None, quiet: bool = False
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """The training augmentation of a ``uint8`` NCHW batch already on ``device``; float32 in ``[-1, 1]`` out.
 
     Args:
@@ -139,7 +142,11 @@ def batch_augment(device: torch.device | str, prob: float = 0.5, use_cucim: bool
     if use_cucim and why is not None:
         raise RuntimeError(f"cuCIM GPU transforms asked for, but {why}")
     if use_cucim is not False and why is None:
-        logger.log(logging.DEBUG if quiet else logging.INFO, "augmentation: cuCIM on %s (colour jitter, flip, rotate-90 as GPU kernels)", device)
+        logger.log(
+            logging.DEBUG if quiet else logging.INFO,
+            "augmentation: cuCIM on %s (colour jitter, flip, rotate-90 as GPU kernels)",
+            device,
+        )
         return _cucim_chain(device, prob)
     if use_cucim is None and not quiet and why not in _told:
         _told.add(why)
@@ -161,8 +168,13 @@ class AugmentingPrepareBatch(PrepareBatch):
     def __init__(self, augment: Callable[[torch.Tensor], torch.Tensor] = to_unit_range) -> None:
         self.augment = augment
 
-    def __call__(self, batchdata: dict[str, torch.Tensor], device: str | torch.device | None = None,
-                 non_blocking: bool = False, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self,
+        batchdata: dict[str, torch.Tensor],
+        device: str | torch.device | None = None,
+        non_blocking: bool = False,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         image, label = default_prepare_batch(batchdata, device, non_blocking, **kwargs)
         image = image.as_tensor() if hasattr(image, "as_tensor") else image  # no MetaTensor bookkeeping per op
         return self.augment(image), label

@@ -87,10 +87,48 @@ class PathologySize:
 #: ``tiny``: seconds on a CPU (tests); ``cpu``: a few minutes on a laptop; ``gpu``: Camelyon-like patches
 #: (224 pixels) and DenseNet-121's layout on a GPU
 SIZES = {
-    "tiny": PathologySize(3, (384, 384), 128, 2, {"patch_size": 32, "batch_size": 16, "init_features": 8, "growth_rate": 8,
-                                                  "block_config": (2, 2), "max_epochs": 2, "workers": 1}),
-    "cpu": PathologySize(4, (3072, 3072), 256, 3, {"patch_size": 64, "batch_size": 32, "init_features": 8, "growth_rate": 8,
-                                                   "block_config": (2, 2, 2), "max_epochs": 6}),
-    "gpu": PathologySize(8, (8192, 8192), 256, 4, {"patch_size": 224, "batch_size": 64, "init_features": 64, "growth_rate": 32,
-                                                   "block_config": (6, 12, 24, 16), "max_epochs": 10, "workers": 8}),
+    "tiny": PathologySize(
+        3,
+        (384, 384),
+        128,
+        2,
+        {
+            "patch_size": 32,
+            "batch_size": 16,
+            "init_features": 8,
+            "growth_rate": 8,
+            "block_config": (2, 2),
+            "max_epochs": 2,
+            "workers": 1,
+        },
+    ),
+    "cpu": PathologySize(
+        4,
+        (3072, 3072),
+        256,
+        3,
+        {
+            "patch_size": 64,
+            "batch_size": 32,
+            "init_features": 8,
+            "growth_rate": 8,
+            "block_config": (2, 2, 2),
+            "max_epochs": 6,
+        },
+    ),
+    "gpu": PathologySize(
+        8,
+        (8192, 8192),
+        256,
+        4,
+        {
+            "patch_size": 224,
+            "batch_size": 64,
+            "init_features": 64,
+            "growth_rate": 32,
+            "block_config": (6, 12, 24, 16),
+            "max_epochs": 10,
+            "workers": 8,
+        },
+    ),
 }

@@ -73,9 +73,17 @@ class RaceResult:
         return asdict(self)
 
 
-def run_to_target(recipe: str, train_files: Sequence[dict], val_files: Sequence[dict], config: RecipeConfig | None = None,
-                  device: str | torch.device = "cpu", target: float = 0.9, time_budget_s: float | None = 300.0,
-                  run_dir: str | os.PathLike | None = None, progress: bool = True) -> RaceResult:
+def run_to_target(
+    recipe: str,
+    train_files: Sequence[dict],
+    val_files: Sequence[dict],
+    config: RecipeConfig | None = None,
+    device: str | torch.device = "cpu",
+    target: float = 0.9,
+    time_budget_s: float | None = 300.0,
+    run_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> RaceResult:
     """Build ``recipe`` and train it until validation mean Dice >= ``target`` or the budget is spent.
 
     The clock starts before the data sets are built, so caching counts against the recipe that
@@ -136,10 +144,18 @@ class TargetRun:
         >>> run.finish().epochs_run  # doctest: +SKIP
     """
 
-    def __init__(self, recipe: str, train_files: Sequence[dict], val_files: Sequence[dict],
-                 config: RecipeConfig | None = None, device: str | torch.device = "cpu", target: float = 0.9,
-                 time_budget_s: float | None = 300.0, run_dir: str | os.PathLike | None = None,
-                 progress: bool = True) -> None:
+    def __init__(
+        self,
+        recipe: str,
+        train_files: Sequence[dict],
+        val_files: Sequence[dict],
+        config: RecipeConfig | None = None,
+        device: str | torch.device = "cpu",
+        target: float = 0.9,
+        time_budget_s: float | None = 300.0,
+        run_dir: str | os.PathLike | None = None,
+        progress: bool = True,
+    ) -> None:
         t0, cpu0 = time.perf_counter(), process_tree_cpu_seconds()
         self.recipe, self.target, self.time_budget_s = recipe, target, time_budget_s
         config = replace(config or RecipeConfig(), val_target=target)  # a validation schedule aims where the race does
@@ -152,8 +168,13 @@ class TargetRun:
         self.writer = _attach_telemetry(self.built, self.out, t0)
         self.breakdown = TimeBreakdown()
         self.breakdown.attach(trainer)
-        self.stopper = TimeToTarget(target=target, metric_name=VAL_METRIC, time_budget_s=time_budget_s, start_time=t0,
-                                    logger=logging.getLogger(f"{__name__}.{recipe}"))  # lines that name the recipe
+        self.stopper = TimeToTarget(
+            target=target,
+            metric_name=VAL_METRIC,
+            time_budget_s=time_budget_s,
+            start_time=t0,
+            logger=logging.getLogger(f"{__name__}.{recipe}"),
+        )  # lines that name the recipe
         self.stopper.attach(trainer, evaluator)
         bars = show_progress(progress)
         self.recorder = EpochRecorder(recipe, self.stopper, self.breakdown, self.writer, log_epochs=not bars)
@@ -163,7 +184,10 @@ class TargetRun:
             stopper = self.stopper
             ProgressBar(persist=False, desc=f"{recipe}").attach(
                 trainer,
-                output_transform=lambda out: {"loss": loss_of(out), "last val Dice": stopper.history[-1][2] if stopper.history else 0.0},
+                output_transform=lambda out: {
+                    "loss": loss_of(out),
+                    "last val Dice": stopper.history[-1][2] if stopper.history else 0.0,
+                },
             )
         self._segment_end = 0
         trainer.add_event_handler(Events.EPOCH_COMPLETED, self._maybe_pause)
@@ -184,7 +208,9 @@ class TargetRun:
 
     def elapsed(self) -> float:
         """Seconds on this recipe's clock (setup and its own segments only)."""
-        return (self._paused_at if self._paused_at is not None else time.perf_counter()) - (self.stopper.start_time or 0.0)
+        return (self._paused_at if self._paused_at is not None else time.perf_counter()) - (
+            self.stopper.start_time or 0.0
+        )
 
     @property
     def done(self) -> bool:
@@ -222,8 +248,17 @@ class TargetRun:
         if self._finished is None:
             if self.writer is not None:
                 self.writer.close()
-            self._finished = _result(self.recipe, self.target, self.time_budget_s, self.built, self.stopper,
-                                     self.recorder.rows, self.elapsed(), self.out, self.setup_cpu_s)
+            self._finished = _result(
+                self.recipe,
+                self.target,
+                self.time_budget_s,
+                self.built,
+                self.stopper,
+                self.recorder.rows,
+                self.elapsed(),
+                self.out,
+                self.setup_cpu_s,
+            )
             if self.out is not None:
                 write_epochs_csv(self.recorder.rows, self.out / "epochs.csv")
         return self._finished
@@ -257,8 +292,17 @@ def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWrit
     return writer
 
 
-def _result(recipe: str, target: float, budget_s: float | None, built: Recipe, stopper: TimeToTarget,
-            rows: list[EpochRow], total: float, out: Path | None, setup_cpu_s: float | None = None) -> RaceResult:
+def _result(
+    recipe: str,
+    target: float,
+    budget_s: float | None,
+    built: Recipe,
+    stopper: TimeToTarget,
+    rows: list[EpochRow],
+    total: float,
+    out: Path | None,
+    setup_cpu_s: float | None = None,
+) -> RaceResult:
     n = max(len(rows), 1)
     val_rows = [r for r in rows if r.val_dice is not None]
     return RaceResult(

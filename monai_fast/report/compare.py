@@ -47,7 +47,17 @@ def _fmt_s(v: float | None) -> str:
 def format_table(results: Sequence[RaceResult], reference: str = "baseline") -> str:
     """A plain-text table, one row per recipe, with the speed-up over ``reference``."""
     ref = next((r for r in results if r.recipe == reference), None)
-    head = ["recipe", "time to target s", "epochs", "setup s", "train s/ep", "val s/ep", "data wait", "best Dice", "speed-up"]
+    head = [
+        "recipe",
+        "time to target s",
+        "epochs",
+        "setup s",
+        "train s/ep",
+        "val s/ep",
+        "data wait",
+        "best Dice",
+        "speed-up",
+    ]
     lines = []
     for r in results:
         if r.reached:
@@ -112,7 +122,9 @@ def plot_dice_vs_time(results: Sequence[RaceResult], path: str | os.PathLike, ta
     return path
 
 
-def write_race(results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline") -> dict:
+def write_race(
+    results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline"
+) -> dict:
     """Write ``results.json``, ``epochs.csv`` (all recipes) and ``dice_vs_time.png`` into ``run_dir``.
 
     Each file is tried on its own; when one cannot be written (a full disk) the others still are, each
@@ -132,9 +144,11 @@ def write_race(results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: 
                 speedups[r.recipe] = {"over": reference, "factor": factor, "lower_bound": lower}
     doc = {**meta, "results": [r.to_dict() for r in results], "speedups": speedups}
     target = results[0].target if results else None
-    writes = [(run_dir / "results.json", lambda path: write_json(doc, path)),
-              (run_dir / "epochs.csv", lambda path: write_epochs_csv((e for r in results for e in r.epochs), path)),
-              (run_dir / "dice_vs_time.png", lambda path: plot_dice_vs_time(results, path, target))]
+    writes = [
+        (run_dir / "results.json", lambda path: write_json(doc, path)),
+        (run_dir / "epochs.csv", lambda path: write_epochs_csv((e for r in results for e in r.epochs), path)),
+        (run_dir / "dice_vs_time.png", lambda path: plot_dice_vs_time(results, path, target)),
+    ]
     failed: list[OSError] = []
     for path, write in writes:  # each output on its own: one that does not fit costs only itself
         try:

@@ -60,22 +60,40 @@ logger = logging.getLogger("monai_fast.report")
 #: per verdict: (the FastTraining lever that applies the fix, or None for a code change, the fix)
 FIXES: dict[str, list[tuple[str | None, str]]] = {
     "data-bound": [
-        ("data", "cache the deterministic transforms: FastTraining(cache='auto') on your trainer (CacheDataset in RAM; "
-                 "on CUDA in GPU memory via ToDeviced, the random transforms then run there), or recipe 'fast'"),
-        ("data", "once cached, load in a thread without worker processes: FastTraining(loader='auto') (SafeThreadDataLoader)"),
-        (None, "data larger than RAM: FastTraining(cache='disk', cache_dir=...) (a trusted disk cache) or cache='smartcache'"),
-        (None, "precompute foreground/background indices (FgBgToIndicesd) so RandCropByPosNegLabeld skips the label scan"),
+        (
+            "data",
+            "cache the deterministic transforms: FastTraining(cache='auto') on your trainer (CacheDataset in RAM; "
+            "on CUDA in GPU memory via ToDeviced, the random transforms then run there), or recipe 'fast'",
+        ),
+        (
+            "data",
+            "once cached, load in a thread without worker processes: FastTraining(loader='auto') (SafeThreadDataLoader)",
+        ),
+        (
+            None,
+            "data larger than RAM: FastTraining(cache='disk', cache_dir=...) (a trusted disk cache) or cache='smartcache'",
+        ),
+        (
+            None,
+            "precompute foreground/background indices (FgBgToIndicesd) so RandCropByPosNegLabeld skips the label scan",
+        ),
     ],
     "gpu-under-filled": [
-        (None, "raise the batch size or crops per volume (your DataLoader's batch_size, RandCropByPosNegLabeld's "
-               "num_samples; RecipeConfig.batch_size / num_samples in the recipes) until memory is used"),
+        (
+            None,
+            "raise the batch size or crops per volume (your DataLoader's batch_size, RandCropByPosNegLabeld's "
+            "num_samples; RecipeConfig.batch_size / num_samples in the recipes) until memory is used",
+        ),
         (None, "raise the sliding-window batch (SlidingWindowInferer's sw_batch_size) for validation"),
         ("precision", "mixed precision so larger batches fit: FastTraining(precision='auto')"),
     ],
     "compute-bound": [
         ("precision", "mixed precision: FastTraining(precision='auto') (bf16 where supported, else fp16 + GradScaler)"),
         ("memory_format", "channels_last_3d weights where they measure faster: FastTraining(memory_format='auto')"),
-        (None, "more devices: data-parallel training over several GPUs (monai_fast.distributed.run, monai-fast launch)"),
+        (
+            None,
+            "more devices: data-parallel training over several GPUs (monai_fast.distributed.run, monai-fast launch)",
+        ),
         (None, "validate less often (ValidationHandler's interval)"),
         (None, "validate with a larger sliding-window batch (SlidingWindowInferer's sw_batch_size)"),
     ],
@@ -157,7 +175,9 @@ def diagnose(
     """
     epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
     if not epochs:
-        raise ValueError("the record has no time_breakdown epochs: attach TimeBreakdown (and RecordHandler) to the trainer")
+        raise ValueError(
+            "the record has no time_breakdown epochs: attach TimeBreakdown (and RecordHandler) to the trainer"
+        )
     ranks = rank_times(epochs)
     n_epochs = len({(r.get("segment", 0), r["epoch"]) for r in epochs})
     data = sum(r["data_s"] for r in epochs)
@@ -165,11 +185,15 @@ def diagnose(
     share = data_share(data, compute)
     numbers: dict = {"epochs": n_epochs, "ranks": len(ranks), "data_s": data, "compute_s": compute, "data_share": share}
     over = f"over {n_epochs} epoch(s)" + (f" and {len(ranks)} ranks" if len(ranks) > 1 else "")
-    evidence = [f"{100 * share:.1f}% of iteration time was spent waiting for data ({data:.1f} s of {data + compute:.1f} s {over})"]
+    evidence = [
+        f"{100 * share:.1f}% of iteration time was spent waiting for data ({data:.1f} s of {data + compute:.1f} s {over})"
+    ]
     first = min((r.get("segment", 0), r["epoch"]) for r in epochs)
     later = [r for r in epochs if (r.get("segment", 0), r["epoch"]) != first]
     if later:
-        numbers["data_share_after_first_epoch"] = data_share(sum(r["data_s"] for r in later), sum(r["compute_s"] for r in later))
+        numbers["data_share_after_first_epoch"] = data_share(
+            sum(r["data_s"] for r in later), sum(r["compute_s"] for r in later)
+        )
         evidence.append(f"after the first epoch: {100 * numbers['data_share_after_first_epoch']:.1f}%")
     evidence += rank_evidence(ranks, numbers) + node_evidence(rows, numbers)
     evidence += segment_evidence(rows, numbers) + stopped_early(rows, numbers)
@@ -191,7 +215,9 @@ def diagnose(
         for r in tp:
             per_rank.setdefault(r.get("rank", 0), []).append(r["samples_per_s"])
         numbers["samples_per_s"] = sum(sum(v) / len(v) for v in per_rank.values())  # all ranks together
-        evidence.append(f"throughput {numbers['samples_per_s']:.2f} samples/s" + (" (all ranks)" if len(per_rank) > 1 else ""))
+        evidence.append(
+            f"throughput {numbers['samples_per_s']:.2f} samples/s" + (" (all ranks)" if len(per_rank) > 1 else "")
+        )
 
     if share >= data_threshold:
         verdict = "data-bound"
@@ -203,19 +229,31 @@ def diagnose(
         verdict = "balanced"
     applied = applied_levers(rows)
     if applied:
-        numbers["fast_training"] = {k: {"applied": v.get("applied"), "setting": v.get("setting")} for k, v in applied.items()}
+        numbers["fast_training"] = {
+            k: {"applied": v.get("applied"), "setting": v.get("setting")} for k, v in applied.items()
+        }
     run = in_effect(rows)
     numbers["in_effect"] = asdict(run)
     fixes = _fixes(verdict, applied, run)
     if verdict == "compute-bound" and util_mean is None:
         fixes.insert(0, "this ran on the CPU: a CUDA GPU is the largest single step")
     _add_wall_clock(rows, applied, run, numbers, evidence, fixes)
-    numbers["thresholds"] = {"data_threshold": data_threshold, "data_low": data_low, "util_low": util_low, "mem_low": mem_low}
+    numbers["thresholds"] = {
+        "data_threshold": data_threshold,
+        "data_low": data_low,
+        "util_low": util_low,
+        "mem_low": mem_low,
+    }
     return Diagnosis(verdict, evidence, fixes, numbers)
 
 
 def _add_wall_clock(
-    rows: list[dict], applied: dict[str, dict], run: InEffect, numbers: dict, evidence: list[str], fixes: list[str],
+    rows: list[dict],
+    applied: dict[str, dict],
+    run: InEffect,
+    numbers: dict,
+    evidence: list[str],
+    fixes: list[str],
 ) -> None:
     """The wall clock's evidence and fixes; its fixes go first when what they address outweighs the iterations."""
     clocks = wall_clock(rows)
@@ -244,8 +282,10 @@ def _inference(wc: WallClock, rows: list[dict], run: InEffect) -> dict | None:
     if sync + beside <= 0:
         return None
     what = "validation" if run.sliding_window is False else "validation (sliding-window inference)"
-    text = (f"{what} took {sync:.1f} s, {100 * wc.share('validation'):.1f}% of the wall "
-            "clock" + (f", and {beside:.1f} s beside training" if beside else "") + ". ")
+    text = (
+        f"{what} took {sync:.1f} s, {100 * wc.share('validation'):.1f}% of the wall "
+        "clock" + (f", and {beside:.1f} s beside training" if beside else "") + ". "
+    )
     numbers: dict = {"validation_s": sync, "overlapped_s": beside, "share": wc.share("validation")}
     split = select(rows, Kind.EPOCH, Source.INFERENCE)
     split = [r for r in split if r.get("rank", 0) == min(r.get("rank", 0) for r in split)]
@@ -254,46 +294,69 @@ def _inference(wc: WallClock, rows: list[dict], run: InEffect) -> dict | None:
     if total > 0:
         share = {k: v / total for k, v in parts.items() if k.endswith("_s")}
         numbers["split"] = {**parts, "iteration_s": total, "shares": share}
-        text += (f"Of its iterations ({total:.1f} s, {parts['windows']:.0f} windows): network {100 * share['network_s']:.0f}%, "
-                 f"sliding window around it (cutting windows, stitching) {100 * share['sliding_window_s']:.0f}%, "
-                 f"before the first window (batch to device) {100 * share['before_s']:.0f}%, after the inferer "
-                 f"(post-processing, metric) {100 * share['after_s']:.0f}%. ")
+        text += (
+            f"Of its iterations ({total:.1f} s, {parts['windows']:.0f} windows): network {100 * share['network_s']:.0f}%, "
+            f"sliding window around it (cutting windows, stitching) {100 * share['sliding_window_s']:.0f}%, "
+            f"before the first window (batch to device) {100 * share['before_s']:.0f}%, after the inferer "
+            f"(post-processing, metric) {100 * share['after_s']:.0f}%. "
+        )
         if share["sliding_window_s"] >= 0.3:
-            text += ("Stitching outweighs much of the network: fewer, larger window batches (sw_batch_size; "
-                     "FastTraining(validation='tune') measures it) and stitching on the network's device help. ")
+            text += (
+                "Stitching outweighs much of the network: fewer, larger window batches (sw_batch_size; "
+                "FastTraining(validation='tune') measures it) and stitching on the network's device help. "
+            )
     elif run.sliding_window is not False:
         text += "Attach monai_fast.handlers.InferenceSplit to the evaluator to split it into network and stitching. "
-    text += ("python benchmarks/inference.py times the inference backends (eager, autocast, compile, onnx, tensorrt) "
-             "on this machine, and monai-fast infer --backend NAME runs the trained network with the backend you pick.")
+    text += (
+        "python benchmarks/inference.py times the inference backends (eager, autocast, compile, onnx, tensorrt) "
+        "on this machine, and monai-fast infer --backend NAME runs the trained network with the backend you pick."
+    )
     return {**numbers, "text": text}
 
 
 def _summary_lines(summary: dict) -> list[str]:
     """What the handlers summarised (throughput, GPU, kernels, precision), per rank."""
-    per_rank = summary if summary and all(k.startswith("rank") and isinstance(v, dict) for k, v in summary.items()) else {"": summary}
+    per_rank = (
+        summary
+        if summary and all(k.startswith("rank") and isinstance(v, dict) for k, v in summary.items())
+        else {"": summary}
+    )
     lines = []
     for rank, s in per_rank.items():
         who = f"{rank}: " if rank else ""
         if tp := s.get(Source.THROUGHPUT.value):
-            lines.append(f"{who}throughput {tp['samples_per_s_mean']:.2f} samples/s, {tp['voxels_per_s_mean']:.3g} voxels/s (mean of epochs)")
+            lines.append(
+                f"{who}throughput {tp['samples_per_s_mean']:.2f} samples/s, {tp['voxels_per_s_mean']:.3g} voxels/s (mean of epochs)"
+            )
         for gpu, g in (s.get(Source.GPU.value) or {}).items():
             util = "n/a" if g.get("gpu_util_mean") is None else f"{g['gpu_util_mean']:.0f}%"
-            lines.append(f"{who}{gpu} ({g.get('name')}): mean utilisation {util}, peak memory {g.get('mem_used_peak_mib')} MiB "
-                         f"of {g.get('mem_total_mib')} MiB, {g.get('samples')} samples")
+            lines.append(
+                f"{who}{gpu} ({g.get('name')}): mean utilisation {util}, peak memory {g.get('mem_used_peak_mib')} MiB "
+                f"of {g.get('mem_total_mib')} MiB, {g.get('samples')} samples"
+            )
         if k := s.get(Source.KERNELS.value):
             top = ", ".join(t["name"] for t in k.get("top", [])[:3])
-            lines.append(f"{who}profiled window: {k.get('# Kernels', k.get('# Ops'))} kernels/ops; top by {k.get('ranked_by')}: {top}")
+            lines.append(
+                f"{who}profiled window: {k.get('# Kernels', k.get('# Ops'))} kernels/ops; top by {k.get('ranked_by')}: {top}"
+            )
         for lever, v in (s.get(Source.FAST_TRAINING.value) or {}).items():
-            lines.append(f"{who}FastTraining {lever}: " + (f"{v.get('setting')}: " if v.get("applied") else "left alone: ")
-                         + str(v.get("reason", "")))
+            lines.append(
+                f"{who}FastTraining {lever}: "
+                + (f"{v.get('setting')}: " if v.get("applied") else "left alone: ")
+                + str(v.get("reason", ""))
+            )
         if amp := s.get(Source.AMP.value):
-            lines.append(f"{who}precision {amp.get('precision')}"
-                         + (", fell back to fp32" if amp.get("fell_back") else "")
-                         + f"; non-finite losses {amp.get('nonfinite', 0)}, skipped steps {amp.get('skipped_steps', 0)}")
+            lines.append(
+                f"{who}precision {amp.get('precision')}"
+                + (", fell back to fp32" if amp.get("fell_back") else "")
+                + f"; non-finite losses {amp.get('nonfinite', 0)}, skipped steps {amp.get('skipped_steps', 0)}"
+            )
     return lines
 
 
-def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[dict], summary: dict | None = None) -> Path:
+def write_report(
+    run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[dict], summary: dict | None = None
+) -> Path:
     """Write ``report.md`` with ``time_breakdown.png``, ``wall_clock.png`` (with wall-clock spans) and
     ``gpu_util.png`` (with GPU samples), and the diagnosis as ``doctor.json``."""
     run_dir = Path(run_dir)
@@ -311,10 +374,15 @@ def write_report(run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[di
     if lines := _summary_lines(summary or {}):
         md += ["", "## What the handlers measured", ""] + [f"- {sentence(x)}" for x in lines]
     md += ["", "## Time per epoch", "", "![time breakdown](time_breakdown.png)", ""]
-    md += ["| run | epoch | rank | iterations | data wait s | compute s | data share |", "|---|---|---|---|---|---|---|"]
-    md += [f"| {r.get('segment', 0)} | {r['epoch']} | {r.get('rank', 0)} | {r['iterations']} | {r['data_s']:.2f} | "
-           f"{r['compute_s']:.2f} | {100 * data_share(r['data_s'], r['compute_s']):.1f}% |"
-           for r in sorted(epochs, key=lambda r: (r.get("segment", 0), r["epoch"], r.get("rank", 0)))]
+    md += [
+        "| run | epoch | rank | iterations | data wait s | compute s | data share |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    md += [
+        f"| {r.get('segment', 0)} | {r['epoch']} | {r.get('rank', 0)} | {r['iterations']} | {r['data_s']:.2f} | "
+        f"{r['compute_s']:.2f} | {100 * data_share(r['data_s'], r['compute_s']):.1f}% |"
+        for r in sorted(epochs, key=lambda r: (r.get("segment", 0), r["epoch"], r.get("rank", 0)))
+    ]
     if gpu:
         plot_gpu(gpu, run_dir / "gpu_util.png")
         md += ["", "## GPU utilisation", "", "![GPU utilisation](gpu_util.png)"]
@@ -333,8 +401,10 @@ def doctor(run_dir: str | os.PathLike, **thresholds: float) -> Diagnosis:
     rows, summary = load_record(run_dir)
     diagnosis = diagnose(rows, **thresholds)
     if strays := record_files(run_dir)[1]:
-        diagnosis.evidence.append("not read, not written by this run (a record file is named exactly "
-                                  "record.rank<N>.jsonl): " + ", ".join(p.name for p in strays))
+        diagnosis.evidence.append(
+            "not read, not written by this run (a record file is named exactly "
+            "record.rank<N>.jsonl): " + ", ".join(p.name for p in strays)
+        )
         diagnosis.numbers["strays"] = [p.name for p in strays]
     try:
         diagnosis.report = str(write_report(run_dir, diagnosis, rows, summary))

@@ -24,8 +24,16 @@ from monai_fast.report.wall_clock import LABELS  # noqa: E402
 
 __all__ = ["plot_breakdown", "plot_gpu", "plot_wall_clock"]
 
-_COLOURS = {"setup": "tab:gray", "cache_fill": "tab:brown", "compute": "tab:green", "data_wait": "tab:red",
-            "validation": "tab:blue", "checkpoint": "tab:purple", "handlers": "tab:orange", "idle": "lightgray"}
+_COLOURS = {
+    "setup": "tab:gray",
+    "cache_fill": "tab:brown",
+    "compute": "tab:green",
+    "data_wait": "tab:red",
+    "validation": "tab:blue",
+    "checkpoint": "tab:purple",
+    "handlers": "tab:orange",
+    "idle": "lightgray",
+}
 
 
 def _save(fig: plt.Figure, path: str | os.PathLike) -> Path:
@@ -55,13 +63,22 @@ def plot_breakdown(epochs: list[dict], path: str | os.PathLike) -> Path:
         data = [mine[key]["data_s"] for key in keys if key in mine]
         suffix = f" (rank {rank})" if len(ranks) > 1 else ""
         ax.bar(xs, comp, width=width, label=f"compute{suffix}", color="tab:green", alpha=1.0 - 0.5 * i / len(ranks))
-        ax.bar(xs, data, width=width, bottom=comp, label=f"waiting for data{suffix}", color="tab:red",
-               alpha=1.0 - 0.5 * i / len(ranks))
+        ax.bar(
+            xs,
+            data,
+            width=width,
+            bottom=comp,
+            label=f"waiting for data{suffix}",
+            color="tab:red",
+            alpha=1.0 - 0.5 * i / len(ranks),
+        )
     ax.set_xticks(range(len(keys)), [str(e) if s == 0 else f"{e} (run {s + 1})" for s, e in keys])
     ax.set_xlabel("epoch")
     ax.set_ylabel("seconds")
     ax.set_title("Time per epoch: compute vs data wait")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2 * min(len(ranks), 2), frameon=False, fontsize="small")
+    ax.legend(
+        loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2 * min(len(ranks), 2), frameon=False, fontsize="small"
+    )
     return _save(fig, path)
 
 
@@ -95,8 +112,14 @@ def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
             if seconds <= 0:
                 continue
             share = f"{100 * wc['shares'][cat]:.0f}%" if y == 0 else f"{seconds:.1f} s beside training"
-            ax.barh(y, seconds, left=left, color=_COLOURS.get(cat, "tab:cyan"), hatch="//" if y else None,
-                    label=f"{LABELS.get(cat, cat)} ({share})")
+            ax.barh(
+                y,
+                seconds,
+                left=left,
+                color=_COLOURS.get(cat, "tab:cyan"),
+                hatch="//" if y else None,
+                label=f"{LABELS.get(cat, cat)} ({share})",
+            )
             left += seconds
     ax.set_yticks(range(len(bars)), [name for name, _ in bars])
     ax.invert_yaxis()

@@ -31,12 +31,17 @@ _UNBLOCK = (
     ("no .data and .transform", "wrap your items in monai.data.Dataset(data, transform) (or CacheDataset)"),
     ("IterableDataset", "give FastTraining a map-style MONAI Dataset (items it can cache)"),
     ("custom sampler", "use shuffle=True / a DistributedSampler, or keep your sampler (the data lever stays off)"),
-    ("custom batch sampler", "use batch_size= in your DataLoader, or keep your batch sampler (the data lever stays off)"),
+    (
+        "custom batch sampler",
+        "use batch_size= in your DataLoader, or keep your batch sampler (the data lever stays off)",
+    ),
     ("amp=True", "build the trainer with amp=False and let FastTraining(precision='auto') choose"),
     ("rejects channels_last_3d", "keep the default layout: FastTraining(memory_format=False)"),
     ("validation='tune'", "FastTraining(validation='tune') measures your evaluator's sw_batch_size at its first run"),
-    ("not rebuilt from .data and .transform",
-     "move the extra work into a transform of the chain (a Lambdad), or keep your class (the data lever stays off)"),
+    (
+        "not rebuilt from .data and .transform",
+        "move the extra work into a transform of the chain (a Lambdad), or keep your class (the data lever stays off)",
+    ),
 )
 
 
@@ -58,7 +63,9 @@ def prescribe(rows: list[dict], diagnosis: Diagnosis | None = None) -> str:
     if not levers:
         lines.append("FastTraining().attach(trainer, evaluator)")
         if lever_fixes:
-            lines.append(f"#   applies what the {diagnosis.verdict} verdict calls for: " + ", ".join(dict.fromkeys(lever_fixes)))
+            lines.append(
+                f"#   applies what the {diagnosis.verdict} verdict calls for: " + ", ".join(dict.fromkeys(lever_fixes))
+            )
         else:
             lines.append("#   the guide's levers, measured on your device (the verdict itself needs no lever)")
     else:

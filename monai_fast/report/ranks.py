@@ -61,8 +61,10 @@ def node_evidence(rows: list[dict], numbers: dict) -> list[str]:
     for rank, r in sorted(where.items()):
         nodes.setdefault((int(r.get("node_rank", 0)), str(r.get("host", "?"))), []).append(rank)
     numbers["nodes"] = [{"node_rank": n, "host": h, "ranks": ranks} for (n, h), ranks in sorted(nodes.items())]
-    listed = "; ".join(f"node {n} on {h}: rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
-                       for (n, h), rs in sorted(nodes.items()))
+    listed = "; ".join(
+        f"node {n} on {h}: rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+        for (n, h), rs in sorted(nodes.items())
+    )
     return [f"{len(where)} ranks on {len(nodes)} node(s) ({where[min(where)].get('launcher', '?')}): {listed}"]
 
 
@@ -83,8 +85,19 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
     out: dict[int, dict[int, dict]] = {}
     for r in rows:
         rank, seg = int(r.get("rank", 0)), int(r.get("segment", 0))
-        s = out.setdefault(rank, {}).setdefault(seg, {"segment": seg, "start": None, "last": None, "pid": None,
-                                                       "host": None, "ended": None, "epoch": 0, "iteration": 0})
+        s = out.setdefault(rank, {}).setdefault(
+            seg,
+            {
+                "segment": seg,
+                "start": None,
+                "last": None,
+                "pid": None,
+                "host": None,
+                "ended": None,
+                "epoch": 0,
+                "iteration": 0,
+            },
+        )
         t = r.get("end", r.get("time"))
         if isinstance(t, (int, float)):
             s["last"] = t if s["last"] is None else max(s["last"], t)
@@ -96,8 +109,11 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
             s["ended"] = bool(s["ended"])
         elif what == "segment_ended":
             s["ended"] = True
-        elif r.get("kind") == Kind.ITERATION.value and r.get("source") == Source.TIME_BREAKDOWN.value \
-                and r.get("engine", "train") == "train":
+        elif (
+            r.get("kind") == Kind.ITERATION.value
+            and r.get("source") == Source.TIME_BREAKDOWN.value
+            and r.get("engine", "train") == "train"
+        ):
             s["epoch"] = max(s["epoch"], int(r.get("epoch", 0)))
             s["iteration"] = max(s["iteration"], int(r.get("iteration", 0)))
     return {rank: [segs[k] for k in sorted(segs)] for rank, segs in sorted(out.items())}
@@ -129,8 +145,10 @@ def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:
         parts.append(f"segment {s['segment']} ({where}) to epoch {s['epoch']}, iteration {s['iteration']}, {end}")
     span = max(s["last"] or 0.0 for s in segs) - min(s["start"] or 0.0 for s in segs)
     numbers["segments_span_s"] = span
-    return [f"the record holds {len(segs)} segments (runs of the trainer; {restarts} restart(s) in a new process) "
-            f"over {span:.1f} s from the first start to the last row (rank {rank}): " + "; ".join(parts)]
+    return [
+        f"the record holds {len(segs)} segments (runs of the trainer; {restarts} restart(s) in a new process) "
+        f"over {span:.1f} s from the first start to the last row (rank {rank}): " + "; ".join(parts)
+    ]
 
 
 def stopped_early(rows: list[dict], numbers: dict) -> list[str]:
@@ -154,8 +172,10 @@ def stopped_early(rows: list[dict], numbers: dict) -> list[str]:
         if behind:
             ahead = [k for k, v in reach.items() if v == furthest]
             why.append(f"while rank {ahead[0]} reached segment {furthest[0]}, iteration {furthest[1]}")
-        lines.append(f"rank {rank} stopped early: its record ends at segment {s['segment']}, epoch {s['epoch']}, "
-                     f"iteration {s['iteration']} " + " ".join(why))
+        lines.append(
+            f"rank {rank} stopped early: its record ends at segment {s['segment']}, epoch {s['epoch']}, "
+            f"iteration {s['iteration']} " + " ".join(why)
+        )
     if early:
         numbers["stopped_early"] = early
     return lines

@@ -28,7 +28,6 @@ Example:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-
 from typing import TYPE_CHECKING
 
 from monai_fast.telemetry.record import Category, Kind, Source, select
@@ -41,8 +40,14 @@ __all__ = ["LABELS", "SHARES", "WallClock", "table_lines", "wall_clock", "wall_c
 #: the categories of the critical path, in the order reports list them
 SHARES = ("setup", "cache_fill", "compute", "data_wait", "validation", "checkpoint", "handlers", "idle")
 LABELS = {
-    "setup": "set-up", "cache_fill": "cache filling", "compute": "training compute", "data_wait": "waiting for data",
-    "validation": "validation", "checkpoint": "checkpoints", "handlers": "handlers between iterations", "idle": "idle",
+    "setup": "set-up",
+    "cache_fill": "cache filling",
+    "compute": "training compute",
+    "data_wait": "waiting for data",
+    "validation": "validation",
+    "checkpoint": "checkpoints",
+    "handlers": "handlers between iterations",
+    "idle": "idle",
 }
 #: who gets an instant claimed by several categories: the first in this order
 _PRIORITY = ("checkpoint", "validation", "cache_fill", "data_wait", "compute", "setup", "handlers", "idle")
@@ -67,7 +72,9 @@ class WallClock:
         return {**asdict(self), "shares": {c: self.share(c) for c in self.seconds}}
 
 
-def _intervals(rows: list[dict], engine: str) -> tuple[list[tuple[float, float, str]], dict[str, list[tuple[float, float]]]]:
+def _intervals(
+    rows: list[dict], engine: str
+) -> tuple[list[tuple[float, float, str]], dict[str, list[tuple[float, float]]]]:
     """The trainer thread's intervals ``(start, end, category)`` and the overlapped spans by category."""
     critical: list[tuple[float, float, str]] = []
     overlapped: dict[str, list[tuple[float, float]]] = {}
@@ -123,8 +130,11 @@ def _sweep(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
 def _unfinished_frames(mine: list[dict], framed: set[int]) -> list[tuple[float, float]]:
     """A frame for each segment that began a run (``segment_started``) but has no ``run`` span: its process
     stopped before the run ended; the frame goes from the segment's start to its last row."""
-    started = {r.get("segment", 0): r["time"] for r in select(mine, Kind.EVENT, Source.RECORD)
-               if r.get("what") == "segment_started"}
+    started = {
+        r.get("segment", 0): r["time"]
+        for r in select(mine, Kind.EVENT, Source.RECORD)
+        if r.get("what") == "segment_started"
+    }
     out = []
     for seg, start in started.items():
         if seg in framed:
@@ -146,7 +156,9 @@ def _one_rank(rows: list[dict], rank: int) -> WallClock | None:
     windows = _windows(frames, critical)
     intervals = critical + [(s, e, "handlers") for s, e in frames] + [(s, e, "idle") for s, e in windows]
     seconds = _sweep(intervals)
-    return WallClock(rank, len(frames), sum(seconds.values()), seconds, {c: _union(v) for c, v in sorted(overlapped.items())})
+    return WallClock(
+        rank, len(frames), sum(seconds.values()), seconds, {c: _union(v) for c, v in sorted(overlapped.items())}
+    )
 
 
 def wall_clock(rows: list[dict]) -> dict[int, WallClock]:
@@ -174,34 +186,74 @@ def table_lines(wc: dict, markdown: bool = True) -> list[str]:
     lines += [f"| {label} | {s:.2f} | {100 * share:.1f}% |" for label, s, share in rows]
     lines.append(f"| **total** | {wc['total_s']:.2f} | 100.0% |")
     if hidden:
-        lines += ["", "Overlapped with training (ran beside it; not in the shares above):", "",
-                  "| where | seconds |", "|---|---|"] + [f"| {label} | {s:.2f} |" for label, s in hidden]
+        lines += [
+            "",
+            "Overlapped with training (ran beside it; not in the shares above):",
+            "",
+            "| where | seconds |",
+            "|---|---|",
+        ] + [f"| {label} | {s:.2f} |" for label, s in hidden]
     return lines
 
 
 #: (category, share at or above which it is worth a fix, FastTraining lever and setting that applies it or None, fix)
 _ADVICE: tuple[tuple[str, float, tuple[str, str | None] | None, str], ...] = (
-    ("validation", 0.3, None, "validate less often: ValidationHandler(interval=N) on your trainer "
-                              "(RecipeConfig.val_interval in the recipes)"),
-    ("validation", 0.3, None, "cheaper validation at the same accuracy: a larger SlidingWindowInferer sw_batch_size "
-                              "(`monai-fast tune` measures the fastest)"),
+    (
+        "validation",
+        0.3,
+        None,
+        "validate less often: ValidationHandler(interval=N) on your trainer (RecipeConfig.val_interval in the recipes)",
+    ),
+    (
+        "validation",
+        0.3,
+        None,
+        "cheaper validation at the same accuracy: a larger SlidingWindowInferer sw_batch_size "
+        "(`monai-fast tune` measures the fastest)",
+    ),
     ("validation", 0.3, None, "validate a subset while the target is far"),
-    ("validation", 0.3, ("precision", None), "mixed precision for the evaluator too: FastTraining(precision='auto') "
-                                             "(set on the trainer and the evaluator)"),
-    ("setup", 0.3, ("data", "disk"), "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
-                                     "(a trusted disk cache; the next run skips the fill)"),
-    ("cache_fill", 0.3, ("data", "disk"), "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
-                                          "(a trusted disk cache; the next run skips the fill)"),
-    ("checkpoint", 0.1, None, "checkpoint less often: a larger Preemption(save_every=...) (or your ignite "
-                              "Checkpoint / MONAI CheckpointSaver's interval)"),
-    ("handlers", 0.2, None, "between iterations: log and compute metrics less often, persistent_workers=True in your "
-                            "DataLoader (worker start-up at every epoch), or time your own handlers with RecordHandler.span"),
+    (
+        "validation",
+        0.3,
+        ("precision", None),
+        "mixed precision for the evaluator too: FastTraining(precision='auto') (set on the trainer and the evaluator)",
+    ),
+    (
+        "setup",
+        0.3,
+        ("data", "disk"),
+        "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
+        "(a trusted disk cache; the next run skips the fill)",
+    ),
+    (
+        "cache_fill",
+        0.3,
+        ("data", "disk"),
+        "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
+        "(a trusted disk cache; the next run skips the fill)",
+    ),
+    (
+        "checkpoint",
+        0.1,
+        None,
+        "checkpoint less often: a larger Preemption(save_every=...) (or your ignite "
+        "Checkpoint / MONAI CheckpointSaver's interval)",
+    ),
+    (
+        "handlers",
+        0.2,
+        None,
+        "between iterations: log and compute metrics less often, persistent_workers=True in your "
+        "DataLoader (worker start-up at every epoch), or time your own handlers with RecordHandler.span",
+    ),
     ("idle", 0.2, None, "time outside the recorded work: wrap your set-up in RecordHandler.span('setup') to see it"),
 )
 
 
 def wall_clock_advice(
-    wc: WallClock, applied: dict[str, dict], run: InEffect | None = None,
+    wc: WallClock,
+    applied: dict[str, dict],
+    run: InEffect | None = None,
 ) -> tuple[list[str], list[tuple[float, str]]]:
     """Evidence lines and ``(share, fix)`` pairs from the wall clock, one fix line per category that takes much
     of it; a fix ``FastTraining`` already applied, or that does not fit the run, is left out.
@@ -213,10 +265,14 @@ def wall_clock_advice(
             advice for a run in reduced precision, no sliding-window advice for a validation without one.
     """
     top = sorted(wc.seconds, key=lambda c: -wc.seconds[c])[:3]
-    evidence = [f"wall clock {wc.total_s:.1f} s (rank {wc.rank}): "
-                + ", ".join(f"{LABELS[c]} {100 * wc.share(c):.0f}%" for c in top)]
+    evidence = [
+        f"wall clock {wc.total_s:.1f} s (rank {wc.rank}): "
+        + ", ".join(f"{LABELS[c]} {100 * wc.share(c):.0f}%" for c in top)
+    ]
     if wc.overlapped:
-        evidence.append("overlapped with training: " + ", ".join(f"{LABELS.get(c, c)} {s:.1f} s" for c, s in wc.overlapped.items()))
+        evidence.append(
+            "overlapped with training: " + ", ".join(f"{LABELS.get(c, c)} {s:.1f} s" for c, s in wc.overlapped.items())
+        )
     texts: dict[str, list[str]] = {}
     for category, threshold, lever, text in _ADVICE:
         if wc.share(category) < threshold or any(text in t for t in texts.values()):
@@ -229,5 +285,8 @@ def wall_clock_advice(
         if run is not None and run.sliding_window is False and ("sliding-window" in text or "sw_batch_size" in text):
             continue
         texts.setdefault(category, []).append(text)
-    fixes = [(wc.share(c), f"{LABELS[c]} is {100 * wc.share(c):.0f}% of the wall clock: " + "; ".join(t)) for c, t in texts.items()]
+    fixes = [
+        (wc.share(c), f"{LABELS[c]} is {100 * wc.share(c):.0f}% of the wall clock: " + "; ".join(t))
+        for c, t in texts.items()
+    ]
     return evidence, fixes

@@ -141,7 +141,9 @@ def cpu_bf16_speedup(rounds: int = 5) -> float:
         >>> cpu_bf16_speedup(rounds=1) > 0  # doctest: +SKIP
         True
     """
-    net = torch.nn.Sequential(torch.nn.Conv3d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv3d(16, 8, 3, padding=1))
+    net = torch.nn.Sequential(
+        torch.nn.Conv3d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv3d(16, 8, 3, padding=1)
+    )
     x = torch.randn(2, 8, 32, 32, 32)
 
     def once(precision: str) -> float:
@@ -170,7 +172,9 @@ def _decide_cpu() -> str:
         return "fp32"
     gain = cpu_bf16_speedup()
     if gain < MIN_CPU_GAIN:
-        logger.warning("precision: bf16 autocast is not faster on this CPU (fp32/bf16 time %.2f); training in fp32", gain)
+        logger.warning(
+            "precision: bf16 autocast is not faster on this CPU (fp32/bf16 time %.2f); training in fp32", gain
+        )
         return "fp32"
     logger.info("precision: bf16 autocast measured %.1fx faster than fp32 on this CPU", gain)
     return "bf16"

@@ -56,8 +56,18 @@ from monai_fast.files import RunFolderLock, write_json
 from monai_fast.telemetry.spans import Category, SpanWriter
 
 __all__ = [
-    "KINDS", "RECORD_NAME", "Category", "EngineRecord", "Kind", "RunRecord", "Source", "data_share", "load_record",
-    "record_files", "record_lock", "select",
+    "KINDS",
+    "RECORD_NAME",
+    "Category",
+    "EngineRecord",
+    "Kind",
+    "RunRecord",
+    "Source",
+    "data_share",
+    "load_record",
+    "record_files",
+    "record_lock",
+    "select",
 ]
 
 logger = logging.getLogger("monai_fast.telemetry")
@@ -199,8 +209,11 @@ class RunRecord(SpanWriter):
             self.path = self.run_dir / f"record.rank{rank}.jsonl"
             last = _last_segment(self.path)
             self._segment = 0 if last is None else last + 1  # a record already here: continue it
-            self.summary = {k: v for k, v in _load_summary(self.run_dir / f"summary.rank{rank}.json").items()
-                            if k not in ("rank", "segments")}
+            self.summary = {
+                k: v
+                for k, v in _load_summary(self.run_dir / f"summary.rank{rank}.json").items()
+                if k not in ("rank", "segments")
+            }
             self._open()
 
     def _open(self) -> None:
@@ -215,8 +228,9 @@ class RunRecord(SpanWriter):
                     cut = tail.rfind(b"\n")
                     keep = (max(0, size - _TAIL_BYTES) + cut + 1) if cut >= 0 else (0 if size <= _TAIL_BYTES else size)
                     if keep < size:
-                        logger.warning("%s: its last row was cut short (its writer stopped while writing it); removed",
-                                       self.path)
+                        logger.warning(
+                            "%s: its last row was cut short (its writer stopped while writing it); removed", self.path
+                        )
                         f.truncate(keep)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open until close()
 
@@ -258,8 +272,14 @@ class RunRecord(SpanWriter):
         kind, source = _value(kind), _value(source)
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        row = {"kind": kind, "source": source, "rank": self.rank, "segment": self._segment, "time": time.time(),
-               **fields}
+        row = {
+            "kind": kind,
+            "source": source,
+            "rank": self.rank,
+            "segment": self._segment,
+            "time": time.time(),
+            **fields,
+        }
         with self._lock:
             if self._closed:
                 if not self._warned_closed:
@@ -322,8 +342,10 @@ class RunRecord(SpanWriter):
                 self._file.close()
                 self._file = None
             try:
-                write_json(_jsonable({"rank": self.rank, "segments": self._segment + 1, **self.summary}),
-                           self.run_dir / f"summary.rank{self.rank}.json")
+                write_json(
+                    _jsonable({"rank": self.rank, "segments": self._segment + 1, **self.summary}),
+                    self.run_dir / f"summary.rank{self.rank}.json",
+                )
             finally:
                 if self._folder_lock is not None:
                     self._folder_lock.release()
@@ -440,8 +462,11 @@ def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[li
     run_dir = Path(run_dir)
     files, strays = record_files(run_dir)
     if strays:
-        logger.warning("%s: not read, not a record file of the run (only record.rank<R>.jsonl are): %s",
-                       run_dir, ", ".join(p.name for p in strays))
+        logger.warning(
+            "%s: not read, not a record file of the run (only record.rank<R>.jsonl are): %s",
+            run_dir,
+            ", ".join(p.name for p in strays),
+        )
     if rank is not None:
         files = {rank: files[rank]} if rank in files else {}
     if not files:

@@ -73,8 +73,10 @@ def wall_time(perf_counter_value: float) -> float:
 def _category(category: Category | str) -> str:
     value = category.value if isinstance(category, Category) else category
     if value not in RECORDABLE:
-        raise ValueError(f"span category must be one of {', '.join(RECORDABLE)} (data_wait, compute, handlers and idle "
-                         f"are derived by the doctor), got {category!r}")
+        raise ValueError(
+            f"span category must be one of {', '.join(RECORDABLE)} (data_wait, compute, handlers and idle "
+            f"are derived by the doctor), got {category!r}"
+        )
     return value
 
 
@@ -94,7 +96,12 @@ class SpanWriter(ABC):
         """Whether the calling thread is the one whose time is the run's critical path (the trainer's)."""
 
     def add_span(
-        self, category: Category | str, start: float, end: float, source: Any = "user", overlapped: bool | None = None,
+        self,
+        category: Category | str,
+        start: float,
+        end: float,
+        source: Any = "user",
+        overlapped: bool | None = None,
         **fields: Any,
     ) -> dict:
         """Record a span that is over: ``start`` and ``end`` are ``time.time()`` readings.
@@ -116,12 +123,24 @@ class SpanWriter(ABC):
             raise ValueError(f"span {value!r}: end ({end}) is before start ({start})")
         if overlapped is None:
             overlapped = not self.on_critical_thread()
-        return self.add("span", source, category=value, start=float(start), end=float(end),
-                        duration_s=float(end - start), overlapped=bool(overlapped), **fields)
+        return self.add(
+            "span",
+            source,
+            category=value,
+            start=float(start),
+            end=float(end),
+            duration_s=float(end - start),
+            overlapped=bool(overlapped),
+            **fields,
+        )
 
     @contextmanager
     def span(
-        self, category: Category | str, source: Any = "user", overlapped: bool | None = None, **fields: Any,
+        self,
+        category: Category | str,
+        source: Any = "user",
+        overlapped: bool | None = None,
+        **fields: Any,
     ) -> Iterator[None]:
         """Record the wall-clock time of a ``with`` block as a span (also when the block raises).
 
@@ -141,4 +160,3 @@ class SpanWriter(ABC):
             yield
         finally:
             self.add_span(category, start, max(time.time(), start), source=source, overlapped=overlapped, **fields)
-

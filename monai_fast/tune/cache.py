@@ -95,7 +95,8 @@ def place_cache(
     device = torch.device(device)
     home = "gpu" if device.type == "cuda" else "ram"
     train = {
-        t["value"]: t for t in trials
+        t["value"]: t
+        for t in trials
         if t["phase"] == "train" and t["precision"] == precision and t["feasible"] and t["peak_mib"] is not None
     }
     if pick not in train:
@@ -108,8 +109,10 @@ def place_cache(
     best = train[pick]["throughput"]
     reasons = [f"cache of {need_mib:.0f} MiB (measured on a few items, margin included)"]
     if need_mib <= left(pick):
-        reasons.append(f"fits in {'GPU' if home == 'gpu' else 'RAM'} next to batch {pick}: "
-                       f"{left(pick):.0f} MiB left of the {budget_mib:.0f} MiB budget")
+        reasons.append(
+            f"fits in {'GPU' if home == 'gpu' else 'RAM'} next to batch {pick}: "
+            f"{left(pick):.0f} MiB left of the {budget_mib:.0f} MiB budget"
+        )
         return CacheChoice(home, pick, left(pick), need_mib, reasons)
     reasons.append(f"does not fit next to batch {pick} ({left(pick):.0f} MiB left)")
     for b in sorted((b for b in train if b < pick), key=lambda b: -train[b]["throughput"]):
@@ -117,10 +120,14 @@ def place_cache(
         if share < 1.0 - tradeoff:
             break
         if need_mib <= left(b):
-            reasons.append(f"batch {b} instead: {100 * (1 - share):.1f} % less training throughput, and the cache "
-                           f"fits next to it ({left(b):.0f} MiB left), so no host-to-device copies or CPU transforms")
+            reasons.append(
+                f"batch {b} instead: {100 * (1 - share):.1f} % less training throughput, and the cache "
+                f"fits next to it ({left(b):.0f} MiB left), so no host-to-device copies or CPU transforms"
+            )
             return CacheChoice(home, b, left(b), need_mib, reasons)
     fallback = plan_for(int(left(pick) * MIB)) if plan_for is not None else ("ram" if home == "gpu" else "smartcache")
-    reasons.append(f"no batch within {100 * tradeoff:.0f} % of the pick's throughput leaves room for it: "
-                   f"the planner puts it in {fallback}")
+    reasons.append(
+        f"no batch within {100 * tradeoff:.0f} % of the pick's throughput leaves room for it: "
+        f"the planner puts it in {fallback}"
+    )
     return CacheChoice(fallback, pick, left(pick), need_mib, reasons)

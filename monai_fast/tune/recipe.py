@@ -23,8 +23,9 @@ __all__ = ["default_space", "default_store_path", "tune_recipe"]
 logger = logging.getLogger("monai_fast.tune")
 
 
-def default_space(device: torch.device | str, search_amp: bool = False, amp: bool | None = None, recipe: str = "fast",
-                  **kwargs) -> SearchSpace:
+def default_space(
+    device: torch.device | str, search_amp: bool = False, amp: bool | None = None, recipe: str = "fast", **kwargs
+) -> SearchSpace:
     """The search space of ``recipe``: the precision it trains in, plus fp32 when ``search_amp``.
 
     ``amp=False`` (the recipes' fp32 switch) searches fp32 only.
@@ -38,8 +39,9 @@ def default_space(device: torch.device | str, search_amp: bool = False, amp: boo
     return SearchSpace(precisions=precisions, **kwargs)
 
 
-def typical_val_shape(val_files: Sequence[dict], config: RecipeConfig, n: int = 3,
-                      recipe: str = "fast") -> tuple[int, int, int]:
+def typical_val_shape(
+    val_files: Sequence[dict], config: RecipeConfig, n: int = 3, recipe: str = "fast"
+) -> tuple[int, int, int]:
     """Median spatial size of up to ``n`` validation volumes after ``recipe``'s validation transforms.
 
     Example:
@@ -122,7 +124,9 @@ def tune_recipe(
     key = tuner.key()
     sizing = None
     if train_files is not None:
-        sizing = plan_cache(parts.train_transforms(), list(train_files), device, gpu_budget=0, ram_budget=0)  # sizes only
+        sizing = plan_cache(
+            parts.train_transforms(), list(train_files), device, gpu_budget=0, ram_budget=0
+        )  # sizes only
         key += f"|cache={sizing.n_items}x{sizing.bytes_per_item}B,tradeoff={cache_tradeoff:g}"
     if not force:
         cached = store.get(key)
@@ -133,22 +137,45 @@ def tune_recipe(
     if sizing is not None:
         choice = _place(result, parts, list(train_files), sizing.total_bytes, cache_tradeoff)
         chosen = result.picked("train", choice.batch_size)
-        result = replace(result, batch_size=choice.batch_size, train_samples_per_s=float(chosen["throughput"]),
-                         cache_where=choice.where, cache_budget_mib=choice.budget_mib, cache_reason="; ".join(choice.reasons))
+        result = replace(
+            result,
+            batch_size=choice.batch_size,
+            train_samples_per_s=float(chosen["throughput"]),
+            cache_where=choice.where,
+            cache_budget_mib=choice.budget_mib,
+            cache_reason="; ".join(choice.reasons),
+        )
         logger.info("tuning: cache %s; %s", choice.where, result.cache_reason)
     store.put(result)
     return result
 
 
-def _place(result: TuneResult, parts: RecipeParts, train_files: list[dict], cache_bytes: int, tradeoff: float) -> CacheChoice:
+def _place(
+    result: TuneResult, parts: RecipeParts, train_files: list[dict], cache_bytes: int, tradeoff: float
+) -> CacheChoice:
     """Where the training cache goes next to the tuner's pick (:func:`~monai_fast.tune.cache.place_cache`)."""
     device, chain = parts.device, parts.train_transforms()
     cuda = device.type == "cuda"
 
     def plan_for(budget: int) -> str:
-        return plan_cache(chain, train_files, device, gpu_budget=budget if cuda else None,
-                          ram_budget=None if cuda else budget, cache_dir=parts.config.cache_dir).where
+        return plan_cache(
+            chain,
+            train_files,
+            device,
+            gpu_budget=budget if cuda else None,
+            ram_budget=None if cuda else budget,
+            cache_dir=parts.config.cache_dir,
+        ).where
 
     val = result.picked("val")
-    return place_cache(result.trials, result.batch_size, result.precision, result.budget_mib, cache_bytes, device,
-                       val_peak_mib=(val or {}).get("peak_mib") or 0.0, plan_for=plan_for, tradeoff=tradeoff)
+    return place_cache(
+        result.trials,
+        result.batch_size,
+        result.precision,
+        result.budget_mib,
+        cache_bytes,
+        device,
+        val_peak_mib=(val or {}).get("peak_mib") or 0.0,
+        plan_for=plan_for,
+        tradeoff=tradeoff,
+    )

@@ -64,8 +64,13 @@ class TuneResult:
 
     def apply(self, config: RecipeConfig) -> RecipeConfig:
         """A copy of ``config`` with the tuned settings (:meth:`RecipeConfig.tuned <monai_fast.recipes.RecipeConfig.tuned>`)."""
-        return config.tuned(batch_size=self.batch_size, sw_batch_size=self.sw_batch_size, val_device=self.val_device,
-                            precision=self.precision, cache_budget_mib=self.cache_budget_mib)
+        return config.tuned(
+            batch_size=self.batch_size,
+            sw_batch_size=self.sw_batch_size,
+            val_device=self.val_device,
+            precision=self.precision,
+            cache_budget_mib=self.cache_budget_mib,
+        )
 
     def is_pick(self, trial: dict) -> bool:
         """Whether ``trial`` (one of :attr:`trials`) measured the picked setting of its phase."""
@@ -75,8 +80,10 @@ class TuneResult:
 
     def picked(self, phase: str, value: int | None = None) -> dict | None:
         """The first feasible trial of ``phase`` at the pick (or at ``value`` with the pick's other settings)."""
-        want = {"phase": phase, "value": value if value is not None else
-                (self.batch_size if phase == "train" else self.sw_batch_size)}
+        want = {
+            "phase": phase,
+            "value": value if value is not None else (self.batch_size if phase == "train" else self.sw_batch_size),
+        }
         want.update({"precision": self.precision} if phase == "train" else {"val_device": self.val_device})
         return next((t for t in self.trials if t["feasible"] and all(t[k] == v for k, v in want.items())), None)
 

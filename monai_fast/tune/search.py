@@ -142,8 +142,12 @@ def grow_then_bisect(
 class _Search:
     """The phases of :func:`grow_then_bisect`, sharing its trials and its budget."""
 
-    def __init__(self, evaluate: Callable[[int], Trial], max_trials: int,
-                 predict_infeasible: Callable[[int, list[Trial]], str | None] | None) -> None:
+    def __init__(
+        self,
+        evaluate: Callable[[int], Trial],
+        max_trials: int,
+        predict_infeasible: Callable[[int, list[Trial]], str | None] | None,
+    ) -> None:
         self.evaluate, self.max_trials, self.predict_infeasible = evaluate, max_trials, predict_infeasible
         self.trials: list[Trial] = []
         self.seen: dict[int, Trial] = {}
@@ -283,8 +287,7 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
         raise ValueError(f"rounds must be >= 0, got {rounds}")
     if top < 2:
         raise ValueError(f"top must be >= 2, got {top}")
-    entered = sorted((t for t in trials if t.feasible and t.throughput is not None),
-                     key=lambda t: -t.throughput)[:top]  # type: ignore[operator]
+    entered = sorted((t for t in trials if t.feasible and t.throughput is not None), key=lambda t: -t.throughput)[:top]  # type: ignore[operator]
     if len(entered) < 2 or rounds == 0:
         return []
     readings = {t.value: [t.throughput] for t in entered}
@@ -313,9 +316,14 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
     return sorted(racing, key=lambda t: -t.throughput)  # type: ignore[operator]
 
 
-def best_over(options: Sequence[T], evaluate_for: Callable[[T], Callable[[int], Trial]], value_range: tuple[int, int],
-              labels: Callable[[T], dict], space: SearchSpace,
-              predict_infeasible: Callable[[int, list[Trial]], str | None] | None = None) -> tuple[list[dict], tuple[T, Trial] | None]:
+def best_over(
+    options: Sequence[T],
+    evaluate_for: Callable[[T], Callable[[int], Trial]],
+    value_range: tuple[int, int],
+    labels: Callable[[T], dict],
+    space: SearchSpace,
+    predict_infeasible: Callable[[int, list[Trial]], str | None] | None = None,
+) -> tuple[list[dict], tuple[T, Trial] | None]:
     """One search of ``value_range`` per option, as ``space`` says; every trial labelled, and the option whose pick is best by over 2 %.
 
     Each search grows then bisects (or runs the grid), races its best few (``space.confirm``
@@ -335,8 +343,13 @@ def best_over(options: Sequence[T], evaluate_for: Callable[[T], Callable[[int], 
         if space.strategy == "grid":
             trials = [evaluate(v) for v in range(value_range[0], value_range[1] + 1)]
         else:
-            trials = grow_then_bisect(evaluate, *value_range, max_trials=space.max_trials, plateau=space.plateau,
-                                      predict_infeasible=predict_infeasible)
+            trials = grow_then_bisect(
+                evaluate,
+                *value_range,
+                max_trials=space.max_trials,
+                plateau=space.plateau,
+                predict_infeasible=predict_infeasible,
+            )
         finalists = race(trials, evaluate, rounds=space.confirm, top=space.confirm_top)
         pick = pick_best(finalists or trials)
         records += [dict(t.to_dict(), **labels(option)) for t in trials]

@@ -153,7 +153,11 @@ class Tuner:
                 f"valdev={','.join(str(d) for d in self.val_devices)}",
                 f"world={idist.get_world_size()}",
             ]
-            + ([f"layout={','.join(layout_name(self.memory_format(p)) for p in s.precisions)}"] if self.memory_format else [])
+            + (
+                [f"layout={','.join(layout_name(self.memory_format(p)) for p in s.precisions)}"]
+                if self.memory_format
+                else []
+            )
         )
 
     def run(self, progress: bool = False) -> TuneResult:
@@ -165,7 +169,9 @@ class Tuner:
         """
         with self._session(progress) as started:
             records, best_train = self._best_over(
-                self.space.precisions, lambda p: (lambda b: self._train_trial(b, p)), self.space.batch_range,
+                self.space.precisions,
+                lambda p: lambda b: self._train_trial(b, p),
+                self.space.batch_range,
                 lambda p: {"phase": "train", "precision": p, "val_device": ""},
             )
             if best_train is None:
@@ -206,10 +212,18 @@ class Tuner:
         with self._session(progress) as started:
             records, best_val = self._validation_phase(precision)
         return TuneResult(
-            key=self.key() + "|validation-only", device=device_description(self.device), batch_size=0,
-            sw_batch_size=best_val[1].value, val_device=str(best_val[0]), precision=precision,
-            train_samples_per_s=0.0, val_volumes_per_s=float(best_val[1].throughput), budget_mib=self._budget / MIB,
-            leak_mib=self._leak / MIB, tuning_s=time.perf_counter() - started, trials=records,
+            key=self.key() + "|validation-only",
+            device=device_description(self.device),
+            batch_size=0,
+            sw_batch_size=best_val[1].value,
+            val_device=str(best_val[0]),
+            precision=precision,
+            train_samples_per_s=0.0,
+            val_volumes_per_s=float(best_val[1].throughput),
+            budget_mib=self._budget / MIB,
+            leak_mib=self._leak / MIB,
+            tuning_s=time.perf_counter() - started,
+            trials=records,
         )
 
     @contextlib.contextmanager
@@ -234,7 +248,9 @@ class Tuner:
     def _validation_phase(self, precision: str) -> tuple[list[dict], tuple[torch.device, Trial]]:
         self._set_layout(precision)
         records, best = self._best_over(
-            self.val_devices, lambda v: (lambda s: self._val_trial(s, v, precision)), self.space.sw_batch_range,
+            self.val_devices,
+            lambda v: lambda s: self._val_trial(s, v, precision),
+            self.space.sw_batch_range,
             lambda v: {"phase": "val", "precision": precision, "val_device": str(v)},
         )
         if best is None:
@@ -245,10 +261,21 @@ class Tuner:
         return records, best
 
     # ------------------------------------------------------------------ trials
-    def _best_over(self, options: Sequence[T], evaluate_for: Callable[[T], Callable[[int], Trial]],
-                   value_range: tuple[int, int], labels: Callable[[T], dict]) -> tuple[list[dict], tuple[T, Trial] | None]:
-        return best_over(options, evaluate_for, value_range, labels, self.space,
-                         lambda value, trials: peak_over_budget(value, trials, self._budget))
+    def _best_over(
+        self,
+        options: Sequence[T],
+        evaluate_for: Callable[[T], Callable[[int], Trial]],
+        value_range: tuple[int, int],
+        labels: Callable[[T], dict],
+    ) -> tuple[list[dict], tuple[T, Trial] | None]:
+        return best_over(
+            options,
+            evaluate_for,
+            value_range,
+            labels,
+            self.space,
+            lambda value, trials: peak_over_budget(value, trials, self._budget),
+        )
 
     def _set_layout(self, precision: str) -> None:
         """Put the copy's weights in the layout the recipe trains at ``precision`` (in place)."""
@@ -262,8 +289,16 @@ class Tuner:
         return self._trial(
             batch,
             lambda: time_training_step(
-                self._net, self.loss_function, self._opt, patches, self.patch_size, self.in_channels,
-                self.out_channels, self.device, precision, **self.timing,
+                self._net,
+                self.loss_function,
+                self._opt,
+                patches,
+                self.patch_size,
+                self.in_channels,
+                self.out_channels,
+                self.device,
+                precision,
+                **self.timing,
             ),
             per_step=patches,
             reduce_s=self._allreduce_s,
@@ -274,16 +309,25 @@ class Tuner:
         return self._trial(
             sw_batch,
             lambda: time_inference(
-                self._net, self.patch_size, sw_batch, self.val_shape, self.in_channels, self.device,
-                val_device, precision, self.overlap, **self.timing,
+                self._net,
+                self.patch_size,
+                sw_batch,
+                self.val_shape,
+                self.in_channels,
+                self.device,
+                val_device,
+                precision,
+                self.overlap,
+                **self.timing,
             ),
             per_step=1,
             reduce_s=0.0,
             world_scale=False,
         )
 
-    def _trial(self, value: int, measure: Callable[[], float], per_step: int, reduce_s: float,
-               world_scale: bool = True) -> Trial:
+    def _trial(
+        self, value: int, measure: Callable[[], float], per_step: int, reduce_s: float, world_scale: bool = True
+    ) -> Trial:
         t0 = time.perf_counter()
         seconds, oom, error = float("nan"), False, None
         with self.memory.peak() as peak:
@@ -316,7 +360,9 @@ class Tuner:
         if flags["oom"]:
             return Trial(value, False, None, None, "out of memory", cost)
         if flags["over"]:
-            return Trial(value, False, None, peak_mib, f"peak {peak_mib:.0f} MiB > budget {self._budget / MIB:.0f} MiB", cost)
+            return Trial(
+                value, False, None, peak_mib, f"peak {peak_mib:.0f} MiB > budget {self._budget / MIB:.0f} MiB", cost
+            )
         world = idist.get_world_size() if world_scale else 1
         throughput = per_step * world / (flags["seconds"] + reduce_s)
         return Trial(value, True, throughput, peak_mib, "", cost)

@@ -76,9 +76,16 @@ def tune_validation(
     """
     timing = {"warmup": 1, "min_iters": 2, "min_time_s": 0.3, **timing}
     tuner = Tuner(
-        getattr(network, "module", network), None, None, patch_size=roi_size, val_shape=val_shape, device=device,
-        in_channels=in_channels, space=SearchSpace(precisions=[precision], sw_batch_range=sw_batch_range),
-        overlap=overlap, **timing,
+        getattr(network, "module", network),
+        None,
+        None,
+        patch_size=roi_size,
+        val_shape=val_shape,
+        device=device,
+        in_channels=in_channels,
+        space=SearchSpace(precisions=[precision], sw_batch_range=sw_batch_range),
+        overlap=overlap,
+        **timing,
     )
     if store == "default":
         store = default_store_path()

@@ -51,9 +51,15 @@ class ScaledInTransform(CacheDataset):
 
 def _trainer(loader, keys_seen):
     net = torch.nn.Conv3d(1, 1, 1)
-    trainer = SupervisedTrainer(device="cpu", max_epochs=1, train_data_loader=loader, network=net,
-                                optimizer=torch.optim.SGD(net.parameters(), 0.0),
-                                loss_function=lambda p, y: (p - y.float()).abs().mean(), decollate=False)
+    trainer = SupervisedTrainer(
+        device="cpu",
+        max_epochs=1,
+        train_data_loader=loader,
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), 0.0),
+        loss_function=lambda p, y: (p - y.float()).abs().mean(),
+        decollate=False,
+    )
     trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: keys_seen.append(set(e.state.batch)))
     return trainer
 

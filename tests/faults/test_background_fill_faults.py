@@ -32,7 +32,8 @@ def test_failing_fill_item_stops_training_naming_its_file_and_leaves_no_thread(t
 def test_failing_fill_item_ends_the_process_with_the_error(tmp_path):
     files = write_cases(tmp_path)
     script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parents[1])!r})
         from background_parts import Held, planned, trainer
@@ -42,7 +43,8 @@ def test_failing_fill_item_ends_the_process_with_the_error(tmp_path):
         ds = planned(files, Held(fail="case_3", sleep_s=0.05), background=True, workers=2)
         t, _, _ = trainer(SafeThreadDataLoader(ds, batch_size=2, **fill_order_options(ds, shuffle=True)), epochs=2)
         t.run()
-    """))
+    """)
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]  # a Python error, not an abort (134) or a hang
     assert "DataItemError" in done.stderr and "case_3.nii.gz" in done.stderr

@@ -39,8 +39,12 @@ def _engines(net: Flaky, max_epochs: int) -> tuple[SupervisedTrainer, Supervised
     batch = {"image": torch.rand(1, 1, 4, 4, 4), "label": torch.rand(1, 1, 4, 4, 4)}
     evaluator = SupervisedEvaluator(device="cpu", val_data_loader=[batch] * 3, network=net)
     trainer = SupervisedTrainer(
-        device="cpu", max_epochs=max_epochs, train_data_loader=[batch] * 3, network=net,
-        optimizer=torch.optim.SGD(net.parameters(), lr=0.01), loss_function=torch.nn.MSELoss(),
+        device="cpu",
+        max_epochs=max_epochs,
+        train_data_loader=[batch] * 3,
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.01),
+        loss_function=torch.nn.MSELoss(),
     )
     return trainer, evaluator
 

@@ -43,9 +43,31 @@ def _truncated_copy(clean: Path, dest: Path, side: str) -> tuple[Path, str]:
 
 
 def _demo(data_dir: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "monai_fast.cli", "demo", "--data-dir", str(data_dir), "--device", "cpu",
-           "--max-epochs", "1", "--patch-size", "16", "16", "16", "--channels", "4", "8", "--target", "0.99",
-           "--no-progress", "--run-dir", str(run_dir), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai_fast.cli",
+        "demo",
+        "--data-dir",
+        str(data_dir),
+        "--device",
+        "cpu",
+        "--max-epochs",
+        "1",
+        "--patch-size",
+        "16",
+        "16",
+        "16",
+        "--channels",
+        "4",
+        "8",
+        "--target",
+        "0.99",
+        "--no-progress",
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
     env = {**os.environ, "MONAI_FAST_CACHE": str(run_dir.parent / "cache")}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
 
@@ -84,8 +106,16 @@ def test_truncated_nifti_in_disk_and_smartcache_raises_data_item_error_naming_th
 
     data, victim = _truncated_copy(clean_set, tmp_path / "data", "train")
     train, val = load_msd_datalist(data, val_fraction=0.25, seed=0)
-    config = RecipeConfig(patch_size=(16, 16, 16), channels=(4, 8), strides=(2,), max_epochs=1, cache=cache,
-                          cache_dir=str(tmp_path / "disk"), num_workers=0, cache_workers=1)
+    config = RecipeConfig(
+        patch_size=(16, 16, 16),
+        channels=(4, 8),
+        strides=(2,),
+        max_epochs=1,
+        cache=cache,
+        cache_dir=str(tmp_path / "disk"),
+        num_workers=0,
+        cache_workers=1,
+    )
     with pytest.raises(DataItemError, match=victim):
         build_recipe("fast", train, val, config, "cpu", progress=False).trainer.run()
 
@@ -107,7 +137,9 @@ def _bad_set(root: Path) -> tuple[list[dict], dict[str, str]]:
     files, bad = [], {}
 
     def item(name, img=image, lab=label):
-        files.append({"image": _write(root / f"{name}_img.nii.gz", img), "label": _write(root / f"{name}_lab.nii.gz", lab)})
+        files.append(
+            {"image": _write(root / f"{name}_img.nii.gz", img), "label": _write(root / f"{name}_lab.nii.gz", lab)}
+        )
         return files[-1]
 
     item("good")

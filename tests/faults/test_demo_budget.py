@@ -17,8 +17,25 @@ from monai_fast.cli import main
 from monai_fast.race.headline import ESTIMATED, format_headline, headline
 from monai_fast.recipes.runner import EpochRow, RaceResult
 
-TINY_DEMO = ["--cases", "4", "--shape", "32", "32", "32", "--patch-size", "32", "32", "32", "--channels", "4", "8",
-             "--fp32", "--no-progress", "--target", "0.99"]
+TINY_DEMO = [
+    "--cases",
+    "4",
+    "--shape",
+    "32",
+    "32",
+    "32",
+    "--patch-size",
+    "32",
+    "32",
+    "32",
+    "--channels",
+    "4",
+    "8",
+    "--fp32",
+    "--no-progress",
+    "--target",
+    "0.99",
+]
 
 
 @pytest.fixture
@@ -29,13 +46,28 @@ def cache(tmp_path, monkeypatch):
 def test_the_demo_says_its_bound_up_front_and_ends_within_it(tmp_path, capsys, cache):
     bound = 45.0
     started = time.monotonic()
-    assert main(["demo", *TINY_DEMO, "--max-epochs", "500", "--total-budget", f"{bound:g}",
-                 "--run-dir", str(tmp_path / "run")]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                *TINY_DEMO,
+                "--max-epochs",
+                "500",
+                "--total-budget",
+                f"{bound:g}",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     took = time.monotonic() - started
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[2] == ("time: at most 45 s (45 s) from here on any machine: data, set-up, training of fast and "
-                        "baseline, reports (--total-budget)"), out
+    assert lines[2] == (
+        "time: at most 45 s (45 s) from here on any machine: data, set-up, training of fast and "
+        "baseline, reports (--total-budget)"
+    ), out
     assert took < bound, (took, out)
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     recipes = doc["headline"]["recipes"]
@@ -43,13 +75,30 @@ def test_the_demo_says_its_bound_up_front_and_ends_within_it(tmp_path, capsys, c
     assert recipes["fast"]["epochs_run"] >= 1 and recipes["baseline"]["epochs_run"] >= 1, out
     assert recipes["fast"]["epochs_run"] < 500 and recipes["baseline"]["epochs_run"] < 500
     assert doc["headline"]["speedup"]["per_epoch"] > 0
-    assert re.search(r"-- fast: up to \d+ s on its own clock \(set-up included\): its share of the \d+ s left", out), out
+    assert re.search(r"-- fast: up to \d+ s on its own clock \(set-up included\): its share of the \d+ s left", out), (
+        out
+    )
     assert re.search(r"-- baseline: budget .*\(\d+ s left of --total-budget\) on its own clock", out), out
 
 
 def test_the_printed_epoch_budget_is_the_one_trained_under_max_epochs(tmp_path, capsys, cache):
-    assert main(["demo", *TINY_DEMO, "--max-epochs", "2", "--epoch-multiple", "4", "--total-budget", "300",
-                 "--run-dir", str(tmp_path / "run")]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                *TINY_DEMO,
+                "--max-epochs",
+                "2",
+                "--epoch-multiple",
+                "4",
+                "--total-budget",
+                "300",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "at most 2 epochs (--max-epochs)" in out.splitlines()[1], out
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
@@ -75,8 +124,25 @@ def _result(recipe: str, dice: list[float], seconds: list[float], reached_at: in
         clock += s
         rows.append(EpochRow(recipe, i + 1, clock, s * 0.8, s * 0.2, 0.0, 1.0, 0.0, 1.0, d, wall_s=s))
     reached = reached_at is not None
-    return RaceResult(recipe, 0.9, reached, sum(seconds[:reached_at]) if reached else None, reached_at, len(rows),
-                      max(dice), 0.0, clock, 0.8, 0.2, 0.1, 100.0, not reached, "cpu", False, epochs=rows)
+    return RaceResult(
+        recipe,
+        0.9,
+        reached,
+        sum(seconds[:reached_at]) if reached else None,
+        reached_at,
+        len(rows),
+        max(dice),
+        0.0,
+        clock,
+        0.8,
+        0.2,
+        0.1,
+        100.0,
+        not reached,
+        "cpu",
+        False,
+        epochs=rows,
+    )
 
 
 def test_an_estimate_shows_its_range_from_the_spread_of_its_epochs():
@@ -91,5 +157,8 @@ def test_an_estimate_shows_its_range_from_the_spread_of_its_epochs():
     assert sp["low"] < sp["factor"] < sp["high"]
     table = format_headline(doc)
     assert f"range {sp['low']:.1f}x-{sp['high']:.1f}x" in table
-    assert re.search(r"baseline time to target: estimated: .*range \d+-\d+ s: [\d.]+-[\d.]+ epochs x its fastest and "
-                     r"slowest epoch \(3\.00-5\.00 s\)", table), table
+    assert re.search(
+        r"baseline time to target: estimated: .*range \d+-\d+ s: [\d.]+-[\d.]+ epochs x its fastest and "
+        r"slowest epoch \(3\.00-5\.00 s\)",
+        table,
+    ), table

@@ -13,17 +13,41 @@ import torch
 
 from monai_fast.openmp import libgomp_mapped, physical_cores
 
-TINY_DEMO = ["--cases", "4", "--shape", "32", "32", "32", "--patch-size", "32", "32", "32", "--channels", "4", "8",
-             "--max-epochs", "2", "--target", "0.99"]
+TINY_DEMO = [
+    "--cases",
+    "4",
+    "--shape",
+    "32",
+    "32",
+    "32",
+    "--patch-size",
+    "32",
+    "32",
+    "32",
+    "--channels",
+    "4",
+    "8",
+    "--max-epochs",
+    "2",
+    "--target",
+    "0.99",
+]
 
 
 def _captured_demo(tmp_path: Path) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "MONAI_FAST_PIN_OPENMP")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "MONAI_FAST_PIN_OPENMP")
+    }
     env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
     log = tmp_path / "log"
     with open(log, "wb") as f:  # stdout and stderr to one file, as a shell's `> log 2>&1`
-        proc = subprocess.run([sys.executable, "-m", "monai_fast", "demo", *TINY_DEMO, "--run-dir", str(tmp_path / "run")],
-                              stdout=f, stderr=subprocess.STDOUT, env=env, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "monai_fast", "demo", *TINY_DEMO, "--run-dir", str(tmp_path / "run")],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=600,
+        )
     text = log.read_text()
     assert proc.returncode == 0, text
     return text
@@ -32,7 +56,9 @@ def _captured_demo(tmp_path: Path) -> str:
 def test_captured_demo_log_has_no_redraws_and_no_line_twice(tmp_path):
     text = _captured_demo(tmp_path)
     assert "\r" not in text
-    lines = [re.sub(r"^\d\d:\d\d:\d\d ", "", ln) for ln in text.splitlines() if ln.strip() and not set(ln) <= {"-", " "}]
+    lines = [
+        re.sub(r"^\d\d:\d\d:\d\d ", "", ln) for ln in text.splitlines() if ln.strip() and not set(ln) <= {"-", " "}
+    ]
     twice = {ln: n for ln, n in collections.Counter(lines).items() if n > 1}
     assert not twice, twice
     # the command's entry point bounded OpenMP's spin before torch loaded, and said so once

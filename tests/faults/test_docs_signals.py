@@ -12,9 +12,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_no_doc_sends_the_preemption_signal_to_the_batch_shell_only():
-    texts = {p: p.read_text() for p in [*ROOT.glob("tutorials/*.py"), *ROOT.glob("monai_fast/**/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md"]}
-    offenders = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p, t in texts.items()
-                 for m in re.finditer(r"--signal=B:\S+[^\n]*srun", t)]
+    texts = {
+        p: p.read_text()
+        for p in [
+            *ROOT.glob("tutorials/*.py"),
+            *ROOT.glob("monai_fast/**/*.py"),
+            *ROOT.glob("docs/*.md"),
+            ROOT / "README.md",
+        ]
+    }
+    offenders = [
+        f"{p.relative_to(ROOT)}: {m.group(0)}"
+        for p, t in texts.items()
+        for m in re.finditer(r"--signal=B:\S+[^\n]*srun", t)
+    ]
     assert not offenders, offenders
 
 

@@ -18,8 +18,14 @@ SAVE_EVERY = 3  # iterations between periodic checkpoints: the most a SIGKILL ma
 
 
 def _benchmark(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCHMARK), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        [sys.executable, str(BENCHMARK), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def test_a_rank_killed_mid_epoch_restarts_and_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
@@ -40,7 +46,10 @@ def test_a_rank_killed_mid_epoch_restarts_and_ends_with_the_weights_of_an_uninte
     assert row["iterations_redone"] <= SAVE_EVERY  # at most the iterations since the last checkpoint
     assert row["weights_equal"] is True  # both ranks, bit for bit
     assert row["restart_s"] > 0 and row["wall_s"] > 0
-    assert f"{SAVE_EVERY:>10} {killed_after:>12} {SAVE_EVERY:>10} {row['iterations_redone']:>6} {row['restart_s']:>9.1f}" in done.stdout
+    assert (
+        f"{SAVE_EVERY:>10} {killed_after:>12} {SAVE_EVERY:>10} {row['iterations_redone']:>6} {row['restart_s']:>9.1f}"
+        in done.stdout
+    )
 
 
 def test_elastic_restart_benchmark_names_a_bad_save_every_before_running(tmp_path):

@@ -57,8 +57,13 @@ def _cases(folder: Path, n: int, size: int = 32) -> list[dict]:
 
 
 def _chain() -> Compose:
-    return Compose([LoadImaged(keys=["image", "label"]), EnsureChannelFirstd(keys=["image", "label"]),
-                    ScaleIntensityd(keys="image")])
+    return Compose(
+        [
+            LoadImaged(keys=["image", "label"]),
+            EnsureChannelFirstd(keys=["image", "label"]),
+            ScaleIntensityd(keys="image"),
+        ]
+    )
 
 
 def test_a_full_disk_cache_warns_once_and_training_data_stay_right(small_fs, tmp_path, caplog):
@@ -98,8 +103,14 @@ def test_a_full_disk_cache_in_loader_workers_still_delivers_every_item(small_fs,
 # ------------------------------------------------------------------ checkpoints
 def _trainer(net: torch.nn.Module) -> SupervisedTrainer:
     data = [{"image": torch.randn(2, 256), "label": torch.randn(2, 256)} for _ in range(8)]
-    return SupervisedTrainer(device=torch.device("cpu"), max_epochs=2, train_data_loader=data, network=net,
-                             optimizer=torch.optim.SGD(net.parameters(), lr=0.01), loss_function=torch.nn.MSELoss())
+    return SupervisedTrainer(
+        device=torch.device("cpu"),
+        max_epochs=2,
+        train_data_loader=data,
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.01),
+        loss_function=torch.nn.MSELoss(),
+    )
 
 
 def test_a_checkpoint_on_a_full_disk_stops_the_run_and_keeps_the_earlier_ones(small_fs, caplog):
@@ -152,8 +163,26 @@ def test_a_checkpoint_folder_replaced_by_a_file_stops_the_run_naming_it(tmp_path
 # ------------------------------------------------------------------ the command line
 def test_the_command_line_ends_a_full_disk_in_one_line(small_fs):
     out = small_fs("256k") / "data"
-    r = subprocess.run([sys.executable, "-m", "monai_fast", "synth", str(out), "--cases", "4", "--shape", "64", "64",
-                        "64", "--no-progress"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "monai_fast",
+            "synth",
+            str(out),
+            "--cases",
+            "4",
+            "--shape",
+            "64",
+            "64",
+            "64",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert r.returncode != 0
     assert "Traceback" not in r.stderr, r.stderr
     last = r.stderr.strip().splitlines()[-1]
@@ -191,9 +220,19 @@ def test_a_tuning_result_that_cannot_be_stored_is_still_returned(small_fs, caplo
     store = TuneStore(folder / "tuning.json")
     store.path.write_text("{}")
     _fill(folder, 0)
-    result = TuneResult(key="k" * 200_000, device="cpu", batch_size=2, sw_batch_size=4, val_device="cpu",
-                        precision="fp32", train_samples_per_s=1.0, val_volumes_per_s=1.0, budget_mib=1.0, leak_mib=0.0,
-                        tuning_s=1.0)  # more than the disk holds
+    result = TuneResult(
+        key="k" * 200_000,
+        device="cpu",
+        batch_size=2,
+        sw_batch_size=4,
+        val_device="cpu",
+        precision="fp32",
+        train_samples_per_s=1.0,
+        val_volumes_per_s=1.0,
+        budget_mib=1.0,
+        leak_mib=0.0,
+        tuning_s=1.0,
+    )  # more than the disk holds
     with caplog.at_level(logging.WARNING, logger="monai_fast.tune"):
         store.put(result)
     assert any("tuning.json" in r.getMessage() and "no space" in r.getMessage() for r in caplog.records)

@@ -19,8 +19,25 @@ SUITE = ROOT / "benchmarks" / "gpu_suite.py"
 def test_a_step_over_its_time_limit_is_ended_recorded_as_failed_and_the_suite_goes_on(tmp_path):
     out = tmp_path / "suite"
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, str(SUITE), "--device", "cpu", "--tiny", "--out", str(out),
-                           "--steps", "race", "kernels", "--step-timeout", "2"], capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SUITE),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--out",
+            str(out),
+            "--steps",
+            "race",
+            "kernels",
+            "--step-timeout",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert time.monotonic() - t0 < 200  # each step was ended at its limit, not waited for
     assert done.returncode == 1, done.stderr[-2000:]
     doc = json.loads((out / "gpu_suite.json").read_text())
@@ -33,8 +50,12 @@ def test_a_step_over_its_time_limit_is_ended_recorded_as_failed_and_the_suite_go
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_asked_on_a_machine_without_it_is_refused_naming_the_option(tmp_path):
-    done = subprocess.run([sys.executable, str(SUITE), "--device", "cuda", "--out", str(tmp_path / "suite")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(SUITE), "--device", "cuda", "--out", str(tmp_path / "suite")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "--device 'cuda'" in done.stderr and "no CUDA device" in done.stderr
     assert not (tmp_path / "suite").exists()  # nothing started

@@ -29,8 +29,13 @@ VAL_SLEEP_S = 0.25
 
 def _batches(n: int) -> list[dict]:
     g = torch.Generator().manual_seed(0)
-    return [{"image": torch.rand(2, 1, 8, 8, 8, generator=g), "label": (torch.rand(2, 1, 8, 8, 8, generator=g) > 0.5).float()}
-            for _ in range(n)]
+    return [
+        {
+            "image": torch.rand(2, 1, 8, 8, 8, generator=g),
+            "label": (torch.rand(2, 1, 8, 8, 8, generator=g) > 0.5).float(),
+        }
+        for _ in range(n)
+    ]
 
 
 def _monai_engines(train_handlers_first: list | None = None) -> tuple[SupervisedTrainer, SupervisedEvaluator]:
@@ -44,8 +49,12 @@ def _monai_engines(train_handlers_first: list | None = None) -> tuple[Supervised
     evaluator = SupervisedEvaluator(device="cpu", val_data_loader=_batches(2), network=SlowNet())
     val = ValidationHandler(validator=evaluator, interval=1, epoch_level=True)
     trainer = SupervisedTrainer(
-        device="cpu", max_epochs=2, train_data_loader=_batches(4), network=net,
-        optimizer=torch.optim.SGD(net.parameters(), lr=0.01), loss_function=torch.nn.BCEWithLogitsLoss(),
+        device="cpu",
+        max_epochs=2,
+        train_data_loader=_batches(4),
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.01),
+        loss_function=torch.nn.BCEWithLogitsLoss(),
         train_handlers=[*(train_handlers_first or []), val],
     )
     return trainer, evaluator
@@ -56,9 +65,13 @@ def test_a_rerun_cell_replaces_each_handler_and_counts_once(tmp_path):
     cells = []
     for _ in range(2):  # the same notebook cell, run twice
         cell = {
-            "record": RecordHandler(tmp_path), "breakdown": TimeBreakdown(), "throughput": ThroughputMonitor(),
-            "nvtx": NVTXHandler(), "profiler": KernelProfiler(tmp_path / "prof", wait=0, warmup=0, active=1),
-            "gpu": GPUSampler(interval_s=0.01, backend=FakeNvml()), "stopper": TimeToTarget(target=2.0, metric_name="x"),
+            "record": RecordHandler(tmp_path),
+            "breakdown": TimeBreakdown(),
+            "throughput": ThroughputMonitor(),
+            "nvtx": NVTXHandler(),
+            "profiler": KernelProfiler(tmp_path / "prof", wait=0, warmup=0, active=1),
+            "gpu": GPUSampler(interval_s=0.01, backend=FakeNvml()),
+            "stopper": TimeToTarget(target=2.0, metric_name="x"),
         }
         cell["record"].attach(trainer)
         for name in ("breakdown", "throughput", "nvtx", "profiler", "gpu"):
@@ -69,7 +82,9 @@ def test_a_rerun_cell_replaces_each_handler_and_counts_once(tmp_path):
     evaluator.add_event_handler(Events.STARTED, lambda e: e.state.metrics.update(x=0.0))  # what TimeToTarget reads
     trainer.run()
     assert trainer.state.epoch == 2
-    assert len(trainer.state.time_breakdown) == 2 and len(new["breakdown"].epochs) == 2 and old["breakdown"].epochs == []
+    assert (
+        len(trainer.state.time_breakdown) == 2 and len(new["breakdown"].epochs) == 2 and old["breakdown"].epochs == []
+    )
     assert len(new["throughput"].epochs) == 2 and old["throughput"].epochs == []
     assert new["gpu"].n_samples > 0 and old["gpu"].n_samples == 0
     assert old["profiler"].summary is None and new["profiler"].summary is not None
@@ -136,7 +151,8 @@ def test_record_rows_name_their_engine(tmp_path):
     assert len(select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="validation")) == 2
     with pytest.raises(ValueError, match="taken"):
         RecordHandler(tmp_path / "other").attach(Engine(lambda e, b: None), name="x") or rec.attach(
-            Engine(lambda e, b: None), name="validation")
+            Engine(lambda e, b: None), name="validation"
+        )
 
 
 def test_detach_removes_every_callback():

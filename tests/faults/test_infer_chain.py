@@ -36,14 +36,31 @@ def trained(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("chain")
     root = generate_msd(tmp / "data", "spleen-like", num_cases=6, shape=(64, 64, 32), spacing=SPACING, progress=False)
     train, val = load_msd_datalist(root, val_fraction=0.34, seed=0)
-    config = RecipeConfig(patch_size=(32, 32, 32), channels=(8, 16, 32), strides=(2, 2), pixdim=SPACING, max_epochs=4,
-                          batch_size=2, num_samples=2, num_workers=0, optimizer="adamw", lr=3e-3, amp=False, seed=0)
+    config = RecipeConfig(
+        patch_size=(32, 32, 32),
+        channels=(8, 16, 32),
+        strides=(2, 2),
+        pixdim=SPACING,
+        max_epochs=4,
+        batch_size=2,
+        num_samples=2,
+        num_workers=0,
+        optimizer="adamw",
+        lr=3e-3,
+        amp=False,
+        seed=0,
+    )
     recipe = build_recipe("baseline", train, val, config, "cpu", progress=False)
     recipe.trainer.run()  # the recipe's ValidationHandler validates; once more on the final weights:
     recipe.evaluator.run()
     model = save_checkpoint(tmp / "model.pt", recipe.network, recipe.config)
-    return {"dice": float(recipe.evaluator.state.metrics[VAL_METRIC]), "model": model, "val": val,
-            "network": recipe.network, "config": recipe.config}
+    return {
+        "dice": float(recipe.evaluator.state.metrics[VAL_METRIC]),
+        "model": model,
+        "val": val,
+        "network": recipe.network,
+        "config": recipe.config,
+    }
 
 
 def _dice(outputs: list[Path], val: list[dict]) -> float:
@@ -68,8 +85,14 @@ def test_infer_gives_the_evaluators_dice_on_the_same_cases(trained, tmp_path, ca
 def test_the_chain_without_the_crop_gives_another_dice(trained, tmp_path):
     """The test above can fail: the same network through the chain without crop and pad scores differently."""
     uncropped = [t for t in recipe_chain(trained["config"]) if t["_target_"] not in ("CropForegroundd", "SpatialPadd")]
-    result = infer(trained["network"], [c["image"] for c in trained["val"]], tmp_path / "out", config=trained["config"],
-                   chain=uncropped, progress=False)
+    result = infer(
+        trained["network"],
+        [c["image"] for c in trained["val"]],
+        tmp_path / "out",
+        config=trained["config"],
+        chain=uncropped,
+        progress=False,
+    )
     assert abs(_dice(result.outputs, trained["val"]) - trained["dice"]) > 0.01
 
 
@@ -100,11 +123,14 @@ def test_a_checkpoint_without_a_chain_record_warns_once_and_uses_the_recipes_cha
     assert "CropForegroundd" in warnings[0] and result.outputs[0].is_file()
 
 
-@pytest.mark.parametrize("entry, reason", [
-    ({"_target_": "os.system", "command": "touch /tmp/never"}, "names 'os.system', which is not one of"),
-    ({"_target_": "Spacingd", "keys": "image", "pixdim": {"x": 1}}, r"argument\(s\) \['pixdim'\] are not plain"),
-    ({"_target_": "Spacingd", "keys": "image", "no_such_argument": 1}, r"\(Spacingd\) cannot be built"),
-])
+@pytest.mark.parametrize(
+    "entry, reason",
+    [
+        ({"_target_": "os.system", "command": "touch /tmp/never"}, "names 'os.system', which is not one of"),
+        ({"_target_": "Spacingd", "keys": "image", "pixdim": {"x": 1}}, r"argument\(s\) \['pixdim'\] are not plain"),
+        ({"_target_": "Spacingd", "keys": "image", "no_such_argument": 1}, r"\(Spacingd\) cannot be built"),
+    ],
+)
 def test_a_chain_record_that_cannot_be_rebuilt_is_named_before_any_volume_is_read(trained, tmp_path, entry, reason):
     data = torch.load(trained["model"], weights_only=True)
     data["chain"] = [*data["chain"][:2], entry]
@@ -117,6 +143,7 @@ def test_a_chain_record_that_cannot_be_rebuilt_is_named_before_any_volume_is_rea
 
 def test_save_checkpoint_refuses_a_chain_it_could_not_rebuild(trained, tmp_path):
     with pytest.raises(ChainError, match="'Lambdad', which is not one of"):
-        save_checkpoint(tmp_path / "m.pt", trained["network"], trained["config"],
-                        chain=[{"_target_": "Lambdad", "keys": "image"}])
+        save_checkpoint(
+            tmp_path / "m.pt", trained["network"], trained["config"], chain=[{"_target_": "Lambdad", "keys": "image"}]
+        )
     assert not (tmp_path / "m.pt").exists()

@@ -39,16 +39,31 @@ def test_a_backend_without_its_hardware_is_one_error_naming_it_before_any_volume
 
 def test_a_backend_without_its_package_names_the_package_and_the_install(model_file, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # how Python blocks an import: as if not installed
-    with pytest.raises(BackendUnavailable, match=r"backend 'onnx' .* needs the Python package\(s\) [a-z, ]*onnxruntime"
-                                                 r"[a-z, ]* \(pip install 'monai-fast\[infer\]'\)"):
+    with pytest.raises(
+        BackendUnavailable,
+        match=r"backend 'onnx' .* needs the Python package\(s\) [a-z, ]*onnxruntime"
+        r"[a-z, ]* \(pip install 'monai-fast\[infer\]'\)",
+    ):
         infer(model_file, [str(tmp_path / "never-read.nii.gz")], tmp_path / "out", backend="onnx")
 
 
 def test_the_cli_says_a_missing_backend_in_one_line(model_file, tiny_spleen, tmp_path):
     two_images = images(tiny_spleen)
     with pytest.raises(SystemExit) as e:
-        main(["infer", str(model_file), two_images[0], "--out", str(tmp_path / "out"), "--backend", "tensorrt",
-              "--device", "cpu", "--no-progress"])
+        main(
+            [
+                "infer",
+                str(model_file),
+                two_images[0],
+                "--out",
+                str(tmp_path / "out"),
+                "--backend",
+                "tensorrt",
+                "--device",
+                "cpu",
+                "--no-progress",
+            ]
+        )
     text = str(e.value.code)
     assert text.startswith("monai-fast infer: backend 'tensorrt' is not available here") and "\n" not in text
 
@@ -63,12 +78,18 @@ def _other_network(path: Path) -> Path:
 
 BAD_CHECKPOINTS = {
     "missing": (lambda p: p, "no such file"),
-    "garbage": (lambda p: (p.write_bytes(b"not a checkpoint" * 10), p)[1],
-                "cannot be read as a torch.save file: not a zip"),
-    "whole model": (lambda p: (torch.save(build_network(CONFIG, torch.device("cpu")), p), p)[1],
-                    "holds pickled Python objects.*save_checkpoint"),
-    "no config": (lambda p: (torch.save({"model": build_network(CONFIG, torch.device("cpu")).state_dict()}, p), p)[1],
-                  "no 'config' to rebuild the network from .*--recipe-config FILE"),
+    "garbage": (
+        lambda p: (p.write_bytes(b"not a checkpoint" * 10), p)[1],
+        "cannot be read as a torch.save file: not a zip",
+    ),
+    "whole model": (
+        lambda p: (torch.save(build_network(CONFIG, torch.device("cpu")), p), p)[1],
+        "holds pickled Python objects.*save_checkpoint",
+    ),
+    "no config": (
+        lambda p: (torch.save({"model": build_network(CONFIG, torch.device("cpu")).state_dict()}, p), p)[1],
+        "no 'config' to rebuild the network from .*--recipe-config FILE",
+    ),
     "wrong weights": (_other_network, "weights do not fit the UNet its config describes"),
 }
 
@@ -88,12 +109,11 @@ def test_bad_images_are_listed_in_one_error_before_any_inference(model_file, tin
     broken = tmp_path / "broken.nii.gz"
     broken.write_bytes(Path(two_images[0]).read_bytes()[:200])
     with pytest.raises(PreflightError) as e:
-        infer(model_file, [two_images[1], str(broken), str(tmp_path / "absent.nii.gz")], tmp_path / "out",
-              progress=False)
+        infer(
+            model_file, [two_images[1], str(broken), str(tmp_path / "absent.nii.gz")], tmp_path / "out", progress=False
+        )
     assert [p for p, _ in e.value.problems] == [str(broken), str(tmp_path / "absent.nii.gz")]
     assert not (tmp_path / "out").exists()
-
-
 
 
 def _cli_error(argv: list[str]) -> str:
@@ -137,8 +157,10 @@ def test_existing_predictions_are_kept_unless_overwrite_is_given(model_file, tin
     text = _cli_error([str(model_file), image, "--out", str(out)])
     assert f"1 prediction file(s) exist already: {old}; pass --overwrite" in text
     assert old.read_bytes() == b"an earlier prediction"
-    assert main(["infer", str(model_file), image, "--out", str(out), "--overwrite", "--device", "cpu",
-                 "--no-progress"]) == 0
+    assert (
+        main(["infer", str(model_file), image, "--out", str(out), "--overwrite", "--device", "cpu", "--no-progress"])
+        == 0
+    )
     assert nib.load(old).shape == nib.load(image).shape
 
 
@@ -154,14 +176,18 @@ def small_disk(tmpfs):
     return disk
 
 
-def test_a_full_output_disk_is_one_line_naming_the_prediction_and_nothing_is_half_written(model_file, tiny_spleen,
-                                                                                          small_disk):
+def test_a_full_output_disk_is_one_line_naming_the_prediction_and_nothing_is_half_written(
+    model_file, tiny_spleen, small_disk
+):
     image = images(tiny_spleen)[0]
     out = small_disk / "out"
     text = _cli_error([str(model_file), image, "--out", str(out)])
     target = out / Path(image).name.replace(".nii.gz", "_seg.nii.gz")
-    assert re.fullmatch(rf"monai-fast infer: prediction {re.escape(str(target))}: no space left on the device; "
-                        r"needs [\d.]+ [KM]i?B, [\d.]+ [KM]i?B free .*", text), text
+    assert re.fullmatch(
+        rf"monai-fast infer: prediction {re.escape(str(target))}: no space left on the device; "
+        r"needs [\d.]+ [KM]i?B, [\d.]+ [KM]i?B free .*",
+        text,
+    ), text
     assert list(out.iterdir()) == []  # no prediction under its name, no temporary file left behind
 
 
@@ -173,9 +199,14 @@ def _checkpoint_saver_file(folder: Path, single: bool) -> Path:
     net = build_network(CONFIG, torch.device("cpu"))
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     data = [{"image": torch.rand(1, 16, 16, 16), "label": (torch.rand(1, 16, 16, 16) > 0.5).float()} for _ in range(2)]
-    trainer = SupervisedTrainer(device=torch.device("cpu"), max_epochs=1,
-                                train_data_loader=DataLoader(data, batch_size=1), network=net, optimizer=opt,
-                                loss_function=DiceLoss(to_onehot_y=True, softmax=True))
+    trainer = SupervisedTrainer(
+        device=torch.device("cpu"),
+        max_epochs=1,
+        train_data_loader=DataLoader(data, batch_size=1),
+        network=net,
+        optimizer=opt,
+        loss_function=DiceLoss(to_onehot_y=True, softmax=True),
+    )
     save = {"net": net} if single else {"net": net, "opt": opt}
     CheckpointSaver(str(folder), save, save_final=True, final_filename="final.pt").attach(trainer)
     trainer.run()
@@ -192,8 +223,23 @@ def test_a_monai_checkpoint_saver_file_says_what_to_pass_and_runs_with_recipe_co
     assert f"checkpoint {saved} holds network weights but no 'config'" in text and "--recipe-config FILE" in text
     assert not any((tmp_path / "out").iterdir())  # the command checked it can write there; nothing written
     recipe_json = write_json({"recipe": "baseline", "config": CONFIG.to_dict()}, tmp_path / "recipe.json")
-    assert main(["infer", str(saved), image, "--out", str(tmp_path / "out"), "--recipe-config", str(recipe_json),
-                 "--device", "cpu", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "infer",
+                str(saved),
+                image,
+                "--out",
+                str(tmp_path / "out"),
+                "--recipe-config",
+                str(recipe_json),
+                "--device",
+                "cpu",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     written = tmp_path / "out" / Path(image).name.replace(".nii.gz", "_seg.nii.gz")
     assert nib.load(written).shape == nib.load(image).shape
 
@@ -201,6 +247,7 @@ def test_a_monai_checkpoint_saver_file_says_what_to_pass_and_runs_with_recipe_co
 def test_a_bad_recipe_config_is_named(model_file, tiny_spleen, tmp_path):
     bad = tmp_path / "recipe.json"
     bad.write_text('{"channels": [4, 8, 16], "stride": [2, 2]}')
-    text = _cli_error([str(model_file), images(tiny_spleen)[0], "--out", str(tmp_path / "out"), "--recipe-config",
-                       str(bad)])
+    text = _cli_error(
+        [str(model_file), images(tiny_spleen)[0], "--out", str(tmp_path / "out"), "--recipe-config", str(bad)]
+    )
     assert f"recipe config {bad}: unknown recipe option(s) ['stride']" in text

@@ -52,8 +52,13 @@ def _launch(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, float]:
     script = tmp_path / "train.py"
     script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('ran')\n")
     log = open(tmp_path / "launch.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "1", *args, str(script)],
-                            cwd=tmp_path, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "1", *args, str(script)],
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     log.close()
     return proc, time.monotonic()
 
@@ -69,13 +74,12 @@ def _end(proc: subprocess.Popen, timeout_s: float) -> None:
         pytest.fail(f"monai-fast launch still ran after {timeout_s} s")
 
 
-
-
 @pytest.mark.parametrize("nnodes", ["1", "2"])
 def test_a_silent_endpoint_is_named_at_once_and_the_launch_stops_within_the_bound(tmp_path, silent_port, nnodes):
     endpoint = f"127.0.0.1:{silent_port}"
-    proc, started = _launch(tmp_path, "--nnodes", nnodes, "--rdzv-endpoint", endpoint, "--rdzv-id", f"job{nnodes}",
-                            "--rdzv-timeout", "5")
+    proc, started = _launch(
+        tmp_path, "--nnodes", nnodes, "--rdzv-endpoint", endpoint, "--rdzv-id", f"job{nnodes}", "--rdzv-timeout", "5"
+    )
     _end(proc, 30)
     took = time.monotonic() - started
     out = (tmp_path / "launch.log").read_text()
@@ -116,8 +120,9 @@ def test_the_bound_reaches_torchruns_join_timeout_and_a_refused_port_names_the_h
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    message = rendezvous_timeout_message(LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}",
-                                                    rdzv_id="j", rdzv_timeout_s=5))
+    message = rendezvous_timeout_message(
+        LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="j", rdzv_timeout_s=5)
+    )
     assert message.startswith(f"no rendezvous at 127.0.0.1:{port} within --rdzv-timeout 5 s: nothing listens"), message
 
 

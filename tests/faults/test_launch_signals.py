@@ -54,8 +54,13 @@ if __name__ == "__main__":
 def _launch(tmp_path: Path, *args: str) -> subprocess.Popen:
     """``monai-fast launch ARGS`` in a session of its own, its output in launch.log (no pipe that orphans hold open)."""
     with open(tmp_path / "launch.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2", *args], cwd=tmp_path,
-                                start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2", *args],
+            cwd=tmp_path,
+            start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _finish(proc: subprocess.Popen, tmp_path: Path, reap: list[psutil.Process], timeout: float = 60) -> str:

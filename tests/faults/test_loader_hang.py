@@ -39,8 +39,11 @@ def _files(tiny_files):
 
 
 def _new_children(before):
-    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def test_thread_loader_stuck_item_raises_naming_item_3_and_abandons_its_thread(tiny_files, release):

@@ -63,25 +63,35 @@ def test_a_nan_image_in_fp32_stops_with_an_error_naming_the_file(tiny_files, tin
 def _nan_loss_at(trainer, iterations):
     """The trainer's real loss, NaN at the given iterations (a numerical blow-up from finite inputs)."""
     inner = trainer.loss_function
-    trainer.loss_function = lambda pred, label: inner(pred, label) * (
-        float("nan") if trainer.state.iteration in iterations else 1.0)
+    trainer.loss_function = lambda pred, label: (
+        inner(pred, label) * (float("nan") if trainer.state.iteration in iterations else 1.0)
+    )
 
 
 def _tiny_trainer(data, epochs=1, network=None):
     torch.manual_seed(0)
-    net = network if network is not None else torch.nn.Sequential(torch.nn.Conv3d(1, 2, 3, padding=1), torch.nn.BatchNorm3d(2))
+    net = (
+        network
+        if network is not None
+        else torch.nn.Sequential(torch.nn.Conv3d(1, 2, 3, padding=1), torch.nn.BatchNorm3d(2))
+    )
     return SupervisedTrainer(
-        device=torch.device("cpu"), max_epochs=epochs, train_data_loader=DataLoader(data, batch_size=2),
-        network=net, optimizer=torch.optim.AdamW(net.parameters(), lr=0.1),
+        device=torch.device("cpu"),
+        max_epochs=epochs,
+        train_data_loader=DataLoader(data, batch_size=2),
+        network=net,
+        optimizer=torch.optim.AdamW(net.parameters(), lr=0.1),
         loss_function=torch.nn.MSELoss(),
     )
 
 
 def _volumes(n, nan_batch=None):
     g = torch.Generator().manual_seed(1)
-    data = [{"image": torch.rand(1, 8, 8, 8, generator=g), "label": torch.rand(2, 8, 8, 8, generator=g)} for _ in range(n)]
+    data = [
+        {"image": torch.rand(1, 8, 8, 8, generator=g), "label": torch.rand(2, 8, 8, 8, generator=g)} for _ in range(n)
+    ]
     if nan_batch is not None:  # both items of that batch (batch_size 2)
-        for item in data[2 * nan_batch:2 * nan_batch + 2]:
+        for item in data[2 * nan_batch : 2 * nan_batch + 2]:
             item["image"] = torch.full_like(item["image"], float("nan"))
     return data
 
@@ -94,8 +104,10 @@ def test_a_single_nan_batch_in_fp32_is_skipped_and_training_goes_on(source):
     guard = NonFiniteGuard()
     guard.attach(t)
     snaps = {}
-    t.add_event_handler(Events.ITERATION_COMPLETED, lambda e: snaps.__setitem__(e.state.iteration, (
-        _params(t.network), [b.clone() for b in t.network.buffers()])))
+    t.add_event_handler(
+        Events.ITERATION_COMPLETED,
+        lambda e: snaps.__setitem__(e.state.iteration, (_params(t.network), [b.clone() for b in t.network.buffers()])),
+    )
     t.run()
     assert t.state.iteration == 4 and guard.stats["skipped_steps"] == 1
     for before, after in zip(snaps[1][0] + snaps[1][1], snaps[2][0] + snaps[2][1], strict=True):

@@ -40,7 +40,9 @@ def _engine(tmp_path: Path, net: torch.nn.Module | None = None, **kwargs):
     ran: list[int] = []
     engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: ran.append(e.state.iteration))
     data = [torch.ones(1, width) * i for i in range(4)]
-    pre = Preemption({"trainer": engine, "model": net, "optimizer": opt}, tmp_path / "ck", **{"save_every": 2, **kwargs})
+    pre = Preemption(
+        {"trainer": engine, "model": net, "optimizer": opt}, tmp_path / "ck", **{"save_every": 2, **kwargs}
+    )
     pre.attach(engine)
     return engine, pre, data, net, ran
 
@@ -82,8 +84,26 @@ def test_rerunning_a_finished_run_is_a_no_op_and_more_epochs_continue(tmp_path, 
 
 
 def _tutorial(data: Path, out: Path, ck: Path, prog: Path, epochs: int) -> list[str]:
-    return [sys.executable, str(TUTORIAL), "--tiny", "--fp32", "--batch-size", "1", "--data-dir", str(data), "--out", str(out),
-            "--max-epochs", str(epochs), "--checkpoint-dir", str(ck), "--save-every", "4", "--progress-file", str(prog)]
+    return [
+        sys.executable,
+        str(TUTORIAL),
+        "--tiny",
+        "--fp32",
+        "--batch-size",
+        "1",
+        "--data-dir",
+        str(data),
+        "--out",
+        str(out),
+        "--max-epochs",
+        str(epochs),
+        "--checkpoint-dir",
+        str(ck),
+        "--save-every",
+        "4",
+        "--progress-file",
+        str(prog),
+    ]
 
 
 def test_requeued_finished_tutorial_run_does_not_retrain(tmp_path, tiny_spleen):
@@ -215,11 +235,16 @@ def test_signal_before_the_run_stops_it_at_once_and_requeues(tmp_path, sig):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     scontrol = bin_dir / "scontrol"  # records the requeue instead of asking a cluster
-    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n")
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
     scontrol.chmod(0o755)
     env = {**os.environ, "SLURM_JOB_ID": "4242", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    p = subprocess.Popen([sys.executable, "-c", _BEFORE_RUN, str(tmp_path)], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _BEFORE_RUN, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "ready").exists():

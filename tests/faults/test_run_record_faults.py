@@ -54,8 +54,13 @@ def _rank(tmp_path: Path, folder: Path, rank: int, epochs: int, sleep: float) ->
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    return subprocess.Popen([sys.executable, str(script), str(folder), str(rank), str(epochs), str(sleep)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(folder), str(rank), str(epochs), str(sleep)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _wait_for_epoch(proc: subprocess.Popen, epoch: int) -> None:
@@ -68,16 +73,23 @@ def _wait_for_epoch(proc: subprocess.Popen, epoch: int) -> None:
 
 def _items(n: int, shape: tuple[int, ...] = (1, 8, 8, 8)) -> list[dict]:
     g = torch.Generator().manual_seed(0)
-    return [{"image": torch.rand(*shape, generator=g), "label": (torch.rand(*shape, generator=g) > 0.5).float()}
-            for _ in range(n)]
+    return [
+        {"image": torch.rand(*shape, generator=g), "label": (torch.rand(*shape, generator=g) > 0.5).float()}
+        for _ in range(n)
+    ]
 
 
 def _segmentation_run(folder: Path, epochs: int = 2, amp: str | None = None) -> tuple[SupervisedTrainer, RecordHandler]:
     net = torch.nn.Conv3d(1, 1, 3, padding=1)
     loader = DataLoader(Dataset(_items(4)), batch_size=2)
-    trainer = SupervisedTrainer(device="cpu", max_epochs=epochs, train_data_loader=loader,
-                                network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01),
-                                loss_function=torch.nn.MSELoss())
+    trainer = SupervisedTrainer(
+        device="cpu",
+        max_epochs=epochs,
+        train_data_loader=loader,
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), 0.01),
+        loss_function=torch.nn.MSELoss(),
+    )
     record = RecordHandler(folder)
     record.attach(trainer)
     TimeBreakdown().attach(trainer)
@@ -227,12 +239,21 @@ def _patch_classifier_run(folder: Path) -> SupervisedTrainer:
     items = [{"image": torch.rand(3, 16, 16, generator=g), "label": torch.tensor(i % 2)} for i in range(8)]
     net = _PatchClassifier()
     slow = Lambdad(keys="image", func=lambda x: (time.sleep(0.1), x)[1])  # validation: a large share of the clock
-    evaluator = SupervisedEvaluator(device="cpu", val_data_loader=DataLoader(Dataset(items[:4], slow), batch_size=2),
-                                    network=net, inferer=SimpleInferer())
-    trainer = SupervisedTrainer(device="cpu", max_epochs=2, train_data_loader=DataLoader(Dataset(items), batch_size=4),
-                                network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01),
-                                loss_function=torch.nn.CrossEntropyLoss(),
-                                train_handlers=[ValidationHandler(validator=evaluator, interval=1)])
+    evaluator = SupervisedEvaluator(
+        device="cpu",
+        val_data_loader=DataLoader(Dataset(items[:4], slow), batch_size=2),
+        network=net,
+        inferer=SimpleInferer(),
+    )
+    trainer = SupervisedTrainer(
+        device="cpu",
+        max_epochs=2,
+        train_data_loader=DataLoader(Dataset(items), batch_size=4),
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), 0.01),
+        loss_function=torch.nn.CrossEntropyLoss(),
+        train_handlers=[ValidationHandler(validator=evaluator, interval=1)],
+    )
     record = RecordHandler(folder)
     record.attach(trainer)
     record.attach(evaluator)
@@ -260,12 +281,21 @@ def test_a_3d_unet_with_a_sliding_window_still_gets_that_advice(tmp_path):
 
     net = UNet(3, 1, 2, channels=(4, 8), strides=(2,))
     items = _items(4, (1, 16, 16, 16))
-    evaluator = SupervisedEvaluator(device="cpu", val_data_loader=DataLoader(Dataset(items[:2]), batch_size=1),
-                                    network=net, inferer=SlidingWindowInferer((8, 8, 8), sw_batch_size=2))
-    trainer = SupervisedTrainer(device="cpu", max_epochs=1, train_data_loader=DataLoader(Dataset(items), batch_size=2),
-                                network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01),
-                                loss_function=torch.nn.MSELoss(),
-                                train_handlers=[ValidationHandler(validator=evaluator, interval=1)])
+    evaluator = SupervisedEvaluator(
+        device="cpu",
+        val_data_loader=DataLoader(Dataset(items[:2]), batch_size=1),
+        network=net,
+        inferer=SlidingWindowInferer((8, 8, 8), sw_batch_size=2),
+    )
+    trainer = SupervisedTrainer(
+        device="cpu",
+        max_epochs=1,
+        train_data_loader=DataLoader(Dataset(items), batch_size=2),
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), 0.01),
+        loss_function=torch.nn.MSELoss(),
+        train_handlers=[ValidationHandler(validator=evaluator, interval=1)],
+    )
     record = RecordHandler(tmp_path)
     record.attach(trainer)
     record.attach(evaluator)
@@ -282,9 +312,14 @@ def test_time_breakdown_does_not_advise_caching_data_that_is_cached(tmp_path, ca
     slow_random = RandLambdad(keys="image", func=lambda x: (time.sleep(0.03), x)[1], prob=1.0)  # runs after the cache
     data = CacheDataset(_items(4), transform=slow_random, progress=False)
     net = torch.nn.Conv3d(1, 1, 1)
-    trainer = SupervisedTrainer(device="cpu", max_epochs=1, train_data_loader=DataLoader(data, batch_size=1),
-                                network=net, optimizer=torch.optim.SGD(net.parameters(), 0.01),
-                                loss_function=torch.nn.MSELoss())
+    trainer = SupervisedTrainer(
+        device="cpu",
+        max_epochs=1,
+        train_data_loader=DataLoader(data, batch_size=1),
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), 0.01),
+        loss_function=torch.nn.MSELoss(),
+    )
     TimeBreakdown(warn_threshold=0.2).attach(trainer)
     with caplog.at_level(logging.WARNING, logger="monai_fast.handlers"):
         trainer.run()
@@ -301,8 +336,14 @@ def test_time_breakdown_reads_the_cache_lever_from_the_run_record(tmp_path, capl
 
     @trainer.on(Events.STARTED)
     def _fast_training_row(engine):  # the row FastTraining writes when its data lever cached the data set
-        record_of(engine).add(Kind.EVENT, Source.FAST_TRAINING, lever="data", applied=True, setting="ram",
-                              reason="cache in RAM (CacheDataset)")
+        record_of(engine).add(
+            Kind.EVENT,
+            Source.FAST_TRAINING,
+            lever="data",
+            applied=True,
+            setting="ram",
+            reason="cache in RAM (CacheDataset)",
+        )
 
     with caplog.at_level(logging.WARNING, logger="monai_fast.handlers"):
         trainer.run()

@@ -66,8 +66,9 @@ def test_a_server_that_stops_sending_mid_body_is_one_error_naming_the_url(s3, pr
     message = str(err.value)
     assert f"fetching {url} failed after 2 tries" in message
     # the proxy passed 256 KiB, response headers included
-    assert re.search(r"stalled after 26\d{4} of 1048576 bytes: fewer than 64 KiB arrived in 1 s \(read_timeout\)",
-                     message), message
+    assert re.search(
+        r"stalled after 26\d{4} of 1048576 bytes: fewer than 64 KiB arrived in 1 s \(read_timeout\)", message
+    ), message
     assert "no file was left at" in message
     assert len(proxy.matched) == 2  # the first try and one retry, each stalled
     assert elapsed < 15, f"a stall of a 1 s read_timeout took {elapsed:.1f} s to report"
@@ -110,8 +111,9 @@ _CHILD = textwrap.dedent(
 def test_ctrl_c_during_a_stalled_download_ends_the_process_at_once_and_leaves_no_file(s3, proxy):
     url, _ = put(s3, "imagesTr/stuck.nii.gz", 1 << 20)
     proxy.rules[f"/{s3[1]}/imagesTr/stuck.nii.gz"] = Stall(after=256 << 10)
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proxy.stalled.wait(30), "the child never reached the stalled body"
         time.sleep(0.5)  # the child is now blocked in the silent read (default read_timeout 30 s)

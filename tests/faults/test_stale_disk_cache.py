@@ -29,8 +29,12 @@ SCRIPT = textwrap.dedent("""
 
 def _run(case, cache, func="shift", offset=0, scale=1, extra=0):
     code = SCRIPT.format(func=func, offset=offset, scale=scale, extra=extra)
-    out = subprocess.run([sys.executable, "-c", code, case["image"], case["label"], str(cache)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, case["image"], case["label"], str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return float(out.stdout.strip().splitlines()[-1]), out.stderr
 

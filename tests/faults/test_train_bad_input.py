@@ -15,8 +15,12 @@ def job(tmp_path, monkeypatch):
     """A SageMaker-like environment with empty model, output and channel folders; returns them."""
     for k in [k for k in os.environ if k.startswith("SM_")]:
         monkeypatch.delenv(k)
-    dirs = {"SM_MODEL_DIR": tmp_path / "model", "SM_OUTPUT_DATA_DIR": tmp_path / "output" / "data",
-            "SM_INPUT_CONFIG_DIR": tmp_path / "config", "SM_CHANNEL_TRAINING": tmp_path / "training"}
+    dirs = {
+        "SM_MODEL_DIR": tmp_path / "model",
+        "SM_OUTPUT_DATA_DIR": tmp_path / "output" / "data",
+        "SM_INPUT_CONFIG_DIR": tmp_path / "config",
+        "SM_CHANNEL_TRAINING": tmp_path / "training",
+    }
     for name, folder in dirs.items():
         folder.mkdir(parents=True)
         monkeypatch.setenv(name, str(folder))
@@ -28,12 +32,18 @@ def _nothing_written(job) -> bool:
     return not any(job["SM_MODEL_DIR"].iterdir()) and not any(job["SM_OUTPUT_DATA_DIR"].iterdir())
 
 
-@pytest.mark.parametrize("hps, named", [
-    ({"epochs": "abc"}, "hyperparameter 'epochs' (from SM_HPS): argument --max-epochs/--epochs: invalid int value: 'abc'"),
-    ({"network": "vnet"}, "hyperparameter 'network' (from SM_HPS): argument --network: invalid choice: 'vnet'"),
-    ({"epoch": 2}, "hyperparameter 'epoch' (from SM_HPS): is not an option of monai-fast train"),
-    ({"fp32": 3}, "hyperparameter 'fp32' (from SM_HPS): takes no value, got 3"),
-])
+@pytest.mark.parametrize(
+    "hps, named",
+    [
+        (
+            {"epochs": "abc"},
+            "hyperparameter 'epochs' (from SM_HPS): argument --max-epochs/--epochs: invalid int value: 'abc'",
+        ),
+        ({"network": "vnet"}, "hyperparameter 'network' (from SM_HPS): argument --network: invalid choice: 'vnet'"),
+        ({"epoch": 2}, "hyperparameter 'epoch' (from SM_HPS): is not an option of monai-fast train"),
+        ({"fp32": 3}, "hyperparameter 'fp32' (from SM_HPS): takes no value, got 3"),
+    ],
+)
 def test_a_bad_hyperparameter_is_named_in_one_line_before_training(job, monkeypatch, hps, named):
     monkeypatch.setenv("SM_HPS", json.dumps({"max_epochs": 1, **hps}))
     with pytest.raises(SystemExit) as caught:
@@ -58,12 +68,18 @@ def test_a_network_option_the_network_cannot_take_is_named_before_training(job, 
     assert _nothing_written(job)
 
 
-@pytest.mark.parametrize("env, named", [
-    ({"SM_HOSTS": "algo-1,algo-2", "SM_CURRENT_HOST": "algo-1"}, "SM_HOSTS: is not JSON"),
-    ({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-3"}, "SM_CURRENT_HOST: 'algo-3' is not one of SM_HOSTS"),
-    ({"SM_NUM_GPUS": "two"}, "SM_NUM_GPUS: must be a whole number, got 'two'"),
-    ({"SM_HPS": '["epochs", 1]'}, "SM_HPS: must be a JSON dict"),
-])
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"SM_HOSTS": "algo-1,algo-2", "SM_CURRENT_HOST": "algo-1"}, "SM_HOSTS: is not JSON"),
+        (
+            {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-3"},
+            "SM_CURRENT_HOST: 'algo-3' is not one of SM_HOSTS",
+        ),
+        ({"SM_NUM_GPUS": "two"}, "SM_NUM_GPUS: must be a whole number, got 'two'"),
+        ({"SM_HPS": '["epochs", 1]'}, "SM_HPS: must be a JSON dict"),
+    ],
+)
 def test_a_bad_sagemaker_variable_is_named(job, monkeypatch, env, named):
     for k, v in env.items():
         monkeypatch.setenv(k, v)

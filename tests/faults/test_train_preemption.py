@@ -15,7 +15,19 @@ from monai_fast.cli import main
 from monai_fast.cli.train import PREEMPTED_EXIT
 from monai_fast.distributed.sagemaker import read_sagemaker_env
 
-TINY = ["--patch-size", "32", "32", "32", "--num-samples", "2", "--val-fraction", "0.34", "--no-progress", "--device", "cpu"]
+TINY = [
+    "--patch-size",
+    "32",
+    "32",
+    "32",
+    "--num-samples",
+    "2",
+    "--val-fraction",
+    "0.34",
+    "--no-progress",
+    "--device",
+    "cpu",
+]
 
 
 def _env() -> dict[str, str]:
@@ -24,8 +36,23 @@ def _env() -> dict[str, str]:
 
 def test_sigterm_checkpoints_and_exits_143_then_the_same_command_resumes_and_writes_the_model(tmp_path, tiny_spleen):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
-    cmd = [sys.executable, "-m", "monai_fast.cli", "train", "--data-dir", str(tiny_spleen), "--output-dir", str(out),
-           "--checkpoint-dir", str(ckpt), "--save-every", "1", "--max-epochs", "4", *TINY]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai_fast.cli",
+        "train",
+        "--data-dir",
+        str(tiny_spleen),
+        "--output-dir",
+        str(out),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--save-every",
+        "1",
+        "--max-epochs",
+        "4",
+        *TINY,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
     try:
         deadline = time.monotonic() + 300
@@ -48,7 +75,9 @@ def test_save_every_without_a_checkpoint_folder_is_named_before_training(tmp_pat
     for k in [k for k in os.environ if k.startswith("SM_")]:
         monkeypatch.delenv(k)
     with pytest.raises(SystemExit, match="--save-every"):
-        main(["train", "--data-dir", str(tiny_spleen), "--output-dir", str(tmp_path / "out"), "--save-every", "3", *TINY])
+        main(
+            ["train", "--data-dir", str(tiny_spleen), "--output-dir", str(tmp_path / "out"), "--save-every", "3", *TINY]
+        )
     assert not (tmp_path / "out").exists()
 
 

@@ -26,8 +26,21 @@ from monai_fast.cli.train import PREEMPTED_EXIT, hyperparameter_values  # noqa: 
 from monai_fast.distributed.sagemaker import SageMakerEnvError, read_sagemaker_env  # noqa: E402
 from monai_fast.inference.checkpoint import load_checkpoint  # noqa: E402
 
-TINY = ["--patch-size", "32", "32", "32", "--num-samples", "2", "--val-fraction", "0.34", "--no-progress", "--device",
-        "cpu", "--max-epochs", "1"]
+TINY = [
+    "--patch-size",
+    "32",
+    "32",
+    "32",
+    "--num-samples",
+    "2",
+    "--val-fraction",
+    "0.34",
+    "--no-progress",
+    "--device",
+    "cpu",
+    "--max-epochs",
+    "1",
+]
 
 
 def _no_sagemaker(monkeypatch) -> None:
@@ -97,8 +110,9 @@ def test_the_job_line_says_what_was_not_given_instead_of_none():
 
 
 # ---------------------------------------------------------------------------------------------- full disks
-def test_a_model_folder_too_small_for_the_model_is_named_before_any_data_is_read(small_fs, tmp_path, tiny_spleen,
-                                                                                 monkeypatch):
+def test_a_model_folder_too_small_for_the_model_is_named_before_any_data_is_read(
+    small_fs, tmp_path, tiny_spleen, monkeypatch
+):
     _no_sagemaker(monkeypatch)
     model_dir = small_fs("size=1m", "model")  # the default UNet's model.pth is ~0.6 MiB, with the margin > 1 MiB
     out = tmp_path / "out"
@@ -113,15 +127,33 @@ def test_a_model_folder_too_small_for_the_model_is_named_before_any_data_is_read
     assert time.monotonic() - start < 30
 
 
-def test_an_output_folder_that_fills_costs_only_its_files_and_the_model_is_written_first(small_fs, tmp_path,
-                                                                                        tiny_spleen):
+def test_an_output_folder_that_fills_costs_only_its_files_and_the_model_is_written_first(
+    small_fs, tmp_path, tiny_spleen
+):
     # Out of inodes: the run folder, its recipe folder and the four files written during training (lock, TensorBoard
     # events, record, summary) fit in 7 with the mount's root; epochs.csv, written after training, does not.
     out = small_fs("size=4m,nr_inodes=7", "out")
     model_dir = tmp_path / "model"
     proc = subprocess.run(
-        [sys.executable, "-m", "monai_fast.cli", "train", "--data-dir", str(tiny_spleen), "--output-dir",
-         str(out / "run"), "--model-dir", str(model_dir), *TINY], capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "monai_fast.cli",
+            "train",
+            "--data-dir",
+            str(tiny_spleen),
+            "--output-dir",
+            str(out / "run"),
+            "--model-dir",
+            str(model_dir),
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     network, _ = load_checkpoint(model_dir / "model.pth")  # the model is whole
     assert (model_dir / "recipe.json").is_file()
@@ -154,8 +186,19 @@ def _signal_during_setup(cmd: list[str], cwd: Path, sig: signal.Signals) -> subp
 def test_a_signal_during_setup_with_a_checkpoint_folder_stops_at_the_runs_start_saying_so(tmp_path, tiny_spleen):
     sig = signal.SIGUSR1  # SLURM's warning before the time limit
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    cmd = [sys.executable, "-m", "monai_fast.cli", "train", "--data-dir", str(tiny_spleen), "--output-dir", str(out),
-           "--checkpoint-dir", str(ckpt), *TINY]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai_fast.cli",
+        "train",
+        "--data-dir",
+        str(tiny_spleen),
+        "--output-dir",
+        str(out),
+        "--checkpoint-dir",
+        str(ckpt),
+        *TINY,
+    ]
     done = _signal_during_setup(cmd, tmp_path, sig)
     assert done.returncode == PREEMPTED_EXIT, done.stderr[-3000:]
     assert f"{sig.name} received during set-up" in done.stderr
@@ -165,8 +208,17 @@ def test_a_signal_during_setup_with_a_checkpoint_folder_stops_at_the_runs_start_
 
 def test_a_signal_during_setup_without_a_checkpoint_folder_stops_before_training_saying_so(tmp_path, tiny_spleen):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "monai_fast.cli", "train", "--data-dir", str(tiny_spleen), "--output-dir", str(out),
-           *TINY]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai_fast.cli",
+        "train",
+        "--data-dir",
+        str(tiny_spleen),
+        "--output-dir",
+        str(out),
+        *TINY,
+    ]
     done = _signal_during_setup(cmd, tmp_path, signal.SIGTERM)  # a spot reclaim
     assert done.returncode == PREEMPTED_EXIT, done.stderr[-3000:]
     assert "SIGTERM received during set-up; stopping before training" in done.stderr
@@ -196,7 +248,9 @@ def _help(command: str, capsys) -> str:
 
 def test_train_takes_validation_like_demo_and_its_help_says_the_recipes_schedule(capsys):
     assert hyperparameter_values({"validation": "every_epoch", "val_interval": 2}, "SM_HPS") == {
-        "validation": "every_epoch", "val_interval": 2}
+        "validation": "every_epoch",
+        "val_interval": 2,
+    }
     for name in ("train", "demo"):
         text = _help(name, capsys)
         assert "--validation {every_epoch,schedule}" in text

@@ -13,8 +13,15 @@ from monai_fast.recipes.pathology import PathologyConfig, build_pathology
 
 @pytest.fixture(scope="module")
 def small_set(tmp_path_factory):
-    return generate_wsi(tmp_path_factory.mktemp("wsi") / "set", num_slides=2, size=(256, 256), tile=128, levels=2, patch_size=32,
-                        progress=False)
+    return generate_wsi(
+        tmp_path_factory.mktemp("wsi") / "set",
+        num_slides=2,
+        size=(256, 256),
+        tile=128,
+        levels=2,
+        patch_size=32,
+        progress=False,
+    )
 
 
 def _rewrite(root, tmp_path, change):
@@ -28,7 +35,9 @@ def _rewrite(root, tmp_path, change):
 
 
 def test_a_folder_without_dataset_json_is_named_with_how_to_make_one(tmp_path):
-    with pytest.raises(WSIDataError, match=r"dataset.json: cannot read the WSI data set list .*monai-fast synth --kind wsi"):
+    with pytest.raises(
+        WSIDataError, match=r"dataset.json: cannot read the WSI data set list .*monai-fast synth --kind wsi"
+    ):
         load_wsi_datalist(tmp_path)
 
 
@@ -36,8 +45,14 @@ def test_a_missing_list_or_key_is_named(small_set, tmp_path):
     root = _rewrite(small_set, tmp_path, lambda m: m.pop("validation"))
     with pytest.raises(WSIDataError, match=r"dataset.json: key 'validation' must be a non-empty list of patches"):
         load_wsi_datalist(root)
-    (root / "dataset.json").write_text(json.dumps({"training": [{"image": "slides/slide_001.tif", "label": [0]}],
-                                                   "validation": [{"image": "slides/slide_002.tif", "location": [0, 0], "label": [1]}]}))
+    (root / "dataset.json").write_text(
+        json.dumps(
+            {
+                "training": [{"image": "slides/slide_001.tif", "label": [0]}],
+                "validation": [{"image": "slides/slide_002.tif", "location": [0, 0], "label": [1]}],
+            }
+        )
+    )
     with pytest.raises(WSIDataError, match=r"training\[0\] has no 'location'"):
         load_wsi_datalist(root)
 
@@ -48,13 +63,16 @@ def test_a_missing_slide_file_is_named_before_training(small_set, tmp_path):
         load_wsi_datalist(root)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"num_slides": 1}, r"num_slides must be >= 2"),
-    ({"size": (250, 256)}, r"size must be two sizes .* multiples of 16, got \(250, 256\)"),
-    ({"tile": 100}, r"tile must be a multiple of 16"),
-    ({"levels": 6}, r"levels must be 1..8 and leave the smallest level >= 16 pixels"),
-    ({"patch_size": 128}, r"patch_size must be between 8 and a quarter of the slide \(64\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_slides": 1}, r"num_slides must be >= 2"),
+        ({"size": (250, 256)}, r"size must be two sizes .* multiples of 16, got \(250, 256\)"),
+        ({"tile": 100}, r"tile must be a multiple of 16"),
+        ({"levels": 6}, r"levels must be 1..8 and leave the smallest level >= 16 pixels"),
+        ({"patch_size": 128}, r"patch_size must be between 8 and a quarter of the slide \(64\)"),
+    ],
+)
 def test_a_bad_generator_option_is_named(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         generate_wsi(tmp_path, **{"num_slides": 2, "size": (256, 256), "patch_size": 32, "progress": False, **kwargs})
@@ -68,10 +86,16 @@ def test_synth_names_a_wrong_shape_for_the_kind(tmp_path):
         main(["synth", str(tmp_path), "--kind", "wsi", "--shape", "250", "256"])
 
 
-@pytest.mark.parametrize("kwargs, match", [({"batch_size": 0}, "batch_size must be >= 1"), ({"lr": 0.0}, "lr must be > 0"),
-                                           ({"workers": -1}, "workers must be >= 0"),
-                                           ({"backend": "pillow"}, r"backend must be one of .*got 'pillow'"),
-                                           ({"precision": "fp8"}, "fp8")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"batch_size": 0}, "batch_size must be >= 1"),
+        ({"lr": 0.0}, "lr must be > 0"),
+        ({"workers": -1}, "workers must be >= 0"),
+        ({"backend": "pillow"}, r"backend must be one of .*got 'pillow'"),
+        ({"precision": "fp8"}, "fp8"),
+    ],
+)
 def test_a_bad_pipeline_option_is_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PathologyConfig(**kwargs)

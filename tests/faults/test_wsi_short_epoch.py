@@ -106,11 +106,18 @@ def test_a_slide_smaller_than_the_patch_is_refused_not_zero_padded(tmp_path):
     tifffile.imwrite(slide, np.full((16, 16, 3), 200, np.uint8), photometric="rgb", tile=(16, 16))
     items = [{"image": str(slide), "location": [8, 8], "label": [0]}]
     report = preflight_wsi(items, PATCH, cache=False, raise_error=False)
-    assert report.problems == [(str(slide), "items[0]: the slide is 16 x 16 pixels at level 0, smaller than the "
-                                             "32 x 32 patch (it would be padded)")]
+    assert report.problems == [
+        (
+            str(slide),
+            "items[0]: the slide is 16 x 16 pixels at level 0, smaller than the 32 x 32 patch (it would be padded)",
+        )
+    ]
     reader = TiledTiffWSIReader(level=0)
-    with pytest.raises(ValueError, match=r"small.tif: the 32 x 32 patch at row -8, column -8 of level 0 reaches "
-                                         r"outside the level's 16 x 16 pixels"):
+    with pytest.raises(
+        ValueError,
+        match=r"small.tif: the 32 x 32 patch at row -8, column -8 of level 0 reaches "
+        r"outside the level's 16 x 16 pixels",
+    ):
         reader.get_data(reader.read(str(slide)), location=(-8, -8), size=(PATCH, PATCH))
 
 
@@ -153,12 +160,19 @@ def _monai_engines(train: list[dict], val: list[dict]) -> tuple[SupervisedTraine
         dataset = PatchWSIDataset(items, patch_size=PATCH, reader=TiledTiffWSIReader(level=0))
         return ThreadDataLoader(dataset, batch_size=4, shuffle=shuffle)
 
-    evaluator = SupervisedEvaluator(device="cpu", val_data_loader=loader(val, False), network=net,
-                                    prepare_batch=prepare)
-    trainer = SupervisedTrainer(device="cpu", max_epochs=1, train_data_loader=loader(train, True), network=net,
-                                optimizer=torch.optim.SGD(net.parameters(), lr=0.01),
-                                loss_function=torch.nn.BCEWithLogitsLoss(), prepare_batch=prepare,
-                                train_handlers=[ValidationHandler(validator=evaluator, interval=1)])
+    evaluator = SupervisedEvaluator(
+        device="cpu", val_data_loader=loader(val, False), network=net, prepare_batch=prepare
+    )
+    trainer = SupervisedTrainer(
+        device="cpu",
+        max_epochs=1,
+        train_data_loader=loader(train, True),
+        network=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.01),
+        loss_function=torch.nn.BCEWithLogitsLoss(),
+        prepare_batch=prepare,
+        train_handlers=[ValidationHandler(validator=evaluator, interval=1)],
+    )
     return trainer, evaluator
 
 
@@ -191,8 +205,9 @@ def test_the_guard_stops_a_validation_whose_loader_ends_short(good_set, tmp_path
     assert scored == []  # no metric of the short validation
 
 
-@pytest.mark.parametrize("how", ["normal", "terminate", "terminate_epoch", "epoch_length", "max_iters", "resume",
-                                 "repeats"])
+@pytest.mark.parametrize(
+    "how", ["normal", "terminate", "terminate_epoch", "epoch_length", "max_iters", "resume", "repeats"]
+)
 def test_the_guard_lets_complete_and_deliberately_ended_epochs_pass(how):
     data = ThreadDataLoader(Dataset(list(range(8))), batch_size=1, repeats=2) if how == "repeats" else list(range(8))
 
@@ -214,8 +229,15 @@ def test_the_guard_lets_complete_and_deliberately_ended_epochs_pass(how):
         engine.load_state_dict({"iteration": 5, "epoch_length": 8, "max_epochs": 3})
         kw = {}
     engine.run(data, **kw)
-    expected = {"normal": 24, "terminate": 3, "terminate_epoch": 19, "epoch_length": 9, "max_iters": 13,
-                "resume": 24, "repeats": 24}[how]
+    expected = {
+        "normal": 24,
+        "terminate": 3,
+        "terminate_epoch": 19,
+        "epoch_length": 9,
+        "max_iters": 13,
+        "resume": 24,
+        "repeats": 24,
+    }[how]
     assert engine.state.iteration == expected
 
 
@@ -226,8 +248,21 @@ def test_the_tutorial_on_a_truncated_slide_fails_naming_it_and_writes_no_results
     root = _copy(good_set, tmp_path / "set")
     _truncate(root / "slides" / "slide_002.tif")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MONAI_FAST_CACHE": str(tmp_path / "cache")}
-    cmd = [sys.executable, str(ROOT / "tutorials" / "pathology_tumor_detection.py"), "--tiny", "--device", "cpu",
-           "--max-epochs", "1", "--precision", "fp32", "--data-dir", str(root), "--run-dir", str(tmp_path / "run")]
+    cmd = [
+        sys.executable,
+        str(ROOT / "tutorials" / "pathology_tumor_detection.py"),
+        "--tiny",
+        "--device",
+        "cpu",
+        "--max-epochs",
+        "1",
+        "--precision",
+        "fp32",
+        "--data-dir",
+        str(root),
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0, done.stdout
     assert "slide_002.tif: cannot read the slide: level 0 is cut short" in done.stderr, done.stderr[-3000:]
