@@ -302,6 +302,7 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         configs["fast"] = tuning.apply(plan.config)
         events.tuned(tuning)
     meta = run_meta(data_root, plan.device, spec.record_options)
+    set_up = time.monotonic()
     if spec.interleave:
         results, paired, budget, host = run_interleaved(
             spec.recipes,
@@ -318,6 +319,7 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
             epoch_multiple=spec.epoch_multiple,
             deadline=deadline,
         )
+        trained = time.monotonic()
         meta["headline"] = headline(results, paired, budget, host=host)
         for r in results:
             _finished(r, events)
@@ -326,8 +328,17 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
             _finished(_run_one(spec, plan, name, configs[name], train_files, val_files, events), events)
             for name in spec.recipes
         ]
+        trained = time.monotonic()
     if tuning is not None:
         meta["tuning"] = {**tuning.to_dict(), "from_cache": tuning.from_cache}
+    if spec.total_budget_s is not None:  # where a bounded race's time went, for whoever checks the bound
+        meta["clock"] = {
+            "total_budget_s": spec.total_budget_s,
+            "reports_reserved_s": REPORT_SHARE * spec.total_budget_s,
+            "set_up_s": set_up - started,
+            "training_s": trained - set_up,
+            "headline_and_doctor_s": time.monotonic() - trained,
+        }
     write_race(results, plan.run_dir, meta)
     run = RaceRun(
         results=results, meta=meta, run_dir=plan.run_dir, data_root=data_root, device=plan.device, tuning=tuning
