@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from monai_fast.files import write_json
 
-from monai_fast.files import write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 __all__ = ["epoch_times", "main", "summarise"]
 

@@ -43,10 +43,10 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from monai_fast.files import write_json
 
-from monai_fast.files import write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 __all__ = ["CPU_SIZES", "Prepared", "SweepRow", "find_bundles", "prepare", "run_prepared", "sweep", "table"]
 

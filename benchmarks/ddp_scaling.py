@@ -5,8 +5,8 @@ this CPU gains from it) with DDP through ``monai_fast.distributed.run`` on in-me
 only compute and gradient all-reduce are timed. Per rank it also times the same step under
 ``no_sync()`` (compute alone) and one all-reduce of a gradient-sized buffer, the two numbers the
 README's scaling model is built from. Ranks of several also time one all-reduce per buffer size of
-``--sweep-mb``, the fastest of 9 (by default 1 kB, this UNet's gradient, 4 MB and SegResNet's 18.8 MB), and a straight line
-through them gives the link's latency and bandwidth (:func:`fit_link`).
+``--sweep-mb``, the fastest of 9 (by default 1 kB, this UNet's gradient, 4 MB and SegResNet's 18.8 MB),
+and a straight line through them gives the link's latency and bandwidth (:func:`fit_link`).
 
 Configurations (the machine has ``os.cpu_count()`` cores), run in turns, round after round:
   1 rank x 1 thread   the single-"device" reference (one core, like one GPU)
@@ -187,7 +187,9 @@ def fit_link(sweep: list[dict], ranks: int = 2) -> dict:
     buffers) that intercept comes out near zero or below.
 
     Example:
-        >>> fit = fit_link([{"bytes": 1e3, "s": 2e-5 + 1e-7}, {"bytes": 1e9, "s": 0.1 + 2e-5}, {"bytes": 2e9, "s": 0.2 + 2e-5}])
+        >>> fit = fit_link(
+        ...     [{"bytes": 1e3, "s": 2e-5 + 1e-7}, {"bytes": 1e9, "s": 0.1 + 2e-5}, {"bytes": 2e9, "s": 0.2 + 2e-5}]
+        ... )
         >>> round(fit["latency_s"], 9), round(fit["bandwidth_bytes_s"] / 1e9, 3)
         (1e-05, 10.0)
     """
@@ -254,15 +256,18 @@ def _print_results(med: dict[str, dict], fits: dict[str, dict], model: list[dict
             f"per hop, B = {f['bandwidth_bytes_s'] / 1e9:.2f} GB/s"
         )
     print(
-        f"\nmodel: {SEGRESNET_GRADIENT_BYTES / 1e6:.1f} MB SegResNet gradient once per step of {step_s:.2f} s (assumed), "
+        f"\nmodel: {SEGRESNET_GRADIENT_BYTES / 1e6:.1f} MB SegResNet gradient once per step "
+        f"of {step_s:.2f} s (assumed), "
         "no overlap with the backward pass"
     )
     print(
-        f"{'link':<34} {'a, B from':<13} {'ranks':>5} {'a us':>6} {'B GB/s':>7} {'all-reduce ms':>13} {'/ step':>8} {'speed-up':>9}"
+        f"{'link':<34} {'a, B from':<13} {'ranks':>5} {'a us':>6} {'B GB/s':>7} "
+        f"{'all-reduce ms':>13} {'/ step':>8} {'speed-up':>9}"
     )
     for r in model:
         print(
-            f"{r['link']:<34} {r['source']:<13} {r['ranks']:>5} {1e6 * r['latency_s']:>6.1f} {r['bandwidth_bytes_s'] / 1e9:>7.2f} "
+            f"{r['link']:<34} {r['source']:<13} {r['ranks']:>5} {1e6 * r['latency_s']:>6.1f} "
+            f"{r['bandwidth_bytes_s'] / 1e9:>7.2f} "
             f"{1000 * r['allreduce_s']:>13.2f} {100 * r['share_of_step']:>7.1f}% {r['speedup']:>8.1f}x"
         )
 
@@ -352,8 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         two = med["2x1"]
         print(
             f"\n2 ranks vs 1 (equal per-rank batch {two['batch_per_rank']:.0f} patches, one core each): "
-            f"{ratios.get('speedup_2x1_vs_1x1', float('nan')):.2f}x (bar >= 1.6x); gradient {two['gradient_mib']:.2f} MiB, "
-            f"all-reduce {1000 * two['allreduce_s']:.1f} ms = {100 * two['allreduce_s'] / two['step_s']:.1f} % of a step"
+            f"{ratios.get('speedup_2x1_vs_1x1', float('nan')):.2f}x (bar >= 1.6x); "
+            f"gradient {two['gradient_mib']:.2f} MiB, "
+            f"all-reduce {1000 * two['allreduce_s']:.1f} ms = "
+            f"{100 * two['allreduce_s'] / two['step_s']:.1f} % of a step"
         )
     if "2x1" in med and "nodes" in med:
         two, nodes = med["2x1"], med["nodes"]

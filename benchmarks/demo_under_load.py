@@ -92,7 +92,8 @@ def recompute(folder: Path) -> None:
 
 
 def one_run(condition: str, spinners: int, run_dir: Path, log: Path, demo_args: list[str]) -> dict:
-    """Run the demo once (with ``spinners`` busy processes when ``condition`` is ``loaded``); its headline in figures."""
+    """Run the demo once (with ``spinners`` busy processes when ``condition`` is ``loaded``); its headline in
+    figures."""
     load_before, t0 = os.getloadavg()[0], time.perf_counter()
     with busy_cores(spinners if condition == "loaded" else 0), open(log, "w") as f:
         rc = subprocess.run(
@@ -140,9 +141,11 @@ def main() -> None:
             r = runs[-1]
             cpu_ratio = "-" if r["cpu_per_epoch_ratio"] is None else f"{r['cpu_per_epoch_ratio']:.2f}x"
             print(
-                f"{name}: {r['speedup'] or 0:.1f}x ({r['how']}, {r['clock']} clock), per epoch {r['per_epoch_ratio']:.2f}x wall, "
+                f"{name}: {r['speedup'] or 0:.1f}x ({r['how']}, {r['clock']} clock), "
+                f"per epoch {r['per_epoch_ratio']:.2f}x wall, "
                 f"{cpu_ratio} CPU, fast "
-                f"{r['fast_epochs_to_target']} epochs {r['fast_time_to_target_s'] or 0:.1f} s, baseline {r['baseline_epochs_run']} "
+                f"{r['fast_epochs_to_target']} epochs {r['fast_time_to_target_s'] or 0:.1f} s, "
+                f"baseline {r['baseline_epochs_run']} "
                 f"epochs ({r['baseline_stopped']}), load {r['load_avg_1min_at_start']:.1f}, other processes' CPU share "
                 f"{'-' if r['others_cpu_share'] is None else format(r['others_cpu_share'], '.0%')}",
                 flush=True,
@@ -160,7 +163,8 @@ def main() -> None:
         folder / "summary.json",
     )
     print(
-        f"spread (largest / smallest headline - 1): {'n/a' if spread is None else f'{100 * spread:.0f}%'}; wrote {folder}"
+        "spread (largest / smallest headline - 1): "
+        f"{'n/a' if spread is None else f'{100 * spread:.0f}%'}; wrote {folder}"
     )
 
 

@@ -182,7 +182,8 @@ def _measure(args: argparse.Namespace, work: Path) -> tuple[TimedRun, list[dict]
         )
         rows.append(_row(n, _checked(drill, f"--save-every {n}"), ref, run, expected))
         print(
-            f"save every {n}: killed after {drill.killed_after}, {drill.redone} redone, restart {drill.restart_s:.1f} s, "
+            f"save every {n}: killed after {drill.killed_after}, {drill.redone} redone, "
+            f"restart {drill.restart_s:.1f} s, "
             f"total {drill.wall_s:.1f} s",
             flush=True,
         )

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     fast = summary.get("fast", {}).get("median_time_s")
     if base and fast:
         print(
-            f"\nfast settings reach Dice {args.target} {base / fast:.2f}x sooner than the monai_tutorial settings (medians)"
+            f"\nfast settings reach Dice {args.target} {base / fast:.2f}x sooner "
+            "than the monai_tutorial settings (medians)"
         )
     stamp = dt.datetime.now()
     path = write_json(

@@ -22,10 +22,10 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from monai_fast.files import write_json
 
-from monai_fast.files import write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 SPLEEN_SCALE = {"num_cases": 40, "shape": (512, 512, 90), "spacing": (0.8, 0.8, 2.5)}
 TINY_SET = {"num_cases": 6, "shape": (64, 64, 24), "spacing": (0.8, 0.8, 2.5)}
@@ -226,7 +226,8 @@ def collect_pytest(out: Path) -> dict:
 
 
 def collect_race(out: Path, work: Path) -> dict:
-    """Per repeat and recipe: time to the target, GPUSampler's readings and data wait; the GPU bars (speed-up, utilisation)."""
+    """Per repeat and recipe: time to the target, GPUSampler's readings and data wait; the GPU bars (speed-up,
+    utilisation)."""
     doc = _newest_json(out / "race")
     runs = []
     for i, repeat in enumerate(doc["repeats"], 1):

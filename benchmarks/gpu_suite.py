@@ -5,9 +5,10 @@ the suite goes on): ``pytest`` (``pytest -m gpu``), ``race`` (``time_to_dice.py`
 ``monai_tutorial``, ``baseline`` on a spleen-scale synthetic set, with the GPUSampler's readings),
 ``overlaps`` (``overlaps.py``: ``fast`` with its overlaps off and on, the overlaps' two ratios and the
 GPU utilisation inside the training windows), ``your_trainer`` (``FastTraining`` on
-``your_trainer.py``), ``tuner_quality``, ``loader_variants`` (with the GPU cache on CUDA), ``inference``, ``pathology``, ``lab`` (the SegResNet lab's measured
-table, ``tutorials/segresnet_lab.py``, 30 epochs at its GPU size), ``kernels`` (the kernel summary against ``torch.profiler``'s own
-totals) and ``nvtx`` (the ranges seen by Nsight Systems when an ``nsys`` binary is present).
+``your_trainer.py``), ``tuner_quality``, ``loader_variants`` (with the GPU cache on CUDA), ``inference``,
+``pathology``, ``lab`` (the SegResNet lab's measured table, ``tutorials/segresnet_lab.py``, 30 epochs at its
+GPU size), ``kernels`` (the kernel summary against ``torch.profiler``'s own totals) and ``nvtx`` (the ranges
+seen by Nsight Systems when an ``nsys`` binary is present).
 ``gpu_suite.json`` names the device, driver, torch/CUDA versions and the source commit, and is
 rewritten after every step, so a suite killed midway still leaves what it measured.
 
@@ -33,12 +34,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_probes import collect, machine  # benchmarks/, the script's folder
+
+from monai_fast.files import write_json
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from a copy of the tree without installing the project
 
-from gpu_probes import collect, machine  # noqa: E402 (benchmarks/, the script's folder)
-
-from monai_fast.files import write_json  # noqa: E402
 
 STEPS = (
     "pytest",

@@ -12,7 +12,8 @@ device's over each backend's pass (:class:`~monai_fast.telemetry.memory.DeviceMe
 allocator, or this process's peak RSS on a CPU). Every backend's label maps are compared with
 eager fp32's: mean foreground Dice >= 0.99 agrees (with random weights the logits are near-tied,
 so a reduced-precision backend's agreement is shown but not judged; fp32 backends still must
-agree). A backend this machine cannot run is listed with what it lacks. Prints a table and writes ``<out>/inference_<time>.json``::
+agree). A backend this machine cannot run is listed with what it lacks. Prints a table and writes
+``<out>/inference_<time>.json``::
 
     python benchmarks/inference.py --train-epochs 5 --rounds 3      # the real numbers (device auto)
     python benchmarks/inference.py --tiny --out /tmp/inf            # toy size: proves it runs
@@ -155,8 +156,8 @@ def rows_of(
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table."""
     lines = [
-        "| backend | runs as | prepare s | latency s/volume | volumes/s | peak MiB (+ during inference) | Dice vs eager "
-        "| agrees |",
+        "| backend | runs as | prepare s | latency s/volume | volumes/s | peak MiB (+ during inference) "
+        "| Dice vs eager | agrees |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -164,7 +165,8 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['backend']} | not available: {r['missing']} | | | | | | |")
             continue
         lines.append(
-            f"| {r['backend']} | {r['detail']} | {r['prepare_s']:.1f} | {r['latency_s']:.3f} | {r['volumes_per_s']:.2f} "
+            f"| {r['backend']} | {r['detail']} | {r['prepare_s']:.1f} | {r['latency_s']:.3f} "
+            f"| {r['volumes_per_s']:.2f} "
             f"| {r['peak_mib']:.0f} (+{r['growth_mib']:.0f}) | {r['dice_vs_eager']:.4f} "
             f"| {_verdict(r['agrees'])} |"
         )

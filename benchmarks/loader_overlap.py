@@ -44,7 +44,6 @@ ISA_LIMITS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAP
 
 def child(spec: dict) -> dict:
     """One run in this process: build the tutorial trainer, attach FastTraining, train, time every iteration."""
-    sys.path.insert(0, str(Path(__file__).parent))
     import torch
     from ignite.engine import Events
     from monai.transforms import Compose, RandAffined
@@ -201,9 +200,11 @@ def report(runs: list[dict], isas: list[str], chains: list[str], repeats: int) -
             auto = " ".join(f"{x['prefetch/auto']:.2f}" for x in ratios)
             chose = ", ".join(x["auto_chose"] for x in ratios)
             print(
-                f"{isa:<7}{chain:<9}training s/epoch, prefetch over on demand: {on_demand} (median {row['median_on_demand']:.2f}x); "
+                f"{isa:<7}{chain:<9}training s/epoch, prefetch over on demand: {on_demand} "
+                f"(median {row['median_on_demand']:.2f}x); "
                 f"prefetch over auto: {auto} (median {row['median_auto']:.2f}x; auto chose {chose}); "
-                f"largest loss difference {row['max_loss_difference']} over {len(gaps)} pairs with the same precision and layout"
+                f"largest loss difference {row['max_loss_difference']} over {len(gaps)} pairs "
+                "with the same precision and layout"
             )
     return rows
 

@@ -2,12 +2,12 @@
 
 For each variant: time to build (cache fill), first and later epoch times of iterating the
 training loader (the transforms only, no network), and the peak RSS growth of the process that
-runs the loader (DataLoader worker processes are not counted). Variants: ``Dataset`` + ``DataLoader`` (workers), ``CacheDataset`` +
-``ThreadDataLoader``, ``TrustedPersistentDataset`` (cold, then warm from disk), ``SmartCacheDataset``
-(half cached, rotating), and on CUDA the GPU cache. Each variant runs in a freshly forked process,
-so RSS figures do not leak into each other. (Spawned processes were tried first: there, the
-DataLoader workers ran epochs 3-20x slower, which measured the process set-up, not the loaders.) Prints a table and writes
-``benchmarks/results/loader_variants_<time>.json``.
+runs the loader (DataLoader worker processes are not counted). Variants: ``Dataset`` + ``DataLoader``
+(workers), ``CacheDataset`` + ``ThreadDataLoader``, ``TrustedPersistentDataset`` (cold, then warm from
+disk), ``SmartCacheDataset`` (half cached, rotating), and on CUDA the GPU cache. Each variant runs in a
+freshly forked process, so RSS figures do not leak into each other. (Spawned processes were tried first:
+there, the DataLoader workers ran epochs 3-20x slower, which measured the process set-up, not the
+loaders.) Prints a table and writes ``benchmarks/results/loader_variants_<time>.json``.
 
     python benchmarks/loader_variants.py --cases 16 --epochs 3
     python benchmarks/loader_variants.py --device cpu --cases 4 --epochs 2 --shape 48 48 32   # toy size
@@ -147,7 +147,8 @@ def main() -> None:
     print(head)
     for r in rows:
         print(
-            f"{r['variant']:<16} {r['fill_s']:>7.2f} {r['first_epoch_s']:>10.2f} {r['later_epoch_s']:>8.2f} {r['peak_rss_growth_mib']:>14.0f}"
+            f"{r['variant']:<16} {r['fill_s']:>7.2f} {r['first_epoch_s']:>10.2f} {r['later_epoch_s']:>8.2f} "
+            f"{r['peak_rss_growth_mib']:>14.0f}"
         )
     doc = {
         "benchmark": "loader_variants",

@@ -142,7 +142,8 @@ def main() -> None:
                     runs.append({"repeat": rep, **r})
                     print(
                         f"{condition} GOMP_SPINCOUNT={spincount} repeat {rep}: fast "
-                        f"{_cell(r['fast_time_to_target_s'], '.1f')} s to target, s/epoch fast {r['fast_s_per_epoch']:.2f} baseline {r['baseline_s_per_epoch']:.2f} "
+                        f"{_cell(r['fast_time_to_target_s'], '.1f')} s to target, "
+                        f"s/epoch fast {r['fast_s_per_epoch']:.2f} baseline {r['baseline_s_per_epoch']:.2f} "
                         f"(ratio {r['per_epoch_ratio']:.2f}x)",
                         flush=True,
                     )

@@ -53,6 +53,7 @@ from pathlib import Path
 
 import torch
 from ignite.engine import Events
+from time_to_dice import recipe_sizes  # benchmarks/, the same command-line sizes
 
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.data.synthetic import synthetic_dataset
@@ -62,9 +63,6 @@ from monai_fast.recipes import RecipeConfig, build_recipe
 from monai_fast.recipes.common import VAL_METRIC
 from monai_fast.telemetry import cuda_available, device_description
 from monai_fast.telemetry.host import process_tree_cpu_seconds
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # this script's folder, also when imported
-from time_to_dice import recipe_sizes  # noqa: E402 (benchmarks/, the same command-line sizes)
 
 VARIANTS: dict[str, dict] = {
     "off": {"validation": "every_epoch", "background_fill": False},
@@ -240,7 +238,8 @@ def table(rows: dict) -> str:
 
     head = (
         f"{'variant':<9}{'reached':>8}{'set-up s':>9}{'first s':>8}{'stable s':>9}{'train s':>8}{'first/train':>12}"
-        f"{'CPU floor s':>12}{'floor/train':>12}{'off/this first':>16}{'off/this stable':>17}{'off/floor':>16}{'GPU util %':>11}"
+        f"{'CPU floor s':>12}{'floor/train':>12}{'off/this first':>16}{'off/this stable':>17}{'off/floor':>16}"
+        f"{'GPU util %':>11}"
         f"{'fixed-epoch Dice':>18}"
     )
     lines = [head]
@@ -248,7 +247,8 @@ def table(rows: dict) -> str:
         lines.append(
             f"{variant:<9}{r['reached']:>8}{f(r['setup_s']):>9}{f(r['first_s']):>8}{f(r['stable_s']):>9}"
             f"{f(r['train_s_to_first']):>8}{f(r['first_over_train'], '.2f') + 'x':>12}{f(r['cpu_floor_s']):>12}"
-            f"{f(r['floor_over_train'], '.2f') + 'x':>12}{' '.join(format(s, '.2f') for s in r['off_over_this_first']) or '-':>16}"
+            f"{f(r['floor_over_train'], '.2f') + 'x':>12}"
+            f"{' '.join(format(s, '.2f') for s in r['off_over_this_first']) or '-':>16}"
             f"{' '.join(format(s, '.2f') for s in r['off_over_this_stable']) or '-':>17}"
             f"{' '.join(format(s, '.2f') for s in r['off_over_this_floor']) or '-':>16}{f(r['gpu_util_training']):>11}"
             f"{' '.join(format(d, '.3f') for d in r['fixed_epoch_dice']) or '-':>18}"
@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             r = run_variant(variant, args, files, args.seed + repeat, device)
             runs.append(r)
             print(
-                f"repeat {repeat + 1} {variant:<9} first {r['first_s'] or float('nan'):.1f} s (epoch {r['first_epoch']}), "
+                f"repeat {repeat + 1} {variant:<9} first {r['first_s'] or float('nan'):.1f} s "
+                f"(epoch {r['first_epoch']}), "
                 f"stable {r['stable_s'] or float('nan'):.1f} s, set-up {r['setup_s']:.1f} s, "
                 f"training {r['train_s_to_first'] or float('nan'):.1f} s",
                 flush=True,

@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append({**r, "repeat": repeat})
             reached = f"at {r['time_to_target_s']:.1f} s" if r["time_to_target_s"] else "not reached"
             print(
-                f"repeat {repeat} {variant:<5} {r['patches_per_s'] or 0:.1f} patches/s, best AUC {r['best_auc'] or 0:.3f}, "
+                f"repeat {repeat} {variant:<5} {r['patches_per_s'] or 0:.1f} patches/s, "
+                f"best AUC {r['best_auc'] or 0:.3f}, "
                 f"target {reached}",
                 flush=True,
             )

@@ -115,7 +115,8 @@ def print_table(rows: list[dict], summary: dict, devices: list[str]) -> None:
     for d in devices:
         s = summary[d]
         print(
-            f"{d}: cached head {s['cached_ms']:.1f} ms per volume (once, at cache fill), tail {s['per_epoch_ms']:.1f} ms "
+            f"{d}: cached head {s['cached_ms']:.1f} ms per volume (once, at cache fill), "
+            f"tail {s['per_epoch_ms']:.1f} ms "
             f"every epoch: the cache removes {100 * s['cache_removes_share']:.0f} % of the epoch's transform time"
         )
 

@@ -13,8 +13,11 @@ The target is only ever declared by a full validation (``TimeToTarget`` on the f
 Times are wall clock from before the data sets are built. Prints a table and writes
 ``<out>/validation_overlap_<time>.json`` with every run::
 
-    python benchmarks/validation_overlap.py --repeats 2                          # the real numbers
-    python benchmarks/validation_overlap.py --cases 6 --shape 48 48 32 --patch 32 32 32 --max-epochs 3 --target 0.05  # toy
+    python benchmarks/validation_overlap.py --repeats 2    # the real numbers
+    # toy:
+    python benchmarks/validation_overlap.py --cases 6 --shape 48 48 32 --patch 32 32 32 --max-epochs 3 --target 0.05
+
+
 """
 
 from __future__ import annotations

@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                 fast_over_floor=fast["epoch_s"] / floor["epoch_s"],
             )
     print(
-        f"\n{'repeat':<7}{'variant':<9}{'setup s':>9}{'train s/ep':>12}{'val s/ep':>10}{'epoch s':>9}{'Dice@' + str(args.epochs):>9}"
+        f"\n{'repeat':<7}{'variant':<9}{'setup s':>9}{'train s/ep':>12}{'val s/ep':>10}{'epoch s':>9}"
+        f"{'Dice@' + str(args.epochs):>9}"
         f"{'to ' + str(args.target):>10}"
     )
     for row in rows:

@@ -104,7 +104,8 @@ def build(with_mpi: bool = False, workdir: str | os.PathLike | None = None, pyth
         [
             python,
             "-c",
-            "import horovod, horovod.torch as hvd; assert hvd.gloo_built(); print('horovod', horovod.__version__, 'gloo ok')",
+            "import horovod, horovod.torch as hvd; assert hvd.gloo_built(); "
+            "print('horovod', horovod.__version__, 'gloo ok')",
         ],
         check=True,
     )

@@ -257,7 +257,6 @@ def test_a_killed_rank_stops_the_job_quickly(tmp_path):
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """A real one-node SLURM cluster (slurmctld + slurmd + munged) for this test session."""
-    sys.path.insert(0, str(Path(__file__).parent))
     import slurm_cluster
 
     why = slurm_cluster.missing_parts()

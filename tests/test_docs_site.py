@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: phrases that belong to the history (git, CHANGELOG.md), not to the project's text
 HISTORY = re.compile(
     r"\bsessions? \d+|\bdevelopment rounds?\b|(?<!MONAI )\bissues? #?\d+\b|\btoday('s)?\b"
-    r"|\bthis project's (?:CPU|\d-core|machine|host|Xeon)|\bon (?:this|a loaded|a quiet|a busy) \d-core (?:host|machine)\b"
+    r"|\bthis project's (?:CPU|\d-core|machine|host|Xeon)"
+    r"|\bon (?:this|a loaded|a quiet|a busy) \d-core (?:host|machine)\b"
     r"|no GPU (?:has been|was) lent|\bwas fixed\b|\bas of now\b",
     re.IGNORECASE,
 )

@@ -150,7 +150,8 @@ BUSY = {"others_cpu_share": 0.5, "cpus": 2, "wall_s": 60.0}
 
 
 def _busy_pair(device: str = "CPU x86_64") -> tuple[RaceResult, RaceResult]:
-    """A race on a loaded host: fast 2 s/epoch on the wall for 1 CPU s; baseline 5 s for 4 CPU s (it runs more threads)."""
+    """A race on a loaded host: fast 2 s/epoch on the wall for 1 CPU s; baseline 5 s for 4 CPU s (it runs more
+    threads)."""
     fast = _result("fast", [0.5, 0.9], 0.9, 2.0, reached_at=2, cpu_s_per_epoch=1.0, setup_cpu_s=2.0, device=device)
     base = _result("baseline", [0.2, 0.3, 0.45, 0.6], 0.9, 5.0, cpu_s_per_epoch=4.0, setup_cpu_s=0.0, device=device)
     return fast, base

@@ -88,6 +88,8 @@ def _pinned(script: str, *args: str, tmp_path) -> dict:
         pytest.skip("torch's threads do not cover this host's cores: nothing is pinned")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "OMP_PLACES", "MONAI_FAST_PIN_OPENMP")}
     env["MONAI_FAST_CACHE"] = str(tmp_path / "cache")
+    # the scripts import helpers from this folder (inference_parts, test_fast_training)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
         [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600, check=False
     )
@@ -114,7 +116,9 @@ run = TargetRun(sys.argv[1], train, val, config, "cpu", 0.99, 300, None, False)
 engines = {"trainer": run.built.trainer, "evaluator": run.built.evaluator}
 seen = {name: [] for name in engines}
 for name, engine in engines.items():
-    engine.add_event_handler(Events.ITERATION_STARTED(once=1), lambda e, n=name: seen[n].append(sorted(os.sched_getaffinity(0))))
+    engine.add_event_handler(
+        Events.ITERATION_STARTED(once=1), lambda e, n=name: seen[n].append(sorted(os.sched_getaffinity(0)))
+    )
 run.segment(epochs=1)
 cores = {name: sorted(handlers_on(e)[MainThreadCore].core or []) for name, e in engines.items()}
 from monai_fast.handlers import ValidationSchedule
@@ -140,7 +144,6 @@ import json, os, sys
 import torch
 from monai_fast.openmp import free_core, pin_openmp_workers
 assert pin_openmp_workers() is not None
-sys.path.insert(0, sys.argv[1])
 from inference_parts import CONFIG, write_model
 from monai.losses import DiceCELoss
 from monai.networks.nets import UNet
@@ -153,9 +156,9 @@ def hook(name):
     return lambda module, args: seen[name].append(sorted(os.sched_getaffinity(0)))
 root = synthetic_dataset("spleen-like", 2, (32, 32, 24), 0, progress=False)
 image = sorted(str(p) for p in (root / "imagesTr").glob("*.nii.gz"))[0]
-net, config = load_checkpoint(write_model(__import__("pathlib").Path(sys.argv[2]) / "model.pt"))
+net, config = load_checkpoint(write_model(__import__("pathlib").Path(sys.argv[1]) / "model.pt"))
 net.register_forward_pre_hook(hook("infer"))
-infer(net, [image], sys.argv[2], config=CONFIG, progress=False, preflight=False)
+infer(net, [image], sys.argv[1], config=CONFIG, progress=False, preflight=False)
 tnet = UNet(3, 1, 2, channels=(4, 8), strides=(2,))
 tnet.register_forward_pre_hook(hook("tune"))
 tune = lambda: Tuner(tnet, DiceCELoss(to_onehot_y=True, softmax=True), lambda p: torch.optim.SGD(p, lr=0.01),
@@ -173,7 +176,7 @@ print(json.dumps({"core": sorted(free_core()), "seen": seen, "after": sorted(os.
 
 @pytest.mark.skipif(len(ALL) < 2, reason="pinning needs 2 or more cores")
 def test_infer_and_the_tuners_trials_compute_on_the_free_core_when_the_workers_are_pinned(tmp_path):
-    doc = _pinned(_INFER_AND_TUNE, str(Path(__file__).parent), str(tmp_path), tmp_path=tmp_path)
+    doc = _pinned(_INFER_AND_TUNE, str(tmp_path), tmp_path=tmp_path)
     warm_up, *windows = doc["seen"]["infer"]
     assert warm_up == sorted(ALL)  # the backend's warm-up, before the loop: it may start a compiler's workers
     assert windows and set(map(tuple, windows)) == {tuple(doc["core"])}  # every window batch of the loop
@@ -186,12 +189,11 @@ def test_infer_and_the_tuners_trials_compute_on_the_free_core_when_the_workers_a
 
 
 _USER_TRAINER = """
-import json, os, sys
+import json, os
 import torch
 from ignite.engine import Events
 from monai_fast.openmp import free_core, pin_openmp_workers
 assert pin_openmp_workers() is not None
-sys.path.insert(0, sys.argv[1])
 from test_fast_training import _user_trainer
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.data.synthetic import synthetic_dataset
@@ -201,10 +203,14 @@ root = synthetic_dataset("spleen-like", 4, (48, 48, 32), 0, progress=False)
 trainer, evaluator = _user_trainer(load_msd_datalist(root, val_fraction=0.34, seed=0), max_epochs=2)
 seen = {"trainer": [], "evaluator": [], "between": [], "completed": []}
 # the user's own handler, registered before FastTraining (as train_handlers are): it runs between iterations
-trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen["completed"].append(sorted(os.sched_getaffinity(0))))
+trainer.add_event_handler(
+    Events.ITERATION_COMPLETED, lambda e: seen["completed"].append(sorted(os.sched_getaffinity(0)))
+)
 FastTraining(precision="fp32", memory_format=False).attach(trainer, evaluator)
 trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: seen["trainer"].append(sorted(os.sched_getaffinity(0))))
-evaluator.add_event_handler(Events.ITERATION_STARTED, lambda e: seen["evaluator"].append(sorted(os.sched_getaffinity(0))))
+evaluator.add_event_handler(
+    Events.ITERATION_STARTED, lambda e: seen["evaluator"].append(sorted(os.sched_getaffinity(0)))
+)
 trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: seen["between"].append(sorted(os.sched_getaffinity(0))))
 trainer.run()
 print(json.dumps({"core": sorted(free_core()), "seen": seen, "after": sorted(os.sched_getaffinity(0)),
@@ -214,7 +220,7 @@ print(json.dumps({"core": sorted(free_core()), "seen": seen, "after": sorted(os.
 
 @pytest.mark.skipif(len(ALL) < 2, reason="pinning needs 2 or more cores")
 def test_fast_training_puts_the_users_iterations_on_the_free_core_when_the_script_pinned_the_workers(tmp_path):
-    doc = _pinned(_USER_TRAINER, str(Path(__file__).parent), tmp_path=tmp_path)
+    doc = _pinned(_USER_TRAINER, tmp_path=tmp_path)
     assert doc["cores"] == [doc["core"], doc["core"]]
     # ITERATION_STARTED handlers added after FastTraining run once its MainThreadCore took the core
     assert doc["seen"]["trainer"] and {tuple(c) for c in doc["seen"]["trainer"]} == {tuple(doc["core"])}

@@ -1,4 +1,5 @@
-"""The ``monai-fast`` entry point bounds GNU OpenMP's spin before torch loads; the user's choice wins; results unchanged.
+"""The ``monai-fast`` entry point bounds GNU OpenMP's spin before torch loads; the user's choice wins; results
+unchanged.
 
 libgomp itself is asked what it read (``OMP_DISPLAY_ENV=VERBOSE`` makes it print its settings when it
 loads), so these tests check the setting that took effect, not only the environment.
@@ -187,7 +188,8 @@ def test_the_leading_count_of_a_launchers_variable():
 
 @needs_cores
 def test_pinning_changes_no_result(tmp_path):
-    """One thread per core, free vs workers pinned and the main thread on its core during the steps: bit-equal weights."""
+    """One thread per core, free vs workers pinned and the main thread on its core during the steps: bit-equal
+    weights."""
     weights = []
     for pin in ("0", "1"):
         path = tmp_path / f"w{pin}.pt"

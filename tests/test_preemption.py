@@ -95,7 +95,8 @@ def _relative_distance(a: dict, b: dict) -> float:
 
 
 def _resume_against_reference(tmp_path: Path, data: Path, stop_after: int = 6) -> dict:
-    """A reference run, a run SIGTERMed after ``stop_after`` iterations and resumed: their weights, and the checkpoint's."""
+    """A reference run, a run SIGTERMed after ``stop_after`` iterations and resumed: their weights, and the
+    checkpoint's."""
     ref = subprocess.run(
         [sys.executable, *_args(data, tmp_path / "ref", "--save-weights")], capture_output=True, text=True, timeout=300
     )

@@ -7,7 +7,6 @@ endpoint come from the environment (``AWS_*``), as they would for a user.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,12 @@ import torch
 from ignite.engine import Events
 from monai.data import DataLoader, Dataset
 from monai.engines import SupervisedTrainer
+from s3_server import s3_fixture, server_fixture  # noqa: F401 (pytest fixtures s3, server)
 
-sys.path.insert(0, str(Path(__file__).parent))
-from s3_server import s3_fixture, server_fixture  # noqa: E402, F401 (pytest fixtures s3, server)
-
-from monai_fast.data.msd import case_id, load_msd_datalist  # noqa: E402
-from monai_fast.data.remote import is_url, localize  # noqa: E402
-from monai_fast.files import cache_root  # noqa: E402
-from monai_fast.recipes import recipe_parts  # noqa: E402
+from monai_fast.data.msd import case_id, load_msd_datalist
+from monai_fast.data.remote import is_url, localize
+from monai_fast.files import cache_root
+from monai_fast.recipes import recipe_parts
 
 
 def upload_msd(client, bucket: str, folder: Path, prefix: str = "Task") -> list[dict[str, str]]:

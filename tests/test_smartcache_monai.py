@@ -338,8 +338,7 @@ def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path
     from jupyter_client.manager import AsyncKernelManager
 
     setup = (
-        "import sys, torch\n"
-        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "import torch\n"
         "from test_smartcache_monai import _ds, _trainer, _seen_by_monais_own_handler\n"
         "from monai_fast.handlers import SmartCacheUpdater\n"
         "ds = _ds(shuffle=True, seed=5)\n"
@@ -363,7 +362,9 @@ def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path
     client = nbclient.NotebookClient(
         nb, km=km, timeout=300, startup_timeout=180, resources={"metadata": {"path": str(tmp_path)}}
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    # the kernel imports this module's helpers: the tests folder on its path
+    path = (str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", ""))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     modes = []
     with client.setup_kernel(env=env, cleanup_kc=True):
         client.execute_cell(nb.cells[0], 0)

@@ -1,4 +1,5 @@
-"""``monai-fast train`` in a temporary /opt/ml-shaped tree, as the SageMaker training toolkit sets it up, and as a plain CLI."""
+"""``monai-fast train`` in a temporary /opt/ml-shaped tree, as the SageMaker training toolkit sets it up, and as a
+plain CLI."""
 
 from __future__ import annotations
 
@@ -177,7 +178,8 @@ def test_a_second_train_into_a_folder_in_use_stops_at_once_in_one_line(tmp_path,
     out = tmp_path / "out"
     hold = (
         "import sys, time; from monai_fast.telemetry.record import record_lock; "
-        f"record_lock({str(out / 'fast')!r}, 0, what='the first run').acquire(); print('held', flush=True); time.sleep(60)"
+        f"record_lock({str(out / 'fast')!r}, 0, what='the first run').acquire(); "
+        "print('held', flush=True); time.sleep(60)"
     )
     owner = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
     try:

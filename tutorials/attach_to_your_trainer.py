@@ -116,7 +116,8 @@ def main() -> None:
 
     for ep in trainer.state.time_breakdown:
         print(
-            f"epoch {ep.epoch}: {ep.iterations} iterations, data wait {100 * ep.data_share:.1f}% of {ep.data_s + ep.compute_s:.2f} s"
+            f"epoch {ep.epoch}: {ep.iterations} iterations, "
+            f"data wait {100 * ep.data_share:.1f}% of {ep.data_s + ep.compute_s:.2f} s"
         )
     if stopper.reached_s is not None:
         print(f"reached Dice {args.target} after {stopper.reached_s:.1f} s (epoch {stopper.reached_epoch})")

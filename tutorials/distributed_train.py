@@ -9,7 +9,8 @@ rank reports the same validation Dice. Handlers that print or write run on rank 
 
     python tutorials/distributed_train.py --tiny                          # 1 process
     monai-fast launch --nproc 2 tutorials/distributed_train.py --tiny     # 2 local processes (torchrun)
-    monai-fast launch --nnodes 2 --node-rank I --master-addr NODE0 --nproc 4 tutorials/distributed_train.py  # on each of 2 nodes
+    # on each of 2 nodes:
+    monai-fast launch --nnodes 2 --node-rank I --master-addr NODE0 --nproc 4 tutorials/distributed_train.py
     torchrun --nproc-per-node 4 tutorials/distributed_train.py            # 4 GPUs: NCCL
     srun -n 2 python tutorials/distributed_train.py --tiny                # SLURM (also inside sbatch)
     horovodrun -np 2 --gloo python tutorials/distributed_train.py --tiny  # Horovod

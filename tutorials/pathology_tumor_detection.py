@@ -12,7 +12,8 @@ Novograd, and monai-fast's ``TimeBreakdown``, ``ThroughputMonitor``, ``TimeToTar
 ``RecordHandler``. ``--variant both`` also trains the ``plain`` pipeline on the same patches and
 prints patches/s and time to the target AUC of both.
 
-    python tutorials/pathology_tumor_detection.py                        # full size: gpu layout on CUDA, cpu size otherwise
+    python tutorials/pathology_tumor_detection.py                        # full size: gpu layout on CUDA,
+                                                                         # cpu size otherwise
     python tutorials/pathology_tumor_detection.py --variant both --target 0.95
     python tutorials/pathology_tumor_detection.py --data-dir /data/wsi_like  # a folder from monai-fast synth --kind wsi
     python tutorials/pathology_tumor_detection.py --tiny                 # seconds on a CPU: a smoke test

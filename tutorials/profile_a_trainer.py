@@ -66,7 +66,8 @@ def main() -> None:
 
     print(doctor(args.run_dir).text())
     print(
-        f"report: {args.run_dir}/report.md; trace: {args.run_dir}/trace_rank0.json; kernels: {args.run_dir}/kernels_rank0.json"
+        f"report: {args.run_dir}/report.md; trace: {args.run_dir}/trace_rank0.json; "
+        f"kernels: {args.run_dir}/kernels_rank0.json"
     )
 
 

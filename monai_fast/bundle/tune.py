@@ -17,7 +17,9 @@ algorithm's ``num_images_per_batch``, ``num_sw_batch_size`` and ``validation_dat
 
 Example:
     >>> from monai_fast.bundle.tune import tune_bundle
-    >>> tuned = tune_bundle("spleen_ct_segmentation", overrides={"dataset_dir": "/data/Task09_Spleen"})  # doctest: +SKIP
+    >>> tuned = tune_bundle(
+    ...     "spleen_ct_segmentation", overrides={"dataset_dir": "/data/Task09_Spleen"}
+    ... )  # doctest: +SKIP
     >>> tuned.overrides  # doctest: +SKIP
     {'train#dataloader#batch_size': 4, 'validate#inferer#sw_batch_size': 8}
 """

@@ -176,7 +176,8 @@ def add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
     g.add_argument(
         "--memory-cap-mib",
         type=float,
-        help="most memory a candidate may use (default: the GPU's memory; on a CPU, this process's RAM plus what is free)",
+        help="most memory a candidate may use "
+        "(default: the GPU's memory; on a CPU, this process's RAM plus what is free)",
     )
     g.add_argument(
         "--margin",
@@ -201,7 +202,8 @@ def add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
     g.add_argument("--retune", action="store_true", help="tune again even when the cache holds a result")
     g.add_argument(
         "--tune-cache",
-        help="the JSON file of tuning results (default $MONAI_FAST_CACHE/tuning.json or ~/.cache/monai-fast/tuning.json)",
+        help="the JSON file of tuning results "
+        "(default $MONAI_FAST_CACHE/tuning.json or ~/.cache/monai-fast/tuning.json)",
     )
 
 
@@ -287,7 +289,8 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
 
 
 def _scaled(args: argparse.Namespace, scale: DemoScale) -> tuple[SyntheticData, dict[str, Any]]:
-    """The synthetic set and recipe options of ``scale`` where the command line set none (its --channels: its network)."""
+    """The synthetic set and recipe options of ``scale`` where the command line set none (its --channels: its
+    network)."""
     syn = SyntheticData(
         cases=scale.synthetic.cases if args.cases is None else args.cases,
         shape=scale.synthetic.shape if args.shape is None else tuple(args.shape),

@@ -118,11 +118,16 @@ def budget_line(spec: RaceSpec) -> str:
     """The line the demo prints before it starts: how long each recipe may run, and how to change it.
 
     Example:
-        >>> print(budget_line(RaceSpec(time_budget_s=600, epoch_multiple=5, interleave=True)))
-        budget: fast up to 600 s; baseline 5x fast's epochs to target, at most 600 s, at most 100 epochs (--max-epochs) (--epoch-multiple, --budget-multiple, --time-budget); epochs interleaved
-        >>> print(budget_line(RaceSpec(time_budget_s=None, total_budget_s=300, epoch_multiple=4, interleave=True,
-        ...                            overrides={"max_epochs": 6})))
-        budget: fast up to a third of the time left after the set-up; baseline 4x fast's epochs to target, or until the time is up, at most 6 epochs (--max-epochs) (--epoch-multiple, --budget-multiple, --time-budget, --total-budget); epochs interleaved
+        >>> spec = RaceSpec(time_budget_s=600, epoch_multiple=5, interleave=True)
+        >>> print(budget_line(spec))  # doctest: +NORMALIZE_WHITESPACE
+        budget: fast up to 600 s; baseline 5x fast's epochs to target, at most 600 s, at most 100 epochs
+        (--max-epochs) (--epoch-multiple, --budget-multiple, --time-budget); epochs interleaved
+        >>> spec = RaceSpec(time_budget_s=None, total_budget_s=300, epoch_multiple=4, interleave=True,
+        ...                 overrides={"max_epochs": 6})
+        >>> print(budget_line(spec))  # doctest: +NORMALIZE_WHITESPACE
+        budget: fast up to a third of the time left after the set-up; baseline 4x fast's epochs to target, or
+        until the time is up, at most 6 epochs (--max-epochs) (--epoch-multiple, --budget-multiple,
+        --time-budget, --total-budget); epochs interleaved
     """
     from monai_fast.race.interleave import lead_of
     from monai_fast.race.options import recipe_config
@@ -174,8 +179,9 @@ def time_line(spec: RaceSpec) -> str | None:
     """The line that says up front how long the demo takes at most (``None`` without a total bound).
 
     Example:
-        >>> print(time_line(RaceSpec(total_budget_s=600, interleave=True)))
-        time: at most 10 min (600 s) from here on any machine: data, set-up, training of fast and baseline, reports (--total-budget)
+        >>> print(time_line(RaceSpec(total_budget_s=600, interleave=True)))  # doctest: +NORMALIZE_WHITESPACE
+        time: at most 10 min (600 s) from here on any machine: data, set-up, training of fast and baseline,
+        reports (--total-budget)
     """
     if not spec.total_budget_s:
         return None
@@ -326,8 +332,8 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="time-to-Dice benchmark of all three recipes with repeats; writes JSON to benchmarks/results/",
-        description="The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, with a longer budget; "
-        "writes one JSON with all epochs, the machine and package versions, and medians.",
+        description="The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, "
+        "with a longer budget; writes one JSON with all epochs, the machine and package versions, and medians.",
     )
     add_race_options(p, budget=TIME_BUDGET_S, recipes=("baseline", "monai_tutorial", "fast"))
     p.add_argument(

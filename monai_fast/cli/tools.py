@@ -205,8 +205,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     shape = args.shape or ((4096, 4096) if wsi else (128, 128, 64))
     if len(shape) != (2 if wsi else 3):
         raise SystemExit(
-            f"monai-fast synth: --shape: --kind {args.kind} takes {'2 sizes (rows columns)' if wsi else '3 sizes (X Y Z)'}, "
-            f"got {len(shape)}"
+            f"monai-fast synth: --shape: --kind {args.kind} takes "
+            f"{'2 sizes (rows columns)' if wsi else '3 sizes (X Y Z)'}, got {len(shape)}"
         )
     cases = args.cases if args.cases is not None else (4 if wsi else 16)
     try:
@@ -228,7 +228,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     except ValueError as e:  # a bad size, named by the generator
         raise SystemExit(f"monai-fast synth: {e}") from e
     print(
-        f"wrote {cases} {args.kind} {'slides (pyramidal TIFF, masks, patches.csv, dataset.json)' if wsi else 'cases in MSD layout'} to {root}"
+        f"wrote {cases} {args.kind} "
+        f"{'slides (pyramidal TIFF, masks, patches.csv, dataset.json)' if wsi else 'cases in MSD layout'} to {root}"
     )
     return 0
 
@@ -246,7 +247,8 @@ _LAUNCH_TEXT = (
     "--max-restarts K, torchrun starts all ranks again (at most K times) and a script with "
     "monai_fast.handlers.Preemption(save_every=N) resumes from its latest checkpoint; without, this command exits "
     "non-zero. Under c10d a lost node's replacement (the same command) joins the restart; losing the node whose "
-    "launcher holds --rdzv-endpoint ends the job on every node, with a message saying to start all nodes again. SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
+    "launcher holds --rdzv-endpoint ends the job on every node, with a message saying to start all nodes again. "
+    "SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
     "kill, Ctrl-C, a Kubernetes eviction) are passed on to every rank of this node; it waits up to --grace-s for them "
     "to checkpoint and stop, kills what is left, and exits with the job's status (128+N for a death by signal N). A "
     "script that spawns its own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop "
@@ -319,7 +321,8 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str, nodes_help: str) -> None:
-    """Nodes and ranks per node, the same for every job writer (sbatch, k8s); ``nodes_help`` says what a node is there."""
+    """Nodes and ranks per node, the same for every job writer (sbatch, k8s); ``nodes_help`` says what a node is
+    there."""
     p.add_argument("--nodes", type=int, default=nodes, help=f"{nodes_help} (default %(default)s)")
     p.add_argument(
         "--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)"
@@ -362,8 +365,8 @@ _K8S_TEXT = (
     "pods), the rendezvous at the master through the MASTER_ADDR, MASTER_PORT and RANK the operator sets. On an "
     "eviction the ranks get SIGTERM and --grace-s to checkpoint (monai_fast.handlers.Preemption); a failed or evicted "
     "pod restarts (restartPolicy OnFailure, at most --backoff-limit times) and the job resumes from the checkpoints "
-    "on --volume-claim. Example: monai-fast k8s --image me/monai-fast:1 --nodes 2 --gpus-per-node 4 --volume-claim runs "
-    "-- train.py --checkpoint-dir /workspace/run/ckpt"
+    "on --volume-claim. Example: monai-fast k8s --image me/monai-fast:1 --nodes 2 --gpus-per-node 4 "
+    "--volume-claim runs -- train.py --checkpoint-dir /workspace/run/ckpt"
 )
 
 
@@ -407,8 +410,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "doctor",
         help="name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record",
-        description="Read a run folder's monai-fast record (record.rank*.jsonl, written by RecordHandler + TimeBreakdown, "
-        "GPUSampler, ThroughputMonitor) and print the verdict, the numbers behind it and what to change. Writes "
+        description="Read a run folder's monai-fast record (record.rank*.jsonl, written by RecordHandler + "
+        "TimeBreakdown, GPUSampler, ThroughputMonitor) and print the verdict, the numbers behind it and what to "
+        "change. Writes "
         "report.md with PNG plots into the run folder. Needs only the record: diagnose a cluster run on a laptop.",
     )
     p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")

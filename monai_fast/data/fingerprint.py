@@ -97,7 +97,10 @@ class _Walker:
                 np.ufunc,
             ),
         ):
-            return f"builtin:{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
+            return (
+                f"builtin:{getattr(obj, '__module__', '')}."
+                f"{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
+            )
         if hasattr(obj, "__dict__"):
             state = {k: v for k, v in vars(obj).items() if not k.startswith("__")}
             return f"{type(obj).__module__}.{type(obj).__qualname__}({self.fp(state, d)})"

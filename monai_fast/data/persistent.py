@@ -20,8 +20,9 @@ them:
   so a killed run never leaves a half-written file under a valid name.
 * **A full disk.** MONAI's write fails with ``RuntimeError: unexpected pos ...`` (torch's zip
   writer over the ``ENOSPC``) and the run ends. Here a cache folder that fills up is named in
-  one warning with the space missing (one per process: each loader worker says it once); the item that did not fit is returned from memory, no file
-  is left under its name, and from then on this process computes the remaining items in memory
+  one warning with the space missing (one per process: each loader worker says it once); the item
+  that did not fit is returned from memory, no file is left under its name, and from then on this
+  process computes the remaining items in memory
   each time they are loaded (items already on disk are still read). Training goes on at the speed
   of an uncached data set instead of stopping.
 """

@@ -75,7 +75,8 @@ class _Run:
 
 
 class SafeThreadBuffer:
-    """Iterates ``src`` in a background thread, or item by item in the consumer's (``prefetch``); errors and end reach it.
+    """Iterates ``src`` in a background thread, or item by item in the consumer's (``prefetch``); errors and end
+    reach it.
 
     Args:
         src: the iterable to run.

@@ -136,7 +136,8 @@ class TiledTiffWSIReader(TiffFileWSIReader):
         patch = self._region(wsi, level, top, left, tuple(size)).astype(dtype, copy=False)
         if mode in "RGB" and patch.shape[-1] not in (3, 4):
             raise ValueError(
-                f"The image is expected to have three or four color channels in '{mode}' mode but has {patch.shape[-1]}."
+                f"The image is expected to have three or four color channels in '{mode}' mode "
+                f"but has {patch.shape[-1]}."
             )
         if mode in "RGB":
             patch = patch[..., :3]

@@ -17,7 +17,8 @@ __all__ = ["allreduce_seconds"]
 def allreduce_seconds(
     numel: int, repeats: int = 5, statistic: Callable[[Sequence[float]], float] = statistics.median
 ) -> float:
-    """Seconds of one all-reduce of ``numel`` float32 values (``statistic`` of ``repeats``, slowest rank); 0 for one process.
+    """Seconds of one all-reduce of ``numel`` float32 values (``statistic`` of ``repeats``, slowest rank); 0 for
+    one process.
 
     Every rank must call it. The device is synchronised around each call, so on CUDA the time
     is NCCL's work, not the launch of an asynchronous kernel. The median (default) is what a

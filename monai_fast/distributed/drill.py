@@ -312,7 +312,8 @@ class _Nodes:
         raise RuntimeError(f"no rank {rank} under the launchers (pids {[p.pid for p in self.launchers]})")
 
     def aim(self, what: str, rank: str) -> Callable[[], None]:
-        """Find what to lose now; the returned call SIGKILLs it at once (the slow search is done before the drill's point).
+        """Find what to lose now; the returned call SIGKILLs it at once (the slow search is done before the drill's
+        point).
 
         ``what``: ``"rank"`` (that rank's process), ``"node"`` (the whole tree of a launcher that does not hold the
         c10d rendezvous, then the same command started again: its replacement) or ``"rdzv-host"`` (the tree that does).
@@ -352,7 +353,8 @@ def kill_drill(
     nodes: Sequence[Sequence[str]] = ((),),
     lose: str = "rank",
 ) -> KillDrill:
-    """``monai-fast launch --max-restarts N ARGS`` per node; once iteration ``kill_after`` completed, lose a part; run to the end.
+    """``monai-fast launch --max-restarts N ARGS`` per node; once iteration ``kill_after`` completed, lose a part;
+    run to the end.
 
     Args:
         args: the script and its arguments (a script that resumes from its checkpoints and appends each
@@ -368,7 +370,9 @@ def kill_drill(
         RuntimeError: a launcher ended, or ``timeout_s`` passed, before iteration ``kill_after``.
 
     Example:
-        >>> d = kill_drill(["train.py", "--save-every", "3", "--progress-file", "p"], "p", "run.log", kill_after=5)  # doctest: +SKIP
+        >>> d = kill_drill(
+        ...     ["train.py", "--save-every", "3", "--progress-file", "p"], "p", "run.log", kill_after=5
+        ... )  # doctest: +SKIP
         >>> d.redone, round(d.restart_s, 1), d.returncode  # doctest: +SKIP
         (2, 14.3, 0)
     """

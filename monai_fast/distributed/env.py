@@ -114,7 +114,9 @@ def placement(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     containers), so a node is told apart by ``node_rank`` with ``host`` beside it.
 
     Example:
-        >>> p = placement({"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1"})
+        >>> p = placement(
+        ...     {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1"}
+        ... )
         >>> p["launcher"], p["node_rank"], p["local_rank"], isinstance(p["host"], str)
         ('torchrun', 1, 0, True)
     """

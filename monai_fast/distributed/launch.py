@@ -349,7 +349,8 @@ def rendezvous_failure(error_file: str | os.PathLike, spec: LaunchSpec) -> str |
     Example:
         >>> import tempfile
         >>> f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-        >>> _ = f.write('{"message": {"message": "RendezvousConnectionError: The connection to the C10d store has failed."}}')
+        >>> _ = f.write('{"message": {"message": "RendezvousConnectionError: '
+        ...             'The connection to the C10d store has failed."}}')
         >>> f.close()
         >>> rendezvous_failure(f.name, LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="j"))[:53]
         'the c10d rendezvous at h:29400 is gone: its host node'

@@ -3,11 +3,12 @@
 torchrun starts ``python -m monai_fast.distributed.launched SCRIPT ARGS...`` on each rank. That runs
 SCRIPT as ``__main__`` just as ``python SCRIPT ARGS...`` would (same ``sys.argv``, ``sys.path[0]`` is
 the script's folder); ``-m MODULE ARGS...`` runs a module as ``python -m MODULE ARGS...`` would
-(``monai-fast launch -m monai_fast bundle run BUNDLE_DIR``). Either way with one difference: ``ignite.distributed.spawn`` refuses to run. A script
-written for plain python, ``idist.Parallel(backend="gloo", nproc_per_node=2)``, would otherwise have
-each launched rank start two more processes: separate jobs that race for torchrun's rendezvous port
-and end in a gloo connection error, or train apart without a word. Instead every rank stops at once
-with one line saying to drop ``nproc_per_node`` (exit status 2).
+(``monai-fast launch -m monai_fast bundle run BUNDLE_DIR``). Either way with one difference:
+``ignite.distributed.spawn`` refuses to run. A script written for plain python,
+``idist.Parallel(backend="gloo", nproc_per_node=2)``, would otherwise have each launched rank start two
+more processes: separate jobs that race for torchrun's rendezvous port and end in a gloo connection
+error, or train apart without a word. Instead every rank stops at once with one line saying to drop
+``nproc_per_node`` (exit status 2).
 
 ``idist.Parallel.run`` calls ``spawn`` through the public ``ignite.distributed.utils`` module, which
 ``ignite.distributed`` re-exports; replacing that public function in both (here, and only in launched
@@ -17,7 +18,9 @@ get the same message from ``run`` itself, under any launcher.
 
 Example:
     >>> import subprocess, sys  # doctest: +SKIP
-    >>> subprocess.call([sys.executable, "-m", "monai_fast.distributed.launched", "train.py", "--tiny"])  # doctest: +SKIP
+    >>> subprocess.call(
+    ...     [sys.executable, "-m", "monai_fast.distributed.launched", "train.py", "--tiny"]
+    ... )  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class NestedSpawnError(RuntimeError):
 
 
 def guard_ignite_spawn() -> None:
-    """Make ``ignite.distributed.spawn`` (and so ``idist.Parallel(nproc_per_node=N).run``) raise :class:`NestedSpawnError`."""
+    """Make ``ignite.distributed.spawn`` (and so ``idist.Parallel(nproc_per_node=N).run``) raise
+    :class:`NestedSpawnError`."""
     import ignite.distributed as idist
     from ignite.distributed import utils
 

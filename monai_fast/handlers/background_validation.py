@@ -76,7 +76,8 @@ class BackgroundValidation(EngineHandler):
     ) -> None:
         if not isinstance(evaluator, Evaluator) or not isinstance(getattr(evaluator, "network", None), torch.nn.Module):
             raise TypeError(
-                f"BackgroundValidation: evaluator must be a MONAI Evaluator with a network, got {type(evaluator).__name__}"
+                "BackgroundValidation: evaluator must be a MONAI Evaluator with a network, "
+                f"got {type(evaluator).__name__}"
             )
         if not (isinstance(interval, int) and interval >= 1):
             raise ValueError(f"BackgroundValidation: interval must be an int >= 1, got {interval!r}")
@@ -103,13 +104,15 @@ class BackgroundValidation(EngineHandler):
         network = getattr(trainer, "network", None)
         if not isinstance(network, torch.nn.Module):
             raise TypeError(
-                f"BackgroundValidation: the trainer must have a network (a MONAI SupervisedTrainer), got {type(trainer).__name__}"
+                "BackgroundValidation: the trainer must have a network (a MONAI SupervisedTrainer), "
+                f"got {type(trainer).__name__}"
             )
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # the evaluator's metric all-reduce would interleave with DDP's gradient all-reduce
             raise ValueError(
-                "BackgroundValidation: not in a multi-process run (collectives from two threads); use ValidationSchedule"
+                "BackgroundValidation: not in a multi-process run (collectives from two threads); "
+                "use ValidationSchedule"
             )
         self._source = getattr(network, "module", network)  # DDP: the bare module, as the evaluator uses
         self._own_network = self.evaluator.network

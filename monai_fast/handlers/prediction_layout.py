@@ -13,8 +13,10 @@ Example:
     >>> from monai_fast.handlers import ClassesInnermost
     >>> layout = ClassesInnermost()
     >>> layout.attach(evaluator)  # doctest: +SKIP
-    >>> layout.active, layout.reason  # doctest: +SKIP
-    (True, 'argmax over classes measured 17.9 ms in the default layout against 0.9 ms with the classes put innermost first')
+    >>> layout.active  # doctest: +SKIP
+    True
+    >>> print(layout.reason)  # doctest: +SKIP
+    argmax over classes measured 17.9 ms in the default layout against 0.9 ms with the classes put innermost first
 """
 
 from __future__ import annotations

@@ -175,7 +175,8 @@ def prefetch_for(
     on_choice: Callable[[bool, str], None] | None = None,
     ready: Callable[[], bool] | None = None,
 ) -> tuple[str, str, PrefetchChoice | None]:
-    """Set ``loader.prefetch`` for ``requested`` and say why; on a CPU with ``"auto"``, a :class:`PrefetchChoice` to attach.
+    """Set ``loader.prefetch`` for ``requested`` and say why; on a CPU with ``"auto"``, a :class:`PrefetchChoice`
+    to attach.
 
     ``True`` / ``False`` are kept as requested. ``"auto"``: ahead where worker processes make the
     batches (they work ahead in any case) and where :func:`~monai_fast.data.loaders.prefetch_pays`

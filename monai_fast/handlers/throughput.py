@@ -169,7 +169,8 @@ class ThroughputMonitor(EngineHandler):
                 self.writer.add_scalar(f"throughput/{k}", stats[k], engine.state.epoch)
         if self.log_every_epoch:
             logger.info(
-                "epoch %d: %.1f samples/s, %.3g voxels/s, %.1f s, ETA %.0f s (%.0f s of it epoch-end work such as validation)",
+                "epoch %d: %.1f samples/s, %.3g voxels/s, %.1f s, ETA %.0f s "
+                "(%.0f s of it epoch-end work such as validation)",
                 stats["epoch"],
                 stats["samples_per_s"],
                 stats["voxels_per_s"],

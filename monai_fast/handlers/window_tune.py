@@ -26,7 +26,8 @@ __all__ = ["SlidingWindowTune", "sliding_window_of"]
 
 
 def sliding_window_of(inferer: Any) -> SlidingWindowInferer | None:
-    """The ``SlidingWindowInferer`` inside ``inferer`` (through wrappers with an ``inner``: AMPToggle's, ...), or ``None``.
+    """The ``SlidingWindowInferer`` inside ``inferer`` (through wrappers with an ``inner``: AMPToggle's, ...), or
+    ``None``.
 
     Example:
         >>> sliding_window_of(SlidingWindowInferer((16, 16, 16))).roi_size

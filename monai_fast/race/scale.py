@@ -75,8 +75,9 @@ def size_line(spec: RaceSpec, scale: DemoScale) -> str:
     """The one line the demo prints on its size: the data, patch and network it will train, and ``scale``'s default.
 
     Example:
-        >>> print(size_line(RaceSpec(), demo_scale(torch.device("cpu"))))
-        sized for cpu (default: small, for a CPU): 16 synthetic volumes of 128x128x64 voxels, 64x64x64 patches, UNet 8-16-32-64 with 1 residual unit(s); --cases, --shape, --patch-size, --channels change it
+        >>> print(size_line(RaceSpec(), demo_scale(torch.device("cpu"))))  # doctest: +NORMALIZE_WHITESPACE
+        sized for cpu (default: small, for a CPU): 16 synthetic volumes of 128x128x64 voxels, 64x64x64 patches,
+        UNet 8-16-32-64 with 1 residual unit(s); --cases, --shape, --patch-size, --channels change it
     """
     config = recipe_config(spec.overrides, spec.seed)
     if spec.data_dir is not None or spec.train_files is not None:

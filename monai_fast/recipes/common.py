@@ -232,7 +232,8 @@ def _val_metric() -> dict:
 
 
 def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
-    """A :class:`~monai_fast.handlers.ValidationSchedule` on ``recipe``'s trainer, as ``config.validation="schedule"`` asks.
+    """A :class:`~monai_fast.handlers.ValidationSchedule` on ``recipe``'s trainer, as
+    ``config.validation="schedule"`` asks.
 
     The estimate is the mean Dice on the first ``config.val_subset`` items of the evaluator's
     (final) data set, with the evaluator's network, inferer and precision.

@@ -256,7 +256,8 @@ def build_pathology(
     run_dir: str | os.PathLike | None = None,
     start_time: float | None = None,
 ) -> PathologyRun:
-    """Build ``variant`` (``"plain"`` or ``"fast"``) on the patch lists of :func:`~monai_fast.data.wsi.load_wsi_datalist`.
+    """Build ``variant`` (``"plain"`` or ``"fast"``) on the patch lists of
+    :func:`~monai_fast.data.wsi.load_wsi_datalist`.
 
     Args:
         variant: one of :data:`VARIANTS`.
@@ -374,9 +375,11 @@ def results_table(results: Sequence[dict[str, Any]]) -> str:
     """Runs (from :func:`run_pathology`) as a markdown table; ratios against the ``plain`` run of the same repeat.
 
     Example:
-        >>> print(results_table([{"variant": "fast", "patches_per_s": 120.0, "data_share": 0.01, "epochs": 3,
-        ...                       "best_auc": 0.97, "time_to_target_s": 40.0, "target_auc": 0.95}]))  # doctest: +NORMALIZE_WHITESPACE
-        | variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC 0.95 | patches/s vs plain | time to target vs plain |
+        >>> run = {"variant": "fast", "patches_per_s": 120.0, "data_share": 0.01, "epochs": 3,
+        ...        "best_auc": 0.97, "time_to_target_s": 40.0, "target_auc": 0.95}
+        >>> print(results_table([run]))  # doctest: +NORMALIZE_WHITESPACE
+        | variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC 0.95 | patches/s vs plain
+        | time to target vs plain |
         |---|---|---|---|---|---|---|---|---|
         | fast | 1 | 120.0 | 1.0 % | 3 | 0.970 | 40.0 s | | |
     """
@@ -386,7 +389,8 @@ def results_table(results: Sequence[dict[str, Any]]) -> str:
 
     target = results[0].get("target_auc", 0.0) if results else 0.0
     lines = [
-        f"| variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC {target:g} | patches/s vs plain | time to target vs plain |",
+        f"| variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC {target:g} "
+        "| patches/s vs plain | time to target vs plain |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -400,7 +404,8 @@ def results_table(results: Sequence[dict[str, Any]]) -> str:
                 time_ratio = f"{plain['time_to_target_s'] / r['time_to_target_s']:.2f}x as fast"
         share = None if r["data_share"] is None else 100 * r["data_share"]
         lines.append(
-            f"| {r['variant']} | {repeat} | {cell(r['patches_per_s'], '.1f')} | {cell(share, '.1f', ' %')} | {r['epochs']} "
-            f"| {cell(r['best_auc'], '.3f')} | {cell(r['time_to_target_s'], '.1f', ' s')} | {speed} | {time_ratio} |"
+            f"| {r['variant']} | {repeat} | {cell(r['patches_per_s'], '.1f')} | {cell(share, '.1f', ' %')} "
+            f"| {r['epochs']} | {cell(r['best_auc'], '.3f')} | {cell(r['time_to_target_s'], '.1f', ' s')} "
+            f"| {speed} | {time_ratio} |"
         )
     return "\n".join(lines)

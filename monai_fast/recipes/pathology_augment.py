@@ -162,7 +162,8 @@ class AugmentingPrepareBatch(PrepareBatch):
 
     Example:
         >>> from monai.engines import SupervisedTrainer
-        >>> trainer = SupervisedTrainer(..., prepare_batch=AugmentingPrepareBatch(batch_augment(device)))  # doctest: +SKIP
+        >>> prepare = AugmentingPrepareBatch(batch_augment(device))  # doctest: +SKIP
+        >>> trainer = SupervisedTrainer(..., prepare_batch=prepare)  # doctest: +SKIP
     """
 
     def __init__(self, augment: Callable[[torch.Tensor], torch.Tensor] = to_unit_range) -> None:

@@ -265,7 +265,8 @@ class TargetRun:
 
 
 def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWriter | None:
-    """TensorBoard, the run record (its set-up span from ``t0``), NVTX, the GPU sampler and throughput on ``built``'s engines."""
+    """TensorBoard, the run record (its set-up span from ``t0``), NVTX, the GPU sampler and throughput on
+    ``built``'s engines."""
     trainer, evaluator = built.trainer, built.evaluator
     writer = None
     if out is not None:

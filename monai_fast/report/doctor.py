@@ -14,8 +14,8 @@ Only the training engine's rows count (``engine="train"``; validation rows, reco
 own engine name, are left out). Under DDP each epoch is counted once: the figures are given per
 rank and across ranks, where the slowest rank against the fastest (a straggler) is a bottleneck
 of its own; the node each rank ran on (host and node rank, from ``RecordHandler``'s ``placement``
-rows) is listed, so a multi-node job shows all its nodes. The summaries that handlers write (throughput, GPU, kernels, precision) are listed in
-the report.
+rows) is listed, so a multi-node job shows all its nodes. The summaries that handlers write
+(throughput, GPU, kernels, precision) are listed in the report.
 
 Beyond the iterations, the doctor accounts for the run's whole wall clock
 (:mod:`monai_fast.report.wall_clock`): set-up, cache filling, compute, data wait, validation,
@@ -67,11 +67,13 @@ FIXES: dict[str, list[tuple[str | None, str]]] = {
         ),
         (
             "data",
-            "once cached, load in a thread without worker processes: FastTraining(loader='auto') (SafeThreadDataLoader)",
+            "once cached, load in a thread without worker processes: "
+            "FastTraining(loader='auto') (SafeThreadDataLoader)",
         ),
         (
             None,
-            "data larger than RAM: FastTraining(cache='disk', cache_dir=...) (a trusted disk cache) or cache='smartcache'",
+            "data larger than RAM: FastTraining(cache='disk', cache_dir=...) (a trusted disk cache) "
+            "or cache='smartcache'",
         ),
         (
             None,
@@ -186,7 +188,8 @@ def diagnose(
     numbers: dict = {"epochs": n_epochs, "ranks": len(ranks), "data_s": data, "compute_s": compute, "data_share": share}
     over = f"over {n_epochs} epoch(s)" + (f" and {len(ranks)} ranks" if len(ranks) > 1 else "")
     evidence = [
-        f"{100 * share:.1f}% of iteration time was spent waiting for data ({data:.1f} s of {data + compute:.1f} s {over})"
+        f"{100 * share:.1f}% of iteration time was spent waiting for data "
+        f"({data:.1f} s of {data + compute:.1f} s {over})"
     ]
     first = min((r.get("segment", 0), r["epoch"]) for r in epochs)
     later = [r for r in epochs if (r.get("segment", 0), r["epoch"]) != first]
@@ -205,7 +208,8 @@ def diagnose(
         mem_peak = max(r["mem_used_mib"] / r["mem_total_mib"] for r in gpu)
         numbers.update(gpu_util_mean=util_mean, gpu_mem_peak_fraction=mem_peak, gpu_samples=len(gpu))
         evidence.append(
-            f"GPU utilisation averaged {util_mean:.0f}% over {len(gpu)} samples; peak memory {100 * mem_peak:.0f}% of the card"
+            f"GPU utilisation averaged {util_mean:.0f}% over {len(gpu)} samples; "
+            f"peak memory {100 * mem_peak:.0f}% of the card"
         )
     else:
         evidence.append("no GPU samples in the record (CPU run, or GPUSampler not attached)")
@@ -277,7 +281,8 @@ def _add_wall_clock(
 
 def _inference(wc: WallClock, rows: list[dict], run: InEffect) -> dict | None:
     """The inference section: validation's (sliding-window inference's) time, its split into network and
-    sliding window when :class:`~monai_fast.handlers.InferenceSplit` timed it, and where faster inference is measured."""
+    sliding window when :class:`~monai_fast.handlers.InferenceSplit` timed it, and where faster inference is
+    measured."""
     sync, beside = wc.seconds.get("validation", 0.0), wc.overlapped.get("validation", 0.0)
     if sync + beside <= 0:
         return None
@@ -295,7 +300,8 @@ def _inference(wc: WallClock, rows: list[dict], run: InEffect) -> dict | None:
         share = {k: v / total for k, v in parts.items() if k.endswith("_s")}
         numbers["split"] = {**parts, "iteration_s": total, "shares": share}
         text += (
-            f"Of its iterations ({total:.1f} s, {parts['windows']:.0f} windows): network {100 * share['network_s']:.0f}%, "
+            f"Of its iterations ({total:.1f} s, {parts['windows']:.0f} windows): "
+            f"network {100 * share['network_s']:.0f}%, "
             f"sliding window around it (cutting windows, stitching) {100 * share['sliding_window_s']:.0f}%, "
             f"before the first window (batch to device) {100 * share['before_s']:.0f}%, after the inferer "
             f"(post-processing, metric) {100 * share['after_s']:.0f}%. "
@@ -326,7 +332,8 @@ def _summary_lines(summary: dict) -> list[str]:
         who = f"{rank}: " if rank else ""
         if tp := s.get(Source.THROUGHPUT.value):
             lines.append(
-                f"{who}throughput {tp['samples_per_s_mean']:.2f} samples/s, {tp['voxels_per_s_mean']:.3g} voxels/s (mean of epochs)"
+                f"{who}throughput {tp['samples_per_s_mean']:.2f} samples/s, "
+                f"{tp['voxels_per_s_mean']:.3g} voxels/s (mean of epochs)"
             )
         for gpu, g in (s.get(Source.GPU.value) or {}).items():
             util = "n/a" if g.get("gpu_util_mean") is None else f"{g['gpu_util_mean']:.0f}%"
@@ -337,7 +344,8 @@ def _summary_lines(summary: dict) -> list[str]:
         if k := s.get(Source.KERNELS.value):
             top = ", ".join(t["name"] for t in k.get("top", [])[:3])
             lines.append(
-                f"{who}profiled window: {k.get('# Kernels', k.get('# Ops'))} kernels/ops; top by {k.get('ranked_by')}: {top}"
+                f"{who}profiled window: {k.get('# Kernels', k.get('# Ops'))} kernels/ops; "
+                f"top by {k.get('ranked_by')}: {top}"
             )
         for lever, v in (s.get(Source.FAST_TRAINING.value) or {}).items():
             lines.append(

@@ -1,4 +1,5 @@
-"""``monai-fast doctor RUN --apply``: the exact ``FastTraining(...)`` line for a run, and the code changes it cannot make.
+"""``monai-fast doctor RUN --apply``: the exact ``FastTraining(...)`` line for a run, and the code changes it
+cannot make.
 
 The prescription comes from the doctor's verdict and from what ``FastTraining`` recorded in the
 run (its ``fast_training`` rows):
@@ -13,7 +14,9 @@ run (its ``fast_training`` rows):
   validation without a sliding window), as code changes.
 
 Example:
-    >>> rows = [{"kind": "epoch", "source": "time_breakdown", "epoch": 1, "iterations": 4, "data_s": 5.0, "compute_s": 5.0}]
+    >>> rows = [
+    ...     {"kind": "epoch", "source": "time_breakdown", "epoch": 1, "iterations": 4, "data_s": 5.0, "compute_s": 5.0}
+    ... ]
     >>> print(prescribe(rows).splitlines()[0])
     FastTraining().attach(trainer, evaluator)
 """

@@ -5,9 +5,12 @@ Read from the run record's rows (all ranks' files merged by :func:`monai_fast.te
 :func:`monai_fast.report.doctor.diagnose` adds these lines to its evidence for jobs of several ranks.
 
 Example:
-    >>> ranks = rank_times([{"rank": 0, "data_s": 1.0, "compute_s": 9.0}, {"rank": 1, "data_s": 1.0, "compute_s": 14.0}])
-    >>> rank_evidence(ranks, numbers := {})[1]
-    'slowest rank 1 (15.0 s) vs fastest rank 0 (10.0 s): 1.50x - a straggler holds every other rank back at each all-reduce'
+    >>> ranks = rank_times(
+    ...     [{"rank": 0, "data_s": 1.0, "compute_s": 9.0}, {"rank": 1, "data_s": 1.0, "compute_s": 14.0}]
+    ... )
+    >>> print(rank_evidence(ranks, numbers := {})[1])  # doctest: +NORMALIZE_WHITESPACE
+    slowest rank 1 (15.0 s) vs fastest rank 0 (10.0 s): 1.50x - a straggler holds every other rank back at
+    each all-reduce
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def rank_times(epochs: list[dict]) -> dict[int, dict]:
 
 
 def rank_evidence(ranks: dict[int, dict], numbers: dict) -> list[str]:
-    """The doctor's lines on the ranks' data wait and the straggler (none for one rank); adds the figures to ``numbers``."""
+    """The doctor's lines on the ranks' data wait and the straggler (none for one rank); adds the figures to
+    ``numbers``."""
     if len(ranks) < 2:
         return []
     slow = max(ranks, key=lambda k: ranks[k]["busy_s"])
@@ -76,7 +80,8 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
     Example:
         >>> rows = [
         ...     {"kind": "event", "source": "record", "what": "segment_started", "segment": 0, "time": 1.0, "pid": 7},
-        ...     {"kind": "iteration", "source": "time_breakdown", "segment": 0, "time": 2.0, "epoch": 1, "iteration": 3},
+        ...     {"kind": "iteration", "source": "time_breakdown", "segment": 0, "time": 2.0, "epoch": 1,
+        ...      "iteration": 3},
         ... ]
         >>> s = segments(rows)[0][0]
         >>> s["ended"], s["iteration"], s["pid"]

@@ -80,8 +80,10 @@ def place_cache(
 
     Example:
         >>> trials = [
-        ...     {"phase": "train", "precision": "fp32", "value": 2, "feasible": True, "throughput": 96.0, "peak_mib": 3000.0},
-        ...     {"phase": "train", "precision": "fp32", "value": 4, "feasible": True, "throughput": 100.0, "peak_mib": 6000.0},
+        ...     {"phase": "train", "precision": "fp32", "value": 2, "feasible": True, "throughput": 96.0,
+        ...      "peak_mib": 3000.0},
+        ...     {"phase": "train", "precision": "fp32", "value": 4, "feasible": True, "throughput": 100.0,
+        ...      "peak_mib": 6000.0},
         ... ]
         >>> choice = place_cache(trials, pick=4, precision="fp32", budget_mib=8000.0, cache_bytes=4000 * 2**20,
         ...                      device="cuda", val_peak_mib=2000.0)

@@ -63,7 +63,8 @@ class TuneResult:
         return cls(**d)
 
     def apply(self, config: RecipeConfig) -> RecipeConfig:
-        """A copy of ``config`` with the tuned settings (:meth:`RecipeConfig.tuned <monai_fast.recipes.RecipeConfig.tuned>`)."""
+        """A copy of ``config`` with the tuned settings
+        (:meth:`RecipeConfig.tuned <monai_fast.recipes.RecipeConfig.tuned>`)."""
         return config.tuned(
             batch_size=self.batch_size,
             sw_batch_size=self.sw_batch_size,

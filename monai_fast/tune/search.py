@@ -324,7 +324,8 @@ def best_over(
     space: SearchSpace,
     predict_infeasible: Callable[[int, list[Trial]], str | None] | None = None,
 ) -> tuple[list[dict], tuple[T, Trial] | None]:
-    """One search of ``value_range`` per option, as ``space`` says; every trial labelled, and the option whose pick is best by over 2 %.
+    """One search of ``value_range`` per option, as ``space`` says; every trial labelled, and the option whose
+    pick is best by over 2 %.
 
     Each search grows then bisects (or runs the grid), races its best few (``space.confirm``
     rounds among ``space.confirm_top``) and picks (:func:`pick_best`).
@@ -332,7 +333,8 @@ def best_over(
     Example:
         >>> from monai_fast.tune.space import SearchSpace
         >>> make = lambda scale: (lambda v: Trial(v, True, throughput=scale * v))
-        >>> records, best = best_over([1, 3], make, (1, 4), lambda o: {"option": o}, SearchSpace(strategy="grid", confirm=0))
+        >>> space = SearchSpace(strategy="grid", confirm=0)
+        >>> records, best = best_over([1, 3], make, (1, 4), lambda o: {"option": o}, space)
         >>> len(records), best[0], best[1].value
         (8, 3, 4)
     """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -9,13 +10,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from background_parts import Held, planned, trainer, write_cases
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from background_parts import Held, planned, trainer, write_cases  # noqa: E402
-
-from monai_fast.data.background import fill_order_options  # noqa: E402
-from monai_fast.data.items import DataItemError  # noqa: E402
-from monai_fast.data.loaders import SafeThreadDataLoader  # noqa: E402
+from monai_fast.data.background import fill_order_options
+from monai_fast.data.items import DataItemError
+from monai_fast.data.loaders import SafeThreadDataLoader
 
 
 def test_failing_fill_item_stops_training_naming_its_file_and_leaves_no_thread(tmp_path):
@@ -34,8 +33,6 @@ def test_failing_fill_item_ends_the_process_with_the_error(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(
         textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
         from background_parts import Held, planned, trainer
         from monai_fast.data.background import fill_order_options
         from monai_fast.data.loaders import SafeThreadDataLoader
@@ -45,6 +42,8 @@ def test_failing_fill_item_ends_the_process_with_the_error(tmp_path):
         t.run()
     """)
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    tests = str(Path(__file__).parents[1])  # background_parts
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 1, done.stderr[-2000:]  # a Python error, not an abort (134) or a hang
     assert "DataItemError" in done.stderr and "case_3.nii.gz" in done.stderr

@@ -12,17 +12,15 @@ from pathlib import Path
 import nibabel as nib
 import pytest
 import torch
+from inference_parts import CONFIG, images, write_model
 from monai.data import DataLoader
 from monai.losses import DiceLoss
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from inference_parts import CONFIG, images, write_model  # noqa: E402
-
-from monai_fast.cli import main  # noqa: E402
-from monai_fast.data.preflight import PreflightError  # noqa: E402
-from monai_fast.inference import BackendUnavailable, CheckpointError, infer  # noqa: E402
-from monai_fast.recipes import RecipeConfig  # noqa: E402
-from monai_fast.recipes.common import build_network  # noqa: E402
+from monai_fast.cli import main
+from monai_fast.data.preflight import PreflightError
+from monai_fast.inference import BackendUnavailable, CheckpointError, infer
+from monai_fast.recipes import RecipeConfig
+from monai_fast.recipes.common import build_network
 
 
 @pytest.fixture(scope="module")

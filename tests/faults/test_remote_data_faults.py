@@ -11,19 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import s3fs
+from s3_server import s3_fixture, server_fixture  # noqa: F401 (pytest fixtures s3, server)
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from s3_server import s3_fixture, server_fixture  # noqa: E402, F401 (pytest fixtures s3, server)
-
-from monai_fast.data.msd import load_msd_datalist  # noqa: E402
-from monai_fast.data.remote import RemoteDataError, localize  # noqa: E402
-from monai_fast.files import cache_root  # noqa: E402
+from monai_fast.data.msd import load_msd_datalist
+from monai_fast.data.remote import RemoteDataError, localize
+from monai_fast.files import cache_root
 
 
 def cached_files() -> list[Path]:

@@ -20,13 +20,11 @@ from urllib.parse import urlsplit
 
 import pytest
 import s3fs
+from s3_server import s3_fixture, server_fixture  # noqa: F401 (pytest fixtures s3, server)
+from stall_proxy import Stall, StallProxy, Throttle
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from s3_server import s3_fixture, server_fixture  # noqa: E402, F401 (pytest fixtures s3, server)
-from stall_proxy import Stall, StallProxy, Throttle  # noqa: E402
-
-from monai_fast.data.remote import RemoteDataError, localize  # noqa: E402
-from monai_fast.files import cache_root  # noqa: E402
+from monai_fast.data.remote import RemoteDataError, localize
+from monai_fast.files import cache_root
 
 LIMITS = {"connect_timeout": 1.0, "read_timeout": 1.0}
 

@@ -17,14 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from s3_server import s3_fixture, server_fixture  # noqa: F401 (pytest fixtures s3, server)
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from s3_server import s3_fixture, server_fixture  # noqa: E402, F401 (pytest fixtures s3, server)
-
-from monai_fast.cli import main  # noqa: E402
-from monai_fast.cli.train import PREEMPTED_EXIT, hyperparameter_values  # noqa: E402
-from monai_fast.distributed.sagemaker import SageMakerEnvError, read_sagemaker_env  # noqa: E402
-from monai_fast.inference.checkpoint import load_checkpoint  # noqa: E402
+from monai_fast.cli import main
+from monai_fast.cli.train import PREEMPTED_EXIT, hyperparameter_values
+from monai_fast.distributed.sagemaker import SageMakerEnvError, read_sagemaker_env
+from monai_fast.inference.checkpoint import load_checkpoint
 
 TINY = [
     "--patch-size",
