@@ -58,7 +58,8 @@ def lead_of(recipes: Sequence[str]) -> str:
 
 
 def budget_after_lead(lead_s: float, multiple: float | None, cap: float | None) -> float:
-    """Seconds the other recipes get: ``multiple`` x the lead's time (its time to target, or its time run), at most ``cap``.
+    """Seconds the other recipes get: ``multiple`` x the lead's time (its time to target, or its time run), at
+    most ``cap``.
 
     Example:
         >>> budget_after_lead(10.0, multiple=None, cap=210.0)
