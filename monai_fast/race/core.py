@@ -52,8 +52,9 @@ logger = logging.getLogger(__name__)
 #: classes of the recipes' task (background and one organ); label values must be 0 or 1
 NUM_CLASSES = 2
 
-#: under a total bound, the share of it kept for the doctor and the results files after training
-REPORT_SHARE = 0.1
+#: under a total bound, the share of it kept after training for the doctor and the results files, and for the
+#: iteration or validation pass that is under way when the clock runs out (a recipe stops at its next iteration)
+REPORT_SHARE = 0.15
 
 
 class RaceEvents:
