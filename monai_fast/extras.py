@@ -18,7 +18,10 @@ extra          packages                                        used by
 =============  ==============================================  ===========================
 
 :func:`require` imports a module or raises :class:`MissingExtraError` with the one line that
-installs it, so a missing extra is never a bare ``ImportError`` deep in a run.
+installs it, so a missing extra is never a bare ``ImportError`` deep in a run. The checks come
+before the work: an ``s3://`` URL before any connection, a TIFF slide before it is read, the
+``onnx`` backend before any volume. Pictures that are a by-product (the doctor's PNGs) are
+skipped instead, with one warning naming ``plots``; the ``monai-fast`` commands end in the line.
 
 This module imports nothing else of monai-fast.
 

@@ -172,3 +172,129 @@ def test_setup_cfg_extras_match_the_code():
         assert set(map(_norm, dists)) <= listed(extra), (extra, dists, listed(extra))
         for whole in ("all", "dev"):  # spelled out (a self-referencing extra sends pip's resolver far back)
             assert set(map(_norm, dists)) <= listed(whole), (whole, extra)
+
+
+def _lines_naming(text: str, extra: str) -> list[str]:
+    return [line for line in text.splitlines() if f'pip install "monai-fast[{extra}]"' in line]
+
+
+def test_s3_and_wsi_without_their_extras_are_one_line_each_before_any_connection(core_site, tmp_path):
+    slide = tmp_path / "slide.tif"
+    slide.write_bytes(b"II*\x00" + bytes(60))  # a TIFF header: the preflight needs tifffile to read on
+    code = f"""
+        import socket
+        def no_network(*args, **kwargs):
+            raise AssertionError("a connection was tried")
+        socket.socket.connect = socket.socket.connect_ex = socket.getaddrinfo = socket.create_connection = no_network
+
+        from monai_fast.cli import main
+        from monai_fast.data.msd import load_msd_datalist
+        from monai_fast.data.preflight import preflight_wsi
+        from monai_fast.data.remote import is_url, localize, read_remote_text
+        from monai_fast.data.wsi import generate_wsi
+        from monai_fast.data.wsi_reader import WSIBackendError, choose_wsi_backend
+        from monai_fast.extras import MissingExtraError
+
+        assert is_url("s3://bucket/x")
+        calls = {{
+            "localize": lambda: localize([{{"image": "/local/a.nii.gz", "label": "s3://bucket/x/a_seg.nii.gz"}}],
+                                         cache_dir={str(tmp_path / "cache")!r}),
+            "read_remote_text": lambda: read_remote_text("s3://bucket/x/dataset.json"),
+            "load_msd_datalist": lambda: load_msd_datalist("s3://bucket/x"),
+            "preflight_wsi": lambda: preflight_wsi([{{"image": {str(slide)!r}, "location": [4, 4]}}], patch_size=8,
+                                                   cache=False),
+            "generate_wsi": lambda: generate_wsi({str(tmp_path / "wsi")!r}, num_slides=2, size=(128, 128), tile=16,
+                                                 patch_size=16, progress=False),
+        }}
+        for name, call in calls.items():
+            try:
+                call()
+            except MissingExtraError as err:
+                print(name, "|", type(err).__name__, "|", err)
+            else:
+                print(name, "| no error")
+        try:
+            choose_wsi_backend("auto")
+        except WSIBackendError as err:
+            print("choose_wsi_backend |", err)
+        try:
+            main(["synth", {str(tmp_path / "synth")!r}, "--kind", "wsi", "--no-progress"])
+        except SystemExit as stop:
+            print("cli |", stop)
+    """
+    r = _run_core(core_site, code)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    out = dict(line.split(" | ", 1) for line in r.stdout.splitlines() if " | " in line)
+    s3 = 'MissingExtraError | reading {} needs s3fs, which is not installed: pip install "monai-fast[s3]"'
+    assert out["localize"] == s3.format("s3://bucket/x/a_seg.nii.gz"), r.stdout
+    assert out["read_remote_text"] == s3.format("s3://bucket/x/dataset.json"), r.stdout
+    assert out["load_msd_datalist"] == s3.format("s3://bucket/x/dataset.json"), r.stdout
+    wsi = 'needs tifffile, which is not installed: pip install "monai-fast[wsi]"'
+    assert out["preflight_wsi"] == f"MissingExtraError | reading the slide {slide} {wsi}", r.stdout
+    assert out["generate_wsi"] == f"MissingExtraError | writing synthetic whole-slide images {wsi}", r.stdout
+    assert not (tmp_path / "wsi").exists()  # refused before anything is written
+    assert 'not tifffile: tifffile not installed (pip install "monai-fast[wsi]")' in out["choose_wsi_backend"]
+    assert out["cli"] == f"monai-fast synth: writing synthetic whole-slide images {wsi}", r.stdout
+    assert "Traceback" not in r.stderr and "fsspec" not in r.stdout + r.stderr, r.stderr[-2000:]
+
+
+def test_the_onnx_backend_without_its_extra_names_it(core_site):
+    code = """
+        import torch
+        from monai_fast.inference.backends import BackendUnavailable, available, build_predictor
+
+        print("available |", available("cpu")["onnx"])
+        try:
+            build_predictor(torch.nn.Conv3d(1, 2, 3, padding=1), "onnx", roi_size=(8, 8, 8), sw_batch_size=1)
+        except BackendUnavailable as err:
+            print("build |", err)
+    """
+    r = _run_core(core_site, code)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    out = dict(line.split(" | ", 1) for line in r.stdout.splitlines() if " | " in line)
+    needs = 'the Python package(s) onnx, onnxruntime, onnxscript (pip install "monai-fast[onnx]")'
+    assert out["available"] == needs, r.stdout
+    assert out["build"] == f"backend 'onnx' is not available here: it needs {needs}", r.stdout
+
+
+def test_the_doctor_writes_its_text_report_without_matplotlib_and_warns_once(core_site, tmp_path):
+    code = f"""
+        import logging, time
+        from pathlib import Path
+        from ignite.engine import Engine
+        from monai_fast.cli import main
+        from monai_fast.handlers import GPUSampler, RecordHandler, TimeBreakdown
+        from monai_fast.report.doctor import doctor
+        from monai_fast.telemetry.nvml import FakeNvml
+
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        for name in ("a", "b"):
+            run = Path({str(tmp_path)!r}) / name
+            engine = Engine(lambda e, b: time.sleep(0.005))
+            RecordHandler(run).attach(engine)
+            TimeBreakdown().attach(engine)
+            GPUSampler(interval_s=0.01, backend=FakeNvml(util=[20.0, 30.0], mem_total_mib=80000)).attach(engine)
+            engine.run(list(range(8)), max_epochs=2)
+            d = doctor(run)
+            print("verdict |", name, d.verdict, d.report)
+        print("cli |", main(["doctor", str(Path({str(tmp_path)!r}) / "a")]))
+    """
+    r = _run_core(core_site, code)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    for name in ("a", "b"):
+        run = tmp_path / name
+        report = (run / "report.md").read_text()
+        assert "**Verdict:" in report and "| epoch |" in report, report
+        assert "![" not in report and not list(run.glob("*.png")), report
+        assert report.rstrip().endswith(
+            'No pictures: they need matplotlib, which is not installed (pip install "monai-fast[plots]").'
+        )
+        assert (run / "doctor.json").is_file()
+    assert "cli | 0" in r.stdout and "report: " + str(tmp_path / "a" / "report.md") in r.stdout, r.stdout
+    warnings = _lines_naming(r.stderr, "plots")
+    assert len(warnings) == 1, r.stderr[-3000:]  # three doctors, one warning
+    assert warnings[0] == (
+        "WARNING monai_fast.report: doctor: drawing the report's PNGs needs matplotlib, which is not installed: "
+        'pip install "monai-fast[plots]"; report.md is written without them'
+    )
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]

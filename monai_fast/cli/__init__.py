@@ -62,7 +62,8 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
     """Run one ``monai-fast`` command; bad input ends in one line naming the option, no traceback.
 
     An output that cannot be written ends the same way: a full file system (one line naming the
-    file and the space missing) or a checkpoint folder replaced by a file.
+    file and the space missing) or a checkpoint folder replaced by a file; so does a missing extra
+    (the line that installs it, ``pip install "monai-fast[wsi]"``).
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
@@ -90,6 +91,7 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
     from monai_fast.data.items import DataItemError
     from monai_fast.data.msd import MSDDataError
     from monai_fast.data.preflight import PreflightError
+    from monai_fast.extras import MissingExtraError
     from monai_fast.race import RaceOptionError
     from monai_fast.tune import TuningError
 
@@ -99,7 +101,7 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
         raise SystemExit(f"monai-fast {args.subcommand}: {flag_of(e.option)}: {e.message}") from e
     except TuningError as e:
         raise SystemExit(f"monai-fast: tuning failed: {e}") from e
-    except (FileNotFoundError, MSDDataError, PreflightError) as e:  # bad input: one clear message, no traceback
+    except (FileNotFoundError, MSDDataError, PreflightError, MissingExtraError) as e:  # one clear line, no traceback
         raise SystemExit(f"monai-fast {args.subcommand}: {e}") from e
     except DataItemError as e:  # a file that cannot be read or transformed, named
         raise SystemExit(f"monai-fast {args.subcommand}: bad data: {_item_line(e)}") from e

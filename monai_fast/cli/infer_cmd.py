@@ -28,7 +28,7 @@ _TEXT = (
     "MONAI CheckpointSaver file) needs --recipe-config. Every image is checked first (readable, 3D, finite), and "
     "every output path: none may be an input, none may exist without --overwrite. Backends: eager (fp32), autocast "
     "(bf16 on a CPU with bf16 hardware, fp16 on CUDA), compile "
-    "(torch.compile), onnx (ONNX Runtime; pip install 'monai-fast[infer]'), tensorrt (torch-tensorrt and a CUDA GPU). "
+    '(torch.compile), onnx (ONNX Runtime; pip install "monai-fast[onnx]"), tensorrt (torch-tensorrt and a CUDA GPU). '
     "benchmarks/inference.py times them all and checks each agrees with eager."
 )
 

@@ -412,8 +412,8 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
         help="name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record",
         description="Read a run folder's monai-fast record (record.rank*.jsonl, written by RecordHandler + "
         "TimeBreakdown, GPUSampler, ThroughputMonitor) and print the verdict, the numbers behind it and what to "
-        "change. Writes "
-        "report.md with PNG plots into the run folder. Needs only the record: diagnose a cluster run on a laptop.",
+        "change. Writes report.md with PNG plots (the plots extra) into the run folder. Needs only the record: "
+        "diagnose a cluster run on a laptop.",
     )
     p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")
     p.add_argument(

@@ -37,6 +37,7 @@ import nibabel as nib
 import numpy as np
 
 from monai_fast.data.msd import shape_mismatch
+from monai_fast.extras import MissingExtraError, require
 from monai_fast.files import cache_root, write_json
 
 __all__ = [
@@ -322,6 +323,9 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
     Returns:
         ``{"levels": [[rows, columns], ...]}`` (level 0 first), or ``{"error": "..."}``.
 
+    Raises:
+        MissingExtraError: a TIFF slide without ``tifffile`` installed (the ``wsi`` extra).
+
     Example:
         >>> scan_slide("/data/wsi_like/slides/slide_001.tif")  # doctest: +SKIP
         {'levels': [[4096, 4096], [2048, 2048], [1024, 1024]]}
@@ -334,8 +338,7 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
             wsi = reader.read(path)
             levels = range(reader.get_level_count(wsi))
             return {"levels": [[int(v) for v in reader.get_size(wsi, level)] for level in levels]}
-        import tifffile
-
+        tifffile = require("tifffile", extra="wsi", feature=f"reading the slide {path}")
         capture, tiff_logger = _LogCapture(), logging.getLogger("tifffile")
         tiff_logger.addHandler(capture)
         try:
@@ -361,6 +364,8 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
         if not levels:
             return {"error": "the file holds no image"}
         return {"levels": levels}
+    except MissingExtraError:
+        raise  # not a damaged slide: the one line that installs the reader
     except Exception as e:  # tifffile, the codecs and the WSI backends raise many types for a damaged file
         return {"error": f"{type(e).__name__}: {e}"}
 
@@ -432,6 +437,7 @@ def preflight_wsi(
     Raises:
         PreflightError: every slide at fault, and up to five bad locations per slide with a count of the rest.
         ValueError: an item without ``"image"`` or ``"location"``.
+        MissingExtraError: a TIFF slide to read without ``tifffile`` installed (``pip install "monai-fast[wsi]"``).
 
     Example:
         >>> train, val = load_wsi_datalist("/data/wsi_like")  # doctest: +SKIP

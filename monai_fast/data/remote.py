@@ -32,6 +32,9 @@ other values are left as they are.
 - **Credentials** come from the usual environment: for S3, ``AWS_ACCESS_KEY_ID`` /
   ``AWS_SECRET_ACCESS_KEY`` / ``AWS_PROFILE``, ``AWS_ENDPOINT_URL`` for S3-compatible servers
   (MinIO, Ceph), or ``storage_options`` (passed to fsspec, e.g. ``{"anon": True}``).
+- **The client library.** ``s3://`` needs ``s3fs``, the ``s3`` extra (``pip install
+  "monai-fast[s3]"``); without it, the first ``s3://`` URL is named in one
+  :class:`~monai_fast.extras.MissingExtraError` before anything is looked up.
 
 Example:
     >>> from monai_fast.data.remote import is_url, localize
@@ -64,6 +67,7 @@ import fsspec
 from fsspec.asyn import AsyncFileSystem
 from fsspec.registry import known_implementations
 
+from monai_fast.extras import require
 from monai_fast.files import atomic_write, cache_root
 from monai_fast.progress import progress_bar
 
@@ -151,6 +155,18 @@ def is_url(value: Any) -> bool:
 def remote_cache_dir() -> Path:
     """Where :func:`localize` keeps its copies by default: ``<cache_root()>/remote``."""
     return cache_root() / "remote"
+
+
+def _require_client(urls: Sequence[str]) -> None:
+    """Raise :class:`~monai_fast.extras.MissingExtraError` naming the first URL whose client library is missing.
+
+    ``s3://`` needs ``s3fs`` (the ``s3`` extra); the check comes before any filesystem is made, so
+    no connection is tried and fsspec's own ``ImportError`` never surfaces.
+    """
+    for url in urls:
+        if _scheme(url) in _S3:
+            require("s3fs", extra="s3", feature=f"reading {url}")
+            return
 
 
 def _options(url: str, storage_options: dict, limits: _Limits) -> dict:
@@ -606,6 +622,7 @@ def _localize(
     found = [(w, u) for w, u in found if u not in local]
     if not found:
         return _substitute(list(datalist), local), None
+    _require_client([u for _, u in found])
     start = time.perf_counter()
     folder = Path(cache_dir) if cache_dir is not None else remote_cache_dir()
     remotes, offline = _lookup_all(found, workers, dict(storage_options or {}), limits, folder)
@@ -674,6 +691,8 @@ def localize(
             dropped connection), or the server cannot be reached and some URLs have no local
             copy; the URLs are named and no partial file is left at a final path.
         ValueError: a negative ``retries``, a time limit that is not positive, ``workers < 1``.
+        MissingExtraError: an ``s3://`` URL without ``s3fs`` installed; the message names the URL
+            and ``pip install "monai-fast[s3]"``, before any lookup.
 
     Example:
         >>> localize([{"image": "/data/a.nii.gz", "label": "file:///data/a_seg.nii.gz"}])
@@ -699,12 +718,14 @@ def read_remote_text(
     Raises:
         FileNotFoundError: no such object (the URL is named).
         RemoteDataError: any other failure to read it.
+        MissingExtraError: an ``s3://`` URL without ``s3fs`` installed (the ``s3`` extra).
 
     Example:
         >>> read_remote_text("s3://bucket/Task09_Spleen/dataset.json")[:1]  # doctest: +SKIP
         '{'
     """
     limits = _limits(connect_timeout, read_timeout, retries)
+    _require_client([url])
     try:
         fs, path = fsspec.core.url_to_fs(url, **_options(url, dict(storage_options or {}), limits))
         if isinstance(fs, AsyncFileSystem):

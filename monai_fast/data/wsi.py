@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from monai_fast.extras import require
 from monai_fast.files import atomic_write, cache_root, clean_stale_tmp, write_json, write_text
 from monai_fast.progress import progress_bar
 
@@ -144,7 +145,7 @@ def _pyramid(level0: np.ndarray, levels: int) -> list[np.ndarray]:
 
 def _write_tiff(path: Path, levels: list[np.ndarray], tile: int) -> None:
     """A tiled TIFF, one page per level (reduced-resolution pages after the first), atomically."""
-    import tifffile
+    tifffile = require("tifffile", extra="wsi", feature=f"writing the slide {path}")
 
     with (
         atomic_write(path, "wb", clean=False) as f,
@@ -217,8 +218,11 @@ def generate_wsi(
 
     Raises:
         ValueError: on a bad option, naming it.
+        MissingExtraError: ``tifffile`` is not installed (``pip install "monai-fast[wsi]"``), said
+            before anything is written.
     """
     size = _check(num_slides, size, tile, levels, patch_size)
+    require("tifffile", extra="wsi", feature="writing synthetic whole-slide images")
     root = Path(root)
     for sub in ("slides", "masks"):
         (root / sub).mkdir(parents=True, exist_ok=True)

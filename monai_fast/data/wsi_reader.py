@@ -44,7 +44,7 @@ BACKENDS = ("auto", "cucim", "openslide", "tifffile", "tifffile-monai")
 _PACKAGES = {
     "cucim": ("cucim", "pip install cucim-cu12 on a CUDA 12 machine"),
     "openslide": ("openslide", "pip install openslide-python openslide-bin"),
-    "tifffile": ("tifffile", "pip install tifffile"),
+    "tifffile": ("tifffile", 'pip install "monai-fast[wsi]"'),
 }
 
 

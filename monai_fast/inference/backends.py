@@ -10,7 +10,8 @@ it takes to build (compilation, export) is :attr:`Predictor.prepare_s` and not i
 * ``compile``: ``torch.compile`` (inductor), one static window batch.
 * ``onnx``: the network exported with ``torch.onnx.export`` for one window batch of the ROI size
   and run by ONNX Runtime (its CUDA execution provider when present and the device is CUDA,
-  else the CPU one); MONAI still drives the sliding window and the stitching.
+  else the CPU one); MONAI still drives the sliding window and the stitching. onnx, onnxruntime
+  and onnxscript are the ``onnx`` extra (``pip install "monai-fast[onnx]"``).
 * ``tensorrt``: ``torch_tensorrt.compile`` (fp16 kernels) when torch-tensorrt and a CUDA GPU are
   present.
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from monai_fast.extras import require as require_extra
 from monai_fast.inference.checkpoint import InferenceError
 from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import autocast_for, cpu_has_bf16_hardware
@@ -57,7 +59,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("eager", "autocast", "compile", "onnx", "tensorrt")
-_INSTALL = "pip install 'monai-fast[infer]'"
+_INSTALL = 'pip install "monai-fast[onnx]"'
 
 
 class BackendUnavailable(InferenceError):
@@ -184,7 +186,7 @@ def onnx_model(network: torch.nn.Module, example: torch.Tensor) -> bytes:
 
 
 def _onnx(network: torch.nn.Module, example: torch.Tensor, device: torch.device) -> tuple[Callable, str]:
-    import onnxruntime as ort
+    ort = require_extra("onnxruntime", extra="onnx", feature="backend 'onnx'")
 
     model = onnx_model(network, example)
     providers = ["CPUExecutionProvider"]

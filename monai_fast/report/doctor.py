@@ -32,6 +32,8 @@ restarted job) and names every rank whose record stops before the run's end. Eve
 report is a whole sentence (:func:`~monai_fast.report.applied.sentence`). The diagnosis
 is also written as ``doctor.json``. A run that validated gets an inference section: validation's
 seconds and share of the wall clock, and where faster inference backends are measured and run.
+The PNGs need matplotlib (the ``plots`` extra): without it the report is written without them and
+one warning names ``pip install "monai-fast[plots]"``; the verdict and the text are the same.
 
 Example:
     >>> from monai_fast.report.doctor import doctor
@@ -48,7 +50,7 @@ from pathlib import Path
 
 from monai_fast.files import write_json, write_text
 from monai_fast.report.applied import InEffect, applied_levers, in_effect, sentence
-from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock
+from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock, pyplot_missing
 from monai_fast.report.ranks import node_evidence, rank_evidence, rank_times, segment_evidence, stopped_early
 from monai_fast.report.wall_clock import LABELS, WallClock, table_lines, wall_clock, wall_clock_advice
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, record_files, select
@@ -362,26 +364,50 @@ def _summary_lines(summary: dict) -> list[str]:
     return lines
 
 
+_plots_warned = False  # the missing plots extra is said once per process
+
+
+def _pictures() -> bool:
+    """Whether the report's PNGs can be drawn; without matplotlib, one warning naming the ``plots`` extra."""
+    global _plots_warned
+    missing = pyplot_missing("drawing the report's PNGs")
+    if missing is None:
+        return True
+    if not _plots_warned:
+        _plots_warned = True
+        logger.warning("doctor: %s; report.md is written without them", missing)
+    return False
+
+
 def write_report(
     run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[dict], summary: dict | None = None
 ) -> Path:
     """Write ``report.md`` with ``time_breakdown.png``, ``wall_clock.png`` (with wall-clock spans) and
-    ``gpu_util.png`` (with GPU samples), and the diagnosis as ``doctor.json``."""
+    ``gpu_util.png`` (with GPU samples), and the diagnosis as ``doctor.json``.
+
+    The PNGs need matplotlib (the ``plots`` extra); without it the report is written without them,
+    says so in its last line, and one warning names ``pip install "monai-fast[plots]"``.
+    """
     run_dir = Path(run_dir)
     epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
     gpu = select(rows, Kind.INTERVAL, Source.GPU)
-    plot_breakdown(epochs, run_dir / "time_breakdown.png")
+    pictures = _pictures()
+    if pictures:
+        plot_breakdown(epochs, run_dir / "time_breakdown.png")
     md = [f"# monai-fast doctor: {run_dir.name}", "", f"**Verdict: {diagnosis.verdict}**", "", "## Evidence", ""]
     md += [f"- {sentence(e)}" for e in diagnosis.evidence]
     md += ["", "## What to change", ""] + [f"- {sentence(f)}" for f in diagnosis.fixes]
     if wc := diagnosis.numbers.get("wall_clock"):
-        plot_wall_clock(wc, run_dir / "wall_clock.png")
-        md += ["", "## Where the wall clock went", "", "![wall clock](wall_clock.png)", ""] + table_lines(wc)
+        md += ["", "## Where the wall clock went", ""]
+        if pictures:
+            plot_wall_clock(wc, run_dir / "wall_clock.png")
+            md += ["![wall clock](wall_clock.png)", ""]
+        md += table_lines(wc)
     if inference := diagnosis.numbers.get("inference"):
         md += ["", "## Inference", "", sentence(inference["text"])]
     if lines := _summary_lines(summary or {}):
         md += ["", "## What the handlers measured", ""] + [f"- {sentence(x)}" for x in lines]
-    md += ["", "## Time per epoch", "", "![time breakdown](time_breakdown.png)", ""]
+    md += ["", "## Time per epoch", ""] + (["![time breakdown](time_breakdown.png)", ""] if pictures else [])
     md += [
         "| run | epoch | rank | iterations | data wait s | compute s | data share |",
         "|---|---|---|---|---|---|---|",
@@ -391,9 +417,11 @@ def write_report(
         f"{r['compute_s']:.2f} | {100 * data_share(r['data_s'], r['compute_s']):.1f}% |"
         for r in sorted(epochs, key=lambda r: (r.get("segment", 0), r["epoch"], r.get("rank", 0)))
     ]
-    if gpu:
+    if gpu and pictures:
         plot_gpu(gpu, run_dir / "gpu_util.png")
         md += ["", "## GPU utilisation", "", "![GPU utilisation](gpu_util.png)"]
+    if not pictures:
+        md += ["", 'No pictures: they need matplotlib, which is not installed (pip install "monai-fast[plots]").']
     path = run_dir / "report.md"
     write_text("\n".join(md) + "\n", path)
     write_json(diagnosis.to_dict() | {"report": str(path)}, run_dir / "doctor.json")

@@ -1,6 +1,9 @@
 """The PNG plots of a run's record: time per epoch (compute vs data wait), the wall clock's shares, GPU utilisation.
 
-Plots live here only; handlers write record rows and the reports draw them.
+Plots live here only; handlers write record rows and the reports draw them. matplotlib is the
+``plots`` extra, imported (with the Agg backend) when a plot is drawn: without it, each plot raises
+:class:`~monai_fast.extras.MissingExtraError` naming ``pip install "monai-fast[plots]"``, and
+:func:`pyplot_missing` says so without raising, for a report whose pictures are a by-product.
 
 Example:
     >>> from monai_fast.report.plots import plot_breakdown
@@ -13,16 +16,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
+from monai_fast.extras import MissingExtraError, require
+from monai_fast.files import atomic_write
+from monai_fast.report.wall_clock import LABELS
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-from monai_fast.files import atomic_write  # noqa: E402
-from monai_fast.report.wall_clock import LABELS  # noqa: E402
-
-__all__ = ["plot_breakdown", "plot_gpu", "plot_wall_clock"]
+__all__ = ["plot_breakdown", "plot_gpu", "plot_wall_clock", "pyplot_missing"]
 
 _COLOURS = {
     "setup": "tab:gray",
@@ -36,7 +40,34 @@ _COLOURS = {
 }
 
 
-def _save(fig: plt.Figure, path: str | os.PathLike) -> Path:
+_agg = False  # the Agg backend is chosen once, by the first plot
+
+
+def _pyplot(feature: str) -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend (files only, no window); :class:`MissingExtraError` without it."""
+    global _agg
+    matplotlib = require("matplotlib", extra="plots", feature=feature)
+    if not _agg:
+        matplotlib.use("Agg")
+        _agg = True
+    return require("matplotlib.pyplot", extra="plots", feature=feature)
+
+
+def pyplot_missing(feature: str) -> MissingExtraError | None:
+    """The error a plot for ``feature`` would raise (matplotlib not installed), or ``None`` when plots can be drawn.
+
+    Example:
+        >>> pyplot_missing("the doctor's PNGs") is None  # with the plots extra installed
+        True
+    """
+    try:
+        _pyplot(feature)
+    except MissingExtraError as e:
+        return e
+    return None
+
+
+def _save(plt: ModuleType, fig: Figure, path: str | os.PathLike) -> Path:
     fig.tight_layout()
     path = Path(path)
     try:
@@ -52,6 +83,7 @@ def plot_breakdown(epochs: list[dict], path: str | os.PathLike) -> Path:
 
     Epochs of a later run segment continue the x axis after the earlier ones.
     """
+    plt = _pyplot(f"drawing {Path(path).name}")
     keys = sorted({(r.get("segment", 0), r["epoch"]) for r in epochs})
     ranks = sorted({int(r.get("rank", 0)) for r in epochs})
     width = 0.8 / len(ranks)
@@ -79,11 +111,12 @@ def plot_breakdown(epochs: list[dict], path: str | os.PathLike) -> Path:
     ax.legend(
         loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2 * min(len(ranks), 2), frameon=False, fontsize="small"
     )
-    return _save(fig, path)
+    return _save(plt, fig, path)
 
 
 def plot_gpu(gpu: list[dict], path: str | os.PathLike) -> Path:
     """GPU utilisation over time, one line per rank and GPU."""
+    plt = _pyplot(f"drawing {Path(path).name}")
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
     for key in sorted({(r.get("rank", 0), r["gpu"]) for r in gpu}):
         pts = [r for r in gpu if (r.get("rank", 0), r["gpu"]) == key]
@@ -93,7 +126,7 @@ def plot_gpu(gpu: list[dict], path: str | os.PathLike) -> Path:
     ax.set_ylabel("GPU utilisation %")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _save(plt, fig, path)
 
 
 def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
@@ -104,6 +137,7 @@ def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
         wc: :meth:`monai_fast.report.wall_clock.WallClock.to_dict`.
         path: the PNG to write.
     """
+    plt = _pyplot(f"drawing {Path(path).name}")
     bars = [("wall clock", wc["seconds"])] + ([("overlapped", wc["overlapped"])] if wc["overlapped"] else [])
     fig, ax = plt.subplots(figsize=(6, 1.8 + 0.4 * len(bars)), dpi=100)
     for y, (_, parts) in enumerate(bars):
@@ -126,4 +160,4 @@ def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
     ax.set_xlabel("seconds")
     ax.set_title(f"Where the wall clock went (rank {wc['rank']}, {wc['total_s']:.1f} s)")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")
-    return _save(fig, path)
+    return _save(plt, fig, path)
