@@ -123,7 +123,7 @@ def _nodes_worker(args: argparse.Namespace) -> int:
 
 def _run_nodes(threads: int, steps: int, out: str, precision: str, tiny: bool, sweep_mb: list[float]) -> None:
     from monai_fast.distributed import free_port
-    from monai_fast.distributed.drill import run_local_nodes, static_nodes
+    from monai_fast.race.drill import run_local_nodes, static_nodes
 
     worker = [
         str(Path(__file__).resolve()),

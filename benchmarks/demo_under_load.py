@@ -34,9 +34,9 @@ from pathlib import Path
 from busy import busy_cores
 
 from monai_fast.files import write_json
+from monai_fast.race.epochs import EpochRow
 from monai_fast.race.headline import format_headline, headline
-from monai_fast.recipes.epochs import EpochRow
-from monai_fast.recipes.runner import RaceResult
+from monai_fast.race.runner import RaceResult
 
 
 def figures(head: dict) -> dict:

@@ -23,7 +23,7 @@ from monai_fast.race.headline import (
 )
 from monai_fast.race.interleave import budget_after_lead, epochs_after_lead
 from monai_fast.race.options import recipe_config
-from monai_fast.recipes.runner import EpochRow, RaceResult, TargetRun
+from monai_fast.race.runner import EpochRow, RaceResult, TargetRun
 from monai_fast.telemetry.host import describe_host_load
 
 TINY_RACE = {"max_epochs": 6, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "amp": False}

@@ -13,8 +13,8 @@ import pytest
 from ignite.engine import Engine
 
 from monai_fast.distributed import detect, free_port
-from monai_fast.distributed.drill import run_local_nodes, static_nodes
 from monai_fast.handlers import RecordHandler
+from monai_fast.race.drill import run_local_nodes, static_nodes
 from monai_fast.report.doctor import diagnose
 from monai_fast.telemetry.record import Kind, Source, load_record, select
 

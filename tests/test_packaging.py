@@ -16,18 +16,27 @@ def test_every_code_folder_is_a_package_that_setup_finds():
     assert not missing, f"not packaged (no __init__.py?): {missing}"
 
 
-def _imports(path: Path) -> set[str]:
-    """Modules ``path`` imports at run time (``if TYPE_CHECKING:`` blocks left out)."""
+def _imports(path: Path, type_checking: bool = False, source: str | None = None) -> set[str]:
+    """Modules ``path`` imports at run time (``if TYPE_CHECKING:`` blocks left out unless ``type_checking``).
+
+    A relative import is named by its absolute module (``from ..race import x`` in ``monai_fast/report/a.py``
+    is ``monai_fast.race``); ``source``, when given, is read as the text of ``path``.
+    """
     import ast
 
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            node.body = []
+    tree = ast.parse(path.read_text() if source is None else source)
+    if not type_checking:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+                node.body = []
+    package = path.relative_to(ROOT).parent.parts
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            names.add(".".join((*base, node.module) if node.module else base))
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
     return names
@@ -37,8 +46,6 @@ def _modules(folder: str) -> list[Path]:
     return sorted(p for p in (ROOT / "monai_fast" / folder).rglob("*.py") if "__pycache__" not in p.parts)
 
 
-#: the tuner's recipe binding; the rest of ``tune/`` is the tuner core, which handlers may use
-TUNE_RECIPE_BOUND = ("monai_fast.tune.recipe",)
 ABOVE_HANDLERS = (
     "monai_fast.report",
     "monai_fast.recipes",
@@ -46,7 +53,24 @@ ABOVE_HANDLERS = (
     "monai_fast.cli",
     "monai_fast.bundle",
     "monai_fast.inference",
-    *TUNE_RECIPE_BOUND,
+)
+
+#: the plugin (with ``monai_fast/__init__.py``): everything a trainer may use; the race and bench harness
+#: (``monai_fast.race``) sits above it
+PLUGIN = (
+    "monai_fast.extras",
+    "monai_fast.files",
+    "monai_fast.openmp",
+    "monai_fast.progress",
+    "monai_fast.telemetry",
+    "monai_fast.data",
+    "monai_fast.distributed",
+    "monai_fast.tune",
+    "monai_fast.handlers",
+    "monai_fast.recipes",
+    "monai_fast.report",
+    "monai_fast.inference",
+    "monai_fast.bundle",
 )
 
 #: the layers, lowest first (docs/design.md): a module imports its own layer and those below, never one above
@@ -56,7 +80,7 @@ LAYERS = [
     ("data, distributed", ("monai_fast.data", "monai_fast.distributed")),
     ("tuner core", ("monai_fast.tune",)),
     ("handlers", ("monai_fast.handlers",)),
-    ("recipes", ("monai_fast.recipes", *TUNE_RECIPE_BOUND)),
+    ("recipes", ("monai_fast.recipes",)),
     ("report", ("monai_fast.report",)),
     ("inference, bundles", ("monai_fast.inference", "monai_fast.bundle")),
     ("races", ("monai_fast.race",)),
@@ -65,7 +89,7 @@ LAYERS = [
 
 
 def _layer(module: str) -> int | None:
-    """The layer of ``module``: the longest matching prefix wins (``tune.recipe`` is a recipe)."""
+    """The layer of ``module``: the longest matching prefix wins."""
     best: tuple[int, int] | None = None
     for i, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
@@ -95,7 +119,8 @@ def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
 
 def test_the_layer_check_sees_an_upward_import():
     assert _layer("monai_fast.data.adopt") < _layer("monai_fast.handlers.prefetch")
-    assert _layer("monai_fast.tune.recipe") > _layer("monai_fast.handlers") > _layer("monai_fast.tune.search")
+    assert _layer("monai_fast.recipes.tuning") > _layer("monai_fast.handlers") > _layer("monai_fast.tune.result")
+    assert _layer("monai_fast.race.drill") > max(_layer(p) for p in PLUGIN)
     assert _layer("monai_fast.cli.train") == len(LAYERS) - 1 and _layer("numpy") is None
 
 
@@ -109,9 +134,73 @@ def test_handlers_import_nothing_above_them():
 
 def test_the_tuner_core_imports_nothing_above_handlers():
     above = (*ABOVE_HANDLERS, "monai_fast.handlers")
-    core = [p for p in _modules("tune") if p.stem != "recipe"]
-    bad = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith(above)) for p in core}
-    assert not {k: v for k, v in bad.items() if v}, f"the tuner core imports an upper layer: {bad}"
+    bad = {
+        str(p.relative_to(ROOT)): sorted(n for n in _imports(p, type_checking=True) if n.startswith(above))
+        for p in _modules("tune")
+    }
+    assert not {k: v for k, v in bad.items() if v}, (
+        f"the tuner core imports an upper layer (type hints included): {bad}"
+    )
+
+
+#: deprecated aliases at old module paths (removed in the next release): the only plugin modules that load the
+#: harness, and only by name (``import_module``) when the old path itself is imported
+HARNESS_ALIASES = {
+    "monai_fast.recipes.runner",
+    "monai_fast.recipes.epochs",
+    "monai_fast.recipes.lab",
+    "monai_fast.report.compare",
+    "monai_fast.distributed.drill",
+}
+
+
+def _loaded_by_name(path: Path) -> set[str]:
+    """Modules ``path`` names in an ``import_module("...")`` call."""
+    import ast
+
+    return {
+        node.args[0].value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "import_module"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    }
+
+
+def test_only_the_deprecated_aliases_load_the_harness_by_name():
+    loaders = {
+        _module_name(p)
+        for p in _plugin_modules()
+        if any(n.split(".")[:2] == ["monai_fast", "race"] for n in _loaded_by_name(p))
+    }
+    assert loaders == HARNESS_ALIASES
+
+
+def _plugin_modules() -> list[Path]:
+    return [p for p in _modules("") if _module_name(p).startswith(PLUGIN) or _module_name(p) == "monai_fast"]
+
+
+def test_the_plugin_never_imports_the_harness():
+    assert any(p.name == "window_tune.py" for p in _plugin_modules())
+    assert not any(_module_name(p).startswith("monai_fast.race") for p in _plugin_modules())
+    bad = {
+        _module_name(p): sorted(
+            n for n in _imports(p, type_checking=True) if n.split(".")[:2] == ["monai_fast", "race"]
+        )
+        for p in _plugin_modules()
+    }
+    assert not {k: v for k, v in bad.items() if v}, f"plugin modules that import monai_fast.race: {bad}"
+
+
+def test_the_import_reader_resolves_relative_and_type_hint_imports():
+    where = ROOT / "monai_fast" / "report" / "x.py"
+    assert "monai_fast.race.core" in _imports(where, source="from ..race.core import race\n")
+    assert "monai_fast.race" in _imports(where, source="from ..race import core\n")
+    hinted = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from monai_fast.race import x\n"
+    assert "monai_fast.race" not in _imports(where, source=hinted)
+    assert "monai_fast.race" in _imports(where, type_checking=True, source=hinted)
 
 
 def test_importing_the_tuner_does_not_import_the_recipes():

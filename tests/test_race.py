@@ -134,7 +134,7 @@ def test_bench_rejects_zero_repeats_and_an_unwritable_out_dir(tmp_path, monkeypa
 
 
 def test_summarize_medians_and_same_repeat_speedups():
-    from monai_fast.recipes.runner import RaceResult
+    from monai_fast.race.runner import RaceResult
 
     def result(recipe, ttt):
         return RaceResult(

@@ -13,6 +13,7 @@ from monai.losses import DiceCELoss
 from monai.networks.nets import UNet
 
 from monai_fast.recipes import RecipeConfig
+from monai_fast.recipes.tuning import tune_recipe
 from monai_fast.tune import (
     SearchSpace,
     Trial,
@@ -21,7 +22,6 @@ from monai_fast.tune import (
     grow_then_bisect,
     pick_best,
     race,
-    tune_recipe,
 )
 
 FAST = {"warmup": 1, "min_iters": 1, "min_time_s": 0.0}

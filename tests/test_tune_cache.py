@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from monai_fast.recipes import RecipeConfig
-from monai_fast.tune import SearchSpace, place_cache, tune_recipe
+from monai_fast.recipes.tuning import tune_recipe
+from monai_fast.tune import SearchSpace, place_cache
 
 FAST = {"warmup": 1, "min_iters": 1, "min_time_s": 0.0}
 

@@ -20,8 +20,8 @@ import torch
 from monai_fast.cli.args import add_data_options, add_model_options, add_race_options, add_tuning_options, race_spec
 from monai_fast.race import RaceEvents, RaceRun, RaceSpec, bench, race, resolve_device, tune_only
 from monai_fast.race.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
+from monai_fast.race.runner import RaceResult
 from monai_fast.race.scale import demo_scale, size_line
-from monai_fast.recipes.runner import RaceResult
 
 __all__ = [
     "DEMO_EPOCH_MULTIPLE",
@@ -80,7 +80,7 @@ class ProgressPrinter(RaceEvents):
 
     def race_finished(self, run: RaceRun) -> None:
         if self.table:
-            from monai_fast.report.compare import format_table
+            from monai_fast.race.compare import format_table
 
             print(format_table(run.results), flush=True)
 

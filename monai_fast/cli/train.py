@@ -230,10 +230,12 @@ def _outputs(args: argparse.Namespace, sm: SageMakerEnv) -> _Outputs:
 def _attach_tensorboard(built: Any, folder: Path) -> Any:
     """MONAI's TensorBoard handlers on ``built``'s trainer (loss per iteration) and evaluator (Dice per epoch)."""
     from monai.handlers import TensorBoardStatsHandler, from_engine
-    from torch.utils.tensorboard import SummaryWriter
 
+    from monai_fast.extras import require
+
+    tensorboard = require("torch.utils.tensorboard", extra="plots", feature="train --tensorboard-dir")
     folder.mkdir(parents=True, exist_ok=True)
-    writer = SummaryWriter(log_dir=str(folder))
+    writer = tensorboard.SummaryWriter(log_dir=str(folder))
     TensorBoardStatsHandler(
         summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
     ).attach(built.trainer)
@@ -308,7 +310,7 @@ def _write_outputs(
     the failures' messages.
     """
     from monai_fast.race import run_meta
-    from monai_fast.report.compare import write_race
+    from monai_fast.race.compare import write_race
     from monai_fast.report.doctor import doctor
 
     failed: list[str] = []
@@ -379,7 +381,7 @@ def _check_outputs(out: _Outputs, plan: Any) -> None:
 def _train_owned(spec: Any, out: _Outputs, plan: Any, lead: bool) -> None:
     """:func:`_train` once the options and outputs are checked and the run folder is this run's."""
     from monai_fast.race import checked_data
-    from monai_fast.recipes.runner import TargetRun
+    from monai_fast.race.runner import TargetRun
 
     data_root, train_files, val_files = checked_data(spec)  # a --data-dir URL is read from object storage
     run = TargetRun(

@@ -20,7 +20,7 @@ from pathlib import Path
 from monai_fast.files import write_json
 from monai_fast.race.core import RaceEvents, RaceRun, race
 from monai_fast.race.options import RaceOptionError, RaceSpec, check_writable_dir, plan_race
-from monai_fast.recipes.runner import RaceResult
+from monai_fast.race.runner import RaceResult
 
 __all__ = ["REFERENCES", "BenchRun", "bench", "summarize"]
 
@@ -50,7 +50,7 @@ def summarize(repeats: Sequence[Sequence[RaceResult]], recipes: Sequence[str]) -
         >>> summarize([], [])
         {}
     """
-    from monai_fast.report.compare import speedup
+    from monai_fast.race.compare import speedup
 
     summary = {}
     for name in recipes:

@@ -7,13 +7,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from monai_fast.files import atomic_write, write_json  # noqa: E402
-from monai_fast.recipes.runner import RaceResult, write_epochs_csv  # noqa: E402
+from monai_fast.extras import require
+from monai_fast.files import atomic_write, write_json
+from monai_fast.race.runner import RaceResult, write_epochs_csv
 
 __all__ = ["best_dice_by", "format_table", "plot_dice_vs_time", "speedup", "write_race"]
 
@@ -99,8 +95,13 @@ def format_table(results: Sequence[RaceResult], reference: str = "baseline") -> 
 
 
 def plot_dice_vs_time(results: Sequence[RaceResult], path: str | os.PathLike, target: float | None = None) -> Path:
-    """PNG of validation Dice against wall-clock seconds (caching included), one line per recipe."""
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    """PNG of validation Dice against wall-clock seconds (caching included), one line per recipe.
+
+    The figure is drawn without pyplot, so the caller's matplotlib backend stays as it is.
+    """
+    figure = require("matplotlib.figure", extra="plots", feature="the Dice-vs-time PNG of a race")
+    fig = figure.Figure(figsize=(7, 4.2), dpi=110)
+    ax = fig.subplots()
     for r in results:
         pts = [(e.elapsed_s, e.val_dice) for e in r.epochs if e.val_dice is not None]
         if pts:
@@ -118,7 +119,6 @@ def plot_dice_vs_time(results: Sequence[RaceResult], path: str | os.PathLike, ta
     path = Path(path)
     with atomic_write(path, "wb") as f:
         fig.savefig(f, format="png")
-    plt.close(fig)
     return path
 
 

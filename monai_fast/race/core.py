@@ -33,7 +33,7 @@ from monai_fast.race.options import (
     plan_race,
     recipe_config,
 )
-from monai_fast.recipes.runner import RaceResult, run_to_target
+from monai_fast.race.runner import RaceResult, run_to_target
 
 __all__ = [
     "NUM_CLASSES",
@@ -193,7 +193,8 @@ def run_meta(data_root: Path | None, device: str, options: Mapping[str, Any] | N
 
 
 def _tune(plan: RacePlan, train_files: Sequence[dict], val_files: Sequence[dict]):
-    from monai_fast.tune import TuningError, tune_recipe, typical_val_shape
+    from monai_fast.recipes.tuning import tune_recipe, typical_val_shape
+    from monai_fast.tune import TuningError
 
     opts: TuneOptions = plan.spec.tune or TuneOptions()
     try:
@@ -259,7 +260,7 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     Every option is checked first (:func:`~monai_fast.race.options.plan_race`), the run folder
     included, so a bad one fails in a second. Then: the data (``spec``'s files, ``data_dir`` or
     cached synthetic data), ``fast`` tuned when ``spec.tune`` is set, each recipe trained to the
-    target (:func:`~monai_fast.recipes.runner.run_to_target`, into ``run_dir/<recipe>/``; with
+    target (:func:`~monai_fast.race.runner.run_to_target`, into ``run_dir/<recipe>/``; with
     ``spec.interleave`` an epoch at a time in turns, :mod:`monai_fast.race.interleave`), the
     doctor on each recipe's record (``diagnosis`` filled, ``report.md`` written), and
     ``results.json``, ``epochs.csv`` and ``dice_vs_time.png`` in ``run_dir``.
@@ -282,7 +283,7 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         >>> run = race(spec)  # doctest: +SKIP
         >>> [r.reached for r in run.results], run.results_json  # doctest: +SKIP
     """
-    from monai_fast.report.compare import write_race
+    from monai_fast.race.compare import write_race
 
     started = time.monotonic()
     deadline = None if spec.total_budget_s is None else started + (1.0 - REPORT_SHARE) * spec.total_budget_s

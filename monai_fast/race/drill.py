@@ -18,7 +18,7 @@ Launchers write into log files, never pipes (an orphaned rank could hold a pipe 
 still running at the deadline gets SIGTERM, which it passes on to its ranks.
 
 Example:
-    >>> from monai_fast.distributed.drill import static_nodes
+    >>> from monai_fast.race.drill import static_nodes
     >>> static_nodes(2, 29400)[1]
     ['--nnodes', '2', '--master-addr', '127.0.0.1', '--master-port', '29400', '--node-rank', '1']
 """

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the writer comes from the caller; tensorboard is the [plots
 
 __all__ = ["EPOCH_FIELDS", "EpochRecorder", "EpochRow", "write_epochs_csv"]
 
-logger = logging.getLogger("monai_fast.recipes.runner")  # the runner's lines, as they always were
+logger = logging.getLogger("monai_fast.race.runner")  # its lines are the runner's
 
 
 @dataclass

@@ -38,7 +38,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from monai_fast.recipes.runner import RaceResult
+from monai_fast.race.runner import RaceResult
 from monai_fast.telemetry.host import describe_host_load
 
 __all__ = [

@@ -38,8 +38,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from monai_fast.race.runner import RaceResult, TargetRun
 from monai_fast.recipes import RecipeConfig
-from monai_fast.recipes.runner import RaceResult, TargetRun
 from monai_fast.telemetry.host import HostLoad
 
 __all__ = ["budget_after_lead", "epochs_after_lead", "lead_of", "lead_share", "run_interleaved"]
@@ -134,7 +134,7 @@ def run_interleaved(
         recipes: recipe names; the lead is :func:`lead_of` them.
         configs: each recipe's options.
         train_files, val_files: the data.
-        device, target, run_dir, progress: as :func:`monai_fast.recipes.runner.run_to_target`.
+        device, target, run_dir, progress: as :func:`monai_fast.race.runner.run_to_target`.
         cap_s: most seconds on any recipe's clock (``None``: no cap).
         multiple: the others' wall-clock budget in multiples of the lead's time (``None``: the cap).
         events: a :class:`monai_fast.race.RaceEvents`.

@@ -5,7 +5,7 @@ front ends of :func:`run_lab`: the same data sizes, the same TensorBoard images,
 expected-performance table filled from the run's own measurements.
 
 Example:
-    >>> from monai_fast.recipes.lab import lab_data, run_lab
+    >>> from monai_fast.race.lab import lab_data, run_lab
     >>> train, val, config = lab_data("cpu")  # doctest: +SKIP
     >>> lab = run_lab(train, val, config, "cpu", "runs/lab")  # doctest: +SKIP
     >>> print(lab.table)  # doctest: +SKIP
@@ -16,23 +16,26 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from ignite.engine import Engine, Events
-from matplotlib.figure import Figure
 from monai.handlers import from_engine
 from monai.visualize import plot_2d_or_3d_image
 
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.extras import require
 from monai_fast.files import atomic_write, write_json, write_text
+from monai_fast.race.runner import RaceResult, TargetRun
 from monai_fast.recipes.config import RecipeConfig
-from monai_fast.recipes.runner import RaceResult, TargetRun
 from monai_fast.telemetry import device_description
 from monai_fast.telemetry.memory import DeviceMemory
 from monai_fast.telemetry.record import load_record
+
+if TYPE_CHECKING:  # matplotlib is the [plots] extra, imported where a figure is drawn
+    from matplotlib.figure import Figure
 
 __all__ = [
     "LAB_NETWORK",
@@ -105,7 +108,8 @@ def prediction_figure(volumes: dict[str, np.ndarray]) -> Figure:
         raise ValueError("no validation images to draw: the evaluator has not run (PredictionImages saw nothing)")
     image, label, pred = volumes["input"][0], volumes["label"][0], volumes["prediction"][0]
     z = int(np.argmax(label.sum(axis=(0, 1)) if label.any() else pred.sum(axis=(0, 1))))
-    fig = Figure(figsize=(10, 3.8), dpi=100)
+    figure = require("matplotlib.figure", extra="plots", feature="the lab's prediction figure")
+    fig = figure.Figure(figsize=(10, 3.8), dpi=100)
     axes = fig.subplots(1, 3)
     for ax, (title, overlay) in zip(axes, (("input", None), ("ground truth", label), ("prediction", pred))):
         ax.imshow(np.rot90(image[:, :, z]), cmap="gray")

@@ -86,7 +86,7 @@ class SyntheticData:
 
 @dataclass(frozen=True)
 class TuneOptions:
-    """How the ``fast`` recipe is tuned before the race (see :func:`monai_fast.tune.tune_recipe`).
+    """How the ``fast`` recipe is tuned before the race (see :func:`monai_fast.recipes.tuning.tune_recipe`).
 
     Example:
         >>> TuneOptions(batch_range=(1, 2), trials=2).sw_range
@@ -289,7 +289,7 @@ def _check_data(spec: RaceSpec) -> None:
 
 
 def _search_space(options: TuneOptions, config: RecipeConfig, device: str):
-    from monai_fast.tune import default_space
+    from monai_fast.recipes.tuning import default_space
 
     try:
         return default_space(

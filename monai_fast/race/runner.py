@@ -8,14 +8,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import ProgressBar
 from monai.handlers import TensorBoardStatsHandler, from_engine
-from torch.utils.tensorboard import SummaryWriter
 
 from monai_fast.data.rng_state import OwnRandomStream
+from monai_fast.extras import require
 from monai_fast.handlers import (
     GPUSampler,
     InferenceSplit,
@@ -30,13 +31,16 @@ from monai_fast.handlers import (
 from monai_fast.handlers.lifecycle import handlers_on
 from monai_fast.handlers.stop_signal import stop_signals_caught
 from monai_fast.progress import show_progress
+from monai_fast.race.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, write_epochs_csv
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.recipes.common import Recipe
-from monai_fast.recipes.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, write_epochs_csv
 from monai_fast.telemetry import device_description
 from monai_fast.telemetry.host import process_tree_cpu_seconds
 from monai_fast.telemetry.record import Category, Source, data_share
 from monai_fast.telemetry.spans import wall_time
+
+if TYPE_CHECKING:  # tensorboard is the [plots] extra, imported where a run writes its events
+    from torch.utils.tensorboard import SummaryWriter
 
 __all__ = ["EPOCH_FIELDS", "EpochRow", "RaceResult", "TargetRun", "run_to_target", "write_epochs_csv"]
 
@@ -271,7 +275,8 @@ def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWrit
     writer = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        writer = SummaryWriter(log_dir=str(out))
+        tensorboard = require("torch.utils.tensorboard", extra="plots", feature="a race's TensorBoard events")
+        writer = tensorboard.SummaryWriter(log_dir=str(out))
         TensorBoardStatsHandler(
             summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
         ).attach(trainer)

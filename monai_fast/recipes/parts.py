@@ -1,7 +1,7 @@
 """What a recipe trains, as one object: network, loss, optimizer, transform chains, precision, layout.
 
 A recipe's builder assembles engines and data sets from its :class:`RecipeParts`; the tuner
-(:func:`monai_fast.tune.tune_recipe`) times the same parts, so it tunes exactly what the recipe
+(:func:`monai_fast.recipes.tuning.tune_recipe`) times the same parts, so it tunes exactly what the recipe
 trains. :func:`monai_fast.recipes.recipe_parts` gives a registered recipe's parts by name.
 """
 

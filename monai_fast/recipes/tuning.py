@@ -18,7 +18,7 @@ from monai_fast.tune.space import SearchSpace
 from monai_fast.tune.store import TuneStore, default_store_path
 from monai_fast.tune.tuner import Tuner
 
-__all__ = ["default_space", "default_store_path", "tune_recipe"]
+__all__ = ["default_space", "default_store_path", "tune_recipe", "typical_val_shape"]
 
 logger = logging.getLogger("monai_fast.tune")
 
@@ -98,7 +98,7 @@ def tune_recipe(
 
     Example:
         >>> from monai_fast.recipes import RecipeConfig
-        >>> from monai_fast.tune import tune_recipe
+        >>> from monai_fast.recipes.tuning import tune_recipe
         >>> result = tune_recipe(RecipeConfig(), val_shape=(160, 160, 96))  # doctest: +SKIP
         >>> config = result.apply(RecipeConfig())  # doctest: +SKIP
     """

@@ -4,7 +4,7 @@ Every notebook in ``tutorials/`` has a ``SIZE`` parameter: ``"test"`` runs in ab
 CPU, ``"full"`` is sized for a GPU. ``"auto"`` (the default) resolves here, from what the device
 can do: ``"full"`` where the notebook trains on a CUDA GPU, ``"test"`` on a CPU, where the full
 sizes take many minutes. Each notebook then maps ``"test"`` / ``"full"`` to its own presets
-(:data:`monai_fast.recipes.pathology_config.SIZES`, :data:`monai_fast.recipes.lab.LAB_SIZES`).
+(:data:`monai_fast.recipes.pathology_config.SIZES`, :data:`monai_fast.race.lab.LAB_SIZES`).
 
 Example:
     >>> tutorial_size("auto", "cpu")

@@ -1,11 +1,12 @@
 """Auto-tuning of batch size, sliding-window batch, validation device and precision by measured throughput.
 
 The tuner itself (:class:`Tuner`, :func:`tune_validation`, the search, the store) measures a
-network and needs nothing above :mod:`monai_fast.telemetry`, so handlers may use it;
-:func:`tune_recipe` and its helpers bind it to the recipes and are imported on first use, so
-``import monai_fast.tune`` never pulls the recipes in.
+network and needs nothing above :mod:`monai_fast.telemetry`, so handlers may use it. Its
+binding to the recipes (:func:`~monai_fast.recipes.tuning.tune_recipe` and its helpers) is
+:mod:`monai_fast.recipes.tuning`; ``import monai_fast.tune`` never pulls the recipes in.
 """
 
+import warnings
 from importlib import import_module
 from typing import Any
 
@@ -17,7 +18,7 @@ from monai_fast.tune.store import TuneStore, default_store_path
 from monai_fast.tune.tuner import Tuner, TuningError
 from monai_fast.tune.validation import tune_validation
 
-#: names bound to the recipes, imported from :mod:`monai_fast.tune.recipe` when first asked for
+#: deprecated aliases of :mod:`monai_fast.recipes.tuning`, imported from there when first asked for
 _RECIPE_BOUND = ("default_space", "tune_recipe", "typical_val_shape")
 
 __all__ = [
@@ -28,19 +29,21 @@ __all__ = [
     "TuneStore",
     "Tuner",
     "TuningError",
-    "default_space",
     "default_store_path",
     "grow_then_bisect",
     "pick_best",
     "place_cache",
     "race",
-    "tune_recipe",
     "tune_validation",
-    "typical_val_shape",
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name in _RECIPE_BOUND:
-        return getattr(import_module("monai_fast.tune.recipe"), name)
+        warnings.warn(
+            f"monai_fast.tune.{name} is deprecated; import it from monai_fast.recipes.tuning",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(import_module("monai_fast.recipes.tuning"), name)
     raise AttributeError(f"module 'monai_fast.tune' has no attribute {name!r}")

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 import torch
 
-if TYPE_CHECKING:
-    from monai_fast.recipes.config import RecipeConfig
+__all__ = ["Tunable", "TuneResult", "layout_name", "model_signature"]
 
-__all__ = ["TuneResult", "layout_name", "model_signature"]
+_Config = TypeVar("_Config", bound="Tunable")
+
+
+class Tunable(Protocol):
+    """A configuration that takes a tuner's pick: :class:`monai_fast.recipes.RecipeConfig` is one."""
+
+    def tuned(
+        self: _Config,
+        batch_size: int,
+        sw_batch_size: int,
+        val_device: str,
+        precision: str,
+        cache_budget_mib: float | None = None,
+    ) -> _Config: ...
 
 
 @dataclass
@@ -62,8 +74,8 @@ class TuneResult:
     def from_dict(cls, d: dict) -> TuneResult:
         return cls(**d)
 
-    def apply(self, config: RecipeConfig) -> RecipeConfig:
-        """A copy of ``config`` with the tuned settings
+    def apply(self, config: _Config) -> _Config:
+        """A copy of ``config`` with the tuned settings, by its ``tuned`` method
         (:meth:`RecipeConfig.tuned <monai_fast.recipes.RecipeConfig.tuned>`)."""
         return config.tuned(
             batch_size=self.batch_size,

@@ -16,7 +16,7 @@ import pytest
 from monai_fast.cli import main
 from monai_fast.race.core import REPORT_SHARE
 from monai_fast.race.headline import ESTIMATED, format_headline, headline
-from monai_fast.recipes.runner import EpochRow, RaceResult
+from monai_fast.race.runner import EpochRow, RaceResult
 
 TINY_DEMO = [
     "--cases",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from monai_fast.distributed import free_port
-from monai_fast.distributed.drill import kill_drill, read_progress, run_local_nodes
+from monai_fast.race.drill import kill_drill, read_progress, run_local_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "tutorials" / "distributed_train.py"

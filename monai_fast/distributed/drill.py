@@ -1,0 +1,24 @@
+"""Deprecated alias of :mod:`monai_fast.race.drill`: the same objects, and one ``DeprecationWarning`` on import.
+
+The harness is not part of the plugin, so this alias loads it by name on import rather than by a
+static import.
+"""
+
+import warnings
+from importlib import import_module
+
+warnings.warn(
+    "monai_fast.distributed.drill is deprecated and will be removed in the next release; import monai_fast.race.drill",
+    DeprecationWarning,
+    stacklevel=2,
+)
+
+_new = import_module("monai_fast.race.drill")
+__all__ = list(_new.__all__)
+globals().update({name: getattr(_new, name) for name in __all__})
+
+
+if __name__ == "__main__":  # python -m monai_fast.distributed.drill: the same as python -m monai_fast.race.drill
+    import runpy
+
+    runpy.run_module("monai_fast.race.drill", run_name="__main__", alter_sys=True)
