@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     data = synthetic_dataset("spleen-like", max(2, args.cases), tuple(args.shape), 0, progress=False)
     train, val = load_msd_datalist(data, val_fraction=0.5, seed=0)
     files = (train + val)[: args.cases]
-    config = RecipeConfig(patch_size=tuple(args.patch), num_samples=args.num_samples, amp=False)  # no precision probe
+    # fp32: no precision probe
+    config = RecipeConfig(patch_size=tuple(args.patch), num_samples=args.num_samples, precision="fp32")
     chain, head = chain_of(args.recipe, config)
     by_device = {d: time_chain(chain, files, torch.device(d), args.repeats, seed=0) for d in devices}
     rows = rows_for(chain, head, by_device)

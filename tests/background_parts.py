@@ -60,7 +60,7 @@ def chain(held: Held, random: bool = True) -> Compose:
 def planned(files: list[dict], held: Held, background: bool, random: bool = True, workers: int = 1):
     """The planner's RAM cache of ``files`` built with or without the background fill."""
     transform = chain(held, random)
-    plan = plan_cache(Compose(transform.transforms[:2]), files[:1], "cpu", ram_budget=2**30, sample=1)
+    plan = plan_cache(Compose(transform.transforms[:2]), files[:1], "cpu", ram_budget_mib=1024, sample=1)
     return plan.build(files, transform, background=background, num_workers=workers)
 
 

@@ -42,7 +42,7 @@ def tiny_config():
     from monai_fast.recipes import RecipeConfig
 
     return RecipeConfig(
-        patch_size=(32, 32, 32), batch_size=2, num_samples=2, max_epochs=1, num_workers=1, cache_workers=1
+        patch_size=(32, 32, 32), batch_size=2, num_samples=2, max_epochs=1, num_workers=1, cache_threads=1
     )
 
 

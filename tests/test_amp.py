@@ -147,7 +147,7 @@ def test_a_checkpoint_restores_the_precision_and_counts(tmp_path, monkeypatch, l
 
 
 def test_validation_and_wrong_engines(tiny_files, tiny_config):
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(ValueError, match="precision must be one of"):
         AMPToggle("fp8")
     with pytest.raises(ValueError, match="max_nonfinite"):
         AMPToggle(max_nonfinite=0)

@@ -244,7 +244,7 @@ def test_tune_command_then_demo_applies_the_cached_pick(tmp_path, capsys):
         "2",
         "--no-progress",
     ]
-    # --fp32: the precision is part of the tuning key, and a CPU's bf16 measurement can differ between two processes
+    # --precision fp32: the precision is part of the tuning key; a CPU's bf16 measurement can differ between processes
     search = [
         "--batch-range",
         "1",
@@ -257,7 +257,7 @@ def test_tune_command_then_demo_applies_the_cached_pick(tmp_path, capsys):
         "--tune-cache",
         str(tmp_path / "t.json"),
         "--place-cache",
-        "--fp32",
+        "--precision=fp32",
     ]
     assert main(["tune", *tiny, *search, "--out", str(tmp_path / "tune.json")]) == 0
     out = capsys.readouterr().out

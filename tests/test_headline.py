@@ -26,7 +26,7 @@ from monai_fast.race.options import recipe_config
 from monai_fast.race.runner import EpochRow, RaceResult, TargetRun
 from monai_fast.telemetry.host import describe_host_load
 
-TINY_RACE = {"max_epochs": 6, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "amp": False}
+TINY_RACE = {"max_epochs": 6, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "precision": "fp32"}
 TINY_DEMO = [
     "--cases",
     "4",
@@ -41,7 +41,7 @@ TINY_DEMO = [
     "--channels",
     "4",
     "8",
-    "--fp32",
+    "--precision=fp32",
     "--no-progress",
 ]
 

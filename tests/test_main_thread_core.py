@@ -110,8 +110,8 @@ from monai_fast.race.core import load_data
 from monai_fast.race.options import recipe_config
 from monai_fast.race.runner import TargetRun
 _, train, val = load_data(RaceSpec(synthetic=SyntheticData(cases=4, shape=(32, 32, 32)), progress=False))
-config = recipe_config({"max_epochs": 1, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "amp": False,
-                        "val_interval": 1}, seed=0)
+config = recipe_config({"max_epochs": 1, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,),
+                        "precision": "fp32", "val_interval": 1}, seed=0)
 run = TargetRun(sys.argv[1], train, val, config, "cpu", 0.99, 300, None, False)
 engines = {"trainer": run.built.trainer, "evaluator": run.built.evaluator}
 seen = {name: [] for name in engines}

@@ -7,6 +7,8 @@ from monai_fast.data.persistent import TrustedPersistentDataset
 from monai_fast.data.planner import item_bytes, plan_cache, rank_partition
 from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
 
+MIB = 2**20
+
 
 @pytest.fixture
 def chain(tiny_config):
@@ -19,7 +21,7 @@ def _files(tiny_files):
 
 def test_measures_the_cached_part_and_picks_ram(chain, tiny_files):
     files = _files(tiny_files)
-    plan = plan_cache(chain, files, "cpu", ram_budget=10 * 2**30)
+    plan = plan_cache(chain, files, "cpu", ram_budget_mib=10 * 2**10)
     assert plan.where == "ram" and plan.first_random == 7  # Load..SpatialPad, before RandCropByPosNegLabeld
     one = Compose(chain.transforms[:7])(dict(files[0]))
     assert plan.bytes_per_item == pytest.approx(item_bytes(one), rel=0.3)
@@ -33,29 +35,33 @@ def test_budgets_move_the_cache_down_the_hierarchy(chain, tiny_files, tmp_path):
     files = _files(tiny_files)
     per = plan_cache(chain, files, "cpu").bytes_per_item
     need = int(per * len(files) * 1.2)
-    disk = plan_cache(chain, files, "cpu", ram_budget=need // 2, disk_budget=10 * need, cache_dir=tmp_path)
+    disk = plan_cache(
+        chain, files, "cpu", ram_budget_mib=need / 2 / MIB, disk_budget_mib=10 * need / MIB, cache_dir=tmp_path
+    )
     assert disk.where == "disk" and "not in RAM" in disk.describe()
     assert isinstance(disk.build(files, chain), TrustedPersistentDataset)
-    smart = plan_cache(chain, files, "cpu", ram_budget=need // 2, disk_budget=need // 10, cache_dir=tmp_path)
+    smart = plan_cache(
+        chain, files, "cpu", ram_budget_mib=need / 2 / MIB, disk_budget_mib=need / 10 / MIB, cache_dir=tmp_path
+    )
     assert smart.where == "smartcache" and 2 <= smart.cache_num < len(files)
     assert isinstance(smart.build(files, chain, replace_rate=0.5), SmartCacheDataset)
-    none = plan_cache(chain, files, "cpu", ram_budget=per // 2)
+    none = plan_cache(chain, files, "cpu", ram_budget_mib=per / 2 / MIB)
     assert none.where == "none" and type(none.build(files, chain)) is Dataset
 
 
 def test_gpu_is_chosen_only_for_a_cuda_device_within_its_budget(chain, tiny_files, tiny_config):
     files = _files(tiny_files)
-    big = 10 * 2**30
-    assert plan_cache(chain, files, "cpu", gpu_budget=big, ram_budget=big).where == "ram"
-    plan = plan_cache(chain, files, "cuda", gpu_budget=big, ram_budget=big)  # a plan; building it needs CUDA
+    big = 10 * 2**10  # MiB
+    assert plan_cache(chain, files, "cpu", gpu_budget_mib=big, ram_budget_mib=big).where == "ram"
+    plan = plan_cache(chain, files, "cuda", gpu_budget_mib=big, ram_budget_mib=big)  # a plan; building it needs CUDA
     assert plan.where == "gpu" and "GPU memory" in plan.describe()
     with_indices = Compose(
         deterministic_transforms(tiny_config, precompute_indices=True)
         + random_transforms(tiny_config, precomputed_indices=True)
     )
-    plan = plan_cache(with_indices, files, "cuda", gpu_budget=big, ram_budget=big)
+    plan = plan_cache(with_indices, files, "cuda", gpu_budget_mib=big, ram_budget_mib=big)
     assert plan.tensor_keys == ["image", "label"]  # the 1-D crop-index arrays stay where they are
-    tight = plan_cache(chain, files, "cuda", gpu_budget=1000, ram_budget=big)
+    tight = plan_cache(chain, files, "cuda", gpu_budget_mib=1000 / MIB, ram_budget_mib=big)
     assert tight.where == "ram" and "not in GPU memory" in tight.describe()
 
 
@@ -83,8 +89,8 @@ def test_bad_options(chain, tiny_files):
         plan_cache(chain, [], "cpu")
     with pytest.raises(ValueError, match="margin"):
         plan_cache(chain, _files(tiny_files), "cpu", margin=0.5)
-    with pytest.raises(ValueError, match="ram_budget"):
-        plan_cache(chain, _files(tiny_files), "cpu", ram_budget=-1)
+    with pytest.raises(ValueError, match="ram_budget_mib"):
+        plan_cache(chain, _files(tiny_files), "cpu", ram_budget_mib=-1)
 
 
 def test_item_bytes_counts_nested_tensors():

@@ -8,7 +8,7 @@ from PIL import Image
 import monai_fast.race.core as race_core
 from monai_fast.race import RaceEvents, RaceOptionError, RaceSpec, SyntheticData, bench, race, summarize
 
-TINY = {"patch_size": (32, 32, 32), "num_samples": 2, "num_workers": 1, "cache_workers": 1, "max_epochs": 2}
+TINY = {"patch_size": (32, 32, 32), "num_samples": 2, "num_workers": 1, "cache_threads": 1, "max_epochs": 2}
 
 
 class _Log(RaceEvents):

@@ -54,7 +54,7 @@ def test_cached_recipes_follow_monai_fast_training_guide(name, tiny_files, tiny_
 
 @pytest.mark.parametrize("name, batch, crops", [("baseline", 2, 4), ("monai_tutorial", 2, 4), ("fast", 1, 2)])
 def test_batch_and_crops_left_unset_take_the_recipes_own(name, batch, crops, tiny_files):
-    cfg = RecipeConfig(patch_size=(32, 32, 32), max_epochs=1, num_workers=0, cache_workers=1)
+    cfg = RecipeConfig(patch_size=(32, 32, 32), max_epochs=1, num_workers=0, cache_threads=1)
     r = build_recipe(name, *tiny_files, cfg, progress=False)
     assert r.train_loader.batch_size == batch
     first = next(iter(r.train_loader))
@@ -73,10 +73,10 @@ def test_with_defaults_fills_only_unset_options():
         cfg.with_defaults(batchsize=1)
 
 
-def test_amp_request_on_cpu_warns_and_stays_fp32(tiny_files, tiny_config, caplog):
-    cfg = RecipeConfig(**{**tiny_config.to_dict(), "amp": True})
+def test_fp16_request_on_cpu_warns_and_stays_fp32(tiny_files, tiny_config, caplog):
+    cfg = RecipeConfig(**{**tiny_config.to_dict(), "precision": "fp16"})
     r = build_recipe("monai_tutorial", *tiny_files, cfg, progress=False)
-    assert r.amp is False and "amp=True needs a CUDA device" in caplog.text
+    assert r.amp is False and "precision 'fp16' needs a CUDA device" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_unknown_recipe(tiny_files):
 
 
 def test_fast_in_fp32_differs_from_tutorial_only_in_memory_format(tiny_files, tiny_config):
-    fp32 = RecipeConfig(**{**tiny_config.to_dict(), "amp": False})
+    fp32 = RecipeConfig(**{**tiny_config.to_dict(), "precision": "fp32"})
     fast = build_recipe("fast", *tiny_files, fp32, progress=False)
     tut = build_recipe("monai_tutorial", *tiny_files, fp32, progress=False)
     assert not fast.amp and type(fast.trainer.inferer) is type(tut.trainer.inferer)
@@ -206,7 +206,7 @@ def test_every_registered_recipe_has_one_builder_signature_and_parts():
 def test_parts_are_what_the_recipe_trains(name, tiny_files, tiny_config):
     from monai_fast.recipes import recipe_parts
 
-    cfg = RecipeConfig(**{**tiny_config.to_dict(), "amp": False})
+    cfg = RecipeConfig(**{**tiny_config.to_dict(), "precision": "fp32"})
     parts = recipe_parts(name, cfg, "cpu")
     r = build_recipe(name, *tiny_files, cfg, progress=False)
     net = parts.network()

@@ -84,8 +84,8 @@ def test_build_recipe_with_segresnet_trains_one_tiny_epoch(tiny_files, tiny_conf
 
 
 def test_the_tuners_model_signature_tells_the_networks_apart():
-    unet = recipe_parts("fast", RecipeConfig(amp=False)).network()
-    segresnet = recipe_parts("fast", RecipeConfig(amp=False, network="segresnet")).network()
+    unet = recipe_parts("fast", RecipeConfig(precision="fp32")).network()
+    segresnet = recipe_parts("fast", RecipeConfig(precision="fp32", network="segresnet")).network()
     assert isinstance(unet, UNet) and isinstance(segresnet, SegResNet)
     assert model_signature(unet).startswith("UNet-") and model_signature(segresnet).startswith("SegResNet-")
 

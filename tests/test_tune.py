@@ -502,7 +502,7 @@ def test_tune_recipe_times_the_recipes_own_network_layout(tmp_path, monkeypatch)
         return real(self, progress)
 
     monkeypatch.setattr(Tuner, "run", spy)
-    cfg = RecipeConfig(patch_size=(16, 16, 16), channels=(4, 8), strides=(2,), num_samples=1, amp=False)
+    cfg = RecipeConfig(patch_size=(16, 16, 16), channels=(4, 8), strides=(2,), num_samples=1, precision="fp32")
     space = SearchSpace(batch_range=(1, 1), sw_batch_range=(1, 1), max_trials=1, confirm=0)
     result = tune_recipe(cfg, (24, 24, 24), space=space, store=tmp_path / "t.json", **FAST)
     tuner = seen[0]

@@ -78,8 +78,8 @@ def train(local_rank: int, args: argparse.Namespace) -> None:
         num_samples=2 if args.tiny else 4,
         max_epochs=args.max_epochs,
         batch_size=args.batch_size,
-        cache_workers=1 if args.tiny else None,
-        amp=False if args.fp32 else None,
+        cache_threads=1 if args.tiny else None,
+        precision="fp32" if args.fp32 else "auto",
     )
     recipe = build_recipe(args.recipe, train_files, val_files, config, idist.device(), progress=False)
     if args.run_dir:  # every rank writes its record (record.rank<R>.jsonl) for `monai-fast doctor RUN_DIR`

@@ -17,8 +17,11 @@ from typing import Any
 
 import torch
 
+from monai_fast.data.planner import CACHE_CHOICES
+from monai_fast.deprecation import deprecated_flag
 from monai_fast.race import RaceSpec, SyntheticData, TuneOptions
 from monai_fast.race.scale import DemoScale, demo_scale
+from monai_fast.telemetry.precision import REQUESTS
 
 __all__ = [
     "FLAGS",
@@ -132,15 +135,22 @@ def add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
     if race:
         g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
     g.add_argument(
+        "--precision",
+        choices=REQUESTS,
+        default="auto",
+        help="mixed precision: auto (fast picks bf16/fp16 where it pays, measured on a CPU; monai_tutorial runs "
+        "MONAI's fp16 amp on CUDA; baseline fp32), bf16, fp16 (CUDA) or fp32 (none in any recipe)",
+    )
+    g.add_argument(
         "--fp32",
-        action="store_true",
-        help="no mixed precision in any recipe (default: fast picks bf16/fp16 where it pays, measured on a CPU)",
+        action=deprecated_flag("--precision fp32", precision="fp32"),
+        help="deprecated: use --precision fp32",
     )
     if race:
         g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")
         g.add_argument(
             "--cache",
-            choices=("auto", "gpu", "ram", "disk", "smartcache", "none"),
+            choices=CACHE_CHOICES,
             help="where fast caches its training data (default auto: measured by the cache planner)",
         )
         g.add_argument("--cache-dir", help="folder for a disk cache (needed by --cache disk)")
@@ -267,8 +277,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("cache", "cache_dir"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
-    if getattr(args, "fp32", False):
-        kw["amp"] = False
+    if getattr(args, "precision", "auto") != "auto":
+        kw["precision"] = args.precision
     kw["compile"] = getattr(args, "compile", False)
     return kw
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import argparse
 
+from monai_fast.deprecation import deprecated_flag
+from monai_fast.telemetry.precision import REQUESTS
+
 __all__ = ["add_bundle_command"]
 
 _RUN_TEXT = (
@@ -59,7 +62,17 @@ def _own_options(r: argparse.ArgumentParser) -> None:
         help="the evaluator's config id (default %(default)s; left out when the config has none)",
     )
     r.add_argument("--no-fast", action="store_true", help="run the bundle as published (with the run record)")
-    r.add_argument("--fp32", action="store_true", help="FastTraining leaves precision alone")
+    r.add_argument(
+        "--precision",
+        choices=REQUESTS,
+        default="auto",
+        help="FastTraining's precision (default auto; fp32: the engines' precision is left as built)",
+    )
+    r.add_argument(
+        "--fp32",
+        action=deprecated_flag("--precision fp32", precision="fp32"),
+        help="deprecated: use --precision fp32",
+    )
     r.add_argument("--run-dir", default=None, help="where the run record goes (default <output_dir>/monai_fast)")
 
 
@@ -82,7 +95,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     args = _split(args)
     try:
         overrides = parse_overrides(args.overrides)
-        fast_options = {"precision": False} if args.fp32 else {}
+        fast_options = {} if args.precision == "auto" else {"precision": args.precision}
 
         def show(applied: dict) -> None:
             plain = ["FastTraining: not attached (--no-fast): the bundle as published"]

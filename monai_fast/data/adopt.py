@@ -70,9 +70,10 @@ from torch.utils.data import (
 
 from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
 from monai_fast.data.loaders import SafeThreadDataLoader
-from monai_fast.data.planner import CachePlan, force_plan, plan_cache, rank_partition
+from monai_fast.data.planner import CACHE_CHOICES, CachePlan, budgets_in_bytes, force_plan, plan_cache, rank_partition
 from monai_fast.data.rng_state import randomizables
 from monai_fast.data.smartcache import SafeSmartCacheDataset
+from monai_fast.deprecation import UNSET
 from monai_fast.progress import show_progress
 
 __all__ = ["AdoptedData", "THREAD_SAFE_COLLATES", "adopt_loader", "unknown_item_path", "why_not_adoptable"]
@@ -208,24 +209,29 @@ def adopt_loader(
     loader: DataLoader,
     device: str | torch.device = "cpu",
     cache: str = "auto",
-    gpu_budget: int | None = None,
-    ram_budget: int | None = None,
-    disk_budget: int | None = None,
+    *,
+    gpu_budget_mib: float | None = None,
+    ram_budget_mib: float | None = None,
+    disk_budget_mib: float | None = None,
     cache_dir: str | os.PathLike | None = None,
     cache_threads: int | None = None,
     progress: bool = False,
     force_thread: bool = False,
     background: bool = False,
     after: Any = None,
+    gpu_budget: Any = UNSET,
+    ram_budget: Any = UNSET,
+    disk_budget: Any = UNSET,
 ) -> AdoptedData:
     """Rebuild ``loader`` over a planned cache (see the module docstring).
 
     Args:
         loader: the user's loader.
         device: the training device (a CUDA device allows a GPU cache).
-        cache: ``"auto"`` (the planner decides), or ``"gpu"``, ``"ram"``, ``"disk"``,
-            ``"smartcache"``, ``"none"`` to force one.
-        gpu_budget, ram_budget, disk_budget: bytes; ``None``: the planner's defaults.
+        cache: ``"auto"`` (the planner decides), or a place of
+            :data:`~monai_fast.data.planner.CACHE_PLACES` (``"gpu"``, ``"ram"``, ``"disk"``,
+            ``"smartcache"``, ``"none"``) to force one.
+        gpu_budget_mib, ram_budget_mib, disk_budget_mib: MiB; ``None``: the planner's defaults.
         cache_dir: where a disk cache may go.
         cache_threads: threads filling the cache; default the CPUs.
         progress: a progress bar while the cache fills.
@@ -239,8 +245,19 @@ def adopt_loader(
         ValueError: when the loader cannot be adopted (the reason names what is in the way), or
             ``cache`` is unknown.
     """
-    if cache not in ("auto", "gpu", "ram", "disk", "smartcache", "none"):
-        raise ValueError(f"cache must be 'auto', 'gpu', 'ram', 'disk', 'smartcache' or 'none', got {cache!r}")
+    gpu_budget_mib, ram_budget_mib, disk_budget_mib = (
+        None if b is None else b / 2**20
+        for b in budgets_in_bytes(
+            "adopt_loader",
+            {
+                "gpu": (gpu_budget_mib, gpu_budget),
+                "ram": (ram_budget_mib, ram_budget),
+                "disk": (disk_budget_mib, disk_budget),
+            },
+        )
+    )
+    if cache not in CACHE_CHOICES:
+        raise ValueError(f"cache must be one of {', '.join(map(repr, CACHE_CHOICES))}, got {cache!r}")
     why = why_not_adoptable(loader, force_thread)
     if why is not None:
         raise ValueError(why)
@@ -263,9 +280,9 @@ def adopt_loader(
                 ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform]),
                 data,
                 device,
-                gpu_budget=gpu_budget,
-                ram_budget=ram_budget,
-                disk_budget=disk_budget,
+                gpu_budget_mib=gpu_budget_mib,
+                ram_budget_mib=ram_budget_mib,
+                disk_budget_mib=disk_budget_mib,
                 cache_dir=cache_dir,
             )
             plan = plan if cache == "auto" else force_plan(plan, cache)

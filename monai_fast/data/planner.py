@@ -27,7 +27,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import psutil
@@ -39,13 +39,52 @@ from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.persistent import TrustedPersistentDataset
 from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
 from monai_fast.data.smartcache import SafeSmartCacheDataset
+from monai_fast.deprecation import UNSET, deprecated
 from monai_fast.telemetry import cuda_free_bytes
 
-__all__ = ["CachePlan", "force_plan", "item_bytes", "plan_cache", "rank_partition"]
+__all__ = [
+    "CACHE_CHOICES",
+    "CACHE_PLACES",
+    "CachePlan",
+    "budgets_in_bytes",
+    "force_plan",
+    "item_bytes",
+    "plan_cache",
+    "rank_partition",
+]
 
 logger = logging.getLogger(__name__)
 
+#: bytes in a MiB: budgets are given in MiB and compared in bytes
+_MIB = 2**20
 Where = Literal["gpu", "ram", "disk", "smartcache", "none"]
+#: where a training cache can go: GPU memory, RAM, disk, a rotating SmartCache in RAM, or nowhere
+CACHE_PLACES: tuple[str, ...] = get_args(Where)
+#: what an option may ask for: a place, or ``"auto"`` (:func:`plan_cache` measures and decides)
+CACHE_CHOICES: tuple[str, ...] = ("auto", *CACHE_PLACES)
+
+
+def budgets_in_bytes(caller: str, given: dict[str, tuple[float | None, Any]]) -> list[int | None]:
+    """Each ``place: (MiB, deprecated bytes)`` budget in bytes; one warning per byte budget given.
+
+    Raises:
+        ValueError: for a negative budget, or both spellings of one budget.
+
+    Example:
+        >>> budgets_in_bytes("plan_cache", {"ram": (1.5, UNSET), "gpu": (None, UNSET)})
+        [1572864, None]
+    """
+    out = []
+    for place, (mib, old) in given.items():
+        if old is not UNSET:
+            deprecated(f"{caller}({place}_budget=bytes)", f"{caller}({place}_budget_mib=MiB)", stacklevel=4)
+            if mib is not None:
+                raise TypeError(f"{caller}: give {place}_budget_mib only, not also the deprecated {place}_budget")
+            mib = None if old is None else old / _MIB
+        if mib is not None and not mib >= 0:
+            raise ValueError(f"{place}_budget_mib must be >= 0 MiB, got {mib}")
+        out.append(None if mib is None else int(mib * _MIB))
+    return out
 
 
 def item_bytes(item: Any) -> int:
@@ -150,12 +189,16 @@ def plan_cache(
     transform: Compose | Sequence,
     data: Sequence[dict],
     device: str | torch.device = "cpu",
-    gpu_budget: int | None = None,
-    ram_budget: int | None = None,
-    disk_budget: int | None = None,
+    *,
+    gpu_budget_mib: float | None = None,
+    ram_budget_mib: float | None = None,
+    disk_budget_mib: float | None = None,
     cache_dir: str | os.PathLike | None = None,
     sample: int = 2,
     margin: float = 1.2,
+    gpu_budget: Any = UNSET,
+    ram_budget: Any = UNSET,
+    disk_budget: Any = UNSET,
 ) -> CachePlan:
     """Measure the cached size of ``data`` under ``transform`` and choose where to cache it.
 
@@ -163,9 +206,9 @@ def plan_cache(
         transform: the full chain (a ``Compose`` or a list); it is split at the first random transform.
         data: this rank's items.
         device: the training device; GPU caching is considered only for a CUDA device.
-        gpu_budget: bytes of GPU memory the cache may use; default half of what is free now.
-        ram_budget: bytes of RAM; default half of what is available now.
-        disk_budget: bytes under ``cache_dir``; default 80 % of its free space.
+        gpu_budget_mib: MiB of GPU memory the cache may use; default half of what is free now.
+        ram_budget_mib: MiB of RAM; default half of what is available now.
+        disk_budget_mib: MiB under ``cache_dir``; default 80 % of its free space.
         cache_dir: where a disk cache would go; without it, disk is not an option.
         sample: items run through the deterministic part to measure their size.
         margin: safety factor on the estimate.
@@ -177,9 +220,14 @@ def plan_cache(
         raise ValueError("data is empty: nothing to plan a cache for")
     if margin < 1.0:
         raise ValueError(f"margin must be >= 1, got {margin}")
-    for name, v in (("gpu_budget", gpu_budget), ("ram_budget", ram_budget), ("disk_budget", disk_budget)):
-        if v is not None and v < 0:
-            raise ValueError(f"{name} must be >= 0 bytes, got {v}")
+    gpu_budget, ram_budget, disk_budget = budgets_in_bytes(
+        "plan_cache",
+        {
+            "gpu": (gpu_budget_mib, gpu_budget),
+            "ram": (ram_budget_mib, ram_budget),
+            "disk": (disk_budget_mib, disk_budget),
+        },
+    )
     transform = transform if isinstance(transform, Compose) else Compose(list(transform))
     device = torch.device(device)
     first_random = _split_index(transform)
@@ -260,8 +308,8 @@ def force_plan(plan: CachePlan, where: Where) -> CachePlan:
         ValueError: ``"gpu"`` without a CUDA device, ``"disk"`` without a cache folder, or an
             unknown place.
     """
-    if where not in ("gpu", "ram", "disk", "smartcache", "none"):
-        raise ValueError(f"cache must be 'gpu', 'ram', 'disk', 'smartcache' or 'none', got {where!r}")
+    if where not in CACHE_PLACES:
+        raise ValueError(f"cache must be one of {', '.join(map(repr, CACHE_PLACES))}, got {where!r}")
     if where == "gpu" and torch.device(plan.device).type != "cuda":
         raise ValueError(f"cache='gpu' needs a CUDA device, got {plan.device}")
     if where == "disk" and plan.cache_dir is None:

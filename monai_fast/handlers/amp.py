@@ -10,6 +10,7 @@ import torch
 from ignite.engine import Engine, Events
 from monai.inferers import Inferer
 
+from monai_fast.deprecation import UNSET, deprecated
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
 from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.record import record_of
@@ -63,8 +64,8 @@ class AMPToggle(EngineHandler):
     same engine (a re-run notebook cell) replaces this one, whose inferer wrapping is undone.
 
     Args:
-        dtype: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off, the
-            non-finite guard stays).
+        precision: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off, the
+            non-finite guard stays): :data:`~monai_fast.telemetry.precision.REQUESTS`.
         schedule: ``epoch -> bool``, called at each epoch's start; ``None`` keeps it on.
         max_nonfinite: consecutive non-finite losses before the fallback to fp32 (for the guard
             this handler attaches; a guard already on the engine keeps its own).
@@ -78,18 +79,23 @@ class AMPToggle(EngineHandler):
 
     def __init__(
         self,
-        dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto",
+        precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto",
         schedule: Callable[[int], bool] | None = None,
         max_nonfinite: int = 3,
+        *,
+        dtype: Any = UNSET,
     ) -> None:
         super().__init__()
-        if dtype not in REQUESTS:
-            raise ValueError(f"dtype must be 'auto', 'bf16', 'fp16' or 'fp32', got {dtype!r}")
+        if dtype is not UNSET:
+            deprecated("AMPToggle(dtype=...)", "AMPToggle(precision=...)")
+            precision = dtype
+        if precision not in REQUESTS:
+            raise ValueError(f"precision must be one of {', '.join(map(repr, REQUESTS))}, got {precision!r}")
         if schedule is not None and not callable(schedule):
             raise TypeError("schedule must be callable: epoch -> bool")
         if max_nonfinite < 1:
             raise ValueError(f"max_nonfinite must be >= 1, got {max_nonfinite}")
-        self.requested = dtype
+        self.requested = precision
         self.schedule = schedule
         self.max_nonfinite = max_nonfinite
         self.enabled = True

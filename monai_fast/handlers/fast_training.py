@@ -23,6 +23,7 @@ from monai.engines import Workflow
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
+from monai_fast.data.planner import CACHE_CHOICES
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
@@ -34,6 +35,7 @@ from monai_fast.handlers.prefetch import prefetch_for
 from monai_fast.handlers.record import record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.window_tune import SlidingWindowTune, sliding_window_of
+from monai_fast.telemetry.precision import REQUESTS
 from monai_fast.telemetry.record import Kind, Source
 
 __all__ = ["FastTraining"]
@@ -62,7 +64,8 @@ class FastTraining(EngineHandler):
       its own rotation is kept and the updater drives MONAI's rotation). A data set whose class has
       its own item path (``__getitem__``, ``_transform``) is not rebuilt from ``.data`` /
       ``.transform`` (:func:`~monai_fast.data.adopt.unknown_item_path`). The evaluator's
-      loader likewise. ``cache`` may force a place (``"gpu"``, ``"ram"``, ``"disk"``,
+      loader likewise. ``cache`` may force a place (one of
+      :data:`~monai_fast.data.planner.CACHE_PLACES`: ``"gpu"``, ``"ram"``, ``"disk"``,
       ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
       to be thread-safe. ``prefetch="auto"``: the next batch is made during the step on
       a GPU and with worker processes; on a CPU a :class:`~monai_fast.handlers.prefetch.PrefetchChoice`
@@ -110,7 +113,8 @@ class FastTraining(EngineHandler):
         cache: ``"auto"``, a place (see above), or ``False``.
         loader: ``"auto"``, ``"thread"`` (adopt any collate function), or ``False`` (keep the
             user's loaders; then no cache either).
-        precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"`` or ``False``.
+        precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``
+            (:data:`~monai_fast.telemetry.precision.REQUESTS`) or ``False``.
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
         validation: ``"auto"``, ``"tune"`` or ``False`` (see above).
         gpu_budget_mib: the planner's GPU memory budget (``None``: its default).
@@ -145,9 +149,9 @@ class FastTraining(EngineHandler):
         progress: bool = False,
         tune_store: str | os.PathLike | None = "default",
     ) -> None:
-        _check("cache", cache, ("auto", "gpu", "ram", "disk", "smartcache", "none", False))
+        _check("cache", cache, (*CACHE_CHOICES, False))
         _check("loader", loader, ("auto", "thread", False))
-        _check("precision", precision, ("auto", "bf16", "fp16", "fp32", False))
+        _check("precision", precision, (*REQUESTS, False))
         _check("memory_format", memory_format, ("auto", "channels_last_3d", "contiguous", False))
         _check("validation", validation, ("auto", "tune", False))
         for name, v in (("prefetch", prefetch), ("prediction_layout", prediction_layout)):
@@ -167,12 +171,9 @@ class FastTraining(EngineHandler):
         self.cache, self.loader, self.precision, self.memory_format = cache, loader, precision, memory_format
         self.validation = validation
         self.budgets = {
-            k: None if v is None else int(v * 2**20)
-            for k, v in (
-                ("gpu_budget", gpu_budget_mib),
-                ("ram_budget", ram_budget_mib),
-                ("disk_budget", disk_budget_mib),
-            )
+            "gpu_budget_mib": gpu_budget_mib,
+            "ram_budget_mib": ram_budget_mib,
+            "disk_budget_mib": disk_budget_mib,
         }
         self.cache_dir, self.cache_threads, self.progress, self.tune_store = (
             cache_dir,

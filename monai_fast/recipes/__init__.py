@@ -71,7 +71,7 @@ def recipe_parts(name: str, config: RecipeConfig | None = None, device: str | to
         ValueError: for an unknown recipe name.
 
     Example:
-        >>> recipe_parts("fast", RecipeConfig(amp=False)).config.batch_size
+        >>> recipe_parts("fast", RecipeConfig(precision="fp32")).config.batch_size
         1
     """
     return _entry(name).parts(config, device)

@@ -21,7 +21,7 @@ DEFAULTS = {"batch_size": 2, "num_samples": 4, "optimizer": "adam"}
 
 
 def baseline_parts(config: RecipeConfig | None = None, device: str | torch.device = "cpu") -> RecipeParts:
-    """``DiceLoss``, ``Adam(1e-4)``, default layout, fp32 (MONAI's ``amp`` only when ``config.amp``).
+    """``DiceLoss``, ``Adam(1e-4)``, default layout, fp32 (MONAI's ``amp`` only with ``config.precision="fp16"``).
 
     Example:
         >>> baseline_parts(RecipeConfig()).loss().__class__.__name__

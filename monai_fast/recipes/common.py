@@ -92,13 +92,22 @@ def build_optimizer(config: RecipeConfig, params: Iterable[torch.nn.Parameter]) 
 
 
 def resolve_amp(config: RecipeConfig, device: torch.device, default_on_cuda: bool) -> bool:
-    """Mixed precision: the user's choice, else ``default_on_cuda`` on CUDA and off on CPU."""
-    if config.amp is None:
+    """Whether MONAI's fp16 ``amp`` is on: ``config.precision`` ``"fp16"`` on CUDA, ``"fp32"`` off,
+    ``"auto"``: ``default_on_cuda`` on CUDA and off on a CPU.
+
+    Raises:
+        ValueError: for ``"bf16"`` (MONAI's ``amp=True`` runs fp16 autocast).
+    """
+    if config.precision == "bf16":
+        raise ValueError(
+            "this recipe runs MONAI's amp=True, which is fp16 autocast: precision must be 'auto', 'fp16' or 'fp32'"
+        )
+    if config.precision == "auto":
         return default_on_cuda and device.type == "cuda"
-    if config.amp and device.type != "cuda":
-        logger.warning("amp=True needs a CUDA device; training in fp32 on %s", device)
+    if config.precision == "fp16" and device.type != "cuda":
+        logger.warning("precision 'fp16' needs a CUDA device; training in fp32 on %s", device)
         return False
-    return config.amp
+    return config.precision == "fp16"
 
 
 def build_network(config: RecipeConfig, device: torch.device, out_channels: int = 2) -> torch.nn.Module:

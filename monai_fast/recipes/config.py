@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import torch
+
+from monai_fast.data.planner import CACHE_CHOICES
+from monai_fast.deprecation import deprecated
+from monai_fast.telemetry.precision import check_precision
 
 #: optimizers a recipe can be given by name, and the learning rate each gets when ``lr`` is unset
 OPTIMIZERS = ("adam", "adamw", "novograd")
@@ -60,16 +66,21 @@ class RecipeConfig:
             ``val_target`` to its target).
         max_epochs: epoch limit of the trainer.
         num_workers: ``DataLoader`` workers of the baseline; ``None``: min(4, CPUs).
-        cache_workers: threads filling caches; ``None``: number of CPUs.
-        amp: mixed precision; ``None``: the recipe's default (``fast``: automatic, also bf16 on
-            CPUs where it is faster; the others: on for CUDA only), ``False``: fp32.
+        cache_threads: threads filling caches; ``None``: number of CPUs.
+        precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"fp32"``
+            (:data:`~monai_fast.telemetry.precision.REQUESTS`). ``"auto"``: the recipe's default
+            (``fast``: bf16 or fp16 where the device runs it, also bf16 on CPUs where it is faster;
+            ``monai_tutorial``: MONAI's fp16 ``amp`` on CUDA; ``baseline``: fp32). ``"fp16"`` turns
+            MONAI's ``amp`` on in ``baseline`` and ``monai_tutorial`` (CUDA only); ``"fp32"``: no
+            mixed precision in any recipe.
         compile: compile the network with ``torch.compile`` (MONAI's ``compile=True``); the
             first iterations then take longer while kernels are built.
         cache: where ``fast`` caches the deterministic part of the training chain: ``"auto"``
             (measured by :func:`~monai_fast.data.planner.plan_cache`: GPU memory on CUDA, else RAM,
             else disk with ``cache_dir``, else a rotating SmartCache, within the budgets),
-            ``"gpu"``, ``"ram"``, ``"disk"``, ``"smartcache"`` or ``"none"``. ``monai_tutorial``
-            always caches like MONAI's guide.
+            or one of the places in :data:`~monai_fast.data.planner.CACHE_PLACES` (``"gpu"``,
+            ``"ram"``, ``"disk"``, ``"smartcache"``, ``"none"``). ``monai_tutorial`` always caches
+            like MONAI's guide.
         cache_dir: folder for a disk cache (``"auto"`` considers disk only when it is set).
         cache_budget_mib: memory the training cache may take (GPU memory on CUDA, RAM on a
             CPU); ``None``: half of what is free when the recipe is built.
@@ -101,8 +112,8 @@ class RecipeConfig:
     val_subset: int = 2
     max_epochs: int = 100
     num_workers: int | None = None
-    cache_workers: int | None = None
-    amp: bool | None = None
+    cache_threads: int | None = None
+    precision: str = "auto"
     compile: bool = False
     cache: str = "auto"
     cache_dir: str | None = None
@@ -164,13 +175,14 @@ class RecipeConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.val_margin >= 0:
             raise ValueError(f"val_margin must be >= 0, got {self.val_margin}")
-        if self.cache not in ("auto", "gpu", "ram", "disk", "smartcache", "none"):
-            raise ValueError(f"cache must be auto, gpu, ram, disk, smartcache or none; got {self.cache!r}")
+        if self.cache not in CACHE_CHOICES:
+            raise ValueError(f"cache must be one of {', '.join(CACHE_CHOICES)}; got {self.cache!r}")
+        check_precision(self.precision, allow_auto=True)
         if self.cache == "disk" and not self.cache_dir:
             raise ValueError("cache='disk' needs cache_dir")
         if self.cache_budget_mib is not None and self.cache_budget_mib < 0:
             raise ValueError(f"cache_budget_mib must be >= 0, got {self.cache_budget_mib}")
-        for name in ("num_workers", "cache_workers"):
+        for name in ("num_workers", "cache_threads"):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ValueError(f"{name} must be >= 0 or None, got {v}")
@@ -200,8 +212,21 @@ class RecipeConfig:
         return self.num_workers if self.num_workers is not None else min(4, os.cpu_count() or 1)
 
     @property
-    def cache_threads(self) -> int:
-        return self.cache_workers if self.cache_workers is not None else (os.cpu_count() or 1)
+    def cache_thread_count(self) -> int:
+        """``cache_threads``, or the number of CPUs when it is ``None``."""
+        return self.cache_threads if self.cache_threads is not None else (os.cpu_count() or 1)
+
+    @property
+    def amp(self) -> bool | None:
+        """Deprecated: read :attr:`precision` (``"fp32"`` is ``False``, ``"auto"`` ``None``, else ``True``)."""
+        deprecated("RecipeConfig.amp", "RecipeConfig.precision", stacklevel=3)
+        return {"fp32": False, "auto": None}.get(self.precision, True)
+
+    @property
+    def cache_workers(self) -> int | None:
+        """Deprecated: read :attr:`cache_threads`."""
+        deprecated("RecipeConfig.cache_workers", "RecipeConfig.cache_threads", stacklevel=3)
+        return self.cache_threads
 
     def with_defaults(self, **defaults: object) -> RecipeConfig:
         """A copy in which each option named in ``defaults`` that is ``None`` takes the given value.
@@ -228,12 +253,12 @@ class RecipeConfig:
     ) -> RecipeConfig:
         """A copy with a tuner's pick (:meth:`monai_fast.tune.TuneResult.apply` calls this).
 
-        ``precision`` maps onto ``amp``: ``"fp32"`` is ``amp=False``, a mixed precision leaves
-        ``amp`` to the recipe's automatic choice; ``cache_budget_mib`` is kept when ``None``.
+        ``precision`` ``"fp32"`` is kept, a mixed precision leaves the choice to the recipe
+        (``"auto"``); ``cache_budget_mib`` is kept when ``None``.
 
         Example:
-            >>> RecipeConfig().tuned(4, 8, "cpu", "fp32").amp
-            False
+            >>> RecipeConfig().tuned(4, 8, "cpu", "fp32").precision
+            'fp32'
         """
         extra = {} if cache_budget_mib is None else {"cache_budget_mib": cache_budget_mib}
         return replace(
@@ -241,7 +266,7 @@ class RecipeConfig:
             batch_size=batch_size,
             sw_batch_size=sw_batch_size,
             val_device=val_device,
-            amp=False if precision == "fp32" else None,
+            precision="fp32" if precision == "fp32" else "auto",
             **extra,
         )
 
@@ -251,9 +276,38 @@ class RecipeConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> RecipeConfig:
-        """Build from a dict, rejecting unknown keys by name."""
-        known = {f.name for f in fields(cls)}
+        """Build from a dict, rejecting unknown keys by name (the deprecated ``amp`` and ``cache_workers`` load)."""
+        known = {f.name for f in fields(cls)} | set(_DEPRECATED)
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
-        return cls(**d)
+        return cls(**_current_names(dict(d), "recipe option {!r}"))
+
+
+#: deprecated keywords of :class:`RecipeConfig`, the option that replaces each, and how a value maps onto it
+_DEPRECATED = {
+    "amp": ("precision", lambda amp: "fp32" if amp is False else "auto"),
+    "cache_workers": ("cache_threads", lambda n: n),
+}
+_dataclass_init = RecipeConfig.__init__
+
+
+def _current_names(kwargs: dict[str, Any], spelled: str) -> dict[str, Any]:
+    """``kwargs`` with each deprecated option replaced by its successor, one warning each (at the caller's caller)."""
+    for old, (new, convert) in _DEPRECATED.items():
+        if old in kwargs:
+            value = kwargs.pop(old)
+            deprecated(spelled.format(old), spelled.format(new), stacklevel=4)
+            if new in kwargs:
+                raise TypeError(f"RecipeConfig: give {new} only, not also the deprecated {old}")
+            kwargs[new] = convert(value)
+    return kwargs
+
+
+def _init(self: RecipeConfig, *args: Any, **kwargs: Any) -> None:
+    _dataclass_init(self, *args, **_current_names(kwargs, "RecipeConfig({}=...)"))
+
+
+_init.__doc__ = _dataclass_init.__doc__
+_init.__signature__ = inspect.signature(_dataclass_init)  # type: ignore[attr-defined]
+RecipeConfig.__init__ = _init  # type: ignore[method-assign]

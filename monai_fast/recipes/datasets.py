@@ -122,7 +122,7 @@ def _cache(parts: RecipeParts, files: Sequence[dict], chain: Compose, progress: 
             data=list(files),
             transform=NamedItemsCompose.of(chain),
             cache_rate=1.0,
-            num_workers=parts.config.cache_threads,
+            num_workers=parts.config.cache_thread_count,
             copy_cache=False,
             progress=show_progress(progress),
         )

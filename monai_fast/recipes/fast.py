@@ -10,7 +10,8 @@ user's own trainer gets:
   disk cache with ``cache_dir``, else a SmartCache rotation), read by a ``SafeThreadDataLoader``
   (an item whose transforms raise stops training with an error naming its files);
 * precision: what :func:`~monai_fast.telemetry.precision.choose_precision` picks
-  (``RecipeConfig.amp=False``: fp32), on trainer and evaluator;
+  for ``RecipeConfig.precision`` (``"auto"`` by default, ``"fp32"``: no mixed precision), on trainer
+  and evaluator;
 * memory format: ``channels_last_3d`` weights, except on a CPU running bf16 (the rule the tuner
   times too, so the tuned batch size is measured in the layout that trains);
 * the recipe's algorithm: ``DiceCELoss`` as ``monai_tutorial``; batches of 1 volume x 2 crops and
@@ -48,7 +49,7 @@ def fast_parts(config: RecipeConfig | None = None, device: str | torch.device = 
     """``DiceCELoss``, ``AdamW(3e-3)``, the automatic precision and its memory format, chains in a cache's form.
 
     Example:
-        >>> fast_parts(RecipeConfig(amp=False)).channels_last
+        >>> fast_parts(RecipeConfig(precision="fp32")).channels_last
         True
     """
     config = (config or RecipeConfig()).with_defaults(**DEFAULTS)
@@ -88,7 +89,7 @@ def fast_training(parts: RecipeParts, progress: bool = False) -> FastTraining:
     """The :class:`FastTraining` the ``fast`` recipe attaches: its cache options, precision and layout.
 
     Example:
-        >>> fast_training(fast_parts(RecipeConfig(amp=False))).precision
+        >>> fast_training(fast_parts(RecipeConfig(precision="fp32"))).precision
         'fp32'
     """
     config = parts.config
@@ -101,7 +102,7 @@ def fast_training(parts: RecipeParts, progress: bool = False) -> FastTraining:
         gpu_budget_mib=budget if on_cuda else None,
         ram_budget_mib=None if on_cuda else budget,
         cache_dir=config.cache_dir,
-        cache_threads=config.cache_workers,
+        cache_threads=config.cache_threads,
         background_fill=config.background_fill,
         progress=progress,
     )

@@ -34,13 +34,13 @@ def dice_ce_loss() -> Callable:
 
 
 def auto_precision(config: RecipeConfig, device: torch.device) -> str:
-    """fp32 when ``config.amp`` is ``False``, else what :func:`~monai_fast.telemetry.precision.choose_precision` picks.
+    """What :func:`~monai_fast.telemetry.precision.choose_precision` picks for ``config.precision`` on ``device``.
 
     Example:
-        >>> auto_precision(RecipeConfig(amp=False), torch.device("cpu"))
+        >>> auto_precision(RecipeConfig(precision="fp32"), torch.device("cpu"))
         'fp32'
     """
-    return "fp32" if config.amp is False else choose_precision("auto", device)
+    return choose_precision(config.precision, device)
 
 
 def memory_format_for(device: torch.device, precision: str) -> torch.memory_format:

@@ -114,7 +114,7 @@ def test_truncated_nifti_in_disk_and_smartcache_raises_data_item_error_naming_th
         cache=cache,
         cache_dir=str(tmp_path / "disk"),
         num_workers=0,
-        cache_workers=1,
+        cache_threads=1,
     )
     with pytest.raises(DataItemError, match=victim):
         build_recipe("fast", train, val, config, "cpu", progress=False).trainer.run()

@@ -32,7 +32,7 @@ TINY_DEMO = [
     "--channels",
     "4",
     "8",
-    "--fp32",
+    "--precision=fp32",
     "--no-progress",
     "--target",
     "0.99",

@@ -49,7 +49,7 @@ def _nan_copy(tiny_files, tmp_path):
 
 def test_a_nan_image_in_fp32_stops_with_an_error_naming_the_file(tiny_files, tiny_config, tmp_path):
     train, val, bad = _nan_copy(tiny_files, tmp_path)
-    config = type(tiny_config)(**{**tiny_config.to_dict(), "max_epochs": 4, "amp": False})
+    config = type(tiny_config)(**{**tiny_config.to_dict(), "max_epochs": 4, "precision": "fp32"})
     r = build_recipe("fast", train, val, config, progress=False)
     assert NonFiniteGuard in handlers_on(r.trainer) and not r.amp  # fp32: the guard is there all the same
     with pytest.raises(NonFiniteLossError, match="NaN/Inf") as err:
