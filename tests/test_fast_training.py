@@ -343,7 +343,7 @@ def test_validation_tune_measures_the_sliding_window_batch_once_and_reuses_the_s
     for _ in range(2):
         trainer, evaluator = _user_trainer(tiny_files)
         window = sliding_window_of(evaluator.inferer)
-        fast = FastTraining(precision="fp32", memory_format=False, validation="tune", tune_store=store)
+        fast = FastTraining(precision="fp32", memory_format=False, evaluator="tune", tune_store=store)
         fast.attach(trainer, evaluator)
         assert window.sw_batch_size == 2  # nothing measured before the evaluator's first run
         trainer.run()
@@ -360,7 +360,7 @@ def test_validation_tune_measures_the_sliding_window_batch_once_and_reuses_the_s
 def test_validation_false_leaves_the_evaluator_as_built(tiny_files):
     trainer, evaluator = _user_trainer(tiny_files)
     loader, inferer = evaluator.data_loader, evaluator.inferer
-    fast = FastTraining(validation=False)
+    fast = FastTraining(evaluator=False)
     fast.attach(trainer, evaluator)
     assert evaluator.data_loader is loader and evaluator.inferer is inferer
     assert not fast.applied["validation"]["applied"] and "validation data" not in fast.applied
@@ -372,7 +372,7 @@ def test_validation_tune_with_an_inferer_that_is_not_a_sliding_window_says_so(ti
 
     trainer, evaluator = _user_trainer(tiny_files)
     evaluator.inferer = SimpleInferer()
-    fast = FastTraining(precision="fp32", validation="tune")
+    fast = FastTraining(precision="fp32", evaluator="tune")
     fast.attach(trainer, evaluator)
     assert (
         not fast.applied["validation"]["applied"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -23,18 +24,18 @@ from monai_fast.telemetry.precision import PRECISIONS, REQUESTS
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _deprecations(fn):
-    """``fn()``'s result and the ``DeprecationWarning`` messages it raised (each checked to point at this file)."""
+def _deprecations(fn, here: bool = True):
+    """``fn()``'s result and the ``DeprecationWarning`` messages it raised (``here``: each pointing at this file)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = fn()
     found = [w for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert all(w.filename == __file__ for w in found), [(w.filename, str(w.message)) for w in found]
+    assert not here or all(w.filename == __file__ for w in found), [(w.filename, str(w.message)) for w in found]
     return result, [str(w.message) for w in found]
 
 
-def _warns_once(fn, new: str):
-    result, messages = _deprecations(fn)
+def _warns_once(fn, new: str, here: bool = True):
+    result, messages = _deprecations(fn, here)
     assert len(messages) == 1 and new in messages[0] and "deprecated" in messages[0], messages
     return result
 
@@ -115,8 +116,9 @@ def test_recipe_config_round_trips_and_loads_saved_amp():
     del saved["precision"], saved["cache_threads"]
     loaded, messages = _deprecations(lambda: RecipeConfig.from_dict(saved))
     assert loaded == RecipeConfig(precision="fp32", cache_threads=2) and len(messages) == 2
-    with pytest.raises(TypeError, match="precision only"):
-        _deprecations(lambda: RecipeConfig(amp=False, precision="fp32"))
+    bf16 = RecipeConfig(precision="bf16")
+    fp32 = _warns_once(lambda: dataclasses.replace(bf16, amp=False), "precision=...", here=False)
+    assert fp32.precision == "fp32"  # the deprecated option, given with its successor, wins (as replace needs)
     with pytest.raises(ValueError, match="precision must be one of"):
         RecipeConfig(precision="half")
 
@@ -244,3 +246,22 @@ def test_adopt_loader_byte_budgets_warn_once_and_adopt_as_their_mib_twins(tiny_f
         lambda: adopt_loader(loader, ram_budget=2**19, cache_threads=1), "adopt_loader(ram_budget_mib=MiB)"
     )
     assert old.where == new.where and old.plan.budgets == new.plan.budgets and old.plan.budgets["ram"] == 2**19
+
+
+def test_callers_of_the_old_names_keep_working():
+    from monai_fast.recipes.tuning import default_space
+
+    space = _warns_once(lambda: default_space("cpu", amp=False), "RecipeConfig(precision=...)", here=False)
+    assert space.precisions == ("fp32",)
+
+
+# --- the evaluator lever -----------------------------------------------------------------------------------
+
+
+def test_fast_training_validation_warns_once_and_is_evaluator():
+    old = _warns_once(lambda: FastTraining(validation=False), "FastTraining(evaluator=...)")
+    new = _no_warning(lambda: FastTraining(evaluator=False))
+    assert old.evaluator_option is new.evaluator_option is False
+    assert _warns_once(lambda: old.validation, "FastTraining.evaluator_option") is False
+    with pytest.raises(ValueError, match="evaluator must be one of"):
+        _deprecations(lambda: FastTraining(validation="later"))

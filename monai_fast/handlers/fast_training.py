@@ -24,6 +24,7 @@ from monai.engines import Workflow
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.planner import CACHE_CHOICES
+from monai_fast.deprecation import UNSET, deprecated
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
@@ -86,14 +87,14 @@ class FastTraining(EngineHandler):
     * The trainer and the evaluator also get an
       :class:`~monai_fast.handlers.epoch_length_guard.EpochLengthGuard` (unless they have one): a
       loader pass or an epoch that ends before its length raises before any metric is computed.
-    * The trainer and the evaluator (unless ``validation=False``) also get a
+    * The trainer and the evaluator (unless ``evaluator=False``) also get a
       :class:`~monai_fast.handlers.core_pin.MainThreadCore` (unless they have one): where OpenMP's
       workers were pinned at the script's start (:func:`monai_fast.openmp.pin_openmp_workers`),
       each iteration computes on the core they left free; otherwise it registers nothing.
     * **memory_format**: ``channels_last_3d`` when a copy of the network measured faster in it,
       for the first batch's shape and the chosen precision (at the first iteration).
-    * **validation**: ``"auto"`` gives the evaluator its adopted loader and the trainer's precision
-      and keeps its sliding-window settings; ``"tune"`` also measures the evaluator's
+    * **evaluator** (the validation lever): ``"auto"`` gives the evaluator its adopted loader and the
+      trainer's precision and keeps its sliding-window settings; ``"tune"`` also measures the evaluator's
       ``sw_batch_size`` at its first run (:class:`~monai_fast.handlers.window_tune.SlidingWindowTune`, on a
       volume of the first validation item's size, at the run's precision; cached in the tuning
       store, so a second run does not measure again) and sets it on its ``SlidingWindowInferer``.
@@ -116,7 +117,7 @@ class FastTraining(EngineHandler):
         precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``
             (:data:`~monai_fast.telemetry.precision.REQUESTS`) or ``False``.
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
-        validation: ``"auto"``, ``"tune"`` or ``False`` (see above).
+        evaluator: what happens to the evaluator: ``"auto"``, ``"tune"`` or ``False`` (see above).
         gpu_budget_mib: the planner's GPU memory budget (``None``: its default).
         ram_budget_mib: the planner's RAM budget (``None``: its default).
         disk_budget_mib: the planner's disk budget (``None``: its default).
@@ -127,7 +128,7 @@ class FastTraining(EngineHandler):
         prefetch: ``"auto"`` (see above), ``True`` (batches made ahead) or ``False`` (on demand).
         prediction_layout: ``"auto"`` (measured, see above), ``True`` or ``False``.
         progress: progress bars while caches fill.
-        tune_store: where ``validation="tune"`` caches its measurement: ``"default"`` (the tuning
+        tune_store: where ``evaluator="tune"`` caches its measurement: ``"default"`` (the tuning
             store in monai-fast's cache folder), a JSON file, or ``None`` (measure every run).
     """
 
@@ -137,7 +138,7 @@ class FastTraining(EngineHandler):
         loader: Literal["auto", "thread"] | bool = "auto",
         precision: Literal["auto", "bf16", "fp16", "fp32"] | bool = "auto",
         memory_format: Literal["auto", "channels_last_3d", "contiguous"] | bool = "auto",
-        validation: Literal["auto", "tune"] | bool = "auto",
+        evaluator: Literal["auto", "tune"] | bool = "auto",
         gpu_budget_mib: float | None = None,
         ram_budget_mib: float | None = None,
         disk_budget_mib: float | None = None,
@@ -148,12 +149,17 @@ class FastTraining(EngineHandler):
         prediction_layout: Literal["auto"] | bool = "auto",
         progress: bool = False,
         tune_store: str | os.PathLike | None = "default",
+        *,
+        validation: Any = UNSET,
     ) -> None:
+        if validation is not UNSET:
+            deprecated("FastTraining(validation=...)", "FastTraining(evaluator=...)")
+            evaluator = validation
         _check("cache", cache, (*CACHE_CHOICES, False))
         _check("loader", loader, ("auto", "thread", False))
         _check("precision", precision, (*REQUESTS, False))
         _check("memory_format", memory_format, ("auto", "channels_last_3d", "contiguous", False))
-        _check("validation", validation, ("auto", "tune", False))
+        _check("evaluator", evaluator, ("auto", "tune", False))
         for name, v in (("prefetch", prefetch), ("prediction_layout", prediction_layout)):
             if not (isinstance(v, bool) or v == "auto"):
                 raise ValueError(f"FastTraining: {name} must be 'auto', True or False, got {v!r}")
@@ -169,7 +175,7 @@ class FastTraining(EngineHandler):
             raise ValueError("FastTraining: cache='disk' needs cache_dir")
         super().__init__()
         self.cache, self.loader, self.precision, self.memory_format = cache, loader, precision, memory_format
-        self.validation = validation
+        self.evaluator_option = evaluator
         self.budgets = {
             "gpu_budget_mib": gpu_budget_mib,
             "ram_budget_mib": ram_budget_mib,
@@ -190,6 +196,12 @@ class FastTraining(EngineHandler):
         self.amp: AMPToggle | None = None
         self._pending_evaluator: Engine | None = None
         self._helpers: list[EngineHandler] = []
+
+    @property
+    def validation(self) -> Literal["auto", "tune"] | bool:
+        """Deprecated: read :attr:`evaluator_option` (the ``evaluator=`` option)."""
+        deprecated("FastTraining.validation", "FastTraining.evaluator_option", stacklevel=3)
+        return self.evaluator_option
 
     def attach(self, trainer: Engine, evaluator: Engine | None = None) -> None:
         """Apply the levers to ``trainer`` (and ``evaluator``); call before ``trainer.run()``.
@@ -220,8 +232,8 @@ class FastTraining(EngineHandler):
         record = record_of(trainer)  # with a RecordHandler attached first, the fill is in the doctor's wall clock
         with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
             self._data(trainer, "data", device, trainer)
-        if evaluator is not None and self.validation is False:
-            self._say("validation", False, None, "switched off (validation=False): the evaluator is kept as built")
+        if evaluator is not None and self.evaluator_option is False:
+            self._say("validation", False, None, "switched off (evaluator=False): the evaluator is kept as built")
             evaluator = None
         if evaluator is not None:
             with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
@@ -378,9 +390,9 @@ class FastTraining(EngineHandler):
         self._say("prediction layout", layout.active, "classes innermost" if layout.active else None, layout.reason)
 
     def _validation_lever(self, trainer: Workflow, evaluator: Workflow, device: torch.device) -> None:
-        if self.validation == "auto" or self.validation is True:
+        if self.evaluator_option == "auto" or self.evaluator_option is True:
             self._say(
-                "validation", False, None, "sliding-window settings kept as built (validation='tune' measures them)"
+                "validation", False, None, "sliding-window settings kept as built (evaluator='tune' measures them)"
             )
             return
         if sliding_window_of(evaluator.inferer) is None:

@@ -293,14 +293,15 @@ _dataclass_init = RecipeConfig.__init__
 
 
 def _current_names(kwargs: dict[str, Any], spelled: str) -> dict[str, Any]:
-    """``kwargs`` with each deprecated option replaced by its successor, one warning each (at the caller's caller)."""
+    """``kwargs`` with each deprecated option replaced by its successor, one warning each (at the caller's caller).
+
+    A deprecated option given with its successor wins: ``dataclasses.replace(config, amp=False)`` passes
+    every field, the successor's current value included.
+    """
     for old, (new, convert) in _DEPRECATED.items():
         if old in kwargs:
-            value = kwargs.pop(old)
             deprecated(spelled.format(old), spelled.format(new), stacklevel=4)
-            if new in kwargs:
-                raise TypeError(f"RecipeConfig: give {new} only, not also the deprecated {old}")
-            kwargs[new] = convert(value)
+            kwargs[new] = convert(kwargs.pop(old))
     return kwargs
 
 

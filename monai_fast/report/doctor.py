@@ -311,7 +311,7 @@ def _inference(wc: WallClock, rows: list[dict], run: InEffect) -> dict | None:
         if share["sliding_window_s"] >= 0.3:
             text += (
                 "Stitching outweighs much of the network: fewer, larger window batches (sw_batch_size; "
-                "FastTraining(validation='tune') measures it) and stitching on the network's device help. "
+                "FastTraining(evaluator='tune') measures it) and stitching on the network's device help. "
             )
     elif run.sliding_window is not False:
         text += "Attach monai_fast.handlers.InferenceSplit to the evaluator to split it into network and stitching. "

@@ -40,7 +40,8 @@ _UNBLOCK = (
     ),
     ("amp=True", "build the trainer with amp=False and let FastTraining(precision='auto') choose"),
     ("rejects channels_last_3d", "keep the default layout: FastTraining(memory_format=False)"),
-    ("validation='tune'", "FastTraining(validation='tune') measures your evaluator's sw_batch_size at its first run"),
+    ("evaluator='tune'", "FastTraining(evaluator='tune') measures your evaluator's sw_batch_size at its first run"),
+    ("validation='tune'", "FastTraining(evaluator='tune') measures your evaluator's sw_batch_size at its first run"),
     (
         "not rebuilt from .data and .transform",
         "move the extra work into a transform of the chain (a Lambdad), or keep your class (the data lever stays off)",

@@ -4,7 +4,7 @@
 the validation set's size, for each stitching device (the training device, and the CPU on
 CUDA) over a range of ``sw_batch_size``, and keeps the fastest that fits in memory. It needs
 no recipe (the network, the ROI and a volume shape are enough), so
-:class:`~monai_fast.handlers.FastTraining` uses it for ``validation="tune"``; results are
+:class:`~monai_fast.handlers.FastTraining` uses it for ``evaluator="tune"``; results are
 cached in the tuning store by the same key rules as :func:`~monai_fast.recipes.tuning.tune_recipe`'s.
 
 Example:

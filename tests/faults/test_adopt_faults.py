@@ -69,7 +69,7 @@ def test_a_subclass_adding_a_key_in_getitem_is_left_alone_and_the_key_reaches_th
     ds = WithCaseId(train, _chain())
     keys_seen = []
     trainer = _trainer(DataLoader(ds, batch_size=2, shuffle=True, collate_fn=list_data_collate), keys_seen)
-    fast = FastTraining(precision=False, memory_format=False, prefetch=False, validation=False)
+    fast = FastTraining(precision=False, memory_format=False, prefetch=False, evaluator=False)
     with caplog.at_level(logging.INFO, logger="monai_fast"):
         fast.attach(trainer)
     row = fast.applied["data"]
