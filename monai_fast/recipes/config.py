@@ -277,8 +277,8 @@ class RecipeConfig:
     @classmethod
     def from_dict(cls, d: dict) -> RecipeConfig:
         """Build from a dict, rejecting unknown keys by name (the deprecated ``amp`` and ``cache_workers`` load)."""
-        known = {f.name for f in fields(cls)} | set(_DEPRECATED)
-        unknown = sorted(set(d) - known)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known - set(_DEPRECATED))
         if unknown:
             raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
         return cls(**_current_names(dict(d), "recipe option {!r}"))
