@@ -75,7 +75,10 @@ PLUGIN = (
 
 #: the layers, lowest first (docs/design.md): a module imports its own layer and those below, never one above
 LAYERS = [
-    ("ground floor", ("monai_fast.files", "monai_fast.extras", "monai_fast.progress", "monai_fast.openmp")),
+    (
+        "ground floor",
+        ("monai_fast.files", "monai_fast.extras", "monai_fast.deprecation", "monai_fast.progress", "monai_fast.openmp"),
+    ),
     ("telemetry", ("monai_fast.telemetry",)),
     ("data, distributed", ("monai_fast.data", "monai_fast.distributed")),
     ("tuner core", ("monai_fast.tune",)),

@@ -251,8 +251,9 @@ def test_adopt_loader_byte_budgets_warn_once_and_adopt_as_their_mib_twins(tiny_f
 def test_callers_of_the_old_names_keep_working():
     from monai_fast.recipes.tuning import default_space
 
-    space = _warns_once(lambda: default_space("cpu", amp=False), "RecipeConfig(precision=...)", here=False)
+    space = _warns_once(lambda: default_space("cpu", amp=False), "default_space(precision=...)")
     assert space.precisions == ("fp32",)
+    assert _no_warning(lambda: default_space("cpu", precision="fp32")).precisions == ("fp32",)
 
 
 # --- the evaluator lever -----------------------------------------------------------------------------------

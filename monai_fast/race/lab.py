@@ -54,7 +54,7 @@ LAB_NETWORK = {"network": "segresnet", "channels": (16, 32, 64, 128), "strides":
 
 #: size name -> (synthetic cases, volume shape, recipe options): a smoke test, a CPU's, spleen-scale on a GPU
 LAB_SIZES: dict[str, tuple[int, tuple[int, int, int], dict[str, Any]]] = {
-    "tiny": (5, (48, 48, 32), {"patch_size": (32, 32, 32), "num_samples": 2, "cache_workers": 1, "max_epochs": 2}),
+    "tiny": (5, (48, 48, 32), {"patch_size": (32, 32, 32), "num_samples": 2, "cache_threads": 1, "max_epochs": 2}),
     "cpu": (16, (128, 128, 64), {"patch_size": (64, 64, 64), "max_epochs": 20}),
     "gpu": (40, (240, 240, 96), {"patch_size": (96, 96, 96), "max_epochs": 100}),
 }

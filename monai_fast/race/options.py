@@ -295,7 +295,7 @@ def _search_space(options: TuneOptions, config: RecipeConfig, device: str):
         return default_space(
             device,
             search_amp=options.search_amp,
-            amp=False if config.amp is False else None,
+            precision="fp32" if config.precision == "fp32" else None,
             batch_range=tuple(options.batch_range),
             sw_batch_range=tuple(options.sw_range),
             max_trials=options.trials,

@@ -7,10 +7,12 @@ import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from monai_fast.data.planner import plan_cache
+from monai_fast.deprecation import UNSET, deprecated
 from monai_fast.recipes import RecipeConfig, RecipeParts, recipe_parts
 from monai_fast.tune.cache import CacheChoice, place_cache
 from monai_fast.tune.result import TuneResult
@@ -24,17 +26,26 @@ logger = logging.getLogger("monai_fast.tune")
 
 
 def default_space(
-    device: torch.device | str, search_amp: bool = False, amp: bool | None = None, recipe: str = "fast", **kwargs
+    device: torch.device | str,
+    search_amp: bool = False,
+    precision: str | None = None,
+    recipe: str = "fast",
+    amp: Any = UNSET,
+    **kwargs,
 ) -> SearchSpace:
     """The search space of ``recipe``: the precision it trains in, plus fp32 when ``search_amp``.
 
-    ``amp=False`` (the recipes' fp32 switch) searches fp32 only.
+    ``precision`` is the recipe's request (``None``: its default); ``"fp32"`` searches fp32 only.
+    ``amp`` is the deprecated spelling (``amp=False`` is ``precision="fp32"``).
 
     Example:
-        >>> default_space("cpu", amp=False).precisions
+        >>> default_space("cpu", precision="fp32").precisions
         ('fp32',)
     """
-    first = recipe_parts(recipe, RecipeConfig(amp=amp), device).precision
+    if amp is not UNSET:
+        deprecated("default_space(amp=...)", "default_space(precision=...)")
+        precision = "fp32" if amp is False else precision
+    first = recipe_parts(recipe, RecipeConfig(precision=precision or "auto"), device).precision
     precisions = [first, "fp32"] if search_amp else [first]
     return SearchSpace(precisions=precisions, **kwargs)
 
@@ -50,8 +61,8 @@ def typical_val_shape(
     """
     if not val_files:
         raise ValueError("no validation files to take a volume size from")
-    # the validation chain does not depend on the precision: amp=False spares the precision's measurement
-    chain = recipe_parts(recipe, replace(config, amp=False)).val_transforms()
+    # the validation chain does not depend on the precision: fp32 spares the precision's measurement
+    chain = recipe_parts(recipe, replace(config, precision="fp32")).val_transforms()
     shapes = [tuple(chain(dict(item))["image"].shape[1:]) for item in list(val_files)[:n]]
     return tuple(int(statistics.median(s[i] for s in shapes)) for i in range(3))  # type: ignore[return-value]
 
@@ -125,7 +136,7 @@ def tune_recipe(
     sizing = None
     if train_files is not None:
         sizing = plan_cache(
-            parts.train_transforms(), list(train_files), device, gpu_budget=0, ram_budget=0
+            parts.train_transforms(), list(train_files), device, gpu_budget_mib=0, ram_budget_mib=0
         )  # sizes only
         key += f"|cache={sizing.n_items}x{sizing.bytes_per_item}B,tradeoff={cache_tradeoff:g}"
     if not force:
@@ -162,8 +173,8 @@ def _place(
             chain,
             train_files,
             device,
-            gpu_budget=budget if cuda else None,
-            ram_budget=None if cuda else budget,
+            gpu_budget_mib=budget / 2**20 if cuda else None,
+            ram_budget_mib=None if cuda else budget / 2**20,
             cache_dir=parts.config.cache_dir,
         ).where
 
