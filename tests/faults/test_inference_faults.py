@@ -40,7 +40,7 @@ def test_a_backend_without_its_package_names_the_package_and_the_install(model_f
     with pytest.raises(
         BackendUnavailable,
         match=r"backend 'onnx' .* needs the Python package\(s\) [a-z, ]*onnxruntime"
-        r"[a-z, ]* \(pip install 'monai-fast\[infer\]'\)",
+        r"[a-z, ]* \(pip install \"monai-fast\[onnx\]\"\)",
     ):
         infer(model_file, [str(tmp_path / "never-read.nii.gz")], tmp_path / "out", backend="onnx")
 
