@@ -56,7 +56,7 @@ def _run_variant(name, data_root, epochs, cache_dir, queue):
             )
         if name in ("cache", "gpu_cache"):
             ds = CacheDataset(
-                files, chain, cache_rate=1.0, num_workers=cfg.cache_threads, progress=False, copy_cache=not cuda
+                files, chain, cache_rate=1.0, num_workers=cfg.cache_thread_count, progress=False, copy_cache=not cuda
             )
             return ThreadDataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=0)
         if name.startswith("persistent"):
@@ -68,7 +68,7 @@ def _run_variant(name, data_root, epochs, cache_dir, queue):
                 chain,
                 cache_num=max(2, len(files) // 2),
                 replace_rate=0.25,
-                num_init_workers=cfg.cache_threads,
+                num_init_workers=cfg.cache_thread_count,
                 progress=False,
             )
             return ThreadDataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=0)

@@ -136,8 +136,6 @@ def test_the_recipes_read_precision():
     assert recipe_parts("monai_tutorial", RecipeConfig(precision="fp32")).precision == "fp32"
     old = _warns_once(lambda: RecipeConfig(amp=False), "RecipeConfig(precision=...)")
     assert recipe_parts("fast", old).precision == "fp32"
-    with pytest.raises(ValueError, match="MONAI's amp=True"):
-        recipe_parts("baseline", RecipeConfig(precision="bf16"))
 
 
 def _race_parser() -> argparse.ArgumentParser:
@@ -266,3 +264,50 @@ def test_fast_training_validation_warns_once_and_is_evaluator():
     assert _warns_once(lambda: old.validation, "FastTraining.evaluator_option") is False
     with pytest.raises(ValueError, match="evaluator must be one of"):
         _deprecations(lambda: FastTraining(validation="later"))
+
+
+# --- the old names through a race, the tuner and the MONAI-amp recipes ----------------------------------------
+
+
+def test_a_race_takes_the_old_option_names_with_one_warning_each():
+    from monai_fast.race.options import recipe_config
+
+    config = _warns_once(lambda: recipe_config({"amp": False}, seed=1), "precision", here=False)
+    assert config.precision == "fp32"
+    assert (
+        _warns_once(lambda: recipe_config({"cache_workers": 2}, seed=1), "cache_threads", here=False).cache_threads == 2
+    )
+
+
+def test_tuning_keeps_the_mixed_precision_the_config_asks_for():
+    assert RecipeConfig(precision="bf16").tuned(2, 4, "cpu", "bf16").precision == "bf16"
+    assert RecipeConfig(precision="auto").tuned(2, 4, "cpu", "bf16").precision == "auto"
+    assert RecipeConfig(precision="fp32").tuned(2, 4, "cpu", "bf16").precision == "auto"
+    assert RecipeConfig(precision="bf16").tuned(2, 4, "cpu", "fp32").precision == "fp32"
+
+
+def test_fp16_on_a_cpu_is_named_before_a_race_starts(tmp_path):
+    from monai_fast.race import RaceSpec
+    from monai_fast.race.options import RaceOptionError, plan_race
+
+    spec = RaceSpec(recipes=("fast", "baseline"), device="cpu", overrides={"precision": "fp16"}, run_dir=tmp_path / "r")
+    with pytest.raises(RaceOptionError, match="precision.*'fp16' runs on a CUDA device only"):
+        plan_race(spec)
+    assert not (tmp_path / "r").exists()
+
+
+def test_bf16_on_a_monai_amp_recipe_is_its_automatic_choice_with_one_warning(caplog):
+    parts = recipe_parts("baseline", RecipeConfig(precision="bf16"), "cpu")
+    auto = recipe_parts("baseline", RecipeConfig(precision="auto"), "cpu")
+    assert parts.precision == auto.precision == "fp32"
+    said = [r.getMessage() for r in caplog.records if "precision 'bf16'" in r.getMessage()]
+    assert len(said) == 1 and "fp16 autocast only" in said[0], said
+
+
+def test_the_tuners_old_names_warn_once_and_stay_listed():
+    import monai_fast.tune as tune
+
+    tune.__dict__.pop("default_space", None)
+    assert {"default_space", "tune_recipe", "typical_val_shape"} <= set(dir(tune)) & set(tune.__all__)
+    first = _warns_once(lambda: tune.default_space, "monai_fast.recipes.tuning.default_space")
+    assert _no_warning(lambda: tune.default_space) is first

@@ -16,9 +16,3 @@ warnings.warn(
 _new = import_module("monai_fast.race.drill")
 __all__ = list(_new.__all__)
 globals().update({name: getattr(_new, name) for name in __all__})
-
-
-if __name__ == "__main__":  # python -m monai_fast.distributed.drill: the same as python -m monai_fast.race.drill
-    import runpy
-
-    runpy.run_module("monai_fast.race.drill", run_name="__main__", alter_sys=True)

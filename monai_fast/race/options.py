@@ -29,6 +29,7 @@ import torch
 
 from monai_fast.data.synthetic import KINDS
 from monai_fast.recipes import RECIPES, RecipeConfig
+from monai_fast.recipes.config import DEPRECATED_OPTIONS
 
 __all__ = [
     "DEMO_EPOCH_MULTIPLE",
@@ -228,7 +229,7 @@ def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
         >>> recipe_config({"max_epochs": 2}, seed=3).seed
         3
     """
-    known = {f.name for f in fields(RecipeConfig)} - {"seed"}
+    known = ({f.name for f in fields(RecipeConfig)} | set(DEPRECATED_OPTIONS)) - {"seed"}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise RaceOptionError(
@@ -295,7 +296,7 @@ def _search_space(options: TuneOptions, config: RecipeConfig, device: str):
         return default_space(
             device,
             search_amp=options.search_amp,
-            precision="fp32" if config.precision == "fp32" else None,
+            precision=config.precision,
             batch_range=tuple(options.batch_range),
             sw_batch_range=tuple(options.sw_range),
             max_trials=options.trials,
@@ -329,6 +330,10 @@ def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
     _check_data(spec)
     device = resolve_device(spec.device)
     config = recipe_config(spec.overrides, spec.seed if spec.train_seed is None else spec.train_seed)
+    if config.precision == "fp16" and not str(device).startswith("cuda"):
+        raise RaceOptionError(
+            "precision", f"'fp16' runs on a CUDA device only, not on {device}: use auto, bf16 or fp32"
+        )
     space = None if spec.tune is None or "fast" not in spec.recipes else _search_space(spec.tune, config, device)
     run_dir = None
     if need_run_dir:

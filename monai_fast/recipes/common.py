@@ -95,14 +95,16 @@ def resolve_amp(config: RecipeConfig, device: torch.device, default_on_cuda: boo
     """Whether MONAI's fp16 ``amp`` is on: ``config.precision`` ``"fp16"`` on CUDA, ``"fp32"`` off,
     ``"auto"``: ``default_on_cuda`` on CUDA and off on a CPU.
 
-    Raises:
-        ValueError: for ``"bf16"`` (MONAI's ``amp=True`` runs fp16 autocast).
+    ``"bf16"`` is taken as ``"auto"`` with one warning: MONAI's ``amp=True`` runs fp16 autocast only,
+    and a race applies one precision request to every recipe (``fast`` honours bf16).
     """
     if config.precision == "bf16":
-        raise ValueError(
-            "this recipe runs MONAI's amp=True, which is fp16 autocast: precision must be 'auto', 'fp16' or 'fp32'"
+        logger.warning(
+            "precision 'bf16': this recipe runs MONAI's amp, which is fp16 autocast only; it takes its automatic "
+            "choice instead (%s)",
+            "MONAI's amp on" if default_on_cuda and device.type == "cuda" else "fp32",
         )
-    if config.precision == "auto":
+    if config.precision in ("auto", "bf16"):
         return default_on_cuda and device.type == "cuda"
     if config.precision == "fp16" and device.type != "cuda":
         logger.warning("precision 'fp16' needs a CUDA device; training in fp32 on %s", device)

@@ -253,8 +253,9 @@ class RecipeConfig:
     ) -> RecipeConfig:
         """A copy with a tuner's pick (:meth:`monai_fast.tune.TuneResult.apply` calls this).
 
-        ``precision`` ``"fp32"`` is kept, a mixed precision leaves the choice to the recipe
-        (``"auto"``); ``cache_budget_mib`` is kept when ``None``.
+        ``precision`` ``"fp32"`` is kept; a mixed precision keeps the one this config asks for
+        (``"auto"``, ``"bf16"``, ``"fp16"``; ``"auto"`` when it asked for fp32); ``cache_budget_mib`` is
+        kept when ``None``.
 
         Example:
             >>> RecipeConfig().tuned(4, 8, "cpu", "fp32").precision
@@ -266,7 +267,7 @@ class RecipeConfig:
             batch_size=batch_size,
             sw_batch_size=sw_batch_size,
             val_device=val_device,
-            precision="fp32" if precision == "fp32" else "auto",
+            precision="fp32" if precision == "fp32" else (self.precision if self.precision != "fp32" else "auto"),
             **extra,
         )
 
@@ -289,6 +290,8 @@ _DEPRECATED = {
     "amp": ("precision", lambda amp: "fp32" if amp is False else "auto"),
     "cache_workers": ("cache_threads", lambda n: n),
 }
+#: the deprecated option names :class:`RecipeConfig` still takes
+DEPRECATED_OPTIONS = tuple(_DEPRECATED)
 _dataclass_init = RecipeConfig.__init__
 
 

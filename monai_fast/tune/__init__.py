@@ -6,10 +6,10 @@ binding to the recipes (:func:`~monai_fast.recipes.tuning.tune_recipe` and its h
 :mod:`monai_fast.recipes.tuning`; ``import monai_fast.tune`` never pulls the recipes in.
 """
 
-import warnings
 from importlib import import_module
 from typing import Any
 
+from monai_fast.deprecation import deprecated
 from monai_fast.tune.cache import CacheChoice, place_cache
 from monai_fast.tune.result import TuneResult
 from monai_fast.tune.search import Trial, grow_then_bisect, pick_best, race
@@ -29,21 +29,26 @@ __all__ = [
     "TuneStore",
     "Tuner",
     "TuningError",
+    "default_space",
     "default_store_path",
     "grow_then_bisect",
     "pick_best",
     "place_cache",
     "race",
+    "tune_recipe",
     "tune_validation",
+    "typical_val_shape",
 ]
 
 
 def __getattr__(name: str) -> Any:
     if name in _RECIPE_BOUND:
-        warnings.warn(
-            f"monai_fast.tune.{name} is deprecated; import it from monai_fast.recipes.tuning",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(import_module("monai_fast.recipes.tuning"), name)
+        deprecated(f"monai_fast.tune.{name}", f"monai_fast.recipes.tuning.{name}")
+        value = getattr(import_module("monai_fast.recipes.tuning"), name)
+        globals()[name] = value  # one warning: later look-ups find the name here
+        return value
     raise AttributeError(f"module 'monai_fast.tune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_RECIPE_BOUND})
