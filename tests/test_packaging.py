@@ -77,7 +77,14 @@ PLUGIN = (
 LAYERS = [
     (
         "ground floor",
-        ("monai_fast.files", "monai_fast.extras", "monai_fast.deprecation", "monai_fast.progress", "monai_fast.openmp"),
+        (
+            "monai_fast.files",
+            "monai_fast.extras",
+            "monai_fast.deprecation",
+            "monai_fast.progress",
+            "monai_fast.openmp",
+            "monai_fast.threads",
+        ),
     ),
     ("telemetry", ("monai_fast.telemetry",)),
     ("data, distributed", ("monai_fast.data", "monai_fast.distributed")),
@@ -216,7 +223,7 @@ def test_importing_the_tuner_does_not_import_the_recipes():
 
 
 def test_the_ground_floor_imports_nothing_of_ours():
-    for module in ("files.py", "openmp.py", "extras.py"):
+    for module in ("files.py", "openmp.py", "extras.py", "threads.py"):
         assert not [n for n in _imports(ROOT / "monai_fast" / module) if n.startswith("monai_fast")], module
 
 

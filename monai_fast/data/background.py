@@ -41,11 +41,9 @@ Example:
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -55,6 +53,7 @@ from torch.utils.data import RandomSampler, Sampler, SequentialSampler
 
 from monai_fast.data.items import DataItemError, describe_item, error_text
 from monai_fast.telemetry.cuda import current_cuda_device, set_cuda_device, side_stream
+from monai_fast.threads import forget_at_exit, stop_at_exit
 
 __all__ = ["BackgroundCacheDataset", "FillOrderSampler", "fill_order_options"]
 
@@ -62,13 +61,6 @@ logger = logging.getLogger("monai_fast.data")
 
 _PENDING, _CLAIMED, _DONE = 0, 1, 2
 JOIN_S = 300.0  # the longest wait, on failure or exit, for fill threads to finish their item
-_LIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:  # a thread inside torch code at interpreter exit aborts the process
-    for fill in list(_LIVE):
-        fill.stop(JOIN_S)
 
 
 class _Fill:
@@ -134,7 +126,7 @@ class _Fill:
         ]
         for t in self.threads:
             t.start()
-        _LIVE.add(self)
+        stop_at_exit(self)  # a thread inside torch code at interpreter exit aborts the process
 
     def _make(self, index: int) -> None:
         try:
@@ -223,6 +215,10 @@ class _Fill:
             while not (self.complete or self.halt.is_set() or halt.is_set()):
                 self.cond.wait(0.1)
 
+    def stop_for_exit(self) -> None:
+        """Stop the fill before the interpreter exits (:func:`monai_fast.threads.stop_at_exit`)."""
+        self.stop(JOIN_S)
+
     def stop(self, join_s: float = JOIN_S) -> None:
         """Stop claiming items; wait at most ``join_s`` for each thread to finish the one it is on."""
         self.halt.set()
@@ -235,7 +231,7 @@ class _Fill:
                     logger.warning(
                         "background cache fill: %s still busy after %.0f s; left behind (daemon)", t.name, join_s
                     )
-        _LIVE.discard(self)
+        forget_at_exit(self)
 
 
 class BackgroundCacheDataset(CacheDataset):

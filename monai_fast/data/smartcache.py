@@ -25,6 +25,7 @@ import numpy as np
 from monai.data import SmartCacheDataset
 
 from monai_fast.data.items import DataItemError, describe_item, error_text
+from monai_fast.threads import forget_at_exit, stop_at_exit
 
 __all__ = ["SafeSmartCacheDataset", "replace_count"]
 
@@ -242,6 +243,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
                 target=self.manage_replacement, args=(rot.stop,), name="monai-fast-smartcache", daemon=True
             )
             rot.thread.start()
+        stop_at_exit(self)  # a replacement still being made in torch code at interpreter exit aborts the process
 
     def update_cache(self, timeout_s: float | None = None) -> None:
         """Swap the oldest ``replace_num`` cached items for the prepared replacements.
@@ -299,6 +301,12 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         thread.join(wait)
         if thread.is_alive():
             logger.warning("SmartCache: the replacement thread is still busy after %.1f s; left behind (daemon)", wait)
+        else:
+            forget_at_exit(self)
+
+    def stop_for_exit(self) -> None:
+        """:meth:`shutdown` before the interpreter exits (:func:`monai_fast.threads.stop_at_exit`)."""
+        self.shutdown()
 
     def manage_replacement(self, stop: threading.Event | None = None) -> None:
         """Body of the background thread: prepare the replacements for each new position until ``stop``."""

@@ -17,12 +17,14 @@ from typing import Any
 
 from monai_fast.data.items import LoaderTimeoutError
 from monai_fast.telemetry.cuda import current_cuda_device, set_cuda_device
+from monai_fast.threads import forget_at_exit, stop_at_exit
 
 __all__ = ["SafeThreadBuffer"]
 
 logger = logging.getLogger("monai_fast.data.loaders")  # one logger for the loader and its thread
 
 _IDLE_CHECK_S = 5.0  # an idle loader thread re-checks the stop flag this often (a stop also wakes it)
+_EXIT_JOIN_S = 120.0  # at interpreter exit, the longest wait for a loader thread to finish its item (no timeout_s)
 
 
 class _End:
@@ -37,12 +39,13 @@ class _Failure:
 class _Run:
     """One iteration of a :class:`SafeThreadBuffer`: its iterator, queue, requests and stop flag."""
 
-    def __init__(self, it: Iterator[Any], size: int, timeout: float) -> None:
-        self.it, self.timeout = it, timeout
+    def __init__(self, it: Iterator[Any], size: int, timeout: float, exit_join_s: float) -> None:
+        self.it, self.timeout, self.exit_join_s = it, timeout, exit_join_s
         self.queue: Queue = Queue(size)  # never fuller than the requests, at most ``size``
         self.asked = threading.Semaphore(0)  # one release per item the consumer asks for
         self.running = True
         self.stuck = False  # the consumer gave up waiting: the thread is not waited for
+        self.thread: threading.Thread | None = None
 
     def put(self, value: Any) -> bool:
         while self.running:
@@ -67,6 +70,19 @@ class _Run:
     def stop(self) -> None:
         self.running = False
         self.asked.release()
+
+    def stop_for_exit(self) -> None:
+        """Stop and join the loader thread before the interpreter exits.
+
+        An epoch left unfinished (a terminated trainer, an exception) leaves its iteration open; a
+        loader thread still making a batch in torch's code at exit would abort the process.
+        """
+        self.stop()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread() and not self.stuck:
+            thread.join(self.exit_join_s)
+            if thread.is_alive():
+                logger.warning("at exit: the loader thread is still busy after %.0f s; left behind", self.exit_join_s)
 
     def close(self) -> None:
         close = getattr(self.it, "close", None)
@@ -144,7 +160,8 @@ class SafeThreadBuffer:
 
     def __iter__(self) -> Iterator[Any]:
         # one run's own iterator, queue and signals: a thread abandoned by an earlier run cannot touch them
-        run = _Run(iter(self.src), self.buffer_size, self.timeout)
+        exit_join_s = _EXIT_JOIN_S if self.timeout_s is None else self.timeout_s
+        run = _Run(iter(self.src), self.buffer_size, self.timeout, exit_join_s)
         thread: threading.Thread | None = None
         asked = 0  # items asked of the thread and not yet received
 
@@ -155,6 +172,8 @@ class SafeThreadBuffer:
                 started = threading.Thread(
                     target=self._produce, args=(run, device), name="monai-fast-loader", daemon=True
                 )
+                run.thread = started
+                stop_at_exit(run)  # an iteration left open when the run ends is stopped before exit
                 started.start()
                 thread = started
             asked += 1
@@ -186,6 +205,8 @@ class SafeThreadBuffer:
                 if thread.is_alive():
                     thread.name = "monai-fast-loader (abandoned)"
                     logger.warning("the loader thread did not stop; it is left behind as a daemon thread")
+                else:
+                    forget_at_exit(run)
 
     def _prefetch_now(self) -> bool:
         return bool(self.prefetch() if callable(self.prefetch) else self.prefetch)
