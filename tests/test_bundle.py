@@ -193,3 +193,57 @@ def test_a_multi_gpu_bundle_runs_under_launch_with_fast_training_per_rank(bundle
     records = sorted(p.name for p in (bundle / "eval" / "monai_fast").glob("record.rank*.jsonl"))
     assert records == ["record.rank0.jsonl", "record.rank1.jsonl"]
     assert _outputs(bundle)["model"]  # rank 0's CheckpointSaver
+
+
+def test_a_bundle_with_monais_smartcache_and_its_handler_rotates_once_per_epoch(bundle, data, caplog):
+    """A zoo-style config that caches with MONAI's ``SmartCacheDataset`` and rotates it with MONAI's
+    ``SmartCacheHandler``: FastTraining keeps that data set (no second cache), its updater takes over from the
+    handler, and each epoch trains on the window MONAI's rotation gives it (one step per epoch, not two)."""
+    import logging
+
+    more = data.parent / "smartcache-data"  # 6 training cases: a window of 2 that moves by 1 each epoch
+    generate_msd(more, num_cases=7, shape=(32, 32, 24), progress=False)
+    seen = bundle / "seen.txt"
+    names = (  # the file of every image in a batch: a collated dict or a list of items
+        "[Path(n).name for b in (e.state.batch if isinstance(e.state.batch, list) else [e.state.batch]) "
+        "for n in monai.utils.ensure_tuple(b['image'].meta['filename_or_obj'])]"
+    )
+    log_batch = (
+        "$@train#trainer.add_event_handler(ignite.engine.Events.ITERATION_COMPLETED, lambda e: open(@seen_file, 'a')"
+        f".write(''.join(f'{{e.state.epoch}} {{n}}\\n' for n in {names})))"
+    )
+    smartcache = bundle / "configs" / "smartcache.json"
+    smartcache.write_text(
+        json.dumps(
+            {
+                "seen_file": str(seen),
+                "+imports": ["$import ignite", "$import monai", "$from pathlib import Path"],
+                "train#dataset": {
+                    "_target_": "SmartCacheDataset",
+                    "data": "$[{'image': i, 'label': l} for i, l in zip(@images[:-@num_val], @labels[:-@num_val])]",
+                    "transform": "@train#preprocessing",
+                    "cache_num": 2,
+                    "replace_rate": 0.5,
+                    "shuffle": False,
+                    "num_init_workers": 1,
+                    "num_replace_workers": 1,
+                },
+                "+train#handlers": [{"_target_": "SmartCacheHandler", "smartcacher": "@train#dataset"}],
+                "+initialize": [log_batch],
+            }
+        )
+    )
+    overrides = {**small(more), "max_epochs": 3, "train#dataloader#num_workers": 0}
+    files = [str(bundle / "configs" / "train.json"), str(smartcache)]
+    with caplog.at_level(logging.INFO, logger="monai_fast"):
+        result = run_bundle(bundle, config_files=files, overrides=overrides, logging_file=False)
+    assert "smartcache" in json.dumps(result.applied["data"]).lower()  # the bundle's cache kept, named
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SmartCacheUpdater:")]
+    assert any("SmartCacheHandler for this data set is removed" in line for line in lines), lines
+    epochs: dict[int, set[str]] = {}
+    for line in seen.read_text().split("\n"):
+        if line:
+            epoch, name = line.split()
+            epochs.setdefault(int(epoch), set()).add(name)
+    images = sorted(p.name for p in (more / "imagesTr").glob("*.nii.gz"))[:-1]
+    assert epochs == {1: set(images[0:2]), 2: set(images[1:3]), 3: set(images[2:4])}
