@@ -8,7 +8,7 @@ Two measurements, in the same run:
    demo's real MONAI trainer (measured here too) it gives the overhead share.
 2. **A/B on the real trainer** (noisy): the same MONAI ``SupervisedTrainer`` set-up runs
    alternately bare and with the handlers, ``--rounds`` times; the ratio of median round times.
-   On a shared 2-core machine this ratio scatters by a few percent, so (1) is the figure to
+   On a shared machine this ratio scatters by a few percent, so (1) is the figure to
    hold against the 1 % bar and (2) is the sanity check.
 
 On a machine without NVML the GPUSampler uses the fake NVML backend, so its thread and its rows

@@ -12,8 +12,8 @@ per step. Variants, alternated within each repeat:
 - ``iteration``: the workers pinned, and the main thread on the core they left free during each step
   (:func:`monai_fast.openmp.on_core`), what the ``monai-fast`` command does.
 
-``loaded`` runs them with one busy-loop process per core for the whole run. On the 2-core host of
-``benchmarks/README.md`` ("OpenMP spin") a process whose threads are not kept apart sometimes ran its
+``loaded`` runs them with one busy-loop process per core for the whole run. On a 2-core host
+(``docs/demo.md``, "OpenMP threads on a busy host") a process whose threads are not kept apart sometimes ran its
 step at one core's worth of CPU time for the whole run (both threads sharing a core while the busy
 processes had the other), several times slower than a bound one. ``OMP_PROC_BIND`` is not what the
 command uses because a bound main thread passes its one-core mask to every thread and process it

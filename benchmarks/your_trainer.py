@@ -166,9 +166,9 @@ def floor_once(files, args, device: str, applied: dict, epochs: int = 2) -> dict
 
     The network, loss and optimizer are built as in :func:`build`, in the precision and layout
     FastTraining chose in the same repeat; no data is loaded, no handler runs; every batch is taken
-    as full. An accelerated epoch should not take much less than this (it is itself a measurement:
-    0.99x was seen), so plain epoch / floor epoch is about the most any data, loader or handler
-    lever can give on this machine.
+    as full. An accelerated epoch should not take much less than this (it is itself a measurement,
+    so a ratio just under 1 can occur), so plain epoch / floor epoch is about the most any data,
+    loader or handler lever can give on the machine it runs on.
     """
     trainer, evaluator = build(files, args, device)
     net, optimizer, loss_fn, inferer = trainer.network, trainer.optimizer, trainer.loss_function, evaluator.inferer

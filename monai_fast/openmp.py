@@ -171,7 +171,7 @@ def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
     the main thread, which keeps its whole mask, so every thread and process it starts later
     (loader threads, forked workers) keeps it too. With the main thread also on its core while it
     computes (:func:`on_core`, :class:`monai_fast.handlers.MainThreadCore`), two threads of one team
-    no longer share a core for a whole run while a competing job holds the others
+    do not share a core for a whole run while a competing job holds the others
     (``benchmarks/openmp_step_under_load.py``). What is computed does not change: the team's size
     and the work's split stay the same.
 

@@ -7,6 +7,8 @@ issue numbers, "today", one machine's "this host") out of the project's own text
 
 from __future__ import annotations
 
+import bisect
+import json
 import re
 import shutil
 import subprocess
@@ -22,24 +24,56 @@ HISTORY = re.compile(
     r"\bsessions? \d+|\bdevelopment rounds?\b|(?<!MONAI )\bissues? #?\d+\b|\btoday('s)?\b"
     r"|\bthis project's (?:CPU|\d-core|machine|host|Xeon)"
     r"|\bon (?:this|a loaded|a quiet|a busy) \d-core (?:host|machine)\b"
+    r"|\b(?:this|our) \d-core\b|\bon a \d-core VM\b|\bsince the fix\b|\bonce in (?:ten|\d+) runs\b"
     r"|no GPU (?:has been|was) lent|\bwas fixed\b|\bas of now\b",
     re.IGNORECASE,
 )
 
 
 def _project_texts() -> list[Path]:
-    files = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    files = [ROOT / "README.md", ROOT / "ROADMAP.md", ROOT / "benchmarks" / "README.md"]
+    files += sorted((ROOT / "docs").glob("*.md"))
     files += sorted((ROOT / "monai_fast").rglob("*.py")) + sorted((ROOT / "tutorials").glob("*.py"))
     files += sorted((ROOT / "tutorials").glob("*.ipynb")) + sorted((ROOT / "benchmarks").glob("*.py"))
     return files
 
 
+def _lines(path: Path) -> list[str]:
+    """The file's lines; a notebook's are its cells' source lines, so a phrase wrapped in a cell is one text."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".ipynb":
+        cells = json.loads(text)["cells"]
+        return "".join("".join(c["source"]) + "\n" for c in cells).splitlines()
+    return text.splitlines()
+
+
+def history_hits(lines: list[str]) -> list[tuple[int, str]]:
+    """(line number, phrase) of every history phrase, also one wrapped over lines.
+
+    The lines are joined with their whitespace collapsed, and a comment's leading ``#`` dropped, so
+    "on this project's" at one line's end and "2-core CPU" at the next one's start are one phrase.
+    """
+    words: list[str] = []
+    starts: list[int] = []  # offset of each word in the joined text
+    numbers: list[int] = []  # the line each word is on
+    offset = 0
+    for n, line in enumerate(lines, 1):
+        for i, word in enumerate(line.split()):
+            if i == 0 and set(word) <= {"#"}:
+                continue  # a comment's marker, between the halves of a wrapped phrase
+            words.append(word)
+            starts.append(offset)
+            numbers.append(n)
+            offset += len(word) + 1
+    text = " ".join(words)
+    return [(numbers[bisect.bisect_right(starts, m.start()) - 1], m.group(0)) for m in HISTORY.finditer(text)]
+
+
 def test_no_development_history_in_the_project_text():
     offenders = []
     for path in _project_texts():
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if HISTORY.search(line):
-                offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:120]}")
+        for n, phrase in history_hits(_lines(path)):
+            offenders.append(f"{path.relative_to(ROOT)}:{n}: {phrase}")
     assert not offenders, "development history in the project's text:\n" + "\n".join(offenders)
 
 
@@ -50,8 +84,12 @@ def test_the_history_check_catches_what_it_should():
         "today's order",
         "this project's 2-core CPU",
         "on a loaded 2-core host gave 0.2x",
+        "single steps scatter on a 2-core VM",
+        "it has not happened in 40 runs since the fix",
     ]:
         assert HISTORY.search(text), text
+    wrapped = ["    CPU competes; on this project's", "    2-core CPU that cost", "# hit once in", "# ten runs"]
+    assert [n for n, _ in history_hits(wrapped)] == [1, 3]
     for text in [
         "a torchrun rendezvous on the first host",
         "ONNX Runtime session",

@@ -248,11 +248,11 @@ def prefetch_pays(device: torch.device | str) -> tuple[bool, str]:
     """Whether making the next batch while the step computes surely pays, and why.
 
     On a CUDA device the step runs on the GPU and the CPU is free to make the next batch: yes. On a
-    CPU the loader thread competes with the step's OpenMP team for the cores; on this project's
-    2-core CPU that cost the step more than the batch in fp32 and about as much with a costly chain
-    in bf16 (``benchmarks/loader_overlap.py``), and SMT siblings, other ranks on the node or a
-    smaller thread count change the balance. So on a CPU the answer is ``False``: for a measurement
-    to decide (:class:`~monai_fast.handlers.prefetch.PrefetchChoice`).
+    CPU the loader thread competes with the step's OpenMP team for the cores: with few cores the
+    step can lose more time to it than making the batch ahead saves (``benchmarks/loader_overlap.py``
+    measures both), and SMT siblings, other ranks on the node or a smaller thread count change the
+    balance. So on a CPU the answer is ``False``: for a measurement to decide
+    (:class:`~monai_fast.handlers.prefetch.PrefetchChoice`).
 
     Example:
         >>> prefetch_pays("cuda")[0], prefetch_pays("cpu")[0]

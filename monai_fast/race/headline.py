@@ -22,7 +22,7 @@ headline is the per-epoch speed-up, measured. Never a bare lower bound.
 The speed-up is always the wall clock's, on a quiet host and a busy one alike: it is the time
 the user waits, and the epochs it rests on were taken in turns, so a competing job slowed both
 recipes while they were measured (:mod:`monai_fast.openmp` keeps OpenMP's threads apart, so such
-a job no longer collapses one recipe's threads onto one core). Each recipe's CPU seconds to the
+a job does not collapse one recipe's threads onto one core). Each recipe's CPU seconds to the
 target (its set-up's and its epochs', from the process's and its loader workers' CPU times, live
 or ended) are figured the same way and printed beside it. They are not the headline: an idle
 OpenMP thread's spin counts as CPU time on a quiet host and yields on a busy one, so they

@@ -261,8 +261,8 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
     that does not fit when measured again is marked infeasible (memory is shared; not a safe pick).
 
     With the defaults that is 5 more runs: the two finalists end with 3 readings each, the third
-    with 2. On a 2-core VM single training steps scatter by +-15 %, enough to reorder candidates
-    that are 5 % apart.
+    with 2. On a shared or throttling machine single training steps scatter by more than the few
+    per cent that separate close candidates, so one reading each could order them by chance.
 
     Args:
         trials: a search's trials; the ``top`` best feasible ones are updated.

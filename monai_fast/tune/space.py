@@ -36,8 +36,8 @@ class SearchSpace:
             it and before the pick: each round measures every candidate still racing once more
             and drops the weakest while more than two remain; a candidate's throughput becomes
             the median of its readings. 0 turns it off. Guards against a lucky single reading on
-            a shared or throttling machine (on a 2-core VM a single training step scatters by
-            +-15 %).
+            a shared or throttling machine, where single training steps scatter by more than close
+            candidates differ.
         confirm_top: candidates that enter the race (at least 2).
 
     Example:
