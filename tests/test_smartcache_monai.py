@@ -330,7 +330,13 @@ def test_two_gloo_ranks_fail_together_in_both_modes_and_adoption_partitions_the_
 # ---- a real notebook kernel --------------------------------------------------------------------------
 
 
-def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path):
+@pytest.mark.parametrize(
+    "cls, modes",
+    [("SmartCacheDataset", ["adopted", "safe"]), ("CountedUpdates", ["monai", "monai"])],
+)
+def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path, cls, modes):
+    """Adopted: the second attach finds the adopted rotation and replaces the first updater. MONAI's own
+    rotation (a subclass with its own ``update_cache``): the second updater continues the first one's count."""
     nbformat = pytest.importorskip("nbformat", reason="notebook tests need the dev extra")
     nbclient = pytest.importorskip("nbclient", reason="notebook tests need the dev extra")
     pytest.importorskip("ipykernel", reason="notebook tests need the dev extra")
@@ -339,18 +345,23 @@ def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path
 
     setup = (
         "import torch\n"
-        "from test_smartcache_monai import _ds, _trainer, _seen_by_monais_own_handler\n"
+        "from monai.data import SmartCacheDataset\n"
+        "from test_smartcache_monai import CountedUpdates, _ds, _trainer, _seen_by_monais_own_handler\n"
         "from monai_fast.handlers import SmartCacheUpdater\n"
-        "ds = _ds(shuffle=True, seed=5)\n"
+        f"make = lambda: _ds({cls}, shuffle=True, seed=5)\n"
+        "ds = make()\n"
+        "CountedUpdates.calls = 0\n"
         "seen = []\n"
         "trainer = _trainer(ds, seen, max_epochs=4)"
     )
     attach = "updater = SmartCacheUpdater(timeout_s=60)\nupdater.attach(trainer)\nprint(updater.mode)"
     check = (
         "trainer.run()\n"
-        "assert seen == _seen_by_monais_own_handler(lambda: _ds(shuffle=True, seed=5), epochs=4), seen\n"
-        "assert updater.dataset.updates == 4 and not updater.dataset.is_started()\n"
-        "print('rotated', updater.dataset.updates)"
+        "rotations = updater.state_dict()['updates']\n"
+        "assert CountedUpdates.calls == (4 if updater.mode == 'monai' else 0), CountedUpdates.calls\n"
+        "assert seen == _seen_by_monais_own_handler(make, epochs=4), seen\n"
+        "assert not updater.dataset.is_started()\n"
+        "print('rotated', rotations)"
     )
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in (setup, attach, check)])
     spec = tmp_path / "kernels" / "monai-fast-smartcache"
@@ -365,12 +376,12 @@ def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path
     # the kernel imports this module's helpers: the tests folder on its path
     path = (str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", ""))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-    modes = []
+    seen_modes = []
     with client.setup_kernel(env=env, cleanup_kc=True):
         client.execute_cell(nb.cells[0], 0)
         for _ in range(2):  # the attach cell, run twice as a user re-running it
             client.execute_cell(nb.cells[1], 1)
-            modes.append(nb.cells[1].outputs[-1]["text"].strip())
+            seen_modes.append(nb.cells[1].outputs[-1]["text"].strip())
         client.execute_cell(nb.cells[2], 2)
-    assert modes == ["adopted", "safe"]  # the second attach finds the adopted rotation and replaces the first updater
+    assert seen_modes == modes
     assert "rotated 4" in nb.cells[2].outputs[-1]["text"]
