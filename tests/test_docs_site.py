@@ -114,6 +114,21 @@ def test_every_result_is_on_the_results_page():
     assert not missing, f"run python benchmarks/report.py: {missing}"
 
 
+def test_every_result_is_cited_or_read():
+    """Every file and folder in benchmarks/results is named by a page, or read by a test or a script.
+
+    A result that nothing cites is a diary entry: git keeps it, the tree does not. A folder (one
+    run's logs and JSON) counts as cited when a page names the folder.
+    """
+    pages = [ROOT / "README.md", ROOT / "ROADMAP.md", ROOT / "benchmarks" / "README.md"]
+    pages += sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "tests").glob("*.py"))
+    pages += sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
+    cited = "\n".join(p.read_text(encoding="utf-8") for p in pages)
+    entries = sorted((ROOT / "benchmarks" / "results").iterdir())
+    uncited = [p.name + ("/" if p.is_dir() else "") for p in entries if p.name not in cited]
+    assert not uncited, f"results that no page cites and nothing reads (git rm them, or cite them): {uncited}"
+
+
 def test_the_results_page_generator_runs(tmp_path):
     out = tmp_path / "page.md"
     r = subprocess.run(
