@@ -67,6 +67,8 @@ def test_run_bundle_attaches_fast_training_and_keeps_the_bundles_handlers(bundle
     assert {"data", "precision"} <= set(seen) <= set(result.applied)  # shown before training; some settle while it runs
     assert {"data", "precision"} <= set(result.applied)
     # the bundle's own CacheDataset is kept: never a second cache
+    assert result.applied["data"]["setting"] == "user cache", result.applied["data"]
+    assert "already a CacheDataset: kept" in result.applied["data"]["reason"]
     assert result.run_dir == bundle / "eval" / "monai_fast"
     assert _outputs(bundle) == {"model": True, "metrics": True, "tensorboard": True}
     rows, summary = load_record(result.run_dir)
