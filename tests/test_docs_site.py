@@ -8,6 +8,7 @@ issue numbers, "today", one machine's "this host") out of the project's own text
 from __future__ import annotations
 
 import bisect
+import importlib.util
 import json
 import re
 import shutil
@@ -155,3 +156,18 @@ def test_the_docs_site_builds_strictly(tmp_path):
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "index.html").exists()
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_layer_map_picture_shows_the_checked_layers():
+    drawn = _load(ROOT / "scripts" / "draw_layers.py", "_draw_layers")
+    checked = _load(ROOT / "tests" / "test_packaging.py", "_packaging_layers")
+    assert [name for name, _ in drawn.LAYERS] == [name for name, _ in checked.LAYERS]
+    assert "](img/layers.png)" in (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    assert (ROOT / "docs" / "img" / "layers.png").stat().st_size > 10_000
