@@ -63,7 +63,11 @@ def _options(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train the pathology variants; bad slides or a short epoch end in one line naming them (exit 1)."""
+    """Train the pathology variants; bad slides or a short epoch end in one line naming them (exit 1).
+
+    A stop signal (``SIGTERM``, ``SIGUSR1``) from the first line until training starts ends in one
+    line naming it (exit 143), before training.
+    """
     from monai_fast.data.items import DataItemError
     from monai_fast.data.preflight import PreflightError
     from monai_fast.data.wsi import WSIDataError
@@ -71,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     from monai_fast.handlers import ShortEpochError
 
     try:
-        return _main(argv)
+        with stop_signals_caught():  # first: a SIGTERM/SIGUSR1 during set-up is kept; run_pathology stops there
+            return _main(argv)
     except (PreflightError, DataItemError, ShortEpochError, WSIDataError, WSIBackendError) as e:
         print(f"pathology_tumor_detection: {e}", file=sys.stderr, flush=True)
         return 1
@@ -90,17 +95,18 @@ def _main(argv: list[str] | None = None) -> int:
     reader = choose_wsi_backend(args.backend, device, quiet=True)
     print(f"GPU levers: cuCIM {'on' if cucim is None else 'off: ' + cucim}; WSI reader {reader.name}")
 
-    with stop_signals_caught():  # a SIGTERM/SIGUSR1 while the slides are written or listed stops here, with a message
-        root = args.data_dir or synthetic_wsi_dataset(
-            size.slides, size.shape, size.patch_size, tile=size.tile, levels=size.levels
-        )
-        train, val = load_wsi_datalist(root)
+    root = args.data_dir or synthetic_wsi_dataset(
+        size.slides, size.shape, size.patch_size, tile=size.tile, levels=size.levels
+    )
+    train, val = load_wsi_datalist(root)
     print(f"{len(train)} training and {len(val)} validation patches from {root}")
     labelled = json.loads((Path(root) / "dataset.json").read_text()).get("monai_fast", {}).get("patch_size")
     config = size.config(
         max_epochs=args.max_epochs, backend=args.backend, precision=args.precision, patch_size=labelled
     )  # the patch size the labels were made for, when the folder says
     variants = VARIANTS if args.variant == "both" else (args.variant,)
+    # each run checks the slides and builds its data sets and engines, then ends the set-up (end_of_setup):
+    # a signal since the first line stops the tutorial there, before training, with a message (exit 143)
     results = [
         run_pathology(
             v, train, val, config, device, target=args.target, time_budget_s=args.time_budget, run_dir=run_dir

@@ -58,13 +58,17 @@ def _options() -> argparse.Namespace:
 
 
 def main() -> None:
-    args = _options()
+    """Run the lab; a SIGTERM/SIGUSR1 before training starts stops it there with a message (exit 143)."""
+    with stop_signals_caught():  # first: a signal while the data are written and cached, the recipe built: kept
+        _lab(_options())  # its first epoch ends the set-up (TargetRun.segment): a signal kept stops it there
+
+
+def _lab(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("ignite").setLevel(logging.WARNING)
     device = torch.device(args.device)
     size = "tiny" if args.tiny else "gpu" if device.type == "cuda" else "cpu"
-    with stop_signals_caught():  # a SIGTERM/SIGUSR1 while the data are written stops here, with a message
-        train_files, val_files, config = lab_data(size, args.data_dir, args.max_epochs, progress=not args.no_progress)
+    train_files, val_files, config = lab_data(size, args.data_dir, args.max_epochs, progress=not args.no_progress)
     run_dir = Path(args.run_dir or f"runs/segresnet-lab-{dt.datetime.now():%Y%m%d-%H%M%S}")
     lab = run_lab(
         train_files,

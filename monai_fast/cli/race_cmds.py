@@ -1,5 +1,10 @@
 """``monai-fast demo | bench | tune``: parse, call :mod:`monai_fast.race`, print.
 
+``demo`` and ``bench`` catch the stop signals (``SIGTERM``, ``SIGUSR1``) from their first line: one
+received while the synthetic data are written, checked and cached, or the recipes built, stops the
+command when training would start, with a one-line message and exit status 143
+(:data:`~monai_fast.handlers.stop_signal.STOPPED_EXIT`), instead of ending it silently.
+
 Example:
     >>> import argparse
     >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
@@ -18,6 +23,7 @@ import math
 import torch
 
 from monai_fast.cli.args import add_data_options, add_model_options, add_race_options, add_tuning_options, race_spec
+from monai_fast.handlers.stop_signal import stop_signals_caught
 from monai_fast.race import RaceEvents, RaceRun, RaceSpec, bench, race, resolve_device, tune_only
 from monai_fast.race.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
 from monai_fast.race.runner import RaceResult
@@ -86,6 +92,12 @@ class ProgressPrinter(RaceEvents):
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    """The demo, stop signals caught from its first line until training starts."""
+    with stop_signals_caught():  # a signal while the data are written or cached, or the recipes built: kept
+        return _demo(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from monai_fast.race.headline import format_headline
@@ -221,6 +233,12 @@ def budget_text(budget_s: float, how: dict) -> str:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    """The benchmark, stop signals caught from its first line until training starts."""
+    with stop_signals_caught():  # a signal while the data are written or cached, or the recipes built: kept
+        return _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
     done = bench(
         race_spec(args, args.run_dir), repeats=args.repeats, out_dir=args.out, events=ProgressPrinter(table=True)
     )

@@ -29,7 +29,7 @@ from monai_fast.handlers import (
     ValidationSchedule,
 )
 from monai_fast.handlers.lifecycle import handlers_on
-from monai_fast.handlers.stop_signal import stop_signals_caught
+from monai_fast.handlers.stop_signal import end_of_setup, stop_signals_caught
 from monai_fast.progress import show_progress
 from monai_fast.race.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, write_epochs_csv
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
@@ -137,9 +137,12 @@ class TargetRun:
 
     A stop signal (``SIGTERM``, ``SIGUSR1``) while the data sets and caches are built is caught
     (:func:`~monai_fast.handlers.stop_signal.stop_signals_caught`): the program then stops when the
-    set-up is done, with a message and exit status 143, instead of dying silently in the middle;
-    inside a program that catches them from its start (``monai-fast train``), the program's own
-    catcher keeps the signal for its :class:`~monai_fast.handlers.Preemption`.
+    set-up is done, with a message and exit status 143, instead of dying silently in the middle.
+    Inside a program that catches them from its start (``monai-fast train``, ``demo``, ``bench``),
+    the program's own catcher stays in place until a :class:`~monai_fast.handlers.Preemption`
+    takes it over or the first :meth:`segment` starts training, which ends the set-up
+    (:func:`~monai_fast.handlers.stop_signal.end_of_setup`): a signal received meanwhile stops
+    the program there, before any training, with the same message and exit status.
 
     Example:
         >>> run = TargetRun("baseline", train_files, val_files, device="cpu", time_budget_s=600)  # doctest: +SKIP
@@ -225,7 +228,16 @@ class TargetRun:
         return self.stopper.reached_s is not None or self.stopper.budget_exhausted or over or state.epoch >= max_epochs
 
     def segment(self, epochs: int | None = 1) -> None:
-        """Train ``epochs`` more epochs (``None``: to the end), the clock running only meanwhile."""
+        """Train ``epochs`` more epochs (``None``: to the end), the clock running only meanwhile.
+
+        The first call ends the program's set-up (:func:`~monai_fast.handlers.stop_signal.end_of_setup`):
+        a stop signal caught since the program's start, and not taken over by a ``Preemption``,
+        stops the program here with a message and exit status 143.
+
+        Raises:
+            SystemExit: 143, when a stop signal arrived during the set-up.
+        """
+        end_of_setup()  # training starts: a signal kept since the program's start stops it here, saying so
         if self.done:
             return
         assert self._paused_at is not None

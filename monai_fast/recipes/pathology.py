@@ -76,6 +76,7 @@ from monai_fast.data.preflight import preflight_wsi
 from monai_fast.data.wsi_reader import WSIBackend, choose_wsi_backend
 from monai_fast.handlers import AMPToggle, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
+from monai_fast.handlers.stop_signal import end_of_setup, stop_signals_caught
 from monai_fast.recipes.pathology_augment import AugmentingPrepareBatch, batch_augment, cucim_status, to_unit_range
 from monai_fast.recipes.pathology_config import SIZES, PathologyConfig, PathologySize
 
@@ -356,9 +357,20 @@ def run_pathology(
     """Build and train ``variant`` to ``target`` AUC (or ``config.max_epochs`` / the budget); :func:`summarize` it.
 
     The clock starts before the data sets are built. Arguments as :func:`build_pathology`.
+
+    A stop signal (``SIGTERM``, ``SIGUSR1``) while the slides are checked and the data sets and
+    engines built is caught, and so is one since the program's own
+    :func:`~monai_fast.handlers.stop_signal.catch_stop_signals`: training starts only after
+    :func:`~monai_fast.handlers.stop_signal.end_of_setup`, which stops the program with a message
+    and exit status 143 when such a signal arrived.
+
+    Raises:
+        SystemExit: 143, when a stop signal arrived during the set-up.
     """
     t0 = time.perf_counter()
-    run = build_pathology(variant, train, val, config, device, target, time_budget_s, run_dir, start_time=t0)
+    with stop_signals_caught():  # a signal while the slides are checked, the data sets and engines built: kept
+        run = build_pathology(variant, train, val, config, device, target, time_budget_s, run_dir, start_time=t0)
+        end_of_setup()  # a program's own catcher too: a signal since its start stops it here, saying so
     try:
         run.trainer.run()
         out = summarize(run, time.perf_counter() - t0)
