@@ -16,7 +16,12 @@ while the data are read or cached stops the run at its start, checkpointed with
 ``--checkpoint-dir``, and always with a message and :data:`PREEMPTED_EXIT`. The model folder's free
 space is checked against the network's size before any data is read; after training the model is
 written first, then the other outputs, each on its own, so that a full disk costs only the file
-that did not fit (named, with the space missing) and the command exits 1.
+that did not fit (named, with the space missing) and the command exits 1; a run record that its
+full file system cut short during training is named the same way, and training goes on.
+
+One run per output folder: the command holds the folder's lock (:class:`~monai_fast.files.RunFolderLock`)
+from its start to its end, so a second ``train`` into it, whatever its recipe, stops at once with one
+line naming the folder and the run that holds it.
 
 Example:
     >>> import argparse
@@ -306,20 +311,25 @@ def _write_outputs(
 ) -> tuple[Any, Path | None, list[str]]:
     """After training: the model first, then epochs.csv, the doctor's report and the results, each on its own.
 
-    A write that fails (a full disk) is named and the others still run; returns the result, the model's file and
-    the failures' messages.
+    A write that fails (a full disk) is named and the others still run, and so is a run record that its full file
+    system cut short during training; returns the result, the model's file and the failures' messages.
     """
+    from monai_fast.handlers.record import record_of
     from monai_fast.race import run_meta
     from monai_fast.race.compare import write_race
     from monai_fast.report.doctor import doctor
 
     failed: list[str] = []
     model = None
+    record = record_of(run.built.trainer)
+    cut = record.record.disk_full if record is not None else None  # the record's file system filled in training
     if lead:
         try:
             model = _save_model(run.built, out.model_dir)
         except OSError as e:
             failed.append(f"model {out.model_dir / 'model.pth'}: {e}")
+        if cut is not None:
+            failed.append(f"the rest of the {cut}")
     try:
         result = run.finish()
     except OSError as e:  # epochs.csv; the result is kept and finish() returns it
@@ -331,6 +341,9 @@ def _write_outputs(
         result.diagnosis = doctor(result.run_dir).to_dict() if result.run_dir and result.epochs else None
     except OSError as e:
         failed.append(f"the doctor's report in {result.run_dir}: {e}")
+    except ValueError as e:  # a record without an epoch to diagnose
+        why = f"its record {cut.path} ends before the first epoch, its file system full" if cut is not None else e
+        failed.append(f"the doctor's report in {result.run_dir}: {why}")
     try:
         write_race([result], plan.run_dir, run_meta(data_root, plan.device, spec.record_options))
     except OSError as e:
@@ -341,24 +354,30 @@ def _write_outputs(
 def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
     """One rank of the run: train ``spec``'s recipe; rank 0 writes the model, the report and the results.
 
-    Rank 0 owns the run folder from the start (the record's lock, taken again by the record later): a
-    second ``monai-fast train`` into the same folder stops at once, before its set-up work.
+    Rank 0 owns the output folder from the start to the end of the command (its
+    :class:`~monai_fast.files.RunFolderLock`, whatever the recipe, and the record's lock in
+    ``<output-dir>/<recipe>``, taken again by the record later): a second ``monai-fast train`` into the
+    same folder stops at once, before its set-up work, naming the folder and the run that owns it.
     """
     from ignite import distributed as idist
 
+    from monai_fast.files import RunFolderLock
     from monai_fast.race import plan_race
     from monai_fast.telemetry.record import record_lock
 
     lead = idist.get_rank() == 0
     plan = plan_race(spec, need_run_dir=lead)  # every option checked before any data is read
-    if lead:  # and every output folder, so that no training is lost to an unwritable or full one
-        _check_outputs(out, plan)
-    record_dir = Path(plan.run_dir) / spec.recipes[0] if lead and plan.run_dir else None  # where TargetRun records
-    owner = record_lock(record_dir, 0, what="monai-fast train").acquire() if record_dir is not None else None
+    owners: list[RunFolderLock] = []
     try:
+        if lead and plan.run_dir:  # results.json, epochs.csv and the model's default folder are the folder's own
+            owners.append(RunFolderLock(plan.run_dir, what="monai-fast train").acquire())
+            # where TargetRun records: a process that writes the record there stops this run too
+            owners.append(record_lock(Path(plan.run_dir) / spec.recipes[0], 0, what="monai-fast train").acquire())
+        if lead:  # every output folder checked, so that no training is lost to an unwritable or full one
+            _check_outputs(out, plan)
         _train_owned(spec, out, plan, lead)
     finally:
-        if owner is not None:
+        for owner in reversed(owners):
             owner.release()
 
 

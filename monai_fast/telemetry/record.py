@@ -17,6 +17,12 @@ finished. One writer per rank and folder at a time: the record takes the folder'
 second run into the same folder fails with :class:`~monai_fast.files.RunFolderBusyError` before
 any work; the kernel drops the lock when its owner exits or is killed.
 
+A full file system (``ENOSPC``, ``EDQUOT``) never stops the run: the record logs one warning
+naming its file, the space missing and the trainer's last recorded iteration, cuts off the part of
+a row that did not fit (the file ends with its last whole row) and records no more rows for that
+rank in the segment; a summary that cannot be written is named in a warning too. The doctor
+then reads a record that ends at that iteration without its ``segment_ended`` event.
+
 Readers find the record files with :func:`record_files` (exactly ``record.rank<R>.jsonl``; a
 stray copy such as ``record.rank0 (copy).jsonl`` is named and left out), select rows with
 :func:`select` and compute the data share with :func:`data_share`, so "which rows belong to which
@@ -40,6 +46,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -52,7 +60,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from monai_fast.files import RunFolderLock, write_json
+from monai_fast.files import NoSpaceError, RunFolderLock, free_bytes, no_space_in, write_json
 from monai_fast.telemetry.spans import Category, SpanWriter
 
 __all__ = [
@@ -175,6 +183,8 @@ class RunRecord(SpanWriter):
         flush_every: rows buffered before they are written to the file; 1 (the default) writes
             each row as it is added, so a killed process loses none.
 
+    A full file system while a row is written is not raised: see :attr:`disk_full`.
+
     Raises:
         PermissionError: if ``run_dir`` cannot be written, naming it.
         monai_fast.files.RunFolderBusyError: if another process writes this rank's record in
@@ -201,6 +211,10 @@ class RunRecord(SpanWriter):
         self._events: dict[tuple[str, str], dict] = {}  # (source, lever) -> the latest fast_training-style event
         self._trainer_thread = threading.get_ident()  # until a run starts: the thread that made the record
         self._folder_lock: RunFolderLock | None = None
+        self._end = 0  # bytes of whole rows in the record file
+        self._last_iteration: int | None = None  # the trainer's last iteration in a row written to the file
+        #: why this rank records no more rows in the current segment (its file system filled), else ``None``
+        self.disk_full: NoSpaceError | None = None
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(self.run_dir, os.W_OK):
@@ -232,7 +246,8 @@ class RunRecord(SpanWriter):
                             "%s: its last row was cut short (its writer stopped while writing it); removed", self.path
                         )
                         f.truncate(keep)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open until close()
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open until close()
+        self._end = os.fstat(self._file.fileno()).st_size
 
     @property
     def segment(self) -> int:
@@ -244,10 +259,11 @@ class RunRecord(SpanWriter):
         """Start recording a new run of the engines (a second ``trainer.run()``).
 
         The first call marks the start of the segment this record opened with; later calls reopen
-        a closed record (taking the folder's lock again; rows are appended to the same file) and
-        count one more segment. Either way a ``segment_started`` event with the process id and
-        host is written. The calling thread is the trainer's from now on (spans from other threads
-        are overlapped). Returns the segment number.
+        a closed record (taking the folder's lock again; rows are appended to the same file, a
+        record stopped by a full file system tries again) and count one more segment. Either way a
+        ``segment_started`` event with the process id and host is written. The calling thread is
+        the trainer's from now on (spans from other threads are overlapped). Returns the segment
+        number.
 
         Raises:
             monai_fast.files.RunFolderBusyError: another process took the run folder since this
@@ -257,6 +273,7 @@ class RunRecord(SpanWriter):
             if self._closed and self._folder_lock is not None:
                 self._folder_lock.acquire()
                 self._open()
+                self.disk_full = None
             self._trainer_thread = threading.get_ident()
             if self._started:
                 self._segment += 1
@@ -268,7 +285,8 @@ class RunRecord(SpanWriter):
 
     def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:
         """Append one row; safe to call from any thread. Rows added after :meth:`close` are dropped
-        (with a warning, once) until :meth:`begin_segment` reopens the record."""
+        (with a warning, once) until :meth:`begin_segment` reopens the record; so are rows added once
+        the file system filled (:attr:`disk_full`; one warning)."""
         kind, source = _value(kind), _value(source)
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -290,7 +308,7 @@ class RunRecord(SpanWriter):
                 self._events[(source, str(fields["lever"]))] = row
             if self.run_dir is None:
                 self.rows.append(row)
-            else:  # streamed, not kept: a run of days must not grow in memory
+            elif self.disk_full is None:  # streamed, not kept: a run of days must not grow in memory
                 self._pending.append(row)
                 if len(self._pending) >= self.flush_every:
                     self._flush_locked()
@@ -322,9 +340,56 @@ class RunRecord(SpanWriter):
     def _flush_locked(self) -> None:
         if self._file is None or not self._pending:
             return
-        self._file.write("".join(json.dumps(_jsonable(row)) + "\n" for row in self._pending))
-        self._file.flush()  # into the kernel: a SIGKILL after this loses nothing
-        self._pending.clear()
+        rows, self._pending = self._pending, []
+        lines = [(json.dumps(_jsonable(row)) + "\n").encode("utf-8") for row in rows]
+        data = b"".join(lines)
+        written = 0
+        try:
+            while written < len(data):  # unbuffered: in the kernel once written, a SIGKILL after this loses nothing
+                written += self._file.write(data[written:])
+        except OSError as err:
+            full = no_space_in(err, self.path)
+            if full is None:
+                raise
+            self._stop_on_full_disk(full, rows, lines, written)
+            return
+        self._kept(rows, len(data))
+
+    def _kept(self, rows: list[dict], size: int) -> None:
+        """Count ``rows`` (``size`` bytes) as written whole: the file's end, and the trainer's last iteration."""
+        self._end += size
+        for row in rows:
+            if row.get("engine", "train") == "train" and isinstance(row.get("iteration"), int):
+                self._last_iteration = row["iteration"]
+
+    def _stop_on_full_disk(self, err: NoSpaceError, rows: list[dict], lines: list[bytes], written: int) -> None:
+        """The file system filled while ``lines`` were written (``written`` bytes of them went in): keep the rows
+        that went in whole, cut off the rest, close the file and warn once; no more rows are written in this
+        segment."""
+        free = None
+        with contextlib.suppress(OSError):
+            free = free_bytes(self.path)  # at the time of the error, before the cut frees a little
+        whole, size = 0, 0
+        while whole < len(lines) and size + len(lines[whole]) <= written:
+            size += len(lines[whole])
+            whole += 1
+        self._kept(rows[:whole], size)
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._file.fileno(), self._end)  # the file ends with its last whole row
+        with contextlib.suppress(OSError):
+            self._file.close()
+        self._file = None
+        ends = "" if self._last_iteration is None else f" at the trainer's iteration {self._last_iteration}"
+        self.disk_full = NoSpaceError(
+            self.path,
+            needed=sum(len(line) for line in lines[whole:]),
+            free=free,
+            what="run record",
+            code=err.errno or errno.ENOSPC,
+            detail=f"the record keeps its whole rows and ends{ends} (segment {self._segment}); rank {self.rank} "
+            "records no more rows in this run, which goes on",
+        )
+        logger.warning("%s", self.disk_full)
 
     def close(self, **fields: Any) -> None:
         """End the segment: write a ``segment_ended`` event (with ``fields``), flush the rows, write the
@@ -341,11 +406,11 @@ class RunRecord(SpanWriter):
             if self._file is not None:
                 self._file.close()
                 self._file = None
+            summary = self.run_dir / f"summary.rank{self.rank}.json"
             try:
-                write_json(
-                    _jsonable({"rank": self.rank, "segments": self._segment + 1, **self.summary}),
-                    self.run_dir / f"summary.rank{self.rank}.json",
-                )
+                write_json(_jsonable({"rank": self.rank, "segments": self._segment + 1, **self.summary}), summary)
+            except NoSpaceError as err:  # the rows carry every number; the run goes on without the summary
+                logger.warning("run summary not written: %s", err)
             finally:
                 if self._folder_lock is not None:
                     self._folder_lock.release()
