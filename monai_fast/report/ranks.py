@@ -146,7 +146,8 @@ def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:
         where = f"pid {s['pid']}" if s["pid"] is not None else "process unknown"
         if i and s["pid"] is not None and segs[i - 1]["pid"] != s["pid"]:
             where += ", a restart"
-        end = {True: "ended", False: "stopped without its end row (killed or crashed)", None: "end unknown"}[s["ended"]]
+        stopped = "stopped without its end row (killed or crashed, or its file system filled)"
+        end = {True: "ended", False: stopped, None: "end unknown"}[s["ended"]]
         parts.append(f"segment {s['segment']} ({where}) to epoch {s['epoch']}, iteration {s['iteration']}, {end}")
     span = max(s["last"] or 0.0 for s in segs) - min(s["start"] or 0.0 for s in segs)
     numbers["segments_span_s"] = span
@@ -173,7 +174,9 @@ def stopped_early(rows: list[dict], numbers: dict) -> list[str]:
         early.append(rank)
         why = []
         if s["ended"] is False:
-            why.append("without an end row (the process was killed or crashed, or is still running)")
+            why.append(
+                "without an end row (the process was killed or crashed, its file system filled, or it is still running)"
+            )
         if behind:
             ahead = [k for k, v in reach.items() if v == furthest]
             why.append(f"while rank {ahead[0]} reached segment {furthest[0]}, iteration {furthest[1]}")
