@@ -18,7 +18,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="notebook tests need the dev extra: pip install -e '.[dev]'")
 pytest.importorskip("IPython", reason="notebook tests need the dev extra: pip install -e '.[dev]'")
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "tutorials" / "dataset_types.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "tutorials" / "dataset_types.ipynb"
 
 
 def _cells() -> list[str]:

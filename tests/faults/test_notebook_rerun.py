@@ -14,7 +14,7 @@ nbformat = pytest.importorskip("nbformat", reason="notebook tests need the dev e
 nbclient = pytest.importorskip("nbclient", reason="notebook tests need the dev extra: pip install -e '.[dev]'")
 pytest.importorskip("ipykernel", reason="notebook tests need the dev extra: pip install -e '.[dev]'")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "tutorials" / "attach_and_doctor.ipynb"
 KERNEL = "monai-fast-rerun-test"
 TRAINING_CELLS = ("trainer.run()", "fast_trainer.run()")  # how the training cells begin
