@@ -371,10 +371,10 @@ def _train(local_rank: int, spec: Any, out: _Outputs) -> None:
     try:
         if lead and plan.run_dir:  # results.json, epochs.csv and the model's default folder are the folder's own
             owners.append(RunFolderLock(plan.run_dir, what="monai-fast train").acquire())
-            # where TargetRun records: a process that writes the record there stops this run too
-            owners.append(record_lock(Path(plan.run_dir) / spec.recipes[0], 0, what="monai-fast train").acquire())
         if lead:  # every output folder checked, so that no training is lost to an unwritable or full one
             _check_outputs(out, plan)
+        if lead and plan.run_dir:  # where TargetRun records: a process that writes the record there stops this run too
+            owners.append(record_lock(Path(plan.run_dir) / spec.recipes[0], 0, what="monai-fast train").acquire())
         _train_owned(spec, out, plan, lead)
     finally:
         for owner in reversed(owners):

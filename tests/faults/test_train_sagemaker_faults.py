@@ -125,6 +125,22 @@ def test_a_model_folder_too_small_for_the_model_is_named_before_any_data_is_read
     assert time.monotonic() - start < 30
 
 
+def test_a_sagemaker_model_dir_too_small_for_the_model_is_named_before_any_data_is_read(
+    small_fs, tmp_path, tiny_spleen, monkeypatch
+):
+    _no_sagemaker(monkeypatch)
+    model_dir = small_fs("size=1m", "sm-model")  # SM_MODEL_DIR: where the job's model.pth goes
+    monkeypatch.setenv("SM_CHANNEL_TRAINING", str(tiny_spleen))
+    monkeypatch.setenv("SM_MODEL_DIR", str(model_dir))
+    monkeypatch.setenv("SM_OUTPUT_DATA_DIR", str(tmp_path / "output"))
+    monkeypatch.setenv("SM_NUM_GPUS", "0")
+    with pytest.raises(SystemExit) as caught:
+        main(["train", *TINY])
+    message = str(caught.value)
+    assert str(model_dir / "model.pth") in message and "missing" in message and "\n" not in message, message
+    assert not (tmp_path / "output" / "fast").exists() and not any(model_dir.iterdir())
+
+
 def test_an_output_folder_that_fills_costs_only_its_files_and_the_model_is_written_first(
     small_fs, tmp_path, tiny_spleen
 ):
