@@ -33,7 +33,7 @@ from monai_fast.handlers.memory_format import choose_memory_format
 from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.prediction_layout import ClassesInnermost
 from monai_fast.handlers.prefetch import prefetch_for
-from monai_fast.handlers.record import record_of
+from monai_fast.handlers.record import describe_engine, record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.window_tune import SlidingWindowTune, sliding_window_of
 from monai_fast.telemetry.precision import REQUESTS
@@ -103,7 +103,7 @@ class FastTraining(EngineHandler):
     * **prediction_layout**: on a CPU, the evaluator's predictions come back with the class
       dimension innermost (:class:`~monai_fast.handlers.prediction_layout.ClassesInnermost`) when
       the argmax over classes, which MONAI's ``AsDiscrete(argmax=True)`` post-processing takes,
-      measured faster that way; the values are the same.
+      measured faster that way; the values are the same. A 2-D network's predictions are left alone.
 
     What cannot be applied (a plain ``Dataset`` without ``.transform``, a data set class with its
     own ``__getitem__``, an ``IterableDataset``, a custom sampler, a network that rejects
@@ -384,24 +384,28 @@ class FastTraining(EngineHandler):
         if self.prediction_layout is False:
             self._say("prediction layout", False, None, "switched off (prediction_layout=False)")
             return
+        dims = describe_engine(evaluator)["spatial_dims"]  # from the network's convolutions, as the record reads them
+        if self.prediction_layout == "auto" and dims is not None and dims != 3:
+            self._say("prediction layout", False, None, f"a {dims}-D network: no 5-D predictions to reorder")
+            return
         layout = ClassesInnermost(self.prediction_layout)
         layout.attach(evaluator)
         self._helpers.append(layout)
         self._say("prediction layout", layout.active, "classes innermost" if layout.active else None, layout.reason)
 
     def _validation_lever(self, trainer: Workflow, evaluator: Workflow, device: torch.device) -> None:
-        if self.evaluator_option == "auto" or self.evaluator_option is True:
-            self._say(
-                "validation", False, None, "sliding-window settings kept as built (evaluator='tune' measures them)"
-            )
-            return
-        if sliding_window_of(evaluator.inferer) is None:
+        if sliding_window_of(evaluator.inferer) is None:  # said first: no sliding-window advice for such an evaluator
             self._say(
                 "validation",
                 False,
                 None,
                 f"the evaluator's inferer ({type(evaluator.inferer).__name__}) is not a "
                 "SlidingWindowInferer: nothing to tune",
+            )
+            return
+        if self.evaluator_option == "auto" or self.evaluator_option is True:
+            self._say(
+                "validation", False, None, "sliding-window settings kept as built (evaluator='tune' measures them)"
             )
             return
         tune = SlidingWindowTune(
