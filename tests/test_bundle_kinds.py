@@ -1,0 +1,183 @@
+"""Bundles of other kinds than 3-D segmentation, run with and without FastTraining.
+
+Real parts: two bundles in the Model Zoo's layout written for these tests, parsed by MONAI's own
+``ConfigWorkflow`` through :func:`~monai_fast.bundle.run_bundle`, on data written to disk here:
+
+* ``tests/bundles/cls2d``: 2-D classification of RGB PNG files (a JSON datalist read with MONAI's
+  ``load_decathlon_datalist``, ``LoadImaged``), DenseNet121 with ``spatial_dims=2``, cross-entropy,
+  a ``SupervisedEvaluator`` with an accuracy key metric, ``CheckpointSaver`` and ``MetricsSaver``.
+* ``tests/bundles/patho``: patch classification in the shape of the zoo's ``pathology_tumor_detection``:
+  patches read by MONAI's ``PatchWSIDataset`` from pyramidal TIFF slides
+  (:func:`~monai_fast.data.wsi.generate_wsi`, the lists from its ``dataset.json``), a 2-D ResNet-18,
+  BCE with logits, Novograd, an evaluator with an accuracy key metric and ``CheckpointSaver``.
+
+For each: both runs train and write the bundle's outputs, FastTraining's decisions fit a 2-D network
+(no ``channels_last_3d``, no sliding-window tuning, precision decided) and the doctor's verdict
+advises nothing 3-D or sliding-window.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from monai_fast.bundle import run_bundle
+from monai_fast.data.wsi import generate_wsi
+from monai_fast.telemetry.record import load_record
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLES = ROOT / "tests" / "bundles"
+CLASSES = ("disc", "square", "stripes")
+#: what a verdict for a 2-D network without a sliding window must not advise
+THREE_D = ("channels_last_3d", "sliding-window", "sliding window", "sw_batch_size", "SlidingWindowInferer")
+
+
+def write_shapes(root: Path, per_class: int = 6, size: int = 48, seed: int = 0) -> Path:
+    """RGB PNG images of a disc, a square or stripes on noise, and ``datalist.json`` (the last 2 of each
+    class are validation), in the Medical Decathlon's datalist form."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:size, :size]
+    lists: dict[str, list[dict]] = {"training": [], "validation": []}
+    (root / "images").mkdir(parents=True)
+    for label, kind in enumerate(CLASSES):
+        for i in range(per_class):
+            cy, cx = rng.uniform(0.35 * size, 0.65 * size, 2)
+            r = rng.uniform(0.15 * size, 0.3 * size)
+            if kind == "disc":
+                mask = (yy - cy) ** 2 + (xx - cx) ** 2 < r * r
+            elif kind == "square":
+                mask = (abs(yy - cy) < r) & (abs(xx - cx) < r)
+            else:
+                mask = ((yy // 4) % 2 == 0) & (abs(xx - cx) < 1.5 * r)
+            image = rng.normal(40, 10, (size, size, 3))
+            image[mask] += rng.uniform(120, 180, 3)
+            name = f"images/{kind}_{i:02d}.png"
+            Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(root / name)
+            lists["validation" if i >= per_class - 2 else "training"].append({"image": name, "label": label})
+    (root / "datalist.json").write_text(json.dumps(lists))
+    return root
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return write_shapes(tmp_path_factory.mktemp("shapes"))
+
+
+@pytest.fixture(scope="module")
+def slides(tmp_path_factory):
+    return generate_wsi(
+        tmp_path_factory.mktemp("slides"),
+        num_slides=2,
+        size=(256, 256),
+        tile=64,
+        levels=2,
+        patch_size=32,
+        progress=False,
+    )
+
+
+def small_cls2d(data: Path) -> dict:
+    """What a 2-core CPU needs changed in the classification bundle: data, epochs, device, image and network size."""
+    return {
+        "dataset_dir": str(data),
+        "max_epochs": 2,
+        "image_size": [32, 32],
+        "device": "$torch.device('cpu')",
+        "network_def#init_features": 8,
+        "network_def#growth_rate": 8,
+        "network_def#block_config": [2, 2],
+        "train#dataloader#batch_size": 4,
+        "train#dataloader#num_workers": 0,
+        "validate#dataloader#num_workers": 0,
+    }
+
+
+def small_patho(data: Path) -> dict:
+    """The same for the pathology bundle; the slides are read with monai-fast's tile-aware tifffile reader
+    (the zoo's bundle names cuCIM, a GPU package)."""
+    return {
+        "dataset_dir": str(data),
+        "num_epochs": 1,
+        "patch_size": [32, 32],
+        "device": "$torch.device('cpu')",
+        "wsi_reader": {"_target_": "monai_fast.data.wsi_reader.TiledTiffWSIReader", "level": 0},
+        "network_def#widen_factor": 0.125,
+        "train#dataloader#batch_size": 16,
+        "train#dataloader#num_workers": 0,
+        "validate#dataloader#batch_size": 32,
+        "validate#dataloader#num_workers": 0,
+    }
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(BUNDLES / name, dst)
+    return dst
+
+
+def _check_2d_decisions(applied: dict) -> None:
+    """FastTraining's decisions for a 2-D network validated without a sliding window."""
+    assert applied["memory_format"]["setting"] == "contiguous" and not applied["memory_format"]["applied"]
+    assert "channels_last_3d" not in json.dumps(applied), applied
+    assert not applied["validation"]["applied"] and "nothing to tune" in applied["validation"]["reason"]
+    assert "sliding-window settings" not in json.dumps(applied)  # no sliding-window advice for a SimpleInferer
+    assert not applied["prediction layout"]["applied"], applied["prediction layout"]  # 2-D predictions: nothing to do
+    assert applied["precision"]["setting"] in ("bf16", "fp32")  # decided: MONAI's amp=True does nothing on a CPU
+    assert "amp=True" in applied["precision"]["reason"]
+
+
+def _check_verdict(verdict: str | None) -> None:
+    assert verdict and verdict.startswith("verdict:")
+    advice = verdict.split("what to change:", 1)[1].split("where the wall clock went:", 1)[0]
+    assert not [w for w in THREE_D if w in advice], advice
+
+
+def _trained(run_dir: Path, epochs: int) -> None:
+    rows, _ = load_record(run_dir)
+    assert len([r for r in rows if r.get("kind") == "epoch" and r.get("engine") == "train"]) >= epochs, rows[-5:]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "as-published"])
+def test_a_2d_classification_bundle(tmp_path, shapes, fast):
+    bundle = _copy("cls2d", tmp_path)
+    result = run_bundle(bundle, overrides=small_cls2d(shapes), fast=fast, logging_file=False)
+    assert result.run_dir == bundle / "eval" / "monai_fast"
+    _trained(result.run_dir, epochs=2)
+    assert (bundle / "models" / "model.pt").is_file()  # CheckpointSaver on the key metric
+    assert "val_accuracy" in (bundle / "eval" / "metrics.csv").read_text()  # MetricsSaver
+    assert any(p.name.startswith("events.out.tfevents") for p in (bundle / "eval").iterdir())
+    assert 0.0 <= result.metrics["validate/val_accuracy"] <= 1.0 and "validate/best" in result.metrics
+    assert "train/train_accuracy" in result.metrics
+    if fast:
+        _check_2d_decisions(result.applied)
+        # a plain Dataset of PNG files: its deterministic transforms are cached (the bundle has no cache of its own)
+        assert result.applied["data"]["applied"] and result.applied["data"]["setting"] == "ram", result.applied["data"]
+    else:
+        assert result.applied == {}
+    _check_verdict(result.verdict)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "as-published"])
+def test_a_pathology_patch_bundle(tmp_path, slides, fast):
+    bundle = _copy("patho", tmp_path)
+    result = run_bundle(bundle, overrides=small_patho(slides), fast=fast, logging_file=False)
+    assert result.run_dir == bundle / "log" / "monai_fast"  # the zoo's pathology bundles write to log/
+    _trained(result.run_dir, epochs=1)
+    assert (bundle / "models" / "model.pt").is_file()
+    assert any(p.name.startswith("events.out.tfevents") for p in (bundle / "log").iterdir())
+    assert 0.0 <= result.metrics["validate/valid_acc"] <= 1.0 and "train/train_acc" in result.metrics
+    if fast:
+        _check_2d_decisions(result.applied)
+        # PatchWSIDataset reads the patch in its own _transform: the data set is kept, and the reason says so
+        for lever in ("data", "validation data"):
+            assert not result.applied[lever]["applied"]
+            assert "PatchWSIDataset has its own _transform" in result.applied[lever]["reason"]
+    else:
+        assert result.applied == {}
+    _check_verdict(result.verdict)
