@@ -220,7 +220,7 @@ def run_bundle(
     """
     from monai.bundle import ConfigWorkflow
 
-    from monai_fast.handlers import FastTraining, RecordHandler, TimeBreakdown
+    from monai_fast.handlers import FastTraining, RecordHandler, TimeBreakdown, TrainingAlgorithmTime
 
     root = Path(bundle_dir).resolve()
     files = bundle_config_files(root, config_files)
@@ -276,6 +276,7 @@ def run_bundle(
     if evaluator is not None:
         record.attach(evaluator)
     TimeBreakdown().attach(trainer)  # data wait against compute: what the doctor reads
+    TrainingAlgorithmTime().attach(trainer)  # the bundle's training post-processing and metrics, also with fast=False
     result = BundleResult(run_dir=folder, config_files=files, trainer_id=trainer_id, evaluator_id=evaluator_id)
     if fast:
         handler = FastTraining(**dict(fast_options or {}))

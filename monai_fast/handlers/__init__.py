@@ -1,5 +1,6 @@
 """Ignite event handlers; each one ``attach(engine)``es to any ignite ``Engine``, MONAI's included."""
 
+from monai_fast.handlers.algorithm_time import AlgorithmTimes, TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.background_validation import BackgroundValidation, BackgroundValidationError
 from monai_fast.handlers.core_pin import MainThreadCore
@@ -24,6 +25,7 @@ from monai_fast.handlers.window_tune import SlidingWindowTune
 
 __all__ = [
     "AMPToggle",
+    "AlgorithmTimes",
     "BackgroundValidation",
     "BackgroundValidationError",
     "ClassesInnermost",
@@ -47,6 +49,7 @@ __all__ = [
     "ThroughputMonitor",
     "TimeBreakdown",
     "TimeToTarget",
+    "TrainingAlgorithmTime",
     "ValidationSchedule",
     "estimator_like",
     "nvtx_range",

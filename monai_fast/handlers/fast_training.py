@@ -25,6 +25,7 @@ from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.planner import CACHE_CHOICES
 from monai_fast.deprecation import UNSET, deprecated
+from monai_fast.handlers.algorithm_time import TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
@@ -84,6 +85,10 @@ class FastTraining(EngineHandler):
       for CUDA only, so on a CPU ``amp=True`` (a bundle's ``"amp": true``) changes nothing: it is
       read as a request for reduced precision and handled as above, and the log says so. In every case a
       :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
+    * The trainer's own ``postprocessing`` and training metrics (``key_train_metric``,
+      ``additional_metrics``) are the user's algorithm: kept as built and timed per epoch by a
+      :class:`~monai_fast.handlers.algorithm_time.TrainingAlgorithmTime` (unless it has one); the
+      doctor names them when they cost a notable share of the epoch.
     * The trainer and the evaluator also get an
       :class:`~monai_fast.handlers.epoch_length_guard.EpochLengthGuard` (unless they have one): a
       loader pass or an epoch that ends before its length raises before any metric is computed.
@@ -252,6 +257,15 @@ class FastTraining(EngineHandler):
                 length_guard = EpochLengthGuard(name)
                 length_guard.attach(engine)
                 self._helpers.append(length_guard)
+        if TrainingAlgorithmTime not in handlers_on(trainer):  # the user's post-processing and metrics, timed
+            timer = TrainingAlgorithmTime()
+            timer.attach(trainer)
+            self._helpers.append(timer)
+            if timer.timed:
+                logger.info(
+                    "FastTraining: the training post-processing and metrics (%s) are kept as built and timed per epoch",
+                    ", ".join(timer.timed),
+                )
         for engine in (trainer, evaluator):  # registers nothing unless OpenMP's workers were pinned
             if engine is not None and MainThreadCore not in handlers_on(engine):
                 core = MainThreadCore()

@@ -44,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -51,7 +52,7 @@ from typing import Any, ClassVar
 from ignite.engine import Engine, Events
 from ignite.engine.events import RemovableEventHandle
 
-__all__ = ["EngineHandler", "handlers_on", "on_run_end"]
+__all__ = ["EngineHandler", "callbacks_on", "handlers_on", "on_run_end", "wrap_callback"]
 
 _RUN_END = "_monai_fast_run_end"
 _REGISTRY = "_monai_fast_handlers"
@@ -124,6 +125,56 @@ def callbacks_on(engine: Engine, event: Any) -> list[Any]:
     reads ``Engine._event_handlers``. Removing one goes through ignite's public ``remove_event_handler``.
     """
     return [entry[0] for entry in engine._event_handlers.get(event, [])]
+
+
+class _WrapHandle:
+    """Puts a callable that :func:`wrap_callback` wrapped back in its place."""
+
+    def __init__(self, engine: Engine, event: Any, original: Callable, wrapper: Callable) -> None:
+        self.engine, self.event, self.original, self.wrapper = engine, event, original, wrapper
+
+    def remove(self) -> None:
+        handlers = self.engine._event_handlers.get(self.event, [])
+        for i, (fn, args, kwargs) in enumerate(handlers):
+            if fn is self.wrapper:  # gone when the user removed it meanwhile: nothing to put back
+                handlers[i] = (self.original, args, kwargs)
+                return
+
+
+def wrap_callback(engine: Engine, event: Any, fn: Callable, wrapper: Callable) -> _WrapHandle | None:
+    """Run ``wrapper`` in place of ``fn`` among ``engine``'s handlers for ``event``, in the same position.
+
+    ``wrapper`` is called with the arguments ``fn`` was registered with and must call ``fn`` itself.
+    Ignite sees the wrapper as ``fn``: like ignite's own filtered handlers it carries ``_parent``, so
+    ``engine.has_event_handler(fn)`` (an ignite ``Metric``'s ``is_attached``) and
+    ``engine.remove_event_handler(fn, event)`` keep working. Ignite has no public way to replace a
+    handler in place; this module is the one place monai-fast reads ``Engine._event_handlers``.
+
+    Returns:
+        A handle whose ``remove()`` puts ``fn`` back, or ``None`` when ``fn`` is not registered for ``event``.
+
+    Example:
+        >>> from ignite.engine import Engine, Events
+        >>> engine = Engine(lambda e, b: None)
+        >>> calls = []
+        >>> def count(engine): calls.append("count")
+        >>> def timed(engine): calls.append("timed"); count(engine)
+        >>> _ = engine.add_event_handler(Events.EPOCH_COMPLETED, count)
+        >>> handle = wrap_callback(engine, Events.EPOCH_COMPLETED, count, timed)
+        >>> engine.has_event_handler(count, Events.EPOCH_COMPLETED)
+        True
+        >>> _ = engine.run([0], max_epochs=1); handle.remove(); _ = engine.run([0], max_epochs=1)
+        >>> calls
+        ['timed', 'count', 'count']
+    """
+    handlers = engine._event_handlers.get(event, [])
+    for i, (registered, args, kwargs) in enumerate(handlers):
+        if registered is fn or registered == fn:
+            parent = getattr(registered, "_parent", None)
+            wrapper._parent = parent if parent is not None else weakref.ref(registered)  # type: ignore[attr-defined]
+            handlers[i] = (wrapper, args, kwargs)
+            return _WrapHandle(engine, event, registered, wrapper)
+    return None
 
 
 def handlers_on(engine: Engine) -> dict[type, EngineHandler]:
@@ -221,6 +272,13 @@ class EngineHandler(ABC):
             _move_last_to_front(engine, event)
         self._wiring[id(owner if owner is not None else engine)][1].append(handle)
         return handle
+
+    def wrap(self, engine: Engine, event: Any, fn: Callable, wrapper: Callable) -> bool:
+        """:func:`wrap_callback`, undone by :meth:`detach`; whether ``fn`` was found and wrapped."""
+        handle = wrap_callback(engine, event, fn, wrapper)
+        if handle is not None:
+            self._wiring[id(engine)][1].append(handle)
+        return handle is not None
 
     def on_run_end(self, engine: Engine, fn: Callable[[Engine], None], last: bool = False) -> None:
         """:func:`on_run_end`, remembered for :meth:`detach`."""

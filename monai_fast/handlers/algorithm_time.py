@@ -1,0 +1,213 @@
+"""What a trainer's own post-processing and training metrics cost per epoch: the user's algorithm, timed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ignite.engine import Engine, Events
+from ignite.metrics import Metric
+
+from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on
+from monai_fast.handlers.record import record_of
+from monai_fast.telemetry.cuda import Mark, seconds_between, time_mark
+from monai_fast.telemetry.record import Kind
+
+__all__ = ["ALGORITHM_SOURCE", "AlgorithmTimes", "TrainingAlgorithmTime"]
+
+try:  # MONAI's workflows run their post-processing on MODEL_COMPLETED
+    from monai.engines.utils import IterationEvents
+except ImportError:  # pragma: no cover - MONAI is a dependency
+    IterationEvents = None
+
+#: the ``source`` of the run record's rows this handler writes
+ALGORITHM_SOURCE = "training_algorithm"
+
+# MONAI registers its post-processing and decollation as closures of these Workflow methods
+_POSTPROCESSING = "_register_postprocessing.<locals>._run_postprocessing"
+_DECOLLATE = "_register_decollate.<locals>._decollate_data"
+
+
+@dataclass
+class AlgorithmTimes:
+    """Totals of one training epoch, in seconds.
+
+    ``epoch_s`` is the epoch's iterations from the first to the last, plus the metrics' epoch-end
+    ``completed`` (the validation that handlers run at the epoch's end is not in it);
+    ``postprocessing_s`` the trainer's ``postprocessing`` transform, ``decollate_s`` MONAI's
+    decollation of each batch into items before it, and ``metrics_s`` the training metrics' updates
+    on each iteration and their ``completed`` at the epoch's end. ``metrics`` and
+    ``postprocessing`` name what was timed.
+    """
+
+    epoch: int
+    iterations: int = 0
+    epoch_s: float = 0.0
+    postprocessing_s: float = 0.0
+    decollate_s: float = 0.0
+    metrics_s: float = 0.0
+    metrics: list[str] = field(default_factory=list)
+    postprocessing: list[str] = field(default_factory=list)
+
+    @property
+    def algorithm_s(self) -> float:
+        """Post-processing, decollation and metrics together."""
+        return self.postprocessing_s + self.decollate_s + self.metrics_s
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "algorithm_s": self.algorithm_s}
+
+
+def _metric_of(fn: Callable) -> tuple[Metric, str] | None:
+    """The ignite ``Metric`` whose ``iteration_completed`` / ``completed`` ``fn`` is (through ignite's event
+    filters too), with the method's name."""
+    parent = getattr(fn, "_parent", None)
+    target = parent() if parent is not None else fn
+    owner, name = getattr(target, "__self__", None), getattr(target, "__name__", "")
+    if isinstance(owner, Metric) and name in ("iteration_completed", "completed"):
+        return owner, name
+    return None
+
+
+def _transform_names(fn: Callable) -> list[str]:
+    """The class names of the transform a MONAI ``_run_postprocessing`` closure applies (a ``Compose``'s parts)."""
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    cell = cells.get("posttrans")
+    transform = cell.cell_contents if cell is not None else None
+    if transform is None:
+        return []
+    parts = getattr(transform, "transforms", None)
+    names = [type(t).__name__ for t in parts] if isinstance(parts, (list, tuple)) else [type(transform).__name__]
+    return list(dict.fromkeys(names))
+
+
+class TrainingAlgorithmTime(EngineHandler):
+    """Times a MONAI trainer's own post-processing and training metrics, per epoch.
+
+    A trainer's ``postprocessing`` (MONAI runs it on ``MODEL_COMPLETED`` of each iteration, after
+    decollating the batch into items) and its ``key_train_metric`` / ``additional_metrics`` (ignite
+    metrics, updated on each ``ITERATION_COMPLETED`` and computed on ``EPOCH_COMPLETED``) are the
+    user's algorithm: monai-fast keeps them as built. This handler measures what they cost: each of
+    their callbacks on the engine runs inside a timer, in its place among the engine's handlers
+    (:meth:`~monai_fast.handlers.lifecycle.EngineHandler.wrap`; detaching puts the originals back).
+    On a CUDA device the readings are CUDA events on the current stream, so a metric computed on the
+    device counts its kernels without adding a synchronisation per iteration.
+
+    Each epoch's totals (:class:`AlgorithmTimes`) are appended to :attr:`epochs` and, with a run
+    record on the engine, written as an ``epoch`` row of source ``training_algorithm``, from which
+    the doctor names them when they take a notable share of the epoch. Callbacks registered after
+    ``attach`` are timed from the next run on. An engine without post-processing or metrics gets no
+    rows. :class:`~monai_fast.handlers.FastTraining` attaches one to the trainer.
+
+    Args:
+        logger: where the per-epoch line (debug level) goes; default ``monai_fast.handlers``.
+
+    Example:
+        >>> from monai_fast.handlers import TrainingAlgorithmTime
+        >>> timer = TrainingAlgorithmTime()
+        >>> timer.attach(trainer)  # doctest: +SKIP
+        >>> trainer.run()  # doctest: +SKIP
+        >>> timer.epochs[-1].metrics, timer.epochs[-1].metrics_s  # doctest: +SKIP
+        (['Accuracy'], 0.41)
+    """
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        if logger is not None and not isinstance(logger, logging.Logger):
+            raise ValueError(f"logger must be a logging.Logger, got {type(logger).__name__}")
+        super().__init__()
+        self.logger = logger or logging.getLogger("monai_fast.handlers")
+        self.epochs: list[AlgorithmTimes] = []
+        self._device = None
+        self._metrics: dict[int, str] = {}  # metric id -> its class name
+        self._postprocessing: list[str] = []
+        self._marks: dict[str, list[tuple[Mark, Mark]]] = {}
+        self._start: Mark | None = None
+        self._loop_end: Mark | None = None
+        self._epoch: AlgorithmTimes | None = None
+        self._first_iteration = 0
+
+    def _attach(self, engine: Engine) -> None:
+        self._device = getattr(engine.state, "device", None)
+        self._wrap_new(engine)
+        self.on(engine, Events.STARTED, self._wrap_new)
+        self.on(engine, Events.EPOCH_STARTED, self._epoch_started, first=True)
+        self.on(engine, Events.EPOCH_COMPLETED, self._loop_ended, first=True)
+        self.on_run_end(engine, self._write)
+
+    @property
+    def timed(self) -> list[str]:
+        """What is timed on the engine: the post-processing's transforms and the metrics' classes."""
+        return list(dict.fromkeys(self._postprocessing + list(self._metrics.values())))
+
+    def _wrap_new(self, engine: Engine) -> None:
+        """Wrap the post-processing, decollation and metric callbacks not wrapped yet."""
+        events: list[Any] = [Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED]
+        if IterationEvents is not None:
+            events.insert(0, IterationEvents.MODEL_COMPLETED)
+        for event in events:
+            for fn in callbacks_on(engine, event):
+                if getattr(fn, "_monai_fast_timed", False):
+                    continue
+                qualname = getattr(fn, "__qualname__", "")
+                if qualname.endswith(_POSTPROCESSING):
+                    part = "postprocessing"
+                    self._postprocessing = _transform_names(fn) or ["postprocessing"]
+                elif qualname.endswith(_DECOLLATE):
+                    part = "decollate"
+                elif (metric := _metric_of(fn)) is not None:
+                    part = "metrics_end" if event == Events.EPOCH_COMPLETED else "metrics"
+                    self._metrics[id(metric[0])] = type(metric[0]).__name__
+                else:
+                    continue
+                self.wrap(engine, event, fn, self._timer(fn, part))
+
+    def _timer(self, fn: Callable, part: str) -> Callable:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time_mark(self._device)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._marks.setdefault(part, []).append((start, time_mark(self._device)))
+
+        timed._monai_fast_timed = True  # type: ignore[attr-defined]
+        return timed
+
+    def _epoch_started(self, engine: Engine) -> None:
+        self._write(engine)  # the previous epoch, once its metrics' completed has run
+        self._marks = {}
+        self._loop_end = None
+        self._start = time_mark(self._device)
+        self._epoch = AlgorithmTimes(engine.state.epoch)
+        self._first_iteration = engine.state.iteration
+
+    def _loop_ended(self, engine: Engine) -> None:
+        self._loop_end = time_mark(self._device)
+        if self._epoch is not None:
+            self._epoch.iterations = engine.state.iteration - self._first_iteration
+
+    def _write(self, engine: Engine) -> None:
+        """Close the pending epoch: at the next epoch's start, or when the run ends."""
+        times, self._epoch = self._epoch, None
+        if times is None or self._start is None or self._loop_end is None or not self._marks:
+            return
+        parts = {part: sum(seconds_between(a, b) for a, b in marks) for part, marks in self._marks.items()}
+        times.epoch_s = seconds_between(self._start, self._loop_end) + parts.get("metrics_end", 0.0)
+        times.postprocessing_s = parts.get("postprocessing", 0.0)
+        times.decollate_s = parts.get("decollate", 0.0)
+        times.metrics_s = parts.get("metrics", 0.0) + parts.get("metrics_end", 0.0)
+        times.metrics = sorted(set(self._metrics.values()))
+        times.postprocessing = list(self._postprocessing)
+        self.epochs.append(times)
+        record = record_of(engine)
+        if record is not None:
+            record.add(Kind.EPOCH, ALGORITHM_SOURCE, **times.as_dict())
+        self.logger.debug(
+            "TrainingAlgorithmTime: epoch %d: post-processing %.2f s, decollate %.2f s, metrics %.2f s of %.2f s",
+            times.epoch,
+            times.postprocessing_s,
+            times.decollate_s,
+            times.metrics_s,
+            times.epoch_s,
+        )
