@@ -23,6 +23,12 @@ checkpoints, handlers and idle, with shares summing to 100 % and overlapped work
 The report shows the table and ``wall_clock.png``; a category that takes much of the wall clock
 (validation >= 30 %, ...) adds its fix, unless ``FastTraining`` already applied it.
 
+The trainer's own post-processing and training metrics (an ``Accuracy`` on every training batch)
+are the user's algorithm, kept as built: when ``TrainingAlgorithmTime``'s rows show them taking
+``algorithm_share`` (10 %) of the training epoch or more, the doctor names them with their seconds
+per epoch and how to make them cheaper (:mod:`monai_fast.report.algorithm`); below that it says
+nothing about them.
+
 The doctor advises only what applies to the run (:mod:`monai_fast.report.applied`): no mixed
 precision for a run that trained in bf16 or fp16 however it was set, no ``channels_last_3d`` for a
 2-D network, no sliding-window settings for a validation without a sliding window; what is on
@@ -49,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from monai_fast.files import write_json, write_text
+from monai_fast.report.algorithm import ALGORITHM_SHARE, algorithm_cost
 from monai_fast.report.applied import InEffect, applied_levers, in_effect, sentence
 from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock, pyplot_missing
 from monai_fast.report.ranks import node_evidence, rank_evidence, rank_times, segment_evidence, stopped_early
@@ -170,6 +177,7 @@ def diagnose(
     data_low: float = 0.05,
     util_low: float = 60.0,
     mem_low: float = 0.5,
+    algorithm_share: float = ALGORITHM_SHARE,
 ) -> Diagnosis:
     """Decide the verdict from record rows (see the module docstring for the rules).
 
@@ -243,12 +251,17 @@ def diagnose(
     fixes = _fixes(verdict, applied, run)
     if verdict == "compute-bound" and util_mean is None:
         fixes.insert(0, "this ran on the CPU: a CUDA GPU is the largest single step")
+    if algorithm := algorithm_cost(rows, algorithm_share):  # the user's own post-processing and metrics
+        numbers["training_algorithm"] = {k: v for k, v in algorithm.items() if k not in ("evidence", "fix")}
+        evidence.append(algorithm["evidence"])
+        fixes.insert(0, algorithm["fix"])
     _add_wall_clock(rows, applied, run, numbers, evidence, fixes)
     numbers["thresholds"] = {
         "data_threshold": data_threshold,
         "data_low": data_low,
         "util_low": util_low,
         "mem_low": mem_low,
+        "algorithm_share": algorithm_share,
     }
     return Diagnosis(verdict, evidence, fixes, numbers)
 

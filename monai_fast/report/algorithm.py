@@ -1,0 +1,98 @@
+"""The user's own training post-processing and metrics: what they cost per epoch, named when it is notable.
+
+A trainer's ``postprocessing`` and its training metrics (``key_train_metric``,
+``additional_metrics``) are the user's algorithm: monai-fast keeps them as built and
+:class:`~monai_fast.handlers.algorithm_time.TrainingAlgorithmTime` times them (its
+``training_algorithm`` rows). The doctor names them, with what they are and the ways to make them
+cheaper, when they take at least :data:`ALGORITHM_SHARE` of the training epoch; below that it says
+nothing about them.
+
+Example:
+    >>> rows = [{"kind": "epoch", "source": "training_algorithm", "engine": "train", "epoch": 1, "epoch_s": 10.0,
+    ...          "postprocessing_s": 1.5, "decollate_s": 0.5, "metrics_s": 2.0, "metrics": ["Accuracy"],
+    ...          "postprocessing": ["Activationsd", "AsDiscreted"]}]
+    >>> found = algorithm_cost(rows)
+    >>> round(found["share"], 2), found["metrics"]
+    (0.4, ['Accuracy'])
+    >>> algorithm_cost(rows, threshold=0.5) is None
+    True
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+from monai_fast.handlers.algorithm_time import ALGORITHM_SOURCE
+from monai_fast.telemetry.record import Kind, select
+
+__all__ = ["ALGORITHM_SHARE", "algorithm_cost"]
+
+#: the share of the training epoch from which the doctor names the training post-processing and
+#: metrics. At 10 % making them cheaper (every N iterations, at validation only, on the device)
+#: gains about as much as the smaller levers the doctor advises (channels_last_3d, a larger
+#: sliding-window batch) and more than run-to-run noise of a per-epoch time; below it a
+#: user would change their algorithm for a gain they could not tell from noise.
+ALGORITHM_SHARE = 0.10
+
+
+def algorithm_cost(rows: list[dict], threshold: float = ALGORITHM_SHARE) -> dict | None:
+    """The training post-processing and metrics' cost per epoch, when they take ``threshold`` of it or more.
+
+    Reads the training engine's ``training_algorithm`` epoch rows of the lowest rank (every rank
+    runs the same algorithm); the per-epoch figures are medians over the epochs, so a first epoch
+    that warms up does not set them.
+
+    Returns:
+        ``None`` below ``threshold`` (or without such rows); else the figures, the evidence sentence
+        (``evidence``) and the fix (``fix``).
+    """
+    epochs = select(rows, Kind.EPOCH, ALGORITHM_SOURCE, engine="train")
+    if not epochs:
+        return None
+    rank = min(r.get("rank", 0) for r in epochs)
+    epochs = [r for r in epochs if r.get("rank", 0) == rank]
+    metrics = sorted({m for r in epochs for m in r.get("metrics") or []})
+    post = list(dict.fromkeys(p for r in epochs for p in r.get("postprocessing") or []))
+    if not metrics and not post:  # only MONAI's decollation: no algorithm of the user's to name
+        return None
+    parts = {k: median(float(r.get(k, 0.0)) for r in epochs) for k in ("postprocessing_s", "decollate_s", "metrics_s")}
+    epoch_s = median(float(r.get("epoch_s", 0.0)) for r in epochs)
+    cost = sum(parts.values())
+    share = cost / epoch_s if epoch_s > 0 else 0.0
+    if share < threshold:
+        return None
+    named, plural = [], ""
+    if post:
+        named.append(f"the training post-processing {'/'.join(post)} ({parts['postprocessing_s']:.2f} s)")
+    if parts["decollate_s"] >= 0.01:
+        named.append(f"MONAI's decollation of each batch into items for it ({parts['decollate_s']:.2f} s)")
+    if metrics:
+        plural = "s" if len(metrics) > 1 else ""
+        named.append(f"the training metric{plural} {', '.join(metrics)} ({parts['metrics_s']:.2f} s)")
+    evidence = (
+        f"your training algorithm costs {cost:.2f} s of {epoch_s:.2f} s per epoch ({100 * share:.0f}%): "
+        + ", ".join(named)
+        + "; monai-fast keeps them as you built them"
+    )
+    what = " and ".join(
+        x for x, on in (("post-processing", post), ("metric" + plural if metrics else "", metrics)) if on
+    )
+    fix = (
+        f"the training {what} are yours to change (monai-fast keeps them as built): compute them every N "
+        "iterations (the metric attached with an ignite MetricUsage whose iteration_completed is "
+        "Events.ITERATION_COMPLETED(every=N)), or only at validation (no key_train_metric and no trainer "
+        "postprocessing; the evaluator computes its own), or on the device (predictions kept on the GPU, "
+        "without decollating them into CPU transforms first)"
+    )
+    return {
+        "epoch_s": epoch_s,
+        "algorithm_s": cost,
+        **parts,
+        "share": share,
+        "threshold": threshold,
+        "metrics": metrics,
+        "postprocessing": post,
+        "epochs": len(epochs),
+        "evidence": evidence,
+        "fix": fix,
+    }
