@@ -47,8 +47,9 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
     """What an engine runs, for the record: network class and spatial dimensions, inferer, sliding window, amp,
     and whether its data set is a cache.
 
-    Reads the public attributes of MONAI workflows (``network``, ``inferer``, ``amp``) and ignite's
-    ``state.dataloader``; a plain ignite ``Engine`` has no network or inferer and gets ``None`` for them.
+    Reads the public attributes of MONAI workflows (``network``, ``inferer``, ``amp``, ``state.device``: MONAI's
+    ``amp=True`` autocasts for CUDA only, so the device says whether it acts) and ignite's ``state.dataloader``;
+    a plain ignite ``Engine`` has no network or inferer and gets ``None`` for them.
 
     Example:
         >>> from monai.networks.nets import UNet
@@ -66,6 +67,7 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
         dims = next((d for m in network.modules() for kind, d in _CONV_DIMS if isinstance(m, kind)), None)
     inferer = getattr(engine, "inferer", None)
     window = sliding_window_of(inferer) if inferer is not None else None
+    device = getattr(getattr(engine, "state", None), "device", None)  # a MONAI workflow's, None on a plain Engine
     return {
         "network": type(network).__name__ if network is not None else None,
         "spatial_dims": dims,
@@ -73,6 +75,7 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
         "sliding_window": None if inferer is None else window is not None,
         "sw_batch_size": getattr(window, "sw_batch_size", None),
         "amp": getattr(engine, "amp", None),
+        "device": None if device is None else str(device),
         "data_cached": cached_dataset(engine) is not None,
     }
 

@@ -69,7 +69,8 @@ def in_effect(rows: list[dict]) -> InEffect:
         reduced = [r for r in amp if str(r.get("precision")) in _REDUCED]
         if reduced:
             precision, by = str(reduced[-1]["precision"]), "AMPToggle"
-    if precision is None and any(r.get("amp") for r in train):
+    # MONAI's amp=True autocasts for CUDA only: on a CPU the trainer ran in fp32 (a row without a device: as written)
+    if precision is None and any(r.get("amp") and not str(r.get("device") or "cuda").startswith("cpu") for r in train):
         precision, by = "amp", "MONAI amp=True"
 
     dims = next((r["spatial_dims"] for r in reversed(train) if r.get("spatial_dims") is not None), None)
