@@ -11,6 +11,7 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from monai.data import CacheDataset, PersistentDataset
+from monai.transforms import Compose
 
 from monai_fast.distributed.env import placement
 from monai_fast.handlers.lifecycle import EngineHandler
@@ -68,6 +69,7 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
     inferer = getattr(engine, "inferer", None)
     window = sliding_window_of(inferer) if inferer is not None else None
     device = getattr(getattr(engine, "state", None), "device", None)  # a MONAI workflow's, None on a plain Engine
+    loader = getattr(engine.state, "dataloader", None) or getattr(engine, "data_loader", None)
     return {
         "network": type(network).__name__ if network is not None else None,
         "spatial_dims": dims,
@@ -77,7 +79,26 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
         "amp": getattr(engine, "amp", None),
         "device": None if device is None else str(device),
         "data_cached": cached_dataset(engine) is not None,
+        "transforms": transform_names(getattr(getattr(loader, "dataset", None), "transform", None)),
     }
+
+
+def transform_names(transform: Any) -> list[str] | None:
+    """The class names of a data set's transform chain, nested ``Compose`` flattened; ``None`` when there is none.
+
+    The doctor reads them so that it advises a transform (``FgBgToIndicesd`` for ``RandCropByPosNegLabeld``) only
+    where the chain has what the advice is about.
+
+    Example:
+        >>> from monai.transforms import Compose, LoadImaged, RandCropByPosNegLabeld
+        >>> transform_names(Compose([LoadImaged("image"), Compose([RandCropByPosNegLabeld("image", "label", 8)])]))
+        ['LoadImaged', 'RandCropByPosNegLabeld']
+    """
+    if transform is None:
+        return None
+    flat = transform.flatten() if isinstance(transform, Compose) else transform
+    parts = getattr(flat, "transforms", None)
+    return [type(t).__name__ for t in (parts if parts is not None else [flat])]
 
 
 def _default_name(taken: list[str]) -> str:

@@ -10,7 +10,7 @@ from typing import Literal
 from ignite.engine import Engine, Events
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.record import cached_dataset, record_of
+from monai_fast.handlers.record import cached_dataset, record_of, transform_names
 from monai_fast.telemetry import cuda_available, synchronize
 from monai_fast.telemetry.record import Kind, Source, data_share
 
@@ -155,6 +155,16 @@ class TimeBreakdown(EngineHandler):
                 compute_s=self.last_compute_s,
             )
 
+    @staticmethod
+    def _more_fixes(engine: Engine) -> str:
+        """The rest of a cached run's fix: more threads, and precomputed crop indices where the chain crops by label
+        and does not precompute them (an unreadable chain gets the advice)."""
+        loader = getattr(engine.state, "dataloader", None) or getattr(engine, "data_loader", None)
+        names = transform_names(getattr(getattr(loader, "dataset", None), "transform", None))
+        crops = names is None or ("RandCropByPosNegLabeld" in names and "FgBgToIndicesd" not in names)
+        more = ", or precompute crop indices (FgBgToIndicesd)" if crops else ""
+        return f", load with more threads{more}" if more else " or load with more threads"
+
     def _epoch_completed(self, engine: Engine) -> None:
         times = EpochTimes(engine.state.epoch, self._iters, self._data_s, self._compute_s)
         self.epochs.append(times)
@@ -170,7 +180,7 @@ class TimeBreakdown(EngineHandler):
                 "cache deterministic transforms (CacheDataset / GPU cache) or use ThreadDataLoader"
                 if cached is None
                 else f"the deterministic transforms are cached ({cached}): run the random transforms on the device "
-                "(ToDeviced before them), load with more threads, or precompute crop indices (FgBgToIndicesd)"
+                f"(ToDeviced before them){self._more_fixes(engine)}"
             )
             self.logger.warning(
                 "epoch %d: %.0f%% of iteration time is spent waiting for data (%.2f s of %.2f s); %s",

@@ -51,6 +51,7 @@ class InEffect:
     spatial_dims: int | None  #: the training network's spatial dimensions (from its convolutions)
     sliding_window: bool | None  #: whether validation ran a sliding-window inferer (False: no validation ran)
     data_cached: bool | None  #: whether the training data set is a cache
+    transforms: tuple[str, ...] | None = None  #: the training chain's transform classes (None: not recorded)
 
 
 def in_effect(rows: list[dict]) -> InEffect:
@@ -84,7 +85,9 @@ def in_effect(rows: list[dict]) -> InEffect:
         cached = True
     elif cached is None and train and any("data_cached" in r for r in train):
         cached = False
-    return InEffect(precision, by, dims, sliding, cached)
+    chains = [r["transforms"] for r in train if r.get("transforms") is not None]
+    transforms = tuple(chains[-1]) if chains else None
+    return InEffect(precision, by, dims, sliding, cached, transforms)
 
 
 def sentence(text: str) -> str:

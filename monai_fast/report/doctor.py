@@ -116,9 +116,13 @@ FIXES: dict[str, list[tuple[str | None, str]]] = {
 
 def fix_applies(lever: str | None, text: str, run: InEffect) -> bool:
     """Whether a fix fits the run: ``channels_last_3d`` needs a 3-D network, sliding-window settings a
-    sliding-window validation (unknown counts as fitting)."""
+    sliding-window validation, precomputed crop indices a chain that crops with ``RandCropByPosNegLabeld``
+    and does not precompute them yet (unknown counts as fitting)."""
     if lever == "memory_format" and run.spatial_dims is not None and run.spatial_dims != 3:
         return False
+    if "FgBgToIndicesd" in text and run.transforms is not None:
+        if "RandCropByPosNegLabeld" not in run.transforms or "FgBgToIndicesd" in run.transforms:
+            return False
     return not (("sliding-window" in text or "sw_batch_size" in text) and run.sliding_window is False)
 
 
