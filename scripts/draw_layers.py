@@ -25,8 +25,8 @@ LAYERS: list[tuple[str, str]] = [
     ("handlers", "handlers/: ignite handlers, FastTraining"),
     ("recipes", "recipes/: recipe builders, tune_recipe, pathology"),
     ("report", "report/: doctor, wall clock, ranks, plots"),
-    ("inference, bundles", "inference/: backends, infer()   bundle/: MONAI bundles run fast"),
-    ("races", "race/: the race and bench harness (the plugin never imports it)"),
+    ("inference, bundles, training", "inference/: infer()   bundle/: MONAI bundles   training/: recipe to target"),
+    ("races", "race/: the race and bench harness, on training/ (never imported below)"),
     ("command line", "cli/, __main__: parses and prints"),
 ]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from monai_fast.cli import build_parser
-from monai_fast.cli.args import race_spec
+from monai_fast.cli.race_cmds import race_spec
 from monai_fast.race.options import RaceSpec, SyntheticData, recipe_config
 from monai_fast.race.scale import demo_scale, size_line
 

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import pytest
 from setuptools import find_packages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,8 +17,9 @@ def test_every_code_folder_is_a_package_that_setup_finds():
     assert not missing, f"not packaged (no __init__.py?): {missing}"
 
 
-def _imports(path: Path, type_checking: bool = False, source: str | None = None) -> set[str]:
-    """Modules ``path`` imports at run time (``if TYPE_CHECKING:`` blocks left out unless ``type_checking``).
+def _imports(path: Path, type_checking: bool = False, source: str | None = None, in_functions: bool = True) -> set[str]:
+    """Modules ``path`` imports at run time (``if TYPE_CHECKING:`` blocks left out unless ``type_checking``;
+    imports inside functions left out unless ``in_functions``).
 
     A relative import is named by its absolute module (``from ..race import x`` in ``monai_fast/report/a.py``
     is ``monai_fast.race``); ``source``, when given, is read as the text of ``path``.
@@ -25,10 +27,11 @@ def _imports(path: Path, type_checking: bool = False, source: str | None = None)
     import ast
 
     tree = ast.parse(path.read_text() if source is None else source)
-    if not type_checking:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-                node.body = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING" and not type_checking:
+            node.body = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not in_functions:
+            node.body = []
     package = path.relative_to(ROOT).parent.parts
     names = set()
     for node in ast.walk(tree):
@@ -53,6 +56,7 @@ ABOVE_HANDLERS = (
     "monai_fast.cli",
     "monai_fast.bundle",
     "monai_fast.inference",
+    "monai_fast.training",
 )
 
 #: the plugin (with ``monai_fast/__init__.py``): everything a trainer may use; the race and bench harness
@@ -71,6 +75,7 @@ PLUGIN = (
     "monai_fast.report",
     "monai_fast.inference",
     "monai_fast.bundle",
+    "monai_fast.training",
 )
 
 #: the layers, lowest first (docs/design.md): a module imports its own layer and those below, never one above
@@ -92,7 +97,7 @@ LAYERS = [
     ("handlers", ("monai_fast.handlers",)),
     ("recipes", ("monai_fast.recipes",)),
     ("report", ("monai_fast.report",)),
-    ("inference, bundles", ("monai_fast.inference", "monai_fast.bundle")),
+    ("inference, bundles, training", ("monai_fast.inference", "monai_fast.bundle", "monai_fast.training")),
     ("races", ("monai_fast.race",)),
     ("command line", ("monai_fast.cli", "monai_fast.__main__")),
 ]
@@ -202,6 +207,43 @@ def test_the_plugin_never_imports_the_harness():
         for p in _plugin_modules()
     }
     assert not {k: v for k, v in bad.items() if v}, f"plugin modules that import monai_fast.race: {bad}"
+
+
+def _imported_from(module: str) -> set[str]:
+    """Every ``monai_fast`` module that ``module`` may load: its imports (in functions and type hints too), theirs,
+    and the packages above each (their imports at import time), followed through the source."""
+    seen: dict[str, bool] = {}  # module -> its functions' imports followed too
+    todo = [(module, True)]
+    while todo:
+        name, whole = todo.pop()
+        if seen.get(name) is True or seen.get(name) == whole:
+            continue
+        seen[name] = whole
+        parts = name.split(".")
+        todo += [(".".join(parts[:i]), False) for i in range(2, len(parts))]  # a module's packages run first
+        path = ROOT.joinpath(*parts)
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        if path.is_file():  # else a name imported from a package: the package itself is followed
+            todo += [
+                (n, True) for n in _imports(path, type_checking=True, in_functions=whole) if n.startswith("monai_fast.")
+            ]
+    return set(seen)
+
+
+@pytest.mark.parametrize("module", ["monai_fast.cli.train", "monai_fast.training"])
+def test_the_train_command_and_its_product_never_reach_the_harness(module):
+    import subprocess
+    import sys
+
+    reached = sorted(n for n in _imported_from(module) if n.split(".")[:2] == ["monai_fast", "race"])
+    assert not reached, f"{module} reaches the harness through its imports: {reached}"
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith('monai_fast.race')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"importing {module} loads the harness: {out}"
+
+
+def test_the_import_follower_sees_the_harness_behind_the_race_commands():
+    assert "monai_fast.race" in _imported_from("monai_fast.cli.race_cmds")
 
 
 def test_the_import_reader_resolves_relative_and_type_hint_imports():

@@ -15,7 +15,8 @@ from monai.data import DataLoader
 from monai.engines import SupervisedTrainer
 from monai.losses import DiceLoss
 
-from monai_fast.cli.args import add_race_options, race_spec
+from monai_fast.cli.args import add_race_options
+from monai_fast.cli.race_cmds import race_spec
 from monai_fast.data.planner import CACHE_CHOICES, CACHE_PLACES, Where
 from monai_fast.handlers import AMPToggle, FastTraining
 from monai_fast.recipes import RecipeConfig, recipe_parts

@@ -27,17 +27,19 @@ import sys
 from collections.abc import Sequence
 
 from monai_fast.cli.args import flag_of
-from monai_fast.cli.bundle_cmd import add_bundle_command
-from monai_fast.cli.infer_cmd import add_infer_command
-from monai_fast.cli.race_cmds import add_race_commands
-from monai_fast.cli.tools import add_tool_commands
-from monai_fast.cli.train import add_train_command
 
 __all__ = ["COMPUTE_COMMANDS", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``monai-fast`` argument parser."""
+    """The ``monai-fast`` argument parser (each command's module imported here, so that importing one command's
+    module loads only what that command needs)."""
+    from monai_fast.cli.bundle_cmd import add_bundle_command
+    from monai_fast.cli.infer_cmd import add_infer_command
+    from monai_fast.cli.race_cmds import add_race_commands
+    from monai_fast.cli.tools import add_tool_commands
+    from monai_fast.cli.train import add_train_command
+
     parser = argparse.ArgumentParser(
         prog="monai-fast",
         description="Fast 3D medical-image training with MONAI and PyTorch-Ignite: recipes, handlers, benchmarks.",
@@ -92,12 +94,12 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
     from monai_fast.data.msd import MSDDataError
     from monai_fast.data.preflight import PreflightError
     from monai_fast.extras import MissingExtraError
-    from monai_fast.race import RaceOptionError
+    from monai_fast.training.options import OptionError
     from monai_fast.tune import TuningError
 
     try:
         return int(args.func(args) or 0)
-    except RaceOptionError as e:
+    except OptionError as e:
         raise SystemExit(f"monai-fast {args.subcommand}: {flag_of(e.option)}: {e.message}") from e
     except TuningError as e:
         raise SystemExit(f"monai-fast: tuning failed: {e}") from e

@@ -1,12 +1,15 @@
-"""The options shared by ``demo``, ``bench`` and ``tune``, and their translation into a :class:`RaceSpec`.
+"""The options shared by ``demo``, ``bench``, ``tune`` and ``train``, and their translation into recipe options.
+
+Each default shown comes from where it is defined (:class:`~monai_fast.recipes.RecipeConfig`, the synthetic
+set, the size per device of :func:`~monai_fast.training.scale.demo_scale`), not from a copy here.
 
 Example:
     >>> import argparse
     >>> p = argparse.ArgumentParser()
     >>> add_race_options(p, budget=60.0, recipes=("fast",))
-    >>> spec = race_spec(p.parse_args(["--target", "0.8", "--max-epochs", "3"]))
-    >>> spec.target, spec.overrides["max_epochs"], spec.recipes
-    (0.8, 3, ['fast'])
+    >>> data, overrides = scaled_options(p.parse_args(["--target", "0.8", "--max-epochs", "3"]))
+    >>> overrides["max_epochs"], data.cases
+    (3, 16)
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import torch
 
 from monai_fast.data.planner import CACHE_CHOICES
 from monai_fast.deprecation import deprecated_flag
-from monai_fast.race import RaceSpec, SyntheticData, TuneOptions
-from monai_fast.race.scale import DemoScale, demo_scale
+from monai_fast.recipes import RecipeConfig
 from monai_fast.telemetry.precision import REQUESTS
+from monai_fast.training.data import VAL_FRACTION, SyntheticData
+from monai_fast.training.scale import DemoScale, demo_scale
 
 __all__ = [
     "FLAGS",
@@ -31,7 +35,8 @@ __all__ = [
     "add_tuning_options",
     "add_validation_options",
     "flag_of",
-    "race_spec",
+    "recipe_overrides",
+    "scaled_options",
 ]
 
 FLAGS = {
@@ -43,11 +48,12 @@ FLAGS = {
     "overrides": "bad option",
     "tune": "bad tuning option",
 }
-"""The command-line name of a :class:`~monai_fast.race.RaceOptionError`'s option where it is not ``--<option>``."""
+"""The command-line name of an :class:`~monai_fast.training.options.OptionError`'s option where it is not
+``--<option>``."""
 
 
 def flag_of(option: str) -> str:
-    """The command-line option that sets the race option ``option``.
+    """The command-line option that sets the option ``option`` (of a race or a training job).
 
     Example:
         >>> flag_of("run_dir"), flag_of("time_budget_s")
@@ -64,16 +70,25 @@ def add_data_options(p: argparse.ArgumentParser) -> None:
         help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen), or its URL "
         "(s3://bucket/Task09_Spleen, any fsspec URL); default: synthetic spleen-like data",
     )
-    g.add_argument("--cases", type=int, help="synthetic cases to generate (default 16; the demo on CUDA: 40)")
+    small, cuda = SyntheticData(), demo_scale(torch.device("cuda")).synthetic
+    g.add_argument(
+        "--cases",
+        type=int,
+        help=f"synthetic cases to generate (default {small.cases}; demo and train on CUDA: {cuda.cases})",
+    )
     g.add_argument(
         "--shape",
         type=int,
         nargs=3,
         metavar=("X", "Y", "Z"),
-        help="synthetic volume size in voxels (default 128 128 64; the demo on CUDA: 240 240 96)",
+        help=f"synthetic volume size in voxels (default {_spaced(small.shape)}; demo and train on CUDA: "
+        f"{_spaced(cuda.shape)})",
     )
     g.add_argument(
-        "--val-fraction", type=float, default=0.25, help="share of cases held out for validation (default %(default)s)"
+        "--val-fraction",
+        type=float,
+        default=VAL_FRACTION,
+        help="share of cases held out for validation (default %(default)s)",
     )
     g.add_argument(
         "--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)"
@@ -88,13 +103,16 @@ def add_data_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _spaced(values: Sequence[int]) -> str:
+    return " ".join(map(str, values))
+
+
 def add_validation_options(g: argparse._ActionsContainer) -> None:
     """``--validation`` and ``--val-interval`` (``demo``, ``bench``, ``train``), their defaults the recipes' own.
 
     The defaults shown come from :class:`~monai_fast.recipes.RecipeConfig` and the ``fast`` recipe's
     defaults, so the help says what a run does when neither option is given.
     """
-    from monai_fast.recipes import RecipeConfig
     from monai_fast.recipes.fast import DEFAULTS as FAST_DEFAULTS
 
     cfg = RecipeConfig()
@@ -114,15 +132,23 @@ def add_validation_options(g: argparse._ActionsContainer) -> None:
     )
 
 
-def add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
-    """Network size, patch and batch options (``race``: also those only a race uses)."""
+def add_model_options(p: argparse.ArgumentParser, race: bool, sized: bool = False) -> None:
+    """Network size, patch and batch options (``race``: also those only a race uses; ``sized``: the defaults
+    depend on the device, :func:`~monai_fast.training.scale.demo_scale`, as in ``demo`` and ``train``)."""
+    cfg = RecipeConfig()
+    cuda = demo_scale(torch.device("cuda")).overrides if sized else {}
+
+    def default(name: str) -> str:
+        on_cuda = f"; on CUDA {_spaced(cuda[name])}" if name in cuda else ""
+        return f"(default {_spaced(getattr(cfg, name))}{on_cuda})"
+
     g = p.add_argument_group("model and batches")
     g.add_argument(
         "--patch-size",
         type=int,
         nargs=3,
         metavar=("X", "Y", "Z"),
-        help="training patch / sliding-window ROI (default 64 64 64)",
+        help=f"training patch / sliding-window ROI {default('patch_size')}",
     )
     if race:
         g.add_argument(
@@ -131,15 +157,15 @@ def add_model_options(p: argparse.ArgumentParser, race: bool) -> None:
     g.add_argument(
         "--num-samples", type=int, help="random crops per volume (default: the recipe's own; fast 2, the others 4)"
     )
-    g.add_argument("--channels", type=int, nargs="+", help="UNet channels per level (default 8 16 32 64)")
+    g.add_argument("--channels", type=int, nargs="+", help=f"UNet channels per level {default('channels')}")
     if race:
         g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
     g.add_argument(
         "--precision",
         choices=REQUESTS,
-        default="auto",
-        help="mixed precision: auto (fast picks bf16/fp16 where it pays, measured on a CPU; monai_tutorial runs "
-        "MONAI's fp16 amp on CUDA; baseline fp32), bf16, fp16 (CUDA) or fp32 (none in any recipe)",
+        default=cfg.precision,
+        help="mixed precision (default %(default)s): auto (fast picks bf16/fp16 where it pays, measured on a CPU; "
+        "monai_tutorial runs MONAI's fp16 amp on CUDA; baseline fp32), bf16, fp16 (CUDA) or fp32 (none in any recipe)",
     )
     g.add_argument(
         "--fp32",
@@ -217,8 +243,11 @@ def add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
     )
 
 
-def add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequence[str]) -> None:
-    """Every option of a race (``demo``, ``bench``), with this default budget and these default recipes."""
+def add_race_options(
+    p: argparse.ArgumentParser, budget: float | None, recipes: Sequence[str], sized: bool = False
+) -> None:
+    """Every option of a race (``demo``, ``bench``), with this default budget and these default recipes
+    (``sized``: the data and network defaults depend on the device, as in ``demo``)."""
     from monai_fast.recipes import RECIPES
 
     add_data_options(p)
@@ -250,7 +279,7 @@ def add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequenc
         action="store_true",
         help="fast: fill the caches while training runs (first epoch in fill order; runs not reproducible)",
     )
-    add_model_options(p, race=True)
+    add_model_options(p, race=True, sized=sized)
     add_tuning_options(p, race=True)
     g = p.add_argument_group("output")
     g.add_argument(
@@ -260,7 +289,8 @@ def add_race_options(p: argparse.ArgumentParser, budget: float, recipes: Sequenc
     g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+def recipe_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~monai_fast.recipes.RecipeConfig` fields that the parsed options ``args`` set."""
     kw: dict[str, Any] = {}
     for name in ("max_epochs", "val_interval", "batch_size", "num_samples", "validation"):
         if getattr(args, name, None) is not None:
@@ -277,30 +307,16 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("cache", "cache_dir"):
         if getattr(args, name, None) is not None:
             kw[name] = getattr(args, name)
-    if getattr(args, "precision", "auto") != "auto":
+    if getattr(args, "precision", None) not in (None, RecipeConfig().precision):
         kw["precision"] = args.precision
     kw["compile"] = getattr(args, "compile", False)
     return kw
 
 
-def _tune_options(args: argparse.Namespace) -> TuneOptions:
-    return TuneOptions(
-        batch_range=tuple(args.batch_range),
-        sw_range=tuple(args.sw_range),
-        trials=args.trials,
-        margin=args.margin,
-        search_amp=args.search_amp,
-        memory_cap_mib=args.memory_cap_mib,
-        place_cache=args.place_cache,
-        cache_tradeoff=args.cache_tradeoff,
-        retune=args.retune,
-        store=args.tune_cache,
-    )
-
-
-def _scaled(args: argparse.Namespace, scale: DemoScale) -> tuple[SyntheticData, dict[str, Any]]:
-    """The synthetic set and recipe options of ``scale`` where the command line set none (its --channels: its
-    network)."""
+def scaled_options(args: argparse.Namespace, scale: DemoScale | None = None) -> tuple[SyntheticData, dict[str, Any]]:
+    """The synthetic set and recipe options of the parsed options ``args``, those of ``scale`` where they set none
+    (their --channels: their network); ``scale`` ``None``: the CPU-sized ones."""
+    scale = scale or demo_scale(torch.device("cpu"))
     syn = SyntheticData(
         cases=scale.synthetic.cases if args.cases is None else args.cases,
         shape=scale.synthetic.shape if args.shape is None else tuple(args.shape),
@@ -309,36 +325,4 @@ def _scaled(args: argparse.Namespace, scale: DemoScale) -> tuple[SyntheticData, 
     if args.channels:
         for name in ("channels", "strides", "num_res_units"):
             base.pop(name, None)
-    return syn, {**base, **_overrides(args)}
-
-
-def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoScale | None = None) -> RaceSpec:
-    """The :class:`RaceSpec` of a parsed ``demo``, ``bench`` or ``tune`` command line.
-
-    Args:
-        args: the parsed options.
-        run_dir: the run folder.
-        scale: the defaults for the options left unset (the demo's :func:`~monai_fast.race.scale.demo_scale`);
-            ``None``: the CPU-sized ones.
-    """
-    tune = getattr(args, "tune", True)  # the tune command always tunes
-    synthetic, overrides = _scaled(args, scale or demo_scale(torch.device("cpu")))
-    return RaceSpec(
-        recipes=getattr(args, "recipes", ("fast",)),
-        data_dir=args.data_dir,
-        synthetic=synthetic,
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-        target=getattr(args, "target", 0.9),
-        time_budget_s=getattr(args, "time_budget", None),
-        budget_multiple=getattr(args, "budget_multiple", None),
-        epoch_multiple=getattr(args, "epoch_multiple", None) or None,  # 0: no epoch budget
-        interleave=getattr(args, "interleave", False),
-        device=args.device,
-        overrides=overrides,
-        tune=_tune_options(args) if tune else None,
-        run_dir=run_dir,
-        progress=not args.no_progress,
-        preflight=not args.no_preflight,
-        record_options={k: v for k, v in vars(args).items() if k != "func"},
-    )
+    return syn, {**base, **recipe_overrides(args)}

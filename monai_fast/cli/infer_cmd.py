@@ -49,7 +49,7 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     from monai_fast.files import NoSpaceError
     from monai_fast.inference import InferenceError, infer
     from monai_fast.inference.checkpoint import read_recipe_config
-    from monai_fast.race.options import check_writable_dir, resolve_device
+    from monai_fast.training.options import check_writable_dir, resolve_device
 
     device = resolve_device(args.device)
     data = args.data[0] if len(args.data) == 1 else args.data

@@ -22,12 +22,18 @@ import math
 
 import torch
 
-from monai_fast.cli.args import add_data_options, add_model_options, add_race_options, add_tuning_options, race_spec
+from monai_fast.cli.args import (
+    add_data_options,
+    add_model_options,
+    add_race_options,
+    add_tuning_options,
+    scaled_options,
+)
 from monai_fast.handlers.stop_signal import stop_signals_caught
-from monai_fast.race import RaceEvents, RaceRun, RaceSpec, bench, race, resolve_device, tune_only
+from monai_fast.race import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race, resolve_device, tune_only
 from monai_fast.race.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
 from monai_fast.race.runner import RaceResult
-from monai_fast.race.scale import demo_scale, size_line
+from monai_fast.race.scale import DemoScale, demo_scale, size_line
 
 __all__ = [
     "DEMO_EPOCH_MULTIPLE",
@@ -36,6 +42,7 @@ __all__ = [
     "add_race_commands",
     "budget_line",
     "budget_text",
+    "race_spec",
     "time_line",
 ]
 
@@ -89,6 +96,53 @@ class ProgressPrinter(RaceEvents):
             from monai_fast.race.compare import format_table
 
             print(format_table(run.results), flush=True)
+
+
+def _tune_options(args: argparse.Namespace) -> TuneOptions:
+    return TuneOptions(
+        batch_range=tuple(args.batch_range),
+        sw_range=tuple(args.sw_range),
+        trials=args.trials,
+        margin=args.margin,
+        search_amp=args.search_amp,
+        memory_cap_mib=args.memory_cap_mib,
+        place_cache=args.place_cache,
+        cache_tradeoff=args.cache_tradeoff,
+        retune=args.retune,
+        store=args.tune_cache,
+    )
+
+
+def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoScale | None = None) -> RaceSpec:
+    """The :class:`RaceSpec` of a parsed ``demo``, ``bench`` or ``tune`` command line.
+
+    Args:
+        args: the parsed options.
+        run_dir: the run folder.
+        scale: the defaults for the options left unset (the demo's :func:`~monai_fast.training.scale.demo_scale`);
+            ``None``: the CPU-sized ones.
+    """
+    tune = getattr(args, "tune", True)  # the tune command always tunes
+    synthetic, overrides = scaled_options(args, scale)
+    return RaceSpec(
+        recipes=getattr(args, "recipes", ("fast",)),
+        data_dir=args.data_dir,
+        synthetic=synthetic,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        target=getattr(args, "target", 0.9),
+        time_budget_s=getattr(args, "time_budget", None),
+        budget_multiple=getattr(args, "budget_multiple", None),
+        epoch_multiple=getattr(args, "epoch_multiple", None) or None,  # 0: no epoch budget
+        interleave=getattr(args, "interleave", False),
+        device=args.device,
+        overrides=overrides,
+        tune=_tune_options(args) if tune else None,
+        run_dir=run_dir,
+        progress=not args.no_progress,
+        preflight=not args.no_preflight,
+        record_options={k: v for k, v in vars(args).items() if k != "func"},
+    )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -319,7 +373,7 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
         help="race the fast recipe against a plain-MONAI baseline to a target Dice (at most --total-budget, "
         f"{DEMO_TOTAL_BUDGET_S:.0f} s, in all)",
     )
-    add_race_options(p, budget=None, recipes=("fast", "baseline"))
+    add_race_options(p, budget=None, recipes=("fast", "baseline"), sized=True)
     p.add_argument(
         "--total-budget",
         type=float,

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
-from monai_fast.extras import require
-from monai_fast.files import atomic_write, write_json
-from monai_fast.race.runner import RaceResult, write_epochs_csv
+from monai_fast.race.runner import RaceResult
+from monai_fast.training.results import plot_dice_vs_time, write_results
 
 __all__ = ["best_dice_by", "format_table", "plot_dice_vs_time", "speedup", "write_race"]
-
-logger = logging.getLogger("monai_fast.report")
 
 
 def speedup(fast: RaceResult, slow: RaceResult) -> tuple[float | None, bool]:
@@ -94,38 +89,11 @@ def format_table(results: Sequence[RaceResult], reference: str = "baseline") -> 
     return "\n".join(out)
 
 
-def plot_dice_vs_time(results: Sequence[RaceResult], path: str | os.PathLike, target: float | None = None) -> Path:
-    """PNG of validation Dice against wall-clock seconds (caching included), one line per recipe.
-
-    The figure is drawn without pyplot, so the caller's matplotlib backend stays as it is.
-    """
-    figure = require("matplotlib.figure", extra="plots", feature="the Dice-vs-time PNG of a race")
-    fig = figure.Figure(figsize=(7, 4.2), dpi=110)
-    ax = fig.subplots()
-    for r in results:
-        pts = [(e.elapsed_s, e.val_dice) for e in r.epochs if e.val_dice is not None]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o", markersize=3, label=r.recipe)
-    if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
-    ax.set_xlabel("wall-clock seconds since start (cache filling included)")
-    ax.set_ylabel("validation mean Dice")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
-    ax.set_title("Time to Dice")
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_write(path, "wb") as f:
-        fig.savefig(f, format="png")
-    return path
-
-
 def write_race(
     results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline"
 ) -> dict:
-    """Write ``results.json``, ``epochs.csv`` (all recipes) and ``dice_vs_time.png`` into ``run_dir``.
+    """Write ``results.json`` with the speed-ups over ``reference``, ``epochs.csv`` (all recipes) and
+    ``dice_vs_time.png`` into ``run_dir`` (:func:`~monai_fast.training.results.write_results`).
 
     Each file is tried on its own; when one cannot be written (a full disk) the others still are, each
     failure is logged with its path, and the first is raised at the end.
@@ -133,8 +101,6 @@ def write_race(
     Returns:
         The dict written to ``results.json``.
     """
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     ref = next((r for r in results if r.recipe == reference), None)
     speedups = {}
     if ref is not None:
@@ -142,20 +108,4 @@ def write_race(
             if r is not ref:
                 factor, lower = speedup(r, ref)
                 speedups[r.recipe] = {"over": reference, "factor": factor, "lower_bound": lower}
-    doc = {**meta, "results": [r.to_dict() for r in results], "speedups": speedups}
-    target = results[0].target if results else None
-    writes = [
-        (run_dir / "results.json", lambda path: write_json(doc, path)),
-        (run_dir / "epochs.csv", lambda path: write_epochs_csv((e for r in results for e in r.epochs), path)),
-        (run_dir / "dice_vs_time.png", lambda path: plot_dice_vs_time(results, path, target)),
-    ]
-    failed: list[OSError] = []
-    for path, write in writes:  # each output on its own: one that does not fit costs only itself
-        try:
-            write(path)
-        except OSError as err:
-            logger.error("not written: %s: %s", path, err)
-            failed.append(err)
-    if failed:
-        raise failed[0]
-    return doc
+    return write_results(results, run_dir, meta, {"speedups": speedups})

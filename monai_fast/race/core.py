@@ -11,13 +11,10 @@ Example:
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
-import platform
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +31,8 @@ from monai_fast.race.options import (
     recipe_config,
 )
 from monai_fast.race.runner import RaceResult, run_to_target
+from monai_fast.training.data import NUM_CLASSES, DataSource, check_files, load_files
+from monai_fast.training.results import run_meta
 
 __all__ = [
     "NUM_CLASSES",
@@ -48,9 +47,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: classes of the recipes' task (background and one organ); label values must be 0 or 1
-NUM_CLASSES = 2
 
 #: under a total bound, the share of it kept after training for the doctor and the results files, and for the
 #: iteration or validation pass that is under way when the clock runs out (a recipe stops at its next iteration)
@@ -124,72 +120,28 @@ class TuneRun:
 
 
 def load_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
-    """``(data_root, train_files, val_files)`` of ``spec``: its file lists, its ``data_dir`` (a folder or a URL,
-    read as :func:`~monai_fast.data.msd.load_msd_datalist` reads it), or synthetic data.
+    """``(data_root, train_files, val_files)`` of ``spec`` (:func:`~monai_fast.training.data.load_files`).
 
     Raises:
         FileNotFoundError, monai_fast.data.msd.MSDDataError: ``data_dir`` is missing or incomplete.
     """
-    from monai_fast.data.msd import load_msd_datalist
-    from monai_fast.data.remote import is_url
-    from monai_fast.data.synthetic import synthetic_dataset
-
-    if spec.train_files is not None and spec.val_files is not None:
-        return None, list(spec.train_files), list(spec.val_files)
-    if spec.data_dir is not None:  # a folder, or a URL (s3://bucket/Task09_Spleen) kept as written
-        root = str(spec.data_dir) if is_url(str(spec.data_dir)) else Path(spec.data_dir)
-    else:
-        syn = spec.synthetic
-        root = synthetic_dataset(syn.kind, syn.cases, syn.shape, spec.seed, spec.progress)
-    train_files, val_files = load_msd_datalist(root, val_fraction=spec.val_fraction, seed=spec.seed)
-    return root, train_files, val_files
+    return load_files(_source(spec), spec.progress)
 
 
-def checked_data(spec: RaceSpec) -> tuple[Path | None, list[dict], list[dict]]:
-    """:func:`load_data`, then (unless ``spec.preflight`` is off) every file checked before any training.
+def checked_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
+    """:func:`load_data`, then (unless ``spec.preflight`` is off) every file checked before any training
+    (:func:`~monai_fast.training.data.check_files`).
 
     Raises:
         monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
     """
-    from monai_fast.data.preflight import patch_padding, preflight
-
     data_root, train_files, val_files = load_data(spec)
-    if spec.preflight:
-        preflight(train_files + val_files, num_classes=NUM_CLASSES)
-    config = recipe_config(spec.overrides, spec.seed)
-    warning = patch_padding(train_files, config.patch_size, config.pixdim)
-    if warning:
-        logger.warning(warning)
+    check_files(train_files, val_files, recipe_config(spec.overrides, spec.seed), spec.preflight)
     return data_root, train_files, val_files
 
 
-def run_meta(data_root: Path | None, device: str, options: Mapping[str, Any] | None = None) -> dict:
-    """The date, machine, package versions, data and options that a results file records."""
-    import ignite
-    import monai
-    import torch
-
-    from monai_fast import __version__
-    from monai_fast.telemetry import device_description
-
-    return {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": {
-            "device": device_description(device),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "versions": {
-            "monai_fast": __version__,
-            "torch": torch.__version__,
-            "monai": monai.__version__,
-            "ignite": ignite.__version__,
-        },
-        "data": None if data_root is None else str(data_root),
-        "command": " ".join(sys.argv),
-        "options": dict(options or {}),
-    }
+def _source(spec: RaceSpec) -> DataSource:
+    return DataSource(spec.data_dir, spec.synthetic, spec.val_fraction, spec.seed, spec.train_files, spec.val_files)
 
 
 def _tune(plan: RacePlan, train_files: Sequence[dict], val_files: Sequence[dict]):

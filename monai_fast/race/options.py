@@ -19,17 +19,15 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from monai_fast.data.synthetic import KINDS
 from monai_fast.recipes import RECIPES, RecipeConfig
-from monai_fast.recipes.config import DEPRECATED_OPTIONS
+from monai_fast.training.data import VAL_FRACTION, SyntheticData
+from monai_fast.training.options import OptionError, check_writable_dir, recipe_config, resolve_device
 
 __all__ = [
     "DEMO_EPOCH_MULTIPLE",
@@ -42,6 +40,7 @@ __all__ = [
     "TuneOptions",
     "check_writable_dir",
     "plan_race",
+    "recipe_config",
     "resolve_device",
 ]
 
@@ -56,33 +55,7 @@ DEMO_TOTAL_BUDGET_S = 600.0
 #: the demo's epoch budget of the baseline by default, in multiples of fast's epochs to target
 DEMO_EPOCH_MULTIPLE = 4.0
 
-
-class RaceOptionError(ValueError):
-    """An option of a race is invalid; ``option`` names it (a :class:`RaceSpec` field, dotted for nested ones).
-
-    Example:
-        >>> str(RaceOptionError("target", "must be in (0, 1], got 2"))
-        'target: must be in (0, 1], got 2'
-    """
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(f"{option}: {message}")
-        self.option = option
-        self.message = message
-
-
-@dataclass(frozen=True)
-class SyntheticData:
-    """The synthetic set generated (once, then reused from the cache folder) when no data is given.
-
-    Example:
-        >>> SyntheticData(cases=5, shape=(48, 48, 32)).kind
-        'spleen-like'
-    """
-
-    kind: str = "spleen-like"
-    cases: int = 16
-    shape: tuple[int, int, int] = (128, 128, 64)
+RaceOptionError = OptionError  #: an option of a race is invalid; ``option`` names it (a :class:`RaceSpec` field)
 
 
 @dataclass(frozen=True)
@@ -155,7 +128,7 @@ class RaceSpec:
     train_files: Sequence[dict] | None = None
     val_files: Sequence[dict] | None = None
     synthetic: SyntheticData = field(default_factory=SyntheticData)
-    val_fraction: float = 0.25
+    val_fraction: float = VAL_FRACTION
     seed: int = 0
     train_seed: int | None = None
     target: float = 0.9
@@ -182,64 +155,6 @@ class RacePlan:
     config: RecipeConfig
     run_dir: Path | None
     space: Any = None  # monai_fast.tune.SearchSpace when spec.tune is set
-
-
-def resolve_device(name: str) -> str:
-    """``"auto"`` -> ``"cuda"`` or ``"cpu"``; a CUDA name on a build without CUDA is an error.
-
-    Example:
-        >>> resolve_device("cpu")
-        'cpu'
-    """
-    from monai_fast.telemetry import cuda_available
-
-    if name == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    try:
-        torch.device(name)
-    except (RuntimeError, TypeError) as e:
-        raise RaceOptionError("device", f"{name!r} is not a device name ({e}); use auto, cpu, cuda or cuda:N") from None
-    if name.startswith("cuda") and not cuda_available():
-        raise RaceOptionError("device", f"{name}: this torch build sees no CUDA device (use cpu)")
-    return name
-
-
-def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
-    """Create ``path`` (with parents) and write a scratch file there; raise naming ``option`` if either fails.
-
-    Example:
-        >>> import tempfile
-        >>> check_writable_dir(tempfile.mkdtemp() + "/run", "run_dir").is_dir()
-        True
-    """
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        raise RaceOptionError(option, f"cannot write into {path}: {e.strerror or e}") from e
-    return path
-
-
-def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
-    """The :class:`RecipeConfig` of ``overrides`` with ``seed``; unknown or bad fields raise naming ``overrides``.
-
-    Example:
-        >>> recipe_config({"max_epochs": 2}, seed=3).seed
-        3
-    """
-    known = ({f.name for f in fields(RecipeConfig)} | set(DEPRECATED_OPTIONS)) - {"seed"}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise RaceOptionError(
-            "overrides",
-            f"unknown recipe option(s) {unknown} (the seed is set by seed/train_seed); known: {sorted(known)}",
-        )
-    try:
-        return RecipeConfig(**{**overrides, "seed": seed})
-    except (TypeError, ValueError) as e:
-        raise RaceOptionError("overrides", str(e)) from e
 
 
 def _check_numbers(spec: RaceSpec) -> None:

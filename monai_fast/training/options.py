@@ -1,0 +1,109 @@
+"""The checks a training run's options share: the error that names an option, the device, output folders, the recipe.
+
+Example:
+    >>> from monai_fast.training.options import OptionError, recipe_config
+    >>> try:
+    ...     recipe_config({"max_epochs": 0, "no_such": 1}, seed=0)
+    ... except OptionError as e:
+    ...     print(e.option)
+    overrides
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from monai_fast.recipes import RecipeConfig
+from monai_fast.recipes.config import DEPRECATED_OPTIONS
+
+__all__ = ["OptionError", "check_writable_dir", "recipe_config", "resolve_device"]
+
+
+class OptionError(ValueError):
+    """An option of a run is invalid; ``option`` names it (a field name, dotted for nested ones).
+
+    The command line turns ``option`` into its flag (:func:`monai_fast.cli.args.flag_of`).
+
+    Example:
+        >>> str(OptionError("target", "must be in (0, 1], got 2"))
+        'target: must be in (0, 1], got 2'
+    """
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"{option}: {message}")
+        self.option = option
+        self.message = message
+
+
+def resolve_device(name: str) -> str:
+    """``"auto"`` -> ``"cuda"`` or ``"cpu"``; a CUDA name on a build without CUDA is an error.
+
+    Raises:
+        OptionError: naming ``device``.
+
+    Example:
+        >>> resolve_device("cpu")
+        'cpu'
+    """
+    import torch
+
+    from monai_fast.telemetry import cuda_available
+
+    if name == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise OptionError("device", f"{name!r} is not a device name ({e}); use auto, cpu, cuda or cuda:N") from None
+    if name.startswith("cuda") and not cuda_available():
+        raise OptionError("device", f"{name}: this torch build sees no CUDA device (use cpu)")
+    return name
+
+
+def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
+    """Create ``path`` (with parents) and write a scratch file there; raise naming ``option`` if either fails.
+
+    Raises:
+        OptionError: naming ``option`` and why the folder cannot be written.
+
+    Example:
+        >>> import tempfile
+        >>> check_writable_dir(tempfile.mkdtemp() + "/run", "run_dir").is_dir()
+        True
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise OptionError(option, f"cannot write into {path}: {e.strerror or e}") from e
+    return path
+
+
+def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
+    """The :class:`RecipeConfig` of ``overrides`` with ``seed``; unknown or bad fields raise naming ``overrides``.
+
+    Raises:
+        OptionError: naming ``overrides``.
+
+    Example:
+        >>> recipe_config({"max_epochs": 2}, seed=3).seed
+        3
+    """
+    known = ({f.name for f in fields(RecipeConfig)} | set(DEPRECATED_OPTIONS)) - {"seed"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise OptionError(
+            "overrides",
+            f"unknown recipe option(s) {unknown} (the seed is set by seed/train_seed); known: {sorted(known)}",
+        )
+    try:
+        return RecipeConfig(**{**overrides, "seed": seed})
+    except (TypeError, ValueError) as e:
+        raise OptionError("overrides", str(e)) from e
