@@ -34,7 +34,7 @@ from monai_fast.files import write_json
 ROOT = Path(__file__).resolve().parents[1]
 
 
-__all__ = ["epoch_times", "main", "summarise"]
+__all__ = ["epoch_times", "main", "run_variant", "summarise"]
 
 VARIANTS = ("published", "fast")
 
@@ -111,9 +111,14 @@ def _child(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(
+def run_variant(
     bundle: Path, variant: str, overrides: Sequence[str], config_file: str | None, work: Path, timeout: float
 ) -> dict[str, Any]:
+    """One run of ``bundle`` (``published`` or ``fast``) in its own process on its own copy; its result document.
+
+    Raises:
+        SystemExit: the run failed or passed ``timeout``, with its output's tail.
+    """
     copy = work / f"{variant}-{time.monotonic_ns()}"
     shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns("eval", "runs"))
     out = copy / "bench_result.json"
@@ -222,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for repeat in range(args.repeats):
             for variant in VARIANTS:
-                doc = _run(args.bundle.resolve(), variant, overrides, args.config_file, work, args.timeout)
+                doc = run_variant(args.bundle.resolve(), variant, overrides, args.config_file, work, args.timeout)
                 runs.append(doc)
                 print(
                     f"repeat {repeat + 1} {variant}: {doc['wall_s']:.1f} s, per epoch "

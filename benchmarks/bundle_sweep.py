@@ -12,13 +12,19 @@ JPEG for 2-D images, ``.npy`` where the config reads NumPy files). Overridden ar
 data lists (found by following the trainer's ``train_data_loader`` and the evaluator's ``val_data_loader`` to their
 data sets' ``data``), the epochs (one epoch of two iterations: ``train#trainer#max_epochs`` and
 ``train#trainer#epoch_length``), the device (CPU), a training batch above 2 (down to 2) and the per-bundle sizes a
-2-core CPU cannot hold, listed in :data:`CPU_SIZES` with their reason. Nothing is downloaded.
+2-core CPU cannot hold, listed in :data:`CPU_SIZES` with their reason. A published bundle's own defect that stops
+it training with the MONAI installed here is worked around by an override both variants get, listed in
+:data:`BUNDLE_FIXES` with the defect named in the row. Nothing is downloaded.
 
 A row says: ``builds`` (the trainer was made and FastTraining attached), ``trains`` (at least two training
 iterations ran, read from the run record), the levers FastTraining applied (from the record), and the reason where
-not (the last line of the error, or the time limit).
+not (the last line of the error, or the time limit). With ``--speedup-epochs E``, each bundle that trains is then
+run ``--repeats`` times as published and with ``monai-fast bundle run``, taking turns, each run in its own process
+(``benchmarks/bundle.py``'s runs), for E epochs: the row's per-epoch speed-up is the median over pairs of the
+published per-epoch time (training and validation, from the run record, the first epoch left out) over the fast one.
 
     python benchmarks/bundle_sweep.py --zoo /path/to/model-zoo                  # all bundles, 300 s each
+    python benchmarks/bundle_sweep.py --zoo /path/to/model-zoo --speedup-epochs 3 --repeats 2
     python benchmarks/bundle_sweep.py --zoo /path/to/model-zoo --bundles spleen_ct_segmentation --timeout 120
 """
 
@@ -48,16 +54,87 @@ from monai_fast.files import write_json
 ROOT = Path(__file__).resolve().parents[1]
 
 
-__all__ = ["CPU_SIZES", "Prepared", "SweepRow", "find_bundles", "prepare", "run_prepared", "sweep", "table"]
+__all__ = [
+    "BUNDLE_FIXES",
+    "CPU_SIZES",
+    "Prepared",
+    "SweepRow",
+    "find_bundles",
+    "measure_speedup",
+    "prepare",
+    "run_prepared",
+    "sweep",
+    "table",
+]
 
 TRAIN_NAMES = ("train.json", "train.yaml", "train.yml")
 LOADERS = ("LoadImaged", "LoadImage")
 
-#: Per-bundle sizes a 2-core CPU cannot hold, with the reason: only sizes, never the algorithm.
+#: Per-bundle sizes a 2-core CPU cannot hold, with the reason: only sizes, never the algorithm. ``volume`` is the
+#: synthetic images' shape, ``set`` the size overrides (patches, windows) that go with it, ``timeout`` the seconds
+#: a run may take at the least.
 CPU_SIZES: dict[str, dict[str, Any]] = {
-    "swin_unetr_btcv_segmentation": {"volume": [64, 64, 64], "why": "96^3 SwinUNETR windows: 64^3 volumes"},
-    "wholeBody_ct_segmentation": {"volume": [96, 96, 96], "why": "whole-body volumes: 96^3"},
-    "brats_mri_segmentation": {"volume": [96, 96, 64], "why": "240x240x155 volumes: 96x96x64"},
+    "spleen_ct_segmentation": {
+        "volume": [64, 64, 64],
+        "set": {"train#random_transforms#0#spatial_size": [64, 64, 64], "validate#inferer#roi_size": [64, 64, 64]},
+        "why": "64^3 volumes, patches and windows",
+    },
+    "swin_unetr_btcv_segmentation": {
+        "volume": [64, 64, 64],
+        "set": {"train#random_transforms#0#spatial_size": [64, 64, 64], "validate#inferer#roi_size": [64, 64, 64]},
+        "timeout": 300,
+        "why": "96^3 SwinUNETR windows: 64^3 volumes, patches and windows",
+    },
+    "wholeBody_ct_segmentation": {
+        "volume": [64, 64, 64],
+        "set": {
+            "train#deterministic_transforms#6#k_divisible": [64, 64, 64],
+            "validate#preprocessing#transforms#6#k_divisible": [64, 64, 64],
+            "train#random_transforms#0#roi_size": [64, 64, 64],
+            "validate#inferer#roi_size": [64, 64, 64],
+        },
+        "timeout": 400,
+        "why": "whole-body volumes: 64^3 volumes, patches and windows",
+    },
+    "brats_mri_segmentation": {
+        "volume": [96, 96, 64],
+        "set": {"validate#inferer#roi_size": [96, 96, 64]},
+        "why": "240x240x155 volumes: 96x96x64, and windows of that size",
+    },
+}
+
+
+def _brats_label_float(config: dict) -> dict[str, Any]:
+    """The training chain with the label cast to float32 after ``ConvertToMultiChannelBasedOnBratsClassesd``."""
+    chain = list(_get(config, "train#preprocessing_transforms"))
+    at = next(i for i, t in enumerate(chain) if t.get("_target_") == "ConvertToMultiChannelBasedOnBratsClassesd")
+    chain.insert(at + 1, {"_target_": "CastToTyped", "keys": "label", "dtype": "$torch.float32"})
+    return {"train#preprocessing_transforms": chain}
+
+
+def _no_img_size(config: dict) -> dict[str, Any]:
+    """The network without ``img_size``, which MONAI 1.6's ``SwinUNETR`` does not take (any size divisible by 32)."""
+    return {"network_def": {k: v for k, v in config["network_def"].items() if k != "img_size"}}
+
+
+#: Defects of a published bundle that stop it training with the MONAI installed here, each worked around by an
+#: override that both variants get: ``fix`` makes the overrides from the bundle's config, ``why`` names the defect.
+BUNDLE_FIXES: dict[str, dict[str, Any]] = {
+    "brats_mri_segmentation": {
+        "fix": _brats_label_float,
+        "why": (
+            "the bundle's defect: ConvertToMultiChannelBasedOnBratsClassesd makes a bool label and its "
+            "DiceLoss(squared_pred=True) takes torch.linalg.vector_norm of it, which MONAI 1.6 calls and which "
+            "refuses bool; overridden: the label cast to float32 after that transform (training and validation)"
+        ),
+    },
+    "swin_unetr_btcv_segmentation": {
+        "fix": _no_img_size,
+        "why": (
+            "the bundle's defect: its network_def passes img_size=96, which MONAI 1.6's SwinUNETR does not take "
+            "(TypeError); overridden: network_def without img_size"
+        ),
+    },
 }
 
 
@@ -77,6 +154,7 @@ class Prepared:
     trainer_id: str = "train#trainer"
     evaluator_id: str | None = "validate#evaluator"
     missing: list[str] = field(default_factory=list)
+    timeout: float = 0.0
 
 
 @dataclass
@@ -92,6 +170,11 @@ class SweepRow:
     seconds: float = 0.0
     reason: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)
+    speedup: float | None = None
+    speedup_pairs: list[dict[str, Any]] = field(default_factory=list)
+    speedup_epochs: int = 0
+    speedup_validated: bool = False
+    speedup_reason: str = ""
 
 
 def _train_config(bundle: Path) -> Path | None:
@@ -436,8 +519,13 @@ def _prepare(
             overrides[f"{loader}#batch_size"] = 2
     except (KeyError, AttributeError, ValueError):
         pass
-    overrides.update(extra or {})
+    overrides.update(size.get("set", {}))
     notes = [size["why"]] if size else []
+    fix = BUNDLE_FIXES.get(name)
+    if fix:
+        overrides.update(fix["fix"](config))
+        notes.append(fix["why"])
+    overrides.update(extra or {})
     return Prepared(
         name=name,
         bundle_dir=dst,
@@ -447,6 +535,7 @@ def _prepare(
         trainer_id=trainer_id,
         evaluator_id=evaluator_id,
         missing=missing,
+        timeout=float(size.get("timeout", 0)),
     )
 
 
@@ -472,8 +561,13 @@ def _reason(text: str) -> str:
 
 
 def run_prepared(prep: Prepared, timeout: float, fast: bool = True) -> SweepRow:
-    """Run one prepared bundle through ``monai-fast bundle run`` in its own process group, within ``timeout``."""
+    """Run one prepared bundle through ``monai-fast bundle run`` in its own process group, within ``timeout``.
+
+    ``timeout`` is raised to the bundle's own (:data:`CPU_SIZES`) where that is longer.
+    """
     from monai_fast.telemetry.record import load_record
+
+    timeout = max(timeout, prep.timeout)
 
     run_dir = prep.bundle_dir / "sweep_record"
     cmd = [
@@ -545,6 +639,59 @@ def run_prepared(prep: Prepared, timeout: float, fast: bool = True) -> SweepRow:
     return row
 
 
+def _bundle_bench() -> Any:
+    """``benchmarks/bundle.py`` as a module (its runs, epoch times and pairing are the ones used here)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bundle_bench", Path(__file__).with_name("bundle.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure_speedup(prep: Prepared, row: SweepRow, epochs: int, repeats: int, timeout: float) -> None:
+    """The per-epoch speed-up of a bundle that trains: published and fast runs taking turns, into ``row``.
+
+    Each run is ``benchmarks/bundle.py``'s: its own process on its own copy of the prepared bundle, the sweep's
+    overrides (the epoch length left to the data) and ``epochs`` epochs. The per-epoch time is training and
+    validation from the run record, the first epoch excluded; the ratio is published over fast, pair by pair, and
+    ``row.speedup`` their median. A failed run leaves ``row.speedup`` None and says why in ``row.speedup_reason``.
+    """
+    bench = _bundle_bench()
+    overrides = {k: v for k, v in prep.overrides.items() if not k.endswith("#epoch_length")}
+    overrides[f"{prep.trainer_id}#max_epochs"] = epochs
+    args = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
+    per_run = max(timeout, prep.timeout) * max(epochs, 1)
+    work = prep.bundle_dir.parent / f"{prep.name}-speedup"
+    work.mkdir(exist_ok=True)
+    runs = []
+    row.speedup_epochs = epochs
+    try:
+        for repeat in range(repeats):
+            for variant in bench.VARIANTS:
+                doc = bench.run_variant(prep.bundle_dir, variant, args, None, work, per_run)
+                runs.append(doc)
+                print(
+                    f"  {prep.name} repeat {repeat + 1} {variant}: {doc['wall_s']:.1f} s, per epoch "
+                    f"{bench._per_epoch(doc['epochs'])} s",
+                    flush=True,
+                )
+    except SystemExit as err:
+        text = str(err)
+        row.speedup_reason = f"{len(runs)} of {2 * repeats} runs done; " + (
+            text.splitlines()[0] if "limit" in text else _reason(text)
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    summary = bench.summarise(runs)
+    row.speedup_pairs = summary["pairs"]
+    row.speedup = summary["median_ratio"] if not row.speedup_reason else None
+    row.speedup_validated = any(e["validation_s"] > 0 for run in runs for e in run["epochs"])
+    if row.speedup is None and not row.speedup_reason:
+        row.speedup_reason = "no epoch times in the run records"
+
+
 def sweep(
     zoo: Path,
     names: Sequence[str] | None,
@@ -553,8 +700,13 @@ def sweep(
     fast: bool = True,
     volume: Sequence[int] | None = None,
     extra: dict[str, Any] | None = None,
+    speedup_epochs: int = 0,
+    repeats: int = 2,
 ) -> list[SweepRow]:
-    """Prepare and run each bundle in turn; a bundle that cannot be prepared is a row with the reason."""
+    """Prepare and run each bundle in turn; a bundle that cannot be prepared is a row with the reason.
+
+    With ``speedup_epochs``, each bundle that trains is then measured by :func:`measure_speedup`.
+    """
     rows = []
     for bundle in find_bundles(zoo, names):
         try:
@@ -565,9 +717,13 @@ def sweep(
             rows.append(SweepRow(bundle=bundle.name, reason=f"preparing synthetic data: {type(err).__name__}: {err}"))
         else:
             rows.append(run_prepared(prep, timeout, fast=fast))
+            if speedup_epochs and rows[-1].trains:
+                measure_speedup(prep, rows[-1], speedup_epochs, repeats, timeout)
         r = rows[-1]
         print(
-            f"{r.bundle}: builds={r.builds} trains={r.trains} ({r.iterations} it, {r.seconds} s) {r.reason}", flush=True
+            f"{r.bundle}: builds={r.builds} trains={r.trains} ({r.iterations} it, {r.seconds} s) "
+            f"speed-up={r.speedup} {r.reason} {r.speedup_reason}".rstrip(),
+            flush=True,
         )
     return rows
 
@@ -576,13 +732,26 @@ def _levers(applied: dict[str, str]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in applied.items()) or "-"
 
 
+def _speedup(r: SweepRow) -> str:
+    """The per-epoch speed-up cell: the median ratio and each pair's, or ``-`` where not measured."""
+    if r.speedup is None:
+        return "-"
+    pairs = ", ".join(f"{p['ratio']:.2f}" for p in r.speedup_pairs if p.get("ratio") is not None)
+    what = "" if r.speedup_validated else ", training only"
+    return f"{r.speedup:.2f}x ({pairs}; {r.speedup_epochs} epochs{what})"
+
+
 def table(rows: Sequence[SweepRow]) -> str:
     """The sweep as a markdown table."""
-    out = ["| bundle | builds | trains 2 iterations | levers applied | why not, where not |", "|---|---|---|---|---|"]
+    out = [
+        "| bundle | builds | trains 2 iterations | levers applied | per-epoch speed-up | why not, where not |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
+        why = "; ".join(x for x in (r.reason, r.speedup_reason and f"speed-up: {r.speedup_reason}") if x)
         out.append(
             f"| {r.bundle} | {'yes' if r.builds else 'no'} | {'yes' if r.trains else 'no'} | "
-            f"{_levers(r.applied)} | {r.reason.replace('|', '/') or '-'} |"
+            f"{_levers(r.applied)} | {_speedup(r)} | {why.replace('|', '/') or '-'} |"
         )
     return "\n".join(out)
 
@@ -609,14 +778,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="ID=VALUE",
         help="more overrides for every bundle (e.g. sizes for a quick run)",
     )
+    ap.add_argument(
+        "--speedup-epochs",
+        type=int,
+        default=0,
+        metavar="E",
+        help="measure each bundle that trains: published and fast runs of E epochs taking turns (default: not)",
+    )
+    ap.add_argument("--repeats", type=int, default=2, help="pairs of runs for --speedup-epochs (default %(default)s)")
+    ap.add_argument("--zoo-commit", default=None, help="the Model Zoo commit, where --zoo is not a git checkout")
     args = ap.parse_args(argv)
+    if args.speedup_epochs and (args.speedup_epochs < 2 or args.repeats < 1):
+        raise SystemExit("bundle_sweep: --speedup-epochs needs at least 2 (the first is left out), --repeats 1")
     from monai_fast.bundle import parse_overrides
 
     extra = parse_overrides(args.set)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bundle-sweep-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        rows = sweep(args.zoo, args.bundles, args.timeout, work, fast=not args.no_fast, volume=args.volume, extra=extra)
+        rows = sweep(
+            args.zoo,
+            args.bundles,
+            args.timeout,
+            work,
+            fast=not args.no_fast,
+            volume=args.volume,
+            extra=extra,
+            speedup_epochs=args.speedup_epochs,
+            repeats=args.repeats,
+        )
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -625,6 +815,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     zoo_commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=args.zoo, capture_output=True, text=True
     ).stdout.strip()
+    zoo_commit = args.zoo_commit or zoo_commit
     doc = {
         "benchmark": "bundle_sweep",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -633,6 +824,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "zoo_commit": zoo_commit or None,
         "timeout_s": args.timeout,
         "fast": not args.no_fast,
+        "speedup_epochs": args.speedup_epochs,
+        "repeats": args.repeats if args.speedup_epochs else 0,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "rows": [asdict(r) for r in rows],
     }

@@ -205,7 +205,7 @@ def _bundle_sweep(d: dict) -> str:
     builds = sum(1 for r in rows if r.get("builds"))
     trains = sum(1 for r in rows if r.get("trains"))
     return (
-        f"Model Zoo sweep ({d.get('zoo_commit', '?')[:7]}): {len(rows)} bundles, {builds} build, "
+        f"Model Zoo sweep ({(d.get('zoo_commit') or '?')[:7]}): {len(rows)} bundles, {builds} build, "
         f"{trains} train 2 iterations with FastTraining (the table is on the bundles page)"
     )
 

@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,9 @@ def _zoo(tmp_path: Path) -> Path:
     return tmp_path / "zoo"
 
 
-def _sweep(zoo: Path, out: Path, bundles: list[str], timeout: int) -> tuple[subprocess.CompletedProcess, dict]:
+def _sweep(
+    zoo: Path, out: Path, bundles: list[str], timeout: int, more: Sequence[str] = ()
+) -> tuple[subprocess.CompletedProcess, dict]:
     cmd = [
         sys.executable,
         str(ROOT / "benchmarks" / "bundle_sweep.py"),
@@ -105,6 +108,7 @@ def _sweep(zoo: Path, out: Path, bundles: list[str], timeout: int) -> tuple[subp
         "32",
         "32",
         "24",
+        *more,
         "--bundles",
         *bundles,
         "--set",
@@ -116,9 +120,10 @@ def _sweep(zoo: Path, out: Path, bundles: list[str], timeout: int) -> tuple[subp
     return r, json.loads(path.read_text())
 
 
-def test_sweep_makes_a_row_per_bundle_and_a_crash_is_a_row(tmp_path):
+def test_sweep_makes_a_row_per_bundle_and_a_crash_is_a_row_and_measures_the_speedup_of_what_trains(tmp_path):
     zoo = _zoo(tmp_path)
-    r, doc = _sweep(zoo, tmp_path / "out", ["seg3d", "needs_pkg"], timeout=300)
+    more = ["--speedup-epochs", "2", "--repeats", "1"]
+    r, doc = _sweep(zoo, tmp_path / "out", ["seg3d", "needs_pkg"], timeout=300, more=more)
     rows = {row["bundle"]: row for row in doc["rows"]}
     assert set(rows) == {"seg3d", "needs_pkg"}
     seg = rows["seg3d"]
@@ -129,8 +134,17 @@ def test_sweep_makes_a_row_per_bundle_and_a_crash_is_a_row(tmp_path):
     assert seg["overrides"]["device"] == "$torch.device('cpu')"
     bad = rows["needs_pkg"]
     assert not bad["builds"] and not bad["trains"] and "needs package not_a_real_package" in bad["reason"]
+    assert doc["speedup_epochs"] == 2 and doc["repeats"] == 1
+    # the speed-up: one pair (published, then fast) of 2-epoch runs, the first epoch left out
+    (pair,) = seg["speedup_pairs"]
+    assert seg["speedup_epochs"] == 2 and seg["speedup_validated"] and seg["speedup_reason"] == ""
+    assert pair["published_s"] > 0 and pair["fast_s"] > 0
+    assert seg["speedup"] == pair["ratio"] == pytest.approx(pair["published_s"] / pair["fast_s"], rel=1e-3)
+    assert bad["speedup"] is None and bad["speedup_pairs"] == []  # nothing measured where nothing trains
     assert "| seg3d | yes | yes | data: user cache" in r.stdout
-    assert "| needs_pkg | no | no | - | cannot locate not_a_real_package.Net: needs package" in r.stdout
+    seg_line = next(ln for ln in r.stdout.splitlines() if ln.startswith("| seg3d |"))
+    assert f"| {seg['speedup']:.2f}x ({pair['ratio']:.2f}; 2 epochs) | - |" in seg_line
+    assert "| needs_pkg | no | no | - | - | cannot locate not_a_real_package.Net: needs package" in r.stdout
 
 
 def test_sweep_ends_a_hanging_bundle_at_its_time_limit(tmp_path):
