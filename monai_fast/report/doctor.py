@@ -49,6 +49,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field
@@ -251,7 +252,7 @@ def diagnose(
             k: {"applied": v.get("applied"), "setting": v.get("setting")} for k, v in applied.items()
         }
     run = in_effect(rows)
-    numbers["in_effect"] = asdict(run)
+    numbers["in_effect"] = json.loads(json.dumps(asdict(run)))  # as the report's JSON reads back (lists, not tuples)
     fixes = _fixes(verdict, applied, run)
     if verdict == "compute-bound" and util_mean is None:
         fixes.insert(0, "this ran on the CPU: a CUDA GPU is the largest single step")
