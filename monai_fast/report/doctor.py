@@ -59,7 +59,14 @@ from monai_fast.files import write_json, write_text
 from monai_fast.report.algorithm import ALGORITHM_SHARE, algorithm_cost
 from monai_fast.report.applied import InEffect, applied_levers, in_effect, sentence
 from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock, pyplot_missing
-from monai_fast.report.ranks import node_evidence, rank_evidence, rank_times, segment_evidence, stopped_early
+from monai_fast.report.ranks import (
+    missing_ranks,
+    node_evidence,
+    rank_evidence,
+    rank_times,
+    segment_evidence,
+    stopped_early,
+)
 from monai_fast.report.wall_clock import LABELS, WallClock, table_lines, wall_clock, wall_clock_advice
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, record_files, select
 
@@ -454,7 +461,9 @@ def doctor(run_dir: str | os.PathLike, **thresholds: float) -> Diagnosis:
     """
     rows, summary = load_record(run_dir)
     diagnosis = diagnose(rows, **thresholds)
-    if strays := record_files(run_dir)[1]:
+    files, strays = record_files(run_dir)
+    diagnosis.evidence += missing_ranks(rows, list(files), diagnosis.numbers)
+    if strays:
         diagnosis.evidence.append(
             "not read, not written by this run (a record file is named exactly "
             "record.rank<N>.jsonl): " + ", ".join(p.name for p in strays)

@@ -187,3 +187,31 @@ def stopped_early(rows: list[dict], numbers: dict) -> list[str]:
     if early:
         numbers["stopped_early"] = early
     return lines
+
+
+def missing_ranks(rows: list[dict], ranks_with_files: list[int], numbers: dict) -> list[str]:
+    """The doctor's lines naming the ranks of the job that left no rows: a record file that is empty (a rank
+    killed before its first row), or, where the job records every rank (two or more did), a rank below the job's
+    world size with no file at all. Adds ``missing_ranks`` to ``numbers``.
+
+    A job in which rank 0 alone records (``monai-fast train``, a script attaching ``RecordHandler`` on rank 0)
+    names no missing rank: its other ranks write nothing by design.
+
+    Example:
+        >>> rows = [{"rank": r, "what": "segment_started", "world_size": 3} for r in (0, 2)]
+        >>> missing_ranks(rows, [0, 2], {})
+        ['rank 1 of 3 left no record: it was killed or failed before its first row, or its record.rank1.jsonl is gone']
+    """
+    with_rows = {int(r.get("rank", 0)) for r in rows}
+    world = max((int(r.get("world_size") or 1) for r in rows if r.get("what") == "segment_started"), default=1)
+    empty = sorted(set(ranks_with_files) - with_rows)
+    absent = sorted(set(range(world)) - with_rows - set(empty)) if len(with_rows) >= 2 else []
+    lines = [f"rank {r} of {world} left an empty record: it was killed or failed before its first row" for r in empty]
+    lines += [
+        f"rank {r} of {world} left no record: it was killed or failed before its first row, "
+        f"or its record.rank{r}.jsonl is gone"
+        for r in absent
+    ]
+    if empty or absent:
+        numbers["missing_ranks"] = empty + absent
+    return lines

@@ -60,6 +60,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
+
 from monai_fast.files import NoSpaceError, RunFolderLock, free_bytes, no_space_in, write_json
 from monai_fast.telemetry.spans import Category, SpanWriter
 
@@ -280,7 +282,14 @@ class RunRecord(SpanWriter):
                 self._closed = False
             self._started = True
             segment = self._segment
-        self.add(Kind.EVENT, Source.RECORD, what="segment_started", pid=os.getpid(), host=socket.gethostname())
+        self.add(
+            Kind.EVENT,
+            Source.RECORD,
+            what="segment_started",
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            world_size=idist.get_world_size(),  # so the doctor can name a rank whose record is missing or empty
+        )
         return segment
 
     def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:

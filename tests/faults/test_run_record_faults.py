@@ -389,3 +389,46 @@ def test_only_a_stray_copy_in_the_folder_is_no_record(tmp_path):
     (tmp_path / "record.rank0 (copy).jsonl").write_text('{"kind": "epoch"}\n')
     with pytest.raises(FileNotFoundError, match=r"record\.rank<R>\.jsonl"):
         load_record(tmp_path)
+
+
+#: a rank of a real 3-process gloo group; rank 1 fails before its first row
+GROUP_RANK_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import torch.distributed as dist
+    from ignite.engine import Engine
+    from monai_fast.handlers import RecordHandler, TimeBreakdown
+    folder, rank, port = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    record = RecordHandler(folder)  # every rank makes its record (together: the ranks' placement is gathered)
+    if rank == 1:
+        os._exit(1)  # killed or failed before its first row
+    engine = Engine(lambda e, b: time.sleep(0.01))
+    record.attach(engine)
+    TimeBreakdown().attach(engine)
+    engine.run(list(range(5)), max_epochs=2)
+    dist.destroy_process_group()
+""")
+
+
+def test_a_rank_that_left_no_record_is_named_by_the_world_size_the_others_recorded(tmp_path):
+    from monai_fast.distributed.launch import free_port
+
+    script, folder, port = tmp_path / "group_rank.py", tmp_path / "run", str(free_port())
+    script.write_text(GROUP_RANK_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(folder), str(r), port], env=env, stderr=subprocess.PIPE)
+        for r in range(3)
+    ]
+    codes = [p.wait(timeout=120) for p in procs]
+    assert codes == [0, 1, 0], [p.stderr.read()[-2000:] for p in procs]
+    d = doctor(folder)
+    assert d.numbers["missing_ranks"] == [1], d.evidence
+    assert any(e.startswith("rank 1 of 3 left an empty record") for e in d.evidence), d.evidence
+    (folder / "record.rank1.jsonl").unlink()  # its file gone: the others' world size still names it
+    d = doctor(folder)
+    assert d.numbers["missing_ranks"] == [1], d.evidence
+    assert any(e.startswith("rank 1 of 3 left no record") for e in d.evidence), d.evidence
+    alone = tmp_path / "rank0-only"  # a job that records rank 0 alone (monai-fast train) names nobody
+    _rank(tmp_path, alone, 0, epochs=1, sleep=0.0).communicate(timeout=120)
+    assert "missing_ranks" not in doctor(alone).numbers
