@@ -12,7 +12,7 @@ JPEG for 2-D images, ``.npy`` where the config reads NumPy files). Overridden ar
 data lists (found by following the trainer's ``train_data_loader`` and the evaluator's ``val_data_loader`` to their
 data sets' ``data``), the epochs (one epoch of two iterations: ``train#trainer#max_epochs`` and
 ``train#trainer#epoch_length``), the device (CPU), a training batch above 2 (down to 2) and the per-bundle sizes a
-2-core CPU cannot hold, listed in :data:`CPU_SIZES` with their reason. A published bundle's own defect that stops
+small CPU cannot hold, listed in :data:`CPU_SIZES` with their reason. A published bundle's own defect that stops
 it training with the MONAI installed here is worked around by an override both variants get, listed in
 :data:`BUNDLE_FIXES` with the defect named in the row. Nothing is downloaded.
 
@@ -70,7 +70,7 @@ __all__ = [
 TRAIN_NAMES = ("train.json", "train.yaml", "train.yml")
 LOADERS = ("LoadImaged", "LoadImage")
 
-#: Per-bundle sizes a 2-core CPU cannot hold, with the reason: only sizes, never the algorithm. ``volume`` is the
+#: Per-bundle sizes a small CPU cannot hold, with the reason: only sizes, never the algorithm. ``volume`` is the
 #: synthetic images' shape, ``set`` the size overrides (patches, windows) that go with it, ``timeout`` the seconds
 #: a run may take at the least.
 CPU_SIZES: dict[str, dict[str, Any]] = {

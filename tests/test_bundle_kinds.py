@@ -83,7 +83,7 @@ def slides(tmp_path_factory):
 
 
 def small_cls2d(data: Path) -> dict:
-    """What a 2-core CPU needs changed in the classification bundle: data, epochs, device, image and network size."""
+    """What a small CPU needs changed in the classification bundle: data, epochs, device, image and network size."""
     return {
         "dataset_dir": str(data),
         "max_epochs": 2,

@@ -149,8 +149,10 @@ def test_the_timers_stand_in_place_and_detaching_puts_the_originals_back():
     assert len(timer.epochs) == 1 and timer.epochs[0].postprocessing_s >= 8 * SLEEP_S
     timer.detach(trainer)
     assert {e: callbacks_on(trainer, e)[: len(before[e])] for e in before} == before
-    trainer.run()  # a second run, unwrapped: nothing more is timed
-    assert len(timer.epochs) == 1
+    trained = []
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: trained.append(e.state.epoch))
+    trainer.run()  # a second run, unwrapped: it trains an epoch and nothing more is timed
+    assert trained == [1] and len(timer.epochs) == 1
 
 
 def test_a_bundles_training_accuracy_is_timed_in_its_record(tmp_path):

@@ -305,8 +305,10 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             forget_at_exit(self)
 
     def stop_for_exit(self) -> None:
-        """:meth:`shutdown` before the interpreter exits (:func:`monai_fast.threads.stop_at_exit`)."""
-        self.shutdown()
+        """:meth:`shutdown` before the interpreter exits (:func:`monai_fast.threads.stop_at_exit`), waiting up to
+        ``timeout_s`` for the thread to finish its item even after a failed update: a thread still in torch code at
+        exit aborts the process."""
+        self.shutdown(wait_s=self._rotation.timeout_s)
 
     def manage_replacement(self, stop: threading.Event | None = None) -> None:
         """Body of the background thread: prepare the replacements for each new position until ``stop``."""

@@ -13,17 +13,14 @@ from ignite.metrics import Metric
 from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry.cuda import Mark, seconds_between, time_mark
-from monai_fast.telemetry.record import Kind
+from monai_fast.telemetry.record import Kind, Source
 
-__all__ = ["ALGORITHM_SOURCE", "AlgorithmTimes", "TrainingAlgorithmTime"]
+__all__ = ["AlgorithmTimes", "TrainingAlgorithmTime"]
 
 try:  # MONAI's workflows run their post-processing on MODEL_COMPLETED
     from monai.engines.utils import IterationEvents
 except ImportError:  # pragma: no cover - MONAI is a dependency
     IterationEvents = None
-
-#: the ``source`` of the run record's rows this handler writes
-ALGORITHM_SOURCE = "training_algorithm"
 
 # MONAI registers its post-processing and decollation as closures of these Workflow methods
 _POSTPROCESSING = "_register_postprocessing.<locals>._run_postprocessing"
@@ -202,7 +199,7 @@ class TrainingAlgorithmTime(EngineHandler):
         self.epochs.append(times)
         record = record_of(engine)
         if record is not None:
-            record.add(Kind.EPOCH, ALGORITHM_SOURCE, **times.as_dict())
+            record.add(Kind.EPOCH, Source.TRAINING_ALGORITHM, **times.as_dict())
         self.logger.debug(
             "TrainingAlgorithmTime: epoch %d: post-processing %.2f s, decollate %.2f s, metrics %.2f s of %.2f s",
             times.epoch,

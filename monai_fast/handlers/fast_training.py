@@ -408,13 +408,13 @@ class FastTraining(EngineHandler):
         self._say("prediction layout", layout.active, "classes innermost" if layout.active else None, layout.reason)
 
     def _validation_lever(self, trainer: Workflow, evaluator: Workflow, device: torch.device) -> None:
-        if sliding_window_of(evaluator.inferer) is None:  # said first: no sliding-window advice for such an evaluator
+        inferer = getattr(evaluator, "inferer", None)  # a Workflow of one's own may have none
+        if inferer is None or sliding_window_of(inferer) is None:  # said first: no sliding-window advice for it
             self._say(
                 "validation",
                 False,
                 None,
-                f"the evaluator's inferer ({type(evaluator.inferer).__name__}) is not a "
-                "SlidingWindowInferer: nothing to tune",
+                f"the evaluator's inferer ({type(inferer).__name__}) is not a SlidingWindowInferer: nothing to tune",
             )
             return
         if self.evaluator_option == "auto" or self.evaluator_option is True:

@@ -11,11 +11,11 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from monai.data import CacheDataset, PersistentDataset
-from monai.transforms import Compose
 
 from monai_fast.distributed.env import placement
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.window_tune import sliding_window_of
+from monai_fast.telemetry.chain import transform_names
 from monai_fast.telemetry.record import Category, EngineRecord, Kind, RunRecord, Source
 
 __all__ = ["RecordHandler", "cached_dataset", "describe_engine", "record_of"]
@@ -39,9 +39,14 @@ _CONV_DIMS = (
 def cached_dataset(engine: Engine) -> str | None:
     """The class name of the data set ``engine`` runs on when it is a cache (MONAI's ``CacheDataset``,
     ``PersistentDataset`` and their subclasses), else ``None``."""
-    loader = getattr(engine.state, "dataloader", None) or getattr(engine, "data_loader", None)
+    loader = loader_of(engine)
     dataset = getattr(loader, "dataset", None)
     return type(dataset).__name__ if isinstance(dataset, (CacheDataset, PersistentDataset)) else None
+
+
+def loader_of(engine: Engine) -> Any:
+    """The loader ``engine`` reads: the one its run was given (``state.dataloader``), else a MONAI workflow's own."""
+    return getattr(engine.state, "dataloader", None) or getattr(engine, "data_loader", None)
 
 
 def describe_engine(engine: Engine) -> dict[str, Any]:
@@ -69,7 +74,7 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
     inferer = getattr(engine, "inferer", None)
     window = sliding_window_of(inferer) if inferer is not None else None
     device = getattr(getattr(engine, "state", None), "device", None)  # a MONAI workflow's, None on a plain Engine
-    loader = getattr(engine.state, "dataloader", None) or getattr(engine, "data_loader", None)
+    loader = loader_of(engine)
     return {
         "network": type(network).__name__ if network is not None else None,
         "spatial_dims": dims,
@@ -81,24 +86,6 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
         "data_cached": cached_dataset(engine) is not None,
         "transforms": transform_names(getattr(getattr(loader, "dataset", None), "transform", None)),
     }
-
-
-def transform_names(transform: Any) -> list[str] | None:
-    """The class names of a data set's transform chain, nested ``Compose`` flattened; ``None`` when there is none.
-
-    The doctor reads them so that it advises a transform (``FgBgToIndicesd`` for ``RandCropByPosNegLabeld``) only
-    where the chain has what the advice is about.
-
-    Example:
-        >>> from monai.transforms import Compose, LoadImaged, RandCropByPosNegLabeld
-        >>> transform_names(Compose([LoadImaged("image"), Compose([RandCropByPosNegLabeld("image", "label", 8)])]))
-        ['LoadImaged', 'RandCropByPosNegLabeld']
-    """
-    if transform is None:
-        return None
-    flat = transform.flatten() if isinstance(transform, Compose) else transform
-    parts = getattr(flat, "transforms", None)
-    return [type(t).__name__ for t in (parts if parts is not None else [flat])]
 
 
 def _default_name(taken: list[str]) -> str:

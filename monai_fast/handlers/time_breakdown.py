@@ -10,8 +10,9 @@ from typing import Literal
 from ignite.engine import Engine, Events
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.record import cached_dataset, record_of, transform_names
+from monai_fast.handlers.record import cached_dataset, loader_of, record_of
 from monai_fast.telemetry import cuda_available, synchronize
+from monai_fast.telemetry.chain import crop_indices_advised, transform_names
 from monai_fast.telemetry.record import Kind, Source, data_share
 
 __all__ = ["EpochTimes", "TimeBreakdown"]
@@ -159,9 +160,8 @@ class TimeBreakdown(EngineHandler):
     def _more_fixes(engine: Engine) -> str:
         """The rest of a cached run's fix: more threads, and precomputed crop indices where the chain crops by label
         and does not precompute them (an unreadable chain gets the advice)."""
-        loader = getattr(engine.state, "dataloader", None) or getattr(engine, "data_loader", None)
-        names = transform_names(getattr(getattr(loader, "dataset", None), "transform", None))
-        crops = names is None or ("RandCropByPosNegLabeld" in names and "FgBgToIndicesd" not in names)
+        names = transform_names(getattr(getattr(loader_of(engine), "dataset", None), "transform", None))
+        crops = crop_indices_advised(names)
         more = ", or precompute crop indices (FgBgToIndicesd)" if crops else ""
         return f", load with more threads{more}" if more else " or load with more threads"
 

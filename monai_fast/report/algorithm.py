@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from monai_fast.handlers.algorithm_time import ALGORITHM_SOURCE
-from monai_fast.telemetry.record import Kind, select
+from monai_fast.telemetry.record import Kind, Source, select
 
 __all__ = ["ALGORITHM_SHARE", "algorithm_cost"]
 
@@ -46,7 +45,7 @@ def algorithm_cost(rows: list[dict], threshold: float = ALGORITHM_SHARE) -> dict
         ``None`` below ``threshold`` (or without such rows); else the figures, the evidence sentence
         (``evidence``) and the fix (``fix``).
     """
-    epochs = select(rows, Kind.EPOCH, ALGORITHM_SOURCE, engine="train")
+    epochs = select(rows, Kind.EPOCH, Source.TRAINING_ALGORITHM, engine="train")
     if not epochs:
         return None
     rank = min(r.get("rank", 0) for r in epochs)

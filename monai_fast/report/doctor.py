@@ -68,6 +68,7 @@ from monai_fast.report.ranks import (
     stopped_early,
 )
 from monai_fast.report.wall_clock import LABELS, WallClock, table_lines, wall_clock, wall_clock_advice
+from monai_fast.telemetry.chain import crop_indices_advised
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, record_files, select
 
 __all__ = ["FIXES", "Diagnosis", "applied_levers", "diagnose", "doctor", "fix_applies", "write_report"]
@@ -128,9 +129,8 @@ def fix_applies(lever: str | None, text: str, run: InEffect) -> bool:
     and does not precompute them yet (unknown counts as fitting)."""
     if lever == "memory_format" and run.spatial_dims is not None and run.spatial_dims != 3:
         return False
-    if "FgBgToIndicesd" in text and run.transforms is not None:
-        if "RandCropByPosNegLabeld" not in run.transforms or "FgBgToIndicesd" in run.transforms:
-            return False
+    if "FgBgToIndicesd" in text and not crop_indices_advised(run.transforms):
+        return False
     return not (("sliding-window" in text or "sw_batch_size" in text) and run.sliding_window is False)
 
 

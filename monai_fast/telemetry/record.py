@@ -108,6 +108,7 @@ class Source(str, Enum):
     CHECKPOINT = "checkpoint"
     RECIPE = "recipe"
     USER = "user"
+    TRAINING_ALGORITHM = "training_algorithm"  #: the trainer's own post-processing and metrics, timed per epoch
 
 
 KINDS = tuple(k.value for k in Kind)
@@ -358,7 +359,10 @@ class RunRecord(SpanWriter):
                 written += self._file.write(data[written:])
         except OSError as err:
             full = no_space_in(err, self.path)
-            if full is None:
+            if full is None:  # another write error: no half row left in the file, the rows kept to write again
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._file.fileno(), self._end)
+                self._pending = rows + self._pending
                 raise
             self._stop_on_full_disk(full, rows, lines, written)
             return

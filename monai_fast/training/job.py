@@ -201,10 +201,11 @@ def train_job(job: TrainJob) -> TrainOutcome:
     owners: list[Any] = []
     try:
         if lead:  # results.json, epochs.csv and the model's default folder are the folder's own
+            check_writable_dir(output_dir, "output_dir")
+            owners.append(RunFolderLock(output_dir, what=OWNER).acquire())  # a second run makes nothing more
             # a bad output folder, or a model folder without room for the model, named before anything is written
             _check_folders(job)
             _check_model_space(job, config)
-            owners.append(RunFolderLock(output_dir, what=OWNER).acquire())
             # where TargetRun records: a process that writes the record there stops this run too
             owners.append(record_lock(output_dir / job.recipe, 0, what=OWNER).acquire())
         return _train_owned(job, config, lead)
@@ -214,13 +215,12 @@ def train_job(job: TrainJob) -> TrainOutcome:
 
 
 def _check_folders(job: TrainJob) -> None:
-    """Every output folder made and writable, the run folder last."""
+    """The model's, TensorBoard's and the checkpoints' folders made and writable (the run folder is checked first)."""
     check_writable_dir(Path(job.model_dir or ""), "model_dir")
     if job.tensorboard_dir is not None:
         check_writable_dir(job.tensorboard_dir, "tensorboard_dir")
     if job.checkpoint_dir is not None:
         check_writable_dir(job.checkpoint_dir, "checkpoint_dir")
-    check_writable_dir(job.output_dir, "output_dir")
 
 
 def _check_model_space(job: TrainJob, config: RecipeConfig) -> None:
@@ -384,18 +384,19 @@ def _write_outputs(run: TargetRun, lead: bool, job: TrainJob, device: str, data_
     except ValueError as e:  # a record without an epoch to diagnose
         why = f"its record {cut.path} ends before the first epoch, its file system full" if cut is not None else e
         failed.append(f"the doctor's report in {result.run_dir}: {why}")
+    results: Path | None = Path(job.output_dir) / "results.json"
     try:
         write_results([result], job.output_dir, run_meta(data_root, device, job.record_options))
-    except OSError as e:
+    except OSError as e:  # an earlier run's results.json in the folder is not this run's
         failed.append(f"results in {job.output_dir}: {e}")
+        results = None
     report = Path(result.run_dir or "") / "report.md"
-    results = Path(job.output_dir) / "results.json"
     return TrainOutcome(
         lead,
         network,
         result,
         model,
-        results if results.is_file() else None,
+        results,
         report if result.diagnosis and report.is_file() else None,
         tuple(failed),
     )

@@ -230,9 +230,9 @@ class TargetRun:
     def segment(self, epochs: int | None = 1) -> None:
         """Train ``epochs`` more epochs (``None``: to the end), the clock running only meanwhile.
 
-        The first call ends the program's set-up (:func:`~monai_fast.handlers.stop_signal.end_of_setup`):
-        a stop signal caught since the program's start, and not taken over by a ``Preemption``,
-        stops the program here with a message and exit status 143.
+        It ends the program's set-up (:func:`~monai_fast.handlers.stop_signal.end_of_setup`, which does
+        nothing once the set-up has ended): a stop signal caught since the program's start, and not taken
+        over by a ``Preemption``, stops the program here with a message and exit status 143.
 
         Raises:
             SystemExit: 143, when a stop signal arrived during the set-up.

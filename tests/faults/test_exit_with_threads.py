@@ -79,28 +79,39 @@ def test_an_object_without_a_stop_is_refused():
         stop_at_exit(object())
 
 
-def test_one_failing_stop_does_not_keep_the_others_running(caplog):
-    import threading
+def test_one_failing_stop_does_not_keep_the_others_running(tmp_path):
+    # in a process of its own: the exit hook is the process's, and stopping here would stop other tests' threads
+    script = tmp_path / "hook.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import logging, sys, threading
+            from monai_fast.threads import stop_at_exit
 
-    from monai_fast.threads import stop_all_now, stop_at_exit
+            logging.basicConfig(level=logging.INFO)
 
-    class Failing:
-        def stop_for_exit(self) -> None:
-            raise RuntimeError("boom")
+            class Failing:
+                def stop_for_exit(self):
+                    raise RuntimeError("boom")
 
-    class Waiting:
-        def __init__(self) -> None:
-            self.halt = threading.Event()
-            self.thread = threading.Thread(target=self.halt.wait, daemon=True)
-            self.thread.start()
+            class Waiting:
+                def __init__(self):
+                    self.halt = threading.Event()
+                    self.thread = threading.Thread(target=self.halt.wait, daemon=True)
+                    self.thread.start()
 
-        def stop_for_exit(self) -> None:
-            self.halt.set()
-            self.thread.join(5)
+                def stop_for_exit(self):
+                    self.halt.set()
+                    self.thread.join(5)
+                    print("stopped", not self.thread.is_alive(), flush=True)
 
-    failing, waiting = Failing(), Waiting()
-    stop_at_exit(failing)
-    stop_at_exit(waiting)
-    stop_all_now()
-    assert not waiting.thread.is_alive()
-    assert "Failing's threads at exit failed" in caplog.text
+            failing, waiting = Failing(), Waiting()
+            stop_at_exit(waiting)
+            stop_at_exit(failing)
+            sys.exit(3)
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "stopped True" in done.stdout and "Failing's threads at exit failed" in done.stderr, done.stderr
