@@ -24,10 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monai_fast.data.synthetic import KINDS
 from monai_fast.recipes import RECIPES, RecipeConfig
 from monai_fast.training.data import VAL_FRACTION, SyntheticData
-from monai_fast.training.options import OptionError, check_writable_dir, recipe_config, resolve_device
+from monai_fast.training.options import (
+    OptionError,
+    check_precision,
+    check_run_numbers,
+    check_synthetic,
+    check_writable_dir,
+    recipe_config,
+    resolve_device,
+)
 
 __all__ = [
     "DEMO_EPOCH_MULTIPLE",
@@ -158,10 +165,7 @@ class RacePlan:
 
 
 def _check_numbers(spec: RaceSpec) -> None:
-    if not 0.0 < spec.target <= 1.0:
-        raise RaceOptionError("target", f"must be in (0, 1], got {spec.target}")
-    if spec.time_budget_s is not None and not spec.time_budget_s > 0:
-        raise RaceOptionError("time_budget_s", f"must be > 0 (or None for no limit), got {spec.time_budget_s}")
+    check_run_numbers(spec.target, spec.time_budget_s, spec.val_fraction)
     if spec.total_budget_s is not None and not spec.total_budget_s > 0:
         raise RaceOptionError("total_budget_s", f"must be > 0 (or None for no bound), got {spec.total_budget_s}")
     if spec.total_budget_s is not None and not spec.interleave:
@@ -172,8 +176,6 @@ def _check_numbers(spec: RaceSpec) -> None:
             raise RaceOptionError(name, f"must be > 0 (or None), got {value}")
         if value is not None and not spec.interleave:
             raise RaceOptionError(name, f"needs interleave=True (the lead's {what} to target sets the others' budget)")
-    if not 0.0 < spec.val_fraction < 1.0:
-        raise RaceOptionError("val_fraction", f"must be in (0, 1), got {spec.val_fraction}")
 
 
 def _check_recipes(recipes: Sequence[str]) -> None:
@@ -194,14 +196,8 @@ def _check_data(spec: RaceSpec) -> None:
         raise RaceOptionError("data_dir", "give either data_dir or train_files/val_files, not both")
     if all(lists) and not (spec.train_files and spec.val_files):
         raise RaceOptionError("train_files", "train_files and val_files must not be empty")
-    syn = spec.synthetic
     if spec.data_dir is None and not all(lists):
-        if syn.kind not in KINDS:
-            raise RaceOptionError("synthetic.kind", f"must be one of {KINDS}, got {syn.kind!r}")
-        if syn.cases < 1:
-            raise RaceOptionError("synthetic.cases", f"must be >= 1, got {syn.cases}")
-        if len(syn.shape) != 3 or min(syn.shape) < 8:
-            raise RaceOptionError("synthetic.shape", f"must be three sizes >= 8, got {tuple(syn.shape)}")
+        check_synthetic(spec.synthetic.kind, spec.synthetic.cases, spec.synthetic.shape)
 
 
 def _search_space(options: TuneOptions, config: RecipeConfig, device: str):
@@ -245,10 +241,7 @@ def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
     _check_data(spec)
     device = resolve_device(spec.device)
     config = recipe_config(spec.overrides, spec.seed if spec.train_seed is None else spec.train_seed)
-    if config.precision == "fp16" and not str(device).startswith("cuda"):
-        raise RaceOptionError(
-            "precision", f"'fp16' runs on a CUDA device only, not on {device}: use auto, bf16 or fp32"
-        )
+    check_precision(config, device)
     space = None if spec.tune is None or "fast" not in spec.recipes else _search_space(spec.tune, config, device)
     run_dir = None
     if need_run_dir:

@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from monai_fast.training.data import VAL_FRACTION, DataSource, SyntheticData
-from monai_fast.training.options import OptionError, check_writable_dir, recipe_config, resolve_device
+from monai_fast.training.options import (
+    OptionError,
+    check_precision,
+    check_run_numbers,
+    check_synthetic,
+    check_writable_dir,
+    recipe_config,
+    resolve_device,
+)
 
 if TYPE_CHECKING:
     from monai_fast.handlers import Preemption
@@ -101,7 +109,6 @@ class TrainJob:
     record_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        from monai_fast.data.synthetic import KINDS
         from monai_fast.recipes import RECIPES
 
         paths = ("output_dir", "model_dir", "tensorboard_dir", "checkpoint_dir")
@@ -112,30 +119,15 @@ class TrainJob:
             object.__setattr__(self, "model_dir", Path(self.output_dir) / "model")
         if self.recipe not in RECIPES:
             raise OptionError("recipe", f"unknown recipe {self.recipe!r}; known: {list(RECIPES)}")
-        if not 0.0 < self.target <= 1.0:
-            raise OptionError("target", f"must be in (0, 1], got {self.target}")
-        if self.time_budget_s is not None and not self.time_budget_s > 0:
-            raise OptionError("time_budget_s", f"must be > 0 (or None for no limit), got {self.time_budget_s}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise OptionError("val_fraction", f"must be in (0, 1), got {self.val_fraction}")
+        check_run_numbers(self.target, self.time_budget_s, self.val_fraction)
         if self.save_every is not None and (self.save_every < 1 or self.checkpoint_dir is None):
             raise OptionError(
                 "save_every",
                 f"needs a whole number >= 1 and a checkpoint folder, got {self.save_every} and {self.checkpoint_dir}",
             )
-        syn = self.synthetic
         if self.data_dir is None:
-            if syn.kind not in KINDS:
-                raise OptionError("synthetic.kind", f"must be one of {KINDS}, got {syn.kind!r}")
-            if syn.cases < 1:
-                raise OptionError("synthetic.cases", f"must be >= 1, got {syn.cases}")
-            if len(syn.shape) != 3 or min(syn.shape) < 8:
-                raise OptionError("synthetic.shape", f"must be three sizes >= 8, got {tuple(syn.shape)}")
-        device = resolve_device(self.device)
-        if self.config.precision == "fp16" and not device.startswith("cuda"):
-            raise OptionError(
-                "precision", f"'fp16' runs on a CUDA device only, not on {device}: use auto, bf16 or fp32"
-            )
+            check_synthetic(self.synthetic.kind, self.synthetic.cases, self.synthetic.shape)
+        check_precision(self.config, resolve_device(self.device))
 
     @property
     def config(self) -> RecipeConfig:
@@ -201,11 +193,10 @@ def train_job(job: TrainJob) -> TrainOutcome:
     owners: list[Any] = []
     try:
         if lead:  # results.json, epochs.csv and the model's default folder are the folder's own
-            check_writable_dir(output_dir, "output_dir")
-            owners.append(RunFolderLock(output_dir, what=OWNER).acquire())  # a second run makes nothing more
             # a bad output folder, or a model folder without room for the model, named before anything is written
             _check_folders(job)
             _check_model_space(job, config)
+            owners.append(RunFolderLock(output_dir, what=OWNER).acquire())
             # where TargetRun records: a process that writes the record there stops this run too
             owners.append(record_lock(output_dir / job.recipe, 0, what=OWNER).acquire())
         return _train_owned(job, config, lead)
@@ -215,12 +206,13 @@ def train_job(job: TrainJob) -> TrainOutcome:
 
 
 def _check_folders(job: TrainJob) -> None:
-    """The model's, TensorBoard's and the checkpoints' folders made and writable (the run folder is checked first)."""
+    """Every output folder made and writable, the run folder last (a refused one leaves the run folder empty)."""
     check_writable_dir(Path(job.model_dir or ""), "model_dir")
     if job.tensorboard_dir is not None:
         check_writable_dir(job.tensorboard_dir, "tensorboard_dir")
     if job.checkpoint_dir is not None:
         check_writable_dir(job.checkpoint_dir, "checkpoint_dir")
+    check_writable_dir(job.output_dir, "output_dir")
 
 
 def _check_model_space(job: TrainJob, config: RecipeConfig) -> None:

@@ -107,3 +107,43 @@ def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
         return RecipeConfig(**{**overrides, "seed": seed})
     except (TypeError, ValueError) as e:
         raise OptionError("overrides", str(e)) from e
+
+
+def check_run_numbers(target: float, time_budget_s: float | None, val_fraction: float) -> None:
+    """The target Dice in (0, 1], a time budget > 0 (or ``None``), the validation share in (0, 1).
+
+    Raises:
+        OptionError: naming the first bad one.
+    """
+    if not 0.0 < target <= 1.0:
+        raise OptionError("target", f"must be in (0, 1], got {target}")
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise OptionError("time_budget_s", f"must be > 0 (or None for no limit), got {time_budget_s}")
+    if not 0.0 < val_fraction < 1.0:
+        raise OptionError("val_fraction", f"must be in (0, 1), got {val_fraction}")
+
+
+def check_synthetic(kind: str, cases: int, shape: tuple[int, ...]) -> None:
+    """A synthetic set that can be generated: a known kind, at least one case, three sizes of at least 8.
+
+    Raises:
+        OptionError: naming ``synthetic.kind``, ``synthetic.cases`` or ``synthetic.shape``.
+    """
+    from monai_fast.data.synthetic import KINDS
+
+    if kind not in KINDS:
+        raise OptionError("synthetic.kind", f"must be one of {KINDS}, got {kind!r}")
+    if cases < 1:
+        raise OptionError("synthetic.cases", f"must be >= 1, got {cases}")
+    if len(shape) != 3 or min(shape) < 8:
+        raise OptionError("synthetic.shape", f"must be three sizes >= 8, got {tuple(shape)}")
+
+
+def check_precision(config: RecipeConfig, device: str) -> None:
+    """fp16 only on a CUDA device (bf16, fp32 and the automatic choice run anywhere).
+
+    Raises:
+        OptionError: naming ``precision``.
+    """
+    if config.precision == "fp16" and not str(device).startswith("cuda"):
+        raise OptionError("precision", f"'fp16' runs on a CUDA device only, not on {device}: use auto, bf16 or fp32")
