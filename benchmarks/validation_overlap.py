@@ -36,7 +36,8 @@ from torch.utils.data import DataLoader, Subset
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.data.synthetic import generate_msd
 from monai_fast.files import write_json
-from monai_fast.handlers import BackgroundValidation, TimeToTarget, ValidationSchedule, estimator_like
+from monai_fast.handlers import BackgroundValidation, TimeToTarget, ValidationSchedule
+from monai_fast.handlers.validation_schedule import estimator_like
 from monai_fast.recipes import RECIPES, RecipeConfig, build_recipe
 
 VARIANTS = ("sync", "schedule", "background")

@@ -11,7 +11,8 @@ from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import MeanDice, ValidationHandler, from_engine
 from monai.transforms import AsDiscreted, Compose
 
-from monai_fast.handlers import BackgroundValidation, RecordHandler, TimeToTarget, ValidationSchedule, estimator_like
+from monai_fast.handlers import BackgroundValidation, RecordHandler, TimeToTarget, ValidationSchedule
+from monai_fast.handlers.validation_schedule import estimator_like
 from monai_fast.telemetry.record import Kind, Source, select
 
 SHAPE = (8, 8, 8)

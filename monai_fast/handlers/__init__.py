@@ -1,4 +1,11 @@
-"""Ignite event handlers; each one ``attach(engine)``es to any ignite ``Engine``, MONAI's included."""
+"""Ignite event handlers; each one ``attach(engine)``es to any ignite ``Engine``, MONAI's included.
+
+The package's namespace holds the handlers and their results and errors. The helpers they are built on
+live in their modules: ``monai_fast.handlers.record.record_of``, ``monai_fast.handlers.lifecycle.on_run_end``,
+``monai_fast.handlers.nvtx.nvtx_range``, ``monai_fast.handlers.validation_schedule.estimator_like``.
+"""
+
+from typing import Any
 
 from monai_fast.handlers.algorithm_time import AlgorithmTimes, TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
@@ -9,18 +16,17 @@ from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.handlers.gpu_sampler import GPUSampler
 from monai_fast.handlers.inference_split import InferenceSplit, InferenceTimes
 from monai_fast.handlers.kernel_profiler import KernelProfiler
-from monai_fast.handlers.lifecycle import on_run_end
 from monai_fast.handlers.nonfinite import NonFiniteGuard, NonFiniteLossError
-from monai_fast.handlers.nvtx import NVTXHandler, nvtx_range
+from monai_fast.handlers.nvtx import NVTXHandler
 from monai_fast.handlers.prediction_layout import ClassesInnermost
 from monai_fast.handlers.preemption import Preemption
 from monai_fast.handlers.prefetch import PrefetchChoice
-from monai_fast.handlers.record import RecordHandler, record_of
+from monai_fast.handlers.record import RecordHandler
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.throughput import ThroughputMonitor
 from monai_fast.handlers.time_breakdown import EpochTimes, TimeBreakdown
 from monai_fast.handlers.time_to_target import TimeToTarget
-from monai_fast.handlers.validation_schedule import ValidationSchedule, estimator_like
+from monai_fast.handlers.validation_schedule import ValidationSchedule
 from monai_fast.handlers.window_tune import SlidingWindowTune
 
 __all__ = [
@@ -51,8 +57,23 @@ __all__ = [
     "TimeToTarget",
     "TrainingAlgorithmTime",
     "ValidationSchedule",
-    "estimator_like",
-    "nvtx_range",
-    "on_run_end",
-    "record_of",
 ]
+
+#: helpers once reachable here, and the module each lives in (one deprecation warning, removed in the next release)
+_HELPERS = {
+    "estimator_like": "monai_fast.handlers.validation_schedule",
+    "nvtx_range": "monai_fast.handlers.nvtx",
+    "on_run_end": "monai_fast.handlers.lifecycle",
+    "record_of": "monai_fast.handlers.record",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HELPERS:
+        import importlib
+
+        from monai_fast.deprecation import deprecated
+
+        deprecated(f"monai_fast.handlers.{name}", f"{_HELPERS[name]}.{name}")
+        return getattr(importlib.import_module(_HELPERS[name]), name)
+    raise AttributeError(f"module 'monai_fast.handlers' has no attribute {name!r}")
