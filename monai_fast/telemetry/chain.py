@@ -23,12 +23,16 @@ __all__ = ["crop_indices_advised", "transform_names"]
 
 
 def transform_names(transform: Any) -> list[str] | None:
-    """The class names of a data set's transform chain, nested ``Compose`` flattened; ``None`` when there is none."""
+    """The class names of a data set's transform chain, nested ``Compose`` flattened; ``None`` when there is none.
+
+    The chain is only read: MONAI's ``Compose.flatten()`` builds a new ``Compose``, which re-seeds every random
+    transform of the chain and so would change the run's crops.
+    """
     if transform is None:
         return None
-    flat = transform.flatten() if isinstance(transform, Compose) else transform
-    parts = getattr(flat, "transforms", None)
-    return [type(t).__name__ for t in (parts if parts is not None else [flat])]
+    if not isinstance(transform, Compose):
+        return [type(transform).__name__]
+    return [name for t in transform.transforms for name in (transform_names(t) or [])]
 
 
 def crop_indices_advised(names: Sequence[str] | None) -> bool:

@@ -74,3 +74,18 @@ def test_crop_indices_are_advised_only_where_the_chain_crops_by_label(case, tmp_
     diagnosis = diagnose(rows, data_threshold=0.05)
     assert diagnosis.verdict == "data-bound", diagnosis.evidence
     assert any("FgBgToIndicesd" in fix for fix in diagnosis.fixes) is advised, diagnosis.fixes
+
+
+def test_reading_the_chain_leaves_its_random_state_alone():
+    # MONAI's Compose.flatten() builds a new Compose, which re-seeds the chain's random transforms: a resumed
+    # run would then crop otherwise than the run it continues
+    import numpy as np
+
+    from monai_fast.telemetry.chain import transform_names
+
+    crop = RandCropByPosNegLabeld(keys=["image", "label"], label_key="label", spatial_size=(8, 8, 8), num_samples=1)
+    chain = Compose([Compose([SLOW]), crop])
+    chain.set_random_state(seed=3)
+    before = crop.R.get_state()[1].copy()
+    assert transform_names(chain) == ["RandLambdad", "RandCropByPosNegLabeld"]
+    assert np.array_equal(crop.R.get_state()[1], before)
