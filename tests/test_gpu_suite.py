@@ -67,7 +67,12 @@ def test_tiny_cpu_suite_runs_every_step_and_writes_the_results_json(tmp_path):
     assert steps["tuner_quality"]["results"]["picks"]
     assert steps["loader_variants"]["results"]["gpu_cache"] is False  # CPU: no GPU cache variant
     assert {r["backend"] for r in steps["inference"]["results"]["rows"]} >= {"eager", "tensorrt"}
-    assert {r["variant"] for r in steps["pathology"]["results"]["runs"]} == {"plain", "fast"}
+    pathology = {r["variant"]: r for r in steps["pathology"]["results"]["runs"]}  # benchmarks/pathology.py --tiny
+    assert set(pathology) == {"plain", "fast"} and all(r["patches_per_s"] > 0 for r in pathology.values())
+    assert pathology["plain"]["reader"].startswith("tifffile (MONAI's")
+    assert "cucim" in json.loads(next(out.rglob(steps["pathology"]["results"]["file"])).read_text())["machine"]
+    pathology_log = (out / steps["pathology"]["log"]).read_text()
+    assert "| plain | 1 |" in pathology_log and "| fast | 1 |" in pathology_log
     lab = steps["lab"]["results"]
     assert lab["epochs"] == 2 and lab["network"].startswith("SegResNet") and lab["time_per_epoch_s"] > 0
     assert (out / "lab" / "performance.md").read_text().count("| time per epoch |") == 1 and (

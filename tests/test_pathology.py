@@ -116,30 +116,6 @@ def test_pathology_tutorial_trains_at_tiny_size(tmp_path):
     assert "| fast | 1 |" in done.stdout
 
 
-def test_the_benchmark_runs_plain_and_fast_at_tiny_size(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MONAI_FAST_CACHE": str(tmp_path / "cache")}
-    cmd = [
-        sys.executable,
-        "benchmarks/pathology.py",
-        "--tiny",
-        "--device",
-        "cpu",
-        "--max-epochs",
-        "1",
-        "--precision",
-        "fp32",
-        "--out",
-        str(tmp_path),
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    data = json.loads(next(tmp_path.glob("pathology_*.json")).read_text())
-    runs = {r["variant"]: r for r in data["runs"]}
-    assert set(runs) == {"plain", "fast"} and all(r["patches_per_s"] > 0 for r in runs.values())
-    assert runs["plain"]["reader"].startswith("tifffile (MONAI's") and "cucim" in data["machine"]
-    assert "| plain | 1 |" in done.stdout and "| fast | 1 |" in done.stdout
-
-
 @pytest.mark.gpu
 def test_cucim_path_augments_on_the_gpu_and_reads_what_the_tiled_reader_reads(patches):
     pytest.importorskip("cucim", reason="the cuCIM path needs cuCIM: pip install cucim-cu12")

@@ -58,13 +58,9 @@ def _signal_after(cmd, progress: Path, n: int, sig=signal.SIGTERM, env=None, log
 
 
 @pytest.mark.parametrize("stop_after, sig", [(6, signal.SIGTERM), (8, signal.SIGUSR1)])
-def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, tiny_spleen, stop_after, sig):
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, tiny_spleen, reference, stop_after, sig):
     # stop_after 6: mid-epoch (epoch 2, batch 2 of 4); 8: the signal lands at an epoch's end
-    ref = subprocess.run(
-        [sys.executable, *_args(tiny_spleen, tmp_path / "ref")], capture_output=True, text=True, timeout=300
-    )
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    expected = json.loads((tmp_path / "ref" / "rank0.json").read_text())
+    expected = json.loads((reference / "rank0.json").read_text())
 
     out, ck, prog = tmp_path / "run", tmp_path / "ckpt", tmp_path / "progress"
     cmd = [sys.executable, *_args(tiny_spleen, out, "--checkpoint-dir", str(ck), "--progress-file", str(prog))]
@@ -94,13 +90,20 @@ def _relative_distance(a: dict, b: dict) -> float:
     return (num / sum(float(b[k].double().pow(2).sum()) for k in keys)) ** 0.5
 
 
-def _resume_against_reference(tmp_path: Path, data: Path, stop_after: int = 6) -> dict:
-    """A reference run, a run SIGTERMed after ``stop_after`` iterations and resumed: their weights, and the
-    checkpoint's."""
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_spleen) -> Path:
+    """The uninterrupted run every single-process resume test compares against (its rank0.json and weights)."""
+    folder = tmp_path_factory.mktemp("reference")
     ref = subprocess.run(
-        [sys.executable, *_args(data, tmp_path / "ref", "--save-weights")], capture_output=True, text=True, timeout=300
+        [sys.executable, *_args(tiny_spleen, folder, "--save-weights")], capture_output=True, text=True, timeout=300
     )
     assert ref.returncode == 0, ref.stderr[-3000:]
+    return folder
+
+
+def _resume_against_reference(tmp_path: Path, data: Path, reference: Path, stop_after: int = 6) -> dict:
+    """A run SIGTERMed after ``stop_after`` iterations and resumed, against the uninterrupted ``reference``: their
+    weights, and the checkpoint's."""
     out, ck, prog = tmp_path / "run", tmp_path / "ckpt", tmp_path / "progress"
     cmd = [
         sys.executable,
@@ -114,9 +117,9 @@ def _resume_against_reference(tmp_path: Path, data: Path, stop_after: int = 6) -
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     return {
-        "ref": json.loads((tmp_path / "ref" / "rank0.json").read_text()),
+        "ref": json.loads((reference / "rank0.json").read_text()),
         "got": json.loads((out / "rank0.json").read_text()),
-        "ref_weights": torch.load(tmp_path / "ref" / "weights_rank0.pt", weights_only=True),
+        "ref_weights": torch.load(reference / "weights_rank0.pt", weights_only=True),
         "got_weights": torch.load(out / "weights_rank0.pt", weights_only=True),
         "at_checkpoint": at_checkpoint,
         "stopped_after": stopped_after,
@@ -124,19 +127,21 @@ def _resume_against_reference(tmp_path: Path, data: Path, stop_after: int = 6) -
     }
 
 
-def test_saved_weights_of_a_resumed_run_equal_the_reference_and_differ_from_the_checkpoint(tmp_path, tiny_spleen):
+def test_saved_weights_of_a_resumed_run_equal_the_reference_and_differ_from_the_checkpoint(
+    tmp_path, tiny_spleen, reference
+):
     # the mechanics of the CUDA test below, on a CPU, where the run is bit-reproducible
-    r = _resume_against_reference(tmp_path, tiny_spleen)
+    r = _resume_against_reference(tmp_path, tiny_spleen, reference)
     assert r["got"]["device"] == "cpu" and r["got"]["resumed_from"] == r["stopped_after"] >= 6
     assert _relative_distance(r["got_weights"], r["ref_weights"]) == 0.0
     assert _relative_distance(r["at_checkpoint"], r["ref_weights"]) > 0.0  # 6 more iterations moved the weights
 
 
 @pytest.mark.gpu
-def test_resume_on_cuda_ends_within_tolerance_of_an_uninterrupted_run(tmp_path, tiny_spleen):
+def test_resume_on_cuda_ends_within_tolerance_of_an_uninterrupted_run(tmp_path, tiny_spleen, reference):
     # cuDNN's backward kernels are not bit-exact: the resumed run must land near the reference, far nearer than
     # the checkpoint it resumed from, with every iteration run once
-    r = _resume_against_reference(tmp_path, tiny_spleen)
+    r = _resume_against_reference(tmp_path, tiny_spleen, reference)
     assert r["got"]["device"].startswith("cuda") and r["ref"]["device"].startswith("cuda")
     assert r["got"]["resumed_from"] == r["stopped_after"] >= 6 and r["progress"] == list(range(1, 13))  # each once
     resumed = _relative_distance(r["got_weights"], r["ref_weights"])
