@@ -12,6 +12,7 @@ from ignite.metrics import Metric
 
 from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on
 from monai_fast.handlers.record import record_of
+from monai_fast.telemetry.chain import transform_names
 from monai_fast.telemetry.cuda import Mark, seconds_between, time_mark
 from monai_fast.telemetry.record import Kind, Source
 
@@ -69,15 +70,11 @@ def _metric_of(fn: Callable) -> tuple[Metric, str] | None:
 
 
 def _transform_names(fn: Callable) -> list[str]:
-    """The class names of the transform a MONAI ``_run_postprocessing`` closure applies (a ``Compose``'s parts)."""
+    """The class names of the transform a MONAI ``_run_postprocessing`` closure applies (MONAI keeps the transform
+    only in that closure: there is no public handle)."""
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
     cell = cells.get("posttrans")
-    transform = cell.cell_contents if cell is not None else None
-    if transform is None:
-        return []
-    parts = getattr(transform, "transforms", None)
-    names = [type(t).__name__ for t in parts] if isinstance(parts, (list, tuple)) else [type(transform).__name__]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(transform_names(cell.cell_contents if cell is not None else None) or []))
 
 
 class TrainingAlgorithmTime(EngineHandler):
