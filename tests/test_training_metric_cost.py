@@ -159,17 +159,9 @@ def test_a_bundles_training_accuracy_is_timed_in_its_record(tmp_path):
     data = generate_msd(tmp_path / "data", num_cases=3, shape=(32, 32, 24), progress=False)
     bundle = tmp_path / "seg3d"
     shutil.copytree(ROOT / "tests" / "bundles" / "seg3d", bundle)
-    overrides = {
-        "dataset_dir": str(data),
-        "max_epochs": 1,
-        "num_val": 1,
-        "patch_size": [16, 16, 16],
-        "network_def#channels": [4, 8],
-        "network_def#strides": [2],
-        "network_def#num_res_units": 0,
-        "device": "$torch.device('cpu')",
-    }
-    result = run_bundle(bundle, overrides=overrides, logging_file=False, doctor=False)
+    from test_bundle import small  # the seg3d bundle's sizes for a small CPU, one home
+
+    result = run_bundle(bundle, overrides=small(data), logging_file=False, doctor=False)
     rows, _ = load_record(result.run_dir)
     epochs = select(rows, "epoch", "training_algorithm", engine="train")
     assert len(epochs) == 1
