@@ -113,3 +113,79 @@ def test_monai_fast_tune_bundle_writes_the_override_from_the_command_line(bundle
         cwd=ROOT,
     )
     assert bad.returncode != 0 and "nope does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def algo(tmp_path_factory):
+    """The Auto3DSeg-layout algorithm folder over 3 synthetic volumes (1 x 1 x 2 mm), its data list in Auto3DSeg's
+    form (a ``fold`` per training item)."""
+    base = tmp_path_factory.mktemp("tune-algo")
+    data = generate_msd(base / "data", num_cases=3, shape=(40, 40, 32), spacing=(1.0, 1.0, 2.0), progress=False)
+    items = json.loads((data / "dataset.json").read_text())["training"]
+    datalist = base / "datalist.json"
+    datalist.write_text(json.dumps({"training": [{**item, "fold": i % 3} for i, item in enumerate(items)]}))
+    dst = base / "segresnet_0"
+    shutil.copytree(ROOT / "tests" / "bundles" / "auto3dseg_algo", dst)
+    return dst, {"data_list_file_path": str(datalist), "data_file_base_dir": str(data)}
+
+
+def test_an_auto3dseg_algorithm_gets_its_training_keys_and_reads_them_as_auto3dseg_passes_its_configs(algo):
+    from monai.bundle import ConfigParser
+
+    from monai_fast.bundle.tune import AUTO3DSEG_KEYS, auto3dseg_config_files
+
+    root, overrides = algo
+    (root / "configs" / "tuned.json").write_text(json.dumps({"training#num_images_per_batch": 99}))  # an old one
+    tuned = tune_bundle(
+        root, overrides=overrides, batch_range=(1, 2), sw_batch_range=(1, 3), warmup=0, min_iters=1, min_time_s=0.0
+    )
+    assert tuned.layout == "auto3dseg" and tuned.path == root / "configs" / "tuned.json"
+    # every config file of configs/ in name order, less the override being rewritten
+    assert [f.name for f in tuned.config_files] == ["hyper_parameters.yaml", "network.yaml", "transforms_validate.yaml"]
+    written = json.loads(tuned.path.read_text())
+    batch, sw = "training#" + AUTO3DSEG_KEYS["batch"], "training#" + AUTO3DSEG_KEYS["sw_batch"]
+    assert set(written) == {batch, sw}  # on a CPU the volume stays where it is computed: no sw_input_on_cpu
+    assert written[batch] in (1, 2) and written[sw] in (1, 2, 3)
+    key = tuned.result["key"]
+    assert "patch=16x16x16" in key and "samples=2" in key  # training#roi_size, num_patches_per_image
+    # the fold-0 validation image (40 x 40 x 32 at 1 x 1 x 2 mm) resampled to 2 mm: 20 x 20 x 32
+    assert "val=20x20x32" in key, key
+    # Auto3DSeg hands the training script every file of configs/ in name order: tuned.json comes last and wins
+    parser = ConfigParser()
+    parser.read_config([str(f) for f in auto3dseg_config_files(root)])
+    assert parser[batch] == written[batch] and parser[sw] == written[sw]
+    assert parser["training#roi_size"] == [16, 16, 16]  # the rest of the algorithm as it was
+
+
+def test_an_auto3dseg_algorithm_with_its_keys_at_the_top_deep_supervision_and_a_missing_one_named(algo, tmp_path):
+    root, overrides = algo
+    flat = tmp_path / "flat"
+    shutil.copytree(root, flat)
+    (flat / "configs" / "tuned.json").unlink(missing_ok=True)
+    (flat / "configs" / "hyper_parameters.yaml").write_text(
+        "input_channels: 1\noutput_classes: null\nroi_size: [16, 16, 16]\nnum_images_per_batch: 1\n"
+        "num_crops_per_image: 1\namp: false\n"
+        "loss: {_target_: DiceCELoss, to_onehot_y: true, softmax: true}\n"
+        "optimizer: {_target_: torch.optim.SGD, lr: 0.01}\n"
+    )
+    # segresnet's network: one output per depth while training (deep supervision), its labels resized per depth
+    (flat / "configs" / "network.yaml").write_text(
+        "network: {_target_: SegResNetDS, init_filters: 4, blocks_down: [1, 1, 1], dsdepth: 3,"
+        " in_channels: '@input_channels', out_channels: '@output_classes'}\n"
+    )
+    with pytest.raises(BundleError, match="output_classes is not set"):
+        tune_bundle(flat, overrides=overrides, out=tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
+    tuned = tune_bundle(
+        flat,
+        overrides={**overrides, "output_classes": 2},
+        batch_range=(1, 2),
+        sw_batch_range=(1, 2),
+        warmup=0,
+        min_iters=1,
+        min_time_s=0.0,
+    )
+    # a template without a sliding-window batch key gets the training batch only, at the top
+    assert set(json.loads(tuned.path.read_text())) == {"num_images_per_batch"}
+    assert "SegResNetDS" in tuned.result["key"]
+    assert "patch=16x16x16" in tuned.result["key"]

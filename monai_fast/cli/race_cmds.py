@@ -318,10 +318,13 @@ def _cmd_tune_bundle(args: argparse.Namespace) -> int:
         raise SystemExit(f"monai-fast tune --bundle: {e}") from e
     for key, value in tuned.overrides.items():
         print(f"{key} = {value}")
-    print(
-        f"wrote {tuned.path}: python -m monai.bundle run --config_file \"['configs/train.json','{tuned.path}']\" "
-        f"(or monai-fast bundle run {args.bundle} --config_file ...)"
-    )
+    if tuned.layout == "auto3dseg":
+        print(f"wrote {tuned.path}: Auto3DSeg reads every file of configs/ in name order, this one last")
+    else:
+        print(
+            f"wrote {tuned.path}: python -m monai.bundle run --config_file \"['configs/train.json','{tuned.path}']\" "
+            f"(or monai-fast bundle run {args.bundle} --config_file ...)"
+        )
     return 0
 
 
@@ -436,7 +439,9 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
         "bundle merges as one more config (the Model Zoo's or Auto3DSeg's keys)",
     )
     b.add_argument(
-        "--bundle-config", help="the bundle's config file(s), as monai.bundle takes them (default configs/train.json)"
+        "--bundle-config",
+        help="the bundle's config file(s), as monai.bundle takes them (default configs/train.json; for an "
+        "Auto3DSeg algorithm every file of configs/)",
     )
     b.add_argument(
         "--set",

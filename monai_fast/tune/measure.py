@@ -56,7 +56,8 @@ def time_training_step(
     """
     network.train()
     x = torch.rand(batch, in_channels, *patch_size, device=device)
-    y = torch.randint(0, out_channels, (batch, 1, *patch_size), device=device)
+    # class indices as float, as MONAI's loaders give labels (``LoadImaged``): losses that resize them take no ints
+    y = torch.randint(0, out_channels, (batch, 1, *patch_size), device=device).float()
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
 
     def step() -> None:
