@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from monai_fast.files import write_json
+from monai_fast.telemetry.precision import cpu_has_bf16_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -250,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "python": platform.python_version(),
             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
             "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
+            "bf16_hardware": cpu_has_bf16_hardware(),
         },
         "overrides": overrides,
         "epochs": args.epochs,

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from monai_fast.files import write_json
+from monai_fast.telemetry.precision import cpu_has_bf16_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -741,17 +742,28 @@ def _speedup(r: SweepRow) -> str:
     return f"{r.speedup:.2f}x ({pairs}; {r.speedup_epochs} epochs{what})"
 
 
+def _metrics(r: SweepRow) -> str:
+    """The final validation metric cell of the speed-up runs: published / fast, pair by pair, or ``-``."""
+    shown = [
+        f"{p['published_metric']:.3f} / {p['fast_metric']:.3f}"
+        for p in r.speedup_pairs
+        if p.get("published_metric") is not None and p.get("fast_metric") is not None
+    ]
+    return ", ".join(shown) or "-"
+
+
 def table(rows: Sequence[SweepRow]) -> str:
     """The sweep as a markdown table."""
     out = [
-        "| bundle | builds | trains 2 iterations | levers applied | per-epoch speed-up | why not, where not |",
-        "|---|---|---|---|---|---|",
+        "| bundle | builds | trains 2 iterations | levers applied | per-epoch speed-up | final metric published / fast "
+        "| why not, where not |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         why = "; ".join(x for x in (r.reason, r.speedup_reason and f"speed-up: {r.speedup_reason}") if x)
         out.append(
             f"| {r.bundle} | {'yes' if r.builds else 'no'} | {'yes' if r.trains else 'no'} | "
-            f"{_levers(r.applied)} | {_speedup(r)} | {why.replace('|', '/') or '-'} |"
+            f"{_levers(r.applied)} | {_speedup(r)} | {_metrics(r)} | {why.replace('|', '/') or '-'} |"
         )
     return "\n".join(out)
 
@@ -826,7 +838,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fast": not args.no_fast,
         "speedup_epochs": args.speedup_epochs,
         "repeats": args.repeats if args.speedup_epochs else 0,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            # an ISA limit emulates a CPU without bf16 hardware on one with it: the rows depend on it
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+            "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
+            "bf16_hardware": cpu_has_bf16_hardware(),
+        },
         "rows": [asdict(r) for r in rows],
     }
     out = write_json(doc, Path(args.out) / f"bundle_sweep_{dt.datetime.now():%Y%m%d-%H%M%S}.json")

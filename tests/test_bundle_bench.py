@@ -143,8 +143,11 @@ def test_sweep_makes_a_row_per_bundle_and_a_crash_is_a_row_and_measures_the_spee
     assert bad["speedup"] is None and bad["speedup_pairs"] == []  # nothing measured where nothing trains
     assert "| seg3d | yes | yes | data: user cache" in r.stdout
     seg_line = next(ln for ln in r.stdout.splitlines() if ln.startswith("| seg3d |"))
-    assert f"| {seg['speedup']:.2f}x ({pair['ratio']:.2f}; 2 epochs) | - |" in seg_line
-    assert "| needs_pkg | no | no | - | - | cannot locate not_a_real_package.Net: needs package" in r.stdout
+    assert pair["published_metric"] is not None and pair["fast_metric"] is not None  # the final validation Dice
+    metrics = f"{pair['published_metric']:.3f} / {pair['fast_metric']:.3f}"
+    assert f"| {seg['speedup']:.2f}x ({pair['ratio']:.2f}; 2 epochs) | {metrics} | - |" in seg_line
+    assert "| needs_pkg | no | no | - | - | - | cannot locate not_a_real_package.Net: needs package" in r.stdout
+    assert doc["machine"]["onednn_max_cpu_isa"] is None and isinstance(doc["machine"]["bf16_hardware"], bool)
 
 
 def test_sweep_ends_a_hanging_bundle_at_its_time_limit(tmp_path):
