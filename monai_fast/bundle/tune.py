@@ -46,6 +46,7 @@ import torch
 
 from monai_fast.bundle.run import _CONFIG_NAMES, BundleError, bundle_config_files
 from monai_fast.files import write_json
+from monai_fast.telemetry.cuda import cuda_available
 
 __all__ = ["AUTO3DSEG_KEYS", "ZOO_KEYS", "BundleTuning", "auto3dseg_config_files", "tune_bundle"]
 
@@ -271,7 +272,7 @@ def _auto3dseg_pieces(parser: Any, root: Path) -> _Pieces:
         network=network,
         loss=loss,
         optimizer=optimizer,
-        device=torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+        device=torch.device("cuda" if cuda_available() else "cpu"),
         patch=patch,
         roi=roi,
         overlap=float(overlap),
