@@ -3,8 +3,9 @@
 Each notebook is executed once per test session with nbclient, in a kernel started from this
 interpreter (so from the same virtual environment, with this checkout first on ``PYTHONPATH``),
 ``SIZE = "test"`` injected after its ``parameters`` cell as papermill does. Every cell tagged
-``rerun`` is executed twice in a row, as a user re-running it would; the notebook itself asserts
-after training that no handler ran twice.
+``rerun`` is executed twice in a row, as a user re-running it would, and so are the training cells of
+``attach_and_doctor`` (:data:`AGAIN`); the notebook itself asserts after training that no handler ran
+twice and each epoch was timed once, and the run record keeps both runs of a trainer as segments.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ NAMES = [p.stem for p in NOTEBOOKS]
 KERNEL = "monai-fast-test"
 CELL_TIMEOUT_S = 300  # "does not hang": a cell takes seconds at test size
 RERUN = "rerun"
+#: cells a user runs again though they are not tagged: how they begin, per notebook
+AGAIN = {"attach_and_doctor": ("trainer.run()", "fast_trainer.run()")}
 
 
 def _kernel_manager(spec_root: Path) -> Any:
@@ -51,7 +54,11 @@ def inject_parameters(nb: Any, **values: Any) -> Any:
 
 
 def execute(path: Path, workdir: Path, cache: Path) -> tuple[Any, list[int]]:
-    """Run ``path`` at test size in ``workdir``; returns the executed notebook and the indices of re-run cells."""
+    """Run ``path`` at test size in ``workdir``; returns the executed notebook and the indices of re-run cells.
+
+    A cell tagged ``rerun``, or one that begins as one of the notebook's :data:`AGAIN` cells, runs twice.
+    """
+    again = AGAIN.get(path.stem, ())
     nb = inject_parameters(nbformat.read(path, as_version=4), SIZE="test")
     workdir.mkdir(parents=True, exist_ok=True)
     client = nbclient.NotebookClient(
@@ -70,7 +77,7 @@ def execute(path: Path, workdir: Path, cache: Path) -> tuple[Any, list[int]]:
             if cell.cell_type != "code":
                 continue
             client.execute_cell(cell, index)  # raises CellExecutionError on an error in the cell
-            if RERUN in cell.metadata.get("tags", []):
+            if RERUN in cell.metadata.get("tags", []) or (again and cell.source.startswith(again)):
                 client.execute_cell(cell, index)
                 reran.append(index)
     return nb, reran
@@ -92,6 +99,7 @@ def executed(tmp_path_factory):
             raise done[name]
         return done[name]
 
+    run.workdir = lambda name: base / name  # where the notebook ran (its run folders)
     return run
 
 
@@ -142,6 +150,27 @@ def test_rerunning_the_attach_cells_does_not_double_handlers(executed):
     assert any("fast.attach(fast_trainer, fast_evaluator)" in s for s in sources)
     printed = "".join(o.get("text", "") for o in _outputs(nb) if o.output_type == "stream")
     assert "each timed once" in printed  # the notebook's own count of record rows per iteration and epoch
+
+
+@pytest.mark.timeout(600)
+def test_running_the_training_cells_again_passes_the_notebooks_checks_and_keeps_both_runs(executed):
+    nb, reran = executed("attach_and_doctor")
+    again = [
+        nb.cells[i].source.split("\n", 1)[0] for i in reran if nb.cells[i].source.startswith(AGAIN["attach_and_doctor"])
+    ]
+    assert again == list(AGAIN["attach_and_doctor"])
+    printed = "".join(o.get("text", "") for o in _outputs(nb))
+    assert "each timed once (run 2 in this record)" in printed, printed[-2000:]
+    record = executed.workdir("attach_and_doctor") / "runs" / "attach_and_doctor" / "record.rank0.jsonl"
+    rows = [json.loads(line) for line in record.open()]
+    started = [r for r in rows if r.get("what") == "segment_started"]
+    assert [r["segment"] for r in started] == [0, 1]  # both runs of the trainer kept, in order
+    epochs = [
+        (r["segment"], r["epoch"])
+        for r in rows
+        if r["kind"] == "epoch" and r["source"] == "time_breakdown" and r.get("engine") == "train"
+    ]
+    assert epochs == [(0, 1), (0, 2), (1, 1), (1, 2)]
 
 
 @pytest.mark.timeout(600)
