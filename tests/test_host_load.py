@@ -15,7 +15,7 @@ from monai_fast.race.headline import format_headline, headline
 from monai_fast.telemetry.host import BUSY_SHARE, HostLoad, describe_host_load
 
 SPIN = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < {s}: pass\n"
-WINDOW_S = 2.0
+WINDOW_S = 1.0
 
 
 def _spin(seconds: float) -> None:
