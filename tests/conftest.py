@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tutorial_runs import tutorial_args
 
 from monai_fast.data.synthetic import generate_msd
 
@@ -28,6 +30,26 @@ def pytest_collection_modifyitems(config, items):
 def tiny_spleen(tmp_path_factory):
     """Six small spleen-like cases (48x48x32 voxels)."""
     return generate_msd(tmp_path_factory.mktemp("spleen"), "spleen-like", num_cases=6, shape=TINY_SHAPE, progress=False)
+
+
+@pytest.fixture(scope="session")
+def two_rank_reference(tmp_path_factory, tiny_spleen) -> Path:
+    """The distributed tutorial uninterrupted under ``monai-fast launch --nproc 2``: its ``rank<N>.json`` folder.
+
+    fp32, batch 1, 3 epochs on ``tiny_spleen``: 2 iterations per epoch and rank, bit-reproducible on a CPU. Two
+    ranks end with the same weights whether they share a node or not (checked), so the torchrun, preemption and
+    elastic-restart tests compare against this one run.
+    """
+    out = tmp_path_factory.mktemp("two-rank-reference")
+    done = subprocess.run(
+        [sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2", *tutorial_args(tiny_spleen, out)],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        cwd=out,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
 
 
 @pytest.fixture(scope="session")

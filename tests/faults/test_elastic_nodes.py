@@ -3,7 +3,7 @@
 A rank SIGKILLed mid-epoch, or its whole node lost and a replacement launcher started with the same
 command: torchrun's c10d rendezvous gathers both nodes for a new round, the tutorial resumes from
 Preemption's latest periodic checkpoint at the exact data position, and the job ends on both nodes with the
-weights of an uninterrupted 2-node run, having redone at most the iterations since that checkpoint.
+weights of an uninterrupted run of the same two ranks, having redone at most the iterations since that checkpoint.
 Losing the node that holds the rendezvous itself ends the job: the survivor says so, and does not hang."""
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
+from tutorial_runs import tutorial_args
 
 from monai_fast.distributed import free_port
 from monai_fast.race.drill import kill_drill, read_progress, run_local_nodes
 
-ROOT = Path(__file__).resolve().parents[2]
-TUTORIAL = ROOT / "tutorials" / "distributed_train.py"
 SAVE_EVERY = 3  # iterations between periodic checkpoints: the most a lost rank may cost
 KILL_AFTER = 5  # fp32, batch 1: 2 iterations per epoch and rank, 6 in all; killed after the first of epoch 3
 ITERATIONS = 6
@@ -28,21 +27,7 @@ def _c10d(job: str) -> list[str]:
 
 
 def _script(data: Path, out: Path, checkpoints: bool) -> list[str]:
-    args = [
-        str(TUTORIAL),
-        "--tiny",
-        "--fp32",
-        "--batch-size",
-        "1",
-        "--data-dir",
-        str(data),
-        "--max-epochs",
-        "3",
-        "--out",
-        str(out),
-        "--progress-file",
-        str(out / "progress"),
-    ]
+    args = tutorial_args(data, out, "--progress-file", str(out / "progress"))
     return args + (["--checkpoint-dir", str(out / "ckpt"), "--save-every", str(SAVE_EVERY)] if checkpoints else [])
 
 
@@ -51,14 +36,9 @@ def _digests(out: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, tiny_spleen) -> str:
-    """The weights' digest of an uninterrupted 2-node run (no restarts, no checkpoints)."""
-    out = tmp_path_factory.mktemp("uninterrupted")
-    c10d = _c10d("ref")
-    for rc, log in run_local_nodes([c10d, c10d], _script(tiny_spleen, out, checkpoints=False), out, timeout_s=300):
-        assert rc == 0, log[-3000:]
-    assert read_progress(out / "progress") == list(range(1, ITERATIONS + 1))
-    (digest, other) = _digests(out)
+def uninterrupted(two_rank_reference) -> str:
+    """The weights' digest of an uninterrupted 2-rank run with these arguments (both ranks' the same)."""
+    digest, other = _digests(two_rank_reference)
     assert digest == other
     return digest
 
