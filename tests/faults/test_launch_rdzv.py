@@ -78,17 +78,17 @@ def _end(proc: subprocess.Popen, timeout_s: float) -> None:
 def test_a_silent_endpoint_is_named_at_once_and_the_launch_stops_within_the_bound(tmp_path, silent_port, nnodes):
     endpoint = f"127.0.0.1:{silent_port}"
     proc, started = _launch(
-        tmp_path, "--nnodes", nnodes, "--rdzv-endpoint", endpoint, "--rdzv-id", f"job{nnodes}", "--rdzv-timeout", "5"
+        tmp_path, "--nnodes", nnodes, "--rdzv-endpoint", endpoint, "--rdzv-id", f"job{nnodes}", "--rdzv-timeout", "2"
     )
     _end(proc, 30)
     took = time.monotonic() - started
     out = (tmp_path / "launch.log").read_text()
     assert proc.returncode != 0, out
     assert took < 30, took
-    assert f"waiting for the rendezvous at {endpoint}" in out and "(up to 5 s; --rdzv-timeout)" in out, out
+    assert f"waiting for the rendezvous at {endpoint}" in out and "(up to 2 s; --rdzv-timeout)" in out, out
     final = [line for line in out.splitlines() if line.startswith("monai-fast launch: ")]
     assert len(final) == 1, out
-    assert f"no rendezvous at {endpoint} within --rdzv-timeout 5 s" in final[0], out
+    assert f"no rendezvous at {endpoint} within --rdzv-timeout 2 s" in final[0], out
     assert "accepts connections" in final[0] and "free port" in final[0], out
     assert "Traceback" not in out, out
     assert not (tmp_path / "ran").exists()
