@@ -235,7 +235,7 @@ def _zoo_pieces(parser: Any) -> _Pieces:
     )
 
 
-def _auto3dseg_pieces(parser: Any, root: Path) -> _Pieces:
+def _auto3dseg_pieces(parser: Any) -> _Pieces:
     """An Auto3DSeg algorithm's pieces: its hyper-parameters (``training#...`` or at the top) and ``network``."""
     p = "training#" if "training#num_images_per_batch" in parser else ""
 
@@ -277,7 +277,7 @@ def _auto3dseg_pieces(parser: Any, root: Path) -> _Pieces:
         roi=roi,
         overlap=float(overlap),
         num_samples=int(samples or 1),
-        val_shape=_auto3dseg_val_shape(parser, root, p) or roi,
+        val_shape=_auto3dseg_val_shape(parser, p) or roi,
         in_channels=int(value("input_channels", "input_channels")[1]),
         out_channels=int(value("output_classes", "output_classes")[1]),
         amp=bool(amp),
@@ -332,7 +332,7 @@ def tune_bundle(
         files = bundle_config_files(root, config_files)
     parser = _parser(root, files, overrides or {})
     auto3dseg = any(cid in parser for cid in ("training#num_images_per_batch", "num_images_per_batch"))
-    pieces = _auto3dseg_pieces(parser, root) if auto3dseg else _zoo_pieces(parser)
+    pieces = _auto3dseg_pieces(parser) if auto3dseg else _zoo_pieces(parser)
     if precision is None:
         precision = "fp16" if pieces.amp and pieces.device.type == "cuda" else "fp32"
     tuner = Tuner(
@@ -398,7 +398,7 @@ def _val_shape(parser: Any) -> tuple[int, ...] | None:
     return shape if len(shape) == 3 else None
 
 
-def _auto3dseg_val_shape(parser: Any, root: Path, prefix: str) -> tuple[int, ...] | None:
+def _auto3dseg_val_shape(parser: Any, prefix: str) -> tuple[int, ...] | None:
     """The spatial size of the algorithm's first validation image after resampling, from its header alone.
 
     Reads the fold's first validation entry of the data list (``data_list_file_path``,
