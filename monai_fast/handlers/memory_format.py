@@ -4,7 +4,8 @@
 and some CPU/precision combinations) and slows them down elsewhere, so it is measured: a deep
 copy of the network (the real one, its weights and batch-norm statistics, is untouched) runs a
 forward and backward pass on a random batch of the real batch's shape, in the run's precision, in
-each layout, interleaved over a few rounds; the median decides. Under DDP rank 0 decides and
+each layout, interleaved over a few rounds; the median decides, and the rounds stop early once
+the answer is clear (a training step of a large network takes seconds on a CPU). Under DDP rank 0 decides and
 every rank takes its answer.
 
 Example:
@@ -29,7 +30,7 @@ import torch
 
 from monai_fast.handlers.throughput import batch_shape
 
-__all__ = ["MIN_GAIN", "choose_memory_format", "in_channels_last_3d"]
+__all__ = ["CLEAR_MARGIN", "MIN_GAIN", "choose_memory_format", "in_channels_last_3d", "settled"]
 
 #: the measured speed-up ``channels_last_3d`` must show to be chosen
 MIN_GAIN = 1.05
@@ -52,20 +53,43 @@ def _step_s(net: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) ->
 
 def _measure(
     network: torch.nn.Module, shape: torch.Size, device: torch.device, dtype: torch.dtype | None, rounds: int
-) -> tuple[float, float]:
-    """Median seconds of a training step in the default layout and in ``channels_last_3d``."""
+) -> tuple[float, float, int]:
+    """Median seconds of a training step in the default layout and in ``channels_last_3d``, and the rounds run."""
     plain = copy.deepcopy(network).to(device).train()
     last = copy.deepcopy(network).to(device).train().to(memory_format=torch.channels_last_3d)
     x = torch.randn(shape, device=device)
     x_last = x.contiguous(memory_format=torch.channels_last_3d)
     warm = _step_s(plain, x, dtype), _step_s(last, x_last, dtype)  # warm-up: allocator, kernel choice
     if rounds < 1:
-        return warm
+        return (*warm, 0)
     times: dict[str, list[float]] = {"plain": [], "last": []}
     for _ in range(rounds):
         times["plain"].append(_step_s(plain, x, dtype))
         times["last"].append(_step_s(last, x_last, dtype))
-    return statistics.median(times["plain"]), statistics.median(times["last"])
+        if settled(times["plain"], times["last"]):
+            break
+    return statistics.median(times["plain"]), statistics.median(times["last"]), len(times["plain"])
+
+
+#: how far from :data:`MIN_GAIN` a measured gain must be for one round to decide (step times vary by a few %)
+CLEAR_MARGIN = 1.2
+
+
+def settled(plain_s: list[float], last_s: list[float]) -> bool:
+    """Whether the rounds so far decide the layout: the gain is clearly above or below :data:`MIN_GAIN`.
+
+    A large network's training step takes seconds on a CPU, and each round runs two of them, so the
+    measurement stops as soon as the answer cannot change (a clear gain or a clear loss) instead of
+    always running every round.
+
+    Example:
+        >>> settled([1.0], [0.5]), settled([1.0], [1.6]), settled([1.0], [0.97])
+        (True, True, False)
+    """
+    if not plain_s or not last_s:
+        return False
+    gain = statistics.median(plain_s) / max(statistics.median(last_s), 1e-12)
+    return gain >= MIN_GAIN * CLEAR_MARGIN or gain <= 1.0 / CLEAR_MARGIN
 
 
 def in_channels_last_3d(network: torch.nn.Module) -> bool:
@@ -101,7 +125,8 @@ def choose_memory_format(
         dtype: the autocast dtype of the run, ``None`` for fp32.
         request: ``"auto"`` (measure), ``"channels_last_3d"`` (use it if the network accepts it)
             or ``"contiguous"``.
-        rounds: interleaved measurements per layout.
+        rounds: interleaved measurements per layout, at most: they stop once the answer is clear
+            (:func:`settled`).
     """
     if request == "contiguous":
         return "contiguous", "the default layout requested"
@@ -119,7 +144,7 @@ def choose_memory_format(
             with torch.random.fork_rng(
                 devices=[device] if device.type == "cuda" else []
             ):  # the run's random stream is untouched
-                plain_s, last_s = _measure(net, shape, device, dtype, rounds if request == "auto" else 0)
+                plain_s, last_s, ran = _measure(net, shape, device, dtype, rounds if request == "auto" else 0)
         except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
             decision = ["contiguous", f"the network rejects channels_last_3d ({type(e).__name__}: {e})"]
         else:
@@ -130,7 +155,7 @@ def choose_memory_format(
                 decision = [
                     "channels_last_3d",
                     f"a training step measured {gain:.2f}x faster in it ({last_s * 1e3:.0f} ms vs "
-                    f"{plain_s * 1e3:.0f} ms, median of {rounds}, batch {tuple(shape)})",
+                    f"{plain_s * 1e3:.0f} ms, median of {ran}, batch {tuple(shape)})",
                 ]
             else:
                 decision = [
