@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from monai_fast.files import write_json
+from monai_fast.telemetry import device_description
 from monai_fast.telemetry.precision import cpu_has_bf16_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
+            "description": device_description("cpu"),
             "python": platform.python_version(),
             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
             "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),

@@ -204,9 +204,24 @@ def _bundle_sweep(d: dict) -> str:
     rows = d.get("rows", [])
     builds = sum(1 for r in rows if r.get("builds"))
     trains = sum(1 for r in rows if r.get("trains"))
+    measured = []
+    for r in rows:
+        if r.get("speedup"):
+            pairs = r.get("speedup_pairs") or []
+            dice = ", ".join(
+                f"{p['published_metric']:.3f} / {p['fast_metric']:.3f}"
+                for p in pairs
+                if p.get("published_metric") is not None and p.get("fast_metric") is not None
+            )
+            measured.append(
+                f"{r['bundle']} {r['speedup']:.2f}x per epoch over {r.get('speedup_epochs')} epochs"
+                + (f" (final metric published / fast {dice})" if dice else "")
+                + ("" if r.get("speedup_validated", True) else " (training only)")
+            )
     return (
         f"Model Zoo sweep ({(d.get('zoo_commit') or '?')[:7]}): {len(rows)} bundles, {builds} build, "
         f"{trains} train 2 iterations with FastTraining (the table is on the bundles page)"
+        + ("; measured: " + "; ".join(measured) if measured else "")
     )
 
 
@@ -243,11 +258,11 @@ def _machine(d: dict) -> str:
     if isinstance(m, str):
         return m
     if isinstance(m, dict):
-        text = m.get("device") or m.get("processor") or ""
-        if m.get("onednn_max_cpu_isa"):
-            text += f", ISA limited to {m['onednn_max_cpu_isa']}"
+        text = m.get("device") or m.get("description") or m.get("processor") or ""
         if not text and m.get("cpus"):
             text = f"CPU ({m['cpus']} logical CPUs)"
+        if m.get("onednn_max_cpu_isa"):
+            text += f", ISA limited to {m['onednn_max_cpu_isa']}"
         if m.get("torch"):
             text += f", torch {m['torch']}"
         return text or "not recorded"
