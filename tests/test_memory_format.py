@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
-from monai_fast.handlers.memory_format import MIN_GAIN, choose_memory_format, settled
+from monai_fast.handlers import memory_format
+from monai_fast.handlers.memory_format import MIN_GAIN, choose_memory_format, measure_budget_s, settled
 
 
 class _Timed(torch.nn.Module):
@@ -24,7 +26,7 @@ class _Timed(torch.nn.Module):
         return self.conv(x)
 
 
-def _steps(plain_s: float, last_s: float) -> tuple[int, str, str]:
+def _steps(plain_s: float, last_s: float, planned_steps: int | None = None) -> tuple[int, str, str]:
     net = _Timed(plain_s, last_s)
     counted = []
     # the measurement runs deep copies: count the copies' forward calls through the class
@@ -36,7 +38,8 @@ def _steps(plain_s: float, last_s: float) -> tuple[int, str, str]:
 
     _Timed.forward = counting
     try:
-        choice, why = choose_memory_format(net, {"image": torch.zeros(2, 2, 8, 8, 8)}, "cpu", None, "auto", rounds=3)
+        batch = {"image": torch.zeros(2, 2, 8, 8, 8)}
+        choice, why = choose_memory_format(net, batch, "cpu", None, "auto", rounds=3, planned_steps=planned_steps)
     finally:
         _Timed.forward = original
     return len(counted), choice, why
@@ -47,10 +50,41 @@ def test_a_clear_loss_or_gain_stops_after_one_round_and_a_close_call_runs_every_
     assert (steps, choice) == (2 + 2, "contiguous"), why  # the warm-up pair, then one timed pair
     steps, choice, why = _steps(0.08, 0.01)  # clearly faster
     assert (steps, choice) == (2 + 2, "channels_last_3d") and "median of 1" in why, why
-    steps, choice, why = _steps(0.03, 0.03)  # too close to call after one round: all three
+    steps, choice, why = _steps(0.1, 0.1)  # too close to call after one round: all three
     assert (steps, choice) == (2 + 2 * 3, "contiguous"), why
 
 
 def test_settled_needs_a_margin_around_the_threshold():
     assert settled([1.0], [0.5]) and settled([1.0], [1.6])
     assert not settled([1.0], [1.0 / MIN_GAIN]) and not settled([1.0], [1.02]) and not settled([], [])
+
+
+def test_a_near_tie_measures_every_round_for_a_long_run_and_one_for_a_short_one(monkeypatch):
+    # the floor scaled down with the step (0.1 s here, seconds for a large network on a CPU)
+    monkeypatch.setattr(memory_format, "MEASURE_MIN_S", 0.3)
+    assert _steps(0.1, 0.1, planned_steps=6)[0] == 2 + 2  # a 6-step run: its budget ends after one round
+    assert _steps(0.1, 0.1, planned_steps=100_000)[0] == 2 + 2 * 3  # a long one: every round
+    assert measure_budget_s(None, 5.0) == float("inf") and measure_budget_s(6, 6.5) == pytest.approx(0.39)
+
+
+def test_fast_training_bounds_the_measurement_by_the_runs_planned_steps(tiny_files, monkeypatch):
+    """FastTraining passes the trainer's max_epochs x epoch_length (a real MONAI trainer, 2 epochs); the real
+    measurement runs under the spy."""
+    from test_fast_training import _user_trainer
+
+    from monai_fast.handlers import FastTraining
+
+    trainer, evaluator = _user_trainer(tiny_files, max_epochs=2)
+    seen = {}
+    original = memory_format.choose_memory_format
+
+    def spy(*args, **kwargs):
+        seen["planned_steps"] = kwargs.get("planned_steps")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr("monai_fast.handlers.fast_training.choose_memory_format", spy)
+    fast = FastTraining(evaluator=False)
+    fast.attach(trainer, evaluator)
+    trainer.run()
+    assert seen["planned_steps"] == 2 * trainer.state.epoch_length > 0
+    assert "memory_format" in fast.applied

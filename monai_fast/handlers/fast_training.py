@@ -388,7 +388,11 @@ class FastTraining(EngineHandler):
     def _memory_format(self, trainer: Workflow, device: torch.device) -> None:
         network = trainer.network
         dtype = self.amp.autocast_dtype if self.amp is not None and self.amp.active else None
-        choice, reason = choose_memory_format(network, trainer.state.batch, device, dtype, self.memory_format)
+        state = trainer.state
+        planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
+        choice, reason = choose_memory_format(
+            network, state.batch, device, dtype, self.memory_format, planned_steps=planned
+        )
         # both ways: a network the user (or a recipe) put in channels_last_3d goes back when contiguous wins
         network.to(memory_format=torch.channels_last_3d if choice == "channels_last_3d" else torch.contiguous_format)
         self._say("memory_format", choice == "channels_last_3d", choice, reason)

@@ -4,8 +4,9 @@
 and some CPU/precision combinations) and slows them down elsewhere, so it is measured: a deep
 copy of the network (the real one, its weights and batch-norm statistics, is untouched) runs a
 forward and backward pass on a random batch of the real batch's shape, in the run's precision, in
-each layout, interleaved over a few rounds; the median decides, and the rounds stop early once
-the answer is clear (a training step of a large network takes seconds on a CPU). Under DDP rank 0 decides and
+each layout, interleaved over a few rounds; the median decides. The rounds stop early once the answer
+is clear, or once they took their share of the planned run: a training step of a large network takes
+seconds on a CPU, and a near-tie is worth more measuring to a long run than to a short one. Under DDP rank 0 decides and
 every rank takes its answer.
 
 Example:
@@ -30,7 +31,16 @@ import torch
 
 from monai_fast.handlers.throughput import batch_shape
 
-__all__ = ["CLEAR_MARGIN", "MIN_GAIN", "choose_memory_format", "in_channels_last_3d", "settled"]
+__all__ = [
+    "CLEAR_MARGIN",
+    "MEASURE_MIN_S",
+    "MEASURE_SHARE",
+    "MIN_GAIN",
+    "choose_memory_format",
+    "in_channels_last_3d",
+    "measure_budget_s",
+    "settled",
+]
 
 #: the measured speed-up ``channels_last_3d`` must show to be chosen
 MIN_GAIN = 1.05
@@ -52,9 +62,19 @@ def _step_s(net: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) ->
 
 
 def _measure(
-    network: torch.nn.Module, shape: torch.Size, device: torch.device, dtype: torch.dtype | None, rounds: int
+    network: torch.nn.Module,
+    shape: torch.Size,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    rounds: int,
+    planned_steps: int | None = None,
 ) -> tuple[float, float, int]:
-    """Median seconds of a training step in the default layout and in ``channels_last_3d``, and the rounds run."""
+    """Median seconds of a training step in the default layout and in ``channels_last_3d``, and the rounds run.
+
+    The rounds stop once the answer is clear (:func:`settled`), or once they took their share of the run
+    (:func:`measure_budget_s` of ``planned_steps`` at the warm-up's step time); at least one round runs.
+    """
+    started = time.perf_counter()
     plain = copy.deepcopy(network).to(device).train()
     last = copy.deepcopy(network).to(device).train().to(memory_format=torch.channels_last_3d)
     x = torch.randn(shape, device=device)
@@ -62,17 +82,38 @@ def _measure(
     warm = _step_s(plain, x, dtype), _step_s(last, x_last, dtype)  # warm-up: allocator, kernel choice
     if rounds < 1:
         return (*warm, 0)
+    budget_s = measure_budget_s(planned_steps, min(warm))
     times: dict[str, list[float]] = {"plain": [], "last": []}
     for _ in range(rounds):
         times["plain"].append(_step_s(plain, x, dtype))
         times["last"].append(_step_s(last, x_last, dtype))
-        if settled(times["plain"], times["last"]):
+        if settled(times["plain"], times["last"]) or time.perf_counter() - started >= budget_s:
             break
     return statistics.median(times["plain"]), statistics.median(times["last"]), len(times["plain"])
 
 
 #: how far from :data:`MIN_GAIN` a measured gain must be for one round to decide (step times vary by a few %)
 CLEAR_MARGIN = 1.2
+#: the share of the run's planned training time the measurement may take beyond its first round
+MEASURE_SHARE = 0.01
+#: and the seconds it may always take (a short run of a small network measures every round)
+MEASURE_MIN_S = 10.0
+
+
+def measure_budget_s(planned_steps: int | None, step_s: float) -> float:
+    """Seconds the layout measurement may run: :data:`MEASURE_SHARE` of the planned run, at least
+    :data:`MEASURE_MIN_S`; unbounded when the run's length is not known.
+
+    A near-tie costs a long run more than the measurement does, a short run less: a 6-iteration run of a
+    network whose step takes 6 s measures one round, a 2000-iteration one every round.
+
+    Example:
+        >>> measure_budget_s(6, 6.5), measure_budget_s(2000, 6.5)
+        (10.0, 130.0)
+    """
+    if planned_steps is None or planned_steps <= 0:
+        return float("inf")
+    return max(MEASURE_MIN_S, MEASURE_SHARE * planned_steps * step_s)
 
 
 def settled(plain_s: list[float], last_s: list[float]) -> bool:
@@ -115,6 +156,7 @@ def choose_memory_format(
     dtype: torch.dtype | None,
     request: str = "auto",
     rounds: int = 3,
+    planned_steps: int | None = None,
 ) -> tuple[str, str]:
     """``("channels_last_3d" | "contiguous", reason)`` for ``network`` on batches like ``batch``.
 
@@ -126,7 +168,9 @@ def choose_memory_format(
         request: ``"auto"`` (measure), ``"channels_last_3d"`` (use it if the network accepts it)
             or ``"contiguous"``.
         rounds: interleaved measurements per layout, at most: they stop once the answer is clear
-            (:func:`settled`).
+            (:func:`settled`) or the measurement took its share of the run (:func:`measure_budget_s`).
+        planned_steps: the run's planned training iterations (epochs x epoch length), which bound the
+            measurement's time; ``None``: every round unless the answer is clear.
     """
     if request == "contiguous":
         return "contiguous", "the default layout requested"
@@ -144,7 +188,9 @@ def choose_memory_format(
             with torch.random.fork_rng(
                 devices=[device] if device.type == "cuda" else []
             ):  # the run's random stream is untouched
-                plain_s, last_s, ran = _measure(net, shape, device, dtype, rounds if request == "auto" else 0)
+                plain_s, last_s, ran = _measure(
+                    net, shape, device, dtype, rounds if request == "auto" else 0, planned_steps
+                )
         except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
             decision = ["contiguous", f"the network rejects channels_last_3d ({type(e).__name__}: {e})"]
         else:
