@@ -219,8 +219,9 @@ def _bundle_sweep(d: dict) -> str:
                 + ("" if r.get("speedup_validated", True) else " (training only)")
             )
     return (
-        f"Model Zoo sweep ({(d.get('zoo_commit') or '?')[:7]}): {len(rows)} bundles, {builds} build, "
-        f"{trains} train 2 iterations with FastTraining (the table is on the bundles page)"
+        f"Model Zoo sweep ({(d.get('zoo_commit') or '?')[:7]}): {len(rows)} bundle{'s' * (len(rows) != 1)}, "
+        f"{builds} build{'s' * (builds == 1)}, "
+        f"{trains} train{'s' * (trains == 1)} 2 iterations with FastTraining (the table is on the bundles page)"
         + ("; measured: " + "; ".join(measured) if measured else "")
     )
 
