@@ -14,7 +14,6 @@ rewritten after every step, so a suite killed midway still leaves what it measur
 
     python benchmarks/gpu_suite.py                       # CUDA, about 25 minutes on one H100
     python benchmarks/gpu_suite.py --device cpu --tiny   # every step at toy size, about 2 minutes
-    python benchmarks/gpu_suite.py --device cpu --tiny --lanes 2   # the same, two steps at a time
     python benchmarks/gpu_suite.py --steps race --race-budget 60 --commit 1b837d1
 
 Exit status 0 when every step passed, 1 otherwise, 2 for a bad option.
@@ -31,7 +30,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +54,6 @@ STEPS = (
     "kernels",
     "nvtx",
 )
-#: steps that read one scratch data set (the ``data`` probe's): with ``--lanes`` they share a lane, in order
-SAME_LANE = (("race", "overlaps"),)
 logger = logging.getLogger("gpu_suite")
 
 
@@ -282,12 +278,8 @@ def step_plan(s: Suite, name: str) -> tuple[list[list[str]], float]:
     return [s.probe(name)], 300 if tiny else 600
 
 
-def run_logged(
-    argv: list[str], log: Path, timeout_s: float, env: dict[str, str] | None = None
-) -> tuple[int | None, str | None]:
+def run_logged(argv: list[str], log: Path, timeout_s: float) -> tuple[int | None, str | None]:
     """Run ``argv`` with stdout and stderr appended to ``log``; its whole process group is ended at ``timeout_s``.
-
-    ``env`` adds to (or replaces in) this process's environment.
 
     Returns ``(exit status, None)``, or ``(None, why)`` when it timed out or could not start.
     """
@@ -301,7 +293,7 @@ def run_logged(
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath(), **(env or {})},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath()},
             )
         except OSError as e:
             return None, f"could not start {argv[0]}: {e}"
@@ -333,18 +325,15 @@ def _tail(log: Path, lines: int = 25) -> str:
         return ""
 
 
-def run_step(s: Suite, name: str, env: dict[str, str] | None = None) -> dict:
-    """Run step ``name``; its status (``passed``/``failed``), time, log and collected results.
-
-    ``env`` is added to each of its commands' environment.
-    """
+def run_step(s: Suite, name: str) -> dict:
+    """Run step ``name``; its status (``passed``/``failed``), time, log and collected results."""
     commands, limit = step_plan(s, name)
     limit = s.step_timeout or limit
     log = s.out / "logs" / f"{name}.log"
     t0 = time.monotonic()
     rc, error = 0, None
     for argv in commands:
-        rc, error = run_logged(argv, log, max(1.0, limit - (time.monotonic() - t0)), env)
+        rc, error = run_logged(argv, log, max(1.0, limit - (time.monotonic() - t0)))
         if error == "timed out":
             error = f"timed out after {limit:.0f} s, the step's limit (its process group was ended)"
         elif error is None and rc != 0:
@@ -368,27 +357,6 @@ def run_step(s: Suite, name: str, env: dict[str, str] | None = None) -> dict:
     return entry
 
 
-def split_lanes(steps: list[str], lanes: int) -> list[list[str]]:
-    """``steps`` dealt over ``lanes`` in turn, each keeping the suite's order; :data:`SAME_LANE` groups stay together.
-
-    Example:
-        >>> split_lanes(["pytest", "race", "overlaps", "lab", "nvtx"], 2)
-        [['pytest', 'lab'], ['race', 'overlaps', 'nvtx']]
-    """
-    units: list[list[str]] = []
-    for name in steps:
-        group = next((g for g in SAME_LANE if name in g), None)
-        unit = next((u for u in units if group and u[0] in group), None)
-        if unit is not None:
-            unit.append(name)
-        else:
-            units.append([name])
-    out: list[list[str]] = [[] for _ in range(max(1, min(lanes, len(units))))]
-    for i, unit in enumerate(units):
-        out[i % len(out)].extend(unit)
-    return out
-
-
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default %(default)s)")
@@ -401,12 +369,6 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Argument
     p.add_argument("--race-budget", type=float, help="seconds per recipe and repeat (default 120; --tiny 30)")
     p.add_argument("--race-repeats", type=int, help="race repeats (default 2; --tiny 1)")
     p.add_argument("--step-timeout", type=float, help="one time limit in seconds for every step (default: per step)")
-    p.add_argument(
-        "--lanes",
-        type=int,
-        default=1,
-        help="with --tiny: run the steps in this many lanes side by side (a quicker check; default 1)",
-    )
     return p.parse_args(argv), p
 
 
@@ -436,10 +398,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--race-budget must be > 0, got {args.race_budget}")
     if args.race_repeats is not None and args.race_repeats < 1:
         p.error(f"--race-repeats must be >= 1, got {args.race_repeats}")
-    if args.lanes < 1:
-        p.error(f"--lanes must be >= 1, got {args.lanes}")
-    if args.lanes > 1 and not args.tiny:
-        p.error("--lanes runs steps side by side, which skews their timings: only with --tiny (a check of the suite)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     stamp = dt.datetime.now()
     out = Path(
@@ -474,39 +432,19 @@ def main(argv: list[str] | None = None) -> int:
     }
     json_path = out / "gpu_suite.json"
     write_json(doc, json_path)
-    written = threading.Lock()
-
-    def run_lane(lane: list[str], env: dict[str, str] | None) -> None:
-        for name in lane:
-            logger.info("step %s ...", name)
-            entry = run_step(suite, name, env)
-            with written:
-                doc["steps"][name] = entry
-                doc[entry["status"]].append(name)
-                write_json(doc, json_path)
-            logger.info(
-                "step %s %s in %.0f s%s",
-                name,
-                entry["status"],
-                entry["seconds"],
-                "" if entry["error"] is None else f": {entry['error']} (see {out / entry['log']})",
-            )
-
-    lanes = split_lanes(list(args.steps), args.lanes)
-    if len(lanes) == 1:
-        run_lane(lanes[0], None)
-    else:
-        # each lane its own cache folder: steps that write the same synthetic set at once would collide
-        threads = [
-            threading.Thread(target=run_lane, args=(lane, {"MONAI_FAST_CACHE": str(work / f"cache-lane{i}")}))
-            for i, lane in enumerate(lanes)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        doc["steps"] = {name: doc["steps"][name] for name in args.steps if name in doc["steps"]}
+    for name in args.steps:
+        logger.info("step %s ...", name)
+        entry = run_step(suite, name)
+        doc["steps"][name] = entry
+        doc[entry["status"]].append(name)
         write_json(doc, json_path)
+        logger.info(
+            "step %s %s in %.0f s%s",
+            name,
+            entry["status"],
+            entry["seconds"],
+            "" if entry["error"] is None else f": {entry['error']} (see {out / entry['log']})",
+        )
     if not args.keep_work and not args.work:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"passed": doc["passed"], "failed": doc["failed"]}))
