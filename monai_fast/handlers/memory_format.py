@@ -6,8 +6,8 @@ copy of the network (the real one, its weights and batch-norm statistics, is unt
 forward and backward pass on a random batch of the real batch's shape, in the run's precision, in
 each layout, interleaved over a few rounds; the median decides. The rounds stop early once the answer
 is clear, or once they took their share of the planned run: a training step of a large network takes
-seconds on a CPU, and a near-tie is worth more measuring to a long run than to a short one. Under DDP rank 0 decides and
-every rank takes its answer.
+seconds on a CPU, and a near-tie is worth more measuring to a long run than to a short one. Under DDP
+rank 0 decides and every rank takes its answer.
 
 Example:
     >>> import torch
@@ -120,8 +120,8 @@ def settled(plain_s: list[float], last_s: list[float]) -> bool:
     """Whether the rounds so far decide the layout: the gain is clearly above or below :data:`MIN_GAIN`.
 
     A large network's training step takes seconds on a CPU, and each round runs two of them, so the
-    measurement stops as soon as the answer cannot change (a clear gain or a clear loss) instead of
-    always running every round.
+    measurement stops as soon as the answer is plain (a clear gain or a clear loss) instead of always
+    running every round.
 
     Example:
         >>> settled([1.0], [0.5]), settled([1.0], [1.6]), settled([1.0], [0.97])
