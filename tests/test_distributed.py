@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from ignite import distributed as idist
+from tutorial_runs import tutorial_args
 
 from monai_fast.distributed import LaunchEnv, detect, pick_backend, run
 from monai_fast.distributed.model import fix_zero_grad_signature, rank_share
@@ -308,19 +309,8 @@ def _job_state(job: str, env) -> str:
 
 
 def test_sbatch_job_preempted_requeues_and_resumes(slurm, tmp_path, tiny_spleen):
-    common = [
-        str(TUTORIAL),
-        "--tiny",
-        "--fp32",
-        "--batch-size",
-        "1",
-        "--data-dir",
-        str(tiny_spleen),
-        "--max-epochs",
-        "3",
-    ]
     ref = subprocess.run(
-        [sys.executable, *common, "--out", str(tmp_path / "ref")], capture_output=True, text=True, timeout=300
+        [sys.executable, *tutorial_args(tiny_spleen, tmp_path / "ref")], capture_output=True, text=True, timeout=300
     )
     assert ref.returncode == 0, ref.stderr[-2000:]
     expected = json.loads((tmp_path / "ref" / "rank0.json").read_text())
@@ -329,8 +319,11 @@ def test_sbatch_job_preempted_requeues_and_resumes(slurm, tmp_path, tiny_spleen)
     job = tmp_path / "job.sh"
     job.write_text(
         "#!/bin/bash\n#SBATCH --ntasks=1\n#SBATCH --requeue\n"
-        f"exec {sys.executable} {' '.join(common)} --out {out} --checkpoint-dir {tmp_path / 'ckpt'} "
-        f"--progress-file {prog}\n"
+        f"exec {sys.executable} "
+        + " ".join(
+            tutorial_args(tiny_spleen, out, "--checkpoint-dir", str(tmp_path / "ckpt"), "--progress-file", str(prog))
+        )
+        + "\n"
     )
     jid = (
         subprocess.run(

@@ -7,8 +7,8 @@ from pathlib import Path
 TUTORIAL = Path(__file__).resolve().parents[1] / "tutorials" / "distributed_train.py"
 
 
-def tutorial_args(data: Path, out: Path, *extra: str) -> list[str]:
-    """``tutorials/distributed_train.py`` at the reference's settings (fp32, batch 1, 3 epochs), plus ``extra``."""
+def tutorial_args(data: Path, out: Path, *extra: str, epochs: int = 3) -> list[str]:
+    """``tutorials/distributed_train.py`` at the reference's settings (fp32, batch 1, ``epochs``), plus ``extra``."""
     return [
         str(TUTORIAL),
         "--tiny",
@@ -20,6 +20,6 @@ def tutorial_args(data: Path, out: Path, *extra: str) -> list[str]:
         "--out",
         str(out),
         "--max-epochs",
-        "3",
+        str(epochs),
         *extra,
     ]

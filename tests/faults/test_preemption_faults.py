@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 from ignite.engine import Engine, Events
+from tutorial_runs import tutorial_args
 
 from monai_fast.handlers import Preemption
-
-TUTORIAL = Path(__file__).resolve().parents[2] / "tutorials" / "distributed_train.py"
 
 
 def _engine(tmp_path: Path, net: torch.nn.Module | None = None, **kwargs):
@@ -84,26 +83,8 @@ def test_rerunning_a_finished_run_is_a_no_op_and_more_epochs_continue(tmp_path, 
 
 
 def _tutorial(data: Path, out: Path, ck: Path, prog: Path, epochs: int) -> list[str]:
-    return [
-        sys.executable,
-        str(TUTORIAL),
-        "--tiny",
-        "--fp32",
-        "--batch-size",
-        "1",
-        "--data-dir",
-        str(data),
-        "--out",
-        str(out),
-        "--max-epochs",
-        str(epochs),
-        "--checkpoint-dir",
-        str(ck),
-        "--save-every",
-        "4",
-        "--progress-file",
-        str(prog),
-    ]
+    extra = ("--checkpoint-dir", str(ck), "--save-every", "4", "--progress-file", str(prog))
+    return [sys.executable, *tutorial_args(data, out, *extra, epochs=epochs)]
 
 
 def test_requeued_finished_tutorial_run_does_not_retrain(tmp_path, tiny_spleen):
