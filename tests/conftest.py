@@ -38,7 +38,7 @@ def two_rank_reference(tmp_path_factory, tiny_spleen) -> Path:
 
     fp32, batch 1, 3 epochs on ``tiny_spleen``: 2 iterations per epoch and rank, bit-reproducible on a CPU. Two
     ranks end with the same weights whether they share a node or not (checked), so the torchrun, preemption and
-    elastic-restart tests compare against this one run.
+    elastic-restart tests compare against this one run (made once per pytest worker).
     """
     out = tmp_path_factory.mktemp("two-rank-reference")
     done = subprocess.run(

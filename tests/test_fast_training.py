@@ -32,6 +32,7 @@ from monai.utils import set_determinism
 from torch.utils.data import TensorDataset
 
 from monai_fast.data.loaders import SafeThreadDataLoader
+from monai_fast.distributed import free_port
 from monai_fast.handlers import FastTraining, NonFiniteGuard, PrefetchChoice, RecordHandler, TimeBreakdown
 from monai_fast.handlers.lifecycle import handlers_on
 from monai_fast.telemetry.record import Kind, Source, load_record, select
@@ -298,7 +299,8 @@ def test_two_ranks_with_a_distributed_sampler_cache_only_their_share_and_agree(
         monkeypatch.setenv(
             "PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
         )
-    with idist.Parallel(backend=backend, nproc_per_node=2) as parallel:
+    port = {} if backend == "horovod" else {"master_port": free_port()}  # ignite's fixed default clashes
+    with idist.Parallel(backend=backend, nproc_per_node=2, **port) as parallel:
         parallel.run(_rank_items, tiny_files, tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["decisions"] == ranks[1]["decisions"] and "memory_format" in ranks[0]["decisions"], ranks

@@ -11,6 +11,7 @@ from monai.transforms import Lambdad
 
 from monai_fast.data.items import DataItemError
 from monai_fast.data.smartcache import SafeSmartCacheDataset
+from monai_fast.distributed import free_port
 from monai_fast.handlers import SmartCacheUpdater
 
 ITEMS = [{"image": f"/data/image{i}.nii.gz", "id": i} for i in range(1, 6)]
@@ -209,7 +210,7 @@ def _ddp_main(local_rank, out_dir):
 
 def test_two_gloo_ranks_fail_together(tmp_path):
     # a real 2-process gloo group: rank 1's replacement fails; rank 0 must not carry on alone
-    with idist.Parallel(backend="gloo", nproc_per_node=2, start_method="fork") as parallel:
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port(), start_method="fork") as parallel:
         parallel.run(_ddp_main, str(tmp_path))
     assert "rank 1 cannot read item 5" in (tmp_path / "rank1.txt").read_text()
     assert "failed on another rank" in (tmp_path / "rank0.txt").read_text()

@@ -28,6 +28,7 @@ from torch.utils.data import DistributedSampler
 from monai_fast.data.items import DataItemError
 from monai_fast.data.loaders import SafeThreadDataLoader
 from monai_fast.data.smartcache import SafeSmartCacheDataset
+from monai_fast.distributed import free_port
 from monai_fast.handlers import FastTraining, SmartCacheUpdater
 from monai_fast.handlers.lifecycle import handlers_on
 
@@ -312,7 +313,7 @@ def _ddp_main(local_rank, out_dir):
 
 
 def test_two_gloo_ranks_fail_together_in_both_modes_and_adoption_partitions_the_items(tmp_path):
-    with idist.Parallel(backend="gloo", nproc_per_node=2, start_method="fork") as parallel:
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port(), start_method="fork") as parallel:
         parallel.run(_ddp_main, str(tmp_path))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     for mode in ("adopted", "monai"):

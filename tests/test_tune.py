@@ -12,6 +12,7 @@ from ignite import distributed as idist
 from monai.losses import DiceCELoss
 from monai.networks.nets import UNet
 
+from monai_fast.distributed import free_port
 from monai_fast.recipes import RecipeConfig
 from monai_fast.recipes.tuning import tune_recipe
 from monai_fast.tune import (
@@ -448,7 +449,7 @@ def _ddp_tune(local_rank, out_dir, fail_with):
 @pytest.mark.parametrize("fail_with", [None, KeyError])
 def test_two_gloo_ranks_agree_on_infeasible_candidates(tmp_path, fail_with):
     # spawn, not fork: this process has already run torch's thread pools, which a forked child can deadlock on
-    with idist.Parallel(backend="gloo", nproc_per_node=2, start_method="spawn") as parallel:
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port(), start_method="spawn") as parallel:
         parallel.run(_ddp_tune, str(tmp_path), fail_with)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     if fail_with is None:
