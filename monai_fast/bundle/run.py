@@ -44,7 +44,7 @@ TRAINER_ID = "train#trainer"  #: where the Model Zoo's train configs put the tra
 EVALUATOR_ID = "validate#evaluator"  #: and the evaluator
 RUN_ID = "run"  #: the run section of the Model Zoo's train configs
 LEGACY_RUN_ID = "training"  #: its older name, run when a config has no ``run`` section
-_CONFIG_NAMES = ("train.json", "train.yaml", "train.yml")
+TRAIN_CONFIG_NAMES = ("train.json", "train.yaml", "train.yml")  #: the train config a bundle folder is read from
 
 
 class BundleError(ValueError):
@@ -141,7 +141,7 @@ def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Seque
     if not root.is_dir():
         raise BundleError(f"bundle folder {root} does not exist")
     if config_files is None:
-        for name in _CONFIG_NAMES:
+        for name in TRAIN_CONFIG_NAMES:
             if (root / "configs" / name).is_file():
                 return [root / "configs" / name]
         raise BundleError(f"{root / 'configs'} has no train.json or train.yaml; name the config with --config_file")

@@ -1,0 +1,181 @@
+"""An algorithm folder that Auto3DSeg generated, read for the bundle tuner.
+
+Auto3DSeg (``monai.apps.auto3dseg``) writes each algorithm as a folder whose ``configs/`` holds
+``hyper_parameters.yaml`` and its neighbours (``network.yaml``, ``transforms_*.yaml``), with no
+train config; its ``BundleAlgo`` passes every ``.yaml``/``.json`` file of ``configs/`` to the
+algorithm's training script in name order. So an override file written there
+(``configs/tuned.json``) is read after the files it overrides, with no change to Auto3DSeg's command.
+
+The keys the tuner sets are those Auto3DSeg's own GPU customisation fills: ``num_images_per_batch``,
+``num_sw_batch_size`` and ``sw_input_on_cpu``, under the ``training`` section where the template has
+one and at the top where it has not.
+
+Example:
+    >>> from monai_fast.bundle.auto3dseg import auto3dseg_config_files
+    >>> [f.name for f in auto3dseg_config_files("work_dir/swinunetr_0")]  # doctest: +SKIP
+    ['hyper_parameters.yaml', 'network.yaml', 'transforms_infer.yaml', 'transforms_train.yaml', ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from monai_fast.bundle.pieces import TunerPieces, first_entry, optimizer_factory, size3
+from monai_fast.bundle.run import TRAIN_CONFIG_NAMES, BundleError
+from monai_fast.telemetry.cuda import cuda_available
+
+__all__ = [
+    "AUTO3DSEG_KEYS",
+    "auto3dseg_config_files",
+    "auto3dseg_pieces",
+    "is_auto3dseg_algorithm",
+    "reads_as_auto3dseg",
+]
+
+#: what the tuner sets in an Auto3DSeg-generated algorithm's ``hyper_parameters.yaml`` (the names below
+#: its ``training`` section; the templates without that section keep them at the top)
+AUTO3DSEG_KEYS = {
+    "batch": "num_images_per_batch",
+    "sw_batch": "num_sw_batch_size",
+    "val_device": "sw_input_on_cpu",
+}
+_HYPER_PARAMETERS = "hyper_parameters.yaml"
+
+
+def auto3dseg_config_files(bundle_dir: str | os.PathLike, skip: Sequence[str | os.PathLike] = ()) -> list[Path]:
+    """The config files of an Auto3DSeg-generated algorithm, as Auto3DSeg passes them to its training script.
+
+    Every ``.yaml``/``.json`` file of ``<bundle_dir>/configs`` in name order (MONAI's ``BundleAlgo``
+    builds the training command the same way), less the files in ``skip`` (the override file being
+    rewritten, so an earlier tuning is not read as the algorithm's own setting).
+
+    Raises:
+        BundleError: the folder has no ``configs/hyper_parameters.yaml``.
+    """
+    configs = Path(bundle_dir) / "configs"
+    if not (configs / _HYPER_PARAMETERS).is_file():
+        raise BundleError(f"{configs} has no {_HYPER_PARAMETERS}: not an Auto3DSeg-generated algorithm")
+    left_out = {Path(s).resolve() for s in skip}
+    return [
+        f
+        for f in sorted(configs.iterdir())
+        if f.is_file() and f.suffix in (".yaml", ".yml", ".json") and f.resolve() not in left_out
+    ]
+
+
+def is_auto3dseg_algorithm(root: Path) -> bool:
+    """Whether ``root`` is an Auto3DSeg algorithm folder: ``configs/hyper_parameters.yaml`` and no train config."""
+    configs = root / "configs"
+    return (configs / _HYPER_PARAMETERS).is_file() and not any((configs / n).is_file() for n in TRAIN_CONFIG_NAMES)
+
+
+def reads_as_auto3dseg(parser: Any) -> bool:
+    """Whether a parsed config carries Auto3DSeg's hyper-parameters (``num_images_per_batch``, in ``training`` or at
+    the top), whichever files it came from."""
+    return any(cid in parser for cid in ("training#num_images_per_batch", "num_images_per_batch"))
+
+
+def auto3dseg_pieces(parser: Any) -> TunerPieces:
+    """An Auto3DSeg algorithm's pieces: its hyper-parameters (``training#...`` or at the top) and ``network``."""
+    p = "training#" if "training#num_images_per_batch" in parser else ""
+
+    def value(name: str, *more: str, default: Any = None) -> tuple[str, Any]:
+        for cid in (p + name, *more):
+            if cid in parser and parser.get_parsed_content(cid) is not None:
+                return cid, parser.get_parsed_content(cid)
+        return p + name, default
+
+    for name in ("input_channels", "output_classes"):
+        cid, v = value(name, name)
+        if v is None:
+            raise BundleError(
+                f"{cid} is not set: Auto3DSeg fills it from the data analysis when it generates the algorithm "
+                f"(give it as {cid}=N)"
+            )
+    _, network = first_entry(
+        parser, ["network", p + "network", "training_network#network", "network_def"], "the network"
+    )
+    _, loss = first_entry(parser, [p + "loss", "loss"], "the training loss")
+    # the algorithms' scripts wrap the loss so that a network with deep supervision (segresnet's
+    # SegResNetDS returns one output per depth when training) is trained on every output
+    from monai.losses import DeepSupervisionLoss
+
+    loss = DeepSupervisionLoss(loss)
+    optimizer = optimizer_factory(parser, [p + "optimizer", "optimizer"])
+    patch_id, patch = value("roi_size", p + "patch_size", "roi_size")
+    patch = size3(patch, patch_id)
+    roi_id, roi = value("roi_size_valid", p + "patch_size_valid", "roi_size_valid", default=patch)
+    roi = size3(roi, roi_id)
+    _, overlap = value("overlap_ratio", default=0.625)
+    _, samples = value("num_patches_per_image", "num_crops_per_image", default=1)
+    _, amp = value("amp", "amp", default=False)
+    keys = {k: p + name for k, name in AUTO3DSEG_KEYS.items() if k == "batch" or p + name in parser}
+    return TunerPieces(
+        network=network,
+        loss=loss,
+        optimizer=optimizer,
+        device=torch.device("cuda" if cuda_available() else "cpu"),
+        patch=patch,
+        roi=roi,
+        overlap=float(overlap),
+        num_samples=int(samples or 1),
+        val_shape=_val_shape(parser, p) or roi,
+        in_channels=int(value("input_channels", "input_channels")[1]),
+        out_channels=int(value("output_classes", "output_classes")[1]),
+        amp=bool(amp),
+        keys=keys,
+        layout="auto3dseg",
+    )
+
+
+def _val_shape(parser: Any, prefix: str) -> tuple[int, ...] | None:
+    """The spatial size of the algorithm's first validation image after resampling, from its header alone.
+
+    Reads the fold's first validation entry of the data list (``data_list_file_path``,
+    ``data_file_base_dir``, ``fold``; Auto3DSeg's ``fold`` key in each ``training`` item, or a
+    ``validation`` list), its NIfTI header through nibabel (no voxels read), and scales the shape by
+    the header's spacing over the algorithm's target spacing where it resamples.
+    """
+    import nibabel as nib
+
+    def get(cid: str) -> Any:
+        return parser.get_parsed_content(cid) if cid in parser else None
+
+    listed, base = get("data_list_file_path"), get("data_file_base_dir")
+    if not listed or not Path(str(listed)).is_file():
+        return None
+    entries = json.loads(Path(str(listed)).read_text())
+    fold = get("fold") or 0
+    val = entries.get("validation") or [e for e in entries.get("training", []) if e.get("fold") == fold]
+    if not val:
+        return None
+    image = val[0]["image"]
+    image = image[0] if isinstance(image, (list, tuple)) else image
+    path = Path(str(base or "")) / image
+    try:
+        header = nib.load(str(path)).header
+    except (OSError, nib.filebasedimages.ImageFileError) as err:
+        raise BundleError(f"validation image {path} (from {listed}) cannot be read: {err}") from err
+    shape = tuple(int(s) for s in header.get_data_shape()[:3])
+    # the templates name the target spacing ``resample_resolution`` (``resample_to_spacing`` in older ones);
+    # those with a ``resample`` switch resample only where it is on
+    spacing = None
+    if "resample" not in parser or get("resample"):
+        spacing = next(
+            (
+                get(c)
+                for c in (prefix + "resample_resolution", prefix + "resample_to_spacing", "resample_resolution")
+                if get(c)
+            ),
+            None,
+        )
+    if spacing:
+        zooms = header.get_zooms()[:3]
+        shape = tuple(max(1, round(s * z / float(t))) for s, z, t in zip(shape, zooms, spacing))
+    return shape if len(shape) == 3 else None

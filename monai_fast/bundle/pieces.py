@@ -1,0 +1,201 @@
+"""What the bundle tuner takes from a bundle's config, and how it reads a Model Zoo bundle.
+
+The tuner (:class:`~monai_fast.tune.Tuner`) times a training step and a sliding-window validation on
+synthetic tensors, so it needs the bundle's network, loss and optimizer and the sizes it trains and
+validates with: :class:`TunerPieces`. :func:`zoo_pieces` reads them from the Model Zoo's layout
+(``network_def``, ``loss``, ``optimizer``, ``train#preprocessing``'s crop, ``validate#inferer``);
+:mod:`monai_fast.bundle.auto3dseg` reads an Auto3DSeg-generated algorithm with the helpers here.
+
+Example:
+    >>> from monai_fast.bundle.pieces import read_config, zoo_pieces
+    >>> parser = read_config(root, [root / "configs" / "train.json"], {"dataset_dir": "/data"})  # doctest: +SKIP
+    >>> zoo_pieces(parser).roi  # doctest: +SKIP
+    (96, 96, 96)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from monai_fast.bundle.run import BundleError
+
+__all__ = ["ZOO_KEYS", "TunerPieces", "first_entry", "optimizer_factory", "read_config", "size3", "zoo_pieces"]
+
+#: what the tuner sets, in the Model Zoo's config layout
+ZOO_KEYS = {
+    "batch": "train#dataloader#batch_size",
+    "sw_batch": "validate#inferer#sw_batch_size",
+    "val_device": "validate#inferer#device",
+}
+
+
+def read_config(bundle_dir: Path, files: Sequence[Path], overrides: Mapping[str, Any]):
+    """MONAI's ``ConfigParser`` over ``files`` (merged in order), the bundle's metadata and ``overrides``, parsed."""
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config([str(f) for f in files])
+    meta = bundle_dir / "configs" / "metadata.json"
+    if meta.is_file() and meta not in files:
+        parser.read_meta(str(meta))
+    pairs = {"bundle_root": str(bundle_dir), **dict(overrides)}
+    parser.update(pairs)
+    parser.parse(reset=True)
+    return parser
+
+
+def first_entry(parser: Any, ids: Sequence[str], what: str) -> tuple[str, Any]:
+    """The first of ``ids`` the config has, and its instantiated content.
+
+    Raises:
+        BundleError: none of them, naming them all and ``what`` they are for.
+    """
+    for cid in ids:
+        if cid in parser:
+            return cid, parser.get_parsed_content(cid)
+    raise BundleError(f"the config has none of {', '.join(ids)} ({what})")
+
+
+def optimizer_factory(parser: Any, ids: Sequence[str]) -> Callable[[Any], torch.optim.Optimizer]:
+    """``params -> optimizer`` built from the config's optimizer entry with the given parameters.
+
+    The entry is resolved but not instantiated, then instantiated with ``params`` for each trial: a
+    Model Zoo entry's own ``params`` (the bundle's network) is replaced, and an Auto3DSeg entry, which
+    names no ``params`` (its script adds them), gets them.
+    """
+    from monai.bundle import ConfigComponent
+
+    for cid in ids:
+        if cid in parser:
+            entry = parser.get_parsed_content(cid, instantiate=False)
+            if not isinstance(entry, ConfigComponent):
+                raise BundleError(f"{cid} is not a component with a _target_ (the optimizer)")
+            return lambda params: entry.instantiate(params=params)
+    raise BundleError(f"the config has none of {', '.join(ids)} (the optimizer)")
+
+
+def size3(value: Any, cid: str) -> tuple[int, ...]:
+    """``value`` as a 3-D size; a :class:`BundleError` naming ``cid`` when it is not one."""
+    try:
+        size = tuple(int(s) for s in value)
+    except (TypeError, ValueError):
+        size = ()
+    if len(size) != 3 or min(size) < 1:
+        raise BundleError(
+            f"{cid} is {value!r}, not a 3-D size: the bundle tuner times 3-D segmentation bundles (set it, "
+            f"e.g. {cid}=[96,96,96])"
+        )
+    return size
+
+
+@dataclass
+class TunerPieces:
+    """What the tuner needs from a bundle, whichever its layout.
+
+    Attributes:
+        network: the bundle's network (copied to the device before timing).
+        loss: the training loss.
+        optimizer: ``params -> optimizer``, the bundle's optimizer with its settings.
+        device: where the bundle trains.
+        patch: the training crop (D, H, W).
+        roi: the sliding window's ROI (D, H, W).
+        overlap: the sliding window's overlap.
+        num_samples: crops per volume.
+        val_shape: the spatial size of one validation volume.
+        in_channels: input channels.
+        out_channels: output channels (classes).
+        amp: whether the bundle trains with mixed precision.
+        keys: which config id takes each tuned value (``batch``, ``sw_batch``, ``val_device``).
+        layout: ``"zoo"`` or ``"auto3dseg"``.
+    """
+
+    network: torch.nn.Module
+    loss: Any
+    optimizer: Callable[[Any], torch.optim.Optimizer]
+    device: torch.device
+    patch: tuple[int, ...]
+    roi: tuple[int, ...]
+    overlap: float
+    num_samples: int
+    val_shape: tuple[int, ...]
+    in_channels: int
+    out_channels: int
+    amp: bool
+    keys: dict[str, str]
+    layout: str
+
+
+def zoo_pieces(parser: Any) -> TunerPieces:
+    """A Model Zoo bundle's pieces: ``network_def``, ``loss``, ``optimizer``, the crop, ``validate#inferer``."""
+    _, network = first_entry(parser, ["network_def", "network"], "the network")
+    _, loss = first_entry(parser, ["loss", "train#loss", "loss_function"], "the training loss")
+    optimizer = optimizer_factory(parser, ["optimizer", "train#optimizer"])
+    device = torch.device(parser.get_parsed_content("device") if "device" in parser else "cpu")
+    inferer_id, inferer = first_entry(parser, ["validate#inferer", "infer#inferer"], "the validation inferer")
+    roi = getattr(inferer, "roi_size", None)
+    if roi is None or len(tuple(roi)) != 3:
+        raise BundleError(
+            f"{inferer_id} is not a 3-D sliding window (roi_size {roi}): the bundle tuner times "
+            "3-D segmentation bundles"
+        )
+    roi = tuple(int(r) for r in roi)
+    crop = (
+        _find_in(parser.get_parsed_content("train#preprocessing"), ("spatial_size", "num_samples"))
+        if "train#preprocessing" in parser
+        else {}
+    )
+    patch = tuple(int(s) for s in crop.get("spatial_size", roi))
+    if len(patch) != 3 or min(patch) < 1:
+        patch = roi
+    return TunerPieces(
+        network=network,
+        loss=loss,
+        optimizer=optimizer,
+        device=device,
+        patch=patch,
+        roi=roi,
+        overlap=float(getattr(inferer, "overlap", 0.25)),
+        num_samples=int(crop.get("num_samples", 1) or 1),
+        val_shape=_val_shape(parser) or roi,
+        in_channels=int(getattr(network, "in_channels", 0) or _config_int(parser, "network_def#in_channels", 1)),
+        out_channels=int(getattr(network, "out_channels", 0) or _config_int(parser, "network_def#out_channels", 2)),
+        amp=bool(parser.get("train#trainer#amp", False)) if "train#trainer#amp" in parser else False,
+        keys=dict(ZOO_KEYS),
+        layout="zoo",
+    )
+
+
+def _find_in(transforms: Any, attr_names: Sequence[str]) -> dict[str, Any]:
+    """Attributes of the first transform in a ``Compose`` (or list) that has any of ``attr_names``."""
+    items = getattr(transforms, "transforms", transforms)
+    for t in items if isinstance(items, (list, tuple)) else []:
+        for obj in (t, getattr(t, "cropper", None)):
+            found = {a: getattr(obj, a) for a in attr_names if obj is not None and getattr(obj, a, None) is not None}
+            if found:
+                return found
+    return {}
+
+
+def _config_int(parser: Any, cid: str, default: int) -> int:
+    try:
+        return int(parser[cid]) if cid in parser else default
+    except (TypeError, ValueError):
+        return default
+
+
+def _val_shape(parser: Any) -> tuple[int, ...] | None:
+    """The spatial size of the first validation volume after the validation chain (no cache built)."""
+    if "validate#preprocessing" not in parser or "validate#dataset#data" not in parser:
+        return None
+    data = parser.get_parsed_content("validate#dataset#data")
+    if not data:
+        return None
+    item = parser.get_parsed_content("validate#preprocessing")(dict(data[0]))
+    image = item.get("image") if isinstance(item, dict) else None
+    shape = tuple(int(s) for s in getattr(image, "shape", ())[1:])
+    return shape if len(shape) == 3 else None
