@@ -69,6 +69,22 @@ def tiny_config():
 
 
 @pytest.fixture(autouse=True)
+def _process_left_as_found():
+    """Fail a test that leaves this process's torch thread count or CPU mask changed.
+
+    A handler that changes them must give them back, and the next test on the same pytest worker
+    must not inherit them (a thread count left at 1 changes what OpenMP pinning and prefetch decide).
+    """
+    before = torch.get_num_threads(), os.sched_getaffinity(0)
+    yield
+    after = torch.get_num_threads(), os.sched_getaffinity(0)
+    if after != before:
+        torch.set_num_threads(before[0])
+        os.sched_setaffinity(0, before[1])
+        pytest.fail(f"the test left torch threads / CPU mask {after}, found {before}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     # never read or write the user's real ~/.cache/monai-fast from a test
     monkeypatch.setenv("MONAI_FAST_CACHE", str(tmp_path / "cache"))

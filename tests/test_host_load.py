@@ -105,17 +105,20 @@ def test_the_process_trees_cpu_time_counts_a_live_child_before_it_is_reaped():
     """A loader worker's CPU counts when spent: the epoch that used it sees it, not the one that reaps it later."""
     from monai_fast.telemetry.host import process_tree_cpu_seconds
 
-    child = subprocess.Popen(
-        [sys.executable, "-c", SPIN.format(s=1.0) + "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
-    )
+    # the child spins one second of its own CPU time (however busy the host), then waits, alive
+    spin_cpu = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", spin_cpu], stdin=subprocess.PIPE)
     try:
+        cpu = psutil.Process(child.pid)
         time.sleep(0.3)
         before = process_tree_cpu_seconds()
+        child_before = sum(cpu.cpu_times()[:2])
         deadline = time.monotonic() + 30
-        while psutil.Process(child.pid).cpu_times().user < 1.0 and time.monotonic() < deadline:
-            time.sleep(0.1)  # until it has spun its second (slower on a busy host)
+        while sum(cpu.cpu_times()[:2]) - child_before < 0.5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child_spent = sum(cpu.cpu_times()[:2]) - child_before
         spent = process_tree_cpu_seconds() - before
         assert child.poll() is None  # still alive, not yet reaped
-        assert spent > 0.5, spent
+        assert child_spent >= 0.5 and spent >= child_spent - 0.02, (spent, child_spent)
     finally:
         child.communicate(b"", timeout=30)

@@ -166,13 +166,17 @@ def test_background_validation_equals_sync_validation_of_the_same_snapshot_and_e
     assert evaluator.network is not net  # validated a private copy
     assert background.validated_epochs[-1] == 6 and len(background.validated_epochs) >= 2
     assert [epoch for _, epoch, _ in stopper.history] == background.validated_epochs
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the validation thread's setting
-    for _, epoch, value in stopper.history:
-        replay = SlowEvalNet()
-        replay.load_state_dict(snapshots[epoch])
-        sync = _evaluator(replay, _val_cases())
-        sync.run(epoch)
-        assert sync.state.metrics["dice"] == value, f"epoch {epoch}"  # bit-equal, CPU fp32
+    try:
+        for _, epoch, value in stopper.history:
+            replay = SlowEvalNet()
+            replay.load_state_dict(snapshots[epoch])
+            sync = _evaluator(replay, _val_cases())
+            sync.run(epoch)
+            assert sync.state.metrics["dice"] == value, f"epoch {epoch}"  # bit-equal, CPU fp32
+    finally:
+        torch.set_num_threads(threads)
     assert len({v for _, _, v in stopper.history}) > 1  # the weights did change between snapshots
 
 
