@@ -75,12 +75,17 @@ def _process_left_as_found():
     A handler that changes them must give them back, and the next test on the same pytest worker
     must not inherit them (a thread count left at 1 changes what OpenMP pinning and prefetch decide).
     """
-    before = torch.get_num_threads(), os.sched_getaffinity(0)
+
+    def state() -> tuple[int, set[int] | None]:
+        return torch.get_num_threads(), os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+    before = state()
     yield
-    after = torch.get_num_threads(), os.sched_getaffinity(0)
+    after = state()
     if after != before:
         torch.set_num_threads(before[0])
-        os.sched_setaffinity(0, before[1])
+        if before[1] is not None:
+            os.sched_setaffinity(0, before[1])
         pytest.fail(f"the test left torch threads / CPU mask {after}, found {before}", pytrace=False)
 
 
