@@ -377,7 +377,7 @@ def _need_horovod():
     try:
         import horovod.torch  # noqa: F401
     except ImportError:
-        pytest.skip("Horovod is not built here: python -m monai_fast.distributed.build_horovod (the CI does)")
+        pytest.skip("Horovod is not built here: python scripts/build_horovod.py (the CI does)")
     exe = Path(sys.executable).parent / "horovodrun"
     return str(exe) if exe.exists() else "horovodrun"
 
