@@ -226,7 +226,22 @@ def _bundle_sweep(d: dict) -> str:
     )
 
 
+def _gpu_suite(d: dict) -> str:
+    steps = d.get("steps", {})
+    passed = [n for n, s in steps.items() if s.get("status") == "passed"]
+    failed = [n for n, s in steps.items() if s.get("status") != "passed"]
+    text = f"steps passed: {', '.join(passed) or 'none'}" + (f"; failed: {', '.join(failed)}" if failed else "")
+    ratio = (steps.get("your_trainer", {}).get("results") or {}).get("median_epoch_ratio")
+    if ratio:
+        text += f"; your_trainer {ratio:.2f}x per epoch"
+    tests = (steps.get("pytest", {}).get("results") or {}).get("failed_tests")
+    if tests:
+        text += f"; GPU tests failing: {', '.join(t.rsplit('::', 1)[-1] for t in tests)}"
+    return text
+
+
 EXTRACTORS: dict[str, Extractor] = {
+    "gpu_suite": _gpu_suite,
     "bundle_spleen_ct_segmentation": _bundle,
     "bundle_wholeBody_ct_segmentation": _bundle,
     "bundle_sweep": _bundle_sweep,
@@ -260,6 +275,8 @@ def _machine(d: dict) -> str:
         return m
     if isinstance(m, dict):
         text = m.get("device") or m.get("description") or m.get("processor") or ""
+        if text.startswith("cuda") and m.get("description"):
+            text = m["description"]
         if not text and m.get("cpus"):
             text = f"CPU ({m['cpus']} logical CPUs)"
         if m.get("onednn_max_cpu_isa"):
@@ -291,7 +308,9 @@ def _commit(path: Path, data: dict | None = None) -> str:
     The JSON's own ``commit`` (what the benchmark ran on) when it records one; otherwise the commit
     that added ``path`` to git; ``uncommitted`` when git does not know the file either.
     """
-    recorded = (data or {}).get("commit")
+    data = data or {}
+    machine = data.get("machine")
+    recorded = data.get("commit") or (machine.get("commit") if isinstance(machine, dict) else None)
     if isinstance(recorded, str) and _HASH.match(recorded.strip().lower()):
         return recorded.strip().lower()[:7]
     try:

@@ -23,11 +23,13 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator
 
-import boto3
 import pytest
-import s3fs
-from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-from werkzeug.serving import make_server
+
+boto3 = pytest.importorskip("boto3", reason="S3 tests need the dev extra: pip install -e '.[dev]'")
+s3fs = pytest.importorskip("s3fs", reason="S3 tests need the dev extra: pip install -e '.[dev]'")
+pytest.importorskip("moto", reason="S3 tests need the dev extra: pip install -e '.[dev]'")
+from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app  # noqa: E402
+from werkzeug.serving import make_server  # noqa: E402
 
 __all__ = ["S3Server", "s3_fixture", "server_fixture"]
 

@@ -44,7 +44,7 @@ def test_fast_recipe_on_cuda_caches_on_the_gpu_trains_in_bf16_and_reaches_a_vali
     )
     assert r.epochs_run == 3 and r.best_dice is not None and math.isfinite(r.best_dice) and r.best_dice > 0
     assert any("GPU memory" in n for n in r.notes), r.notes
-    assert any("AMPToggle bf16" in n for n in r.notes), r.notes
+    assert any(n.startswith("FastTraining precision: bf16") for n in r.notes), r.notes
     rows, _ = load_record(tmp_path / "fast")
     gpu = select(rows, Kind.INTERVAL, Source.GPU)
     assert gpu and all(0 <= g["gpu_util"] <= 100 and g["mem_used_mib"] > 0 for g in gpu)  # real NVML readings

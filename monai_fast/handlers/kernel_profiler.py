@@ -43,8 +43,8 @@ def summarise_profile(key_averages: Any, top: int = 15) -> dict:
             {
                 "name": e.key,
                 "calls": int(e.count),
-                "cpu_time_ns": int(float(e.self_cpu_time_total) * 1000),
-                "gpu_time_ns": int(float(getattr(e, "self_device_time_total", 0.0) or 0.0) * 1000) if device else 0,
+                "cpu_time_ns": round(float(e.self_cpu_time_total) * 1000),
+                "gpu_time_ns": round(float(getattr(e, "self_device_time_total", 0.0) or 0.0) * 1000) if device else 0,
             }
         )
     on_gpu = bool(kernels)

@@ -88,9 +88,13 @@ def current_cuda_device() -> torch.device | None:
 
 
 def set_cuda_device(device: torch.device | str) -> None:
-    """Make ``device`` the current CUDA device of this process; a no-op for CPU devices."""
+    """Make ``device`` the current CUDA device of this process; a no-op for CPU devices.
+
+    ``"cuda"`` without an index (what ``ignite.distributed.device()`` gives a one-process run)
+    means the device that is current already, so it leaves the choice as it is.
+    """
     dev = torch.device(device)
-    if dev.type == "cuda":
+    if dev.type == "cuda" and dev.index is not None:
         torch.cuda.set_device(dev)
 
 

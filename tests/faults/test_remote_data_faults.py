@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-import s3fs
-from s3_server import s3_fixture, server_fixture  # noqa: F401 (pytest fixtures s3, server)
+from s3_server import s3_fixture, s3fs, server_fixture  # noqa: F401 (pytest fixtures s3, server)
 
 from monai_fast.data.msd import load_msd_datalist
 from monai_fast.data.remote import RemoteDataError, localize

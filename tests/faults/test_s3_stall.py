@@ -19,8 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-import s3fs
-from s3_server import s3_fixture, server_fixture  # noqa: F401 (pytest fixtures s3, server)
+from s3_server import s3_fixture, s3fs, server_fixture  # noqa: F401 (pytest fixtures s3, server)
 from stall_proxy import Stall, StallProxy, Throttle
 
 from monai_fast.data.remote import RemoteDataError, localize
