@@ -12,7 +12,8 @@ extra          packages                                        used by
 ``plots``      matplotlib, tensorboard                         PNGs, TensorBoard events
 ``notebooks``  nbclient, nbformat, ipykernel                   running the notebooks
 ``nvidia``     nvtx, nvidia-ml-py                              NVTX ranges, NVML sampling
-``bundle``     fire, pyyaml                                    ``python -m monai.bundle``, YAML configs
+``bundle``     fire, pyyaml, tensorboard                       ``python -m monai.bundle``, YAML configs,
+                                                               the Model Zoo's TensorBoard handlers
 ``all``        every extra above
 ``dev``        ``all`` and the test and docs tools
 =============  ==============================================  ===========================
@@ -48,7 +49,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "plots": ("matplotlib", "tensorboard"),
     "notebooks": ("nbclient", "nbformat", "ipykernel"),
     "nvidia": ("nvtx", "nvidia-ml-py"),
-    "bundle": ("fire", "pyyaml"),
+    "bundle": ("fire", "pyyaml", "tensorboard"),
 }
 
 

@@ -298,3 +298,42 @@ def test_the_doctor_writes_its_text_report_without_matplotlib_and_warns_once(cor
         'pip install "monai-fast[plots]"; report.md is written without them'
     )
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_a_recipe_trains_with_the_core_alone_and_the_demo_names_its_extra_before_any_work(core_site, tmp_path):
+    data, run = tmp_path / "data", tmp_path / "run"
+    code = f"""
+        import logging
+        from monai_fast.cli import main
+        from monai_fast.data.msd import load_msd_datalist
+        from monai_fast.data.synthetic import generate_msd
+        from monai_fast.recipes import RecipeConfig
+        from monai_fast.training.run import run_to_target
+
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        generate_msd({str(data)!r}, "spleen-like", num_cases=4, shape=(48, 48, 32), progress=False)
+        train, val = load_msd_datalist({str(data)!r}, val_fraction=0.25, seed=0)
+        config = RecipeConfig(patch_size=(32, 32, 32), batch_size=1, num_samples=1, channels=(4, 8, 16),
+                              strides=(2, 2), max_epochs=1, num_workers=0, cache_threads=1)
+        r = run_to_target("baseline", train, val, config, "cpu", time_budget_s=60, run_dir={str(run)!r}, progress=False)
+        print("trained |", r.epochs_run)
+        try:
+            rc = main(["demo", "--run-dir", {str(tmp_path / "demo")!r}, "--data-dir", {str(data)!r}])
+        except SystemExit as stop:
+            rc = stop.code
+        print("demo |", rc)
+    """
+    r = _run_core(core_site, code)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    # the run trains and writes its record; NVTX ranges (nvidia extra) and TensorBoard events (plots) step aside
+    assert "trained | 1" in r.stdout, r.stdout[-2000:]
+    assert list(run.rglob("record.rank0.jsonl")), sorted(p.name for p in run.rglob("*"))
+    assert not list(run.rglob("events.out.tfevents*"))
+    tb = [line for line in r.stderr.splitlines() if "TensorBoard events are skipped" in line]
+    assert len(tb) == 1 and 'pip install "monai-fast[plots]"' in tb[0], r.stderr[-3000:]
+    # the demo names the plots extra in one line and writes nothing: no run folder, no data generated
+    assert "demo | " in r.stdout and "demo | 0" not in r.stdout, r.stdout[-2000:]
+    line = "monai-fast demo: the demo (its Dice-vs-time PNG and TensorBoard events) needs matplotlib"
+    assert line in r.stdout + r.stderr and 'pip install "monai-fast[plots]"' in r.stdout + r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "demo").exists()
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]

@@ -154,8 +154,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from monai_fast.extras import require
     from monai_fast.race.headline import format_headline
 
+    for module in ("matplotlib", "tensorboard"):  # before any data are written or any recipe trains
+        require(module, extra="plots", feature="the demo (its Dice-vs-time PNG and TensorBoard events)")
     scale = demo_scale(torch.device(resolve_device(args.device)))
     spec = race_spec(args, args.run_dir or f"runs/demo-{dt.datetime.now():%Y%m%d-%H%M%S}", scale)
     if not args.total_budget >= 0:

@@ -58,9 +58,7 @@ def setup_rank(seed: int | None = 0) -> torch.device:
     """
     device = idist.device()
     if device.type == "cuda":
-        if device.index is None:  # one process: ignite names no index; keep the current device
-            device = torch.device("cuda", torch.cuda.current_device())
-        set_cuda_device(device)
+        device = set_cuda_device(device)  # one process: ignite names no index, and the current device is kept
     elif idist.get_nproc_per_node() > 1 and "OMP_NUM_THREADS" not in os.environ:
         # CPU ranks on one node share its cores (torchrun sets OMP_NUM_THREADS=1 itself)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // idist.get_nproc_per_node()))

@@ -87,15 +87,22 @@ def current_cuda_device() -> torch.device | None:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def set_cuda_device(device: torch.device | str) -> None:
+def set_cuda_device(device: torch.device | str) -> torch.device:
     """Make ``device`` the current CUDA device of this process; a no-op for CPU devices.
 
     ``"cuda"`` without an index (what ``ignite.distributed.device()`` gives a one-process run)
     means the device that is current already, so it leaves the choice as it is.
+
+    Returns:
+        ``device``, with the index of the current CUDA device where it named none.
     """
     dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is not None:
-        torch.cuda.set_device(dev)
+    if dev.type != "cuda":
+        return dev
+    if dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(dev)
+    return dev
 
 
 def synchronize(device: torch.device | str | None = None) -> None:

@@ -16,7 +16,7 @@ from ignite.handlers import ProgressBar
 from monai.handlers import TensorBoardStatsHandler, from_engine
 
 from monai_fast.data.rng_state import OwnRandomStream
-from monai_fast.extras import require
+from monai_fast.extras import available, require
 from monai_fast.handlers import (
     GPUSampler,
     InferenceSplit,
@@ -92,7 +92,7 @@ def run_to_target(
 
     The clock starts before the data sets are built, so caching counts against the recipe that
     caches. Validation runs every ``config.val_interval`` epochs. The trainer carries monai-fast's
-    telemetry: ``TimeBreakdown``, ``ThroughputMonitor``, ``NVTXHandler`` (trainer and evaluator),
+    telemetry: ``TimeBreakdown``, ``ThroughputMonitor``, ``NVTXHandler`` (trainer and evaluator, with the nvidia extra),
     on CUDA a ``GPUSampler``, and with ``run_dir`` a ``RecordHandler``; where the command pinned
     OpenMP's workers, a ``MainThreadCore`` (trainer, evaluator and a validation schedule's
     estimator). A :class:`TargetRun` run to its end in one go.
@@ -287,18 +287,25 @@ def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWrit
     writer = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        tensorboard = require("torch.utils.tensorboard", extra="plots", feature="a run's TensorBoard events")
-        writer = tensorboard.SummaryWriter(log_dir=str(out))
-        TensorBoardStatsHandler(
-            summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
-        ).attach(trainer)
+        if available("tensorboard"):  # a by-product of the run: without the extra it is skipped, not fatal
+            tensorboard = require("torch.utils.tensorboard", extra="plots", feature="a run's TensorBoard events")
+            writer = tensorboard.SummaryWriter(log_dir=str(out))
+            TensorBoardStatsHandler(
+                summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
+            ).attach(trainer)
+        else:
+            logger.warning(
+                "the run's TensorBoard events are skipped: they need tensorboard, which is not installed: "
+                'pip install "monai-fast[plots]"'
+            )
         record = RecordHandler(out)  # the run record the doctor reads, shared by trainer and evaluator
         record.attach(trainer)
         record.attach(evaluator)
         record.record.add_span(Category.SETUP, wall_time(t0), wall_time(t0 + built.setup_s), source=Source.RECIPE)
         InferenceSplit().attach(evaluator)  # after the evaluator's metrics: the doctor's network vs stitching split
-    NVTXHandler().attach(trainer)
-    NVTXHandler().attach(evaluator)
+    if available("nvtx"):  # ranges for a profiler; the nvidia extra is optional, so they are too
+        NVTXHandler().attach(trainer)
+        NVTXHandler().attach(evaluator)
     schedule = handlers_on(trainer).get(ValidationSchedule)
     estimator = [schedule.estimator] if isinstance(schedule, ValidationSchedule) else []
     for engine in (trainer, evaluator, *estimator):  # apart from OpenMP's pinned workers (when the command pinned them)
