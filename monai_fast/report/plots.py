@@ -26,7 +26,7 @@ from monai_fast.report.wall_clock import LABELS
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["plot_breakdown", "plot_gpu", "plot_wall_clock", "pyplot_missing"]
+__all__ = ["breakdown_figure", "plot_breakdown", "plot_gpu", "plot_wall_clock", "pyplot_missing"]
 
 _COLOURS = {
     "setup": "tab:gray",
@@ -78,12 +78,16 @@ def _save(plt: ModuleType, fig: Figure, path: str | os.PathLike) -> Path:
     return path
 
 
-def plot_breakdown(epochs: list[dict], path: str | os.PathLike) -> Path:
-    """Bars of compute and data wait per epoch; one bar per rank, side by side, under DDP.
+def breakdown_figure(epochs: list[dict]) -> Figure:
+    """The figure :func:`plot_breakdown` saves, for a notebook to show or restyle.
 
-    Epochs of a later run segment continue the x axis after the earlier ones.
+    Bars of compute and data wait per epoch, one bar per rank side by side under DDP. Epochs of a
+    later run segment continue the x axis after a dashed line marked with the segment; the epoch
+    numbers are thinned by matplotlib's ``MaxNLocator`` so that they stay legible over any number
+    of epochs.
     """
-    plt = _pyplot(f"drawing {Path(path).name}")
+    plt = _pyplot("drawing the time-per-epoch figure")
+    ticker = require("matplotlib.ticker", extra="plots", feature="drawing the time-per-epoch figure")
     keys = sorted({(r.get("segment", 0), r["epoch"]) for r in epochs})
     ranks = sorted({int(r.get("rank", 0)) for r in epochs})
     width = 0.8 / len(ranks)
@@ -104,14 +108,29 @@ def plot_breakdown(epochs: list[dict], path: str | os.PathLike) -> Path:
             color="tab:red",
             alpha=1.0 - 0.5 * i / len(ranks),
         )
-    ax.set_xticks(range(len(keys)), [str(e) if s == 0 else f"{e} (run {s + 1})" for s, e in keys])
+    for k, (segment, _) in enumerate(keys):
+        if k and segment != keys[k - 1][0]:
+            ax.axvline(k - 0.5, color="grey", linestyle="--", linewidth=1)
+            ax.annotate(
+                f"run {segment + 1}", (k - 0.4, 1.0), xycoords=("data", "axes fraction"), va="top", fontsize="small"
+            )
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(nbins=12, integer=True))
+    ax.xaxis.set_major_formatter(
+        ticker.FuncFormatter(lambda x, _: str(keys[int(x)][1]) if 0 <= int(x) < len(keys) and x == int(x) else "")
+    )
+    ax.set_xlim(-0.6, len(keys) - 0.4)
     ax.set_xlabel("epoch")
     ax.set_ylabel("seconds")
     ax.set_title("Time per epoch: compute vs data wait")
     ax.legend(
         loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2 * min(len(ranks), 2), frameon=False, fontsize="small"
     )
-    return _save(plt, fig, path)
+    return fig
+
+
+def plot_breakdown(epochs: list[dict], path: str | os.PathLike) -> Path:
+    """Save :func:`breakdown_figure` of ``epochs`` as a PNG at ``path`` (written atomically)."""
+    return _save(_pyplot(f"drawing {Path(path).name}"), breakdown_figure(epochs), path)
 
 
 def plot_gpu(gpu: list[dict], path: str | os.PathLike) -> Path:

@@ -72,7 +72,7 @@ def plot_dice_vs_time(results: Sequence[TrainResult], path: str | os.PathLike, t
             ax.plot(xs, ys, marker="o", markersize=3, label=r.recipe)
     if target is not None:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
-    ax.set_xlabel("wall-clock seconds since start (cache filling included)")
+    ax.set_xlabel("seconds on each recipe's own clock (its set-up and cache filling included)")
     ax.set_ylabel("validation mean Dice")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
