@@ -332,9 +332,9 @@ def _writer_gone(tmp: Path, max_age_s: float, now: float) -> bool:
 
 
 def clean_stale_tmp(folder: str | os.PathLike, target: str | None = None, max_age_s: float = 86400.0) -> list[Path]:
-    """Remove temporary files that killed writers left in ``folder``.
+    """Remove temporary files (and folders) that killed writers left in ``folder``.
 
-    A temporary file is removed when the process that made it no longer runs on this host, or,
+    A temporary file or folder is removed when the process that made it no longer runs on this host, or,
     when it was made on another host (a shared file system), when it is older than ``max_age_s``.
     Files of running writers and files not named by :func:`tmp_path_for` are left alone.
 
@@ -357,7 +357,10 @@ def clean_stale_tmp(folder: str | os.PathLike, target: str | None = None, max_ag
     for tmp in candidates:
         if _writer_gone(tmp, max_age_s, now):
             with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+                if tmp.is_dir() and not tmp.is_symlink():
+                    shutil.rmtree(tmp)
+                else:
+                    tmp.unlink()
                 removed.append(tmp)
     if removed:
         logger.info("removed %d temporary file(s) left by killed writers in %s", len(removed), folder)

@@ -1,0 +1,419 @@
+"""A disk cache that random crops read by the patch: data sets beyond RAM at near-RAM speed.
+
+MONAI's ``PersistentDataset`` stores each item's deterministic result as one pickled ``.pt`` file
+and reads it back whole, every epoch, even when the next transform keeps a 96^3 patch of a
+512x512x300 volume. :class:`CropCacheDataset` stores the same result as raw arrays instead:
+
+* **No pickle.** Each array of the deterministic prefix's output is one ``.npy`` file; the
+  ``MetaTensor`` metadata, its applied operations and every other value of the item go to
+  ``item.json``. Nothing is unpickled, so no change to ``torch.load``'s defaults can break it.
+* **The patch, not the volume.** Arrays are opened memory-mapped (copy-on-write, so transforms may
+  write into them without touching the file). When the first random transform is a crop
+  (``RandCropByPosNegLabeld``, ``RandCropByLabelClassesd``, ``RandSpatialCropd``,
+  ``RandSpatialCropSamplesd``) it slices the mapped arrays, so a step reads the pages of its
+  patches. The crops that pick their centres from the label read precomputed indices, written
+  with the item by MONAI's own ``map_binary_to_indices`` / ``map_classes_to_indices`` with the
+  crop's own settings, so the centres, and the crops, are those MONAI draws from the same random
+  state.
+* **One copy per node.** The operating system's page cache holds the mapped files once for every
+  process that reads them: loader workers and ranks on one node share it.
+* **A key you can trust, a write that is whole.** Items are keyed like
+  :class:`~monai_fast.data.persistent.TrustedPersistentDataset`: each file's identity (size and
+  modification time, or content) and a fingerprint of the deterministic transforms' parameters.
+  An item is written into a temporary folder that is renamed into place, so concurrent writers
+  (ranks, workers) never see half an item and a killed writer leaves nothing under a valid name;
+  leftovers of killed writers are removed when the data set is made. A full disk is named in one
+  warning and the items that do not fit are computed in memory from then on.
+
+The random transforms after the prefix run as the user's ``Compose`` runs them (its ``map_items``,
+``unpack_items``, ``lazy`` and ``overrides``), on the same transform objects, so their random
+streams are the user's.
+
+Example:
+    >>> from monai_fast.data.crop_cache import CropCacheDataset
+    >>> ds = CropCacheDataset(train_files, train_transforms, cache_dir="/scratch/crops")  # doctest: +SKIP
+    >>> loader = DataLoader(ds, batch_size=2, num_workers=4)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from monai.data import MetaTensor
+from monai.data.utils import pickle_hashing
+from monai.transforms import (
+    Compose,
+    RandCropByLabelClassesd,
+    RandCropByPosNegLabeld,
+    RandomizableTrait,
+    RandSpatialCropd,
+    RandSpatialCropSamplesd,
+    Transform,
+)
+from monai.transforms.compose import execute_compose
+from monai.transforms.utils import map_binary_to_indices, map_classes_to_indices
+
+from monai_fast.data.fingerprint import transform_fingerprint
+from monai_fast.files import clean_stale_tmp, tmp_path_for
+
+__all__ = ["PATCH_CROPS", "CropCacheDataset"]
+
+logger = logging.getLogger("monai_fast.data")
+
+#: random crops that read only their patch from the mapped arrays
+PATCH_CROPS = (RandCropByPosNegLabeld, RandCropByLabelClassesd, RandSpatialCropd, RandSpatialCropSamplesd)
+
+_FG, _BG, _CLASSES = "__crop_cache_fg__", "__crop_cache_bg__", "__crop_cache_classes__"
+_ITEM = "item.json"
+
+
+class CropCacheDataset(torch.utils.data.Dataset):
+    """Items whose deterministic transforms ran once and were written as raw arrays, read back by the patch.
+
+    See the module docstring for what it stores and why. ``len()`` and indexing are those of a
+    MONAI ``Dataset`` over ``data`` with ``transform``; the first access of an item computes and
+    writes it (:meth:`fill` writes them all up front).
+
+    Args:
+        data: items, e.g. ``{"image": path, "label": path}``.
+        transform: the chain (a ``Compose`` or a sequence of transforms); everything before its first
+            random transform is cached, the rest runs on every access.
+        cache_dir: the cache folder (created); items of other chains and files can share it.
+        identity: how a file's identity enters the key: ``"stat"`` (size and modification time,
+            default) or ``"content"`` (SHA-1 of the bytes: survives copies that reset times).
+
+    Attributes:
+        reads_patches: whether the first random transform is a crop that reads only its patch.
+        disk_full: once the cache folder has filled up, the ``OSError`` that said so (items are
+            then computed in memory); ``None`` until then.
+
+    Example:
+        >>> from monai_fast.data.crop_cache import CropCacheDataset
+        >>> ds = CropCacheDataset(files, transforms, "/scratch/crops")  # doctest: +SKIP
+        >>> ds.fill()  # doctest: +SKIP
+        >>> ds[0][0]["image"].shape  # a patch, read from the mapped volume  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        data: Sequence[Mapping[str, Any]],
+        transform: Compose | Sequence[Callable],
+        cache_dir: str | os.PathLike,
+        identity: Literal["stat", "content"] = "stat",
+    ) -> None:
+        if identity not in ("stat", "content"):
+            raise ValueError(f"identity must be 'stat' or 'content', got {identity!r}")
+        if cache_dir is None or str(cache_dir) == "":
+            raise ValueError("cache_dir is required: the folder that holds the cached arrays")
+        self.data = list(data)
+        self.transform = transform if isinstance(transform, Compose) else Compose(list(transform))
+        self.cache_dir = Path(cache_dir)
+        self.identity = identity
+        self.disk_full: OSError | None = None
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        clean_stale_tmp(self.cache_dir)  # item folders of killed writers
+        flat = _flatten(self.transform)
+        first = next(
+            (i for i, t in enumerate(flat) if isinstance(t, RandomizableTrait) or not isinstance(t, Transform)),
+            len(flat),
+        )
+        self.prefix, self.suffix = flat[:first], flat[first:]
+        crop = self.suffix[0] if self.suffix and isinstance(self.suffix[0], PATCH_CROPS) else None
+        self.reads_patches = crop is not None
+        self._indices = _indices_plan(crop)
+        self._user_crop = crop
+        if self._indices is not None:  # a copy that reads stored indices; its random state is the user's crop's
+            crop = copy.copy(crop)
+            if self._indices["kind"] == "posneg":
+                crop.fg_indices_key, crop.bg_indices_key = _FG, _BG
+            else:
+                crop.indices_key = _CLASSES
+            self.suffix = [crop, *self.suffix[1:]]
+        fingerprint = transform_fingerprint([*self.prefix, self._indices])
+        self.chain_key = fingerprint.digest[:16]
+        if fingerprint.untrusted:  # a key no other run matches: recomputed rather than served stale
+            self.chain_key += "-" + secrets.token_hex(4)
+            logger.warning(
+                "CropCacheDataset: the cached transforms hold callables whose behaviour cannot be "
+                "fingerprinted (%s); their items in %s are recomputed in each run instead of reused",
+                ", ".join(fingerprint.untrusted),
+                self.cache_dir,
+            )
+        self._content: dict[tuple, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> Any:
+        item = self._cached(index)
+        if self._indices is not None:  # the user's set_random_state replaces the crop's generators
+            self.suffix[0].R, self.suffix[0].cropper = self._user_crop.R, self._user_crop.cropper
+        return execute_compose(
+            item,
+            self.suffix,
+            map_items=self.transform.map_items,
+            unpack_items=self.transform.unpack_items,
+            lazy=self.transform.lazy,
+            overrides=self.transform.overrides,
+        )
+
+    def fill(self, indices: Sequence[int] | None = None) -> int:
+        """Compute and write the items not yet in the cache (all, or those of ``indices``).
+
+        Returns:
+            How many items were written.
+        """
+        written = 0
+        for i in range(len(self)) if indices is None else indices:
+            if not self.item_dir(i).is_dir():
+                written += self._write(i, self._prefix(i)) is not None
+        return written
+
+    def item_dir(self, index: int) -> Path:
+        """The folder that holds item ``index``'s arrays and ``item.json``."""
+        return self.cache_dir / f"{self._item_key(self.data[index])}-{self.chain_key}"
+
+    def _prefix(self, index: int) -> dict:
+        out = execute_compose(
+            copy.deepcopy(self.data[index]),
+            self.prefix,
+            map_items=self.transform.map_items,
+            unpack_items=self.transform.unpack_items,
+            lazy=self.transform.lazy,
+            overrides=self.transform.overrides,
+        )
+        if not isinstance(out, Mapping):
+            raise TypeError(
+                f"CropCacheDataset: the deterministic transforms of item {index} return a {type(out).__name__}, "
+                "not a dict; it caches dictionary items (the MONAI ``...d`` transforms)"
+            )
+        return dict(out)
+
+    def _cached(self, index: int) -> dict:
+        folder = self.item_dir(index)
+        if folder.is_dir():
+            try:
+                return _read(folder)
+            except (OSError, ValueError, KeyError) as err:  # damaged: rebuilt, never trained on
+                logger.warning("CropCacheDataset: cached item %s is damaged (%s); rebuilding it", folder, err)
+                shutil.rmtree(folder, ignore_errors=True)
+        out = self._prefix(index)
+        written = self._write(index, out)
+        return _read(written) if written is not None else self._with_indices(out)
+
+    def _with_indices(self, out: dict) -> dict:
+        """``out`` with the stored-indices keys the crop reads (for an item served from memory)."""
+        if self._indices is None:
+            return out
+        return {**out, **{k: v for k, v in _indices_of(out, self._indices).items()}}
+
+    def _write(self, index: int, out: dict) -> Path | None:
+        """Write ``out`` as item ``index``; its folder, or ``None`` when the disk is full."""
+        folder = self.item_dir(index)
+        if self.disk_full is not None:
+            return None
+        tmp = tmp_path_for(folder)
+        try:
+            tmp.mkdir(parents=True)
+            record: dict[str, Any] = {"keys": {}, "indices": None}
+            for n, (key, value) in enumerate(out.items()):
+                if not isinstance(key, str):
+                    raise TypeError(f"key {key!r} of item {index} is not a string")
+                if isinstance(value, (torch.Tensor, np.ndarray)):
+                    np.save(tmp / f"a{n}.npy", _as_numpy(value))
+                    entry: dict[str, Any] = {"array": f"a{n}.npy", "tensor": isinstance(value, torch.Tensor)}
+                    if isinstance(value, MetaTensor):
+                        entry["meta"] = _encode(dict(value.meta), f"{key}.meta")
+                        entry["applied_operations"] = _encode(list(value.applied_operations), f"{key}.applied_operations")
+                    record["keys"][key] = entry
+                else:
+                    record["keys"][key] = {"value": _encode(value, key)}
+            if self._indices is not None:
+                stored = {}
+                for name, value in _indices_of(out, self._indices).items():
+                    arrays = value if isinstance(value, list) else [value]
+                    files = []
+                    for c, arr in enumerate(arrays):
+                        np.save(tmp / f"{name}{c}.npy", _as_numpy(arr).astype(np.int64, copy=False))
+                        files.append(f"{name}{c}.npy")
+                    stored[name] = {"files": files, "list": isinstance(value, list)}
+                record["indices"] = stored
+            (tmp / _ITEM).write_text(json.dumps(record))
+            try:
+                os.rename(tmp, folder)
+            except OSError as err:  # another writer was first: its item is the same
+                if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+            return folder
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.disk_full = err
+            logger.warning(
+                "CropCacheDataset: the cache folder %s is full (%s); the items not yet cached are computed "
+                "in memory from here on",
+                self.cache_dir,
+                err.strerror,
+            )
+            return None
+        except TypeError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise TypeError(f"CropCacheDataset: item {index} ({self.data[index]!r}) cannot be cached: {err}") from None
+
+    def _file_identity(self, path: Path) -> Any:
+        st = path.stat()
+        if self.identity == "stat":
+            return (st.st_size, st.st_mtime_ns)
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        if key not in self._content:
+            h = hashlib.sha1()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            self._content[key] = h.hexdigest()
+        return self._content[key]
+
+    def _item_key(self, item: Any) -> str:
+        def with_identity(v: Any) -> Any:
+            if isinstance(v, (str, os.PathLike)) and os.path.isfile(v):
+                return (str(v), self._file_identity(Path(v)))
+            if isinstance(v, Mapping):
+                return {k: with_identity(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [with_identity(x) for x in v]
+            return v
+
+        return pickle_hashing(with_identity(item)).decode()
+
+
+def _flatten(chain: Compose) -> list:
+    """The transforms of ``chain`` with nested plain ``Compose`` objects expanded.
+
+    ``Compose.flatten`` builds a new ``Compose``, which reseeds every transform in it; this keeps
+    the user's random states as they are.
+    """
+    out = []
+    for t in chain.transforms:
+        out.extend(_flatten(t) if type(t) is Compose else [t])
+    return out
+
+
+def _indices_plan(crop: Any) -> dict | None:
+    """What the crop needs precomputed (with its own settings), or ``None`` when it reads nothing extra."""
+    if isinstance(crop, RandCropByPosNegLabeld) and (crop.fg_indices_key is None or crop.bg_indices_key is None):
+        return {
+            "kind": "posneg",
+            "label_key": crop.label_key,
+            "image_key": crop.image_key,
+            "image_threshold": float(crop.cropper.image_threshold),
+        }
+    if isinstance(crop, RandCropByLabelClassesd) and crop.indices_key is None:
+        return {
+            "kind": "classes",
+            "label_key": crop.label_key,
+            "image_key": crop.image_key,
+            "image_threshold": float(crop.cropper.image_threshold),
+            "num_classes": crop.cropper.num_classes,
+            "max_samples_per_class": crop.cropper.max_samples_per_class,
+        }
+    return None
+
+
+def _indices_of(out: Mapping, plan: dict) -> dict[str, Any]:
+    """The indices the crop would compute from ``out``, with MONAI's functions and the crop's settings."""
+    label = out[plan["label_key"]]
+    image = out.get(plan["image_key"]) if plan["image_key"] is not None else None
+    if plan["kind"] == "posneg":
+        fg, bg = map_binary_to_indices(label, image, plan["image_threshold"])
+        return {_FG: fg, _BG: bg}
+    classes = map_classes_to_indices(
+        label, plan["num_classes"], image, plan["image_threshold"], plan["max_samples_per_class"]
+    )
+    return {_CLASSES: list(classes)}
+
+
+def _read(folder: Path) -> dict:
+    """Item ``folder`` as a dict of memory-mapped arrays (``MetaTensor`` where it was one) and values."""
+    record = json.loads((folder / _ITEM).read_text())
+    out: dict[str, Any] = {}
+    for key, entry in record["keys"].items():
+        if "array" not in entry:
+            out[key] = _decode(entry["value"])
+            continue
+        array = np.load(folder / entry["array"], mmap_mode="c", allow_pickle=False)
+        if not entry["tensor"]:
+            out[key] = array
+        elif "meta" in entry:
+            out[key] = MetaTensor(
+                torch.from_numpy(array),
+                meta=_decode(entry["meta"]),
+                applied_operations=_decode(entry["applied_operations"]),
+            )
+        else:
+            out[key] = torch.from_numpy(array)
+    for name, stored in (record.get("indices") or {}).items():
+        arrays = [np.load(folder / f, mmap_mode="r", allow_pickle=False) for f in stored["files"]]
+        out[name] = arrays if stored["list"] else arrays[0]
+    return out
+
+
+def _as_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        value = value.as_tensor() if isinstance(value, MetaTensor) else value
+        return np.ascontiguousarray(value.numpy())
+    return np.ascontiguousarray(value)
+
+
+def _encode(value: Any, where: str) -> Any:
+    """``value`` as JSON, with tensors, arrays and tuples tagged so that :func:`_decode` restores them."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        value = value.as_tensor() if isinstance(value, MetaTensor) else value
+        return {"__tensor__": value.tolist(), "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": value.dtype.str}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, where) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v, where) for v in value]
+    if isinstance(value, Mapping):
+        for k in value:
+            if not isinstance(k, str):
+                raise TypeError(f"{where} has a key {k!r} that is not a string")
+        return {"__dict__": {k: _encode(v, f"{where}.{k}") for k, v in value.items()}}
+    raise TypeError(f"{where} holds a {type(value).__name__}, which is not stored without pickle")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__tensor__" in value:
+        return torch.tensor(value["__tensor__"], dtype=getattr(torch, value["dtype"]))
+    if "__ndarray__" in value:
+        return np.array(value["__ndarray__"], dtype=np.dtype(value["dtype"]))
+    if "__tuple__" in value:
+        return tuple(_decode(v) for v in value["__tuple__"])
+    return {k: _decode(v) for k, v in value["__dict__"].items()}
