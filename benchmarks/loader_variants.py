@@ -4,7 +4,8 @@ For each variant: time to build (cache fill), first and later epoch times of ite
 training loader (the transforms only, no network), and the peak RSS growth of the process that
 runs the loader (DataLoader worker processes are not counted). Variants: ``Dataset`` + ``DataLoader``
 (workers), ``CacheDataset`` + ``ThreadDataLoader``, ``TrustedPersistentDataset`` (cold, then warm from
-disk), ``SmartCacheDataset`` (half cached, rotating), and on CUDA the GPU cache. Each variant runs in a
+disk), ``CropCacheDataset`` (cold, then warm: memory-mapped arrays read by the patch),
+``SmartCacheDataset`` (half cached, rotating), and on CUDA the GPU cache. Each variant runs in a
 freshly forked process, so RSS figures do not leak into each other. (Spawned processes were tried first:
 there, the DataLoader workers ran epochs 3-20x slower, which measured the process set-up, not the
 loaders.) Prints a table and writes ``benchmarks/results/loader_variants_<time>.json``.
@@ -30,6 +31,7 @@ def _run_variant(name, data_root, epochs, cache_dir, queue):
     from monai.data import CacheDataset, DataLoader, Dataset, SmartCacheDataset, ThreadDataLoader
     from monai.transforms import Compose
 
+    from monai_fast.data.crop_cache import CropCacheDataset
     from monai_fast.data.msd import load_msd_datalist
     from monai_fast.data.persistent import TrustedPersistentDataset
     from monai_fast.recipes import RecipeConfig
@@ -61,6 +63,9 @@ def _run_variant(name, data_root, epochs, cache_dir, queue):
             return ThreadDataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=0)
         if name.startswith("persistent"):
             ds = TrustedPersistentDataset(files, chain, cache_dir=cache_dir)
+            return DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.loader_workers)
+        if name.startswith("crop_cache"):
+            ds = CropCacheDataset(files, chain, cache_dir=Path(cache_dir) / "crops")
             return DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.loader_workers)
         if name == "smartcache":
             ds = SmartCacheDataset(
@@ -130,7 +135,15 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: this torch build sees no CUDA device")
     root = synthetic_dataset("spleen-like", args.cases, tuple(args.shape), 0, progress=False)
-    variants = ["dataset", "cache", "persistent_cold", "persistent_warm", "smartcache"]
+    variants = [
+        "dataset",
+        "cache",
+        "persistent_cold",
+        "persistent_warm",
+        "crop_cache_cold",
+        "crop_cache_warm",
+        "smartcache",
+    ]
     if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()):
         variants.append("gpu_cache")
     ctx = mp.get_context("fork")

@@ -103,7 +103,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
         >>> from monai_fast.data.crop_cache import CropCacheDataset
         >>> ds = CropCacheDataset(files, transforms, "/scratch/crops")  # doctest: +SKIP
         >>> ds.fill()  # doctest: +SKIP
-        >>> ds[0][0]["image"].shape  # a patch, read from the mapped volume  # doctest: +SKIP
+        >>> patches = ds[0]  # the crops of item 0, read from its mapped volume  # doctest: +SKIP
     """
 
     def __init__(
@@ -236,7 +236,8 @@ class CropCacheDataset(torch.utils.data.Dataset):
                     entry: dict[str, Any] = {"array": f"a{n}.npy", "tensor": isinstance(value, torch.Tensor)}
                     if isinstance(value, MetaTensor):
                         entry["meta"] = _encode(dict(value.meta), f"{key}.meta")
-                        entry["applied_operations"] = _encode(list(value.applied_operations), f"{key}.applied_operations")
+                        ops = list(value.applied_operations)
+                        entry["applied_operations"] = _encode(ops, f"{key}.applied_operations")
                     record["keys"][key] = entry
                 else:
                     record["keys"][key] = {"value": _encode(value, key)}
