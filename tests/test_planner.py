@@ -1,8 +1,9 @@
 import pytest
 import torch
 from monai.data import CacheDataset, Dataset, SmartCacheDataset
-from monai.transforms import Compose
+from monai.transforms import Compose, RandGaussianNoised
 
+from monai_fast.data.crop_cache import CropCacheDataset
 from monai_fast.data.persistent import TrustedPersistentDataset
 from monai_fast.data.planner import item_bytes, plan_cache, rank_partition
 from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
@@ -31,7 +32,7 @@ def test_measures_the_cached_part_and_picks_ram(chain, tiny_files):
     assert isinstance(ds, CacheDataset) and len(ds) == len(files)
 
 
-def test_budgets_move_the_cache_down_the_hierarchy(chain, tiny_files, tmp_path):
+def test_budgets_move_the_cache_down_the_hierarchy(chain, tiny_files, tiny_config, tmp_path):
     files = _files(tiny_files)
     per = plan_cache(chain, files, "cpu").bytes_per_item
     need = int(per * len(files) * 1.2)
@@ -39,7 +40,19 @@ def test_budgets_move_the_cache_down_the_hierarchy(chain, tiny_files, tmp_path):
         chain, files, "cpu", ram_budget_mib=need / 2 / MIB, disk_budget_mib=10 * need / MIB, cache_dir=tmp_path
     )
     assert disk.where == "disk" and "not in RAM" in disk.describe()
-    assert isinstance(disk.build(files, chain), TrustedPersistentDataset)
+    assert "CropCacheDataset" in disk.describe() and "RandCropByPosNegLabeld after it reads only its patches" in (
+        disk.describe()
+    )
+    crops = disk.build(files, chain)
+    assert isinstance(crops, CropCacheDataset) and crops.reads_patches
+    assert crops[0][0]["image"].shape[1:] == tuple(tiny_config.patch_size)
+    # a chain whose first random transform is no crop keeps whole items on disk
+    noisy = Compose([*chain.transforms[:7], RandGaussianNoised("image", prob=1.0), *chain.transforms[7:]])
+    whole = plan_cache(
+        noisy, files, "cpu", ram_budget_mib=need / 2 / MIB, disk_budget_mib=10 * need / MIB, cache_dir=tmp_path
+    )
+    assert whole.where == "disk" and "whole items" in whole.describe()
+    assert isinstance(whole.build(files, noisy), TrustedPersistentDataset)
     smart = plan_cache(
         chain, files, "cpu", ram_budget_mib=need / 2 / MIB, disk_budget_mib=need / 10 / MIB, cache_dir=tmp_path
     )

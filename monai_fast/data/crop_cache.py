@@ -17,6 +17,8 @@ and reads it back whole, every epoch, even when the next transform keeps a 96^3 
   state.
 * **One copy per node.** The operating system's page cache holds the mapped files once for every
   process that reads them: loader workers and ranks on one node share it.
+* **Bad items named.** A transform that fails on an item raises a
+  :class:`~monai_fast.data.items.DataItemError` naming its files, in the process or worker that ran it.
 * **A key you can trust, a write that is whole.** Items are keyed like
   :class:`~monai_fast.data.persistent.TrustedPersistentDataset`: each file's identity (size and
   modification time, or content) and a fingerprint of the deterministic transforms' parameters.
@@ -66,6 +68,7 @@ from monai.transforms.compose import execute_compose
 from monai.transforms.utils import map_binary_to_indices, map_classes_to_indices
 
 from monai_fast.data.fingerprint import transform_fingerprint
+from monai_fast.data.items import DataItemError, error_text, item_files
 from monai_fast.files import clean_stale_tmp, tmp_path_for
 
 __all__ = ["PATCH_CROPS", "CropCacheDataset"]
@@ -160,14 +163,27 @@ class CropCacheDataset(torch.utils.data.Dataset):
         item = self._cached(index)
         if self._indices is not None:  # the user's set_random_state replaces the crop's generators
             self.suffix[0].R, self.suffix[0].cropper = self._user_crop.R, self._user_crop.cropper
-        return execute_compose(
-            item,
-            self.suffix,
-            map_items=self.transform.map_items,
-            unpack_items=self.transform.unpack_items,
-            lazy=self.transform.lazy,
-            overrides=self.transform.overrides,
-        )
+        return self._run(item, self.suffix)
+
+    def _run(self, item: Any, transforms: list) -> Any:
+        """``transforms`` over ``item`` as the user's ``Compose`` runs them; a failure names the item's files."""
+        try:
+            return execute_compose(
+                item,
+                transforms,
+                map_items=self.transform.map_items,
+                unpack_items=self.transform.unpack_items,
+                lazy=self.transform.lazy,
+                overrides=self.transform.overrides,
+            )
+        except DataItemError:
+            raise
+        except Exception as e:
+            files = item_files(item)
+            if not files:
+                raise
+            reason = error_text(e)
+            raise DataItemError(f"transforming {files} failed: {reason}", reason=reason) from e
 
     def fill(self, indices: Sequence[int] | None = None) -> int:
         """Compute and write the items not yet in the cache (all, or those of ``indices``).
@@ -186,14 +202,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
         return self.cache_dir / f"{self._item_key(self.data[index])}-{self.chain_key}"
 
     def _prefix(self, index: int) -> dict:
-        out = execute_compose(
-            copy.deepcopy(self.data[index]),
-            self.prefix,
-            map_items=self.transform.map_items,
-            unpack_items=self.transform.unpack_items,
-            lazy=self.transform.lazy,
-            overrides=self.transform.overrides,
-        )
+        out = self._run(copy.deepcopy(self.data[index]), self.prefix)
         if not isinstance(out, Mapping):
             raise TypeError(
                 f"CropCacheDataset: the deterministic transforms of item {index} return a {type(out).__name__}, "

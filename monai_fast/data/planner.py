@@ -36,6 +36,7 @@ from monai.data import CacheDataset, Dataset, partition_dataset
 from monai.transforms import Compose, RandomizableTrait, ToDeviced, Transform
 
 from monai_fast.data.background import BackgroundCacheDataset
+from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset
 from monai_fast.data.persistent import TrustedPersistentDataset
 from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
 from monai_fast.data.smartcache import SafeSmartCacheDataset
@@ -128,6 +129,7 @@ class CachePlan:
     cache_num: int | None = None
     tensor_keys: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    reads_patches: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -142,7 +144,9 @@ class CachePlan:
 
         ``gpu``: a ``CacheDataset`` whose cached chain ends with ``ToDeviced`` (random transforms
         then run on the GPU; load it with ``ThreadDataLoader(num_workers=0)``). ``ram``: a
-        ``CacheDataset``. ``disk``: a :class:`TrustedPersistentDataset`. ``smartcache``: a
+        ``CacheDataset``. ``disk``: a :class:`~monai_fast.data.crop_cache.CropCacheDataset` where the first
+        random transform is a crop that reads its patch from the mapped arrays (``reads_patches``), else a
+        :class:`TrustedPersistentDataset`. ``smartcache``: a
         :class:`SafeSmartCacheDataset` holding ``cache_num`` items. ``none``: a plain ``Dataset``.
         The chain becomes a :class:`~monai_fast.data.safe_chain.NamedItemsCompose` over the same
         transform objects, so a failing item names its files, and a failed fill ends cleanly.
@@ -173,6 +177,8 @@ class CachePlan:
                 return cache_cls(data, NamedItemsCompose.of(named, t), cache_rate=1.0, copy_cache=False, **kwargs)
             if self.where == "ram":
                 return cache_cls(data, named, cache_rate=1.0, **kwargs)
+            if self.where == "disk" and self.reads_patches:
+                return CropCacheDataset(data, named, cache_dir=self.cache_dir, **kwargs)
             if self.where == "disk":
                 return TrustedPersistentDataset(data, named, cache_dir=self.cache_dir, **kwargs)
             if self.where == "smartcache":
@@ -260,6 +266,8 @@ def plan_cache(
         device=str(device),
         cache_dir=None if cache_dir is None else str(cache_dir),
         tensor_keys=keys,
+        reads_patches=first_random < len(transform.transforms)
+        and isinstance(transform.transforms[first_random], PATCH_CROPS),
     )
     need = plan.total_bytes
     head = f"{len(data)} items x {_gib(per_item)} = {_gib(per_item * len(data))} (x{margin:g} margin: {_gib(need)})"
@@ -283,9 +291,13 @@ def plan_cache(
     r.append(f"not in RAM: {head} exceeds the RAM budget of {_gib(ram_budget)}")
     if cache_dir is not None and disk_budget is not None and need <= disk_budget:
         plan.where = "disk"
-        r.append(
-            f"cache on disk (TrustedPersistentDataset in {cache_dir}): fits the disk budget of {_gib(disk_budget)}"
+        how = (
+            f"CropCacheDataset in {cache_dir}: the {type(transform.transforms[first_random]).__name__} "
+            "after it reads only its patches"
+            if plan.reads_patches
+            else f"TrustedPersistentDataset in {cache_dir}: whole items, the first random transform is no crop"
         )
+        r.append(f"cache on disk ({how}): {head} fits the disk budget of {_gib(disk_budget)}")
         return plan
     if cache_dir is not None:
         r.append(f"not on disk: exceeds the disk budget of {_gib(disk_budget or 0)} in {cache_dir}")
