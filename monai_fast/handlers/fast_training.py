@@ -29,11 +29,11 @@ from monai_fast.handlers.algorithm_time import TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
-from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
+from monai_fast.handlers.lifecycle import EngineHandler, handlers_on, is_running
 from monai_fast.handlers.memory_format import choose_memory_format
 from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.prediction_layout import ClassesInnermost
-from monai_fast.handlers.prefetch import prefetch_for
+from monai_fast.handlers.prefetch import PrefetchChoice, prefetch_for
 from monai_fast.handlers.record import describe_engine, record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.window_tune import SlidingWindowTune, sliding_window_of
@@ -201,6 +201,7 @@ class FastTraining(EngineHandler):
         self.amp: AMPToggle | None = None
         self._pending_evaluator: Engine | None = None
         self._helpers: list[EngineHandler] = []
+        self._choices: dict[str, PrefetchChoice] = {}  # by lever: the measured prefetch choices
 
     @property
     def validation(self) -> Literal["auto", "tune"] | bool:
@@ -213,7 +214,8 @@ class FastTraining(EngineHandler):
 
         Raises:
             TypeError: ``trainer`` is not a MONAI workflow (``SupervisedTrainer``, ...).
-            RuntimeError: already attached.
+            RuntimeError: already attached, or the trainer or the evaluator is inside ``run()`` (attached
+                from one of its event handlers: the run already holds the loaders it was given).
         """
         if not isinstance(trainer, Workflow):
             raise TypeError(
@@ -223,6 +225,12 @@ class FastTraining(EngineHandler):
             raise TypeError(
                 f"FastTraining: evaluator must be a MONAI SupervisedEvaluator, got {type(evaluator).__name__}"
             )
+        for engine, name in ((trainer, "trainer"), (evaluator, "evaluator")):
+            if engine is not None and is_running(engine):
+                raise RuntimeError(
+                    f"FastTraining: attach FastTraining before run(): the {name} is running (at "
+                    f"{engine.last_event_name}), and a run keeps the data loader it started with"
+                )
         self._pending_evaluator = evaluator
         super().attach(trainer)
 
@@ -232,6 +240,12 @@ class FastTraining(EngineHandler):
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             self._apply_levers(trainer, evaluator, device)  # measuring here must not shift the run's random stream
         self.on(trainer, Events.STARTED, self._record)
+        self.on_run_end(trainer, self._conclude_prefetch)
+
+    def _conclude_prefetch(self, trainer: Engine) -> None:
+        """Every prefetch choice still measuring when the trainer's run ends keeps its setting, with its reason."""
+        for choice in self._choices.values():
+            choice.conclude()
 
     def _apply_levers(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
         record = record_of(trainer)  # with a RecordHandler attached first, the fill is in the doctor's wall clock
@@ -275,7 +289,7 @@ class FastTraining(EngineHandler):
         self._memory_format_lever(trainer, device)
         if evaluator is not None:
             self._validation_lever(trainer, evaluator, device)
-            self._prediction_layout_lever(evaluator)
+            self._prediction_layout_lever(evaluator, trainer)
 
     def _detached(self, engine: Engine) -> None:
         for helper in reversed(self._helpers):  # last wrapped, first unwrapped (inferer wrappers nest)
@@ -333,17 +347,20 @@ class FastTraining(EngineHandler):
             self.prefetch,
             functools.partial(self._prefetch_chosen, trainer, name),
             ready=self._filled,
+            conclude_at_run_end=engine is trainer,  # an evaluator's short runs add up until the trainer's run ends
         )
         if choice is not None:
             choice.attach(engine)
             self._helpers.append(choice)
+            self._choices[name] = choice
         self._say(name, True, setting, why)
 
     def _filled(self) -> bool:
         return all(ds.complete for ds in self._fills)
 
     def _prefetch_chosen(self, trainer: Engine, name: str, prefetch: bool, reason: str) -> None:
-        self._say(name, True, "ahead" if prefetch else "on demand", f"measured {reason}")
+        measured = name in self._choices and self._choices[name].measured
+        self._say(name, True, "ahead" if prefetch else "on demand", f"measured {reason}" if measured else reason)
         self._record(trainer, only=name)
 
     def _precision(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
@@ -363,21 +380,41 @@ class FastTraining(EngineHandler):
         amp.attach(trainer)
         self._helpers.append(amp)
         self.amp = amp
+        self.on(trainer, Events.ITERATION_COMPLETED(once=1), self._acted, "precision", amp, trainer)
         if evaluator is not None and not (getattr(evaluator, "amp", False) and device.type == "cuda"):
             ev = AMPToggle(amp.precision)
             ev.attach(evaluator)
             self._helpers.append(ev)
+            self.on(
+                evaluator,
+                Events.ITERATION_COMPLETED(once=1),
+                self._acted,
+                "validation precision",
+                ev,
+                trainer,
+                owner=trainer,
+            )
         reason = {
             "bf16": f"{device.type} runs bf16 natively" + (" and it measured faster" if device.type == "cpu" else ""),
             "fp16": "this GPU has no fast bf16: fp16 with a GradScaler",
             "fp32": "no reduced precision pays on this device",
         }.get(amp.precision, "")
+        if self.precision in ("bf16", "fp16"):  # asked for, not decided here
+            reason = f"requested {self.precision}"
         if monai_amp:
             reason = (
                 f"MONAI's amp=True autocasts for CUDA only and does nothing on {device.type}: read as a request "
                 f"for reduced precision; {reason or 'requested ' + str(self.precision)}"
             )
         self._say("precision", amp.precision != "fp32", amp.precision, reason or f"requested {self.precision}")
+
+    def _acted(self, engine: Engine, lever: str, handler: Any, trainer: Engine) -> None:
+        """After the engine's first step: a lever whose handler found the step out of its reach is not applied."""
+        if handler.unused is None or self.applied.get(lever, {}).get("applied") is False:
+            return
+        setting = getattr(handler, "precision", None)
+        self._say(lever, False, setting, f"did not act: {handler.unused}")
+        self._record(trainer, only=lever)
 
     def _memory_format_lever(self, trainer: Workflow, device: torch.device) -> None:
         if self.memory_format is False:
@@ -398,7 +435,7 @@ class FastTraining(EngineHandler):
         self._say("memory_format", choice == "channels_last_3d", choice, reason)
         self._record(trainer, only="memory_format")
 
-    def _prediction_layout_lever(self, evaluator: Workflow) -> None:
+    def _prediction_layout_lever(self, evaluator: Workflow, trainer: Workflow) -> None:
         if self.prediction_layout is False:
             self._say("prediction layout", False, None, "switched off (prediction_layout=False)")
             return
@@ -410,6 +447,16 @@ class FastTraining(EngineHandler):
         layout.attach(evaluator)
         self._helpers.append(layout)
         self._say("prediction layout", layout.active, "classes innermost" if layout.active else None, layout.reason)
+        if layout.active:
+            self.on(
+                evaluator,
+                Events.ITERATION_COMPLETED(once=1),
+                self._acted,
+                "prediction layout",
+                layout,
+                trainer,
+                owner=trainer,
+            )
 
     def _validation_lever(self, trainer: Workflow, evaluator: Workflow, device: torch.device) -> None:
         inferer = getattr(evaluator, "inferer", None)  # a Workflow of one's own may have none
