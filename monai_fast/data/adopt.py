@@ -361,7 +361,9 @@ def _adopt_smartcache(ds: SmartCacheDataset, items: list | None, sampler: Any) -
         note = (
             f"the data set is a MONAI {type(ds).__name__}: its items, window of {safe.cache_num}, "
             f"{safe.replace_num} replacements per epoch and random state adopted into a SafeSmartCacheDataset "
-            "(bounded waits, named errors, resumable); the cached window handed over, no second cache"
+            "(bounded waits, named errors, resumable); the cached window handed over, no second cache. The adopted "
+            "data set rotates, not the user's object: SafeSmartCacheDataset.adoption_of(it) finds it, and a "
+            "later attach over the same data set goes on with its rotation"
         )
     else:
         share = min(len(items), math.ceil(ds.cache_num / sampler.num_replicas))

@@ -80,6 +80,7 @@ class SmartCacheUpdater(EngineHandler):
         TypeError: ``dataset`` is not a ``SmartCacheDataset``; at attach, without ``dataset``, the
             engine's ``data_loader`` holds none.
         ValueError: ``timeout_s`` is not positive.
+        RuntimeError: at attach, the engine is inside ``run()``.
 
     Example:
         >>> from monai.data import SmartCacheDataset
