@@ -48,7 +48,8 @@ logger = logging.getLogger("monai_fast.handlers")
 class FastTraining(EngineHandler):
     """Applies the fast-training guide's levers to an existing MONAI trainer (and its evaluator).
 
-    ``FastTraining().attach(trainer, evaluator)`` before ``trainer.run()``. Each lever is
+    ``FastTraining().attach(trainer, evaluator)`` before ``trainer.run()`` (attached during a run it
+    refuses: the run keeps the loader it started with). Each lever is
     ``"auto"`` (apply where it pays, decided from the device and measurements), a setting, or
     ``False`` (leave it alone). One log line per lever says what was applied and why, and the
     run record gets the same as ``fast_training`` rows (the doctor reads them and never
@@ -58,8 +59,9 @@ class FastTraining(EngineHandler):
     * **cache** / **loader**: the engine's ``DataLoader`` over a MONAI dataset is rebuilt by
       :func:`~monai_fast.data.adopt.adopt_loader`: the deterministic part of its chain cached where
       the planner says (GPU memory, RAM, trusted disk cache, SmartCache with its updater attached),
-      loaded by a ``SafeThreadDataLoader`` with the same batch size, shuffling, ``drop_last`` and
-      collate function; a ``DistributedSampler`` becomes a per-rank partition. A data set that is
+      loaded by a ``SafeThreadDataLoader`` with the same batch size, shuffling, ``drop_last``,
+      collate function, a ``ThreadDataLoader``'s ``repeats`` and buffer, and the worker options where
+      worker processes stay; a ``DistributedSampler`` becomes a per-rank partition. A data set that is
       already a cache is kept (never a second cache): MONAI's ``SmartCacheDataset`` becomes a
       :class:`~monai_fast.data.smartcache.SafeSmartCacheDataset` over the same items and window,
       and a :class:`~monai_fast.handlers.smartcache.SmartCacheUpdater` rotates it (a subclass with
@@ -71,8 +73,9 @@ class FastTraining(EngineHandler):
       ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
       to be thread-safe. ``prefetch="auto"``: the next batch is made during the step on
       a GPU and with worker processes; on a CPU a :class:`~monai_fast.handlers.prefetch.PrefetchChoice`
-      times both ways over the first iterations and keeps the faster (``applied["prefetch"]``);
-      with ``background_fill`` it times nothing until every cache is full.
+      times both ways over the first iterations and keeps the faster (``applied["prefetch"]``; a
+      run that ends first keeps on demand and says so); with ``background_fill`` it times nothing
+      until every cache is full.
       ``background_fill=True`` starts training before a GPU or RAM cache is full
       (:mod:`monai_fast.data.background`: the fill runs on the spare cores, the first epoch takes
       cached items first, each item once; from the first epoch that starts with the cache full the
@@ -83,7 +86,10 @@ class FastTraining(EngineHandler):
       other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
       Left alone when the trainer already uses MONAI's ``amp=True`` on CUDA. MONAI's amp autocasts
       for CUDA only, so on a CPU ``amp=True`` (a bundle's ``"amp": true``) changes nothing: it is
-      read as a request for reduced precision and handled as above, and the log says so. In every case a
+      read as a request for reduced precision and handled as above, and the log says so. A step
+      function of the user's own (``iteration_update=``) that calls ``engine.network`` runs in the
+      same precision; one that reaches neither the inferer nor the network is found at the first
+      iteration, with a warning, and the row says the precision did not act. In every case a
       :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
     * The trainer's own ``postprocessing`` and training metrics (``key_train_metric``,
       ``additional_metrics``) are the user's algorithm: kept as built and timed per epoch by a
