@@ -386,3 +386,29 @@ def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path
         client.execute_cell(nb.cells[2], 2)
     assert seen_modes == modes
     assert "rotated 4" in nb.cells[2].outputs[-1]["text"]
+
+
+def test_a_rerun_attach_cell_on_a_new_trainer_goes_on_with_the_users_smartcache_rotation():
+    """The notebook's attach cell builds a new trainer over the user's data set and attaches again: the
+    rotation goes on where the first run left it (as one longer run), found from the user's own object."""
+    ds = _ds()
+    seen = []
+    for _ in range(2):  # the cell, run twice
+        trainer = _trainer(ds, seen, max_epochs=2)
+        FastTraining(precision=False, memory_format=False, prefetch=False).attach(trainer)
+        updater = handlers_on(trainer)[SmartCacheUpdater]
+        trainer.run()
+    assert seen == GUIDE[:4]
+    assert updater.updates == 4 and updater.state_dict()["updates"] == 4  # the count, public
+    rotating = SafeSmartCacheDataset.adoption_of(ds)
+    assert rotating is trainer.data_loader.dataset and rotating.updates == 4 and rotating.adopted_from is ds
+
+
+def test_the_updaters_rotation_count_is_public_in_every_mode():
+    for cls in (SmartCacheDataset, CountedUpdates):
+        trainer = _trainer(_ds(cls), [], max_epochs=3)
+        updater = SmartCacheUpdater()
+        assert updater.updates == 0
+        updater.attach(trainer)
+        trainer.run()
+        assert updater.updates == 3

@@ -5,7 +5,8 @@
 where the deterministic part of its chain is cached (:func:`~monai_fast.data.planner.plan_cache`:
 GPU memory, RAM, a trusted disk cache, a SmartCache) and returns a
 :class:`~monai_fast.data.loaders.SafeThreadDataLoader` over the cached set that keeps what the
-user chose: batch size, shuffling (and its generator), ``drop_last``, the collate function.
+user chose: batch size, shuffling (and its generator), ``drop_last``, the collate function, a
+``ThreadDataLoader``'s ``repeats`` and buffer, and the worker options where workers are kept.
 
 * The transform objects are the user's own, so random transforms draw from the same generators:
   for the same seed, a loader that ran in the main process (``num_workers=0``) and its adoption
@@ -31,7 +32,8 @@ with the reason naming the class and its methods.
 
 What cannot be adopted is returned as a reason, never half-done: an ``IterableDataset``, a data
 set without ``.data`` / ``.transform``, a data set with its own item path, a custom sampler or
-batch sampler, a collate function not known to be thread-safe.
+batch sampler, a ``RandomSampler`` drawing with replacement or another number of items than the data
+set holds, a collate function not known to be thread-safe.
 
 Example:
     >>> from monai_fast.data.adopt import adopt_loader
@@ -55,6 +57,7 @@ from monai.data import (
     Dataset,
     PersistentDataset,
     SmartCacheDataset,
+    ThreadDataLoader,
     list_data_collate,
     pad_list_data_collate,
 )
@@ -181,6 +184,12 @@ def why_not_adoptable(loader: Any, force_thread: bool = False) -> str | None:
         return f"a custom batch sampler ({type(loader.batch_sampler).__name__}) decides the batches"
     if not isinstance(loader.sampler, (RandomSampler, SequentialSampler, DistributedSampler)):
         return f"a custom sampler ({type(loader.sampler).__name__}) decides the order"
+    sampler = loader.sampler
+    if isinstance(sampler, RandomSampler) and (sampler.replacement or sampler.num_samples != len(ds)):
+        return (
+            f"the RandomSampler draws {sampler.num_samples} of {len(ds)} items"
+            f"{' with replacement' if sampler.replacement else ''}: a shuffle would change the epoch's items"
+        )
     if not force_thread and loader.collate_fn not in THREAD_SAFE_COLLATES:
         name = getattr(loader.collate_fn, "__qualname__", type(loader.collate_fn).__name__)
         return (
@@ -289,19 +298,54 @@ def adopt_loader(
             dataset, where = _build(plan, data, ds.transform, cache_threads, progress, background, after), plan.where
             workers = 0 if plan.where in ("gpu", "ram", "smartcache") else loader.num_workers
             notes = [plan.reasons[-1]]
+        options = _kept_options(loader, workers)
         new = SafeThreadDataLoader(
             dataset,
             batch_size=loader.batch_size,
             drop_last=loader.drop_last,
             collate_fn=loader.collate_fn,
             num_workers=workers,
+            **options,
             **fill_order_options(dataset, shuffle, generator),
         )
+    repeats = f", repeats={options['repeats']}" if options.get("repeats", 1) != 1 else ""
     notes.append(
-        f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}, "
+        f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}{repeats}, "
         f"{workers} worker processes)"
     )
     return AdoptedData(new, dataset, plan, where, notes)
+
+
+#: a ``DataLoader``'s worker options, kept when the adopted loader keeps worker processes
+_WORKER_OPTIONS = (
+    "pin_memory",
+    "worker_init_fn",
+    "prefetch_factor",
+    "persistent_workers",
+    "timeout",
+    "multiprocessing_context",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def _kept_options(loader: DataLoader, workers: int) -> dict[str, Any]:
+    """The user's loader options that the adopted loader takes over as they are.
+
+    A MONAI ``ThreadDataLoader``'s ``repeats`` (each batch yielded that many times: the epoch's
+    content), ``buffer_size`` and ``buffer_timeout``; a ``SafeThreadDataLoader``'s ``timeout_s``;
+    and, where the adopted loader keeps worker processes, their options (``persistent_workers``,
+    ``prefetch_factor``, ``worker_init_fn``, ``timeout``, ``multiprocessing_context``, ...). Over a
+    cache in memory the items are fetched in one thread, so there are no workers to configure.
+    """
+    options: dict[str, Any] = {}
+    if isinstance(loader, ThreadDataLoader):
+        options.update(repeats=loader.repeats, buffer_size=loader.buffer_size, buffer_timeout=loader.buffer_timeout)
+    if isinstance(loader, SafeThreadDataLoader):
+        options["timeout_s"] = loader.timeout_s
+    if workers > 0:
+        options.update({name: getattr(loader, name) for name in _WORKER_OPTIONS if hasattr(loader, name)})
+    return options
 
 
 def _adoptable_smartcache(ds: SmartCacheDataset) -> bool:
@@ -317,7 +361,9 @@ def _adopt_smartcache(ds: SmartCacheDataset, items: list | None, sampler: Any) -
         note = (
             f"the data set is a MONAI {type(ds).__name__}: its items, window of {safe.cache_num}, "
             f"{safe.replace_num} replacements per epoch and random state adopted into a SafeSmartCacheDataset "
-            "(bounded waits, named errors, resumable); the cached window handed over, no second cache"
+            "(bounded waits, named errors, resumable); the cached window handed over, no second cache. The adopted "
+            "data set rotates, not the user's object: SafeSmartCacheDataset.adoption_of(it) finds it, and a "
+            "later attach over the same data set goes on with its rotation"
         )
     else:
         share = min(len(items), math.ceil(ds.cache_num / sampler.num_replicas))

@@ -32,6 +32,10 @@ __all__ = ["SafeSmartCacheDataset", "replace_count"]
 logger = logging.getLogger("monai_fast.data")
 
 
+#: each adopted user's data set and the safe data set rotating in its place (see :meth:`SafeSmartCacheDataset.adopt`)
+_ADOPTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def replace_count(dataset: SmartCacheDataset) -> int:
     """Items a ``SmartCacheDataset`` replaces at each update.
 
@@ -97,7 +101,10 @@ class SafeSmartCacheDataset(SmartCacheDataset):
     :meth:`adopt` turns a MONAI ``SmartCacheDataset`` the user built into this class: the same
     items in the same order, transform, cache size, replacement count, workers, ``copy_cache``,
     ``as_contiguous`` and random state (so a later ``set_data`` shuffles as MONAI's would);
-    ``adopted_from`` names the data set it came from while that exists.
+    ``adopted_from`` names the data set it came from while that exists. Adopting the same data set
+    again (a re-run notebook cell, a second trainer over it) gives the same safe data set, so its
+    rotation goes on where it was; :meth:`adoption_of` finds it from the user's object, which
+    itself no longer rotates.
 
     Args:
         data: the data list, as for ``SmartCacheDataset``.
@@ -169,6 +176,10 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             raise TypeError(
                 f"SafeSmartCacheDataset.adopt needs a monai.data.SmartCacheDataset, got {type(dataset).__name__}"
             )
+        earlier = cls.adoption_of(dataset) if data is None and cache_num is None else None
+        if earlier is not None:  # the same rotation goes on (a re-run attach cell, a second trainer)
+            earlier._rotation.timeout_s = float(timeout_s)
+            return earlier
         replace_num = replace_count(dataset)
         if isinstance(dataset, SafeSmartCacheDataset):
             rate = dataset._rotation.rate
@@ -197,6 +208,8 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         )
         safe._handed_over = None
         safe._adopted_from = weakref.ref(dataset)
+        if data is None and cache_num is None:
+            _ADOPTIONS[dataset] = safe
         if data is None:  # exactly MONAI's count, whatever rounding the rate took
             safe._rotation.replace_num = max(0, min(replace_num, len(items) - num))
         if dataset.shuffle:
@@ -338,6 +351,23 @@ class SafeSmartCacheDataset(SmartCacheDataset):
                     rot.cond.notify_all()
 
     # ---- position and checkpoints -----------------------------------------------------------
+
+    @staticmethod
+    def adoption_of(dataset: SmartCacheDataset) -> SafeSmartCacheDataset | None:
+        """The data set that rotates in place of the user's ``dataset`` (:meth:`adopt`), or ``None``.
+
+        MONAI's ``SmartCacheDataset`` object itself never rotates once adopted: its window stays
+        where it was. This is the one that does, while it still holds the same items in the same
+        order (a ``set_data`` on the user's object since makes the next :meth:`adopt` start anew).
+
+        Example:
+            >>> SafeSmartCacheDataset.adoption_of(users_smartcache_ds).window()  # doctest: +SKIP
+            [2, 3, 4, 0]
+        """
+        safe = _ADOPTIONS.get(dataset)
+        if safe is None or len(safe.data) != len(dataset.data):
+            return None
+        return safe if all(a is b for a, b in zip(safe.data, dataset.data)) else None
 
     @property
     def adopted_from(self) -> SmartCacheDataset | None:

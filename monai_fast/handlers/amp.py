@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -32,10 +34,83 @@ class _AutocastInferer(Inferer):
         t = self.toggle
         if not t.active:
             return self.inner(inputs, network, *args, **kwargs)
+        t.forwards += 1
         with torch.autocast(t.device_type, dtype=t.autocast_dtype):
             out = self.inner(inputs, network, *args, **kwargs)
         # the loss and post-processing run outside autocast: give them fp32, as autocast would
-        return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+        return _as_fp32(out)
+
+
+def _as_fp32(out: Any) -> Any:
+    """A floating-point tensor output in fp32 (what the loss and post-processing expect outside autocast)."""
+    return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+
+
+class _InertHooks:
+    """What a pickled network's precision hooks become: they do nothing (the toggle stays with its engine)."""
+
+    def before(self, module: torch.nn.Module, args: Any) -> None:
+        """Nothing: a pickled copy of the network is not the engine's."""
+
+    def after(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        """Nothing: a pickled copy of the network is not the engine's."""
+
+
+class _NetworkAutocast:
+    """Forward hooks that autocast the engine's network when the engine's own step calls it directly.
+
+    A ``SupervisedTrainer`` given ``iteration_update=`` (a step function of the user's own) calls
+    ``engine.network`` itself and never the inferer that :class:`_AutocastInferer` wraps. The
+    pre-hook enters ``torch.autocast`` and the forward hook (``always_call``: also when the forward
+    raises) leaves it and hands the output on in fp32, as the inferer wrapper does. They act only
+    while the engine is inside an iteration (so the same network called from a notebook after the
+    run, or by another engine, is left alone), only on the network they were registered on (a deep
+    copy, such as an EMA model or a measurement's copy, shares this object but is not that network),
+    and never inside an autocast already on (the wrapped inferer's, or the user's own).
+    """
+
+    def __init__(self, toggle: AMPToggle, network: torch.nn.Module) -> None:
+        self.toggle = toggle
+        self.network = weakref.ref(network)
+        self.in_step = False
+        self._local = threading.local()
+        self._handles = [
+            network.register_forward_pre_hook(self.before),
+            network.register_forward_hook(self.after, always_call=True),
+        ]
+
+    def __deepcopy__(self, memo: dict) -> _NetworkAutocast:
+        return self  # a copied network keeps hooks that do nothing for it (see ``network``)
+
+    def __reduce__(self) -> tuple:
+        return (_InertHooks, ())
+
+    def before(self, module: torch.nn.Module, args: Any) -> None:
+        """Enter autocast for a direct call of the engine's network during its step."""
+        stack = self._local.__dict__.setdefault("stack", [])
+        t = self.toggle
+        if not self.in_step or module is not self.network() or not t.active or torch.is_autocast_enabled(t.device_type):
+            stack.append(None)
+            return
+        ctx = torch.autocast(t.device_type, dtype=t.autocast_dtype)
+        ctx.__enter__()
+        stack.append(ctx)
+        t.forwards += 1
+
+    def after(self, module: torch.nn.Module, args: Any, output: Any) -> Any:
+        """Leave the autocast :meth:`before` entered; the output in fp32."""
+        stack = self._local.__dict__.get("stack")
+        ctx = stack.pop() if stack else None
+        if ctx is None:
+            return None
+        ctx.__exit__(None, None, None)
+        return _as_fp32(output)
+
+    def remove(self) -> None:
+        """Unregister both hooks."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 class AMPToggle(EngineHandler):
@@ -43,7 +118,12 @@ class AMPToggle(EngineHandler):
 
     MONAI's ``amp=True`` is fixed at construction, always autocasts for ``"cuda"`` and offers no
     way out when the loss turns non-finite. This handler wraps the engine's inferer in
-    ``torch.autocast`` for the engine's device (so bf16 also works on a CPU), and:
+    ``torch.autocast`` for the engine's device (so bf16 also works on a CPU), and the engine's
+    ``network`` too (forward hooks acting only during the engine's iterations), so a step function
+    of the user's own (``iteration_update=``) that calls ``engine.network`` directly runs in the
+    same precision. A step that reaches neither (it calls another module, or autocasts itself) is
+    found at the first iteration: a warning says the precision did not act and :attr:`unused`
+    says why. It also:
 
     * picks the precision: ``"auto"`` is bf16 on GPUs that support it, else fp16 with a
       ``GradScaler`` (through MONAI's own scaler path); on a CPU, bf16 only with bf16 matrix
@@ -111,6 +191,13 @@ class AMPToggle(EngineHandler):
         self._epoch_counts = dict(self.stats)
         self._restored = False
         self._undo: dict[str, Any] = {}
+        #: forwards run under this handler's autocast (through the inferer or the network's hooks)
+        self.forwards = 0
+        #: why the precision did not act on the engine's step (found at its first iteration), else ``None``
+        self.unused: str | None = None
+        self._checked = False
+        self._forwards_before = 0
+        self._hooks: _NetworkAutocast | None = None
 
     @property
     def stats(self) -> dict[str, int]:
@@ -199,12 +286,19 @@ class AMPToggle(EngineHandler):
             "scaler": getattr(engine, "scaler", None),
         }
         engine.inferer = _AutocastInferer(engine.inferer, self)
+        network = getattr(engine, "network", None)
+        if isinstance(network, torch.nn.Module):
+            self._hooks = _NetworkAutocast(self, network)
         trains = hasattr(engine, "optimizer")
         if trains and self.precision == "fp16" and getattr(engine, "scaler", None) is None:
             engine.scaler = torch.amp.GradScaler("cuda")
         self._apply()
         self.on(engine, Events.EPOCH_STARTED, self._epoch_started)
         self.on(engine, Events.EPOCH_COMPLETED, self._epoch_completed)
+        self.on(engine, Events.ITERATION_STARTED, self._step_started)
+        # first: an evaluator run from the trainer's ITERATION_COMPLETED is not the trainer's step
+        self.on(engine, Events.ITERATION_COMPLETED, self._step_completed, first=True)
+        self.on_run_end(engine, self._step_ended)
         if trains:
             self._use_guard(engine)
             self.on(engine, Events.ITERATION_STARTED, self._iteration_started)
@@ -222,7 +316,35 @@ class AMPToggle(EngineHandler):
         guard.fallback = self._fall_back
         self._guard = guard
 
+    def _step_started(self, engine: Engine) -> None:
+        if self._hooks is not None:
+            self._hooks.in_step = True
+        self._forwards_before = self.forwards
+
+    def _step_completed(self, engine: Engine) -> None:
+        self._step_ended(engine)
+        if self._checked or not self.active:
+            return
+        self._checked = True
+        if self.forwards == self._forwards_before:
+            self.unused = (
+                "the engine's step called neither its inferer nor its network outside an autocast of its own "
+                "(a step function that calls another module, or autocasts itself)"
+            )
+            logger.warning(
+                "AMPToggle: %s did not act on the first iteration: %s; the step runs as it is written",
+                self.precision,
+                self.unused,
+            )
+
+    def _step_ended(self, engine: Engine) -> None:
+        if self._hooks is not None:
+            self._hooks.in_step = False
+
     def _detached(self, engine: Engine) -> None:
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
         # undo the inferer wrapping (also when another toggle's wrapper sits on top of ours) and MONAI's flags
         outer = getattr(engine, "inferer", None)
         if isinstance(outer, _AutocastInferer) and outer.toggle is self:
@@ -289,5 +411,8 @@ class AMPToggle(EngineHandler):
         stats = self.stats
         row = {k: stats[k] - self._epoch_counts[k] for k in stats}
         if (record := record_of(engine)) is not None:
-            record.add("epoch", "amp", epoch=engine.state.epoch, precision=self.precision, active=self.active, **row)
-            record.set_summary("amp", {"precision": self.precision, "fell_back": self.fell_back, **stats})
+            active = self.active and self.unused is None
+            record.add("epoch", "amp", epoch=engine.state.epoch, precision=self.precision, active=active, **row)
+            record.set_summary(
+                "amp", {"precision": self.precision, "fell_back": self.fell_back, "unused": self.unused, **stats}
+            )

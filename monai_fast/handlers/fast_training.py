@@ -29,11 +29,11 @@ from monai_fast.handlers.algorithm_time import TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
-from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
+from monai_fast.handlers.lifecycle import EngineHandler, handlers_on, is_running
 from monai_fast.handlers.memory_format import choose_memory_format
 from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.prediction_layout import ClassesInnermost
-from monai_fast.handlers.prefetch import prefetch_for
+from monai_fast.handlers.prefetch import PrefetchChoice, prefetch_for
 from monai_fast.handlers.record import describe_engine, record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.window_tune import SlidingWindowTune, sliding_window_of
@@ -48,7 +48,8 @@ logger = logging.getLogger("monai_fast.handlers")
 class FastTraining(EngineHandler):
     """Applies the fast-training guide's levers to an existing MONAI trainer (and its evaluator).
 
-    ``FastTraining().attach(trainer, evaluator)`` before ``trainer.run()``. Each lever is
+    ``FastTraining().attach(trainer, evaluator)`` before ``trainer.run()`` (attached during a run it
+    refuses: the run keeps the loader it started with). Each lever is
     ``"auto"`` (apply where it pays, decided from the device and measurements), a setting, or
     ``False`` (leave it alone). One log line per lever says what was applied and why, and the
     run record gets the same as ``fast_training`` rows (the doctor reads them and never
@@ -58,8 +59,9 @@ class FastTraining(EngineHandler):
     * **cache** / **loader**: the engine's ``DataLoader`` over a MONAI dataset is rebuilt by
       :func:`~monai_fast.data.adopt.adopt_loader`: the deterministic part of its chain cached where
       the planner says (GPU memory, RAM, trusted disk cache, SmartCache with its updater attached),
-      loaded by a ``SafeThreadDataLoader`` with the same batch size, shuffling, ``drop_last`` and
-      collate function; a ``DistributedSampler`` becomes a per-rank partition. A data set that is
+      loaded by a ``SafeThreadDataLoader`` with the same batch size, shuffling, ``drop_last``,
+      collate function, a ``ThreadDataLoader``'s ``repeats`` and buffer, and the worker options where
+      worker processes stay; a ``DistributedSampler`` becomes a per-rank partition. A data set that is
       already a cache is kept (never a second cache): MONAI's ``SmartCacheDataset`` becomes a
       :class:`~monai_fast.data.smartcache.SafeSmartCacheDataset` over the same items and window,
       and a :class:`~monai_fast.handlers.smartcache.SmartCacheUpdater` rotates it (a subclass with
@@ -71,8 +73,9 @@ class FastTraining(EngineHandler):
       ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
       to be thread-safe. ``prefetch="auto"``: the next batch is made during the step on
       a GPU and with worker processes; on a CPU a :class:`~monai_fast.handlers.prefetch.PrefetchChoice`
-      times both ways over the first iterations and keeps the faster (``applied["prefetch"]``);
-      with ``background_fill`` it times nothing until every cache is full.
+      times both ways over the first iterations and keeps the faster (``applied["prefetch"]``; a
+      run that ends first keeps on demand and says so); with ``background_fill`` it times nothing
+      until every cache is full.
       ``background_fill=True`` starts training before a GPU or RAM cache is full
       (:mod:`monai_fast.data.background`: the fill runs on the spare cores, the first epoch takes
       cached items first, each item once; from the first epoch that starts with the cache full the
@@ -83,7 +86,10 @@ class FastTraining(EngineHandler):
       other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
       Left alone when the trainer already uses MONAI's ``amp=True`` on CUDA. MONAI's amp autocasts
       for CUDA only, so on a CPU ``amp=True`` (a bundle's ``"amp": true``) changes nothing: it is
-      read as a request for reduced precision and handled as above, and the log says so. In every case a
+      read as a request for reduced precision and handled as above, and the log says so. A step
+      function of the user's own (``iteration_update=``) that calls ``engine.network`` runs in the
+      same precision; one that reaches neither the inferer nor the network is found at the first
+      iteration, with a warning, and the row says the precision did not act. In every case a
       :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
     * The trainer's own ``postprocessing`` and training metrics (``key_train_metric``,
       ``additional_metrics``) are the user's algorithm: kept as built and timed per epoch by a
@@ -201,6 +207,7 @@ class FastTraining(EngineHandler):
         self.amp: AMPToggle | None = None
         self._pending_evaluator: Engine | None = None
         self._helpers: list[EngineHandler] = []
+        self._choices: dict[str, PrefetchChoice] = {}  # by lever: the measured prefetch choices
 
     @property
     def validation(self) -> Literal["auto", "tune"] | bool:
@@ -213,7 +220,8 @@ class FastTraining(EngineHandler):
 
         Raises:
             TypeError: ``trainer`` is not a MONAI workflow (``SupervisedTrainer``, ...).
-            RuntimeError: already attached.
+            RuntimeError: already attached, or the trainer or the evaluator is inside ``run()`` (attached
+                from one of its event handlers: the run already holds the loaders it was given).
         """
         if not isinstance(trainer, Workflow):
             raise TypeError(
@@ -223,6 +231,12 @@ class FastTraining(EngineHandler):
             raise TypeError(
                 f"FastTraining: evaluator must be a MONAI SupervisedEvaluator, got {type(evaluator).__name__}"
             )
+        for engine, name in ((trainer, "trainer"), (evaluator, "evaluator")):
+            if engine is not None and is_running(engine):
+                raise RuntimeError(
+                    f"FastTraining: attach FastTraining before run(): the {name} is running (at "
+                    f"{engine.last_event_name}), and a run keeps the data loader it started with"
+                )
         self._pending_evaluator = evaluator
         super().attach(trainer)
 
@@ -232,6 +246,12 @@ class FastTraining(EngineHandler):
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             self._apply_levers(trainer, evaluator, device)  # measuring here must not shift the run's random stream
         self.on(trainer, Events.STARTED, self._record)
+        self.on_run_end(trainer, self._conclude_prefetch)
+
+    def _conclude_prefetch(self, trainer: Engine) -> None:
+        """Every prefetch choice still measuring when the trainer's run ends keeps its setting, with its reason."""
+        for choice in self._choices.values():
+            choice.conclude()
 
     def _apply_levers(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
         record = record_of(trainer)  # with a RecordHandler attached first, the fill is in the doctor's wall clock
@@ -275,7 +295,7 @@ class FastTraining(EngineHandler):
         self._memory_format_lever(trainer, device)
         if evaluator is not None:
             self._validation_lever(trainer, evaluator, device)
-            self._prediction_layout_lever(evaluator)
+            self._prediction_layout_lever(evaluator, trainer)
 
     def _detached(self, engine: Engine) -> None:
         for helper in reversed(self._helpers):  # last wrapped, first unwrapped (inferer wrappers nest)
@@ -333,17 +353,20 @@ class FastTraining(EngineHandler):
             self.prefetch,
             functools.partial(self._prefetch_chosen, trainer, name),
             ready=self._filled,
+            conclude_at_run_end=engine is trainer,  # an evaluator's short runs add up until the trainer's run ends
         )
         if choice is not None:
             choice.attach(engine)
             self._helpers.append(choice)
+            self._choices[name] = choice
         self._say(name, True, setting, why)
 
     def _filled(self) -> bool:
         return all(ds.complete for ds in self._fills)
 
     def _prefetch_chosen(self, trainer: Engine, name: str, prefetch: bool, reason: str) -> None:
-        self._say(name, True, "ahead" if prefetch else "on demand", f"measured {reason}")
+        measured = name in self._choices and self._choices[name].measured
+        self._say(name, True, "ahead" if prefetch else "on demand", f"measured {reason}" if measured else reason)
         self._record(trainer, only=name)
 
     def _precision(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
@@ -363,21 +386,41 @@ class FastTraining(EngineHandler):
         amp.attach(trainer)
         self._helpers.append(amp)
         self.amp = amp
+        self.on(trainer, Events.ITERATION_COMPLETED(once=1), self._acted, "precision", amp, trainer)
         if evaluator is not None and not (getattr(evaluator, "amp", False) and device.type == "cuda"):
             ev = AMPToggle(amp.precision)
             ev.attach(evaluator)
             self._helpers.append(ev)
+            self.on(
+                evaluator,
+                Events.ITERATION_COMPLETED(once=1),
+                self._acted,
+                "validation precision",
+                ev,
+                trainer,
+                owner=trainer,
+            )
         reason = {
             "bf16": f"{device.type} runs bf16 natively" + (" and it measured faster" if device.type == "cpu" else ""),
             "fp16": "this GPU has no fast bf16: fp16 with a GradScaler",
             "fp32": "no reduced precision pays on this device",
         }.get(amp.precision, "")
+        if self.precision in ("bf16", "fp16"):  # asked for, not decided here
+            reason = f"requested {self.precision}"
         if monai_amp:
             reason = (
                 f"MONAI's amp=True autocasts for CUDA only and does nothing on {device.type}: read as a request "
                 f"for reduced precision; {reason or 'requested ' + str(self.precision)}"
             )
         self._say("precision", amp.precision != "fp32", amp.precision, reason or f"requested {self.precision}")
+
+    def _acted(self, engine: Engine, lever: str, handler: Any, trainer: Engine) -> None:
+        """After the engine's first step: a lever whose handler found the step out of its reach is not applied."""
+        if handler.unused is None or self.applied.get(lever, {}).get("applied") is False:
+            return
+        setting = getattr(handler, "precision", None)
+        self._say(lever, False, setting, f"did not act: {handler.unused}")
+        self._record(trainer, only=lever)
 
     def _memory_format_lever(self, trainer: Workflow, device: torch.device) -> None:
         if self.memory_format is False:
@@ -398,7 +441,7 @@ class FastTraining(EngineHandler):
         self._say("memory_format", choice == "channels_last_3d", choice, reason)
         self._record(trainer, only="memory_format")
 
-    def _prediction_layout_lever(self, evaluator: Workflow) -> None:
+    def _prediction_layout_lever(self, evaluator: Workflow, trainer: Workflow) -> None:
         if self.prediction_layout is False:
             self._say("prediction layout", False, None, "switched off (prediction_layout=False)")
             return
@@ -410,6 +453,16 @@ class FastTraining(EngineHandler):
         layout.attach(evaluator)
         self._helpers.append(layout)
         self._say("prediction layout", layout.active, "classes innermost" if layout.active else None, layout.reason)
+        if layout.active:
+            self.on(
+                evaluator,
+                Events.ITERATION_COMPLETED(once=1),
+                self._acted,
+                "prediction layout",
+                layout,
+                trainer,
+                owner=trainer,
+            )
 
     def _validation_lever(self, trainer: Workflow, evaluator: Workflow, device: torch.device) -> None:
         inferer = getattr(evaluator, "inferer", None)  # a Workflow of one's own may have none

@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 from ignite.engine import Engine, Events
 from ignite.engine.events import RemovableEventHandle
 
-__all__ = ["EngineHandler", "callbacks_on", "handlers_on", "on_run_end", "wrap_callback"]
+__all__ = ["EngineHandler", "callbacks_on", "handlers_on", "is_running", "on_run_end", "wrap_callback"]
 
 _RUN_END = "_monai_fast_run_end"
 _REGISTRY = "_monai_fast_handlers"
@@ -175,6 +175,27 @@ def wrap_callback(engine: Engine, event: Any, fn: Callable, wrapper: Callable) -
             handlers[i] = (wrapper, args, kwargs)
             return _WrapHandle(engine, event, registered, wrapper)
     return None
+
+
+#: the events after which an engine is between runs (ignite's ``last_event_name``; ``None``: never run)
+_BETWEEN_RUNS = (None, Events.COMPLETED, Events.TERMINATE, Events.EXCEPTION_RAISED)
+
+
+def is_running(engine: Engine) -> bool:
+    """Whether ``engine`` is inside ``run()`` (also paused by ``interrupt()``), read from ignite's ``last_event_name``.
+
+    A handler that replaces what the run already took (the engine's data loader) cannot act on a run
+    that has started: ignite iterates the loader it was given at ``run()``.
+
+    Example:
+        >>> from ignite.engine import Engine, Events
+        >>> engine = Engine(lambda e, b: None)
+        >>> seen = []
+        >>> _ = engine.add_event_handler(Events.STARTED, lambda e: seen.append(is_running(e)))
+        >>> is_running(engine), engine.run([0]) is not None, is_running(engine), seen
+        (False, True, False, [True])
+    """
+    return engine.last_event_name not in _BETWEEN_RUNS
 
 
 def handlers_on(engine: Engine) -> dict[type, EngineHandler]:

@@ -21,18 +21,21 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from ignite.engine import Engine
+from ignite.engine import Engine, Events
 from monai.inferers import Inferer
 
 from monai_fast.handlers.lifecycle import EngineHandler
 
 __all__ = ["ClassesInnermost", "argmax_gain", "classes_innermost"]
+
+logger = logging.getLogger("monai_fast.handlers")
 
 
 def classes_innermost(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
@@ -101,6 +104,7 @@ class _ClassesInnermostInferer(Inferer):
             setattr(self.inner, name, value)
 
     def __call__(self, inputs: torch.Tensor, network: Callable, *args: Any, **kwargs: Any) -> Any:
+        self.handler.calls += 1
         out = self.inner(inputs, network, *args, **kwargs)
         if self.handler.active and isinstance(out, torch.Tensor) and out.dim() == 5 and out.device.type == "cpu":
             return classes_innermost(out, dim=1)  # channels_last_3d: the same values; a MetaTensor stays one
@@ -115,7 +119,9 @@ class ClassesInnermost(EngineHandler):
     ``True`` turns it on without measuring. Predictions on a GPU (an evaluator may stitch on the
     CPU while its network runs on a GPU: those are converted), and any that are not 5-D
     ``(batch, classes, D, H, W)`` tensors, pass unchanged. Values never change, only their memory
-    layout. Detaching restores the engine's inferer.
+    layout. Detaching restores the engine's inferer. An evaluator whose step does not call its
+    inferer (a step function of the user's own, ``iteration_update=``) is found at its first
+    iteration: the handler turns off, a warning says why, and so does :attr:`unused`.
 
     Args:
         mode: ``"auto"`` (measure) or ``True``.
@@ -140,6 +146,10 @@ class ClassesInnermost(EngineHandler):
         self.mode, self.min_gain = mode, float(min_gain)
         self.active = False
         self.reason = ""
+        #: calls of the wrapped inferer
+        self.calls = 0
+        #: why the layout did not act on the engine's step (found at its first iteration), else ``None``
+        self.unused: str | None = None
         self._wrapper: _ClassesInnermostInferer | None = None
 
     def _attach(self, engine: Engine) -> None:
@@ -160,6 +170,17 @@ class ClassesInnermost(EngineHandler):
         if self.active:
             self._wrapper = _ClassesInnermostInferer(engine.inferer, self)
             engine.inferer = self._wrapper
+            self.on(engine, Events.ITERATION_COMPLETED(once=1), self._first_step, first=True)
+
+    def _first_step(self, engine: Engine) -> None:
+        if self.calls or not self.active:
+            return
+        self.active = False
+        self.unused = (
+            "the evaluator's step does not call its inferer (a step function of its own): "
+            "its predictions are left as they come"
+        )
+        logger.warning("ClassesInnermost: turned off: %s", self.unused)
 
     def _detached(self, engine: Engine) -> None:
         # unlink our wrapper wherever it sits in a chain of wrappers (AMPToggle's may be on top of it)

@@ -48,11 +48,14 @@ class PrefetchChoice(EngineHandler):
             never timed (warm-up), nor the last of an epoch (nothing follows it in the epoch), nor
             the first of a block or of an epoch.
         on_choice: called once with ``(prefetch, reason)`` when the choice is made. An engine whose
-            epochs are shorter than a block keeps the loader's setting from before the attach.
+            epochs are shorter than a block, or whose run ends before ``pairs`` iterations were timed
+            each way, keeps the loader's setting from before the attach (:attr:`measured` is then
+            ``False``), and the reason says so.
         ready: asked at each batch; while it returns ``False`` the loader keeps its setting from
             before the attach and no iteration is timed (a cache still filling in the background
             makes batches asked for on demand wait for it, which would decide the choice). ``None``:
             always ready.
+        conclude_at_run_end: :meth:`conclude` when a run of the engine ends (see there).
 
     Raises:
         TypeError: ``loader`` has no boolean ``prefetch``.
@@ -79,6 +82,7 @@ class PrefetchChoice(EngineHandler):
         pairs: int = 4,
         on_choice: Callable[[bool, str], None] | None = None,
         ready: Callable[[], bool] | None = None,
+        conclude_at_run_end: bool = True,
     ) -> None:
         if not isinstance(getattr(loader, "prefetch", None), bool):
             raise TypeError(
@@ -89,6 +93,7 @@ class PrefetchChoice(EngineHandler):
             raise ValueError(f"PrefetchChoice: pairs must be an integer >= 1, got {pairs!r}")
         super().__init__()
         self.loader, self.pairs, self.on_choice, self.ready = loader, pairs, on_choice, ready
+        self.conclude_at_run_end = conclude_at_run_end
         self._initial: bool = loader.prefetch  # kept when no iteration can be timed
         #: seconds per timed iteration, by setting
         self.times: dict[bool, list[float]] = {True: [], False: []}
@@ -105,6 +110,31 @@ class PrefetchChoice(EngineHandler):
         self.on(engine, Events.GET_BATCH_STARTED, self._set)
         self.on(engine, Events.GET_BATCH_COMPLETED, self._arrived)
         self.on(engine, Events.EPOCH_STARTED, self._new_epoch)
+        if self.conclude_at_run_end:
+            self.on_run_end(engine, self.conclude)
+
+    @property
+    def measured(self) -> bool:
+        """Whether the setting kept was measured (``pairs`` timed iterations each way), not kept for want of them."""
+        return self.prefetch is not None and all(len(t) >= self.pairs for t in self.times.values())
+
+    def conclude(self, engine: Engine | None = None) -> None:
+        """Stop measuring: keep the loader's setting from before the attach when nothing was chosen yet, and say why.
+
+        Called at the end of each run of the engine (unless ``conclude_at_run_end=False``: an
+        evaluator whose short runs add up to a measurement, concluded by its trainer's run end).
+        """
+        if self.prefetch is not None:
+            return
+        kept = "prefetch" if self._initial else "on demand"
+        if self._waiting:
+            why = "the caches were still filling in the background when the run ended, so nothing was timed"
+        else:
+            why = (
+                f"the run ended after {len(self.times[True])} timed iteration(s) with prefetch and "
+                f"{len(self.times[False])} on demand, short of the {self.pairs} each way needed to choose"
+            )
+        self._settle(self._initial, f"{kept} kept: {why}")
 
     def _new_epoch(self, engine: Engine) -> None:
         self._open = None  # an iteration is timed only up to the next batch of the same epoch
@@ -174,6 +204,7 @@ def prefetch_for(
     requested: str | bool = "auto",
     on_choice: Callable[[bool, str], None] | None = None,
     ready: Callable[[], bool] | None = None,
+    conclude_at_run_end: bool = True,
 ) -> tuple[str, str, PrefetchChoice | None]:
     """Set ``loader.prefetch`` for ``requested`` and say why; on a CPU with ``"auto"``, a :class:`PrefetchChoice`
     to attach.
@@ -181,7 +212,7 @@ def prefetch_for(
     ``True`` / ``False`` are kept as requested. ``"auto"``: ahead where worker processes make the
     batches (they work ahead in any case) and where :func:`~monai_fast.data.loaders.prefetch_pays`
     says it surely pays (a GPU); otherwise on demand until the returned choice has measured both
-    (``on_choice`` and ``ready`` go to it).
+    (``on_choice``, ``ready`` and ``conclude_at_run_end`` go to it).
 
     Returns:
         the setting (``"ahead"``, ``"on demand"`` or ``"measuring"``), the reason, and the
@@ -208,5 +239,5 @@ def prefetch_for(
     return (
         "measuring",
         f"{why}; the first iterations time it against prefetch",
-        PrefetchChoice(loader, on_choice=on_choice, ready=ready),
+        PrefetchChoice(loader, on_choice=on_choice, ready=ready, conclude_at_run_end=conclude_at_run_end),
     )

@@ -26,7 +26,7 @@ from monai.handlers import SmartCacheHandler
 from monai_fast.data.adopt import adopt_loader, unknown_item_path, why_not_adoptable
 from monai_fast.data.items import DataItemError, describe_item, error_text
 from monai_fast.data.smartcache import SafeSmartCacheDataset, replace_count
-from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on
+from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on, is_running
 
 __all__ = ["SmartCacheUpdater"]
 
@@ -80,6 +80,7 @@ class SmartCacheUpdater(EngineHandler):
         TypeError: ``dataset`` is not a ``SmartCacheDataset``; at attach, without ``dataset``, the
             engine's ``data_loader`` holds none.
         ValueError: ``timeout_s`` is not positive.
+        RuntimeError: at attach, the engine is inside ``run()``.
 
     Example:
         >>> from monai.data import SmartCacheDataset
@@ -110,9 +111,20 @@ class SmartCacheUpdater(EngineHandler):
         self._pending: dict[str, Any] | None = None  # a state loaded before attach
         self._drive: _MonaiRotation | None = None
 
+    @property
+    def updates(self) -> int:
+        """Rotations done so far (one ``update_cache`` per epoch), as in :meth:`state_dict`; 0 before attach."""
+        if self.dataset is None:
+            return 0
+        return int(self.state_dict()["updates"])
+
     # ---- attach ---------------------------------------------------------------------------------
 
     def _attach(self, engine: Engine) -> None:
+        if is_running(engine):  # its STARTED has passed and the run keeps the loader it started with
+            raise RuntimeError(
+                f"SmartCacheUpdater: attach it before run(): the engine is running (at {engine.last_event_name})"
+            )
         loader = getattr(engine, "data_loader", None)
         held = getattr(loader, "dataset", None)
         ds = self._given if self._given is not None else held
