@@ -75,28 +75,20 @@ def test_a_bundle_without_a_3d_sliding_window_is_refused_by_name(bundle, tmp_pat
     assert not (tmp_path / "t.json").exists()
 
 
-def test_monai_fast_tune_bundle_writes_the_override_from_the_command_line(bundle, tmp_path):
+def test_monai_fast_tune_bundle_reports_as_it_goes_and_suggests_the_run_that_trains_as_tuned(bundle, tmp_path):
+    import shlex
     import subprocess
     import sys
 
     root, overrides = bundle
+    given = {**overrides, "validate#inferer#sw_batch_size": 1, "max_epochs": 1}
     sets = []
-    for key, value in {**overrides, "validate#inferer#sw_batch_size": 1}.items():
+    for key, value in given.items():
         sets += ["--set", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
     out = tmp_path / "tuned.json"
+    limits = ["--batch-range", "1", "2", "--sw-range", "1", "2", "--trials", "1", "--precision", "bf16"]
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "monai_fast",
-            "tune",
-            "--bundle",
-            str(root),
-            "--bundle-out",
-            str(out),
-            "--no-progress",
-            *sets,
-        ],
+        [sys.executable, "-m", "monai_fast", "tune", "--bundle", str(root), "--bundle-out", str(out), *limits, *sets],
         capture_output=True,
         text=True,
         timeout=600,
@@ -105,7 +97,30 @@ def test_monai_fast_tune_bundle_writes_the_override_from_the_command_line(bundle
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     written = json.loads(out.read_text())
     assert set(written) >= {ZOO_KEYS["batch"], ZOO_KEYS["sw_batch"]}
+    lines = r.stdout.splitlines()
+    # the plan comes first, with a bound on the trials, then one line per trial as it ends, then the table
+    plan = next(i for i, line in enumerate(lines) if "at most" in line and "trials" in line)
+    most = int(lines[plan].split("at most ")[1].split(" trials")[0])
+    trials = [i for i, line in enumerate(lines) if line.startswith("trial ")]
+    assert trials and plan < trials[0] and len(trials) <= most, r.stdout
+    assert all(f"/{most}: " in lines[i] for i in trials)
+    table = next(i for i, line in enumerate(lines) if line.startswith("phase "))
+    assert trials[-1] < table
+    # the trials ran in the precision asked for the run (the tuner measured fp32 whatever the run used)
+    assert all("(bf16" in lines[i] for i in trials), r.stdout
     assert f"{ZOO_KEYS['batch']} = {written[ZOO_KEYS['batch']]}" in r.stdout and str(out) in r.stdout
+    # the suggested command keeps the overrides the sizes were measured with, less the keys tuned.json sets
+    command = lines[-1].strip()
+    assert command.startswith("monai-fast bundle run ") and "--precision bf16" in command
+    words = shlex.split(command)
+    assert "patch_size=[16, 16, 16]" in words and "max_epochs=1" in words
+    assert not any(w.startswith(ZOO_KEYS["sw_batch"]) for w in words)
+    run = subprocess.run(
+        [sys.executable, "-m", "monai_fast", *words[1:]], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert f"batch_size={written[ZOO_KEYS['batch']]}," in run.stdout  # FastTraining's loader line: the tuned batch
+    assert "FastTraining precision: bf16" in run.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "monai_fast", "tune", "--bundle", str(tmp_path / "nope")],
         capture_output=True,
