@@ -132,8 +132,9 @@ def tune_bundle(
         progress: a progress bar over the trials (on a terminal only).
         say: where the progress lines go (what is checked, the plan, one line per trial); default the
             ``monai_fast.bundle`` logger at INFO.
-        max_trials, memory_cap_mib, margin: as :class:`~monai_fast.tune.SearchSpace` and
-            :class:`~monai_fast.tune.Tuner` take them.
+        max_trials: most candidates run per search (:class:`~monai_fast.tune.SearchSpace`).
+        memory_cap_mib: most memory a candidate may use (:class:`~monai_fast.tune.Tuner`).
+        margin: share of the memory cap kept free (:class:`~monai_fast.tune.SearchSpace`).
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial, passed to the tuner.
 
     Returns:
@@ -163,12 +164,12 @@ def tune_bundle(
     not_written = _unwritable_keys(files, pieces.keys)
     for cid, why in not_written.items():
         tell(f"{cid} will not be written: {why}")
-    if not set(pieces.keys.values()) - set(not_written):
+    if all(pieces.keys[k] in not_written for k in ("batch", "sw_batch") if k in pieces.keys):
         raise BundleError(
             f"none of the tuned keys can be merged into the bundle's config: {'; '.join(not_written.values())}"
         )
     batch_range = _capped(batch_range, pieces, tell)
-    trained_in, why = run_precision(parser, pieces, precision)
+    trained_in, because = run_precision(parser, pieces, precision)
     tuner = Tuner(
         copy.deepcopy(pieces.network).to(pieces.device),
         pieces.loss,
@@ -192,7 +193,7 @@ def tune_bundle(
     )
     most = tuner.most_trials()
     tell(
-        f"tuning on {pieces.device} in {trained_in} ({why}): at most {most} trials: training batch "
+        f"tuning on {pieces.device} in {trained_in} ({because}): at most {most} trials: training batch "
         f"{batch_range[0]}-{batch_range[1]} (patch {'x'.join(map(str, pieces.patch))} x {pieces.num_samples} crops), "
         f"sliding-window batch {sw_batch_range[0]}-{sw_batch_range[1]} on a "
         f"{'x'.join(map(str, pieces.val_shape))} volume; each trial {tuner.timing['warmup']} warm-up step(s), then "
@@ -349,9 +350,10 @@ def _unwritable_keys(files: Sequence[Path], keys: Mapping[str, str]) -> dict[str
     """The tuned config ids that a later config file cannot set, and why.
 
     Each id is set on the merged config of ``files`` (macros and references unresolved) as
-    ``ConfigParser`` merges a later file's key, then resolved: an id inside an object the bundle builds
-    with a ``$`` expression (``"$DataLoader(...)"``), a reference or a macro cannot be set, and would end
-    the bundle's run in a traceback.
+    ``ConfigParser`` merges a later file's key: an id inside an object the bundle builds with a ``$``
+    expression (``"$DataLoader(...)"``), a reference or a macro cannot be set, and would end the bundle's
+    run in a traceback. An id that can be set sits in a config dict, where the parser resolves it as the
+    plain value written.
     """
     from monai.bundle import ConfigParser
 
@@ -361,8 +363,6 @@ def _unwritable_keys(files: Sequence[Path], keys: Mapping[str, str]) -> dict[str
         probe = ConfigParser(copy.deepcopy(merged))
         try:
             probe[cid] = 1
-            probe.parse(reset=True)
-            probe.get_parsed_content(cid)
         except (KeyError, IndexError, TypeError, ValueError):
             why[cid] = _why_not(merged, cid)
     return why
