@@ -253,8 +253,8 @@ def test_tune_bundle_refuses_the_recipe_options_in_one_line(bundle):
     from monai_fast.cli import main
 
     root, _ = bundle
-    with pytest.raises(SystemExit, match="--patch-size describe.* the fast recipe, not a bundle.*--set"):
-        main(["tune", "--bundle", str(root), "--patch-size", "8", "8", "8"])
+    with pytest.raises(SystemExit, match="--patch-size, --out: not used with --bundle .*--set ID=VALUE"):
+        main(["tune", "--bundle", str(root), "--patch-size", "8", "8", "8", "--out", "x.json"])
 
 
 @pytest.fixture(scope="module")

@@ -328,8 +328,8 @@ def _cmd_tune_bundle(args: argparse.Namespace) -> int:
     stray = _recipe_only_options(args)
     if stray:
         raise SystemExit(
-            f"monai-fast tune --bundle: {', '.join(stray)} describe(s) the fast recipe, not a bundle: the bundle's "
-            "config sets its model, data and device (change them with --set ID=VALUE)"
+            f"monai-fast tune --bundle: {', '.join(stray)}: not used with --bundle (the bundle's config sets the "
+            "model, data and device: change them with --set ID=VALUE; name the override file with --bundle-out)"
         )
 
     def say(line: str) -> None:
