@@ -255,6 +255,8 @@ def test_tune_bundle_refuses_the_recipe_options_in_one_line(bundle):
     root, _ = bundle
     with pytest.raises(SystemExit, match="--patch-size, --out: not used with --bundle .*--set ID=VALUE"):
         main(["tune", "--bundle", str(root), "--patch-size", "8", "8", "8", "--out", "x.json"])
+    with pytest.raises(SystemExit, match=r"tune --bundle: batch_range must be \(low, high\) with 1 <= low <= high"):
+        main(["tune", "--bundle", str(root), "--batch-range", "4", "2"])
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -154,6 +155,14 @@ def tune_bundle(
         raise BundleError(f"bundle folder {root} does not exist")
     if precision not in REQUESTS:
         raise BundleError(f"precision must be one of {', '.join(REQUESTS)}, got {precision!r}")
+    try:  # the search options checked before anything is read
+        space = SearchSpace(
+            batch_range=batch_range, sw_batch_range=sw_batch_range, max_trials=max_trials, margin=margin
+        )
+    except ValueError as err:
+        raise BundleError(str(err)) from err
+    if memory_cap_mib is not None and not memory_cap_mib > 0:
+        raise BundleError(f"memory_cap_mib must be > 0, got {memory_cap_mib}")
     path = Path(out) if out is not None else root / "configs" / "tuned.json"
     files = _config_files(root, config_files, path)
     _check_writable(path)
@@ -181,13 +190,7 @@ def tune_bundle(
         in_channels=pieces.in_channels,
         out_channels=pieces.out_channels,
         overlap=pieces.overlap,
-        space=SearchSpace(
-            batch_range=batch_range,
-            sw_batch_range=sw_batch_range,
-            precisions=[trained_in],
-            max_trials=max_trials,
-            margin=margin,
-        ),
+        space=dataclasses.replace(space, batch_range=batch_range, precisions=[trained_in]),
         memory_cap_mib=memory_cap_mib,
         **timing,
     )
