@@ -337,3 +337,30 @@ def test_a_recipe_trains_with_the_core_alone_and_the_demo_names_its_extra_before
     assert line in r.stdout + r.stderr and 'pip install "monai-fast[plots]"' in r.stdout + r.stderr, r.stdout + r.stderr
     assert not (tmp_path / "demo").exists()
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_a_yaml_bundle_or_auto3dseg_folder_without_pyyaml_is_one_line_naming_the_bundle_extra(core_site, tmp_path):
+    zoo = tmp_path / "zoo" / "configs"
+    zoo.mkdir(parents=True)
+    (zoo / "train.yaml").write_text("network_def: {_target_: UNet}\n")
+    algo = tmp_path / "algo" / "configs"
+    algo.mkdir(parents=True)
+    (algo / "hyper_parameters.yaml").write_text("training: {num_images_per_batch: 1}\n")
+    code = f"""
+        import importlib.util
+        assert importlib.util.find_spec("yaml") is None, "pyyaml is visible in the core-only environment"
+        from monai_fast.cli import main
+        for argv in (["tune", "--bundle", {str(zoo.parent)!r}], ["tune", "--bundle", {str(algo.parent)!r}],
+                     ["bundle", "run", {str(zoo.parent)!r}]):
+            try:
+                main(argv)
+            except SystemExit as stop:
+                print("STOP", stop)
+    """
+    r = _run_core(core_site, code)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-4000:]
+    stops = [line for line in r.stdout.splitlines() if line.startswith("STOP")]
+    assert len(stops) == 3, r.stdout
+    for stop, config in zip(stops, (zoo / "train.yaml", algo / "hyper_parameters.yaml", zoo / "train.yaml")):
+        assert f"reading the YAML config {config} needs yaml" in stop, stop
+        assert stop.endswith('pip install "monai-fast[bundle]"'), stop

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from monai_fast.bundle.pieces import TunerPieces, first_entry, optimizer_factory, size3
-from monai_fast.bundle.run import TRAIN_CONFIG_NAMES, BundleError
+from monai_fast.bundle.run import TRAIN_CONFIG_NAMES, BundleError, require_yaml_reader
 from monai_fast.telemetry.cuda import cuda_available
 
 __all__ = [
@@ -57,16 +57,19 @@ def auto3dseg_config_files(bundle_dir: str | os.PathLike, skip: Sequence[str | o
 
     Raises:
         BundleError: the folder has no ``configs/hyper_parameters.yaml``.
+        MissingExtraError: pyyaml, which reads the YAML files, is not installed (the ``bundle`` extra).
     """
     configs = Path(bundle_dir) / "configs"
     if not (configs / _HYPER_PARAMETERS).is_file():
         raise BundleError(f"{configs} has no {_HYPER_PARAMETERS}: not an Auto3DSeg-generated algorithm")
     left_out = {Path(s).resolve() for s in skip}
-    return [
+    files = [
         f
         for f in sorted(configs.iterdir())
         if f.is_file() and f.suffix in (".yaml", ".yml", ".json") and f.resolve() not in left_out
     ]
+    require_yaml_reader(files)
+    return files
 
 
 def is_auto3dseg_algorithm(root: Path) -> bool:
@@ -116,6 +119,7 @@ def auto3dseg_pieces(parser: Any) -> TunerPieces:
     _, samples = value("num_patches_per_image", "num_crops_per_image", default=1)
     _, amp = value("amp", "amp", default=False)
     keys = {k: p + name for k, name in AUTO3DSEG_KEYS.items() if k == "batch" or p + name in parser}
+    train_items, train_items_from = _train_items(parser)
     return TunerPieces(
         network=network,
         loss=loss,
@@ -131,7 +135,39 @@ def auto3dseg_pieces(parser: Any) -> TunerPieces:
         amp=bool(amp),
         keys=keys,
         layout="auto3dseg",
+        train_items=train_items,
+        train_items_from=train_items_from,
     )
+
+
+def _fold_split(parser: Any) -> tuple[list[dict], list[dict], str] | None:
+    """The data list's training and validation items of the algorithm's fold, and the list's path.
+
+    As the algorithms' scripts split it: a ``validation`` list, when the data list has one, validates
+    and every ``training`` item trains; else the ``training`` items of ``fold`` validate and the rest
+    train. ``None`` when ``data_list_file_path`` is not set or not a file.
+    """
+
+    def get(cid: str) -> Any:
+        return parser.get_parsed_content(cid) if cid in parser else None
+
+    listed = get("data_list_file_path")
+    if not listed or not Path(str(listed)).is_file():
+        return None
+    entries = json.loads(Path(str(listed)).read_text())
+    items = entries.get("training", [])
+    if entries.get("validation"):
+        return items, entries["validation"], str(listed)
+    fold = get("fold") or 0
+    return [e for e in items if e.get("fold") != fold], [e for e in items if e.get("fold") == fold], str(listed)
+
+
+def _train_items(parser: Any) -> tuple[int | None, str]:
+    """Volumes the algorithm trains on in its fold, and the data list counted (or why unknown)."""
+    split = _fold_split(parser)
+    if split is None:
+        return None, "data_list_file_path is not a file"
+    return len(split[0]), f"{split[2]}, fold {parser.get_parsed_content('fold') if 'fold' in parser else 0}"
 
 
 def _val_shape(parser: Any, prefix: str) -> tuple[int, ...] | None:
@@ -147,14 +183,11 @@ def _val_shape(parser: Any, prefix: str) -> tuple[int, ...] | None:
     def get(cid: str) -> Any:
         return parser.get_parsed_content(cid) if cid in parser else None
 
-    listed, base = get("data_list_file_path"), get("data_file_base_dir")
-    if not listed or not Path(str(listed)).is_file():
+    split = _fold_split(parser)
+    if split is None or not split[1]:
         return None
-    entries = json.loads(Path(str(listed)).read_text())
-    fold = get("fold") or 0
-    val = entries.get("validation") or [e for e in entries.get("training", []) if e.get("fold") == fold]
-    if not val:
-        return None
+    _, val, listed = split
+    base = get("data_file_base_dir")
     image = val[0]["image"]
     image = image[0] if isinstance(image, (list, tuple)) else image
     path = Path(str(base or "")) / image

@@ -112,6 +112,11 @@ class TunerPieces:
         amp: whether the bundle trains with mixed precision.
         keys: which config id takes each tuned value (``batch``, ``sw_batch``, ``val_device``).
         layout: ``"zoo"`` or ``"auto3dseg"``.
+        train_items: volumes in the training set (one rank's share is taken by the caller), ``None``
+            when the config does not say in a form read without building the dataset.
+        train_items_from: where ``train_items`` was counted (a config id or a data list), or why it is unknown.
+        drop_last: whether the training loader drops an incomplete last batch (then a batch larger than a
+            rank's share of the training set trains no iteration at all).
     """
 
     network: torch.nn.Module
@@ -128,6 +133,9 @@ class TunerPieces:
     amp: bool
     keys: dict[str, str]
     layout: str
+    train_items: int | None = None
+    train_items_from: str = ""
+    drop_last: bool = False
 
 
 def zoo_pieces(parser: Any) -> TunerPieces:
@@ -152,6 +160,7 @@ def zoo_pieces(parser: Any) -> TunerPieces:
     patch = tuple(int(s) for s in crop.get("spatial_size", roi))
     if len(patch) != 3 or min(patch) < 1:
         patch = roi
+    train_items, train_items_from = _train_items(parser)
     return TunerPieces(
         network=network,
         loss=loss,
@@ -167,7 +176,32 @@ def zoo_pieces(parser: Any) -> TunerPieces:
         amp=bool(parser.get("train#trainer#amp", False)) if "train#trainer#amp" in parser else False,
         keys=dict(ZOO_KEYS),
         layout="zoo",
+        train_items=train_items,
+        train_items_from=train_items_from,
+        drop_last=bool(_plain(parser, "train#dataloader#drop_last", False)),
     )
+
+
+def _plain(parser: Any, cid: str, default: Any) -> Any:
+    """The parsed value of ``cid``, or ``default`` where the config has no such id."""
+    return parser.get_parsed_content(cid) if cid in parser else default
+
+
+def _train_items(parser: Any) -> tuple[int | None, str]:
+    """How many volumes the training loader reads, counted from its dataset's ``data`` list (the dataset
+    itself is not built: a ``CacheDataset`` would load every volume), and the config id counted, or why not."""
+    dataset = "train#dataset"
+    named = parser.get("train#dataloader#dataset") if "train#dataloader#dataset" in parser else None
+    if isinstance(named, str) and named.startswith("@"):
+        dataset = named[1:].replace("::", "#")  # MONAI keeps references with its "::" separator
+    cid = f"{dataset}#data"
+    if cid not in parser:
+        return None, f"the config has no {cid}"
+    data = parser.get_parsed_content(cid)
+    try:
+        return len(data), cid
+    except TypeError:
+        return None, f"{cid} is {type(data).__name__}, not a list"
 
 
 def _find_in(transforms: Any, attr_names: Sequence[str]) -> dict[str, Any]:

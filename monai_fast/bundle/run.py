@@ -136,6 +136,7 @@ def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Seque
 
     Raises:
         BundleError: the bundle folder or a config file is missing, named.
+        MissingExtraError: a YAML config without pyyaml installed (the ``bundle`` extra), named.
     """
     root = Path(bundle_dir)
     if not root.is_dir():
@@ -143,6 +144,7 @@ def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Seque
     if config_files is None:
         for name in TRAIN_CONFIG_NAMES:
             if (root / "configs" / name).is_file():
+                require_yaml_reader([root / "configs" / name])
                 return [root / "configs" / name]
         raise BundleError(f"{root / 'configs'} has no train.json or train.yaml; name the config with --config_file")
     if isinstance(config_files, str):
@@ -163,7 +165,25 @@ def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Seque
             where = ", ".join(str(c.parent) for c in candidates)
             raise BundleError(f"config file {name} not found (looked in {where})")
         found.append(hit.resolve())
+    require_yaml_reader(found)
     return found
+
+
+def require_yaml_reader(files: Sequence[Path]) -> None:
+    """Check that the YAML files among ``files`` can be read, before any is.
+
+    MONAI reads YAML configs through pyyaml, which the ``bundle`` extra installs; without it MONAI
+    fails deep in the parse with a traceback.
+
+    Raises:
+        MissingExtraError: naming the first YAML file and the extra to install.
+    """
+    from monai_fast.extras import require
+
+    for f in files:
+        if Path(f).suffix in (".yaml", ".yml"):
+            require("yaml", extra="bundle", feature=f"reading the YAML config {f}")
+            return
 
 
 def _default(root: Path, name: str) -> Path | None:

@@ -19,8 +19,11 @@ import argparse
 import datetime as dt
 import json
 import math
+import sys
+from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from monai_fast.cli.args import (
     add_data_options,
@@ -305,29 +308,73 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the ``tune`` options that apply with ``--bundle`` (the rest describe the fast recipe's model and data)
+_BUNDLE_TUNE_OPTIONS = frozenset(
+    {"bundle", "bundle_config", "set", "bundle_out", "precision", "batch_range", "sw_range", "trials"}
+    | {"memory_cap_mib", "margin", "no_progress", "verbose", "subcommand", "func"}
+)
+
+
+def _recipe_only_options(args: argparse.Namespace) -> list[str]:
+    """The recipe options given on a ``tune --bundle`` line, as typed (the bundle's config sets those)."""
+    from monai_fast.cli import build_parser
+
+    defaults = vars(build_parser().parse_args(["tune", "--bundle", "."]))
+    given = [k for k, v in vars(args).items() if k not in _BUNDLE_TUNE_OPTIONS and v != defaults.get(k, v)]
+    return ["--" + k.replace("_", "-") for k in given]
+
+
 def _cmd_tune_bundle(args: argparse.Namespace) -> int:
     from monai_fast.bundle import BundleError, parse_overrides
-    from monai_fast.bundle.tune import tune_bundle
+    from monai_fast.bundle.tune import bundle_run_command, tune_bundle
+
+    stray = _recipe_only_options(args)
+    if stray:
+        raise SystemExit(
+            f"monai-fast tune --bundle: {', '.join(stray)}: not used with --bundle (the bundle's config sets the "
+            "model, data and device: change them with --set ID=VALUE; name the override file with --bundle-out)"
+        )
+
+    def say(line: str) -> None:
+        tqdm.write(line)  # above the progress bar on a terminal; a plain line elsewhere
+        sys.stdout.flush()
 
     try:
+        overrides = parse_overrides(args.set)
         tuned = tune_bundle(
             args.bundle,
             config_files=args.bundle_config,
-            overrides=parse_overrides(args.set),
+            overrides=overrides,
             out=args.bundle_out,
+            batch_range=tuple(args.batch_range),
+            sw_batch_range=tuple(args.sw_range),
+            precision=args.precision,
             progress=not args.no_progress,
+            say=say,
+            max_trials=args.trials,
+            memory_cap_mib=args.memory_cap_mib,
+            margin=args.margin,
         )
     except BundleError as e:
         raise SystemExit(f"monai-fast tune --bundle: {e}") from e
+    print(tuned.table)
     for key, value in tuned.overrides.items():
         print(f"{key} = {value}")
+    for key, why in tuned.not_written.items():
+        print(f"not written: {key}: {why}")
     if tuned.layout == "auto3dseg":
-        print(f"wrote {tuned.path}: Auto3DSeg reads every file of configs/ in name order, this one last")
-    else:
+        reads = tuned.path.resolve().parent == (Path(args.bundle) / "configs").resolve()
         print(
-            f"wrote {tuned.path}: python -m monai.bundle run --config_file \"['configs/train.json','{tuned.path}']\" "
-            f"(or monai-fast bundle run {args.bundle} --config_file ...)"
+            f"wrote {tuned.path}: "
+            + (
+                "Auto3DSeg reads every file of configs/ in name order, this one last"
+                if reads
+                else "Auto3DSeg reads only the algorithm's configs/: copy it there"
+            )
         )
+    else:
+        print(f"wrote {tuned.path}; train with it (measured with these overrides, in {tuned.precision}):")
+        print("  " + bundle_run_command(tuned, args.bundle, overrides, args.precision))
     return 0
 
 
@@ -439,7 +486,11 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="tune this bundle's training batch, sliding-window batch and "
         "stitching device for its network and patch on this device, and write an override file the "
-        "bundle merges as one more config (the Model Zoo's or Auto3DSeg's keys)",
+        "bundle merges as one more config (the Model Zoo's or Auto3DSeg's keys). With it apply --set, "
+        "--bundle-config, --bundle-out, --batch-range (capped by the training set), --sw-range, --trials, "
+        "--memory-cap-mib, --margin and --precision (what 'monai-fast bundle run --precision' will train in; "
+        "the trials run in it); it prints the plan first, a line per trial, the trials' table and the "
+        "'monai-fast bundle run' line that trains with the result and the same --set overrides",
     )
     b.add_argument(
         "--bundle-config",

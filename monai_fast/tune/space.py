@@ -80,6 +80,29 @@ class SearchSpace:
         if self.plateau is not None and self.plateau < 0:
             raise ValueError(f"plateau must be >= 0 or None, got {self.plateau}")
 
+    def most_runs(self, value_range: tuple[int, int]) -> int:
+        """Most trials one search of ``value_range`` runs: its candidates, then the race among its best.
+
+        What a caller promises up front (``tune --bundle`` prints it before the first trial): the
+        candidates are the whole range for ``"grid"``, else at most :attr:`max_trials`; the race adds
+        :attr:`confirm` rounds over at most :attr:`confirm_top` of them, one fewer each round while more
+        than two remain.
+
+        Example:
+            >>> SearchSpace(max_trials=8).most_runs((1, 16))  # 8 candidates, then races of 3 and 2
+            13
+            >>> SearchSpace(max_trials=8).most_runs((2, 2))  # one candidate: nothing to race
+            1
+        """
+        lo, hi = value_range
+        searched = hi - lo + 1 if self.strategy == "grid" else min(hi - lo + 1, self.max_trials)
+        racing, raced = min(self.confirm_top, searched), 0
+        if racing >= 2:
+            for _ in range(self.confirm):
+                raced += racing
+                racing -= racing > 2
+        return searched + raced
+
     def budget_bytes(self, memory: DeviceMemory, cap_mib: float | None = None) -> int:
         """Bytes a trial may peak at: ``cap_mib``, else the GPU's memory, else this process's RSS plus the
         available RAM; less the :attr:`margin` share.

@@ -132,6 +132,7 @@ class Tuner:
         self.overlap = overlap
         self.timing = {"warmup": warmup, "min_iters": min_iters, "min_time_s": min_time_s}
         self.memory_format = memory_format
+        self._on_trial: Callable[[dict], None] | None = None
 
     # ------------------------------------------------------------------ public
     def key(self) -> str:
@@ -160,13 +161,26 @@ class Tuner:
             )
         )
 
-    def run(self, progress: bool = False) -> TuneResult:
+    def most_trials(self) -> int:
+        """Most trials :meth:`run` makes: a training search per precision and a sliding-window search per
+        validation device, each with its race (:meth:`SearchSpace.most_runs`)."""
+        s = self.space
+        return len(s.precisions) * s.most_runs(s.batch_range) + len(self.val_devices) * s.most_runs(s.sw_batch_range)
+
+    def run(self, progress: bool = False, on_trial: Callable[[dict], None] | None = None) -> TuneResult:
         """Run the searches and return the pick; never raises for out-of-memory candidates.
+
+        Args:
+            progress: a progress bar over the trials (on a terminal only).
+            on_trial: called after each trial that ran with its record (as in :attr:`TuneResult.trials`:
+                ``phase``, ``value``, ``precision``, ``val_device``, ``feasible``, ``throughput``,
+                ``peak_mib``, ``reason``, ``cost_s``), so a caller can report every trial as it ends.
 
         Raises:
             TuningError: a trial failed for another reason (a bug, a bad shape) on any rank, or
                 not even the smallest batch fits.
         """
+        self._on_trial = on_trial
         with self._session(progress) as started:
             records, best_train = self._best_over(
                 self.space.precisions,
@@ -209,6 +223,7 @@ class Tuner:
         """
         if precision not in self.space.precisions:
             raise TuningError(f"precision {precision!r} is not in the search space's {list(self.space.precisions)}")
+        self._on_trial = None
         with self._session(progress) as started:
             records, best_val = self._validation_phase(precision)
         return TuneResult(
@@ -286,7 +301,7 @@ class Tuner:
         patches = batch * self.num_samples
         self._bar.set_description(f"tune train batch_size={batch} ({precision})")
         self._set_layout(precision)
-        return self._trial(
+        trial = self._trial(
             batch,
             lambda: time_training_step(
                 self._net,
@@ -303,10 +318,11 @@ class Tuner:
             per_step=patches,
             reduce_s=self._allreduce_s,
         )
+        return self._reported(trial, {"phase": "train", "precision": precision, "val_device": ""})
 
     def _val_trial(self, sw_batch: int, val_device: torch.device, precision: str) -> Trial:
         self._bar.set_description(f"tune val sw_batch_size={sw_batch} ({val_device})")
-        return self._trial(
+        trial = self._trial(
             sw_batch,
             lambda: time_inference(
                 self._net,
@@ -324,6 +340,13 @@ class Tuner:
             reduce_s=0.0,
             world_scale=False,
         )
+        return self._reported(trial, {"phase": "val", "precision": precision, "val_device": str(val_device)})
+
+    def _reported(self, trial: Trial, labels: dict) -> Trial:
+        """``trial``, passed first to the caller's ``on_trial`` as a labelled record."""
+        if self._on_trial is not None:
+            self._on_trial(dict(trial.to_dict(), **labels))
+        return trial
 
     def _trial(
         self, value: int, measure: Callable[[], float], per_step: int, reduce_s: float, world_scale: bool = True
