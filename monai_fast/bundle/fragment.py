@@ -12,8 +12,8 @@ objects are the ones attached to, so ``$@train#trainer.run()`` trains with the l
 
 Example:
     >>> from monai_fast.bundle import FRAGMENT
-    >>> FRAGMENT["+imports"]
-    ['$from monai_fast.bundle import attach_fast']
+    >>> FRAGMENT["+imports"][0]
+    '$from monai_fast.bundle import attach_fast'
 """
 
 from __future__ import annotations
@@ -30,11 +30,16 @@ __all__ = ["FRAGMENT", "attach_fast", "write_fragment"]
 
 logger = logging.getLogger("monai_fast.bundle")
 
-#: the fragment: record and FastTraining on ``train#trainer`` / ``validate#evaluator``
+#: the fragment: record and FastTraining on ``train#trainer`` / ``validate#evaluator``, atomic checkpoint writes
+#: for every ``CheckpointSaver`` in ``train#handlers`` and ``validate#handlers``
 FRAGMENT: dict[str, Any] = {
-    "+imports": ["$from monai_fast.bundle import attach_fast"],
+    "+imports": [
+        "$from monai_fast.bundle import attach_fast",
+        "$from monai_fast.bundle.checkpoints import atomic_checkpoints",
+    ],
     "+initialize": [
         "$attach_fast(@train#trainer, @validate#evaluator, @bundle_root + '/eval/monai_fast')",
+        "$atomic_checkpoints(@train#handlers + @validate#handlers)",
     ],
 }
 

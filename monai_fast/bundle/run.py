@@ -240,6 +240,7 @@ def run_bundle(
     """
     from monai.bundle import ConfigWorkflow
 
+    from monai_fast.bundle.checkpoints import atomic_checkpoints, config_checkpoint_savers
     from monai_fast.handlers import FastTraining, RecordHandler, TimeBreakdown, TrainingAlgorithmTime
 
     root = Path(bundle_dir).resolve()
@@ -290,6 +291,7 @@ def run_bundle(
     workflow.initialize()
     trainer = parser.get_parsed_content(trainer_id)
     evaluator = parser.get_parsed_content(evaluator_id) if evaluator_id is not None else None
+    atomic_checkpoints(config_checkpoint_savers(parser))  # a full disk keeps the previous model.pt, named in one line
     folder = Path(run_dir) if run_dir is not None else _run_dir(parser, root)
     record = RecordHandler(folder)
     record.attach(trainer)

@@ -72,6 +72,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         rendezvous_wait_line,
         torchrun_args,
         torchrun_env,
+        unanswered_endpoint_message,
     )
     from monai_fast.distributed.supervise import NoRankStarted, supervise
 
@@ -103,6 +104,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         wait_line = rendezvous_wait_line(spec)
         if wait_line:
             logger.info("%s", wait_line)
+        held = unanswered_endpoint_message(spec)
+        if held:
+            raise SystemExit(f"monai-fast launch: {held}")
         try:
             status = supervise(cmd, grace_s=args.grace_s, env=env, start_timeout_s=spec.rdzv_timeout_s)
         except NoRankStarted:
@@ -264,7 +268,7 @@ _SBATCH_TEXT = (
 
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:
-    from monai_fast.distributed.launch import DEFAULT_RDZV_TIMEOUT_S
+    from monai_fast.distributed.launch import DEFAULT_RDZV_TIMEOUT_S, STORE_ANSWER_S
 
     p = sub.add_parser(
         "launch",
@@ -293,7 +297,8 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_RDZV_TIMEOUT_S,
         metavar="S",
         help="seconds to wait for the rendezvous (every node met, ranks started) before stopping with one "
-        "line naming the endpoint (default %(default)g, torchrun's)",
+        "line naming the endpoint (default %(default)g, torchrun's); an endpoint that accepts connections but does "
+        f"not answer as a rendezvous store within {STORE_ANSWER_S:g} s stops the launch at once",
     )
     p.add_argument(
         "--max-restarts",

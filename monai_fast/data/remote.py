@@ -360,12 +360,12 @@ def _parallel(
                 if len(results) == len(items):
                     finished.set()
 
-    for i in range(max(1, min(workers, len(items)))):
-        threading.Thread(target=work, name=f"monai-fast-fetch-{i}", daemon=True).start()
-    try:
+    try:  # the threads start inside: a Ctrl-C between two starts stops those already running
+        for i in range(max(1, min(workers, len(items)))):
+            threading.Thread(target=work, name=f"monai-fast-fetch-{i}", daemon=True).start()
         while not finished.wait(_POLL):
             pass
-    except BaseException:  # Ctrl-C while waiting: the workers stop too
+    except BaseException:  # Ctrl-C while starting or waiting: the workers stop too
         if stop is not None:
             stop.set()
         raise

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -411,6 +412,64 @@ def _tcp_answer(host: str, port: int, timeout_s: float) -> str:
         return "refused"
     except OSError:
         return "unreachable"
+
+
+STORE_ANSWER_S = 10.0
+"""How long ``monai-fast launch`` gives a rendezvous endpoint that accepts connections to answer as a store."""
+
+
+def unanswered_endpoint_message(spec: LaunchSpec, answer_s: float = STORE_ANSWER_S) -> str | None:
+    """One line when the meeting point accepts connections but is no rendezvous store; ``None`` otherwise.
+
+    torch's store client waits without a time-out of its own for a program that accepts its
+    connection and never answers, so torchrun would sit there until ``--rdzv-timeout`` (600 s by
+    default). Before torchrun starts, the endpoint is therefore probed: nothing listening (the host
+    node has not started yet) passes, and so does a store that answers; a port that accepts but
+    does not answer as a store within ``answer_s`` seconds (at most ``--rdzv-timeout``) is held by
+    another program. The probe is a :class:`torch.distributed.TCPStore` client on a daemon thread,
+    left behind when it never returns (the caller stops right after).
+
+    Args:
+        spec: the launch; one node alone (``--standalone``) has no endpoint to probe.
+        answer_s: seconds the endpoint has to answer.
+
+    Example:
+        >>> unanswered_endpoint_message(LaunchSpec(nproc=1))  # one node alone: its own free port
+    """
+    if spec.form == "standalone":
+        return None
+    where = _meeting_point(spec)
+    host, _, port = where.rpartition(":")
+    bound = min(answer_s, spec.rdzv_timeout_s)
+    if _tcp_answer(host, int(port), min(bound, 2.0)) != "accepts":
+        return None  # refused or unreachable: torchrun waits for the host node within --rdzv-timeout
+    outcome: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            store = torch.distributed.TCPStore(
+                host.strip("[]"), int(port), is_master=False, timeout=dt.timedelta(seconds=bound)
+            )
+            del store
+            outcome.append(None)
+        except Exception as e:  # a store client's error: the endpoint is not a store either
+            outcome.append(e)
+
+    thread = threading.Thread(target=probe, name="monai-fast-store-probe", daemon=True)
+    thread.start()
+    thread.join(bound)
+    if outcome and outcome[0] is None:
+        return None
+    flag = "--rdzv-endpoint" if spec.form == "c10d" else "--master-port"
+    found = (
+        f"did not answer as a rendezvous store within {bound:g} s"
+        if not outcome
+        else f"is not a rendezvous store ({type(outcome[0]).__name__}: {str(outcome[0]).splitlines()[0][:200]})"
+    )
+    return (
+        f"{where} accepts connections but {found}: another program holds that port; give {flag} a free port "
+        "(or stop that program)"
+    )
 
 
 def rendezvous_timeout_message(spec: LaunchSpec, probe_s: float = 2.0) -> str:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -94,9 +95,13 @@ def test_a_slow_but_steady_body_arrives_whole_and_a_trickle_is_a_stall(s3, proxy
     assert time.monotonic() - start > 1.0  # it went through the throttle, longer than one read_timeout
 
 
+# Python installs its KeyboardInterrupt handler only where SIGINT is not ignored, and a command started
+# in the background of a shell without job control (a script's `pytest ... &`, some CI runners) has
+# SIGINT ignored, inherited by every child: the child puts back the handler an interactive Python has.
 _CHILD = textwrap.dedent(
     """
-    import sys
+    import signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from monai_fast.data.remote import localize
     localize([{"image": sys.argv[1]}], progress=False)
     print("finished", flush=True)
@@ -105,12 +110,12 @@ _CHILD = textwrap.dedent(
 
 
 @pytest.mark.timeout(60)
-def test_ctrl_c_during_a_stalled_download_ends_the_process_at_once_and_leaves_no_file(s3, proxy):
+def test_ctrl_c_during_a_stalled_download_ends_the_process_at_once_and_leaves_no_file(s3, proxy, tmp_path):
     url, _ = put(s3, "imagesTr/stuck.nii.gz", 1 << 20)
     proxy.rules[f"/{s3[1]}/imagesTr/stuck.nii.gz"] = Stall(after=256 << 10)
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    out_file, err_file = tmp_path / "child.out", tmp_path / "child.err"
+    with open(out_file, "w") as out, open(err_file, "w") as errs:  # files, not pipes: only the child's end is timed
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, url], stdout=out, stderr=errs)
     try:
         assert proxy.stalled.wait(30), "the child never reached the stalled body"
         time.sleep(0.5)  # the child is now blocked in the silent read (default read_timeout 30 s)
@@ -119,7 +124,7 @@ def test_ctrl_c_during_a_stalled_download_ends_the_process_at_once_and_leaves_no
         child.send_signal(signal.SIGINT)
         start = time.monotonic()
         try:
-            out, errs = child.communicate(timeout=10)
+            child.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pytest.fail(f"the process was still alive {time.monotonic() - start:.1f} s after SIGINT")
         took = time.monotonic() - start
@@ -128,6 +133,33 @@ def test_ctrl_c_during_a_stalled_download_ends_the_process_at_once_and_leaves_no
             child.kill()
             child.wait()
     assert took < 3.0, f"the process took {took:.1f} s to end after SIGINT"
-    assert child.returncode != 0 and "finished" not in out
-    assert "KeyboardInterrupt" in errs
+    assert child.returncode != 0 and "finished" not in out_file.read_text()
+    assert "KeyboardInterrupt" in err_file.read_text()
     assert cached_files() == []  # no partial file under the final name, no temporary file
+
+
+def test_ctrl_c_while_the_fetch_threads_start_stops_the_ones_already_running():
+    """A real SIGINT sent by the first fetch thread lands while the main thread still starts the others."""
+    from monai_fast.data.remote import _parallel, _Stopped
+
+    stop = threading.Event()
+    stopped: list[str] = []
+
+    def fetch(item: str) -> None:
+        if item == "0":
+            os.kill(os.getpid(), signal.SIGINT)
+        if stop.wait(10):
+            stopped.append(item)
+            raise _Stopped()
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # also where SIGINT came ignored
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _parallel(fetch, [str(i) for i in range(32)], 32, stop)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert stop.is_set(), "Ctrl-C between two thread starts left the started downloads running"
+    deadline = time.monotonic() + 5
+    while "0" not in stopped and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "0" in stopped

@@ -1,0 +1,126 @@
+"""A bundle's checkpoints written atomically: a full disk leaves the previous file whole and is named in one line.
+
+MONAI's ``CheckpointSaver`` builds its ignite ``Checkpoint`` objects on a ``DiskSaver`` with
+``atomic=False`` (for the files' permissions), and ``Checkpoint`` removes a fixed-name file such as
+``model.pt`` before it writes the next one: a full disk then leaves a truncated ``model.pt`` under
+its final name, the best model before it gone, and a traceback from torch's zip writer that does
+not say the disk is full. :func:`atomic_checkpoints` gives each ``CheckpointSaver`` of a bundle a
+save handler that writes through :func:`monai_fast.files.atomic_path`: each checkpoint goes to a
+temporary file beside its final name, is fsynced and renamed into place only when complete (with
+the process's usual permissions), a fixed-name file stays until its successor replaces it, and a
+full file system is one :class:`~monai_fast.files.NoSpaceError` naming the checkpoint and the space
+missing. The ``Checkpoint`` objects are found among the saver's attributes by their (public) ignite
+type, and only their public ``save_handler`` is replaced.
+
+Example:
+    >>> from monai_fast.bundle.checkpoints import atomic_checkpoints
+    >>> atomic_checkpoints(["not a saver"])  # only MONAI CheckpointSavers are changed
+    0
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from ignite import distributed as idist
+from ignite.handlers import Checkpoint, DiskSaver
+
+from monai_fast.files import atomic_path
+
+__all__ = ["AtomicDiskSaver", "atomic_checkpoints", "config_checkpoint_savers"]
+
+logger = logging.getLogger("monai_fast.bundle")
+
+_SAVER_TARGETS = ("CheckpointSaver",)  #: the ``_target_`` names (last dotted part) of MONAI's checkpoint saver
+
+
+class AtomicDiskSaver(DiskSaver):
+    """ignite's ``DiskSaver`` writing each checkpoint atomically, optionally always under one fixed file name.
+
+    Args:
+        dirname: the checkpoint folder.
+        filename: a fixed name for every checkpoint (MONAI's ``final_filename`` / ``key_metric_filename``),
+            or ``None`` for ignite's names.
+        save_on_rank: the rank that writes (ignite's ``DiskSaver`` argument).
+    """
+
+    def __init__(self, dirname: str | os.PathLike, filename: str | None = None, save_on_rank: int = 0) -> None:
+        super().__init__(dirname=dirname, atomic=True, require_empty=False, save_on_rank=save_on_rank)
+        self.filename = filename
+
+    def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
+        """Write ``checkpoint`` to a temporary file beside its final path, then rename it into place.
+
+        Raises:
+            NoSpaceError: the file system is full; the message names the checkpoint's final path.
+        """
+        if self.save_on_rank != idist.get_rank():
+            return
+        with atomic_path(self.dirname / (self.filename or filename), fsync=True) as tmp:
+            torch.save(checkpoint, tmp, **self.kwargs)
+
+    def remove(self, filename: str) -> None:
+        """Remove an older checkpoint; a fixed-name file stays, to be replaced whole by the save that follows."""
+        if self.filename is None:
+            super().remove(filename)
+
+
+def atomic_checkpoints(savers: Iterable[Any]) -> int:
+    """Make every MONAI ``CheckpointSaver`` among ``savers`` write its checkpoints atomically (see the module).
+
+    Call it before the engines run; other objects are left alone.
+
+    Args:
+        savers: handlers, e.g. a bundle's ``train#handlers`` and ``validate#handlers``.
+
+    Returns:
+        How many ignite ``Checkpoint`` objects now write atomically.
+    """
+    from monai.handlers import CheckpointSaver
+
+    changed = 0
+    for saver in savers:
+        if not isinstance(saver, CheckpointSaver):
+            continue
+        for checkpoint in vars(saver).values():
+            handler = getattr(checkpoint, "save_handler", None)
+            if not isinstance(checkpoint, Checkpoint) or not isinstance(handler, DiskSaver):
+                continue
+            if not isinstance(handler, AtomicDiskSaver):
+                checkpoint.save_handler = AtomicDiskSaver(
+                    handler.dirname, getattr(handler, "filename", None), handler.save_on_rank
+                )
+            changed += 1
+    if changed:
+        logger.info("bundle: %d checkpoint writer(s) made atomic (temporary file, then rename)", changed)
+    return changed
+
+
+def config_checkpoint_savers(parser: Any) -> list[Any]:
+    """The ``CheckpointSaver`` objects of a parsed bundle config (a MONAI ``ConfigParser``), wherever they are.
+
+    Each item whose ``_target_`` names ``CheckpointSaver`` is looked up by its id with
+    ``get_parsed_content``, which returns the object the engines were built with.
+    """
+    ids: list[str] = []
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, Mapping):
+            target = value.get("_target_")
+            if isinstance(target, str) and target.rsplit(".", 1)[-1] in _SAVER_TARGETS:
+                ids.append(where)
+                return
+            items: Iterable[tuple[Any, Any]] = value.items()
+        elif isinstance(value, list):
+            items = enumerate(value)
+        else:
+            return
+        for key, item in items:
+            walk(item, f"{where}#{key}" if where else str(key))
+
+    walk(parser.get(), "")
+    return [parser.get_parsed_content(i) for i in ids]
