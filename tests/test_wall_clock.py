@@ -123,7 +123,8 @@ def test_a_span_of_an_unknown_category_fails_before_its_work_naming_the_categori
     rec = RunRecord(None)
     ran = []
     with pytest.raises(
-        ValueError, match=r"span category must be one of .*setup, cache_fill, validation, checkpoint .*got 'compute'"
+        ValueError,
+        match=r"span category must be one of .*setup, cache_fill, validation, checkpoint, paused .*got 'compute'",
     ):
         with rec.span("compute"):
             ran.append(1)

@@ -124,6 +124,19 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
     return {rank: [segs[k] for k in sorted(segs)] for rank, segs in sorted(out.items())}
 
 
+def _runs_of_alike(segs: list[dict]) -> list[list[dict]]:
+    """``segs`` in groups of consecutive segments of one process that each ended alike (a race's turns, a
+    notebook's runs), so a record of many segments reads as a few parts, not one clause per segment."""
+    groups: list[list[dict]] = []
+    for s in segs:
+        last = groups[-1][-1] if groups else None
+        if last is not None and (last["pid"], last["host"], last["ended"]) == (s["pid"], s["host"], s["ended"]):
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
 def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:
     """The doctor's line on the record's segments (none for a record of one segment); adds them to ``numbers``.
 
@@ -142,13 +155,20 @@ def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:
     restarts = sum(1 for a, b in zip(segs, segs[1:]) if b["pid"] is not None and a["pid"] != b["pid"])
     numbers["restarts"] = restarts
     parts = []
-    for i, s in enumerate(segs):
+    for group in _runs_of_alike(segs):
+        s = group[-1]
         where = f"pid {s['pid']}" if s["pid"] is not None else "process unknown"
-        if i and s["pid"] is not None and segs[i - 1]["pid"] != s["pid"]:
+        if s["pid"] is not None and segs.index(group[0]) and segs[segs.index(group[0]) - 1]["pid"] != s["pid"]:
             where += ", a restart"
         stopped = "stopped without its end row (killed or crashed, or its file system filled)"
         end = {True: "ended", False: stopped, None: "end unknown"}[s["ended"]]
-        parts.append(f"segment {s['segment']} ({where}) to epoch {s['epoch']}, iteration {s['iteration']}, {end}")
+        if len(group) == 1:
+            parts.append(f"segment {s['segment']} ({where}) to epoch {s['epoch']}, iteration {s['iteration']}, {end}")
+        else:
+            parts.append(
+                f"segments {group[0]['segment']}-{s['segment']} ({where}) each {end}, the last to epoch {s['epoch']}, "
+                f"iteration {s['iteration']}"
+            )
     span = max(s["last"] or 0.0 for s in segs) - min(s["start"] or 0.0 for s in segs)
     numbers["segments_span_s"] = span
     return [

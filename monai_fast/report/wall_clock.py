@@ -7,7 +7,8 @@ spans recorded before it, over every segment of the record (a notebook run again
 job); a segment whose process was killed before it wrote its ``run`` span counts from its first
 row to its last. Every instant of it is given to exactly one category, the most specific
 one at work on the trainer's thread, in this order: checkpoint, validation, cache filling, data
-wait, compute (``TimeBreakdown``'s iterations), set-up; inside a run, the rest is ``handlers``
+wait, compute (``TimeBreakdown``'s iterations), set-up, paused (a race's recipe waiting while
+another has its turn: not this run's work, and no advice); inside a run, the rest is ``handlers``
 (between iterations: event handlers, metrics, logging, loader start-up), before it ``idle``. So a
 checkpoint written inside validation counts once, as checkpoint, and the shares add up to the
 wall clock exactly. Spans flagged ``overlapped`` (background work beside training) are never in
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["LABELS", "SHARES", "WallClock", "table_lines", "wall_clock", "wall_clock_advice"]
 
 #: the categories of the critical path, in the order reports list them
-SHARES = ("setup", "cache_fill", "compute", "data_wait", "validation", "checkpoint", "handlers", "idle")
+SHARES = ("setup", "cache_fill", "compute", "data_wait", "validation", "checkpoint", "paused", "handlers", "idle")
 LABELS = {
     "setup": "set-up",
     "cache_fill": "cache filling",
@@ -46,11 +47,12 @@ LABELS = {
     "data_wait": "waiting for data",
     "validation": "validation",
     "checkpoint": "checkpoints",
+    "paused": "paused while another run had its turn",
     "handlers": "handlers between iterations",
     "idle": "idle",
 }
 #: who gets an instant claimed by several categories: the first in this order
-_PRIORITY = ("checkpoint", "validation", "cache_fill", "data_wait", "compute", "setup", "handlers", "idle")
+_PRIORITY = ("checkpoint", "validation", "cache_fill", "data_wait", "compute", "setup", "paused", "handlers", "idle")
 
 
 @dataclass
