@@ -416,3 +416,6 @@ def test_a_demo_cut_by_its_total_bound_says_so_and_compares_equal_work(tmp_path,
     diagnosis = json.loads((run / "fast" / "doctor.json").read_text())
     assert diagnosis["numbers"]["wall_clock"]["seconds"]["paused"] > 0
     assert not any("RecordHandler.span('setup')" in f for f in diagnosis["fixes"])
+    # its many turns (record segments of one process) read as one range, not a clause each
+    segments = next(e for e in diagnosis["evidence"] if "segments (runs of the trainer" in e)
+    assert f"segments 0-{fast['epochs_run'] - 1} (pid " in segments and len(segments) < 400, segments

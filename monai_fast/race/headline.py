@@ -379,7 +379,7 @@ def _holds(name: str, e: Mapping[str, object]) -> str | None:
     holds = e.get("epoch_holds")
     if not isinstance(holds, dict) or holds.get("train_crops_per_epoch") is None:
         return None
-    volumes = "" if holds.get("val_volumes") is None else f" of {holds['val_volumes']} volumes"
+    volumes = "" if holds.get("val_volumes") is None else f" of {holds['val_volumes']} volume(s)"
     return (
         f"{name} {holds['train_crops_per_epoch']:g} training crops, a full validation{volumes} after "
         f"{holds['full_validations']} of its {holds['epochs']} epochs"
