@@ -29,6 +29,12 @@ are the user's algorithm, kept as built: when ``TrainingAlgorithmTime``'s rows s
 per epoch and how to make them cheaper (:mod:`monai_fast.report.algorithm`); below that it says
 nothing about them.
 
+A run without ``FastTraining`` whose record shows its levers unused (fp32 on a GPU or on a CPU with
+bf16 instructions, a training set that is not a cache) gets :data:`ATTACH` first, with that evidence
+(:func:`unused_levers`). Validation advice comes only from the wall clock's share, sliding-window advice
+only where a validated volume is more than one window. A record that holds an earlier run of the same
+process (a notebook's attach cell run again) is read as its last run (:func:`~monai_fast.report.ranks.last_run`).
+
 The doctor advises only what applies to the run (:mod:`monai_fast.report.applied`): no mixed
 precision for a run that trained in bf16 or fp16 however it was set, no ``channels_last_3d`` for a
 2-D network, no sliding-window settings for a validation without a sliding window; what is on
