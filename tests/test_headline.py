@@ -418,4 +418,6 @@ def test_a_demo_cut_by_its_total_bound_says_so_and_compares_equal_work(tmp_path,
     assert not any("RecordHandler.span('setup')" in f for f in diagnosis["fixes"])
     # its many turns (record segments of one process) read as one range, not a clause each
     segments = next(e for e in diagnosis["evidence"] if "segments (runs of the trainer" in e)
-    assert f"segments 0-{fast['epochs_run'] - 1} (pid " in segments and len(segments) < 400, segments
+    assert re.search(r"segments 0-\d+ \(pid \d+\) each ended, the last to epoch", segments), segments
+    assert len(segments) < 400 and "error" not in segments
+    assert "to the end of training" in (run / "fast" / "report.md").read_text()

@@ -194,8 +194,9 @@ class RecordHandler(EngineHandler):
         self._started[id(engine)] = time.time()
 
     def _run_ended(self, engine: Engine) -> None:
-        # a run that raised (Ctrl-C, an error) ends here inside ignite's except block: its end row says what stopped it
-        error = sys.exc_info()[1]
+        # a run that raised (Ctrl-C, an error) ends here inside ignite's except block: its end row says what stopped it;
+        # engine.terminate() also ends a run from inside one, and that is a normal end
+        error = None if engine.should_terminate else sys.exc_info()[1]
         start = self._started.pop(id(engine), None)  # None: the second call for one run (TERMINATE, COMPLETED)
         owner = self.engine is engine
         if start is not None:
