@@ -189,6 +189,13 @@ def test_the_doctor_cli_tells_a_missing_folder_from_one_without_a_record(tmp_pat
         SystemExit, match=r"no monai-fast record .* FastTraining\(\)\.attach\(trainer, evaluator\) alone"
     ):
         main(["doctor", str(tmp_path / "empty")])
+    # a race's folder: a record per recipe, one level down
+    trainer, _ = _engines(tmp_path / "race" / "fast", val_items=1, roi=16, epochs=1)
+    trainer.run()
+    with pytest.raises(
+        SystemExit, match=r"race holds no record itself; its runs' records are in fast: monai-fast doctor"
+    ):
+        main(["doctor", str(tmp_path / "race")])
 
 
 def test_doctor_piped_into_a_reader_that_stops_early_exits_quietly(tmp_path):

@@ -187,6 +187,13 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     try:
         diagnosis = doctor(run_dir, data_threshold=args.data_threshold, util_low=args.util_low)
     except FileNotFoundError as e:
+        below = sorted({p.parent.name for p in run_dir.glob("*/record.rank*.jsonl")})
+        if below:  # a demo's or a race's folder: one record per recipe, in its own folder
+            raise SystemExit(
+                f"monai-fast doctor: {run_dir} holds no record itself; its runs' records are in "
+                + ", ".join(below)
+                + f": monai-fast doctor {run_dir / below[0]}"
+            ) from e
         raise SystemExit(
             f"monai-fast doctor: {e}: FastTraining().attach(trainer, evaluator) alone writes none; for a record, "
             f"attach RecordHandler('{run_dir}') and TimeBreakdown() to the trainer (and the same RecordHandler to "
