@@ -521,11 +521,22 @@ class RunFolderBusyError(RuntimeError):
     """Another live process owns the run folder; the message names the folder and that process."""
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether the open ``fd`` is the file at ``path`` now (not one removed and created again since)."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 class RunFolderLock:
     """One run per folder at a time: an advisory lock on ``<folder>/.monai-fast.lock`` (or ``name``).
 
     The lock is ``fcntl.flock`` on an open file: the kernel releases it when the owning process
-    exits or is killed, so a crash never leaves the folder locked. The lock file keeps the owner's
+    exits or is killed, so a crash never leaves the folder locked; a clean release also removes the
+    file (a claimant that opened it just before checks, once it holds the lock, that the file is
+    still the one at the path, and otherwise takes the new one). The lock file keeps the owner's
     host, pid and command line for the message a second claimant gets. Taking the lock again in the
     process that holds it is a no-op (a notebook cell run twice), counted so that the last
     :meth:`release` frees it. On a platform without ``fcntl`` the lock is advisory only (a warning).
@@ -571,13 +582,15 @@ class RunFolderLock:
             self._owned = True
             return self
         lock_path = self.folder / self.name
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             import fcntl
         except ImportError:  # pragma: no cover - Windows
             logger.warning("no fcntl on this platform: %s is not protected against a second run", self.folder)
             fcntl = None
-        if fcntl is not None:
+        while True:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            if fcntl is None:
+                break
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:
@@ -591,6 +604,9 @@ class RunFolderLock:
                     f"{self.folder} is in use by another run ({owner or 'owner unknown'}); "
                     f"use another folder for {self.what}, or wait for that run to end"
                 ) from None
+            if _same_file(fd, lock_path):
+                break
+            os.close(fd)  # its owner removed it as it released it: take the file now at that path
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n".encode(), 0)
@@ -609,6 +625,10 @@ class RunFolderLock:
             return
         RunFolderLock._held.pop(self._key, None)
         if fd >= 0:
+            lock_path = self.folder / self.name
+            with contextlib.suppress(OSError):  # still held: no one else can hold this file, so it goes
+                if _same_file(fd, lock_path):
+                    lock_path.unlink()  # a clean end leaves no lock file naming a process that is gone
             with contextlib.suppress(OSError):
                 os.close(fd)  # closing the descriptor drops the flock
 

@@ -249,3 +249,18 @@ def test_a_bundle_with_monais_smartcache_and_its_handler_rotates_once_per_epoch(
             epochs.setdefault(int(epoch), set()).add(name)
     images = sorted(p.name for p in (more / "imagesTr").glob("*.nii.gz"))[:-1]
     assert epochs == {1: set(images[0:2]), 2: set(images[1:3]), 3: set(images[2:4])}
+
+
+def test_a_bundle_whose_volumes_are_one_window_each_gets_no_sliding_window_advice(bundle, data):
+    from monai_fast.report.doctor import doctor
+    from monai_fast.report.prescription import prescribe
+
+    # a window larger than any validation volume: the evaluator's sliding window is one window per volume
+    overrides = {**small(data), "validate#inferer#roi_size": [64, 64, 64]}
+    result = run_bundle(bundle, overrides=overrides, fast=False, logging_file=False)
+    d = doctor(result.run_dir)
+    assert d.numbers["in_effect"]["windows_per_volume"] == 1
+    assert not any("sw_batch_size" in f or "sliding-window batch" in f for f in d.fixes), d.fixes
+    lines = prescribe(load_record(result.run_dir)[0], d).splitlines()
+    code = lines[next((i for i, ln in enumerate(lines) if ln.startswith("# code changes")), len(lines)) :]
+    assert not any("FastTraining(" in ln for ln in code), lines

@@ -96,7 +96,7 @@ def test_doctor_cli(tmp_path, capsys):
     assert main(["doctor", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "verdict: data-bound" in out and "report.md" in out
-    with pytest.raises(SystemExit, match="no monai-fast record"):
+    with pytest.raises(SystemExit, match="nothing: no such folder"):
         main(["doctor", str(tmp_path / "nothing")])
 
 

@@ -55,6 +55,7 @@ def _result(
     cpu_s_per_epoch: float | None = None,
     setup_cpu_s: float | None = None,
     device: str = "CPU x86_64",
+    crops: int | None = None,
 ) -> RaceResult:
     rows = [
         EpochRow(
@@ -69,6 +70,8 @@ def _result(
             1.0,
             d,
             cpu_s=cpu_s_per_epoch,
+            train_samples=crops,
+            val_volumes=None if crops is None else 2,
         )
         for i, d in enumerate(dice)
     ]
@@ -117,17 +120,25 @@ def test_baseline_stopped_early_gets_an_estimate_from_its_dice_curve_labelled_es
     assert "speed-up over baseline:" in table and "(estimated:" in table and ">=" not in table
 
 
-def test_a_baseline_still_at_the_flat_start_of_its_curve_gets_no_estimate_and_the_headline_is_per_epoch():
-    fast = _result("fast", [0.2, 0.4, 0.6, 0.9], 0.9, 1.0, reached_at=4)
-    base = _result("baseline", [0.04, 0.05, 0.048] * 3, 0.9, 3.0)  # below MIN_PROGRESS x target: extrapolating is noise
+def test_a_baseline_still_at_the_flat_start_of_its_curve_gets_no_estimate_and_the_headline_is_for_equal_work():
+    fast = _result("fast", [0.2, 0.4, 0.6, 0.9], 0.9, 1.0, reached_at=4, crops=4)
+    # below MIN_PROGRESS x target: extrapolating is noise; its epochs hold twice fast's crops
+    base = _result("baseline", [0.04, 0.05, 0.048] * 3, 0.9, 3.0, crops=8)
     assert epochs_by_progress([(i + 1, d.val_dice) for i, d in enumerate(base.epochs)], [(1, 0.2)], 4, 0.9) is None
     doc = headline([fast, base], {"fast": 4, "baseline": 4}, {})
     b = doc["recipes"]["baseline"]
     assert b["epochs_to_target"]["value"] is None and b["time_to_target_s"]["how"] == "n/a"
     assert f"below {MIN_PROGRESS:g}x the target" in b["time_to_target_s"]["basis"]
-    assert doc["speedup"]["factor"] is None and doc["speedup"]["per_epoch"] == pytest.approx(3.0)
+    # per crop: 3.0 x 0.8 s / 8 against 1.0 x 0.8 s / 4; per validated volume: 3.0 x 0.2 s / 2 against 1.0 x 0.2 s / 2
+    sp = doc["speedup"]
+    assert sp["factor"] is None and "per_epoch" not in sp
+    assert sp["per_crop"] == pytest.approx(1.5) and sp["per_volume"] == pytest.approx(3.0)
     table = format_headline(doc)
-    assert "speed-up over baseline: 3.0x per epoch (measured, interleaved); to the target: n/a" in table
+    assert (
+        "speed-up over baseline for equal work: training per crop 1.5x, validation per volume 3.0x "
+        "(measured, interleaved); to the target: n/a"
+    ) in table
+    assert "an epoch held: fast 4 training crops" in table and "baseline 8 training crops" in table
     assert "e+" not in table  # no absurd extrapolated figure
 
 
@@ -179,18 +190,6 @@ def test_the_speedup_is_the_wall_clocks_on_a_busy_host_too_with_the_cpu_seconds_
     assert gpu["clock"] == "wall" and gpu["factor"] == sp["factor"]
 
 
-def test_without_a_time_to_target_the_per_epoch_speedup_is_the_wall_clocks_with_the_cpu_one_beside():
-    fast = _result("fast", [0.2, 0.4, 0.6, 0.9], 0.9, 2.0, reached_at=4, cpu_s_per_epoch=1.0, setup_cpu_s=1.0)
-    base = _result("baseline", [0.04, 0.05, 0.048] * 3, 0.9, 5.0, cpu_s_per_epoch=3.0, setup_cpu_s=0.0)
-    doc = headline([fast, base], {"fast": 4, "baseline": 4}, {}, host=BUSY)
-    assert doc["speedup"]["per_epoch"] == pytest.approx(2.5) and doc["speedup"]["per_epoch_cpu"] == pytest.approx(3.0)
-    assert "2.5x per epoch (measured, interleaved; in CPU time 3.0x); to the target: n/a" in format_headline(doc)
-    fast_no_cpu = _result("fast", [0.2, 0.4, 0.6, 0.9], 0.9, 2.0, reached_at=4)
-    doc = headline([fast_no_cpu, base], {"fast": 4, "baseline": 4}, {}, host=BUSY)
-    assert doc["speedup"]["per_epoch_cpu"] is None
-    assert "2.5x per epoch (measured, interleaved); to the target: n/a" in format_headline(doc)
-
-
 def test_budget_is_a_multiple_of_the_leads_time_within_the_cap():
     assert budget_after_lead(10.0, multiple=3.0, cap=300.0) == 30.0
     assert budget_after_lead(200.0, multiple=3.0, cap=300.0) == 300.0
@@ -225,11 +224,11 @@ def test_interleaved_race_gives_the_baseline_a_budget_derived_from_fasts_time(tm
         est["how"] == ESTIMATED
     ):  # the epochs its budget gave it (time-bound: one or two here) made a curve to extrapolate
         assert est["value"] > 0 and "measured interleaved" in est["basis"]
-    else:  # too few: no estimate, said why, and the headline is the per-epoch speed-up, measured
+    else:  # too few: no estimate, said why, and the headline is the speed-up for equal work, measured
         assert (
             est["how"] == "n/a"
             and "too early in its curve" in est["basis"]
-            and doc["headline"]["speedup"]["per_epoch"] > 0
+            and doc["headline"]["speedup"]["per_crop"] > 0
         )
     assert doc["headline"]["recipes"]["fast"]["epochs_interleaved"] == fast.epochs_run
 
@@ -281,7 +280,9 @@ def test_demo_prints_the_cap_up_front_and_a_table_of_measured_and_estimated_figu
         assert "baseline time to target: estimated:" in out and "speed-up over baseline:" in out
     else:  # a curve too flat to extrapolate (the tiny baseline's, often): no figure, the reason, the per-epoch headline
         assert rows["baseline"].split()[1:4] == ["-", "-", "-"] and "baseline time to target: n/a: its best Dice" in out
-        assert re.search(r"x per epoch \(measured, interleaved(; in CPU time [\d.]+x)?\); to the target: n/a", out)
+        assert re.search(
+            r"for equal work: training per crop [\d.]+x.*\(measured, interleaved\); to the target: n/a", out
+        )
     assert set(doc["headline"]) == {"method", "budget", "recipes", "speedup", "host"}
     host = doc["headline"]["host"]
     assert 0 <= host["others_cpu_share"] <= 1 and host["cpus"] >= 1 and host["wall_s"] > 0
@@ -375,3 +376,48 @@ def test_where_fasts_validations_are_too_sparse_the_baselines_own_slope_is_extra
     assert "per epoch over epochs 16-30 (least squares" in b["epochs_to_target"]["basis"]
     assert "raised" not in b["epochs_to_target"]["basis"]
     assert b["time_to_target_s"]["value"] == pytest.approx(90 * 4.0)
+
+
+def test_a_demo_cut_by_its_total_bound_says_so_and_compares_equal_work(tmp_path, capsys, caplog, monkeypatch):
+    # an unreachable target: fast trains its third of the time, the baseline then trains alone until the bound
+    monkeypatch.setenv("MONAI_FAST_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    args = [*TINY_DEMO, "--max-epochs", "2000", "--target", "0.99", "--epoch-multiple", "100", "--total-budget", "30"]
+    with caplog.at_level("INFO", logger="monai_fast"):
+        assert main(["demo", *args, "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads((run / "results.json").read_text())
+    head = doc["headline"]
+    base, fast = head["recipes"]["baseline"], head["recipes"]["fast"]
+    assert base["stopped"] == "total time bound" and "baseline" in head["budget"]["bound_stopped"]
+    assert base["epochs_run"] < head["budget"]["others_epochs"]
+    assert (
+        f"baseline: stopped by the total time bound after {base['epochs_run']} of its "
+        f"{head['budget']['others_epochs']} epochs"
+    ) in out
+    # equal work: the baseline's epoch trains twice fast's crops here, so its seconds per epoch are not compared
+    assert fast["epoch_holds"]["train_crops_per_epoch"] < base["epoch_holds"]["train_crops_per_epoch"]
+    sp = head["speedup"]
+    assert "per_epoch" not in sp and "x per epoch" not in out
+    rows = {r: [e for e in doc_r["epochs"]] for r, doc_r in ((x["recipe"], x) for x in doc["results"])}
+
+    def per_crop(recipe: str) -> float:
+        mine = rows[recipe][: head["recipes"][recipe]["epochs_interleaved"]]
+        return sum(e["train_s"] for e in mine) / sum(e["train_samples"] for e in mine)
+
+    assert sp["per_crop"] == pytest.approx(per_crop("baseline") / per_crop("fast"))
+    validated = all(any(e["val_volumes"] for e in rows[r]) for r in rows)  # fast validates fully only now and then
+    assert (sp["per_volume"] is not None and sp["per_volume"] > 0) == validated
+    assert f"for equal work: training per crop {sp['per_crop']:.1f}x" in out and "an epoch held: fast " in out
+    # the set-up lines: one per lever, none of them thousands of characters long
+    setup = [r.getMessage() for r in caplog.records if r.name == "monai_fast.training.run"]
+    assert any(m.startswith("fast: set up in ") for m in setup) and max(map(len, setup)) < 400
+    # fast's doctor: the baseline's turns are its pauses, not idle time to wrap in a span
+    diagnosis = json.loads((run / "fast" / "doctor.json").read_text())
+    assert diagnosis["numbers"]["wall_clock"]["seconds"]["paused"] > 0
+    assert not any("RecordHandler.span('setup')" in f for f in diagnosis["fixes"])
+    # its many turns (record segments of one process) read as one range, not a clause each
+    segments = next(e for e in diagnosis["evidence"] if "segments (runs of the trainer" in e)
+    assert re.search(r"segments 0-\d+ \(pid \d+\) each ended, the last to epoch", segments), segments
+    assert len(segments) < 400 and "error" not in segments
+    assert "to the end of training" in (run / "fast" / "report.md").read_text()

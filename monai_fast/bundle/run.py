@@ -238,10 +238,17 @@ def run_bundle(
     Raises:
         BundleError: a missing file, or an id the config lacks, named before any training.
     """
+    import torch
     from monai.bundle import ConfigWorkflow
 
     from monai_fast.bundle.checkpoints import atomic_checkpoints, config_checkpoint_savers
-    from monai_fast.handlers import FastTraining, RecordHandler, TimeBreakdown, TrainingAlgorithmTime
+    from monai_fast.handlers import (
+        FastTraining,
+        InferenceSplit,
+        RecordHandler,
+        TimeBreakdown,
+        TrainingAlgorithmTime,
+    )
 
     root = Path(bundle_dir).resolve()
     files = bundle_config_files(root, config_files)
@@ -297,6 +304,8 @@ def run_bundle(
     record.attach(trainer)
     if evaluator is not None:
         record.attach(evaluator)
+        if isinstance(getattr(evaluator, "network", None), torch.nn.Module):  # windows per volume: the doctor's
+            InferenceSplit().attach(evaluator)  # evidence for (or against) sliding-window advice
     TimeBreakdown().attach(trainer)  # data wait against compute: what the doctor reads
     TrainingAlgorithmTime().attach(trainer)  # the bundle's training post-processing and metrics, also with fast=False
     result = BundleResult(run_dir=folder, config_files=files, trainer_id=trainer_id, evaluator_id=evaluator_id)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -98,7 +99,14 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
     from monai_fast.tune import TuningError
 
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that closed the pipe early fails here, inside the handler below
+        return status
+    except BrokenPipeError:  # `monai-fast doctor RUN | head`: the reader has what it wanted; stop quietly
+        # the Python docs' recipe (signal module, "Note on SIGPIPE"): point stdout at devnull so that the
+        # interpreter's own flush at exit does not fail a second time
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OptionError as e:
         raise SystemExit(f"monai-fast {args.subcommand}: {flag_of(e.option)}: {e.message}") from e
     except TuningError as e:

@@ -185,10 +185,24 @@ def _cmd_k8s(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from monai_fast.report.doctor import doctor
 
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise SystemExit(f"monai-fast doctor: {run_dir}: no such folder")
     try:
-        diagnosis = doctor(args.run_dir, data_threshold=args.data_threshold, util_low=args.util_low)
+        diagnosis = doctor(run_dir, data_threshold=args.data_threshold, util_low=args.util_low)
     except FileNotFoundError as e:
-        raise SystemExit(str(e)) from e
+        below = sorted({p.parent.name for p in run_dir.glob("*/record.rank*.jsonl")})
+        if below:  # a demo's or a race's folder: one record per recipe, in its own folder
+            raise SystemExit(
+                f"monai-fast doctor: {run_dir} holds no record itself; its runs' records are in "
+                + ", ".join(below)
+                + f": monai-fast doctor {run_dir / below[0]}"
+            ) from e
+        raise SystemExit(
+            f"monai-fast doctor: {e}: FastTraining().attach(trainer, evaluator) alone writes none; for a record, "
+            f"attach RecordHandler('{run_dir}') and TimeBreakdown() to the trainer (and the same RecordHandler to "
+            "the evaluator) before FastTraining; monai-fast train and demo write one in <run folder>/<recipe>"
+        ) from e
     except ValueError as e:
         raise SystemExit(f"{args.run_dir}: {e}") from e
     print(diagnosis.text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from contextlib import AbstractContextManager
 from typing import Any
@@ -16,6 +17,7 @@ from monai_fast.distributed.env import placement
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.window_tune import sliding_window_of
 from monai_fast.telemetry.chain import transform_names
+from monai_fast.telemetry.precision import cpu_has_bf16_hardware
 from monai_fast.telemetry.record import Category, EngineRecord, Kind, RunRecord, Source
 
 __all__ = ["RecordHandler", "cached_dataset", "describe_engine", "record_of"]
@@ -83,6 +85,8 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
         "sw_batch_size": getattr(window, "sw_batch_size", None),
         "amp": getattr(engine, "amp", None),
         "device": None if device is None else str(device),
+        # whether reduced precision has hardware on this CPU: the doctor's case for FastTraining's precision lever
+        "cpu_bf16": cpu_has_bf16_hardware() if device is not None and str(device).startswith("cpu") else None,
         "data_cached": cached_dataset(engine) is not None,
         "transforms": transform_names(getattr(getattr(loader, "dataset", None), "transform", None)),
     }
@@ -183,17 +187,24 @@ class RecordHandler(EngineHandler):
         if self._described.get(id(engine)) != self.record.segment:
             self._described[id(engine)] = self.record.segment
             described = describe_engine(engine)
+            # where the run starts: from iteration 0 it is a run of its own (a notebook's attach cell run again),
+            # from later on it continues the earlier segments (more epochs, a resumed job, a race's turns)
+            described.update(start_epoch=engine.state.epoch, start_iteration=engine.state.iteration)
             record_of(engine).add(Kind.EVENT, Source.RECORD, what="engine", **described)  # type: ignore[union-attr]
         self._started[id(engine)] = time.time()
 
     def _run_ended(self, engine: Engine) -> None:
+        # a run that raised (Ctrl-C, an error) ends here inside ignite's except block: its end row says what stopped it;
+        # engine.terminate() also ends a run from inside one, and that is a normal end
+        error = None if engine.should_terminate else sys.exc_info()[1]
         start = self._started.pop(id(engine), None)  # None: the second call for one run (TERMINATE, COMPLETED)
         owner = self.engine is engine
         if start is not None:
             category = Category.RUN if owner else Category.VALIDATION
             record_of(engine).add_span(category, start, max(time.time(), start), source=Source.RECORD)  # type: ignore[union-attr]
         if owner:
-            self.record.close(epoch=engine.state.epoch, iteration=engine.state.iteration)
+            raised = {} if error is None else {"raised": type(error).__name__}
+            self.record.close(epoch=engine.state.epoch, iteration=engine.state.iteration, **raised)
         else:
             self.record.flush()
 

@@ -58,7 +58,8 @@ class ThroughputMonitor(EngineHandler):
     measured separately, from the last iteration of one epoch to the start of the next
     (``epoch_end_s``). The ETA is the remaining iterations times the last epoch's mean iteration
     time (``eta_train_s``) plus the remaining epoch ends times their mean so far (``eta_end_s``);
-    ``eta_s`` is their sum.
+    ``eta_s`` is their sum. The epoch's log line is written once its end work is over (at the
+    next epoch's start, or when the run ends), so it counts that epoch's validation too.
 
     Args:
         shape_fn: batch -> input shape ``(N, C, *spatial)``; default :func:`batch_shape`.
@@ -89,12 +90,14 @@ class ThroughputMonitor(EngineHandler):
         self.epochs: list[dict[str, float]] = []
         self.epoch_ends: list[float] = []
         self._t_last_iter: float | None = None
+        self._pending: tuple[dict[str, float], int] | None = None  # an epoch's line, until its end work is measured
 
     def _attach(self, engine: Engine) -> None:
         self.on(engine, Events.STARTED, self._started)
         self.on(engine, Events.EPOCH_STARTED, self._epoch_started)
         self.on(engine, Events.ITERATION_COMPLETED, self._iteration_completed)
         self.on(engine, Events.EPOCH_COMPLETED, self._epoch_completed)
+        self.on_run_end(engine, self._run_ended)
 
     def _started(self, engine: Engine) -> None:
         self._t_last_iter = None  # a new run: the gap since the last one is not an epoch end
@@ -104,6 +107,7 @@ class ThroughputMonitor(EngineHandler):
         if self._t_last_iter is not None:
             self.epoch_ends.append(self._t_epoch - self._t_last_iter)
         self._t_prev = self._t_last_iter = self._t_epoch
+        self._log_pending(self.epoch_ends)
         self._samples = 0
         self._voxels = 0
 
@@ -167,14 +171,30 @@ class ThroughputMonitor(EngineHandler):
         if self.writer is not None:
             for k in ("samples_per_s", "voxels_per_s", "eta_s", "epoch_s"):
                 self.writer.add_scalar(f"throughput/{k}", stats[k], engine.state.epoch)
-        if self.log_every_epoch:
-            logger.info(
-                "epoch %d: %.1f samples/s, %.3g voxels/s, %.1f s, ETA %.0f s "
-                "(%.0f s of it epoch-end work such as validation)",
-                stats["epoch"],
-                stats["samples_per_s"],
-                stats["voxels_per_s"],
-                elapsed,
-                stats["eta_s"],
-                eta_end,
-            )
+        if self.log_every_epoch:  # said once this epoch's end work (validation) is over and measured
+            self._pending = (stats, max((engine.state.max_epochs or 0) - engine.state.epoch, 0))
+
+    def _log_pending(self, ends: list[float]) -> None:
+        """Log the last epoch's line, its ETA counting the epoch-end work measured so far (``ends``, the last its
+        own)."""
+        if self._pending is None or not ends:
+            return
+        stats, left = self._pending
+        self._pending = None
+        end_s = ends[-1]
+        eta_end = left * sum(ends) / len(ends)
+        logger.info(
+            "epoch %d: %.1f samples/s, %.3g voxels/s, %.1f s, %.1f s of epoch-end work (validation, handlers); "
+            "ETA %.0f s (%.0f s of it epoch-end work)",
+            stats["epoch"],
+            stats["samples_per_s"],
+            stats["voxels_per_s"],
+            stats["epoch_s"],
+            end_s,
+            stats["eta_train_s"] + eta_end,
+            eta_end,
+        )
+
+    def _run_ended(self, engine: Engine) -> None:
+        if self._t_last_iter is not None:
+            self._log_pending([*self.epoch_ends, time.perf_counter() - self._t_last_iter])

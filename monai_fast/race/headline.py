@@ -17,7 +17,10 @@ for a seed their Dice curves are the same on a quiet or a loaded host, and only 
 epoch (measured side by side) follow the load. Only a curve that got somewhere is used: its
 best Dice must be at least :data:`MIN_PROGRESS` of the target (an extrapolation from the flat
 start of a Dice curve is noise). Otherwise there is no estimate, the table says why, and the
-headline is the per-epoch speed-up, measured. Never a bare lower bound.
+headline is the speed-up for equal work, measured: training seconds per training crop and full
+validation's seconds per validated volume, each its own ratio (the recipes' epochs hold different
+crops and validate at different rates, so seconds per epoch are never compared). Never a bare
+lower bound.
 
 The speed-up is always the wall clock's, on a quiet host and a busy one alike: it is the time
 the user waits, and the epochs it rests on were taken in turns, so a competing job slowed both
@@ -130,8 +133,35 @@ def _s_per_epoch(result: RaceResult, interleaved: int, cpu: bool = False) -> flo
     return statistics.fmean(r.wall_s if r.wall_s is not None else r.train_s + r.val_s for r in rows) if rows else 0.0
 
 
+def _per_unit(result: RaceResult, interleaved: int) -> dict:
+    """What ``result``'s epochs held and their cost per unit of work, over its first ``interleaved`` epochs (all when
+    none were): training seconds per training crop, full validation's seconds per validated volume.
+
+    Recipes' epochs hold different work (crops per volume, how often the full validation runs), so seconds per
+    epoch are never compared across recipes; these are. ``None`` where the rows do not count crops or volumes.
+    """
+    rows = result.epochs[:interleaved] or result.epochs
+    crops = [r.train_samples for r in rows if r.train_samples]
+    validated = [r for r in rows if r.val_volumes]
+    if not validated:  # no full validation while interleaved: its epochs run alone
+        validated = [r for r in result.epochs if r.val_volumes]
+    volumes = sum(r.val_volumes or 0 for r in validated)
+    return {
+        "train_s_per_crop": sum(r.train_s for r in rows if r.train_samples) / sum(crops) if crops else None,
+        "val_s_per_volume": sum(r.val_s for r in validated) / volumes if volumes else None,
+        "epoch_holds": {
+            "epochs": len(rows),
+            "train_crops_per_epoch": statistics.median(crops) if crops else None,
+            "full_validations": sum(1 for r in rows if r.val_volumes),
+            "val_volumes": validated[0].val_volumes if validated else None,
+        },
+    }
+
+
 def stop_reason(result: RaceResult, budget: Mapping[str, object]) -> str:
-    """Why ``result``'s recipe stopped: ``"target"``, ``"epoch budget"``, ``"wall-clock budget"`` or ``"epoch limit"``.
+    """Why ``result``'s recipe stopped: ``"target"``, ``"epoch budget"``, ``"total time bound"`` (the race's
+    ``--total-budget`` left no time for its next epoch: ``budget["bound_stopped"]`` names it), ``"wall-clock budget"``
+    or ``"epoch limit"``.
 
     Example:
         >>> r = RaceResult(
@@ -145,6 +175,8 @@ def stop_reason(result: RaceResult, budget: Mapping[str, object]) -> str:
     epochs = budget.get("others_epochs")
     if isinstance(epochs, int) and result.epochs_run >= epochs and result.recipe != budget.get("lead"):
         return "epoch budget"
+    if result.recipe in (budget.get("bound_stopped") or ()):  # type: ignore[operator]
+        return "total time bound"
     if result.budget_exhausted or (result.budget_s is not None and result.total_s >= result.budget_s):
         return "wall-clock budget"
     return "epoch limit"
@@ -191,6 +223,7 @@ def headline(
             "best_dice": r.best_dice,
             "data_wait_share": r.data_wait_share,
             "stopped": stop_reason(r, budget),
+            **_per_unit(r, interleaved.get(r.recipe, 0)),
         }
         if r.reached:
             entry["time_to_target_s"] = _figure(r.time_to_target_s, MEASURED)
@@ -235,11 +268,8 @@ def _cpu_to_target(r: RaceResult, entry: dict) -> dict:
 
 
 def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
-    """``speedup`` (the wall clock's) with the same ratio in CPU seconds beside it: ``cpu_factor``, or
-    ``per_epoch_cpu``.
-
-    Each is ``None`` where a recipe has no CPU time for it.
-    """
+    """``speedup`` (the wall clock's) with the same ratio in CPU seconds beside it: ``cpu_factor`` (``None`` where a
+    recipe has no CPU time for it)."""
     out = {**speedup, "clock": "wall", "cpu_factor": None}
     a, b = recipes.get(fast), recipes.get(reference)
     if a is None or b is None:
@@ -247,9 +277,6 @@ def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference
     ta, tb = a["cpu_s_to_target"], b["cpu_s_to_target"]
     if ta["how"] == MEASURED and ta["value"] and tb["value"] is not None:
         out.update(cpu_factor=tb["value"] / ta["value"], cpu_how=MEASURED if tb["how"] == MEASURED else ESTIMATED)
-    ca, cb = a["cpu_s_per_epoch_interleaved"], b["cpu_s_per_epoch_interleaved"]
-    if out.get("per_epoch") is not None:
-        out["per_epoch_cpu"] = cb / ca if ca and cb else None
     return out
 
 
@@ -321,13 +348,8 @@ def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
         return {"over": reference, "factor": None, "how": "n/a", "basis": f"needs both {fast} and {reference}"}
     ta, tb = a["time_to_target_s"], b["time_to_target_s"]
     if ta["how"] != MEASURED or not ta["value"] or tb["value"] is None:
-        per_epoch = (
-            b["s_per_epoch_interleaved"] / a["s_per_epoch_interleaved"]
-            if a["s_per_epoch_interleaved"] and b["s_per_epoch_interleaved"]
-            else None
-        )
         why = f"{fast} did not reach the target" if ta["how"] != MEASURED else f"{reference}'s time to target: n/a"
-        return {"over": reference, "factor": None, "how": "n/a", "basis": why, "per_epoch": per_epoch}
+        return {"over": reference, "factor": None, "how": "n/a", "basis": why, **_equal_work(a, b)}
     how = MEASURED if tb["how"] == MEASURED else ESTIMATED
     out = {
         "over": reference,
@@ -338,6 +360,30 @@ def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
     if "low" in tb and "high" in tb:
         out.update(low=tb["low"] / ta["value"], high=tb["high"] / ta["value"])
     return out
+
+
+def _equal_work(a: Mapping[str, object], b: Mapping[str, object]) -> dict:
+    """The reference's cost over the fast recipe's for equal work, each its own ratio: ``per_crop`` (training
+    seconds per training crop) and ``per_volume`` (full validation's seconds per validated volume); ``None``
+    where either recipe has no figure for it."""
+
+    def ratio(key: str) -> float | None:
+        x, y = a.get(key), b.get(key)
+        return y / x if isinstance(x, float) and isinstance(y, float) and x > 0 and y > 0 else None
+
+    return {"per_crop": ratio("train_s_per_crop"), "per_volume": ratio("val_s_per_volume")}
+
+
+def _holds(name: str, e: Mapping[str, object]) -> str | None:
+    """What an epoch of recipe ``name`` held while interleaved, in words (``None`` where the rows do not say)."""
+    holds = e.get("epoch_holds")
+    if not isinstance(holds, dict) or holds.get("train_crops_per_epoch") is None:
+        return None
+    volumes = "" if holds.get("val_volumes") is None else f" of {holds['val_volumes']} volume(s)"
+    return (
+        f"{name} {holds['train_crops_per_epoch']:g} training crops, a full validation{volumes} after "
+        f"{holds['full_validations']} of its {holds['epochs']} epochs"
+    )
 
 
 _LABELS = {
@@ -393,19 +439,36 @@ def format_headline(doc: dict) -> str:
                 out.append(f"{name} {_LABELS[key]}: {e[key]['how']}: {e[key]['basis']}")
     epochs = doc["budget"].get("others_epochs")
     for name, e in doc["recipes"].items():
-        if epochs and name != doc["budget"].get("lead") and e.get("stopped") == "wall-clock budget":
-            flag = "--total-budget" if doc["budget"].get("deadline_left_s") is not None else "--time-budget"
+        if (
+            epochs
+            and name != doc["budget"].get("lead")
+            and e.get("stopped") in ("wall-clock budget", "total time bound")
+        ):
+            if e["stopped"] == "total time bound":
+                what, flag = "the total time bound", "--total-budget"
+            else:
+                what = "its wall-clock budget"
+                flag = "--total-budget" if doc["budget"].get("deadline_left_s") is not None else "--time-budget"
             out.append(
-                f"{name}: stopped by its wall-clock budget after {e['epochs_run']} of its {epochs} epochs: how far "
+                f"{name}: stopped by {what} after {e['epochs_run']} of its {epochs} epochs: how far "
                 f"its Dice curve got depended on the host's speed ({flag} raises the cap)"
             )
     if doc.get("host"):
         out.append(describe_host_load(doc["host"], "the epochs taken in turns"))
-    sp = doc["speedup"]
-    if sp["factor"] is None and sp.get("per_epoch"):
-        cpu = "" if sp.get("per_epoch_cpu") is None else f"; in CPU time {sp['per_epoch_cpu']:.1f}x"
+    holds = [h for name, e in doc["recipes"].items() if (h := _holds(name, e)) is not None]
+    if len(holds) > 1:
         out.append(
-            f"speed-up over {sp['over']}: {sp['per_epoch']:.1f}x per epoch (measured, interleaved{cpu}); "
+            "an epoch held: " + "; ".join(holds) + " (seconds per epoch are each recipe's own, not a comparison)"
+        )
+    sp = doc["speedup"]
+    equal = [
+        f"{what} {sp[key]:.1f}x"
+        for key, what in (("per_crop", "training per crop"), ("per_volume", "validation per volume"))
+        if sp.get(key)
+    ]
+    if sp["factor"] is None and equal:
+        out.append(
+            f"speed-up over {sp['over']} for equal work: {', '.join(equal)} (measured, interleaved); "
             f"to the target: n/a ({sp['basis']})"
         )
     elif sp["factor"] is None:

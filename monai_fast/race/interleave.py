@@ -173,6 +173,7 @@ def run_interleaved(
         shared = getattr(events, "time_shared", None)
         if shared is not None:
             shared(lead, runs[lead].budget_s, left)
+    bound_stopped: list[str] = []  # recipes the deadline stopped before their own budget or target
     host = HostLoad().start()  # what other processes took while the per-epoch times were measured side by side
     while not runs[lead].done and _left(deadline) > 0:
         behind = min((n for n in recipes if not runs[n].done), key=lambda n: runs[n].elapsed())
@@ -181,6 +182,8 @@ def run_interleaved(
             break
         runs[behind].segment(epochs=1)
     host_load = host.stop()
+    if deadline is not None and not runs[lead].done:
+        bound_stopped.append(lead)
     paired = {n: len(runs[n].recorder.rows) for n in recipes}
     lead_result = runs[lead].finish()
     lead_s = lead_result.time_to_target_s if lead_result.reached else lead_result.total_s
@@ -218,8 +221,10 @@ def run_interleaved(
         while (left is None or left > 0) and not run.done:  # an epoch at a time, each only if it ends in time
             if not _fits(run, deadline):
                 logger.info("%s: its next epoch would not end within the total bound: it stops here", name)
+                bound_stopped.append(name)
                 break
             run.segment(epochs=1)
             left = None if left is None else left - 1
+    budget["bound_stopped"] = bound_stopped
     logger.info("interleaved epochs: %s", ", ".join(f"{n} {k}" for n, k in paired.items()))
     return [runs[n].finish() for n in recipes], paired, budget, host_load

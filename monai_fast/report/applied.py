@@ -52,6 +52,17 @@ class InEffect:
     sliding_window: bool | None  #: whether validation ran a sliding-window inferer (False: no validation ran)
     data_cached: bool | None  #: whether the training data set is a cache
     transforms: tuple[str, ...] | None = None  #: the training chain's transform classes (None: not recorded)
+    device: str | None = None  #: the trainer's device ("cpu", "cuda:0")
+    cpu_bf16: bool | None = None  #: whether the trainer's CPU has bf16 instructions (None: not a CPU, or not recorded)
+    windows_per_volume: float | None = None  #: sliding windows per validated batch (InferenceSplit's rows)
+
+    @property
+    def batches_windows(self) -> bool:
+        """Whether a larger sliding-window batch can put more windows through the network at once: not without a
+        sliding window, nor where each volume is one window (unknown counts as yes)."""
+        if self.sliding_window is False:
+            return False
+        return self.windows_per_volume is None or self.windows_per_volume > 1
 
 
 def in_effect(rows: list[dict]) -> InEffect:
@@ -87,7 +98,12 @@ def in_effect(rows: list[dict]) -> InEffect:
         cached = False
     chains = [r["transforms"] for r in train if r.get("transforms") is not None]
     transforms = tuple(chains[-1]) if chains else None
-    return InEffect(precision, by, dims, sliding, cached, transforms)
+    device = next((str(r["device"]) for r in reversed(train) if r.get("device") is not None), None)
+    bf16 = next((bool(r["cpu_bf16"]) for r in reversed(train) if r.get("cpu_bf16") is not None), None)
+    split = select(rows, Kind.EPOCH, Source.INFERENCE)
+    batches = sum(r.get("iterations", 0) for r in split)
+    windows = sum(r.get("windows", 0) for r in split) / batches if batches else None
+    return InEffect(precision, by, dims, sliding, cached, transforms, device, bf16, windows)
 
 
 def sentence(text: str) -> str:

@@ -29,6 +29,12 @@ are the user's algorithm, kept as built: when ``TrainingAlgorithmTime``'s rows s
 per epoch and how to make them cheaper (:mod:`monai_fast.report.algorithm`); below that it says
 nothing about them.
 
+A run without ``FastTraining`` whose record shows its levers unused (fp32 on a GPU or on a CPU with
+bf16 instructions, a training set that is not a cache) gets :data:`ATTACH` first, with that evidence
+(:func:`unused_levers`). Validation advice comes only from the wall clock's share, sliding-window advice
+only where a validated volume is more than one window. A record that holds an earlier run of the same
+process (a notebook's attach cell run again) is read as its last run (:func:`~monai_fast.report.ranks.last_run`).
+
 The doctor advises only what applies to the run (:mod:`monai_fast.report.applied`): no mixed
 precision for a run that trained in bf16 or fp16 however it was set, no ``channels_last_3d`` for a
 2-D network, no sliding-window settings for a validation without a sliding window; what is on
@@ -60,6 +66,8 @@ from monai_fast.report.algorithm import ALGORITHM_SHARE, algorithm_cost
 from monai_fast.report.applied import InEffect, applied_levers, in_effect, sentence
 from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock, pyplot_missing
 from monai_fast.report.ranks import (
+    interrupted,
+    last_run,
     missing_ranks,
     node_evidence,
     rank_evidence,
@@ -67,11 +75,21 @@ from monai_fast.report.ranks import (
     segment_evidence,
     stopped_early,
 )
-from monai_fast.report.wall_clock import LABELS, WallClock, table_lines, wall_clock, wall_clock_advice
+from monai_fast.report.wall_clock import WallClock, table_lines, wall_clock, wall_clock_advice
 from monai_fast.telemetry.chain import crop_indices_advised
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, record_files, select
 
-__all__ = ["FIXES", "Diagnosis", "applied_levers", "diagnose", "doctor", "fix_applies", "write_report"]
+__all__ = [
+    "ATTACH",
+    "FIXES",
+    "Diagnosis",
+    "applied_levers",
+    "diagnose",
+    "doctor",
+    "fix_applies",
+    "unused_levers",
+    "write_report",
+]
 
 logger = logging.getLogger("monai_fast.report")
 
@@ -89,7 +107,7 @@ FIXES: dict[str, list[tuple[str | None, str]]] = {
             "FastTraining(loader='auto') (SafeThreadDataLoader)",
         ),
         (
-            None,
+            "data",
             "data larger than RAM: FastTraining(cache='disk', cache_dir=...) (a trusted disk cache) "
             "or cache='smartcache'",
         ),
@@ -114,8 +132,6 @@ FIXES: dict[str, list[tuple[str | None, str]]] = {
             None,
             "more devices: data-parallel training over several GPUs (monai_fast.distributed.run, monai-fast launch)",
         ),
-        (None, "validate less often (ValidationHandler's interval)"),
-        (None, "validate with a larger sliding-window batch (SlidingWindowInferer's sw_batch_size)"),
     ],
     "balanced": [
         (None, "no single bottleneck stands out; profile a window with KernelProfiler to find the costliest ops"),
@@ -125,13 +141,14 @@ FIXES: dict[str, list[tuple[str | None, str]]] = {
 
 def fix_applies(lever: str | None, text: str, run: InEffect) -> bool:
     """Whether a fix fits the run: ``channels_last_3d`` needs a 3-D network, sliding-window settings a
-    sliding-window validation, precomputed crop indices a chain that crops with ``RandCropByPosNegLabeld``
-    and does not precompute them yet (unknown counts as fitting)."""
+    sliding-window validation with more than one window per volume (:attr:`InEffect.batches_windows`),
+    precomputed crop indices a chain that crops with ``RandCropByPosNegLabeld`` and does not precompute
+    them yet (unknown counts as fitting)."""
     if lever == "memory_format" and run.spatial_dims is not None and run.spatial_dims != 3:
         return False
     if "FgBgToIndicesd" in text and not crop_indices_advised(run.transforms):
         return False
-    return not (("sliding-window" in text or "sw_batch_size" in text) and run.sliding_window is False)
+    return not (("sliding-window" in text or "sw_batch_size" in text) and not run.batches_windows)
 
 
 def _fixes(verdict: str, applied: dict[str, dict], run: InEffect | None = None) -> list[str]:
@@ -156,6 +173,32 @@ def _fixes(verdict: str, applied: dict[str, dict], run: InEffect | None = None) 
     if on_in_run:
         fixes.append("already on in this run: " + ", ".join(dict.fromkeys(on_in_run)))
     return fixes
+
+
+#: the line that puts every FastTraining lever on a user's own trainer and evaluator
+ATTACH = "FastTraining().attach(trainer, evaluator)"
+
+
+def unused_levers(applied: dict[str, dict], run: InEffect) -> list[str]:
+    """The ``FastTraining`` levers a run without it left unused, each with the evidence from its record: fp32 on a
+    GPU or on a CPU with bf16 instructions, a training data set that is not a cache. Empty for a run with
+    ``FastTraining`` (its own rows say what it left alone) or a record that does not describe its engines.
+
+    Example:
+        >>> run = InEffect(None, None, 3, True, False, device="cpu", cpu_bf16=True)
+        >>> [u.split(" (")[0] for u in unused_levers({}, run)]
+        ['precision', 'data']
+    """
+    if applied:
+        return []
+    out = []
+    device = run.device or ""
+    if run.precision is None and (device.startswith("cuda") or (device.startswith("cpu") and run.cpu_bf16)):
+        where = "a GPU" if device.startswith("cuda") else "a CPU with bf16 instructions"
+        out.append(f"precision (the trainer ran in fp32 on {where})")
+    if run.data_cached is False:
+        out.append("data (the training data set is not a cache: every epoch repeats its deterministic transforms)")
+    return out
 
 
 @dataclass
@@ -197,6 +240,7 @@ def diagnose(
         ValueError: if the rows hold no ``time_breakdown`` epochs of the training engine (attach
             ``TimeBreakdown``).
     """
+    rows, earlier = last_run(rows)
     epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
     if not epochs:
         raise ValueError(
@@ -211,7 +255,8 @@ def diagnose(
     over = f"over {n_epochs} epoch(s)" + (f" and {len(ranks)} ranks" if len(ranks) > 1 else "")
     evidence = [
         f"{100 * share:.1f}% of iteration time was spent waiting for data "
-        f"({data:.1f} s of {data + compute:.1f} s {over})"
+        f"({data:.1f} s of {data + compute:.1f} s {over})",
+        *earlier,
     ]
     first = min((r.get("segment", 0), r["epoch"]) for r in epochs)
     later = [r for r in epochs if (r.get("segment", 0), r["epoch"]) != first]
@@ -221,7 +266,7 @@ def diagnose(
         )
         evidence.append(f"after the first epoch: {100 * numbers['data_share_after_first_epoch']:.1f}%")
     evidence += rank_evidence(ranks, numbers) + node_evidence(rows, numbers)
-    evidence += segment_evidence(rows, numbers) + stopped_early(rows, numbers)
+    evidence += segment_evidence(rows, numbers) + stopped_early(rows, numbers) + interrupted(rows, numbers)
 
     gpu = select(rows, Kind.INTERVAL, Source.GPU)
     util_mean = mem_peak = None
@@ -268,6 +313,15 @@ def diagnose(
         evidence.append(algorithm["evidence"])
         fixes.insert(0, algorithm["fix"])
     _add_wall_clock(rows, applied, run, numbers, evidence, fixes)
+    if unused := unused_levers(applied, run):  # a plain trainer: the one line that applies them comes first
+        numbers["unused_levers"] = unused
+        if verdict == "balanced":  # the levers are the first step, before profiling
+            fixes[:] = [f for f in fixes if not f.startswith("no single bottleneck")]
+        fixes.insert(
+            0,
+            f"{ATTACH} applies the levers this run left unused, each kept only where it measures faster on "
+            "this machine: " + "; ".join(unused),
+        )
     numbers["thresholds"] = {
         "data_threshold": data_threshold,
         "data_low": data_low,
@@ -300,8 +354,6 @@ def _add_wall_clock(
     more, advice = wall_clock_advice(wc, applied, run)
     evidence += more
     training = wc.share("compute") + wc.share("data_wait")
-    if any(f.startswith(LABELS["validation"]) for _, f in advice):  # said there, in more detail
-        fixes[:] = [f for f in fixes if not f.startswith(("validate less often", "validate with a larger"))]
     fixes[:0] = [f for share, f in advice if share > training]
     fixes += [f for share, f in advice if share <= training]
 
@@ -333,7 +385,7 @@ def _inference(wc: WallClock, rows: list[dict], run: InEffect) -> dict | None:
             f"before the first window (batch to device) {100 * share['before_s']:.0f}%, after the inferer "
             f"(post-processing, metric) {100 * share['after_s']:.0f}%. "
         )
-        if share["sliding_window_s"] >= 0.3:
+        if share["sliding_window_s"] >= 0.3 and run.batches_windows:
             text += (
                 "Stitching outweighs much of the network: fewer, larger window batches (sw_batch_size; "
                 "FastTraining(evaluator='tune') measures it) and stitching on the network's device help. "
@@ -461,6 +513,7 @@ def doctor(run_dir: str | os.PathLike, **thresholds: float) -> Diagnosis:
     """
     rows, summary = load_record(run_dir)
     diagnosis = diagnose(rows, **thresholds)
+    rows = last_run(rows)[0]  # the report's tables and pictures: the run the verdict is about
     files, strays = record_files(run_dir)
     diagnosis.evidence += missing_ranks(rows, list(files), diagnosis.numbers)
     if strays:

@@ -35,6 +35,7 @@ _COLOURS = {
     "data_wait": "tab:red",
     "validation": "tab:blue",
     "checkpoint": "tab:purple",
+    "paused": "lavender",
     "handlers": "tab:orange",
     "idle": "lightgray",
 }

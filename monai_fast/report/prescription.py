@@ -24,7 +24,8 @@ Example:
 from __future__ import annotations
 
 from monai_fast.report.applied import in_effect
-from monai_fast.report.doctor import FIXES, Diagnosis, applied_levers, diagnose, fix_applies
+from monai_fast.report.doctor import ATTACH, FIXES, Diagnosis, applied_levers, diagnose, fix_applies, unused_levers
+from monai_fast.report.ranks import last_run
 
 __all__ = ["prescribe"]
 
@@ -61,17 +62,27 @@ def prescribe(rows: list[dict], diagnosis: Diagnosis | None = None) -> str:
         diagnosis: the doctor's verdict for them; computed when ``None``.
     """
     diagnosis = diagnosis or diagnose(rows)
+    rows = last_run(rows)[0]  # the levers of the run the verdict is about
     levers = applied_levers(rows)
     lines: list[str] = []
     lever_fixes = [lever for lever, _ in FIXES[diagnosis.verdict] if lever is not None]
+    run = in_effect(rows)
     if not levers:
-        lines.append("FastTraining().attach(trainer, evaluator)")
+        lines.append(ATTACH)
+        if unused := unused_levers(levers, run):
+            lines.append("#   applies the levers this run left unused: " + "; ".join(unused))
         if lever_fixes:
             lines.append(
                 f"#   applies what the {diagnosis.verdict} verdict calls for: " + ", ".join(dict.fromkeys(lever_fixes))
             )
-        else:
+        elif not unused:
             lines.append("#   the guide's levers, measured on your device (the verdict itself needs no lever)")
+        options = [
+            text
+            for lever, text in FIXES[diagnosis.verdict]
+            if lever is not None and "FastTraining(" in text and "'auto'" not in text and fix_applies(lever, text, run)
+        ]
+        lines += [f"#   an option of it where it fits: {text}" for text in options]
     else:
         lines.append("# FastTraining is attached already; what it left alone, and what lets it apply:")
         off = {k: v for k, v in levers.items() if not v.get("applied")}
@@ -82,7 +93,6 @@ def prescribe(rows: list[dict], diagnosis: Diagnosis | None = None) -> str:
                 lines.append(f"#     -> {fix}")
         if not off:
             lines.append("#   nothing: every lever applied")
-    run = in_effect(rows)
     code = [text for lever, text in FIXES[diagnosis.verdict] if lever is None and fix_applies(lever, text, run)]
     if code:
         lines.append(f"# code changes for the {diagnosis.verdict} verdict that no FastTraining option makes:")

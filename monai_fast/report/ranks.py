@@ -75,7 +75,8 @@ def node_evidence(rows: list[dict], numbers: dict) -> list[str]:
 def segments(rows: list[dict]) -> dict[int, list[dict]]:
     """Per rank, its record's segments in order: ``segment``, ``start`` and ``last`` (time of the first and
     last row), ``pid``, ``host``, ``ended`` (an end row was written; ``None`` for a record without segment rows),
-    and the last ``epoch`` and ``iteration`` the trainer timed in it.
+    ``raised`` (the exception that stopped it, e.g. ``"KeyboardInterrupt"``; ``None``: it ran to its end) and the
+    last ``epoch`` and ``iteration`` the trainer timed in it.
 
     Example:
         >>> rows = [
@@ -99,6 +100,7 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
                 "pid": None,
                 "host": None,
                 "ended": None,
+                "raised": None,
                 "epoch": 0,
                 "iteration": 0,
             },
@@ -114,6 +116,7 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
             s["ended"] = bool(s["ended"])
         elif what == "segment_ended":
             s["ended"] = True
+            s["raised"] = r.get("raised")  # what stopped it (KeyboardInterrupt: Ctrl-C); None: it ran to its end
         elif (
             r.get("kind") == Kind.ITERATION.value
             and r.get("source") == Source.TIME_BREAKDOWN.value
@@ -122,6 +125,80 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
             s["epoch"] = max(s["epoch"], int(r.get("epoch", 0)))
             s["iteration"] = max(s["iteration"], int(r.get("iteration", 0)))
     return {rank: [segs[k] for k in sorted(segs)] for rank, segs in sorted(out.items())}
+
+
+def last_run(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """The rows of the record's last run, and the evidence line on the earlier runs left out (none: ``[]``).
+
+    A run folder written twice by one process (a notebook's attach cell run again) holds one record with
+    both runs' segments. A segment whose trainer started from iteration 0 (its ``engine`` row's
+    ``start_iteration``) in the process that wrote the segment before it begins a run of its own; the
+    segments that continue one (more epochs, a race's turns) start later, and a segment of a new process
+    continues the record (a restarted job). Records without the field are read whole.
+
+    Example:
+        >>> rows = [{"kind": "event", "source": "record", "what": w, "engine": "train", "segment": s, "pid": 7,
+        ...          "start_iteration": 0} for s in (0, 1) for w in ("segment_started", "engine")]
+        >>> kept, said = last_run(rows)
+        >>> sorted({r["segment"] for r in kept}), said[0].startswith("this folder's record holds 1 earlier run")
+        ([1], True)
+    """
+    per_rank = segments(rows)
+    pids = {s["segment"]: s["pid"] for s in per_rank[min(per_rank)]} if per_rank else {}
+    starts = sorted(
+        {
+            int(r.get("segment", 0))
+            for r in select(rows, Kind.EVENT, Source.RECORD, engine="train")
+            if r.get("what") == "engine" and r.get("start_iteration") == 0
+        }
+    )
+    first = min((int(r.get("segment", 0)) for r in rows), default=0)
+    # a new run in the process that wrote the segment before it; a new process continues the record (a restart)
+    starts = [s for s in starts if s > first and pids.get(s) is not None and pids.get(s) == pids.get(s - 1)]
+    if not starts:
+        return rows, []
+    earlier = [s for s in starts if s < starts[-1]]
+    runs = len(earlier) + (0 if first in earlier else 1)
+    kept = [r for r in rows if int(r.get("segment", 0)) >= starts[-1]]
+    return kept, [
+        f"this folder's record holds {runs} earlier run(s) (segments {first}-{starts[-1] - 1}: a trainer started "
+        f"again from its first iteration in the same folder, e.g. a notebook cell run again); this diagnosis reads "
+        f"only the last run, from segment {starts[-1]} (a folder per run keeps them apart)"
+    ]
+
+
+def _raised(name: str) -> str:
+    """How a segment that raised ``name`` ended, in words."""
+    return "interrupted (Ctrl-C)" if name == "KeyboardInterrupt" else f"stopped by an error ({name})"
+
+
+def interrupted(rows: list[dict], numbers: dict) -> list[str]:
+    """The doctor's line on a run whose last segment was stopped by Ctrl-C or an error (rank 0's view); adds
+    ``raised`` to ``numbers``."""
+    per_rank = segments(rows)
+    if not per_rank:
+        return []
+    last = per_rank[min(per_rank)][-1]
+    if not last.get("raised"):
+        return []
+    numbers["raised"] = last["raised"]
+    return [
+        f"the run was {_raised(last['raised'])} at epoch {last['epoch']}, iteration {last['iteration']}: "
+        "the figures cover the training up to there"
+    ]
+
+
+def _runs_of_alike(segs: list[dict]) -> list[list[dict]]:
+    """``segs`` in groups of consecutive segments of one process that each ended alike (a race's turns, a
+    notebook's runs), so a record of many segments reads as a few parts, not one clause per segment."""
+    groups: list[list[dict]] = []
+    for s in segs:
+        last = groups[-1][-1] if groups else None
+        if last is not None and all(last[k] == s[k] for k in ("pid", "host", "ended", "raised")):
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups
 
 
 def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:
@@ -142,13 +219,22 @@ def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:
     restarts = sum(1 for a, b in zip(segs, segs[1:]) if b["pid"] is not None and a["pid"] != b["pid"])
     numbers["restarts"] = restarts
     parts = []
-    for i, s in enumerate(segs):
+    for group in _runs_of_alike(segs):
+        s = group[-1]
         where = f"pid {s['pid']}" if s["pid"] is not None else "process unknown"
-        if i and s["pid"] is not None and segs[i - 1]["pid"] != s["pid"]:
+        if s["pid"] is not None and segs.index(group[0]) and segs[segs.index(group[0]) - 1]["pid"] != s["pid"]:
             where += ", a restart"
         stopped = "stopped without its end row (killed or crashed, or its file system filled)"
         end = {True: "ended", False: stopped, None: "end unknown"}[s["ended"]]
-        parts.append(f"segment {s['segment']} ({where}) to epoch {s['epoch']}, iteration {s['iteration']}, {end}")
+        if s["raised"]:
+            end = _raised(s["raised"])
+        if len(group) == 1:
+            parts.append(f"segment {s['segment']} ({where}) to epoch {s['epoch']}, iteration {s['iteration']}, {end}")
+        else:
+            parts.append(
+                f"segments {group[0]['segment']}-{s['segment']} ({where}) each {end}, the last to epoch {s['epoch']}, "
+                f"iteration {s['iteration']}"
+            )
     span = max(s["last"] or 0.0 for s in segs) - min(s["start"] or 0.0 for s in segs)
     numbers["segments_span_s"] = span
     return [

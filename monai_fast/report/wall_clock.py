@@ -7,7 +7,8 @@ spans recorded before it, over every segment of the record (a notebook run again
 job); a segment whose process was killed before it wrote its ``run`` span counts from its first
 row to its last. Every instant of it is given to exactly one category, the most specific
 one at work on the trainer's thread, in this order: checkpoint, validation, cache filling, data
-wait, compute (``TimeBreakdown``'s iterations), set-up; inside a run, the rest is ``handlers``
+wait, compute (``TimeBreakdown``'s iterations), set-up, paused (a race's recipe waiting while
+another has its turn: not this run's work, and no advice); inside a run, the rest is ``handlers``
 (between iterations: event handlers, metrics, logging, loader start-up), before it ``idle``. So a
 checkpoint written inside validation counts once, as checkpoint, and the shares add up to the
 wall clock exactly. Spans flagged ``overlapped`` (background work beside training) are never in
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["LABELS", "SHARES", "WallClock", "table_lines", "wall_clock", "wall_clock_advice"]
 
 #: the categories of the critical path, in the order reports list them
-SHARES = ("setup", "cache_fill", "compute", "data_wait", "validation", "checkpoint", "handlers", "idle")
+SHARES = ("setup", "cache_fill", "compute", "data_wait", "validation", "checkpoint", "paused", "handlers", "idle")
 LABELS = {
     "setup": "set-up",
     "cache_fill": "cache filling",
@@ -46,11 +47,12 @@ LABELS = {
     "data_wait": "waiting for data",
     "validation": "validation",
     "checkpoint": "checkpoints",
+    "paused": "paused while another run had its turn",
     "handlers": "handlers between iterations",
     "idle": "idle",
 }
 #: who gets an instant claimed by several categories: the first in this order
-_PRIORITY = ("checkpoint", "validation", "cache_fill", "data_wait", "compute", "setup", "handlers", "idle")
+_PRIORITY = ("checkpoint", "validation", "cache_fill", "data_wait", "compute", "setup", "paused", "handlers", "idle")
 
 
 @dataclass
@@ -63,6 +65,7 @@ class WallClock:
     total_s: float
     seconds: dict[str, float]
     overlapped: dict[str, float] = field(default_factory=dict)
+    end: str = "the end of training"  #: what its last segment ended with, in words (an interruption, an error)
 
     def share(self, category: str) -> float:
         """``category``'s share of the wall clock (0..1)."""
@@ -157,8 +160,30 @@ def _one_rank(rows: list[dict], rank: int) -> WallClock | None:
     intervals = critical + [(s, e, "handlers") for s, e in frames] + [(s, e, "idle") for s, e in windows]
     seconds = _sweep(intervals)
     return WallClock(
-        rank, len(frames), sum(seconds.values()), seconds, {c: _union(v) for c, v in sorted(overlapped.items())}
+        rank,
+        len(frames),
+        sum(seconds.values()),
+        seconds,
+        {c: _union(v) for c, v in sorted(overlapped.items())},
+        _end(mine),
     )
+
+
+def _end(mine: list[dict]) -> str:
+    """What one rank's last segment ended with, in words: the end of training, Ctrl-C, an error, or no end row."""
+    last = max((r.get("segment", 0) for r in mine), default=0)
+    ends = [
+        r
+        for r in select(mine, Kind.EVENT, Source.RECORD, segment=last)
+        if r.get("what") in ("segment_started", "segment_ended")
+    ]
+    end = next((r for r in reversed(ends) if r["what"] == "segment_ended"), None)
+    if end is None and ends:
+        return "its last row (no end row: the process was killed, or it is still running)"
+    raised = None if end is None else end.get("raised")
+    if raised == "KeyboardInterrupt":
+        return "its interruption (Ctrl-C)"
+    return f"the error that stopped it ({raised})" if raised else "the end of training"
 
 
 def wall_clock(rows: list[dict]) -> dict[int, WallClock]:
@@ -175,7 +200,7 @@ def wall_clock(rows: list[dict]) -> dict[int, WallClock]:
 def table_lines(wc: dict, markdown: bool = True) -> list[str]:
     """The "where the wall clock went" table of a :meth:`WallClock.to_dict`, as markdown or plain text lines."""
     runs = f" ({wc['runs']} runs)" if wc["runs"] > 1 else ""
-    head = f"rank {wc['rank']}: {wc['total_s']:.1f} s from set-up to the end of training{runs}"
+    head = f"rank {wc['rank']}: {wc['total_s']:.1f} s from set-up to {wc.get('end', 'the end of training')}{runs}"
     rows = [(LABELS.get(c, c), s, wc["shares"][c]) for c, s in wc["seconds"].items()]
     hidden = [(LABELS.get(c, c), s) for c, s in wc["overlapped"].items()]
     if not markdown:
@@ -282,7 +307,7 @@ def wall_clock_advice(
             continue
         if run is not None and lever and lever[0] == "precision" and run.precision is not None:
             continue
-        if run is not None and run.sliding_window is False and ("sliding-window" in text or "sw_batch_size" in text):
+        if run is not None and not run.batches_windows and ("sliding-window" in text or "sw_batch_size" in text):
             continue
         texts.setdefault(category, []).append(text)
     fixes = [

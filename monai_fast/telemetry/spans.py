@@ -55,6 +55,7 @@ class Category(str, Enum):
     COMPUTE = "compute"  #: the training step (from TimeBreakdown)
     VALIDATION = "validation"  #: a run of the evaluator
     CHECKPOINT = "checkpoint"  #: writing a checkpoint
+    PAUSED = "paused"  #: between a run's segments while another run had its turn (a race's recipes take turns)
     HANDLERS = "handlers"  #: between iterations, in event handlers (derived)
     IDLE = "idle"  #: none of the above (derived)
 

@@ -22,6 +22,7 @@ from monai.handlers import from_engine
 
 from monai_fast.files import atomic_write
 from monai_fast.handlers import TimeBreakdown, TimeToTarget
+from monai_fast.handlers.throughput import batch_shape
 from monai_fast.recipes import VAL_METRIC
 from monai_fast.telemetry.host import process_tree_cpu_seconds
 
@@ -40,6 +41,9 @@ class EpochRow:
     ``train_s`` is the training iterations (ignite's epoch time), ``val_s`` the full validation;
     ``wall_s`` is the whole epoch on the recipe's clock (also a validation estimate, handlers);
     ``cpu_s`` the CPU seconds this process and its loader workers (live or ended) spent in it.
+    ``train_samples`` is the training samples (crops) the epoch trained on and ``val_volumes`` the
+    volumes its full validation scored (0 when none ran), so recipes whose epochs hold different
+    work are compared per crop and per volume, never per epoch.
     """
 
     recipe: str
@@ -54,6 +58,8 @@ class EpochRow:
     val_dice: float | None
     wall_s: float | None = None
     cpu_s: float | None = None
+    train_samples: int | None = None
+    val_volumes: int | None = None
 
 
 EPOCH_FIELDS = [f for f in EpochRow.__dataclass_fields__]
@@ -96,21 +102,31 @@ class EpochRecorder:
         self._n = 0
         self._val_s = 0.0
         self._val_dice: float | None = None
+        self._samples = 0
+        self._volumes = 0
 
     def attach(self, trainer: Engine, evaluator: Engine) -> None:
         trainer.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
         trainer.add_event_handler(Events.ITERATION_COMPLETED, self._iteration_completed)
         trainer.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
+        evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._val_iteration_completed)
         evaluator.add_event_handler(Events.COMPLETED, self._val_completed)
 
     def _epoch_started(self, engine: Engine) -> None:
         self._loss_sum, self._n, self._val_s, self._val_dice = 0.0, 0, 0.0, None
+        self._samples, self._volumes = 0, 0
         self._started = (self.stopper.elapsed(), process_tree_cpu_seconds())
 
     def _iteration_completed(self, engine: Engine) -> None:
         # MONAI's trainer has already turned the loss into a Python float (decollated output)
         self._loss_sum += float(from_engine(["loss"], first=True)(engine.state.output))
         self._n += 1
+        shape = batch_shape(engine.state.batch)
+        self._samples += shape[0] if shape else 0
+
+    def _val_iteration_completed(self, engine: Engine) -> None:
+        shape = batch_shape(engine.state.batch)
+        self._volumes += shape[0] if shape else 0
 
     def _val_completed(self, engine: Engine) -> None:
         self._val_s = engine.state.times.get("COMPLETED") or 0.0
@@ -133,6 +149,8 @@ class EpochRecorder:
             val_dice=self._val_dice,
             wall_s=self.stopper.elapsed() - self._started[0],
             cpu_s=process_tree_cpu_seconds() - self._started[1],
+            train_samples=self._samples,
+            val_volumes=self._volumes if self._val_dice is not None else 0,
         )
         self.rows.append(row)
         if self.log_epochs:  # where no bar is drawn: one line per epoch

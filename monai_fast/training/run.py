@@ -29,6 +29,7 @@ from monai_fast.handlers import (
     ValidationSchedule,
 )
 from monai_fast.handlers.lifecycle import handlers_on
+from monai_fast.handlers.record import record_of
 from monai_fast.handlers.stop_signal import end_of_setup, stop_signals_caught
 from monai_fast.progress import show_progress
 from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
@@ -198,7 +199,11 @@ class TargetRun:
             )
         self._segment_end = 0
         trainer.add_event_handler(Events.EPOCH_COMPLETED, self._maybe_pause)
-        logger.info("%s: set up in %.1f s; %s", recipe, self.built.setup_s, "; ".join(self.built.notes))
+        trainer.add_event_handler(Events.STARTED, self._record_pause)
+        self._pause: tuple[float, float] | None = None
+        logger.info("%s: set up in %.1f s", recipe, self.built.setup_s)
+        for note in self.built.notes:  # a line each: one line of them all runs to thousands of characters
+            logger.info("%s: %s", recipe, note)
         self._paused_at = time.perf_counter()
         self._finished: TrainResult | None = None
 
@@ -241,6 +246,7 @@ class TargetRun:
         if self.done:
             return
         assert self._paused_at is not None
+        self._pause = (wall_time(self._paused_at), time.time())  # recorded once the run has reopened its record
         self.stopper.start_time = (self.stopper.start_time or 0.0) + time.perf_counter() - self._paused_at
         self._paused_at = None
         self._segment_end = 0 if epochs is None else self.built.trainer.state.epoch + epochs
@@ -249,6 +255,14 @@ class TargetRun:
                 self.built.trainer.run()
         finally:
             self._paused_at = time.perf_counter()
+
+    def _record_pause(self, engine: Engine) -> None:
+        """The time since its last segment (the other recipes' set-up and turns) as a ``paused`` span: not idle
+        time of its own, so the doctor gives it no advice."""
+        record = record_of(engine)
+        if self._pause is not None and record is not None:
+            record.add_span(Category.PAUSED, *self._pause, source=Source.RECIPE)
+        self._pause = None
 
     def _maybe_pause(self, engine: Engine) -> None:
         if self._segment_end and engine.state.epoch >= self._segment_end:
