@@ -52,6 +52,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import socket
 import threading
 import time
@@ -210,6 +211,9 @@ class RunRecord(SpanWriter):
         self._warned_closed = False
         self._started = False
         self._segment = 0
+        #: this record object's own mark in its ``segment_started`` rows: a later run that continues the record (another
+        #: process, another ``RecordHandler``) writes another, so a reader tells what each run had on
+        self.writer = secrets.token_hex(6)
         self._file: Any = None
         self._events: dict[tuple[str, str], dict] = {}  # (source, lever) -> the latest fast_training-style event
         self._trainer_thread = threading.get_ident()  # until a run starts: the thread that made the record
@@ -289,6 +293,7 @@ class RunRecord(SpanWriter):
             what="segment_started",
             pid=os.getpid(),
             host=socket.gethostname(),
+            writer=self.writer,
             world_size=idist.get_world_size(),  # so the doctor can name a rank whose record is missing or empty
         )
         return segment
