@@ -136,7 +136,10 @@ def test_an_override_of_an_id_the_config_lacks_is_refused_with_the_nearest(tmp_p
     bundle = write_bundle(tmp_path / "b", config(data))
     with pytest.raises(BundleError, match=r"'max_epoch'.*did you mean max_epochs\?.*--new-key max_epoch"):
         run_bundle(bundle, overrides={"max_epoch": 1}, logging_file=False)
-    with pytest.raises(BundleError, match=r"'train#trainer#max_epoch'.*train#trainer#max_epochs"):
+    with pytest.raises(BundleError, match=r"'num_vall'.*did you mean num_val\?"):
+        run_bundle(bundle, overrides={"num_vall": 1}, logging_file=False)
+    # an argument of a component: its constructor names it
+    with pytest.raises(BundleError, match=r"no such argument \(building SupervisedTrainer\): .*'max_epoch'"):
         run_bundle(bundle, overrides={"train#trainer#max_epoch": 1}, logging_file=False)
     assert not trained(bundle)
     # declared new, it is added as MONAI adds it; the ids the config has pass, in either separator
@@ -222,3 +225,14 @@ def test_a_read_only_bundle_folder_is_named_with_the_way_on(tmp_path, data):
     r = cli(bundle, f"bundle_root={elsewhere}", prefix=ro)
     assert r.returncode == 0, r.stderr[-3000:]
     assert any((elsewhere / "eval" / "monai_fast").iterdir())
+
+
+def test_a_new_argument_of_a_component_passes_and_a_misspelt_one_is_named_by_its_constructor(tmp_path, data):
+    """``network#dropout`` adds an argument ``UNet`` takes; ``network#dropuot`` is refused by ``UNet`` itself, in
+    one line, before training: neither can be silently ignored, so neither needs ``--new-key``."""
+    bundle = write_bundle(tmp_path / "b", config(data))
+    with pytest.raises(BundleError, match=r"takes no such argument \(building UNet\): .*'dropuot'"):
+        run_bundle(bundle, overrides={"network#dropuot": 0.1}, logging_file=False)
+    assert not trained(bundle)
+    result = run_bundle(bundle, overrides={"network#dropout": 0.1}, logging_file=False, fast=False, doctor=False)
+    assert result.run_dir.name.startswith("published-")

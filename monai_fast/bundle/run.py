@@ -232,7 +232,9 @@ def check_overrides(
 
     The files are merged as MONAI merges them (``ConfigParser.load_config_files``) and each id is looked
     up as MONAI looks it up (``id in parser``), so ``train#trainer#max_epochs`` and ``train::trainer::max_epochs``
-    both name the same one. An id a user means to add is named in ``new_keys`` (``--new-key``).
+    both name the same one. An id a user means to add is named in ``new_keys`` (``--new-key``). A new argument
+    of a component (``network_def#init_features`` where ``network_def`` has a ``_target_``) passes: the
+    component's constructor refuses a name it does not take, so it cannot be ignored.
 
     Raises:
         BundleError: the first unknown id, with the nearest ids the config has.
@@ -244,6 +246,10 @@ def check_overrides(
     for key in keys:
         if key in exempt or ReferenceResolver.normalize_id(key) in declared or key in parser:
             continue
+        parent = ReferenceResolver.split_id(key, last=True)[0] if len(ReferenceResolver.split_id(key)) > 1 else ""
+        component = parser.get(parent) if parent and parent in parser else None
+        if isinstance(component, Mapping) and "_target_" in component:
+            continue  # an argument of a component: its constructor refuses a name it does not take
         known = [i.replace("::", "#") for i in _ids(parser.get())]
         near = difflib.get_close_matches(key.replace("::", "#"), known, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
@@ -314,6 +320,7 @@ def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[P
     ``e``'s chain as MONAI's parser and transforms raise it; ``None`` for another error.
 
     * a reference to an id the config does not define (``@loss`` where it says ``loss_fn``), with the nearest ids;
+    * a component given an argument its constructor does not take (a misspelt override of one);
     * a data set with no items (torch's ``num_samples=0``), with the ``dataset_dir`` it read;
     * a file that does not exist (a data list naming a missing file);
     * a data item that cannot be loaded or transformed (a volume smaller than the patch): its one line;
@@ -333,6 +340,9 @@ def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[P
             hint = f"; did you mean {', '.join('@' + n for n in near)}?" if near else ""
             where = ", ".join(f.name for f in files)
             return f"the config ({where}) refers to @{name}, which it does not define{hint}"
+    for cur in chain:
+        if isinstance(cur, TypeError) and "unexpected keyword argument" in str(cur):
+            return f"a component of the config takes no such argument{built}: {cur}"
     for cur in chain:
         if isinstance(cur, DataItemError):
             return f"bad data: {item_line(cur)}"

@@ -51,7 +51,7 @@ from monai_fast.bundle.auto3dseg import (
     reads_as_auto3dseg,
 )
 from monai_fast.bundle.pieces import ZOO_KEYS, read_config, zoo_pieces
-from monai_fast.bundle.run import BundleError, bundle_config_files
+from monai_fast.bundle.run import BundleError, bundle_config_files, check_config_files, check_overrides
 from monai_fast.files import write_json
 
 __all__ = ["BundleTuning", "tune_bundle"]
@@ -87,6 +87,7 @@ def tune_bundle(
     sw_batch_range: tuple[int, int] = (1, 32),
     precision: str | None = None,
     progress: bool = False,
+    new_keys: Sequence[str] = (),
     **timing: float,
 ) -> BundleTuning:
     """Measure a bundle's batch sizes on its device and write the override file.
@@ -103,6 +104,9 @@ def tune_bundle(
         precision: ``"bf16"``, ``"fp16"`` or ``"fp32"``; default: the config's ``amp`` on CUDA means
             fp16, else fp32 (FastTraining decides reduced precision on a CPU at run time).
         progress: a progress bar over the trials.
+        new_keys: override ids a Model Zoo config does not have that the user adds on purpose; any other id
+            it lacks is refused (:func:`~monai_fast.bundle.run.check_overrides`), as a misspelt one would be
+            ignored and the tuner would measure the bundle as it is.
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial, passed to the tuner.
 
     Returns:
@@ -122,8 +126,11 @@ def tune_bundle(
         files = auto3dseg_config_files(root, skip=[path])
     else:
         files = bundle_config_files(root, config_files)
+    check_config_files(files)
     parser = read_config(root, files, overrides or {})
     auto3dseg = reads_as_auto3dseg(parser)
+    if not auto3dseg:  # an Auto3DSeg algorithm's runner takes keys its templates lack (data_list_file_path, ...)
+        check_overrides(files, list(overrides or {}), new_keys, exempt=("bundle_root",))
     pieces = auto3dseg_pieces(parser) if auto3dseg else zoo_pieces(parser)
     if precision is None:
         precision = "fp16" if pieces.amp and pieces.device.type == "cuda" else "fp32"
