@@ -21,6 +21,7 @@ import pytest
 
 from monai_fast.bundle import FRAGMENT, BundleError, bundle_config_files, parse_overrides, run_bundle, write_fragment
 from monai_fast.data.synthetic import generate_msd
+from monai_fast.report.applied import applied_levers
 from monai_fast.telemetry.record import load_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,6 +146,8 @@ def test_side_by_side_runs_get_records_of_their_own(bundle, data):
     assert not any(r.get("source") == "fast_training" for r in rows)
     assert "already applied by FastTraining" not in published.verdict
     assert "segment" not in published.verdict.lower()  # no restart reported
+    with pytest.raises(FileNotFoundError, match="holds the records of 3 runs, one per folder: fast-"):
+        load_record(bundle / "eval" / "monai_fast")  # the doctor on the parent folder names the runs' folders
 
 
 def test_a_record_folder_of_another_run_is_refused_unless_resumed(bundle, data):
@@ -156,9 +159,12 @@ def test_a_record_folder_of_another_run_is_refused_unless_resumed(bundle, data):
     with pytest.raises(BundleError, match="holds another run's record .*--resume"):
         run_bundle(bundle, overrides=small(data), fast=False, logging_file=False, run_dir=folder)
     assert not (bundle / "models" / "model.pt").exists()  # refused before training
+    first, _ = load_record(folder)
+    assert applied_levers(first)["precision"]["applied"]  # the first run had FastTraining
     resumed = run_bundle(bundle, overrides=small(data), fast=False, logging_file=False, run_dir=folder, resume=True)
     rows, _ = load_record(folder)
     assert {r.get("segment", 0) for r in rows} == {0, 1}
+    assert applied_levers(rows) == {}  # the run that continued it had none
     assert "already applied by FastTraining" not in resumed.verdict
 
 

@@ -539,7 +539,8 @@ def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[li
     alone carry every number the doctor needs.
 
     Raises:
-        FileNotFoundError: if the folder has no ``record.rank<R>.jsonl``, naming the folder.
+        FileNotFoundError: if the folder has no ``record.rank<R>.jsonl``, naming the folder (and the run
+            folders in it that hold one: ``monai-fast bundle run`` keeps a folder per run).
         ValueError: for a line that is not a JSON object, naming file and line.
     """
     run_dir = Path(run_dir)
@@ -553,7 +554,11 @@ def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[li
     if rank is not None:
         files = {rank: files[rank]} if rank in files else {}
     if not files:
-        raise FileNotFoundError(f"no monai-fast record (record.rank<R>.jsonl) in {run_dir}")
+        runs = sorted(d.name for d in run_dir.glob("*/") if rank is None and any(d.glob("record.rank*.jsonl")))
+        held = (
+            f"; it holds the records of {len(runs)} runs, one per folder: {', '.join(runs)}: name one" if runs else ""
+        )
+        raise FileNotFoundError(f"no monai-fast record (record.rank<R>.jsonl) in {run_dir}{held}")
     rows: list[dict] = []
     summaries: dict[str, dict] = {}
     for r, p in files.items():
