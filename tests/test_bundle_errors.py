@@ -104,8 +104,11 @@ def trained(bundle: Path) -> bool:
     return (bundle / "eval" / "monai_fast").is_dir() and any((bundle / "eval" / "monai_fast").iterdir())
 
 
-def cli(bundle: Path, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    cmd = [*prefix, sys.executable, "-m", "monai_fast", "bundle", "run", str(bundle), "--no-logging-file", *args]
+def cli(
+    bundle: Path, *args: str, prefix: tuple[str, ...] = (), logging_file: bool = False
+) -> subprocess.CompletedProcess:
+    quiet = [] if logging_file else ["--no-logging-file"]
+    cmd = [*prefix, sys.executable, "-m", "monai_fast", "bundle", "run", str(bundle), *quiet, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
@@ -236,3 +239,20 @@ def test_a_new_argument_of_a_component_passes_and_a_misspelt_one_is_named_by_its
     assert not trained(bundle)
     result = run_bundle(bundle, overrides={"network#dropout": 0.1}, logging_file=False, fast=False, doctor=False)
     assert result.run_dir.name.startswith("published-")
+
+
+def test_an_expression_that_is_not_python_is_named_before_anything_runs(tmp_path, data):
+    cfg = config(data)
+    cfg["run"] = ["$@train#trainer.run("]
+    bundle = write_bundle(tmp_path / "b", cfg)
+    with pytest.raises(BundleError, match=r"at run#0: \$@train#trainer\.run\( is not valid Python: '\(' was never"):
+        run_bundle(bundle, logging_file=False)
+    assert not trained(bundle)
+
+
+def test_a_logging_file_that_cannot_be_applied_is_named(tmp_path, data):
+    bundle = write_bundle(tmp_path / "b", config(data))
+    conf = bundle / "configs" / "logging.conf"
+    conf.write_text("[loggers]\nkeys=root\n")  # no [handlers], no [formatters]
+    line = one_line(cli(bundle, "--logging_file", str(conf), logging_file=True))
+    assert line == f"monai-fast bundle run: logging file {conf}: KeyError: 'formatters'", line

@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import time
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ __all__ = [
     "BundleResult",
     "bundle_config_files",
     "check_config_files",
+    "check_expressions",
     "check_overrides",
     "new_run_folder",
     "parse_overrides",
@@ -209,6 +211,44 @@ def check_config_files(files: Sequence[str | os.PathLike]) -> None:
             raise BundleError(f"{where}: not valid YAML: {problem}") from None
         except (OSError, ValueError, UnicodeDecodeError) as err:  # MONAI's duplicate-key check raises ValueError
             raise BundleError(f"{path}: {err}") from None
+
+
+def _raised_by_logging_config(e: BaseException) -> bool:
+    """Whether ``e`` came from applying a logging file (``logging.config.fileConfig`` or MONAI's check of it)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return any(Path(f.filename).match("logging/config.py") for f in frames) or "logging config file" in str(e)
+
+
+def _expressions(config: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """Every ``$`` expression of a config, with its id."""
+    if isinstance(config, str):
+        if config.startswith("$"):
+            yield prefix, config[1:]
+        return
+    items = config.items() if isinstance(config, Mapping) else enumerate(config) if isinstance(config, list) else ()
+    for key, value in items:
+        yield from _expressions(value, f"{prefix}#{key}" if prefix else str(key))
+
+
+def check_expressions(files: Sequence[str | os.PathLike]) -> None:
+    """Refuse, before anything runs, a ``$`` expression of the merged config that is not valid Python.
+
+    MONAI evaluates each expression only when it is reached (a ``run`` section's typo after the whole
+    set-up); its references (``@train#trainer``) read as names here, as MONAI replaces them with one.
+
+    Raises:
+        BundleError: the id of the expression, the config files and Python's reason.
+    """
+    from monai.bundle import ConfigParser, ReferenceResolver
+
+    config = ConfigParser.load_config_files([str(f) for f in files])
+    for cid, text in _expressions(config):
+        code = ReferenceResolver.id_matcher.sub("_ref", ReferenceResolver.normalize_id(text))
+        try:
+            ast.parse(code)
+        except SyntaxError as err:
+            where = ", ".join(Path(f).name for f in files)
+            raise BundleError(f"the config ({where}) at {cid}: ${text} is not valid Python: {err.msg}") from None
 
 
 def _ids(config: Any, prefix: str = "") -> Iterator[str]:
@@ -492,15 +532,22 @@ def run_bundle(
     pairs.setdefault("bundle_root", str(root))
 
     def make(run: str) -> Any:
-        return ConfigWorkflow(
-            config_file=[str(f) for f in files],
-            meta_file=str(meta) if meta is not None else None,
-            logging_file=str(logging_file) if logging_file else False,
-            init_id=init_id,
-            run_id=run,
-            final_id=final_id,
-            **pairs,
-        )
+        try:
+            return ConfigWorkflow(
+                config_file=[str(f) for f in files],
+                meta_file=str(meta) if meta is not None else None,
+                logging_file=str(logging_file) if logging_file else False,
+                init_id=init_id,
+                run_id=run,
+                final_id=final_id,
+                **pairs,
+            )
+        except Exception as e:  # the logging file is applied as the workflow is made: one it cannot apply, named
+            if logging_file and _raised_by_logging_config(e):
+                raise BundleError(f"logging file {logging_file}: {type(e).__name__}: {e}") from None
+            raise
+
+    check_expressions(files)
 
     workflow = make(run_id)
     parser = workflow.parser
