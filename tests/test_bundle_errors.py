@@ -166,6 +166,7 @@ def test_the_command_line_refuses_a_misspelt_override_in_one_line_and_documents_
         [sys.executable, "-m", "monai_fast", "bundle", "run", "--help"], capture_output=True, text=True, cwd=ROOT
     ).stdout
     assert "--new-key ID" in help_text and "--resume" in help_text
+    assert one_line(cli(bundle, "--resume")).endswith("--resume continues the record in --run-dir: name that folder")
 
 
 def test_a_reference_to_an_id_the_config_does_not_define_is_named(tmp_path, data):
@@ -247,6 +248,10 @@ def test_an_expression_that_is_not_python_is_named_before_anything_runs(tmp_path
     bundle = write_bundle(tmp_path / "b", cfg)
     with pytest.raises(BundleError, match=r"at run#0: \$@train#trainer\.run\( is not valid Python: '\(' was never"):
         run_bundle(bundle, logging_file=False)
+    cfg["run"] = ["$@train#trainer.run()"]
+    bundle = write_bundle(tmp_path / "b", cfg)
+    with pytest.raises(BundleError, match=r"the override at device: \$torch\.device\('cpu' is not valid Python"):
+        run_bundle(bundle, overrides={"device": "$torch.device('cpu'"}, logging_file=False)
     assert not trained(bundle)
 
 

@@ -64,6 +64,7 @@ TRAIN_CONFIG_NAMES = ("train.json", "train.yaml", "train.yml")  #: the train con
 RECORDS = "monai_fast"  #: the folder under the bundle's output folder that holds one record folder per run
 FAST, PUBLISHED = "fast", "published"  #: the variants, as a run's record folder names them
 ATTACH_CALL = "attach_fast("  #: what the fragment's ``initialize`` entry calls
+META = "_meta_"  #: the id MONAI's workflow puts the meta file under
 
 
 class BundleError(ValueError):
@@ -230,25 +231,28 @@ def _expressions(config: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
         yield from _expressions(value, f"{prefix}#{key}" if prefix else str(key))
 
 
-def check_expressions(files: Sequence[str | os.PathLike]) -> None:
-    """Refuse, before anything runs, a ``$`` expression of the merged config that is not valid Python.
+def check_expressions(files: Sequence[str | os.PathLike], overrides: Mapping[str, Any] | None = None) -> None:
+    """Refuse, before anything runs, a ``$`` expression of the merged config or of an override that is not
+    valid Python.
 
     MONAI evaluates each expression only when it is reached (a ``run`` section's typo after the whole
     set-up); its references (``@train#trainer``) read as names here, as MONAI replaces them with one.
 
     Raises:
-        BundleError: the id of the expression, the config files and Python's reason.
+        BundleError: the id of the expression, where it is written and Python's reason.
     """
     from monai.bundle import ConfigParser, ReferenceResolver
 
-    config = ConfigParser.load_config_files([str(f) for f in files])
-    for cid, text in _expressions(config):
-        code = ReferenceResolver.id_matcher.sub("_ref", ReferenceResolver.normalize_id(text))
-        try:
-            ast.parse(code)
-        except SyntaxError as err:
-            where = ", ".join(Path(f).name for f in files)
-            raise BundleError(f"the config ({where}) at {cid}: ${text} is not valid Python: {err.msg}") from None
+    where = f"the config ({', '.join(Path(f).name for f in files)})"
+    sources = [(where, _expressions(ConfigParser.load_config_files([str(f) for f in files])))]
+    sources += [("the override", _expressions(value, key)) for key, value in (overrides or {}).items()]
+    for source, expressions in sources:
+        for cid, text in expressions:
+            code = ReferenceResolver.id_matcher.sub("_ref", ReferenceResolver.normalize_id(text))
+            try:
+                ast.parse(code)
+            except SyntaxError as err:
+                raise BundleError(f"{source} at {cid}: ${text} is not valid Python: {err.msg}") from None
 
 
 def _ids(config: Any, prefix: str = "") -> Iterator[str]:
@@ -284,8 +288,8 @@ def check_overrides(
     parser = ConfigParser(ConfigParser.load_config_files([str(f) for f in files]))
     declared = {ReferenceResolver.normalize_id(k) for k in new_keys}
     for key in keys:
-        if key in exempt or ReferenceResolver.normalize_id(key) in declared or key in parser:
-            continue
+        if key in exempt or key.startswith(META) or ReferenceResolver.normalize_id(key) in declared or key in parser:
+            continue  # the metadata (``_meta_#...``) is merged by the workflow, from the meta file
         parent = ReferenceResolver.split_id(key, last=True)[0] if len(ReferenceResolver.split_id(key)) > 1 else ""
         component = parser.get(parent) if parent and parent in parser else None
         if isinstance(component, Mapping) and "_target_" in component:
@@ -547,7 +551,7 @@ def run_bundle(
                 raise BundleError(f"logging file {logging_file}: {type(e).__name__}: {e}") from None
             raise
 
-    check_expressions(files)
+    check_expressions(files, overrides)
 
     workflow = make(run_id)
     parser = workflow.parser
