@@ -412,6 +412,9 @@ def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[P
 
 
 def _read_only(target: str, why: str, bundle_root: str) -> str:
+    """The line for a folder that cannot be written; the way on where it is under the bundle's ``bundle_root``."""
+    if not Path(target).resolve().is_relative_to(Path(bundle_root).resolve()):
+        return f"cannot write {target} ({why})"
     return (
         f"cannot write {target} ({why}): the bundle writes its outputs under its bundle_root ({bundle_root}); "
         "run with bundle_root=<a writable folder> (the configs are still read from the bundle folder)"
