@@ -261,3 +261,16 @@ def test_a_logging_file_that_cannot_be_applied_is_named(tmp_path, data):
     conf.write_text("[loggers]\nkeys=root\n")  # no [handlers], no [formatters]
     line = one_line(cli(bundle, "--logging_file", str(conf), logging_file=True))
     assert line == f"monai-fast bundle run: logging file {conf}: KeyError: 'formatters'", line
+
+
+def test_an_engine_id_that_names_something_else_is_refused_before_attaching(tmp_path, data):
+    bundle = write_bundle(tmp_path / "b", config(data))
+    with pytest.raises(
+        BundleError, match=r"'network' builds a UNet, not an engine: name the engine's id with --trainer-id"
+    ):
+        run_bundle(bundle, trainer_id="network", logging_file=False)
+    with pytest.raises(BundleError, match=r"'loss' builds a DiceLoss, not an engine: .*--evaluator-id"):
+        run_bundle(bundle, evaluator_id="loss", logging_file=False)
+    assert not trained(bundle)
+    with pytest.raises(BundleError, match=r"is a file, not a folder"):
+        run_bundle(bundle / "configs" / "train.json", logging_file=False)

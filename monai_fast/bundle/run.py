@@ -159,7 +159,7 @@ def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Seque
     """
     root = Path(bundle_dir)
     if not root.is_dir():
-        raise BundleError(f"bundle folder {root} does not exist")
+        raise BundleError(f"bundle folder {root} " + ("is a file, not a folder" if root.exists() else "does not exist"))
     if config_files is None:
         for name in TRAIN_CONFIG_NAMES:
             if (root / "configs" / name).is_file():
@@ -585,6 +585,9 @@ def run_bundle(
         workflow.initialize()
         trainer = parser.get_parsed_content(trainer_id)
         evaluator = parser.get_parsed_content(evaluator_id) if evaluator_id is not None else None
+    _check_engine(trainer, trainer_id, "--trainer-id")
+    if evaluator is not None:
+        _check_engine(evaluator, evaluator_id, "--evaluator-id")
     with _named_user_errors(parser, root, files):
         if run_dir is not None:
             folder = Path(run_dir)
@@ -619,6 +622,20 @@ def run_bundle(
     if doctor and rank == 0:
         result.verdict = _verdict(folder)
     return result
+
+
+def _check_engine(engine: Any, cid: str | None, option: str) -> None:
+    """Refuse, before anything is attached, an id that names something else than an ignite engine.
+
+    Raises:
+        BundleError: naming the id, what it builds and the option that names the engine.
+    """
+    from ignite.engine import Engine
+
+    if not isinstance(engine, Engine):
+        raise BundleError(
+            f"the config's {cid!r} builds a {type(engine).__name__}, not an engine: name the engine's id with {option}"
+        )
 
 
 def _world_size() -> int:
