@@ -109,6 +109,7 @@ def test_the_fragment_makes_monais_own_runner_attach_fast_training(bundle, data)
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "FastTraining precision:" in r.stdout and "FastTraining data:" in r.stdout
+    assert (r.stdout + r.stderr).count("FastTraining precision:") == 1  # printed, not also logged
     assert _outputs(bundle)["model"]
     (folder,) = (bundle / "eval" / "monai_fast").iterdir()  # a record folder of this run's own
     assert folder.name.startswith("fast-") and f"monai-fast run record: {folder}" in r.stdout

@@ -167,6 +167,8 @@ def test_the_command_line_refuses_a_misspelt_override_in_one_line_and_documents_
     ).stdout
     assert "--new-key ID" in help_text and "--resume" in help_text
     assert one_line(cli(bundle, "--resume")).endswith("--resume continues the record in --run-dir: name that folder")
+    r = cli(bundle, "--no-fast", "--new-key", "max_epoch", "max_epoch=1")  # declared new: it runs
+    assert r.returncode == 0 and trained(bundle), r.stderr[-3000:]
 
 
 def test_a_reference_to_an_id_the_config_does_not_define_is_named(tmp_path, data):

@@ -54,8 +54,8 @@ def attach_fast(
 
     Each run gets a record folder of its own, ``<records_dir>/fast-<YYYYmmdd-HHMMSS>``, so a run of
     the bundle as published next to it (``monai-fast bundle run --no-fast``) or a later run never
-    shares its record. Each decision is logged on ``monai_fast`` and printed, so it is seen whatever
-    logging set-up the bundle brings.
+    shares its record. Each decision taken as it attaches is printed, once (kept out of the log
+    meanwhile), so it is seen whatever logging set-up the bundle brings.
 
     Args:
         trainer: the bundle's ``SupervisedTrainer``.
