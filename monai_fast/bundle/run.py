@@ -534,6 +534,7 @@ def run_bundle(
     check_config_files([*files, *([meta] if meta is not None else [])])
     pairs = dict(overrides or {})
     check_overrides(files, list(pairs), new_keys, exempt=("bundle_root",))
+    check_expressions(files, pairs)
     if run_dir is not None:  # checked by every rank before initialize's rendezvous, so before any rank writes
         refuse_foreign_record(run_dir, resume)
     pairs.setdefault("bundle_root", str(root))
@@ -553,8 +554,6 @@ def run_bundle(
             if logging_file and _raised_by_logging_config(e):
                 raise BundleError(f"logging file {logging_file}: {type(e).__name__}: {e}") from None
             raise
-
-    check_expressions(files, overrides)
 
     workflow = make(run_id)
     parser = workflow.parser
