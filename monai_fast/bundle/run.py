@@ -197,15 +197,20 @@ def check_config_files(files: Sequence[str | os.PathLike]) -> None:
     Raises:
         BundleError: a JSON or YAML syntax error (file, line, column), a repeated key or an unreadable file.
     """
-    import yaml
     from monai.bundle import ConfigParser
 
+    try:
+        import yaml
+
+        yaml_error: type[Exception] | tuple[()] = yaml.YAMLError
+    except ImportError:  # without pyyaml (the bundle extra) MONAI reads JSON configs only
+        yaml_error = ()
     for path in files:
         try:
             ConfigParser.load_config_file(path)
         except json.JSONDecodeError as err:
             raise BundleError(f"{path}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from None
-        except yaml.YAMLError as err:
+        except yaml_error as err:
             mark = getattr(err, "problem_mark", None)
             where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
