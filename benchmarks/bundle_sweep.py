@@ -571,7 +571,7 @@ def run_prepared(prep: Prepared, timeout: float, fast: bool = True) -> SweepRow:
 
     timeout = max(timeout, prep.timeout)
 
-    run_dir = prep.bundle_dir / "sweep_record"
+    run_dir = prep.bundle_dir / f"sweep_record-{'fast' if fast else 'published'}-{time.monotonic_ns()}"  # one per run
     cmd = [
         sys.executable,
         "-m",

@@ -21,6 +21,7 @@ import pytest
 
 from monai_fast.bundle import FRAGMENT, BundleError, bundle_config_files, parse_overrides, run_bundle, write_fragment
 from monai_fast.data.synthetic import generate_msd
+from monai_fast.report.applied import applied_levers
 from monai_fast.telemetry.record import load_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,7 @@ def test_run_bundle_attaches_fast_training_and_keeps_the_bundles_handlers(bundle
     # the bundle's own CacheDataset is kept: never a second cache
     assert result.applied["data"]["setting"] == "user cache", result.applied["data"]
     assert "already a CacheDataset: kept" in result.applied["data"]["reason"]
-    assert result.run_dir == bundle / "eval" / "monai_fast"
+    assert result.run_dir.parent == bundle / "eval" / "monai_fast" and result.run_dir.name.startswith("fast-")
     assert _outputs(bundle) == {"model": True, "metrics": True, "tensorboard": True}
     rows, summary = load_record(result.run_dir)
     assert any(r.get("kind") == "epoch" for r in rows)
@@ -108,17 +109,81 @@ def test_the_fragment_makes_monais_own_runner_attach_fast_training(bundle, data)
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "FastTraining precision:" in r.stdout and "FastTraining data:" in r.stdout
+    assert (r.stdout + r.stderr).count("FastTraining precision:") == 1  # printed, not also logged
     assert _outputs(bundle)["model"]
-    _, summary = load_record(bundle / "eval" / "monai_fast")
+    (folder,) = (bundle / "eval" / "monai_fast").iterdir()  # a record folder of this run's own
+    assert folder.name.startswith("fast-") and f"monai-fast run record: {folder}" in r.stdout
+    _, summary = load_record(folder)
     assert summary  # FastTraining's decisions in the record
 
 
-def test_the_command_line_runs_a_bundle_and_prints_the_decisions(bundle, data):
+def test_the_command_line_runs_a_bundle_and_prints_each_decision_once(bundle, data):
+    """With the bundle's own ``logging.conf`` (which shows ``monai_fast``'s INFO lines on the console), each
+    decision taken at attach is shown once: printed, not also logged."""
     overrides = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in small(data).items()]
-    cmd = [sys.executable, "-m", "monai_fast", "bundle", "run", str(bundle), "--no-logging-file", *overrides]
+    cmd = [sys.executable, "-m", "monai_fast", "bundle", "run", str(bundle), *overrides]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "FastTraining precision:" in r.stdout and "run record:" in r.stdout and "verdict:" in r.stdout
+    both = r.stdout + r.stderr
+    for lever in ("precision", "data", "validation data"):
+        assert both.count(f"FastTraining {lever}:") == 1, both[-4000:]
+
+
+def test_side_by_side_runs_get_records_of_their_own(bundle, data):
+    """A fast run, the bundle as published next to it and the fast run again: three records, named by variant, each
+    one segment; the published run's doctor names no lever FastTraining applied (it had none)."""
+    fast = run_bundle(bundle, overrides=small(data), logging_file=False)
+    published = run_bundle(bundle, overrides=small(data), fast=False, logging_file=False)
+    again = run_bundle(bundle, overrides=small(data), logging_file=False, doctor=False)
+    assert fast.run_dir.name.startswith("fast-") and again.run_dir.name.startswith("fast-")
+    assert published.run_dir.name.startswith("published-")
+    assert len({fast.run_dir, published.run_dir, again.run_dir}) == 3
+    assert {p.parent for p in (fast.run_dir, published.run_dir)} == {bundle / "eval" / "monai_fast"}
+    for run in (fast, published, again):
+        rows, _ = load_record(run.run_dir)
+        assert {r.get("segment", 0) for r in rows} == {0}
+    rows, _ = load_record(published.run_dir)
+    assert not any(r.get("source") == "fast_training" for r in rows)
+    assert "already applied by FastTraining" not in published.verdict
+    assert "segment" not in published.verdict.lower()  # no restart reported
+    with pytest.raises(FileNotFoundError, match="holds the records of 3 runs, one per folder: fast-"):
+        load_record(bundle / "eval" / "monai_fast")  # the doctor on the parent folder names the runs' folders
+
+
+def test_a_record_folder_of_another_run_is_refused_unless_resumed(bundle, data):
+    """An explicit run folder that holds a record is refused before any work; ``resume`` continues it, and the
+    doctor of the continued record names only the levers of the run that continued it (here: none)."""
+    folder = bundle / "my-record"
+    run_bundle(bundle, overrides=small(data), logging_file=False, run_dir=folder, doctor=False)
+    (bundle / "models" / "model.pt").unlink()
+    with pytest.raises(BundleError, match="holds another run's record .*--resume"):
+        run_bundle(bundle, overrides=small(data), fast=False, logging_file=False, run_dir=folder)
+    assert not (bundle / "models" / "model.pt").exists()  # refused before training
+    first, _ = load_record(folder)
+    assert applied_levers(first)["precision"]["applied"]  # the first run had FastTraining
+    resumed = run_bundle(bundle, overrides=small(data), fast=False, logging_file=False, run_dir=folder, resume=True)
+    rows, _ = load_record(folder)
+    assert {r.get("segment", 0) for r in rows} == {0, 1}
+    assert applied_levers(rows) == {}  # the run that continued it had none
+    assert "already applied by FastTraining" not in resumed.verdict
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_bundle_that_ships_the_fragment_is_attached_once(bundle, data, fast):
+    """``bundle run`` on a bundle whose configs merge the fragment: the fragment's ``attach_fast`` is left out, so
+    one record of one segment, FastTraining attached once (and not at all for the published run)."""
+    fragment = write_fragment(bundle / "configs" / "fast.json")
+    files = [str(bundle / "configs" / "train.json"), str(fragment)]
+    result = run_bundle(bundle, config_files=files, overrides=small(data), fast=fast, logging_file=False)
+    assert list((bundle / "eval" / "monai_fast").iterdir()) == [result.run_dir]
+    rows, _ = load_record(result.run_dir)
+    assert {r.get("segment", 0) for r in rows} == {0}
+    levers = [r["lever"] for r in rows if r.get("source") == "fast_training" and r.get("kind") == "event"]
+    if fast:
+        assert levers.count("precision") == 1, levers
+    else:
+        assert levers == []
 
 
 def test_bad_bundles_are_named_before_training(bundle, tmp_path, data):
@@ -192,7 +257,8 @@ def test_a_multi_gpu_bundle_runs_under_launch_with_fast_training_per_rank(bundle
     assert r.stdout.count("FastTraining precision:") == 2  # decided on each rank
     verdicts = [line for line in r.stdout.splitlines() if line.startswith("verdict:")]
     assert len(verdicts) == 1 and "stopped early" not in r.stdout  # rank 0, once every rank is done
-    records = sorted(p.name for p in (bundle / "eval" / "monai_fast").glob("record.rank*.jsonl"))
+    (folder,) = (bundle / "eval" / "monai_fast").iterdir()  # rank 0's folder, shared with rank 1
+    records = sorted(p.name for p in folder.glob("record.rank*.jsonl"))
     assert records == ["record.rank0.jsonl", "record.rank1.jsonl"]
     assert _outputs(bundle)["model"]  # rank 0's CheckpointSaver
 
@@ -264,3 +330,23 @@ def test_a_bundle_whose_volumes_are_one_window_each_gets_no_sliding_window_advic
     lines = prescribe(load_record(result.run_dir)[0], d).splitlines()
     code = lines[next((i for i, ln in enumerate(lines) if ln.startswith("# code changes")), len(lines)) :]
     assert not any("FastTraining(" in ln for ln in code), lines
+
+
+def test_bundle_fragment_writes_without_loading_torch_and_quietly(tmp_path):
+    """``bundle fragment`` writes 8 lines: it loads neither torch nor MONAI and pins no OpenMP threads."""
+    out = tmp_path / "configs" / "fast.json"
+    code = (
+        "import sys; from monai_fast.__main__ import main; rc = main(['bundle', 'fragment', '--out', sys.argv[1]]); "
+        "print('loaded:', sorted({'torch', 'monai'} & set(sys.modules)))"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "loaded: []" in r.stdout and "OpenMP" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert json.loads(out.read_text()) == FRAGMENT
+
+
+def test_the_command_prints_its_version():
+    from monai_fast import __version__
+
+    r = subprocess.run([sys.executable, "-m", "monai_fast", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == f"monai-fast {__version__}", r.stdout + r.stderr

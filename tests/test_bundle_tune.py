@@ -333,3 +333,11 @@ def test_an_auto3dseg_algorithm_with_its_keys_at_the_top_deep_supervision_and_a_
     assert set(json.loads(tuned.path.read_text())) == {"num_images_per_batch"}
     assert "SegResNetDS" in tuned.result["key"]
     assert "patch=16x16x16" in tuned.result["key"]
+
+
+def test_a_misspelt_override_is_refused_before_tuning(bundle, tmp_path):
+    """``--set patch_sise=[32,32,32]`` for ``patch_size``: named with the nearest id, nothing measured or written."""
+    root, overrides = bundle
+    with pytest.raises(BundleError, match=r"'patch_sise'.*did you mean patch_size"):
+        tune_bundle(root, overrides={**overrides, "patch_sise": [32, 32, 32]}, out=tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()

@@ -155,7 +155,17 @@ def test_the_docs_site_builds_strictly(tmp_path):
         env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert (tmp_path / "site" / "api" / "index.html").exists()
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    # docstrings render as Markdown: no raw Sphinx roles reach the page
+    roles = sorted(set(re.findall(r":(?:class|func|meth|data|mod|attr|exc):(?:`|<code>)", api)))
+    assert not roles, f"raw Sphinx roles on the API page: {roles}"
+    # examples render as code, not as Markdown quotes whose comments turn into headings
+    assert "<blockquote>" not in api, api[api.index("<blockquote>") - 300 : api.index("<blockquote>") + 300]
+    # long code lines wrap and file names in tables stay whole (the site's own stylesheet)
+    faults = (tmp_path / "site" / "faults" / "index.html").read_text()
+    assert "stylesheets/extra.css" in faults
+    css = (tmp_path / "site" / "stylesheets" / "extra.css").read_text()
+    assert "white-space: pre-wrap" in css and "white-space: nowrap" in css
 
 
 def _load(path: Path, name: str):

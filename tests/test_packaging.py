@@ -86,6 +86,7 @@ LAYERS = [
             "monai_fast.files",
             "monai_fast.extras",
             "monai_fast.deprecation",
+            "monai_fast.precision_names",
             "monai_fast.progress",
             "monai_fast.openmp",
             "monai_fast.threads",

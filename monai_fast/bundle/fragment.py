@@ -21,17 +21,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from monai_fast.files import write_text
 
-__all__ = ["FRAGMENT", "attach_fast", "write_fragment"]
+__all__ = ["FRAGMENT", "attach_fast", "decision_lines", "printed_decisions", "write_fragment"]
 
 logger = logging.getLogger("monai_fast.bundle")
 
-#: the fragment: record and FastTraining on ``train#trainer`` / ``validate#evaluator``, atomic checkpoint writes
-#: for every ``CheckpointSaver`` in ``train#handlers`` and ``validate#handlers``
+#: the fragment: record (a folder per run under ``eval/monai_fast``) and FastTraining on ``train#trainer`` /
+#: ``validate#evaluator``, atomic checkpoint writes for every ``CheckpointSaver`` in ``train#handlers`` and
+#: ``validate#handlers``
 FRAGMENT: dict[str, Any] = {
     "+imports": [
         "$from monai_fast.bundle import attach_fast",
@@ -44,34 +47,77 @@ FRAGMENT: dict[str, Any] = {
 }
 
 
-def attach_fast(trainer: Any, evaluator: Any = None, run_dir: str | os.PathLike | None = None, **options: Any) -> Any:
-    """Attach a run record and a ``TimeBreakdown`` (with ``run_dir``) and ``FastTraining`` to a bundle's engines.
+def attach_fast(
+    trainer: Any,
+    evaluator: Any = None,
+    records_dir: str | os.PathLike | None = None,
+    run_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    **options: Any,
+) -> Any:
+    """Attach a run record and a ``TimeBreakdown`` and ``FastTraining`` to a bundle's engines.
 
-    Each decision is logged on ``monai_fast`` and printed, so it is seen whatever logging set-up
-    the bundle brings.
+    Each run gets a record folder of its own, ``<records_dir>/fast-<YYYYmmdd-HHMMSS>``, so a run of
+    the bundle as published next to it (``monai-fast bundle run --no-fast``) or a later run never
+    shares its record. Each decision taken as it attaches is printed, once (kept out of the log
+    meanwhile), so it is seen whatever logging set-up the bundle brings.
 
     Args:
         trainer: the bundle's ``SupervisedTrainer``.
         evaluator: its ``SupervisedEvaluator``, or ``None``.
-        run_dir: the run record's folder; ``None``: no record.
+        records_dir: the folder that holds the bundle's run records; this run's folder is made in it.
+        run_dir: this run's record folder itself, instead; one that holds another run's record is
+            refused unless ``resume``.
+        resume: continue the record in ``run_dir`` (a run resumed from its checkpoint).
         options: keyword arguments for ``FastTraining``.
 
     Returns:
         The attached ``FastTraining``.
+
+    Raises:
+        monai_fast.bundle.BundleError: ``run_dir`` holds another run's record and ``resume`` is not set.
     """
+    from monai_fast.bundle.run import FAST, new_run_folder, refuse_foreign_record
     from monai_fast.handlers import FastTraining, RecordHandler, TimeBreakdown
 
+    if run_dir is not None:
+        refuse_foreign_record(run_dir, resume)
+    elif records_dir is not None:
+        run_dir = new_run_folder(records_dir, FAST)
     if run_dir is not None:
         record = RecordHandler(run_dir)
         record.attach(trainer)
         if evaluator is not None:
             record.attach(evaluator)
         TimeBreakdown().attach(trainer)
+        print(f"monai-fast run record: {run_dir}", flush=True)
     fast = FastTraining(**options)
-    fast.attach(trainer, evaluator)
+    with printed_decisions():
+        fast.attach(trainer, evaluator)
     for line in decision_lines(fast.applied):
         print(line, flush=True)
     return fast
+
+
+class _DecisionLines(logging.Filter):
+    """Drops FastTraining's ``FastTraining <lever>: ...`` INFO lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and record.getMessage().startswith("FastTraining "))
+
+
+@contextmanager
+def printed_decisions() -> Iterator[None]:
+    """While ``FastTraining`` attaches, keep its decisions out of the log: the caller prints them (one line each,
+    seen whatever logging set-up the bundle brings), so each is shown once. Decisions taken later, while training,
+    are logged as usual."""
+    source = logging.getLogger("monai_fast.handlers")
+    quiet = _DecisionLines()
+    source.addFilter(quiet)
+    try:
+        yield
+    finally:
+        source.removeFilter(quiet)
 
 
 def decision_lines(applied: dict[str, dict[str, Any]]) -> list[str]:

@@ -66,7 +66,13 @@ from monai_fast.bundle.auto3dseg import (
     reads_as_auto3dseg,
 )
 from monai_fast.bundle.pieces import ZOO_KEYS, TunerPieces, read_config, zoo_pieces
-from monai_fast.bundle.run import TRAIN_CONFIG_NAMES, BundleError, bundle_config_files
+from monai_fast.bundle.run import (
+    TRAIN_CONFIG_NAMES,
+    BundleError,
+    bundle_config_files,
+    check_config_files,
+    check_overrides,
+)
 from monai_fast.files import write_json
 from monai_fast.telemetry.precision import REQUESTS, choose_precision
 
@@ -113,6 +119,7 @@ def tune_bundle(
     max_trials: int = 8,
     memory_cap_mib: float | None = None,
     margin: float = 0.1,
+    new_keys: Sequence[str] = (),
     **timing: float,
 ) -> BundleTuning:
     """Measure a bundle's batch sizes on its device and write the override file.
@@ -136,6 +143,9 @@ def tune_bundle(
         max_trials: most candidates run per search (:class:`~monai_fast.tune.SearchSpace`).
         memory_cap_mib: most memory a candidate may use (:class:`~monai_fast.tune.Tuner`).
         margin: share of the memory cap kept free (:class:`~monai_fast.tune.SearchSpace`).
+        new_keys: override ids a Model Zoo config does not have that the user adds on purpose; any other id
+            it lacks is refused (:func:`~monai_fast.bundle.run.check_overrides`), as a misspelt one would be
+            ignored and the tuner would measure the bundle as it is.
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial, passed to the tuner.
 
     Returns:
@@ -165,10 +175,13 @@ def tune_bundle(
         raise BundleError(f"memory_cap_mib must be > 0, got {memory_cap_mib}")
     path = Path(out) if out is not None else root / "configs" / "tuned.json"
     files = _config_files(root, config_files, path)
+    check_config_files(files)
     _check_writable(path)
     tell(f"reading {', '.join(f.name for f in files)} of {root} (the network, the crop, one validation volume)")
     parser = read_config(root, files, overrides or {})
     auto3dseg = reads_as_auto3dseg(parser)
+    if not auto3dseg:  # an Auto3DSeg algorithm's runner takes keys its templates lack (data_list_file_path, ...)
+        check_overrides(files, list(overrides or {}), new_keys, exempt=("bundle_root",))
     pieces = auto3dseg_pieces(parser) if auto3dseg else zoo_pieces(parser)
     not_written = _unwritable_keys(files, pieces.keys)
     for cid, why in not_written.items():

@@ -22,43 +22,64 @@ Example:
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from monai_fast.cli.args import flag_of
+from monai_fast import __version__
 
-__all__ = ["COMPUTE_COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "COMPUTE_COMMANDS", "build_parser", "main"]
+
+#: each command -> the module and function that register it; a command's module (with torch and MONAI where it
+#: needs them) is imported only when that command runs, or for the full help
+COMMANDS = {
+    "demo": ("monai_fast.cli.race_cmds", "add_race_commands"),
+    "bench": ("monai_fast.cli.race_cmds", "add_race_commands"),
+    "tune": ("monai_fast.cli.race_cmds", "add_race_commands"),
+    "launch": ("monai_fast.cli.tools", "add_tool_commands"),
+    "sbatch": ("monai_fast.cli.tools", "add_tool_commands"),
+    "k8s": ("monai_fast.cli.tools", "add_tool_commands"),
+    "doctor": ("monai_fast.cli.tools", "add_tool_commands"),
+    "synth": ("monai_fast.cli.tools", "add_tool_commands"),
+    "train": ("monai_fast.cli.train", "add_train_command"),
+    "infer": ("monai_fast.cli.infer_cmd", "add_infer_command"),
+    "bundle": ("monai_fast.cli.bundle_cmd", "add_bundle_command"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``monai-fast`` argument parser (each command's module imported here, so that importing one command's
-    module loads only what that command needs)."""
-    from monai_fast.cli.bundle_cmd import add_bundle_command
-    from monai_fast.cli.infer_cmd import add_infer_command
-    from monai_fast.cli.race_cmds import add_race_commands
-    from monai_fast.cli.tools import add_tool_commands
-    from monai_fast.cli.train import add_train_command
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``monai-fast`` argument parser.
 
+    Args:
+        command: register only this command (the module that registers it is the only one imported, so
+            ``monai-fast bundle fragment`` does not load torch); ``None`` or a name that is not a command:
+            every command, for the full help and argparse's own message on a misspelt command.
+    """
     parser = argparse.ArgumentParser(
         prog="monai-fast",
         description="Fast 3D medical-image training with MONAI and PyTorch-Ignite: recipes, handlers, benchmarks.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Run 'monai-fast COMMAND --help' for the options of one command.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
-    add_race_commands(sub)
-    add_tool_commands(sub)
-    add_train_command(sub)
-    add_infer_command(sub)
-    add_bundle_command(sub)
+    wanted = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for module, function in dict.fromkeys(wanted):
+        getattr(importlib.import_module(module), function)(sub)
     return parser
 
 
-#: commands that train or infer, where :mod:`monai_fast.openmp`'s line is worth a log line
+#: commands that train or infer, where :mod:`monai_fast.openmp`'s line is worth a log line (an action that
+#: only writes a file says so with ``set_defaults(computes=False)``)
 COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch", "bundle"})
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command named on the line: its first word that is not an option (the top-level options take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), pin_openmp: bool = False) -> int:
@@ -75,29 +96,22 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
         pin_openmp: for a command that trains or infers in this process, pin OpenMP's worker threads one
             per core first (:func:`monai_fast.openmp.pin_openmp_workers`; the entry point asks for it).
     """
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(_command(argv)).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
     logging.getLogger("ignite").setLevel(logging.WARNING)
-    notes = list(startup_notes) if args.subcommand in COMPUTE_COMMANDS else []
-    if pin_openmp and args.subcommand in COMPUTE_COMMANDS - {
-        "launch"
-    }:  # before any thread starts; launch's ranks compute
+    computes = args.subcommand in COMPUTE_COMMANDS and getattr(args, "computes", True)
+    notes = list(startup_notes) if computes else []
+    if pin_openmp and computes and args.subcommand != "launch":  # before any thread starts; launch's ranks compute
         from monai_fast.openmp import pin_openmp_workers
 
         notes.append(pin_openmp_workers())
     for note in filter(None, notes):
         logging.getLogger("monai_fast").info(note)
-    from monai_fast.data.items import DataItemError
-    from monai_fast.data.msd import MSDDataError
-    from monai_fast.data.preflight import PreflightError
-    from monai_fast.extras import MissingExtraError
-    from monai_fast.training.options import OptionError
-    from monai_fast.tune import TuningError
-
     try:
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that closed the pipe early fails here, inside the handler below
@@ -107,19 +121,35 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
         # interpreter's own flush at exit does not fail a second time
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except OptionError as e:
-        raise SystemExit(f"monai-fast {args.subcommand}: {flag_of(e.option)}: {e.message}") from e
-    except TuningError as e:
-        raise SystemExit(f"monai-fast: tuning failed: {e}") from e
-    except (FileNotFoundError, MSDDataError, PreflightError, MissingExtraError) as e:  # one clear line, no traceback
-        raise SystemExit(f"monai-fast {args.subcommand}: {e}") from e
-    except DataItemError as e:  # a file that cannot be read or transformed, named
-        raise SystemExit(f"monai-fast {args.subcommand}: bad data: {_item_line(e)}") from e
-    except Exception as e:  # a full disk or a replaced output folder: the one line naming the path, whatever raised it
-        stop = _output_line(e)
+    except Exception as e:  # a user's mistake or an output that cannot be written: one line, no traceback
+        stop = _user_line(e, args.subcommand)
         if stop is None:
             raise
-        raise SystemExit(f"monai-fast {args.subcommand}: {stop}") from e
+        raise SystemExit(stop) from e
+
+
+def _user_line(e: Exception, command: str) -> str | None:
+    """The one line that ends the command for a bad option, bad data or an output that cannot be written
+    (``None``: an error of another kind, raised as it is). The error classes are imported here, when one is
+    raised, so a command that needs none of their modules does not load them."""
+    from monai_fast.cli.args import flag_of
+    from monai_fast.data.items import DataItemError, item_line
+    from monai_fast.data.msd import MSDDataError
+    from monai_fast.data.preflight import PreflightError
+    from monai_fast.extras import MissingExtraError
+    from monai_fast.training.options import OptionError
+    from monai_fast.tune import TuningError
+
+    if isinstance(e, OptionError):
+        return f"monai-fast {command}: {flag_of(e.option)}: {e.message}"
+    if isinstance(e, TuningError):
+        return f"monai-fast: tuning failed: {e}"
+    if isinstance(e, (FileNotFoundError, MSDDataError, PreflightError, MissingExtraError)):
+        return f"monai-fast {command}: {e}"
+    if isinstance(e, DataItemError):  # a file that cannot be read or transformed, named
+        return f"monai-fast {command}: bad data: {item_line(e)}"
+    stop = _output_line(e)  # a full disk or a replaced output folder: the one line naming the path
+    return None if stop is None else f"monai-fast {command}: {stop}"
 
 
 def _output_line(e: BaseException) -> str | None:
@@ -140,14 +170,6 @@ def _output_line(e: BaseException) -> str | None:
             return str(cur)
         cur = cur.__cause__ or cur.__context__
     return None
-
-
-def _item_line(e: BaseException) -> str:
-    """The one line of a :class:`DataItemError` that names the file, also when a DataLoader worker
-    process re-raised it with the worker's traceback in its text."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    named = [ln.split("DataItemError: ", 1)[1] for ln in lines if "DataItemError: " in ln]
-    return named[-1] if named else (lines[0] if lines else type(e).__name__)
 
 
 if __name__ == "__main__":

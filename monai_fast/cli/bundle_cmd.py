@@ -11,9 +11,10 @@ Example:
 from __future__ import annotations
 
 import argparse
+import logging
 
 from monai_fast.deprecation import deprecated_flag
-from monai_fast.telemetry.precision import REQUESTS
+from monai_fast.precision_names import REQUESTS
 
 __all__ = ["add_bundle_command"]
 
@@ -21,9 +22,11 @@ _RUN_TEXT = (
     "Run the MONAI bundle in BUNDLE_DIR as 'python -m monai.bundle run' does (its configs/train.json or the "
     "--config_file list, merged as MONAI merges them; --meta_file, --logging_file; overrides as 'id=value' or "
     "'--id value'; the config's initialize, run and finalize sections), with FastTraining attached to the config's "
-    "trainer (train#trainer) and evaluator (validate#evaluator), a run record in <output_dir>/monai_fast, "
+    "trainer (train#trainer) and evaluator (validate#evaluator), a run record, "
     "FastTraining's decisions printed before training and the doctor's verdict at the end. --no-fast runs the "
-    "bundle as published, with the record, for a side-by-side. Parsing a config runs the code in it: run bundles "
+    "bundle as published, with the record, for a side-by-side. Each run records into a folder of its own "
+    "(<output_dir>/monai_fast/fast-<time>, published-<time>). An override of an id the config does not have is "
+    "refused unless named with --new-key ID. Parsing a config runs the code in it: run bundles "
     "you trust."
 )
 _FRAGMENT_TEXT = (
@@ -73,7 +76,26 @@ def _own_options(r: argparse.ArgumentParser) -> None:
         action=deprecated_flag("--precision fp32", precision="fp32"),
         help="deprecated: use --precision fp32",
     )
-    r.add_argument("--run-dir", default=None, help="where the run record goes (default <output_dir>/monai_fast)")
+    r.add_argument(
+        "--run-dir",
+        default=None,
+        help="where the run record goes (default a folder of this run's own, "
+        "<output_dir>/monai_fast/fast-<time> or published-<time>); a folder holding another run's record is refused",
+    )
+    r.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the record in --run-dir (a run resumed from its checkpoint) as its next segment",
+    )
+    r.add_argument(
+        "--new-key",
+        dest="new_key",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="an override id the config does not have, added on purpose (repeatable); without it an override "
+        "of an id the config lacks (max_epoch for max_epochs) is refused, naming the nearest ids",
+    )
 
 
 def _split(args: argparse.Namespace) -> argparse.Namespace:
@@ -93,6 +115,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from monai_fast.bundle.fragment import decision_lines
 
     args = _split(args)
+    # an engine logs the error that ends its run, then raises it: the error is shown once, as its one line or
+    # its traceback, not also as ignite's log line (which, for a DataLoader worker's error, holds its traceback)
+    logging.getLogger("ignite.engine.engine").setLevel(logging.CRITICAL)
+    if args.resume and args.run_dir is None:
+        raise SystemExit("monai-fast bundle run: --resume continues the record in --run-dir: name that folder")
     try:
         overrides = parse_overrides(args.overrides)
         fast_options = {} if args.precision == "auto" else {"precision": args.precision}
@@ -115,6 +142,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             evaluator_id=args.evaluator_id,
             run_dir=args.run_dir,
             on_applied=show,
+            new_keys=args.new_key,
+            resume=args.resume,
         )
     except BundleError as e:
         raise SystemExit(f"monai-fast bundle run: {e}") from e
@@ -157,4 +186,4 @@ def add_bundle_command(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=_cmd_run)
     f = bsub.add_parser("fragment", help="write the config fragment a bundle can ship", description=_FRAGMENT_TEXT)
     f.add_argument("--out", default="configs/fast.json", help="where to write it (default %(default)s)")
-    f.set_defaults(func=_cmd_fragment)
+    f.set_defaults(func=_cmd_fragment, computes=False)

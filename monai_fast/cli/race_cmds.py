@@ -354,6 +354,7 @@ def _cmd_tune_bundle(args: argparse.Namespace) -> int:
             max_trials=args.trials,
             memory_cap_mib=args.memory_cap_mib,
             margin=args.margin,
+            new_keys=args.new_key,
         )
     except BundleError as e:
         raise SystemExit(f"monai-fast tune --bundle: {e}") from e
@@ -502,7 +503,16 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="ID=VALUE",
-        help="a bundle config override, as monai.bundle takes it (repeat: --set dataset_dir=/data ...)",
+        help="a bundle config override, as monai.bundle takes it (repeat: --set dataset_dir=/data ...); an id "
+        "the config does not have is refused, naming the nearest, unless named with --new-key",
+    )
+    b.add_argument(
+        "--new-key",
+        dest="new_key",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a --set id the bundle's config does not have, added on purpose (repeatable)",
     )
     b.add_argument("--bundle-out", help="the override file (default <DIR>/configs/tuned.json)")
     p.set_defaults(func=_cmd_tune)

@@ -17,8 +17,17 @@ __all__ = [
     "error_text",
     "fetch_item",
     "item_files",
+    "item_line",
     "worker_item_error",
 ]
+
+
+def item_line(e: BaseException) -> str:
+    """The one line of a :class:`DataItemError` that names the file, also when a DataLoader worker
+    process re-raised it with the worker's traceback in its text."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    named = [ln.split("DataItemError: ", 1)[1] for ln in lines if "DataItemError: " in ln]
+    return named[-1] if named else (lines[0] if lines else type(e).__name__)
 
 
 class DataItemError(RuntimeError):

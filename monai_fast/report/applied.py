@@ -28,15 +28,40 @@ from dataclasses import dataclass
 
 from monai_fast.telemetry.record import Kind, Source, select
 
-__all__ = ["InEffect", "applied_levers", "in_effect", "sentence"]
+__all__ = ["InEffect", "applied_levers", "in_effect", "latest_process", "sentence"]
 
 _REDUCED = ("bf16", "fp16", "float16", "bfloat16")
 
 
+def latest_process(rows: list[dict]) -> list[dict]:
+    """The rows of the segments written by the writer of each rank's last segment.
+
+    A record continued by another run (a job resumed, another ``RecordHandler`` or command given the same
+    folder) holds the earlier run's rows too; what that run had on is not what the latest one had on. Each
+    ``segment_started`` row names its writer (the ``RunRecord`` that wrote it; pid and host in records
+    without that mark); a record without these rows is taken whole.
+    """
+    starts: dict[tuple[int, int], tuple] = {}
+    for r in select(rows, Kind.EVENT, Source.RECORD):
+        if r.get("what") == "segment_started":
+            who = (r["writer"],) if "writer" in r else (r.get("pid"), r.get("host"))
+            starts[(r.get("rank", 0), r.get("segment", 0))] = who
+    last: dict[int, tuple[int, tuple]] = {}
+    for (rank, segment), who in starts.items():
+        if rank not in last or segment > last[rank][0]:
+            last[rank] = (segment, who)
+    keep = {key for key, who in starts.items() if who == last[key[0]][1]}
+    return [r for r in rows if r.get("rank", 0) not in last or (r.get("rank", 0), r.get("segment", 0)) in keep]
+
+
 def applied_levers(rows: list[dict]) -> dict[str, dict]:
-    """What ``FastTraining`` applied in this run (its ``fast_training`` rows), by lever; rank 0's view."""
+    """What ``FastTraining`` applied in this run (its ``fast_training`` rows), by lever; rank 0's view.
+
+    Only the latest process's rows count (:func:`latest_process`): a lever an earlier process applied to a
+    record this run continued is not this run's.
+    """
     out: dict[str, dict] = {}
-    for r in select(rows, Kind.EVENT, Source.FAST_TRAINING):
+    for r in select(latest_process(rows), Kind.EVENT, Source.FAST_TRAINING):
         if r.get("rank", 0) == 0 or r["lever"] not in out:
             out[r["lever"]] = r
     return out

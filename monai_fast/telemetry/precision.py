@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from ignite import distributed as idist
 
+from monai_fast.precision_names import PRECISIONS, REQUESTS
 from monai_fast.telemetry.cuda import bf16_supported
 
 __all__ = [
@@ -46,10 +47,6 @@ __all__ = [
 
 logger = logging.getLogger("monai_fast.telemetry")
 
-#: precisions a run can train in (``"fp32"``: autocast off)
-PRECISIONS = ("bf16", "fp16", "fp32")
-#: what a user may ask for: a precision, or ``"auto"`` to let :func:`choose_precision` decide
-REQUESTS = ("auto", *PRECISIONS)
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: bf16 must beat fp32 by this factor on a CPU to be chosen
 MIN_CPU_GAIN = 1.1

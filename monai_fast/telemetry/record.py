@@ -52,6 +52,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import socket
 import threading
 import time
@@ -210,6 +211,9 @@ class RunRecord(SpanWriter):
         self._warned_closed = False
         self._started = False
         self._segment = 0
+        #: this record object's own mark in its ``segment_started`` rows: a later run that continues the record (another
+        #: process, another ``RecordHandler``) writes another, so a reader tells what each run had on
+        self.writer = secrets.token_hex(6)
         self._file: Any = None
         self._events: dict[tuple[str, str], dict] = {}  # (source, lever) -> the latest fast_training-style event
         self._trainer_thread = threading.get_ident()  # until a run starts: the thread that made the record
@@ -289,6 +293,7 @@ class RunRecord(SpanWriter):
             what="segment_started",
             pid=os.getpid(),
             host=socket.gethostname(),
+            writer=self.writer,
             world_size=idist.get_world_size(),  # so the doctor can name a rank whose record is missing or empty
         )
         return segment
@@ -534,7 +539,8 @@ def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[li
     alone carry every number the doctor needs.
 
     Raises:
-        FileNotFoundError: if the folder has no ``record.rank<R>.jsonl``, naming the folder.
+        FileNotFoundError: if the folder has no ``record.rank<R>.jsonl``, naming the folder (and the run
+            folders in it that hold one: ``monai-fast bundle run`` keeps a folder per run).
         ValueError: for a line that is not a JSON object, naming file and line.
     """
     run_dir = Path(run_dir)
@@ -548,7 +554,11 @@ def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[li
     if rank is not None:
         files = {rank: files[rank]} if rank in files else {}
     if not files:
-        raise FileNotFoundError(f"no monai-fast record (record.rank<R>.jsonl) in {run_dir}")
+        runs = sorted(d.name for d in run_dir.glob("*/") if rank is None and any(d.glob("record.rank*.jsonl")))
+        held = (
+            f"; it holds the records of {len(runs)} runs, one per folder: {', '.join(runs)}: name one" if runs else ""
+        )
+        raise FileNotFoundError(f"no monai-fast record (record.rank<R>.jsonl) in {run_dir}{held}")
     rows: list[dict] = []
     summaries: dict[str, dict] = {}
     for r, p in files.items():
