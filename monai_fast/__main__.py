@@ -1,10 +1,10 @@
 """The ``monai-fast`` command's entry point (also ``python -m monai_fast``).
 
-It bounds OpenMP's spin before torch loads (:func:`monai_fast.openmp.bound_openmp_spin`), then
-hands over to :func:`monai_fast.cli.main`, which pins OpenMP's worker threads for a command that
-computes here (:func:`monai_fast.openmp.pin_openmp_workers`) and logs what was set.
+It bounds OpenMP's spin before torch loads (`monai_fast.openmp.bound_openmp_spin()`), then
+hands over to `monai_fast.cli.main()`, which pins OpenMP's worker threads for a command that
+computes here (`monai_fast.openmp.pin_openmp_workers()`) and logs what was set.
 
-Example:
+Examples:
     >>> from monai_fast.__main__ import main
     >>> main(["synth", "/tmp/mf-synth", "--cases", "1", "--shape", "16", "16", "16", "--no-progress"])  # doctest: +SKIP
     0

@@ -1,6 +1,6 @@
 """One warning for an old name, naming the name that replaces it.
 
-Example:
+Examples:
     >>> import warnings
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
@@ -43,7 +43,7 @@ def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
 def deprecated_flag(new: str, **const: Any) -> type[argparse.Action]:
     """An ``argparse`` action for an old flag: one line on stderr naming ``new``, then ``const`` set as ``new`` sets it.
 
-    Example:
+    Examples:
         >>> p = argparse.ArgumentParser()
         >>> _ = p.add_argument("--precision", default="auto")
         >>> _ = p.add_argument("--fp32", action=deprecated_flag("--precision fp32", precision="fp32"))

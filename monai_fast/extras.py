@@ -18,7 +18,7 @@ extra          packages                                        used by
 ``dev``        ``all`` and the test and docs tools
 =============  ==============================================  ===========================
 
-:func:`require` imports a module or raises :class:`MissingExtraError` with the one line that
+`require()` imports a module or raises `MissingExtraError` with the one line that
 installs it, so a missing extra is never a bare ``ImportError`` deep in a run. The checks come
 before the work: an ``s3://`` URL before any connection, a TIFF slide before it is read, the
 ``onnx`` backend before any volume. Pictures that are a by-product (the doctor's PNGs) are
@@ -26,7 +26,7 @@ skipped instead, with one warning naming ``plots``; the ``monai-fast`` commands 
 
 This module imports nothing else of monai-fast.
 
-Example:
+Examples:
     >>> from monai_fast.extras import require
     >>> json = require("json", extra="plots", feature="a demo")  # installed: returned as imported
     >>> json.dumps([1])
@@ -74,11 +74,11 @@ def available(module: str) -> bool:
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:
-    """Import ``module``, or raise :class:`MissingExtraError` naming ``extra``.
+    """Import ``module``, or raise `MissingExtraError` naming ``extra``.
 
     Args:
         module: the module to import (``"s3fs"``, ``"matplotlib.pyplot"``).
-        extra: the extra that installs it (a key of :data:`EXTRAS`).
+        extra: the extra that installs it (a key of `EXTRAS`).
         feature: what needs it, for the message (``"reading s3://bucket/Task"``).
 
     Returns:

@@ -1,33 +1,33 @@
 """Ground floor: atomic file writes and monai-fast's cache folder.
 
 Every file monai-fast writes that another process may read (run records, reports, results, tuning
-results, checkpoints, cached items, synthetic data) goes through :func:`atomic_write`: the bytes go
+results, checkpoints, cached items, synthetic data) goes through `atomic_write()`: the bytes go
 to a temporary file beside the target, named ``.<target>.<host>-<pid>.<random>.tmp``, and are
 renamed onto the target only once complete (``os.replace``, atomic on POSIX). A reader sees the old
 file or the new one, never half of one. A writer killed in the middle leaves its temporary file
-behind; :func:`clean_stale_tmp` removes such leftovers once their writer is gone (a dead process
+behind; `clean_stale_tmp()` removes such leftovers once their writer is gone (a dead process
 on this host, or older than ``max_age_s`` when written from another host), and every atomic write
 cleans the leftovers of its own target first (writers of many files into one folder clean the
 folder once instead).
 
 A library that opens the file itself (a profiler's trace) writes to the temporary path that
-:func:`atomic_path` yields, with the same guarantees.
+`atomic_path()` yields, with the same guarantees.
 
-A write that runs out of space (``ENOSPC``, ``EDQUOT``) raises :class:`NoSpaceError`, which names
+A write that runs out of space (``ENOSPC``, ``EDQUOT``) raises `NoSpaceError`, which names
 the file and the space missing; the target keeps its old content and the temporary file is removed.
 That holds also when the writer reports the full file system in its own words (``torch.save``
-raises ``RuntimeError: unexpected pos ...`` over the ``OSError``): :func:`no_space_in` finds the
+raises ``RuntimeError: unexpected pos ...`` over the ``OSError``): `no_space_in()` finds the
 ``ENOSPC`` in an exception's chain, and the command line uses it to end any command on a full
-disk with that one line. :func:`ensure_free_space` checks a folder before work whose output
+disk with that one line. `ensure_free_space()` checks a folder before work whose output
 would otherwise be lost.
 
-A run folder has one owner at a time: :class:`RunFolderLock` holds an advisory lock
+A run folder has one owner at a time: `RunFolderLock` holds an advisory lock
 (``fcntl.flock``) on a file inside it. The kernel drops the lock when its process ends, however it
 ends, so a crash never leaves a folder locked.
 
 This module imports nothing else of monai-fast.
 
-Example:
+Examples:
     >>> import json, tempfile
     >>> from monai_fast.files import atomic_write, write_json
     >>> folder = tempfile.mkdtemp()
@@ -77,7 +77,7 @@ APP = "monai-fast"
 _TMP_SUFFIX = ".tmp"
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 FULL_BELOW = 256 * 1024  #: a native writer's error with less free than this counts as a full file system
-LOCK_NAME = ".monai-fast.lock"  #: the lock file :class:`RunFolderLock` holds inside a run folder
+LOCK_NAME = ".monai-fast.lock"  #: the lock file `RunFolderLock` holds inside a run folder
 logger = logging.getLogger("monai_fast.files")
 
 
@@ -93,7 +93,7 @@ def _mib(n: int | float) -> str:
 class NoSpaceError(OSError):
     """A file could not be written for lack of space; the message names the file and the shortfall.
 
-    It is an :class:`OSError` with ``errno.ENOSPC`` (or ``EDQUOT`` for a quota), so code that
+    It is an `OSError` with ``errno.ENOSPC`` (or ``EDQUOT`` for a quota), so code that
     handles ``OSError`` still does.
 
     Attributes:
@@ -163,12 +163,12 @@ def _rebuild_no_space(
 
 
 def no_space_in(err: BaseException | None, path: str | os.PathLike | None = None) -> NoSpaceError | None:
-    """The :class:`NoSpaceError` behind ``err``, or ``None`` when ``err`` is not about space.
+    """The `NoSpaceError` behind ``err``, or ``None`` when ``err`` is not about space.
 
     Writers report a full file system in several shapes: an ``OSError`` with ``ENOSPC``/``EDQUOT``,
     or another exception raised while handling one (``torch.save`` raises ``RuntimeError: unexpected
     pos ...`` from its zip writer after the file object's ``OSError``). This walks ``err``'s
-    chain (``__cause__``, ``__context__``) and returns the first :class:`NoSpaceError` found, or
+    chain (``__cause__``, ``__context__``) and returns the first `NoSpaceError` found, or
     one built from the first ``ENOSPC``/``EDQUOT`` error, naming ``path`` (else the error's own
     ``filename``, else ``"a file"``) and the space free.
 
@@ -188,7 +188,7 @@ def no_space_in(err: BaseException | None, path: str | os.PathLike | None = None
 
 
 def _space_error_in(err: BaseException | None) -> OSError | None:
-    """The first :class:`NoSpaceError`, else the first ENOSPC/EDQUOT ``OSError``, in ``err``'s chain."""
+    """The first `NoSpaceError`, else the first ENOSPC/EDQUOT ``OSError``, in ``err``'s chain."""
     seen: set[int] = set()
     found: OSError | None = None
     while err is not None and id(err) not in seen:
@@ -222,7 +222,7 @@ def free_bytes(path: str | os.PathLike) -> int:
 
 
 def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") -> int:
-    """Raise :class:`NoSpaceError` unless the file system holding ``path`` has ``need_bytes`` free.
+    """Raise `NoSpaceError` unless the file system holding ``path`` has ``need_bytes`` free.
 
     Call it before work whose output would be lost if it could not be written (a model written
     after hours of training), with the output's size estimated from what is known at the start.
@@ -235,7 +235,7 @@ def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") 
     Returns:
         The bytes free.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> ensure_free_space(tempfile.gettempdir(), 1) > 0
         True
@@ -249,10 +249,10 @@ def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") 
 def _as_no_space(
     err: BaseException, path: Path, tmp: Path, needed: int | None = None, native: bool = False
 ) -> BaseException:
-    """``err`` as a :class:`NoSpaceError` naming ``path`` when it is, or arose from, ENOSPC/EDQUOT, else ``err``.
+    """``err`` as a `NoSpaceError` naming ``path`` when it is, or arose from, ENOSPC/EDQUOT, else ``err``.
 
     With ``native`` (a library wrote the file from C/C++, whose stream errors carry no errno), an
-    error raised while the file system has less than :data:`FULL_BELOW` bytes free counts as a full one.
+    error raised while the file system has less than `FULL_BELOW` bytes free counts as a full one.
     """
     cause = _space_error_in(err)
     if cause is None and native:
@@ -303,13 +303,13 @@ def _host() -> str:
 
 
 def tmp_path_for(path: str | os.PathLike) -> Path:
-    """A fresh temporary name beside ``path``, in the form :func:`clean_stale_tmp` recognises."""
+    """A fresh temporary name beside ``path``, in the form `clean_stale_tmp()` recognises."""
     path = Path(path)
     return path.with_name(f".{path.name}.{_host()}-{os.getpid()}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
 
 
 def _writer_gone(tmp: Path, max_age_s: float, now: float) -> bool:
-    """Whether the process that wrote ``tmp`` (named by :func:`tmp_path_for`) is gone."""
+    """Whether the process that wrote ``tmp`` (named by `tmp_path_for()`) is gone."""
     parts = tmp.name[: -len(_TMP_SUFFIX)].rsplit(".", 2)
     if len(parts) != 3 or "-" not in parts[1]:
         return False  # not one of ours
@@ -336,7 +336,7 @@ def clean_stale_tmp(folder: str | os.PathLike, target: str | None = None, max_ag
 
     A temporary file or folder is removed when the process that made it no longer runs on this host, or,
     when it was made on another host (a shared file system), when it is older than ``max_age_s``.
-    Files of running writers and files not named by :func:`tmp_path_for` are left alone.
+    Files of running writers and files not named by `tmp_path_for()` are left alone.
 
     Args:
         folder: the folder to clean (a missing folder is fine).
@@ -379,7 +379,7 @@ def atomic_write(
     """Open a temporary file beside ``path``; on a clean exit rename it onto ``path``.
 
     On an exception the temporary file is removed and ``path`` is left as it was. The parent
-    folder is created if needed. Running out of space raises :class:`NoSpaceError` naming
+    folder is created if needed. Running out of space raises `NoSpaceError` naming
     ``path`` (not the temporary file).
 
     Args:
@@ -389,10 +389,10 @@ def atomic_write(
             files that must survive a power cut or node loss (checkpoints, tuning results).
         clean: first remove leftovers of killed writers of this file. That lists the folder, so a
             writer of many files into one folder (a disk cache) passes ``False`` and calls
-            :func:`clean_stale_tmp` on the folder once instead.
+            `clean_stale_tmp()` on the folder once instead.
         size: the bytes the file will hold, where known: a full file system's error then says how
             much space is missing.
-        open_kwargs: passed to :func:`open` (``encoding``, ...).
+        open_kwargs: passed to `open()` (``encoding``, ...).
 
     Yields:
         The open temporary file. It is created like any new file, so its permissions follow the
@@ -429,10 +429,10 @@ def atomic_path(
 ) -> Iterator[Path]:
     """A temporary path beside ``path`` for a writer that takes a file name; renamed onto ``path`` on a clean exit.
 
-    The counterpart of :func:`atomic_write` for libraries that open the file themselves
+    The counterpart of `atomic_write()` for libraries that open the file themselves
     (``prof.export_chrome_trace(name)``, ``nib.save(img, name)``): the same guarantees, the same
-    :class:`NoSpaceError` naming ``path`` (a C/C++ writer's stream error, which carries no errno,
-    counts as a full file system when less than :data:`FULL_BELOW` bytes are left). The temporary
+    `NoSpaceError` naming ``path`` (a C/C++ writer's stream error, which carries no errno,
+    counts as a full file system when less than `FULL_BELOW` bytes are left). The temporary
     name ends in ``.tmp``, so a writer that picks its format from the suffix needs the format
     passed explicitly.
 
@@ -539,7 +539,7 @@ class RunFolderLock:
     still the one at the path, and otherwise takes the new one). The lock file keeps the owner's
     host, pid and command line for the message a second claimant gets. Taking the lock again in the
     process that holds it is a no-op (a notebook cell run twice), counted so that the last
-    :meth:`release` frees it. On a platform without ``fcntl`` the lock is advisory only (a warning).
+    `release()` frees it. On a platform without ``fcntl`` the lock is advisory only (a warning).
 
     Args:
         folder: the run folder (created if missing).
@@ -547,7 +547,7 @@ class RunFolderLock:
         name: the lock file's name; ranks of one run that share a folder each take their own
             (``".monai-fast.rank1.lock"``), so two runs clash rank by rank.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> folder = tempfile.mkdtemp()
         >>> with RunFolderLock(folder):
@@ -571,7 +571,7 @@ class RunFolderLock:
         return self._owned
 
     def acquire(self) -> RunFolderLock:
-        """Take the lock, or raise :class:`RunFolderBusyError` naming the folder and its owner."""
+        """Take the lock, or raise `RunFolderBusyError` naming the folder and its owner."""
         if self._owned:
             return self
         self.folder.mkdir(parents=True, exist_ok=True)

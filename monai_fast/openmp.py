@@ -4,26 +4,26 @@ PyTorch's Linux wheels run CPU kernels on GNU OpenMP (libgomp). After a parallel
 threads spin ``GOMP_SPINCOUNT`` rounds (libgomp's own default is 300000) waiting for the next one,
 then sleep. On a quiet host that saves a wake-up. When other processes want the cores, a spinning
 thread holds a core through the time slice its partner thread needs to finish the region, and a
-training step can take several times as long. :data:`BOUNDED_SPINCOUNT` keeps the quiet host's
+training step can take several times as long. `BOUNDED_SPINCOUNT` keeps the quiet host's
 speed and gives the cores back under load (``benchmarks/openmp_spin.py`` measures both). The spin
 count does not change what is computed: how a region's work is split between threads does not
 depend on it.
 
 libgomp reads its settings once, when it loads (with torch), so this can only act at a process's
-start: the ``monai-fast`` command calls :func:`bound_openmp_spin` before anything imports torch.
+start: the ``monai-fast`` command calls `bound_openmp_spin()` before anything imports torch.
 A script of one's own does the same by exporting ``GOMP_SPINCOUNT=10000`` before Python starts.
 A ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` already set is the user's choice and is left alone.
 
 Under a competing job the scheduler sometimes keeps both threads of a 2-thread team on one core
 for a whole run (the other core left to the competing job), and a step then takes several times
-the CPU time it takes on a quiet host. :func:`pin_openmp_workers` gives each worker thread of the
+the CPU time it takes on a quiet host. `pin_openmp_workers()` gives each worker thread of the
 main thread's team a core of its own, where that cannot crowd anything (see there; the command
-calls it for the commands that compute), and :func:`on_core` puts the main thread on the core they
-left free (:func:`free_core`) while it computes; :class:`monai_fast.handlers.MainThreadCore` does
+calls it for the commands that compute), and `on_core()` puts the main thread on the core they
+left free (`free_core()`) while it computes; `monai_fast.handlers.MainThreadCore` does
 that for each iteration of an engine. Pinning the workers alone is not enough: the scheduler can
 then settle the free main thread on a worker's core.
 
-Example:
+Examples:
     >>> env = {}
     >>> bound_openmp_spin(env, loaded=False)
     'OpenMP threads spin at most 10000 rounds before sleeping (GOMP_SPINCOUNT; set it to choose another value)'
@@ -65,7 +65,7 @@ SPIN_ENV = "GOMP_SPINCOUNT"
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 #: the spin bound ``monai-fast`` sets (libgomp's own default is 300000)
 BOUNDED_SPINCOUNT = 10000
-#: ``0`` leaves OpenMP's worker threads to the scheduler (:func:`pin_openmp_workers`)
+#: ``0`` leaves OpenMP's worker threads to the scheduler (`pin_openmp_workers()`)
 PIN_ENV = "MONAI_FAST_PIN_OPENMP"
 #: OpenMP thread binding the user chose; any of them set: nothing is pinned
 USER_BINDING_ENV = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
@@ -76,7 +76,7 @@ LOCAL_RANKS_ENV = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LO
 def libgomp_mapped() -> bool:
     """Whether GNU OpenMP's library is loaded in this process (read from ``/proc/self/maps``; ``False`` off Linux).
 
-    Example:
+    Examples:
         >>> import torch  # doctest: +SKIP
         >>> libgomp_mapped()  # doctest: +SKIP
         True
@@ -90,7 +90,7 @@ def libgomp_mapped() -> bool:
 def openmp_loaded() -> bool:
     """Whether libgomp may already have read its settings in this process (torch imported, or libgomp mapped).
 
-    Example:
+    Examples:
         >>> import torch  # doctest: +SKIP
         >>> openmp_loaded()  # doctest: +SKIP
         True
@@ -99,17 +99,17 @@ def openmp_loaded() -> bool:
 
 
 def bound_openmp_spin(environ: MutableMapping[str, str] | None = None, loaded: bool | None = None) -> str | None:
-    """Set ``GOMP_SPINCOUNT`` to :data:`BOUNDED_SPINCOUNT` where that still takes effect and nobody chose otherwise.
+    """Set ``GOMP_SPINCOUNT`` to `BOUNDED_SPINCOUNT` where that still takes effect and nobody chose otherwise.
 
     Args:
         environ: the environment to set it in (default ``os.environ``: this process and its children).
-        loaded: whether libgomp has loaded already (default: :func:`openmp_loaded`); then nothing is set.
+        loaded: whether libgomp has loaded already (default: `openmp_loaded()`); then nothing is set.
 
     Returns:
         The line to log when it set the variable, else ``None`` (a ``GOMP_SPINCOUNT`` or
         ``OMP_WAIT_POLICY`` was already set, or libgomp had loaded).
 
-    Example:
+    Examples:
         >>> bound_openmp_spin({"GOMP_SPINCOUNT": "5"}, loaded=False) is None
         True
     """
@@ -133,7 +133,7 @@ def physical_cores(allowed: set[int] | None = None) -> list[frozenset[int]]:
     Args:
         allowed: logical CPUs to consider (default: this process's affinity, ``os.sched_getaffinity(0)``).
 
-    Example:
+    Examples:
         >>> cores = physical_cores()
         >>> sum(len(c) for c in cores) == len(os.sched_getaffinity(0))
         True
@@ -167,17 +167,17 @@ def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
 
     Call it from the main thread at a process's start, after torch loaded and before other threads
     start. It runs one parallel region so that libgomp creates its worker threads, then gives
-    worker ``k`` core ``k`` of this process's cores (:func:`physical_cores`); core 0 is left to
+    worker ``k`` core ``k`` of this process's cores (`physical_cores()`); core 0 is left to
     the main thread, which keeps its whole mask, so every thread and process it starts later
     (loader threads, forked workers) keeps it too. With the main thread also on its core while it
-    computes (:func:`on_core`, :class:`monai_fast.handlers.MainThreadCore`), two threads of one team
+    computes (`on_core()`, `monai_fast.handlers.MainThreadCore`), two threads of one team
     do not share a core for a whole run while a competing job holds the others
     (``benchmarks/openmp_step_under_load.py``). What is computed does not change: the team's size
     and the work's split stay the same.
 
     It pins only where that cannot crowd threads onto fewer cores: on Linux, torch's threads
     equal to the process's cores (the team covers every core it may use), more than one core,
-    one process per node (none of :data:`LOCAL_RANKS_ENV` above 1: torchrun's, mpirun's, Horovod's or
+    one process per node (none of `LOCAL_RANKS_ENV` above 1: torchrun's, mpirun's, Horovod's or
     an ``srun`` step's count of processes here; ranks side by side would pin to the same cores), and no
     OpenMP binding of the user's (``OMP_PROC_BIND``, ``OMP_PLACES``, ``GOMP_CPU_AFFINITY``,
     ``KMP_AFFINITY``) or ``MONAI_FAST_PIN_OPENMP=0``.
@@ -188,7 +188,7 @@ def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
     Returns:
         The line to log when it pinned, else ``None``.
 
-    Example:
+    Examples:
         >>> pin_openmp_workers({"MONAI_FAST_PIN_OPENMP": "0"}) is None
         True
     """
@@ -237,7 +237,7 @@ def free_core(process_cpus: set[int] | None = None) -> frozenset[int] | None:
     Args:
         process_cpus: the process's CPUs (default: the calling thread's mask; call it while that is the whole set).
 
-    Example:
+    Examples:
         >>> free_core() is None or len(free_core()) >= 1
         True
     """
@@ -260,12 +260,12 @@ def free_core(process_cpus: set[int] | None = None) -> frozenset[int] | None:
 
 
 def main_thread_core() -> frozenset[int] | None:
-    """:func:`free_core` when called on the main thread, else ``None``: only the main thread computes on that core.
+    """`free_core()` when called on the main thread, else ``None``: only the main thread computes on that core.
 
     A thread of its own (a background validation, a tuner run from it) keeps its mask: on the free
     core it would compete with the main thread's iterations.
 
-    Example:
+    Examples:
         >>> import threading
         >>> box = []
         >>> t = threading.Thread(target=lambda: box.append(main_thread_core())); t.start(); t.join()
@@ -282,7 +282,7 @@ def on_core(core: frozenset[int] | None) -> Iterator[None]:
     Threads and processes it starts inside the block inherit the one-core mask, so the block should
     only compute (a training or validation iteration).
 
-    Example:
+    Examples:
         >>> with on_core(None):
         ...     pass
     """

@@ -1,9 +1,9 @@
 """The precisions a run can train in and what a user may ask for, by name.
 
-Kept apart from :mod:`monai_fast.telemetry.precision` (which needs torch) so that a command line
+Kept apart from `monai_fast.telemetry.precision` (which needs torch) so that a command line
 lists them as choices without loading torch.
 
-Example:
+Examples:
     >>> from monai_fast.precision_names import REQUESTS
     >>> REQUESTS
     ('auto', 'bf16', 'fp16', 'fp32')

@@ -1,11 +1,11 @@
 """The one home of the decision "show a progress bar?" and the bar factory every bar of the package uses.
 
 A bar redraws its line with carriage returns: right on a terminal or in a notebook, noise in a
-captured log (``monai-fast demo > log 2>&1``). :func:`show_progress` is true only when the caller
+captured log (``monai-fast demo > log 2>&1``). `show_progress()` is true only when the caller
 asked for bars *and* stderr is an interactive terminal or the code runs in a Jupyter kernel;
 elsewhere callers log one line per step instead. Ground floor: imports nothing of ours.
 
-Example:
+Examples:
     >>> import io
     >>> show_progress(True, stream=io.StringIO())  # a file, not a terminal
     False
@@ -26,7 +26,7 @@ __all__ = ["in_notebook", "progress_bar", "show_progress"]
 def in_notebook() -> bool:
     """Whether this process is a Jupyter (IPython) kernel, where tqdm draws widgets instead of redraws.
 
-    Example:
+    Examples:
         >>> in_notebook()
         False
     """
@@ -47,7 +47,7 @@ def show_progress(requested: bool, stream: IO[str] | None = None) -> bool:
         requested: the caller's wish (``progress=True``, no ``--no-progress``).
         stream: where the bars would be drawn; default ``sys.stderr``, read at call time.
 
-    Example:
+    Examples:
         >>> import io
         >>> show_progress(False), show_progress(True, stream=io.StringIO())
         (False, False)
@@ -63,14 +63,14 @@ def show_progress(requested: bool, stream: IO[str] | None = None) -> bool:
 
 
 def progress_bar(iterable: Iterable[Any] | None = None, enabled: bool = True, **kwargs: Any) -> Any:
-    """A ``tqdm.auto`` bar (a widget in a notebook), disabled unless :func:`show_progress` says yes for ``enabled``.
+    """A ``tqdm.auto`` bar (a widget in a notebook), disabled unless `show_progress()` says yes for ``enabled``.
 
     Args:
         iterable: what to iterate over (``None``: update the bar by hand).
-        enabled: the caller's wish; the bar is shown only where :func:`show_progress` allows.
+        enabled: the caller's wish; the bar is shown only where `show_progress()` allows.
         kwargs: passed to tqdm (``desc``, ``unit``, ``leave``...).
 
-    Example:
+    Examples:
         >>> with progress_bar(total=2, enabled=False, desc="tune") as bar:
         ...     bar.update(2)
     """

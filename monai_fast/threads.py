@@ -8,12 +8,12 @@ run ends while a loader thread is making a batch or a fill thread is caching an 
 stopped for preemption or by ``terminate()``, an exception, a signal during set-up. Under
 ``torchrun`` the aborted rank fails the whole job although its checkpoint was written.
 
-Every monai-fast object that runs such a thread registers itself with :func:`stop_at_exit`; one
+Every monai-fast object that runs such a thread registers itself with `stop_at_exit()`; one
 ``atexit`` hook, which runs before the interpreter starts tearing down, asks each registered object
-to stop (:meth:`ExitStoppable.stop_for_exit`), which waits, bounded, for its threads to finish the
+to stop (`ExitStoppable.stop_for_exit()`), which waits, bounded, for its threads to finish the
 item they are on. The registry holds weak references only: an object that is gone needs no stop.
 
-Example:
+Examples:
     >>> import threading
     >>> class Ticker:
     ...     def __init__(self):

@@ -1,8 +1,8 @@
 """MONAI bundles made fast: run a bundle with ``FastTraining`` attached, or ship a config fragment.
 
-* :func:`run_bundle` (``monai-fast bundle run BUNDLE_DIR``) runs a bundle as
+* `run_bundle()` (``monai-fast bundle run BUNDLE_DIR``) runs a bundle as
   ``python -m monai.bundle run`` does, with ``FastTraining`` and a run record on its engines.
-* :data:`FRAGMENT` (``monai-fast bundle fragment``) is a config file a bundle can ship, so that
+* `FRAGMENT` (``monai-fast bundle fragment``) is a config file a bundle can ship, so that
   MONAI's own runner attaches ``FastTraining``:
   ``python -m monai.bundle run --config_file "['configs/train.json','configs/fast.json']"``.
 """

@@ -10,7 +10,7 @@ The keys the tuner sets are those Auto3DSeg's own GPU customisation fills: ``num
 ``num_sw_batch_size`` and ``sw_input_on_cpu``, under the ``training`` section where the template has
 one and at the top where it has not.
 
-Example:
+Examples:
     >>> from monai_fast.bundle.auto3dseg import auto3dseg_config_files
     >>> [f.name for f in auto3dseg_config_files("work_dir/swinunetr_0")]  # doctest: +SKIP
     ['hyper_parameters.yaml', 'network.yaml', 'transforms_infer.yaml', 'transforms_train.yaml', ...]

@@ -4,15 +4,15 @@ MONAI's ``CheckpointSaver`` builds its ignite ``Checkpoint`` objects on a ``Disk
 ``atomic=False`` (for the files' permissions), and ``Checkpoint`` removes a fixed-name file such as
 ``model.pt`` before it writes the next one: a full disk then leaves a truncated ``model.pt`` under
 its final name, the best model before it gone, and a traceback from torch's zip writer that does
-not say the disk is full. :func:`atomic_checkpoints` gives each ``CheckpointSaver`` of a bundle a
-save handler that writes through :func:`monai_fast.files.atomic_path`: each checkpoint goes to a
+not say the disk is full. `atomic_checkpoints()` gives each ``CheckpointSaver`` of a bundle a
+save handler that writes through `monai_fast.files.atomic_path()`: each checkpoint goes to a
 temporary file beside its final name, is fsynced and renamed into place only when complete (with
 the process's usual permissions), a fixed-name file stays until its successor replaces it, and a
-full file system is one :class:`~monai_fast.files.NoSpaceError` naming the checkpoint and the space
+full file system is one `NoSpaceError` naming the checkpoint and the space
 missing. The ``Checkpoint`` objects are found among the saver's attributes by their (public) ignite
 type, and only their public ``save_handler`` is replaced.
 
-Example:
+Examples:
     >>> from monai_fast.bundle.checkpoints import atomic_checkpoints
     >>> atomic_checkpoints(["not a saver"])  # only MONAI CheckpointSavers are changed
     0

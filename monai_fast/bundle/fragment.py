@@ -3,14 +3,14 @@
 Merged after a bundle's ``train.json`` (MONAI merges several config files in order, and a key
 written ``+initialize`` appends to the bundle's own ``initialize`` list instead of replacing it),
 it imports monai-fast with the bundle's own imports and adds one expression to ``initialize``,
-run after the bundle's own set-up and before ``run``: :func:`attach_fast` on the bundle's trainer
+run after the bundle's own set-up and before ``run``: `attach_fast()` on the bundle's trainer
 and evaluator. The config's own
 objects are the ones attached to, so ``$@train#trainer.run()`` trains with the levers applied::
 
     monai-fast bundle fragment --out configs/fast.json
     python -m monai.bundle run --config_file "['configs/train.json','configs/fast.json']"
 
-Example:
+Examples:
     >>> from monai_fast.bundle import FRAGMENT
     >>> FRAGMENT["+imports"][0]
     '$from monai_fast.bundle import attach_fast'
@@ -130,5 +130,5 @@ def decision_lines(applied: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def write_fragment(path: str | os.PathLike) -> Path:
-    """Write :data:`FRAGMENT` as JSON to ``path`` (atomically); returns the path."""
+    """Write `FRAGMENT` as JSON to ``path`` (atomically); returns the path."""
     return write_text(json.dumps(FRAGMENT, indent=2) + "\n", path)

@@ -1,12 +1,12 @@
 """What the bundle tuner takes from a bundle's config, and how it reads a Model Zoo bundle.
 
-The tuner (:class:`~monai_fast.tune.Tuner`) times a training step and a sliding-window validation on
+The tuner (`Tuner`) times a training step and a sliding-window validation on
 synthetic tensors, so it needs the bundle's network, loss and optimizer and the sizes it trains and
-validates with: :class:`TunerPieces`. :func:`zoo_pieces` reads them from the Model Zoo's layout
+validates with: `TunerPieces`. `zoo_pieces()` reads them from the Model Zoo's layout
 (``network_def``, ``loss``, ``optimizer``, ``train#preprocessing``'s crop, ``validate#inferer``);
-:mod:`monai_fast.bundle.auto3dseg` reads an Auto3DSeg-generated algorithm with the helpers here.
+`monai_fast.bundle.auto3dseg` reads an Auto3DSeg-generated algorithm with the helpers here.
 
-Example:
+Examples:
     >>> from monai_fast.bundle.pieces import read_config, zoo_pieces
     >>> parser = read_config(root, [root / "configs" / "train.json"], {"dataset_dir": "/data"})  # doctest: +SKIP
     >>> zoo_pieces(parser).roi  # doctest: +SKIP
@@ -80,7 +80,7 @@ def optimizer_factory(parser: Any, ids: Sequence[str]) -> Callable[[Any], torch.
 
 
 def size3(value: Any, cid: str) -> tuple[int, ...]:
-    """``value`` as a 3-D size; a :class:`BundleError` naming ``cid`` when it is not one."""
+    """``value`` as a 3-D size; a `BundleError` naming ``cid`` when it is not one."""
     try:
         size = tuple(int(s) for s in value)
     except (TypeError, ValueError):

@@ -2,11 +2,11 @@
 
 A bundle (the Model Zoo's layout: ``configs/train.json`` or ``.yaml``, ``configs/metadata.json``,
 ``configs/logging.conf``) builds its ``SupervisedTrainer`` and ``SupervisedEvaluator`` from its
-config. :func:`run_bundle` builds them the same way, through MONAI's public ``ConfigWorkflow``
+config. `run_bundle()` builds them the same way, through MONAI's public ``ConfigWorkflow``
 (several config files merged as MONAI merges them, ``key=value`` overrides, the config's
 ``initialize`` / ``run`` / ``finalize`` sections), then, between ``initialize`` and ``run``,
-attaches a :class:`~monai_fast.handlers.RecordHandler`, a
-:class:`~monai_fast.handlers.TimeBreakdown` and :class:`~monai_fast.FastTraining` to the
+attaches a `RecordHandler`, a
+`TimeBreakdown` and `FastTraining` to the
 trainer and evaluator it finds by the bundle conventions (``train#trainer``,
 ``validate#evaluator``) or by the ids given. With ``fast=False`` the bundle runs as published, with
 the record only, for a side-by-side. The config's own objects are the ones attached to: the
@@ -18,7 +18,7 @@ bundle brings, and the doctor reads the record at the end.
 Parsing a config runs the code in it (``_target_`` callables, ``$`` expressions), as MONAI's own
 runner does: run bundles you trust.
 
-Example:
+Examples:
     >>> from monai_fast.bundle import run_bundle
     >>> result = run_bundle("spleen_ct_segmentation", overrides={"dataset_dir": "/data/Task09"})  # doctest: +SKIP
     >>> result.applied["precision"]["setting"]  # doctest: +SKIP
@@ -105,7 +105,7 @@ def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
     Raises:
         BundleError: a token that is neither form, or an option without a value, named.
 
-    Example:
+    Examples:
         >>> parse_overrides(["--train#trainer#max_epochs", "2", "device=$torch.device('cpu')"])
         {'train#trainer#max_epochs': 2, 'device': "$torch.device('cpu')"}
     """
@@ -459,7 +459,7 @@ def _check_writable(folder: Path, bundle_root: str) -> None:
 
 @contextmanager
 def _named_user_errors(parser: Any, root: Path, files: Sequence[Path]) -> Iterator[None]:
-    """Turn a user's mistake raised while the bundle builds or trains into a one-line :class:`BundleError`."""
+    """Turn a user's mistake raised while the bundle builds or trains into a one-line `BundleError`."""
     try:
         yield
     except BundleError:
@@ -510,10 +510,10 @@ def run_bundle(
     Args:
         bundle_dir: the bundle folder (``configs/`` inside). ``bundle_root`` is set to it unless an
             override sets it, so a bundle whose config says ``"bundle_root": "."`` runs from anywhere.
-        config_files: see :func:`bundle_config_files`.
+        config_files: see `bundle_config_files()`.
         meta_file: default ``configs/metadata.json`` when present.
         logging_file: default ``configs/logging.conf`` when present; ``False``: none.
-        overrides: config id -> value, as ``monai.bundle run --id value`` (see :func:`parse_overrides`). An id the
+        overrides: config id -> value, as ``monai.bundle run --id value`` (see `parse_overrides()`). An id the
             config files do not have is refused (a misspelt ``max_epoch`` would otherwise train the whole run),
             unless it is in ``new_keys``.
         fast: attach ``FastTraining``; ``False`` runs the bundle as published, with the record.
@@ -536,7 +536,7 @@ def run_bundle(
         resume: continue the record in ``run_dir`` (a run resumed from its checkpoint) as its next segment.
 
     Returns:
-        What the run did (:class:`BundleResult`).
+        What the run did (`BundleResult`).
 
     Raises:
         BundleError: a missing or malformed file, an override or an id the config lacks, a record folder

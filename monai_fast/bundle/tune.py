@@ -1,9 +1,9 @@
 """Bundle-aware tuning: measure a bundle's batch sizes on this device and write an override file.
 
-:func:`tune_bundle` reads a bundle's config with MONAI's ``ConfigParser`` (the same merge and
+`tune_bundle()` reads a bundle's config with MONAI's ``ConfigParser`` (the same merge and
 overrides as ``monai.bundle``), takes the pieces it trains with (the network, the loss, the
 optimizer's class and settings, the training patch and crops per volume, the sliding window's ROI
-and overlap, the size of one validation volume), runs the tuner (:class:`~monai_fast.tune.Tuner`:
+and overlap, the size of one validation volume), runs the tuner (`Tuner`:
 training batch size, sliding-window batch size, where the validation volume and the stitched output
 live) and writes ``tuned.json``: the config ids it sets and their values, which the bundle reads as
 one more config file::
@@ -18,7 +18,7 @@ written; each key can be merged into the bundle's config as MONAI's ``ConfigPars
 file (a key inside an object the bundle builds with a ``$`` expression cannot, and is named with the
 reason instead of written); and the training batch is capped by one rank's share of the training
 set, so no tuned batch empties an epoch (with ``drop_last`` it would train no iteration). Trials run
-in the precision the run will train in (:func:`run_precision`), and each is reported as it ends.
+in the precision the run will train in (`run_precision()`), and each is reported as it ends.
 
 Two layouts are read:
 
@@ -31,7 +31,7 @@ Two layouts are read:
   algorithm's training script in name order, so ``configs/tuned.json`` is read after the files it
   overrides with no change to the command.
 
-Example:
+Examples:
     >>> from monai_fast.bundle.tune import tune_bundle
     >>> tuned = tune_bundle(
     ...     "spleen_ct_segmentation", overrides={"dataset_dir": "/data/Task09_Spleen"}
@@ -83,7 +83,7 @@ logger = logging.getLogger("monai_fast.bundle")
 
 @dataclass
 class BundleTuning:
-    """What :func:`tune_bundle` measured and wrote.
+    """What `tune_bundle()` measured and wrote.
 
     Attributes:
         overrides: config id -> value, as written to the override file.
@@ -126,30 +126,30 @@ def tune_bundle(
 
     Args:
         bundle_dir: the bundle folder: a Model Zoo bundle, or an algorithm folder Auto3DSeg generated.
-        config_files: as for :func:`~monai_fast.bundle.run_bundle`; default ``configs/train.json|yaml``,
+        config_files: as for `run_bundle()`; default ``configs/train.json|yaml``,
             or for an Auto3DSeg algorithm every config file of ``configs/`` as Auto3DSeg reads them
-            (:func:`~monai_fast.bundle.auto3dseg.auto3dseg_config_files`).
+            (`auto3dseg_config_files()`).
         overrides: config overrides (data lists, device, ...), as for ``run_bundle``.
         out: the override file; default ``<bundle_dir>/configs/tuned.json``.
         batch_range: training batch sizes to search (volumes per batch); its top is capped by one rank's
             share of the training set.
         sw_batch_range: sliding-window batch sizes to search.
         precision: the precision the run is asked for, as ``monai-fast bundle run --precision`` takes it
-            (:data:`~monai_fast.telemetry.precision.REQUESTS`); the trials run in what the run resolves it
-            to (:func:`run_precision`).
+            (`REQUESTS`); the trials run in what the run resolves it
+            to (`run_precision()`).
         progress: a progress bar over the trials (on a terminal only).
         say: where the progress lines go (what is checked, the plan, one line per trial); default the
             ``monai_fast.bundle`` logger at INFO.
-        max_trials: most candidates run per search (:class:`~monai_fast.tune.SearchSpace`).
-        memory_cap_mib: most memory a candidate may use (:class:`~monai_fast.tune.Tuner`).
-        margin: share of the memory cap kept free (:class:`~monai_fast.tune.SearchSpace`).
+        max_trials: most candidates run per search (`SearchSpace`).
+        memory_cap_mib: most memory a candidate may use (`Tuner`).
+        margin: share of the memory cap kept free (`SearchSpace`).
         new_keys: override ids a Model Zoo config does not have that the user adds on purpose; any other id
-            it lacks is refused (:func:`~monai_fast.bundle.run.check_overrides`), as a misspelt one would be
+            it lacks is refused (`check_overrides()`), as a misspelt one would be
             ignored and the tuner would measure the bundle as it is.
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial, passed to the tuner.
 
     Returns:
-        What was measured and written (:class:`BundleTuning`).
+        What was measured and written (`BundleTuning`).
 
     Raises:
         BundleError: before any trial: the override file cannot be written, a piece the tuner needs is
@@ -252,7 +252,7 @@ def run_precision(parser: Any, pieces: TunerPieces, requested: str = "auto") -> 
     A Model Zoo bundle runs under ``monai-fast bundle run`` with ``FastTraining``, which keeps the
     trainer's own ``amp=True`` on CUDA (autocast in ``amp_kwargs``' dtype, float16 unless it names
     another), and otherwise resolves ``requested`` with
-    :func:`~monai_fast.telemetry.precision.choose_precision`, as its ``AMPToggle`` does (``"auto"``: bf16
+    `choose_precision()`, as its ``AMPToggle`` does (``"auto"``: bf16
     where the device runs it natively and, on a CPU, measured faster). An Auto3DSeg algorithm runs its
     own script, which autocasts in float16 on CUDA where ``amp`` is on.
 
@@ -297,7 +297,7 @@ def bundle_run_command(
     (the sizes measured belong to them: a batch tuned at one patch does not hold at another), less those
     of the keys the override file sets, which it would otherwise lose to them.
 
-    Example:
+    Examples:
         >>> t = BundleTuning({"train#dataloader#batch_size": 4}, Path("/b/tuned.json"), config_files=[Path("/b/a")])
         >>> print(bundle_run_command(t, "/b", {"patch_size": [64, 64, 64], "train#dataloader#batch_size": 2}))
         monai-fast bundle run /b --config_file '["/b/a", "/b/tuned.json"]' 'patch_size=[64, 64, 64]'

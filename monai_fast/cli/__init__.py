@@ -9,10 +9,10 @@
 ``monai-fast sbatch`` write an sbatch script (ranks per GPU, requeue, USR1 before the time limit).
 ``monai-fast bundle`` run a MONAI bundle with FastTraining, or write the bundle config fragment.
 
-``demo``, ``bench`` and ``tune`` call :mod:`monai_fast.race` (in :mod:`monai_fast.cli.race_cmds`);
-the others (in :mod:`monai_fast.cli.tools`) call the data, distributed and report modules.
+``demo``, ``bench`` and ``tune`` call `monai_fast.race` (in `monai_fast.cli.race_cmds`);
+the others (in `monai_fast.cli.tools`) call the data, distributed and report modules.
 
-Example:
+Examples:
     >>> from monai_fast.cli import main
     >>> main(["synth", "/tmp/mf-synth", "--cases", "1", "--shape", "16", "16", "16", "--no-progress"])  # doctest: +SKIP
     wrote 1 spleen-like cases in MSD layout to /tmp/mf-synth
@@ -72,7 +72,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-#: commands that train or infer, where :mod:`monai_fast.openmp`'s line is worth a log line (an action that
+#: commands that train or infer, where `monai_fast.openmp`'s line is worth a log line (an action that
 #: only writes a file says so with ``set_defaults(computes=False)``)
 COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch", "bundle"})
 
@@ -91,10 +91,10 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
-        startup_notes: what the entry point set up before torch loaded (:mod:`monai_fast.__main__`),
+        startup_notes: what the entry point set up before torch loaded (`monai_fast.__main__`),
             logged once for the commands that compute.
         pin_openmp: for a command that trains or infers in this process, pin OpenMP's worker threads one
-            per core first (:func:`monai_fast.openmp.pin_openmp_workers`; the entry point asks for it).
+            per core first (`monai_fast.openmp.pin_openmp_workers()`; the entry point asks for it).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(_command(argv)).parse_args(argv)

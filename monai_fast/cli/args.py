@@ -1,9 +1,9 @@
 """The options shared by ``demo``, ``bench``, ``tune`` and ``train``, and their translation into recipe options.
 
-Each default shown comes from where it is defined (:class:`~monai_fast.recipes.RecipeConfig`, the synthetic
-set, the size per device of :func:`~monai_fast.training.scale.demo_scale`), not from a copy here.
+Each default shown comes from where it is defined (`RecipeConfig`, the synthetic
+set, the size per device of `demo_scale()`), not from a copy here.
 
-Example:
+Examples:
     >>> import argparse
     >>> p = argparse.ArgumentParser()
     >>> add_race_options(p, budget=60.0, recipes=("fast",))
@@ -48,14 +48,14 @@ FLAGS = {
     "overrides": "bad option",
     "tune": "bad tuning option",
 }
-"""The command-line name of an :class:`~monai_fast.training.options.OptionError`'s option where it is not
+"""The command-line name of an `OptionError`'s option where it is not
 ``--<option>``."""
 
 
 def flag_of(option: str) -> str:
     """The command-line option that sets the option ``option`` (of a race or a training job).
 
-    Example:
+    Examples:
         >>> flag_of("run_dir"), flag_of("time_budget_s")
         ('--run-dir', '--time-budget')
     """
@@ -110,7 +110,7 @@ def _spaced(values: Sequence[int]) -> str:
 def add_validation_options(g: argparse._ActionsContainer) -> None:
     """``--validation`` and ``--val-interval`` (``demo``, ``bench``, ``train``), their defaults the recipes' own.
 
-    The defaults shown come from :class:`~monai_fast.recipes.RecipeConfig` and the ``fast`` recipe's
+    The defaults shown come from `RecipeConfig` and the ``fast`` recipe's
     defaults, so the help says what a run does when neither option is given.
     """
     from monai_fast.recipes.fast import DEFAULTS as FAST_DEFAULTS
@@ -134,7 +134,7 @@ def add_validation_options(g: argparse._ActionsContainer) -> None:
 
 def add_model_options(p: argparse.ArgumentParser, race: bool, sized: bool = False) -> None:
     """Network size, patch and batch options (``race``: also those only a race uses; ``sized``: the defaults
-    depend on the device, :func:`~monai_fast.training.scale.demo_scale`, as in ``demo`` and ``train``)."""
+    depend on the device, `demo_scale()`, as in ``demo`` and ``train``)."""
     cfg = RecipeConfig()
     cuda = demo_scale(torch.device("cuda")).overrides if sized else {}
 
@@ -290,7 +290,7 @@ def add_race_options(
 
 
 def recipe_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~monai_fast.recipes.RecipeConfig` fields that the parsed options ``args`` set."""
+    """The `RecipeConfig` fields that the parsed options ``args`` set."""
     kw: dict[str, Any] = {}
     for name in ("max_epochs", "val_interval", "batch_size", "num_samples", "validation"):
         if getattr(args, name, None) is not None:

@@ -1,6 +1,6 @@
 """``monai-fast bundle run | fragment``: MONAI bundles with FastTraining. Parses, calls, prints.
 
-Example:
+Examples:
     >>> import argparse
     >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
     >>> add_bundle_command(sub)

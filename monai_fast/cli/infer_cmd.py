@@ -1,11 +1,11 @@
 """``monai-fast infer``: sliding-window inference of a checkpoint over an MSD folder or image files.
 
-Parses, calls :func:`monai_fast.inference.infer`, prints one line. A bad checkpoint, an
+Parses, calls `monai_fast.inference.infer()`, prints one line. A bad checkpoint, an
 unavailable backend, a bad option, or an output that would replace an input or an existing file
 ends in one line naming it, before any volume is read; a full output disk ends in one line naming
 the prediction file and the space missing.
 
-Example:
+Examples:
     >>> import argparse
     >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
     >>> add_infer_command(sub)

@@ -1,11 +1,11 @@
-"""``monai-fast demo | bench | tune``: parse, call :mod:`monai_fast.race`, print.
+"""``monai-fast demo | bench | tune``: parse, call `monai_fast.race`, print.
 
 ``demo`` and ``bench`` catch the stop signals (``SIGTERM``, ``SIGUSR1``) from their first line: one
 received while the synthetic data are written, checked and cached, or the recipes built, stops the
 command when training would start, with a one-line message and exit status 143
-(:data:`~monai_fast.handlers.stop_signal.STOPPED_EXIT`), instead of ending it silently.
+(`STOPPED_EXIT`), instead of ending it silently.
 
-Example:
+Examples:
     >>> import argparse
     >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
     >>> add_race_commands(sub)
@@ -117,12 +117,12 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
 
 
 def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoScale | None = None) -> RaceSpec:
-    """The :class:`RaceSpec` of a parsed ``demo``, ``bench`` or ``tune`` command line.
+    """The `RaceSpec` of a parsed ``demo``, ``bench`` or ``tune`` command line.
 
     Args:
         args: the parsed options.
         run_dir: the run folder.
-        scale: the defaults for the options left unset (the demo's :func:`~monai_fast.training.scale.demo_scale`);
+        scale: the defaults for the options left unset (the demo's `demo_scale()`);
             ``None``: the CPU-sized ones.
     """
     tune = getattr(args, "tune", True)  # the tune command always tunes
@@ -189,7 +189,7 @@ def _demo(args: argparse.Namespace) -> int:
 def budget_line(spec: RaceSpec) -> str:
     """The line the demo prints before it starts: how long each recipe may run, and how to change it.
 
-    Example:
+    Examples:
         >>> spec = RaceSpec(time_budget_s=600, epoch_multiple=5, interleave=True)
         >>> print(budget_line(spec))  # doctest: +NORMALIZE_WHITESPACE
         budget: fast up to 600 s; baseline 5x fast's epochs to target, at most 600 s, at most 100 epochs
@@ -235,7 +235,7 @@ def budget_line(spec: RaceSpec) -> str:
 
 
 def _share_words(recipes: int) -> str:
-    """The lead's share of the time under a total bound, in words (:func:`monai_fast.race.interleave.lead_share`)."""
+    """The lead's share of the time under a total bound, in words (`monai_fast.race.interleave.lead_share()`)."""
     return {1: "half", 2: "a third", 3: "a quarter"}.get(recipes, f"1/{recipes + 1}")
 
 
@@ -250,7 +250,7 @@ def _duration(seconds: float) -> str:
 def time_line(spec: RaceSpec) -> str | None:
     """The line that says up front how long the demo takes at most (``None`` without a total bound).
 
-    Example:
+    Examples:
         >>> print(time_line(RaceSpec(total_budget_s=600, interleave=True)))  # doctest: +NORMALIZE_WHITESPACE
         time: at most 10 min (600 s) from here on any machine: data, set-up, training of fast and baseline,
         reports (--total-budget)
@@ -267,7 +267,7 @@ def time_line(spec: RaceSpec) -> str | None:
 def budget_text(budget_s: float, how: dict) -> str:
     """What a recipe other than the lead got once the lead was done: its epochs and its seconds, and from what.
 
-    Example:
+    Examples:
         >>> print(budget_text(600.0, {"lead": "fast", "lead_s": 20.0, "lead_reached": True, "lead_epochs": 8,
         ...                           "multiple": None, "cap_s": 600.0, "epoch_multiple": 5.0, "others_epochs": 40}))
         budget 40 epochs (fast reached the target in 8 epochs, 20.0 s; 5x its epochs), at most 600 s on its own clock

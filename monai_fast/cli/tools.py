@@ -1,6 +1,6 @@
 """``monai-fast launch | sbatch | k8s | doctor | synth``: parse, call the library, print.
 
-Example:
+Examples:
     >>> import argparse
     >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
     >>> add_tool_commands(sub)

@@ -1,7 +1,7 @@
 """``monai-fast train``: train one recipe from hyperparameters, the SageMaker training toolkit's way when it is there.
 
 Outside SageMaker it is an ordinary command (``--data-dir``, ``--output-dir``, ``--model-dir``...).
-Inside a SageMaker training container (:mod:`monai_fast.distributed.sagemaker` reads its variables)
+Inside a SageMaker training container (`monai_fast.distributed.sagemaker` reads its variables)
 the defaults come from the job: data from its input channel (the only one, the one ``--channel``
 names, else ``training``; synthetic data never stand in for a missing channel there), the model's ``state_dict`` into
 ``SM_MODEL_DIR``, the record, report, results and plots into ``SM_OUTPUT_DATA_DIR``, TensorBoard
@@ -13,17 +13,17 @@ command under torchrun, meeting at the first host.
 
 A stop signal (``SIGTERM``, ``SIGUSR1``) is caught from the command's first line: one received
 while the data are read or cached stops the run at its start, checkpointed with
-``--checkpoint-dir``, and always with a message and :data:`PREEMPTED_EXIT`. The model folder's free
+``--checkpoint-dir``, and always with a message and `PREEMPTED_EXIT`. The model folder's free
 space is checked against the network's size before any data is read; after training the model is
 written first, then the other outputs, each on its own, so that a full disk costs only the file
 that did not fit (named, with the space missing) and the command exits 1; a run record that its
 full file system cut short during training is named the same way, and training goes on.
 
-One run per output folder: the command holds the folder's lock (:class:`~monai_fast.files.RunFolderLock`)
+One run per output folder: the command holds the folder's lock (`RunFolderLock`)
 from its start to its end, so a second ``train`` into it, whatever its recipe, stops at once with one
 line naming the folder and the run that holds it.
 
-Example:
+Examples:
     >>> import argparse
     >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
     >>> add_train_command(sub)
@@ -155,7 +155,7 @@ def hyperparameter_values(hyperparameters: dict[str, Any], source: str) -> dict[
     Raises:
         SystemExit: naming the hyperparameter, where it came from, and why it is refused.
 
-    Example:
+    Examples:
         >>> hyperparameter_values({"epochs": 2, "network": "segresnet", "patch_size": "32 32 32"}, "SM_HPS")
         {'max_epochs': 2, 'network': 'segresnet', 'patch_size': [32, 32, 32]}
     """
@@ -205,7 +205,7 @@ def _merged(args: argparse.Namespace, sm: SageMakerEnv) -> argparse.Namespace:
 
 
 def _job(args: argparse.Namespace, sm: SageMakerEnv) -> TrainJob:
-    """The :class:`TrainJob` of the merged options ``args``: the job's folders where the command line gives none,
+    """The `TrainJob` of the merged options ``args``: the job's folders where the command line gives none,
     the data and network sized for the device where it sets none."""
     import torch
 
@@ -238,15 +238,15 @@ def _job(args: argparse.Namespace, sm: SageMakerEnv) -> TrainJob:
 
 
 def _train_rank(local_rank: int, job: TrainJob) -> None:
-    """One rank of the command: :func:`~monai_fast.training.job.train_job`, then its outcome printed."""
+    """One rank of the command: `train_job()`, then its outcome printed."""
     from monai_fast.training.job import train_job
 
     _print_outcome(train_job(job), job)
 
 
 def _print_outcome(outcome: TrainOutcome, job: TrainJob) -> None:
-    """What the command says of ``outcome``; a stopped run exits :data:`PREEMPTED_EXIT`, a run with an output not
-    written :data:`OUTPUT_FAILED_EXIT`."""
+    """What the command says of ``outcome``; a stopped run exits `PREEMPTED_EXIT`, a run with an output not
+    written `OUTPUT_FAILED_EXIT`."""
     if outcome.stopped is not None:
         if outcome.lead:
             print(outcome.stopped, flush=True)

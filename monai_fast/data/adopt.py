@@ -1,10 +1,10 @@
 """Adopt a user's ``DataLoader``: the same batches from a planned cache and a safe thread loader.
 
-:func:`adopt_loader` takes a ``torch.utils.data.DataLoader`` over a MONAI dataset (anything with
+`adopt_loader()` takes a ``torch.utils.data.DataLoader`` over a MONAI dataset (anything with
 ``.data`` and ``.transform``: ``Dataset``, ``CacheDataset``, ``PersistentDataset``, ...), plans
-where the deterministic part of its chain is cached (:func:`~monai_fast.data.planner.plan_cache`:
+where the deterministic part of its chain is cached (`plan_cache()`:
 GPU memory, RAM, a trusted disk cache, a SmartCache) and returns a
-:class:`~monai_fast.data.loaders.SafeThreadDataLoader` over the cached set that keeps what the
+`SafeThreadDataLoader` over the cached set that keeps what the
 user chose: batch size, shuffling (and its generator), ``drop_last``, the collate function, a
 ``ThreadDataLoader``'s ``repeats`` and buffer, and the worker options where workers are kept.
 
@@ -17,13 +17,13 @@ user chose: batch size, shuffling (and its generator), ``drop_last``, the collat
   as with the sampler, and the partition is shuffled within the rank when the sampler shuffled.
 * A data set that is already a cache (``CacheDataset``, ``PersistentDataset``) is kept as it is:
   only the loader changes. MONAI's ``SmartCacheDataset`` becomes a
-  :class:`~monai_fast.data.smartcache.SafeSmartCacheDataset` over the same items, window and
-  rotation settings (:meth:`~monai_fast.data.smartcache.SafeSmartCacheDataset.adopt`; its cached
+  `SafeSmartCacheDataset` over the same items, window and
+  rotation settings (`adopt()`; its cached
   window is handed over, never a second cache); under a ``DistributedSampler`` each rank rotates
   its partition, caching its share of ``cache_num``.
 
 **The item path.** Rebuilding reads ``.data`` and ``.transform``, so it gives the same items only
-when the data set's item is ``transform(data[index])``. :func:`unknown_item_path` is the one rule,
+when the data set's item is ``transform(data[index])``. `unknown_item_path()` is the one rule,
 used by every adoption: the methods that make an item (``__getitem__``, ``__getitems__``,
 ``_transform``, ``__len__``, and for a SmartCache its rotation) must resolve, through the class's
 MRO, to MONAI's ``Dataset``, ``CacheDataset``, ``PersistentDataset`` or ``SmartCacheDataset``, or to
@@ -35,7 +35,7 @@ set without ``.data`` / ``.transform``, a data set with its own item path, a cus
 batch sampler, a ``RandomSampler`` drawing with replacement or another number of items than the data
 set holds, a collate function not known to be thread-safe.
 
-Example:
+Examples:
     >>> from monai_fast.data.adopt import adopt_loader
     >>> adopted = adopt_loader(trainer.data_loader, device="cuda")  # doctest: +SKIP
     >>> trainer.data_loader = adopted.loader  # doctest: +SKIP
@@ -129,7 +129,7 @@ def unknown_item_path(dataset: Any, rotation: bool = False) -> str | None:
     ``rotation`` those of a SmartCache's rotation, must resolve to MONAI's own data set classes
     or to monai-fast's.
 
-    Example:
+    Examples:
         >>> from monai.data import Dataset
         >>> class Tagged(Dataset):
         ...     def __getitem__(self, index):
@@ -238,7 +238,7 @@ def adopt_loader(
         loader: the user's loader.
         device: the training device (a CUDA device allows a GPU cache).
         cache: ``"auto"`` (the planner decides), or a place of
-            :data:`~monai_fast.data.planner.CACHE_PLACES` (``"gpu"``, ``"ram"``, ``"disk"``,
+            `CACHE_PLACES` (``"gpu"``, ``"ram"``, ``"disk"``,
             ``"smartcache"``, ``"none"``) to force one.
         gpu_budget_mib, ram_budget_mib, disk_budget_mib: MiB; ``None``: the planner's defaults.
         cache_dir: where a disk cache may go.
@@ -246,7 +246,7 @@ def adopt_loader(
         progress: a progress bar while the cache fills.
         force_thread: run a collate function not known to be thread-safe in the loader thread.
         background: a cache in GPU memory or RAM fills in the background while training runs
-            (:mod:`monai_fast.data.background`: the first epoch takes cached items first; from the
+            (`monai_fast.data.background`: the first epoch takes cached items first; from the
             first epoch that starts with the cache full, the same order as without).
         after: the trainer's background-filled data set, which this (the evaluator's) fill waits for.
 
@@ -354,7 +354,7 @@ def _adoptable_smartcache(ds: SmartCacheDataset) -> bool:
 
 
 def _adopt_smartcache(ds: SmartCacheDataset, items: list | None, sampler: Any) -> tuple[Any, None, str, int, list[str]]:
-    """``ds`` as a :class:`SafeSmartCacheDataset` (over this rank's ``items`` under a ``DistributedSampler``)."""
+    """``ds`` as a `SafeSmartCacheDataset` (over this rank's ``items`` under a ``DistributedSampler``)."""
     timeout = ds._rotation.timeout_s if isinstance(ds, SafeSmartCacheDataset) else 300.0
     if items is None:
         safe = SafeSmartCacheDataset.adopt(ds, timeout_s=timeout)

@@ -3,14 +3,14 @@
 MONAI's ``CacheDataset`` fills its whole cache before the first step. Its ``runtime_cache=True``
 starts at once but fills lazily: each item is made by whichever thread first asks for it, so the
 first epoch runs every deterministic transform in the loader thread, one item at a time, on one
-core. :class:`BackgroundCacheDataset` builds on MONAI's public ``runtime_cache`` option (a
+core. `BackgroundCacheDataset` builds on MONAI's public ``runtime_cache`` option (a
 list-like container stores the items) and fills that container on ``num_workers`` threads (default:
 all cores but the training thread's) from the moment it is made:
 
 * **Reading an item** that is cached returns it; one that a fill thread is making waits for that
   item only; one that no thread has started is made by the reader itself (no core idles).
 * **The first epoch** (any epoch that starts before the fill is complete) is ordered by
-  :class:`FillOrderSampler` around the loader's own sampler: it draws that sampler's order for the
+  `FillOrderSampler` around the loader's own sampler: it draws that sampler's order for the
   epoch exactly as the loader alone would (same random numbers), then hands out every drawn index exactly as often
   as drawn (once each for a shuffle), each step taking the **earliest index of the remaining draw
   that is cached**; when none is, the earliest that no thread has started (the loader makes it),
@@ -22,7 +22,7 @@ all cores but the training thread's) from the moment it is made:
   after it may differ from a foreground run's.
 * **A failure** in the fill stops it; the next read or sampler step, on the training side, joins
   the fill threads (each finishes its item) and raises one
-  :class:`~monai_fast.data.items.DataItemError` naming the item's index and files.
+  `DataItemError` naming the item's index and files.
 * **On CUDA** (``device``), the fill threads run on the training device and copy on a side stream.
 * The fill lives in this process: loader worker processes (``num_workers > 0``) cannot see it, and
   reading from one before the fill is complete raises; use a thread loader, as for any RAM/GPU cache.
@@ -33,7 +33,7 @@ all cores but the training thread's) from the moment it is made:
 Uses MONAI's private ``CacheDataset._load_cache_item(index)`` (the deterministic part of one item;
 there is no public way to run it as MONAI caches it), as ``data/smartcache.py`` does.
 
-Example:
+Examples:
     >>> from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
     >>> ds = BackgroundCacheDataset(train_files, transforms, copy_cache=False)  # doctest: +SKIP
     >>> loader = SafeThreadDataLoader(ds, batch_size=2, **fill_order_options(ds, shuffle=True))  # doctest: +SKIP
@@ -216,7 +216,7 @@ class _Fill:
                 self.cond.wait(0.1)
 
     def stop_for_exit(self) -> None:
-        """Stop the fill before the interpreter exits (:func:`monai_fast.threads.stop_at_exit`)."""
+        """Stop the fill before the interpreter exits (`monai_fast.threads.stop_at_exit()`)."""
         self.stop(JOIN_S)
 
     def stop(self, join_s: float = JOIN_S) -> None:
@@ -249,7 +249,7 @@ class BackgroundCacheDataset(CacheDataset):
     Raises:
         ValueError: for ``hash_as_key`` or ``runtime_cache``, which this class decides.
 
-    Example:
+    Examples:
         >>> ds = BackgroundCacheDataset(files, transforms, copy_cache=False)  # doctest: +SKIP
         >>> ds.wait()  # optional: block until the cache is full  # doctest: +SKIP
         True
@@ -317,9 +317,9 @@ class FillOrderSampler(Sampler[int]):
 
     Args:
         sampler: the loader's sampler (``RandomSampler``, ``SequentialSampler``, a ``DistributedSampler``...).
-        dataset: a :class:`BackgroundCacheDataset`; any other data set leaves ``sampler``'s order unchanged.
+        dataset: a `BackgroundCacheDataset`; any other data set leaves ``sampler``'s order unchanged.
 
-    Example:
+    Examples:
         >>> sampler = FillOrderSampler(RandomSampler(ds), ds)  # doctest: +SKIP
     """
 
@@ -347,12 +347,12 @@ class FillOrderSampler(Sampler[int]):
 
 
 def fill_order_options(dataset: Any, shuffle: bool, generator: torch.Generator | None = None) -> dict[str, Any]:
-    """Loader keyword arguments for ``dataset``: over a background cache, a :class:`FillOrderSampler`.
+    """Loader keyword arguments for ``dataset``: over a background cache, a `FillOrderSampler`.
 
     The loader then draws the same order as ``DataLoader(dataset, shuffle=shuffle, generator=generator)``
     (any other data set: exactly those options).
 
-    Example:
+    Examples:
         >>> fill_order_options([1, 2, 3], shuffle=True)
         {'shuffle': True, 'generator': None}
         >>> loader = SafeThreadDataLoader(ds, batch_size=2, **fill_order_options(ds, shuffle=True))  # doctest: +SKIP

@@ -2,7 +2,7 @@
 
 MONAI's ``PersistentDataset`` stores each item's deterministic result as one pickled ``.pt`` file
 and reads it back whole, every epoch, even when the next transform keeps a 96^3 patch of a
-512x512x300 volume. :class:`CropCacheDataset` stores the same result as raw arrays instead:
+512x512x300 volume. `CropCacheDataset` stores the same result as raw arrays instead:
 
 * **No pickle.** Each array of the deterministic prefix's output is one ``.npy`` file; the
   ``MetaTensor`` metadata, its applied operations and every other value of the item go to
@@ -18,9 +18,9 @@ and reads it back whole, every epoch, even when the next transform keeps a 96^3 
 * **One copy per node.** The operating system's page cache holds the mapped files once for every
   process that reads them: loader workers and ranks on one node share it.
 * **Bad items named.** A transform that fails on an item raises a
-  :class:`~monai_fast.data.items.DataItemError` naming its files, in the process or worker that ran it.
+  `DataItemError` naming its files, in the process or worker that ran it.
 * **A key you can trust, a write that is whole.** Items are keyed like
-  :class:`~monai_fast.data.persistent.TrustedPersistentDataset`: each file's identity (size and
+  `TrustedPersistentDataset`: each file's identity (size and
   modification time, or content) and a fingerprint of the deterministic transforms' parameters.
   An item is written into a temporary folder that is renamed into place, so concurrent writers
   (ranks, workers) never see half an item and a killed writer leaves nothing under a valid name;
@@ -31,7 +31,7 @@ The random transforms after the prefix run as the user's ``Compose`` runs them (
 ``unpack_items``, ``lazy`` and ``overrides``), on the same transform objects, so their random
 streams are the user's.
 
-Example:
+Examples:
     >>> from monai_fast.data.crop_cache import CropCacheDataset
     >>> ds = CropCacheDataset(train_files, train_transforms, cache_dir="/scratch/crops")  # doctest: +SKIP
     >>> loader = DataLoader(ds, batch_size=2, num_workers=4)  # doctest: +SKIP
@@ -87,7 +87,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
 
     See the module docstring for what it stores and why. ``len()`` and indexing are those of a
     MONAI ``Dataset`` over ``data`` with ``transform``; the first access of an item computes and
-    writes it (:meth:`fill` writes them all up front).
+    writes it (`fill()` writes them all up front).
 
     Args:
         data: items, e.g. ``{"image": path, "label": path}``.
@@ -102,7 +102,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
         disk_full: once the cache folder has filled up, the ``OSError`` that said so (items are
             then computed in memory); ``None`` until then.
 
-    Example:
+    Examples:
         >>> from monai_fast.data.crop_cache import CropCacheDataset
         >>> ds = CropCacheDataset(files, transforms, "/scratch/crops")  # doctest: +SKIP
         >>> ds.fill()  # doctest: +SKIP
@@ -390,7 +390,7 @@ def _as_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 def _encode(value: Any, where: str) -> Any:
-    """``value`` as JSON, with tensors, arrays and tuples tagged so that :func:`_decode` restores them."""
+    """``value`` as JSON, with tensors, arrays and tuples tagged so that `_decode()` restores them."""
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu()
         value = value.as_tensor() if isinstance(value, MetaTensor) else value

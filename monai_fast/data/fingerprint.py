@@ -5,10 +5,10 @@ attributes, walked recursively; a function inside it (``Lambdad(func=...)``, a `
 method) is fingerprinted by its byte code, constants, default arguments, closure values and the
 globals it reads, so editing a lambda's body, a closure variable or a module constant it uses gives
 a new key. A callable whose behaviour cannot be read (a C extension object with hidden state) is
-reported in :attr:`Fingerprint.untrusted`; the disk cache then refuses to reuse its entries across
+reported in `Fingerprint.untrusted`; the disk cache then refuses to reuse its entries across
 runs and says so.
 
-Example:
+Examples:
     >>> from monai.transforms import Lambdad
     >>> a = transform_fingerprint([Lambdad("image", lambda x: x * 2)])
     >>> b = transform_fingerprint([Lambdad("image", lambda x: x * 3)])

@@ -1,6 +1,6 @@
 """Naming a data item: its index and files, and the one error type that carries them.
 
-Example:
+Examples:
     >>> item_files({"image": "/d/a.nii.gz", "label": "/d/a_seg.nii.gz", "id": 3})
     'image=/d/a.nii.gz, label=/d/a_seg.nii.gz'
 """
@@ -23,7 +23,7 @@ __all__ = [
 
 
 def item_line(e: BaseException) -> str:
-    """The one line of a :class:`DataItemError` that names the file, also when a DataLoader worker
+    """The one line of a `DataItemError` that names the file, also when a DataLoader worker
     process re-raised it with the worker's traceback in its text."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     named = [ln.split("DataItemError: ", 1)[1] for ln in lines if "DataItemError: " in ln]
@@ -37,7 +37,7 @@ class DataItemError(RuntimeError):
     worker process, which rebuilds the error from its text), so a caller adding its own context
     (the item's index) can quote the cause without naming the files twice.
 
-    Example:
+    Examples:
         >>> str(DataItemError("loading image=/d/a.nii.gz failed: EOFError: truncated", reason="EOFError: truncated"))
         'loading image=/d/a.nii.gz failed: EOFError: truncated'
     """
@@ -53,7 +53,7 @@ def item_files(item: Any) -> str:
     Paths are found as strings (an item before loading) or as a loaded image's
     ``meta["filename_or_obj"]`` (an item after ``LoadImaged``, e.g. out of a cache).
 
-    Example:
+    Examples:
         >>> item_files({"image": "/d/a.nii.gz", "label": "/d/a_seg.nii.gz", "id": 3})
         'image=/d/a.nii.gz, label=/d/a_seg.nii.gz'
     """
@@ -83,7 +83,7 @@ def describe_item(dataset: Any, index: int) -> str:
 def error_text(e: BaseException) -> str:
     """``Type: message`` of the root cause of ``e``; MONAI wraps transform errors as
     ``RuntimeError("applying transform <...>")``, which then follows as "in ...". A
-    :class:`DataItemError` with a known ``reason`` gives that reason (its files are named already)."""
+    `DataItemError` with a known ``reason`` gives that reason (its files are named already)."""
     if isinstance(e, DataItemError) and e.reason:
         return e.reason
     root = e
@@ -93,7 +93,7 @@ def error_text(e: BaseException) -> str:
 
 
 def fetch_item(dataset: Any, index: int) -> Any:
-    """``dataset[index]``; a failure is raised as :class:`DataItemError` naming the index and the item's files.
+    """``dataset[index]``; a failure is raised as `DataItemError` naming the index and the item's files.
 
     The one place a loader reads an item, in its thread, in the training thread and in worker
     processes alike, so a failing item reads the same wherever it was loaded.
@@ -113,7 +113,7 @@ _WORKER_TYPE = f"{DataItemError.__name__}: "
 
 
 def worker_item_error(e: BaseException) -> DataItemError | None:
-    """The :class:`DataItemError` a DataLoader worker process raised, rebuilt with its own message; else ``None``.
+    """The `DataItemError` a DataLoader worker process raised, rebuilt with its own message; else ``None``.
 
     PyTorch re-raises a worker's exception in the main process as the same type over the worker's
     whole traceback text ("Caught DataItemError in DataLoader worker process 0. Original

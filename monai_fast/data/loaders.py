@@ -3,19 +3,19 @@
 MONAI's ``ThreadDataLoader`` runs the loader in a background thread (``ThreadBuffer``). When a
 transform raises there, the thread dies, the consumer sees "no thread, empty queue", and the
 epoch simply ends early: training goes on with fewer batches, and the error never reaches the
-training loop. :class:`SafeThreadDataLoader` keeps the thread and the speed, but:
+training loop. `SafeThreadDataLoader` keeps the thread and the speed, but:
 
 * an exception in the background thread is raised in the training thread, unchanged in type
-  when it is not about one item, else as :class:`DataItemError` that names the item's index and
+  when it is not about one item, else as `DataItemError` that names the item's index and
   its file names (``image=/data/imagesTr/spleen_3.nii.gz, label=...``);
 * a normal end is marked, so a thread that dies without finishing is an error, not an early end;
 * nothing blocks forever: every wait has a timeout and re-checks the thread, and a watchdog
-  (``timeout_s``, 600 s by default, ``None`` turns it off) raises :class:`LoaderTimeoutError` in the
+  (``timeout_s``, 600 s by default, ``None`` turns it off) raises `LoaderTimeoutError` in the
   training thread when one batch takes longer, naming the item being loaded. A Python thread
   cannot be killed: a thread stuck in a transform is abandoned (a daemon, renamed
   ``monai-fast-loader (abandoned)``) and the error is raised. With worker processes, PyTorch's
   ``timeout=`` is set to ``timeout_s``; its bare "DataLoader timed out" becomes a
-  :class:`LoaderTimeoutError` naming the option, the batch and its items, raised after the
+  `LoaderTimeoutError` naming the option, the batch and its items, raised after the
   workers are shut down (PyTorch terminates a stuck worker);
 * the loader thread runs on the CUDA device the training thread uses when the epoch starts (a
   new thread would otherwise start on ``cuda:0``, so ``ToDeviced("cuda")`` in the chain or
@@ -24,11 +24,11 @@ training loop. :class:`SafeThreadDataLoader` keeps the thread and the speed, but
   batch is made while a step computes (with worker processes they still work ahead; only the
   hand-over moves). On a CPU whose every core runs the step's intra-op threads, a batch made
   alongside the step can slow the step by more than the batch costs
-  (``benchmarks/loader_overlap.py``); :func:`prefetch_pays` says where making it ahead is sure to
+  (``benchmarks/loader_overlap.py``); `prefetch_pays()` says where making it ahead is sure to
   pay. With ``prefetch=True`` the thread makes up to ``buffer_size`` batches ahead. Failing items
   are named the same way; a batch made in the training thread cannot be interrupted, so there the
   watchdog logs an error naming the item instead of raising. The setting is read at each batch and
-  may change between batches (:class:`~monai_fast.handlers.prefetch.PrefetchChoice` times both ways
+  may change between batches (`PrefetchChoice` times both ways
   and keeps the faster).
 """
 
@@ -105,7 +105,7 @@ class _Recorded:
 
 
 class _NamedItems(Dataset):
-    """A map-style data set read through :func:`~monai_fast.data.items.fetch_item`: what worker processes load.
+    """A map-style data set read through `fetch_item()`: what worker processes load.
 
     Its ``__dict__`` holds the data set itself, so MONAI's ``worker_init_fn`` (``set_rnd``) seeds
     the same random transforms in the same order as over the bare data set.
@@ -132,7 +132,7 @@ class SafeThreadDataLoader(ThreadDataLoader):
     stuck item is named; with worker processes, PyTorch re-raises the worker's error and this class makes sure it is not
     lost, and PyTorch's ``timeout`` is set to ``timeout_s`` (a smaller ``timeout=`` wins).
 
-    Example:
+    Examples:
         >>> from monai_fast.data.loaders import SafeThreadDataLoader
         >>> loader = SafeThreadDataLoader(cache_ds, batch_size=2, shuffle=True, timeout_s=120)  # doctest: +SKIP
     """
@@ -252,9 +252,9 @@ def prefetch_pays(device: torch.device | str) -> tuple[bool, str]:
     step can lose more time to it than making the batch ahead saves (``benchmarks/loader_overlap.py``
     measures both), and SMT siblings, other ranks on the node or a smaller thread count change the
     balance. So on a CPU the answer is ``False``: for a measurement to decide
-    (:class:`~monai_fast.handlers.prefetch.PrefetchChoice`).
+    (`PrefetchChoice`).
 
-    Example:
+    Examples:
         >>> prefetch_pays("cuda")[0], prefetch_pays("cpu")[0]
         (True, False)
     """

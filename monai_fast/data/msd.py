@@ -1,16 +1,16 @@
 """Reader for data sets in the Medical Segmentation Decathlon (MSD) layout.
 
 A folder with a ``dataset.json`` (a real ``Task09_Spleen`` / ``Task01_BrainTumour`` or one written
-by :mod:`monai_fast.data.synthetic`) becomes two lists of ``{"image": path, "label": path}`` dicts,
+by `monai_fast.data.synthetic`) becomes two lists of ``{"image": path, "label": path}`` dicts,
 ready for MONAI datasets. Every listed file is checked before any training starts: a missing
 ``dataset.json``, a listed file that does not exist, or an image whose spatial shape differs from
 its label's is one clear error that names the path at fault.
 
-MONAI's :class:`monai.apps.DecathlonDataset` downloads and splits the official tasks; this reader
+MONAI's `monai.apps.DecathlonDataset` downloads and splits the official tasks; this reader
 works on any local folder in that layout (ours, a copy on a cluster's scratch disk, a subset) and
 checks it, which ``monai.data.load_decathlon_datalist`` does not.
 
-Example:
+Examples:
     >>> from monai_fast.data.msd import load_msd_datalist
     >>> train, val = load_msd_datalist("/data/Task09_Spleen", val_fraction=0.2, seed=0)
     >>> sorted(train[0])
@@ -52,13 +52,13 @@ def case_id(path: str | os.PathLike) -> str:
 def read_dataset_json(root: str | os.PathLike, remote_options: Mapping[str, Any] | None = None) -> dict:
     """Read and minimally validate ``root/dataset.json``.
 
-    ``root`` may be a URL (:mod:`monai_fast.data.remote`): its ``dataset.json`` is fetched into the
+    ``root`` may be a URL (`monai_fast.data.remote`): its ``dataset.json`` is fetched into the
     local cache like the data files, so a folder fetched once can be read again with the server
     down (with one warning saying so).
 
     Args:
         root: the MSD folder, local or a URL.
-        remote_options: keyword arguments for :func:`monai_fast.data.remote.localize` when ``root``
+        remote_options: keyword arguments for `monai_fast.data.remote.localize()` when ``root``
             is a URL (``storage_options``, ``read_timeout``, ``retries``, ``cache_dir``...).
 
     Raises:
@@ -135,7 +135,7 @@ def _items(root: str | os.PathLike, remote_options: Mapping[str, Any] | None) ->
 def shape_mismatch(image: str, image_shape: tuple[int, ...], label: str, label_shape: tuple[int, ...]) -> str | None:
     """Why ``image`` and ``label`` do not fit together by their spatial (first three) sizes; ``None`` if they do.
 
-    Example:
+    Examples:
         >>> shape_mismatch("a.nii.gz", (64, 64, 32, 4), "a_seg.nii.gz", (64, 64, 32))
         >>> shape_mismatch("a.nii.gz", (64, 64, 32), "a_seg.nii.gz", (64, 64, 30))
         'image a.nii.gz has spatial shape (64, 64, 32) but its label a_seg.nii.gz has (64, 64, 30)'
@@ -168,7 +168,7 @@ def load_msd_datalist(
     Args:
         root: folder holding ``dataset.json``, ``imagesTr/`` and ``labelsTr/``; or such a folder
             on object storage (``s3://bucket/Task09_Spleen``, any fsspec URL): the listed files are
-            fetched once into the local cache (:func:`monai_fast.data.remote.localize`) and the
+            fetched once into the local cache (`monai_fast.data.remote.localize()`) and the
             lists name the local copies.
         val_fraction: share of cases used for validation when ``val_cases`` is not given
             (at least one case goes to each side). The split is a fixed permutation by ``seed``.
@@ -176,7 +176,7 @@ def load_msd_datalist(
         val_cases: the user's own fold: case names (``"spleen_12"``) or file names of the images
             to validate on; all others train. Unknown names are an error.
         check_shapes: compare each image's spatial shape with its label's (header reads only).
-        remote_options: keyword arguments for :func:`monai_fast.data.remote.localize` when ``root``
+        remote_options: keyword arguments for `monai_fast.data.remote.localize()` when ``root``
             is a URL: ``storage_options``, ``connect_timeout``, ``read_timeout``, ``retries``,
             ``cache_dir``, ``workers``, ``progress``. With the server down and every listed file
             (and ``dataset.json``) in the cache, the cached copies are used with one warning.

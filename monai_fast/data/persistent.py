@@ -1,6 +1,6 @@
 """A disk cache you can trust: ``PersistentDataset`` keyed on what the result depends on.
 
-MONAI's :class:`~monai.data.PersistentDataset` names a cache file after a hash of the item (its
+MONAI's `PersistentDataset` names a cache file after a hash of the item (its
 paths) and, with ``hash_transform``, of the transforms. Three gaps remain, and this class closes
 them:
 
@@ -10,7 +10,7 @@ them:
 * **Transform parameters.** MONAI's ``json_hashing`` cannot serialise transform objects and falls
   back to their class names, so a changed intensity window or spacing keeps the same key. Here
   the key covers a fingerprint of every deterministic transform's parameters and functions
-  (:mod:`monai_fast.data.fingerprint`: a ``Lambdad``'s code, closure, defaults and the globals it
+  (`monai_fast.data.fingerprint`: a ``Lambdad``'s code, closure, defaults and the globals it
   reads). Transforms holding a callable that cannot be fingerprinted are not trusted: a warning,
   and their items are recomputed in each run.
 * **Damaged files and writes.** Only some corruptions are caught (a truncated zip-format ``.pt``
@@ -66,10 +66,10 @@ class TrustedPersistentDataset(PersistentDataset):
         kwargs: passed to ``PersistentDataset`` (not ``hash_func`` / ``hash_transform``).
 
     Attributes:
-        disk_full: once the cache folder has filled up, the :class:`~monai_fast.files.NoSpaceError`
+        disk_full: once the cache folder has filled up, the `NoSpaceError`
             naming it and the space missing (items are then no longer written); ``None`` until then.
 
-    Example:
+    Examples:
         >>> from monai_fast.data.persistent import TrustedPersistentDataset
         >>> ds = TrustedPersistentDataset(train_files, transforms, cache_dir="/scratch/cache")  # doctest: +SKIP
     """

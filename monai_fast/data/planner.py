@@ -3,15 +3,15 @@
 The fast-training guide's caching advice depends on sizes nobody knows up front: cache the
 deterministic part of the chain in GPU memory if it fits (then no worker processes and random
 transforms on the GPU), else in RAM, else on disk; for data far larger than RAM, a SmartCache
-that rotates a subset. :func:`plan_cache` measures instead of guessing. It splits the chain at
+that rotates a subset. `plan_cache()` measures instead of guessing. It splits the chain at
 the first random transform, runs the deterministic part on a few items, multiplies the bytes
 per item by the number of items, and compares that, with a safety margin, against the budgets.
-It returns a :class:`CachePlan` that says what it chose and why, and builds the data set.
+It returns a `CachePlan` that says what it chose and why, and builds the data set.
 
-Under DDP, pass each rank only its partition (:func:`rank_partition`): every rank then caches
+Under DDP, pass each rank only its partition (`rank_partition()`): every rank then caches
 its share, not a full copy (MONAI #913 / #3843: one full copy per rank exhausts a node's RAM).
 
-Example:
+Examples:
     >>> from monai_fast.data.planner import plan_cache
     >>> plan = plan_cache(transforms, train_files, device="cuda", cache_dir="/scratch/cache")  # doctest: +SKIP
     >>> print(plan.describe())  # doctest: +SKIP
@@ -61,7 +61,7 @@ _MIB = 2**20
 Where = Literal["gpu", "ram", "disk", "smartcache", "none"]
 #: where a training cache can go: GPU memory, RAM, disk, a rotating SmartCache in RAM, or nowhere
 CACHE_PLACES: tuple[str, ...] = get_args(Where)
-#: what an option may ask for: a place, or ``"auto"`` (:func:`plan_cache` measures and decides)
+#: what an option may ask for: a place, or ``"auto"`` (`plan_cache()` measures and decides)
 CACHE_CHOICES: tuple[str, ...] = ("auto", *CACHE_PLACES)
 
 
@@ -71,7 +71,7 @@ def budgets_in_bytes(caller: str, given: dict[str, tuple[float | None, Any]]) ->
     Raises:
         ValueError: for a negative budget, or both spellings of one budget.
 
-    Example:
+    Examples:
         >>> budgets_in_bytes("plan_cache", {"ram": (1.5, UNSET), "gpu": (None, UNSET)})
         [1572864, None]
     """
@@ -144,20 +144,20 @@ class CachePlan:
 
         ``gpu``: a ``CacheDataset`` whose cached chain ends with ``ToDeviced`` (random transforms
         then run on the GPU; load it with ``ThreadDataLoader(num_workers=0)``). ``ram``: a
-        ``CacheDataset``. ``disk``: a :class:`~monai_fast.data.crop_cache.CropCacheDataset` where the first
+        ``CacheDataset``. ``disk``: a `CropCacheDataset` where the first
         random transform is a crop that reads its patch from the mapped arrays (``reads_patches``), else a
-        :class:`TrustedPersistentDataset`. ``smartcache``: a
-        :class:`SafeSmartCacheDataset` holding ``cache_num`` items. ``none``: a plain ``Dataset``.
-        The chain becomes a :class:`~monai_fast.data.safe_chain.NamedItemsCompose` over the same
+        `TrustedPersistentDataset`. ``smartcache``: a
+        `SafeSmartCacheDataset` holding ``cache_num`` items. ``none``: a plain ``Dataset``.
+        The chain becomes a `NamedItemsCompose` over the same
         transform objects, so a failing item names its files, and a failed fill ends cleanly.
 
         ``background=True``: ``gpu`` and ``ram`` give a
-        :class:`~monai_fast.data.background.BackgroundCacheDataset` (same place, same items; it fills
+        `BackgroundCacheDataset` (same place, same items; it fills
         while training runs: load it with ``**fill_order_options(ds, shuffle)``). ``disk`` and ``none``
         are lazy already (an item is made when first read); ``smartcache`` fills its first window
         before returning, as without it.
 
-        Example:
+        Examples:
             >>> ds = plan.build(train_files, transforms, background=True, num_workers=3)  # doctest: +SKIP
         """
         if self.where in ("gpu", "ram", "smartcache"):

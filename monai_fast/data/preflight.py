@@ -1,20 +1,20 @@
 """A fast check of a data list before training: every bad file named at once, with its reason.
 
 A race can lose an hour to a file that fails in epoch 3, or train for a day on labels that do not
-match the task. :func:`preflight` reads each volume of a ``{"image", "label"}`` list once and
+match the task. `preflight()` reads each volume of a ``{"image", "label"}`` list once and
 reports, for every item at fault: a file that cannot be read (a truncated NIfTI), a 2D image or
 label, NaN or Inf in an image, non-integer label values, label values outside ``num_classes``,
 and an image whose spatial shape differs from its label's (the same check as
-:func:`monai_fast.data.msd.load_msd_datalist`, on the data). What it learns about a file is cached
+`monai_fast.data.msd.load_msd_datalist()`, on the data). What it learns about a file is cached
 by the file's identity (path, size, modification time) in ``preflight.json`` in
-:func:`monai_fast.files.cache_root`, so a second run reads no volume it has seen.
+`monai_fast.files.cache_root()`, so a second run reads no volume it has seen.
 
-:func:`preflight_wsi` does the same for whole-slide patch lists (``{"image", "location"}``, as
+`preflight_wsi()` does the same for whole-slide patch lists (``{"image", "location"}``, as
 MONAI's ``PatchWSIDataset`` reads them): a slide that cannot be read to its end (a truncated
 file), a slide smaller than the patch, and every patch location that reaches outside its slide are
 named, with the list and index of the item, before any training.
 
-Example:
+Examples:
     >>> from monai_fast.data.preflight import preflight
     >>> report = preflight(train_files + val_files, num_classes=2)  # doctest: +SKIP
     >>> report.checked, report.from_cache  # doctest: +SKIP
@@ -74,7 +74,7 @@ class PreflightError(ValueError):
 
 @dataclass
 class PreflightReport:
-    """What :func:`preflight` found.
+    """What `preflight()` found.
 
     Attributes:
         checked: items checked.
@@ -100,7 +100,7 @@ def scan_file(path: str | os.PathLike) -> dict[str, Any]:
 
     An unreadable file gives ``{"error": "EOFError: ..."}``.
 
-    Example:
+    Examples:
         >>> scan_file("/data/labelsTr/spleen_1.nii.gz")["values"]  # doctest: +SKIP
         [0, 1]
     """
@@ -189,16 +189,16 @@ def preflight(
         keys: the image key and the label key of each item.
         cache: reuse and store scans by file identity (path, size, modification time).
         cache_path: the scans' JSON file; default ``cache_root()/preflight.json``.
-        raise_error: raise :class:`PreflightError` when a file is at fault (else only report it).
+        raise_error: raise `PreflightError` when a file is at fault (else only report it).
 
     Returns:
-        A :class:`PreflightReport`.
+        A `PreflightReport`.
 
     Raises:
         PreflightError: listing every ``(path, reason)``, when ``raise_error`` and any file is at fault.
         ValueError: ``num_classes`` < 2 or an item without both keys.
 
-    Example:
+    Examples:
         >>> preflight([{"image": "/d/img.nii.gz", "label": "/d/lab.nii.gz"}], num_classes=2).ok  # doctest: +SKIP
         True
     """
@@ -261,7 +261,7 @@ def patch_padding(
     Such items are padded up to the patch on every load (``SpatialPadd``), which costs time and
     trains on padding. Headers only: shape and voxel size of each ``files[i][key]``.
 
-    Example:
+    Examples:
         >>> patch_padding(files, (96, 96, 96), (1.5, 1.5, 2.0))  # doctest: +SKIP
         'patch_size (96, 96, 96) is larger than 4 of 4 volumes after resampling to pixdim ...'
     """
@@ -326,7 +326,7 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
     Raises:
         MissingExtraError: a TIFF slide without ``tifffile`` installed (the ``wsi`` extra).
 
-    Example:
+    Examples:
         >>> scan_slide("/data/wsi_like/slides/slide_001.tif")  # doctest: +SKIP
         {'levels': [[4096, 4096], [2048, 2048], [1024, 1024]]}
     """
@@ -412,12 +412,12 @@ def preflight_wsi(
 ) -> PreflightReport:
     """Check a whole-slide patch list before training: every slide readable, every patch inside its slide.
 
-    For each slide named by an item: it exists and can be read to its end (:func:`scan_slide`), and
+    For each slide named by an item: it exists and can be read to its end (`scan_slide()`), and
     it is at least the patch's size. For each item: its patch, located as MONAI's ``PatchWSIDataset``
     locates it, lies wholly inside the slide at its level. A patch reaching outside would be padded
     or fail in a loader thread in the middle of an epoch; here it is named with its list, index,
     slide and location before any training. What is learned about a slide is cached by the file's
-    identity, as :func:`preflight` does.
+    identity, as `preflight()` does.
 
     Args:
         files: ``{"image", "location"}`` items (``"patch_size"`` and ``"patch_level"`` in an item
@@ -429,17 +429,17 @@ def preflight_wsi(
         reader: a MONAI WSI reader for slides that are not TIFF files.
         cache: reuse and store slide scans by file identity (path, size, modification time).
         cache_path: the scans' JSON file; default ``cache_root()/preflight.json``.
-        raise_error: raise :class:`PreflightError` when anything is at fault (else only report it).
+        raise_error: raise `PreflightError` when anything is at fault (else only report it).
 
     Returns:
-        A :class:`PreflightReport` (``checked``: items; ``read`` / ``from_cache``: slides).
+        A `PreflightReport` (``checked``: items; ``read`` / ``from_cache``: slides).
 
     Raises:
         PreflightError: every slide at fault, and up to five bad locations per slide with a count of the rest.
         ValueError: an item without ``"image"`` or ``"location"``.
         MissingExtraError: a TIFF slide to read without ``tifffile`` installed (``pip install "monai-fast[wsi]"``).
 
-    Example:
+    Examples:
         >>> train, val = load_wsi_datalist("/data/wsi_like")  # doctest: +SKIP
         >>> preflight_wsi({"training": train, "validation": val}, patch_size=96).ok  # doctest: +SKIP
         True

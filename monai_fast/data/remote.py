@@ -1,6 +1,6 @@
 """Data lists on object storage: ``s3://`` (or any fsspec URL) entries fetched once into the local cache.
 
-:func:`localize` takes a MONAI data list whose entries may be URLs (``s3://bucket/imagesTr/a.nii.gz``,
+`localize()` takes a MONAI data list whose entries may be URLs (``s3://bucket/imagesTr/a.nii.gz``,
 ``gs://...``, ``https://...``: any scheme fsspec knows) and returns the same list with every URL
 replaced by the path of a local copy, so loaders and caches work on local files. Local paths and
 other values are left as they are.
@@ -10,18 +10,18 @@ other values are left as they are.
   time). A later call asks the server for each object's version (one small request, no data) and
   downloads only what is missing or has changed.
 - **Checked first.** Every URL is looked up before anything is downloaded: missing objects are one
-  :class:`FileNotFoundError` naming each URL and where the list holds it.
+  `FileNotFoundError` naming each URL and where the list holds it.
 - **In parallel**, on daemon threads, with one progress bar (bytes) where bars are shown
-  (:mod:`monai_fast.progress`) and a log line otherwise.
+  (`monai_fast.progress`) and a log line otherwise.
 - **Bounded.** Every request has a time limit: connecting within ``connect_timeout``, and, while a
   body streams, at least 64 KiB every ``read_timeout`` seconds, so a server that stops sending, or
   trickles, is a stall rather than a wait without end. A stalled or dropped transfer is tried
-  ``retries`` more times, then it is one :class:`RemoteDataError` naming the URL, what stalled and
+  ``retries`` more times, then it is one `RemoteDataError` naming the URL, what stalled and
   how many bytes had arrived. For S3 the same limits go to botocore (``config_kwargs``), for
   lookups too; on filesystems that fsspec runs asynchronously (S3, GCS, Azure, HTTP) each attempt
   is also cancelled at its deadline.
 - **Never half a file.** Each download streams into a temporary file beside its target, is
-  fsynced and renamed into place (:func:`monai_fast.files.atomic_write`) only when complete and of
+  fsynced and renamed into place (`monai_fast.files.atomic_write()`) only when complete and of
   the announced size. A failed download stops the others, and no file appears at a final path.
 - **Ctrl-C ends it at once.** The download threads are daemons that stop within a fraction of a
   second of an interrupt, whose temporary files are removed before the interrupt propagates; a
@@ -34,9 +34,9 @@ other values are left as they are.
   (MinIO, Ceph), or ``storage_options`` (passed to fsspec, e.g. ``{"anon": True}``).
 - **The client library.** ``s3://`` needs ``s3fs``, the ``s3`` extra (``pip install
   "monai-fast[s3]"``); without it, the first ``s3://`` URL is named in one
-  :class:`~monai_fast.extras.MissingExtraError` before anything is looked up.
+  `MissingExtraError` before anything is looked up.
 
-Example:
+Examples:
     >>> from monai_fast.data.remote import is_url, localize
     >>> is_url("s3://bucket/imagesTr/spleen_1.nii.gz"), is_url("/data/spleen_1.nii.gz")
     (True, False)
@@ -145,7 +145,7 @@ def _scheme(value: str) -> str | None:
 def is_url(value: Any) -> bool:
     """Whether ``value`` is a string URL whose scheme fsspec knows (``file://`` counts: it is used in place).
 
-    Example:
+    Examples:
         >>> is_url("s3://b/k.nii.gz"), is_url("https://x.org/a.nii"), is_url("C:/data/a.nii"), is_url(3)
         (True, True, False, False)
     """
@@ -153,12 +153,12 @@ def is_url(value: Any) -> bool:
 
 
 def remote_cache_dir() -> Path:
-    """Where :func:`localize` keeps its copies by default: ``<cache_root()>/remote``."""
+    """Where `localize()` keeps its copies by default: ``<cache_root()>/remote``."""
     return cache_root() / "remote"
 
 
 def _require_client(urls: Sequence[str]) -> None:
-    """Raise :class:`~monai_fast.extras.MissingExtraError` naming the first URL whose client library is missing.
+    """Raise `MissingExtraError` naming the first URL whose client library is missing.
 
     ``s3://`` needs ``s3fs`` (the ``s3`` extra); the check comes before any filesystem is made, so
     no connection is tried and fsspec's own ``ImportError`` never surfaces.
@@ -612,7 +612,7 @@ def _localize(
     read_timeout: float = 30.0,
     retries: int = 3,
 ) -> tuple[list[dict], str | None]:
-    """:func:`localize`, and, when it worked offline, the sentence saying so (the caller logs it once)."""
+    """`localize()`, and, when it worked offline, the sentence saying so (the caller logs it once)."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     limits = _limits(connect_timeout, read_timeout, retries)
@@ -670,8 +670,8 @@ def localize(
 
     Args:
         datalist: MONAI-style list of dicts; values may be strings, lists or nested dicts. Every
-            string that :func:`is_url` accepts is fetched (``file://`` URLs become their path).
-        cache_dir: folder of the copies; default :func:`remote_cache_dir`.
+            string that `is_url()` accepts is fetched (``file://`` URLs become their path).
+        cache_dir: folder of the copies; default `remote_cache_dir()`.
         workers: parallel lookups and downloads.
         progress: show a byte progress bar where bars are shown (a terminal or a notebook).
         storage_options: passed to fsspec for every URL (credentials, ``client_kwargs``...). For
@@ -694,7 +694,7 @@ def localize(
         MissingExtraError: an ``s3://`` URL without ``s3fs`` installed; the message names the URL
             and ``pip install "monai-fast[s3]"``, before any lookup.
 
-    Example:
+    Examples:
         >>> localize([{"image": "/data/a.nii.gz", "label": "file:///data/a_seg.nii.gz"}])
         [{'image': '/data/a.nii.gz', 'label': '/data/a_seg.nii.gz'}]
     """
@@ -713,14 +713,14 @@ def read_remote_text(
     read_timeout: float = 30.0,
     retries: int = 3,
 ) -> str:
-    """The text of a small remote file, read directly, not cached, within the same time limits as :func:`localize`.
+    """The text of a small remote file, read directly, not cached, within the same time limits as `localize()`.
 
     Raises:
         FileNotFoundError: no such object (the URL is named).
         RemoteDataError: any other failure to read it.
         MissingExtraError: an ``s3://`` URL without ``s3fs`` installed (the ``s3`` extra).
 
-    Example:
+    Examples:
         >>> read_remote_text("s3://bucket/Task09_Spleen/dataset.json")[:1]  # doctest: +SKIP
         '{'
     """

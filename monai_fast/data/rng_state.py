@@ -3,7 +3,7 @@
 Global generators (Python ``random``, NumPy, torch CPU and CUDA) plus the private
 ``numpy.random.RandomState`` (``.R``) of every MONAI ``Randomizable`` transform reachable from a
 data set: MONAI's loaders reseed those at construction, and random crops and flips then draw from
-them, not from the global generators. :class:`OwnRandomStream` gives a run its own copy of the
+them, not from the global generators. `OwnRandomStream` gives a run its own copy of the
 global generators, so runs taking turns in one process draw as each would alone.
 """
 
@@ -67,7 +67,7 @@ def capture(data: Any = None) -> dict:
 
 
 def restore(state: dict, data: Any = None) -> None:
-    """Put back what :func:`capture` took; ``data`` must hold the same transform chain.
+    """Put back what `capture()` took; ``data`` must hold the same transform chain.
 
     Raises:
         ValueError: the number of random transforms under ``data`` differs from the capture's.
@@ -97,7 +97,7 @@ class OwnRandomStream:
     own stream instead and draws exactly as it would alone. Created just after the run seeded
     itself; the transforms' own ``R`` states are the run's already (its loaders seeded them).
 
-    Example:
+    Examples:
         >>> import torch
         >>> _ = torch.manual_seed(0); mine = OwnRandomStream()
         >>> with mine:

@@ -1,10 +1,10 @@
 """Transform chains that name the file they fail on, and cache fills that end cleanly.
 
 A file that cannot be read (a truncated NIfTI, say) must end a cache build or an epoch with one
-:class:`~monai_fast.data.items.DataItemError` naming the file, in every cache mode, thread and
+`DataItemError` naming the file, in every cache mode, thread and
 loader worker process, and the process must exit like after any other error.
 
-Example:
+Examples:
     >>> from monai.transforms import LoadImaged
     >>> chain = NamedItemsCompose([LoadImaged(keys="image")])
 """
@@ -25,7 +25,7 @@ __all__ = ["NamedItemsCompose", "threads_joined_on_error"]
 
 
 class NamedItemsCompose(Compose):
-    """A ``Compose`` whose failure on an item that carries file names is a :class:`DataItemError` naming them.
+    """A ``Compose`` whose failure on an item that carries file names is a `DataItemError` naming them.
 
     MONAI reports a failing transform as ``RuntimeError("applying transform <LoadImaged ...>")`` with
     the cause chained; the file is in neither. This chain raises
@@ -33,7 +33,7 @@ class NamedItemsCompose(Compose):
     instead, in whatever thread or worker process runs it; items without file names (already
     loaded, without metadata) raise as before.
 
-    Example:
+    Examples:
         >>> from monai.transforms import LoadImaged
         >>> chain = NamedItemsCompose([LoadImaged(keys="image")])
         >>> chain({"image": "/no/such.nii.gz"})  # doctest: +SKIP
@@ -77,7 +77,7 @@ def threads_joined_on_error(timeout_s: float = 300.0) -> Iterator[None]:
     an active exception", exit 134). Once they have finished their items they stop, and the error
     ends the process like any other.
 
-    Example:
+    Examples:
         >>> with threads_joined_on_error():  # doctest: +SKIP
         ...     ds = CacheDataset(files, chain, num_workers=4)
     """

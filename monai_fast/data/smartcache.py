@@ -4,7 +4,7 @@ MONAI's ``SmartCacheDataset`` prepares the next epoch's replacement items in a b
 while holding the lock that ``update_cache()`` waits on. So no wait can time out, and a transform
 that raises kills that thread: ``update_cache()`` then spins forever. ``shutdown()`` also resets the
 rotation's position without resetting the cache, and there is no way to save the position.
-:class:`SafeSmartCacheDataset` keeps MONAI's caching, its constructor and its rotation order, and
+`SafeSmartCacheDataset` keeps MONAI's caching, its constructor and its rotation order, and
 replaces the background machinery with one the class owns (see the class docstring).
 """
 
@@ -32,7 +32,7 @@ __all__ = ["SafeSmartCacheDataset", "replace_count"]
 logger = logging.getLogger("monai_fast.data")
 
 
-#: each adopted user's data set and the safe data set rotating in its place (see :meth:`SafeSmartCacheDataset.adopt`)
+#: each adopted user's data set and the safe data set rotating in its place (see `SafeSmartCacheDataset.adopt()`)
 _ADOPTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -40,7 +40,7 @@ def replace_count(dataset: SmartCacheDataset) -> int:
     """Items a ``SmartCacheDataset`` replaces at each update.
 
     MONAI keeps this count only in its private ``_replace_num``; this function is the one place
-    monai-fast reads it (a :class:`SafeSmartCacheDataset` has it public as ``replace_num``).
+    monai-fast reads it (a `SafeSmartCacheDataset` has it public as ``replace_num``).
     """
     if isinstance(dataset, SafeSmartCacheDataset):
         return dataset.replace_num
@@ -69,7 +69,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     Same arguments as ``monai.data.SmartCacheDataset``, plus ``timeout_s``. With 5 items,
     ``cache_num=4`` and ``replace_rate=0.25`` the epochs see items 1-4, 2-5, 3-5+1, 4-5+1-2, ...
-    exactly as MONAI documents. Drive it with :class:`monai_fast.handlers.SmartCacheUpdater`, or
+    exactly as MONAI documents. Drive it with `monai_fast.handlers.SmartCacheUpdater`, or
     call ``start()``, ``update_cache()`` after each epoch and ``shutdown()`` yourself.
 
     **What it keeps from MONAI:** the constructor (shuffling, the first ``cache_num`` items cached
@@ -84,7 +84,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     * ``update_cache(timeout_s)`` waits at most ``timeout_s`` (``TimeoutError`` naming the pending
       items); a replacement error is raised in the caller's thread as
-      :class:`~monai_fast.data.items.DataItemError` naming the item's index and files; a thread
+      `DataItemError` naming the item's index and files; a thread
       that stopped without a result is a ``RuntimeError``. A failed replacement is never swapped in.
     * ``shutdown()`` keeps the position (the cache still holds that window) and never waits for a
       thread after a failed update (a transform stuck on a dead mount is abandoned, as a daemon).
@@ -96,14 +96,14 @@ class SafeSmartCacheDataset(SmartCacheDataset):
     are left unused. The only private members of MONAI's ``CacheDataset`` this class uses are
     ``_cache`` (the cached items, read by ``__getitem__``; replaced by a new list at each swap),
     ``_load_cache_item(index)`` (runs the deterministic transforms of one item) and ``_fill_cache``
-    (extended: :meth:`adopt` hands over the items a MONAI data set has cached already).
+    (extended: `adopt()` hands over the items a MONAI data set has cached already).
 
-    :meth:`adopt` turns a MONAI ``SmartCacheDataset`` the user built into this class: the same
+    `adopt()` turns a MONAI ``SmartCacheDataset`` the user built into this class: the same
     items in the same order, transform, cache size, replacement count, workers, ``copy_cache``,
     ``as_contiguous`` and random state (so a later ``set_data`` shuffles as MONAI's would);
     ``adopted_from`` names the data set it came from while that exists. Adopting the same data set
     again (a re-run notebook cell, a second trainer over it) gives the same safe data set, so its
-    rotation goes on where it was; :meth:`adoption_of` finds it from the user's object, which
+    rotation goes on where it was; `adoption_of()` finds it from the user's object, which
     itself no longer rotates.
 
     Args:
@@ -114,7 +114,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         timeout_s: default longest wait of ``update_cache`` for one replacement, in seconds.
         **kwargs: further keyword arguments of ``SmartCacheDataset``.
 
-    Example:
+    Examples:
         >>> from monai_fast.data.smartcache import SafeSmartCacheDataset
         >>> ds = SafeSmartCacheDataset(files, transform, cache_num=4, replace_rate=0.25)  # doctest: +SKIP
         >>> ds.start(); ...; ds.update_cache(timeout_s=60); ...; ds.shutdown()  # doctest: +SKIP
@@ -156,7 +156,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         rotated (MONAI's ``shutdown`` resets the position but not the cache) is re-cached from
         the first item.
 
-        The replacement count comes from :func:`replace_count`; whether the rotation ever started
+        The replacement count comes from `replace_count()`; whether the rotation ever started
         from MONAI's private ``_replace_mgr`` (``None`` until ``start``).
 
         Args:
@@ -169,7 +169,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         Raises:
             TypeError: ``dataset`` is not a ``SmartCacheDataset``.
 
-        Example:
+        Examples:
             >>> safe = SafeSmartCacheDataset.adopt(monai_smartcache_ds, timeout_s=120)  # doctest: +SKIP
         """
         if not isinstance(dataset, SmartCacheDataset):
@@ -220,7 +220,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         return safe
 
     def _fill_cache(self, indices: Any = None) -> list:
-        """MONAI's fill, or the window a data set being adopted has cached already (see :meth:`adopt`)."""
+        """MONAI's fill, or the window a data set being adopted has cached already (see `adopt()`)."""
         handed = getattr(self, "_handed_over", None)
         if handed is not None and (indices is None or list(indices) == list(range(len(handed)))):
             self._handed_over = None
@@ -318,7 +318,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             forget_at_exit(self)
 
     def stop_for_exit(self) -> None:
-        """:meth:`shutdown` before the interpreter exits (:func:`monai_fast.threads.stop_at_exit`), waiting up to
+        """`shutdown()` before the interpreter exits (`monai_fast.threads.stop_at_exit()`), waiting up to
         ``timeout_s`` for the thread to finish its item even after a failed update: a thread still in torch code at
         exit aborts the process."""
         self.shutdown(wait_s=self._rotation.timeout_s)
@@ -354,13 +354,13 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     @staticmethod
     def adoption_of(dataset: SmartCacheDataset) -> SafeSmartCacheDataset | None:
-        """The data set that rotates in place of the user's ``dataset`` (:meth:`adopt`), or ``None``.
+        """The data set that rotates in place of the user's ``dataset`` (`adopt()`), or ``None``.
 
         MONAI's ``SmartCacheDataset`` object itself never rotates once adopted: its window stays
         where it was. This is the one that does, while it still holds the same items in the same
-        order (a ``set_data`` on the user's object since makes the next :meth:`adopt` start anew).
+        order (a ``set_data`` on the user's object since makes the next `adopt()` start anew).
 
-        Example:
+        Examples:
             >>> SafeSmartCacheDataset.adoption_of(users_smartcache_ds).window()  # doctest: +SKIP
             [2, 3, 4, 0]
         """
@@ -371,7 +371,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     @property
     def adopted_from(self) -> SmartCacheDataset | None:
-        """The data set :meth:`adopt` built this one from, while it exists; else ``None``."""
+        """The data set `adopt()` built this one from, while it exists; else ``None``."""
         ref = getattr(self, "_adopted_from", None)
         return None if ref is None else ref()
 
@@ -382,7 +382,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     @property
     def updates(self) -> int:
-        """Swaps done so far (restored by :meth:`load_state_dict`)."""
+        """Swaps done so far (restored by `load_state_dict()`)."""
         return self._rotation.updates
 
     def window(self) -> list[int]:

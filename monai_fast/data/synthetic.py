@@ -14,7 +14,7 @@ them the way the MSD does, so that everything reading a real Decathlon task also
 Each case is drawn from its own random stream (``seed`` and the case index), so a case does not
 change when the number of cases does, and the same seed always writes the same bytes.
 
-Example:
+Examples:
     >>> from monai_fast.data.synthetic import generate_msd
     >>> root = generate_msd("/tmp/spleen_like", kind="spleen-like", num_cases=4, shape=(64, 64, 32))
     >>> sorted(p.name for p in root.iterdir())
@@ -192,7 +192,7 @@ def generate_msd(
         progress: show a progress bar.
 
     Returns:
-        The data set folder, ready for :func:`monai_fast.data.msd.load_msd_datalist`.
+        The data set folder, ready for `monai_fast.data.msd.load_msd_datalist()`.
 
     Raises:
         ValueError: on an unknown ``kind`` or a non-positive size, naming the option at fault.
@@ -248,7 +248,7 @@ def synthetic_dataset(kind: str, cases: int, shape: Sequence[int], seed: int, pr
     """The synthetic set for these parameters, written once into the cache folder and reused.
 
     The folder is ``<cache_root()>/data/<kind>-n<cases>-<shape>-s<seed>``
-    (:func:`monai_fast.files.cache_root`). A folder whose ``dataset.json`` is missing, damaged or
+    (`monai_fast.files.cache_root()`). A folder whose ``dataset.json`` is missing, damaged or
     written for other parameters is written again.
     """
     shape = tuple(int(s) for s in shape)

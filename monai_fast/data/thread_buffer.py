@@ -1,6 +1,6 @@
-"""The background thread under :class:`~monai_fast.data.loaders.SafeThreadDataLoader`: items made ahead or on demand.
+"""The background thread under `SafeThreadDataLoader`: items made ahead or on demand.
 
-:class:`SafeThreadBuffer` runs an iterable in a loader thread whose errors and end reach the
+`SafeThreadBuffer` runs an iterable in a loader thread whose errors and end reach the
 consumer, with a watchdog; with ``prefetch=False`` (or a callable saying so, read at each item)
 each item is made in the consumer's own thread when it asks for it instead. An idle loader thread
 sleeps until it is asked for an item.
@@ -37,7 +37,7 @@ class _Failure:
 
 
 class _Run:
-    """One iteration of a :class:`SafeThreadBuffer`: its iterator, queue, requests and stop flag."""
+    """One iteration of a `SafeThreadBuffer`: its iterator, queue, requests and stop flag."""
 
     def __init__(self, it: Iterator[Any], size: int, timeout: float, exit_join_s: float) -> None:
         self.it, self.timeout, self.exit_join_s = it, timeout, exit_join_s
@@ -98,7 +98,7 @@ class SafeThreadBuffer:
         src: the iterable to run.
         buffer_size: items queued ahead.
         timeout: seconds per wait on the queue before re-checking the thread.
-        timeout_s: the longest the consumer waits for one item before :class:`LoaderTimeoutError`
+        timeout_s: the longest the consumer waits for one item before `LoaderTimeoutError`
             (the thread, if stuck, is abandoned); ``None`` waits as long as the thread lives. An item
             made on demand in the consumer's own thread cannot be interrupted: past ``timeout_s`` an
             error log names what it is doing.
@@ -108,7 +108,7 @@ class SafeThreadBuffer:
             (after the consumer has received it, before it works on it), so the mode may change
             from one item to the next.
 
-    Example:
+    Examples:
         >>> list(SafeThreadBuffer(range(3), timeout_s=60))
         [0, 1, 2]
         >>> list(SafeThreadBuffer(range(3), timeout_s=60, prefetch=False))

@@ -18,7 +18,7 @@ regions (crowded, larger, darker nuclei). Beside the slides:
 The last quarter of the slides (at least one) is the validation set. Each slide is drawn from its
 own random stream (``seed`` and the slide index), so the same seed writes the same bytes.
 
-Example:
+Examples:
     >>> from monai_fast.data.wsi import generate_wsi, load_wsi_datalist
     >>> root = generate_wsi("/tmp/wsi_like", num_slides=2, size=(512, 512), patch_size=32, progress=False)
     >>> train, val = load_wsi_datalist(root)
@@ -206,7 +206,7 @@ def generate_wsi(
     Args:
         root: output folder (created if missing).
         num_slides: slides to write (>= 2); the last quarter of them (at least one) is validation.
-        size: level-0 size of every slide, (rows, columns), multiples of :data:`MASK_DOWNSAMPLE`.
+        size: level-0 size of every slide, (rows, columns), multiples of `MASK_DOWNSAMPLE`.
         tile: TIFF tile size in pixels (a multiple of 16).
         levels: pyramid levels, each half the size of the one before.
         patch_size: patch size at level 0 of the patch grid in ``patches.csv`` / ``dataset.json``.
@@ -214,7 +214,7 @@ def generate_wsi(
         progress: show a progress bar.
 
     Returns:
-        The data set folder, ready for :func:`load_wsi_datalist`.
+        The data set folder, ready for `load_wsi_datalist()`.
 
     Raises:
         ValueError: on a bad option, naming it.

@@ -1,18 +1,18 @@
 """Whole-slide image readers: the backend chosen by what is installed, and a tile-aware tifffile reader.
 
-MONAI's :class:`monai.data.WSIReader` has three backends. ``"cucim"`` (NVIDIA cuCIM) decodes only
+MONAI's `monai.data.WSIReader` has three backends. ``"cucim"`` (NVIDIA cuCIM) decodes only
 the tiles a patch touches and can hand the patch to the GPU; ``"openslide"`` reads tiles too but
 needs the OpenSlide C library; ``"tifffile"`` is pure Python but MONAI's ``TiffFileWSIReader``
 decodes the *whole level* for every patch (``wsi.asarray(level=...)``), which costs a full slide
-decode per 224-pixel patch. :class:`TiledTiffWSIReader` is the same reader with only the patch's
+decode per 224-pixel patch. `TiledTiffWSIReader` is the same reader with only the patch's
 tiles read and decoded, so the tifffile path works at slide sizes where MONAI's does not.
 
-:func:`choose_wsi_backend` picks, for ``"auto"``: cuCIM when it is installed and the device is a
+`choose_wsi_backend()` picks, for ``"auto"``: cuCIM when it is installed and the device is a
 CUDA GPU, else OpenSlide when ``openslide`` imports, else the tile-aware tifffile reader; it
 logs one line saying which and why. Asking for a backend whose package or hardware is missing
-is one :class:`WSIBackendError` naming what to install, never a silent substitute.
+is one `WSIBackendError` naming what to install, never a silent substitute.
 
-Example:
+Examples:
     >>> from monai_fast.data.wsi_reader import choose_wsi_backend
     >>> backend = choose_wsi_backend("auto", "cpu")
     >>> backend.name in ("openslide", "tifffile")
@@ -66,12 +66,12 @@ class TiledTiffWSIReader(TiffFileWSIReader):
     Levels stored in strips (not tiles) fall back to MONAI's whole-level read. The file handle of
     one slide is shared by the threads of a ``ThreadDataLoader``: reads of one slide take turns.
 
-    A patch that reaches outside the level is a :class:`ValueError` naming the slide, the location
+    A patch that reaches outside the level is a `ValueError` naming the slide, the location
     and the level's size, and a tile cut short by the end of the file one naming the slide and the
     tile: the patch is never zero-padded, so a wrong location or a truncated slide cannot train on
-    blank pixels unnoticed. :func:`monai_fast.data.preflight.preflight_wsi` finds both before training.
+    blank pixels unnoticed. `monai_fast.data.preflight.preflight_wsi()` finds both before training.
 
-    Example:
+    Examples:
         >>> reader = TiledTiffWSIReader(level=0)
         >>> wsi = reader.read("slide_001.tif")  # doctest: +SKIP
         >>> patch, meta = reader.get_data(wsi, location=(1024, 2048), size=(224, 224))  # doctest: +SKIP
@@ -177,12 +177,12 @@ def _make(name: str, **defaults: Any) -> Callable[..., BaseWSIReader]:
 def choose_wsi_backend(requested: str = "auto", device: torch.device | str = "cpu", quiet: bool = False) -> WSIBackend:
     """The WSI backend for ``device``: ``requested`` if it can run, or the best installed one for ``"auto"``.
 
-    ``"tifffile"`` is :class:`TiledTiffWSIReader`; ``"tifffile-monai"`` is MONAI's own
+    ``"tifffile"`` is `TiledTiffWSIReader`; ``"tifffile-monai"`` is MONAI's own
     ``TiffFileWSIReader`` (whole-level reads), the plain pipeline's reader. ``quiet``: the choice
-    is logged at DEBUG level only (the caller reports it, e.g. from :attr:`WSIBackend.why`).
+    is logged at DEBUG level only (the caller reports it, e.g. from `WSIBackend.why`).
 
     Raises:
-        ValueError: for a name not in :data:`BACKENDS`.
+        ValueError: for a name not in `BACKENDS`.
         WSIBackendError: when ``requested`` needs a package or a GPU that is missing (named).
     """
     if requested not in BACKENDS:

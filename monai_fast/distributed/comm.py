@@ -25,7 +25,7 @@ def allreduce_seconds(
     training step pays; ``min`` is the link's floor, what a latency/bandwidth fit wants on a host
     where other processes delay a rank now and then.
 
-    Example:
+    Examples:
         >>> from monai_fast.distributed.comm import allreduce_seconds
         >>> allreduce_seconds(1000)  # one process: nothing to reduce
         0.0

@@ -58,7 +58,7 @@ def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
     - SLURM (``srun``, or ``sbatch`` steps): ``SLURM_JOB_ID`` with ``SLURM_PROCID`` and
       ``SLURM_NTASKS`` > 1 (a one-task allocation is a plain single process).
 
-    Example:
+    Examples:
         >>> from monai_fast.distributed import detect
         >>> detect({"LOCAL_RANK": "0", "RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x",
         ...         "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"})
@@ -108,12 +108,12 @@ def _slurm_ranks(env: Mapping[str, str]) -> bool:
 
 
 def placement(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Where this process runs: the host's name and :func:`detect`'s node and local rank, for the run record.
+    """Where this process runs: the host's name and `detect()`'s node and local rank, for the run record.
 
     Several "nodes" may share one host name (two ``monai-fast launch`` processes on one machine,
     containers), so a node is told apart by ``node_rank`` with ``host`` beside it.
 
-    Example:
+    Examples:
         >>> p = placement(
         ...     {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1"}
         ... )
@@ -142,7 +142,7 @@ def pick_backend(env: LaunchEnv, cuda: bool, nproc_per_node: int | None = None) 
 def nested_spawn_message(nproc_per_node: int, env: LaunchEnv, environ: Mapping[str, str] | None = None) -> str:
     """Why a rank must not start ``nproc_per_node`` processes of its own, and what to change.
 
-    Example:
+    Examples:
         >>> print(nested_spawn_message(2, LaunchEnv("torchrun", 2), {LAUNCHED_BY: "2"}))  # doctest: +ELLIPSIS
         nproc_per_node=2 was given, but this process was already started by monai-fast launch (torchrun, ...
     """

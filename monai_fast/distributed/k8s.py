@@ -1,5 +1,5 @@
 """Write a Kubernetes ``PyTorchJob`` (Kubeflow training operator) that runs a monai-fast training script
-on several nodes with ``monai-fast launch``, preemption-safe: the Kubernetes twin of :mod:`.sbatch`.
+on several nodes with ``monai-fast launch``, preemption-safe: the Kubernetes twin of `.sbatch`.
 
 The operator starts one pod per node (a ``Master`` and ``nodes - 1`` ``Worker`` replicas) and sets
 ``MASTER_ADDR`` (the master pod's service), ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK`` (the pod's
@@ -11,14 +11,14 @@ index: 0 for the master) in each. Every pod runs::
 (``exec``'d, so ``monai-fast launch`` is the container's main process and hears Kubernetes'
 ``SIGTERM``), which starts G ranks on the pod (one per GPU) through torchrun's static rendezvous
 at the master. On an eviction or a node drain Kubernetes sends ``SIGTERM``: ``monai-fast launch``
-passes it to every rank, and a script with :class:`~monai_fast.handlers.Preemption` checkpoints
+passes it to every rank, and a script with `Preemption` checkpoints
 within ``--grace-s`` (the pod's ``terminationGracePeriodSeconds`` is longer). A failed or evicted
 pod is restarted (``restartPolicy: OnFailure``, at most ``backoffLimit`` times); the ranks of the
 other pods fail at their next collective and restart too, and the whole job meets again and
 resumes from the latest checkpoint, which must therefore lie on a volume shared by the pods
 (``volume_claim``).
 
-Example:
+Examples:
     >>> from monai_fast.distributed.k8s import PyTorchJobSpec, render_pytorchjob
     >>> text = render_pytorchjob(PyTorchJobSpec(["train.py"], image="me/monai-fast:1", nodes=2, gpus_per_node=4))
     >>> [x.strip() for x in text.splitlines() if x.strip() in ("Master:", "Worker:") or "replicas:" in x]
@@ -153,7 +153,7 @@ def _pod_template(spec: PyTorchJobSpec) -> dict[str, Any]:
 
 
 def pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
-    """The ``kubeflow.org/v1`` PyTorchJob for ``spec``, as a dict (what :func:`render_pytorchjob` writes)."""
+    """The ``kubeflow.org/v1`` PyTorchJob for ``spec``, as a dict (what `render_pytorchjob()` writes)."""
     replica = {"restartPolicy": "OnFailure", "template": _pod_template(spec)}
     replicas = {"Master": {"replicas": 1, **replica}}
     if spec.nodes > 1:
@@ -203,7 +203,7 @@ def _yaml(value: Any, indent: int = 0) -> list[str]:
 def render_pytorchjob(spec: PyTorchJobSpec) -> str:
     """The PyTorchJob manifest for ``spec`` as YAML, for ``kubectl apply -f``.
 
-    Example:
+    Examples:
         >>> spec = PyTorchJobSpec(["train.py", "--lr", "1e-3"], image="me/monai-fast:1", nodes=3, gpus_per_node=8)
         >>> print(render_pytorchjob(spec).splitlines()[0])
         # 24 ranks: 3 node(s) x 8 GPU(s), one rank per GPU (NCCL)

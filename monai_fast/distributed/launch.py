@@ -98,10 +98,10 @@ def run(
       ``sbatch``), ``horovodrun -np N python script.py``: the ranks the launcher made.
 
     ``backend="auto"`` picks Horovod under horovodrun, NCCL with CUDA, gloo without. Each rank
-    first runs :func:`setup_rank` (device, ``seed + rank``). The process group is created with
+    first runs `setup_rank()` (device, ``seed + rank``). The process group is created with
     ``timeout_s``, so a collective waiting for a dead rank ends with an error instead of hanging.
 
-    Example:
+    Examples:
         >>> from monai_fast.distributed import run
         >>> def train(local_rank, config):  # doctest: +SKIP
         ...     ...                         # build loaders, model, trainer; idist does the rest
@@ -155,7 +155,7 @@ class LaunchSpec:
     ``node_rank``, the same on every node but the rank); several nodes meeting at a c10d
     rendezvous (``rdzv_endpoint`` ``HOST:PORT`` and ``rdzv_id``, the same on every node; torchrun
     numbers the nodes). Every option is checked here, before anything starts, and all problems
-    are named in one :class:`ValueError`, each by its command-line flag.
+    are named in one `ValueError`, each by its command-line flag.
 
     Args:
         nproc: ranks on this node (one per GPU).
@@ -166,7 +166,7 @@ class LaunchSpec:
         rdzv_endpoint: ``HOST:PORT`` of the c10d rendezvous (a port free on HOST); c10d form.
         rdzv_id: the job's name at the rendezvous, the same on every node; c10d form.
         max_restarts: when a rank dies, torchrun restarts every rank (of every node, under c10d)
-            up to this many times; a script with :class:`~monai_fast.handlers.Preemption`
+            up to this many times; a script with `Preemption`
             (``save_every=N``, ``resume()`` before ``run()``) then continues from its latest checkpoint,
             redoing at most N iterations. Several nodes need the c10d form for it (a static
             rendezvous has no rounds in which the nodes' restarts meet).
@@ -174,7 +174,7 @@ class LaunchSpec:
             started) before it stops with one line naming the endpoint; under c10d also torchrun's
             ``join_timeout`` for the rendezvous rounds of restarts.
 
-    Example:
+    Examples:
         >>> spec = LaunchSpec(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500)
         >>> torchrun_args(spec)[:4]
         ['--nnodes=2', '--node-rank=1', '--master-addr=10.0.0.1', '--master-port=29500']
@@ -293,7 +293,7 @@ _TORCHRUN_JOIN_TIMEOUT_S = 600  # torchrun's c10d join_timeout when --rdzv-conf 
 def torchrun_args(spec: LaunchSpec) -> list[str]:
     """torchrun's options for ``spec``: where the nodes meet, ranks per node, restarts.
 
-    Example:
+    Examples:
         >>> torchrun_args(LaunchSpec(nproc=2))
         ['--standalone', '--nproc-per-node=2', '--max-restarts=0', '--monitor-interval=1']
         >>> torchrun_args(LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="job7"))[:4]
@@ -331,7 +331,7 @@ def torchrun_env(spec: LaunchSpec) -> dict[str, str]:
     fails with "Connection refused". ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives every round a
     store of its own on a fresh port.
 
-    Example:
+    Examples:
         >>> torchrun_env(LaunchSpec(max_restarts=2))
         {'TORCH_DISABLE_SHARE_RDZV_TCP_STORE': '1'}
     """
@@ -347,7 +347,7 @@ def rendezvous_failure(error_file: str | os.PathLike, spec: LaunchSpec) -> str |
     rounds went with the node. A node that waits for the others longer than the join time-out (torchrun's
     600 s) fails with ``RendezvousTimeoutError``. Anything else (a rank's own error): ``None``.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
         >>> _ = f.write('{"message": {"message": "RendezvousConnectionError: '
@@ -389,7 +389,7 @@ def _meeting_point(spec: LaunchSpec) -> str:
 def rendezvous_wait_line(spec: LaunchSpec) -> str | None:
     """The line ``monai-fast launch`` prints before it waits for other nodes; ``None`` on one node alone.
 
-    Example:
+    Examples:
         >>> rendezvous_wait_line(LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="j", rdzv_timeout_s=60))
         'waiting for the rendezvous at h:29400 (2 nodes, --rdzv-id j) (up to 60 s; --rdzv-timeout)'
     """
@@ -426,14 +426,14 @@ def unanswered_endpoint_message(spec: LaunchSpec, answer_s: float = STORE_ANSWER
     default). Before torchrun starts, the endpoint is therefore probed: nothing listening (the host
     node has not started yet) passes, and so does a store that answers; a port that accepts but
     does not answer as a store within ``answer_s`` seconds (at most ``--rdzv-timeout``) is held by
-    another program. The probe is a :class:`torch.distributed.TCPStore` client on a daemon thread,
+    another program. The probe is a `torch.distributed.TCPStore` client on a daemon thread,
     left behind when it never returns (the caller stops right after).
 
     Args:
         spec: the launch; one node alone (``--standalone``) has no endpoint to probe.
         answer_s: seconds the endpoint has to answer.
 
-    Example:
+    Examples:
         >>> unanswered_endpoint_message(LaunchSpec(nproc=1))  # one node alone: its own free port
     """
     if spec.form == "standalone":

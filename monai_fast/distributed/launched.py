@@ -13,10 +13,10 @@ error, or train apart without a word. Instead every rank stops at once with one 
 ``idist.Parallel.run`` calls ``spawn`` through the public ``ignite.distributed.utils`` module, which
 ``ignite.distributed`` re-exports; replacing that public function in both (here, and only in launched
 ranks) catches ``Parallel`` and direct ``idist.spawn`` calls alike. No private ignite attribute is
-touched. Scripts that call :func:`monai_fast.distributed.run` with ``nproc_per_node``
+touched. Scripts that call `monai_fast.distributed.run()` with ``nproc_per_node``
 get the same message from ``run`` itself, under any launcher.
 
-Example:
+Examples:
     >>> import subprocess, sys  # doctest: +SKIP
     >>> subprocess.call(
     ...     [sys.executable, "-m", "monai_fast.distributed.launched", "train.py", "--tiny"]
@@ -44,7 +44,7 @@ class NestedSpawnError(RuntimeError):
 
 def guard_ignite_spawn() -> None:
     """Make ``ignite.distributed.spawn`` (and so ``idist.Parallel(nproc_per_node=N).run``) raise
-    :class:`NestedSpawnError`."""
+    `NestedSpawnError`."""
     import ignite.distributed as idist
     from ignite.distributed import utils
 

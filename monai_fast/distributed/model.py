@@ -59,7 +59,7 @@ def distribute(
     Under torch.distributed the network becomes a ``DistributedDataParallel`` (rank 0's weights
     are broadcast); under Horovod the parameters are broadcast and the optimizer becomes Horovod's
     ``DistributedOptimizer``, made callable the way MONAI's trainers call it
-    (:func:`fix_zero_grad_signature`).
+    (`fix_zero_grad_signature()`).
     """
     if idist.get_world_size() == 1:
         return network, optimizer

@@ -15,7 +15,7 @@ hosts meets at the first host on port 7777 (``torch_distributed.TorchDistributed
 TensorBoard goes where SageMaker's ``TensorBoardOutputConfig`` collects it by default,
 ``/opt/ml/output/tensorboard`` (``SM_OUTPUT_DIR/tensorboard``), else ``SM_OUTPUT_DATA_DIR/tensorboard``.
 
-Example:
+Examples:
     >>> env = read_sagemaker_env({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2",
     ...                           "SM_NUM_GPUS": "4", "SM_HPS": '{"epochs": "3"}'})
     >>> env.present, env.node_rank, env.hyperparameters
@@ -71,7 +71,7 @@ class SageMakerEnv:
         checkpoint_dir: ``/opt/ml/checkpoints`` (beside ``SM_MODEL_DIR``) when that folder exists:
             SageMaker's local checkpoint folder, which it creates for a job with checkpointing
             configured, syncs to ``checkpoint_s3_uri`` and restores when a spot job restarts.
-        hyperparameters: ``SM_HPS``, else ``hyperparameters.json``, values decoded (see :func:`decode_hyperparameters`).
+        hyperparameters: ``SM_HPS``, else ``hyperparameters.json``, values decoded (see `decode_hyperparameters()`).
         hyperparameters_from: which of the two they came from (for messages).
         num_gpus: ``SM_NUM_GPUS``.
         hosts: ``SM_HOSTS``.
@@ -103,7 +103,7 @@ class SageMakerEnv:
         Raises:
             SageMakerEnvError: no such channel, or several and none named, naming the variables read.
 
-        Example:
+        Examples:
             >>> env = read_sagemaker_env({"SM_CHANNEL_TRAIN": "/a", "SM_CHANNEL_EVAL": "/b"})
             >>> env.channel_dir("train"), env.channel_dir("EVAL")
             (PosixPath('/a'), PosixPath('/b'))
@@ -130,7 +130,7 @@ class SageMakerEnv:
     def describe(self) -> str:
         """One line on the job: its hosts, GPUs and hyperparameters, saying which were not given.
 
-        Example:
+        Examples:
             >>> read_sagemaker_env({"SM_MODEL_DIR": "/opt/ml/model"}).describe()
             'one host (SM_HOSTS not set), GPUs: SM_NUM_GPUS not set, channels: none, hyperparameters: none'
         """
@@ -147,14 +147,14 @@ class SageMakerEnv:
 
     @property
     def node_rank(self) -> int:
-        """This host's place in :attr:`hosts` (0 on one host)."""
+        """This host's place in `hosts` (0 on one host)."""
         return self.hosts.index(self.current_host) if self.current_host in self.hosts else 0
 
 
 def decode_hyperparameters(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Each value JSON-decoded where it is a string that decodes, else kept (the toolkit's rule).
 
-    Example:
+    Examples:
         >>> decode_hyperparameters({"epochs": "2", "network": "segresnet", "fp32": "true", "patch": [32, 32, 32]})
         {'epochs': 2, 'network': 'segresnet', 'fp32': True, 'patch': [32, 32, 32]}
     """

@@ -26,7 +26,7 @@ class SbatchSpec:
         time: wall-clock limit, SLURM format (``"04:00:00"``, ``"1-12:00:00"``).
         requeue: let SLURM requeue the job (preemption, node failure); the script resumes.
         signal_lead_s: seconds before the time limit (or a preemption) at which SLURM sends
-            SIGUSR1 to the tasks, so :class:`~monai_fast.handlers.Preemption` can checkpoint; 0: none.
+            SIGUSR1 to the tasks, so `Preemption` can checkpoint; 0: none.
         job_name, partition, account, mem: the usual SLURM options (``None``: cluster default).
     """
 
@@ -70,7 +70,7 @@ def render_sbatch(spec: SbatchSpec) -> str:
     ``B:``) reaches the tasks themselves; ``--open-mode=append`` keeps the log of the run before a
     requeue.
 
-    Example:
+    Examples:
         >>> from monai_fast.distributed.sbatch import SbatchSpec, render_sbatch
         >>> script = render_sbatch(SbatchSpec(["python", "train.py"], nodes=2, gpus_per_node=4))
         >>> script.splitlines()[2:4]

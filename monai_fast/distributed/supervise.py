@@ -3,12 +3,12 @@
 ``monai-fast launch`` is often the process that a scheduler signals: ``docker stop`` and Kubernetes
 send ``SIGTERM`` to PID 1, ``kill PID`` to one process, a terminal's Ctrl-C (``SIGINT``) and SLURM's
 ``--signal`` to a process group. torchrun starts every rank in a session of its own, so only the
-launcher hears such a signal. :func:`supervise` therefore starts the launcher in its own session too
+launcher hears such a signal. `supervise()` therefore starts the launcher in its own session too
 (a signal to the caller's group reaches the launcher once, through here), and on ``SIGTERM``,
 ``SIGINT`` or ``SIGUSR1``:
 
 1. sends the same signal to every rank (the launcher's children, also those that start later), so a
-   rank with :class:`~monai_fast.handlers.Preemption` (or its own handler) writes its checkpoint;
+   rank with `Preemption` (or its own handler) writes its checkpoint;
 2. waits for the ranks to end and for torchrun to see them end, at most ``grace_s`` seconds;
 3. then kills what is left: each rank's process group (its data-loader workers too), then torchrun.
 
@@ -19,10 +19,10 @@ are stopped the same way.
 A launcher that has started no rank yet is still waiting for its rendezvous (the other nodes, or a
 store at an endpoint that may never answer: torch's store client then blocks without a time-out).
 Such a launcher has nothing to checkpoint: a stop signal ends it within a few seconds, and with
-``start_timeout_s`` it is stopped when no rank has started in that time, and :class:`NoRankStarted`
+``start_timeout_s`` it is stopped when no rank has started in that time, and `NoRankStarted`
 is raised, so the caller can name the endpoint instead of waiting without end.
 
-Example:
+Examples:
     >>> import sys
     >>> from monai_fast.distributed.supervise import supervise
     >>> supervise([sys.executable, "-c", "import sys; sys.exit(3)"], grace_s=5.0)
@@ -60,7 +60,7 @@ class NoRankStarted(TimeoutError):
 def exit_status(returncode: int) -> int:
     """A child's ``Popen.returncode`` as a shell reports it: killed by signal N (``-N``) is ``128 + N``.
 
-    Example:
+    Examples:
         >>> exit_status(0), exit_status(1), exit_status(-15)
         (0, 1, 143)
     """
@@ -222,7 +222,7 @@ def supervise(
         env: the launcher's environment (default: this process's).
         poll_s: how often the children are looked for and their state checked.
         start_timeout_s: if set, how long the launcher may take to start its first rank (its rendezvous);
-            past it the launcher is killed and :class:`NoRankStarted` raised.
+            past it the launcher is killed and `NoRankStarted` raised.
 
     Returns:
         The launcher's exit status, ``128 + N`` if signal N killed it.

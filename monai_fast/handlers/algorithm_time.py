@@ -85,20 +85,20 @@ class TrainingAlgorithmTime(EngineHandler):
     metrics, updated on each ``ITERATION_COMPLETED`` and computed on ``EPOCH_COMPLETED``) are the
     user's algorithm: monai-fast keeps them as built. This handler measures what they cost: each of
     their callbacks on the engine runs inside a timer, in its place among the engine's handlers
-    (:meth:`~monai_fast.handlers.lifecycle.EngineHandler.wrap`; detaching puts the originals back).
+    (`wrap()`; detaching puts the originals back).
     On a CUDA device the readings are CUDA events on the current stream, so a metric computed on the
     device counts its kernels without adding a synchronisation per iteration.
 
-    Each epoch's totals (:class:`AlgorithmTimes`) are appended to :attr:`epochs` and, with a run
+    Each epoch's totals (`AlgorithmTimes`) are appended to `epochs` and, with a run
     record on the engine, written as an ``epoch`` row of source ``training_algorithm``, from which
     the doctor names them when they take a notable share of the epoch. Callbacks registered after
     ``attach`` are timed from the next run on. An engine without post-processing or metrics gets no
-    rows. :class:`~monai_fast.handlers.FastTraining` attaches one to the trainer.
+    rows. `FastTraining` attaches one to the trainer.
 
     Args:
         logger: where the per-epoch line (debug level) goes; default ``monai_fast.handlers``.
 
-    Example:
+    Examples:
         >>> from monai_fast.handlers import TrainingAlgorithmTime
         >>> timer = TrainingAlgorithmTime()
         >>> timer.attach(trainer)  # doctest: +SKIP

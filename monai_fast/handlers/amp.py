@@ -60,7 +60,7 @@ class _NetworkAutocast:
     """Forward hooks that autocast the engine's network when the engine's own step calls it directly.
 
     A ``SupervisedTrainer`` given ``iteration_update=`` (a step function of the user's own) calls
-    ``engine.network`` itself and never the inferer that :class:`_AutocastInferer` wraps. The
+    ``engine.network`` itself and never the inferer that `_AutocastInferer` wraps. The
     pre-hook enters ``torch.autocast`` and the forward hook (``always_call``: also when the forward
     raises) leaves it and hands the output on in fp32, as the inferer wrapper does. They act only
     while the engine is inside an iteration (so the same network called from a notebook after the
@@ -98,7 +98,7 @@ class _NetworkAutocast:
         t.forwards += 1
 
     def after(self, module: torch.nn.Module, args: Any, output: Any) -> Any:
-        """Leave the autocast :meth:`before` entered; the output in fp32."""
+        """Leave the autocast `before()` entered; the output in fp32."""
         stack = self._local.__dict__.get("stack")
         ctx = stack.pop() if stack else None
         if ctx is None:
@@ -122,35 +122,35 @@ class AMPToggle(EngineHandler):
     ``network`` too (forward hooks acting only during the engine's iterations), so a step function
     of the user's own (``iteration_update=``) that calls ``engine.network`` directly runs in the
     same precision. A step that reaches neither (it calls another module, or autocasts itself) is
-    found at the first iteration: a warning says the precision did not act and :attr:`unused`
+    found at the first iteration: a warning says the precision did not act and `unused`
     says why. It also:
 
     * picks the precision: ``"auto"`` is bf16 on GPUs that support it, else fp16 with a
       ``GradScaler`` (through MONAI's own scaler path); on a CPU, bf16 only with bf16 matrix
       hardware and a measured gain, else fp32
-      (:func:`~monai_fast.telemetry.precision.choose_precision`);
-    * switches on and off per epoch with ``schedule(epoch) -> bool``, or by :meth:`enable` /
-      :meth:`disable`;
-    * on a trainer, works with the engine's :class:`~monai_fast.handlers.NonFiniteGuard` (attaching
+      (`choose_precision()`);
+    * switches on and off per epoch with ``schedule(epoch) -> bool``, or by `enable()` /
+      `disable()`;
+    * on a trainer, works with the engine's `NonFiniteGuard` (attaching
       one when there is none): the guard skips each step with a non-finite loss, in every
       precision, and after ``max_nonfinite`` of them in a row asks this handler to fall back to
       fp32 for the rest of the run (a warning says so); fp16 overflows (the scaler lowering its
       scale) are counted here.
 
-    Counts are in :attr:`stats`, per epoch in the run record, and in its summary.
-    :meth:`state_dict` holds the chosen precision, the fallback and the counts, so an
+    Counts are in `stats`, per epoch in the run record, and in its summary.
+    `state_dict()` holds the chosen precision, the fallback and the counts, so an
     ``ignite.handlers.Checkpoint`` that includes the handler resumes in the same precision
-    (loaded before :meth:`attach`, nothing is measured again). A new ``AMPToggle`` attached to the
+    (loaded before `attach()`, nothing is measured again). A new ``AMPToggle`` attached to the
     same engine (a re-run notebook cell) replaces this one, whose inferer wrapping is undone.
 
     Args:
         precision: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off, the
-            non-finite guard stays): :data:`~monai_fast.telemetry.precision.REQUESTS`.
+            non-finite guard stays): `REQUESTS`.
         schedule: ``epoch -> bool``, called at each epoch's start; ``None`` keeps it on.
         max_nonfinite: consecutive non-finite losses before the fallback to fp32 (for the guard
             this handler attaches; a guard already on the engine keeps its own).
 
-    Example:
+    Examples:
         >>> from monai_fast.handlers import AMPToggle
         >>> amp = AMPToggle("auto", schedule=lambda epoch: epoch > 1)  # fp32 for the first epoch
         >>> amp.attach(trainer)  # doctest: +SKIP
@@ -221,7 +221,7 @@ class AMPToggle(EngineHandler):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; before :meth:`attach` it replaces the precision decision.
+        """Restore `state_dict()`; before `attach()` it replaces the precision decision.
 
         Raises:
             ValueError: for an unknown precision in ``state``.
@@ -260,7 +260,7 @@ class AMPToggle(EngineHandler):
         self._apply()
 
     def disable(self) -> None:
-        """Switch autocast off until :meth:`enable`."""
+        """Switch autocast off until `enable()`."""
         self.enabled = False
         self._apply()
 

@@ -47,7 +47,7 @@ class BackgroundValidation(EngineHandler):
     on its own stream, which first waits for the snapshot copy.
 
     **Errors.** An exception in the validation thread is raised on the training thread at its next
-    iteration or epoch end (or at the end of the run) as :class:`BackgroundValidationError`
+    iteration or epoch end (or at the end of the run) as `BackgroundValidationError`
     naming the epoch; the thread never outlives the run.
 
     Attributes:
@@ -60,7 +60,7 @@ class BackgroundValidation(EngineHandler):
         when_busy: ``"skip"`` or ``"wait"`` when the previous validation is still running.
         threads: ``(training, validation)`` intra-op threads on CPU.
 
-    Example:
+    Examples:
         >>> BackgroundValidation(evaluator).attach(trainer)  # instead of ValidationHandler  # doctest: +SKIP
         >>> TimeToTarget(0.9).attach(trainer, evaluator)  # doctest: +SKIP
         >>> trainer.run()  # doctest: +SKIP

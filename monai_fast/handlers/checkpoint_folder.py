@@ -1,16 +1,16 @@
 """Preemption's second half: a folder of whole checkpoints ``ckpt-<iteration>.pt``, the newest valid ones kept.
 
-The first half, the stop signal, is :mod:`monai_fast.handlers.stop_signal`;
-:class:`~monai_fast.handlers.Preemption` joins the two to an engine.
+The first half, the stop signal, is `monai_fast.handlers.stop_signal`;
+`Preemption` joins the two to an engine.
 
-**What is ignite's.** :class:`CheckpointFolder` *subclasses* ignite's ``Checkpoint``: ignite
+**What is ignite's.** `CheckpointFolder` *subclasses* ignite's ``Checkpoint``: ignite
 builds the checkpoint (one dict of every ``state_dict``, DDP / ``DataParallel`` models unwrapped,
 ``ZeroRedundancyOptimizer`` consolidated), names the file and hands it to a ``DiskSaver``, which
 writes it from rank 0 only. Loading goes through ``Checkpoint.load_objects`` (DDP unwrapped).
 
 **What is extended, and why.**
 
-* The saver is a ``DiskSaver`` subclass whose write goes through :func:`monai_fast.files.atomic_write`
+* The saver is a ``DiskSaver`` subclass whose write goes through `monai_fast.files.atomic_write()`
   with ``fsync``: the file appears complete or not at all, survives a node loss, and the
   temporary file of a killed writer is recognised and removed later (ignite's ``atomic=True``
   neither syncs nor recognises its leftovers).
@@ -23,15 +23,15 @@ writes it from rank 0 only. Loading goes through ``Checkpoint.load_objects`` (DD
   ``checkpoint`` span of the record, which the doctor counts in the run's wall clock.
 * A checkpoint that cannot be written stops the run on every rank with one clear error, and the
   checkpoints already written stay: a full file system raises
-  :class:`~monai_fast.files.NoSpaceError` naming the file, the space missing (the previous
+  `NoSpaceError` naming the file, the space missing (the previous
   checkpoint's size is the estimate) and the checkpoints kept; a folder that something replaced
-  with a file raises :class:`CheckpointFolderError` naming it and the last checkpoint written.
+  with a file raises `CheckpointFolderError` naming it and the last checkpoint written.
   Under DDP the ranks learn rank 0's failure together, so none waits for a file that never comes.
 * Per-rank state (random states, position in the epoch) must come back on every rank. Ignite
   saves from rank 0, so the caller gathers it to every rank first and passes it as one more
   ``to_save`` entry: a single file per checkpoint holds all ranks' state.
 
-Example:
+Examples:
     >>> import tempfile, torch
     >>> from ignite.engine import Engine
     >>> from monai_fast.handlers.checkpoint_folder import CheckpointFolder
@@ -77,7 +77,7 @@ _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 class CheckpointFolderError(OSError):
     """A checkpoint cannot be written because its folder is no longer a folder; the message names it.
 
-    An :class:`OSError` with ``errno.ENOTDIR`` whose ``filename`` is the folder.
+    An `OSError` with ``errno.ENOTDIR`` whose ``filename`` is the folder.
     """
 
     def __init__(self, folder: str | os.PathLike, message: str) -> None:
@@ -91,7 +91,7 @@ class CheckpointFolderError(OSError):
 
 
 class _SyncedDiskSaver(DiskSaver):
-    """ignite's ``DiskSaver`` (rank 0 writes), writing through :func:`monai_fast.files.atomic_write`."""
+    """ignite's ``DiskSaver`` (rank 0 writes), writing through `monai_fast.files.atomic_write()`."""
 
     def _save_func(self, checkpoint: Mapping, path: Path, func: Callable) -> None:
         with atomic_write(path, "wb", fsync=True) as f:

@@ -1,10 +1,10 @@
 """Keep an engine's main thread on its own core during each iteration, apart from OpenMP's pinned workers.
 
-With OpenMP's worker threads pinned one per core (:func:`monai_fast.openmp.pin_openmp_workers`)
+With OpenMP's worker threads pinned one per core (`monai_fast.openmp.pin_openmp_workers()`)
 the main thread is still free, and under a competing job the scheduler can settle it on a worker's
 core for a whole run (the competing processes then share the other cores). The two threads of one
 team then take turns on one core, and a training step costs several times its CPU time on a quiet
-host (``benchmarks/openmp_step_under_load.py``). :class:`MainThreadCore` puts the main thread on the
+host (``benchmarks/openmp_step_under_load.py``). `MainThreadCore` puts the main thread on the
 core the workers left free from ``ITERATION_STARTED`` to ``ITERATION_COMPLETED`` and gives it its
 whole mask back after, before any other ``ITERATION_COMPLETED`` handler runs (also those registered
 before it, such as a ``ValidationHandler(epoch_level=False)`` that runs a whole evaluation there): data
@@ -12,7 +12,7 @@ loading, the loader's threads and processes, validation's set-up and everything 
 keep every core. An engine run on another thread (a background
 evaluator) is left alone.
 
-Example:
+Examples:
     >>> from ignite.engine import Engine
     >>> engine = Engine(lambda e, b: b)
     >>> MainThreadCore(core=None).attach(engine)  # no core to keep apart: nothing registered
@@ -41,13 +41,13 @@ class MainThreadCore(EngineHandler):
     """During each iteration, the main thread on the core OpenMP's pinned workers left free.
 
     Args:
-        core: the logical CPUs to compute on (default :func:`monai_fast.openmp.free_core`: the first
+        core: the logical CPUs to compute on (default `monai_fast.openmp.free_core()`: the first
             core no pinned thread holds); ``None`` (also when no thread is pinned) registers nothing.
 
     Raises:
         ValueError: ``core`` is empty or outside this thread's CPUs.
 
-    Example:
+    Examples:
         >>> from monai_fast.openmp import pin_openmp_workers  # doctest: +SKIP
         >>> pin_openmp_workers()  # at the process's start, before other threads  # doctest: +SKIP
         >>> MainThreadCore().attach(trainer)  # doctest: +SKIP

@@ -1,6 +1,6 @@
 """``FastTraining``: the fast-training guide's levers, applied to a trainer the user already has.
 
-Example:
+Examples:
     >>> from monai_fast.handlers import FastTraining
     >>> fast = FastTraining()                       # every lever "auto"
     >>> fast.attach(trainer, evaluator)  # doctest: +SKIP
@@ -57,31 +57,31 @@ class FastTraining(EngineHandler):
     architecture, the loss, the optimizer, its learning rate and the batch size are never changed.
 
     * **cache** / **loader**: the engine's ``DataLoader`` over a MONAI dataset is rebuilt by
-      :func:`~monai_fast.data.adopt.adopt_loader`: the deterministic part of its chain cached where
+      `adopt_loader()`: the deterministic part of its chain cached where
       the planner says (GPU memory, RAM, trusted disk cache, SmartCache with its updater attached),
       loaded by a ``SafeThreadDataLoader`` with the same batch size, shuffling, ``drop_last``,
       collate function, a ``ThreadDataLoader``'s ``repeats`` and buffer, and the worker options where
       worker processes stay; a ``DistributedSampler`` becomes a per-rank partition. A data set that is
       already a cache is kept (never a second cache): MONAI's ``SmartCacheDataset`` becomes a
-      :class:`~monai_fast.data.smartcache.SafeSmartCacheDataset` over the same items and window,
-      and a :class:`~monai_fast.handlers.smartcache.SmartCacheUpdater` rotates it (a subclass with
+      `SafeSmartCacheDataset` over the same items and window,
+      and a `SmartCacheUpdater` rotates it (a subclass with
       its own rotation is kept and the updater drives MONAI's rotation). A data set whose class has
       its own item path (``__getitem__``, ``_transform``) is not rebuilt from ``.data`` /
-      ``.transform`` (:func:`~monai_fast.data.adopt.unknown_item_path`). The evaluator's
+      ``.transform`` (`unknown_item_path()`). The evaluator's
       loader likewise. ``cache`` may force a place (one of
-      :data:`~monai_fast.data.planner.CACHE_PLACES`: ``"gpu"``, ``"ram"``, ``"disk"``,
+      `CACHE_PLACES`: ``"gpu"``, ``"ram"``, ``"disk"``,
       ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
       to be thread-safe. ``prefetch="auto"``: the next batch is made during the step on
-      a GPU and with worker processes; on a CPU a :class:`~monai_fast.handlers.prefetch.PrefetchChoice`
+      a GPU and with worker processes; on a CPU a `PrefetchChoice`
       times both ways over the first iterations and keeps the faster (``applied["prefetch"]``; a
       run that ends first keeps on demand and says so); with ``background_fill`` it times nothing
       until every cache is full.
       ``background_fill=True`` starts training before a GPU or RAM cache is full
-      (:mod:`monai_fast.data.background`: the fill runs on the spare cores, the first epoch takes
+      (`monai_fast.data.background`: the fill runs on the spare cores, the first epoch takes
       cached items first, each item once; from the first epoch that starts with the cache full the
       order is the sampler's, as without); the evaluator's cache then fills after the trainer's,
       during the first epoch.
-    * **precision**: an :class:`~monai_fast.handlers.amp.AMPToggle` on the trainer and the same
+    * **precision**: an `AMPToggle` on the trainer and the same
       precision on the evaluator: bf16 where the device runs it natively, fp16 + GradScaler on
       other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
       Left alone when the trainer already uses MONAI's ``amp=True`` on CUDA. MONAI's amp autocasts
@@ -90,29 +90,29 @@ class FastTraining(EngineHandler):
       function of the user's own (``iteration_update=``) that calls ``engine.network`` runs in the
       same precision; one that reaches neither the inferer nor the network is found at the first
       iteration, with a warning, and the row says the precision did not act. In every case a
-      :class:`~monai_fast.handlers.nonfinite.NonFiniteGuard` skips steps with a non-finite loss.
+      `NonFiniteGuard` skips steps with a non-finite loss.
     * The trainer's own ``postprocessing`` and training metrics (``key_train_metric``,
       ``additional_metrics``) are the user's algorithm: kept as built and timed per epoch by a
-      :class:`~monai_fast.handlers.algorithm_time.TrainingAlgorithmTime` (unless it has one); the
+      `TrainingAlgorithmTime` (unless it has one); the
       doctor names them when they cost a notable share of the epoch.
     * The trainer and the evaluator also get an
-      :class:`~monai_fast.handlers.epoch_length_guard.EpochLengthGuard` (unless they have one): a
+      `EpochLengthGuard` (unless they have one): a
       loader pass or an epoch that ends before its length raises before any metric is computed.
     * The trainer and the evaluator (unless ``evaluator=False``) also get a
-      :class:`~monai_fast.handlers.core_pin.MainThreadCore` (unless they have one): where OpenMP's
-      workers were pinned at the script's start (:func:`monai_fast.openmp.pin_openmp_workers`),
+      `MainThreadCore` (unless they have one): where OpenMP's
+      workers were pinned at the script's start (`monai_fast.openmp.pin_openmp_workers()`),
       each iteration computes on the core they left free; otherwise it registers nothing.
     * **memory_format**: ``channels_last_3d`` when a copy of the network measured faster in it,
       for the first batch's shape and the chosen precision (at the first iteration).
     * **evaluator** (the validation lever): ``"auto"`` gives the evaluator its adopted loader and the
       trainer's precision and keeps its sliding-window settings; ``"tune"`` also measures the evaluator's
-      ``sw_batch_size`` at its first run (:class:`~monai_fast.handlers.window_tune.SlidingWindowTune`, on a
+      ``sw_batch_size`` at its first run (`SlidingWindowTune`, on a
       volume of the first validation item's size, at the run's precision; cached in the tuning
       store, so a second run does not measure again) and sets it on its ``SlidingWindowInferer``.
       The stitching device is kept (moving it would move the metric's inputs). ``False`` leaves
       the evaluator alone.
     * **prediction_layout**: on a CPU, the evaluator's predictions come back with the class
-      dimension innermost (:class:`~monai_fast.handlers.prediction_layout.ClassesInnermost`) when
+      dimension innermost (`ClassesInnermost`) when
       the argmax over classes, which MONAI's ``AsDiscrete(argmax=True)`` post-processing takes,
       measured faster that way; the values are the same. A 2-D network's predictions are left alone.
 
@@ -126,7 +126,7 @@ class FastTraining(EngineHandler):
         loader: ``"auto"``, ``"thread"`` (adopt any collate function), or ``False`` (keep the
             user's loaders; then no cache either).
         precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``
-            (:data:`~monai_fast.telemetry.precision.REQUESTS`) or ``False``.
+            (`REQUESTS`) or ``False``.
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
         evaluator: what happens to the evaluator: ``"auto"``, ``"tune"`` or ``False`` (see above).
         gpu_budget_mib: the planner's GPU memory budget (``None``: its default).
@@ -211,7 +211,7 @@ class FastTraining(EngineHandler):
 
     @property
     def validation(self) -> Literal["auto", "tune"] | bool:
-        """Deprecated: read :attr:`evaluator_option` (the ``evaluator=`` option)."""
+        """Deprecated: read `evaluator_option` (the ``evaluator=`` option)."""
         deprecated("FastTraining.validation", "FastTraining.evaluator_option", stacklevel=3)
         return self.evaluator_option
 

@@ -35,7 +35,7 @@ class GPUSampler(EngineHandler):
     when the run ends, also when it raises. Each sample becomes an ``interval`` row of the run
     record; with ``output_dir`` (default: the record's run folder) a CSV like the fast-training
     guide's ``nvidia_smi.csv`` is written; with ``writer`` (a ``SummaryWriter``) the values go to
-    TensorBoard. :attr:`summary` holds mean and peak per GPU after the run (the doctor prints it and
+    TensorBoard. `summary` holds mean and peak per GPU after the run (the doctor prints it and
     plots the record's rows as ``gpu_util.png``). Without NVML (a CPU machine): one warning, and the
     handler does nothing.
 
@@ -43,7 +43,7 @@ class GPUSampler(EngineHandler):
         interval_s: seconds between samples (> 0).
         gpus: NVML indices to sample; default the GPU this process trains on: the engine's CUDA
             device (or the current one) matched to NVML by UUID, else this local rank's entry of
-            ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs); see :func:`visible_gpu_indices`.
+            ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs); see `visible_gpu_indices()`.
         output_dir: where ``gpu_rank<R>.csv`` goes; checked for
             writability here. ``None``: the record's run folder, if any.
         writer: a TensorBoard ``SummaryWriter`` for ``gpu<i>/util`` etc.

@@ -59,8 +59,8 @@ class InferenceSplit(EngineHandler):
     counted only on the thread that runs the evaluator's iteration, so a network shared with a
     trainer (MONAI's evaluators share the trainer's) is timed for validation only. On a CUDA device
     the marks are CUDA events on the current stream, so the split is the device's timeline and adds
-    no synchronisation until the iteration's end. Each run's totals (:class:`InferenceTimes`) are
-    appended to :attr:`runs` and, with a run record on the engine, written as an ``epoch`` row of
+    no synchronisation until the iteration's end. Each run's totals (`InferenceTimes`) are
+    appended to `runs` and, with a run record on the engine, written as an ``epoch`` row of
     source ``inference``, from which the doctor reports stitching versus network.
 
     Attach it after the evaluator's metrics (MONAI attaches them when it builds the evaluator), so
@@ -73,7 +73,7 @@ class InferenceSplit(EngineHandler):
     Raises:
         ValueError: at ``attach``, when no network is given and the engine has none.
 
-    Example:
+    Examples:
         >>> from monai_fast.handlers import InferenceSplit
         >>> split = InferenceSplit()
         >>> split.attach(evaluator)  # doctest: +SKIP

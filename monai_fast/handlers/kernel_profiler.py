@@ -83,7 +83,7 @@ class KernelProfiler(EngineHandler):
         record_shapes: record input shapes (bigger trace).
         top: number of ops listed in the summary.
 
-    Example:
+    Examples:
         >>> from monai_fast.handlers import KernelProfiler
         >>> KernelProfiler("runs/exp1", wait=5, warmup=2, active=5).attach(trainer)  # doctest: +SKIP
     """

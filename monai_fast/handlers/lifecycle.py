@@ -1,29 +1,29 @@
 """One attach discipline for every monai-fast handler, and run-end hooks that always fire.
 
-**Attach.** Every handler derives from :class:`EngineHandler` and wires itself in
-``_attach(engine)`` through :meth:`EngineHandler.on` and :meth:`EngineHandler.on_run_end`, which
+**Attach.** Every handler derives from `EngineHandler` and wires itself in
+``_attach(engine)`` through `EngineHandler.on()` and `EngineHandler.on_run_end()`, which
 remember what was registered. The rules, the same for every handler:
 
 * attaching the same instance to the same engine twice raises ``RuntimeError``;
 * attaching a *new instance* of a handler class that is already on the engine (a re-run notebook
   cell, a second ``train_handlers`` entry) replaces the old one: the old instance is detached (its
-  event handlers removed, its threads stopped through :meth:`EngineHandler._detached`) and a log
+  event handlers removed, its threads stopped through `EngineHandler._detached()`) and a log
   line says so. Nothing is counted twice;
 * one instance serves one engine, unless its class sets ``multi_engine = True`` (the run record,
   which the trainer and the evaluator share); attaching it to a second engine otherwise raises
   ``RuntimeError`` naming the fix (make one per engine);
-* :meth:`EngineHandler.detach` removes a handler from an engine by hand.
+* `EngineHandler.detach()` removes a handler from an engine by hand.
 
 **Run end.** Ignite has no "finally" event, and registering an ``EXCEPTION_RAISED`` handler makes
 ignite hand the exception to that handler instead of raising it. A handler that only wants to
 clean up (pop NVTX ranges, stop a sampling thread, close a file) must still let the exception out,
 and must run even when another handler, such as MONAI's ``StatsHandler``, re-raises first.
-:func:`on_run_end` installs one exception hook per engine, placed first among the engine's
+`on_run_end()` installs one exception hook per engine, placed first among the engine's
 exception handlers: it runs every registered cleanup, then re-raises. Ignite offers no public way
 to order handlers, so this one place reads ``Engine._event_handlers`` (also for
 ``EngineHandler.on(..., first=True)``).
 
-Example:
+Examples:
     >>> from ignite.engine import Engine, Events
     >>> class CountEpochs(EngineHandler):
     ...     def __init__(self) -> None:
@@ -60,7 +60,7 @@ logger = logging.getLogger("monai_fast.handlers")
 
 
 class _RunEndHandle:
-    """Removes one :func:`on_run_end` hook again."""
+    """Removes one `on_run_end()` hook again."""
 
     def __init__(self, engine: Engine, entry: tuple) -> None:
         self.engine, self.entry = engine, entry
@@ -128,7 +128,7 @@ def callbacks_on(engine: Engine, event: Any) -> list[Any]:
 
 
 class _WrapHandle:
-    """Puts a callable that :func:`wrap_callback` wrapped back in its place."""
+    """Puts a callable that `wrap_callback()` wrapped back in its place."""
 
     def __init__(self, engine: Engine, event: Any, original: Callable, wrapper: Callable) -> None:
         self.engine, self.event, self.original, self.wrapper = engine, event, original, wrapper
@@ -153,7 +153,7 @@ def wrap_callback(engine: Engine, event: Any, fn: Callable, wrapper: Callable) -
     Returns:
         A handle whose ``remove()`` puts ``fn`` back, or ``None`` when ``fn`` is not registered for ``event``.
 
-    Example:
+    Examples:
         >>> from ignite.engine import Engine, Events
         >>> engine = Engine(lambda e, b: None)
         >>> calls = []
@@ -187,7 +187,7 @@ def is_running(engine: Engine) -> bool:
     A handler that replaces what the run already took (the engine's data loader) cannot act on a run
     that has started: ignite iterates the loader it was given at ``run()``.
 
-    Example:
+    Examples:
         >>> from ignite.engine import Engine, Events
         >>> engine = Engine(lambda e, b: None)
         >>> seen = []
@@ -207,7 +207,7 @@ class EngineHandler(ABC):
     """Base class of every monai-fast handler: the attach discipline described in this module.
 
     Subclasses call ``super().__init__()``, validate their options in ``__init__``, register their
-    callbacks in ``_attach(engine)`` with :meth:`on` / :meth:`on_run_end`, and stop what they
+    callbacks in ``_attach(engine)`` with `on()` / `on_run_end()`, and stop what they
     started (threads, files) in ``_detached(engine)``.
     """
 
@@ -279,7 +279,7 @@ class EngineHandler(ABC):
         first: bool = False,
         **kwargs: Any,
     ) -> RemovableEventHandle:
-        """``engine.add_event_handler(event, fn, *args, **kwargs)``, remembered for :meth:`detach`.
+        """``engine.add_event_handler(event, fn, *args, **kwargs)``, remembered for `detach()`.
 
         Args:
             owner: the engine this handler was attached to, when ``engine`` is another one (a
@@ -295,19 +295,19 @@ class EngineHandler(ABC):
         return handle
 
     def wrap(self, engine: Engine, event: Any, fn: Callable, wrapper: Callable) -> bool:
-        """:func:`wrap_callback`, undone by :meth:`detach`; whether ``fn`` was found and wrapped."""
+        """`wrap_callback()`, undone by `detach()`; whether ``fn`` was found and wrapped."""
         handle = wrap_callback(engine, event, fn, wrapper)
         if handle is not None:
             self._wiring[id(engine)][1].append(handle)
         return handle is not None
 
     def on_run_end(self, engine: Engine, fn: Callable[[Engine], None], last: bool = False) -> None:
-        """:func:`on_run_end`, remembered for :meth:`detach`."""
+        """`on_run_end()`, remembered for `detach()`."""
         self._wiring[id(engine)][1].append(on_run_end(engine, fn, last=last))
 
     @abstractmethod
     def _attach(self, engine: Engine) -> None:
-        """Register this handler's callbacks on ``engine`` (with :meth:`on` / :meth:`on_run_end`)."""
+        """Register this handler's callbacks on ``engine`` (with `on()` / `on_run_end()`)."""
 
     def _detached(self, engine: Engine) -> None:  # noqa: B027 (an optional hook: most handlers have nothing to stop)
         """Stop threads, close files: called once the handler is off ``engine``. Default: nothing."""

@@ -9,7 +9,7 @@ is clear, or once they took their share of the planned run: a training step of a
 seconds on a CPU, and a near-tie is worth more measuring to a long run than to a short one. Under DDP
 rank 0 decides and every rank takes its answer.
 
-Example:
+Examples:
     >>> import torch
     >>> from monai_fast.handlers.memory_format import choose_memory_format
     >>> net = torch.nn.Conv3d(1, 4, 3)
@@ -71,8 +71,8 @@ def _measure(
 ) -> tuple[float, float, int]:
     """Median seconds of a training step in the default layout and in ``channels_last_3d``, and the rounds run.
 
-    The rounds stop once the answer is clear (:func:`settled`), or once they took their share of the run
-    (:func:`measure_budget_s` of ``planned_steps`` at the warm-up's step time); at least one round runs.
+    The rounds stop once the answer is clear (`settled()`), or once they took their share of the run
+    (`measure_budget_s()` of ``planned_steps`` at the warm-up's step time); at least one round runs.
     """
     started = time.perf_counter()
     plain = copy.deepcopy(network).to(device).train()
@@ -92,7 +92,7 @@ def _measure(
     return statistics.median(times["plain"]), statistics.median(times["last"]), len(times["plain"])
 
 
-#: how far from :data:`MIN_GAIN` a measured gain must be for one round to decide (step times vary by a few %)
+#: how far from `MIN_GAIN` a measured gain must be for one round to decide (step times vary by a few %)
 CLEAR_MARGIN = 1.2
 #: the share of the run's planned training time the measurement may take beyond its first round
 MEASURE_SHARE = 0.01
@@ -101,13 +101,13 @@ MEASURE_MIN_S = 10.0
 
 
 def measure_budget_s(planned_steps: int | None, step_s: float) -> float:
-    """Seconds the layout measurement may run: :data:`MEASURE_SHARE` of the planned run, at least
-    :data:`MEASURE_MIN_S`; unbounded when the run's length is not known.
+    """Seconds the layout measurement may run: `MEASURE_SHARE` of the planned run, at least
+    `MEASURE_MIN_S`; unbounded when the run's length is not known.
 
     A near-tie costs a long run more than the measurement does, a short run less: a 6-iteration run of a
     network whose step takes 6 s measures one round, a 2000-iteration one every round.
 
-    Example:
+    Examples:
         >>> measure_budget_s(6, 6.5), measure_budget_s(2000, 6.5)
         (10.0, 130.0)
     """
@@ -117,13 +117,13 @@ def measure_budget_s(planned_steps: int | None, step_s: float) -> float:
 
 
 def settled(plain_s: list[float], last_s: list[float]) -> bool:
-    """Whether the rounds so far decide the layout: the gain is clearly above or below :data:`MIN_GAIN`.
+    """Whether the rounds so far decide the layout: the gain is clearly above or below `MIN_GAIN`.
 
     A large network's training step takes seconds on a CPU, and each round runs two of them, so the
     measurement stops as soon as the answer is plain (a clear gain or a clear loss) instead of always
     running every round.
 
-    Example:
+    Examples:
         >>> settled([1.0], [0.5]), settled([1.0], [1.6]), settled([1.0], [0.97])
         (True, True, False)
     """
@@ -138,7 +138,7 @@ def in_channels_last_3d(network: torch.nn.Module) -> bool:
 
     A weight with one input channel has the same strides in both layouts, so it decides nothing.
 
-    Example:
+    Examples:
         >>> in_channels_last_3d(torch.nn.Conv3d(2, 4, 3).to(memory_format=torch.channels_last_3d))
         True
         >>> in_channels_last_3d(torch.nn.Conv3d(1, 4, 3))
@@ -168,7 +168,7 @@ def choose_memory_format(
         request: ``"auto"`` (measure), ``"channels_last_3d"`` (use it if the network accepts it)
             or ``"contiguous"``.
         rounds: interleaved measurements per layout, at most: they stop once the answer is clear
-            (:func:`settled`) or the measurement took its share of the run (:func:`measure_budget_s`).
+            (`settled()`) or the measurement took its share of the run (`measure_budget_s()`).
         planned_steps: the run's planned training iterations (epochs x epoch length), which bound the
             measurement's time; ``None``: every round unless the answer is clear.
     """

@@ -1,6 +1,6 @@
 """A non-finite loss never reaches the weights, in any precision, and ranks decide together.
 
-:class:`NonFiniteGuard` checks each training loss of a MONAI ``SupervisedTrainer`` after the
+`NonFiniteGuard` checks each training loss of a MONAI ``SupervisedTrainer`` after the
 backward pass, before the optimizer steps. The semantics:
 
 * **a non-finite loss skips its step**: the gradients are dropped (with MONAI's fp16
@@ -8,9 +8,9 @@ backward pass, before the optimizer steps. The semantics:
   network's buffers (batch-norm running statistics) are put back as they were before the forward
   pass, and the step is counted. The weights stay exactly as they were.
 * **a streak means the numbers, not the data, are at fault**: after ``max_nonfinite`` non-finite
-  losses in a row from finite inputs, a registered fallback (:class:`~monai_fast.handlers.AMPToggle`
+  losses in a row from finite inputs, a registered fallback (`AMPToggle`
   going to fp32) gets its chance; where there is none (fp32 already) training stops with
-  :class:`NonFiniteLossError`.
+  `NonFiniteLossError`.
 * **non-finite inputs mean the data is at fault**: a batch whose image or label holds NaN/Inf is
   skipped once (a transient glitch); the ``max_bad_inputs``-th such batch stops training in any
   precision (no precision fixes NaN voxels), with an error naming the files: from the batch's
@@ -21,7 +21,7 @@ backward pass, before the optimizer steps. The semantics:
   rank poisons every rank's gradients; all ranks skip, their weights stay equal, and the streaks,
   the fallback and the error happen at the same iteration on every rank.
 
-Example:
+Examples:
     >>> from monai_fast.handlers import NonFiniteGuard
     >>> guard = NonFiniteGuard(max_nonfinite=3)
     >>> guard.attach(trainer)  # doctest: +SKIP
@@ -59,7 +59,7 @@ def _finite(x: Any) -> bool:
 def batch_files(batch: Any, image_key: str = "image") -> list[str] | None:
     """Per sample, the file each sample of a collated MONAI batch came from; ``None`` without metadata.
 
-    Example:
+    Examples:
         >>> batch_files({"image": torch.zeros(1, 1, 2, 2, 2), "image_meta_dict": {"filename_or_obj": ["a.nii"]}})
         ['a.nii']
     """
@@ -75,7 +75,7 @@ def batch_files(batch: Any, image_key: str = "image") -> list[str] | None:
 def files_with_nonfinite_voxels(items: Iterable[Any]) -> list[str]:
     """The files (paths in a MONAI datalist) that hold NaN or Inf voxels, read with ``LoadImage``.
 
-    Example:
+    Examples:
         >>> files_with_nonfinite_voxels([{"image": "imagesTr/a.nii.gz"}])  # doctest: +SKIP
         ['imagesTr/a.nii.gz']
     """
@@ -102,7 +102,7 @@ class NonFiniteGuard(EngineHandler):
         fallback: ``engine -> bool``, called when a streak reaches ``max_nonfinite``; returns whether
             it changed something (then the streak starts again). Set by ``AMPToggle``.
 
-    Example:
+    Examples:
         >>> NonFiniteGuard(max_nonfinite=5).attach(trainer)  # doctest: +SKIP
     """
 
@@ -124,7 +124,7 @@ class NonFiniteGuard(EngineHandler):
         return {"stats": dict(self.stats), "streak": self.streak}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (counts missing from an older state stay 0)."""
+        """Restore `state_dict()` (counts missing from an older state stay 0)."""
         self.stats.update({k: int(v) for k, v in state["stats"].items() if k in self.stats})
         self.streak = int(state["streak"])
 

@@ -41,7 +41,7 @@ class NVTXHandler(EngineHandler):
     Ranges: the whole run, each epoch, each data fetch (``get batch``), each iteration and, on
     MONAI engines, the phases MONAI signals with ``IterationEvents``: ``forward``, ``loss``,
     ``backward`` and ``optimizer step`` on a trainer, ``forward`` on an evaluator. Names look like
-    ``rank0 train: epoch 3``; each phase has its own colour (:data:`COLORS`). Ranges still open
+    ``rank0 train: epoch 3``; each phase has its own colour (`COLORS`). Ranges still open
     when the run raises or is terminated are popped, so the profile stays well nested.
 
     Profile with Nsight Systems::
@@ -51,9 +51,9 @@ class NVTXHandler(EngineHandler):
     Args:
         label: role in range names; default ``"validation"`` for MONAI evaluators, else ``"train"``.
         backend: where ranges go; default the ``nvtx`` package (no-op without a profiler, works
-            on CPU-only builds). Tests pass :class:`monai_fast.telemetry.nvtx.RecordingNvtx`.
+            on CPU-only builds). Tests pass `monai_fast.telemetry.nvtx.RecordingNvtx`.
 
-    Example:
+    Examples:
         >>> from monai_fast.handlers import NVTXHandler
         >>> NVTXHandler().attach(trainer)  # doctest: +SKIP
         >>> NVTXHandler().attach(evaluator)  # doctest: +SKIP
@@ -139,7 +139,7 @@ class NVTXHandler(EngineHandler):
 
 
 class _NVTXRange(Transform):
-    """Wraps one transform in an NVTX range; see :func:`nvtx_range`."""
+    """Wraps one transform in an NVTX range; see `nvtx_range()`."""
 
     def __init__(self, transform: Any, name: str, backend: NvtxBackend) -> None:
         self.transform = transform
@@ -187,7 +187,7 @@ def nvtx_range(transform: Any, name: str | None = None, backend: NvtxBackend | N
     cached before, and ``Compose.set_random_state`` still reaches it. A wrapped invertible transform
     is still ``InvertibleTransform``, so ``Compose.inverse`` (and MONAI's ``Invertd``) undo it.
 
-    Example:
+    Examples:
         >>> from monai.transforms import Compose, LoadImaged, Spacingd
         >>> chain = Compose([nvtx_range(LoadImaged(keys="image")), nvtx_range(Spacingd("image", 1.5), "Spacing")])
     """

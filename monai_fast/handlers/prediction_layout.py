@@ -5,11 +5,11 @@ prediction (``AsDiscreted(keys="pred", argmax=True, ...)``). On a CPU, ``torch.a
 dimension that is not the innermost one is not vectorised (pytorch/pytorch#140000;
 ``benchmarks/argmax_layout.py`` times it). The same values in ``channels_last_3d`` memory layout
 (the classes innermost) give the same argmax, bit for bit, and every other operation the same
-results. :class:`ClassesInnermost` wraps the engine's inferer so
+results. `ClassesInnermost` wraps the engine's inferer so
 that its 5-D predictions come back in that layout, when a measurement at attach says the argmax
 over classes is faster in it.
 
-Example:
+Examples:
     >>> from monai_fast.handlers import ClassesInnermost
     >>> layout = ClassesInnermost()
     >>> layout.attach(evaluator)  # doctest: +SKIP
@@ -43,7 +43,7 @@ def classes_innermost(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
 
     For a 5-D ``(batch, classes, D, H, W)`` prediction and ``dim=1`` this is ``channels_last_3d``.
 
-    Example:
+    Examples:
         >>> x = torch.randn(2, 4, 5, 6)
         >>> y = classes_innermost(x)
         >>> y.stride(0), torch.equal(x, y), torch.equal(x.argmax(0), y.argmax(0))
@@ -55,11 +55,11 @@ def classes_innermost(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
 def argmax_gain(classes: int = 2, size: int = 48, rounds: int = 3) -> tuple[float, float]:
     """Median seconds of the CPU's ``torch.argmax`` over the class dimension: as it is, and converted first.
 
-    The second includes :func:`classes_innermost`'s copy. Interleaved rounds on a random
+    The second includes `classes_innermost()`'s copy. Interleaved rounds on a random
     ``(classes, size, size, size)`` prediction (drawn from a generator of its own, so the run's
     random stream does not move), after one warm-up each.
 
-    Example:
+    Examples:
         >>> plain_s, inner_s = argmax_gain(size=16, rounds=1)
         >>> plain_s > 0 and inner_s > 0
         True
@@ -114,14 +114,14 @@ class _ClassesInnermostInferer(Inferer):
 class ClassesInnermost(EngineHandler):
     """Wraps a MONAI evaluator's inferer so its CPU predictions have the class dimension innermost.
 
-    With ``"auto"`` it times the argmax over classes both ways (:func:`argmax_gain`, about 0.1 s)
+    With ``"auto"`` it times the argmax over classes both ways (`argmax_gain()`, about 0.1 s)
     on a CPU and turns on only where the innermost layout is at least ``min_gain`` times faster;
     ``True`` turns it on without measuring. Predictions on a GPU (an evaluator may stitch on the
     CPU while its network runs on a GPU: those are converted), and any that are not 5-D
     ``(batch, classes, D, H, W)`` tensors, pass unchanged. Values never change, only their memory
     layout. Detaching restores the engine's inferer. An evaluator whose step does not call its
     inferer (a step function of the user's own, ``iteration_update=``) is found at its first
-    iteration: the handler turns off, a warning says why, and so does :attr:`unused`.
+    iteration: the handler turns off, a warning says why, and so does `unused`.
 
     Args:
         mode: ``"auto"`` (measure) or ``True``.
@@ -131,7 +131,7 @@ class ClassesInnermost(EngineHandler):
         ValueError: an unknown ``mode`` or ``min_gain`` <= 1.
         TypeError: (at attach) the engine has no MONAI ``Inferer``.
 
-    Example:
+    Examples:
         >>> from monai_fast.handlers import ClassesInnermost
         >>> ClassesInnermost(min_gain=1.5).min_gain
         1.5

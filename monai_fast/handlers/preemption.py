@@ -81,19 +81,19 @@ class Preemption(EngineHandler):
     to stop at the same iteration, a checkpoint is written and, under SLURM, the job is requeued
     with ``scontrol requeue`` before the run terminates. When the signal lands in an epoch's last
     iteration or in validation, the checkpoint waits until the epoch's handlers (validation,
-    per-epoch LR steps) have run. The signal handlers are installed at :meth:`attach` (a signal
+    per-epoch LR steps) have run. The signal handlers are installed at `attach()` (a signal
     while data are checked or cached, before ``run()``, stops the run as soon as it starts, with
     the same requeue and exit) and the process's previous handlers come back when the run ends or
     the handler is detached (a new ``Preemption`` attached to the same trainer replaces this one).
-    A signal that arrives before :meth:`attach`, while the program builds its data sets and
+    A signal that arrives before `attach()`, while the program builds its data sets and
     network, is caught when the program calls
-    :func:`~monai_fast.handlers.stop_signal.catch_stop_signals` first thing: :meth:`attach` takes
+    `catch_stop_signals()` first thing: `attach()` takes
     it over, and the run stops at its start in the same way.
 
-    Built from two parts: :class:`~monai_fast.handlers.stop_signal.StopSignal` (signals, the
-    ranks' agreed stop) and :class:`~monai_fast.handlers.checkpoint_folder.CheckpointFolder`, a
+    Built from two parts: `StopSignal` (signals, the
+    ranks' agreed stop) and `CheckpointFolder`, a
     subclass of ignite's ``Checkpoint`` (ignite builds and loads the checkpoint, DDP unwrapped;
-    the file is written from rank 0 through :func:`monai_fast.files.atomic_write`, so it appears
+    the file is written from rank 0 through `monai_fast.files.atomic_write()`, so it appears
     whole or not at all). A checkpoint is one file ``ckpt-<iteration>.pt`` holding the state dicts
     of ``to_save`` (model, optimizer, ``GradScaler``, LR scheduler, the trainer, a
     ``SmartCacheUpdater``, the precision of an ``AMPToggle``: anything with ``state_dict`` /
@@ -102,7 +102,7 @@ class Preemption(EngineHandler):
     checkpoints are kept, the one just written always among them; damaged ones are named in a
     warning.
 
-    :meth:`resume` (call it before ``run``) loads the newest readable checkpoint; unreadable
+    `resume()` (call it before ``run``) loads the newest readable checkpoint; unreadable
     (truncated) ones are skipped with a warning naming them. A readable checkpoint that does not
     fit ``to_save`` (another model, a missing entry) raises an error naming the file: the folder
     is probably another run's. A resumed run restores the epoch's starting random states, replays
@@ -122,7 +122,7 @@ class Preemption(EngineHandler):
             most that many); ``None``: only on a signal.
         n_saved: valid checkpoints kept.
 
-    Example:
+    Examples:
         >>> from monai_fast.handlers import Preemption
         >>> from monai_fast.handlers.stop_signal import catch_stop_signals
         >>> catch_stop_signals()  # first thing in the program  # doctest: +SKIP

@@ -3,7 +3,7 @@
 On a CPU whose every core runs the step's intra-op threads, a batch made alongside the step can
 slow the step by more than the batch costs (OpenMP's team waits at each barrier for the thread the
 loader displaced), yet a costly random chain (a resampling ``RandAffined``) can still be worth
-hiding behind the step. :class:`PrefetchChoice` settles it on the run itself: over the first
+hiding behind the step. `PrefetchChoice` settles it on the run itself: over the first
 iterations it alternates the loader's ``prefetch`` in blocks of a few iterations and times each
 iteration but a block's first from the arrival of its batch to the arrival of the next one (the
 step, the handlers, and the wait for the next batch, which is where making it on demand costs).
@@ -11,7 +11,7 @@ After ``pairs`` timed iterations of each way the lower median wins and stays; wh
 fills in the background (``ready``) nothing is timed. Both ways give the same batches in the
 same order, so the choice changes timing only, never a result.
 
-Example:
+Examples:
     >>> from monai_fast.handlers import PrefetchChoice
     >>> choice = PrefetchChoice(trainer.data_loader, pairs=4)  # doctest: +SKIP
     >>> choice.attach(trainer)  # doctest: +SKIP
@@ -38,30 +38,30 @@ __all__ = ["PrefetchChoice", "prefetch_for"]
 class PrefetchChoice(EngineHandler):
     """Alternates a loader's ``prefetch`` over the first iterations and keeps the faster setting.
 
-    The settings take turns in blocks of :attr:`BLOCK` iterations, and only the iterations after a
+    The settings take turns in blocks of `BLOCK` iterations, and only the iterations after a
     block's first are timed: the first still feels what the loader thread did before it.
 
     Args:
         loader: the engine's loader; anything with a boolean ``prefetch`` attribute read at each batch
-            (:class:`~monai_fast.data.loaders.SafeThreadDataLoader`).
+            (`SafeThreadDataLoader`).
         pairs: iterations timed each way before choosing (>= 1). The engine's first iteration is
             never timed (warm-up), nor the last of an epoch (nothing follows it in the epoch), nor
             the first of a block or of an epoch.
         on_choice: called once with ``(prefetch, reason)`` when the choice is made. An engine whose
             epochs are shorter than a block, or whose run ends before ``pairs`` iterations were timed
-            each way, keeps the loader's setting from before the attach (:attr:`measured` is then
+            each way, keeps the loader's setting from before the attach (`measured` is then
             ``False``), and the reason says so.
         ready: asked at each batch; while it returns ``False`` the loader keeps its setting from
             before the attach and no iteration is timed (a cache still filling in the background
             makes batches asked for on demand wait for it, which would decide the choice). ``None``:
             always ready.
-        conclude_at_run_end: :meth:`conclude` when a run of the engine ends (see there).
+        conclude_at_run_end: `conclude()` when a run of the engine ends (see there).
 
     Raises:
         TypeError: ``loader`` has no boolean ``prefetch``.
         ValueError: ``pairs`` < 1.
 
-    Example:
+    Examples:
         >>> from ignite.engine import Engine
         >>> from monai_fast.data.loaders import SafeThreadDataLoader
         >>> loader = SafeThreadDataLoader(list(range(8)), batch_size=1, prefetch=False)
@@ -206,19 +206,19 @@ def prefetch_for(
     ready: Callable[[], bool] | None = None,
     conclude_at_run_end: bool = True,
 ) -> tuple[str, str, PrefetchChoice | None]:
-    """Set ``loader.prefetch`` for ``requested`` and say why; on a CPU with ``"auto"``, a :class:`PrefetchChoice`
+    """Set ``loader.prefetch`` for ``requested`` and say why; on a CPU with ``"auto"``, a `PrefetchChoice`
     to attach.
 
     ``True`` / ``False`` are kept as requested. ``"auto"``: ahead where worker processes make the
-    batches (they work ahead in any case) and where :func:`~monai_fast.data.loaders.prefetch_pays`
+    batches (they work ahead in any case) and where `prefetch_pays()`
     says it surely pays (a GPU); otherwise on demand until the returned choice has measured both
     (``on_choice``, ``ready`` and ``conclude_at_run_end`` go to it).
 
     Returns:
         the setting (``"ahead"``, ``"on demand"`` or ``"measuring"``), the reason, and the
-        :class:`PrefetchChoice` for the caller to attach to the loader's engine (or ``None``).
+        `PrefetchChoice` for the caller to attach to the loader's engine (or ``None``).
 
-    Example:
+    Examples:
         >>> from monai_fast.data.loaders import SafeThreadDataLoader
         >>> loader = SafeThreadDataLoader(list(range(4)))
         >>> prefetch_for(loader, "cuda")[:2], loader.prefetch

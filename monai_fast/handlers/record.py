@@ -1,4 +1,4 @@
-"""Put a :class:`~monai_fast.telemetry.record.RunRecord` on engines, where every handler finds it."""
+"""Put a `RunRecord` on engines, where every handler finds it."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
     ``amp=True`` autocasts for CUDA only, so the device says whether it acts) and ignite's ``state.dataloader``;
     a plain ignite ``Engine`` has no network or inferer and gets ``None`` for them.
 
-    Example:
+    Examples:
         >>> from monai.networks.nets import UNet
         >>> from monai.engines import SupervisedEvaluator
         >>> from monai.inferers import SimpleInferer
@@ -108,27 +108,27 @@ class RecordHandler(EngineHandler):
     and closed (writing the summary) when each run of the trainer ends, also when it raises.
 
     Each run of the trainer starts with a ``placement`` event row: the host, node and local rank
-    and the launcher (:func:`monai_fast.distributed.env.placement`), so the doctor can tell which
+    and the launcher (`monai_fast.distributed.env.placement()`), so the doctor can tell which
     nodes a multi-node job ran on. The first run of each engine in a segment adds an ``engine``
     event row saying what the engine runs: the network's class and spatial dimensions (from its
     convolutions), the inferer and whether it is a sliding window, and MONAI's ``amp`` flag, so the
     doctor advises only what applies to this network and this validation.
 
-    The record owns the run folder for its rank (see :class:`~monai_fast.telemetry.record.RunRecord`):
+    The record owns the run folder for its rank (see `RunRecord`):
     creating a ``RecordHandler`` on a folder another process is writing to raises
-    :class:`~monai_fast.files.RunFolderBusyError` before any work. A folder that holds a record
+    `RunFolderBusyError` before any work. A folder that holds a record
     already is continued: the new runs are new segments after the earlier ones.
 
-    It also records where the wall clock went (``span`` rows, :mod:`monai_fast.telemetry.spans`):
+    It also records where the wall clock went (``span`` rows, `monai_fast.telemetry.spans`):
     each run of the trainer as the frame (``run``), each run of another engine (the evaluator) as
     ``validation``, overlapped when it ran on another thread than the trainer; and the user's own
-    set-up through :meth:`span`. ``monai-fast doctor`` turns them into the run's wall-clock shares.
+    set-up through `span()`. ``monai-fast doctor`` turns them into the run's wall-clock shares.
 
     Args:
         run_dir: the run folder; ``None`` keeps the record in memory.
         rank: default ``idist.get_rank()``.
 
-    Example:
+    Examples:
         >>> rec = RecordHandler("runs/exp1")
         >>> with rec.span("setup"):  # doctest: +SKIP
         ...     trainer, evaluator = build_my_engines()  # data sets, caches, network
@@ -154,7 +154,7 @@ class RecordHandler(EngineHandler):
         return self.record.segment
 
     def span(self, category: Category | str, **fields: Any) -> AbstractContextManager[None]:
-        """:meth:`RunRecord.span <monai_fast.telemetry.spans.SpanWriter.span>`: time a ``with`` block
+        """`RunRecord.span()`: time a ``with`` block
         (your own set-up: ``category="setup"``, or ``"cache_fill"``) into the run record."""
         return self.record.span(category, **fields)
 

@@ -2,8 +2,8 @@
 
 ``SmartCacheUpdater().attach(trainer)`` finds the ``SmartCacheDataset`` in the trainer's
 ``data_loader``. MONAI's own is adopted into a
-:class:`~monai_fast.data.smartcache.SafeSmartCacheDataset` (its items, window, rotation settings
-and random state; the loader rebuilt as :func:`~monai_fast.data.adopt.adopt_loader` rebuilds it);
+`SafeSmartCacheDataset` (its items, window, rotation settings
+and random state; the loader rebuilt as `adopt_loader()` rebuilds it);
 where it cannot be adopted, MONAI's rotation is driven through its public methods with the same
 timeout, named errors, rank agreement and resumable position.
 """
@@ -40,12 +40,12 @@ class SmartCacheUpdater(EngineHandler):
     bounded wait, and shuts it down when the run ends (also when it raises). Under
     ``ignite.distributed`` one rank's failed update makes every rank raise, so none waits alone in
     a later collective. It runs in one of three modes, named in one log line at attach and in
-    :attr:`mode`:
+    `mode`:
 
-    * ``"safe"``: the data set is a :class:`SafeSmartCacheDataset`; its own rotation has the
+    * ``"safe"``: the data set is a `SafeSmartCacheDataset`; its own rotation has the
       bounded waits, named errors and position (this handler touches none of its internals).
     * ``"adopted"``: the engine's ``data_loader`` holds MONAI's ``SmartCacheDataset``. It becomes a
-      :class:`SafeSmartCacheDataset` with the same items, window, transform, rotation settings,
+      `SafeSmartCacheDataset` with the same items, window, transform, rotation settings,
       ``copy_cache``, ``as_contiguous`` and random state (its cached window handed over), and the
       engine's ``data_loader`` is rebuilt over it as ``FastTraining`` rebuilds one (batch size,
       shuffling, ``drop_last``, collate function kept; a ``DistributedSampler`` becomes a per-rank
@@ -54,7 +54,7 @@ class SmartCacheUpdater(EngineHandler):
       rotation, a loader that cannot be rebuilt, an engine without ``data_loader``). It is left as
       it is and driven through its public ``start``, ``update_cache`` and ``shutdown``, each call
       bounded by ``timeout_s``. A replacement that raises in MONAI's background thread is caught
-      from that thread and raised at the epoch's end as :class:`~monai_fast.data.items.DataItemError`
+      from that thread and raised at the epoch's end as `DataItemError`
       naming the item and its files; a wait past ``timeout_s`` is a ``TimeoutError``. MONAI's
       ``update_cache`` keeps polling in a daemon thread after such a failure (it has no way to
       stop): rebuild the data set before the next run. The position is counted here, and
@@ -68,7 +68,7 @@ class SmartCacheUpdater(EngineHandler):
     ``state_dict()`` is ``{"start_pos", "updates", "total"}`` in every mode, so a checkpoint taken
     in one mode resumes in another. Pass the updater to ignite's ``Checkpoint``, attached *after*
     the updater so an epoch-end save sees the rotated position. As every monai-fast handler
-    (:mod:`monai_fast.handlers.lifecycle`), attaching a new instance to an engine that has one (a
+    (`monai_fast.handlers.lifecycle`), attaching a new instance to an engine that has one (a
     re-run notebook cell) replaces the old one, so the cache rotates once per epoch.
 
     Args:
@@ -82,7 +82,7 @@ class SmartCacheUpdater(EngineHandler):
         ValueError: ``timeout_s`` is not positive.
         RuntimeError: at attach, the engine is inside ``run()``.
 
-    Example:
+    Examples:
         >>> from monai.data import SmartCacheDataset
         >>> from monai_fast.handlers import SmartCacheUpdater
         >>> train_ds = SmartCacheDataset(files, transform, cache_num=4, replace_rate=0.25)  # doctest: +SKIP
@@ -113,7 +113,7 @@ class SmartCacheUpdater(EngineHandler):
 
     @property
     def updates(self) -> int:
-        """Rotations done so far (one ``update_cache`` per epoch), as in :meth:`state_dict`; 0 before attach."""
+        """Rotations done so far (one ``update_cache`` per epoch), as in `state_dict()`; 0 before attach."""
         if self.dataset is None:
             return 0
         return int(self.state_dict()["updates"])
@@ -236,7 +236,7 @@ def _take_over_from_monais_handler(engine: Engine, dataset: SmartCacheDataset) -
     A script written for MONAI's ``SmartCacheDataset`` has MONAI's handler in its
     ``train_handlers``: left there, it would rotate the data set a second time each epoch (or, once
     adopted, the data set the loader no longer reads, and wait forever on its failed replacement).
-    The handlers are listed through :func:`~monai_fast.handlers.lifecycle.callbacks_on` (ignite has no
+    The handlers are listed through `callbacks_on()` (ignite has no
     public way to list them); the removal goes through the public ``remove_event_handler``.
     """
     sources = [dataset]
@@ -265,11 +265,11 @@ class _MonaiRotation:
     """MONAI's ``SmartCacheDataset`` driven through ``start`` / ``update_cache`` / ``shutdown`` with bounded waits.
 
     The position is counted here, relative to the data list as MONAI shuffled it at construction:
-    ``origin`` (where the list starts after :meth:`_move_to` rotated it) plus the replacement count
+    ``origin`` (where the list starts after `_move_to()` rotated it) plus the replacement count
     for each update since. MONAI's ``shutdown`` resets its own position but not its cache, so a
     rotation that moved since it was last placed is placed again (``set_data``) before it
-    restarts. A replacement error in MONAI's background thread is caught by :class:`_ThreadErrors`.
-    One object per data set (:meth:`of`), so an updater that replaces another (a re-run cell)
+    restarts. A replacement error in MONAI's background thread is caught by `_ThreadErrors`.
+    One object per data set (`of()`), so an updater that replaces another (a re-run cell)
     continues the count.
     """
 
@@ -389,7 +389,7 @@ class _MonaiRotation:
 
 
 class _ThreadErrors:
-    """Catches the exceptions that kill MONAI's replacement threads, for the :class:`_MonaiRotation` they belong to.
+    """Catches the exceptions that kill MONAI's replacement threads, for the `_MonaiRotation` they belong to.
 
     MONAI's replacement thread lets a transform error end it, and Python hands that error to
     ``threading.excepthook``. While a rotation is watched, a hook chained in front of the one

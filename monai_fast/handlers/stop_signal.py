@@ -1,19 +1,19 @@
 """Preemption's first half: catch the stop signals, agree on the stop across ranks, requeue under SLURM.
 
-The second half, the checkpoint folder, is :mod:`monai_fast.handlers.checkpoint_folder`;
-:class:`~monai_fast.handlers.Preemption` joins the two to an engine.
+The second half, the checkpoint folder, is `monai_fast.handlers.checkpoint_folder`;
+`Preemption` joins the two to an engine.
 
 A program's set-up (reading and caching data, building the network) runs before any engine
 exists, and a stop signal then (SLURM's ``SIGUSR1`` warning, a spot reclaim's ``SIGTERM``) would
-end the process at once, with no message and no checkpoint. :func:`catch_stop_signals`, called
-first thing, records such a signal instead; the first :class:`StopSignal` installed afterwards
-(the one of a :class:`~monai_fast.handlers.Preemption` at ``attach``) takes the record over, so
+end the process at once, with no message and no checkpoint. `catch_stop_signals()`, called
+first thing, records such a signal instead; the first `StopSignal` installed afterwards
+(the one of a `Preemption` at ``attach``) takes the record over, so
 the run stops at its start with the usual checkpoint, requeue and exit status. A program without
-a ``Preemption`` calls :func:`end_of_setup` before it trains (or wraps its set-up in
-:func:`stop_signals_caught`): a signal received meanwhile then stops it there with a message
-and :data:`STOPPED_EXIT`.
+a ``Preemption`` calls `end_of_setup()` before it trains (or wraps its set-up in
+`stop_signals_caught()`): a signal received meanwhile then stops it there with a message
+and `STOPPED_EXIT`.
 
-Example:
+Examples:
     >>> import os, signal
     >>> from monai_fast.handlers.stop_signal import StopSignal
     >>> stop = StopSignal(("SIGUSR1",))
@@ -66,7 +66,7 @@ _setup_catcher: StopSignal | None = None  # the process's set-up catcher, until 
 class StopSignal:
     """Record that a stop signal arrived; the work happens later, at a safe point, on every rank.
 
-    The handler only sets a flag (nothing else is safe inside a signal handler). :meth:`agreed`
+    The handler only sets a flag (nothing else is safe inside a signal handler). `agreed()`
     is a collective: every rank calls it at the same point and all get ``True`` when any rank was
     signalled, so they stop at the same iteration.
 
@@ -100,7 +100,7 @@ class StopSignal:
     def install(self) -> None:
         """Put this object's handler on each signal, remembering the previous handlers (main thread only).
 
-        A set-up catcher of :func:`catch_stop_signals` still in place is taken over: its handlers
+        A set-up catcher of `catch_stop_signals()` still in place is taken over: its handlers
         are removed first (so the handlers remembered here are the program's own) and a signal it
         recorded becomes this object's.
         """
@@ -117,7 +117,7 @@ class StopSignal:
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def uninstall(self) -> None:
-        """Give each signal back the handler it had before :meth:`install`.
+        """Give each signal back the handler it had before `install()`.
 
         A signal whose handler someone replaced after ours keeps theirs.
         """
@@ -162,8 +162,8 @@ def catch_stop_signals(signals: Sequence[str] = STOP_SIGNALS) -> StopSignal:
 
     Only signals whose handler is the default one (which ends the process) are caught: a handler
     the program or its launcher installed keeps working. The catcher stays until the next
-    :class:`StopSignal` is installed (a :class:`~monai_fast.handlers.Preemption` at ``attach``),
-    which takes over a signal recorded meanwhile, or until :func:`end_of_setup`. Calling it again
+    `StopSignal` is installed (a `Preemption` at ``attach``),
+    which takes over a signal recorded meanwhile, or until `end_of_setup()`. Calling it again
     while a catcher is in place returns that catcher. Off the main thread it catches nothing.
 
     Args:
@@ -185,9 +185,9 @@ def catch_stop_signals(signals: Sequence[str] = STOP_SIGNALS) -> StopSignal:
 
 
 def end_of_setup(exit_code: int = STOPPED_EXIT) -> None:
-    """The end of set-up in a program with no :class:`~monai_fast.handlers.Preemption`: signals act again as before.
+    """The end of set-up in a program with no `Preemption`: signals act again as before.
 
-    The set-up catcher of :func:`catch_stop_signals` (if still in place) gives each signal its
+    The set-up catcher of `catch_stop_signals()` (if still in place) gives each signal its
     default handler back; when a signal arrived during set-up, the program stops here, before
     training, with a warning naming the signal and ``SystemExit(exit_code)`` (nothing was trained,
     so nothing is checkpointed; under SLURM the job is not requeued).
@@ -210,12 +210,12 @@ def end_of_setup(exit_code: int = STOPPED_EXIT) -> None:
 def stop_signals_caught(exit_code: int = STOPPED_EXIT, signals: Sequence[str] = STOP_SIGNALS) -> Iterator[StopSignal]:
     """Set-up inside a ``with`` block: a stop signal meanwhile stops the program at the block's end.
 
-    :func:`catch_stop_signals` on entry and :func:`end_of_setup` on a normal exit; a
-    :class:`~monai_fast.handlers.Preemption` attached inside the block takes a recorded signal
+    `catch_stop_signals()` on entry and `end_of_setup()` on a normal exit; a
+    `Preemption` attached inside the block takes a recorded signal
     over instead. Nested inside a catcher already in place (a program's own), the block leaves
     it alone. On an exception the catcher is removed and the exception goes on.
 
-    Example:
+    Examples:
         >>> with stop_signals_caught():
         ...     pass  # build the data sets, caches and engines
     """

@@ -48,7 +48,7 @@ def batch_shape(batch: Any) -> tuple[int, ...] | None:
 class ThroughputMonitor(EngineHandler):
     """Measures samples/s and voxels/s (samples x spatial voxels of the input) and estimates the ETA.
 
-    Per iteration the values are kept in :attr:`last` (and the run record, if the engine has one);
+    Per iteration the values are kept in `last` (and the run record, if the engine has one);
     per epoch they are logged, written to the record and, with ``writer``, to TensorBoard
     (``throughput/samples_per_s``, ``throughput/voxels_per_s``, ``throughput/eta_s``).
 
@@ -62,7 +62,7 @@ class ThroughputMonitor(EngineHandler):
     next epoch's start, or when the run ends), so it counts that epoch's validation too.
 
     Args:
-        shape_fn: batch -> input shape ``(N, C, *spatial)``; default :func:`batch_shape`.
+        shape_fn: batch -> input shape ``(N, C, *spatial)``; default `batch_shape()`.
         writer: a TensorBoard ``SummaryWriter``.
         log_every_epoch: log a line per epoch.
 

@@ -46,14 +46,14 @@ class TimeBreakdown(EngineHandler):
     clock; without it, GPU time may show up as the next iteration's data wait.
 
     Per-epoch totals are appended to ``engine.state.time_breakdown`` (a list of
-    :class:`EpochTimes`) and to :attr:`epochs`; a warning is logged when an epoch's data share
+    `EpochTimes`) and to `epochs`; a warning is logged when an epoch's data share
     exceeds ``warn_threshold``, with the fix that applies: caching the deterministic transforms,
     or, when the data is cached already (``FastTraining``'s data lever in the run record, or a
     MONAI ``CacheDataset`` / ``PersistentDataset`` under the engine's loader), moving the random
     transforms to the device and loading with more threads. ``engine.state.time_breakdown`` holds
     the epochs of the engine's current run (a second ``engine.run()`` starts a new list);
-    :attr:`epochs` keeps every epoch this handler timed. With a run record on the engine
-    (:class:`RecordHandler`), each iteration and epoch is also a row of the record (source
+    `epochs` keeps every epoch this handler timed. With a run record on the engine
+    (`RecordHandler`), each iteration and epoch is also a row of the record (source
     ``time_breakdown``), from which the doctor computes the run's totals. One instance times one
     engine: give the evaluator its own.
 
@@ -64,7 +64,7 @@ class TimeBreakdown(EngineHandler):
             warns once and acts as ``False``.
         logger: where warnings and per-epoch summaries go; default ``monai_fast.handlers``.
 
-    Example:
+    Examples:
         >>> from monai_fast.handlers import TimeBreakdown
         >>> breakdown = TimeBreakdown(warn_threshold=0.3)
         >>> breakdown.attach(trainer)  # doctest: +SKIP

@@ -19,8 +19,8 @@ __all__ = ["TimeToTarget"]
 class TimeToTarget(EngineHandler):
     """Measures wall-clock time to a target metric and ends the run there.
 
-    The clock starts at ``start_time`` (a :func:`time.perf_counter` value; pass the time taken
-    before building the data sets so caching counts) or else at :meth:`attach`. After every run of
+    The clock starts at ``start_time`` (a `time.perf_counter()` value; pass the time taken
+    before building the data sets so caching counts) or else at `attach()`. After every run of
     ``evaluator`` (or every trainer epoch when there is no evaluator) the metric is compared with
     ``target``. The first time it is met, the time and epoch are recorded (``reached_s``); the
     first time two consecutive readings meet it, again (``stable_s``: a *stable* target). The
@@ -30,12 +30,12 @@ class TimeToTarget(EngineHandler):
     hostage.
 
     Times are wall clock when the reading arrives, so validation that overlaps training
-    (:class:`~monai_fast.handlers.BackgroundValidation`) counts once, when its result is in. A
+    (`BackgroundValidation`) counts once, when its result is in. A
     reading is attributed to the epoch whose weights were validated: a MONAI ``Evaluator`` is run
     as ``evaluator.run(trainer_epoch)`` and keeps that epoch in ``state.epoch``; for other engines
     it is the trainer's current epoch. Readings may come from another thread (a lock orders them).
     Only ``evaluator`` is watched: a cheap estimate on another engine
-    (:class:`~monai_fast.handlers.ValidationSchedule`) never declares the target.
+    (`ValidationSchedule`) never declares the target.
 
     Attributes:
         history: ``(elapsed_s, validated_epoch, value)`` for every metric reading.
@@ -50,11 +50,11 @@ class TimeToTarget(EngineHandler):
         metric_name: key in ``engine.state.metrics``; default: the evaluator's key metric
             (MONAI engines set ``state.key_metric_name``).
         time_budget_s: stop after this many seconds; ``None`` for no limit.
-        start_time: :func:`time.perf_counter` value at which the clock started.
+        start_time: `time.perf_counter()` value at which the clock started.
         mode: ``"max"`` if higher is better (Dice), ``"min"`` if lower is (loss).
         stop_on: ``"first"`` reading at the target, or ``"stable"``: the second consecutive one.
 
-    Example:
+    Examples:
         >>> import time
         >>> from monai_fast.handlers import TimeToTarget
         >>> t0 = time.perf_counter()  # before building the CacheDataset

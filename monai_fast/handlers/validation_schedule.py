@@ -34,7 +34,7 @@ def estimator_like(
     ``key_val_metric`` is copied, so the same dict may also be the evaluator's. MONAI keeps no
     public handle on an evaluator's post-processing: pass the same ``postprocessing`` again.
 
-    Example:
+    Examples:
         >>> subset = DataLoader(Subset(val_ds, range(2)), batch_size=1)  # doctest: +SKIP
         >>> estimator = estimator_like(evaluator, subset, {"val_mean_dice": MeanDice(...)}, post)  # doctest: +SKIP
     """
@@ -56,11 +56,11 @@ class ValidationSchedule(EngineHandler):
     """Decides after each trainer epoch whether the full validation is worth running.
 
     A cheap ``estimator`` (the metric on a fixed subset, or at a coarser overlap; see
-    :func:`estimator_like`) runs after every trainer epoch while the target is far. The full
+    `estimator_like()`) runs after every trainer epoch while the target is far. The full
     ``evaluator`` runs every ``every`` epochs, on the trainer's last epoch, and, from the first
     epoch whose estimate is within ``margin`` of ``target`` on, after every epoch (the estimator
     then stops: it has done its job). The estimate only decides *when*: attach
-    :class:`~monai_fast.handlers.TimeToTarget` to the full ``evaluator``, which runs on the
+    `TimeToTarget` to the full ``evaluator``, which runs on the
     whole validation set at the usual settings, so only it can declare the target.
 
     Use it instead of MONAI's ``ValidationHandler`` for the same evaluator (not beside it).
@@ -81,7 +81,7 @@ class ValidationSchedule(EngineHandler):
         metric_name: the metric in both engines' ``state.metrics``; default: the key metric.
         mode: ``"max"`` if higher is better (Dice), ``"min"`` if lower is.
 
-    Example:
+    Examples:
         >>> schedule = ValidationSchedule(evaluator, estimator, target=0.9, margin=0.05, every=5)  # doctest: +SKIP
         >>> schedule.attach(trainer)  # doctest: +SKIP
         >>> TimeToTarget(0.9).attach(trainer, evaluator)  # doctest: +SKIP

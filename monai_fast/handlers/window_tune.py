@@ -1,6 +1,6 @@
 """Measure a MONAI evaluator's sliding-window batch at its first run and set it on its ``SlidingWindowInferer``.
 
-Example:
+Examples:
     >>> from monai_fast.handlers import SlidingWindowTune
     >>> tune = SlidingWindowTune(lambda: "fp32", "cpu", store=None)
     >>> tune.attach(evaluator)  # doctest: +SKIP
@@ -29,7 +29,7 @@ def sliding_window_of(inferer: Any) -> SlidingWindowInferer | None:
     """The ``SlidingWindowInferer`` inside ``inferer`` (through wrappers with an ``inner``: AMPToggle's, ...), or
     ``None``.
 
-    Example:
+    Examples:
         >>> sliding_window_of(SlidingWindowInferer((16, 16, 16))).roi_size
         (16, 16, 16)
     """
@@ -50,7 +50,7 @@ def _first_image(loader: Any) -> torch.Tensor | None:
 class SlidingWindowTune(EngineHandler):
     """At the evaluator's first run, times its sliding window on a volume of its first item's size and sets the batch.
 
-    :func:`~monai_fast.tune.validation.tune_validation` measures ``sw_batch_size`` from 1 to 32 at
+    `tune_validation()` measures ``sw_batch_size`` from 1 to 32 at
     the precision the evaluator runs in (kept in the tuning store, so a second run reads it back);
     the stitching device is kept (moving it would move the metric's inputs). It measures once per
     attach; the global random state is left as it was.
@@ -65,7 +65,7 @@ class SlidingWindowTune(EngineHandler):
     Raises:
         TypeError: (at attach) the engine's inferer holds no ``SlidingWindowInferer``.
 
-    Example:
+    Examples:
         >>> SlidingWindowTune(lambda: "bf16", "cpu", store=None).reason
         ''
     """

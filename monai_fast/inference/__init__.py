@@ -1,17 +1,17 @@
 """Inference of a trained recipe network: sliding window over a data list, NIfTI predictions, fast backends.
 
-* :func:`save_checkpoint` / :func:`load_model` / :func:`load_checkpoint`: a network's weights with
-  the :class:`~monai_fast.recipes.RecipeConfig` that rebuilds it and the record of the chain it was
-  validated with (:mod:`.checkpoint`, :mod:`.chain`).
-* :func:`infer`: sliding-window inference over an MSD folder or image files through that chain,
+* `save_checkpoint()` / `load_model()` / `load_checkpoint()`: a network's weights with
+  the `RecipeConfig` that rebuilds it and the record of the chain it was
+  validated with (`.checkpoint`, `.chain`).
+* `infer()`: sliding-window inference over an MSD folder or image files through that chain,
   predictions inverted onto each input's grid and written as ``<name>_seg.nii.gz`` with its affine
-  and shape (:mod:`.run`).
-* :data:`BACKENDS` (``eager``, ``autocast``, ``compile``, ``onnx``, ``tensorrt``) and
-  :func:`build_predictor` (:mod:`.backends`); :func:`agreement` compares two backends' predictions.
+  and shape (`.run`).
+* `BACKENDS` (``eager``, ``autocast``, ``compile``, ``onnx``, ``tensorrt``) and
+  `build_predictor()` (`.backends`); `agreement()` compares two backends' predictions.
 
 ``monai-fast infer`` is the command line; ``benchmarks/inference.py`` times every backend.
 
-Example:
+Examples:
     >>> from monai_fast.inference import infer, save_checkpoint
     >>> save_checkpoint("model.pt", recipe.network, recipe.config)  # doctest: +SKIP
     >>> infer("model.pt", "Task09_Spleen", "predictions", backend="onnx").outputs[0]  # doctest: +SKIP

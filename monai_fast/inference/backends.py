@@ -1,12 +1,12 @@
 """Inference backends: what runs the network on each sliding window.
 
-Each backend turns a network into a :class:`Predictor`, a callable MONAI's sliding window calls
+Each backend turns a network into a `Predictor`, a callable MONAI's sliding window calls
 on a batch of windows (``(B, C, *roi_size)`` -> logits), built and warmed up once, so the time
-it takes to build (compilation, export) is :attr:`Predictor.prepare_s` and not in the latency:
+it takes to build (compilation, export) is `Predictor.prepare_s` and not in the latency:
 
 * ``eager``: the network in fp32, as trained.
 * ``autocast``: ``torch.autocast`` in fp16 on CUDA, bf16 on a CPU with bf16 matrix hardware
-  (:func:`~monai_fast.telemetry.precision.cpu_has_bf16_hardware`); logits come back in fp32.
+  (`cpu_has_bf16_hardware()`); logits come back in fp32.
 * ``compile``: ``torch.compile`` (inductor), one static window batch.
 * ``onnx``: the network exported with ``torch.onnx.export`` for one window batch of the ROI size
   and run by ONNX Runtime (its CUDA execution provider when present and the device is CUDA,
@@ -15,11 +15,11 @@ it takes to build (compilation, export) is :attr:`Predictor.prepare_s` and not i
 * ``tensorrt``: ``torch_tensorrt.compile`` (fp16 kernels) when torch-tensorrt and a CUDA GPU are
   present.
 
-A backend this machine cannot run is one :class:`BackendUnavailable` naming the backend and what
-is missing (:func:`missing`), raised before any volume is read; there is no silent fallback.
+A backend this machine cannot run is one `BackendUnavailable` naming the backend and what
+is missing (`missing()`), raised before any volume is read; there is no silent fallback.
 Static-shape backends get a fixed window batch: a short last batch is padded and cut back.
 
-Example:
+Examples:
     >>> import torch
     >>> net = torch.nn.Conv3d(1, 2, 3, padding=1)
     >>> p = build_predictor(net, "eager", roi_size=(8, 8, 8), sw_batch_size=2)
@@ -71,7 +71,7 @@ class Predictor:
     """A backend's callable for MONAI's sliding window, built and warmed up.
 
     Attributes:
-        backend: one of :data:`BACKENDS`.
+        backend: one of `BACKENDS`.
         detail: what runs, in words (``"bf16 autocast"``, ``"ONNX Runtime CPUExecutionProvider"``).
         prepare_s: seconds to build and warm it up (compilation, export, session creation).
     """
@@ -96,9 +96,9 @@ def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
     """What ``backend`` needs on ``device`` that this machine lacks, in words; ``None`` when it can run.
 
     Raises:
-        InferenceError: ``backend`` is not one of :data:`BACKENDS`.
+        InferenceError: ``backend`` is not one of `BACKENDS`.
 
-    Example:
+    Examples:
         >>> missing("eager", "cpu") is None
         True
     """
@@ -132,9 +132,9 @@ def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
 
 
 def require(backend: str, device: torch.device | str = "cpu") -> None:
-    """Raise :class:`BackendUnavailable` naming ``backend`` and what it lacks when it cannot run on ``device``.
+    """Raise `BackendUnavailable` naming ``backend`` and what it lacks when it cannot run on ``device``.
 
-    Example:
+    Examples:
         >>> require("eager", "cpu")
     """
     lacking = missing(backend, device)
@@ -143,9 +143,9 @@ def require(backend: str, device: torch.device | str = "cpu") -> None:
 
 
 def available(device: torch.device | str = "cpu") -> dict[str, str | None]:
-    """Each backend of :data:`BACKENDS` -> what it lacks on ``device`` (``None``: available).
+    """Each backend of `BACKENDS` -> what it lacks on ``device`` (``None``: available).
 
-    Example:
+    Examples:
         >>> available("cpu")["eager"] is None
         True
     """
@@ -170,7 +170,7 @@ class _FixedBatch:
 def onnx_model(network: torch.nn.Module, example: torch.Tensor) -> bytes:
     """``network`` exported to ONNX (``torch.onnx.export``) for inputs shaped like ``example``, serialised.
 
-    Example:
+    Examples:
         >>> data = onnx_model(torch.nn.Conv3d(1, 2, 3, padding=1).eval(), torch.zeros(1, 1, 8, 8, 8))  # doctest: +SKIP
     """
     exporter_log = logging.getLogger("torch.onnx")
@@ -256,7 +256,7 @@ def build_predictor(
 
     Args:
         network: the trained network (``in_channels`` read from it, default 1).
-        backend: one of :data:`BACKENDS`.
+        backend: one of `BACKENDS`.
         roi_size: the sliding window's size (the recipe's ``patch_size``).
         sw_batch_size: windows per call; static-shape backends are built for exactly this many.
         device: where the network runs.

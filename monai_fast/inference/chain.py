@@ -3,7 +3,7 @@
 A prediction is only as good as its preprocessing: a network validated on volumes cropped to the
 body (``CropForegroundd``) and padded to a patch sees other windows, and gives other labels, on
 uncropped ones. So an inference checkpoint records the deterministic chain of its validation, and
-:func:`build_chain` rebuilds exactly that chain for inference, where the label is absent.
+`build_chain()` rebuilds exactly that chain for inference, where the label is absent.
 
 The record is plain data, readable by ``torch.load(..., weights_only=True)`` and by eye: one
 entry per transform, MONAI's dictionary transform class under ``"_target_"`` (the key MONAI
@@ -13,13 +13,13 @@ bundles use) and its arguments beside it::
      {"_target_": "Spacingd", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]},
      ...]
 
-Only the transforms of :data:`ALLOWED` (MONAI's deterministic preprocessing) may be named: a record
+Only the transforms of `ALLOWED` (MONAI's deterministic preprocessing) may be named: a record
 is data, never code, so a checkpoint from elsewhere cannot make inference import or run anything
-else. :func:`recipe_chain` is the recipes' validation chain for a config
-(:func:`monai_fast.recipes.transforms.deterministic_transforms`: load, RAS, spacing, CT window, crop
+else. `recipe_chain()` is the recipes' validation chain for a config
+(`monai_fast.recipes.transforms.deterministic_transforms()`: load, RAS, spacing, CT window, crop
 to the foreground, pad to a patch).
 
-Example:
+Examples:
     >>> from monai_fast.recipes import RecipeConfig
     >>> record = recipe_chain(RecipeConfig())
     >>> [t["_target_"] for t in record][-2:]
@@ -71,7 +71,7 @@ def recipe_chain(config: RecipeConfig) -> list[dict[str, Any]]:
     """The recipes' validation chain for ``config`` as a record (what their evaluators run on each volume).
 
     The same transforms, in the same order and with the same arguments, as
-    :func:`~monai_fast.recipes.transforms.deterministic_transforms` ``(config)``.
+    `deterministic_transforms()` ``(config)``.
     """
     keys = list(KEYS)
     return [
@@ -100,7 +100,7 @@ def _plain(value: Any) -> bool:
 
 
 def check_chain(record: Any) -> list[dict[str, Any]]:
-    """``record`` as a list of transform entries, each naming an :data:`ALLOWED` transform with plain arguments.
+    """``record`` as a list of transform entries, each naming an `ALLOWED` transform with plain arguments.
 
     Raises:
         ChainError: naming the first entry at fault.

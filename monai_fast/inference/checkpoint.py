@@ -1,4 +1,4 @@
-"""The inference checkpoint: a recipe network's weights, the :class:`RecipeConfig` that rebuilds it, and its chain.
+"""The inference checkpoint: a recipe network's weights, the `RecipeConfig` that rebuilds it, and its chain.
 
 The format is one ``torch.save`` dict, readable with ``torch.load(..., weights_only=True)``::
 
@@ -6,18 +6,18 @@ The format is one ``torch.save`` dict, readable with ``torch.load(..., weights_o
      "chain": [{"_target_": "LoadImaged", "keys": ["image", "label"]}, ...], "model": state_dict}
 
 ``"chain"`` is the deterministic transform chain the network was validated with
-(:mod:`monai_fast.inference.chain`), so that inference preprocesses each volume exactly as the
+(`monai_fast.inference.chain`), so that inference preprocesses each volume exactly as the
 validation that measured the network did, crop to the foreground included.
 
-:func:`load_model` also takes a :class:`~monai_fast.handlers.checkpoint_folder.CheckpointFolder` /
+`load_model()` also takes a `CheckpointFolder` /
 ``Preemption`` checkpoint, or a MONAI ``CheckpointSaver`` file (its ``"model"``, ``"network"`` or
 ``"net"`` entry, or a bare ``state_dict``), when the caller passes the config the run was built
 from (``monai-fast infer --recipe-config``); the chain is then the recipes' validation chain for
 that config. Whatever is wrong with the file (missing, damaged, no weights, weights of another
-network, a chain record that cannot be rebuilt) is one :class:`CheckpointError` naming the file,
+network, a chain record that cannot be rebuilt) is one `CheckpointError` naming the file,
 raised before any volume is read.
 
-Example:
+Examples:
     >>> import tempfile, torch
     >>> from monai_fast.recipes import RecipeConfig
     >>> from monai_fast.recipes.common import build_network
@@ -91,8 +91,8 @@ class LoadedModel:
 
     Attributes:
         network: the network in eval mode.
-        config: its :class:`RecipeConfig` (patch size, sliding-window settings).
-        chain: the validation chain record (:mod:`monai_fast.inference.chain`).
+        config: its `RecipeConfig` (patch size, sliding-window settings).
+        chain: the validation chain record (`monai_fast.inference.chain`).
         chain_recorded: whether ``chain`` is the checkpoint's own record (else derived from ``config``).
     """
 
@@ -113,10 +113,10 @@ def save_checkpoint(
     Args:
         path: the file to write (``.pt``).
         network: the trained network (a recipe's ``network``; DDP / ``DataParallel`` unwrapped).
-        config: the :class:`RecipeConfig` it was built from (``recipe.config``).
+        config: the `RecipeConfig` it was built from (``recipe.config``).
         chain: the deterministic chain it was validated with, as a record
-            (:mod:`monai_fast.inference.chain`); default the recipes' validation chain for ``config``
-            (:func:`~monai_fast.inference.chain.recipe_chain`).
+            (`monai_fast.inference.chain`); default the recipes' validation chain for ``config``
+            (`recipe_chain()`).
 
     Returns:
         ``path``.
@@ -124,7 +124,7 @@ def save_checkpoint(
     Raises:
         ChainError: ``chain`` names a transform inference cannot rebuild, before anything is written.
 
-    Example:
+    Examples:
         >>> save_checkpoint("model.pt", recipe.network, recipe.config)  # doctest: +SKIP
     """
     record = check_chain(list(chain) if chain is not None else recipe_chain(config))
@@ -224,7 +224,7 @@ def load_model(
     """The network of a checkpoint, weights loaded, in eval mode on ``device``, with its config and chain.
 
     Args:
-        path: a file written by :func:`save_checkpoint`, or a training checkpoint holding the
+        path: a file written by `save_checkpoint()`, or a training checkpoint holding the
             weights under ``"model"``/``"network"``/``"net"`` or as a bare ``state_dict`` (then
             ``config`` is needed).
         config: the config to build the network from; default the checkpoint's own.
@@ -258,14 +258,14 @@ def load_checkpoint(
 ) -> tuple[torch.nn.Module, RecipeConfig]:
     """The network of an inference checkpoint, weights loaded, in eval mode on ``device``, and its config.
 
-    :func:`load_model` without the chain; the same arguments and errors.
+    `load_model()` without the chain; the same arguments and errors.
     """
     model = load_model(path, config=config, device=device)
     return model.network, model.config
 
 
 def read_recipe_config(path: str | os.PathLike) -> RecipeConfig:
-    """The :class:`RecipeConfig` in a JSON file: ``recipe.json`` (``{"recipe": ..., "config": {...}}``, as
+    """The `RecipeConfig` in a JSON file: ``recipe.json`` (``{"recipe": ..., "config": {...}}``, as
     ``monai-fast train`` writes it) or a JSON object of RecipeConfig options.
 
     Raises:

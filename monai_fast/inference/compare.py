@@ -1,9 +1,9 @@
 """How far two predictions of the same volume agree: mean foreground Dice and the share of equal voxels.
 
 A backend is checked against eager fp32 with this: the mean Dice between the two label maps
-(background left out, as the recipes' validation metric) must be at least :data:`MIN_DICE`.
+(background left out, as the recipes' validation metric) must be at least `MIN_DICE`.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> a = np.zeros((4, 4, 4), dtype=np.uint8); a[:2] = 1
     >>> b = a.copy(); b[0, 0, 0] = 0

@@ -1,14 +1,14 @@
-"""MONAI's NIfTI writer, writing whole files only (through :func:`monai_fast.files.atomic_write`).
+"""MONAI's NIfTI writer, writing whole files only (through `monai_fast.files.atomic_write()`).
 
 ``SaveImage`` hands the prediction to its writer, whose ``nib.save`` writes in place: a killed
-run would leave half a prediction under its final name. :class:`AtomicNiftiWriter` builds the
+run would leave half a prediction under its final name. `AtomicNiftiWriter` builds the
 same ``Nifti1Image`` (MONAI's ``create_backend_obj``, the affine as sform and qform, as MONAI's
 ``NibabelWriter`` does) and writes its bytes atomically, gzipped for ``.nii.gz``. The bytes are
 complete in memory before anything is written, so a file system without room for them is one
-:class:`~monai_fast.files.NoSpaceError` naming the file, the bytes it needs and the bytes free,
+`NoSpaceError` naming the file, the bytes it needs and the bytes free,
 raised before a byte is written.
 
-Example:
+Examples:
     >>> import numpy as np
     >>> from monai.transforms import SaveImage
     >>> saver = SaveImage(writer=AtomicNiftiWriter, output_ext=".nii.gz", resample=False)  # doctest: +SKIP
@@ -32,7 +32,7 @@ __all__ = ["AtomicNiftiWriter"]
 
 
 class AtomicNiftiWriter(NibabelWriter):
-    """``NibabelWriter`` whose :meth:`write` goes through :func:`~monai_fast.files.atomic_write`."""
+    """``NibabelWriter`` whose `write()` goes through `atomic_write()`."""
 
     def write(self, filename: str | os.PathLike, verbose: bool = False, **obj_kwargs: Any) -> None:
         """Write the data set by ``set_data_array``/``set_metadata`` to ``filename`` whole or not at all.

@@ -1,20 +1,20 @@
 """Sliding-window inference of a trained checkpoint over a data list, predictions written as NIfTI.
 
-:func:`infer` does, in this order, so that bad input fails before any work is lost: load the
-checkpoint (:func:`~monai_fast.inference.checkpoint.load_model`: a bad file is named before
+`infer()` does, in this order, so that bad input fails before any work is lost: load the
+checkpoint (`load_model()`: a bad file is named before
 any volume is read), check the backend can run here, resolve the data list (an MSD folder's
 split, or image files), check every output path (none may be an input; none may exist unless
 ``overwrite``), check every image (readable, 3D, finite: the checks of
-:mod:`monai_fast.data.preflight`, one error listing every bad file), then build the backend and
+`monai_fast.data.preflight`, one error listing every bad file), then build the backend and
 run. Each volume goes through the chain the network was validated with (the checkpoint's record,
-:mod:`monai_fast.inference.chain`: orientation, spacing, intensity window, crop to the foreground,
+`monai_fast.inference.chain`: orientation, spacing, intensity window, crop to the foreground,
 pad to a patch), MONAI's ``SlidingWindowInferer`` with the backend's predictor, back to the
 input's grid (MONAI's ``Invertd`` undoes the chain) and to ``<out_dir>/<name>_seg.nii.gz`` (the
 input's affine and shape, written whole or not at all; a full disk is one
-:class:`~monai_fast.files.NoSpaceError` naming the file and the space missing). Progress: a bar
-where one fits (:mod:`monai_fast.progress`), else one log line per volume.
+`NoSpaceError` naming the file and the space missing). Progress: a bar
+where one fits (`monai_fast.progress`), else one log line per volume.
 
-Example:
+Examples:
     >>> from monai_fast.inference import infer
     >>> result = infer("model.pt", "Task09_Spleen", "predictions", backend="onnx")  # doctest: +SKIP
     >>> result.volumes_per_s  # doctest: +SKIP
@@ -70,7 +70,7 @@ SPLITS = ("val", "train", "all", "test")
 
 @dataclass
 class InferenceResult:
-    """What :func:`infer` did.
+    """What `infer()` did.
 
     Attributes:
         backend, detail: the backend and what ran (``"bf16 autocast"``...).
@@ -99,12 +99,12 @@ class InferenceResult:
 def data_list(
     data: str | os.PathLike | Sequence, split: str = "val", val_fraction: float = 0.25, seed: int = 0
 ) -> list[str]:
-    """The image files of ``data``: an MSD folder's ``split`` (see :data:`SPLITS`), one image file, or a list of them.
+    """The image files of ``data``: an MSD folder's ``split`` (see `SPLITS`), one image file, or a list of them.
 
-    The ``val`` split is :func:`~monai_fast.data.msd.load_msd_datalist`'s with the same
+    The ``val`` split is `load_msd_datalist()`'s with the same
     ``val_fraction`` and ``seed``: the cases a race with those settings validated on.
 
-    Example:
+    Examples:
         >>> data_list(["/d/a.nii.gz", {"image": "/d/b.nii.gz"}])
         ['/d/a.nii.gz', '/d/b.nii.gz']
     """
@@ -128,7 +128,7 @@ def data_list(
 
 
 def check_images(paths: Sequence[str]) -> None:
-    """Every image readable, 3D and finite (:func:`~monai_fast.data.preflight.scan_file`), else one error naming each.
+    """Every image readable, 3D and finite (`scan_file()`), else one error naming each.
 
     Raises:
         PreflightError: listing ``(path, reason)`` for every bad image.
@@ -152,7 +152,7 @@ def check_images(paths: Sequence[str]) -> None:
 def output_name(image: str | os.PathLike) -> str:
     """The prediction's file name for ``image``, without the extension: ``case_1.nii.gz`` -> ``case_1_seg``.
 
-    Example:
+    Examples:
         >>> output_name("/d/spleen_1.nii.gz")
         'spleen_1_seg'
     """
@@ -168,7 +168,7 @@ def inference_transforms(config: RecipeConfig, chain: Sequence[dict] | None = No
 
     Args:
         config: the network's config.
-        chain: the validation chain record (:mod:`monai_fast.inference.chain`); default the
+        chain: the validation chain record (`monai_fast.inference.chain`); default the
             recipes' validation chain for ``config`` (load, RAS, ``config.pixdim``, CT window, crop
             to the foreground, pad to ``config.patch_size``).
     """
@@ -239,27 +239,27 @@ def infer(
     """Run sliding-window inference of ``model`` over ``data`` and write one NIfTI prediction per image.
 
     Args:
-        model: an inference checkpoint (:func:`~monai_fast.inference.save_checkpoint`), or a
+        model: an inference checkpoint (`save_checkpoint()`), or a
             network (then ``config`` is needed). A checkpoint without a config (a MONAI
             ``CheckpointSaver`` file) needs ``config`` too.
         data: an MSD folder (its ``split``), an image file, or a list of image files / ``{"image": path}``.
         out_dir: where ``<name>_seg.nii.gz`` files go (created).
-        backend: one of :data:`~monai_fast.inference.backends.BACKENDS`.
-        config: the network's :class:`RecipeConfig`; default the checkpoint's. Its
+        backend: one of `BACKENDS`.
+        config: the network's `RecipeConfig`; default the checkpoint's. Its
             ``patch_size`` is the window, its ``sw_batch_size`` / ``sw_overlap`` / ``val_device``
             (tuned or set for training) the sliding window's defaults.
         device: where the network runs.
-        split, val_fraction: which of an MSD folder's cases (:func:`data_list`; the seed is the config's).
+        split, val_fraction: which of an MSD folder's cases (`data_list()`; the seed is the config's).
         sw_batch_size, overlap: override the config's sliding-window batch and overlap. ``"auto"``
             measures the batch and the stitching device on the first image's size
-            (:func:`tuned_window`).
+            (`tuned_window()`).
         tune_store: where ``"auto"`` keeps its measurement (``"default"``, a path, or ``None``).
         sw_batch_range: the inclusive range of window batches ``"auto"`` searches.
-        preflight: check every image before any inference (:func:`check_images`).
+        preflight: check every image before any inference (`check_images()`).
         progress: a progress bar where one fits, else a log line per volume.
         overwrite: replace prediction files that exist already (an input is never replaced).
         chain: for a network given as ``model``, the chain record it was validated with
-            (:mod:`monai_fast.inference.chain`); default the recipes' validation chain for
+            (`monai_fast.inference.chain`); default the recipes' validation chain for
             ``config``. A checkpoint brings its own.
 
     Raises:
@@ -342,10 +342,10 @@ def tuned_window(
 ) -> tuple[int, torch.device]:
     """The fastest ``sw_batch_size`` and stitching device for ``network`` on volumes of ``image``'s size.
 
-    Measured by :func:`~monai_fast.tune.tune_validation` with the eager network at the backend's
+    Measured by `tune_validation()` with the eager network at the backend's
     precision (autocast's bf16/fp16, else fp32), cached in the tuning store, so a second run with
     the same network and size reads it back. ``pre`` is the preprocessing (default
-    :func:`inference_transforms` of ``config``): the size measured is the size the windows run on.
+    `inference_transforms()` of ``config``): the size measured is the size the windows run on.
     """
     from monai_fast.tune.validation import tune_validation  # the tuner loads only when asked for
 
@@ -387,7 +387,7 @@ def _save(prediction: torch.Tensor, path: Path) -> None:
 
     MONAI's writer directly, not ``SaveImage``: ``SaveImage`` turns any error of its writer (a full
     disk included) into "cannot find a suitable writer"; here the writer's own error, a
-    :class:`~monai_fast.files.NoSpaceError` naming ``path``, reaches the caller.
+    `NoSpaceError` naming ``path``, reaches the caller.
     """
     writer = AtomicNiftiWriter(output_dtype=np.uint8)
     writer.set_data_array(prediction, channel_dim=0, squeeze_end_dims=True)

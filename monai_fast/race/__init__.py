@@ -1,10 +1,10 @@
 """Races of recipes to a target Dice, as a library: data -> optional tuning -> run to target -> doctor -> results files.
 
 The ``monai-fast demo``, ``bench`` and ``tune`` commands and ``benchmarks/time_to_dice.py`` are
-thin callers of these functions. Options are plain typed fields of :class:`RaceSpec`, all
-checked before anything trains (:class:`RaceOptionError` names the bad one).
+thin callers of these functions. Options are plain typed fields of `RaceSpec`, all
+checked before anything trains (`RaceOptionError` names the bad one).
 
-Example:
+Examples:
     >>> from monai_fast.race import RaceSpec, SyntheticData, race
     >>> spec = RaceSpec(recipes=("fast", "baseline"), target=0.8, time_budget_s=120, device="cpu",
     ...                 synthetic=SyntheticData(cases=8, shape=(64, 64, 32)), run_dir="runs/mine")

@@ -1,6 +1,6 @@
 """The time-to-Dice benchmark: the race repeated with other training seeds, medians, one JSON.
 
-Example:
+Examples:
     >>> from monai_fast.race import RaceSpec, bench
     >>> spec = RaceSpec(recipes=("baseline", "monai_tutorial", "fast"), time_budget_s=1200, device="cuda")
     >>> done = bench(spec, repeats=3, out_dir="benchmarks/results")  # doctest: +SKIP
@@ -32,7 +32,7 @@ REFERENCES = ("baseline", "monai_tutorial")
 
 @dataclass
 class BenchRun:
-    """What :func:`bench` returns: every repeat's race, the medians, and the JSON written."""
+    """What `bench()` returns: every repeat's race, the medians, and the JSON written."""
 
     repeats: list[RaceRun]
     summary: dict
@@ -44,9 +44,9 @@ def _median_or_none(values: Sequence[float]) -> float | None:
 
 
 def summarize(repeats: Sequence[Sequence[RaceResult]], recipes: Sequence[str]) -> dict:
-    """Per recipe: how often it reached the target, medians over repeats, speed-ups against :data:`REFERENCES`.
+    """Per recipe: how often it reached the target, medians over repeats, speed-ups against `REFERENCES`.
 
-    Example:
+    Examples:
         >>> summarize([], [])
         {}
     """
@@ -82,9 +82,9 @@ def bench(
 ) -> BenchRun:
     """Race ``spec`` ``repeats`` times (training seed ``seed + i``, same data and split); write one JSON.
 
-    Repeat ``i`` goes to ``run_dir/repeat<i>/`` (a :func:`~monai_fast.race.race` run folder each);
+    Repeat ``i`` goes to ``run_dir/repeat<i>/`` (a `race()` run folder each);
     the JSON, ``out_dir/time_to_dice_<time>.json``, holds the machine and versions, every epoch
-    of every repeat, and :func:`summarize`'s medians.
+    of every repeat, and `summarize()`'s medians.
 
     Args:
         spec: the race's options; ``run_dir`` ``None`` means ``runs/bench-<time>``.
@@ -95,7 +95,7 @@ def bench(
     Raises:
         RaceOptionError: a bad option (``repeats``, ``out_dir`` or any of ``spec``), before anything runs.
 
-    Example:
+    Examples:
         >>> try:
         ...     bench(RaceSpec(device="cpu"), repeats=0)
         ... except RaceOptionError as e:

@@ -93,7 +93,7 @@ def write_race(
     results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline"
 ) -> dict:
     """Write ``results.json`` with the speed-ups over ``reference``, ``epochs.csv`` (all recipes) and
-    ``dice_vs_time.png`` into ``run_dir`` (:func:`~monai_fast.training.results.write_results`).
+    ``dice_vs_time.png`` into ``run_dir`` (`write_results()`).
 
     Each file is tried on its own; when one cannot be written (a full disk) the others still are, each
     failure is logged with its path, and the first is raised at the end.

@@ -1,6 +1,6 @@
 """The race: data -> optional tuning -> each recipe to the target -> doctor -> results files.
 
-Example:
+Examples:
     >>> from monai_fast.race import RaceSpec, SyntheticData, race
     >>> run = race(RaceSpec(recipes=("fast",), synthetic=SyntheticData(cases=5, shape=(48, 48, 32)),
     ...                     overrides={"max_epochs": 1, "patch_size": (32, 32, 32)}, device="cpu",
@@ -56,7 +56,7 @@ REPORT_SHARE = 0.15
 class RaceEvents:
     """What a race tells its caller as it goes; every hook does nothing here: subclass to show progress.
 
-    Example:
+    Examples:
         >>> class Say(RaceEvents):
         ...     def recipe_started(self, recipe, target, budget_s):
         ...         print(f"{recipe} to {target}")
@@ -68,7 +68,7 @@ class RaceEvents:
         """A benchmark's repeat ``index`` (from 1) of ``repeats`` begins."""
 
     def tuned(self, tuning: Any) -> None:
-        """``fast`` was tuned (a :class:`monai_fast.tune.TuneResult`)."""
+        """``fast`` was tuned (a `monai_fast.tune.TuneResult`)."""
 
     def recipe_started(self, recipe: str, target: float, budget_s: float | None) -> None:
         """``recipe`` starts training to ``target``."""
@@ -88,7 +88,7 @@ class RaceEvents:
 
 @dataclass
 class RaceRun:
-    """What :func:`race` returns: one :class:`RaceResult` per recipe and where the results went."""
+    """What `race()` returns: one `RaceResult` per recipe and where the results went."""
 
     results: list[RaceResult]
     meta: dict
@@ -112,7 +112,7 @@ class RaceRun:
 
 @dataclass
 class TuneRun:
-    """What :func:`tune_only` returns."""
+    """What `tune_only()` returns."""
 
     result: Any  # monai_fast.tune.TuneResult
     meta: dict
@@ -120,7 +120,7 @@ class TuneRun:
 
 
 def load_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
-    """``(data_root, train_files, val_files)`` of ``spec`` (:func:`~monai_fast.training.data.load_files`).
+    """``(data_root, train_files, val_files)`` of ``spec`` (`load_files()`).
 
     Raises:
         FileNotFoundError, monai_fast.data.msd.MSDDataError: ``data_dir`` is missing or incomplete.
@@ -129,8 +129,8 @@ def load_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]
 
 
 def checked_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
-    """:func:`load_data`, then (unless ``spec.preflight`` is off) every file checked before any training
-    (:func:`~monai_fast.training.data.check_files`).
+    """`load_data()`, then (unless ``spec.preflight`` is off) every file checked before any training
+    (`check_files()`).
 
     Raises:
         monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
@@ -209,14 +209,14 @@ def _finished(result: RaceResult, events: RaceEvents) -> RaceResult:
 def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     """Race ``spec.recipes`` to ``spec.target`` on the same data; diagnose each run; write the results files.
 
-    Every option is checked first (:func:`~monai_fast.race.options.plan_race`), the run folder
+    Every option is checked first (`plan_race()`), the run folder
     included, so a bad one fails in a second. Then: the data (``spec``'s files, ``data_dir`` or
     cached synthetic data), ``fast`` tuned when ``spec.tune`` is set, each recipe trained to the
-    target (:func:`~monai_fast.race.runner.run_to_target`, into ``run_dir/<recipe>/``; with
-    ``spec.interleave`` an epoch at a time in turns, :mod:`monai_fast.race.interleave`), the
+    target (`run_to_target()`, into ``run_dir/<recipe>/``; with
+    ``spec.interleave`` an epoch at a time in turns, `monai_fast.race.interleave`), the
     doctor on each recipe's record (``diagnosis`` filled, ``report.md`` written), and
     ``results.json``, ``epochs.csv`` and ``dice_vs_time.png`` in ``run_dir``.
-    With ``spec.total_budget_s`` training ends by that bound less :data:`REPORT_SHARE` of it, kept
+    With ``spec.total_budget_s`` training ends by that bound less `REPORT_SHARE` of it, kept
     for the doctor and the results files.
 
     Args:
@@ -224,13 +224,13 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         events: hooks told of each step (printing is the caller's).
 
     Returns:
-        A :class:`RaceRun`.
+        A `RaceRun`.
 
     Raises:
         RaceOptionError: a bad option, named, before anything runs.
         monai_fast.tune.TuningError: tuning found nothing that fits.
 
-    Example:
+    Examples:
         >>> spec = RaceSpec(recipes=("fast", "baseline"), target=0.8, time_budget_s=120, device="cpu")
         >>> run = race(spec)  # doctest: +SKIP
         >>> [r.reached for r in run.results], run.results_json  # doctest: +SKIP
@@ -302,13 +302,13 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
 
 
 def tune_only(spec: RaceSpec, out: str | os.PathLike | None = None) -> TuneRun:
-    """Tune the ``fast`` recipe on ``spec``'s data and device (``spec.tune``, default :class:`TuneOptions`).
+    """Tune the ``fast`` recipe on ``spec``'s data and device (``spec.tune``, default `TuneOptions`).
 
     Args:
         spec: the data, device, recipe options and tuning options (recipes, target and run folder unused).
         out: also write the result with every trial (and the machine, versions, options) to this JSON file.
 
-    Example:
+    Examples:
         >>> tuned = tune_only(RaceSpec(device="cpu", tune=TuneOptions(batch_range=(1, 2))))  # doctest: +SKIP
         >>> tuned.result.batch_size  # doctest: +SKIP
         2

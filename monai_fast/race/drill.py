@@ -1,23 +1,23 @@
 """Drills on one machine: ``monai-fast launch`` processes as several nodes, and a rank killed with SIGKILL.
 
 What a cluster does to a job, rehearsed on localhost with the real launcher (``python -m monai_fast.cli
-launch``, so torchrun, its rendezvous and :func:`~monai_fast.distributed.supervise.supervise`):
+launch``, so torchrun, its rendezvous and `supervise()`):
 
-- :func:`run_local_nodes` starts one launcher per "node", all meeting at ``127.0.0.1`` (a static
-  rendezvous from :func:`static_nodes`, or any options you give), and waits for them. The ranks of
+- `run_local_nodes()` starts one launcher per "node", all meeting at ``127.0.0.1`` (a static
+  rendezvous from `static_nodes()`, or any options you give), and waits for them. The ranks of
   different launchers talk over TCP as across nodes, but through loopback: no network is timed.
-- :func:`kill_drill` runs a launcher with ``--max-restarts`` (or one per node, e.g. two at one c10d
+- `kill_drill()` runs a launcher with ``--max-restarts`` (or one per node, e.g. two at one c10d
   rendezvous), SIGKILLs one rank once the progress file shows a given iteration, and times how long
   torchrun's restart takes to bring the job back to its next completed iteration. The script appends
   each completed iteration number to a progress file (``tutorials/distributed_train.py
   --progress-file``); times come from polling it. Instead of a rank it can lose a whole node (its
-  launcher's process tree, :func:`kill_tree`), then start a replacement with the same command; or the
-  node holding the c10d rendezvous (:func:`rdzv_host`).
+  launcher's process tree, `kill_tree()`), then start a replacement with the same command; or the
+  node holding the c10d rendezvous (`rdzv_host()`).
 
 Launchers write into log files, never pipes (an orphaned rank could hold a pipe open), and a launcher
 still running at the deadline gets SIGTERM, which it passes on to its ranks.
 
-Example:
+Examples:
     >>> from monai_fast.race.drill import static_nodes
     >>> static_nodes(2, 29400)[1]
     ['--nnodes', '2', '--master-addr', '127.0.0.1', '--master-port', '29400', '--node-rank', '1']
@@ -107,7 +107,7 @@ def run_local_nodes(
     Returns:
         Each launcher's exit status and output (its log, ``FOLDER/node<I>.log``).
 
-    Example:
+    Examples:
         >>> from monai_fast.distributed import free_port
         >>> run_local_nodes(static_nodes(2, free_port()), ["train.py"], "logs")  # doctest: +SKIP
         [(0, '...'), (0, '...')]
@@ -175,7 +175,7 @@ class TimedRun:
 
 @dataclass
 class KillDrill(TimedRun):
-    """A :func:`kill_drill`: a :class:`TimedRun` and when the rank was killed, after which iteration."""
+    """A `kill_drill()`: a `TimedRun` and when the rank was killed, after which iteration."""
 
     killed_after: int = 0
     killed_at_s: float = 0.0
@@ -233,7 +233,7 @@ def timed_launch(
 ) -> TimedRun:
     """Run ``monai-fast launch ARGS`` to its end, stamping the progress file's iterations as they appear.
 
-    Example:
+    Examples:
         >>> r = timed_launch(["train.py", "--progress-file", "p"], "p", "run.log")  # doctest: +SKIP
         >>> r.returncode, r.wall_s, r.steps  # doctest: +SKIP
         (0, 31.2, [1, 2, 3, 4])
@@ -369,7 +369,7 @@ def kill_drill(
     Raises:
         RuntimeError: a launcher ended, or ``timeout_s`` passed, before iteration ``kill_after``.
 
-    Example:
+    Examples:
         >>> d = kill_drill(
         ...     ["train.py", "--save-every", "3", "--progress-file", "p"], "p", "run.log", kill_after=5
         ... )  # doctest: +SKIP

@@ -1,4 +1,4 @@
-"""A recipe's epochs as rows, for the harness: :mod:`monai_fast.training.epochs`'s objects."""
+"""A recipe's epochs as rows, for the harness: `monai_fast.training.epochs`'s objects."""
 
 from monai_fast.training.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, write_epochs_csv
 

@@ -10,12 +10,12 @@ that needed 10x the epochs to Dice 0.5 is taken to need 10x the epochs to the ta
 ``fast``'s full validations are too sparse for that (a validation schedule runs few while far
 from the target, so the first one at that Dice may be its target epoch), the epochs are where a
 straight line through the last half of the baseline's own curve reaches the target
-(:func:`epochs_by_slope`). Either is times its seconds per epoch measured interleaved with
+(`epochs_by_slope()`). Either is times its seconds per epoch measured interleaved with
 ``fast``, plus its set-up. The input is load-free when the
 baseline ran an epoch budget (``epoch_multiple``): both runs draw their own random streams, so
 for a seed their Dice curves are the same on a quiet or a loaded host, and only the seconds per
 epoch (measured side by side) follow the load. Only a curve that got somewhere is used: its
-best Dice must be at least :data:`MIN_PROGRESS` of the target (an extrapolation from the flat
+best Dice must be at least `MIN_PROGRESS` of the target (an extrapolation from the flat
 start of a Dice curve is noise). Otherwise there is no estimate, the table says why, and the
 headline is the speed-up for equal work, measured: training seconds per training crop and full
 validation's seconds per validated volume, each its own ratio (the recipes' epochs hold different
@@ -24,14 +24,14 @@ lower bound.
 
 The speed-up is always the wall clock's, on a quiet host and a busy one alike: it is the time
 the user waits, and the epochs it rests on were taken in turns, so a competing job slowed both
-recipes while they were measured (:mod:`monai_fast.openmp` keeps OpenMP's threads apart, so such
+recipes while they were measured (`monai_fast.openmp` keeps OpenMP's threads apart, so such
 a job does not collapse one recipe's threads onto one core). Each recipe's CPU seconds to the
 target (its set-up's and its epochs', from the process's and its loader workers' CPU times, live
 or ended) are figured the same way and printed beside it. They are not the headline: an idle
 OpenMP thread's spin counts as CPU time on a quiet host and yields on a busy one, so they
 follow the load too. How busy the host was is printed under the table.
 
-Example:
+Examples:
     >>> epochs_by_progress([(5, 0.2), (20, 0.5)], fast_curve=[(1, 0.3), (2, 0.5), (4, 0.9)], fast_epochs=4, target=0.9)
     (40.0, 20, 0.5, 2)
 """
@@ -73,7 +73,7 @@ def epochs_by_progress(
     ``slow_epoch * fast_epochs / fast_epoch``. ``None`` when the best Dice is below
     ``MIN_PROGRESS * target`` or the fast run never reached it.
 
-    Example:
+    Examples:
         >>> epochs_by_progress([(1, 0.04), (7, 0.05)], [(1, 0.3)], fast_epochs=7, target=0.9) is None
         True
     """
@@ -100,7 +100,7 @@ def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[
     validations are too sparse to say when it passed the slow run's Dice (a validation schedule
     runs few while far from the target).
 
-    Example:
+    Examples:
         >>> epochs_by_slope([(e, 0.01 * e) for e in range(1, 31)], target=0.9)
         (90.0, 16, 30, 0.01)
     """
@@ -163,7 +163,7 @@ def stop_reason(result: RaceResult, budget: Mapping[str, object]) -> str:
     ``--total-budget`` left no time for its next epoch: ``budget["bound_stopped"]`` names it), ``"wall-clock budget"``
     or ``"epoch limit"``.
 
-    Example:
+    Examples:
         >>> r = RaceResult(
         ...     "baseline", 0.9, False, None, None, 40, 0.5, 0.0, 300.0, 7.0, 0.5, 0.1, 600.0, False, "cpu", False
         ... )
@@ -203,9 +203,9 @@ def headline(
         budget: how the budgets were set (written as is).
         fast, reference: the recipe whose speed-up is the headline, and the one it is measured against.
         host: how busy the host was while the epochs were taken in turns
-            (:meth:`monai_fast.telemetry.host.HostLoad.stop`); printed under the table.
+            (`monai_fast.telemetry.host.HostLoad.stop()`); printed under the table.
 
-    Example:
+    Examples:
         >>> headline([], {}, {})["speedup"]["how"]
         'n/a'
     """
@@ -398,9 +398,9 @@ def _cell(fig: dict, fmt: str) -> str:
 
 
 def format_headline(doc: dict) -> str:
-    """The printed table of :func:`headline`: each figure with ``(measured)`` or ``(estimated)``, then the bases.
+    """The printed table of `headline()`: each figure with ``(measured)`` or ``(estimated)``, then the bases.
 
-    Example:
+    Examples:
         >>> print(format_headline(headline([], {}, {})))  # doctest: +ELLIPSIS
         recipe  time to target s  CPU s to target  epochs to target  s/epoch interleaved  CPU s/epoch  ...  best Dice
         ------  ----------------  ---------------  ----------------  -------------------  -----------  ...  ---------

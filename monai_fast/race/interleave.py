@@ -8,17 +8,17 @@ count of epochs: how far their Dice curves get does not depend on the host's loa
 ``max_epochs``.
 
 With a ``deadline`` (the race's total bound) the time left once every recipe is set up is shared
-by measurement, not by fixed numbers: the lead may train :func:`lead_share` of it, a third with
+by measurement, not by fixed numbers: the lead may train `lead_share()` of it, a third with
 two recipes (the other trains as long beside it, in turns, so the turns take about two thirds),
 and each other recipe then trains alone, an epoch at a time while its longest epoch so far still
 ends in time, until its epoch or time budget is spent or its share of what is left is up,
 whichever comes first. A slow host thus still ends with Dice curves of both recipes, shorter.
-:func:`monai_fast.race.headline.headline` turns the results into the demo's headline.
+`monai_fast.race.headline.headline()` turns the results into the demo's headline.
 
-Each run draws from its own random stream (:class:`~monai_fast.data.rng_state.OwnRandomStream`),
+Each run draws from its own random stream (`OwnRandomStream`),
 so the order of the turns, which follows the host's load, changes none of their shuffles or crops.
 
-Example:
+Examples:
     >>> budget_after_lead(12.0, multiple=3.0, cap=300.0)
     36.0
     >>> budget_after_lead(200.0, multiple=3.0, cap=300.0)
@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 def lead_of(recipes: Sequence[str]) -> str:
     """The recipe whose time to target sets the others' budget: ``fast`` when it races, else the first.
 
-    Example:
+    Examples:
         >>> lead_of(["baseline", "fast"]), lead_of(["baseline", "monai_tutorial"])
         ('fast', 'baseline')
     """
@@ -61,7 +61,7 @@ def budget_after_lead(lead_s: float, multiple: float | None, cap: float | None) 
     """Seconds the other recipes get: ``multiple`` x the lead's time (its time to target, or its time run), at
     most ``cap``.
 
-    Example:
+    Examples:
         >>> budget_after_lead(10.0, multiple=None, cap=210.0)
         210.0
     """
@@ -74,7 +74,7 @@ def epochs_after_lead(lead_epochs: int, multiple: float | None, max_epochs: int 
 
     At most ``max_epochs`` (the recipes' epoch limit): a budget past it is never trained, so it is not promised.
 
-    Example:
+    Examples:
         >>> epochs_after_lead(7, multiple=None) is None, epochs_after_lead(7, multiple=2.5)
         (True, 18)
     """
@@ -90,7 +90,7 @@ def lead_share(recipes: int) -> float:
     The others train as long as the lead beside it, in turns, which leaves ``1 / (recipes + 1)`` of the time for
     them to train on alone.
 
-    Example:
+    Examples:
         >>> lead_share(2)
         0.3333333333333333
     """
@@ -131,22 +131,22 @@ def run_interleaved(
     """Train ``recipes`` in turns until the lead is done, then the others alone within the budget the lead sets.
 
     Args:
-        recipes: recipe names; the lead is :func:`lead_of` them.
+        recipes: recipe names; the lead is `lead_of()` them.
         configs: each recipe's options.
         train_files, val_files: the data.
-        device, target, run_dir, progress: as :func:`monai_fast.race.runner.run_to_target`.
+        device, target, run_dir, progress: as `monai_fast.race.runner.run_to_target()`.
         cap_s: most seconds on any recipe's clock (``None``: no cap).
         multiple: the others' wall-clock budget in multiples of the lead's time (``None``: the cap).
-        events: a :class:`monai_fast.race.RaceEvents`.
+        events: a `monai_fast.race.RaceEvents`.
         epoch_multiple: the others' epoch budget in multiples of the lead's epochs (``None``: none).
         deadline: ``time.monotonic()`` by which every recipe has stopped (``None``: none); the time left
             after the set-up is shared as the module says.
 
     Returns:
         ``(results in recipes' order, epochs each ran interleaved, how the budgets were set, how busy the host
-        was while they took turns)`` (the last from :class:`~monai_fast.telemetry.host.HostLoad`).
+        was while they took turns)`` (the last from `HostLoad`).
 
-    Example:
+    Examples:
         >>> results, paired, budget, host = run_interleaved(["fast", "baseline"], configs, tr, va, "cpu", 0.9,
         ...                                           300.0, 3.0, None, False, RaceEvents())  # doctest: +SKIP
     """

@@ -1,10 +1,10 @@
 """The single-GPU SegResNet lab: one run of a recipe around MONAI's SegResNet, its images and its measured table.
 
 The script ``tutorials/segresnet_lab.py`` and the notebook ``tutorials/segresnet_lab.ipynb`` are two
-front ends of :func:`run_lab`: the same data sizes, the same TensorBoard images, the same
+front ends of `run_lab()`: the same data sizes, the same TensorBoard images, the same
 expected-performance table filled from the run's own measurements.
 
-Example:
+Examples:
     >>> from monai_fast.race.lab import lab_data, run_lab
     >>> train, val, config = lab_data("cpu")  # doctest: +SKIP
     >>> lab = run_lab(train, val, config, "cpu", "runs/lab")  # doctest: +SKIP
@@ -73,7 +73,7 @@ class PredictionImages:
         writer: a TensorBoard ``SummaryWriter`` (the images go under ``lab/input``, ``lab/label``, ``lab/prediction``).
         trainer: the trainer whose epoch numbers the images' steps.
 
-    Example:
+    Examples:
         >>> images = PredictionImages(writer, trainer)  # doctest: +SKIP
         >>> images.attach(evaluator)  # doctest: +SKIP
     """
@@ -145,7 +145,7 @@ def performance(
 
 
 def performance_table(p: dict) -> str:
-    """``p`` (from :func:`performance`) as the lab's markdown table."""
+    """``p`` (from `performance()`) as the lab's markdown table."""
 
     def num(v: float | None, fmt: str) -> str:
         return "n/a" if v is None else format(v, fmt)
@@ -170,7 +170,7 @@ def performance_table(p: dict) -> str:
 def lab_data(
     size: str, data_dir: str | os.PathLike | None = None, max_epochs: int | None = None, progress: bool = False
 ) -> tuple[list[dict], list[dict], RecipeConfig]:
-    """The lab's files and recipe options at ``size`` (a key of :data:`LAB_SIZES`).
+    """The lab's files and recipe options at ``size`` (a key of `LAB_SIZES`).
 
     Without ``data_dir`` a synthetic spleen-like set of that size is written once into the cache; with it,
     that MSD folder's ``dataset.json`` is read (a quarter held out for validation). Validation runs every
@@ -192,8 +192,8 @@ class LabRun:
     """What one lab run measured and wrote."""
 
     result: RaceResult
-    numbers: dict  #: :func:`performance`'s numbers (also in ``performance.json``)
-    table: str  #: :func:`performance_table` (also in ``performance.md``)
+    numbers: dict  #: `performance()`'s numbers (also in ``performance.json``)
+    table: str  #: `performance_table()` (also in ``performance.md``)
     images: dict[str, np.ndarray]  #: the last validation's first case: ``input``, ``label``, ``prediction``
     run_dir: Path  #: TensorBoard events and the run record under ``<run_dir>/<recipe>``, the figure and table beside it
     record_dir: Path
@@ -209,7 +209,7 @@ def run_lab(
     target: float = 1.0,
     progress: bool = False,
 ) -> LabRun:
-    """Train ``recipe`` with ``config`` (e.g. from :func:`lab_data`) and write the lab's outputs into ``run_dir``.
+    """Train ``recipe`` with ``config`` (e.g. from `lab_data()`) and write the lab's outputs into ``run_dir``.
 
     Writes TensorBoard events and the run record (``<run_dir>/<recipe>/``), ``prediction.png``,
     ``performance.json`` and ``performance.md`` (the table, device named). ``target`` stops at that

@@ -1,11 +1,11 @@
 """What a race is asked to do, and the check of every option before anything runs.
 
-:class:`RaceSpec` holds a race's options as plain typed fields; :func:`plan_race` checks them all
+`RaceSpec` holds a race's options as plain typed fields; `plan_race()` checks them all
 (recipe names, target, budget, data source, device, recipe options, tuning ranges, that the run
-folder can be written) and raises :class:`RaceOptionError` naming the first bad option, so a
+folder can be written) and raises `RaceOptionError` naming the first bad option, so a
 mistake costs a second, not a race.
 
-Example:
+Examples:
     >>> from monai_fast.race.options import RaceOptionError, RaceSpec, plan_race
     >>> try:
     ...     plan_race(RaceSpec(recipes=("fast",), target=1.5, device="cpu"))
@@ -62,14 +62,14 @@ DEMO_TOTAL_BUDGET_S = 600.0
 #: the demo's epoch budget of the baseline by default, in multiples of fast's epochs to target
 DEMO_EPOCH_MULTIPLE = 4.0
 
-RaceOptionError = OptionError  #: an option of a race is invalid; ``option`` names it (a :class:`RaceSpec` field)
+RaceOptionError = OptionError  #: an option of a race is invalid; ``option`` names it (a `RaceSpec` field)
 
 
 @dataclass(frozen=True)
 class TuneOptions:
-    """How the ``fast`` recipe is tuned before the race (see :func:`monai_fast.recipes.tuning.tune_recipe`).
+    """How the ``fast`` recipe is tuned before the race (see `monai_fast.recipes.tuning.tune_recipe()`).
 
-    Example:
+    Examples:
         >>> TuneOptions(batch_range=(1, 2), trials=2).sw_range
         (1, 16)
     """
@@ -91,9 +91,9 @@ class RaceSpec:
     """A race's options.
 
     Attributes:
-        recipes: recipe names (:data:`monai_fast.recipes.RECIPES`), raced in this order.
+        recipes: recipe names (`monai_fast.recipes.RECIPES`), raced in this order.
         data_dir: an MSD-layout folder with ``dataset.json``; or give ``train_files`` and
-            ``val_files``; with neither, :attr:`synthetic` data is generated.
+            ``val_files``; with neither, `synthetic` data is generated.
         train_files, val_files: ``{"image", "label"}`` dicts.
         synthetic: the synthetic set used when no data is given.
         val_fraction: share of ``data_dir``'s cases held out for validation.
@@ -102,11 +102,11 @@ class RaceSpec:
         target: validation mean Dice (background excluded) to reach, in (0, 1].
         time_budget_s: seconds each recipe may run (with ``budget_multiple``, the cap); ``None``: no
             limit but ``max_epochs`` (and ``total_budget_s``).
-        total_budget_s: seconds the whole race may take from the call of :func:`~monai_fast.race.race`
+        total_budget_s: seconds the whole race may take from the call of `race()`
             on (data, set-up, training, reports); needs ``interleave``. The lead trains at most a share
             of what is left after the set-up (a third with two recipes; the others train as long beside
             it, in turns), then each other recipe trains on within its epoch or time budget or until
-            that time is up, whichever comes first (:mod:`monai_fast.race.interleave`); ``None``: no
+            that time is up, whichever comes first (`monai_fast.race.interleave`); ``None``: no
             such bound.
         budget_multiple: the recipes other than ``fast`` get this many times ``fast``'s time to
             target (its time run when it missed), at most ``time_budget_s``; ``None``: each gets
@@ -117,14 +117,14 @@ class RaceSpec:
             ``None``: no epoch budget.
         interleave: train the recipes an epoch at a time, the one whose clock is behind next, so
             their seconds per epoch are measured in the same conditions; ``results.json`` then holds
-            the ``headline`` (:func:`monai_fast.race.headline.headline`).
+            the ``headline`` (`monai_fast.race.headline.headline()`).
         device: ``"auto"`` (CUDA if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
-        overrides: :class:`~monai_fast.recipes.RecipeConfig` fields set for every recipe
+        overrides: `RecipeConfig` fields set for every recipe
             (``max_epochs``, ``patch_size``, ``amp``...); the seed comes from ``seed``/``train_seed``.
         tune: tune ``fast`` first (when it races) with these options; ``None``: no tuning.
         run_dir: the run folder; ``None``: ``runs/race-<time>``.
         progress: progress bars.
-        preflight: check every file of the data before training (:func:`monai_fast.data.preflight.preflight`:
+        preflight: check every file of the data before training (`monai_fast.data.preflight.preflight()`:
             unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; cached
             per file); ``False`` skips it for a huge data set.
         record_options: what ``results.json`` records under ``options`` (e.g. the command's options).
@@ -155,7 +155,7 @@ class RaceSpec:
 
 @dataclass(frozen=True)
 class RacePlan:
-    """A checked :class:`RaceSpec`: the device resolved, the recipe options built, the run folder made."""
+    """A checked `RaceSpec`: the device resolved, the recipe options built, the run folder made."""
 
     spec: RaceSpec
     device: str
@@ -225,12 +225,12 @@ def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
         need_run_dir: check (and create) the run folder; ``False`` for tuning alone.
 
     Returns:
-        The :class:`RacePlan` to run.
+        The `RacePlan` to run.
 
     Raises:
         RaceOptionError: naming the first bad option.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> plan = plan_race(RaceSpec(recipes=("fast",), device="cpu", run_dir=tempfile.mkdtemp()))
         >>> plan.device, plan.config.seed

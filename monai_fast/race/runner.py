@@ -1,5 +1,5 @@
-"""One recipe trained to a target, for the harness: :mod:`monai_fast.training.run`'s objects under the harness's
-names (its result is a :class:`RaceResult`)."""
+"""One recipe trained to a target, for the harness: `monai_fast.training.run`'s objects under the harness's
+names (its result is a `RaceResult`)."""
 
 from monai_fast.training.run import EPOCH_FIELDS, EpochRow, TargetRun, TrainResult, run_to_target, write_epochs_csv
 

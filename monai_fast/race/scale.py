@@ -1,6 +1,6 @@
-"""The demo's size on a device (:mod:`monai_fast.training.scale`) and the line the demo prints on it.
+"""The demo's size on a device (`monai_fast.training.scale`) and the line the demo prints on it.
 
-Example:
+Examples:
     >>> import torch
     >>> demo_scale(torch.device("cuda")).synthetic.cases
     40
@@ -17,7 +17,7 @@ __all__ = ["DemoScale", "demo_scale", "size_line"]
 def size_line(spec: RaceSpec, scale: DemoScale) -> str:
     """The one line the demo prints on its size: the data, patch and network it will train, and ``scale``'s default.
 
-    Example:
+    Examples:
         >>> import torch
         >>> print(size_line(RaceSpec(), demo_scale(torch.device("cpu"))))  # doctest: +NORMALIZE_WHITESPACE
         sized for cpu (default: small, for a CPU): 16 synthetic volumes of 128x128x64 voxels, 64x64x64 patches,

@@ -5,7 +5,7 @@ A recipe is registered under its name with two functions of one signature each: 
 memory format; what the tuner times) and its builder (``(train_files, val_files, config,
 device, progress) -> Recipe``), which composes those parts with a data piece.
 
-Example:
+Examples:
     >>> from monai_fast.recipes import RecipeConfig, build_recipe
     >>> recipe = build_recipe("fast", train_files, val_files, RecipeConfig(max_epochs=5))  # doctest: +SKIP
     >>> recipe.trainer.run()  # doctest: +SKIP
@@ -70,7 +70,7 @@ def recipe_parts(name: str, config: RecipeConfig | None = None, device: str | to
     Raises:
         ValueError: for an unknown recipe name.
 
-    Example:
+    Examples:
         >>> recipe_parts("fast", RecipeConfig(precision="fp32")).config.batch_size
         1
     """
@@ -85,9 +85,9 @@ def build_recipe(
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> Recipe:
-    """Build recipe ``name`` (one of :data:`RECIPES`).
+    """Build recipe ``name`` (one of `RECIPES`).
 
-    Inside a distributed job (:func:`monai_fast.distributed.run`) each rank takes its share of
+    Inside a distributed job (`monai_fast.distributed.run()`) each rank takes its share of
     ``train_files`` (even sizes) and ``val_files`` (no repeats), so each caches only its share;
     the network is wrapped in DDP (Horovod: its optimizer) and validation Dice is gathered over
     all ranks by MONAI's metric.
@@ -95,7 +95,7 @@ def build_recipe(
     Raises:
         ValueError: for an unknown recipe name.
 
-    Example:
+    Examples:
         >>> recipe = build_recipe("baseline", train_files, val_files, RecipeConfig(max_epochs=1))  # doctest: +SKIP
     """
     build = _entry(name).build

@@ -16,14 +16,14 @@ from monai_fast.recipes.pieces import dice_loss
 
 __all__ = ["DEFAULTS", "baseline_parts", "build_baseline"]
 
-#: what ``None`` in :class:`RecipeConfig` means for this recipe (MONAI's spleen tutorial's values)
+#: what ``None`` in `RecipeConfig` means for this recipe (MONAI's spleen tutorial's values)
 DEFAULTS = {"batch_size": 2, "num_samples": 4, "optimizer": "adam"}
 
 
 def baseline_parts(config: RecipeConfig | None = None, device: str | torch.device = "cpu") -> RecipeParts:
     """``DiceLoss``, ``Adam(1e-4)``, default layout, fp32 (MONAI's ``amp`` only with ``config.precision="fp16"``).
 
-    Example:
+    Examples:
         >>> baseline_parts(RecipeConfig()).loss().__class__.__name__
         'DiceLoss'
     """
@@ -40,11 +40,11 @@ def build_baseline(
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> Recipe:
-    """:func:`baseline_parts` over ``Dataset`` + multi-process ``DataLoader`` (every transform every epoch).
+    """`baseline_parts()` over ``Dataset`` + multi-process ``DataLoader`` (every transform every epoch).
 
-    Options left ``None`` in ``config`` take :data:`DEFAULTS`; ``progress`` is unused (nothing is cached).
+    Options left ``None`` in ``config`` take `DEFAULTS`; ``progress`` is unused (nothing is cached).
 
-    Example:
+    Examples:
         >>> recipe = build_baseline(train_files, val_files, RecipeConfig(max_epochs=2))  # doctest: +SKIP
         >>> recipe.trainer.run()  # doctest: +SKIP
     """

@@ -76,7 +76,7 @@ def build_optimizer(config: RecipeConfig, params: Iterable[torch.nn.Parameter]) 
 
     ``config.optimizer`` must be set; recipes fill it with their own through ``with_defaults``.
 
-    Example:
+    Examples:
         >>> net = torch.nn.Linear(2, 2)
         >>> build_optimizer(RecipeConfig(optimizer="adamw"), net.parameters()).param_groups[0]["lr"]
         0.003
@@ -116,7 +116,7 @@ def build_network(config: RecipeConfig, device: torch.device, out_channels: int 
     """``config.network`` sized by ``config``: MONAI's 3D ``UNet`` with batch norm (as in MONAI's spleen
     tutorials) or its ``SegResNet`` (``init_filters=channels[0]``, one level per entry of ``channels``).
 
-    Example:
+    Examples:
         >>> cfg = RecipeConfig(network="segresnet", channels=(16, 32, 64, 128), dropout=0.2)
         >>> type(build_network(cfg, torch.device("cpu"))).__name__
         'SegResNet'
@@ -243,13 +243,13 @@ def _val_metric() -> dict:
 
 
 def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
-    """A :class:`~monai_fast.handlers.ValidationSchedule` on ``recipe``'s trainer, as
+    """A `ValidationSchedule` on ``recipe``'s trainer, as
     ``config.validation="schedule"`` asks.
 
     The estimate is the mean Dice on the first ``config.val_subset`` items of the evaluator's
     (final) data set, with the evaluator's network, inferer and precision.
 
-    Example:
+    Examples:
         >>> attach_validation_schedule(recipe).every  # doctest: +SKIP
         5
     """

@@ -18,7 +18,7 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
 
     The network is built after the data sets (the seed's random stream is the same as always),
     validation runs through a ``ValidationHandler``. With ``levers``, that
-    :class:`~monai_fast.handlers.FastTraining` is attached to trainer and evaluator, exactly as a
+    `FastTraining` is attached to trainer and evaluator, exactly as a
     user attaches it (it adopts both loaders, caching where its planner says, and sets the
     precision: ``parts.precision_by`` must then be ``"toggle"``); without, the precision goes to
     MONAI's own ``amp`` (``parts.precision_by == "monai"``). Every trainer gets a
@@ -26,7 +26,7 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
     and persistent ones stop the run with an error naming the files. ``recipe.notes`` say what was
     built.
 
-    Example:
+    Examples:
         >>> parts = fast_parts(RecipeConfig(), "cpu")  # doctest: +SKIP
         >>> recipe = compose(parts, uncached_data(parts, train_files, val_files), time.perf_counter(),
         ...                  levers=fast_training(parts))  # doctest: +SKIP

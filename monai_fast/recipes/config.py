@@ -46,7 +46,7 @@ class RecipeConfig:
         pixdim: target voxel spacing in mm for ``Spacingd``.
         intensity_window: CT window ``(a_min, a_max)`` in HU for ``ScaleIntensityRanged``.
         optimizer: ``"adam"``, ``"adamw"`` or ``"novograd"``; ``None``: the recipe's own.
-        lr: learning rate; ``None``: the optimizer's default here (:data:`DEFAULT_LR`: Adam's
+        lr: learning rate; ``None``: the optimizer's default here (`DEFAULT_LR`: Adam's
             from MONAI's spleen tutorial, Novograd's from its fast-training guide, AdamW's as
             measured for ``fast``).
         sw_batch_size: windows per forward pass in sliding-window validation.
@@ -57,7 +57,7 @@ class RecipeConfig:
         val_interval: validate every this many epochs (``validation="every_epoch"``).
         validation: when the full validation runs: ``"every_epoch"`` (every ``val_interval``
             epochs, MONAI's ``ValidationHandler``) or ``"schedule"`` (a
-            :class:`~monai_fast.handlers.ValidationSchedule`: the Dice on the first ``val_subset``
+            `ValidationSchedule`: the Dice on the first ``val_subset``
             validation cases after every epoch decides; the full validation every ``val_every``
             epochs while that estimate is more than ``val_margin`` below ``val_target``, every epoch
             from then on; only a full validation declares the target); ``None``: the recipe's
@@ -68,7 +68,7 @@ class RecipeConfig:
         num_workers: ``DataLoader`` workers of the baseline; ``None``: min(4, CPUs).
         cache_threads: threads filling caches; ``None``: number of CPUs.
         precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"fp32"``
-            (:data:`~monai_fast.telemetry.precision.REQUESTS`). ``"auto"``: the recipe's default
+            (`REQUESTS`). ``"auto"``: the recipe's default
             (``fast``: bf16 or fp16 where the device runs it, also bf16 on CPUs where it is faster;
             ``monai_tutorial``: MONAI's fp16 ``amp`` on CUDA; ``baseline``: fp32). ``"fp16"`` turns
             MONAI's ``amp`` on in ``baseline`` and ``monai_tutorial`` (CUDA only); ``"fp32"``: no
@@ -76,9 +76,9 @@ class RecipeConfig:
         compile: compile the network with ``torch.compile`` (MONAI's ``compile=True``); the
             first iterations then take longer while kernels are built.
         cache: where ``fast`` caches the deterministic part of the training chain: ``"auto"``
-            (measured by :func:`~monai_fast.data.planner.plan_cache`: GPU memory on CUDA, else RAM,
+            (measured by `plan_cache()`: GPU memory on CUDA, else RAM,
             else disk with ``cache_dir``, else a rotating SmartCache, within the budgets),
-            or one of the places in :data:`~monai_fast.data.planner.CACHE_PLACES` (``"gpu"``,
+            or one of the places in `CACHE_PLACES` (``"gpu"``,
             ``"ram"``, ``"disk"``, ``"smartcache"``, ``"none"``). ``monai_tutorial`` always caches
             like MONAI's guide.
         cache_dir: folder for a disk cache (``"auto"`` considers disk only when it is set).
@@ -218,13 +218,13 @@ class RecipeConfig:
 
     @property
     def amp(self) -> bool | None:
-        """Deprecated: read :attr:`precision` (``"fp32"`` is ``False``, ``"auto"`` ``None``, else ``True``)."""
+        """Deprecated: read `precision` (``"fp32"`` is ``False``, ``"auto"`` ``None``, else ``True``)."""
         deprecated("RecipeConfig.amp", "RecipeConfig.precision", stacklevel=3)
         return {"fp32": False, "auto": None}.get(self.precision, True)
 
     @property
     def cache_workers(self) -> int | None:
-        """Deprecated: read :attr:`cache_threads`."""
+        """Deprecated: read `cache_threads`."""
         deprecated("RecipeConfig.cache_workers", "RecipeConfig.cache_threads", stacklevel=3)
         return self.cache_threads
 
@@ -233,7 +233,7 @@ class RecipeConfig:
 
         Recipes call this first, so ``None`` means "the recipe's own choice".
 
-        Example:
+        Examples:
             >>> RecipeConfig(batch_size=4).with_defaults(batch_size=1, num_samples=2).num_samples
             2
         """
@@ -251,13 +251,13 @@ class RecipeConfig:
         precision: str,
         cache_budget_mib: float | None = None,
     ) -> RecipeConfig:
-        """A copy with a tuner's pick (:meth:`monai_fast.tune.TuneResult.apply` calls this).
+        """A copy with a tuner's pick (`monai_fast.tune.TuneResult.apply()` calls this).
 
         ``precision`` ``"fp32"`` is kept; a mixed precision keeps the one this config asks for
         (``"auto"``, ``"bf16"``, ``"fp16"``; ``"auto"`` when it asked for fp32); ``cache_budget_mib`` is
         kept when ``None``.
 
-        Example:
+        Examples:
             >>> RecipeConfig().tuned(4, 8, "cpu", "fp32").precision
             'fp32'
         """
@@ -285,12 +285,12 @@ class RecipeConfig:
         return cls(**_current_names(dict(d), "recipe option {!r}"))
 
 
-#: deprecated keywords of :class:`RecipeConfig`, the option that replaces each, and how a value maps onto it
+#: deprecated keywords of `RecipeConfig`, the option that replaces each, and how a value maps onto it
 _DEPRECATED = {
     "amp": ("precision", lambda amp: "fp32" if amp is False else "auto"),
     "cache_workers": ("cache_threads", lambda n: n),
 }
-#: the deprecated option names :class:`RecipeConfig` still takes
+#: the deprecated option names `RecipeConfig` still takes
 DEPRECATED_OPTIONS = tuple(_DEPRECATED)
 _dataclass_init = RecipeConfig.__init__
 

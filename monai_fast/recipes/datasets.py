@@ -1,15 +1,15 @@
 """The data pieces of the recipes: where the deterministic transforms' output lives, and who loads it.
 
-Each piece takes a recipe's :class:`~monai_fast.recipes.parts.RecipeParts` and the file lists
-and returns a :class:`DataPiece`: training and validation data sets and loaders, and a note
+Each piece takes a recipe's `RecipeParts` and the file lists
+and returns a `DataPiece`: training and validation data sets and loaders, and a note
 saying what was built. ``uncached_data`` is plain MONAI (the ``fast`` recipe's
-:class:`~monai_fast.handlers.FastTraining` adopts it into planned caches); ``guide_cached_data`` is
+`FastTraining` adopts it into planned caches); ``guide_cached_data`` is
 MONAI's fast-training guide (everything cached, a thread loader).
 
 A file that cannot be read (a truncated NIfTI, say) ends the build or the epoch with one
-:class:`~monai_fast.data.items.DataItemError` naming the file, in every cache mode and in loader
-worker processes: every chain is a :class:`NamedItemsCompose`, and a failed cache fill waits for
-the fill's other threads (:func:`threads_joined_on_error`) so the process can exit cleanly.
+`DataItemError` naming the file, in every cache mode and in loader
+worker processes: every chain is a `NamedItemsCompose`, and a failed cache fill waits for
+the fill's other threads (`threads_joined_on_error()`) so the process can exit cleanly.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def require_device(device: torch.device) -> None:
     Called first by every data piece, so ``build_recipe(..., device="cuda")`` on a CPU-only build
     fails before any data is read, not with torch's assert inside a transform.
 
-    Example:
+    Examples:
         >>> require_device(torch.device("cpu"))
     """
     from monai_fast.telemetry import cuda_available
@@ -74,7 +74,7 @@ class DataPiece:
 def uncached_data(parts: RecipeParts, train_files: Sequence[dict], val_files: Sequence[dict]) -> DataPiece:
     """``Dataset`` + multi-process ``DataLoader``: every transform runs every epoch.
 
-    Example:
+    Examples:
         >>> data = uncached_data(parts, train_files, val_files)  # doctest: +SKIP
     """
     require_device(parts.device)
@@ -96,7 +96,7 @@ def guide_cached_data(
 ) -> DataPiece:
     """MONAI's guide: ``CacheDataset`` of everything, in GPU memory on CUDA, else RAM; a thread loader.
 
-    Example:
+    Examples:
         >>> data = guide_cached_data(parts, train_files, val_files, progress=False)  # doctest: +SKIP
     """
     require_device(parts.device)

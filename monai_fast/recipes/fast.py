@@ -1,15 +1,15 @@
-"""``fast``: a plain MONAI trainer with the recipe's algorithm choices, made fast by :class:`FastTraining`.
+"""``fast``: a plain MONAI trainer with the recipe's algorithm choices, made fast by `FastTraining`.
 
 The trainer and evaluator are built as a MONAI user builds them (``Dataset`` + ``DataLoader`` with
-worker processes, sliding-window evaluator, see :func:`~monai_fast.recipes.datasets.uncached_data`);
+worker processes, sliding-window evaluator, see `uncached_data()`);
 then ``FastTraining(...).attach(trainer, evaluator)`` applies the levers, the same mechanism a
 user's own trainer gets:
 
-* data: both loaders adopted over caches where :func:`~monai_fast.data.planner.plan_cache`
+* data: both loaders adopted over caches where `plan_cache()`
   measures they fit (``RecipeConfig.cache="auto"``: GPU memory on CUDA, else RAM, else a trusted
   disk cache with ``cache_dir``, else a SmartCache rotation), read by a ``SafeThreadDataLoader``
   (an item whose transforms raise stops training with an error naming its files);
-* precision: what :func:`~monai_fast.telemetry.precision.choose_precision` picks
+* precision: what `choose_precision()` picks
   for ``RecipeConfig.precision`` (``"auto"`` by default, ``"fp32"``: no mixed precision), on trainer
   and evaluator;
 * memory format: ``channels_last_3d`` weights, except on a CPU running bf16 (the rule the tuner
@@ -41,14 +41,14 @@ from monai_fast.recipes.pieces import auto_precision, dice_ce_loss, memory_forma
 
 __all__ = ["DEFAULTS", "build_fast", "fast_parts", "fast_training"]
 
-#: what ``None`` in :class:`RecipeConfig` means for this recipe
+#: what ``None`` in `RecipeConfig` means for this recipe
 DEFAULTS = {"batch_size": 1, "num_samples": 2, "optimizer": "adamw", "validation": "schedule"}
 
 
 def fast_parts(config: RecipeConfig | None = None, device: str | torch.device = "cpu") -> RecipeParts:
     """``DiceCELoss``, ``AdamW(3e-3)``, the automatic precision and its memory format, chains in a cache's form.
 
-    Example:
+    Examples:
         >>> fast_parts(RecipeConfig(precision="fp32")).channels_last
         True
     """
@@ -73,9 +73,9 @@ def build_fast(
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> Recipe:
-    """monai-fast's recipe: :func:`fast_parts` in a plain MONAI trainer, then :func:`fast_training` attached.
+    """monai-fast's recipe: `fast_parts()` in a plain MONAI trainer, then `fast_training()` attached.
 
-    Example:
+    Examples:
         >>> recipe = build_fast(train_files, val_files, RecipeConfig(max_epochs=2))  # doctest: +SKIP
         >>> recipe.trainer.run()  # doctest: +SKIP
     """
@@ -86,9 +86,9 @@ def build_fast(
 
 
 def fast_training(parts: RecipeParts, progress: bool = False) -> FastTraining:
-    """The :class:`FastTraining` the ``fast`` recipe attaches: its cache options, precision and layout.
+    """The `FastTraining` the ``fast`` recipe attaches: its cache options, precision and layout.
 
-    Example:
+    Examples:
         >>> fast_training(fast_parts(RecipeConfig(precision="fp32"))).precision
         'fp32'
     """

@@ -23,14 +23,14 @@ from monai_fast.recipes.pieces import dice_ce_loss
 
 __all__ = ["DEFAULTS", "build_monai_tutorial", "monai_tutorial_parts"]
 
-#: what ``None`` in :class:`RecipeConfig` means for this recipe
+#: what ``None`` in `RecipeConfig` means for this recipe
 DEFAULTS = {"batch_size": 2, "num_samples": 4, "optimizer": "novograd"}
 
 
 def monai_tutorial_parts(config: RecipeConfig | None = None, device: str | torch.device = "cpu") -> RecipeParts:
     """``DiceCELoss``, ``Novograd(2e-3)``, default layout, MONAI's fp16 ``amp`` on CUDA, chains in a cache's form.
 
-    Example:
+    Examples:
         >>> monai_tutorial_parts(RecipeConfig()).config.optimizer
         'novograd'
     """
@@ -49,9 +49,9 @@ def build_monai_tutorial(
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> Recipe:
-    """MONAI's fast-training recipe (see the module docstring): :func:`monai_tutorial_parts` over the guide's cache.
+    """MONAI's fast-training recipe (see the module docstring): `monai_tutorial_parts()` over the guide's cache.
 
-    Example:
+    Examples:
         >>> recipe = build_monai_tutorial(train_files, val_files, RecipeConfig(max_epochs=2))  # doctest: +SKIP
         >>> recipe.trainer.run()  # doctest: +SKIP
     """

@@ -1,8 +1,8 @@
 """What a recipe trains, as one object: network, loss, optimizer, transform chains, precision, layout.
 
-A recipe's builder assembles engines and data sets from its :class:`RecipeParts`; the tuner
-(:func:`monai_fast.recipes.tuning.tune_recipe`) times the same parts, so it tunes exactly what the recipe
-trains. :func:`monai_fast.recipes.recipe_parts` gives a registered recipe's parts by name.
+A recipe's builder assembles engines and data sets from its `RecipeParts`; the tuner
+(`monai_fast.recipes.tuning.tune_recipe()`) times the same parts, so it tunes exactly what the recipe
+trains. `monai_fast.recipes.recipe_parts()` gives a registered recipe's parts by name.
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ class RecipeParts:
         name: recipe name.
         config: the options, the recipe's defaults filled in (``with_defaults``).
         device: where training runs.
-        precision: ``"bf16"``, ``"fp16"`` or ``"fp32"`` (:mod:`monai_fast.telemetry.precision`).
+        precision: ``"bf16"``, ``"fp16"`` or ``"fp32"`` (`monai_fast.telemetry.precision`).
         precision_by: who runs the precision: ``"monai"``, MONAI's own ``amp=True`` (CUDA fp16
-            autocast + scaler), or ``"toggle"``, an :class:`~monai_fast.handlers.AMPToggle` on
+            autocast + scaler), or ``"toggle"``, an `AMPToggle` on
             trainer and evaluator.
         loss_factory: builds the training loss.
         cache_form: the deterministic chain ends in a cache's form (crop indices precomputed,
             plain tensors) and the random crop uses those indices.
-        memory_format: the weights' layout for a precision (see :meth:`network`).
+        memory_format: the weights' layout for a precision (see `network()`).
 
-    Example:
+    Examples:
         >>> from monai_fast.recipes import RecipeConfig, recipe_parts
         >>> parts = recipe_parts("monai_tutorial", RecipeConfig(), "cpu")
         >>> parts.config.optimizer, parts.precision
@@ -77,7 +77,7 @@ class RecipeParts:
         return self.memory_format(self.precision) == torch.channels_last_3d
 
     def network(self, device: torch.device | str | None = None) -> torch.nn.Module:
-        """The UNet on ``device`` (default :attr:`device`), weights in the recipe's layout."""
+        """The UNet on ``device`` (default `device`), weights in the recipe's layout."""
         net = build_network(self.config, torch.device(device) if device is not None else self.device)
         fmt = self.memory_format(self.precision)
         return net if fmt == torch.contiguous_format else net.to(memory_format=fmt)
@@ -94,7 +94,7 @@ class RecipeParts:
         """The deterministic head of the training chain (what a cache holds).
 
         Args:
-            to_device: end with ``ToDeviced`` to :attr:`device` (a cache in GPU memory).
+            to_device: end with ``ToDeviced`` to `device` (a cache in GPU memory).
         """
         return deterministic_transforms(
             self.config,

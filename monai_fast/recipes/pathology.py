@@ -9,20 +9,20 @@ After MONAI's pathology tumour-detection example (Camelyon16 patches, MONAI's WS
   ``DataLoader``, SGD with momentum (the example's baseline), fp32.
 * ``fast``: the guide's levers: the WSI backend chosen by what is installed (cuCIM on a GPU,
   else OpenSlide, else monai-fast's tile-aware tifffile reader:
-  :mod:`monai_fast.data.wsi_reader`), ``uint8`` patches through a ``SafeThreadDataLoader``,
+  `monai_fast.data.wsi_reader`), ``uint8`` patches through a ``SafeThreadDataLoader``,
   augmentation of whole batches on the training device (cuCIM's GPU kernels through MONAI's
   ``RandCuCIM`` where cuCIM and CUDA are present, torch operations otherwise:
-  :mod:`monai_fast.recipes.pathology_augment`), ``AMPToggle("auto")``, Novograd.
+  `monai_fast.recipes.pathology_augment`), ``AMPToggle("auto")``, Novograd.
 
 Both carry the same measuring handlers (``TimeBreakdown``, ``ThroughputMonitor``,
 ``TimeToTarget`` on the validation AUC, and with a run folder ``RecordHandler``), so their
 patches/s and time to a target AUC compare within one run.
 
-Neither ends an epoch short. Before anything is built, :func:`~monai_fast.data.preflight.preflight_wsi`
+Neither ends an epoch short. Before anything is built, `preflight_wsi()`
 checks every slide (readable to its end, at least the patch's size) and every patch location
 (wholly inside its slide), and names each one at fault. During training, a patch that fails is
 raised in the training thread with its slide and location (``SafeThreadDataLoader``), and an
-:class:`~monai_fast.handlers.epoch_length_guard.EpochLengthGuard` on the trainer and on the
+`EpochLengthGuard` on the trainer and on the
 evaluator raises when a loader's pass or an epoch ends before its length, ahead of the validation
 and the metrics of that epoch: a run that trained or validated on fewer patches than its lists
 never reports an AUC.
@@ -30,9 +30,9 @@ never reports an AUC.
 The network is MONAI's 2D ``DenseNet`` (at full size on a GPU: DenseNet-121's layout). MONAI's
 example uses ``TorchVisionFCModel`` (a torchvision ResNet-18), but torchvision has no wheel for
 some CPU-only torch builds, so a MONAI-native network stands in; its width is set per
-size (:data:`SIZES`).
+size (`SIZES`).
 
-Example:
+Examples:
     >>> from monai_fast.data.wsi import load_wsi_datalist, synthetic_wsi_dataset
     >>> from monai_fast.recipes.pathology import SIZES, run_pathology
     >>> size = SIZES["tiny"]
@@ -258,12 +258,12 @@ def build_pathology(
     start_time: float | None = None,
 ) -> PathologyRun:
     """Build ``variant`` (``"plain"`` or ``"fast"``) on the patch lists of
-    :func:`~monai_fast.data.wsi.load_wsi_datalist`.
+    `load_wsi_datalist()`.
 
     Args:
-        variant: one of :data:`VARIANTS`.
+        variant: one of `VARIANTS`.
         train, val: ``{"image", "location", "label"}`` patch dicts (a centre at level 0).
-        config: the options; default :class:`PathologyConfig`.
+        config: the options; default `PathologyConfig`.
         device: where the network trains.
         target: validation ROC AUC at which ``TimeToTarget`` stops training.
         time_budget_s: wall-clock limit from ``start_time``; ``None`` for none.
@@ -354,14 +354,14 @@ def run_pathology(
     time_budget_s: float | None = None,
     run_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Build and train ``variant`` to ``target`` AUC (or ``config.max_epochs`` / the budget); :func:`summarize` it.
+    """Build and train ``variant`` to ``target`` AUC (or ``config.max_epochs`` / the budget); `summarize()` it.
 
-    The clock starts before the data sets are built. Arguments as :func:`build_pathology`.
+    The clock starts before the data sets are built. Arguments as `build_pathology()`.
 
     A stop signal (``SIGTERM``, ``SIGUSR1``) while the slides are checked and the data sets and
     engines built is caught, and so is one since the program's own
-    :func:`~monai_fast.handlers.stop_signal.catch_stop_signals`: training starts only after
-    :func:`~monai_fast.handlers.stop_signal.end_of_setup`, which stops the program with a message
+    `catch_stop_signals()`: training starts only after
+    `end_of_setup()`, which stops the program with a message
     and exit status 143 when such a signal arrived.
 
     Raises:
@@ -384,9 +384,9 @@ def run_pathology(
 
 
 def results_table(results: Sequence[dict[str, Any]]) -> str:
-    """Runs (from :func:`run_pathology`) as a markdown table; ratios against the ``plain`` run of the same repeat.
+    """Runs (from `run_pathology()`) as a markdown table; ratios against the ``plain`` run of the same repeat.
 
-    Example:
+    Examples:
         >>> run = {"variant": "fast", "patches_per_s": 120.0, "data_share": 0.01, "epochs": 3,
         ...        "best_auc": 0.97, "time_to_target_s": 40.0, "target_auc": 0.95}
         >>> print(results_table([run]))  # doctest: +NORMALIZE_WHITESPACE

@@ -2,15 +2,15 @@
 
 MONAI's pathology tumour-detection example augments on the GPU with cuCIM through MONAI's
 ``CuCIM`` / ``RandCuCIM`` adapters: colour jitter, a horizontal flip and a 90-degree rotation on
-the ``uint8`` batch, then ``[0, 255] -> [-1, 1]``. :func:`batch_augment` returns that chain when
+the ``uint8`` batch, then ``[0, 255] -> [-1, 1]``. `batch_augment()` returns that chain when
 cuCIM (and CuPy) are installed and the device is a CUDA GPU. Otherwise it returns
-:class:`TorchBatchAugment`, the same augmentations written as torch operations that run on the
+`TorchBatchAugment`, the same augmentations written as torch operations that run on the
 batch's own device (the CPU here, a GPU without cuCIM), and logs once why cuCIM is not used.
 
 The two differ in one respect: MONAI's ``RandCuCIM`` draws one random decision per call, so a
-whole batch is flipped (or not) together; :class:`TorchBatchAugment` draws per patch.
+whole batch is flipped (or not) together; `TorchBatchAugment` draws per patch.
 
-Example:
+Examples:
     >>> import torch
     >>> from monai_fast.recipes.pathology_augment import batch_augment
     >>> augment = batch_augment("cpu")
@@ -58,9 +58,9 @@ class TorchBatchAugment:
 
     Args:
         prob: probability of the flip, and of the rotation.
-        jitter: ``brightness``, ``contrast``, ``saturation`` amplitudes; default :data:`JITTER`.
+        jitter: ``brightness``, ``contrast``, ``saturation`` amplitudes; default `JITTER`.
 
-    Example:
+    Examples:
         >>> augment = TorchBatchAugment(prob=0.5)
         >>> augment(torch.zeros(2, 3, 8, 8, dtype=torch.uint8)).shape
         torch.Size([2, 3, 8, 8])
@@ -132,7 +132,7 @@ def batch_augment(
         prob: probability of the flip and of the rotation.
         use_cucim: ``None``: cuCIM when it can run here (else torch, with one info line saying
             why); ``True``: cuCIM or a ``RuntimeError`` naming what is missing; ``False``: torch.
-        quiet: no log line (the caller says what was chosen, with :func:`cucim_status`).
+        quiet: no log line (the caller says what was chosen, with `cucim_status()`).
 
     Raises:
         RuntimeError: ``use_cucim=True`` where cuCIM cannot run (the message says why).
@@ -160,7 +160,7 @@ class AugmentingPrepareBatch(PrepareBatch):
     For ``SupervisedTrainer(prepare_batch=...)`` / ``SupervisedEvaluator``: the loader ships
     ``uint8`` patches (a quarter of the bytes of float32) and the device augments and scales them.
 
-    Example:
+    Examples:
         >>> from monai.engines import SupervisedTrainer
         >>> prepare = AugmentingPrepareBatch(batch_augment(device))  # doctest: +SKIP
         >>> trainer = SupervisedTrainer(..., prepare_batch=prepare)  # doctest: +SKIP

@@ -1,6 +1,6 @@
-"""The options of the pathology pipelines (:mod:`monai_fast.recipes.pathology`) and their sizes.
+"""The options of the pathology pipelines (`monai_fast.recipes.pathology`) and their sizes.
 
-Example:
+Examples:
     >>> from monai_fast.recipes.pathology_config import SIZES
     >>> SIZES["tiny"].config(max_epochs=3).max_epochs
     3
@@ -19,7 +19,7 @@ __all__ = ["SIZES", "PathologyConfig", "PathologySize"]
 
 @dataclass(frozen=True)
 class PathologyConfig:
-    """Options of both pipelines; sizes come from :data:`SIZES` (``SIZES[name].config()``).
+    """Options of both pipelines; sizes come from `SIZES` (``SIZES[name].config()``).
 
     Args:
         patch_size: patch side at level 0, in pixels.
@@ -29,11 +29,11 @@ class PathologyConfig:
         lr: learning rate (Novograd in ``fast``, SGD with momentum 0.9 in ``plain``).
         precision: ``fast``'s ``AMPToggle`` request (``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``).
         workers: loader worker processes of ``plain``, and of ``fast`` on a GPU (on a CPU it reads in a thread).
-        backend: ``fast``'s WSI backend (:data:`monai_fast.data.wsi_reader.BACKENDS`).
+        backend: ``fast``'s WSI backend (`monai_fast.data.wsi_reader.BACKENDS`).
         prob: probability of the flip and of the rotation.
         seed: weights, shuffling and augmentation.
         preflight: check every slide and patch location before training
-            (:func:`monai_fast.data.preflight.preflight_wsi`); ``False`` skips the check.
+            (`monai_fast.data.preflight.preflight_wsi()`); ``False`` skips the check.
     """
 
     patch_size: int = 64
@@ -80,7 +80,7 @@ class PathologySize:
         return int(self.options.get("patch_size", PathologyConfig.patch_size))
 
     def config(self, **overrides: Any) -> PathologyConfig:
-        """The :class:`PathologyConfig` of this size, with ``overrides`` (``None`` values ignored)."""
+        """The `PathologyConfig` of this size, with ``overrides`` (``None`` values ignored)."""
         return PathologyConfig(**{**self.options, **{k: v for k, v in overrides.items() if v is not None}})
 
 

@@ -1,9 +1,9 @@
 """Reusable pieces the recipes are composed of: loss, precision, memory format.
 
-The data pieces are in :mod:`monai_fast.recipes.datasets`. Each piece works on plain torch
+The data pieces are in `monai_fast.recipes.datasets`. Each piece works on plain torch
 modules and ignite engines, so it applies as well to a trainer the user built.
 
-Example:
+Examples:
     >>> import torch
     >>> from monai_fast.recipes.pieces import memory_format_for
     >>> memory_format_for(torch.device("cpu"), "fp32")
@@ -34,9 +34,9 @@ def dice_ce_loss() -> Callable:
 
 
 def auto_precision(config: RecipeConfig, device: torch.device) -> str:
-    """What :func:`~monai_fast.telemetry.precision.choose_precision` picks for ``config.precision`` on ``device``.
+    """What `choose_precision()` picks for ``config.precision`` on ``device``.
 
-    Example:
+    Examples:
         >>> auto_precision(RecipeConfig(precision="fp32"), torch.device("cpu"))
         'fp32'
     """

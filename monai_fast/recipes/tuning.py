@@ -1,4 +1,4 @@
-"""Tuning of a recipe's own parts (:func:`~monai_fast.recipes.recipe_parts`), with the result cached on disk."""
+"""Tuning of a recipe's own parts (`recipe_parts()`), with the result cached on disk."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def default_space(
     ``precision`` is the recipe's request (``None``: its default); ``"fp32"`` searches fp32 only.
     ``amp`` is the deprecated spelling (``amp=False`` is ``precision="fp32"``).
 
-    Example:
+    Examples:
         >>> default_space("cpu", precision="fp32").precisions
         ('fp32',)
     """
@@ -55,7 +55,7 @@ def typical_val_shape(
 ) -> tuple[int, int, int]:
     """Median spatial size of up to ``n`` validation volumes after ``recipe``'s validation transforms.
 
-    Example:
+    Examples:
         >>> typical_val_shape(val_files, RecipeConfig())  # doctest: +SKIP
         (160, 160, 96)
     """
@@ -83,7 +83,7 @@ def tune_recipe(
 ) -> TuneResult:
     """Tune ``recipe``'s own parts for ``config``; cached by key.
 
-    The tuner times exactly what the recipe trains (:func:`~monai_fast.recipes.recipe_parts`):
+    The tuner times exactly what the recipe trains (`recipe_parts()`):
     its network in its memory format, its loss and optimizer, its precision, and sizes the
     training cache with its transform chain.
 
@@ -92,22 +92,22 @@ def tune_recipe(
         val_shape: spatial size of a typical validation volume after the cached transforms.
         device: where training runs.
         space: what to search; default: the recipe's precision, default ranges.
-        memory_cap_mib: memory a candidate may use (see :class:`~monai_fast.tune.Tuner`).
-        store: the cache file (or a :class:`TuneStore`); default :func:`default_store_path`.
+        memory_cap_mib: memory a candidate may use (see `Tuner`).
+        store: the cache file (or a `TuneStore`); default `default_store_path()`.
         force: tune again even when the cache holds a result.
         progress: a progress bar over trials.
         train_files: the training items; given, the training cache is placed next to the pick
-            (:func:`~monai_fast.tune.cache.place_cache`): its size is measured on two items, it
+            (`place_cache()`): its size is measured on two items, it
             goes to device memory (GPU on CUDA, RAM on a CPU) when it fits beside the pick's
             peak, else a smaller batch within ``cache_tradeoff`` of the pick's throughput that
             leaves room is taken, else the planner's next place. ``apply`` then sets
             ``cache_budget_mib``.
         cache_tradeoff: largest share of training throughput given up for a cache in device memory.
-        recipe: a registered recipe name (:data:`~monai_fast.recipes.RECIPES`).
+        recipe: a registered recipe name (`RECIPES`).
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner (default 1, 2,
             0.3 s: one untimed step, then the median of at least two timed ones).
 
-    Example:
+    Examples:
         >>> from monai_fast.recipes import RecipeConfig
         >>> from monai_fast.recipes.tuning import tune_recipe
         >>> result = tune_recipe(RecipeConfig(), val_shape=(160, 160, 96))  # doctest: +SKIP
@@ -164,7 +164,7 @@ def tune_recipe(
 def _place(
     result: TuneResult, parts: RecipeParts, train_files: list[dict], cache_bytes: int, tradeoff: float
 ) -> CacheChoice:
-    """Where the training cache goes next to the tuner's pick (:func:`~monai_fast.tune.cache.place_cache`)."""
+    """Where the training cache goes next to the tuner's pick (`place_cache()`)."""
     device, chain = parts.device, parts.train_transforms()
     cuda = device.type == "cuda"
 

@@ -4,9 +4,9 @@ Every notebook in ``tutorials/`` has a ``SIZE`` parameter: ``"test"`` runs in ab
 CPU, ``"full"`` is sized for a GPU. ``"auto"`` (the default) resolves here, from what the device
 can do: ``"full"`` where the notebook trains on a CUDA GPU, ``"test"`` on a CPU, where the full
 sizes take many minutes. Each notebook then maps ``"test"`` / ``"full"`` to its own presets
-(:data:`monai_fast.recipes.pathology_config.SIZES`, :data:`monai_fast.race.lab.LAB_SIZES`).
+(`monai_fast.recipes.pathology_config.SIZES`, `monai_fast.race.lab.LAB_SIZES`).
 
-Example:
+Examples:
     >>> tutorial_size("auto", "cpu")
     'test'
     >>> tutorial_size("auto", "cuda")
@@ -36,11 +36,11 @@ def tutorial_size(size: str = "auto", device: torch.device | str | None = None) 
     """``"test"`` or ``"full"``: ``size`` itself, or for ``"auto"`` the size ``device`` runs in minutes.
 
     Args:
-        size: a notebook's ``SIZE`` parameter, one of :data:`TUTORIAL_SIZES`.
-        device: where the notebook trains; default :func:`tutorial_device`.
+        size: a notebook's ``SIZE`` parameter, one of `TUTORIAL_SIZES`.
+        device: where the notebook trains; default `tutorial_device()`.
 
     Raises:
-        ValueError: ``size`` is not one of :data:`TUTORIAL_SIZES` (named).
+        ValueError: ``size`` is not one of `TUTORIAL_SIZES` (named).
     """
     if size not in TUTORIAL_SIZES:
         raise ValueError(f"SIZE must be one of {TUTORIAL_SIZES}, got {size!r}")

@@ -2,12 +2,12 @@
 
 A trainer's ``postprocessing`` and its training metrics (``key_train_metric``,
 ``additional_metrics``) are the user's algorithm: monai-fast keeps them as built and
-:class:`~monai_fast.handlers.algorithm_time.TrainingAlgorithmTime` times them (its
+`TrainingAlgorithmTime` times them (its
 ``training_algorithm`` rows). The doctor names them, with what they are and the ways to make them
-cheaper, when they take at least :data:`ALGORITHM_SHARE` of the training epoch; below that it says
+cheaper, when they take at least `ALGORITHM_SHARE` of the training epoch; below that it says
 nothing about them.
 
-Example:
+Examples:
     >>> rows = [{"kind": "epoch", "source": "training_algorithm", "engine": "train", "epoch": 1, "epoch_s": 10.0,
     ...          "postprocessing_s": 1.5, "decollate_s": 0.5, "metrics_s": 2.0, "metrics": ["Accuracy"],
     ...          "postprocessing": ["Activationsd", "AsDiscreted"]}]

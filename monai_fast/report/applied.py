@@ -14,7 +14,7 @@ what the run applied from the record's rows:
 Records without ``engine`` rows leave those questions open (``None``): the advice is then given
 as before, for the reader to judge.
 
-Example:
+Examples:
     >>> rows = [{"kind": "event", "source": "record", "what": "engine", "engine": "train", "spatial_dims": 2},
     ...         {"kind": "epoch", "source": "amp", "engine": "train", "precision": "bf16", "active": True}]
     >>> run = in_effect(rows)
@@ -57,7 +57,7 @@ def latest_process(rows: list[dict]) -> list[dict]:
 def applied_levers(rows: list[dict]) -> dict[str, dict]:
     """What ``FastTraining`` applied in this run (its ``fast_training`` rows), by lever; rank 0's view.
 
-    Only the latest process's rows count (:func:`latest_process`): a lever an earlier process applied to a
+    Only the latest process's rows count (`latest_process()`): a lever an earlier process applied to a
     record this run continued is not this run's.
     """
     out: dict[str, dict] = {}
@@ -91,7 +91,7 @@ class InEffect:
 
 
 def in_effect(rows: list[dict]) -> InEffect:
-    """Read :class:`InEffect` from a run record's rows (see the module docstring for the sources)."""
+    """Read `InEffect` from a run record's rows (see the module docstring for the sources)."""
     engines = [r for r in select(rows, Kind.EVENT, Source.RECORD) if r.get("what") == "engine"]
     train = [r for r in engines if r.get("engine", "train") == "train"]
     others = [r for r in engines if r.get("engine", "train") != "train"]
@@ -137,7 +137,7 @@ def sentence(text: str) -> str:
     Every line of prose the doctor prints or writes goes through here, so no line of a report
     stops without its end.
 
-    Example:
+    Examples:
         >>> sentence("raise the batch size"), sentence("done."), sentence("")
         ('raise the batch size.', 'done.', '')
     """

@@ -1,4 +1,4 @@
-"""Deprecated alias of :mod:`monai_fast.race.compare`: the same objects, and one ``DeprecationWarning`` on import.
+"""Deprecated alias of `monai_fast.race.compare`: the same objects, and one ``DeprecationWarning`` on import.
 
 The harness is not part of the plugin, so this alias loads it by name on import rather than by a
 static import.

@@ -18,7 +18,7 @@ rows) is listed, so a multi-node job shows all its nodes. The summaries that han
 (throughput, GPU, kernels, precision) are listed in the report.
 
 Beyond the iterations, the doctor accounts for the run's whole wall clock
-(:mod:`monai_fast.report.wall_clock`): set-up, cache filling, compute, data wait, validation,
+(`monai_fast.report.wall_clock`): set-up, cache filling, compute, data wait, validation,
 checkpoints, handlers and idle, with shares summing to 100 % and overlapped work listed apart.
 The report shows the table and ``wall_clock.png``; a category that takes much of the wall clock
 (validation >= 30 %, ...) adds its fix, unless ``FastTraining`` already applied it.
@@ -26,28 +26,28 @@ The report shows the table and ``wall_clock.png``; a category that takes much of
 The trainer's own post-processing and training metrics (an ``Accuracy`` on every training batch)
 are the user's algorithm, kept as built: when ``TrainingAlgorithmTime``'s rows show them taking
 ``algorithm_share`` (10 %) of the training epoch or more, the doctor names them with their seconds
-per epoch and how to make them cheaper (:mod:`monai_fast.report.algorithm`); below that it says
+per epoch and how to make them cheaper (`monai_fast.report.algorithm`); below that it says
 nothing about them.
 
 A run without ``FastTraining`` whose record shows its levers unused (fp32 on a GPU or on a CPU with
-bf16 instructions, a training set that is not a cache) gets :data:`ATTACH` first, with that evidence
-(:func:`unused_levers`). Validation advice comes only from the wall clock's share, sliding-window advice
+bf16 instructions, a training set that is not a cache) gets `ATTACH` first, with that evidence
+(`unused_levers()`). Validation advice comes only from the wall clock's share, sliding-window advice
 only where a validated volume is more than one window. A record that holds an earlier run of the same
-process (a notebook's attach cell run again) is read as its last run (:func:`~monai_fast.report.ranks.last_run`).
+process (a notebook's attach cell run again) is read as its last run (`last_run()`).
 
-The doctor advises only what applies to the run (:mod:`monai_fast.report.applied`): no mixed
+The doctor advises only what applies to the run (`monai_fast.report.applied`): no mixed
 precision for a run that trained in bf16 or fp16 however it was set, no ``channels_last_3d`` for a
 2-D network, no sliding-window settings for a validation without a sliding window; what is on
 already is said once. It reads exactly the run's record files (``record.rank<N>.jsonl``; a stray
 copy is named in the evidence, never read), lists the record's segments (a notebook run again, a
 restarted job) and names every rank whose record stops before the run's end. Every line of the
-report is a whole sentence (:func:`~monai_fast.report.applied.sentence`). The diagnosis
+report is a whole sentence (`sentence()`). The diagnosis
 is also written as ``doctor.json``. A run that validated gets an inference section: validation's
 seconds and share of the wall clock, and where faster inference backends are measured and run.
 The PNGs need matplotlib (the ``plots`` extra): without it the report is written without them and
 one warning names ``pip install "monai-fast[plots]"``; the verdict and the text are the same.
 
-Example:
+Examples:
     >>> from monai_fast.report.doctor import doctor
     >>> d = doctor("runs/exp1")  # doctest: +SKIP
     >>> print(d.text())  # doctest: +SKIP
@@ -141,7 +141,7 @@ FIXES: dict[str, list[tuple[str | None, str]]] = {
 
 def fix_applies(lever: str | None, text: str, run: InEffect) -> bool:
     """Whether a fix fits the run: ``channels_last_3d`` needs a 3-D network, sliding-window settings a
-    sliding-window validation with more than one window per volume (:attr:`InEffect.batches_windows`),
+    sliding-window validation with more than one window per volume (`InEffect.batches_windows`),
     precomputed crop indices a chain that crops with ``RandCropByPosNegLabeld`` and does not precompute
     them yet (unknown counts as fitting)."""
     if lever == "memory_format" and run.spatial_dims is not None and run.spatial_dims != 3:
@@ -184,7 +184,7 @@ def unused_levers(applied: dict[str, dict], run: InEffect) -> list[str]:
     GPU or on a CPU with bf16 instructions, a training data set that is not a cache. Empty for a run with
     ``FastTraining`` (its own rows say what it left alone) or a record that does not describe its engines.
 
-    Example:
+    Examples:
         >>> run = InEffect(None, None, 3, True, False, device="cpu", cpu_bf16=True)
         >>> [u.split(" (")[0] for u in unused_levers({}, run)]
         ['precision', 'data']
@@ -360,7 +360,7 @@ def _add_wall_clock(
 
 def _inference(wc: WallClock, rows: list[dict], run: InEffect) -> dict | None:
     """The inference section: validation's (sliding-window inference's) time, its split into network and
-    sliding window when :class:`~monai_fast.handlers.InferenceSplit` timed it, and where faster inference is
+    sliding window when `InferenceSplit` timed it, and where faster inference is
     measured."""
     sync, beside = wc.seconds.get("validation", 0.0), wc.overlapped.get("validation", 0.0)
     if sync + beside <= 0:

@@ -2,10 +2,10 @@
 
 Plots live here only; handlers write record rows and the reports draw them. matplotlib is the
 ``plots`` extra, imported (with the Agg backend) when a plot is drawn: without it, each plot raises
-:class:`~monai_fast.extras.MissingExtraError` naming ``pip install "monai-fast[plots]"``, and
-:func:`pyplot_missing` says so without raising, for a report whose pictures are a by-product.
+`MissingExtraError` naming ``pip install "monai-fast[plots]"``, and
+`pyplot_missing()` says so without raising, for a report whose pictures are a by-product.
 
-Example:
+Examples:
     >>> from monai_fast.report.plots import plot_breakdown
     >>> rows = [{"epoch": 1, "rank": 0, "data_s": 0.2, "compute_s": 3.0}]
     >>> plot_breakdown(rows, "/tmp/monai-fast-doctest-breakdown.png").name
@@ -45,7 +45,7 @@ _agg = False  # the Agg backend is chosen once, by the first plot
 
 
 def _pyplot(feature: str) -> ModuleType:
-    """``matplotlib.pyplot`` on the Agg backend (files only, no window); :class:`MissingExtraError` without it."""
+    """``matplotlib.pyplot`` on the Agg backend (files only, no window); `MissingExtraError` without it."""
     global _agg
     matplotlib = require("matplotlib", extra="plots", feature=feature)
     if not _agg:
@@ -57,7 +57,7 @@ def _pyplot(feature: str) -> ModuleType:
 def pyplot_missing(feature: str) -> MissingExtraError | None:
     """The error a plot for ``feature`` would raise (matplotlib not installed), or ``None`` when plots can be drawn.
 
-    Example:
+    Examples:
         >>> pyplot_missing("the doctor's PNGs") is None  # with the plots extra installed
         True
     """
@@ -80,7 +80,7 @@ def _save(plt: ModuleType, fig: Figure, path: str | os.PathLike) -> Path:
 
 
 def breakdown_figure(epochs: list[dict]) -> Figure:
-    """The figure :func:`plot_breakdown` saves, for a notebook to show or restyle.
+    """The figure `plot_breakdown()` saves, for a notebook to show or restyle.
 
     Bars of compute and data wait per epoch, one bar per rank side by side under DDP. Epochs of a
     later run segment continue the x axis after a dashed line marked with the segment; the epoch
@@ -130,7 +130,7 @@ def breakdown_figure(epochs: list[dict]) -> Figure:
 
 
 def plot_breakdown(epochs: list[dict], path: str | os.PathLike) -> Path:
-    """Save :func:`breakdown_figure` of ``epochs`` as a PNG at ``path`` (written atomically)."""
+    """Save `breakdown_figure()` of ``epochs`` as a PNG at ``path`` (written atomically)."""
     return _save(_pyplot(f"drawing {Path(path).name}"), breakdown_figure(epochs), path)
 
 
@@ -154,7 +154,7 @@ def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
     and a second bar of the work that overlapped training, when there was some.
 
     Args:
-        wc: :meth:`monai_fast.report.wall_clock.WallClock.to_dict`.
+        wc: `monai_fast.report.wall_clock.WallClock.to_dict()`.
         path: the PNG to write.
     """
     plt = _pyplot(f"drawing {Path(path).name}")

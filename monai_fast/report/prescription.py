@@ -13,7 +13,7 @@ run (its ``fast_training`` rows):
 * the verdict's fixes that no lever applies and that fit the run (no sliding-window settings for a
   validation without a sliding window), as code changes.
 
-Example:
+Examples:
     >>> rows = [
     ...     {"kind": "epoch", "source": "time_breakdown", "epoch": 1, "iterations": 4, "data_s": 5.0, "compute_s": 5.0}
     ... ]
@@ -58,7 +58,7 @@ def prescribe(rows: list[dict], diagnosis: Diagnosis | None = None) -> str:
     """The ``FastTraining`` line and the code changes for the run whose record rows are ``rows``.
 
     Args:
-        rows: the run record's rows (:func:`~monai_fast.telemetry.record.load_record`).
+        rows: the run record's rows (`load_record()`).
         diagnosis: the doctor's verdict for them; computed when ``None``.
     """
     diagnosis = diagnosis or diagnose(rows)

@@ -1,10 +1,10 @@
 """The doctor's evidence across ranks, nodes and segments: per-rank time split, the straggler, which node each
 rank ran on, the record's segments (runs and restarts) and the ranks whose record stops before the run's end.
 
-Read from the run record's rows (all ranks' files merged by :func:`monai_fast.telemetry.record.load_record`);
-:func:`monai_fast.report.doctor.diagnose` adds these lines to its evidence for jobs of several ranks.
+Read from the run record's rows (all ranks' files merged by `monai_fast.telemetry.record.load_record()`);
+`monai_fast.report.doctor.diagnose()` adds these lines to its evidence for jobs of several ranks.
 
-Example:
+Examples:
     >>> ranks = rank_times(
     ...     [{"rank": 0, "data_s": 1.0, "compute_s": 9.0}, {"rank": 1, "data_s": 1.0, "compute_s": 14.0}]
     ... )
@@ -23,7 +23,7 @@ __all__ = ["node_evidence", "rank_evidence", "rank_times", "segment_evidence", "
 def rank_times(epochs: list[dict]) -> dict[int, dict]:
     """Per rank: epochs, data-wait and compute seconds, their sum (``busy_s``) and the data share, from epoch rows.
 
-    Example:
+    Examples:
         >>> rank_times([{"rank": 1, "data_s": 1.0, "compute_s": 3.0}])[1]["data_share"]
         0.25
     """
@@ -78,7 +78,7 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
     ``raised`` (the exception that stopped it, e.g. ``"KeyboardInterrupt"``; ``None``: it ran to its end) and the
     last ``epoch`` and ``iteration`` the trainer timed in it.
 
-    Example:
+    Examples:
         >>> rows = [
         ...     {"kind": "event", "source": "record", "what": "segment_started", "segment": 0, "time": 1.0, "pid": 7},
         ...     {"kind": "iteration", "source": "time_breakdown", "segment": 0, "time": 2.0, "epoch": 1,
@@ -136,7 +136,7 @@ def last_run(rows: list[dict]) -> tuple[list[dict], list[str]]:
     segments that continue one (more epochs, a race's turns) start later, and a segment of a new process
     continues the record (a restarted job). Records without the field are read whole.
 
-    Example:
+    Examples:
         >>> rows = [{"kind": "event", "source": "record", "what": w, "engine": "train", "segment": s, "pid": 7,
         ...          "start_iteration": 0} for s in (0, 1) for w in ("segment_started", "engine")]
         >>> kept, said = last_run(rows)
@@ -283,7 +283,7 @@ def missing_ranks(rows: list[dict], ranks_with_files: list[int], numbers: dict) 
     A job in which rank 0 alone records (``monai-fast train``, a script attaching ``RecordHandler`` on rank 0)
     names no missing rank: its other ranks write nothing by design.
 
-    Example:
+    Examples:
         >>> rows = [{"rank": r, "what": "segment_started", "world_size": 3} for r in (0, 2)]
         >>> missing_ranks(rows, [0, 2], {})
         ['rank 1 of 3 left no record: it was killed or failed before its first row, or its record.rank1.jsonl is gone']

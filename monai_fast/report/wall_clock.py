@@ -1,7 +1,7 @@
 """Where a run's wall clock went: set-up, cache filling, compute, data wait, validation, checkpoints,
 handlers, idle, with shares that sum to 100 %, and the work that overlapped training listed apart.
 
-Read from the run record alone (:mod:`monai_fast.telemetry.spans` says who writes what). The wall
+Read from the run record alone (`monai_fast.telemetry.spans` says who writes what). The wall
 clock of a run is each ``trainer.run()`` (its ``run`` span), reaching back to the set-up and cache
 spans recorded before it, over every segment of the record (a notebook run again, a restarted
 job); a segment whose process was killed before it wrote its ``run`` span counts from its first
@@ -14,7 +14,7 @@ checkpoint written inside validation counts once, as checkpoint, and the shares 
 wall clock exactly. Spans flagged ``overlapped`` (background work beside training) are never in
 the shares: they are listed with the seconds they ran (the union of their spans, per category).
 
-Example:
+Examples:
     >>> rows = [
     ...     {"kind": "span", "category": "setup", "start": 0.0, "end": 2.0, "overlapped": False},
     ...     {"kind": "span", "category": "run", "start": 2.0, "end": 10.0, "overlapped": False},
@@ -187,7 +187,7 @@ def _end(mine: list[dict]) -> str:
 
 
 def wall_clock(rows: list[dict]) -> dict[int, WallClock]:
-    """Each rank's :class:`WallClock` from a run record's rows (ranks without a ``run`` span are left out).
+    """Each rank's `WallClock` from a run record's rows (ranks without a ``run`` span are left out).
 
     Rows without a rank count as rank 0.
     """
@@ -198,7 +198,7 @@ def wall_clock(rows: list[dict]) -> dict[int, WallClock]:
 
 
 def table_lines(wc: dict, markdown: bool = True) -> list[str]:
-    """The "where the wall clock went" table of a :meth:`WallClock.to_dict`, as markdown or plain text lines."""
+    """The "where the wall clock went" table of a `WallClock.to_dict()`, as markdown or plain text lines."""
     runs = f" ({wc['runs']} runs)" if wc["runs"] > 1 else ""
     head = f"rank {wc['rank']}: {wc['total_s']:.1f} s from set-up to {wc.get('end', 'the end of training')}{runs}"
     rows = [(LABELS.get(c, c), s, wc["shares"][c]) for c, s in wc["seconds"].items()]
@@ -285,8 +285,8 @@ def wall_clock_advice(
 
     Args:
         wc: the run's wall clock.
-        applied: :func:`monai_fast.report.applied.applied_levers` of the run.
-        run: what the run had on (:func:`monai_fast.report.applied.in_effect`): no mixed precision
+        applied: `monai_fast.report.applied.applied_levers()` of the run.
+        run: what the run had on (`monai_fast.report.applied.in_effect()`): no mixed precision
             advice for a run in reduced precision, no sliding-window advice for a validation without one.
     """
     top = sorted(wc.seconds, key=lambda c: -wc.seconds[c])[:3]

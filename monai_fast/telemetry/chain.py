@@ -1,11 +1,11 @@
 """What a data set's transform chain holds, as the run record keeps it, and the advice that depends on it.
 
-The run record lists the class names of the training chain's transforms (:func:`transform_names`), so
+The run record lists the class names of the training chain's transforms (`transform_names()`), so
 that advice about a transform reaches only a run whose chain it fits: precomputed crop indices
 (``FgBgToIndicesd``) help a chain that crops with ``RandCropByPosNegLabeld`` and does not precompute
-them yet (:func:`crop_indices_advised`). ``TimeBreakdown`` and the doctor both ask here.
+them yet (`crop_indices_advised()`). ``TimeBreakdown`` and the doctor both ask here.
 
-Example:
+Examples:
     >>> from monai.transforms import Compose, LoadImaged, RandCropByPosNegLabeld
     >>> names = transform_names(Compose([LoadImaged("image"), Compose([RandCropByPosNegLabeld("image", "label", 8)])]))
     >>> names, crop_indices_advised(names), crop_indices_advised(["LoadImaged"]), crop_indices_advised(None)

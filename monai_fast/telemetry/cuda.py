@@ -53,7 +53,7 @@ def cuda_rng_states() -> list[torch.Tensor] | None:
 
 
 def set_cuda_rng_states(states: list[torch.Tensor] | None) -> None:
-    """Restore what :func:`cuda_rng_states` returned; a no-op for ``None`` or without CUDA."""
+    """Restore what `cuda_rng_states()` returned; a no-op for ``None`` or without CUDA."""
     if states is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states)
 
@@ -73,11 +73,11 @@ def current_cuda_device() -> torch.device | None:
     """The calling thread's current CUDA device, ``None`` when this process has not initialised CUDA.
 
     CUDA's current device is per thread: a new thread starts on device 0. A thread that works for
-    another one (a loader thread) calls :func:`set_cuda_device` with what this returned there.
+    another one (a loader thread) calls `set_cuda_device()` with what this returned there.
     Without CUDA (a CPU build, or CUDA never used in this process) it returns ``None`` and creates
     no CUDA context.
 
-    Example:
+    Examples:
         >>> from monai_fast.telemetry.cuda import current_cuda_device
         >>> current_cuda_device() is None  # on a CPU-only machine
         True
@@ -146,7 +146,7 @@ def side_stream(device: torch.device | str | None) -> Iterator[None]:
     the block's results are ready when it ends. Work queued meanwhile on other streams (training)
     overlaps with it.
 
-    Example:
+    Examples:
         >>> with side_stream("cpu"):  # no CUDA: just runs the block
         ...     x = 1 + 1
     """
@@ -162,7 +162,7 @@ def side_stream(device: torch.device | str | None) -> Iterator[None]:
 
 
 Mark = float | torch.cuda.Event
-"""A point in time from :func:`time_mark`: a host clock reading, or a CUDA event on the current stream."""
+"""A point in time from `time_mark()`: a host clock reading, or a CUDA event on the current stream."""
 
 
 def time_mark(device: torch.device | str | None) -> Mark:
@@ -170,9 +170,9 @@ def time_mark(device: torch.device | str | None) -> Mark:
 
     On a CUDA device this records a timing event on the current stream (the point the stream
     reaches once the work queued before it has run); elsewhere it reads ``time.perf_counter()``.
-    Use :func:`seconds_between` on two marks of the same device.
+    Use `seconds_between()` on two marks of the same device.
 
-    Example:
+    Examples:
         >>> a = time_mark("cpu"); b = time_mark("cpu")
         >>> seconds_between(a, b) >= 0
         True
@@ -186,7 +186,7 @@ def time_mark(device: torch.device | str | None) -> Mark:
 
 
 def seconds_between(start: Mark, end: Mark) -> float:
-    """Seconds from ``start`` to ``end`` (two :func:`time_mark` marks); waits for a CUDA ``end`` to be reached."""
+    """Seconds from ``start`` to ``end`` (two `time_mark()` marks); waits for a CUDA ``end`` to be reached."""
     if isinstance(start, float) and isinstance(end, float):
         return end - start
     if isinstance(start, float) or isinstance(end, float):

@@ -7,7 +7,7 @@ iowait) minus what this process and its children spent, over the window's wall t
 logical CPUs. Two processes spinning on a 2-core host give about 0.5 (they get about half of
 it), a quiet host about 0.
 
-Example:
+Examples:
     >>> from monai_fast.telemetry.host import HostLoad
     >>> load = HostLoad().start()
     >>> share = load.stop()
@@ -33,7 +33,7 @@ def process_tree_cpu_seconds() -> float:
     A loader worker's CPU time counts from the moment it is spent, not only once the worker has
     been reaped (a worker ends when its iterator is dropped, which may be after the epoch that used it).
 
-    Example:
+    Examples:
         >>> process_tree_cpu_seconds() > 0
         True
     """
@@ -56,7 +56,7 @@ def _busy_cpu_s() -> float:
 
 
 class HostLoad:
-    """Measures the share of the host's CPUs that other processes took between :meth:`start` and :meth:`stop`."""
+    """Measures the share of the host's CPUs that other processes took between `start()` and `stop()`."""
 
     def __init__(self) -> None:
         self._start: tuple[float, float, float] | None = None
@@ -70,7 +70,7 @@ class HostLoad:
         """End the window: ``{"others_cpu_share": 0..1, "cpus": N, "wall_s": seconds}``.
 
         Raises:
-            RuntimeError: :meth:`start` was not called.
+            RuntimeError: `start()` was not called.
         """
         if self._start is None:
             raise RuntimeError("HostLoad.stop() before start()")
@@ -82,9 +82,9 @@ class HostLoad:
 
 
 def describe_host_load(load: dict | None, what: str) -> str:
-    """One line on how busy the host was while ``what`` was measured (``load`` from :meth:`HostLoad.stop`).
+    """One line on how busy the host was while ``what`` was measured (``load`` from `HostLoad.stop()`).
 
-    Example:
+    Examples:
         >>> describe_host_load({"others_cpu_share": 0.48, "cpus": 2, "wall_s": 60.0}, "the epochs taken in turns")
         'host: other processes took 48% of the 2 CPUs during the epochs taken in turns: a busy host'
     """

@@ -28,7 +28,7 @@ class PeakRSS:
     block resets it, so each still sees its whole span. Other readers of the kernel's peak
     (``VmHWM``, ``getrusage().ru_maxrss``) see it restart at each block.
 
-    Example:
+    Examples:
         >>> from monai_fast.telemetry.memory import PeakRSS
         >>> with PeakRSS() as mem:
         ...     buf = bytearray(64 * 2**20)
@@ -137,10 +137,10 @@ class DeviceMemory:
 
     On CUDA it reads torch's caching allocator (``memory_reserved`` / ``max_memory_reserved``:
     what the process holds from the driver, the quantity that runs out). On a CPU it reads this
-    process's peak resident set size (:class:`PeakRSS`: the kernel's high-water mark on Linux,
+    process's peak resident set size (`PeakRSS`: the kernel's high-water mark on Linux,
     else sampled), after asking glibc to return freed pages so the reading reflects live memory.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from monai_fast.telemetry.memory import DeviceMemory
         >>> mem = DeviceMemory(torch.device("cpu"))
@@ -204,6 +204,6 @@ class DeviceMemory:
 
 
 class _Peak:
-    """Holder of the peak reading of a :meth:`DeviceMemory.peak` block."""
+    """Holder of the peak reading of a `DeviceMemory.peak()` block."""
 
     peak_bytes: int = 0

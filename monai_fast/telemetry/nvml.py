@@ -1,7 +1,7 @@
 """NVML backends: nvidia-ml-py (``import pynvml``) for real, and a fake for tests.
 
 Only this module touches NVML. ``open_nvml()`` returns a backend or raises
-:class:`NvmlUnavailable` with the reason (no driver library on a CPU machine, no GPU, ...).
+`NvmlUnavailable` with the reason (no driver library on a CPU machine, no GPU, ...).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class PynvmlBackend:
 class FakeNvml:
     """A deterministic stand-in for tests: utilisation follows ``util`` (a list cycled per sample).
 
-    Records the thread of every sample in :attr:`threads`, so tests can check that sampling never
+    Records the thread of every sample in `threads`, so tests can check that sampling never
     happens on the training thread.
     """
 
@@ -136,7 +136,7 @@ class FakeNvml:
 
 
 def open_nvml() -> NvmlBackend:
-    """The real NVML backend, or :class:`NvmlUnavailable` with the reason."""
+    """The real NVML backend, or `NvmlUnavailable` with the reason."""
     backend = PynvmlBackend()
     if backend.device_count() < 1:
         backend.shutdown()

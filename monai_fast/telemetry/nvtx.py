@@ -38,7 +38,7 @@ class PackageNvtx:
 
 
 class RecordingNvtx:
-    """Records ``("push", message, color)`` and ``("pop", message)`` in :attr:`calls`; for tests."""
+    """Records ``("push", message, color)`` and ``("pop", message)`` in `calls`; for tests."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []

@@ -1,19 +1,19 @@
 """Precision in one place: the names, their autocast dtype, and the choice for a device.
 
 Everything in monai-fast that speaks of ``"bf16"``, ``"fp16"`` or ``"fp32"`` (the
-:class:`~monai_fast.handlers.AMPToggle` handler, the tuner, the recipes) takes the names and the
+`AMPToggle` handler, the tuner, the recipes) takes the names and the
 dtype mapping from here. The choice for a device:
 
 * CUDA: ``"auto"`` is bf16 where the GPU runs it natively, else fp16 (with a ``GradScaler``).
 * CPU: ``"auto"`` first asks whether the CPU has bf16 matrix hardware
-  (:func:`cpu_has_bf16_hardware`: AMX-BF16 or AVX512-BF16 on x86, BF16/SVE-BF16 on Arm). Without
+  (`cpu_has_bf16_hardware()`: AMX-BF16 or AVX512-BF16 on x86, BF16/SVE-BF16 on Arm). Without
   it the answer is fp32, with one info line and no timing. With it, bf16 and fp32 autocast are
   timed on a small 3D convolution stack in interleaved rounds, by the CPU time they cost rather
-  than the wall clock, so the host's load does not flip the choice (:func:`cpu_bf16_speedup`), and
+  than the wall clock, so the host's load does not flip the choice (`cpu_bf16_speedup()`), and
   under ``ignite.distributed`` with several processes rank 0 decides and broadcasts, so every
   rank trains in the same precision.
 
-Example:
+Examples:
     >>> from monai_fast.telemetry.precision import autocast_dtype, choose_precision
     >>> choose_precision("fp32", "cpu")
     'fp32'
@@ -60,7 +60,7 @@ def check_precision(name: str, allow_auto: bool = False) -> str:
     Raises:
         ValueError: naming the allowed values.
 
-    Example:
+    Examples:
         >>> check_precision("bf16")
         'bf16'
     """
@@ -73,7 +73,7 @@ def check_precision(name: str, allow_auto: bool = False) -> str:
 def autocast_dtype(precision: str) -> torch.dtype:
     """The dtype autocast runs in for ``precision`` (fp32: ``torch.float32``, autocast off).
 
-    Example:
+    Examples:
         >>> autocast_dtype("fp16")
         torch.float16
     """
@@ -83,7 +83,7 @@ def autocast_dtype(precision: str) -> torch.dtype:
 def autocast_for(precision: str, device: torch.device | str) -> torch.autocast:
     """``torch.autocast`` for ``"bf16"``/``"fp16"`` on ``device``'s type; disabled for ``"fp32"``.
 
-    Example:
+    Examples:
         >>> with autocast_for("bf16", torch.device("cpu")):
         ...     torch.ones(2, 2) @ torch.ones(2, 2)  # doctest: +SKIP
     """
@@ -113,7 +113,7 @@ def cpu_has_bf16_hardware(flags: Mapping[str, Any] | None = None) -> bool:
     Args:
         flags: capability flags to judge; default this CPU's (see module docstring).
 
-    Example:
+    Examples:
         >>> cpu_has_bf16_hardware({"avx2": True})
         False
         >>> cpu_has_bf16_hardware({"avx512_bf16": True})
@@ -134,7 +134,7 @@ def cpu_bf16_speedup(rounds: int = 5) -> float:
     alike. The two run in interleaved rounds
     (fp32, bf16, fp32, bf16, ...) after one warm-up each; the ratio is of each one's least.
 
-    Example:
+    Examples:
         >>> cpu_bf16_speedup(rounds=1) > 0  # doctest: +SKIP
         True
     """
@@ -187,7 +187,7 @@ def choose_precision(requested: str, device: torch.device | str) -> str:
     Raises:
         ValueError: for ``"fp16"`` on a CPU, or an unknown name.
 
-    Example:
+    Examples:
         >>> choose_precision("bf16", "cpu")
         'bf16'
     """

@@ -1,6 +1,6 @@
 """The per-run record: the one contract between the handlers that write and the reports that read.
 
-One record per run and rank. Each row has a ``kind`` (:class:`Kind`), a ``source`` (:class:`Source`:
+One record per run and rank. Each row has a ``kind`` (`Kind`), a ``source`` (`Source`:
 which handler wrote it), the ``rank``, the ``engine`` it belongs to (``"train"``, ``"validation"``,
 ...), the run ``segment`` (a second ``trainer.run()`` on the same engines is segment 1, ...) and
 the wall-clock ``time``, plus the handler's fields. Rows are appended to ``record.rank<R>.jsonl``
@@ -13,8 +13,8 @@ cell run again, a restarted job) adds new segments after the earlier ones, never
 segment starts with a ``segment_started`` event (its pid and host) and a segment that ends
 normally has a ``segment_ended`` event, so a reader tells a rank that stopped early from one that
 finished. One writer per rank and folder at a time: the record takes the folder's per-rank
-:class:`~monai_fast.files.RunFolderLock` (``.monai-fast.rank<R>.lock``) before it writes, so a
-second run into the same folder fails with :class:`~monai_fast.files.RunFolderBusyError` before
+`RunFolderLock` (``.monai-fast.rank<R>.lock``) before it writes, so a
+second run into the same folder fails with `RunFolderBusyError` before
 any work; the kernel drops the lock when its owner exits or is killed.
 
 A full file system (``ENOSPC``, ``EDQUOT``) never stops the run: the record logs one warning
@@ -23,13 +23,13 @@ a row that did not fit (the file ends with its last whole row) and records no mo
 rank in the segment; a summary that cannot be written is named in a warning too. The doctor
 then reads a record that ends at that iteration without its ``segment_ended`` event.
 
-Readers find the record files with :func:`record_files` (exactly ``record.rank<R>.jsonl``; a
+Readers find the record files with `record_files()` (exactly ``record.rank<R>.jsonl``; a
 stray copy such as ``record.rank0 (copy).jsonl`` is named and left out), select rows with
-:func:`select` and compute the data share with :func:`data_share`, so "which rows belong to which
+`select()` and compute the data share with `data_share()`, so "which rows belong to which
 engine, rank and run" is answered here only. Nothing here imports torch or a hardware library, so a
 record made on a GPU cluster can be read on a laptop.
 
-Example:
+Examples:
     >>> import tempfile
     >>> from monai_fast.telemetry.record import Kind, RunRecord, Source, load_record, select
     >>> run1 = tempfile.mkdtemp()
@@ -171,14 +171,14 @@ class RunRecord(SpanWriter):
     """Rows and summaries of one run on one rank, streamed to the run folder.
 
     With a run folder, rows are appended to the file and not kept in memory (a run of days must
-    not grow); without one (``run_dir=None``) they are kept in :attr:`rows`. Wall-clock spans
-    (set-up, cache filling, ...) are written with :meth:`span` / :meth:`add_span`
-    (:mod:`monai_fast.telemetry.spans`).
+    not grow); without one (``run_dir=None``) they are kept in `rows`. Wall-clock spans
+    (set-up, cache filling, ...) are written with `span()` / `add_span()`
+    (`monai_fast.telemetry.spans`).
 
     A run folder that holds this rank's record already is continued, never erased: the new rows go
     after the earlier ones, as the next segment, and the summary keeps the sections this record
-    does not set again. The folder's per-rank lock is held from here until :meth:`close` (taken
-    again by the next :meth:`begin_segment`), so two runs cannot write one record.
+    does not set again. The folder's per-rank lock is held from here until `close()` (taken
+    again by the next `begin_segment()`), so two runs cannot write one record.
 
     Args:
         run_dir: the run folder (created; must be writable, checked here). ``None`` keeps the
@@ -187,7 +187,7 @@ class RunRecord(SpanWriter):
         flush_every: rows buffered before they are written to the file; 1 (the default) writes
             each row as it is added, so a killed process loses none.
 
-    A full file system while a row is written is not raised: see :attr:`disk_full`.
+    A full file system while a row is written is not raised: see `disk_full`.
 
     Raises:
         PermissionError: if ``run_dir`` cannot be written, naming it.
@@ -259,7 +259,7 @@ class RunRecord(SpanWriter):
     @property
     def segment(self) -> int:
         """The current run segment: one more than the record's last (0 for a new record), then one more for each
-        later :meth:`begin_segment`."""
+        later `begin_segment()`."""
         return self._segment
 
     def begin_segment(self) -> int:
@@ -299,9 +299,9 @@ class RunRecord(SpanWriter):
         return segment
 
     def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:
-        """Append one row; safe to call from any thread. Rows added after :meth:`close` are dropped
-        (with a warning, once) until :meth:`begin_segment` reopens the record; so are rows added once
-        the file system filled (:attr:`disk_full`; one warning)."""
+        """Append one row; safe to call from any thread. Rows added after `close()` are dropped
+        (with a warning, once) until `begin_segment()` reopens the record; so are rows added once
+        the file system filled (`disk_full`; one warning)."""
         kind, source = _value(kind), _value(source)
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -437,12 +437,12 @@ class RunRecord(SpanWriter):
 def record_lock(run_dir: str | os.PathLike, rank: int = 0, what: str | None = None) -> RunFolderLock:
     """The lock that owns ``run_dir`` for ``rank``'s record (``.monai-fast.rank<R>.lock``), not yet taken.
 
-    :class:`RunRecord` takes it before it writes. A command that does set-up work before it makes
+    `RunRecord` takes it before it writes. A command that does set-up work before it makes
     the record (``monai-fast train`` builds data sets and caches first) takes the same lock at its
     start, so a second run into the folder stops before that work; the record's own taking of it
     later in the same process is counted, not refused.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> with record_lock(tempfile.mkdtemp(), rank=0, what="monai-fast train"):
         ...     pass  # set-up, then RecordHandler(...) on the same folder
@@ -469,7 +469,7 @@ def _last_segment(path: Path) -> int | None:
 
 
 class EngineRecord(SpanWriter):
-    """A :class:`RunRecord` as one engine writes to it: every row is stamped with the engine's name.
+    """A `RunRecord` as one engine writes to it: every row is stamped with the engine's name.
 
     Summaries of the ``"train"`` engine are stored under their source's name, those of other
     engines under ``"<source>.<engine>"`` (e.g. ``"throughput.validation"``).
@@ -487,19 +487,19 @@ class EngineRecord(SpanWriter):
         return self.record.rank
 
     def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:
-        """:meth:`RunRecord.add` with ``engine=`` this engine's name."""
+        """`RunRecord.add()` with ``engine=`` this engine's name."""
         return self.record.add(kind, source, engine=self.engine, **fields)
 
     def on_critical_thread(self) -> bool:
-        """:meth:`RunRecord.on_critical_thread`."""
+        """`RunRecord.on_critical_thread()`."""
         return self.record.on_critical_thread()
 
     def lever(self, source: Source | str, lever: str) -> dict | None:
-        """:meth:`RunRecord.lever`."""
+        """`RunRecord.lever()`."""
         return self.record.lever(source, lever)
 
     def set_summary(self, source: Source | str, values: dict) -> None:
-        """:meth:`RunRecord.set_summary` under this engine's section."""
+        """`RunRecord.set_summary()` under this engine's section."""
         name = _value(source)
         self.record.set_summary(name if self.engine == "train" else f"{name}.{self.engine}", values)
 
@@ -528,7 +528,7 @@ def record_files(run_dir: str | os.PathLike) -> tuple[dict[int, Path], list[Path
 def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[list[dict], dict]:
     """Read a run folder's record: all ranks' rows (or one rank's) and their summaries.
 
-    Only the files :func:`record_files` names as the run's are read; strays are named in a
+    Only the files `record_files()` names as the run's are read; strays are named in a
     warning. A last line cut short (a rank killed while writing it) is left out with a warning.
 
     Returns:

@@ -1,6 +1,6 @@
 """Wall-clock spans: where a run's time went, as rows of the run record (``kind="span"``).
 
-A span is one stretch of work of one :class:`Category` from ``start`` to ``end`` (``time.time()``
+A span is one stretch of work of one `Category` from ``start`` to ``end`` (``time.time()``
 seconds, the clock of every record row), with ``duration_s`` and an ``overlapped`` flag. A span
 is *overlapped* when it ran beside training rather than in its way (a background validation, a
 cache filled by another thread while the model trains): the doctor lists overlapped work
@@ -12,18 +12,18 @@ trainer (the thread that started the record's current run, or made the record be
 
 Who writes which category:
 
-* ``run``: the frame, one per ``trainer.run()`` (:class:`~monai_fast.handlers.RecordHandler`);
+* ``run``: the frame, one per ``trainer.run()`` (`RecordHandler`);
 * ``validation``: each run of an engine that shares the trainer's record (the evaluator), as
-  the trainer sees it (:class:`~monai_fast.handlers.RecordHandler`);
-* ``checkpoint``: each checkpoint written by :class:`~monai_fast.handlers.checkpoint_folder.CheckpointFolder`
+  the trainer sees it (`RecordHandler`);
+* ``checkpoint``: each checkpoint written by `CheckpointFolder`
   (``Preemption``);
 * ``setup`` and ``cache_fill``: the recipe runner (from its clock start to the built recipe),
-  the data layer and the user, through :meth:`SpanWriter.span` on the record object;
+  the data layer and the user, through `SpanWriter.span()` on the record object;
 * ``data_wait`` and ``compute`` come from ``TimeBreakdown``'s iteration rows, ``handlers`` (the
   work between iterations no span explains) and ``idle`` (the rest of the wall clock) are
-  derived by the doctor (:mod:`monai_fast.report.wall_clock`); they are not written as spans.
+  derived by the doctor (`monai_fast.report.wall_clock`); they are not written as spans.
 
-Example:
+Examples:
     >>> from monai_fast.telemetry.record import RunRecord
     >>> rec = RunRecord(None)
     >>> with rec.span("setup"):
@@ -67,7 +67,7 @@ RECORDABLE = tuple(c.value for c in Category if c not in DERIVED)
 
 
 def wall_time(perf_counter_value: float) -> float:
-    """The ``time.time()`` reading for a past :func:`time.perf_counter` reading (e.g. a recipe's ``t0``)."""
+    """The ``time.time()`` reading for a past `time.perf_counter()` reading (e.g. a recipe's ``t0``)."""
     return time.time() - (time.perf_counter() - perf_counter_value)
 
 
@@ -84,7 +84,7 @@ def _category(category: Category | str) -> str:
 class SpanWriter(ABC):
     """The span API of the run record (the base of ``RunRecord`` and ``EngineRecord``).
 
-    Subclasses implement :meth:`add` and :meth:`on_critical_thread`; a class that lacks either
+    Subclasses implement `add()` and `on_critical_thread()`; a class that lacks either
     cannot be instantiated.
     """
 
@@ -108,9 +108,9 @@ class SpanWriter(ABC):
         """Record a span that is over: ``start`` and ``end`` are ``time.time()`` readings.
 
         Args:
-            category: one of :data:`RECORDABLE`.
-            start, end: when it began and ended (``end >= start``); see :func:`wall_time` for a
-                :func:`time.perf_counter` reading.
+            category: one of `RECORDABLE`.
+            start, end: when it began and ended (``end >= start``); see `wall_time()` for a
+                `time.perf_counter()` reading.
             source: who writes it (a ``Source``); default ``"user"``.
             overlapped: whether it ran beside training; ``None``: when written from a thread
                 other than the trainer's.
@@ -145,7 +145,7 @@ class SpanWriter(ABC):
     ) -> Iterator[None]:
         """Record the wall-clock time of a ``with`` block as a span (also when the block raises).
 
-        Example:
+        Examples:
             >>> from monai_fast.telemetry.record import RunRecord
             >>> rec = RunRecord(None)
             >>> with rec.span("cache_fill", items=32):

@@ -1,12 +1,12 @@
 """Train one recipe toward a target with its telemetry: the product behind ``monai-fast train``.
 
-:class:`TrainJob` and :func:`train_job` (``job.py``) train one recipe from its options into a run folder
-(model, record, report, results); below them, :class:`TargetRun` and :func:`run_to_target` (``run.py``) train
+`TrainJob` and `train_job()` (``job.py``) train one recipe from its options into a run folder
+(model, record, report, results); below them, `TargetRun` and `run_to_target()` (``run.py``) train
 a recipe toward a target Dice with monai-fast's telemetry, its epochs as rows (``epochs.py``), on data loaded
 and checked by ``data.py``, sized per device by ``scale.py``, with results files from ``results.py``. The race
-harness (:mod:`monai_fast.race`) builds on these; nothing here imports it.
+harness (`monai_fast.race`) builds on these; nothing here imports it.
 
-Example:
+Examples:
     >>> from monai_fast.training import TrainJob, train_job
     >>> job = TrainJob(output_dir="runs/mine", device="cpu", overrides={"max_epochs": 2})
     >>> outcome = train_job(job)  # doctest: +SKIP

@@ -1,6 +1,6 @@
 """A run's data: an MSD-layout folder or URL, given file lists, or cached synthetic data; every file checked first.
 
-Example:
+Examples:
     >>> from monai_fast.recipes import RecipeConfig
     >>> from monai_fast.training.data import DataSource, SyntheticData, checked_files
     >>> source = DataSource(synthetic=SyntheticData(cases=4, shape=(32, 32, 16)))
@@ -36,7 +36,7 @@ VAL_FRACTION = 0.25
 class SyntheticData:
     """The synthetic set generated (once, then reused from the cache folder) when no data is given.
 
-    Example:
+    Examples:
         >>> SyntheticData(cases=5, shape=(48, 48, 32)).kind
         'spleen-like'
     """
@@ -68,7 +68,7 @@ class DataSource:
 
 def load_files(source: DataSource, progress: bool = True) -> tuple[Path | str | None, list[dict], list[dict]]:
     """``(data_root, train_files, val_files)`` of ``source``: its file lists, its ``data_dir`` (a folder or a URL,
-    read as :func:`~monai_fast.data.msd.load_msd_datalist` reads it), or its synthetic data.
+    read as `load_msd_datalist()` reads it), or its synthetic data.
 
     Args:
         source: where the cases come from.
@@ -101,7 +101,7 @@ def check_files(
     Args:
         train_files, val_files: ``{"image", "label"}`` dicts.
         config: the recipe options the cases are trained with.
-        preflight: check every file (:func:`monai_fast.data.preflight.preflight`: unreadable files, 2D volumes,
+        preflight: check every file (`monai_fast.data.preflight.preflight()`: unreadable files, 2D volumes,
             NaN/Inf, labels outside the classes, shape mismatches; cached per file).
 
     Raises:
@@ -120,7 +120,7 @@ def check_files(
 def checked_files(
     source: DataSource, config: RecipeConfig, preflight: bool = True, progress: bool = True
 ) -> tuple[Path | str | None, list[dict], list[dict]]:
-    """:func:`load_files` of ``source``, then :func:`check_files`.
+    """`load_files()` of ``source``, then `check_files()`.
 
     Args:
         source: where the cases come from.

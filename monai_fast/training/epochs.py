@@ -1,6 +1,6 @@
-"""A recipe's epochs as rows: :class:`EpochRow`, the recorder that collects them, and their CSV.
+"""A recipe's epochs as rows: `EpochRow`, the recorder that collects them, and their CSV.
 
-Example:
+Examples:
     >>> import tempfile
     >>> write_epochs_csv([], tempfile.mkdtemp() + "/epochs.csv").read_text().split(",")[:2]
     ['recipe', 'epoch']
@@ -66,9 +66,9 @@ EPOCH_FIELDS = [f for f in EpochRow.__dataclass_fields__]
 
 
 def write_epochs_csv(rows: Iterable[EpochRow], path: str | os.PathLike) -> Path:
-    """Write ``rows`` as CSV (header :data:`EPOCH_FIELDS`) to ``path`` atomically; returns ``path``.
+    """Write ``rows`` as CSV (header `EPOCH_FIELDS`) to ``path`` atomically; returns ``path``.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> p = write_epochs_csv([], tempfile.mkdtemp() + "/epochs.csv")
         >>> p.read_text().split(",")[:2]
@@ -82,7 +82,7 @@ def write_epochs_csv(rows: Iterable[EpochRow], path: str | os.PathLike) -> Path:
 
 
 class EpochRecorder:
-    """Collects an :class:`EpochRow` per trainer epoch and mirrors it to TensorBoard."""
+    """Collects an `EpochRow` per trainer epoch and mirrors it to TensorBoard."""
 
     def __init__(
         self,

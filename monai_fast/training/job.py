@@ -1,18 +1,18 @@
 """One recipe trained from its options into a run folder: the model, the record, the report and the results.
 
-:class:`TrainJob` holds the options (checked when it is made, :class:`~monai_fast.training.options.OptionError`
-naming the one at fault); :func:`train_job` runs it on one rank and returns a :class:`TrainOutcome`. The
+`TrainJob` holds the options (checked when it is made, `OptionError`
+naming the one at fault); `train_job()` runs it on one rank and returns a `TrainOutcome`. The
 ``monai-fast train`` command builds the job from its command line (and a SageMaker job's settings) and prints
 the outcome.
 
-The run owns its output folder from its start to its end (:class:`~monai_fast.files.RunFolderLock`, whatever
+The run owns its output folder from its start to its end (`RunFolderLock`, whatever
 the recipe, and the record's lock in ``<output_dir>/<recipe>``), so a second run into it stops at once, naming
 the folder and the run that holds it. Every output folder is checked before any data is read, the model's
 folder for room for the model too. After training the model is written first, then the other outputs, each
 on its own, so that a full disk costs only the file that did not fit (named, with the space missing); a run
 record that its full file system cut short during training is named the same way, and training goes on.
 
-Example:
+Examples:
     >>> from monai_fast.training.job import TrainJob, train_job
     >>> job = TrainJob(output_dir="runs/mine", overrides={"max_epochs": 2}, device="cpu", progress=False)
     >>> outcome = train_job(job)  # doctest: +SKIP
@@ -56,7 +56,7 @@ class TrainJob:
     """What to train, on what, until when, and where its outputs go.
 
     Attributes:
-        recipe: a recipe of :data:`monai_fast.recipes.RECIPES`.
+        recipe: a recipe of `monai_fast.recipes.RECIPES`.
         output_dir: the run folder: the run record, the doctor's report, ``results.json``, ``epochs.csv``
             and plots (the record in ``<output_dir>/<recipe>``).
         model_dir: ``model.pth`` (a checkpoint ``monai-fast infer`` reads) and ``recipe.json``;
@@ -66,13 +66,13 @@ class TrainJob:
         val_fraction: share of the cases held out for validation.
         seed: seed of the data, the split, the weights and the crops.
         preflight: check every file of the data before training.
-        overrides: :class:`~monai_fast.recipes.RecipeConfig` fields (``max_epochs``, ``network``...).
+        overrides: `RecipeConfig` fields (``max_epochs``, ``network``...).
         device: ``"auto"`` (CUDA if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         target: validation mean Dice to stop at, in (0, 1] (1: every epoch runs).
         time_budget_s: seconds of training before it stops; ``None``: no limit.
         progress: progress bars (on rank 0).
         tensorboard_dir: also write TensorBoard loss and Dice here; ``None``: only the run folder's.
-        checkpoint_dir: make the run preemption-safe (:class:`~monai_fast.handlers.Preemption`): a stop
+        checkpoint_dir: make the run preemption-safe (`Preemption`): a stop
             signal checkpoints here, and the same job resumes from here; ``None``: a stop signal stops it.
         save_every: with ``checkpoint_dir``, also checkpoint every N iterations.
         record_options: what ``results.json`` records under ``options`` (e.g. the command's options).
@@ -80,7 +80,7 @@ class TrainJob:
     Raises:
         OptionError: naming the first bad option, before anything runs.
 
-    Example:
+    Examples:
         >>> TrainJob(output_dir="runs/x", device="cpu").model_dir
         PosixPath('runs/x/model')
         >>> try:
@@ -142,12 +142,12 @@ class TrainJob:
 
 @dataclass(frozen=True)
 class TrainOutcome:
-    """What :func:`train_job` did on one rank.
+    """What `train_job()` did on one rank.
 
     Attributes:
         lead: this rank wrote the outputs (rank 0).
         network: the network trained (``"unet"``, ``"segresnet"``).
-        result: the run's :class:`~monai_fast.training.run.TrainResult`; ``None`` when a stop signal stopped it.
+        result: the run's `TrainResult`; ``None`` when a stop signal stopped it.
         model: ``model.pth`` where it was written, else ``None``.
         results: ``results.json`` where it was written, else ``None``.
         report: the doctor's ``report.md`` where it was written, else ``None``.
@@ -169,7 +169,7 @@ class TrainOutcome:
 def train_job(job: TrainJob) -> TrainOutcome:
     """Train ``job`` on this rank; rank 0 writes the model, the report and the results.
 
-    Rank 0 owns the output folder from the start to the end (its :class:`~monai_fast.files.RunFolderLock`,
+    Rank 0 owns the output folder from the start to the end (its `RunFolderLock`,
     whatever the recipe, and the record's lock in ``<output_dir>/<recipe>``, taken again by the record later):
     a second run into the same folder stops at once, before its set-up work, naming the folder and the run that
     owns it. Every output folder is checked before any data is read.
@@ -216,7 +216,7 @@ def _check_folders(job: TrainJob) -> None:
 
 
 def _check_model_space(job: TrainJob, config: RecipeConfig) -> None:
-    """The model's folder with room for the model (:func:`model_bytes`), before any work."""
+    """The model's folder with room for the model (`model_bytes()`), before any work."""
     from monai_fast.files import ensure_free_space
 
     try:
@@ -226,7 +226,7 @@ def _check_model_space(job: TrainJob, config: RecipeConfig) -> None:
 
 
 def _train_owned(job: TrainJob, config: RecipeConfig, lead: bool) -> TrainOutcome:
-    """:func:`train_job` once the options and outputs are checked and the run folder is this run's."""
+    """`train_job()` once the options and outputs are checked and the run folder is this run's."""
     from monai_fast.handlers.stop_signal import STOPPED_EXIT, end_of_setup
     from monai_fast.training.data import checked_files
     from monai_fast.training.run import TargetRun
@@ -283,7 +283,7 @@ def _attach_tensorboard(built: Recipe, folder: Path) -> Any:
 def model_bytes(config: RecipeConfig) -> int:
     """Bytes ``model.pth`` needs: the network of ``config`` built on the CPU, its tensors' bytes plus the margin.
 
-    Example:
+    Examples:
         >>> from monai_fast.recipes import RecipeConfig
         >>> model_bytes(RecipeConfig()) > MODEL_MARGIN[1]
         True
@@ -313,7 +313,7 @@ def _save_model(built: Recipe, model_dir: Path) -> Path:
 
 
 def _preemption(built: Recipe, job: TrainJob) -> Preemption:
-    """:class:`~monai_fast.handlers.Preemption` on ``built``'s trainer (model, optimizer, trainer), resumed from its
+    """`Preemption` on ``built``'s trainer (model, optimizer, trainer), resumed from its
     folder."""
     from monai_fast.handlers import Preemption
 

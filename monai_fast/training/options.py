@@ -1,6 +1,6 @@
 """The checks a training run's options share: the error that names an option, the device, output folders, the recipe.
 
-Example:
+Examples:
     >>> from monai_fast.training.options import OptionError, recipe_config
     >>> try:
     ...     recipe_config({"max_epochs": 0, "no_such": 1}, seed=0)
@@ -27,9 +27,9 @@ __all__ = ["OptionError", "check_writable_dir", "recipe_config", "resolve_device
 class OptionError(ValueError):
     """An option of a run is invalid; ``option`` names it (a field name, dotted for nested ones).
 
-    The command line turns ``option`` into its flag (:func:`monai_fast.cli.args.flag_of`).
+    The command line turns ``option`` into its flag (`monai_fast.cli.args.flag_of()`).
 
-    Example:
+    Examples:
         >>> str(OptionError("target", "must be in (0, 1], got 2"))
         'target: must be in (0, 1], got 2'
     """
@@ -46,7 +46,7 @@ def resolve_device(name: str) -> str:
     Raises:
         OptionError: naming ``device``.
 
-    Example:
+    Examples:
         >>> resolve_device("cpu")
         'cpu'
     """
@@ -71,7 +71,7 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
     Raises:
         OptionError: naming ``option`` and why the folder cannot be written.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> check_writable_dir(tempfile.mkdtemp() + "/run", "run_dir").is_dir()
         True
@@ -87,12 +87,12 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
 
 
 def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
-    """The :class:`RecipeConfig` of ``overrides`` with ``seed``; unknown or bad fields raise naming ``overrides``.
+    """The `RecipeConfig` of ``overrides`` with ``seed``; unknown or bad fields raise naming ``overrides``.
 
     Raises:
         OptionError: naming ``overrides``.
 
-    Example:
+    Examples:
         >>> recipe_config({"max_epochs": 2}, seed=3).seed
         3
     """

@@ -1,7 +1,7 @@
 """A run's results files: ``results.json`` (the machine, versions, options and one entry per result), all
 results' epochs in ``epochs.csv``, and validation Dice against time in ``dice_vs_time.png``.
 
-Example:
+Examples:
     >>> meta = run_meta(None, "cpu", {"recipe": "fast"})
     >>> sorted(meta)
     ['command', 'data', 'date', 'machine', 'options', 'versions']
@@ -99,7 +99,7 @@ def write_results(
     Args:
         results: one result per recipe run.
         run_dir: the folder written into (created).
-        meta: what ``results.json`` holds before the results (:func:`run_meta`).
+        meta: what ``results.json`` holds before the results (`run_meta()`).
         extra: what ``results.json`` holds after them (a race's speed-ups).
 
     Returns:

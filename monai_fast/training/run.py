@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class TrainResult:
-    """Outcome of :func:`run_to_target` for one recipe."""
+    """Outcome of `run_to_target()` for one recipe."""
 
     recipe: str
     target: float
@@ -96,12 +96,12 @@ def run_to_target(
     telemetry: ``TimeBreakdown``, ``ThroughputMonitor``, ``NVTXHandler`` (trainer and evaluator, with the nvidia extra),
     on CUDA a ``GPUSampler``, and with ``run_dir`` a ``RecordHandler``; where the command pinned
     OpenMP's workers, a ``MainThreadCore`` (trainer, evaluator and a validation schedule's
-    estimator). A :class:`TargetRun` run to its end in one go.
+    estimator). A `TargetRun` run to its end in one go.
 
     Args:
-        recipe: one of :data:`monai_fast.recipes.RECIPES`.
+        recipe: one of `monai_fast.recipes.RECIPES`.
         train_files, val_files: ``{"image", "label"}`` dicts, e.g. from
-            :func:`monai_fast.data.msd.load_msd_datalist`.
+            `monai_fast.data.msd.load_msd_datalist()`.
         config: recipe options.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         target: validation mean Dice (background excluded) to reach.
@@ -110,13 +110,13 @@ def run_to_target(
         run_dir: if given, ``run_dir/<recipe>/`` receives the TensorBoard events, ``epochs.csv``
             and the run record (``record.rank0.jsonl``, ``summary.rank0.json``) that
             ``monai-fast doctor`` reads.
-        progress: a progress bar per epoch where one fits (:func:`monai_fast.progress.show_progress`),
+        progress: a progress bar per epoch where one fits (`monai_fast.progress.show_progress()`),
             else one log line per epoch.
 
     Returns:
-        A :class:`TrainResult` with per-epoch rows.
+        A `TrainResult` with per-epoch rows.
 
-    Example:
+    Examples:
         >>> result = run_to_target("fast", train_files, val_files, device="cpu", time_budget_s=60)  # doctest: +SKIP
         >>> result.reached, result.time_to_target_s  # doctest: +SKIP
     """
@@ -128,24 +128,24 @@ def run_to_target(
 class TargetRun:
     """One recipe trained towards a target in segments, on a clock that runs only while it trains.
 
-    :func:`run_to_target` runs it in one segment; a race that interleaves recipes runs each a few
+    `run_to_target()` runs it in one segment; a race that interleaves recipes runs each a few
     epochs at a time (``segment(1)``), so a change of the host's load hits them all. The clock (the
-    :class:`~monai_fast.handlers.TimeToTarget`'s) starts before the data sets are built and stops
+    `TimeToTarget`'s) starts before the data sets are built and stops
     between segments, so each recipe's times count only its own work. Each run draws from its own
-    copy of the global random generators (:class:`~monai_fast.data.rng_state.OwnRandomStream`), so
+    copy of the global random generators (`OwnRandomStream`), so
     its shuffles and crops are those it would draw alone, whatever the order of the turns.
     ``budget_s`` may be changed between segments.
 
     A stop signal (``SIGTERM``, ``SIGUSR1``) while the data sets and caches are built is caught
-    (:func:`~monai_fast.handlers.stop_signal.stop_signals_caught`): the program then stops when the
+    (`stop_signals_caught()`): the program then stops when the
     set-up is done, with a message and exit status 143, instead of dying silently in the middle.
     Inside a program that catches them from its start (``monai-fast train``, ``demo``, ``bench``),
-    the program's own catcher stays in place until a :class:`~monai_fast.handlers.Preemption`
-    takes it over or the first :meth:`segment` starts training, which ends the set-up
-    (:func:`~monai_fast.handlers.stop_signal.end_of_setup`): a signal received meanwhile stops
+    the program's own catcher stays in place until a `Preemption`
+    takes it over or the first `segment()` starts training, which ends the set-up
+    (`end_of_setup()`): a signal received meanwhile stops
     the program there, before any training, with the same message and exit status.
 
-    Example:
+    Examples:
         >>> run = TargetRun("baseline", train_files, val_files, device="cpu", time_budget_s=600)  # doctest: +SKIP
         >>> while not run.done:  # doctest: +SKIP
         ...     run.segment(epochs=1)
@@ -235,7 +235,7 @@ class TargetRun:
     def segment(self, epochs: int | None = 1) -> None:
         """Train ``epochs`` more epochs (``None``: to the end), the clock running only meanwhile.
 
-        It ends the program's set-up (:func:`~monai_fast.handlers.stop_signal.end_of_setup`, which does
+        It ends the program's set-up (`end_of_setup()`, which does
         nothing once the set-up has ended): a stop signal caught since the program's start, and not taken
         over by a ``Preemption``, stops the program here with a message and exit status 143.
 
@@ -269,10 +269,10 @@ class TargetRun:
             engine.terminate()
 
     def finish(self) -> TrainResult:
-        """Close the TensorBoard writer, write ``epochs.csv`` and return the :class:`TrainResult` (once).
+        """Close the TensorBoard writer, write ``epochs.csv`` and return the `TrainResult` (once).
 
         The result is kept before ``epochs.csv`` is written: when that write fails (a full disk:
-        :class:`~monai_fast.files.NoSpaceError` names the file), the error propagates and a second
+        `NoSpaceError` names the file), the error propagates and a second
         call returns the result, so the caller can still write its other outputs.
         """
         if self._finished is None:

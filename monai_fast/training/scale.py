@@ -6,7 +6,7 @@ cores. On a CUDA device that set would be over in seconds and show little, so th
 spleen-scale set (40 volumes sized like Task09 Spleen after resampling to 1.5 x 1.5 x 2 mm,
 96^3 patches) and MONAI's tutorial UNet (channels 16-32-64-128-256, 2 residual units).
 
-Example:
+Examples:
     >>> import torch
     >>> demo_scale(torch.device("cuda")).synthetic.cases
     40
@@ -33,7 +33,7 @@ class DemoScale:
     Attributes:
         device: the device type it is for (``"cuda"``, ``"cpu"``).
         synthetic: the synthetic set generated when no data is given.
-        overrides: :class:`~monai_fast.recipes.RecipeConfig` fields (patch, network) set for every recipe.
+        overrides: `RecipeConfig` fields (patch, network) set for every recipe.
         name: what the default is, in words.
     """
 
@@ -58,7 +58,7 @@ def demo_scale(device: torch.device) -> DemoScale:
     Args:
         device: the resolved training device (``torch.device("cuda")``, ``torch.device("cpu")``...).
 
-    Example:
+    Examples:
         >>> demo_scale(torch.device("cuda")).name
         "spleen-scale (like Task09 Spleen after resampling), MONAI's tutorial UNet"
     """

@@ -1,9 +1,9 @@
 """Auto-tuning of batch size, sliding-window batch, validation device and precision by measured throughput.
 
-The tuner itself (:class:`Tuner`, :func:`tune_validation`, the search, the store) measures a
-network and needs nothing above :mod:`monai_fast.telemetry`, so handlers may use it. Its
-binding to the recipes (:func:`~monai_fast.recipes.tuning.tune_recipe` and its helpers) is
-:mod:`monai_fast.recipes.tuning`; ``import monai_fast.tune`` never pulls the recipes in.
+The tuner itself (`Tuner`, `tune_validation()`, the search, the store) measures a
+network and needs nothing above `monai_fast.telemetry`, so handlers may use it. Its
+binding to the recipes (`tune_recipe()` and its helpers) is
+`monai_fast.recipes.tuning`; ``import monai_fast.tune`` never pulls the recipes in.
 """
 
 from importlib import import_module
@@ -18,7 +18,7 @@ from monai_fast.tune.store import TuneStore, default_store_path
 from monai_fast.tune.tuner import Tuner, TuningError
 from monai_fast.tune.validation import tune_validation
 
-#: deprecated aliases of :mod:`monai_fast.recipes.tuning`, imported from there when first asked for
+#: deprecated aliases of `monai_fast.recipes.tuning`, imported from there when first asked for
 _RECIPE_BOUND = ("default_space", "tune_recipe", "typical_val_shape")
 
 __all__ = [

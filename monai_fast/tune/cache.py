@@ -3,8 +3,8 @@
 The fast-training guide's biggest lever is caching the deterministic transforms in device memory
 (GPU memory on CUDA, RAM on a CPU), but the cache and the training step share that memory. The
 tuner measured each batch size's peak, so what is left for the cache is known: budget (cap minus
-margin) minus the pick's peak. :func:`place_cache` measures the cache's size the way the recipes
-do (:func:`~monai_fast.data.planner.plan_cache` on a few items), puts it in device memory when it
+margin) minus the pick's peak. `place_cache()` measures the cache's size the way the recipes
+do (`plan_cache()` on a few items), puts it in device memory when it
 fits next to the pick, and otherwise looks for a smaller measured batch whose throughput is within
 ``tradeoff`` of the pick and that leaves room for it. Failing that, the cache goes where the
 planner sends it (RAM on CUDA, else disk or a rotating SmartCache).
@@ -72,13 +72,13 @@ def place_cache(
         tradeoff: largest share of training throughput given up for a cache in device memory.
 
     Returns:
-        The :class:`CacheChoice`.
+        The `CacheChoice`.
 
     Raises:
         ValueError: ``pick`` has no feasible ``train`` trial of ``precision``, or a bad
             ``tradeoff`` / ``cache_bytes``, naming it.
 
-    Example:
+    Examples:
         >>> trials = [
         ...     {"phase": "train", "precision": "fp32", "value": 2, "feasible": True, "throughput": 96.0,
         ...      "peak_mib": 3000.0},

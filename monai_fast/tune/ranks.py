@@ -13,7 +13,7 @@ __all__ = ["agree_on_trial", "gather_errors"]
 def agree_on_trial(oom: bool, over: bool, error: bool, peak: int, seconds: float) -> dict:
     """Max over ranks of the flags, the peak memory and the step time (a no-op for one process).
 
-    Example:
+    Examples:
         >>> agree_on_trial(False, False, False, 1024, 0.5)["peak"]
         1024
     """
@@ -28,7 +28,7 @@ def agree_on_trial(oom: bool, over: bool, error: bool, peak: int, seconds: float
 def gather_errors(error: BaseException | None) -> str:
     """Every rank's error of this trial, one ``rank N: Type: message`` each, joined by ``; ``.
 
-    Example:
+    Examples:
         >>> gather_errors(KeyError("x"))
         "rank 0: KeyError: 'x'"
     """

@@ -1,4 +1,4 @@
-"""Deprecated alias of :mod:`monai_fast.recipes.tuning`: the same objects, and one ``DeprecationWarning`` on import.
+"""Deprecated alias of `monai_fast.recipes.tuning`: the same objects, and one ``DeprecationWarning`` on import.
 
 The tuner core sits below the recipes, so this alias loads its binding by name on import rather than
 by a static import.

@@ -14,7 +14,7 @@ _Config = TypeVar("_Config", bound="Tunable")
 
 
 class Tunable(Protocol):
-    """A configuration that takes a tuner's pick: :class:`monai_fast.recipes.RecipeConfig` is one."""
+    """A configuration that takes a tuner's pick: `monai_fast.recipes.RecipeConfig` is one."""
 
     def tuned(
         self: _Config,
@@ -45,7 +45,7 @@ class TuneResult:
         from_cache: the result was read from the cache file, nothing was run.
         cache_where, cache_budget_mib, cache_reason: where the training cache goes next to the
             pick, the memory left for it and why (set by ``tune_recipe(..., train_files=...)``,
-            see :func:`~monai_fast.tune.cache.place_cache`; ``None`` when not placed).
+            see `place_cache()`; ``None`` when not placed).
     """
 
     key: str
@@ -76,7 +76,7 @@ class TuneResult:
 
     def apply(self, config: _Config) -> _Config:
         """A copy of ``config`` with the tuned settings, by its ``tuned`` method
-        (:meth:`RecipeConfig.tuned <monai_fast.recipes.RecipeConfig.tuned>`)."""
+        (`RecipeConfig.tuned()`)."""
         return config.tuned(
             batch_size=self.batch_size,
             sw_batch_size=self.sw_batch_size,
@@ -86,7 +86,7 @@ class TuneResult:
         )
 
     def is_pick(self, trial: dict) -> bool:
-        """Whether ``trial`` (one of :attr:`trials`) measured the picked setting of its phase."""
+        """Whether ``trial`` (one of `trials`) measured the picked setting of its phase."""
         if trial["phase"] == "train":
             return trial["precision"] == self.precision and trial["value"] == self.batch_size
         return trial["val_device"] == self.val_device and trial["value"] == self.sw_batch_size

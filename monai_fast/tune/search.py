@@ -6,7 +6,7 @@ memory. A grid wastes trials on both ends; this search doubles from the low end 
 is infeasible, the range ends, or doublings stop gaining ``plateau`` over the best so far; then spends
 what is left of ``max_trials`` narrowing down where the best value lies (bisecting towards the
 memory limit when throughput was still rising there, else around the best value measured).
-:func:`race` then measures the best few again before :func:`pick_best` chooses.
+`race()` then measures the best few again before `pick_best()` chooses.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def peak_over_budget(value: int, trials: list[Trial], budget_bytes: int, slack: 
     """Why ``value`` need not be run: the peak memory extrapolated from the two largest measured trials exceeds
     ``slack`` x ``budget_bytes`` (a line through them); ``None`` with fewer than two measured trials or within it.
 
-    Example:
+    Examples:
         >>> trials = [Trial(1, True, 1.0, 100.0), Trial(2, True, 1.5, 200.0)]
         >>> peak_over_budget(8, trials, budget_bytes=500 * 2**20)
         'predicted peak 800 MiB > budget 500 MiB'
@@ -101,7 +101,7 @@ def grow_then_bisect(
     first that does not fit): the budget buys the whole curve, so there is nothing to guess.
 
     Args:
-        evaluate: runs one candidate and returns its :class:`Trial` (must not raise on OOM).
+        evaluate: runs one candidate and returns its `Trial` (must not raise on OOM).
         low, high: the inclusive range (``1 <= low <= high``).
         max_trials: most candidates actually run (predicted-infeasible ones are free).
         plateau: a doubling that gains less than this fraction of throughput stops the growth;
@@ -115,7 +115,7 @@ def grow_then_bisect(
     Returns:
         The trials in the order they were made.
 
-    Example:
+    Examples:
         >>> from monai_fast.tune.search import Trial, grow_then_bisect, pick_best
         >>> def fake(b):  # throughput saturates at 8, and 12 or more does not fit
         ...     return Trial(b, b < 12, min(b, 8) * 10.0 if b < 12 else None)
@@ -140,7 +140,7 @@ def grow_then_bisect(
 
 
 class _Search:
-    """The phases of :func:`grow_then_bisect`, sharing its trials and its budget."""
+    """The phases of `grow_then_bisect()`, sharing its trials and its budget."""
 
     def __init__(
         self,
@@ -266,7 +266,7 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
 
     Args:
         trials: a search's trials; the ``top`` best feasible ones are updated.
-        evaluate: runs one candidate and returns its :class:`Trial` (must not raise on OOM).
+        evaluate: runs one candidate and returns its `Trial` (must not raise on OOM).
         rounds: rounds of the race; 0 leaves ``trials`` as they are.
         top: candidates that enter the race (at least 2).
 
@@ -275,7 +275,7 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
         Pick among these; a candidate dropped earlier, or never raced, has fewer readings, and
         the readings of those that raced have lost the luck that put them on top.
 
-    Example:
+    Examples:
         >>> from monai_fast.tune.search import Trial, pick_best, race
         >>> readings = {4: iter([30.0, 30.0]), 6: iter([33.0, 33.0])}  # 8 read 40 once, by luck
         >>> trials = [Trial(4, True, 31.0), Trial(6, True, 32.0), Trial(8, True, 40.0)]
@@ -328,9 +328,9 @@ def best_over(
     pick is best by over 2 %.
 
     Each search grows then bisects (or runs the grid), races its best few (``space.confirm``
-    rounds among ``space.confirm_top``) and picks (:func:`pick_best`).
+    rounds among ``space.confirm_top``) and picks (`pick_best()`).
 
-    Example:
+    Examples:
         >>> from monai_fast.tune.space import SearchSpace
         >>> make = lambda scale: (lambda v: Trial(v, True, throughput=scale * v))
         >>> space = SearchSpace(strategy="grid", confirm=0)

@@ -40,7 +40,7 @@ class SearchSpace:
             candidates differ.
         confirm_top: candidates that enter the race (at least 2).
 
-    Example:
+    Examples:
         >>> from monai_fast.tune import SearchSpace
         >>> SearchSpace.from_auto3dseg({"range_num_images_per_batch": [1, 20], "num_trials": 6}).batch_range
         (1, 20)
@@ -84,11 +84,11 @@ class SearchSpace:
         """Most trials one search of ``value_range`` runs: its candidates, then the race among its best.
 
         What a caller promises up front (``tune --bundle`` prints it before the first trial): the
-        candidates are the whole range for ``"grid"``, else at most :attr:`max_trials`; the race adds
-        :attr:`confirm` rounds over at most :attr:`confirm_top` of them, one fewer each round while more
+        candidates are the whole range for ``"grid"``, else at most `max_trials`; the race adds
+        `confirm` rounds over at most `confirm_top` of them, one fewer each round while more
         than two remain.
 
-        Example:
+        Examples:
             >>> SearchSpace(max_trials=8).most_runs((1, 16))  # 8 candidates, then races of 3 and 2
             13
             >>> SearchSpace(max_trials=8).most_runs((2, 2))  # one candidate: nothing to race
@@ -105,9 +105,9 @@ class SearchSpace:
 
     def budget_bytes(self, memory: DeviceMemory, cap_mib: float | None = None) -> int:
         """Bytes a trial may peak at: ``cap_mib``, else the GPU's memory, else this process's RSS plus the
-        available RAM; less the :attr:`margin` share.
+        available RAM; less the `margin` share.
 
-        Example:
+        Examples:
             >>> import torch
             >>> SearchSpace(margin=0.25).budget_bytes(DeviceMemory(torch.device("cpu")), cap_mib=100) == 75 * 2**20
             True

@@ -18,14 +18,14 @@ logger = logging.getLogger("monai_fast.tune")
 
 
 def default_store_path() -> Path:
-    """``tuning.json`` in monai-fast's cache folder (:func:`monai_fast.files.cache_root`)."""
+    """``tuning.json`` in monai-fast's cache folder (`monai_fast.files.cache_root()`)."""
     return cache_root() / "tuning.json"
 
 
 class TuneStore:
     """Tuning results on disk, so a second run on the same machine and model tunes nothing.
 
-    Writes are atomic (:func:`monai_fast.files.write_json`) and made by rank 0
+    Writes are atomic (`monai_fast.files.write_json()`) and made by rank 0
     only. A damaged file is reported with its path and set aside, never silently overwritten. A
     file system too full for the file keeps it as it was, with a warning naming it and the space
     missing: the result is still returned to the caller, and the next run tunes again.
@@ -33,7 +33,7 @@ class TuneStore:
     Args:
         path: the JSON file (created on first ``put``).
 
-    Example:
+    Examples:
         >>> from monai_fast.tune import TuneStore
         >>> store = TuneStore("/tmp/monai-fast-doctest-tune.json")
         >>> store.get("no such key") is None

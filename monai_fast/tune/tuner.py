@@ -1,7 +1,7 @@
 """Pick batch size, sliding-window batch, validation device and precision by measured throughput.
 
 MONAI's Auto3DSeg "GPU customization" tries ``num_images_per_batch`` / ``num_sw_batch_size`` /
-``validation_data_device`` and keeps what fits in memory. :class:`Tuner` keeps what runs
+``validation_data_device`` and keeps what fits in memory. `Tuner` keeps what runs
 fastest within a memory budget: every candidate runs a few real iterations after a warm-up, an
 out-of-memory candidate is recorded as infeasible (memory released, search goes on), and under
 ``ignite.distributed`` all ranks try the same candidate and agree on its outcome.
@@ -47,15 +47,15 @@ class Tuner:
     Args:
         network: the model; a private copy is tuned, the original's weights are not touched.
         loss_function: training loss taking ``(prediction, integer label map)`` (``None`` for
-            :meth:`run_validation`).
+            `run_validation()`).
         optimizer_factory: builds the optimizer for the copy, e.g. ``lambda p: Novograd(p, 2e-3)``
-            (``None`` for :meth:`run_validation`).
+            (``None`` for `run_validation()`).
         patch_size: training patch and sliding-window ROI.
         val_shape: spatial size of a typical validation volume.
         device: where training runs.
         num_samples: patches per volume, so a batch size of ``b`` means ``b * num_samples`` patches.
         in_channels, out_channels: image channels and classes.
-        space: what to search (:class:`SearchSpace`).
+        space: what to search (`SearchSpace`).
         memory_cap_mib: most memory a candidate may use; default the GPU's memory, or on a CPU the
             RAM this process uses now plus what is available. On a CPU it is the resident set
             size of the process, so the cap also protects the machine from swapping.
@@ -63,9 +63,9 @@ class Tuner:
         warmup, min_iters, min_time_s: per trial: untimed iterations, then at least this many
             timed ones lasting at least this long (median taken).
         memory_format: the weights' layout at a precision, as the recipe trains them (e.g.
-            :attr:`RecipeParts.memory_format <monai_fast.recipes.RecipeParts>`); ``None``: as given.
+            `RecipeParts.memory_format`); ``None``: as given.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from monai.losses import DiceCELoss
         >>> from monai.networks.nets import UNet
@@ -162,8 +162,8 @@ class Tuner:
         )
 
     def most_trials(self) -> int:
-        """Most trials :meth:`run` makes: a training search per precision and a sliding-window search per
-        validation device, each with its race (:meth:`SearchSpace.most_runs`)."""
+        """Most trials `run()` makes: a training search per precision and a sliding-window search per
+        validation device, each with its race (`SearchSpace.most_runs()`)."""
         s = self.space
         return len(s.precisions) * s.most_runs(s.batch_range) + len(self.val_devices) * s.most_runs(s.sw_batch_range)
 
@@ -172,7 +172,7 @@ class Tuner:
 
         Args:
             progress: a progress bar over the trials (on a terminal only).
-            on_trial: called after each trial that ran with its record (as in :attr:`TuneResult.trials`:
+            on_trial: called after each trial that ran with its record (as in `TuneResult.trials`:
                 ``phase``, ``value``, ``precision``, ``val_device``, ``feasible``, ``throughput``,
                 ``peak_mib``, ``reason``, ``cost_s``), so a caller can report every trial as it ends.
 
@@ -219,7 +219,7 @@ class Tuner:
         and ``optimizer_factory`` may be ``None``.
 
         Raises:
-            TuningError: as :meth:`run`; also for ``precision`` outside the search space's.
+            TuningError: as `run()`; also for ``precision`` outside the search space's.
         """
         if precision not in self.space.precisions:
             raise TuningError(f"precision {precision!r} is not in the search space's {list(self.space.precisions)}")

@@ -1,13 +1,13 @@
 """Tune a sliding-window evaluator on its own: windows per forward pass and where the output is stitched.
 
-:func:`tune_validation` times MONAI's ``sliding_window_inference`` of a network on a volume of
+`tune_validation()` times MONAI's ``sliding_window_inference`` of a network on a volume of
 the validation set's size, for each stitching device (the training device, and the CPU on
 CUDA) over a range of ``sw_batch_size``, and keeps the fastest that fits in memory. It needs
 no recipe (the network, the ROI and a volume shape are enough), so
-:class:`~monai_fast.handlers.FastTraining` uses it for ``evaluator="tune"``; results are
-cached in the tuning store by the same key rules as :func:`~monai_fast.recipes.tuning.tune_recipe`'s.
+`FastTraining` uses it for ``evaluator="tune"``; results are
+cached in the tuning store by the same key rules as `tune_recipe()`'s.
 
-Example:
+Examples:
     >>> from monai.networks.nets import UNet
     >>> from monai_fast.tune.validation import tune_validation
     >>> net = UNet(3, 1, 2, channels=(4, 8), strides=(2,))
@@ -61,14 +61,14 @@ def tune_validation(
         overlap: the window overlap.
         in_channels: image channels.
         sw_batch_range: inclusive range of windows per forward pass to search.
-        store: a :class:`TuneStore`, a path to one, ``"default"``
-            (:func:`~monai_fast.tune.store.default_store_path`) or ``None`` (no caching).
+        store: a `TuneStore`, a path to one, ``"default"``
+            (`default_store_path()`) or ``None`` (no caching).
         force: tune again even when the store holds a result.
         progress: a progress bar over trials.
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial (default 1, 2, 0.3 s).
 
     Returns:
-        A :class:`TuneResult` whose ``sw_batch_size``, ``val_device`` and ``val_volumes_per_s``
+        A `TuneResult` whose ``sw_batch_size``, ``val_device`` and ``val_volumes_per_s``
         are measured (its training fields are empty).
 
     Raises:
