@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -364,3 +365,25 @@ def test_a_yaml_bundle_or_auto3dseg_folder_without_pyyaml_is_one_line_naming_the
     for stop, config in zip(stops, (zoo / "train.yaml", algo / "hyper_parameters.yaml", zoo / "train.yaml")):
         assert f"reading the YAML config {config} needs yaml" in stop, stop
         assert stop.endswith('pip install "monai-fast[bundle]"'), stop
+
+
+def test_a_bundle_with_tensorboard_handlers_names_the_bundle_extra_before_anything_is_built(core_site, tmp_path):
+    bundle, data = tmp_path / "seg3d", tmp_path / "data"
+    shutil.copytree(ROOT / "tests" / "bundles" / "seg3d", bundle)
+    code = f"""
+        from monai_fast.cli import main
+        try:
+            rc = main(["bundle", "run", {str(bundle)!r}, "dataset_dir={data}", "max_epochs=1"])
+        except SystemExit as stop:
+            rc = stop.code
+        print("rc |", rc)
+    """
+    r = _run_core(core_site, code)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    line = (
+        "monai-fast bundle: the config's TensorBoardStatsHandler (train#handlers#3) needs tensorboard, "
+        'which is not installed: pip install "monai-fast[bundle]"'
+    )
+    assert f"rc | {line}" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert not (bundle / "eval").exists()  # nothing built, no record folder made

@@ -294,6 +294,33 @@ def _ids(config: Any, prefix: str = "") -> Iterator[str]:
         yield from _ids(value, cid)
 
 
+#: MONAI components of the Model Zoo's configs that need a package of an extra: (name part, module, extra)
+_COMPONENT_PACKAGES = (("TensorBoard", "tensorboard", "bundle"),)
+
+
+def _check_component_packages(parser: Any) -> None:
+    """Refuse, before anything is built, a config whose components need a package that is not installed.
+
+    MONAI builds a ``TensorBoardStatsHandler`` only once the engines are made, after the data sets
+    may have cached for minutes, and then fails with a traceback that names neither the package nor
+    how to install it.
+
+    Raises:
+        MissingExtraError: naming the component, its config id and the extra that installs the package.
+    """
+    from monai_fast.extras import MissingExtraError, available
+
+    config = parser.get()
+    for cid in _ids(config):
+        value = parser.get(cid)
+        target = value.get("_target_") if isinstance(value, Mapping) else None
+        if not isinstance(target, str):
+            continue
+        for part, module, extra in _COMPONENT_PACKAGES:
+            if part in target and not available(module):
+                raise MissingExtraError(module, extra, f"the config's {target.rsplit('.', 1)[-1]} ({cid})")
+
+
 def check_overrides(
     files: Sequence[str | os.PathLike], keys: Sequence[str], new_keys: Sequence[str] = (), exempt: Sequence[str] = ()
 ) -> None:
@@ -610,6 +637,7 @@ def run_bundle(
         raise BundleError(
             f"the config has no {run_id!r} section to run" + (f" (nor {LEGACY_RUN_ID!r})" if run_id == RUN_ID else "")
         )
+    _check_component_packages(parser)
     _drop_fragment(parser, init_id, files)
     if run_dir is None:
         _check_writable(_records_parent(parser, root), str(pairs["bundle_root"]))
