@@ -18,7 +18,7 @@ OUT = ROOT / "docs" / "img" / "layers.png"
 
 #: (layer, its modules), bottom-up: the names of ``LAYERS`` in tests/test_packaging.py
 LAYERS: list[tuple[str, str]] = [
-    ("ground floor", "files, extras, deprecation, progress, openmp, threads"),
+    ("ground floor", "files, extras, progress, openmp, threads"),
     ("telemetry", "telemetry/: run record, spans, CUDA, NVML, NVTX, host load"),
     ("data, distributed", "data/: caches, loaders, synthetic data    distributed/: launchers, DDP, SLURM"),
     ("tuner core", "tune/: batch size, sliding-window batch, precision, the store"),

@@ -85,7 +85,6 @@ LAYERS = [
         (
             "monai_fast.files",
             "monai_fast.extras",
-            "monai_fast.deprecation",
             "monai_fast.precision_names",
             "monai_fast.progress",
             "monai_fast.openmp",
@@ -159,17 +158,6 @@ def test_the_tuner_core_imports_nothing_above_handlers():
     )
 
 
-#: deprecated aliases at old module paths (removed in the next release): the only plugin modules that load the
-#: harness, and only by name (``import_module``) when the old path itself is imported
-HARNESS_ALIASES = {
-    "monai_fast.recipes.runner",
-    "monai_fast.recipes.epochs",
-    "monai_fast.recipes.lab",
-    "monai_fast.report.compare",
-    "monai_fast.distributed.drill",
-}
-
-
 def _loaded_by_name(path: Path) -> set[str]:
     """Modules ``path`` names in an ``import_module("...")`` call."""
     import ast
@@ -185,13 +173,13 @@ def _loaded_by_name(path: Path) -> set[str]:
     }
 
 
-def test_only_the_deprecated_aliases_load_the_harness_by_name():
+def test_no_plugin_module_loads_the_harness_by_name():
     loaders = {
         _module_name(p)
         for p in _plugin_modules()
         if any(n.split(".")[:2] == ["monai_fast", "race"] for n in _loaded_by_name(p))
     }
-    assert loaders == HARNESS_ALIASES
+    assert not loaders, loaders
 
 
 def _plugin_modules() -> list[Path]:

@@ -35,17 +35,7 @@ def test_importing_the_package_loads_no_torch():
     assert out == "monai_fast.handlers.fast_training"
 
 
-def test_the_handlers_namespace_holds_handlers_and_the_helpers_warn_naming_their_module():
-    import warnings
-
+def test_the_handlers_namespace_holds_handlers_and_their_results_and_errors():
     import monai_fast.handlers as handlers
 
     assert all(name[0].isupper() for name in handlers.__all__), handlers.__all__  # classes: handlers, results, errors
-    for name, module in handlers._HELPERS.items():
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            helper = getattr(handlers, name)
-        assert helper is getattr(__import__(module, fromlist=[name]), name)
-        assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
-            f"monai_fast.handlers.{name} is deprecated and will be removed in the next release; use {module}.{name}"
-        ]

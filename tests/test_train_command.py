@@ -161,11 +161,11 @@ def test_hyperparameters_come_from_sm_hps_before_the_file_with_values_as_json_or
     (tmp_path / "hyperparameters.json").write_text(json.dumps({"epochs": "9"}))
     env = read_sagemaker_env(
         {
-            "SM_HPS": json.dumps({"epochs": 2, "network": "segresnet", "fp32": "true", "lr": "0.001"}),
+            "SM_HPS": json.dumps({"epochs": 2, "network": "segresnet", "no_progress": "true", "lr": "0.001"}),
             "SM_INPUT_CONFIG_DIR": str(tmp_path),
         }
     )
-    assert env.hyperparameters == {"epochs": 2, "network": "segresnet", "fp32": True, "lr": 0.001}
+    assert env.hyperparameters == {"epochs": 2, "network": "segresnet", "no_progress": True, "lr": 0.001}
     assert env.hyperparameters_from == "SM_HPS"
     from_file = read_sagemaker_env({"SM_INPUT_CONFIG_DIR": str(tmp_path)})
     assert from_file.hyperparameters == {"epochs": 9} and from_file.hyperparameters_from.endswith(

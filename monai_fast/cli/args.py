@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from monai_fast.data.planner import CACHE_CHOICES
-from monai_fast.deprecation import deprecated_flag
 from monai_fast.recipes import RecipeConfig
 from monai_fast.telemetry.precision import REQUESTS
 from monai_fast.training.data import VAL_FRACTION, SyntheticData
@@ -166,11 +165,6 @@ def add_model_options(p: argparse.ArgumentParser, race: bool, sized: bool = Fals
         default=cfg.precision,
         help="mixed precision (default %(default)s): auto (fast picks bf16/fp16 where it pays, measured on a CPU; "
         "monai_tutorial runs MONAI's fp16 amp on CUDA; baseline fp32), bf16, fp16 (CUDA) or fp32 (none in any recipe)",
-    )
-    g.add_argument(
-        "--fp32",
-        action=deprecated_flag("--precision fp32", precision="fp32"),
-        help="deprecated: use --precision fp32",
     )
     if race:
         g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")

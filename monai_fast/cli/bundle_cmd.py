@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 
-from monai_fast.deprecation import deprecated_flag
 from monai_fast.precision_names import REQUESTS
 
 __all__ = ["add_bundle_command"]
@@ -70,11 +69,6 @@ def _own_options(r: argparse.ArgumentParser) -> None:
         choices=REQUESTS,
         default="auto",
         help="FastTraining's precision (default auto; fp32: the engines' precision is left as built)",
-    )
-    r.add_argument(
-        "--fp32",
-        action=deprecated_flag("--precision fp32", precision="fp32"),
-        help="deprecated: use --precision fp32",
     )
     r.add_argument(
         "--run-dir",

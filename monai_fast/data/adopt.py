@@ -76,7 +76,6 @@ from monai_fast.data.loaders import SafeThreadDataLoader
 from monai_fast.data.planner import CACHE_CHOICES, CachePlan, budgets_in_bytes, force_plan, plan_cache, rank_partition
 from monai_fast.data.rng_state import randomizables
 from monai_fast.data.smartcache import SafeSmartCacheDataset
-from monai_fast.deprecation import UNSET
 from monai_fast.progress import show_progress
 
 __all__ = ["AdoptedData", "THREAD_SAFE_COLLATES", "adopt_loader", "unknown_item_path", "why_not_adoptable"]
@@ -228,9 +227,6 @@ def adopt_loader(
     force_thread: bool = False,
     background: bool = False,
     after: Any = None,
-    gpu_budget: Any = UNSET,
-    ram_budget: Any = UNSET,
-    disk_budget: Any = UNSET,
 ) -> AdoptedData:
     """Rebuild ``loader`` over a planned cache (see the module docstring).
 
@@ -254,17 +250,7 @@ def adopt_loader(
         ValueError: when the loader cannot be adopted (the reason names what is in the way), or
             ``cache`` is unknown.
     """
-    gpu_budget_mib, ram_budget_mib, disk_budget_mib = (
-        None if b is None else b / 2**20
-        for b in budgets_in_bytes(
-            "adopt_loader",
-            {
-                "gpu": (gpu_budget_mib, gpu_budget),
-                "ram": (ram_budget_mib, ram_budget),
-                "disk": (disk_budget_mib, disk_budget),
-            },
-        )
-    )
+    budgets_in_bytes({"gpu": gpu_budget_mib, "ram": ram_budget_mib, "disk": disk_budget_mib})  # a bad one fails first
     if cache not in CACHE_CHOICES:
         raise ValueError(f"cache must be one of {', '.join(map(repr, CACHE_CHOICES))}, got {cache!r}")
     why = why_not_adoptable(loader, force_thread)

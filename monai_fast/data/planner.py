@@ -40,7 +40,6 @@ from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset
 from monai_fast.data.persistent import TrustedPersistentDataset
 from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
 from monai_fast.data.smartcache import SafeSmartCacheDataset
-from monai_fast.deprecation import UNSET, deprecated
 from monai_fast.telemetry import cuda_free_bytes
 
 __all__ = [
@@ -65,23 +64,18 @@ CACHE_PLACES: tuple[str, ...] = get_args(Where)
 CACHE_CHOICES: tuple[str, ...] = ("auto", *CACHE_PLACES)
 
 
-def budgets_in_bytes(caller: str, given: dict[str, tuple[float | None, Any]]) -> list[int | None]:
-    """Each ``place: (MiB, deprecated bytes)`` budget in bytes; one warning per byte budget given.
+def budgets_in_bytes(budgets_mib: dict[str, float | None]) -> list[int | None]:
+    """Each ``place: MiB`` budget in bytes (``None`` stays ``None``: the planner's default).
 
     Raises:
-        ValueError: for a negative budget, or both spellings of one budget.
+        ValueError: for a negative budget, naming it.
 
     Examples:
-        >>> budgets_in_bytes("plan_cache", {"ram": (1.5, UNSET), "gpu": (None, UNSET)})
+        >>> budgets_in_bytes({"ram": 1.5, "gpu": None})
         [1572864, None]
     """
     out = []
-    for place, (mib, old) in given.items():
-        if old is not UNSET:
-            deprecated(f"{caller}({place}_budget=bytes)", f"{caller}({place}_budget_mib=MiB)", stacklevel=4)
-            if mib is not None:
-                raise TypeError(f"{caller}: give {place}_budget_mib only, not also the deprecated {place}_budget")
-            mib = None if old is None else old / _MIB
+    for place, mib in budgets_mib.items():
         if mib is not None and not mib >= 0:
             raise ValueError(f"{place}_budget_mib must be >= 0 MiB, got {mib}")
         out.append(None if mib is None else int(mib * _MIB))
@@ -202,9 +196,6 @@ def plan_cache(
     cache_dir: str | os.PathLike | None = None,
     sample: int = 2,
     margin: float = 1.2,
-    gpu_budget: Any = UNSET,
-    ram_budget: Any = UNSET,
-    disk_budget: Any = UNSET,
 ) -> CachePlan:
     """Measure the cached size of ``data`` under ``transform`` and choose where to cache it.
 
@@ -227,12 +218,7 @@ def plan_cache(
     if margin < 1.0:
         raise ValueError(f"margin must be >= 1, got {margin}")
     gpu_budget, ram_budget, disk_budget = budgets_in_bytes(
-        "plan_cache",
-        {
-            "gpu": (gpu_budget_mib, gpu_budget),
-            "ram": (ram_budget_mib, ram_budget),
-            "disk": (disk_budget_mib, disk_budget),
-        },
+        {"gpu": gpu_budget_mib, "ram": ram_budget_mib, "disk": disk_budget_mib}
     )
     transform = transform if isinstance(transform, Compose) else Compose(list(transform))
     device = torch.device(device)

@@ -5,8 +5,6 @@ live in their modules: ``monai_fast.handlers.record.record_of``, ``monai_fast.ha
 ``monai_fast.handlers.nvtx.nvtx_range``, ``monai_fast.handlers.validation_schedule.estimator_like``.
 """
 
-from typing import Any
-
 from monai_fast.handlers.algorithm_time import AlgorithmTimes, TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.background_validation import BackgroundValidation, BackgroundValidationError
@@ -58,22 +56,3 @@ __all__ = [
     "TrainingAlgorithmTime",
     "ValidationSchedule",
 ]
-
-#: helpers once reachable here, and the module each lives in (one deprecation warning, removed in the next release)
-_HELPERS = {
-    "estimator_like": "monai_fast.handlers.validation_schedule",
-    "nvtx_range": "monai_fast.handlers.nvtx",
-    "on_run_end": "monai_fast.handlers.lifecycle",
-    "record_of": "monai_fast.handlers.record",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HELPERS:
-        import importlib
-
-        from monai_fast.deprecation import deprecated
-
-        deprecated(f"monai_fast.handlers.{name}", f"{_HELPERS[name]}.{name}")
-        return getattr(importlib.import_module(_HELPERS[name]), name)
-    raise AttributeError(f"module 'monai_fast.handlers' has no attribute {name!r}")

@@ -12,7 +12,6 @@ import torch
 from ignite.engine import Engine, Events
 from monai.inferers import Inferer
 
-from monai_fast.deprecation import UNSET, deprecated
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
 from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.record import record_of
@@ -162,13 +161,8 @@ class AMPToggle(EngineHandler):
         precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto",
         schedule: Callable[[int], bool] | None = None,
         max_nonfinite: int = 3,
-        *,
-        dtype: Any = UNSET,
     ) -> None:
         super().__init__()
-        if dtype is not UNSET:
-            deprecated("AMPToggle(dtype=...)", "AMPToggle(precision=...)")
-            precision = dtype
         if precision not in REQUESTS:
             raise ValueError(f"precision must be one of {', '.join(map(repr, REQUESTS))}, got {precision!r}")
         if schedule is not None and not callable(schedule):

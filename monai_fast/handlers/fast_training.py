@@ -24,7 +24,6 @@ from monai.engines import Workflow
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.planner import CACHE_CHOICES
-from monai_fast.deprecation import UNSET, deprecated
 from monai_fast.handlers.algorithm_time import TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
@@ -160,12 +159,7 @@ class FastTraining(EngineHandler):
         prediction_layout: Literal["auto"] | bool = "auto",
         progress: bool = False,
         tune_store: str | os.PathLike | None = "default",
-        *,
-        validation: Any = UNSET,
     ) -> None:
-        if validation is not UNSET:
-            deprecated("FastTraining(validation=...)", "FastTraining(evaluator=...)")
-            evaluator = validation
         _check("cache", cache, (*CACHE_CHOICES, False))
         _check("loader", loader, ("auto", "thread", False))
         _check("precision", precision, (*REQUESTS, False))
@@ -208,12 +202,6 @@ class FastTraining(EngineHandler):
         self._pending_evaluator: Engine | None = None
         self._helpers: list[EngineHandler] = []
         self._choices: dict[str, PrefetchChoice] = {}  # by lever: the measured prefetch choices
-
-    @property
-    def validation(self) -> Literal["auto", "tune"] | bool:
-        """Deprecated: read `evaluator_option` (the ``evaluator=`` option)."""
-        deprecated("FastTraining.validation", "FastTraining.evaluator_option", stacklevel=3)
-        return self.evaluator_option
 
     def attach(self, trainer: Engine, evaluator: Engine | None = None) -> None:
         """Apply the levers to ``trainer`` (and ``evaluator``); call before ``trainer.run()``.

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
 
 import torch
 
 from monai_fast.data.planner import CACHE_CHOICES
-from monai_fast.deprecation import deprecated
 from monai_fast.telemetry.precision import check_precision
 
 #: optimizers a recipe can be given by name, and the learning rate each gets when ``lr`` is unset
@@ -216,18 +213,6 @@ class RecipeConfig:
         """``cache_threads``, or the number of CPUs when it is ``None``."""
         return self.cache_threads if self.cache_threads is not None else (os.cpu_count() or 1)
 
-    @property
-    def amp(self) -> bool | None:
-        """Deprecated: read `precision` (``"fp32"`` is ``False``, ``"auto"`` ``None``, else ``True``)."""
-        deprecated("RecipeConfig.amp", "RecipeConfig.precision", stacklevel=3)
-        return {"fp32": False, "auto": None}.get(self.precision, True)
-
-    @property
-    def cache_workers(self) -> int | None:
-        """Deprecated: read `cache_threads`."""
-        deprecated("RecipeConfig.cache_workers", "RecipeConfig.cache_threads", stacklevel=3)
-        return self.cache_threads
-
     def with_defaults(self, **defaults: object) -> RecipeConfig:
         """A copy in which each option named in ``defaults`` that is ``None`` takes the given value.
 
@@ -277,41 +262,9 @@ class RecipeConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> RecipeConfig:
-        """Build from a dict, rejecting unknown keys by name (the deprecated ``amp`` and ``cache_workers`` load)."""
+        """Build from a dict, rejecting unknown keys by name."""
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known - set(_DEPRECATED))
+        unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
-        return cls(**_current_names(dict(d), "recipe option {!r}"))
-
-
-#: deprecated keywords of `RecipeConfig`, the option that replaces each, and how a value maps onto it
-_DEPRECATED = {
-    "amp": ("precision", lambda amp: "fp32" if amp is False else "auto"),
-    "cache_workers": ("cache_threads", lambda n: n),
-}
-#: the deprecated option names `RecipeConfig` still takes
-DEPRECATED_OPTIONS = tuple(_DEPRECATED)
-_dataclass_init = RecipeConfig.__init__
-
-
-def _current_names(kwargs: dict[str, Any], spelled: str) -> dict[str, Any]:
-    """``kwargs`` with each deprecated option replaced by its successor, one warning each (at the caller's caller).
-
-    A deprecated option given with its successor wins: ``dataclasses.replace(config, amp=False)`` passes
-    every field, the successor's current value included.
-    """
-    for old, (new, convert) in _DEPRECATED.items():
-        if old in kwargs:
-            deprecated(spelled.format(old), spelled.format(new), stacklevel=4)
-            kwargs[new] = convert(kwargs.pop(old))
-    return kwargs
-
-
-def _init(self: RecipeConfig, *args: Any, **kwargs: Any) -> None:
-    _dataclass_init(self, *args, **_current_names(kwargs, "RecipeConfig({}=...)"))
-
-
-_init.__doc__ = _dataclass_init.__doc__
-_init.__signature__ = inspect.signature(_dataclass_init)  # type: ignore[attr-defined]
-RecipeConfig.__init__ = _init  # type: ignore[method-assign]
+        return cls(**d)

@@ -7,12 +7,10 @@ import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from monai_fast.data.planner import plan_cache
-from monai_fast.deprecation import UNSET, deprecated
 from monai_fast.recipes import RecipeConfig, RecipeParts, recipe_parts
 from monai_fast.tune.cache import CacheChoice, place_cache
 from monai_fast.tune.result import TuneResult
@@ -30,21 +28,16 @@ def default_space(
     search_amp: bool = False,
     precision: str | None = None,
     recipe: str = "fast",
-    amp: Any = UNSET,
     **kwargs,
 ) -> SearchSpace:
     """The search space of ``recipe``: the precision it trains in, plus fp32 when ``search_amp``.
 
     ``precision`` is the recipe's request (``None``: its default); ``"fp32"`` searches fp32 only.
-    ``amp`` is the deprecated spelling (``amp=False`` is ``precision="fp32"``).
 
     Examples:
         >>> default_space("cpu", precision="fp32").precisions
         ('fp32',)
     """
-    if amp is not UNSET:
-        deprecated("default_space(amp=...)", "default_space(precision=...)")
-        precision = "fp32" if amp is False else precision
     first = recipe_parts(recipe, RecipeConfig(precision=precision or "auto"), device).precision
     precisions = [first, "fp32"] if search_amp else [first]
     return SearchSpace(precisions=precisions, **kwargs)

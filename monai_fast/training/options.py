@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from monai_fast.recipes import RecipeConfig
-from monai_fast.recipes.config import DEPRECATED_OPTIONS
 
 __all__ = ["OptionError", "check_writable_dir", "recipe_config", "resolve_device"]
 
@@ -96,7 +95,7 @@ def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
         >>> recipe_config({"max_epochs": 2}, seed=3).seed
         3
     """
-    known = ({f.name for f in fields(RecipeConfig)} | set(DEPRECATED_OPTIONS)) - {"seed"}
+    known = {f.name for f in fields(RecipeConfig)} - {"seed"}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise OptionError(

@@ -47,7 +47,7 @@ def trained(tmp_path_factory) -> dict:
         num_workers=0,
         optimizer="adamw",
         lr=3e-3,
-        amp=False,
+        precision="fp32",
         seed=0,
     )
     recipe = build_recipe("baseline", train, val, config, "cpu", progress=False)
