@@ -149,8 +149,9 @@ def test_compile_option_reaches_monai_engines(tiny_files, tiny_config):
 def test_fast_caches_where_the_planner_says(tiny_files, tiny_config, tmp_path):
     from monai.data import CacheDataset, SmartCacheDataset
 
-    from monai_fast.data.persistent import TrustedPersistentDataset
+    from monai_fast.data.crop_cache import CropCacheDataset
     from monai_fast.handlers import SmartCacheUpdater
+    from monai_fast.handlers.record import cached_dataset
 
     train, val = tiny_files
     base = tiny_config.to_dict()
@@ -158,15 +159,16 @@ def test_fast_caches_where_the_planner_says(tiny_files, tiny_config, tmp_path):
     r = build_recipe("fast", train, val, RecipeConfig(**base), "cpu", progress=False)
     assert type(r.train_loader.dataset) is CacheDataset
     assert any(n.startswith("FastTraining data: ram (") for n in r.notes), r.notes
-    # a RAM budget of a few bytes and a cache folder: the trusted disk cache, loaded by workers
+    # a RAM budget of a few bytes and a cache folder: the disk cache that crops read by the patch, loaded by workers
     cfg = RecipeConfig(**{**base, "cache_budget_mib": 0.001, "cache_dir": str(tmp_path / "c")})
     r = build_recipe("fast", train, val, cfg, "cpu", progress=False)
-    assert isinstance(r.train_loader.dataset, TrustedPersistentDataset)
+    assert isinstance(r.train_loader.dataset, CropCacheDataset) and r.train_loader.dataset.reads_patches
+    assert cached_dataset(r.trainer) == "CropCacheDataset"  # the record names it a cache
     assert r.train_loader.num_workers == cfg.loader_workers
     data_note = next(n for n in r.notes if n.startswith("FastTraining data: disk ("))  # the notes say what was built
     assert str(tmp_path / "c") in data_note and f"{cfg.loader_workers} worker processes" in data_note, data_note
     r.trainer.run()
-    assert list((tmp_path / "c").glob("*.pt"))  # the disk cache was written while training
+    assert list((tmp_path / "c").glob("*/item.json"))  # the disk cache was written while training
     # forced SmartCache: the recipe drives its rotation itself
     r = build_recipe("fast", train, val, RecipeConfig(**{**base, "cache": "smartcache"}), "cpu", progress=False)
     assert isinstance(r.train_loader.dataset, SmartCacheDataset)

@@ -40,10 +40,13 @@ _CONV_DIMS = (
 
 def cached_dataset(engine: Engine) -> str | None:
     """The class name of the data set ``engine`` runs on when it is a cache (MONAI's ``CacheDataset``,
-    ``PersistentDataset`` and their subclasses), else ``None``."""
+    ``PersistentDataset``, their subclasses and `CropCacheDataset`), else ``None``."""
+    from monai_fast.data.crop_cache import CropCacheDataset
+
     loader = loader_of(engine)
     dataset = getattr(loader, "dataset", None)
-    return type(dataset).__name__ if isinstance(dataset, (CacheDataset, PersistentDataset)) else None
+    caches = (CacheDataset, PersistentDataset, CropCacheDataset)
+    return type(dataset).__name__ if isinstance(dataset, caches) else None
 
 
 def loader_of(engine: Engine) -> Any:
