@@ -21,13 +21,14 @@ from monai_fast.openmp import bound_openmp_spin, libgomp_mapped
 def main(argv: Sequence[str] | None = None) -> int:
     """Bound OpenMP's spin (while torch is not loaded yet), then run the command line.
 
-    The line saying so is passed on only when torch did load GNU OpenMP (a torch built on another
-    threading library ignores the variable).
+    The line saying so is logged by a command that computes, once its module has loaded torch, and
+    only when torch did load GNU OpenMP (a torch built on another threading library ignores the
+    variable).
     """
     note = bound_openmp_spin()
-    from monai_fast.cli import main as cli_main  # imports torch: after the bound
+    from monai_fast.cli import main as cli_main  # loads the command's module (and torch) when it parses
 
-    return cli_main(argv, startup_notes=[note] if note and libgomp_mapped() else [], pin_openmp=True)
+    return cli_main(argv, startup_notes=[note] if note else [], startup_check=libgomp_mapped, pin_openmp=True)
 
 
 if __name__ == "__main__":

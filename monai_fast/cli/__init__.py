@@ -26,7 +26,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from monai_fast import __version__
 
@@ -82,7 +82,12 @@ def _command(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), pin_openmp: bool = False) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    startup_notes: Sequence[str] = (),
+    pin_openmp: bool = False,
+    startup_check: Callable[[], bool] | None = None,
+) -> int:
     """Run one ``monai-fast`` command; bad input ends in one line naming the option, no traceback.
 
     An output that cannot be written ends the same way: a full file system (one line naming the
@@ -93,6 +98,8 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
         argv: the arguments (default ``sys.argv[1:]``).
         startup_notes: what the entry point set up before torch loaded (`monai_fast.__main__`),
             logged once for the commands that compute.
+        startup_check: whether ``startup_notes`` apply, asked once the command's module (and torch)
+            has loaded (the entry point's: did torch load GNU OpenMP); ``None``: they apply.
         pin_openmp: for a command that trains or infers in this process, pin OpenMP's worker threads one
             per core first (`monai_fast.openmp.pin_openmp_workers()`; the entry point asks for it).
     """
@@ -105,7 +112,7 @@ def main(argv: Sequence[str] | None = None, startup_notes: Sequence[str] = (), p
     )
     logging.getLogger("ignite").setLevel(logging.WARNING)
     computes = args.subcommand in COMPUTE_COMMANDS and getattr(args, "computes", True)
-    notes = list(startup_notes) if computes else []
+    notes = list(startup_notes) if computes and (startup_check is None or startup_check()) else []
     if pin_openmp and computes and args.subcommand != "launch":  # before any thread starts; launch's ranks compute
         from monai_fast.openmp import pin_openmp_workers
 

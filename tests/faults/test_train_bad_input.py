@@ -41,7 +41,7 @@ def _nothing_written(job) -> bool:
         ),
         ({"network": "vnet"}, "hyperparameter 'network' (from SM_HPS): argument --network: invalid choice: 'vnet'"),
         ({"epoch": 2}, "hyperparameter 'epoch' (from SM_HPS): is not an option of monai-fast train"),
-        ({"fp32": 3}, "hyperparameter 'fp32' (from SM_HPS): takes no value, got 3"),
+        ({"no_preflight": 3}, "hyperparameter 'no_preflight' (from SM_HPS): takes no value, got 3"),
     ],
 )
 def test_a_bad_hyperparameter_is_named_in_one_line_before_training(job, monkeypatch, hps, named):
