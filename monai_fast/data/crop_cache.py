@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import copy
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -54,7 +53,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from monai.data import MetaTensor
-from monai.data.utils import pickle_hashing
 from monai.transforms import (
     Compose,
     RandCropByLabelClassesd,
@@ -67,8 +65,8 @@ from monai.transforms import (
 from monai.transforms.compose import execute_compose
 from monai.transforms.utils import map_binary_to_indices, map_classes_to_indices
 
-from monai_fast.data.fingerprint import transform_fingerprint
-from monai_fast.data.items import DataItemError, error_text, item_files
+from monai_fast.data.fingerprint import ItemKeys, transform_fingerprint
+from monai_fast.data.items import named_item_errors
 from monai_fast.files import clean_stale_tmp, tmp_path_for
 
 __all__ = ["PATCH_CROPS", "CropCacheDataset"]
@@ -116,8 +114,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
         cache_dir: str | os.PathLike,
         identity: Literal["stat", "content"] = "stat",
     ) -> None:
-        if identity not in ("stat", "content"):
-            raise ValueError(f"identity must be 'stat' or 'content', got {identity!r}")
+        self.item_key = ItemKeys(identity)  # refuses an unknown identity
         if cache_dir is None or str(cache_dir) == "":
             raise ValueError("cache_dir is required: the folder that holds the cached arrays")
         self.data = list(data)
@@ -154,7 +151,6 @@ class CropCacheDataset(torch.utils.data.Dataset):
                 ", ".join(fingerprint.untrusted),
                 self.cache_dir,
             )
-        self._content: dict[tuple, str] = {}
 
     def __len__(self) -> int:
         return len(self.data)
@@ -167,7 +163,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
 
     def _run(self, item: Any, transforms: list) -> Any:
         """``transforms`` over ``item`` as the user's ``Compose`` runs them; a failure names the item's files."""
-        try:
+        with named_item_errors(item):
             return execute_compose(
                 item,
                 transforms,
@@ -176,14 +172,6 @@ class CropCacheDataset(torch.utils.data.Dataset):
                 lazy=self.transform.lazy,
                 overrides=self.transform.overrides,
             )
-        except DataItemError:
-            raise
-        except Exception as e:
-            files = item_files(item)
-            if not files:
-                raise
-            reason = error_text(e)
-            raise DataItemError(f"transforming {files} failed: {reason}", reason=reason) from e
 
     def fill(self, indices: Sequence[int] | None = None) -> int:
         """Compute and write the items not yet in the cache (all, or those of ``indices``).
@@ -199,7 +187,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
 
     def item_dir(self, index: int) -> Path:
         """The folder that holds item ``index``'s arrays and ``item.json``."""
-        return self.cache_dir / f"{self._item_key(self.data[index])}-{self.chain_key}"
+        return self.cache_dir / f"{self.item_key(self.data[index]).decode()}-{self.chain_key}"
 
     def _prefix(self, index: int) -> dict:
         out = self._run(copy.deepcopy(self.data[index]), self.prefix)
@@ -283,31 +271,6 @@ class CropCacheDataset(torch.utils.data.Dataset):
         except TypeError as err:
             shutil.rmtree(tmp, ignore_errors=True)
             raise TypeError(f"CropCacheDataset: item {index} ({self.data[index]!r}) cannot be cached: {err}") from None
-
-    def _file_identity(self, path: Path) -> Any:
-        st = path.stat()
-        if self.identity == "stat":
-            return (st.st_size, st.st_mtime_ns)
-        key = (str(path), st.st_size, st.st_mtime_ns)
-        if key not in self._content:
-            h = hashlib.sha1()
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            self._content[key] = h.hexdigest()
-        return self._content[key]
-
-    def _item_key(self, item: Any) -> str:
-        def with_identity(v: Any) -> Any:
-            if isinstance(v, (str, os.PathLike)) and os.path.isfile(v):
-                return (str(v), self._file_identity(Path(v)))
-            if isinstance(v, Mapping):
-                return {k: with_identity(x) for k, x in v.items()}
-            if isinstance(v, (list, tuple)):
-                return [with_identity(x) for x in v]
-            return v
-
-        return pickle_hashing(with_identity(item)).decode()
 
 
 def _flatten(chain: Compose) -> list:

@@ -24,12 +24,14 @@ import os
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from monai.data.utils import pickle_hashing
 
-__all__ = ["Fingerprint", "transform_fingerprint"]
+__all__ = ["Fingerprint", "ItemKeys", "transform_fingerprint"]
 
 _MAX_DEPTH = 12
 
@@ -144,3 +146,55 @@ def transform_fingerprint(transforms: Sequence[Any]) -> Fingerprint:
     walker = _Walker()
     text = walker.fp(list(transforms))
     return Fingerprint(hashlib.sha1(text.encode()).hexdigest(), sorted(set(walker.untrusted)))
+
+
+class ItemKeys:
+    """Cache keys of data items that change when a file they name changes, not only its path.
+
+    MONAI's disk caches key an item on its paths, so a volume overwritten at the same path keeps
+    its key. Here every path in the item that names a file enters the key with the file's identity:
+    its size and modification time (``"stat"``), or the SHA-1 of its bytes (``"content"``: slower,
+    survives copies that reset times; hashed once per file version).
+
+    Args:
+        identity: ``"stat"`` or ``"content"``.
+
+    Examples:
+        >>> keys = ItemKeys("stat")
+        >>> len(keys({"image": "/no/such/file.nii.gz", "id": 3}))  # paths that are no file enter as text
+        32
+    """
+
+    def __init__(self, identity: Literal["stat", "content"] = "stat") -> None:
+        if identity not in ("stat", "content"):
+            raise ValueError(f"identity must be 'stat' or 'content', got {identity!r}")
+        self.identity = identity
+        self._content: dict[tuple, str] = {}
+
+    def file_identity(self, path: str | os.PathLike) -> Any:
+        """What of ``path`` enters the key: ``(size, mtime_ns)`` or the content's SHA-1."""
+        st = os.stat(path)
+        if self.identity == "stat":
+            return (st.st_size, st.st_mtime_ns)
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        if key not in self._content:
+            h = hashlib.sha1()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            self._content[key] = h.hexdigest()
+        return self._content[key]
+
+    def __call__(self, item: Any) -> bytes:
+        """The key of ``item`` (MONAI's ``pickle_hashing`` of it, each file path with its identity)."""
+
+        def with_identity(v: Any) -> Any:
+            if isinstance(v, (str, os.PathLike)) and os.path.isfile(v):
+                return (str(v), self.file_identity(Path(v)))
+            if isinstance(v, dict):
+                return {k: with_identity(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [with_identity(x) for x in v]
+            return v
+
+        return pickle_hashing(with_identity(item))

@@ -8,6 +8,8 @@ Examples:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "fetch_item",
     "item_files",
     "item_line",
+    "named_item_errors",
     "worker_item_error",
 ]
 
@@ -132,3 +135,26 @@ def worker_item_error(e: BaseException) -> DataItemError | None:
 
 class LoaderTimeoutError(DataItemError):
     """No batch arrived within the loader's ``timeout_s``; the message names what was being loaded."""
+
+
+@contextmanager
+def named_item_errors(item: Any) -> Iterator[None]:
+    """Re-raise a failure of the block as a `DataItemError` naming ``item``'s files.
+
+    An item without file names (already loaded, without metadata) re-raises as it was, and a
+    `DataItemError` passes through unchanged, so nested chains name the files once.
+
+    Examples:
+        >>> with named_item_errors({"image": "/d/a.nii.gz"}):  # doctest: +SKIP
+        ...     chain({"image": "/d/a.nii.gz"})
+    """
+    try:
+        yield
+    except DataItemError:
+        raise
+    except Exception as e:
+        files = item_files(item)
+        if not files:
+            raise
+        reason = error_text(e)
+        raise DataItemError(f"transforming {files} failed: {reason}", reason=reason) from e

@@ -29,7 +29,6 @@ them:
 
 from __future__ import annotations
 
-import hashlib
 import io
 import logging
 import os
@@ -42,11 +41,11 @@ from typing import Any, Literal
 
 import torch
 from monai.data import PersistentDataset
-from monai.data.utils import SUPPORTED_PICKLE_MOD, pickle_hashing
+from monai.data.utils import SUPPORTED_PICKLE_MOD
 from monai.transforms import RandomizableTrait, Transform
 from monai.utils import convert_to_tensor, look_up_option
 
-from monai_fast.data.fingerprint import transform_fingerprint
+from monai_fast.data.fingerprint import ItemKeys, transform_fingerprint
 from monai_fast.files import NoSpaceError, atomic_write, clean_stale_tmp
 
 __all__ = ["TrustedPersistentDataset"]
@@ -91,7 +90,7 @@ class TrustedPersistentDataset(PersistentDataset):
             raise ValueError("cache_dir is required (use CacheDataset for an in-memory cache)")
         self.identity = identity
         self.disk_full: NoSpaceError | None = None
-        self._content_hashes: dict[tuple, str] = {}
+        self._item_key = ItemKeys(identity)
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         clean_stale_tmp(cache_dir)  # leftovers of killed writers, once per data set
         super().__init__(data=data, transform=transform, cache_dir=cache_dir, hash_func=self._item_key, **kwargs)
@@ -111,31 +110,6 @@ class TrustedPersistentDataset(PersistentDataset):
                 ", ".join(fingerprint.untrusted),
                 cache_dir,
             )
-
-    def _file_identity(self, path: Path) -> Any:
-        st = path.stat()
-        if self.identity == "stat":
-            return (st.st_size, st.st_mtime_ns)
-        key = (str(path), st.st_size, st.st_mtime_ns)
-        if key not in self._content_hashes:
-            h = hashlib.sha1()
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            self._content_hashes[key] = h.hexdigest()
-        return self._content_hashes[key]
-
-    def _item_key(self, item: Any) -> bytes:
-        def with_identity(v: Any) -> Any:
-            if isinstance(v, (str, os.PathLike)) and os.path.isfile(v):
-                return (str(v), self._file_identity(Path(v)))
-            if isinstance(v, dict):
-                return {k: with_identity(x) for k, x in v.items()}
-            if isinstance(v, (list, tuple)):
-                return [with_identity(x) for x in v]
-            return v
-
-        return pickle_hashing(with_identity(item))
 
     def _cachecheck(self, item_transformed: Any) -> Any:
         key = self.hash_func(item_transformed).decode("utf-8") + self.transform_hash

@@ -19,7 +19,7 @@ from typing import Any
 
 from monai.transforms import Compose
 
-from monai_fast.data.items import DataItemError, error_text, item_files
+from monai_fast.data.items import named_item_errors
 
 __all__ = ["NamedItemsCompose", "threads_joined_on_error"]
 
@@ -55,16 +55,8 @@ class NamedItemsCompose(Compose):
     def __call__(
         self, input_: Any, start: int = 0, end: int | None = None, threading: bool = False, lazy: bool | None = None
     ) -> Any:
-        try:
+        with named_item_errors(input_):
             return super().__call__(input_, start=start, end=end, threading=threading, lazy=lazy)
-        except DataItemError:
-            raise
-        except Exception as e:
-            files = item_files(input_)
-            if not files:
-                raise
-            reason = error_text(e)
-            raise DataItemError(f"transforming {files} failed: {reason}", reason=reason) from e
 
 
 @contextmanager
