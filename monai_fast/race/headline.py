@@ -382,7 +382,7 @@ def _holds(name: str, e: Mapping[str, object]) -> str | None:
     volumes = "" if holds.get("val_volumes") is None else f" of {holds['val_volumes']} volume(s)"
     return (
         f"{name} {holds['train_crops_per_epoch']:g} training crops, a full validation{volumes} after "
-        f"{holds['full_validations']} of its {holds['epochs']} epochs"
+        f"{holds['full_validations']} of its {holds['epochs']} epochs taken in turns"
     )
 
 
