@@ -470,3 +470,25 @@ def test_fast_training_guards_both_engines_against_short_epochs(tiny_files):
     trainer.run()  # full epochs pass the guard
     fast.detach(trainer)
     assert EpochLengthGuard not in handlers_on(trainer) and EpochLengthGuard not in handlers_on(evaluator)
+
+
+def test_data_beyond_the_ram_budget_go_to_a_crop_cache_on_disk_with_every_item_in_every_epoch(tiny_files, tmp_path):
+    from monai_fast.data.crop_cache import CropCacheDataset
+    from monai_fast.files import cache_root
+
+    plain, _ = _user_trainer(tiny_files, seed=3, max_epochs=2)
+    want = _crops(plain)
+    plain.run()
+    trainer, evaluator = _user_trainer(tiny_files, seed=3, max_epochs=2)
+    got = _crops(trainer)
+    fast = FastTraining(ram_budget_mib=0.01, evaluator=False, prediction_layout=False, precision=False)
+    fast.attach(trainer, evaluator)
+    assert fast.applied["data"]["setting"] == "disk", fast.applied["data"]
+    assert "CropCacheDataset" in fast.applied["data"]["reason"], fast.applied["data"]
+    ds = trainer.data_loader.dataset
+    assert isinstance(ds, CropCacheDataset) and ds.cache_dir == cache_root() / "crops"
+    trainer.run()
+    # no SmartCache window: every item in every epoch, the crops the user's own loader draws
+    assert len(got) == len(want) == 2 * plain.state.epoch_length
+    assert got == want
+    assert len(list(ds.cache_dir.glob("*/item.json"))) == len(tiny_files[0])

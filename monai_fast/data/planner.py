@@ -239,9 +239,6 @@ def plan_cache(
         gpu_budget = None if free is None else free // 2
     if ram_budget is None:
         ram_budget = psutil.virtual_memory().available // 2
-    if disk_budget is None and cache_dir is not None:
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        disk_budget = int(shutil.disk_usage(cache_dir).free * 0.8)
     plan = CachePlan(
         where="none",
         first_random=first_random,
@@ -275,6 +272,10 @@ def plan_cache(
         r.append(f"cache in RAM (CacheDataset): {head} fits the RAM budget of {_gib(ram_budget)}")
         return plan
     r.append(f"not in RAM: {head} exceeds the RAM budget of {_gib(ram_budget)}")
+    if disk_budget is None and cache_dir is not None:  # the folder is made only when disk is considered
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        disk_budget = int(shutil.disk_usage(cache_dir).free * 0.8)
+        plan.budgets["disk"] = disk_budget
     if cache_dir is not None and disk_budget is not None and need <= disk_budget:
         plan.where = "disk"
         how = (

@@ -24,6 +24,7 @@ from monai.engines import Workflow
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.planner import CACHE_CHOICES
+from monai_fast.files import cache_root
 from monai_fast.handlers.algorithm_time import TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.core_pin import MainThreadCore
@@ -131,7 +132,9 @@ class FastTraining(EngineHandler):
         gpu_budget_mib: the planner's GPU memory budget (``None``: its default).
         ram_budget_mib: the planner's RAM budget (``None``: its default).
         disk_budget_mib: the planner's disk budget (``None``: its default).
-        cache_dir: where a disk cache may go (without it, disk is not an option).
+        cache_dir: where a disk cache may go; default ``crops`` in monai-fast's cache folder
+            (`monai_fast.files.cache_root`), written only when the data do not fit the RAM budget,
+            so that every item stays in every epoch instead of a SmartCache window.
         cache_threads: threads that fill the caches; default all CPUs (all but one with
             ``background_fill``).
         background_fill: fill GPU/RAM caches while training runs instead of before it.
@@ -309,7 +312,7 @@ class FastTraining(EngineHandler):
             engine.data_loader,
             device,
             cache="auto" if self.cache is True else self.cache,
-            cache_dir=self.cache_dir,
+            cache_dir=self.cache_dir if self.cache_dir is not None else cache_root() / "crops",
             cache_threads=self.cache_threads,
             progress=self.progress,
             force_thread=self.loader == "thread",
