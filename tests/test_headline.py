@@ -215,9 +215,14 @@ def test_interleaved_race_gives_the_baseline_a_budget_derived_from_fasts_time(tm
     assert fast.reached  # Dice 0.012 then 0.020 at this size and seed
     budget = run.meta["headline"]["budget"]
     assert budget["lead_s"] == pytest.approx(fast.time_to_target_s) and budget["lead_reached"]
-    assert base.budget_s == pytest.approx(fast.time_to_target_s) == pytest.approx(budget["others_s"])
-    assert base.budget_s < 300 and not base.reached
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    if base.reached:  # the turns are taken by clock: a busy host can give the baseline enough of them to reach
+        # this tiny target before fast does; then it is done in its turns and no budget is derived for it
+        assert base.epochs_run == doc["headline"]["recipes"]["baseline"]["epochs_interleaved"]
+        assert base.budget_s == 300 and doc["headline"]["recipes"]["baseline"]["stopped"] == "target"
+        return
+    assert base.budget_s == pytest.approx(fast.time_to_target_s) == pytest.approx(budget["others_s"])
+    assert base.budget_s < 300
     assert doc["headline"]["recipes"]["baseline"]["stopped"] == "wall-clock budget"
     est = doc["headline"]["recipes"]["baseline"]["time_to_target_s"]
     if (
