@@ -216,13 +216,14 @@ def test_interleaved_race_gives_the_baseline_a_budget_derived_from_fasts_time(tm
     budget = run.meta["headline"]["budget"]
     assert budget["lead_s"] == pytest.approx(fast.time_to_target_s) and budget["lead_reached"]
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
-    if base.reached:  # the turns are taken by clock: a busy host can give the baseline enough of them to reach
-        # this tiny target before fast does; then it is done in its turns and no budget is derived for it
+    if base.budget_s == 300:
+        # the turns are taken by clock: a busy host can give the baseline all its epochs (or this tiny target) in
+        # its turns before fast reaches the target; then it is done there and no budget is derived for it
         assert base.epochs_run == doc["headline"]["recipes"]["baseline"]["epochs_interleaved"]
-        assert base.budget_s == 300 and doc["headline"]["recipes"]["baseline"]["stopped"] == "target"
+        assert doc["headline"]["recipes"]["baseline"]["stopped"] in ("target", "epoch limit")
         return
     assert base.budget_s == pytest.approx(fast.time_to_target_s) == pytest.approx(budget["others_s"])
-    assert base.budget_s < 300
+    assert base.budget_s < 300 and not base.reached
     assert doc["headline"]["recipes"]["baseline"]["stopped"] == "wall-clock budget"
     est = doc["headline"]["recipes"]["baseline"]["time_to_target_s"]
     if (
