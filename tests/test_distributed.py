@@ -164,10 +164,13 @@ def test_tutorial_under_torchrun_two_gloo_ranks(two_rank_reference):
     assert r0["iterations"] == r1["iterations"] == 6  # batch 1: 2 batches per epoch per rank, 3 epochs
 
 
-def test_run_joins_the_process_group_threads_before_exit(tmp_path):
+@pytest.mark.parametrize("ending", ["", "    raise SystemExit(0)\n"], ids=["returns", "raises"])
+def test_run_joins_the_process_group_threads_before_exit(tmp_path, ending):
     """A DDP model held in a reference cycle (as ignite engines hold theirs) must not keep the gloo
     process group, and its worker threads, alive into interpreter shutdown: there they abort the
-    process ("terminate called without an active exception") after the job has done its work."""
+    process ("terminate called without an active exception") after the job has done its work. Also
+    when the function ends by raising (a preempted run's ``exit_if_preempted``), whose traceback
+    holds its frames."""
     script = tmp_path / "cycle.py"
     script.write_text(
         "import os, torch, ignite.distributed as idist\n"
@@ -180,8 +183,12 @@ def test_run_joins_the_process_group_threads_before_exit(tmp_path):
         "    holder['net'](torch.rand(1, 1, 8, 8, 8)).sum().backward()\n"
         "    idist.all_gather(torch.ones(1))\n"
         "    os.write(1, f'during {threads()}\\n'.encode())\n"
+        f"{ending}"
         "before = threads()\n"
-        "run(train)\n"
+        "try:\n"
+        "    run(train)\n"
+        "except SystemExit:\n"
+        "    pass\n"
         "os.write(1, f'threads {before} {threads()}\\n'.encode())\n"
     )
     p = _launch(["--nproc", "2", str(script)], tmp_path, timeout=180)

@@ -12,6 +12,7 @@ import math
 import os
 import socket
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +73,12 @@ def _entry(local_rank: int, fn: Callable, seed: int | None, args: tuple, kwargs:
     setup_rank(seed)
     try:
         fn(local_rank, *args, **kwargs)
+    except BaseException as e:
+        # A run that ends by raising (``Preemption.exit_if_preempted``'s SystemExit, an error) keeps
+        # its frames, and with them the engines and the DDP module, alive in the traceback: clear
+        # their locals so that the collection below can free them.
+        traceback.clear_frames(e.__traceback__)
+        raise
     finally:
         # Engines, DDP modules and metric gathers form reference cycles that would otherwise live on
         # until interpreter shutdown, holding the process group. Its worker threads then release their
