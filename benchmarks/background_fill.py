@@ -24,13 +24,13 @@ import torch
 from ignite.engine import Events
 from monai.engines import SupervisedTrainer
 
+from monai_fast.apps.recipes import RecipeConfig, recipe_parts
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import synthetic_dataset
 from monai_fast.data.background import fill_order_options
 from monai_fast.data.loaders import SafeThreadDataLoader
-from monai_fast.data.msd import load_msd_datalist
 from monai_fast.data.planner import plan_cache
-from monai_fast.data.synthetic import synthetic_dataset
 from monai_fast.files import write_json
-from monai_fast.recipes import RecipeConfig, recipe_parts
 from monai_fast.telemetry import cuda_available, device_description
 
 VARIANTS = ("foreground", "background")

@@ -49,11 +49,11 @@ def _worker(
     from monai.losses import DiceCELoss
     from monai.optimizers import Novograd
 
+    from monai_fast.apps.recipes import RecipeConfig
+    from monai_fast.apps.recipes.common import build_network
     from monai_fast.distributed import detect
     from monai_fast.distributed.comm import allreduce_seconds
     from monai_fast.distributed.model import distribute
-    from monai_fast.recipes import RecipeConfig
-    from monai_fast.recipes.common import build_network
     from monai_fast.telemetry.precision import autocast_for
 
     torch.set_num_threads(threads)
@@ -115,15 +115,16 @@ def _worker(
 
 def _nodes_worker(args: argparse.Namespace) -> int:
     """One node's rank, under ``monai-fast launch`` (torchrun): the same timed step as every configuration."""
-    from monai_fast.distributed import run
+    from monai_fast.apps.launch import run
 
     run(_worker, args.threads, args.steps, args.node_worker, args.precision, args.tiny, args.sweep_mb, seed=0)
     return 0
 
 
 def _run_nodes(threads: int, steps: int, out: str, precision: str, tiny: bool, sweep_mb: list[float]) -> None:
-    from monai_fast.distributed import free_port
-    from monai_fast.race.drill import run_local_nodes, static_nodes
+    from drill import run_local_nodes, static_nodes
+
+    from monai_fast.apps.launch import free_port
 
     worker = [
         str(Path(__file__).resolve()),
@@ -146,7 +147,7 @@ def _run_nodes(threads: int, steps: int, out: str, precision: str, tiny: bool, s
 
 def run_config(name: str, threads: int, steps: int, precision: str, tiny: bool, sweep_mb: list[float]) -> dict:
     """One configuration's measurement: ``name`` is one of :data:`CONFIGS`; the slowest rank's medians."""
-    from monai_fast.distributed import run
+    from monai_fast.apps.launch import run
 
     out = tempfile.mkdtemp()
     world = 1 if name in ("1x1", "1xall") else 2

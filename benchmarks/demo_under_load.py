@@ -9,7 +9,7 @@ and CPU seconds), fast's epochs and time to target, the
 baseline's epochs run and estimated epochs to target, both seconds per epoch and the host's load
 average, and the spread: largest over smallest headline, minus 1. ``--recompute FOLDER`` rebuilds
 every run's headline from its saved ``results.json`` with this checkout's
-:func:`~monai_fast.race.headline.headline` (same epochs, same budget) and writes
+:func:`~monai_fast.apps.demo.headline.headline` (same epochs, same budget) and writes
 ``summary_recomputed.json``. Other users of a shared
 machine are not stopped: ``quiet`` is the host as it is, and its load average is recorded.
 
@@ -33,14 +33,14 @@ from pathlib import Path
 
 from busy import busy_cores
 
+from monai_fast.apps.demo.epochs import EpochRow
+from monai_fast.apps.demo.headline import format_headline, headline
+from monai_fast.apps.demo.runner import RaceResult
 from monai_fast.files import write_json
-from monai_fast.race.epochs import EpochRow
-from monai_fast.race.headline import format_headline, headline
-from monai_fast.race.runner import RaceResult
 
 
 def figures(head: dict) -> dict:
-    """The summary's figures of one headline (:func:`monai_fast.race.headline.headline`'s document)."""
+    """The summary's figures of one headline (:func:`monai_fast.apps.demo.headline.headline`'s document)."""
     fast, base = head["recipes"]["fast"], head["recipes"]["baseline"]
     return {
         "speedup": head["speedup"]["factor"],

@@ -6,7 +6,7 @@ checkpoints), then once per ``--save-every N``: checkpoints every N iterations
 (``Preemption(save_every=N)``), and rank 1 killed with SIGKILL right after iteration ``2N - 1``
 (``2`` for N = 1), the last one before the next checkpoint, mid-epoch where the epoch allows. torchrun
 restarts both ranks; they resume from the latest checkpoint and run to the end
-(``monai_fast.race.drill.kill_drill``, the scenario of ``tests/faults/test_elastic_restart.py``).
+(``drill.kill_drill``, the scenario of ``tests/faults/test_elastic_restart.py``).
 
 Per N it prints: iterations redone (completed twice), the restart's wall time (from the SIGKILL to the
 first iteration completed after the resume: torchrun noticing, stopping rank 0, starting both ranks,
@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from monai_fast.race.drill import KillDrill, TimedRun, kill_drill, timed_launch
+from drill import KillDrill, TimedRun, kill_drill, timed_launch
 
 TUTORIAL = Path(__file__).resolve().parents[1] / "tutorials" / "distributed_train.py"
 RANKS = 2
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _measure(args: argparse.Namespace, work: Path) -> tuple[TimedRun, list[dict]]:
     """The uninterrupted run, then one kill drill per ``--save-every``, in ``work``."""
-    from monai_fast.data.synthetic import generate_msd  # after the arguments are checked: imports MONAI
+    from monai_fast.apps.sources.synthetic import generate_msd  # after the arguments are checked: imports MONAI
 
     data = generate_msd(
         work / "data",

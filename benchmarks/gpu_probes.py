@@ -74,7 +74,7 @@ def machine(device: str, commit: str | None, root: Path) -> dict:
 
 def probe_data(args: argparse.Namespace) -> dict:
     """Write the race's set into ``<work>/spleen_scale`` (reused when already complete for these sizes)."""
-    from monai_fast.data.synthetic import generate_msd
+    from monai_fast.apps.sources.synthetic import generate_msd
 
     spec = TINY_SET if args.tiny else SPLEEN_SCALE
     root = Path(args.work) / "spleen_scale"

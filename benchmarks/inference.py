@@ -2,7 +2,7 @@
 
 One network (``--checkpoint``, or the ``fast`` recipe trained ``--train-epochs`` on the data, or
 random weights) infers every validation volume with each backend of
-:data:`monai_fast.inference.BACKENDS` that this machine can run: eager fp32, autocast (bf16 on a
+:data:`monai_fast.apps.inference.BACKENDS` that this machine can run: eager fp32, autocast (bf16 on a
 CPU with bf16 hardware, fp16 on CUDA), ``torch.compile``, ONNX Runtime, TensorRT. The volumes
 are loaded and preprocessed once; each backend is built and warmed up once (``prepare s``:
 compilation, export) before the rounds. The rounds are interleaved (round 1: every backend in
@@ -31,15 +31,15 @@ from pathlib import Path
 import torch
 from monai.inferers import SlidingWindowInferer
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.apps.inference import BACKENDS, BackendUnavailable, agreement, build_predictor, load_checkpoint, missing
+from monai_fast.apps.inference.backends import precision_of
+from monai_fast.apps.inference.compare import MIN_DICE
+from monai_fast.apps.inference.run import inference_transforms
+from monai_fast.apps.recipes import RecipeConfig, build_recipe
+from monai_fast.apps.recipes.common import build_network
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import synthetic_dataset
 from monai_fast.files import write_json
-from monai_fast.inference import BACKENDS, BackendUnavailable, agreement, build_predictor, load_checkpoint, missing
-from monai_fast.inference.backends import precision_of
-from monai_fast.inference.compare import MIN_DICE
-from monai_fast.inference.run import inference_transforms
-from monai_fast.recipes import RecipeConfig, build_recipe
-from monai_fast.recipes.common import build_network
 from monai_fast.telemetry import cuda_available, device_description, synchronize
 from monai_fast.telemetry.memory import DeviceMemory
 
@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda (default %(default)s)")
     p.add_argument(
-        "--checkpoint", help="a monai_fast.inference.save_checkpoint file (default: --train-epochs or random weights)"
+        "--checkpoint",
+        help="a monai_fast.apps.inference.save_checkpoint file (default: --train-epochs or random weights)",
     )
     p.add_argument(
         "--train-epochs", type=int, default=0, help="without --checkpoint, train the fast recipe this long first"

@@ -49,8 +49,8 @@ def child(spec: dict) -> dict:
     from monai.transforms import Compose, RandAffined
     from your_trainer import build
 
-    from monai_fast.data.msd import load_msd_datalist
-    from monai_fast.data.synthetic import synthetic_dataset
+    from monai_fast.apps.sources.msd import load_msd_datalist
+    from monai_fast.apps.sources.synthetic import synthetic_dataset
     from monai_fast.handlers import FastTraining
 
     root = synthetic_dataset("spleen-like", spec["cases"], tuple(spec["shape"]), 0, progress=False)

@@ -31,11 +31,11 @@ def _run_variant(name, data_root, epochs, cache_dir, queue):
     from monai.data import CacheDataset, DataLoader, Dataset, SmartCacheDataset, ThreadDataLoader
     from monai.transforms import Compose
 
+    from monai_fast.apps.recipes import RecipeConfig
+    from monai_fast.apps.recipes.transforms import deterministic_transforms, random_transforms
+    from monai_fast.apps.sources.msd import load_msd_datalist
     from monai_fast.data.crop_cache import CropCacheDataset
-    from monai_fast.data.msd import load_msd_datalist
     from monai_fast.data.persistent import TrustedPersistentDataset
-    from monai_fast.recipes import RecipeConfig
-    from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     cfg = RecipeConfig().with_defaults(batch_size=2, num_samples=4)  # as the recorded runs
@@ -129,7 +129,7 @@ def main() -> None:
 
     import torch
 
-    from monai_fast.data.synthetic import synthetic_dataset
+    from monai_fast.apps.sources.synthetic import synthetic_dataset
     from monai_fast.telemetry import device_description
 
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -55,12 +55,12 @@ import torch
 from ignite.engine import Events
 from time_to_dice import recipe_sizes  # benchmarks/, the same command-line sizes
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.apps.recipes import RecipeConfig, build_recipe
+from monai_fast.apps.recipes.common import VAL_METRIC
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import synthetic_dataset
 from monai_fast.files import write_json
 from monai_fast.handlers import GPUSampler, TimeToTarget
-from monai_fast.recipes import RecipeConfig, build_recipe
-from monai_fast.recipes.common import VAL_METRIC
 from monai_fast.telemetry import cuda_available, device_description
 from monai_fast.telemetry.host import process_tree_cpu_seconds
 

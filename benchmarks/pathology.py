@@ -1,6 +1,6 @@
 """Patch classification on whole-slide images: the plain MONAI pipeline against the fast one.
 
-Both pipelines of :mod:`monai_fast.recipes.pathology` on the same synthetic Camelyon-like slides
+Both pipelines of :mod:`monai_fast.apps.recipes.pathology` on the same synthetic Camelyon-like slides
 (written once into the cache), interleaved and repeated, so a slow spell of the machine hits both:
 
 * training **patches/s** (median over the epochs after the first, from ``ThroughputMonitor``) and
@@ -28,10 +28,10 @@ from pathlib import Path
 import monai
 import torch
 
-from monai_fast.data.wsi import load_wsi_datalist, synthetic_wsi_dataset
+from monai_fast.apps.recipes.pathology import SIZES, VARIANTS, results_table, run_pathology
+from monai_fast.apps.recipes.pathology_augment import cucim_status
+from monai_fast.apps.sources.wsi import load_wsi_datalist, synthetic_wsi_dataset
 from monai_fast.files import write_json
-from monai_fast.recipes.pathology import SIZES, VARIANTS, results_table, run_pathology
-from monai_fast.recipes.pathology_augment import cucim_status
 from monai_fast.telemetry import cuda_available, device_description
 
 

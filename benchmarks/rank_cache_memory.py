@@ -30,10 +30,10 @@ def _measure(data_root: str, partition: bool, out_dir: str) -> None:
     from monai.data import CacheDataset, ThreadDataLoader
     from monai.transforms import Compose
 
-    from monai_fast.data.msd import load_msd_datalist
+    from monai_fast.apps.recipes import RecipeConfig
+    from monai_fast.apps.recipes.transforms import deterministic_transforms, random_transforms
+    from monai_fast.apps.sources.msd import load_msd_datalist
     from monai_fast.data.planner import rank_partition
-    from monai_fast.recipes import RecipeConfig
-    from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
     from monai_fast.telemetry.memory import PeakRSS
 
     with PeakRSS() as mem:
@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args()
 
-    from monai_fast.data.synthetic import synthetic_dataset
+    from monai_fast.apps.sources.synthetic import synthetic_dataset
     from monai_fast.telemetry import device_description
 
     root = str(synthetic_dataset("spleen-like", args.cases, (128, 128, 64), 0, progress=False))

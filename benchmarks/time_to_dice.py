@@ -1,6 +1,6 @@
 """Time-to-Dice benchmark: baseline vs monai_tutorial vs fast on the same data, in the same run.
 
-Calls the library (:func:`monai_fast.race.bench`), as ``monai-fast bench`` does; that command has
+Calls the library (:func:`monai_fast.apps.demo.bench`), as ``monai-fast bench`` does; that command has
 every option (patch size, channels, tuning...), this script the ones a benchmark run needs::
 
     python benchmarks/time_to_dice.py --repeats 2
@@ -18,8 +18,8 @@ import json
 import logging
 import sys
 
-from monai_fast.race import RaceEvents, RaceOptionError, RaceSpec, SyntheticData, bench
-from monai_fast.recipes import RECIPES
+from monai_fast.apps.demo import RaceEvents, RaceOptionError, RaceSpec, SyntheticData, bench
+from monai_fast.apps.recipes import RECIPES
 
 
 class _Say(RaceEvents):

@@ -33,11 +33,11 @@ import torch
 from monai.transforms import Compose, MapTransform, Randomizable, ToDeviced, Transform, apply_transform
 from monai.transforms.traits import RandomizableTrait
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.apps.recipes import RECIPES, RecipeConfig, recipe_parts
+from monai_fast.apps.recipes.transforms import KEYS
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import synthetic_dataset
 from monai_fast.files import write_json
-from monai_fast.recipes import RECIPES, RecipeConfig, recipe_parts
-from monai_fast.recipes.transforms import KEYS
 from monai_fast.telemetry import cuda_available, device_description, synchronize
 
 TINY = {"cases": 2, "shape": (48, 48, 32), "repeats": 1, "patch": (32, 32, 32), "num_samples": 2}

@@ -5,7 +5,7 @@ For the demo's ``fast`` configuration on this machine:
 1. exhaustive sweeps (``--rounds``, median per value): every training batch size in
    ``--batch-range`` and every sliding-window batch in ``--sw-range`` (on each validation
    device), timed like the tuner times a candidate;
-2. the tuner (``monai_fast.recipes.tuning.tune_recipe``, cache bypassed) over the same ranges;
+2. the tuner (``monai_fast.apps.recipes.tuning.tune_recipe``, cache bypassed) over the same ranges;
    ``--tuner-runs`` times (a tuner's pick is itself a random variable on a noisy machine);
 3. a head-to-head: the tuner's picks and the sweep's ``--top`` best values, measured again in
    ``--h2h-rounds`` interleaved rounds (a fresh random order each round) with longer timings;
@@ -35,14 +35,14 @@ from pathlib import Path
 import torch
 from monai.losses import DiceCELoss
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.apps.demo.runner import run_to_target
+from monai_fast.apps.recipes import RecipeConfig
+from monai_fast.apps.recipes.common import build_network, build_optimizer
+from monai_fast.apps.recipes.fast import DEFAULTS as FAST_DEFAULTS
+from monai_fast.apps.recipes.tuning import default_space, tune_recipe, typical_val_shape
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import synthetic_dataset
 from monai_fast.files import write_json
-from monai_fast.race.runner import run_to_target
-from monai_fast.recipes import RecipeConfig
-from monai_fast.recipes.common import build_network, build_optimizer
-from monai_fast.recipes.fast import DEFAULTS as FAST_DEFAULTS
-from monai_fast.recipes.tuning import default_space, tune_recipe, typical_val_shape
 from monai_fast.telemetry import device_description
 from monai_fast.tune import SearchSpace
 from monai_fast.tune.measure import time_inference, time_training_step

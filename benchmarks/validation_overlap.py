@@ -33,12 +33,12 @@ from monai.handlers import MeanDice, from_engine
 from monai.transforms import AsDiscreted, Compose
 from torch.utils.data import DataLoader, Subset
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import generate_msd
+from monai_fast.apps.recipes import RECIPES, RecipeConfig, build_recipe
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.files import write_json
 from monai_fast.handlers import BackgroundValidation, TimeToTarget, ValidationSchedule
 from monai_fast.handlers.validation_schedule import estimator_like
-from monai_fast.recipes import RECIPES, RecipeConfig, build_recipe
 
 VARIANTS = ("sync", "schedule", "background")
 NEVER = 10**9  # a ValidationHandler interval that never fires: the variant validates on its own

@@ -50,8 +50,8 @@ from monai.transforms import (
 )
 from monai.utils import set_determinism
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import synthetic_dataset
 from monai_fast.files import write_json
 from monai_fast.handlers import FastTraining
 from monai_fast.telemetry import cuda_available, device_description

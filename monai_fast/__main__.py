@@ -1,7 +1,7 @@
 """The ``monai-fast`` command's entry point (also ``python -m monai_fast``).
 
 It bounds OpenMP's spin before torch loads (`monai_fast.openmp.bound_openmp_spin()`), then
-hands over to `monai_fast.cli.main()`, which pins OpenMP's worker threads for a command that
+hands over to `monai_fast.apps.cli.main()`, which pins OpenMP's worker threads for a command that
 computes here (`monai_fast.openmp.pin_openmp_workers()`) and logs what was set.
 
 Examples:
@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     variable).
     """
     note = bound_openmp_spin()
-    from monai_fast.cli import main as cli_main  # loads the command's module (and torch) when it parses
+    from monai_fast.apps.cli import main as cli_main  # loads the command's module (and torch) when it parses
 
     return cli_main(argv, startup_notes=[note] if note else [], startup_check=libgomp_mapped, pin_openmp=True)
 

@@ -1,8 +1,8 @@
 """Draw the package's layer map for the design page: ``docs/img/layers.png``.
 
 One box per layer, the ground floor at the bottom, each naming its modules; imports point down the
-stack only (``tests/test_packaging.py`` checks that, with the same layers in ``LAYERS``). The race
-harness sits above the plugin, which never imports it.
+stack only (``tests/test_packaging.py`` checks that, with the same layers in ``LAYERS``). The
+application (``monai_fast/apps/``) sits above the plugin, which never imports it.
 
     python scripts/draw_layers.py                 # writes docs/img/layers.png
     python scripts/draw_layers.py --out map.png   # elsewhere
@@ -18,17 +18,22 @@ OUT = ROOT / "docs" / "img" / "layers.png"
 
 #: (layer, its modules), bottom-up: the names of ``LAYERS`` in tests/test_packaging.py
 LAYERS: list[tuple[str, str]] = [
-    ("ground floor", "files, extras, progress, openmp, threads"),
+    ("ground floor", "files, extras, precision_names, progress, openmp, threads"),
     ("telemetry", "telemetry/: run record, spans, CUDA, NVML, NVTX, host load"),
-    ("data, distributed", "data/: caches, loaders, synthetic data    distributed/: launchers, DDP, SLURM"),
+    ("data, distributed", "data/: caches, loaders, preflight    distributed/: launcher, backend, allreduce"),
     ("tuner core", "tune/: batch size, sliding-window batch, precision, the store"),
     ("handlers", "handlers/: ignite handlers, FastTraining"),
-    ("recipes", "recipes/: recipe builders, tune_recipe, pathology"),
     ("report", "report/: doctor, wall clock, ranks, plots"),
-    ("inference, bundles, training", "inference/: infer()   bundle/: MONAI bundles   training/: recipe to target"),
-    ("races", "race/: the race and bench harness, on training/ (never imported below)"),
-    ("command line", "cli/, __main__: parses and prints"),
+    ("bundles", "bundle/: MONAI bundles run and tuned with FastTraining"),
+    ("data sources, launchers", "apps/sources/: MSD, synthetic, S3, slides    apps/launch/: run(), torchrun"),
+    ("recipes", "apps/recipes/: recipe builders, tune_recipe, pathology"),
+    ("inference, training", "apps/inference/: infer()    apps/training/: a recipe to its target"),
+    ("demo", "apps/demo/: the race and bench harness"),
+    ("command line", "apps/cli/, __main__: parses and prints"),
 ]
+
+#: the first layer of the application (``monai_fast/apps/``): the ones below are the plugin
+APPS_FROM = 7
 
 PLUGIN_COLOUR = "#dbe9f6"
 HARNESS_COLOUR = "#fbe3c8"
@@ -47,7 +52,7 @@ def draw(out: Path = OUT) -> Path:
     fig, ax = plt.subplots(figsize=(11, 7.6))
     for i, (name, modules) in enumerate(LAYERS):
         y = i * (height + gap)
-        colour = CLI_COLOUR if name == "command line" else HARNESS_COLOUR if name == "races" else PLUGIN_COLOUR
+        colour = CLI_COLOUR if name == "command line" else HARNESS_COLOUR if i >= APPS_FROM else PLUGIN_COLOUR
         ax.add_patch(
             FancyBboxPatch(
                 (0, y), width, height, boxstyle="round,pad=0,rounding_size=0.08", fc=colour, ec="#4a4a4a", lw=1.2
@@ -71,9 +76,12 @@ def draw(out: Path = OUT) -> Path:
         ha="left",
         color="#b03a2e",
     )
-    plugin_top = (len(LAYERS) - 2) * (height + gap) - gap
+    plugin_top = APPS_FROM * (height + gap) - gap
     ax.plot([-0.35, -0.35], [0, plugin_top], color="#2f6fa7", lw=3)
     ax.text(-0.5, plugin_top / 2, "the plugin", rotation=90, fontsize=12, va="center", ha="right", color="#2f6fa7")
+    ax.plot([-0.35, -0.35], [plugin_top + gap, top], color="#b5651d", lw=3)
+    middle = (plugin_top + gap + top) / 2
+    ax.text(-0.5, middle, "apps/", rotation=90, fontsize=12, va="center", ha="right", color="#b5651d")
     ax.set_xlim(-1.1, width + 1.5)
     ax.set_ylim(-0.25, top + 0.25)
     ax.set_aspect("equal")

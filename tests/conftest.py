@@ -11,7 +11,7 @@ import pytest
 import torch
 from tutorial_runs import tutorial_args
 
-from monai_fast.data.synthetic import generate_msd
+from monai_fast.apps.sources.synthetic import generate_msd
 
 TINY_SHAPE = (48, 48, 32)
 
@@ -42,7 +42,7 @@ def two_rank_reference(tmp_path_factory, tiny_spleen) -> Path:
     """
     out = tmp_path_factory.mktemp("two-rank-reference")
     done = subprocess.run(
-        [sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2", *tutorial_args(tiny_spleen, out)],
+        [sys.executable, "-m", "monai_fast.apps.cli", "launch", "--nproc", "2", *tutorial_args(tiny_spleen, out)],
         capture_output=True,
         text=True,
         timeout=420,
@@ -54,14 +54,14 @@ def two_rank_reference(tmp_path_factory, tiny_spleen) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_files(tiny_spleen):
-    from monai_fast.data.msd import load_msd_datalist
+    from monai_fast.apps.sources.msd import load_msd_datalist
 
     return load_msd_datalist(tiny_spleen, val_fraction=0.34, seed=0)
 
 
 @pytest.fixture
 def tiny_config():
-    from monai_fast.recipes import RecipeConfig
+    from monai_fast.apps.recipes import RecipeConfig
 
     return RecipeConfig(
         patch_size=(32, 32, 32), batch_size=2, num_samples=2, max_epochs=1, num_workers=1, cache_threads=1

@@ -9,9 +9,9 @@ from monai.engines import SupervisedTrainer
 from monai.engines.utils import IterationEvents
 from monai.losses import DiceCELoss
 
+from monai_fast.apps.recipes import build_recipe
 from monai_fast.handlers import AMPToggle, NonFiniteGuard, RecordHandler
 from monai_fast.handlers.lifecycle import handlers_on
-from monai_fast.recipes import build_recipe
 from monai_fast.telemetry import precision
 from monai_fast.telemetry.record import load_record
 

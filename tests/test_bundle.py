@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.bundle import FRAGMENT, BundleError, bundle_config_files, parse_overrides, run_bundle, write_fragment
-from monai_fast.data.synthetic import generate_msd
 from monai_fast.report.applied import applied_levers
 from monai_fast.telemetry.record import load_record
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from monai_fast.data.synthetic import generate_msd
+from monai_fast.apps.sources.synthetic import generate_msd
 
 ROOT = Path(__file__).resolve().parents[1]
 SEG3D = ROOT / "tests" / "bundles" / "seg3d"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.bundle import BundleError, run_bundle
-from monai_fast.data.synthetic import generate_msd
 
 ROOT = Path(__file__).resolve().parents[1]
 

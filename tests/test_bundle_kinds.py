@@ -8,7 +8,7 @@ Real parts: two bundles in the Model Zoo's layout written for these tests, parse
   a ``SupervisedEvaluator`` with an accuracy key metric, ``CheckpointSaver`` and ``MetricsSaver``.
 * ``tests/bundles/patho``: patch classification in the shape of the zoo's ``pathology_tumor_detection``:
   patches read by MONAI's ``PatchWSIDataset`` from pyramidal TIFF slides
-  (:func:`~monai_fast.data.wsi.generate_wsi`, the lists from its ``dataset.json``), a 2-D ResNet-18,
+  (:func:`~monai_fast.apps.sources.wsi.generate_wsi`, the lists from its ``dataset.json``), a 2-D ResNet-18,
   BCE with logits, Novograd, an evaluator with an accuracy key metric and ``CheckpointSaver``.
 
 For each: both runs train and write the bundle's outputs, FastTraining's decisions fit a 2-D network
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from monai_fast.apps.sources.wsi import generate_wsi
 from monai_fast.bundle import run_bundle
-from monai_fast.data.wsi import generate_wsi
 from monai_fast.telemetry.record import load_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def small_patho(data: Path) -> dict:
         "num_epochs": 1,
         "patch_size": [32, 32],
         "device": "$torch.device('cpu')",
-        "wsi_reader": {"_target_": "monai_fast.data.wsi_reader.TiledTiffWSIReader", "level": 0},
+        "wsi_reader": {"_target_": "monai_fast.apps.sources.wsi_reader.TiledTiffWSIReader", "level": 0},
         "network_def#widen_factor": 0.125,
         "train#dataloader#batch_size": 16,
         "train#dataloader#num_workers": 0,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.bundle import BundleError
 from monai_fast.bundle.pieces import ZOO_KEYS
 from monai_fast.bundle.tune import tune_bundle
-from monai_fast.data.synthetic import generate_msd
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -250,7 +250,7 @@ def test_a_folder_with_neither_layout_says_what_is_missing_and_what_works(tmp_pa
 
 
 def test_tune_bundle_refuses_the_recipe_options_in_one_line(bundle):
-    from monai_fast.cli import main
+    from monai_fast.apps.cli import main
 
     root, _ = bundle
     with pytest.raises(SystemExit, match="--patch-size, --out: not used with --bundle .*--set ID=VALUE"):

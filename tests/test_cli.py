@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from monai_fast.cli import main
+from monai_fast.apps.cli import main
 from monai_fast.telemetry.record import data_share
 
 TINY = [
@@ -31,12 +31,12 @@ TINY = [
 
 def test_help_explains_every_command():
     out = subprocess.run(
-        [sys.executable, "-m", "monai_fast.cli", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "monai_fast.apps.cli", "--help"], capture_output=True, text=True, check=True
     ).stdout
     for cmd in ("demo", "bench", "synth", "tune", "doctor"):
         assert cmd in out
     demo = subprocess.run(
-        [sys.executable, "-m", "monai_fast.cli", "demo", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "monai_fast.apps.cli", "demo", "--help"], capture_output=True, text=True, check=True
     ).stdout
     for opt in ("--target", "--time-budget", "--data-dir", "--run-dir", "--device", "--recipes"):
         assert opt in demo
@@ -215,7 +215,7 @@ def test_bad_cli_options_are_named(argv, match, capsys):
 
 
 def test_unwritable_run_dir_is_named_before_any_training(tmp_path, monkeypatch):
-    import monai_fast.race.core as race_core
+    import monai_fast.apps.demo.core as race_core
 
     def no_training(*a, **k):
         raise AssertionError("trained although --run-dir cannot be written")

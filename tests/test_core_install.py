@@ -188,12 +188,12 @@ def test_s3_and_wsi_without_their_extras_are_one_line_each_before_any_connection
             raise AssertionError("a connection was tried")
         socket.socket.connect = socket.socket.connect_ex = socket.getaddrinfo = socket.create_connection = no_network
 
-        from monai_fast.cli import main
-        from monai_fast.data.msd import load_msd_datalist
+        from monai_fast.apps.cli import main
+        from monai_fast.apps.sources.msd import load_msd_datalist
         from monai_fast.data.preflight import preflight_wsi
-        from monai_fast.data.remote import is_url, localize, read_remote_text
-        from monai_fast.data.wsi import generate_wsi
-        from monai_fast.data.wsi_reader import WSIBackendError, choose_wsi_backend
+        from monai_fast.apps.sources.remote import is_url, localize, read_remote_text
+        from monai_fast.apps.sources.wsi import generate_wsi
+        from monai_fast.apps.sources.wsi_reader import WSIBackendError, choose_wsi_backend
         from monai_fast.extras import MissingExtraError
 
         assert is_url("s3://bucket/x")
@@ -242,7 +242,7 @@ def test_s3_and_wsi_without_their_extras_are_one_line_each_before_any_connection
 def test_the_onnx_backend_without_its_extra_names_it(core_site):
     code = """
         import torch
-        from monai_fast.inference.backends import BackendUnavailable, available, build_predictor
+        from monai_fast.apps.inference.backends import BackendUnavailable, available, build_predictor
 
         print("available |", available("cpu")["onnx"])
         try:
@@ -263,7 +263,7 @@ def test_the_doctor_writes_its_text_report_without_matplotlib_and_warns_once(cor
         import logging, time
         from pathlib import Path
         from ignite.engine import Engine
-        from monai_fast.cli import main
+        from monai_fast.apps.cli import main
         from monai_fast.handlers import GPUSampler, RecordHandler, TimeBreakdown
         from monai_fast.report.doctor import doctor
         from monai_fast.telemetry.nvml import FakeNvml
@@ -305,11 +305,11 @@ def test_a_recipe_trains_with_the_core_alone_and_the_demo_names_its_extra_before
     data, run = tmp_path / "data", tmp_path / "run"
     code = f"""
         import logging
-        from monai_fast.cli import main
-        from monai_fast.data.msd import load_msd_datalist
-        from monai_fast.data.synthetic import generate_msd
-        from monai_fast.recipes import RecipeConfig
-        from monai_fast.training.run import run_to_target
+        from monai_fast.apps.cli import main
+        from monai_fast.apps.sources.msd import load_msd_datalist
+        from monai_fast.apps.sources.synthetic import generate_msd
+        from monai_fast.apps.recipes import RecipeConfig
+        from monai_fast.apps.training.run import run_to_target
 
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         generate_msd({str(data)!r}, "spleen-like", num_cases=4, shape=(48, 48, 32), progress=False)
@@ -350,7 +350,7 @@ def test_a_yaml_bundle_or_auto3dseg_folder_without_pyyaml_is_one_line_naming_the
     code = f"""
         import importlib.util
         assert importlib.util.find_spec("yaml") is None, "pyyaml is visible in the core-only environment"
-        from monai_fast.cli import main
+        from monai_fast.apps.cli import main
         for argv in (["tune", "--bundle", {str(zoo.parent)!r}], ["tune", "--bundle", {str(algo.parent)!r}],
                      ["bundle", "run", {str(zoo.parent)!r}]):
             try:
@@ -371,7 +371,7 @@ def test_a_bundle_with_tensorboard_handlers_names_the_bundle_extra_before_anythi
     bundle, data = tmp_path / "seg3d", tmp_path / "data"
     shutil.copytree(ROOT / "tests" / "bundles" / "seg3d", bundle)
     code = f"""
-        from monai_fast.cli import main
+        from monai_fast.apps.cli import main
         try:
             rc = main(["bundle", "run", {str(bundle)!r}, "dataset_dir={data}", "max_epochs=1"])
         except SystemExit as stop:

@@ -24,9 +24,9 @@ from monai.transforms import (
     ScaleIntensityRanged,
 )
 
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.data.crop_cache import CropCacheDataset
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import generate_msd
 from monai_fast.files import tmp_path_for
 
 ROOT = Path(__file__).resolve().parents[1]

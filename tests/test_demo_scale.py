@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from monai_fast.cli import build_parser
-from monai_fast.cli.race_cmds import race_spec
-from monai_fast.race.options import RaceSpec, SyntheticData, recipe_config
-from monai_fast.race.scale import demo_scale, size_line
+from monai_fast.apps.cli import build_parser
+from monai_fast.apps.cli.race_cmds import race_spec
+from monai_fast.apps.demo.options import RaceSpec, SyntheticData, recipe_config
+from monai_fast.apps.demo.scale import demo_scale, size_line
 
 
 @pytest.fixture
@@ -68,8 +68,8 @@ def test_demo_options_left_unset_take_the_devices_scale_and_set_ones_win():
 
 
 def test_the_overlaps_can_be_switched_from_the_command_line():
-    from monai_fast.cli import build_parser
-    from monai_fast.recipes import RecipeConfig
+    from monai_fast.apps.cli import build_parser
+    from monai_fast.apps.recipes import RecipeConfig
 
     parse = build_parser().parse_args
     on = race_spec(parse(["bench", "--background-fill"]), "runs/x").overrides

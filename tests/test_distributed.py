@@ -14,7 +14,8 @@ import torch
 from ignite import distributed as idist
 from tutorial_runs import tutorial_args
 
-from monai_fast.distributed import LaunchEnv, detect, pick_backend, run
+from monai_fast.apps.launch import run
+from monai_fast.distributed import LaunchEnv, detect, pick_backend
 from monai_fast.distributed.model import fix_zero_grad_signature, rank_share
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +145,7 @@ def test_zero_grad_fix_for_optimizers_without_set_to_none():
 def _launch(args, tmp_path, timeout=420):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "monai_fast.cli", "launch", *args],
+        [sys.executable, "-m", "monai_fast.apps.cli", "launch", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -174,7 +175,7 @@ def test_run_joins_the_process_group_threads_before_exit(tmp_path, ending):
     script = tmp_path / "cycle.py"
     script.write_text(
         "import os, torch, ignite.distributed as idist\n"
-        "from monai_fast.distributed import run\n"
+        "from monai_fast.apps.launch import run\n"
         "def threads():\n"
         "    return len(os.listdir('/proc/self/task'))\n"
         "def train(local_rank):\n"
@@ -229,7 +230,7 @@ def test_a_killed_rank_stops_the_job_quickly(tmp_path):
     script.write_text(
         "import os, signal, time, torch\n"
         "from ignite import distributed as idist\n"
-        "from monai_fast.distributed import run\n"
+        "from monai_fast.apps.launch import run\n"
         "def train(local_rank):\n"
         "    for step in range(10**6):\n"
         "        idist.all_reduce(torch.ones(1))\n"
@@ -423,7 +424,7 @@ def test_tutorial_under_horovodrun(tmp_path, tiny_spleen):
 
 
 def test_sbatch_generator_checks_options():
-    from monai_fast.distributed.sbatch import SbatchSpec, render_sbatch
+    from monai_fast.apps.launch.sbatch import SbatchSpec, render_sbatch
 
     text = render_sbatch(
         SbatchSpec(["python", "train.py", "--lr", "1e-3"], nodes=4, gpus_per_node=8, time="1-00:00:00", partition="gpu")
@@ -445,13 +446,13 @@ def test_sbatch_generator_checks_options():
     with pytest.raises(ValueError, match="command is empty"):
         SbatchSpec([])
     with pytest.raises(SystemExit, match=r"^monai-fast sbatch: nodes must be >= 1"):  # the command named, not its argv
-        from monai_fast.cli import main
+        from monai_fast.apps.cli import main
 
         main(["sbatch", "--nodes", "0", "--", "python", "t.py"])
 
 
 def test_generated_sbatch_script_runs_on_the_cluster(slurm, tmp_path, tiny_spleen):
-    from monai_fast.cli import main
+    from monai_fast.apps.cli import main
 
     out = tmp_path / "out"
     script = tmp_path / "job.sh"

@@ -4,9 +4,9 @@ import pytest
 import torch
 from ignite.engine import Engine
 
-from monai_fast.cli import main
+from monai_fast.apps.cli import main
+from monai_fast.apps.recipes import RecipeConfig, build_recipe
 from monai_fast.handlers import GPUSampler, RecordHandler, ThroughputMonitor, TimeBreakdown
-from monai_fast.recipes import RecipeConfig, build_recipe
 from monai_fast.report.doctor import diagnose, doctor
 from monai_fast.telemetry.nvml import FakeNvml
 

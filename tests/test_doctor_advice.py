@@ -26,9 +26,9 @@ from monai.inferers import SimpleInferer, SlidingWindowInferer
 from monai.networks.nets import UNet
 from monai.transforms import AsDiscreted
 
-from monai_fast.cli import main
+from monai_fast.apps.cli import main
+from monai_fast.apps.recipes import RecipeConfig
 from monai_fast.handlers import InferenceSplit, RecordHandler, ThroughputMonitor, TimeBreakdown
-from monai_fast.recipes import RecipeConfig
 from monai_fast.report.doctor import doctor
 from monai_fast.report.prescription import prescribe
 from monai_fast.telemetry.precision import cpu_has_bf16_hardware

@@ -31,8 +31,8 @@ from monai.transforms import (
 from monai.utils import set_determinism
 from torch.utils.data import TensorDataset
 
+from monai_fast.apps.launch import free_port
 from monai_fast.data.loaders import SafeThreadDataLoader
-from monai_fast.distributed import free_port
 from monai_fast.handlers import FastTraining, NonFiniteGuard, PrefetchChoice, RecordHandler, TimeBreakdown
 from monai_fast.handlers.lifecycle import handlers_on
 from monai_fast.telemetry.record import Kind, Source, load_record, select
@@ -314,7 +314,7 @@ def test_two_ranks_with_a_distributed_sampler_cache_only_their_share_and_agree(
 
 
 def test_doctor_apply_prescribes_fast_training_or_what_unblocks_its_levers(tiny_files, tmp_path, capsys):
-    from monai_fast.cli import main
+    from monai_fast.apps.cli import main
 
     def my_collate(batch):
         return list_data_collate(batch)

@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from monai_fast.cli import main
-from monai_fast.race import RaceSpec, SyntheticData, race
-from monai_fast.race.core import load_data
-from monai_fast.race.headline import (
+from monai_fast.apps.cli import main
+from monai_fast.apps.demo import RaceSpec, SyntheticData, race
+from monai_fast.apps.demo.core import load_data
+from monai_fast.apps.demo.headline import (
     ESTIMATED,
     MEASURED,
     MIN_PROGRESS,
@@ -21,9 +21,9 @@ from monai_fast.race.headline import (
     format_headline,
     headline,
 )
-from monai_fast.race.interleave import budget_after_lead, epochs_after_lead
-from monai_fast.race.options import recipe_config
-from monai_fast.race.runner import EpochRow, RaceResult, TargetRun
+from monai_fast.apps.demo.interleave import budget_after_lead, epochs_after_lead
+from monai_fast.apps.demo.options import recipe_config
+from monai_fast.apps.demo.runner import EpochRow, RaceResult, TargetRun
 from monai_fast.telemetry.host import describe_host_load
 
 TINY_RACE = {"max_epochs": 6, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "precision": "fp32"}
@@ -416,7 +416,7 @@ def test_a_demo_cut_by_its_total_bound_says_so_and_compares_equal_work(tmp_path,
     assert (sp["per_volume"] is not None and sp["per_volume"] > 0) == validated
     assert f"for equal work: training per crop {sp['per_crop']:.1f}x" in out and "an epoch held: fast " in out
     # the set-up lines: one per lever, none of them thousands of characters long
-    setup = [r.getMessage() for r in caplog.records if r.name == "monai_fast.training.run"]
+    setup = [r.getMessage() for r in caplog.records if r.name == "monai_fast.apps.training.run"]
     assert any(m.startswith("fast: set up in ") for m in setup) and max(map(len, setup)) < 400
     # fast's doctor: the baseline's turns are its pauses, not idle time to wrap in a span
     diagnosis = json.loads((run / "fast" / "doctor.json").read_text())

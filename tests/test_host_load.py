@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from monai_fast.race.headline import format_headline, headline
+from monai_fast.apps.demo.headline import format_headline, headline
 from monai_fast.telemetry.host import BUSY_SHARE, HostLoad, describe_host_load
 
 SPIN = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < {s}: pass\n"

@@ -16,18 +16,18 @@ import torch
 from inference_parts import CONFIG, images, write_model
 from test_wall_clock import _engines
 
-from monai_fast.cli import main
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.handlers import RecordHandler
-from monai_fast.inference import (
+from monai_fast.apps.cli import main
+from monai_fast.apps.inference import (
     BACKENDS,
     agreement,
     infer,
     load_checkpoint,
     missing,
 )
-from monai_fast.inference.backends import precision_of
-from monai_fast.recipes.common import build_network
+from monai_fast.apps.inference.backends import precision_of
+from monai_fast.apps.recipes.common import build_network
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.handlers import RecordHandler
 from monai_fast.report.doctor import doctor
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from monai_fast.cli import build_parser, main
-from monai_fast.cli.tools import _launch_spec
-from monai_fast.distributed.k8s import PyTorchJobSpec, pytorchjob, render_pytorchjob
+from monai_fast.apps.cli import build_parser, main
+from monai_fast.apps.cli.tools import _launch_spec
+from monai_fast.apps.launch.k8s import PyTorchJobSpec, pytorchjob, render_pytorchjob
 
 yaml = pytest.importorskip("yaml")  # PyYAML reads the manifest in the test; rendering does not need it
 

@@ -78,7 +78,7 @@ def test_worker_process_errors_surface_too():
 
 
 def test_fast_recipe_surfaces_a_failing_item_from_trainer_run(tiny_files, tiny_config):
-    from monai_fast.recipes import build_recipe
+    from monai_fast.apps.recipes import build_recipe
 
     r = build_recipe("fast", *tiny_files, tiny_config, progress=False)
     assert isinstance(r.train_loader, SafeThreadDataLoader)

@@ -105,10 +105,10 @@ from monai_fast.openmp import free_core, pin_openmp_workers
 assert pin_openmp_workers() is not None
 from monai_fast.handlers import MainThreadCore
 from monai_fast.handlers.lifecycle import handlers_on
-from monai_fast.race import RaceSpec, SyntheticData
-from monai_fast.race.core import load_data
-from monai_fast.race.options import recipe_config
-from monai_fast.race.runner import TargetRun
+from monai_fast.apps.demo import RaceSpec, SyntheticData
+from monai_fast.apps.demo.core import load_data
+from monai_fast.apps.demo.options import recipe_config
+from monai_fast.apps.demo.runner import TargetRun
 _, train, val = load_data(RaceSpec(synthetic=SyntheticData(cases=4, shape=(32, 32, 32)), progress=False))
 config = recipe_config({"max_epochs": 1, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,),
                         "precision": "fp32", "val_interval": 1}, seed=0)
@@ -147,9 +147,9 @@ assert pin_openmp_workers() is not None
 from inference_parts import CONFIG, write_model
 from monai.losses import DiceCELoss
 from monai.networks.nets import UNet
-from monai_fast.data.synthetic import synthetic_dataset
-from monai_fast.inference import infer
-from monai_fast.inference.checkpoint import load_checkpoint
+from monai_fast.apps.sources.synthetic import synthetic_dataset
+from monai_fast.apps.inference import infer
+from monai_fast.apps.inference.checkpoint import load_checkpoint
 from monai_fast.tune import SearchSpace, Tuner
 seen = {"infer": [], "tune": [], "tune_main": []}
 def hook(name):
@@ -195,8 +195,8 @@ from ignite.engine import Events
 from monai_fast.openmp import free_core, pin_openmp_workers
 assert pin_openmp_workers() is not None
 from test_fast_training import _user_trainer
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import synthetic_dataset
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import synthetic_dataset
 from monai_fast.handlers import FastTraining, MainThreadCore
 from monai_fast.handlers.lifecycle import handlers_on
 root = synthetic_dataset("spleen-like", 4, (48, 48, 32), 0, progress=False)

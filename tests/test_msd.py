@@ -5,7 +5,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from monai_fast.data.msd import MSDDataError, case_id, load_msd_datalist
+from monai_fast.apps.sources.msd import MSDDataError, case_id, load_msd_datalist
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_malformed_json(msd_copy):
 
 
 def test_four_d_brats_image_matches_3d_label(tmp_path):
-    from monai_fast.data.synthetic import generate_msd
+    from monai_fast.apps.sources.synthetic import generate_msd
 
     root = generate_msd(tmp_path / "b", "brats-like", num_cases=3, shape=(24, 24, 24), progress=False)
     train, val = load_msd_datalist(root, val_fraction=0.34)

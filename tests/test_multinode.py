@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from drill import run_local_nodes, static_nodes
 from ignite.engine import Engine
 
-from monai_fast.distributed import detect, free_port
+from monai_fast.apps.launch import free_port
+from monai_fast.distributed import detect
 from monai_fast.handlers import RecordHandler
-from monai_fast.race.drill import run_local_nodes, static_nodes
 from monai_fast.report.doctor import diagnose
 from monai_fast.telemetry.record import Kind, Source, load_record, select
 
@@ -158,7 +159,10 @@ def test_two_launch_processes_on_localhost_train_as_two_nodes_with_equal_weights
     }
     assert placements == {0: 0, 1: 1}
     doc = subprocess.run(
-        [sys.executable, "-m", "monai_fast.cli", "doctor", str(run_dir)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "monai_fast.apps.cli", "doctor", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert doc.returncode == 0, doc.stderr[-3000:]
     host = socket.gethostname()
@@ -172,7 +176,8 @@ def test_two_launch_processes_meet_at_a_c10d_rendezvous(tmp_path):
     script.write_text(
         "import json, sys, torch\n"
         "from ignite import distributed as idist\n"
-        "from monai_fast.distributed import detect, run\n"
+        "from monai_fast.distributed import detect\n"
+        "from monai_fast.apps.launch import run\n"
         "def train(local_rank, out):\n"
         "    total = idist.all_reduce(torch.tensor([float(idist.get_rank() + 1)])).item()\n"
         "    env = detect()\n"

@@ -36,7 +36,7 @@ def test_exact_sequence_on_a_plain_engine():
 
 
 def test_monai_trainer_phases_and_evaluator(tiny_files, tiny_config):
-    from monai_fast.recipes import build_recipe
+    from monai_fast.apps.recipes import build_recipe
 
     r = build_recipe("fast", *tiny_files, tiny_config, progress=False)
     rec = RecordingNvtx()

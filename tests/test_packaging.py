@@ -21,8 +21,8 @@ def _imports(path: Path, type_checking: bool = False, source: str | None = None,
     """Modules ``path`` imports at run time (``if TYPE_CHECKING:`` blocks left out unless ``type_checking``;
     imports inside functions left out unless ``in_functions``).
 
-    A relative import is named by its absolute module (``from ..race import x`` in ``monai_fast/report/a.py``
-    is ``monai_fast.race``); ``source``, when given, is read as the text of ``path``.
+    A relative import is named by its absolute module (``from ..apps.demo import x`` in ``monai_fast/report/a.py``
+    is ``monai_fast.apps.demo``); ``source``, when given, is read as the text of ``path``.
     """
     import ast
 
@@ -49,33 +49,24 @@ def _modules(folder: str) -> list[Path]:
     return sorted(p for p in (ROOT / "monai_fast" / folder).rglob("*.py") if "__pycache__" not in p.parts)
 
 
-ABOVE_HANDLERS = (
-    "monai_fast.report",
-    "monai_fast.recipes",
-    "monai_fast.race",
-    "monai_fast.cli",
-    "monai_fast.bundle",
-    "monai_fast.inference",
-    "monai_fast.training",
-)
+ABOVE_HANDLERS = ("monai_fast.report", "monai_fast.bundle", "monai_fast.apps")
 
-#: the plugin (with ``monai_fast/__init__.py``): everything a trainer may use; the race and bench harness
-#: (``monai_fast.race``) sits above it
+#: the plugin (with ``monai_fast/__init__.py``): everything a trainer may use; the application
+#: (``monai_fast.apps``: recipes, commands, launchers, data sources, the demo) is built on it
 PLUGIN = (
     "monai_fast.extras",
     "monai_fast.files",
     "monai_fast.openmp",
+    "monai_fast.precision_names",
     "monai_fast.progress",
+    "monai_fast.threads",
     "monai_fast.telemetry",
     "monai_fast.data",
     "monai_fast.distributed",
     "monai_fast.tune",
     "monai_fast.handlers",
-    "monai_fast.recipes",
     "monai_fast.report",
-    "monai_fast.inference",
     "monai_fast.bundle",
-    "monai_fast.training",
 )
 
 #: the layers, lowest first (docs/design.md): a module imports its own layer and those below, never one above
@@ -95,11 +86,13 @@ LAYERS = [
     ("data, distributed", ("monai_fast.data", "monai_fast.distributed")),
     ("tuner core", ("monai_fast.tune",)),
     ("handlers", ("monai_fast.handlers",)),
-    ("recipes", ("monai_fast.recipes",)),
     ("report", ("monai_fast.report",)),
-    ("inference, bundles, training", ("monai_fast.inference", "monai_fast.bundle", "monai_fast.training")),
-    ("races", ("monai_fast.race",)),
-    ("command line", ("monai_fast.cli", "monai_fast.__main__")),
+    ("bundles", ("monai_fast.bundle",)),
+    ("data sources, launchers", ("monai_fast.apps.sources", "monai_fast.apps.launch")),
+    ("recipes", ("monai_fast.apps.recipes",)),
+    ("inference, training", ("monai_fast.apps.inference", "monai_fast.apps.training")),
+    ("demo", ("monai_fast.apps.demo",)),
+    ("command line", ("monai_fast.apps.cli", "monai_fast.__main__")),
 ]
 
 
@@ -134,9 +127,9 @@ def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
 
 def test_the_layer_check_sees_an_upward_import():
     assert _layer("monai_fast.data.adopt") < _layer("monai_fast.handlers.prefetch")
-    assert _layer("monai_fast.recipes.tuning") > _layer("monai_fast.handlers") > _layer("monai_fast.tune.result")
-    assert _layer("monai_fast.race.drill") > max(_layer(p) for p in PLUGIN)
-    assert _layer("monai_fast.cli.train") == len(LAYERS) - 1 and _layer("numpy") is None
+    assert _layer("monai_fast.apps.recipes.tuning") > _layer("monai_fast.handlers") > _layer("monai_fast.tune.result")
+    assert _layer("monai_fast.apps.sources.msd") > max(_layer(p) for p in PLUGIN)
+    assert _layer("monai_fast.apps.cli.train") == len(LAYERS) - 1 and _layer("numpy") is None
 
 
 def test_handlers_import_nothing_above_them():
@@ -173,11 +166,9 @@ def _loaded_by_name(path: Path) -> set[str]:
     }
 
 
-def test_no_plugin_module_loads_the_harness_by_name():
+def test_no_plugin_module_loads_the_application_by_name():
     loaders = {
-        _module_name(p)
-        for p in _plugin_modules()
-        if any(n.split(".")[:2] == ["monai_fast", "race"] for n in _loaded_by_name(p))
+        _module_name(p) for p in _plugin_modules() if any(n.startswith("monai_fast.apps") for n in _loaded_by_name(p))
     }
     assert not loaders, loaders
 
@@ -186,16 +177,15 @@ def _plugin_modules() -> list[Path]:
     return [p for p in _modules("") if _module_name(p).startswith(PLUGIN) or _module_name(p) == "monai_fast"]
 
 
-def test_the_plugin_never_imports_the_harness():
+def test_the_plugin_never_imports_the_application():
     assert any(p.name == "window_tune.py" for p in _plugin_modules())
-    assert not any(_module_name(p).startswith("monai_fast.race") for p in _plugin_modules())
+    assert any(p.name == "run.py" and p.parent.name == "bundle" for p in _plugin_modules())
+    assert not any(_module_name(p).startswith("monai_fast.apps") for p in _plugin_modules())
     bad = {
-        _module_name(p): sorted(
-            n for n in _imports(p, type_checking=True) if n.split(".")[:2] == ["monai_fast", "race"]
-        )
+        _module_name(p): sorted(n for n in _imports(p, type_checking=True) if n.startswith("monai_fast.apps"))
         for p in _plugin_modules()
     }
-    assert not {k: v for k, v in bad.items() if v}, f"plugin modules that import monai_fast.race: {bad}"
+    assert not {k: v for k, v in bad.items() if v}, f"plugin modules that import monai_fast.apps: {bad}"
 
 
 def _imported_from(module: str) -> set[str]:
@@ -219,36 +209,36 @@ def _imported_from(module: str) -> set[str]:
     return set(seen)
 
 
-@pytest.mark.parametrize("module", ["monai_fast.cli.train", "monai_fast.training"])
+@pytest.mark.parametrize("module", ["monai_fast.apps.cli.train", "monai_fast.apps.training"])
 def test_the_train_command_and_its_product_never_reach_the_harness(module):
     import subprocess
     import sys
 
-    reached = sorted(n for n in _imported_from(module) if n.split(".")[:2] == ["monai_fast", "race"])
+    reached = sorted(n for n in _imported_from(module) if n.startswith("monai_fast.apps.demo"))
     assert not reached, f"{module} reaches the harness through its imports: {reached}"
-    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith('monai_fast.race')))"
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith('monai_fast.apps.demo')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"importing {module} loads the harness: {out}"
 
 
 def test_the_import_follower_sees_the_harness_behind_the_race_commands():
-    assert "monai_fast.race" in _imported_from("monai_fast.cli.race_cmds")
+    assert "monai_fast.apps.demo" in _imported_from("monai_fast.apps.cli.race_cmds")
 
 
 def test_the_import_reader_resolves_relative_and_type_hint_imports():
     where = ROOT / "monai_fast" / "report" / "x.py"
-    assert "monai_fast.race.core" in _imports(where, source="from ..race.core import race\n")
-    assert "monai_fast.race" in _imports(where, source="from ..race import core\n")
-    hinted = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from monai_fast.race import x\n"
-    assert "monai_fast.race" not in _imports(where, source=hinted)
-    assert "monai_fast.race" in _imports(where, type_checking=True, source=hinted)
+    assert "monai_fast.apps.demo.core" in _imports(where, source="from ..apps.demo.core import race\n")
+    assert "monai_fast.apps.demo" in _imports(where, source="from ..apps.demo import core\n")
+    hinted = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from monai_fast.apps.demo import x\n"
+    assert "monai_fast.apps.demo" not in _imports(where, source=hinted)
+    assert "monai_fast.apps.demo" in _imports(where, type_checking=True, source=hinted)
 
 
 def test_importing_the_tuner_does_not_import_the_recipes():
     import subprocess
     import sys
 
-    code = "import sys, monai_fast.tune; print('monai_fast.recipes' in sys.modules)"
+    code = "import sys, monai_fast.tune; print('monai_fast.apps.recipes' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -16,13 +16,13 @@ from monai.data import ThreadDataLoader
 from monai.data.wsi_reader import TiffFileWSIReader
 from monai.optimizers import Novograd
 
-from monai_fast.data.wsi import generate_wsi, load_wsi_datalist
-from monai_fast.data.wsi_reader import TiledTiffWSIReader
+from monai_fast.apps.recipes import pathology_augment
+from monai_fast.apps.recipes.pathology import SIZES, build_pathology, run_pathology
+from monai_fast.apps.recipes.pathology_augment import AugmentingPrepareBatch, TorchBatchAugment, batch_augment
+from monai_fast.apps.sources.wsi import generate_wsi, load_wsi_datalist
+from monai_fast.apps.sources.wsi_reader import TiledTiffWSIReader
 from monai_fast.handlers import AMPToggle
 from monai_fast.handlers.lifecycle import handlers_on
-from monai_fast.recipes import pathology_augment
-from monai_fast.recipes.pathology import SIZES, build_pathology, run_pathology
-from monai_fast.recipes.pathology_augment import AugmentingPrepareBatch, TorchBatchAugment, batch_augment
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_JITTER = {"brightness": 0.0, "contrast": 0.0, "saturation": 0.0}
@@ -64,7 +64,7 @@ def test_torch_batch_augment_draws_a_flip_and_a_turn_per_patch():
 
 def test_batch_augment_on_a_cpu_says_once_why_not_cucim_and_refuses_a_forced_cucim(caplog):
     pathology_augment._told.clear()
-    with caplog.at_level(logging.INFO, logger="monai_fast.recipes.pathology_augment"):
+    with caplog.at_level(logging.INFO, logger="monai_fast.apps.recipes.pathology_augment"):
         assert isinstance(batch_augment("cpu"), TorchBatchAugment)
         assert isinstance(batch_augment("cpu"), TorchBatchAugment)
     lines = [r.getMessage() for r in caplog.records if "instead of cuCIM" in r.getMessage()]

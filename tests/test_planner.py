@@ -3,10 +3,10 @@ import torch
 from monai.data import CacheDataset, Dataset, SmartCacheDataset
 from monai.transforms import Compose, RandGaussianNoised
 
+from monai_fast.apps.recipes.transforms import deterministic_transforms, random_transforms
 from monai_fast.data.crop_cache import CropCacheDataset
 from monai_fast.data.persistent import TrustedPersistentDataset
 from monai_fast.data.planner import item_bytes, plan_cache, rank_partition
-from monai_fast.recipes.transforms import deterministic_transforms, random_transforms
 
 MIB = 2**20
 

@@ -134,7 +134,7 @@ def test_fast_training_applies_it_on_the_evaluator_and_unwraps_every_inferer_on_
 def test_monai_fast_infer_post_processing_gives_the_same_label_map_with_the_classes_innermost():
     from monai.transforms import AsDiscreted
 
-    from monai_fast.inference.run import _pred_classes_innermost
+    from monai_fast.apps.inference.run import _pred_classes_innermost
 
     affine = torch.diag(torch.tensor([0.8, 0.8, 2.5, 1.0]))
     pred = MetaTensor(torch.randn(3, 20, 18, 7), affine=affine, meta={"filename_or_obj": "ct_7.nii.gz"})

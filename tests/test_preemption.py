@@ -231,7 +231,7 @@ def test_two_torchrun_ranks_stop_together_when_one_is_signalled(tmp_path, tiny_s
     cmd = [
         sys.executable,
         "-m",
-        "monai_fast.cli",
+        "monai_fast.apps.cli",
         "launch",
         "--nproc",
         "2",

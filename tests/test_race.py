@@ -5,8 +5,8 @@ import os
 import pytest
 from PIL import Image
 
-import monai_fast.race.core as race_core
-from monai_fast.race import RaceEvents, RaceOptionError, RaceSpec, SyntheticData, bench, race, summarize
+import monai_fast.apps.demo.core as race_core
+from monai_fast.apps.demo import RaceEvents, RaceOptionError, RaceSpec, SyntheticData, bench, race, summarize
 
 TINY = {"patch_size": (32, 32, 32), "num_samples": 2, "num_workers": 1, "cache_threads": 1, "max_epochs": 2}
 
@@ -134,7 +134,7 @@ def test_bench_rejects_zero_repeats_and_an_unwritable_out_dir(tmp_path, monkeypa
 
 
 def test_summarize_medians_and_same_repeat_speedups():
-    from monai_fast.race.runner import RaceResult
+    from monai_fast.apps.demo.runner import RaceResult
 
     def result(recipe, ttt):
         return RaceResult(

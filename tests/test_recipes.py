@@ -8,7 +8,7 @@ from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.losses import DiceCELoss, DiceLoss
 from monai.optimizers import Novograd
 
-from monai_fast.recipes import RECIPES, VAL_METRIC, RecipeConfig, build_recipe
+from monai_fast.apps.recipes import RECIPES, VAL_METRIC, RecipeConfig, build_recipe
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -196,7 +196,7 @@ def test_cache_options_are_checked(kwargs, match):
 def test_every_registered_recipe_has_one_builder_signature_and_parts():
     import inspect
 
-    from monai_fast.recipes import REGISTRY
+    from monai_fast.apps.recipes import REGISTRY
 
     assert RECIPES == tuple(REGISTRY) == ("baseline", "monai_tutorial", "fast")
     signatures = {str(inspect.signature(entry.build)) for entry in REGISTRY.values()}
@@ -206,7 +206,7 @@ def test_every_registered_recipe_has_one_builder_signature_and_parts():
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_parts_are_what_the_recipe_trains(name, tiny_files, tiny_config):
-    from monai_fast.recipes import recipe_parts
+    from monai_fast.apps.recipes import recipe_parts
 
     cfg = RecipeConfig(**{**tiny_config.to_dict(), "precision": "fp32"})
     parts = recipe_parts(name, cfg, "cpu")
@@ -224,7 +224,7 @@ def test_parts_are_what_the_recipe_trains(name, tiny_files, tiny_config):
 
 
 def test_fast_in_bf16_on_a_cpu_keeps_the_default_layout(monkeypatch):
-    from monai_fast.recipes import recipe_parts
+    from monai_fast.apps.recipes import recipe_parts
     from monai_fast.telemetry import precision
 
     monkeypatch.setattr(precision, "cpu_has_bf16_hardware", lambda flags=None: True)

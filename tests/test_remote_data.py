@@ -16,10 +16,10 @@ from monai.data import DataLoader, Dataset
 from monai.engines import SupervisedTrainer
 from s3_server import s3_fixture, server_fixture  # noqa: F401 (pytest fixtures s3, server)
 
-from monai_fast.data.msd import case_id, load_msd_datalist
-from monai_fast.data.remote import is_url, localize
+from monai_fast.apps.recipes import recipe_parts
+from monai_fast.apps.sources.msd import case_id, load_msd_datalist
+from monai_fast.apps.sources.remote import is_url, localize
 from monai_fast.files import cache_root
-from monai_fast.recipes import recipe_parts
 
 
 def upload_msd(client, bucket: str, folder: Path, prefix: str = "Task") -> list[dict[str, str]]:

@@ -9,9 +9,9 @@ from ignite.handlers import Checkpoint, DiskSaver
 from monai.data import DataLoader, SmartCacheDataset
 from monai.transforms import Lambdad
 
+from monai_fast.apps.launch import free_port
 from monai_fast.data.items import DataItemError
 from monai_fast.data.smartcache import SafeSmartCacheDataset
-from monai_fast.distributed import free_port
 from monai_fast.handlers import SmartCacheUpdater
 
 ITEMS = [{"image": f"/data/image{i}.nii.gz", "id": i} for i in range(1, 6)]

@@ -25,10 +25,10 @@ from monai.handlers import SmartCacheHandler
 from monai.transforms import Compose, EnsureChannelFirstd, Lambdad, LoadImaged, Resized
 from torch.utils.data import DistributedSampler
 
+from monai_fast.apps.launch import free_port
 from monai_fast.data.items import DataItemError
 from monai_fast.data.loaders import SafeThreadDataLoader
 from monai_fast.data.smartcache import SafeSmartCacheDataset
-from monai_fast.distributed import free_port
 from monai_fast.handlers import FastTraining, SmartCacheUpdater
 from monai_fast.handlers.lifecycle import handlers_on
 

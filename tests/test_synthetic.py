@@ -4,8 +4,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
+from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.data import synthetic
-from monai_fast.data.synthetic import generate_msd
 
 
 def _arrays(root, name):
@@ -102,7 +102,7 @@ def test_bad_options_name_the_option(tmp_path, kwargs, match):
 def test_spacing_really_resamples(tiny_spleen, tiny_config):
     from monai.transforms import Compose
 
-    from monai_fast.recipes.transforms import deterministic_transforms
+    from monai_fast.apps.recipes.transforms import deterministic_transforms
 
     chain = Compose(deterministic_transforms(tiny_config)[:4])  # up to Spacingd
     item = json.loads((tiny_spleen / "dataset.json").read_text())["training"][0]

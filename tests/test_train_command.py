@@ -13,11 +13,11 @@ import pytest
 from monai.networks.nets import SegResNet, UNet
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from monai_fast.cli import main
-from monai_fast.data.synthetic import generate_msd
-from monai_fast.distributed.sagemaker import MASTER_PORT, SageMakerEnvError, read_sagemaker_env, torchrun_command
-from monai_fast.inference.checkpoint import load_checkpoint
-from monai_fast.recipes import RecipeConfig
+from monai_fast.apps.cli import main
+from monai_fast.apps.inference.checkpoint import load_checkpoint
+from monai_fast.apps.launch.sagemaker import MASTER_PORT, SageMakerEnvError, read_sagemaker_env, torchrun_command
+from monai_fast.apps.recipes import RecipeConfig
+from monai_fast.apps.sources.synthetic import generate_msd
 
 TINY = ["--patch-size", "32", "32", "32", "--num-samples", "2", "--val-fraction", "0.34", "--no-progress"]
 
@@ -64,7 +64,7 @@ def test_train_in_a_sagemaker_tree_writes_model_report_and_tensorboard_where_sag
     }
     env = {**_without_sagemaker(), **sagemaker_tree(tmp_path, hps)}
     proc = subprocess.run(
-        [sys.executable, "-m", "monai_fast.cli", "train", "--max-epochs", "1", "--no-progress"],
+        [sys.executable, "-m", "monai_fast.apps.cli", "train", "--max-epochs", "1", "--no-progress"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -122,7 +122,7 @@ def test_train_without_sagemaker_is_an_ordinary_cli(tmp_path, tiny_spleen, monke
 def test_two_hosts_meet_at_the_first_on_the_toolkits_port():
     env = read_sagemaker_env({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2", "SM_NUM_GPUS": "8"})
     assert env.hosts == ("algo-1", "algo-2") and env.node_rank == 1
-    cmd = torchrun_command(env, ["-m", "monai_fast.cli", "train", "--epochs", "5"])
+    cmd = torchrun_command(env, ["-m", "monai_fast.apps.cli", "train", "--epochs", "5"])
     assert cmd == [
         sys.executable,
         "-m",
@@ -138,7 +138,7 @@ def test_two_hosts_meet_at_the_first_on_the_toolkits_port():
         "--node_rank",
         "1",
         "-m",
-        "monai_fast.cli",
+        "monai_fast.apps.cli",
         "train",
         "--epochs",
         "5",

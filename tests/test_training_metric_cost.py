@@ -21,8 +21,8 @@ from monai.handlers import from_engine
 from monai.transforms import Activationsd, AsDiscreted, Compose, Lambdad
 from torch.utils.data import DataLoader
 
+from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.bundle import run_bundle
-from monai_fast.data.synthetic import generate_msd
 from monai_fast.handlers import FastTraining, RecordHandler, TimeBreakdown, TrainingAlgorithmTime
 from monai_fast.handlers.lifecycle import callbacks_on
 from monai_fast.report.doctor import doctor

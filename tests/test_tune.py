@@ -13,9 +13,9 @@ from ignite import distributed as idist
 from monai.losses import DiceCELoss
 from monai.networks.nets import UNet
 
-from monai_fast.distributed import free_port
-from monai_fast.recipes import RecipeConfig
-from monai_fast.recipes.tuning import tune_recipe
+from monai_fast.apps.launch import free_port
+from monai_fast.apps.recipes import RecipeConfig
+from monai_fast.apps.recipes.tuning import tune_recipe
 from monai_fast.tune import (
     SearchSpace,
     Trial,
@@ -394,7 +394,7 @@ def test_store_caches_by_key_and_survives_damage(tmp_path, caplog):
 
 
 def test_tuned_config_trains_with_a_recipe(tiny_files, tiny_config):
-    from monai_fast.recipes import build_recipe
+    from monai_fast.apps.recipes import build_recipe
 
     cfg = tiny_config
     result = tune_recipe(
@@ -495,7 +495,7 @@ def test_real_cuda_oom_is_infeasible_and_memory_returns():
 
 
 def test_tune_recipe_times_the_recipes_own_network_layout(tmp_path, monkeypatch):
-    from monai_fast.recipes import recipe_parts
+    from monai_fast.apps.recipes import recipe_parts
 
     seen = []
     real = Tuner.run

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from monai_fast.recipes import RecipeConfig
-from monai_fast.recipes.tuning import tune_recipe
+from monai_fast.apps.recipes import RecipeConfig
+from monai_fast.apps.recipes.tuning import tune_recipe
 from monai_fast.tune import SearchSpace, place_cache
 
 FAST = {"warmup": 1, "min_iters": 1, "min_time_s": 0.0}
@@ -117,7 +117,7 @@ def test_bad_input_is_named():
 
 
 def test_real_tuning_places_the_cache_and_the_recipe_follows(tiny_files, tiny_config, tmp_path):
-    from monai_fast.recipes import build_recipe
+    from monai_fast.apps.recipes import build_recipe
 
     train, val = tiny_files
     space = SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 2), max_trials=2, confirm=0)

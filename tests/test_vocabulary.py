@@ -8,11 +8,11 @@ from typing import get_args
 import pytest
 from monai.data import DataLoader
 
-from monai_fast.cli.args import add_race_options
-from monai_fast.cli.race_cmds import race_spec
+from monai_fast.apps.cli.args import add_race_options
+from monai_fast.apps.cli.race_cmds import race_spec
+from monai_fast.apps.recipes import RecipeConfig, recipe_parts
 from monai_fast.data.planner import CACHE_CHOICES, CACHE_PLACES, Where
 from monai_fast.handlers import AMPToggle, FastTraining
-from monai_fast.recipes import RecipeConfig, recipe_parts
 from monai_fast.telemetry.precision import PRECISIONS, REQUESTS
 
 # --- precision ---------------------------------------------------------------------------------------------
@@ -63,7 +63,7 @@ def test_cli_precision():
 def test_recipe_config_cache_threads():
     assert RecipeConfig(cache_threads=2).cache_thread_count == 2
     assert RecipeConfig().cache_thread_count >= 1
-    from monai_fast.recipes.fast import fast_training
+    from monai_fast.apps.recipes.fast import fast_training
 
     ft = fast_training(recipe_parts("fast", RecipeConfig(precision="fp32", cache_threads=2)))
     assert ft.cache_threads == 2
@@ -96,8 +96,8 @@ def test_fast_training_recipe_config_and_cli_take_the_cache_choices():
 def test_mib_budgets_plan_in_bytes(tiny_files, tiny_config):
     from monai.transforms import Compose
 
+    from monai_fast.apps.recipes.transforms import deterministic_transforms
     from monai_fast.data.planner import plan_cache
-    from monai_fast.recipes.transforms import deterministic_transforms
 
     chain = Compose(deterministic_transforms(tiny_config))
     files = [dict(f) for f in tiny_files[0]]
@@ -110,8 +110,8 @@ def test_adopt_loader_plans_within_its_mib_budgets(tiny_files, tiny_config):
     from monai.data import Dataset
     from monai.transforms import Compose
 
+    from monai_fast.apps.recipes.transforms import deterministic_transforms
     from monai_fast.data.adopt import adopt_loader
-    from monai_fast.recipes.transforms import deterministic_transforms
 
     files = [dict(f) for f in tiny_files[0]]
     loader = DataLoader(Dataset(files, Compose(deterministic_transforms(tiny_config))), batch_size=1)
@@ -121,7 +121,7 @@ def test_adopt_loader_plans_within_its_mib_budgets(tiny_files, tiny_config):
 
 
 def test_the_tuners_space_takes_the_precision():
-    from monai_fast.recipes.tuning import default_space
+    from monai_fast.apps.recipes.tuning import default_space
 
     assert default_space("cpu", precision="fp32").precisions == ("fp32",)
 
@@ -146,8 +146,8 @@ def test_tuning_keeps_the_mixed_precision_the_config_asks_for():
 
 
 def test_fp16_on_a_cpu_is_named_before_a_race_starts(tmp_path):
-    from monai_fast.race import RaceSpec
-    from monai_fast.race.options import RaceOptionError, plan_race
+    from monai_fast.apps.demo import RaceSpec
+    from monai_fast.apps.demo.options import RaceOptionError, plan_race
 
     spec = RaceSpec(recipes=("fast", "baseline"), device="cpu", overrides={"precision": "fp16"}, run_dir=tmp_path / "r")
     with pytest.raises(RaceOptionError, match="precision.*'fp16' runs on a CUDA device only"):

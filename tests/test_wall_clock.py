@@ -16,10 +16,10 @@ from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import ValidationHandler
 from monai.transforms import Lambdad
 
+from monai_fast.apps.demo.runner import run_to_target
+from monai_fast.apps.recipes import RecipeConfig
 from monai_fast.handlers import RecordHandler, TimeBreakdown
 from monai_fast.handlers.checkpoint_folder import CheckpointFolder
-from monai_fast.race.runner import run_to_target
-from monai_fast.recipes import RecipeConfig
 from monai_fast.report.doctor import ATTACH, diagnose, doctor
 from monai_fast.report.wall_clock import SHARES, wall_clock
 from monai_fast.telemetry.record import Kind, RunRecord, Source, load_record

@@ -12,9 +12,9 @@ import tifffile
 from monai.data import PatchWSIDataset
 from monai.data.wsi_reader import WSIReader
 
-from monai_fast.cli import main
-from monai_fast.data.wsi import MASK_DOWNSAMPLE, generate_wsi, load_wsi_datalist
-from monai_fast.data.wsi_reader import TiledTiffWSIReader, WSIBackendError, choose_wsi_backend
+from monai_fast.apps.cli import main
+from monai_fast.apps.sources.wsi import MASK_DOWNSAMPLE, generate_wsi, load_wsi_datalist
+from monai_fast.apps.sources.wsi_reader import TiledTiffWSIReader, WSIBackendError, choose_wsi_backend
 
 SIZE, PATCH = (512, 384), 32
 
@@ -112,7 +112,7 @@ def test_tiled_reader_returns_monais_patch_at_every_level_and_never_decodes_a_wh
 
 
 def test_auto_backend_on_a_cpu_is_never_cucim_and_says_why(caplog):
-    with caplog.at_level(logging.INFO, logger="monai_fast.data.wsi_reader"):
+    with caplog.at_level(logging.INFO, logger="monai_fast.apps.sources.wsi_reader"):
         backend = choose_wsi_backend("auto", "cpu")
     assert backend.name in ("openslide", "tifffile")
     assert "not cucim:" in backend.why and "WSI backend:" in caplog.text

@@ -40,8 +40,8 @@ from monai.transforms import (
     SpatialPadd,
 )
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import generate_msd
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.handlers import TimeBreakdown, TimeToTarget
 from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup
 

@@ -53,9 +53,9 @@ from monai.transforms import (
     ToDeviced,
 )
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import generate_msd
-from monai_fast.distributed import run
+from monai_fast.apps.launch import run
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.distributed.model import distribute, rank_share
 from monai_fast.handlers import TimeBreakdown
 from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup

@@ -47,12 +47,13 @@ from ignite import distributed as idist
 from ignite.engine import Events
 from monai.handlers import StatsHandler
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import generate_msd
-from monai_fast.distributed import detect, run
+from monai_fast.apps.launch import run
+from monai_fast.apps.recipes import RecipeConfig, build_recipe
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import generate_msd
+from monai_fast.distributed import detect
 from monai_fast.handlers import Preemption, RecordHandler, TimeBreakdown
 from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup
-from monai_fast.recipes import RecipeConfig, build_recipe
 
 
 def weights_digest(network: torch.nn.Module) -> str:

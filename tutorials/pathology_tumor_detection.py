@@ -3,7 +3,7 @@
 After MONAI's pathology tumour-detection example: patches from Camelyon-like slides (pyramidal
 tiled TIFF, written once by ``monai-fast synth --kind wsi`` or by this script into the cache)
 read by MONAI's WSI reader through ``PatchWSIDataset``, a 2D ``DenseNet`` classifier, ROC AUC on
-the validation slides. The ``fast`` pipeline (:mod:`monai_fast.recipes.pathology`) uses the
+the validation slides. The ``fast`` pipeline (:mod:`monai_fast.apps.recipes.pathology`) uses the
 guide's levers: the WSI backend chosen by what is installed (cuCIM on a GPU; here without it a
 tile-aware tifffile reader), ``ThreadDataLoader``, colour jitter, flips and rotations on whole
 batches on the device (cuCIM's GPU kernels through MONAI's ``RandCuCIM`` where cuCIM and CUDA
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from monai_fast.data.wsi import load_wsi_datalist, synthetic_wsi_dataset
-from monai_fast.data.wsi_reader import BACKENDS, choose_wsi_backend
+from monai_fast.apps.recipes.pathology import SIZES, VARIANTS, results_table, run_pathology
+from monai_fast.apps.recipes.pathology_augment import cucim_status
+from monai_fast.apps.sources.wsi import load_wsi_datalist, synthetic_wsi_dataset
+from monai_fast.apps.sources.wsi_reader import BACKENDS, choose_wsi_backend
 from monai_fast.files import write_json
 from monai_fast.handlers.stop_signal import stop_signals_caught
-from monai_fast.recipes.pathology import SIZES, VARIANTS, results_table, run_pathology
-from monai_fast.recipes.pathology_augment import cucim_status
 from monai_fast.telemetry import cuda_available
 
 
@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     A stop signal (``SIGTERM``, ``SIGUSR1``) from the first line until training starts ends in one
     line naming it (exit 143), before training.
     """
+    from monai_fast.apps.sources.wsi import WSIDataError
+    from monai_fast.apps.sources.wsi_reader import WSIBackendError
     from monai_fast.data.items import DataItemError
     from monai_fast.data.preflight import PreflightError
-    from monai_fast.data.wsi import WSIDataError
-    from monai_fast.data.wsi_reader import WSIBackendError
     from monai_fast.handlers import ShortEpochError
 
     try:

@@ -25,11 +25,11 @@ import tempfile
 
 import torch
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import generate_msd
+from monai_fast.apps.recipes import RECIPES, RecipeConfig, build_recipe
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.handlers import GPUSampler, KernelProfiler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown
 from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup
-from monai_fast.recipes import RECIPES, RecipeConfig, build_recipe
 from monai_fast.report.doctor import doctor
 
 

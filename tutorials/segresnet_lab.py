@@ -20,7 +20,7 @@ on a GPU). The run folder then holds:
     python tutorials/segresnet_lab.py --tiny                   # seconds on a CPU: a smoke test
     tensorboard --logdir runs/segresnet-lab
 
-The notebook ``segresnet_lab.ipynb`` is the same lab, cell by cell (both call ``monai_fast.race.lab``).
+The notebook ``segresnet_lab.ipynb`` is the same lab, cell by cell (both call ``monai_fast.apps.demo.lab``).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
+from monai_fast.apps.demo.lab import lab_data, run_lab
+from monai_fast.apps.recipes import RECIPES
 from monai_fast.handlers.stop_signal import stop_signals_caught
-from monai_fast.race.lab import lab_data, run_lab
-from monai_fast.recipes import RECIPES
 from monai_fast.report.doctor import doctor
 from monai_fast.telemetry import cuda_available
 

@@ -5,7 +5,7 @@ match the task. `preflight()` reads each volume of a ``{"image", "label"}`` list
 reports, for every item at fault: a file that cannot be read (a truncated NIfTI), a 2D image or
 label, NaN or Inf in an image, non-integer label values, label values outside ``num_classes``,
 and an image whose spatial shape differs from its label's (the same check as
-`monai_fast.data.msd.load_msd_datalist()`, on the data). What it learns about a file is cached
+`monai_fast.apps.sources.msd.load_msd_datalist()`, on the data). What it learns about a file is cached
 by the file's identity (path, size, modification time) in ``preflight.json`` in
 `monai_fast.files.cache_root()`, so a second run reads no volume it has seen.
 
@@ -36,7 +36,6 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 
-from monai_fast.data.msd import shape_mismatch
 from monai_fast.extras import MissingExtraError, require
 from monai_fast.files import cache_root, write_json
 
@@ -56,6 +55,21 @@ logger = logging.getLogger(__name__)
 SCAN_VERSION = 1
 _MAX_VALUES = 64  # distinct values kept for a label; more than this is not a label map
 _LOCK = threading.Lock()
+
+
+def shape_mismatch(image: str, image_shape: tuple[int, ...], label: str, label_shape: tuple[int, ...]) -> str | None:
+    """Why ``image`` and ``label`` do not fit together by their spatial (first three) sizes; ``None`` if they do.
+
+    Examples:
+        >>> shape_mismatch("a.nii.gz", (64, 64, 32, 4), "a_seg.nii.gz", (64, 64, 32))
+        >>> shape_mismatch("a.nii.gz", (64, 64, 32), "a_seg.nii.gz", (64, 64, 30))
+        'image a.nii.gz has spatial shape (64, 64, 32) but its label a_seg.nii.gz has (64, 64, 30)'
+    """
+    if tuple(image_shape[:3]) == tuple(label_shape[:3]):
+        return None
+    return (
+        f"image {image} has spatial shape {tuple(image_shape[:3])} but its label {label} has {tuple(label_shape[:3])}"
+    )
 
 
 class PreflightError(ValueError):

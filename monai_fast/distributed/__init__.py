@@ -1,7 +1,10 @@
-"""One training script under python, torchrun (DDP), horovodrun and SLURM, on ``ignite.distributed``."""
+"""Where a rank runs and what it shares: the launcher detected, the backend picked, seconds averaged over ranks.
+
+The plugin's part of the distributed layer (the record, the tuner and the handlers use it); starting
+ranks is the application's (`monai_fast.apps.launch`).
+"""
 
 from monai_fast.distributed.comm import allreduce_seconds
 from monai_fast.distributed.env import LaunchEnv, detect, pick_backend
-from monai_fast.distributed.launch import free_port, run, setup_rank
 
-__all__ = ["LaunchEnv", "allreduce_seconds", "detect", "free_port", "pick_backend", "run", "setup_rank"]
+__all__ = ["LaunchEnv", "allreduce_seconds", "detect", "pick_backend"]

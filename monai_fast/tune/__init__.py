@@ -3,7 +3,7 @@
 The tuner itself (`Tuner`, `tune_validation()`, the search, the store) measures a
 network and needs nothing above `monai_fast.telemetry`, so handlers may use it. Its
 binding to the recipes (`tune_recipe()` and its helpers) is
-`monai_fast.recipes.tuning`; ``import monai_fast.tune`` never pulls the recipes in.
+`monai_fast.apps.recipes.tuning`; ``import monai_fast.tune`` never pulls the recipes in.
 """
 
 from monai_fast.tune.cache import CacheChoice, place_cache

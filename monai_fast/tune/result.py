@@ -14,7 +14,7 @@ _Config = TypeVar("_Config", bound="Tunable")
 
 
 class Tunable(Protocol):
-    """A configuration that takes a tuner's pick: `monai_fast.recipes.RecipeConfig` is one."""
+    """A configuration that takes a tuner's pick: `monai_fast.apps.recipes.RecipeConfig` is one."""
 
     def tuned(
         self: _Config,

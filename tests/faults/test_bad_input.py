@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import generate_msd
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import generate_msd
 
 SHAPE = (24, 24, 16)
 AFFINE = np.diag([1.6, 1.6, 2.5, 1.0])
@@ -46,7 +46,7 @@ def _demo(data_dir: Path, run_dir: Path, *extra: str) -> subprocess.CompletedPro
     cmd = [
         sys.executable,
         "-m",
-        "monai_fast.cli",
+        "monai_fast.apps.cli",
         "demo",
         "--data-dir",
         str(data_dir),
@@ -101,8 +101,8 @@ def test_preflight_in_the_cli_names_the_truncated_file_before_training(clean_set
 
 @pytest.mark.parametrize("cache", ["disk", "smartcache"])
 def test_truncated_nifti_in_disk_and_smartcache_raises_data_item_error_naming_the_file(clean_set, tmp_path, cache):
+    from monai_fast.apps.recipes import RecipeConfig, build_recipe
     from monai_fast.data.items import DataItemError
-    from monai_fast.recipes import RecipeConfig, build_recipe
 
     data, victim = _truncated_copy(clean_set, tmp_path / "data", "train")
     train, val = load_msd_datalist(data, val_fraction=0.25, seed=0)
@@ -188,8 +188,8 @@ def test_preflight_second_call_reads_no_file_and_rereads_a_changed_one(tmp_path,
 
 
 def test_race_skips_preflight_when_turned_off(tmp_path, monkeypatch):
+    from monai_fast.apps.demo import RaceSpec, checked_data
     from monai_fast.data import preflight as pf
-    from monai_fast.race import RaceSpec, checked_data
 
     files, _ = _bad_set(tmp_path / "d")
     calls = []
@@ -204,7 +204,7 @@ def test_race_skips_preflight_when_turned_off(tmp_path, monkeypatch):
 
 
 def _cli_error(tmp_path: Path, *argv: str) -> str:
-    from monai_fast.cli import main
+    from monai_fast.apps.cli import main
 
     with pytest.raises(SystemExit) as done:
         main(["demo", "--device", "cpu", "--run-dir", str(tmp_path / "run"), "--no-progress", *argv])
@@ -222,8 +222,8 @@ def test_single_level_channels_is_one_line_naming_channels(tmp_path):
 
 
 def test_nan_intensity_window_is_rejected_naming_it():
-    from monai_fast.race import RaceOptionError, RaceSpec, plan_race
-    from monai_fast.recipes import RecipeConfig
+    from monai_fast.apps.demo import RaceOptionError, RaceSpec, plan_race
+    from monai_fast.apps.recipes import RecipeConfig
 
     with pytest.raises(ValueError, match="intensity_window must be two finite numbers"):
         RecipeConfig(intensity_window=(math.nan, 100.0))
@@ -232,11 +232,11 @@ def test_nan_intensity_window_is_rejected_naming_it():
 
 
 def test_patch_larger_than_volumes_warns_with_the_padding(clean_set, caplog):
-    from monai_fast.race import RaceSpec, checked_data
+    from monai_fast.apps.demo import RaceSpec, checked_data
 
     train, val = load_msd_datalist(clean_set, val_fraction=0.25, seed=0)
     # 24 x 24 x 16 voxels of 1.6 x 1.6 x 2.5 mm resampled to 1.5 x 1.5 x 2.0 mm: 26 x 26 x 20
-    with caplog.at_level("WARNING", logger="monai_fast.race.core"):
+    with caplog.at_level("WARNING", logger="monai_fast.apps.demo.core"):
         checked_data(RaceSpec(train_files=train, val_files=val, overrides={"patch_size": (32, 32, 32)}))
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "padded on every load, by up to (6, 6, 12) voxels" in warnings[0], warnings
@@ -244,7 +244,7 @@ def test_patch_larger_than_volumes_warns_with_the_padding(clean_set, caplog):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch build or machine without CUDA")
 def test_build_recipe_on_cuda_without_cuda_is_one_clear_error(clean_set):
-    from monai_fast.recipes import RecipeConfig, build_recipe
+    from monai_fast.apps.recipes import RecipeConfig, build_recipe
 
     train, val = load_msd_datalist(clean_set, val_fraction=0.25, seed=0)
     for name in ("fast", "baseline", "monai_tutorial"):

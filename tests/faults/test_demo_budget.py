@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from monai_fast.cli import main
-from monai_fast.race.core import REPORT_SHARE
-from monai_fast.race.headline import ESTIMATED, format_headline, headline
-from monai_fast.race.runner import EpochRow, RaceResult
+from monai_fast.apps.cli import main
+from monai_fast.apps.demo.core import REPORT_SHARE
+from monai_fast.apps.demo.headline import ESTIMATED, format_headline, headline
+from monai_fast.apps.demo.runner import EpochRow, RaceResult
 
 TINY_DEMO = [
     "--cases",

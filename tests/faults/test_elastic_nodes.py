@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
+from drill import kill_drill, read_progress, run_local_nodes
 from tutorial_runs import tutorial_args
 
-from monai_fast.distributed import free_port
-from monai_fast.race.drill import kill_drill, read_progress, run_local_nodes
+from monai_fast.apps.launch import free_port
 
 SAVE_EVERY = 3  # iterations between periodic checkpoints: the most a lost rank may cost
 KILL_AFTER = 5  # fp32, batch 1: 2 iterations per epoch and rank, 6 in all; killed after the first of epoch 3

@@ -265,7 +265,7 @@ def test_a_full_disk_under_ddp_stops_every_rank_with_the_same_error(small_fs, tm
     import json
     import time
 
-    from monai_fast.distributed import run
+    from monai_fast.apps.launch import run
 
     folder = small_fs("1M") / "ckpt"
     start = time.monotonic()

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from monai_fast.cli import main
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.synthetic import generate_msd
-from monai_fast.inference import CheckpointError, infer, load_model, save_checkpoint
-from monai_fast.inference.chain import ChainError, build_chain, recipe_chain
-from monai_fast.inference.compare import agreement
-from monai_fast.recipes import VAL_METRIC, RecipeConfig, build_recipe
-from monai_fast.recipes.transforms import deterministic_transforms
+from monai_fast.apps.cli import main
+from monai_fast.apps.inference import CheckpointError, infer, load_model, save_checkpoint
+from monai_fast.apps.inference.chain import ChainError, build_chain, recipe_chain
+from monai_fast.apps.inference.compare import agreement
+from monai_fast.apps.recipes import VAL_METRIC, RecipeConfig, build_recipe
+from monai_fast.apps.recipes.transforms import deterministic_transforms
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import generate_msd
 
 SPACING = (1.6, 1.6, 2.5)  # the synthetic data's, so that the recipe's Spacingd keeps every voxel
 
@@ -116,7 +116,7 @@ def test_a_checkpoint_without_a_chain_record_warns_once_and_uses_the_recipes_cha
     del data["chain"]
     old = tmp_path / "old.pt"
     torch.save(data, old)
-    with caplog.at_level(logging.WARNING, logger="monai_fast.inference"):
+    with caplog.at_level(logging.WARNING, logger="monai_fast.apps.inference"):
         result = infer(old, [trained["val"][0]["image"]], tmp_path / "out", progress=False)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and str(old) in warnings[0] and "no record of the chain" in warnings[0]

@@ -16,11 +16,11 @@ from inference_parts import CONFIG, images, write_model
 from monai.data import DataLoader
 from monai.losses import DiceLoss
 
-from monai_fast.cli import main
+from monai_fast.apps.cli import main
+from monai_fast.apps.inference import BackendUnavailable, CheckpointError, infer
+from monai_fast.apps.recipes import RecipeConfig
+from monai_fast.apps.recipes.common import build_network
 from monai_fast.data.preflight import PreflightError
-from monai_fast.inference import BackendUnavailable, CheckpointError, infer
-from monai_fast.recipes import RecipeConfig
-from monai_fast.recipes.common import build_network
 
 
 @pytest.fixture(scope="module")

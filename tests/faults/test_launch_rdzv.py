@@ -23,7 +23,7 @@ import psutil
 import pytest
 from torch.distributed import TCPStore
 
-from monai_fast.distributed.launch import (
+from monai_fast.apps.launch.launch import (
     STORE_ANSWER_S,
     LaunchSpec,
     rendezvous_timeout_message,
@@ -63,7 +63,7 @@ def _launch(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, float]:
     script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('ran')\n")
     log = open(tmp_path / "launch.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "1", *args, str(script)],
+        [sys.executable, "-m", "monai_fast.apps.cli", "launch", "--nproc", "1", *args, str(script)],
         cwd=tmp_path,
         start_new_session=True,
         stdout=log,
@@ -192,7 +192,7 @@ def test_the_bound_reaches_torchruns_join_timeout_and_a_refused_port_names_the_h
 
 
 def test_a_bad_rdzv_timeout_is_named_before_anything_starts(tmp_path):
-    from monai_fast.cli import main
+    from monai_fast.apps.cli import main
 
     script = tmp_path / "train.py"
     script.write_text("")

@@ -55,7 +55,7 @@ def _launch(tmp_path: Path, *args: str) -> subprocess.Popen:
     """``monai-fast launch ARGS`` in a session of its own, its output in launch.log (no pipe that orphans hold open)."""
     with open(tmp_path / "launch.log", "w") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "monai_fast.cli", "launch", "--nproc", "2", *args],
+            [sys.executable, "-m", "monai_fast.apps.cli", "launch", "--nproc", "2", *args],
             cwd=tmp_path,
             start_new_session=True,
             stdout=log,

@@ -21,9 +21,9 @@ import torch
 from ignite.engine import Events
 from monai.engines import SupervisedTrainer
 
+from monai_fast.apps.inference.checkpoint import load_checkpoint
 from monai_fast.files import free_bytes
 from monai_fast.handlers import RecordHandler, TimeBreakdown
-from monai_fast.inference.checkpoint import load_checkpoint
 from monai_fast.report.doctor import doctor
 from monai_fast.telemetry.record import Kind, Source, load_record, select
 

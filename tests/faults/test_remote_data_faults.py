@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from s3_server import s3_fixture, s3fs, server_fixture  # noqa: F401 (pytest fixtures s3, server)
 
-from monai_fast.data.msd import load_msd_datalist
-from monai_fast.data.remote import RemoteDataError, localize
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.remote import RemoteDataError, localize
 from monai_fast.files import cache_root
 
 

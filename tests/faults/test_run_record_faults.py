@@ -411,7 +411,7 @@ GROUP_RANK_SCRIPT = textwrap.dedent("""
 
 
 def test_a_rank_that_left_no_record_is_named_by_the_world_size_the_others_recorded(tmp_path):
-    from monai_fast.distributed.launch import free_port
+    from monai_fast.apps.launch.launch import free_port
 
     script, folder, port = tmp_path / "group_rank.py", tmp_path / "run", str(free_port())
     script.write_text(GROUP_RANK_SCRIPT)

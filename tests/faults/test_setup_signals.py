@@ -59,7 +59,7 @@ def _stopped_saying_so(rc: int, out: str, sig: signal.Signals) -> None:
 def test_the_demo_signalled_while_it_writes_its_data_stops_before_training_saying_so(tmp_path):
     sig = signal.SIGUSR1  # SLURM's warning before the time limit
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "monai_fast.cli", "demo", *TINY_DEMO, "--max-epochs", "1", "--run-dir", str(run)]
+    cmd = [sys.executable, "-m", "monai_fast.apps.cli", "demo", *TINY_DEMO, "--max-epochs", "1", "--run-dir", str(run)]
     rc, out = _signal_at(cmd, "spleen-like cases to", sig, tmp_path)  # the synthetic data being written
     _stopped_saying_so(rc, out, sig)
     assert not (run / "results.json").exists()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from monai_fast.cli import main
+from monai_fast.apps.cli import main
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from monai_fast.cli import main
-from monai_fast.cli.train import PREEMPTED_EXIT
-from monai_fast.distributed.sagemaker import read_sagemaker_env
+from monai_fast.apps.cli import main
+from monai_fast.apps.cli.train import PREEMPTED_EXIT
+from monai_fast.apps.launch.sagemaker import read_sagemaker_env
 
 TINY = [
     "--patch-size",
@@ -39,7 +39,7 @@ def test_sigterm_checkpoints_and_exits_143_then_the_same_command_resumes_and_wri
     cmd = [
         sys.executable,
         "-m",
-        "monai_fast.cli",
+        "monai_fast.apps.cli",
         "train",
         "--data-dir",
         str(tiny_spleen),

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from s3_server import s3_fixture, server_fixture  # noqa: F401 (pytest fixtures s3, server)
 
-from monai_fast.cli import main
-from monai_fast.cli.train import PREEMPTED_EXIT, hyperparameter_values
-from monai_fast.distributed.sagemaker import SageMakerEnvError, read_sagemaker_env
-from monai_fast.inference.checkpoint import load_checkpoint
+from monai_fast.apps.cli import main
+from monai_fast.apps.cli.train import PREEMPTED_EXIT, hyperparameter_values
+from monai_fast.apps.inference.checkpoint import load_checkpoint
+from monai_fast.apps.launch.sagemaker import SageMakerEnvError, read_sagemaker_env
 
 TINY = [
     "--patch-size",
@@ -152,7 +152,7 @@ def test_an_output_folder_that_fills_costs_only_its_files_and_the_model_is_writt
         [
             sys.executable,
             "-m",
-            "monai_fast.cli",
+            "monai_fast.apps.cli",
             "train",
             "--data-dir",
             str(tiny_spleen),
@@ -203,7 +203,7 @@ def test_a_signal_during_setup_with_a_checkpoint_folder_stops_at_the_runs_start_
     cmd = [
         sys.executable,
         "-m",
-        "monai_fast.cli",
+        "monai_fast.apps.cli",
         "train",
         "--data-dir",
         str(tiny_spleen),
@@ -225,7 +225,7 @@ def test_a_signal_during_setup_without_a_checkpoint_folder_stops_before_training
     cmd = [
         sys.executable,
         "-m",
-        "monai_fast.cli",
+        "monai_fast.apps.cli",
         "train",
         "--data-dir",
         str(tiny_spleen),

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from monai_fast.cli import main
-from monai_fast.data.wsi import WSIDataError, generate_wsi, load_wsi_datalist
-from monai_fast.recipes.pathology import PathologyConfig, build_pathology
+from monai_fast.apps.cli import main
+from monai_fast.apps.recipes.pathology import PathologyConfig, build_pathology
+from monai_fast.apps.sources.wsi import WSIDataError, generate_wsi, load_wsi_datalist
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,12 @@ from monai.data import Dataset, PatchWSIDataset, ThreadDataLoader
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import ValidationHandler
 
+from monai_fast.apps.recipes.pathology import SIZES, build_pathology, run_pathology
+from monai_fast.apps.sources.wsi import generate_wsi, load_wsi_datalist
+from monai_fast.apps.sources.wsi_reader import TiledTiffWSIReader
 from monai_fast.data.items import DataItemError
 from monai_fast.data.preflight import PreflightError, preflight_wsi, scan_slide
-from monai_fast.data.wsi import generate_wsi, load_wsi_datalist
-from monai_fast.data.wsi_reader import TiledTiffWSIReader
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard, ShortEpochError
-from monai_fast.recipes.pathology import SIZES, build_pathology, run_pathology
 
 ROOT = Path(__file__).resolve().parents[2]
 PATCH = 32

@@ -1,0 +1,183 @@
+"""``monai-fast``: the command line. It parses and prints; the work is in the library.
+
+``monai-fast demo``   race the fast recipe against the plain-MONAI baseline to a target Dice.
+``monai-fast bench``  the same race with all three recipes and repeats; JSON for benchmarks/results.
+``monai-fast synth``  write a synthetic data set in Medical Segmentation Decathlon layout.
+``monai-fast doctor`` name a run's bottleneck from its record, with evidence and the fix.
+``monai-fast tune``   pick batch size, sliding-window batch, validation device, precision by throughput.
+``monai-fast launch`` run a training script on N local processes (torchrun, DDP).
+``monai-fast sbatch`` write an sbatch script (ranks per GPU, requeue, USR1 before the time limit).
+``monai-fast bundle`` run a MONAI bundle with FastTraining, or write the bundle config fragment.
+
+``demo``, ``bench`` and ``tune`` call `monai_fast.apps.demo` (in `monai_fast.apps.cli.race_cmds`);
+the others (in `monai_fast.apps.cli.tools`) call the data, distributed and report modules.
+
+Examples:
+    >>> from monai_fast.apps.cli import main
+    >>> main(["synth", "/tmp/mf-synth", "--cases", "1", "--shape", "16", "16", "16", "--no-progress"])  # doctest: +SKIP
+    wrote 1 spleen-like cases in MSD layout to /tmp/mf-synth
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from monai_fast import __version__
+
+__all__ = ["COMMANDS", "COMPUTE_COMMANDS", "build_parser", "main"]
+
+#: each command -> the module and function that register it; a command's module (with torch and MONAI where it
+#: needs them) is imported only when that command runs, or for the full help
+COMMANDS = {
+    "demo": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
+    "bench": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
+    "tune": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
+    "launch": ("monai_fast.apps.cli.tools", "add_tool_commands"),
+    "sbatch": ("monai_fast.apps.cli.tools", "add_tool_commands"),
+    "k8s": ("monai_fast.apps.cli.tools", "add_tool_commands"),
+    "doctor": ("monai_fast.apps.cli.tools", "add_tool_commands"),
+    "synth": ("monai_fast.apps.cli.tools", "add_tool_commands"),
+    "train": ("monai_fast.apps.cli.train", "add_train_command"),
+    "infer": ("monai_fast.apps.cli.infer_cmd", "add_infer_command"),
+    "bundle": ("monai_fast.apps.cli.bundle_cmd", "add_bundle_command"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``monai-fast`` argument parser.
+
+    Args:
+        command: register only this command (the module that registers it is the only one imported, so
+            ``monai-fast bundle fragment`` does not load torch); ``None`` or a name that is not a command:
+            every command, for the full help and argparse's own message on a misspelt command.
+    """
+    parser = argparse.ArgumentParser(
+        prog="monai-fast",
+        description="Fast 3D medical-image training with MONAI and PyTorch-Ignite: recipes, handlers, benchmarks.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run 'monai-fast COMMAND --help' for the options of one command.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
+    wanted = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for module, function in dict.fromkeys(wanted):
+        getattr(importlib.import_module(module), function)(sub)
+    return parser
+
+
+#: commands that train or infer, where `monai_fast.openmp`'s line is worth a log line (an action that
+#: only writes a file says so with ``set_defaults(computes=False)``)
+COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch", "bundle"})
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command named on the line: its first word that is not an option (the top-level options take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    startup_notes: Sequence[str] = (),
+    pin_openmp: bool = False,
+    startup_check: Callable[[], bool] | None = None,
+) -> int:
+    """Run one ``monai-fast`` command; bad input ends in one line naming the option, no traceback.
+
+    An output that cannot be written ends the same way: a full file system (one line naming the
+    file and the space missing) or a checkpoint folder replaced by a file; so does a missing extra
+    (the line that installs it, ``pip install "monai-fast[wsi]"``).
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+        startup_notes: what the entry point set up before torch loaded (`monai_fast.__main__`),
+            logged once for the commands that compute.
+        startup_check: whether ``startup_notes`` apply, asked once the command's module (and torch)
+            has loaded (the entry point's: did torch load GNU OpenMP); ``None``: they apply.
+        pin_openmp: for a command that trains or infers in this process, pin OpenMP's worker threads one
+            per core first (`monai_fast.openmp.pin_openmp_workers()`; the entry point asks for it).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(_command(argv)).parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    logging.getLogger("ignite").setLevel(logging.WARNING)
+    computes = args.subcommand in COMPUTE_COMMANDS and getattr(args, "computes", True)
+    notes = list(startup_notes) if computes and (startup_check is None or startup_check()) else []
+    if pin_openmp and computes and args.subcommand != "launch":  # before any thread starts; launch's ranks compute
+        from monai_fast.openmp import pin_openmp_workers
+
+        notes.append(pin_openmp_workers())
+    for note in filter(None, notes):
+        logging.getLogger("monai_fast").info(note)
+    try:
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that closed the pipe early fails here, inside the handler below
+        return status
+    except BrokenPipeError:  # `monai-fast doctor RUN | head`: the reader has what it wanted; stop quietly
+        # the Python docs' recipe (signal module, "Note on SIGPIPE"): point stdout at devnull so that the
+        # interpreter's own flush at exit does not fail a second time
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as e:  # a user's mistake or an output that cannot be written: one line, no traceback
+        stop = _user_line(e, args.subcommand)
+        if stop is None:
+            raise
+        raise SystemExit(stop) from e
+
+
+def _user_line(e: Exception, command: str) -> str | None:
+    """The one line that ends the command for a bad option, bad data or an output that cannot be written
+    (``None``: an error of another kind, raised as it is). The error classes are imported here, when one is
+    raised, so a command that needs none of their modules does not load them."""
+    from monai_fast.apps.cli.args import flag_of
+    from monai_fast.apps.sources.msd import MSDDataError
+    from monai_fast.apps.training.options import OptionError
+    from monai_fast.data.items import DataItemError, item_line
+    from monai_fast.data.preflight import PreflightError
+    from monai_fast.extras import MissingExtraError
+    from monai_fast.tune import TuningError
+
+    if isinstance(e, OptionError):
+        return f"monai-fast {command}: {flag_of(e.option)}: {e.message}"
+    if isinstance(e, TuningError):
+        return f"monai-fast: tuning failed: {e}"
+    if isinstance(e, (FileNotFoundError, MSDDataError, PreflightError, MissingExtraError)):
+        return f"monai-fast {command}: {e}"
+    if isinstance(e, DataItemError):  # a file that cannot be read or transformed, named
+        return f"monai-fast {command}: bad data: {item_line(e)}"
+    stop = _output_line(e)  # a full disk or a replaced output folder: the one line naming the path
+    return None if stop is None else f"monai-fast {command}: {stop}"
+
+
+def _output_line(e: BaseException) -> str | None:
+    """The one-line message of an output that could not be written (a full file system, a checkpoint folder
+    that is no longer a folder, a run folder another run owns), found anywhere in ``e``'s chain; ``None`` for
+    other errors."""
+    from monai_fast.files import RunFolderBusyError, no_space_in
+    from monai_fast.handlers.checkpoint_folder import CheckpointFolderError
+
+    full = no_space_in(e)
+    if full is not None:
+        return str(full)
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, (CheckpointFolderError, RunFolderBusyError)):
+            return str(cur)
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""The options shared by ``demo``, ``bench``, ``tune`` and ``train``, and their translation into recipe options.
+
+Each default shown comes from where it is defined (`RecipeConfig`, the synthetic
+set, the size per device of `demo_scale()`), not from a copy here.
+
+Examples:
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_race_options(p, budget=60.0, recipes=("fast",))
+    >>> data, overrides = scaled_options(p.parse_args(["--target", "0.8", "--max-epochs", "3"]))
+    >>> overrides["max_epochs"], data.cases
+    (3, 16)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from monai_fast.apps.recipes import RecipeConfig
+from monai_fast.apps.training.data import VAL_FRACTION, SyntheticData
+from monai_fast.apps.training.scale import DemoScale, demo_scale
+from monai_fast.data.planner import CACHE_CHOICES
+from monai_fast.telemetry.precision import REQUESTS
+
+__all__ = [
+    "FLAGS",
+    "add_data_options",
+    "add_model_options",
+    "add_race_options",
+    "add_tuning_options",
+    "add_validation_options",
+    "flag_of",
+    "recipe_overrides",
+    "scaled_options",
+]
+
+FLAGS = {
+    "synthetic.cases": "--cases",
+    "synthetic.shape": "--shape",
+    "time_budget_s": "--time-budget",
+    "total_budget_s": "--total-budget",
+    "out_dir": "--out",
+    "overrides": "bad option",
+    "tune": "bad tuning option",
+}
+"""The command-line name of an `OptionError`'s option where it is not
+``--<option>``."""
+
+
+def flag_of(option: str) -> str:
+    """The command-line option that sets the option ``option`` (of a race or a training job).
+
+    Examples:
+        >>> flag_of("run_dir"), flag_of("time_budget_s")
+        ('--run-dir', '--time-budget')
+    """
+    return FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
+def add_data_options(p: argparse.ArgumentParser) -> None:
+    """Where the data comes from, the device and the seed."""
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--data-dir",
+        help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen), or its URL "
+        "(s3://bucket/Task09_Spleen, any fsspec URL); default: synthetic spleen-like data",
+    )
+    small, cuda = SyntheticData(), demo_scale(torch.device("cuda")).synthetic
+    g.add_argument(
+        "--cases",
+        type=int,
+        help=f"synthetic cases to generate (default {small.cases}; demo and train on CUDA: {cuda.cases})",
+    )
+    g.add_argument(
+        "--shape",
+        type=int,
+        nargs=3,
+        metavar=("X", "Y", "Z"),
+        help=f"synthetic volume size in voxels (default {_spaced(small.shape)}; demo and train on CUDA: "
+        f"{_spaced(cuda.shape)})",
+    )
+    g.add_argument(
+        "--val-fraction",
+        type=float,
+        default=VAL_FRACTION,
+        help="share of cases held out for validation (default %(default)s)",
+    )
+    g.add_argument(
+        "--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)"
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed of data, split, weights and crops (default %(default)s)")
+    g.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the check of every file before training "
+        "(unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; "
+        "cached per file, so only the first run reads them)",
+    )
+
+
+def _spaced(values: Sequence[int]) -> str:
+    return " ".join(map(str, values))
+
+
+def add_validation_options(g: argparse._ActionsContainer) -> None:
+    """``--validation`` and ``--val-interval`` (``demo``, ``bench``, ``train``), their defaults the recipes' own.
+
+    The defaults shown come from `RecipeConfig` and the ``fast`` recipe's
+    defaults, so the help says what a run does when neither option is given.
+    """
+    from monai_fast.apps.recipes.fast import DEFAULTS as FAST_DEFAULTS
+
+    cfg = RecipeConfig()
+    g.add_argument(
+        "--validation",
+        choices=("every_epoch", "schedule"),
+        help="when the full validation runs: every --val-interval epochs, or on a schedule: a Dice estimate "
+        f"on {cfg.val_subset} validation cases after every epoch, the full validation every "
+        f"{cfg.val_every} epochs while the estimate is far below the target, every epoch once near "
+        f"it, and at the last epoch (default: the recipe's; fast: {FAST_DEFAULTS['validation']}, "
+        "the others: every_epoch)",
+    )
+    g.add_argument(
+        "--val-interval",
+        type=int,
+        help=f"with --validation every_epoch: validate every N epochs (default {cfg.val_interval})",
+    )
+
+
+def add_model_options(p: argparse.ArgumentParser, race: bool, sized: bool = False) -> None:
+    """Network size, patch and batch options (``race``: also those only a race uses; ``sized``: the defaults
+    depend on the device, `demo_scale()`, as in ``demo`` and ``train``)."""
+    cfg = RecipeConfig()
+    cuda = demo_scale(torch.device("cuda")).overrides if sized else {}
+
+    def default(name: str) -> str:
+        on_cuda = f"; on CUDA {_spaced(cuda[name])}" if name in cuda else ""
+        return f"(default {_spaced(getattr(cfg, name))}{on_cuda})"
+
+    g = p.add_argument_group("model and batches")
+    g.add_argument(
+        "--patch-size",
+        type=int,
+        nargs=3,
+        metavar=("X", "Y", "Z"),
+        help=f"training patch / sliding-window ROI {default('patch_size')}",
+    )
+    if race:
+        g.add_argument(
+            "--batch-size", type=int, help="volumes per batch (default: the recipe's own; fast 1, the others 2)"
+        )
+    g.add_argument(
+        "--num-samples", type=int, help="random crops per volume (default: the recipe's own; fast 2, the others 4)"
+    )
+    g.add_argument("--channels", type=int, nargs="+", help=f"UNet channels per level {default('channels')}")
+    if race:
+        g.add_argument("--workers", type=int, help="DataLoader worker processes of the baseline (default min(4, CPUs))")
+    g.add_argument(
+        "--precision",
+        choices=REQUESTS,
+        default=cfg.precision,
+        help="mixed precision (default %(default)s): auto (fast picks bf16/fp16 where it pays, measured on a CPU; "
+        "monai_tutorial runs MONAI's fp16 amp on CUDA; baseline fp32), bf16, fp16 (CUDA) or fp32 (none in any recipe)",
+    )
+    if race:
+        g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")
+        g.add_argument(
+            "--cache",
+            choices=CACHE_CHOICES,
+            help="where fast caches its training data (default auto: measured by the cache planner)",
+        )
+        g.add_argument("--cache-dir", help="folder for a disk cache (needed by --cache disk)")
+
+
+def add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
+    """The tuner's search options (``race``: with the ``--tune`` switch)."""
+    g = p.add_argument_group("auto-tuning" + (" (with --tune)" if race else ""))
+    if race:
+        g.add_argument(
+            "--tune",
+            action="store_true",
+            help="tune fast's batch size, sliding-window batch, validation device "
+            "and precision first (cached per machine and model; see 'monai-fast tune --help')",
+        )
+    g.add_argument(
+        "--batch-range",
+        type=int,
+        nargs=2,
+        default=(1, 8),
+        metavar=("LO", "HI"),
+        help="training batch sizes (volumes) to search (default %(default)s)",
+    )
+    g.add_argument(
+        "--sw-range",
+        type=int,
+        nargs=2,
+        default=(1, 16),
+        metavar=("LO", "HI"),
+        help="sliding-window batch sizes to search (default %(default)s)",
+    )
+    g.add_argument("--trials", type=int, default=8, help="most candidates run per search (default %(default)s)")
+    g.add_argument(
+        "--memory-cap-mib",
+        type=float,
+        help="most memory a candidate may use "
+        "(default: the GPU's memory; on a CPU, this process's RAM plus what is free)",
+    )
+    g.add_argument(
+        "--margin",
+        type=float,
+        default=0.1,
+        help="share of the cap kept free for the data cache and spikes (default %(default)s)",
+    )
+    g.add_argument("--search-amp", action="store_true", help="also compare fp32 with the automatic mixed precision")
+    g.add_argument(
+        "--place-cache",
+        action="store_true",
+        help="also place the training cache: in device memory (GPU on CUDA, "
+        "RAM on a CPU) when it fits beside the pick's measured peak, else beside a smaller batch within "
+        "--cache-tradeoff of its throughput, else where the cache planner sends it",
+    )
+    g.add_argument(
+        "--cache-tradeoff",
+        type=float,
+        default=0.05,
+        help="largest share of training throughput given up to fit the cache in device memory (default %(default)s)",
+    )
+    g.add_argument("--retune", action="store_true", help="tune again even when the cache holds a result")
+    g.add_argument(
+        "--tune-cache",
+        help="the JSON file of tuning results "
+        "(default $MONAI_FAST_CACHE/tuning.json or ~/.cache/monai-fast/tuning.json)",
+    )
+
+
+def add_race_options(
+    p: argparse.ArgumentParser, budget: float | None, recipes: Sequence[str], sized: bool = False
+) -> None:
+    """Every option of a race (``demo``, ``bench``), with this default budget and these default recipes
+    (``sized``: the data and network defaults depend on the device, as in ``demo``)."""
+    from monai_fast.apps.recipes import RECIPES
+
+    add_data_options(p)
+    g = p.add_argument_group("race")
+    g.add_argument(
+        "--recipes",
+        nargs="+",
+        choices=RECIPES,
+        default=list(recipes),
+        help="recipes to run, in this order (default %(default)s)",
+    )
+    g.add_argument(
+        "--target",
+        type=float,
+        default=0.9,
+        help="validation mean Dice (no background) to reach, in (0, 1] (default %(default)s)",
+    )
+    g.add_argument(
+        "--time-budget",
+        type=float,
+        default=budget,
+        help="seconds each recipe may run before it is stopped (default %(default)s; the demo: none, "
+        "--total-budget bounds the whole run)",
+    )
+    g.add_argument("--max-epochs", type=int, default=200, help="epoch limit per recipe (default %(default)s)")
+    add_validation_options(g)
+    g.add_argument(
+        "--background-fill",
+        action="store_true",
+        help="fast: fill the caches while training runs (first epoch in fill order; runs not reproducible)",
+    )
+    add_model_options(p, race=True, sized=sized)
+    add_tuning_options(p, race=True)
+    g = p.add_argument_group("output")
+    g.add_argument(
+        "--run-dir",
+        help="where results.json, epochs.csv, the PNG and TensorBoard events go (default runs/<command>-<time>)",
+    )
+    g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
+
+
+def recipe_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The `RecipeConfig` fields that the parsed options ``args`` set."""
+    kw: dict[str, Any] = {}
+    for name in ("max_epochs", "val_interval", "batch_size", "num_samples", "validation"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
+    if getattr(args, "background_fill", False):
+        kw["background_fill"] = True
+    if args.patch_size:
+        kw["patch_size"] = tuple(args.patch_size)
+    if args.channels:
+        kw["channels"] = tuple(args.channels)
+        kw["strides"] = (2,) * (len(args.channels) - 1)
+    if getattr(args, "workers", None) is not None:
+        kw["num_workers"] = args.workers
+    for name in ("cache", "cache_dir"):
+        if getattr(args, name, None) is not None:
+            kw[name] = getattr(args, name)
+    if getattr(args, "precision", None) not in (None, RecipeConfig().precision):
+        kw["precision"] = args.precision
+    kw["compile"] = getattr(args, "compile", False)
+    return kw
+
+
+def scaled_options(args: argparse.Namespace, scale: DemoScale | None = None) -> tuple[SyntheticData, dict[str, Any]]:
+    """The synthetic set and recipe options of the parsed options ``args``, those of ``scale`` where they set none
+    (their --channels: their network); ``scale`` ``None``: the CPU-sized ones."""
+    scale = scale or demo_scale(torch.device("cpu"))
+    syn = SyntheticData(
+        cases=scale.synthetic.cases if args.cases is None else args.cases,
+        shape=scale.synthetic.shape if args.shape is None else tuple(args.shape),
+    )
+    base = dict(scale.overrides)
+    if args.channels:
+        for name in ("channels", "strides", "num_res_units"):
+            base.pop(name, None)
+    return syn, {**base, **recipe_overrides(args)}

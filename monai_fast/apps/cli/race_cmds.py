@@ -1,0 +1,518 @@
+"""``monai-fast demo | bench | tune``: parse, call `monai_fast.apps.demo`, print.
+
+``demo`` and ``bench`` catch the stop signals (``SIGTERM``, ``SIGUSR1``) from their first line: one
+received while the synthetic data are written, checked and cached, or the recipes built, stops the
+command when training would start, with a one-line message and exit status 143
+(`STOPPED_EXIT`), instead of ending it silently.
+
+Examples:
+    >>> import argparse
+    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
+    >>> add_race_commands(sub)
+    >>> sorted(sub.choices)
+    ['bench', 'demo', 'tune']
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from monai_fast.apps.cli.args import (
+    add_data_options,
+    add_model_options,
+    add_race_options,
+    add_tuning_options,
+    scaled_options,
+)
+from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race, resolve_device, tune_only
+from monai_fast.apps.demo.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
+from monai_fast.apps.demo.runner import RaceResult
+from monai_fast.apps.demo.scale import DemoScale, demo_scale, size_line
+from monai_fast.handlers.stop_signal import stop_signals_caught
+
+__all__ = [
+    "DEMO_EPOCH_MULTIPLE",
+    "DEMO_TOTAL_BUDGET_S",
+    "ProgressPrinter",
+    "add_race_commands",
+    "budget_line",
+    "budget_text",
+    "race_spec",
+    "time_line",
+]
+
+
+class ProgressPrinter(RaceEvents):
+    """Prints a race's steps as they happen (``table``: also each race's table, as ``bench`` does)."""
+
+    def __init__(self, table: bool = False) -> None:
+        self.table = table
+
+    def repeat_started(self, index: int, repeats: int) -> None:
+        print(f"== repeat {index}/{repeats}", flush=True)
+
+    def tuned(self, tuning) -> None:
+        cache = (
+            ""
+            if tuning.cache_where is None
+            else f", cache {tuning.cache_where} ({tuning.cache_budget_mib:.0f} MiB left for it)"
+        )
+        how = (
+            " (from the tuning cache)"
+            if tuning.from_cache
+            else f" (tuning took {tuning.tuning_s:.1f} s, not counted below)"
+        )
+        print(
+            f"-- tuned fast: batch_size={tuning.batch_size}, sw_batch_size={tuning.sw_batch_size}, "
+            f"val_device={tuning.val_device}, precision={tuning.precision}{cache}{how}",
+            flush=True,
+        )
+
+    def recipe_started(self, recipe: str, target: float, budget_s: float | None) -> None:
+        budget = "none" if budget_s is None else f"{budget_s:.0f} s"
+        print(f"-- {recipe}: training to Dice {target} (budget {budget})", flush=True)
+
+    def budget_set(self, recipe: str, budget_s: float, how: dict) -> None:
+        print(f"-- {recipe}: {budget_text(budget_s, how)}", flush=True)
+
+    def time_shared(self, recipe: str, budget_s: float, left_s: float) -> None:
+        print(
+            f"-- {recipe}: up to {budget_s:.0f} s on its own clock (set-up included): its share of the "
+            f"{left_s:.0f} s left after the set-up, the others training as long beside it",
+            flush=True,
+        )
+
+    def recipe_finished(self, r: RaceResult) -> None:
+        state = f"reached in {r.time_to_target_s:.1f} s" if r.reached else f"not reached in {r.total_s:.0f} s"
+        print(f"   {r.recipe}: {state}, best Dice {r.best_dice or 0:.3f}, {r.epochs_run} epochs", flush=True)
+
+    def race_finished(self, run: RaceRun) -> None:
+        if self.table:
+            from monai_fast.apps.demo.compare import format_table
+
+            print(format_table(run.results), flush=True)
+
+
+def _tune_options(args: argparse.Namespace) -> TuneOptions:
+    return TuneOptions(
+        batch_range=tuple(args.batch_range),
+        sw_range=tuple(args.sw_range),
+        trials=args.trials,
+        margin=args.margin,
+        search_amp=args.search_amp,
+        memory_cap_mib=args.memory_cap_mib,
+        place_cache=args.place_cache,
+        cache_tradeoff=args.cache_tradeoff,
+        retune=args.retune,
+        store=args.tune_cache,
+    )
+
+
+def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoScale | None = None) -> RaceSpec:
+    """The `RaceSpec` of a parsed ``demo``, ``bench`` or ``tune`` command line.
+
+    Args:
+        args: the parsed options.
+        run_dir: the run folder.
+        scale: the defaults for the options left unset (the demo's `demo_scale()`);
+            ``None``: the CPU-sized ones.
+    """
+    tune = getattr(args, "tune", True)  # the tune command always tunes
+    synthetic, overrides = scaled_options(args, scale)
+    return RaceSpec(
+        recipes=getattr(args, "recipes", ("fast",)),
+        data_dir=args.data_dir,
+        synthetic=synthetic,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        target=getattr(args, "target", 0.9),
+        time_budget_s=getattr(args, "time_budget", None),
+        budget_multiple=getattr(args, "budget_multiple", None),
+        epoch_multiple=getattr(args, "epoch_multiple", None) or None,  # 0: no epoch budget
+        interleave=getattr(args, "interleave", False),
+        device=args.device,
+        overrides=overrides,
+        tune=_tune_options(args) if tune else None,
+        run_dir=run_dir,
+        progress=not args.no_progress,
+        preflight=not args.no_preflight,
+        record_options={k: v for k, v in vars(args).items() if k != "func"},
+    )
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """The demo, stop signals caught from its first line until training starts."""
+    with stop_signals_caught():  # a signal while the data are written or cached, or the recipes built: kept
+        return _demo(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from monai_fast.apps.demo.headline import format_headline
+    from monai_fast.extras import require
+
+    for module in ("matplotlib", "tensorboard"):  # before any data are written or any recipe trains
+        require(module, extra="plots", feature="the demo (its Dice-vs-time PNG and TensorBoard events)")
+    scale = demo_scale(torch.device(resolve_device(args.device)))
+    spec = race_spec(args, args.run_dir or f"runs/demo-{dt.datetime.now():%Y%m%d-%H%M%S}", scale)
+    if not args.total_budget >= 0:
+        raise SystemExit(f"monai-fast demo: --total-budget must be >= 0 seconds (0: no bound), got {args.total_budget}")
+    spec = replace(spec, total_budget_s=args.total_budget or None)  # 0: no bound
+    print(size_line(spec, scale), flush=True)
+    print(budget_line(spec), flush=True)
+    line = time_line(spec)
+    if line:
+        print(line, flush=True)
+    run = race(spec, ProgressPrinter())
+    print()
+    print(format_headline(run.meta["headline"]))
+    for r in run.results:
+        if r.diagnosis:
+            print(
+                f"doctor, {r.recipe}: {r.diagnosis['verdict']}: {r.diagnosis['evidence'][0]}; "
+                f"next: {r.diagnosis['fixes'][0]}  (report: {r.run_dir}/report.md)"
+            )
+    print(f"\nrun folder: {run.run_dir}  (results.json, epochs.csv, dice_vs_time.png, TensorBoard events per recipe)")
+    print(f"tensorboard --logdir {run.run_dir}")
+    return 0
+
+
+def budget_line(spec: RaceSpec) -> str:
+    """The line the demo prints before it starts: how long each recipe may run, and how to change it.
+
+    Examples:
+        >>> spec = RaceSpec(time_budget_s=600, epoch_multiple=5, interleave=True)
+        >>> print(budget_line(spec))  # doctest: +NORMALIZE_WHITESPACE
+        budget: fast up to 600 s; baseline 5x fast's epochs to target, at most 600 s, at most 100 epochs
+        (--max-epochs) (--epoch-multiple, --budget-multiple, --time-budget); epochs interleaved
+        >>> spec = RaceSpec(time_budget_s=None, total_budget_s=300, epoch_multiple=4, interleave=True,
+        ...                 overrides={"max_epochs": 6})
+        >>> print(budget_line(spec))  # doctest: +NORMALIZE_WHITESPACE
+        budget: fast up to a third of the time left after the set-up; baseline 4x fast's epochs to target, or
+        until the time is up, at most 6 epochs (--max-epochs) (--epoch-multiple, --budget-multiple,
+        --time-budget, --total-budget); epochs interleaved
+    """
+    from monai_fast.apps.demo.interleave import lead_of
+    from monai_fast.apps.demo.options import recipe_config
+
+    lead = lead_of(spec.recipes)
+    cap = "no cap" if spec.time_budget_s is None else f"at most {spec.time_budget_s:.0f} s"
+    others = ", ".join(r for r in spec.recipes if r != lead)
+    if spec.time_budget_s is not None:
+        lead_part = f"{lead} up to {spec.time_budget_s:.0f} s"
+    else:
+        shared = _share_words(len(spec.recipes)) + " of the time left after the set-up"
+        lead_part = f"{lead} up to {shared}" if spec.total_budget_s else f"{lead} no limit"
+    max_epochs = recipe_config(spec.overrides, spec.seed).max_epochs
+    rules = [
+        f"{m:g}x {lead}'s {what} to target"
+        for m, what in ((spec.epoch_multiple, "epochs"), (spec.budget_multiple, "time"))
+        if m
+    ]
+    if spec.total_budget_s:
+        rule = ", ".join([*rules, *([cap] if spec.time_budget_s is not None else [])]) + ", or until the time is up"
+        rule = rule.lstrip(", ")
+    else:
+        rule = f"{' and '.join(rules)}, {cap}" if rules else cap
+    if spec.epoch_multiple:
+        rule += f", at most {max_epochs} epochs (--max-epochs)"
+    flags = "--epoch-multiple, --budget-multiple, --time-budget" + (", --total-budget" if spec.total_budget_s else "")
+    return (
+        f"budget: {lead_part}"
+        + (f"; {others} {rule}" if others else "")
+        + f" ({flags})"
+        + ("; epochs interleaved" if spec.interleave else "")
+    )
+
+
+def _share_words(recipes: int) -> str:
+    """The lead's share of the time under a total bound, in words (`monai_fast.apps.demo.interleave.lead_share()`)."""
+    return {1: "half", 2: "a third", 3: "a quarter"}.get(recipes, f"1/{recipes + 1}")
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in words for a person: ``"10 min"``, ``"4 min 30 s"``, ``"45 s"``."""
+    minutes, rest = divmod(round(seconds), 60)
+    if not minutes:
+        return f"{rest} s"
+    return f"{minutes} min" + (f" {rest} s" if rest else "")
+
+
+def time_line(spec: RaceSpec) -> str | None:
+    """The line that says up front how long the demo takes at most (``None`` without a total bound).
+
+    Examples:
+        >>> print(time_line(RaceSpec(total_budget_s=600, interleave=True)))  # doctest: +NORMALIZE_WHITESPACE
+        time: at most 10 min (600 s) from here on any machine: data, set-up, training of fast and baseline,
+        reports (--total-budget)
+    """
+    if not spec.total_budget_s:
+        return None
+    bound = f"{_duration(spec.total_budget_s)} ({spec.total_budget_s:.0f} s)"
+    return (
+        f"time: at most {bound} from here on any machine: data, set-up, training of "
+        f"{' and '.join(spec.recipes)}, reports (--total-budget)"
+    )
+
+
+def budget_text(budget_s: float, how: dict) -> str:
+    """What a recipe other than the lead got once the lead was done: its epochs and its seconds, and from what.
+
+    Examples:
+        >>> print(budget_text(600.0, {"lead": "fast", "lead_s": 20.0, "lead_reached": True, "lead_epochs": 8,
+        ...                           "multiple": None, "cap_s": 600.0, "epoch_multiple": 5.0, "others_epochs": 40}))
+        budget 40 epochs (fast reached the target in 8 epochs, 20.0 s; 5x its epochs), at most 600 s on its own clock
+    """
+    lead = how["lead"]
+    done = (
+        f"reached the target in {how['lead_epochs']} epochs, {how['lead_s']:.1f} s"
+        if how["lead_reached"]
+        else f"ran {how['lead_epochs']} epochs, {how['lead_s']:.1f} s without reaching it"
+    )
+    rules = [f"{how['epoch_multiple']:g}x its epochs"] if how.get("others_epochs") else []
+    rules += [f"{how['multiple']:g}x its time"] if how.get("multiple") else []
+    if how.get("max_epochs") and how.get("others_epochs"):
+        wanted = math.ceil(how["epoch_multiple"] * how["lead_epochs"])
+        rules[0] += f" = {wanted}, capped by --max-epochs {how['max_epochs']}"
+    cap = "no cap" if how["cap_s"] is None else f"at most {how['cap_s']:.0f} s"
+    epochs = f"{how['others_epochs']} epochs" if how.get("others_epochs") else f"{budget_s:.0f} s"
+    limited = how.get("multiple") or how.get("others_epochs") or how.get("deadline_left_s") is not None
+    seconds = f"at most {budget_s:.0f} s" if limited else cap
+    if how.get("deadline_left_s") is not None:
+        seconds += f" ({how['deadline_left_s']:.0f} s left of --total-budget)"
+    return f"budget {epochs} ({lead} {done}; {', '.join(rules) or cap}), {seconds} on its own clock"
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """The benchmark, stop signals caught from its first line until training starts."""
+    with stop_signals_caught():  # a signal while the data are written or cached, or the recipes built: kept
+        return _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    done = bench(
+        race_spec(args, args.run_dir), repeats=args.repeats, out_dir=args.out, events=ProgressPrinter(table=True)
+    )
+    print("\nsummary (medians over repeats):")
+    print(json.dumps(done.summary, indent=2))
+    print(f"\nwrote {done.path}")
+    return 0
+
+
+#: the ``tune`` options that apply with ``--bundle`` (the rest describe the fast recipe's model and data)
+_BUNDLE_TUNE_OPTIONS = frozenset(
+    {"bundle", "bundle_config", "set", "bundle_out", "precision", "batch_range", "sw_range", "trials"}
+    | {"memory_cap_mib", "margin", "no_progress", "verbose", "subcommand", "func"}
+)
+
+
+def _recipe_only_options(args: argparse.Namespace) -> list[str]:
+    """The recipe options given on a ``tune --bundle`` line, as typed (the bundle's config sets those)."""
+    from monai_fast.apps.cli import build_parser
+
+    defaults = vars(build_parser().parse_args(["tune", "--bundle", "."]))
+    given = [k for k, v in vars(args).items() if k not in _BUNDLE_TUNE_OPTIONS and v != defaults.get(k, v)]
+    return ["--" + k.replace("_", "-") for k in given]
+
+
+def _cmd_tune_bundle(args: argparse.Namespace) -> int:
+    from monai_fast.bundle import BundleError, parse_overrides
+    from monai_fast.bundle.tune import bundle_run_command, tune_bundle
+
+    stray = _recipe_only_options(args)
+    if stray:
+        raise SystemExit(
+            f"monai-fast tune --bundle: {', '.join(stray)}: not used with --bundle (the bundle's config sets the "
+            "model, data and device: change them with --set ID=VALUE; name the override file with --bundle-out)"
+        )
+
+    def say(line: str) -> None:
+        tqdm.write(line)  # above the progress bar on a terminal; a plain line elsewhere
+        sys.stdout.flush()
+
+    try:
+        overrides = parse_overrides(args.set)
+        tuned = tune_bundle(
+            args.bundle,
+            config_files=args.bundle_config,
+            overrides=overrides,
+            out=args.bundle_out,
+            batch_range=tuple(args.batch_range),
+            sw_batch_range=tuple(args.sw_range),
+            precision=args.precision,
+            progress=not args.no_progress,
+            say=say,
+            max_trials=args.trials,
+            memory_cap_mib=args.memory_cap_mib,
+            margin=args.margin,
+            new_keys=args.new_key,
+        )
+    except BundleError as e:
+        raise SystemExit(f"monai-fast tune --bundle: {e}") from e
+    print(tuned.table)
+    for key, value in tuned.overrides.items():
+        print(f"{key} = {value}")
+    for key, why in tuned.not_written.items():
+        print(f"not written: {key}: {why}")
+    if tuned.layout == "auto3dseg":
+        reads = tuned.path.resolve().parent == (Path(args.bundle) / "configs").resolve()
+        print(
+            f"wrote {tuned.path}: "
+            + (
+                "Auto3DSeg reads every file of configs/ in name order, this one last"
+                if reads
+                else "Auto3DSeg reads only the algorithm's configs/: copy it there"
+            )
+        )
+    else:
+        print(f"wrote {tuned.path}; train with it (measured with these overrides, in {tuned.precision}):")
+        print("  " + bundle_run_command(tuned, args.bundle, overrides, args.precision))
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    if args.bundle:
+        return _cmd_tune_bundle(args)
+    tuned = tune_only(race_spec(args), out=args.out)
+    print(tuned.result.table())
+    if tuned.result.from_cache:
+        print("(from the tuning cache; --retune to measure again)")
+    print("\nuse it: monai-fast demo --tune ...   or in Python: tune_recipe(...).apply(RecipeConfig(...))")
+    if tuned.path is not None:
+        print(f"wrote {tuned.path}")
+    return 0
+
+
+_DEMO_TEXT = (
+    "Generate (once, then reuse) a synthetic spleen-like CT set in MSD layout, train the 'fast' and the "
+    "'baseline' recipe on it until validation mean Dice reaches --target or --time-budget runs out, and print "
+    "time to target, epochs, train/val seconds per epoch, data-wait share and the speed-up. Writes a run "
+    "folder with results.json, epochs.csv, dice_vs_time.png and TensorBoard events. The recipes train an epoch at "
+    "a time in turns, so their seconds per epoch meet the same host load, each drawing its own random stream, so "
+    "for a seed their Dice curves do not depend on the load. fast's epochs to target then set the baseline's "
+    "budget (--epoch-multiple times them, printed up front). The whole demo ends within --total-budget seconds "
+    "on any machine (said up front): fast may train a third of the time left after the set-up, the baseline as "
+    "long beside it, then alone until its epoch budget is spent or the time is up. When the baseline "
+    "does not reach the target in its budget, its time to target is estimated (epochs from its Dice curve x its "
+    "seconds per epoch measured beside fast's) and labelled 'estimated'. Every option is checked before training "
+    "starts (an unwritable --run-dir fails at once)."
+)
+_TUNE_TEXT = (
+    "Search the training batch size (volumes per batch), the sliding-window batch size and where the "
+    "validation output is stitched (GPU or CPU), and optionally fp32 against mixed precision and where the "
+    "training cache goes (--place-cache), for the fast recipe's UNet on this device. Each candidate runs real "
+    "iterations after a warm-up and is scored by patches/s (training) or volumes/s (validation) within a memory "
+    "budget (cap minus margin). Out-of-memory candidates are recorded as infeasible and the search goes on. "
+    "A range no longer than --trials is tried value by value; a longer one by doubling from the low end until a "
+    "candidate does not fit or two doublings in a row gain under 5 %, then bisecting. The three best are then measured "
+    "again in a short race. Results are cached per device, memory, model, patch and volume size; "
+    "'monai-fast demo --tune' applies them."
+)
+
+
+def add_race_commands(sub: argparse._SubParsersAction) -> None:
+    """Add ``demo``, ``bench`` and ``tune`` to the sub-command parsers ``sub``."""
+    p = sub.add_parser(
+        "demo",
+        description=_DEMO_TEXT,
+        help="race the fast recipe against a plain-MONAI baseline to a target Dice (at most --total-budget, "
+        f"{DEMO_TOTAL_BUDGET_S:.0f} s, in all)",
+    )
+    add_race_options(p, budget=None, recipes=("fast", "baseline"), sized=True)
+    p.add_argument(
+        "--total-budget",
+        type=float,
+        default=DEMO_TOTAL_BUDGET_S,
+        metavar="S",
+        help="the whole demo (data, set-up, both recipes, reports) ends within S seconds on any machine: "
+        "fast trains at most a third of the time left after the set-up (the baseline as long beside it, "
+        "in turns), then the baseline its epoch budget or until the time is up; 0: no bound (default "
+        "%(default)g)",
+    )
+    p.add_argument(
+        "--epoch-multiple",
+        type=float,
+        default=DEMO_EPOCH_MULTIPLE,
+        help="the other recipes train at most "
+        "this many times fast's epochs to target (its epochs run when it missed), within --time-budget; a "
+        "count of epochs, so how far their Dice curves get does not depend on the host's load; 0: no epoch "
+        "budget (default %(default)s)",
+    )
+    p.add_argument(
+        "--budget-multiple",
+        type=float,
+        help="also stop the other recipes after this many times fast's "
+        "time to target (its time run when it missed), within --time-budget (default: no such limit)",
+    )
+    p.set_defaults(func=_cmd_demo, interleave=True)
+
+    p = sub.add_parser(
+        "bench",
+        help="time-to-Dice benchmark of all three recipes with repeats; writes JSON to benchmarks/results/",
+        description="The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, "
+        "with a longer budget; writes one JSON with all epochs, the machine and package versions, and medians.",
+    )
+    add_race_options(p, budget=TIME_BUDGET_S, recipes=("baseline", "monai_tutorial", "fast"))
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="repeats with different seeds for weights and crops (default %(default)s)",
+    )
+    p.add_argument("--out", default="benchmarks/results", help="folder for the result JSON (default %(default)s)")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "tune",
+        description=_TUNE_TEXT,
+        help="pick fast's batch size, sliding-window batch, validation device and precision by measured throughput",
+    )
+    add_data_options(p)
+    add_model_options(p, race=False)
+    add_tuning_options(p, race=False)
+    p.add_argument("--out", help="also write the result (with every trial) to this JSON file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b = p.add_argument_group("a MONAI bundle instead of a recipe")
+    b.add_argument(
+        "--bundle",
+        metavar="DIR",
+        help="tune this bundle's training batch, sliding-window batch and "
+        "stitching device for its network and patch on this device, and write an override file the "
+        "bundle merges as one more config (the Model Zoo's or Auto3DSeg's keys). With it apply --set, "
+        "--bundle-config, --bundle-out, --batch-range (capped by the training set), --sw-range, --trials, "
+        "--memory-cap-mib, --margin and --precision (what 'monai-fast bundle run --precision' will train in; "
+        "the trials run in it); it prints the plan first, a line per trial, the trials' table and the "
+        "'monai-fast bundle run' line that trains with the result and the same --set overrides",
+    )
+    b.add_argument(
+        "--bundle-config",
+        help="the bundle's config file(s), as monai.bundle takes them (default configs/train.json; for an "
+        "Auto3DSeg algorithm every file of configs/)",
+    )
+    b.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="ID=VALUE",
+        help="a bundle config override, as monai.bundle takes it (repeat: --set dataset_dir=/data ...); an id "
+        "the config does not have is refused, naming the nearest, unless named with --new-key",
+    )
+    b.add_argument(
+        "--new-key",
+        dest="new_key",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a --set id the bundle's config does not have, added on purpose (repeatable)",
+    )
+    b.add_argument("--bundle-out", help="the override file (default <DIR>/configs/tuned.json)")
+    p.set_defaults(func=_cmd_tune)

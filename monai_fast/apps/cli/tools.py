@@ -1,0 +1,481 @@
+"""``monai-fast launch | sbatch | k8s | doctor | synth``: parse, call the library, print.
+
+Examples:
+    >>> import argparse
+    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
+    >>> add_tool_commands(sub)
+    >>> sorted(sub.choices)
+    ['doctor', 'k8s', 'launch', 'sbatch', 'synth']
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from monai_fast.apps.launch.launch import LaunchSpec
+
+__all__ = ["add_tool_commands"]
+
+logger = logging.getLogger("monai_fast")
+
+
+def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
+    """The launch options checked together: every bad one named in one line, before anything starts."""
+    from monai_fast.apps.launch.launch import LaunchSpec
+
+    if getattr(args, "module", False):
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(args.script) is not None
+        except (ImportError, ValueError):
+            found = False
+        problems = [] if found else [f"module {args.script} not found (-m)"]
+    else:
+        problems = [] if Path(args.script).is_file() else [f"script {args.script} not found"]
+    if args.grace_s < 0:
+        problems.append(f"--grace-s must be >= 0, got {args.grace_s}")
+    spec = None
+    try:
+        spec = LaunchSpec(
+            nproc=args.nproc,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            rdzv_endpoint=args.rdzv_endpoint,
+            rdzv_id=args.rdzv_id,
+            max_restarts=args.max_restarts,
+            rdzv_timeout_s=args.rdzv_timeout,
+        )
+    except ValueError as e:
+        problems.insert(0, str(e))
+    if problems or spec is None:
+        raise SystemExit("monai-fast launch: " + "; ".join(problems))
+    return spec
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    import math
+    import os
+    import tempfile
+
+    from monai_fast.apps.launch.launch import (
+        rendezvous_failure,
+        rendezvous_timeout_message,
+        rendezvous_wait_line,
+        torchrun_args,
+        torchrun_env,
+        unanswered_endpoint_message,
+    )
+    from monai_fast.apps.launch.supervise import NoRankStarted, supervise
+    from monai_fast.distributed.env import LAUNCHED_BY
+
+    spec = _launch_spec(args)
+    # each rank runs the script through monai_fast.apps.launch.launched (which stops a second spawn);
+    # torchrun's own shutdown wait (should it be signalled itself, e.g. by a cgroup-wide stop) matches --grace-s
+    target = ["-m", args.script] if args.module else [args.script]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *torchrun_args(spec),
+        "-m",
+        "monai_fast.apps.launch.launched",
+        *target,
+        *args.script_args,
+    ]
+    env = {
+        **os.environ,
+        LAUNCHED_BY: str(args.nproc),
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s)),
+        **torchrun_env(spec),
+    }
+    logger.info("running %s", " ".join(cmd))
+    with tempfile.TemporaryDirectory(prefix="monai-fast-launch-") as tmp:
+        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(
+            tmp, "torchrun-error.json"
+        )  # torchrun's own error (ranks get theirs)
+        wait_line = rendezvous_wait_line(spec)
+        if wait_line:
+            logger.info("%s", wait_line)
+        held = unanswered_endpoint_message(spec)
+        if held:
+            raise SystemExit(f"monai-fast launch: {held}")
+        try:
+            status = supervise(cmd, grace_s=args.grace_s, env=env, start_timeout_s=spec.rdzv_timeout_s)
+        except NoRankStarted:
+            raise SystemExit(f"monai-fast launch: {rendezvous_timeout_message(spec)}") from None
+        why = rendezvous_failure(env["TORCHELASTIC_ERROR_FILE"], spec) if status else None
+    if why:
+        logger.error("monai-fast launch: %s", why)
+    return status
+
+
+def _after_dashes(words: list[str]) -> list[str]:
+    """A trailing command as the user wrote it, without the ``--`` that separates it from our options."""
+    return words[1:] if words and words[0] == "--" else list(words)
+
+
+def _emit(text: str, out: str | None, submit: str) -> None:
+    """Write ``text`` to ``out`` atomically (saying how to submit it) or print it."""
+    from monai_fast.files import write_text
+
+    if out:
+        write_text(text, out)
+        print(f"wrote {out}; submit with: {submit} {out}")
+    else:
+        print(text, end="")
+
+
+def _cmd_sbatch(args: argparse.Namespace) -> int:
+    from monai_fast.apps.launch.sbatch import SbatchSpec, render_sbatch
+
+    try:
+        spec = SbatchSpec(
+            _after_dashes(args.command),
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            tasks_per_node=args.tasks_per_node,
+            cpus_per_task=args.cpus_per_task,
+            time=args.time,
+            requeue=not args.no_requeue,
+            signal_lead_s=args.signal_lead,
+            job_name=args.job_name,
+            partition=args.partition,
+            account=args.account,
+            mem=args.mem,
+        )
+    except ValueError as e:
+        raise SystemExit(f"monai-fast sbatch: {e}") from e
+    _emit(render_sbatch(spec), args.out, "sbatch")
+    return 0
+
+
+def _cmd_k8s(args: argparse.Namespace) -> int:
+    from monai_fast.apps.launch.k8s import PyTorchJobSpec, render_pytorchjob
+
+    try:
+        spec = PyTorchJobSpec(
+            _after_dashes(args.script),
+            image=args.image,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            procs_per_node=args.procs_per_node,
+            cpus_per_node=args.cpus_per_node,
+            memory=args.memory,
+            job_name=args.job_name,
+            namespace=args.namespace,
+            grace_s=args.grace_s,
+            backoff_limit=args.backoff_limit,
+            volume_claim=args.volume_claim,
+            mount_path=args.mount_path,
+        )
+    except ValueError as e:
+        raise SystemExit(f"monai-fast k8s: {e}") from e
+    _emit(render_pytorchjob(spec), args.out, "kubectl apply -f")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from monai_fast.report.doctor import doctor
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise SystemExit(f"monai-fast doctor: {run_dir}: no such folder")
+    try:
+        diagnosis = doctor(run_dir, data_threshold=args.data_threshold, util_low=args.util_low)
+    except FileNotFoundError as e:
+        below = sorted({p.parent.name for p in run_dir.glob("*/record.rank*.jsonl")})
+        if below:  # a demo's or a race's folder: one record per recipe, in its own folder
+            raise SystemExit(
+                f"monai-fast doctor: {run_dir} holds no record itself; its runs' records are in "
+                + ", ".join(below)
+                + f": monai-fast doctor {run_dir / below[0]}"
+            ) from e
+        raise SystemExit(
+            f"monai-fast doctor: {e}: FastTraining().attach(trainer, evaluator) alone writes none; for a record, "
+            f"attach RecordHandler('{run_dir}') and TimeBreakdown() to the trainer (and the same RecordHandler to "
+            "the evaluator) before FastTraining; monai-fast train and demo write one in <run folder>/<recipe>"
+        ) from e
+    except ValueError as e:
+        raise SystemExit(f"{args.run_dir}: {e}") from e
+    print(diagnosis.text())
+    print(f"\nreport: {diagnosis.report}" if diagnosis.report else "\nreport: not written (see the warning above)")
+    if args.apply:
+        from monai_fast.report.prescription import prescribe
+        from monai_fast.telemetry.record import load_record
+
+        print("\nto apply (add before trainer.run()):\n" + prescribe(load_record(args.run_dir)[0], diagnosis))
+    return 0
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from monai_fast.apps.sources.synthetic import generate_msd
+    from monai_fast.apps.sources.wsi import generate_wsi
+
+    wsi = args.kind == "wsi"
+    shape = args.shape or ((4096, 4096) if wsi else (128, 128, 64))
+    if len(shape) != (2 if wsi else 3):
+        raise SystemExit(
+            f"monai-fast synth: --shape: --kind {args.kind} takes "
+            f"{'2 sizes (rows columns)' if wsi else '3 sizes (X Y Z)'}, got {len(shape)}"
+        )
+    cases = args.cases if args.cases is not None else (4 if wsi else 16)
+    try:
+        if wsi:
+            root = generate_wsi(
+                args.out,
+                num_slides=cases,
+                size=shape,
+                tile=args.tile,
+                levels=args.levels,
+                patch_size=args.patch,
+                seed=args.seed,
+                progress=not args.no_progress,
+            )
+        else:
+            root = generate_msd(
+                args.out, kind=args.kind, num_cases=cases, shape=shape, seed=args.seed, progress=not args.no_progress
+            )
+    except ValueError as e:  # a bad size, named by the generator
+        raise SystemExit(f"monai-fast synth: {e}") from e
+    print(
+        f"wrote {cases} {args.kind} "
+        f"{'slides (pyramidal TIFF, masks, patches.csv, dataset.json)' if wsi else 'cases in MSD layout'} to {root}"
+    )
+    return 0
+
+
+_LAUNCH_TEXT = (
+    "Start SCRIPT --nproc times on this machine with torchrun so a script that calls "
+    "monai_fast.distributed.run(train) trains with DDP. One node: a --standalone rendezvous on a free port. Several "
+    "nodes without SLURM: run the same command on each node with --nnodes N and either --master-addr HOST "
+    "--master-port P --node-rank I (static: node 0 is HOST) or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d: torchrun "
+    "numbers the nodes); every option is checked before anything starts. It says at once where it waits for the "
+    "other nodes, and stops with one line naming that endpoint and the likely cause when no rendezvous forms within "
+    "--rdzv-timeout seconds. The same script also runs unchanged under "
+    "plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops the others on its node; "
+    "the other nodes' ranks fail at their next collective (at the latest after run()'s timeout_s). Then, with "
+    "--max-restarts K, torchrun starts all ranks again (at most K times) and a script with "
+    "monai_fast.handlers.Preemption(save_every=N) resumes from its latest checkpoint; without, this command exits "
+    "non-zero. Under c10d a lost node's replacement (the same command) joins the restart; losing the node whose "
+    "launcher holds --rdzv-endpoint ends the job on every node, with a message saying to start all nodes again. "
+    "SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
+    "kill, Ctrl-C, a Kubernetes eviction) are passed on to every rank of this node; it waits up to --grace-s for them "
+    "to checkpoint and stop, kills what is left, and exits with the job's status (128+N for a death by signal N). A "
+    "script that spawns its own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop "
+    "nproc_per_node."
+)
+_SBATCH_TEXT = (
+    "Print (or --out) an sbatch script that starts COMMAND once per rank with srun: one rank per GPU "
+    "(or --tasks-per-node on CPU nodes), requeue on preemption, SIGUSR1 --signal-lead seconds before the end so "
+    "a script with monai_fast.handlers.Preemption checkpoints and requeues itself, and a log that survives "
+    "restarts. Example: monai-fast sbatch --nodes 2 --gpus-per-node 4 --time 08:00:00 -- python train.py "
+    "--checkpoint-dir ckpt"
+)
+
+
+def _add_launch(sub: argparse._SubParsersAction) -> None:
+    from monai_fast.apps.launch.launch import DEFAULT_RDZV_TIMEOUT_S, STORE_ANSWER_S
+
+    p = sub.add_parser(
+        "launch",
+        description=_LAUNCH_TEXT,
+        help="run a training script on N processes per node through torchrun, on one node or several "
+        "(DDP: gloo on CPU, NCCL on GPUs)",
+    )
+    p.add_argument(
+        "--nproc", type=int, default=2, help="processes to start (default %(default)s; one per GPU on a GPU machine)"
+    )
+    p.add_argument(
+        "--nnodes", type=int, default=1, help="nodes in the job; run this command on each (default %(default)s)"
+    )
+    p.add_argument(
+        "--node-rank", type=int, help="static rendezvous: this node's index, 0 to NNODES-1 (0 on --master-addr)"
+    )
+    p.add_argument("--master-addr", help="static rendezvous: node 0's address, reachable from every node")
+    p.add_argument(
+        "--master-port", type=int, help="static rendezvous: a free port on node 0 (default 29500, torchrun's)"
+    )
+    p.add_argument("--rdzv-endpoint", help="c10d rendezvous: HOST:PORT every node reaches (instead of --master-addr)")
+    p.add_argument("--rdzv-id", help="c10d rendezvous: the job's name, the same on every node")
+    p.add_argument(
+        "--rdzv-timeout",
+        type=float,
+        default=DEFAULT_RDZV_TIMEOUT_S,
+        metavar="S",
+        help="seconds to wait for the rendezvous (every node met, ranks started) before stopping with one "
+        "line naming the endpoint (default %(default)g, torchrun's); an endpoint that accepts connections but does "
+        f"not answer as a rendezvous store within {STORE_ANSWER_S:g} s stops the launch at once",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="when a rank dies, restart all ranks up to this many times; "
+        "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)",
+    )
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=120.0,
+        help="on SIGTERM, SIGINT or SIGUSR1 (passed on to every "
+        "rank), seconds the ranks may take to checkpoint and stop before they are killed (default %(default)s)",
+    )
+    p.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="SCRIPT is a module, run as python -m SCRIPT (e.g. -m monai_fast bundle run BUNDLE_DIR)",
+    )
+    p.add_argument("script", help="the training script (or, with -m, the module)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(func=_cmd_launch)
+
+
+def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str, nodes_help: str) -> None:
+    """Nodes and ranks per node, the same for every job writer (sbatch, k8s); ``nodes_help`` says what a node is
+    there."""
+    p.add_argument("--nodes", type=int, default=nodes, help=f"{nodes_help} (default %(default)s)")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)"
+    )
+    p.add_argument(
+        cpu_ranks_flag, type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)"
+    )
+
+
+def _add_sbatch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sbatch",
+        description=_SBATCH_TEXT,
+        help="write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit",
+    )
+    _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node", nodes_help="nodes to allocate (#SBATCH --nodes)")
+    p.add_argument(
+        "--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)"
+    )
+    p.add_argument("--time", default="04:00:00", help="wall-clock limit (default %(default)s)")
+    p.add_argument(
+        "--signal-lead",
+        type=int,
+        default=120,
+        help="seconds before the limit to send SIGUSR1; 0: none (default %(default)s)",
+    )
+    p.add_argument("--no-requeue", action="store_true", help="do not let SLURM requeue the job")
+    p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
+    p.add_argument("--partition", help="SLURM partition")
+    p.add_argument("--account", help="SLURM account")
+    p.add_argument("--mem", help="memory per node, e.g. 64G")
+    p.add_argument("--out", help="write the script here instead of printing it")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
+    p.set_defaults(func=_cmd_sbatch)
+
+
+_K8S_TEXT = (
+    "Print (or --out) a Kubernetes PyTorchJob (Kubeflow training operator, kubeflow.org/v1) that runs SCRIPT on "
+    "--nodes pods (one Master, the rest Workers) with monai-fast launch: one rank per GPU (or --procs-per-node on CPU "
+    "pods), the rendezvous at the master through the MASTER_ADDR, MASTER_PORT and RANK the operator sets. On an "
+    "eviction the ranks get SIGTERM and --grace-s to checkpoint (monai_fast.handlers.Preemption); a failed or evicted "
+    "pod restarts (restartPolicy OnFailure, at most --backoff-limit times) and the job resumes from the checkpoints "
+    "on --volume-claim. Example: monai-fast k8s --image me/monai-fast:1 --nodes 2 --gpus-per-node 4 "
+    "--volume-claim runs -- train.py --checkpoint-dir /workspace/run/ckpt"
+)
+
+
+def _add_k8s(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "k8s",
+        description=_K8S_TEXT,
+        help="write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace",
+    )
+    p.add_argument("--image", required=True, help="container image with monai-fast installed")
+    _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node", nodes_help="nodes, one pod each")
+    p.add_argument("--cpus-per-node", type=int, default=8, help="CPU cores per pod (default %(default)s)")
+    p.add_argument("--memory", help="memory per pod, e.g. 64Gi")
+    p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
+    p.add_argument("--namespace", help="Kubernetes namespace (default: kubectl's current one)")
+    p.add_argument(
+        "--grace-s",
+        type=int,
+        default=120,
+        help="seconds the ranks get to checkpoint after SIGTERM (default %(default)s)",
+    )
+    p.add_argument(
+        "--backoff-limit", type=int, default=3, help="pod restarts before the job fails (default %(default)s)"
+    )
+    p.add_argument("--volume-claim", help="PersistentVolumeClaim (ReadWriteMany) for data, checkpoints and records")
+    p.add_argument(
+        "--mount-path", default="/workspace/run", help="where --volume-claim is mounted (default %(default)s)"
+    )
+    p.add_argument("--out", help="write the manifest here instead of printing it")
+    p.add_argument(
+        "script", nargs=argparse.REMAINDER, help="the training script (in the image) and its arguments, after '--'"
+    )
+    p.set_defaults(func=_cmd_k8s)
+
+
+def add_tool_commands(sub: argparse._SubParsersAction) -> None:
+    """Add ``launch``, ``sbatch``, ``k8s``, ``doctor`` and ``synth`` to the sub-command parsers ``sub``."""
+    _add_launch(sub)
+    _add_sbatch(sub)
+    _add_k8s(sub)
+    p = sub.add_parser(
+        "doctor",
+        help="name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record",
+        description="Read a run folder's monai-fast record (record.rank*.jsonl, written by RecordHandler + "
+        "TimeBreakdown, GPUSampler, ThroughputMonitor) and print the verdict, the numbers behind it and what to "
+        "change. Writes report.md with PNG plots (the plots extra) into the run folder. Needs only the record: "
+        "diagnose a cluster run on a laptop.",
+    )
+    p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")
+    p.add_argument(
+        "--data-threshold",
+        type=float,
+        default=0.2,
+        help="data-wait share that makes a run data-bound (default %(default)s)",
+    )
+    p.add_argument(
+        "--util-low",
+        type=float,
+        default=60.0,
+        help="mean GPU utilisation %% below which a GPU counts as idle (default %(default)s)",
+    )
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="also print the exact FastTraining(...) line for this run, and the code changes it cannot make",
+    )
+    p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser(
+        "synth",
+        help="write a synthetic data set: MSD layout (3D) or Camelyon-like whole-slide images (--kind wsi)",
+        description="Write imagesTr/, labelsTr/ and dataset.json like an MSD task; or, with --kind wsi, "
+        "pyramidal tiled TIFF slides with tumour regions, their tissue and tumour masks, patches.csv and a "
+        "dataset.json of patch locations and labels for MONAI's PatchWSIDataset.",
+    )
+    p.add_argument("out", help="output folder")
+    p.add_argument(
+        "--kind", choices=("spleen-like", "brats-like", "wsi"), default="spleen-like", help="(default %(default)s)"
+    )
+    p.add_argument("--cases", type=int, help="cases, or slides for wsi (default 16; wsi: 4)")
+    p.add_argument(
+        "--shape",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="volume size X Y Z (default 128 128 64); wsi: level-0 rows columns (default 4096 4096)",
+    )
+    p.add_argument("--tile", type=int, default=256, help="wsi: TIFF tile size (default %(default)s)")
+    p.add_argument("--levels", type=int, default=3, help="wsi: pyramid levels (default %(default)s)")
+    p.add_argument("--patch", type=int, default=96, help="wsi: patch size of the patch grid (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="(default %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_synth)

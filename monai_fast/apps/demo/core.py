@@ -1,0 +1,329 @@
+"""The race: data -> optional tuning -> each recipe to the target -> doctor -> results files.
+
+Examples:
+    >>> from monai_fast.apps.demo import RaceSpec, SyntheticData, race
+    >>> run = race(RaceSpec(recipes=("fast",), synthetic=SyntheticData(cases=5, shape=(48, 48, 32)),
+    ...                     overrides={"max_epochs": 1, "patch_size": (32, 32, 32)}, device="cpu",
+    ...                     run_dir="runs/try", progress=False))  # doctest: +SKIP
+    >>> run.results[0].diagnosis["verdict"]  # doctest: +SKIP
+    'data-bound'
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from monai_fast.apps.demo.headline import headline
+from monai_fast.apps.demo.interleave import run_interleaved
+from monai_fast.apps.demo.options import (
+    RaceOptionError,
+    RacePlan,
+    RaceSpec,
+    TuneOptions,
+    check_writable_dir,
+    plan_race,
+    recipe_config,
+)
+from monai_fast.apps.demo.runner import RaceResult, run_to_target
+from monai_fast.apps.training.data import NUM_CLASSES, DataSource, check_files, load_files
+from monai_fast.apps.training.results import run_meta
+
+__all__ = [
+    "NUM_CLASSES",
+    "RaceEvents",
+    "RaceRun",
+    "TuneRun",
+    "checked_data",
+    "load_data",
+    "race",
+    "run_meta",
+    "tune_only",
+]
+
+logger = logging.getLogger(__name__)
+
+#: under a total bound, the share of it kept after training for the doctor and the results files, and for the
+#: iteration or validation pass that is under way when the clock runs out (a recipe stops at its next iteration)
+REPORT_SHARE = 0.15
+
+
+class RaceEvents:
+    """What a race tells its caller as it goes; every hook does nothing here: subclass to show progress.
+
+    Examples:
+        >>> class Say(RaceEvents):
+        ...     def recipe_started(self, recipe, target, budget_s):
+        ...         print(f"{recipe} to {target}")
+        >>> Say().recipe_started("fast", 0.9, 60.0)
+        fast to 0.9
+    """
+
+    def repeat_started(self, index: int, repeats: int) -> None:
+        """A benchmark's repeat ``index`` (from 1) of ``repeats`` begins."""
+
+    def tuned(self, tuning: Any) -> None:
+        """``fast`` was tuned (a `monai_fast.tune.TuneResult`)."""
+
+    def recipe_started(self, recipe: str, target: float, budget_s: float | None) -> None:
+        """``recipe`` starts training to ``target``."""
+
+    def budget_set(self, recipe: str, budget_s: float, how: dict) -> None:
+        """``recipe``'s budget was set from the lead's time (``how``: cap, multiple, lead, lead's seconds)."""
+
+    def time_shared(self, recipe: str, budget_s: float, left_s: float) -> None:
+        """Under a total bound, the lead ``recipe`` may run ``budget_s`` on its clock (``left_s`` left after set-up)."""
+
+    def recipe_finished(self, result: RaceResult) -> None:
+        """``recipe`` stopped (target, budget or epochs); ``result.diagnosis`` is filled when it trained."""
+
+    def race_finished(self, run: RaceRun) -> None:
+        """All recipes ran and the results files are written."""
+
+
+@dataclass
+class RaceRun:
+    """What `race()` returns: one `RaceResult` per recipe and where the results went."""
+
+    results: list[RaceResult]
+    meta: dict
+    run_dir: Path
+    data_root: Path | None
+    device: str
+    tuning: Any = None  # monai_fast.tune.TuneResult when fast was tuned
+
+    @property
+    def results_json(self) -> Path:
+        return self.run_dir / "results.json"
+
+    @property
+    def epochs_csv(self) -> Path:
+        return self.run_dir / "epochs.csv"
+
+    @property
+    def plot(self) -> Path:
+        return self.run_dir / "dice_vs_time.png"
+
+
+@dataclass
+class TuneRun:
+    """What `tune_only()` returns."""
+
+    result: Any  # monai_fast.tune.TuneResult
+    meta: dict
+    path: Path | None
+
+
+def load_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
+    """``(data_root, train_files, val_files)`` of ``spec`` (`load_files()`).
+
+    Raises:
+        FileNotFoundError, monai_fast.apps.sources.msd.MSDDataError: ``data_dir`` is missing or incomplete.
+    """
+    return load_files(_source(spec), spec.progress)
+
+
+def checked_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
+    """`load_data()`, then (unless ``spec.preflight`` is off) every file checked before any training
+    (`check_files()`).
+
+    Raises:
+        monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
+    """
+    data_root, train_files, val_files = load_data(spec)
+    check_files(train_files, val_files, recipe_config(spec.overrides, spec.seed), spec.preflight)
+    return data_root, train_files, val_files
+
+
+def _source(spec: RaceSpec) -> DataSource:
+    return DataSource(spec.data_dir, spec.synthetic, spec.val_fraction, spec.seed, spec.train_files, spec.val_files)
+
+
+def _tune(plan: RacePlan, train_files: Sequence[dict], val_files: Sequence[dict]):
+    from monai_fast.apps.recipes.tuning import tune_recipe, typical_val_shape
+    from monai_fast.tune import TuningError
+
+    opts: TuneOptions = plan.spec.tune or TuneOptions()
+    try:
+        return tune_recipe(
+            plan.config,
+            typical_val_shape(val_files, plan.config),
+            plan.device,
+            space=plan.space,
+            memory_cap_mib=opts.memory_cap_mib,
+            store=opts.store,
+            force=opts.retune,
+            progress=plan.spec.progress,
+            train_files=train_files if opts.place_cache else None,
+            cache_tradeoff=opts.cache_tradeoff,
+        )
+    except ValueError as e:
+        raise TuningError(str(e)) from e
+
+
+def _diagnose(result: RaceResult) -> None:
+    from monai_fast.report.doctor import doctor
+
+    if result.run_dir is None or not result.epochs:
+        return
+    try:
+        result.diagnosis = doctor(result.run_dir).to_dict()
+    except (FileNotFoundError, ValueError) as e:  # a race's results outlive a record the doctor cannot read
+        logger.warning("%s: no diagnosis: %s", result.recipe, e)
+
+
+def _run_one(
+    spec: RaceSpec,
+    plan: RacePlan,
+    name: str,
+    config: Any,
+    train_files: Sequence[dict],
+    val_files: Sequence[dict],
+    events: RaceEvents,
+) -> RaceResult:
+    events.recipe_started(name, spec.target, spec.time_budget_s)
+    return run_to_target(
+        name,
+        train_files,
+        val_files,
+        config,
+        plan.device,
+        spec.target,
+        spec.time_budget_s,
+        plan.run_dir,
+        progress=spec.progress,
+    )
+
+
+def _finished(result: RaceResult, events: RaceEvents) -> RaceResult:
+    _diagnose(result)
+    events.recipe_finished(result)
+    return result
+
+
+def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
+    """Race ``spec.recipes`` to ``spec.target`` on the same data; diagnose each run; write the results files.
+
+    Every option is checked first (`plan_race()`), the run folder
+    included, so a bad one fails in a second. Then: the data (``spec``'s files, ``data_dir`` or
+    cached synthetic data), ``fast`` tuned when ``spec.tune`` is set, each recipe trained to the
+    target (`run_to_target()`, into ``run_dir/<recipe>/``; with
+    ``spec.interleave`` an epoch at a time in turns, `monai_fast.apps.demo.interleave`), the
+    doctor on each recipe's record (``diagnosis`` filled, ``report.md`` written), and
+    ``results.json``, ``epochs.csv`` and ``dice_vs_time.png`` in ``run_dir``.
+    With ``spec.total_budget_s`` training ends by that bound less `REPORT_SHARE` of it, kept
+    for the doctor and the results files.
+
+    Args:
+        spec: the race's options.
+        events: hooks told of each step (printing is the caller's).
+
+    Returns:
+        A `RaceRun`.
+
+    Raises:
+        RaceOptionError: a bad option, named, before anything runs.
+        monai_fast.tune.TuningError: tuning found nothing that fits.
+
+    Examples:
+        >>> spec = RaceSpec(recipes=("fast", "baseline"), target=0.8, time_budget_s=120, device="cpu")
+        >>> run = race(spec)  # doctest: +SKIP
+        >>> [r.reached for r in run.results], run.results_json  # doctest: +SKIP
+    """
+    from monai_fast.apps.demo.compare import write_race
+
+    started = time.monotonic()
+    deadline = None if spec.total_budget_s is None else started + (1.0 - REPORT_SHARE) * spec.total_budget_s
+    events = events or RaceEvents()
+    plan = plan_race(spec)
+    data_root, train_files, val_files = checked_data(spec)
+    logger.info(
+        "%d training / %d validation cases from %s on %s",
+        len(train_files),
+        len(val_files),
+        data_root or "the given file lists",
+        plan.device,
+    )
+    configs = dict.fromkeys(spec.recipes, plan.config)
+    tuning = None
+    if spec.tune is not None and "fast" in spec.recipes:
+        tuning = _tune(plan, train_files, val_files)
+        configs["fast"] = tuning.apply(plan.config)
+        events.tuned(tuning)
+    meta = run_meta(data_root, plan.device, spec.record_options)
+    set_up = time.monotonic()
+    if spec.interleave:
+        results, paired, budget, host = run_interleaved(
+            spec.recipes,
+            configs,
+            train_files,
+            val_files,
+            plan.device,
+            spec.target,
+            spec.time_budget_s,
+            spec.budget_multiple,
+            plan.run_dir,
+            spec.progress,
+            events,
+            epoch_multiple=spec.epoch_multiple,
+            deadline=deadline,
+        )
+        trained = time.monotonic()
+        meta["headline"] = headline(results, paired, budget, host=host)
+        for r in results:
+            _finished(r, events)
+    else:
+        results = [
+            _finished(_run_one(spec, plan, name, configs[name], train_files, val_files, events), events)
+            for name in spec.recipes
+        ]
+        trained = time.monotonic()
+    if tuning is not None:
+        meta["tuning"] = {**tuning.to_dict(), "from_cache": tuning.from_cache}
+    if spec.total_budget_s is not None:  # where a bounded race's time went, for whoever checks the bound
+        meta["clock"] = {
+            "total_budget_s": spec.total_budget_s,
+            "reports_reserved_s": REPORT_SHARE * spec.total_budget_s,
+            "set_up_s": set_up - started,
+            "training_s": trained - set_up,
+            "headline_and_doctor_s": time.monotonic() - trained,
+        }
+    write_race(results, plan.run_dir, meta)
+    run = RaceRun(
+        results=results, meta=meta, run_dir=plan.run_dir, data_root=data_root, device=plan.device, tuning=tuning
+    )
+    events.race_finished(run)
+    return run
+
+
+def tune_only(spec: RaceSpec, out: str | os.PathLike | None = None) -> TuneRun:
+    """Tune the ``fast`` recipe on ``spec``'s data and device (``spec.tune``, default `TuneOptions`).
+
+    Args:
+        spec: the data, device, recipe options and tuning options (recipes, target and run folder unused).
+        out: also write the result with every trial (and the machine, versions, options) to this JSON file.
+
+    Examples:
+        >>> tuned = tune_only(RaceSpec(device="cpu", tune=TuneOptions(batch_range=(1, 2))))  # doctest: +SKIP
+        >>> tuned.result.batch_size  # doctest: +SKIP
+        2
+    """
+    from monai_fast.files import write_json
+
+    spec = replace(spec, recipes=("fast",), tune=spec.tune or TuneOptions())
+    plan = plan_race(spec, need_run_dir=False)
+    if out is not None:
+        check_writable_dir(Path(out).parent, "out")
+        if Path(out).is_dir():
+            raise RaceOptionError("out", f"{out} is a folder; name a JSON file")
+    data_root, train_files, val_files = checked_data(spec)
+    result = _tune(plan, train_files, val_files)
+    meta = run_meta(data_root, plan.device, spec.record_options)
+    if out is not None:
+        write_json({**meta, "tuning": result.to_dict()}, Path(out))
+    return TuneRun(result=result, meta=meta, path=None if out is None else Path(out))

@@ -1,0 +1,230 @@
+"""Recipes trained an epoch at a time in turns, so their per-epoch times meet the same host load.
+
+The recipe whose clock is behind trains the next epoch, so each gets about the same wall-clock
+share while ``fast`` (the lead) trains. Then the lead sets the others' budget and they train on
+alone to the target or that budget: ``epoch_multiple`` times the lead's epochs to target (a
+count of epochs: how far their Dice curves get does not depend on the host's load), and/or
+``budget_multiple`` times its time to target, always at most the wall-clock cap, and never past
+``max_epochs``.
+
+With a ``deadline`` (the race's total bound) the time left once every recipe is set up is shared
+by measurement, not by fixed numbers: the lead may train `lead_share()` of it, a third with
+two recipes (the other trains as long beside it, in turns, so the turns take about two thirds),
+and each other recipe then trains alone, an epoch at a time while its longest epoch so far still
+ends in time, until its epoch or time budget is spent or its share of what is left is up,
+whichever comes first. A slow host thus still ends with Dice curves of both recipes, shorter.
+`monai_fast.apps.demo.headline.headline()` turns the results into the demo's headline.
+
+Each run draws from its own random stream (`OwnRandomStream`),
+so the order of the turns, which follows the host's load, changes none of their shuffles or crops.
+
+Examples:
+    >>> budget_after_lead(12.0, multiple=3.0, cap=300.0)
+    36.0
+    >>> budget_after_lead(200.0, multiple=3.0, cap=300.0)
+    300.0
+    >>> epochs_after_lead(8, multiple=5.0)
+    40
+    >>> epochs_after_lead(8, multiple=5.0, max_epochs=6)
+    6
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from monai_fast.apps.demo.runner import RaceResult, TargetRun
+from monai_fast.apps.recipes import RecipeConfig
+from monai_fast.telemetry.host import HostLoad
+
+__all__ = ["budget_after_lead", "epochs_after_lead", "lead_of", "lead_share", "run_interleaved"]
+
+logger = logging.getLogger(__name__)
+
+
+def lead_of(recipes: Sequence[str]) -> str:
+    """The recipe whose time to target sets the others' budget: ``fast`` when it races, else the first.
+
+    Examples:
+        >>> lead_of(["baseline", "fast"]), lead_of(["baseline", "monai_tutorial"])
+        ('fast', 'baseline')
+    """
+    return "fast" if "fast" in recipes else recipes[0]
+
+
+def budget_after_lead(lead_s: float, multiple: float | None, cap: float | None) -> float:
+    """Seconds the other recipes get: ``multiple`` x the lead's time (its time to target, or its time run), at
+    most ``cap``.
+
+    Examples:
+        >>> budget_after_lead(10.0, multiple=None, cap=210.0)
+        210.0
+    """
+    cap = math.inf if cap is None else float(cap)
+    return cap if multiple is None else min(cap, multiple * lead_s)
+
+
+def epochs_after_lead(lead_epochs: int, multiple: float | None, max_epochs: int | None = None) -> int | None:
+    """Epochs the other recipes get: ``multiple`` x the lead's epochs (to target, or run when it missed), rounded up.
+
+    At most ``max_epochs`` (the recipes' epoch limit): a budget past it is never trained, so it is not promised.
+
+    Examples:
+        >>> epochs_after_lead(7, multiple=None) is None, epochs_after_lead(7, multiple=2.5)
+        (True, 18)
+    """
+    if multiple is None:
+        return None
+    epochs = max(1, math.ceil(multiple * lead_epochs))
+    return epochs if max_epochs is None else min(epochs, max_epochs)
+
+
+def lead_share(recipes: int) -> float:
+    """With a deadline, the lead's share of the time left once ``recipes`` recipes are set up: ``1 / (recipes + 1)``.
+
+    The others train as long as the lead beside it, in turns, which leaves ``1 / (recipes + 1)`` of the time for
+    them to train on alone.
+
+    Examples:
+        >>> lead_share(2)
+        0.3333333333333333
+    """
+    return 1.0 / (recipes + 1)
+
+
+def _left(deadline: float | None) -> float:
+    return math.inf if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _fits(run: TargetRun, deadline: float | None) -> bool:
+    """Whether ``run``'s next epoch ends before ``deadline``, taken as long as its longest so far plus their spread.
+
+    An epoch cut by the clock has no validation, so it adds nothing to the Dice curve: past this
+    point the time is better left to the reports.
+    """
+    if deadline is None:
+        return True
+    walls = [r.wall_s for r in run.recorder.rows if r.wall_s is not None]
+    return _left(deadline) > (2 * max(walls) - min(walls) if walls else 0.0)
+
+
+def run_interleaved(
+    recipes: Sequence[str],
+    configs: Mapping[str, RecipeConfig],
+    train_files: Sequence[dict],
+    val_files: Sequence[dict],
+    device: str,
+    target: float,
+    cap_s: float | None,
+    multiple: float | None,
+    run_dir: Path | None,
+    progress: bool,
+    events: Any,
+    epoch_multiple: float | None = None,
+    deadline: float | None = None,
+) -> tuple[list[RaceResult], dict[str, int], dict, dict]:
+    """Train ``recipes`` in turns until the lead is done, then the others alone within the budget the lead sets.
+
+    Args:
+        recipes: recipe names; the lead is `lead_of()` them.
+        configs: each recipe's options.
+        train_files, val_files: the data.
+        device, target, run_dir, progress: as `monai_fast.apps.demo.runner.run_to_target()`.
+        cap_s: most seconds on any recipe's clock (``None``: no cap).
+        multiple: the others' wall-clock budget in multiples of the lead's time (``None``: the cap).
+        events: a `monai_fast.apps.demo.RaceEvents`.
+        epoch_multiple: the others' epoch budget in multiples of the lead's epochs (``None``: none).
+        deadline: ``time.monotonic()`` by which every recipe has stopped (``None``: none); the time left
+            after the set-up is shared as the module says.
+
+    Returns:
+        ``(results in recipes' order, epochs each ran interleaved, how the budgets were set, how busy the host
+        was while they took turns)`` (the last from `HostLoad`).
+
+    Examples:
+        >>> results, paired, budget, host = run_interleaved(["fast", "baseline"], configs, tr, va, "cpu", 0.9,
+        ...                                           300.0, 3.0, None, False, RaceEvents())  # doctest: +SKIP
+    """
+    lead = lead_of(recipes)
+    runs: dict[str, TargetRun] = {}
+    for name in recipes:
+        events.recipe_started(name, target, cap_s if deadline is None else min(cap_s or math.inf, _left(deadline)))
+        runs[name] = TargetRun(
+            name,
+            train_files,
+            val_files,
+            configs[name],
+            device,
+            target,
+            math.inf if cap_s is None else cap_s,
+            run_dir,
+            progress,
+        )
+    if deadline is not None:  # the lead's share of the time the set-up left
+        left = _left(deadline)
+        runs[lead].budget_s = min(
+            runs[lead].budget_s or math.inf, runs[lead].elapsed() + lead_share(len(recipes)) * left
+        )
+        shared = getattr(events, "time_shared", None)
+        if shared is not None:
+            shared(lead, runs[lead].budget_s, left)
+    bound_stopped: list[str] = []  # recipes the deadline stopped before their own budget or target
+    host = HostLoad().start()  # what other processes took while the per-epoch times were measured side by side
+    while not runs[lead].done and _left(deadline) > 0:
+        behind = min((n for n in recipes if not runs[n].done), key=lambda n: runs[n].elapsed())
+        if not _fits(runs[behind], deadline):
+            logger.info("%s: its next epoch would not end within the total bound: the turns stop here", behind)
+            break
+        runs[behind].segment(epochs=1)
+    host_load = host.stop()
+    if deadline is not None and not runs[lead].done:
+        bound_stopped.append(lead)
+    paired = {n: len(runs[n].recorder.rows) for n in recipes}
+    lead_result = runs[lead].finish()
+    lead_s = lead_result.time_to_target_s if lead_result.reached else lead_result.total_s
+    lead_epochs = lead_result.epochs_to_target if lead_result.reached else lead_result.epochs_run
+    others_s = budget_after_lead(lead_s, multiple, cap_s)
+    max_epochs = max(configs[n].max_epochs for n in recipes if n != lead) if len(recipes) > 1 else None
+    wanted_epochs = epochs_after_lead(lead_epochs, epoch_multiple)
+    others_epochs = epochs_after_lead(lead_epochs, epoch_multiple, max_epochs)
+    budget = {
+        "cap_s": cap_s,
+        "multiple": multiple,
+        "lead": lead,
+        "lead_s": lead_s,
+        "lead_reached": lead_result.reached,
+        "others_s": None if math.isinf(others_s) else others_s,
+        "epoch_multiple": epoch_multiple,
+        "lead_epochs": lead_epochs,
+        "others_epochs": others_epochs,
+        "max_epochs": max_epochs if wanted_epochs != others_epochs else None,
+    }
+    others = [n for n in recipes if n != lead and not runs[n].done]
+    for i, name in enumerate(others):
+        run = runs[name]
+        seconds = others_s
+        if deadline is not None:  # its share of what is left, measured now
+            seconds = min(seconds, run.elapsed() + _left(deadline) / (len(others) - i))
+            budget["deadline_left_s"] = _left(deadline)
+        run.budget_s = seconds
+        events.budget_set(name, seconds, budget)
+        left = None if others_epochs is None else others_epochs - run.built.trainer.state.epoch
+        if deadline is None:
+            if left is None or left > 0:
+                run.segment(epochs=left)
+            continue
+        while (left is None or left > 0) and not run.done:  # an epoch at a time, each only if it ends in time
+            if not _fits(run, deadline):
+                logger.info("%s: its next epoch would not end within the total bound: it stops here", name)
+                bound_stopped.append(name)
+                break
+            run.segment(epochs=1)
+            left = None if left is None else left - 1
+    budget["bound_stopped"] = bound_stopped
+    logger.info("interleaved epochs: %s", ", ".join(f"{n} {k}" for n, k in paired.items()))
+    return [runs[n].finish() for n in recipes], paired, budget, host_load

@@ -1,0 +1,252 @@
+"""What a race is asked to do, and the check of every option before anything runs.
+
+`RaceSpec` holds a race's options as plain typed fields; `plan_race()` checks them all
+(recipe names, target, budget, data source, device, recipe options, tuning ranges, that the run
+folder can be written) and raises `RaceOptionError` naming the first bad option, so a
+mistake costs a second, not a race.
+
+Examples:
+    >>> from monai_fast.apps.demo.options import RaceOptionError, RaceSpec, plan_race
+    >>> try:
+    ...     plan_race(RaceSpec(recipes=("fast",), target=1.5, device="cpu"))
+    ... except RaceOptionError as e:
+    ...     print(e.option)
+    target
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from monai_fast.apps.recipes import RECIPES, RecipeConfig
+from monai_fast.apps.training.data import VAL_FRACTION, SyntheticData
+from monai_fast.apps.training.options import (
+    OptionError,
+    check_precision,
+    check_run_numbers,
+    check_synthetic,
+    check_writable_dir,
+    recipe_config,
+    resolve_device,
+)
+
+__all__ = [
+    "DEMO_EPOCH_MULTIPLE",
+    "DEMO_TOTAL_BUDGET_S",
+    "TIME_BUDGET_S",
+    "RaceOptionError",
+    "RacePlan",
+    "RaceSpec",
+    "SyntheticData",
+    "TuneOptions",
+    "check_writable_dir",
+    "plan_race",
+    "recipe_config",
+    "resolve_device",
+]
+
+logger = logging.getLogger(__name__)
+
+#: seconds on each recipe's own clock before it is stopped, unless a race sets another cap
+TIME_BUDGET_S = 1200.0
+
+#: the demo's whole wall clock by default: data, set-up, both recipes' training and the reports
+DEMO_TOTAL_BUDGET_S = 600.0
+
+#: the demo's epoch budget of the baseline by default, in multiples of fast's epochs to target
+DEMO_EPOCH_MULTIPLE = 4.0
+
+RaceOptionError = OptionError  #: an option of a race is invalid; ``option`` names it (a `RaceSpec` field)
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """How the ``fast`` recipe is tuned before the race (see `monai_fast.apps.recipes.tuning.tune_recipe()`).
+
+    Examples:
+        >>> TuneOptions(batch_range=(1, 2), trials=2).sw_range
+        (1, 16)
+    """
+
+    batch_range: tuple[int, int] = (1, 8)
+    sw_range: tuple[int, int] = (1, 16)
+    trials: int = 8
+    margin: float = 0.1
+    search_amp: bool = False
+    memory_cap_mib: float | None = None
+    place_cache: bool = False
+    cache_tradeoff: float = 0.05
+    retune: bool = False
+    store: str | os.PathLike | None = None
+
+
+@dataclass(frozen=True)
+class RaceSpec:
+    """A race's options.
+
+    Attributes:
+        recipes: recipe names (`monai_fast.apps.recipes.RECIPES`), raced in this order.
+        data_dir: an MSD-layout folder with ``dataset.json``; or give ``train_files`` and
+            ``val_files``; with neither, `synthetic` data is generated.
+        train_files, val_files: ``{"image", "label"}`` dicts.
+        synthetic: the synthetic set used when no data is given.
+        val_fraction: share of ``data_dir``'s cases held out for validation.
+        seed: seed of the synthetic data and the split, and of weights and crops unless ``train_seed``.
+        train_seed: seed of weights and crops (repeats of a benchmark differ only in this).
+        target: validation mean Dice (background excluded) to reach, in (0, 1].
+        time_budget_s: seconds each recipe may run (with ``budget_multiple``, the cap); ``None``: no
+            limit but ``max_epochs`` (and ``total_budget_s``).
+        total_budget_s: seconds the whole race may take from the call of `race()`
+            on (data, set-up, training, reports); needs ``interleave``. The lead trains at most a share
+            of what is left after the set-up (a third with two recipes; the others train as long beside
+            it, in turns), then each other recipe trains on within its epoch or time budget or until
+            that time is up, whichever comes first (`monai_fast.apps.demo.interleave`); ``None``: no
+            such bound.
+        budget_multiple: the recipes other than ``fast`` get this many times ``fast``'s time to
+            target (its time run when it missed), at most ``time_budget_s``; ``None``: each gets
+            ``time_budget_s``.
+        epoch_multiple: the recipes other than ``fast`` train at most this many times ``fast``'s
+            epochs to target (its epochs run when it missed), still within their wall-clock budget;
+            a count of epochs, so how far their Dice curves get does not depend on the host's load;
+            ``None``: no epoch budget.
+        interleave: train the recipes an epoch at a time, the one whose clock is behind next, so
+            their seconds per epoch are measured in the same conditions; ``results.json`` then holds
+            the ``headline`` (`monai_fast.apps.demo.headline.headline()`).
+        device: ``"auto"`` (CUDA if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        overrides: `RecipeConfig` fields set for every recipe
+            (``max_epochs``, ``patch_size``, ``amp``...); the seed comes from ``seed``/``train_seed``.
+        tune: tune ``fast`` first (when it races) with these options; ``None``: no tuning.
+        run_dir: the run folder; ``None``: ``runs/race-<time>``.
+        progress: progress bars.
+        preflight: check every file of the data before training (`monai_fast.data.preflight.preflight()`:
+            unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; cached
+            per file); ``False`` skips it for a huge data set.
+        record_options: what ``results.json`` records under ``options`` (e.g. the command's options).
+    """
+
+    recipes: Sequence[str] = ("fast", "baseline")
+    data_dir: str | os.PathLike | None = None
+    train_files: Sequence[dict] | None = None
+    val_files: Sequence[dict] | None = None
+    synthetic: SyntheticData = field(default_factory=SyntheticData)
+    val_fraction: float = VAL_FRACTION
+    seed: int = 0
+    train_seed: int | None = None
+    target: float = 0.9
+    time_budget_s: float | None = TIME_BUDGET_S
+    total_budget_s: float | None = None
+    budget_multiple: float | None = None
+    epoch_multiple: float | None = None
+    interleave: bool = False
+    device: str = "auto"
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    tune: TuneOptions | None = None
+    run_dir: str | os.PathLike | None = None
+    progress: bool = True
+    preflight: bool = True
+    record_options: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RacePlan:
+    """A checked `RaceSpec`: the device resolved, the recipe options built, the run folder made."""
+
+    spec: RaceSpec
+    device: str
+    config: RecipeConfig
+    run_dir: Path | None
+    space: Any = None  # monai_fast.tune.SearchSpace when spec.tune is set
+
+
+def _check_numbers(spec: RaceSpec) -> None:
+    check_run_numbers(spec.target, spec.time_budget_s, spec.val_fraction)
+    if spec.total_budget_s is not None and not spec.total_budget_s > 0:
+        raise RaceOptionError("total_budget_s", f"must be > 0 (or None for no bound), got {spec.total_budget_s}")
+    if spec.total_budget_s is not None and not spec.interleave:
+        raise RaceOptionError("total_budget_s", "needs interleave=True (the recipes share the time in turns)")
+    for name, what in (("budget_multiple", "time"), ("epoch_multiple", "epochs")):
+        value = getattr(spec, name)
+        if value is not None and not value > 0:
+            raise RaceOptionError(name, f"must be > 0 (or None), got {value}")
+        if value is not None and not spec.interleave:
+            raise RaceOptionError(name, f"needs interleave=True (the lead's {what} to target sets the others' budget)")
+
+
+def _check_recipes(recipes: Sequence[str]) -> None:
+    if isinstance(recipes, str) or not recipes:
+        raise RaceOptionError("recipes", f"need a non-empty list of recipe names from {list(RECIPES)}, got {recipes!r}")
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown:
+        raise RaceOptionError("recipes", f"unknown recipe(s) {unknown}; known: {list(RECIPES)}")
+    if len(set(recipes)) != len(recipes):
+        raise RaceOptionError("recipes", f"each recipe may race once (one run folder each), got {list(recipes)}")
+
+
+def _check_data(spec: RaceSpec) -> None:
+    lists = (spec.train_files is not None, spec.val_files is not None)
+    if any(lists) and not all(lists):
+        raise RaceOptionError("train_files" if lists[1] else "val_files", "give train_files and val_files together")
+    if all(lists) and spec.data_dir is not None:
+        raise RaceOptionError("data_dir", "give either data_dir or train_files/val_files, not both")
+    if all(lists) and not (spec.train_files and spec.val_files):
+        raise RaceOptionError("train_files", "train_files and val_files must not be empty")
+    if spec.data_dir is None and not all(lists):
+        check_synthetic(spec.synthetic.kind, spec.synthetic.cases, spec.synthetic.shape)
+
+
+def _search_space(options: TuneOptions, config: RecipeConfig, device: str):
+    from monai_fast.apps.recipes.tuning import default_space
+
+    try:
+        return default_space(
+            device,
+            search_amp=options.search_amp,
+            precision=config.precision,
+            batch_range=tuple(options.batch_range),
+            sw_batch_range=tuple(options.sw_range),
+            max_trials=options.trials,
+            margin=options.margin,
+        )
+    except (TypeError, ValueError) as e:
+        raise RaceOptionError("tune", str(e)) from e
+
+
+def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
+    """Check every option of ``spec`` before anything is trained; make the run folder.
+
+    Args:
+        spec: the race's options.
+        need_run_dir: check (and create) the run folder; ``False`` for tuning alone.
+
+    Returns:
+        The `RacePlan` to run.
+
+    Raises:
+        RaceOptionError: naming the first bad option.
+
+    Examples:
+        >>> import tempfile
+        >>> plan = plan_race(RaceSpec(recipes=("fast",), device="cpu", run_dir=tempfile.mkdtemp()))
+        >>> plan.device, plan.config.seed
+        ('cpu', 0)
+    """
+    _check_recipes(spec.recipes)
+    _check_numbers(spec)
+    _check_data(spec)
+    device = resolve_device(spec.device)
+    config = recipe_config(spec.overrides, spec.seed if spec.train_seed is None else spec.train_seed)
+    check_precision(config, device)
+    space = None if spec.tune is None or "fast" not in spec.recipes else _search_space(spec.tune, config, device)
+    run_dir = None
+    if need_run_dir:
+        run_dir = (
+            Path(spec.run_dir) if spec.run_dir is not None else Path(f"runs/race-{dt.datetime.now():%Y%m%d-%H%M%S}")
+        )
+        check_writable_dir(run_dir, "run_dir")
+    return RacePlan(spec=spec, device=device, config=config, run_dir=run_dir, space=space)

@@ -1,0 +1,283 @@
+"""Inference backends: what runs the network on each sliding window.
+
+Each backend turns a network into a `Predictor`, a callable MONAI's sliding window calls
+on a batch of windows (``(B, C, *roi_size)`` -> logits), built and warmed up once, so the time
+it takes to build (compilation, export) is `Predictor.prepare_s` and not in the latency:
+
+* ``eager``: the network in fp32, as trained.
+* ``autocast``: ``torch.autocast`` in fp16 on CUDA, bf16 on a CPU with bf16 matrix hardware
+  (`cpu_has_bf16_hardware()`); logits come back in fp32.
+* ``compile``: ``torch.compile`` (inductor), one static window batch.
+* ``onnx``: the network exported with ``torch.onnx.export`` for one window batch of the ROI size
+  and run by ONNX Runtime (its CUDA execution provider when present and the device is CUDA,
+  else the CPU one); MONAI still drives the sliding window and the stitching. onnx, onnxruntime
+  and onnxscript are the ``onnx`` extra (``pip install "monai-fast[onnx]"``).
+* ``tensorrt``: ``torch_tensorrt.compile`` (fp16 kernels) when torch-tensorrt and a CUDA GPU are
+  present.
+
+A backend this machine cannot run is one `BackendUnavailable` naming the backend and what
+is missing (`missing()`), raised before any volume is read; there is no silent fallback.
+Static-shape backends get a fixed window batch: a short last batch is padded and cut back.
+
+Examples:
+    >>> import torch
+    >>> net = torch.nn.Conv3d(1, 2, 3, padding=1)
+    >>> p = build_predictor(net, "eager", roi_size=(8, 8, 8), sw_batch_size=2)
+    >>> p(torch.zeros(1, 1, 8, 8, 8)).shape
+    torch.Size([1, 2, 8, 8, 8])
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from monai_fast.apps.inference.checkpoint import InferenceError
+from monai_fast.extras import require as require_extra
+from monai_fast.telemetry import cuda_available
+from monai_fast.telemetry.precision import autocast_for, cpu_has_bf16_hardware
+
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailable",
+    "Predictor",
+    "available",
+    "build_predictor",
+    "missing",
+    "onnx_model",
+    "precision_of",
+    "require",
+]
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("eager", "autocast", "compile", "onnx", "tensorrt")
+_INSTALL = 'pip install "monai-fast[onnx]"'
+
+
+class BackendUnavailable(InferenceError):
+    """A backend this machine cannot run; the message names the backend and what is missing."""
+
+
+@dataclass
+class Predictor:
+    """A backend's callable for MONAI's sliding window, built and warmed up.
+
+    Attributes:
+        backend: one of `BACKENDS`.
+        detail: what runs, in words (``"bf16 autocast"``, ``"ONNX Runtime CPUExecutionProvider"``).
+        prepare_s: seconds to build and warm it up (compilation, export, session creation).
+    """
+
+    backend: str
+    detail: str
+    fn: Callable[[torch.Tensor], torch.Tensor]
+    prepare_s: float = 0.0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken install, or an import blocked through sys.modules
+        return False
+
+
+def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
+    """What ``backend`` needs on ``device`` that this machine lacks, in words; ``None`` when it can run.
+
+    Raises:
+        InferenceError: ``backend`` is not one of `BACKENDS`.
+
+    Examples:
+        >>> missing("eager", "cpu") is None
+        True
+    """
+    if backend not in BACKENDS:
+        raise InferenceError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    device = torch.device(device)
+    gpu = device.type == "cuda" and cuda_available()
+    if device.type == "cuda" and not gpu:
+        return f"a CUDA device for device {str(device)!r} (this torch build or machine has none)"
+    if backend == "autocast" and device.type == "cpu" and not cpu_has_bf16_hardware():
+        return (
+            "bf16 matrix hardware (AMX-BF16 or AVX512-BF16) on this CPU: without it bf16 autocast is emulated and "
+            "slower than fp32; run it on a CUDA device (fp16) or use backend 'eager'"
+        )
+    if backend == "compile" and device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        return "a C++ compiler (g++ or clang++) on the PATH for torch.compile's CPU kernels"
+    if backend == "onnx":
+        absent = [
+            name
+            for name, mod in (("onnx", "onnx"), ("onnxruntime", "onnxruntime"), ("onnxscript", "onnxscript"))
+            if not _has(mod)
+        ]
+        if absent:
+            return f"the Python package(s) {', '.join(absent)} ({_INSTALL})"
+    if backend == "tensorrt":
+        needs = [] if _has("torch_tensorrt") else ["the torch-tensorrt package (pip install torch-tensorrt)"]
+        needs += [] if gpu else [f"a CUDA GPU (device is {str(device)!r})"]
+        if needs:
+            return " and ".join(needs)
+    return None
+
+
+def require(backend: str, device: torch.device | str = "cpu") -> None:
+    """Raise `BackendUnavailable` naming ``backend`` and what it lacks when it cannot run on ``device``.
+
+    Examples:
+        >>> require("eager", "cpu")
+    """
+    lacking = missing(backend, device)
+    if lacking is not None:
+        raise BackendUnavailable(f"backend {backend!r} is not available here: it needs {lacking}")
+
+
+def available(device: torch.device | str = "cpu") -> dict[str, str | None]:
+    """Each backend of `BACKENDS` -> what it lacks on ``device`` (``None``: available).
+
+    Examples:
+        >>> available("cpu")["eager"] is None
+        True
+    """
+    return {b: missing(b, device) for b in BACKENDS}
+
+
+class _FixedBatch:
+    """Calls ``fn`` on exactly ``batch`` windows: a short batch is padded with zeros and cut back, a long one split."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], batch: int) -> None:
+        self.fn, self.batch = fn, batch
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if n > self.batch:
+            return torch.cat([self(x[i : i + self.batch]) for i in range(0, n, self.batch)])
+        if n < self.batch:
+            return self.fn(torch.cat([x, x.new_zeros((self.batch - n, *x.shape[1:]))]))[:n]
+        return self.fn(x)
+
+
+def onnx_model(network: torch.nn.Module, example: torch.Tensor) -> bytes:
+    """``network`` exported to ONNX (``torch.onnx.export``) for inputs shaped like ``example``, serialised.
+
+    Examples:
+        >>> data = onnx_model(torch.nn.Conv3d(1, 2, 3, padding=1).eval(), torch.zeros(1, 1, 8, 8, 8))  # doctest: +SKIP
+    """
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)  # not a line per torchvision op it skips
+    try:
+        program = torch.onnx.export(
+            network, (example,), dynamo=True, verbose=False, input_names=["image"], output_names=["logits"]
+        )
+    finally:
+        exporter_log.setLevel(level)
+    return program.model_proto.SerializeToString()
+
+
+def _onnx(network: torch.nn.Module, example: torch.Tensor, device: torch.device) -> tuple[Callable, str]:
+    ort = require_extra("onnxruntime", extra="onnx", feature="backend 'onnx'")
+
+    model = onnx_model(network, example)
+    providers = ["CPUExecutionProvider"]
+    if device.type == "cuda":
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, "CUDAExecutionProvider")
+        else:
+            logger.warning(
+                "backend 'onnx': this onnxruntime has no CUDAExecutionProvider (pip install "
+                "onnxruntime-gpu); the windows run on the CPU"
+            )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()  # the same cores torch would use
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model, sess_options=options, providers=providers)
+    name = session.get_inputs()[0].name
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = session.run(None, {name: np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)})[0]
+        return torch.from_numpy(out).to(x.device)
+
+    return run, f"ONNX Runtime {session.get_providers()[0]}"
+
+
+def _tensorrt(network: torch.nn.Module, example: torch.Tensor) -> tuple[Callable, str]:
+    import torch_tensorrt
+
+    engine = torch_tensorrt.compile(
+        network, ir="dynamo", inputs=[example], enabled_precisions={torch.float16, torch.float32}
+    )
+    return (lambda x: engine(x).float()), "TensorRT (torch-tensorrt, fp16 kernels)"
+
+
+def precision_of(backend: str, device: torch.device | str) -> str:
+    """The precision ``backend``'s network runs at on ``device``: fp16 (CUDA) or bf16 for autocast, else fp32."""
+    if backend == "autocast":
+        return "fp16" if torch.device(device).type == "cuda" else "bf16"
+    return "fp32"
+
+
+def _build(network: torch.nn.Module, backend: str, example: torch.Tensor, device: torch.device) -> tuple[Callable, str]:
+    if backend == "eager":
+        return network, "fp32"
+    if backend == "autocast":
+        precision = precision_of(backend, device)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            with autocast_for(precision, device):
+                return network(x).float()
+
+        return run, f"{precision} autocast"
+    if backend == "compile":
+        return torch.compile(network, dynamic=False), "torch.compile (inductor)"
+    if backend == "onnx":
+        return _onnx(network, example, device)
+    return _tensorrt(network, example)
+
+
+def build_predictor(
+    network: torch.nn.Module,
+    backend: str,
+    roi_size: Sequence[int],
+    sw_batch_size: int,
+    device: torch.device | str = "cpu",
+) -> Predictor:
+    """``network`` (moved to ``device``, eval mode) behind ``backend``, built and warmed up on one window batch.
+
+    Args:
+        network: the trained network (``in_channels`` read from it, default 1).
+        backend: one of `BACKENDS`.
+        roi_size: the sliding window's size (the recipe's ``patch_size``).
+        sw_batch_size: windows per call; static-shape backends are built for exactly this many.
+        device: where the network runs.
+
+    Raises:
+        BackendUnavailable: the backend cannot run here (what is missing named), or building it failed.
+    """
+    device = torch.device(device)
+    require(backend, device)
+    network = network.to(device).eval()
+    example = torch.zeros(sw_batch_size, int(getattr(network, "in_channels", 1)), *roi_size, device=device)
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            fn, detail = _build(network, backend, example, device)
+            if backend in ("compile", "onnx", "tensorrt"):
+                fn = _FixedBatch(fn, sw_batch_size)
+            fn(example)  # warm-up: compilation, kernel choice, session start
+    except Exception as e:  # compilers and exporters raise many types; the backend is named, the cause chained
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise BackendUnavailable(f"backend {backend!r} failed to build on {device}: {type(e).__name__}: {first}") from e
+    prepare_s = time.perf_counter() - t0
+    logger.info("backend %s (%s) ready on %s in %.1f s", backend, detail, device, prepare_s)
+    return Predictor(backend, detail, fn, prepare_s)

@@ -1,0 +1,158 @@
+"""The validation chain a network was validated with, as a record a checkpoint carries and inference rebuilds.
+
+A prediction is only as good as its preprocessing: a network validated on volumes cropped to the
+body (``CropForegroundd``) and padded to a patch sees other windows, and gives other labels, on
+uncropped ones. So an inference checkpoint records the deterministic chain of its validation, and
+`build_chain()` rebuilds exactly that chain for inference, where the label is absent.
+
+The record is plain data, readable by ``torch.load(..., weights_only=True)`` and by eye: one
+entry per transform, MONAI's dictionary transform class under ``"_target_"`` (the key MONAI
+bundles use) and its arguments beside it::
+
+    [{"_target_": "LoadImaged", "keys": ["image", "label"]},
+     {"_target_": "Spacingd", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]},
+     ...]
+
+Only the transforms of `ALLOWED` (MONAI's deterministic preprocessing) may be named: a record
+is data, never code, so a checkpoint from elsewhere cannot make inference import or run anything
+else. `recipe_chain()` is the recipes' validation chain for a config
+(`monai_fast.apps.recipes.transforms.deterministic_transforms()`: load, RAS, spacing, CT window, crop
+to the foreground, pad to a patch).
+
+Examples:
+    >>> from monai_fast.apps.recipes import RecipeConfig
+    >>> record = recipe_chain(RecipeConfig())
+    >>> [t["_target_"] for t in record][-2:]
+    ['CropForegroundd', 'SpatialPadd']
+    >>> chain = build_chain(record)  # for an {"image": path} item: the label's entries are skipped
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import monai.transforms
+from monai.transforms import Compose, MapTransform
+
+from monai_fast.apps.recipes.config import RecipeConfig
+from monai_fast.apps.recipes.transforms import KEYS
+
+__all__ = ["ALLOWED", "ChainError", "build_chain", "check_chain", "recipe_chain"]
+
+#: the MONAI dictionary transforms a chain record may name: deterministic preprocessing, invertible where it
+#: changes the grid, so that ``Invertd`` takes a prediction back onto the input's grid
+ALLOWED = frozenset(
+    {
+        "LoadImaged",
+        "EnsureChannelFirstd",
+        "Orientationd",
+        "Spacingd",
+        "ScaleIntensityRanged",
+        "ScaleIntensityd",
+        "NormalizeIntensityd",
+        "ClipIntensityPercentilesd",
+        "CropForegroundd",
+        "SpatialPadd",
+        "DivisiblePadd",
+        "CenterSpatialCropd",
+        "ResizeWithPadOrCropd",
+        "Resized",
+    }
+)
+_PLAIN = (str, int, float, bool, type(None))
+
+
+class ChainError(ValueError):
+    """A chain record that cannot be rebuilt; the message names the entry and what is wrong with it."""
+
+
+def recipe_chain(config: RecipeConfig) -> list[dict[str, Any]]:
+    """The recipes' validation chain for ``config`` as a record (what their evaluators run on each volume).
+
+    The same transforms, in the same order and with the same arguments, as
+    `deterministic_transforms()` ``(config)``.
+    """
+    keys = list(KEYS)
+    return [
+        {"_target_": "LoadImaged", "keys": keys},
+        {"_target_": "EnsureChannelFirstd", "keys": keys},
+        {"_target_": "Orientationd", "keys": keys, "axcodes": "RAS", "labels": [["L", "R"], ["P", "A"], ["I", "S"]]},
+        {"_target_": "Spacingd", "keys": keys, "pixdim": list(config.pixdim), "mode": ["bilinear", "nearest"]},
+        {
+            "_target_": "ScaleIntensityRanged",
+            "keys": "image",
+            "a_min": config.intensity_window[0],
+            "a_max": config.intensity_window[1],
+            "b_min": 0.0,
+            "b_max": 1.0,
+            "clip": True,
+        },
+        {"_target_": "CropForegroundd", "keys": keys, "source_key": "image", "allow_smaller": True},
+        {"_target_": "SpatialPadd", "keys": keys, "spatial_size": list(config.patch_size)},
+    ]
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, _PLAIN)
+
+
+def check_chain(record: Any) -> list[dict[str, Any]]:
+    """``record`` as a list of transform entries, each naming an `ALLOWED` transform with plain arguments.
+
+    Raises:
+        ChainError: naming the first entry at fault.
+    """
+    if not isinstance(record, (list, tuple)) or not record:
+        raise ChainError(f"the chain record is not a list of transforms (got {type(record).__name__})")
+    entries = []
+    for i, entry in enumerate(record):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("_target_"), str):
+            raise ChainError(f"chain entry {i} is not a mapping with a '_target_' transform name: {entry!r:.120}")
+        name = entry["_target_"]
+        if name not in ALLOWED:
+            raise ChainError(
+                f"chain entry {i} names {name!r}, which is not one of the deterministic MONAI transforms "
+                f"inference rebuilds ({', '.join(sorted(ALLOWED))})"
+            )
+        bad = [k for k, v in entry.items() if not isinstance(k, str) or not _plain(v)]
+        if bad:
+            raise ChainError(f"chain entry {i} ({name}): argument(s) {bad} are not plain values (text, numbers, lists)")
+        entries.append(dict(entry))
+    return entries
+
+
+def build_chain(record: Sequence[Mapping[str, Any]], image_key: str = "image") -> Compose:
+    """The transforms of ``record``, built for items that may lack some of their keys (the label at inference).
+
+    Every transform is built with ``allow_missing_keys=True``, so the entries for a label are
+    skipped on an ``{"image": path}`` item while the image goes through exactly the steps it went
+    through in validation (per-key arguments, such as ``Spacingd``'s modes, stay paired with
+    their keys).
+
+    Raises:
+        ChainError: a record entry that is not allowed, not plain, or not accepted by its transform;
+            or a record whose transforms never touch ``image_key``.
+    """
+    entries = check_chain(record)
+    transforms: list[MapTransform] = []
+    for i, entry in enumerate(entries):
+        name = entry.pop("_target_")
+        args = {k: (tuple(map(_tuple, v)) if isinstance(v, list) else v) for k, v in entry.items()}
+        try:
+            transforms.append(getattr(monai.transforms, name)(**args, allow_missing_keys=True))
+        except (TypeError, ValueError) as e:
+            raise ChainError(f"chain entry {i} ({name}) cannot be built from its arguments {entry}: {e}") from e
+    if not any(image_key in t.keys for t in transforms):
+        raise ChainError(
+            f"no transform of the chain record acts on {image_key!r} (keys: "
+            f"{sorted({k for t in transforms for k in t.keys})})"
+        )
+    return Compose(transforms)
+
+
+def _tuple(value: Any) -> Any:
+    """A record's lists as tuples (MONAI takes both; tuples are what the recipes pass)."""
+    return tuple(_tuple(v) for v in value) if isinstance(value, list) else value

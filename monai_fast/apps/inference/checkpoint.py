@@ -1,0 +1,290 @@
+"""The inference checkpoint: a recipe network's weights, the `RecipeConfig` that rebuilds it, and its chain.
+
+The format is one ``torch.save`` dict, readable with ``torch.load(..., weights_only=True)``::
+
+    {"format": "monai-fast/model", "version": 2, "config": RecipeConfig.to_dict(), "out_channels": 2,
+     "chain": [{"_target_": "LoadImaged", "keys": ["image", "label"]}, ...], "model": state_dict}
+
+``"chain"`` is the deterministic transform chain the network was validated with
+(`monai_fast.apps.inference.chain`), so that inference preprocesses each volume exactly as the
+validation that measured the network did, crop to the foreground included.
+
+`load_model()` also takes a `CheckpointFolder` /
+``Preemption`` checkpoint, or a MONAI ``CheckpointSaver`` file (its ``"model"``, ``"network"`` or
+``"net"`` entry, or a bare ``state_dict``), when the caller passes the config the run was built
+from (``monai-fast infer --recipe-config``); the chain is then the recipes' validation chain for
+that config. Whatever is wrong with the file (missing, damaged, no weights, weights of another
+network, a chain record that cannot be rebuilt) is one `CheckpointError` naming the file,
+raised before any volume is read.
+
+Examples:
+    >>> import tempfile, torch
+    >>> from monai_fast.apps.recipes import RecipeConfig
+    >>> from monai_fast.apps.recipes.common import build_network
+    >>> config = RecipeConfig(channels=(4, 8), strides=(2,), patch_size=(16, 16, 16))
+    >>> path = save_checkpoint(tempfile.mkdtemp() + "/model.pt", build_network(config, torch.device("cpu")), config)
+    >>> net, loaded = load_checkpoint(path)
+    >>> loaded.channels
+    (4, 8)
+    >>> [t["_target_"] for t in load_model(path).chain][-1]
+    'SpatialPadd'
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+from monai_fast.apps.inference.chain import ChainError, check_chain, recipe_chain
+from monai_fast.apps.recipes.common import build_network
+from monai_fast.apps.recipes.config import RecipeConfig
+from monai_fast.files import atomic_write
+
+__all__ = [
+    "FORMAT",
+    "CheckpointError",
+    "InferenceError",
+    "LoadedModel",
+    "load_checkpoint",
+    "load_model",
+    "read_recipe_config",
+    "save_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "monai-fast/model"
+_VERSION = 2
+#: the entries of a training checkpoint that may hold the network's weights, in the order tried
+_WEIGHT_KEYS = ("model", "network", "net")
+
+
+class InferenceError(ValueError):
+    """Inference cannot start: the message names the file, option or backend at fault."""
+
+
+class CheckpointError(InferenceError):
+    """A checkpoint cannot be used; the message names the file and what is wrong with it."""
+
+
+#: what to give when a checkpoint holds weights but nothing to rebuild the network from
+_HOW_TO_GIVE_CONFIG = (
+    "give the RecipeConfig the network was trained with: on the command line --recipe-config FILE (the recipe.json "
+    "that monai-fast train writes beside model.pth, or a JSON object of RecipeConfig options such as "
+    '{"channels": [16, 32, 64, 128], "strides": [2, 2, 2], "patch_size": [96, 96, 96]}), from Python '
+    "infer(..., config=RecipeConfig(...)) or load_model(path, config=RecipeConfig(...))"
+)
+
+
+@dataclass
+class LoadedModel:
+    """A checkpoint's network, weights loaded, with what inference needs to run it as it was validated.
+
+    Attributes:
+        network: the network in eval mode.
+        config: its `RecipeConfig` (patch size, sliding-window settings).
+        chain: the validation chain record (`monai_fast.apps.inference.chain`).
+        chain_recorded: whether ``chain`` is the checkpoint's own record (else derived from ``config``).
+    """
+
+    network: torch.nn.Module
+    config: RecipeConfig
+    chain: list[dict[str, Any]]
+    chain_recorded: bool
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    network: torch.nn.Module,
+    config: RecipeConfig,
+    chain: Sequence[dict[str, Any]] | None = None,
+) -> Path:
+    """Write ``network``'s weights, ``config`` and its validation chain as an inference checkpoint (atomically).
+
+    Args:
+        path: the file to write (``.pt``).
+        network: the trained network (a recipe's ``network``; DDP / ``DataParallel`` unwrapped).
+        config: the `RecipeConfig` it was built from (``recipe.config``).
+        chain: the deterministic chain it was validated with, as a record
+            (`monai_fast.apps.inference.chain`); default the recipes' validation chain for ``config``
+            (`recipe_chain()`).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ChainError: ``chain`` names a transform inference cannot rebuild, before anything is written.
+
+    Examples:
+        >>> save_checkpoint("model.pt", recipe.network, recipe.config)  # doctest: +SKIP
+    """
+    record = check_chain(list(chain) if chain is not None else recipe_chain(config))
+    bare = getattr(network, "module", network)
+    state = {k: v.detach().cpu() for k, v in bare.state_dict().items()}
+    payload = {
+        "format": FORMAT,
+        "version": _VERSION,
+        "config": config.to_dict(),
+        "out_channels": int(getattr(bare, "out_channels", 2)),
+        "chain": record,
+        "model": state,
+    }
+    with atomic_write(path, "wb", fsync=True) as f:
+        torch.save(payload, f)
+    return Path(path)
+
+
+def _why(path: Path, e: Exception) -> str:
+    """One line on why ``torch.load`` failed (torch's own text runs to several paragraphs)."""
+    if not zipfile.is_zipfile(path):
+        return "not a zip archive (damaged, truncated, or another format)"
+    if "Weights only load failed" in str(e):
+        return (
+            "it holds pickled Python objects, not only tensors and plain values (a whole model saved with "
+            "torch.save(model)?); save the weights with monai_fast.apps.inference.save_checkpoint"
+        )
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path}: no such file")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch/pickle/zipfile raise many types for a damaged or foreign file
+        raise CheckpointError(f"checkpoint {path} cannot be read as a torch.save file: {_why(path, e)}") from e
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of weights and config")
+    return obj
+
+
+def _weights(path: Path, obj: dict[str, Any]) -> dict[str, torch.Tensor]:
+    state = next((obj[k] for k in _WEIGHT_KEYS if isinstance(obj.get(k), dict)), None)
+    if state is None and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        state = obj  # a bare state_dict
+    if not state:
+        looked = ", ".join(map(repr, _WEIGHT_KEYS))
+        raise CheckpointError(
+            f"checkpoint {path} has no network weights (looked for {looked} or a bare state_dict; "
+            f"found {sorted(obj)[:8]})"
+        )
+    state = dict(state)
+    consume_prefix_in_state_dict_if_present(state, "module.")  # saved from a DDP module
+    return state
+
+
+def _config(path: Path, obj: dict[str, Any], config: RecipeConfig | None) -> RecipeConfig:
+    if config is not None:
+        return config
+    if "config" not in obj:
+        raise CheckpointError(
+            f"checkpoint {path} holds network weights but no 'config' to rebuild the network from "
+            f"(a MONAI CheckpointSaver or training checkpoint?): {_HOW_TO_GIVE_CONFIG}"
+        )
+    try:
+        return RecipeConfig.from_dict(dict(obj["config"]))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path}: its 'config' is not a RecipeConfig: {e}") from e
+
+
+def _chain(path: Path, obj: dict[str, Any], cfg: RecipeConfig, given: bool) -> tuple[list[dict[str, Any]], bool]:
+    """The checkpoint's validation chain record, or the recipes' chain for ``cfg`` when it has none."""
+    if "chain" in obj:
+        try:
+            return check_chain(obj["chain"]), True
+        except ChainError as e:
+            raise CheckpointError(f"checkpoint {path}: its validation chain record cannot be rebuilt: {e}") from e
+    chain = recipe_chain(cfg)
+    if given:
+        logger.info("checkpoint %s: preprocessing with the recipes' validation chain for the config given", path)
+    else:
+        logger.warning(
+            "checkpoint %s holds no record of the chain its network was validated with; inference uses the "
+            "recipes' validation chain for its config (%s). Write it with "
+            "monai_fast.apps.inference.save_checkpoint to record the chain",
+            path,
+            ", ".join(t["_target_"] for t in chain),
+        )
+    return chain, False
+
+
+def load_model(
+    path: str | os.PathLike, config: RecipeConfig | None = None, device: torch.device | str = "cpu"
+) -> LoadedModel:
+    """The network of a checkpoint, weights loaded, in eval mode on ``device``, with its config and chain.
+
+    Args:
+        path: a file written by `save_checkpoint()`, or a training checkpoint holding the
+            weights under ``"model"``/``"network"``/``"net"`` or as a bare ``state_dict`` (then
+            ``config`` is needed).
+        config: the config to build the network from; default the checkpoint's own.
+        device: where the network goes.
+
+    Raises:
+        CheckpointError: naming ``path``: missing, unreadable, no weights, no config, weights
+            that do not fit the network the config describes, or a chain record that cannot be rebuilt.
+    """
+    path = Path(path)
+    obj = _read(path)
+    state = _weights(path, obj)
+    cfg = _config(path, obj, config)
+    chain, recorded = _chain(path, obj, cfg, given=config is not None)
+    out_channels = obj.get("out_channels", 2)  # a training checkpoint: the recipes' two classes
+    network = build_network(cfg, torch.device(device), out_channels=out_channels)
+    try:
+        network.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()
+        raise CheckpointError(
+            f"checkpoint {path}: its weights do not fit the UNet its config describes "
+            f"(channels {cfg.channels}, strides {cfg.strides}): {' '.join(first[:3])}"
+        ) from e
+    logger.info("loaded %s: UNet channels %s, %d output channels", path, cfg.channels, out_channels)
+    return LoadedModel(network.eval(), cfg, chain, recorded)
+
+
+def load_checkpoint(
+    path: str | os.PathLike, config: RecipeConfig | None = None, device: torch.device | str = "cpu"
+) -> tuple[torch.nn.Module, RecipeConfig]:
+    """The network of an inference checkpoint, weights loaded, in eval mode on ``device``, and its config.
+
+    `load_model()` without the chain; the same arguments and errors.
+    """
+    model = load_model(path, config=config, device=device)
+    return model.network, model.config
+
+
+def read_recipe_config(path: str | os.PathLike) -> RecipeConfig:
+    """The `RecipeConfig` in a JSON file: ``recipe.json`` (``{"recipe": ..., "config": {...}}``, as
+    ``monai-fast train`` writes it) or a JSON object of RecipeConfig options.
+
+    Raises:
+        InferenceError: naming ``path``: missing, not JSON, or options RecipeConfig rejects (named).
+    """
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InferenceError(f"recipe config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InferenceError(f"recipe config {path} cannot be read as JSON: {e}") from e
+    if isinstance(obj, dict) and isinstance(obj.get("config"), dict):
+        obj = obj["config"]
+    if not isinstance(obj, dict):
+        raise InferenceError(
+            f"recipe config {path} holds a {type(obj).__name__}, not a JSON object of RecipeConfig options"
+        )
+    try:
+        return RecipeConfig.from_dict(obj)
+    except (TypeError, ValueError) as e:
+        raise InferenceError(f"recipe config {path}: {e}") from e

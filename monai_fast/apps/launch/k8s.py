@@ -1,0 +1,219 @@
+"""Write a Kubernetes ``PyTorchJob`` (Kubeflow training operator) that runs a monai-fast training script
+on several nodes with ``monai-fast launch``, preemption-safe: the Kubernetes twin of `.sbatch`.
+
+The operator starts one pod per node (a ``Master`` and ``nodes - 1`` ``Worker`` replicas) and sets
+``MASTER_ADDR`` (the master pod's service), ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK`` (the pod's
+index: 0 for the master) in each. Every pod runs::
+
+    monai-fast launch --nnodes N --nproc G --node-rank "$RANK" --master-addr "$MASTER_ADDR" \\
+        --master-port "$MASTER_PORT" --grace-s S SCRIPT ARGS...
+
+(``exec``'d, so ``monai-fast launch`` is the container's main process and hears Kubernetes'
+``SIGTERM``), which starts G ranks on the pod (one per GPU) through torchrun's static rendezvous
+at the master. On an eviction or a node drain Kubernetes sends ``SIGTERM``: ``monai-fast launch``
+passes it to every rank, and a script with `Preemption` checkpoints
+within ``--grace-s`` (the pod's ``terminationGracePeriodSeconds`` is longer). A failed or evicted
+pod is restarted (``restartPolicy: OnFailure``, at most ``backoffLimit`` times); the ranks of the
+other pods fail at their next collective and restart too, and the whole job meets again and
+resumes from the latest checkpoint, which must therefore lie on a volume shared by the pods
+(``volume_claim``).
+
+Examples:
+    >>> from monai_fast.apps.launch.k8s import PyTorchJobSpec, render_pytorchjob
+    >>> text = render_pytorchjob(PyTorchJobSpec(["train.py"], image="me/monai-fast:1", nodes=2, gpus_per_node=4))
+    >>> [x.strip() for x in text.splitlines() if x.strip() in ("Master:", "Worker:") or "replicas:" in x]
+    ['Master:', 'replicas: 1', 'Worker:', 'replicas: 1']
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PyTorchJobSpec", "pytorchjob", "render_pytorchjob"]
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_NAME_MAX = 45  # pod names add "-worker-<i>" and stay DNS labels (63 characters)
+
+
+@dataclass
+class PyTorchJobSpec:
+    """What the job needs.
+
+    Args:
+        script: the training script and its arguments, e.g. ``["train.py", "--checkpoint-dir",
+            "/workspace/run/ckpt"]``, as ``monai-fast launch`` takes them (a path inside the image).
+        image: the container image, with monai-fast installed.
+        nodes: pods, one per node: one ``Master`` and ``nodes - 1`` ``Worker`` replicas.
+        gpus_per_node: GPUs per pod (``nvidia.com/gpu``), one rank each; 0 for CPU pods.
+        procs_per_node: ranks per pod when ``gpus_per_node`` is 0.
+        cpus_per_node: CPU cores per pod (requested and the limit).
+        memory: memory per pod, a Kubernetes quantity (``"64Gi"``); ``None``: the namespace default.
+        job_name: the PyTorchJob's name (lower-case letters, digits and ``-``).
+        namespace: the namespace; ``None``: kubectl's current one.
+        grace_s: seconds the ranks get to checkpoint after ``SIGTERM`` (``monai-fast launch --grace-s``).
+        backoff_limit: pod restarts (failures, evictions) before the job counts as failed.
+        volume_claim: a PersistentVolumeClaim (ReadWriteMany) mounted at ``mount_path`` in every
+            pod: data, checkpoints and run records that outlive a pod.
+        mount_path: where ``volume_claim`` is mounted.
+        port: the rendezvous port on the master (the operator's default is 23456).
+    """
+
+    script: Sequence[str]
+    image: str
+    nodes: int = 2
+    gpus_per_node: int = 1
+    procs_per_node: int = 1
+    cpus_per_node: int = 8
+    memory: str | None = None
+    job_name: str = "monai-fast"
+    namespace: str | None = None
+    grace_s: int = 120
+    backoff_limit: int = 3
+    volume_claim: str | None = None
+    mount_path: str = "/workspace/run"
+    port: int = 23456
+
+    def __post_init__(self) -> None:
+        problems = _script_problems(self.script)
+        if not self.image or any(c.isspace() for c in self.image):
+            problems.append(f"image {self.image!r} is not an image reference like registry/name:tag")
+        for name, least in (
+            ("nodes", 1),
+            ("procs_per_node", 1),
+            ("cpus_per_node", 1),
+            ("gpus_per_node", 0),
+            ("grace_s", 0),
+            ("backoff_limit", 0),
+        ):
+            if getattr(self, name) < least:
+                problems.append(f"{name} must be >= {least}, got {getattr(self, name)}")
+        for name in ("job_name", "namespace", "volume_claim"):
+            value = getattr(self, name)
+            if value is not None and (not _DNS_LABEL.match(value) or len(value) > _NAME_MAX):
+                problems.append(f"{name} {value!r} must be lower-case letters, digits and '-' (at most {_NAME_MAX})")
+        if self.memory is not None and not _QUANTITY.match(self.memory):
+            problems.append(f"memory {self.memory!r} is not a Kubernetes quantity like 64Gi")
+        if not self.mount_path.startswith("/"):
+            problems.append(f"mount_path {self.mount_path!r} must be an absolute path")
+        if not 1 <= self.port <= 65535:
+            problems.append(f"port {self.port} is not a TCP port (1-65535)")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.gpus_per_node if self.gpus_per_node > 0 else self.procs_per_node
+
+
+def _script_problems(script: Sequence[str]) -> list[str]:
+    if not script:
+        return ["the script is empty: give the training script and its arguments, e.g. train.py --checkpoint-dir /ckpt"]
+    if re.match(r"^(.*/)?python[\d.]*$", script[0]):
+        return [f"give the script without {script[0]!r}: monai-fast launch runs it with python on every rank"]
+    return []
+
+
+def _launch_line(spec: PyTorchJobSpec) -> str:
+    """The container's shell command: ``monai-fast launch`` with the rendezvous the operator set up."""
+    return (
+        f'exec monai-fast launch --nnodes {spec.nodes} --nproc {spec.ranks_per_node} --node-rank "$RANK" '
+        f'--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" --grace-s {spec.grace_s} '
+        + " ".join(shlex.quote(a) for a in spec.script)
+    )
+
+
+def _pod_template(spec: PyTorchJobSpec) -> dict[str, Any]:
+    limits: dict[str, Any] = {"cpu": spec.cpus_per_node}
+    if spec.memory:
+        limits["memory"] = spec.memory
+    if spec.gpus_per_node:
+        limits["nvidia.com/gpu"] = spec.gpus_per_node
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]  # DataLoader workers share tensors here
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    if spec.volume_claim:
+        mounts.append({"name": "run", "mountPath": spec.mount_path})
+        volumes.append({"name": "run", "persistentVolumeClaim": {"claimName": spec.volume_claim}})
+    container = {
+        "name": "pytorch",  # the operator looks for this name
+        "image": spec.image,
+        "command": ["/bin/sh", "-c"],
+        "args": [_launch_line(spec)],
+        "ports": [{"name": "pytorchjob-port", "containerPort": spec.port}],
+        "resources": {"requests": {k: v for k, v in limits.items() if k != "nvidia.com/gpu"}, "limits": limits},
+        "volumeMounts": mounts,
+    }
+    # Kubernetes waits this long after SIGTERM before SIGKILL: the ranks' grace and some slack
+    return {"spec": {"terminationGracePeriodSeconds": spec.grace_s + 30, "containers": [container], "volumes": volumes}}
+
+
+def pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
+    """The ``kubeflow.org/v1`` PyTorchJob for ``spec``, as a dict (what `render_pytorchjob()` writes)."""
+    replica = {"restartPolicy": "OnFailure", "template": _pod_template(spec)}
+    replicas = {"Master": {"replicas": 1, **replica}}
+    if spec.nodes > 1:
+        replicas["Worker"] = {"replicas": spec.nodes - 1, **replica}
+    metadata: dict[str, Any] = {"name": spec.job_name}
+    if spec.namespace:
+        metadata["namespace"] = spec.namespace
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": metadata,
+        "spec": {
+            "runPolicy": {"backoffLimit": spec.backoff_limit, "cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": replicas,
+        },
+    }
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    return json.dumps(v)  # a JSON string (or {} / [] / null) is valid YAML
+
+
+def _yaml(value: Any, indent: int = 0) -> list[str]:
+    """Block-style YAML lines of dicts, lists and scalars (PyYAML is not a dependency)."""
+    pad = "  " * indent
+    lines: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, (dict, list)) and v:
+                lines += [f"{pad}{k}:", *_yaml(v, indent + 1)]
+            else:
+                lines.append(f"{pad}{k}: {_scalar(v)}")
+        return lines
+    for item in value:
+        if isinstance(item, (dict, list)) and item:
+            sub = _yaml(item, indent + 1)
+            lines += [f"{pad}- {sub[0].lstrip()}", *sub[1:]]
+        else:
+            lines.append(f"{pad}- {_scalar(item)}")
+    return lines
+
+
+def render_pytorchjob(spec: PyTorchJobSpec) -> str:
+    """The PyTorchJob manifest for ``spec`` as YAML, for ``kubectl apply -f``.
+
+    Examples:
+        >>> spec = PyTorchJobSpec(["train.py", "--lr", "1e-3"], image="me/monai-fast:1", nodes=3, gpus_per_node=8)
+        >>> print(render_pytorchjob(spec).splitlines()[0])
+        # 24 ranks: 3 node(s) x 8 GPU(s), one rank per GPU (NCCL)
+    """
+    world = spec.nodes * spec.ranks_per_node
+    head = [
+        f"# {world} ranks: {spec.nodes} node(s) x {spec.ranks_per_node} "
+        + ("GPU(s), one rank per GPU (NCCL)" if spec.gpus_per_node else "CPU rank(s) (gloo)"),
+        "# written by 'monai-fast k8s'; needs the Kubeflow training operator. Submit: kubectl apply -f FILE",
+        "# the training script calls monai_fast.distributed.run(...); with monai_fast.handlers.Preemption and its",
+        "# checkpoints on the shared volume, an evicted or failed pod restarts and the job resumes from them",
+    ]
+    return "\n".join([*head, *_yaml(pytorchjob(spec))]) + "\n"

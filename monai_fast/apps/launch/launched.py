@@ -1,0 +1,95 @@
+"""The entry of every rank that ``monai-fast launch`` starts: the user's script, kept from spawning again.
+
+torchrun starts ``python -m monai_fast.apps.launch.launched SCRIPT ARGS...`` on each rank. That runs
+SCRIPT as ``__main__`` just as ``python SCRIPT ARGS...`` would (same ``sys.argv``, ``sys.path[0]`` is
+the script's folder); ``-m MODULE ARGS...`` runs a module as ``python -m MODULE ARGS...`` would
+(``monai-fast launch -m monai_fast bundle run BUNDLE_DIR``). Either way with one difference:
+``ignite.distributed.spawn`` refuses to run. A script written for plain python,
+``idist.Parallel(backend="gloo", nproc_per_node=2)``, would otherwise have each launched rank start two
+more processes: separate jobs that race for torchrun's rendezvous port and end in a gloo connection
+error, or train apart without a word. Instead every rank stops at once with one line saying to drop
+``nproc_per_node`` (exit status 2).
+
+``idist.Parallel.run`` calls ``spawn`` through the public ``ignite.distributed.utils`` module, which
+``ignite.distributed`` re-exports; replacing that public function in both (here, and only in launched
+ranks) catches ``Parallel`` and direct ``idist.spawn`` calls alike. No private ignite attribute is
+touched. Scripts that call `monai_fast.distributed.run()` with ``nproc_per_node``
+get the same message from ``run`` itself, under any launcher.
+
+Examples:
+    >>> import subprocess, sys  # doctest: +SKIP
+    >>> subprocess.call(
+    ...     [sys.executable, "-m", "monai_fast.apps.launch.launched", "train.py", "--tiny"]
+    ... )  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["NestedSpawnError", "guard_ignite_spawn", "main"]
+
+logger = logging.getLogger("monai_fast.distributed")
+
+
+class NestedSpawnError(RuntimeError):
+    """A launched rank asked ignite to start processes of its own."""
+
+
+def guard_ignite_spawn() -> None:
+    """Make ``ignite.distributed.spawn`` (and so ``idist.Parallel(nproc_per_node=N).run``) raise
+    `NestedSpawnError`."""
+    import ignite.distributed as idist
+    from ignite.distributed import utils
+
+    from monai_fast.distributed.env import detect, nested_spawn_message
+
+    @functools.wraps(utils.spawn)
+    def refuse(
+        backend: str, fn: Any, args: tuple, kwargs_dict: dict | None = None, nproc_per_node: int = 1, **kwargs: Any
+    ) -> None:
+        raise NestedSpawnError(nested_spawn_message(nproc_per_node, detect()))
+
+    utils.spawn = refuse  # what idist.Parallel.run calls
+    idist.spawn = refuse  # the same function, re-exported
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``argv[0]`` (a script, or ``-m MODULE``) with the rest as its arguments; 2 if it tried to spawn ranks itself.
+
+    A ``SystemExit`` of the script or module (``sys.exit(main())``) ends the rank with its status, as under python.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("usage: python -m monai_fast.apps.launch.launched SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    module = argv[0] == "-m"
+    if module:
+        argv = argv[1:]
+        if not argv:
+            print("usage: python -m monai_fast.apps.launch.launched -m MODULE [ARGS...]", file=sys.stderr)
+            return 2
+    script = argv[0]
+    guard_ignite_spawn()
+    sys.argv = argv
+    try:
+        if module:
+            sys.path[0] = os.getcwd()  # as `python -m MODULE` sets it
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` sets it
+            runpy.run_path(script, run_name="__main__")
+    except NestedSpawnError as e:
+        print(f"monai-fast launch: {script}: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,423 @@
+"""Tumour / normal patch classification on whole-slide images: the plain pipeline and the fast one.
+
+After MONAI's pathology tumour-detection example (Camelyon16 patches, MONAI's WSI reader and
+``PatchWSIDataset``, a 2D CNN, ``BCEWithLogitsLoss``, ROC AUC), built two ways on the same patches:
+
+* ``plain``: MONAI as installed on a CPU machine: ``PatchWSIDataset`` with MONAI's ``tifffile``
+  reader (a whole-level decode per patch), per-patch augmentation in the loader's worker
+  processes (MONAI's ``RandScaleIntensityd``, ``RandFlipd``, ``RandRotate90d``), a torch
+  ``DataLoader``, SGD with momentum (the example's baseline), fp32.
+* ``fast``: the guide's levers: the WSI backend chosen by what is installed (cuCIM on a GPU,
+  else OpenSlide, else monai-fast's tile-aware tifffile reader:
+  `monai_fast.apps.sources.wsi_reader`), ``uint8`` patches through a ``SafeThreadDataLoader``,
+  augmentation of whole batches on the training device (cuCIM's GPU kernels through MONAI's
+  ``RandCuCIM`` where cuCIM and CUDA are present, torch operations otherwise:
+  `monai_fast.apps.recipes.pathology_augment`), ``AMPToggle("auto")``, Novograd.
+
+Both carry the same measuring handlers (``TimeBreakdown``, ``ThroughputMonitor``,
+``TimeToTarget`` on the validation AUC, and with a run folder ``RecordHandler``), so their
+patches/s and time to a target AUC compare within one run.
+
+Neither ends an epoch short. Before anything is built, `preflight_wsi()`
+checks every slide (readable to its end, at least the patch's size) and every patch location
+(wholly inside its slide), and names each one at fault. During training, a patch that fails is
+raised in the training thread with its slide and location (``SafeThreadDataLoader``), and an
+`EpochLengthGuard` on the trainer and on the
+evaluator raises when a loader's pass or an epoch ends before its length, ahead of the validation
+and the metrics of that epoch: a run that trained or validated on fewer patches than its lists
+never reports an AUC.
+
+The network is MONAI's 2D ``DenseNet`` (at full size on a GPU: DenseNet-121's layout). MONAI's
+example uses ``TorchVisionFCModel`` (a torchvision ResNet-18), but torchvision has no wheel for
+some CPU-only torch builds, so a MONAI-native network stands in; its width is set per
+size (`SIZES`).
+
+Examples:
+    >>> from monai_fast.apps.sources.wsi import load_wsi_datalist, synthetic_wsi_dataset
+    >>> from monai_fast.apps.recipes.pathology import SIZES, run_pathology
+    >>> size = SIZES["tiny"]
+    >>> root = synthetic_wsi_dataset(size.slides, size.shape, size.patch_size, progress=False)  # doctest: +SKIP
+    >>> result = run_pathology("fast", *load_wsi_datalist(root), size.config(), "cpu", target=0.9)  # doctest: +SKIP
+    >>> result["best_auc"], result["patches_per_s"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from ignite.metrics import Accuracy
+from monai.data import DataLoader, PatchWSIDataset
+from monai.engines import SupervisedEvaluator, SupervisedTrainer
+from monai.handlers import ROCAUC, ValidationHandler, from_engine
+from monai.networks.nets import DenseNet
+from monai.optimizers import Novograd
+from monai.transforms import (
+    Activationsd,
+    CastToTyped,
+    Compose,
+    RandFlipd,
+    RandRotate90d,
+    RandScaleIntensityd,
+    ScaleIntensityRanged,
+)
+from monai.utils import set_determinism
+
+from monai_fast.apps.recipes.pathology_augment import AugmentingPrepareBatch, batch_augment, cucim_status, to_unit_range
+from monai_fast.apps.recipes.pathology_config import SIZES, PathologyConfig, PathologySize
+from monai_fast.apps.sources.wsi_reader import WSIBackend, choose_wsi_backend
+from monai_fast.data.loaders import SafeThreadDataLoader
+from monai_fast.data.preflight import preflight_wsi
+from monai_fast.handlers import AMPToggle, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
+from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
+from monai_fast.handlers.stop_signal import end_of_setup, stop_signals_caught
+
+__all__ = [
+    "METRIC",
+    "SIZES",
+    "VARIANTS",
+    "PathologyConfig",
+    "PathologyRun",
+    "PathologySize",
+    "build_pathology",
+    "results_table",
+    "run_pathology",
+    "summarize",
+]
+
+logger = logging.getLogger(__name__)
+
+VARIANTS = ("plain", "fast")
+#: the validation metric the target is on
+METRIC = "val_auc"
+
+
+@dataclass
+class PathologyRun:
+    """A built pipeline: its engines, network, loaders, handlers and what it chose (``notes``)."""
+
+    variant: str
+    trainer: SupervisedTrainer
+    evaluator: SupervisedEvaluator
+    network: torch.nn.Module
+    stopper: TimeToTarget
+    throughput: ThroughputMonitor
+    breakdown: TimeBreakdown
+    amp: AMPToggle | None
+    notes: dict[str, str]
+    setup_s: float
+
+
+def classifier(config: PathologyConfig) -> torch.nn.Module:
+    """MONAI's 2D ``DenseNet``: 3 input channels (RGB), one logit (tumour)."""
+    return DenseNet(
+        spatial_dims=2,
+        in_channels=3,
+        out_channels=1,
+        init_features=config.init_features,
+        growth_rate=config.growth_rate,
+        block_config=tuple(config.block_config),
+    )
+
+
+def _plain_transforms(train: bool, prob: float) -> Compose:
+    """Per-patch CPU transforms, MONAI's dictionary transforms in the loader workers."""
+    tail = [ScaleIntensityRanged(keys="image", a_min=0.0, a_max=255.0, b_min=-1.0, b_max=1.0, clip=True)]
+    if not train:
+        return Compose([CastToTyped(keys="image", dtype=torch.float32), *tail])
+    return Compose(
+        [
+            CastToTyped(keys="image", dtype=torch.float32),
+            RandScaleIntensityd(keys="image", factors=0.25, prob=1.0),
+            RandFlipd(keys="image", prob=prob, spatial_axis=1),
+            RandRotate90d(keys="image", prob=prob, max_k=3),
+            *tail,
+        ]
+    )
+
+
+def _datasets(
+    variant: str,
+    train: Sequence[dict],
+    val: Sequence[dict],
+    config: PathologyConfig,
+    device: torch.device,
+    reader: WSIBackend,
+    notes: dict[str, str],
+) -> tuple[Any, Any]:
+    """The training and validation loaders of ``variant``, reading with ``reader``."""
+    p = config.patch_size
+    if variant == "plain":
+        notes["reader"] = "tifffile (MONAI's TiffFileWSIReader: whole-level decode per patch)"
+        ds = [
+            PatchWSIDataset(
+                list(d),
+                patch_size=p,
+                patch_level=0,
+                transform=_plain_transforms(t, config.prob),
+                reader=reader.make(level=0),
+            )
+            for d, t in ((train, True), (val, False))
+        ]
+        notes["augment"] = "MONAI per-patch transforms in loader workers (CPU)"
+        kw = {"num_workers": config.workers, "persistent_workers": config.workers > 0}
+        notes["loader"] = f"DataLoader ({config.workers} worker processes)"
+        return (
+            DataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
+            DataLoader(ds[1], batch_size=config.batch_size, **kw),
+        )
+    notes["reader"] = ("tifffile, tile-aware" if reader.name == "tifffile" else reader.name) + f" ({reader.why})"
+    ds = [PatchWSIDataset(list(d), patch_size=p, patch_level=0, reader=reader.make(level=0)) for d in (train, val)]
+    # a thread is enough for tile reads on a CPU; a GPU eats patches faster than one thread reads them
+    workers = config.workers if device.type == "cuda" else 0
+    # the safe thread loader raises a failing patch's error (slide and location named) in the training thread;
+    # MONAI's ThreadDataLoader would end the epoch there instead
+    notes["loader"] = (
+        f"SafeThreadDataLoader ({workers} worker processes)" if workers else "SafeThreadDataLoader (one thread)"
+    )
+    kw = {"num_workers": workers, "persistent_workers": workers > 0}
+    return (
+        SafeThreadDataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
+        SafeThreadDataLoader(ds[1], batch_size=config.batch_size, **kw),
+    )
+
+
+def _engines(
+    variant: str,
+    loaders: tuple[Any, Any],
+    network: torch.nn.Module,
+    config: PathologyConfig,
+    device: torch.device,
+    notes: dict[str, str],
+) -> tuple[SupervisedTrainer, SupervisedEvaluator]:
+    """MONAI's trainer and evaluator: BCE on one logit, ROC AUC and accuracy on the sigmoid."""
+    fast = variant == "fast"
+    prepare = {}
+    if fast:
+        why = cucim_status(device)
+        notes["augment"] = "cuCIM GPU kernels (RandCuCIM)" if why is None else f"torch batch ops on {device} ({why})"
+        prepare = {"prepare_batch": AugmentingPrepareBatch(batch_augment(device, config.prob, quiet=True))}
+    stack = from_engine(["pred", "label"])
+
+    def binary(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        pred, label = (torch.stack(list(t)) for t in stack(out))
+        return (pred > 0.5).long(), label.long()
+
+    evaluator = SupervisedEvaluator(
+        device=device,
+        val_data_loader=loaders[1],
+        network=network,
+        prepare_batch=AugmentingPrepareBatch(to_unit_range) if fast else PrepareBatchPlain(),
+        postprocessing=Activationsd(keys="pred", sigmoid=True),
+        key_val_metric={METRIC: ROCAUC(output_transform=stack)},
+        additional_metrics={"val_acc": Accuracy(output_transform=binary)},
+    )
+    optimizer = (
+        Novograd(network.parameters(), lr=config.lr)
+        if fast
+        else torch.optim.SGD(network.parameters(), lr=config.lr, momentum=0.9)
+    )  # the example's baseline
+    notes["optimizer"] = type(optimizer).__name__
+    trainer = SupervisedTrainer(
+        device=device,
+        max_epochs=config.max_epochs,
+        train_data_loader=loaders[0],
+        network=network,
+        optimizer=optimizer,
+        loss_function=torch.nn.BCEWithLogitsLoss(),
+        train_handlers=[ValidationHandler(validator=evaluator, interval=1, epoch_level=True)],
+        **prepare,
+    )
+    return trainer, evaluator
+
+
+class PrepareBatchPlain(AugmentingPrepareBatch):
+    """The plain pipeline's batches: already float in ``[-1, 1]`` from the loader; moved to the device only."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda x: x)
+
+
+def build_pathology(
+    variant: str,
+    train: Sequence[dict],
+    val: Sequence[dict],
+    config: PathologyConfig | None = None,
+    device: torch.device | str = "cpu",
+    target: float = 0.95,
+    time_budget_s: float | None = None,
+    run_dir: str | os.PathLike | None = None,
+    start_time: float | None = None,
+) -> PathologyRun:
+    """Build ``variant`` (``"plain"`` or ``"fast"``) on the patch lists of
+    `load_wsi_datalist()`.
+
+    Args:
+        variant: one of `VARIANTS`.
+        train, val: ``{"image", "location", "label"}`` patch dicts (a centre at level 0).
+        config: the options; default `PathologyConfig`.
+        device: where the network trains.
+        target: validation ROC AUC at which ``TimeToTarget`` stops training.
+        time_budget_s: wall-clock limit from ``start_time``; ``None`` for none.
+        run_dir: if given, ``run_dir/<variant>/`` receives the run record (``RecordHandler``).
+        start_time: ``time.perf_counter()`` when the clock started; default now.
+
+    Raises:
+        ValueError: for an unknown ``variant`` or a bad option.
+        monai_fast.apps.sources.wsi_reader.WSIBackendError: ``config.backend`` cannot run here (named).
+        monai_fast.data.preflight.PreflightError: a slide that cannot be read to its end, is smaller
+            than the patch, or a patch location outside its slide (each named; ``config.preflight``).
+    """
+    t0 = time.perf_counter() if start_time is None else start_time
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    config = config or PathologyConfig()
+    device = torch.device(device)
+    set_determinism(config.seed)
+    notes: dict[str, str] = {}
+    reader = choose_wsi_backend("tifffile-monai" if variant == "plain" else config.backend, device, quiet=True)
+    if config.preflight:  # a bad slide or location is named here, not in a loader thread in the middle of an epoch
+        preflight_wsi({"training": train, "validation": val}, config.patch_size, reader=reader.make(level=0))
+    loaders = _datasets(variant, train, val, config, device, reader, notes)
+    network = classifier(config).to(device)
+    trainer, evaluator = _engines(variant, loaders, network, config, device, notes)
+    # first among the epoch's handlers: no validation, AUC or checkpoint comes from an epoch that ended short
+    EpochLengthGuard("training").attach(trainer)
+    EpochLengthGuard("validation").attach(evaluator)
+    amp = None
+    if variant == "fast":
+        amp = AMPToggle(config.precision)
+        amp.attach(trainer)
+        AMPToggle(amp.precision).attach(evaluator)  # the trainer's choice, not measured twice
+        notes["precision"] = amp.precision
+    else:
+        notes["precision"] = "fp32"
+    breakdown, throughput = TimeBreakdown(), ThroughputMonitor(log_every_epoch=False)
+    breakdown.attach(trainer)
+    throughput.attach(trainer)
+    stopper = TimeToTarget(
+        target, METRIC, time_budget_s=time_budget_s, start_time=t0, logger=logging.getLogger(f"{__name__}.{variant}")
+    )
+    stopper.attach(trainer, evaluator)
+    if run_dir is not None:
+        record = RecordHandler(Path(run_dir) / variant)
+        record.attach(trainer)
+        record.attach(evaluator)
+    setup_s = time.perf_counter() - t0
+    logger.info("%s: %s", variant, "; ".join(f"{k}: {v}" for k, v in notes.items()))
+    return PathologyRun(variant, trainer, evaluator, network, stopper, throughput, breakdown, amp, notes, setup_s)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(run: PathologyRun, total_s: float) -> dict[str, Any]:
+    """What a finished run measured: patches/s, data share, AUC, accuracy, time to target, its choices."""
+    epochs = [e["samples_per_s"] for e in run.throughput.epochs]
+    steady = epochs[1:] or epochs  # the first epoch pays for loader start-up and first-call costs
+    history = run.stopper.history
+    return {
+        "variant": run.variant,
+        **run.notes,
+        "epochs": run.trainer.state.epoch,
+        "patches_per_s": _median(steady),
+        "patches_per_s_by_epoch": epochs,
+        "data_share": _median([ep.data_share for ep in run.trainer.state.time_breakdown]),
+        "best_auc": run.stopper.best,
+        "final_auc": history[-1][2] if history else None,
+        "final_acc": run.evaluator.state.metrics.get("val_acc"),
+        "target_auc": run.stopper.target,
+        "time_to_target_s": run.stopper.reached_s,
+        "epoch_at_target": run.stopper.reached_epoch,
+        "setup_s": run.setup_s,
+        "total_s": total_s,
+        "history": [{"s": s, "epoch": e, "auc": v} for s, e, v in history],
+    }
+
+
+def run_pathology(
+    variant: str,
+    train: Sequence[dict],
+    val: Sequence[dict],
+    config: PathologyConfig | None = None,
+    device: torch.device | str = "cpu",
+    target: float = 0.95,
+    time_budget_s: float | None = None,
+    run_dir: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Build and train ``variant`` to ``target`` AUC (or ``config.max_epochs`` / the budget); `summarize()` it.
+
+    The clock starts before the data sets are built. Arguments as `build_pathology()`.
+
+    A stop signal (``SIGTERM``, ``SIGUSR1``) while the slides are checked and the data sets and
+    engines built is caught, and so is one since the program's own
+    `catch_stop_signals()`: training starts only after
+    `end_of_setup()`, which stops the program with a message
+    and exit status 143 when such a signal arrived.
+
+    Raises:
+        SystemExit: 143, when a stop signal arrived during the set-up.
+    """
+    t0 = time.perf_counter()
+    with stop_signals_caught():  # a signal while the slides are checked, the data sets and engines built: kept
+        run = build_pathology(variant, train, val, config, device, target, time_budget_s, run_dir, start_time=t0)
+        end_of_setup()  # a program's own catcher too: a signal since its start stops it here, saying so
+    try:
+        run.trainer.run()
+        out = summarize(run, time.perf_counter() - t0)
+    finally:
+        # the engines and handlers form reference cycles that keep the persistent loader workers alive; collected
+        # here, their iterators shut down in this process, not later inside a forked worker of the next run
+        del run
+        gc.collect()
+    out["config"] = asdict(config or PathologyConfig())
+    return out
+
+
+def results_table(results: Sequence[dict[str, Any]]) -> str:
+    """Runs (from `run_pathology()`) as a markdown table; ratios against the ``plain`` run of the same repeat.
+
+    Examples:
+        >>> run = {"variant": "fast", "patches_per_s": 120.0, "data_share": 0.01, "epochs": 3,
+        ...        "best_auc": 0.97, "time_to_target_s": 40.0, "target_auc": 0.95}
+        >>> print(results_table([run]))  # doctest: +NORMALIZE_WHITESPACE
+        | variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC 0.95 | patches/s vs plain
+        | time to target vs plain |
+        |---|---|---|---|---|---|---|---|---|
+        | fast | 1 | 120.0 | 1.0 % | 3 | 0.970 | 40.0 s | | |
+    """
+
+    def cell(v: float | None, fmt: str, unit: str = "") -> str:
+        return "-" if v is None else format(v, fmt) + unit
+
+    target = results[0].get("target_auc", 0.0) if results else 0.0
+    lines = [
+        f"| variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC {target:g} "
+        "| patches/s vs plain | time to target vs plain |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        repeat = r.get("repeat", 1)
+        plain = next((p for p in results if p["variant"] == "plain" and p.get("repeat", 1) == repeat), None)
+        speed = time_ratio = ""
+        if plain is not None and r is not plain:
+            if r["patches_per_s"] and plain["patches_per_s"]:
+                speed = f"{r['patches_per_s'] / plain['patches_per_s']:.2f}x"
+            if r["time_to_target_s"] and plain["time_to_target_s"]:
+                time_ratio = f"{plain['time_to_target_s'] / r['time_to_target_s']:.2f}x as fast"
+        share = None if r["data_share"] is None else 100 * r["data_share"]
+        lines.append(
+            f"| {r['variant']} | {repeat} | {cell(r['patches_per_s'], '.1f')} | {cell(share, '.1f', ' %')} "
+            f"| {r['epochs']} | {cell(r['best_auc'], '.3f')} | {cell(r['time_to_target_s'], '.1f', ' s')} "
+            f"| {speed} | {time_ratio} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""The spleen (CT, one organ) transform chain, split where caching can stop.
+
+The chain is the one of MONAI's spleen tutorials: LoadImaged, EnsureChannelFirstd,
+Orientationd(RAS), Spacingd, ScaleIntensityRanged (CT window), CropForegroundd, then
+RandCropByPosNegLabeld and light augmentation. Everything before the first random transform is
+deterministic and may be cached; the recipes decide where.
+"""
+
+from __future__ import annotations
+
+import torch
+from monai.transforms import (
+    CropForegroundd,
+    EnsureChannelFirstd,
+    EnsureTyped,
+    FgBgToIndicesd,
+    LoadImaged,
+    MapTransform,
+    Orientationd,
+    RandCropByPosNegLabeld,
+    RandFlipd,
+    RandRotate90d,
+    RandShiftIntensityd,
+    ScaleIntensityRanged,
+    Spacingd,
+    SpatialPadd,
+    ToDeviced,
+)
+
+from monai_fast.apps.recipes.config import RecipeConfig
+
+__all__ = ["KEYS", "deterministic_transforms", "random_transforms"]
+
+KEYS = ("image", "label")
+FG, BG = "label_fg", "label_bg"
+
+
+def deterministic_transforms(
+    config: RecipeConfig,
+    *,
+    precompute_indices: bool = False,
+    plain_tensors: bool = False,
+    device: torch.device | None = None,
+) -> list[MapTransform]:
+    """Load, orient, resample, window, crop to the body and pad to at least one patch.
+
+    Args:
+        config: recipe options (spacing, window, patch size).
+        precompute_indices: add ``FgBgToIndicesd`` so the random crop need not search the label
+            every epoch (MONAI's fast tutorial does this before caching).
+        plain_tensors: end with ``EnsureTyped(track_meta=False)``: plain tensors, no metadata,
+            cheaper to copy and to run random transforms on.
+        device: when a CUDA device, end with ``ToDeviced`` so the cache lives in GPU memory.
+    """
+    chain: list[MapTransform] = [
+        LoadImaged(keys=KEYS),
+        EnsureChannelFirstd(keys=KEYS),
+        Orientationd(keys=KEYS, axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
+        Spacingd(keys=KEYS, pixdim=config.pixdim, mode=("bilinear", "nearest")),
+        ScaleIntensityRanged(
+            keys="image",
+            a_min=config.intensity_window[0],
+            a_max=config.intensity_window[1],
+            b_min=0.0,
+            b_max=1.0,
+            clip=True,
+        ),
+        CropForegroundd(keys=KEYS, source_key="image", allow_smaller=True),
+        SpatialPadd(keys=KEYS, spatial_size=config.patch_size),
+    ]
+    if precompute_indices:
+        chain.append(FgBgToIndicesd(keys="label", fg_postfix="_fg", bg_postfix="_bg", image_key="image"))
+    if plain_tensors:
+        chain.append(EnsureTyped(keys=KEYS, track_meta=False))
+    if device is not None and torch.device(device).type == "cuda":
+        chain.append(ToDeviced(keys=KEYS, device=device))
+    return chain
+
+
+def random_transforms(config: RecipeConfig, *, precomputed_indices: bool = False) -> list[MapTransform]:
+    """Positive/negative crops around the organ plus light flips, rotations and intensity shift.
+
+    ``config.num_samples`` must be set (recipes fill it from their defaults).
+    """
+    if config.num_samples is None:
+        raise ValueError("random_transforms needs config.num_samples; use config.with_defaults(num_samples=...)")
+    return [
+        RandCropByPosNegLabeld(
+            keys=KEYS,
+            label_key="label",
+            spatial_size=config.patch_size,
+            pos=1,
+            neg=1,
+            num_samples=config.num_samples,
+            image_key=None if precomputed_indices else "image",
+            image_threshold=0,
+            fg_indices_key=FG if precomputed_indices else None,
+            bg_indices_key=BG if precomputed_indices else None,
+        ),
+        RandFlipd(keys=KEYS, spatial_axis=[0], prob=0.10),
+        RandFlipd(keys=KEYS, spatial_axis=[1], prob=0.10),
+        RandFlipd(keys=KEYS, spatial_axis=[2], prob=0.10),
+        RandRotate90d(keys=KEYS, prob=0.10, max_k=3),
+        RandShiftIntensityd(keys="image", offsets=0.10, prob=0.50),
+    ]

@@ -1,0 +1,185 @@
+"""Tuning of a recipe's own parts (`recipe_parts()`), with the result cached on disk."""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from monai_fast.apps.recipes import RecipeConfig, RecipeParts, recipe_parts
+from monai_fast.data.planner import plan_cache
+from monai_fast.tune.cache import CacheChoice, place_cache
+from monai_fast.tune.result import TuneResult
+from monai_fast.tune.space import SearchSpace
+from monai_fast.tune.store import TuneStore, default_store_path
+from monai_fast.tune.tuner import Tuner
+
+__all__ = ["default_space", "default_store_path", "tune_recipe", "typical_val_shape"]
+
+logger = logging.getLogger("monai_fast.tune")
+
+
+def default_space(
+    device: torch.device | str,
+    search_amp: bool = False,
+    precision: str | None = None,
+    recipe: str = "fast",
+    **kwargs,
+) -> SearchSpace:
+    """The search space of ``recipe``: the precision it trains in, plus fp32 when ``search_amp``.
+
+    ``precision`` is the recipe's request (``None``: its default); ``"fp32"`` searches fp32 only.
+
+    Examples:
+        >>> default_space("cpu", precision="fp32").precisions
+        ('fp32',)
+    """
+    first = recipe_parts(recipe, RecipeConfig(precision=precision or "auto"), device).precision
+    precisions = [first, "fp32"] if search_amp else [first]
+    return SearchSpace(precisions=precisions, **kwargs)
+
+
+def typical_val_shape(
+    val_files: Sequence[dict], config: RecipeConfig, n: int = 3, recipe: str = "fast"
+) -> tuple[int, int, int]:
+    """Median spatial size of up to ``n`` validation volumes after ``recipe``'s validation transforms.
+
+    Examples:
+        >>> typical_val_shape(val_files, RecipeConfig())  # doctest: +SKIP
+        (160, 160, 96)
+    """
+    if not val_files:
+        raise ValueError("no validation files to take a volume size from")
+    # the validation chain does not depend on the precision: fp32 spares the precision's measurement
+    chain = recipe_parts(recipe, replace(config, precision="fp32")).val_transforms()
+    shapes = [tuple(chain(dict(item))["image"].shape[1:]) for item in list(val_files)[:n]]
+    return tuple(int(statistics.median(s[i] for s in shapes)) for i in range(3))  # type: ignore[return-value]
+
+
+def tune_recipe(
+    config: RecipeConfig,
+    val_shape: tuple[int, int, int],
+    device: str | torch.device = "cpu",
+    space: SearchSpace | None = None,
+    memory_cap_mib: float | None = None,
+    store: TuneStore | str | os.PathLike | None = None,
+    force: bool = False,
+    progress: bool = False,
+    train_files: Sequence[dict] | None = None,
+    cache_tradeoff: float = 0.05,
+    recipe: str = "fast",
+    **timing,
+) -> TuneResult:
+    """Tune ``recipe``'s own parts for ``config``; cached by key.
+
+    The tuner times exactly what the recipe trains (`recipe_parts()`):
+    its network in its memory format, its loss and optimizer, its precision, and sizes the
+    training cache with its transform chain.
+
+    Args:
+        config: the recipe options (network size, patch size, crops per volume, overlap).
+        val_shape: spatial size of a typical validation volume after the cached transforms.
+        device: where training runs.
+        space: what to search; default: the recipe's precision, default ranges.
+        memory_cap_mib: memory a candidate may use (see `Tuner`).
+        store: the cache file (or a `TuneStore`); default `default_store_path()`.
+        force: tune again even when the cache holds a result.
+        progress: a progress bar over trials.
+        train_files: the training items; given, the training cache is placed next to the pick
+            (`place_cache()`): its size is measured on two items, it
+            goes to device memory (GPU on CUDA, RAM on a CPU) when it fits beside the pick's
+            peak, else a smaller batch within ``cache_tradeoff`` of the pick's throughput that
+            leaves room is taken, else the planner's next place. ``apply`` then sets
+            ``cache_budget_mib``.
+        cache_tradeoff: largest share of training throughput given up for a cache in device memory.
+        recipe: a registered recipe name (`RECIPES`).
+        **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner (default 1, 2,
+            0.3 s: one untimed step, then the median of at least two timed ones).
+
+    Examples:
+        >>> from monai_fast.apps.recipes import RecipeConfig
+        >>> from monai_fast.apps.recipes.tuning import tune_recipe
+        >>> result = tune_recipe(RecipeConfig(), val_shape=(160, 160, 96))  # doctest: +SKIP
+        >>> config = result.apply(RecipeConfig())  # doctest: +SKIP
+    """
+    device = torch.device(device)
+    parts = recipe_parts(recipe, config, device)
+    timing = {"warmup": 1, "min_iters": 2, "min_time_s": 0.3, **timing}
+    tuner = Tuner(
+        parts.network(torch.device("cpu")),
+        parts.loss(),
+        parts.optimizer,
+        patch_size=parts.config.patch_size,
+        val_shape=val_shape,
+        device=device,
+        num_samples=parts.config.num_samples,
+        space=space or SearchSpace(precisions=[parts.precision]),
+        memory_cap_mib=memory_cap_mib,
+        overlap=parts.config.sw_overlap,
+        memory_format=parts.memory_format,
+        **timing,
+    )
+    if not isinstance(store, TuneStore):
+        store = TuneStore(store or default_store_path())
+    key = tuner.key()
+    sizing = None
+    if train_files is not None:
+        sizing = plan_cache(
+            parts.train_transforms(), list(train_files), device, gpu_budget_mib=0, ram_budget_mib=0
+        )  # sizes only
+        key += f"|cache={sizing.n_items}x{sizing.bytes_per_item}B,tradeoff={cache_tradeoff:g}"
+    if not force:
+        cached = store.get(key)
+        if cached is not None:
+            logger.info("tuning: using the cached result from %s", store.path)
+            return cached
+    result = replace(tuner.run(progress=progress), key=key)
+    if sizing is not None:
+        choice = _place(result, parts, list(train_files), sizing.total_bytes, cache_tradeoff)
+        chosen = result.picked("train", choice.batch_size)
+        result = replace(
+            result,
+            batch_size=choice.batch_size,
+            train_samples_per_s=float(chosen["throughput"]),
+            cache_where=choice.where,
+            cache_budget_mib=choice.budget_mib,
+            cache_reason="; ".join(choice.reasons),
+        )
+        logger.info("tuning: cache %s; %s", choice.where, result.cache_reason)
+    store.put(result)
+    return result
+
+
+def _place(
+    result: TuneResult, parts: RecipeParts, train_files: list[dict], cache_bytes: int, tradeoff: float
+) -> CacheChoice:
+    """Where the training cache goes next to the tuner's pick (`place_cache()`)."""
+    device, chain = parts.device, parts.train_transforms()
+    cuda = device.type == "cuda"
+
+    def plan_for(budget: int) -> str:
+        return plan_cache(
+            chain,
+            train_files,
+            device,
+            gpu_budget_mib=budget / 2**20 if cuda else None,
+            ram_budget_mib=None if cuda else budget / 2**20,
+            cache_dir=parts.config.cache_dir,
+        ).where
+
+    val = result.picked("val")
+    return place_cache(
+        result.trials,
+        result.batch_size,
+        result.precision,
+        result.budget_mib,
+        cache_bytes,
+        device,
+        val_peak_mib=(val or {}).get("peak_mib") or 0.0,
+        plan_for=plan_for,
+        tradeoff=tradeoff,
+    )

@@ -1,0 +1,215 @@
+"""Reader for data sets in the Medical Segmentation Decathlon (MSD) layout.
+
+A folder with a ``dataset.json`` (a real ``Task09_Spleen`` / ``Task01_BrainTumour`` or one written
+by `monai_fast.apps.sources.synthetic`) becomes two lists of ``{"image": path, "label": path}`` dicts,
+ready for MONAI datasets. Every listed file is checked before any training starts: a missing
+``dataset.json``, a listed file that does not exist, or an image whose spatial shape differs from
+its label's is one clear error that names the path at fault.
+
+MONAI's `monai.apps.DecathlonDataset` downloads and splits the official tasks; this reader
+works on any local folder in that layout (ours, a copy on a cluster's scratch disk, a subset) and
+checks it, which ``monai.data.load_decathlon_datalist`` does not.
+
+Examples:
+    >>> from monai_fast.apps.sources.msd import load_msd_datalist
+    >>> train, val = load_msd_datalist("/data/Task09_Spleen", val_fraction=0.2, seed=0)
+    >>> sorted(train[0])
+    ['image', 'label']
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import nibabel as nib
+import numpy as np
+
+from monai_fast.apps.sources.remote import _localize, is_url
+from monai_fast.data.preflight import shape_mismatch
+
+__all__ = ["MSDDataError", "case_id", "load_msd_datalist", "read_dataset_json"]
+
+logger = logging.getLogger("monai_fast.apps.sources.msd")
+
+
+class MSDDataError(ValueError):
+    """A data set in MSD layout is incomplete or inconsistent; the message names the path."""
+
+
+def case_id(path: str | os.PathLike) -> str:
+    """The case name of an MSD file: ``.../spleen_12.nii.gz`` -> ``spleen_12``."""
+    name = Path(path).name
+    for ext in (".nii.gz", ".nii", ".nrrd", ".mha"):
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return name
+
+
+def read_dataset_json(root: str | os.PathLike, remote_options: Mapping[str, Any] | None = None) -> dict:
+    """Read and minimally validate ``root/dataset.json``.
+
+    ``root`` may be a URL (`monai_fast.apps.sources.remote`): its ``dataset.json`` is fetched into the
+    local cache like the data files, so a folder fetched once can be read again with the server
+    down (with one warning saying so).
+
+    Args:
+        root: the MSD folder, local or a URL.
+        remote_options: keyword arguments for `monai_fast.apps.sources.remote.localize()` when ``root``
+            is a URL (``storage_options``, ``read_timeout``, ``retries``, ``cache_dir``...).
+
+    Raises:
+        FileNotFoundError: if ``root`` or its ``dataset.json`` does not exist.
+        MSDDataError: if the file is not JSON or has no non-empty ``training`` list of
+            ``{"image", "label"}`` entries.
+        monai_fast.apps.sources.remote.RemoteDataError: a URL's ``dataset.json`` cannot be fetched, nor
+            read from the cache.
+    """
+    if is_url(str(root)):
+        meta, _, offline = _remote_meta(str(root), dict(remote_options or {}))
+        if offline:
+            logger.warning(offline)
+        return meta
+    root = Path(root)
+    path = root / "dataset.json"
+    if not root.is_dir():
+        raise FileNotFoundError(f"MSD data folder {root} does not exist")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: an MSD data folder needs a dataset.json")
+    return _check_meta(path.read_text(), path)
+
+
+def _remote_meta(root: str, options: dict) -> tuple[dict, str, str | None]:
+    """The checked ``dataset.json`` of the folder at URL ``root``, its URL, and the offline note if any."""
+    url = f"{root.rstrip('/')}/dataset.json"
+    try:
+        files, offline = _localize([{"dataset": url}], **{"progress": False, **options})
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{url} not found: an MSD data folder needs a dataset.json") from e
+    return _check_meta(Path(files[0]["dataset"]).read_text(), url), url, offline
+
+
+def _check_meta(text: str, path: str | Path) -> dict:
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MSDDataError(f"{path} is not valid JSON: {e}") from e
+    training = meta.get("training") if isinstance(meta, dict) else None
+    if not isinstance(training, list) or not training:
+        raise MSDDataError(f"{path} has no non-empty 'training' list")
+    for i, item in enumerate(training):
+        if not isinstance(item, dict) or "image" not in item or "label" not in item:
+            raise MSDDataError(f"{path}: training[{i}] must have 'image' and 'label', got {item!r}")
+    return meta
+
+
+def _resolve(root: Path, rel: str) -> Path:
+    # MSD lists paths as "./imagesTr/x.nii.gz"; absolute paths are kept as they are
+    p = Path(rel)
+    return p if p.is_absolute() else (root / p).resolve()
+
+
+def _items(root: str | os.PathLike, remote_options: Mapping[str, Any] | None) -> tuple[list[dict[str, str]], str]:
+    """The listed training pairs as local paths (fetched first when ``root`` is a URL), and where they are listed."""
+    if not is_url(str(root)):
+        meta = read_dataset_json(root)
+        root = Path(root)
+        pairs = [{k: str(_resolve(root, d[k])) for k in ("image", "label")} for d in meta["training"]]
+        return pairs, str(root / "dataset.json")
+    options = dict(remote_options or {})
+    meta, listing, offline_meta = _remote_meta(str(root), options)
+    base = str(root).rstrip("/")
+    pairs = [
+        {k: d[k] if is_url(d[k]) else f"{base}/{d[k].removeprefix('./')}" for k in ("image", "label")}
+        for d in meta["training"]
+    ]
+    files, offline = _localize(pairs, **options)
+    if offline or offline_meta:  # one warning for the listing and its files
+        logger.warning(offline or offline_meta)
+    return files, listing
+
+
+def _spatial_shape(path: Path, n_channels_last: int | None) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in nib.load(str(path)).shape)  # reads the header only
+    except Exception as e:  # nibabel raises several types for unreadable files
+        raise MSDDataError(f"cannot read {path}: {e}") from e
+    return shape[:3] if n_channels_last is None or len(shape) > 3 else shape
+
+
+def load_msd_datalist(
+    root: str | os.PathLike,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    val_cases: Sequence[str] | None = None,
+    check_shapes: bool = True,
+    remote_options: Mapping[str, Any] | None = None,
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Read an MSD folder and split its training cases into train and validation lists.
+
+    Args:
+        root: folder holding ``dataset.json``, ``imagesTr/`` and ``labelsTr/``; or such a folder
+            on object storage (``s3://bucket/Task09_Spleen``, any fsspec URL): the listed files are
+            fetched once into the local cache (`monai_fast.apps.sources.remote.localize()`) and the
+            lists name the local copies.
+        val_fraction: share of cases used for validation when ``val_cases`` is not given
+            (at least one case goes to each side). The split is a fixed permutation by ``seed``.
+        seed: seed of the split.
+        val_cases: the user's own fold: case names (``"spleen_12"``) or file names of the images
+            to validate on; all others train. Unknown names are an error.
+        check_shapes: compare each image's spatial shape with its label's (header reads only).
+        remote_options: keyword arguments for `monai_fast.apps.sources.remote.localize()` when ``root``
+            is a URL: ``storage_options``, ``connect_timeout``, ``read_timeout``, ``retries``,
+            ``cache_dir``, ``workers``, ``progress``. With the server down and every listed file
+            (and ``dataset.json``) in the cache, the cached copies are used with one warning.
+
+    Returns:
+        ``(train_files, val_files)``: lists of ``{"image": str, "label": str}`` with absolute paths.
+
+    Raises:
+        FileNotFoundError: no such folder, no ``dataset.json``, or a listed file is missing
+            (the message names every missing file, up to ten).
+        monai_fast.apps.sources.remote.RemoteDataError: a URL's files cannot be fetched (each named), or
+            the server cannot be reached and some files have no cached copy (each named).
+        MSDDataError: a malformed ``dataset.json``, an unreadable file, an image/label shape
+            mismatch, an unknown validation case, or a split leaving one side empty.
+    """
+    items, listing = _items(root, remote_options)
+
+    missing = [p for d in items for p in (d["image"], d["label"]) if not Path(p).is_file()]
+    if missing:
+        more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
+        raise FileNotFoundError(f"{listing} lists files that do not exist: {', '.join(missing[:10])}{more}")
+    if check_shapes:
+        for d in items:
+            img = _spatial_shape(Path(d["image"]), n_channels_last=1)
+            lab = _spatial_shape(Path(d["label"]), n_channels_last=None)
+            mismatch = shape_mismatch(d["image"], img, d["label"], lab)
+            if mismatch:
+                raise MSDDataError(mismatch)
+
+    ids = [case_id(d["image"]) for d in items]
+    if val_cases is not None:
+        wanted = {case_id(c) for c in val_cases}
+        unknown = sorted(wanted - set(ids))
+        if unknown:
+            raise MSDDataError(f"val_cases not listed in {listing}: {unknown}")
+        is_val = [i in wanted for i in ids]
+    else:
+        if not 0.0 < val_fraction < 1.0:
+            raise MSDDataError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        n_val = min(max(1, round(len(items) * val_fraction)), len(items) - 1)
+        perm = np.random.default_rng(seed).permutation(len(items))
+        val_idx = set(perm[:n_val].tolist())
+        is_val = [i in val_idx for i in range(len(items))]
+    train = [d for d, v in zip(items, is_val) if not v]
+    val = [d for d, v in zip(items, is_val) if v]
+    if not train or not val:
+        raise MSDDataError(
+            f"split of {len(items)} cases in {root} leaves {len(train)} for training and {len(val)} for validation"
+        )
+    return train, val

@@ -1,0 +1,352 @@
+"""Synthetic whole-slide images (WSI) for patch classification, laid out like Camelyon16.
+
+A few H&E-like slides are written as tiled, pyramidal RGB TIFF files (``tifffile``: level 0 plus
+levels downsampled by 2, each a separate reduced-resolution page, the layout of Camelyon's
+``.tif`` files that cuCIM, OpenSlide and MONAI's ``TiffFileWSIReader`` all read). Each slide has
+tissue (pink stroma with sparse purple nuclei) on a white background and one to three tumour
+regions (crowded, larger, darker nuclei). Beside the slides:
+
+* ``masks/<slide>_tissue.tif`` and ``masks/<slide>_tumor.tif``: the tissue mask and the tumour
+  annotation (``uint8``, 0 or 255) at ``1 / MASK_DOWNSAMPLE`` of level 0;
+* ``patches.csv``: one row per patch, Camelyon-style: ``image,x,y,label,split`` with the patch
+  centre ``x`` (column) and ``y`` (row) at level 0; label 1 for a patch at least half tumour,
+  0 for one without tumour (patches in between, and patches less than half tissue, are left out);
+* ``dataset.json`` (written last, so a folder holding it is complete): ``training`` and
+  ``validation`` lists in the form of MONAI's ``PatchWSIDataset`` (``{"image", "location": [row,
+  col], "label": [0 or 1]}``, the location a centre at level 0), the slides, and the parameters.
+
+The last quarter of the slides (at least one) is the validation set. Each slide is drawn from its
+own random stream (``seed`` and the slide index), so the same seed writes the same bytes.
+
+Examples:
+    >>> from monai_fast.apps.sources.wsi import generate_wsi, load_wsi_datalist
+    >>> root = generate_wsi("/tmp/wsi_like", num_slides=2, size=(512, 512), patch_size=32, progress=False)
+    >>> train, val = load_wsi_datalist(root)
+    >>> sorted(train[0])
+    ['image', 'label', 'location']
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from monai_fast.extras import require
+from monai_fast.files import atomic_write, cache_root, clean_stale_tmp, write_json, write_text
+from monai_fast.progress import progress_bar
+
+__all__ = [
+    "MASK_DOWNSAMPLE",
+    "WSIDataError",
+    "generate_wsi",
+    "load_wsi_datalist",
+    "synthetic_wsi_dataset",
+    "wsi_like_slide",
+]
+
+logger = logging.getLogger(__name__)
+
+#: the masks are stored at this fraction of level 0 (level-0 sizes must be multiples of it)
+MASK_DOWNSAMPLE = 16
+_BACKGROUND = np.array([242, 240, 245], dtype=np.float32)
+_STROMA = np.array([228, 158, 196], dtype=np.float32)
+_NUCLEUS = np.array([96, 58, 150], dtype=np.float32)
+_TUMOUR_NUCLEUS = np.array([82, 46, 136], dtype=np.float32)
+
+
+class WSIDataError(ValueError):
+    """A WSI data set folder that cannot be used; the message names the file and the key at fault."""
+
+
+def _smooth_field_2d(
+    rng: np.random.Generator, shape: tuple[int, int], n_waves: int = 5, max_freq: float = 3.0
+) -> np.ndarray:
+    """A smooth random field in about [-1, 1] on ``shape``: a sum of low-frequency plane waves."""
+    y = np.linspace(-1.0, 1.0, shape[0], dtype=np.float32)[:, None]
+    x = np.linspace(-1.0, 1.0, shape[1], dtype=np.float32)[None, :]
+    field = np.zeros(shape, dtype=np.float32)
+    for _ in range(n_waves):
+        ky, kx = rng.uniform(-max_freq, max_freq, size=2).astype(np.float32)
+        field += np.cos(np.pi * (ky * y + kx * x) + np.float32(rng.uniform(0, 2 * np.pi)))
+    return field / np.float32(n_waves)
+
+
+def _masks(rng: np.random.Generator, coarse: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Tissue and tumour masks (bool) on the coarse grid: a lobed tissue section, 1-3 tumour blobs inside it."""
+    y = np.linspace(-1.0, 1.0, coarse[0], dtype=np.float32)[:, None]
+    x = np.linspace(-1.0, 1.0, coarse[1], dtype=np.float32)[None, :]
+    radius = np.sqrt((y / 0.85) ** 2 + (x / 0.85) ** 2)
+    tissue = radius + 0.3 * _smooth_field_2d(rng, coarse, max_freq=2.5) < 0.9
+    tumour = np.zeros(coarse, dtype=bool)
+    for _ in range(int(rng.integers(1, 4))):
+        cy, cx = rng.uniform(-0.45, 0.45, size=2)
+        ry, rx = rng.uniform(0.15, 0.3, size=2)
+        r = np.sqrt(((y - cy) / ry) ** 2 + ((x - cx) / rx) ** 2)
+        tumour |= r + 0.25 * _smooth_field_2d(rng, coarse, max_freq=3.0) < 1.0
+    return tissue, tumour & tissue
+
+
+def _nuclei(rng: np.random.Generator, shape: tuple[int, int], cell: int, density: float | np.ndarray) -> np.ndarray:
+    """Square "nuclei" of ``cell`` pixels: each cell of a ``cell``-pixel grid holds one with probability ``density``."""
+    grid = (-(-shape[0] // cell), -(-shape[1] // cell))
+    seeds = rng.random(grid, dtype=np.float32) < density
+    return np.repeat(np.repeat(seeds, cell, axis=0), cell, axis=1)[: shape[0], : shape[1]]
+
+
+def wsi_like_slide(rng: np.random.Generator, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One H&E-like slide at level 0 (``uint8``, H x W x 3) and its tissue and tumour masks (bool, coarse).
+
+    The masks have shape ``size // MASK_DOWNSAMPLE``; the slide is rendered in bands of rows, so
+    memory stays at a few bytes per pixel.
+    """
+    h, w = size
+    coarse = (h // MASK_DOWNSAMPLE, w // MASK_DOWNSAMPLE)
+    tissue_c, tumour_c = _masks(rng, coarse)
+    shade_c = 1.0 + 0.08 * _smooth_field_2d(rng, coarse, max_freq=4.0)  # staining varies across the slide
+    stain = rng.uniform(0.9, 1.1, size=3).astype(np.float32)  # ... and from slide to slide
+    normal_density, tumour_density = rng.uniform(0.05, 0.09), rng.uniform(0.11, 0.16)
+    slide = np.empty((h, w, 3), dtype=np.uint8)
+    band = MASK_DOWNSAMPLE * max(1, 1024 // MASK_DOWNSAMPLE)
+    for r0 in range(0, h, band):
+        rows = slice(r0 // MASK_DOWNSAMPLE, min(h, r0 + band) // MASK_DOWNSAMPLE)
+        up = [
+            np.repeat(np.repeat(m[rows], MASK_DOWNSAMPLE, axis=0), MASK_DOWNSAMPLE, axis=1)
+            for m in (tissue_c, tumour_c, shade_c)
+        ]
+        tissue, tumour, shade = up
+        shape = tissue.shape
+        img = np.broadcast_to(_BACKGROUND, (*shape, 3)).copy()
+        img[tissue] = _STROMA * stain
+        img[_nuclei(rng, shape, 4, normal_density) & tissue & ~tumour] = _NUCLEUS * stain
+        img[_nuclei(rng, shape, 5, tumour_density) & tumour] = _TUMOUR_NUCLEUS * stain
+        img *= shade[..., None]
+        img += rng.normal(0.0, 10.0, size=img.shape).astype(np.float32)
+        slide[r0 : r0 + shape[0]] = np.clip(img, 0, 255).astype(np.uint8)
+    return slide, tissue_c, tumour_c
+
+
+def _pyramid(level0: np.ndarray, levels: int) -> list[np.ndarray]:
+    """Level 0 and ``levels - 1`` levels each half the size of the one before (2 x 2 means)."""
+    out = [level0]
+    for _ in range(levels - 1):
+        a = out[-1]
+        h, w = a.shape[0] // 2 * 2, a.shape[1] // 2 * 2
+        s = a[:h:2, :w:2].astype(np.uint16) + a[1:h:2, :w:2] + a[:h:2, 1:w:2] + a[1:h:2, 1:w:2]
+        out.append(((s + 2) // 4).astype(np.uint8))
+    return out
+
+
+def _write_tiff(path: Path, levels: list[np.ndarray], tile: int) -> None:
+    """A tiled TIFF, one page per level (reduced-resolution pages after the first), atomically."""
+    tifffile = require("tifffile", extra="wsi", feature=f"writing the slide {path}")
+
+    with (
+        atomic_write(path, "wb", clean=False) as f,
+        tifffile.TiffWriter(f) as tif,
+    ):  # generate_wsi cleans each folder once
+        for i, a in enumerate(levels):
+            tiled = {"tile": (tile, tile)} if min(a.shape[:2]) >= tile else {}
+            tif.write(
+                a, photometric="rgb" if a.ndim == 3 else "minisblack", subfiletype=1 if i else 0, metadata=None, **tiled
+            )
+
+
+def _patches(tissue: np.ndarray, tumour: np.ndarray, size: tuple[int, int], patch: int) -> list[tuple[int, int, int]]:
+    """``(row, col, label)`` centres at level 0 of the patches on a ``patch``-pixel grid that are mostly tissue
+    and either at least half tumour (1) or free of it (0)."""
+    up = [np.repeat(np.repeat(m, MASK_DOWNSAMPLE, axis=0), MASK_DOWNSAMPLE, axis=1) for m in (tissue, tumour)]
+    nh, nw = size[0] // patch, size[1] // patch
+    t_frac, c_frac = (m[: nh * patch, : nw * patch].reshape(nh, patch, nw, patch).mean(axis=(1, 3)) for m in up)
+    out = []
+    for i, j in zip(*np.nonzero(t_frac >= 0.5)):
+        if c_frac[i, j] >= 0.5 or c_frac[i, j] == 0.0:
+            out.append((int(i * patch + patch // 2), int(j * patch + patch // 2), int(c_frac[i, j] >= 0.5)))
+    return out
+
+
+def _check(num_slides: int, size: Sequence[int], tile: int, levels: int, patch_size: int) -> tuple[int, int]:
+    """The level-0 size, after checking every option; a bad one is named."""
+    if num_slides < 2:
+        raise ValueError(f"num_slides must be >= 2 (training and validation slides), got {num_slides}")
+    size = tuple(int(s) for s in size)
+    if len(size) != 2 or min(size) < 128 or any(s % MASK_DOWNSAMPLE for s in size):
+        raise ValueError(
+            f"size must be two sizes (rows, columns) >= 128 and multiples of {MASK_DOWNSAMPLE}, got {size}"
+        )
+    if tile < 16 or tile % 16:
+        raise ValueError(f"tile must be a multiple of 16 (a TIFF rule), got {tile}")
+    if not 1 <= levels <= 8 or min(size) >> (levels - 1) < 16:
+        raise ValueError(f"levels must be 1..8 and leave the smallest level >= 16 pixels, got {levels} for size {size}")
+    if not 8 <= patch_size <= min(size) // 4:
+        raise ValueError(
+            f"patch_size must be between 8 and a quarter of the slide ({min(size) // 4}), got {patch_size}"
+        )
+    return size  # type: ignore[return-value]
+
+
+def generate_wsi(
+    root: str | os.PathLike,
+    num_slides: int = 4,
+    size: Sequence[int] = (4096, 4096),
+    tile: int = 256,
+    levels: int = 3,
+    patch_size: int = 96,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
+    """Write a synthetic WSI data set: ``slides/``, ``masks/``, ``patches.csv`` and ``dataset.json``.
+
+    Args:
+        root: output folder (created if missing).
+        num_slides: slides to write (>= 2); the last quarter of them (at least one) is validation.
+        size: level-0 size of every slide, (rows, columns), multiples of `MASK_DOWNSAMPLE`.
+        tile: TIFF tile size in pixels (a multiple of 16).
+        levels: pyramid levels, each half the size of the one before.
+        patch_size: patch size at level 0 of the patch grid in ``patches.csv`` / ``dataset.json``.
+        seed: random seed; the same seed writes the same data.
+        progress: show a progress bar.
+
+    Returns:
+        The data set folder, ready for `load_wsi_datalist()`.
+
+    Raises:
+        ValueError: on a bad option, naming it.
+        MissingExtraError: ``tifffile`` is not installed (``pip install "monai-fast[wsi]"``), said
+            before anything is written.
+    """
+    size = _check(num_slides, size, tile, levels, patch_size)
+    require("tifffile", extra="wsi", feature="writing synthetic whole-slide images")
+    root = Path(root)
+    for sub in ("slides", "masks"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        clean_stale_tmp(root / sub)
+    n_val = max(1, num_slides // 4)
+    lists: dict[str, list[dict]] = {"training": [], "validation": []}
+    rows, slides = [], []
+    for i in progress_bar(range(num_slides), enabled=progress, desc="writing wsi-like slides", leave=False):
+        name = f"slide_{i + 1:03d}"
+        split = "validation" if i >= num_slides - n_val else "training"
+        image, tissue, tumour = wsi_like_slide(np.random.default_rng([seed, i]), size)
+        _write_tiff(root / "slides" / f"{name}.tif", _pyramid(image, levels), tile)
+        for mask, kind in ((tissue, "tissue"), (tumour, "tumor")):
+            _write_tiff(root / "masks" / f"{name}_{kind}.tif", [mask.astype(np.uint8) * 255], tile)
+        for r, c, label in _patches(tissue, tumour, size, patch_size):
+            lists[split].append({"image": f"slides/{name}.tif", "location": [r, c], "label": [label]})
+            rows.append((name, c, r, label, split))
+        slides.append(
+            {
+                "name": name,
+                "image": f"slides/{name}.tif",
+                "split": split,
+                "tissue_mask": f"masks/{name}_tissue.tif",
+                "tumor_mask": f"masks/{name}_tumor.tif",
+            }
+        )
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows([("image", "x", "y", "label", "split"), *rows])
+    write_text(text.getvalue(), root / "patches.csv")
+    params = {
+        "kind": "wsi",
+        "num_slides": num_slides,
+        "size": list(size),
+        "tile": tile,
+        "levels": levels,
+        "patch_size": patch_size,
+        "seed": seed,
+        "mask_downsample": MASK_DOWNSAMPLE,
+    }
+    write_json(
+        {
+            "name": "WSILike",
+            "description": "Synthetic Camelyon-like whole-slide images (monai-fast)",
+            "labels": {"0": "normal", "1": "tumor"},
+            "slides": slides,
+            **lists,
+            "monai_fast": params,
+        },
+        root / "dataset.json",
+    )
+    logger.info(
+        "wrote %d wsi-like slides (%d training / %d validation patches) to %s",
+        num_slides,
+        len(lists["training"]),
+        len(lists["validation"]),
+        root,
+    )
+    return root
+
+
+def load_wsi_datalist(root: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """The training and validation patch lists of ``root/dataset.json``, image paths made absolute.
+
+    Raises:
+        WSIDataError: when ``dataset.json`` is missing or unreadable, a list or an item's key is
+            missing, or a slide file does not exist; the message names the file and the key.
+    """
+    root = Path(root)
+    path = root / "dataset.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise WSIDataError(
+            f"{path}: cannot read the WSI data set list ({e}); write one with 'monai-fast synth --kind wsi'"
+        ) from e
+    out: list[list[dict]] = []
+    for key in ("training", "validation"):
+        items = meta.get(key) if isinstance(meta, dict) else None
+        if not isinstance(items, list) or not items:
+            raise WSIDataError(f"{path}: key {key!r} must be a non-empty list of patches")
+        for n, item in enumerate(items):
+            missing = [k for k in ("image", "location", "label") if k not in item]
+            if missing:
+                raise WSIDataError(f"{path}: {key}[{n}] has no {missing[0]!r}")
+        images = {item["image"]: str((root / item["image"]).resolve()) for item in items}
+        for rel, full in images.items():
+            if not os.path.isfile(full):
+                raise WSIDataError(f"{path}: {key} names slide {rel!r}, which does not exist ({full})")
+        out.append([{**item, "image": images[item["image"]]} for item in items])
+    return out[0], out[1]
+
+
+def synthetic_wsi_dataset(
+    num_slides: int,
+    size: Sequence[int],
+    patch_size: int,
+    seed: int = 0,
+    tile: int = 256,
+    levels: int = 3,
+    progress: bool = True,
+) -> Path:
+    """The synthetic WSI set for these parameters, written once into the cache folder and reused.
+
+    The folder is ``<cache_root()>/data/wsi-n<slides>-<rows>x<cols>-p<patch>-s<seed>``; one whose
+    ``dataset.json`` is missing, damaged or written for other parameters is written again.
+    """
+    size = tuple(int(s) for s in size)
+    want = {
+        "kind": "wsi",
+        "num_slides": num_slides,
+        "size": list(size),
+        "tile": tile,
+        "levels": levels,
+        "patch_size": patch_size,
+        "seed": seed,
+        "mask_downsample": MASK_DOWNSAMPLE,
+    }
+    root = cache_root() / "data" / f"wsi-n{num_slides}-{size[0]}x{size[1]}-p{patch_size}-t{tile}-l{levels}-s{seed}"
+    try:
+        if json.loads((root / "dataset.json").read_text()).get("monai_fast") == want:
+            logger.info("reusing synthetic WSI data in %s", root)
+            return root
+    except (OSError, json.JSONDecodeError, AttributeError):
+        pass  # missing or damaged: written again
+    return generate_wsi(
+        root, num_slides, size, tile=tile, levels=levels, patch_size=patch_size, seed=seed, progress=progress
+    )

@@ -1,0 +1,204 @@
+"""Whole-slide image readers: the backend chosen by what is installed, and a tile-aware tifffile reader.
+
+MONAI's `monai.data.WSIReader` has three backends. ``"cucim"`` (NVIDIA cuCIM) decodes only
+the tiles a patch touches and can hand the patch to the GPU; ``"openslide"`` reads tiles too but
+needs the OpenSlide C library; ``"tifffile"`` is pure Python but MONAI's ``TiffFileWSIReader``
+decodes the *whole level* for every patch (``wsi.asarray(level=...)``), which costs a full slide
+decode per 224-pixel patch. `TiledTiffWSIReader` is the same reader with only the patch's
+tiles read and decoded, so the tifffile path works at slide sizes where MONAI's does not.
+
+`choose_wsi_backend()` picks, for ``"auto"``: cuCIM when it is installed and the device is a
+CUDA GPU, else OpenSlide when ``openslide`` imports, else the tile-aware tifffile reader; it
+logs one line saying which and why. Asking for a backend whose package or hardware is missing
+is one `WSIBackendError` naming what to install, never a silent substitute.
+
+Examples:
+    >>> from monai_fast.apps.sources.wsi_reader import choose_wsi_backend
+    >>> backend = choose_wsi_backend("auto", "cpu")
+    >>> backend.name in ("openslide", "tifffile")
+    True
+    >>> reader = backend.make(level=0)  # an object for PatchWSIDataset(reader=...)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from monai.data.wsi_reader import BaseWSIReader, TiffFileWSIReader, WSIReader
+
+from monai_fast.telemetry import cuda_available
+
+__all__ = ["BACKENDS", "TiledTiffWSIReader", "WSIBackend", "WSIBackendError", "choose_wsi_backend", "installed"]
+
+logger = logging.getLogger(__name__)
+
+#: what ``choose_wsi_backend`` accepts
+BACKENDS = ("auto", "cucim", "openslide", "tifffile", "tifffile-monai")
+_PACKAGES = {
+    "cucim": ("cucim", "pip install cucim-cu12 on a CUDA 12 machine"),
+    "openslide": ("openslide", "pip install openslide-python openslide-bin"),
+    "tifffile": ("tifffile", 'pip install "monai-fast[wsi]"'),
+}
+
+
+class WSIBackendError(RuntimeError):
+    """A WSI backend that cannot run here: the message names the missing package or hardware."""
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported (found on the path; not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class TiledTiffWSIReader(TiffFileWSIReader):
+    """MONAI's ``TiffFileWSIReader`` that reads and decodes only the tiles a patch overlaps.
+
+    Levels stored in strips (not tiles) fall back to MONAI's whole-level read. The file handle of
+    one slide is shared by the threads of a ``ThreadDataLoader``: reads of one slide take turns.
+
+    A patch that reaches outside the level is a `ValueError` naming the slide, the location
+    and the level's size, and a tile cut short by the end of the file one naming the slide and the
+    tile: the patch is never zero-padded, so a wrong location or a truncated slide cannot train on
+    blank pixels unnoticed. `monai_fast.data.preflight.preflight_wsi()` finds both before training.
+
+    Examples:
+        >>> reader = TiledTiffWSIReader(level=0)
+        >>> wsi = reader.read("slide_001.tif")  # doctest: +SKIP
+        >>> patch, meta = reader.get_data(wsi, location=(1024, 2048), size=(224, 224))  # doctest: +SKIP
+    """
+
+    backend = "tifffile"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._locks: dict[int, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, wsi: Any) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(id(wsi), threading.Lock())
+
+    def _region(self, wsi: Any, level: int, top: int, left: int, size: tuple[int, int]) -> np.ndarray:
+        """Rows ``top..top+size[0]``, columns ``left..left+size[1]`` of ``level``, all inside the image.
+
+        Raises:
+            ValueError: the region reaches outside the page, or a tile it needs is cut short by the
+                end of the file; the message names the slide.
+        """
+        page = wsi.pages[level]
+        th, tw = page.tilelength, page.tilewidth
+        h, w = page.imagelength, page.imagewidth
+        fh = wsi.filehandle
+        if top < 0 or left < 0 or top + size[0] > h or left + size[1] > w:
+            raise ValueError(
+                f"{fh.path}: the {size[0]} x {size[1]} patch at row {top}, column {left} of level "
+                f"{level} reaches outside the level's {h} x {w} pixels"
+            )
+        across = -(-w // tw)
+        out = np.empty((size[0], size[1], page.samplesperpixel), dtype=page.dtype)
+        bottom, right = top + size[0], left + size[1]
+        for tr in range(top // th, -(-bottom // th)):
+            for tc in range(left // tw, -(-right // tw)):
+                index = tr * across + tc
+                with self._lock(wsi):
+                    fh.seek(page.dataoffsets[index])
+                    data = fh.read(page.databytecounts[index])
+                if len(data) != page.databytecounts[index]:
+                    raise ValueError(
+                        f"{fh.path}: tile {index} of level {level} has {len(data)} of its "
+                        f"{page.databytecounts[index]} bytes: the file is truncated"
+                    )
+                tile = page.decode(data, index, jpegtables=page.jpegtables)[0].reshape(th, tw, -1)
+                r0, c0 = tr * th, tc * tw
+                rs, cs = max(top, r0), max(left, c0)
+                re, ce = min(bottom, r0 + th), min(right, c0 + tw)
+                out[rs - top : re - top, cs - left : ce - left] = tile[rs - r0 : re - r0, cs - c0 : ce - c0]
+        return out
+
+    def _get_patch(
+        self, wsi: Any, location: tuple[int, int], size: tuple[int, int], level: int, dtype: Any, mode: str
+    ) -> np.ndarray:
+        page = wsi.pages[level]
+        if not page.is_tiled:
+            return super()._get_patch(wsi, location, size, level, dtype, mode)
+        ratio = self.get_downsample_ratio(wsi=wsi, level=level)
+        top, left = (round(location[i] / ratio) for i in range(2))
+        patch = self._region(wsi, level, top, left, tuple(size)).astype(dtype, copy=False)
+        if mode in "RGB" and patch.shape[-1] not in (3, 4):
+            raise ValueError(
+                f"The image is expected to have three or four color channels in '{mode}' mode "
+                f"but has {patch.shape[-1]}."
+            )
+        if mode in "RGB":
+            patch = patch[..., :3]
+        return np.moveaxis(patch, -1, self.channel_dim)
+
+
+@dataclass(frozen=True)
+class WSIBackend:
+    """A chosen WSI backend: its ``name``, ``why`` it was chosen, and ``make(**kwargs)`` for a reader.
+
+    ``make`` returns what MONAI's ``PatchWSIDataset(reader=...)`` takes: a ``WSIReader`` or a
+    ``BaseWSIReader`` instance.
+    """
+
+    name: str
+    why: str
+    make: Callable[..., BaseWSIReader]
+
+
+def _missing(name: str, device: torch.device) -> str | None:
+    """Why backend ``name`` cannot run on ``device`` (the package or hardware missing), or None."""
+    module, how = _PACKAGES["tifffile" if name.startswith("tifffile") else name]
+    if not installed(module):
+        return f"{module} not installed ({how})"
+    if name == "cucim" and (device.type != "cuda" or not cuda_available()):
+        return f"cuCIM needs a CUDA GPU and this run is on {device}"
+    return None
+
+
+def _make(name: str, **defaults: Any) -> Callable[..., BaseWSIReader]:
+    if name == "tifffile":
+        return lambda **kw: TiledTiffWSIReader(**{**defaults, **kw})
+    backend = "tifffile" if name == "tifffile-monai" else name
+    return lambda **kw: WSIReader(backend=backend, **{**defaults, **kw})
+
+
+def choose_wsi_backend(requested: str = "auto", device: torch.device | str = "cpu", quiet: bool = False) -> WSIBackend:
+    """The WSI backend for ``device``: ``requested`` if it can run, or the best installed one for ``"auto"``.
+
+    ``"tifffile"`` is `TiledTiffWSIReader`; ``"tifffile-monai"`` is MONAI's own
+    ``TiffFileWSIReader`` (whole-level reads), the plain pipeline's reader. ``quiet``: the choice
+    is logged at DEBUG level only (the caller reports it, e.g. from `WSIBackend.why`).
+
+    Raises:
+        ValueError: for a name not in `BACKENDS`.
+        WSIBackendError: when ``requested`` needs a package or a GPU that is missing (named).
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"WSI backend must be one of {BACKENDS}, got {requested!r}")
+    device = torch.device(device)
+    if requested != "auto":
+        why = _missing(requested, device)
+        if why is not None:
+            raise WSIBackendError(f"WSI backend {requested!r} cannot run here: {why}")
+        return WSIBackend(requested, "requested", _make(requested))
+    skipped = []
+    for name in ("cucim", "openslide", "tifffile"):
+        why = _missing(name, device)
+        if why is None:
+            reason = f"chosen for {device}" + (f" ({'; '.join(skipped)})" if skipped else "")
+            logger.log(logging.DEBUG if quiet else logging.INFO, "WSI backend: %s, %s", name, reason)
+            return WSIBackend(name, reason, _make(name))
+        skipped.append(f"not {name}: {why}")
+    raise WSIBackendError("no WSI backend can run here: " + "; ".join(skipped))

@@ -1,0 +1,136 @@
+"""A run's data: an MSD-layout folder or URL, given file lists, or cached synthetic data; every file checked first.
+
+Examples:
+    >>> from monai_fast.apps.recipes import RecipeConfig
+    >>> from monai_fast.apps.training.data import DataSource, SyntheticData, checked_files
+    >>> source = DataSource(synthetic=SyntheticData(cases=4, shape=(32, 32, 16)))
+    >>> root, train, val = checked_files(source, RecipeConfig())  # doctest: +SKIP
+    >>> len(train), len(val)  # doctest: +SKIP
+    (3, 1)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from monai_fast.apps.recipes import RecipeConfig
+
+__all__ = ["NUM_CLASSES", "VAL_FRACTION", "DataSource", "SyntheticData", "check_files", "checked_files", "load_files"]
+
+logger = logging.getLogger(__name__)
+
+#: classes of the recipes' task (background and one organ); label values must be 0 or 1
+NUM_CLASSES = 2
+
+#: share of a data set's cases held out for validation by default
+VAL_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class SyntheticData:
+    """The synthetic set generated (once, then reused from the cache folder) when no data is given.
+
+    Examples:
+        >>> SyntheticData(cases=5, shape=(48, 48, 32)).kind
+        'spleen-like'
+    """
+
+    kind: str = "spleen-like"
+    cases: int = 16
+    shape: tuple[int, int, int] = (128, 128, 64)
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where a run's cases come from.
+
+    Attributes:
+        data_dir: an MSD-layout folder with ``dataset.json``, or its URL.
+        synthetic: the synthetic set generated when neither ``data_dir`` nor the file lists are given.
+        val_fraction: share of ``data_dir``'s cases held out for validation.
+        seed: seed of the synthetic data and of the split.
+        train_files, val_files: ``{"image", "label"}`` dicts, used as they are when both are given.
+    """
+
+    data_dir: str | os.PathLike | None = None
+    synthetic: SyntheticData = field(default_factory=SyntheticData)
+    val_fraction: float = VAL_FRACTION
+    seed: int = 0
+    train_files: Sequence[dict] | None = None
+    val_files: Sequence[dict] | None = None
+
+
+def load_files(source: DataSource, progress: bool = True) -> tuple[Path | str | None, list[dict], list[dict]]:
+    """``(data_root, train_files, val_files)`` of ``source``: its file lists, its ``data_dir`` (a folder or a URL,
+    read as `load_msd_datalist()` reads it), or its synthetic data.
+
+    Args:
+        source: where the cases come from.
+        progress: a progress bar while synthetic data is written.
+
+    Raises:
+        FileNotFoundError, monai_fast.apps.sources.msd.MSDDataError: ``data_dir`` is missing or incomplete.
+    """
+    from monai_fast.apps.sources.msd import load_msd_datalist
+    from monai_fast.apps.sources.remote import is_url
+    from monai_fast.apps.sources.synthetic import synthetic_dataset
+
+    if source.train_files is not None and source.val_files is not None:
+        return None, list(source.train_files), list(source.val_files)
+    if source.data_dir is not None:  # a folder, or a URL (s3://bucket/Task09_Spleen) kept as written
+        root = str(source.data_dir) if is_url(str(source.data_dir)) else Path(source.data_dir)
+    else:
+        syn = source.synthetic
+        root = synthetic_dataset(syn.kind, syn.cases, syn.shape, source.seed, progress)
+    train_files, val_files = load_msd_datalist(root, val_fraction=source.val_fraction, seed=source.seed)
+    return root, train_files, val_files
+
+
+def check_files(
+    train_files: Sequence[dict], val_files: Sequence[dict], config: RecipeConfig, preflight: bool = True
+) -> None:
+    """Every file checked before any training (unless ``preflight`` is off); a patch larger than the volumes
+    (``config``'s patch size and spacing) logged as a warning with the padding.
+
+    Args:
+        train_files, val_files: ``{"image", "label"}`` dicts.
+        config: the recipe options the cases are trained with.
+        preflight: check every file (`monai_fast.data.preflight.preflight()`: unreadable files, 2D volumes,
+            NaN/Inf, labels outside the classes, shape mismatches; cached per file).
+
+    Raises:
+        monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
+    """
+    from monai_fast.data.preflight import patch_padding
+    from monai_fast.data.preflight import preflight as check
+
+    if preflight:
+        check([*train_files, *val_files], num_classes=NUM_CLASSES)
+    warning = patch_padding(list(train_files), config.patch_size, config.pixdim)
+    if warning:
+        logger.warning(warning)
+
+
+def checked_files(
+    source: DataSource, config: RecipeConfig, preflight: bool = True, progress: bool = True
+) -> tuple[Path | str | None, list[dict], list[dict]]:
+    """`load_files()` of ``source``, then `check_files()`.
+
+    Args:
+        source: where the cases come from.
+        config: the recipe options the cases are trained with.
+        preflight: check every file before training.
+        progress: a progress bar while synthetic data is written.
+
+    Raises:
+        monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
+    """
+    data_root, train_files, val_files = load_files(source, progress)
+    check_files(train_files, val_files, config, preflight)
+    return data_root, train_files, val_files

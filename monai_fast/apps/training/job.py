@@ -1,0 +1,394 @@
+"""One recipe trained from its options into a run folder: the model, the record, the report and the results.
+
+`TrainJob` holds the options (checked when it is made, `OptionError`
+naming the one at fault); `train_job()` runs it on one rank and returns a `TrainOutcome`. The
+``monai-fast train`` command builds the job from its command line (and a SageMaker job's settings) and prints
+the outcome.
+
+The run owns its output folder from its start to its end (`RunFolderLock`, whatever
+the recipe, and the record's lock in ``<output_dir>/<recipe>``), so a second run into it stops at once, naming
+the folder and the run that holds it. Every output folder is checked before any data is read, the model's
+folder for room for the model too. After training the model is written first, then the other outputs, each
+on its own, so that a full disk costs only the file that did not fit (named, with the space missing); a run
+record that its full file system cut short during training is named the same way, and training goes on.
+
+Examples:
+    >>> from monai_fast.apps.training.job import TrainJob, train_job
+    >>> job = TrainJob(output_dir="runs/mine", overrides={"max_epochs": 2}, device="cpu", progress=False)
+    >>> outcome = train_job(job)  # doctest: +SKIP
+    >>> outcome.model, outcome.result.best_dice  # doctest: +SKIP
+    (PosixPath('runs/mine/model/model.pth'), 0.41)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from monai_fast.apps.training.data import VAL_FRACTION, DataSource, SyntheticData
+from monai_fast.apps.training.options import (
+    OptionError,
+    check_precision,
+    check_run_numbers,
+    check_synthetic,
+    check_writable_dir,
+    recipe_config,
+    resolve_device,
+)
+
+if TYPE_CHECKING:
+    from monai_fast.apps.recipes import RecipeConfig
+    from monai_fast.apps.recipes.common import Recipe
+    from monai_fast.apps.training.run import TargetRun, TrainResult
+    from monai_fast.handlers import Preemption
+
+__all__ = ["MODEL_MARGIN", "OWNER", "TrainJob", "TrainOutcome", "model_bytes", "train_job"]
+
+MODEL_MARGIN = 1.1, 1 << 20  #: the model file's size estimate: its tensors' bytes x 1.1 + 1 MiB (archive, recipe.json)
+OWNER = "monai-fast train"  #: who holds the output folder, in the message a second run into it stops with
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainJob:
+    """What to train, on what, until when, and where its outputs go.
+
+    Attributes:
+        recipe: a recipe of `monai_fast.apps.recipes.RECIPES`.
+        output_dir: the run folder: the run record, the doctor's report, ``results.json``, ``epochs.csv``
+            and plots (the record in ``<output_dir>/<recipe>``).
+        model_dir: ``model.pth`` (a checkpoint ``monai-fast infer`` reads) and ``recipe.json``;
+            ``None``: ``<output_dir>/model``.
+        data_dir: an MSD-layout folder with ``dataset.json``, or its URL; ``None``: ``synthetic`` data.
+        synthetic: the synthetic set generated when no ``data_dir`` is given.
+        val_fraction: share of the cases held out for validation.
+        seed: seed of the data, the split, the weights and the crops.
+        preflight: check every file of the data before training.
+        overrides: `RecipeConfig` fields (``max_epochs``, ``network``...).
+        device: ``"auto"`` (CUDA if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        target: validation mean Dice to stop at, in (0, 1] (1: every epoch runs).
+        time_budget_s: seconds of training before it stops; ``None``: no limit.
+        progress: progress bars (on rank 0).
+        tensorboard_dir: also write TensorBoard loss and Dice here; ``None``: only the run folder's.
+        checkpoint_dir: make the run preemption-safe (`Preemption`): a stop
+            signal checkpoints here, and the same job resumes from here; ``None``: a stop signal stops it.
+        save_every: with ``checkpoint_dir``, also checkpoint every N iterations.
+        record_options: what ``results.json`` records under ``options`` (e.g. the command's options).
+
+    Raises:
+        OptionError: naming the first bad option, before anything runs.
+
+    Examples:
+        >>> TrainJob(output_dir="runs/x", device="cpu").model_dir
+        PosixPath('runs/x/model')
+        >>> try:
+        ...     TrainJob(output_dir="runs/x", device="cpu", target=1.5)
+        ... except OptionError as e:
+        ...     print(e.option)
+        target
+    """
+
+    recipe: str = "fast"
+    output_dir: str | os.PathLike
+    model_dir: str | os.PathLike | None = None
+    data_dir: str | os.PathLike | None = None
+    synthetic: SyntheticData = field(default_factory=SyntheticData)
+    val_fraction: float = VAL_FRACTION
+    seed: int = 0
+    preflight: bool = True
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    device: str = "auto"
+    target: float = 1.0
+    time_budget_s: float | None = None
+    progress: bool = True
+    tensorboard_dir: str | os.PathLike | None = None
+    checkpoint_dir: str | os.PathLike | None = None
+    save_every: int | None = None
+    record_options: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        from monai_fast.apps.recipes import RECIPES
+
+        paths = ("output_dir", "model_dir", "tensorboard_dir", "checkpoint_dir")
+        for name in paths:
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        if self.model_dir is None:
+            object.__setattr__(self, "model_dir", Path(self.output_dir) / "model")
+        if self.recipe not in RECIPES:
+            raise OptionError("recipe", f"unknown recipe {self.recipe!r}; known: {list(RECIPES)}")
+        check_run_numbers(self.target, self.time_budget_s, self.val_fraction)
+        if self.save_every is not None and (self.save_every < 1 or self.checkpoint_dir is None):
+            raise OptionError(
+                "save_every",
+                f"needs a whole number >= 1 and a checkpoint folder, got {self.save_every} and {self.checkpoint_dir}",
+            )
+        if self.data_dir is None:
+            check_synthetic(self.synthetic.kind, self.synthetic.cases, self.synthetic.shape)
+        check_precision(self.config, resolve_device(self.device))
+
+    @property
+    def config(self) -> RecipeConfig:
+        """The recipe options: ``overrides`` with ``seed``."""
+        return recipe_config(self.overrides, self.seed)
+
+    @property
+    def source(self) -> DataSource:
+        """Where the cases come from."""
+        return DataSource(self.data_dir, self.synthetic, self.val_fraction, self.seed)
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What `train_job()` did on one rank.
+
+    Attributes:
+        lead: this rank wrote the outputs (rank 0).
+        network: the network trained (``"unet"``, ``"segresnet"``).
+        result: the run's `TrainResult`; ``None`` when a stop signal stopped it.
+        model: ``model.pth`` where it was written, else ``None``.
+        results: ``results.json`` where it was written, else ``None``.
+        report: the doctor's ``report.md`` where it was written, else ``None``.
+        failed: the outputs that could not be written, each with why (a full disk: the space missing).
+        stopped: what a run stopped by a stop signal says (the checkpoint written, or why none was needed);
+            ``None`` when it ran to its end.
+    """
+
+    lead: bool
+    network: str
+    result: TrainResult | None = None
+    model: Path | None = None
+    results: Path | None = None
+    report: Path | None = None
+    failed: tuple[str, ...] = ()
+    stopped: str | None = None
+
+
+def train_job(job: TrainJob) -> TrainOutcome:
+    """Train ``job`` on this rank; rank 0 writes the model, the report and the results.
+
+    Rank 0 owns the output folder from the start to the end (its `RunFolderLock`,
+    whatever the recipe, and the record's lock in ``<output_dir>/<recipe>``, taken again by the record later):
+    a second run into the same folder stops at once, before its set-up work, naming the folder and the run that
+    owns it. Every output folder is checked before any data is read.
+
+    A stop signal during the set-up stops the program at the start of training (exit status 143, saying so)
+    unless ``job.checkpoint_dir`` is set; with it, a stop signal at any time checkpoints and the outcome's
+    ``stopped`` says where.
+
+    Raises:
+        OptionError: an output folder that cannot be written, or a model folder without room for the model.
+        monai_fast.files.RunFolderBusyError: another run holds the output folder.
+    """
+    from ignite import distributed as idist
+
+    from monai_fast.files import RunFolderLock
+    from monai_fast.telemetry.record import record_lock
+
+    lead = idist.get_rank() == 0
+    config = job.config
+    output_dir = Path(job.output_dir)
+    owners: list[Any] = []
+    try:
+        if lead:  # results.json, epochs.csv and the model's default folder are the folder's own
+            # a bad output folder, or a model folder without room for the model, named before anything is written
+            _check_folders(job)
+            _check_model_space(job, config)
+            owners.append(RunFolderLock(output_dir, what=OWNER).acquire())
+            # where TargetRun records: a process that writes the record there stops this run too
+            owners.append(record_lock(output_dir / job.recipe, 0, what=OWNER).acquire())
+        return _train_owned(job, config, lead)
+    finally:
+        for owner in reversed(owners):
+            owner.release()
+
+
+def _check_folders(job: TrainJob) -> None:
+    """Every output folder made and writable, the run folder last (a refused one leaves the run folder empty)."""
+    check_writable_dir(Path(job.model_dir or ""), "model_dir")
+    if job.tensorboard_dir is not None:
+        check_writable_dir(job.tensorboard_dir, "tensorboard_dir")
+    if job.checkpoint_dir is not None:
+        check_writable_dir(job.checkpoint_dir, "checkpoint_dir")
+    check_writable_dir(job.output_dir, "output_dir")
+
+
+def _check_model_space(job: TrainJob, config: RecipeConfig) -> None:
+    """The model's folder with room for the model (`model_bytes()`), before any work."""
+    from monai_fast.files import ensure_free_space
+
+    try:
+        ensure_free_space(Path(job.model_dir or "") / "model.pth", model_bytes(config), "the model")
+    except OSError as e:
+        raise OptionError("model_dir", f"{e}; free space there or give another") from None
+
+
+def _train_owned(job: TrainJob, config: RecipeConfig, lead: bool) -> TrainOutcome:
+    """`train_job()` once the options and outputs are checked and the run folder is this run's."""
+    from monai_fast.apps.training.data import checked_files
+    from monai_fast.apps.training.run import TargetRun
+    from monai_fast.handlers.stop_signal import STOPPED_EXIT, end_of_setup
+
+    device = resolve_device(job.device)
+    data_root, train_files, val_files = checked_files(job.source, config, job.preflight, job.progress)
+    run = TargetRun(
+        job.recipe,
+        train_files,
+        val_files,
+        config,
+        device,
+        job.target,
+        job.time_budget_s,
+        job.output_dir if lead else None,
+        job.progress and lead,
+    )
+    writer = _attach_tensorboard(run.built, Path(job.tensorboard_dir)) if lead and job.tensorboard_dir else None
+    preemption = _preemption(run.built, job) if job.checkpoint_dir is not None else None
+    if preemption is None:
+        end_of_setup(STOPPED_EXIT)  # a signal caught during set-up, with no checkpoint folder: stop here, saying so
+    try:
+        run.segment(epochs=None)
+    finally:
+        if writer is not None:
+            writer.close()
+    if preemption is not None and preemption.preempted:
+        stopped = _stopped_message(preemption, run.built.trainer.state.iteration, job.checkpoint_dir)
+        return TrainOutcome(lead, config.network, stopped=stopped)
+    return _write_outputs(run, lead, job, device, data_root)
+
+
+def _attach_tensorboard(built: Recipe, folder: Path) -> Any:
+    """MONAI's TensorBoard handlers on ``built``'s trainer (loss per iteration) and evaluator (Dice per epoch)."""
+    from monai.handlers import TensorBoardStatsHandler, from_engine
+
+    from monai_fast.extras import require
+
+    tensorboard = require("torch.utils.tensorboard", extra="plots", feature="train --tensorboard-dir")
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = tensorboard.SummaryWriter(log_dir=str(folder))
+    TensorBoardStatsHandler(
+        summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
+    ).attach(built.trainer)
+    TensorBoardStatsHandler(
+        summary_writer=writer,
+        iteration_log=False,
+        output_transform=lambda out: None,
+        global_epoch_transform=lambda _: built.trainer.state.epoch,
+    ).attach(built.evaluator)
+    return writer
+
+
+def model_bytes(config: RecipeConfig) -> int:
+    """Bytes ``model.pth`` needs: the network of ``config`` built on the CPU, its tensors' bytes plus the margin.
+
+    Examples:
+        >>> from monai_fast.apps.recipes import RecipeConfig
+        >>> model_bytes(RecipeConfig()) > MODEL_MARGIN[1]
+        True
+    """
+    import torch
+
+    from monai_fast.apps.recipes.common import build_network
+
+    network = build_network(config, torch.device("cpu"))
+    tensors = sum(t.numel() * t.element_size() for t in network.state_dict().values())
+    return int(tensors * MODEL_MARGIN[0]) + MODEL_MARGIN[1]
+
+
+def _save_model(built: Recipe, model_dir: Path) -> Path:
+    """``model.pth``: an inference checkpoint (weights + ``RecipeConfig``, ``monai-fast infer`` reads it);
+    ``recipe.json`` beside it.
+
+    Both written atomically.
+    """
+    from monai_fast.apps.inference.checkpoint import save_checkpoint
+    from monai_fast.files import write_json
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    path = save_checkpoint(model_dir / "model.pth", built.network, built.config)
+    write_json({"recipe": built.name, "config": built.config.to_dict()}, model_dir / "recipe.json")
+    return path
+
+
+def _preemption(built: Recipe, job: TrainJob) -> Preemption:
+    """`Preemption` on ``built``'s trainer (model, optimizer, trainer), resumed from its
+    folder."""
+    from monai_fast.handlers import Preemption
+
+    preemption = Preemption(
+        {"trainer": built.trainer, "model": built.network, "optimizer": built.optimizer},
+        job.checkpoint_dir,
+        save_every=job.save_every,
+    )
+    preemption.attach(built.trainer)  # takes over a signal caught during set-up: the run stops at its start
+    preemption.resume()  # nothing to resume on a first start
+    return preemption
+
+
+def _stopped_message(preemption: Preemption, iteration: int, folder: str | os.PathLike | None) -> str:
+    """What a stopped run says: the checkpoint written, or why none was needed."""
+    name = preemption.stop_signal.name
+    if iteration == (preemption.resumed_from or 0):  # signalled before any training in this start
+        where = f"the checkpoint at iteration {iteration} in {folder}" if preemption.resumed_from else "the start"
+        return (
+            f"preempted: {name} before training started, nothing new to checkpoint; the same command starts "
+            f"again from {where}"
+        )
+    return f"preempted: checkpointed at iteration {iteration} in {folder}; the same command resumes from there"
+
+
+def _write_outputs(run: TargetRun, lead: bool, job: TrainJob, device: str, data_root: Any) -> TrainOutcome:
+    """After training: the model first, then epochs.csv, the doctor's report and the results, each on its own.
+
+    A write that fails (a full disk) is named and the others still run, and so is a run record that its full file
+    system cut short during training.
+    """
+    from monai_fast.apps.training.results import run_meta, write_results
+    from monai_fast.handlers.record import record_of
+    from monai_fast.report.doctor import doctor
+
+    failed: list[str] = []
+    model = None
+    model_dir = Path(job.model_dir or "")
+    record = record_of(run.built.trainer)
+    cut = record.record.disk_full if record is not None else None  # the record's file system filled in training
+    if lead:
+        try:
+            model = _save_model(run.built, model_dir)
+        except OSError as e:
+            failed.append(f"model {model_dir / 'model.pth'}: {e}")
+        if cut is not None:
+            failed.append(f"the rest of the {cut}")
+    try:
+        result: TrainResult = run.finish()
+    except OSError as e:  # epochs.csv; the result is kept and finish() returns it
+        failed.append(f"epochs.csv: {e}")
+        result = run.finish()
+    network = run.built.config.network
+    if not lead:
+        return TrainOutcome(lead, network, result, failed=tuple(failed))
+    try:
+        result.diagnosis = doctor(result.run_dir).to_dict() if result.run_dir and result.epochs else None
+    except OSError as e:
+        failed.append(f"the doctor's report in {result.run_dir}: {e}")
+    except ValueError as e:  # a record without an epoch to diagnose
+        why = f"its record {cut.path} ends before the first epoch, its file system full" if cut is not None else e
+        failed.append(f"the doctor's report in {result.run_dir}: {why}")
+    results: Path | None = Path(job.output_dir) / "results.json"
+    try:
+        write_results([result], job.output_dir, run_meta(data_root, device, job.record_options))
+    except OSError as e:  # an earlier run's results.json in the folder is not this run's
+        failed.append(f"results in {job.output_dir}: {e}")
+        results = None
+    report = Path(result.run_dir or "") / "report.md"
+    return TrainOutcome(
+        lead,
+        network,
+        result,
+        model,
+        results,
+        report if result.diagnosis and report.is_file() else None,
+        tuple(failed),
+    )

@@ -1,0 +1,126 @@
+"""A run's results files: ``results.json`` (the machine, versions, options and one entry per result), all
+results' epochs in ``epochs.csv``, and validation Dice against time in ``dice_vs_time.png``.
+
+Examples:
+    >>> meta = run_meta(None, "cpu", {"recipe": "fast"})
+    >>> sorted(meta)
+    ['command', 'data', 'date', 'machine', 'options', 'versions']
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import platform
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from monai_fast.apps.training.epochs import write_epochs_csv
+from monai_fast.apps.training.run import TrainResult
+from monai_fast.extras import require
+from monai_fast.files import atomic_write, write_json
+
+__all__ = ["plot_dice_vs_time", "run_meta", "write_results"]
+
+logger = logging.getLogger("monai_fast.report")
+
+
+def run_meta(data_root: Path | str | None, device: str, options: Mapping[str, Any] | None = None) -> dict:
+    """The date, machine, package versions, data and options that a results file records."""
+    import ignite
+    import monai
+    import torch
+
+    from monai_fast import __version__
+    from monai_fast.telemetry import device_description
+
+    return {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": {
+            "device": device_description(device),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "versions": {
+            "monai_fast": __version__,
+            "torch": torch.__version__,
+            "monai": monai.__version__,
+            "ignite": ignite.__version__,
+        },
+        "data": None if data_root is None else str(data_root),
+        "command": " ".join(sys.argv),
+        "options": dict(options or {}),
+    }
+
+
+def plot_dice_vs_time(results: Sequence[TrainResult], path: str | os.PathLike, target: float | None = None) -> Path:
+    """PNG of validation Dice against wall-clock seconds (caching included), one line per recipe.
+
+    The figure is drawn without pyplot, so the caller's matplotlib backend stays as it is.
+    """
+    figure = require("matplotlib.figure", extra="plots", feature="the Dice-vs-time PNG of a race")
+    fig = figure.Figure(figsize=(7, 4.2), dpi=110)
+    ax = fig.subplots()
+    for r in results:
+        pts = [(e.elapsed_s, e.val_dice) for e in r.epochs if e.val_dice is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o", markersize=3, label=r.recipe)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xlabel("seconds on each recipe's own clock (its set-up and cache filling included)")
+    ax.set_ylabel("validation mean Dice")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
+    ax.set_title("Time to Dice")
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png")
+    return path
+
+
+def write_results(
+    results: Sequence[TrainResult],
+    run_dir: str | os.PathLike,
+    meta: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> dict:
+    """Write ``results.json``, ``epochs.csv`` (all results) and ``dice_vs_time.png`` into ``run_dir``.
+
+    Each file is tried on its own; when one cannot be written (a full disk) the others still are, each
+    failure is logged with its path, and the first is raised at the end.
+
+    Args:
+        results: one result per recipe run.
+        run_dir: the folder written into (created).
+        meta: what ``results.json`` holds before the results (`run_meta()`).
+        extra: what ``results.json`` holds after them (a race's speed-ups).
+
+    Returns:
+        The dict written to ``results.json``.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    doc = {**meta, "results": [r.to_dict() for r in results], **(extra or {})}
+    target = results[0].target if results else None
+    writes = [
+        (run_dir / "results.json", lambda path: write_json(doc, path)),
+        (run_dir / "epochs.csv", lambda path: write_epochs_csv((e for r in results for e in r.epochs), path)),
+        (run_dir / "dice_vs_time.png", lambda path: plot_dice_vs_time(results, path, target)),
+    ]
+    failed: list[OSError] = []
+    for path, write in writes:  # each output on its own: one that does not fit costs only itself
+        try:
+            write(path)
+        except OSError as err:
+            logger.error("not written: %s: %s", path, err)
+            failed.append(err)
+    if failed:
+        raise failed[0]
+    return doc

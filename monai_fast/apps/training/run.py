@@ -1,0 +1,368 @@
+"""Train one recipe until a target validation Dice or a time budget, with its telemetry, and record every epoch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from ignite.engine import Engine, Events
+from ignite.handlers import ProgressBar
+from monai.handlers import TensorBoardStatsHandler, from_engine
+
+from monai_fast.apps.recipes import VAL_METRIC, RecipeConfig, build_recipe
+from monai_fast.apps.recipes.common import Recipe
+from monai_fast.apps.training.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, write_epochs_csv
+from monai_fast.data.rng_state import OwnRandomStream
+from monai_fast.extras import available, require
+from monai_fast.handlers import (
+    GPUSampler,
+    InferenceSplit,
+    MainThreadCore,
+    NVTXHandler,
+    RecordHandler,
+    ThroughputMonitor,
+    TimeBreakdown,
+    TimeToTarget,
+    ValidationSchedule,
+)
+from monai_fast.handlers.lifecycle import handlers_on
+from monai_fast.handlers.record import record_of
+from monai_fast.handlers.stop_signal import end_of_setup, stop_signals_caught
+from monai_fast.progress import show_progress
+from monai_fast.telemetry import device_description
+from monai_fast.telemetry.host import process_tree_cpu_seconds
+from monai_fast.telemetry.record import Category, Source, data_share
+from monai_fast.telemetry.spans import wall_time
+
+if TYPE_CHECKING:  # tensorboard is the [plots] extra, imported where a run writes its events
+    from torch.utils.tensorboard import SummaryWriter
+
+__all__ = ["EPOCH_FIELDS", "EpochRow", "TargetRun", "TrainResult", "run_to_target", "write_epochs_csv"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """Outcome of `run_to_target()` for one recipe."""
+
+    recipe: str
+    target: float
+    reached: bool
+    time_to_target_s: float | None
+    epochs_to_target: int | None
+    epochs_run: int
+    best_dice: float | None
+    setup_s: float
+    total_s: float
+    train_s_per_epoch: float
+    val_s_per_epoch: float
+    data_wait_share: float
+    budget_s: float | None
+    budget_exhausted: bool
+    device: str
+    amp: bool
+    run_dir: str | None = None
+    notes: list[str] = field(default_factory=list)
+    epochs: list[EpochRow] = field(default_factory=list)
+    diagnosis: dict | None = None
+    setup_cpu_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_to_target(
+    recipe: str,
+    train_files: Sequence[dict],
+    val_files: Sequence[dict],
+    config: RecipeConfig | None = None,
+    device: str | torch.device = "cpu",
+    target: float = 0.9,
+    time_budget_s: float | None = 300.0,
+    run_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Build ``recipe`` and train it until validation mean Dice >= ``target`` or the budget is spent.
+
+    The clock starts before the data sets are built, so caching counts against the recipe that
+    caches. Validation runs every ``config.val_interval`` epochs. The trainer carries monai-fast's
+    telemetry: ``TimeBreakdown``, ``ThroughputMonitor``, ``NVTXHandler`` (trainer and evaluator, with the nvidia extra),
+    on CUDA a ``GPUSampler``, and with ``run_dir`` a ``RecordHandler``; where the command pinned
+    OpenMP's workers, a ``MainThreadCore`` (trainer, evaluator and a validation schedule's
+    estimator). A `TargetRun` run to its end in one go.
+
+    Args:
+        recipe: one of `monai_fast.apps.recipes.RECIPES`.
+        train_files, val_files: ``{"image", "label"}`` dicts, e.g. from
+            `monai_fast.apps.sources.msd.load_msd_datalist()`.
+        config: recipe options.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        target: validation mean Dice (background excluded) to reach.
+        time_budget_s: wall-clock limit in seconds, ``None`` for none (then ``config.max_epochs``
+            is the only limit).
+        run_dir: if given, ``run_dir/<recipe>/`` receives the TensorBoard events, ``epochs.csv``
+            and the run record (``record.rank0.jsonl``, ``summary.rank0.json``) that
+            ``monai-fast doctor`` reads.
+        progress: a progress bar per epoch where one fits (`monai_fast.progress.show_progress()`),
+            else one log line per epoch.
+
+    Returns:
+        A `TrainResult` with per-epoch rows.
+
+    Examples:
+        >>> result = run_to_target("fast", train_files, val_files, device="cpu", time_budget_s=60)  # doctest: +SKIP
+        >>> result.reached, result.time_to_target_s  # doctest: +SKIP
+    """
+    run = TargetRun(recipe, train_files, val_files, config, device, target, time_budget_s, run_dir, progress)
+    run.segment(epochs=None)
+    return run.finish()
+
+
+class TargetRun:
+    """One recipe trained towards a target in segments, on a clock that runs only while it trains.
+
+    `run_to_target()` runs it in one segment; a race that interleaves recipes runs each a few
+    epochs at a time (``segment(1)``), so a change of the host's load hits them all. The clock (the
+    `TimeToTarget`'s) starts before the data sets are built and stops
+    between segments, so each recipe's times count only its own work. Each run draws from its own
+    copy of the global random generators (`OwnRandomStream`), so
+    its shuffles and crops are those it would draw alone, whatever the order of the turns.
+    ``budget_s`` may be changed between segments.
+
+    A stop signal (``SIGTERM``, ``SIGUSR1``) while the data sets and caches are built is caught
+    (`stop_signals_caught()`): the program then stops when the
+    set-up is done, with a message and exit status 143, instead of dying silently in the middle.
+    Inside a program that catches them from its start (``monai-fast train``, ``demo``, ``bench``),
+    the program's own catcher stays in place until a `Preemption`
+    takes it over or the first `segment()` starts training, which ends the set-up
+    (`end_of_setup()`): a signal received meanwhile stops
+    the program there, before any training, with the same message and exit status.
+
+    Examples:
+        >>> run = TargetRun("baseline", train_files, val_files, device="cpu", time_budget_s=600)  # doctest: +SKIP
+        >>> while not run.done:  # doctest: +SKIP
+        ...     run.segment(epochs=1)
+        >>> run.finish().epochs_run  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        recipe: str,
+        train_files: Sequence[dict],
+        val_files: Sequence[dict],
+        config: RecipeConfig | None = None,
+        device: str | torch.device = "cpu",
+        target: float = 0.9,
+        time_budget_s: float | None = 300.0,
+        run_dir: str | os.PathLike | None = None,
+        progress: bool = True,
+    ) -> None:
+        t0, cpu0 = time.perf_counter(), process_tree_cpu_seconds()
+        self.recipe, self.target, self.time_budget_s = recipe, target, time_budget_s
+        config = replace(config or RecipeConfig(), val_target=target)  # a validation schedule aims at the run's target
+        with stop_signals_caught():
+            self.built = build_recipe(recipe, train_files, val_files, config, device, progress=progress)
+        self.setup_cpu_s = process_tree_cpu_seconds() - cpu0  # building the data sets and caches, in CPU seconds
+        self.random = OwnRandomStream()  # its own draws, however the turns of a race fall
+        trainer, evaluator = self.built.trainer, self.built.evaluator
+        self.out = Path(run_dir) / recipe if run_dir is not None else None
+        self.writer = _attach_telemetry(self.built, self.out, t0)
+        self.breakdown = TimeBreakdown()
+        self.breakdown.attach(trainer)
+        self.stopper = TimeToTarget(
+            target=target,
+            metric_name=VAL_METRIC,
+            time_budget_s=time_budget_s,
+            start_time=t0,
+            logger=logging.getLogger(f"{__name__}.{recipe}"),
+        )  # lines that name the recipe
+        self.stopper.attach(trainer, evaluator)
+        bars = show_progress(progress)
+        self.recorder = EpochRecorder(recipe, self.stopper, self.breakdown, self.writer, log_epochs=not bars)
+        self.recorder.attach(trainer, evaluator)
+        if bars:
+            loss_of = from_engine(["loss"], first=True)
+            stopper = self.stopper
+            ProgressBar(persist=False, desc=f"{recipe}").attach(
+                trainer,
+                output_transform=lambda out: {
+                    "loss": loss_of(out),
+                    "last val Dice": stopper.history[-1][2] if stopper.history else 0.0,
+                },
+            )
+        self._segment_end = 0
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, self._maybe_pause)
+        trainer.add_event_handler(Events.STARTED, self._record_pause)
+        self._pause: tuple[float, float] | None = None
+        logger.info("%s: set up in %.1f s", recipe, self.built.setup_s)
+        for note in self.built.notes:  # a line each: one line of them all runs to thousands of characters
+            logger.info("%s: %s", recipe, note)
+        self._paused_at = time.perf_counter()
+        self._finished: TrainResult | None = None
+
+    @property
+    def budget_s(self) -> float | None:
+        """Seconds this recipe's clock may run; settable between segments (a budget set later than at start)."""
+        return self.stopper.time_budget_s
+
+    @budget_s.setter
+    def budget_s(self, seconds: float) -> None:
+        if self.stopper.time_budget_s is None:
+            raise ValueError(f"{self.recipe}: a run started with no budget cannot be given one later")
+        self.stopper.time_budget_s = self.time_budget_s = float(seconds)
+
+    def elapsed(self) -> float:
+        """Seconds on this recipe's clock (setup and its own segments only)."""
+        return (self._paused_at if self._paused_at is not None else time.perf_counter()) - (
+            self.stopper.start_time or 0.0
+        )
+
+    @property
+    def done(self) -> bool:
+        """Target reached, budget spent, or the epoch limit hit."""
+        state = self.built.trainer.state
+        max_epochs = state.max_epochs or self.built.config.max_epochs
+        over = self.time_budget_s is not None and self.elapsed() > self.time_budget_s
+        return self.stopper.reached_s is not None or self.stopper.budget_exhausted or over or state.epoch >= max_epochs
+
+    def segment(self, epochs: int | None = 1) -> None:
+        """Train ``epochs`` more epochs (``None``: to the end), the clock running only meanwhile.
+
+        It ends the program's set-up (`end_of_setup()`, which does
+        nothing once the set-up has ended): a stop signal caught since the program's start, and not taken
+        over by a ``Preemption``, stops the program here with a message and exit status 143.
+
+        Raises:
+            SystemExit: 143, when a stop signal arrived during the set-up.
+        """
+        end_of_setup()  # training starts: a signal kept since the program's start stops it here, saying so
+        if self.done:
+            return
+        assert self._paused_at is not None
+        self._pause = (wall_time(self._paused_at), time.time())  # recorded once the run has reopened its record
+        self.stopper.start_time = (self.stopper.start_time or 0.0) + time.perf_counter() - self._paused_at
+        self._paused_at = None
+        self._segment_end = 0 if epochs is None else self.built.trainer.state.epoch + epochs
+        try:
+            with self.random:
+                self.built.trainer.run()
+        finally:
+            self._paused_at = time.perf_counter()
+
+    def _record_pause(self, engine: Engine) -> None:
+        """The time since its last segment (the other recipes' set-up and turns) as a ``paused`` span: not idle
+        time of its own, so the doctor gives it no advice."""
+        record = record_of(engine)
+        if self._pause is not None and record is not None:
+            record.add_span(Category.PAUSED, *self._pause, source=Source.RECIPE)
+        self._pause = None
+
+    def _maybe_pause(self, engine: Engine) -> None:
+        if self._segment_end and engine.state.epoch >= self._segment_end:
+            engine.terminate()
+
+    def finish(self) -> TrainResult:
+        """Close the TensorBoard writer, write ``epochs.csv`` and return the `TrainResult` (once).
+
+        The result is kept before ``epochs.csv`` is written: when that write fails (a full disk:
+        `NoSpaceError` names the file), the error propagates and a second
+        call returns the result, so the caller can still write its other outputs.
+        """
+        if self._finished is None:
+            if self.writer is not None:
+                self.writer.close()
+            self._finished = _result(
+                self.recipe,
+                self.target,
+                self.time_budget_s,
+                self.built,
+                self.stopper,
+                self.recorder.rows,
+                self.elapsed(),
+                self.out,
+                self.setup_cpu_s,
+            )
+            if self.out is not None:
+                write_epochs_csv(self.recorder.rows, self.out / "epochs.csv")
+        return self._finished
+
+
+def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWriter | None:
+    """TensorBoard, the run record (its set-up span from ``t0``), NVTX, the GPU sampler and throughput on
+    ``built``'s engines."""
+    trainer, evaluator = built.trainer, built.evaluator
+    writer = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        if available("tensorboard"):  # a by-product of the run: without the extra it is skipped, not fatal
+            tensorboard = require("torch.utils.tensorboard", extra="plots", feature="a run's TensorBoard events")
+            writer = tensorboard.SummaryWriter(log_dir=str(out))
+            TensorBoardStatsHandler(
+                summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
+            ).attach(trainer)
+        else:
+            logger.warning(
+                "the run's TensorBoard events are skipped: they need tensorboard, which is not installed: "
+                'pip install "monai-fast[plots]"'
+            )
+        record = RecordHandler(out)  # the run record the doctor reads, shared by trainer and evaluator
+        record.attach(trainer)
+        record.attach(evaluator)
+        record.record.add_span(Category.SETUP, wall_time(t0), wall_time(t0 + built.setup_s), source=Source.RECIPE)
+        InferenceSplit().attach(evaluator)  # after the evaluator's metrics: the doctor's network vs stitching split
+    if available("nvtx"):  # ranges for a profiler; the nvidia extra is optional, so they are too
+        NVTXHandler().attach(trainer)
+        NVTXHandler().attach(evaluator)
+    schedule = handlers_on(trainer).get(ValidationSchedule)
+    estimator = [schedule.estimator] if isinstance(schedule, ValidationSchedule) else []
+    for engine in (trainer, evaluator, *estimator):  # apart from OpenMP's pinned workers (when the command pinned them)
+        if MainThreadCore not in handlers_on(engine):  # FastTraining attaches one to the recipes built on it
+            MainThreadCore().attach(engine)
+    if built.device.type == "cuda":
+        GPUSampler(interval_s=0.5, writer=writer).attach(trainer)
+    ThroughputMonitor(writer=writer, log_every_epoch=False).attach(trainer)
+    return writer
+
+
+def _result(
+    recipe: str,
+    target: float,
+    budget_s: float | None,
+    built: Recipe,
+    stopper: TimeToTarget,
+    rows: list[EpochRow],
+    total: float,
+    out: Path | None,
+    setup_cpu_s: float | None = None,
+) -> TrainResult:
+    n = max(len(rows), 1)
+    val_rows = [r for r in rows if r.val_dice is not None]
+    return TrainResult(
+        recipe=recipe,
+        target=target,
+        reached=stopper.reached_s is not None,
+        time_to_target_s=stopper.reached_s,
+        epochs_to_target=stopper.reached_epoch,
+        epochs_run=len(rows),
+        best_dice=stopper.best,
+        setup_s=built.setup_s,
+        total_s=total,
+        train_s_per_epoch=sum(r.train_s for r in rows) / n,
+        val_s_per_epoch=sum(r.val_s for r in val_rows) / max(len(val_rows), 1),
+        data_wait_share=data_share(sum(r.data_wait_s for r in rows), sum(r.compute_s for r in rows)),
+        budget_s=budget_s,
+        budget_exhausted=stopper.budget_exhausted,
+        device=device_description(built.device),
+        amp=built.amp,
+        run_dir=None if out is None else str(out),
+        notes=built.notes,
+        epochs=rows,
+        setup_cpu_s=setup_cpu_s,
+    )
