@@ -1,0 +1,205 @@
+"""A choice between two ways of doing the same work, made from interleaved rounds of timings.
+
+One timing decides nothing: a warm-up, a busy neighbour or a frequency step can make either way look
+several times faster once. `decide()` times the user's way (the baseline) and the candidate in
+alternating order, round after round, after a warm-up call of each that is not counted, and takes
+the candidate only when the rounds agree that it is faster by the required gain. It stops early
+once the answer is plain, runs at most ``max_rounds``, and never runs fewer than ``min_rounds``:
+where the time allowed cannot hold them, it measures nothing and keeps the baseline. A near-tie,
+or rounds that disagree, keep the baseline too. Every round is kept in the returned `Decision`, for
+the run record and the doctor.
+
+Examples:
+    >>> from monai_fast.tune.rounds import decide
+    >>> d = decide(lambda: 2.0, lambda: 1.0, names=("eager", "compiled"))  # each call returns its seconds
+    >>> d.choice, len(d.rounds), round(d.gain, 2)
+    ('compiled', 3, 2.0)
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from monai_fast.telemetry import synchronize
+
+__all__ = ["MIN_ROUNDS", "Decision", "decide", "training_step_s"]
+
+#: the fewest timed rounds a choice is ever made from
+MIN_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What interleaved rounds of a baseline and a candidate decided, with every timing behind it.
+
+    Attributes:
+        names: (baseline, candidate), as the reason names them.
+        choice: the name chosen: the candidate only when the rounds showed it faster by ``min_gain``.
+        clear: whether the rounds decided it (``False``: kept the baseline for a near-tie, rounds that
+            disagree, or a budget too small for `MIN_ROUNDS`).
+        rounds: (baseline seconds, candidate seconds) per timed round, warm-up left out.
+        warmup: the untimed first call of each, in seconds (``None`` when nothing ran).
+        min_gain: the speed-up the candidate had to show.
+        reason: one sentence with the median gain and its spread over the rounds.
+    """
+
+    names: tuple[str, str]
+    choice: str
+    clear: bool
+    rounds: tuple[tuple[float, float], ...]
+    warmup: tuple[float, float] | None
+    min_gain: float
+    reason: str
+    ratios: tuple[float, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ratios", tuple(b / max(c, 1e-12) for b, c in self.rounds))
+
+    @property
+    def gain(self) -> float:
+        """The median over rounds of baseline seconds / candidate seconds (``nan`` without rounds)."""
+        return statistics.median(self.ratios) if self.ratios else math.nan
+
+    @property
+    def chose_candidate(self) -> bool:
+        return self.choice == self.names[1]
+
+    def as_row(self) -> dict[str, Any]:
+        """The evidence as plain values, for a run-record row."""
+        return {
+            "baseline": self.names[0],
+            "candidate": self.names[1],
+            "choice": self.choice,
+            "clear": self.clear,
+            "min_gain": self.min_gain,
+            "gain": None if math.isnan(self.gain) else round(self.gain, 4),
+            "rounds_s": [[round(b, 6), round(c, 6)] for b, c in self.rounds],
+            "warmup_s": None if self.warmup is None else [round(w, 6) for w in self.warmup],
+        }
+
+
+def _settled(ratios: list[float], min_gain: float) -> bool:
+    """Every round says the same: the candidate reached ``min_gain`` in each, or in none."""
+    return min(ratios) >= min_gain or max(ratios) < min_gain
+
+
+def decide(
+    baseline: Callable[[], float],
+    candidate: Callable[[], float],
+    *,
+    names: tuple[str, str] = ("baseline", "candidate"),
+    min_gain: float = 1.05,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = 9,
+    budget_s: float = math.inf,
+) -> Decision:
+    """Time ``baseline`` and ``candidate`` in interleaved rounds and say which to keep.
+
+    Each callable does the work once and returns its seconds (it times itself, so that it can leave
+    out its own set-up and wait for an accelerator). The first call of each is a warm-up and is not
+    counted; then the rounds alternate which goes first. After ``min_rounds`` the measurement stops
+    as soon as every round agrees (the candidate reached ``min_gain`` in all of them, or in none);
+    otherwise it goes on to ``max_rounds`` or until ``budget_s`` (counted from the start, warm-up
+    included) is spent. The candidate is chosen when every round agreed it is faster, or, when they
+    did not agree, when the median gain reaches ``min_gain`` and at most a quarter of the rounds had
+    it slower than the baseline. If the warm-up shows that ``min_rounds`` rounds cannot fit in
+    ``budget_s``, nothing more runs and the baseline is kept.
+
+    Args:
+        baseline: the user's way (kept unless the candidate is shown faster).
+        candidate: the way that replaces it when it pays.
+        names: what the reason calls the two.
+        min_gain: the speed-up (baseline / candidate seconds) the candidate must show.
+        min_rounds: the fewest timed rounds a choice is made from (>= 2).
+        max_rounds: the most timed rounds (>= ``min_rounds``).
+        budget_s: the seconds the whole measurement may take.
+
+    Raises:
+        ValueError: ``min_rounds`` < 2, ``max_rounds`` < ``min_rounds`` or ``min_gain`` < 1.
+    """
+    if min_rounds < 2 or max_rounds < min_rounds:
+        raise ValueError(f"decide: need 2 <= min_rounds <= max_rounds, got {min_rounds} and {max_rounds}")
+    if not min_gain >= 1.0:
+        raise ValueError(f"decide: min_gain must be >= 1, got {min_gain}")
+    base_name, cand_name = names
+    started = time.perf_counter()
+    warmup = (baseline(), candidate())
+    need_s = min_rounds * (warmup[0] + warmup[1])
+    if time.perf_counter() - started + need_s > budget_s:
+        return Decision(
+            names,
+            base_name,
+            False,
+            (),
+            warmup,
+            min_gain,
+            f"{base_name} kept: {min_rounds} rounds would take about {need_s:.1f} s, more than the "
+            f"{budget_s:.1f} s this run allows for measuring",
+        )
+    rounds: list[tuple[float, float]] = []
+    while len(rounds) < max_rounds:
+        if len(rounds) % 2 == 0:
+            b = baseline()
+            c = candidate()
+        else:
+            c = candidate()
+            b = baseline()
+        rounds.append((b, c))
+        ratios = [x / max(y, 1e-12) for x, y in rounds]
+        if len(rounds) >= min_rounds and (_settled(ratios, min_gain) or time.perf_counter() - started >= budget_s):
+            break
+    ratios = [x / max(y, 1e-12) for x, y in rounds]
+    gain = statistics.median(ratios)
+    spread = f"{gain:.2f}x median over {len(rounds)} rounds, {min(ratios):.2f}x-{max(ratios):.2f}x"
+    if min(ratios) >= min_gain:
+        return Decision(names, cand_name, True, tuple(rounds), warmup, min_gain, f"{cand_name} faster: {spread}")
+    if max(ratios) < min_gain:
+        return Decision(
+            names,
+            base_name,
+            True,
+            tuple(rounds),
+            warmup,
+            min_gain,
+            f"{base_name} kept: {cand_name} measured {spread} (below {min_gain}x)",
+        )
+    slower = sum(r < 1.0 for r in ratios)
+    if gain >= min_gain and slower <= len(ratios) // 4:
+        return Decision(
+            names, cand_name, True, tuple(rounds), warmup, min_gain, f"{cand_name} faster: {spread} (rounds vary)"
+        )
+    return Decision(
+        names,
+        base_name,
+        False,
+        tuple(rounds),
+        warmup,
+        min_gain,
+        f"{base_name} kept: a near-tie or rounds that disagree ({cand_name} {spread}, {min_gain}x needed)",
+    )
+
+
+def training_step_s(net: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> float:
+    """Seconds of one forward and backward pass of ``net`` on ``x`` under autocast to ``dtype`` (``None``: fp32).
+
+    The gradients are dropped afterwards; a CUDA step is waited for. Variants of a network (a layout, a
+    compiled copy) are timed with it, on copies, so the real network's weights and statistics stay as
+    they are.
+    """
+    ctx = torch.autocast(x.device.type, dtype=dtype) if dtype is not None else nullcontext()
+    t0 = time.perf_counter()
+    with ctx:
+        out = net(x)
+    loss = (out[0] if isinstance(out, (list, tuple)) else out).float().mean()
+    loss.backward()
+    synchronize(x.device)
+    net.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0

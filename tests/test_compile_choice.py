@@ -1,0 +1,117 @@
+"""CompileChoice on a real MONAI trainer: torch.compile where a copy measured faster in rounds, never from one
+timing, never for a run too short to repay it; MetaTensor inputs reach the compiled graph as plain tensors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from monai_fast.handlers.compile import CompileChoice
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+#: the input types the compiled forwards were called with (kept outside the graph: a list the graph
+#: read would be guarded on, and recompiled for at every call)
+_COMPILED_SAW: list[type] = []
+
+
+@torch.compiler.disable
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@torch.compiler.disable
+def _compiled_pause(seconds: float, x: torch.Tensor) -> None:
+    _COMPILED_SAW.append(type(x))
+    time.sleep(seconds)
+
+
+class _Known(torch.nn.Module):
+    """A real 3-D convolution whose eager step sleeps ``eager_s`` and whose compiled step sleeps ``compiled_s``.
+
+    ``torch.compiler.is_compiling()`` is a constant while the graph is traced, so each branch belongs to
+    one variant; the pause is a function the compiler leaves out (a graph break, as a user's code may have).
+    """
+
+    def __init__(self, eager_s: float, compiled_s: float):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(1, 2, 3, padding=1)
+        self.eager_s, self.compiled_s = eager_s, compiled_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            _compiled_pause(self.compiled_s, x)
+        else:
+            _pause(self.eager_s)
+        return self.conv(x)
+
+
+@pytest.fixture(autouse=True)
+def _warm_compiler_cache(tmp_path_factory, monkeypatch):
+    """One inductor cache for this module's compiles (the first is cold, the rest reuse it)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "inductor"))
+
+
+def _trainer(tiny_files, net, max_epochs):
+    from test_fast_training import _user_trainer
+
+    trainer, _ = _user_trainer(tiny_files, network=net, max_epochs=max_epochs)
+    return trainer
+
+
+def _run_steps(trainer, steps: int) -> None:
+    from ignite.engine import Events
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=steps), lambda e: e.terminate())
+    trainer.run()
+
+
+def test_a_compile_that_measures_faster_is_kept_and_the_weights_keys_do_not_change(tiny_files):
+    net = _Known(eager_s=0.05, compiled_s=0.0)
+    keys = list(net.state_dict())
+    _COMPILED_SAW.clear()
+    trainer = _trainer(tiny_files, net, max_epochs=10_000)  # a long planned run: the compile pays back
+    seen = []
+    choice = CompileChoice("auto", on_choice=lambda *a: seen.append(a))
+    choice.attach(trainer)
+    _run_steps(trainer, 3)
+    assert choice.compiled and "compiled faster" in choice.reason, choice.reason
+    rounds = choice.evidence["rounds"]["rounds_s"]
+    assert len(rounds) >= 3 and all(e > c for e, c in rounds)  # every round, not one timing
+    assert not choice.evidence["fullgraph"] and "graph breaks" in choice.reason  # the pause breaks the graph
+    assert "forward" in net.__dict__ and list(net.state_dict()) == keys
+    # the trainer's real batches are MetaTensors; the compiled forward saw plain tensors (no eager call recorded)
+    from monai.data import MetaTensor
+
+    assert isinstance(trainer.state.batch[0]["image"], MetaTensor)  # decollated by MONAI after the step
+    assert _COMPILED_SAW and set(_COMPILED_SAW) == {torch.Tensor}  # the compiled forwards saw plain tensors
+    assert len(seen) == 1 and seen[0][0] is True
+
+
+def test_a_compile_that_measures_slower_leaves_the_network_eager(tiny_files):
+    net = _Known(eager_s=0.0, compiled_s=0.05)
+    trainer = _trainer(tiny_files, net, max_epochs=10_000)
+    choice = CompileChoice("auto")
+    choice.attach(trainer)
+    _run_steps(trainer, 2)
+    assert not choice.compiled and "eager kept" in choice.reason, choice.reason
+    assert len(choice.evidence["rounds"]["rounds_s"]) >= 3 and "forward" not in net.__dict__
+
+
+def test_a_short_run_is_not_compiled_at_all(tiny_files, monkeypatch):
+    compiles = []
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or a[0])
+    net = _Known(eager_s=0.05, compiled_s=0.0)
+    trainer = _trainer(tiny_files, net, max_epochs=2)
+    choice = CompileChoice("auto")
+    choice.attach(trainer)
+    _run_steps(trainer, 1)
+    assert not choice.compiled and "steps left" in choice.reason and compiles == [], choice.reason
+
+
+def test_mode_is_checked():
+    with pytest.raises(ValueError, match="mode"):
+        CompileChoice("yes")
