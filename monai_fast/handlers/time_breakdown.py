@@ -39,23 +39,14 @@ class EpochTimes:
 class TimeBreakdown(EngineHandler):
     """Splits each iteration into time waiting for data and time computing on it.
 
-    Data wait is the time from ignite's ``GET_BATCH_STARTED`` to ``GET_BATCH_COMPLETED`` (the
-    loader's ``next()``); compute is from there to ``ITERATION_COMPLETED`` (for MONAI engines:
-    moving the batch to the device, forward, loss, backward, optimizer step). CUDA runs kernels
-    asynchronously, so with ``cuda_sync`` the handler waits for the device before reading the
-    clock; without it, GPU time may show up as the next iteration's data wait.
-
-    Per-epoch totals are appended to ``engine.state.time_breakdown`` (a list of
-    `EpochTimes`) and to `epochs`; a warning is logged when an epoch's data share
-    exceeds ``warn_threshold``, with the fix that applies: caching the deterministic transforms,
-    or, when the data is cached already (``FastTraining``'s data lever in the run record, or a
-    MONAI ``CacheDataset`` / ``PersistentDataset`` under the engine's loader), moving the random
-    transforms to the device and loading with more threads. ``engine.state.time_breakdown`` holds
-    the epochs of the engine's current run (a second ``engine.run()`` starts a new list);
-    `epochs` keeps every epoch this handler timed. With a run record on the engine
-    (`RecordHandler`), each iteration and epoch is also a row of the record (source
-    ``time_breakdown``), from which the doctor computes the run's totals. One instance times one
-    engine: give the evaluator its own.
+    Data wait is ignite's ``GET_BATCH_STARTED`` to ``GET_BATCH_COMPLETED`` (the loader's
+    ``next()``); compute is from there to ``ITERATION_COMPLETED``. With ``cuda_sync`` the device
+    is synchronised before each reading (else GPU time may show as the next iteration's wait).
+    Per-epoch totals (`EpochTimes`) go to ``engine.state.time_breakdown`` (the current run's) and
+    `epochs` (every epoch timed), and, with a `RecordHandler`, each iteration and epoch is a row
+    of the record. An epoch whose data share exceeds ``warn_threshold`` logs a warning naming the
+    fix that applies (cache the deterministic transforms, or, with the data cached already, move
+    the random ones to the device and load with more threads). One instance times one engine.
 
     Args:
         warn_threshold: data share (0..1] above which an epoch is reported as loader-bound.
