@@ -14,7 +14,7 @@ from ignite.engine import Engine, Events
 from monai.engines import Evaluator
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.record import record_of
+from monai_fast.handlers.record import add_row
 from monai_fast.telemetry.cuda import side_stream
 from monai_fast.telemetry.record import Kind, Source
 
@@ -161,16 +161,15 @@ class BackgroundValidation(EngineHandler):
         except BaseException as e:  # handed to the training thread, never dropped
             self._error = (epoch, e)
             return
-        record = record_of(trainer)
-        if record is not None:
-            record.add(
-                Kind.EPOCH,
-                Source.VALIDATION,
-                epoch=epoch,
-                background=True,
-                full=True,
-                full_s=time.perf_counter() - start,
-            )
+        add_row(
+            trainer,
+            Kind.EPOCH,
+            Source.VALIDATION,
+            epoch=epoch,
+            background=True,
+            full=True,
+            full_s=time.perf_counter() - start,
+        )
 
     def _completed(self, trainer: Engine) -> None:
         if self._thread is not None:

@@ -20,12 +20,29 @@ from monai_fast.telemetry.chain import transform_names
 from monai_fast.telemetry.precision import cpu_has_bf16_hardware
 from monai_fast.telemetry.record import Category, EngineRecord, Kind, RunRecord, Source
 
-__all__ = ["RecordHandler", "cached_dataset", "describe_engine", "record_of"]
+__all__ = ["RecordHandler", "add_iteration_row", "add_row", "cached_dataset", "describe_engine", "record_of"]
 
 
 def record_of(engine: Engine) -> EngineRecord | None:
     """The record attached to ``engine``, as that engine writes to it (``None`` without one)."""
     return getattr(engine.state, "run_record", None)
+
+
+def add_row(engine: Engine, kind: Kind | str, source: Source | str, **fields: Any) -> None:
+    """Add a row to the record attached to ``engine``; without a record (no `RecordHandler`), nothing.
+
+    Examples:
+        >>> from ignite.engine import Engine
+        >>> add_row(Engine(lambda e, b: None), Kind.EPOCH, Source.THROUGHPUT, epoch=1)  # no record: nothing
+    """
+    record = record_of(engine)
+    if record is not None:
+        record.add(kind, source, **fields)
+
+
+def add_iteration_row(engine: Engine, source: Source | str, **fields: Any) -> None:
+    """`add_row()` of an ``iteration`` row stamped with the engine's epoch and iteration."""
+    add_row(engine, Kind.ITERATION, source, epoch=engine.state.epoch, iteration=engine.state.iteration, **fields)
 
 
 _CONV_DIMS = (

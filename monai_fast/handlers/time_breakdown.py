@@ -10,7 +10,7 @@ from typing import Literal
 from ignite.engine import Engine, Events
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.record import cached_dataset, loader_of, record_of
+from monai_fast.handlers.record import add_iteration_row, add_row, cached_dataset, loader_of, record_of
 from monai_fast.telemetry import cuda_available, synchronize
 from monai_fast.telemetry.chain import crop_indices_advised, transform_names
 from monai_fast.telemetry.record import Kind, Source, data_share
@@ -136,16 +136,7 @@ class TimeBreakdown(EngineHandler):
         self.last_compute_s = self._now() - self._t_got
         self._compute_s += self.last_compute_s
         self._iters += 1
-        record = record_of(engine)
-        if record is not None:
-            record.add(
-                Kind.ITERATION,
-                Source.TIME_BREAKDOWN,
-                epoch=engine.state.epoch,
-                iteration=engine.state.iteration,
-                data_s=self.last_data_s,
-                compute_s=self.last_compute_s,
-            )
+        add_iteration_row(engine, Source.TIME_BREAKDOWN, data_s=self.last_data_s, compute_s=self.last_compute_s)
 
     @staticmethod
     def _more_fixes(engine: Engine) -> str:
@@ -162,9 +153,7 @@ class TimeBreakdown(EngineHandler):
         if not hasattr(engine.state, "time_breakdown"):  # state was replaced, e.g. by load_state_dict
             engine.state.time_breakdown = []
         engine.state.time_breakdown.append(times)
-        record = record_of(engine)
-        if record is not None:
-            record.add(Kind.EPOCH, Source.TIME_BREAKDOWN, **times.as_dict())
+        add_row(engine, Kind.EPOCH, Source.TIME_BREAKDOWN, **times.as_dict())
         if times.data_share > self.warn_threshold:
             cached = self._cache_on(engine)
             fix = (
