@@ -1,4 +1,4 @@
-"""``SmartCacheUpdater().attach(trainer)`` over MONAI's ``SmartCacheDataset``: adopted, or driven where it cannot be.
+"""``SmartCacheUpdater().attach(trainer)`` over MONAI's ``SmartCacheDataset``: adopted, or refused where it cannot be.
 
 Real MONAI trainers on tiny tensors, MONAI's ``SmartCacheDataset`` on real NIfTI files, ignite's
 ``Checkpoint``, a real notebook kernel and two real gloo ranks.
@@ -17,7 +17,7 @@ from pathlib import Path
 import ignite.distributed as idist
 import pytest
 import torch
-from ignite.engine import Events
+from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver
 from monai.data import DataLoader, SmartCacheDataset, list_data_collate
 from monai.engines import SupervisedTrainer
@@ -38,7 +38,7 @@ GUIDE = [[1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 1], [4, 5, 1, 2], [5, 1, 2, 3]]
 
 
 class CountedUpdates(SmartCacheDataset):
-    """A user's subclass with its own rotation method: it is driven as MONAI's, never adopted."""
+    """A user's subclass with its own rotation method: never adopted."""
 
     calls = 0
 
@@ -96,32 +96,43 @@ def _seen_by_monais_own_handler(make_ds, epochs=5, **loader_kwargs):
     return seen
 
 
-@pytest.mark.parametrize("cls, mode", [(SmartCacheDataset, "adopted"), (CountedUpdates, "monai")])
-def test_one_attach_line_rotates_monais_smartcache_as_monais_own_handler_does(cls, mode, caplog):
+def test_one_attach_line_rotates_monais_smartcache_as_monais_own_handler_does(caplog):
     made = []
     counted = lambda x: made.append(x) or x  # noqa: E731
-    ds = _ds(cls, counted, shuffle=True, seed=3)  # shuffled with a seed: the adoption keeps that order
+    ds = _ds(SmartCacheDataset, counted, shuffle=True, seed=3)  # shuffled with a seed: the adoption keeps that order
     made.clear()
     seen = []
     trainer = _trainer(ds, seen)
-    CountedUpdates.calls = 0
     with caplog.at_level(logging.INFO, logger="monai_fast"):
         updater = SmartCacheUpdater(timeout_s=30)
         updater.attach(trainer)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SmartCacheUpdater:")]
-    assert updater.mode == mode and len(lines) == 1
-    if mode == "adopted":
-        assert "adopted into a SafeSmartCacheDataset" in lines[0] and made == []  # the cached window handed over
-        assert isinstance(trainer.data_loader, SafeThreadDataLoader) and trainer.data_loader.batch_size == 2
-        assert isinstance(updater.dataset, SafeSmartCacheDataset) and updater.dataset.data == ds.data
-        assert trainer.data_loader.collate_fn is list_data_collate
-    else:
-        assert "drives MONAI's own rotation" in lines[0] and "CountedUpdates.update_cache" in lines[0]
-        assert trainer.data_loader.dataset is ds and updater.reason.startswith("the data set's class CountedUpdates")
+    assert updater.mode == "adopted" and len(lines) == 1
+    assert "adopted into a SafeSmartCacheDataset" in lines[0] and made == []  # the cached window handed over
+    assert isinstance(trainer.data_loader, SafeThreadDataLoader) and trainer.data_loader.batch_size == 2
+    assert isinstance(updater.dataset, SafeSmartCacheDataset) and updater.dataset.data == ds.data
+    assert trainer.data_loader.collate_fn is list_data_collate
     trainer.run()
     assert not updater.dataset.is_started()  # shut down at COMPLETED
-    assert CountedUpdates.calls == (5 if mode == "monai" else 0)  # the user's override ran, once per epoch
-    assert seen == _seen_by_monais_own_handler(lambda: _ds(cls, shuffle=True, seed=3))
+    assert seen == _seen_by_monais_own_handler(lambda: _ds(shuffle=True, seed=3))
+
+
+def test_a_smartcache_that_cannot_be_adopted_is_refused_in_one_line_naming_the_safe_one():
+    """MONAI's own rotation cannot report a replacement error (its thread dies, ``update_cache`` polls forever):
+    a data set that cannot be adopted is refused at attach, before any work, and no thread hook is installed."""
+    hook = threading.excepthook
+    trainer = _trainer(_ds(CountedUpdates), [], max_epochs=2)
+    with pytest.raises(
+        ValueError,
+        match=r"^SmartCacheUpdater: MONAI's CountedUpdates cannot be adopted \(the data "
+        r"set's class CountedUpdates has its own update_cache.*SafeSmartCacheDataset\.adopt\(ds\)",
+    ):
+        SmartCacheUpdater().attach(trainer)
+    plain = Engine(lambda e, b: None)  # a plain ignite engine gets its data at run(): no loader to rebuild
+    with pytest.raises(ValueError, match=r"cannot be adopted \(the engine has no data_loader.*SafeSmartCacheDataset"):
+        SmartCacheUpdater(_ds()).attach(plain)
+    assert SmartCacheUpdater not in handlers_on(trainer) and SmartCacheUpdater not in handlers_on(plain)
+    assert threading.excepthook is hook
 
 
 def _failing_nifti_files(tiny_files, tmp_path):
@@ -138,51 +149,28 @@ def _nifti_chain():
     return Compose([LoadImaged(keys=keys), EnsureChannelFirstd(keys=keys), Resized(keys=keys, spatial_size=(4, 4, 4))])
 
 
-@pytest.mark.parametrize("cls, mode", [(SmartCacheDataset, "adopted"), (CountedUpdates, "monai")])
-def test_a_truncated_nifti_replacement_raises_naming_the_file_instead_of_hanging(cls, mode, tiny_files, tmp_path):
+def test_a_truncated_nifti_replacement_raises_naming_the_file_instead_of_hanging(tiny_files, tmp_path):
     # MONAI's own thread dies on the truncated file and update_cache() polls forever; here the epoch's end raises
     files = _failing_nifti_files(tiny_files, tmp_path)
-    ds = cls(files, _nifti_chain(), replace_rate=0.25, cache_num=4, shuffle=False, progress=False)
-    seen = []
+    ds = SmartCacheDataset(files, _nifti_chain(), replace_rate=0.25, cache_num=4, shuffle=False, progress=False)
+    seen, hooks = [], []
     trainer = _trainer(ds, seen, max_epochs=3)
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: hooks.append(threading.excepthook))
+    hook = threading.excepthook
     updater = SmartCacheUpdater(timeout_s=60)
     updater.attach(trainer)
-    assert updater.mode == mode
+    assert updater.mode == "adopted"
     start = time.monotonic()
     with pytest.raises(DataItemError, match=r"SmartCache replacement of item 4 \(image=.*spleen_truncated\.nii\.gz"):
         trainer.run()
     assert time.monotonic() - start < 30 and len(seen) == 1  # the first epoch's end, not a hang
     assert not updater.dataset.is_started()
+    assert hooks == [hook] and threading.excepthook is hook  # caught in the rotation's own thread, no process hook
 
 
-def test_a_stuck_replacement_in_monais_rotation_times_out_and_the_run_end_does_not_wait():
-    release = threading.Event()
-
-    def stuck(i):
-        if i == 5:
-            release.wait(60)  # a transform on a dead network mount
-        return i
-
-    ds = _ds(CountedUpdates, stuck)
-    updater = SmartCacheUpdater(timeout_s=1.0)
-    trainer = _trainer(ds, [], max_epochs=2)
-    updater.attach(trainer)
-    start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"SmartCacheDataset.update_cache took longer than 1 s"):
-        trainer.run()
-    assert updater.mode == "monai" and time.monotonic() - start < 10
-    release.set()
-
-
-MODES = {"adopted": SmartCacheDataset, "monai": CountedUpdates}
-
-
-@pytest.mark.parametrize(
-    "saved_in, resumed_in", [("adopted", "adopted"), ("monai", "monai"), ("monai", "adopted"), ("adopted", "monai")]
-)
-def test_a_checkpoint_resumes_the_same_rotation_in_either_mode(saved_in, resumed_in, tmp_path):
+def test_a_checkpoint_resumes_the_same_rotation(tmp_path):
     seen = []
-    trainer = _trainer(_ds(MODES[saved_in]), seen, max_epochs=2)
+    trainer = _trainer(_ds(), seen, max_epochs=2)
     updater = SmartCacheUpdater()
     updater.attach(trainer)  # before the Checkpoint, so an epoch-end save sees the rotated position
     trainer.add_event_handler(
@@ -192,22 +180,21 @@ def test_a_checkpoint_resumes_the_same_rotation_in_either_mode(saved_in, resumed
     (path,) = tmp_path.glob("*.pt")
 
     rest = []
-    trainer2 = _trainer(_ds(MODES[resumed_in]), rest, max_epochs=5)
+    trainer2 = _trainer(_ds(), rest, max_epochs=5)
     updater2 = SmartCacheUpdater()
     updater2.attach(trainer2)
     Checkpoint.load_objects({"trainer": trainer2, "smartcache": updater2}, torch.load(path, weights_only=False))
     trainer2.state.max_epochs = 5  # the checkpoint holds the first run's 2
     trainer2.run()
-    assert (updater.mode, updater2.mode) == (saved_in, resumed_in)
+    assert updater.mode == updater2.mode == "adopted"
     assert seen + rest == GUIDE
     assert updater2.state_dict() == {"start_pos": 0, "updates": 5, "total": 5}
 
 
-@pytest.mark.parametrize("mode", ["adopted", "monai"])
-def test_a_second_run_continues_the_rotation_after_the_shutdown_at_completed(mode):
+def test_a_second_run_continues_the_rotation_after_the_shutdown_at_completed():
     # MONAI's shutdown() resets its position but not its cache; the second run must still continue the rotation
     seen = []
-    trainer = _trainer(_ds(MODES[mode]), seen, max_epochs=2)
+    trainer = _trainer(_ds(), seen, max_epochs=2)
     updater = SmartCacheUpdater()
     updater.attach(trainer)
     trainer.run()
@@ -217,10 +204,10 @@ def test_a_second_run_continues_the_rotation_after_the_shutdown_at_completed(mod
     assert seen == GUIDE and updater.state_dict()["updates"] == 5
 
 
-@pytest.mark.parametrize("mode", ["adopted", "monai", "fast_training"])
+@pytest.mark.parametrize("mode", ["adopted", "fast_training"])
 def test_monais_smartcache_handler_left_in_the_script_is_taken_over_not_run_twice(mode, caplog):
     # a script written for MONAI keeps SmartCacheHandler(ds) in train_handlers and adds the attach line
-    ds = _ds(MODES.get(mode, SmartCacheDataset))
+    ds = _ds()
     seen = []
     trainer = _trainer(ds, seen, max_epochs=3, train_handlers=[SmartCacheHandler(ds)])
     with caplog.at_level(logging.INFO, logger="monai_fast"):
@@ -232,20 +219,6 @@ def test_monais_smartcache_handler_left_in_the_script_is_taken_over_not_run_twic
     trainer.run()
     assert seen == GUIDE[:3]  # once per epoch, on the data set the loader reads
     assert not ds.is_started()  # MONAI's handler did not start the (adopted-from) data set's thread
-
-
-def test_an_attach_cell_rerun_between_runs_keeps_monais_rotation_counted():
-    seen = []
-    ds = _ds(CountedUpdates)
-    trainer = _trainer(ds, seen, max_epochs=2)
-    SmartCacheUpdater().attach(trainer)
-    trainer.run()
-    updater = SmartCacheUpdater()  # the cell runs again after the first run
-    updater.attach(trainer)
-    assert updater.state_dict() == {"start_pos": 2, "updates": 2, "total": 5}
-    trainer.state.max_epochs = 4
-    trainer.run()
-    assert seen == GUIDE[:4]
 
 
 def test_fast_training_keeps_the_users_smartcache_and_attaches_the_updater():
@@ -262,16 +235,17 @@ def test_fast_training_keeps_the_users_smartcache_and_attaches_the_updater():
     assert adopted.updates == 2
 
 
-def test_fast_training_drives_a_subclass_with_its_own_rotation():
+def test_fast_training_leaves_a_subclass_with_its_own_rotation_to_the_scripts_handler():
     ds = _ds(CountedUpdates)
     seen = []
-    trainer = _trainer(ds, seen, max_epochs=3)
+    trainer = _trainer(ds, seen, max_epochs=3, train_handlers=[SmartCacheHandler(ds)])
+    CountedUpdates.calls = 0
     fast = FastTraining(precision=False, memory_format=False, prefetch=False)
     fast.attach(trainer)
-    assert trainer.data_loader.dataset is ds and "its rotation stays MONAI's" in fast.applied["data"]["reason"]
-    assert handlers_on(trainer)[SmartCacheUpdater].mode == "monai"
+    assert trainer.data_loader.dataset is ds and "left to the script's own handlers" in fast.applied["data"]["reason"]
+    assert SmartCacheUpdater not in handlers_on(trainer)
     trainer.run()
-    assert seen == GUIDE[:3]
+    assert seen == GUIDE[:3] and CountedUpdates.calls == 3  # MONAI's handler rotated it, as without monai-fast
 
 
 # ---- two gloo ranks ---------------------------------------------------------------------------------
@@ -280,7 +254,7 @@ def test_fast_training_drives_a_subclass_with_its_own_rotation():
 def _ddp_main(local_rank, out_dir):
     rank = idist.get_rank()
     results = {}
-    for mode in ("adopted", "monai"):
+    for mode in ("adopted",):
         failing = {"on": False}
 
         def fn(i, failing=failing):
@@ -289,7 +263,7 @@ def _ddp_main(local_rank, out_dir):
             return i
 
         items = [{**d, "id": d["id"] + 100 * k} for k in range(2) for d in ITEMS]  # 10 items
-        ds = _ds(MODES[mode], fn, items=items)
+        ds = _ds(SmartCacheDataset, fn, items=items)
         seen = []
         sampler = DistributedSampler(ds, shuffle=False)
         loader = DataLoader(ds, batch_size=1, sampler=sampler, collate_fn=list_data_collate)
@@ -312,11 +286,11 @@ def _ddp_main(local_rank, out_dir):
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
 
 
-def test_two_gloo_ranks_fail_together_in_both_modes_and_adoption_partitions_the_items(tmp_path):
+def test_two_gloo_ranks_fail_together_and_adoption_partitions_the_items(tmp_path):
     with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port(), start_method="fork") as parallel:
         parallel.run(_ddp_main, str(tmp_path))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    for mode in ("adopted", "monai"):
+    for mode in ("adopted",):
         assert r0[mode]["mode"] == r1[mode]["mode"] == mode
         assert r1[mode]["error"].startswith("DataItemError: SmartCache replacement of item")
         assert "rank 1 cannot read" in r1[mode]["error"]
@@ -325,7 +299,6 @@ def test_two_gloo_ranks_fail_together_in_both_modes_and_adoption_partitions_the_
     # adopted: each rank rotates its own partition, caching half of the 4-item window
     assert r0["adopted"]["cached"] == r1["adopted"]["cached"] == 2
     assert not set(r0["adopted"]["window"]) & set(r1["adopted"]["window"])
-    assert r0["monai"]["cached"] == 4  # MONAI's: the whole window on every rank, the sampler splits it
 
 
 # ---- a real notebook kernel --------------------------------------------------------------------------
@@ -333,11 +306,10 @@ def test_two_gloo_ranks_fail_together_in_both_modes_and_adoption_partitions_the_
 
 @pytest.mark.parametrize(
     "cls, modes",
-    [("SmartCacheDataset", ["adopted", "safe"]), ("CountedUpdates", ["monai", "monai"])],
+    [("SmartCacheDataset", ["adopted", "safe"])],
 )
 def test_in_a_notebook_rerunning_the_attach_cell_rotates_once_per_epoch(tmp_path, cls, modes):
-    """Adopted: the second attach finds the adopted rotation and replaces the first updater. MONAI's own
-    rotation (a subclass with its own ``update_cache``): the second updater continues the first one's count."""
+    """Adopted: the second attach finds the adopted rotation and replaces the first updater."""
     nbformat = pytest.importorskip("nbformat", reason="notebook tests need the dev extra")
     nbclient = pytest.importorskip("nbclient", reason="notebook tests need the dev extra")
     pytest.importorskip("ipykernel", reason="notebook tests need the dev extra")
@@ -404,8 +376,8 @@ def test_a_rerun_attach_cell_on_a_new_trainer_goes_on_with_the_users_smartcache_
     assert rotating is trainer.data_loader.dataset and rotating.updates == 4 and rotating.adopted_from is ds
 
 
-def test_the_updaters_rotation_count_is_public_in_every_mode():
-    for cls in (SmartCacheDataset, CountedUpdates):
+def test_the_updaters_rotation_count_is_public_in_both_modes():
+    for cls in (SmartCacheDataset, SafeSmartCacheDataset):
         trainer = _trainer(_ds(cls), [], max_epochs=3)
         updater = SmartCacheUpdater()
         assert updater.updates == 0

@@ -161,8 +161,12 @@ class AdoptedData:
 
     @property
     def smartcache(self) -> bool:
-        """Whether the data set rotates (a SmartCache): it needs a ``SmartCacheUpdater``."""
-        return isinstance(self.dataset, SmartCacheDataset)
+        """Whether the data set is a safe rotation (a `SafeSmartCacheDataset`): it needs a ``SmartCacheUpdater``.
+
+        A ``SmartCacheDataset`` subclass with its own rotation is kept as the user built it and
+        rotated by the script's own handlers, as without monai-fast.
+        """
+        return isinstance(self.dataset, SafeSmartCacheDataset)
 
 
 def why_not_adoptable(loader: Any, force_thread: bool = False) -> str | None:
@@ -268,7 +272,7 @@ def adopt_loader(
             notes = [f"the data set is already a {type(ds).__name__}: kept, only the loader changes"]
             why = unknown_item_path(ds, rotation=True) if isinstance(ds, SmartCacheDataset) else None
             if why is not None:
-                notes[0] += f" (its rotation stays MONAI's: {why})"
+                notes[0] += f" (its rotation is left to the script's own handlers: {why})"
         else:
             data = items if items is not None else list(ds.data)
             plan = plan_cache(

@@ -69,42 +69,12 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     Same arguments as ``monai.data.SmartCacheDataset``, plus ``timeout_s``. With 5 items,
     ``cache_num=4`` and ``replace_rate=0.25`` the epochs see items 1-4, 2-5, 3-5+1, 4-5+1-2, ...
-    exactly as MONAI documents. Drive it with `monai_fast.handlers.SmartCacheUpdater`, or
-    call ``start()``, ``update_cache()`` after each epoch and ``shutdown()`` yourself.
-
-    **What it keeps from MONAI:** the constructor (shuffling, the first ``cache_num`` items cached
-    at construction), ``__getitem__`` / ``__len__``, and ``set_data`` (extended: it also resets the
-    rotation, which MONAI's leaves stale).
-
-    **What it replaces, and why:** the public ``start``, ``is_started``, ``update_cache``,
-    ``shutdown`` and ``manage_replacement`` (the background thread's body). MONAI's thread computes
-    replacements while holding the lock that ``update_cache`` waits on, lets transform errors kill
-    it, and ``shutdown`` resets the position; none of that can be fixed from outside without
-    rewriting its private state. Here the state lives in this class's own ``_rotation`` object:
-
-    * ``update_cache(timeout_s)`` waits at most ``timeout_s`` (``TimeoutError`` naming the pending
-      items); a replacement error is raised in the caller's thread as
-      `DataItemError` naming the item's index and files; a thread
-      that stopped without a result is a ``RuntimeError``. A failed replacement is never swapped in.
-    * ``shutdown()`` keeps the position (the cache still holds that window) and never waits for a
-      thread after a failed update (a transform stuck on a dead mount is abandoned, as a daemon).
-    * ``state_dict()`` / ``load_state_dict()`` save and restore the position; loading rebuilds the
-      cache for the saved window, reusing the items both windows share.
-
-    MONAI's private ``_start_pos``, ``_round``, ``_replace_done``, ``_update_lock``,
-    ``_replace_mgr``, ``_replacements``, ``_replace_data_idx`` and the private methods using them
-    are left unused. The only private members of MONAI's ``CacheDataset`` this class uses are
-    ``_cache`` (the cached items, read by ``__getitem__``; replaced by a new list at each swap),
-    ``_load_cache_item(index)`` (runs the deterministic transforms of one item) and ``_fill_cache``
-    (extended: `adopt()` hands over the items a MONAI data set has cached already).
-
-    `adopt()` turns a MONAI ``SmartCacheDataset`` the user built into this class: the same
-    items in the same order, transform, cache size, replacement count, workers, ``copy_cache``,
-    ``as_contiguous`` and random state (so a later ``set_data`` shuffles as MONAI's would);
-    ``adopted_from`` names the data set it came from while that exists. Adopting the same data set
-    again (a re-run notebook cell, a second trainer over it) gives the same safe data set, so its
-    rotation goes on where it was; `adoption_of()` finds it from the user's object, which
-    itself no longer rotates.
+    exactly as MONAI documents. Drive it with `monai_fast.handlers.SmartCacheUpdater`, or call
+    ``start()``, ``update_cache()`` after each epoch and ``shutdown()`` yourself. The background
+    thread is the class's own: ``update_cache`` waits at most ``timeout_s``, raises a failed
+    replacement as `DataItemError` naming the item, and ``state_dict()`` saves the position.
+    `adopt()` builds one from a MONAI ``SmartCacheDataset``. What it keeps from MONAI and what it
+    replaces: docs/data.md.
 
     Args:
         data: the data list, as for ``SmartCacheDataset``.
@@ -148,16 +118,10 @@ class SafeSmartCacheDataset(SmartCacheDataset):
     ) -> SafeSmartCacheDataset:
         """A safe rotation over what a MONAI ``SmartCacheDataset`` (or one of this class) holds.
 
-        The items are ``dataset.data`` as it stands (MONAI shuffled them at construction, so they
-        are taken in that order and not shuffled again); transform, ``cache_num``, the number of
-        items replaced at each update, init and replace workers, ``progress``, ``copy_cache``,
-        ``as_contiguous`` and the random state carry over. A MONAI data set whose rotation never
-        started hands over its cached window, so nothing is transformed twice; one that has
-        rotated (MONAI's ``shutdown`` resets the position but not the cache) is re-cached from
-        the first item.
-
-        The replacement count comes from `replace_count()`; whether the rotation ever started
-        from MONAI's private ``_replace_mgr`` (``None`` until ``start``).
+        The items are ``dataset.data`` in its (already shuffled) order; transform, ``cache_num``,
+        replacement count, workers, ``progress``, ``copy_cache``, ``as_contiguous`` and the random
+        state carry over, and a window never rotated is handed over rather than transformed again.
+        Adopting the same data set again gives the same safe one (`adoption_of()`).
 
         Args:
             dataset: the data set to adopt; it is shut down first if its rotation runs.

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from queue import Empty, Full, Queue
 from typing import Any
 
@@ -90,6 +91,7 @@ class _Run:
             close()
 
 
+@dataclass(eq=False, repr=False)
 class SafeThreadBuffer:
     """Iterates ``src`` in a background thread, or item by item in the consumer's (``prefetch``); errors and end
     reach it.
@@ -115,23 +117,16 @@ class SafeThreadBuffer:
         [0, 1, 2]
     """
 
-    def __init__(
-        self,
-        src: Iterable[Any],
-        buffer_size: int = 1,
-        timeout: float = 0.01,
-        timeout_s: float | None = None,
-        working_on: Callable[[], str] | None = None,
-        prefetch: bool | Callable[[], bool] = True,
-    ) -> None:
-        if buffer_size < 1:
-            raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
-        self.src = src
-        self.buffer_size = buffer_size
-        self.timeout = timeout
-        self.timeout_s = timeout_s
-        self.working_on = working_on
-        self.prefetch = prefetch
+    src: Iterable[Any]
+    buffer_size: int = 1
+    timeout: float = 0.01
+    timeout_s: float | None = None
+    working_on: Callable[[], str] | None = None
+    prefetch: bool | Callable[[], bool] = True
+
+    def __post_init__(self) -> None:
+        if self.buffer_size < 1:
+            raise ValueError(f"buffer_size must be >= 1, got {self.buffer_size}")
 
     def _produce(self, run: _Run, device: Any) -> None:
         try:

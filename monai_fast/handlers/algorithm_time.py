@@ -11,7 +11,7 @@ from ignite.engine import Engine, Events
 from ignite.metrics import Metric
 
 from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on
-from monai_fast.handlers.record import record_of
+from monai_fast.handlers.record import add_row
 from monai_fast.telemetry.chain import transform_names
 from monai_fast.telemetry.cuda import Mark, seconds_between, time_mark
 from monai_fast.telemetry.record import Kind, Source
@@ -194,9 +194,7 @@ class TrainingAlgorithmTime(EngineHandler):
         times.metrics = sorted(set(self._metrics.values()))
         times.postprocessing = list(self._postprocessing)
         self.epochs.append(times)
-        record = record_of(engine)
-        if record is not None:
-            record.add(Kind.EPOCH, Source.TRAINING_ALGORITHM, **times.as_dict())
+        add_row(engine, Kind.EPOCH, Source.TRAINING_ALGORITHM, **times.as_dict())
         self.logger.debug(
             "TrainingAlgorithmTime: epoch %d: post-processing %.2f s, decollate %.2f s, metrics %.2f s of %.2f s",
             times.epoch,

@@ -115,32 +115,16 @@ class _NetworkAutocast:
 class AMPToggle(EngineHandler):
     """Autocast on a MONAI ``SupervisedTrainer`` / ``SupervisedEvaluator`` that can change at runtime.
 
-    MONAI's ``amp=True`` is fixed at construction, always autocasts for ``"cuda"`` and offers no
-    way out when the loss turns non-finite. This handler wraps the engine's inferer in
-    ``torch.autocast`` for the engine's device (so bf16 also works on a CPU), and the engine's
-    ``network`` too (forward hooks acting only during the engine's iterations), so a step function
-    of the user's own (``iteration_update=``) that calls ``engine.network`` directly runs in the
-    same precision. A step that reaches neither (it calls another module, or autocasts itself) is
-    found at the first iteration: a warning says the precision did not act and `unused`
-    says why. It also:
-
-    * picks the precision: ``"auto"`` is bf16 on GPUs that support it, else fp16 with a
-      ``GradScaler`` (through MONAI's own scaler path); on a CPU, bf16 only with bf16 matrix
-      hardware and a measured gain, else fp32
-      (`choose_precision()`);
-    * switches on and off per epoch with ``schedule(epoch) -> bool``, or by `enable()` /
-      `disable()`;
-    * on a trainer, works with the engine's `NonFiniteGuard` (attaching
-      one when there is none): the guard skips each step with a non-finite loss, in every
-      precision, and after ``max_nonfinite`` of them in a row asks this handler to fall back to
-      fp32 for the rest of the run (a warning says so); fp16 overflows (the scaler lowering its
-      scale) are counted here.
-
-    Counts are in `stats`, per epoch in the run record, and in its summary.
-    `state_dict()` holds the chosen precision, the fallback and the counts, so an
-    ``ignite.handlers.Checkpoint`` that includes the handler resumes in the same precision
-    (loaded before `attach()`, nothing is measured again). A new ``AMPToggle`` attached to the
-    same engine (a re-run notebook cell) replaces this one, whose inferer wrapping is undone.
+    Wraps the engine's inferer, and its ``network`` during the engine's iterations, in
+    ``torch.autocast`` for the engine's device (bf16 also on a CPU), unlike MONAI's ``amp=True``,
+    which is fixed at construction and CUDA only. A step that reaches neither is found at the
+    first iteration: a warning says the precision did not act and `unused` says why. ``"auto"``
+    picks bf16 where the device runs it natively, else fp16 with a ``GradScaler`` on CUDA, else
+    fp32 (`choose_precision()`); ``schedule(epoch)`` or `enable()` / `disable()` switch it. On a
+    trainer, a `NonFiniteGuard` (attached when there is none) skips steps with a non-finite loss
+    and after ``max_nonfinite`` in a row falls back to fp32. Counts are in `stats` and the run
+    record; `state_dict()` holds the precision, the fallback and the counts, so a ``Checkpoint``
+    with the handler resumes in the same precision. The mechanism: docs/precision.md.
 
     Args:
         precision: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off, the

@@ -14,7 +14,7 @@ from ignite.engine import Engine, Events
 from monai.engines import Evaluator
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.record import record_of
+from monai_fast.handlers.record import add_row
 from monai_fast.telemetry.cuda import side_stream
 from monai_fast.telemetry.record import Kind, Source
 
@@ -30,25 +30,14 @@ class BackgroundValidationError(RuntimeError):
 class BackgroundValidation(EngineHandler):
     """Runs ``evaluator`` on a snapshot of the trainer's weights in a background thread.
 
-    At the end of every ``interval``-th trainer epoch the weights (parameters and buffers) are
-    copied, on the training thread, into a private copy of the network that ``evaluator`` uses
-    from then on (``evaluator.network`` is replaced at attach and restored at detach), and
-    ``evaluator.run(epoch)`` starts in a thread while the trainer goes on. The evaluator's own
-    handlers run in that thread as soon as the result is in: a ``TimeToTarget`` on the evaluator
-    stops the trainer at its next iteration (the reading is attributed to the validated epoch, its
-    time is the wall clock at arrival), a ``CheckpointSaver`` on the evaluator saves the very
-    weights that were validated. If the previous validation is still running, ``when_busy="skip"``
-    leaves this epoch out and ``"wait"`` waits for it; the trainer's last epoch is always validated
-    and the run ends once its result is in.
-
-    **Threads.** On CPU both threads share the cores: the training thread gets ``threads[0]``
-    torch intra-op threads and the validation thread ``threads[1]`` (``torch.set_num_threads`` is
-    per calling thread); default: half the cores each, at least one. On CUDA the validation runs
-    on its own stream, which first waits for the snapshot copy.
-
-    **Errors.** An exception in the validation thread is raised on the training thread at its next
-    iteration or epoch end (or at the end of the run) as `BackgroundValidationError`
-    naming the epoch; the thread never outlives the run.
+    At the end of every ``interval``-th trainer epoch the weights are copied, on the training
+    thread, into a private copy of the network that ``evaluator`` uses, and
+    ``evaluator.run(epoch)`` starts in a thread while the trainer goes on; the evaluator's own
+    handlers (``TimeToTarget``, ``CheckpointSaver``) act as soon as its result is in. With a
+    validation still running, ``when_busy="skip"`` leaves the epoch out and ``"wait"`` waits; the
+    last epoch is always validated and the run ends once its result is in. An exception in the
+    validation thread is raised on the training thread as `BackgroundValidationError` naming the
+    epoch; the thread never outlives the run. Threads, streams and timing: docs/data.md.
 
     Attributes:
         validated_epochs: epochs whose weights were validated, in order.
@@ -172,16 +161,15 @@ class BackgroundValidation(EngineHandler):
         except BaseException as e:  # handed to the training thread, never dropped
             self._error = (epoch, e)
             return
-        record = record_of(trainer)
-        if record is not None:
-            record.add(
-                Kind.EPOCH,
-                Source.VALIDATION,
-                epoch=epoch,
-                background=True,
-                full=True,
-                full_s=time.perf_counter() - start,
-            )
+        add_row(
+            trainer,
+            Kind.EPOCH,
+            Source.VALIDATION,
+            epoch=epoch,
+            background=True,
+            full=True,
+            full_s=time.perf_counter() - start,
+        )
 
     def _completed(self, trainer: Engine) -> None:
         if self._thread is not None:

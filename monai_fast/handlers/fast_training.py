@@ -48,87 +48,24 @@ logger = logging.getLogger("monai_fast.handlers")
 class FastTraining(EngineHandler):
     """Applies the fast-training guide's levers to an existing MONAI trainer (and its evaluator).
 
-    ``FastTraining().attach(trainer, evaluator)`` before ``trainer.run()`` (attached during a run it
-    refuses: the run keeps the loader it started with). Each lever is
-    ``"auto"`` (apply where it pays, decided from the device and measurements), a setting, or
-    ``False`` (leave it alone). One log line per lever says what was applied and why, and the
-    run record gets the same as ``fast_training`` rows (the doctor reads them and never
-    recommends what is already on). The user's algorithm stays the user's: the network's
-    architecture, the loss, the optimizer, its learning rate and the batch size are never changed.
-
-    * **cache** / **loader**: the engine's ``DataLoader`` over a MONAI dataset is rebuilt by
-      `adopt_loader()`: the deterministic part of its chain cached where
-      the planner says (GPU memory, RAM, trusted disk cache, SmartCache with its updater attached),
-      loaded by a ``SafeThreadDataLoader`` with the same batch size, shuffling, ``drop_last``,
-      collate function, a ``ThreadDataLoader``'s ``repeats`` and buffer, and the worker options where
-      worker processes stay; a ``DistributedSampler`` becomes a per-rank partition. A data set that is
-      already a cache is kept (never a second cache): MONAI's ``SmartCacheDataset`` becomes a
-      `SafeSmartCacheDataset` over the same items and window,
-      and a `SmartCacheUpdater` rotates it (a subclass with
-      its own rotation is kept and the updater drives MONAI's rotation). A data set whose class has
-      its own item path (``__getitem__``, ``_transform``) is not rebuilt from ``.data`` /
-      ``.transform`` (`unknown_item_path()`). The evaluator's
-      loader likewise. ``cache`` may force a place (one of
-      `CACHE_PLACES`: ``"gpu"``, ``"ram"``, ``"disk"``,
-      ``"smartcache"``, ``"none"``); ``loader="thread"`` also adopts a collate function not known
-      to be thread-safe. ``prefetch="auto"``: the next batch is made during the step on
-      a GPU and with worker processes; on a CPU a `PrefetchChoice`
-      times both ways over the first iterations and keeps the faster (``applied["prefetch"]``; a
-      run that ends first keeps on demand and says so); with ``background_fill`` it times nothing
-      until every cache is full.
-      ``background_fill=True`` starts training before a GPU or RAM cache is full
-      (`monai_fast.data.background`: the fill runs on the spare cores, the first epoch takes
-      cached items first, each item once; from the first epoch that starts with the cache full the
-      order is the sampler's, as without); the evaluator's cache then fills after the trainer's,
-      during the first epoch.
-    * **precision**: an `AMPToggle` on the trainer and the same
-      precision on the evaluator: bf16 where the device runs it natively, fp16 + GradScaler on
-      other GPUs, fp32 on a CPU without bf16 hardware or a measured gain; the same on every rank.
-      Left alone when the trainer already uses MONAI's ``amp=True`` on CUDA. MONAI's amp autocasts
-      for CUDA only, so on a CPU ``amp=True`` (a bundle's ``"amp": true``) changes nothing: it is
-      read as a request for reduced precision and handled as above, and the log says so. A step
-      function of the user's own (``iteration_update=``) that calls ``engine.network`` runs in the
-      same precision; one that reaches neither the inferer nor the network is found at the first
-      iteration, with a warning, and the row says the precision did not act. In every case a
-      `NonFiniteGuard` skips steps with a non-finite loss.
-    * The trainer's own ``postprocessing`` and training metrics (``key_train_metric``,
-      ``additional_metrics``) are the user's algorithm: kept as built and timed per epoch by a
-      `TrainingAlgorithmTime` (unless it has one); the
-      doctor names them when they cost a notable share of the epoch.
-    * The trainer and the evaluator also get an
-      `EpochLengthGuard` (unless they have one): a
-      loader pass or an epoch that ends before its length raises before any metric is computed.
-    * The trainer and the evaluator (unless ``evaluator=False``) also get a
-      `MainThreadCore` (unless they have one): where OpenMP's
-      workers were pinned at the script's start (`monai_fast.openmp.pin_openmp_workers()`),
-      each iteration computes on the core they left free; otherwise it registers nothing.
-    * **memory_format**: ``channels_last_3d`` when a copy of the network measured faster in it,
-      for the first batch's shape and the chosen precision (at the first iteration).
-    * **evaluator** (the validation lever): ``"auto"`` gives the evaluator its adopted loader and the
-      trainer's precision and keeps its sliding-window settings; ``"tune"`` also measures the evaluator's
-      ``sw_batch_size`` at its first run (`SlidingWindowTune`, on a
-      volume of the first validation item's size, at the run's precision; cached in the tuning
-      store, so a second run does not measure again) and sets it on its ``SlidingWindowInferer``.
-      The stitching device is kept (moving it would move the metric's inputs). ``False`` leaves
-      the evaluator alone.
-    * **prediction_layout**: on a CPU, the evaluator's predictions come back with the class
-      dimension innermost (`ClassesInnermost`) when
-      the argmax over classes, which MONAI's ``AsDiscrete(argmax=True)`` post-processing takes,
-      measured faster that way; the values are the same. A 2-D network's predictions are left alone.
-
-    What cannot be applied (a plain ``Dataset`` without ``.transform``, a data set class with its
-    own ``__getitem__``, an ``IterableDataset``, a custom sampler, a network that rejects
-    ``channels_last_3d``) is left alone with one log line
-    saying why; the other levers still apply.
+    ``FastTraining().attach(trainer, evaluator)`` before ``trainer.run()`` (during a run it
+    refuses: the run keeps the loader it started with). Each lever is ``"auto"`` (applied where it
+    pays, decided from the device and measurements), a setting, or ``False`` (left alone). One log
+    line per lever, and a ``fast_training`` row in the run record, say what was applied and why;
+    a lever that cannot apply is left alone with its reason and the others still apply. The
+    network, loss, optimizer, learning rate and batch size are never changed. What each lever
+    does and when it is left alone: docs/fast-training.md.
 
     Args:
-        cache: ``"auto"``, a place (see above), or ``False``.
+        cache: ``"auto"``, a place (`CACHE_PLACES`: ``"gpu"``, ``"ram"``, ``"disk"``,
+            ``"smartcache"``, ``"none"``), or ``False``.
         loader: ``"auto"``, ``"thread"`` (adopt any collate function), or ``False`` (keep the
             user's loaders; then no cache either).
         precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``
             (`REQUESTS`) or ``False``.
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
-        evaluator: what happens to the evaluator: ``"auto"``, ``"tune"`` or ``False`` (see above).
+        evaluator: ``"auto"`` (its loader and precision), ``"tune"`` (also its ``sw_batch_size``
+            measured) or ``False`` (left as built).
         gpu_budget_mib: the planner's GPU memory budget (``None``: its default).
         ram_budget_mib: the planner's RAM budget (``None``: its default).
         disk_budget_mib: the planner's disk budget (``None``: its default).
@@ -138,11 +75,24 @@ class FastTraining(EngineHandler):
         cache_threads: threads that fill the caches; default all CPUs (all but one with
             ``background_fill``).
         background_fill: fill GPU/RAM caches while training runs instead of before it.
-        prefetch: ``"auto"`` (see above), ``True`` (batches made ahead) or ``False`` (on demand).
-        prediction_layout: ``"auto"`` (measured, see above), ``True`` or ``False``.
+        prefetch: ``"auto"`` (measured on a CPU), ``True`` (batches made ahead) or ``False`` (on demand).
+        prediction_layout: ``"auto"`` (measured on a CPU), ``True`` or ``False``.
         progress: progress bars while caches fill.
         tune_store: where ``evaluator="tune"`` caches its measurement: ``"default"`` (the tuning
             store in monai-fast's cache folder), a JSON file, or ``None`` (measure every run).
+
+    Raises:
+        ValueError: an option outside its choices (named with the value given).
+        TypeError: at attach, the trainer is not a MONAI workflow (``SupervisedTrainer``, ...).
+        RuntimeError: at attach, the trainer or the evaluator is inside ``run()``.
+
+    Examples:
+        >>> from monai_fast.handlers import FastTraining
+        >>> fast = FastTraining(evaluator="tune")
+        >>> fast.attach(trainer, evaluator)  # doctest: +SKIP
+        >>> trainer.run()  # doctest: +SKIP
+        >>> fast.applied["precision"]  # doctest: +SKIP
+        {'applied': True, 'setting': 'bf16', 'reason': '...'}
     """
 
     def __init__(

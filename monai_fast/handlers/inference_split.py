@@ -10,7 +10,7 @@ import torch
 from ignite.engine import Engine, Events
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.record import record_of
+from monai_fast.handlers.record import add_row
 from monai_fast.telemetry.cuda import Mark, seconds_between, time_mark
 from monai_fast.telemetry.record import Kind, Source
 
@@ -171,9 +171,7 @@ class InferenceSplit(EngineHandler):
                 "InferenceSplit: the hooked network was not called during this run; pass "
                 "network=<the module the inferer calls> (a compiled or wrapped copy?)"
             )
-        record = record_of(engine)
-        if record is not None:
-            record.add(Kind.EPOCH, Source.INFERENCE, **t.as_dict())
+        add_row(engine, Kind.EPOCH, Source.INFERENCE, **t.as_dict())
         if t.iteration_s > 0:
             self.logger.debug(
                 "InferenceSplit: %d iterations in %.2f s: network %.0f%%, sliding window around it %.0f%%, "

@@ -76,41 +76,16 @@ class _RankStates:
 class Preemption(EngineHandler):
     """Survive preemption: on a signal, finish the iteration, checkpoint atomically, requeue, stop.
 
-    On ``SIGTERM`` or ``SIGUSR1`` (SLURM's ``--signal=USR1@120`` warning, or the ``SIGTERM`` of
-    ``scancel`` / a spot-instance reclaim) the current iteration completes, then every rank agrees
-    to stop at the same iteration, a checkpoint is written and, under SLURM, the job is requeued
-    with ``scontrol requeue`` before the run terminates. When the signal lands in an epoch's last
-    iteration or in validation, the checkpoint waits until the epoch's handlers (validation,
-    per-epoch LR steps) have run. The signal handlers are installed at `attach()` (a signal
-    while data are checked or cached, before ``run()``, stops the run as soon as it starts, with
-    the same requeue and exit) and the process's previous handlers come back when the run ends or
-    the handler is detached (a new ``Preemption`` attached to the same trainer replaces this one).
-    A signal that arrives before `attach()`, while the program builds its data sets and
-    network, is caught when the program calls
-    `catch_stop_signals()` first thing: `attach()` takes
-    it over, and the run stops at its start in the same way.
-
-    Built from two parts: `StopSignal` (signals, the
-    ranks' agreed stop) and `CheckpointFolder`, a
-    subclass of ignite's ``Checkpoint`` (ignite builds and loads the checkpoint, DDP unwrapped;
-    the file is written from rank 0 through `monai_fast.files.atomic_write()`, so it appears
-    whole or not at all). A checkpoint is one file ``ckpt-<iteration>.pt`` holding the state dicts
-    of ``to_save`` (model, optimizer, ``GradScaler``, LR scheduler, the trainer, a
-    ``SmartCacheUpdater``, the precision of an ``AMPToggle``: anything with ``state_dict`` /
-    ``load_state_dict``) and, gathered from every rank, the random states at the start of the
-    epoch, the random states now, and the position in the epoch. The newest ``n_saved`` valid
-    checkpoints are kept, the one just written always among them; damaged ones are named in a
-    warning.
-
-    `resume()` (call it before ``run``) loads the newest readable checkpoint; unreadable
-    (truncated) ones are skipped with a warning naming them. A readable checkpoint that does not
-    fit ``to_save`` (another model, a missing entry) raises an error naming the file: the folder
-    is probably another run's. A resumed run restores the epoch's starting random states, replays
-    the data loader to the same batch (batches are produced and dropped, so random crops and
-    augmentation draw as before) and continues at the next iteration: on a deterministic set-up
-    its final weights equal an uninterrupted run's. The trainer's ``max_epochs`` is kept (raise it
-    to train further); when the checkpoint is at the end of the run, ``run()`` does nothing and
-    says so.
+    On ``SIGTERM`` or ``SIGUSR1`` (SLURM's ``--signal=USR1@120``, ``scancel``, a spot reclaim) the
+    current iteration completes, every rank agrees to stop at the same iteration, one checkpoint
+    file ``ckpt-<iteration>.pt`` is written whole or not at all (the state dicts of ``to_save``,
+    every rank's random states and the position in the epoch) and, under SLURM, the job is
+    requeued. The signal handlers are installed at `attach()` and restored when the run ends;
+    `catch_stop_signals()` called first thing in the program catches a signal that comes earlier.
+    `resume()` (before ``run``) loads the newest readable checkpoint, skipping damaged ones with a
+    warning, and replays the loader to the same batch: on a deterministic set-up the final weights
+    equal an uninterrupted run's. A checkpoint that does not fit ``to_save`` raises naming the
+    file. Built from `StopSignal` and `CheckpointFolder`; the mechanism: docs/preemption.md.
 
     Args:
         to_save: name -> object with ``state_dict``/``load_state_dict``; must include the engine

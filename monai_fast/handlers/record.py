@@ -20,12 +20,29 @@ from monai_fast.telemetry.chain import transform_names
 from monai_fast.telemetry.precision import cpu_has_bf16_hardware
 from monai_fast.telemetry.record import Category, EngineRecord, Kind, RunRecord, Source
 
-__all__ = ["RecordHandler", "cached_dataset", "describe_engine", "record_of"]
+__all__ = ["RecordHandler", "add_iteration_row", "add_row", "cached_dataset", "describe_engine", "record_of"]
 
 
 def record_of(engine: Engine) -> EngineRecord | None:
     """The record attached to ``engine``, as that engine writes to it (``None`` without one)."""
     return getattr(engine.state, "run_record", None)
+
+
+def add_row(engine: Engine, kind: Kind | str, source: Source | str, **fields: Any) -> None:
+    """Add a row to the record attached to ``engine``; without a record (no `RecordHandler`), nothing.
+
+    Examples:
+        >>> from ignite.engine import Engine
+        >>> add_row(Engine(lambda e, b: None), Kind.EPOCH, Source.THROUGHPUT, epoch=1)  # no record: nothing
+    """
+    record = record_of(engine)
+    if record is not None:
+        record.add(kind, source, **fields)
+
+
+def add_iteration_row(engine: Engine, source: Source | str, **fields: Any) -> None:
+    """`add_row()` of an ``iteration`` row stamped with the engine's epoch and iteration."""
+    add_row(engine, Kind.ITERATION, source, epoch=engine.state.epoch, iteration=engine.state.iteration, **fields)
 
 
 _CONV_DIMS = (
@@ -106,26 +123,13 @@ class RecordHandler(EngineHandler):
 
     Attach it to the trainer first, then the same instance to the evaluator, so validation rows
     land in the same record, stamped ``engine="validation"``. Each run of the trainer is a record
-    segment: a second ``trainer.run()`` (a notebook cell run again, more epochs) is recorded as
-    segment 1, appended to the same file. The record is flushed when each run of an engine ends
-    and closed (writing the summary) when each run of the trainer ends, also when it raises.
-
-    Each run of the trainer starts with a ``placement`` event row: the host, node and local rank
-    and the launcher (`monai_fast.distributed.env.placement()`), so the doctor can tell which
-    nodes a multi-node job ran on. The first run of each engine in a segment adds an ``engine``
-    event row saying what the engine runs: the network's class and spatial dimensions (from its
-    convolutions), the inferer and whether it is a sliding window, and MONAI's ``amp`` flag, so the
-    doctor advises only what applies to this network and this validation.
-
-    The record owns the run folder for its rank (see `RunRecord`):
-    creating a ``RecordHandler`` on a folder another process is writing to raises
-    `RunFolderBusyError` before any work. A folder that holds a record
-    already is continued: the new runs are new segments after the earlier ones.
-
-    It also records where the wall clock went (``span`` rows, `monai_fast.telemetry.spans`):
-    each run of the trainer as the frame (``run``), each run of another engine (the evaluator) as
-    ``validation``, overlapped when it ran on another thread than the trainer; and the user's own
-    set-up through `span()`. ``monai-fast doctor`` turns them into the run's wall-clock shares.
+    segment appended to the same file; the record is flushed when each run of an engine ends and
+    closed (writing the summary) when each run of the trainer ends, also when it raises. It owns
+    the run folder for its rank (`RunRecord`): a folder another process is writing to raises
+    `RunFolderBusyError` before any work. Besides the handlers' rows it records a ``placement``
+    event (host, node, local rank, launcher), an ``engine`` event per engine (network, inferer,
+    MONAI's ``amp``) and ``span`` rows of where the wall clock went (`span()` for your own
+    set-up), which ``monai-fast doctor`` reads (docs/doctor.md).
 
     Args:
         run_dir: the run folder; ``None`` keeps the record in memory.

@@ -11,7 +11,7 @@ from typing import Any
 from ignite.engine import Engine, Events
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.record import record_of
+from monai_fast.handlers.record import add_iteration_row, record_of
 from monai_fast.telemetry.record import Kind, Source
 
 __all__ = ["ThroughputMonitor", "batch_shape"]
@@ -125,16 +125,7 @@ class ThroughputMonitor(EngineHandler):
             "samples_per_s": n / dt if dt > 0 else 0.0,
             "voxels_per_s": vox / dt if dt > 0 else 0.0,
         }
-        record = record_of(engine)
-        if record is not None:
-            record.add(
-                Kind.ITERATION,
-                Source.THROUGHPUT,
-                epoch=engine.state.epoch,
-                iteration=engine.state.iteration,
-                samples=n,
-                **self.last,
-            )
+        add_iteration_row(engine, Source.THROUGHPUT, samples=n, **self.last)
 
     def _eta(self, engine: Engine, elapsed: float) -> tuple[float, float]:
         iters = engine.state.epoch_length or 0

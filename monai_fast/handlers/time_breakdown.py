@@ -10,7 +10,7 @@ from typing import Literal
 from ignite.engine import Engine, Events
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.record import cached_dataset, loader_of, record_of
+from monai_fast.handlers.record import add_iteration_row, add_row, cached_dataset, loader_of, record_of
 from monai_fast.telemetry import cuda_available, synchronize
 from monai_fast.telemetry.chain import crop_indices_advised, transform_names
 from monai_fast.telemetry.record import Kind, Source, data_share
@@ -39,23 +39,14 @@ class EpochTimes:
 class TimeBreakdown(EngineHandler):
     """Splits each iteration into time waiting for data and time computing on it.
 
-    Data wait is the time from ignite's ``GET_BATCH_STARTED`` to ``GET_BATCH_COMPLETED`` (the
-    loader's ``next()``); compute is from there to ``ITERATION_COMPLETED`` (for MONAI engines:
-    moving the batch to the device, forward, loss, backward, optimizer step). CUDA runs kernels
-    asynchronously, so with ``cuda_sync`` the handler waits for the device before reading the
-    clock; without it, GPU time may show up as the next iteration's data wait.
-
-    Per-epoch totals are appended to ``engine.state.time_breakdown`` (a list of
-    `EpochTimes`) and to `epochs`; a warning is logged when an epoch's data share
-    exceeds ``warn_threshold``, with the fix that applies: caching the deterministic transforms,
-    or, when the data is cached already (``FastTraining``'s data lever in the run record, or a
-    MONAI ``CacheDataset`` / ``PersistentDataset`` under the engine's loader), moving the random
-    transforms to the device and loading with more threads. ``engine.state.time_breakdown`` holds
-    the epochs of the engine's current run (a second ``engine.run()`` starts a new list);
-    `epochs` keeps every epoch this handler timed. With a run record on the engine
-    (`RecordHandler`), each iteration and epoch is also a row of the record (source
-    ``time_breakdown``), from which the doctor computes the run's totals. One instance times one
-    engine: give the evaluator its own.
+    Data wait is ignite's ``GET_BATCH_STARTED`` to ``GET_BATCH_COMPLETED`` (the loader's
+    ``next()``); compute is from there to ``ITERATION_COMPLETED``. With ``cuda_sync`` the device
+    is synchronised before each reading (else GPU time may show as the next iteration's wait).
+    Per-epoch totals (`EpochTimes`) go to ``engine.state.time_breakdown`` (the current run's) and
+    `epochs` (every epoch timed), and, with a `RecordHandler`, each iteration and epoch is a row
+    of the record. An epoch whose data share exceeds ``warn_threshold`` logs a warning naming the
+    fix that applies (cache the deterministic transforms, or, with the data cached already, move
+    the random ones to the device and load with more threads). One instance times one engine.
 
     Args:
         warn_threshold: data share (0..1] above which an epoch is reported as loader-bound.
@@ -145,16 +136,7 @@ class TimeBreakdown(EngineHandler):
         self.last_compute_s = self._now() - self._t_got
         self._compute_s += self.last_compute_s
         self._iters += 1
-        record = record_of(engine)
-        if record is not None:
-            record.add(
-                Kind.ITERATION,
-                Source.TIME_BREAKDOWN,
-                epoch=engine.state.epoch,
-                iteration=engine.state.iteration,
-                data_s=self.last_data_s,
-                compute_s=self.last_compute_s,
-            )
+        add_iteration_row(engine, Source.TIME_BREAKDOWN, data_s=self.last_data_s, compute_s=self.last_compute_s)
 
     @staticmethod
     def _more_fixes(engine: Engine) -> str:
@@ -171,9 +153,7 @@ class TimeBreakdown(EngineHandler):
         if not hasattr(engine.state, "time_breakdown"):  # state was replaced, e.g. by load_state_dict
             engine.state.time_breakdown = []
         engine.state.time_breakdown.append(times)
-        record = record_of(engine)
-        if record is not None:
-            record.add(Kind.EPOCH, Source.TIME_BREAKDOWN, **times.as_dict())
+        add_row(engine, Kind.EPOCH, Source.TIME_BREAKDOWN, **times.as_dict())
         if times.data_share > self.warn_threshold:
             cached = self._cache_on(engine)
             fix = (

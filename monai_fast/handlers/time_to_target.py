@@ -19,23 +19,15 @@ __all__ = ["TimeToTarget"]
 class TimeToTarget(EngineHandler):
     """Measures wall-clock time to a target metric and ends the run there.
 
-    The clock starts at ``start_time`` (a `time.perf_counter()` value; pass the time taken
-    before building the data sets so caching counts) or else at `attach()`. After every run of
-    ``evaluator`` (or every trainer epoch when there is no evaluator) the metric is compared with
-    ``target``. The first time it is met, the time and epoch are recorded (``reached_s``); the
-    first time two consecutive readings meet it, again (``stable_s``: a *stable* target). The
-    trainer is terminated at the first (``stop_on="first"``) or at the stable one
-    (``stop_on="stable"``). With ``time_budget_s`` the trainer (and a running evaluator) are
-    terminated at the first iteration past the budget, so a slow recipe cannot hold a comparison
-    hostage.
-
-    Times are wall clock when the reading arrives, so validation that overlaps training
-    (`BackgroundValidation`) counts once, when its result is in. A
-    reading is attributed to the epoch whose weights were validated: a MONAI ``Evaluator`` is run
-    as ``evaluator.run(trainer_epoch)`` and keeps that epoch in ``state.epoch``; for other engines
-    it is the trainer's current epoch. Readings may come from another thread (a lock orders them).
-    Only ``evaluator`` is watched: a cheap estimate on another engine
-    (`ValidationSchedule`) never declares the target.
+    The clock starts at ``start_time`` (a `time.perf_counter()` value taken before building the
+    data sets, so caching counts) or else at `attach()`. After every run of ``evaluator`` (or
+    every trainer epoch without one) the metric is compared with ``target``: the first reading
+    that meets it sets ``reached_s``, the second consecutive one ``stable_s``, and the trainer
+    stops at the one ``stop_on`` names. With ``time_budget_s`` the trainer (and a running
+    evaluator) stop at the first iteration past the budget. A reading counts at the wall clock of
+    its arrival, for the epoch whose weights were validated, so background validation counts
+    once; only ``evaluator`` is watched, so an estimate on another engine never declares the
+    target (docs/data.md).
 
     Attributes:
         history: ``(elapsed_s, validated_epoch, value)`` for every metric reading.

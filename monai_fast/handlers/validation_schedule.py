@@ -14,7 +14,7 @@ from monai.engines import Evaluator, SupervisedEvaluator
 from monai.inferers import Inferer
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.record import record_of
+from monai_fast.handlers.record import add_row
 from monai_fast.telemetry.record import Kind, Source
 
 __all__ = ["ValidationSchedule", "estimator_like"]
@@ -161,14 +161,13 @@ class ValidationSchedule(EngineHandler):
         if full:
             self.evaluator.run(epoch)
             self.full_epochs.append(epoch)
-        record = record_of(trainer)
-        if record is not None:
-            record.add(
-                Kind.EPOCH,
-                Source.VALIDATION,
-                epoch=epoch,
-                estimate=estimate,
-                full=full,
-                estimate_s=self.estimator.state.times.get("COMPLETED") if estimate is not None else None,
-                full_s=self.evaluator.state.times.get("COMPLETED") if full else None,
-            )
+        add_row(
+            trainer,
+            Kind.EPOCH,
+            Source.VALIDATION,
+            epoch=epoch,
+            estimate=estimate,
+            full=full,
+            estimate_s=self.estimator.state.times.get("COMPLETED") if estimate is not None else None,
+            full_s=self.evaluator.state.times.get("COMPLETED") if full else None,
+        )
