@@ -1,4 +1,4 @@
-"""The memory-format choice measures no more rounds than it needs: a clear answer after one round stops it."""
+"""The memory-format choice: decided from at least three interleaved rounds, a near-tie keeps the network's layout."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from monai_fast.handlers import memory_format
-from monai_fast.handlers.memory_format import MIN_GAIN, choose_memory_format, measure_budget_s, settled
+from monai_fast.handlers.memory_format import choose_memory_format, in_channels_last_3d
+from monai_fast.tune import rounds as rounds_module
+from monai_fast.tune.rounds import measure_budget_s
 
 
 class _Timed(torch.nn.Module):
@@ -26,8 +28,8 @@ class _Timed(torch.nn.Module):
         return self.conv(x)
 
 
-def _steps(plain_s: float, last_s: float, planned_steps: int | None = None) -> tuple[int, str, str]:
-    net = _Timed(plain_s, last_s)
+def _steps(plain_s: float, last_s: float, planned_steps: int | None = None, net=None) -> tuple[int, str, str, dict]:
+    net = net or _Timed(plain_s, last_s)
     counted = []
     # the measurement runs deep copies: count the copies' forward calls through the class
     original = _Timed.forward
@@ -39,31 +41,42 @@ def _steps(plain_s: float, last_s: float, planned_steps: int | None = None) -> t
     _Timed.forward = counting
     try:
         batch = {"image": torch.zeros(2, 2, 8, 8, 8)}
-        choice, why = choose_memory_format(net, batch, "cpu", None, "auto", rounds=3, planned_steps=planned_steps)
+        choice, why, rounds = choose_memory_format(
+            net, batch, "cpu", None, "auto", rounds=5, planned_steps=planned_steps
+        )
     finally:
         _Timed.forward = original
-    return len(counted), choice, why
+    return len(counted), choice, why, rounds
 
 
-def test_a_clear_loss_or_gain_stops_after_one_round_and_a_close_call_runs_every_round():
-    steps, choice, why = _steps(0.02, 0.2)  # channels_last clearly slower
-    assert (steps, choice) == (2 + 2, "contiguous"), why  # the warm-up pair, then one timed pair
-    steps, choice, why = _steps(0.2, 0.02)  # clearly faster
-    assert (steps, choice) == (2 + 2, "channels_last_3d") and "median of 1" in why, why
-    steps, choice, why = _steps(0.2, 0.2 / 1.1)  # 1.1x: too close to call after one round, all three
-    assert steps == 2 + 2 * 3, why  # (which layout wins a 1.1x near-tie is not the point)
+#: the budget's yardstick step, then one warm-up step in each layout
+_BEFORE_ROUNDS = 1 + 2
 
 
-def test_settled_needs_a_margin_around_the_threshold():
-    assert settled([1.0], [0.5]) and settled([1.0], [1.6])
-    assert not settled([1.0], [1.0 / MIN_GAIN]) and not settled([1.0], [1.02]) and not settled([], [])
+def test_a_clear_loss_or_gain_is_decided_from_three_rounds_never_one():
+    steps, choice, why, rounds = _steps(0.02, 0.2)  # channels_last clearly slower
+    assert (steps, choice) == (_BEFORE_ROUNDS + 2 * 3, "contiguous"), why
+    assert len(rounds["rounds_s"]) == 3 and rounds["choice"] == "contiguous"
+    steps, choice, why, rounds = _steps(0.2, 0.02)  # clearly faster
+    assert (steps, choice) == (_BEFORE_ROUNDS + 2 * 3, "channels_last_3d") and "median over 3 rounds" in why, why
 
 
-def test_a_near_tie_measures_every_round_for_a_long_run_and_one_for_a_short_one(monkeypatch):
+def test_the_layout_the_network_is_in_is_the_baseline_a_near_tie_would_keep():
+    # (a near-tie keeping the baseline is `decide`'s rule, tested with exact timings in test_rounds.py)
+    net = _Timed(0.02, 0.2).to(memory_format=torch.channels_last_3d)  # the user's layout, clearly slower here
+    assert in_channels_last_3d(net)
+    steps, choice, why, rounds = _steps(0, 0, net=net)
+    assert rounds["baseline"] == "channels_last_3d" and rounds["candidate"] == "contiguous"
+    assert choice == "contiguous" and "contiguous faster" in why, why
+
+
+def test_a_run_too_short_for_three_rounds_measures_none_and_keeps_the_layout(monkeypatch):
     # the floor scaled down with the step (0.2 s here, seconds for a large network on a CPU)
-    monkeypatch.setattr(memory_format, "MEASURE_MIN_S", 0.6)
-    assert _steps(0.2, 0.2 / 1.1, planned_steps=6)[0] == 2 + 2  # a 6-step run: its budget ends after one round
-    assert _steps(0.2, 0.2 / 1.1, planned_steps=100_000)[0] == 2 + 2 * 3  # a long one: every round
+    monkeypatch.setattr(rounds_module, "MEASURE_MIN_S", 0.6)
+    steps, choice, why, rounds = _steps(0.2, 0.02, planned_steps=6)  # 3 rounds would take 1.3 s of 0.6 s
+    assert (steps, choice, rounds["rounds_s"]) == (_BEFORE_ROUNDS, "contiguous", []), why
+    steps, choice, why, _ = _steps(0.2, 0.02, planned_steps=100_000)  # a long run measures its rounds
+    assert (steps, choice) == (_BEFORE_ROUNDS + 2 * 3, "channels_last_3d"), why
     assert measure_budget_s(None, 5.0) == float("inf") and measure_budget_s(6, 65.0) == pytest.approx(3.9)
 
 

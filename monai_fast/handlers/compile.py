@@ -23,9 +23,8 @@ from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.memory_format import measure_budget_s
 from monai_fast.handlers.throughput import batch_shape
-from monai_fast.tune.rounds import Decision, decide, training_step_s
+from monai_fast.tune.rounds import Decision, decide, measure_budget_s, training_step_s
 
 __all__ = ["COLD_COMPILE_S", "EXPECTED_GAIN", "MIN_GAIN", "CompileChoice", "strip_meta"]
 

@@ -27,6 +27,7 @@ from monai_fast.data.planner import CACHE_CHOICES
 from monai_fast.files import cache_root
 from monai_fast.handlers.algorithm_time import TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
+from monai_fast.handlers.compile import CompileChoice
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on, is_running
@@ -64,6 +65,8 @@ class FastTraining(EngineHandler):
         precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``
             (`REQUESTS`) or ``False``.
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
+        compile: ``"auto"`` (`CompileChoice`: measured, and only where it repays its compile within
+            the planned run), ``True`` (compiled without measuring) or ``False``.
         evaluator: ``"auto"`` (its loader and precision), ``"tune"`` (also its ``sw_batch_size``
             measured) or ``False`` (left as built).
         gpu_budget_mib: the planner's GPU memory budget (``None``: its default).
@@ -101,6 +104,7 @@ class FastTraining(EngineHandler):
         loader: Literal["auto", "thread"] | bool = "auto",
         precision: Literal["auto", "bf16", "fp16", "fp32"] | bool = "auto",
         memory_format: Literal["auto", "channels_last_3d", "contiguous"] | bool = "auto",
+        compile: Literal["auto"] | bool = "auto",
         evaluator: Literal["auto", "tune"] | bool = "auto",
         gpu_budget_mib: float | None = None,
         ram_budget_mib: float | None = None,
@@ -118,7 +122,7 @@ class FastTraining(EngineHandler):
         _check("precision", precision, (*REQUESTS, False))
         _check("memory_format", memory_format, ("auto", "channels_last_3d", "contiguous", False))
         _check("evaluator", evaluator, ("auto", "tune", False))
-        for name, v in (("prefetch", prefetch), ("prediction_layout", prediction_layout)):
+        for name, v in (("prefetch", prefetch), ("prediction_layout", prediction_layout), ("compile", compile)):
             if not (isinstance(v, bool) or v == "auto"):
                 raise ValueError(f"FastTraining: {name} must be 'auto', True or False, got {v!r}")
         for name, v in (
@@ -147,6 +151,7 @@ class FastTraining(EngineHandler):
         )
         self.background_fill = bool(background_fill)
         self.prefetch, self.prediction_layout = prefetch, prediction_layout
+        self.compile = compile
         self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
         self._fills: list[Any] = []  # data sets filling in the background: no prefetch timing until all are full
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
@@ -234,6 +239,7 @@ class FastTraining(EngineHandler):
                 self._helpers.append(core)
         self._precision(trainer, evaluator, device)
         self._memory_format_lever(trainer, device)
+        self._compile_lever(trainer)
         if evaluator is not None:
             self._validation_lever(trainer, evaluator, device)
             self._prediction_layout_lever(evaluator, trainer)
@@ -245,8 +251,10 @@ class FastTraining(EngineHandler):
         self._helpers.clear()
 
     # ------------------------------------------------------------------ levers
-    def _say(self, lever: str, applied: bool, setting: Any, reason: str) -> None:
+    def _say(self, lever: str, applied: bool, setting: Any, reason: str, evidence: dict | None = None) -> None:
         self.applied[lever] = {"applied": applied, "setting": setting, "reason": reason}
+        if evidence:  # the measurement behind a decision (every round), for the record and the doctor
+            self.applied[lever]["evidence"] = evidence
         logger.info("FastTraining %s: %s%s", lever, f"{setting}: " if applied else "left alone: ", reason)
 
     def _data(self, engine: Workflow, lever: str, device: torch.device, trainer: Engine) -> None:
@@ -374,13 +382,29 @@ class FastTraining(EngineHandler):
         dtype = self.amp.autocast_dtype if self.amp is not None and self.amp.active else None
         state = trainer.state
         planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
-        choice, reason = choose_memory_format(
+        choice, reason, evidence = choose_memory_format(
             network, state.batch, device, dtype, self.memory_format, planned_steps=planned
         )
         # both ways: a network the user (or a recipe) put in channels_last_3d goes back when contiguous wins
         network.to(memory_format=torch.channels_last_3d if choice == "channels_last_3d" else torch.contiguous_format)
-        self._say("memory_format", choice == "channels_last_3d", choice, reason)
+        self._say("memory_format", choice == "channels_last_3d", choice, reason, evidence)
         self._record(trainer, only="memory_format")
+
+    def _compile_lever(self, trainer: Workflow) -> None:
+        if self.compile is False:
+            self._say("compile", False, None, "switched off (compile=False)")
+            return
+        choice = CompileChoice(
+            self.compile,
+            dtype=lambda: self.amp.autocast_dtype if self.amp is not None and self.amp.active else None,
+            on_choice=functools.partial(self._compiled, trainer),
+        )
+        choice.attach(trainer)  # after the memory format: the copy it measures is in the chosen layout
+        self._helpers.append(choice)
+
+    def _compiled(self, trainer: Engine, compiled: bool, reason: str, evidence: dict[str, Any]) -> None:
+        self._say("compile", compiled, "compiled" if compiled else "eager", reason, evidence)
+        self._record(trainer, only="compile")
 
     def _prediction_layout_lever(self, evaluator: Workflow, trainer: Workflow) -> None:
         if self.prediction_layout is False:

@@ -30,10 +30,30 @@ import torch
 
 from monai_fast.telemetry import synchronize
 
-__all__ = ["MIN_ROUNDS", "Decision", "decide", "training_step_s"]
+__all__ = ["MEASURE_MIN_S", "MEASURE_SHARE", "MIN_ROUNDS", "Decision", "decide", "measure_budget_s", "training_step_s"]
 
 #: the fewest timed rounds a choice is ever made from
 MIN_ROUNDS = 3
+#: the share of the run's planned training time a measurement may take
+MEASURE_SHARE = 0.01
+#: and the seconds it may always take (a short run of a small network still measures its rounds)
+MEASURE_MIN_S = 10.0
+
+
+def measure_budget_s(planned_steps: int | None, step_s: float) -> float:
+    """Seconds a measurement made during a run may take: `MEASURE_SHARE` of the planned run, at least
+    `MEASURE_MIN_S`; unbounded when the run's length is not known.
+
+    A near-tie costs a long run more than the measurement does, a short run less: a 6-iteration run of a
+    network whose step takes 6 s cannot afford three rounds, a 2000-iteration one can.
+
+    Examples:
+        >>> measure_budget_s(6, 6.5), measure_budget_s(2000, 6.5)
+        (10.0, 130.0)
+    """
+    if planned_steps is None or planned_steps <= 0:
+        return float("inf")
+    return max(MEASURE_MIN_S, MEASURE_SHARE * planned_steps * step_s)
 
 
 @dataclass(frozen=True)
