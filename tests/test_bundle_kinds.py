@@ -125,9 +125,9 @@ def _check_2d_decisions(applied: dict) -> None:
     """FastTraining's decisions for a 2-D network validated without a sliding window."""
     assert applied["memory_format"]["setting"] == "contiguous" and not applied["memory_format"]["applied"]
     assert "channels_last_3d" not in json.dumps(applied), applied
-    assert not applied["validation"]["applied"] and "nothing to tune" in applied["validation"]["reason"]
+    assert not applied["evaluator"]["applied"] and "nothing to tune" in applied["evaluator"]["reason"]
     assert "sliding-window settings" not in json.dumps(applied)  # no sliding-window advice for a SimpleInferer
-    assert not applied["prediction layout"]["applied"], applied["prediction layout"]  # 2-D predictions: nothing to do
+    assert not applied["prediction_layout"]["applied"], applied["prediction_layout"]  # 2-D predictions: nothing to do
     assert applied["precision"]["setting"] in ("bf16", "fp32")  # decided: MONAI's amp=True does nothing on a CPU
     assert "amp=True" in applied["precision"]["reason"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ from monai_fast.apps.launch import free_port
 from monai_fast.data.loaders import SafeThreadDataLoader
 from monai_fast.handlers import FastTraining, NonFiniteGuard, PrefetchChoice, RecordHandler, TimeBreakdown
 from monai_fast.handlers.lifecycle import handlers_on
-from monai_fast.telemetry.record import Kind, Source, load_record, select
+from monai_fast.telemetry.record import Kind, Lever, Source, load_record, select
 
 PATCH = (16, 16, 16)
 
@@ -130,23 +131,18 @@ def test_one_attach_replaces_both_loaders_and_records_what_it_applied(tiny_files
     assert fast.applied["precision"]["setting"] in ("bf16", "fp32") and "memory_format" in fast.applied
     rows, summary = load_record(tmp_path)
     levers = {r["lever"]: r for r in select(rows, Kind.EVENT, Source.FAST_TRAINING)}
-    assert set(levers) == {
-        "data",
-        "validation data",
-        "precision",
-        "memory_format",
-        "validation",
-        "prefetch",
-        "validation prefetch",
-        "prediction layout",
-    }
+    assert set(levers) == {lever.value for lever in Lever}  # every lever, each once
+    options = set(inspect.signature(FastTraining).parameters)
+    assert {"precision", "memory_format", "evaluator", "prefetch", "prediction_layout"} <= set(levers) & options
+    assert "validation" not in levers  # the sliding-window lever is named as its option, evaluator
     assert summary["fast_training"]["data"]["setting"] == "ram"
     fills = [r for r in rows if r["kind"] == "span" and r["category"] == "cache_fill"]
     assert len(fills) == 2 and all(
         r["duration_s"] > 0 and not r["overlapped"] for r in fills
     )  # in the doctor's wall clock
     # the doctor never recommends what is already on, and says what is
-    from monai_fast.report.doctor import FIXES, doctor
+    from monai_fast.report.advice import FIXES
+    from monai_fast.report.doctor import doctor
 
     d = doctor(tmp_path)
     for lever, text in FIXES[d.verdict]:
@@ -349,7 +345,7 @@ def test_validation_tune_measures_the_sliding_window_batch_once_and_reuses_the_s
         fast.attach(trainer, evaluator)
         assert window.sw_batch_size == 2  # nothing measured before the evaluator's first run
         trainer.run()
-        what = fast.applied["validation"]
+        what = fast.applied["evaluator"]
         assert what["setting"] == f"sw_batch_size={window.sw_batch_size}" and "volumes/s" in what["reason"], what
         assert what["applied"] == (window.sw_batch_size != 2)
         picks.append((window.sw_batch_size, what["reason"]))
@@ -365,7 +361,7 @@ def test_validation_false_leaves_the_evaluator_as_built(tiny_files):
     fast = FastTraining(evaluator=False)
     fast.attach(trainer, evaluator)
     assert evaluator.data_loader is loader and evaluator.inferer is inferer
-    assert not fast.applied["validation"]["applied"] and "validation data" not in fast.applied
+    assert not fast.applied["evaluator"]["applied"] and "validation data" not in fast.applied
     assert trainer.data_loader is not None and fast.applied["data"]["applied"]  # the trainer's levers still apply
 
 
@@ -377,8 +373,7 @@ def test_validation_tune_with_an_inferer_that_is_not_a_sliding_window_says_so(ti
     fast = FastTraining(precision="fp32", evaluator="tune")
     fast.attach(trainer, evaluator)
     assert (
-        not fast.applied["validation"]["applied"]
-        and "not a SlidingWindowInferer" in fast.applied["validation"]["reason"]
+        not fast.applied["evaluator"]["applied"] and "not a SlidingWindowInferer" in fast.applied["evaluator"]["reason"]
     )
     from monai_fast.handlers import SlidingWindowTune
 

@@ -6,7 +6,8 @@ import torch
 from ignite.engine import Engine
 
 from monai_fast.handlers import KernelProfiler, RecordHandler, ThroughputMonitor, TimeBreakdown
-from monai_fast.telemetry.record import RunRecord, load_record
+from monai_fast.telemetry.record import load_record
+from monai_fast.telemetry.run_record import RunRecord
 
 
 def test_record_round_trip_and_atomic_summary(tmp_path):

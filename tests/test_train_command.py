@@ -177,7 +177,7 @@ def test_hyperparameters_come_from_sm_hps_before_the_file_with_values_as_json_or
 def test_a_second_train_into_a_folder_in_use_stops_at_once_in_one_line(tmp_path, tiny_spleen):
     out = tmp_path / "out"
     hold = (
-        "import sys, time; from monai_fast.telemetry.record import record_lock; "
+        "import sys, time; from monai_fast.telemetry.run_record import record_lock; "
         f"record_lock({str(out / 'fast')!r}, 0, what='the first run').acquire(); "
         "print('held', flush=True); time.sleep(60)"
     )

@@ -20,9 +20,11 @@ from monai_fast.apps.demo.runner import run_to_target
 from monai_fast.apps.recipes import RecipeConfig
 from monai_fast.handlers import RecordHandler, TimeBreakdown
 from monai_fast.handlers.checkpoint_folder import CheckpointFolder
-from monai_fast.report.doctor import ATTACH, diagnose, doctor
+from monai_fast.report.advice import ATTACH
+from monai_fast.report.doctor import diagnose, doctor
 from monai_fast.report.wall_clock import SHARES, wall_clock
-from monai_fast.telemetry.record import Kind, RunRecord, Source, load_record
+from monai_fast.telemetry.record import Kind, Source, load_record
+from monai_fast.telemetry.run_record import RunRecord
 
 VAL_SLEEP_S = 0.25  # per validation item: 4 items -> 1 s per validation, far above this tiny net's training
 

@@ -9,10 +9,7 @@ and an image whose spatial shape differs from its label's (the same check as
 by the file's identity (path, size, modification time) in ``preflight.json`` in
 `monai_fast.files.cache_root()`, so a second run reads no volume it has seen.
 
-`preflight_wsi()` does the same for whole-slide patch lists (``{"image", "location"}``, as
-MONAI's ``PatchWSIDataset`` reads them): a slide that cannot be read to its end (a truncated
-file), a slide smaller than the patch, and every patch location that reaches outside its slide are
-named, with the list and index of the item, before any training.
+`monai_fast.data.preflight_slides.preflight_wsi()` does the same for whole-slide patch lists.
 
 Examples:
     >>> from monai_fast.data.preflight import preflight
@@ -36,7 +33,6 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 
-from monai_fast.extras import MissingExtraError, require
 from monai_fast.files import cache_root, write_json
 
 __all__ = [
@@ -44,9 +40,7 @@ __all__ = [
     "PreflightReport",
     "patch_padding",
     "preflight",
-    "preflight_wsi",
     "scan_file",
-    "scan_slide",
 ]
 
 logger = logging.getLogger(__name__)
@@ -54,7 +48,7 @@ logger = logging.getLogger(__name__)
 #: stored scans carry this version; a change in what a scan holds makes old entries unused
 SCAN_VERSION = 1
 _MAX_VALUES = 64  # distinct values kept for a label; more than this is not a label map
-_LOCK = threading.Lock()
+SCANS_LOCK = threading.Lock()  #: one check at a time reads and writes the store in this process
 
 
 def shape_mismatch(image: str, image_shape: tuple[int, ...], label: str, label_shape: tuple[int, ...]) -> str | None:
@@ -174,12 +168,14 @@ def _problems(image: str, label: str, img: dict, lab: dict, num_classes: int) ->
     return out
 
 
-def _identity(path: str) -> str:
+def scan_identity(path: str) -> str:
+    """The key of a file's scan in the store: the scan version, the path, its size and modification time."""
     st = os.stat(path)
     return f"{SCAN_VERSION}|{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}"
 
 
-def _load_store(path: Path) -> dict[str, dict]:
+def load_scans(path: Path) -> dict[str, dict]:
+    """The stored scans (empty when the store is missing or damaged: the files are read again)."""
     try:
         store = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -224,8 +220,8 @@ def preflight(
         if not isinstance(item, dict) or image_key not in item or label_key not in item:
             raise ValueError(f"files[{i}] must have {image_key!r} and {label_key!r}, got {item!r}")
     store_path = Path(cache_path) if cache_path is not None else cache_root() / "preflight.json"
-    with _LOCK:
-        store = _load_store(store_path) if cache else {}
+    with SCANS_LOCK:
+        store = load_scans(store_path) if cache else {}
         scans: dict[str, dict] = {}
         problems: list[tuple[str, str]] = []
         read = hits = 0
@@ -236,7 +232,7 @@ def preflight(
                 if not os.path.isfile(path):
                     scans[path] = {"error": "no such file"}
                     continue
-                key = _identity(path)
+                key = scan_identity(path)
                 if key in store:
                     scans[path], hits = store[key], hits + 1
                 else:
@@ -250,7 +246,7 @@ def preflight(
                 num_classes,
             )
         if cache and read:
-            _store(store, store_path)
+            save_scans(store, store_path)
     report = PreflightReport(
         checked=len(files), from_cache=hits, read=read, seconds=time.perf_counter() - t0, problems=problems
     )
@@ -306,224 +302,7 @@ def patch_padding(
     )
 
 
-#: bad patch locations named per slide; the rest of that slide's are counted
-_LOCATIONS_NAMED = 5
-
-
-class _LogCapture(logging.Handler):
-    """Collects what a library logs at WARNING or above while a file is opened (tifffile reports damage so)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-def _is_tiff(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
-
-
-def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
-    """The level sizes of a whole-slide image, after checking that every level can be read to its end.
-
-    A TIFF slide is opened with ``tifffile``: every tile or strip of every page (level) must lie
-    inside the file, the last one of each page must decode, and ``tifffile`` must not report a
-    damaged page chain (a file cut short loses its last levels that way). Another format is opened
-    with ``reader`` (a MONAI ``WSIReader`` or ``BaseWSIReader``), which gives its level sizes.
-
-    Returns:
-        ``{"levels": [[rows, columns], ...]}`` (level 0 first), or ``{"error": "..."}``.
-
-    Raises:
-        MissingExtraError: a TIFF slide without ``tifffile`` installed (the ``wsi`` extra).
-
-    Examples:
-        >>> scan_slide("/data/wsi_like/slides/slide_001.tif")  # doctest: +SKIP
-        {'levels': [[4096, 4096], [2048, 2048], [1024, 1024]]}
-    """
-    path = str(path)
-    try:
-        if not _is_tiff(path):
-            if reader is None:
-                return {"error": "not a TIFF file, and no WSI reader was given to open it"}
-            wsi = reader.read(path)
-            levels = range(reader.get_level_count(wsi))
-            return {"levels": [[int(v) for v in reader.get_size(wsi, level)] for level in levels]}
-        tifffile = require("tifffile", extra="wsi", feature=f"reading the slide {path}")
-        capture, tiff_logger = _LogCapture(), logging.getLogger("tifffile")
-        tiff_logger.addHandler(capture)
-        try:
-            with tifffile.TiffFile(path) as tif:
-                end = os.path.getsize(path)
-                levels = []
-                for level, page in enumerate(tif.pages):
-                    offsets, counts = page.dataoffsets, page.databytecounts
-                    for i, (offset, count) in enumerate(zip(offsets, counts)):
-                        if count == 0 or offset + count > end:
-                            return {
-                                "error": f"level {level} is cut short: its part {i} of {len(offsets)} lies at "
-                                f"bytes {offset}..{offset + count} of a {end}-byte file (truncated?)"
-                            }
-                    if offsets:
-                        tif.filehandle.seek(offsets[-1])
-                        page.decode(tif.filehandle.read(counts[-1]), len(offsets) - 1, jpegtables=page.jpegtables)
-                    levels.append([int(page.imagelength), int(page.imagewidth)])
-        finally:
-            tiff_logger.removeHandler(capture)
-        if capture.messages:
-            return {"error": f"tifffile reports a damaged file: {capture.messages[0]}"}
-        if not levels:
-            return {"error": "the file holds no image"}
-        return {"levels": levels}
-    except MissingExtraError:
-        raise  # not a damaged slide: the one line that installs the reader
-    except Exception as e:  # tifffile, the codecs and the WSI backends raise many types for a damaged file
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def _patch_problem(
-    levels: list[list[int]], location: Sequence[int], size: tuple[int, int], level: int, center: bool
-) -> str | None:
-    """Why the patch cannot be read whole from a slide with these level sizes, or ``None``.
-
-    As MONAI's ``PatchWSIDataset``: ``location`` is at level 0, a centre when ``center`` (the
-    patch's size at ``level`` halved is taken off), and the reader divides it by the level's
-    downsampling before reading ``size`` pixels at ``level``.
-    """
-    if not 0 <= level < len(levels):
-        return f"patch level {level}, but the slide has {len(levels)} level(s)"
-    h0, w0 = levels[0]
-    h, w = levels[level]
-    if h < size[0] or w < size[1]:
-        return (
-            f"the slide is {h} x {w} pixels at level {level}, smaller than the {size[0]} x {size[1]} patch "
-            "(it would be padded)"
-        )
-    start = [int(location[i]) - (size[i] // 2 if center else 0) for i in range(2)]
-    top, left = (round(start[i] / (levels[0][i] / levels[level][i])) for i in range(2))
-    if top < 0 or left < 0 or top + size[0] > h or left + size[1] > w:
-        where = tuple(int(v) for v in location)
-        return (
-            f"the {size[0]} x {size[1]} patch at location {where} (rows {top}..{top + size[0]}, "
-            f"columns {left}..{left + size[1]} at level {level}) reaches outside the slide's {h} x {w} pixels"
-            + (f" (level 0: {h0} x {w0})" if level else "")
-        )
-    return None
-
-
-def preflight_wsi(
-    files: Sequence[dict] | dict[str, Sequence[dict]],
-    patch_size: int | Sequence[int],
-    level: int = 0,
-    center_location: bool = True,
-    reader: Any = None,
-    cache: bool = True,
-    cache_path: str | os.PathLike | None = None,
-    raise_error: bool = True,
-) -> PreflightReport:
-    """Check a whole-slide patch list before training: every slide readable, every patch inside its slide.
-
-    For each slide named by an item: it exists and can be read to its end (`scan_slide()`), and
-    it is at least the patch's size. For each item: its patch, located as MONAI's ``PatchWSIDataset``
-    locates it, lies wholly inside the slide at its level. A patch reaching outside would be padded
-    or fail in a loader thread in the middle of an epoch; here it is named with its list, index,
-    slide and location before any training. What is learned about a slide is cached by the file's
-    identity, as `preflight()` does.
-
-    Args:
-        files: ``{"image", "location"}`` items (``"patch_size"`` and ``"patch_level"`` in an item
-            override the defaults, as in MONAI), or a mapping of list names to such lists
-            (``{"training": ..., "validation": ...}``) so that problems name the list.
-        patch_size: patch side, or (rows, columns), at ``level``.
-        level: the pyramid level patches are read at.
-        center_location: ``location`` is the patch's centre (MONAI's default) rather than its top-left.
-        reader: a MONAI WSI reader for slides that are not TIFF files.
-        cache: reuse and store slide scans by file identity (path, size, modification time).
-        cache_path: the scans' JSON file; default ``cache_root()/preflight.json``.
-        raise_error: raise `PreflightError` when anything is at fault (else only report it).
-
-    Returns:
-        A `PreflightReport` (``checked``: items; ``read`` / ``from_cache``: slides).
-
-    Raises:
-        PreflightError: every slide at fault, and up to five bad locations per slide with a count of the rest.
-        ValueError: an item without ``"image"`` or ``"location"``.
-        MissingExtraError: a TIFF slide to read without ``tifffile`` installed (``pip install "monai-fast[wsi]"``).
-
-    Examples:
-        >>> train, val = load_wsi_datalist("/data/wsi_like")  # doctest: +SKIP
-        >>> preflight_wsi({"training": train, "validation": val}, patch_size=96).ok  # doctest: +SKIP
-        True
-    """
-    t0 = time.perf_counter()
-    lists = dict(files) if isinstance(files, dict) else {"items": files}
-    default_size = tuple(int(v) for v in (patch_size if isinstance(patch_size, Sequence) else (patch_size, patch_size)))
-    for name, items in lists.items():
-        for i, item in enumerate(items):
-            if not isinstance(item, dict) or "image" not in item or "location" not in item:
-                raise ValueError(f"{name}[{i}] must have 'image' and 'location', got {item!r}")
-    store_path = Path(cache_path) if cache_path is not None else cache_root() / "preflight.json"
-    problems: list[tuple[str, str]] = []
-    with _LOCK:
-        store = _load_store(store_path) if cache else {}
-        scans: dict[str, dict] = {}
-        read = hits = 0
-        bad: dict[str, list[str]] = {}
-        for name, items in lists.items():
-            for i, item in enumerate(items):
-                path = str(item["image"])
-                if path not in scans:
-                    if not os.path.isfile(path):
-                        scans[path] = {"error": "no such file"}
-                    else:
-                        key = "wsi|" + _identity(path)
-                        if key in store:
-                            scans[path], hits = store[key], hits + 1
-                        else:
-                            scans[path] = scan_slide(path, reader)
-                            if "error" not in scans[path]:
-                                store[key] = scans[path]  # a damaged file is read again next time (it may be rewritten)
-                            read += 1
-                    if "error" in scans[path]:
-                        problems.append((path, f"cannot read the slide: {scans[path]['error']}"))
-                if "error" in scans[path]:
-                    continue
-                size = item.get("patch_size", default_size)
-                size = tuple(int(v) for v in (size if isinstance(size, Sequence) else (size, size)))
-                why = _patch_problem(
-                    scans[path]["levels"], item["location"], size, int(item.get("patch_level", level)), center_location
-                )
-                if why is not None:
-                    bad.setdefault(path, []).append(f"{name}[{i}]: {why}")
-        for path, reasons in bad.items():
-            problems += [(path, r) for r in reasons[:_LOCATIONS_NAMED]]
-            if len(reasons) > _LOCATIONS_NAMED:
-                more = len(reasons) - _LOCATIONS_NAMED
-                problems.append((path, f"... and {more} more patch(es) of this slide at fault"))
-        if cache and read:
-            _store(store, store_path)
-    checked = sum(len(items) for items in lists.values())
-    report = PreflightReport(
-        checked=checked, from_cache=hits, read=read, seconds=time.perf_counter() - t0, problems=problems
-    )
-    logger.info(
-        "preflight (WSI): %d patches on %d slide(s), %d read, %d from the cache, %d problem(s) in %.1f s",
-        checked,
-        len(scans),
-        read,
-        hits,
-        len(problems),
-        report.seconds,
-    )
-    if problems and raise_error:
-        raise PreflightError(problems, checked, skip="preflight=False skips this check")
-    return report
-
-
-def _store(store: dict, store_path: Path) -> None:
+def save_scans(store: dict, store_path: Path) -> None:
     """Keep the scans for the next run; a cache that cannot be written (a full disk) costs a re-read, not the run."""
     try:
         store_path.parent.mkdir(parents=True, exist_ok=True)

@@ -66,39 +66,47 @@ def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
     """
     env = os.environ if environ is None else environ
     if "TORCHELASTIC_RUN_ID" in env:
-        return _env_ranks(env)
+        return _ranks(env, "torchrun")
     if "HOROVOD_RANK" in env or ("OMPI_COMM_WORLD_RANK" in env and any(k.startswith("HOROVOD_") for k in env)):
-        return LaunchEnv(
-            "horovod",
-            _int(env, "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", default=1),
-            _int(env, "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"),
-            _int(env, "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
-            _int(env, "HOROVOD_CROSS_RANK"),
-            _int(env, "HOROVOD_CROSS_SIZE", default=1),
-        )
+        return _ranks(env, "horovod")
     if _slurm_ranks(env):
-        return LaunchEnv(
-            "slurm",
-            _int(env, "SLURM_NTASKS", default=1),
-            _int(env, "SLURM_PROCID"),
-            _int(env, "SLURM_LOCALID"),
-            _int(env, "SLURM_NODEID"),
-            _int(env, "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1),
-        )
+        return _ranks(env, "slurm")
     if "LOCAL_RANK" in env and "WORLD_SIZE" in env:  # torch.distributed.launch and other env:// launchers
-        return _env_ranks(env)
+        return _ranks(env, "torchrun")
     return LaunchEnv("none")
 
 
-def _env_ranks(env: Mapping[str, str]) -> LaunchEnv:
-    """torchrun's variables (``GROUP_RANK``: the node; static or c10d rendezvous alike)."""
+#: per launcher, the variables that hold (world size, rank, local rank, node rank, nodes), first found wins
+_VARIABLES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "torchrun": (("WORLD_SIZE",), ("RANK",), ("LOCAL_RANK",), ("GROUP_RANK",), ("GROUP_WORLD_SIZE",)),
+    "horovod": (
+        ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"),
+        ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"),
+        ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("HOROVOD_CROSS_RANK",),
+        ("HOROVOD_CROSS_SIZE",),
+    ),
+    "slurm": (
+        ("SLURM_NTASKS",),
+        ("SLURM_PROCID",),
+        ("SLURM_LOCALID",),
+        ("SLURM_NODEID",),
+        ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
+    ),
+}
+
+
+def _ranks(env: Mapping[str, str], launcher: str) -> LaunchEnv:
+    """``launcher``'s variables read into a `LaunchEnv` (torchrun's ``GROUP_RANK`` is the node, static or c10d
+    rendezvous alike); a count that is not set is 1, a rank 0."""
+    size, rank, local, node, nodes = _VARIABLES[launcher]
     return LaunchEnv(
-        "torchrun",
-        _int(env, "WORLD_SIZE", default=1),
-        _int(env, "RANK"),
-        _int(env, "LOCAL_RANK"),
-        _int(env, "GROUP_RANK"),
-        _int(env, "GROUP_WORLD_SIZE", default=1),
+        launcher,
+        _int(env, *size, default=1),
+        _int(env, *rank),
+        _int(env, *local),
+        _int(env, *node),
+        _int(env, *nodes, default=1),
     )
 
 

@@ -39,7 +39,7 @@ from monai_fast.handlers.record import describe_engine, record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.window_tune import SlidingWindowTune, sliding_window_of
 from monai_fast.telemetry.precision import REQUESTS
-from monai_fast.telemetry.record import Kind, Source
+from monai_fast.telemetry.record import Kind, Lever, Source
 
 __all__ = ["FastTraining"]
 
@@ -202,15 +202,15 @@ class FastTraining(EngineHandler):
     def _apply_levers(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
         record = record_of(trainer)  # with a RecordHandler attached first, the fill is in the doctor's wall clock
         with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
-            self._data(trainer, "data", device, trainer)
+            self._data(trainer, Lever.DATA, device, trainer)
         if evaluator is not None and self.evaluator_option is False:
-            self._say("validation", False, None, "switched off (evaluator=False): the evaluator is kept as built")
+            self._say(Lever.EVALUATOR, False, None, "switched off (evaluator=False): the evaluator is kept as built")
             evaluator = None
         if evaluator is not None:
             with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
                 self._data(
                     evaluator,
-                    "validation data",
+                    Lever.VALIDATION_DATA,
                     torch.device(getattr(evaluator.state, "device", None) or device),
                     trainer,
                 )
@@ -295,7 +295,7 @@ class FastTraining(EngineHandler):
             updater.attach(engine)
             self._helpers.append(updater)
         self._say(lever, True, adopted.where, "; ".join(adopted.notes))
-        name = lever.replace("data", "prefetch")
+        name = Lever.PREFETCH if lever is Lever.DATA else Lever.VALIDATION_PREFETCH
         setting, why, choice = prefetch_for(
             adopted.loader,
             device,
@@ -320,14 +320,14 @@ class FastTraining(EngineHandler):
 
     def _precision(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
         if self.precision is False:
-            self._say("precision", False, None, "switched off (precision=False)")
+            self._say(Lever.PRECISION, False, None, "switched off (precision=False)")
             return
         monai_amp = bool(getattr(trainer, "amp", False))
         if monai_amp and device.type == "cuda":
-            self._say("precision", False, None, "the trainer already runs MONAI's amp=True on CUDA; kept as built")
+            self._say(Lever.PRECISION, False, None, "the trainer already runs MONAI's amp=True on CUDA; kept as built")
             return
         if self.precision == "fp32":
-            self._say("precision", False, "fp32", "requested fp32: engines kept as built")
+            self._say(Lever.PRECISION, False, "fp32", "requested fp32: engines kept as built")
             return
         # MONAI's amp=True autocasts for "cuda" only, so off CUDA it changes nothing: it is read as a request for
         # reduced precision, which the toggle applies where the device runs it (and MONAI's no-op flag is set off)
@@ -335,7 +335,7 @@ class FastTraining(EngineHandler):
         amp.attach(trainer)
         self._helpers.append(amp)
         self.amp = amp
-        self.on(trainer, Events.ITERATION_COMPLETED(once=1), self._acted, "precision", amp, trainer)
+        self.on(trainer, Events.ITERATION_COMPLETED(once=1), self._acted, Lever.PRECISION, amp, trainer)
         if evaluator is not None and not (getattr(evaluator, "amp", False) and device.type == "cuda"):
             ev = AMPToggle(amp.precision)
             ev.attach(evaluator)
@@ -361,7 +361,7 @@ class FastTraining(EngineHandler):
                 f"MONAI's amp=True autocasts for CUDA only and does nothing on {device.type}: read as a request "
                 f"for reduced precision; {reason or 'requested ' + str(self.precision)}"
             )
-        self._say("precision", amp.precision != "fp32", amp.precision, reason or f"requested {self.precision}")
+        self._say(Lever.PRECISION, amp.precision != "fp32", amp.precision, reason or f"requested {self.precision}")
 
     def _acted(self, engine: Engine, lever: str, handler: Any, trainer: Engine) -> None:
         """After the engine's first step: a lever whose handler found the step out of its reach is not applied."""
@@ -373,7 +373,7 @@ class FastTraining(EngineHandler):
 
     def _memory_format_lever(self, trainer: Workflow, device: torch.device) -> None:
         if self.memory_format is False:
-            self._say("memory_format", False, None, "switched off (memory_format=False)")
+            self._say(Lever.MEMORY_FORMAT, False, None, "switched off (memory_format=False)")
             return
         self.on(trainer, Events.ITERATION_STARTED(once=1), self._memory_format, device)
 
@@ -387,12 +387,12 @@ class FastTraining(EngineHandler):
         )
         # both ways: a network the user (or a recipe) put in channels_last_3d goes back when contiguous wins
         network.to(memory_format=torch.channels_last_3d if choice == "channels_last_3d" else torch.contiguous_format)
-        self._say("memory_format", choice == "channels_last_3d", choice, reason, evidence)
-        self._record(trainer, only="memory_format")
+        self._say(Lever.MEMORY_FORMAT, choice == "channels_last_3d", choice, reason, evidence)
+        self._record(trainer, only=Lever.MEMORY_FORMAT)
 
     def _compile_lever(self, trainer: Workflow) -> None:
         if self.compile is False:
-            self._say("compile", False, None, "switched off (compile=False)")
+            self._say(Lever.COMPILE, False, None, "switched off (compile=False)")
             return
         choice = CompileChoice(
             self.compile,
@@ -403,27 +403,27 @@ class FastTraining(EngineHandler):
         self._helpers.append(choice)
 
     def _compiled(self, trainer: Engine, compiled: bool, reason: str, evidence: dict[str, Any]) -> None:
-        self._say("compile", compiled, "compiled" if compiled else "eager", reason, evidence)
-        self._record(trainer, only="compile")
+        self._say(Lever.COMPILE, compiled, "compiled" if compiled else "eager", reason, evidence)
+        self._record(trainer, only=Lever.COMPILE)
 
     def _prediction_layout_lever(self, evaluator: Workflow, trainer: Workflow) -> None:
         if self.prediction_layout is False:
-            self._say("prediction layout", False, None, "switched off (prediction_layout=False)")
+            self._say(Lever.PREDICTION_LAYOUT, False, None, "switched off (prediction_layout=False)")
             return
         dims = describe_engine(evaluator)["spatial_dims"]  # from the network's convolutions, as the record reads them
         if self.prediction_layout == "auto" and dims is not None and dims != 3:
-            self._say("prediction layout", False, None, f"a {dims}-D network: no 5-D predictions to reorder")
+            self._say(Lever.PREDICTION_LAYOUT, False, None, f"a {dims}-D network: no 5-D predictions to reorder")
             return
         layout = ClassesInnermost(self.prediction_layout)
         layout.attach(evaluator)
         self._helpers.append(layout)
-        self._say("prediction layout", layout.active, "classes innermost" if layout.active else None, layout.reason)
+        self._say(Lever.PREDICTION_LAYOUT, layout.active, "classes innermost" if layout.active else None, layout.reason)
         if layout.active:
             self.on(
                 evaluator,
                 Events.ITERATION_COMPLETED(once=1),
                 self._acted,
-                "prediction layout",
+                Lever.PREDICTION_LAYOUT,
                 layout,
                 trainer,
                 owner=trainer,
@@ -433,7 +433,7 @@ class FastTraining(EngineHandler):
         inferer = getattr(evaluator, "inferer", None)  # a Workflow of one's own may have none
         if inferer is None or sliding_window_of(inferer) is None:  # said first: no sliding-window advice for it
             self._say(
-                "validation",
+                Lever.EVALUATOR,
                 False,
                 None,
                 f"the evaluator's inferer ({type(inferer).__name__}) is not a SlidingWindowInferer: nothing to tune",
@@ -441,7 +441,7 @@ class FastTraining(EngineHandler):
             return
         if self.evaluator_option == "auto" or self.evaluator_option is True:
             self._say(
-                "validation", False, None, "sliding-window settings kept as built (evaluator='tune' measures them)"
+                Lever.EVALUATOR, False, None, "sliding-window settings kept as built (evaluator='tune' measures them)"
             )
             return
         tune = SlidingWindowTune(
@@ -454,8 +454,8 @@ class FastTraining(EngineHandler):
         self._helpers.append(tune)
 
     def _validation_tuned(self, trainer: Engine, applied: bool, setting: str | None, reason: str) -> None:
-        self._say("validation", applied, setting, reason)
-        self._record(trainer, only="validation")
+        self._say(Lever.EVALUATOR, applied, setting, reason)
+        self._record(trainer, only=Lever.EVALUATOR)
 
     def _record(self, trainer: Engine, only: str | None = None) -> None:
         record = record_of(trainer)

@@ -18,7 +18,8 @@ from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.window_tune import sliding_window_of
 from monai_fast.telemetry.chain import transform_names
 from monai_fast.telemetry.precision import cpu_has_bf16_hardware
-from monai_fast.telemetry.record import Category, EngineRecord, Kind, RunRecord, Source
+from monai_fast.telemetry.record import Category, Kind, Source
+from monai_fast.telemetry.run_record import EngineRecord, RunRecord
 
 __all__ = ["RecordHandler", "add_iteration_row", "add_row", "cached_dataset", "describe_engine", "record_of"]
 

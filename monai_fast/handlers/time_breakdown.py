@@ -13,7 +13,7 @@ from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.record import add_iteration_row, add_row, cached_dataset, loader_of, record_of
 from monai_fast.telemetry import cuda_available, synchronize
 from monai_fast.telemetry.chain import crop_indices_advised, transform_names
-from monai_fast.telemetry.record import Kind, Source, data_share
+from monai_fast.telemetry.record import Kind, Lever, Source, data_share
 
 __all__ = ["EpochTimes", "TimeBreakdown"]
 
@@ -114,7 +114,7 @@ class TimeBreakdown(EngineHandler):
     def _cache_on(self, engine: Engine) -> str | None:
         """Where the engine's data is cached already (``None``: not cached, as far as the run shows)."""
         record = record_of(engine)
-        lever = record.lever(Source.FAST_TRAINING, "data") if record is not None else None
+        lever = record.lever(Source.FAST_TRAINING, Lever.DATA) if record is not None else None
         if lever is not None and lever.get("applied"):
             return f"FastTraining cached them ({lever.get('setting')})"
         name = cached_dataset(engine)

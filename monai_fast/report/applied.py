@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from monai_fast.telemetry.record import Kind, Source, select
+from monai_fast.telemetry.record import Kind, Lever, Source, select
 
 __all__ = ["InEffect", "applied_levers", "in_effect", "latest_process", "sentence"]
 
@@ -98,7 +98,7 @@ def in_effect(rows: list[dict]) -> InEffect:
     levers = applied_levers(rows)
 
     precision = by = None
-    lever = levers.get("precision")
+    lever = levers.get(Lever.PRECISION)
     if lever is not None and lever.get("applied") and str(lever.get("setting")) in _REDUCED:
         precision, by = str(lever["setting"]), "FastTraining"
     if precision is None:
@@ -113,7 +113,7 @@ def in_effect(rows: list[dict]) -> InEffect:
     dims = next((r["spatial_dims"] for r in reversed(train) if r.get("spatial_dims") is not None), None)
     windows = [r["sliding_window"] for r in others if r.get("sliding_window") is not None]
     sliding = any(windows) if windows else (False if train and not others else None)
-    data = levers.get("data")
+    data = levers.get(Lever.DATA)
     cached: bool | None = None
     if data is not None:
         cached = bool(data.get("applied"))

@@ -31,9 +31,10 @@ nothing about them.
 
 A run without ``FastTraining`` whose record shows its levers unused (fp32 on a GPU or on a CPU with
 bf16 instructions, a training set that is not a cache) gets `ATTACH` first, with that evidence
-(`unused_levers()`). Validation advice comes only from the wall clock's share, sliding-window advice
-only where a validated volume is more than one window. A record that holds an earlier run of the same
-process (a notebook's attach cell run again) is read as its last run (`last_run()`).
+(`monai_fast.report.advice.unused_levers()`). Validation advice comes only from the wall clock's
+share, sliding-window advice only where a validated volume is more than one window. A record that
+holds an earlier run of the same process (a notebook's attach cell run again) is read as its last
+run (`last_run()`).
 
 The doctor advises only what applies to the run (`monai_fast.report.applied`): no mixed
 precision for a run that trained in bf16 or fp16 however it was set, no ``channels_last_3d`` for a
@@ -62,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from monai_fast.files import write_json, write_text
+from monai_fast.report.advice import ATTACH, fixes_for, unused_levers
 from monai_fast.report.algorithm import ALGORITHM_SHARE, algorithm_cost
 from monai_fast.report.applied import InEffect, applied_levers, in_effect, sentence
 from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock, pyplot_missing
@@ -76,129 +78,20 @@ from monai_fast.report.ranks import (
     stopped_early,
 )
 from monai_fast.report.wall_clock import WallClock, table_lines, wall_clock, wall_clock_advice
-from monai_fast.telemetry.chain import crop_indices_advised
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, record_files, select
 
-__all__ = [
-    "ATTACH",
-    "FIXES",
-    "Diagnosis",
-    "applied_levers",
-    "diagnose",
-    "doctor",
-    "fix_applies",
-    "unused_levers",
-    "write_report",
-]
+__all__ = ["THRESHOLDS", "Diagnosis", "diagnose", "doctor", "write_report"]
 
 logger = logging.getLogger("monai_fast.report")
 
-#: per verdict: (the FastTraining lever that applies the fix, or None for a code change, the fix)
-FIXES: dict[str, list[tuple[str | None, str]]] = {
-    "data-bound": [
-        (
-            "data",
-            "cache the deterministic transforms: FastTraining(cache='auto') on your trainer (CacheDataset in RAM; "
-            "on CUDA in GPU memory via ToDeviced, the random transforms then run there), or recipe 'fast'",
-        ),
-        (
-            "data",
-            "once cached, load in a thread without worker processes: "
-            "FastTraining(loader='auto') (SafeThreadDataLoader)",
-        ),
-        (
-            "data",
-            "data larger than RAM: FastTraining(cache='disk', cache_dir=...) (a trusted disk cache) "
-            "or cache='smartcache'",
-        ),
-        (
-            None,
-            "precompute foreground/background indices (FgBgToIndicesd) so RandCropByPosNegLabeld skips the label scan",
-        ),
-    ],
-    "gpu-under-filled": [
-        (
-            None,
-            "raise the batch size or crops per volume (your DataLoader's batch_size, RandCropByPosNegLabeld's "
-            "num_samples; RecipeConfig.batch_size / num_samples in the recipes) until memory is used",
-        ),
-        (None, "raise the sliding-window batch (SlidingWindowInferer's sw_batch_size) for validation"),
-        ("precision", "mixed precision so larger batches fit: FastTraining(precision='auto')"),
-    ],
-    "compute-bound": [
-        ("precision", "mixed precision: FastTraining(precision='auto') (bf16 where supported, else fp16 + GradScaler)"),
-        ("memory_format", "channels_last_3d weights where they measure faster: FastTraining(memory_format='auto')"),
-        (
-            None,
-            "more devices: data-parallel training over several GPUs (monai_fast.distributed.run, monai-fast launch)",
-        ),
-    ],
-    "balanced": [
-        (None, "no single bottleneck stands out; profile a window with KernelProfiler to find the costliest ops"),
-    ],
+#: the verdict's thresholds and their defaults (see the module docstring); `diagnose()` and `doctor()` take any of them
+THRESHOLDS: dict[str, float] = {
+    "data_threshold": 0.2,
+    "data_low": 0.05,
+    "util_low": 60.0,
+    "mem_low": 0.5,
+    "algorithm_share": ALGORITHM_SHARE,
 }
-
-
-def fix_applies(lever: str | None, text: str, run: InEffect) -> bool:
-    """Whether a fix fits the run: ``channels_last_3d`` needs a 3-D network, sliding-window settings a
-    sliding-window validation with more than one window per volume (`InEffect.batches_windows`),
-    precomputed crop indices a chain that crops with ``RandCropByPosNegLabeld`` and does not precompute
-    them yet (unknown counts as fitting)."""
-    if lever == "memory_format" and run.spatial_dims is not None and run.spatial_dims != 3:
-        return False
-    if "FgBgToIndicesd" in text and not crop_indices_advised(run.transforms):
-        return False
-    return not (("sliding-window" in text or "sw_batch_size" in text) and not run.batches_windows)
-
-
-def _fixes(verdict: str, applied: dict[str, dict], run: InEffect | None = None) -> list[str]:
-    """The verdict's fixes that fit the run, without those it has on already (said once instead): what
-    ``FastTraining`` applied, and the precision the run trained in however it was set."""
-    run = run or InEffect(None, None, None, None, None)
-    fixes, already, on_in_run = [], [], []
-    for lever, text in FIXES[verdict]:
-        if not fix_applies(lever, text, run):
-            continue
-        on = applied.get(lever) if lever is not None else None
-        if on is not None and on.get("applied"):
-            already.append(f"{lever} ({on.get('setting')})")
-        elif lever == "precision" and run.precision is not None:
-            on_in_run.append(f"precision ({run.precision}, set by {run.precision_by})")
-        elif lever == "data" and run.data_cached and "cache" in text:
-            on_in_run.append("data (the training data set is a cache)")
-        else:
-            fixes.append(text)
-    if already:
-        fixes.append("already applied by FastTraining: " + ", ".join(dict.fromkeys(already)))
-    if on_in_run:
-        fixes.append("already on in this run: " + ", ".join(dict.fromkeys(on_in_run)))
-    return fixes
-
-
-#: the line that puts every FastTraining lever on a user's own trainer and evaluator
-ATTACH = "FastTraining().attach(trainer, evaluator)"
-
-
-def unused_levers(applied: dict[str, dict], run: InEffect) -> list[str]:
-    """The ``FastTraining`` levers a run without it left unused, each with the evidence from its record: fp32 on a
-    GPU or on a CPU with bf16 instructions, a training data set that is not a cache. Empty for a run with
-    ``FastTraining`` (its own rows say what it left alone) or a record that does not describe its engines.
-
-    Examples:
-        >>> run = InEffect(None, None, 3, True, False, device="cpu", cpu_bf16=True)
-        >>> [u.split(" (")[0] for u in unused_levers({}, run)]
-        ['precision', 'data']
-    """
-    if applied:
-        return []
-    out = []
-    device = run.device or ""
-    if run.precision is None and (device.startswith("cuda") or (device.startswith("cpu") and run.cpu_bf16)):
-        where = "a GPU" if device.startswith("cuda") else "a CPU with bf16 instructions"
-        out.append(f"precision (the trainer ran in fp32 on {where})")
-    if run.data_cached is False:
-        out.append("data (the training data set is not a cache: every epoch repeats its deterministic transforms)")
-    return out
 
 
 @dataclass
@@ -226,20 +119,22 @@ class Diagnosis:
         return "\n".join(lines)
 
 
-def diagnose(
-    rows: list[dict],
-    data_threshold: float = 0.2,
-    data_low: float = 0.05,
-    util_low: float = 60.0,
-    mem_low: float = 0.5,
-    algorithm_share: float = ALGORITHM_SHARE,
-) -> Diagnosis:
+def diagnose(rows: list[dict], **thresholds: float) -> Diagnosis:
     """Decide the verdict from record rows (see the module docstring for the rules).
 
+    Args:
+        rows: the record's rows (`monai_fast.telemetry.record.load_record()`).
+        thresholds: any of `THRESHOLDS` (``data_threshold``, ``data_low``, ``util_low``, ``mem_low``,
+            ``algorithm_share``), replacing its default.
+
     Raises:
+        TypeError: a threshold that is not one of `THRESHOLDS`, naming it.
         ValueError: if the rows hold no ``time_breakdown`` epochs of the training engine (attach
             ``TimeBreakdown``).
     """
+    if unknown := sorted(set(thresholds) - set(THRESHOLDS)):
+        raise TypeError(f"diagnose() has no threshold {', '.join(unknown)}; the thresholds are {', '.join(THRESHOLDS)}")
+    limits = {**THRESHOLDS, **thresholds}
     rows, earlier = last_run(rows)
     epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
     if not epochs:
@@ -290,11 +185,16 @@ def diagnose(
             f"throughput {numbers['samples_per_s']:.2f} samples/s" + (" (all ranks)" if len(per_rank) > 1 else "")
         )
 
-    if share >= data_threshold:
+    if share >= limits["data_threshold"]:
         verdict = "data-bound"
-    elif util_mean is not None and util_mean < util_low and mem_peak is not None and mem_peak < mem_low:
+    elif (
+        util_mean is not None
+        and util_mean < limits["util_low"]
+        and mem_peak is not None
+        and mem_peak < limits["mem_low"]
+    ):
         verdict = "gpu-under-filled"
-    elif share < data_low and (util_mean is None or util_mean >= util_low):
+    elif share < limits["data_low"] and (util_mean is None or util_mean >= limits["util_low"]):
         verdict = "compute-bound"
     else:
         verdict = "balanced"
@@ -305,10 +205,10 @@ def diagnose(
         }
     run = in_effect(rows)
     numbers["in_effect"] = json.loads(json.dumps(asdict(run)))  # as the report's JSON reads back (lists, not tuples)
-    fixes = _fixes(verdict, applied, run)
+    fixes = fixes_for(verdict, applied, run)
     if verdict == "compute-bound" and util_mean is None:
         fixes.insert(0, "this ran on the CPU: a CUDA GPU is the largest single step")
-    if algorithm := algorithm_cost(rows, algorithm_share):  # the user's own post-processing and metrics
+    if algorithm := algorithm_cost(rows, limits["algorithm_share"]):  # the user's own post-processing and metrics
         numbers["training_algorithm"] = {k: v for k, v in algorithm.items() if k not in ("evidence", "fix")}
         evidence.append(algorithm["evidence"])
         fixes.insert(0, algorithm["fix"])
@@ -322,13 +222,7 @@ def diagnose(
             f"{ATTACH} applies the levers this run left unused, each kept only where it measures faster on "
             "this machine: " + "; ".join(unused),
         )
-    numbers["thresholds"] = {
-        "data_threshold": data_threshold,
-        "data_low": data_low,
-        "util_low": util_low,
-        "mem_low": mem_low,
-        "algorithm_share": algorithm_share,
-    }
+    numbers["thresholds"] = limits
     return Diagnosis(verdict, evidence, fixes, numbers)
 
 

@@ -23,8 +23,9 @@ Examples:
 
 from __future__ import annotations
 
-from monai_fast.report.applied import in_effect
-from monai_fast.report.doctor import ATTACH, FIXES, Diagnosis, applied_levers, diagnose, fix_applies, unused_levers
+from monai_fast.report.advice import ATTACH, FIXES, fix_applies, unused_levers
+from monai_fast.report.applied import applied_levers, in_effect
+from monai_fast.report.doctor import Diagnosis, diagnose
 from monai_fast.report.ranks import last_run
 
 __all__ = ["prescribe"]

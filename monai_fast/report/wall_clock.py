@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from monai_fast.telemetry.record import Category, Kind, Source, select
+from monai_fast.telemetry.record import Category, Kind, Lever, Source, select
 
 if TYPE_CHECKING:
     from monai_fast.report.applied import InEffect
@@ -222,7 +222,7 @@ def table_lines(wc: dict, markdown: bool = True) -> list[str]:
 
 
 #: (category, share at or above which it is worth a fix, FastTraining lever and setting that applies it or None, fix)
-_ADVICE: tuple[tuple[str, float, tuple[str, str | None] | None, str], ...] = (
+_ADVICE: tuple[tuple[str, float, tuple[Lever, str | None] | None, str], ...] = (
     (
         "validation",
         0.3,
@@ -240,20 +240,20 @@ _ADVICE: tuple[tuple[str, float, tuple[str, str | None] | None, str], ...] = (
     (
         "validation",
         0.3,
-        ("precision", None),
+        (Lever.PRECISION, None),
         "mixed precision for the evaluator too: FastTraining(precision='auto') (set on the trainer and the evaluator)",
     ),
     (
         "setup",
         0.3,
-        ("data", "disk"),
+        (Lever.DATA, "disk"),
         "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
         "(a trusted disk cache; the next run skips the fill)",
     ),
     (
         "cache_fill",
         0.3,
-        ("data", "disk"),
+        (Lever.DATA, "disk"),
         "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
         "(a trusted disk cache; the next run skips the fill)",
     ),
@@ -305,7 +305,7 @@ def wall_clock_advice(
         on = applied.get(lever[0]) if lever else None
         if on is not None and on.get("applied") and (lever[1] is None or on.get("setting") == lever[1]):  # type: ignore[index]
             continue
-        if run is not None and lever and lever[0] == "precision" and run.precision is not None:
+        if run is not None and lever and lever[0] == Lever.PRECISION and run.precision is not None:
             continue
         if run is not None and not run.batches_windows and ("sliding-window" in text or "sw_batch_size" in text):
             continue

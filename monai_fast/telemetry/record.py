@@ -1,27 +1,11 @@
-"""The per-run record: the one contract between the handlers that write and the reports that read.
+"""The run record's rows and how they are read: the one contract between the handlers that write and the reports.
 
 One record per run and rank. Each row has a ``kind`` (`Kind`), a ``source`` (`Source`:
 which handler wrote it), the ``rank``, the ``engine`` it belongs to (``"train"``, ``"validation"``,
 ...), the run ``segment`` (a second ``trainer.run()`` on the same engines is segment 1, ...) and
-the wall-clock ``time``, plus the handler's fields. Rows are appended to ``record.rank<R>.jsonl``
-in the run folder, each written to the file as it is added (``flush_every=1``), so a rank killed
-mid-run keeps every row it measured; each handler's summary goes into ``summary.rank<R>.json``,
-written atomically at close.
-
-The record file is append-only: a record opened on a run folder that holds one already (a notebook
-cell run again, a restarted job) adds new segments after the earlier ones, never erases them. Each
-segment starts with a ``segment_started`` event (its pid and host) and a segment that ends
-normally has a ``segment_ended`` event, so a reader tells a rank that stopped early from one that
-finished. One writer per rank and folder at a time: the record takes the folder's per-rank
-`RunFolderLock` (``.monai-fast.rank<R>.lock``) before it writes, so a
-second run into the same folder fails with `RunFolderBusyError` before
-any work; the kernel drops the lock when its owner exits or is killed.
-
-A full file system (``ENOSPC``, ``EDQUOT``) never stops the run: the record logs one warning
-naming its file, the space missing and the trainer's last recorded iteration, cuts off the part of
-a row that did not fit (the file ends with its last whole row) and records no more rows for that
-rank in the segment; a summary that cannot be written is named in a warning too. The doctor
-then reads a record that ends at that iteration without its ``segment_ended`` event.
+the wall-clock ``time``, plus the handler's fields. ``FastTraining``'s event rows carry a
+``lever`` (`Lever`), named as the option that sets it. `monai_fast.telemetry.run_record` writes
+the rows to ``record.rank<R>.jsonl`` and each handler's summary to ``summary.rank<R>.json``.
 
 Readers find the record files with `record_files()` (exactly ``record.rank<R>.jsonl``; a
 stray copy such as ``record.rank0 (copy).jsonl`` is named and left out), select rows with
@@ -31,7 +15,7 @@ record made on a GPU cluster can be read on a laptop.
 
 Examples:
     >>> import tempfile
-    >>> from monai_fast.telemetry.record import Kind, RunRecord, Source, load_record, select
+    >>> from monai_fast.telemetry.run_record import RunRecord
     >>> run1 = tempfile.mkdtemp()
     >>> rec = RunRecord(run1)
     >>> _ = rec.add(Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train", epoch=1, data_s=0.2, compute_s=3.1)
@@ -46,38 +30,29 @@ Examples:
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import logging
 import os
 import re
-import secrets
-import socket
-import threading
-import time
 from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import ignite.distributed as idist
-
-from monai_fast.files import NoSpaceError, RunFolderLock, free_bytes, no_space_in, write_json
-from monai_fast.telemetry.spans import Category, SpanWriter
+from monai_fast.telemetry.spans import Category
 
 __all__ = [
     "KINDS",
     "RECORD_NAME",
     "Category",
-    "EngineRecord",
     "Kind",
-    "RunRecord",
+    "Lever",
     "Source",
     "data_share",
+    "jsonable",
     "load_record",
+    "load_summary",
     "record_files",
-    "record_lock",
     "select",
 ]
 
@@ -112,21 +87,36 @@ class Source(str, Enum):
     TRAINING_ALGORITHM = "training_algorithm"  #: the trainer's own post-processing and metrics, timed per epoch
 
 
+class Lever(str, Enum):
+    """What a ``FastTraining`` event row (``lever=``) and ``FastTraining.applied`` are about, named as the option
+    that sets it (``evaluator`` for the evaluator's sliding-window settings, ``prediction_layout``, ...).
+
+    Its text is its value (``str(Lever.EVALUATOR) == "evaluator"``), so log lines and f-strings read as the key.
+    """
+
+    DATA = "data"  #: the training set's cache and loader (options ``cache`` and ``loader``)
+    PREFETCH = "prefetch"  #: the next training batch moved to the device ahead
+    VALIDATION_DATA = "validation data"  #: the evaluator's cache and loader
+    VALIDATION_PREFETCH = "validation prefetch"  #: the next validation batch moved to the device ahead
+    PRECISION = "precision"
+    MEMORY_FORMAT = "memory_format"
+    COMPILE = "compile"  #: ``torch.compile`` of the trainer's network
+    PREDICTION_LAYOUT = "prediction_layout"
+    EVALUATOR = "evaluator"  #: the evaluator's sliding-window settings
+
+    def __str__(self) -> str:
+        return self.value
+
+
 KINDS = tuple(k.value for k in Kind)
 #: the name of a rank's record file; nothing else in a run folder is read as a record
 RECORD_NAME = re.compile(r"record\.rank(\d+)\.jsonl")
-#: how much of an existing record's end is read to find its last segment
-_TAIL_BYTES = 1 << 16
 
 
 def data_share(data_s: float, compute_s: float) -> float:
     """Share of iteration time spent waiting for data: ``data / (data + compute)``, 0 when nothing was timed."""
     busy = data_s + compute_s
     return data_s / busy if busy > 0 else 0.0
-
-
-def _value(v: Any) -> Any:
-    return v.value if isinstance(v, Enum) else v
 
 
 def select(
@@ -142,7 +132,7 @@ def select(
     Rows written before the ``engine`` field existed count as ``"train"``; rows without a
     ``segment`` count as segment 0.
     """
-    kind, source = _value(kind), _value(source)
+    kind, source = jsonable(kind), jsonable(source)
     return [
         r
         for r in rows
@@ -154,354 +144,18 @@ def select(
     ]
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
+    """``v`` as JSON can hold it: enums by value, containers item by item, numpy/torch scalars as numbers."""
     if isinstance(v, Enum):
         return v.value
     if isinstance(v, (str, int, float, bool)) or v is None:
         return v
     if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
+        return {str(k): jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     item = getattr(v, "item", None)  # numpy / torch scalars
     return item() if callable(item) else str(v)
-
-
-class RunRecord(SpanWriter):
-    """Rows and summaries of one run on one rank, streamed to the run folder.
-
-    With a run folder, rows are appended to the file and not kept in memory (a run of days must
-    not grow); without one (``run_dir=None``) they are kept in `rows`. Wall-clock spans
-    (set-up, cache filling, ...) are written with `span()` / `add_span()`
-    (`monai_fast.telemetry.spans`).
-
-    A run folder that holds this rank's record already is continued, never erased: the new rows go
-    after the earlier ones, as the next segment, and the summary keeps the sections this record
-    does not set again. The folder's per-rank lock is held from here until `close()` (taken
-    again by the next `begin_segment()`), so two runs cannot write one record.
-
-    Args:
-        run_dir: the run folder (created; must be writable, checked here). ``None`` keeps the
-            record in memory only.
-        rank: this process's rank; default 0. The distributed layer passes ``idist.get_rank()``.
-        flush_every: rows buffered before they are written to the file; 1 (the default) writes
-            each row as it is added, so a killed process loses none.
-
-    A full file system while a row is written is not raised: see `disk_full`.
-
-    Raises:
-        PermissionError: if ``run_dir`` cannot be written, naming it.
-        monai_fast.files.RunFolderBusyError: if another process writes this rank's record in
-            ``run_dir``, naming the folder and that process.
-    """
-
-    def __init__(self, run_dir: str | os.PathLike | None, rank: int = 0, flush_every: int = 1) -> None:
-        if rank < 0:
-            raise ValueError(f"rank must be >= 0, got {rank}")
-        if flush_every < 1:
-            raise ValueError(f"flush_every must be >= 1, got {flush_every}")
-        self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.rank = rank
-        self.flush_every = flush_every
-        self.rows: list[dict] = []
-        self.summary: dict[str, Any] = {}
-        self._pending: list[dict] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self._warned_closed = False
-        self._started = False
-        self._segment = 0
-        #: this record object's own mark in its ``segment_started`` rows: a later run that continues the record (another
-        #: process, another ``RecordHandler``) writes another, so a reader tells what each run had on
-        self.writer = secrets.token_hex(6)
-        self._file: Any = None
-        self._events: dict[tuple[str, str], dict] = {}  # (source, lever) -> the latest fast_training-style event
-        self._trainer_thread = threading.get_ident()  # until a run starts: the thread that made the record
-        self._folder_lock: RunFolderLock | None = None
-        self._end = 0  # bytes of whole rows in the record file
-        self._last_iteration: int | None = None  # the trainer's last iteration in a row written to the file
-        #: why this rank records no more rows in the current segment (its file system filled), else ``None``
-        self.disk_full: NoSpaceError | None = None
-        if self.run_dir is not None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            if not os.access(self.run_dir, os.W_OK):
-                raise PermissionError(f"run folder {self.run_dir} is not writable")
-            self._folder_lock = record_lock(self.run_dir, rank).acquire()
-            self.path = self.run_dir / f"record.rank{rank}.jsonl"
-            last = _last_segment(self.path)
-            self._segment = 0 if last is None else last + 1  # a record already here: continue it
-            self.summary = {
-                k: v
-                for k, v in _load_summary(self.run_dir / f"summary.rank{rank}.json").items()
-                if k not in ("rank", "segments")
-            }
-            self._open()
-
-    def _open(self) -> None:
-        """Open the record file for appending; a row cut short at its end (a killed writer) is removed first."""
-        assert self.run_dir is not None
-        if self.path.is_file():
-            with open(self.path, "r+b") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - _TAIL_BYTES))
-                tail = f.read()
-                if tail and not tail.endswith(b"\n"):
-                    cut = tail.rfind(b"\n")
-                    keep = (max(0, size - _TAIL_BYTES) + cut + 1) if cut >= 0 else (0 if size <= _TAIL_BYTES else size)
-                    if keep < size:
-                        logger.warning(
-                            "%s: its last row was cut short (its writer stopped while writing it); removed", self.path
-                        )
-                        f.truncate(keep)
-        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open until close()
-        self._end = os.fstat(self._file.fileno()).st_size
-
-    @property
-    def segment(self) -> int:
-        """The current run segment: one more than the record's last (0 for a new record), then one more for each
-        later `begin_segment()`."""
-        return self._segment
-
-    def begin_segment(self) -> int:
-        """Start recording a new run of the engines (a second ``trainer.run()``).
-
-        The first call marks the start of the segment this record opened with; later calls reopen
-        a closed record (taking the folder's lock again; rows are appended to the same file, a
-        record stopped by a full file system tries again) and count one more segment. Either way a
-        ``segment_started`` event with the process id and host is written. The calling thread is
-        the trainer's from now on (spans from other threads are overlapped). Returns the segment
-        number.
-
-        Raises:
-            monai_fast.files.RunFolderBusyError: another process took the run folder since this
-                record was closed.
-        """
-        with self._lock:
-            if self._closed and self._folder_lock is not None:
-                self._folder_lock.acquire()
-                self._open()
-                self.disk_full = None
-            self._trainer_thread = threading.get_ident()
-            if self._started:
-                self._segment += 1
-                self._closed = False
-            self._started = True
-            segment = self._segment
-        self.add(
-            Kind.EVENT,
-            Source.RECORD,
-            what="segment_started",
-            pid=os.getpid(),
-            host=socket.gethostname(),
-            writer=self.writer,
-            world_size=idist.get_world_size(),  # so the doctor can name a rank whose record is missing or empty
-        )
-        return segment
-
-    def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:
-        """Append one row; safe to call from any thread. Rows added after `close()` are dropped
-        (with a warning, once) until `begin_segment()` reopens the record; so are rows added once
-        the file system filled (`disk_full`; one warning)."""
-        kind, source = _value(kind), _value(source)
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        row = {
-            "kind": kind,
-            "source": source,
-            "rank": self.rank,
-            "segment": self._segment,
-            "time": time.time(),
-            **fields,
-        }
-        with self._lock:
-            if self._closed:
-                if not self._warned_closed:
-                    self._warned_closed = True
-                    logger.warning("run record %s is closed; a %s row from %s was dropped", self.run_dir, kind, source)
-                return row
-            if kind == Kind.EVENT.value and "lever" in fields:
-                self._events[(source, str(fields["lever"]))] = row
-            if self.run_dir is None:
-                self.rows.append(row)
-            elif self.disk_full is None:  # streamed, not kept: a run of days must not grow in memory
-                self._pending.append(row)
-                if len(self._pending) >= self.flush_every:
-                    self._flush_locked()
-        return row
-
-    def lever(self, source: Source | str, lever: str) -> dict | None:
-        """The latest event row of ``source`` about ``lever`` (e.g. ``FastTraining``'s ``"data"``), or ``None``.
-
-        Handlers read what another handler applied in this run here (kept in memory; the rows
-        themselves are streamed to the file).
-        """
-        with self._lock:
-            return self._events.get((_value(source), lever))
-
-    def on_critical_thread(self) -> bool:
-        """Whether the calling thread runs the trainer (or made the record, before the first run)."""
-        return threading.get_ident() == self._trainer_thread
-
-    def set_summary(self, source: Source | str, values: dict) -> None:
-        """Set the summary section of ``source`` (replacing an earlier one)."""
-        with self._lock:
-            self.summary[_value(source)] = values
-
-    def flush(self) -> None:
-        """Write the buffered rows to the file."""
-        with self._lock:
-            self._flush_locked()
-
-    def _flush_locked(self) -> None:
-        if self._file is None or not self._pending:
-            return
-        rows, self._pending = self._pending, []
-        lines = [(json.dumps(_jsonable(row)) + "\n").encode("utf-8") for row in rows]
-        data = b"".join(lines)
-        written = 0
-        try:
-            while written < len(data):  # unbuffered: in the kernel once written, a SIGKILL after this loses nothing
-                written += self._file.write(data[written:])
-        except OSError as err:
-            full = no_space_in(err, self.path)
-            if full is None:  # another write error: no half row left in the file, the rows kept to write again
-                with contextlib.suppress(OSError):
-                    os.ftruncate(self._file.fileno(), self._end)
-                self._pending = rows + self._pending
-                raise
-            self._stop_on_full_disk(full, rows, lines, written)
-            return
-        self._kept(rows, len(data))
-
-    def _kept(self, rows: list[dict], size: int) -> None:
-        """Count ``rows`` (``size`` bytes) as written whole: the file's end, and the trainer's last iteration."""
-        self._end += size
-        for row in rows:
-            if row.get("engine", "train") == "train" and isinstance(row.get("iteration"), int):
-                self._last_iteration = row["iteration"]
-
-    def _stop_on_full_disk(self, err: NoSpaceError, rows: list[dict], lines: list[bytes], written: int) -> None:
-        """The file system filled while ``lines`` were written (``written`` bytes of them went in): keep the rows
-        that went in whole, cut off the rest, close the file and warn once; no more rows are written in this
-        segment."""
-        free = None
-        with contextlib.suppress(OSError):
-            free = free_bytes(self.path)  # at the time of the error, before the cut frees a little
-        whole, size = 0, 0
-        while whole < len(lines) and size + len(lines[whole]) <= written:
-            size += len(lines[whole])
-            whole += 1
-        self._kept(rows[:whole], size)
-        with contextlib.suppress(OSError):
-            os.ftruncate(self._file.fileno(), self._end)  # the file ends with its last whole row
-        with contextlib.suppress(OSError):
-            self._file.close()
-        self._file = None
-        ends = "" if self._last_iteration is None else f" at the trainer's iteration {self._last_iteration}"
-        self.disk_full = NoSpaceError(
-            self.path,
-            needed=sum(len(line) for line in lines[whole:]),
-            free=free,
-            what="run record",
-            code=err.errno or errno.ENOSPC,
-            detail=f"the record keeps its whole rows and ends{ends} (segment {self._segment}); rank {self.rank} "
-            "records no more rows in this run, which goes on",
-        )
-        logger.warning("%s", self.disk_full)
-
-    def close(self, **fields: Any) -> None:
-        """End the segment: write a ``segment_ended`` event (with ``fields``), flush the rows, write the
-        summary JSON atomically and give the run folder's lock back. Idempotent."""
-        if not self._closed and self._started:
-            self.add(Kind.EVENT, Source.RECORD, what="segment_ended", **fields)
-        with self._lock:
-            if self._closed:
-                return
-            self._flush_locked()
-            self._closed = True
-            if self.run_dir is None:
-                return
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-            summary = self.run_dir / f"summary.rank{self.rank}.json"
-            try:
-                write_json(_jsonable({"rank": self.rank, "segments": self._segment + 1, **self.summary}), summary)
-            except NoSpaceError as err:  # the rows carry every number; the run goes on without the summary
-                logger.warning("run summary not written: %s", err)
-            finally:
-                if self._folder_lock is not None:
-                    self._folder_lock.release()
-
-
-def record_lock(run_dir: str | os.PathLike, rank: int = 0, what: str | None = None) -> RunFolderLock:
-    """The lock that owns ``run_dir`` for ``rank``'s record (``.monai-fast.rank<R>.lock``), not yet taken.
-
-    `RunRecord` takes it before it writes. A command that does set-up work before it makes
-    the record (``monai-fast train`` builds data sets and caches first) takes the same lock at its
-    start, so a second run into the folder stops before that work; the record's own taking of it
-    later in the same process is counted, not refused.
-
-    Examples:
-        >>> import tempfile
-        >>> with record_lock(tempfile.mkdtemp(), rank=0, what="monai-fast train"):
-        ...     pass  # set-up, then RecordHandler(...) on the same folder
-    """
-    return RunFolderLock(run_dir, what=what or f"the run record of rank {rank}", name=f".monai-fast.rank{rank}.lock")
-
-
-def _last_segment(path: Path) -> int | None:
-    """The segment of the last complete row of an existing record file (``None``: no such file or row)."""
-    if not path.is_file():
-        return None
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - _TAIL_BYTES))
-        lines = f.read().split(b"\n")
-    for line in reversed(lines[1:] if size > _TAIL_BYTES else lines):  # the first may be cut by the seek
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("segment"), int):
-            return row["segment"]
-    return None
-
-
-class EngineRecord(SpanWriter):
-    """A `RunRecord` as one engine writes to it: every row is stamped with the engine's name.
-
-    Summaries of the ``"train"`` engine are stored under their source's name, those of other
-    engines under ``"<source>.<engine>"`` (e.g. ``"throughput.validation"``).
-    """
-
-    def __init__(self, record: RunRecord, engine: str) -> None:
-        self.record, self.engine = record, engine
-
-    @property
-    def run_dir(self) -> Path | None:
-        return self.record.run_dir
-
-    @property
-    def rank(self) -> int:
-        return self.record.rank
-
-    def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:
-        """`RunRecord.add()` with ``engine=`` this engine's name."""
-        return self.record.add(kind, source, engine=self.engine, **fields)
-
-    def on_critical_thread(self) -> bool:
-        """`RunRecord.on_critical_thread()`."""
-        return self.record.on_critical_thread()
-
-    def lever(self, source: Source | str, lever: str) -> dict | None:
-        """`RunRecord.lever()`."""
-        return self.record.lever(source, lever)
-
-    def set_summary(self, source: Source | str, values: dict) -> None:
-        """`RunRecord.set_summary()` under this engine's section."""
-        name = _value(source)
-        self.record.set_summary(name if self.engine == "train" else f"{name}.{self.engine}", values)
 
 
 def record_files(run_dir: str | os.PathLike) -> tuple[dict[int, Path], list[Path]]:
@@ -577,12 +231,13 @@ def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[li
             if not isinstance(row, dict):
                 raise ValueError(f"{p}:{i} is not a record row (a JSON object): got {type(row).__name__}")
             rows.append(row)
-        summaries[f"rank{r}"] = _load_summary(run_dir / f"summary.rank{r}.json")
+        summaries[f"rank{r}"] = load_summary(run_dir / f"summary.rank{r}.json")
     summary = next(iter(summaries.values())) if len(summaries) == 1 else summaries
     return rows, summary
 
 
-def _load_summary(path: Path) -> dict:
+def load_summary(path: Path) -> dict:
+    """A rank's ``summary.rank<R>.json``; empty, with a warning naming it, when missing or damaged."""
     if not path.is_file():
         return {}
     try:

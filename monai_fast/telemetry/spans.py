@@ -24,7 +24,7 @@ Who writes which category:
   derived by the doctor (`monai_fast.report.wall_clock`); they are not written as spans.
 
 Examples:
-    >>> from monai_fast.telemetry.record import RunRecord
+    >>> from monai_fast.telemetry.run_record import RunRecord
     >>> rec = RunRecord(None)
     >>> with rec.span("setup"):
     ...     data = list(range(10))  # build the data sets, fill caches, ...
@@ -146,7 +146,7 @@ class SpanWriter(ABC):
         """Record the wall-clock time of a ``with`` block as a span (also when the block raises).
 
         Examples:
-            >>> from monai_fast.telemetry.record import RunRecord
+            >>> from monai_fast.telemetry.run_record import RunRecord
             >>> rec = RunRecord(None)
             >>> with rec.span("cache_fill", items=32):
             ...     pass

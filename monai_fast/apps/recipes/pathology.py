@@ -75,7 +75,7 @@ from monai_fast.apps.recipes.pathology_augment import AugmentingPrepareBatch, ba
 from monai_fast.apps.recipes.pathology_config import SIZES, PathologyConfig, PathologySize
 from monai_fast.apps.sources.wsi_reader import WSIBackend, choose_wsi_backend
 from monai_fast.data.loaders import SafeThreadDataLoader
-from monai_fast.data.preflight import preflight_wsi
+from monai_fast.data.preflight_slides import preflight_wsi
 from monai_fast.handlers import AMPToggle, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
 from monai_fast.handlers.stop_signal import end_of_setup, stop_signals_caught

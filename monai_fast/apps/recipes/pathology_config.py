@@ -33,7 +33,7 @@ class PathologyConfig:
         prob: probability of the flip and of the rotation.
         seed: weights, shuffling and augmentation.
         preflight: check every slide and patch location before training
-            (`monai_fast.data.preflight.preflight_wsi()`); ``False`` skips the check.
+            (`monai_fast.data.preflight_slides.preflight_wsi()`); ``False`` skips the check.
     """
 
     patch_size: int = 64

@@ -69,7 +69,7 @@ class TiledTiffWSIReader(TiffFileWSIReader):
     A patch that reaches outside the level is a `ValueError` naming the slide, the location
     and the level's size, and a tile cut short by the end of the file one naming the slide and the
     tile: the patch is never zero-padded, so a wrong location or a truncated slide cannot train on
-    blank pixels unnoticed. `monai_fast.data.preflight.preflight_wsi()` finds both before training.
+    blank pixels unnoticed. `monai_fast.data.preflight_slides.preflight_wsi()` finds both before training.
 
     Examples:
         >>> reader = TiledTiffWSIReader(level=0)

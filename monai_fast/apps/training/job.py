@@ -185,7 +185,7 @@ def train_job(job: TrainJob) -> TrainOutcome:
     from ignite import distributed as idist
 
     from monai_fast.files import RunFolderLock
-    from monai_fast.telemetry.record import record_lock
+    from monai_fast.telemetry.run_record import record_lock
 
     lead = idist.get_rank() == 0
     config = job.config
