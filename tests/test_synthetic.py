@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from monai_fast.apps.sources.synthetic import generate_msd
-from monai_fast.data import synthetic
+from monai_fast.apps.sources import synthetic
 
 
 def _arrays(root, name):

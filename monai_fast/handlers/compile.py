@@ -12,6 +12,7 @@ Examples:
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -129,7 +130,7 @@ class CompileChoice(EngineHandler):
         if idist.get_rank() == 0:
             decision = list(self._decide(net, shape, dtype, remaining, device))
         if idist.get_world_size() > 1:  # one answer for every rank: DDP's ranks must run the same graphs
-            decision = [idist.broadcast(d, src=0, safe_mode=True) for d in decision]
+            decision = json.loads(idist.broadcast(json.dumps(decision), src=0, safe_mode=True))  # the evidence too
         compiled, reason, evidence = decision
         if compiled:
             try:
@@ -161,8 +162,8 @@ class CompileChoice(EngineHandler):
             return False, "eager kept: the batch has no image tensor to measure with", {}
         if self.mode is True:
             return True, "compiled as requested", {"fullgraph": False}
-        x = torch.randn(torch.Size([min(shape[0], 2), *shape[1:]]), device=device)
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's stream untouched
+            x = torch.randn(torch.Size([min(shape[0], 2), *shape[1:]]), device=device)
             eager = copy.deepcopy(net).to(device).train()
             eager_s = training_step_s(eager, x, dtype)  # warm-up: allocator, kernel choice
             eager_s = min(eager_s, training_step_s(eager, x, dtype))

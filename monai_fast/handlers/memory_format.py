@@ -21,6 +21,7 @@ Examples:
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import ignite.distributed as idist
@@ -139,5 +140,5 @@ def choose_memory_format(
             else:
                 decision = [measured.choice, f"{measured.reason} (batch {tuple(shape)})", measured.as_row()]
     if idist.get_world_size() > 1:
-        decision = [idist.broadcast(d, src=0, safe_mode=True) for d in decision]
+        decision = json.loads(idist.broadcast(json.dumps(decision), src=0, safe_mode=True))  # the evidence too
     return decision[0], decision[1], decision[2]
