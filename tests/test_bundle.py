@@ -11,21 +11,17 @@ MONAI's own ``ConfigWorkflow``, on synthetic NIfTI files; MONAI's own runner
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bundle_parts import ROOT, bundle_cli, copy_bundle, monai_runner, small
 
 from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.bundle import FRAGMENT, BundleError, bundle_config_files, parse_overrides, run_bundle, write_fragment
 from monai_fast.report.applied import applied_levers
 from monai_fast.telemetry.record import load_record
-
-ROOT = Path(__file__).resolve().parents[1]
-SEG3D = ROOT / "tests" / "bundles" / "seg3d"
 
 
 @pytest.fixture(scope="module")
@@ -35,23 +31,7 @@ def data(tmp_path_factory):
 
 @pytest.fixture
 def bundle(tmp_path):
-    dst = tmp_path / "seg3d"
-    shutil.copytree(SEG3D, dst)
-    return dst
-
-
-def small(data: Path) -> dict:
-    """What a 2-core CPU needs changed: data, epochs, device, patch and network size."""
-    return {
-        "dataset_dir": str(data),
-        "max_epochs": 1,
-        "num_val": 1,
-        "patch_size": [16, 16, 16],
-        "network_def#channels": [4, 8],
-        "network_def#strides": [2],
-        "network_def#num_res_units": 0,
-        "device": "$torch.device('cpu')",
-    }
+    return copy_bundle("seg3d", tmp_path)
 
 
 def _outputs(bundle: Path) -> dict:
@@ -88,25 +68,8 @@ def test_no_fast_runs_the_bundle_as_published_with_the_record(bundle, data):
 def test_the_fragment_makes_monais_own_runner_attach_fast_training(bundle, data):
     fragment = write_fragment(bundle / "configs" / "fast.json")
     assert json.loads(fragment.read_text()) == FRAGMENT
-    overrides = []
-    for key, value in {**small(data), "bundle_root": str(bundle)}.items():
-        overrides += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
-    cmd = [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run",
-        "--config_file",
-        str([str(bundle / "configs" / "train.json"), str(fragment)]),
-        "--meta_file",
-        str(bundle / "configs" / "metadata.json"),
-        "--logging_file",
-        str(bundle / "configs" / "logging.conf"),
-        *overrides,
-    ]
-    r = subprocess.run(
-        cmd, cwd=bundle, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
+    files = [bundle / "configs" / "train.json", fragment]
+    r = monai_runner(bundle, files, small(data), "--logging_file", str(bundle / "configs" / "logging.conf"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "FastTraining precision:" in r.stdout and "FastTraining data:" in r.stdout
     assert (r.stdout + r.stderr).count("FastTraining precision:") == 1  # printed, not also logged
@@ -120,9 +83,7 @@ def test_the_fragment_makes_monais_own_runner_attach_fast_training(bundle, data)
 def test_the_command_line_runs_a_bundle_and_prints_each_decision_once(bundle, data):
     """With the bundle's own ``logging.conf`` (which shows ``monai_fast``'s INFO lines on the console), each
     decision taken at attach is shown once: printed, not also logged."""
-    overrides = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in small(data).items()]
-    cmd = [sys.executable, "-m", "monai_fast", "bundle", "run", str(bundle), *overrides]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    r = bundle_cli(bundle, small(data))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "FastTraining precision:" in r.stdout and "run record:" in r.stdout and "verdict:" in r.stdout
     both = r.stdout + r.stderr
@@ -350,3 +311,47 @@ def test_the_command_prints_its_version():
 
     r = subprocess.run([sys.executable, "-m", "monai_fast", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip() == f"monai-fast {__version__}", r.stdout + r.stderr
+
+
+def test_the_fragments_attach_fast_is_the_one_attach_path_fast_or_published(tmp_path, capsys):
+    """``attach_fast`` (what MONAI's runner calls through the fragment, and ``bundle run`` too) on real MONAI engines:
+    with ``fast=False`` the bundle as published gets the same record and timers, in a ``published-`` folder of its
+    own, and no FastTraining; with ``fast=True`` FastTraining comes on top, its decisions printed once."""
+    import torch
+    from monai.engines import SupervisedEvaluator, SupervisedTrainer
+
+    from monai_fast.bundle import attach_fast
+    from monai_fast.handlers import FastTraining, InferenceSplit, RecordHandler, TimeBreakdown, TrainingAlgorithmTime
+    from monai_fast.handlers.lifecycle import handlers_on
+
+    def engines() -> tuple:
+        net = torch.nn.Conv2d(1, 2, 3, padding=1)
+        data = [{"image": torch.randn(1, 1, 8, 8), "label": torch.randint(0, 2, (1, 1, 8, 8))} for _ in range(2)]
+        evaluator = SupervisedEvaluator(device="cpu", val_data_loader=data, network=net)
+        trainer = SupervisedTrainer(
+            device="cpu",
+            max_epochs=1,
+            train_data_loader=data,
+            network=net,
+            optimizer=torch.optim.SGD(net.parameters(), 0.1),
+            loss_function=lambda pred, label: torch.nn.functional.cross_entropy(pred, label[:, 0].long()),
+        )
+        return trainer, evaluator
+
+    trainer, evaluator = engines()
+    assert attach_fast(trainer, evaluator, records_dir=tmp_path, fast=False) is None
+    (folder,) = tmp_path.iterdir()
+    assert folder.name.startswith("published-") and f"monai-fast run record: {folder}" in capsys.readouterr().out
+    assert {RecordHandler, TimeBreakdown, TrainingAlgorithmTime} <= set(handlers_on(trainer))
+    assert FastTraining not in handlers_on(trainer)
+    assert {RecordHandler, InferenceSplit} <= set(handlers_on(evaluator))
+    trainer.run()
+    rows, _ = load_record(folder)
+    assert any(r.get("kind") == "epoch" for r in rows) and not any(r.get("source") == "fast_training" for r in rows)
+
+    trainer, evaluator = engines()
+    fast = attach_fast(trainer, evaluator, records_dir=tmp_path / "fast", precision="fp32")
+    assert isinstance(fast, FastTraining) and handlers_on(trainer)[FastTraining] is fast
+    assert {RecordHandler, TimeBreakdown, TrainingAlgorithmTime} <= set(handlers_on(trainer))
+    assert InferenceSplit in handlers_on(evaluator)
+    assert capsys.readouterr().out.count("FastTraining precision:") == 1

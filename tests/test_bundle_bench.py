@@ -16,11 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from bundle_parts import ROOT, SEG3D
 
 from monai_fast.apps.sources.synthetic import generate_msd
 
-ROOT = Path(__file__).resolve().parents[1]
-SEG3D = ROOT / "tests" / "bundles" / "seg3d"
 TINY = ["patch_size=[16,16,16]", "network_def#channels=[4,8]", "network_def#strides=[2]", "network_def#num_res_units=0"]
 
 

@@ -19,49 +19,17 @@ advises nothing 3-D or sliding-window.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
+from bundle_parts import copy_bundle, small_cls2d, write_shapes
 
 from monai_fast.apps.sources.wsi import generate_wsi
 from monai_fast.bundle import run_bundle
 from monai_fast.telemetry.record import load_record
 
-ROOT = Path(__file__).resolve().parents[1]
-BUNDLES = ROOT / "tests" / "bundles"
-CLASSES = ("disc", "square", "stripes")
 #: what a verdict for a 2-D network without a sliding window must not advise
 THREE_D = ("channels_last_3d", "sliding-window", "sliding window", "sw_batch_size", "SlidingWindowInferer")
-
-
-def write_shapes(root: Path, per_class: int = 6, size: int = 48, seed: int = 0) -> Path:
-    """RGB PNG images of a disc, a square or stripes on noise, and ``datalist.json`` (the last 2 of each
-    class are validation), in the Medical Decathlon's datalist form."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[:size, :size]
-    lists: dict[str, list[dict]] = {"training": [], "validation": []}
-    (root / "images").mkdir(parents=True)
-    for label, kind in enumerate(CLASSES):
-        for i in range(per_class):
-            cy, cx = rng.uniform(0.35 * size, 0.65 * size, 2)
-            r = rng.uniform(0.15 * size, 0.3 * size)
-            if kind == "disc":
-                mask = (yy - cy) ** 2 + (xx - cx) ** 2 < r * r
-            elif kind == "square":
-                mask = (abs(yy - cy) < r) & (abs(xx - cx) < r)
-            else:
-                mask = ((yy // 4) % 2 == 0) & (abs(xx - cx) < 1.5 * r)
-            image = rng.normal(40, 10, (size, size, 3))
-            image[mask] += rng.uniform(120, 180, 3)
-            name = f"images/{kind}_{i:02d}.png"
-            Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(root / name)
-            lists["validation" if i >= per_class - 2 else "training"].append({"image": name, "label": label})
-    (root / "datalist.json").write_text(json.dumps(lists))
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -82,22 +50,6 @@ def slides(tmp_path_factory):
     )
 
 
-def small_cls2d(data: Path) -> dict:
-    """What a small CPU needs changed in the classification bundle: data, epochs, device, image and network size."""
-    return {
-        "dataset_dir": str(data),
-        "max_epochs": 2,
-        "image_size": [32, 32],
-        "device": "$torch.device('cpu')",
-        "network_def#init_features": 8,
-        "network_def#growth_rate": 8,
-        "network_def#block_config": [2, 2],
-        "train#dataloader#batch_size": 4,
-        "train#dataloader#num_workers": 0,
-        "validate#dataloader#num_workers": 0,
-    }
-
-
 def small_patho(data: Path) -> dict:
     """The same for the pathology bundle; the slides are read with monai-fast's tile-aware tifffile reader
     (the zoo's bundle names cuCIM, a GPU package)."""
@@ -113,12 +65,6 @@ def small_patho(data: Path) -> dict:
         "validate#dataloader#batch_size": 32,
         "validate#dataloader#num_workers": 0,
     }
-
-
-def _copy(name: str, tmp_path: Path) -> Path:
-    dst = tmp_path / name
-    shutil.copytree(BUNDLES / name, dst)
-    return dst
 
 
 def _check_2d_decisions(applied: dict) -> None:
@@ -145,7 +91,7 @@ def _trained(run_dir: Path, epochs: int) -> None:
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "as-published"])
 def test_a_2d_classification_bundle(tmp_path, shapes, fast):
-    bundle = _copy("cls2d", tmp_path)
+    bundle = copy_bundle("cls2d", tmp_path)
     result = run_bundle(bundle, overrides=small_cls2d(shapes), fast=fast, logging_file=False)
     assert result.run_dir.parent == bundle / "eval" / "monai_fast"
     assert result.run_dir.name.startswith("fast-" if fast else "published-")
@@ -166,7 +112,7 @@ def test_a_2d_classification_bundle(tmp_path, shapes, fast):
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "as-published"])
 def test_a_pathology_patch_bundle(tmp_path, slides, fast):
-    bundle = _copy("patho", tmp_path)
+    bundle = copy_bundle("patho", tmp_path)
     result = run_bundle(bundle, overrides=small_patho(slides), fast=fast, logging_file=False)
     assert result.run_dir.parent == bundle / "log" / "monai_fast"  # the zoo's pathology bundles write to log/
     _trained(result.run_dir, epochs=1)

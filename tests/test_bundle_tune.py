@@ -12,21 +12,19 @@ import shutil
 from pathlib import Path
 
 import pytest
+from bundle_parts import ROOT, copy_bundle
 
 from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.bundle import BundleError
 from monai_fast.bundle.pieces import ZOO_KEYS
 from monai_fast.bundle.tune import tune_bundle
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     base = tmp_path_factory.mktemp("tune-bundle")
     data = generate_msd(base / "data", num_cases=3, shape=(40, 40, 32), progress=False)
-    dst = base / "seg3d"
-    shutil.copytree(ROOT / "tests" / "bundles" / "seg3d", dst)
+    dst = copy_bundle("seg3d", base)
     overrides = {
         "dataset_dir": str(data),
         "num_val": 1,
@@ -268,8 +266,7 @@ def algo(tmp_path_factory):
     items = json.loads((data / "dataset.json").read_text())["training"]
     datalist = base / "datalist.json"
     datalist.write_text(json.dumps({"training": [{**item, "fold": i % 3} for i, item in enumerate(items)]}))
-    dst = base / "segresnet_0"
-    shutil.copytree(ROOT / "tests" / "bundles" / "auto3dseg_algo", dst)
+    dst = copy_bundle("auto3dseg_algo", base).rename(base / "segresnet_0")  # the name Auto3DSeg gives it
     return dst, {"data_list_file_path": str(datalist), "data_file_base_dir": str(data)}
 
 

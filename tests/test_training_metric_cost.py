@@ -160,7 +160,7 @@ def test_a_bundles_training_accuracy_is_timed_in_its_record(tmp_path):
     data = generate_msd(tmp_path / "data", num_cases=3, shape=(32, 32, 24), progress=False)
     bundle = tmp_path / "seg3d"
     shutil.copytree(ROOT / "tests" / "bundles" / "seg3d", bundle)
-    from test_bundle import small  # the seg3d bundle's sizes for a small CPU, one home
+    from bundle_parts import small  # the seg3d bundle's sizes for a small CPU, one home
 
     result = run_bundle(bundle, overrides=small(data), logging_file=False, doctor=False)
     rows, _ = load_record(result.run_dir)

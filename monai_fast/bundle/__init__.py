@@ -7,8 +7,9 @@
   ``python -m monai.bundle run --config_file "['configs/train.json','configs/fast.json']"``.
 """
 
+from monai_fast.bundle.checks import BundleError, bundle_config_files, parse_overrides
 from monai_fast.bundle.fragment import FRAGMENT, attach_fast, write_fragment
-from monai_fast.bundle.run import BundleError, BundleResult, bundle_config_files, parse_overrides, run_bundle
+from monai_fast.bundle.run import BundleResult, run_bundle
 
 __all__ = [
     "FRAGMENT",

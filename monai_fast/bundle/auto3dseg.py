@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
+from monai_fast.bundle.checks import TRAIN_CONFIG_NAMES, BundleError, require_yaml_reader
 from monai_fast.bundle.pieces import TunerPieces, first_entry, optimizer_factory, size3
-from monai_fast.bundle.run import TRAIN_CONFIG_NAMES, BundleError, require_yaml_reader
 from monai_fast.telemetry.cuda import cuda_available
 
 __all__ = [

@@ -22,15 +22,18 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from monai_fast.bundle.records import FAST, PUBLISHED, new_run_folder, refuse_foreign_record
 from monai_fast.files import write_text
 
-__all__ = ["FRAGMENT", "attach_fast", "decision_lines", "printed_decisions", "write_fragment"]
+__all__ = ["ATTACH_CALL", "FRAGMENT", "attach_fast", "decision_lines", "printed_decisions", "write_fragment"]
 
 logger = logging.getLogger("monai_fast.bundle")
+
+ATTACH_CALL = "attach_fast("  #: what the fragment's ``initialize`` entry calls
 
 #: the fragment: record (a folder per run under ``eval/monai_fast``) and FastTraining on ``train#trainer`` /
 #: ``validate#evaluator``, atomic checkpoint writes for every ``CheckpointSaver`` in ``train#handlers`` and
@@ -53,50 +56,71 @@ def attach_fast(
     records_dir: str | os.PathLike | None = None,
     run_dir: str | os.PathLike | None = None,
     resume: bool = False,
+    fast: bool = True,
+    announce: bool = True,
     **options: Any,
 ) -> Any:
-    """Attach a run record and a ``TimeBreakdown`` and ``FastTraining`` to a bundle's engines.
+    """Attach a run record, the doctor's timers and ``FastTraining`` to a bundle's engines.
 
-    Each run gets a record folder of its own, ``<records_dir>/fast-<YYYYmmdd-HHMMSS>``, so a run of
-    the bundle as published next to it (``monai-fast bundle run --no-fast``) or a later run never
-    shares its record. Each decision taken as it attaches is printed, once (kept out of the log
-    meanwhile), so it is seen whatever logging set-up the bundle brings.
+    The one attach path for bundles: MONAI's runner calls it through the fragment, and
+    ``monai-fast bundle run`` calls it between the config's ``initialize`` and ``run``. Attached:
+    the record (a folder of this run's own, ``<records_dir>/<fast|published>-<YYYYmmdd-HHMMSS>``, so
+    a run of the bundle as published next to it never shares its record), a ``TimeBreakdown`` and a
+    ``TrainingAlgorithmTime`` on the trainer, an ``InferenceSplit`` on an evaluator with a network
+    (the doctor's evidence for or against sliding-window advice), then ``FastTraining`` unless
+    ``fast=False``.
 
     Args:
         trainer: the bundle's ``SupervisedTrainer``.
         evaluator: its ``SupervisedEvaluator``, or ``None``.
         records_dir: the folder that holds the bundle's run records; this run's folder is made in it.
         run_dir: this run's record folder itself, instead; one that holds another run's record is
-            refused unless ``resume``.
+            refused unless ``resume``. Neither given: no record.
         resume: continue the record in ``run_dir`` (a run resumed from its checkpoint).
+        fast: attach ``FastTraining``; ``False`` records the bundle as published.
+        announce: print the record folder and each decision taken as it attaches, once (kept out of
+            the log meanwhile), so they are seen whatever logging set-up the bundle brings.
         options: keyword arguments for ``FastTraining``.
 
     Returns:
-        The attached ``FastTraining``.
+        The attached ``FastTraining``, ``None`` with ``fast=False``.
 
     Raises:
         monai_fast.bundle.BundleError: ``run_dir`` holds another run's record and ``resume`` is not set.
+
+    Examples:
+        >>> fast = attach_fast(trainer, evaluator, records_dir="eval/monai_fast")  # doctest: +SKIP
+        >>> fast.applied["precision"]["setting"]  # doctest: +SKIP
+        'bf16'
     """
-    from monai_fast.bundle.run import FAST, new_run_folder, refuse_foreign_record
-    from monai_fast.handlers import FastTraining, RecordHandler, TimeBreakdown
+    import torch
+
+    from monai_fast.handlers import FastTraining, InferenceSplit, RecordHandler, TimeBreakdown, TrainingAlgorithmTime
 
     if run_dir is not None:
         refuse_foreign_record(run_dir, resume)
     elif records_dir is not None:
-        run_dir = new_run_folder(records_dir, FAST)
+        run_dir = new_run_folder(records_dir, FAST if fast else PUBLISHED)
     if run_dir is not None:
         record = RecordHandler(run_dir)
         record.attach(trainer)
         if evaluator is not None:
             record.attach(evaluator)
-        TimeBreakdown().attach(trainer)
-        print(f"monai-fast run record: {run_dir}", flush=True)
-    fast = FastTraining(**options)
-    with printed_decisions():
-        fast.attach(trainer, evaluator)
-    for line in decision_lines(fast.applied):
-        print(line, flush=True)
-    return fast
+        if announce:
+            print(f"monai-fast run record: {run_dir}", flush=True)
+    if evaluator is not None and isinstance(getattr(evaluator, "network", None), torch.nn.Module):
+        InferenceSplit().attach(evaluator)
+    TimeBreakdown().attach(trainer)  # data wait against compute: what the doctor reads
+    TrainingAlgorithmTime().attach(trainer)  # the bundle's post-processing and metrics, timed also with fast=False
+    if not fast:
+        return None
+    handler = FastTraining(**options)
+    with printed_decisions() if announce else nullcontext():
+        handler.attach(trainer, evaluator)
+    if announce:
+        for line in decision_lines(handler.applied):
+            print(line, flush=True)
+    return handler
 
 
 class _DecisionLines(logging.Filter):

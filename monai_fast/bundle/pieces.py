@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from monai_fast.bundle.run import BundleError
+from monai_fast.bundle.checks import BundleError
 
 __all__ = ["ZOO_KEYS", "TunerPieces", "first_entry", "optimizer_factory", "read_config", "size3", "zoo_pieces"]
 

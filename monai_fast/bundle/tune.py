@@ -65,14 +65,14 @@ from monai_fast.bundle.auto3dseg import (
     is_auto3dseg_algorithm,
     reads_as_auto3dseg,
 )
-from monai_fast.bundle.pieces import ZOO_KEYS, TunerPieces, read_config, zoo_pieces
-from monai_fast.bundle.run import (
+from monai_fast.bundle.checks import (
     TRAIN_CONFIG_NAMES,
     BundleError,
     bundle_config_files,
     check_config_files,
     check_overrides,
 )
+from monai_fast.bundle.pieces import ZOO_KEYS, TunerPieces, read_config, zoo_pieces
 from monai_fast.files import write_json
 from monai_fast.telemetry.precision import REQUESTS, choose_precision
 

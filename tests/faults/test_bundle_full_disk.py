@@ -9,21 +9,16 @@ at the first validation.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_bundle_kinds import BUNDLES, small_cls2d, write_shapes
+from bundle_parts import bundle_cli, copy_bundle, monai_runner, small_cls2d, write_shapes
 
 from monai_fast.bundle import write_fragment
 from monai_fast.files import free_bytes
 
-ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS = {"model": {"weight": torch.arange(64, dtype=torch.float32)}}  #: what an earlier run left as model.pt
 
 
@@ -42,12 +37,6 @@ def full_ckpt_dir(tmpfs) -> Path:
     return folder
 
 
-def _bundle(tmp_path: Path) -> Path:
-    dst = tmp_path / "cls2d"
-    shutil.copytree(BUNDLES / "cls2d", dst)
-    return dst
-
-
 def _overrides(shapes: Path, ckpt_dir: Path) -> dict:
     return {**small_cls2d(shapes), "max_epochs": 1, "ckpt_dir": str(ckpt_dir)}
 
@@ -61,15 +50,8 @@ def _previous_kept(ckpt_dir: Path) -> None:
 def test_bundle_run_on_a_full_disk_keeps_the_previous_model_and_names_the_full_disk_in_one_line(
     tmp_path, shapes, full_ckpt_dir
 ):
-    bundle = _bundle(tmp_path)
-    tokens = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in _overrides(shapes, full_ckpt_dir).items()]
-    r = subprocess.run(
-        [sys.executable, "-m", "monai_fast", "bundle", "run", str(bundle), "--no-logging-file", *tokens],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
+    bundle = copy_bundle("cls2d", tmp_path)
+    r = bundle_cli(bundle, _overrides(shapes, full_ckpt_dir), "--no-logging-file")
     assert r.returncode != 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
@@ -80,25 +62,9 @@ def test_bundle_run_on_a_full_disk_keeps_the_previous_model_and_names_the_full_d
 def test_the_fragment_under_monais_runner_on_a_full_disk_keeps_the_previous_model_and_says_so(
     tmp_path, shapes, full_ckpt_dir
 ):
-    bundle = _bundle(tmp_path)
+    bundle = copy_bundle("cls2d", tmp_path)
     fragment = write_fragment(bundle / "configs" / "fast.json")
-    overrides: list[str] = []
-    for key, value in {**_overrides(shapes, full_ckpt_dir), "bundle_root": str(bundle)}.items():
-        overrides += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
-    cmd = [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run",
-        "--config_file",
-        str([str(bundle / "configs" / "train.json"), str(fragment)]),
-        "--meta_file",
-        str(bundle / "configs" / "metadata.json"),
-        *overrides,
-    ]
-    r = subprocess.run(
-        cmd, cwd=bundle, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
+    r = monai_runner(bundle, [bundle / "configs" / "train.json", fragment], _overrides(shapes, full_ckpt_dir))
     assert r.returncode != 0, r.stdout[-3000:] + r.stderr[-3000:]
     # MONAI's runner prints the traceback (its last error wraps the expression that failed); the cause is one line
     full = [line for line in r.stderr.splitlines() if line.startswith("monai_fast.files.NoSpaceError: ")]

@@ -1,0 +1,307 @@
+"""A bundle's files, config ids and overrides checked before anything runs, each refusal one line naming its fault.
+
+The config files are read and merged as MONAI reads them (``ConfigParser.load_config_file(s)``), and ids
+are looked up as MONAI looks them up, so what passes here is what MONAI's workflow then builds.
+
+Examples:
+    >>> from monai_fast.bundle.checks import parse_overrides
+    >>> parse_overrides(["--train#trainer#max_epochs", "2"])
+    {'train#trainer#max_epochs': 2}
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "TRAIN_CONFIG_NAMES",
+    "BundleError",
+    "bundle_config_files",
+    "check_component_packages",
+    "check_config_files",
+    "check_engine",
+    "check_expressions",
+    "check_overrides",
+    "config_ids",
+    "parse_overrides",
+    "require_yaml_reader",
+]
+
+TRAIN_CONFIG_NAMES = ("train.json", "train.yaml", "train.yml")  #: the train config a bundle folder is read from
+META = "_meta_"  #: the id MONAI's workflow puts the meta file under
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be run as asked: the message names the file, folder or config id at fault."""
+
+
+def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
+    """Overrides as ``monai.bundle`` takes them: ``--id value``, ``--id=value`` or ``id=value``.
+
+    Values are read as JSON, then as a Python literal, else kept as text (``%file#key`` macros and
+    ``$`` expressions stay text for the config parser to resolve).
+    MONAI's runner reads these tokens through python-fire, with no public parser in ``monai.bundle``: they
+    are read here, then merged into the config by MONAI's own ``ConfigWorkflow``.
+
+    Raises:
+        BundleError: a token that is neither form, or an option without a value, named.
+
+    Examples:
+        >>> parse_overrides(["--train#trainer#max_epochs", "2", "device=$torch.device('cpu')"])
+        {'train#trainer#max_epochs': 2, 'device': "$torch.device('cpu')"}
+    """
+    out: dict[str, Any] = {}
+    i = 0
+    tokens = list(tokens)
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--"):
+            key = tok[2:]
+            if "=" in key:
+                key, value = key.split("=", 1)
+            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                value = tokens[i + 1]
+                i += 1
+            else:
+                raise BundleError(f"override {tok} has no value (write {tok} VALUE or {tok}=VALUE)")
+        elif "=" in tok and not tok.startswith("="):
+            key, value = tok.split("=", 1)
+        else:
+            raise BundleError(f"cannot read override {tok!r}: write id=value or --id value")
+        if not key:
+            raise BundleError(f"override {tok!r} names no config id")
+        out[key] = _value(value)
+        i += 1
+    return out
+
+
+def _value(text: str) -> Any:
+    if text.startswith(("$", "%", "@")):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Sequence[str] | None = None) -> list[Path]:
+    """The config files to merge, each checked to exist.
+
+    ``config_files`` may be a list, or a string as ``monai.bundle`` takes it (one path, or
+    ``"['configs/train.json','fast.json']"``). A relative path is found in the working directory
+    first, then in the bundle folder. Without it: ``configs/train.json`` (or ``.yaml``).
+    MONAI's ``ConfigParser.load_config_files`` merges the list later; it looks in neither folder and names a
+    missing file only once parsing has started, so the paths are found and checked here.
+
+    Raises:
+        BundleError: the bundle folder or a config file is missing, named.
+        MissingExtraError: a YAML config without pyyaml installed (the ``bundle`` extra), named.
+    """
+    root = Path(bundle_dir)
+    if not root.is_dir():
+        raise BundleError(f"bundle folder {root} " + ("is a file, not a folder" if root.exists() else "does not exist"))
+    if config_files is None:
+        for name in TRAIN_CONFIG_NAMES:
+            if (root / "configs" / name).is_file():
+                require_yaml_reader([root / "configs" / name])
+                return [root / "configs" / name]
+        raise BundleError(f"{root / 'configs'} has no train.json or train.yaml; name the config with --config_file")
+    if isinstance(config_files, str):
+        text = config_files.strip()
+        if text.startswith("["):
+            try:
+                config_files = [str(x) for x in ast.literal_eval(text)]
+            except (ValueError, SyntaxError) as err:
+                raise BundleError(f"--config_file {text!r} is not a list of paths") from err
+        else:
+            config_files = [text]
+    found = []
+    for name in config_files:
+        path = Path(name)
+        candidates = [path] if path.is_absolute() else [Path.cwd() / path, root / path]
+        hit = next((c for c in candidates if c.is_file()), None)
+        if hit is None:
+            where = ", ".join(str(c.parent) for c in candidates)
+            raise BundleError(f"config file {name} not found (looked in {where})")
+        found.append(hit.resolve())
+    require_yaml_reader(found)
+    return found
+
+
+def require_yaml_reader(files: Sequence[Path]) -> None:
+    """Check that the YAML files among ``files`` can be read, before any is.
+
+    MONAI reads YAML configs through pyyaml, which the ``bundle`` extra installs; without it MONAI
+    fails deep in the parse with a traceback.
+
+    Raises:
+        MissingExtraError: naming the first YAML file and the extra to install.
+    """
+    from monai_fast.extras import require
+
+    for f in files:
+        if Path(f).suffix in (".yaml", ".yml"):
+            require("yaml", extra="bundle", feature=f"reading the YAML config {f}")
+            return
+
+
+def check_config_files(files: Sequence[str | os.PathLike]) -> None:
+    """Read each config file as MONAI does (``ConfigParser.load_config_file``) and name the first that is not valid.
+
+    Raises:
+        BundleError: a JSON or YAML syntax error (file, line, column), a repeated key or an unreadable file.
+    """
+    from monai.bundle import ConfigParser
+
+    try:
+        import yaml
+
+        yaml_error: type[Exception] | tuple[()] = yaml.YAMLError
+    except ImportError:  # without pyyaml (the bundle extra) MONAI reads JSON configs only
+        yaml_error = ()
+    for path in files:
+        try:
+            ConfigParser.load_config_file(path)
+        except json.JSONDecodeError as err:
+            raise BundleError(f"{path}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from None
+        except yaml_error as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise BundleError(f"{where}: not valid YAML: {problem}") from None
+        except (OSError, ValueError, UnicodeDecodeError) as err:  # MONAI's duplicate-key check raises ValueError
+            raise BundleError(f"{path}: {err}") from None
+
+
+def _expressions(config: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """Every ``$`` expression of a config, with its id."""
+    if isinstance(config, str):
+        if config.startswith("$"):
+            yield prefix, config[1:]
+        return
+    items = config.items() if isinstance(config, Mapping) else enumerate(config) if isinstance(config, list) else ()
+    for key, value in items:
+        yield from _expressions(value, f"{prefix}#{key}" if prefix else str(key))
+
+
+def check_expressions(files: Sequence[str | os.PathLike], overrides: Mapping[str, Any] | None = None) -> None:
+    """Refuse, before anything runs, a ``$`` expression of the merged config or of an override that is not
+    valid Python.
+
+    MONAI evaluates each expression only when it is reached (a ``run`` section's typo after the whole
+    set-up); its references (``@train#trainer``) read as names here, as MONAI replaces them with one.
+
+    Raises:
+        BundleError: the id of the expression, where it is written and Python's reason.
+    """
+    from monai.bundle import ConfigParser, ReferenceResolver
+
+    where = f"the config ({', '.join(Path(f).name for f in files)})"
+    sources = [(where, _expressions(ConfigParser.load_config_files([str(f) for f in files])))]
+    sources += [("the override", _expressions(value, key)) for key, value in (overrides or {}).items()]
+    for source, expressions in sources:
+        for cid, text in expressions:
+            code = ReferenceResolver.id_matcher.sub("_ref", ReferenceResolver.normalize_id(text))
+            try:
+                ast.parse(code)
+            except SyntaxError as err:
+                raise BundleError(f"{source} at {cid}: ${text} is not valid Python: {err.msg}") from None
+
+
+def config_ids(config: Any, prefix: str = "") -> Iterator[str]:
+    """Every id of a config, in MONAI's ``a#b#0`` form."""
+    if isinstance(config, Mapping):
+        items: Any = config.items()
+    elif isinstance(config, list):
+        items = enumerate(config)
+    else:
+        return
+    for key, value in items:
+        cid = f"{prefix}#{key}" if prefix else str(key)
+        yield cid
+        yield from config_ids(value, cid)
+
+
+#: MONAI components of the Model Zoo's configs that need a package of an extra: (name part, module, extra)
+_COMPONENT_PACKAGES = (("TensorBoard", "tensorboard", "bundle"),)
+
+
+def check_component_packages(parser: Any) -> None:
+    """Refuse, before anything is built, a config whose components need a package that is not installed.
+
+    MONAI builds a ``TensorBoardStatsHandler`` only once the engines are made, after the data sets
+    may have cached for minutes, and then fails with a traceback that names neither the package nor
+    how to install it.
+
+    Raises:
+        MissingExtraError: naming the component, its config id and the extra that installs the package.
+    """
+    from monai_fast.extras import MissingExtraError, available
+
+    config = parser.get()
+    for cid in config_ids(config):
+        value = parser.get(cid)
+        target = value.get("_target_") if isinstance(value, Mapping) else None
+        if not isinstance(target, str):
+            continue
+        for part, module, extra in _COMPONENT_PACKAGES:
+            if part in target and not available(module):
+                raise MissingExtraError(module, extra, f"the config's {target.rsplit('.', 1)[-1]} ({cid})")
+
+
+def check_overrides(
+    files: Sequence[str | os.PathLike], keys: Sequence[str], new_keys: Sequence[str] = (), exempt: Sequence[str] = ()
+) -> None:
+    """Refuse an override of an id the merged config files do not have, unless it is declared new.
+
+    The files are merged as MONAI merges them (``ConfigParser.load_config_files``) and each id is looked
+    up as MONAI looks it up (``id in parser``), so ``train#trainer#max_epochs`` and ``train::trainer::max_epochs``
+    both name the same one. An id a user means to add is named in ``new_keys`` (``--new-key``). A new argument
+    of a component (``network_def#init_features`` where ``network_def`` has a ``_target_``) passes: the
+    component's constructor refuses a name it does not take, so it cannot be ignored.
+
+    Raises:
+        BundleError: the first unknown id, with the nearest ids the config has.
+    """
+    from monai.bundle import ConfigParser, ReferenceResolver
+
+    parser = ConfigParser(ConfigParser.load_config_files([str(f) for f in files]))
+    declared = {ReferenceResolver.normalize_id(k) for k in new_keys}
+    for key in keys:
+        if key in exempt or key.startswith(META) or ReferenceResolver.normalize_id(key) in declared or key in parser:
+            continue  # the metadata (``_meta_#...``) is merged by the workflow, from the meta file
+        parent = ReferenceResolver.split_id(key, last=True)[0] if len(ReferenceResolver.split_id(key)) > 1 else ""
+        component = parser.get(parent) if parent and parent in parser else None
+        if isinstance(component, Mapping) and "_target_" in component:
+            continue  # an argument of a component: its constructor refuses a name it does not take
+        known = [i.replace("::", "#") for i in config_ids(parser.get())]
+        near = difflib.get_close_matches(key.replace("::", "#"), known, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        raise BundleError(
+            f"override {key!r}: the config ({', '.join(Path(f).name for f in files)}) has no such id{hint} "
+            f"(to add it, pass --new-key {key})"
+        )
+
+
+def check_engine(engine: Any, cid: str | None, option: str) -> None:
+    """Refuse, before anything is attached, an id that names something else than an ignite engine.
+
+    Raises:
+        BundleError: naming the id, what it builds and the option that names the engine.
+    """
+    from ignite.engine import Engine
+
+    if not isinstance(engine, Engine):
+        raise BundleError(
+            f"the config's {cid!r} builds a {type(engine).__name__}, not an engine: name the engine's id with {option}"
+        )
