@@ -50,7 +50,7 @@ def _worker(
     from monai.optimizers import Novograd
 
     from monai_fast.apps.recipes import RecipeConfig
-    from monai_fast.apps.recipes.common import build_network
+    from monai_fast.apps.recipes.parts import build_network
     from monai_fast.distributed import detect
     from monai_fast.distributed.comm import allreduce_seconds
     from monai_fast.distributed.model import distribute

@@ -36,7 +36,7 @@ from monai_fast.apps.inference.backends import precision_of
 from monai_fast.apps.inference.compare import MIN_DICE
 from monai_fast.apps.inference.run import inference_transforms
 from monai_fast.apps.recipes import RecipeConfig, build_recipe
-from monai_fast.apps.recipes.common import build_network
+from monai_fast.apps.recipes.parts import build_network
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import synthetic_dataset
 from monai_fast.files import write_json

@@ -55,8 +55,7 @@ import torch
 from ignite.engine import Events
 from time_to_dice import recipe_sizes  # benchmarks/, the same command-line sizes
 
-from monai_fast.apps.recipes import RecipeConfig, build_recipe
-from monai_fast.apps.recipes.common import VAL_METRIC
+from monai_fast.apps.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import synthetic_dataset
 from monai_fast.files import write_json

@@ -36,9 +36,8 @@ import torch
 from monai.losses import DiceCELoss
 
 from monai_fast.apps.demo.runner import run_to_target
-from monai_fast.apps.recipes import RecipeConfig
-from monai_fast.apps.recipes.common import build_network, build_optimizer
-from monai_fast.apps.recipes.fast import DEFAULTS as FAST_DEFAULTS
+from monai_fast.apps.recipes import REGISTRY, RecipeConfig
+from monai_fast.apps.recipes.parts import build_network, build_optimizer
 from monai_fast.apps.recipes.tuning import default_space, tune_recipe, typical_val_shape
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import synthetic_dataset
@@ -99,7 +98,7 @@ def head_to_head(
 
     Returns per-candidate lists (one reading per round): ``{batch: [...]}`` and ``{(device, sw): [...]}``.
     """
-    config = config.with_defaults(**FAST_DEFAULTS)
+    config = config.with_defaults(**REGISTRY["fast"].defaults)
     net = build_network(config, device)
     opt = build_optimizer(config, net.parameters())
     loss = DiceCELoss(to_onehot_y=True, softmax=True, squared_pred=True, batch=True)

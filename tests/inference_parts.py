@@ -10,7 +10,7 @@ from monai.inferers import SlidingWindowInferer
 from monai_fast.apps.inference import save_checkpoint
 from monai_fast.apps.inference.run import inference_transforms
 from monai_fast.apps.recipes import RecipeConfig
-from monai_fast.apps.recipes.common import build_network
+from monai_fast.apps.recipes.parts import build_network
 
 CONFIG = RecipeConfig(patch_size=(16, 16, 16), channels=(4, 8, 16), strides=(2, 2), num_res_units=1, sw_batch_size=2)
 

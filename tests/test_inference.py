@@ -25,7 +25,7 @@ from monai_fast.apps.inference import (
     missing,
 )
 from monai_fast.apps.inference.backends import precision_of
-from monai_fast.apps.recipes.common import build_network
+from monai_fast.apps.recipes.parts import build_network
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.handlers import RecordHandler
 from monai_fast.report.doctor import doctor

@@ -198,7 +198,7 @@ def test_lab_notebook_measures_its_table_and_reads_back_its_tensorboard_scalars_
 
 
 def test_auto_size_is_decided_from_the_device_in_one_place():
-    from monai_fast.apps.recipes.tutorial_sizes import tutorial_size
+    from monai_fast.apps.recipes.config import tutorial_size
 
     assert tutorial_size("auto", "cpu") == "test" and tutorial_size("auto", "cuda") == "full"
     assert tutorial_size("full", "cpu") == "full" and tutorial_size("test", "cuda") == "test"

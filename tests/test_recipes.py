@@ -43,7 +43,7 @@ def test_cached_recipes_follow_monai_fast_training_guide(name, tiny_files, tiny_
     assert isinstance(r.train_loader, ThreadDataLoader) and r.train_loader.num_workers == 0
     assert isinstance(r.train_loader.dataset, CacheDataset)
     assert isinstance(r.loss_function, DiceCELoss)
-    if name == "monai_tutorial":  # the guide's optimizer; fast measured AdamW better (recipes/fast.py)
+    if name == "monai_tutorial":  # the guide's optimizer; fast measured AdamW better (docs/recipes.md)
         assert isinstance(r.optimizer, Novograd) and r.optimizer.param_groups[0]["lr"] == pytest.approx(2e-3)
     else:
         assert isinstance(r.optimizer, torch.optim.AdamW) and r.optimizer.param_groups[0]["lr"] == pytest.approx(3e-3)
@@ -193,15 +193,38 @@ def test_cache_options_are_checked(kwargs, match):
         RecipeConfig(**kwargs)
 
 
-def test_every_registered_recipe_has_one_builder_signature_and_parts():
+def test_every_recipe_is_data_built_by_the_one_builder():
+    import importlib
     import inspect
+    import pkgutil
 
-    from monai_fast.apps.recipes import REGISTRY
+    import monai_fast.apps.recipes as recipes
+    from monai_fast.apps.recipes import REGISTRY, RecipeSpec
 
     assert RECIPES == tuple(REGISTRY) == ("baseline", "monai_tutorial", "fast")
-    signatures = {str(inspect.signature(entry.build)) for entry in REGISTRY.values()}
-    assert len(signatures) == 1, signatures
-    assert all(list(inspect.signature(e.parts).parameters) == ["config", "device"] for e in REGISTRY.values())
+    assert all(type(spec) is RecipeSpec for spec in REGISTRY.values())
+    # no recipe has a builder or parts function of its own: one of each serves the whole registry
+    makers = {
+        (inspect.signature(fn).return_annotation, name)
+        for module in pkgutil.iter_modules(recipes.__path__, "monai_fast.apps.recipes.")
+        if "pathology" not in module.name  # whole-slide classification stands outside the registry
+        for name, fn in inspect.getmembers(importlib.import_module(module.name), inspect.isfunction)
+        if fn.__module__ == module.name and not name.startswith("_")
+    } | {(inspect.signature(fn).return_annotation, n) for n, fn in inspect.getmembers(recipes, inspect.isfunction)}
+    assert {name for kind, name in makers if kind == "Recipe"} == {"build_recipe", "compose"}
+    assert {name for kind, name in makers if kind == "RecipeParts"} == {"recipe_parts"}
+
+
+@pytest.mark.parametrize("call", ["build_recipe", "recipe_parts"])
+def test_an_unknown_recipe_is_named_before_any_work(call, tmp_path):
+    import monai_fast.apps.recipes as recipes
+
+    missing = [{"image": str(tmp_path / "absent.nii.gz"), "label": str(tmp_path / "absent_seg.nii.gz")}]
+    args = ("fastest", missing, missing) if call == "build_recipe" else ("fastest",)
+    with pytest.raises(
+        ValueError, match=r"unknown recipe 'fastest'; choose one of \('baseline', 'monai_tutorial', 'fast'\)"
+    ):
+        getattr(recipes, call)(*args)
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -16,7 +16,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from monai_fast.apps.recipes import VAL_METRIC, RecipeConfig, build_recipe, recipe_parts
-from monai_fast.apps.recipes.common import build_network
+from monai_fast.apps.recipes.parts import build_network
 from monai_fast.tune.result import model_signature
 
 LAB = Path(__file__).resolve().parents[1] / "tutorials" / "segresnet_lab.py"

@@ -63,7 +63,7 @@ def test_cli_precision():
 def test_recipe_config_cache_threads():
     assert RecipeConfig(cache_threads=2).cache_thread_count == 2
     assert RecipeConfig().cache_thread_count >= 1
-    from monai_fast.apps.recipes.fast import fast_training
+    from monai_fast.apps.recipes.assembly import fast_training
 
     ft = fast_training(recipe_parts("fast", RecipeConfig(precision="fp32", cache_threads=2)))
     assert ft.cache_threads == 2

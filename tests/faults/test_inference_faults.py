@@ -19,7 +19,7 @@ from monai.losses import DiceLoss
 from monai_fast.apps.cli import main
 from monai_fast.apps.inference import BackendUnavailable, CheckpointError, infer
 from monai_fast.apps.recipes import RecipeConfig
-from monai_fast.apps.recipes.common import build_network
+from monai_fast.apps.recipes.parts import build_network
 from monai_fast.data.preflight import PreflightError
 
 

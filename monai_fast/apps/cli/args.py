@@ -112,7 +112,7 @@ def add_validation_options(g: argparse._ActionsContainer) -> None:
     The defaults shown come from `RecipeConfig` and the ``fast`` recipe's
     defaults, so the help says what a run does when neither option is given.
     """
-    from monai_fast.apps.recipes.fast import DEFAULTS as FAST_DEFAULTS
+    from monai_fast.apps.recipes import REGISTRY
 
     cfg = RecipeConfig()
     g.add_argument(
@@ -121,7 +121,7 @@ def add_validation_options(g: argparse._ActionsContainer) -> None:
         help="when the full validation runs: every --val-interval epochs, or on a schedule: a Dice estimate "
         f"on {cfg.val_subset} validation cases after every epoch, the full validation every "
         f"{cfg.val_every} epochs while the estimate is far below the target, every epoch once near "
-        f"it, and at the last epoch (default: the recipe's; fast: {FAST_DEFAULTS['validation']}, "
+        f"it, and at the last epoch (default: the recipe's; fast: {REGISTRY['fast'].defaults['validation']}, "
         "the others: every_epoch)",
     )
     g.add_argument(

@@ -20,7 +20,7 @@ raised before any volume is read.
 Examples:
     >>> import tempfile, torch
     >>> from monai_fast.apps.recipes import RecipeConfig
-    >>> from monai_fast.apps.recipes.common import build_network
+    >>> from monai_fast.apps.recipes.parts import build_network
     >>> config = RecipeConfig(channels=(4, 8), strides=(2,), patch_size=(16, 16, 16))
     >>> path = save_checkpoint(tempfile.mkdtemp() + "/model.pt", build_network(config, torch.device("cpu")), config)
     >>> net, loaded = load_checkpoint(path)
@@ -45,8 +45,8 @@ import torch
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from monai_fast.apps.inference.chain import ChainError, check_chain, recipe_chain
-from monai_fast.apps.recipes.common import build_network
 from monai_fast.apps.recipes.config import RecipeConfig
+from monai_fast.apps.recipes.parts import build_network
 from monai_fast.files import atomic_write
 
 __all__ = [

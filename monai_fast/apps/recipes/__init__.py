@@ -1,9 +1,10 @@
 """Recipes: complete MONAI trainer + evaluator set-ups built from file lists and a few options.
 
-A recipe is registered under its name with two functions of one signature each: its parts
-(``(config, device) -> RecipeParts``: network, loss, optimizer, transform chains, precision,
-memory format; what the tuner times) and its builder (``(train_files, val_files, config,
-device, progress) -> Recipe``), which composes those parts with a data piece.
+A recipe is data: a `RecipeSpec` in `REGISTRY` saying which defaults, loss, caching, layout and
+precision it takes. `recipe_parts()` turns one into its `RecipeParts` (network, loss, optimizer,
+transform chains, precision, memory format: what the tuner times) and `build_recipe()`, the one
+builder, composes those parts with their data into a `Recipe`. The recipes themselves are
+described in ``docs/recipes.md``.
 
 Examples:
     >>> from monai_fast.apps.recipes import RecipeConfig, build_recipe
@@ -13,19 +14,27 @@ Examples:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
-from typing import NamedTuple
 
 import torch
 
-from monai_fast.apps.recipes.baseline import baseline_parts, build_baseline
-from monai_fast.apps.recipes.common import VAL_METRIC, Recipe
+from monai_fast.apps.recipes.assembly import VAL_METRIC, Recipe, compose, fast_training, seed_everything
 from monai_fast.apps.recipes.config import RecipeConfig
-from monai_fast.apps.recipes.fast import build_fast, fast_parts
-from monai_fast.apps.recipes.monai_tutorial import build_monai_tutorial, monai_tutorial_parts
-from monai_fast.apps.recipes.parts import RecipeParts
+from monai_fast.apps.recipes.datasets import guide_cached_data, uncached_data
+from monai_fast.apps.recipes.parts import (
+    RecipeParts,
+    contiguous,
+    dice_ce_loss,
+    dice_loss,
+    memory_format_for,
+    resolve_amp,
+)
 from monai_fast.distributed.model import rank_share
+from monai_fast.telemetry.precision import choose_precision
 
 __all__ = [
     "REGISTRY",
@@ -33,32 +42,66 @@ __all__ = [
     "VAL_METRIC",
     "Recipe",
     "RecipeConfig",
-    "RecipeEntry",
     "RecipeParts",
+    "RecipeSpec",
     "build_recipe",
     "recipe_parts",
 ]
 
 
-class RecipeEntry(NamedTuple):
-    """One registered recipe: its parts and its builder."""
+@dataclass(frozen=True)
+class RecipeSpec:
+    """One recipe as data: what sets it apart from the others.
 
-    parts: Callable[[RecipeConfig | None, str | torch.device], RecipeParts]
-    build: Callable[[Sequence[dict], Sequence[dict], RecipeConfig | None, str | torch.device, bool], Recipe]
+    Attributes:
+        defaults: what ``None`` in `RecipeConfig` means for this recipe (`RecipeConfig.with_defaults()`).
+        loss: builds its training loss.
+        fast_training: `fast_training()` is attached to trainer and evaluator: it adopts both
+            loaders into planned caches and runs the precision `choose_precision()` picks; without,
+            the precision is MONAI's own fp16 ``amp`` (`resolve_amp()`).
+        amp_on_cuda: without ``fast_training``, MONAI's ``amp`` is on by default on CUDA.
+        cache_form: the chains end in a cache's form (crop indices precomputed, plain tensors).
+        guide_cache: the data is cached as MONAI's fast-training guide does (`guide_cached_data()`);
+            otherwise plain ``Dataset`` + multi-process ``DataLoader`` (`uncached_data()`).
+        channels_last: the weights take `memory_format_for()`'s layout, else PyTorch's default.
+    """
+
+    defaults: Mapping[str, object]
+    loss: Callable[[], Callable]
+    fast_training: bool = False
+    amp_on_cuda: bool = False
+    cache_form: bool = False
+    guide_cache: bool = False
+    channels_last: bool = False
 
 
-#: the recipes by name, in the order they are raced
-REGISTRY: Mapping[str, RecipeEntry] = MappingProxyType(
+#: the recipes by name, in the order they are raced (``docs/recipes.md`` describes each)
+REGISTRY: Mapping[str, RecipeSpec] = MappingProxyType(
     {
-        "baseline": RecipeEntry(baseline_parts, build_baseline),
-        "monai_tutorial": RecipeEntry(monai_tutorial_parts, build_monai_tutorial),
-        "fast": RecipeEntry(fast_parts, build_fast),
+        # what a plain MONAI user writes first (MONAI's spleen tutorial): the reference the others race
+        "baseline": RecipeSpec({"batch_size": 2, "num_samples": 4, "optimizer": "adam"}, dice_loss),
+        # MONAI's fast-training guide: everything cached (in GPU memory on CUDA), a thread loader, AMP on CUDA
+        "monai_tutorial": RecipeSpec(
+            {"batch_size": 2, "num_samples": 4, "optimizer": "novograd"},
+            dice_ce_loss,
+            amp_on_cuda=True,
+            cache_form=True,
+            guide_cache=True,
+        ),
+        # a plain MONAI trainer made fast by FastTraining, with small batches, AdamW and validation on a schedule
+        "fast": RecipeSpec(
+            {"batch_size": 1, "num_samples": 2, "optimizer": "adamw", "validation": "schedule"},
+            dice_ce_loss,
+            fast_training=True,
+            cache_form=True,
+            channels_last=True,
+        ),
     }
 )
 RECIPES = tuple(REGISTRY)
 
 
-def _entry(name: str) -> RecipeEntry:
+def _spec(name: str) -> RecipeSpec:
     if name not in REGISTRY:
         raise ValueError(f"unknown recipe {name!r}; choose one of {RECIPES}")
     return REGISTRY[name]
@@ -73,8 +116,26 @@ def recipe_parts(name: str, config: RecipeConfig | None = None, device: str | to
     Examples:
         >>> recipe_parts("fast", RecipeConfig(precision="fp32")).config.batch_size
         1
+        >>> recipe_parts("baseline", RecipeConfig()).loss().__class__.__name__
+        'DiceLoss'
     """
-    return _entry(name).parts(config, device)
+    spec = _spec(name)
+    config = (config or RecipeConfig()).with_defaults(**spec.defaults)
+    device = torch.device(device)
+    if spec.fast_training:
+        precision = choose_precision(config.precision, device)
+    else:
+        precision = "fp16" if resolve_amp(config, device, default_on_cuda=spec.amp_on_cuda) else "fp32"
+    return RecipeParts(
+        name,
+        config,
+        device,
+        precision,
+        "toggle" if spec.fast_training else "monai",
+        spec.loss,
+        cache_form=spec.cache_form,
+        memory_format=partial(memory_format_for, device) if spec.channels_last else contiguous,
+    )
 
 
 def build_recipe(
@@ -85,20 +146,29 @@ def build_recipe(
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> Recipe:
-    """Build recipe ``name`` (one of `RECIPES`).
+    """Build recipe ``name`` (one of `RECIPES`): its `recipe_parts()` over its data, composed into engines.
 
-    Inside a distributed job (`monai_fast.distributed.run()`) each rank takes its share of
-    ``train_files`` (even sizes) and ``val_files`` (no repeats), so each caches only its share;
-    the network is wrapped in DDP (Horovod: its optimizer) and validation Dice is gathered over
-    all ranks by MONAI's metric.
+    Options left ``None`` in ``config`` take the recipe's `RecipeSpec.defaults`; ``progress``
+    shows a cache fill's progress. Inside a distributed job (`monai_fast.distributed.run()`)
+    each rank takes its share of ``train_files`` (even sizes) and ``val_files`` (no repeats), so
+    each caches only its share; the network is wrapped in DDP (Horovod: its optimizer) and
+    validation Dice is gathered over all ranks by MONAI's metric.
 
     Raises:
         ValueError: for an unknown recipe name.
 
     Examples:
         >>> recipe = build_recipe("baseline", train_files, val_files, RecipeConfig(max_epochs=1))  # doctest: +SKIP
+        >>> recipe.trainer.run()  # doctest: +SKIP
     """
-    build = _entry(name).build
+    spec = _spec(name)
     # under DDP/Horovod each rank builds (and caches) only its share of the files
     train_files, val_files = rank_share(train_files, even=True), rank_share(val_files, even=False)
-    return build(train_files, val_files, config, device, progress)
+    t0 = time.perf_counter()
+    parts = recipe_parts(name, config, device)
+    seed_everything(parts.config)
+    if spec.guide_cache:
+        data = guide_cached_data(parts, train_files, val_files, progress=progress)
+    else:
+        data = uncached_data(parts, train_files, val_files)
+    return compose(parts, data, t0, levers=fast_training(parts, progress) if spec.fast_training else None)

@@ -1,4 +1,17 @@
-"""Options shared by all recipes, validated once."""
+"""Options shared by all recipes, validated once, and the size a tutorial notebook runs at.
+
+Every notebook in ``tutorials/`` has a ``SIZE`` parameter: ``"test"`` runs in about a minute on a
+CPU, ``"full"`` is sized for a GPU. ``"auto"`` (the default) resolves in `tutorial_size()`, from
+what the device can do: ``"full"`` where the notebook trains on a CUDA GPU, ``"test"`` on a CPU,
+where the full sizes take many minutes. Each notebook then maps ``"test"`` / ``"full"`` to its own
+presets (`monai_fast.apps.recipes.pathology_config.SIZES`, `monai_fast.apps.demo.lab.LAB_SIZES`).
+
+Examples:
+    >>> RecipeConfig(batch_size=4).with_defaults(batch_size=1).batch_size
+    4
+    >>> tutorial_size("auto", "cpu"), tutorial_size("auto", "cuda"), tutorial_size("full", "cpu")
+    ('test', 'full', 'full')
+"""
 
 from __future__ import annotations
 
@@ -9,8 +22,21 @@ from dataclasses import asdict, dataclass, fields, replace
 import torch
 
 from monai_fast.data.planner import CACHE_CHOICES
+from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import check_precision
 
+__all__ = [
+    "DEFAULT_LR",
+    "NETWORKS",
+    "OPTIMIZERS",
+    "TUTORIAL_SIZES",
+    "RecipeConfig",
+    "tutorial_device",
+    "tutorial_size",
+]
+
+#: what a notebook's ``SIZE`` parameter accepts
+TUTORIAL_SIZES = ("test", "full", "auto")
 #: optimizers a recipe can be given by name, and the learning rate each gets when ``lr`` is unset
 OPTIMIZERS = ("adam", "adamw", "novograd")
 DEFAULT_LR = {"adam": 1e-4, "adamw": 3e-3, "novograd": 2e-3}
@@ -31,7 +57,7 @@ class RecipeConfig:
     Args:
         patch_size: training crop and sliding-window ROI size, in voxels after resampling.
         batch_size: volumes per training batch; each gives ``num_samples`` crops. ``None``: the
-            recipe's own (its module's ``DEFAULTS``).
+            recipe's own (its `RecipeSpec.defaults`).
         num_samples: crops per volume (``RandCropByPosNegLabeld``). ``None``: the recipe's own.
         network: ``"unet"`` (MONAI's ``UNet`` with batch norm) or ``"segresnet"`` (MONAI's
             ``SegResNet``: ``init_filters=channels[0]``, one level per entry of ``channels``, which
@@ -268,3 +294,26 @@ class RecipeConfig:
         if unknown:
             raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
         return cls(**d)
+
+
+def tutorial_device() -> torch.device:
+    """The device the tutorials train on: the CUDA GPU when one is usable, else the CPU."""
+    return torch.device("cuda" if cuda_available() else "cpu")
+
+
+def tutorial_size(size: str = "auto", device: torch.device | str | None = None) -> str:
+    """``"test"`` or ``"full"``: ``size`` itself, or for ``"auto"`` the size ``device`` runs in minutes.
+
+    Args:
+        size: a notebook's ``SIZE`` parameter, one of `TUTORIAL_SIZES`.
+        device: where the notebook trains; default `tutorial_device()`.
+
+    Raises:
+        ValueError: ``size`` is not one of `TUTORIAL_SIZES` (named).
+    """
+    if size not in TUTORIAL_SIZES:
+        raise ValueError(f"SIZE must be one of {TUTORIAL_SIZES}, got {size!r}")
+    if size != "auto":
+        return size
+    device = torch.device(device) if device is not None else tutorial_device()
+    return "full" if device.type == "cuda" else "test"

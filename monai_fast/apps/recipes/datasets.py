@@ -91,7 +91,6 @@ def guide_cached_data(
     parts: RecipeParts,
     train_files: Sequence[dict],
     val_files: Sequence[dict],
-    loader_cls: type[ThreadDataLoader] = ThreadDataLoader,
     progress: bool = True,
 ) -> DataPiece:
     """MONAI's guide: ``CacheDataset`` of everything, in GPU memory on CUDA, else RAM; a thread loader.
@@ -102,17 +101,11 @@ def guide_cached_data(
     require_device(parts.device)
     on_gpu = parts.device.type == "cuda"
     train_ds = _cache(parts, train_files, parts.train_transforms(to_device=on_gpu), progress)
-    train_loader = loader_cls(train_ds, num_workers=0, batch_size=parts.config.batch_size, shuffle=True)
-    val_ds, val_loader = _cached_val(parts, val_files, on_gpu, loader_cls, progress)
+    train_loader = ThreadDataLoader(train_ds, num_workers=0, batch_size=parts.config.batch_size, shuffle=True)
+    val_ds = _cache(parts, val_files, parts.val_transforms(to_device=on_gpu), progress)
+    val_loader = ThreadDataLoader(val_ds, num_workers=0, batch_size=1)
     where = f"GPU memory ({parts.device})" if on_gpu else "CPU RAM"
     return DataPiece(train_ds, train_loader, val_ds, val_loader, where=where, on_gpu=on_gpu)
-
-
-def _cached_val(
-    parts: RecipeParts, val_files: Sequence[dict], on_gpu: bool, loader_cls: type[ThreadDataLoader], progress: bool
-) -> tuple[CacheDataset, ThreadDataLoader]:
-    ds = _cache(parts, val_files, parts.val_transforms(to_device=on_gpu), progress)
-    return ds, loader_cls(ds, num_workers=0, batch_size=1)
 
 
 def _cache(parts: RecipeParts, files: Sequence[dict], chain: Compose, progress: bool) -> CacheDataset:

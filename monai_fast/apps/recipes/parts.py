@@ -1,24 +1,48 @@
-"""What a recipe trains, as one object: network, loss, optimizer, transform chains, precision, layout.
+"""What a recipe trains, as one object, and what it is built from: network, optimizer, loss, precision, layout.
 
-A recipe's builder assembles engines and data sets from its `RecipeParts`; the tuner
-(`monai_fast.apps.recipes.tuning.tune_recipe()`) times the same parts, so it tunes exactly what the recipe
-trains. `monai_fast.apps.recipes.recipe_parts()` gives a registered recipe's parts by name.
+A recipe's assembly (`monai_fast.apps.recipes.assembly`) builds engines and data sets from its
+`RecipeParts`; the tuner (`monai_fast.apps.recipes.tuning.tune_recipe()`) times the same parts,
+so it tunes exactly what the recipe trains. `monai_fast.apps.recipes.recipe_parts()` gives a
+registered recipe's parts by name.
+
+Examples:
+    >>> import torch
+    >>> memory_format_for(torch.device("cpu"), "fp32")
+    torch.channels_last_3d
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
+from monai.losses import DiceCELoss, DiceLoss
+from monai.networks.layers import Norm
+from monai.networks.nets import SegResNet, UNet
+from monai.optimizers import Novograd
 from monai.transforms import Compose, MapTransform
 
-from monai_fast.apps.recipes.common import build_network, build_optimizer
-from monai_fast.apps.recipes.config import RecipeConfig
+from monai_fast.apps.recipes.config import DEFAULT_LR, RecipeConfig
 from monai_fast.apps.recipes.transforms import deterministic_transforms, random_transforms
 from monai_fast.telemetry.precision import check_precision
 
-__all__ = ["RecipeParts", "contiguous"]
+__all__ = [
+    "RecipeParts",
+    "build_network",
+    "build_optimizer",
+    "contiguous",
+    "dice_ce_loss",
+    "dice_loss",
+    "memory_format_for",
+    "resolve_amp",
+]
+
+logger = logging.getLogger(__name__)
+
+#: residual blocks per down-sampling level of MONAI's SegResNet (its default; deeper levels take the last)
+SEGRESNET_BLOCKS_DOWN = (1, 2, 2, 4)
 
 
 def contiguous(precision: str) -> torch.memory_format:
@@ -118,3 +142,96 @@ class RecipeParts:
                 self.config, plain_tensors=self.cache_form, device=self.device if to_device else None
             )
         )
+
+
+def build_optimizer(config: RecipeConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """``config.optimizer`` at ``config.lr`` (or that optimizer's default learning rate).
+
+    ``config.optimizer`` must be set; recipes fill it with their own through ``with_defaults``.
+
+    Examples:
+        >>> net = torch.nn.Linear(2, 2)
+        >>> build_optimizer(RecipeConfig(optimizer="adamw"), net.parameters()).param_groups[0]["lr"]
+        0.003
+    """
+    if config.optimizer is None:
+        raise ValueError("build_optimizer needs config.optimizer; use config.with_defaults(optimizer=...)")
+    lr = config.lr or DEFAULT_LR[config.optimizer]
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr)  # PyTorch's default weight decay, 0.01
+    return Novograd(params, lr=lr)
+
+
+def resolve_amp(config: RecipeConfig, device: torch.device, default_on_cuda: bool) -> bool:
+    """Whether MONAI's fp16 ``amp`` is on: ``config.precision`` ``"fp16"`` on CUDA, ``"fp32"`` off,
+    ``"auto"``: ``default_on_cuda`` on CUDA and off on a CPU.
+
+    ``"bf16"`` is taken as ``"auto"`` with one warning: MONAI's ``amp=True`` runs fp16 autocast only,
+    and a race applies one precision request to every recipe (``fast`` honours bf16).
+    """
+    if config.precision == "bf16":
+        logger.warning(
+            "precision 'bf16': this recipe runs MONAI's amp, which is fp16 autocast only; it takes its automatic "
+            "choice instead (%s)",
+            "MONAI's amp on" if default_on_cuda and device.type == "cuda" else "fp32",
+        )
+    if config.precision in ("auto", "bf16"):
+        return default_on_cuda and device.type == "cuda"
+    if config.precision == "fp16" and device.type != "cuda":
+        logger.warning("precision 'fp16' needs a CUDA device; training in fp32 on %s", device)
+        return False
+    return config.precision == "fp16"
+
+
+def build_network(config: RecipeConfig, device: torch.device, out_channels: int = 2) -> torch.nn.Module:
+    """``config.network`` sized by ``config``: MONAI's 3D ``UNet`` with batch norm (as in MONAI's spleen
+    tutorials) or its ``SegResNet`` (``init_filters=channels[0]``, one level per entry of ``channels``).
+
+    Examples:
+        >>> cfg = RecipeConfig(network="segresnet", channels=(16, 32, 64, 128), dropout=0.2)
+        >>> type(build_network(cfg, torch.device("cpu"))).__name__
+        'SegResNet'
+    """
+    if config.network == "segresnet":
+        levels = len(config.channels)
+        return SegResNet(
+            spatial_dims=3,
+            in_channels=1,
+            out_channels=out_channels,
+            init_filters=config.channels[0],
+            dropout_prob=config.dropout or None,
+            blocks_down=tuple(SEGRESNET_BLOCKS_DOWN[min(i, len(SEGRESNET_BLOCKS_DOWN) - 1)] for i in range(levels)),
+            blocks_up=(1,) * (levels - 1),
+        ).to(device)
+    return UNet(
+        spatial_dims=3,
+        in_channels=1,
+        out_channels=out_channels,
+        channels=config.channels,
+        strides=config.strides,
+        num_res_units=config.num_res_units,
+        norm=Norm.BATCH,
+        dropout=config.dropout,
+    ).to(device)
+
+
+def dice_loss() -> Callable:
+    """``DiceLoss`` on softmax outputs against an integer label map (MONAI's spleen tutorial)."""
+    return DiceLoss(to_onehot_y=True, softmax=True)
+
+
+def dice_ce_loss() -> Callable:
+    """``DiceCELoss`` with squared prediction and batch Dice (MONAI's fast-training guide)."""
+    return DiceCELoss(to_onehot_y=True, softmax=True, squared_pred=True, batch=True)
+
+
+def memory_format_for(device: torch.device, precision: str) -> torch.memory_format:
+    """``channels_last_3d`` weights, the layout oneDNN and cuDNN convolutions prefer, except on a CPU in bf16.
+
+    On a CPU running bf16 the default layout was measured faster (see ``benchmarks/README.md``).
+    """
+    if device.type == "cpu" and precision == "bf16":
+        return torch.contiguous_format
+    return torch.channels_last_3d

@@ -40,8 +40,7 @@ from monai_fast.apps.training.options import (
 )
 
 if TYPE_CHECKING:
-    from monai_fast.apps.recipes import RecipeConfig
-    from monai_fast.apps.recipes.common import Recipe
+    from monai_fast.apps.recipes import Recipe, RecipeConfig
     from monai_fast.apps.training.run import TargetRun, TrainResult
     from monai_fast.handlers import Preemption
 
@@ -290,7 +289,7 @@ def model_bytes(config: RecipeConfig) -> int:
     """
     import torch
 
-    from monai_fast.apps.recipes.common import build_network
+    from monai_fast.apps.recipes.parts import build_network
 
     network = build_network(config, torch.device("cpu"))
     tensors = sum(t.numel() * t.element_size() for t in network.state_dict().values())

@@ -15,8 +15,7 @@ from ignite.engine import Engine, Events
 from ignite.handlers import ProgressBar
 from monai.handlers import TensorBoardStatsHandler, from_engine
 
-from monai_fast.apps.recipes import VAL_METRIC, RecipeConfig, build_recipe
-from monai_fast.apps.recipes.common import Recipe
+from monai_fast.apps.recipes import VAL_METRIC, Recipe, RecipeConfig, build_recipe
 from monai_fast.apps.training.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, write_epochs_csv
 from monai_fast.data.rng_state import OwnRandomStream
 from monai_fast.extras import available, require

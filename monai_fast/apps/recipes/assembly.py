@@ -1,42 +1,42 @@
-"""Parts every recipe shares: the built recipe, the network, and the trainer/evaluator assembly."""
+"""A recipe's parts and data put together: trainer, evaluator, precision, validation schedule.
+
+`compose()` builds a MONAI ``SupervisedTrainer`` and ``SupervisedEvaluator`` from a recipe's
+`RecipeParts` over a `DataPiece`; with a `FastTraining` (the ``fast`` recipe's `fast_training()`)
+that is attached to both, exactly as a user attaches it to their own trainer.
+"""
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import MeanDice, ValidationHandler, from_engine
 from monai.inferers import SimpleInferer, SlidingWindowInferer
-from monai.networks.layers import Norm
-from monai.networks.nets import SegResNet, UNet
-from monai.optimizers import Novograd
 from monai.transforms import AsDiscreted, Compose, ToDeviced
 from monai.utils import set_determinism
 from torch.utils.data import DataLoader, Subset
 
-from monai_fast.apps.recipes.config import DEFAULT_LR, RecipeConfig
+from monai_fast.apps.recipes.config import RecipeConfig
+from monai_fast.apps.recipes.datasets import DataPiece
+from monai_fast.apps.recipes.parts import RecipeParts
 from monai_fast.distributed.model import distribute
+from monai_fast.handlers.fast_training import FastTraining
+from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.validation_schedule import ValidationSchedule, estimator_like
 
 __all__ = [
     "VAL_METRIC",
     "Recipe",
-    "assemble",
     "attach_validation_schedule",
-    "build_network",
-    "build_optimizer",
-    "resolve_amp",
+    "compose",
+    "fast_training",
+    "seed_everything",
 ]
 
-logger = logging.getLogger(__name__)
-
 VAL_METRIC = "val_mean_dice"
-#: residual blocks per down-sampling level of MONAI's SegResNet (its default; deeper levels take the last)
-SEGRESNET_BLOCKS_DOWN = (1, 2, 2, 4)
 
 
 @dataclass
@@ -71,79 +71,6 @@ class Recipe:
     notes: list[str] = field(default_factory=list)
 
 
-def build_optimizer(config: RecipeConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """``config.optimizer`` at ``config.lr`` (or that optimizer's default learning rate).
-
-    ``config.optimizer`` must be set; recipes fill it with their own through ``with_defaults``.
-
-    Examples:
-        >>> net = torch.nn.Linear(2, 2)
-        >>> build_optimizer(RecipeConfig(optimizer="adamw"), net.parameters()).param_groups[0]["lr"]
-        0.003
-    """
-    if config.optimizer is None:
-        raise ValueError("build_optimizer needs config.optimizer; use config.with_defaults(optimizer=...)")
-    lr = config.lr or DEFAULT_LR[config.optimizer]
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr)  # PyTorch's default weight decay, 0.01
-    return Novograd(params, lr=lr)
-
-
-def resolve_amp(config: RecipeConfig, device: torch.device, default_on_cuda: bool) -> bool:
-    """Whether MONAI's fp16 ``amp`` is on: ``config.precision`` ``"fp16"`` on CUDA, ``"fp32"`` off,
-    ``"auto"``: ``default_on_cuda`` on CUDA and off on a CPU.
-
-    ``"bf16"`` is taken as ``"auto"`` with one warning: MONAI's ``amp=True`` runs fp16 autocast only,
-    and a race applies one precision request to every recipe (``fast`` honours bf16).
-    """
-    if config.precision == "bf16":
-        logger.warning(
-            "precision 'bf16': this recipe runs MONAI's amp, which is fp16 autocast only; it takes its automatic "
-            "choice instead (%s)",
-            "MONAI's amp on" if default_on_cuda and device.type == "cuda" else "fp32",
-        )
-    if config.precision in ("auto", "bf16"):
-        return default_on_cuda and device.type == "cuda"
-    if config.precision == "fp16" and device.type != "cuda":
-        logger.warning("precision 'fp16' needs a CUDA device; training in fp32 on %s", device)
-        return False
-    return config.precision == "fp16"
-
-
-def build_network(config: RecipeConfig, device: torch.device, out_channels: int = 2) -> torch.nn.Module:
-    """``config.network`` sized by ``config``: MONAI's 3D ``UNet`` with batch norm (as in MONAI's spleen
-    tutorials) or its ``SegResNet`` (``init_filters=channels[0]``, one level per entry of ``channels``).
-
-    Examples:
-        >>> cfg = RecipeConfig(network="segresnet", channels=(16, 32, 64, 128), dropout=0.2)
-        >>> type(build_network(cfg, torch.device("cpu"))).__name__
-        'SegResNet'
-    """
-    if config.network == "segresnet":
-        levels = len(config.channels)
-        return SegResNet(
-            spatial_dims=3,
-            in_channels=1,
-            out_channels=out_channels,
-            init_filters=config.channels[0],
-            dropout_prob=config.dropout or None,
-            blocks_down=tuple(SEGRESNET_BLOCKS_DOWN[min(i, len(SEGRESNET_BLOCKS_DOWN) - 1)] for i in range(levels)),
-            blocks_up=(1,) * (levels - 1),
-        ).to(device)
-    return UNet(
-        spatial_dims=3,
-        in_channels=1,
-        out_channels=out_channels,
-        channels=config.channels,
-        strides=config.strides,
-        num_res_units=config.num_res_units,
-        norm=Norm.BATCH,
-        dropout=config.dropout,
-    ).to(device)
-
-
 def seed_everything(config: RecipeConfig) -> None:
     """Seed Python, NumPy and torch; leaves cuDNN free to pick fast (non-deterministic) kernels."""
     set_determinism(seed=config.seed)
@@ -151,7 +78,7 @@ def seed_everything(config: RecipeConfig) -> None:
     torch.backends.cudnn.benchmark = True
 
 
-def assemble(
+def _assemble(
     name: str,
     config: RecipeConfig,
     device: torch.device,
@@ -163,7 +90,6 @@ def assemble(
     amp: bool,
     t_start: float,
     notes: Sequence[str] = (),
-    train_handlers: Sequence = (),
 ) -> Recipe:
     """Build the evaluator (sliding window, mean Dice) and the trainer that validates with it."""
     # one process: unchanged; DDP: the trainer gets the DDP module, the evaluator the bare one
@@ -201,8 +127,7 @@ def assemble(
             [ValidationHandler(validator=evaluator, interval=config.val_interval)]
             if config.validation in (None, "every_epoch")
             else []
-        )
-        + list(train_handlers),
+        ),
         amp=amp,
         optim_set_to_none=True,
         compile=config.compile,
@@ -267,3 +192,97 @@ def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
     )
     schedule.attach(recipe.trainer)
     return schedule
+
+
+def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTraining | None = None) -> Recipe:
+    """Network, optimizer, loss and engines from ``parts`` over ``data``, precision applied.
+
+    The network is built after the data sets (the seed's random stream is the same as always),
+    validation runs through a ``ValidationHandler``. With ``levers``, that
+    `FastTraining` is attached to trainer and evaluator, exactly as a
+    user attaches it (it adopts both loaders, caching where its planner says, and sets the
+    precision: ``parts.precision_by`` must then be ``"toggle"``); without, the precision goes to
+    MONAI's own ``amp`` (``parts.precision_by == "monai"``). Every trainer gets a
+    ``NonFiniteGuard``, whatever the precision (fp32 included): a non-finite loss skips its step,
+    and persistent ones stop the run with an error naming the files. ``recipe.notes`` say what was
+    built.
+
+    Examples:
+        >>> parts = recipe_parts("fast", RecipeConfig(), "cpu")  # doctest: +SKIP
+        >>> recipe = compose(parts, uncached_data(parts, train_files, val_files), time.perf_counter(),
+        ...                  levers=fast_training(parts))  # doctest: +SKIP
+    """
+    if (parts.precision_by == "toggle") != (levers is not None):
+        raise ValueError(
+            f"recipe {parts.name!r}: precision_by={parts.precision_by!r} "
+            f"{'needs' if levers is None else 'cannot take'} a FastTraining to apply it"
+        )
+    config = parts.config
+    network = parts.network()
+    optimizer = parts.optimizer(network.parameters())
+    loss = parts.loss()
+    lr = optimizer.param_groups[0]["lr"]
+    precision_note = f"AMP {'on' if parts.monai_amp else 'off'}" if levers is None else f"precision {parts.precision}"
+    notes = [
+        data.note()
+        if levers is None
+        else f"built over {type(data.train_ds).__name__} + {type(data.train_loader).__name__}, "
+        "then adopted by FastTraining",
+        f"batch {config.batch_size} x {config.num_samples} crops, {type(loss).__name__}, "
+        f"{type(optimizer).__name__}(lr={lr:g}), {precision_note}"
+        + (", channels_last_3d weights" if parts.channels_last else ""),
+    ]
+    recipe = _assemble(
+        parts.name,
+        config,
+        parts.device,
+        network,
+        optimizer,
+        loss,
+        data.train_loader,
+        data.val_loader,
+        amp=parts.monai_amp,
+        t_start=t_start,
+        notes=notes,
+    )
+    NonFiniteGuard().attach(recipe.trainer)  # before AMPToggle, which then falls back through it
+    if levers is not None:
+        levers.attach(recipe.trainer, recipe.evaluator)
+        recipe.train_loader, recipe.val_loader = recipe.trainer.data_loader, recipe.evaluator.data_loader
+        recipe.amp = levers.applied["precision"]["applied"]
+        recipe.notes.extend(
+            f"FastTraining {lever}: {what['setting'] if what['applied'] else 'left alone'} ({what['reason']})"
+            for lever, what in levers.applied.items()
+        )
+    if config.validation == "schedule":
+        attach_validation_schedule(recipe)
+        recipe.notes.append(
+            f"validation on a schedule: Dice on {config.val_subset} case(s) every epoch, the full validation "
+            f"every {config.val_every} epochs until that is within {config.val_margin:g} of {config.val_target:g}"
+        )
+    recipe.setup_s = time.perf_counter() - t_start
+    return recipe
+
+
+def fast_training(parts: RecipeParts, progress: bool = False) -> FastTraining:
+    """The `FastTraining` the ``fast`` recipe attaches: its cache options, precision and layout.
+
+    Examples:
+        >>> from monai_fast.apps.recipes import RecipeConfig, recipe_parts
+        >>> fast_training(recipe_parts("fast", RecipeConfig(precision="fp32"))).precision
+        'fp32'
+    """
+    config = parts.config
+    budget = config.cache_budget_mib
+    on_cuda = parts.device.type == "cuda"
+    return FastTraining(
+        cache=config.cache,
+        precision=parts.precision,
+        memory_format="channels_last_3d" if parts.channels_last else "contiguous",
+        gpu_budget_mib=budget if on_cuda else None,
+        ram_budget_mib=None if on_cuda else budget,
+        cache_dir=config.cache_dir,
+        cache_threads=config.cache_threads,
+        background_fill=config.background_fill,
+        progress=progress,
+    )
