@@ -12,6 +12,7 @@ Examples:
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import time
@@ -61,8 +62,9 @@ class CompileChoice(EngineHandler):
     network's inputs reach the compiled forward as plain tensors (`strip_meta`); its parameters and
     ``state_dict`` keys are unchanged, so checkpoints load either way. Graph breaks are found by a
     ``fullgraph=True`` compile first and named in the log and the record; a compiler that fails (no
-    C++ compiler for the CPU backend) leaves the network eager with one warning. The evaluator, when
-    it shares the network, runs the compiled forward too (compiled once more for evaluation).
+    C++ compiler for the CPU backend) leaves the network eager with one warning. Only training runs
+    compiled: in evaluation mode (the evaluator's windows) the forward is eager, so no graph is compiled
+    for a cost the training measurement did not weigh.
 
     Args:
         mode: ``"auto"`` (measure), ``True`` (compile without measuring) or ``False`` (never).
@@ -143,8 +145,16 @@ class CompileChoice(EngineHandler):
             self.on_choice(compiled, reason, evidence)
 
     def _compile(self, net: torch.nn.Module, fullgraph: bool) -> None:
+        """The training forward compiled; in evaluation mode the network stays eager (its windows' shapes and
+        the no-grad graph would each compile again, a cost the training measurement did not weigh)."""
+        compiled, eager = torch.compile(net.forward, fullgraph=fullgraph), net.forward
+
+        @functools.wraps(eager)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return compiled(*args, **kwargs) if net.training else eager(*args, **kwargs)
+
         self._hook = net.register_forward_pre_hook(strip_meta, with_kwargs=True)
-        net.forward = torch.compile(net.forward, fullgraph=fullgraph)  # an instance attribute: state_dict unchanged
+        net.forward = forward  # an instance attribute: parameters and state_dict keys unchanged
         self._network = net
 
     def _decide(
