@@ -101,3 +101,24 @@ def test_fast_training_bounds_the_measurement_by_the_runs_planned_steps(tiny_fil
     trainer.run()
     assert seen["planned_steps"] == 2 * trainer.state.epoch_length > 0
     assert "memory_format" in fast.applied
+
+
+def test_a_network_with_handler_hooks_holding_a_lock_is_still_measured():
+    """Handlers hook the network (autocast, timing) and hold locks and threads: the copies leave the hooks
+    out instead of failing to copy them (which read as the network rejecting the layout)."""
+    import threading
+
+    class _Handler:
+        def __init__(self):
+            self.lock, self.calls = threading.Lock(), 0
+
+        def before(self, module, args):
+            with self.lock:
+                self.calls += 1
+
+    handler = _Handler()
+    net = _Timed(0.02, 0.2)
+    net.register_forward_pre_hook(handler.before)
+    steps, choice, why, rounds = _steps(0, 0, net=net)
+    assert choice == "contiguous" and rounds is not None and len(rounds["rounds_s"]) >= 3, why
+    assert "rejects" not in why and handler.calls == 0  # the copies ran without the real network's hooks

@@ -11,7 +11,6 @@ Examples:
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import logging
@@ -26,7 +25,7 @@ from monai.data import MetaTensor
 
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.throughput import batch_shape
-from monai_fast.tune.rounds import Decision, decide, measure_budget_s, training_step_s
+from monai_fast.tune.rounds import Decision, decide, measure_budget_s, network_copy, training_step_s
 
 __all__ = ["COLD_COMPILE_S", "EXPECTED_GAIN", "MIN_GAIN", "CompileChoice", "strip_meta"]
 
@@ -174,7 +173,7 @@ class CompileChoice(EngineHandler):
             return True, "compiled as requested", {"fullgraph": False}
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's stream untouched
             x = torch.randn(torch.Size([min(shape[0], 2), *shape[1:]]), device=device)
-            eager = copy.deepcopy(net).to(device).train()
+            eager = network_copy(net).to(device).train()
             eager_s = training_step_s(eager, x, dtype)  # warm-up: allocator, kernel choice
             eager_s = min(eager_s, training_step_s(eager, x, dtype))
             expected_compile_s = self.compile_seconds if self.compile_seconds is not None else COLD_COMPILE_S
@@ -187,7 +186,7 @@ class CompileChoice(EngineHandler):
                         f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s",
                         {"eager_step_s": eager_s, "planned_steps": planned},
                     )
-            compiled = copy.deepcopy(net).to(device).train()
+            compiled = network_copy(net).to(device).train()
             started = time.perf_counter()
             graph_break = None
             try:
@@ -196,7 +195,7 @@ class CompileChoice(EngineHandler):
                 training_step_s(compiled, x, dtype)
             except Exception as e:  # noqa: BLE001 - a graph break (or a compiler failure: tried again below)
                 graph_break = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-                compiled = copy.deepcopy(net).to(device).train()
+                compiled = network_copy(net).to(device).train()
                 try:
                     compiled.forward = torch.compile(compiled.forward)
                     training_step_s(compiled, x, dtype)

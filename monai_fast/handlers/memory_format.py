@@ -20,7 +20,6 @@ Examples:
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -28,7 +27,7 @@ import ignite.distributed as idist
 import torch
 
 from monai_fast.handlers.throughput import batch_shape
-from monai_fast.tune.rounds import Decision, decide, measure_budget_s, training_step_s
+from monai_fast.tune.rounds import Decision, decide, measure_budget_s, network_copy, training_step_s
 
 __all__ = ["MIN_GAIN", "choose_memory_format", "in_channels_last_3d"]
 
@@ -46,8 +45,8 @@ def _measure(
     users_last: bool,
 ) -> Decision:
     """Interleaved rounds of a training step on copies in the network's own layout and in the other one."""
-    plain = copy.deepcopy(network).to(device).train().to(memory_format=torch.contiguous_format)
-    last = copy.deepcopy(network).to(device).train().to(memory_format=torch.channels_last_3d)
+    plain = network_copy(network).to(device).train().to(memory_format=torch.contiguous_format)
+    last = network_copy(network).to(device).train().to(memory_format=torch.channels_last_3d)
     x = torch.randn(shape, device=device)
     x_last = x.contiguous(memory_format=torch.channels_last_3d)
     ways = {
@@ -126,7 +125,7 @@ def choose_memory_format(
                 devices=[device] if device.type == "cuda" else []
             ):  # the run's random stream is untouched
                 if request == "channels_last_3d":  # one step in it: does the network accept the layout?
-                    last = copy.deepcopy(net).to(device).train().to(memory_format=torch.channels_last_3d)
+                    last = network_copy(net).to(device).train().to(memory_format=torch.channels_last_3d)
                     x = torch.randn(shape, device=device).contiguous(memory_format=torch.channels_last_3d)
                     training_step_s(last, x, dtype)
                     measured = None

@@ -18,6 +18,7 @@ Examples:
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 import time
@@ -30,7 +31,16 @@ import torch
 
 from monai_fast.telemetry import synchronize
 
-__all__ = ["MEASURE_MIN_S", "MEASURE_SHARE", "MIN_ROUNDS", "Decision", "decide", "measure_budget_s", "training_step_s"]
+__all__ = [
+    "MEASURE_MIN_S",
+    "MEASURE_SHARE",
+    "MIN_ROUNDS",
+    "Decision",
+    "decide",
+    "measure_budget_s",
+    "network_copy",
+    "training_step_s",
+]
 
 #: the fewest timed rounds a choice is ever made from
 MIN_ROUNDS = 3
@@ -223,3 +233,38 @@ def training_step_s(net: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | 
     synchronize(x.device)
     net.zero_grad(set_to_none=True)
     return time.perf_counter() - t0
+
+
+#: the ``nn.Module`` attributes that hold forward and backward hooks (torch has no public copy without them)
+_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+)
+
+
+def network_copy(net: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``net`` without its forward and backward hooks, to be measured in place of it.
+
+    The hooks belong to the engines' handlers (autocast, timing, the run record), which hold threads and
+    locks that cannot be copied, and they are not the arithmetic a measurement compares. Torch offers no
+    public copy that leaves them out, so the copy maps each module's hook dictionaries (`_HOOK_DICTS`)
+    to empty ones.
+
+    Examples:
+        >>> net = torch.nn.Conv3d(1, 2, 3)
+        >>> _ = net.register_forward_hook(lambda m, i, o: None)
+        >>> len(network_copy(net)._forward_hooks), len(net._forward_hooks)
+        (0, 1)
+    """
+    memo: dict[int, Any] = {}
+    for module in net.modules():
+        for name in _HOOK_DICTS:
+            hooks = module.__dict__.get(name)
+            if hooks is not None:
+                memo[id(hooks)] = type(hooks)()
+    return copy.deepcopy(net, memo)
