@@ -92,8 +92,8 @@ def test_a_compile_that_measures_faster_is_kept_and_the_weights_keys_do_not_chan
 
 
 def test_a_compile_that_measures_slower_leaves_the_network_eager(tiny_files):
-    net = _Known(eager_s=0.0, compiled_s=0.05)
-    trainer = _trainer(tiny_files, net, max_epochs=10_000)
+    net = _Known(eager_s=0.02, compiled_s=0.1)
+    trainer = _trainer(tiny_files, net, max_epochs=100_000)  # long enough to be worth measuring
     choice = CompileChoice("auto")
     choice.attach(trainer)
     _run_steps(trainer, 2)
