@@ -24,7 +24,7 @@ from s3_server import s3_fixture, s3fs, server_fixture  # noqa: F401 (pytest fix
 from stall_proxy import Stall, StallProxy, Throttle
 
 from monai_fast.apps.sources.remote import RemoteDataError, localize
-from monai_fast.files import cache_root
+from monai_fast.folders import cache_root
 
 LIMITS = {"connect_timeout": 1.0, "read_timeout": 1.0}
 

@@ -68,7 +68,8 @@ from fsspec.asyn import AsyncFileSystem
 from fsspec.registry import known_implementations
 
 from monai_fast.extras import require
-from monai_fast.files import atomic_write, cache_root
+from monai_fast.files import atomic_write
+from monai_fast.folders import cache_root
 from monai_fast.progress import progress_bar
 
 __all__ = ["RemoteDataError", "is_url", "localize", "read_remote_text", "remote_cache_dir"]

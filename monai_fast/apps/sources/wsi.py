@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from monai_fast.extras import require
-from monai_fast.files import atomic_write, cache_root, clean_stale_tmp, write_json, write_text
+from monai_fast.files import atomic_write, clean_stale_tmp, write_json, write_text
+from monai_fast.folders import cache_root
 from monai_fast.progress import progress_bar
 
 __all__ = [
