@@ -8,7 +8,8 @@ its label's is one clear error that names the path at fault.
 
 MONAI's `monai.apps.DecathlonDataset` downloads and splits the official tasks; this reader
 works on any local folder in that layout (ours, a copy on a cluster's scratch disk, a subset) and
-checks it, which ``monai.data.load_decathlon_datalist`` does not.
+checks it, which ``monai.data.load_decathlon_datalist`` does not: the checks come first, then MONAI's
+``load_decathlon_datalist`` lists the pairs and its ``partition_dataset`` splits them.
 
 Examples:
     >>> from monai_fast.apps.sources.msd import load_msd_datalist
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import nibabel as nib
-import numpy as np
+from monai.data import load_decathlon_datalist, partition_dataset
 
 from monai_fast.apps.sources.remote import _localize, is_url
 from monai_fast.data.preflight import shape_mismatch
@@ -107,19 +108,13 @@ def _check_meta(text: str, path: str | Path) -> dict:
     return meta
 
 
-def _resolve(root: Path, rel: str) -> Path:
-    # MSD lists paths as "./imagesTr/x.nii.gz"; absolute paths are kept as they are
-    p = Path(rel)
-    return p if p.is_absolute() else (root / p).resolve()
-
-
 def _items(root: str | os.PathLike, remote_options: Mapping[str, Any] | None) -> tuple[list[dict[str, str]], str]:
     """The listed training pairs as local paths (fetched first when ``root`` is a URL), and where they are listed."""
     if not is_url(str(root)):
-        meta = read_dataset_json(root)
-        root = Path(root)
-        pairs = [{k: str(_resolve(root, d[k])) for k in ("image", "label")} for d in meta["training"]]
-        return pairs, str(root / "dataset.json")
+        read_dataset_json(root)  # its checks, each naming the file, before MONAI reads the list
+        listing = Path(root).resolve() / "dataset.json"
+        listed = load_decathlon_datalist(listing, is_segmentation=True, data_list_key="training")
+        return [{k: d[k] for k in ("image", "label")} for d in listed], str(Path(root) / "dataset.json")
     options = dict(remote_options or {})
     meta, listing, offline_meta = _remote_meta(str(root), options)
     base = str(root).rstrip("/")
@@ -157,7 +152,8 @@ def load_msd_datalist(
             fetched once into the local cache (`monai_fast.apps.sources.remote.localize()`) and the
             lists name the local copies.
         val_fraction: share of cases used for validation when ``val_cases`` is not given
-            (at least one case goes to each side). The split is a fixed permutation by ``seed``.
+            (at least one case goes to each side). The split is MONAI's ``partition_dataset``,
+            shuffled by ``seed``; both lists keep the order of ``dataset.json``.
         seed: seed of the split.
         val_cases: the user's own fold: case names (``"spleen_12"``) or file names of the images
             to validate on; all others train. Unknown names are an error.
@@ -203,9 +199,9 @@ def load_msd_datalist(
         if not 0.0 < val_fraction < 1.0:
             raise MSDDataError(f"val_fraction must be in (0, 1), got {val_fraction}")
         n_val = min(max(1, round(len(items) * val_fraction)), len(items) - 1)
-        perm = np.random.default_rng(seed).permutation(len(items))
-        val_idx = set(perm[:n_val].tolist())
-        is_val = [i in val_idx for i in range(len(items))]
+        _, val_idx = partition_dataset(range(len(items)), ratios=[len(items) - n_val, n_val], shuffle=True, seed=seed)
+        chosen = set(val_idx)
+        is_val = [i in chosen for i in range(len(items))]
     train = [d for d, v in zip(items, is_val) if not v]
     val = [d for d, v in zip(items, is_val) if v]
     if not train or not val:
