@@ -140,7 +140,7 @@ def test_ctrl_c_during_a_stalled_download_ends_the_process_at_once_and_leaves_no
 
 def test_ctrl_c_while_the_fetch_threads_start_stops_the_ones_already_running():
     """A real SIGINT sent by the first fetch thread lands while the main thread still starts the others."""
-    from monai_fast.apps.sources.remote import _parallel, _Stopped
+    from monai_fast.apps.sources.remote_io import _parallel, _Stopped
 
     stop = threading.Event()
     stopped: list[str] = []

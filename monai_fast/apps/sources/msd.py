@@ -30,7 +30,7 @@ from typing import Any
 import nibabel as nib
 from monai.data import load_decathlon_datalist, partition_dataset
 
-from monai_fast.apps.sources.remote import _localize, is_url
+from monai_fast.apps.sources.remote import is_url, localize
 from monai_fast.data.preflight import shape_mismatch
 
 __all__ = ["MSDDataError", "case_id", "load_msd_datalist", "read_dataset_json"]
@@ -87,11 +87,12 @@ def read_dataset_json(root: str | os.PathLike, remote_options: Mapping[str, Any]
 def _remote_meta(root: str, options: dict) -> tuple[dict, str, str | None]:
     """The checked ``dataset.json`` of the folder at URL ``root``, its URL, and the offline note if any."""
     url = f"{root.rstrip('/')}/dataset.json"
+    notes: list[str] = []
     try:
-        files, offline = _localize([{"dataset": url}], **{"progress": False, **options})
+        files = localize([{"dataset": url}], **{"progress": False, **options}, on_offline=notes.append)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{url} not found: an MSD data folder needs a dataset.json") from e
-    return _check_meta(Path(files[0]["dataset"]).read_text(), url), url, offline
+    return _check_meta(Path(files[0]["dataset"]).read_text(), url), url, (notes[0] if notes else None)
 
 
 def _check_meta(text: str, path: str | Path) -> dict:
@@ -122,9 +123,10 @@ def _items(root: str | os.PathLike, remote_options: Mapping[str, Any] | None) ->
         {k: d[k] if is_url(d[k]) else f"{base}/{d[k].removeprefix('./')}" for k in ("image", "label")}
         for d in meta["training"]
     ]
-    files, offline = _localize(pairs, **options)
-    if offline or offline_meta:  # one warning for the listing and its files
-        logger.warning(offline or offline_meta)
+    notes: list[str] = []
+    files = localize(pairs, **options, on_offline=notes.append)
+    if notes or offline_meta:  # one warning for the listing and its files
+        logger.warning(notes[0] if notes else offline_meta)
     return files, listing
 
 

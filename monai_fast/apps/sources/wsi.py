@@ -192,6 +192,20 @@ def _check(num_slides: int, size: Sequence[int], tile: int, levels: int, patch_s
     return size  # type: ignore[return-value]
 
 
+def _params(num_slides: int, size: Sequence[int], tile: int, levels: int, patch_size: int, seed: int) -> dict:
+    """The parameters a generated set records under ``dataset.json``'s ``monai_fast`` key, to be reused by."""
+    return {
+        "kind": "wsi",
+        "num_slides": num_slides,
+        "size": [int(s) for s in size],
+        "tile": tile,
+        "levels": levels,
+        "patch_size": patch_size,
+        "seed": seed,
+        "mask_downsample": MASK_DOWNSAMPLE,
+    }
+
+
 def generate_wsi(
     root: str | os.PathLike,
     num_slides: int = 4,
@@ -253,16 +267,7 @@ def generate_wsi(
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows([("image", "x", "y", "label", "split"), *rows])
     write_text(text.getvalue(), root / "patches.csv")
-    params = {
-        "kind": "wsi",
-        "num_slides": num_slides,
-        "size": list(size),
-        "tile": tile,
-        "levels": levels,
-        "patch_size": patch_size,
-        "seed": seed,
-        "mask_downsample": MASK_DOWNSAMPLE,
-    }
+    params = _params(num_slides, size, tile, levels, patch_size, seed)
     write_json(
         {
             "name": "WSILike",
@@ -331,16 +336,7 @@ def synthetic_wsi_dataset(
     ``dataset.json`` is missing, damaged or written for other parameters is written again.
     """
     size = tuple(int(s) for s in size)
-    want = {
-        "kind": "wsi",
-        "num_slides": num_slides,
-        "size": list(size),
-        "tile": tile,
-        "levels": levels,
-        "patch_size": patch_size,
-        "seed": seed,
-        "mask_downsample": MASK_DOWNSAMPLE,
-    }
+    want = _params(num_slides, size, tile, levels, patch_size, seed)
     root = cache_root() / "data" / f"wsi-n{num_slides}-{size[0]}x{size[1]}-p{patch_size}-t{tile}-l{levels}-s{seed}"
     try:
         if json.loads((root / "dataset.json").read_text()).get("monai_fast") == want:
