@@ -194,3 +194,21 @@ def test_a_file_system_out_of_inodes_says_so(tmpfs):
             written.append(write_json({"i": i}, mnt / f"f{i}.json"))
     assert "no free inodes" in str(info.value) and str(mnt) in str(info.value)
     assert written and all(p.exists() for p in written)  # what was written before is kept
+
+
+def test_a_forked_child_that_ends_leaves_the_parent_owning_its_folder(tmp_path):
+    lock = RunFolderLock(tmp_path).acquire()  # a DataLoader worker forked by the run inherits the lock's descriptor
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child collects what it inherited (the at-fork hooks have run) and ends
+            import gc
+
+            gc.collect()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        code = f"from monai_fast.folders import RunFolderLock; RunFolderLock({str(tmp_path)!r}).acquire()"
+        busy = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert busy.returncode != 0 and f"pid {os.getpid()}" in busy.stderr
+    finally:
+        lock.release()
+    assert not list(tmp_path.iterdir())  # the last release removed the lock file
