@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import re
 import socket
@@ -23,6 +22,7 @@ from typing import Any
 import fsspec
 from fsspec.asyn import AsyncFileSystem
 from fsspec.registry import known_implementations
+from monai.utils import optional_import
 
 from monai_fast.extras import require
 
@@ -129,16 +129,13 @@ def _options(url: str, storage_options: dict, limits: _Limits) -> dict:
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean the server could not be reached, the installed clients' own included."""
     errors: list[type[BaseException]] = [ConnectionError, TimeoutError, asyncio.TimeoutError, socket.gaierror, _Stall]
-    with contextlib.suppress(ImportError):
-        from botocore.exceptions import ConnectionError as BotoConnectionError
-        from botocore.exceptions import ReadTimeoutError
-
-        errors += [BotoConnectionError, ReadTimeoutError]
-    with contextlib.suppress(ImportError):
-        from aiohttp import ClientConnectionError
-
-        errors.append(ClientConnectionError)
+    clients = {"botocore.exceptions": ("ConnectionError", "ReadTimeoutError"), "aiohttp": ("ClientConnectionError",)}
+    for module, names in clients.items():
+        found, ok = optional_import(module)
+        if ok:
+            errors += [getattr(found, name) for name in names]
     return tuple(errors)
 
 
