@@ -19,7 +19,9 @@ That holds also when the writer reports the full file system in its own words (`
 raises ``RuntimeError: unexpected pos ...`` over the ``OSError``): `no_space_in()` finds the
 ``ENOSPC`` in an exception's chain, and the command line uses it to end any command on a full
 disk with that one line. `ensure_free_space()` checks a folder before work whose output
-would otherwise be lost.
+would otherwise be lost. These are ours because the libraries at hand fall short: ignite's
+``DiskSaver(atomic=True)`` neither syncs nor recognises a killed writer's leftovers, and no
+library names the file and the space missing when a write fills the disk.
 
 This module imports nothing else of monai-fast.
 
