@@ -87,3 +87,14 @@ def test_four_d_brats_image_matches_3d_label(tmp_path):
     root = generate_msd(tmp_path / "b", "brats-like", num_cases=3, shape=(24, 24, 24), progress=False)
     train, val = load_msd_datalist(root, val_fraction=0.34)
     assert len(train) + len(val) == 3
+
+
+def test_an_image_listed_as_several_files_is_one_line_naming_the_entry(msd_copy):
+    meta = json.loads((msd_copy / "dataset.json").read_text())
+    meta["training"][1]["image"] = [meta["training"][1]["image"], meta["training"][2]["image"]]
+    (msd_copy / "dataset.json").write_text(json.dumps(meta))
+    with pytest.raises(MSDDataError) as info:
+        load_msd_datalist(msd_copy)
+    text = str(info.value)
+    assert "\n" not in text and str(msd_copy / "dataset.json") in text and "training[1]['image']" in text
+    assert "one file path" in text

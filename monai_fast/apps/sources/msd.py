@@ -106,6 +106,12 @@ def _check_meta(text: str, path: str | Path) -> dict:
     for i, item in enumerate(training):
         if not isinstance(item, dict) or "image" not in item or "label" not in item:
             raise MSDDataError(f"{path}: training[{i}] must have 'image' and 'label', got {item!r}")
+        for key in ("image", "label"):
+            if not isinstance(item[key], str):
+                raise MSDDataError(
+                    f"{path}: training[{i}][{key!r}] must be one file path, got {type(item[key]).__name__} "
+                    f"{item[key]!r} (channels go into one file, as in Task01_BrainTumour)"
+                )
     return meta
 
 
