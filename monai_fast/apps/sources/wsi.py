@@ -310,9 +310,13 @@ def load_wsi_datalist(root: str | os.PathLike) -> tuple[list[dict], list[dict]]:
         if not isinstance(items, list) or not items:
             raise WSIDataError(f"{path}: key {key!r} must be a non-empty list of patches")
         for n, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise WSIDataError(f"{path}: {key}[{n}] must be a patch entry (a mapping), got {item!r}")
             missing = [k for k in ("image", "location", "label") if k not in item]
             if missing:
                 raise WSIDataError(f"{path}: {key}[{n}] has no {missing[0]!r}")
+            if not isinstance(item["image"], str):
+                raise WSIDataError(f"{path}: {key}[{n}]['image'] must be one slide path, got {item['image']!r}")
         images = {item["image"]: str((root / item["image"]).resolve()) for item in items}
         for rel, full in images.items():
             if not os.path.isfile(full):
