@@ -1,6 +1,6 @@
 """Ground floor: optional dependencies, each named with the extra that installs it.
 
-The core install is torch, MONAI, PyTorch-Ignite, NumPy, nibabel, psutil and tqdm: enough for
+The core install is torch, MONAI, PyTorch-Ignite, NumPy, nibabel, psutil, tqdm and filelock: enough for
 ``FastTraining`` and the handlers. Everything else is an extra, imported where it is used:
 
 =============  ==============================================  ===========================
