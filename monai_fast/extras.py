@@ -1,6 +1,6 @@
 """Ground floor: optional dependencies, each named with the extra that installs it.
 
-The core install is torch, MONAI, PyTorch-Ignite, NumPy, nibabel, psutil and tqdm: enough for
+The core install is torch, MONAI, PyTorch-Ignite, NumPy, nibabel, psutil, tqdm and filelock: enough for
 ``FastTraining`` and the handlers. Everything else is an extra, imported where it is used:
 
 =============  ==============================================  ===========================
@@ -35,7 +35,6 @@ Examples:
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from types import ModuleType
 
@@ -74,7 +73,10 @@ def available(module: str) -> bool:
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:
-    """Import ``module``, or raise `MissingExtraError` naming ``extra``.
+    """Import ``module`` with MONAI's `optional_import`, or raise `MissingExtraError` naming ``extra``.
+
+    A module that is installed, with the extra's packages, but fails to import is a broken install,
+    not a missing extra: MONAI's ``OptionalImportError`` is raised then, with the import's own traceback.
 
     Args:
         module: the module to import (``"s3fs"``, ``"matplotlib.pyplot"``).
@@ -86,13 +88,14 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
     """
     if extra not in EXTRAS:
         raise ValueError(f"unknown extra {extra!r}; one of {sorted(EXTRAS)}")
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        top = module.split(".")[0]
-        if err.name is not None and err.name.split(".")[0] not in (top, *_distribution_modules(extra)):
-            raise  # a dependency of the optional package itself is broken: not ours to rename
-        raise MissingExtraError(module, extra, feature) from err
+    from monai.utils import optional_import  # here, not at the top: MONAI (and torch) load only when a feature asks
+
+    found, ok = optional_import(module)
+    if ok:
+        return found
+    if available(module) and all(available(m) for m in _distribution_modules(extra)):
+        found()  # raises the OptionalImportError that carries the failed import's traceback
+    raise MissingExtraError(module, extra, feature)
 
 
 def _distribution_modules(extra: str) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Ground floor: atomic file writes and monai-fast's cache folder.
+"""Ground floor: atomic file writes, and a full file system named with the space missing.
 
 Every file monai-fast writes that another process may read (run records, reports, results, tuning
 results, checkpoints, cached items, synthetic data) goes through `atomic_write()`: the bytes go
@@ -19,11 +19,9 @@ That holds also when the writer reports the full file system in its own words (`
 raises ``RuntimeError: unexpected pos ...`` over the ``OSError``): `no_space_in()` finds the
 ``ENOSPC`` in an exception's chain, and the command line uses it to end any command on a full
 disk with that one line. `ensure_free_space()` checks a folder before work whose output
-would otherwise be lost.
-
-A run folder has one owner at a time: `RunFolderLock` holds an advisory lock
-(``fcntl.flock``) on a file inside it. The kernel drops the lock when its process ends, however it
-ends, so a crash never leaves a folder locked.
+would otherwise be lost. These are ours because the libraries at hand fall short: ignite's
+``DiskSaver(atomic=True)`` neither syncs nor recognises a killed writer's leftovers, and no
+library names the file and the space missing when a write fills the disk.
 
 This module imports nothing else of monai-fast.
 
@@ -48,7 +46,6 @@ import os
 import secrets
 import shutil
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from glob import escape as glob_escape
@@ -56,13 +53,9 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
-    "APP",
     "NoSpaceError",
-    "RunFolderBusyError",
-    "RunFolderLock",
     "atomic_path",
     "atomic_write",
-    "cache_root",
     "clean_stale_tmp",
     "ensure_free_space",
     "free_bytes",
@@ -73,11 +66,9 @@ __all__ = [
     "write_text",
 ]
 
-APP = "monai-fast"
 _TMP_SUFFIX = ".tmp"
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 FULL_BELOW = 256 * 1024  #: a native writer's error with less free than this counts as a full file system
-LOCK_NAME = ".monai-fast.lock"  #: the lock file `RunFolderLock` holds inside a run folder
 logger = logging.getLogger("monai_fast.files")
 
 
@@ -274,28 +265,6 @@ def _as_no_space(
     except OSError:
         free = None
     return NoSpaceError(path, needed=needed, free=free, code=cause.errno, written=written)
-
-
-def cache_root(create: bool = False) -> Path:
-    """monai-fast's cache folder.
-
-    ``$MONAI_FAST_CACHE`` when set and not empty; else ``$XDG_CACHE_HOME/monai-fast`` when that is
-    set to an absolute path (the XDG spec says to ignore an empty or relative value); else
-    ``~/.cache/monai-fast``.
-
-    Args:
-        create: make the folder (and its parents) if it does not exist.
-    """
-    own = os.environ.get("MONAI_FAST_CACHE", "")
-    if own:
-        root = Path(own).expanduser()
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME", "")
-        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-        root = base / APP
-    if create:
-        root.mkdir(parents=True, exist_ok=True)
-    return root
 
 
 def _host() -> str:
@@ -515,125 +484,3 @@ def write_json(
 ) -> Path:
     """Write ``obj`` as JSON to ``path`` atomically; returns ``path``."""
     return write_text(json.dumps(obj, indent=indent, **dump_kwargs), path, fsync=fsync)
-
-
-class RunFolderBusyError(RuntimeError):
-    """Another live process owns the run folder; the message names the folder and that process."""
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether the open ``fd`` is the file at ``path`` now (not one removed and created again since)."""
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-class RunFolderLock:
-    """One run per folder at a time: an advisory lock on ``<folder>/.monai-fast.lock`` (or ``name``).
-
-    The lock is ``fcntl.flock`` on an open file: the kernel releases it when the owning process
-    exits or is killed, so a crash never leaves the folder locked; a clean release also removes the
-    file (a claimant that opened it just before checks, once it holds the lock, that the file is
-    still the one at the path, and otherwise takes the new one). The lock file keeps the owner's
-    host, pid and command line for the message a second claimant gets. Taking the lock again in the
-    process that holds it is a no-op (a notebook cell run twice), counted so that the last
-    `release()` frees it. On a platform without ``fcntl`` the lock is advisory only (a warning).
-
-    Args:
-        folder: the run folder (created if missing).
-        what: what owns it, for messages (``"monai-fast train"``).
-        name: the lock file's name; ranks of one run that share a folder each take their own
-            (``".monai-fast.rank1.lock"``), so two runs clash rank by rank.
-
-    Examples:
-        >>> import tempfile
-        >>> folder = tempfile.mkdtemp()
-        >>> with RunFolderLock(folder):
-        ...     pass
-    """
-
-    _held: dict[str, tuple[int, int]] = {}  # resolved lock file -> (fd, count): one flock per file per process
-
-    def __init__(self, folder: str | os.PathLike, what: str = "a monai-fast run", name: str = LOCK_NAME) -> None:
-        if not name or "/" in name or name in (".", ".."):
-            raise ValueError(f"RunFolderLock name must be a plain file name, got {name!r}")
-        self.folder = Path(folder)
-        self.what = what
-        self.name = name
-        self._key = ""
-        self._owned = False
-
-    @property
-    def held(self) -> bool:
-        """Whether this object holds the lock."""
-        return self._owned
-
-    def acquire(self) -> RunFolderLock:
-        """Take the lock, or raise `RunFolderBusyError` naming the folder and its owner."""
-        if self._owned:
-            return self
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._key = str(self.folder.resolve() / self.name)
-        if self._key in RunFolderLock._held:
-            fd, count = RunFolderLock._held[self._key]
-            RunFolderLock._held[self._key] = (fd, count + 1)
-            self._owned = True
-            return self
-        lock_path = self.folder / self.name
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            logger.warning("no fcntl on this platform: %s is not protected against a second run", self.folder)
-            fcntl = None
-        while True:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            if fcntl is None:
-                break
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                owner = ""
-                with contextlib.suppress(OSError):
-                    owner = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
-                os.close(fd)
-                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-                raise RunFolderBusyError(
-                    f"{self.folder} is in use by another run ({owner or 'owner unknown'}); "
-                    f"use another folder for {self.what}, or wait for that run to end"
-                ) from None
-            if _same_file(fd, lock_path):
-                break
-            os.close(fd)  # its owner removed it as it released it: take the file now at that path
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}: {' '.join(sys.argv)[:300]}\n".encode(), 0)
-        RunFolderLock._held[self._key] = (fd, 1)
-        self._owned = True
-        return self
-
-    def release(self) -> None:
-        """Give the lock back (the last holder in this process frees it)."""
-        if not self._owned:
-            return
-        self._owned = False
-        fd, count = RunFolderLock._held.get(self._key, (-1, 0))
-        if count > 1:
-            RunFolderLock._held[self._key] = (fd, count - 1)
-            return
-        RunFolderLock._held.pop(self._key, None)
-        if fd >= 0:
-            lock_path = self.folder / self.name
-            with contextlib.suppress(OSError):  # still held: no one else can hold this file, so it goes
-                if _same_file(fd, lock_path):
-                    lock_path.unlink()  # a clean end leaves no lock file naming a process that is gone
-            with contextlib.suppress(OSError):
-                os.close(fd)  # closing the descriptor drops the flock
-
-    def __enter__(self) -> RunFolderLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()

@@ -161,6 +161,15 @@ def test_require_returns_an_installed_module_and_refuses_unknown_extras():
     assert available("json") and not available("a_module_that_is_not_there") and not available("json.nope.x")
 
 
+def test_an_installed_but_broken_module_is_not_called_a_missing_extra(tmp_path, monkeypatch):
+    (tmp_path / "a_broken_slide_reader").mkdir()
+    (tmp_path / "a_broken_slide_reader" / "__init__.py").write_text("raise RuntimeError('its own init fails')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError) as info:  # MONAI's OptionalImportError, with the import's own error
+        require("a_broken_slide_reader", extra="wsi", feature="reading slides")
+    assert not isinstance(info.value, MissingExtraError) and "its own init fails" in str(info.value)
+
+
 def test_setup_cfg_extras_match_the_code():
     text = (ROOT / "setup.cfg").read_text()
 

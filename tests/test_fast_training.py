@@ -469,7 +469,7 @@ def test_fast_training_guards_both_engines_against_short_epochs(tiny_files):
 
 def test_data_beyond_the_ram_budget_go_to_a_crop_cache_on_disk_with_every_item_in_every_epoch(tiny_files, tmp_path):
     from monai_fast.data.crop_cache import CropCacheDataset
-    from monai_fast.files import cache_root
+    from monai_fast.folders import cache_root
 
     plain, _ = _user_trainer(tiny_files, seed=3, max_epochs=2)
     want = _crops(plain)

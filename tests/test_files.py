@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from monai_fast.files import atomic_write, cache_root, clean_stale_tmp, tmp_path_for, write_json, write_text
+from monai_fast.files import atomic_write, clean_stale_tmp, tmp_path_for, write_json, write_text
+from monai_fast.folders import cache_root
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

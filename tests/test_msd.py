@@ -31,6 +31,16 @@ def test_split_changes_with_seed(tiny_spleen):
     assert len(vals) > 1
 
 
+def test_the_split_is_monais_partition_of_the_listing_in_its_order(tiny_spleen):
+    from monai.data import load_decathlon_datalist, partition_dataset
+
+    listed = load_decathlon_datalist(tiny_spleen / "dataset.json", data_list_key="training")
+    train, val = load_msd_datalist(tiny_spleen, val_fraction=0.34, seed=3)
+    _, val_idx = partition_dataset(range(len(listed)), ratios=[4, 2], shuffle=True, seed=3)  # what a user can redo
+    assert [d["image"] for d in val] == [listed[i]["image"] for i in sorted(val_idx)]
+    assert sorted(d["image"] for d in train + val) == sorted(d["image"] for d in listed)
+
+
 def test_user_fold(tiny_spleen):
     train, val = load_msd_datalist(tiny_spleen, val_cases=["spleen_002", "spleen_005.nii.gz"])
     assert sorted(case_id(d["image"]) for d in val) == ["spleen_002", "spleen_005"]
@@ -77,3 +87,14 @@ def test_four_d_brats_image_matches_3d_label(tmp_path):
     root = generate_msd(tmp_path / "b", "brats-like", num_cases=3, shape=(24, 24, 24), progress=False)
     train, val = load_msd_datalist(root, val_fraction=0.34)
     assert len(train) + len(val) == 3
+
+
+def test_an_image_listed_as_several_files_is_one_line_naming_the_entry(msd_copy):
+    meta = json.loads((msd_copy / "dataset.json").read_text())
+    meta["training"][1]["image"] = [meta["training"][1]["image"], meta["training"][2]["image"]]
+    (msd_copy / "dataset.json").write_text(json.dumps(meta))
+    with pytest.raises(MSDDataError) as info:
+        load_msd_datalist(msd_copy)
+    text = str(info.value)
+    assert "\n" not in text and str(msd_copy / "dataset.json") in text and "training[1]['image']" in text
+    assert "one file path" in text

@@ -56,6 +56,7 @@ ABOVE_HANDLERS = ("monai_fast.report", "monai_fast.bundle", "monai_fast.apps")
 PLUGIN = (
     "monai_fast.extras",
     "monai_fast.files",
+    "monai_fast.folders",
     "monai_fast.openmp",
     "monai_fast.precision_names",
     "monai_fast.progress",
@@ -75,6 +76,7 @@ LAYERS = [
         "ground floor",
         (
             "monai_fast.files",
+            "monai_fast.folders",
             "monai_fast.extras",
             "monai_fast.precision_names",
             "monai_fast.progress",
@@ -244,7 +246,7 @@ def test_importing_the_tuner_does_not_import_the_recipes():
 
 
 def test_the_ground_floor_imports_nothing_of_ours():
-    for module in ("files.py", "openmp.py", "extras.py", "threads.py"):
+    for module in ("files.py", "folders.py", "openmp.py", "extras.py", "threads.py"):
         assert not [n for n in _imports(ROOT / "monai_fast" / module) if n.startswith("monai_fast")], module
 
 

@@ -19,7 +19,7 @@ from s3_server import s3_fixture, server_fixture  # noqa: F401 (pytest fixtures 
 from monai_fast.apps.recipes import recipe_parts
 from monai_fast.apps.sources.msd import case_id, load_msd_datalist
 from monai_fast.apps.sources.remote import is_url, localize
-from monai_fast.files import cache_root
+from monai_fast.folders import cache_root
 
 
 def upload_msd(client, bucket: str, folder: Path, prefix: str = "Task") -> list[dict[str, str]]:

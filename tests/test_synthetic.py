@@ -4,8 +4,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.apps.sources import synthetic
+from monai_fast.apps.sources.synthetic import generate_msd
 
 
 def _arrays(root, name):

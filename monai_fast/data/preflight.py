@@ -7,7 +7,7 @@ label, NaN or Inf in an image, non-integer label values, label values outside ``
 and an image whose spatial shape differs from its label's (the same check as
 `monai_fast.apps.sources.msd.load_msd_datalist()`, on the data). What it learns about a file is cached
 by the file's identity (path, size, modification time) in ``preflight.json`` in
-`monai_fast.files.cache_root()`, so a second run reads no volume it has seen.
+`monai_fast.folders.cache_root()`, so a second run reads no volume it has seen.
 
 `monai_fast.data.preflight_slides.preflight_wsi()` does the same for whole-slide patch lists.
 
@@ -33,7 +33,8 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 
-from monai_fast.files import cache_root, write_json
+from monai_fast.files import write_json
+from monai_fast.folders import cache_root
 
 __all__ = [
     "PreflightError",

@@ -29,7 +29,7 @@ from monai_fast.data.preflight import (
     scan_identity,
 )
 from monai_fast.extras import MissingExtraError, require
-from monai_fast.files import cache_root
+from monai_fast.folders import cache_root
 
 __all__ = ["preflight_wsi", "scan_slide"]
 

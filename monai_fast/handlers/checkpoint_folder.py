@@ -53,7 +53,7 @@ import logging
 import os
 import re
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -91,11 +91,14 @@ class CheckpointFolderError(OSError):
 
 
 class _SyncedDiskSaver(DiskSaver):
-    """ignite's ``DiskSaver`` (rank 0 writes), writing through `monai_fast.files.atomic_write()`."""
+    """ignite's ``DiskSaver`` (its rank writes), writing through `monai_fast.files.atomic_write()`."""
 
-    def _save_func(self, checkpoint: Mapping, path: Path, func: Callable) -> None:
-        with atomic_write(path, "wb", fsync=True) as f:
-            func(checkpoint, f, **self.kwargs)
+    def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
+        if idist.has_xla_support:  # every TPU process takes part in xm.save: ignite's own write
+            super().__call__(checkpoint, filename, metadata)
+        elif self.save_on_rank == idist.get_rank():
+            with atomic_write(self.dirname / filename, "wb", fsync=True) as f:
+                torch.save(checkpoint, f, **self.kwargs)
 
 
 def _as_rank_failure(said: str, path: Path) -> Exception:
@@ -140,7 +143,7 @@ class CheckpointFolder(Checkpoint):
             global_step_transform=_iteration_of,
             filename_pattern="{filename_prefix}-{global_step:09d}.{ext}",
         )
-        self.dirname = Path(dirname)
+        self.dirname = saver.dirname  # where the saver writes: "~" expanded
         self.keep = n_saved
         self._valid: dict[tuple[str, int, int], bool] = {}
         self._reported: set[str] = set()
@@ -159,7 +162,7 @@ class CheckpointFolder(Checkpoint):
             return self._write(engine)
 
     def _write(self, engine: Engine) -> Path:
-        self._saved = []  # rotation is prune()'s: ignite would unlink a same-named file before rewriting it
+        self.reset()  # rotation is prune()'s: ignite would unlink a same-named file before rewriting it
         name = f"ckpt-{engine.state.iteration:09d}.pt"
         failure: BaseException | None = None
         path = self.dirname / name
@@ -167,7 +170,7 @@ class CheckpointFolder(Checkpoint):
             if idist.get_rank() == 0 and self.dirname.exists() and not self.dirname.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(self.dirname))
             self(engine)
-            path = self.dirname / self._saved[-1].filename
+            path = Path(self.last_checkpoint)
             if idist.get_rank() == 0:
                 st = path.stat()
                 self._valid[(path.name, st.st_size, st.st_mtime_ns)] = True  # written whole here: no need to read it

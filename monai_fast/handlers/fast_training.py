@@ -24,7 +24,7 @@ from monai.engines import Workflow
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.planner import CACHE_CHOICES
-from monai_fast.files import cache_root
+from monai_fast.folders import cache_root
 from monai_fast.handlers.algorithm_time import TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.compile import CompileChoice
@@ -73,7 +73,7 @@ class FastTraining(EngineHandler):
         ram_budget_mib: the planner's RAM budget (``None``: its default).
         disk_budget_mib: the planner's disk budget (``None``: its default).
         cache_dir: where a disk cache may go; default ``crops`` in monai-fast's cache folder
-            (`monai_fast.files.cache_root`), written only when the data do not fit the RAM budget,
+            (`monai_fast.folders.cache_root`), written only when the data do not fit the RAM budget,
             so that every item stays in every epoch instead of a SmartCache window.
         cache_threads: threads that fill the caches; default all CPUs (all but one with
             ``background_fill``).

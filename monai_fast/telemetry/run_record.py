@@ -44,7 +44,8 @@ from typing import Any
 
 import ignite.distributed as idist
 
-from monai_fast.files import NoSpaceError, RunFolderLock, free_bytes, no_space_in, write_json
+from monai_fast.files import NoSpaceError, free_bytes, no_space_in, write_json
+from monai_fast.folders import RunFolderLock
 from monai_fast.telemetry.record import KINDS, Kind, Lever, Source, jsonable, load_summary
 from monai_fast.telemetry.spans import SpanWriter
 
@@ -80,7 +81,7 @@ class RunRecord(SpanWriter):
 
     Raises:
         PermissionError: if ``run_dir`` cannot be written, naming it.
-        monai_fast.files.RunFolderBusyError: if another process writes this rank's record in
+        monai_fast.folders.RunFolderBusyError: if another process writes this rank's record in
             ``run_dir``, naming the folder and that process.
     """
 
@@ -162,7 +163,7 @@ class RunRecord(SpanWriter):
         number.
 
         Raises:
-            monai_fast.files.RunFolderBusyError: another process took the run folder since this
+            monai_fast.folders.RunFolderBusyError: another process took the run folder since this
                 record was closed.
         """
         with self._lock:

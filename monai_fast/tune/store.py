@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ignite import distributed as idist
 
-from monai_fast.files import NoSpaceError, cache_root, write_json
+from monai_fast.files import NoSpaceError, write_json
+from monai_fast.folders import cache_root
 from monai_fast.tune.result import TuneResult
 
 __all__ = ["TuneStore", "default_store_path"]
@@ -18,7 +19,7 @@ logger = logging.getLogger("monai_fast.tune")
 
 
 def default_store_path() -> Path:
-    """``tuning.json`` in monai-fast's cache folder (`monai_fast.files.cache_root()`)."""
+    """``tuning.json`` in monai-fast's cache folder (`monai_fast.folders.cache_root()`)."""
     return cache_root() / "tuning.json"
 
 

@@ -19,7 +19,7 @@ from s3_server import s3_fixture, s3fs, server_fixture  # noqa: F401 (pytest fix
 
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.remote import RemoteDataError, localize
-from monai_fast.files import cache_root
+from monai_fast.folders import cache_root
 
 
 def cached_files() -> list[Path]:

@@ -24,7 +24,7 @@ from s3_server import s3_fixture, s3fs, server_fixture  # noqa: F401 (pytest fix
 from stall_proxy import Stall, StallProxy, Throttle
 
 from monai_fast.apps.sources.remote import RemoteDataError, localize
-from monai_fast.files import cache_root
+from monai_fast.folders import cache_root
 
 LIMITS = {"connect_timeout": 1.0, "read_timeout": 1.0}
 
@@ -140,7 +140,7 @@ def test_ctrl_c_during_a_stalled_download_ends_the_process_at_once_and_leaves_no
 
 def test_ctrl_c_while_the_fetch_threads_start_stops_the_ones_already_running():
     """A real SIGINT sent by the first fetch thread lands while the main thread still starts the others."""
-    from monai_fast.apps.sources.remote import _parallel, _Stopped
+    from monai_fast.apps.sources.remote_io import _parallel, _Stopped
 
     stop = threading.Event()
     stopped: list[str] = []

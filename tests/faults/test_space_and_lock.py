@@ -19,8 +19,6 @@ import pytest
 
 from monai_fast.files import (
     NoSpaceError,
-    RunFolderBusyError,
-    RunFolderLock,
     atomic_path,
     atomic_write,
     ensure_free_space,
@@ -28,6 +26,7 @@ from monai_fast.files import (
     write_bytes,
     write_json,
 )
+from monai_fast.folders import RunFolderBusyError, RunFolderLock
 
 
 @pytest.fixture
@@ -70,7 +69,7 @@ def test_ensure_free_space_refuses_before_work(small_fs, tmp_path):
 def _hold(folder: Path, seconds: float) -> subprocess.Popen:
     code = (
         "import sys, time\n"
-        "from monai_fast.files import RunFolderLock\n"
+        "from monai_fast.folders import RunFolderLock\n"
         f"RunFolderLock({str(folder)!r}, what='the test run').acquire()\n"
         "print('held', flush=True)\n"
         f"time.sleep({seconds})\n"
@@ -112,7 +111,7 @@ def test_the_same_process_may_take_its_own_folder_again(tmp_path):
     first = RunFolderLock(tmp_path).acquire()
     second = RunFolderLock(tmp_path).acquire()  # a notebook cell run again
     first.release()
-    proc_code = f"from monai_fast.files import RunFolderLock; RunFolderLock({str(tmp_path)!r}).acquire()"
+    proc_code = f"from monai_fast.folders import RunFolderLock; RunFolderLock({str(tmp_path)!r}).acquire()"
     busy = subprocess.run([sys.executable, "-c", proc_code], capture_output=True, text=True)
     assert busy.returncode != 0 and "in use by another run" in busy.stderr  # still held by `second`
     second.release()
@@ -195,3 +194,21 @@ def test_a_file_system_out_of_inodes_says_so(tmpfs):
             written.append(write_json({"i": i}, mnt / f"f{i}.json"))
     assert "no free inodes" in str(info.value) and str(mnt) in str(info.value)
     assert written and all(p.exists() for p in written)  # what was written before is kept
+
+
+def test_a_forked_child_that_ends_leaves_the_parent_owning_its_folder(tmp_path):
+    lock = RunFolderLock(tmp_path).acquire()  # a DataLoader worker forked by the run inherits the lock's descriptor
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child collects what it inherited (the at-fork hooks have run) and ends
+            import gc
+
+            gc.collect()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        code = f"from monai_fast.folders import RunFolderLock; RunFolderLock({str(tmp_path)!r}).acquire()"
+        busy = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert busy.returncode != 0 and f"pid {os.getpid()}" in busy.stderr
+    finally:
+        lock.release()
+    assert not list(tmp_path.iterdir())  # the last release removed the lock file

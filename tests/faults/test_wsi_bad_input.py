@@ -57,6 +57,22 @@ def test_a_missing_list_or_key_is_named(small_set, tmp_path):
         load_wsi_datalist(root)
 
 
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [
+        ("slides/slide_001.tif", r"training\[0\] must be a patch entry \(a mapping\)"),
+        (
+            {"image": ["slides/slide_001.tif"], "location": [0, 0], "label": [0]},
+            r"training\[0\]\['image'\] must be one slide path",
+        ),
+    ],
+)
+def test_an_entry_of_the_wrong_shape_is_named(small_set, tmp_path, entry, match):
+    root = _rewrite(small_set, tmp_path, lambda m: m["training"].insert(0, entry))
+    with pytest.raises(WSIDataError, match=match):
+        load_wsi_datalist(root)
+
+
 def test_a_missing_slide_file_is_named_before_training(small_set, tmp_path):
     root = _rewrite(small_set, tmp_path, lambda m: m["validation"][0].update(image="slides/gone.tif"))
     with pytest.raises(WSIDataError, match=r"validation names slide 'slides/gone.tif', which does not exist"):

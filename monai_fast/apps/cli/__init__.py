@@ -163,7 +163,8 @@ def _output_line(e: BaseException) -> str | None:
     """The one-line message of an output that could not be written (a full file system, a checkpoint folder
     that is no longer a folder, a run folder another run owns), found anywhere in ``e``'s chain; ``None`` for
     other errors."""
-    from monai_fast.files import RunFolderBusyError, no_space_in
+    from monai_fast.files import no_space_in
+    from monai_fast.folders import RunFolderBusyError
     from monai_fast.handlers.checkpoint_folder import CheckpointFolderError
 
     full = no_space_in(e)

@@ -8,7 +8,8 @@ its label's is one clear error that names the path at fault.
 
 MONAI's `monai.apps.DecathlonDataset` downloads and splits the official tasks; this reader
 works on any local folder in that layout (ours, a copy on a cluster's scratch disk, a subset) and
-checks it, which ``monai.data.load_decathlon_datalist`` does not.
+checks it, which ``monai.data.load_decathlon_datalist`` does not: the checks come first, then MONAI's
+``load_decathlon_datalist`` lists the pairs and its ``partition_dataset`` splits them.
 
 Examples:
     >>> from monai_fast.apps.sources.msd import load_msd_datalist
@@ -27,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import nibabel as nib
-import numpy as np
+from monai.data import load_decathlon_datalist, partition_dataset
 
-from monai_fast.apps.sources.remote import _localize, is_url
+from monai_fast.apps.sources.remote import is_url, localize
 from monai_fast.data.preflight import shape_mismatch
 
 __all__ = ["MSDDataError", "case_id", "load_msd_datalist", "read_dataset_json"]
@@ -86,11 +87,12 @@ def read_dataset_json(root: str | os.PathLike, remote_options: Mapping[str, Any]
 def _remote_meta(root: str, options: dict) -> tuple[dict, str, str | None]:
     """The checked ``dataset.json`` of the folder at URL ``root``, its URL, and the offline note if any."""
     url = f"{root.rstrip('/')}/dataset.json"
+    notes: list[str] = []
     try:
-        files, offline = _localize([{"dataset": url}], **{"progress": False, **options})
+        files = localize([{"dataset": url}], **{"progress": False, **options}, on_offline=notes.append)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{url} not found: an MSD data folder needs a dataset.json") from e
-    return _check_meta(Path(files[0]["dataset"]).read_text(), url), url, offline
+    return _check_meta(Path(files[0]["dataset"]).read_text(), url), url, (notes[0] if notes else None)
 
 
 def _check_meta(text: str, path: str | Path) -> dict:
@@ -104,22 +106,22 @@ def _check_meta(text: str, path: str | Path) -> dict:
     for i, item in enumerate(training):
         if not isinstance(item, dict) or "image" not in item or "label" not in item:
             raise MSDDataError(f"{path}: training[{i}] must have 'image' and 'label', got {item!r}")
+        for key in ("image", "label"):
+            if not isinstance(item[key], str):
+                raise MSDDataError(
+                    f"{path}: training[{i}][{key!r}] must be one file path, got {type(item[key]).__name__} "
+                    f"{item[key]!r} (channels go into one file, as in Task01_BrainTumour)"
+                )
     return meta
-
-
-def _resolve(root: Path, rel: str) -> Path:
-    # MSD lists paths as "./imagesTr/x.nii.gz"; absolute paths are kept as they are
-    p = Path(rel)
-    return p if p.is_absolute() else (root / p).resolve()
 
 
 def _items(root: str | os.PathLike, remote_options: Mapping[str, Any] | None) -> tuple[list[dict[str, str]], str]:
     """The listed training pairs as local paths (fetched first when ``root`` is a URL), and where they are listed."""
     if not is_url(str(root)):
-        meta = read_dataset_json(root)
-        root = Path(root)
-        pairs = [{k: str(_resolve(root, d[k])) for k in ("image", "label")} for d in meta["training"]]
-        return pairs, str(root / "dataset.json")
+        read_dataset_json(root)  # its checks, each naming the file, before MONAI reads the list
+        listing = Path(root).resolve() / "dataset.json"
+        listed = load_decathlon_datalist(listing, is_segmentation=True, data_list_key="training")
+        return [{k: d[k] for k in ("image", "label")} for d in listed], str(Path(root) / "dataset.json")
     options = dict(remote_options or {})
     meta, listing, offline_meta = _remote_meta(str(root), options)
     base = str(root).rstrip("/")
@@ -127,9 +129,10 @@ def _items(root: str | os.PathLike, remote_options: Mapping[str, Any] | None) ->
         {k: d[k] if is_url(d[k]) else f"{base}/{d[k].removeprefix('./')}" for k in ("image", "label")}
         for d in meta["training"]
     ]
-    files, offline = _localize(pairs, **options)
-    if offline or offline_meta:  # one warning for the listing and its files
-        logger.warning(offline or offline_meta)
+    notes: list[str] = []
+    files = localize(pairs, **options, on_offline=notes.append)
+    if notes or offline_meta:  # one warning for the listing and its files
+        logger.warning(notes[0] if notes else offline_meta)
     return files, listing
 
 
@@ -157,7 +160,8 @@ def load_msd_datalist(
             fetched once into the local cache (`monai_fast.apps.sources.remote.localize()`) and the
             lists name the local copies.
         val_fraction: share of cases used for validation when ``val_cases`` is not given
-            (at least one case goes to each side). The split is a fixed permutation by ``seed``.
+            (at least one case goes to each side). The split is MONAI's ``partition_dataset``,
+            shuffled by ``seed``; both lists keep the order of ``dataset.json``.
         seed: seed of the split.
         val_cases: the user's own fold: case names (``"spleen_12"``) or file names of the images
             to validate on; all others train. Unknown names are an error.
@@ -203,9 +207,9 @@ def load_msd_datalist(
         if not 0.0 < val_fraction < 1.0:
             raise MSDDataError(f"val_fraction must be in (0, 1), got {val_fraction}")
         n_val = min(max(1, round(len(items) * val_fraction)), len(items) - 1)
-        perm = np.random.default_rng(seed).permutation(len(items))
-        val_idx = set(perm[:n_val].tolist())
-        is_val = [i in val_idx for i in range(len(items))]
+        _, val_idx = partition_dataset(range(len(items)), ratios=[len(items) - n_val, n_val], shuffle=True, seed=seed)
+        chosen = set(val_idx)
+        is_val = [i in chosen for i in range(len(items))]
     train = [d for d, v in zip(items, is_val) if not v]
     val = [d for d, v in zip(items, is_val) if v]
     if not train or not val:

@@ -33,7 +33,8 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-from monai_fast.files import cache_root, clean_stale_tmp, write_bytes, write_json
+from monai_fast.files import clean_stale_tmp, write_bytes, write_json
+from monai_fast.folders import cache_root
 from monai_fast.progress import progress_bar
 
 __all__ = ["KINDS", "brats_like_case", "generate_msd", "spleen_like_case", "synthetic_dataset"]
@@ -248,7 +249,7 @@ def synthetic_dataset(kind: str, cases: int, shape: Sequence[int], seed: int, pr
     """The synthetic set for these parameters, written once into the cache folder and reused.
 
     The folder is ``<cache_root()>/data/<kind>-n<cases>-<shape>-s<seed>``
-    (`monai_fast.files.cache_root()`). A folder whose ``dataset.json`` is missing, damaged or
+    (`monai_fast.folders.cache_root()`). A folder whose ``dataset.json`` is missing, damaged or
     written for other parameters is written again.
     """
     shape = tuple(int(s) for s in shape)

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from monai_fast.extras import require
-from monai_fast.files import atomic_write, cache_root, clean_stale_tmp, write_json, write_text
+from monai_fast.files import atomic_write, clean_stale_tmp, write_json, write_text
+from monai_fast.folders import cache_root
 from monai_fast.progress import progress_bar
 
 __all__ = [
@@ -191,6 +192,20 @@ def _check(num_slides: int, size: Sequence[int], tile: int, levels: int, patch_s
     return size  # type: ignore[return-value]
 
 
+def _params(num_slides: int, size: Sequence[int], tile: int, levels: int, patch_size: int, seed: int) -> dict:
+    """The parameters a generated set records under ``dataset.json``'s ``monai_fast`` key, to be reused by."""
+    return {
+        "kind": "wsi",
+        "num_slides": num_slides,
+        "size": [int(s) for s in size],
+        "tile": tile,
+        "levels": levels,
+        "patch_size": patch_size,
+        "seed": seed,
+        "mask_downsample": MASK_DOWNSAMPLE,
+    }
+
+
 def generate_wsi(
     root: str | os.PathLike,
     num_slides: int = 4,
@@ -252,16 +267,7 @@ def generate_wsi(
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows([("image", "x", "y", "label", "split"), *rows])
     write_text(text.getvalue(), root / "patches.csv")
-    params = {
-        "kind": "wsi",
-        "num_slides": num_slides,
-        "size": list(size),
-        "tile": tile,
-        "levels": levels,
-        "patch_size": patch_size,
-        "seed": seed,
-        "mask_downsample": MASK_DOWNSAMPLE,
-    }
+    params = _params(num_slides, size, tile, levels, patch_size, seed)
     write_json(
         {
             "name": "WSILike",
@@ -304,9 +310,13 @@ def load_wsi_datalist(root: str | os.PathLike) -> tuple[list[dict], list[dict]]:
         if not isinstance(items, list) or not items:
             raise WSIDataError(f"{path}: key {key!r} must be a non-empty list of patches")
         for n, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise WSIDataError(f"{path}: {key}[{n}] must be a patch entry (a mapping), got {item!r}")
             missing = [k for k in ("image", "location", "label") if k not in item]
             if missing:
                 raise WSIDataError(f"{path}: {key}[{n}] has no {missing[0]!r}")
+            if not isinstance(item["image"], str):
+                raise WSIDataError(f"{path}: {key}[{n}]['image'] must be one slide path, got {item['image']!r}")
         images = {item["image"]: str((root / item["image"]).resolve()) for item in items}
         for rel, full in images.items():
             if not os.path.isfile(full):
@@ -330,16 +340,7 @@ def synthetic_wsi_dataset(
     ``dataset.json`` is missing, damaged or written for other parameters is written again.
     """
     size = tuple(int(s) for s in size)
-    want = {
-        "kind": "wsi",
-        "num_slides": num_slides,
-        "size": list(size),
-        "tile": tile,
-        "levels": levels,
-        "patch_size": patch_size,
-        "seed": seed,
-        "mask_downsample": MASK_DOWNSAMPLE,
-    }
+    want = _params(num_slides, size, tile, levels, patch_size, seed)
     root = cache_root() / "data" / f"wsi-n{num_slides}-{size[0]}x{size[1]}-p{patch_size}-t{tile}-l{levels}-s{seed}"
     try:
         if json.loads((root / "dataset.json").read_text()).get("monai_fast") == want:

@@ -179,11 +179,11 @@ def train_job(job: TrainJob) -> TrainOutcome:
 
     Raises:
         OptionError: an output folder that cannot be written, or a model folder without room for the model.
-        monai_fast.files.RunFolderBusyError: another run holds the output folder.
+        monai_fast.folders.RunFolderBusyError: another run holds the output folder.
     """
     from ignite import distributed as idist
 
-    from monai_fast.files import RunFolderLock
+    from monai_fast.folders import RunFolderLock
     from monai_fast.telemetry.run_record import record_lock
 
     lead = idist.get_rank() == 0
