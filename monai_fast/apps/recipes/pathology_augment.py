@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from monai.engines.utils import PrepareBatch, default_prepare_batch
 
-from monai_fast.apps.sources.wsi_reader import installed
+from monai_fast.extras import available
 from monai_fast.telemetry import cuda_available
 
 __all__ = ["AugmentingPrepareBatch", "TorchBatchAugment", "batch_augment", "cucim_status", "to_unit_range"]
@@ -97,7 +97,7 @@ class TorchBatchAugment:
 def cucim_status(device: torch.device | str) -> str | None:
     """Why cuCIM's GPU transforms cannot run on ``device`` (a missing package or GPU), or None when they can."""
     device = torch.device(device)
-    missing = [m for m in ("cucim", "cupy") if not installed(m)]
+    missing = [m for m in ("cucim", "cupy") if not available(m)]
     if missing:
         return f"{' and '.join(missing)} not installed (pip install cucim-cu12 cupy-cuda12x on a CUDA 12 machine)"
     if device.type != "cuda" or not cuda_available():

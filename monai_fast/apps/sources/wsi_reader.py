@@ -22,7 +22,6 @@ Examples:
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import threading
 from collections.abc import Callable
@@ -33,9 +32,10 @@ import numpy as np
 import torch
 from monai.data.wsi_reader import BaseWSIReader, TiffFileWSIReader, WSIReader
 
+from monai_fast.extras import available
 from monai_fast.telemetry import cuda_available
 
-__all__ = ["BACKENDS", "TiledTiffWSIReader", "WSIBackend", "WSIBackendError", "choose_wsi_backend", "installed"]
+__all__ = ["BACKENDS", "TiledTiffWSIReader", "WSIBackend", "WSIBackendError", "choose_wsi_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +50,6 @@ _PACKAGES = {
 
 class WSIBackendError(RuntimeError):
     """A WSI backend that cannot run here: the message names the missing package or hardware."""
-
-
-def installed(module: str) -> bool:
-    """Whether ``module`` can be imported (found on the path; not imported)."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 class TiledTiffWSIReader(TiffFileWSIReader):
@@ -160,7 +152,7 @@ class WSIBackend:
 def _missing(name: str, device: torch.device) -> str | None:
     """Why backend ``name`` cannot run on ``device`` (the package or hardware missing), or None."""
     module, how = _PACKAGES["tifffile" if name.startswith("tifffile") else name]
-    if not installed(module):
+    if not available(module):
         return f"{module} not installed ({how})"
     if name == "cucim" and (device.type != "cuda" or not cuda_available()):
         return f"cuCIM needs a CUDA GPU and this run is on {device}"
