@@ -1,7 +1,7 @@
 """DDP scaling: training samples/s with 2 gloo ranks against 1, at equal per-rank batch; 2 "nodes" on localhost.
 
 Each configuration trains the demo's UNet (``fast`` recipe: DiceCE, Novograd, bf16 autocast where
-this CPU gains from it) with DDP through ``monai_fast.distributed.run`` on in-memory patches, so
+this CPU gains from it) with DDP through ``monai_fast.apps.launch.run`` on in-memory patches, so
 only compute and gradient all-reduce are timed. Per rank it also times the same step under
 ``no_sync()`` (compute alone) and one all-reduce of a gradient-sized buffer, the two numbers the
 README's scaling model is built from. Ranks of several also time one all-reduce per buffer size of

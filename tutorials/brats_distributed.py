@@ -4,7 +4,7 @@ MONAI's fast-training guide trains BraTS on 8 GPUs with each rank caching *its s
 volumes in *its GPU's* memory (``CacheDataset`` ending in ``ToDeviced``), so random crops and
 augmentation run on the GPU and no rank holds the whole set. This script is that set-up written
 out by hand (no monai-fast recipe), with monai-fast doing the distributed parts:
-``monai_fast.distributed.run`` (launcher, backend, device, seeds), ``rank_share`` (each rank's
+``monai_fast.apps.launch.run`` (launcher, backend, device, seeds), ``rank_share`` (each rank's
 files) and ``distribute`` (DDP, or Horovod's optimizer). Three sigmoid outputs: tumour core (TC),
 whole tumour (WT), enhancing tumour (ET) from MSD Task01's labels 1 (edema), 2 (non-enhancing),
 3 (enhancing).

@@ -1,7 +1,7 @@
 """Tutorial: one training script for one process, torchrun (DDP), srun / sbatch (SLURM) and horovodrun.
 
 The training function below builds monai-fast's ``fast`` recipe (a MONAI ``SupervisedTrainer`` +
-``SupervisedEvaluator``) and runs it. ``monai_fast.distributed.run`` makes it distributed without
+``SupervisedEvaluator``) and runs it. ``monai_fast.apps.launch.run`` makes it distributed without
 changing it: each rank sets its device and seed, takes its share of the files (so it caches only
 that share, as in MONAI's BraTS multi-GPU example), trains a DDP model (gradients averaged over
 ranks) and validates its share of the cases; MONAI's Dice metric gathers all ranks' cases, so every
