@@ -228,7 +228,7 @@ def step_plan(s: Suite, name: str) -> tuple[list[list[str]], float]:
                 "0",
             ]
             if tiny
-            else ["--channels", "16", "32", "64", "128", "256", "--epochs", "6", "--repeats", "2"]
+            else ["--channels", "16", "32", "64", "128", "256", "--epochs", "6", "--repeats", "2", "--compile"]
         )
         return [
             s.script("your_trainer.py") + ["--device", s.device, "--out", str(s.out / "your_trainer"), *size]

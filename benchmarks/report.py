@@ -50,6 +50,13 @@ def _your_trainer(d: dict) -> str:
     return (
         f"FastTraining on a tutorial-style trainer, per-epoch speed-up: median {_x(d.get('median_epoch_ratio'))}"
         + (f" ({each})" if each else "")
+        + (f", whole run {_x(d.get('median_run_ratio'))}" if d.get("median_run_ratio") else "")
+        + (
+            f"; compile forced on: {_x(d.get('median_compiled_epoch_ratio'))} per epoch, "
+            f"{_x(d.get('median_compiled_run_ratio'))} whole run"
+            if d.get("median_compiled_epoch_ratio")
+            else ""
+        )
         + f"; {where}"
     )
 

@@ -122,3 +122,28 @@ def test_a_network_with_handler_hooks_holding_a_lock_is_still_measured():
     steps, choice, why, rounds = _steps(0, 0, net=net)
     assert choice == "contiguous" and rounds is not None and len(rounds["rounds_s"]) >= 3, why
     assert "rejects" not in why and handler.calls == 0  # the copies ran without the real network's hooks
+
+
+def test_the_rounds_behind_the_layout_reach_the_record_and_the_doctors_report(tiny_files, tmp_path):
+    """A real MONAI trainer with FastTraining and a run record: each timed round of the memory-format choice is in
+    the record's summary and in the doctor's report, beside the decision."""
+    from test_fast_training import _user_trainer
+
+    from monai_fast.handlers import FastTraining, RecordHandler, TimeBreakdown
+    from monai_fast.report.doctor import doctor
+    from monai_fast.telemetry.record import load_record
+
+    trainer, evaluator = _user_trainer(tiny_files, max_epochs=1)
+    record = RecordHandler(tmp_path / "run")
+    record.attach(trainer)
+    TimeBreakdown().attach(trainer)
+    FastTraining(evaluator=False, compile=False).attach(trainer, evaluator)
+    trainer.run()  # the record is closed at the run's end
+    _, summary = load_record(tmp_path / "run")
+    lever = summary["fast_training"]["memory_format"]
+    rounds = lever["evidence"]["rounds_s"]
+    assert len(rounds) >= 3 and all(len(r) == 2 and min(r) > 0 for r in rounds)
+    doctor(tmp_path / "run")
+    report = (tmp_path / "run" / "report.md").read_text()
+    line = next(x for x in report.splitlines() if "FastTraining memory_format" in x)
+    assert "[rounds, contiguous/channels_last_3d s: " in line and line.count("/") >= 1 + len(rounds), line

@@ -325,6 +325,7 @@ def _summary_lines(summary: dict) -> list[str]:
                 f"{who}FastTraining {lever}: "
                 + (f"{v.get('setting')}: " if v.get("applied") else "left alone: ")
                 + str(v.get("reason", ""))
+                + _rounds_line(v.get("evidence"))
             )
         if amp := s.get(Source.AMP.value):
             lines.append(
@@ -333,6 +334,18 @@ def _summary_lines(summary: dict) -> list[str]:
                 + f"; non-finite losses {amp.get('nonfinite', 0)}, skipped steps {amp.get('skipped_steps', 0)}"
             )
     return lines
+
+
+def _rounds_line(evidence: dict | None) -> str:
+    """The timed rounds behind a measured lever (``tune.rounds.Decision.as_row``), as `` [rounds, s: a/b, ...]``."""
+    if not isinstance(evidence, dict):
+        return ""
+    found = evidence.get("rounds") if isinstance(evidence.get("rounds"), dict) else evidence
+    rounds = found.get("rounds_s") if isinstance(found, dict) else None
+    if not rounds:
+        return ""
+    pairs = ", ".join(f"{b:.3f}/{c:.3f}" for b, c in rounds)
+    return f" [rounds, {found.get('baseline')}/{found.get('candidate')} s: {pairs}]"
 
 
 _plots_warned = False  # the missing plots extra is said once per process
