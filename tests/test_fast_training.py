@@ -254,24 +254,28 @@ def _rank_items(local_rank, files, out):
 
     rank, world = idist.get_rank(), idist.get_world_size()
     ds = Dataset(files[0], _chain(True))
-    loader = DataLoader(
-        ds, batch_size=1, sampler=DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    )
-    trainer, evaluator = _user_trainer(files, train_loader=loader)
+    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(ds, batch_size=1, sampler=sampler)
+    trainer, evaluator = _user_trainer(files, train_loader=loader, max_epochs=3)
     fast = FastTraining()  # every lever auto: the decisions must agree across ranks
     fast.attach(trainer)
-    seen = []
+    seen: dict[int, list[str]] = {}
     trainer.add_event_handler(
-        Events.ITERATION_STARTED, lambda e: seen.extend(str(f) for f in e.state.batch["image"].meta["filename_or_obj"])
+        Events.ITERATION_STARTED,
+        lambda e: seen.setdefault(e.state.epoch, []).extend(
+            str(f) for f in e.state.batch["image"].meta["filename_or_obj"]
+        ),
     )
     trainer.run()
     decisions = {lever: what["setting"] for lever, what in fast.applied.items() if lever != "data"}
     (out / f"rank{rank}.json").write_text(
         json.dumps(
             {
-                "seen": seen,
-                "cached": len(trainer.data_loader.dataset),
+                "seen": {str(k): v for k, v in seen.items()},
+                "items": len(trainer.data_loader.dataset),
                 "steps": trainer.state.epoch_length,
+                "sampler_kept": trainer.data_loader.sampler is sampler,
+                "data": fast.applied["data"],
                 "decisions": decisions,
             }
         )
@@ -279,9 +283,12 @@ def _rank_items(local_rank, files, out):
 
 
 @pytest.mark.parametrize("backend", ["gloo", "horovod"])
-def test_two_ranks_with_a_distributed_sampler_cache_only_their_share_and_agree(
+def test_two_ranks_keep_the_users_distributed_sampler_over_one_copy_per_node_and_agree(
     backend, tiny_files, tmp_path, monkeypatch
 ):
+    """The user's DistributedSampler (shuffle across ranks, set_epoch) stays as written: across epochs each rank
+    trains on items from the whole data set, every epoch every item once over the two ranks, and the node holds
+    one cached copy (one item folder per item in the shared crop cache), as the issue asks of a DDP trainer."""
     import os
     from pathlib import Path
 
@@ -300,13 +307,19 @@ def test_two_ranks_with_a_distributed_sampler_cache_only_their_share_and_agree(
         parallel.run(_rank_items, tiny_files, tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["decisions"] == ranks[1]["decisions"] and "memory_format" in ranks[0]["decisions"], ranks
+    assert all(r["sampler_kept"] and r["data"]["setting"] == "disk" for r in ranks), [r["data"] for r in ranks]
+    assert "DistributedSampler kept" in ranks[0]["data"]["reason"]
     n = len(tiny_files[0])
-    assert all(r["cached"] == math.ceil(n / 2) for r in ranks)  # each rank caches its share only
-    assert all(r["steps"] == math.ceil(n / 2) for r in ranks)  # as many steps as the sampler gave
+    assert all(r["items"] == n for r in ranks)  # every rank reads every item
+    assert all(r["steps"] == math.ceil(n / 2) for r in ranks)  # as many steps as the sampler gives
     images = {str(f["image"]) for f in tiny_files[0]}
-    seen = [s for r in ranks for s in set(r["seen"])]
-    assert set(seen) == images, "an item was lost"
-    assert len(seen) == len(images), "an item was seen by both ranks"
+    for epoch in ("1", "2", "3"):
+        both = [s for r in ranks for s in set(r["seen"][epoch])]
+        assert set(both) == images and len(both) <= n + 1, epoch  # every item each epoch (the sampler pads 1)
+    over_epochs = [set().union(*(set(r["seen"][e]) for e in ("1", "2", "3"))) for r in ranks]
+    assert all(len(s) > math.ceil(n / 2) for s in over_epochs), over_epochs  # not a fixed half: the user's shuffle
+    crops = tmp_path / "cache" / "crops"
+    assert len([p for p in crops.iterdir() if p.is_dir()]) == n  # one copy per node: one folder per item
 
 
 def test_doctor_apply_prescribes_fast_training_or_what_unblocks_its_levers(tiny_files, tmp_path, capsys):

@@ -12,9 +12,14 @@ user chose: batch size, shuffling (and its generator), ``drop_last``, the collat
   for the same seed, a loader that ran in the main process (``num_workers=0``) and its adoption
   give the same crops. (With worker processes the original's crops depend on each worker's seed;
   the adopted loader runs them in one background thread.)
-* A ``DistributedSampler`` becomes a per-rank partition of the items (its ``seed``; even sizes, as
-  the sampler pads), cached by that rank only; each epoch every item is seen once across ranks,
-  as with the sampler, and the partition is shuffled within the rank when the sampler shuffled.
+* A ``DistributedSampler`` is kept as written (its shuffle across ranks, ``set_epoch``, seed) where
+  the chain's first random transform is a patch crop and a cache folder is given: the items go to
+  one `CropCacheDataset` per node, filled by the node's ranks in turn (each its share, then a
+  barrier), read by every rank through the memory map, so the node holds one copy in its page
+  cache. Otherwise (no crop to read by the patch, no folder, a GPU) it becomes a per-rank partition
+  of the items (its ``seed``; even sizes, as the sampler pads), cached by that rank only; each epoch
+  every item is seen once across ranks, and the partition is shuffled within the rank when the
+  sampler shuffled.
 * A data set that is already a cache (``CacheDataset``, ``PersistentDataset``) is kept as it is:
   only the loader changes. MONAI's ``SmartCacheDataset`` becomes a
   `SafeSmartCacheDataset` over the same items, window and
@@ -72,6 +77,7 @@ from torch.utils.data import (
 )
 
 from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
+from monai_fast.data.crop_cache import CropCacheDataset
 from monai_fast.data.loaders import SafeThreadDataLoader
 from monai_fast.data.planner import CACHE_CHOICES, CachePlan, budgets_in_bytes, force_plan, plan_cache, rank_partition
 from monai_fast.data.rng_state import randomizables
@@ -261,6 +267,9 @@ def adopt_loader(
     if why is not None:
         raise ValueError(why)
     ds, device = loader.dataset, torch.device(device)
+    shared = _shared_node_tier(loader, device, cache, cache_dir, disk_budget_mib) if cache in ("auto", "disk") else None
+    if shared is not None:
+        return shared
     items, shuffle, generator, order_note = _order(loader)
     # building caches and MONAI loaders reseeds the transforms (Compose.__init__, DataLoader.__init__):
     # put their generators and torch's back, so the adopted loader draws the crops the user's would
@@ -304,6 +313,62 @@ def adopt_loader(
         f"{workers} worker processes)"
     )
     return AdoptedData(new, dataset, plan, where, notes)
+
+
+def _shared_node_tier(
+    loader: DataLoader,
+    device: torch.device,
+    cache: str,
+    cache_dir: str | os.PathLike | None,
+    disk_budget_mib: float | None,
+) -> AdoptedData | None:
+    """Under a ``DistributedSampler``: the user's sampler over one `CropCacheDataset` per node, or ``None``.
+
+    Chosen on a CPU when the data set is MONAI's plain ``Dataset``, the chain's first random transform reads
+    its patch (`PATCH_CROPS`) and the items fit the disk budget in ``cache_dir``. The node's ranks fill it
+    in turn (local rank ``r`` writes items ``r, r + n, ...``), wait for each other, then read every item
+    through the memory map: one copy in the node's page cache, and the sampler's shuffle across ranks kept.
+    """
+    sampler, ds = loader.sampler, loader.dataset
+    if not isinstance(sampler, DistributedSampler) or cache_dir is None or device.type == "cuda":
+        return None
+    if type(ds) is not Dataset or not ds.data:  # a cache of the user's own is adopted as before
+        return None
+    transform = ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform])
+    plan = plan_cache(
+        transform, list(ds.data), device, ram_budget_mib=0, disk_budget_mib=disk_budget_mib, cache_dir=cache_dir
+    )
+    if cache == "auto" and not (plan.where == "disk" and plan.reads_patches):
+        return None
+    if not plan.reads_patches:
+        return None
+    import ignite.distributed as idist
+
+    with _random_states_kept(ds):
+        dataset = CropCacheDataset(ds.data, ds.transform, cache_dir=cache_dir)
+        local, per_node = idist.get_local_rank(), max(1, idist.get_nproc_per_node())
+        written = dataset.fill(range(local, len(dataset), per_node))
+        if idist.get_world_size() > 1:
+            idist.barrier()  # every rank reads items the others wrote (a dead rank ends this with the group's timeout)
+        options = _kept_options(loader, 0)
+        new = SafeThreadDataLoader(
+            dataset,
+            batch_size=loader.batch_size,
+            drop_last=loader.drop_last,
+            collate_fn=loader.collate_fn,
+            num_workers=0,
+            sampler=sampler,
+            **options,
+        )
+    notes = [
+        f"DistributedSampler kept (rank {sampler.rank} of {sampler.num_replicas}, shuffle={sampler.shuffle}, "
+        f"seed {sampler.seed}): every rank reads every item from one CropCacheDataset per node in {cache_dir} "
+        f"(the {type(transform.transforms[plan.first_random]).__name__} reads its patch from the memory map; "
+        f"{len(dataset)} items, this rank wrote {written}), so the node's page cache holds one copy",
+        f"SafeThreadDataLoader(batch_size={loader.batch_size}, the user's DistributedSampler, "
+        f"drop_last={loader.drop_last}, 0 worker processes)",
+    ]
+    return AdoptedData(new, dataset, plan, "disk", notes)
 
 
 #: a ``DataLoader``'s worker options, kept when the adopted loader keeps worker processes
