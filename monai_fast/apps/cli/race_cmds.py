@@ -34,8 +34,8 @@ from monai_fast.apps.cli.args import (
 )
 from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race, resolve_device, tune_only
 from monai_fast.apps.demo.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
-from monai_fast.apps.demo.runner import RaceResult
 from monai_fast.apps.demo.scale import DemoScale, demo_scale, size_line
+from monai_fast.apps.training.run import TrainResult
 from monai_fast.handlers.stop_signal import stop_signals_caught
 
 __all__ = [
@@ -76,21 +76,21 @@ class ProgressPrinter(RaceEvents):
             flush=True,
         )
 
-    def recipe_started(self, recipe: str, target: float, budget_s: float | None) -> None:
-        budget = "none" if budget_s is None else f"{budget_s:.0f} s"
+    def recipe_started(self, recipe: str, target: float, time_budget_s: float | None) -> None:
+        budget = "none" if time_budget_s is None else f"{time_budget_s:.0f} s"
         print(f"-- {recipe}: training to Dice {target} (budget {budget})", flush=True)
 
-    def budget_set(self, recipe: str, budget_s: float, how: dict) -> None:
-        print(f"-- {recipe}: {budget_text(budget_s, how)}", flush=True)
+    def budget_set(self, recipe: str, time_budget_s: float, how: dict) -> None:
+        print(f"-- {recipe}: {budget_text(time_budget_s, how)}", flush=True)
 
-    def time_shared(self, recipe: str, budget_s: float, left_s: float) -> None:
+    def time_shared(self, recipe: str, time_budget_s: float, left_s: float) -> None:
         print(
-            f"-- {recipe}: up to {budget_s:.0f} s on its own clock (set-up included): its share of the "
+            f"-- {recipe}: up to {time_budget_s:.0f} s on its own clock (set-up included): its share of the "
             f"{left_s:.0f} s left after the set-up, the others training as long beside it",
             flush=True,
         )
 
-    def recipe_finished(self, r: RaceResult) -> None:
+    def recipe_finished(self, r: TrainResult) -> None:
         state = f"reached in {r.time_to_target_s:.1f} s" if r.reached else f"not reached in {r.total_s:.0f} s"
         print(f"   {r.recipe}: {state}, best Dice {r.best_dice or 0:.3f}, {r.epochs_run} epochs", flush=True)
 
@@ -264,12 +264,13 @@ def time_line(spec: RaceSpec) -> str | None:
     )
 
 
-def budget_text(budget_s: float, how: dict) -> str:
+def budget_text(time_budget_s: float, how: dict) -> str:
     """What a recipe other than the lead got once the lead was done: its epochs and its seconds, and from what.
 
     Examples:
         >>> print(budget_text(600.0, {"lead": "fast", "lead_s": 20.0, "lead_reached": True, "lead_epochs": 8,
-        ...                           "multiple": None, "cap_s": 600.0, "epoch_multiple": 5.0, "others_epochs": 40}))
+        ...                           "multiple": None, "time_budget_s": 600.0, "epoch_multiple": 5.0,
+        ...                           "others_epochs": 40}))
         budget 40 epochs (fast reached the target in 8 epochs, 20.0 s; 5x its epochs), at most 600 s on its own clock
     """
     lead = how["lead"]
@@ -283,12 +284,12 @@ def budget_text(budget_s: float, how: dict) -> str:
     if how.get("max_epochs") and how.get("others_epochs"):
         wanted = math.ceil(how["epoch_multiple"] * how["lead_epochs"])
         rules[0] += f" = {wanted}, capped by --max-epochs {how['max_epochs']}"
-    cap = "no cap" if how["cap_s"] is None else f"at most {how['cap_s']:.0f} s"
-    epochs = f"{how['others_epochs']} epochs" if how.get("others_epochs") else f"{budget_s:.0f} s"
-    limited = how.get("multiple") or how.get("others_epochs") or how.get("deadline_left_s") is not None
-    seconds = f"at most {budget_s:.0f} s" if limited else cap
-    if how.get("deadline_left_s") is not None:
-        seconds += f" ({how['deadline_left_s']:.0f} s left of --total-budget)"
+    cap = "no cap" if how["time_budget_s"] is None else f"at most {how['time_budget_s']:.0f} s"
+    epochs = f"{how['others_epochs']} epochs" if how.get("others_epochs") else f"{time_budget_s:.0f} s"
+    limited = how.get("multiple") or how.get("others_epochs") or how.get("total_budget_left_s") is not None
+    seconds = f"at most {time_budget_s:.0f} s" if limited else cap
+    if how.get("total_budget_left_s") is not None:
+        seconds += f" ({how['total_budget_left_s']:.0f} s left of --total-budget)"
     return f"budget {epochs} ({lead} {done}; {', '.join(rules) or cap}), {seconds} on its own clock"
 
 
