@@ -214,6 +214,17 @@ def test_bad_cli_options_are_named(argv, match, capsys):
         main([*argv, "--no-progress"])
 
 
+def test_sbatch_options_reach_the_script(tmp_path, capsys):
+    """Each job-writer option lands in the spec field of its name: requeue off, the signal lead, the memory."""
+    out = tmp_path / "job.sbatch"
+    argv = ["sbatch", "--no-requeue", "--signal-lead", "30", "--mem", "64G", "--out", str(out), "--", "python", "t.py"]
+    assert main(argv) == 0
+    text = out.read_text()
+    assert "--requeue" not in text and "USR1@30" in text and "--mem=64G" in text
+    assert main(["sbatch", "--", "python", "t.py"]) == 0
+    assert "#SBATCH --requeue" in capsys.readouterr().out
+
+
 def test_unwritable_run_dir_is_named_before_any_training(tmp_path, monkeypatch):
     import monai_fast.apps.demo.core as race_core
 
