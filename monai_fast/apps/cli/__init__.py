@@ -37,7 +37,7 @@ __all__ = ["COMMANDS", "COMPUTE_COMMANDS", "build_parser", "main"]
 COMMANDS = {
     "demo": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
     "bench": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
-    "tune": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
+    "tune": ("monai_fast.apps.cli.tune_cmd", "add_tune_command"),
     "launch": ("monai_fast.apps.cli.tools", "add_tool_commands"),
     "sbatch": ("monai_fast.apps.cli.tools", "add_tool_commands"),
     "k8s": ("monai_fast.apps.cli.tools", "add_tool_commands"),
