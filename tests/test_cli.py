@@ -42,6 +42,22 @@ def test_help_explains_every_command():
         assert opt in demo
 
 
+def test_the_package_docstring_lists_every_command():
+    """The command list at the top of ``monai_fast.apps.cli`` names each command the parser has, and no other."""
+    import argparse
+    import importlib
+    import re
+
+    import monai_fast.apps.cli as cli
+
+    sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
+    for module, function in dict.fromkeys(cli.COMMANDS.values()):
+        getattr(importlib.import_module(module), function)(sub)
+    listed = re.findall(r"^``monai-fast (\w+)``", cli.__doc__, flags=re.MULTILINE)
+    assert len(listed) == len(set(listed))
+    assert set(listed) == set(sub.choices) == set(cli.COMMANDS)
+
+
 def test_console_script_is_installed():
     import shutil
     from pathlib import Path
