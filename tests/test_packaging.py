@@ -269,3 +269,12 @@ def test_no_two_extras_install_the_same_packages():
     for name, packages in extras.items():
         by_packages.setdefault(packages, []).append(name)
     assert [names for names in by_packages.values() if len(names) > 1] == []
+
+
+def test_the_report_package_docstring_names_each_of_its_modules():
+    """``monai_fast.report``'s docstring says what each of its modules holds, and nothing it does not have."""
+    import monai_fast.report as report
+
+    modules = {p.name for p in (ROOT / "monai_fast" / "report").glob("*.py") if p.name != "__init__.py"}
+    assert {m for m in modules if f"``{m}``" not in report.__doc__} == set()
+    assert "race table" not in report.__doc__
