@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from monai_fast.apps.launch.launch import LaunchSpec
+    from monai_fast.apps.launch.torchrun import LaunchSpec
 
 __all__ = ["add_tool_commands"]
 
@@ -27,7 +27,7 @@ logger = logging.getLogger("monai_fast")
 
 def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
     """The launch options checked together: every bad one named in one line, before anything starts."""
-    from monai_fast.apps.launch.launch import LaunchSpec
+    from monai_fast.apps.launch.torchrun import LaunchSpec
 
     if getattr(args, "module", False):
         import importlib.util
@@ -66,7 +66,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
-    from monai_fast.apps.launch.launch import (
+    from monai_fast.apps.launch.supervise import NoRankStarted, supervise
+    from monai_fast.apps.launch.torchrun import (
         rendezvous_failure,
         rendezvous_timeout_message,
         rendezvous_wait_line,
@@ -74,7 +75,6 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         torchrun_env,
         unanswered_endpoint_message,
     )
-    from monai_fast.apps.launch.supervise import NoRankStarted, supervise
     from monai_fast.distributed.env import LAUNCHED_BY
 
     spec = _launch_spec(args)
@@ -261,7 +261,7 @@ _SBATCH_TEXT = (
 
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:
-    from monai_fast.apps.launch.launch import DEFAULT_RDZV_TIMEOUT_S, STORE_ANSWER_S
+    from monai_fast.apps.launch.torchrun import DEFAULT_RDZV_TIMEOUT_S, STORE_ANSWER_S
 
     p = sub.add_parser(
         "launch",
