@@ -114,8 +114,8 @@ _TUNE_TEXT = (
     "budget (cap minus margin). Out-of-memory candidates are recorded as infeasible and the search goes on. "
     "A range no longer than --trials is tried value by value; a longer one by doubling from the low end until a "
     "candidate does not fit or two doublings in a row gain under 5 %, then bisecting. The three best are then measured "
-    "again in a short race. Results are cached per device, memory, model, patch and volume size; "
-    "'monai-fast demo --tune' applies them."
+    "again, twice, dropping the weakest after each round. Results are cached per device, memory, model, patch "
+    "and volume size; 'monai-fast demo --tune' applies them."
 )
 
 
