@@ -6,11 +6,10 @@ command when training would start, with a one-line message and exit status 143
 (`STOPPED_EXIT`), instead of ending it silently.
 
 Examples:
-    >>> import argparse
-    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
-    >>> add_race_commands(sub)
-    >>> sorted(sub.choices)
-    ['bench', 'demo']
+    >>> from monai_fast.apps.cli import build_parser
+    >>> args = build_parser("demo").parse_args(["demo", "--target", "0.8"])
+    >>> args.recipes, args.target, args.total_budget
+    (['fast', 'baseline'], 0.8, 600.0)
 """
 
 from __future__ import annotations

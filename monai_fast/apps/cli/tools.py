@@ -1,11 +1,10 @@
 """``monai-fast launch | sbatch | k8s | doctor | synth``: parse, call the library, print.
 
 Examples:
-    >>> import argparse
-    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
-    >>> add_tool_commands(sub)
-    >>> sorted(sub.choices)
-    ['doctor', 'k8s', 'launch', 'sbatch', 'synth']
+    >>> from monai_fast.apps.cli import build_parser
+    >>> args = build_parser("launch").parse_args(["launch", "--nproc", "2", "train.py", "--epochs", "3"])
+    >>> args.nproc, args.script, args.script_args
+    (2, 'train.py', ['--epochs', '3'])
 """
 
 from __future__ import annotations

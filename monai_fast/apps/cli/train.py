@@ -24,11 +24,10 @@ from its start to its end, so a second ``train`` into it, whatever its recipe, s
 line naming the folder and the run that holds it.
 
 Examples:
-    >>> import argparse
-    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
-    >>> add_train_command(sub)
-    >>> sorted(sub.choices)
-    ['train']
+    >>> from monai_fast.apps.cli import build_parser
+    >>> args = build_parser("train").parse_args(["train", "--max-epochs", "2"])
+    >>> args.recipe, args.max_epochs, args.target
+    ('fast', 2, 1.0)
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """``monai-fast tune``: the fast recipe's settings measured on this device, or a MONAI bundle's (``--bundle``).
 
 Examples:
-    >>> import argparse
-    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
-    >>> add_tune_command(sub)
-    >>> sorted(sub.choices)
-    ['tune']
+    >>> from monai_fast.apps.cli import build_parser
+    >>> args = build_parser("tune").parse_args(["tune", "--trials", "4"])
+    >>> args.batch_range, args.sw_range, args.trials
+    ((1, 8), (1, 16), 4)
 """
 
 from __future__ import annotations
