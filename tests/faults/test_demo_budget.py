@@ -16,7 +16,8 @@ import pytest
 from monai_fast.apps.cli import main
 from monai_fast.apps.demo.core import REPORT_SHARE
 from monai_fast.apps.demo.headline import ESTIMATED, format_headline, headline
-from monai_fast.apps.training.run import EpochRow, TrainResult
+from monai_fast.apps.training.epochs import EpochRow
+from monai_fast.apps.training.run import TrainResult
 
 TINY_DEMO = [
     "--cases",

@@ -17,7 +17,7 @@ from monai.handlers import TensorBoardStatsHandler, from_engine
 
 from monai_fast.apps.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.apps.recipes.common import Recipe
-from monai_fast.apps.training.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, write_epochs_csv
+from monai_fast.apps.training.epochs import EpochRecorder, EpochRow, write_epochs_csv
 from monai_fast.data.rng_state import OwnRandomStream
 from monai_fast.extras import available, require
 from monai_fast.handlers import (
@@ -43,7 +43,7 @@ from monai_fast.telemetry.spans import wall_time
 if TYPE_CHECKING:  # tensorboard is the [plots] extra, imported where a run writes its events
     from torch.utils.tensorboard import SummaryWriter
 
-__all__ = ["EPOCH_FIELDS", "EpochRow", "TargetRun", "TrainResult", "run_to_target", "write_epochs_csv"]
+__all__ = ["TargetRun", "TrainResult", "run_to_target"]
 
 logger = logging.getLogger(__name__)
 
