@@ -33,9 +33,9 @@ from pathlib import Path
 
 from busy import busy_cores
 
-from monai_fast.apps.demo.epochs import EpochRow
 from monai_fast.apps.demo.headline import format_headline, headline
-from monai_fast.apps.demo.runner import RaceResult
+from monai_fast.apps.training.epochs import EpochRow
+from monai_fast.apps.training.run import TrainResult
 from monai_fast.files import write_json
 
 
@@ -75,7 +75,7 @@ def recompute(folder: Path) -> None:
     runs = []
     for run in old["runs"]:
         doc = json.loads((folder / f"{run['name']}.results.json").read_text())
-        results = [RaceResult(**{**r, "epochs": [EpochRow(**e) for e in r["epochs"]]}) for r in doc["results"]]
+        results = [TrainResult(**{**r, "epochs": [EpochRow(**e) for e in r["epochs"]]}) for r in doc["results"]]
         paired = {name: e["epochs_interleaved"] for name, e in doc["headline"]["recipes"].items()}
         head = headline(results, paired, doc["headline"]["budget"], host=doc["headline"].get("host"))
         print(f"== {run['name']}\n{format_headline(head)}")

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from monai_fast.apps.demo.runner import run_to_target
 from monai_fast.apps.recipes import RecipeConfig
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import synthetic_dataset
+from monai_fast.apps.training.run import run_to_target
 from monai_fast.files import write_json
 from monai_fast.telemetry import cuda_available, device_description
 

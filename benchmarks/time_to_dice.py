@@ -18,7 +18,7 @@ import json
 import logging
 import sys
 
-from monai_fast.apps.demo import RaceEvents, RaceOptionError, RaceSpec, SyntheticData, bench
+from monai_fast.apps.demo import OptionError, RaceEvents, RaceSpec, SyntheticData, bench
 from monai_fast.apps.recipes import RECIPES
 
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         done = bench(spec, repeats=args.repeats, out_dir=args.out, events=_Say())
-    except RaceOptionError as e:
+    except OptionError as e:
         p.error(str(e))
     print(json.dumps(done.summary, indent=2))
     print(f"wrote {done.path}")

@@ -35,12 +35,12 @@ from pathlib import Path
 import torch
 from monai.losses import DiceCELoss
 
-from monai_fast.apps.demo.runner import run_to_target
 from monai_fast.apps.recipes import REGISTRY, RecipeConfig
 from monai_fast.apps.recipes.parts import build_network, build_optimizer
 from monai_fast.apps.recipes.tuning import default_space, tune_recipe, typical_val_shape
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import synthetic_dataset
+from monai_fast.apps.training.run import run_to_target
 from monai_fast.files import write_json
 from monai_fast.telemetry import device_description
 from monai_fast.tune import SearchSpace

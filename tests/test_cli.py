@@ -42,6 +42,22 @@ def test_help_explains_every_command():
         assert opt in demo
 
 
+def test_the_package_docstring_lists_every_command():
+    """The command list at the top of ``monai_fast.apps.cli`` names each command the parser has, and no other."""
+    import argparse
+    import importlib
+    import re
+
+    import monai_fast.apps.cli as cli
+
+    sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
+    for module, function in dict.fromkeys(cli.COMMANDS.values()):
+        getattr(importlib.import_module(module), function)(sub)
+    listed = re.findall(r"^``monai-fast (\w+)``", cli.__doc__, flags=re.MULTILINE)
+    assert len(listed) == len(set(listed))
+    assert set(listed) == set(sub.choices) == set(cli.COMMANDS)
+
+
 def test_console_script_is_installed():
     import shutil
     from pathlib import Path
@@ -212,6 +228,17 @@ def test_bad_cli_options_are_named(argv, match, capsys):
         pytest.skip("this machine has CUDA")
     with pytest.raises(SystemExit, match=match):
         main([*argv, "--no-progress"])
+
+
+def test_sbatch_options_reach_the_script(tmp_path, capsys):
+    """Each job-writer option lands in the spec field of its name: requeue off, the signal lead, the memory."""
+    out = tmp_path / "job.sbatch"
+    argv = ["sbatch", "--no-requeue", "--signal-lead", "30", "--mem", "64G", "--out", str(out), "--", "python", "t.py"]
+    assert main(argv) == 0
+    text = out.read_text()
+    assert "--requeue" not in text and "USR1@30" in text and "--mem=64G" in text
+    assert main(["sbatch", "--", "python", "t.py"]) == 0
+    assert "#SBATCH --requeue" in capsys.readouterr().out
 
 
 def test_unwritable_run_dir_is_named_before_any_training(tmp_path, monkeypatch):

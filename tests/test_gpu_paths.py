@@ -13,7 +13,7 @@ import pytest
 import torch
 from ignite.engine import Engine
 
-from monai_fast.apps.demo.runner import run_to_target
+from monai_fast.apps.training.run import run_to_target
 from monai_fast.handlers import FastTraining, KernelProfiler
 from monai_fast.telemetry.record import Kind, Source, load_record, select
 

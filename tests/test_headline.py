@@ -23,7 +23,8 @@ from monai_fast.apps.demo.headline import (
 )
 from monai_fast.apps.demo.interleave import budget_after_lead, epochs_after_lead
 from monai_fast.apps.demo.options import recipe_config
-from monai_fast.apps.demo.runner import EpochRow, RaceResult, TargetRun
+from monai_fast.apps.training.epochs import EpochRow
+from monai_fast.apps.training.run import TargetRun, TrainResult
 from monai_fast.telemetry.host import describe_host_load
 
 TINY_RACE = {"max_epochs": 6, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "precision": "fp32"}
@@ -56,7 +57,7 @@ def _result(
     setup_cpu_s: float | None = None,
     device: str = "CPU x86_64",
     crops: int | None = None,
-) -> RaceResult:
+) -> TrainResult:
     rows = [
         EpochRow(
             recipe,
@@ -76,7 +77,7 @@ def _result(
         for i, d in enumerate(dice)
     ]
     reached = reached_at is not None
-    return RaceResult(
+    return TrainResult(
         recipe,
         target,
         reached,
@@ -101,7 +102,7 @@ def _result(
 def test_baseline_stopped_early_gets_an_estimate_from_its_dice_curve_labelled_estimated():
     fast = _result("fast", [0.3, 0.6, 0.9], 0.9, 1.0, reached_at=3)
     base = _result("baseline", [0.1, 0.2, 0.3, 0.4], 0.9, 4.0)  # 0.4 at epoch 4; fast had 0.6 at epoch 2
-    doc = headline([fast, base], {"fast": 3, "baseline": 1}, {"cap_s": 300})
+    doc = headline([fast, base], {"fast": 3, "baseline": 1}, {"time_budget_s": 300})
     b = doc["recipes"]["baseline"]
     assert (
         b["epochs_to_target"]["how"] == ESTIMATED and "reached Dice 0.400 at epoch 4" in b["epochs_to_target"]["basis"]
@@ -160,7 +161,7 @@ QUIET = {"others_cpu_share": 0.01, "cpus": 2, "wall_s": 60.0}
 BUSY = {"others_cpu_share": 0.5, "cpus": 2, "wall_s": 60.0}
 
 
-def _busy_pair(device: str = "CPU x86_64") -> tuple[RaceResult, RaceResult]:
+def _busy_pair(device: str = "CPU x86_64") -> tuple[TrainResult, TrainResult]:
     """A race on a loaded host: fast 2 s/epoch on the wall for 1 CPU s; baseline 5 s for 4 CPU s (it runs more
     threads)."""
     fast = _result("fast", [0.5, 0.9], 0.9, 2.0, reached_at=2, cpu_s_per_epoch=1.0, setup_cpu_s=2.0, device=device)
@@ -216,14 +217,14 @@ def test_interleaved_race_gives_the_baseline_a_budget_derived_from_fasts_time(tm
     budget = run.meta["headline"]["budget"]
     assert budget["lead_s"] == pytest.approx(fast.time_to_target_s) and budget["lead_reached"]
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
-    if base.budget_s == 300:
+    if base.time_budget_s == 300:
         # the turns are taken by clock: a busy host can give the baseline all its epochs (or this tiny target) in
         # its turns before fast reaches the target; then it is done there and no budget is derived for it
         assert base.epochs_run == doc["headline"]["recipes"]["baseline"]["epochs_interleaved"]
         assert doc["headline"]["recipes"]["baseline"]["stopped"] in ("target", "epoch limit")
         return
-    assert base.budget_s == pytest.approx(fast.time_to_target_s) == pytest.approx(budget["others_s"])
-    assert base.budget_s < 300 and not base.reached
+    assert base.time_budget_s == pytest.approx(fast.time_to_target_s) == pytest.approx(budget["others_s"])
+    assert base.time_budget_s < 300 and not base.reached
     assert doc["headline"]["recipes"]["baseline"]["stopped"] == "wall-clock budget"
     est = doc["headline"]["recipes"]["baseline"]["time_to_target_s"]
     if (
@@ -359,8 +360,8 @@ def test_the_baselines_epoch_budget_and_its_curve_do_not_depend_on_the_order_of_
 def test_a_wall_clock_cap_cutting_the_epoch_budget_short_is_said():
     fast = _result("fast", [0.3, 0.6, 0.9], 0.9, 1.0, reached_at=3)
     base = _result("baseline", [0.1, 0.2, 0.3, 0.4], 0.9, 4.0)  # its 16 s budget spent after 4 of its 6 epochs
-    budget = {"lead": "fast", "cap_s": 16.0, "epoch_multiple": 2.0, "lead_epochs": 3, "others_epochs": 6}
-    doc = headline([fast, replace(base, budget_s=16.0, budget_exhausted=True)], {"fast": 3, "baseline": 1}, budget)
+    budget = {"lead": "fast", "time_budget_s": 16.0, "epoch_multiple": 2.0, "lead_epochs": 3, "others_epochs": 6}
+    doc = headline([fast, replace(base, time_budget_s=16.0, budget_exhausted=True)], {"fast": 3, "baseline": 1}, budget)
     assert (
         doc["recipes"]["baseline"]["stopped"] == "wall-clock budget" and doc["recipes"]["fast"]["stopped"] == "target"
     )

@@ -258,3 +258,25 @@ def test_hardware_libraries_are_called_only_in_telemetry():
         str(p.relative_to(ROOT)) for p in _modules("") if "telemetry" not in p.parts and pattern.search(p.read_text())
     ]
     assert not offenders, f"hardware calls outside telemetry/: {offenders}"
+
+
+def test_no_two_extras_install_the_same_packages():
+    """Each extra in setup.cfg is one name for one set of packages: two with the same list would be aliases."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extras = {name: frozenset(value.split()) for name, value in cfg["options.extras_require"].items()}
+    by_packages: dict[frozenset[str], list[str]] = {}
+    for name, packages in extras.items():
+        by_packages.setdefault(packages, []).append(name)
+    assert [names for names in by_packages.values() if len(names) > 1] == []
+
+
+def test_the_report_package_docstring_names_each_of_its_modules():
+    """``monai_fast.report``'s docstring says what each of its modules holds, and nothing it does not have."""
+    import monai_fast.report as report
+
+    modules = {p.name for p in (ROOT / "monai_fast" / "report").glob("*.py") if p.name != "__init__.py"}
+    assert {m for m in modules if f"``{m}``" not in report.__doc__} == set()
+    assert "race table" not in report.__doc__

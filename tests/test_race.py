@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 import monai_fast.apps.demo.core as race_core
-from monai_fast.apps.demo import RaceEvents, RaceOptionError, RaceSpec, SyntheticData, bench, race, summarize
+from monai_fast.apps.demo import OptionError, RaceEvents, RaceSpec, SyntheticData, bench, race, summarize
 
 TINY = {"patch_size": (32, 32, 32), "num_samples": 2, "num_workers": 1, "cache_threads": 1, "max_epochs": 2}
 
@@ -15,8 +15,8 @@ class _Log(RaceEvents):
     def __init__(self):
         self.seen = []
 
-    def recipe_started(self, recipe, target, budget_s):
-        self.seen.append(("started", recipe, target, budget_s))
+    def recipe_started(self, recipe, target, time_budget_s):
+        self.seen.append(("started", recipe, target, time_budget_s))
 
     def recipe_finished(self, result):
         self.seen.append(("finished", result.recipe, result.diagnosis is not None))
@@ -73,7 +73,7 @@ def test_run_dir_under_a_regular_file_fails_before_any_training(tmp_path, monkey
     _no_training(monkeypatch)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    with pytest.raises(RaceOptionError, match="run_dir: cannot write into") as info:
+    with pytest.raises(OptionError, match="run_dir: cannot write into") as info:
         race(RaceSpec(recipes=["fast"], device="cpu", run_dir=blocker / "run", progress=False))
     assert info.value.option == "run_dir"
     assert not (tmp_path / "cache").exists()  # no synthetic data was written either
@@ -87,7 +87,7 @@ def test_read_only_run_dir_fails_before_any_training(tmp_path, monkeypatch):
     locked.mkdir()
     locked.chmod(0o500)
     try:
-        with pytest.raises(RaceOptionError, match="run_dir") as info:
+        with pytest.raises(OptionError, match="run_dir") as info:
             race(RaceSpec(recipes=["fast"], device="cpu", run_dir=locked, progress=False))
         assert info.value.option == "run_dir"
     finally:
@@ -119,25 +119,25 @@ def test_bad_options_are_named_before_anything_runs(fields, option, tmp_path, mo
     if option == "device" and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     _no_training(monkeypatch)
-    with pytest.raises(RaceOptionError) as info:
+    with pytest.raises(OptionError) as info:
         race(RaceSpec(**{"device": "cpu", "run_dir": tmp_path / "run", **fields}))
     assert info.value.option == option and str(info.value).startswith(f"{option}: ")
 
 
 def test_bench_rejects_zero_repeats_and_an_unwritable_out_dir(tmp_path, monkeypatch):
     _no_training(monkeypatch)
-    with pytest.raises(RaceOptionError, match="repeats"):
+    with pytest.raises(OptionError, match="repeats"):
         bench(RaceSpec(device="cpu", run_dir=tmp_path / "b"), repeats=0, out_dir=tmp_path)
     (tmp_path / "f").write_text("")
-    with pytest.raises(RaceOptionError, match="out_dir"):
+    with pytest.raises(OptionError, match="out_dir"):
         bench(RaceSpec(device="cpu", run_dir=tmp_path / "b"), repeats=1, out_dir=tmp_path / "f" / "out")
 
 
 def test_summarize_medians_and_same_repeat_speedups():
-    from monai_fast.apps.demo.runner import RaceResult
+    from monai_fast.apps.training.run import TrainResult
 
     def result(recipe, ttt):
-        return RaceResult(
+        return TrainResult(
             recipe=recipe,
             target=0.9,
             reached=ttt is not None,
@@ -150,7 +150,7 @@ def test_summarize_medians_and_same_repeat_speedups():
             train_s_per_epoch=2.0,
             val_s_per_epoch=1.0,
             data_wait_share=0.1,
-            budget_s=100.0,
+            time_budget_s=100.0,
             budget_exhausted=ttt is None,
             device="cpu",
             amp=False,

@@ -2,7 +2,7 @@ import csv
 
 import pytest
 
-from monai_fast.apps.demo.runner import run_to_target
+from monai_fast.apps.training.run import run_to_target
 
 
 def test_fast_recipe_learns(tiny_files, tiny_config, tmp_path):

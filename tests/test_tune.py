@@ -21,9 +21,9 @@ from monai_fast.tune import (
     Trial,
     Tuner,
     TuningError,
+    confirm_best,
     grow_then_bisect,
     pick_best,
-    race,
 )
 
 FAST = {"warmup": 1, "min_iters": 1, "min_time_s": 0.0}
@@ -120,7 +120,7 @@ def test_pick_prefers_smaller_within_noise():
     assert pick_best([Trial(1, False)]) is None
 
 
-def test_race_takes_medians_and_drops_the_weakest():
+def test_confirm_best_takes_medians_and_drops_the_weakest():
     readings = {8: [28.0, 28.0], 6: [33.0, 33.0], 4: [30.0]}
     calls = []
 
@@ -129,31 +129,31 @@ def test_race_takes_medians_and_drops_the_weakest():
         return Trial(v, True, readings[v].pop(0), peak_mib=float(v), cost_s=1.0)
 
     trials = [Trial(2, True, 20.0), Trial(4, True, 31.0), Trial(6, True, 32.0), Trial(8, True, 40.0)]  # 8: lucky
-    finalists = race(trials, again, rounds=2, top=3)
+    finalists = confirm_best(trials, again, rounds=2, top=3)
     assert [t.value for t in finalists] == [6, 8]
     assert calls == [8, 6, 4, 8, 6]  # 3 candidates; then 4 is dropped and the two leaders go again, best first
     by = {t.value: t for t in trials}
     assert (by[8].throughput, by[6].throughput, by[4].throughput) == (28.0, 33.0, 30.5)
     assert by[6].reason == "median of 3 readings" and by[4].reason == "median of 2 readings"
-    assert by[2].throughput == 20.0 and by[2].reason == ""  # not in the race: untouched
+    assert by[2].throughput == 20.0 and by[2].reason == ""  # not among the candidates measured again: untouched
     assert by[8].cost_s == 2.0
     assert pick_best(finalists).value == 6
-    assert race(trials, again, rounds=0) == [] and calls == [8, 6, 4, 8, 6]  # rounds=0 runs nothing
+    assert confirm_best(trials, again, rounds=0) == [] and calls == [8, 6, 4, 8, 6]  # rounds=0 runs nothing
     with pytest.raises(ValueError, match="top"):
-        race(trials, again, top=1)
+        confirm_best(trials, again, top=1)
 
 
-def test_race_marks_a_candidate_that_no_longer_fits():
+def test_confirm_best_marks_a_candidate_that_no_longer_fits():
     def again(v: int) -> Trial:
         return Trial(v, False, reason="out of memory") if v == 8 else Trial(v, True, 30.0, peak_mib=1.0)
 
     trials = [Trial(4, True, 30.0), Trial(8, True, 35.0)]
-    assert [t.value for t in race(trials, again, rounds=2)] == [4]
+    assert [t.value for t in confirm_best(trials, again, rounds=2)] == [4]
     assert not trials[1].feasible and "out of memory" in trials[1].reason
     assert pick_best(trials).value == 4
 
 
-def test_a_pick_among_finalists_ignores_an_unraced_reading_within_the_tie():
+def test_a_pick_among_finalists_ignores_an_unconfirmed_reading_within_the_tie():
     # 2 was read once, just within 2 % of the finalists' medians: the tie rule must not pick it
     readings = {4: [4.4, 4.5], 8: [4.6, 4.6], 16: [4.3]}
     trials = [
@@ -163,7 +163,7 @@ def test_a_pick_among_finalists_ignores_an_unraced_reading_within_the_tie():
         Trial(8, True, 4.8),
         Trial(16, True, 4.75),
     ]
-    finalists = race(trials, lambda v: Trial(v, True, readings[v].pop(0)), rounds=2, top=3)
+    finalists = confirm_best(trials, lambda v: Trial(v, True, readings[v].pop(0)), rounds=2, top=3)
     assert pick_best(trials).value == 2  # what picking among all trials would do
     assert pick_best(finalists).value == 8
 
@@ -190,17 +190,17 @@ def _noisy_reader(truth: dict[int, float], rng: random.Random):
     return read
 
 
-def test_race_brings_noisy_picks_closer_to_the_best():
+def test_confirm_best_brings_noisy_picks_closer_to_the_best():
     """A flat-topped curve read with +-15 % noise (what a training step does on a 2-core VM): the
-    race must raise the pick's true throughput on average, and how often it is within 5 %."""
+    confirmation rounds must raise the pick's true throughput on average, and how often it is within 5 %."""
     truth = {1: 60.0, 2: 80.0, 3: 90.0, 4: 95.0, 5: 100.0, 6: 97.0, 7: 94.0, 8: 90.0}
     truth.update({v: 90.0 - 3.0 * (v - 8) for v in range(9, 17)})
-    with_race, without = [], []
+    with_confirm, without = [], []
     for seed in range(300):
-        for rounds, out in ((2, with_race), (0, without)):
+        for rounds, out in ((2, with_confirm), (0, without)):
             read = _noisy_reader(truth, random.Random(seed))
             trials = grow_then_bisect(read, 1, 16, max_trials=8)
-            finalists = race(trials, read, rounds=rounds)
+            finalists = confirm_best(trials, read, rounds=rounds)
             out.append(truth[pick_best(finalists or trials).value] / 100.0)
 
     def mean(xs: list[float]) -> float:
@@ -209,8 +209,8 @@ def test_race_brings_noisy_picks_closer_to_the_best():
     def within(xs: list[float]) -> float:
         return sum(x >= 0.95 for x in xs) / len(xs)
 
-    assert mean(with_race) > mean(without) + 0.005
-    assert within(with_race) > within(without) + 0.05
+    assert mean(with_confirm) > mean(without) + 0.005
+    assert within(with_confirm) > within(without) + 0.05
 
 
 def test_search_space_validation_and_auto3dseg_keys():
@@ -288,7 +288,7 @@ def test_real_tuning_run_on_cpu(tmp_path):
     def readings(t: dict) -> int:
         return int(t["reason"].split()[2]) if t["reason"].startswith("median of") else 1
 
-    # the race ran (3 candidates, 2 rounds) and the pick is a finalist: it has the most readings
+    # the confirmation rounds ran (3 candidates, 2 rounds) and the pick is a finalist: it has the most readings
     assert max(readings(t) for t in train) == 3 and readings(picked) == 3
     assert result.leak_mib < 64, result.leak_mib  # no trial's tensors outlive it
     table = result.table()

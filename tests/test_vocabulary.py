@@ -147,10 +147,10 @@ def test_tuning_keeps_the_mixed_precision_the_config_asks_for():
 
 def test_fp16_on_a_cpu_is_named_before_a_race_starts(tmp_path):
     from monai_fast.apps.demo import RaceSpec
-    from monai_fast.apps.demo.options import RaceOptionError, plan_race
+    from monai_fast.apps.demo.options import OptionError, plan_race
 
     spec = RaceSpec(recipes=("fast", "baseline"), device="cpu", overrides={"precision": "fp16"}, run_dir=tmp_path / "r")
-    with pytest.raises(RaceOptionError, match="precision.*'fp16' runs on a CUDA device only"):
+    with pytest.raises(OptionError, match="precision.*'fp16' runs on a CUDA device only"):
         plan_race(spec)
     assert not (tmp_path / "r").exists()
 

@@ -16,8 +16,8 @@ from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import ValidationHandler
 from monai.transforms import Lambdad
 
-from monai_fast.apps.demo.runner import run_to_target
 from monai_fast.apps.recipes import RecipeConfig
+from monai_fast.apps.training.run import run_to_target
 from monai_fast.handlers import RecordHandler, TimeBreakdown
 from monai_fast.handlers.checkpoint_folder import CheckpointFolder
 from monai_fast.report.advice import ATTACH

@@ -8,7 +8,7 @@ binding to the recipes (`tune_recipe()` and its helpers) is
 
 from monai_fast.tune.cache import CacheChoice, place_cache
 from monai_fast.tune.result import TuneResult
-from monai_fast.tune.search import Trial, grow_then_bisect, pick_best, race
+from monai_fast.tune.search import Trial, confirm_best, grow_then_bisect, pick_best
 from monai_fast.tune.space import SearchSpace
 from monai_fast.tune.store import TuneStore, default_store_path
 from monai_fast.tune.tuner import Tuner, TuningError
@@ -26,6 +26,6 @@ __all__ = [
     "grow_then_bisect",
     "pick_best",
     "place_cache",
-    "race",
+    "confirm_best",
     "tune_validation",
 ]

@@ -6,7 +6,7 @@ memory. A grid wastes trials on both ends; this search doubles from the low end 
 is infeasible, the range ends, or doublings stop gaining ``plateau`` over the best so far; then spends
 what is left of ``max_trials`` narrowing down where the best value lies (bisecting towards the
 memory limit when throughput was still rising there, else around the best value measured).
-`race()` then measures the best few again before `pick_best()` chooses.
+`confirm_best()` then measures the best few again before `pick_best()` chooses.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # only its attributes are read here; space.py imports the tel
 
 T = TypeVar("T")
 
-__all__ = ["Trial", "best_over", "grow_then_bisect", "peak_over_budget", "pick_best", "race"]
+__all__ = ["Trial", "best_over", "grow_then_bisect", "peak_over_budget", "pick_best", "confirm_best"]
 
 
 @dataclass
@@ -252,10 +252,10 @@ def _first_infeasible_above(seen: dict[int, Trial], value: int) -> int | None:
     return min(above) if above else None
 
 
-def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2, top: int = 3) -> list[Trial]:
+def confirm_best(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2, top: int = 3) -> list[Trial]:
     """Measure the ``top`` best feasible trials again, in place, so one lucky reading cannot win.
 
-    Each of ``rounds`` rounds measures every candidate still racing once more (best first by the
+    Each of ``rounds`` rounds measures every candidate still in once more (best first by the
     readings so far), then drops the weakest while more than two remain. A candidate's
     ``throughput`` becomes the median of its readings and its ``cost_s`` includes the new runs; one
     that does not fit when measured again is marked infeasible (memory is shared; not a safe pick).
@@ -267,19 +267,19 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
     Args:
         trials: a search's trials; the ``top`` best feasible ones are updated.
         evaluate: runs one candidate and returns its `Trial` (must not raise on OOM).
-        rounds: rounds of the race; 0 leaves ``trials`` as they are.
-        top: candidates that enter the race (at least 2).
+        rounds: confirmation rounds; 0 leaves ``trials`` as they are.
+        top: candidates that enter the confirmation rounds (at least 2).
 
     Returns:
-        The finalists, best first: the candidates still racing at the end (empty when no race ran).
-        Pick among these; a candidate dropped earlier, or never raced, has fewer readings, and
-        the readings of those that raced have lost the luck that put them on top.
+        The finalists, best first: the candidates still in at the end (empty when no round ran).
+        Pick among these; a candidate dropped earlier, or never measured again, has fewer readings, and
+        the readings of those measured again have lost the luck that put them on top.
 
     Examples:
-        >>> from monai_fast.tune.search import Trial, pick_best, race
+        >>> from monai_fast.tune.search import Trial, confirm_best, pick_best
         >>> readings = {4: iter([30.0, 30.0]), 6: iter([33.0, 33.0])}  # 8 read 40 once, by luck
         >>> trials = [Trial(4, True, 31.0), Trial(6, True, 32.0), Trial(8, True, 40.0)]
-        >>> finalists = race(trials, lambda v: Trial(v, True, next(readings.get(v, iter([28.0, 28.0])))))
+        >>> finalists = confirm_best(trials, lambda v: Trial(v, True, next(readings.get(v, iter([28.0, 28.0])))))
         >>> pick_best(finalists).value
         6
     """
@@ -291,9 +291,9 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
     if len(entered) < 2 or rounds == 0:
         return []
     readings = {t.value: [t.throughput] for t in entered}
-    racing = list(entered)
+    still_in = list(entered)
     for _ in range(rounds):
-        for t in racing:
+        for t in still_in:
             again = evaluate(t.value)
             t.cost_s += again.cost_s
             if not again.feasible:
@@ -304,16 +304,16 @@ def race(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2,
             readings[t.value].append(again.throughput)
             if again.peak_mib is not None:
                 t.peak_mib = max(t.peak_mib or 0.0, again.peak_mib)
-        racing = sorted((t for t in racing if t.feasible), key=lambda t: -statistics.median(readings[t.value]))
-        if len(racing) > 2:
-            racing.pop()
-        if len(racing) < 2:
+        still_in = sorted((t for t in still_in if t.feasible), key=lambda t: -statistics.median(readings[t.value]))
+        if len(still_in) > 2:
+            still_in.pop()
+        if len(still_in) < 2:
             break
     for t in entered:
         if t.value in readings:
             t.throughput = statistics.median(readings[t.value])
             t.reason = f"median of {len(readings[t.value])} readings"
-    return sorted(racing, key=lambda t: -t.throughput)  # type: ignore[operator]
+    return sorted(still_in, key=lambda t: -t.throughput)  # type: ignore[operator]
 
 
 def best_over(
@@ -327,7 +327,7 @@ def best_over(
     """One search of ``value_range`` per option, as ``space`` says; every trial labelled, and the option whose
     pick is best by over 2 %.
 
-    Each search grows then bisects (or runs the grid), races its best few (``space.confirm``
+    Each search grows then bisects (or runs the grid), measures its best few again (``space.confirm``
     rounds among ``space.confirm_top``) and picks (`pick_best()`).
 
     Examples:
@@ -352,7 +352,7 @@ def best_over(
                 plateau=space.plateau,
                 predict_infeasible=predict_infeasible,
             )
-        finalists = race(trials, evaluate, rounds=space.confirm, top=space.confirm_top)
+        finalists = confirm_best(trials, evaluate, rounds=space.confirm, top=space.confirm_top)
         pick = pick_best(finalists or trials)
         records += [dict(t.to_dict(), **labels(option)) for t in trials]
         if pick is not None and (best is None or pick.throughput > best[1].throughput * 1.02):

@@ -32,13 +32,13 @@ class SearchSpace:
         margin: share of the memory cap kept free (fragmentation, the data cache, spikes).
         strategy: ``"search"`` (grow, then bisect) or ``"grid"`` (every value of both ranges,
             ignoring ``max_trials``: the exhaustive reference the benchmark compares against).
-        confirm: rounds of a race among the ``confirm_top`` best candidates of a search, after
-            it and before the pick: each round measures every candidate still racing once more
+        confirm: confirmation rounds among the ``confirm_top`` best candidates of a search, after
+            it and before the pick: each round measures every candidate still in once more
             and drops the weakest while more than two remain; a candidate's throughput becomes
             the median of its readings. 0 turns it off. Guards against a lucky single reading on
             a shared or throttling machine, where single training steps scatter by more than close
             candidates differ.
-        confirm_top: candidates that enter the race (at least 2).
+        confirm_top: candidates that enter the confirmation rounds (at least 2).
 
     Examples:
         >>> from monai_fast.tune import SearchSpace
@@ -81,27 +81,27 @@ class SearchSpace:
             raise ValueError(f"plateau must be >= 0 or None, got {self.plateau}")
 
     def most_runs(self, value_range: tuple[int, int]) -> int:
-        """Most trials one search of ``value_range`` runs: its candidates, then the race among its best.
+        """Most trials one search of ``value_range`` runs: its candidates, then the confirmation rounds among its best.
 
         What a caller promises up front (``tune --bundle`` prints it before the first trial): the
-        candidates are the whole range for ``"grid"``, else at most `max_trials`; the race adds
+        candidates are the whole range for ``"grid"``, else at most `max_trials`; the confirmation adds
         `confirm` rounds over at most `confirm_top` of them, one fewer each round while more
         than two remain.
 
         Examples:
-            >>> SearchSpace(max_trials=8).most_runs((1, 16))  # 8 candidates, then races of 3 and 2
+            >>> SearchSpace(max_trials=8).most_runs((1, 16))  # 8 candidates, then rounds of 3 and 2
             13
-            >>> SearchSpace(max_trials=8).most_runs((2, 2))  # one candidate: nothing to race
+            >>> SearchSpace(max_trials=8).most_runs((2, 2))  # one candidate: nothing to confirm
             1
         """
         lo, hi = value_range
         searched = hi - lo + 1 if self.strategy == "grid" else min(hi - lo + 1, self.max_trials)
-        racing, raced = min(self.confirm_top, searched), 0
-        if racing >= 2:
+        confirming, confirmed = min(self.confirm_top, searched), 0
+        if confirming >= 2:
             for _ in range(self.confirm):
-                raced += racing
-                racing -= racing > 2
-        return searched + raced
+                confirmed += confirming
+                confirming -= confirming > 2
+        return searched + confirmed
 
     def budget_bytes(self, memory: DeviceMemory, cap_mib: float | None = None) -> int:
         """Bytes a trial may peak at: ``cap_mib``, else the GPU's memory, else this process's RSS plus the

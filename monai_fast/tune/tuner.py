@@ -163,7 +163,7 @@ class Tuner:
 
     def most_trials(self) -> int:
         """Most trials `run()` makes: a training search per precision and a sliding-window search per
-        validation device, each with its race (`SearchSpace.most_runs()`)."""
+        validation device, each with its confirmation rounds (`SearchSpace.most_runs()`)."""
         s = self.space
         return len(s.precisions) * s.most_runs(s.batch_range) + len(self.val_devices) * s.most_runs(s.sw_batch_range)
 

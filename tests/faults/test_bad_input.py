@@ -222,12 +222,12 @@ def test_single_level_channels_is_one_line_naming_channels(tmp_path):
 
 
 def test_nan_intensity_window_is_rejected_naming_it():
-    from monai_fast.apps.demo import RaceOptionError, RaceSpec, plan_race
+    from monai_fast.apps.demo import OptionError, RaceSpec, plan_race
     from monai_fast.apps.recipes import RecipeConfig
 
     with pytest.raises(ValueError, match="intensity_window must be two finite numbers"):
         RecipeConfig(intensity_window=(math.nan, 100.0))
-    with pytest.raises(RaceOptionError, match="intensity_window"):
+    with pytest.raises(OptionError, match="intensity_window"):
         plan_race(RaceSpec(device="cpu", overrides={"intensity_window": (0.0, math.nan)}), need_run_dir=False)
 
 

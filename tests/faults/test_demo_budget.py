@@ -16,7 +16,8 @@ import pytest
 from monai_fast.apps.cli import main
 from monai_fast.apps.demo.core import REPORT_SHARE
 from monai_fast.apps.demo.headline import ESTIMATED, format_headline, headline
-from monai_fast.apps.demo.runner import EpochRow, RaceResult
+from monai_fast.apps.training.epochs import EpochRow
+from monai_fast.apps.training.run import TrainResult
 
 TINY_DEMO = [
     "--cases",
@@ -121,13 +122,13 @@ def test_a_bad_total_budget_is_named_before_anything_runs(tmp_path, cache):
     assert not (tmp_path / "run").exists()
 
 
-def _result(recipe: str, dice: list[float], seconds: list[float], reached_at: int | None = None) -> RaceResult:
+def _result(recipe: str, dice: list[float], seconds: list[float], reached_at: int | None = None) -> TrainResult:
     rows, clock = [], 0.0
     for i, (d, s) in enumerate(zip(dice, seconds)):
         clock += s
         rows.append(EpochRow(recipe, i + 1, clock, s * 0.8, s * 0.2, 0.0, 1.0, 0.0, 1.0, d, wall_s=s))
     reached = reached_at is not None
-    return RaceResult(
+    return TrainResult(
         recipe,
         0.9,
         reached,
@@ -151,7 +152,7 @@ def _result(recipe: str, dice: list[float], seconds: list[float], reached_at: in
 def test_an_estimate_shows_its_range_from_the_spread_of_its_epochs():
     fast = _result("fast", [0.3, 0.6, 0.9], [1.0, 1.0, 1.0], reached_at=3)
     base = _result("baseline", [0.1, 0.2, 0.3, 0.4], [3.0, 5.0, 4.0, 4.0])  # a noisy host: 3 to 5 s per epoch
-    doc = headline([fast, base], {"fast": 3, "baseline": 4}, {"cap_s": 300})
+    doc = headline([fast, base], {"fast": 3, "baseline": 4}, {"time_budget_s": 300})
     est = doc["recipes"]["baseline"]["time_to_target_s"]
     assert est["how"] == ESTIMATED and est["low"] < est["value"] < est["high"]
     epochs = doc["recipes"]["baseline"]["epochs_to_target"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from monai_fast.apps.cli import main
-from monai_fast.apps.launch.launch import LaunchSpec, torchrun_args
+from monai_fast.apps.launch.torchrun import LaunchSpec, torchrun_args
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from torch.distributed import TCPStore
 
-from monai_fast.apps.launch.launch import (
+from monai_fast.apps.launch.torchrun import (
     STORE_ANSWER_S,
     LaunchSpec,
     rendezvous_timeout_message,

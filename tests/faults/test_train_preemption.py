@@ -12,8 +12,8 @@ import time
 import pytest
 
 from monai_fast.apps.cli import main
-from monai_fast.apps.cli.train import PREEMPTED_EXIT
 from monai_fast.apps.launch.sagemaker import read_sagemaker_env
+from monai_fast.handlers.stop_signal import STOPPED_EXIT
 
 TINY = [
     "--patch-size",
@@ -63,7 +63,7 @@ def test_sigterm_checkpoints_and_exits_143_then_the_same_command_resumes_and_wri
         stdout, stderr = proc.communicate(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode == PREEMPTED_EXIT, stderr[-3000:]
+    assert proc.returncode == STOPPED_EXIT, stderr[-3000:]
     assert "preempted: checkpointed at iteration" in stdout and not (out / "model" / "model.pth").exists()
 
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), cwd=tmp_path)

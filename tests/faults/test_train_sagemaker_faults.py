@@ -20,9 +20,10 @@ import pytest
 from s3_server import s3_fixture, server_fixture  # noqa: F401 (pytest fixtures s3, server)
 
 from monai_fast.apps.cli import main
-from monai_fast.apps.cli.train import PREEMPTED_EXIT, hyperparameter_values
+from monai_fast.apps.cli.train import hyperparameter_values
 from monai_fast.apps.inference.checkpoint import load_checkpoint
 from monai_fast.apps.launch.sagemaker import SageMakerEnvError, read_sagemaker_env
+from monai_fast.handlers.stop_signal import STOPPED_EXIT
 
 TINY = [
     "--patch-size",
@@ -214,7 +215,7 @@ def test_a_signal_during_setup_with_a_checkpoint_folder_stops_at_the_runs_start_
         *TINY,
     ]
     done = _signal_during_setup(cmd, tmp_path, sig)
-    assert done.returncode == PREEMPTED_EXIT, done.stderr[-3000:]
+    assert done.returncode == STOPPED_EXIT, done.stderr[-3000:]
     assert f"{sig.name} received during set-up" in done.stderr
     assert f"preempted: {sig.name} before training started" in done.stdout, done.stdout
     assert not (out / "model" / "model.pth").exists()
@@ -234,7 +235,7 @@ def test_a_signal_during_setup_without_a_checkpoint_folder_stops_before_training
         *TINY,
     ]
     done = _signal_during_setup(cmd, tmp_path, signal.SIGTERM)  # a spot reclaim
-    assert done.returncode == PREEMPTED_EXIT, done.stderr[-3000:]
+    assert done.returncode == STOPPED_EXIT, done.stderr[-3000:]
     assert "SIGTERM received during set-up; stopping before training" in done.stderr
     assert not (out / "model" / "model.pth").exists() and not (out / "results.json").exists()
 

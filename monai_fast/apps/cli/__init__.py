@@ -2,15 +2,21 @@
 
 ``monai-fast demo``   race the fast recipe against the plain-MONAI baseline to a target Dice.
 ``monai-fast bench``  the same race with all three recipes and repeats; JSON for benchmarks/results.
-``monai-fast synth``  write a synthetic data set in Medical Segmentation Decathlon layout.
-``monai-fast doctor`` name a run's bottleneck from its record, with evidence and the fix.
-``monai-fast tune``   pick batch size, sliding-window batch, validation device, precision by throughput.
-``monai-fast launch`` run a training script on N local processes (torchrun, DDP).
+``monai-fast tune``   pick batch size, sliding-window batch, validation device, precision by throughput
+                      (the fast recipe's, or a MONAI bundle's with ``--bundle``).
+``monai-fast launch`` run a training script on N processes per node (torchrun, DDP), on one node or several.
 ``monai-fast sbatch`` write an sbatch script (ranks per GPU, requeue, USR1 before the time limit).
+``monai-fast k8s``    write a Kubernetes PyTorchJob manifest (pods per node, GPUs, SIGTERM grace).
+``monai-fast doctor`` name a run's bottleneck from its record, with evidence and the fix.
+``monai-fast synth``  write a synthetic data set: MSD layout (3D) or whole-slide images.
+``monai-fast train``  train one recipe and save the model (SageMaker's channels and hyperparameters when present).
+``monai-fast infer``  sliding-window inference of a checkpoint into NIfTI predictions.
 ``monai-fast bundle`` run a MONAI bundle with FastTraining, or write the bundle config fragment.
 
-``demo``, ``bench`` and ``tune`` call `monai_fast.apps.demo` (in `monai_fast.apps.cli.race_cmds`);
-the others (in `monai_fast.apps.cli.tools`) call the data, distributed and report modules.
+``demo`` and ``bench`` call `monai_fast.apps.demo` (in `monai_fast.apps.cli.race_cmds`), ``tune`` the
+tuner (`monai_fast.apps.cli.tune_cmd`); ``train``, ``infer`` and ``bundle`` have a module each; the
+others (in `monai_fast.apps.cli.tools`) call the launchers, the data sources and the reports.
+`COMMANDS` maps each command to the module that registers it.
 
 Examples:
     >>> from monai_fast.apps.cli import main
@@ -37,7 +43,7 @@ __all__ = ["COMMANDS", "COMPUTE_COMMANDS", "build_parser", "main"]
 COMMANDS = {
     "demo": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
     "bench": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
-    "tune": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
+    "tune": ("monai_fast.apps.cli.tune_cmd", "add_tune_command"),
     "launch": ("monai_fast.apps.cli.tools", "add_tool_commands"),
     "sbatch": ("monai_fast.apps.cli.tools", "add_tool_commands"),
     "k8s": ("monai_fast.apps.cli.tools", "add_tool_commands"),

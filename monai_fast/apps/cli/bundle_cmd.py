@@ -1,11 +1,10 @@
 """``monai-fast bundle run | fragment``: MONAI bundles with FastTraining. Parses, calls, prints.
 
 Examples:
-    >>> import argparse
-    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
-    >>> add_bundle_command(sub)
-    >>> sorted(sub.choices)
-    ['bundle']
+    >>> from monai_fast.apps.cli import build_parser
+    >>> args = build_parser("bundle").parse_args(["bundle", "run", "spleen_ct_segmentation"])
+    >>> args.trainer_id, args.evaluator_id, args.precision
+    ('train#trainer', 'validate#evaluator', 'auto')
 """
 
 from __future__ import annotations

@@ -6,11 +6,10 @@ ends in one line naming it, before any volume is read; a full output disk ends i
 the prediction file and the space missing.
 
 Examples:
-    >>> import argparse
-    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
-    >>> add_infer_command(sub)
-    >>> sorted(sub.choices)
-    ['infer']
+    >>> from monai_fast.apps.cli import build_parser
+    >>> args = build_parser("infer").parse_args(["infer", "model.pt", "Task09_Spleen", "--out", "predictions"])
+    >>> args.backend, args.split, args.device
+    ('eager', 'val', 'auto')
 """
 
 from __future__ import annotations

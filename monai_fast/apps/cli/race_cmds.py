@@ -1,4 +1,4 @@
-"""``monai-fast demo | bench | tune``: parse, call `monai_fast.apps.demo`, print.
+"""``monai-fast demo | bench``: parse, call `monai_fast.apps.demo`, print.
 
 ``demo`` and ``bench`` catch the stop signals (``SIGTERM``, ``SIGUSR1``) from their first line: one
 received while the synthetic data are written, checked and cached, or the recipes built, stops the
@@ -6,11 +6,10 @@ command when training would start, with a one-line message and exit status 143
 (`STOPPED_EXIT`), instead of ending it silently.
 
 Examples:
-    >>> import argparse
-    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
-    >>> add_race_commands(sub)
-    >>> sorted(sub.choices)
-    ['bench', 'demo', 'tune']
+    >>> from monai_fast.apps.cli import build_parser
+    >>> args = build_parser("demo").parse_args(["demo", "--target", "0.8"])
+    >>> args.recipes, args.target, args.total_budget
+    (['fast', 'baseline'], 0.8, 600.0)
 """
 
 from __future__ import annotations
@@ -19,23 +18,17 @@ import argparse
 import datetime as dt
 import json
 import math
-import sys
-from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from monai_fast.apps.cli.args import (
-    add_data_options,
-    add_model_options,
     add_race_options,
-    add_tuning_options,
     scaled_options,
 )
-from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race, resolve_device, tune_only
+from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race, resolve_device
 from monai_fast.apps.demo.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
-from monai_fast.apps.demo.runner import RaceResult
 from monai_fast.apps.demo.scale import DemoScale, demo_scale, size_line
+from monai_fast.apps.training.run import TrainResult
 from monai_fast.handlers.stop_signal import stop_signals_caught
 
 __all__ = [
@@ -76,21 +69,21 @@ class ProgressPrinter(RaceEvents):
             flush=True,
         )
 
-    def recipe_started(self, recipe: str, target: float, budget_s: float | None) -> None:
-        budget = "none" if budget_s is None else f"{budget_s:.0f} s"
+    def recipe_started(self, recipe: str, target: float, time_budget_s: float | None) -> None:
+        budget = "none" if time_budget_s is None else f"{time_budget_s:.0f} s"
         print(f"-- {recipe}: training to Dice {target} (budget {budget})", flush=True)
 
-    def budget_set(self, recipe: str, budget_s: float, how: dict) -> None:
-        print(f"-- {recipe}: {budget_text(budget_s, how)}", flush=True)
+    def budget_set(self, recipe: str, time_budget_s: float, how: dict) -> None:
+        print(f"-- {recipe}: {budget_text(time_budget_s, how)}", flush=True)
 
-    def time_shared(self, recipe: str, budget_s: float, left_s: float) -> None:
+    def time_shared(self, recipe: str, time_budget_s: float, left_s: float) -> None:
         print(
-            f"-- {recipe}: up to {budget_s:.0f} s on its own clock (set-up included): its share of the "
+            f"-- {recipe}: up to {time_budget_s:.0f} s on its own clock (set-up included): its share of the "
             f"{left_s:.0f} s left after the set-up, the others training as long beside it",
             flush=True,
         )
 
-    def recipe_finished(self, r: RaceResult) -> None:
+    def recipe_finished(self, r: TrainResult) -> None:
         state = f"reached in {r.time_to_target_s:.1f} s" if r.reached else f"not reached in {r.total_s:.0f} s"
         print(f"   {r.recipe}: {state}, best Dice {r.best_dice or 0:.3f}, {r.epochs_run} epochs", flush=True)
 
@@ -264,12 +257,13 @@ def time_line(spec: RaceSpec) -> str | None:
     )
 
 
-def budget_text(budget_s: float, how: dict) -> str:
+def budget_text(time_budget_s: float, how: dict) -> str:
     """What a recipe other than the lead got once the lead was done: its epochs and its seconds, and from what.
 
     Examples:
         >>> print(budget_text(600.0, {"lead": "fast", "lead_s": 20.0, "lead_reached": True, "lead_epochs": 8,
-        ...                           "multiple": None, "cap_s": 600.0, "epoch_multiple": 5.0, "others_epochs": 40}))
+        ...                           "multiple": None, "time_budget_s": 600.0, "epoch_multiple": 5.0,
+        ...                           "others_epochs": 40}))
         budget 40 epochs (fast reached the target in 8 epochs, 20.0 s; 5x its epochs), at most 600 s on its own clock
     """
     lead = how["lead"]
@@ -283,12 +277,12 @@ def budget_text(budget_s: float, how: dict) -> str:
     if how.get("max_epochs") and how.get("others_epochs"):
         wanted = math.ceil(how["epoch_multiple"] * how["lead_epochs"])
         rules[0] += f" = {wanted}, capped by --max-epochs {how['max_epochs']}"
-    cap = "no cap" if how["cap_s"] is None else f"at most {how['cap_s']:.0f} s"
-    epochs = f"{how['others_epochs']} epochs" if how.get("others_epochs") else f"{budget_s:.0f} s"
-    limited = how.get("multiple") or how.get("others_epochs") or how.get("deadline_left_s") is not None
-    seconds = f"at most {budget_s:.0f} s" if limited else cap
-    if how.get("deadline_left_s") is not None:
-        seconds += f" ({how['deadline_left_s']:.0f} s left of --total-budget)"
+    cap = "no cap" if how["time_budget_s"] is None else f"at most {how['time_budget_s']:.0f} s"
+    epochs = f"{how['others_epochs']} epochs" if how.get("others_epochs") else f"{time_budget_s:.0f} s"
+    limited = how.get("multiple") or how.get("others_epochs") or how.get("total_budget_left_s") is not None
+    seconds = f"at most {time_budget_s:.0f} s" if limited else cap
+    if how.get("total_budget_left_s") is not None:
+        seconds += f" ({how['total_budget_left_s']:.0f} s left of --total-budget)"
     return f"budget {epochs} ({lead} {done}; {', '.join(rules) or cap}), {seconds} on its own clock"
 
 
@@ -308,90 +302,6 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-#: the ``tune`` options that apply with ``--bundle`` (the rest describe the fast recipe's model and data)
-_BUNDLE_TUNE_OPTIONS = frozenset(
-    {"bundle", "bundle_config", "set", "bundle_out", "precision", "batch_range", "sw_range", "trials"}
-    | {"memory_cap_mib", "margin", "no_progress", "verbose", "subcommand", "func"}
-)
-
-
-def _recipe_only_options(args: argparse.Namespace) -> list[str]:
-    """The recipe options given on a ``tune --bundle`` line, as typed (the bundle's config sets those)."""
-    from monai_fast.apps.cli import build_parser
-
-    defaults = vars(build_parser().parse_args(["tune", "--bundle", "."]))
-    given = [k for k, v in vars(args).items() if k not in _BUNDLE_TUNE_OPTIONS and v != defaults.get(k, v)]
-    return ["--" + k.replace("_", "-") for k in given]
-
-
-def _cmd_tune_bundle(args: argparse.Namespace) -> int:
-    from monai_fast.bundle import BundleError, parse_overrides
-    from monai_fast.bundle.tune import bundle_run_command, tune_bundle
-
-    stray = _recipe_only_options(args)
-    if stray:
-        raise SystemExit(
-            f"monai-fast tune --bundle: {', '.join(stray)}: not used with --bundle (the bundle's config sets the "
-            "model, data and device: change them with --set ID=VALUE; name the override file with --bundle-out)"
-        )
-
-    def say(line: str) -> None:
-        tqdm.write(line)  # above the progress bar on a terminal; a plain line elsewhere
-        sys.stdout.flush()
-
-    try:
-        overrides = parse_overrides(args.set)
-        tuned = tune_bundle(
-            args.bundle,
-            config_files=args.bundle_config,
-            overrides=overrides,
-            out=args.bundle_out,
-            batch_range=tuple(args.batch_range),
-            sw_batch_range=tuple(args.sw_range),
-            precision=args.precision,
-            progress=not args.no_progress,
-            say=say,
-            max_trials=args.trials,
-            memory_cap_mib=args.memory_cap_mib,
-            margin=args.margin,
-            new_keys=args.new_key,
-        )
-    except BundleError as e:
-        raise SystemExit(f"monai-fast tune --bundle: {e}") from e
-    print(tuned.table)
-    for key, value in tuned.overrides.items():
-        print(f"{key} = {value}")
-    for key, why in tuned.not_written.items():
-        print(f"not written: {key}: {why}")
-    if tuned.layout == "auto3dseg":
-        reads = tuned.path.resolve().parent == (Path(args.bundle) / "configs").resolve()
-        print(
-            f"wrote {tuned.path}: "
-            + (
-                "Auto3DSeg reads every file of configs/ in name order, this one last"
-                if reads
-                else "Auto3DSeg reads only the algorithm's configs/: copy it there"
-            )
-        )
-    else:
-        print(f"wrote {tuned.path}; train with it (measured with these overrides, in {tuned.precision}):")
-        print("  " + bundle_run_command(tuned, args.bundle, overrides, args.precision))
-    return 0
-
-
-def _cmd_tune(args: argparse.Namespace) -> int:
-    if args.bundle:
-        return _cmd_tune_bundle(args)
-    tuned = tune_only(race_spec(args), out=args.out)
-    print(tuned.result.table())
-    if tuned.result.from_cache:
-        print("(from the tuning cache; --retune to measure again)")
-    print("\nuse it: monai-fast demo --tune ...   or in Python: tune_recipe(...).apply(RecipeConfig(...))")
-    if tuned.path is not None:
-        print(f"wrote {tuned.path}")
-    return 0
-
-
 _DEMO_TEXT = (
     "Generate (once, then reuse) a synthetic spleen-like CT set in MSD layout, train the 'fast' and the "
     "'baseline' recipe on it until validation mean Dice reaches --target or --time-budget runs out, and print "
@@ -406,21 +316,10 @@ _DEMO_TEXT = (
     "seconds per epoch measured beside fast's) and labelled 'estimated'. Every option is checked before training "
     "starts (an unwritable --run-dir fails at once)."
 )
-_TUNE_TEXT = (
-    "Search the training batch size (volumes per batch), the sliding-window batch size and where the "
-    "validation output is stitched (GPU or CPU), and optionally fp32 against mixed precision and where the "
-    "training cache goes (--place-cache), for the fast recipe's UNet on this device. Each candidate runs real "
-    "iterations after a warm-up and is scored by patches/s (training) or volumes/s (validation) within a memory "
-    "budget (cap minus margin). Out-of-memory candidates are recorded as infeasible and the search goes on. "
-    "A range no longer than --trials is tried value by value; a longer one by doubling from the low end until a "
-    "candidate does not fit or two doublings in a row gain under 5 %, then bisecting. The three best are then measured "
-    "again in a short race. Results are cached per device, memory, model, patch and volume size; "
-    "'monai-fast demo --tune' applies them."
-)
 
 
 def add_race_commands(sub: argparse._SubParsersAction) -> None:
-    """Add ``demo``, ``bench`` and ``tune`` to the sub-command parsers ``sub``."""
+    """Add ``demo`` and ``bench`` to the sub-command parsers ``sub``."""
     p = sub.add_parser(
         "demo",
         description=_DEMO_TEXT,
@@ -470,49 +369,3 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default="benchmarks/results", help="folder for the result JSON (default %(default)s)")
     p.set_defaults(func=_cmd_bench)
-
-    p = sub.add_parser(
-        "tune",
-        description=_TUNE_TEXT,
-        help="pick fast's batch size, sliding-window batch, validation device and precision by measured throughput",
-    )
-    add_data_options(p)
-    add_model_options(p, race=False)
-    add_tuning_options(p, race=False)
-    p.add_argument("--out", help="also write the result (with every trial) to this JSON file")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    b = p.add_argument_group("a MONAI bundle instead of a recipe")
-    b.add_argument(
-        "--bundle",
-        metavar="DIR",
-        help="tune this bundle's training batch, sliding-window batch and "
-        "stitching device for its network and patch on this device, and write an override file the "
-        "bundle merges as one more config (the Model Zoo's or Auto3DSeg's keys). With it apply --set, "
-        "--bundle-config, --bundle-out, --batch-range (capped by the training set), --sw-range, --trials, "
-        "--memory-cap-mib, --margin and --precision (what 'monai-fast bundle run --precision' will train in; "
-        "the trials run in it); it prints the plan first, a line per trial, the trials' table and the "
-        "'monai-fast bundle run' line that trains with the result and the same --set overrides",
-    )
-    b.add_argument(
-        "--bundle-config",
-        help="the bundle's config file(s), as monai.bundle takes them (default configs/train.json; for an "
-        "Auto3DSeg algorithm every file of configs/)",
-    )
-    b.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="ID=VALUE",
-        help="a bundle config override, as monai.bundle takes it (repeat: --set dataset_dir=/data ...); an id "
-        "the config does not have is refused, naming the nearest, unless named with --new-key",
-    )
-    b.add_argument(
-        "--new-key",
-        dest="new_key",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="a --set id the bundle's config does not have, added on purpose (repeatable)",
-    )
-    b.add_argument("--bundle-out", help="the override file (default <DIR>/configs/tuned.json)")
-    p.set_defaults(func=_cmd_tune)

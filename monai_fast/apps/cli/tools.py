@@ -1,23 +1,23 @@
 """``monai-fast launch | sbatch | k8s | doctor | synth``: parse, call the library, print.
 
 Examples:
-    >>> import argparse
-    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
-    >>> add_tool_commands(sub)
-    >>> sorted(sub.choices)
-    ['doctor', 'k8s', 'launch', 'sbatch', 'synth']
+    >>> from monai_fast.apps.cli import build_parser
+    >>> args = build_parser("launch").parse_args(["launch", "--nproc", "2", "train.py", "--epochs", "3"])
+    >>> args.nproc, args.script, args.script_args
+    (2, 'train.py', ['--epochs', '3'])
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from monai_fast.apps.launch.launch import LaunchSpec
+    from monai_fast.apps.launch.torchrun import LaunchSpec
 
 __all__ = ["add_tool_commands"]
 
@@ -26,7 +26,7 @@ logger = logging.getLogger("monai_fast")
 
 def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
     """The launch options checked together: every bad one named in one line, before anything starts."""
-    from monai_fast.apps.launch.launch import LaunchSpec
+    from monai_fast.apps.launch.torchrun import LaunchSpec
 
     if getattr(args, "module", False):
         import importlib.util
@@ -65,7 +65,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
-    from monai_fast.apps.launch.launch import (
+    from monai_fast.apps.launch.supervise import NoRankStarted, supervise
+    from monai_fast.apps.launch.torchrun import (
         rendezvous_failure,
         rendezvous_timeout_message,
         rendezvous_wait_line,
@@ -73,7 +74,6 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         torchrun_env,
         unanswered_endpoint_message,
     )
-    from monai_fast.apps.launch.supervise import NoRankStarted, supervise
     from monai_fast.distributed.env import LAUNCHED_BY
 
     spec = _launch_spec(args)
@@ -133,53 +133,31 @@ def _emit(text: str, out: str | None, submit: str) -> None:
         print(text, end="")
 
 
+def _write_job(args: argparse.Namespace, spec_type: type, words: list[str], render, command: str, submit: str) -> int:
+    """Build a job writer's ``spec_type`` from the options of the same names, then print or write what it renders.
+
+    Each option's ``dest`` is the spec's field, so the command line and the spec cannot drift apart; the
+    spec's own checks name a bad value in one line before anything is written.
+    """
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(spec_type)[1:] if hasattr(args, f.name)}
+    try:
+        spec = spec_type(_after_dashes(words), **options)
+    except ValueError as e:
+        raise SystemExit(f"monai-fast {command}: {e}") from e
+    _emit(render(spec), args.out, submit)
+    return 0
+
+
 def _cmd_sbatch(args: argparse.Namespace) -> int:
     from monai_fast.apps.launch.sbatch import SbatchSpec, render_sbatch
 
-    try:
-        spec = SbatchSpec(
-            _after_dashes(args.command),
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            tasks_per_node=args.tasks_per_node,
-            cpus_per_task=args.cpus_per_task,
-            time=args.time,
-            requeue=not args.no_requeue,
-            signal_lead_s=args.signal_lead,
-            job_name=args.job_name,
-            partition=args.partition,
-            account=args.account,
-            mem=args.mem,
-        )
-    except ValueError as e:
-        raise SystemExit(f"monai-fast sbatch: {e}") from e
-    _emit(render_sbatch(spec), args.out, "sbatch")
-    return 0
+    return _write_job(args, SbatchSpec, args.command, render_sbatch, "sbatch", "sbatch")
 
 
 def _cmd_k8s(args: argparse.Namespace) -> int:
     from monai_fast.apps.launch.k8s import PyTorchJobSpec, render_pytorchjob
 
-    try:
-        spec = PyTorchJobSpec(
-            _after_dashes(args.script),
-            image=args.image,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            procs_per_node=args.procs_per_node,
-            cpus_per_node=args.cpus_per_node,
-            memory=args.memory,
-            job_name=args.job_name,
-            namespace=args.namespace,
-            grace_s=args.grace_s,
-            backoff_limit=args.backoff_limit,
-            volume_claim=args.volume_claim,
-            mount_path=args.mount_path,
-        )
-    except ValueError as e:
-        raise SystemExit(f"monai-fast k8s: {e}") from e
-    _emit(render_pytorchjob(spec), args.out, "kubectl apply -f")
-    return 0
+    return _write_job(args, PyTorchJobSpec, args.script, render_pytorchjob, "k8s", "kubectl apply -f")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -282,7 +260,7 @@ _SBATCH_TEXT = (
 
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:
-    from monai_fast.apps.launch.launch import DEFAULT_RDZV_TIMEOUT_S, STORE_ANSWER_S
+    from monai_fast.apps.launch.torchrun import DEFAULT_RDZV_TIMEOUT_S, STORE_ANSWER_S
 
     p = sub.add_parser(
         "launch",
@@ -364,11 +342,13 @@ def _add_sbatch(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time", default="04:00:00", help="wall-clock limit (default %(default)s)")
     p.add_argument(
         "--signal-lead",
+        dest="signal_lead_s",
+        metavar="SIGNAL_LEAD",
         type=int,
         default=120,
         help="seconds before the limit to send SIGUSR1; 0: none (default %(default)s)",
     )
-    p.add_argument("--no-requeue", action="store_true", help="do not let SLURM requeue the job")
+    p.add_argument("--no-requeue", dest="requeue", action="store_false", help="do not let SLURM requeue the job")
     p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
     p.add_argument("--partition", help="SLURM partition")
     p.add_argument("--account", help="SLURM account")

@@ -13,7 +13,7 @@ command under torchrun, meeting at the first host.
 
 A stop signal (``SIGTERM``, ``SIGUSR1``) is caught from the command's first line: one received
 while the data are read or cached stops the run at its start, checkpointed with
-``--checkpoint-dir``, and always with a message and `PREEMPTED_EXIT`. The model folder's free
+``--checkpoint-dir``, and always with a message and `STOPPED_EXIT`. The model folder's free
 space is checked against the network's size before any data is read; after training the model is
 written first, then the other outputs, each on its own, so that a full disk costs only the file
 that did not fit (named, with the space missing) and the command exits 1; a run record that its
@@ -24,11 +24,10 @@ from its start to its end, so a second ``train`` into it, whatever its recipe, s
 line naming the folder and the run that holds it.
 
 Examples:
-    >>> import argparse
-    >>> sub = argparse.ArgumentParser(prog="monai-fast").add_subparsers(dest="command")
-    >>> add_train_command(sub)
-    >>> sorted(sub.choices)
-    ['train']
+    >>> from monai_fast.apps.cli import build_parser
+    >>> args = build_parser("train").parse_args(["train", "--max-epochs", "2"])
+    >>> args.recipe, args.max_epochs, args.target
+    ('fast', 2, 1.0)
 """
 
 from __future__ import annotations
@@ -67,8 +66,6 @@ _TEXT = (
 )
 
 
-#: exit status of a run stopped by SIGTERM/SIGUSR1 (128 + SIGTERM), checkpointed where it can be
-PREEMPTED_EXIT = STOPPED_EXIT
 OUTPUT_FAILED_EXIT = 1  #: exit status of a run whose model was saved but another output could not be written
 _JOB = {f.name: f.default for f in fields(TrainJob)}  # the job's defaults, shown as the options'
 
@@ -245,12 +242,12 @@ def _train_rank(local_rank: int, job: TrainJob) -> None:
 
 
 def _print_outcome(outcome: TrainOutcome, job: TrainJob) -> None:
-    """What the command says of ``outcome``; a stopped run exits `PREEMPTED_EXIT`, a run with an output not
+    """What the command says of ``outcome``; a stopped run exits `STOPPED_EXIT`, a run with an output not
     written `OUTPUT_FAILED_EXIT`."""
     if outcome.stopped is not None:
         if outcome.lead:
             print(outcome.stopped, flush=True)
-        raise SystemExit(PREEMPTED_EXIT)
+        raise SystemExit(STOPPED_EXIT)
     for line in outcome.failed:
         print(f"monai-fast train: not written: {line}", file=sys.stderr, flush=True)
     result = outcome.result
@@ -276,7 +273,7 @@ def _print_outcome(outcome: TrainOutcome, job: TrainJob) -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     """The command: stop signals caught from its first line (until a ``Preemption`` or the end of set-up)."""
-    with stop_signals_caught(PREEMPTED_EXIT):  # a signal while the job is read, the data checked or cached: kept
+    with stop_signals_caught():  # a signal while the job is read, the data checked or cached: kept
         return _train_command(args)
 
 
@@ -292,7 +289,7 @@ def _train_command(args: argparse.Namespace) -> int:
         logger.info("SageMaker job: %s", sm.describe())
     args = _merged(args, sm)
     if len(sm.hosts) > 1 and detect().launcher == "none":
-        end_of_setup(PREEMPTED_EXIT)  # the launcher passes signals on to the ranks from here
+        end_of_setup()  # the launcher passes signals on to the ranks from here
         return _launch_hosts(sm)
     job = _job(args, sm)  # every option checked before any process starts or any data is read
     run(_train_rank, job, seed=args.seed)

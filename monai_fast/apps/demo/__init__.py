@@ -2,7 +2,7 @@
 
 The ``monai-fast demo``, ``bench`` and ``tune`` commands and ``benchmarks/time_to_dice.py`` are
 thin callers of these functions. Options are plain typed fields of `RaceSpec`, all
-checked before anything trains (`RaceOptionError` names the bad one).
+checked before anything trains (`OptionError` names the bad one).
 
 Examples:
     >>> from monai_fast.apps.demo import RaceSpec, SyntheticData, race
@@ -16,7 +16,7 @@ Examples:
 from monai_fast.apps.demo.bench import REFERENCES, BenchRun, bench, summarize
 from monai_fast.apps.demo.core import RaceEvents, RaceRun, TuneRun, checked_data, load_data, race, run_meta, tune_only
 from monai_fast.apps.demo.options import (
-    RaceOptionError,
+    OptionError,
     RacePlan,
     RaceSpec,
     SyntheticData,
@@ -30,7 +30,7 @@ __all__ = [
     "REFERENCES",
     "BenchRun",
     "RaceEvents",
-    "RaceOptionError",
+    "OptionError",
     "RacePlan",
     "RaceRun",
     "RaceSpec",

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from monai_fast.apps.demo.core import RaceEvents, RaceRun, race
-from monai_fast.apps.demo.options import RaceOptionError, RaceSpec, check_writable_dir, plan_race
-from monai_fast.apps.demo.runner import RaceResult
+from monai_fast.apps.demo.options import OptionError, RaceSpec, check_writable_dir, plan_race
+from monai_fast.apps.training.run import TrainResult
 from monai_fast.files import write_json
 
 __all__ = ["REFERENCES", "BenchRun", "bench", "summarize"]
@@ -43,7 +43,7 @@ def _median_or_none(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize(repeats: Sequence[Sequence[RaceResult]], recipes: Sequence[str]) -> dict:
+def summarize(repeats: Sequence[Sequence[TrainResult]], recipes: Sequence[str]) -> dict:
     """Per recipe: how often it reached the target, medians over repeats, speed-ups against `REFERENCES`.
 
     Examples:
@@ -93,17 +93,17 @@ def bench(
         events: hooks told of each step.
 
     Raises:
-        RaceOptionError: a bad option (``repeats``, ``out_dir`` or any of ``spec``), before anything runs.
+        OptionError: a bad option (``repeats``, ``out_dir`` or any of ``spec``), before anything runs.
 
     Examples:
         >>> try:
         ...     bench(RaceSpec(device="cpu"), repeats=0)
-        ... except RaceOptionError as e:
+        ... except OptionError as e:
         ...     print(e)
         repeats: must be >= 1, got 0
     """
     if repeats < 1:
-        raise RaceOptionError("repeats", f"must be >= 1, got {repeats}")
+        raise OptionError("repeats", f"must be >= 1, got {repeats}")
     stamp = dt.datetime.now()
     base = Path(spec.run_dir) if spec.run_dir is not None else Path(f"runs/bench-{stamp:%Y%m%d-%H%M%S}")
     specs = [replace(spec, run_dir=base / f"repeat{i + 1}", train_seed=spec.seed + i) for i in range(repeats)]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from monai_fast.apps.demo.runner import RaceResult
 from monai_fast.apps.training.results import plot_dice_vs_time, write_results
+from monai_fast.apps.training.run import TrainResult
 
 __all__ = ["best_dice_by", "format_table", "plot_dice_vs_time", "speedup", "write_race"]
 
 
-def speedup(fast: RaceResult, slow: RaceResult) -> tuple[float | None, bool]:
+def speedup(fast: TrainResult, slow: TrainResult) -> tuple[float | None, bool]:
     """How many times sooner ``fast`` reached the target than ``slow``.
 
     Returns:
@@ -25,7 +25,7 @@ def speedup(fast: RaceResult, slow: RaceResult) -> tuple[float | None, bool]:
     return slow.total_s / fast.time_to_target_s, True
 
 
-def best_dice_by(result: RaceResult, seconds: float) -> float | None:
+def best_dice_by(result: TrainResult, seconds: float) -> float | None:
     """Best validation Dice ``result`` had reached ``seconds`` after its clock started."""
     seen = [e.val_dice for e in result.epochs if e.val_dice is not None and e.elapsed_s <= seconds]
     return max(seen) if seen else None
@@ -35,7 +35,7 @@ def _fmt_s(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def format_table(results: Sequence[RaceResult], reference: str = "baseline") -> str:
+def format_table(results: Sequence[TrainResult], reference: str = "baseline") -> str:
     """A plain-text table, one row per recipe, with the speed-up over ``reference``."""
     ref = next((r for r in results if r.recipe == reference), None)
     head = [
@@ -90,7 +90,7 @@ def format_table(results: Sequence[RaceResult], reference: str = "baseline") -> 
 
 
 def write_race(
-    results: Sequence[RaceResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline"
+    results: Sequence[TrainResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline"
 ) -> dict:
     """Write ``results.json`` with the speed-ups over ``reference``, ``epochs.csv`` (all recipes) and
     ``dice_vs_time.png`` into ``run_dir`` (`write_results()`).

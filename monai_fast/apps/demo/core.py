@@ -22,7 +22,7 @@ from typing import Any
 from monai_fast.apps.demo.headline import headline
 from monai_fast.apps.demo.interleave import run_interleaved
 from monai_fast.apps.demo.options import (
-    RaceOptionError,
+    OptionError,
     RacePlan,
     RaceSpec,
     TuneOptions,
@@ -30,9 +30,9 @@ from monai_fast.apps.demo.options import (
     plan_race,
     recipe_config,
 )
-from monai_fast.apps.demo.runner import RaceResult, run_to_target
 from monai_fast.apps.training.data import NUM_CLASSES, DataSource, check_files, load_files
 from monai_fast.apps.training.results import run_meta
+from monai_fast.apps.training.run import TrainResult, run_to_target
 
 __all__ = [
     "NUM_CLASSES",
@@ -58,7 +58,7 @@ class RaceEvents:
 
     Examples:
         >>> class Say(RaceEvents):
-        ...     def recipe_started(self, recipe, target, budget_s):
+        ...     def recipe_started(self, recipe, target, time_budget_s):
         ...         print(f"{recipe} to {target}")
         >>> Say().recipe_started("fast", 0.9, 60.0)
         fast to 0.9
@@ -70,16 +70,17 @@ class RaceEvents:
     def tuned(self, tuning: Any) -> None:
         """``fast`` was tuned (a `monai_fast.tune.TuneResult`)."""
 
-    def recipe_started(self, recipe: str, target: float, budget_s: float | None) -> None:
+    def recipe_started(self, recipe: str, target: float, time_budget_s: float | None) -> None:
         """``recipe`` starts training to ``target``."""
 
-    def budget_set(self, recipe: str, budget_s: float, how: dict) -> None:
+    def budget_set(self, recipe: str, time_budget_s: float, how: dict) -> None:
         """``recipe``'s budget was set from the lead's time (``how``: cap, multiple, lead, lead's seconds)."""
 
-    def time_shared(self, recipe: str, budget_s: float, left_s: float) -> None:
-        """Under a total bound, the lead ``recipe`` may run ``budget_s`` on its clock (``left_s`` left after set-up)."""
+    def time_shared(self, recipe: str, time_budget_s: float, left_s: float) -> None:
+        """Under a total bound, the lead ``recipe`` may run ``time_budget_s`` on its clock (``left_s`` left after
+        set-up)."""
 
-    def recipe_finished(self, result: RaceResult) -> None:
+    def recipe_finished(self, result: TrainResult) -> None:
         """``recipe`` stopped (target, budget or epochs); ``result.diagnosis`` is filled when it trained."""
 
     def race_finished(self, run: RaceRun) -> None:
@@ -88,9 +89,9 @@ class RaceEvents:
 
 @dataclass
 class RaceRun:
-    """What `race()` returns: one `RaceResult` per recipe and where the results went."""
+    """What `race()` returns: one `TrainResult` per recipe and where the results went."""
 
-    results: list[RaceResult]
+    results: list[TrainResult]
     meta: dict
     run_dir: Path
     data_root: Path | None
@@ -166,7 +167,7 @@ def _tune(plan: RacePlan, train_files: Sequence[dict], val_files: Sequence[dict]
         raise TuningError(str(e)) from e
 
 
-def _diagnose(result: RaceResult) -> None:
+def _diagnose(result: TrainResult) -> None:
     from monai_fast.report.doctor import doctor
 
     if result.run_dir is None or not result.epochs:
@@ -185,7 +186,7 @@ def _run_one(
     train_files: Sequence[dict],
     val_files: Sequence[dict],
     events: RaceEvents,
-) -> RaceResult:
+) -> TrainResult:
     events.recipe_started(name, spec.target, spec.time_budget_s)
     return run_to_target(
         name,
@@ -200,7 +201,7 @@ def _run_one(
     )
 
 
-def _finished(result: RaceResult, events: RaceEvents) -> RaceResult:
+def _finished(result: TrainResult, events: RaceEvents) -> TrainResult:
     _diagnose(result)
     events.recipe_finished(result)
     return result
@@ -227,7 +228,7 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         A `RaceRun`.
 
     Raises:
-        RaceOptionError: a bad option, named, before anything runs.
+        OptionError: a bad option, named, before anything runs.
         monai_fast.tune.TuningError: tuning found nothing that fits.
 
     Examples:
@@ -320,7 +321,7 @@ def tune_only(spec: RaceSpec, out: str | os.PathLike | None = None) -> TuneRun:
     if out is not None:
         check_writable_dir(Path(out).parent, "out")
         if Path(out).is_dir():
-            raise RaceOptionError("out", f"{out} is a folder; name a JSON file")
+            raise OptionError("out", f"{out} is a folder; name a JSON file")
     data_root, train_files, val_files = checked_data(spec)
     result = _tune(plan, train_files, val_files)
     meta = run_meta(data_root, plan.device, spec.record_options)

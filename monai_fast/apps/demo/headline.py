@@ -41,7 +41,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from monai_fast.apps.demo.runner import RaceResult
+from monai_fast.apps.training.run import TrainResult
 from monai_fast.telemetry.host import describe_host_load
 
 __all__ = [
@@ -115,13 +115,13 @@ def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[
     return round(mx + (target - my) / slope, 1), half[0][0], half[-1][0], round(slope, 6)
 
 
-def _epoch_seconds(result: RaceResult, interleaved: int) -> list[float]:
+def _epoch_seconds(result: TrainResult, interleaved: int) -> list[float]:
     """Wall seconds of each whole epoch among the first ``interleaved`` (all when none were)."""
     rows = result.epochs[:interleaved] or result.epochs
     return [r.wall_s if r.wall_s is not None else r.train_s + r.val_s for r in rows]
 
 
-def _s_per_epoch(result: RaceResult, interleaved: int, cpu: bool = False) -> float | None:
+def _s_per_epoch(result: TrainResult, interleaved: int, cpu: bool = False) -> float | None:
     """Mean wall (or CPU) seconds per whole epoch over the first ``interleaved`` epochs (all when none were).
 
     An epoch is all it did on the recipe's clock: training, validation, a validation estimate.
@@ -133,7 +133,7 @@ def _s_per_epoch(result: RaceResult, interleaved: int, cpu: bool = False) -> flo
     return statistics.fmean(r.wall_s if r.wall_s is not None else r.train_s + r.val_s for r in rows) if rows else 0.0
 
 
-def _per_unit(result: RaceResult, interleaved: int) -> dict:
+def _per_unit(result: TrainResult, interleaved: int) -> dict:
     """What ``result``'s epochs held and their cost per unit of work, over its first ``interleaved`` epochs (all when
     none were): training seconds per training crop, full validation's seconds per validated volume.
 
@@ -158,13 +158,13 @@ def _per_unit(result: RaceResult, interleaved: int) -> dict:
     }
 
 
-def stop_reason(result: RaceResult, budget: Mapping[str, object]) -> str:
+def stop_reason(result: TrainResult, budget: Mapping[str, object]) -> str:
     """Why ``result``'s recipe stopped: ``"target"``, ``"epoch budget"``, ``"total time bound"`` (the race's
     ``--total-budget`` left no time for its next epoch: ``budget["bound_stopped"]`` names it), ``"wall-clock budget"``
     or ``"epoch limit"``.
 
     Examples:
-        >>> r = RaceResult(
+        >>> r = TrainResult(
         ...     "baseline", 0.9, False, None, None, 40, 0.5, 0.0, 300.0, 7.0, 0.5, 0.1, 600.0, False, "cpu", False
         ... )
         >>> stop_reason(r, {"others_epochs": 40}), stop_reason(r, {"others_epochs": 50})
@@ -177,7 +177,7 @@ def stop_reason(result: RaceResult, budget: Mapping[str, object]) -> str:
         return "epoch budget"
     if result.recipe in (budget.get("bound_stopped") or ()):  # type: ignore[operator]
         return "total time bound"
-    if result.budget_exhausted or (result.budget_s is not None and result.total_s >= result.budget_s):
+    if result.budget_exhausted or (result.time_budget_s is not None and result.total_s >= result.time_budget_s):
         return "wall-clock budget"
     return "epoch limit"
 
@@ -187,7 +187,7 @@ def _figure(value: float | None, how: str, basis: str = "") -> dict:
 
 
 def headline(
-    results: Sequence[RaceResult],
+    results: Sequence[TrainResult],
     interleaved: Mapping[str, int],
     budget: Mapping[str, object],
     fast: str = "fast",
@@ -245,7 +245,7 @@ def headline(
     return doc
 
 
-def _cpu_to_target(r: RaceResult, entry: dict) -> dict:
+def _cpu_to_target(r: TrainResult, entry: dict) -> dict:
     """``r``'s CPU seconds to the target: its set-up's plus its epochs' (measured), or per epoch x epochs
     (estimated)."""
     epochs = entry["epochs_to_target"]
@@ -281,7 +281,7 @@ def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference
 
 
 def _estimate(
-    r: RaceResult, fast: RaceResult | None, per_epoch: float, limit: int | None, epoch_seconds: Sequence[float] = ()
+    r: TrainResult, fast: TrainResult | None, per_epoch: float, limit: int | None, epoch_seconds: Sequence[float] = ()
 ) -> dict:
     """``r``'s estimated epochs and time to target from its first ``limit`` epochs (its epoch budget; ``None``: all).
 
@@ -448,7 +448,7 @@ def format_headline(doc: dict) -> str:
                 what, flag = "the total time bound", "--total-budget"
             else:
                 what = "its wall-clock budget"
-                flag = "--total-budget" if doc["budget"].get("deadline_left_s") is not None else "--time-budget"
+                flag = "--total-budget" if doc["budget"].get("total_budget_left_s") is not None else "--time-budget"
             out.append(
                 f"{name}: stopped by {what} after {e['epochs_run']} of its {epochs} epochs: how far "
                 f"its Dice curve got depended on the host's speed ({flag} raises the cap)"

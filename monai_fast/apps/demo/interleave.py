@@ -38,8 +38,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from monai_fast.apps.demo.runner import RaceResult, TargetRun
 from monai_fast.apps.recipes import RecipeConfig
+from monai_fast.apps.training.run import TargetRun, TrainResult
 from monai_fast.telemetry.host import HostLoad
 
 __all__ = ["budget_after_lead", "epochs_after_lead", "lead_of", "lead_share", "run_interleaved"]
@@ -120,22 +120,22 @@ def run_interleaved(
     val_files: Sequence[dict],
     device: str,
     target: float,
-    cap_s: float | None,
+    time_budget_s: float | None,
     multiple: float | None,
     run_dir: Path | None,
     progress: bool,
     events: Any,
     epoch_multiple: float | None = None,
     deadline: float | None = None,
-) -> tuple[list[RaceResult], dict[str, int], dict, dict]:
+) -> tuple[list[TrainResult], dict[str, int], dict, dict]:
     """Train ``recipes`` in turns until the lead is done, then the others alone within the budget the lead sets.
 
     Args:
         recipes: recipe names; the lead is `lead_of()` them.
         configs: each recipe's options.
         train_files, val_files: the data.
-        device, target, run_dir, progress: as `monai_fast.apps.demo.runner.run_to_target()`.
-        cap_s: most seconds on any recipe's clock (``None``: no cap).
+        device, target, run_dir, progress: as `monai_fast.apps.training.run.run_to_target()`.
+        time_budget_s: most seconds on any recipe's clock (``None``: no cap).
         multiple: the others' wall-clock budget in multiples of the lead's time (``None``: the cap).
         events: a `monai_fast.apps.demo.RaceEvents`.
         epoch_multiple: the others' epoch budget in multiples of the lead's epochs (``None``: none).
@@ -153,7 +153,9 @@ def run_interleaved(
     lead = lead_of(recipes)
     runs: dict[str, TargetRun] = {}
     for name in recipes:
-        events.recipe_started(name, target, cap_s if deadline is None else min(cap_s or math.inf, _left(deadline)))
+        events.recipe_started(
+            name, target, time_budget_s if deadline is None else min(time_budget_s or math.inf, _left(deadline))
+        )
         runs[name] = TargetRun(
             name,
             train_files,
@@ -161,18 +163,18 @@ def run_interleaved(
             configs[name],
             device,
             target,
-            math.inf if cap_s is None else cap_s,
+            math.inf if time_budget_s is None else time_budget_s,
             run_dir,
             progress,
         )
     if deadline is not None:  # the lead's share of the time the set-up left
         left = _left(deadline)
-        runs[lead].budget_s = min(
-            runs[lead].budget_s or math.inf, runs[lead].elapsed() + lead_share(len(recipes)) * left
+        runs[lead].time_budget_s = min(
+            runs[lead].time_budget_s or math.inf, runs[lead].elapsed() + lead_share(len(recipes)) * left
         )
         shared = getattr(events, "time_shared", None)
         if shared is not None:
-            shared(lead, runs[lead].budget_s, left)
+            shared(lead, runs[lead].time_budget_s, left)
     bound_stopped: list[str] = []  # recipes the deadline stopped before their own budget or target
     host = HostLoad().start()  # what other processes took while the per-epoch times were measured side by side
     while not runs[lead].done and _left(deadline) > 0:
@@ -188,12 +190,12 @@ def run_interleaved(
     lead_result = runs[lead].finish()
     lead_s = lead_result.time_to_target_s if lead_result.reached else lead_result.total_s
     lead_epochs = lead_result.epochs_to_target if lead_result.reached else lead_result.epochs_run
-    others_s = budget_after_lead(lead_s, multiple, cap_s)
+    others_s = budget_after_lead(lead_s, multiple, time_budget_s)
     max_epochs = max(configs[n].max_epochs for n in recipes if n != lead) if len(recipes) > 1 else None
     wanted_epochs = epochs_after_lead(lead_epochs, epoch_multiple)
     others_epochs = epochs_after_lead(lead_epochs, epoch_multiple, max_epochs)
     budget = {
-        "cap_s": cap_s,
+        "time_budget_s": time_budget_s,
         "multiple": multiple,
         "lead": lead,
         "lead_s": lead_s,
@@ -210,8 +212,8 @@ def run_interleaved(
         seconds = others_s
         if deadline is not None:  # its share of what is left, measured now
             seconds = min(seconds, run.elapsed() + _left(deadline) / (len(others) - i))
-            budget["deadline_left_s"] = _left(deadline)
-        run.budget_s = seconds
+            budget["total_budget_left_s"] = _left(deadline)
+        run.time_budget_s = seconds
         events.budget_set(name, seconds, budget)
         left = None if others_epochs is None else others_epochs - run.built.trainer.state.epoch
         if deadline is None:

@@ -24,10 +24,10 @@ from ignite.engine import Engine, Events
 from monai.handlers import from_engine
 from monai.visualize import plot_2d_or_3d_image
 
-from monai_fast.apps.demo.runner import RaceResult, TargetRun
 from monai_fast.apps.recipes.config import RecipeConfig
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import synthetic_dataset
+from monai_fast.apps.training.run import TargetRun, TrainResult
 from monai_fast.extras import require
 from monai_fast.files import atomic_write, write_json, write_text
 from monai_fast.telemetry import device_description
@@ -122,7 +122,7 @@ def prediction_figure(volumes: dict[str, np.ndarray]) -> Figure:
 
 
 def performance(
-    result: RaceResult, peak_bytes: int, device: torch.device, summary: dict, network: torch.nn.Module
+    result: TrainResult, peak_bytes: int, device: torch.device, summary: dict, network: torch.nn.Module
 ) -> dict:
     """The lab's expected-performance numbers, from the run's own measurements."""
     dice = [e.val_dice for e in result.epochs if e.val_dice is not None]
@@ -191,7 +191,7 @@ def lab_data(
 class LabRun:
     """What one lab run measured and wrote."""
 
-    result: RaceResult
+    result: TrainResult
     numbers: dict  #: `performance()`'s numbers (also in ``performance.json``)
     table: str  #: `performance_table()` (also in ``performance.md``)
     images: dict[str, np.ndarray]  #: the last validation's first case: ``input``, ``label``, ``prediction``

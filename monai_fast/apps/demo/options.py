@@ -2,14 +2,14 @@
 
 `RaceSpec` holds a race's options as plain typed fields; `plan_race()` checks them all
 (recipe names, target, budget, data source, device, recipe options, tuning ranges, that the run
-folder can be written) and raises `RaceOptionError` naming the first bad option, so a
+folder can be written) and raises `OptionError` naming the first bad option, so a
 mistake costs a second, not a race.
 
 Examples:
-    >>> from monai_fast.apps.demo.options import RaceOptionError, RaceSpec, plan_race
+    >>> from monai_fast.apps.demo.options import OptionError, RaceSpec, plan_race
     >>> try:
     ...     plan_race(RaceSpec(recipes=("fast",), target=1.5, device="cpu"))
-    ... except RaceOptionError as e:
+    ... except OptionError as e:
     ...     print(e.option)
     target
 """
@@ -40,7 +40,7 @@ __all__ = [
     "DEMO_EPOCH_MULTIPLE",
     "DEMO_TOTAL_BUDGET_S",
     "TIME_BUDGET_S",
-    "RaceOptionError",
+    "OptionError",
     "RacePlan",
     "RaceSpec",
     "SyntheticData",
@@ -61,8 +61,6 @@ DEMO_TOTAL_BUDGET_S = 600.0
 
 #: the demo's epoch budget of the baseline by default, in multiples of fast's epochs to target
 DEMO_EPOCH_MULTIPLE = 4.0
-
-RaceOptionError = OptionError  #: an option of a race is invalid; ``option`` names it (a `RaceSpec` field)
 
 
 @dataclass(frozen=True)
@@ -167,35 +165,35 @@ class RacePlan:
 def _check_numbers(spec: RaceSpec) -> None:
     check_run_numbers(spec.target, spec.time_budget_s, spec.val_fraction)
     if spec.total_budget_s is not None and not spec.total_budget_s > 0:
-        raise RaceOptionError("total_budget_s", f"must be > 0 (or None for no bound), got {spec.total_budget_s}")
+        raise OptionError("total_budget_s", f"must be > 0 (or None for no bound), got {spec.total_budget_s}")
     if spec.total_budget_s is not None and not spec.interleave:
-        raise RaceOptionError("total_budget_s", "needs interleave=True (the recipes share the time in turns)")
+        raise OptionError("total_budget_s", "needs interleave=True (the recipes share the time in turns)")
     for name, what in (("budget_multiple", "time"), ("epoch_multiple", "epochs")):
         value = getattr(spec, name)
         if value is not None and not value > 0:
-            raise RaceOptionError(name, f"must be > 0 (or None), got {value}")
+            raise OptionError(name, f"must be > 0 (or None), got {value}")
         if value is not None and not spec.interleave:
-            raise RaceOptionError(name, f"needs interleave=True (the lead's {what} to target sets the others' budget)")
+            raise OptionError(name, f"needs interleave=True (the lead's {what} to target sets the others' budget)")
 
 
 def _check_recipes(recipes: Sequence[str]) -> None:
     if isinstance(recipes, str) or not recipes:
-        raise RaceOptionError("recipes", f"need a non-empty list of recipe names from {list(RECIPES)}, got {recipes!r}")
+        raise OptionError("recipes", f"need a non-empty list of recipe names from {list(RECIPES)}, got {recipes!r}")
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:
-        raise RaceOptionError("recipes", f"unknown recipe(s) {unknown}; known: {list(RECIPES)}")
+        raise OptionError("recipes", f"unknown recipe(s) {unknown}; known: {list(RECIPES)}")
     if len(set(recipes)) != len(recipes):
-        raise RaceOptionError("recipes", f"each recipe may race once (one run folder each), got {list(recipes)}")
+        raise OptionError("recipes", f"each recipe may race once (one run folder each), got {list(recipes)}")
 
 
 def _check_data(spec: RaceSpec) -> None:
     lists = (spec.train_files is not None, spec.val_files is not None)
     if any(lists) and not all(lists):
-        raise RaceOptionError("train_files" if lists[1] else "val_files", "give train_files and val_files together")
+        raise OptionError("train_files" if lists[1] else "val_files", "give train_files and val_files together")
     if all(lists) and spec.data_dir is not None:
-        raise RaceOptionError("data_dir", "give either data_dir or train_files/val_files, not both")
+        raise OptionError("data_dir", "give either data_dir or train_files/val_files, not both")
     if all(lists) and not (spec.train_files and spec.val_files):
-        raise RaceOptionError("train_files", "train_files and val_files must not be empty")
+        raise OptionError("train_files", "train_files and val_files must not be empty")
     if spec.data_dir is None and not all(lists):
         check_synthetic(spec.synthetic.kind, spec.synthetic.cases, spec.synthetic.shape)
 
@@ -214,7 +212,7 @@ def _search_space(options: TuneOptions, config: RecipeConfig, device: str):
             margin=options.margin,
         )
     except (TypeError, ValueError) as e:
-        raise RaceOptionError("tune", str(e)) from e
+        raise OptionError("tune", str(e)) from e
 
 
 def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
@@ -228,7 +226,7 @@ def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
         The `RacePlan` to run.
 
     Raises:
-        RaceOptionError: naming the first bad option.
+        OptionError: naming the first bad option.
 
     Examples:
         >>> import tempfile

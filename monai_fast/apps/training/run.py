@@ -16,7 +16,7 @@ from ignite.handlers import ProgressBar
 from monai.handlers import TensorBoardStatsHandler, from_engine
 
 from monai_fast.apps.recipes import VAL_METRIC, Recipe, RecipeConfig, build_recipe
-from monai_fast.apps.training.epochs import EPOCH_FIELDS, EpochRecorder, EpochRow, write_epochs_csv
+from monai_fast.apps.training.epochs import EpochRecorder, EpochRow, write_epochs_csv
 from monai_fast.data.rng_state import OwnRandomStream
 from monai_fast.extras import available, require
 from monai_fast.handlers import (
@@ -42,7 +42,7 @@ from monai_fast.telemetry.spans import wall_time
 if TYPE_CHECKING:  # tensorboard is the [plots] extra, imported where a run writes its events
     from torch.utils.tensorboard import SummaryWriter
 
-__all__ = ["EPOCH_FIELDS", "EpochRow", "TargetRun", "TrainResult", "run_to_target", "write_epochs_csv"]
+__all__ = ["TargetRun", "TrainResult", "run_to_target"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class TrainResult:
     train_s_per_epoch: float
     val_s_per_epoch: float
     data_wait_share: float
-    budget_s: float | None
+    time_budget_s: float | None
     budget_exhausted: bool
     device: str
     amp: bool
@@ -133,7 +133,7 @@ class TargetRun:
     between segments, so each recipe's times count only its own work. Each run draws from its own
     copy of the global random generators (`OwnRandomStream`), so
     its shuffles and crops are those it would draw alone, whatever the order of the turns.
-    ``budget_s`` may be changed between segments.
+    ``time_budget_s`` may be changed between segments.
 
     A stop signal (``SIGTERM``, ``SIGUSR1``) while the data sets and caches are built is caught
     (`stop_signals_caught()`): the program then stops when the
@@ -164,7 +164,7 @@ class TargetRun:
         progress: bool = True,
     ) -> None:
         t0, cpu0 = time.perf_counter(), process_tree_cpu_seconds()
-        self.recipe, self.target, self.time_budget_s = recipe, target, time_budget_s
+        self.recipe, self.target = recipe, target
         config = replace(config or RecipeConfig(), val_target=target)  # a validation schedule aims at the run's target
         with stop_signals_caught():
             self.built = build_recipe(recipe, train_files, val_files, config, device, progress=progress)
@@ -207,15 +207,15 @@ class TargetRun:
         self._finished: TrainResult | None = None
 
     @property
-    def budget_s(self) -> float | None:
+    def time_budget_s(self) -> float | None:
         """Seconds this recipe's clock may run; settable between segments (a budget set later than at start)."""
         return self.stopper.time_budget_s
 
-    @budget_s.setter
-    def budget_s(self, seconds: float) -> None:
+    @time_budget_s.setter
+    def time_budget_s(self, seconds: float) -> None:
         if self.stopper.time_budget_s is None:
             raise ValueError(f"{self.recipe}: a run started with no budget cannot be given one later")
-        self.stopper.time_budget_s = self.time_budget_s = float(seconds)
+        self.stopper.time_budget_s = float(seconds)
 
     def elapsed(self) -> float:
         """Seconds on this recipe's clock (setup and its own segments only)."""
@@ -333,7 +333,7 @@ def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWrit
 def _result(
     recipe: str,
     target: float,
-    budget_s: float | None,
+    time_budget_s: float | None,
     built: Recipe,
     stopper: TimeToTarget,
     rows: list[EpochRow],
@@ -356,7 +356,7 @@ def _result(
         train_s_per_epoch=sum(r.train_s for r in rows) / n,
         val_s_per_epoch=sum(r.val_s for r in val_rows) / max(len(val_rows), 1),
         data_wait_share=data_share(sum(r.data_wait_s for r in rows), sum(r.compute_s for r in rows)),
-        budget_s=budget_s,
+        time_budget_s=time_budget_s,
         budget_exhausted=stopper.budget_exhausted,
         device=device_description(built.device),
         amp=built.amp,

@@ -1,0 +1,394 @@
+"""The torchrun command line of ``monai-fast launch`` (one node, or several: static or c10d rendezvous).
+
+`LaunchSpec` holds where the ranks start and checks every option together; `torchrun_args()` and
+`torchrun_env()` turn it into torchrun's arguments and environment; the rendezvous lines say where a
+node waits, why a rendezvous failed, and when an endpoint does not answer as a rendezvous store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "DEFAULT_MASTER_PORT",
+    "DEFAULT_RDZV_TIMEOUT_S",
+    "STORE_ANSWER_S",
+    "LaunchSpec",
+    "rendezvous_failure",
+    "rendezvous_timeout_message",
+    "rendezvous_wait_line",
+    "torchrun_args",
+    "torchrun_env",
+    "unanswered_endpoint_message",
+]
+
+DEFAULT_MASTER_PORT = 29500
+"""torchrun's own default for ``--master-port``."""
+
+DEFAULT_RDZV_TIMEOUT_S = 600.0
+"""How long ``monai-fast launch`` waits for the rendezvous by default (torchrun's own c10d join time-out)."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Where ``monai-fast launch`` starts its ranks: this node only, or one node of several.
+
+    Three forms: one node (``nnodes=1``, nothing else: torchrun ``--standalone``); several nodes
+    meeting at node 0 (static rendezvous: ``master_addr``, ``master_port``, this node's
+    ``node_rank``, the same on every node but the rank); several nodes meeting at a c10d
+    rendezvous (``rdzv_endpoint`` ``HOST:PORT`` and ``rdzv_id``, the same on every node; torchrun
+    numbers the nodes). Every option is checked here, before anything starts, and all problems
+    are named in one `ValueError`, each by its command-line flag.
+
+    Args:
+        nproc: ranks on this node (one per GPU).
+        nnodes: nodes in the job.
+        node_rank: this node's index, ``0 .. nnodes-1`` (0 on the ``master_addr`` host); static form.
+        master_addr: node 0's address, reachable from every node; static form.
+        master_port: a free port on node 0 (default 29500, torchrun's); static form.
+        rdzv_endpoint: ``HOST:PORT`` of the c10d rendezvous (a port free on HOST); c10d form.
+        rdzv_id: the job's name at the rendezvous, the same on every node; c10d form.
+        max_restarts: when a rank dies, torchrun restarts every rank (of every node, under c10d)
+            up to this many times; a script with `Preemption`
+            (``save_every=N``, ``resume()`` before ``run()``) then continues from its latest checkpoint,
+            redoing at most N iterations. Several nodes need the c10d form for it (a static
+            rendezvous has no rounds in which the nodes' restarts meet).
+        rdzv_timeout_s: how long this node waits for the rendezvous (all ``nnodes`` nodes met, ranks
+            started) before it stops with one line naming the endpoint; under c10d also torchrun's
+            ``join_timeout`` for the rendezvous rounds of restarts.
+
+    Examples:
+        >>> spec = LaunchSpec(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500)
+        >>> torchrun_args(spec)[:4]
+        ['--nnodes=2', '--node-rank=1', '--master-addr=10.0.0.1', '--master-port=29500']
+        >>> LaunchSpec(nnodes=2, node_rank=2, master_addr="h")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: --node-rank 2 must be below --nnodes 2 ...
+    """
+
+    nproc: int = 2
+    nnodes: int = 1
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        problems = _count_problems(self) + (
+            _c10d_problems(self) if self.rdzv_endpoint or self.rdzv_id else _static_problems(self)
+        )
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def form(self) -> str:
+        """``"standalone"`` (one node), ``"static"`` (``--master-addr``) or ``"c10d"`` (``--rdzv-endpoint``)."""
+        if self.rdzv_endpoint:
+            return "c10d"
+        return "static" if self.master_addr else "standalone"
+
+
+def _count_problems(spec: LaunchSpec) -> list[str]:
+    problems = [f"--nproc must be >= 1, got {spec.nproc}"] if spec.nproc < 1 else []
+    if spec.nnodes < 1:
+        problems.append(f"--nnodes must be >= 1, got {spec.nnodes}")
+    if spec.max_restarts < 0:
+        problems.append(f"--max-restarts must be >= 0, got {spec.max_restarts}")
+    if not spec.rdzv_timeout_s > 0:
+        problems.append(f"--rdzv-timeout must be > 0 seconds, got {spec.rdzv_timeout_s}")
+    elif spec.max_restarts and spec.nnodes > 1 and not spec.rdzv_endpoint:
+        problems.append(
+            f"--max-restarts {spec.max_restarts} across {spec.nnodes} nodes needs the c10d rendezvous "
+            "(--rdzv-endpoint HOST:PORT --rdzv-id JOB): a --master-addr (static) rendezvous has no rounds in which "
+            "the nodes' restarts meet"
+        )
+    return problems
+
+
+def _port_problem(flag: str, port: int) -> list[str]:
+    return [] if 1 <= port <= 65535 else [f"{flag} {port} is not a TCP port (1-65535)"]
+
+
+def _static_problems(spec: LaunchSpec) -> list[str]:
+    problems: list[str] = []
+    if spec.node_rank is not None and not 0 <= spec.node_rank < max(spec.nnodes, 1):
+        problems.append(
+            f"--node-rank {spec.node_rank} must be below --nnodes {spec.nnodes} (nodes are numbered "
+            f"0 to {max(spec.nnodes, 1) - 1}, 0 on the --master-addr host)"
+        )
+    if spec.master_addr is not None and (not spec.master_addr.strip() or spec.master_addr.count(":") == 1):
+        problems.append(
+            f"--master-addr {spec.master_addr!r} is not a host name or address"
+            + (": give the port with --master-port" if ":" in spec.master_addr else "")
+        )
+    if spec.master_port is not None:
+        problems += _port_problem("--master-port", spec.master_port)
+    if spec.nnodes > 1 and spec.master_addr is None:
+        problems.append(
+            f"--nnodes {spec.nnodes} needs where the nodes meet: --master-addr HOST --node-rank I "
+            "(static), or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d)"
+        )
+    elif spec.nnodes > 1 and spec.node_rank is None:
+        problems.append(
+            f"--nnodes {spec.nnodes} with --master-addr needs this node's --node-rank (0 to {spec.nnodes - 1})"
+        )
+    elif spec.master_addr is None and (spec.node_rank or spec.master_port is not None):
+        problems.append("--node-rank and --master-port need --master-addr (node 0's address)")
+    return problems
+
+
+def _c10d_problems(spec: LaunchSpec) -> list[str]:
+    static = [
+        flag
+        for flag, v in (
+            ("--master-addr", spec.master_addr),
+            ("--master-port", spec.master_port),
+            ("--node-rank", spec.node_rank),
+        )
+        if v is not None
+    ]
+    problems = (
+        [
+            f"{' and '.join(static)} cannot be mixed with the c10d rendezvous (--rdzv-endpoint, --rdzv-id): "
+            "use one form; under c10d torchrun numbers the nodes"
+        ]
+        if static
+        else []
+    )
+    if not spec.rdzv_endpoint:
+        return problems + ["--rdzv-id needs --rdzv-endpoint HOST:PORT"]
+    host, _, port = spec.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        problems.append(f"--rdzv-endpoint {spec.rdzv_endpoint!r} is not HOST:PORT (the port is required)")
+    else:
+        problems += _port_problem("--rdzv-endpoint's port", int(port))
+    if not spec.rdzv_id or not spec.rdzv_id.strip():
+        problems.append("--rdzv-endpoint needs --rdzv-id JOB, the same on every node (and new for each job)")
+    return problems
+
+
+_TORCHRUN_JOIN_TIMEOUT_S = 600  # torchrun's c10d join_timeout when --rdzv-conf does not set one
+
+
+def torchrun_args(spec: LaunchSpec) -> list[str]:
+    """torchrun's options for ``spec``: where the nodes meet, ranks per node, restarts.
+
+    Examples:
+        >>> torchrun_args(LaunchSpec(nproc=2))
+        ['--standalone', '--nproc-per-node=2', '--max-restarts=0', '--monitor-interval=1']
+        >>> torchrun_args(LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="job7"))[:4]
+        ['--nnodes=2', '--rdzv-backend=c10d', '--rdzv-endpoint=h:29400', '--rdzv-id=job7']
+    """
+    if spec.form == "c10d":
+        where = [
+            f"--nnodes={spec.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={spec.rdzv_endpoint}",
+            f"--rdzv-id={spec.rdzv_id}",
+        ]
+        join_timeout = math.ceil(spec.rdzv_timeout_s)
+        if join_timeout != _TORCHRUN_JOIN_TIMEOUT_S:  # only what differs from torchrun's own default
+            where.append(f"--rdzv-conf=join_timeout={join_timeout}")
+    elif spec.form == "static":
+        where = [
+            f"--nnodes={spec.nnodes}",
+            f"--node-rank={spec.node_rank or 0}",
+            f"--master-addr={spec.master_addr}",
+            f"--master-port={spec.master_port or DEFAULT_MASTER_PORT}",
+            "--rdzv-backend=static",
+        ]
+    else:
+        where = ["--standalone"]
+    return [*where, f"--nproc-per-node={spec.nproc}", f"--max-restarts={spec.max_restarts}", "--monitor-interval=1"]
+
+
+def torchrun_env(spec: LaunchSpec) -> dict[str, str]:
+    """Environment variables torchrun needs for ``spec``, beyond the caller's.
+
+    With restarts, the ranks of each round must not share the rendezvous's TCP store: they would
+    keep their process-group keys across rounds (torch 2.x writes them without a per-round
+    prefix there), so a restarted rank 0 reads the dead rank's old address and its gloo/NCCL set-up
+    fails with "Connection refused". ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives every round a
+    store of its own on a fresh port.
+
+    Examples:
+        >>> torchrun_env(LaunchSpec(max_restarts=2))
+        {'TORCH_DISABLE_SHARE_RDZV_TCP_STORE': '1'}
+    """
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts else {}
+
+
+def rendezvous_failure(error_file: str | os.PathLike, spec: LaunchSpec) -> str | None:
+    """What a failed torchrun's error file (``TORCHELASTIC_ERROR_FILE``) says about its c10d rendezvous, in one line.
+
+    torchrun keeps the c10d rendezvous in the node whose torchrun first bound ``--rdzv-endpoint``. Lose that
+    node and every other node's torchrun fails on its next look at the rendezvous (within a second) with a
+    ``RendezvousConnectionError`` traceback: no restart can bring the job back, since the rendezvous and its
+    rounds went with the node. A node that waits for the others longer than the join time-out (torchrun's
+    600 s) fails with ``RendezvousTimeoutError``. Anything else (a rank's own error): ``None``.
+
+    Examples:
+        >>> import tempfile
+        >>> f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        >>> _ = f.write('{"message": {"message": "RendezvousConnectionError: '
+        ...             'The connection to the C10d store has failed."}}')
+        >>> f.close()
+        >>> rendezvous_failure(f.name, LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="j"))[:53]
+        'the c10d rendezvous at h:29400 is gone: its host node'
+    """
+    if spec.form != "c10d":
+        return None
+    try:
+        with open(error_file) as f:
+            message = str(json.load(f).get("message", {}).get("message", ""))
+    except (OSError, ValueError, AttributeError):
+        return None
+    if message.startswith("RendezvousConnectionError"):
+        return (
+            f"the c10d rendezvous at {spec.rdzv_endpoint} is gone: its host node (the one whose launcher first bound "
+            "--rdzv-endpoint) was lost or stopped, and the job with it (--max-restarts cannot help: the restarts meet "
+            "there). Start the launcher on every node again with the same command; a script with Preemption resumes "
+            "from its latest checkpoint"
+        )
+    if message.startswith("RendezvousTimeoutError"):
+        return (
+            f"not all --nnodes {spec.nnodes} nodes joined the c10d rendezvous at {spec.rdzv_endpoint} (--rdzv-id "
+            f"{spec.rdzv_id}) within --rdzv-timeout {spec.rdzv_timeout_s:g} s: start the launcher on every node, "
+            "with the same --rdzv-endpoint and --rdzv-id"
+        )
+    return None
+
+
+def _meeting_point(spec: LaunchSpec) -> str:
+    """``HOST:PORT`` where this node's launcher meets the others."""
+    if spec.form == "c10d":
+        return str(spec.rdzv_endpoint)
+    return f"{spec.master_addr}:{spec.master_port or DEFAULT_MASTER_PORT}"
+
+
+def rendezvous_wait_line(spec: LaunchSpec) -> str | None:
+    """The line ``monai-fast launch`` prints before it waits for other nodes; ``None`` on one node alone.
+
+    Examples:
+        >>> rendezvous_wait_line(LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="j", rdzv_timeout_s=60))
+        'waiting for the rendezvous at h:29400 (2 nodes, --rdzv-id j) (up to 60 s; --rdzv-timeout)'
+    """
+    if spec.form == "standalone":
+        return None
+    nodes = f"{spec.nnodes} node{'s' if spec.nnodes != 1 else ''}"
+    who = f"--rdzv-id {spec.rdzv_id}" if spec.form == "c10d" else f"this one --node-rank {spec.node_rank}"
+    return (
+        f"waiting for the rendezvous at {_meeting_point(spec)} ({nodes}, {who}) "
+        f"(up to {spec.rdzv_timeout_s:g} s; --rdzv-timeout)"
+    )
+
+
+def _tcp_answer(host: str, port: int, timeout_s: float) -> str:
+    """What a plain TCP connection to ``host:port`` finds: ``"accepts"``, ``"refused"`` or ``"unreachable"``."""
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
+            return "accepts"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "unreachable"
+
+
+STORE_ANSWER_S = 10.0
+"""How long ``monai-fast launch`` gives a rendezvous endpoint that accepts connections to answer as a store."""
+
+
+def unanswered_endpoint_message(spec: LaunchSpec, answer_s: float = STORE_ANSWER_S) -> str | None:
+    """One line when the meeting point accepts connections but is no rendezvous store; ``None`` otherwise.
+
+    torch's store client waits without a time-out of its own for a program that accepts its
+    connection and never answers, so torchrun would sit there until ``--rdzv-timeout`` (600 s by
+    default). Before torchrun starts, the endpoint is therefore probed: nothing listening (the host
+    node has not started yet) passes, and so does a store that answers; a port that accepts but
+    does not answer as a store within ``answer_s`` seconds (at most ``--rdzv-timeout``) is held by
+    another program. The probe is a `torch.distributed.TCPStore` client on a daemon thread,
+    left behind when it never returns (the caller stops right after).
+
+    Args:
+        spec: the launch; one node alone (``--standalone``) has no endpoint to probe.
+        answer_s: seconds the endpoint has to answer.
+
+    Examples:
+        >>> unanswered_endpoint_message(LaunchSpec(nproc=1))  # one node alone: its own free port
+    """
+    if spec.form == "standalone":
+        return None
+    where = _meeting_point(spec)
+    host, _, port = where.rpartition(":")
+    bound = min(answer_s, spec.rdzv_timeout_s)
+    if _tcp_answer(host, int(port), min(bound, 2.0)) != "accepts":
+        return None  # refused or unreachable: torchrun waits for the host node within --rdzv-timeout
+    outcome: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            store = torch.distributed.TCPStore(
+                host.strip("[]"), int(port), is_master=False, timeout=dt.timedelta(seconds=bound)
+            )
+            del store
+            outcome.append(None)
+        except Exception as e:  # a store client's error: the endpoint is not a store either
+            outcome.append(e)
+
+    thread = threading.Thread(target=probe, name="monai-fast-store-probe", daemon=True)
+    thread.start()
+    thread.join(bound)
+    if outcome and outcome[0] is None:
+        return None
+    flag = "--rdzv-endpoint" if spec.form == "c10d" else "--master-port"
+    found = (
+        f"did not answer as a rendezvous store within {bound:g} s"
+        if not outcome
+        else f"is not a rendezvous store ({type(outcome[0]).__name__}: {str(outcome[0]).splitlines()[0][:200]})"
+    )
+    return (
+        f"{where} accepts connections but {found}: another program holds that port; give {flag} a free port "
+        "(or stop that program)"
+    )
+
+
+def rendezvous_timeout_message(spec: LaunchSpec, probe_s: float = 2.0) -> str:
+    """One line saying that no rendezvous formed within ``spec.rdzv_timeout_s``, what the endpoint does, and the remedy.
+
+    The endpoint is probed with a plain TCP connection to tell the usual causes apart: a port that accepts
+    connections but hosts no rendezvous (another program holds it, or the other nodes never came), a port
+    where nothing listens (the node that hosts the rendezvous has not started), or a host out of reach.
+    """
+    where = _meeting_point(spec)
+    host, _, port = where.rpartition(":")
+    head = f"no rendezvous at {where} within --rdzv-timeout {spec.rdzv_timeout_s:g} s"
+    answer = _tcp_answer(host, int(port), probe_s)
+    flag = "--rdzv-endpoint" if spec.form == "c10d" else "--master-port"
+    if answer == "accepts" and spec.nnodes == 1:
+        return (
+            f"{head}: {where} accepts connections but never answered as a rendezvous store: another program holds "
+            f"that port; give {flag} a free port"
+        )
+    if answer == "accepts":
+        return (
+            f"{head}: {where} accepts connections but the {spec.nnodes} nodes did not all meet there: start the "
+            f"launcher on every node with the same options, and check that no other program holds port {port} "
+            f"on {host} (then give {flag} a free port)"
+        )
+    if answer == "refused":
+        return (
+            f"{head}: nothing listens at {where}: start the launcher on {host} (it hosts the rendezvous), "
+            f"or correct the address and port"
+        )
+    return f"{head}: {host} cannot be reached on port {port}: check the address, the network and the firewall"
