@@ -160,5 +160,5 @@ def nested_spawn_message(nproc_per_node: int, env: LaunchEnv, environ: Mapping[s
         f"nproc_per_node={nproc_per_node} was given, but this process was already started by {by} as rank {env.rank} "
         f"of {env.world_size}: starting {nproc_per_node} more processes per rank makes separate jobs that fight over "
         "one rendezvous port. Drop nproc_per_node (keep backend: idist.Parallel(backend=...) or "
-        "monai_fast.distributed.run(train)) so each rank joins the launched job, or start the script with plain python"
+        "monai_fast.apps.launch.run(train)) so each rank joins the launched job, or start the script with plain python"
     )

@@ -60,7 +60,7 @@ FIXES: dict[str, list[tuple[Lever | None, str]]] = {
         (Lever.MEMORY_FORMAT, "channels_last_3d weights where they measure faster: FastTraining(memory_format='auto')"),
         (
             None,
-            "more devices: data-parallel training over several GPUs (monai_fast.distributed.run, monai-fast launch)",
+            "more devices: data-parallel training over several GPUs (monai_fast.apps.launch.run, monai-fast launch)",
         ),
     ],
     "balanced": [

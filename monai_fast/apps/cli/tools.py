@@ -232,7 +232,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 _LAUNCH_TEXT = (
     "Start SCRIPT --nproc times on this machine with torchrun so a script that calls "
-    "monai_fast.distributed.run(train) trains with DDP. One node: a --standalone rendezvous on a free port. Several "
+    "monai_fast.apps.launch.run(train) trains with DDP. One node: a --standalone rendezvous on a free port. Several "
     "nodes without SLURM: run the same command on each node with --nnodes N and either --master-addr HOST "
     "--master-port P --node-rank I (static: node 0 is HOST) or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d: torchrun "
     "numbers the nodes); every option is checked before anything starts. It says at once where it waits for the "

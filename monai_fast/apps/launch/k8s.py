@@ -213,7 +213,7 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> str:
         f"# {world} ranks: {spec.nodes} node(s) x {spec.ranks_per_node} "
         + ("GPU(s), one rank per GPU (NCCL)" if spec.gpus_per_node else "CPU rank(s) (gloo)"),
         "# written by 'monai-fast k8s'; needs the Kubeflow training operator. Submit: kubectl apply -f FILE",
-        "# the training script calls monai_fast.distributed.run(...); with monai_fast.handlers.Preemption and its",
+        "# the training script calls monai_fast.apps.launch.run(...); with monai_fast.handlers.Preemption and its",
         "# checkpoints on the shared volume, an evicted or failed pod restarts and the job resumes from them",
     ]
     return "\n".join([*head, *_yaml(pytorchjob(spec))]) + "\n"

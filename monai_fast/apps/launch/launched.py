@@ -13,7 +13,7 @@ error, or train apart without a word. Instead every rank stops at once with one 
 ``idist.Parallel.run`` calls ``spawn`` through the public ``ignite.distributed.utils`` module, which
 ``ignite.distributed`` re-exports; replacing that public function in both (here, and only in launched
 ranks) catches ``Parallel`` and direct ``idist.spawn`` calls alike. No private ignite attribute is
-touched. Scripts that call `monai_fast.distributed.run()` with ``nproc_per_node``
+touched. Scripts that call `monai_fast.apps.launch.run()` with ``nproc_per_node``
 get the same message from ``run`` itself, under any launcher.
 
 Examples:

@@ -66,7 +66,7 @@ def render_sbatch(spec: SbatchSpec) -> str:
 
     Every task is one rank: ignite reads ``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NTASKS``,
     takes the first host of the allocation as ``MASTER_ADDR`` and a port derived from the job id,
-    and ``monai_fast.distributed.run`` picks NCCL (GPUs) or gloo. ``--signal=USR1@N`` (without
+    and ``monai_fast.apps.launch.run`` picks NCCL (GPUs) or gloo. ``--signal=USR1@N`` (without
     ``B:``) reaches the tasks themselves; ``--open-mode=append`` keeps the log of the run before a
     requeue.
 
@@ -102,7 +102,7 @@ def render_sbatch(spec: SbatchSpec) -> str:
         "",
         f"# {world} ranks: {spec.nodes} node(s) x {spec.ranks_per_node} "
         + ("GPU(s), one rank per GPU (NCCL)" if spec.gpus_per_node else "CPU rank(s) (gloo)"),
-        "# written by 'monai-fast sbatch'; the training script calls monai_fast.distributed.run(...)",
+        "# written by 'monai-fast sbatch'; the training script calls monai_fast.apps.launch.run(...)",
         "set -euo pipefail",
         'echo "job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, restart ${SLURM_RESTART_COUNT:-0}"',
         "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK}",

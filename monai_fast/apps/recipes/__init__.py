@@ -149,7 +149,7 @@ def build_recipe(
     """Build recipe ``name`` (one of `RECIPES`): its `recipe_parts()` over its data, composed into engines.
 
     Options left ``None`` in ``config`` take the recipe's `RecipeSpec.defaults`; ``progress``
-    shows a cache fill's progress. Inside a distributed job (`monai_fast.distributed.run()`)
+    shows a cache fill's progress. Inside a distributed job (`monai_fast.apps.launch.run()`)
     each rank takes its share of ``train_files`` (even sizes) and ``val_files`` (no repeats), so
     each caches only its share; the network is wrapped in DDP (Horovod: its optimizer) and
     validation Dice is gathered over all ranks by MONAI's metric.
