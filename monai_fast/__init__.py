@@ -25,6 +25,7 @@ _EXPORTS = {
     "AMPToggle": "monai_fast.handlers.amp",
     "BackgroundValidation": "monai_fast.handlers.background_validation",
     "ClassesInnermost": "monai_fast.handlers.prediction_layout",
+    "CompileChoice": "monai_fast.handlers.compile",
     "EpochLengthGuard": "monai_fast.handlers.epoch_length_guard",
     "GPUSampler": "monai_fast.handlers.gpu_sampler",
     "InferenceSplit": "monai_fast.handlers.inference_split",
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on f
     from monai_fast.data.smartcache import SafeSmartCacheDataset as SafeSmartCacheDataset
     from monai_fast.handlers.amp import AMPToggle as AMPToggle
     from monai_fast.handlers.background_validation import BackgroundValidation as BackgroundValidation
+    from monai_fast.handlers.compile import CompileChoice as CompileChoice
     from monai_fast.handlers.core_pin import MainThreadCore as MainThreadCore
     from monai_fast.handlers.epoch_length_guard import EpochLengthGuard as EpochLengthGuard
     from monai_fast.handlers.fast_training import FastTraining as FastTraining

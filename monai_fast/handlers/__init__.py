@@ -8,6 +8,7 @@ live in their modules: ``monai_fast.handlers.record.record_of``, ``monai_fast.ha
 from monai_fast.handlers.algorithm_time import AlgorithmTimes, TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.background_validation import BackgroundValidation, BackgroundValidationError
+from monai_fast.handlers.compile import CompileChoice
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard, ShortEpochError
 from monai_fast.handlers.fast_training import FastTraining
@@ -33,6 +34,7 @@ __all__ = [
     "BackgroundValidation",
     "BackgroundValidationError",
     "ClassesInnermost",
+    "CompileChoice",
     "EpochLengthGuard",
     "EpochTimes",
     "FastTraining",
