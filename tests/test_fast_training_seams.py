@@ -125,7 +125,7 @@ def test_the_default_step_and_an_evaluators_own_step_both_run_in_the_recorded_pr
     assert seen == [(torch.bfloat16, True)] * 4  # two training steps (MONAI's), two validation steps (the user's)
     assert fast.applied["precision"]["applied"] and "validation precision" not in fast.applied
     # the evaluator's own step never calls its inferer: the layout lever did not act, and says so
-    layout = fast.applied["prediction layout"]
+    layout = fast.applied["prediction_layout"]
     assert not layout["applied"] and "does not call its inferer" in layout["reason"]
 
 

@@ -248,6 +248,8 @@ def test_demo_prints_the_cap_up_front_and_a_table_of_measured_and_estimated_figu
             [
                 "demo",
                 *TINY_DEMO,
+                "--seed",
+                "1",  # a split whose validation case the baseline's first epochs stay below the target on
                 "--max-epochs",
                 "6",
                 "--target",
@@ -324,7 +326,8 @@ def test_the_baselines_epoch_budget_and_its_curve_do_not_depend_on_the_order_of_
     spec = RaceSpec(
         recipes=("fast", "baseline"),
         synthetic=SyntheticData(cases=4, shape=(32, 32, 32)),
-        target=0.015,
+        seed=1,  # a split whose validation case the baseline stays below the target on, and fast takes epochs to reach
+        target=0.1,
         time_budget_s=300,
         epoch_multiple=2.0,
         interleave=True,

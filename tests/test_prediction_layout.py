@@ -113,7 +113,7 @@ def test_fast_training_applies_it_on_the_evaluator_and_unwraps_every_inferer_on_
     inferers = trainer.inferer, evaluator.inferer
     fast = FastTraining(precision="bf16", memory_format=False, prediction_layout=True)
     fast.attach(trainer, evaluator)
-    assert fast.applied["prediction layout"] == {"applied": True, "setting": "classes innermost", "reason": "requested"}
+    assert fast.applied["prediction_layout"] == {"applied": True, "setting": "classes innermost", "reason": "requested"}
     wrapper = evaluator.inferer
     assert isinstance(wrapper.inner.toggle, AMPToggle)  # ours around AMPToggle's: nested wrappers
     fast.detach(trainer)
@@ -122,7 +122,7 @@ def test_fast_training_applies_it_on_the_evaluator_and_unwraps_every_inferer_on_
     trainer, evaluator = _user_trainer(tiny_files)
     fast = FastTraining(precision="fp32", prediction_layout=False)
     fast.attach(trainer, evaluator)
-    assert fast.applied["prediction layout"] == {
+    assert fast.applied["prediction_layout"] == {
         "applied": False,
         "setting": None,
         "reason": "switched off (prediction_layout=False)",
