@@ -131,9 +131,15 @@ def _loader_variants(d: dict) -> str:
 
 
 def _rank_cache_memory(d: dict) -> str:
-    return "peak RSS per node: " + ", ".join(
+    text = "peak RSS per node: " + ", ".join(
         f"{r.get('setup')} {r.get('node_total_mib', 0):.0f} MiB" for r in d.get("rows", [])
     )
+    if any("node_pss_mib" in r for r in d.get("rows", [])):  # PSS summed over the node, shared files counted once
+        text += "; PSS + shared files per node: " + ", ".join(
+            f"{r.get('setup')} {r.get('node_pss_mib', 0) + r.get('cache_files_mib', 0):.0f} MiB"
+            for r in d.get("rows", [])
+        )
+    return text
 
 
 def _elastic_restart(d: dict) -> str:
