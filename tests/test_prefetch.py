@@ -260,3 +260,17 @@ def test_fast_training_keeps_batches_ahead_where_worker_processes_make_them(tiny
         "reason": "1 worker processes make the batches ahead",
     }
     assert [h.loader for h in fast._helpers if isinstance(h, PrefetchChoice)] == [evaluator.data_loader]
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_a_near_tie_keeps_the_loaders_own_setting(own):
+    """Both ways take the step's time (the batch costs nothing): whichever median is a hair lower, the loader
+    keeps what it had, and the reason says a near-tie did not move it."""
+    ds = _Made(8, cost=0.0)
+    loader = SafeThreadDataLoader(ds, batch_size=1, prefetch=own)
+    engine = Engine(lambda e, b: time.sleep(0.03))
+    choice = PrefetchChoice(loader, pairs=3)
+    choice.attach(engine)
+    engine.run(loader, max_epochs=3)
+    assert choice.measured and choice.prefetch is own and loader.prefetch is own, choice.reason
+    assert choice.reason.startswith("prefetch: " if own else "on demand: ")

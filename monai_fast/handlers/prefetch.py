@@ -31,6 +31,7 @@ from ignite.engine import Engine, Events
 
 from monai_fast.data.loaders import prefetch_pays
 from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.tune.rounds import MIN_GAIN
 
 __all__ = ["PrefetchChoice", "prefetch_for"]
 
@@ -181,14 +182,22 @@ class PrefetchChoice(EngineHandler):
         self._in_block += 1
 
     def _choose(self) -> None:
+        """The other setting replaces the loader's own only when it was `MIN_GAIN` faster: a near-tie keeps it."""
         ahead, asked = statistics.median(self.times[True]), statistics.median(self.times[False])
-        prefetch = ahead < asked
+        own = self._initial
+        gain = (asked / ahead if not own else ahead / asked) if min(ahead, asked) > 0 else 1.0
+        prefetch = (not own) if gain >= MIN_GAIN else own
         won, lost = (ahead, asked) if prefetch else (asked, ahead)
         counts = f"medians of {len(self.times[prefetch])} and {len(self.times[not prefetch])} timed iterations"
+        tie = (
+            ""
+            if gain >= MIN_GAIN or won <= lost
+            else f"; a near-tie keeps the loader's own setting ({MIN_GAIN}x needed)"
+        )
         self._settle(
             prefetch,
             f"{'prefetch' if prefetch else 'on demand'}: {won:.3f} s per iteration against "
-            f"{lost:.3f} s {'on demand' if prefetch else 'with prefetch'} ({counts})",
+            f"{lost:.3f} s {'on demand' if prefetch else 'with prefetch'} ({counts}){tie}",
         )
 
     def _settle(self, prefetch: bool, reason: str) -> None:

@@ -34,6 +34,7 @@ from monai_fast.telemetry import synchronize
 __all__ = [
     "MEASURE_MIN_S",
     "MEASURE_SHARE",
+    "MIN_GAIN",
     "MIN_ROUNDS",
     "Decision",
     "decide",
@@ -44,6 +45,8 @@ __all__ = [
 
 #: the fewest timed rounds a choice is ever made from
 MIN_ROUNDS = 3
+#: the speed-up a way must show over the user's to replace it, by default: closer than this is a near-tie
+MIN_GAIN = 1.05
 #: the share of the run's planned training time a measurement may take
 MEASURE_SHARE = 0.01
 #: and the seconds it may always take (a short run of a small network still measures its rounds)
@@ -126,7 +129,7 @@ def decide(
     candidate: Callable[[], float],
     *,
     names: tuple[str, str] = ("baseline", "candidate"),
-    min_gain: float = 1.05,
+    min_gain: float = MIN_GAIN,
     min_rounds: int = MIN_ROUNDS,
     max_rounds: int = 9,
     budget_s: float = math.inf,
