@@ -115,3 +115,37 @@ def test_a_short_run_is_not_compiled_at_all(tiny_files, monkeypatch):
 def test_mode_is_checked():
     with pytest.raises(ValueError, match="mode"):
         CompileChoice("yes")
+
+
+def test_a_compile_time_measured_before_gates_the_next_run(tiny_files, tmp_path):
+    """The first compile's seconds are kept; a later run too short to repay a first compile (120 s assumed) but long
+    enough to repay the one measured compiles, and says where its expectation came from."""
+    import json
+
+    store = tmp_path / "compile_times.json"
+    net = _Known(eager_s=0.05, compiled_s=0.0)
+    trainer = _trainer(tiny_files, net, max_epochs=10_000)
+    first = CompileChoice("auto", store=store)
+    first.attach(trainer)
+    _run_steps(trainer, 2)
+    kept = json.loads(store.read_text())
+    assert first.compiled and list(kept.values()) == [pytest.approx(first.evidence["compile_s"], abs=1e-3)]
+
+    short = 200  # epochs of 2 steps: 400 x 0.05 s x (1 - 1/1.3) = about 5 s saved, far below 120 s
+    net2 = _Known(eager_s=0.05, compiled_s=0.0)
+    trainer2 = _trainer(tiny_files, net2, max_epochs=short)
+    assumed = CompileChoice("auto", store=None)
+    assumed.attach(trainer2)
+    _run_steps(trainer2, 1)
+    assert not assumed.compiled and "assumed for a first compile" in assumed.reason, assumed.reason
+
+    (key,) = kept  # the same network, shape, precision and torch: its key
+    assert key.startswith("_Known|")
+    store.write_text(json.dumps({key: 1.0}))  # a warm compiler cache: one second
+    net3 = _Known(eager_s=0.05, compiled_s=0.0)
+    trainer3 = _trainer(tiny_files, net3, max_epochs=short)
+    measured = CompileChoice("auto", store=store)
+    measured.attach(trainer3)
+    _run_steps(trainer3, 2)
+    assert "eager kept" not in measured.reason or "steps left" not in measured.reason, measured.reason
+    assert measured.compiled, measured.reason

@@ -14,8 +14,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import ignite.distributed as idist
@@ -23,9 +25,11 @@ import torch
 from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
+from monai_fast.files import NoSpaceError, write_json
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.throughput import batch_shape
 from monai_fast.tune.rounds import Decision, decide, measure_budget_s, network_copy, training_step_s
+from monai_fast.tune.store import default_store_path
 
 __all__ = ["COLD_COMPILE_S", "EXPECTED_GAIN", "MIN_GAIN", "CompileChoice", "strip_meta"]
 
@@ -68,8 +72,11 @@ class CompileChoice(EngineHandler):
     Args:
         mode: ``"auto"`` (measure), ``True`` (compile without measuring) or ``False`` (never).
         dtype: the run's autocast dtype, asked at the first iteration (``None``: fp32).
-        compile_seconds: a compile time measured for this network before (``None``: `COLD_COMPILE_S`).
+        compile_seconds: the compile time to expect (``None``: the one measured here before for the same
+            network, input shape, precision and torch, read from ``store``; else `COLD_COMPILE_S`).
         on_choice: called once with ``(compiled, reason, evidence)`` when the choice is made.
+        store: a JSON file of the compile times measured (``"default"``: ``compile_times.json`` beside the
+            tuning store in monai-fast's cache folder; ``None``: none kept).
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
@@ -89,11 +96,13 @@ class CompileChoice(EngineHandler):
         dtype: Callable[[], torch.dtype | None] | None = None,
         compile_seconds: float | None = None,
         on_choice: Callable[[bool, str, dict[str, Any]], None] | None = None,
+        store: str | os.PathLike | None = "default",
     ) -> None:
         if not (isinstance(mode, bool) or mode == "auto"):
             raise ValueError(f"CompileChoice: mode must be 'auto', True or False, got {mode!r}")
         super().__init__()
         self.mode, self.dtype, self.compile_seconds, self.on_choice = mode, dtype, compile_seconds, on_choice
+        self.store = default_store_path().with_name("compile_times.json") if store == "default" else store
         self.compiled = False
         self.reason = "not decided yet"
         self.evidence: dict[str, Any] = {}
@@ -176,14 +185,17 @@ class CompileChoice(EngineHandler):
             eager = network_copy(net).to(device).train()
             eager_s = training_step_s(eager, x, dtype)  # warm-up: allocator, kernel choice
             eager_s = min(eager_s, training_step_s(eager, x, dtype))
-            expected_compile_s = self.compile_seconds if self.compile_seconds is not None else COLD_COMPILE_S
+            key = _compile_key(net, x.shape, dtype, device)
+            known = _known_compile_s(self.store, key) if self.compile_seconds is None else self.compile_seconds
+            expected_compile_s = known if known is not None else COLD_COMPILE_S
             if planned is not None:
                 saving_s = planned * eager_s * (1 - 1 / EXPECTED_GAIN)
                 if saving_s < expected_compile_s:
                     return (
                         False,
                         f"eager kept: {planned} steps left of {eager_s:.3f} s would save about {saving_s:.0f} s at "
-                        f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s",
+                        f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
+                        f"({'measured here before' if known is not None else 'assumed for a first compile'})",
                         {"eager_step_s": eager_s, "planned_steps": planned},
                     )
             compiled = network_copy(net).to(device).train()
@@ -202,6 +214,7 @@ class CompileChoice(EngineHandler):
                 except Exception as e2:  # noqa: BLE001 - no compiler here: eager, said once
                     return False, f"eager kept: torch.compile failed ({type(e2).__name__}: {e2})", {}
             compile_s = time.perf_counter() - started
+            _remember_compile_s(self.store, key, compile_s)  # a later run's pay-back gate reads it
             budget_s = measure_budget_s(planned, eager_s)
             d: Decision = decide(
                 lambda: training_step_s(eager, x, dtype),
@@ -221,3 +234,38 @@ class CompileChoice(EngineHandler):
         if not d.chose_candidate:
             return False, f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}", evidence
         return True, f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}", evidence
+
+
+def _compile_key(net: torch.nn.Module, shape: torch.Size, dtype: torch.dtype | None, device: torch.device) -> str:
+    """What a compile time depends on: the network's class and size, the input shape, precision, device and torch."""
+    params = sum(p.numel() for p in net.parameters())
+    return f"{type(net).__qualname__}|{params}|{tuple(shape)}|{dtype}|{device.type}|torch {torch.__version__}"
+
+
+def _known_compile_s(store: str | os.PathLike | None, key: str) -> float | None:
+    """The compile time measured before for ``key``; ``None`` without one (an unreadable file counts as none)."""
+    if store is None or not Path(store).is_file():
+        return None
+    try:
+        value = json.loads(Path(store).read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
+
+
+def _remember_compile_s(store: str | os.PathLike | None, key: str, seconds: float) -> None:
+    """Keep ``seconds`` for ``key`` in ``store`` (rank 0 writes, atomically; a full disk only warns)."""
+    if store is None or idist.get_rank() != 0:
+        return
+    path = Path(store)
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        data = data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        data = {}
+    data[key] = round(seconds, 3)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(data, path, indent=1, sort_keys=True)
+    except (NoSpaceError, OSError) as err:
+        logger.warning("CompileChoice: the compile time was not kept in %s (%s)", path, err)
