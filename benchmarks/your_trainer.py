@@ -166,7 +166,7 @@ def run_once(files, args, device: str, variant: str) -> dict:
 
     evaluator.add_event_handler(Events.COMPLETED, epoch_done)
     trainer.run()
-    applied = {k: v["setting"] if v["applied"] else None for k, v in ft.applied.items()} if ft is not None else {}
+    applied = {str(k): v["setting"] if v["applied"] else None for k, v in ft.applied.items()} if ft is not None else {}
     return {"variant": variant, "setup_s": setup_s, "epochs": epochs, "applied": applied}
 
 
