@@ -27,7 +27,7 @@ logger = logging.getLogger("monai_fast.distributed")
 
 
 def free_port() -> int:
-    """A TCP port that was free a moment ago on this host (for a local rendezvous)."""
+    """A local TCP port that was free a moment ago (for a rendezvous on this machine)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
