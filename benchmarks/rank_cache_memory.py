@@ -13,7 +13,8 @@ measures the peak RSS growth of each rank while it builds the cache and iterates
 
 Beside the peak RSS growth, each rank's PSS growth (its share of pages it maps with others, from
 ``/proc``) is summed over the node; for the shared copy the size of its files is added (what the node's
-page cache holds for them at most), so the last column (node PSS + files over one rank's PSS) counts it.
+page cache holds for them at most), so the "x 1 rank" column (node PSS + files over one rank's PSS) counts
+it. The last column is the second loader pass's seconds on the slowest rank (the data path alone, no network).
 
 It prints a table and writes ``benchmarks/results/rank_cache_memory_<time>.json``.
 
@@ -27,6 +28,7 @@ import datetime as dt
 import json
 import platform
 import tempfile
+import time
 from pathlib import Path
 
 import ignite.distributed as idist
@@ -64,15 +66,21 @@ def _measure(data_root: str, mode: str, out_dir: str) -> None:
             )
             ds = CacheDataset(mine, chain, cache_rate=1.0, num_workers=1, progress=False, copy_cache=False)
             loader = ThreadDataLoader(ds, batch_size=2, shuffle=True)
+        epoch_s = []
         for _epoch in range(2):
+            if isinstance(getattr(loader, "sampler", None), DistributedSampler):
+                loader.sampler.set_epoch(_epoch)  # as a trainer does: the user's shuffle across ranks
+            started = time.perf_counter()
             for batch in loader:
                 _ = batch["image"].shape
+            epoch_s.append(time.perf_counter() - started)
         pss_after = psutil.Process().memory_full_info().pss
     result = {
         "rank": rank,
         "items": len(mine),
         "peak_rss_growth_mib": mem.growth_mib,
         "pss_growth_mib": (pss_after - pss_before) / 2**20,
+        "epoch_s": epoch_s,  # a loader pass each (the first after the fill); the second is the steady state
         # the shared copy's files: what the node's page cache holds for them at most, beside the processes' PSS
         "cache_files_mib": sum(f.stat().st_size for f in Path(out_dir, "crops").rglob("*") if f.is_file()) / 2**20
         if mode == "shared"
@@ -112,14 +120,22 @@ def main() -> None:
         total = sum(r["peak_rss_growth_mib"] for r in ranks)
         pss = sum(r["pss_growth_mib"] for r in ranks)
         files = max(r["cache_files_mib"] for r in ranks)  # one copy per node, read by every rank
+        second = max(r["epoch_s"][-1] for r in ranks)  # the slowest rank sets a DDP epoch's pace
         rows.append(
-            {"setup": label, "ranks": ranks, "node_total_mib": total, "node_pss_mib": pss, "cache_files_mib": files}
+            {
+                "setup": label,
+                "ranks": ranks,
+                "node_total_mib": total,
+                "node_pss_mib": pss,
+                "cache_files_mib": files,
+                "second_epoch_s": second,
+            }
         )
     one = rows[0]["node_pss_mib"] or float("nan")
     print(f"memory growth while caching + two epochs ({args.cases} spleen-like cases, 12 for training)")
     print(
         f"{'setup':<31} {'items per rank':>15} {'peak RSS per rank':>18} {'node RSS MiB':>13} {'node PSS MiB':>13}"
-        f" {'+ files MiB':>12} {'x 1 rank':>9}"
+        f" {'+ files MiB':>12} {'x 1 rank':>9} {'epoch 2 s':>10}"
     )
     for r in rows:
         items = "/".join(str(x["items"]) for x in r["ranks"])
@@ -127,6 +143,7 @@ def main() -> None:
         print(
             f"{r['setup']:<31} {items:>15} {per:>18} {r['node_total_mib']:>13.0f} {r['node_pss_mib']:>13.0f}"
             f" {r['cache_files_mib']:>12.0f} {(r['node_pss_mib'] + r['cache_files_mib']) / one:>9.2f}"
+            f" {r['second_epoch_s']:>10.2f}"
         )
     doc = {
         "benchmark": "rank_cache_memory",
