@@ -51,6 +51,19 @@ logger = logging.getLogger(__name__)
 #: under a total bound, the share of it kept after training for the doctor and the results files, and for the
 #: iteration or validation pass that is under way when the clock runs out (a recipe stops at its next iteration)
 REPORT_SHARE = 0.15
+#: and the seconds kept at the least: the reports cost about the same whatever the bound (a second or two on a
+#: quiet 2-core machine, several times that on a busy one), so a short bound keeps more than its share
+REPORT_MIN_S = 10.0
+
+
+def report_reserve_s(total_budget_s: float) -> float:
+    """Seconds of a total bound kept for the reports: `REPORT_SHARE` of it, at least `REPORT_MIN_S`, at most half.
+
+    Examples:
+        >>> report_reserve_s(600.0), report_reserve_s(50.0), report_reserve_s(12.0)
+        (90.0, 10.0, 6.0)
+    """
+    return min(0.5 * total_budget_s, max(REPORT_MIN_S, REPORT_SHARE * total_budget_s))
 
 
 class RaceEvents:
@@ -217,7 +230,7 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     ``spec.interleave`` an epoch at a time in turns, `monai_fast.apps.demo.interleave`), the
     doctor on each recipe's record (``diagnosis`` filled, ``report.md`` written), and
     ``results.json``, ``epochs.csv`` and ``dice_vs_time.png`` in ``run_dir``.
-    With ``spec.total_budget_s`` training ends by that bound less `REPORT_SHARE` of it, kept
+    With ``spec.total_budget_s`` training ends by that bound less `report_reserve_s()` of it, kept
     for the doctor and the results files.
 
     Args:
@@ -239,7 +252,9 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     from monai_fast.apps.demo.compare import write_race
 
     started = time.monotonic()
-    deadline = None if spec.total_budget_s is None else started + (1.0 - REPORT_SHARE) * spec.total_budget_s
+    deadline = (
+        None if spec.total_budget_s is None else started + spec.total_budget_s - report_reserve_s(spec.total_budget_s)
+    )
     events = events or RaceEvents()
     plan = plan_race(spec)
     data_root, train_files, val_files = checked_data(spec)
@@ -289,7 +304,7 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     if spec.total_budget_s is not None:  # where a bounded race's time went, for whoever checks the bound
         meta["clock"] = {
             "total_budget_s": spec.total_budget_s,
-            "reports_reserved_s": REPORT_SHARE * spec.total_budget_s,
+            "reports_reserved_s": report_reserve_s(spec.total_budget_s),
             "set_up_s": set_up - started,
             "training_s": trained - set_up,
             "headline_and_doctor_s": time.monotonic() - trained,
