@@ -39,15 +39,17 @@ def test_a_rank_killed_mid_epoch_restarts_and_ends_with_the_weights_of_an_uninte
     assert doc["uninterrupted"]["steps"] == list(range(1, 9))
     (row,) = doc["rows"]
     steps, killed_after = row["steps"], row["killed_after"]
-    assert killed_after == 2 * SAVE_EVERY - 1
+    # the SIGKILL follows the progress file's 5th iteration; on a busy machine the rank may end one more first
+    assert killed_after in (2 * SAVE_EVERY - 1, 2 * SAVE_EVERY), killed_after
+    checkpoint = killed_after // SAVE_EVERY * SAVE_EVERY  # the newest periodic checkpoint before the kill
     assert steps[:killed_after] == list(range(1, killed_after + 1))
     assert sorted(set(steps)) == list(range(1, 9))  # none skipped
-    assert row["resumed_from"] == SAVE_EVERY  # the periodic checkpoint, mid-epoch
+    assert row["resumed_from"] == checkpoint  # the periodic checkpoint (mid-epoch at iteration 3)
     assert row["iterations_redone"] <= SAVE_EVERY  # at most the iterations since the last checkpoint
     assert row["weights_equal"] is True  # both ranks, bit for bit
     assert row["restart_s"] > 0 and row["wall_s"] > 0
     assert (
-        f"{SAVE_EVERY:>10} {killed_after:>12} {SAVE_EVERY:>10} {row['iterations_redone']:>6} {row['restart_s']:>9.1f}"
+        f"{SAVE_EVERY:>10} {killed_after:>12} {checkpoint:>10} {row['iterations_redone']:>6} {row['restart_s']:>9.1f}"
         in done.stdout
     )
 
