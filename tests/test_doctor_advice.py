@@ -143,7 +143,7 @@ def test_sliding_window_and_validation_advice_follow_the_measured_windows_and_sh
 
 def test_a_run_stopped_by_ctrl_c_is_said_to_be_interrupted(tmp_path):
     trainer, _ = _engines(tmp_path, val_items=1, roi=16, epochs=4)
-    trainer.add_event_handler(Events.EPOCH_COMPLETED(once=2), lambda e: os.kill(os.getpid(), signal.SIGINT))
+    trainer.add_event_handler(Events.EPOCH_COMPLETED(once=2), lambda e: signal.raise_signal(signal.SIGINT))
     with pytest.raises(KeyboardInterrupt):
         trainer.run()
     d = doctor(tmp_path)

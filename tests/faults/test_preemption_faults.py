@@ -257,7 +257,7 @@ def test_a_new_instance_replaces_the_old_one_and_restores_signal_handlers(tmp_pa
     assert not old.is_attached() and new.is_attached(engine)
     assert signal.getsignal(signal.SIGUSR1) == new.stop_signal._on_signal
     assert new.stop_signal._previous[signal.SIGUSR1] == before  # not chained to the old instance
-    os.kill(os.getpid(), signal.SIGUSR1)
+    signal.raise_signal(signal.SIGUSR1)  # to this thread: handled before the next line
     assert new.stop_signal.received == signal.SIGUSR1 and old.stop_signal.received is None
     new.detach(engine)
     assert signal.getsignal(signal.SIGUSR1) == before
