@@ -115,16 +115,10 @@ class _NetworkAutocast:
 class AMPToggle(EngineHandler):
     """Autocast on a MONAI ``SupervisedTrainer`` / ``SupervisedEvaluator`` that can change at runtime.
 
-    Wraps the engine's inferer, and its ``network`` during the engine's iterations, in
-    ``torch.autocast`` for the engine's device (bf16 also on a CPU), unlike MONAI's ``amp=True``,
-    which is fixed at construction and CUDA only. A step that reaches neither is found at the
-    first iteration: a warning says the precision did not act and `unused` says why. ``"auto"``
-    picks bf16 where the device runs it natively, else fp16 with a ``GradScaler`` on CUDA, else
-    fp32 (`choose_precision()`); ``schedule(epoch)`` or `enable()` / `disable()` switch it. On a
-    trainer, a `NonFiniteGuard` (attached when there is none) skips steps with a non-finite loss
-    and after ``max_nonfinite`` in a row falls back to fp32. Counts are in `stats` and the run
-    record; `state_dict()` holds the precision, the fallback and the counts, so a ``Checkpoint``
-    with the handler resumes in the same precision. The mechanism: docs/precision.md.
+    Unlike MONAI's ``amp=True`` (fixed at construction, CUDA only) it wraps the engine's inferer
+    and network in ``torch.autocast`` for the engine's device; ``schedule(epoch)`` or `enable()` /
+    `disable()` switch it, and `state_dict()` resumes the same precision. On a trainer it brings a
+    `NonFiniteGuard`. The mechanism: docs/precision.md.
 
     Args:
         precision: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off, the
