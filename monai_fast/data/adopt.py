@@ -282,13 +282,7 @@ def _shared_node_tier(
     cache_dir: str | os.PathLike | None,
     disk_budget_mib: float | None,
 ) -> AdoptedData | None:
-    """Under a ``DistributedSampler``: the user's sampler over one `CropCacheDataset` per node, or ``None``.
-
-    Chosen on a CPU when the data set is MONAI's plain ``Dataset``, the chain's first random transform reads
-    its patch (`PATCH_CROPS`) and the items fit the disk budget in ``cache_dir``. The node's ranks fill it
-    in turn (local rank ``r`` writes items ``r, r + n, ...``), wait for each other, then read every item
-    through the memory map: one copy in the node's page cache, and the sampler's shuffle across ranks kept.
-    """
+    """Under a ``DistributedSampler``: the user's sampler over one `CropCacheDataset` per node, or ``None``."""
     sampler, ds = loader.sampler, loader.dataset
     if not isinstance(sampler, DistributedSampler) or cache_dir is None or device.type == "cuda":
         return None
@@ -345,14 +339,7 @@ _WORKER_OPTIONS = (
 
 
 def _kept_options(loader: DataLoader, workers: int) -> dict[str, Any]:
-    """The user's loader options that the adopted loader takes over as they are.
-
-    A MONAI ``ThreadDataLoader``'s ``repeats`` (each batch yielded that many times: the epoch's
-    content), ``buffer_size`` and ``buffer_timeout``; a ``SafeThreadDataLoader``'s ``timeout_s``;
-    and, where the adopted loader keeps worker processes, their options (``persistent_workers``,
-    ``prefetch_factor``, ``worker_init_fn``, ``timeout``, ``multiprocessing_context``, ...). Over a
-    cache in memory the items are fetched in one thread, so there are no workers to configure.
-    """
+    """The user's loader options kept: ``repeats``, buffer, timeout, and worker options where workers stay."""
     options: dict[str, Any] = {}
     if isinstance(loader, ThreadDataLoader):
         options.update(repeats=loader.repeats, buffer_size=loader.buffer_size, buffer_timeout=loader.buffer_timeout)

@@ -56,16 +56,10 @@ class _InertHooks:
 
 
 class _NetworkAutocast:
-    """Forward hooks that autocast the engine's network when the engine's own step calls it directly.
+    """Forward hooks that autocast ``engine.network`` for a step of the user's own (``iteration_update=``).
 
-    A ``SupervisedTrainer`` given ``iteration_update=`` (a step function of the user's own) calls
-    ``engine.network`` itself and never the inferer that `_AutocastInferer` wraps. The
-    pre-hook enters ``torch.autocast`` and the forward hook (``always_call``: also when the forward
-    raises) leaves it and hands the output on in fp32, as the inferer wrapper does. They act only
-    while the engine is inside an iteration (so the same network called from a notebook after the
-    run, or by another engine, is left alone), only on the network they were registered on (a deep
-    copy, such as an EMA model or a measurement's copy, shares this object but is not that network),
-    and never inside an autocast already on (the wrapped inferer's, or the user's own).
+    They act only inside the engine's iterations, only on that network object (not a deep copy), and
+    never inside an autocast already on; the output is handed on in fp32.
     """
 
     def __init__(self, toggle: AMPToggle, network: torch.nn.Module) -> None:

@@ -96,11 +96,7 @@ class SmartCacheUpdater(EngineHandler):
             self.load_state_dict(state)
 
     def _choose(self, engine: Engine, loader: Any, ds: SmartCacheDataset) -> tuple[str, SafeSmartCacheDataset]:
-        """The safe data set to rotate: ``ds`` itself, or MONAI's adopted; refuses one that cannot be adopted.
-
-        MONAI's own rotation lets a replacement error kill its thread and then polls forever in
-        ``update_cache``; nothing public reports that error, so it is never driven here.
-        """
+        """The safe data set to rotate: ``ds`` itself, or MONAI's adopted (its own rotation can hang)."""
         if isinstance(ds, SafeSmartCacheDataset):
             logger.info("SmartCacheUpdater: rotates the SafeSmartCacheDataset (timeout_s=%g)", self.timeout_s)
             return "safe", ds
@@ -166,14 +162,7 @@ class SmartCacheUpdater(EngineHandler):
 
 
 def _take_over_from_monais_handler(engine: Engine, dataset: SmartCacheDataset) -> None:
-    """Remove MONAI's ``SmartCacheHandler`` for ``dataset`` (or the data set it was adopted from) from ``engine``.
-
-    A script written for MONAI's ``SmartCacheDataset`` has MONAI's handler in its
-    ``train_handlers``: left there, it would rotate the data set a second time each epoch (or, once
-    adopted, the data set the loader no longer reads, and wait forever on its failed replacement).
-    The handlers are listed through `callbacks_on()` (ignite has no
-    public way to list them); the removal goes through the public ``remove_event_handler``.
-    """
+    """Remove MONAI's ``SmartCacheHandler`` for ``dataset`` (or its source): it would rotate a second time."""
     sources = [dataset]
     if isinstance(dataset, SafeSmartCacheDataset) and dataset.adopted_from is not None:
         sources.append(dataset.adopted_from)
