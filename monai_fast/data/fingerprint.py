@@ -147,10 +147,8 @@ def transform_fingerprint(transforms: Sequence[Any]) -> Fingerprint:
 class ItemKeys:
     """Cache keys of data items that change when a file they name changes, not only its path.
 
-    MONAI's disk caches key an item on its paths, so a volume overwritten at the same path keeps
-    its key. Here every path in the item that names a file enters the key with the file's identity:
-    its size and modification time (``"stat"``), or the SHA-1 of its bytes (``"content"``: slower,
-    survives copies that reset times; hashed once per file version).
+    Every path that names a file enters the key with the file's size and modification time
+    (``"stat"``) or the SHA-1 of its bytes (``"content"``, hashed once per file version).
 
     Args:
         identity: ``"stat"`` or ``"content"``.

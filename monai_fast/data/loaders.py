@@ -96,15 +96,11 @@ class _NamedItems(Dataset):
 
 
 class SafeThreadDataLoader(ThreadDataLoader):
-    """MONAI's ``ThreadDataLoader`` with errors surfaced and a watchdog (see the module docstring).
+    """MONAI's ``ThreadDataLoader`` with errors surfaced and a watchdog.
 
-    Takes the same arguments, plus ``timeout_s`` (seconds one batch may take, 600 by default;
-    ``None`` turns the watchdog off) and ``prefetch`` (``False``: each batch is made in the
-    training thread when the loop asks for it, not while the previous step computes; see the module
-    docstring). With ``num_workers=0`` (the usual set-up on cached data) this class fetches the
-    batches itself (in the loader thread, or on demand in the training thread), so a failing or
-    stuck item is named; with worker processes, PyTorch re-raises the worker's error and this class makes sure it is not
-    lost, and PyTorch's ``timeout`` is set to ``timeout_s`` (a smaller ``timeout=`` wins).
+    Same arguments, plus ``timeout_s`` (seconds one batch may take, 600 by default; ``None``: no
+    watchdog; also PyTorch's worker ``timeout`` unless a smaller one is given) and ``prefetch``
+    (``False``: each batch made in the training thread when asked for). See docs/data.md.
 
     Examples:
         >>> from monai_fast.data.loaders import SafeThreadDataLoader
@@ -221,12 +217,8 @@ class SafeThreadDataLoader(ThreadDataLoader):
 def prefetch_pays(device: torch.device | str) -> tuple[bool, str]:
     """Whether making the next batch while the step computes surely pays, and why.
 
-    On a CUDA device the step runs on the GPU and the CPU is free to make the next batch: yes. On a
-    CPU the loader thread competes with the step's OpenMP team for the cores: with few cores the
-    step can lose more time to it than making the batch ahead saves (``benchmarks/loader_overlap.py``
-    measures both), and SMT siblings, other ranks on the node or a smaller thread count change the
-    balance. So on a CPU the answer is ``False``: for a measurement to decide
-    (`PrefetchChoice`).
+    Yes on a CUDA device (the CPU is free); on a CPU the loader thread competes with the step's
+    OpenMP team, so ``False``: for a measurement (`PrefetchChoice`) to decide.
 
     Examples:
         >>> prefetch_pays("cuda")[0], prefetch_pays("cpu")[0]
