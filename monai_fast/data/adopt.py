@@ -1,44 +1,9 @@
 """Adopt a user's ``DataLoader``: the same batches from a planned cache and a safe thread loader.
 
-`adopt_loader()` takes a ``torch.utils.data.DataLoader`` over a MONAI dataset (anything with
-``.data`` and ``.transform``: ``Dataset``, ``CacheDataset``, ``PersistentDataset``, ...), plans
-where the deterministic part of its chain is cached (`plan_cache()`:
-GPU memory, RAM, a trusted disk cache, a SmartCache) and returns a
-`SafeThreadDataLoader` over the cached set that keeps what the
-user chose: batch size, shuffling (and its generator), ``drop_last``, the collate function, a
-``ThreadDataLoader``'s ``repeats`` and buffer, and the worker options where workers are kept.
-
-* The transform objects are the user's own, so random transforms draw from the same generators:
-  for the same seed, a loader that ran in the main process (``num_workers=0``) and its adoption
-  give the same crops. (With worker processes the original's crops depend on each worker's seed;
-  the adopted loader runs them in one background thread.)
-* A ``DistributedSampler`` is kept as written (its shuffle across ranks, ``set_epoch``, seed) where
-  the chain's first random transform is a patch crop and a cache folder is given: the items go to
-  one `CropCacheDataset` per node, filled by the node's ranks in turn (each its share, then a
-  barrier), read by every rank through the memory map, so the node holds one copy in its page
-  cache. Otherwise (no crop to read by the patch, no folder, a GPU) it becomes a per-rank partition
-  of the items (its ``seed``; even sizes, as the sampler pads), cached by that rank only; each epoch
-  every item is seen once across ranks, and the partition is shuffled within the rank when the
-  sampler shuffled.
-* A data set that is already a cache (``CacheDataset``, ``PersistentDataset``) is kept as it is:
-  only the loader changes. MONAI's ``SmartCacheDataset`` becomes a
-  `SafeSmartCacheDataset` over the same items, window and
-  rotation settings (`adopt()`; its cached
-  window is handed over, never a second cache); under a ``DistributedSampler`` each rank rotates
-  its partition, caching its share of ``cache_num``.
-
-**The item path.** Rebuilding reads ``.data`` and ``.transform``, so it gives the same items only
-when the data set's item is ``transform(data[index])``. `unknown_item_path()` is the one rule,
-used by every adoption: the methods that make an item (``__getitem__``, ``__getitems__``,
-``_transform``, ``__len__``, and for a SmartCache its rotation) must resolve, through the class's
-MRO, to MONAI's ``Dataset``, ``CacheDataset``, ``PersistentDataset`` or ``SmartCacheDataset``, or to
-monai-fast's own classes. A subclass that overrides one of them (to add a key, say) is left alone,
-with the reason naming the class and its methods.
-
-What cannot be adopted is returned as a reason, never half-done: an ``IterableDataset``, a data
-set without ``.data`` / ``.transform``, a data set with its own item path, a custom sampler or
-batch sampler, a ``RandomSampler`` drawing with replacement or another number of items than the data
-set holds, a collate function not known to be thread-safe.
+`adopt_loader()` plans where the deterministic part of the chain is cached (`plan_cache()`) and
+returns a `SafeThreadDataLoader` that keeps the user's batch size, shuffling, ``drop_last``,
+collate function and worker options; what cannot be adopted is a reason, never half-done.
+The rules (random streams, ``DistributedSampler``, caches kept, the item path): docs/data.md.
 
 Examples:
     >>> from monai_fast.data.adopt import adopt_loader
@@ -130,9 +95,8 @@ def _own_methods(dataset: Any, names: tuple[str, ...]) -> list[str]:
 def unknown_item_path(dataset: Any, rotation: bool = False) -> str | None:
     """Why ``dataset``'s items cannot be rebuilt from its ``.data`` and ``.transform``, or ``None`` when they can.
 
-    The rule of every adoption (see the module docstring): the methods making an item, and with
-    ``rotation`` those of a SmartCache's rotation, must resolve to MONAI's own data set classes
-    or to monai-fast's.
+    The methods making an item (with ``rotation``, a SmartCache's rotation too) must resolve to
+    MONAI's own data set classes or to monai-fast's.
 
     Examples:
         >>> from monai.data import Dataset
@@ -238,22 +202,18 @@ def adopt_loader(
     background: bool = False,
     after: Any = None,
 ) -> AdoptedData:
-    """Rebuild ``loader`` over a planned cache (see the module docstring).
+    """Rebuild ``loader`` over a planned cache (docs/data.md).
 
     Args:
         loader: the user's loader.
         device: the training device (a CUDA device allows a GPU cache).
-        cache: ``"auto"`` (the planner decides), or a place of
-            `CACHE_PLACES` (``"gpu"``, ``"ram"``, ``"disk"``,
-            ``"smartcache"``, ``"none"``) to force one.
+        cache: ``"auto"`` (the planner decides), or a place of `CACHE_PLACES` to force one.
         gpu_budget_mib, ram_budget_mib, disk_budget_mib: MiB; ``None``: the planner's defaults.
         cache_dir: where a disk cache may go.
         cache_threads: threads filling the cache; default the CPUs.
         progress: a progress bar while the cache fills.
         force_thread: run a collate function not known to be thread-safe in the loader thread.
-        background: a cache in GPU memory or RAM fills in the background while training runs
-            (`monai_fast.data.background`: the first epoch takes cached items first; from the
-            first epoch that starts with the cache full, the same order as without).
+        background: a GPU or RAM cache fills in the background while training runs.
         after: the trainer's background-filled data set, which this (the evaluator's) fill waits for.
 
     Raises:
@@ -322,13 +282,7 @@ def _shared_node_tier(
     cache_dir: str | os.PathLike | None,
     disk_budget_mib: float | None,
 ) -> AdoptedData | None:
-    """Under a ``DistributedSampler``: the user's sampler over one `CropCacheDataset` per node, or ``None``.
-
-    Chosen on a CPU when the data set is MONAI's plain ``Dataset``, the chain's first random transform reads
-    its patch (`PATCH_CROPS`) and the items fit the disk budget in ``cache_dir``. The node's ranks fill it
-    in turn (local rank ``r`` writes items ``r, r + n, ...``), wait for each other, then read every item
-    through the memory map: one copy in the node's page cache, and the sampler's shuffle across ranks kept.
-    """
+    """Under a ``DistributedSampler``: the user's sampler over one `CropCacheDataset` per node, or ``None``."""
     sampler, ds = loader.sampler, loader.dataset
     if not isinstance(sampler, DistributedSampler) or cache_dir is None or device.type == "cuda":
         return None
@@ -385,14 +339,7 @@ _WORKER_OPTIONS = (
 
 
 def _kept_options(loader: DataLoader, workers: int) -> dict[str, Any]:
-    """The user's loader options that the adopted loader takes over as they are.
-
-    A MONAI ``ThreadDataLoader``'s ``repeats`` (each batch yielded that many times: the epoch's
-    content), ``buffer_size`` and ``buffer_timeout``; a ``SafeThreadDataLoader``'s ``timeout_s``;
-    and, where the adopted loader keeps worker processes, their options (``persistent_workers``,
-    ``prefetch_factor``, ``worker_init_fn``, ``timeout``, ``multiprocessing_context``, ...). Over a
-    cache in memory the items are fetched in one thread, so there are no workers to configure.
-    """
+    """The user's loader options kept: ``repeats``, buffer, timeout, and worker options where workers stay."""
     options: dict[str, Any] = {}
     if isinstance(loader, ThreadDataLoader):
         options.update(repeats=loader.repeats, buffer_size=loader.buffer_size, buffer_timeout=loader.buffer_timeout)

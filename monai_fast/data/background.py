@@ -1,37 +1,10 @@
 """A cache that fills in the background while training draws from what is cached.
 
-MONAI's ``CacheDataset`` fills its whole cache before the first step. Its ``runtime_cache=True``
-starts at once but fills lazily: each item is made by whichever thread first asks for it, so the
-first epoch runs every deterministic transform in the loader thread, one item at a time, on one
-core. `BackgroundCacheDataset` builds on MONAI's public ``runtime_cache`` option (a
-list-like container stores the items) and fills that container on ``num_workers`` threads (default:
-all cores but the training thread's) from the moment it is made:
-
-* **Reading an item** that is cached returns it; one that a fill thread is making waits for that
-  item only; one that no thread has started is made by the reader itself (no core idles).
-* **The first epoch** (any epoch that starts before the fill is complete) is ordered by
-  `FillOrderSampler` around the loader's own sampler: it draws that sampler's order for the
-  epoch exactly as the loader alone would (same random numbers), then hands out every drawn index exactly as often
-  as drawn (once each for a shuffle), each step taking the **earliest index of the remaining draw
-  that is cached**; when none is, the earliest that no thread has started (the loader makes it),
-  else it waits for the first of them to finish. With the fill ahead of training, that is the
-  sampler's own order; behind it, a shuffle within what is ready.
-* **From the first epoch that starts with the cache full**, the sampler's order is the same as
-  a foreground fill's for the same seed (epoch k here = epoch k with a foreground fill). The random transforms
-  draw the same numbers per item, but on items in another order during a partial epoch, so crops
-  after it may differ from a foreground run's.
-* **A failure** in the fill stops it; the next read or sampler step, on the training side, joins
-  the fill threads (each finishes its item) and raises one
-  `DataItemError` naming the item's index and files.
-* **On CUDA** (``device``), the fill threads run on the training device and copy on a side stream.
-* The fill lives in this process: loader worker processes (``num_workers > 0``) cannot see it, and
-  reading from one before the fill is complete raises; use a thread loader, as for any RAM/GPU cache.
-  ``after=`` (another background cache) holds this fill until that one is complete: a validation
-  cache then fills while the first training epoch runs, and validation waits only for the items
-  it reads before they are ready.
-
-Uses MONAI's private ``CacheDataset._load_cache_item(index)`` (the deterministic part of one item;
-there is no public way to run it as MONAI caches it), as ``data/smartcache.py`` does.
+MONAI's ``runtime_cache=True`` fills lazily, one item at a time in the loader thread;
+`BackgroundCacheDataset` fills that same container on ``num_workers`` threads from the moment it
+is made, and `FillOrderSampler` orders a partial epoch around the loader's own sampler. The order,
+failures and limits: docs/data.md. Uses MONAI's private ``CacheDataset._load_cache_item`` (no public
+way runs one item's deterministic part as MONAI caches it).
 
 Examples:
     >>> from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
@@ -235,7 +208,7 @@ class _Fill:
 
 
 class BackgroundCacheDataset(CacheDataset):
-    """A ``CacheDataset`` that fills in the background from construction on (see the module docstring).
+    """A ``CacheDataset`` that fills in the background from construction on.
 
     Args:
         data: the items, as for ``CacheDataset``.

@@ -1,35 +1,8 @@
 """A disk cache that random crops read by the patch: data sets beyond RAM at near-RAM speed.
 
-MONAI's ``PersistentDataset`` stores each item's deterministic result as one pickled ``.pt`` file
-and reads it back whole, every epoch, even when the next transform keeps a 96^3 patch of a
-512x512x300 volume. `CropCacheDataset` stores the same result as raw arrays instead:
-
-* **No pickle.** Each array of the deterministic prefix's output is one ``.npy`` file; the
-  ``MetaTensor`` metadata, its applied operations and every other value of the item go to
-  ``item.json``. Nothing is unpickled, so no change to ``torch.load``'s defaults can break it.
-* **The patch, not the volume.** Arrays are opened memory-mapped (copy-on-write, so transforms may
-  write into them without touching the file). When the first random transform is a crop
-  (``RandCropByPosNegLabeld``, ``RandCropByLabelClassesd``, ``RandSpatialCropd``,
-  ``RandSpatialCropSamplesd``) it slices the mapped arrays, so a step reads the pages of its
-  patches. The crops that pick their centres from the label read precomputed indices, written
-  with the item by MONAI's own ``map_binary_to_indices`` / ``map_classes_to_indices`` with the
-  crop's own settings, so the centres, and the crops, are those MONAI draws from the same random
-  state.
-* **One copy per node.** The operating system's page cache holds the mapped files once for every
-  process that reads them: loader workers and ranks on one node share it.
-* **Bad items named.** A transform that fails on an item raises a
-  `DataItemError` naming its files, in the process or worker that ran it.
-* **A key you can trust, a write that is whole.** Items are keyed like
-  `TrustedPersistentDataset`: each file's identity (size and
-  modification time, or content) and a fingerprint of the deterministic transforms' parameters.
-  An item is written into a temporary folder that is renamed into place, so concurrent writers
-  (ranks, workers) never see half an item and a killed writer leaves nothing under a valid name;
-  leftovers of killed writers are removed when the data set is made. A full disk is named in one
-  warning and the items that do not fit are computed in memory from then on.
-
-The random transforms after the prefix run as the user's ``Compose`` runs them (its ``map_items``,
-``unpack_items``, ``lazy`` and ``overrides``), on the same transform objects, so their random
-streams are the user's.
+Each item's deterministic result is stored as ``.npy`` arrays plus ``item.json`` (no pickle),
+opened memory-mapped so a random crop reads only its patch's pages; keys are those of
+`TrustedPersistentDataset`, and items are written whole. The mechanism: docs/data.md.
 
 Examples:
     >>> from monai_fast.data.crop_cache import CropCacheDataset
@@ -83,9 +56,7 @@ _ITEM = "item.json"
 class CropCacheDataset(torch.utils.data.Dataset):
     """Items whose deterministic transforms ran once and were written as raw arrays, read back by the patch.
 
-    See the module docstring for what it stores and why. ``len()`` and indexing are those of a
-    MONAI ``Dataset`` over ``data`` with ``transform``; the first access of an item computes and
-    writes it (`fill()` writes them all up front).
+    ``len()`` and indexing are a MONAI ``Dataset``'s; the first access of an item writes it (`fill()`: all).
 
     Args:
         data: items, e.g. ``{"image": path, "label": path}``.

@@ -1,12 +1,8 @@
 """Fingerprints of transform chains: what a cached result depends on, as a stable hash.
 
-A cache key must change whenever the cached result could. A transform's parameters are its
-attributes, walked recursively; a function inside it (``Lambdad(func=...)``, a ``partial``, a bound
-method) is fingerprinted by its byte code, constants, default arguments, closure values and the
-globals it reads, so editing a lambda's body, a closure variable or a module constant it uses gives
-a new key. A callable whose behaviour cannot be read (a C extension object with hidden state) is
-reported in `Fingerprint.untrusted`; the disk cache then refuses to reuse its entries across
-runs and says so.
+A transform's attributes are walked recursively; a function inside it is fingerprinted by its byte
+code, constants, defaults, closure and the globals it reads. A callable that cannot be read is
+listed in `Fingerprint.untrusted`, and the disk cache does not reuse its entries.
 
 Examples:
     >>> from monai.transforms import Lambdad
@@ -151,10 +147,8 @@ def transform_fingerprint(transforms: Sequence[Any]) -> Fingerprint:
 class ItemKeys:
     """Cache keys of data items that change when a file they name changes, not only its path.
 
-    MONAI's disk caches key an item on its paths, so a volume overwritten at the same path keeps
-    its key. Here every path in the item that names a file enters the key with the file's identity:
-    its size and modification time (``"stat"``), or the SHA-1 of its bytes (``"content"``: slower,
-    survives copies that reset times; hashed once per file version).
+    Every path that names a file enters the key with the file's size and modification time
+    (``"stat"``) or the SHA-1 of its bytes (``"content"``, hashed once per file version).
 
     Args:
         identity: ``"stat"`` or ``"content"``.

@@ -1,35 +1,9 @@
 """A ``ThreadDataLoader`` that never hides a failing item.
 
-MONAI's ``ThreadDataLoader`` runs the loader in a background thread (``ThreadBuffer``). When a
-transform raises there, the thread dies, the consumer sees "no thread, empty queue", and the
-epoch simply ends early: training goes on with fewer batches, and the error never reaches the
-training loop. `SafeThreadDataLoader` keeps the thread and the speed, but:
-
-* an exception in the background thread is raised in the training thread, unchanged in type
-  when it is not about one item, else as `DataItemError` that names the item's index and
-  its file names (``image=/data/imagesTr/spleen_3.nii.gz, label=...``);
-* a normal end is marked, so a thread that dies without finishing is an error, not an early end;
-* nothing blocks forever: every wait has a timeout and re-checks the thread, and a watchdog
-  (``timeout_s``, 600 s by default, ``None`` turns it off) raises `LoaderTimeoutError` in the
-  training thread when one batch takes longer, naming the item being loaded. A Python thread
-  cannot be killed: a thread stuck in a transform is abandoned (a daemon, renamed
-  ``monai-fast-loader (abandoned)``) and the error is raised. With worker processes, PyTorch's
-  ``timeout=`` is set to ``timeout_s``; its bare "DataLoader timed out" becomes a
-  `LoaderTimeoutError` naming the option, the batch and its items, raised after the
-  workers are shut down (PyTorch terminates a stuck worker);
-* the loader thread runs on the CUDA device the training thread uses when the epoch starts (a
-  new thread would otherwise start on ``cuda:0``, so ``ToDeviced("cuda")`` in the chain or
-  pinned memory would land on another rank's GPU);
-* ``prefetch=False`` makes each batch in the training thread when the loop asks for it, so no
-  batch is made while a step computes (with worker processes they still work ahead; only the
-  hand-over moves). On a CPU whose every core runs the step's intra-op threads, a batch made
-  alongside the step can slow the step by more than the batch costs
-  (``benchmarks/loader_overlap.py``); `prefetch_pays()` says where making it ahead is sure to
-  pay. With ``prefetch=True`` the thread makes up to ``buffer_size`` batches ahead. Failing items
-  are named the same way; a batch made in the training thread cannot be interrupted, so there the
-  watchdog logs an error naming the item instead of raising. The setting is read at each batch and
-  may change between batches (`PrefetchChoice` times both ways
-  and keeps the faster).
+MONAI's ``ThreadDataLoader`` ends an epoch early, with no error, when a transform raises in its
+thread. `SafeThreadDataLoader` raises it in the training thread (a `DataItemError` naming the item
+and files), never blocks forever (a watchdog raises `LoaderTimeoutError`), follows the training
+thread's CUDA device, and with ``prefetch=False`` makes each batch on demand. See docs/data.md.
 """
 
 from __future__ import annotations
@@ -122,15 +96,11 @@ class _NamedItems(Dataset):
 
 
 class SafeThreadDataLoader(ThreadDataLoader):
-    """MONAI's ``ThreadDataLoader`` with errors surfaced and a watchdog (see the module docstring).
+    """MONAI's ``ThreadDataLoader`` with errors surfaced and a watchdog.
 
-    Takes the same arguments, plus ``timeout_s`` (seconds one batch may take, 600 by default;
-    ``None`` turns the watchdog off) and ``prefetch`` (``False``: each batch is made in the
-    training thread when the loop asks for it, not while the previous step computes; see the module
-    docstring). With ``num_workers=0`` (the usual set-up on cached data) this class fetches the
-    batches itself (in the loader thread, or on demand in the training thread), so a failing or
-    stuck item is named; with worker processes, PyTorch re-raises the worker's error and this class makes sure it is not
-    lost, and PyTorch's ``timeout`` is set to ``timeout_s`` (a smaller ``timeout=`` wins).
+    Same arguments, plus ``timeout_s`` (seconds one batch may take, 600 by default; ``None``: no
+    watchdog; also PyTorch's worker ``timeout`` unless a smaller one is given) and ``prefetch``
+    (``False``: each batch made in the training thread when asked for). See docs/data.md.
 
     Examples:
         >>> from monai_fast.data.loaders import SafeThreadDataLoader
@@ -247,12 +217,8 @@ class SafeThreadDataLoader(ThreadDataLoader):
 def prefetch_pays(device: torch.device | str) -> tuple[bool, str]:
     """Whether making the next batch while the step computes surely pays, and why.
 
-    On a CUDA device the step runs on the GPU and the CPU is free to make the next batch: yes. On a
-    CPU the loader thread competes with the step's OpenMP team for the cores: with few cores the
-    step can lose more time to it than making the batch ahead saves (``benchmarks/loader_overlap.py``
-    measures both), and SMT siblings, other ranks on the node or a smaller thread count change the
-    balance. So on a CPU the answer is ``False``: for a measurement to decide
-    (`PrefetchChoice`).
+    Yes on a CUDA device (the CPU is free); on a CPU the loader thread competes with the step's
+    OpenMP team, so ``False``: for a measurement (`PrefetchChoice`) to decide.
 
     Examples:
         >>> prefetch_pays("cuda")[0], prefetch_pays("cpu")[0]

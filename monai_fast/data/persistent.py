@@ -1,30 +1,8 @@
 """A disk cache you can trust: ``PersistentDataset`` keyed on what the result depends on.
 
-MONAI's `PersistentDataset` names a cache file after a hash of the item (its
-paths) and, with ``hash_transform``, of the transforms. Three gaps remain, and this class closes
-them:
-
-* **File identity.** A volume overwritten at the same path keeps its old key, so training reads
-  the stale result. Here the key covers each file's size and modification time (``"stat"``,
-  default), or its content hash (``"content"``: slower, survives copies that reset mtimes).
-* **Transform parameters.** MONAI's ``json_hashing`` cannot serialise transform objects and falls
-  back to their class names, so a changed intensity window or spacing keeps the same key. Here
-  the key covers a fingerprint of every deterministic transform's parameters and functions
-  (`monai_fast.data.fingerprint`: a ``Lambdad``'s code, closure, defaults and the globals it
-  reads). Transforms holding a callable that cannot be fingerprinted are not trusted: a warning,
-  and their items are recomputed in each run.
-* **Damaged files and writes.** Only some corruptions are caught (a truncated zip-format ``.pt``
-  crashes the run). Here any cache file that does not load is rebuilt, with a warning. MONAI
-  writes into the system temp folder and moves the file, which is a copy when the cache is on
-  another file system. Here the file is written beside its final name and renamed atomically,
-  so a killed run never leaves a half-written file under a valid name.
-* **A full disk.** MONAI's write fails with ``RuntimeError: unexpected pos ...`` (torch's zip
-  writer over the ``ENOSPC``) and the run ends. Here a cache folder that fills up is named in
-  one warning with the space missing (one per process: each loader worker says it once); the item
-  that did not fit is returned from memory, no file is left under its name, and from then on this
-  process computes the remaining items in memory
-  each time they are loaded (items already on disk are still read). Training goes on at the speed
-  of an uncached data set instead of stopping.
+The key covers each file's identity and a fingerprint of the deterministic transforms'
+parameters; damaged files are rebuilt, writes are atomic, and a full disk is named once, the
+remaining items then computed in memory (docs/data.md).
 """
 
 from __future__ import annotations
@@ -54,8 +32,7 @@ logger = logging.getLogger("monai_fast.data")
 
 
 class TrustedPersistentDataset(PersistentDataset):
-    """``PersistentDataset`` whose keys cover file identity and transform parameters, and whose
-    cache files are rebuilt when damaged and written atomically (see the module docstring).
+    """``PersistentDataset`` keyed on file identity and transform parameters, with atomic writes.
 
     Args:
         data: items, e.g. ``{"image": path, "label": path}``.

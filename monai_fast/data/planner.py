@@ -1,15 +1,8 @@
 """Where to cache: GPU memory, RAM, disk or a rotating SmartCache, measured, within budgets.
 
-The fast-training guide's caching advice depends on sizes nobody knows up front: cache the
-deterministic part of the chain in GPU memory if it fits (then no worker processes and random
-transforms on the GPU), else in RAM, else on disk; for data far larger than RAM, a SmartCache
-that rotates a subset. `plan_cache()` measures instead of guessing. It splits the chain at
-the first random transform, runs the deterministic part on a few items, multiplies the bytes
-per item by the number of items, and compares that, with a safety margin, against the budgets.
-It returns a `CachePlan` that says what it chose and why, and builds the data set.
-
-Under DDP, pass each rank only its partition (`rank_partition()`): every rank then caches
-its share, not a full copy (MONAI #913 / #3843: one full copy per rank exhausts a node's RAM).
+`plan_cache()` runs the chain's deterministic part (up to the first random transform) on a few
+items, scales the bytes to the data set, and compares them, with a margin, with the budgets. Under
+DDP each rank plans only its partition (`rank_partition()`), so no rank caches a full copy.
 
 Examples:
     >>> from monai_fast.data.planner import plan_cache
@@ -136,20 +129,10 @@ class CachePlan:
     def build(self, data: Sequence, transform: Compose, background: bool = False, **kwargs: Any) -> Dataset:
         """The data set this plan calls for (``kwargs`` go to the MONAI class).
 
-        ``gpu``: a ``CacheDataset`` whose cached chain ends with ``ToDeviced`` (random transforms
-        then run on the GPU; load it with ``ThreadDataLoader(num_workers=0)``). ``ram``: a
-        ``CacheDataset``. ``disk``: a `CropCacheDataset` where the first
-        random transform is a crop that reads its patch from the mapped arrays (``reads_patches``), else a
-        `TrustedPersistentDataset`. ``smartcache``: a
-        `SafeSmartCacheDataset` holding ``cache_num`` items. ``none``: a plain ``Dataset``.
-        The chain becomes a `NamedItemsCompose` over the same
-        transform objects, so a failing item names its files, and a failed fill ends cleanly.
-
-        ``background=True``: ``gpu`` and ``ram`` give a
-        `BackgroundCacheDataset` (same place, same items; it fills
-        while training runs: load it with ``**fill_order_options(ds, shuffle)``). ``disk`` and ``none``
-        are lazy already (an item is made when first read); ``smartcache`` fills its first window
-        before returning, as without it.
+        ``gpu`` / ``ram``: a ``CacheDataset`` (on the GPU its cached chain ends with ``ToDeviced``),
+        a `BackgroundCacheDataset` with ``background=True``; ``disk``: a `CropCacheDataset` where the
+        first random transform reads its patch, else a `TrustedPersistentDataset`; ``smartcache``: a
+        `SafeSmartCacheDataset`; ``none``: a ``Dataset``. The chain becomes a `NamedItemsCompose`.
 
         Examples:
             >>> ds = plan.build(train_files, transforms, background=True, num_workers=3)  # doctest: +SKIP

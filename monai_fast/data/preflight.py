@@ -1,15 +1,8 @@
 """A fast check of a data list before training: every bad file named at once, with its reason.
 
-A race can lose an hour to a file that fails in epoch 3, or train for a day on labels that do not
-match the task. `preflight()` reads each volume of a ``{"image", "label"}`` list once and
-reports, for every item at fault: a file that cannot be read (a truncated NIfTI), a 2D image or
-label, NaN or Inf in an image, non-integer label values, label values outside ``num_classes``,
-and an image whose spatial shape differs from its label's (the same check as
-`monai_fast.apps.sources.msd.load_msd_datalist()`, on the data). What it learns about a file is cached
-by the file's identity (path, size, modification time) in ``preflight.json`` in
-`monai_fast.folders.cache_root()`, so a second run reads no volume it has seen.
-
-`monai_fast.data.preflight_slides.preflight_wsi()` does the same for whole-slide patch lists.
+`preflight()` reads each volume of a ``{"image", "label"}`` list once and names every file at
+fault: unreadable, 2D, NaN/Inf in an image, label values non-integer or outside ``num_classes``,
+image and label shapes that differ. Scans are cached by file identity in ``preflight.json``.
 
 Examples:
     >>> from monai_fast.data.preflight import preflight

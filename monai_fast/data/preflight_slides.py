@@ -58,10 +58,8 @@ def _is_tiff(path: str) -> bool:
 def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
     """The level sizes of a whole-slide image, after checking that every level can be read to its end.
 
-    A TIFF slide is opened with ``tifffile``: every tile or strip of every page (level) must lie
-    inside the file, the last one of each page must decode, and ``tifffile`` must not report a
-    damaged page chain (a file cut short loses its last levels that way). Another format is opened
-    with ``reader`` (a MONAI ``WSIReader`` or ``BaseWSIReader``), which gives its level sizes.
+    A TIFF slide is opened with ``tifffile`` (every tile inside the file, each page's last tile
+    decodes, no damaged page chain); another format with ``reader`` (a MONAI WSI reader).
 
     Returns:
         ``{"levels": [[rows, columns], ...]}`` (level 0 first), or ``{"error": "..."}``.
@@ -155,12 +153,8 @@ def preflight_wsi(
 ) -> PreflightReport:
     """Check a whole-slide patch list before training: every slide readable, every patch inside its slide.
 
-    For each slide named by an item: it exists and can be read to its end (`scan_slide()`), and
-    it is at least the patch's size. For each item: its patch, located as MONAI's ``PatchWSIDataset``
-    locates it, lies wholly inside the slide at its level. A patch reaching outside would be padded
-    or fail in a loader thread in the middle of an epoch; here it is named with its list, index,
-    slide and location before any training. What is learned about a slide is cached by the file's
-    identity, as `preflight()` does.
+    Each slide must read to its end (`scan_slide()`) and hold the patch; each patch, located as
+    MONAI's ``PatchWSIDataset`` locates it, must lie inside its slide. Scans are cached like `preflight()`'s.
 
     Args:
         files: ``{"image", "location"}`` items (``"patch_size"`` and ``"patch_level"`` in an item

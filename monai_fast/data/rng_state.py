@@ -91,11 +91,8 @@ def restore(state: dict, data: Any = None) -> None:
 class OwnRandomStream:
     """A run's own copy of the global random generators, swapped in while the run works (``with``).
 
-    Runs that take turns in one process (a race's recipes, an epoch each) otherwise share the global
-    generators: how many numbers one draws between the other's turns (a loader's shuffle, a worker's
-    base seed) would depend on the order of the turns, and so on the host's load. Each run keeps its
-    own stream instead and draws exactly as it would alone. Created just after the run seeded
-    itself; the transforms' own ``R`` states are the run's already (its loaders seeded them).
+    Runs taking turns in one process each draw exactly as they would alone. Create it just after
+    the run seeded itself.
 
     Examples:
         >>> import torch

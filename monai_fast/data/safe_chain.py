@@ -27,11 +27,8 @@ __all__ = ["NamedItemsCompose", "threads_joined_on_error"]
 class NamedItemsCompose(Compose):
     """A ``Compose`` whose failure on an item that carries file names is a `DataItemError` naming them.
 
-    MONAI reports a failing transform as ``RuntimeError("applying transform <LoadImaged ...>")`` with
-    the cause chained; the file is in neither. This chain raises
-    ``DataItemError("transforming image=/d/a.nii.gz, label=/d/a_seg.nii.gz failed: EOFError: ...")``
-    instead, in whatever thread or worker process runs it; items without file names (already
-    loaded, without metadata) raise as before.
+    MONAI's ``RuntimeError("applying transform ...")`` names no file; this chain names it, in any
+    thread or worker; items without file names raise as before.
 
     Examples:
         >>> from monai.transforms import LoadImaged

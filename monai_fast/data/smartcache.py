@@ -1,11 +1,8 @@
 """A ``SmartCacheDataset`` that owns a safe rotation: bounded waits, named errors, resumable state.
 
-MONAI's ``SmartCacheDataset`` prepares the next epoch's replacement items in a background thread
-while holding the lock that ``update_cache()`` waits on. So no wait can time out, and a transform
-that raises kills that thread: ``update_cache()`` then spins forever. ``shutdown()`` also resets the
-rotation's position without resetting the cache, and there is no way to save the position.
-`SafeSmartCacheDataset` keeps MONAI's caching, its constructor and its rotation order, and
-replaces the background machinery with one the class owns (see the class docstring).
+MONAI's rotation thread holds the lock ``update_cache()`` waits on, so no wait can time out and a
+failing transform makes it spin forever; `SafeSmartCacheDataset` keeps MONAI's caching and order
+and owns the rotation (docs/data.md).
 """
 
 from __future__ import annotations
@@ -67,14 +64,9 @@ class _Rotation:
 class SafeSmartCacheDataset(SmartCacheDataset):
     """MONAI's ``SmartCacheDataset`` whose rotation never hangs, names failures and resumes in place.
 
-    Same arguments as ``monai.data.SmartCacheDataset``, plus ``timeout_s``. With 5 items,
-    ``cache_num=4`` and ``replace_rate=0.25`` the epochs see items 1-4, 2-5, 3-5+1, 4-5+1-2, ...
-    exactly as MONAI documents. Drive it with `monai_fast.handlers.SmartCacheUpdater`, or call
-    ``start()``, ``update_cache()`` after each epoch and ``shutdown()`` yourself. The background
-    thread is the class's own: ``update_cache`` waits at most ``timeout_s``, raises a failed
-    replacement as `DataItemError` naming the item, and ``state_dict()`` saves the position.
-    `adopt()` builds one from a MONAI ``SmartCacheDataset``. What it keeps from MONAI and what it
-    replaces: docs/data.md.
+    Same arguments and rotation order as ``monai.data.SmartCacheDataset``, plus ``timeout_s``:
+    ``update_cache`` waits at most that long, a failed replacement raises `DataItemError` naming the
+    item, and ``state_dict()`` saves the position. Drive it with `SmartCacheUpdater`.
 
     Args:
         data: the data list, as for ``SmartCacheDataset``.
@@ -118,10 +110,8 @@ class SafeSmartCacheDataset(SmartCacheDataset):
     ) -> SafeSmartCacheDataset:
         """A safe rotation over what a MONAI ``SmartCacheDataset`` (or one of this class) holds.
 
-        The items are ``dataset.data`` in its (already shuffled) order; transform, ``cache_num``,
-        replacement count, workers, ``progress``, ``copy_cache``, ``as_contiguous`` and the random
-        state carry over, and a window never rotated is handed over rather than transformed again.
-        Adopting the same data set again gives the same safe one (`adoption_of()`).
+        Items, order, settings and random state carry over; a window never rotated is handed over,
+        not transformed again. Adopting the same data set again gives the same safe one.
 
         Args:
             dataset: the data set to adopt; it is shut down first if its rotation runs.

@@ -100,15 +100,11 @@ class SafeThreadBuffer:
         src: the iterable to run.
         buffer_size: items queued ahead.
         timeout: seconds per wait on the queue before re-checking the thread.
-        timeout_s: the longest the consumer waits for one item before `LoaderTimeoutError`
-            (the thread, if stuck, is abandoned); ``None`` waits as long as the thread lives. An item
-            made on demand in the consumer's own thread cannot be interrupted: past ``timeout_s`` an
-            error log names what it is doing.
+        timeout_s: the longest wait for one item before `LoaderTimeoutError` (a stuck thread is
+            abandoned; an item made on demand is only logged); ``None``: as long as the thread lives.
         working_on: what the thread is doing, for the timeout message.
-        prefetch: ``True``: the thread makes items ahead, up to ``buffer_size``; ``False``: it makes
-            each item only when the consumer asks for the next one. A callable is asked at each item
-            (after the consumer has received it, before it works on it), so the mode may change
-            from one item to the next.
+        prefetch: ``True``: items made ahead, up to ``buffer_size``; ``False``: each made when asked
+            for; a callable is asked at each item, so the mode may change between items.
 
     Examples:
         >>> list(SafeThreadBuffer(range(3), timeout_s=60))

@@ -80,20 +80,10 @@ def _transform_names(fn: Callable) -> list[str]:
 class TrainingAlgorithmTime(EngineHandler):
     """Times a MONAI trainer's own post-processing and training metrics, per epoch.
 
-    A trainer's ``postprocessing`` (MONAI runs it on ``MODEL_COMPLETED`` of each iteration, after
-    decollating the batch into items) and its ``key_train_metric`` / ``additional_metrics`` (ignite
-    metrics, updated on each ``ITERATION_COMPLETED`` and computed on ``EPOCH_COMPLETED``) are the
-    user's algorithm: monai-fast keeps them as built. This handler measures what they cost: each of
-    their callbacks on the engine runs inside a timer, in its place among the engine's handlers
-    (`wrap()`; detaching puts the originals back).
-    On a CUDA device the readings are CUDA events on the current stream, so a metric computed on the
-    device counts its kernels without adding a synchronisation per iteration.
-
-    Each epoch's totals (`AlgorithmTimes`) are appended to `epochs` and, with a run
-    record on the engine, written as an ``epoch`` row of source ``training_algorithm``, from which
-    the doctor names them when they take a notable share of the epoch. Callbacks registered after
-    ``attach`` are timed from the next run on. An engine without post-processing or metrics gets no
-    rows. `FastTraining` attaches one to the trainer.
+    The trainer's ``postprocessing`` and ``key_train_metric`` / ``additional_metrics`` are the
+    user's algorithm, kept as built; each of their callbacks runs inside a timer in its place
+    (`wrap()`). Each epoch's `AlgorithmTimes` goes to `epochs` and the run record. Mechanism:
+    docs/monitoring.md.
 
     Args:
         logger: where the per-epoch line (debug level) goes; default ``monai_fast.handlers``.

@@ -56,16 +56,10 @@ class _InertHooks:
 
 
 class _NetworkAutocast:
-    """Forward hooks that autocast the engine's network when the engine's own step calls it directly.
+    """Forward hooks that autocast ``engine.network`` for a step of the user's own (``iteration_update=``).
 
-    A ``SupervisedTrainer`` given ``iteration_update=`` (a step function of the user's own) calls
-    ``engine.network`` itself and never the inferer that `_AutocastInferer` wraps. The
-    pre-hook enters ``torch.autocast`` and the forward hook (``always_call``: also when the forward
-    raises) leaves it and hands the output on in fp32, as the inferer wrapper does. They act only
-    while the engine is inside an iteration (so the same network called from a notebook after the
-    run, or by another engine, is left alone), only on the network they were registered on (a deep
-    copy, such as an EMA model or a measurement's copy, shares this object but is not that network),
-    and never inside an autocast already on (the wrapped inferer's, or the user's own).
+    They act only inside the engine's iterations, only on that network object (not a deep copy), and
+    never inside an autocast already on; the output is handed on in fp32.
     """
 
     def __init__(self, toggle: AMPToggle, network: torch.nn.Module) -> None:
@@ -115,16 +109,10 @@ class _NetworkAutocast:
 class AMPToggle(EngineHandler):
     """Autocast on a MONAI ``SupervisedTrainer`` / ``SupervisedEvaluator`` that can change at runtime.
 
-    Wraps the engine's inferer, and its ``network`` during the engine's iterations, in
-    ``torch.autocast`` for the engine's device (bf16 also on a CPU), unlike MONAI's ``amp=True``,
-    which is fixed at construction and CUDA only. A step that reaches neither is found at the
-    first iteration: a warning says the precision did not act and `unused` says why. ``"auto"``
-    picks bf16 where the device runs it natively, else fp16 with a ``GradScaler`` on CUDA, else
-    fp32 (`choose_precision()`); ``schedule(epoch)`` or `enable()` / `disable()` switch it. On a
-    trainer, a `NonFiniteGuard` (attached when there is none) skips steps with a non-finite loss
-    and after ``max_nonfinite`` in a row falls back to fp32. Counts are in `stats` and the run
-    record; `state_dict()` holds the precision, the fallback and the counts, so a ``Checkpoint``
-    with the handler resumes in the same precision. The mechanism: docs/precision.md.
+    Unlike MONAI's ``amp=True`` (fixed at construction, CUDA only) it wraps the engine's inferer
+    and network in ``torch.autocast`` for the engine's device; ``schedule(epoch)`` or `enable()` /
+    `disable()` switch it, and `state_dict()` resumes the same precision. On a trainer it brings a
+    `NonFiniteGuard`. The mechanism: docs/precision.md.
 
     Args:
         precision: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off, the

@@ -30,14 +30,10 @@ class BackgroundValidationError(RuntimeError):
 class BackgroundValidation(EngineHandler):
     """Runs ``evaluator`` on a snapshot of the trainer's weights in a background thread.
 
-    At the end of every ``interval``-th trainer epoch the weights are copied, on the training
-    thread, into a private copy of the network that ``evaluator`` uses, and
-    ``evaluator.run(epoch)`` starts in a thread while the trainer goes on; the evaluator's own
-    handlers (``TimeToTarget``, ``CheckpointSaver``) act as soon as its result is in. With a
-    validation still running, ``when_busy="skip"`` leaves the epoch out and ``"wait"`` waits; the
-    last epoch is always validated and the run ends once its result is in. An exception in the
-    validation thread is raised on the training thread as `BackgroundValidationError` naming the
-    epoch; the thread never outlives the run. Threads, streams and timing: docs/data.md.
+    Every ``interval``-th epoch the weights are copied (on the training thread) into a private
+    copy of the network and ``evaluator.run(epoch)`` starts in a thread; the last epoch is always
+    validated. A failure is raised on the training thread as `BackgroundValidationError` naming
+    the epoch. Threads, streams and timing: docs/data.md.
 
     Attributes:
         validated_epochs: epochs whose weights were validated, in order.

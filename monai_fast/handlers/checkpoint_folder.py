@@ -1,35 +1,9 @@
 """Preemption's second half: a folder of whole checkpoints ``ckpt-<iteration>.pt``, the newest valid ones kept.
 
-The first half, the stop signal, is `monai_fast.handlers.stop_signal`;
-`Preemption` joins the two to an engine.
-
-**What is ignite's.** `CheckpointFolder` *subclasses* ignite's ``Checkpoint``: ignite
-builds the checkpoint (one dict of every ``state_dict``, DDP / ``DataParallel`` models unwrapped,
-``ZeroRedundancyOptimizer`` consolidated), names the file and hands it to a ``DiskSaver``, which
-writes it from rank 0 only. Loading goes through ``Checkpoint.load_objects`` (DDP unwrapped).
-
-**What is extended, and why.**
-
-* The saver is a ``DiskSaver`` subclass whose write goes through `monai_fast.files.atomic_write()`
-  with ``fsync``: the file appears complete or not at all, survives a node loss, and the
-  temporary file of a killed writer is recognised and removed later (ignite's ``atomic=True``
-  neither syncs nor recognises its leftovers).
-* Rotation is by folder listing, not ignite's in-memory list: a restarted process does not know
-  the files its predecessor wrote, and ignite ranks by number, so an unreadable file with a
-  higher number would make it skip the new checkpoint or delete it. Here the file just written
-  is always kept, with the newest *valid* others up to ``n_saved``; damaged files are named in a
-  warning and left for inspection.
-* With a run record on the engine (``RecordHandler``), each checkpoint's wall-clock time is a
-  ``checkpoint`` span of the record, which the doctor counts in the run's wall clock.
-* A checkpoint that cannot be written stops the run on every rank with one clear error, and the
-  checkpoints already written stay: a full file system raises
-  `NoSpaceError` naming the file, the space missing (the previous
-  checkpoint's size is the estimate) and the checkpoints kept; a folder that something replaced
-  with a file raises `CheckpointFolderError` naming it and the last checkpoint written.
-  Under DDP the ranks learn rank 0's failure together, so none waits for a file that never comes.
-* Per-rank state (random states, position in the epoch) must come back on every rank. Ignite
-  saves from rank 0, so the caller gathers it to every rank first and passes it as one more
-  ``to_save`` entry: a single file per checkpoint holds all ranks' state.
+A subclass of ignite's ``Checkpoint`` (ignite builds and loads the state dicts) whose saver
+writes through `monai_fast.files.atomic_write`, whose rotation keeps the newest *valid* files by
+folder listing, and whose write failures stop every rank with one error naming the folder; why
+each differs from ignite's: docs/preemption.md.
 
 Examples:
     >>> import tempfile, torch
@@ -75,10 +49,7 @@ _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 
 
 class CheckpointFolderError(OSError):
-    """A checkpoint cannot be written because its folder is no longer a folder; the message names it.
-
-    An `OSError` with ``errno.ENOTDIR`` whose ``filename`` is the folder.
-    """
+    """A checkpoint cannot be written because its folder is no longer a folder (``errno.ENOTDIR``, naming it)."""
 
     def __init__(self, folder: str | os.PathLike, message: str) -> None:
         super().__init__(errno.ENOTDIR, message, str(folder))
@@ -155,9 +126,7 @@ class CheckpointFolder(Checkpoint):
             super().__call__(engine)
 
     def write(self, engine: Engine) -> Path:
-        """Write ``ckpt-<engine.state.iteration>.pt`` (all ranks call it), then prune; returns its path.
-
-        The whole of it (the wait for rank 0 included) is a ``checkpoint`` span of the run record."""
+        """Write ``ckpt-<engine.state.iteration>.pt`` (all ranks call it; a ``checkpoint`` span), then prune."""
         with _span(engine):
             return self._write(engine)
 
@@ -284,10 +253,7 @@ class CheckpointFolder(Checkpoint):
         return removed
 
     def newest_loadable(self) -> tuple[Path, dict[str, Any]] | None:
-        """Load the newest checkpoint that every rank can read (a collective under DDP).
-
-        Unreadable files are skipped with a warning naming them; rank 0 first removes the
-        temporary files of killed writers.
+        """Load the newest checkpoint that every rank can read (a collective; unreadable ones skipped with a warning).
 
         Returns:
             ``(path, checkpoint dict)``, or ``None`` when no checkpoint can be read.

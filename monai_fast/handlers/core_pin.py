@@ -1,16 +1,9 @@
 """Keep an engine's main thread on its own core during each iteration, apart from OpenMP's pinned workers.
 
-With OpenMP's worker threads pinned one per core (`monai_fast.openmp.pin_openmp_workers()`)
-the main thread is still free, and under a competing job the scheduler can settle it on a worker's
-core for a whole run (the competing processes then share the other cores). The two threads of one
-team then take turns on one core, and a training step costs several times its CPU time on a quiet
-host (``benchmarks/openmp_step_under_load.py``). `MainThreadCore` puts the main thread on the
-core the workers left free from ``ITERATION_STARTED`` to ``ITERATION_COMPLETED`` and gives it its
-whole mask back after, before any other ``ITERATION_COMPLETED`` handler runs (also those registered
-before it, such as a ``ValidationHandler(epoch_level=False)`` that runs a whole evaluation there): data
-loading, the loader's threads and processes, validation's set-up and everything between iterations
-keep every core. An engine run on another thread (a background
-evaluator) is left alone.
+With OpenMP's workers pinned one per core, the scheduler may settle the free main thread on a
+worker's core under a competing job. `MainThreadCore` puts it on the free core from
+``ITERATION_STARTED`` to ``ITERATION_COMPLETED`` (its whole mask back before any other
+``ITERATION_COMPLETED`` handler); see docs/handlers.md.
 
 Examples:
     >>> from ignite.engine import Engine

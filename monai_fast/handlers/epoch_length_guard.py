@@ -1,22 +1,9 @@
 """An epoch that ends short is an error, not a smaller epoch: `EpochLengthGuard`.
 
-Ignite treats a data loader's ``StopIteration`` as the end of a pass. When a pass ends before the
-loader's ``len()`` (a loader thread that died on a failing item ends its iterator that way in
-MONAI's ``ThreadDataLoader``), ignite starts a new pass to fill the epoch, or, when the new pass
-gives nothing at once, ends the epoch early with only a warning. Either way the epoch trains on,
-or a validation scores, other items than the loader's, and the run goes on to report its metrics.
-
-`EpochLengthGuard` checks both ends on the engine it is attached to:
-
-* every pass of the loader gave ``len(loader)`` batches (times ``repeats`` for MONAI's
-  ``ThreadDataLoader``; checked when ignite sees the pass stop, before it starts the next one);
-* every epoch ran its ``epoch_length`` iterations (checked first among the ``EPOCH_COMPLETED``
-  handlers, so a validation, a checkpoint or a metric of a short epoch never runs).
-
-A shortfall raises `ShortEpochError` naming the engine, the epoch and the counts. An epoch
-ended on purpose (``engine.terminate()``, ``terminate_epoch()``, ``max_iters``) is not a shortfall,
-and a run resumed in the middle of an epoch expects only that epoch's remaining iterations. A
-loader without ``len()`` (an iterable data set) has no pass length to check.
+Ignite fills a pass that ends before ``len(loader)`` with a new pass, or ends the epoch early with
+only a warning; a dead loader thread ends its iterator that way. `EpochLengthGuard` raises
+`ShortEpochError` when a pass or an epoch comes up short, before any ``EPOCH_COMPLETED`` handler
+(validation, checkpoint, metric) runs; see docs/handlers.md.
 
 Examples:
     >>> from monai_fast.handlers.epoch_length_guard import EpochLengthGuard

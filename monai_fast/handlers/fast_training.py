@@ -1,13 +1,4 @@
-"""``FastTraining``: the fast-training guide's levers, applied to a trainer the user already has.
-
-Examples:
-    >>> from monai_fast.handlers import FastTraining
-    >>> fast = FastTraining()                       # every lever "auto"
-    >>> fast.attach(trainer, evaluator)  # doctest: +SKIP
-    >>> trainer.run()  # doctest: +SKIP
-    >>> fast.applied["data"]  # doctest: +SKIP
-    {'applied': True, 'setting': 'ram', 'reason': 'cache in RAM (CacheDataset): 32 items x ...'}
-"""
+"""``FastTraining``: the fast-training guide's levers, applied to a trainer the user already has."""
 
 from __future__ import annotations
 
@@ -49,51 +40,37 @@ logger = logging.getLogger("monai_fast.handlers")
 class FastTraining(EngineHandler):
     """Applies the fast-training guide's levers to an existing MONAI trainer (and its evaluator).
 
-    ``FastTraining().attach(trainer, evaluator)`` before ``trainer.run()`` (during a run it
-    refuses: the run keeps the loader it started with). Each lever is ``"auto"`` (applied where it
-    pays, decided from the device and measurements), a setting, or ``False`` (left alone). One log
-    line per lever, and a ``fast_training`` row in the run record, say what was applied and why;
-    a lever that cannot apply is left alone with its reason and the others still apply. The
-    network, loss, optimizer, learning rate and batch size are never changed. What each lever
-    does and when it is left alone: docs/fast-training.md.
+    Attach before ``trainer.run()``. Each lever is ``"auto"`` (applied where it pays), a setting,
+    or ``False`` (left alone); one log line and one record row per lever say what was applied and
+    why. The network, loss, optimizer, learning rate and batch size are never changed. Levers and
+    when each is left alone: docs/fast-training.md.
 
     Args:
-        cache: ``"auto"``, a place (`CACHE_PLACES`: ``"gpu"``, ``"ram"``, ``"disk"``,
-            ``"smartcache"``, ``"none"``), or ``False``.
-        loader: ``"auto"``, ``"thread"`` (adopt any collate function), or ``False`` (keep the
-            user's loaders; then no cache either).
-        precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``
-            (`REQUESTS`) or ``False``.
+        cache: ``"auto"``, a place in `CACHE_PLACES`, or ``False``.
+        loader: ``"auto"``, ``"thread"`` (adopt any collate function) or ``False`` (no cache either).
+        precision: ``"auto"``, one of `REQUESTS`, or ``False``.
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
-        compile: ``"auto"`` (`CompileChoice`: measured, and only where it repays its compile within
-            the planned run), ``True`` (compiled without measuring) or ``False``.
-        evaluator: ``"auto"`` (its loader and precision), ``"tune"`` (also its ``sw_batch_size``
-            measured) or ``False`` (left as built).
-        gpu_budget_mib: the planner's GPU memory budget (``None``: its default).
+        compile: ``"auto"`` (measured, and only where it repays its compile), ``True`` or ``False``.
+        evaluator: ``"auto"``, ``"tune"`` (also its ``sw_batch_size`` measured) or ``False``.
+        gpu_budget_mib: the planner's GPU budget (``None``: its default).
         ram_budget_mib: the planner's RAM budget (``None``: its default).
         disk_budget_mib: the planner's disk budget (``None``: its default).
-        cache_dir: where a disk cache may go; default ``crops`` in monai-fast's cache folder
-            (`monai_fast.folders.cache_root`), written only when the data do not fit the RAM budget,
-            so that every item stays in every epoch instead of a SmartCache window.
-        cache_threads: threads that fill the caches; default all CPUs (all but one with
-            ``background_fill``).
+        cache_dir: where a disk cache may go (default ``crops`` under `cache_root`).
+        cache_threads: threads that fill the caches (default: all CPUs).
         background_fill: fill GPU/RAM caches while training runs instead of before it.
-        prefetch: ``"auto"`` (measured on a CPU), ``True`` (batches made ahead) or ``False`` (on demand).
+        prefetch: ``"auto"`` (measured on a CPU), ``True`` (batches made ahead) or ``False``.
         prediction_layout: ``"auto"`` (measured on a CPU), ``True`` or ``False``.
         progress: progress bars while caches fill.
-        tune_store: where ``evaluator="tune"`` caches its measurement: ``"default"`` (the tuning
-            store in monai-fast's cache folder), a JSON file, or ``None`` (measure every run).
+        tune_store: ``"default"``, a JSON file, or ``None`` (measure every run).
 
     Raises:
         ValueError: an option outside its choices (named with the value given).
-        TypeError: at attach, the trainer is not a MONAI workflow (``SupervisedTrainer``, ...).
+        TypeError: at attach, the trainer is not a MONAI workflow.
         RuntimeError: at attach, the trainer or the evaluator is inside ``run()``.
 
     Examples:
-        >>> from monai_fast.handlers import FastTraining
         >>> fast = FastTraining(evaluator="tune")
         >>> fast.attach(trainer, evaluator)  # doctest: +SKIP
-        >>> trainer.run()  # doctest: +SKIP
         >>> fast.applied["precision"]  # doctest: +SKIP
         {'applied': True, 'setting': 'bf16', 'reason': '...'}
     """
@@ -214,29 +191,22 @@ class FastTraining(EngineHandler):
                     torch.device(getattr(evaluator.state, "device", None) or device),
                     trainer,
                 )
-        if NonFiniteGuard not in handlers_on(trainer):  # every precision, also with precision=False or MONAI's amp
-            guard = NonFiniteGuard()
-            guard.attach(trainer)
-            self._helpers.append(guard)
-        for engine, name in ((trainer, "training"), (evaluator, "validation")):  # no metric from a short epoch
-            if engine is not None and EpochLengthGuard not in handlers_on(engine):
-                length_guard = EpochLengthGuard(name)
-                length_guard.attach(engine)
-                self._helpers.append(length_guard)
-        if TrainingAlgorithmTime not in handlers_on(trainer):  # the user's post-processing and metrics, timed
-            timer = TrainingAlgorithmTime()
-            timer.attach(trainer)
-            self._helpers.append(timer)
-            if timer.timed:
-                logger.info(
-                    "FastTraining: the training post-processing and metrics (%s) are kept as built and timed per epoch",
-                    ", ".join(timer.timed),
-                )
-        for engine in (trainer, evaluator):  # registers nothing unless OpenMP's workers were pinned
-            if engine is not None and MainThreadCore not in handlers_on(engine):
-                core = MainThreadCore()
-                core.attach(engine)
-                self._helpers.append(core)
+        for cls, engine, args in (  # each unless already there
+            (NonFiniteGuard, trainer, ()),  # every precision, also with precision=False or MONAI's amp
+            (EpochLengthGuard, trainer, ("training",)),  # no metric from a short epoch
+            (EpochLengthGuard, evaluator, ("validation",)),
+            (TrainingAlgorithmTime, trainer, ()),  # the user's post-processing and metrics, timed
+            (MainThreadCore, trainer, ()),  # registers nothing unless OpenMP's workers were pinned
+            (MainThreadCore, evaluator, ()),
+        ):
+            if engine is not None and cls not in handlers_on(engine):
+                self._add(cls(*args), engine)
+        timer = next((h for h in self._helpers if isinstance(h, TrainingAlgorithmTime)), None)
+        if timer is not None and timer.timed:
+            logger.info(
+                "FastTraining: the training post-processing and metrics (%s) are kept as built and timed per epoch",
+                ", ".join(timer.timed),
+            )
         self._precision(trainer, evaluator, device)
         self._memory_format_lever(trainer, device)
         self._compile_lever(trainer)
@@ -250,7 +220,10 @@ class FastTraining(EngineHandler):
                 helper.detach(e)
         self._helpers.clear()
 
-    # ------------------------------------------------------------------ levers
+    def _add(self, handler: EngineHandler, engine: Engine) -> None:
+        handler.attach(engine)
+        self._helpers.append(handler)
+
     def _say(self, lever: str, applied: bool, setting: Any, reason: str, evidence: dict | None = None) -> None:
         self.applied[lever] = {"applied": applied, "setting": setting, "reason": reason}
         if evidence:  # the measurement behind a decision (every round), for the record and the doctor
@@ -292,8 +265,7 @@ class FastTraining(EngineHandler):
             )
         if adopted.smartcache:
             updater = SmartCacheUpdater(adopted.dataset)
-            updater.attach(engine)
-            self._helpers.append(updater)
+            self._add(updater, engine)
         self._say(lever, True, adopted.where, "; ".join(adopted.notes))
         name = Lever.PREFETCH if lever is Lever.DATA else Lever.VALIDATION_PREFETCH
         setting, why, choice = prefetch_for(
@@ -305,8 +277,7 @@ class FastTraining(EngineHandler):
             conclude_at_run_end=engine is trainer,  # an evaluator's short runs add up until the trainer's run ends
         )
         if choice is not None:
-            choice.attach(engine)
-            self._helpers.append(choice)
+            self._add(choice, engine)
             self._choices[name] = choice
         self._say(name, True, setting, why)
 
@@ -332,14 +303,12 @@ class FastTraining(EngineHandler):
         # MONAI's amp=True autocasts for "cuda" only, so off CUDA it changes nothing: it is read as a request for
         # reduced precision, which the toggle applies where the device runs it (and MONAI's no-op flag is set off)
         amp = AMPToggle("auto" if self.precision is True else self.precision)
-        amp.attach(trainer)
-        self._helpers.append(amp)
+        self._add(amp, trainer)
         self.amp = amp
         self.on(trainer, Events.ITERATION_COMPLETED(once=1), self._acted, Lever.PRECISION, amp, trainer)
         if evaluator is not None and not (getattr(evaluator, "amp", False) and device.type == "cuda"):
             ev = AMPToggle(amp.precision)
-            ev.attach(evaluator)
-            self._helpers.append(ev)
+            self._add(ev, evaluator)
             self.on(
                 evaluator,
                 Events.ITERATION_COMPLETED(once=1),
@@ -399,8 +368,7 @@ class FastTraining(EngineHandler):
             dtype=lambda: self.amp.autocast_dtype if self.amp is not None and self.amp.active else None,
             on_choice=functools.partial(self._compiled, trainer),
         )
-        choice.attach(trainer)  # after the memory format: the copy it measures is in the chosen layout
-        self._helpers.append(choice)
+        self._add(choice, trainer)  # after the memory format: the copy it measures is in the chosen layout
 
     def _compiled(self, trainer: Engine, compiled: bool, reason: str, evidence: dict[str, Any]) -> None:
         self._say(Lever.COMPILE, compiled, "compiled" if compiled else "eager", reason, evidence)
@@ -415,8 +383,7 @@ class FastTraining(EngineHandler):
             self._say(Lever.PREDICTION_LAYOUT, False, None, f"a {dims}-D network: no 5-D predictions to reorder")
             return
         layout = ClassesInnermost(self.prediction_layout)
-        layout.attach(evaluator)
-        self._helpers.append(layout)
+        self._add(layout, evaluator)
         self._say(Lever.PREDICTION_LAYOUT, layout.active, "classes innermost" if layout.active else None, layout.reason)
         if layout.active:
             self.on(
@@ -450,8 +417,7 @@ class FastTraining(EngineHandler):
             self.tune_store,
             on_result=functools.partial(self._validation_tuned, trainer),
         )
-        tune.attach(evaluator)
-        self._helpers.append(tune)
+        self._add(tune, evaluator)
 
     def _validation_tuned(self, trainer: Engine, applied: bool, setting: str | None, reason: str) -> None:
         self._say(Lever.EVALUATOR, applied, setting, reason)

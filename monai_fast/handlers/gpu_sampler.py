@@ -30,22 +30,14 @@ logger = logging.getLogger("monai_fast.handlers")
 class GPUSampler(EngineHandler):
     """Samples GPU utilisation, memory, power, temperature and SM clock on a background thread.
 
-    Sampling never runs on the training thread (ignite's ``GpuInfo`` polls on it, through the
-    retired ``pynvml.smi``). The thread starts with the engine's run and is stopped and joined
-    when the run ends, also when it raises. Each sample becomes an ``interval`` row of the run
-    record; with ``output_dir`` (default: the record's run folder) a CSV like the fast-training
-    guide's ``nvidia_smi.csv`` is written; with ``writer`` (a ``SummaryWriter``) the values go to
-    TensorBoard. `summary` holds mean and peak per GPU after the run (the doctor prints it and
-    plots the record's rows as ``gpu_util.png``). Without NVML (a CPU machine): one warning, and the
-    handler does nothing.
+    The thread runs with the engine's run (joined however it ends). Samples become record rows, a
+    ``gpu_rank<R>.csv`` and, with ``writer``, TensorBoard scalars; `summary` holds mean and peak per
+    GPU. Without NVML: one warning, and nothing else (docs/monitoring.md).
 
     Args:
         interval_s: seconds between samples (> 0).
-        gpus: NVML indices to sample; default the GPU this process trains on: the engine's CUDA
-            device (or the current one) matched to NVML by UUID, else this local rank's entry of
-            ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs); see `visible_gpu_indices()`.
-        output_dir: where ``gpu_rank<R>.csv`` goes; checked for
-            writability here. ``None``: the record's run folder, if any.
+        gpus: NVML indices; default the GPU this process trains on (`visible_gpu_indices()`).
+        output_dir: where ``gpu_rank<R>.csv`` goes (checked here); ``None``: the record's run folder.
         writer: a TensorBoard ``SummaryWriter`` for ``gpu<i>/util`` etc.
         backend: an NVML backend; default the real one (tests pass ``FakeNvml``).
 

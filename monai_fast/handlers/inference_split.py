@@ -54,17 +54,9 @@ class InferenceTimes:
 class InferenceSplit(EngineHandler):
     """Splits an evaluator's iterations into network time and sliding-window time around it.
 
-    Forward hooks on the network (MONAI's ``engine.network``, or ``network``) mark each window
-    batch's call; MONAI's ``FORWARD_COMPLETED`` event marks the inferer's return. The calls are
-    counted only on the thread that runs the evaluator's iteration, so a network shared with a
-    trainer (MONAI's evaluators share the trainer's) is timed for validation only. On a CUDA device
-    the marks are CUDA events on the current stream, so the split is the device's timeline and adds
-    no synchronisation until the iteration's end. Each run's totals (`InferenceTimes`) are
-    appended to `runs` and, with a run record on the engine, written as an ``epoch`` row of
-    source ``inference``, from which the doctor reports stitching versus network.
-
-    Attach it after the evaluator's metrics (MONAI attaches them when it builds the evaluator), so
-    that their updates count as ``after_s``.
+    Forward hooks on the network mark each window batch (on the evaluator's thread only, so a
+    shared network is timed for validation only); MONAI's ``FORWARD_COMPLETED`` marks the inferer's
+    return. Attach it after the evaluator's metrics. Mechanism: docs/monitoring.md.
 
     Args:
         network: the module the inferer calls; default the engine's ``network`` attribute.

@@ -69,11 +69,8 @@ def summarise_profile(key_averages: Any, top: int = 15) -> dict:
 class KernelProfiler(EngineHandler):
     """Profiles a window of iterations with ``torch.profiler`` (DLProf is retired).
 
-    After ``wait`` iterations it warms up for ``warmup`` and records ``active`` iterations, then
-    writes ``trace_rank<R>.json`` (open in ``chrome://tracing`` or Perfetto) and
-    ``kernels_rank<R>.json``, a summary in the shape of DLProf's JSON report (``# Kernels``,
-    ``CPU Time (ns)``, ``GPU Time (ns)`` and the top ops). On a CPU-only build it records CPU ops.
-    The profiler is stopped when the run ends early or raises.
+    Writes ``trace_rank<R>.json`` (Chrome trace) and ``kernels_rank<R>.json`` (a kernel summary in
+    DLProf's report shape) after the window; the profiler stops however the run ends.
 
     Args:
         output_dir: folder for the trace and summary (checked for writability here).

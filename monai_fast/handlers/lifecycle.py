@@ -1,27 +1,7 @@
-"""One attach discipline for every monai-fast handler, and run-end hooks that always fire.
+"""One attach discipline for every monai-fast handler (`EngineHandler`), and run-end hooks that always fire.
 
-**Attach.** Every handler derives from `EngineHandler` and wires itself in
-``_attach(engine)`` through `EngineHandler.on()` and `EngineHandler.on_run_end()`, which
-remember what was registered. The rules, the same for every handler:
-
-* attaching the same instance to the same engine twice raises ``RuntimeError``;
-* attaching a *new instance* of a handler class that is already on the engine (a re-run notebook
-  cell, a second ``train_handlers`` entry) replaces the old one: the old instance is detached (its
-  event handlers removed, its threads stopped through `EngineHandler._detached()`) and a log
-  line says so. Nothing is counted twice;
-* one instance serves one engine, unless its class sets ``multi_engine = True`` (the run record,
-  which the trainer and the evaluator share); attaching it to a second engine otherwise raises
-  ``RuntimeError`` naming the fix (make one per engine);
-* `EngineHandler.detach()` removes a handler from an engine by hand.
-
-**Run end.** Ignite has no "finally" event, and registering an ``EXCEPTION_RAISED`` handler makes
-ignite hand the exception to that handler instead of raising it. A handler that only wants to
-clean up (pop NVTX ranges, stop a sampling thread, close a file) must still let the exception out,
-and must run even when another handler, such as MONAI's ``StatsHandler``, re-raises first.
-`on_run_end()` installs one exception hook per engine, placed first among the engine's
-exception handlers: it runs every registered cleanup, then re-raises. Ignite offers no public way
-to order handlers, so this one place reads ``Engine._event_handlers`` (also for
-``EngineHandler.on(..., first=True)``).
+The rules (attach twice, replace on re-attach, one engine per instance, cleanup however a run
+ends) are in docs/handlers.md.
 
 Examples:
     >>> from ignite.engine import Engine, Events
@@ -86,13 +66,10 @@ def _on_exception(engine: Engine, e: BaseException) -> None:
 
 
 def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False) -> _RunEndHandle:
-    """Call ``fn(engine)`` when each run of ``engine`` ends.
+    """Call ``fn(engine)`` when each run of ``engine`` ends: completed, terminated, or raised (before it propagates).
 
-    That is on ``COMPLETED``, on ``TERMINATE`` (also with ``skip_completed``) and when the run
-    raises, before the exception propagates. ``fn`` may be called twice for one run
-    (``TERMINATE`` then ``COMPLETED``): make it idempotent. Hooks run in the order registered,
-    those with ``last=True`` after all others (the run record closes last, once every handler has
-    written its summary).
+    ``fn`` may be called twice for one run (``TERMINATE`` then ``COMPLETED``): make it idempotent.
+    Hooks with ``last=True`` run after all others.
 
     Returns:
         A handle whose ``remove()`` unregisters ``fn``.
@@ -112,18 +89,13 @@ def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False)
 
 
 def _move_last_to_front(engine: Engine, event: Any) -> None:
-    """Make the handler added last for ``event`` run first. Ignite has no public way to order
-    handlers; this module is the one place monai-fast reads ``Engine._event_handlers``."""
+    """Make the handler added last for ``event`` run first (ignite has no public way to order handlers)."""
     handlers = engine._event_handlers[event]
     handlers.insert(0, handlers.pop())
 
 
 def callbacks_on(engine: Engine, event: Any) -> list[Any]:
-    """The callables registered on ``engine`` for ``event``, in order (a copy).
-
-    Ignite has no public way to list an engine's handlers; this module is the one place monai-fast
-    reads ``Engine._event_handlers``. Removing one goes through ignite's public ``remove_event_handler``.
-    """
+    """The callables registered on ``engine`` for ``event``, in order (a copy; ignite has no public list)."""
     return [entry[0] for entry in engine._event_handlers.get(event, [])]
 
 
@@ -144,11 +116,8 @@ class _WrapHandle:
 def wrap_callback(engine: Engine, event: Any, fn: Callable, wrapper: Callable) -> _WrapHandle | None:
     """Run ``wrapper`` in place of ``fn`` among ``engine``'s handlers for ``event``, in the same position.
 
-    ``wrapper`` is called with the arguments ``fn`` was registered with and must call ``fn`` itself.
-    Ignite sees the wrapper as ``fn``: like ignite's own filtered handlers it carries ``_parent``, so
-    ``engine.has_event_handler(fn)`` (an ignite ``Metric``'s ``is_attached``) and
-    ``engine.remove_event_handler(fn, event)`` keep working. Ignite has no public way to replace a
-    handler in place; this module is the one place monai-fast reads ``Engine._event_handlers``.
+    ``wrapper`` gets ``fn``'s registered arguments and must call ``fn`` itself. It carries ignite's
+    ``_parent``, so ``has_event_handler(fn)`` and ``remove_event_handler(fn, event)`` keep working.
 
     Returns:
         A handle whose ``remove()`` puts ``fn`` back, or ``None`` when ``fn`` is not registered for ``event``.
@@ -184,9 +153,6 @@ _BETWEEN_RUNS = (None, Events.COMPLETED, Events.TERMINATE, Events.EXCEPTION_RAIS
 def is_running(engine: Engine) -> bool:
     """Whether ``engine`` is inside ``run()`` (also paused by ``interrupt()``), read from ignite's ``last_event_name``.
 
-    A handler that replaces what the run already took (the engine's data loader) cannot act on a run
-    that has started: ignite iterates the loader it was given at ``run()``.
-
     Examples:
         >>> from ignite.engine import Engine, Events
         >>> engine = Engine(lambda e, b: None)
@@ -204,12 +170,7 @@ def handlers_on(engine: Engine) -> dict[type, EngineHandler]:
 
 
 class EngineHandler(ABC):
-    """Base class of every monai-fast handler: the attach discipline described in this module.
-
-    Subclasses call ``super().__init__()``, validate their options in ``__init__``, register their
-    callbacks in ``_attach(engine)`` with `on()` / `on_run_end()`, and stop what they
-    started (threads, files) in ``_detached(engine)``.
-    """
+    """Base class of every monai-fast handler: register in ``_attach``, stop what was started in ``_detached``."""
 
     #: whether one instance may serve several engines (e.g. a trainer and its evaluator)
     multi_engine: ClassVar[bool] = False
@@ -282,11 +243,9 @@ class EngineHandler(ABC):
         """``engine.add_event_handler(event, fn, *args, **kwargs)``, remembered for `detach()`.
 
         Args:
-            owner: the engine this handler was attached to, when ``engine`` is another one (a
-                handler on the trainer that also listens to the evaluator); detaching the handler
-                from ``owner`` removes this callback too.
-            first: run before the handlers already registered for ``event`` (the run's state must
-                be restored before others look at it).
+            owner: the engine this handler was attached to, when ``engine`` is another one;
+                detaching from ``owner`` removes this callback too.
+            first: run before the handlers already registered for ``event``.
         """
         handle = engine.add_event_handler(event, fn, *args, **kwargs)
         if first:

@@ -1,25 +1,8 @@
 """A non-finite loss never reaches the weights, in any precision, and ranks decide together.
 
-`NonFiniteGuard` checks each training loss of a MONAI ``SupervisedTrainer`` after the
-backward pass, before the optimizer steps. The semantics:
-
-* **a non-finite loss skips its step**: the gradients are dropped (with MONAI's fp16
-  ``GradScaler`` path they are marked non-finite, so the scaler skips and lowers its scale), the
-  network's buffers (batch-norm running statistics) are put back as they were before the forward
-  pass, and the step is counted. The weights stay exactly as they were.
-* **a streak means the numbers, not the data, are at fault**: after ``max_nonfinite`` non-finite
-  losses in a row from finite inputs, a registered fallback (`AMPToggle`
-  going to fp32) gets its chance; where there is none (fp32 already) training stops with
-  `NonFiniteLossError`.
-* **non-finite inputs mean the data is at fault**: a batch whose image or label holds NaN/Inf is
-  skipped once (a transient glitch); the ``max_bad_inputs``-th such batch stops training in any
-  precision (no precision fixes NaN voxels), with an error naming the files: from the batch's
-  MONAI metadata (``MetaTensor.meta["filename_or_obj"]`` or ``image_meta_dict``) when it carries
-  some, else by scanning the training data set's files for non-finite voxels.
-* **under DDP all ranks decide together**: the flags are all-reduced (MAX, ``ignite.distributed``)
-  before any rank steps. DDP has already averaged the gradients during backward, so a NaN on one
-  rank poisons every rank's gradients; all ranks skip, their weights stay equal, and the streaks,
-  the fallback and the error happen at the same iteration on every rank.
+A non-finite loss skips its step (weights and buffers kept); a streak triggers the fallback or
+`NonFiniteLossError`; repeated non-finite inputs stop training naming the files; under DDP ranks
+decide together. The semantics: docs/precision.md.
 
 Examples:
     >>> from monai_fast.handlers import NonFiniteGuard
@@ -91,7 +74,7 @@ def files_with_nonfinite_voxels(items: Iterable[Any]) -> list[str]:
 
 
 class NonFiniteGuard(EngineHandler):
-    """Skip steps with a non-finite loss and stop when they persist (see the module docstring).
+    """Skip steps with a non-finite loss and stop when they persist (docs/precision.md).
 
     Args:
         max_nonfinite: non-finite losses in a row (finite inputs) before the fallback, or the error.

@@ -38,15 +38,8 @@ def _default_backend() -> NvtxBackend:
 class NVTXHandler(EngineHandler):
     """Marks an engine's work with nested NVTX ranges, named with rank and role.
 
-    Ranges: the whole run, each epoch, each data fetch (``get batch``), each iteration and, on
-    MONAI engines, the phases MONAI signals with ``IterationEvents``: ``forward``, ``loss``,
-    ``backward`` and ``optimizer step`` on a trainer, ``forward`` on an evaluator. Names look like
-    ``rank0 train: epoch 3``; each phase has its own colour (`COLORS`). Ranges still open
-    when the run raises or is terminated are popped, so the profile stays well nested.
-
-    Profile with Nsight Systems::
-
-        nsys profile -t cuda,nvtx,osrt -o spleen --force-overwrite true python train.py
+    Ranges: the run, each epoch, data fetch and iteration, and MONAI's ``IterationEvents`` phases,
+    named like ``rank0 train: epoch 3``; ranges still open when the run ends are popped (docs/monitoring.md).
 
     Args:
         label: role in range names; default ``"validation"`` for MONAI evaluators, else ``"train"``.

@@ -1,13 +1,8 @@
 """An evaluator's predictions with the class dimension innermost, where that makes the argmax over classes faster.
 
-MONAI's segmentation post-processing takes the argmax over the class dimension of each
-prediction (``AsDiscreted(keys="pred", argmax=True, ...)``). On a CPU, ``torch.argmax`` over a
-dimension that is not the innermost one is not vectorised (pytorch/pytorch#140000;
-``benchmarks/argmax_layout.py`` times it). The same values in ``channels_last_3d`` memory layout
-(the classes innermost) give the same argmax, bit for bit, and every other operation the same
-results. `ClassesInnermost` wraps the engine's inferer so
-that its 5-D predictions come back in that layout, when a measurement at attach says the argmax
-over classes is faster in it.
+On a CPU, ``torch.argmax`` over a dimension that is not innermost is not vectorised
+(pytorch/pytorch#140000); the same values in ``channels_last_3d`` layout give the same argmax, bit
+for bit. `ClassesInnermost` wraps the evaluator's inferer to return that layout where it measures faster.
 
 Examples:
     >>> from monai_fast.handlers import ClassesInnermost
@@ -114,14 +109,9 @@ class _ClassesInnermostInferer(Inferer):
 class ClassesInnermost(EngineHandler):
     """Wraps a MONAI evaluator's inferer so its CPU predictions have the class dimension innermost.
 
-    With ``"auto"`` it times the argmax over classes both ways (`argmax_gain()`, about 0.1 s)
-    on a CPU and turns on only where the innermost layout is at least ``min_gain`` times faster;
-    ``True`` turns it on without measuring. Predictions on a GPU (an evaluator may stitch on the
-    CPU while its network runs on a GPU: those are converted), and any that are not 5-D
-    ``(batch, classes, D, H, W)`` tensors, pass unchanged. Values never change, only their memory
-    layout. Detaching restores the engine's inferer. An evaluator whose step does not call its
-    inferer (a step function of the user's own, ``iteration_update=``) is found at its first
-    iteration: the handler turns off, a warning says why, and so does `unused`.
+    ``"auto"`` times the argmax both ways (about 0.1 s) and turns on where the innermost layout is
+    ``min_gain`` times faster; GPU predictions and non-5-D ones pass unchanged. A step that never
+    calls the inferer is found at its first iteration and said in `unused`.
 
     Args:
         mode: ``"auto"`` (measure) or ``True``.

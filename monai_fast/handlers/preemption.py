@@ -25,13 +25,10 @@ _KEY = "preemption"  # the to_save entry holding every rank's random states and 
 
 
 class _SkipFirst:
-    """A loader whose next ``iter()`` starts ``n`` batches in (the batches are produced, then dropped,
-    so random transforms draw exactly as they did before the checkpoint).
+    """A loader whose next ``iter()`` starts ``n`` batches in (dropped after making, so random draws repeat).
 
-    During that shortened pass its length is the batches the pass still yields, ``repeats`` (MONAI's
-    ``ThreadDataLoader``) counted in, and its ``repeats`` is 1, so a handler that compares the
-    batches a pass gave with the loader's length (an ``EpochLengthGuard``) sees a whole pass; from
-    the next ``iter()`` on it is the loader itself again.
+    During that pass its length counts only the batches still to come (``repeats`` included), so an
+    `EpochLengthGuard` sees a whole pass.
     """
 
     def __init__(self, loader: Any, n: int) -> None:
@@ -76,16 +73,10 @@ class _RankStates:
 class Preemption(EngineHandler):
     """Survive preemption: on a signal, finish the iteration, checkpoint atomically, requeue, stop.
 
-    On ``SIGTERM`` or ``SIGUSR1`` (SLURM's ``--signal=USR1@120``, ``scancel``, a spot reclaim) the
-    current iteration completes, every rank agrees to stop at the same iteration, one checkpoint
-    file ``ckpt-<iteration>.pt`` is written whole or not at all (the state dicts of ``to_save``,
-    every rank's random states and the position in the epoch) and, under SLURM, the job is
-    requeued. The signal handlers are installed at `attach()` and restored when the run ends;
-    `catch_stop_signals()` called first thing in the program catches a signal that comes earlier.
-    `resume()` (before ``run``) loads the newest readable checkpoint, skipping damaged ones with a
-    warning, and replays the loader to the same batch: on a deterministic set-up the final weights
-    equal an uninterrupted run's. A checkpoint that does not fit ``to_save`` raises naming the
-    file. Built from `StopSignal` and `CheckpointFolder`; the mechanism: docs/preemption.md.
+    On ``SIGTERM`` / ``SIGUSR1`` every rank stops at the same iteration, one checkpoint
+    ``ckpt-<iteration>.pt`` is written whole (with every rank's random states and position) and,
+    under SLURM, the job is requeued. `resume()` loads the newest readable checkpoint and replays
+    the loader to the same batch. The mechanism: docs/preemption.md.
 
     Args:
         to_save: name -> object with ``state_dict``/``load_state_dict``; must include the engine

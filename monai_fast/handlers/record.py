@@ -73,12 +73,7 @@ def loader_of(engine: Engine) -> Any:
 
 
 def describe_engine(engine: Engine) -> dict[str, Any]:
-    """What an engine runs, for the record: network class and spatial dimensions, inferer, sliding window, amp,
-    and whether its data set is a cache.
-
-    Reads the public attributes of MONAI workflows (``network``, ``inferer``, ``amp``, ``state.device``: MONAI's
-    ``amp=True`` autocasts for CUDA only, so the device says whether it acts) and ignite's ``state.dataloader``;
-    a plain ignite ``Engine`` has no network or inferer and gets ``None`` for them.
+    """What an engine runs, for the record: network, spatial dimensions, inferer, sliding window, amp, cache.
 
     Examples:
         >>> from monai.networks.nets import UNet
@@ -122,15 +117,9 @@ def _default_name(taken: list[str]) -> str:
 class RecordHandler(EngineHandler):
     """Creates the run's record and shares it with every monai-fast handler on the engines.
 
-    Attach it to the trainer first, then the same instance to the evaluator, so validation rows
-    land in the same record, stamped ``engine="validation"``. Each run of the trainer is a record
-    segment appended to the same file; the record is flushed when each run of an engine ends and
-    closed (writing the summary) when each run of the trainer ends, also when it raises. It owns
-    the run folder for its rank (`RunRecord`): a folder another process is writing to raises
-    `RunFolderBusyError` before any work. Besides the handlers' rows it records a ``placement``
-    event (host, node, local rank, launcher), an ``engine`` event per engine (network, inferer,
-    MONAI's ``amp``) and ``span`` rows of where the wall clock went (`span()` for your own
-    set-up), which ``monai-fast doctor`` reads (docs/doctor.md).
+    Attach it to the trainer first, then the same instance to the evaluator. Each trainer run is
+    a segment of the same file, closed with its summary however the run ends; a run folder another
+    process writes raises `RunFolderBusyError` before any work. The rows: docs/doctor.md.
 
     Args:
         run_dir: the run folder; ``None`` keeps the record in memory.

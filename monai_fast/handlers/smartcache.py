@@ -1,9 +1,6 @@
 """Drive a SmartCache rotation from an ignite engine: bounded waits, named errors, rank agreement, resumable.
 
-``SmartCacheUpdater().attach(trainer)`` finds the ``SmartCacheDataset`` in the trainer's
-``data_loader``. A `SafeSmartCacheDataset` is rotated as it is; MONAI's own is adopted into one
-(its items, window, rotation settings and random state; the loader rebuilt as `adopt_loader()`
-rebuilds it). One that cannot be adopted is refused at attach with one line saying what to use.
+`SmartCacheUpdater` finds the ``SmartCacheDataset`` in the trainer's loader (docs/data.md).
 """
 
 from __future__ import annotations
@@ -29,14 +26,9 @@ logger = logging.getLogger("monai_fast.handlers")
 class SmartCacheUpdater(EngineHandler):
     """MONAI's ``SmartCacheHandler`` that never hangs, names failures, agrees across ranks and resumes.
 
-    Starts the rotation when the run starts, calls ``update_cache`` at each epoch's end with a
-    bounded wait, and shuts it down when the run ends (also when it raises). A failed replacement
-    raises `DataItemError` naming the item and its files in the training thread; under
-    ``ignite.distributed`` every rank raises with it. `mode` is ``"safe"`` (a
-    `SafeSmartCacheDataset`) or ``"adopted"`` (MONAI's own, adopted and the engine's
-    ``data_loader`` rebuilt over it). A MONAI ``SmartCacheHandler`` for the same data set is
-    removed from the engine. ``state_dict()`` is ``{"start_pos", "updates", "total"}``: pass the
-    updater to ignite's ``Checkpoint``, attached after it. The mechanism: docs/data.md.
+    Rotates at each epoch's end with a bounded wait; a failed replacement raises `DataItemError`
+    naming the item on every rank; MONAI's own data set is adopted into a `SafeSmartCacheDataset`.
+    ``state_dict()`` resumes the rotation (pass it to ``Checkpoint``). Mechanism: docs/data.md.
 
     Args:
         dataset: the data set to rotate; ``None`` (the usual): the one in the engine's
@@ -104,11 +96,7 @@ class SmartCacheUpdater(EngineHandler):
             self.load_state_dict(state)
 
     def _choose(self, engine: Engine, loader: Any, ds: SmartCacheDataset) -> tuple[str, SafeSmartCacheDataset]:
-        """The safe data set to rotate: ``ds`` itself, or MONAI's adopted; refuses one that cannot be adopted.
-
-        MONAI's own rotation lets a replacement error kill its thread and then polls forever in
-        ``update_cache``; nothing public reports that error, so it is never driven here.
-        """
+        """The safe data set to rotate: ``ds`` itself, or MONAI's adopted (its own rotation can hang)."""
         if isinstance(ds, SafeSmartCacheDataset):
             logger.info("SmartCacheUpdater: rotates the SafeSmartCacheDataset (timeout_s=%g)", self.timeout_s)
             return "safe", ds
@@ -174,14 +162,7 @@ class SmartCacheUpdater(EngineHandler):
 
 
 def _take_over_from_monais_handler(engine: Engine, dataset: SmartCacheDataset) -> None:
-    """Remove MONAI's ``SmartCacheHandler`` for ``dataset`` (or the data set it was adopted from) from ``engine``.
-
-    A script written for MONAI's ``SmartCacheDataset`` has MONAI's handler in its
-    ``train_handlers``: left there, it would rotate the data set a second time each epoch (or, once
-    adopted, the data set the loader no longer reads, and wait forever on its failed replacement).
-    The handlers are listed through `callbacks_on()` (ignite has no
-    public way to list them); the removal goes through the public ``remove_event_handler``.
-    """
+    """Remove MONAI's ``SmartCacheHandler`` for ``dataset`` (or its source): it would rotate a second time."""
     sources = [dataset]
     if isinstance(dataset, SafeSmartCacheDataset) and dataset.adopted_from is not None:
         sources.append(dataset.adopted_from)

@@ -1,17 +1,8 @@
 """Preemption's first half: catch the stop signals, agree on the stop across ranks, requeue under SLURM.
 
-The second half, the checkpoint folder, is `monai_fast.handlers.checkpoint_folder`;
-`Preemption` joins the two to an engine.
-
-A program's set-up (reading and caching data, building the network) runs before any engine
-exists, and a stop signal then (SLURM's ``SIGUSR1`` warning, a spot reclaim's ``SIGTERM``) would
-end the process at once, with no message and no checkpoint. `catch_stop_signals()`, called
-first thing, records such a signal instead; the first `StopSignal` installed afterwards
-(the one of a `Preemption` at ``attach``) takes the record over, so
-the run stops at its start with the usual checkpoint, requeue and exit status. A program without
-a ``Preemption`` calls `end_of_setup()` before it trains (or wraps its set-up in
-`stop_signals_caught()`): a signal received meanwhile then stops it there with a message
-and `STOPPED_EXIT`.
+`catch_stop_signals()`, called first thing, records a signal that arrives during set-up (before
+any engine exists) instead of dying of it; a `Preemption` takes it over at ``attach``, and a
+program without one calls `end_of_setup()` before it trains. See docs/preemption.md.
 
 Examples:
     >>> import os, signal
@@ -22,13 +13,6 @@ Examples:
     >>> stop.name, stop.agreed()
     ('SIGUSR1', True)
     >>> stop.uninstall()
-
-    At the start of a program::
-
-        catch_stop_signals()          # a signal during set-up is kept for the run's start
-        ...                           # data checked and cached, network and engines built
-        Preemption(...).attach(trainer)  # takes the kept signal over: stops at the run's start
-        # or, with no Preemption: end_of_setup()  (exits 143 with a message if a signal came)
 """
 
 from __future__ import annotations
@@ -64,11 +48,7 @@ _setup_catcher: StopSignal | None = None  # the process's set-up catcher, until 
 
 
 class StopSignal:
-    """Record that a stop signal arrived; the work happens later, at a safe point, on every rank.
-
-    The handler only sets a flag (nothing else is safe inside a signal handler). `agreed()`
-    is a collective: every rank calls it at the same point and all get ``True`` when any rank was
-    signalled, so they stop at the same iteration.
+    """Record that a stop signal arrived (a flag only); `agreed()` tells every rank at a safe point.
 
     Args:
         signals: signal names, e.g. ``("SIGTERM", "SIGUSR1")``.
@@ -98,12 +78,7 @@ class StopSignal:
         return signal.Signals(self.received).name if self.received is not None else "a signal on another rank"
 
     def install(self) -> None:
-        """Put this object's handler on each signal, remembering the previous handlers (main thread only).
-
-        A set-up catcher of `catch_stop_signals()` still in place is taken over: its handlers
-        are removed first (so the handlers remembered here are the program's own) and a signal it
-        recorded becomes this object's.
-        """
+        """Put this object's handler on each signal (main thread only), taking over a set-up catcher and its signal."""
         if self.installed:
             return
         if threading.current_thread() is not threading.main_thread():
@@ -117,10 +92,7 @@ class StopSignal:
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def uninstall(self) -> None:
-        """Give each signal back the handler it had before `install()`.
-
-        A signal whose handler someone replaced after ours keeps theirs.
-        """
+        """Give each signal back the handler it had before `install()` (unless someone replaced ours since)."""
         for sig, previous in self._previous.items():
             if signal.getsignal(sig) == self._on_signal:
                 signal.signal(sig, previous)
@@ -160,11 +132,8 @@ def _take_over_setup_catcher(heir: StopSignal) -> None:
 def catch_stop_signals(signals: Sequence[str] = STOP_SIGNALS) -> StopSignal:
     """Record stop signals from now on instead of dying of them; call it first thing in a program.
 
-    Only signals whose handler is the default one (which ends the process) are caught: a handler
-    the program or its launcher installed keeps working. The catcher stays until the next
-    `StopSignal` is installed (a `Preemption` at ``attach``),
-    which takes over a signal recorded meanwhile, or until `end_of_setup()`. Calling it again
-    while a catcher is in place returns that catcher. Off the main thread it catches nothing.
+    Only signals with the default handler are caught. The catcher stays until the next `StopSignal`
+    is installed (which takes its signal over) or `end_of_setup()`; a second call returns it.
 
     Args:
         signals: signal names (default ``SIGTERM`` and ``SIGUSR1``).
@@ -187,11 +156,6 @@ def catch_stop_signals(signals: Sequence[str] = STOP_SIGNALS) -> StopSignal:
 def end_of_setup(exit_code: int = STOPPED_EXIT) -> None:
     """The end of set-up in a program with no `Preemption`: signals act again as before.
 
-    The set-up catcher of `catch_stop_signals()` (if still in place) gives each signal its
-    default handler back; when a signal arrived during set-up, the program stops here, before
-    training, with a warning naming the signal and ``SystemExit(exit_code)`` (nothing was trained,
-    so nothing is checkpointed; under SLURM the job is not requeued).
-
     Raises:
         SystemExit: ``exit_code``, when a stop signal arrived during set-up.
     """
@@ -210,10 +174,8 @@ def end_of_setup(exit_code: int = STOPPED_EXIT) -> None:
 def stop_signals_caught(exit_code: int = STOPPED_EXIT, signals: Sequence[str] = STOP_SIGNALS) -> Iterator[StopSignal]:
     """Set-up inside a ``with`` block: a stop signal meanwhile stops the program at the block's end.
 
-    `catch_stop_signals()` on entry and `end_of_setup()` on a normal exit; a
-    `Preemption` attached inside the block takes a recorded signal
-    over instead. Nested inside a catcher already in place (a program's own), the block leaves
-    it alone. On an exception the catcher is removed and the exception goes on.
+    `catch_stop_signals()` on entry, `end_of_setup()` on a normal exit; a catcher already in place is
+    left alone.
 
     Examples:
         >>> with stop_signals_caught():

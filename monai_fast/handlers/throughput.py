@@ -48,18 +48,8 @@ def batch_shape(batch: Any) -> tuple[int, ...] | None:
 class ThroughputMonitor(EngineHandler):
     """Measures samples/s and voxels/s (samples x spatial voxels of the input) and estimates the ETA.
 
-    Per iteration the values are kept in `last` (and the run record, if the engine has one);
-    per epoch they are logged, written to the record and, with ``writer``, to TensorBoard
-    (``throughput/samples_per_s``, ``throughput/voxels_per_s``, ``throughput/eta_s``).
-
-    An epoch's time runs from ``EPOCH_STARTED`` to its last ``ITERATION_COMPLETED``, so validation
-    and other epoch-end work never count as training, whatever order the handlers were attached
-    in (MONAI's ``ValidationHandler`` may run before or after this one). That epoch-end work is
-    measured separately, from the last iteration of one epoch to the start of the next
-    (``epoch_end_s``). The ETA is the remaining iterations times the last epoch's mean iteration
-    time (``eta_train_s``) plus the remaining epoch ends times their mean so far (``eta_end_s``);
-    ``eta_s`` is their sum. The epoch's log line is written once its end work is over (at the
-    next epoch's start, or when the run ends), so it counts that epoch's validation too.
+    An epoch's time runs from ``EPOCH_STARTED`` to its last iteration, so validation never counts
+    as training; epoch-end work is ``epoch_end_s`` and is in the ETA (docs/monitoring.md).
 
     Args:
         shape_fn: batch -> input shape ``(N, C, *spatial)``; default `batch_shape()`.

@@ -39,14 +39,9 @@ class EpochTimes:
 class TimeBreakdown(EngineHandler):
     """Splits each iteration into time waiting for data and time computing on it.
 
-    Data wait is ignite's ``GET_BATCH_STARTED`` to ``GET_BATCH_COMPLETED`` (the loader's
-    ``next()``); compute is from there to ``ITERATION_COMPLETED``. With ``cuda_sync`` the device
-    is synchronised before each reading (else GPU time may show as the next iteration's wait).
-    Per-epoch totals (`EpochTimes`) go to ``engine.state.time_breakdown`` (the current run's) and
-    `epochs` (every epoch timed), and, with a `RecordHandler`, each iteration and epoch is a row
-    of the record. An epoch whose data share exceeds ``warn_threshold`` logs a warning naming the
-    fix that applies (cache the deterministic transforms, or, with the data cached already, move
-    the random ones to the device and load with more threads). One instance times one engine.
+    Data wait runs from ignite's ``GET_BATCH_STARTED`` to ``GET_BATCH_COMPLETED``, compute from there
+    to ``ITERATION_COMPLETED``. Per-epoch `EpochTimes` go to ``engine.state.time_breakdown``,
+    `epochs` and the run record; a loader-bound epoch logs a warning naming the fix.
 
     Args:
         warn_threshold: data share (0..1] above which an epoch is reported as loader-bound.

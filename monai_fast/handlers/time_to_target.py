@@ -19,15 +19,9 @@ __all__ = ["TimeToTarget"]
 class TimeToTarget(EngineHandler):
     """Measures wall-clock time to a target metric and ends the run there.
 
-    The clock starts at ``start_time`` (a `time.perf_counter()` value taken before building the
-    data sets, so caching counts) or else at `attach()`. After every run of ``evaluator`` (or
-    every trainer epoch without one) the metric is compared with ``target``: the first reading
-    that meets it sets ``reached_s``, the second consecutive one ``stable_s``, and the trainer
-    stops at the one ``stop_on`` names. With ``time_budget_s`` the trainer (and a running
-    evaluator) stop at the first iteration past the budget. A reading counts at the wall clock of
-    its arrival, for the epoch whose weights were validated, so background validation counts
-    once; only ``evaluator`` is watched, so an estimate on another engine never declares the
-    target (docs/data.md).
+    The clock starts at ``start_time`` (taken before building the data sets, so caching counts)
+    or at `attach()`; after each run of ``evaluator`` (or each trainer epoch without one) the
+    metric is compared with ``target``. Mechanism: docs/monitoring.md.
 
     Attributes:
         history: ``(elapsed_s, validated_epoch, value)`` for every metric reading.

@@ -55,16 +55,10 @@ def estimator_like(
 class ValidationSchedule(EngineHandler):
     """Decides after each trainer epoch whether the full validation is worth running.
 
-    A cheap ``estimator`` (the metric on a fixed subset, or at a coarser overlap; see
-    `estimator_like()`) runs after every trainer epoch while the target is far. The full
-    ``evaluator`` runs every ``every`` epochs, on the trainer's last epoch, and, from the first
-    epoch whose estimate is within ``margin`` of ``target`` on, after every epoch (the estimator
-    then stops: it has done its job). The estimate only decides *when*: attach
-    `TimeToTarget` to the full ``evaluator``, which runs on the
-    whole validation set at the usual settings, so only it can declare the target.
-
-    Use it instead of MONAI's ``ValidationHandler`` for the same evaluator (not beside it).
-    With a run record each epoch's decision is a row (``Kind.EPOCH``, ``Source.VALIDATION``).
+    A cheap ``estimator`` (see `estimator_like()`) runs after every epoch while the target is far;
+    the full ``evaluator`` runs every ``every`` epochs, on the last one, and after every epoch once
+    an estimate came within ``margin``. Use it instead of MONAI's ``ValidationHandler``, and attach
+    `TimeToTarget` to the full ``evaluator`` (docs/data.md).
 
     Attributes:
         estimates: ``(trainer_epoch, estimate)`` for every estimate.

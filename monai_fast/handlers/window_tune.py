@@ -50,10 +50,8 @@ def _first_image(loader: Any) -> torch.Tensor | None:
 class SlidingWindowTune(EngineHandler):
     """At the evaluator's first run, times its sliding window on a volume of its first item's size and sets the batch.
 
-    `tune_validation()` measures ``sw_batch_size`` from 1 to 32 at
-    the precision the evaluator runs in (kept in the tuning store, so a second run reads it back);
-    the stitching device is kept (moving it would move the metric's inputs). It measures once per
-    attach; the global random state is left as it was.
+    `tune_validation()` measures ``sw_batch_size`` at the evaluator's precision (kept in the
+    tuning store); the stitching device and the global random state are kept.
 
     Args:
         precision: called at the first run: the evaluator's precision (``"bf16"``, ``"fp16"``, ``"fp32"``).
