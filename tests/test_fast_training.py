@@ -500,3 +500,34 @@ def test_data_beyond_the_ram_budget_go_to_a_crop_cache_on_disk_with_every_item_i
     assert len(got) == len(want) == 2 * plain.state.epoch_length
     assert got == want
     assert len(list(ds.cache_dir.glob("*/item.json"))) == len(tiny_files[0])
+
+
+def test_the_trainer_and_the_evaluator_share_one_ram_budget(tiny_files):
+    """The RAM budget holds both caches: with room for the training items only, validation is not cached in RAM."""
+    from monai_fast.data.planner import item_bytes
+
+    train_item = item_bytes(_chain(False)(dict(tiny_files[0][0])))
+    need = train_item * len(tiny_files[0]) * 1.2  # the planner's margin
+    trainer, evaluator = _user_trainer(tiny_files)
+    fast = FastTraining(ram_budget_mib=need * 1.3 / 2**20, memory_format=False, compile=False, prefetch=False)
+    fast.attach(trainer, evaluator)
+    assert fast.applied["data"]["setting"] == "ram", fast.applied["data"]
+    assert "of the RAM budget left" in fast.applied["data"]["reason"]
+    assert fast.applied[Lever.VALIDATION_DATA]["setting"] != "ram", fast.applied[Lever.VALIDATION_DATA]
+    trainer.run()  # and it trains
+
+
+def test_the_default_ram_budget_is_shared_by_the_nodes_ranks():
+    import ignite.distributed as idist
+
+    from monai_fast.data.planner import default_ram_budget
+
+    assert default_ram_budget(available=8 * 2**30) == 4 * 2**30
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) as parallel:
+        parallel.run(_budget_of_a_rank)
+
+
+def _budget_of_a_rank(local_rank):
+    from monai_fast.data.planner import default_ram_budget
+
+    assert default_ram_budget(available=8 * 2**30) == 2 * 2**30  # two ranks on the node: a quarter each

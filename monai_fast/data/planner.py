@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import ignite.distributed as idist
 import numpy as np
 import psutil
 import torch
@@ -40,6 +41,7 @@ __all__ = [
     "CACHE_PLACES",
     "CachePlan",
     "budgets_in_bytes",
+    "default_ram_budget",
     "force_plan",
     "item_bytes",
     "plan_cache",
@@ -73,6 +75,23 @@ def budgets_in_bytes(budgets_mib: dict[str, float | None]) -> list[int | None]:
             raise ValueError(f"{place}_budget_mib must be >= 0 MiB, got {mib}")
         out.append(None if mib is None else int(mib * _MIB))
     return out
+
+
+def default_ram_budget(available: int | None = None) -> int:
+    """Bytes of RAM one process may cache by default: half of what is available, shared by the node's ranks.
+
+    Every rank on a node plans at the same time from the same free memory; each takes its share,
+    so N ranks plan at most half of the node between them, not N halves.
+
+    Args:
+        available: bytes available on the node; default what the operating system says now.
+
+    Examples:
+        >>> default_ram_budget(available=8 * 2**30) == 4 * 2**30  # one process
+        True
+    """
+    available = psutil.virtual_memory().available if available is None else available
+    return available // 2 // max(1, idist.get_nproc_per_node())
 
 
 def item_bytes(item: Any) -> int:
@@ -121,6 +140,15 @@ class CachePlan:
     @property
     def total_bytes(self) -> int:
         return int(self.bytes_per_item * self.n_items * self.margin)
+
+    @property
+    def ram_bytes(self) -> int:
+        """Bytes of RAM the plan's cache holds (a SmartCache its window; GPU, disk and no cache none)."""
+        if self.where == "ram":
+            return self.total_bytes
+        if self.where == "smartcache":
+            return int(self.bytes_per_item * (self.cache_num or 0) * self.margin)
+        return 0
 
     def describe(self) -> str:
         """One paragraph: what was chosen, and why each better option was not."""
@@ -187,7 +215,8 @@ def plan_cache(
         data: this rank's items.
         device: the training device; GPU caching is considered only for a CUDA device.
         gpu_budget_mib: MiB of GPU memory the cache may use; default half of what is free now.
-        ram_budget_mib: MiB of RAM; default half of what is available now.
+        ram_budget_mib: MiB of RAM; default `default_ram_budget()` (half of what is available, shared by the
+            node's ranks).
         disk_budget_mib: MiB under ``cache_dir``; default 80 % of its free space.
         cache_dir: where a disk cache would go; without it, disk is not an option.
         sample: items run through the deterministic part to measure their size.
@@ -221,7 +250,7 @@ def plan_cache(
         free = cuda_free_bytes(device)
         gpu_budget = None if free is None else free // 2
     if ram_budget is None:
-        ram_budget = psutil.virtual_memory().available // 2
+        ram_budget = default_ram_budget()
     plan = CachePlan(
         where="none",
         first_random=first_random,

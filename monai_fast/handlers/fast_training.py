@@ -14,7 +14,7 @@ from monai.engines import Workflow
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
-from monai_fast.data.planner import CACHE_CHOICES
+from monai_fast.data.planner import CACHE_CHOICES, default_ram_budget
 from monai_fast.folders import cache_root
 from monai_fast.handlers.algorithm_time import TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
@@ -53,7 +53,8 @@ class FastTraining(EngineHandler):
         compile: ``"auto"`` (measured, and only where it repays its compile), ``True`` or ``False``.
         evaluator: ``"auto"``, ``"tune"`` (also its ``sw_batch_size`` measured) or ``False``.
         gpu_budget_mib: the planner's GPU budget (``None``: its default).
-        ram_budget_mib: the planner's RAM budget (``None``: its default).
+        ram_budget_mib: RAM for the trainer's and the evaluator's caches together (``None``:
+            `default_ram_budget()`, half of the available RAM shared by the node's ranks).
         disk_budget_mib: the planner's disk budget (``None``: its default).
         cache_dir: where a disk cache may go (default ``crops`` under `cache_root`).
         cache_threads: threads that fill the caches (default: all CPUs).
@@ -131,6 +132,7 @@ class FastTraining(EngineHandler):
         self.compile = compile
         self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
         self._fills: list[Any] = []  # data sets filling in the background: no prefetch timing until all are full
+        self._ram_left = 0  # bytes of the RAM budget not yet given to a cache, set at attach
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
         self.applied: dict[str, dict[str, Any]] = {}
         self.amp: AMPToggle | None = None
@@ -178,6 +180,8 @@ class FastTraining(EngineHandler):
 
     def _apply_levers(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
         record = record_of(trainer)  # with a RecordHandler attached first, the fill is in the doctor's wall clock
+        ram = self.budgets["ram_budget_mib"]  # one budget for both engines' caches: the evaluator gets what is left
+        self._ram_left = default_ram_budget() if ram is None else int(ram * 2**20)
         with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
             self._data(trainer, Lever.DATA, device, trainer)
         if evaluator is not None and self.evaluator_option is False:
@@ -249,8 +253,11 @@ class FastTraining(EngineHandler):
             force_thread=self.loader == "thread",
             background=self.background_fill,
             after=self._train_cache,
-            **self.budgets,
+            **{**self.budgets, "ram_budget_mib": self._ram_left / 2**20},
         )
+        if adopted.plan is not None and adopted.plan.ram_bytes:
+            self._ram_left = max(0, self._ram_left - adopted.plan.ram_bytes)
+            adopted.notes.append(f"{self._ram_left / 2**20:.1f} MiB of the RAM budget left for the next cache")
         if self._train_cache is None:
             self._train_cache = adopted.dataset
         if isinstance(adopted.dataset, BackgroundCacheDataset):
