@@ -1,30 +1,12 @@
 """Recipes trained an epoch at a time in turns, so their per-epoch times meet the same host load.
 
-The recipe whose clock is behind trains the next epoch, so each gets about the same wall-clock
-share while ``fast`` (the lead) trains. Then the lead sets the others' budget and they train on
-alone to the target or that budget: ``epoch_multiple`` times the lead's epochs to target (a
-count of epochs: how far their Dice curves get does not depend on the host's load), and/or
-``budget_multiple`` times its time to target, always at most the wall-clock cap, and never past
-``max_epochs``.
-
-With a ``deadline`` (the race's total bound) the time left once every recipe is set up is shared
-by measurement, not by fixed numbers: the lead may train `lead_share()` of it, a third with
-two recipes (the other trains as long beside it, in turns, so the turns take about two thirds),
-and each other recipe then trains alone, an epoch at a time while its longest epoch so far still
-ends in time, until its epoch or time budget is spent or its share of what is left is up,
-whichever comes first. A slow host thus still ends with Dice curves of both recipes, shorter.
-`monai_fast.apps.demo.headline.headline()` turns the results into the demo's headline.
-
-Each run draws from its own random stream (`OwnRandomStream`),
-so the order of the turns, which follows the host's load, changes none of their shuffles or crops.
+The recipe whose clock is behind trains next while ``fast`` (the lead) trains; then the lead sets
+the others' epoch or time budget and they train on alone. With a ``deadline`` the lead may train
+`lead_share()` of the time left after the set-up. docs/demo.md describes the budgets.
 
 Examples:
     >>> budget_after_lead(12.0, multiple=3.0, cap=300.0)
     36.0
-    >>> budget_after_lead(200.0, multiple=3.0, cap=300.0)
-    300.0
-    >>> epochs_after_lead(8, multiple=5.0)
-    40
     >>> epochs_after_lead(8, multiple=5.0, max_epochs=6)
     6
 """

@@ -239,37 +239,27 @@ def infer(
     """Run sliding-window inference of ``model`` over ``data`` and write one NIfTI prediction per image.
 
     Args:
-        model: an inference checkpoint (`save_checkpoint()`), or a
-            network (then ``config`` is needed). A checkpoint without a config (a MONAI
-            ``CheckpointSaver`` file) needs ``config`` too.
+        model: an inference checkpoint (`save_checkpoint()`), or a network (then ``config`` is needed,
+            as for a checkpoint of weights only).
         data: an MSD folder (its ``split``), an image file, or a list of image files / ``{"image": path}``.
         out_dir: where ``<name>_seg.nii.gz`` files go (created).
         backend: one of `BACKENDS`.
-        config: the network's `RecipeConfig`; default the checkpoint's. Its
-            ``patch_size`` is the window, its ``sw_batch_size`` / ``sw_overlap`` / ``val_device``
-            (tuned or set for training) the sliding window's defaults.
+        config: the network's `RecipeConfig`; default the checkpoint's (window and sliding-window defaults).
         device: where the network runs.
-        split, val_fraction: which of an MSD folder's cases (`data_list()`; the seed is the config's).
-        sw_batch_size, overlap: override the config's sliding-window batch and overlap. ``"auto"``
-            measures the batch and the stitching device on the first image's size
-            (`tuned_window()`).
-        tune_store: where ``"auto"`` keeps its measurement (``"default"``, a path, or ``None``).
-        sw_batch_range: the inclusive range of window batches ``"auto"`` searches.
-        preflight: check every image before any inference (`check_images()`).
+        split, val_fraction: which of an MSD folder's cases (`data_list()`).
+        sw_batch_size, overlap: override the config's; ``"auto"`` measures the batch (`tuned_window()`).
+        tune_store, sw_batch_range: where ``"auto"`` keeps its measurement; the range it searches.
+        preflight: check every image before any inference.
         progress: a progress bar where one fits, else a log line per volume.
         overwrite: replace prediction files that exist already (an input is never replaced).
-        chain: for a network given as ``model``, the chain record it was validated with
-            (`monai_fast.apps.inference.chain`); default the recipes' validation chain for
-            ``config``. A checkpoint brings its own.
+        chain: for a network, the chain record it was validated with; a checkpoint brings its own.
 
     Raises:
         CheckpointError: the checkpoint, named, before any volume is read.
         BackendUnavailable: the backend cannot run here; names what is missing.
         PreflightError: every bad image with its reason.
-        InferenceError: a bad option, two images with the same output name, an output that is an
-            input, or outputs that exist (without ``overwrite``).
-        NoSpaceError: the output folder's file system is full; names the prediction file and the
-            space missing. Predictions written before it are complete; none is half-written.
+        InferenceError: a bad option, clashing output names, an output that is an input or exists.
+        NoSpaceError: the output's file system is full (named); no prediction is half-written.
     """
     t0 = time.perf_counter()
     device = torch.device(device)
