@@ -113,24 +113,16 @@ def run_interleaved(
     """Train ``recipes`` in turns until the lead is done, then the others alone within the budget the lead sets.
 
     Args:
-        recipes: recipe names; the lead is `lead_of()` them.
-        configs: each recipe's options.
+        recipes, configs: recipe names (the lead is `lead_of()` them) and each one's options.
         train_files, val_files: the data.
-        device, target, run_dir, progress: as `monai_fast.apps.training.run.run_to_target()`.
+        device, target, run_dir, progress: as `TargetRun`'s.
         time_budget_s: most seconds on any recipe's clock (``None``: no cap).
-        multiple: the others' wall-clock budget in multiples of the lead's time (``None``: the cap).
-        events: a `monai_fast.apps.demo.RaceEvents`.
-        epoch_multiple: the others' epoch budget in multiples of the lead's epochs (``None``: none).
-        deadline: ``time.monotonic()`` by which every recipe has stopped (``None``: none); the time left
-            after the set-up is shared as the module says.
+        multiple, epoch_multiple: the others' time and epoch budgets in multiples of the lead's.
+        events: a `RaceEvents`.
+        deadline: ``time.monotonic()`` by which every recipe has stopped (``None``: none).
 
     Returns:
-        ``(results in recipes' order, epochs each ran interleaved, how the budgets were set, how busy the host
-        was while they took turns)`` (the last from `HostLoad`).
-
-    Examples:
-        >>> results, paired, budget, host = run_interleaved(["fast", "baseline"], configs, tr, va, "cpu", 0.9,
-        ...                                           300.0, 3.0, None, False, RaceEvents())  # doctest: +SKIP
+        ``(results in recipes' order, epochs each ran interleaved, how the budgets were set, the host's load)``.
     """
     lead = lead_of(recipes)
     runs: dict[str, TargetRun] = {}

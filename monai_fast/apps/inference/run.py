@@ -1,23 +1,12 @@
 """Sliding-window inference of a trained checkpoint over a data list, predictions written as NIfTI.
 
-`infer()` does, in this order, so that bad input fails before any work is lost: load the
-checkpoint (`load_model()`: a bad file is named before
-any volume is read), check the backend can run here, resolve the data list (an MSD folder's
-split, or image files), check every output path (none may be an input; none may exist unless
-``overwrite``), check every image (readable, 3D, finite: the checks of
-`monai_fast.data.preflight`, one error listing every bad file), then build the backend and
-run. Each volume goes through the chain the network was validated with (the checkpoint's record,
-`monai_fast.apps.inference.chain`: orientation, spacing, intensity window, crop to the foreground,
-pad to a patch), MONAI's ``SlidingWindowInferer`` with the backend's predictor, back to the
-input's grid (MONAI's ``Invertd`` undoes the chain) and to ``<out_dir>/<name>_seg.nii.gz`` (the
-input's affine and shape, written whole or not at all; a full disk is one
-`NoSpaceError` naming the file and the space missing). Progress: a bar
-where one fits (`monai_fast.progress`), else one log line per volume.
+`infer()` checks everything that can fail (checkpoint, backend, data list, output paths, images)
+before it builds the backend; each volume then goes through the checkpoint's chain, MONAI's
+``SlidingWindowInferer``, ``Invertd`` back to the input's grid, and an atomic write of
+``<out_dir>/<name>_seg.nii.gz``. docs/inference.md describes it.
 
 Examples:
-    >>> from monai_fast.apps.inference import infer
     >>> result = infer("model.pt", "Task09_Spleen", "predictions", backend="onnx")  # doctest: +SKIP
-    >>> result.volumes_per_s  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """One recipe trained from its options into a run folder: the model, the record, the report and the results.
 
-`TrainJob` holds the options (checked when it is made, `OptionError`
-naming the one at fault); `train_job()` runs it on one rank and returns a `TrainOutcome`. The
-``monai-fast train`` command builds the job from its command line (and a SageMaker job's settings) and prints
-the outcome.
-
-The run owns its output folder from its start to its end (`RunFolderLock`, whatever
-the recipe, and the record's lock in ``<output_dir>/<recipe>``), so a second run into it stops at once, naming
-the folder and the run that holds it. Every output folder is checked before any data is read, the model's
-folder for room for the model too. After training the model is written first, then the other outputs, each
-on its own, so that a full disk costs only the file that did not fit (named, with the space missing); a run
-record that its full file system cut short during training is named the same way, and training goes on.
+`TrainJob` holds the options (checked when made); `train_job()` runs it on one rank and returns a
+`TrainOutcome`. The run owns its output folder from start to end (`RunFolderLock`); every output
+folder is checked before any data is read; after training the model is written first, then each
+other output on its own, so a full disk costs only the file that did not fit (named).
 
 Examples:
-    >>> from monai_fast.apps.training.job import TrainJob, train_job
     >>> job = TrainJob(output_dir="runs/mine", overrides={"max_epochs": 2}, device="cpu", progress=False)
     >>> outcome = train_job(job)  # doctest: +SKIP
-    >>> outcome.model, outcome.result.best_dice  # doctest: +SKIP
-    (PosixPath('runs/mine/model/model.pth'), 0.41)
 """
 
 from __future__ import annotations
