@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from monai_fast.apps.demo.core import RaceEvents, RaceRun, race
-from monai_fast.apps.demo.options import OptionError, RaceSpec, check_writable_dir, plan_race
+from monai_fast.apps.demo.options import OptionError, RaceSpec, plan_race
+from monai_fast.apps.training.options import check_writable_dir
 from monai_fast.apps.training.run import TrainResult
 from monai_fast.files import write_json
 

@@ -26,11 +26,10 @@ from monai_fast.apps.demo.options import (
     RacePlan,
     RaceSpec,
     TuneOptions,
-    check_writable_dir,
     plan_race,
-    recipe_config,
 )
 from monai_fast.apps.training.data import NUM_CLASSES, DataSource, check_files, load_files
+from monai_fast.apps.training.options import check_writable_dir, recipe_config
 from monai_fast.apps.training.results import run_meta
 from monai_fast.apps.training.run import TrainResult, run_to_target
 

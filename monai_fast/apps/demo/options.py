@@ -45,10 +45,7 @@ __all__ = [
     "RaceSpec",
     "SyntheticData",
     "TuneOptions",
-    "check_writable_dir",
     "plan_race",
-    "recipe_config",
-    "resolve_device",
 ]
 
 logger = logging.getLogger(__name__)
