@@ -22,8 +22,8 @@ from monai_fast.apps.demo.headline import (
     headline,
 )
 from monai_fast.apps.demo.interleave import budget_after_lead, epochs_after_lead
-from monai_fast.apps.demo.options import recipe_config
 from monai_fast.apps.training.epochs import EpochRow
+from monai_fast.apps.training.options import recipe_config
 from monai_fast.apps.training.run import TargetRun, TrainResult
 from monai_fast.telemetry.host import describe_host_load
 

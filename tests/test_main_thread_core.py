@@ -107,7 +107,7 @@ from monai_fast.handlers import MainThreadCore
 from monai_fast.handlers.lifecycle import handlers_on
 from monai_fast.apps.demo import RaceSpec, SyntheticData
 from monai_fast.apps.demo.core import load_data
-from monai_fast.apps.demo.options import recipe_config
+from monai_fast.apps.training.options import recipe_config
 from monai_fast.apps.training.run import TargetRun
 _, train, val = load_data(RaceSpec(synthetic=SyntheticData(cases=4, shape=(32, 32, 32)), progress=False))
 config = recipe_config({"max_epochs": 1, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,),

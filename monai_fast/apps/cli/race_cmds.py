@@ -25,9 +25,10 @@ from monai_fast.apps.cli.args import (
     add_race_options,
     scaled_options,
 )
-from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race, resolve_device
+from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race
 from monai_fast.apps.demo.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
 from monai_fast.apps.demo.scale import DemoScale, demo_scale, size_line
+from monai_fast.apps.training.options import resolve_device
 from monai_fast.apps.training.run import TrainResult
 from monai_fast.handlers.stop_signal import stop_signals_caught
 
@@ -195,7 +196,7 @@ def budget_line(spec: RaceSpec) -> str:
         --time-budget, --total-budget); epochs interleaved
     """
     from monai_fast.apps.demo.interleave import lead_of
-    from monai_fast.apps.demo.options import recipe_config
+    from monai_fast.apps.training.options import recipe_config
 
     lead = lead_of(spec.recipes)
     cap = "no cap" if spec.time_budget_s is None else f"at most {spec.time_budget_s:.0f} s"

@@ -1,27 +1,10 @@
 """``monai-fast train``: train one recipe from hyperparameters, the SageMaker training toolkit's way when it is there.
 
-Outside SageMaker it is an ordinary command (``--data-dir``, ``--output-dir``, ``--model-dir``...).
-Inside a SageMaker training container (`monai_fast.apps.launch.sagemaker` reads its variables)
-the defaults come from the job: data from its input channel (the only one, the one ``--channel``
-names, else ``training``; synthetic data never stand in for a missing channel there), the model's ``state_dict`` into
-``SM_MODEL_DIR``, the record, report, results and plots into ``SM_OUTPUT_DATA_DIR``, TensorBoard
-events where SageMaker collects them, the device from ``SM_NUM_GPUS``, and options from the job's
-hyperparameters (``SM_HPS`` or ``hyperparameters.json``; a hyperparameter ``max_epochs`` or
-``max-epochs`` is the option ``--max-epochs``, values as JSON or as strings). Options given on the
-command line win over hyperparameters. On several hosts (``SM_HOSTS``) each host starts this same
-command under torchrun, meeting at the first host.
-
-A stop signal (``SIGTERM``, ``SIGUSR1``) is caught from the command's first line: one received
-while the data are read or cached stops the run at its start, checkpointed with
-``--checkpoint-dir``, and always with a message and `STOPPED_EXIT`. The model folder's free
-space is checked against the network's size before any data is read; after training the model is
-written first, then the other outputs, each on its own, so that a full disk costs only the file
-that did not fit (named, with the space missing) and the command exits 1; a run record that its
-full file system cut short during training is named the same way, and training goes on.
-
-One run per output folder: the command holds the folder's lock (`RunFolderLock`)
-from its start to its end, so a second ``train`` into it, whatever its recipe, stops at once with one
-line naming the folder and the run that holds it.
+Outside SageMaker an ordinary command; inside a SageMaker training container the defaults come
+from the job (channel, model and output folders, device, hyperparameters; the command line wins),
+and on several hosts each starts this command under torchrun. Stop signals are caught from the
+first line; the model is written first, then each other output on its own; one run per output
+folder (`RunFolderLock`). docs/sagemaker-s3.md describes it.
 
 Examples:
     >>> from monai_fast.apps.cli import build_parser

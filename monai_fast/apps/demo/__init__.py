@@ -21,9 +21,7 @@ from monai_fast.apps.demo.options import (
     RaceSpec,
     SyntheticData,
     TuneOptions,
-    check_writable_dir,
     plan_race,
-    resolve_device,
 )
 
 __all__ = [
@@ -38,12 +36,10 @@ __all__ = [
     "TuneOptions",
     "TuneRun",
     "bench",
-    "check_writable_dir",
     "checked_data",
     "load_data",
     "plan_race",
     "race",
-    "resolve_device",
     "run_meta",
     "summarize",
     "tune_only",

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from monai_fast.apps.demo.core import RaceEvents, RaceRun, race
-from monai_fast.apps.demo.options import OptionError, RaceSpec, check_writable_dir, plan_race
+from monai_fast.apps.demo.options import OptionError, RaceSpec, plan_race
+from monai_fast.apps.training.options import check_writable_dir
 from monai_fast.apps.training.run import TrainResult
 from monai_fast.files import write_json
 
@@ -80,27 +81,16 @@ def bench(
     out_dir: str | os.PathLike = "benchmarks/results",
     events: RaceEvents | None = None,
 ) -> BenchRun:
-    """Race ``spec`` ``repeats`` times (training seed ``seed + i``, same data and split); write one JSON.
-
-    Repeat ``i`` goes to ``run_dir/repeat<i>/`` (a `race()` run folder each);
-    the JSON, ``out_dir/time_to_dice_<time>.json``, holds the machine and versions, every epoch
-    of every repeat, and `summarize()`'s medians.
+    """Race ``spec`` ``repeats`` times (training seed ``seed + i``, same data); write one JSON of epochs and medians.
 
     Args:
-        spec: the race's options; ``run_dir`` ``None`` means ``runs/bench-<time>``.
+        spec: the race's options; ``run_dir`` ``None`` means ``runs/bench-<time>`` (a ``repeat<i>/`` each).
         repeats: how many races.
-        out_dir: folder of the JSON.
+        out_dir: folder of the JSON, ``time_to_dice_<time>.json``.
         events: hooks told of each step.
 
     Raises:
         OptionError: a bad option (``repeats``, ``out_dir`` or any of ``spec``), before anything runs.
-
-    Examples:
-        >>> try:
-        ...     bench(RaceSpec(device="cpu"), repeats=0)
-        ... except OptionError as e:
-        ...     print(e)
-        repeats: must be >= 1, got 0
     """
     if repeats < 1:
         raise OptionError("repeats", f"must be >= 1, got {repeats}")

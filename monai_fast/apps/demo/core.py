@@ -26,11 +26,10 @@ from monai_fast.apps.demo.options import (
     RacePlan,
     RaceSpec,
     TuneOptions,
-    check_writable_dir,
     plan_race,
-    recipe_config,
 )
 from monai_fast.apps.training.data import NUM_CLASSES, DataSource, check_files, load_files
+from monai_fast.apps.training.options import check_writable_dir, recipe_config
 from monai_fast.apps.training.results import run_meta
 from monai_fast.apps.training.run import TrainResult, run_to_target
 
@@ -223,15 +222,9 @@ def _finished(result: TrainResult, events: RaceEvents) -> TrainResult:
 def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     """Race ``spec.recipes`` to ``spec.target`` on the same data; diagnose each run; write the results files.
 
-    Every option is checked first (`plan_race()`), the run folder
-    included, so a bad one fails in a second. Then: the data (``spec``'s files, ``data_dir`` or
-    cached synthetic data), ``fast`` tuned when ``spec.tune`` is set, each recipe trained to the
-    target (`run_to_target()`, into ``run_dir/<recipe>/``; with
-    ``spec.interleave`` an epoch at a time in turns, `monai_fast.apps.demo.interleave`), the
-    doctor on each recipe's record (``diagnosis`` filled, ``report.md`` written), and
-    ``results.json``, ``epochs.csv`` and ``dice_vs_time.png`` in ``run_dir``.
-    With ``spec.total_budget_s`` training ends by that bound less `report_reserve_s()` of it, kept
-    for the doctor and the results files.
+    Every option is checked first (`plan_race()`). Then the data, ``fast`` tuned when ``spec.tune``
+    is set, each recipe trained to the target into ``run_dir/<recipe>/``, the doctor on each record,
+    and ``results.json``, ``epochs.csv`` and ``dice_vs_time.png`` in ``run_dir``.
 
     Args:
         spec: the race's options.
@@ -245,9 +238,7 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         monai_fast.tune.TuningError: tuning found nothing that fits.
 
     Examples:
-        >>> spec = RaceSpec(recipes=("fast", "baseline"), target=0.8, time_budget_s=120, device="cpu")
-        >>> run = race(spec)  # doctest: +SKIP
-        >>> [r.reached for r in run.results], run.results_json  # doctest: +SKIP
+        >>> run = race(RaceSpec(recipes=("fast", "baseline"), target=0.8, device="cpu"))  # doctest: +SKIP
     """
     from monai_fast.apps.demo.compare import write_race
 

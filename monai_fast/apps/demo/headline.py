@@ -1,35 +1,9 @@
 """The demo's headline: fast's speed-up over the baseline, each figure marked measured or estimated.
 
-The race interleaves the recipes' epochs (the one whose clock is behind trains next), so their
-seconds per epoch are measured in the same conditions: a change of the host's load hits both.
-``fast``'s epochs to target and time to target are measured. The baseline's time to target is
-measured when it reaches the target within its budget; otherwise it is **estimated** from its
-Dice curve so far: the epoch at which it reached its best Dice, against the epoch at which
-``fast`` reached that Dice in a full validation, scales ``fast``'s epochs to target (a baseline
-that needed 10x the epochs to Dice 0.5 is taken to need 10x the epochs to the target). Where
-``fast``'s full validations are too sparse for that (a validation schedule runs few while far
-from the target, so the first one at that Dice may be its target epoch), the epochs are where a
-straight line through the last half of the baseline's own curve reaches the target
-(`epochs_by_slope()`). Either is times its seconds per epoch measured interleaved with
-``fast``, plus its set-up. The input is load-free when the
-baseline ran an epoch budget (``epoch_multiple``): both runs draw their own random streams, so
-for a seed their Dice curves are the same on a quiet or a loaded host, and only the seconds per
-epoch (measured side by side) follow the load. Only a curve that got somewhere is used: its
-best Dice must be at least `MIN_PROGRESS` of the target (an extrapolation from the flat
-start of a Dice curve is noise). Otherwise there is no estimate, the table says why, and the
-headline is the speed-up for equal work, measured: training seconds per training crop and full
-validation's seconds per validated volume, each its own ratio (the recipes' epochs hold different
-crops and validate at different rates, so seconds per epoch are never compared). Never a bare
-lower bound.
-
-The speed-up is always the wall clock's, on a quiet host and a busy one alike: it is the time
-the user waits, and the epochs it rests on were taken in turns, so a competing job slowed both
-recipes while they were measured (`monai_fast.openmp` keeps OpenMP's threads apart, so such
-a job does not collapse one recipe's threads onto one core). Each recipe's CPU seconds to the
-target (its set-up's and its epochs', from the process's and its loader workers' CPU times, live
-or ended) are figured the same way and printed beside it. They are not the headline: an idle
-OpenMP thread's spin counts as CPU time on a quiet host and yields on a busy one, so they
-follow the load too. How busy the host was is printed under the table.
+A baseline that misses the target within its budget has its time to target estimated from its
+Dice curve (`epochs_by_progress()`, else `epochs_by_slope()`) times its seconds per epoch
+measured interleaved with ``fast``; a curve below `MIN_PROGRESS` gives no estimate, and the
+headline is then the measured speed-up for equal work. docs/demo.md describes the estimate.
 
 Examples:
     >>> epochs_by_progress([(5, 0.2), (20, 0.5)], fast_curve=[(1, 0.3), (2, 0.5), (4, 0.9)], fast_epochs=4, target=0.9)

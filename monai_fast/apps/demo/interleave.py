@@ -1,30 +1,12 @@
 """Recipes trained an epoch at a time in turns, so their per-epoch times meet the same host load.
 
-The recipe whose clock is behind trains the next epoch, so each gets about the same wall-clock
-share while ``fast`` (the lead) trains. Then the lead sets the others' budget and they train on
-alone to the target or that budget: ``epoch_multiple`` times the lead's epochs to target (a
-count of epochs: how far their Dice curves get does not depend on the host's load), and/or
-``budget_multiple`` times its time to target, always at most the wall-clock cap, and never past
-``max_epochs``.
-
-With a ``deadline`` (the race's total bound) the time left once every recipe is set up is shared
-by measurement, not by fixed numbers: the lead may train `lead_share()` of it, a third with
-two recipes (the other trains as long beside it, in turns, so the turns take about two thirds),
-and each other recipe then trains alone, an epoch at a time while its longest epoch so far still
-ends in time, until its epoch or time budget is spent or its share of what is left is up,
-whichever comes first. A slow host thus still ends with Dice curves of both recipes, shorter.
-`monai_fast.apps.demo.headline.headline()` turns the results into the demo's headline.
-
-Each run draws from its own random stream (`OwnRandomStream`),
-so the order of the turns, which follows the host's load, changes none of their shuffles or crops.
+The recipe whose clock is behind trains next while ``fast`` (the lead) trains; then the lead sets
+the others' epoch or time budget and they train on alone. With a ``deadline`` the lead may train
+`lead_share()` of the time left after the set-up. docs/demo.md describes the budgets.
 
 Examples:
     >>> budget_after_lead(12.0, multiple=3.0, cap=300.0)
     36.0
-    >>> budget_after_lead(200.0, multiple=3.0, cap=300.0)
-    300.0
-    >>> epochs_after_lead(8, multiple=5.0)
-    40
     >>> epochs_after_lead(8, multiple=5.0, max_epochs=6)
     6
 """
@@ -131,24 +113,16 @@ def run_interleaved(
     """Train ``recipes`` in turns until the lead is done, then the others alone within the budget the lead sets.
 
     Args:
-        recipes: recipe names; the lead is `lead_of()` them.
-        configs: each recipe's options.
+        recipes, configs: recipe names (the lead is `lead_of()` them) and each one's options.
         train_files, val_files: the data.
-        device, target, run_dir, progress: as `monai_fast.apps.training.run.run_to_target()`.
+        device, target, run_dir, progress: as `TargetRun`'s.
         time_budget_s: most seconds on any recipe's clock (``None``: no cap).
-        multiple: the others' wall-clock budget in multiples of the lead's time (``None``: the cap).
-        events: a `monai_fast.apps.demo.RaceEvents`.
-        epoch_multiple: the others' epoch budget in multiples of the lead's epochs (``None``: none).
-        deadline: ``time.monotonic()`` by which every recipe has stopped (``None``: none); the time left
-            after the set-up is shared as the module says.
+        multiple, epoch_multiple: the others' time and epoch budgets in multiples of the lead's.
+        events: a `RaceEvents`.
+        deadline: ``time.monotonic()`` by which every recipe has stopped (``None``: none).
 
     Returns:
-        ``(results in recipes' order, epochs each ran interleaved, how the budgets were set, how busy the host
-        was while they took turns)`` (the last from `HostLoad`).
-
-    Examples:
-        >>> results, paired, budget, host = run_interleaved(["fast", "baseline"], configs, tr, va, "cpu", 0.9,
-        ...                                           300.0, 3.0, None, False, RaceEvents())  # doctest: +SKIP
+        ``(results in recipes' order, epochs each ran interleaved, how the budgets were set, the host's load)``.
     """
     lead = lead_of(recipes)
     runs: dict[str, TargetRun] = {}

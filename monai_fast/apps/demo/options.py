@@ -45,10 +45,7 @@ __all__ = [
     "RaceSpec",
     "SyntheticData",
     "TuneOptions",
-    "check_writable_dir",
     "plan_race",
-    "recipe_config",
-    "resolve_device",
 ]
 
 logger = logging.getLogger(__name__)
@@ -86,46 +83,27 @@ class TuneOptions:
 
 @dataclass(frozen=True)
 class RaceSpec:
-    """A race's options.
+    """A race's options; docs/demo.md describes the budgets.
 
     Attributes:
-        recipes: recipe names (`monai_fast.apps.recipes.RECIPES`), raced in this order.
-        data_dir: an MSD-layout folder with ``dataset.json``; or give ``train_files`` and
-            ``val_files``; with neither, `synthetic` data is generated.
-        train_files, val_files: ``{"image", "label"}`` dicts.
-        synthetic: the synthetic set used when no data is given.
+        recipes: recipe names (`RECIPES`), raced in this order.
+        data_dir, train_files, val_files: an MSD-layout folder, or ``{"image", "label"}`` dicts;
+            with neither, ``synthetic`` data is generated.
         val_fraction: share of ``data_dir``'s cases held out for validation.
-        seed: seed of the synthetic data and the split, and of weights and crops unless ``train_seed``.
-        train_seed: seed of weights and crops (repeats of a benchmark differ only in this).
+        seed, train_seed: seed of the data and split (and weights and crops unless ``train_seed``).
         target: validation mean Dice (background excluded) to reach, in (0, 1].
-        time_budget_s: seconds each recipe may run (with ``budget_multiple``, the cap); ``None``: no
-            limit but ``max_epochs`` (and ``total_budget_s``).
-        total_budget_s: seconds the whole race may take from the call of `race()`
-            on (data, set-up, training, reports); needs ``interleave``. The lead trains at most a share
-            of what is left after the set-up (a third with two recipes; the others train as long beside
-            it, in turns), then each other recipe trains on within its epoch or time budget or until
-            that time is up, whichever comes first (`monai_fast.apps.demo.interleave`); ``None``: no
-            such bound.
-        budget_multiple: the recipes other than ``fast`` get this many times ``fast``'s time to
-            target (its time run when it missed), at most ``time_budget_s``; ``None``: each gets
-            ``time_budget_s``.
-        epoch_multiple: the recipes other than ``fast`` train at most this many times ``fast``'s
-            epochs to target (its epochs run when it missed), still within their wall-clock budget;
-            a count of epochs, so how far their Dice curves get does not depend on the host's load;
-            ``None``: no epoch budget.
-        interleave: train the recipes an epoch at a time, the one whose clock is behind next, so
-            their seconds per epoch are measured in the same conditions; ``results.json`` then holds
-            the ``headline`` (`monai_fast.apps.demo.headline.headline()`).
+        time_budget_s: seconds each recipe may run; ``None``: no limit but ``max_epochs``.
+        total_budget_s: seconds the whole race may take (needs ``interleave``); ``None``: no bound.
+        budget_multiple, epoch_multiple: the other recipes get this many times ``fast``'s time, or
+            epochs, to target (what it ran when it missed); ``None``: no such limit.
+        interleave: train the recipes an epoch at a time, the one whose clock is behind next.
         device: ``"auto"`` (CUDA if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
-        overrides: `RecipeConfig` fields set for every recipe
-            (``max_epochs``, ``patch_size``, ``amp``...); the seed comes from ``seed``/``train_seed``.
-        tune: tune ``fast`` first (when it races) with these options; ``None``: no tuning.
+        overrides: `RecipeConfig` fields set for every recipe.
+        tune: tune ``fast`` first with these options; ``None``: no tuning.
         run_dir: the run folder; ``None``: ``runs/race-<time>``.
         progress: progress bars.
-        preflight: check every file of the data before training (`monai_fast.data.preflight.preflight()`:
-            unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; cached
-            per file); ``False`` skips it for a huge data set.
-        record_options: what ``results.json`` records under ``options`` (e.g. the command's options).
+        preflight: check every file of the data before training (`preflight()`).
+        record_options: what ``results.json`` records under ``options``.
     """
 
     recipes: Sequence[str] = ("fast", "baseline")

@@ -8,7 +8,8 @@ Examples:
 
 from __future__ import annotations
 
-from monai_fast.apps.demo.options import RaceSpec, recipe_config
+from monai_fast.apps.demo.options import RaceSpec
+from monai_fast.apps.training.options import recipe_config
 from monai_fast.apps.training.scale import DemoScale, demo_scale
 
 __all__ = ["DemoScale", "demo_scale", "size_line"]

@@ -1,23 +1,10 @@
 """Inference backends: what runs the network on each sliding window.
 
-Each backend turns a network into a `Predictor`, a callable MONAI's sliding window calls
-on a batch of windows (``(B, C, *roi_size)`` -> logits), built and warmed up once, so the time
-it takes to build (compilation, export) is `Predictor.prepare_s` and not in the latency:
-
-* ``eager``: the network in fp32, as trained.
-* ``autocast``: ``torch.autocast`` in fp16 on CUDA, bf16 on a CPU with bf16 matrix hardware
-  (`cpu_has_bf16_hardware()`); logits come back in fp32.
-* ``compile``: ``torch.compile`` (inductor), one static window batch.
-* ``onnx``: the network exported with ``torch.onnx.export`` for one window batch of the ROI size
-  and run by ONNX Runtime (its CUDA execution provider when present and the device is CUDA,
-  else the CPU one); MONAI still drives the sliding window and the stitching. onnx, onnxruntime
-  and onnxscript are the ``onnx`` extra (``pip install "monai-fast[onnx]"``).
-* ``tensorrt``: ``torch_tensorrt.compile`` (fp16 kernels) when torch-tensorrt and a CUDA GPU are
-  present.
-
-A backend this machine cannot run is one `BackendUnavailable` naming the backend and what
-is missing (`missing()`), raised before any volume is read; there is no silent fallback.
-Static-shape backends get a fixed window batch: a short last batch is padded and cut back.
+Each backend (``eager``, ``autocast``, ``compile``, ``onnx``, ``tensorrt``; docs/inference.md)
+turns a network into a `Predictor` that MONAI's sliding window calls on a batch of windows, built
+and warmed up once (`Predictor.prepare_s`). A backend this machine cannot run is one
+`BackendUnavailable` naming what is missing, before any volume is read; static-shape backends pad
+a short last batch and cut it back.
 
 Examples:
     >>> import torch

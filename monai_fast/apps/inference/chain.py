@@ -1,30 +1,15 @@
 """The validation chain a network was validated with, as a record a checkpoint carries and inference rebuilds.
 
-A prediction is only as good as its preprocessing: a network validated on volumes cropped to the
-body (``CropForegroundd``) and padded to a patch sees other windows, and gives other labels, on
-uncropped ones. So an inference checkpoint records the deterministic chain of its validation, and
-`build_chain()` rebuilds exactly that chain for inference, where the label is absent.
-
-The record is plain data, readable by ``torch.load(..., weights_only=True)`` and by eye: one
-entry per transform, MONAI's dictionary transform class under ``"_target_"`` (the key MONAI
-bundles use) and its arguments beside it::
-
-    [{"_target_": "LoadImaged", "keys": ["image", "label"]},
-     {"_target_": "Spacingd", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]},
-     ...]
-
-Only the transforms of `ALLOWED` (MONAI's deterministic preprocessing) may be named: a record
-is data, never code, so a checkpoint from elsewhere cannot make inference import or run anything
-else. `recipe_chain()` is the recipes' validation chain for a config
-(`monai_fast.apps.recipes.transforms.deterministic_transforms()`: load, RAS, spacing, CT window, crop
-to the foreground, pad to a patch).
+The record is plain data, one entry per transform (MONAI's dictionary transform class under
+``"_target_"``, as in bundles, and its arguments), limited to `ALLOWED` (MONAI's deterministic
+preprocessing): a record is never code. `recipe_chain()` is the recipes' validation chain for a
+config, `build_chain()` rebuilds a record for inference. docs/inference.md shows a record.
 
 Examples:
     >>> from monai_fast.apps.recipes import RecipeConfig
     >>> record = recipe_chain(RecipeConfig())
     >>> [t["_target_"] for t in record][-2:]
     ['CropForegroundd', 'SpatialPadd']
-    >>> chain = build_chain(record)  # for an {"image": path} item: the label's entries are skipped
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """The inference checkpoint: a recipe network's weights, the `RecipeConfig` that rebuilds it, and its chain.
 
-The format is one ``torch.save`` dict, readable with ``torch.load(..., weights_only=True)``::
-
-    {"format": "monai-fast/model", "version": 2, "config": RecipeConfig.to_dict(), "out_channels": 2,
-     "chain": [{"_target_": "LoadImaged", "keys": ["image", "label"]}, ...], "model": state_dict}
-
-``"chain"`` is the deterministic transform chain the network was validated with
-(`monai_fast.apps.inference.chain`), so that inference preprocesses each volume exactly as the
-validation that measured the network did, crop to the foreground included.
-
-`load_model()` also takes a `CheckpointFolder` /
-``Preemption`` checkpoint, or a MONAI ``CheckpointSaver`` file (its ``"model"``, ``"network"`` or
-``"net"`` entry, or a bare ``state_dict``), when the caller passes the config the run was built
-from (``monai-fast infer --recipe-config``); the chain is then the recipes' validation chain for
-that config. Whatever is wrong with the file (missing, damaged, no weights, weights of another
-network, a chain record that cannot be rebuilt) is one `CheckpointError` naming the file,
-raised before any volume is read.
+One ``torch.save`` dict, readable with ``torch.load(..., weights_only=True)`` (docs/inference.md
+shows it). `load_model()` also takes a checkpoint of weights only, given the config; whatever is
+wrong with the file is one `CheckpointError` naming it, before any volume is read.
 
 Examples:
     >>> import tempfile, torch
@@ -26,8 +13,6 @@ Examples:
     >>> net, loaded = load_checkpoint(path)
     >>> loaded.channels
     (4, 8)
-    >>> [t["_target_"] for t in load_model(path).chain][-1]
-    'SpatialPadd'
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Sliding-window inference of a trained checkpoint over a data list, predictions written as NIfTI.
 
-`infer()` does, in this order, so that bad input fails before any work is lost: load the
-checkpoint (`load_model()`: a bad file is named before
-any volume is read), check the backend can run here, resolve the data list (an MSD folder's
-split, or image files), check every output path (none may be an input; none may exist unless
-``overwrite``), check every image (readable, 3D, finite: the checks of
-`monai_fast.data.preflight`, one error listing every bad file), then build the backend and
-run. Each volume goes through the chain the network was validated with (the checkpoint's record,
-`monai_fast.apps.inference.chain`: orientation, spacing, intensity window, crop to the foreground,
-pad to a patch), MONAI's ``SlidingWindowInferer`` with the backend's predictor, back to the
-input's grid (MONAI's ``Invertd`` undoes the chain) and to ``<out_dir>/<name>_seg.nii.gz`` (the
-input's affine and shape, written whole or not at all; a full disk is one
-`NoSpaceError` naming the file and the space missing). Progress: a bar
-where one fits (`monai_fast.progress`), else one log line per volume.
+`infer()` checks everything that can fail (checkpoint, backend, data list, output paths, images)
+before it builds the backend; each volume then goes through the checkpoint's chain, MONAI's
+``SlidingWindowInferer``, ``Invertd`` back to the input's grid, and an atomic write of
+``<out_dir>/<name>_seg.nii.gz``. docs/inference.md describes it.
 
 Examples:
-    >>> from monai_fast.apps.inference import infer
     >>> result = infer("model.pt", "Task09_Spleen", "predictions", backend="onnx")  # doctest: +SKIP
-    >>> result.volumes_per_s  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -239,37 +228,27 @@ def infer(
     """Run sliding-window inference of ``model`` over ``data`` and write one NIfTI prediction per image.
 
     Args:
-        model: an inference checkpoint (`save_checkpoint()`), or a
-            network (then ``config`` is needed). A checkpoint without a config (a MONAI
-            ``CheckpointSaver`` file) needs ``config`` too.
+        model: an inference checkpoint (`save_checkpoint()`), or a network (then ``config`` is needed,
+            as for a checkpoint of weights only).
         data: an MSD folder (its ``split``), an image file, or a list of image files / ``{"image": path}``.
         out_dir: where ``<name>_seg.nii.gz`` files go (created).
         backend: one of `BACKENDS`.
-        config: the network's `RecipeConfig`; default the checkpoint's. Its
-            ``patch_size`` is the window, its ``sw_batch_size`` / ``sw_overlap`` / ``val_device``
-            (tuned or set for training) the sliding window's defaults.
+        config: the network's `RecipeConfig`; default the checkpoint's (window and sliding-window defaults).
         device: where the network runs.
-        split, val_fraction: which of an MSD folder's cases (`data_list()`; the seed is the config's).
-        sw_batch_size, overlap: override the config's sliding-window batch and overlap. ``"auto"``
-            measures the batch and the stitching device on the first image's size
-            (`tuned_window()`).
-        tune_store: where ``"auto"`` keeps its measurement (``"default"``, a path, or ``None``).
-        sw_batch_range: the inclusive range of window batches ``"auto"`` searches.
-        preflight: check every image before any inference (`check_images()`).
+        split, val_fraction: which of an MSD folder's cases (`data_list()`).
+        sw_batch_size, overlap: override the config's; ``"auto"`` measures the batch (`tuned_window()`).
+        tune_store, sw_batch_range: where ``"auto"`` keeps its measurement; the range it searches.
+        preflight: check every image before any inference.
         progress: a progress bar where one fits, else a log line per volume.
         overwrite: replace prediction files that exist already (an input is never replaced).
-        chain: for a network given as ``model``, the chain record it was validated with
-            (`monai_fast.apps.inference.chain`); default the recipes' validation chain for
-            ``config``. A checkpoint brings its own.
+        chain: for a network, the chain record it was validated with; a checkpoint brings its own.
 
     Raises:
         CheckpointError: the checkpoint, named, before any volume is read.
         BackendUnavailable: the backend cannot run here; names what is missing.
         PreflightError: every bad image with its reason.
-        InferenceError: a bad option, two images with the same output name, an output that is an
-            input, or outputs that exist (without ``overwrite``).
-        NoSpaceError: the output folder's file system is full; names the prediction file and the
-            space missing. Predictions written before it are complete; none is half-written.
+        InferenceError: a bad option, clashing output names, an output that is an input or exists.
+        NoSpaceError: the output's file system is full (named); no prediction is half-written.
     """
     t0 = time.perf_counter()
     device = torch.device(device)

@@ -1,22 +1,10 @@
-"""Write a Kubernetes ``PyTorchJob`` (Kubeflow training operator) that runs a monai-fast training script
-on several nodes with ``monai-fast launch``, preemption-safe: the Kubernetes twin of `.sbatch`.
+"""Write a Kubernetes ``PyTorchJob`` (Kubeflow training operator) that runs a training script on
+several nodes with ``monai-fast launch``, preemption-safe: the Kubernetes twin of `.sbatch`.
 
-The operator starts one pod per node (a ``Master`` and ``nodes - 1`` ``Worker`` replicas) and sets
-``MASTER_ADDR`` (the master pod's service), ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK`` (the pod's
-index: 0 for the master) in each. Every pod runs::
-
-    monai-fast launch --nnodes N --nproc G --node-rank "$RANK" --master-addr "$MASTER_ADDR" \\
-        --master-port "$MASTER_PORT" --grace-s S SCRIPT ARGS...
-
-(``exec``'d, so ``monai-fast launch`` is the container's main process and hears Kubernetes'
-``SIGTERM``), which starts G ranks on the pod (one per GPU) through torchrun's static rendezvous
-at the master. On an eviction or a node drain Kubernetes sends ``SIGTERM``: ``monai-fast launch``
-passes it to every rank, and a script with `Preemption` checkpoints
-within ``--grace-s`` (the pod's ``terminationGracePeriodSeconds`` is longer). A failed or evicted
-pod is restarted (``restartPolicy: OnFailure``, at most ``backoffLimit`` times); the ranks of the
-other pods fail at their next collective and restart too, and the whole job meets again and
-resumes from the latest checkpoint, which must therefore lie on a volume shared by the pods
-(``volume_claim``).
+One pod per node (a ``Master``, ``nodes - 1`` ``Worker`` replicas), each running ``monai-fast
+launch`` (``exec``'d, so it hears ``SIGTERM``) at the master's static rendezvous; a failed or
+evicted pod restarts and the job resumes from checkpoints on the shared ``volume_claim``.
+docs/distributed.md describes the manifest.
 
 Examples:
     >>> from monai_fast.apps.launch.k8s import PyTorchJobSpec, render_pytorchjob

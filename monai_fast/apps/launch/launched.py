@@ -1,26 +1,10 @@
 """The entry of every rank that ``monai-fast launch`` starts: the user's script, kept from spawning again.
 
-torchrun starts ``python -m monai_fast.apps.launch.launched SCRIPT ARGS...`` on each rank. That runs
-SCRIPT as ``__main__`` just as ``python SCRIPT ARGS...`` would (same ``sys.argv``, ``sys.path[0]`` is
-the script's folder); ``-m MODULE ARGS...`` runs a module as ``python -m MODULE ARGS...`` would
-(``monai-fast launch -m monai_fast bundle run BUNDLE_DIR``). Either way with one difference:
-``ignite.distributed.spawn`` refuses to run. A script written for plain python,
-``idist.Parallel(backend="gloo", nproc_per_node=2)``, would otherwise have each launched rank start two
-more processes: separate jobs that race for torchrun's rendezvous port and end in a gloo connection
-error, or train apart without a word. Instead every rank stops at once with one line saying to drop
-``nproc_per_node`` (exit status 2).
-
-``idist.Parallel.run`` calls ``spawn`` through the public ``ignite.distributed.utils`` module, which
-``ignite.distributed`` re-exports; replacing that public function in both (here, and only in launched
-ranks) catches ``Parallel`` and direct ``idist.spawn`` calls alike. No private ignite attribute is
-touched. Scripts that call `monai_fast.apps.launch.run()` with ``nproc_per_node``
-get the same message from ``run`` itself, under any launcher.
-
-Examples:
-    >>> import subprocess, sys  # doctest: +SKIP
-    >>> subprocess.call(
-    ...     [sys.executable, "-m", "monai_fast.apps.launch.launched", "train.py", "--tiny"]
-    ... )  # doctest: +SKIP
+torchrun starts ``python -m monai_fast.apps.launch.launched SCRIPT ARGS...`` (or ``-m MODULE
+ARGS...``) on each rank, which runs it as ``python SCRIPT ARGS...`` would, except that
+``ignite.distributed.spawn`` (public in ``ignite.distributed`` and ``ignite.distributed.utils``) is
+replaced by one that stops the rank with one line saying to drop ``nproc_per_node`` (exit status 2):
+a launched rank that spawned more processes would race for the rendezvous port or train apart.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """The SageMaker training toolkit's environment, read in one place; and the torchrun command of a multi-host job.
 
-The names and meanings follow the toolkit's documentation of its variables
-(https://github.com/aws/sagemaker-training-toolkit/blob/master/ENVIRONMENT_VARIABLES.md):
-``SM_CHANNEL_<NAME>`` (each input channel's folder, ``SM_CHANNEL_TRAINING`` for the channel
-``training``; ``SM_CHANNELS`` lists the names), ``SM_MODEL_DIR`` (uploaded as the
-model), ``SM_OUTPUT_DATA_DIR`` (other artefacts; ``SM_OUTPUT_DIR`` is its parent, ``/opt/ml/output``),
-``SM_HPS`` (the hyperparameters, a JSON object), ``SM_INPUT_CONFIG_DIR`` (holding
-``hyperparameters.json``, default ``/opt/ml/input/config``), ``SM_NUM_GPUS``, ``SM_HOSTS`` (a JSON
-list) and ``SM_CURRENT_HOST``. Two behaviours copy the toolkit's code rather than its prose:
-hyperparameter values are JSON-decoded where they can be and kept as strings where not
-(``environment.read_hyperparameters``: SageMaker stores them as strings), and a job on several
-hosts meets at the first host on port 7777 (``torch_distributed.TorchDistributedRunner``:
-``torchrun --nnodes N --nproc_per_node G --master_addr hosts[0] --master_port 7777 --node_rank I``).
-TensorBoard goes where SageMaker's ``TensorBoardOutputConfig`` collects it by default,
-``/opt/ml/output/tensorboard`` (``SM_OUTPUT_DIR/tensorboard``), else ``SM_OUTPUT_DATA_DIR/tensorboard``.
+Names and meanings follow the toolkit's ENVIRONMENT_VARIABLES.md; two behaviours follow its code:
+hyperparameters are JSON-decoded where they can be (else kept as strings), and a job on several
+hosts meets at the first host on port 7777. docs/sagemaker-s3.md describes the variables read.
 
 Examples:
     >>> env = read_sagemaker_env({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2",
     ...                           "SM_NUM_GPUS": "4", "SM_HPS": '{"epochs": "3"}'})
     >>> env.present, env.node_rank, env.hyperparameters
     (True, 1, {'epochs': 3})
-    >>> read_sagemaker_env({"SM_CHANNEL_TRAIN": "/data"}).channel_dir()
-    PosixPath('/data')
-    >>> torchrun_command(env, ["-m", "monai_fast.apps.cli", "train"])[3:13]
-    ['--nnodes', '2', '--nproc_per_node', '4', '--master_addr', 'algo-1', '--master_port', '7777', '--node_rank', '1']
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """Run a local launcher (torchrun) as a child, pass stop signals to its ranks, leave no process behind.
 
-``monai-fast launch`` is often the process that a scheduler signals: ``docker stop`` and Kubernetes
-send ``SIGTERM`` to PID 1, ``kill PID`` to one process, a terminal's Ctrl-C (``SIGINT``) and SLURM's
-``--signal`` to a process group. torchrun starts every rank in a session of its own, so only the
-launcher hears such a signal. `supervise()` therefore starts the launcher in its own session too
-(a signal to the caller's group reaches the launcher once, through here), and on ``SIGTERM``,
-``SIGINT`` or ``SIGUSR1``:
-
-1. sends the same signal to every rank (the launcher's children, also those that start later), so a
-   rank with `Preemption` (or its own handler) writes its checkpoint;
-2. waits for the ranks to end and for torchrun to see them end, at most ``grace_s`` seconds;
-3. then kills what is left: each rank's process group (its data-loader workers too), then torchrun.
-
-It returns only when the launcher has ended, with its status in the shell's convention (a death by
-signal N is ``128 + N``). Should the launcher die first (killed by the OOM killer), its orphaned ranks
-are stopped the same way.
-
-A launcher that has started no rank yet is still waiting for its rendezvous (the other nodes, or a
-store at an endpoint that may never answer: torch's store client then blocks without a time-out).
-Such a launcher has nothing to checkpoint: a stop signal ends it within a few seconds, and with
-``start_timeout_s`` it is stopped when no rank has started in that time, and `NoRankStarted`
-is raised, so the caller can name the endpoint instead of waiting without end.
+`supervise()` starts the launcher in a session of its own; on ``SIGTERM``, ``SIGINT`` or
+``SIGUSR1`` it passes the signal to every rank, waits at most ``grace_s`` for them to checkpoint
+and end, then kills what is left (each rank's process group, then torchrun), and returns the
+launcher's status in the shell's convention (``128 + N`` for a death by signal N). A launcher that
+starts no rank within ``start_timeout_s`` raises `NoRankStarted`. docs/distributed.md has more.
 
 Examples:
     >>> import sys

@@ -48,68 +48,34 @@ SEGRESNET_GROUPS = 8
 
 @dataclass
 class RecipeConfig:
-    """What a recipe is built from, apart from the file lists and the device.
+    """What a recipe is built from, apart from the file lists and the device; a bad value is refused here.
 
-    Defaults suit the spleen-like demo on a small CPU; MONAI's tutorial uses a bigger UNet
-    (``channels=(16, 32, 64, 128, 256)``, ``strides=(2, 2, 2, 2)``, ``num_res_units=2``) and
-    96^3 patches on a GPU.
+    ``None`` fields take the recipe's own value (its `RecipeSpec.defaults`). docs/recipes.md describes
+    the recipes, the networks, the validation schedule and the cache places.
 
     Args:
-        patch_size: training crop and sliding-window ROI size, in voxels after resampling.
-        batch_size: volumes per training batch; each gives ``num_samples`` crops. ``None``: the
-            recipe's own (its `RecipeSpec.defaults`).
-        num_samples: crops per volume (``RandCropByPosNegLabeld``). ``None``: the recipe's own.
-        network: ``"unet"`` (MONAI's ``UNet`` with batch norm) or ``"segresnet"`` (MONAI's
-            ``SegResNet``: ``init_filters=channels[0]``, one level per entry of ``channels``, which
-            must then double per level from a multiple of 8, with all ``strides`` 2).
-        channels: feature channels per level.
-        strides: down-sampling strides (one fewer than ``channels``).
-        num_res_units: residual units per UNet block (unused by SegResNet).
-        dropout: dropout probability (UNet's ``dropout``, SegResNet's ``dropout_prob``).
-        pixdim: target voxel spacing in mm for ``Spacingd``.
-        intensity_window: CT window ``(a_min, a_max)`` in HU for ``ScaleIntensityRanged``.
-        optimizer: ``"adam"``, ``"adamw"`` or ``"novograd"``; ``None``: the recipe's own.
-        lr: learning rate; ``None``: the optimizer's default here (`DEFAULT_LR`: Adam's
-            from MONAI's spleen tutorial, Novograd's from its fast-training guide, AdamW's as
-            measured for ``fast``).
-        sw_batch_size: windows per forward pass in sliding-window validation.
-        sw_overlap: sliding-window overlap.
-        val_device: where the sliding-window output is stitched (MONAI's ``SlidingWindowInferer``
-            ``device``), e.g. ``"cpu"`` to keep large validation volumes off the GPU; ``None``:
-            the training device. The auto-tuner sets it.
+        patch_size: training crop and sliding-window ROI, in voxels after resampling.
+        batch_size, num_samples: volumes per training batch, crops per volume.
+        network: ``"unet"`` or ``"segresnet"`` (then ``channels`` double per level from a multiple of 8).
+        channels, strides, num_res_units, dropout: the network's levels, down-sampling, residual units, dropout.
+        pixdim, intensity_window: ``Spacingd``'s spacing in mm, ``ScaleIntensityRanged``'s CT window in HU.
+        optimizer, lr: ``"adam"``, ``"adamw"`` or ``"novograd"``; learning rate (default `DEFAULT_LR`).
+        sw_batch_size, sw_overlap, val_device: the sliding-window validation's batch, overlap and stitching device.
         val_interval: validate every this many epochs (``validation="every_epoch"``).
-        validation: when the full validation runs: ``"every_epoch"`` (every ``val_interval``
-            epochs, MONAI's ``ValidationHandler``) or ``"schedule"`` (a
-            `ValidationSchedule`: the Dice on the first ``val_subset``
-            validation cases after every epoch decides; the full validation every ``val_every``
-            epochs while that estimate is more than ``val_margin`` below ``val_target``, every epoch
-            from then on; only a full validation declares the target); ``None``: the recipe's
-            default (``fast``: ``"schedule"``, the others ``"every_epoch"``).
-        val_target, val_every, val_margin, val_subset: the schedule's settings (the race sets
-            ``val_target`` to its target).
+        validation: ``"every_epoch"`` or ``"schedule"`` (a `ValidationSchedule`; ``fast``'s default).
+        val_target, val_every, val_margin, val_subset: the schedule's settings.
         max_epochs: epoch limit of the trainer.
-        num_workers: ``DataLoader`` workers of the baseline; ``None``: min(4, CPUs).
-        cache_threads: threads filling caches; ``None``: number of CPUs.
-        precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"fp32"``
-            (`REQUESTS`). ``"auto"``: the recipe's default
-            (``fast``: bf16 or fp16 where the device runs it, also bf16 on CPUs where it is faster;
-            ``monai_tutorial``: MONAI's fp16 ``amp`` on CUDA; ``baseline``: fp32). ``"fp16"`` turns
-            MONAI's ``amp`` on in ``baseline`` and ``monai_tutorial`` (CUDA only); ``"fp32"``: no
-            mixed precision in any recipe.
-        compile: compile the network with ``torch.compile`` (MONAI's ``compile=True``); the
-            first iterations then take longer while kernels are built.
-        cache: where ``fast`` caches the deterministic part of the training chain: ``"auto"``
-            (measured by `plan_cache()`: GPU memory on CUDA, else RAM,
-            else disk with ``cache_dir``, else a rotating SmartCache, within the budgets),
-            or one of the places in `CACHE_PLACES` (``"gpu"``,
-            ``"ram"``, ``"disk"``, ``"smartcache"``, ``"none"``). ``monai_tutorial`` always caches
-            like MONAI's guide.
-        cache_dir: folder for a disk cache (``"auto"`` considers disk only when it is set).
-        cache_budget_mib: memory the training cache may take (GPU memory on CUDA, RAM on a
-            CPU); ``None``: half of what is free when the recipe is built.
-        background_fill: ``fast`` fills its GPU/RAM caches while training runs instead of
-            before (``FastTraining(background_fill=True)``).
+        num_workers, cache_threads: the baseline's ``DataLoader`` workers; threads filling caches.
+        precision: one of `REQUESTS`; ``"auto"``: the recipe's default.
+        compile: compile the network with ``torch.compile``.
+        cache, cache_dir, cache_budget_mib: where ``fast`` caches (``"auto"`` or one of `CACHE_PLACES`),
+            the disk cache's folder, the cache's memory budget (default half of what is free).
+        background_fill: ``fast`` fills its caches while training runs.
         seed: seed for weights, crops and augmentation.
+
+    Examples:
+        >>> RecipeConfig(channels=(16, 32, 64, 128), strides=(2, 2, 2)).channels
+        (16, 32, 64, 128)
     """
 
     patch_size: tuple[int, int, int] = (64, 64, 64)

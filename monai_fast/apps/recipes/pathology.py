@@ -1,36 +1,11 @@
 """Tumour / normal patch classification on whole-slide images: the plain pipeline and the fast one.
 
-After MONAI's pathology tumour-detection example (Camelyon16 patches, MONAI's WSI reader and
-``PatchWSIDataset``, a 2D CNN, ``BCEWithLogitsLoss``, ROC AUC), built two ways on the same patches:
-
-* ``plain``: MONAI as installed on a CPU machine: ``PatchWSIDataset`` with MONAI's ``tifffile``
-  reader (a whole-level decode per patch), per-patch augmentation in the loader's worker
-  processes (MONAI's ``RandScaleIntensityd``, ``RandFlipd``, ``RandRotate90d``), a torch
-  ``DataLoader``, SGD with momentum (the example's baseline), fp32.
-* ``fast``: the guide's levers: the WSI backend chosen by what is installed (cuCIM on a GPU,
-  else OpenSlide, else monai-fast's tile-aware tifffile reader:
-  `monai_fast.apps.sources.wsi_reader`), ``uint8`` patches through a ``SafeThreadDataLoader``,
-  augmentation of whole batches on the training device (cuCIM's GPU kernels through MONAI's
-  ``RandCuCIM`` where cuCIM and CUDA are present, torch operations otherwise:
-  `monai_fast.apps.recipes.pathology_augment`), ``AMPToggle("auto")``, Novograd.
-
-Both carry the same measuring handlers (``TimeBreakdown``, ``ThroughputMonitor``,
-``TimeToTarget`` on the validation AUC, and with a run folder ``RecordHandler``), so their
-patches/s and time to a target AUC compare within one run.
-
-Neither ends an epoch short. Before anything is built, `preflight_wsi()`
-checks every slide (readable to its end, at least the patch's size) and every patch location
-(wholly inside its slide), and names each one at fault. During training, a patch that fails is
-raised in the training thread with its slide and location (``SafeThreadDataLoader``), and an
-`EpochLengthGuard` on the trainer and on the
-evaluator raises when a loader's pass or an epoch ends before its length, ahead of the validation
-and the metrics of that epoch: a run that trained or validated on fewer patches than its lists
-never reports an AUC.
-
-The network is MONAI's 2D ``DenseNet`` (at full size on a GPU: DenseNet-121's layout). MONAI's
-example uses ``TorchVisionFCModel`` (a torchvision ResNet-18), but torchvision has no wheel for
-some CPU-only torch builds, so a MONAI-native network stands in; its width is set per
-size (`SIZES`).
+After MONAI's pathology tumour-detection example (``PatchWSIDataset``, a 2D ``DenseNet``,
+``BCEWithLogitsLoss``, ROC AUC), built two ways on the same patches: ``plain`` (MONAI as installed
+on a CPU machine) and ``fast`` (the WSI backend chosen by what is installed, ``uint8`` patches
+through a ``SafeThreadDataLoader``, batch augmentation on the device, ``AMPToggle``, Novograd).
+Both carry the same measuring handlers, and neither ends an epoch short (`preflight_wsi()` first,
+an `EpochLengthGuard` on each engine). docs/pathology.md describes both pipelines.
 
 Examples:
     >>> from monai_fast.apps.sources.wsi import load_wsi_datalist, synthetic_wsi_dataset
@@ -349,27 +324,20 @@ def run_pathology(
     train: Sequence[dict],
     val: Sequence[dict],
     config: PathologyConfig | None = None,
-    device: torch.device | str = "cpu",
-    target: float = 0.95,
-    time_budget_s: float | None = None,
-    run_dir: str | os.PathLike | None = None,
+    *args: Any,
+    **kwargs: Any,
 ) -> dict[str, Any]:
     """Build and train ``variant`` to ``target`` AUC (or ``config.max_epochs`` / the budget); `summarize()` it.
 
-    The clock starts before the data sets are built. Arguments as `build_pathology()`.
-
-    A stop signal (``SIGTERM``, ``SIGUSR1``) while the slides are checked and the data sets and
-    engines built is caught, and so is one since the program's own
-    `catch_stop_signals()`: training starts only after
-    `end_of_setup()`, which stops the program with a message
-    and exit status 143 when such a signal arrived.
+    Arguments as `build_pathology()` (but ``start_time``: the clock starts here, before the data sets
+    are built). A stop signal during the set-up stops the program before training, with exit status 143.
 
     Raises:
         SystemExit: 143, when a stop signal arrived during the set-up.
     """
     t0 = time.perf_counter()
     with stop_signals_caught():  # a signal while the slides are checked, the data sets and engines built: kept
-        run = build_pathology(variant, train, val, config, device, target, time_budget_s, run_dir, start_time=t0)
+        run = build_pathology(variant, train, val, config, *args, **kwargs, start_time=t0)
         end_of_setup()  # a program's own catcher too: a signal since its start stops it here, saying so
     try:
         run.trainer.run()

@@ -1,23 +1,15 @@
 """Patch augmentation on whole batches on the training device: cuCIM GPU kernels, or the same in torch.
 
-MONAI's pathology tumour-detection example augments on the GPU with cuCIM through MONAI's
-``CuCIM`` / ``RandCuCIM`` adapters: colour jitter, a horizontal flip and a 90-degree rotation on
-the ``uint8`` batch, then ``[0, 255] -> [-1, 1]``. `batch_augment()` returns that chain when
-cuCIM (and CuPy) are installed and the device is a CUDA GPU. Otherwise it returns
-`TorchBatchAugment`, the same augmentations written as torch operations that run on the
-batch's own device (the CPU here, a GPU without cuCIM), and logs once why cuCIM is not used.
-
-The two differ in one respect: MONAI's ``RandCuCIM`` draws one random decision per call, so a
-whole batch is flipped (or not) together; `TorchBatchAugment` draws per patch.
+`batch_augment()` returns MONAI's example chain (``RandCuCIM`` colour jitter, flip, 90-degree
+rotation, then ``[0, 255] -> [-1, 1]``) where cuCIM, CuPy and CUDA are present, else
+`TorchBatchAugment`, the same in torch on the batch's device (drawn per patch, where
+``RandCuCIM`` draws once per batch), logging once why.
 
 Examples:
     >>> import torch
-    >>> from monai_fast.apps.recipes.pathology_augment import batch_augment
-    >>> augment = batch_augment("cpu")
-    >>> x = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
-    >>> y = augment(x)
-    >>> y.dtype, y.shape, bool(y.min() >= -1 and y.max() <= 1)
-    (torch.float32, torch.Size([4, 3, 32, 32]), True)
+    >>> y = batch_augment("cpu")(torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8))
+    >>> y.dtype, bool(y.min() >= -1 and y.max() <= 1)
+    (torch.float32, True)
 """
 
 from __future__ import annotations

@@ -74,11 +74,7 @@ def tune_recipe(
     recipe: str = "fast",
     **timing,
 ) -> TuneResult:
-    """Tune ``recipe``'s own parts for ``config``; cached by key.
-
-    The tuner times exactly what the recipe trains (`recipe_parts()`):
-    its network in its memory format, its loss and optimizer, its precision, and sizes the
-    training cache with its transform chain.
+    """Tune ``recipe``'s own parts (`recipe_parts()`: network, layout, loss, optimizer, precision); cached.
 
     Args:
         config: the recipe options (network size, patch size, crops per volume, overlap).
@@ -89,20 +85,13 @@ def tune_recipe(
         store: the cache file (or a `TuneStore`); default `default_store_path()`.
         force: tune again even when the cache holds a result.
         progress: a progress bar over trials.
-        train_files: the training items; given, the training cache is placed next to the pick
-            (`place_cache()`): its size is measured on two items, it
-            goes to device memory (GPU on CUDA, RAM on a CPU) when it fits beside the pick's
-            peak, else a smaller batch within ``cache_tradeoff`` of the pick's throughput that
-            leaves room is taken, else the planner's next place. ``apply`` then sets
-            ``cache_budget_mib``.
+        train_files: the training items; given, the training cache is placed beside the pick (`place_cache()`).
         cache_tradeoff: largest share of training throughput given up for a cache in device memory.
         recipe: a registered recipe name (`RECIPES`).
-        **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner (default 1, 2,
-            0.3 s: one untimed step, then the median of at least two timed ones).
+        **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner.
 
     Examples:
         >>> from monai_fast.apps.recipes import RecipeConfig
-        >>> from monai_fast.apps.recipes.tuning import tune_recipe
         >>> result = tune_recipe(RecipeConfig(), val_shape=(160, 160, 96))  # doctest: +SKIP
         >>> config = result.apply(RecipeConfig())  # doctest: +SKIP
     """

@@ -155,32 +155,24 @@ def load_msd_datalist(
     """Read an MSD folder and split its training cases into train and validation lists.
 
     Args:
-        root: folder holding ``dataset.json``, ``imagesTr/`` and ``labelsTr/``; or such a folder
-            on object storage (``s3://bucket/Task09_Spleen``, any fsspec URL): the listed files are
-            fetched once into the local cache (`monai_fast.apps.sources.remote.localize()`) and the
-            lists name the local copies.
-        val_fraction: share of cases used for validation when ``val_cases`` is not given
-            (at least one case goes to each side). The split is MONAI's ``partition_dataset``,
-            shuffled by ``seed``; both lists keep the order of ``dataset.json``.
+        root: folder holding ``dataset.json``, ``imagesTr/`` and ``labelsTr/``, or its fsspec URL
+            (the files fetched once into the local cache by `localize()`).
+        val_fraction: share of cases validated on when ``val_cases`` is not given (MONAI's
+            ``partition_dataset``, shuffled by ``seed``; at least one case each side).
         seed: seed of the split.
-        val_cases: the user's own fold: case names (``"spleen_12"``) or file names of the images
-            to validate on; all others train. Unknown names are an error.
+        val_cases: the user's own fold: case or image file names to validate on; unknown ones are an error.
         check_shapes: compare each image's spatial shape with its label's (header reads only).
-        remote_options: keyword arguments for `monai_fast.apps.sources.remote.localize()` when ``root``
-            is a URL: ``storage_options``, ``connect_timeout``, ``read_timeout``, ``retries``,
-            ``cache_dir``, ``workers``, ``progress``. With the server down and every listed file
-            (and ``dataset.json``) in the cache, the cached copies are used with one warning.
+        remote_options: keyword arguments for `localize()` when ``root`` is a URL.
 
     Returns:
-        ``(train_files, val_files)``: lists of ``{"image": str, "label": str}`` with absolute paths.
+        ``(train_files, val_files)``: lists of ``{"image": str, "label": str}`` with absolute paths,
+        in ``dataset.json``'s order.
 
     Raises:
-        FileNotFoundError: no such folder, no ``dataset.json``, or a listed file is missing
-            (the message names every missing file, up to ten).
-        monai_fast.apps.sources.remote.RemoteDataError: a URL's files cannot be fetched (each named), or
-            the server cannot be reached and some files have no cached copy (each named).
-        MSDDataError: a malformed ``dataset.json``, an unreadable file, an image/label shape
-            mismatch, an unknown validation case, or a split leaving one side empty.
+        FileNotFoundError: no such folder, no ``dataset.json``, or listed files missing (named).
+        RemoteDataError: a URL's files cannot be fetched, or have no cached copy offline (each named).
+        MSDDataError: a malformed ``dataset.json``, an unreadable file, a shape mismatch, an unknown
+            validation case, or a split leaving one side empty.
     """
     items, listing = _items(root, remote_options)
 

@@ -1,48 +1,15 @@
 """Data lists on object storage: ``s3://`` (or any fsspec URL) entries fetched once into the local cache.
 
-`localize()` takes a MONAI data list whose entries may be URLs (``s3://bucket/imagesTr/a.nii.gz``,
-``gs://...``, ``https://...``: any scheme fsspec knows) and returns the same list with every URL
-replaced by the path of a local copy, so loaders and caches work on local files. Local paths and
-other values are left as they are.
-
-- **Once.** A copy lives in ``<cache_root()>/remote/<scheme>/<hash of the URL>/<hash of the
-  version>/<file name>``, where the version is the object's ETag (else its size and modification
-  time). A later call asks the server for each object's version (one small request, no data) and
-  downloads only what is missing or has changed.
-- **Checked first.** Every URL is looked up before anything is downloaded: missing objects are one
-  `FileNotFoundError` naming each URL and where the list holds it.
-- **In parallel**, on daemon threads, with one progress bar (bytes) where bars are shown
-  (`monai_fast.progress`) and a log line otherwise.
-- **Bounded.** Every request has a time limit: connecting within ``connect_timeout``, and, while a
-  body streams, at least 64 KiB every ``read_timeout`` seconds, so a server that stops sending, or
-  trickles, is a stall rather than a wait without end. A stalled or dropped transfer is tried
-  ``retries`` more times, then it is one `RemoteDataError` naming the URL, what stalled and
-  how many bytes had arrived. For S3 the same limits go to botocore (``config_kwargs``), for
-  lookups too; on filesystems that fsspec runs asynchronously (S3, GCS, Azure, HTTP) each attempt
-  is also cancelled at its deadline.
-- **Never half a file.** Each download streams into a temporary file beside its target, is
-  fsynced and renamed into place (`monai_fast.files.atomic_write()`) only when complete and of
-  the announced size. A failed download stops the others, and no file appears at a final path.
-- **Ctrl-C ends it at once.** The download threads are daemons that stop within a fraction of a
-  second of an interrupt, whose temporary files are removed before the interrupt propagates; a
-  blocked network read never keeps the process alive.
-- **Offline.** When the server cannot be reached (refused, unresolvable, timed out) and every URL
-  of the list already has a local copy, the copies are used, with one warning saying so; when
-  some have none, the error names each URL without a copy.
-- **Credentials** come from the usual environment: for S3, ``AWS_ACCESS_KEY_ID`` /
-  ``AWS_SECRET_ACCESS_KEY`` / ``AWS_PROFILE``, ``AWS_ENDPOINT_URL`` for S3-compatible servers
-  (MinIO, Ceph), or ``storage_options`` (passed to fsspec, e.g. ``{"anon": True}``).
-- **The client library.** ``s3://`` needs ``s3fs``, the ``s3`` extra (``pip install
-  "monai-fast[s3]"``); without it, the first ``s3://`` URL is named in one
-  `MissingExtraError` before anything is looked up.
+`localize()` returns a MONAI data list with every URL replaced by the path of a local copy, kept
+under ``<cache_root()>/remote`` by URL and object version and fetched again only when changed;
+every URL is looked up before anything downloads, each request is time-bounded, each download is
+atomic, and with the server unreachable the cached copies serve. docs/sagemaker-s3.md describes it.
 
 Examples:
     >>> from monai_fast.apps.sources.remote import is_url, localize
     >>> is_url("s3://bucket/imagesTr/spleen_1.nii.gz"), is_url("/data/spleen_1.nii.gz")
     (True, False)
     >>> files = localize([{"image": "s3://bucket/imagesTr/spleen_1.nii.gz"}])  # doctest: +SKIP
-    >>> files[0]["image"]  # doctest: +SKIP
-    '/home/me/.cache/monai-fast/remote/s3/6f1e.../0b9a.../spleen_1.nii.gz'
 """
 
 from __future__ import annotations
@@ -211,33 +178,26 @@ def localize(
     """The data list with every URL replaced by the path of a local copy, fetched if missing or changed.
 
     Args:
-        datalist: MONAI-style list of dicts; values may be strings, lists or nested dicts. Every
-            string that `is_url()` accepts is fetched (``file://`` URLs become their path).
+        datalist: MONAI-style list of dicts; every string `is_url()` accepts is fetched
+            (``file://`` URLs become their path).
         cache_dir: folder of the copies; default `remote_cache_dir()`.
         workers: parallel lookups and downloads.
-        progress: show a byte progress bar where bars are shown (a terminal or a notebook).
-        storage_options: passed to fsspec for every URL (credentials, ``client_kwargs``...). For
-            S3, its ``config_kwargs`` go over the time limits given here.
-        connect_timeout: seconds to open a connection.
-        read_timeout: seconds within which a request must be answered and a streaming body must
-            bring at least 64 KiB; a server silent (or slower) for longer is a stall.
-        retries: further tries of a lookup or download after a stall, a dropped connection or a
-            short body (downloads start over into the same temporary file).
-        on_offline: called with the one sentence saying the list is served from local copies,
-            when the server cannot be reached and every URL has one (a caller that reads several
-            lists collects it to log once).
+        progress: a byte progress bar where bars are shown.
+        storage_options: passed to fsspec for every URL (for S3 its ``config_kwargs`` win over the limits).
+        connect_timeout, read_timeout: seconds to connect; seconds within which a request is answered
+            and a body brings at least 64 KiB.
+        retries: further tries after a stall, a dropped connection or a short body.
+        on_offline: called with the sentence saying the list is served from local copies.
 
     Returns:
         A new list of new dicts; the input is not changed.
 
     Raises:
-        FileNotFoundError: objects that do not exist, all named, before anything is downloaded.
-        RemoteDataError: a lookup or download failed (no access, a stall after every try, a
-            dropped connection), or the server cannot be reached and some URLs have no local
-            copy; the URLs are named and no partial file is left at a final path.
+        FileNotFoundError: missing objects, all named, before anything is downloaded.
+        RemoteDataError: a lookup or download failed, or the server is unreachable and some URLs have
+            no copy; the URLs named, no partial file at a final path.
         ValueError: a negative ``retries``, a time limit that is not positive, ``workers < 1``.
-        MissingExtraError: an ``s3://`` URL without ``s3fs`` installed; the message names the URL
-            and ``pip install "monai-fast[s3]"``, before any lookup.
+        MissingExtraError: an ``s3://`` URL without ``s3fs``, before any lookup.
 
     Examples:
         >>> localize([{"image": "/data/a.nii.gz", "label": "file:///data/a_seg.nii.gz"}])

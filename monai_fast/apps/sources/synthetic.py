@@ -1,18 +1,9 @@
 """Synthetic 3D segmentation data in the Medical Segmentation Decathlon (MSD) layout.
 
-Two kinds of data set are written, both as gzipped NIfTI files plus a ``dataset.json`` that lists
-them the way the MSD does, so that everything reading a real Decathlon task also reads these:
-
-* ``spleen-like`` (after Task09_Spleen): one-channel CT-like ``int16`` volumes in Hounsfield
-  units. A body with fat, soft tissue, a spine, a liver-like distractor and one blob-shaped
-  "spleen" whose label is 1. The affine has non-unit spacing (1.6 x 1.6 x 2.5 mm by default) and
-  an LPS-like orientation, so ``Orientationd`` and ``Spacingd`` do real work.
-* ``brats-like`` (after Task01_BrainTumour): four-channel MRI-like ``float32`` volumes
-  (FLAIR, T1w, T1gd, T2w) with three nested tumour regions labelled 1 (edema), 2 (non-enhancing
-  tumour) and 3 (enhancing tumour).
-
-Each case is drawn from its own random stream (``seed`` and the case index), so a case does not
-change when the number of cases does, and the same seed always writes the same bytes.
+``spleen-like`` (after Task09_Spleen: CT-like ``int16`` volumes with a spleen labelled 1, non-unit
+spacing and an LPS-like orientation) or ``brats-like`` (after Task01_BrainTumour: four MRI-like
+channels, three nested tumour labels), as gzipped NIfTI files and a ``dataset.json``. Each case
+has its own random stream, so the same seed always writes the same bytes.
 
 Examples:
     >>> from monai_fast.apps.sources.synthetic import generate_msd

@@ -1,22 +1,9 @@
 """Synthetic whole-slide images (WSI) for patch classification, laid out like Camelyon16.
 
-A few H&E-like slides are written as tiled, pyramidal RGB TIFF files (``tifffile``: level 0 plus
-levels downsampled by 2, each a separate reduced-resolution page, the layout of Camelyon's
-``.tif`` files that cuCIM, OpenSlide and MONAI's ``TiffFileWSIReader`` all read). Each slide has
-tissue (pink stroma with sparse purple nuclei) on a white background and one to three tumour
-regions (crowded, larger, darker nuclei). Beside the slides:
-
-* ``masks/<slide>_tissue.tif`` and ``masks/<slide>_tumor.tif``: the tissue mask and the tumour
-  annotation (``uint8``, 0 or 255) at ``1 / MASK_DOWNSAMPLE`` of level 0;
-* ``patches.csv``: one row per patch, Camelyon-style: ``image,x,y,label,split`` with the patch
-  centre ``x`` (column) and ``y`` (row) at level 0; label 1 for a patch at least half tumour,
-  0 for one without tumour (patches in between, and patches less than half tissue, are left out);
-* ``dataset.json`` (written last, so a folder holding it is complete): ``training`` and
-  ``validation`` lists in the form of MONAI's ``PatchWSIDataset`` (``{"image", "location": [row,
-  col], "label": [0 or 1]}``, the location a centre at level 0), the slides, and the parameters.
-
-The last quarter of the slides (at least one) is the validation set. Each slide is drawn from its
-own random stream (``seed`` and the slide index), so the same seed writes the same bytes.
+Tiled, pyramidal RGB TIFF slides with tumour regions, their tissue and tumour masks, a
+Camelyon-style ``patches.csv`` and a ``dataset.json`` for MONAI's ``PatchWSIDataset`` (written
+last, so a folder holding it is complete); the same seed writes the same bytes. docs/pathology.md
+describes the layout.
 
 Examples:
     >>> from monai_fast.apps.sources.wsi import generate_wsi, load_wsi_datalist

@@ -1,23 +1,14 @@
 """Whole-slide image readers: the backend chosen by what is installed, and a tile-aware tifffile reader.
 
-MONAI's `monai.data.WSIReader` has three backends. ``"cucim"`` (NVIDIA cuCIM) decodes only
-the tiles a patch touches and can hand the patch to the GPU; ``"openslide"`` reads tiles too but
-needs the OpenSlide C library; ``"tifffile"`` is pure Python but MONAI's ``TiffFileWSIReader``
-decodes the *whole level* for every patch (``wsi.asarray(level=...)``), which costs a full slide
-decode per 224-pixel patch. `TiledTiffWSIReader` is the same reader with only the patch's
-tiles read and decoded, so the tifffile path works at slide sizes where MONAI's does not.
-
-`choose_wsi_backend()` picks, for ``"auto"``: cuCIM when it is installed and the device is a
-CUDA GPU, else OpenSlide when ``openslide`` imports, else the tile-aware tifffile reader; it
-logs one line saying which and why. Asking for a backend whose package or hardware is missing
-is one `WSIBackendError` naming what to install, never a silent substitute.
+MONAI's ``TiffFileWSIReader`` decodes the whole level for every patch; `TiledTiffWSIReader` reads
+and decodes only the patch's tiles. `choose_wsi_backend()` picks, for ``"auto"``, cuCIM on a CUDA
+device, else OpenSlide, else the tile-aware reader, with one log line saying why; a backend whose
+package or hardware is missing is one `WSIBackendError` naming what to install.
 
 Examples:
-    >>> from monai_fast.apps.sources.wsi_reader import choose_wsi_backend
     >>> backend = choose_wsi_backend("auto", "cpu")
     >>> backend.name in ("openslide", "tifffile")
     True
-    >>> reader = backend.make(level=0)  # an object for PatchWSIDataset(reader=...)
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """One recipe trained from its options into a run folder: the model, the record, the report and the results.
 
-`TrainJob` holds the options (checked when it is made, `OptionError`
-naming the one at fault); `train_job()` runs it on one rank and returns a `TrainOutcome`. The
-``monai-fast train`` command builds the job from its command line (and a SageMaker job's settings) and prints
-the outcome.
-
-The run owns its output folder from its start to its end (`RunFolderLock`, whatever
-the recipe, and the record's lock in ``<output_dir>/<recipe>``), so a second run into it stops at once, naming
-the folder and the run that holds it. Every output folder is checked before any data is read, the model's
-folder for room for the model too. After training the model is written first, then the other outputs, each
-on its own, so that a full disk costs only the file that did not fit (named, with the space missing); a run
-record that its full file system cut short during training is named the same way, and training goes on.
+`TrainJob` holds the options (checked when made); `train_job()` runs it on one rank and returns a
+`TrainOutcome`. The run owns its output folder from start to end (`RunFolderLock`); every output
+folder is checked before any data is read; after training the model is written first, then each
+other output on its own, so a full disk costs only the file that did not fit (named).
 
 Examples:
-    >>> from monai_fast.apps.training.job import TrainJob, train_job
     >>> job = TrainJob(output_dir="runs/mine", overrides={"max_epochs": 2}, device="cpu", progress=False)
     >>> outcome = train_job(job)  # doctest: +SKIP
-    >>> outcome.model, outcome.result.best_dice  # doctest: +SKIP
-    (PosixPath('runs/mine/model/model.pth'), 0.41)
 """
 
 from __future__ import annotations
@@ -52,29 +42,22 @@ OWNER = "monai-fast train"  #: who holds the output folder, in the message a sec
 
 @dataclass(frozen=True, kw_only=True)
 class TrainJob:
-    """What to train, on what, until when, and where its outputs go.
+    """What to train, on what, until when, and where its outputs go; every option checked here.
 
     Attributes:
-        recipe: a recipe of `monai_fast.apps.recipes.RECIPES`.
-        output_dir: the run folder: the run record, the doctor's report, ``results.json``, ``epochs.csv``
-            and plots (the record in ``<output_dir>/<recipe>``).
-        model_dir: ``model.pth`` (a checkpoint ``monai-fast infer`` reads) and ``recipe.json``;
-            ``None``: ``<output_dir>/model``.
-        data_dir: an MSD-layout folder with ``dataset.json``, or its URL; ``None``: ``synthetic`` data.
-        synthetic: the synthetic set generated when no ``data_dir`` is given.
-        val_fraction: share of the cases held out for validation.
-        seed: seed of the data, the split, the weights and the crops.
+        recipe: a recipe of `RECIPES`.
+        output_dir: the run folder: record, report, ``results.json``, ``epochs.csv`` and plots.
+        model_dir: ``model.pth`` and ``recipe.json``; ``None``: ``<output_dir>/model``.
+        data_dir: an MSD-layout folder or its URL; ``None``: ``synthetic`` data.
+        synthetic, val_fraction, seed: the synthetic set, the validation share, the seed of everything.
         preflight: check every file of the data before training.
-        overrides: `RecipeConfig` fields (``max_epochs``, ``network``...).
-        device: ``"auto"`` (CUDA if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
-        target: validation mean Dice to stop at, in (0, 1] (1: every epoch runs).
-        time_budget_s: seconds of training before it stops; ``None``: no limit.
+        overrides: `RecipeConfig` fields.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        target, time_budget_s: validation mean Dice to stop at (1: every epoch runs); seconds of training.
         progress: progress bars (on rank 0).
-        tensorboard_dir: also write TensorBoard loss and Dice here; ``None``: only the run folder's.
-        checkpoint_dir: make the run preemption-safe (`Preemption`): a stop
-            signal checkpoints here, and the same job resumes from here; ``None``: a stop signal stops it.
-        save_every: with ``checkpoint_dir``, also checkpoint every N iterations.
-        record_options: what ``results.json`` records under ``options`` (e.g. the command's options).
+        tensorboard_dir: also write TensorBoard events here.
+        checkpoint_dir, save_every: make the run preemption-safe (`Preemption`), checkpointing every N iterations.
+        record_options: what ``results.json`` records under ``options``.
 
     Raises:
         OptionError: naming the first bad option, before anything runs.
@@ -82,11 +65,6 @@ class TrainJob:
     Examples:
         >>> TrainJob(output_dir="runs/x", device="cpu").model_dir
         PosixPath('runs/x/model')
-        >>> try:
-        ...     TrainJob(output_dir="runs/x", device="cpu", target=1.5)
-        ... except OptionError as e:
-        ...     print(e.option)
-        target
     """
 
     recipe: str = "fast"

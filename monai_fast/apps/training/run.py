@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from ignite.engine import Engine, Events
@@ -82,35 +82,12 @@ def run_to_target(
     train_files: Sequence[dict],
     val_files: Sequence[dict],
     config: RecipeConfig | None = None,
-    device: str | torch.device = "cpu",
-    target: float = 0.9,
-    time_budget_s: float | None = 300.0,
-    run_dir: str | os.PathLike | None = None,
-    progress: bool = True,
+    *args: Any,
+    **kwargs: Any,
 ) -> TrainResult:
     """Build ``recipe`` and train it until validation mean Dice >= ``target`` or the budget is spent.
 
-    The clock starts before the data sets are built, so caching counts against the recipe that
-    caches. Validation runs every ``config.val_interval`` epochs. The trainer carries monai-fast's
-    telemetry: ``TimeBreakdown``, ``ThroughputMonitor``, ``NVTXHandler`` (trainer and evaluator, with the nvidia extra),
-    on CUDA a ``GPUSampler``, and with ``run_dir`` a ``RecordHandler``; where the command pinned
-    OpenMP's workers, a ``MainThreadCore`` (trainer, evaluator and a validation schedule's
-    estimator). A `TargetRun` run to its end in one go.
-
-    Args:
-        recipe: one of `monai_fast.apps.recipes.RECIPES`.
-        train_files, val_files: ``{"image", "label"}`` dicts, e.g. from
-            `monai_fast.apps.sources.msd.load_msd_datalist()`.
-        config: recipe options.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
-        target: validation mean Dice (background excluded) to reach.
-        time_budget_s: wall-clock limit in seconds, ``None`` for none (then ``config.max_epochs``
-            is the only limit).
-        run_dir: if given, ``run_dir/<recipe>/`` receives the TensorBoard events, ``epochs.csv``
-            and the run record (``record.rank0.jsonl``, ``summary.rank0.json``) that
-            ``monai-fast doctor`` reads.
-        progress: a progress bar per epoch where one fits (`monai_fast.progress.show_progress()`),
-            else one log line per epoch.
+    A `TargetRun` (arguments as its own) run to its end in one segment.
 
     Returns:
         A `TrainResult` with per-epoch rows.
@@ -119,7 +96,7 @@ def run_to_target(
         >>> result = run_to_target("fast", train_files, val_files, device="cpu", time_budget_s=60)  # doctest: +SKIP
         >>> result.reached, result.time_to_target_s  # doctest: +SKIP
     """
-    run = TargetRun(recipe, train_files, val_files, config, device, target, time_budget_s, run_dir, progress)
+    run = TargetRun(recipe, train_files, val_files, config, *args, **kwargs)
     run.segment(epochs=None)
     return run.finish()
 
@@ -127,22 +104,21 @@ def run_to_target(
 class TargetRun:
     """One recipe trained towards a target in segments, on a clock that runs only while it trains.
 
-    `run_to_target()` runs it in one segment; a race that interleaves recipes runs each a few
-    epochs at a time (``segment(1)``), so a change of the host's load hits them all. The clock (the
-    `TimeToTarget`'s) starts before the data sets are built and stops
-    between segments, so each recipe's times count only its own work. Each run draws from its own
-    copy of the global random generators (`OwnRandomStream`), so
-    its shuffles and crops are those it would draw alone, whatever the order of the turns.
-    ``time_budget_s`` may be changed between segments.
+    The clock starts before the data sets are built (caching counts against the recipe that caches)
+    and stops between segments; each run draws from its own copy of the global random generators
+    (`OwnRandomStream`). A stop signal during the set-up stops the program when the first segment
+    starts (exit status 143). docs/recipes.md describes the telemetry attached and the interleaving.
 
-    A stop signal (``SIGTERM``, ``SIGUSR1``) while the data sets and caches are built is caught
-    (`stop_signals_caught()`): the program then stops when the
-    set-up is done, with a message and exit status 143, instead of dying silently in the middle.
-    Inside a program that catches them from its start (``monai-fast train``, ``demo``, ``bench``),
-    the program's own catcher stays in place until a `Preemption`
-    takes it over or the first `segment()` starts training, which ends the set-up
-    (`end_of_setup()`): a signal received meanwhile stops
-    the program there, before any training, with the same message and exit status.
+    Args:
+        recipe: one of `monai_fast.apps.recipes.RECIPES`.
+        train_files, val_files: ``{"image", "label"}`` dicts, e.g. from `load_msd_datalist()`.
+        config: recipe options.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        target: validation mean Dice (background excluded) to reach.
+        time_budget_s: wall-clock limit in seconds; ``None``: ``config.max_epochs`` is the only limit.
+        run_dir: if given, ``run_dir/<recipe>/`` receives TensorBoard events, ``epochs.csv`` and the
+            run record ``monai-fast doctor`` reads.
+        progress: a progress bar per epoch where one fits, else a log line per epoch.
 
     Examples:
         >>> run = TargetRun("baseline", train_files, val_files, device="cpu", time_budget_s=600)  # doctest: +SKIP
