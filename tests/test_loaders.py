@@ -1,4 +1,5 @@
 import threading
+import weakref
 
 import pytest
 import torch
@@ -129,3 +130,46 @@ def test_batch_made_through_todeviced_lands_on_the_main_threads_gpu():
     finally:
         set_cuda_device(torch.device("cuda", 0))
     assert devices == {last}
+
+
+class _Volumes(torch.utils.data.Dataset):
+    """Each item a patch that is a view of a whole volume made for it, as a random crop of a cached copy is."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.volumes = n, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        volume = torch.full((1, 64, 64, 64), float(i))
+        self.volumes.append(weakref.ref(volume))
+        return {"image": volume[:, :8, :8, :8]}
+
+    def alive(self) -> int:
+        return sum(ref() is not None for ref in self.volumes)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_batch_does_not_keep_the_volumes_its_patches_were_cut_from(prefetch):
+    ds = _Volumes(8)
+    loader = SafeThreadDataLoader(ds, batch_size=2, prefetch=prefetch, buffer_size=1)
+    held = []
+    for batch in loader:
+        assert batch["image"].shape == (2, 1, 8, 8, 8)
+        held.append(ds.alive())  # while the training step runs on this batch
+    # on demand: none (the patches were copied into the batch); ahead: at most the next batch's two in the making
+    assert max(held) <= (2 if prefetch else 0), held
+    assert ds.alive() == 0
+
+
+def test_batches_made_on_demand_start_one_watchdog_thread_per_epoch_not_one_per_batch():
+    started: set[threading.Thread] = set()  # the objects, kept alive: a thread's ident is reused once it ended
+    threading.setprofile(lambda *a: started.add(threading.current_thread()))  # in each thread started from now
+    try:
+        batches = list(SafeThreadDataLoader(_Volumes(12), batch_size=1, prefetch=False, timeout_s=60))
+    finally:
+        threading.setprofile(None)
+    assert len(batches) == 12
+    threads = [t for t in started - {threading.current_thread()} if not t.name.startswith("Dummy")]  # a thread ending
+    assert len(threads) == 1, threads  # the watchdog; a timer per batch would be 12

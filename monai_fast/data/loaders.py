@@ -129,7 +129,10 @@ class SafeThreadDataLoader(ThreadDataLoader):
             progress.batch += 1
             items = [self._fetch(i, progress) for i in drawn] if batched else self._fetch(drawn, progress)
             progress.start(None)
-            yield self.collate_fn(items)
+            batch = self.collate_fn(items)
+            # a random crop is a view of its whole (copied) volume: the items must not outlive the collated batch
+            del items, drawn
+            yield batch
 
     def _fetch(self, index: int, progress: _Progress | None = None) -> Any:
         if progress is not None:

@@ -91,6 +91,55 @@ class _Run:
             close()
 
 
+class _Watchdog:
+    """One thread per epoch that calls ``on_stuck(since)`` once for an item made on demand longer than ``timeout_s``.
+
+    Started at the first item and woken only by a begin, an end or its deadline: a timer thread per
+    item would cost the training thread a thread start per batch, milliseconds on a busy machine.
+    """
+
+    def __init__(self, timeout_s: float, on_stuck: Callable[[float], None]) -> None:
+        self.timeout_s, self.on_stuck = timeout_s, on_stuck
+        self.changed = threading.Condition()
+        self.since: float | None = None  # when the item being made was begun; None: none is
+        self.running = True
+        self.thread: threading.Thread | None = None
+
+    def begin(self) -> None:
+        with self.changed:
+            self.since = time.monotonic()
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._watch, name="monai-fast-watchdog", daemon=True)
+                self.thread.start()
+            self.changed.notify()
+
+    def end(self) -> None:
+        with self.changed:
+            self.since = None
+
+    def stop(self) -> None:
+        with self.changed:
+            self.running = False
+            self.changed.notify()
+        if self.thread is not None:
+            self.thread.join()
+
+    def _watch(self) -> None:
+        with self.changed:
+            while self.running:
+                since = self.since
+                if since is None:
+                    self.changed.wait()
+                    continue
+                left = since + self.timeout_s - time.monotonic()
+                if left > 0:
+                    self.changed.wait(left)
+                    continue
+                self.on_stuck(since)
+                while self.running and self.since == since:  # once per item
+                    self.changed.wait()
+
+
 @dataclass(eq=False, repr=False)
 class SafeThreadBuffer:
     """Iterates ``src`` in a background thread, or item by item in the consumer's (``prefetch``); errors and end
@@ -170,12 +219,13 @@ class SafeThreadBuffer:
             asked += 1
             run.asked.release()
 
+        watchdog = _Watchdog(self.timeout_s, self._log_stuck) if self.timeout_s is not None else None
         try:
             if self._prefetch_now():
                 ask()
             while True:
                 if asked == 0:  # made here, while the consumer waits for it
-                    value = self._make_here(run.it)
+                    value = self._make_here(run.it, watchdog)
                 else:
                     value = self._receive(run, thread)
                     asked -= 1
@@ -188,6 +238,8 @@ class SafeThreadBuffer:
                         ask()
                 yield value
         finally:
+            if watchdog is not None:
+                watchdog.stop()
             run.stop()  # wakes a waiting loader thread, which sees the stop
             if thread is None:
                 run.close()
@@ -218,24 +270,21 @@ class SafeThreadBuffer:
                     run.stuck = True
                     raise self._timed_out(waited) from None
 
-    def _make_here(self, it: Iterator[Any]) -> Any:
-        """The next item, made in the consumer's thread; past ``timeout_s`` an error log names what it is doing.
+    def _make_here(self, it: Iterator[Any], watchdog: _Watchdog | None) -> Any:
+        """The next item, made in the consumer's thread; past ``timeout_s`` the watchdog logs what it is doing.
 
         A call in the consumer's own thread cannot be interrupted, so here the watchdog can only say
         what is stuck (the loader thread's watchdog raises instead).
         """
-        timer = None
-        if self.timeout_s is not None:
-            timer = threading.Timer(self.timeout_s, self._log_stuck, args=(time.monotonic(),))
-            timer.daemon = True
-            timer.start()
+        if watchdog is not None:
+            watchdog.begin()
         try:
             return next(it)
         except StopIteration:
             return _End()
         finally:
-            if timer is not None:
-                timer.cancel()
+            if watchdog is not None:
+                watchdog.end()
 
     def _log_stuck(self, since: float) -> None:
         doing = self.working_on() if self.working_on is not None else "working"
