@@ -79,7 +79,8 @@ def _cheap_trainer(epochs: int = 2) -> SupervisedTrainer:
     return SupervisedTrainer(
         device="cpu",
         max_epochs=epochs,
-        train_data_loader=DataLoader(_data(n=32, size=96), batch_size=4),  # 8 steps: one stall on a busy machine is averaged
+        # 8 steps: one stall on a busy machine is averaged
+        train_data_loader=DataLoader(_data(n=32, size=96), batch_size=4),
         network=net,
         optimizer=torch.optim.SGD(net.parameters(), 0.01),
         loss_function=_loss,
