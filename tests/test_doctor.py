@@ -110,7 +110,9 @@ def _rank_run(run_dir, rank, step_s, epochs=2):
 
 def test_doctor_counts_epochs_once_and_names_the_straggler_rank(tmp_path):
     _rank_run(tmp_path, 0, 0.01)
-    _rank_run(tmp_path, 1, 0.03)  # a straggler: three times slower
+    # a straggler ten times slower: its 6 steps sleep 0.6 s, so the ratio stays over 2 unless rank 0's 6 steps of
+    # 10 ms take over 0.3 s (three times slower, 0.18 s against 0.06 s, a 30 ms stall of rank 0 put it under 2)
+    _rank_run(tmp_path, 1, 0.1)
     d = doctor(tmp_path)
     assert d.numbers["epochs"] == 2 and d.numbers["ranks"] == 2
     assert d.numbers["slowest_rank"] == 1 and d.numbers["fastest_rank"] == 0

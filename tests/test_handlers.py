@@ -22,17 +22,18 @@ def test_time_breakdown_splits_data_wait_and_compute(caplog):
     tb = TimeBreakdown(warn_threshold=0.5)
     tb.attach(engine)
     with caplog.at_level(logging.WARNING, logger="monai_fast.handlers"):
-        engine.run(_slow_data(5, 0.04), max_epochs=1, epoch_length=5)
+        # 80 ms fetches against 10 ms steps: the compute side needs a stall of 0.35 s to reach the data side
+        engine.run(_slow_data(5, 0.08), max_epochs=1, epoch_length=5)
     (ep,) = engine.state.time_breakdown
     assert ep is tb.epochs[0] and ep.iterations == 5
-    assert 0.2 <= ep.data_s < 1.0  # 5 fetches of >= 40 ms
+    assert 0.4 <= ep.data_s < 1.0  # 5 fetches of >= 80 ms
     assert 0.05 <= ep.compute_s < ep.data_s  # 5 steps of >= 10 ms
     assert ep.data_share > 0.5
     assert "waiting for data" in caplog.text
 
 
 def test_time_breakdown_no_warning_when_compute_bound(caplog):
-    engine = _engine(0.03)
+    engine = _engine(0.1)  # 0.4 s of steps an epoch: only a 0.1 s stall in fetching reaches a 0.2 data share
     TimeBreakdown(warn_threshold=0.5).attach(engine)
     with caplog.at_level(logging.WARNING, logger="monai_fast.handlers"):
         engine.run(list(range(4)), max_epochs=2)

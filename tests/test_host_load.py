@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import psutil
 import pytest
@@ -45,8 +46,13 @@ def _cmdline(proc: psutil.Process) -> str:
 
 
 def _strangers_spinning(n: int) -> dict:
-    """The share while ``n`` processes that are not ours spin (orphaned through a shell that exits at once)."""
-    script = f"{sys.executable} -c '{SPIN.format(s=WINDOW_S + 1.0)}'"
+    """The share while ``n`` processes that are not ours spin (orphaned through a shell that exits at once).
+
+    They are waited for until they end: on a busy host one may start late and spin on into the next
+    measurement, where it would count as another job's load.
+    """
+    mark = f"stranger {uuid.uuid4().hex}"
+    script = f"{sys.executable} -c '{SPIN.format(s=WINDOW_S + 1.0)}# {mark}'"
     subprocess.run(["sh", "-c", " ".join([f"({script}) >/dev/null 2>&1 &"] * n)], check=True, timeout=30)
     time.sleep(0.5)
     me = psutil.Process()
@@ -54,8 +60,19 @@ def _strangers_spinning(n: int) -> dict:
     load = HostLoad().start()
     time.sleep(WINDOW_S)
     share = load.stop()
-    time.sleep(1.2)  # they end on their own
+    strangers = [p for p in psutil.process_iter() if mark in _cmdline(p)]
+    deadline = time.monotonic() + 60
+    while any(_spinning(p) for p in strangers):  # they end on their own (their reaper is not us)
+        assert time.monotonic() < deadline, strangers
+        time.sleep(0.05)
     return share
+
+
+def _spinning(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # ended
+        return False
 
 
 def test_other_processes_count_and_our_own_children_do_not():

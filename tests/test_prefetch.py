@@ -31,7 +31,8 @@ class _Made:
     def __getitem__(self, i: int) -> dict:
         self.busy.set()
         start = time.perf_counter()
-        time.sleep(self.cost)
+        if self.cost:  # no sleep(0): on a busy host it gives up the CPU, a cost only a batch made on demand pays
+            time.sleep(self.cost)
         self.log.append((i, threading.current_thread().name, start, time.perf_counter()))
         self.busy.clear()
         return {"x": torch.tensor([float(i)])}
@@ -267,8 +268,11 @@ def test_a_near_tie_keeps_the_loaders_own_setting(own):
     """Both ways take the step's time (the batch costs nothing): whichever median is a hair lower, the loader
     keeps what it had, and the reason says a near-tie did not move it."""
     ds = _Made(8, cost=0.0)
-    loader = SafeThreadDataLoader(ds, batch_size=1, prefetch=own)
-    engine = Engine(lambda e, b: time.sleep(0.03))
+    # no watchdog: on demand it starts a timer thread per batch, which on a busy host waited to be scheduled
+    # (0.108 s against 0.100 s with prefetch, seen here): a cost of the watchdog, not of either way of loading
+    loader = SafeThreadDataLoader(ds, batch_size=1, prefetch=own, timeout_s=None)
+    # a 0.1 s step: a median must be 5 ms (MIN_GAIN) off to break the tie, well above a busy host's wake-up delays
+    engine = Engine(lambda e, b: time.sleep(0.1))
     choice = PrefetchChoice(loader, pairs=3)
     choice.attach(engine)
     engine.run(loader, max_epochs=3)

@@ -48,9 +48,10 @@ def _new_children(before):
 
 def test_thread_loader_stuck_item_raises_naming_item_3_and_abandons_its_thread(tiny_files, release):
     files = _files(tiny_files)
-    loader = SafeThreadDataLoader(_dataset(files, files[3]["image"], release.wait), batch_size=1, timeout_s=1)
+    # 3 s: items 0-2 load well within it on a busy host too (at 1 s a stall there timed out the wrong item)
+    loader = SafeThreadDataLoader(_dataset(files, files[3]["image"], release.wait), batch_size=1, timeout_s=3)
     seen, start = 0, time.monotonic()
-    with pytest.raises(LoaderTimeoutError, match=r"timeout_s=1 s.*loading item 3 \(image=.*, label=.*\)") as info:
+    with pytest.raises(LoaderTimeoutError, match=r"timeout_s=3 s.*loading item 3 \(image=.*, label=.*\)") as info:
         for _ in loader:
             seen += 1
     assert time.monotonic() - start < 10 and seen == 3
@@ -66,10 +67,11 @@ def test_worker_process_stuck_item_raises_naming_the_option_and_leaves_no_worker
     files = _files(tiny_files)
     threads_before = set(threading.enumerate())
     ds = _dataset(files, files[3]["image"], lambda: threading.Event().wait())
-    loader = SafeThreadDataLoader(ds, batch_size=1, num_workers=1, timeout_s=1)
+    # 3 s: the worker's start-up and items 0-2 fit within it on a busy host too (the first batch includes the start)
+    loader = SafeThreadDataLoader(ds, batch_size=1, num_workers=1, timeout_s=3)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     seen, start = 0, time.monotonic()
-    expected = r"worker processes within timeout_s=1 s: batch 4 of the epoch"
+    expected = r"worker processes within timeout_s=3 s: batch 4 of the epoch"
     with pytest.raises(LoaderTimeoutError, match=expected) as info:
         for _ in loader:
             seen += 1
