@@ -73,10 +73,9 @@ class _RankStates:
 class Preemption(EngineHandler):
     """Survive preemption: on a signal, finish the iteration, checkpoint atomically, requeue, stop.
 
-    On ``SIGTERM`` / ``SIGUSR1`` every rank stops at the same iteration, one checkpoint
-    ``ckpt-<iteration>.pt`` is written whole (with every rank's random states and position) and,
-    under SLURM, the job is requeued. `resume()` loads the newest readable checkpoint and replays
-    the loader to the same batch. The mechanism: docs/preemption.md.
+    Every rank stops at the same iteration; one whole ``ckpt-<iteration>.pt`` is written and, under
+    SLURM, the job requeued. `resume()` loads the newest readable checkpoint and replays the loader
+    to the same batch. See docs/preemption.md.
 
     Args:
         to_save: name -> object with ``state_dict``/``load_state_dict``; must include the engine
@@ -84,18 +83,12 @@ class Preemption(EngineHandler):
         dirname: checkpoint folder (shared by all ranks).
         signals: signal names to catch (installed only from the main thread).
         requeue: ``scontrol requeue $SLURM_JOB_ID`` after the checkpoint; ``None``: when in a SLURM job.
-        save_every: also checkpoint every this many iterations (a crash or SIGKILL then loses at
-            most that many); ``None``: only on a signal.
+        save_every: also checkpoint every this many iterations; ``None``: only on a signal.
         n_saved: valid checkpoints kept.
 
     Examples:
-        >>> from monai_fast.handlers import Preemption
-        >>> from monai_fast.handlers.stop_signal import catch_stop_signals
-        >>> catch_stop_signals()  # first thing in the program  # doctest: +SKIP
         >>> pre = Preemption({"trainer": trainer, "model": net, "optimizer": opt}, "ckpt")  # doctest: +SKIP
-        >>> pre.attach(trainer); pre.resume()  # doctest: +SKIP
-        >>> trainer.run()  # doctest: +SKIP
-        >>> pre.exit_if_preempted()  # doctest: +SKIP
+        >>> pre.attach(trainer); pre.resume(); trainer.run(); pre.exit_if_preempted()  # doctest: +SKIP
     """
 
     def __init__(
@@ -252,8 +245,7 @@ class Preemption(EngineHandler):
     def resume(self) -> int | None:
         """Load the newest readable checkpoint into ``to_save``; returns its iteration (``None``: none).
 
-        Unreadable files are skipped with a warning, newest first; under DDP all ranks agree on
-        the checkpoint. The trainer keeps its own ``max_epochs`` when it has one.
+        Unreadable files are skipped with a warning; under DDP all ranks agree on the checkpoint.
 
         Raises:
             KeyError: the checkpoint has no state for an entry of ``to_save`` (names the file).
