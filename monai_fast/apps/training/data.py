@@ -95,14 +95,12 @@ def load_files(source: DataSource, progress: bool = True) -> tuple[Path | str | 
 def check_files(
     train_files: Sequence[dict], val_files: Sequence[dict], config: RecipeConfig, preflight: bool = True
 ) -> None:
-    """Every file checked before any training (unless ``preflight`` is off); a patch larger than the volumes
-    (``config``'s patch size and spacing) logged as a warning with the padding.
+    """Every file checked before any training (unless ``preflight`` is off); a patch larger than the volumes logged.
 
     Args:
         train_files, val_files: ``{"image", "label"}`` dicts.
         config: the recipe options the cases are trained with.
-        preflight: check every file (`monai_fast.data.preflight.preflight()`: unreadable files, 2D volumes,
-            NaN/Inf, labels outside the classes, shape mismatches; cached per file).
+        preflight: check every file (`monai_fast.data.preflight.preflight()`).
 
     Raises:
         monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
