@@ -52,23 +52,16 @@ def case_id(path: str | os.PathLike) -> str:
 
 
 def read_dataset_json(root: str | os.PathLike, remote_options: Mapping[str, Any] | None = None) -> dict:
-    """Read and minimally validate ``root/dataset.json``.
-
-    ``root`` may be a URL (`monai_fast.apps.sources.remote`): its ``dataset.json`` is fetched into the
-    local cache like the data files, so a folder fetched once can be read again with the server
-    down (with one warning saying so).
+    """Read and minimally validate ``root/dataset.json``; a URL's is fetched into the local cache like the data.
 
     Args:
         root: the MSD folder, local or a URL.
-        remote_options: keyword arguments for `monai_fast.apps.sources.remote.localize()` when ``root``
-            is a URL (``storage_options``, ``read_timeout``, ``retries``, ``cache_dir``...).
+        remote_options: keyword arguments for `localize()` when ``root`` is a URL.
 
     Raises:
         FileNotFoundError: if ``root`` or its ``dataset.json`` does not exist.
-        MSDDataError: if the file is not JSON or has no non-empty ``training`` list of
-            ``{"image", "label"}`` entries.
-        monai_fast.apps.sources.remote.RemoteDataError: a URL's ``dataset.json`` cannot be fetched, nor
-            read from the cache.
+        MSDDataError: not JSON, or no non-empty ``training`` list of ``{"image", "label"}`` entries.
+        RemoteDataError: a URL's ``dataset.json`` cannot be fetched nor read from the cache.
     """
     if is_url(str(root)):
         meta, _, offline = _remote_meta(str(root), dict(remote_options or {}))

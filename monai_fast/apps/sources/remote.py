@@ -1,15 +1,7 @@
 """Data lists on object storage: ``s3://`` (or any fsspec URL) entries fetched once into the local cache.
 
-`localize()` returns a MONAI data list with every URL replaced by the path of a local copy, kept
-under ``<cache_root()>/remote`` by URL and object version and fetched again only when changed;
-every URL is looked up before anything downloads, each request is time-bounded, each download is
-atomic, and with the server unreachable the cached copies serve. docs/sagemaker-s3.md describes it.
-
-Examples:
-    >>> from monai_fast.apps.sources.remote import is_url, localize
-    >>> is_url("s3://bucket/imagesTr/spleen_1.nii.gz"), is_url("/data/spleen_1.nii.gz")
-    (True, False)
-    >>> files = localize([{"image": "s3://bucket/imagesTr/spleen_1.nii.gz"}])  # doctest: +SKIP
+Copies are kept by URL and object version; with the server unreachable the cached copies serve.
+docs/sagemaker-s3.md describes it.
 """
 
 from __future__ import annotations
@@ -258,10 +250,6 @@ def read_remote_text(
         FileNotFoundError: no such object (the URL is named).
         RemoteDataError: any other failure to read it.
         MissingExtraError: an ``s3://`` URL without ``s3fs`` installed (the ``s3`` extra).
-
-    Examples:
-        >>> read_remote_text("s3://bucket/Task09_Spleen/dataset.json")[:1]  # doctest: +SKIP
-        '{'
     """
     limits = _limits(connect_timeout, read_timeout, retries)
     _require_client([url])
