@@ -170,8 +170,7 @@ def localize(
     """The data list with every URL replaced by the path of a local copy, fetched if missing or changed.
 
     Args:
-        datalist: MONAI-style list of dicts; every string `is_url()` accepts is fetched
-            (``file://`` URLs become their path).
+        datalist: MONAI-style list of dicts; every string `is_url()` accepts is fetched (``file://``: its path).
         cache_dir: folder of the copies; default `remote_cache_dir()`.
         workers: parallel lookups and downloads.
         progress: a byte progress bar where bars are shown.
@@ -192,8 +191,7 @@ def localize(
         MissingExtraError: an ``s3://`` URL without ``s3fs``, before any lookup.
 
     Examples:
-        >>> localize([{"image": "/data/a.nii.gz", "label": "file:///data/a_seg.nii.gz"}])
-        [{'image': '/data/a.nii.gz', 'label': '/data/a_seg.nii.gz'}]
+        >>> files = localize([{"image": "s3://bucket/imagesTr/spleen_1.nii.gz"}])  # doctest: +SKIP
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
