@@ -51,8 +51,6 @@ class _Fill:
         self.threads: list[threading.Thread] = []
         self.pid = os.getpid()
 
-    # ---- the list-like container MONAI's CacheDataset reads ----------------------------------
-
     def __len__(self) -> int:
         return len(self.items)
 
@@ -74,8 +72,6 @@ class _Fill:
 
     def __setitem__(self, index: int, value: Any) -> None:
         self._store(index, value)
-
-    # ---- filling -------------------------------------------------------------------------------
 
     @property
     def complete(self) -> bool:
@@ -128,8 +124,6 @@ class _Fill:
             self.after.wait_quietly(self.halt)
         while (index := self._claim()) is not None:
             self._make(index)
-
-    # ---- the training side ---------------------------------------------------------------------
 
     def _check(self) -> None:
         """Raise the fill's failure, named (``cond`` held; the threads are joined outside it)."""

@@ -172,8 +172,6 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             return handed
         return super()._fill_cache(indices)
 
-    # ---- MONAI's public interface, replaced -------------------------------------------------
-
     def set_data(self, data: Sequence) -> None:
         """MONAI's ``set_data`` (stop, shuffle, re-cache the first items), then restart the rotation at 0."""
         self.shutdown()
@@ -293,8 +291,6 @@ class SafeSmartCacheDataset(SmartCacheDataset):
                     rot.ready = items
                     rot.cond.notify_all()
 
-    # ---- position and checkpoints -----------------------------------------------------------
-
     @staticmethod
     def adoption_of(dataset: SmartCacheDataset) -> SafeSmartCacheDataset | None:
         """The data set that rotates in place of the user's ``dataset`` (`adopt()`), or ``None``.
@@ -355,8 +351,6 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         except _ItemFailure as f:
             raise self._item_error(f.index, f.error) from f.error
         self._cache = [cached[i] if i in cached else loaded[i] for i in self.window()]
-
-    # ---- helpers ------------------------------------------------------------------------------
 
     def _replacement_indices(self, position: int) -> list[int]:
         total = len(self.data)

@@ -128,7 +128,6 @@ class Preemption(EngineHandler):
         self._loaded: tuple[int, int] | None = None  # (iteration, epoch) resumed, until the run starts
         self._late_hooks = False
 
-    # ------------------------------------------------------------------ wiring
     def _attach(self, engine: Engine) -> None:
         if not any(obj is engine for obj in self.to_save.values()):
             raise ValueError(
@@ -176,7 +175,6 @@ class Preemption(EngineHandler):
             logger.warning("Preemption: %s before the run started; stopping at once", self.stop_signal.name)
             self._stop(engine, saved=False)
 
-    # ------------------------------------------------------------------ events
     def _data(self, engine: Engine) -> Any:
         return getattr(engine, "data_loader", None) or engine.state.dataloader
 
@@ -228,7 +226,6 @@ class Preemption(EngineHandler):
         if self.preempted:
             raise SystemExit(code)
 
-    # ------------------------------------------------------------------ checkpoints
     def save(self, engine: Engine, epoch_iteration: int | None = None) -> Path:
         """Write a checkpoint now (all ranks must call it); returns its file."""
         if self._folder is None:

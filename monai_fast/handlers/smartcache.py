@@ -63,8 +63,6 @@ class SmartCacheUpdater(EngineHandler):
         """Rotations done so far (one ``update_cache`` per epoch), as in `state_dict()`; 0 before attach."""
         return 0 if self.dataset is None else self.dataset.updates
 
-    # ---- attach ---------------------------------------------------------------------------------
-
     def _attach(self, engine: Engine) -> None:
         if is_running(engine):  # its STARTED has passed and the run keeps the loader it started with
             raise RuntimeError(
@@ -115,8 +113,6 @@ class SmartCacheUpdater(EngineHandler):
     def _detached(self, engine: Engine) -> None:
         self._stop(engine)
 
-    # ---- events ---------------------------------------------------------------------------------
-
     def _started(self, engine: Engine) -> None:
         self.dataset.start()
 
@@ -137,8 +133,6 @@ class SmartCacheUpdater(EngineHandler):
     def _stop(self, engine: Engine) -> None:
         if self.dataset is not None:
             self.dataset.shutdown()
-
-    # ---- checkpoints ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The rotation's position, ``{"start_pos", "updates", "total"}``: enough to rebuild the same window."""
