@@ -1,14 +1,7 @@
 """Adopt a user's ``DataLoader``: the same batches from a planned cache and a safe thread loader.
 
-`adopt_loader()` plans where the deterministic part of the chain is cached (`plan_cache()`) and
-returns a `SafeThreadDataLoader` that keeps the user's batch size, shuffling, ``drop_last``,
-collate function and worker options; what cannot be adopted is a reason, never half-done.
-The rules (random streams, ``DistributedSampler``, caches kept, the item path): docs/data.md.
-
-Examples:
-    >>> from monai_fast.data.adopt import adopt_loader
-    >>> adopted = adopt_loader(trainer.data_loader, device="cuda")  # doctest: +SKIP
-    >>> trainer.data_loader = adopted.loader  # doctest: +SKIP
+What cannot be adopted is a reason, never half-done. The rules (random streams,
+``DistributedSampler``, caches kept, the item path): docs/data.md.
 """
 
 from __future__ import annotations
@@ -97,16 +90,6 @@ def unknown_item_path(dataset: Any, rotation: bool = False) -> str | None:
 
     The methods making an item (with ``rotation``, a SmartCache's rotation too) must resolve to
     MONAI's own data set classes or to monai-fast's.
-
-    Examples:
-        >>> from monai.data import Dataset
-        >>> class Tagged(Dataset):
-        ...     def __getitem__(self, index):
-        ...         return {**super().__getitem__(index), "tag": index}
-        >>> unknown_item_path(Dataset([{"x": 1}])) is None
-        True
-        >>> unknown_item_path(Tagged([{"x": 1}]))[:60]
-        "the data set's class Tagged has its own __getitem__ (Tagged."
     """
     own = _own_methods(dataset, _ITEM_PATH + (_ROTATION if rotation else ()))
     if not own:
@@ -202,7 +185,7 @@ def adopt_loader(
     background: bool = False,
     after: Any = None,
 ) -> AdoptedData:
-    """Rebuild ``loader`` over a planned cache (docs/data.md).
+    """Rebuild ``loader`` over a planned cache, keeping its batches (docs/data.md).
 
     Args:
         loader: the user's loader.
@@ -217,8 +200,10 @@ def adopt_loader(
         after: the trainer's background-filled data set, which this (the evaluator's) fill waits for.
 
     Raises:
-        ValueError: when the loader cannot be adopted (the reason names what is in the way), or
-            ``cache`` is unknown.
+        ValueError: the loader cannot be adopted (the reason names what is in the way), or ``cache`` is unknown.
+
+    Examples:
+        >>> trainer.data_loader = adopt_loader(trainer.data_loader, device="cuda").loader  # doctest: +SKIP
     """
     budgets_in_bytes({"gpu": gpu_budget_mib, "ram": ram_budget_mib, "disk": disk_budget_mib})  # a bad one fails first
     if cache not in CACHE_CHOICES:

@@ -1,15 +1,7 @@
-"""A cache that fills in the background while training draws from what is cached.
+"""A cache that fills in the background while training draws from what is cached (docs/data.md).
 
-MONAI's ``runtime_cache=True`` fills lazily, one item at a time in the loader thread;
-`BackgroundCacheDataset` fills that same container on ``num_workers`` threads from the moment it
-is made, and `FillOrderSampler` orders a partial epoch around the loader's own sampler. The order,
-failures and limits: docs/data.md. Uses MONAI's private ``CacheDataset._load_cache_item`` (no public
-way runs one item's deterministic part as MONAI caches it).
-
-Examples:
-    >>> from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
-    >>> ds = BackgroundCacheDataset(train_files, transforms, copy_cache=False)  # doctest: +SKIP
-    >>> loader = SafeThreadDataLoader(ds, batch_size=2, **fill_order_options(ds, shuffle=True))  # doctest: +SKIP
+Uses MONAI's private ``CacheDataset._load_cache_item``: no public way runs one item's
+deterministic part as MONAI caches it.
 """
 
 from __future__ import annotations
@@ -59,8 +51,6 @@ class _Fill:
         self.threads: list[threading.Thread] = []
         self.pid = os.getpid()
 
-    # ---- the list-like container MONAI's CacheDataset reads ----------------------------------
-
     def __len__(self) -> int:
         return len(self.items)
 
@@ -82,8 +72,6 @@ class _Fill:
 
     def __setitem__(self, index: int, value: Any) -> None:
         self._store(index, value)
-
-    # ---- filling -------------------------------------------------------------------------------
 
     @property
     def complete(self) -> bool:
@@ -136,8 +124,6 @@ class _Fill:
             self.after.wait_quietly(self.halt)
         while (index := self._claim()) is not None:
             self._make(index)
-
-    # ---- the training side ---------------------------------------------------------------------
 
     def _check(self) -> None:
         """Raise the fill's failure, named (``cond`` held; the threads are joined outside it)."""
@@ -208,7 +194,7 @@ class _Fill:
 
 
 class BackgroundCacheDataset(CacheDataset):
-    """A ``CacheDataset`` that fills in the background from construction on.
+    """A ``CacheDataset`` that fills MONAI's ``runtime_cache`` container on threads from construction on.
 
     Args:
         data: the items, as for ``CacheDataset``.
@@ -224,8 +210,6 @@ class BackgroundCacheDataset(CacheDataset):
 
     Examples:
         >>> ds = BackgroundCacheDataset(files, transforms, copy_cache=False)  # doctest: +SKIP
-        >>> ds.wait()  # optional: block until the cache is full  # doctest: +SKIP
-        True
     """
 
     def __init__(
@@ -286,14 +270,11 @@ class BackgroundCacheDataset(CacheDataset):
 class FillOrderSampler(Sampler[int]):
     """``sampler``'s order, but an epoch that starts before ``dataset`` is full hands out cached items first.
 
-    See the module docstring for exactly which items such an epoch sees, and in what order.
+    Which items such an epoch sees, and in what order: docs/data.md.
 
     Args:
         sampler: the loader's sampler (``RandomSampler``, ``SequentialSampler``, a ``DistributedSampler``...).
         dataset: a `BackgroundCacheDataset`; any other data set leaves ``sampler``'s order unchanged.
-
-    Examples:
-        >>> sampler = FillOrderSampler(RandomSampler(ds), ds)  # doctest: +SKIP
     """
 
     def __init__(self, sampler: Iterable[int], dataset: Any) -> None:
@@ -322,12 +303,9 @@ class FillOrderSampler(Sampler[int]):
 def fill_order_options(dataset: Any, shuffle: bool, generator: torch.Generator | None = None) -> dict[str, Any]:
     """Loader keyword arguments for ``dataset``: over a background cache, a `FillOrderSampler`.
 
-    The loader then draws the same order as ``DataLoader(dataset, shuffle=shuffle, generator=generator)``
-    (any other data set: exactly those options).
+    The loader then draws the same order as ``DataLoader(dataset, shuffle=shuffle, generator=generator)``.
 
     Examples:
-        >>> fill_order_options([1, 2, 3], shuffle=True)
-        {'shuffle': True, 'generator': None}
         >>> loader = SafeThreadDataLoader(ds, batch_size=2, **fill_order_options(ds, shuffle=True))  # doctest: +SKIP
     """
     if not isinstance(dataset, BackgroundCacheDataset):

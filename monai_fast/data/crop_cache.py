@@ -1,14 +1,4 @@
-"""A disk cache that random crops read by the patch: data sets beyond RAM at near-RAM speed.
-
-Each item's deterministic result is stored as ``.npy`` arrays plus ``item.json`` (no pickle),
-opened memory-mapped so a random crop reads only its patch's pages; keys are those of
-`TrustedPersistentDataset`, and items are written whole. The mechanism: docs/data.md.
-
-Examples:
-    >>> from monai_fast.data.crop_cache import CropCacheDataset
-    >>> ds = CropCacheDataset(train_files, train_transforms, cache_dir="/scratch/crops")  # doctest: +SKIP
-    >>> loader = DataLoader(ds, batch_size=2, num_workers=4)  # doctest: +SKIP
-"""
+"""A disk cache that random crops read by the patch: data sets beyond RAM at near-RAM speed (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -56,26 +46,21 @@ _ITEM = "item.json"
 class CropCacheDataset(torch.utils.data.Dataset):
     """Items whose deterministic transforms ran once and were written as raw arrays, read back by the patch.
 
-    ``len()`` and indexing are a MONAI ``Dataset``'s; the first access of an item writes it (`fill()`: all).
+    Each item is ``.npy`` arrays plus ``item.json`` (no pickle), memory-mapped, written whole, keyed as
+    in `TrustedPersistentDataset`; the first access of an item writes it (`fill()`: all).
 
     Args:
         data: items, e.g. ``{"image": path, "label": path}``.
-        transform: the chain (a ``Compose`` or a sequence of transforms); everything before its first
-            random transform is cached, the rest runs on every access.
+        transform: the chain; everything before its first random transform is cached.
         cache_dir: the cache folder (created); items of other chains and files can share it.
-        identity: how a file's identity enters the key: ``"stat"`` (size and modification time,
-            default) or ``"content"`` (SHA-1 of the bytes: survives copies that reset times).
+        identity: ``"stat"`` (size and modification time, default) or ``"content"`` (SHA-1 of the bytes).
 
     Attributes:
         reads_patches: whether the first random transform is a crop that reads only its patch.
-        disk_full: once the cache folder has filled up, the ``OSError`` that said so (items are
-            then computed in memory); ``None`` until then.
+        disk_full: the ``OSError`` once the cache folder filled up (items then computed in memory), else ``None``.
 
     Examples:
-        >>> from monai_fast.data.crop_cache import CropCacheDataset
         >>> ds = CropCacheDataset(files, transforms, "/scratch/crops")  # doctest: +SKIP
-        >>> ds.fill()  # doctest: +SKIP
-        >>> patches = ds[0]  # the crops of item 0, read from its mapped volume  # doctest: +SKIP
     """
 
     def __init__(

@@ -1,15 +1,7 @@
 """Fingerprints of transform chains: what a cached result depends on, as a stable hash.
 
-A transform's attributes are walked recursively; a function inside it is fingerprinted by its byte
-code, constants, defaults, closure and the globals it reads. A callable that cannot be read is
-listed in `Fingerprint.untrusted`, and the disk cache does not reuse its entries.
-
-Examples:
-    >>> from monai.transforms import Lambdad
-    >>> a = transform_fingerprint([Lambdad("image", lambda x: x * 2)])
-    >>> b = transform_fingerprint([Lambdad("image", lambda x: x * 3)])
-    >>> a.digest != b.digest, a.untrusted
-    (True, [])
+A callable that cannot be read is listed in `Fingerprint.untrusted`, and the disk cache does not
+reuse its entries; what is read: docs/data.md.
 """
 
 from __future__ import annotations
@@ -147,16 +139,8 @@ def transform_fingerprint(transforms: Sequence[Any]) -> Fingerprint:
 class ItemKeys:
     """Cache keys of data items that change when a file they name changes, not only its path.
 
-    Every path that names a file enters the key with the file's size and modification time
-    (``"stat"``) or the SHA-1 of its bytes (``"content"``, hashed once per file version).
-
     Args:
-        identity: ``"stat"`` or ``"content"``.
-
-    Examples:
-        >>> keys = ItemKeys("stat")
-        >>> len(keys({"image": "/no/such/file.nii.gz", "id": 3}))  # paths that are no file enter as text
-        32
+        identity: ``"stat"`` (size and modification time) or ``"content"`` (SHA-1, hashed once per file version).
     """
 
     def __init__(self, identity: Literal["stat", "content"] = "stat") -> None:

@@ -1,9 +1,4 @@
-"""Naming a data item: its index and files, and the one error type that carries them.
-
-Examples:
-    >>> item_files({"image": "/d/a.nii.gz", "label": "/d/a_seg.nii.gz", "id": 3})
-    'image=/d/a.nii.gz, label=/d/a_seg.nii.gz'
-"""
+"""Naming a data item: its index and files, and the one error type that carries them."""
 
 from __future__ import annotations
 
@@ -36,13 +31,8 @@ def item_line(e: BaseException) -> str:
 class DataItemError(RuntimeError):
     """Producing one data item failed; the message names the item and its files.
 
-    ``reason`` is the underlying ``Type: message`` when known (``None`` after a trip through a
-    worker process, which rebuilds the error from its text), so a caller adding its own context
-    (the item's index) can quote the cause without naming the files twice.
-
-    Examples:
-        >>> str(DataItemError("loading image=/d/a.nii.gz failed: EOFError: truncated", reason="EOFError: truncated"))
-        'loading image=/d/a.nii.gz failed: EOFError: truncated'
+    ``reason`` is the underlying ``Type: message`` when known (``None`` after a trip through a worker
+    process), so a caller adding context can quote the cause without naming the files twice.
     """
 
     def __init__(self, message: str, reason: str | None = None) -> None:
@@ -53,12 +43,7 @@ class DataItemError(RuntimeError):
 def item_files(item: Any) -> str:
     """The file names an item carries, ``"image=/a.nii.gz, label=/b.nii.gz"``; ``""`` when none.
 
-    Paths are found as strings (an item before loading) or as a loaded image's
-    ``meta["filename_or_obj"]`` (an item after ``LoadImaged``, e.g. out of a cache).
-
-    Examples:
-        >>> item_files({"image": "/d/a.nii.gz", "label": "/d/a_seg.nii.gz", "id": 3})
-        'image=/d/a.nii.gz, label=/d/a_seg.nii.gz'
+    Paths are found as strings or as a loaded image's ``meta["filename_or_obj"]``.
     """
     if isinstance(item, (str, os.PathLike)):
         return str(item)
@@ -98,12 +83,10 @@ def error_text(e: BaseException) -> str:
 def fetch_item(dataset: Any, index: int) -> Any:
     """``dataset[index]``; a failure is raised as `DataItemError` naming the index and the item's files.
 
-    The one place a loader reads an item, in its thread, in the training thread and in worker
-    processes alike, so a failing item reads the same wherever it was loaded.
+    The one place a loader reads an item, in any thread or worker, so a failing item reads the same.
 
     Raises:
-        DataItemError: ``"loading item 3 (image=/d/a.nii.gz) failed: EOFError: ..."``, the original
-            error chained as its cause.
+        DataItemError: ``"loading item 3 (image=/d/a.nii.gz) failed: EOFError: ..."``, the cause chained.
     """
     try:
         return dataset[index]
@@ -118,10 +101,8 @@ _WORKER_TYPE = f"{DataItemError.__name__}: "
 def worker_item_error(e: BaseException) -> DataItemError | None:
     """The `DataItemError` a DataLoader worker process raised, rebuilt with its own message; else ``None``.
 
-    PyTorch re-raises a worker's exception in the main process as the same type over the worker's
-    whole traceback text ("Caught DataItemError in DataLoader worker process 0. Original
-    Traceback ..."). The worker's message is the text after the last ``DataItemError:`` of that
-    traceback; the returned error carries just that message, as the loader thread's error does.
+    PyTorch re-raises a worker's error over the worker's whole traceback text; the message is the text
+    after its last ``DataItemError:``.
     """
     if not isinstance(e, DataItemError):
         return None
@@ -141,12 +122,8 @@ class LoaderTimeoutError(DataItemError):
 def named_item_errors(item: Any) -> Iterator[None]:
     """Re-raise a failure of the block as a `DataItemError` naming ``item``'s files.
 
-    An item without file names (already loaded, without metadata) re-raises as it was, and a
-    `DataItemError` passes through unchanged, so nested chains name the files once.
-
-    Examples:
-        >>> with named_item_errors({"image": "/d/a.nii.gz"}):  # doctest: +SKIP
-        ...     chain({"image": "/d/a.nii.gz"})
+    An item without file names re-raises as it was, and a `DataItemError` passes through unchanged,
+    so nested chains name the files once.
     """
     try:
         yield

@@ -1,9 +1,6 @@
-"""A ``ThreadDataLoader`` that never hides a failing item.
+"""A ``ThreadDataLoader`` that never hides a failing item (docs/data.md).
 
-MONAI's ``ThreadDataLoader`` ends an epoch early, with no error, when a transform raises in its
-thread. `SafeThreadDataLoader` raises it in the training thread (a `DataItemError` naming the item
-and files), never blocks forever (a watchdog raises `LoaderTimeoutError`), follows the training
-thread's CUDA device, and with ``prefetch=False`` makes each batch on demand. See docs/data.md.
+MONAI's ``ThreadDataLoader`` ends an epoch early, with no error, when a transform raises in its thread.
 """
 
 from __future__ import annotations
@@ -103,7 +100,6 @@ class SafeThreadDataLoader(ThreadDataLoader):
     (``False``: each batch made in the training thread when asked for). See docs/data.md.
 
     Examples:
-        >>> from monai_fast.data.loaders import SafeThreadDataLoader
         >>> loader = SafeThreadDataLoader(cache_ds, batch_size=2, shuffle=True, timeout_s=120)  # doctest: +SKIP
     """
 
@@ -220,12 +216,8 @@ class SafeThreadDataLoader(ThreadDataLoader):
 def prefetch_pays(device: torch.device | str) -> tuple[bool, str]:
     """Whether making the next batch while the step computes surely pays, and why.
 
-    Yes on a CUDA device (the CPU is free); on a CPU the loader thread competes with the step's
-    OpenMP team, so ``False``: for a measurement (`PrefetchChoice`) to decide.
-
-    Examples:
-        >>> prefetch_pays("cuda")[0], prefetch_pays("cpu")[0]
-        (True, False)
+    Yes on a CUDA device; on a CPU the loader thread competes with the step's OpenMP team, so
+    ``False``: a measurement (`PrefetchChoice`) decides.
     """
     device = torch.device(device)
     if device.type != "cpu":

@@ -1,9 +1,4 @@
-"""A disk cache you can trust: ``PersistentDataset`` keyed on what the result depends on.
-
-The key covers each file's identity and a fingerprint of the deterministic transforms'
-parameters; damaged files are rebuilt, writes are atomic, and a full disk is named once, the
-remaining items then computed in memory (docs/data.md).
-"""
+"""A disk cache you can trust: ``PersistentDataset`` keyed on what the result depends on (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -34,6 +29,8 @@ logger = logging.getLogger("monai_fast.data")
 class TrustedPersistentDataset(PersistentDataset):
     """``PersistentDataset`` keyed on file identity and transform parameters, with atomic writes.
 
+    Damaged files are rebuilt; a full disk is named once, the remaining items then computed in memory.
+
     Args:
         data: items, e.g. ``{"image": path, "label": path}``.
         transform: the chain; everything before the first random transform is cached.
@@ -42,11 +39,9 @@ class TrustedPersistentDataset(PersistentDataset):
         kwargs: passed to ``PersistentDataset`` (not ``hash_func`` / ``hash_transform``).
 
     Attributes:
-        disk_full: once the cache folder has filled up, the `NoSpaceError`
-            naming it and the space missing (items are then no longer written); ``None`` until then.
+        disk_full: the `NoSpaceError` naming the folder once it filled up (items no longer written), else ``None``.
 
     Examples:
-        >>> from monai_fast.data.persistent import TrustedPersistentDataset
         >>> ds = TrustedPersistentDataset(train_files, transforms, cache_dir="/scratch/cache")  # doctest: +SKIP
     """
 

@@ -1,15 +1,6 @@
-"""Where to cache: GPU memory, RAM, disk or a rotating SmartCache, measured, within budgets.
+"""Where to cache: GPU memory, RAM, disk or a rotating SmartCache, measured, within budgets (docs/data.md).
 
-`plan_cache()` runs the chain's deterministic part (up to the first random transform) on a few
-items, scales the bytes to the data set, and compares them, with a margin, with the budgets. Under
-DDP each rank plans only its partition (`rank_partition()`), so no rank caches a full copy.
-
-Examples:
-    >>> from monai_fast.data.planner import plan_cache
-    >>> plan = plan_cache(transforms, train_files, device="cuda", cache_dir="/scratch/cache")  # doctest: +SKIP
-    >>> print(plan.describe())  # doctest: +SKIP
-    cache in GPU memory: 16 items x 21.4 MiB = 342 MiB (x1.2 margin) fits the GPU budget of 38.1 GiB
-    >>> train_ds = plan.build(train_files, transforms)  # doctest: +SKIP
+Under DDP each rank plans only its partition (`rank_partition()`), so no rank caches a full copy.
 """
 
 from __future__ import annotations
@@ -64,10 +55,6 @@ def budgets_in_bytes(budgets_mib: dict[str, float | None]) -> list[int | None]:
 
     Raises:
         ValueError: for a negative budget, naming it.
-
-    Examples:
-        >>> budgets_in_bytes({"ram": 1.5, "gpu": None})
-        [1572864, None]
     """
     out = []
     for place, mib in budgets_mib.items():
@@ -80,15 +67,10 @@ def budgets_in_bytes(budgets_mib: dict[str, float | None]) -> list[int | None]:
 def default_ram_budget(available: int | None = None) -> int:
     """Bytes of RAM one process may cache by default: half of what is available, shared by the node's ranks.
 
-    Every rank on a node plans at the same time from the same free memory; each takes its share,
-    so N ranks plan at most half of the node between them, not N halves.
+    Every rank on a node plans at once from the same free memory, so N ranks plan half the node, not N halves.
 
     Args:
         available: bytes available on the node; default what the operating system says now.
-
-    Examples:
-        >>> default_ram_budget(available=8 * 2**30) == 4 * 2**30  # one process
-        True
     """
     available = psutil.virtual_memory().available if available is None else available
     return available // 2 // max(1, idist.get_nproc_per_node())
@@ -155,15 +137,11 @@ class CachePlan:
         return "\n".join(self.reasons)
 
     def build(self, data: Sequence, transform: Compose, background: bool = False, **kwargs: Any) -> Dataset:
-        """The data set this plan calls for (``kwargs`` go to the MONAI class).
+        """The data set this plan calls for (``kwargs`` go to the MONAI class); its chain becomes a `NamedItemsCompose`.
 
-        ``gpu`` / ``ram``: a ``CacheDataset`` (on the GPU its cached chain ends with ``ToDeviced``),
-        a `BackgroundCacheDataset` with ``background=True``; ``disk``: a `CropCacheDataset` where the
-        first random transform reads its patch, else a `TrustedPersistentDataset`; ``smartcache``: a
-        `SafeSmartCacheDataset`; ``none``: a ``Dataset``. The chain becomes a `NamedItemsCompose`.
-
-        Examples:
-            >>> ds = plan.build(train_files, transforms, background=True, num_workers=3)  # doctest: +SKIP
+        ``gpu`` / ``ram``: a ``CacheDataset`` (a `BackgroundCacheDataset` with ``background=True``);
+        ``disk``: a `CropCacheDataset` where the first random transform reads its patch, else a
+        `TrustedPersistentDataset`; ``smartcache``: a `SafeSmartCacheDataset`; ``none``: a ``Dataset``.
         """
         if self.where in ("gpu", "ram", "smartcache"):
             kwargs.setdefault("progress", False)
@@ -215,8 +193,7 @@ def plan_cache(
         data: this rank's items.
         device: the training device; GPU caching is considered only for a CUDA device.
         gpu_budget_mib: MiB of GPU memory the cache may use; default half of what is free now.
-        ram_budget_mib: MiB of RAM; default `default_ram_budget()` (half of what is available, shared by the
-            node's ranks).
+        ram_budget_mib: MiB of RAM; default `default_ram_budget()`.
         disk_budget_mib: MiB under ``cache_dir``; default 80 % of its free space.
         cache_dir: where a disk cache would go; without it, disk is not an option.
         sample: items run through the deterministic part to measure their size.
@@ -224,6 +201,10 @@ def plan_cache(
 
     Raises:
         ValueError: on an empty data list, a bad budget or margin, naming it.
+
+    Examples:
+        >>> plan = plan_cache(transforms, train_files, device="cuda", cache_dir="/scratch/cache")  # doctest: +SKIP
+        >>> train_ds = plan.build(train_files, transforms)  # doctest: +SKIP
     """
     if not data:
         raise ValueError("data is empty: nothing to plan a cache for")
@@ -316,8 +297,7 @@ def force_plan(plan: CachePlan, where: Where) -> CachePlan:
     """``plan`` with its place forced to ``where`` (the measurements and reasons kept, the override said).
 
     Raises:
-        ValueError: ``"gpu"`` without a CUDA device, ``"disk"`` without a cache folder, or an
-            unknown place.
+        ValueError: ``"gpu"`` without a CUDA device, ``"disk"`` without a cache folder, or an unknown place.
     """
     if where not in CACHE_PLACES:
         raise ValueError(f"cache must be one of {', '.join(map(repr, CACHE_PLACES))}, got {where!r}")

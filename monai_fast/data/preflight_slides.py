@@ -1,14 +1,6 @@
 """A fast check of a whole-slide patch list before training: every bad slide and patch named at once.
 
-`preflight_wsi()` checks ``{"image", "location"}`` lists as MONAI's ``PatchWSIDataset`` reads them:
-a slide that cannot be read to its end (a truncated file), a slide smaller than the patch, and every
-patch location that reaches outside its slide are named, with the list and index of the item, before
-any training. Slide scans share the store of `monai_fast.data.preflight` (``preflight.json``).
-
-Examples:
-    >>> from monai_fast.data.preflight_slides import preflight_wsi
-    >>> preflight_wsi({"training": items}, patch_size=96).ok  # doctest: +SKIP
-    True
+Slide scans share the store of `monai_fast.data.preflight` (``preflight.json``); see docs/pathology.md.
 """
 
 from __future__ import annotations
@@ -66,10 +58,6 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
 
     Raises:
         MissingExtraError: a TIFF slide without ``tifffile`` installed (the ``wsi`` extra).
-
-    Examples:
-        >>> scan_slide("/data/wsi_like/slides/slide_001.tif")  # doctest: +SKIP
-        {'levels': [[4096, 4096], [2048, 2048], [1024, 1024]]}
     """
     path = str(path)
     try:
@@ -114,12 +102,7 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
 def _patch_problem(
     levels: list[list[int]], location: Sequence[int], size: tuple[int, int], level: int, center: bool
 ) -> str | None:
-    """Why the patch cannot be read whole from a slide with these level sizes, or ``None``.
-
-    As MONAI's ``PatchWSIDataset``: ``location`` is at level 0, a centre when ``center`` (the
-    patch's size at ``level`` halved is taken off), and the reader divides it by the level's
-    downsampling before reading ``size`` pixels at ``level``.
-    """
+    """Why the patch, located as ``PatchWSIDataset`` does, cannot be read whole from the slide; else ``None``."""
     if not 0 <= level < len(levels):
         return f"patch level {level}, but the slide has {len(levels)} level(s)"
     h0, w0 = levels[0]
@@ -153,13 +136,11 @@ def preflight_wsi(
 ) -> PreflightReport:
     """Check a whole-slide patch list before training: every slide readable, every patch inside its slide.
 
-    Each slide must read to its end (`scan_slide()`) and hold the patch; each patch, located as
-    MONAI's ``PatchWSIDataset`` locates it, must lie inside its slide. Scans are cached like `preflight()`'s.
+    Patches are located as MONAI's ``PatchWSIDataset`` locates them; scans are cached like `preflight()`'s.
 
     Args:
         files: ``{"image", "location"}`` items (``"patch_size"`` and ``"patch_level"`` in an item
-            override the defaults, as in MONAI), or a mapping of list names to such lists
-            (``{"training": ..., "validation": ...}``) so that problems name the list.
+            override the defaults), or a mapping of list names to such lists, so problems name the list.
         patch_size: patch side, or (rows, columns), at ``level``.
         level: the pyramid level patches are read at.
         center_location: ``location`` is the patch's centre (MONAI's default) rather than its top-left.
@@ -177,9 +158,7 @@ def preflight_wsi(
         MissingExtraError: a TIFF slide to read without ``tifffile`` installed (``pip install "monai-fast[wsi]"``).
 
     Examples:
-        >>> train, val = load_wsi_datalist("/data/wsi_like")  # doctest: +SKIP
         >>> preflight_wsi({"training": train, "validation": val}, patch_size=96).ok  # doctest: +SKIP
-        True
     """
     t0 = time.perf_counter()
     lists = dict(files) if isinstance(files, dict) else {"items": files}

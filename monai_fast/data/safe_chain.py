@@ -1,13 +1,4 @@
-"""Transform chains that name the file they fail on, and cache fills that end cleanly.
-
-A file that cannot be read (a truncated NIfTI, say) must end a cache build or an epoch with one
-`DataItemError` naming the file, in every cache mode, thread and
-loader worker process, and the process must exit like after any other error.
-
-Examples:
-    >>> from monai.transforms import LoadImaged
-    >>> chain = NamedItemsCompose([LoadImaged(keys="image")])
-"""
+"""Transform chains that name the file they fail on, and cache fills that end cleanly (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -27,14 +18,10 @@ __all__ = ["NamedItemsCompose", "threads_joined_on_error"]
 class NamedItemsCompose(Compose):
     """A ``Compose`` whose failure on an item that carries file names is a `DataItemError` naming them.
 
-    MONAI's ``RuntimeError("applying transform ...")`` names no file; this chain names it, in any
-    thread or worker; items without file names raise as before.
+    MONAI's ``RuntimeError("applying transform ...")`` names no file; items without file names raise as before.
 
     Examples:
-        >>> from monai.transforms import LoadImaged
         >>> chain = NamedItemsCompose([LoadImaged(keys="image")])
-        >>> chain({"image": "/no/such.nii.gz"})  # doctest: +SKIP
-        DataItemError: transforming image=/no/such.nii.gz failed: ...
     """
 
     @classmethod
@@ -60,15 +47,8 @@ class NamedItemsCompose(Compose):
 def threads_joined_on_error(timeout_s: float = 300.0) -> Iterator[None]:
     """On an error in the block, wait (at most ``timeout_s``) for the threads started in it, then re-raise.
 
-    MONAI's ``CacheDataset`` fills its cache in a ``ThreadPool`` and, on the first failing item,
-    terminates the pool without waiting: its other threads are still inside transforms (torch
-    code) while the error unwinds, and a process that exits then aborts ("terminate called without
-    an active exception", exit 134). Once they have finished their items they stop, and the error
-    ends the process like any other.
-
-    Examples:
-        >>> with threads_joined_on_error():  # doctest: +SKIP
-        ...     ds = CacheDataset(files, chain, num_workers=4)
+    MONAI's ``CacheDataset`` terminates its fill pool on the first failing item without waiting; a
+    process that exits while those threads are inside torch code aborts (exit 134).
     """
     before = set(threading.enumerate())
     try:

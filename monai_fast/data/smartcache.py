@@ -1,8 +1,7 @@
 """A ``SmartCacheDataset`` that owns a safe rotation: bounded waits, named errors, resumable state.
 
 MONAI's rotation thread holds the lock ``update_cache()`` waits on, so no wait can time out and a
-failing transform makes it spin forever; `SafeSmartCacheDataset` keeps MONAI's caching and order
-and owns the rotation (docs/data.md).
+failing transform makes it spin forever (docs/data.md).
 """
 
 from __future__ import annotations
@@ -64,9 +63,8 @@ class _Rotation:
 class SafeSmartCacheDataset(SmartCacheDataset):
     """MONAI's ``SmartCacheDataset`` whose rotation never hangs, names failures and resumes in place.
 
-    Same arguments and rotation order as ``monai.data.SmartCacheDataset``, plus ``timeout_s``:
-    ``update_cache`` waits at most that long, a failed replacement raises `DataItemError` naming the
-    item, and ``state_dict()`` saves the position. Drive it with `SmartCacheUpdater`.
+    ``update_cache`` waits at most ``timeout_s``, a failed replacement raises `DataItemError` naming
+    the item, and ``state_dict()`` saves the position. Drive it with `SmartCacheUpdater`.
 
     Args:
         data: the data list, as for ``SmartCacheDataset``.
@@ -77,10 +75,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         **kwargs: further keyword arguments of ``SmartCacheDataset``.
 
     Examples:
-        >>> from monai_fast.data.smartcache import SafeSmartCacheDataset
         >>> ds = SafeSmartCacheDataset(files, transform, cache_num=4, replace_rate=0.25)  # doctest: +SKIP
-        >>> ds.start(); ...; ds.update_cache(timeout_s=60); ...; ds.shutdown()  # doctest: +SKIP
-        >>> saved = ds.state_dict()  # doctest: +SKIP
     """
 
     def __init__(
@@ -110,21 +105,17 @@ class SafeSmartCacheDataset(SmartCacheDataset):
     ) -> SafeSmartCacheDataset:
         """A safe rotation over what a MONAI ``SmartCacheDataset`` (or one of this class) holds.
 
-        Items, order, settings and random state carry over; a window never rotated is handed over,
-        not transformed again. Adopting the same data set again gives the same safe one.
+        Items, order, settings and random state carry over; a window never rotated is handed over, not
+        transformed again. Adopting the same data set again gives the same safe one.
 
         Args:
             dataset: the data set to adopt; it is shut down first if its rotation runs.
-            data: other items to rotate over instead (a rank's share of ``dataset.data``); then
-                nothing is handed over and ``cache_num`` may differ.
+            data: other items to rotate over instead (a rank's share); then ``cache_num`` may differ.
             cache_num: items to cache; default ``dataset.cache_num`` (at most the number of items).
             timeout_s: as for the constructor.
 
         Raises:
             TypeError: ``dataset`` is not a ``SmartCacheDataset``.
-
-        Examples:
-            >>> safe = SafeSmartCacheDataset.adopt(monai_smartcache_ds, timeout_s=120)  # doctest: +SKIP
         """
         if not isinstance(dataset, SmartCacheDataset):
             raise TypeError(
@@ -181,8 +172,6 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             return handed
         return super()._fill_cache(indices)
 
-    # ---- MONAI's public interface, replaced -------------------------------------------------
-
     def set_data(self, data: Sequence) -> None:
         """MONAI's ``set_data`` (stop, shuffle, re-cache the first items), then restart the rotation at 0."""
         self.shutdown()
@@ -215,8 +204,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
     def update_cache(self, timeout_s: float | None = None) -> None:
         """Swap the oldest ``replace_num`` cached items for the prepared replacements.
 
-        Starts the background thread if it is not running (as MONAI's does), unless a replacement
-        failed: that error is raised instead.
+        Starts the background thread if it is not running, unless a replacement failed: that error is raised.
 
         Args:
             timeout_s: longest wait for the replacement; the dataset's ``timeout_s`` when ``None``.
@@ -253,8 +241,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         """Stop the background thread; the position and the cache stay where they are.
 
         Args:
-            wait_s: longest wait for the thread to finish the item it is on. Default: the
-                dataset's ``timeout_s``, or no wait after a failed update.
+            wait_s: longest wait for the current item; default ``timeout_s``, or none after a failed update.
         """
         rot = self._rotation
         with rot.cond:
@@ -304,19 +291,12 @@ class SafeSmartCacheDataset(SmartCacheDataset):
                     rot.ready = items
                     rot.cond.notify_all()
 
-    # ---- position and checkpoints -----------------------------------------------------------
-
     @staticmethod
     def adoption_of(dataset: SmartCacheDataset) -> SafeSmartCacheDataset | None:
         """The data set that rotates in place of the user's ``dataset`` (`adopt()`), or ``None``.
 
-        MONAI's ``SmartCacheDataset`` object itself never rotates once adopted: its window stays
-        where it was. This is the one that does, while it still holds the same items in the same
-        order (a ``set_data`` on the user's object since makes the next `adopt()` start anew).
-
-        Examples:
-            >>> SafeSmartCacheDataset.adoption_of(users_smartcache_ds).window()  # doctest: +SKIP
-            [2, 3, 4, 0]
+        MONAI's object itself never rotates once adopted; this one does while it holds the same items in
+        the same order.
         """
         safe = _ADOPTIONS.get(dataset)
         if safe is None or len(safe.data) != len(dataset.data):
@@ -371,8 +351,6 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         except _ItemFailure as f:
             raise self._item_error(f.index, f.error) from f.error
         self._cache = [cached[i] if i in cached else loaded[i] for i in self.window()]
-
-    # ---- helpers ------------------------------------------------------------------------------
 
     def _replacement_indices(self, position: int) -> list[int]:
         total = len(self.data)

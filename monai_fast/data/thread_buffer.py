@@ -1,10 +1,4 @@
-"""The background thread under `SafeThreadDataLoader`: items made ahead or on demand.
-
-`SafeThreadBuffer` runs an iterable in a loader thread whose errors and end reach the
-consumer, with a watchdog; with ``prefetch=False`` (or a callable saying so, read at each item)
-each item is made in the consumer's own thread when it asks for it instead. An idle loader thread
-sleeps until it is asked for an item.
-"""
+"""The background thread under `SafeThreadDataLoader`: items made ahead or on demand (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -142,22 +136,17 @@ class _Watchdog:
 
 @dataclass(eq=False, repr=False)
 class SafeThreadBuffer:
-    """Iterates ``src`` in a background thread, or item by item in the consumer's (``prefetch``); errors and end
-    reach it.
+    """Iterates ``src`` in a background thread, or item by item in the consumer's; errors and end reach the consumer.
 
     Args:
         src: the iterable to run.
         buffer_size: items queued ahead.
         timeout: seconds per wait on the queue before re-checking the thread.
-        timeout_s: the longest wait for one item before `LoaderTimeoutError` (a stuck thread is
-            abandoned; an item made on demand is only logged); ``None``: as long as the thread lives.
+        timeout_s: the longest wait for one item before `LoaderTimeoutError`; ``None``: as long as the thread lives.
         working_on: what the thread is doing, for the timeout message.
-        prefetch: ``True``: items made ahead, up to ``buffer_size``; ``False``: each made when asked
-            for; a callable is asked at each item, so the mode may change between items.
+        prefetch: ``True``: items made ahead; ``False``: each made when asked for; a callable: asked at each item.
 
     Examples:
-        >>> list(SafeThreadBuffer(range(3), timeout_s=60))
-        [0, 1, 2]
         >>> list(SafeThreadBuffer(range(3), timeout_s=60, prefetch=False))
         [0, 1, 2]
     """

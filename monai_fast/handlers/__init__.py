@@ -1,8 +1,7 @@
 """Ignite event handlers; each one ``attach(engine)``es to any ignite ``Engine``, MONAI's included.
 
-The package's namespace holds the handlers and their results and errors. The helpers they are built on
-live in their modules: ``monai_fast.handlers.record.record_of``, ``monai_fast.handlers.lifecycle.on_run_end``,
-``monai_fast.handlers.nvtx.nvtx_range``, ``monai_fast.handlers.validation_schedule.estimator_like``.
+The namespace holds the handlers, their results and errors; their helpers stay in their modules.
+See docs/handlers.md.
 """
 
 from monai_fast.handlers.algorithm_time import AlgorithmTimes, TrainingAlgorithmTime

@@ -30,15 +30,7 @@ _DECOLLATE = "_register_decollate.<locals>._decollate_data"
 
 @dataclass
 class AlgorithmTimes:
-    """Totals of one training epoch, in seconds.
-
-    ``epoch_s`` is the epoch's iterations from the first to the last, plus the metrics' epoch-end
-    ``completed`` (the validation that handlers run at the epoch's end is not in it);
-    ``postprocessing_s`` the trainer's ``postprocessing`` transform, ``decollate_s`` MONAI's
-    decollation of each batch into items before it, and ``metrics_s`` the training metrics' updates
-    on each iteration and their ``completed`` at the epoch's end. ``metrics`` and
-    ``postprocessing`` name what was timed.
-    """
+    """Totals of one training epoch, in seconds (what each total covers: docs/monitoring.md)."""
 
     epoch: int
     iterations: int = 0
@@ -80,21 +72,15 @@ def _transform_names(fn: Callable) -> list[str]:
 class TrainingAlgorithmTime(EngineHandler):
     """Times a MONAI trainer's own post-processing and training metrics, per epoch.
 
-    The trainer's ``postprocessing`` and ``key_train_metric`` / ``additional_metrics`` are the
-    user's algorithm, kept as built; each of their callbacks runs inside a timer in its place
-    (`wrap()`). Each epoch's `AlgorithmTimes` goes to `epochs` and the run record. Mechanism:
-    docs/monitoring.md.
+    Each callback of the trainer's ``postprocessing`` and metrics runs inside a timer in its place;
+    each epoch's `AlgorithmTimes` goes to `epochs` and the run record. See docs/monitoring.md.
 
     Args:
         logger: where the per-epoch line (debug level) goes; default ``monai_fast.handlers``.
 
     Examples:
-        >>> from monai_fast.handlers import TrainingAlgorithmTime
         >>> timer = TrainingAlgorithmTime()
         >>> timer.attach(trainer)  # doctest: +SKIP
-        >>> trainer.run()  # doctest: +SKIP
-        >>> timer.epochs[-1].metrics, timer.epochs[-1].metrics_s  # doctest: +SKIP
-        (['Accuracy'], 0.41)
     """
 
     def __init__(self, logger: logging.Logger | None = None) -> None:

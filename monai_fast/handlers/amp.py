@@ -109,23 +109,18 @@ class _NetworkAutocast:
 class AMPToggle(EngineHandler):
     """Autocast on a MONAI ``SupervisedTrainer`` / ``SupervisedEvaluator`` that can change at runtime.
 
-    Unlike MONAI's ``amp=True`` (fixed at construction, CUDA only) it wraps the engine's inferer
-    and network in ``torch.autocast`` for the engine's device; ``schedule(epoch)`` or `enable()` /
-    `disable()` switch it, and `state_dict()` resumes the same precision. On a trainer it brings a
-    `NonFiniteGuard`. The mechanism: docs/precision.md.
+    Unlike MONAI's ``amp=True`` (fixed at construction, CUDA only) it follows the engine's device;
+    ``schedule(epoch)`` or `enable()` / `disable()` switch it, and `state_dict()` resumes the same
+    precision. On a trainer it brings a `NonFiniteGuard`. See docs/precision.md.
 
     Args:
-        precision: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off, the
-            non-finite guard stays): `REQUESTS`.
+        precision: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off): `REQUESTS`.
         schedule: ``epoch -> bool``, called at each epoch's start; ``None`` keeps it on.
-        max_nonfinite: consecutive non-finite losses before the fallback to fp32 (for the guard
-            this handler attaches; a guard already on the engine keeps its own).
+        max_nonfinite: consecutive non-finite losses before the fallback to fp32 (for the guard it attaches).
 
     Examples:
-        >>> from monai_fast.handlers import AMPToggle
         >>> amp = AMPToggle("auto", schedule=lambda epoch: epoch > 1)  # fp32 for the first epoch
         >>> amp.attach(trainer)  # doctest: +SKIP
-        >>> Checkpoint({"trainer": trainer, "amp": amp}, DiskSaver("ckpt"))  # doctest: +SKIP
     """
 
     def __init__(

@@ -30,10 +30,9 @@ class BackgroundValidationError(RuntimeError):
 class BackgroundValidation(EngineHandler):
     """Runs ``evaluator`` on a snapshot of the trainer's weights in a background thread.
 
-    Every ``interval``-th epoch the weights are copied (on the training thread) into a private
-    copy of the network and ``evaluator.run(epoch)`` starts in a thread; the last epoch is always
-    validated. A failure is raised on the training thread as `BackgroundValidationError` naming
-    the epoch. Threads, streams and timing: docs/data.md.
+    Every ``interval``-th epoch (and the last) the weights are copied into a private network and
+    ``evaluator.run(epoch)`` starts in a thread; a failure is raised on the training thread as
+    `BackgroundValidationError` naming the epoch. See docs/data.md.
 
     Attributes:
         validated_epochs: epochs whose weights were validated, in order.
@@ -47,8 +46,6 @@ class BackgroundValidation(EngineHandler):
 
     Examples:
         >>> BackgroundValidation(evaluator).attach(trainer)  # instead of ValidationHandler  # doctest: +SKIP
-        >>> TimeToTarget(0.9).attach(trainer, evaluator)  # doctest: +SKIP
-        >>> trainer.run()  # doctest: +SKIP
     """
 
     def __init__(

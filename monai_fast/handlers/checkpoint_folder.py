@@ -1,23 +1,7 @@
 """Preemption's second half: a folder of whole checkpoints ``ckpt-<iteration>.pt``, the newest valid ones kept.
 
-A subclass of ignite's ``Checkpoint`` (ignite builds and loads the state dicts) whose saver
-writes through `monai_fast.files.atomic_write`, whose rotation keeps the newest *valid* files by
-folder listing, and whose write failures stop every rank with one error naming the folder; why
-each differs from ignite's: docs/preemption.md.
-
-Examples:
-    >>> import tempfile, torch
-    >>> from ignite.engine import Engine
-    >>> from monai_fast.handlers.checkpoint_folder import CheckpointFolder
-    >>> net = torch.nn.Linear(2, 1)
-    >>> trainer = Engine(lambda e, b: None)
-    >>> folder = CheckpointFolder({"trainer": trainer, "model": net}, tempfile.mkdtemp(), n_saved=2)
-    >>> _ = trainer.run([0, 1], max_epochs=1)
-    >>> folder.write(trainer).name
-    'ckpt-000000002.pt'
-    >>> path, state = folder.newest_loadable()
-    >>> sorted(state)
-    ['model', 'trainer']
+Why it differs from ignite's ``Checkpoint`` (atomic writes, rotation by validity, one error on
+every rank): docs/preemption.md.
 """
 
 from __future__ import annotations
@@ -94,12 +78,16 @@ def _iteration_of(engine: Engine, event: Any) -> int:
 
 
 class CheckpointFolder(Checkpoint):
-    """ignite's ``Checkpoint`` writing ``ckpt-<iteration>.pt`` into ``dirname``; see the module docstring.
+    """ignite's ``Checkpoint`` writing ``ckpt-<iteration>.pt`` into ``dirname`` (docs/preemption.md).
 
     Args:
         to_save: name -> object with ``state_dict``.
         dirname: the folder (shared by all ranks; created by rank 0).
         n_saved: valid checkpoints kept, the one just written included.
+
+    Examples:
+        >>> folder = CheckpointFolder({"trainer": trainer, "model": net}, "ckpt", n_saved=2)  # doctest: +SKIP
+        >>> path, state = folder.newest_loadable()  # doctest: +SKIP
     """
 
     def __init__(self, to_save: Mapping[str, Any], dirname: str | os.PathLike, n_saved: int = 2) -> None:

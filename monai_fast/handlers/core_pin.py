@@ -1,16 +1,6 @@
 """Keep an engine's main thread on its own core during each iteration, apart from OpenMP's pinned workers.
 
-With OpenMP's workers pinned one per core, the scheduler may settle the free main thread on a
-worker's core under a competing job. `MainThreadCore` puts it on the free core from
-``ITERATION_STARTED`` to ``ITERATION_COMPLETED`` (its whole mask back before any other
-``ITERATION_COMPLETED`` handler); see docs/handlers.md.
-
-Examples:
-    >>> from ignite.engine import Engine
-    >>> engine = Engine(lambda e, b: b)
-    >>> MainThreadCore(core=None).attach(engine)  # no core to keep apart: nothing registered
-    >>> engine.run([1, 2], max_epochs=1).output
-    2
+See docs/handlers.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,4 @@
-"""An epoch that ends short is an error, not a smaller epoch: `EpochLengthGuard`.
-
-Ignite fills a pass that ends before ``len(loader)`` with a new pass, or ends the epoch early with
-only a warning; a dead loader thread ends its iterator that way. `EpochLengthGuard` raises
-`ShortEpochError` when a pass or an epoch comes up short, before any ``EPOCH_COMPLETED`` handler
-(validation, checkpoint, metric) runs; see docs/handlers.md.
-
-Examples:
-    >>> from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
-    >>> EpochLengthGuard("training").attach(trainer)  # doctest: +SKIP
-    >>> EpochLengthGuard("validation").attach(evaluator)  # doctest: +SKIP
-"""
+"""An epoch that ends short is an error, not a smaller epoch: `EpochLengthGuard` (docs/handlers.md)."""
 
 from __future__ import annotations
 
@@ -29,13 +18,16 @@ class ShortEpochError(RuntimeError):
 
 
 class EpochLengthGuard(EngineHandler):
-    """Raises `ShortEpochError` when a loader's pass or an epoch ends short (see the module docstring).
+    """Raises `ShortEpochError` when a loader's pass or an epoch ends short, before any ``EPOCH_COMPLETED`` handler.
 
     Args:
         name: what the engine does, for the message (``"training"``, ``"validation"``).
 
     Attributes:
         passes: complete loader passes seen.
+
+    Examples:
+        >>> EpochLengthGuard("training").attach(trainer)  # doctest: +SKIP
     """
 
     def __init__(self, name: str = "engine") -> None:

@@ -144,9 +144,8 @@ class FastTraining(EngineHandler):
         """Apply the levers to ``trainer`` (and ``evaluator``); call before ``trainer.run()``.
 
         Raises:
-            TypeError: ``trainer`` is not a MONAI workflow (``SupervisedTrainer``, ...).
-            RuntimeError: already attached, or the trainer or the evaluator is inside ``run()`` (attached
-                from one of its event handlers: the run already holds the loaders it was given).
+            TypeError: ``trainer`` is not a MONAI workflow.
+            RuntimeError: already attached, or the trainer or the evaluator is inside ``run()``.
         """
         if not isinstance(trainer, Workflow):
             raise TypeError(

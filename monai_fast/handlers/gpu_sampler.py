@@ -30,9 +30,8 @@ logger = logging.getLogger("monai_fast.handlers")
 class GPUSampler(EngineHandler):
     """Samples GPU utilisation, memory, power, temperature and SM clock on a background thread.
 
-    The thread runs with the engine's run (joined however it ends). Samples become record rows, a
-    ``gpu_rank<R>.csv`` and, with ``writer``, TensorBoard scalars; `summary` holds mean and peak per
-    GPU. Without NVML: one warning, and nothing else (docs/monitoring.md).
+    Samples become record rows, a ``gpu_rank<R>.csv`` and, with ``writer``, TensorBoard scalars;
+    `summary` holds mean and peak per GPU. Without NVML: one warning, nothing else (docs/monitoring.md).
 
     Args:
         interval_s: seconds between samples (> 0).
@@ -42,11 +41,7 @@ class GPUSampler(EngineHandler):
         backend: an NVML backend; default the real one (tests pass ``FakeNvml``).
 
     Examples:
-        >>> from monai_fast.handlers import GPUSampler
-        >>> sampler = GPUSampler(interval_s=0.5, output_dir="runs/exp1")
-        >>> sampler.attach(trainer)  # doctest: +SKIP
-        >>> trainer.run(); sampler.summary["gpu0"]["gpu_util_mean"]  # doctest: +SKIP
-        97.3
+        >>> GPUSampler(interval_s=0.5, output_dir="runs/exp1").attach(trainer)  # doctest: +SKIP
     """
 
     def __init__(

@@ -24,16 +24,7 @@ except ImportError:  # pragma: no cover - MONAI is a dependency; a plain ignite 
 
 @dataclass
 class InferenceTimes:
-    """Totals of one evaluator run (one validation), in seconds.
-
-    ``network_s`` is the time inside the network's forward calls; ``sliding_window_s`` the rest of
-    the inferer, from the first window's call to the inferer's return (cutting windows, padding,
-    stitching the outputs into the volume); ``before_s`` from the iteration's start to the first
-    window (the batch moved to the device, padding before the first window); ``after_s`` from the
-    inferer's return to the end of the iteration (post-processing, metric updates). On an engine
-    without MONAI's ``FORWARD_COMPLETED`` event the inferer is taken to end with its last window,
-    and ``after_s`` holds the rest.
-    """
+    """Totals of one evaluator run (one validation), in seconds (what each total covers: docs/monitoring.md)."""
 
     iterations: int = 0
     network_calls: int = 0
@@ -54,9 +45,8 @@ class InferenceTimes:
 class InferenceSplit(EngineHandler):
     """Splits an evaluator's iterations into network time and sliding-window time around it.
 
-    Forward hooks on the network mark each window batch (on the evaluator's thread only, so a
-    shared network is timed for validation only); MONAI's ``FORWARD_COMPLETED`` marks the inferer's
-    return. Attach it after the evaluator's metrics. Mechanism: docs/monitoring.md.
+    Attach it after the evaluator's metrics; a shared network is timed for validation only.
+    See docs/monitoring.md.
 
     Args:
         network: the module the inferer calls; default the engine's ``network`` attribute.
@@ -66,12 +56,8 @@ class InferenceSplit(EngineHandler):
         ValueError: at ``attach``, when no network is given and the engine has none.
 
     Examples:
-        >>> from monai_fast.handlers import InferenceSplit
         >>> split = InferenceSplit()
         >>> split.attach(evaluator)  # doctest: +SKIP
-        >>> evaluator.run()  # doctest: +SKIP
-        >>> split.runs[-1].network_s / split.runs[-1].iteration_s  # doctest: +SKIP
-        0.81
     """
 
     def __init__(self, network: torch.nn.Module | None = None, logger: logging.Logger | None = None) -> None:

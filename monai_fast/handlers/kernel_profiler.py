@@ -28,13 +28,10 @@ def _is_device_kernel(e: Any) -> bool:
 
 
 def summarise_profile(key_averages: Any, top: int = 15) -> dict:
-    """A DLProf-like summary of ``prof.key_averages()``.
+    """A DLProf-like summary of ``prof.key_averages()``: device kernels and CPU ops counted apart.
 
-    CPU ops and device kernels are counted apart, as torch's own table does: an op's "self device
-    time" is the time of the kernels it launched, so adding op rows to kernel rows would count GPU
-    time twice. ``# Kernels`` and ``GPU Time (ns)`` cover device kernels only; ``# Ops`` and
-    ``CPU Time (ns)`` cover CPU ops. ``top`` lists the kernels by GPU time, or the ops by CPU time
-    when nothing ran on a device.
+    Adding op rows to kernel rows would count GPU time twice. ``top`` lists the kernels by GPU time,
+    or the ops by CPU time when nothing ran on a device.
     """
     ops, kernels = [], []
     for e in key_averages:
@@ -81,7 +78,6 @@ class KernelProfiler(EngineHandler):
         top: number of ops listed in the summary.
 
     Examples:
-        >>> from monai_fast.handlers import KernelProfiler
         >>> KernelProfiler("runs/exp1", wait=5, warmup=2, active=5).attach(trainer)  # doctest: +SKIP
     """
 

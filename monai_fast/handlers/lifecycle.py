@@ -2,23 +2,6 @@
 
 The rules (attach twice, replace on re-attach, one engine per instance, cleanup however a run
 ends) are in docs/handlers.md.
-
-Examples:
-    >>> from ignite.engine import Engine, Events
-    >>> class CountEpochs(EngineHandler):
-    ...     def __init__(self) -> None:
-    ...         super().__init__()
-    ...         self.epochs = 0
-    ...     def _attach(self, engine: Engine) -> None:
-    ...         self.on(engine, Events.EPOCH_COMPLETED, self._count)
-    ...     def _count(self, engine: Engine) -> None:
-    ...         self.epochs += 1
-    >>> engine = Engine(lambda e, b: None)
-    >>> old = CountEpochs(); old.attach(engine)
-    >>> new = CountEpochs(); new.attach(engine)   # replaces `old`, as a re-run cell does
-    >>> _ = engine.run([0], max_epochs=2)
-    >>> old.epochs, new.epochs
-    (0, 2)
 """
 
 from __future__ import annotations
@@ -116,25 +99,11 @@ class _WrapHandle:
 def wrap_callback(engine: Engine, event: Any, fn: Callable, wrapper: Callable) -> _WrapHandle | None:
     """Run ``wrapper`` in place of ``fn`` among ``engine``'s handlers for ``event``, in the same position.
 
-    ``wrapper`` gets ``fn``'s registered arguments and must call ``fn`` itself. It carries ignite's
-    ``_parent``, so ``has_event_handler(fn)`` and ``remove_event_handler(fn, event)`` keep working.
+    ``wrapper`` gets ``fn``'s registered arguments and must call ``fn`` itself;
+    ``has_event_handler(fn)`` and ``remove_event_handler(fn, event)`` keep working.
 
     Returns:
         A handle whose ``remove()`` puts ``fn`` back, or ``None`` when ``fn`` is not registered for ``event``.
-
-    Examples:
-        >>> from ignite.engine import Engine, Events
-        >>> engine = Engine(lambda e, b: None)
-        >>> calls = []
-        >>> def count(engine): calls.append("count")
-        >>> def timed(engine): calls.append("timed"); count(engine)
-        >>> _ = engine.add_event_handler(Events.EPOCH_COMPLETED, count)
-        >>> handle = wrap_callback(engine, Events.EPOCH_COMPLETED, count, timed)
-        >>> engine.has_event_handler(count, Events.EPOCH_COMPLETED)
-        True
-        >>> _ = engine.run([0], max_epochs=1); handle.remove(); _ = engine.run([0], max_epochs=1)
-        >>> calls
-        ['timed', 'count', 'count']
     """
     handlers = engine._event_handlers.get(event, [])
     for i, (registered, args, kwargs) in enumerate(handlers):
@@ -151,16 +120,7 @@ _BETWEEN_RUNS = (None, Events.COMPLETED, Events.TERMINATE, Events.EXCEPTION_RAIS
 
 
 def is_running(engine: Engine) -> bool:
-    """Whether ``engine`` is inside ``run()`` (also paused by ``interrupt()``), read from ignite's ``last_event_name``.
-
-    Examples:
-        >>> from ignite.engine import Engine, Events
-        >>> engine = Engine(lambda e, b: None)
-        >>> seen = []
-        >>> _ = engine.add_event_handler(Events.STARTED, lambda e: seen.append(is_running(e)))
-        >>> is_running(engine), engine.run([0]) is not None, is_running(engine), seen
-        (False, True, False, [True])
-    """
+    """Whether ``engine`` is inside ``run()`` (also paused by ``interrupt()``), from ignite's ``last_event_name``."""
     return engine.last_event_name not in _BETWEEN_RUNS
 
 
@@ -243,8 +203,7 @@ class EngineHandler(ABC):
         """``engine.add_event_handler(event, fn, *args, **kwargs)``, remembered for `detach()`.
 
         Args:
-            owner: the engine this handler was attached to, when ``engine`` is another one;
-                detaching from ``owner`` removes this callback too.
+            owner: the engine this handler was attached to, when ``engine`` is another one.
             first: run before the handlers already registered for ``event``.
         """
         handle = engine.add_event_handler(event, fn, *args, **kwargs)

@@ -1,15 +1,6 @@
 """A non-finite loss never reaches the weights, in any precision, and ranks decide together.
 
-A non-finite loss skips its step (weights and buffers kept); a streak triggers the fallback or
-`NonFiniteLossError`; repeated non-finite inputs stop training naming the files; under DDP ranks
-decide together. The semantics: docs/precision.md.
-
-Examples:
-    >>> from monai_fast.handlers import NonFiniteGuard
-    >>> guard = NonFiniteGuard(max_nonfinite=3)
-    >>> guard.attach(trainer)  # doctest: +SKIP
-    >>> guard.stats  # doctest: +SKIP
-    {'nonfinite': 0, 'skipped_steps': 0, 'bad_inputs': 0}
+The semantics (skipped steps, fallback, inputs named): docs/precision.md.
 """
 
 from __future__ import annotations
@@ -40,12 +31,7 @@ def _finite(x: Any) -> bool:
 
 
 def batch_files(batch: Any, image_key: str = "image") -> list[str] | None:
-    """Per sample, the file each sample of a collated MONAI batch came from; ``None`` without metadata.
-
-    Examples:
-        >>> batch_files({"image": torch.zeros(1, 1, 2, 2, 2), "image_meta_dict": {"filename_or_obj": ["a.nii"]}})
-        ['a.nii']
-    """
+    """Per sample, the file each sample of a collated MONAI batch came from; ``None`` without metadata."""
     if not isinstance(batch, dict):
         return None
     meta = getattr(batch.get(image_key), "meta", None) or batch.get(f"{image_key}_meta_dict") or {}
@@ -56,12 +42,7 @@ def batch_files(batch: Any, image_key: str = "image") -> list[str] | None:
 
 
 def files_with_nonfinite_voxels(items: Iterable[Any]) -> list[str]:
-    """The files (paths in a MONAI datalist) that hold NaN or Inf voxels, read with ``LoadImage``.
-
-    Examples:
-        >>> files_with_nonfinite_voxels([{"image": "imagesTr/a.nii.gz"}])  # doctest: +SKIP
-        ['imagesTr/a.nii.gz']
-    """
+    """The files (paths in a MONAI datalist) that hold NaN or Inf voxels, read with ``LoadImage``."""
     from monai.transforms import LoadImage
 
     load, bad = LoadImage(image_only=True), []

@@ -36,20 +36,14 @@ def _default_backend() -> NvtxBackend:
 
 
 class NVTXHandler(EngineHandler):
-    """Marks an engine's work with nested NVTX ranges, named with rank and role.
-
-    Ranges: the run, each epoch, data fetch and iteration, and MONAI's ``IterationEvents`` phases,
-    named like ``rank0 train: epoch 3``; ranges still open when the run ends are popped (docs/monitoring.md).
+    """Marks an engine's work with nested NVTX ranges, named with rank and role (docs/monitoring.md).
 
     Args:
         label: role in range names; default ``"validation"`` for MONAI evaluators, else ``"train"``.
-        backend: where ranges go; default the ``nvtx`` package (no-op without a profiler, works
-            on CPU-only builds). Tests pass `monai_fast.telemetry.nvtx.RecordingNvtx`.
+        backend: where ranges go; default the ``nvtx`` package (no-op without a profiler).
 
     Examples:
-        >>> from monai_fast.handlers import NVTXHandler
         >>> NVTXHandler().attach(trainer)  # doctest: +SKIP
-        >>> NVTXHandler().attach(evaluator)  # doctest: +SKIP
     """
 
     def __init__(self, label: str | None = None, backend: NvtxBackend | None = None) -> None:
@@ -176,12 +170,10 @@ class _RandomInvertibleNVTXRange(_InvertibleNVTXRange, _RandomNVTXRange):
 def nvtx_range(transform: Any, name: str | None = None, backend: NvtxBackend | None = None) -> Transform:
     """Wrap a transform so each call is an NVTX range (like MONAI's ``Range``, on the ``nvtx`` package).
 
-    A wrapped random transform is still ``Randomizable``, so ``CacheDataset`` caches exactly what it
-    cached before, and ``Compose.set_random_state`` still reaches it. A wrapped invertible transform
-    is still ``InvertibleTransform``, so ``Compose.inverse`` (and MONAI's ``Invertd``) undo it.
+    The wrapper stays ``Randomizable`` and ``InvertibleTransform`` where the transform is, so caching
+    and ``Compose.inverse`` treat it as before.
 
     Examples:
-        >>> from monai.transforms import Compose, LoadImaged, Spacingd
         >>> chain = Compose([nvtx_range(LoadImaged(keys="image")), nvtx_range(Spacingd("image", 1.5), "Spacing")])
     """
     backend = backend if backend is not None else _default_backend()

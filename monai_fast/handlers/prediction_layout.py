@@ -1,17 +1,7 @@
 """An evaluator's predictions with the class dimension innermost, where that makes the argmax over classes faster.
 
 On a CPU, ``torch.argmax`` over a dimension that is not innermost is not vectorised
-(pytorch/pytorch#140000); the same values in ``channels_last_3d`` layout give the same argmax, bit
-for bit. `ClassesInnermost` wraps the evaluator's inferer to return that layout where it measures faster.
-
-Examples:
-    >>> from monai_fast.handlers import ClassesInnermost
-    >>> layout = ClassesInnermost()
-    >>> layout.attach(evaluator)  # doctest: +SKIP
-    >>> layout.active  # doctest: +SKIP
-    True
-    >>> print(layout.reason)  # doctest: +SKIP
-    argmax over classes measured 17.9 ms in the default layout against 0.9 ms with the classes put innermost first
+(pytorch/pytorch#140000); ``channels_last_3d`` gives the same argmax, bit for bit.
 """
 
 from __future__ import annotations
@@ -34,30 +24,14 @@ logger = logging.getLogger("monai_fast.handlers")
 
 
 def classes_innermost(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """``t`` with dimension ``dim`` innermost in memory: the same values, shape and type (a MetaTensor stays one).
-
-    For a 5-D ``(batch, classes, D, H, W)`` prediction and ``dim=1`` this is ``channels_last_3d``.
-
-    Examples:
-        >>> x = torch.randn(2, 4, 5, 6)
-        >>> y = classes_innermost(x)
-        >>> y.stride(0), torch.equal(x, y), torch.equal(x.argmax(0), y.argmax(0))
-        (1, True, True)
-    """
+    """``t`` with dimension ``dim`` innermost in memory: the same values, shape and type (a MetaTensor stays one)."""
     return t.movedim(dim, -1).contiguous().movedim(-1, dim)
 
 
 def argmax_gain(classes: int = 2, size: int = 48, rounds: int = 3) -> tuple[float, float]:
     """Median seconds of the CPU's ``torch.argmax`` over the class dimension: as it is, and converted first.
 
-    The second includes `classes_innermost()`'s copy. Interleaved rounds on a random
-    ``(classes, size, size, size)`` prediction (drawn from a generator of its own, so the run's
-    random stream does not move), after one warm-up each.
-
-    Examples:
-        >>> plain_s, inner_s = argmax_gain(size=16, rounds=1)
-        >>> plain_s > 0 and inner_s > 0
-        True
+    Measured on a random prediction from a generator of its own, so the run's random stream does not move.
     """
     x = torch.randn(classes, size, size, size, generator=torch.Generator().manual_seed(0))  # not the run's generator
 
@@ -110,8 +84,8 @@ class ClassesInnermost(EngineHandler):
     """Wraps a MONAI evaluator's inferer so its CPU predictions have the class dimension innermost.
 
     ``"auto"`` times the argmax both ways (about 0.1 s) and turns on where the innermost layout is
-    ``min_gain`` times faster; GPU predictions and non-5-D ones pass unchanged. A step that never
-    calls the inferer is found at its first iteration and said in `unused`.
+    ``min_gain`` times faster; GPU and non-5-D predictions pass unchanged; `unused` says when the
+    step never calls the inferer.
 
     Args:
         mode: ``"auto"`` (measure) or ``True``.
@@ -122,9 +96,7 @@ class ClassesInnermost(EngineHandler):
         TypeError: (at attach) the engine has no MONAI ``Inferer``.
 
     Examples:
-        >>> from monai_fast.handlers import ClassesInnermost
-        >>> ClassesInnermost(min_gain=1.5).min_gain
-        1.5
+        >>> ClassesInnermost().attach(evaluator)  # doctest: +SKIP
     """
 
     def __init__(self, mode: str | bool = "auto", min_gain: float = 1.2) -> None:

@@ -73,10 +73,9 @@ class _RankStates:
 class Preemption(EngineHandler):
     """Survive preemption: on a signal, finish the iteration, checkpoint atomically, requeue, stop.
 
-    On ``SIGTERM`` / ``SIGUSR1`` every rank stops at the same iteration, one checkpoint
-    ``ckpt-<iteration>.pt`` is written whole (with every rank's random states and position) and,
-    under SLURM, the job is requeued. `resume()` loads the newest readable checkpoint and replays
-    the loader to the same batch. The mechanism: docs/preemption.md.
+    Every rank stops at the same iteration; one whole ``ckpt-<iteration>.pt`` is written and, under
+    SLURM, the job requeued. `resume()` loads the newest readable checkpoint and replays the loader
+    to the same batch. See docs/preemption.md.
 
     Args:
         to_save: name -> object with ``state_dict``/``load_state_dict``; must include the engine
@@ -84,18 +83,12 @@ class Preemption(EngineHandler):
         dirname: checkpoint folder (shared by all ranks).
         signals: signal names to catch (installed only from the main thread).
         requeue: ``scontrol requeue $SLURM_JOB_ID`` after the checkpoint; ``None``: when in a SLURM job.
-        save_every: also checkpoint every this many iterations (a crash or SIGKILL then loses at
-            most that many); ``None``: only on a signal.
+        save_every: also checkpoint every this many iterations; ``None``: only on a signal.
         n_saved: valid checkpoints kept.
 
     Examples:
-        >>> from monai_fast.handlers import Preemption
-        >>> from monai_fast.handlers.stop_signal import catch_stop_signals
-        >>> catch_stop_signals()  # first thing in the program  # doctest: +SKIP
         >>> pre = Preemption({"trainer": trainer, "model": net, "optimizer": opt}, "ckpt")  # doctest: +SKIP
-        >>> pre.attach(trainer); pre.resume()  # doctest: +SKIP
-        >>> trainer.run()  # doctest: +SKIP
-        >>> pre.exit_if_preempted()  # doctest: +SKIP
+        >>> pre.attach(trainer); pre.resume(); trainer.run(); pre.exit_if_preempted()  # doctest: +SKIP
     """
 
     def __init__(
@@ -135,7 +128,6 @@ class Preemption(EngineHandler):
         self._loaded: tuple[int, int] | None = None  # (iteration, epoch) resumed, until the run starts
         self._late_hooks = False
 
-    # ------------------------------------------------------------------ wiring
     def _attach(self, engine: Engine) -> None:
         if not any(obj is engine for obj in self.to_save.values()):
             raise ValueError(
@@ -183,7 +175,6 @@ class Preemption(EngineHandler):
             logger.warning("Preemption: %s before the run started; stopping at once", self.stop_signal.name)
             self._stop(engine, saved=False)
 
-    # ------------------------------------------------------------------ events
     def _data(self, engine: Engine) -> Any:
         return getattr(engine, "data_loader", None) or engine.state.dataloader
 
@@ -235,7 +226,6 @@ class Preemption(EngineHandler):
         if self.preempted:
             raise SystemExit(code)
 
-    # ------------------------------------------------------------------ checkpoints
     def save(self, engine: Engine, epoch_iteration: int | None = None) -> Path:
         """Write a checkpoint now (all ranks must call it); returns its file."""
         if self._folder is None:
@@ -252,8 +242,7 @@ class Preemption(EngineHandler):
     def resume(self) -> int | None:
         """Load the newest readable checkpoint into ``to_save``; returns its iteration (``None``: none).
 
-        Unreadable files are skipped with a warning, newest first; under DDP all ranks agree on
-        the checkpoint. The trainer keeps its own ``max_epochs`` when it has one.
+        Unreadable files are skipped with a warning; under DDP all ranks agree on the checkpoint.
 
         Raises:
             KeyError: the checkpoint has no state for an entry of ``to_save`` (names the file).

@@ -30,12 +30,7 @@ def record_of(engine: Engine) -> EngineRecord | None:
 
 
 def add_row(engine: Engine, kind: Kind | str, source: Source | str, **fields: Any) -> None:
-    """Add a row to the record attached to ``engine``; without a record (no `RecordHandler`), nothing.
-
-    Examples:
-        >>> from ignite.engine import Engine
-        >>> add_row(Engine(lambda e, b: None), Kind.EPOCH, Source.THROUGHPUT, epoch=1)  # no record: nothing
-    """
+    """Add a row to the record attached to ``engine``; without a record (no `RecordHandler`), nothing."""
     record = record_of(engine)
     if record is not None:
         record.add(kind, source, **fields)
@@ -73,18 +68,7 @@ def loader_of(engine: Engine) -> Any:
 
 
 def describe_engine(engine: Engine) -> dict[str, Any]:
-    """What an engine runs, for the record: network, spatial dimensions, inferer, sliding window, amp, cache.
-
-    Examples:
-        >>> from monai.networks.nets import UNet
-        >>> from monai.engines import SupervisedEvaluator
-        >>> from monai.inferers import SimpleInferer
-        >>> net = UNet(2, 1, 2, channels=(4, 8), strides=(2,))
-        >>> ev = SupervisedEvaluator("cpu", [], net, inferer=SimpleInferer())
-        >>> d = describe_engine(ev)
-        >>> d["spatial_dims"], d["inferer"], d["sliding_window"]
-        (2, 'SimpleInferer', False)
-    """
+    """What an engine runs, for the record: network, spatial dimensions, inferer, sliding window, amp, cache."""
     network = getattr(engine, "network", None)
     dims = None
     if isinstance(network, torch.nn.Module):
@@ -117,9 +101,9 @@ def _default_name(taken: list[str]) -> str:
 class RecordHandler(EngineHandler):
     """Creates the run's record and shares it with every monai-fast handler on the engines.
 
-    Attach it to the trainer first, then the same instance to the evaluator. Each trainer run is
-    a segment of the same file, closed with its summary however the run ends; a run folder another
-    process writes raises `RunFolderBusyError` before any work. The rows: docs/doctor.md.
+    Attach it to the trainer first, then the same instance to the evaluator. Each trainer run is a
+    segment of the same file; a run folder another process writes raises `RunFolderBusyError` before
+    any work. The rows: docs/doctor.md.
 
     Args:
         run_dir: the run folder; ``None`` keeps the record in memory.
@@ -127,11 +111,7 @@ class RecordHandler(EngineHandler):
 
     Examples:
         >>> rec = RecordHandler("runs/exp1")
-        >>> with rec.span("setup"):  # doctest: +SKIP
-        ...     trainer, evaluator = build_my_engines()  # data sets, caches, network
         >>> rec.attach(trainer); rec.attach(evaluator)  # doctest: +SKIP
-        >>> trainer.run()  # doctest: +SKIP
-        >>> # runs/exp1/record.rank0.jsonl + summary.rank0.json, read by `monai-fast doctor runs/exp1`
     """
 
     multi_engine = True
@@ -160,8 +140,7 @@ class RecordHandler(EngineHandler):
 
         Args:
             engine: the trainer (first), then its evaluator(s).
-            name: the engine's name in the record's rows; default ``"train"`` for the first engine,
-                ``"validation"`` for the next.
+            name: the engine's name in the rows; default ``"train"`` for the first engine, else ``"validation"``.
         """
         self._pending_name = name
         super().attach(engine)

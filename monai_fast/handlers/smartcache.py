@@ -26,27 +26,20 @@ logger = logging.getLogger("monai_fast.handlers")
 class SmartCacheUpdater(EngineHandler):
     """MONAI's ``SmartCacheHandler`` that never hangs, names failures, agrees across ranks and resumes.
 
-    Rotates at each epoch's end with a bounded wait; a failed replacement raises `DataItemError`
-    naming the item on every rank; MONAI's own data set is adopted into a `SafeSmartCacheDataset`.
-    ``state_dict()`` resumes the rotation (pass it to ``Checkpoint``). Mechanism: docs/data.md.
+    A failed replacement raises `DataItemError` naming the item on every rank; MONAI's own data set
+    is adopted into a `SafeSmartCacheDataset`; ``state_dict()`` resumes the rotation. See docs/data.md.
 
     Args:
-        dataset: the data set to rotate; ``None`` (the usual): the one in the engine's
-            ``data_loader``, found at attach.
+        dataset: the data set to rotate; ``None`` (the usual): the one in the engine's ``data_loader``.
         timeout_s: longest wait for one epoch's replacement, in seconds.
 
     Raises:
-        TypeError: ``dataset`` is not a ``SmartCacheDataset``; at attach, without ``dataset``, the
-            engine's ``data_loader`` holds none.
-        ValueError: ``timeout_s`` is not positive; at attach, MONAI's data set cannot be adopted
-            (a subclass with its own items or rotation, a loader that cannot be rebuilt).
+        TypeError: ``dataset`` is not a ``SmartCacheDataset``, or (at attach) the loader holds none.
+        ValueError: ``timeout_s`` is not positive, or (at attach) MONAI's data set cannot be adopted.
         RuntimeError: at attach, the engine is inside ``run()``.
 
     Examples:
-        >>> from monai_fast.handlers import SmartCacheUpdater
-        >>> updater = SmartCacheUpdater(timeout_s=120)
-        >>> updater.attach(trainer)  # doctest: +SKIP
-        >>> to_save = {"trainer": trainer, "model": net, "smartcache": updater}  # doctest: +SKIP
+        >>> SmartCacheUpdater(timeout_s=120).attach(trainer)  # doctest: +SKIP
     """
 
     def __init__(self, dataset: SmartCacheDataset | None = None, timeout_s: float = 300.0) -> None:
@@ -69,8 +62,6 @@ class SmartCacheUpdater(EngineHandler):
     def updates(self) -> int:
         """Rotations done so far (one ``update_cache`` per epoch), as in `state_dict()`; 0 before attach."""
         return 0 if self.dataset is None else self.dataset.updates
-
-    # ---- attach ---------------------------------------------------------------------------------
 
     def _attach(self, engine: Engine) -> None:
         if is_running(engine):  # its STARTED has passed and the run keeps the loader it started with
@@ -122,8 +113,6 @@ class SmartCacheUpdater(EngineHandler):
     def _detached(self, engine: Engine) -> None:
         self._stop(engine)
 
-    # ---- events ---------------------------------------------------------------------------------
-
     def _started(self, engine: Engine) -> None:
         self.dataset.start()
 
@@ -144,8 +133,6 @@ class SmartCacheUpdater(EngineHandler):
     def _stop(self, engine: Engine) -> None:
         if self.dataset is not None:
             self.dataset.shutdown()
-
-    # ---- checkpoints ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The rotation's position, ``{"start_pos", "updates", "total"}``: enough to rebuild the same window."""

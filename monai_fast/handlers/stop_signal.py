@@ -1,18 +1,7 @@
 """Preemption's first half: catch the stop signals, agree on the stop across ranks, requeue under SLURM.
 
-`catch_stop_signals()`, called first thing, records a signal that arrives during set-up (before
-any engine exists) instead of dying of it; a `Preemption` takes it over at ``attach``, and a
-program without one calls `end_of_setup()` before it trains. See docs/preemption.md.
-
-Examples:
-    >>> import os, signal
-    >>> from monai_fast.handlers.stop_signal import StopSignal
-    >>> stop = StopSignal(("SIGUSR1",))
-    >>> stop.install()
-    >>> os.kill(os.getpid(), signal.SIGUSR1)
-    >>> stop.name, stop.agreed()
-    ('SIGUSR1', True)
-    >>> stop.uninstall()
+`catch_stop_signals()`, called first thing, records a signal that arrives during set-up instead of
+dying of it; a `Preemption` takes it over at ``attach``. See docs/preemption.md.
 """
 
 from __future__ import annotations
@@ -132,8 +121,8 @@ def _take_over_setup_catcher(heir: StopSignal) -> None:
 def catch_stop_signals(signals: Sequence[str] = STOP_SIGNALS) -> StopSignal:
     """Record stop signals from now on instead of dying of them; call it first thing in a program.
 
-    Only signals with the default handler are caught. The catcher stays until the next `StopSignal`
-    is installed (which takes its signal over) or `end_of_setup()`; a second call returns it.
+    Only signals with the default handler are caught; the catcher stays until the next `StopSignal`
+    is installed or `end_of_setup()`; a second call returns it.
 
     Args:
         signals: signal names (default ``SIGTERM`` and ``SIGUSR1``).
@@ -173,9 +162,6 @@ def end_of_setup(exit_code: int = STOPPED_EXIT) -> None:
 @contextlib.contextmanager
 def stop_signals_caught(exit_code: int = STOPPED_EXIT, signals: Sequence[str] = STOP_SIGNALS) -> Iterator[StopSignal]:
     """Set-up inside a ``with`` block: a stop signal meanwhile stops the program at the block's end.
-
-    `catch_stop_signals()` on entry, `end_of_setup()` on a normal exit; a catcher already in place is
-    left alone.
 
     Examples:
         >>> with stop_signals_caught():

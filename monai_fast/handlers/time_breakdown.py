@@ -39,24 +39,17 @@ class EpochTimes:
 class TimeBreakdown(EngineHandler):
     """Splits each iteration into time waiting for data and time computing on it.
 
-    Data wait runs from ignite's ``GET_BATCH_STARTED`` to ``GET_BATCH_COMPLETED``, compute from there
-    to ``ITERATION_COMPLETED``. Per-epoch `EpochTimes` go to ``engine.state.time_breakdown``,
-    `epochs` and the run record; a loader-bound epoch logs a warning naming the fix.
+    Per-epoch `EpochTimes` go to ``engine.state.time_breakdown``, `epochs` and the run record; a
+    loader-bound epoch logs a warning naming the fix (docs/monitoring.md).
 
     Args:
         warn_threshold: data share (0..1] above which an epoch is reported as loader-bound.
-        cuda_sync: ``True`` to synchronise CUDA before each reading, ``"auto"`` to do so when the
-            engine's device is a CUDA device, ``False`` never. On a CPU-only build ``True``
-            warns once and acts as ``False``.
+        cuda_sync: ``True`` to synchronise CUDA before each reading, ``"auto"`` on a CUDA engine
+            device, ``False`` never (``True`` on a CPU-only build warns once and acts as ``False``).
         logger: where warnings and per-epoch summaries go; default ``monai_fast.handlers``.
 
     Examples:
-        >>> from monai_fast.handlers import TimeBreakdown
-        >>> breakdown = TimeBreakdown(warn_threshold=0.3)
-        >>> breakdown.attach(trainer)  # doctest: +SKIP
-        >>> trainer.run()  # doctest: +SKIP
-        >>> trainer.state.time_breakdown[-1].data_share  # doctest: +SKIP
-        0.02
+        >>> TimeBreakdown(warn_threshold=0.3).attach(trainer)  # doctest: +SKIP
     """
 
     def __init__(

@@ -27,16 +27,10 @@ def estimator_like(
     postprocessing: Callable | None = None,
     inferer: Inferer | None = None,
 ) -> SupervisedEvaluator:
-    """A cheap copy of ``evaluator``: same network, device, batch preparation and precision, over
-    ``val_data_loader`` (e.g. a fixed subset of the validation set), with ``inferer`` (e.g. a
-    coarser sliding-window overlap) or the evaluator's own.
+    """A cheap copy of ``evaluator`` over ``val_data_loader``: same network, device, batch preparation and precision.
 
-    ``key_val_metric`` is copied, so the same dict may also be the evaluator's. MONAI keeps no
-    public handle on an evaluator's post-processing: pass the same ``postprocessing`` again.
-
-    Examples:
-        >>> subset = DataLoader(Subset(val_ds, range(2)), batch_size=1)  # doctest: +SKIP
-        >>> estimator = estimator_like(evaluator, subset, {"val_mean_dice": MeanDice(...)}, post)  # doctest: +SKIP
+    ``inferer`` defaults to the evaluator's own; ``key_val_metric`` is copied, so the same dict may be
+    the evaluator's. MONAI keeps no public handle on an evaluator's post-processing: pass it again.
     """
     return SupervisedEvaluator(
         device=evaluator.state.device,
@@ -55,30 +49,27 @@ def estimator_like(
 class ValidationSchedule(EngineHandler):
     """Decides after each trainer epoch whether the full validation is worth running.
 
-    A cheap ``estimator`` (see `estimator_like()`) runs after every epoch while the target is far;
-    the full ``evaluator`` runs every ``every`` epochs, on the last one, and after every epoch once
-    an estimate came within ``margin``. Use it instead of MONAI's ``ValidationHandler``, and attach
-    `TimeToTarget` to the full ``evaluator`` (docs/data.md).
+        A cheap ``estimator`` (see `estimator_like()`) runs after every epoch while the target is far; the
+        full ``evaluator`` every ``every`` epochs, on the last one, and every epoch once an estimate came
+        within ``margin``. Use it instead of MONAI's ``ValidationHandler``; attach `TimeToTarget` to the
+    full ``evaluator`` (docs/data.md).
 
-    Attributes:
-        estimates: ``(trainer_epoch, estimate)`` for every estimate.
-        full_epochs: trainer epochs after which the full validation ran.
-        close_epoch: first epoch whose estimate was within the margin, or ``None``.
+        Attributes:
+            estimates: ``(trainer_epoch, estimate)`` for every estimate.
+            full_epochs: trainer epochs after which the full validation ran.
+            close_epoch: first epoch whose estimate was within the margin, or ``None``.
 
-    Args:
-        evaluator: the full validation (a MONAI ``Evaluator``).
-        estimator: the cheap estimate (a MONAI ``Evaluator``, not ``evaluator``).
-        target: the metric value the run aims at.
-        margin: "close" means ``estimate >= target - margin`` (``mode="max"``) or
-            ``estimate <= target + margin`` (``mode="min"``).
-        every: while far, full validation every this many epochs.
-        metric_name: the metric in both engines' ``state.metrics``; default: the key metric.
-        mode: ``"max"`` if higher is better (Dice), ``"min"`` if lower is.
+        Args:
+            evaluator: the full validation (a MONAI ``Evaluator``).
+            estimator: the cheap estimate (a MONAI ``Evaluator``, not ``evaluator``).
+            target: the metric value the run aims at.
+            margin: "close" is ``estimate >= target - margin`` (``mode="max"``), ``<= target + margin`` (``"min"``).
+            every: while far, full validation every this many epochs.
+            metric_name: the metric in both engines' ``state.metrics``; default: the key metric.
+            mode: ``"max"`` if higher is better (Dice), ``"min"`` if lower is.
 
-    Examples:
-        >>> schedule = ValidationSchedule(evaluator, estimator, target=0.9, margin=0.05, every=5)  # doctest: +SKIP
-        >>> schedule.attach(trainer)  # doctest: +SKIP
-        >>> TimeToTarget(0.9).attach(trainer, evaluator)  # doctest: +SKIP
+        Examples:
+            >>> ValidationSchedule(evaluator, estimator, target=0.9, every=5).attach(trainer)  # doctest: +SKIP
     """
 
     def __init__(

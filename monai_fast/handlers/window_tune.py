@@ -1,12 +1,4 @@
-"""Measure a MONAI evaluator's sliding-window batch at its first run and set it on its ``SlidingWindowInferer``.
-
-Examples:
-    >>> from monai_fast.handlers import SlidingWindowTune
-    >>> tune = SlidingWindowTune(lambda: "fp32", "cpu", store=None)
-    >>> tune.attach(evaluator)  # doctest: +SKIP
-    >>> evaluator.run(); tune.reason  # doctest: +SKIP
-    'measured 3.10 volumes/s on (96, 80, 80) volumes at fp32 (was sw_batch_size=4)'
-"""
+"""Measure a MONAI evaluator's sliding-window batch at its first run and set it on its ``SlidingWindowInferer``."""
 
 from __future__ import annotations
 
@@ -26,13 +18,7 @@ __all__ = ["SlidingWindowTune", "sliding_window_of"]
 
 
 def sliding_window_of(inferer: Any) -> SlidingWindowInferer | None:
-    """The ``SlidingWindowInferer`` inside ``inferer`` (through wrappers with an ``inner``: AMPToggle's, ...), or
-    ``None``.
-
-    Examples:
-        >>> sliding_window_of(SlidingWindowInferer((16, 16, 16))).roi_size
-        (16, 16, 16)
-    """
+    """The ``SlidingWindowInferer`` inside ``inferer`` (through wrappers with an ``inner``), or ``None``."""
     while not isinstance(inferer, SlidingWindowInferer) and "inner" in getattr(inferer, "__dict__", {}):
         inferer = inferer.inner
     return inferer if isinstance(inferer, SlidingWindowInferer) else None
@@ -50,22 +36,19 @@ def _first_image(loader: Any) -> torch.Tensor | None:
 class SlidingWindowTune(EngineHandler):
     """At the evaluator's first run, times its sliding window on a volume of its first item's size and sets the batch.
 
-    `tune_validation()` measures ``sw_batch_size`` at the evaluator's precision (kept in the
-    tuning store); the stitching device and the global random state are kept.
+    The measure is kept in the tuning store; the stitching device and the global random state are kept.
 
     Args:
         precision: called at the first run: the evaluator's precision (``"bf16"``, ``"fp16"``, ``"fp32"``).
         device: where the network runs (the stitching device, when the window has none).
         store: the tuning store: ``"default"``, a JSON file, or ``None`` (measure every run).
-        on_result: called once with ``(applied, setting, reason)``: whether the batch changed, the
-            setting (``"sw_batch_size=N"``, or ``None`` when nothing could be measured) and why.
+        on_result: called once with ``(applied, setting, reason)``.
 
     Raises:
         TypeError: (at attach) the engine's inferer holds no ``SlidingWindowInferer``.
 
     Examples:
-        >>> SlidingWindowTune(lambda: "bf16", "cpu", store=None).reason
-        ''
+        >>> SlidingWindowTune(lambda: "bf16", "cpu", store=None).attach(evaluator)  # doctest: +SKIP
     """
 
     def __init__(

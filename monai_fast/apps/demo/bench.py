@@ -1,11 +1,4 @@
-"""The time-to-Dice benchmark: the race repeated with other training seeds, medians, one JSON.
-
-Examples:
-    >>> from monai_fast.apps.demo import RaceSpec, bench
-    >>> spec = RaceSpec(recipes=("baseline", "monai_tutorial", "fast"), time_budget_s=1200, device="cuda")
-    >>> done = bench(spec, repeats=3, out_dir="benchmarks/results")  # doctest: +SKIP
-    >>> done.summary["fast"]["speedup_over_baseline"]  # doctest: +SKIP
-"""
+"""The time-to-Dice benchmark: the race repeated with other training seeds, medians, one JSON."""
 
 from __future__ import annotations
 
@@ -45,12 +38,7 @@ def _median_or_none(values: Sequence[float]) -> float | None:
 
 
 def summarize(repeats: Sequence[Sequence[TrainResult]], recipes: Sequence[str]) -> dict:
-    """Per recipe: how often it reached the target, medians over repeats, speed-ups against `REFERENCES`.
-
-    Examples:
-        >>> summarize([], [])
-        {}
-    """
+    """Per recipe: how often it reached the target, medians over repeats, speed-ups against `REFERENCES`."""
     from monai_fast.apps.demo.compare import speedup
 
     summary = {}
@@ -91,6 +79,9 @@ def bench(
 
     Raises:
         OptionError: a bad option (``repeats``, ``out_dir`` or any of ``spec``), before anything runs.
+
+    Examples:
+        >>> done = bench(RaceSpec(device="cuda"), repeats=3, out_dir="benchmarks/results")  # doctest: +SKIP
     """
     if repeats < 1:
         raise OptionError("repeats", f"must be >= 1, got {repeats}")

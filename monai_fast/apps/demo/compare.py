@@ -92,11 +92,7 @@ def format_table(results: Sequence[TrainResult], reference: str = "baseline") ->
 def write_race(
     results: Sequence[TrainResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline"
 ) -> dict:
-    """Write ``results.json`` with the speed-ups over ``reference``, ``epochs.csv`` (all recipes) and
-    ``dice_vs_time.png`` into ``run_dir`` (`write_results()`).
-
-    Each file is tried on its own; when one cannot be written (a full disk) the others still are, each
-    failure is logged with its path, and the first is raised at the end.
+    """Write the race's results files with the speed-ups over ``reference`` (`write_results()`).
 
     Returns:
         The dict written to ``results.json``.

@@ -1,13 +1,4 @@
-"""The race: data -> optional tuning -> each recipe to the target -> doctor -> results files.
-
-Examples:
-    >>> from monai_fast.apps.demo import RaceSpec, SyntheticData, race
-    >>> run = race(RaceSpec(recipes=("fast",), synthetic=SyntheticData(cases=5, shape=(48, 48, 32)),
-    ...                     overrides={"max_epochs": 1, "patch_size": (32, 32, 32)}, device="cpu",
-    ...                     run_dir="runs/try", progress=False))  # doctest: +SKIP
-    >>> run.results[0].diagnosis["verdict"]  # doctest: +SKIP
-    'data-bound'
-"""
+"""The race: data -> optional tuning -> each recipe to the target -> doctor -> results files."""
 
 from __future__ import annotations
 
@@ -56,25 +47,12 @@ REPORT_MIN_S = 10.0
 
 
 def report_reserve_s(total_budget_s: float) -> float:
-    """Seconds of a total bound kept for the reports: `REPORT_SHARE` of it, at least `REPORT_MIN_S`, at most half.
-
-    Examples:
-        >>> report_reserve_s(600.0), report_reserve_s(50.0), report_reserve_s(12.0)
-        (90.0, 10.0, 6.0)
-    """
+    """Seconds of a total bound kept for the reports: `REPORT_SHARE` of it, at least `REPORT_MIN_S`, at most half."""
     return min(0.5 * total_budget_s, max(REPORT_MIN_S, REPORT_SHARE * total_budget_s))
 
 
 class RaceEvents:
-    """What a race tells its caller as it goes; every hook does nothing here: subclass to show progress.
-
-    Examples:
-        >>> class Say(RaceEvents):
-        ...     def recipe_started(self, recipe, target, time_budget_s):
-        ...         print(f"{recipe} to {target}")
-        >>> Say().recipe_started("fast", 0.9, 60.0)
-        fast to 0.9
-    """
+    """What a race tells its caller as it goes; every hook does nothing here: subclass to show progress."""
 
     def repeat_started(self, index: int, repeats: int) -> None:
         """A benchmark's repeat ``index`` (from 1) of ``repeats`` begins."""
@@ -142,8 +120,7 @@ def load_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]
 
 
 def checked_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
-    """`load_data()`, then (unless ``spec.preflight`` is off) every file checked before any training
-    (`check_files()`).
+    """`load_data()`, then (unless ``spec.preflight`` is off) `check_files()`.
 
     Raises:
         monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
@@ -222,9 +199,7 @@ def _finished(result: TrainResult, events: RaceEvents) -> TrainResult:
 def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     """Race ``spec.recipes`` to ``spec.target`` on the same data; diagnose each run; write the results files.
 
-    Every option is checked first (`plan_race()`). Then the data, ``fast`` tuned when ``spec.tune``
-    is set, each recipe trained to the target into ``run_dir/<recipe>/``, the doctor on each record,
-    and ``results.json``, ``epochs.csv`` and ``dice_vs_time.png`` in ``run_dir``.
+    Every option is checked first (`plan_race()`); each recipe trains into ``run_dir/<recipe>/``.
 
     Args:
         spec: the race's options.
@@ -314,11 +289,6 @@ def tune_only(spec: RaceSpec, out: str | os.PathLike | None = None) -> TuneRun:
     Args:
         spec: the data, device, recipe options and tuning options (recipes, target and run folder unused).
         out: also write the result with every trial (and the machine, versions, options) to this JSON file.
-
-    Examples:
-        >>> tuned = tune_only(RaceSpec(device="cpu", tune=TuneOptions(batch_range=(1, 2))))  # doctest: +SKIP
-        >>> tuned.result.batch_size  # doctest: +SKIP
-        2
     """
     from monai_fast.files import write_json
 

@@ -1,13 +1,7 @@
 """The demo's headline: fast's speed-up over the baseline, each figure marked measured or estimated.
 
-A baseline that misses the target within its budget has its time to target estimated from its
-Dice curve (`epochs_by_progress()`, else `epochs_by_slope()`) times its seconds per epoch
-measured interleaved with ``fast``; a curve below `MIN_PROGRESS` gives no estimate, and the
-headline is then the measured speed-up for equal work. docs/demo.md describes the estimate.
-
-Examples:
-    >>> epochs_by_progress([(5, 0.2), (20, 0.5)], fast_curve=[(1, 0.3), (2, 0.5), (4, 0.9)], fast_epochs=4, target=0.9)
-    (40.0, 20, 0.5, 2)
+A baseline that misses the target has its time to target estimated from its Dice curve; below
+`MIN_PROGRESS` the headline is the measured speed-up for equal work. docs/demo.md describes the estimate.
 """
 
 from __future__ import annotations
@@ -42,14 +36,12 @@ def epochs_by_progress(
 ) -> tuple[float, int, float, int] | None:
     """Epochs to ``target`` for a run with Dice ``curve``, scaled from a faster run that reached it in ``fast_epochs``.
 
-    Returns ``(epochs, slow_epoch, dice, fast_epoch)``: the run reached its best ``dice`` at
-    ``slow_epoch``, the fast run reached it at ``fast_epoch``, so the estimate is
-    ``slow_epoch * fast_epochs / fast_epoch``. ``None`` when the best Dice is below
-    ``MIN_PROGRESS * target`` or the fast run never reached it.
+    Returns ``(epochs, slow_epoch, dice, fast_epoch)``: the estimate is ``slow_epoch * fast_epochs /
+    fast_epoch``. ``None`` when the best Dice is below ``MIN_PROGRESS * target`` or the fast run never reached it.
 
     Examples:
-        >>> epochs_by_progress([(1, 0.04), (7, 0.05)], [(1, 0.3)], fast_epochs=7, target=0.9) is None
-        True
+        >>> epochs_by_progress([(5, 0.2), (20, 0.5)], [(1, 0.3), (2, 0.5), (4, 0.9)], fast_epochs=4, target=0.9)
+        (40.0, 20, 0.5, 2)
     """
     points = [(e, d) for e, d in curve if d is not None]
     if not points:
@@ -65,14 +57,11 @@ def epochs_by_progress(
 
 
 def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[float, int, int, float] | None:
-    """Epochs to ``target`` where a straight line through the last half of the Dice ``curve`` (least squares)
-    reaches it.
+    """Epochs to ``target`` where a least-squares line through the last half of the Dice ``curve`` reaches it.
 
-    Returns ``(epochs, first, last, slope)``: the line fitted over epochs ``first`` to ``last``
-    rises ``slope`` Dice per epoch. ``None`` with fewer than 4 points, a best Dice below
+    Returns ``(epochs, first, last, slope)``; ``None`` with fewer than 4 points, a best Dice below
     ``MIN_PROGRESS * target``, or a line that does not rise. Used where the fast run's full
-    validations are too sparse to say when it passed the slow run's Dice (a validation schedule
-    runs few while far from the target).
+    validations are too sparse to say when it passed the slow run's Dice.
 
     Examples:
         >>> epochs_by_slope([(e, 0.01 * e) for e in range(1, 31)], target=0.9)
@@ -108,11 +97,9 @@ def _s_per_epoch(result: TrainResult, interleaved: int, cpu: bool = False) -> fl
 
 
 def _per_unit(result: TrainResult, interleaved: int) -> dict:
-    """What ``result``'s epochs held and their cost per unit of work, over its first ``interleaved`` epochs (all when
-    none were): training seconds per training crop, full validation's seconds per validated volume.
+    """Seconds per training crop and per validated volume over the first ``interleaved`` epochs (all when none were).
 
-    Recipes' epochs hold different work (crops per volume, how often the full validation runs), so seconds per
-    epoch are never compared across recipes; these are. ``None`` where the rows do not count crops or volumes.
+    Recipes' epochs hold different work, so seconds per epoch are never compared across recipes.
     """
     rows = result.epochs[:interleaved] or result.epochs
     crops = [r.train_samples for r in rows if r.train_samples]
@@ -133,16 +120,9 @@ def _per_unit(result: TrainResult, interleaved: int) -> dict:
 
 
 def stop_reason(result: TrainResult, budget: Mapping[str, object]) -> str:
-    """Why ``result``'s recipe stopped: ``"target"``, ``"epoch budget"``, ``"total time bound"`` (the race's
-    ``--total-budget`` left no time for its next epoch: ``budget["bound_stopped"]`` names it), ``"wall-clock budget"``
-    or ``"epoch limit"``.
+    """Why ``result``'s recipe stopped.
 
-    Examples:
-        >>> r = TrainResult(
-        ...     "baseline", 0.9, False, None, None, 40, 0.5, 0.0, 300.0, 7.0, 0.5, 0.1, 600.0, False, "cpu", False
-        ... )
-        >>> stop_reason(r, {"others_epochs": 40}), stop_reason(r, {"others_epochs": 50})
-        ('epoch budget', 'epoch limit')
+    One of ``"target"``, ``"epoch budget"``, ``"total time bound"``, ``"wall-clock budget"``, ``"epoch limit"``.
     """
     if result.reached:
         return "target"
@@ -259,11 +239,7 @@ def _estimate(
 ) -> dict:
     """``r``'s estimated epochs and time to target from its first ``limit`` epochs (its epoch budget; ``None``: all).
 
-    Turns taken while ``fast`` trained can carry a quick recipe past its epoch budget on a host
-    that slows ``fast`` more; its estimate still reads only the epochs the budget gives it.
-    Each estimated figure carries its range (``low``, ``high``): the epochs between the two ways of
-    estimating them where both apply, the seconds from there times its fastest and its slowest
-    epoch (``epoch_seconds``).
+    Each estimated figure carries its range (``low``, ``high``) between the two ways of estimating it.
     """
     curve = [(e.epoch, e.val_dice) for e in r.epochs[:limit] if e.val_dice is not None]
     found = None
@@ -372,14 +348,7 @@ def _cell(fig: dict, fmt: str) -> str:
 
 
 def format_headline(doc: dict) -> str:
-    """The printed table of `headline()`: each figure with ``(measured)`` or ``(estimated)``, then the bases.
-
-    Examples:
-        >>> print(format_headline(headline([], {}, {})))  # doctest: +ELLIPSIS
-        recipe  time to target s  CPU s to target  epochs to target  s/epoch interleaved  CPU s/epoch  ...  best Dice
-        ------  ----------------  ---------------  ----------------  -------------------  -----------  ...  ---------
-        speed-up: n/a (needs both fast and baseline)
-    """
+    """The printed table of `headline()`: each figure with ``(measured)`` or ``(estimated)``, then the bases."""
     head = [
         "recipe",
         "time to target s",

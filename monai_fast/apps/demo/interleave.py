@@ -1,14 +1,6 @@
 """Recipes trained an epoch at a time in turns, so their per-epoch times meet the same host load.
 
-The recipe whose clock is behind trains next while ``fast`` (the lead) trains; then the lead sets
-the others' epoch or time budget and they train on alone. With a ``deadline`` the lead may train
-`lead_share()` of the time left after the set-up. docs/demo.md describes the budgets.
-
-Examples:
-    >>> budget_after_lead(12.0, multiple=3.0, cap=300.0)
-    36.0
-    >>> epochs_after_lead(8, multiple=5.0, max_epochs=6)
-    6
+The lead (``fast``) then sets the others' epoch or time budget; docs/demo.md describes the budgets.
 """
 
 from __future__ import annotations
@@ -30,35 +22,20 @@ logger = logging.getLogger(__name__)
 
 
 def lead_of(recipes: Sequence[str]) -> str:
-    """The recipe whose time to target sets the others' budget: ``fast`` when it races, else the first.
-
-    Examples:
-        >>> lead_of(["baseline", "fast"]), lead_of(["baseline", "monai_tutorial"])
-        ('fast', 'baseline')
-    """
+    """The recipe whose time to target sets the others' budget: ``fast`` when it races, else the first."""
     return "fast" if "fast" in recipes else recipes[0]
 
 
 def budget_after_lead(lead_s: float, multiple: float | None, cap: float | None) -> float:
-    """Seconds the other recipes get: ``multiple`` x the lead's time (its time to target, or its time run), at
-    most ``cap``.
-
-    Examples:
-        >>> budget_after_lead(10.0, multiple=None, cap=210.0)
-        210.0
-    """
+    """Seconds the other recipes get: ``multiple`` x the lead's time (to target, or run), at most ``cap``."""
     cap = math.inf if cap is None else float(cap)
     return cap if multiple is None else min(cap, multiple * lead_s)
 
 
 def epochs_after_lead(lead_epochs: int, multiple: float | None, max_epochs: int | None = None) -> int | None:
-    """Epochs the other recipes get: ``multiple`` x the lead's epochs (to target, or run when it missed), rounded up.
+    """Epochs the other recipes get: ``multiple`` x the lead's epochs (to target, or run), rounded up.
 
-    At most ``max_epochs`` (the recipes' epoch limit): a budget past it is never trained, so it is not promised.
-
-    Examples:
-        >>> epochs_after_lead(7, multiple=None) is None, epochs_after_lead(7, multiple=2.5)
-        (True, 18)
+    At most ``max_epochs``: a budget past it is never trained, so it is not promised.
     """
     if multiple is None:
         return None
@@ -69,12 +46,7 @@ def epochs_after_lead(lead_epochs: int, multiple: float | None, max_epochs: int 
 def lead_share(recipes: int) -> float:
     """With a deadline, the lead's share of the time left once ``recipes`` recipes are set up: ``1 / (recipes + 1)``.
 
-    The others train as long as the lead beside it, in turns, which leaves ``1 / (recipes + 1)`` of the time for
-    them to train on alone.
-
-    Examples:
-        >>> lead_share(2)
-        0.3333333333333333
+    The others train beside the lead in turns, which leaves them that share to train on alone.
     """
     return 1.0 / (recipes + 1)
 

@@ -1,14 +1,6 @@
 """The single-GPU SegResNet lab: one run of a recipe around MONAI's SegResNet, its images and its measured table.
 
-The script ``tutorials/segresnet_lab.py`` and the notebook ``tutorials/segresnet_lab.ipynb`` are two
-front ends of `run_lab()`: the same data sizes, the same TensorBoard images, the same
-expected-performance table filled from the run's own measurements.
-
-Examples:
-    >>> from monai_fast.apps.demo.lab import lab_data, run_lab
-    >>> train, val, config = lab_data("cpu")  # doctest: +SKIP
-    >>> lab = run_lab(train, val, config, "cpu", "runs/lab")  # doctest: +SKIP
-    >>> print(lab.table)  # doctest: +SKIP
+``tutorials/segresnet_lab.py`` and ``tutorials/segresnet_lab.ipynb`` are two front ends of `run_lab()`.
 """
 
 from __future__ import annotations
@@ -70,12 +62,8 @@ class PredictionImages:
     """At every validation: the first case's input, label and prediction to TensorBoard; the last kept for the figure.
 
     Args:
-        writer: a TensorBoard ``SummaryWriter`` (the images go under ``lab/input``, ``lab/label``, ``lab/prediction``).
+        writer: a TensorBoard ``SummaryWriter`` (images under ``lab/input``, ``lab/label``, ``lab/prediction``).
         trainer: the trainer whose epoch numbers the images' steps.
-
-    Examples:
-        >>> images = PredictionImages(writer, trainer)  # doctest: +SKIP
-        >>> images.attach(evaluator)  # doctest: +SKIP
     """
 
     def __init__(self, writer: Any, trainer: Engine) -> None:
@@ -170,11 +158,10 @@ def performance_table(p: dict) -> str:
 def lab_data(
     size: str, data_dir: str | os.PathLike | None = None, max_epochs: int | None = None, progress: bool = False
 ) -> tuple[list[dict], list[dict], RecipeConfig]:
-    """The lab's files and recipe options at ``size`` (a key of `LAB_SIZES`).
+    """The lab's files and recipe options at ``size`` (a key of `LAB_SIZES`), validating every epoch.
 
-    Without ``data_dir`` a synthetic spleen-like set of that size is written once into the cache; with it,
-    that MSD folder's ``dataset.json`` is read (a quarter held out for validation). Validation runs every
-    epoch: the lab shows the Dice curve.
+    Without ``data_dir`` a synthetic spleen-like set is written once into the cache; with it, that MSD
+    folder is read (a quarter held out for validation).
     """
     if size not in LAB_SIZES:
         raise ValueError(f"size={size!r}: one of {sorted(LAB_SIZES)}")
@@ -211,9 +198,11 @@ def run_lab(
 ) -> LabRun:
     """Train ``recipe`` with ``config`` (e.g. from `lab_data()`) and write the lab's outputs into ``run_dir``.
 
-    Writes TensorBoard events and the run record (``<run_dir>/<recipe>/``), ``prediction.png``,
-    ``performance.json`` and ``performance.md`` (the table, device named). ``target`` stops at that
-    validation Dice (1.0: run every epoch).
+    TensorBoard events and the run record (``<run_dir>/<recipe>/``), ``prediction.png``,
+    ``performance.json`` and ``performance.md``; ``target`` stops at that Dice (1.0: every epoch runs).
+
+    Examples:
+        >>> lab = run_lab(*lab_data("cpu"), "cpu", "runs/lab")  # doctest: +SKIP
     """
     device = torch.device(device)
     run_dir = Path(run_dir)

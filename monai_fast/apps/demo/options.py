@@ -1,17 +1,7 @@
 """What a race is asked to do, and the check of every option before anything runs.
 
-`RaceSpec` holds a race's options as plain typed fields; `plan_race()` checks them all
-(recipe names, target, budget, data source, device, recipe options, tuning ranges, that the run
-folder can be written) and raises `OptionError` naming the first bad option, so a
-mistake costs a second, not a race.
-
-Examples:
-    >>> from monai_fast.apps.demo.options import OptionError, RaceSpec, plan_race
-    >>> try:
-    ...     plan_race(RaceSpec(recipes=("fast",), target=1.5, device="cpu"))
-    ... except OptionError as e:
-    ...     print(e.option)
-    target
+`plan_race()` raises `OptionError` naming the first bad option of a `RaceSpec`, so a mistake
+costs a second, not a race.
 """
 
 from __future__ import annotations
@@ -62,12 +52,7 @@ DEMO_EPOCH_MULTIPLE = 4.0
 
 @dataclass(frozen=True)
 class TuneOptions:
-    """How the ``fast`` recipe is tuned before the race (see `monai_fast.apps.recipes.tuning.tune_recipe()`).
-
-    Examples:
-        >>> TuneOptions(batch_range=(1, 2), trials=2).sw_range
-        (1, 16)
-    """
+    """How the ``fast`` recipe is tuned before the race (see `monai_fast.apps.recipes.tuning.tune_recipe()`)."""
 
     batch_range: tuple[int, int] = (1, 8)
     sw_range: tuple[int, int] = (1, 16)
@@ -205,12 +190,6 @@ def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
 
     Raises:
         OptionError: naming the first bad option.
-
-    Examples:
-        >>> import tempfile
-        >>> plan = plan_race(RaceSpec(recipes=("fast",), device="cpu", run_dir=tempfile.mkdtemp()))
-        >>> plan.device, plan.config.seed
-        ('cpu', 0)
     """
     _check_recipes(spec.recipes)
     _check_numbers(spec)

@@ -1,10 +1,4 @@
-"""The demo's size on a device (`monai_fast.apps.training.scale`) and the line the demo prints on it.
-
-Examples:
-    >>> import torch
-    >>> demo_scale(torch.device("cuda")).synthetic.cases
-    40
-"""
+"""The demo's size on a device (`monai_fast.apps.training.scale`) and the line the demo prints on it."""
 
 from __future__ import annotations
 
@@ -16,14 +10,7 @@ __all__ = ["DemoScale", "demo_scale", "size_line"]
 
 
 def size_line(spec: RaceSpec, scale: DemoScale) -> str:
-    """The one line the demo prints on its size: the data, patch and network it will train, and ``scale``'s default.
-
-    Examples:
-        >>> import torch
-        >>> print(size_line(RaceSpec(), demo_scale(torch.device("cpu"))))  # doctest: +NORMALIZE_WHITESPACE
-        sized for cpu (default: small, for a CPU): 16 synthetic volumes of 128x128x64 voxels, 64x64x64 patches,
-        UNet 8-16-32-64 with 1 residual unit(s); --cases, --shape, --patch-size, --channels change it
-    """
+    """The one line the demo prints on its size: the data, patch and network it will train, and ``scale``'s default."""
     config = recipe_config(spec.overrides, spec.seed)
     if spec.data_dir is not None or spec.train_files is not None:
         data = f"data from {spec.data_dir or 'the given file lists'}"

@@ -1,21 +1,8 @@
 """Inference of a trained recipe network: sliding window over a data list, NIfTI predictions, fast backends.
 
-* `save_checkpoint()` / `load_model()` / `load_checkpoint()`: a network's weights with
-  the `RecipeConfig` that rebuilds it and the record of the chain it was
-  validated with (`.checkpoint`, `.chain`).
-* `infer()`: sliding-window inference over an MSD folder or image files through that chain,
-  predictions inverted onto each input's grid and written as ``<name>_seg.nii.gz`` with its affine
-  and shape (`.run`).
-* `BACKENDS` (``eager``, ``autocast``, ``compile``, ``onnx``, ``tensorrt``) and
-  `build_predictor()` (`.backends`); `agreement()` compares two backends' predictions.
-
-``monai-fast infer`` is the command line; ``benchmarks/inference.py`` times every backend.
-
-Examples:
-    >>> from monai_fast.apps.inference import infer, save_checkpoint
-    >>> save_checkpoint("model.pt", recipe.network, recipe.config)  # doctest: +SKIP
-    >>> infer("model.pt", "Task09_Spleen", "predictions", backend="onnx").outputs[0]  # doctest: +SKIP
-    PosixPath('predictions/spleen_12_seg.nii.gz')
+`save_checkpoint()` / `load_model()` keep a network with the `RecipeConfig` and chain that rebuild
+it; `infer()` writes ``<name>_seg.nii.gz`` predictions on each input's grid; `BACKENDS` and
+`build_predictor()` run the windows. ``monai-fast infer`` is the command line (docs/inference.md).
 """
 
 from monai_fast.apps.inference.backends import (

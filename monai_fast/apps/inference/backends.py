@@ -1,17 +1,7 @@
-"""Inference backends: what runs the network on each sliding window.
+"""Inference backends: what runs the network on each sliding window (docs/inference.md).
 
-Each backend (``eager``, ``autocast``, ``compile``, ``onnx``, ``tensorrt``; docs/inference.md)
-turns a network into a `Predictor` that MONAI's sliding window calls on a batch of windows, built
-and warmed up once (`Predictor.prepare_s`). A backend this machine cannot run is one
-`BackendUnavailable` naming what is missing, before any volume is read; static-shape backends pad
-a short last batch and cut it back.
-
-Examples:
-    >>> import torch
-    >>> net = torch.nn.Conv3d(1, 2, 3, padding=1)
-    >>> p = build_predictor(net, "eager", roi_size=(8, 8, 8), sw_batch_size=2)
-    >>> p(torch.zeros(1, 1, 8, 8, 8)).shape
-    torch.Size([1, 2, 8, 8, 8])
+A backend this machine cannot run is one `BackendUnavailable` naming what is missing, before any
+volume is read.
 """
 
 from __future__ import annotations
@@ -84,10 +74,6 @@ def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
 
     Raises:
         InferenceError: ``backend`` is not one of `BACKENDS`.
-
-    Examples:
-        >>> missing("eager", "cpu") is None
-        True
     """
     if backend not in BACKENDS:
         raise InferenceError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -130,12 +116,7 @@ def require(backend: str, device: torch.device | str = "cpu") -> None:
 
 
 def available(device: torch.device | str = "cpu") -> dict[str, str | None]:
-    """Each backend of `BACKENDS` -> what it lacks on ``device`` (``None``: available).
-
-    Examples:
-        >>> available("cpu")["eager"] is None
-        True
-    """
+    """Each backend of `BACKENDS` -> what it lacks on ``device`` (``None``: available)."""
     return {b: missing(b, device) for b in BACKENDS}
 
 
@@ -240,6 +221,8 @@ def build_predictor(
     device: torch.device | str = "cpu",
 ) -> Predictor:
     """``network`` (moved to ``device``, eval mode) behind ``backend``, built and warmed up on one window batch.
+
+    Static-shape backends pad a short last batch and cut it back.
 
     Args:
         network: the trained network (``in_channels`` read from it, default 1).

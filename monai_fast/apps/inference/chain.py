@@ -1,15 +1,7 @@
 """The validation chain a network was validated with, as a record a checkpoint carries and inference rebuilds.
 
-The record is plain data, one entry per transform (MONAI's dictionary transform class under
-``"_target_"``, as in bundles, and its arguments), limited to `ALLOWED` (MONAI's deterministic
-preprocessing): a record is never code. `recipe_chain()` is the recipes' validation chain for a
-config, `build_chain()` rebuilds a record for inference. docs/inference.md shows a record.
-
-Examples:
-    >>> from monai_fast.apps.recipes import RecipeConfig
-    >>> record = recipe_chain(RecipeConfig())
-    >>> [t["_target_"] for t in record][-2:]
-    ['CropForegroundd', 'SpatialPadd']
+The record is plain data limited to `ALLOWED` (MONAI's deterministic preprocessing), never code;
+docs/inference.md shows one.
 """
 
 from __future__ import annotations
@@ -112,10 +104,7 @@ def check_chain(record: Any) -> list[dict[str, Any]]:
 def build_chain(record: Sequence[Mapping[str, Any]], image_key: str = "image") -> Compose:
     """The transforms of ``record``, built for items that may lack some of their keys (the label at inference).
 
-    Every transform is built with ``allow_missing_keys=True``, so the entries for a label are
-    skipped on an ``{"image": path}`` item while the image goes through exactly the steps it went
-    through in validation (per-key arguments, such as ``Spacingd``'s modes, stay paired with
-    their keys).
+    Every transform gets ``allow_missing_keys=True``, so the image goes through exactly its validation steps.
 
     Raises:
         ChainError: a record entry that is not allowed, not plain, or not accepted by its transform;

@@ -1,18 +1,7 @@
 """The inference checkpoint: a recipe network's weights, the `RecipeConfig` that rebuilds it, and its chain.
 
-One ``torch.save`` dict, readable with ``torch.load(..., weights_only=True)`` (docs/inference.md
-shows it). `load_model()` also takes a checkpoint of weights only, given the config; whatever is
-wrong with the file is one `CheckpointError` naming it, before any volume is read.
-
-Examples:
-    >>> import tempfile, torch
-    >>> from monai_fast.apps.recipes import RecipeConfig
-    >>> from monai_fast.apps.recipes.parts import build_network
-    >>> config = RecipeConfig(channels=(4, 8), strides=(2,), patch_size=(16, 16, 16))
-    >>> path = save_checkpoint(tempfile.mkdtemp() + "/model.pt", build_network(config, torch.device("cpu")), config)
-    >>> net, loaded = load_checkpoint(path)
-    >>> loaded.channels
-    (4, 8)
+One ``torch.save`` dict, readable with ``torch.load(..., weights_only=True)`` (docs/inference.md);
+whatever is wrong with the file is one `CheckpointError` naming it, before any volume is read.
 """
 
 from __future__ import annotations
@@ -97,11 +86,9 @@ def save_checkpoint(
 
     Args:
         path: the file to write (``.pt``).
-        network: the trained network (a recipe's ``network``; DDP / ``DataParallel`` unwrapped).
+        network: the trained network (DDP / ``DataParallel`` unwrapped).
         config: the `RecipeConfig` it was built from (``recipe.config``).
-        chain: the deterministic chain it was validated with, as a record
-            (`monai_fast.apps.inference.chain`); default the recipes' validation chain for ``config``
-            (`recipe_chain()`).
+        chain: the chain record it was validated with; default `recipe_chain()` of ``config``.
 
     Returns:
         ``path``.
@@ -209,15 +196,14 @@ def load_model(
     """The network of a checkpoint, weights loaded, in eval mode on ``device``, with its config and chain.
 
     Args:
-        path: a file written by `save_checkpoint()`, or a training checkpoint holding the
-            weights under ``"model"``/``"network"``/``"net"`` or as a bare ``state_dict`` (then
-            ``config`` is needed).
+        path: a file written by `save_checkpoint()`, or a training checkpoint holding the weights under
+            ``"model"``/``"network"``/``"net"`` or as a bare ``state_dict`` (then ``config`` is needed).
         config: the config to build the network from; default the checkpoint's own.
         device: where the network goes.
 
     Raises:
-        CheckpointError: naming ``path``: missing, unreadable, no weights, no config, weights
-            that do not fit the network the config describes, or a chain record that cannot be rebuilt.
+        CheckpointError: naming ``path``: missing, unreadable, no weights, no config, weights that do
+            not fit the network, or a chain record that cannot be rebuilt.
     """
     path = Path(path)
     obj = _read(path)
@@ -250,8 +236,7 @@ def load_checkpoint(
 
 
 def read_recipe_config(path: str | os.PathLike) -> RecipeConfig:
-    """The `RecipeConfig` in a JSON file: ``recipe.json`` (``{"recipe": ..., "config": {...}}``, as
-    ``monai-fast train`` writes it) or a JSON object of RecipeConfig options.
+    """The `RecipeConfig` in a JSON file: ``monai-fast train``'s ``recipe.json``, or a JSON object of options.
 
     Raises:
         InferenceError: naming ``path``: missing, not JSON, or options RecipeConfig rejects (named).

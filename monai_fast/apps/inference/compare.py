@@ -1,15 +1,6 @@
 """How far two predictions of the same volume agree: mean foreground Dice and the share of equal voxels.
 
-A backend is checked against eager fp32 with this: the mean Dice between the two label maps
-(background left out, as the recipes' validation metric) must be at least `MIN_DICE`.
-
-Examples:
-    >>> import numpy as np
-    >>> a = np.zeros((4, 4, 4), dtype=np.uint8); a[:2] = 1
-    >>> b = a.copy(); b[0, 0, 0] = 0
-    >>> r = agreement(a, b)
-    >>> round(r["dice"], 3), round(r["voxels"], 3)
-    (0.984, 0.984)
+A backend is checked against eager fp32 with this: the mean Dice must be at least `MIN_DICE`.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ def _array(x: np.ndarray | torch.Tensor) -> np.ndarray:
 def agreement(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor, num_classes: int = 2) -> dict[str, float]:
     """Mean Dice over the classes ``1..num_classes-1`` between label maps ``a`` and ``b``; the share of equal voxels.
 
-    A class absent from both counts as Dice 1 (they agree that it is not there).
+    A class absent from both counts as Dice 1.
 
     Raises:
         ValueError: the two maps differ in shape.

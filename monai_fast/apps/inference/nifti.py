@@ -1,18 +1,8 @@
 """MONAI's NIfTI writer, writing whole files only (through `monai_fast.files.atomic_write()`).
 
-``SaveImage`` hands the prediction to its writer, whose ``nib.save`` writes in place: a killed
-run would leave half a prediction under its final name. `AtomicNiftiWriter` builds the
-same ``Nifti1Image`` (MONAI's ``create_backend_obj``, the affine as sform and qform, as MONAI's
-``NibabelWriter`` does) and writes its bytes atomically, gzipped for ``.nii.gz``. The bytes are
-complete in memory before anything is written, so a file system without room for them is one
-`NoSpaceError` naming the file, the bytes it needs and the bytes free,
-raised before a byte is written.
-
-Examples:
-    >>> import numpy as np
-    >>> from monai.transforms import SaveImage
-    >>> saver = SaveImage(writer=AtomicNiftiWriter, output_ext=".nii.gz", resample=False)  # doctest: +SKIP
-    >>> saver(prediction, filename="out/case_1_seg")  # doctest: +SKIP
+``SaveImage``'s writer saves in place, so a killed run would leave half a prediction under its
+final name; here the bytes are complete in memory first, and a full file system is one
+`NoSpaceError` naming the file before a byte is written.
 """
 
 from __future__ import annotations
@@ -38,8 +28,7 @@ class AtomicNiftiWriter(NibabelWriter):
         """Write the data set by ``set_data_array``/``set_metadata`` to ``filename`` whole or not at all.
 
         Raises:
-            NoSpaceError: the file system holding ``filename`` has no room for it (named, with the
-                bytes needed and free); ``filename`` is left as it was.
+            NoSpaceError: no room for it (named, with the bytes needed and free); ``filename`` is left as it was.
         """
         affine = np.eye(4) if self.affine is None else convert_data_type(self.affine, np.ndarray)[0]
         image = self.create_backend_obj(self.data_obj, affine=affine, dtype=self.output_dtype, **obj_kwargs)

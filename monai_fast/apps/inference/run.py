@@ -1,13 +1,4 @@
-"""Sliding-window inference of a trained checkpoint over a data list, predictions written as NIfTI.
-
-`infer()` checks everything that can fail (checkpoint, backend, data list, output paths, images)
-before it builds the backend; each volume then goes through the checkpoint's chain, MONAI's
-``SlidingWindowInferer``, ``Invertd`` back to the input's grid, and an atomic write of
-``<out_dir>/<name>_seg.nii.gz``. docs/inference.md describes it.
-
-Examples:
-    >>> result = infer("model.pt", "Task09_Spleen", "predictions", backend="onnx")  # doctest: +SKIP
-"""
+"""Sliding-window inference of a trained checkpoint over a data list, predictions as NIfTI (docs/inference.md)."""
 
 from __future__ import annotations
 
@@ -90,12 +81,7 @@ def data_list(
 ) -> list[str]:
     """The image files of ``data``: an MSD folder's ``split`` (see `SPLITS`), one image file, or a list of them.
 
-    The ``val`` split is `load_msd_datalist()`'s with the same
-    ``val_fraction`` and ``seed``: the cases a race with those settings validated on.
-
-    Examples:
-        >>> data_list(["/d/a.nii.gz", {"image": "/d/b.nii.gz"}])
-        ['/d/a.nii.gz', '/d/b.nii.gz']
+    The ``val`` split is `load_msd_datalist()`'s with the same ``val_fraction`` and ``seed``.
     """
     if isinstance(data, (str, os.PathLike)):
         root = Path(data)
@@ -139,12 +125,7 @@ def check_images(paths: Sequence[str]) -> None:
 
 
 def output_name(image: str | os.PathLike) -> str:
-    """The prediction's file name for ``image``, without the extension: ``case_1.nii.gz`` -> ``case_1_seg``.
-
-    Examples:
-        >>> output_name("/d/spleen_1.nii.gz")
-        'spleen_1_seg'
-    """
+    """The prediction's file name for ``image``, without the extension: ``case_1.nii.gz`` -> ``case_1_seg``."""
     name = Path(image).name
     for ext in (".nii.gz", ".nii"):
         if name.endswith(ext):
@@ -157,9 +138,7 @@ def inference_transforms(config: RecipeConfig, chain: Sequence[dict] | None = No
 
     Args:
         config: the network's config.
-        chain: the validation chain record (`monai_fast.apps.inference.chain`); default the
-            recipes' validation chain for ``config`` (load, RAS, ``config.pixdim``, CT window, crop
-            to the foreground, pad to ``config.patch_size``).
+        chain: the validation chain record; default the recipes' validation chain for ``config``.
     """
     return build_chain(chain if chain is not None else recipe_chain(config))
 
@@ -173,13 +152,7 @@ def _identity(path: str | os.PathLike) -> tuple[int, int] | None:
 
 
 def _outputs(paths: Sequence[str], out_dir: Path, overwrite: bool = False) -> list[Path]:
-    """Each image's prediction path, checked before any work.
-
-    Raises:
-        InferenceError: two images would write the same file (both named); a prediction would
-            replace one of the inputs (always refused, the input named); or prediction files exist
-            already and ``overwrite`` is off (the files named).
-    """
+    """Each image's prediction path, checked first: no clash, no input replaced, no file unless ``overwrite``."""
     inputs = {os.path.realpath(p): p for p in paths}
     inodes = {ident: p for p in paths if (ident := _identity(p)) is not None}
     outs, seen, existing = [], {}, []
@@ -319,12 +292,9 @@ def tuned_window(
     sw_batch_range: tuple[int, int] = (1, 32),
     pre: Compose | None = None,
 ) -> tuple[int, torch.device]:
-    """The fastest ``sw_batch_size`` and stitching device for ``network`` on volumes of ``image``'s size.
+    """The fastest ``sw_batch_size`` and stitching device for ``network`` on volumes of ``image``'s size after ``pre``.
 
-    Measured by `tune_validation()` with the eager network at the backend's
-    precision (autocast's bf16/fp16, else fp32), cached in the tuning store, so a second run with
-    the same network and size reads it back. ``pre`` is the preprocessing (default
-    `inference_transforms()` of ``config``): the size measured is the size the windows run on.
+    Measured by `tune_validation()` at the backend's precision and kept in the tuning store.
     """
     from monai_fast.tune.validation import tune_validation  # the tuner loads only when asked for
 
@@ -362,11 +332,9 @@ def _pred_classes_innermost(item: dict) -> dict:
 
 
 def _save(prediction: torch.Tensor, path: Path) -> None:
-    """Write a ``(1, *spatial)`` label map as ``uint8`` NIfTI on its metadata's affine, whole or not at all.
+    """Write a ``(1, *spatial)`` label map as ``uint8`` NIfTI, whole or not at all.
 
-    MONAI's writer directly, not ``SaveImage``: ``SaveImage`` turns any error of its writer (a full
-    disk included) into "cannot find a suitable writer"; here the writer's own error, a
-    `NoSpaceError` naming ``path``, reaches the caller.
+    MONAI's writer directly: ``SaveImage`` turns a full disk into "cannot find a suitable writer".
     """
     writer = AtomicNiftiWriter(output_dtype=np.uint8)
     writer.set_data_array(prediction, channel_dim=0, squeeze_end_dims=True)

@@ -1,16 +1,7 @@
-"""Write a Kubernetes ``PyTorchJob`` (Kubeflow training operator) that runs a training script on
-several nodes with ``monai-fast launch``, preemption-safe: the Kubernetes twin of `.sbatch`.
+"""Write a Kubernetes ``PyTorchJob`` that runs a training script on several nodes with ``monai-fast launch``.
 
-One pod per node (a ``Master``, ``nodes - 1`` ``Worker`` replicas), each running ``monai-fast
-launch`` (``exec``'d, so it hears ``SIGTERM``) at the master's static rendezvous; a failed or
-evicted pod restarts and the job resumes from checkpoints on the shared ``volume_claim``.
-docs/distributed.md describes the manifest.
-
-Examples:
-    >>> from monai_fast.apps.launch.k8s import PyTorchJobSpec, render_pytorchjob
-    >>> text = render_pytorchjob(PyTorchJobSpec(["train.py"], image="me/monai-fast:1", nodes=2, gpus_per_node=4))
-    >>> [x.strip() for x in text.splitlines() if x.strip() in ("Master:", "Worker:") or "replicas:" in x]
-    ['Master:', 'replicas: 1', 'Worker:', 'replicas: 1']
+Preemption-safe, the Kubernetes twin of `.sbatch`: a failed or evicted pod restarts and the job
+resumes from checkpoints on the shared ``volume_claim``. docs/distributed.md describes the manifest.
 """
 
 from __future__ import annotations
@@ -192,7 +183,7 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> str:
     """The PyTorchJob manifest for ``spec`` as YAML, for ``kubectl apply -f``.
 
     Examples:
-        >>> spec = PyTorchJobSpec(["train.py", "--lr", "1e-3"], image="me/monai-fast:1", nodes=3, gpus_per_node=8)
+        >>> spec = PyTorchJobSpec(["train.py"], image="me/monai-fast:1", nodes=3, gpus_per_node=8)
         >>> print(render_pytorchjob(spec).splitlines()[0])
         # 24 ranks: 3 node(s) x 8 GPU(s), one rank per GPU (NCCL)
     """

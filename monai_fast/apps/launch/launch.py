@@ -34,15 +34,10 @@ def free_port() -> int:
 
 
 def setup_rank(seed: int | None = 0) -> torch.device:
-    """Per-process set-up inside a (possibly one-process) job: the device and the seeds.
+    """Per-process set-up inside a (possibly one-process) job: the device and the seeds; returns the device.
 
-    On CUDA each process takes the GPU of its local rank; CPU ranks sharing a node split its
-    cores between their torch thread pools. Seeds differ per rank (``seed + rank``)
-    so ranks draw different crops and augmentations; weights still start equal because DDP
-    (or Horovod) broadcasts rank 0's parameters when the model is wrapped.
-
-    Returns:
-        The device this rank trains on.
+    On CUDA each process takes its local rank's GPU; CPU ranks on a node split its cores. Seeds are
+    ``seed + rank`` so ranks draw different crops; weights still start equal (DDP broadcasts rank 0's).
     """
     device = idist.device()
     if device.type == "cuda":
@@ -85,20 +80,13 @@ def run(
 ) -> None:
     """Call ``fn(local_rank, *args, **kwargs)`` on every rank of whatever job this process is in.
 
-    - ``python script.py``: one process; or with ``nproc_per_node=N``, N local processes spawned
-      here (what ``monai-fast launch --nproc N`` does through torchrun);
-    - ``torchrun --nproc_per_node=N script.py``, ``srun -n N python script.py`` (also inside
-      ``sbatch``), ``horovodrun -np N python script.py``: the ranks the launcher made.
-
-    ``backend="auto"`` picks Horovod under horovodrun, NCCL with CUDA, gloo without. Each rank
-    first runs `setup_rank()` (device, ``seed + rank``). The process group is created with
-    ``timeout_s``, so a collective waiting for a dead rank ends with an error instead of hanging.
+    One process, N local processes (``nproc_per_node``), or the ranks torchrun, ``srun`` or horovodrun
+    made. ``backend="auto"`` picks Horovod under horovodrun, NCCL with CUDA, gloo without; each rank
+    first runs `setup_rank()`. The process group gets ``timeout_s``, so a collective waiting for a dead
+    rank ends with an error instead of hanging. See docs/distributed.md.
 
     Examples:
-        >>> from monai_fast.apps.launch import run
-        >>> def train(local_rank, config):  # doctest: +SKIP
-        ...     ...                         # build loaders, model, trainer; idist does the rest
-        >>> if __name__ == "__main__":      # doctest: +SKIP
+        >>> if __name__ == "__main__":  # doctest: +SKIP
         ...     run(train, {"lr": 1e-3})
     """
     env = detect()

@@ -1,10 +1,7 @@
 """The entry of every rank that ``monai-fast launch`` starts: the user's script, kept from spawning again.
 
-torchrun starts ``python -m monai_fast.apps.launch.launched SCRIPT ARGS...`` (or ``-m MODULE
-ARGS...``) on each rank, which runs it as ``python SCRIPT ARGS...`` would, except that
-``ignite.distributed.spawn`` (public in ``ignite.distributed`` and ``ignite.distributed.utils``) is
-replaced by one that stops the rank with one line saying to drop ``nproc_per_node`` (exit status 2):
-a launched rank that spawned more processes would race for the rendezvous port or train apart.
+``ignite.distributed.spawn`` is replaced by one that stops the rank with one line saying to drop
+``nproc_per_node`` (exit status 2): a launched rank that spawned more would race for the rendezvous port.
 """
 
 from __future__ import annotations

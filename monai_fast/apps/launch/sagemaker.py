@@ -1,14 +1,6 @@
 """The SageMaker training toolkit's environment, read in one place; and the torchrun command of a multi-host job.
 
-Names and meanings follow the toolkit's ENVIRONMENT_VARIABLES.md; two behaviours follow its code:
-hyperparameters are JSON-decoded where they can be (else kept as strings), and a job on several
-hosts meets at the first host on port 7777. docs/sagemaker-s3.md describes the variables read.
-
-Examples:
-    >>> env = read_sagemaker_env({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2",
-    ...                           "SM_NUM_GPUS": "4", "SM_HPS": '{"epochs": "3"}'})
-    >>> env.present, env.node_rank, env.hyperparameters
-    (True, 1, {'epochs': 3})
+Names and meanings follow the toolkit's ENVIRONMENT_VARIABLES.md (docs/sagemaker-s3.md).
 """
 
 from __future__ import annotations
@@ -49,19 +41,21 @@ class SageMakerEnv:
 
     Attributes:
         training_dir: ``SM_CHANNEL_TRAINING``.
-        channels: every input channel's folder by channel name (``SM_CHANNEL_<NAME>``; the name in lower case).
+        channels: every input channel's folder by channel name (``SM_CHANNEL_<NAME>``, lower case).
         model_dir: ``SM_MODEL_DIR``.
         output_data_dir: ``SM_OUTPUT_DATA_DIR``.
         tensorboard_dir: where TensorBoard events go for SageMaker to collect.
-        checkpoint_dir: ``/opt/ml/checkpoints`` (beside ``SM_MODEL_DIR``) when that folder exists:
-            SageMaker's local checkpoint folder, which it creates for a job with checkpointing
-            configured, syncs to ``checkpoint_s3_uri`` and restores when a spot job restarts.
-        hyperparameters: ``SM_HPS``, else ``hyperparameters.json``, values decoded (see `decode_hyperparameters()`).
+        checkpoint_dir: ``/opt/ml/checkpoints`` when it exists (SageMaker syncs it and restores it on a spot restart).
+        hyperparameters: ``SM_HPS``, else ``hyperparameters.json``, values decoded (`decode_hyperparameters()`).
         hyperparameters_from: which of the two they came from (for messages).
         num_gpus: ``SM_NUM_GPUS``.
         hosts: ``SM_HOSTS``.
         current_host: ``SM_CURRENT_HOST``.
         variables: the names of the ``SM_*`` variables set.
+
+    Examples:
+        >>> read_sagemaker_env({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2"}).node_rank
+        1
     """
 
     training_dir: Path | None = None
@@ -87,11 +81,6 @@ class SageMakerEnv:
 
         Raises:
             SageMakerEnvError: no such channel, or several and none named, naming the variables read.
-
-        Examples:
-            >>> env = read_sagemaker_env({"SM_CHANNEL_TRAIN": "/a", "SM_CHANNEL_EVAL": "/b"})
-            >>> env.channel_dir("train"), env.channel_dir("EVAL")
-            (PosixPath('/a'), PosixPath('/b'))
         """
         found = ", ".join(f"SM_CHANNEL_{c.upper()}={p}" for c, p in sorted(self.channels.items())) or "none set"
         if name is not None:
@@ -113,12 +102,7 @@ class SageMakerEnv:
         )
 
     def describe(self) -> str:
-        """One line on the job: its hosts, GPUs and hyperparameters, saying which were not given.
-
-        Examples:
-            >>> read_sagemaker_env({"SM_MODEL_DIR": "/opt/ml/model"}).describe()
-            'one host (SM_HOSTS not set), GPUs: SM_NUM_GPUS not set, channels: none, hyperparameters: none'
-        """
+        """One line on the job: its hosts, GPUs and hyperparameters, saying which were not given."""
         if self.hosts:
             hosts = f"host {self.current_host} of {len(self.hosts)} ({', '.join(self.hosts)})"
         else:
@@ -137,12 +121,7 @@ class SageMakerEnv:
 
 
 def decode_hyperparameters(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Each value JSON-decoded where it is a string that decodes, else kept (the toolkit's rule).
-
-    Examples:
-        >>> decode_hyperparameters({"epochs": "2", "network": "segresnet", "fp32": "true", "patch": [32, 32, 32]})
-        {'epochs': 2, 'network': 'segresnet', 'fp32': True, 'patch': [32, 32, 32]}
-    """
+    """Each value JSON-decoded where it is a string that decodes, else kept (the toolkit's rule)."""
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if isinstance(value, str):
@@ -242,12 +221,11 @@ def _checkpoints(model_dir: Path | None) -> Path | None:
 
 
 def torchrun_command(env: SageMakerEnv, command: Sequence[str], nproc_per_node: int | None = None) -> list[str]:
-    """The torchrun line that starts ``command`` (``python``'s arguments: ``["-m", "pkg", ...]`` or a script) on
-    this host of ``env``'s multi-host job: the rendezvous on the first host, as the toolkit's own runner.
+    """The torchrun line that starts ``command`` on this host of ``env``'s job, meeting at the first host.
 
     Args:
         env: the job (its hosts and this host's name).
-        command: what each rank runs, as arguments of ``python``.
+        command: what each rank runs, as arguments of ``python`` (``["-m", "pkg", ...]`` or a script).
         nproc_per_node: processes on this host; ``None``: one per GPU (``SM_NUM_GPUS``), at least one.
     """
     if len(env.hosts) < 2:

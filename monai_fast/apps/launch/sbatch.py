@@ -62,19 +62,10 @@ class SbatchSpec:
 
 
 def render_sbatch(spec: SbatchSpec) -> str:
-    """The sbatch script for ``spec``.
-
-    Every task is one rank: ignite reads ``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NTASKS``,
-    takes the first host of the allocation as ``MASTER_ADDR`` and a port derived from the job id,
-    and ``monai_fast.apps.launch.run`` picks NCCL (GPUs) or gloo. ``--signal=USR1@N`` (without
-    ``B:``) reaches the tasks themselves; ``--open-mode=append`` keeps the log of the run before a
-    requeue.
+    """The sbatch script for ``spec``: every task is one rank (docs/distributed.md).
 
     Examples:
-        >>> from monai_fast.apps.launch.sbatch import SbatchSpec, render_sbatch
         >>> script = render_sbatch(SbatchSpec(["python", "train.py"], nodes=2, gpus_per_node=4))
-        >>> script.splitlines()[2:4]
-        ['#SBATCH --nodes=2', '#SBATCH --ntasks-per-node=4']
     """
     lines = [
         "#!/bin/bash",

@@ -1,16 +1,6 @@
 """Run a local launcher (torchrun) as a child, pass stop signals to its ranks, leave no process behind.
 
-`supervise()` starts the launcher in a session of its own; on ``SIGTERM``, ``SIGINT`` or
-``SIGUSR1`` it passes the signal to every rank, waits at most ``grace_s`` for them to checkpoint
-and end, then kills what is left (each rank's process group, then torchrun), and returns the
-launcher's status in the shell's convention (``128 + N`` for a death by signal N). A launcher that
-starts no rank within ``start_timeout_s`` raises `NoRankStarted`. docs/distributed.md has more.
-
-Examples:
-    >>> import sys
-    >>> from monai_fast.apps.launch.supervise import supervise
-    >>> supervise([sys.executable, "-c", "import sys; sys.exit(3)"], grace_s=5.0)
-    3
+See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -42,12 +32,7 @@ class NoRankStarted(TimeoutError):
 
 
 def exit_status(returncode: int) -> int:
-    """A child's ``Popen.returncode`` as a shell reports it: killed by signal N (``-N``) is ``128 + N``.
-
-    Examples:
-        >>> exit_status(0), exit_status(1), exit_status(-15)
-        (0, 1, 143)
-    """
+    """A child's ``Popen.returncode`` as a shell reports it: killed by signal N (``-N``) is ``128 + N``."""
     return 128 - returncode if returncode < 0 else returncode
 
 
@@ -199,22 +184,25 @@ def supervise(
 ) -> int:
     """Run ``cmd`` (a launcher such as torchrun) to its end, passing ``FORWARDED`` signals to its children.
 
+    After the first signal the ranks get ``grace_s`` to checkpoint, then each rank's process group and
+    the launcher are killed. Signal handlers are installed only from the main thread and restored on return.
+
     Args:
         cmd: the launcher's command line.
-        grace_s: after the first signal, how long the ranks may take to stop (write a checkpoint)
-            before they are killed.
+        grace_s: after the first signal, how long the ranks may take to stop before they are killed.
         env: the launcher's environment (default: this process's).
         poll_s: how often the children are looked for and their state checked.
-        start_timeout_s: if set, how long the launcher may take to start its first rank (its rendezvous);
-            past it the launcher is killed and `NoRankStarted` raised.
+        start_timeout_s: how long the launcher may take to start its first rank; ``None``: no limit.
 
     Returns:
         The launcher's exit status, ``128 + N`` if signal N killed it.
 
     Raises:
-        NoRankStarted: no rank started within ``start_timeout_s``.
+        NoRankStarted: no rank started within ``start_timeout_s`` (the launcher is killed first).
 
-    Signal handlers are installed only from the main thread (Python's rule) and restored on return.
+    Examples:
+        >>> supervise([sys.executable, "-c", "import sys; sys.exit(3)"], grace_s=5.0)
+        3
     """
     if grace_s < 0:
         raise ValueError(f"grace_s must be >= 0, got {grace_s}")

@@ -1,8 +1,7 @@
 """The torchrun command line of ``monai-fast launch`` (one node, or several: static or c10d rendezvous).
 
-`LaunchSpec` holds where the ranks start and checks every option together; `torchrun_args()` and
-`torchrun_env()` turn it into torchrun's arguments and environment; the rendezvous lines say where a
-node waits, why a rendezvous failed, and when an endpoint does not answer as a rendezvous store.
+The rendezvous lines say where a node waits, why a rendezvous failed, and when an endpoint does
+not answer as a rendezvous store (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -41,9 +40,8 @@ DEFAULT_RDZV_TIMEOUT_S = 600.0
 class LaunchSpec:
     """Where ``monai-fast launch`` starts its ranks: this node only, or one node of several.
 
-    One node (``nnodes=1``: torchrun ``--standalone``), a static rendezvous at node 0 (``master_addr``,
-    ``master_port``, ``node_rank``) or a c10d one (``rdzv_endpoint``, ``rdzv_id``). All problems are
-    named in one `ValueError`, each by its flag, before anything starts. docs/distributed.md has more.
+    One node (torchrun ``--standalone``), a static rendezvous at node 0 or a c10d one. All problems
+    are named in one `ValueError`, each by its flag, before anything starts (docs/distributed.md).
 
     Args:
         nproc, nnodes: ranks on this node (one per GPU); nodes in the job.
@@ -53,9 +51,8 @@ class LaunchSpec:
         rdzv_timeout_s: seconds to wait for the rendezvous before one line names the endpoint.
 
     Examples:
-        >>> spec = LaunchSpec(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500)
-        >>> torchrun_args(spec)[:4]
-        ['--nnodes=2', '--node-rank=1', '--master-addr=10.0.0.1', '--master-port=29500']
+        >>> torchrun_args(LaunchSpec(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500))[:2]
+        ['--nnodes=2', '--node-rank=1']
     """
 
     nproc: int = 2
@@ -166,14 +163,7 @@ _TORCHRUN_JOIN_TIMEOUT_S = 600  # torchrun's c10d join_timeout when --rdzv-conf 
 
 
 def torchrun_args(spec: LaunchSpec) -> list[str]:
-    """torchrun's options for ``spec``: where the nodes meet, ranks per node, restarts.
-
-    Examples:
-        >>> torchrun_args(LaunchSpec(nproc=2))
-        ['--standalone', '--nproc-per-node=2', '--max-restarts=0', '--monitor-interval=1']
-        >>> torchrun_args(LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="job7"))[:4]
-        ['--nnodes=2', '--rdzv-backend=c10d', '--rdzv-endpoint=h:29400', '--rdzv-id=job7']
-    """
+    """torchrun's options for ``spec``: where the nodes meet, ranks per node, restarts."""
     if spec.form == "c10d":
         where = [
             f"--nnodes={spec.nnodes}",
@@ -200,15 +190,8 @@ def torchrun_args(spec: LaunchSpec) -> list[str]:
 def torchrun_env(spec: LaunchSpec) -> dict[str, str]:
     """Environment variables torchrun needs for ``spec``, beyond the caller's.
 
-    With restarts, the ranks of each round must not share the rendezvous's TCP store: they would
-    keep their process-group keys across rounds (torch 2.x writes them without a per-round
-    prefix there), so a restarted rank 0 reads the dead rank's old address and its gloo/NCCL set-up
-    fails with "Connection refused". ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives every round a
-    store of its own on a fresh port.
-
-    Examples:
-        >>> torchrun_env(LaunchSpec(max_restarts=2))
-        {'TORCH_DISABLE_SHARE_RDZV_TCP_STORE': '1'}
+    With restarts every round gets a TCP store of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``):
+    rounds sharing one keep stale process-group keys and a restarted rank 0 fails to connect.
     """
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts else {}
 
@@ -216,20 +199,8 @@ def torchrun_env(spec: LaunchSpec) -> dict[str, str]:
 def rendezvous_failure(error_file: str | os.PathLike, spec: LaunchSpec) -> str | None:
     """What a failed torchrun's error file (``TORCHELASTIC_ERROR_FILE``) says about its c10d rendezvous, in one line.
 
-    torchrun keeps the c10d rendezvous in the node whose torchrun first bound ``--rdzv-endpoint``. Lose that
-    node and every other node's torchrun fails on its next look at the rendezvous (within a second) with a
-    ``RendezvousConnectionError`` traceback: no restart can bring the job back, since the rendezvous and its
-    rounds went with the node. A node that waits for the others longer than the join time-out (torchrun's
-    600 s) fails with ``RendezvousTimeoutError``. Anything else (a rank's own error): ``None``.
-
-    Examples:
-        >>> import tempfile
-        >>> f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-        >>> _ = f.write('{"message": {"message": "RendezvousConnectionError: '
-        ...             'The connection to the C10d store has failed."}}')
-        >>> f.close()
-        >>> rendezvous_failure(f.name, LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="j"))[:53]
-        'the c10d rendezvous at h:29400 is gone: its host node'
+    A lost host node (``RendezvousConnectionError``: no restart brings the job back) or a join
+    time-out (``RendezvousTimeoutError``); anything else (a rank's own error): ``None``.
     """
     if spec.form != "c10d":
         return None
@@ -262,12 +233,7 @@ def _meeting_point(spec: LaunchSpec) -> str:
 
 
 def rendezvous_wait_line(spec: LaunchSpec) -> str | None:
-    """The line ``monai-fast launch`` prints before it waits for other nodes; ``None`` on one node alone.
-
-    Examples:
-        >>> rendezvous_wait_line(LaunchSpec(nproc=1, nnodes=2, rdzv_endpoint="h:29400", rdzv_id="j", rdzv_timeout_s=60))
-        'waiting for the rendezvous at h:29400 (2 nodes, --rdzv-id j) (up to 60 s; --rdzv-timeout)'
-    """
+    """The line ``monai-fast launch`` prints before it waits for other nodes; ``None`` on one node alone."""
     if spec.form == "standalone":
         return None
     nodes = f"{spec.nnodes} node{'s' if spec.nnodes != 1 else ''}"
@@ -296,20 +262,12 @@ STORE_ANSWER_S = 10.0
 def unanswered_endpoint_message(spec: LaunchSpec, answer_s: float = STORE_ANSWER_S) -> str | None:
     """One line when the meeting point accepts connections but is no rendezvous store; ``None`` otherwise.
 
-    torch's store client waits without a time-out of its own for a program that accepts its
-    connection and never answers, so torchrun would sit there until ``--rdzv-timeout`` (600 s by
-    default). Before torchrun starts, the endpoint is therefore probed: nothing listening (the host
-    node has not started yet) passes, and so does a store that answers; a port that accepts but
-    does not answer as a store within ``answer_s`` seconds (at most ``--rdzv-timeout``) is held by
-    another program. The probe is a `torch.distributed.TCPStore` client on a daemon thread,
-    left behind when it never returns (the caller stops right after).
+    torch's store client waits without a time-out for a program that accepts and never answers, so
+    the endpoint is probed first with a `torch.distributed.TCPStore` client on a daemon thread.
 
     Args:
         spec: the launch; one node alone (``--standalone``) has no endpoint to probe.
-        answer_s: seconds the endpoint has to answer.
-
-    Examples:
-        >>> unanswered_endpoint_message(LaunchSpec(nproc=1))  # one node alone: its own free port
+        answer_s: seconds the endpoint has to answer (at most ``--rdzv-timeout``).
     """
     if spec.form == "standalone":
         return None
@@ -350,9 +308,8 @@ def unanswered_endpoint_message(spec: LaunchSpec, answer_s: float = STORE_ANSWER
 def rendezvous_timeout_message(spec: LaunchSpec, probe_s: float = 2.0) -> str:
     """One line saying that no rendezvous formed within ``spec.rdzv_timeout_s``, what the endpoint does, and the remedy.
 
-    The endpoint is probed with a plain TCP connection to tell the usual causes apart: a port that accepts
-    connections but hosts no rendezvous (another program holds it, or the other nodes never came), a port
-    where nothing listens (the node that hosts the rendezvous has not started), or a host out of reach.
+    A plain TCP probe tells apart a port that accepts but hosts no rendezvous, one where nothing
+    listens (the host node has not started), and a host out of reach.
     """
     where = _meeting_point(spec)
     host, _, port = where.rpartition(":")

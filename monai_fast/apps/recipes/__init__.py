@@ -1,15 +1,8 @@
 """Recipes: complete MONAI trainer + evaluator set-ups built from file lists and a few options.
 
-A recipe is data: a `RecipeSpec` in `REGISTRY` saying which defaults, loss, caching, layout and
-precision it takes. `recipe_parts()` turns one into its `RecipeParts` (network, loss, optimizer,
-transform chains, precision, memory format: what the tuner times) and `build_recipe()`, the one
-builder, composes those parts with their data into a `Recipe`. The recipes themselves are
-described in ``docs/recipes.md``.
-
-Examples:
-    >>> from monai_fast.apps.recipes import RecipeConfig, build_recipe
-    >>> recipe = build_recipe("fast", train_files, val_files, RecipeConfig(max_epochs=5))  # doctest: +SKIP
-    >>> recipe.trainer.run()  # doctest: +SKIP
+A recipe is data: a `RecipeSpec` in `REGISTRY`; `recipe_parts()` turns one into its `RecipeParts`
+(what the tuner times) and `build_recipe()` composes those with their data into a `Recipe`.
+The recipes: docs/recipes.md.
 """
 
 from __future__ import annotations
@@ -56,13 +49,11 @@ class RecipeSpec:
     Attributes:
         defaults: what ``None`` in `RecipeConfig` means for this recipe (`RecipeConfig.with_defaults()`).
         loss: builds its training loss.
-        fast_training: `fast_training()` is attached to trainer and evaluator: it adopts both
-            loaders into planned caches and runs the precision `choose_precision()` picks; without,
-            the precision is MONAI's own fp16 ``amp`` (`resolve_amp()`).
+        fast_training: `fast_training()` is attached to trainer and evaluator (planned caches, the
+            precision `choose_precision()` picks); without, MONAI's own fp16 ``amp`` (`resolve_amp()`).
         amp_on_cuda: without ``fast_training``, MONAI's ``amp`` is on by default on CUDA.
         cache_form: the chains end in a cache's form (crop indices precomputed, plain tensors).
-        guide_cache: the data is cached as MONAI's fast-training guide does (`guide_cached_data()`);
-            otherwise plain ``Dataset`` + multi-process ``DataLoader`` (`uncached_data()`).
+        guide_cache: cached as MONAI's fast-training guide does (`guide_cached_data()`), else `uncached_data()`.
         channels_last: the weights take `memory_format_for()`'s layout, else PyTorch's default.
     """
 
@@ -116,8 +107,6 @@ def recipe_parts(name: str, config: RecipeConfig | None = None, device: str | to
     Examples:
         >>> recipe_parts("fast", RecipeConfig(precision="fp32")).config.batch_size
         1
-        >>> recipe_parts("baseline", RecipeConfig()).loss().__class__.__name__
-        'DiceLoss'
     """
     spec = _spec(name)
     config = (config or RecipeConfig()).with_defaults(**spec.defaults)
@@ -148,11 +137,9 @@ def build_recipe(
 ) -> Recipe:
     """Build recipe ``name`` (one of `RECIPES`): its `recipe_parts()` over its data, composed into engines.
 
-    Options left ``None`` in ``config`` take the recipe's `RecipeSpec.defaults`; ``progress``
-    shows a cache fill's progress. Inside a distributed job (`monai_fast.apps.launch.run()`)
-    each rank takes its share of ``train_files`` (even sizes) and ``val_files`` (no repeats), so
-    each caches only its share; the network is wrapped in DDP (Horovod: its optimizer) and
-    validation Dice is gathered over all ranks by MONAI's metric.
+    Options left ``None`` in ``config`` take the recipe's `RecipeSpec.defaults`. Inside a distributed
+    job each rank takes and caches its share of the files, the network is wrapped in DDP (Horovod: its
+    optimizer) and validation Dice is gathered over all ranks (docs/distributed.md).
 
     Raises:
         ValueError: for an unknown recipe name.

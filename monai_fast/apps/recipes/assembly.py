@@ -1,8 +1,6 @@
 """A recipe's parts and data put together: trainer, evaluator, precision, validation schedule.
 
-`compose()` builds a MONAI ``SupervisedTrainer`` and ``SupervisedEvaluator`` from a recipe's
-`RecipeParts` over a `DataPiece`; with a `FastTraining` (the ``fast`` recipe's `fast_training()`)
-that is attached to both, exactly as a user attaches it to their own trainer.
+The ``fast`` recipe's `FastTraining` is attached to both engines exactly as a user attaches it.
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ class Recipe:
     Attributes:
         name: recipe name.
         trainer: MONAI ``SupervisedTrainer``; validation runs through a ``ValidationHandler``.
-        evaluator: MONAI ``SupervisedEvaluator`` whose key metric is ``val_mean_dice`` (mean Dice
-            without background).
+        evaluator: MONAI ``SupervisedEvaluator``; key metric ``val_mean_dice`` (mean Dice without background).
         network, optimizer, loss_function: what the trainer uses.
         train_loader, val_loader: the data loaders.
         device: where training runs.
@@ -168,15 +165,10 @@ def _val_metric() -> dict:
 
 
 def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
-    """A `ValidationSchedule` on ``recipe``'s trainer, as
-    ``config.validation="schedule"`` asks.
+    """A `ValidationSchedule` on ``recipe``'s trainer, as ``config.validation="schedule"`` asks.
 
-    The estimate is the mean Dice on the first ``config.val_subset`` items of the evaluator's
-    (final) data set, with the evaluator's network, inferer and precision.
-
-    Examples:
-        >>> attach_validation_schedule(recipe).every  # doctest: +SKIP
-        5
+    The estimate is the mean Dice on the first ``config.val_subset`` items of the evaluator's (final)
+    data set, with the evaluator's network, inferer and precision.
     """
     config, evaluator = recipe.config, recipe.evaluator
     dataset = evaluator.data_loader.dataset
@@ -197,20 +189,10 @@ def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
 def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTraining | None = None) -> Recipe:
     """Network, optimizer, loss and engines from ``parts`` over ``data``, precision applied.
 
-    The network is built after the data sets (the seed's random stream is the same as always),
-    validation runs through a ``ValidationHandler``. With ``levers``, that
-    `FastTraining` is attached to trainer and evaluator, exactly as a
-    user attaches it (it adopts both loaders, caching where its planner says, and sets the
-    precision: ``parts.precision_by`` must then be ``"toggle"``); without, the precision goes to
-    MONAI's own ``amp`` (``parts.precision_by == "monai"``). Every trainer gets a
-    ``NonFiniteGuard``, whatever the precision (fp32 included): a non-finite loss skips its step,
-    and persistent ones stop the run with an error naming the files. ``recipe.notes`` say what was
-    built.
-
-    Examples:
-        >>> parts = recipe_parts("fast", RecipeConfig(), "cpu")  # doctest: +SKIP
-        >>> recipe = compose(parts, uncached_data(parts, train_files, val_files), time.perf_counter(),
-        ...                  levers=fast_training(parts))  # doctest: +SKIP
+    The network is built after the data sets, so the seed's random stream is the same as always.
+    With ``levers``, that `FastTraining` is attached to both engines and sets the precision
+    (``parts.precision_by == "toggle"``); without, MONAI's own ``amp`` does (``"monai"``). Every
+    trainer gets a ``NonFiniteGuard``, whatever the precision.
     """
     if (parts.precision_by == "toggle") != (levers is not None):
         raise ValueError(
@@ -265,13 +247,7 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
 
 
 def fast_training(parts: RecipeParts, progress: bool = False) -> FastTraining:
-    """The `FastTraining` the ``fast`` recipe attaches: its cache options, precision and layout.
-
-    Examples:
-        >>> from monai_fast.apps.recipes import RecipeConfig, recipe_parts
-        >>> fast_training(recipe_parts("fast", RecipeConfig(precision="fp32"))).precision
-        'fp32'
-    """
+    """The `FastTraining` the ``fast`` recipe attaches: its cache options, precision and layout."""
     config = parts.config
     budget = config.cache_budget_mib
     on_cuda = parts.device.type == "cuda"

@@ -1,16 +1,7 @@
 """Options shared by all recipes, validated once, and the size a tutorial notebook runs at.
 
-Every notebook in ``tutorials/`` has a ``SIZE`` parameter: ``"test"`` runs in about a minute on a
-CPU, ``"full"`` is sized for a GPU. ``"auto"`` (the default) resolves in `tutorial_size()`, from
-what the device can do: ``"full"`` where the notebook trains on a CUDA GPU, ``"test"`` on a CPU,
-where the full sizes take many minutes. Each notebook then maps ``"test"`` / ``"full"`` to its own
-presets (`monai_fast.apps.recipes.pathology_config.SIZES`, `monai_fast.apps.demo.lab.LAB_SIZES`).
-
-Examples:
-    >>> RecipeConfig(batch_size=4).with_defaults(batch_size=1).batch_size
-    4
-    >>> tutorial_size("auto", "cpu"), tutorial_size("auto", "cuda"), tutorial_size("full", "cpu")
-    ('test', 'full', 'full')
+A notebook's ``SIZE`` is ``"test"`` (about a minute on a CPU), ``"full"`` (sized for a GPU) or
+``"auto"`` (`tutorial_size()`); see docs/notebooks.md.
 """
 
 from __future__ import annotations
@@ -209,10 +200,6 @@ class RecipeConfig:
         """A copy in which each option named in ``defaults`` that is ``None`` takes the given value.
 
         Recipes call this first, so ``None`` means "the recipe's own choice".
-
-        Examples:
-            >>> RecipeConfig(batch_size=4).with_defaults(batch_size=1, num_samples=2).num_samples
-            2
         """
         known = {f.name for f in fields(self)}
         unknown = sorted(set(defaults) - known)
@@ -230,13 +217,8 @@ class RecipeConfig:
     ) -> RecipeConfig:
         """A copy with a tuner's pick (`monai_fast.tune.TuneResult.apply()` calls this).
 
-        ``precision`` ``"fp32"`` is kept; a mixed precision keeps the one this config asks for
-        (``"auto"``, ``"bf16"``, ``"fp16"``; ``"auto"`` when it asked for fp32); ``cache_budget_mib`` is
-        kept when ``None``.
-
-        Examples:
-            >>> RecipeConfig().tuned(4, 8, "cpu", "fp32").precision
-            'fp32'
+        ``"fp32"`` is kept; a mixed precision keeps the one this config asks for (``"auto"`` when it asked
+        for fp32); ``cache_budget_mib`` is kept when ``None``.
         """
         extra = {} if cache_budget_mib is None else {"cache_budget_mib": cache_budget_mib}
         return replace(

@@ -1,15 +1,9 @@
 """The data pieces of the recipes: where the deterministic transforms' output lives, and who loads it.
 
-Each piece takes a recipe's `RecipeParts` and the file lists
-and returns a `DataPiece`: training and validation data sets and loaders, and a note
-saying what was built. ``uncached_data`` is plain MONAI (the ``fast`` recipe's
-`FastTraining` adopts it into planned caches); ``guide_cached_data`` is
-MONAI's fast-training guide (everything cached, a thread loader).
-
-A file that cannot be read (a truncated NIfTI, say) ends the build or the epoch with one
-`DataItemError` naming the file, in every cache mode and in loader
-worker processes: every chain is a `NamedItemsCompose`, and a failed cache fill waits for
-the fill's other threads (`threads_joined_on_error()`) so the process can exit cleanly.
+``uncached_data`` is plain MONAI (the ``fast`` recipe's `FastTraining` adopts it into planned
+caches); ``guide_cached_data`` is MONAI's fast-training guide (everything cached, a thread loader).
+Every chain is a `NamedItemsCompose`, so an unreadable file ends the build or the epoch with one
+`DataItemError` naming it (docs/data.md).
 """
 
 from __future__ import annotations
@@ -31,11 +25,7 @@ __all__ = ["DataPiece", "guide_cached_data", "require_device", "uncached_data"]
 def require_device(device: torch.device) -> None:
     """Raise one clear ``ValueError`` when ``device`` is CUDA and this torch build or machine has none.
 
-    Called first by every data piece, so ``build_recipe(..., device="cuda")`` on a CPU-only build
-    fails before any data is read, not with torch's assert inside a transform.
-
-    Examples:
-        >>> require_device(torch.device("cpu"))
+    Called first by every data piece, so a CPU-only build fails before any data is read.
     """
     from monai_fast.telemetry import cuda_available
 

@@ -1,14 +1,7 @@
 """What a recipe trains, as one object, and what it is built from: network, optimizer, loss, precision, layout.
 
-A recipe's assembly (`monai_fast.apps.recipes.assembly`) builds engines and data sets from its
-`RecipeParts`; the tuner (`monai_fast.apps.recipes.tuning.tune_recipe()`) times the same parts,
-so it tunes exactly what the recipe trains. `monai_fast.apps.recipes.recipe_parts()` gives a
-registered recipe's parts by name.
-
-Examples:
-    >>> import torch
-    >>> memory_format_for(torch.device("cpu"), "fp32")
-    torch.channels_last_3d
+The recipe's assembly builds engines from its `RecipeParts` and the tuner times the same parts,
+so it tunes exactly what the recipe trains.
 """
 
 from __future__ import annotations
@@ -59,19 +52,10 @@ class RecipeParts:
         config: the options, the recipe's defaults filled in (``with_defaults``).
         device: where training runs.
         precision: ``"bf16"``, ``"fp16"`` or ``"fp32"`` (`monai_fast.telemetry.precision`).
-        precision_by: who runs the precision: ``"monai"``, MONAI's own ``amp=True`` (CUDA fp16
-            autocast + scaler), or ``"toggle"``, an `AMPToggle` on
-            trainer and evaluator.
+        precision_by: ``"monai"`` (MONAI's own ``amp=True``: CUDA fp16) or ``"toggle"`` (an `AMPToggle`).
         loss_factory: builds the training loss.
-        cache_form: the deterministic chain ends in a cache's form (crop indices precomputed,
-            plain tensors) and the random crop uses those indices.
+        cache_form: the deterministic chain ends in a cache's form and the random crop uses its indices.
         memory_format: the weights' layout for a precision (see `network()`).
-
-    Examples:
-        >>> from monai_fast.apps.recipes import RecipeConfig, recipe_parts
-        >>> parts = recipe_parts("monai_tutorial", RecipeConfig(), "cpu")
-        >>> parts.config.optimizer, parts.precision
-        ('novograd', 'fp32')
     """
 
     name: str
@@ -145,15 +129,7 @@ class RecipeParts:
 
 
 def build_optimizer(config: RecipeConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """``config.optimizer`` at ``config.lr`` (or that optimizer's default learning rate).
-
-    ``config.optimizer`` must be set; recipes fill it with their own through ``with_defaults``.
-
-    Examples:
-        >>> net = torch.nn.Linear(2, 2)
-        >>> build_optimizer(RecipeConfig(optimizer="adamw"), net.parameters()).param_groups[0]["lr"]
-        0.003
-    """
+    """``config.optimizer`` (the recipe's ``with_defaults`` sets it) at ``config.lr`` or its default rate."""
     if config.optimizer is None:
         raise ValueError("build_optimizer needs config.optimizer; use config.with_defaults(optimizer=...)")
     lr = config.lr or DEFAULT_LR[config.optimizer]

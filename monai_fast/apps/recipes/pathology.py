@@ -1,19 +1,7 @@
 """Tumour / normal patch classification on whole-slide images: the plain pipeline and the fast one.
 
-After MONAI's pathology tumour-detection example (``PatchWSIDataset``, a 2D ``DenseNet``,
-``BCEWithLogitsLoss``, ROC AUC), built two ways on the same patches: ``plain`` (MONAI as installed
-on a CPU machine) and ``fast`` (the WSI backend chosen by what is installed, ``uint8`` patches
-through a ``SafeThreadDataLoader``, batch augmentation on the device, ``AMPToggle``, Novograd).
-Both carry the same measuring handlers, and neither ends an epoch short (`preflight_wsi()` first,
-an `EpochLengthGuard` on each engine). docs/pathology.md describes both pipelines.
-
-Examples:
-    >>> from monai_fast.apps.sources.wsi import load_wsi_datalist, synthetic_wsi_dataset
-    >>> from monai_fast.apps.recipes.pathology import SIZES, run_pathology
-    >>> size = SIZES["tiny"]
-    >>> root = synthetic_wsi_dataset(size.slides, size.shape, size.patch_size, progress=False)  # doctest: +SKIP
-    >>> result = run_pathology("fast", *load_wsi_datalist(root), size.config(), "cpu", target=0.9)  # doctest: +SKIP
-    >>> result["best_auc"], result["patches_per_s"]  # doctest: +SKIP
+After MONAI's pathology tumour-detection example, built two ways on the same patches: ``plain``
+(MONAI as installed) and ``fast``; neither ends an epoch short. docs/pathology.md describes both.
 """
 
 from __future__ import annotations
@@ -232,8 +220,7 @@ def build_pathology(
     run_dir: str | os.PathLike | None = None,
     start_time: float | None = None,
 ) -> PathologyRun:
-    """Build ``variant`` (``"plain"`` or ``"fast"``) on the patch lists of
-    `load_wsi_datalist()`.
+    """Build ``variant`` (``"plain"`` or ``"fast"``) on the patch lists of `load_wsi_datalist()`.
 
     Args:
         variant: one of `VARIANTS`.
@@ -248,8 +235,7 @@ def build_pathology(
     Raises:
         ValueError: for an unknown ``variant`` or a bad option.
         monai_fast.apps.sources.wsi_reader.WSIBackendError: ``config.backend`` cannot run here (named).
-        monai_fast.data.preflight.PreflightError: a slide that cannot be read to its end, is smaller
-            than the patch, or a patch location outside its slide (each named; ``config.preflight``).
+        monai_fast.data.preflight.PreflightError: a bad slide or patch location (each named).
     """
     t0 = time.perf_counter() if start_time is None else start_time
     if variant not in VARIANTS:
@@ -329,11 +315,13 @@ def run_pathology(
 ) -> dict[str, Any]:
     """Build and train ``variant`` to ``target`` AUC (or ``config.max_epochs`` / the budget); `summarize()` it.
 
-    Arguments as `build_pathology()` (but ``start_time``: the clock starts here, before the data sets
-    are built). A stop signal during the set-up stops the program before training, with exit status 143.
+    Arguments as `build_pathology()`, but the clock starts here.
 
     Raises:
         SystemExit: 143, when a stop signal arrived during the set-up.
+
+    Examples:
+        >>> result = run_pathology("fast", train, val, SIZES["tiny"].config(), "cpu", target=0.9)  # doctest: +SKIP
     """
     t0 = time.perf_counter()
     with stop_signals_caught():  # a signal while the slides are checked, the data sets and engines built: kept
@@ -352,17 +340,7 @@ def run_pathology(
 
 
 def results_table(results: Sequence[dict[str, Any]]) -> str:
-    """Runs (from `run_pathology()`) as a markdown table; ratios against the ``plain`` run of the same repeat.
-
-    Examples:
-        >>> run = {"variant": "fast", "patches_per_s": 120.0, "data_share": 0.01, "epochs": 3,
-        ...        "best_auc": 0.97, "time_to_target_s": 40.0, "target_auc": 0.95}
-        >>> print(results_table([run]))  # doctest: +NORMALIZE_WHITESPACE
-        | variant | repeat | patches/s | data wait | epochs | best AUC | time to AUC 0.95 | patches/s vs plain
-        | time to target vs plain |
-        |---|---|---|---|---|---|---|---|---|
-        | fast | 1 | 120.0 | 1.0 % | 3 | 0.970 | 40.0 s | | |
-    """
+    """Runs (from `run_pathology()`) as a markdown table; ratios against the ``plain`` run of the same repeat."""
 
     def cell(v: float | None, fmt: str, unit: str = "") -> str:
         return "-" if v is None else format(v, fmt) + unit

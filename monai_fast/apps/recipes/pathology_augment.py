@@ -1,15 +1,7 @@
 """Patch augmentation on whole batches on the training device: cuCIM GPU kernels, or the same in torch.
 
-`batch_augment()` returns MONAI's example chain (``RandCuCIM`` colour jitter, flip, 90-degree
-rotation, then ``[0, 255] -> [-1, 1]``) where cuCIM, CuPy and CUDA are present, else
-`TorchBatchAugment`, the same in torch on the batch's device (drawn per patch, where
-``RandCuCIM`` draws once per batch), logging once why.
-
-Examples:
-    >>> import torch
-    >>> y = batch_augment("cpu")(torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8))
-    >>> y.dtype, bool(y.min() >= -1 and y.max() <= 1)
-    (torch.float32, True)
+MONAI's example chain where cuCIM, CuPy and CUDA are present, else `TorchBatchAugment`
+(docs/pathology.md).
 """
 
 from __future__ import annotations
@@ -43,19 +35,12 @@ def to_unit_range(x: torch.Tensor) -> torch.Tensor:
 class TorchBatchAugment:
     """Colour jitter, a random horizontal flip and a random 90-degree rotation of a ``uint8`` NCHW batch, in torch.
 
-    Each patch draws its own brightness, contrast and saturation factors (``1 +- JITTER[...]``),
-    flips with probability ``prob`` and turns by 90, 180 or 270 degrees with probability ``prob``
-    (square patches). Hue is left out: a hue shift needs an RGB<->HSV round trip that costs more
-    than the rest together on a CPU. Returns float32 in ``[-1, 1]`` on the batch's device.
+    Each patch draws its own factors; hue is left out (its RGB<->HSV round trip costs more than the
+    rest on a CPU). Returns float32 in ``[-1, 1]`` on the batch's device.
 
     Args:
         prob: probability of the flip, and of the rotation.
         jitter: ``brightness``, ``contrast``, ``saturation`` amplitudes; default `JITTER`.
-
-    Examples:
-        >>> augment = TorchBatchAugment(prob=0.5)
-        >>> augment(torch.zeros(2, 3, 8, 8, dtype=torch.uint8)).shape
-        torch.Size([2, 3, 8, 8])
     """
 
     def __init__(self, prob: float = 0.5, jitter: dict[str, float] | None = None) -> None:
@@ -149,13 +134,10 @@ def batch_augment(
 class AugmentingPrepareBatch(PrepareBatch):
     """MONAI's default batch preparation (image and label to the device), then ``augment`` on the image there.
 
-    For ``SupervisedTrainer(prepare_batch=...)`` / ``SupervisedEvaluator``: the loader ships
-    ``uint8`` patches (a quarter of the bytes of float32) and the device augments and scales them.
+    The loader ships ``uint8`` patches (a quarter of float32's bytes) and the device augments them.
 
     Examples:
-        >>> from monai.engines import SupervisedTrainer
         >>> prepare = AugmentingPrepareBatch(batch_augment(device))  # doctest: +SKIP
-        >>> trainer = SupervisedTrainer(..., prepare_batch=prepare)  # doctest: +SKIP
     """
 
     def __init__(self, augment: Callable[[torch.Tensor], torch.Tensor] = to_unit_range) -> None:

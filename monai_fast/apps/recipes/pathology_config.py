@@ -1,10 +1,4 @@
-"""The options of the pathology pipelines (`monai_fast.apps.recipes.pathology`) and their sizes.
-
-Examples:
-    >>> from monai_fast.apps.recipes.pathology_config import SIZES
-    >>> SIZES["tiny"].config(max_epochs=3).max_epochs
-    3
-"""
+"""The options of the pathology pipelines (`monai_fast.apps.recipes.pathology`) and their sizes."""
 
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ class PathologyConfig:
         backend: ``fast``'s WSI backend (`monai_fast.apps.sources.wsi_reader.BACKENDS`).
         prob: probability of the flip and of the rotation.
         seed: weights, shuffling and augmentation.
-        preflight: check every slide and patch location before training
-            (`monai_fast.data.preflight_slides.preflight_wsi()`); ``False`` skips the check.
+        preflight: check every slide and patch location before training (`preflight_wsi()`).
     """
 
     patch_size: int = 64

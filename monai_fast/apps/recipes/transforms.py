@@ -1,9 +1,6 @@
-"""The spleen (CT, one organ) transform chain, split where caching can stop.
+"""The spleen (CT, one organ) transform chain of MONAI's spleen tutorials, split where caching can stop.
 
-The chain is the one of MONAI's spleen tutorials: LoadImaged, EnsureChannelFirstd,
-Orientationd(RAS), Spacingd, ScaleIntensityRanged (CT window), CropForegroundd, then
-RandCropByPosNegLabeld and light augmentation. Everything before the first random transform is
-deterministic and may be cached; the recipes decide where.
+Everything before the first random transform is deterministic and may be cached; the recipes decide where.
 """
 
 from __future__ import annotations
@@ -46,10 +43,8 @@ def deterministic_transforms(
 
     Args:
         config: recipe options (spacing, window, patch size).
-        precompute_indices: add ``FgBgToIndicesd`` so the random crop need not search the label
-            every epoch (MONAI's fast tutorial does this before caching).
-        plain_tensors: end with ``EnsureTyped(track_meta=False)``: plain tensors, no metadata,
-            cheaper to copy and to run random transforms on.
+        precompute_indices: add ``FgBgToIndicesd`` so the random crop need not search the label every epoch.
+        plain_tensors: end with ``EnsureTyped(track_meta=False)``: plain tensors, cheaper to copy and transform.
         device: when a CUDA device, end with ``ToDeviced`` so the cache lives in GPU memory.
     """
     chain: list[MapTransform] = [

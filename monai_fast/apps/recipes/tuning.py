@@ -30,14 +30,7 @@ def default_space(
     recipe: str = "fast",
     **kwargs,
 ) -> SearchSpace:
-    """The search space of ``recipe``: the precision it trains in, plus fp32 when ``search_amp``.
-
-    ``precision`` is the recipe's request (``None``: its default); ``"fp32"`` searches fp32 only.
-
-    Examples:
-        >>> default_space("cpu", precision="fp32").precisions
-        ('fp32',)
-    """
+    """The search space of ``recipe``: the precision it trains in (its request), plus fp32 with ``search_amp``."""
     first = recipe_parts(recipe, RecipeConfig(precision=precision or "auto"), device).precision
     precisions = [first, "fp32"] if search_amp else [first]
     return SearchSpace(precisions=precisions, **kwargs)
@@ -46,12 +39,7 @@ def default_space(
 def typical_val_shape(
     val_files: Sequence[dict], config: RecipeConfig, n: int = 3, recipe: str = "fast"
 ) -> tuple[int, int, int]:
-    """Median spatial size of up to ``n`` validation volumes after ``recipe``'s validation transforms.
-
-    Examples:
-        >>> typical_val_shape(val_files, RecipeConfig())  # doctest: +SKIP
-        (160, 160, 96)
-    """
+    """Median spatial size of up to ``n`` validation volumes after ``recipe``'s validation transforms."""
     if not val_files:
         raise ValueError("no validation files to take a volume size from")
     # the validation chain does not depend on the precision: fp32 spares the precision's measurement
@@ -91,9 +79,7 @@ def tune_recipe(
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner.
 
     Examples:
-        >>> from monai_fast.apps.recipes import RecipeConfig
-        >>> result = tune_recipe(RecipeConfig(), val_shape=(160, 160, 96))  # doctest: +SKIP
-        >>> config = result.apply(RecipeConfig())  # doctest: +SKIP
+        >>> config = tune_recipe(RecipeConfig(), val_shape=(160, 160, 96)).apply(RecipeConfig())  # doctest: +SKIP
     """
     device = torch.device(device)
     parts = recipe_parts(recipe, config, device)

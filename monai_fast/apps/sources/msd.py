@@ -1,21 +1,8 @@
-"""Reader for data sets in the Medical Segmentation Decathlon (MSD) layout.
+"""Reader for data sets in the Medical Segmentation Decathlon (MSD) layout, every listed file checked first.
 
-A folder with a ``dataset.json`` (a real ``Task09_Spleen`` / ``Task01_BrainTumour`` or one written
-by `monai_fast.apps.sources.synthetic`) becomes two lists of ``{"image": path, "label": path}`` dicts,
-ready for MONAI datasets. Every listed file is checked before any training starts: a missing
-``dataset.json``, a listed file that does not exist, or an image whose spatial shape differs from
-its label's is one clear error that names the path at fault.
-
-MONAI's `monai.apps.DecathlonDataset` downloads and splits the official tasks; this reader
-works on any local folder in that layout (ours, a copy on a cluster's scratch disk, a subset) and
-checks it, which ``monai.data.load_decathlon_datalist`` does not: the checks come first, then MONAI's
-``load_decathlon_datalist`` lists the pairs and its ``partition_dataset`` splits them.
-
-Examples:
-    >>> from monai_fast.apps.sources.msd import load_msd_datalist
-    >>> train, val = load_msd_datalist("/data/Task09_Spleen", val_fraction=0.2, seed=0)
-    >>> sorted(train[0])
-    ['image', 'label']
+Unlike ``monai.data.load_decathlon_datalist`` it checks the folder first (a missing file or an
+image whose shape differs from its label's is one error naming the path), then lets MONAI's
+``load_decathlon_datalist`` list the pairs and its ``partition_dataset`` split them.
 """
 
 from __future__ import annotations
@@ -52,23 +39,16 @@ def case_id(path: str | os.PathLike) -> str:
 
 
 def read_dataset_json(root: str | os.PathLike, remote_options: Mapping[str, Any] | None = None) -> dict:
-    """Read and minimally validate ``root/dataset.json``.
-
-    ``root`` may be a URL (`monai_fast.apps.sources.remote`): its ``dataset.json`` is fetched into the
-    local cache like the data files, so a folder fetched once can be read again with the server
-    down (with one warning saying so).
+    """Read and minimally validate ``root/dataset.json``; a URL's is fetched into the local cache like the data.
 
     Args:
         root: the MSD folder, local or a URL.
-        remote_options: keyword arguments for `monai_fast.apps.sources.remote.localize()` when ``root``
-            is a URL (``storage_options``, ``read_timeout``, ``retries``, ``cache_dir``...).
+        remote_options: keyword arguments for `localize()` when ``root`` is a URL.
 
     Raises:
         FileNotFoundError: if ``root`` or its ``dataset.json`` does not exist.
-        MSDDataError: if the file is not JSON or has no non-empty ``training`` list of
-            ``{"image", "label"}`` entries.
-        monai_fast.apps.sources.remote.RemoteDataError: a URL's ``dataset.json`` cannot be fetched, nor
-            read from the cache.
+        MSDDataError: not JSON, or no non-empty ``training`` list of ``{"image", "label"}`` entries.
+        RemoteDataError: a URL's ``dataset.json`` cannot be fetched nor read from the cache.
     """
     if is_url(str(root)):
         meta, _, offline = _remote_meta(str(root), dict(remote_options or {}))
@@ -155,24 +135,24 @@ def load_msd_datalist(
     """Read an MSD folder and split its training cases into train and validation lists.
 
     Args:
-        root: folder holding ``dataset.json``, ``imagesTr/`` and ``labelsTr/``, or its fsspec URL
-            (the files fetched once into the local cache by `localize()`).
-        val_fraction: share of cases validated on when ``val_cases`` is not given (MONAI's
-            ``partition_dataset``, shuffled by ``seed``; at least one case each side).
+        root: folder holding ``dataset.json``, ``imagesTr/`` and ``labelsTr/``, or its fsspec URL (`localize()`).
+        val_fraction: share of cases validated on when ``val_cases`` is not given (at least one case each side).
         seed: seed of the split.
         val_cases: the user's own fold: case or image file names to validate on; unknown ones are an error.
         check_shapes: compare each image's spatial shape with its label's (header reads only).
         remote_options: keyword arguments for `localize()` when ``root`` is a URL.
 
     Returns:
-        ``(train_files, val_files)``: lists of ``{"image": str, "label": str}`` with absolute paths,
-        in ``dataset.json``'s order.
+        ``(train_files, val_files)``: ``{"image", "label"}`` dicts with absolute paths, in ``dataset.json``'s order.
 
     Raises:
         FileNotFoundError: no such folder, no ``dataset.json``, or listed files missing (named).
         RemoteDataError: a URL's files cannot be fetched, or have no cached copy offline (each named).
         MSDDataError: a malformed ``dataset.json``, an unreadable file, a shape mismatch, an unknown
             validation case, or a split leaving one side empty.
+
+    Examples:
+        >>> train, val = load_msd_datalist("/data/Task09_Spleen", val_fraction=0.2, seed=0)  # doctest: +SKIP
     """
     items, listing = _items(root, remote_options)
 

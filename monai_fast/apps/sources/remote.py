@@ -1,15 +1,7 @@
 """Data lists on object storage: ``s3://`` (or any fsspec URL) entries fetched once into the local cache.
 
-`localize()` returns a MONAI data list with every URL replaced by the path of a local copy, kept
-under ``<cache_root()>/remote`` by URL and object version and fetched again only when changed;
-every URL is looked up before anything downloads, each request is time-bounded, each download is
-atomic, and with the server unreachable the cached copies serve. docs/sagemaker-s3.md describes it.
-
-Examples:
-    >>> from monai_fast.apps.sources.remote import is_url, localize
-    >>> is_url("s3://bucket/imagesTr/spleen_1.nii.gz"), is_url("/data/spleen_1.nii.gz")
-    (True, False)
-    >>> files = localize([{"image": "s3://bucket/imagesTr/spleen_1.nii.gz"}])  # doctest: +SKIP
+Copies are kept by URL and object version; with the server unreachable the cached copies serve.
+docs/sagemaker-s3.md describes it.
 """
 
 from __future__ import annotations
@@ -178,8 +170,7 @@ def localize(
     """The data list with every URL replaced by the path of a local copy, fetched if missing or changed.
 
     Args:
-        datalist: MONAI-style list of dicts; every string `is_url()` accepts is fetched
-            (``file://`` URLs become their path).
+        datalist: MONAI-style list of dicts; every string `is_url()` accepts is fetched (``file://``: its path).
         cache_dir: folder of the copies; default `remote_cache_dir()`.
         workers: parallel lookups and downloads.
         progress: a byte progress bar where bars are shown.
@@ -200,8 +191,7 @@ def localize(
         MissingExtraError: an ``s3://`` URL without ``s3fs``, before any lookup.
 
     Examples:
-        >>> localize([{"image": "/data/a.nii.gz", "label": "file:///data/a_seg.nii.gz"}])
-        [{'image': '/data/a.nii.gz', 'label': '/data/a_seg.nii.gz'}]
+        >>> files = localize([{"image": "s3://bucket/imagesTr/spleen_1.nii.gz"}])  # doctest: +SKIP
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -258,10 +248,6 @@ def read_remote_text(
         FileNotFoundError: no such object (the URL is named).
         RemoteDataError: any other failure to read it.
         MissingExtraError: an ``s3://`` URL without ``s3fs`` installed (the ``s3`` extra).
-
-    Examples:
-        >>> read_remote_text("s3://bucket/Task09_Spleen/dataset.json")[:1]  # doctest: +SKIP
-        '{'
     """
     limits = _limits(connect_timeout, read_timeout, retries)
     _require_client([url])

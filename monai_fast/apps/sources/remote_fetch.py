@@ -1,10 +1,7 @@
 """Downloads for `monai_fast.apps.sources.remote`: streamed, bounded, atomic, stopped together.
 
-Each download streams into a temporary file beside its target (`monai_fast.files.atomic_write`),
-at least 64 KiB every ``read_timeout`` seconds, and is renamed into place only when complete; a
-failed download stops the others, and Ctrl-C removes every temporary file before it propagates.
-fsspec's ``get_file`` is not used: it bounds no body that stops or trickles (a client's read
-timeout starts again with every byte) and writes straight onto the destination.
+fsspec's ``get_file`` is not used: it bounds no body that stops or trickles and writes straight
+onto the destination.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""The network side of `monai_fast.apps.sources.remote`: URLs, time limits, retries, lookups, worker threads.
-
-Every request here is bounded (`_Limits`): an async filesystem's coroutine is cancelled at its
-deadline or on a stop request (`_run`), and a failed try is repeated a bounded number of times
-(`_retrying`). `_parallel` runs lookups and downloads on daemon threads that never keep the
-process alive.
-"""
+"""The network side of `monai_fast.apps.sources.remote`: URLs, time limits, retries, lookups, worker threads."""
 
 from __future__ import annotations
 
@@ -245,12 +239,7 @@ def _lookup(url: str, storage_options: dict, limits: _Limits) -> _Remote:
 def _parallel(
     fn: Callable[[str], Any], items: Sequence[str], workers: int, stop: threading.Event | None = None
 ) -> dict:
-    """``{item: fn(item)}`` on daemon threads; every exception comes back as the value (none is lost).
-
-    The threads are daemons and the caller waits in short, interruptible steps: Ctrl-C reaches the
-    caller at once (it sets ``stop``), and a thread still blocked in a network read never keeps
-    the process alive.
-    """
+    """``{item: fn(item)}`` on daemon threads; an exception comes back as the value; Ctrl-C stops the wait."""
     items = list(items)
     results: dict = {}
     if not items:

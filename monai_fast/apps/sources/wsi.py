@@ -1,17 +1,4 @@
-"""Synthetic whole-slide images (WSI) for patch classification, laid out like Camelyon16.
-
-Tiled, pyramidal RGB TIFF slides with tumour regions, their tissue and tumour masks, a
-Camelyon-style ``patches.csv`` and a ``dataset.json`` for MONAI's ``PatchWSIDataset`` (written
-last, so a folder holding it is complete); the same seed writes the same bytes. docs/pathology.md
-describes the layout.
-
-Examples:
-    >>> from monai_fast.apps.sources.wsi import generate_wsi, load_wsi_datalist
-    >>> root = generate_wsi("/tmp/wsi_like", num_slides=2, size=(512, 512), patch_size=32, progress=False)
-    >>> train, val = load_wsi_datalist(root)
-    >>> sorted(train[0])
-    ['image', 'label', 'location']
-"""
+"""Synthetic whole-slide images (WSI) for patch classification, laid out like Camelyon16 (docs/pathology.md)."""
 
 from __future__ import annotations
 
@@ -203,7 +190,7 @@ def generate_wsi(
     seed: int = 0,
     progress: bool = True,
 ) -> Path:
-    """Write a synthetic WSI data set: ``slides/``, ``masks/``, ``patches.csv`` and ``dataset.json``.
+    """Write a synthetic WSI data set: ``slides/``, ``masks/``, ``patches.csv`` and ``dataset.json`` (written last).
 
     Args:
         root: output folder (created if missing).
@@ -220,8 +207,10 @@ def generate_wsi(
 
     Raises:
         ValueError: on a bad option, naming it.
-        MissingExtraError: ``tifffile`` is not installed (``pip install "monai-fast[wsi]"``), said
-            before anything is written.
+        MissingExtraError: ``tifffile`` is not installed (the ``wsi`` extra), said before anything is written.
+
+    Examples:
+        >>> root = generate_wsi("/tmp/wsi_like", num_slides=2, size=(512, 512))  # doctest: +SKIP
     """
     size = _check(num_slides, size, tile, levels, patch_size)
     require("tifffile", extra="wsi", feature="writing synthetic whole-slide images")

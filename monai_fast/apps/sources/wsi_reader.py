@@ -1,14 +1,6 @@
 """Whole-slide image readers: the backend chosen by what is installed, and a tile-aware tifffile reader.
 
-MONAI's ``TiffFileWSIReader`` decodes the whole level for every patch; `TiledTiffWSIReader` reads
-and decodes only the patch's tiles. `choose_wsi_backend()` picks, for ``"auto"``, cuCIM on a CUDA
-device, else OpenSlide, else the tile-aware reader, with one log line saying why; a backend whose
-package or hardware is missing is one `WSIBackendError` naming what to install.
-
-Examples:
-    >>> backend = choose_wsi_backend("auto", "cpu")
-    >>> backend.name in ("openslide", "tifffile")
-    True
+A backend whose package or hardware is missing is one `WSIBackendError` naming what to install.
 """
 
 from __future__ import annotations
@@ -46,18 +38,12 @@ class WSIBackendError(RuntimeError):
 class TiledTiffWSIReader(TiffFileWSIReader):
     """MONAI's ``TiffFileWSIReader`` that reads and decodes only the tiles a patch overlaps.
 
-    Levels stored in strips (not tiles) fall back to MONAI's whole-level read. The file handle of
-    one slide is shared by the threads of a ``ThreadDataLoader``: reads of one slide take turns.
-
-    A patch that reaches outside the level is a `ValueError` naming the slide, the location
-    and the level's size, and a tile cut short by the end of the file one naming the slide and the
-    tile: the patch is never zero-padded, so a wrong location or a truncated slide cannot train on
-    blank pixels unnoticed. `monai_fast.data.preflight_slides.preflight_wsi()` finds both before training.
+    Strip-stored levels fall back to MONAI's whole-level read; reads of one slide take turns across
+    threads. A patch outside the level or a tile cut short by the end of the file is a `ValueError`
+    naming the slide: a patch is never zero-padded.
 
     Examples:
-        >>> reader = TiledTiffWSIReader(level=0)
-        >>> wsi = reader.read("slide_001.tif")  # doctest: +SKIP
-        >>> patch, meta = reader.get_data(wsi, location=(1024, 2048), size=(224, 224))  # doctest: +SKIP
+        >>> patch, meta = TiledTiffWSIReader().get_data(wsi, location=(1024, 2048), size=(224, 224))  # doctest: +SKIP
     """
 
     backend = "tifffile"
@@ -72,12 +58,7 @@ class TiledTiffWSIReader(TiffFileWSIReader):
             return self._locks.setdefault(id(wsi), threading.Lock())
 
     def _region(self, wsi: Any, level: int, top: int, left: int, size: tuple[int, int]) -> np.ndarray:
-        """Rows ``top..top+size[0]``, columns ``left..left+size[1]`` of ``level``, all inside the image.
-
-        Raises:
-            ValueError: the region reaches outside the page, or a tile it needs is cut short by the
-                end of the file; the message names the slide.
-        """
+        """Rows ``top..top+size[0]``, columns ``left..left+size[1]`` of ``level``; outside or short: `ValueError`."""
         page = wsi.pages[level]
         th, tw = page.tilelength, page.tilewidth
         h, w = page.imagelength, page.imagewidth
@@ -158,11 +139,10 @@ def _make(name: str, **defaults: Any) -> Callable[..., BaseWSIReader]:
 
 
 def choose_wsi_backend(requested: str = "auto", device: torch.device | str = "cpu", quiet: bool = False) -> WSIBackend:
-    """The WSI backend for ``device``: ``requested`` if it can run, or the best installed one for ``"auto"``.
+    """The WSI backend for ``device``: ``requested`` if it can run; ``"auto"``: cuCIM on CUDA, OpenSlide, tifffile.
 
-    ``"tifffile"`` is `TiledTiffWSIReader`; ``"tifffile-monai"`` is MONAI's own
-    ``TiffFileWSIReader`` (whole-level reads), the plain pipeline's reader. ``quiet``: the choice
-    is logged at DEBUG level only (the caller reports it, e.g. from `WSIBackend.why`).
+    ``"tifffile"`` is `TiledTiffWSIReader`; ``"tifffile-monai"`` is MONAI's own ``TiffFileWSIReader``.
+    ``quiet`` logs the choice at DEBUG level only.
 
     Raises:
         ValueError: for a name not in `BACKENDS`.

@@ -1,17 +1,8 @@
 """Train one recipe toward a target with its telemetry: the product behind ``monai-fast train``.
 
-`TrainJob` and `train_job()` (``job.py``) train one recipe from its options into a run folder
-(model, record, report, results); below them, `TargetRun` and `run_to_target()` (``run.py``) train
-a recipe toward a target Dice with monai-fast's telemetry, its epochs as rows (``epochs.py``), on data loaded
-and checked by ``data.py``, sized per device by ``scale.py``, with results files from ``results.py``. The race
-harness (`monai_fast.apps.demo`) builds on these; nothing here imports it.
-
-Examples:
-    >>> from monai_fast.apps.training import TrainJob, train_job
-    >>> job = TrainJob(output_dir="runs/mine", device="cpu", overrides={"max_epochs": 2})
-    >>> outcome = train_job(job)  # doctest: +SKIP
-    >>> outcome.result.epochs_run  # doctest: +SKIP
-    2
+`TrainJob` / `train_job()` train one recipe from its options into a run folder; `TargetRun` /
+`run_to_target()` below them train toward a target Dice. The race harness (`monai_fast.apps.demo`)
+builds on these; nothing here imports it.
 """
 
 from monai_fast.apps.training.data import NUM_CLASSES, DataSource, SyntheticData, check_files, checked_files, load_files

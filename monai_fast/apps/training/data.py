@@ -1,13 +1,4 @@
-"""A run's data: an MSD-layout folder or URL, given file lists, or cached synthetic data; every file checked first.
-
-Examples:
-    >>> from monai_fast.apps.recipes import RecipeConfig
-    >>> from monai_fast.apps.training.data import DataSource, SyntheticData, checked_files
-    >>> source = DataSource(synthetic=SyntheticData(cases=4, shape=(32, 32, 16)))
-    >>> root, train, val = checked_files(source, RecipeConfig())  # doctest: +SKIP
-    >>> len(train), len(val)  # doctest: +SKIP
-    (3, 1)
-"""
+"""A run's data: an MSD-layout folder or URL, given file lists, or cached synthetic data; every file checked first."""
 
 from __future__ import annotations
 
@@ -34,12 +25,7 @@ VAL_FRACTION = 0.25
 
 @dataclass(frozen=True)
 class SyntheticData:
-    """The synthetic set generated (once, then reused from the cache folder) when no data is given.
-
-    Examples:
-        >>> SyntheticData(cases=5, shape=(48, 48, 32)).kind
-        'spleen-like'
-    """
+    """The synthetic set generated (once, then reused from the cache folder) when no data is given."""
 
     kind: str = "spleen-like"
     cases: int = 16
@@ -67,8 +53,7 @@ class DataSource:
 
 
 def load_files(source: DataSource, progress: bool = True) -> tuple[Path | str | None, list[dict], list[dict]]:
-    """``(data_root, train_files, val_files)`` of ``source``: its file lists, its ``data_dir`` (a folder or a URL,
-    read as `load_msd_datalist()` reads it), or its synthetic data.
+    """``(data_root, train_files, val_files)`` of ``source``: its file lists, its ``data_dir`` or its synthetic data.
 
     Args:
         source: where the cases come from.
@@ -95,14 +80,12 @@ def load_files(source: DataSource, progress: bool = True) -> tuple[Path | str | 
 def check_files(
     train_files: Sequence[dict], val_files: Sequence[dict], config: RecipeConfig, preflight: bool = True
 ) -> None:
-    """Every file checked before any training (unless ``preflight`` is off); a patch larger than the volumes
-    (``config``'s patch size and spacing) logged as a warning with the padding.
+    """Every file checked before any training (unless ``preflight`` is off); a patch larger than the volumes logged.
 
     Args:
         train_files, val_files: ``{"image", "label"}`` dicts.
         config: the recipe options the cases are trained with.
-        preflight: check every file (`monai_fast.data.preflight.preflight()`: unreadable files, 2D volumes,
-            NaN/Inf, labels outside the classes, shape mismatches; cached per file).
+        preflight: check every file (`monai_fast.data.preflight.preflight()`).
 
     Raises:
         monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
@@ -120,13 +103,7 @@ def check_files(
 def checked_files(
     source: DataSource, config: RecipeConfig, preflight: bool = True, progress: bool = True
 ) -> tuple[Path | str | None, list[dict], list[dict]]:
-    """`load_files()` of ``source``, then `check_files()`.
-
-    Args:
-        source: where the cases come from.
-        config: the recipe options the cases are trained with.
-        preflight: check every file before training.
-        progress: a progress bar while synthetic data is written.
+    """`load_files()` of ``source``, then `check_files()` (arguments as theirs).
 
     Raises:
         monai_fast.data.preflight.PreflightError: listing every bad file with its reason.

@@ -1,10 +1,4 @@
-"""A recipe's epochs as rows: `EpochRow`, the recorder that collects them, and their CSV.
-
-Examples:
-    >>> import tempfile
-    >>> write_epochs_csv([], tempfile.mkdtemp() + "/epochs.csv").read_text().split(",")[:2]
-    ['recipe', 'epoch']
-"""
+"""A recipe's epochs as rows: `EpochRow`, the recorder that collects them, and their CSV."""
 
 from __future__ import annotations
 
@@ -38,12 +32,9 @@ logger = logging.getLogger("monai_fast.apps.training.run")  # its lines are the 
 class EpochRow:
     """One epoch of one recipe; ``elapsed_s`` counts from before the data sets were built.
 
-    ``train_s`` is the training iterations (ignite's epoch time), ``val_s`` the full validation;
-    ``wall_s`` is the whole epoch on the recipe's clock (also a validation estimate, handlers);
-    ``cpu_s`` the CPU seconds this process and its loader workers (live or ended) spent in it.
-    ``train_samples`` is the training samples (crops) the epoch trained on and ``val_volumes`` the
-    volumes its full validation scored (0 when none ran), so recipes whose epochs hold different
-    work are compared per crop and per volume, never per epoch.
+    ``train_s`` is ignite's epoch time, ``val_s`` the full validation, ``wall_s`` the whole epoch on
+    the recipe's clock, ``cpu_s`` this process's and its loader workers' CPU seconds.
+    ``train_samples`` (crops) and ``val_volumes`` let recipes compare per crop and per volume, never per epoch.
     """
 
     recipe: str
@@ -66,14 +57,7 @@ EPOCH_FIELDS = [f for f in EpochRow.__dataclass_fields__]
 
 
 def write_epochs_csv(rows: Iterable[EpochRow], path: str | os.PathLike) -> Path:
-    """Write ``rows`` as CSV (header `EPOCH_FIELDS`) to ``path`` atomically; returns ``path``.
-
-    Examples:
-        >>> import tempfile
-        >>> p = write_epochs_csv([], tempfile.mkdtemp() + "/epochs.csv")
-        >>> p.read_text().split(",")[:2]
-        ['recipe', 'epoch']
-    """
+    """Write ``rows`` as CSV (header `EPOCH_FIELDS`) to ``path`` atomically; returns ``path``."""
     with atomic_write(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=EPOCH_FIELDS)
         w.writeheader()

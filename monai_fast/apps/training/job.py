@@ -1,13 +1,7 @@
 """One recipe trained from its options into a run folder: the model, the record, the report and the results.
 
 `TrainJob` holds the options (checked when made); `train_job()` runs it on one rank and returns a
-`TrainOutcome`. The run owns its output folder from start to end (`RunFolderLock`); every output
-folder is checked before any data is read; after training the model is written first, then each
-other output on its own, so a full disk costs only the file that did not fit (named).
-
-Examples:
-    >>> job = TrainJob(output_dir="runs/mine", overrides={"max_epochs": 2}, device="cpu", progress=False)
-    >>> outcome = train_job(job)  # doctest: +SKIP
+`TrainOutcome`.
 """
 
 from __future__ import annotations
@@ -146,18 +140,18 @@ class TrainOutcome:
 def train_job(job: TrainJob) -> TrainOutcome:
     """Train ``job`` on this rank; rank 0 writes the model, the report and the results.
 
-    Rank 0 owns the output folder from the start to the end (its `RunFolderLock`,
-    whatever the recipe, and the record's lock in ``<output_dir>/<recipe>``, taken again by the record later):
-    a second run into the same folder stops at once, before its set-up work, naming the folder and the run that
-    owns it. Every output folder is checked before any data is read.
-
-    A stop signal during the set-up stops the program at the start of training (exit status 143, saying so)
-    unless ``job.checkpoint_dir`` is set; with it, a stop signal at any time checkpoints and the outcome's
-    ``stopped`` says where.
+    Rank 0 owns the output folder from start to end (`RunFolderLock`): a second run into it stops
+    before its set-up, naming the folder and its owner. Every output folder is checked before any
+    data is read; after training the model is written first, then each other output on its own. A
+    stop signal during the set-up stops the program at the start of training (exit status 143)
+    unless ``job.checkpoint_dir`` is set; then it checkpoints and ``stopped`` says where.
 
     Raises:
         OptionError: an output folder that cannot be written, or a model folder without room for the model.
         monai_fast.folders.RunFolderBusyError: another run holds the output folder.
+
+    Examples:
+        >>> outcome = train_job(TrainJob(output_dir="runs/mine", device="cpu"))  # doctest: +SKIP
     """
     from ignite import distributed as idist
 
@@ -258,13 +252,7 @@ def _attach_tensorboard(built: Recipe, folder: Path) -> Any:
 
 
 def model_bytes(config: RecipeConfig) -> int:
-    """Bytes ``model.pth`` needs: the network of ``config`` built on the CPU, its tensors' bytes plus the margin.
-
-    Examples:
-        >>> from monai_fast.apps.recipes import RecipeConfig
-        >>> model_bytes(RecipeConfig()) > MODEL_MARGIN[1]
-        True
-    """
+    """Bytes ``model.pth`` needs: the network of ``config`` built on the CPU, its tensors' bytes plus the margin."""
     import torch
 
     from monai_fast.apps.recipes.parts import build_network

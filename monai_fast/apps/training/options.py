@@ -1,13 +1,4 @@
-"""The checks a training run's options share: the error that names an option, the device, output folders, the recipe.
-
-Examples:
-    >>> from monai_fast.apps.training.options import OptionError, recipe_config
-    >>> try:
-    ...     recipe_config({"max_epochs": 0, "no_such": 1}, seed=0)
-    ... except OptionError as e:
-    ...     print(e.option)
-    overrides
-"""
+"""The checks a training run's options share: the error that names an option, the device, output folders, the recipe."""
 
 from __future__ import annotations
 
@@ -26,7 +17,7 @@ __all__ = ["OptionError", "check_writable_dir", "recipe_config", "resolve_device
 class OptionError(ValueError):
     """An option of a run is invalid; ``option`` names it (a field name, dotted for nested ones).
 
-    The command line turns ``option`` into its flag (`monai_fast.apps.cli.args.flag_of()`).
+    The command line turns ``option`` into its flag.
 
     Examples:
         >>> str(OptionError("target", "must be in (0, 1], got 2"))
@@ -44,10 +35,6 @@ def resolve_device(name: str) -> str:
 
     Raises:
         OptionError: naming ``device``.
-
-    Examples:
-        >>> resolve_device("cpu")
-        'cpu'
     """
     import torch
 
@@ -69,11 +56,6 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
 
     Raises:
         OptionError: naming ``option`` and why the folder cannot be written.
-
-    Examples:
-        >>> import tempfile
-        >>> check_writable_dir(tempfile.mkdtemp() + "/run", "run_dir").is_dir()
-        True
     """
     path = Path(path)
     try:
@@ -90,10 +72,6 @@ def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
 
     Raises:
         OptionError: naming ``overrides``.
-
-    Examples:
-        >>> recipe_config({"max_epochs": 2}, seed=3).seed
-        3
     """
     known = {f.name for f in fields(RecipeConfig)} - {"seed"}
     unknown = sorted(set(overrides) - known)

@@ -1,11 +1,4 @@
-"""A run's results files: ``results.json`` (the machine, versions, options and one entry per result), all
-results' epochs in ``epochs.csv``, and validation Dice against time in ``dice_vs_time.png``.
-
-Examples:
-    >>> meta = run_meta(None, "cpu", {"recipe": "fast"})
-    >>> sorted(meta)
-    ['command', 'data', 'date', 'machine', 'options', 'versions']
-"""
+"""A run's results files: ``results.json``, all results' epochs in ``epochs.csv``, and ``dice_vs_time.png``."""
 
 from __future__ import annotations
 
@@ -93,8 +86,8 @@ def write_results(
 ) -> dict:
     """Write ``results.json``, ``epochs.csv`` (all results) and ``dice_vs_time.png`` into ``run_dir``.
 
-    Each file is tried on its own; when one cannot be written (a full disk) the others still are, each
-    failure is logged with its path, and the first is raised at the end.
+    Each file is tried on its own: one that cannot be written (a full disk) is logged with its path,
+    the others are still written, and the first failure is raised at the end.
 
     Args:
         results: one result per recipe run.

@@ -87,14 +87,10 @@ def run_to_target(
 ) -> TrainResult:
     """Build ``recipe`` and train it until validation mean Dice >= ``target`` or the budget is spent.
 
-    A `TargetRun` (arguments as its own) run to its end in one segment.
-
-    Returns:
-        A `TrainResult` with per-epoch rows.
+    A `TargetRun` (arguments as its own) run to its end in one segment; returns its `TrainResult`.
 
     Examples:
         >>> result = run_to_target("fast", train_files, val_files, device="cpu", time_budget_s=60)  # doctest: +SKIP
-        >>> result.reached, result.time_to_target_s  # doctest: +SKIP
     """
     run = TargetRun(recipe, train_files, val_files, config, *args, **kwargs)
     run.segment(epochs=None)
@@ -104,10 +100,9 @@ def run_to_target(
 class TargetRun:
     """One recipe trained towards a target in segments, on a clock that runs only while it trains.
 
-    The clock starts before the data sets are built (caching counts against the recipe that caches)
-    and stops between segments; each run draws from its own copy of the global random generators
-    (`OwnRandomStream`). A stop signal during the set-up stops the program when the first segment
-    starts (exit status 143). docs/recipes.md describes the telemetry attached and the interleaving.
+    The clock starts before the data sets are built (caching counts) and stops between segments;
+    each run draws from its own copy of the global random generators (`OwnRandomStream`). The
+    telemetry attached and the interleaving: docs/recipes.md.
 
     Args:
         recipe: one of `monai_fast.apps.recipes.RECIPES`.
@@ -116,15 +111,12 @@ class TargetRun:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         target: validation mean Dice (background excluded) to reach.
         time_budget_s: wall-clock limit in seconds; ``None``: ``config.max_epochs`` is the only limit.
-        run_dir: if given, ``run_dir/<recipe>/`` receives TensorBoard events, ``epochs.csv`` and the
-            run record ``monai-fast doctor`` reads.
+        run_dir: if given, ``run_dir/<recipe>/`` receives TensorBoard events, ``epochs.csv`` and the run record.
         progress: a progress bar per epoch where one fits, else a log line per epoch.
 
     Examples:
         >>> run = TargetRun("baseline", train_files, val_files, device="cpu", time_budget_s=600)  # doctest: +SKIP
-        >>> while not run.done:  # doctest: +SKIP
-        ...     run.segment(epochs=1)
-        >>> run.finish().epochs_run  # doctest: +SKIP
+        >>> run.segment(epochs=1); result = run.finish()  # doctest: +SKIP
     """
 
     def __init__(
@@ -210,12 +202,10 @@ class TargetRun:
     def segment(self, epochs: int | None = 1) -> None:
         """Train ``epochs`` more epochs (``None``: to the end), the clock running only meanwhile.
 
-        It ends the program's set-up (`end_of_setup()`, which does
-        nothing once the set-up has ended): a stop signal caught since the program's start, and not taken
-        over by a ``Preemption``, stops the program here with a message and exit status 143.
+        It ends the program's set-up (`end_of_setup()`).
 
         Raises:
-            SystemExit: 143, when a stop signal arrived during the set-up.
+            SystemExit: 143, when a stop signal arrived during the set-up and no ``Preemption`` took it over.
         """
         end_of_setup()  # training starts: a signal kept since the program's start stops it here, saying so
         if self.done:
@@ -246,9 +236,8 @@ class TargetRun:
     def finish(self) -> TrainResult:
         """Close the TensorBoard writer, write ``epochs.csv`` and return the `TrainResult` (once).
 
-        The result is kept before ``epochs.csv`` is written: when that write fails (a full disk:
-        `NoSpaceError` names the file), the error propagates and a second
-        call returns the result, so the caller can still write its other outputs.
+        The result is kept before ``epochs.csv`` is written, so after a failed write (`NoSpaceError`) a
+        second call still returns it.
         """
         if self._finished is None:
             if self.writer is not None:

@@ -1,17 +1,7 @@
-"""How big a run on synthetic data is by default on a device (``demo`` and ``train``): a pure function of the
-device, no CUDA call.
+"""How big a run on synthetic data is by default on a device (``demo`` and ``train``), with no CUDA call.
 
-On a CPU the run stays small (16 synthetic volumes, a small UNet) so it ends in minutes on two
-cores. On a CUDA device that set would be over in seconds and show little, so the run uses a
-spleen-scale set (40 volumes sized like Task09 Spleen after resampling to 1.5 x 1.5 x 2 mm,
-96^3 patches) and MONAI's tutorial UNet (channels 16-32-64-128-256, 2 residual units).
-
-Examples:
-    >>> import torch
-    >>> demo_scale(torch.device("cuda")).synthetic.cases
-    40
-    >>> demo_scale(torch.device("cpu")).overrides
-    {}
+Small on a CPU (16 volumes, a small UNet); on CUDA a spleen-scale set with MONAI's tutorial UNet
+(docs/demo.md).
 """
 
 from __future__ import annotations
@@ -55,12 +45,9 @@ _TUTORIAL_UNET = {
 def demo_scale(device: torch.device) -> DemoScale:
     """The default size on ``device``: spleen-scale with MONAI's tutorial UNet on CUDA, small elsewhere.
 
-    Args:
-        device: the resolved training device (``torch.device("cuda")``, ``torch.device("cpu")``...).
-
     Examples:
-        >>> demo_scale(torch.device("cuda")).name
-        "spleen-scale (like Task09 Spleen after resampling), MONAI's tutorial UNet"
+        >>> demo_scale(torch.device("cpu")).overrides
+        {}
     """
     if device.type == "cuda":
         return DemoScale(
