@@ -27,7 +27,8 @@ import ignite.distributed as idist
 import torch
 
 from monai_fast.handlers.throughput import batch_shape
-from monai_fast.tune.rounds import Decision, decide, measure_budget_s, network_copy, training_step_s
+from monai_fast.tune.measure import training_step_s
+from monai_fast.tune.rounds import Decision, decide, network_copy
 
 __all__ = ["MIN_GAIN", "choose_memory_format", "in_channels_last_3d"]
 
@@ -54,14 +55,13 @@ def _measure(
         "channels_last_3d": lambda: training_step_s(last, x_last, dtype),
     }
     names = ("channels_last_3d", "contiguous") if users_last else ("contiguous", "channels_last_3d")
-    step_s = training_step_s(plain, x, dtype)  # the budget's yardstick (and a first warm-up)
     return decide(
         ways[names[0]],
         ways[names[1]],
         names=names,
         min_gain=MIN_GAIN,
         max_rounds=max(3, max_rounds),
-        budget_s=measure_budget_s(planned_steps, step_s),
+        planned_steps=planned_steps,
     )
 
 

@@ -23,13 +23,10 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from monai_fast.telemetry import synchronize
 
 __all__ = [
     "MEASURE_MIN_S",
@@ -40,7 +37,6 @@ __all__ = [
     "decide",
     "measure_budget_s",
     "network_copy",
-    "training_step_s",
 ]
 
 #: the fewest timed rounds a choice is ever made from
@@ -133,6 +129,7 @@ def decide(
     min_rounds: int = MIN_ROUNDS,
     max_rounds: int = 9,
     budget_s: float = math.inf,
+    planned_steps: int | None = None,
 ) -> Decision:
     """Time ``baseline`` and ``candidate`` in interleaved rounds and say which to keep.
 
@@ -154,6 +151,8 @@ def decide(
         min_rounds: the fewest timed rounds a choice is made from (>= 2).
         max_rounds: the most timed rounds (>= ``min_rounds``).
         budget_s: the seconds the whole measurement may take.
+        planned_steps: the run's planned training steps: the budget is then at most
+            `measure_budget_s` of them at the baseline's warm-up seconds a step.
 
     Raises:
         ValueError: ``min_rounds`` < 2, ``max_rounds`` < ``min_rounds`` or ``min_gain`` < 1.
@@ -165,6 +164,8 @@ def decide(
     base_name, cand_name = names
     started = time.perf_counter()
     warmup = (baseline(), candidate())
+    if planned_steps is not None:
+        budget_s = min(budget_s, measure_budget_s(planned_steps, warmup[0]))
     need_s = min_rounds * (warmup[0] + warmup[1])
     if time.perf_counter() - started + need_s > budget_s:
         return Decision(
@@ -218,24 +219,6 @@ def decide(
         min_gain,
         f"{base_name} kept: a near-tie or rounds that disagree ({cand_name} {spread}, {min_gain}x needed)",
     )
-
-
-def training_step_s(net: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> float:
-    """Seconds of one forward and backward pass of ``net`` on ``x`` under autocast to ``dtype`` (``None``: fp32).
-
-    The gradients are dropped afterwards; a CUDA step is waited for. Variants of a network (a layout, a
-    compiled copy) are timed with it, on copies, so the real network's weights and statistics stay as
-    they are.
-    """
-    ctx = torch.autocast(x.device.type, dtype=dtype) if dtype is not None else nullcontext()
-    t0 = time.perf_counter()
-    with ctx:
-        out = net(x)
-    loss = (out[0] if isinstance(out, (list, tuple)) else out).float().mean()
-    loss.backward()
-    synchronize(x.device)
-    net.zero_grad(set_to_none=True)
-    return time.perf_counter() - t0
 
 
 #: the ``nn.Module`` attributes that hold forward and backward hooks (torch has no public copy without them)
