@@ -138,19 +138,24 @@ def test_a_compile_time_measured_before_gates_the_next_run(tiny_files, tmp_path)
 
     # a fresh process expects the compile time measured above (an empty store: 120 s assumed)
     script = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]);"
+        "import json, sys;"
         "from test_compile_choice import _Known, _trainer, _run_steps;"
         "from monai_fast.handlers.compile import CompileChoice;"
-        "files = json.loads(sys.argv[2]); trainer = _trainer(files, _Known(0.0, 0.0), max_epochs=1);"
-        "choice = CompileChoice('auto', store=sys.argv[3]); choice.attach(trainer); _run_steps(trainer, 1);"
+        "files = json.loads(sys.argv[1]); trainer = _trainer(files, _Known(0.0, 0.0), max_epochs=1);"
+        "choice = CompileChoice('auto', store=sys.argv[2]); choice.attach(trainer); _run_steps(trainer, 1);"
         "print(json.dumps(choice.evidence))"
     )
+    tests = str(Path(__file__).parent)  # the fresh process imports this module's network
     out = subprocess.run(
-        [sys.executable, "-c", script, str(Path(__file__).parent), json.dumps(tiny_files), str(store)],
+        [sys.executable, "-c", script, json.dumps(tiny_files), str(store)],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        env={
+            **os.environ,
+            "PYTHONWARNINGS": "ignore",
+            "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
+        },
     )
     assert out.returncode == 0, out.stderr[-3000:]
     expected = json.loads(out.stdout.splitlines()[-1])["expected_compile_s"]

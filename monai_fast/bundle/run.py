@@ -1,22 +1,11 @@
 """Run a MONAI bundle as ``python -m monai.bundle run`` does, with ``FastTraining`` on its engines.
 
-A bundle (the Model Zoo's layout: ``configs/train.json`` or ``.yaml``, ``configs/metadata.json``,
-``configs/logging.conf``) builds its ``SupervisedTrainer`` and ``SupervisedEvaluator`` from its
-config. `run_bundle()` builds them the same way, through MONAI's public ``ConfigWorkflow``
-(several config files merged as MONAI merges them, ``key=value`` overrides, the config's
-``initialize`` / ``run`` / ``finalize`` sections), then, between ``initialize`` and ``run``,
-attaches the record, the doctor's timers and `FastTraining` through the fragment's one function,
-`attach_fast()` (what MONAI's own runner calls through the fragment), to the trainer and evaluator
-it finds by the bundle conventions (``train#trainer``, ``validate#evaluator``) or by the ids given.
-With ``fast=False`` the bundle runs as published, with the record only, for a side-by-side. The
-config's own objects are the ones attached to: the ``run`` section's ``$@train#trainer.run()``
-resolves to the same trainer.
-
-FastTraining's decisions are returned and printed by the command line whatever logging set-up the
-bundle brings, and the doctor reads the record at the end.
-
-Parsing a config runs the code in it (``_target_`` callables, ``$`` expressions), as MONAI's own
-runner does: run bundles you trust.
+`run_bundle()` builds the bundle's engines through MONAI's public ``ConfigWorkflow`` (config files
+merged as MONAI merges them, ``key=value`` overrides, ``initialize`` / ``run`` / ``finalize``), then
+attaches the record, the doctor's timers and `FastTraining` with `attach_fast()` to the trainer and
+evaluator it finds (``train#trainer``, ``validate#evaluator`` or the ids given) before ``run``. With
+``fast=False`` the bundle runs as published, with the record only. Parsing a config runs the code in
+it, as MONAI's own runner does: run bundles you trust.
 
 Examples:
     >>> from monai_fast.bundle import run_bundle

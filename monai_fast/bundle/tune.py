@@ -1,35 +1,9 @@
 """Bundle-aware tuning: measure a bundle's batch sizes on this device and write an override file.
 
-`tune_bundle()` reads a bundle's config with MONAI's ``ConfigParser`` (the same merge and
-overrides as ``monai.bundle``), takes the pieces it trains with (the network, the loss, the
-optimizer's class and settings, the training patch and crops per volume, the sliding window's ROI
-and overlap, the size of one validation volume), runs the tuner (`Tuner`:
-training batch size, sliding-window batch size, where the validation volume and the stitched output
-live) and writes ``tuned.json``: the config ids it sets and their values, which the bundle reads as
-one more config file::
-
-    monai-fast tune --bundle spleen_ct_segmentation --set dataset_dir=/data/Task09_Spleen
-    monai-fast bundle run spleen_ct_segmentation \
-        --config_file "['spleen_ct_segmentation/configs/train.json','spleen_ct_segmentation/configs/tuned.json']" \
-        dataset_dir=/data/Task09_Spleen
-
-Before the first trial it checks what would make the result wrong or lost: the override file can be
-written; each key can be merged into the bundle's config as MONAI's ``ConfigParser`` merges a later
-file (a key inside an object the bundle builds with a ``$`` expression cannot, and is named with the
-reason instead of written); and the training batch is capped by one rank's share of the training
-set, so no tuned batch empties an epoch (with ``drop_last`` it would train no iteration). Trials run
-in the precision the run will train in (`run_precision()`), and each is reported as it ends.
-
-Two layouts are read:
-
-- the Model Zoo's (``configs/train.json|yaml``): the keys set are
-  ``train#dataloader#batch_size``, ``validate#inferer#sw_batch_size`` and ``validate#inferer#device``;
-- an algorithm that Auto3DSeg generated (``configs/hyper_parameters.yaml`` and its neighbours, no
-  train config): its hyper-parameters ``num_images_per_batch``, ``num_sw_batch_size`` and
-  ``sw_input_on_cpu`` (in its ``training`` section where it has one), the keys Auto3DSeg's own GPU
-  customisation fills. Auto3DSeg passes every ``.yaml``/``.json`` file of ``configs/`` to the
-  algorithm's training script in name order, so ``configs/tuned.json`` is read after the files it
-  overrides with no change to the command.
+`tune_bundle()` reads the bundle's config with MONAI's ``ConfigParser``, runs the `Tuner` on the
+pieces it trains with, and writes ``configs/tuned.json``: the config ids it sets and their values,
+read by the bundle as one more config file. The layouts read (Model Zoo, Auto3DSeg algorithm) and
+the keys written are in docs/bundles.md.
 
 Examples:
     >>> from monai_fast.bundle.tune import tune_bundle

@@ -25,6 +25,7 @@ from monai.data import MetaTensor
 
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.throughput import batch_shape
+from monai_fast.telemetry import device_description
 from monai_fast.tune.measure import training_step_s
 from monai_fast.tune.result import model_signature
 from monai_fast.tune.rounds import Decision, decide, network_copy
@@ -242,5 +243,5 @@ class CompileChoice(EngineHandler):
 
 def _compile_key(net: torch.nn.Module, shape: torch.Size, dtype: torch.dtype | None, device: torch.device) -> str:
     """What a compile time depends on: the network, the input shape, precision, device and torch."""
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    where = device_description(device).split(" (")[0]
     return f"compile|{model_signature(net)}|{tuple(shape)}|{dtype}|{where}|torch {torch.__version__}"
