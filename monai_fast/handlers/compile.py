@@ -11,14 +11,12 @@ Examples:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from monai.data import MetaTensor
@@ -28,7 +26,7 @@ from monai_fast.handlers.throughput import batch_shape
 from monai_fast.telemetry import device_description
 from monai_fast.tune.measure import training_step_s
 from monai_fast.tune.result import model_signature
-from monai_fast.tune.rounds import Decision, decide, network_copy
+from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, network_copy
 from monai_fast.tune.store import TuneStore, default_store_path
 
 __all__ = ["COLD_COMPILE_S", "EXPECTED_GAIN", "MIN_GAIN", "CompileChoice", "strip_meta"]
@@ -55,19 +53,11 @@ def strip_meta(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tupl
 class CompileChoice(EngineHandler):
     """Compiles the trainer's network (``torch.compile``) when a copy of it measured faster compiled.
 
-    At the first iteration a copy of the network (the real one is untouched) is compiled and timed
-    against the eager copy, forward and backward on a random batch of the real batch's shape in the
-    run's precision, in interleaved rounds (`monai_fast.tune.rounds.decide`: never one timing; a
-    near-tie keeps eager). The real network is compiled only when the compiled step was faster and the
-    time saved over the rest of the planned run (``max_epochs`` x epoch length) exceeds what compiling
-    and measuring cost; before anything is compiled, a run too short to repay `COLD_COMPILE_S` (or the
-    compile time measured here before, ``compile_seconds``) at `EXPECTED_GAIN` is left eager. The
-    network's inputs reach the compiled forward as plain tensors (`strip_meta`); its parameters and
-    ``state_dict`` keys are unchanged, so checkpoints load either way. Graph breaks are found by a
-    ``fullgraph=True`` compile first and named in the log and the record; a compiler that fails (no
-    C++ compiler for the CPU backend) leaves the network eager with one warning. Only training runs
-    compiled: in evaluation mode (the evaluator's windows) the forward is eager, so no graph is compiled
-    for a cost the training measurement did not weigh.
+    At the first iteration copies of the network are timed eager and compiled in interleaved rounds
+    (`monai_fast.tune.rounds.decide`); the real network is compiled only when the compiled step was
+    faster and the rest of the planned run repays the compile (a run too short to repay `COLD_COMPILE_S`,
+    or the time measured here before, at `EXPECTED_GAIN` is left eager). Only training iterations run
+    compiled; parameters and ``state_dict`` keys are unchanged. The rules are in docs/fast-training.md.
 
     Args:
         mode: ``"auto"`` (measure), ``True`` (compile without measuring) or ``False`` (never).
@@ -82,7 +72,6 @@ class CompileChoice(EngineHandler):
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
 
     Examples:
-        >>> import torch
         >>> from ignite.engine import Engine
         >>> choice = CompileChoice(False)
         >>> choice.attach(Engine(lambda e, b: None))
@@ -144,12 +133,9 @@ class CompileChoice(EngineHandler):
         planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
         remaining = None if planned is None else max(1, planned - state.iteration + 1)
         device = torch.device(getattr(state, "device", None) or "cpu")
-        decision: list[Any] = [False, "", {}]
-        if idist.get_rank() == 0:
-            decision = list(self._decide(net, shape, dtype, remaining, device))
-        if idist.get_world_size() > 1:  # one answer for every rank: DDP's ranks must run the same graphs
-            decision = json.loads(idist.broadcast(json.dumps(decision), src=0, safe_mode=True))  # the evidence too
-        compiled, reason, evidence = decision
+        compiled, reason, evidence = decided_on_rank0(
+            lambda: self._decide(net, shape, dtype, remaining, device), device
+        )
         if compiled:
             try:
                 self._compile(net, fullgraph=bool(evidence.get("fullgraph")))
@@ -182,51 +168,49 @@ class CompileChoice(EngineHandler):
             return False, "eager kept: the batch has no image tensor to measure with", {}
         if self.mode is True:
             return True, "compiled as requested", {"fullgraph": False}
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's stream untouched
-            x = torch.randn(torch.Size([min(shape[0], 2), *shape[1:]]), device=device)
-            eager = network_copy(net).to(device).train()
-            eager_s = training_step_s(eager, x, dtype)  # warm-up: allocator, kernel choice
-            eager_s = min(eager_s, training_step_s(eager, x, dtype))
-            key = _compile_key(net, x.shape, dtype, device)
-            known = self.compile_seconds
-            if known is None and self.store is not None:
-                known = self.store.seconds(key)
-            expected_compile_s = known if known is not None else COLD_COMPILE_S
-            if planned is not None:
-                saving_s = planned * eager_s * (1 - 1 / EXPECTED_GAIN)
-                if saving_s < expected_compile_s:
-                    return (
-                        False,
-                        f"eager kept: {planned} steps left of {eager_s:.3f} s would save about {saving_s:.0f} s at "
-                        f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
-                        f"({'measured here before' if known is not None else 'assumed for a first compile'})",
-                        {"eager_step_s": eager_s, "planned_steps": planned, "expected_compile_s": expected_compile_s},
-                    )
+        x = torch.randn(torch.Size([min(shape[0], 2), *shape[1:]]), device=device)
+        eager = network_copy(net).to(device).train()
+        eager_s = training_step_s(eager, x, dtype)  # warm-up: allocator, kernel choice
+        eager_s = min(eager_s, training_step_s(eager, x, dtype))
+        key = _compile_key(net, x.shape, dtype, device)
+        known = self.compile_seconds
+        if known is None and self.store is not None:
+            known = self.store.seconds(key)
+        expected_compile_s = known if known is not None else COLD_COMPILE_S
+        if planned is not None:
+            saving_s = planned * eager_s * (1 - 1 / EXPECTED_GAIN)
+            if saving_s < expected_compile_s:
+                return (
+                    False,
+                    f"eager kept: {planned} steps left of {eager_s:.3f} s would save about {saving_s:.0f} s at "
+                    f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
+                    f"({'measured here before' if known is not None else 'assumed for a first compile'})",
+                    {"eager_step_s": eager_s, "planned_steps": planned, "expected_compile_s": expected_compile_s},
+                )
+        compiled = network_copy(net).to(device).train()
+        started = time.perf_counter()
+        graph_break = None
+        try:
+            compiled.forward = torch.compile(compiled.forward, fullgraph=True)
+            training_step_s(compiled, x, dtype)
+        except Exception as e:  # noqa: BLE001 - a graph break (or a compiler failure: tried again below)
+            graph_break = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             compiled = network_copy(net).to(device).train()
-            started = time.perf_counter()
-            graph_break = None
             try:
-                fn = torch.compile(compiled.forward, fullgraph=True)
-                compiled.forward = fn
+                compiled.forward = torch.compile(compiled.forward)
                 training_step_s(compiled, x, dtype)
-            except Exception as e:  # noqa: BLE001 - a graph break (or a compiler failure: tried again below)
-                graph_break = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-                compiled = network_copy(net).to(device).train()
-                try:
-                    compiled.forward = torch.compile(compiled.forward)
-                    training_step_s(compiled, x, dtype)
-                except Exception as e2:  # noqa: BLE001 - no compiler here: eager, said once
-                    return False, f"eager kept: torch.compile failed ({type(e2).__name__}: {e2})", {}
-            compile_s = time.perf_counter() - started
-            if self.store is not None:
-                self.store.put_seconds(key, compile_s)  # a later run's pay-back gate reads it
-            d: Decision = decide(
-                lambda: training_step_s(eager, x, dtype),
-                lambda: training_step_s(compiled, x, dtype),
-                names=("eager", "compiled"),
-                min_gain=MIN_GAIN,
-                planned_steps=planned,
-            )
+            except Exception as e2:  # noqa: BLE001 - no compiler here: eager, said once
+                return False, f"eager kept: torch.compile failed ({type(e2).__name__}: {e2})", {}
+        compile_s = time.perf_counter() - started
+        if self.store is not None:
+            self.store.put_seconds(key, compile_s)  # a later run's pay-back gate reads it
+        d: Decision = decide(
+            lambda: training_step_s(eager, x, dtype),
+            lambda: training_step_s(compiled, x, dtype),
+            names=("eager", "compiled"),
+            min_gain=MIN_GAIN,
+            planned_steps=planned,
+        )
         evidence = {
             "compile_s": round(compile_s, 3),
             "expected_compile_s": expected_compile_s,
@@ -236,9 +220,7 @@ class CompileChoice(EngineHandler):
             "rounds": d.as_row(),
         }
         breaks = "one graph" if graph_break is None else f"graph breaks (the first: {graph_break})"
-        if not d.chose_candidate:
-            return False, f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}", evidence
-        return True, f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}", evidence
+        return d.chose_candidate, f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}", evidence
 
 
 def _compile_key(net: torch.nn.Module, shape: torch.Size, dtype: torch.dtype | None, device: torch.device) -> str:

@@ -1,13 +1,8 @@
 """A choice between two ways of doing the same work, made from interleaved rounds of timings.
 
-One timing decides nothing: a warm-up, a busy neighbour or a frequency step can make either way look
-several times faster once. `decide()` times the user's way (the baseline) and the candidate in
-alternating order, round after round, after a warm-up call of each that is not counted, and takes
-the candidate only when the rounds agree that it is faster by the required gain. It stops early
-once the answer is plain, runs at most ``max_rounds``, and never runs fewer than ``min_rounds``:
-where the time allowed cannot hold them, it measures nothing and keeps the baseline. A near-tie,
-or rounds that disagree, keep the baseline too. Every round is kept in the returned `Decision`, for
-the run record and the doctor.
+One timing decides nothing: a warm-up, a busy neighbour or a frequency step can make either way
+look faster once. `decide()` keeps the user's way (the baseline) unless the rounds agree that the
+candidate is faster by the required gain; every round is kept in the returned `Decision`.
 
 Examples:
     >>> from monai_fast.tune.rounds import decide
@@ -19,6 +14,7 @@ Examples:
 from __future__ import annotations
 
 import copy
+import json
 import math
 import statistics
 import time
@@ -26,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 
 __all__ = [
@@ -35,6 +32,7 @@ __all__ = [
     "MIN_ROUNDS",
     "Decision",
     "decide",
+    "decided_on_rank0",
     "measure_budget_s",
     "network_copy",
 ]
@@ -254,3 +252,18 @@ def network_copy(net: torch.nn.Module) -> torch.nn.Module:
             if hooks is not None:
                 memo[id(hooks)] = type(hooks)()
     return copy.deepcopy(net, memo)
+
+
+def decided_on_rank0(choose: Callable[[], Any], device: torch.device) -> Any:
+    """``choose()`` run on rank 0 with the run's random stream untouched; every rank gets its answer.
+
+    DDP's ranks must make the same choice (the same layout, the same graphs). The answer travels as
+    JSON, so a tuple arrives as a list.
+    """
+    answer = None
+    if idist.get_rank() == 0:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            answer = choose()
+    if idist.get_world_size() > 1:
+        answer = json.loads(idist.broadcast(json.dumps(answer), src=0, safe_mode=True))
+    return answer
