@@ -150,21 +150,12 @@ def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
     """Keep the main OpenMP team's worker threads on separate cores; the main thread stays free.
 
     Call it from the main thread at a process's start, after torch loaded and before other threads
-    start. It runs one parallel region so that libgomp creates its worker threads, then gives
-    worker ``k`` core ``k`` of this process's cores (`physical_cores()`); core 0 is left to
-    the main thread, which keeps its whole mask, so every thread and process it starts later
-    (loader threads, forked workers) keeps it too. With the main thread also on its core while it
-    computes (`on_core()`, `monai_fast.handlers.MainThreadCore`), two threads of one team
-    do not share a core for a whole run while a competing job holds the others
-    (``benchmarks/openmp_step_under_load.py``). What is computed does not change: the team's size
-    and the work's split stay the same.
-
-    It pins only where that cannot crowd threads onto fewer cores: on Linux, torch's threads
-    equal to the process's cores (the team covers every core it may use), more than one core,
-    one process per node (none of `LOCAL_RANKS_ENV` above 1: torchrun's, mpirun's, Horovod's or
-    an ``srun`` step's count of processes here; ranks side by side would pin to the same cores), and no
-    OpenMP binding of the user's (``OMP_PROC_BIND``, ``OMP_PLACES``, ``GOMP_CPU_AFFINITY``,
-    ``KMP_AFFINITY``) or ``MONAI_FAST_PIN_OPENMP=0``.
+    start: worker ``k`` gets core ``k`` of this process's cores (`physical_cores()`), core 0 is left to
+    the main thread, whose mask (and its later threads' and processes') is unchanged. What is computed
+    does not change. It pins only where that cannot crowd threads onto fewer cores: on Linux, with
+    torch's threads equal to the process's cores (more than one), one process per node (no
+    `LOCAL_RANKS_ENV` above 1), and no OpenMP binding of the user's (``OMP_PROC_BIND``, ``OMP_PLACES``,
+    ``GOMP_CPU_AFFINITY``, ``KMP_AFFINITY``) or ``MONAI_FAST_PIN_OPENMP=0``.
 
     Args:
         environ: the environment to read those variables from (default ``os.environ``).

@@ -48,24 +48,17 @@ _TAIL_BYTES = 1 << 16
 class RunRecord(SpanWriter):
     """Rows and summaries of one run on one rank, streamed to the run folder.
 
-    With a run folder, rows are appended to the file and not kept in memory (a run of days must
-    not grow); without one (``run_dir=None``) they are kept in `rows`. Wall-clock spans
-    (set-up, cache filling, ...) are written with `span()` / `add_span()`
-    (`monai_fast.telemetry.spans`).
-
-    A run folder that holds this rank's record already is continued, never erased: the new rows go
-    after the earlier ones, as the next segment, and the summary keeps the sections this record
-    does not set again. The folder's per-rank lock is held from here until `close()` (taken
-    again by the next `begin_segment()`), so two runs cannot write one record.
+    With a run folder, rows are appended to the file and not kept in memory; without one
+    (``run_dir=None``) they are kept in `rows`. Spans are written with `span()` / `add_span()`. A
+    folder that holds this rank's record already is continued as the next segment, never erased; its
+    per-rank lock is held until `close()`. A full file system while a row is written is not raised:
+    see `disk_full`.
 
     Args:
-        run_dir: the run folder (created; must be writable, checked here). ``None`` keeps the
-            record in memory only.
-        rank: this process's rank; default 0. The distributed layer passes ``idist.get_rank()``.
-        flush_every: rows buffered before they are written to the file; 1 (the default) writes
-            each row as it is added, so a killed process loses none.
-
-    A full file system while a row is written is not raised: see `disk_full`.
+        run_dir: the run folder (created; must be writable, checked here). ``None``: in memory only.
+        rank: this process's rank; default 0.
+        flush_every: rows buffered before they are written; 1 (the default) writes each row as it is
+            added, so a killed process loses none.
 
     Raises:
         PermissionError: if ``run_dir`` cannot be written, naming it.

@@ -131,15 +131,11 @@ def decide(
 ) -> Decision:
     """Time ``baseline`` and ``candidate`` in interleaved rounds and say which to keep.
 
-    Each callable does the work once and returns its seconds (it times itself, so that it can leave
-    out its own set-up and wait for an accelerator). The first call of each is a warm-up and is not
-    counted; then the rounds alternate which goes first. After ``min_rounds`` the measurement stops
-    as soon as every round agrees (the candidate reached ``min_gain`` in all of them, or in none);
-    otherwise it goes on to ``max_rounds`` or until ``budget_s`` (counted from the start, warm-up
-    included) is spent. The candidate is chosen when every round agreed it is faster, or, when they
-    did not agree, when the median gain reaches ``min_gain`` and at most a quarter of the rounds had
-    it slower than the baseline. If the warm-up shows that ``min_rounds`` rounds cannot fit in
-    ``budget_s``, nothing more runs and the baseline is kept.
+    Each callable does the work once and returns its seconds. The first call of each is an uncounted
+    warm-up; the rounds then alternate which goes first, and stop after ``min_rounds`` once every round
+    agrees, else at ``max_rounds`` or when ``budget_s`` is spent. The candidate is chosen when every
+    round had it ``min_gain`` faster, or when the median gain reaches ``min_gain`` with at most a
+    quarter of the rounds slower; a budget that cannot hold ``min_rounds`` keeps the baseline.
 
     Args:
         baseline: the user's way (kept unless the candidate is shown faster).
@@ -148,7 +144,7 @@ def decide(
         min_gain: the speed-up (baseline / candidate seconds) the candidate must show.
         min_rounds: the fewest timed rounds a choice is made from (>= 2).
         max_rounds: the most timed rounds (>= ``min_rounds``).
-        budget_s: the seconds the whole measurement may take.
+        budget_s: the seconds the whole measurement may take, warm-up included.
         planned_steps: the run's planned training steps: the budget is then at most
             `measure_budget_s` of them at the baseline's warm-up seconds a step.
 
