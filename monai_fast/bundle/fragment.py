@@ -1,11 +1,7 @@
 """The bundle-native way: a config fragment that makes MONAI's own runner attach ``FastTraining``.
 
-Merged after a bundle's ``train.json`` (MONAI merges several config files in order, and a key
-written ``+initialize`` appends to the bundle's own ``initialize`` list instead of replacing it),
-it imports monai-fast with the bundle's own imports and adds one expression to ``initialize``,
-run after the bundle's own set-up and before ``run``: `attach_fast()` on the bundle's trainer
-and evaluator. The config's own
-objects are the ones attached to, so ``$@train#trainer.run()`` trains with the levers applied::
+Merged after a bundle's ``train.json``, it adds `attach_fast()` on the bundle's trainer and
+evaluator to ``+initialize`` (after the bundle's own set-up, before ``run``)::
 
     monai-fast bundle fragment --out configs/fast.json
     python -m monai.bundle run --config_file "['configs/train.json','configs/fast.json']"

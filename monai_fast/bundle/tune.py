@@ -99,27 +99,22 @@ def tune_bundle(
     """Measure a bundle's batch sizes on its device and write the override file.
 
     Args:
-        bundle_dir: the bundle folder: a Model Zoo bundle, or an algorithm folder Auto3DSeg generated.
-        config_files: as for `run_bundle()`; default ``configs/train.json|yaml``,
-            or for an Auto3DSeg algorithm every config file of ``configs/`` as Auto3DSeg reads them
-            (`auto3dseg_config_files()`).
+        bundle_dir: a Model Zoo bundle, or an algorithm folder Auto3DSeg generated.
+        config_files: as for `run_bundle()`; default ``configs/train.json|yaml``, or for an Auto3DSeg
+            algorithm every config file of ``configs/`` (`auto3dseg_config_files()`).
         overrides: config overrides (data lists, device, ...), as for ``run_bundle``.
         out: the override file; default ``<bundle_dir>/configs/tuned.json``.
-        batch_range: training batch sizes to search (volumes per batch); its top is capped by one rank's
-            share of the training set.
+        batch_range: training batch sizes to search; its top is capped by one rank's share of the training set.
         sw_batch_range: sliding-window batch sizes to search.
-        precision: the precision the run is asked for, as ``monai-fast bundle run --precision`` takes it
-            (`REQUESTS`); the trials run in what the run resolves it
-            to (`run_precision()`).
+        precision: as ``monai-fast bundle run --precision`` takes it (`REQUESTS`); trials run in what the
+            run resolves it to (`run_precision()`).
         progress: a progress bar over the trials (on a terminal only).
-        say: where the progress lines go (what is checked, the plan, one line per trial); default the
-            ``monai_fast.bundle`` logger at INFO.
+        say: where the progress lines go; default the ``monai_fast.bundle`` logger at INFO.
         max_trials: most candidates run per search (`SearchSpace`).
         memory_cap_mib: most memory a candidate may use (`Tuner`).
         margin: share of the memory cap kept free (`SearchSpace`).
-        new_keys: override ids a Model Zoo config does not have that the user adds on purpose; any other id
-            it lacks is refused (`check_overrides()`), as a misspelt one would be
-            ignored and the tuner would measure the bundle as it is.
+        new_keys: override ids the config lacks that the user adds on purpose; any other is refused
+            (`check_overrides()`).
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial, passed to the tuner.
 
     Returns:
@@ -127,8 +122,8 @@ def tune_bundle(
 
     Raises:
         BundleError: before any trial: the override file cannot be written, a piece the tuner needs is
-            not in the config (named), the bundle is not a 3-D segmentation the tuner can time, the
-            training set is empty, or none of the tuned keys can be merged into the config.
+            missing (named), the bundle is not a 3-D segmentation, the training set is empty, or no
+            tuned key can be merged into the config.
         MissingExtraError: a YAML config without pyyaml (the ``bundle`` extra).
     """
     from monai_fast.tune import SearchSpace, Tuner
