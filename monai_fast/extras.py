@@ -1,29 +1,9 @@
 """Ground floor: optional dependencies, each named with the extra that installs it.
 
-The core install is torch, MONAI, PyTorch-Ignite, NumPy, nibabel, psutil, tqdm and filelock: enough for
-``FastTraining`` and the handlers. Everything else is an extra, imported where it is used:
-
-=============  ==============================================  ===========================
-extra          packages                                        used by
-=============  ==============================================  ===========================
-``s3``         s3fs (fsspec comes with torch)                  data lists on S3
-``wsi``        tifffile                                        whole-slide images
-``onnx``       onnx, onnxruntime, onnxscript                   ``infer --backend onnx``
-``plots``      matplotlib, tensorboard                         PNGs, TensorBoard events
-``notebooks``  nbclient, nbformat, ipykernel                   running the notebooks
-``nvidia``     nvtx, nvidia-ml-py                              NVTX ranges, NVML sampling
-``bundle``     fire, pyyaml, tensorboard                       ``python -m monai.bundle``, YAML configs,
-                                                               the Model Zoo's TensorBoard handlers
-``all``        every extra above
-``dev``        ``all`` and the test and docs tools
-=============  ==============================================  ===========================
-
-`require()` imports a module or raises `MissingExtraError` with the one line that
-installs it, so a missing extra is never a bare ``ImportError`` deep in a run. The checks come
-before the work: an ``s3://`` URL before any connection, a TIFF slide before it is read, the
-``onnx`` backend before any volume. Pictures that are a by-product (the doctor's PNGs) are
-skipped instead, with one warning naming ``plots``; the ``monai-fast`` commands end in the line.
-
+The core install (torch, MONAI, PyTorch-Ignite, NumPy, nibabel, psutil, tqdm, filelock) runs
+``FastTraining`` and the handlers; everything else is an extra (``s3``, ``wsi``, ``onnx``, ``plots``,
+``notebooks``, ``nvidia``, ``bundle``, ``all``, ``dev``: see docs/getting-started.md). `require()` imports
+a module or raises `MissingExtraError` with the one line that installs it, before the work starts.
 This module imports nothing else of monai-fast.
 
 Examples:

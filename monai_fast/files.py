@@ -1,29 +1,12 @@
 """Ground floor: atomic file writes, and a full file system named with the space missing.
 
-Every file monai-fast writes that another process may read (run records, reports, results, tuning
-results, checkpoints, cached items, synthetic data) goes through `atomic_write()`: the bytes go
-to a temporary file beside the target, named ``.<target>.<host>-<pid>.<random>.tmp``, and are
-renamed onto the target only once complete (``os.replace``, atomic on POSIX). A reader sees the old
-file or the new one, never half of one. A writer killed in the middle leaves its temporary file
-behind; `clean_stale_tmp()` removes such leftovers once their writer is gone (a dead process
-on this host, or older than ``max_age_s`` when written from another host), and every atomic write
-cleans the leftovers of its own target first (writers of many files into one folder clean the
-folder once instead).
-
-A library that opens the file itself (a profiler's trace) writes to the temporary path that
-`atomic_path()` yields, with the same guarantees.
-
-A write that runs out of space (``ENOSPC``, ``EDQUOT``) raises `NoSpaceError`, which names
-the file and the space missing; the target keeps its old content and the temporary file is removed.
-That holds also when the writer reports the full file system in its own words (``torch.save``
-raises ``RuntimeError: unexpected pos ...`` over the ``OSError``): `no_space_in()` finds the
-``ENOSPC`` in an exception's chain, and the command line uses it to end any command on a full
-disk with that one line. `ensure_free_space()` checks a folder before work whose output
-would otherwise be lost. These are ours because the libraries at hand fall short: ignite's
-``DiskSaver(atomic=True)`` neither syncs nor recognises a killed writer's leftovers, and no
-library names the file and the space missing when a write fills the disk.
-
-This module imports nothing else of monai-fast.
+Every file monai-fast writes that another process may read goes through `atomic_write()`: the
+bytes go to a temporary file beside the target and are renamed onto it once complete, so a reader
+sees the old file or the new one. `clean_stale_tmp()` removes the leftovers of killed writers; a
+write that runs out of space raises `NoSpaceError`, naming the file and the space missing, and
+`no_space_in()` finds that cause in any exception's chain. These are ours because ignite's
+``DiskSaver(atomic=True)`` neither syncs nor recognises a killed writer's leftovers, and no library
+names the file and the space missing. This module imports nothing else of monai-fast.
 
 Examples:
     >>> import json, tempfile

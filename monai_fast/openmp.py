@@ -1,27 +1,11 @@
 """GNU OpenMP's threads made to share a busy host well: their spin bounded, the main team's workers pinned.
 
-PyTorch's Linux wheels run CPU kernels on GNU OpenMP (libgomp). After a parallel region its
-threads spin ``GOMP_SPINCOUNT`` rounds (libgomp's own default is 300000) waiting for the next one,
-then sleep. On a quiet host that saves a wake-up. When other processes want the cores, a spinning
-thread holds a core through the time slice its partner thread needs to finish the region, and a
-training step can take several times as long. `BOUNDED_SPINCOUNT` keeps the quiet host's
-speed and gives the cores back under load (``benchmarks/openmp_spin.py`` measures both). The spin
-count does not change what is computed: how a region's work is split between threads does not
-depend on it.
-
-libgomp reads its settings once, when it loads (with torch), so this can only act at a process's
-start: the ``monai-fast`` command calls `bound_openmp_spin()` before anything imports torch.
-A script of one's own does the same by exporting ``GOMP_SPINCOUNT=10000`` before Python starts.
-A ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` already set is the user's choice and is left alone.
-
-Under a competing job the scheduler sometimes keeps both threads of a 2-thread team on one core
-for a whole run (the other core left to the competing job), and a step then takes several times
-the CPU time it takes on a quiet host. `pin_openmp_workers()` gives each worker thread of the
-main thread's team a core of its own, where that cannot crowd anything (see there; the command
-calls it for the commands that compute), and `on_core()` puts the main thread on the core they
-left free (`free_core()`) while it computes; `monai_fast.handlers.MainThreadCore` does
-that for each iteration of an engine. Pinning the workers alone is not enough: the scheduler can
-then settle the free main thread on a worker's core.
+libgomp's threads spin ``GOMP_SPINCOUNT`` rounds after each parallel region (300000 by default); on
+a busy host a spinning thread holds the core its partner needs, and a step takes several times as
+long. `bound_openmp_spin()` sets `BOUNDED_SPINCOUNT` before torch loads libgomp (the ``monai-fast``
+command calls it first; a script exports ``GOMP_SPINCOUNT=10000``), leaving a value the user set
+alone; it changes no result. `pin_openmp_workers()` gives each worker of the main thread's team a
+core of its own, and `on_core()` keeps the main thread on the core they left free (`free_core()`).
 
 Examples:
     >>> env = {}
@@ -166,21 +150,12 @@ def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
     """Keep the main OpenMP team's worker threads on separate cores; the main thread stays free.
 
     Call it from the main thread at a process's start, after torch loaded and before other threads
-    start. It runs one parallel region so that libgomp creates its worker threads, then gives
-    worker ``k`` core ``k`` of this process's cores (`physical_cores()`); core 0 is left to
-    the main thread, which keeps its whole mask, so every thread and process it starts later
-    (loader threads, forked workers) keeps it too. With the main thread also on its core while it
-    computes (`on_core()`, `monai_fast.handlers.MainThreadCore`), two threads of one team
-    do not share a core for a whole run while a competing job holds the others
-    (``benchmarks/openmp_step_under_load.py``). What is computed does not change: the team's size
-    and the work's split stay the same.
-
-    It pins only where that cannot crowd threads onto fewer cores: on Linux, torch's threads
-    equal to the process's cores (the team covers every core it may use), more than one core,
-    one process per node (none of `LOCAL_RANKS_ENV` above 1: torchrun's, mpirun's, Horovod's or
-    an ``srun`` step's count of processes here; ranks side by side would pin to the same cores), and no
-    OpenMP binding of the user's (``OMP_PROC_BIND``, ``OMP_PLACES``, ``GOMP_CPU_AFFINITY``,
-    ``KMP_AFFINITY``) or ``MONAI_FAST_PIN_OPENMP=0``.
+    start: worker ``k`` gets core ``k`` of this process's cores (`physical_cores()`), core 0 is left to
+    the main thread, whose mask (and its later threads' and processes') is unchanged. What is computed
+    does not change. It pins only where that cannot crowd threads onto fewer cores: on Linux, with
+    torch's threads equal to the process's cores (more than one), one process per node (no
+    `LOCAL_RANKS_ENV` above 1), and no OpenMP binding of the user's (``OMP_PROC_BIND``, ``OMP_PLACES``,
+    ``GOMP_CPU_AFFINITY``, ``KMP_AFFINITY``) or ``MONAI_FAST_PIN_OPENMP=0``.
 
     Args:
         environ: the environment to read those variables from (default ``os.environ``).

@@ -1,17 +1,9 @@
 """Background threads stopped before the interpreter exits, so that a stopped run ends cleanly.
 
-A daemon thread that is inside torch's C++ code when the interpreter shuts down aborts the whole
-process: CPython (up to 3.13) ends such a thread with ``pthread_exit`` as it reaches for the GIL, the
-unwinding meets C++ frames that cannot be unwound, and the C++ runtime calls ``std::terminate``
-("terminate called without an active exception", exit status -6). That is what happens whenever a
-run ends while a loader thread is making a batch or a fill thread is caching an item: a trainer
-stopped for preemption or by ``terminate()``, an exception, a signal during set-up. Under
-``torchrun`` the aborted rank fails the whole job although its checkpoint was written.
-
-Every monai-fast object that runs such a thread registers itself with `stop_at_exit()`; one
-``atexit`` hook, which runs before the interpreter starts tearing down, asks each registered object
-to stop (`ExitStoppable.stop_for_exit()`), which waits, bounded, for its threads to finish the
-item they are on. The registry holds weak references only: an object that is gone needs no stop.
+A daemon thread inside torch's C++ code at interpreter shutdown aborts the process
+(``std::terminate``, exit status -6), which under ``torchrun`` fails the whole job. Objects that run
+such threads register with `stop_at_exit()`; one ``atexit`` hook asks each to stop
+(`ExitStoppable.stop_for_exit()`) before the interpreter tears down. The registry holds weak references.
 
 Examples:
     >>> import threading

@@ -265,14 +265,12 @@ def test_fast_training_keeps_batches_ahead_where_worker_processes_make_them(tiny
 
 @pytest.mark.parametrize("own", [False, True])
 def test_a_near_tie_keeps_the_loaders_own_setting(own):
-    """Both ways take the step's time (the batch costs nothing): whichever median is a hair lower, the loader
-    keeps what it had, and the reason says a near-tie did not move it."""
+    """The other setting's iterations take 200 ms, the loader's own 203 ms (the batch costs nothing): 1.015x
+    faster, short of the 1.05x needed, so the loader keeps what it had and the reason says a near-tie did not move it."""
     ds = _Made(8, cost=0.0)
-    # no watchdog: on demand it starts a timer thread per batch, which on a busy host waited to be scheduled
-    # (0.108 s against 0.100 s with prefetch, seen here): a cost of the watchdog, not of either way of loading
-    loader = SafeThreadDataLoader(ds, batch_size=1, prefetch=own, timeout_s=None)
-    # a 0.1 s step: a median must be 5 ms (MIN_GAIN) off to break the tie, well above a busy host's wake-up delays
-    engine = Engine(lambda e, b: time.sleep(0.1))
+    loader = SafeThreadDataLoader(ds, batch_size=1, prefetch=own)
+    # 1.015x apart: a busy host's delays would have to add 7 ms to a median to reach MIN_GAIN's 1.05x
+    engine = Engine(lambda e, b: time.sleep(0.203 if loader.prefetch is own else 0.200))
     choice = PrefetchChoice(loader, pairs=3)
     choice.attach(engine)
     engine.run(loader, max_epochs=3)

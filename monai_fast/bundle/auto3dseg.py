@@ -1,14 +1,8 @@
 """An algorithm folder that Auto3DSeg generated, read for the bundle tuner.
 
-Auto3DSeg (``monai.apps.auto3dseg``) writes each algorithm as a folder whose ``configs/`` holds
-``hyper_parameters.yaml`` and its neighbours (``network.yaml``, ``transforms_*.yaml``), with no
-train config; its ``BundleAlgo`` passes every ``.yaml``/``.json`` file of ``configs/`` to the
-algorithm's training script in name order. So an override file written there
-(``configs/tuned.json``) is read after the files it overrides, with no change to Auto3DSeg's command.
-
-The keys the tuner sets are those Auto3DSeg's own GPU customisation fills: ``num_images_per_batch``,
-``num_sw_batch_size`` and ``sw_input_on_cpu``, under the ``training`` section where the template has
-one and at the top where it has not.
+Its ``configs/`` holds ``hyper_parameters.yaml`` and its neighbours, all passed to the training
+script in name order, so ``configs/tuned.json`` is read after the files it overrides. The keys set
+are those of Auto3DSeg's own GPU customisation (docs/bundles.md).
 
 Examples:
     >>> from monai_fast.bundle.auto3dseg import auto3dseg_config_files

@@ -1,16 +1,10 @@
 """A bundle's checkpoints written atomically: a full disk leaves the previous file whole and is named in one line.
 
-MONAI's ``CheckpointSaver`` builds its ignite ``Checkpoint`` objects on a ``DiskSaver`` with
-``atomic=False`` (for the files' permissions), and ``Checkpoint`` removes a fixed-name file such as
-``model.pt`` before it writes the next one: a full disk then leaves a truncated ``model.pt`` under
-its final name, the best model before it gone, and a traceback from torch's zip writer that does
-not say the disk is full. `atomic_checkpoints()` gives each ``CheckpointSaver`` of a bundle a
-save handler that writes through `monai_fast.files.atomic_path()`: each checkpoint goes to a
-temporary file beside its final name, is fsynced and renamed into place only when complete (with
-the process's usual permissions), a fixed-name file stays until its successor replaces it, and a
-full file system is one `NoSpaceError` naming the checkpoint and the space
-missing. The ``Checkpoint`` objects are found among the saver's attributes by their (public) ignite
-type, and only their public ``save_handler`` is replaced.
+MONAI's ``CheckpointSaver`` writes through ignite's ``DiskSaver(atomic=False)`` and removes a
+fixed-name file before writing the next, so a full disk leaves a truncated ``model.pt`` and an
+unclear traceback. `atomic_checkpoints()` replaces each saver's public ``save_handler`` with one
+that writes through `monai_fast.files.atomic_path()`: complete files only, and a full file system
+is one `NoSpaceError` naming the checkpoint and the space missing.
 
 Examples:
     >>> from monai_fast.bundle.checkpoints import atomic_checkpoints

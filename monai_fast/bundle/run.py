@@ -1,22 +1,11 @@
 """Run a MONAI bundle as ``python -m monai.bundle run`` does, with ``FastTraining`` on its engines.
 
-A bundle (the Model Zoo's layout: ``configs/train.json`` or ``.yaml``, ``configs/metadata.json``,
-``configs/logging.conf``) builds its ``SupervisedTrainer`` and ``SupervisedEvaluator`` from its
-config. `run_bundle()` builds them the same way, through MONAI's public ``ConfigWorkflow``
-(several config files merged as MONAI merges them, ``key=value`` overrides, the config's
-``initialize`` / ``run`` / ``finalize`` sections), then, between ``initialize`` and ``run``,
-attaches the record, the doctor's timers and `FastTraining` through the fragment's one function,
-`attach_fast()` (what MONAI's own runner calls through the fragment), to the trainer and evaluator
-it finds by the bundle conventions (``train#trainer``, ``validate#evaluator``) or by the ids given.
-With ``fast=False`` the bundle runs as published, with the record only, for a side-by-side. The
-config's own objects are the ones attached to: the ``run`` section's ``$@train#trainer.run()``
-resolves to the same trainer.
-
-FastTraining's decisions are returned and printed by the command line whatever logging set-up the
-bundle brings, and the doctor reads the record at the end.
-
-Parsing a config runs the code in it (``_target_`` callables, ``$`` expressions), as MONAI's own
-runner does: run bundles you trust.
+`run_bundle()` builds the bundle's engines through MONAI's public ``ConfigWorkflow`` (config files
+merged as MONAI merges them, ``key=value`` overrides, ``initialize`` / ``run`` / ``finalize``), then
+attaches the record, the doctor's timers and `FastTraining` with `attach_fast()` to the trainer and
+evaluator it finds (``train#trainer``, ``validate#evaluator`` or the ids given) before ``run``. With
+``fast=False`` the bundle runs as published, with the record only. Parsing a config runs the code in
+it, as MONAI's own runner does: run bundles you trust.
 
 Examples:
     >>> from monai_fast.bundle import run_bundle
@@ -132,39 +121,32 @@ def run_bundle(
     """Run a bundle's training workflow with ``FastTraining`` attached (or without, ``fast=False``).
 
     Args:
-        bundle_dir: the bundle folder (``configs/`` inside). ``bundle_root`` is set to it unless an
-            override sets it, so a bundle whose config says ``"bundle_root": "."`` runs from anywhere.
+        bundle_dir: the bundle folder (``configs/`` inside); ``bundle_root`` is set to it unless overridden.
         config_files: see `bundle_config_files()`.
         meta_file: default ``configs/metadata.json`` when present.
         logging_file: default ``configs/logging.conf`` when present; ``False``: none.
-        overrides: config id -> value, as ``monai.bundle run --id value`` (see `parse_overrides()`). An id the
-            config files do not have is refused (a misspelt ``max_epoch`` would otherwise train the whole run),
-            unless it is in ``new_keys``.
+        overrides: config id -> value, as ``monai.bundle run --id value`` (`parse_overrides()`); an id the
+            config lacks is refused unless it is in ``new_keys``.
         fast: attach ``FastTraining``; ``False`` runs the bundle as published, with the record.
         fast_options: keyword arguments for ``FastTraining``.
         trainer_id: the trainer's config id.
-        evaluator_id: the evaluator's config id; ``None``, or an id the config lacks while left at
-            its default, runs without one.
-        run_dir: where the run record goes; a folder holding another run's record is refused unless
-            ``resume``. Default: a folder of this run's own, ``<output_dir>/monai_fast/<variant>-<time>``
-            (``fast-20261128-101500``, ``published-...``; ``<bundle_dir>/eval`` when the config has no
-            ``output_dir``), so side-by-side runs never share a record.
+        evaluator_id: the evaluator's config id; ``None``, or the default id the config lacks: none.
+        run_dir: where the run record goes (another run's record folder is refused unless ``resume``);
+            default ``<output_dir>/monai_fast/<fast|published>-<time>``, or ``<bundle_dir>/eval/...``.
         init_id: the config's initialize section.
-        run_id: the config's run section; left at ``"run"`` with a config that has only the older
-            ``"training"`` section (as some Model Zoo bundles do), that one runs.
-        final_id: the config's finalize section.
-        doctor: read the record at the end and return the doctor's verdict (on rank 0, once every rank is done).
-        on_applied: called with FastTraining's decisions once attached, before training (the CLI
-            prints them there, whatever the bundle's logging does).
+        run_id: its run section (left at ``"run"``, an older ``"training"`` section stands in).
+        final_id: its finalize section.
+        doctor: read the record at the end and return the doctor's verdict (rank 0, once all are done).
+        on_applied: called with FastTraining's decisions once attached, before training.
         new_keys: override ids the config does not have that the user adds on purpose.
-        resume: continue the record in ``run_dir`` (a run resumed from its checkpoint) as its next segment.
+        resume: continue the record in ``run_dir`` as its next segment.
 
     Returns:
         What the run did (`BundleResult`).
 
     Raises:
-        BundleError: a missing or malformed file, an override or an id the config lacks, a record folder
-            of another run, named before any training.
+        BundleError: a missing or malformed file, an unknown override or id, another run's record
+            folder, named before any training.
     """
     from ignite import distributed as idist
     from monai.bundle import ConfigWorkflow

@@ -1,35 +1,9 @@
 """Bundle-aware tuning: measure a bundle's batch sizes on this device and write an override file.
 
-`tune_bundle()` reads a bundle's config with MONAI's ``ConfigParser`` (the same merge and
-overrides as ``monai.bundle``), takes the pieces it trains with (the network, the loss, the
-optimizer's class and settings, the training patch and crops per volume, the sliding window's ROI
-and overlap, the size of one validation volume), runs the tuner (`Tuner`:
-training batch size, sliding-window batch size, where the validation volume and the stitched output
-live) and writes ``tuned.json``: the config ids it sets and their values, which the bundle reads as
-one more config file::
-
-    monai-fast tune --bundle spleen_ct_segmentation --set dataset_dir=/data/Task09_Spleen
-    monai-fast bundle run spleen_ct_segmentation \
-        --config_file "['spleen_ct_segmentation/configs/train.json','spleen_ct_segmentation/configs/tuned.json']" \
-        dataset_dir=/data/Task09_Spleen
-
-Before the first trial it checks what would make the result wrong or lost: the override file can be
-written; each key can be merged into the bundle's config as MONAI's ``ConfigParser`` merges a later
-file (a key inside an object the bundle builds with a ``$`` expression cannot, and is named with the
-reason instead of written); and the training batch is capped by one rank's share of the training
-set, so no tuned batch empties an epoch (with ``drop_last`` it would train no iteration). Trials run
-in the precision the run will train in (`run_precision()`), and each is reported as it ends.
-
-Two layouts are read:
-
-- the Model Zoo's (``configs/train.json|yaml``): the keys set are
-  ``train#dataloader#batch_size``, ``validate#inferer#sw_batch_size`` and ``validate#inferer#device``;
-- an algorithm that Auto3DSeg generated (``configs/hyper_parameters.yaml`` and its neighbours, no
-  train config): its hyper-parameters ``num_images_per_batch``, ``num_sw_batch_size`` and
-  ``sw_input_on_cpu`` (in its ``training`` section where it has one), the keys Auto3DSeg's own GPU
-  customisation fills. Auto3DSeg passes every ``.yaml``/``.json`` file of ``configs/`` to the
-  algorithm's training script in name order, so ``configs/tuned.json`` is read after the files it
-  overrides with no change to the command.
+`tune_bundle()` reads the bundle's config with MONAI's ``ConfigParser``, runs the `Tuner` on the
+pieces it trains with, and writes ``configs/tuned.json``: the config ids it sets and their values,
+read by the bundle as one more config file. The layouts read (Model Zoo, Auto3DSeg algorithm) and
+the keys written are in docs/bundles.md.
 
 Examples:
     >>> from monai_fast.bundle.tune import tune_bundle
@@ -125,27 +99,22 @@ def tune_bundle(
     """Measure a bundle's batch sizes on its device and write the override file.
 
     Args:
-        bundle_dir: the bundle folder: a Model Zoo bundle, or an algorithm folder Auto3DSeg generated.
-        config_files: as for `run_bundle()`; default ``configs/train.json|yaml``,
-            or for an Auto3DSeg algorithm every config file of ``configs/`` as Auto3DSeg reads them
-            (`auto3dseg_config_files()`).
+        bundle_dir: a Model Zoo bundle, or an algorithm folder Auto3DSeg generated.
+        config_files: as for `run_bundle()`; default ``configs/train.json|yaml``, or for an Auto3DSeg
+            algorithm every config file of ``configs/`` (`auto3dseg_config_files()`).
         overrides: config overrides (data lists, device, ...), as for ``run_bundle``.
         out: the override file; default ``<bundle_dir>/configs/tuned.json``.
-        batch_range: training batch sizes to search (volumes per batch); its top is capped by one rank's
-            share of the training set.
+        batch_range: training batch sizes to search; its top is capped by one rank's share of the training set.
         sw_batch_range: sliding-window batch sizes to search.
-        precision: the precision the run is asked for, as ``monai-fast bundle run --precision`` takes it
-            (`REQUESTS`); the trials run in what the run resolves it
-            to (`run_precision()`).
+        precision: as ``monai-fast bundle run --precision`` takes it (`REQUESTS`); trials run in what the
+            run resolves it to (`run_precision()`).
         progress: a progress bar over the trials (on a terminal only).
-        say: where the progress lines go (what is checked, the plan, one line per trial); default the
-            ``monai_fast.bundle`` logger at INFO.
+        say: where the progress lines go; default the ``monai_fast.bundle`` logger at INFO.
         max_trials: most candidates run per search (`SearchSpace`).
         memory_cap_mib: most memory a candidate may use (`Tuner`).
         margin: share of the memory cap kept free (`SearchSpace`).
-        new_keys: override ids a Model Zoo config does not have that the user adds on purpose; any other id
-            it lacks is refused (`check_overrides()`), as a misspelt one would be
-            ignored and the tuner would measure the bundle as it is.
+        new_keys: override ids the config lacks that the user adds on purpose; any other is refused
+            (`check_overrides()`).
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial, passed to the tuner.
 
     Returns:
@@ -153,8 +122,8 @@ def tune_bundle(
 
     Raises:
         BundleError: before any trial: the override file cannot be written, a piece the tuner needs is
-            not in the config (named), the bundle is not a 3-D segmentation the tuner can time, the
-            training set is empty, or none of the tuned keys can be merged into the config.
+            missing (named), the bundle is not a 3-D segmentation, the training set is empty, or no
+            tuned key can be merged into the config.
         MissingExtraError: a YAML config without pyyaml (the ``bundle`` extra).
     """
     from monai_fast.tune import SearchSpace, Tuner

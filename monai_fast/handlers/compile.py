@@ -11,25 +11,23 @@ Examples:
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
-import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
-from monai_fast.files import NoSpaceError, write_json
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.throughput import batch_shape
-from monai_fast.tune.rounds import Decision, decide, measure_budget_s, network_copy, training_step_s
-from monai_fast.tune.store import default_store_path
+from monai_fast.telemetry import device_description
+from monai_fast.tune.measure import training_step_s
+from monai_fast.tune.result import model_signature
+from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, network_copy
+from monai_fast.tune.store import TuneStore, default_store_path
 
 __all__ = ["COLD_COMPILE_S", "EXPECTED_GAIN", "MIN_GAIN", "CompileChoice", "strip_meta"]
 
@@ -55,34 +53,25 @@ def strip_meta(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tupl
 class CompileChoice(EngineHandler):
     """Compiles the trainer's network (``torch.compile``) when a copy of it measured faster compiled.
 
-    At the first iteration a copy of the network (the real one is untouched) is compiled and timed
-    against the eager copy, forward and backward on a random batch of the real batch's shape in the
-    run's precision, in interleaved rounds (`monai_fast.tune.rounds.decide`: never one timing; a
-    near-tie keeps eager). The real network is compiled only when the compiled step was faster and the
-    time saved over the rest of the planned run (``max_epochs`` x epoch length) exceeds what compiling
-    and measuring cost; before anything is compiled, a run too short to repay `COLD_COMPILE_S` (or the
-    compile time measured here before, ``compile_seconds``) at `EXPECTED_GAIN` is left eager. The
-    network's inputs reach the compiled forward as plain tensors (`strip_meta`); its parameters and
-    ``state_dict`` keys are unchanged, so checkpoints load either way. Graph breaks are found by a
-    ``fullgraph=True`` compile first and named in the log and the record; a compiler that fails (no
-    C++ compiler for the CPU backend) leaves the network eager with one warning. Only training runs
-    compiled: in evaluation mode (the evaluator's windows) the forward is eager, so no graph is compiled
-    for a cost the training measurement did not weigh.
+    At the first iteration copies of the network are timed eager and compiled in interleaved rounds
+    (`monai_fast.tune.rounds.decide`); the real network is compiled only when the compiled step was
+    faster and the rest of the planned run repays the compile (a run too short to repay `COLD_COMPILE_S`,
+    or the time measured here before, at `EXPECTED_GAIN` is left eager). Only training iterations run
+    compiled; parameters and ``state_dict`` keys are unchanged. The rules are in docs/fast-training.md.
 
     Args:
         mode: ``"auto"`` (measure), ``True`` (compile without measuring) or ``False`` (never).
         dtype: the run's autocast dtype, asked at the first iteration (``None``: fp32).
         compile_seconds: the compile time to expect (``None``: the one measured here before for the same
-            network, input shape, precision and torch, read from ``store``; else `COLD_COMPILE_S`).
+            network, input shape, precision, device and torch, read from ``store``; else `COLD_COMPILE_S`).
         on_choice: called once with ``(compiled, reason, evidence)`` when the choice is made.
-        store: a JSON file of the compile times measured (``"default"``: ``compile_times.json`` beside the
-            tuning store in monai-fast's cache folder; ``None``: none kept).
+        store: the `TuneStore` file that keeps the compile times measured (``"default"``:
+            `default_store_path()`; ``None``: none kept).
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
 
     Examples:
-        >>> import torch
         >>> from ignite.engine import Engine
         >>> choice = CompileChoice(False)
         >>> choice.attach(Engine(lambda e, b: None))
@@ -102,29 +91,37 @@ class CompileChoice(EngineHandler):
             raise ValueError(f"CompileChoice: mode must be 'auto', True or False, got {mode!r}")
         super().__init__()
         self.mode, self.dtype, self.compile_seconds, self.on_choice = mode, dtype, compile_seconds, on_choice
-        self.store = default_store_path().with_name("compile_times.json") if store == "default" else store
+        self.store = None if store is None else TuneStore(default_store_path() if store == "default" else store)
         self.compiled = False
         self.reason = "not decided yet"
         self.evidence: dict[str, Any] = {}
         self._hook: Any = None
         self._network: torch.nn.Module | None = None
+        self._forward: Callable[..., Any] | None = None
 
     def _attach(self, engine: Engine) -> None:
         if self.mode is False:
             self.reason = "switched off"
             return
         self.on(engine, Events.ITERATION_STARTED(once=1), self._choose)
+        self.on(engine, Events.ITERATION_STARTED, self._compiled_forward)
+        self.on(engine, Events.ITERATION_COMPLETED, self._eager_forward, first=True)  # before any validation
 
     def _detached(self, engine: Engine) -> None:
-        self._undo()
-
-    def _undo(self) -> None:
         """The network eager again (a detached handler leaves nothing behind)."""
+        self._eager_forward()
+        if self._hook is not None:
+            self._hook.remove()
+        self._network = self._hook = self._forward = None
+        self.compiled = False
+
+    def _compiled_forward(self) -> None:
+        if self._network is not None:
+            self._network.forward = self._forward  # an instance attribute: parameters and state_dict keys unchanged
+
+    def _eager_forward(self) -> None:
         if self._network is not None:
             self._network.__dict__.pop("forward", None)
-            self._hook.remove()
-            self._network, self._hook = None, None
-            self.compiled = False
 
     # ------------------------------------------------------------------ the choice
     def _choose(self, engine: Engine) -> None:
@@ -136,12 +133,9 @@ class CompileChoice(EngineHandler):
         planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
         remaining = None if planned is None else max(1, planned - state.iteration + 1)
         device = torch.device(getattr(state, "device", None) or "cpu")
-        decision: list[Any] = [False, "", {}]
-        if idist.get_rank() == 0:
-            decision = list(self._decide(net, shape, dtype, remaining, device))
-        if idist.get_world_size() > 1:  # one answer for every rank: DDP's ranks must run the same graphs
-            decision = json.loads(idist.broadcast(json.dumps(decision), src=0, safe_mode=True))  # the evidence too
-        compiled, reason, evidence = decision
+        compiled, reason, evidence = decided_on_rank0(
+            lambda: self._decide(net, shape, dtype, remaining, device), device
+        )
         if compiled:
             try:
                 self._compile(net, fullgraph=bool(evidence.get("fullgraph")))
@@ -153,17 +147,11 @@ class CompileChoice(EngineHandler):
             self.on_choice(compiled, reason, evidence)
 
     def _compile(self, net: torch.nn.Module, fullgraph: bool) -> None:
-        """The training forward compiled; in evaluation mode the network stays eager (its windows' shapes and
-        the no-grad graph would each compile again, a cost the training measurement did not weigh)."""
-        compiled, eager = torch.compile(net.forward, fullgraph=fullgraph), net.forward
-
-        @functools.wraps(eager)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            return compiled(*args, **kwargs) if net.training else eager(*args, **kwargs)
-
+        """The compiled forward, put in place for the training iterations (from this one on)."""
+        self._forward = torch.compile(net.forward, fullgraph=fullgraph)
         self._hook = net.register_forward_pre_hook(strip_meta, with_kwargs=True)
-        net.forward = forward  # an instance attribute: parameters and state_dict keys unchanged
         self._network = net
+        self._compiled_forward()
 
     def _decide(
         self,
@@ -180,92 +168,62 @@ class CompileChoice(EngineHandler):
             return False, "eager kept: the batch has no image tensor to measure with", {}
         if self.mode is True:
             return True, "compiled as requested", {"fullgraph": False}
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's stream untouched
-            x = torch.randn(torch.Size([min(shape[0], 2), *shape[1:]]), device=device)
-            eager = network_copy(net).to(device).train()
-            eager_s = training_step_s(eager, x, dtype)  # warm-up: allocator, kernel choice
-            eager_s = min(eager_s, training_step_s(eager, x, dtype))
-            key = _compile_key(net, x.shape, dtype, device)
-            known = _known_compile_s(self.store, key) if self.compile_seconds is None else self.compile_seconds
-            expected_compile_s = known if known is not None else COLD_COMPILE_S
-            if planned is not None:
-                saving_s = planned * eager_s * (1 - 1 / EXPECTED_GAIN)
-                if saving_s < expected_compile_s:
-                    return (
-                        False,
-                        f"eager kept: {planned} steps left of {eager_s:.3f} s would save about {saving_s:.0f} s at "
-                        f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
-                        f"({'measured here before' if known is not None else 'assumed for a first compile'})",
-                        {"eager_step_s": eager_s, "planned_steps": planned},
-                    )
+        x = torch.randn(torch.Size([min(shape[0], 2), *shape[1:]]), device=device)
+        eager = network_copy(net).to(device).train()
+        eager_s = training_step_s(eager, x, dtype)  # warm-up: allocator, kernel choice
+        eager_s = min(eager_s, training_step_s(eager, x, dtype))
+        key = _compile_key(net, x.shape, dtype, device)
+        known = self.compile_seconds
+        if known is None and self.store is not None:
+            known = self.store.seconds(key)
+        expected_compile_s = known if known is not None else COLD_COMPILE_S
+        if planned is not None:
+            saving_s = planned * eager_s * (1 - 1 / EXPECTED_GAIN)
+            if saving_s < expected_compile_s:
+                return (
+                    False,
+                    f"eager kept: {planned} steps left of {eager_s:.3f} s would save about {saving_s:.0f} s at "
+                    f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
+                    f"({'measured here before' if known is not None else 'assumed for a first compile'})",
+                    {"eager_step_s": eager_s, "planned_steps": planned, "expected_compile_s": expected_compile_s},
+                )
+        compiled = network_copy(net).to(device).train()
+        started = time.perf_counter()
+        graph_break = None
+        try:
+            compiled.forward = torch.compile(compiled.forward, fullgraph=True)
+            training_step_s(compiled, x, dtype)
+        except Exception as e:  # noqa: BLE001 - a graph break (or a compiler failure: tried again below)
+            graph_break = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             compiled = network_copy(net).to(device).train()
-            started = time.perf_counter()
-            graph_break = None
             try:
-                fn = torch.compile(compiled.forward, fullgraph=True)
-                compiled.forward = fn
+                compiled.forward = torch.compile(compiled.forward)
                 training_step_s(compiled, x, dtype)
-            except Exception as e:  # noqa: BLE001 - a graph break (or a compiler failure: tried again below)
-                graph_break = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-                compiled = network_copy(net).to(device).train()
-                try:
-                    compiled.forward = torch.compile(compiled.forward)
-                    training_step_s(compiled, x, dtype)
-                except Exception as e2:  # noqa: BLE001 - no compiler here: eager, said once
-                    return False, f"eager kept: torch.compile failed ({type(e2).__name__}: {e2})", {}
-            compile_s = time.perf_counter() - started
-            _remember_compile_s(self.store, key, compile_s)  # a later run's pay-back gate reads it
-            budget_s = measure_budget_s(planned, eager_s)
-            d: Decision = decide(
-                lambda: training_step_s(eager, x, dtype),
-                lambda: training_step_s(compiled, x, dtype),
-                names=("eager", "compiled"),
-                min_gain=MIN_GAIN,
-                budget_s=budget_s,
-            )
+            except Exception as e2:  # noqa: BLE001 - no compiler here: eager, said once
+                return False, f"eager kept: torch.compile failed ({type(e2).__name__}: {e2})", {}
+        compile_s = time.perf_counter() - started
+        if self.store is not None:
+            self.store.put_seconds(key, compile_s)  # a later run's pay-back gate reads it
+        d: Decision = decide(
+            lambda: training_step_s(eager, x, dtype),
+            lambda: training_step_s(compiled, x, dtype),
+            names=("eager", "compiled"),
+            min_gain=MIN_GAIN,
+            planned_steps=planned,
+        )
         evidence = {
             "compile_s": round(compile_s, 3),
+            "expected_compile_s": expected_compile_s,
             "fullgraph": graph_break is None,
             "graph_break": graph_break,
             "planned_steps": planned,
             "rounds": d.as_row(),
         }
         breaks = "one graph" if graph_break is None else f"graph breaks (the first: {graph_break})"
-        if not d.chose_candidate:
-            return False, f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}", evidence
-        return True, f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}", evidence
+        return d.chose_candidate, f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}", evidence
 
 
 def _compile_key(net: torch.nn.Module, shape: torch.Size, dtype: torch.dtype | None, device: torch.device) -> str:
-    """What a compile time depends on: the network's class and size, the input shape, precision, device and torch."""
-    params = sum(p.numel() for p in net.parameters())
-    return f"{type(net).__qualname__}|{params}|{tuple(shape)}|{dtype}|{device.type}|torch {torch.__version__}"
-
-
-def _known_compile_s(store: str | os.PathLike | None, key: str) -> float | None:
-    """The compile time measured before for ``key``; ``None`` without one (an unreadable file counts as none)."""
-    if store is None or not Path(store).is_file():
-        return None
-    try:
-        value = json.loads(Path(store).read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
-
-
-def _remember_compile_s(store: str | os.PathLike | None, key: str, seconds: float) -> None:
-    """Keep ``seconds`` for ``key`` in ``store`` (rank 0 writes, atomically; a full disk only warns)."""
-    if store is None or idist.get_rank() != 0:
-        return
-    path = Path(store)
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-        data = data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        data = {}
-    data[key] = round(seconds, 3)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(data, path, indent=1, sort_keys=True)
-    except (NoSpaceError, OSError) as err:
-        logger.warning("CompileChoice: the compile time was not kept in %s (%s)", path, err)
+    """What a compile time depends on: the network, the input shape, precision, device and torch."""
+    where = device_description(device).split(" (")[0]
+    return f"compile|{model_signature(net)}|{tuple(shape)}|{dtype}|{where}|torch {torch.__version__}"

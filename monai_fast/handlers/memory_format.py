@@ -1,13 +1,9 @@
 """Choose the network's memory format (``channels_last_3d`` or contiguous) by measuring copies of it.
 
-``channels_last_3d`` speeds 3D convolutions up where the convolution kernels prefer it (many GPU
-and some CPU/precision combinations) and slows them down elsewhere, so it is measured: deep copies
-of the network (the real one, its weights and batch-norm statistics, is untouched) run a forward
-and backward pass on a random batch of the real batch's shape, in the run's precision, in each
-layout, in interleaved rounds (`monai_fast.tune.rounds.decide`: the warm-up left out, at least three
-rounds, a near-tie keeps the layout the network is in). The rounds stop once they agree, or once
-they took their share of the planned run; a run too short for three rounds keeps its layout. Under
-DDP rank 0 decides and every rank takes its answer.
+``channels_last_3d`` speeds 3D convolutions up on some devices and precisions and slows them down
+on others, so copies of the network (the real one untouched) are timed in each layout in
+interleaved rounds (`monai_fast.tune.rounds.decide`); a near-tie keeps the network's own layout.
+Under DDP rank 0 decides and every rank takes its answer.
 
 Examples:
     >>> import torch
@@ -20,19 +16,15 @@ Examples:
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import ignite.distributed as idist
 import torch
 
 from monai_fast.handlers.throughput import batch_shape
-from monai_fast.tune.rounds import Decision, decide, measure_budget_s, network_copy, training_step_s
+from monai_fast.tune.measure import training_step_s
+from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, network_copy
 
-__all__ = ["MIN_GAIN", "choose_memory_format", "in_channels_last_3d"]
-
-#: the measured speed-up the other layout must show to replace the network's own
-MIN_GAIN = 1.05
+__all__ = ["choose_memory_format", "in_channels_last_3d"]
 
 
 def _measure(
@@ -54,14 +46,12 @@ def _measure(
         "channels_last_3d": lambda: training_step_s(last, x_last, dtype),
     }
     names = ("channels_last_3d", "contiguous") if users_last else ("contiguous", "channels_last_3d")
-    step_s = training_step_s(plain, x, dtype)  # the budget's yardstick (and a first warm-up)
     return decide(
         ways[names[0]],
         ways[names[1]],
         names=names,
-        min_gain=MIN_GAIN,
         max_rounds=max(3, max_rounds),
-        budget_s=measure_budget_s(planned_steps, step_s),
+        planned_steps=planned_steps,
     )
 
 
@@ -118,26 +108,19 @@ def choose_memory_format(
         return "contiguous", "the inputs are not 5-D volumes (N, C, D, H, W): nothing to reorder", None
     shape = torch.Size([min(found[0], 2), *found[1:]])
     device = torch.device(device)
-    decision: list[Any] = [None, None, None]
-    if idist.get_rank() == 0:
+
+    def measure() -> list[Any]:
         try:
-            with torch.random.fork_rng(
-                devices=[device] if device.type == "cuda" else []
-            ):  # the run's random stream is untouched
-                if request == "channels_last_3d":  # one step in it: does the network accept the layout?
-                    last = network_copy(net).to(device).train().to(memory_format=torch.channels_last_3d)
-                    x = torch.randn(shape, device=device).contiguous(memory_format=torch.channels_last_3d)
-                    training_step_s(last, x, dtype)
-                    measured = None
-                else:
-                    measured = _measure(net, shape, device, dtype, rounds, planned_steps, users_last)
+            if request == "channels_last_3d":  # one step in it: does the network accept the layout?
+                last = network_copy(net).to(device).train().to(memory_format=torch.channels_last_3d)
+                training_step_s(
+                    last, torch.randn(shape, device=device).contiguous(memory_format=torch.channels_last_3d), dtype
+                )
+                return ["channels_last_3d", "requested (the network accepts it)", None]
+            measured = _measure(net, shape, device, dtype, rounds, planned_steps, users_last)
         except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
-            decision = ["contiguous", f"the network rejects channels_last_3d ({type(e).__name__}: {e})", None]
-        else:
-            if measured is None:
-                decision = ["channels_last_3d", "requested (the network accepts it)", None]
-            else:
-                decision = [measured.choice, f"{measured.reason} (batch {tuple(shape)})", measured.as_row()]
-    if idist.get_world_size() > 1:
-        decision = json.loads(idist.broadcast(json.dumps(decision), src=0, safe_mode=True))  # the evidence too
-    return decision[0], decision[1], decision[2]
+            return ["contiguous", f"the network rejects channels_last_3d ({type(e).__name__}: {e})", None]
+        return [measured.choice, f"{measured.reason} (batch {tuple(shape)})", measured.as_row()]
+
+    layout, reason, evidence = decided_on_rank0(measure, device)
+    return layout, reason, evidence

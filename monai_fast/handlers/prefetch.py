@@ -1,15 +1,8 @@
 """Measure whether a loader thread should make the next batch during the step, and keep the faster way.
 
-On a CPU whose every core runs the step's intra-op threads, a batch made alongside the step can
-slow the step by more than the batch costs (OpenMP's team waits at each barrier for the thread the
-loader displaced), yet a costly random chain (a resampling ``RandAffined``) can still be worth
-hiding behind the step. `PrefetchChoice` settles it on the run itself: over the first
-iterations it alternates the loader's ``prefetch`` in blocks of a few iterations and times each
-iteration but a block's first from the arrival of its batch to the arrival of the next one (the
-step, the handlers, and the wait for the next batch, which is where making it on demand costs).
-After ``pairs`` timed iterations of each way the lower median wins and stays; while a cache still
-fills in the background (``ready``) nothing is timed. Both ways give the same batches in the
-same order, so the choice changes timing only, never a result.
+On a CPU a batch made beside the step can slow the step by more than the batch costs, yet a costly
+random chain can be worth hiding behind it: `PrefetchChoice` times both on the run itself. Both
+ways give the same batches in the same order, so the choice changes timing only.
 
 Examples:
     >>> from monai_fast.handlers import PrefetchChoice
@@ -39,24 +32,18 @@ __all__ = ["PrefetchChoice", "prefetch_for"]
 class PrefetchChoice(EngineHandler):
     """Alternates a loader's ``prefetch`` over the first iterations and keeps the faster setting.
 
-    The settings take turns in blocks of `BLOCK` iterations, and only the iterations after a
-    block's first are timed: the first still feels what the loader thread did before it.
+    The settings take turns in blocks of `BLOCK` iterations; a block's first iteration, the engine's
+    first and an epoch's first and last are not timed. The other setting replaces the loader's own
+    only when `MIN_GAIN` faster; a run that ends before ``pairs`` iterations were timed each way, or
+    epochs shorter than a block, keep the loader's setting (`measured` is then ``False``).
 
     Args:
-        loader: the engine's loader; anything with a boolean ``prefetch`` attribute read at each batch
-            (`SafeThreadDataLoader`).
-        pairs: iterations timed each way before choosing (>= 1). The engine's first iteration is
-            never timed (warm-up), nor the last of an epoch (nothing follows it in the epoch), nor
-            the first of a block or of an epoch.
-        on_choice: called once with ``(prefetch, reason)`` when the choice is made. An engine whose
-            epochs are shorter than a block, or whose run ends before ``pairs`` iterations were timed
-            each way, keeps the loader's setting from before the attach (`measured` is then
-            ``False``), and the reason says so.
-        ready: asked at each batch; while it returns ``False`` the loader keeps its setting from
-            before the attach and no iteration is timed (a cache still filling in the background
-            makes batches asked for on demand wait for it, which would decide the choice). ``None``:
-            always ready.
-        conclude_at_run_end: `conclude()` when a run of the engine ends (see there).
+        loader: the engine's loader, with a boolean ``prefetch`` read at each batch (`SafeThreadDataLoader`).
+        pairs: iterations timed each way before choosing (>= 1).
+        on_choice: called once with ``(prefetch, reason)`` when the choice is made.
+        ready: asked at each batch; while it returns ``False`` (a cache still filling in the background)
+            nothing is timed and the loader keeps its setting. ``None``: always ready.
+        conclude_at_run_end: `conclude()` when a run of the engine ends.
 
     Raises:
         TypeError: ``loader`` has no boolean ``prefetch``.

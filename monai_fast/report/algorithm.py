@@ -1,11 +1,7 @@
 """The user's own training post-processing and metrics: what they cost per epoch, named when it is notable.
 
-A trainer's ``postprocessing`` and its training metrics (``key_train_metric``,
-``additional_metrics``) are the user's algorithm: monai-fast keeps them as built and
-`TrainingAlgorithmTime` times them (its
-``training_algorithm`` rows). The doctor names them, with what they are and the ways to make them
-cheaper, when they take at least `ALGORITHM_SHARE` of the training epoch; below that it says
-nothing about them.
+They are kept as built and timed by `TrainingAlgorithmTime`; the doctor names them, with ways to
+make them cheaper, when they take at least `ALGORITHM_SHARE` of the training epoch.
 
 Examples:
     >>> rows = [{"kind": "epoch", "source": "training_algorithm", "engine": "train", "epoch": 1, "epoch_s": 10.0,

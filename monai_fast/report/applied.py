@@ -1,18 +1,9 @@
 """What a run had on, read from its record: the doctor advises only what applies to it.
 
-A fix is worth saying only when the run does not have it already and when it fits the run:
-mixed precision for a run that trained in bf16, ``channels_last_3d`` for a 2-D network or a larger
-sliding-window batch for a validation without a sliding window are not advice. This module reads
-what the run applied from the record's rows:
-
-* ``FastTraining``'s ``fast_training`` rows (each lever, applied or not, with its setting);
-* the precision the trainer ran in: ``AMPToggle``'s ``amp`` epoch rows and MONAI's ``amp`` flag
-  in ``RecordHandler``'s ``engine`` rows;
-* what each engine runs (``RecordHandler``'s ``engine`` rows): the network's spatial dimensions,
-  whether the evaluator's inferer is a sliding window, whether the training data is cached.
-
-Records without ``engine`` rows leave those questions open (``None``): the advice is then given
-as before, for the reader to judge.
+`in_effect()` reads ``FastTraining``'s ``fast_training`` rows, the precision the trainer ran in
+(``AMPToggle``'s ``amp`` rows, MONAI's ``amp`` flag) and what each engine runs (``RecordHandler``'s
+``engine`` rows: spatial dimensions, a sliding-window inferer, a cached training set). Records
+without ``engine`` rows leave those open (``None``), and the advice is given for the reader to judge.
 
 Examples:
     >>> rows = [{"kind": "event", "source": "record", "what": "engine", "engine": "train", "spatial_dims": 2},

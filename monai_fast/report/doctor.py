@@ -1,52 +1,9 @@
 """``monai-fast doctor``: name a run's bottleneck from its record alone, with the evidence and the fix.
 
-The doctor reads only the run record (``record.rank*.jsonl`` + ``summary.rank*.json``, written by
-the handlers), never the live process, so a record made on a GPU cluster can be diagnosed later
-on a laptop. Verdicts:
-
-* ``data-bound``: the loader makes the model wait (data share >= ``data_threshold``);
-* ``gpu-under-filled``: the GPU idles with memory to spare (mean utilisation < ``util_low`` and
-  peak memory < ``mem_low`` of the card) although data keeps up;
-* ``compute-bound``: data wait is negligible (< ``data_low``) and the device is busy;
-* ``balanced``: none of the above stands out.
-
-Only the training engine's rows count (``engine="train"``; validation rows, recorded under their
-own engine name, are left out). Under DDP each epoch is counted once: the figures are given per
-rank and across ranks, where the slowest rank against the fastest (a straggler) is a bottleneck
-of its own; the node each rank ran on (host and node rank, from ``RecordHandler``'s ``placement``
-rows) is listed, so a multi-node job shows all its nodes. The summaries that handlers write
-(throughput, GPU, kernels, precision) are listed in the report.
-
-Beyond the iterations, the doctor accounts for the run's whole wall clock
-(`monai_fast.report.wall_clock`): set-up, cache filling, compute, data wait, validation,
-checkpoints, handlers and idle, with shares summing to 100 % and overlapped work listed apart.
-The report shows the table and ``wall_clock.png``; a category that takes much of the wall clock
-(validation >= 30 %, ...) adds its fix, unless ``FastTraining`` already applied it.
-
-The trainer's own post-processing and training metrics (an ``Accuracy`` on every training batch)
-are the user's algorithm, kept as built: when ``TrainingAlgorithmTime``'s rows show them taking
-``algorithm_share`` (10 %) of the training epoch or more, the doctor names them with their seconds
-per epoch and how to make them cheaper (`monai_fast.report.algorithm`); below that it says
-nothing about them.
-
-A run without ``FastTraining`` whose record shows its levers unused (fp32 on a GPU or on a CPU with
-bf16 instructions, a training set that is not a cache) gets `ATTACH` first, with that evidence
-(`monai_fast.report.advice.unused_levers()`). Validation advice comes only from the wall clock's
-share, sliding-window advice only where a validated volume is more than one window. A record that
-holds an earlier run of the same process (a notebook's attach cell run again) is read as its last
-run (`last_run()`).
-
-The doctor advises only what applies to the run (`monai_fast.report.applied`): no mixed
-precision for a run that trained in bf16 or fp16 however it was set, no ``channels_last_3d`` for a
-2-D network, no sliding-window settings for a validation without a sliding window; what is on
-already is said once. It reads exactly the run's record files (``record.rank<N>.jsonl``; a stray
-copy is named in the evidence, never read), lists the record's segments (a notebook run again, a
-restarted job) and names every rank whose record stops before the run's end. Every line of the
-report is a whole sentence (`sentence()`). The diagnosis
-is also written as ``doctor.json``. A run that validated gets an inference section: validation's
-seconds and share of the wall clock, and where faster inference backends are measured and run.
-The PNGs need matplotlib (the ``plots`` extra): without it the report is written without them and
-one warning names ``pip install "monai-fast[plots]"``; the verdict and the text are the same.
+The doctor reads only the run record (``record.rank*.jsonl`` + ``summary.rank*.json``), so a run
+made on a cluster can be diagnosed on a laptop. The verdicts (``data-bound``, ``gpu-under-filled``,
+``compute-bound``, ``balanced``), the wall-clock accounting and what is advised when are described
+in docs/doctor.md; `THRESHOLDS` holds the verdicts' thresholds.
 
 Examples:
     >>> from monai_fast.report.doctor import doctor

@@ -1,17 +1,10 @@
 """``monai-fast doctor RUN --apply``: the exact ``FastTraining(...)`` line for a run, and the code changes it
 cannot make.
 
-The prescription comes from the doctor's verdict and from what ``FastTraining`` recorded in the
-run (its ``fast_training`` rows):
-
-* no ``FastTraining`` in the run: ``FastTraining().attach(trainer, evaluator)`` (every lever
-  ``"auto"``), when the verdict has a fix that one of its levers applies;
-* ``FastTraining`` in the run: the levers it left alone, each with the reason it gave and the
-  option or code change that lets it apply (a collate function not known to be thread-safe:
-  ``loader="thread"``; a data set without ``.transform``: a MONAI ``Dataset``; MONAI's own
-  ``amp=True``: build the trainer without it);
-* the verdict's fixes that no lever applies and that fit the run (no sliding-window settings for a
-  validation without a sliding window), as code changes.
+Without ``FastTraining`` in the run: ``FastTraining().attach(trainer, evaluator)``, when the verdict
+has a fix one of its levers applies. With it: each lever it left alone, with its reason and the
+option or code change that lets it apply. Then the verdict's fixes that no lever applies and that
+fit the run, as code changes.
 
 Examples:
     >>> rows = [

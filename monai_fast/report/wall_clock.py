@@ -1,18 +1,9 @@
-"""Where a run's wall clock went: set-up, cache filling, compute, data wait, validation, checkpoints,
-handlers, idle, with shares that sum to 100 %, and the work that overlapped training listed apart.
+"""Where a run's wall clock went, in categories whose shares sum to 100 %, overlapped work listed apart.
 
-Read from the run record alone (`monai_fast.telemetry.spans` says who writes what). The wall
-clock of a run is each ``trainer.run()`` (its ``run`` span), reaching back to the set-up and cache
-spans recorded before it, over every segment of the record (a notebook run again, a restarted
-job); a segment whose process was killed before it wrote its ``run`` span counts from its first
-row to its last. Every instant of it is given to exactly one category, the most specific
-one at work on the trainer's thread, in this order: checkpoint, validation, cache filling, data
-wait, compute (``TimeBreakdown``'s iterations), set-up, paused (a race's recipe waiting while
-another has its turn: not this run's work, and no advice); inside a run, the rest is ``handlers``
-(between iterations: event handlers, metrics, logging, loader start-up), before it ``idle``. So a
-checkpoint written inside validation counts once, as checkpoint, and the shares add up to the
-wall clock exactly. Spans flagged ``overlapped`` (background work beside training) are never in
-the shares: they are listed with the seconds they ran (the union of their spans, per category).
+Read from the run record alone. Every instant of each ``trainer.run()`` (and the set-up before it)
+goes to exactly one category, the most specific at work on the trainer's thread; the order is in
+docs/doctor.md. Spans flagged ``overlapped`` are never in the shares: they are listed with the
+seconds they ran.
 
 Examples:
     >>> rows = [

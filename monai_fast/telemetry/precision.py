@@ -1,17 +1,9 @@
 """Precision in one place: the names, their autocast dtype, and the choice for a device.
 
-Everything in monai-fast that speaks of ``"bf16"``, ``"fp16"`` or ``"fp32"`` (the
-`AMPToggle` handler, the tuner, the recipes) takes the names and the
-dtype mapping from here. The choice for a device:
-
-* CUDA: ``"auto"`` is bf16 where the GPU runs it natively, else fp16 (with a ``GradScaler``).
-* CPU: ``"auto"`` first asks whether the CPU has bf16 matrix hardware
-  (`cpu_has_bf16_hardware()`: AMX-BF16 or AVX512-BF16 on x86, BF16/SVE-BF16 on Arm). Without
-  it the answer is fp32, with one info line and no timing. With it, bf16 and fp32 autocast are
-  timed on a small 3D convolution stack in interleaved rounds, by the CPU time they cost rather
-  than the wall clock, so the host's load does not flip the choice (`cpu_bf16_speedup()`), and
-  under ``ignite.distributed`` with several processes rank 0 decides and broadcasts, so every
-  rank trains in the same precision.
+On CUDA ``"auto"`` is bf16 where the GPU runs it natively, else fp16 (with a ``GradScaler``). On a
+CPU it is fp32 without bf16 matrix hardware (`cpu_has_bf16_hardware()`); with it, bf16 and fp32 are
+timed in interleaved rounds by the CPU time they cost (`cpu_bf16_speedup()`), and under several
+processes rank 0 decides for every rank.
 
 Examples:
     >>> from monai_fast.telemetry.precision import autocast_dtype, choose_precision

@@ -1,17 +1,10 @@
 """The run record's rows and how they are read: the one contract between the handlers that write and the reports.
 
-One record per run and rank. Each row has a ``kind`` (`Kind`), a ``source`` (`Source`:
-which handler wrote it), the ``rank``, the ``engine`` it belongs to (``"train"``, ``"validation"``,
-...), the run ``segment`` (a second ``trainer.run()`` on the same engines is segment 1, ...) and
-the wall-clock ``time``, plus the handler's fields. ``FastTraining``'s event rows carry a
-``lever`` (`Lever`), named as the option that sets it. `monai_fast.telemetry.run_record` writes
-the rows to ``record.rank<R>.jsonl`` and each handler's summary to ``summary.rank<R>.json``.
-
-Readers find the record files with `record_files()` (exactly ``record.rank<R>.jsonl``; a
-stray copy such as ``record.rank0 (copy).jsonl`` is named and left out), select rows with
-`select()` and compute the data share with `data_share()`, so "which rows belong to which
-engine, rank and run" is answered here only. Nothing here imports torch or a hardware library, so a
-record made on a GPU cluster can be read on a laptop.
+Each row has a ``kind`` (`Kind`), a ``source`` (`Source`), the ``rank``, the ``engine``, the run
+``segment`` and the wall-clock ``time``, plus the handler's fields; ``FastTraining``'s event rows
+carry a ``lever`` (`Lever`). Readers find the files with `record_files()` (exactly
+``record.rank<R>.jsonl``; a stray copy is named and left out), select rows with `select()` and
+compute the data share with `data_share()`. Nothing here imports torch or a hardware library.
 
 Examples:
     >>> import tempfile

@@ -1,24 +1,12 @@
 """Writing the run record: `RunRecord` streams one rank's rows and summaries into its run folder.
 
-Rows are appended to ``record.rank<R>.jsonl`` in the run folder, each written to the file as it is
-added (``flush_every=1``), so a rank killed mid-run keeps every row it measured; each handler's
-summary goes into ``summary.rank<R>.json``, written atomically at close. What a row holds and how
-it is read back is `monai_fast.telemetry.record`.
-
-The record file is append-only: a record opened on a run folder that holds one already (a notebook
-cell run again, a restarted job) adds new segments after the earlier ones, never erases them. Each
-segment starts with a ``segment_started`` event (its pid and host) and a segment that ends
-normally has a ``segment_ended`` event, so a reader tells a rank that stopped early from one that
-finished. One writer per rank and folder at a time: the record takes the folder's per-rank
-`RunFolderLock` (``.monai-fast.rank<R>.lock``) before it writes, so a
-second run into the same folder fails with `RunFolderBusyError` before
-any work; the kernel drops the lock when its owner exits or is killed.
-
-A full file system (``ENOSPC``, ``EDQUOT``) never stops the run: the record logs one warning
-naming its file, the space missing and the trainer's last recorded iteration, cuts off the part of
-a row that did not fit (the file ends with its last whole row) and records no more rows for that
-rank in the segment; a summary that cannot be written is named in a warning too. The doctor
-then reads a record that ends at that iteration without its ``segment_ended`` event.
+Each row is appended to ``record.rank<R>.jsonl`` as it is added, so a rank killed mid-run keeps
+every row it measured; the summaries go to ``summary.rank<R>.json`` atomically at close. The file
+is append-only: a second run into the folder adds segments (``segment_started`` / ``segment_ended``
+events) after the earlier ones. The folder's per-rank `RunFolderLock` makes a second writer fail
+with `RunFolderBusyError` before any work. A full file system never stops the run: one warning
+names the file and the space missing, the file ends with its last whole row, and no more rows are
+written for that rank in the segment.
 
 Examples:
     >>> import tempfile
@@ -60,24 +48,17 @@ _TAIL_BYTES = 1 << 16
 class RunRecord(SpanWriter):
     """Rows and summaries of one run on one rank, streamed to the run folder.
 
-    With a run folder, rows are appended to the file and not kept in memory (a run of days must
-    not grow); without one (``run_dir=None``) they are kept in `rows`. Wall-clock spans
-    (set-up, cache filling, ...) are written with `span()` / `add_span()`
-    (`monai_fast.telemetry.spans`).
-
-    A run folder that holds this rank's record already is continued, never erased: the new rows go
-    after the earlier ones, as the next segment, and the summary keeps the sections this record
-    does not set again. The folder's per-rank lock is held from here until `close()` (taken
-    again by the next `begin_segment()`), so two runs cannot write one record.
+    With a run folder, rows are appended to the file and not kept in memory; without one
+    (``run_dir=None``) they are kept in `rows`. Spans are written with `span()` / `add_span()`. A
+    folder that holds this rank's record already is continued as the next segment, never erased; its
+    per-rank lock is held until `close()`. A full file system while a row is written is not raised:
+    see `disk_full`.
 
     Args:
-        run_dir: the run folder (created; must be writable, checked here). ``None`` keeps the
-            record in memory only.
-        rank: this process's rank; default 0. The distributed layer passes ``idist.get_rank()``.
-        flush_every: rows buffered before they are written to the file; 1 (the default) writes
-            each row as it is added, so a killed process loses none.
-
-    A full file system while a row is written is not raised: see `disk_full`.
+        run_dir: the run folder (created; must be writable, checked here). ``None``: in memory only.
+        rank: this process's rank; default 0.
+        flush_every: rows buffered before they are written; 1 (the default) writes each row as it is
+            added, so a killed process loses none.
 
     Raises:
         PermissionError: if ``run_dir`` cannot be written, naming it.

@@ -1,27 +1,13 @@
 """Wall-clock spans: where a run's time went, as rows of the run record (``kind="span"``).
 
 A span is one stretch of work of one `Category` from ``start`` to ``end`` (``time.time()``
-seconds, the clock of every record row), with ``duration_s`` and an ``overlapped`` flag. A span
-is *overlapped* when it ran beside training rather than in its way (a background validation, a
-cache filled by another thread while the model trains): the doctor lists overlapped work
-separately and never counts it in the shares of the critical path, which sum to 100 %. By
-default a span is overlapped when it is written from a thread other than the one that runs the
-trainer (the thread that started the record's current run, or made the record before that);
-``overlapped=True/False`` says it outright. When the trainer's thread waits for background work
-(joins the thread filling a cache), record that wait on the trainer's thread as a span of its own.
-
-Who writes which category:
-
-* ``run``: the frame, one per ``trainer.run()`` (`RecordHandler`);
-* ``validation``: each run of an engine that shares the trainer's record (the evaluator), as
-  the trainer sees it (`RecordHandler`);
-* ``checkpoint``: each checkpoint written by `CheckpointFolder`
-  (``Preemption``);
-* ``setup`` and ``cache_fill``: the recipe runner (from its clock start to the built recipe),
-  the data layer and the user, through `SpanWriter.span()` on the record object;
-* ``data_wait`` and ``compute`` come from ``TimeBreakdown``'s iteration rows, ``handlers`` (the
-  work between iterations no span explains) and ``idle`` (the rest of the wall clock) are
-  derived by the doctor (`monai_fast.report.wall_clock`); they are not written as spans.
+seconds), with ``duration_s`` and an ``overlapped`` flag: work that ran beside training (a
+background validation or cache fill) is listed apart by the doctor and never counted in the
+shares. By default a span is overlapped when written from a thread other than the trainer's;
+``overlapped=True/False`` says it outright. ``run`` and ``validation`` spans come from
+`RecordHandler`, ``checkpoint`` from `CheckpointFolder`, ``setup`` and ``cache_fill`` from
+`SpanWriter.span()`; ``data_wait``, ``compute``, ``handlers`` and ``idle`` are derived by the
+doctor (`monai_fast.report.wall_clock`).
 
 Examples:
     >>> from monai_fast.telemetry.run_record import RunRecord

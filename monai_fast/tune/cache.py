@@ -58,33 +58,27 @@ def place_cache(
     """Choose the cache's place and the batch size it goes with, from the tuner's measured trials.
 
     Args:
-        trials: the tuner's trial records (``TuneResult.trials``); ``train`` trials of
-            ``precision`` give each batch size's throughput and peak.
+        trials: the tuner's trials (``TuneResult.trials``); ``train`` trials of ``precision`` count.
         pick: the throughput pick's batch size.
         precision: the precision the pick was measured in.
         budget_mib: memory a candidate may peak at (``TuneResult.budget_mib``).
         cache_bytes: the cache's size with its safety margin (``CachePlan.total_bytes``).
         device: the training device; device memory is GPU memory on CUDA, RAM on a CPU.
         val_peak_mib: the picked validation setting's peak, which the cache has to live with too.
-        plan_for: where the planner puts the cache given a device-memory budget in bytes, for
-            when it does not fit in device memory (default: ``"ram"`` on CUDA, ``"smartcache"``
-            on a CPU).
+        plan_for: where the planner puts a cache that does not fit in device memory, given a budget in
+            bytes (default: ``"ram"`` on CUDA, ``"smartcache"`` on a CPU).
         tradeoff: largest share of training throughput given up for a cache in device memory.
 
     Returns:
         The `CacheChoice`.
 
     Raises:
-        ValueError: ``pick`` has no feasible ``train`` trial of ``precision``, or a bad
-            ``tradeoff`` / ``cache_bytes``, naming it.
+        ValueError: ``pick`` has no feasible ``train`` trial of ``precision``, or a bad ``tradeoff`` /
+            ``cache_bytes``, naming it.
 
     Examples:
-        >>> trials = [
-        ...     {"phase": "train", "precision": "fp32", "value": 2, "feasible": True, "throughput": 96.0,
-        ...      "peak_mib": 3000.0},
-        ...     {"phase": "train", "precision": "fp32", "value": 4, "feasible": True, "throughput": 100.0,
-        ...      "peak_mib": 6000.0},
-        ... ]
+        >>> trials = [{"phase": "train", "precision": "fp32", "value": v, "feasible": True, "throughput": t,
+        ...            "peak_mib": p} for v, t, p in ((2, 96.0, 3000.0), (4, 100.0, 6000.0))]
         >>> choice = place_cache(trials, pick=4, precision="fp32", budget_mib=8000.0, cache_bytes=4000 * 2**20,
         ...                      device="cuda", val_peak_mib=2000.0)
         >>> choice.where, choice.batch_size, choice.budget_mib

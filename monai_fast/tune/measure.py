@@ -1,4 +1,4 @@
-"""Timed real iterations: one training step at a batch size, one sliding-window validation pass.
+"""Timed real iterations: one training step (of a network or a copy of it), one sliding-window validation pass.
 
 Inputs are random tensors of the right shape on the right device: a step's cost does not depend on
 the voxel values, and the data path is measured elsewhere (``TimeBreakdown``, the doctor).
@@ -14,23 +14,58 @@ import torch
 from monai.inferers import sliding_window_inference
 
 from monai_fast.telemetry import synchronize
-from monai_fast.telemetry.precision import autocast_for
+from monai_fast.telemetry.precision import autocast_dtype, autocast_for
 
-__all__ = ["time_inference", "time_training_step"]
+__all__ = ["time_inference", "time_training_step", "training_step_s"]
 
 
-def _timed(step: Callable[[], None], device: torch.device, warmup: int, min_iters: int, min_time_s: float) -> float:
-    """Median seconds of ``step`` after ``warmup`` calls, over at least ``min_iters`` calls and ``min_time_s``."""
+def training_step_s(
+    network: torch.nn.Module,
+    x: torch.Tensor,
+    dtype: torch.dtype | None,
+    target: torch.Tensor | None = None,
+    loss_function: Callable | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> float:
+    """Seconds of one training step of ``network`` on ``x`` under autocast to ``dtype`` (``None``: fp32).
+
+    The step is the forward, the loss (``loss_function(out, target)``, else the output's mean), the
+    backward (through ``scaler`` when given) and the ``optimizer``'s step when given; the gradients are
+    dropped afterwards and an accelerator is waited for. Without an optimizer the weights stay as they
+    are, so a copy of a network (a layout, a compiled copy) can be timed in its place.
+
+    Examples:
+        >>> training_step_s(torch.nn.Conv3d(1, 2, 3), torch.zeros(1, 1, 4, 4, 4), None) > 0
+        True
+    """
+    t0 = time.perf_counter()
+    with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
+        out = network(x)
+        if loss_function is not None:
+            loss = loss_function(out, target)
+    if loss_function is None:
+        loss = (out[0] if isinstance(out, (list, tuple)) else out).float().mean()
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    if optimizer is not None:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+    network.zero_grad(set_to_none=True)
+    synchronize(x.device)
+    return time.perf_counter() - t0
+
+
+def _timed(step: Callable[[], float], warmup: int, min_iters: int, min_time_s: float) -> float:
+    """Median seconds ``step`` returns after ``warmup`` calls, over at least ``min_iters`` calls and ``min_time_s``."""
     for _ in range(warmup):
         step()
-    synchronize(device)
     times: list[float] = []
     started = time.perf_counter()
     while len(times) < min_iters or time.perf_counter() - started < min_time_s:
-        t = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append(time.perf_counter() - t)
+        times.append(step())
         if len(times) >= 50:
             break
     return statistics.median(times)
@@ -59,21 +94,13 @@ def time_training_step(
     # class indices as float, as MONAI's loaders give labels (``LoadImaged``): losses that resize them take no ints
     y = torch.randint(0, out_channels, (batch, 1, *patch_size), device=device).float()
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    dtype = None if precision == "fp32" else autocast_dtype(precision)
 
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast_for(precision, device):
-            loss = loss_function(network(x), y)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
+    def step() -> float:
+        return training_step_s(network, x, dtype, y, loss_function, optimizer, scaler)
 
     try:
-        return _timed(step, device, warmup, min_iters, min_time_s)
+        return _timed(step, warmup, min_iters, min_time_s)
     finally:
         optimizer.zero_grad(set_to_none=True)
 
@@ -101,14 +128,17 @@ def time_inference(
     network.eval()
     image = torch.rand(1, in_channels, *volume_shape, device=val_device)
 
-    def step() -> None:
+    def step() -> float:
+        t0 = time.perf_counter()
         with torch.no_grad(), autocast_for(precision, device):
             out = sliding_window_inference(
                 image, roi_size, sw_batch_size, network, overlap=overlap, sw_device=device, device=val_device
             )
         out.argmax(1)  # what post-processing does next; keeps the stitched output honest
+        synchronize(device)
+        return time.perf_counter() - t0
 
     try:
-        return _timed(step, device, warmup, min_iters, min_time_s)
+        return _timed(step, warmup, min_iters, min_time_s)
     finally:
         network.train()

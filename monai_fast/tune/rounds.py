@@ -1,13 +1,8 @@
 """A choice between two ways of doing the same work, made from interleaved rounds of timings.
 
-One timing decides nothing: a warm-up, a busy neighbour or a frequency step can make either way look
-several times faster once. `decide()` times the user's way (the baseline) and the candidate in
-alternating order, round after round, after a warm-up call of each that is not counted, and takes
-the candidate only when the rounds agree that it is faster by the required gain. It stops early
-once the answer is plain, runs at most ``max_rounds``, and never runs fewer than ``min_rounds``:
-where the time allowed cannot hold them, it measures nothing and keeps the baseline. A near-tie,
-or rounds that disagree, keep the baseline too. Every round is kept in the returned `Decision`, for
-the run record and the doctor.
+One timing decides nothing: a warm-up, a busy neighbour or a frequency step can make either way
+look faster once. `decide()` keeps the user's way (the baseline) unless the rounds agree that the
+candidate is faster by the required gain; every round is kept in the returned `Decision`.
 
 Examples:
     >>> from monai_fast.tune.rounds import decide
@@ -19,17 +14,16 @@ Examples:
 from __future__ import annotations
 
 import copy
+import json
 import math
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import ignite.distributed as idist
 import torch
-
-from monai_fast.telemetry import synchronize
 
 __all__ = [
     "MEASURE_MIN_S",
@@ -38,9 +32,9 @@ __all__ = [
     "MIN_ROUNDS",
     "Decision",
     "decide",
+    "decided_on_rank0",
     "measure_budget_s",
     "network_copy",
-    "training_step_s",
 ]
 
 #: the fewest timed rounds a choice is ever made from
@@ -133,18 +127,15 @@ def decide(
     min_rounds: int = MIN_ROUNDS,
     max_rounds: int = 9,
     budget_s: float = math.inf,
+    planned_steps: int | None = None,
 ) -> Decision:
     """Time ``baseline`` and ``candidate`` in interleaved rounds and say which to keep.
 
-    Each callable does the work once and returns its seconds (it times itself, so that it can leave
-    out its own set-up and wait for an accelerator). The first call of each is a warm-up and is not
-    counted; then the rounds alternate which goes first. After ``min_rounds`` the measurement stops
-    as soon as every round agrees (the candidate reached ``min_gain`` in all of them, or in none);
-    otherwise it goes on to ``max_rounds`` or until ``budget_s`` (counted from the start, warm-up
-    included) is spent. The candidate is chosen when every round agreed it is faster, or, when they
-    did not agree, when the median gain reaches ``min_gain`` and at most a quarter of the rounds had
-    it slower than the baseline. If the warm-up shows that ``min_rounds`` rounds cannot fit in
-    ``budget_s``, nothing more runs and the baseline is kept.
+    Each callable does the work once and returns its seconds. The first call of each is an uncounted
+    warm-up; the rounds then alternate which goes first, and stop after ``min_rounds`` once every round
+    agrees, else at ``max_rounds`` or when ``budget_s`` is spent. The candidate is chosen when every
+    round had it ``min_gain`` faster, or when the median gain reaches ``min_gain`` with at most a
+    quarter of the rounds slower; a budget that cannot hold ``min_rounds`` keeps the baseline.
 
     Args:
         baseline: the user's way (kept unless the candidate is shown faster).
@@ -153,7 +144,9 @@ def decide(
         min_gain: the speed-up (baseline / candidate seconds) the candidate must show.
         min_rounds: the fewest timed rounds a choice is made from (>= 2).
         max_rounds: the most timed rounds (>= ``min_rounds``).
-        budget_s: the seconds the whole measurement may take.
+        budget_s: the seconds the whole measurement may take, warm-up included.
+        planned_steps: the run's planned training steps: the budget is then at most
+            `measure_budget_s` of them at the baseline's warm-up seconds a step.
 
     Raises:
         ValueError: ``min_rounds`` < 2, ``max_rounds`` < ``min_rounds`` or ``min_gain`` < 1.
@@ -165,6 +158,8 @@ def decide(
     base_name, cand_name = names
     started = time.perf_counter()
     warmup = (baseline(), candidate())
+    if planned_steps is not None:
+        budget_s = min(budget_s, measure_budget_s(planned_steps, warmup[0]))
     need_s = min_rounds * (warmup[0] + warmup[1])
     if time.perf_counter() - started + need_s > budget_s:
         return Decision(
@@ -220,24 +215,6 @@ def decide(
     )
 
 
-def training_step_s(net: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> float:
-    """Seconds of one forward and backward pass of ``net`` on ``x`` under autocast to ``dtype`` (``None``: fp32).
-
-    The gradients are dropped afterwards; a CUDA step is waited for. Variants of a network (a layout, a
-    compiled copy) are timed with it, on copies, so the real network's weights and statistics stay as
-    they are.
-    """
-    ctx = torch.autocast(x.device.type, dtype=dtype) if dtype is not None else nullcontext()
-    t0 = time.perf_counter()
-    with ctx:
-        out = net(x)
-    loss = (out[0] if isinstance(out, (list, tuple)) else out).float().mean()
-    loss.backward()
-    synchronize(x.device)
-    net.zero_grad(set_to_none=True)
-    return time.perf_counter() - t0
-
-
 #: the ``nn.Module`` attributes that hold forward and backward hooks (torch has no public copy without them)
 _HOOK_DICTS = (
     "_forward_pre_hooks",
@@ -271,3 +248,18 @@ def network_copy(net: torch.nn.Module) -> torch.nn.Module:
             if hooks is not None:
                 memo[id(hooks)] = type(hooks)()
     return copy.deepcopy(net, memo)
+
+
+def decided_on_rank0(choose: Callable[[], Any], device: torch.device) -> Any:
+    """``choose()`` run on rank 0 with the run's random stream untouched; every rank gets its answer.
+
+    DDP's ranks must make the same choice (the same layout, the same graphs). The answer travels as
+    JSON, so a tuple arrives as a list.
+    """
+    answer = None
+    if idist.get_rank() == 0:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            answer = choose()
+    if idist.get_world_size() > 1:
+        answer = json.loads(idist.broadcast(json.dumps(answer), src=0, safe_mode=True))
+    return answer

@@ -97,20 +97,17 @@ def grow_then_bisect(
 ) -> list[Trial]:
     """Search ``[low, high]`` for the value with the highest throughput, using at most ``max_trials`` runs.
 
-    When the range has no more values than ``max_trials``, every value is run in order (up to the
-    first that does not fit): the budget buys the whole curve, so there is nothing to guess.
+    A range of no more values than ``max_trials`` is run whole, in order, up to the first that does not fit.
 
     Args:
         evaluate: runs one candidate and returns its `Trial` (must not raise on OOM).
         low, high: the inclusive range (``1 <= low <= high``).
         max_trials: most candidates actually run (predicted-infeasible ones are free).
-        plateau: a doubling that gains less than this fraction of throughput stops the growth;
-            ``None``: grow until a value does not fit or the range ends (fill the memory).
-        predict_infeasible: given a value and the trials so far, a reason string when the value
-            surely does not fit (then it is recorded as infeasible without running), else ``None``.
-        patience: doublings in a row that gain less than ``plateau`` before the growth stops (1: one
-            more look past a plateau, so a single noisy reading cannot end it). A doubling gains
-            when it beats the best so far, or the previous reading if that was lower, by ``plateau``.
+        plateau: a doubling that gains less than this share of throughput stops the growth;
+            ``None``: grow until a value does not fit or the range ends.
+        predict_infeasible: given a value and the trials so far, a reason when it surely does not fit
+            (recorded as infeasible without running), else ``None``.
+        patience: doublings in a row that gain less than ``plateau`` before the growth stops.
 
     Returns:
         The trials in the order they were made.
@@ -255,14 +252,9 @@ def _first_infeasible_above(seen: dict[int, Trial], value: int) -> int | None:
 def confirm_best(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2, top: int = 3) -> list[Trial]:
     """Measure the ``top`` best feasible trials again, in place, so one lucky reading cannot win.
 
-    Each of ``rounds`` rounds measures every candidate still in once more (best first by the
-    readings so far), then drops the weakest while more than two remain. A candidate's
-    ``throughput`` becomes the median of its readings and its ``cost_s`` includes the new runs; one
-    that does not fit when measured again is marked infeasible (memory is shared; not a safe pick).
-
-    With the defaults that is 5 more runs: the two finalists end with 3 readings each, the third
-    with 2. On a shared or throttling machine single training steps scatter by more than the few
-    per cent that separate close candidates, so one reading each could order them by chance.
+    Each of ``rounds`` rounds measures every candidate still in once more (best first), then drops the
+    weakest while more than two remain. A candidate's ``throughput`` becomes the median of its
+    readings and its ``cost_s`` includes the new runs; one that no longer fits is marked infeasible.
 
     Args:
         trials: a search's trials; the ``top`` best feasible ones are updated.
@@ -271,9 +263,7 @@ def confirm_best(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: 
         top: candidates that enter the confirmation rounds (at least 2).
 
     Returns:
-        The finalists, best first: the candidates still in at the end (empty when no round ran).
-        Pick among these; a candidate dropped earlier, or never measured again, has fewer readings, and
-        the readings of those measured again have lost the luck that put them on top.
+        The finalists, best first (empty when no round ran): pick among these.
 
     Examples:
         >>> from monai_fast.tune.search import Trial, confirm_best, pick_best

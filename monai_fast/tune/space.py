@@ -25,19 +25,12 @@ class SearchSpace:
             training device, plus ``"cpu"`` when that is a GPU.
         precisions: precisions to compare (``"bf16"``, ``"fp16"``, ``"fp32"``); the first is
             also used for validation timing unless another wins.
-        max_trials: most candidates run per search (``num_trials``); each search is one
-            (precision) batch-size search or one (device) sliding-window search.
+        max_trials: most candidates run per search (``num_trials``).
         plateau: a doubling that gains less than this share of throughput ends the growth;
             ``None``: grow until a candidate does not fit (Auto3DSeg's fill-the-memory).
         margin: share of the memory cap kept free (fragmentation, the data cache, spikes).
-        strategy: ``"search"`` (grow, then bisect) or ``"grid"`` (every value of both ranges,
-            ignoring ``max_trials``: the exhaustive reference the benchmark compares against).
-        confirm: confirmation rounds among the ``confirm_top`` best candidates of a search, after
-            it and before the pick: each round measures every candidate still in once more
-            and drops the weakest while more than two remain; a candidate's throughput becomes
-            the median of its readings. 0 turns it off. Guards against a lucky single reading on
-            a shared or throttling machine, where single training steps scatter by more than close
-            candidates differ.
+        strategy: ``"search"`` (grow, then bisect) or ``"grid"`` (every value of both ranges).
+        confirm: confirmation rounds among the best candidates of a search (`confirm_best()`); 0: none.
         confirm_top: candidates that enter the confirmation rounds (at least 2).
 
     Examples:

@@ -1,4 +1,4 @@
-"""A small JSON file of tuning results, keyed by device, memory, model and shapes."""
+"""A small JSON file of tuning results and measured times, keyed by device, memory, model and shapes."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def default_store_path() -> Path:
 
 
 class TuneStore:
-    """Tuning results on disk, so a second run on the same machine and model tunes nothing.
+    """Tuning results and measured times on disk, so a second run on the same machine and model tunes nothing.
 
     Writes are atomic (`monai_fast.files.write_json()`) and made by rank 0
     only. A damaged file is reported with its path and set aside, never silently overwritten. A
@@ -74,10 +74,22 @@ class TuneStore:
 
     def put(self, result: TuneResult) -> None:
         """Store ``result`` under its key (rank 0 writes; other ranks return)."""
+        self._write(result.key, result.to_dict())
+
+    def seconds(self, key: str) -> float | None:
+        """The seconds measured here for ``key`` (kept by `put_seconds`), or ``None``."""
+        value = self._load().get(key)
+        return float(value) if isinstance(value, (int, float)) and value >= 0 else None
+
+    def put_seconds(self, key: str, seconds: float) -> None:
+        """Keep ``seconds`` measured for ``key`` (a compile time) for later runs (rank 0 writes)."""
+        self._write(key, round(seconds, 3))
+
+    def _write(self, key: str, value: object) -> None:
         if idist.get_rank() != 0:
             return
         data = self._load()
-        data[result.key] = result.to_dict()
+        data[key] = value
         try:
             write_json(data, self.path, indent=1, fsync=True, sort_keys=True)
         except NoSpaceError as err:  # the result stands; only its reuse by a later run is lost

@@ -46,24 +46,20 @@ class Tuner:
 
     Args:
         network: the model; a private copy is tuned, the original's weights are not touched.
-        loss_function: training loss taking ``(prediction, integer label map)`` (``None`` for
-            `run_validation()`).
-        optimizer_factory: builds the optimizer for the copy, e.g. ``lambda p: Novograd(p, 2e-3)``
-            (``None`` for `run_validation()`).
+        loss_function: training loss taking ``(prediction, integer label map)`` (``None`` for `run_validation()`).
+        optimizer_factory: builds the copy's optimizer, e.g. ``lambda p: Novograd(p, 2e-3)`` (``None`` likewise).
         patch_size: training patch and sliding-window ROI.
         val_shape: spatial size of a typical validation volume.
         device: where training runs.
-        num_samples: patches per volume, so a batch size of ``b`` means ``b * num_samples`` patches.
+        num_samples: patches per volume (a batch size ``b`` means ``b * num_samples`` patches).
         in_channels, out_channels: image channels and classes.
         space: what to search (`SearchSpace`).
-        memory_cap_mib: most memory a candidate may use; default the GPU's memory, or on a CPU the
-            RAM this process uses now plus what is available. On a CPU it is the resident set
-            size of the process, so the cap also protects the machine from swapping.
+        memory_cap_mib: most memory a candidate may use; default the GPU's memory, or on a CPU this
+            process's resident set size now plus the RAM available (no swapping).
         overlap: sliding-window overlap.
-        warmup, min_iters, min_time_s: per trial: untimed iterations, then at least this many
-            timed ones lasting at least this long (median taken).
-        memory_format: the weights' layout at a precision, as the recipe trains them (e.g.
-            `RecipeParts.memory_format`); ``None``: as given.
+        warmup, min_iters, min_time_s: per trial: untimed iterations, then at least this many timed
+            ones lasting at least this long (median taken).
+        memory_format: the weights' layout at a precision, as the recipe trains them; ``None``: as given.
 
     Examples:
         >>> import torch
@@ -76,8 +72,7 @@ class Tuner:
         ...               val_shape=(24, 24, 24), device="cpu", num_samples=1,
         ...               space=SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 2), max_trials=2),
         ...               min_time_s=0.0, min_iters=1)
-        >>> result = tuner.run()
-        >>> result.batch_size in (1, 2)
+        >>> tuner.run().batch_size in (1, 2)
         True
     """
 

@@ -1,11 +1,8 @@
 """Tune a sliding-window evaluator on its own: windows per forward pass and where the output is stitched.
 
-`tune_validation()` times MONAI's ``sliding_window_inference`` of a network on a volume of
-the validation set's size, for each stitching device (the training device, and the CPU on
-CUDA) over a range of ``sw_batch_size``, and keeps the fastest that fits in memory. It needs
-no recipe (the network, the ROI and a volume shape are enough), so
-`FastTraining` uses it for ``evaluator="tune"``; results are
-cached in the tuning store by the same key rules as `tune_recipe()`'s.
+`tune_validation()` times MONAI's ``sliding_window_inference`` on a volume of the validation set's
+size for each stitching device and ``sw_batch_size``, and keeps the fastest that fits; results are
+kept in the tuning store. `FastTraining` uses it for ``evaluator="tune"``.
 
 Examples:
     >>> from monai.networks.nets import UNet
