@@ -195,3 +195,17 @@ def test_the_training_forward_runs_compiled_and_the_evaluation_forward_eager(tin
     assert len(_COMPILED_SAW) == trainer.state.iteration and "forward" not in net.__dict__
     choice.detach(trainer)
     assert not net._forward_pre_hooks and not choice.compiled
+
+
+def test_fast_training_keeps_the_compile_time_in_its_own_tune_store(tiny_files, tmp_path):
+    import json
+
+    from monai_fast.handlers import FastTraining
+
+    store = tmp_path / "mine.json"
+    trainer = _trainer(tiny_files, _Known(eager_s=0.05, compiled_s=0.0), max_epochs=10_000)
+    fast = FastTraining(cache=False, precision=False, memory_format=False, prefetch=False, tune_store=store)
+    fast.attach(trainer)
+    _run_steps(trainer, 2)
+    assert fast.applied["compile"]["setting"] == "compiled", fast.applied["compile"]
+    assert any(key.startswith("compile|") for key in json.loads(store.read_text()))

@@ -373,6 +373,7 @@ class FastTraining(EngineHandler):
             self.compile,
             dtype=lambda: self.amp.autocast_dtype if self.amp is not None and self.amp.active else None,
             on_choice=functools.partial(self._compiled, trainer),
+            store=self.tune_store,  # the compile time beside the other measurements of this machine
         )
         self._add(choice, trainer)  # after the memory format: the copy it measures is in the chosen layout
 
