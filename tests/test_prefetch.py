@@ -266,7 +266,7 @@ def test_fast_training_keeps_batches_ahead_where_worker_processes_make_them(tiny
 @pytest.mark.parametrize("own", [False, True])
 def test_a_near_tie_keeps_the_loaders_own_setting(own):
     """The other setting's iterations take 200 ms, the loader's own 203 ms (the batch costs nothing): 1.015x
-    faster, short of the 1.05x needed, so the loader keeps what it had and the reason says a near-tie did not move it."""
+    faster, short of the 1.05x needed, so the loader keeps what it had and the reason says a near-tie kept it."""
     ds = _Made(8, cost=0.0)
     loader = SafeThreadDataLoader(ds, batch_size=1, prefetch=own)
     # 1.015x apart: a busy host's delays would have to add 7 ms to a median to reach MIN_GAIN's 1.05x
