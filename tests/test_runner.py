@@ -24,7 +24,11 @@ def test_target_met_stops_training_and_records_time(tiny_files, tiny_config):
     r = run_to_target("monai_tutorial", *tiny_files, cfg, target=0.0, time_budget_s=None, progress=False)
     assert r.reached and r.epochs_to_target == 1 and r.epochs_run == 1
     assert r.setup_s < r.time_to_target_s <= r.total_s
-    assert r.epochs[0].elapsed_s == pytest.approx(r.time_to_target_s, abs=0.5)
+    # the epoch ends after its validation reached the target, on the same clock as the run's total: an epoch
+    # clock with another origin (the trainer's start, the wall clock) breaks the order, with no tolerance to
+    # hide it and none for a busy host to exceed
+    assert r.epochs[0].val_dice is not None
+    assert r.time_to_target_s <= r.epochs[0].elapsed_s <= r.total_s
 
 
 def test_budget_stops_a_slow_recipe(tiny_files, tiny_config):

@@ -3,6 +3,7 @@ target. Real MONAI SupervisedTrainer / SupervisedEvaluator on tiny tensors."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -181,18 +182,24 @@ def test_background_validation_equals_sync_validation_of_the_same_snapshot_and_e
 
 
 def test_background_validation_skips_epochs_while_busy_and_counts_wall_clock_at_arrival():
-    net = SlowEvalNet(eval_delay_s=0.3)  # one validation (2 cases) outlasts several training epochs
+    net = SlowEvalNet(eval_delay_s=0.3)  # one validation (2 cases) takes at least 0.6 s
     trainer = _trainer(net, max_epochs=4, n=1)
     evaluator = _evaluator(net, _val_cases())
     background = BackgroundValidation(evaluator, threads=(1, 1))
     background.attach(trainer)
+    # the first validation outlasts epochs 2 and 3 whatever the host's load: it starts once epoch 3 has
+    # ended (after the handler above looked at it); a validation on the training thread would wait 30 s
+    # here, then skip nothing
+    epoch_3_done = threading.Event()
+    evaluator.add_event_handler(Events.STARTED, lambda e: epoch_3_done.wait(timeout=30))
+    trainer.add_event_handler(Events.EPOCH_COMPLETED(once=3), lambda e: epoch_3_done.set())
     stopper = TimeToTarget(-1.0, metric_name="dice", mode="min")  # never reached
     stopper.attach(trainer, evaluator)
     start = time.perf_counter()
     trainer.run()
     wall = time.perf_counter() - start
     assert background.validated_epochs[0] == 1 and background.validated_epochs[-1] == 4
-    assert background.skipped_epochs and set(background.skipped_epochs).isdisjoint(background.validated_epochs)
+    assert background.validated_epochs == [1, 4] and background.skipped_epochs == [2, 3]
     # the readings arrive in order, each at least one validation (0.6 s) after the run began
     arrivals = [t for t, _, _ in stopper.history]
     assert arrivals == sorted(arrivals) and arrivals[0] >= 0.6

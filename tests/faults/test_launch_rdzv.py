@@ -73,6 +73,19 @@ def _launch(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, float]:
     return proc, time.monotonic()
 
 
+def _listens(pid: int, port: int) -> bool:
+    """Whether ``pid`` or a process it started listens on TCP ``port`` (without connecting to it)."""
+    try:
+        family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in p.net_connections("tcp")):
+                return True
+    return False
+
+
 def _end(proc: subprocess.Popen, timeout_s: float) -> None:
     """Wait for ``proc``; on a hang kill it and everything it started, then fail."""
     try:
@@ -168,7 +181,10 @@ def test_sigterm_at_a_rendezvous_waiting_for_a_second_node_ends_the_launch_in_se
     while "waiting for the rendezvous" not in (tmp_path / "launch.log").read_text():
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launch.log").read_text()
         time.sleep(0.1)
-    time.sleep(3)  # torchrun now hosts the store and waits there
+    port = int(endpoint.rsplit(":", 1)[1])
+    while not _listens(proc.pid, port):  # torchrun now hosts the store and waits there
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "launch.log").read_text()
+        time.sleep(0.1)
     assert any(f"--rdzv-endpoint={endpoint}" in " ".join(p.cmdline()) for p in psutil.Process(proc.pid).children())
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)

@@ -124,7 +124,7 @@ def test_ctrl_c_during_a_stalled_download_ends_the_process_at_once_and_leaves_no
         child.send_signal(signal.SIGINT)
         start = time.monotonic()
         try:
-            child.wait(timeout=10)
+            child.wait(timeout=20)
         except subprocess.TimeoutExpired:
             pytest.fail(f"the process was still alive {time.monotonic() - start:.1f} s after SIGINT")
         took = time.monotonic() - start
@@ -132,7 +132,9 @@ def test_ctrl_c_during_a_stalled_download_ends_the_process_at_once_and_leaves_no
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert took < 3.0, f"the process took {took:.1f} s to end after SIGINT"
+    # well before the 30 s read_timeout a SIGINT left waiting would end at; a busy host may take seconds to
+    # unwind and shut down an interpreter with torch loaded
+    assert took < 10.0, f"the process took {took:.1f} s to end after SIGINT"
     assert child.returncode != 0 and "finished" not in out_file.read_text()
     assert "KeyboardInterrupt" in err_file.read_text()
     assert cached_files() == []  # no partial file under the final name, no temporary file
