@@ -1,4 +1,4 @@
-"""``torch.compile`` for the trainer's network, where it measures faster and pays back within the run.
+"""``torch.compile`` for a trainer's (or an evaluator's) network, where it measures faster and pays back within the run.
 
 Examples:
     >>> from monai_fast.handlers.compile import CompileChoice
@@ -24,7 +24,7 @@ from monai.data import MetaTensor
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.throughput import batch_shape
 from monai_fast.telemetry import device_description
-from monai_fast.tune.measure import training_step_s
+from monai_fast.tune.measure import inference_call_s, training_step_s
 from monai_fast.tune.result import model_signature
 from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, network_copy
 from monai_fast.tune.store import TuneStore, default_store_path
@@ -51,13 +51,16 @@ def strip_meta(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tupl
 
 
 class CompileChoice(EngineHandler):
-    """Compiles the trainer's network (``torch.compile``) when a copy of it measured faster compiled.
+    """Compiles an engine's network (``torch.compile``) when a copy of it measured faster compiled.
 
     At the first iteration copies of the network are timed eager and compiled in interleaved rounds
     (`monai_fast.tune.rounds.decide`); the real network is compiled only when the compiled step was
     faster and the rest of the planned run repays the compile (a run too short to repay `COLD_COMPILE_S`,
-    or the time measured here before, at `EXPECTED_GAIN` is left eager). Only training iterations run
-    compiled; parameters and ``state_dict`` keys are unchanged. The rules are in docs/fast-training.md.
+    or the time measured here before, at `EXPECTED_GAIN` is left eager). Only the engine's iterations run
+    compiled; parameters and ``state_dict`` keys are unchanged. On an evaluator (``evaluation=True``) the
+    first iteration runs eager and counts the network's calls (its sliding windows) and their shape; the
+    forward without gradients is then measured and weighed against the calls still planned. The rules
+    are in docs/fast-training.md.
 
     Args:
         mode: ``"auto"`` (measure), ``True`` (compile without measuring) or ``False`` (never).
@@ -67,6 +70,8 @@ class CompileChoice(EngineHandler):
         on_choice: called once with ``(compiled, reason, evidence)`` when the choice is made.
         store: the `TuneStore` file that keeps the compile times measured (``"default"``:
             `default_store_path()`; ``None``: none kept).
+        evaluation: the engine is an evaluator: its network's calls, without gradients, are compiled.
+        runs_left: for an evaluator, its runs still planned, the current one included (``None``: this one).
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
@@ -86,14 +91,20 @@ class CompileChoice(EngineHandler):
         compile_seconds: float | None = None,
         on_choice: Callable[[bool, str, dict[str, Any]], None] | None = None,
         store: str | os.PathLike | None = "default",
+        evaluation: bool = False,
+        runs_left: Callable[[], int | None] | None = None,
     ) -> None:
         if not (isinstance(mode, bool) or mode == "auto"):
             raise ValueError(f"CompileChoice: mode must be 'auto', True or False, got {mode!r}")
         super().__init__()
         self.mode, self.dtype, self.compile_seconds, self.on_choice = mode, dtype, compile_seconds, on_choice
         self.store = None if store is None else TuneStore(default_store_path() if store == "default" else store)
+        self.evaluation, self.runs_left = bool(evaluation), runs_left
         self.compiled = False
         self.reason = "not decided yet"
+        self._decided = False
+        self._calls: list[torch.Size] = []  # an evaluator's first iteration: the shapes its network was called with
+        self._counter: Any = None
         self.evidence: dict[str, Any] = {}
         self._hook: Any = None
         self._network: torch.nn.Module | None = None
@@ -103,17 +114,22 @@ class CompileChoice(EngineHandler):
         if self.mode is False:
             self.reason = "switched off"
             return
-        self.on(engine, Events.ITERATION_STARTED(once=1), self._choose)
+        if self.evaluation:  # every run's first iteration: the first one counts the calls, then decides
+            self.on(engine, Events.ITERATION_STARTED(once=1), self._count_calls)
+            self.on(engine, Events.ITERATION_COMPLETED(once=1), self._choose)
+        else:
+            self.on(engine, Events.ITERATION_STARTED(once=1), self._choose)
         self.on(engine, Events.ITERATION_STARTED, self._compiled_forward)
         self.on(engine, Events.ITERATION_COMPLETED, self._eager_forward, first=True)  # before any validation
 
     def _detached(self, engine: Engine) -> None:
         """The network eager again (a detached handler leaves nothing behind)."""
         self._eager_forward()
-        if self._hook is not None:
-            self._hook.remove()
-        self._network = self._hook = self._forward = None
-        self.compiled = False
+        for hook in (self._hook, self._counter):
+            if hook is not None:
+                hook.remove()
+        self._network = self._hook = self._forward = self._counter = None
+        self.compiled = self._decided = False
 
     def _compiled_forward(self) -> None:
         if self._network is not None:
@@ -123,19 +139,49 @@ class CompileChoice(EngineHandler):
         if self._network is not None:
             self._network.__dict__.pop("forward", None)
 
-    # ------------------------------------------------------------------ the choice
-    def _choose(self, engine: Engine) -> None:
+    @staticmethod
+    def _net(engine: Engine) -> Any:
         network = getattr(engine, "network", None)
-        net = getattr(network, "module", network)  # DDP / DataParallel: compile what they call
-        shape = batch_shape(engine.state.batch)
+        return getattr(network, "module", network)  # DDP / DataParallel: compile what they call
+
+    def _count_calls(self, engine: Engine) -> None:
+        net = self._net(engine)
+        if self._decided or not isinstance(net, torch.nn.Module):
+            return
+        self._calls = []
+
+        def seen(module: torch.nn.Module, args: tuple) -> None:
+            x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if x is not None:
+                self._calls.append(x.shape)
+
+        self._counter = net.register_forward_pre_hook(seen)
+
+    def _choose(self, engine: Engine) -> None:
+        if self._decided:  # an evaluator's later runs, a trainer run again
+            return
+        self._decided = True
+        net, state = self._net(engine), engine.state
         dtype = self.dtype() if self.dtype is not None else None
-        state = engine.state
-        planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
-        remaining = None if planned is None else max(1, planned - state.iteration + 1)
         device = torch.device(getattr(state, "device", None) or "cpu")
-        compiled, reason, evidence = decided_on_rank0(
-            lambda: self._decide(net, shape, dtype, remaining, device), device
-        )
+        if self.evaluation:
+            if self._counter is not None:
+                self._counter.remove()
+                self._counter = None
+            shape = self._calls[0] if self._calls else None
+            runs = self.runs_left() if self.runs_left is not None else None
+            per_run = len(self._calls) * (state.epoch_length or 1)
+            remaining = len(self._calls) * ((state.epoch_length or 1) - 1) + per_run * (max(1, runs or 1) - 1)
+            # an evaluator may run on one rank only: each rank decides for itself (no gradients to agree on)
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's stream kept
+                compiled, reason, evidence = self._decide(net, shape, dtype, max(1, remaining), device)
+        else:
+            shape = batch_shape(state.batch)
+            planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
+            remaining = None if planned is None else max(1, planned - state.iteration + 1)
+            compiled, reason, evidence = decided_on_rank0(
+                lambda: self._decide(net, shape, dtype, remaining, device), device
+            )
         if compiled:
             try:
                 self._compile(net, fullgraph=bool(evidence.get("fullgraph")))
@@ -147,11 +193,12 @@ class CompileChoice(EngineHandler):
             self.on_choice(compiled, reason, evidence)
 
     def _compile(self, net: torch.nn.Module, fullgraph: bool) -> None:
-        """The compiled forward, put in place for the training iterations (from this one on)."""
+        """The compiled forward, put in place for the engine's iterations (a trainer's from this one on)."""
         self._forward = torch.compile(net.forward, fullgraph=fullgraph)
         self._hook = net.register_forward_pre_hook(strip_meta, with_kwargs=True)
         self._network = net
-        self._compiled_forward()
+        if not self.evaluation:  # an evaluator decides at its first iteration's end: the next one compiles
+            self._compiled_forward()
 
     def _decide(
         self,
@@ -161,18 +208,29 @@ class CompileChoice(EngineHandler):
         planned: int | None,
         device: torch.device,
     ) -> tuple[bool, str, dict[str, Any]]:
-        """``(compile?, reason, evidence)``; ``planned``: the training steps left in the run (``None``: unknown)."""
+        """``(compile?, reason, evidence)``; ``planned``: the steps (an evaluator's network calls) left in the run."""
         if not isinstance(net, torch.nn.Module):
             return False, "eager kept: the engine has no network to compile", {}
         if shape is None:
             return False, "eager kept: the batch has no image tensor to measure with", {}
         if self.mode is True:
             return True, "compiled as requested", {"fullgraph": False}
-        x = torch.randn(torch.Size([min(shape[0], 2), *shape[1:]]), device=device)
-        eager = network_copy(net).to(device).train()
-        eager_s = training_step_s(eager, x, dtype)  # warm-up: allocator, kernel choice
-        eager_s = min(eager_s, training_step_s(eager, x, dtype))
-        key = _compile_key(net, x.shape, dtype, device)
+        if self.evaluation:  # the windows as the evaluator batches them, no gradients
+            x, step, unit = torch.randn(shape, device=device), inference_call_s, "network calls"
+        else:
+            x, step, unit = (
+                torch.randn(torch.Size([min(shape[0], 2), *shape[1:]]), device=device),
+                training_step_s,
+                "steps",
+            )
+
+        def copy() -> torch.nn.Module:
+            return network_copy(net).to(device).train(not self.evaluation)
+
+        eager = copy()
+        eager_s = step(eager, x, dtype)  # warm-up: allocator, kernel choice
+        eager_s = min(eager_s, step(eager, x, dtype))
+        key = _compile_key(net, x.shape, dtype, device, self.evaluation)
         known = self.compile_seconds
         if known is None and self.store is not None:
             known = self.store.seconds(key)
@@ -182,31 +240,31 @@ class CompileChoice(EngineHandler):
             if saving_s < expected_compile_s:
                 return (
                     False,
-                    f"eager kept: {planned} steps left of {eager_s:.3f} s would save about {saving_s:.0f} s at "
+                    f"eager kept: {planned} {unit} left of {eager_s:.3f} s would save about {saving_s:.0f} s at "
                     f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
                     f"({'measured here before' if known is not None else 'assumed for a first compile'})",
                     {"eager_step_s": eager_s, "planned_steps": planned, "expected_compile_s": expected_compile_s},
                 )
-        compiled = network_copy(net).to(device).train()
+        compiled = copy()
         started = time.perf_counter()
         graph_break = None
         try:
             compiled.forward = torch.compile(compiled.forward, fullgraph=True)
-            training_step_s(compiled, x, dtype)
+            step(compiled, x, dtype)
         except Exception as e:  # noqa: BLE001 - a graph break (or a compiler failure: tried again below)
             graph_break = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-            compiled = network_copy(net).to(device).train()
+            compiled = copy()
             try:
                 compiled.forward = torch.compile(compiled.forward)
-                training_step_s(compiled, x, dtype)
+                step(compiled, x, dtype)
             except Exception as e2:  # noqa: BLE001 - no compiler here: eager, said once
                 return False, f"eager kept: torch.compile failed ({type(e2).__name__}: {e2})", {}
         compile_s = time.perf_counter() - started
         if self.store is not None:
             self.store.put_seconds(key, compile_s)  # a later run's pay-back gate reads it
         d: Decision = decide(
-            lambda: training_step_s(eager, x, dtype),
-            lambda: training_step_s(compiled, x, dtype),
+            lambda: step(eager, x, dtype),
+            lambda: step(compiled, x, dtype),
             names=("eager", "compiled"),
             min_gain=MIN_GAIN,
             planned_steps=planned,
@@ -223,7 +281,10 @@ class CompileChoice(EngineHandler):
         return d.chose_candidate, f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}", evidence
 
 
-def _compile_key(net: torch.nn.Module, shape: torch.Size, dtype: torch.dtype | None, device: torch.device) -> str:
-    """What a compile time depends on: the network, the input shape, precision, device and torch."""
+def _compile_key(
+    net: torch.nn.Module, shape: torch.Size, dtype: torch.dtype | None, device: torch.device, evaluation: bool
+) -> str:
+    """What a compile time depends on: the network, training or evaluation, input shape, precision, device, torch."""
     where = device_description(device).split(" (")[0]
-    return f"compile|{model_signature(net)}|{tuple(shape)}|{dtype}|{where}|torch {torch.__version__}"
+    kind = "compile-eval" if evaluation else "compile"
+    return f"{kind}|{model_signature(net)}|{tuple(shape)}|{dtype}|{where}|torch {torch.__version__}"

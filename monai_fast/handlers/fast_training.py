@@ -212,7 +212,7 @@ class FastTraining(EngineHandler):
             )
         self._precision(trainer, evaluator, device)
         self._memory_format_lever(trainer, device)
-        self._compile_lever(trainer)
+        self._compile_lever(trainer, evaluator)
         if evaluator is not None:
             self._validation_lever(trainer, evaluator, device)
             self._prediction_layout_lever(evaluator, trainer)
@@ -365,21 +365,25 @@ class FastTraining(EngineHandler):
         self._say(Lever.MEMORY_FORMAT, choice == "channels_last_3d", choice, reason, evidence)
         self._record(trainer, only=Lever.MEMORY_FORMAT)
 
-    def _compile_lever(self, trainer: Workflow) -> None:
-        if self.compile is False:
-            self._say(Lever.COMPILE, False, None, "switched off (compile=False)")
-            return
-        choice = CompileChoice(
-            self.compile,
-            dtype=lambda: self.amp.autocast_dtype if self.amp is not None and self.amp.active else None,
-            on_choice=functools.partial(self._compiled, trainer),
-            store=self.tune_store,  # the compile time beside the other measurements of this machine
-        )
-        self._add(choice, trainer)  # after the memory format: the copy it measures is in the chosen layout
+    def _compile_lever(self, trainer: Workflow, evaluator: Workflow | None) -> None:
+        engines = [(Lever.COMPILE, trainer), *([(Lever.VALIDATION_COMPILE, evaluator)] if evaluator else [])]
+        for lever, engine in engines:
+            if self.compile is False:
+                self._say(lever, False, None, "switched off (compile=False)")
+                continue
+            choice = CompileChoice(
+                self.compile,
+                dtype=lambda: self.amp.autocast_dtype if self.amp is not None and self.amp.active else None,
+                on_choice=functools.partial(self._compiled, trainer, lever),
+                store=self.tune_store,  # the compile time beside the other measurements of this machine
+                evaluation=engine is not trainer,
+                runs_left=functools.partial(_validations_left, trainer),
+            )
+            self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
 
-    def _compiled(self, trainer: Engine, compiled: bool, reason: str, evidence: dict[str, Any]) -> None:
-        self._say(Lever.COMPILE, compiled, "compiled" if compiled else "eager", reason, evidence)
-        self._record(trainer, only=Lever.COMPILE)
+    def _compiled(self, trainer: Engine, lever: Lever, compiled: bool, reason: str, evidence: dict[str, Any]) -> None:
+        self._say(lever, compiled, "compiled" if compiled else "eager", reason, evidence)
+        self._record(trainer, only=lever)
 
     def _prediction_layout_lever(self, evaluator: Workflow, trainer: Workflow) -> None:
         if self.prediction_layout is False:
@@ -443,3 +447,12 @@ class FastTraining(EngineHandler):
 def _check(name: str, value: Any, allowed: tuple) -> None:
     if value is not True and value not in allowed:
         raise ValueError(f"FastTraining: {name} must be one of {', '.join(map(repr, allowed))} or True, got {value!r}")
+
+
+def _validations_left(trainer: Engine) -> int | None:
+    """The evaluator's runs still planned, the current one included, read at its first run: a first validation
+    after epoch ``e`` is taken to repeat every ``e`` epochs (``None``: the trainer's plan is unknown)."""
+    epoch, planned = trainer.state.epoch, trainer.state.max_epochs
+    if not epoch or not planned:
+        return None
+    return 1 + max(0, planned - epoch) // epoch

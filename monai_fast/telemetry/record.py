@@ -94,6 +94,7 @@ class Lever(str, Enum):
     PRECISION = "precision"
     MEMORY_FORMAT = "memory_format"
     COMPILE = "compile"  #: ``torch.compile`` of the trainer's network
+    VALIDATION_COMPILE = "validation compile"  #: ``torch.compile`` of the network's calls in the evaluator
     PREDICTION_LAYOUT = "prediction_layout"
     EVALUATOR = "evaluator"  #: the evaluator's sliding-window settings
 

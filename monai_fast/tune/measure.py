@@ -16,7 +16,7 @@ from monai.inferers import sliding_window_inference
 from monai_fast.telemetry import synchronize
 from monai_fast.telemetry.precision import autocast_dtype, autocast_for
 
-__all__ = ["time_inference", "time_training_step", "training_step_s"]
+__all__ = ["inference_call_s", "time_inference", "time_training_step", "training_step_s"]
 
 
 def training_step_s(
@@ -54,6 +54,21 @@ def training_step_s(
         else:
             optimizer.step()
     network.zero_grad(set_to_none=True)
+    synchronize(x.device)
+    return time.perf_counter() - t0
+
+
+def inference_call_s(network: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> float:
+    """Seconds of one forward of ``network`` on ``x`` without gradients, under autocast to ``dtype`` (``None``: fp32),
+    as an evaluator calls it on a batch of sliding windows; an accelerator is waited for.
+
+    Examples:
+        >>> inference_call_s(torch.nn.Conv3d(1, 2, 3).eval(), torch.zeros(1, 1, 4, 4, 4), None) > 0
+        True
+    """
+    t0 = time.perf_counter()
+    with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
+        network(x)
     synchronize(x.device)
     return time.perf_counter() - t0
 
