@@ -211,3 +211,70 @@ def test_fast_training_keeps_the_compile_time_in_its_own_tune_store(tiny_files, 
     _run_steps(trainer, 2)
     assert fast.applied["compile"]["setting"] == "compiled", fast.applied["compile"]
     assert any(key.startswith("compile|") for key in json.loads(store.read_text()))
+
+
+def _evaluator(tiny_files, net):
+    from test_fast_training import _user_trainer
+
+    _, evaluator = _user_trainer(tiny_files, network=net)
+    return evaluator
+
+
+def test_an_evaluators_windows_are_compiled_after_its_first_iteration_where_it_measures_faster(tiny_files, tmp_path):
+    """The first iteration runs eager and counts the windows; measured faster in every round and with many
+    validations planned, the later iterations' window batches run compiled, as plain tensors, without gradients."""
+    net = _Known(eager_s=0.25, compiled_s=0.0)
+    evaluator = _evaluator(tiny_files, net)
+    choice = CompileChoice(  # the measurement's own compiled calls are not the evaluator's
+        "auto",
+        evaluation=True,
+        runs_left=lambda: 10_000,
+        store=tmp_path / "t.json",
+        on_choice=lambda *a: _COMPILED_SAW.clear(),
+    )
+    choice.attach(evaluator)
+    calls: list[bool] = []
+    net.register_forward_pre_hook(lambda m, a: calls.append(torch.is_grad_enabled()))
+    evaluator.run()
+    assert choice.compiled and "compiled faster" in choice.reason, choice.reason
+    rounds = choice.evidence["rounds"]["rounds_s"]
+    assert len(rounds) >= 3 and all(e > c for e, c in rounds)
+    per_volume = len(calls) // evaluator.state.epoch_length
+    assert per_volume >= 1 and len(_COMPILED_SAW) == len(calls) - per_volume  # all but the first volume's
+    assert set(_COMPILED_SAW) == {torch.Tensor} and not any(calls)  # plain tensors, no gradients
+    assert "forward" not in net.__dict__  # eager again between iterations
+    assert any(k.startswith("compile-eval|") for k in __import__("json").loads((tmp_path / "t.json").read_text()))
+
+
+def test_an_evaluator_with_few_windows_left_stays_eager_and_is_never_compiled(tiny_files, monkeypatch):
+    compiles = []
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or a[0])
+    net = _Known(eager_s=0.01, compiled_s=0.0)
+    evaluator = _evaluator(tiny_files, net)
+    choice = CompileChoice("auto", evaluation=True, runs_left=lambda: 3, store=None)
+    choice.attach(evaluator)
+    evaluator.run()
+    evaluator.run()  # a later validation: decided once
+    assert not choice.compiled and "network calls left" in choice.reason and compiles == [], choice.reason
+
+
+def test_fast_training_compiles_the_trainer_and_the_evaluator_as_two_levers(tiny_files):
+    from test_fast_training import _user_trainer
+
+    from monai_fast.handlers import FastTraining
+    from monai_fast.telemetry.record import Lever
+
+    trainer, evaluator = _user_trainer(tiny_files, network=_Known(0.0, 0.0), max_epochs=2)
+    fast = FastTraining(cache=False, precision=False, memory_format=False, prefetch=False, compile=False)
+    fast.attach(trainer, evaluator)
+    assert fast.applied[Lever.VALIDATION_COMPILE] == {
+        "applied": False,
+        "setting": None,
+        "reason": "switched off (compile=False)",
+    }
+    trainer, evaluator = _user_trainer(tiny_files, network=_Known(0.0, 0.0), max_epochs=2)
+    fast = FastTraining(cache=False, precision=False, memory_format=False, prefetch=False, tune_store=None)
+    fast.attach(trainer, evaluator)
+    trainer.run()  # two epochs, two validations: far too short to repay a compile of either
+    for lever in (Lever.COMPILE, Lever.VALIDATION_COMPILE):
+        assert fast.applied[lever]["setting"] == "eager" and "left of" in fast.applied[lever]["reason"], fast.applied
