@@ -129,7 +129,11 @@ class _Watchdog:
                 if left > 0:
                     self.changed.wait(left)
                     continue
-                self.on_stuck(since)
+                self.changed.release()  # the consumer's begin/end never wait for the log line
+                try:
+                    self.on_stuck(since)
+                finally:
+                    self.changed.acquire()
                 while self.running and self.since == since:  # once per item
                     self.changed.wait()
 
