@@ -247,8 +247,12 @@ def test_an_evaluators_windows_are_compiled_after_its_first_iteration_where_it_m
 
 
 def test_an_evaluator_with_few_windows_left_stays_eager_and_is_never_compiled(tiny_files, monkeypatch):
-    compiles = []
+    import monai_fast.handlers.compile as compile_module
+
+    compiles, copies = [], []
     monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or a[0])
+    real_copy = compile_module.network_copy
+    monkeypatch.setattr(compile_module, "network_copy", lambda net: copies.append(net) or real_copy(net))
     net = _Known(eager_s=0.01, compiled_s=0.0)
     evaluator = _evaluator(tiny_files, net)
     choice = CompileChoice("auto", evaluation=True, runs_left=lambda: 3, store=None)
@@ -256,6 +260,7 @@ def test_an_evaluator_with_few_windows_left_stays_eager_and_is_never_compiled(ti
     evaluator.run()
     evaluator.run()  # a later validation: decided once
     assert not choice.compiled and "network calls left" in choice.reason and compiles == [], choice.reason
+    assert copies == [] and choice.evidence["eager_step_s"] >= 0.01  # weighed on the run's own eager calls
 
 
 def test_fast_training_compiles_the_trainer_and_the_evaluator_as_two_levers(tiny_files):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -23,7 +24,7 @@ from monai.data import MetaTensor
 
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.throughput import batch_shape
-from monai_fast.telemetry import device_description
+from monai_fast.telemetry import device_description, synchronize
 from monai_fast.tune.measure import inference_call_s, training_step_s
 from monai_fast.tune.result import model_signature
 from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, network_copy
@@ -103,8 +104,8 @@ class CompileChoice(EngineHandler):
         self.compiled = False
         self.reason = "not decided yet"
         self._decided = False
-        self._calls: list[torch.Size] = []  # an evaluator's first iteration: the shapes its network was called with
-        self._counter: Any = None
+        self._calls: list[tuple[torch.Size, float]] = []  # an evaluator's first iteration: each call's shape, seconds
+        self._counter: list[Any] = []
         self.evidence: dict[str, Any] = {}
         self._hook: Any = None
         self._network: torch.nn.Module | None = None
@@ -125,10 +126,11 @@ class CompileChoice(EngineHandler):
     def _detached(self, engine: Engine) -> None:
         """The network eager again (a detached handler leaves nothing behind)."""
         self._eager_forward()
-        for hook in (self._hook, self._counter):
+        for hook in (self._hook, *self._counter):
             if hook is not None:
                 hook.remove()
-        self._network = self._hook = self._forward = self._counter = None
+        self._network = self._hook = self._forward = None
+        self._counter = []
         self.compiled = self._decided = False
 
     def _compiled_forward(self) -> None:
@@ -148,14 +150,18 @@ class CompileChoice(EngineHandler):
         net = self._net(engine)
         if self._decided or not isinstance(net, torch.nn.Module):
             return
-        self._calls = []
+        self._calls, began = [], []
 
-        def seen(module: torch.nn.Module, args: tuple) -> None:
+        def before(module: torch.nn.Module, args: tuple) -> None:
+            began.append(time.perf_counter())
+
+        def after(module: torch.nn.Module, args: tuple, out: Any) -> None:
             x = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if x is not None:
-                self._calls.append(x.shape)
+            if x is not None and began:
+                synchronize(x.device)  # the call's real seconds: the compile's pay-back is weighed from them
+                self._calls.append((x.shape, time.perf_counter() - began.pop()))
 
-        self._counter = net.register_forward_pre_hook(seen)
+        self._counter = [net.register_forward_pre_hook(before), net.register_forward_hook(after)]
 
     def _choose(self, engine: Engine) -> None:
         if self._decided:  # an evaluator's later runs, a trainer run again
@@ -165,16 +171,17 @@ class CompileChoice(EngineHandler):
         dtype = self.dtype() if self.dtype is not None else None
         device = torch.device(getattr(state, "device", None) or "cpu")
         if self.evaluation:
-            if self._counter is not None:
-                self._counter.remove()
-                self._counter = None
-            shape = self._calls[0] if self._calls else None
+            for hook in self._counter:
+                hook.remove()
+            self._counter = []
+            shape = self._calls[0][0] if self._calls else None
+            seen_s = statistics.median(s for _, s in self._calls) if self._calls else None  # as the run timed it
             runs = self.runs_left() if self.runs_left is not None else None
             per_run = len(self._calls) * (state.epoch_length or 1)
             remaining = len(self._calls) * ((state.epoch_length or 1) - 1) + per_run * (max(1, runs or 1) - 1)
             # an evaluator may run on one rank only: each rank decides for itself (no gradients to agree on)
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's stream kept
-                compiled, reason, evidence = self._decide(net, shape, dtype, max(1, remaining), device)
+                compiled, reason, evidence = self._decide(net, shape, dtype, max(1, remaining), device, seen_s)
         else:
             shape = batch_shape(state.batch)
             planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
@@ -207,8 +214,10 @@ class CompileChoice(EngineHandler):
         dtype: torch.dtype | None,
         planned: int | None,
         device: torch.device,
+        seen_s: float | None = None,
     ) -> tuple[bool, str, dict[str, Any]]:
-        """``(compile?, reason, evidence)``; ``planned``: the steps (an evaluator's network calls) left in the run."""
+        """``(compile?, reason, evidence)``; ``planned``: the steps (an evaluator's network calls) left in the run;
+        ``seen_s``: an eager call's seconds as the run timed it (the pay-back is then weighed before measuring)."""
         if not isinstance(net, torch.nn.Module):
             return False, "eager kept: the engine has no network to compile", {}
         if shape is None:
@@ -227,24 +236,32 @@ class CompileChoice(EngineHandler):
         def copy() -> torch.nn.Module:
             return network_copy(net).to(device).train(not self.evaluation)
 
-        eager = copy()
-        eager_s = step(eager, x, dtype)  # warm-up: allocator, kernel choice
-        eager_s = min(eager_s, step(eager, x, dtype))
         key = _compile_key(net, x.shape, dtype, device, self.evaluation)
         known = self.compile_seconds
         if known is None and self.store is not None:
             known = self.store.seconds(key)
         expected_compile_s = known if known is not None else COLD_COMPILE_S
-        if planned is not None:
-            saving_s = planned * eager_s * (1 - 1 / EXPECTED_GAIN)
-            if saving_s < expected_compile_s:
-                return (
-                    False,
-                    f"eager kept: {planned} {unit} left of {eager_s:.3f} s would save about {saving_s:.0f} s at "
-                    f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
-                    f"({'measured here before' if known is not None else 'assumed for a first compile'})",
-                    {"eager_step_s": eager_s, "planned_steps": planned, "expected_compile_s": expected_compile_s},
-                )
+
+        def repaid(eager_s: float) -> tuple[bool, str, dict[str, Any]] | None:
+            """``None`` when the calls left can repay the compile at `EXPECTED_GAIN`, else the answer."""
+            saving_s = (planned or 0) * eager_s * (1 - 1 / EXPECTED_GAIN)
+            if planned is None or saving_s >= expected_compile_s:
+                return None
+            return (
+                False,
+                f"eager kept: {planned} {unit} left of {eager_s:.3f} s would save about {saving_s:.0f} s at "
+                f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
+                f"({'measured here before' if known is not None else 'assumed for a first compile'})",
+                {"eager_step_s": eager_s, "planned_steps": planned, "expected_compile_s": expected_compile_s},
+            )
+
+        if seen_s is not None and (answer := repaid(seen_s)) is not None:
+            return answer  # nothing copied or measured
+        eager = copy()
+        eager_s = step(eager, x, dtype)  # warm-up: allocator, kernel choice
+        eager_s = min(eager_s, step(eager, x, dtype))
+        if (answer := repaid(eager_s)) is not None:
+            return answer
         compiled = copy()
         started = time.perf_counter()
         graph_break = None
