@@ -37,24 +37,16 @@ _FRAGMENT_TEXT = (
 
 def _own_options(r: argparse.ArgumentParser) -> None:
     """The options of ``bundle run`` itself (the rest of the line is config overrides)."""
-    r.add_argument(
-        "--config_file",
-        "--config-file",
-        dest="config_file",
-        default=None,
-        help="config file(s) to merge: a path or \"['configs/train.json','extra.json']\" "
-        "(default configs/train.json or .yaml)",
-    )
-    r.add_argument(
-        "--meta_file", "--meta-file", dest="meta_file", default=None, help="default configs/metadata.json when present"
-    )
-    r.add_argument(
-        "--logging_file",
-        "--logging-file",
-        dest="logging_file",
-        default=None,
-        help="default configs/logging.conf when present",
-    )
+    for name, text in (
+        (
+            "config_file",
+            "config file(s) to merge: a path or \"['configs/train.json','extra.json']\" "
+            "(default configs/train.json or .yaml)",
+        ),
+        ("meta_file", "default configs/metadata.json when present"),
+        ("logging_file", "default configs/logging.conf when present"),
+    ):
+        r.add_argument(f"--{name}", "--" + name.replace("_", "-"), help=text)
     r.add_argument("--no-logging-file", action="store_true", help="apply no logging file")
     r.add_argument("--trainer-id", default="train#trainer", help="the trainer's config id (default %(default)s)")
     r.add_argument(
@@ -71,7 +63,6 @@ def _own_options(r: argparse.ArgumentParser) -> None:
     )
     r.add_argument(
         "--run-dir",
-        default=None,
         help="where the run record goes (default a folder of this run's own, "
         "<output_dir>/monai_fast/fast-<time> or published-<time>); a folder holding another run's record is refused",
     )
@@ -82,7 +73,6 @@ def _own_options(r: argparse.ArgumentParser) -> None:
     )
     r.add_argument(
         "--new-key",
-        dest="new_key",
         action="append",
         default=[],
         metavar="ID",

@@ -157,7 +157,6 @@ def add_tune_command(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument(
         "--new-key",
-        dest="new_key",
         action="append",
         default=[],
         metavar="ID",
