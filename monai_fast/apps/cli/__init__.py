@@ -1,22 +1,8 @@
 """``monai-fast``: the command line. It parses and prints; the work is in the library.
 
-``monai-fast demo``   race the fast recipe against the plain-MONAI baseline to a target Dice.
-``monai-fast bench``  the same race with all three recipes and repeats; JSON for benchmarks/results.
-``monai-fast tune``   pick batch size, sliding-window batch, validation device, precision by throughput
-                      (the fast recipe's, or a MONAI bundle's with ``--bundle``).
-``monai-fast launch`` run a training script on N processes per node (torchrun, DDP), on one node or several.
-``monai-fast sbatch`` write an sbatch script (ranks per GPU, requeue, USR1 before the time limit).
-``monai-fast k8s``    write a Kubernetes PyTorchJob manifest (pods per node, GPUs, SIGTERM grace).
-``monai-fast doctor`` name a run's bottleneck from its record, with evidence and the fix.
-``monai-fast synth``  write a synthetic data set: MSD layout (3D) or whole-slide images.
-``monai-fast train``  train one recipe and save the model (SageMaker's channels and hyperparameters when present).
-``monai-fast infer``  sliding-window inference of a checkpoint into NIfTI predictions.
-``monai-fast bundle`` run a MONAI bundle with FastTraining, or write the bundle config fragment.
-
-``demo`` and ``bench`` call `monai_fast.apps.demo` (in `monai_fast.apps.cli.race_cmds`), ``tune`` the
-tuner (`monai_fast.apps.cli.tune_cmd`); ``train``, ``infer`` and ``bundle`` have a module each; the
-others (in `monai_fast.apps.cli.tools`) call the launchers, the data sources and the reports.
-`COMMANDS` maps each command to the module that registers it.
+Each command lives in the module that registers it (`COMMANDS`), imported only when that command runs:
+``demo`` and ``bench`` in `race_cmds`, ``tune`` in `tune_cmd`, ``train``, ``infer`` and ``bundle`` in their
+own modules, ``launch``, ``sbatch``, ``k8s``, ``doctor`` and ``synth`` in `tools`; ``monai-fast --help`` lists them.
 
 Examples:
     >>> from monai_fast.apps.cli import main
@@ -38,8 +24,7 @@ from monai_fast import __version__
 
 __all__ = ["COMMANDS", "COMPUTE_COMMANDS", "build_parser", "main"]
 
-#: each command -> the module and function that register it; a command's module (with torch and MONAI where it
-#: needs them) is imported only when that command runs, or for the full help
+#: each command -> the module and function that register it (imported when that command runs, or for the full help)
 COMMANDS = {
     "demo": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
     "bench": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
@@ -78,8 +63,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-#: commands that train or infer, where `monai_fast.openmp`'s line is worth a log line (an action that
-#: only writes a file says so with ``set_defaults(computes=False)``)
+#: commands that train or infer, where the OpenMP line is logged (``set_defaults(computes=False)`` opts out)
 COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch", "bundle"})
 
 
@@ -94,11 +78,8 @@ def main(
     pin_openmp: bool = False,
     startup_check: Callable[[], bool] | None = None,
 ) -> int:
-    """Run one ``monai-fast`` command; bad input ends in one line naming the option, no traceback.
-
-    An output that cannot be written ends the same way: a full file system (one line naming the
-    file and the space missing) or a checkpoint folder replaced by a file; so does a missing extra
-    (the line that installs it, ``pip install "monai-fast[wsi]"``).
+    """Run one ``monai-fast`` command; bad input, an output that cannot be written or a missing extra ends in one
+    line naming it, no traceback.
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
@@ -142,9 +123,7 @@ def main(
 
 
 def _user_line(e: Exception, command: str) -> str | None:
-    """The one line that ends the command for a bad option, bad data or an output that cannot be written
-    (``None``: an error of another kind, raised as it is). The error classes are imported here, when one is
-    raised, so a command that needs none of their modules does not load them."""
+    """The one line that ends the command for a user's mistake or an unwritable output (``None``: raise ``e``)."""
     from monai_fast.apps.cli.args import flag_of
     from monai_fast.apps.sources.msd import MSDDataError
     from monai_fast.apps.training.options import OptionError
@@ -166,9 +145,7 @@ def _user_line(e: Exception, command: str) -> str | None:
 
 
 def _output_line(e: BaseException) -> str | None:
-    """The one-line message of an output that could not be written (a full file system, a checkpoint folder
-    that is no longer a folder, a run folder another run owns), found anywhere in ``e``'s chain; ``None`` for
-    other errors."""
+    """The message of an output that could not be written, found anywhere in ``e``'s chain (``None``: none)."""
     from monai_fast.files import no_space_in
     from monai_fast.folders import RunFolderBusyError
     from monai_fast.handlers.checkpoint_folder import CheckpointFolderError

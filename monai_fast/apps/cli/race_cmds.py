@@ -21,10 +21,7 @@ import math
 
 import torch
 
-from monai_fast.apps.cli.args import (
-    add_race_options,
-    scaled_options,
-)
+from monai_fast.apps.cli.args import add_race_options, scaled_options
 from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race
 from monai_fast.apps.demo.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
 from monai_fast.apps.demo.scale import DemoScale, demo_scale, size_line
@@ -32,16 +29,7 @@ from monai_fast.apps.training.options import resolve_device
 from monai_fast.apps.training.run import TrainResult
 from monai_fast.handlers.stop_signal import stop_signals_caught
 
-__all__ = [
-    "DEMO_EPOCH_MULTIPLE",
-    "DEMO_TOTAL_BUDGET_S",
-    "ProgressPrinter",
-    "add_race_commands",
-    "budget_line",
-    "budget_text",
-    "race_spec",
-    "time_line",
-]
+__all__ = ["ProgressPrinter", "add_race_commands", "race_spec"]
 
 
 class ProgressPrinter(RaceEvents):
@@ -142,13 +130,8 @@ def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoS
     )
 
 
+@stop_signals_caught()  # a signal while the data are written or cached, or the recipes built: kept
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """The demo, stop signals caught from its first line until training starts."""
-    with stop_signals_caught():  # a signal while the data are written or cached, or the recipes built: kept
-        return _demo(args)
-
-
-def _demo(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from monai_fast.apps.demo.headline import format_headline
@@ -287,13 +270,8 @@ def budget_text(time_budget_s: float, how: dict) -> str:
     return f"budget {epochs} ({lead} {done}; {', '.join(rules) or cap}), {seconds} on its own clock"
 
 
+@stop_signals_caught()  # a signal while the data are written or cached, or the recipes built: kept
 def _cmd_bench(args: argparse.Namespace) -> int:
-    """The benchmark, stop signals caught from its first line until training starts."""
-    with stop_signals_caught():  # a signal while the data are written or cached, or the recipes built: kept
-        return _bench(args)
-
-
-def _bench(args: argparse.Namespace) -> int:
     done = bench(
         race_spec(args, args.run_dir), repeats=args.repeats, out_dir=args.out, events=ProgressPrinter(table=True)
     )

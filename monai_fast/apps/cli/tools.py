@@ -98,9 +98,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     }
     logger.info("running %s", " ".join(cmd))
     with tempfile.TemporaryDirectory(prefix="monai-fast-launch-") as tmp:
-        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(
-            tmp, "torchrun-error.json"
-        )  # torchrun's own error (ranks get theirs)
+        # torchrun's own error (ranks get theirs)
+        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(tmp, "torchrun-error.json")
         wait_line = rendezvous_wait_line(spec)
         if wait_line:
             logger.info("%s", wait_line)
@@ -134,11 +133,8 @@ def _emit(text: str, out: str | None, submit: str) -> None:
 
 
 def _write_job(args: argparse.Namespace, spec_type: type, words: list[str], render, command: str, submit: str) -> int:
-    """Build a job writer's ``spec_type`` from the options of the same names, then print or write what it renders.
-
-    Each option's ``dest`` is the spec's field, so the command line and the spec cannot drift apart; the
-    spec's own checks name a bad value in one line before anything is written.
-    """
+    """Build a job writer's ``spec_type`` from the options named as its fields (its checks name a bad value in one
+    line before anything is written), then print or write what it renders."""
     options = {f.name: getattr(args, f.name) for f in dataclasses.fields(spec_type)[1:] if hasattr(args, f.name)}
     try:
         spec = spec_type(_after_dashes(words), **options)
@@ -250,6 +246,10 @@ _LAUNCH_TEXT = (
     "script that spawns its own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop "
     "nproc_per_node."
 )
+_LAUNCH_HELP = (
+    "run a training script on N processes per node through torchrun, on one node or several (DDP: gloo on CPU, NCCL "
+    "on GPUs)"
+)
 _SBATCH_TEXT = (
     "Print (or --out) an sbatch script that starts COMMAND once per rank with srun: one rank per GPU "
     "(or --tasks-per-node on CPU nodes), requeue on preemption, SIGUSR1 --signal-lead seconds before the end so "
@@ -258,16 +258,13 @@ _SBATCH_TEXT = (
     "--checkpoint-dir ckpt"
 )
 
+_SBATCH_HELP = "write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit"
+
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:
     from monai_fast.apps.launch.torchrun import DEFAULT_RDZV_TIMEOUT_S, STORE_ANSWER_S
 
-    p = sub.add_parser(
-        "launch",
-        description=_LAUNCH_TEXT,
-        help="run a training script on N processes per node through torchrun, on one node or several "
-        "(DDP: gloo on CPU, NCCL on GPUs)",
-    )
+    p = sub.add_parser("launch", description=_LAUNCH_TEXT, help=_LAUNCH_HELP)
     p.add_argument(
         "--nproc", type=int, default=2, help="processes to start (default %(default)s; one per GPU on a GPU machine)"
     )
@@ -330,11 +327,7 @@ def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str, 
 
 
 def _add_sbatch(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "sbatch",
-        description=_SBATCH_TEXT,
-        help="write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit",
-    )
+    p = sub.add_parser("sbatch", description=_SBATCH_TEXT, help=_SBATCH_HELP)
     _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node", nodes_help="nodes to allocate (#SBATCH --nodes)")
     p.add_argument(
         "--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)"
@@ -368,13 +361,11 @@ _K8S_TEXT = (
     "--volume-claim runs -- train.py --checkpoint-dir /workspace/run/ckpt"
 )
 
+_K8S_HELP = "write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace"
+
 
 def _add_k8s(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "k8s",
-        description=_K8S_TEXT,
-        help="write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace",
-    )
+    p = sub.add_parser("k8s", description=_K8S_TEXT, help=_K8S_HELP)
     p.add_argument("--image", required=True, help="container image with monai-fast installed")
     _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node", nodes_help="nodes, one pod each")
     p.add_argument("--cpus-per-node", type=int, default=8, help="CPU cores per pod (default %(default)s)")
@@ -401,19 +392,27 @@ def _add_k8s(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_k8s)
 
 
+_DOCTOR_HELP = "name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record"
+_DOCTOR_TEXT = (
+    "Read a run folder's monai-fast record (record.rank*.jsonl, written by RecordHandler + TimeBreakdown, "
+    "GPUSampler, ThroughputMonitor) and print the verdict, the numbers behind it and what to change. Writes "
+    "report.md with PNG plots (the plots extra) into the run folder. Needs only the record: diagnose a cluster run "
+    "on a laptop."
+)
+_SYNTH_HELP = "write a synthetic data set: MSD layout (3D) or Camelyon-like whole-slide images (--kind wsi)"
+_SYNTH_TEXT = (
+    "Write imagesTr/, labelsTr/ and dataset.json like an MSD task; or, with --kind wsi, pyramidal tiled TIFF slides "
+    "with tumour regions, their tissue and tumour masks, patches.csv and a dataset.json of patch locations and "
+    "labels for MONAI's PatchWSIDataset."
+)
+
+
 def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``launch``, ``sbatch``, ``k8s``, ``doctor`` and ``synth`` to the sub-command parsers ``sub``."""
     _add_launch(sub)
     _add_sbatch(sub)
     _add_k8s(sub)
-    p = sub.add_parser(
-        "doctor",
-        help="name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record",
-        description="Read a run folder's monai-fast record (record.rank*.jsonl, written by RecordHandler + "
-        "TimeBreakdown, GPUSampler, ThroughputMonitor) and print the verdict, the numbers behind it and what to "
-        "change. Writes report.md with PNG plots (the plots extra) into the run folder. Needs only the record: "
-        "diagnose a cluster run on a laptop.",
-    )
+    p = sub.add_parser("doctor", help=_DOCTOR_HELP, description=_DOCTOR_TEXT)
     p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")
     p.add_argument(
         "--data-threshold",
@@ -434,13 +433,7 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser(
-        "synth",
-        help="write a synthetic data set: MSD layout (3D) or Camelyon-like whole-slide images (--kind wsi)",
-        description="Write imagesTr/, labelsTr/ and dataset.json like an MSD task; or, with --kind wsi, "
-        "pyramidal tiled TIFF slides with tumour regions, their tissue and tumour masks, patches.csv and a "
-        "dataset.json of patch locations and labels for MONAI's PatchWSIDataset.",
-    )
+    p = sub.add_parser("synth", help=_SYNTH_HELP, description=_SYNTH_TEXT)
     p.add_argument("out", help="output folder")
     p.add_argument(
         "--kind", choices=("spleen-like", "brats-like", "wsi"), default="spleen-like", help="(default %(default)s)"

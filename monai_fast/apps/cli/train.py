@@ -254,13 +254,8 @@ def _print_outcome(outcome: TrainOutcome, job: TrainJob) -> None:
         raise SystemExit(OUTPUT_FAILED_EXIT)
 
 
+@stop_signals_caught()  # a signal while the job is read, the data checked or cached: kept
 def _cmd_train(args: argparse.Namespace) -> int:
-    """The command: stop signals caught from its first line (until a ``Preemption`` or the end of set-up)."""
-    with stop_signals_caught():  # a signal while the job is read, the data checked or cached: kept
-        return _train_command(args)
-
-
-def _train_command(args: argparse.Namespace) -> int:
     from monai_fast.apps.launch import run
     from monai_fast.distributed import detect
 
