@@ -1,8 +1,21 @@
 """``monai-fast``: the command line. It parses and prints; the work is in the library.
 
+``monai-fast demo``   race the fast recipe against the plain-MONAI baseline to a target Dice.
+``monai-fast bench``  the same race with all three recipes and repeats; JSON for benchmarks/results.
+``monai-fast tune``   pick batch size, sliding-window batch, validation device, precision by throughput
+                      (the fast recipe's, or a MONAI bundle's with ``--bundle``).
+``monai-fast launch`` run a training script on N processes per node (torchrun, DDP), on one node or several.
+``monai-fast sbatch`` write an sbatch script (ranks per GPU, requeue, USR1 before the time limit).
+``monai-fast k8s``    write a Kubernetes PyTorchJob manifest (pods per node, GPUs, SIGTERM grace).
+``monai-fast doctor`` name a run's bottleneck from its record, with evidence and the fix.
+``monai-fast synth``  write a synthetic data set: MSD layout (3D) or whole-slide images.
+``monai-fast train``  train one recipe and save the model (SageMaker's channels and hyperparameters when present).
+``monai-fast infer``  sliding-window inference of a checkpoint into NIfTI predictions.
+``monai-fast bundle`` run a MONAI bundle with FastTraining, or write the bundle config fragment.
+
 Each command lives in the module that registers it (`COMMANDS`), imported only when that command runs:
 ``demo`` and ``bench`` in `race_cmds`, ``tune`` in `tune_cmd`, ``train``, ``infer`` and ``bundle`` in their
-own modules, ``launch``, ``sbatch``, ``k8s``, ``doctor`` and ``synth`` in `tools`; ``monai-fast --help`` lists them.
+own modules, ``launch``, ``sbatch``, ``k8s``, ``doctor`` and ``synth`` in `tools`.
 
 Examples:
     >>> from monai_fast.apps.cli import main
@@ -18,11 +31,12 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from monai_fast import __version__
 
-__all__ = ["COMMANDS", "COMPUTE_COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "COMPUTE_COMMANDS", "add_options", "build_parser", "main"]
 
 #: each command -> the module and function that register it (imported when that command runs, or for the full help)
 COMMANDS = {
@@ -38,6 +52,12 @@ COMMANDS = {
     "infer": ("monai_fast.apps.cli.infer_cmd", "add_infer_command"),
     "bundle": ("monai_fast.apps.cli.bundle_cmd", "add_bundle_command"),
 }
+
+
+def add_options(g: argparse._ActionsContainer, options: Iterable[tuple[str, type | None, Any, str]]) -> None:
+    """Add each ``(flag, type, default, help)`` of ``options`` to the parser or group ``g``, in order."""
+    for flag, kind, default, text in options:
+        g.add_argument(flag, type=kind, default=default, help=text)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -94,9 +94,8 @@ def add_data_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-preflight",
         action="store_true",
-        help="skip the check of every file before training "
-        "(unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; "
-        "cached per file, so only the first run reads them)",
+        help="skip the check of every file before training (unreadable files, 2D volumes, NaN/Inf, labels outside the "
+        "classes, shape mismatches; cached per file, so only the first run reads them)",
     )
 
 

@@ -18,20 +18,18 @@ __all__ = ["add_bundle_command"]
 
 _RUN_TEXT = (
     "Run the MONAI bundle in BUNDLE_DIR as 'python -m monai.bundle run' does (its configs/train.json or the "
-    "--config_file list, merged as MONAI merges them; --meta_file, --logging_file; overrides as 'id=value' or "
-    "'--id value'; the config's initialize, run and finalize sections), with FastTraining attached to the config's "
-    "trainer (train#trainer) and evaluator (validate#evaluator), a run record, "
-    "FastTraining's decisions printed before training and the doctor's verdict at the end. --no-fast runs the "
-    "bundle as published, with the record, for a side-by-side. Each run records into a folder of its own "
-    "(<output_dir>/monai_fast/fast-<time>, published-<time>). An override of an id the config does not have is "
-    "refused unless named with --new-key ID. Parsing a config runs the code in it: run bundles "
-    "you trust."
+    "--config_file list, merged as MONAI merges them; --meta_file, --logging_file; overrides as 'id=value' or '--id "
+    "value'; the config's initialize, run and finalize sections), with FastTraining attached to the config's trainer "
+    "(train#trainer) and evaluator (validate#evaluator), a run record, FastTraining's decisions printed before "
+    "training and the doctor's verdict at the end. --no-fast runs the bundle as published, with the record, for a "
+    "side-by-side. Each run records into a folder of its own (<output_dir>/monai_fast/fast-<time>, published-<time>). "
+    "An override of an id the config does not have is refused unless named with --new-key ID. Parsing a config runs "
+    "the code in it: run bundles you trust."
 )
 _FRAGMENT_TEXT = (
-    "Write the config fragment that makes MONAI's own runner attach FastTraining: merged after the bundle's "
-    "train.json (python -m monai.bundle run --config_file \"['configs/train.json','configs/fast.json']\"), it "
-    "appends to the bundle's initialize section an attach of a run record and FastTraining to train#trainer and "
-    "validate#evaluator."
+    "Write the config fragment that makes MONAI's own runner attach FastTraining: merged after the bundle's train.json "
+    "(python -m monai.bundle run --config_file \"['configs/train.json','configs/fast.json']\"), it appends to the "
+    "bundle's initialize section an attach of a run record and FastTraining to train#trainer and validate#evaluator."
 )
 
 

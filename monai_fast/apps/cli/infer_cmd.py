@@ -102,26 +102,23 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
         "--split",
         choices=SPLITS,
         default="val",
-        help="an MSD folder's cases: the validation split of "
-        "training (same --val-fraction and the checkpoint's seed), train, all, or the test images "
-        "(default %(default)s)",
+        help="an MSD folder's cases: the validation split of training (same --val-fraction and the checkpoint's "
+        "seed), train, all, or the test images (default %(default)s)",
     )
     p.add_argument("--val-fraction", type=float, default=0.25, help="as in training (default %(default)s)")
     p.add_argument(
         "--sw-batch-size",
         type=_sw_batch,
-        help="windows per network call, or 'auto' to measure it (and the "
-        "stitching device) on the first image's size, cached in the tuning store (default: the checkpoint's "
-        "config)",
+        help="windows per network call, or 'auto' to measure it (and the stitching device) on the first image's size, "
+        "cached in the tuning store (default: the checkpoint's config)",
     )
     p.add_argument("--overlap", type=float, help="sliding-window overlap in [0, 1) (default: the checkpoint's config)")
     p.add_argument(
         "--recipe-config",
         metavar="FILE",
-        help="the RecipeConfig the network was trained with, for a "
-        "checkpoint that holds weights only (a MONAI CheckpointSaver or Preemption file): the recipe.json "
-        "monai-fast train writes beside model.pth, or a JSON object of RecipeConfig options; it builds the "
-        "network and its validation chain",
+        help="the RecipeConfig the network was trained with, for a checkpoint that holds weights only (a MONAI "
+        "CheckpointSaver or Preemption file): the recipe.json monai-fast train writes beside model.pth, or a JSON "
+        "object of RecipeConfig options; it builds the network and its validation chain",
     )
     p.add_argument(
         "--overwrite",

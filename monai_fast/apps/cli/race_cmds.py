@@ -282,18 +282,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 _DEMO_TEXT = (
-    "Generate (once, then reuse) a synthetic spleen-like CT set in MSD layout, train the 'fast' and the "
-    "'baseline' recipe on it until validation mean Dice reaches --target or --time-budget runs out, and print "
-    "time to target, epochs, train/val seconds per epoch, data-wait share and the speed-up. Writes a run "
-    "folder with results.json, epochs.csv, dice_vs_time.png and TensorBoard events. The recipes train an epoch at "
-    "a time in turns, so their seconds per epoch meet the same host load, each drawing its own random stream, so "
-    "for a seed their Dice curves do not depend on the load. fast's epochs to target then set the baseline's "
-    "budget (--epoch-multiple times them, printed up front). The whole demo ends within --total-budget seconds "
-    "on any machine (said up front): fast may train a third of the time left after the set-up, the baseline as "
-    "long beside it, then alone until its epoch budget is spent or the time is up. When the baseline "
-    "does not reach the target in its budget, its time to target is estimated (epochs from its Dice curve x its "
-    "seconds per epoch measured beside fast's) and labelled 'estimated'. Every option is checked before training "
-    "starts (an unwritable --run-dir fails at once)."
+    "Generate (once, then reuse) a synthetic spleen-like CT set in MSD layout, train the 'fast' and the 'baseline' "
+    "recipe on it until validation mean Dice reaches --target or --time-budget runs out, and print time to target, "
+    "epochs, train/val seconds per epoch, data-wait share and the speed-up. Writes a run folder with results.json, "
+    "epochs.csv, dice_vs_time.png and TensorBoard events. The recipes train an epoch at a time in turns, so their "
+    "seconds per epoch meet the same host load, each drawing its own random stream, so for a seed their Dice curves do "
+    "not depend on the load. fast's epochs to target then set the baseline's budget (--epoch-multiple times them, "
+    "printed up front). The whole demo ends within --total-budget seconds on any machine (said up front): fast may "
+    "train a third of the time left after the set-up, the baseline as long beside it, then alone until its epoch "
+    "budget is spent or the time is up. When the baseline does not reach the target in its budget, its time to target "
+    "is estimated (epochs from its Dice curve x its seconds per epoch measured beside fast's) and labelled "
+    "'estimated'. Every option is checked before training starts (an unwritable --run-dir fails at once)."
 )
 
 
@@ -311,19 +310,17 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=DEMO_TOTAL_BUDGET_S,
         metavar="S",
-        help="the whole demo (data, set-up, both recipes, reports) ends within S seconds on any machine: "
-        "fast trains at most a third of the time left after the set-up (the baseline as long beside it, "
-        "in turns), then the baseline its epoch budget or until the time is up; 0: no bound (default "
-        "%(default)g)",
+        help="the whole demo (data, set-up, both recipes, reports) ends within S seconds on any machine: fast trains "
+        "at most a third of the time left after the set-up (the baseline as long beside it, in turns), then the "
+        "baseline its epoch budget or until the time is up; 0: no bound (default %(default)g)",
     )
     p.add_argument(
         "--epoch-multiple",
         type=float,
         default=DEMO_EPOCH_MULTIPLE,
-        help="the other recipes train at most "
-        "this many times fast's epochs to target (its epochs run when it missed), within --time-budget; a "
-        "count of epochs, so how far their Dice curves get does not depend on the host's load; 0: no epoch "
-        "budget (default %(default)s)",
+        help="the other recipes train at most this many times fast's epochs to target (its epochs run when it "
+        "missed), within --time-budget; a count of epochs, so how far their Dice curves get does not depend on the "
+        "host's load; 0: no epoch budget (default %(default)s)",
     )
     p.add_argument(
         "--budget-multiple",

@@ -39,13 +39,12 @@ _TEXT = (
     "Train one recipe (default fast) on an MSD-layout folder (--data-dir; default: synthetic spleen-like data) until "
     "--max-epochs, --target or --time-budget; write the final model (model.pth, a checkpoint monai-fast infer reads; "
     "recipe.json to rebuild it) into --model-dir, and the run record, the doctor's report, results.json, epochs.csv "
-    "and plots into --output-dir. "
-    "In a SageMaker training job (any SM_* variable set) the defaults come from the job: the data from its input "
-    "channel (SM_CHANNEL_<NAME>: the only one, the one --channel names, else 'training'; never synthetic data), "
-    "SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, SM_NUM_GPUS, TensorBoard under /opt/ml/output/tensorboard; and its "
-    "hyperparameters (SM_HPS or "
-    "hyperparameters.json) set any option below by name (max_epochs or max-epochs: --max-epochs); the command line "
-    "wins. With several hosts (SM_HOSTS) each host runs this command under torchrun, the rendezvous on the first host."
+    "and plots into --output-dir. In a SageMaker training job (any SM_* variable set) the defaults come from the job: "
+    "the data from its input channel (SM_CHANNEL_<NAME>: the only one, the one --channel names, else 'training'; never "
+    "synthetic data), SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, SM_NUM_GPUS, TensorBoard under /opt/ml/output/tensorboard; and "
+    "its hyperparameters (SM_HPS or hyperparameters.json) set any option below by name (max_epochs or max-epochs: "
+    "--max-epochs); the command line wins. With several hosts (SM_HOSTS) each host runs this command under torchrun, "
+    "the rendezvous on the first host."
 )
 
 
