@@ -16,6 +16,8 @@ from monai_fast.precision_names import REQUESTS
 
 __all__ = ["add_bundle_command"]
 
+_HELP = "run a MONAI bundle with FastTraining, or write the bundle config fragment"
+_TEXT = "MONAI bundles with FastTraining: 'run' runs one, 'fragment' writes the config fragment a bundle can ship."
 _RUN_TEXT = (
     "Run the MONAI bundle in BUNDLE_DIR as 'python -m monai.bundle run' does (its configs/train.json or the "
     "--config_file list, merged as MONAI merges them; --meta_file, --logging_file; overrides as 'id=value' or '--id "
@@ -148,12 +150,7 @@ def _cmd_fragment(args: argparse.Namespace) -> int:
 
 def add_bundle_command(sub: argparse._SubParsersAction) -> None:
     """Register ``monai-fast bundle`` (``run``, ``fragment``) on the command's subparsers."""
-    p = sub.add_parser(
-        "bundle",
-        help="run a MONAI bundle with FastTraining, or write the bundle config fragment",
-        description="MONAI bundles with FastTraining: 'run' runs one, 'fragment' writes the config "
-        "fragment a bundle can ship.",
-    )
+    p = sub.add_parser("bundle", help=_HELP, description=_TEXT)
     bsub = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
     r = bsub.add_parser("run", help="run a bundle's training with FastTraining attached", description=_RUN_TEXT)
     r.add_argument("bundle_dir", metavar="BUNDLE_DIR", help="the bundle folder (configs/ inside)")

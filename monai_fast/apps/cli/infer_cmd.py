@@ -31,6 +31,8 @@ _TEXT = (
     "times them all and checks each agrees with eager."
 )
 
+_HELP = "sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, compile, onnx, tensorrt)"
+
 
 def _sw_batch(text: str) -> int | str:
     if text == "auto":
@@ -85,12 +87,7 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
     from monai_fast.apps.inference.backends import BACKENDS
     from monai_fast.apps.inference.run import SPLITS
 
-    p = sub.add_parser(
-        "infer",
-        description=_TEXT,
-        help="sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, "
-        "compile, onnx, tensorrt)",
-    )
+    p = sub.add_parser("infer", description=_TEXT, help=_HELP)
     p.add_argument("checkpoint", help="the model file (monai_fast.apps.inference.save_checkpoint)")
     p.add_argument("data", nargs="+", help="an MSD folder with dataset.json, or NIfTI image files")
     p.add_argument("--out", default="predictions", help="folder for <name>_seg.nii.gz (default %(default)s)")

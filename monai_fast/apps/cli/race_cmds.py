@@ -295,15 +295,20 @@ _DEMO_TEXT = (
     "'estimated'. Every option is checked before training starts (an unwritable --run-dir fails at once)."
 )
 
+_DEMO_HELP = (
+    "race the fast recipe against a plain-MONAI baseline to a target Dice (at most --total-budget, "
+    f"{DEMO_TOTAL_BUDGET_S:.0f} s, in all)"
+)
+_BENCH_HELP = "time-to-Dice benchmark of all three recipes with repeats; writes JSON to benchmarks/results/"
+_BENCH_TEXT = (
+    "The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, with a longer budget; writes one "
+    "JSON with all epochs, the machine and package versions, and medians."
+)
+
 
 def add_race_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``demo`` and ``bench`` to the sub-command parsers ``sub``."""
-    p = sub.add_parser(
-        "demo",
-        description=_DEMO_TEXT,
-        help="race the fast recipe against a plain-MONAI baseline to a target Dice (at most --total-budget, "
-        f"{DEMO_TOTAL_BUDGET_S:.0f} s, in all)",
-    )
+    p = sub.add_parser("demo", description=_DEMO_TEXT, help=_DEMO_HELP)
     add_race_options(p, budget=None, recipes=("fast", "baseline"), sized=True)
     p.add_argument(
         "--total-budget",
@@ -330,12 +335,7 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_cmd_demo, interleave=True)
 
-    p = sub.add_parser(
-        "bench",
-        help="time-to-Dice benchmark of all three recipes with repeats; writes JSON to benchmarks/results/",
-        description="The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, "
-        "with a longer budget; writes one JSON with all epochs, the machine and package versions, and medians.",
-    )
+    p = sub.add_parser("bench", help=_BENCH_HELP, description=_BENCH_TEXT)
     add_race_options(p, budget=TIME_BUDGET_S, recipes=("baseline", "monai_tutorial", "fast"))
     p.add_argument(
         "--repeats",

@@ -47,6 +47,7 @@ _TEXT = (
     "the rendezvous on the first host."
 )
 
+_HELP = "train one recipe and save the model; SageMaker's channels, model dir and hyperparameters when present"
 
 OUTPUT_FAILED_EXIT = 1  #: exit status of a run whose model was saved but another output could not be written
 _JOB = {f.name: f.default for f in fields(TrainJob)}  # the job's defaults, shown as the options'
@@ -287,10 +288,4 @@ def _launch_hosts(sm: SageMakerEnv) -> int:
 
 def add_train_command(sub: argparse._SubParsersAction) -> None:
     """Add ``train`` to the sub-command parsers ``sub``."""
-    p = sub.add_parser(
-        "train",
-        description=_TEXT,
-        help="train one recipe and save the model; SageMaker's channels, model dir and hyperparameters when present",
-    )
-    _train_parser(p)
-    p.set_defaults(func=_cmd_train, tune=False)
+    _train_parser(sub.add_parser("train", description=_TEXT, help=_HELP)).set_defaults(func=_cmd_train, tune=False)

@@ -117,14 +117,12 @@ _TUNE_TEXT = (
     "applies them."
 )
 
+_TUNE_HELP = "pick fast's batch size, sliding-window batch, validation device and precision by measured throughput"
+
 
 def add_tune_command(sub: argparse._SubParsersAction) -> None:
     """Add ``tune`` to the sub-command parsers ``sub``."""
-    p = sub.add_parser(
-        "tune",
-        description=_TUNE_TEXT,
-        help="pick fast's batch size, sliding-window batch, validation device and precision by measured throughput",
-    )
+    p = sub.add_parser("tune", description=_TUNE_TEXT, help=_TUNE_HELP)
     add_data_options(p)
     add_model_options(p, race=False)
     add_tuning_options(p, race=False)
