@@ -13,10 +13,9 @@
 ``monai-fast infer``  sliding-window inference of a checkpoint into NIfTI predictions.
 ``monai-fast bundle`` run a MONAI bundle with FastTraining, or write the bundle config fragment.
 
-``demo`` and ``bench`` call `monai_fast.apps.demo` (in `monai_fast.apps.cli.race_cmds`), ``tune`` the
-tuner (`monai_fast.apps.cli.tune_cmd`); ``train``, ``infer`` and ``bundle`` have a module each; the
-others (in `monai_fast.apps.cli.tools`) call the launchers, the data sources and the reports.
-`COMMANDS` maps each command to the module that registers it.
+Each command lives in the module that registers it (`COMMANDS`), imported only when that command runs:
+``demo`` and ``bench`` in `race_cmds`, ``tune`` in `tune_cmd`, ``train``, ``infer`` and ``bundle`` in their
+own modules, ``launch``, ``sbatch``, ``k8s``, ``doctor`` and ``synth`` in `tools`.
 
 Examples:
     >>> from monai_fast.apps.cli import main
@@ -32,14 +31,14 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from monai_fast import __version__
 
-__all__ = ["COMMANDS", "COMPUTE_COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "COMPUTE_COMMANDS", "add_options", "build_parser", "main"]
 
-#: each command -> the module and function that register it; a command's module (with torch and MONAI where it
-#: needs them) is imported only when that command runs, or for the full help
+#: each command -> the module and function that register it (imported when that command runs, or for the full help)
 COMMANDS = {
     "demo": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
     "bench": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
@@ -53,6 +52,12 @@ COMMANDS = {
     "infer": ("monai_fast.apps.cli.infer_cmd", "add_infer_command"),
     "bundle": ("monai_fast.apps.cli.bundle_cmd", "add_bundle_command"),
 }
+
+
+def add_options(g: argparse._ActionsContainer, options: Iterable[tuple[str, type | None, Any, str]]) -> None:
+    """Add each ``(flag, type, default, help)`` of ``options`` to the parser or group ``g``, in order."""
+    for flag, kind, default, text in options:
+        g.add_argument(flag, type=kind, default=default, help=text)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -78,8 +83,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-#: commands that train or infer, where `monai_fast.openmp`'s line is worth a log line (an action that
-#: only writes a file says so with ``set_defaults(computes=False)``)
+#: commands that train or infer, where the OpenMP line is logged (``set_defaults(computes=False)`` opts out)
 COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch", "bundle"})
 
 
@@ -94,11 +98,8 @@ def main(
     pin_openmp: bool = False,
     startup_check: Callable[[], bool] | None = None,
 ) -> int:
-    """Run one ``monai-fast`` command; bad input ends in one line naming the option, no traceback.
-
-    An output that cannot be written ends the same way: a full file system (one line naming the
-    file and the space missing) or a checkpoint folder replaced by a file; so does a missing extra
-    (the line that installs it, ``pip install "monai-fast[wsi]"``).
+    """Run one ``monai-fast`` command; bad input, an output that cannot be written or a missing extra ends in one
+    line naming it, no traceback.
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
@@ -142,9 +143,7 @@ def main(
 
 
 def _user_line(e: Exception, command: str) -> str | None:
-    """The one line that ends the command for a bad option, bad data or an output that cannot be written
-    (``None``: an error of another kind, raised as it is). The error classes are imported here, when one is
-    raised, so a command that needs none of their modules does not load them."""
+    """The one line that ends the command for a user's mistake or an unwritable output (``None``: raise ``e``)."""
     from monai_fast.apps.cli.args import flag_of
     from monai_fast.apps.sources.msd import MSDDataError
     from monai_fast.apps.training.options import OptionError
@@ -166,9 +165,7 @@ def _user_line(e: Exception, command: str) -> str | None:
 
 
 def _output_line(e: BaseException) -> str | None:
-    """The one-line message of an output that could not be written (a full file system, a checkpoint folder
-    that is no longer a folder, a run folder another run owns), found anywhere in ``e``'s chain; ``None`` for
-    other errors."""
+    """The message of an output that could not be written, found anywhere in ``e``'s chain (``None``: none)."""
     from monai_fast.files import no_space_in
     from monai_fast.folders import RunFolderBusyError
     from monai_fast.handlers.checkpoint_folder import CheckpointFolderError

@@ -1,7 +1,6 @@
 """The options shared by ``demo``, ``bench``, ``tune`` and ``train``, and their translation into recipe options.
 
-Each default shown comes from where it is defined (`RecipeConfig`, the synthetic
-set, the size per device of `demo_scale()`), not from a copy here.
+Each default shown comes from where it is defined (`RecipeConfig`, the synthetic set, `demo_scale()`).
 
 Examples:
     >>> import argparse
@@ -47,8 +46,7 @@ FLAGS = {
     "overrides": "bad option",
     "tune": "bad tuning option",
 }
-"""The command-line name of an `OptionError`'s option where it is not
-``--<option>``."""
+"""The command-line name of an `OptionError`'s option where it is not ``--<option>``."""
 
 
 def flag_of(option: str) -> str:
@@ -96,9 +94,8 @@ def add_data_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-preflight",
         action="store_true",
-        help="skip the check of every file before training "
-        "(unreadable files, 2D volumes, NaN/Inf, labels outside the classes, shape mismatches; "
-        "cached per file, so only the first run reads them)",
+        help="skip the check of every file before training (unreadable files, 2D volumes, NaN/Inf, labels outside the "
+        "classes, shape mismatches; cached per file, so only the first run reads them)",
     )
 
 
@@ -107,11 +104,7 @@ def _spaced(values: Sequence[int]) -> str:
 
 
 def add_validation_options(g: argparse._ActionsContainer) -> None:
-    """``--validation`` and ``--val-interval`` (``demo``, ``bench``, ``train``), their defaults the recipes' own.
-
-    The defaults shown come from `RecipeConfig` and the ``fast`` recipe's
-    defaults, so the help says what a run does when neither option is given.
-    """
+    """``--validation`` and ``--val-interval`` (``demo``, ``bench``, ``train``), their defaults the recipes' own."""
     from monai_fast.apps.recipes import REGISTRY
 
     cfg = RecipeConfig()
@@ -186,22 +179,18 @@ def add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
             help="tune fast's batch size, sliding-window batch, validation device "
             "and precision first (cached per machine and model; see 'monai-fast tune --help')",
         )
-    g.add_argument(
-        "--batch-range",
-        type=int,
-        nargs=2,
-        default=(1, 8),
-        metavar=("LO", "HI"),
-        help="training batch sizes (volumes) to search (default %(default)s)",
-    )
-    g.add_argument(
-        "--sw-range",
-        type=int,
-        nargs=2,
-        default=(1, 16),
-        metavar=("LO", "HI"),
-        help="sliding-window batch sizes to search (default %(default)s)",
-    )
+    for flag, high, what in (
+        ("--batch-range", 8, "training batch sizes (volumes)"),
+        ("--sw-range", 16, "sliding-window batch sizes"),
+    ):
+        g.add_argument(
+            flag,
+            type=int,
+            nargs=2,
+            default=(1, high),
+            metavar=("LO", "HI"),
+            help=f"{what} to search (default %(default)s)",
+        )
     g.add_argument("--trials", type=int, default=8, help="most candidates run per search (default %(default)s)")
     g.add_argument(
         "--memory-cap-mib",
@@ -285,22 +274,20 @@ def add_race_options(
 
 def recipe_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The `RecipeConfig` fields that the parsed options ``args`` set."""
-    kw: dict[str, Any] = {}
-    for name in ("max_epochs", "val_interval", "batch_size", "num_samples", "validation"):
-        if getattr(args, name, None) is not None:
-            kw[name] = getattr(args, name)
+    kw: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("max_epochs", "val_interval", "batch_size", "num_samples", "validation")
+        if getattr(args, name, None) is not None
+    }
     if getattr(args, "background_fill", False):
         kw["background_fill"] = True
     if args.patch_size:
         kw["patch_size"] = tuple(args.patch_size)
     if args.channels:
-        kw["channels"] = tuple(args.channels)
-        kw["strides"] = (2,) * (len(args.channels) - 1)
-    if getattr(args, "workers", None) is not None:
-        kw["num_workers"] = args.workers
-    for name in ("cache", "cache_dir"):
+        kw.update(channels=tuple(args.channels), strides=(2,) * (len(args.channels) - 1))
+    for name, field in (("workers", "num_workers"), ("cache", "cache"), ("cache_dir", "cache_dir")):
         if getattr(args, name, None) is not None:
-            kw[name] = getattr(args, name)
+            kw[field] = getattr(args, name)
     if getattr(args, "precision", None) not in (None, RecipeConfig().precision):
         kw["precision"] = args.precision
     kw["compile"] = getattr(args, "compile", False)

@@ -16,45 +16,37 @@ from monai_fast.precision_names import REQUESTS
 
 __all__ = ["add_bundle_command"]
 
+_HELP = "run a MONAI bundle with FastTraining, or write the bundle config fragment"
+_TEXT = "MONAI bundles with FastTraining: 'run' runs one, 'fragment' writes the config fragment a bundle can ship."
 _RUN_TEXT = (
     "Run the MONAI bundle in BUNDLE_DIR as 'python -m monai.bundle run' does (its configs/train.json or the "
-    "--config_file list, merged as MONAI merges them; --meta_file, --logging_file; overrides as 'id=value' or "
-    "'--id value'; the config's initialize, run and finalize sections), with FastTraining attached to the config's "
-    "trainer (train#trainer) and evaluator (validate#evaluator), a run record, "
-    "FastTraining's decisions printed before training and the doctor's verdict at the end. --no-fast runs the "
-    "bundle as published, with the record, for a side-by-side. Each run records into a folder of its own "
-    "(<output_dir>/monai_fast/fast-<time>, published-<time>). An override of an id the config does not have is "
-    "refused unless named with --new-key ID. Parsing a config runs the code in it: run bundles "
-    "you trust."
+    "--config_file list, merged as MONAI merges them; --meta_file, --logging_file; overrides as 'id=value' or '--id "
+    "value'; the config's initialize, run and finalize sections), with FastTraining attached to the config's trainer "
+    "(train#trainer) and evaluator (validate#evaluator), a run record, FastTraining's decisions printed before "
+    "training and the doctor's verdict at the end. --no-fast runs the bundle as published, with the record, for a "
+    "side-by-side. Each run records into a folder of its own (<output_dir>/monai_fast/fast-<time>, published-<time>). "
+    "An override of an id the config does not have is refused unless named with --new-key ID. Parsing a config runs "
+    "the code in it: run bundles you trust."
 )
 _FRAGMENT_TEXT = (
-    "Write the config fragment that makes MONAI's own runner attach FastTraining: merged after the bundle's "
-    "train.json (python -m monai.bundle run --config_file \"['configs/train.json','configs/fast.json']\"), it "
-    "appends to the bundle's initialize section an attach of a run record and FastTraining to train#trainer and "
-    "validate#evaluator."
+    "Write the config fragment that makes MONAI's own runner attach FastTraining: merged after the bundle's train.json "
+    "(python -m monai.bundle run --config_file \"['configs/train.json','configs/fast.json']\"), it appends to the "
+    "bundle's initialize section an attach of a run record and FastTraining to train#trainer and validate#evaluator."
 )
 
 
 def _own_options(r: argparse.ArgumentParser) -> None:
     """The options of ``bundle run`` itself (the rest of the line is config overrides)."""
-    r.add_argument(
-        "--config_file",
-        "--config-file",
-        dest="config_file",
-        default=None,
-        help="config file(s) to merge: a path or \"['configs/train.json','extra.json']\" "
-        "(default configs/train.json or .yaml)",
-    )
-    r.add_argument(
-        "--meta_file", "--meta-file", dest="meta_file", default=None, help="default configs/metadata.json when present"
-    )
-    r.add_argument(
-        "--logging_file",
-        "--logging-file",
-        dest="logging_file",
-        default=None,
-        help="default configs/logging.conf when present",
-    )
+    for name, text in (
+        (
+            "config_file",
+            "config file(s) to merge: a path or \"['configs/train.json','extra.json']\" "
+            "(default configs/train.json or .yaml)",
+        ),
+        ("meta_file", "default configs/metadata.json when present"),
+        ("logging_file", "default configs/logging.conf when present"),
+    ):
+        r.add_argument(f"--{name}", "--" + name.replace("_", "-"), help=text)
     r.add_argument("--no-logging-file", action="store_true", help="apply no logging file")
     r.add_argument("--trainer-id", default="train#trainer", help="the trainer's config id (default %(default)s)")
     r.add_argument(
@@ -71,7 +63,6 @@ def _own_options(r: argparse.ArgumentParser) -> None:
     )
     r.add_argument(
         "--run-dir",
-        default=None,
         help="where the run record goes (default a folder of this run's own, "
         "<output_dir>/monai_fast/fast-<time> or published-<time>); a folder holding another run's record is refused",
     )
@@ -82,7 +73,6 @@ def _own_options(r: argparse.ArgumentParser) -> None:
     )
     r.add_argument(
         "--new-key",
-        dest="new_key",
         action="append",
         default=[],
         metavar="ID",
@@ -160,12 +150,7 @@ def _cmd_fragment(args: argparse.Namespace) -> int:
 
 def add_bundle_command(sub: argparse._SubParsersAction) -> None:
     """Register ``monai-fast bundle`` (``run``, ``fragment``) on the command's subparsers."""
-    p = sub.add_parser(
-        "bundle",
-        help="run a MONAI bundle with FastTraining, or write the bundle config fragment",
-        description="MONAI bundles with FastTraining: 'run' runs one, 'fragment' writes the config "
-        "fragment a bundle can ship.",
-    )
+    p = sub.add_parser("bundle", help=_HELP, description=_TEXT)
     bsub = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
     r = bsub.add_parser("run", help="run a bundle's training with FastTraining attached", description=_RUN_TEXT)
     r.add_argument("bundle_dir", metavar="BUNDLE_DIR", help="the bundle folder (configs/ inside)")

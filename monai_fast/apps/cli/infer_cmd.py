@@ -31,6 +31,8 @@ _TEXT = (
     "times them all and checks each agrees with eager."
 )
 
+_HELP = "sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, compile, onnx, tensorrt)"
+
 
 def _sw_batch(text: str) -> int | str:
     if text == "auto":
@@ -85,12 +87,7 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
     from monai_fast.apps.inference.backends import BACKENDS
     from monai_fast.apps.inference.run import SPLITS
 
-    p = sub.add_parser(
-        "infer",
-        description=_TEXT,
-        help="sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, "
-        "compile, onnx, tensorrt)",
-    )
+    p = sub.add_parser("infer", description=_TEXT, help=_HELP)
     p.add_argument("checkpoint", help="the model file (monai_fast.apps.inference.save_checkpoint)")
     p.add_argument("data", nargs="+", help="an MSD folder with dataset.json, or NIfTI image files")
     p.add_argument("--out", default="predictions", help="folder for <name>_seg.nii.gz (default %(default)s)")
@@ -102,26 +99,23 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
         "--split",
         choices=SPLITS,
         default="val",
-        help="an MSD folder's cases: the validation split of "
-        "training (same --val-fraction and the checkpoint's seed), train, all, or the test images "
-        "(default %(default)s)",
+        help="an MSD folder's cases: the validation split of training (same --val-fraction and the checkpoint's "
+        "seed), train, all, or the test images (default %(default)s)",
     )
     p.add_argument("--val-fraction", type=float, default=0.25, help="as in training (default %(default)s)")
     p.add_argument(
         "--sw-batch-size",
         type=_sw_batch,
-        help="windows per network call, or 'auto' to measure it (and the "
-        "stitching device) on the first image's size, cached in the tuning store (default: the checkpoint's "
-        "config)",
+        help="windows per network call, or 'auto' to measure it (and the stitching device) on the first image's size, "
+        "cached in the tuning store (default: the checkpoint's config)",
     )
     p.add_argument("--overlap", type=float, help="sliding-window overlap in [0, 1) (default: the checkpoint's config)")
     p.add_argument(
         "--recipe-config",
         metavar="FILE",
-        help="the RecipeConfig the network was trained with, for a "
-        "checkpoint that holds weights only (a MONAI CheckpointSaver or Preemption file): the recipe.json "
-        "monai-fast train writes beside model.pth, or a JSON object of RecipeConfig options; it builds the "
-        "network and its validation chain",
+        help="the RecipeConfig the network was trained with, for a checkpoint that holds weights only (a MONAI "
+        "CheckpointSaver or Preemption file): the recipe.json monai-fast train writes beside model.pth, or a JSON "
+        "object of RecipeConfig options; it builds the network and its validation chain",
     )
     p.add_argument(
         "--overwrite",

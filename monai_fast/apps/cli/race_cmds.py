@@ -21,10 +21,7 @@ import math
 
 import torch
 
-from monai_fast.apps.cli.args import (
-    add_race_options,
-    scaled_options,
-)
+from monai_fast.apps.cli.args import add_race_options, scaled_options
 from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race
 from monai_fast.apps.demo.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
 from monai_fast.apps.demo.scale import DemoScale, demo_scale, size_line
@@ -32,16 +29,7 @@ from monai_fast.apps.training.options import resolve_device
 from monai_fast.apps.training.run import TrainResult
 from monai_fast.handlers.stop_signal import stop_signals_caught
 
-__all__ = [
-    "DEMO_EPOCH_MULTIPLE",
-    "DEMO_TOTAL_BUDGET_S",
-    "ProgressPrinter",
-    "add_race_commands",
-    "budget_line",
-    "budget_text",
-    "race_spec",
-    "time_line",
-]
+__all__ = ["ProgressPrinter", "add_race_commands", "race_spec"]
 
 
 class ProgressPrinter(RaceEvents):
@@ -142,13 +130,8 @@ def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoS
     )
 
 
+@stop_signals_caught()  # a signal while the data are written or cached, or the recipes built: kept
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """The demo, stop signals caught from its first line until training starts."""
-    with stop_signals_caught():  # a signal while the data are written or cached, or the recipes built: kept
-        return _demo(args)
-
-
-def _demo(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from monai_fast.apps.demo.headline import format_headline
@@ -287,13 +270,8 @@ def budget_text(time_budget_s: float, how: dict) -> str:
     return f"budget {epochs} ({lead} {done}; {', '.join(rules) or cap}), {seconds} on its own clock"
 
 
+@stop_signals_caught()  # a signal while the data are written or cached, or the recipes built: kept
 def _cmd_bench(args: argparse.Namespace) -> int:
-    """The benchmark, stop signals caught from its first line until training starts."""
-    with stop_signals_caught():  # a signal while the data are written or cached, or the recipes built: kept
-        return _bench(args)
-
-
-def _bench(args: argparse.Namespace) -> int:
     done = bench(
         race_spec(args, args.run_dir), repeats=args.repeats, out_dir=args.out, events=ProgressPrinter(table=True)
     )
@@ -304,48 +282,50 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 _DEMO_TEXT = (
-    "Generate (once, then reuse) a synthetic spleen-like CT set in MSD layout, train the 'fast' and the "
-    "'baseline' recipe on it until validation mean Dice reaches --target or --time-budget runs out, and print "
-    "time to target, epochs, train/val seconds per epoch, data-wait share and the speed-up. Writes a run "
-    "folder with results.json, epochs.csv, dice_vs_time.png and TensorBoard events. The recipes train an epoch at "
-    "a time in turns, so their seconds per epoch meet the same host load, each drawing its own random stream, so "
-    "for a seed their Dice curves do not depend on the load. fast's epochs to target then set the baseline's "
-    "budget (--epoch-multiple times them, printed up front). The whole demo ends within --total-budget seconds "
-    "on any machine (said up front): fast may train a third of the time left after the set-up, the baseline as "
-    "long beside it, then alone until its epoch budget is spent or the time is up. When the baseline "
-    "does not reach the target in its budget, its time to target is estimated (epochs from its Dice curve x its "
-    "seconds per epoch measured beside fast's) and labelled 'estimated'. Every option is checked before training "
-    "starts (an unwritable --run-dir fails at once)."
+    "Generate (once, then reuse) a synthetic spleen-like CT set in MSD layout, train the 'fast' and the 'baseline' "
+    "recipe on it until validation mean Dice reaches --target or --time-budget runs out, and print time to target, "
+    "epochs, train/val seconds per epoch, data-wait share and the speed-up. Writes a run folder with results.json, "
+    "epochs.csv, dice_vs_time.png and TensorBoard events. The recipes train an epoch at a time in turns, so their "
+    "seconds per epoch meet the same host load, each drawing its own random stream, so for a seed their Dice curves do "
+    "not depend on the load. fast's epochs to target then set the baseline's budget (--epoch-multiple times them, "
+    "printed up front). The whole demo ends within --total-budget seconds on any machine (said up front): fast may "
+    "train a third of the time left after the set-up, the baseline as long beside it, then alone until its epoch "
+    "budget is spent or the time is up. When the baseline does not reach the target in its budget, its time to target "
+    "is estimated (epochs from its Dice curve x its seconds per epoch measured beside fast's) and labelled "
+    "'estimated'. Every option is checked before training starts (an unwritable --run-dir fails at once)."
+)
+
+_DEMO_HELP = (
+    "race the fast recipe against a plain-MONAI baseline to a target Dice (at most --total-budget, "
+    f"{DEMO_TOTAL_BUDGET_S:.0f} s, in all)"
+)
+_BENCH_HELP = "time-to-Dice benchmark of all three recipes with repeats; writes JSON to benchmarks/results/"
+_BENCH_TEXT = (
+    "The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, with a longer budget; writes one "
+    "JSON with all epochs, the machine and package versions, and medians."
 )
 
 
 def add_race_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``demo`` and ``bench`` to the sub-command parsers ``sub``."""
-    p = sub.add_parser(
-        "demo",
-        description=_DEMO_TEXT,
-        help="race the fast recipe against a plain-MONAI baseline to a target Dice (at most --total-budget, "
-        f"{DEMO_TOTAL_BUDGET_S:.0f} s, in all)",
-    )
+    p = sub.add_parser("demo", description=_DEMO_TEXT, help=_DEMO_HELP)
     add_race_options(p, budget=None, recipes=("fast", "baseline"), sized=True)
     p.add_argument(
         "--total-budget",
         type=float,
         default=DEMO_TOTAL_BUDGET_S,
         metavar="S",
-        help="the whole demo (data, set-up, both recipes, reports) ends within S seconds on any machine: "
-        "fast trains at most a third of the time left after the set-up (the baseline as long beside it, "
-        "in turns), then the baseline its epoch budget or until the time is up; 0: no bound (default "
-        "%(default)g)",
+        help="the whole demo (data, set-up, both recipes, reports) ends within S seconds on any machine: fast trains "
+        "at most a third of the time left after the set-up (the baseline as long beside it, in turns), then the "
+        "baseline its epoch budget or until the time is up; 0: no bound (default %(default)g)",
     )
     p.add_argument(
         "--epoch-multiple",
         type=float,
         default=DEMO_EPOCH_MULTIPLE,
-        help="the other recipes train at most "
-        "this many times fast's epochs to target (its epochs run when it missed), within --time-budget; a "
-        "count of epochs, so how far their Dice curves get does not depend on the host's load; 0: no epoch "
-        "budget (default %(default)s)",
+        help="the other recipes train at most this many times fast's epochs to target (its epochs run when it "
+        "missed), within --time-budget; a count of epochs, so how far their Dice curves get does not depend on the "
+        "host's load; 0: no epoch budget (default %(default)s)",
     )
     p.add_argument(
         "--budget-multiple",
@@ -355,12 +335,7 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_cmd_demo, interleave=True)
 
-    p = sub.add_parser(
-        "bench",
-        help="time-to-Dice benchmark of all three recipes with repeats; writes JSON to benchmarks/results/",
-        description="The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, "
-        "with a longer budget; writes one JSON with all epochs, the machine and package versions, and medians.",
-    )
+    p = sub.add_parser("bench", help=_BENCH_HELP, description=_BENCH_TEXT)
     add_race_options(p, budget=TIME_BUDGET_S, recipes=("baseline", "monai_tutorial", "fast"))
     p.add_argument(
         "--repeats",

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from monai_fast.apps.cli import add_options
+
 if TYPE_CHECKING:
     from monai_fast.apps.launch.torchrun import LaunchSpec
 
@@ -98,9 +100,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     }
     logger.info("running %s", " ".join(cmd))
     with tempfile.TemporaryDirectory(prefix="monai-fast-launch-") as tmp:
-        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(
-            tmp, "torchrun-error.json"
-        )  # torchrun's own error (ranks get theirs)
+        # torchrun's own error (ranks get theirs)
+        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(tmp, "torchrun-error.json")
         wait_line = rendezvous_wait_line(spec)
         if wait_line:
             logger.info("%s", wait_line)
@@ -134,11 +135,8 @@ def _emit(text: str, out: str | None, submit: str) -> None:
 
 
 def _write_job(args: argparse.Namespace, spec_type: type, words: list[str], render, command: str, submit: str) -> int:
-    """Build a job writer's ``spec_type`` from the options of the same names, then print or write what it renders.
-
-    Each option's ``dest`` is the spec's field, so the command line and the spec cannot drift apart; the
-    spec's own checks name a bad value in one line before anything is written.
-    """
+    """Build a job writer's ``spec_type`` from the options named as its fields (its checks name a bad value in one
+    line before anything is written), then print or write what it renders."""
     options = {f.name: getattr(args, f.name) for f in dataclasses.fields(spec_type)[1:] if hasattr(args, f.name)}
     try:
         spec = spec_type(_after_dashes(words), **options)
@@ -231,58 +229,52 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 _LAUNCH_TEXT = (
-    "Start SCRIPT --nproc times on this machine with torchrun so a script that calls "
-    "monai_fast.apps.launch.run(train) trains with DDP. One node: a --standalone rendezvous on a free port. Several "
-    "nodes without SLURM: run the same command on each node with --nnodes N and either --master-addr HOST "
-    "--master-port P --node-rank I (static: node 0 is HOST) or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d: torchrun "
-    "numbers the nodes); every option is checked before anything starts. It says at once where it waits for the "
-    "other nodes, and stops with one line naming that endpoint and the likely cause when no rendezvous forms within "
-    "--rdzv-timeout seconds. The same script also runs unchanged under "
-    "plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops the others on its node; "
-    "the other nodes' ranks fail at their next collective (at the latest after run()'s timeout_s). Then, with "
-    "--max-restarts K, torchrun starts all ranks again (at most K times) and a script with "
+    "Start SCRIPT --nproc times on this machine with torchrun so a script that calls monai_fast.apps.launch.run(train) "
+    "trains with DDP. One node: a --standalone rendezvous on a free port. Several nodes without SLURM: run the same "
+    "command on each node with --nnodes N and either --master-addr HOST --master-port P --node-rank I (static: node 0 "
+    "is HOST) or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d: torchrun numbers the nodes); every option is checked "
+    "before anything starts. It says at once where it waits for the other nodes, and stops with one line naming that "
+    "endpoint and the likely cause when no rendezvous forms within --rdzv-timeout seconds. The same script also runs "
+    "unchanged under plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops the "
+    "others on its node; the other nodes' ranks fail at their next collective (at the latest after run()'s timeout_s). "
+    "Then, with --max-restarts K, torchrun starts all ranks again (at most K times) and a script with "
     "monai_fast.handlers.Preemption(save_every=N) resumes from its latest checkpoint; without, this command exits "
     "non-zero. Under c10d a lost node's replacement (the same command) joins the restart; losing the node whose "
     "launcher holds --rdzv-endpoint ends the job on every node, with a message saying to start all nodes again. "
-    "SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, "
-    "kill, Ctrl-C, a Kubernetes eviction) are passed on to every rank of this node; it waits up to --grace-s for them "
-    "to checkpoint and stop, kills what is left, and exits with the job's status (128+N for a death by signal N). A "
-    "script that spawns its own processes (idist.Parallel(nproc_per_node=N)) is stopped with a message to drop "
-    "nproc_per_node."
+    "SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, kill, Ctrl-C, a Kubernetes eviction) are passed on "
+    "to every rank of this node; it waits up to --grace-s for them to checkpoint and stop, kills what is left, and "
+    "exits with the job's status (128+N for a death by signal N). A script that spawns its own processes "
+    "(idist.Parallel(nproc_per_node=N)) is stopped with a message to drop nproc_per_node."
+)
+_LAUNCH_HELP = (
+    "run a training script on N processes per node through torchrun, on one node or several (DDP: gloo on CPU, NCCL on "
+    "GPUs)"
 )
 _SBATCH_TEXT = (
-    "Print (or --out) an sbatch script that starts COMMAND once per rank with srun: one rank per GPU "
-    "(or --tasks-per-node on CPU nodes), requeue on preemption, SIGUSR1 --signal-lead seconds before the end so "
-    "a script with monai_fast.handlers.Preemption checkpoints and requeues itself, and a log that survives "
-    "restarts. Example: monai-fast sbatch --nodes 2 --gpus-per-node 4 --time 08:00:00 -- python train.py "
-    "--checkpoint-dir ckpt"
+    "Print (or --out) an sbatch script that starts COMMAND once per rank with srun: one rank per GPU (or "
+    "--tasks-per-node on CPU nodes), requeue on preemption, SIGUSR1 --signal-lead seconds before the end so a script "
+    "with monai_fast.handlers.Preemption checkpoints and requeues itself, and a log that survives restarts. Example: "
+    "monai-fast sbatch --nodes 2 --gpus-per-node 4 --time 08:00:00 -- python train.py --checkpoint-dir ckpt"
+)
+
+_SBATCH_HELP = "write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit"
+
+_LAUNCH_OPTIONS = (
+    ("--nproc", int, 2, "processes to start (default %(default)s; one per GPU on a GPU machine)"),
+    ("--nnodes", int, 1, "nodes in the job; run this command on each (default %(default)s)"),
+    ("--node-rank", int, None, "static rendezvous: this node's index, 0 to NNODES-1 (0 on --master-addr)"),
+    ("--master-addr", None, None, "static rendezvous: node 0's address, reachable from every node"),
+    ("--master-port", int, None, "static rendezvous: a free port on node 0 (default 29500, torchrun's)"),
+    ("--rdzv-endpoint", None, None, "c10d rendezvous: HOST:PORT every node reaches (instead of --master-addr)"),
+    ("--rdzv-id", None, None, "c10d rendezvous: the job's name, the same on every node"),
 )
 
 
 def _add_launch(sub: argparse._SubParsersAction) -> None:
     from monai_fast.apps.launch.torchrun import DEFAULT_RDZV_TIMEOUT_S, STORE_ANSWER_S
 
-    p = sub.add_parser(
-        "launch",
-        description=_LAUNCH_TEXT,
-        help="run a training script on N processes per node through torchrun, on one node or several "
-        "(DDP: gloo on CPU, NCCL on GPUs)",
-    )
-    p.add_argument(
-        "--nproc", type=int, default=2, help="processes to start (default %(default)s; one per GPU on a GPU machine)"
-    )
-    p.add_argument(
-        "--nnodes", type=int, default=1, help="nodes in the job; run this command on each (default %(default)s)"
-    )
-    p.add_argument(
-        "--node-rank", type=int, help="static rendezvous: this node's index, 0 to NNODES-1 (0 on --master-addr)"
-    )
-    p.add_argument("--master-addr", help="static rendezvous: node 0's address, reachable from every node")
-    p.add_argument(
-        "--master-port", type=int, help="static rendezvous: a free port on node 0 (default 29500, torchrun's)"
-    )
-    p.add_argument("--rdzv-endpoint", help="c10d rendezvous: HOST:PORT every node reaches (instead of --master-addr)")
-    p.add_argument("--rdzv-id", help="c10d rendezvous: the job's name, the same on every node")
+    p = sub.add_parser("launch", description=_LAUNCH_TEXT, help=_LAUNCH_HELP)
+    add_options(p, _LAUNCH_OPTIONS)
     p.add_argument(
         "--rdzv-timeout",
         type=float,
@@ -330,11 +322,7 @@ def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str, 
 
 
 def _add_sbatch(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "sbatch",
-        description=_SBATCH_TEXT,
-        help="write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit",
-    )
+    p = sub.add_parser("sbatch", description=_SBATCH_TEXT, help=_SBATCH_HELP)
     _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node", nodes_help="nodes to allocate (#SBATCH --nodes)")
     p.add_argument(
         "--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)"
@@ -363,42 +351,53 @@ _K8S_TEXT = (
     "--nodes pods (one Master, the rest Workers) with monai-fast launch: one rank per GPU (or --procs-per-node on CPU "
     "pods), the rendezvous at the master through the MASTER_ADDR, MASTER_PORT and RANK the operator sets. On an "
     "eviction the ranks get SIGTERM and --grace-s to checkpoint (monai_fast.handlers.Preemption); a failed or evicted "
-    "pod restarts (restartPolicy OnFailure, at most --backoff-limit times) and the job resumes from the checkpoints "
-    "on --volume-claim. Example: monai-fast k8s --image me/monai-fast:1 --nodes 2 --gpus-per-node 4 "
-    "--volume-claim runs -- train.py --checkpoint-dir /workspace/run/ckpt"
+    "pod restarts (restartPolicy OnFailure, at most --backoff-limit times) and the job resumes from the checkpoints on "
+    "--volume-claim. Example: monai-fast k8s --image me/monai-fast:1 --nodes 2 --gpus-per-node 4 --volume-claim runs "
+    "-- train.py --checkpoint-dir /workspace/run/ckpt"
+)
+
+_K8S_HELP = "write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace"
+
+_K8S_OPTIONS = (
+    ("--cpus-per-node", int, 8, "CPU cores per pod (default %(default)s)"),
+    ("--memory", None, None, "memory per pod, e.g. 64Gi"),
+    ("--job-name", None, "monai-fast", "(default %(default)s)"),
+    ("--namespace", None, None, "Kubernetes namespace (default: kubectl's current one)"),
+    ("--grace-s", int, 120, "seconds the ranks get to checkpoint after SIGTERM (default %(default)s)"),
+    ("--backoff-limit", int, 3, "pod restarts before the job fails (default %(default)s)"),
+    ("--volume-claim", None, None, "PersistentVolumeClaim (ReadWriteMany) for data, checkpoints and records"),
+    ("--mount-path", None, "/workspace/run", "where --volume-claim is mounted (default %(default)s)"),
+    ("--out", None, None, "write the manifest here instead of printing it"),
 )
 
 
 def _add_k8s(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "k8s",
-        description=_K8S_TEXT,
-        help="write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace",
-    )
+    p = sub.add_parser("k8s", description=_K8S_TEXT, help=_K8S_HELP)
     p.add_argument("--image", required=True, help="container image with monai-fast installed")
     _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node", nodes_help="nodes, one pod each")
-    p.add_argument("--cpus-per-node", type=int, default=8, help="CPU cores per pod (default %(default)s)")
-    p.add_argument("--memory", help="memory per pod, e.g. 64Gi")
-    p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
-    p.add_argument("--namespace", help="Kubernetes namespace (default: kubectl's current one)")
-    p.add_argument(
-        "--grace-s",
-        type=int,
-        default=120,
-        help="seconds the ranks get to checkpoint after SIGTERM (default %(default)s)",
-    )
-    p.add_argument(
-        "--backoff-limit", type=int, default=3, help="pod restarts before the job fails (default %(default)s)"
-    )
-    p.add_argument("--volume-claim", help="PersistentVolumeClaim (ReadWriteMany) for data, checkpoints and records")
-    p.add_argument(
-        "--mount-path", default="/workspace/run", help="where --volume-claim is mounted (default %(default)s)"
-    )
-    p.add_argument("--out", help="write the manifest here instead of printing it")
+    add_options(p, _K8S_OPTIONS)
     p.add_argument(
         "script", nargs=argparse.REMAINDER, help="the training script (in the image) and its arguments, after '--'"
     )
     p.set_defaults(func=_cmd_k8s)
+
+
+_DOCTOR_HELP = "name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record"
+_DOCTOR_TEXT = (
+    "Read a run folder's monai-fast record (record.rank*.jsonl, written by RecordHandler + TimeBreakdown, GPUSampler, "
+    "ThroughputMonitor) and print the verdict, the numbers behind it and what to change. Writes report.md with PNG "
+    "plots (the plots extra) into the run folder. Needs only the record: diagnose a cluster run on a laptop."
+)
+_DOCTOR_OPTIONS = (
+    ("--data-threshold", float, 0.2, "data-wait share that makes a run data-bound (default %(default)s)"),
+    ("--util-low", float, 60.0, "mean GPU utilisation %% below which a GPU counts as idle (default %(default)s)"),
+)
+_SYNTH_HELP = "write a synthetic data set: MSD layout (3D) or Camelyon-like whole-slide images (--kind wsi)"
+_SYNTH_TEXT = (
+    "Write imagesTr/, labelsTr/ and dataset.json like an MSD task; or, with --kind wsi, pyramidal tiled TIFF slides "
+    "with tumour regions, their tissue and tumour masks, patches.csv and a dataset.json of patch locations and labels "
+    "for MONAI's PatchWSIDataset."
+)
 
 
 def add_tool_commands(sub: argparse._SubParsersAction) -> None:
@@ -406,27 +405,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     _add_launch(sub)
     _add_sbatch(sub)
     _add_k8s(sub)
-    p = sub.add_parser(
-        "doctor",
-        help="name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record",
-        description="Read a run folder's monai-fast record (record.rank*.jsonl, written by RecordHandler + "
-        "TimeBreakdown, GPUSampler, ThroughputMonitor) and print the verdict, the numbers behind it and what to "
-        "change. Writes report.md with PNG plots (the plots extra) into the run folder. Needs only the record: "
-        "diagnose a cluster run on a laptop.",
-    )
+    p = sub.add_parser("doctor", help=_DOCTOR_HELP, description=_DOCTOR_TEXT)
     p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")
-    p.add_argument(
-        "--data-threshold",
-        type=float,
-        default=0.2,
-        help="data-wait share that makes a run data-bound (default %(default)s)",
-    )
-    p.add_argument(
-        "--util-low",
-        type=float,
-        default=60.0,
-        help="mean GPU utilisation %% below which a GPU counts as idle (default %(default)s)",
-    )
+    add_options(p, _DOCTOR_OPTIONS)
     p.add_argument(
         "--apply",
         action="store_true",
@@ -434,13 +415,7 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser(
-        "synth",
-        help="write a synthetic data set: MSD layout (3D) or Camelyon-like whole-slide images (--kind wsi)",
-        description="Write imagesTr/, labelsTr/ and dataset.json like an MSD task; or, with --kind wsi, "
-        "pyramidal tiled TIFF slides with tumour regions, their tissue and tumour masks, patches.csv and a "
-        "dataset.json of patch locations and labels for MONAI's PatchWSIDataset.",
-    )
+    p = sub.add_parser("synth", help=_SYNTH_HELP, description=_SYNTH_TEXT)
     p.add_argument("out", help="output folder")
     p.add_argument(
         "--kind", choices=("spleen-like", "brats-like", "wsi"), default="spleen-like", help="(default %(default)s)"

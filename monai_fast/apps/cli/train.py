@@ -39,15 +39,15 @@ _TEXT = (
     "Train one recipe (default fast) on an MSD-layout folder (--data-dir; default: synthetic spleen-like data) until "
     "--max-epochs, --target or --time-budget; write the final model (model.pth, a checkpoint monai-fast infer reads; "
     "recipe.json to rebuild it) into --model-dir, and the run record, the doctor's report, results.json, epochs.csv "
-    "and plots into --output-dir. "
-    "In a SageMaker training job (any SM_* variable set) the defaults come from the job: the data from its input "
-    "channel (SM_CHANNEL_<NAME>: the only one, the one --channel names, else 'training'; never synthetic data), "
-    "SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, SM_NUM_GPUS, TensorBoard under /opt/ml/output/tensorboard; and its "
-    "hyperparameters (SM_HPS or "
-    "hyperparameters.json) set any option below by name (max_epochs or max-epochs: --max-epochs); the command line "
-    "wins. With several hosts (SM_HOSTS) each host runs this command under torchrun, the rendezvous on the first host."
+    "and plots into --output-dir. In a SageMaker training job (any SM_* variable set) the defaults come from the job: "
+    "the data from its input channel (SM_CHANNEL_<NAME>: the only one, the one --channel names, else 'training'; never "
+    "synthetic data), SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, SM_NUM_GPUS, TensorBoard under /opt/ml/output/tensorboard; and "
+    "its hyperparameters (SM_HPS or hyperparameters.json) set any option below by name (max_epochs or max-epochs: "
+    "--max-epochs); the command line wins. With several hosts (SM_HOSTS) each host runs this command under torchrun, "
+    "the rendezvous on the first host."
 )
 
+_HELP = "train one recipe and save the model; SageMaker's channels, model dir and hyperparameters when present"
 
 OUTPUT_FAILED_EXIT = 1  #: exit status of a run whose model was saved but another output could not be written
 _JOB = {f.name: f.default for f in fields(TrainJob)}  # the job's defaults, shown as the options'
@@ -254,13 +254,8 @@ def _print_outcome(outcome: TrainOutcome, job: TrainJob) -> None:
         raise SystemExit(OUTPUT_FAILED_EXIT)
 
 
+@stop_signals_caught()  # a signal while the job is read, the data checked or cached: kept
 def _cmd_train(args: argparse.Namespace) -> int:
-    """The command: stop signals caught from its first line (until a ``Preemption`` or the end of set-up)."""
-    with stop_signals_caught():  # a signal while the job is read, the data checked or cached: kept
-        return _train_command(args)
-
-
-def _train_command(args: argparse.Namespace) -> int:
     from monai_fast.apps.launch import run
     from monai_fast.distributed import detect
 
@@ -293,10 +288,4 @@ def _launch_hosts(sm: SageMakerEnv) -> int:
 
 def add_train_command(sub: argparse._SubParsersAction) -> None:
     """Add ``train`` to the sub-command parsers ``sub``."""
-    p = sub.add_parser(
-        "train",
-        description=_TEXT,
-        help="train one recipe and save the model; SageMaker's channels, model dir and hyperparameters when present",
-    )
-    _train_parser(p)
-    p.set_defaults(func=_cmd_train, tune=False)
+    _train_parser(sub.add_parser("train", description=_TEXT, help=_HELP)).set_defaults(func=_cmd_train, tune=False)

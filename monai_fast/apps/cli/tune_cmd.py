@@ -106,25 +106,23 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 _TUNE_TEXT = (
-    "Search the training batch size (volumes per batch), the sliding-window batch size and where the "
-    "validation output is stitched (GPU or CPU), and optionally fp32 against mixed precision and where the "
-    "training cache goes (--place-cache), for the fast recipe's UNet on this device. Each candidate runs real "
-    "iterations after a warm-up and is scored by patches/s (training) or volumes/s (validation) within a memory "
-    "budget (cap minus margin). Out-of-memory candidates are recorded as infeasible and the search goes on. "
-    "A range no longer than --trials is tried value by value; a longer one by doubling from the low end until a "
-    "candidate does not fit or two doublings in a row gain under 5 %, then bisecting. The three best are then measured "
-    "again, twice, dropping the weakest after each round. Results are cached per device, memory, model, patch "
-    "and volume size; 'monai-fast demo --tune' applies them."
+    "Search the training batch size (volumes per batch), the sliding-window batch size and where the validation output "
+    "is stitched (GPU or CPU), and optionally fp32 against mixed precision and where the training cache goes "
+    "(--place-cache), for the fast recipe's UNet on this device. Each candidate runs real iterations after a warm-up "
+    "and is scored by patches/s (training) or volumes/s (validation) within a memory budget (cap minus margin). "
+    "Out-of-memory candidates are recorded as infeasible and the search goes on. A range no longer than --trials is "
+    "tried value by value; a longer one by doubling from the low end until a candidate does not fit or two doublings "
+    "in a row gain under 5 %, then bisecting. The three best are then measured again, twice, dropping the weakest "
+    "after each round. Results are cached per device, memory, model, patch and volume size; 'monai-fast demo --tune' "
+    "applies them."
 )
+
+_TUNE_HELP = "pick fast's batch size, sliding-window batch, validation device and precision by measured throughput"
 
 
 def add_tune_command(sub: argparse._SubParsersAction) -> None:
     """Add ``tune`` to the sub-command parsers ``sub``."""
-    p = sub.add_parser(
-        "tune",
-        description=_TUNE_TEXT,
-        help="pick fast's batch size, sliding-window batch, validation device and precision by measured throughput",
-    )
+    p = sub.add_parser("tune", description=_TUNE_TEXT, help=_TUNE_HELP)
     add_data_options(p)
     add_model_options(p, race=False)
     add_tuning_options(p, race=False)
@@ -134,13 +132,12 @@ def add_tune_command(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--bundle",
         metavar="DIR",
-        help="tune this bundle's training batch, sliding-window batch and "
-        "stitching device for its network and patch on this device, and write an override file the "
-        "bundle merges as one more config (the Model Zoo's or Auto3DSeg's keys). With it apply --set, "
-        "--bundle-config, --bundle-out, --batch-range (capped by the training set), --sw-range, --trials, "
-        "--memory-cap-mib, --margin and --precision (what 'monai-fast bundle run --precision' will train in; "
-        "the trials run in it); it prints the plan first, a line per trial, the trials' table and the "
-        "'monai-fast bundle run' line that trains with the result and the same --set overrides",
+        help="tune this bundle's training batch, sliding-window batch and stitching device for its network and patch "
+        "on this device, and write an override file the bundle merges as one more config (the Model Zoo's or "
+        "Auto3DSeg's keys). With it apply --set, --bundle-config, --bundle-out, --batch-range (capped by the training "
+        "set), --sw-range, --trials, --memory-cap-mib, --margin and --precision (what 'monai-fast bundle run "
+        "--precision' will train in; the trials run in it); it prints the plan first, a line per trial, the trials' "
+        "table and the 'monai-fast bundle run' line that trains with the result and the same --set overrides",
     )
     b.add_argument(
         "--bundle-config",
@@ -157,7 +154,6 @@ def add_tune_command(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument(
         "--new-key",
-        dest="new_key",
         action="append",
         default=[],
         metavar="ID",
