@@ -283,3 +283,52 @@ def test_fast_training_compiles_the_trainer_and_the_evaluator_as_two_levers(tiny
     trainer.run()  # two epochs, two validations: far too short to repay a compile of either
     for lever in (Lever.COMPILE, Lever.VALIDATION_COMPILE):
         assert fast.applied[lever]["setting"] == "eager" and "left of" in fast.applied[lever]["reason"], fast.applied
+
+
+def _failing_compile(*args, **kwargs):
+    """``torch.compile`` where the compiler is missing: the compiled function raises at its first call."""
+
+    def compiled(*a, **k):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx")
+
+    return compiled
+
+
+def test_a_compiler_that_fails_at_the_first_call_leaves_the_run_eager_with_one_warning(tiny_files, monkeypatch, caplog):
+    """``compile=True`` measures nothing first: the first compiled call fails, that same call runs eager, and the run
+    goes on eager with one warning (a CPU without a C++ compiler)."""
+    import logging
+
+    from test_fast_training import _user_trainer
+
+    from monai_fast.handlers import FastTraining
+
+    monkeypatch.setattr(torch, "compile", _failing_compile)
+    net = _Known(0.0, 0.0)
+    trainer, evaluator = _user_trainer(tiny_files, network=net, max_epochs=2)
+    fast = FastTraining(cache=False, precision=False, memory_format=False, prefetch=False, compile=True)
+    fast.attach(trainer, evaluator)
+    with caplog.at_level(logging.WARNING, logger="monai_fast"):
+        trainer.run()
+    assert trainer.state.epoch == 2 and "forward" not in net.__dict__ and not net._forward_pre_hooks
+    for lever in ("compile", "validation compile"):
+        assert fast.applied[lever]["setting"] == "eager" and "torch.compile failed" in fast.applied[lever]["reason"]
+    warned = [r.getMessage() for r in caplog.records if "torch.compile failed" in r.getMessage()]
+    assert len(warned) == 1 and "InvalidCxxCompiler" in warned[0], warned  # one, though both engines fell back
+
+
+def test_an_error_of_the_users_network_is_raised_as_it_is_not_taken_for_a_compiler_failure(monkeypatch):
+    from ignite.engine import Engine
+
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("the user's own bug")
+
+    monkeypatch.setattr(torch, "compile", _failing_compile)
+    engine = Engine(lambda e, b: e.network(b))
+    engine.network = Broken()
+    choice = CompileChoice(True, store=None)
+    choice.attach(engine)
+    with pytest.raises(ValueError, match="the user's own bug"):
+        engine.run([torch.zeros(1, 1, 4, 4, 4)], max_epochs=1)
+    assert "failed" not in choice.reason

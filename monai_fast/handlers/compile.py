@@ -195,17 +195,52 @@ class CompileChoice(EngineHandler):
             except Exception as e:  # noqa: BLE001 - a compiler failure leaves the run eager, said once
                 compiled, reason = False, f"eager kept: torch.compile failed on the network ({type(e).__name__}: {e})"
         self.compiled, self.reason, self.evidence = compiled, reason, evidence
-        (logger.info if compiled or "failed" not in reason else logger.warning)("CompileChoice: %s", reason)
-        if self.on_choice is not None:
+        if self.on_choice is not None:  # its caller says it (FastTraining: one line per lever)
             self.on_choice(compiled, reason, evidence)
+        else:
+            (logger.info if compiled or "failed" not in reason else logger.warning)("CompileChoice: %s", reason)
 
     def _compile(self, net: torch.nn.Module, fullgraph: bool) -> None:
-        """The compiled forward, put in place for the engine's iterations (a trainer's from this one on)."""
-        self._forward = torch.compile(net.forward, fullgraph=fullgraph)
+        """The compiled forward, put in place for the engine's iterations (a trainer's from this one on).
+
+        The first call compiles; where it fails and the same call runs eager (a compiler missing or
+        failing on this network, also with ``mode=True``, which measures nothing first), the run goes on
+        eager with one warning; an error the eager forward raises too is the user's and propagates.
+        """
+        compiled, eager = torch.compile(net.forward, fullgraph=fullgraph), net.forward
+
+        def first_call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                out = compiled(*args, **kwargs)
+            except Exception as e:
+                out = eager(*args, **kwargs)  # raises the user's own error, if it is one
+                self._give_up(e)
+                return out
+            self._forward = compiled  # from the next call on, without this check
+            self._compiled_forward()
+            return out
+
+        self._forward = first_call
         self._hook = net.register_forward_pre_hook(strip_meta, with_kwargs=True)
         self._network = net
         if not self.evaluation:  # an evaluator decides at its first iteration's end: the next one compiles
             self._compiled_forward()
+
+    def _give_up(self, error: Exception) -> None:
+        """Eager from now on, after the compiled forward failed where the eager one ran."""
+        self._eager_forward()
+        if self._hook is not None:
+            self._hook.remove()
+        self._network = self._hook = self._forward = None
+        first = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+        self.compiled, self.reason = (
+            False,
+            f"eager kept: torch.compile failed on the network ({type(error).__name__}: {first})",
+        )
+        if self.on_choice is not None:
+            self.on_choice(False, self.reason, self.evidence)
+        else:
+            logger.warning("CompileChoice: %s", self.reason)
 
     def _decide(
         self,

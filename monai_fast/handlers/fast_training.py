@@ -133,6 +133,7 @@ class FastTraining(EngineHandler):
         self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
         self._fills: list[Any] = []  # data sets filling in the background: no prefetch timing until all are full
         self._ram_left = 0  # bytes of the RAM budget not yet given to a cache, set at attach
+        self._warned = False  # a compile failure was warned of (the evaluator's is then a log line)
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
         self.applied: dict[str, dict[str, Any]] = {}
         self.amp: AMPToggle | None = None
@@ -227,11 +228,14 @@ class FastTraining(EngineHandler):
         handler.attach(engine)
         self._helpers.append(handler)
 
-    def _say(self, lever: str, applied: bool, setting: Any, reason: str, evidence: dict | None = None) -> None:
+    def _say(
+        self, lever: str, applied: bool, setting: Any, reason: str, evidence: dict | None = None, warn: bool = False
+    ) -> None:
         self.applied[lever] = {"applied": applied, "setting": setting, "reason": reason}
         if evidence:  # the measurement behind a decision (every round), for the record and the doctor
             self.applied[lever]["evidence"] = evidence
-        logger.info("FastTraining %s: %s%s", lever, f"{setting}: " if applied else "left alone: ", reason)
+        say = logger.warning if warn else logger.info
+        say("FastTraining %s: %s%s", lever, f"{setting}: " if applied else "left alone: ", reason)
 
     def _data(self, engine: Workflow, lever: str, device: torch.device, trainer: Engine) -> None:
         if self.loader is False or self.cache is False:
@@ -382,7 +386,11 @@ class FastTraining(EngineHandler):
             self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
 
     def _compiled(self, trainer: Engine, lever: Lever, compiled: bool, reason: str, evidence: dict[str, Any]) -> None:
-        self._say(lever, compiled, "compiled" if compiled else "eager", reason, evidence)
+        failed = not compiled and "failed" in reason  # no compiler here: one warning, not one per engine
+        self._say(
+            lever, compiled, "compiled" if compiled else "eager", reason, evidence, warn=failed and not self._warned
+        )
+        self._warned = self._warned or failed
         self._record(trainer, only=lever)
 
     def _prediction_layout_lever(self, evaluator: Workflow, trainer: Workflow) -> None:
