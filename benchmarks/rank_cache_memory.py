@@ -1,4 +1,4 @@
-"""A node's memory for cached data with 2 gloo ranks vs 1: a full copy per rank, a partition, one shared copy.
+"""A node's memory for cached data with N gloo ranks vs 1: a full copy per rank, a partition, one shared copy.
 
 MONAI issues #913 / #3843: with DDP, every rank building a ``CacheDataset`` over the whole data
 list holds a full copy, so a node's RAM use grows with its rank count. With
@@ -6,9 +6,9 @@ list holds a full copy, so a node's RAM use grows with its rank count. With
 measures the peak RSS growth of each rank while it builds the cache and iterates one epoch:
 
 * 1 rank, all items;
-* 2 real gloo ranks (``ignite.distributed.Parallel``), each caching all items;
-* 2 gloo ranks, each caching its partition;
-* 2 gloo ranks keeping the user's ``DistributedSampler``, as ``FastTraining`` adopts it: one
+* N real gloo ranks (``ignite.distributed.Parallel``), each caching all items;
+* N gloo ranks, each caching its partition;
+* N gloo ranks keeping the user's ``DistributedSampler``, as ``FastTraining`` adopts it: one
   ``CropCacheDataset`` per node, memory-mapped by both ranks.
 
 Beside the peak RSS growth, each rank's PSS growth (its share of pages it maps with others, from
@@ -19,6 +19,7 @@ it. The last column is the second loader pass's seconds on the slowest rank (the
 It prints a table and writes ``benchmarks/results/rank_cache_memory_<time>.json``.
 
     python benchmarks/rank_cache_memory.py --cases 16
+    python benchmarks/rank_cache_memory.py --cases 16 --ranks 2 4
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def _run(data_root: str, nproc: int, mode: str) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", type=int, default=16)
+    p.add_argument("--ranks", type=int, nargs="+", default=[2], help="ranks on the node to compare (default 2)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args()
 
@@ -110,12 +112,14 @@ def main() -> None:
 
     root = str(synthetic_dataset("spleen-like", args.cases, (128, 128, 64), 0, progress=False))
     rows = []
-    for label, nproc, mode in (
-        ("1 rank, all items", 1, "full"),
-        ("2 ranks, full copy each", 2, "full"),
-        ("2 ranks, partition each", 2, "partition"),
-        ("2 ranks, sampler kept, shared", 2, "shared"),
-    ):
+    setups = [("1 rank, all items", 1, "full")]
+    for n in args.ranks:
+        setups += [
+            (f"{n} ranks, full copy each", n, "full"),
+            (f"{n} ranks, partition each", n, "partition"),
+            (f"{n} ranks, sampler kept, shared", n, "shared"),
+        ]
+    for label, nproc, mode in setups:
         ranks = _run(root, nproc, mode)
         total = sum(r["peak_rss_growth_mib"] for r in ranks)
         pss = sum(r["pss_growth_mib"] for r in ranks)
@@ -149,6 +153,7 @@ def main() -> None:
         "benchmark": "rank_cache_memory",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": {"device": device_description("cpu"), "platform": platform.platform()},
+        "ranks": args.ranks,
         "rows": rows,
     }
     from monai_fast.files import write_json
