@@ -9,7 +9,7 @@ measures the peak RSS growth of each rank while it builds the cache and iterates
 * N real gloo ranks (``ignite.distributed.Parallel``), each caching all items;
 * N gloo ranks, each caching its partition;
 * N gloo ranks keeping the user's ``DistributedSampler``, as ``FastTraining`` adopts it: one
-  ``CropCacheDataset`` per node, memory-mapped by both ranks.
+  ``CropCacheDataset`` per node, memory-mapped by every rank.
 
 Beside the peak RSS growth, each rank's PSS growth (its share of pages it maps with others, from
 ``/proc``) is summed over the node; for the shared copy the size of its files is added (what the node's
