@@ -66,7 +66,7 @@ def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[P
         ref = _MISSING_REF.search(text)
         if ref:
             name = (ref.group(1) or ref.group(2)).replace("::", "#")
-            near = difflib.get_close_matches(name, list(config_ids(parser.get())), n=3, cutoff=0.6)
+            near = difflib.get_close_matches(name, config_ids(parser.get()), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join('@' + n for n in near)}?" if near else ""
             where = ", ".join(f.name for f in files)
             return f"the config ({where}) refers to @{name}, which it does not define{hint}"
