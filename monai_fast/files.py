@@ -94,9 +94,8 @@ class NoSpaceError(OSError):
         self.needed = needed
         self.free = free
         self.written = written
-        parts = [f"{what + ' ' if what else ''}{self.path}: no space left on the device"]
-        if code == errno.EDQUOT:
-            parts[0] = f"{what + ' ' if what else ''}{self.path}: disk quota exceeded"
+        problem = "disk quota exceeded" if code == errno.EDQUOT else "no space left on the device"
+        parts = [f"{what + ' ' if what else ''}{self.path}: {problem}"]
         if _no_inodes_left(self.path):  # bytes may be free while the file system has no room for another file
             parts.append("the file system has no free inodes (room for files) left, whatever bytes it shows free")
         if needed is not None and free is not None:

@@ -78,7 +78,7 @@ def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[P
             return f"bad data: {item_line(cur)}"
     for cur in chain:
         if isinstance(cur, ValueError) and "num_samples=0" in str(cur):
-            data = parser.get("dataset_dir") if "dataset_dir" in parser else None
+            data = parser.get("dataset_dir")
             read = f": dataset_dir {data} holds no items it lists" if isinstance(data, str) else ""
             return f"a data set of the config is empty{built}{read} (or too few for its validation split)"
     for cur in chain:
