@@ -1,20 +1,13 @@
 """Ground floor: atomic file writes, and a full file system named with the space missing.
 
-Every file monai-fast writes that another process may read goes through `atomic_write()`: the
-bytes go to a temporary file beside the target and are renamed onto it once complete, so a reader
-sees the old file or the new one. `clean_stale_tmp()` removes the leftovers of killed writers; a
-write that runs out of space raises `NoSpaceError`, naming the file and the space missing, and
-`no_space_in()` finds that cause in any exception's chain. These are ours because ignite's
-``DiskSaver(atomic=True)`` neither syncs nor recognises a killed writer's leftovers, and no library
-names the file and the space missing. This module imports nothing else of monai-fast.
+`atomic_write()` / `atomic_path()` write beside the target and rename into place (a reader sees the old
+file or the new one); `clean_stale_tmp()` removes killed writers' leftovers; `NoSpaceError` names the
+file and the space missing. Ours because ignite's ``DiskSaver(atomic=True)`` neither syncs nor
+recognises a killed writer's leftovers (docs/faults.md). This module imports nothing else of monai-fast.
 
 Examples:
     >>> import json, tempfile
-    >>> from monai_fast.files import atomic_write, write_json
-    >>> folder = tempfile.mkdtemp()
-    >>> with atomic_write(folder + "/a.txt") as f:
-    ...     _ = f.write("complete or absent")
-    >>> p = write_json({"x": 1}, folder + "/b.json")
+    >>> p = write_json({"x": 1}, tempfile.mkdtemp() + "/b.json")
     >>> json.loads(p.read_text())
     {'x': 1}
 """
@@ -101,9 +94,8 @@ class NoSpaceError(OSError):
         self.needed = needed
         self.free = free
         self.written = written
-        parts = [f"{what + ' ' if what else ''}{self.path}: no space left on the device"]
-        if code == errno.EDQUOT:
-            parts[0] = f"{what + ' ' if what else ''}{self.path}: disk quota exceeded"
+        problem = "disk quota exceeded" if code == errno.EDQUOT else "no space left on the device"
+        parts = [f"{what + ' ' if what else ''}{self.path}: {problem}"]
         if _no_inodes_left(self.path):  # bytes may be free while the file system has no room for another file
             parts.append("the file system has no free inodes (room for files) left, whatever bytes it shows free")
         if needed is not None and free is not None:
@@ -175,13 +167,18 @@ def _space_error_in(err: BaseException | None) -> OSError | None:
     return found
 
 
-def _no_inodes_left(path: Path) -> bool:
-    """Whether the file system holding ``path`` (its nearest existing parent) has no free inodes."""
-    probe = path.absolute()
+def _existing(path: str | os.PathLike) -> Path:
+    """``path``'s nearest existing folder (itself when it exists): where its file system is measured."""
+    probe = Path(path).absolute()
     while not probe.exists() and probe.parent != probe:
         probe = probe.parent
+    return probe
+
+
+def _no_inodes_left(path: Path) -> bool:
+    """Whether the file system holding ``path`` (its nearest existing parent) has no free inodes."""
     try:
-        st = os.statvfs(probe)
+        st = os.statvfs(_existing(path))
     except (OSError, AttributeError):  # no statvfs (Windows), or the path went away
         return False
     return st.f_files > 0 and st.f_favail == 0
@@ -189,10 +186,7 @@ def _no_inodes_left(path: Path) -> bool:
 
 def free_bytes(path: str | os.PathLike) -> int:
     """Bytes free to this user on the file system holding ``path`` (its nearest existing parent)."""
-    probe = Path(path).absolute()
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
+    return shutil.disk_usage(_existing(path)).free
 
 
 def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") -> int:
@@ -330,63 +324,37 @@ def atomic_write(
 ) -> Iterator[IO]:
     """Open a temporary file beside ``path``; on a clean exit rename it onto ``path``.
 
-    On an exception the temporary file is removed and ``path`` is left as it was. The parent
-    folder is created if needed. Running out of space raises `NoSpaceError` naming
-    ``path`` (not the temporary file).
+    On an exception the temporary file is removed and ``path`` is left as it was; the parent folder
+    is created if needed; running out of space raises `NoSpaceError` naming ``path``.
 
     Args:
         path: the final file.
         mode: ``"w"`` (text) or ``"wb"`` (bytes).
-        fsync: flush the file (and the folder's entry) to stable storage before returning: for
-            files that must survive a power cut or node loss (checkpoints, tuning results).
-        clean: first remove leftovers of killed writers of this file. That lists the folder, so a
-            writer of many files into one folder (a disk cache) passes ``False`` and calls
-            `clean_stale_tmp()` on the folder once instead.
-        size: the bytes the file will hold, where known: a full file system's error then says how
-            much space is missing.
+        fsync: flush the file and the folder's entry to stable storage before returning (checkpoints,
+            tuning results: files that must survive a power cut).
+        clean: first remove leftovers of killed writers of this file; a writer of many files into one
+            folder passes ``False`` and calls `clean_stale_tmp()` on the folder once.
+        size: the bytes the file will hold, where known, for the space missing in the error.
         open_kwargs: passed to `open()` (``encoding``, ...).
 
     Yields:
-        The open temporary file. It is created like any new file, so its permissions follow the
-        process's umask.
+        The open temporary file (its permissions follow the process's umask).
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
-    path, tmp = _prepare(path, clean)
-    try:
-        with open(tmp, mode, **open_kwargs) as f:
-            yield f
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-        if fsync:
-            _fsync_dir(path.parent)
-    except Exception as err:  # an OSError, or a writer's own error raised over one (torch.save's "unexpected pos")
-        converted = _as_no_space(err, path, tmp, size)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if converted is err:
-            raise
-        raise converted from err
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    with _renamed_into_place(path, fsync, clean, size, native=False) as tmp, open(tmp, mode, **open_kwargs) as f:
+        yield f
 
 
-@contextlib.contextmanager
 def atomic_path(
     path: str | os.PathLike, fsync: bool = False, clean: bool = True, size: int | None = None
-) -> Iterator[Path]:
+) -> contextlib.AbstractContextManager[Path]:
     """A temporary path beside ``path`` for a writer that takes a file name; renamed onto ``path`` on a clean exit.
 
     The counterpart of `atomic_write()` for libraries that open the file themselves
-    (``prof.export_chrome_trace(name)``, ``nib.save(img, name)``): the same guarantees, the same
-    `NoSpaceError` naming ``path`` (a C/C++ writer's stream error, which carries no errno,
-    counts as a full file system when less than `FULL_BELOW` bytes are left). The temporary
-    name ends in ``.tmp``, so a writer that picks its format from the suffix needs the format
-    passed explicitly.
+    (``nib.save(img, name)``), with the same guarantees; a C/C++ writer's stream error, which carries
+    no errno, counts as a full file system when less than `FULL_BELOW` bytes are left. The temporary
+    name ends in ``.tmp``: a writer that picks its format from the suffix needs the format passed.
 
     Args:
         path: the final file.
@@ -400,22 +368,31 @@ def atomic_path(
     Raises:
         FileNotFoundError: the writer returned without writing the temporary path.
     """
-    path, tmp = _prepare(path, clean)
+    return _renamed_into_place(path, fsync, clean, size, native=True)
+
+
+@contextlib.contextmanager
+def _renamed_into_place(
+    path: str | os.PathLike, fsync: bool, clean: bool, size: int | None, native: bool
+) -> Iterator[Path]:
+    """A fresh temporary name beside ``path``, renamed onto it on a clean exit, removed on an error."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if clean:
+        clean_stale_tmp(path.parent, target=path.name)
+    tmp = tmp_path_for(path)
     try:
         yield tmp
         if not tmp.is_file():
             raise FileNotFoundError(f"{path}: the writer wrote nothing under the temporary name {tmp.name}")
         if fsync:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(tmp)
         os.replace(tmp, path)
         if fsync:
-            _fsync_dir(path.parent)
-    except Exception as err:
-        converted = _as_no_space(err, path, tmp, size, native=True)
+            with contextlib.suppress(OSError):  # not every file system lets a folder be opened and synced
+                _fsync(path.parent)
+    except Exception as err:  # an OSError, or a writer's own error raised over one (torch.save's "unexpected pos")
+        converted = _as_no_space(err, path, tmp, size, native=native)
         _remove_tmp(tmp)
         if converted is err:
             raise
@@ -432,22 +409,13 @@ def _remove_tmp(tmp: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def _prepare(path: str | os.PathLike, clean: bool) -> tuple[Path, Path]:
-    """The target as a ``Path`` (its folder made) and a fresh temporary name beside it; leftovers cleaned first."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if clean:
-        clean_stale_tmp(path.parent, target=path.name)
-    return path, tmp_path_for(path)
-
-
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # not every file system lets a folder be opened and synced
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _fsync(path: Path) -> None:
+    """Flush the file or folder ``path`` to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_bytes(data: bytes, path: str | os.PathLike, fsync: bool = False, clean: bool = True) -> Path:

@@ -1,11 +1,9 @@
 """GNU OpenMP's threads made to share a busy host well: their spin bounded, the main team's workers pinned.
 
-libgomp's threads spin ``GOMP_SPINCOUNT`` rounds after each parallel region (300000 by default); on
-a busy host a spinning thread holds the core its partner needs, and a step takes several times as
-long. `bound_openmp_spin()` sets `BOUNDED_SPINCOUNT` before torch loads libgomp (the ``monai-fast``
-command calls it first; a script exports ``GOMP_SPINCOUNT=10000``), leaving a value the user set
-alone; it changes no result. `pin_openmp_workers()` gives each worker of the main thread's team a
-core of its own, and `on_core()` keeps the main thread on the core they left free (`free_core()`).
+`bound_openmp_spin()` sets ``GOMP_SPINCOUNT`` to `BOUNDED_SPINCOUNT` before torch loads libgomp (a
+spinning thread on a busy host holds the core its partner needs); `pin_openmp_workers()` gives each
+worker of the main team a core of its own, and `on_core()` keeps the main thread on the core they left
+free (`free_core()`). Neither changes a result; why and when: docs/demo.md.
 
 Examples:
     >>> env = {}
@@ -20,6 +18,7 @@ Examples:
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -58,13 +57,7 @@ LOCAL_RANKS_ENV = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LO
 
 
 def libgomp_mapped() -> bool:
-    """Whether GNU OpenMP's library is loaded in this process (read from ``/proc/self/maps``; ``False`` off Linux).
-
-    Examples:
-        >>> import torch  # doctest: +SKIP
-        >>> libgomp_mapped()  # doctest: +SKIP
-        True
-    """
+    """Whether GNU OpenMP's library is loaded in this process (read from ``/proc/self/maps``; ``False`` off Linux)."""
     try:
         return "libgomp" in Path("/proc/self/maps").read_text()
     except OSError:  # not Linux: no /proc, and no libgomp to bound
@@ -72,13 +65,7 @@ def libgomp_mapped() -> bool:
 
 
 def openmp_loaded() -> bool:
-    """Whether libgomp may already have read its settings in this process (torch imported, or libgomp mapped).
-
-    Examples:
-        >>> import torch  # doctest: +SKIP
-        >>> openmp_loaded()  # doctest: +SKIP
-        True
-    """
+    """Whether libgomp may already have read its settings in this process (torch imported, or libgomp mapped)."""
     return "torch" in sys.modules or libgomp_mapped()
 
 
@@ -150,12 +137,9 @@ def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
     """Keep the main OpenMP team's worker threads on separate cores; the main thread stays free.
 
     Call it from the main thread at a process's start, after torch loaded and before other threads
-    start: worker ``k`` gets core ``k`` of this process's cores (`physical_cores()`), core 0 is left to
-    the main thread, whose mask (and its later threads' and processes') is unchanged. What is computed
-    does not change. It pins only where that cannot crowd threads onto fewer cores: on Linux, with
-    torch's threads equal to the process's cores (more than one), one process per node (no
-    `LOCAL_RANKS_ENV` above 1), and no OpenMP binding of the user's (``OMP_PROC_BIND``, ``OMP_PLACES``,
-    ``GOMP_CPU_AFFINITY``, ``KMP_AFFINITY``) or ``MONAI_FAST_PIN_OPENMP=0``.
+    start: worker ``k`` gets core ``k`` (`physical_cores()`), core 0 stays the main thread's. It pins
+    only on Linux, with torch's threads equal to the process's cores (more than one), one process per
+    node (`LOCAL_RANKS_ENV`), and none of `USER_BINDING_ENV` set nor ``MONAI_FAST_PIN_OPENMP=0``.
 
     Args:
         environ: the environment to read those variables from (default ``os.environ``).
@@ -195,12 +179,8 @@ def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
 
 def _int(value: str | None) -> int:
     """The leading integer of ``value`` (SLURM writes ``2(x3)`` for 2 tasks on each of 3 nodes); 0 when none."""
-    digits = ""
-    for ch in (value or "").strip():
-        if not ch.isdigit():
-            break
-        digits += ch
-    return int(digits) if digits else 0
+    digits = re.match(r"\s*(\d+)", value or "")
+    return int(digits[1]) if digits else 0
 
 
 def free_core(process_cpus: set[int] | None = None) -> frozenset[int] | None:
@@ -211,10 +191,6 @@ def free_core(process_cpus: set[int] | None = None) -> frozenset[int] | None:
 
     Args:
         process_cpus: the process's CPUs (default: the calling thread's mask; call it while that is the whole set).
-
-    Examples:
-        >>> free_core() is None or len(free_core()) >= 1
-        True
     """
     full = set(os.sched_getaffinity(0)) if process_cpus is None else set(process_cpus)
     taken: set[int] = set()
@@ -237,15 +213,8 @@ def free_core(process_cpus: set[int] | None = None) -> frozenset[int] | None:
 def main_thread_core() -> frozenset[int] | None:
     """`free_core()` when called on the main thread, else ``None``: only the main thread computes on that core.
 
-    A thread of its own (a background validation, a tuner run from it) keeps its mask: on the free
-    core it would compete with the main thread's iterations.
-
-    Examples:
-        >>> import threading
-        >>> box = []
-        >>> t = threading.Thread(target=lambda: box.append(main_thread_core())); t.start(); t.join()
-        >>> box
-        [None]
+    A thread of its own (a background validation) keeps its mask: on the free core it would compete
+    with the main thread's iterations.
     """
     return free_core() if threading.current_thread() is threading.main_thread() else None
 
@@ -256,10 +225,6 @@ def on_core(core: frozenset[int] | None) -> Iterator[None]:
 
     Threads and processes it starts inside the block inherit the one-core mask, so the block should
     only compute (a training or validation iteration).
-
-    Examples:
-        >>> with on_core(None):
-        ...     pass
     """
     if core is None:
         yield

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from monai_fast.bundle.checks import TRAIN_CONFIG_NAMES, BundleError, require_yaml_reader
-from monai_fast.bundle.pieces import TunerPieces, first_entry, optimizer_factory, size3
+from monai_fast.bundle.pieces import TunerPieces, first_entry, optimizer_factory, parsed, size3
 from monai_fast.telemetry.cuda import cuda_available
 
 __all__ = [
@@ -142,17 +142,14 @@ def _fold_split(parser: Any) -> tuple[list[dict], list[dict], str] | None:
     train. ``None`` when ``data_list_file_path`` is not set or not a file.
     """
 
-    def get(cid: str) -> Any:
-        return parser.get_parsed_content(cid) if cid in parser else None
-
-    listed = get("data_list_file_path")
+    listed = parsed(parser, "data_list_file_path")
     if not listed or not Path(str(listed)).is_file():
         return None
     entries = json.loads(Path(str(listed)).read_text())
     items = entries.get("training", [])
     if entries.get("validation"):
         return items, entries["validation"], str(listed)
-    fold = get("fold") or 0
+    fold = parsed(parser, "fold") or 0
     return [e for e in items if e.get("fold") != fold], [e for e in items if e.get("fold") == fold], str(listed)
 
 
@@ -161,7 +158,7 @@ def _train_items(parser: Any) -> tuple[int | None, str]:
     split = _fold_split(parser)
     if split is None:
         return None, "data_list_file_path is not a file"
-    return len(split[0]), f"{split[2]}, fold {parser.get_parsed_content('fold') if 'fold' in parser else 0}"
+    return len(split[0]), f"{split[2]}, fold {parsed(parser, 'fold', 0)}"
 
 
 def _val_shape(parser: Any, prefix: str) -> tuple[int, ...] | None:
@@ -174,14 +171,11 @@ def _val_shape(parser: Any, prefix: str) -> tuple[int, ...] | None:
     """
     import nibabel as nib
 
-    def get(cid: str) -> Any:
-        return parser.get_parsed_content(cid) if cid in parser else None
-
     split = _fold_split(parser)
     if split is None or not split[1]:
         return None
     _, val, listed = split
-    base = get("data_file_base_dir")
+    base = parsed(parser, "data_file_base_dir")
     image = val[0]["image"]
     image = image[0] if isinstance(image, (list, tuple)) else image
     path = Path(str(base or "")) / image
@@ -193,12 +187,12 @@ def _val_shape(parser: Any, prefix: str) -> tuple[int, ...] | None:
     # the templates name the target spacing ``resample_resolution`` (``resample_to_spacing`` in older ones);
     # those with a ``resample`` switch resample only where it is on
     spacing = None
-    if "resample" not in parser or get("resample"):
+    if "resample" not in parser or parsed(parser, "resample"):
         spacing = next(
             (
-                get(c)
+                parsed(parser, c)
                 for c in (prefix + "resample_resolution", prefix + "resample_to_spacing", "resample_resolution")
-                if get(c)
+                if parsed(parser, c)
             ),
             None,
         )

@@ -23,6 +23,7 @@ import torch
 from ignite import distributed as idist
 from ignite.handlers import Checkpoint, DiskSaver
 
+from monai_fast.bundle.checks import config_items
 from monai_fast.files import atomic_path
 
 __all__ = ["AtomicDiskSaver", "atomic_checkpoints", "config_checkpoint_savers"]
@@ -100,21 +101,10 @@ def config_checkpoint_savers(parser: Any) -> list[Any]:
     Each item whose ``_target_`` names ``CheckpointSaver`` is looked up by its id with
     ``get_parsed_content``, which returns the object the engines were built with.
     """
-    ids: list[str] = []
-
-    def walk(value: Any, where: str) -> None:
-        if isinstance(value, Mapping):
-            target = value.get("_target_")
-            if isinstance(target, str) and target.rsplit(".", 1)[-1] in _SAVER_TARGETS:
-                ids.append(where)
-                return
-            items: Iterable[tuple[Any, Any]] = value.items()
-        elif isinstance(value, list):
-            items = enumerate(value)
-        else:
-            return
-        for key, item in items:
-            walk(item, f"{where}#{key}" if where else str(key))
-
-    walk(parser.get(), "")
-    return [parser.get_parsed_content(i) for i in ids]
+    return [
+        parser.get_parsed_content(cid)
+        for cid, value in config_items(parser.get())
+        if isinstance(value, Mapping)
+        and isinstance(value.get("_target_"), str)
+        and value["_target_"].rsplit(".", 1)[-1] in _SAVER_TARGETS
+    ]

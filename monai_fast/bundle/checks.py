@@ -29,6 +29,7 @@ __all__ = [
     "check_expressions",
     "check_overrides",
     "config_ids",
+    "config_items",
     "parse_overrides",
     "require_yaml_reader",
 ]
@@ -183,17 +184,6 @@ def check_config_files(files: Sequence[str | os.PathLike]) -> None:
             raise BundleError(f"{path}: {err}") from None
 
 
-def _expressions(config: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
-    """Every ``$`` expression of a config, with its id."""
-    if isinstance(config, str):
-        if config.startswith("$"):
-            yield prefix, config[1:]
-        return
-    items = config.items() if isinstance(config, Mapping) else enumerate(config) if isinstance(config, list) else ()
-    for key, value in items:
-        yield from _expressions(value, f"{prefix}#{key}" if prefix else str(key))
-
-
 def check_expressions(files: Sequence[str | os.PathLike], overrides: Mapping[str, Any] | None = None) -> None:
     """Refuse, before anything runs, a ``$`` expression of the merged config or of an override that is not
     valid Python.
@@ -207,19 +197,20 @@ def check_expressions(files: Sequence[str | os.PathLike], overrides: Mapping[str
     from monai.bundle import ConfigParser, ReferenceResolver
 
     where = f"the config ({', '.join(Path(f).name for f in files)})"
-    sources = [(where, _expressions(ConfigParser.load_config_files([str(f) for f in files])))]
-    sources += [("the override", _expressions(value, key)) for key, value in (overrides or {}).items()]
-    for source, expressions in sources:
-        for cid, text in expressions:
-            code = ReferenceResolver.id_matcher.sub("_ref", ReferenceResolver.normalize_id(text))
+    sources = {where: ConfigParser.load_config_files([str(f) for f in files]), "the override": dict(overrides or {})}
+    for source, config in sources.items():
+        for cid, value in config_items(config):
+            if not (isinstance(value, str) and value.startswith("$")):
+                continue
+            code = ReferenceResolver.id_matcher.sub("_ref", ReferenceResolver.normalize_id(value[1:]))
             try:
                 ast.parse(code)
             except SyntaxError as err:
-                raise BundleError(f"{source} at {cid}: ${text} is not valid Python: {err.msg}") from None
+                raise BundleError(f"{source} at {cid}: {value} is not valid Python: {err.msg}") from None
 
 
-def config_ids(config: Any, prefix: str = "") -> Iterator[str]:
-    """Every id of a config, in MONAI's ``a#b#0`` form."""
+def config_items(config: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every id of a config, in MONAI's ``a#b#0`` form, with what it holds (parents before their children)."""
     if isinstance(config, Mapping):
         items: Any = config.items()
     elif isinstance(config, list):
@@ -228,8 +219,13 @@ def config_ids(config: Any, prefix: str = "") -> Iterator[str]:
         return
     for key, value in items:
         cid = f"{prefix}#{key}" if prefix else str(key)
-        yield cid
-        yield from config_ids(value, cid)
+        yield cid, value
+        yield from config_items(value, cid)
+
+
+def config_ids(config: Any) -> list[str]:
+    """Every id of a config, in MONAI's ``a#b#0`` form."""
+    return [cid for cid, _ in config_items(config)]
 
 
 #: MONAI components of the Model Zoo's configs that need a package of an extra: (name part, module, extra)
@@ -248,9 +244,7 @@ def check_component_packages(parser: Any) -> None:
     """
     from monai_fast.extras import MissingExtraError, available
 
-    config = parser.get()
-    for cid in config_ids(config):
-        value = parser.get(cid)
+    for cid, value in config_items(parser.get()):
         target = value.get("_target_") if isinstance(value, Mapping) else None
         if not isinstance(target, str):
             continue

@@ -5,12 +5,6 @@ synthetic tensors, so it needs the bundle's network, loss and optimizer and the 
 validates with: `TunerPieces`. `zoo_pieces()` reads them from the Model Zoo's layout
 (``network_def``, ``loss``, ``optimizer``, ``train#preprocessing``'s crop, ``validate#inferer``);
 `monai_fast.bundle.auto3dseg` reads an Auto3DSeg-generated algorithm with the helpers here.
-
-Examples:
-    >>> from monai_fast.bundle.pieces import read_config, zoo_pieces
-    >>> parser = read_config(root, [root / "configs" / "train.json"], {"dataset_dir": "/data"})  # doctest: +SKIP
-    >>> zoo_pieces(parser).roi  # doctest: +SKIP
-    (96, 96, 96)
 """
 
 from __future__ import annotations
@@ -24,7 +18,16 @@ import torch
 
 from monai_fast.bundle.checks import BundleError
 
-__all__ = ["ZOO_KEYS", "TunerPieces", "first_entry", "optimizer_factory", "read_config", "size3", "zoo_pieces"]
+__all__ = [
+    "ZOO_KEYS",
+    "TunerPieces",
+    "first_entry",
+    "optimizer_factory",
+    "parsed",
+    "read_config",
+    "size3",
+    "zoo_pieces",
+]
 
 #: what the tuner sets, in the Model Zoo's config layout
 ZOO_KEYS = {
@@ -49,15 +52,20 @@ def read_config(bundle_dir: Path, files: Sequence[Path], overrides: Mapping[str,
     return parser
 
 
-def first_entry(parser: Any, ids: Sequence[str], what: str) -> tuple[str, Any]:
-    """The first of ``ids`` the config has, and its instantiated content.
+def parsed(parser: Any, cid: str, default: Any = None) -> Any:
+    """The parsed (instantiated) content of ``cid``, or ``default`` where the config has no such id."""
+    return parser.get_parsed_content(cid) if cid in parser else default
+
+
+def first_entry(parser: Any, ids: Sequence[str], what: str, instantiate: bool = True) -> tuple[str, Any]:
+    """The first of ``ids`` the config has, and its parsed content (a ``ConfigComponent`` unless ``instantiate``).
 
     Raises:
         BundleError: none of them, naming them all and ``what`` they are for.
     """
     for cid in ids:
         if cid in parser:
-            return cid, parser.get_parsed_content(cid)
+            return cid, parser.get_parsed_content(cid, instantiate=instantiate)
     raise BundleError(f"the config has none of {', '.join(ids)} ({what})")
 
 
@@ -70,13 +78,10 @@ def optimizer_factory(parser: Any, ids: Sequence[str]) -> Callable[[Any], torch.
     """
     from monai.bundle import ConfigComponent
 
-    for cid in ids:
-        if cid in parser:
-            entry = parser.get_parsed_content(cid, instantiate=False)
-            if not isinstance(entry, ConfigComponent):
-                raise BundleError(f"{cid} is not a component with a _target_ (the optimizer)")
-            return lambda params: entry.instantiate(params=params)
-    raise BundleError(f"the config has none of {', '.join(ids)} (the optimizer)")
+    cid, entry = first_entry(parser, ids, "the optimizer", instantiate=False)
+    if not isinstance(entry, ConfigComponent):
+        raise BundleError(f"{cid} is not a component with a _target_ (the optimizer)")
+    return lambda params: entry.instantiate(params=params)
 
 
 def size3(value: Any, cid: str) -> tuple[int, ...]:
@@ -143,7 +148,7 @@ def zoo_pieces(parser: Any) -> TunerPieces:
     _, network = first_entry(parser, ["network_def", "network"], "the network")
     _, loss = first_entry(parser, ["loss", "train#loss", "loss_function"], "the training loss")
     optimizer = optimizer_factory(parser, ["optimizer", "train#optimizer"])
-    device = torch.device(parser.get_parsed_content("device") if "device" in parser else "cpu")
+    device = torch.device(parsed(parser, "device", "cpu"))
     inferer_id, inferer = first_entry(parser, ["validate#inferer", "infer#inferer"], "the validation inferer")
     roi = getattr(inferer, "roi_size", None)
     if roi is None or len(tuple(roi)) != 3:
@@ -152,11 +157,7 @@ def zoo_pieces(parser: Any) -> TunerPieces:
             "3-D segmentation bundles"
         )
     roi = tuple(int(r) for r in roi)
-    crop = (
-        _find_in(parser.get_parsed_content("train#preprocessing"), ("spatial_size", "num_samples"))
-        if "train#preprocessing" in parser
-        else {}
-    )
+    crop = _find_in(parsed(parser, "train#preprocessing"), ("spatial_size", "num_samples"))
     patch = tuple(int(s) for s in crop.get("spatial_size", roi))
     if len(patch) != 3 or min(patch) < 1:
         patch = roi
@@ -173,25 +174,20 @@ def zoo_pieces(parser: Any) -> TunerPieces:
         val_shape=_val_shape(parser) or roi,
         in_channels=int(getattr(network, "in_channels", 0) or _config_int(parser, "network_def#in_channels", 1)),
         out_channels=int(getattr(network, "out_channels", 0) or _config_int(parser, "network_def#out_channels", 2)),
-        amp=bool(parser.get("train#trainer#amp", False)) if "train#trainer#amp" in parser else False,
+        amp=bool(parser.get("train#trainer#amp", False)),
         keys=dict(ZOO_KEYS),
         layout="zoo",
         train_items=train_items,
         train_items_from=train_items_from,
-        drop_last=bool(_plain(parser, "train#dataloader#drop_last", False)),
+        drop_last=bool(parsed(parser, "train#dataloader#drop_last", False)),
     )
-
-
-def _plain(parser: Any, cid: str, default: Any) -> Any:
-    """The parsed value of ``cid``, or ``default`` where the config has no such id."""
-    return parser.get_parsed_content(cid) if cid in parser else default
 
 
 def _train_items(parser: Any) -> tuple[int | None, str]:
     """How many volumes the training loader reads, counted from its dataset's ``data`` list (the dataset
     itself is not built: a ``CacheDataset`` would load every volume), and the config id counted, or why not."""
     dataset = "train#dataset"
-    named = parser.get("train#dataloader#dataset") if "train#dataloader#dataset" in parser else None
+    named = parser.get("train#dataloader#dataset")
     if isinstance(named, str) and named.startswith("@"):
         dataset = named[1:].replace("::", "#")  # MONAI keeps references with its "::" separator
     cid = f"{dataset}#data"

@@ -6,12 +6,6 @@ attaches the record, the doctor's timers and `FastTraining` with `attach_fast()`
 evaluator it finds (``train#trainer``, ``validate#evaluator`` or the ids given) before ``run``. With
 ``fast=False`` the bundle runs as published, with the record only. Parsing a config runs the code in
 it, as MONAI's own runner does: run bundles you trust.
-
-Examples:
-    >>> from monai_fast.bundle import run_bundle
-    >>> result = run_bundle("spleen_ct_segmentation", overrides={"dataset_dir": "/data/Task09"})  # doctest: +SKIP
-    >>> result.applied["precision"]["setting"]  # doctest: +SKIP
-    'bf16'
 """
 
 from __future__ import annotations

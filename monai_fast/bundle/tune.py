@@ -4,14 +4,6 @@
 pieces it trains with, and writes ``configs/tuned.json``: the config ids it sets and their values,
 read by the bundle as one more config file. The layouts read (Model Zoo, Auto3DSeg algorithm) and
 the keys written are in docs/bundles.md.
-
-Examples:
-    >>> from monai_fast.bundle.tune import tune_bundle
-    >>> tuned = tune_bundle(
-    ...     "spleen_ct_segmentation", overrides={"dataset_dir": "/data/Task09_Spleen"}
-    ... )  # doctest: +SKIP
-    >>> tuned.overrides  # doctest: +SKIP
-    {'train#dataloader#batch_size': 4, 'validate#inferer#sw_batch_size': 8}
 """
 
 from __future__ import annotations
@@ -46,9 +38,10 @@ from monai_fast.bundle.checks import (
     check_config_files,
     check_overrides,
 )
-from monai_fast.bundle.pieces import ZOO_KEYS, TunerPieces, read_config, zoo_pieces
+from monai_fast.bundle.pieces import ZOO_KEYS, TunerPieces, parsed, read_config, zoo_pieces
 from monai_fast.files import write_json
 from monai_fast.telemetry.precision import REQUESTS, choose_precision
+from monai_fast.tune.result import trial_setting, trial_throughput
 
 __all__ = ["BundleTuning", "bundle_run_command", "run_precision", "tune_bundle"]
 
@@ -216,14 +209,7 @@ def tune_bundle(
 
 
 def run_precision(parser: Any, pieces: TunerPieces, requested: str = "auto") -> tuple[str, str]:
-    """The precision the bundle's run trains in, and why: the trials run in it.
-
-    A Model Zoo bundle runs under ``monai-fast bundle run`` with ``FastTraining``, which keeps the
-    trainer's own ``amp=True`` on CUDA (autocast in ``amp_kwargs``' dtype, float16 unless it names
-    another), and otherwise resolves ``requested`` with
-    `choose_precision()`, as its ``AMPToggle`` does (``"auto"``: bf16
-    where the device runs it natively and, on a CPU, measured faster). An Auto3DSeg algorithm runs its
-    own script, which autocasts in float16 on CUDA where ``amp`` is on.
+    """The precision the bundle's run trains in, and why: the trials run in it (the rules: docs/bundles.md).
 
     Raises:
         BundleError: ``requested`` cannot run on the bundle's device (fp16 on a CPU).
@@ -236,14 +222,8 @@ def run_precision(parser: Any, pieces: TunerPieces, requested: str = "auto") -> 
             return "fp16", "the algorithm's amp on CUDA"
         return "fp32", "the algorithm's script autocasts on CUDA only, with amp"
     if pieces.amp and device.type == "cuda":
-        dtype = (
-            parser.get_parsed_content("train#trainer#amp_kwargs#dtype")
-            if "train#trainer#amp_kwargs#dtype" in parser
-            else None
-        )
-        return (
-            "bf16" if dtype == torch.bfloat16 else "fp16"
-        ), "the trainer's amp=True on CUDA, which FastTraining keeps"
+        dtype = parsed(parser, "train#trainer#amp_kwargs#dtype")  # autocast's, float16 unless the trainer names another
+        return "bf16" if dtype == torch.bfloat16 else "fp16", "the trainer's amp=True on CUDA, which FastTraining keeps"
     if requested == "fp32":
         return "fp32", "requested fp32"
     chosen = _checked(requested, device)
@@ -272,14 +252,8 @@ def bundle_run_command(
         monai-fast bundle run /b --config_file '["/b/a", "/b/tuned.json"]' 'patch_size=[64, 64, 64]'
     """
     files = list(dict.fromkeys(str(f) for f in [*tuning.config_files, tuning.path]))
-    words = [
-        "monai-fast",
-        "bundle",
-        "run",
-        shlex.quote(str(bundle_dir)),
-        "--config_file",
-        shlex.quote(json.dumps(files)),
-    ]
+    words = ["monai-fast", "bundle", "run", shlex.quote(str(bundle_dir))]
+    words += ["--config_file", shlex.quote(json.dumps(files))]
     if precision != "auto":
         words += ["--precision", precision]
     for key, value in overrides.items():
@@ -404,15 +378,11 @@ def _trial_printer(tell: Callable[[str], None], most: int) -> Callable[[dict], N
 
     def line(t: dict) -> None:
         done.append(t["cost_s"])
-        name = "batch_size" if t["phase"] == "train" else "sw_batch_size"
-        where = t["precision"] if t["phase"] == "train" else f"{t['precision']}, {t['val_device']}"
-        unit = "patch/s" if t["phase"] == "train" else "vol/s"
-        got = f"{t['throughput']:.2f} {unit}" if t["feasible"] else f"infeasible ({t['reason']})"
+        got = trial_throughput(t) if t["feasible"] else f"infeasible ({t['reason']})"
         peak = f", peak {t['peak_mib']:.0f} MiB" if t["peak_mib"] is not None else ""
         left = max(most - len(done), 0)
         eta = f"; at most {left} more, about {left * sum(done) / len(done):.0f} s" if left else ""
-        head = f"trial {len(done)}/{most}: {t['phase']} {name}={t['value']} ({where})"
-        tell(f"{head}: {got}{peak}, {t['cost_s']:.1f} s{eta}")
+        tell(f"trial {len(done)}/{most}: {t['phase']} {trial_setting(t)}: {got}{peak}, {t['cost_s']:.1f} s{eta}")
 
     return line
 

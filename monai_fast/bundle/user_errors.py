@@ -66,7 +66,7 @@ def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[P
         ref = _MISSING_REF.search(text)
         if ref:
             name = (ref.group(1) or ref.group(2)).replace("::", "#")
-            near = difflib.get_close_matches(name, list(config_ids(parser.get())), n=3, cutoff=0.6)
+            near = difflib.get_close_matches(name, config_ids(parser.get()), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join('@' + n for n in near)}?" if near else ""
             where = ", ".join(f.name for f in files)
             return f"the config ({where}) refers to @{name}, which it does not define{hint}"
@@ -78,7 +78,7 @@ def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[P
             return f"bad data: {item_line(cur)}"
     for cur in chain:
         if isinstance(cur, ValueError) and "num_samples=0" in str(cur):
-            data = parser.get("dataset_dir") if "dataset_dir" in parser else None
+            data = parser.get("dataset_dir")
             read = f": dataset_dir {data} holds no items it lists" if isinstance(data, str) else ""
             return f"a data set of the config is empty{built}{read} (or too few for its validation split)"
     for cur in chain:

@@ -4,11 +4,6 @@ The doctor reads only the run record (``record.rank*.jsonl`` + ``summary.rank*.j
 made on a cluster can be diagnosed on a laptop. The verdicts (``data-bound``, ``gpu-under-filled``,
 ``compute-bound``, ``balanced``), the wall-clock accounting and what is advised when are described
 in docs/doctor.md; `THRESHOLDS` holds the verdicts' thresholds.
-
-Examples:
-    >>> from monai_fast.report.doctor import doctor
-    >>> d = doctor("runs/exp1")  # doctest: +SKIP
-    >>> print(d.text())  # doctest: +SKIP
 """
 
 from __future__ import annotations

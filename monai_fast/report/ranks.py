@@ -15,6 +15,9 @@ Examples:
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 from monai_fast.telemetry.record import Kind, Source, data_share, select
 
 __all__ = ["node_evidence", "rank_evidence", "rank_times", "segment_evidence", "segments", "stopped_early"]
@@ -72,6 +75,10 @@ def node_evidence(rows: list[dict], numbers: dict) -> list[str]:
     return [f"{len(where)} ranks on {len(nodes)} node(s) ({where[min(where)].get('launcher', '?')}): {listed}"]
 
 
+#: a segment before its rows are read: ``None`` where no row has told, no epoch or iteration timed
+_NEW_SEGMENT = {**dict.fromkeys(("start", "last", "pid", "host", "ended", "raised")), "epoch": 0, "iteration": 0}
+
+
 def segments(rows: list[dict]) -> dict[int, list[dict]]:
     """Per rank, its record's segments in order: ``segment``, ``start`` and ``last`` (time of the first and
     last row), ``pid``, ``host``, ``ended`` (an end row was written; ``None`` for a record without segment rows),
@@ -91,20 +98,7 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
     out: dict[int, dict[int, dict]] = {}
     for r in rows:
         rank, seg = int(r.get("rank", 0)), int(r.get("segment", 0))
-        s = out.setdefault(rank, {}).setdefault(
-            seg,
-            {
-                "segment": seg,
-                "start": None,
-                "last": None,
-                "pid": None,
-                "host": None,
-                "ended": None,
-                "raised": None,
-                "epoch": 0,
-                "iteration": 0,
-            },
-        )
+        s = out.setdefault(rank, {}).setdefault(seg, {"segment": seg, **_NEW_SEGMENT})
         t = r.get("end", r.get("time"))
         if isinstance(t, (int, float)):
             s["last"] = t if s["last"] is None else max(s["last"], t)
@@ -191,14 +185,8 @@ def interrupted(rows: list[dict], numbers: dict) -> list[str]:
 def _runs_of_alike(segs: list[dict]) -> list[list[dict]]:
     """``segs`` in groups of consecutive segments of one process that each ended alike (a race's turns, a
     notebook's runs), so a record of many segments reads as a few parts, not one clause per segment."""
-    groups: list[list[dict]] = []
-    for s in segs:
-        last = groups[-1][-1] if groups else None
-        if last is not None and all(last[k] == s[k] for k in ("pid", "host", "ended", "raised")):
-            groups[-1].append(s)
-        else:
-            groups.append([s])
-    return groups
+    alike = operator.itemgetter("pid", "host", "ended", "raised")
+    return [list(group) for _, group in itertools.groupby(segs, key=alike)]
 
 
 def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:

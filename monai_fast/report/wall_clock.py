@@ -212,6 +212,10 @@ def table_lines(wc: dict, markdown: bool = True) -> list[str]:
     return lines
 
 
+_KEEP_CACHE = (
+    "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) (a trusted disk cache; the next run "
+    "skips the fill)"
+)
 #: (category, share at or above which it is worth a fix, FastTraining lever and setting that applies it or None, fix)
 _ADVICE: tuple[tuple[str, float, tuple[Lever, str | None] | None, str], ...] = (
     (
@@ -234,20 +238,8 @@ _ADVICE: tuple[tuple[str, float, tuple[Lever, str | None] | None, str], ...] = (
         (Lever.PRECISION, None),
         "mixed precision for the evaluator too: FastTraining(precision='auto') (set on the trainer and the evaluator)",
     ),
-    (
-        "setup",
-        0.3,
-        (Lever.DATA, "disk"),
-        "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
-        "(a trusted disk cache; the next run skips the fill)",
-    ),
-    (
-        "cache_fill",
-        0.3,
-        (Lever.DATA, "disk"),
-        "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) "
-        "(a trusted disk cache; the next run skips the fill)",
-    ),
+    ("setup", 0.3, (Lever.DATA, "disk"), _KEEP_CACHE),
+    ("cache_fill", 0.3, (Lever.DATA, "disk"), _KEEP_CACHE),
     (
         "checkpoint",
         0.1,

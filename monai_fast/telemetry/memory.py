@@ -16,17 +16,10 @@ __all__ = ["DeviceMemory", "PeakRSS", "is_out_of_memory"]
 class PeakRSS:
     """Context manager: the peak RSS of this process while the block runs.
 
-    On Linux the kernel keeps the exact peak (``VmHWM`` in ``/proc/self/status``); entering resets
-    it to the current RSS (``/proc/self/clear_refs``, value 5) and leaving reads it, so a spike
-    of any length counts and nothing runs in the background. Where that is not available, RSS is
-    read every ``interval_s`` on a background thread instead (a spike shorter than that can then
-    be missed). The reading at exit is always included. Child processes (DataLoader workers) are
-    not counted.
-
-    The kernel's peak is one per process, so the reset is process-wide. Blocks that are open
-    together (nested, or in other threads) are told the peak reached so far whenever another
-    block resets it, so each still sees its whole span. Other readers of the kernel's peak
-    (``VmHWM``, ``getrusage().ru_maxrss``) see it restart at each block.
+    On Linux the kernel's peak (``VmHWM``) is reset on entry and read on exit, so a spike of any
+    length counts; elsewhere RSS is sampled every ``interval_s`` (docs/tuner.md). Child processes are
+    not counted. The reset is process-wide: blocks open together still each see their whole span, and
+    other readers of ``VmHWM`` / ``ru_maxrss`` see it restart at each block.
 
     Examples:
         >>> from monai_fast.telemetry.memory import PeakRSS
@@ -135,10 +128,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 class DeviceMemory:
     """Memory of the device that runs a trial: live bytes now, and the peak over a block.
 
-    On CUDA it reads torch's caching allocator (``memory_reserved`` / ``max_memory_reserved``:
-    what the process holds from the driver, the quantity that runs out). On a CPU it reads this
-    process's peak resident set size (`PeakRSS`: the kernel's high-water mark on Linux,
-    else sampled), after asking glibc to return freed pages so the reading reflects live memory.
+    On CUDA torch's caching allocator (``max_memory_reserved``: what runs out); on a CPU this process's
+    peak resident set size (`PeakRSS`), after glibc returns freed pages.
 
     Examples:
         >>> import torch

@@ -1,9 +1,7 @@
 """Precision in one place: the names, their autocast dtype, and the choice for a device.
 
-On CUDA ``"auto"`` is bf16 where the GPU runs it natively, else fp16 (with a ``GradScaler``). On a
-CPU it is fp32 without bf16 matrix hardware (`cpu_has_bf16_hardware()`); with it, bf16 and fp32 are
-timed in interleaved rounds by the CPU time they cost (`cpu_bf16_speedup()`), and under several
-processes rank 0 decides for every rank.
+``"auto"`` is bf16 on a GPU that runs it natively, else fp16; on a CPU bf16 only where it measures
+faster (`choose_precision()`; the rules: docs/precision.md).
 
 Examples:
     >>> from monai_fast.telemetry.precision import autocast_dtype, choose_precision
@@ -103,7 +101,7 @@ def cpu_has_bf16_hardware(flags: Mapping[str, Any] | None = None) -> bool:
     """Whether this CPU has native bf16 matrix instructions (AMX-BF16, AVX512-BF16, Arm BF16).
 
     Args:
-        flags: capability flags to judge; default this CPU's (see module docstring).
+        flags: capability flags to judge; default this CPU's (``torch.cpu.get_capabilities()``).
 
     Examples:
         >>> cpu_has_bf16_hardware({"avx2": True})
@@ -118,16 +116,12 @@ def cpu_has_bf16_hardware(flags: Mapping[str, Any] | None = None) -> bool:
 def cpu_bf16_speedup(rounds: int = 5) -> float:
     """fp32 time / bf16-autocast time of a small 3D convolution stack on this CPU (> 1: bf16 helps).
 
-    Each precision's cost is the CPU time of the calling thread (``time.thread_time``) with torch
-    on one thread, not wall-clock time: other processes on a shared machine delay a run (the
-    time it waits for a core, the other threads' stalls at each barrier) but do not change the
-    work it does. On a loaded machine wall-clock timings of this stack scatter so widely that the
-    choice would flip from run to run, while the thread's CPU time stays steady, loaded and quiet
-    alike. The two run in interleaved rounds
-    (fp32, bf16, fp32, bf16, ...) after one warm-up each; the ratio is of each one's least.
+    Each cost is the calling thread's CPU time (``time.thread_time``) with torch on one thread, steady
+    on a shared machine where wall-clock timings are not; interleaved rounds, each one's least
+    (docs/precision.md).
 
     Examples:
-        >>> cpu_bf16_speedup(rounds=1) > 0  # doctest: +SKIP
+        >>> cpu_bf16_speedup(rounds=1) > 0
         True
     """
     net = torch.nn.Sequential(
@@ -170,7 +164,7 @@ def _decide_cpu() -> str:
 
 
 def choose_precision(requested: str, device: torch.device | str) -> str:
-    """Resolve ``"auto"``/``"bf16"``/``"fp16"``/``"fp32"`` for ``device`` (see the module docstring).
+    """Resolve ``"auto"``/``"bf16"``/``"fp16"``/``"fp32"`` for ``device`` (the rules: docs/precision.md).
 
     An explicit precision is returned as it is (fp16 needs CUDA). ``"auto"`` on a CPU inside a
     distributed job of several processes is decided on rank 0 and broadcast to all ranks, so

@@ -1,12 +1,7 @@
 """Writing the run record: `RunRecord` streams one rank's rows and summaries into its run folder.
 
-Each row is appended to ``record.rank<R>.jsonl`` as it is added, so a rank killed mid-run keeps
-every row it measured; the summaries go to ``summary.rank<R>.json`` atomically at close. The file
-is append-only: a second run into the folder adds segments (``segment_started`` / ``segment_ended``
-events) after the earlier ones. The folder's per-rank `RunFolderLock` makes a second writer fail
-with `RunFolderBusyError` before any work. A full file system never stops the run: one warning
-names the file and the space missing, the file ends with its last whole row, and no more rows are
-written for that rank in the segment.
+Rows are appended to ``record.rank<R>.jsonl`` as they are added, summaries written atomically to
+``summary.rank<R>.json`` at close; segments, the folder's lock and a full file system: docs/monitoring.md.
 
 Examples:
     >>> import tempfile
@@ -113,13 +108,11 @@ class RunRecord(SpanWriter):
         assert self.run_dir is not None
         if self.path.is_file():
             with open(self.path, "r+b") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - _TAIL_BYTES))
-                tail = f.read()
+                start, tail = _tail(f)
                 if tail and not tail.endswith(b"\n"):
                     cut = tail.rfind(b"\n")
-                    keep = (max(0, size - _TAIL_BYTES) + cut + 1) if cut >= 0 else (0 if size <= _TAIL_BYTES else size)
-                    if keep < size:
+                    keep = start + cut + 1 if cut >= 0 else (0 if start == 0 else start + len(tail))
+                    if keep < start + len(tail):
                         logger.warning(
                             "%s: its last row was cut short (its writer stopped while writing it); removed", self.path
                         )
@@ -326,10 +319,9 @@ def _last_segment(path: Path) -> int | None:
     if not path.is_file():
         return None
     with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - _TAIL_BYTES))
-        lines = f.read().split(b"\n")
-    for line in reversed(lines[1:] if size > _TAIL_BYTES else lines):  # the first may be cut by the seek
+        start, tail = _tail(f)
+    lines = tail.split(b"\n")
+    for line in reversed(lines[1:] if start > 0 else lines):  # the first may be cut by the seek
         try:
             row = json.loads(line)
         except ValueError:
@@ -337,6 +329,13 @@ def _last_segment(path: Path) -> int | None:
         if isinstance(row, dict) and isinstance(row.get("segment"), int):
             return row["segment"]
     return None
+
+
+def _tail(f: Any) -> tuple[int, bytes]:
+    """The last `_TAIL_BYTES` of the open binary file ``f``, and the offset they start at."""
+    start = max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES)
+    f.seek(start)
+    return start, f.read()
 
 
 class EngineRecord(SpanWriter):

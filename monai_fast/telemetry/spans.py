@@ -1,13 +1,8 @@
 """Wall-clock spans: where a run's time went, as rows of the run record (``kind="span"``).
 
 A span is one stretch of work of one `Category` from ``start`` to ``end`` (``time.time()``
-seconds), with ``duration_s`` and an ``overlapped`` flag: work that ran beside training (a
-background validation or cache fill) is listed apart by the doctor and never counted in the
-shares. By default a span is overlapped when written from a thread other than the trainer's;
-``overlapped=True/False`` says it outright. ``run`` and ``validation`` spans come from
-`RecordHandler`, ``checkpoint`` from `CheckpointFolder`, ``setup`` and ``cache_fill`` from
-`SpanWriter.span()`; ``data_wait``, ``compute``, ``handlers`` and ``idle`` are derived by the
-doctor (`monai_fast.report.wall_clock`).
+seconds); it is ``overlapped`` (listed apart, never in the shares) when written from a thread other
+than the trainer's, unless ``overlapped=`` says otherwise. Who writes which: docs/design.md.
 
 Examples:
     >>> from monai_fast.telemetry.run_record import RunRecord

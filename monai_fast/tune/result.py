@@ -8,7 +8,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
-__all__ = ["Tunable", "TuneResult", "layout_name", "model_signature"]
+__all__ = ["Tunable", "TuneResult", "layout_name", "model_signature", "trial_setting", "trial_throughput"]
 
 _Config = TypeVar("_Config", bound="Tunable")
 
@@ -105,15 +105,13 @@ class TuneResult:
         head = f"{'phase':<6} {'setting':<34} {'result':>14} {'peak MiB':>9} {'cost s':>7}  note"
         lines = [head, "-" * len(head)]
         for t in self.trials:
-            unit = "patch/s" if t["phase"] == "train" else "vol/s"
-            res = f"{t['throughput']:.2f} {unit}" if t["feasible"] else "infeasible"
+            res = trial_throughput(t) if t["feasible"] else "infeasible"
             peak = f"{t['peak_mib']:.0f}" if t["peak_mib"] is not None else "-"
-            picked = self.is_pick(t)
-            name = "batch_size" if t["phase"] == "train" else "sw_batch_size"
-            where = t["precision"] if t["phase"] == "train" else f"{t['precision']}, {t['val_device']}"
-            setting = f"{name}={t['value']} ({where})"
-            mark = "* " if picked else ""
-            lines.append(f"{t['phase']:<6} {setting:<34} {res:>14} {peak:>9} {t['cost_s']:>7.1f}  {mark}{t['reason']}")
+            mark = "* " if self.is_pick(t) else ""
+            line = (
+                f"{t['phase']:<6} {trial_setting(t):<34} {res:>14} {peak:>9} {t['cost_s']:>7.1f}  {mark}{t['reason']}"
+            )
+            lines.append(line)
         lines.append(
             f"pick: batch_size={self.batch_size}, sw_batch_size={self.sw_batch_size}, val_device={self.val_device}, "
             f"precision={self.precision}; budget {self.budget_mib:.0f} MiB; tuning took {self.tuning_s:.1f} s"
@@ -121,6 +119,18 @@ class TuneResult:
         if self.cache_where is not None:
             lines.append(f"cache: {self.cache_where}, {self.cache_budget_mib:.0f} MiB left for it; {self.cache_reason}")
         return "\n".join(lines)
+
+
+def trial_setting(trial: dict) -> str:
+    """A trial record's setting in words: ``batch_size=4 (bf16)``, ``sw_batch_size=8 (bf16, cpu)``."""
+    if trial["phase"] == "train":
+        return f"batch_size={trial['value']} ({trial['precision']})"
+    return f"sw_batch_size={trial['value']} ({trial['precision']}, {trial['val_device']})"
+
+
+def trial_throughput(trial: dict) -> str:
+    """A feasible trial record's throughput with its unit: ``12.50 patch/s``, ``3.20 vol/s``."""
+    return f"{trial['throughput']:.2f} {'patch/s' if trial['phase'] == 'train' else 'vol/s'}"
 
 
 def model_signature(network: torch.nn.Module) -> str:

@@ -156,23 +156,25 @@ def decide(
     if not min_gain >= 1.0:
         raise ValueError(f"decide: min_gain must be >= 1, got {min_gain}")
     base_name, cand_name = names
+    rounds: list[tuple[float, float]] = []
+
+    def decision(choose_candidate: bool, clear: bool, reason: str) -> Decision:
+        return Decision(
+            names, cand_name if choose_candidate else base_name, clear, tuple(rounds), warmup, min_gain, reason
+        )
+
     started = time.perf_counter()
     warmup = (baseline(), candidate())
     if planned_steps is not None:
         budget_s = min(budget_s, measure_budget_s(planned_steps, warmup[0]))
     need_s = min_rounds * (warmup[0] + warmup[1])
     if time.perf_counter() - started + need_s > budget_s:
-        return Decision(
-            names,
-            base_name,
+        return decision(
             False,
-            (),
-            warmup,
-            min_gain,
+            False,
             f"{base_name} kept: {min_rounds} rounds would take about {need_s:.1f} s, more than the "
             f"{budget_s:.1f} s this run allows for measuring",
         )
-    rounds: list[tuple[float, float]] = []
     while len(rounds) < max_rounds:
         if len(rounds) % 2 == 0:
             b = baseline()
@@ -184,34 +186,16 @@ def decide(
         ratios = [x / max(y, 1e-12) for x, y in rounds]
         if len(rounds) >= min_rounds and (_settled(ratios, min_gain) or time.perf_counter() - started >= budget_s):
             break
-    ratios = [x / max(y, 1e-12) for x, y in rounds]
     gain = statistics.median(ratios)
     spread = f"{gain:.2f}x median over {len(rounds)} rounds, {min(ratios):.2f}x-{max(ratios):.2f}x"
     if min(ratios) >= min_gain:
-        return Decision(names, cand_name, True, tuple(rounds), warmup, min_gain, f"{cand_name} faster: {spread}")
+        return decision(True, True, f"{cand_name} faster: {spread}")
     if max(ratios) < min_gain:
-        return Decision(
-            names,
-            base_name,
-            True,
-            tuple(rounds),
-            warmup,
-            min_gain,
-            f"{base_name} kept: {cand_name} measured {spread} (below {min_gain}x)",
-        )
-    slower = sum(r < 1.0 for r in ratios)
-    if gain >= min_gain and slower <= len(ratios) // 4:
-        return Decision(
-            names, cand_name, True, tuple(rounds), warmup, min_gain, f"{cand_name} faster: {spread} (rounds vary)"
-        )
-    return Decision(
-        names,
-        base_name,
-        False,
-        tuple(rounds),
-        warmup,
-        min_gain,
-        f"{base_name} kept: a near-tie or rounds that disagree ({cand_name} {spread}, {min_gain}x needed)",
+        return decision(False, True, f"{base_name} kept: {cand_name} measured {spread} (below {min_gain}x)")
+    if gain >= min_gain and sum(r < 1.0 for r in ratios) <= len(ratios) // 4:
+        return decision(True, True, f"{cand_name} faster: {spread} (rounds vary)")
+    return decision(
+        False, False, f"{base_name} kept: a near-tie or rounds that disagree ({cand_name} {spread}, {min_gain}x needed)"
     )
 
 

@@ -1,12 +1,7 @@
 """Grow-then-bisect search of one integer setting for the highest measured throughput.
 
-The objective (samples/s for a batch size, volumes/s for a sliding-window batch) rises with the
-setting while the device fills, then flattens, and past some size the setting no longer fits in
-memory. A grid wastes trials on both ends; this search doubles from the low end until a trial
-is infeasible, the range ends, or doublings stop gaining ``plateau`` over the best so far; then spends
-what is left of ``max_trials`` narrowing down where the best value lies (bisecting towards the
-memory limit when throughput was still rising there, else around the best value measured).
-`confirm_best()` then measures the best few again before `pick_best()` chooses.
+`grow_then_bisect()` doubles from the low end, then bisects or narrows within ``max_trials``;
+`confirm_best()` measures the best few again before `pick_best()` chooses. The rules: docs/tuner.md.
 """
 
 from __future__ import annotations
@@ -245,8 +240,7 @@ class _Search:
 
 
 def _first_infeasible_above(seen: dict[int, Trial], value: int) -> int | None:
-    above = [v for v, t in seen.items() if v > value and not t.feasible]
-    return min(above) if above else None
+    return min((v for v, t in seen.items() if v > value and not t.feasible), default=None)
 
 
 def confirm_best(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2, top: int = 3) -> list[Trial]:
@@ -265,13 +259,6 @@ def confirm_best(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: 
     Returns:
         The finalists, best first (empty when no round ran): pick among these.
 
-    Examples:
-        >>> from monai_fast.tune.search import Trial, confirm_best, pick_best
-        >>> readings = {4: iter([30.0, 30.0]), 6: iter([33.0, 33.0])}  # 8 read 40 once, by luck
-        >>> trials = [Trial(4, True, 31.0), Trial(6, True, 32.0), Trial(8, True, 40.0)]
-        >>> finalists = confirm_best(trials, lambda v: Trial(v, True, next(readings.get(v, iter([28.0, 28.0])))))
-        >>> pick_best(finalists).value
-        6
     """
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
@@ -319,14 +306,6 @@ def best_over(
 
     Each search grows then bisects (or runs the grid), measures its best few again (``space.confirm``
     rounds among ``space.confirm_top``) and picks (`pick_best()`).
-
-    Examples:
-        >>> from monai_fast.tune.space import SearchSpace
-        >>> make = lambda scale: (lambda v: Trial(v, True, throughput=scale * v))
-        >>> space = SearchSpace(strategy="grid", confirm=0)
-        >>> records, best = best_over([1, 3], make, (1, 4), lambda o: {"option": o}, space)
-        >>> len(records), best[0], best[1].value
-        (8, 3, 4)
     """
     records: list[dict] = []
     best: tuple[T, Trial] | None = None

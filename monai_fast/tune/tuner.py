@@ -191,20 +191,7 @@ class Tuner:
                 )
             precision, train_pick = best_train
             val_records, best_val = self._validation_phase(precision)
-        return TuneResult(
-            key=self.key(),
-            device=device_description(self.device),
-            batch_size=train_pick.value,
-            sw_batch_size=best_val[1].value,
-            val_device=str(best_val[0]),
-            precision=precision,
-            train_samples_per_s=float(train_pick.throughput),  # type: ignore[arg-type]
-            val_volumes_per_s=float(best_val[1].throughput),
-            budget_mib=self._budget / MIB,
-            leak_mib=self._leak / MIB,
-            tuning_s=time.perf_counter() - started,
-            trials=records + val_records,
-        )
+        return self._result(self.key(), precision, started, records + val_records, best_val, train_pick)
 
     def run_validation(self, precision: str, progress: bool = False) -> TuneResult:
         """Search only the sliding-window batch and stitching device, for a network trained at ``precision``.
@@ -221,19 +208,31 @@ class Tuner:
         self._on_trial = None
         with self._session(progress) as started:
             records, best_val = self._validation_phase(precision)
+        return self._result(self.key() + "|validation-only", precision, started, records, best_val, None)
+
+    def _result(
+        self,
+        key: str,
+        precision: str,
+        started: float,
+        trials: list[dict],
+        best_val: tuple[torch.device, Trial],
+        train_pick: Trial | None,
+    ) -> TuneResult:
+        """The searches' picks as a `TuneResult`; without ``train_pick`` its training fields are empty."""
         return TuneResult(
-            key=self.key() + "|validation-only",
+            key=key,
             device=device_description(self.device),
-            batch_size=0,
+            batch_size=train_pick.value if train_pick else 0,
             sw_batch_size=best_val[1].value,
             val_device=str(best_val[0]),
             precision=precision,
-            train_samples_per_s=0.0,
-            val_volumes_per_s=float(best_val[1].throughput),
+            train_samples_per_s=float(train_pick.throughput) if train_pick else 0.0,  # type: ignore[arg-type]
+            val_volumes_per_s=float(best_val[1].throughput),  # type: ignore[arg-type]
             budget_mib=self._budget / MIB,
             leak_mib=self._leak / MIB,
             tuning_s=time.perf_counter() - started,
-            trials=records,
+            trials=trials,
         )
 
     @contextlib.contextmanager
@@ -246,7 +245,8 @@ class Tuner:
         self._budget = self.space.budget_bytes(self.memory, self.memory_cap_mib)
         self._net = copy.deepcopy(self.source_network).to(self.device)
         self._opt = self.optimizer_factory(self._net.parameters()) if self.optimizer_factory is not None else None
-        self._allreduce_s = self._measure_allreduce()
+        # seconds of one gradient all-reduce (0 for one process): added to every step under DDP
+        self._allreduce_s = allreduce_seconds(sum(p.numel() for p in self._net.parameters()))
         self._bar = _progress(progress)
         try:
             yield started
@@ -384,11 +384,6 @@ class Tuner:
         world = idist.get_world_size() if world_scale else 1
         throughput = per_step * world / (flags["seconds"] + reduce_s)
         return Trial(value, True, throughput, peak_mib, "", cost)
-
-    # ------------------------------------------------------------------ ranks
-    def _measure_allreduce(self) -> float:
-        """Seconds of one gradient all-reduce (0 for one process): added to every step under DDP."""
-        return allreduce_seconds(sum(p.numel() for p in self._net.parameters()))
 
 
 def _progress(enabled: bool):
