@@ -87,6 +87,34 @@ def test_a_full_disk_cache_warns_once_and_training_data_stay_right(small_fs, tmp
         torch.load(p, weights_only=False)
 
 
+def test_a_full_crop_cache_folder_warns_once_and_the_crops_stay_the_ones_monai_draws(small_fs, tmp_path, caplog):
+    """The crop-reading tier on a real 1 MiB file system: the items that fit are written whole, the rest computed in
+    memory, one warning naming the folder, and every epoch's crops equal MONAI's own from the same random state."""
+    from monai.data import Dataset
+    from monai.transforms import RandSpatialCropd
+
+    from monai_fast.data.crop_cache import CropCacheDataset
+
+    def chain() -> Compose:
+        crop = RandSpatialCropd(keys=["image", "label"], roi_size=(16, 16, 16), random_size=False)
+        return Compose([*_chain().transforms, crop]).set_random_state(seed=7)
+
+    cache = small_fs("1M") / "crops"
+    items = _cases(tmp_path, 8)  # about 265 KiB an item: about 3 fit
+    mine, monai = CropCacheDataset(items, chain(), cache_dir=cache), Dataset(items, chain())
+    with caplog.at_level(logging.WARNING, logger="monai_fast.data"):
+        for _ in range(2):
+            for i in range(len(items)):
+                got, want = mine[i], monai[i]
+                assert torch.equal(torch.as_tensor(got["image"]), torch.as_tensor(want["image"])), i
+                assert torch.equal(torch.as_tensor(got["label"]), torch.as_tensor(want["label"])), i
+    full = [r.getMessage() for r in caplog.records if "is full" in r.getMessage()]
+    assert len(full) == 1 and str(cache) in full[0] and "computed in memory" in full[0], full
+    assert "No space left on device" in full[0] and "None" not in full[0], full
+    whole = [p for p in cache.iterdir() if (p / "item.json").exists()]
+    assert 1 <= len(whole) < len(items) and len(whole) == len(list(cache.iterdir()))  # nothing half-written
+
+
 def test_a_full_disk_cache_in_loader_workers_still_delivers_every_item(small_fs, tmp_path):
     cache = small_fs("1M") / "cache"
     items = _cases(tmp_path, 8)
