@@ -18,13 +18,7 @@ import numpy as np
 from monai_fast.files import write_json
 from monai_fast.folders import cache_root
 
-__all__ = [
-    "PreflightError",
-    "PreflightReport",
-    "patch_padding",
-    "preflight",
-    "scan_file",
-]
+__all__ = ["PreflightError", "PreflightReport", "patch_padding", "preflight", "scan_file"]
 
 logger = logging.getLogger(__name__)
 

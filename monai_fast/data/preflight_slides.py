@@ -12,14 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from monai_fast.data.preflight import (
-    SCANS_LOCK,
-    PreflightError,
-    PreflightReport,
-    load_scans,
-    save_scans,
-    scan_identity,
-)
+from monai_fast.data.preflight import SCANS_LOCK, PreflightError, PreflightReport, load_scans, save_scans, scan_identity
 from monai_fast.extras import MissingExtraError, require
 from monai_fast.folders import cache_root
 

@@ -12,13 +12,7 @@ from typing import Any
 
 from monai_fast.apps.demo.headline import headline
 from monai_fast.apps.demo.interleave import run_interleaved
-from monai_fast.apps.demo.options import (
-    OptionError,
-    RacePlan,
-    RaceSpec,
-    TuneOptions,
-    plan_race,
-)
+from monai_fast.apps.demo.options import OptionError, RacePlan, RaceSpec, TuneOptions, plan_race
 from monai_fast.apps.training.data import NUM_CLASSES, DataSource, check_files, load_files
 from monai_fast.apps.training.options import check_writable_dir, recipe_config
 from monai_fast.apps.training.results import run_meta

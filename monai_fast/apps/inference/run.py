@@ -13,11 +13,7 @@ import numpy as np
 import torch
 from monai.data import DataLoader, Dataset, decollate_batch
 from monai.inferers import SlidingWindowInferer
-from monai.transforms import (
-    AsDiscreted,
-    Compose,
-    Invertd,
-)
+from monai.transforms import AsDiscreted, Compose, Invertd
 
 from monai_fast.apps.inference.backends import Predictor, build_predictor, precision_of, require
 from monai_fast.apps.inference.chain import ChainError, build_chain, recipe_chain

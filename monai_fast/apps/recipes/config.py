@@ -17,15 +17,7 @@ from monai_fast.data.planner import CACHE_CHOICES
 from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import check_precision
 
-__all__ = [
-    "DEFAULT_LR",
-    "NETWORKS",
-    "OPTIMIZERS",
-    "TUTORIAL_SIZES",
-    "RecipeConfig",
-    "tutorial_device",
-    "tutorial_size",
-]
+__all__ = ["DEFAULT_LR", "NETWORKS", "OPTIMIZERS", "TUTORIAL_SIZES", "RecipeConfig", "tutorial_device", "tutorial_size"]
 
 #: what a notebook's ``SIZE`` parameter accepts
 TUTORIAL_SIZES = ("test", "full", "auto")
