@@ -79,10 +79,7 @@ def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[
 
 
 def _epoch_seconds(result: TrainResult, interleaved: int, cpu: bool = False) -> list[float]:
-    """Wall (or CPU) seconds of each whole epoch among the first ``interleaved`` (all when none were).
-
-    An epoch is all it did on the recipe's clock: training, validation, a validation estimate.
-    """
+    """Wall (or CPU) seconds of each whole epoch (training and validation) among the first ``interleaved``."""
     rows = result.epochs[:interleaved] or result.epochs
     if cpu:
         return [r.cpu_s for r in rows if r.cpu_s is not None]
@@ -90,10 +87,7 @@ def _epoch_seconds(result: TrainResult, interleaved: int, cpu: bool = False) -> 
 
 
 def _per_unit(result: TrainResult, interleaved: int) -> dict:
-    """Seconds per training crop and per validated volume over the first ``interleaved`` epochs (all when none were).
-
-    Recipes' epochs hold different work, so seconds per epoch are never compared across recipes.
-    """
+    """Seconds per training crop and per validated volume (what recipes compare: their epochs hold different work)."""
     rows = result.epochs[:interleaved] or result.epochs
     crops = [r.train_samples for r in rows if r.train_samples]
     validated = [r for r in rows if r.val_volumes]
@@ -224,10 +218,7 @@ def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference
 def _estimate(
     r: TrainResult, fast: TrainResult | None, per_epoch: float, limit: int | None, epoch_seconds: Sequence[float] = ()
 ) -> dict:
-    """``r``'s estimated epochs and time to target from its first ``limit`` epochs (its epoch budget; ``None``: all).
-
-    Each estimated figure carries its range (``low``, ``high``) between the two ways of estimating it.
-    """
+    """``r``'s estimated epochs and time to target from its first ``limit`` epochs, each with its ``low``-``high``."""
     curve = [(e.epoch, e.val_dice) for e in r.epochs[:limit] if e.val_dice is not None]
     found = None
     if fast is not None and fast.reached and fast.epochs_to_target:
@@ -300,9 +291,7 @@ def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
 
 
 def _equal_work(a: Mapping[str, object], b: Mapping[str, object]) -> dict:
-    """The reference's cost over the fast recipe's for equal work, each its own ratio: ``per_crop`` (training
-    seconds per training crop) and ``per_volume`` (full validation's seconds per validated volume); ``None``
-    where either recipe has no figure for it."""
+    """The reference's cost over the fast recipe's for equal work: ``per_crop`` and ``per_volume`` (``None``: n/a)."""
 
     def ratio(key: str) -> float | None:
         x, y = a.get(key), b.get(key)

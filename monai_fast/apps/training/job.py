@@ -256,11 +256,7 @@ def model_bytes(config: RecipeConfig) -> int:
 
 
 def _save_model(built: Recipe, model_dir: Path) -> Path:
-    """``model.pth``: an inference checkpoint (weights + ``RecipeConfig``, ``monai-fast infer`` reads it);
-    ``recipe.json`` beside it.
-
-    Both written atomically.
-    """
+    """``model.pth`` (weights and ``RecipeConfig``, for ``monai-fast infer``) and ``recipe.json``, each atomically."""
     from monai_fast.apps.inference.checkpoint import save_checkpoint
     from monai_fast.files import write_json
 
@@ -298,11 +294,7 @@ def _stopped_message(preemption: Preemption, iteration: int, folder: str | os.Pa
 
 
 def _write_outputs(run: TargetRun, lead: bool, job: TrainJob, device: str, data_root: Any) -> TrainOutcome:
-    """After training: the model first, then epochs.csv, the doctor's report and the results, each on its own.
-
-    A write that fails (a full disk) is named and the others still run, and so is a run record that its full file
-    system cut short during training.
-    """
+    """The model, then epochs.csv, the doctor's report and the results: a write that fails is named, the rest run."""
     from monai_fast.apps.training.results import run_meta, write_results
     from monai_fast.handlers.record import record_of
     from monai_fast.report.doctor import doctor
