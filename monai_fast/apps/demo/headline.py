@@ -356,22 +356,22 @@ def format_headline(doc: dict) -> str:
         for key in ("epochs_to_target", "time_to_target_s", "cpu_s_to_target"):
             if key in e and (e[key]["how"] == ESTIMATED or (e[key]["how"] != MEASURED and key != "cpu_s_to_target")):
                 out.append(f"{name} {_LABELS[key]}: {e[key]['how']}: {e[key]['basis']}")
-    epochs = doc["budget"].get("others_epochs")
+    budget = doc["budget"]
+    epochs = budget.get("others_epochs")
     for name, e in doc["recipes"].items():
         if (
-            epochs
-            and name != doc["budget"].get("lead")
-            and e.get("stopped") in ("wall-clock budget", "total time bound")
+            not epochs
+            or name == budget.get("lead")
+            or e.get("stopped") not in ("wall-clock budget", "total time bound")
         ):
-            if e["stopped"] == "total time bound":
-                what, flag = "the total time bound", "--total-budget"
-            else:
-                what = "its wall-clock budget"
-                flag = "--total-budget" if doc["budget"].get("total_budget_left_s") is not None else "--time-budget"
-            out.append(
-                f"{name}: stopped by {what} after {e['epochs_run']} of its {epochs} epochs: how far "
-                f"its Dice curve got depended on the host's speed ({flag} raises the cap)"
-            )
+            continue
+        bound = e["stopped"] == "total time bound"
+        what = "the total time bound" if bound else "its wall-clock budget"
+        flag = "--total-budget" if bound or budget.get("total_budget_left_s") is not None else "--time-budget"
+        out.append(
+            f"{name}: stopped by {what} after {e['epochs_run']} of its {epochs} epochs: how far "
+            f"its Dice curve got depended on the host's speed ({flag} raises the cap)"
+        )
     if doc.get("host"):
         out.append(describe_host_load(doc["host"], "the epochs taken in turns"))
     holds = [h for name, e in doc["recipes"].items() if (h := _holds(name, e)) is not None]
