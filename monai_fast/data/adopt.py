@@ -277,9 +277,7 @@ def _shared_node_tier(
     plan = plan_cache(
         transform, list(ds.data), device, ram_budget_mib=0, disk_budget_mib=disk_budget_mib, cache_dir=cache_dir
     )
-    if cache == "auto" and not (plan.where == "disk" and plan.reads_patches):
-        return None
-    if not plan.reads_patches:
+    if not plan.reads_patches or (cache == "auto" and plan.where != "disk"):
         return None
     import ignite.distributed as idist
 

@@ -240,11 +240,7 @@ def _nearly_full(folder: Path) -> bool:
 
 
 def _flatten(chain: Compose) -> list:
-    """The transforms of ``chain`` with nested plain ``Compose`` objects expanded.
-
-    ``Compose.flatten`` builds a new ``Compose``, which reseeds every transform in it; this keeps
-    the user's random states as they are.
-    """
+    """``chain``'s transforms, nested ``Compose`` expanded (``Compose.flatten`` would reseed every transform)."""
     out = []
     for t in chain.transforms:
         out.extend(_flatten(t) if type(t) is Compose else [t])

@@ -7,7 +7,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,7 @@ import numpy as np
 from monai_fast.files import write_json
 from monai_fast.folders import cache_root
 
-__all__ = [
-    "PreflightError",
-    "PreflightReport",
-    "patch_padding",
-    "preflight",
-    "scan_file",
-]
+__all__ = ["PreflightError", "PreflightReport", "patch_padding", "preflight", "scan_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +142,24 @@ def scan_identity(path: str) -> str:
     return f"{SCAN_VERSION}|{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}"
 
 
+def scan_through(
+    store: dict[str, dict], path: str, scan: Callable[[str], dict], prefix: str = "", keep_failed: bool = True
+) -> tuple[dict, str]:
+    """``path``'s scan and where it came from: ``"missing"`` (no file), ``"stored"`` (``store``) or ``"read"``.
+
+    A scan made here is kept in ``store`` under ``prefix`` + `scan_identity()` (one that failed: if ``keep_failed``).
+    """
+    if not os.path.isfile(path):
+        return {"error": "no such file"}, "missing"
+    key = prefix + scan_identity(path)
+    if key in store:
+        return store[key], "stored"
+    found = scan(path)
+    if keep_failed or "error" not in found:
+        store[key] = found
+    return found, "read"
+
+
 def load_scans(path: Path) -> dict[str, dict]:
     """The stored scans (empty when the store is missing or damaged: the files are read again)."""
     try:
@@ -199,20 +212,12 @@ def preflight(
         store = load_scans(store_path) if cache else {}
         scans: dict[str, dict] = {}
         problems: list[tuple[str, str]] = []
-        read = hits = 0
+        came: Counter[str] = Counter()
         for item in files:
             for path in (str(item[image_key]), str(item[label_key])):
-                if path in scans:
-                    continue
-                if not os.path.isfile(path):
-                    scans[path] = {"error": "no such file"}
-                    continue
-                key = scan_identity(path)
-                if key in store:
-                    scans[path], hits = store[key], hits + 1
-                else:
-                    scans[path] = store[key] = scan_file(path)
-                    read += 1
+                if path not in scans:
+                    scans[path], how = scan_through(store, path, scan_file)
+                    came[how] += 1
             problems += _problems(
                 str(item[image_key]),
                 str(item[label_key]),
@@ -220,6 +225,7 @@ def preflight(
                 scans[str(item[label_key])],
                 num_classes,
             )
+        read, hits = came["read"], came["stored"]
         if cache and read:
             save_scans(store, store_path)
     report = PreflightReport(

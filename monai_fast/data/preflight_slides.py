@@ -8,18 +8,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from monai_fast.data.preflight import (
-    SCANS_LOCK,
-    PreflightError,
-    PreflightReport,
-    load_scans,
-    save_scans,
-    scan_identity,
-)
+from monai_fast.data.preflight import SCANS_LOCK, PreflightError, PreflightReport, load_scans, save_scans, scan_through
 from monai_fast.extras import MissingExtraError, require
 from monai_fast.folders import cache_root
 
@@ -172,23 +166,15 @@ def preflight_wsi(
     with SCANS_LOCK:
         store = load_scans(store_path) if cache else {}
         scans: dict[str, dict] = {}
-        read = hits = 0
+        came: Counter[str] = Counter()
         bad: dict[str, list[str]] = {}
         for name, items in lists.items():
             for i, item in enumerate(items):
                 path = str(item["image"])
                 if path not in scans:
-                    if not os.path.isfile(path):
-                        scans[path] = {"error": "no such file"}
-                    else:
-                        key = "wsi|" + scan_identity(path)
-                        if key in store:
-                            scans[path], hits = store[key], hits + 1
-                        else:
-                            scans[path] = scan_slide(path, reader)
-                            if "error" not in scans[path]:
-                                store[key] = scans[path]  # a damaged file is read again next time (it may be rewritten)
-                            read += 1
+                    # a damaged slide is not kept: it is read again next time (it may be rewritten)
+                    scans[path], how = scan_through(store, path, lambda p: scan_slide(p, reader), "wsi|", False)
+                    came[how] += 1
                     if "error" in scans[path]:
                         problems.append((path, f"cannot read the slide: {scans[path]['error']}"))
                 if "error" in scans[path]:
@@ -205,6 +191,7 @@ def preflight_wsi(
             if len(reasons) > _LOCATIONS_NAMED:
                 more = len(reasons) - _LOCATIONS_NAMED
                 problems.append((path, f"... and {more} more patch(es) of this slide at fault"))
+        read, hits = came["read"], came["stored"]
         if cache and read:
             save_scans(store, store_path)
     checked = sum(len(items) for items in lists.values())

@@ -86,11 +86,7 @@ class _Run:
 
 
 class _Watchdog:
-    """One thread per epoch that calls ``on_stuck(since)`` once for an item made on demand longer than ``timeout_s``.
-
-    Started at the first item and woken only by a begin, an end or its deadline: a timer thread per
-    item would cost the training thread a thread start per batch, milliseconds on a busy machine.
-    """
+    """One thread per epoch (not one per item) calling ``on_stuck(since)`` for an item made past ``timeout_s``."""
 
     def __init__(self, timeout_s: float, on_stuck: Callable[[float], None]) -> None:
         self.timeout_s, self.on_stuck = timeout_s, on_stuck
@@ -264,11 +260,7 @@ class SafeThreadBuffer:
                     raise self._timed_out(waited) from None
 
     def _make_here(self, it: Iterator[Any], watchdog: _Watchdog | None) -> Any:
-        """The next item, made in the consumer's thread; past ``timeout_s`` the watchdog logs what it is doing.
-
-        A call in the consumer's own thread cannot be interrupted, so here the watchdog can only say
-        what is stuck (the loader thread's watchdog raises instead).
-        """
+        """The next item, made in the consumer's thread (not interruptible: past ``timeout_s`` it is only logged)."""
         if watchdog is not None:
             watchdog.begin()
         try:

@@ -226,11 +226,7 @@ class AMPToggle(EngineHandler):
         self._apply()
 
     def _attach(self, engine: Engine) -> None:
-        """Take over precision on a MONAI engine.
-
-        Raises:
-            TypeError: if ``engine`` has no ``inferer`` (not a MONAI trainer/evaluator).
-        """
+        """Take over precision on a MONAI engine (a `TypeError` for one without an ``inferer``)."""
         if not isinstance(getattr(engine, "inferer", None), Inferer):
             raise TypeError(
                 "AMPToggle needs a MONAI SupervisedTrainer or SupervisedEvaluator (an engine with an inferer)"

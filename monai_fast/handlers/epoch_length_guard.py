@@ -23,9 +23,6 @@ class EpochLengthGuard(EngineHandler):
     Args:
         name: what the engine does, for the message (``"training"``, ``"validation"``).
 
-    Attributes:
-        passes: complete loader passes seen.
-
     Examples:
         >>> EpochLengthGuard("training").attach(trainer)  # doctest: +SKIP
     """
@@ -33,7 +30,6 @@ class EpochLengthGuard(EngineHandler):
     def __init__(self, name: str = "engine") -> None:
         super().__init__()
         self.name = name
-        self.passes = 0
         self._taken = 0  # batches from the loader's current pass
         self._first_epoch = True  # the first epoch of a run may resume in its middle
         self._offset = 0  # iterations of this epoch done before the run started (a resume)
@@ -84,7 +80,6 @@ class EpochLengthGuard(EngineHandler):
                 "used. A loader whose thread stops on an error ends its pass this way (MONAI's ThreadDataLoader); "
                 "monai_fast.data.loaders.SafeThreadDataLoader raises the failing item's error instead"
             )
-        self.passes += 1
 
     def _epoch_completed(self, engine: Engine) -> None:
         length = engine.state.epoch_length

@@ -115,21 +115,14 @@ class FastTraining(EngineHandler):
             raise ValueError("FastTraining: cache='disk' needs cache_dir")
         super().__init__()
         self.cache, self.loader, self.precision, self.memory_format = cache, loader, precision, memory_format
-        self.evaluator_option = evaluator
-        self.budgets = {
-            "gpu_budget_mib": gpu_budget_mib,
-            "ram_budget_mib": ram_budget_mib,
-            "disk_budget_mib": disk_budget_mib,
-        }
-        self.cache_dir, self.cache_threads, self.progress, self.tune_store = (
-            cache_dir,
-            cache_threads,
-            progress,
-            tune_store,
-        )
-        self.background_fill = bool(background_fill)
+        self.evaluator_option, self.compile = evaluator, compile
         self.prefetch, self.prediction_layout = prefetch, prediction_layout
-        self.compile = compile
+        self.budgets = dict(
+            gpu_budget_mib=gpu_budget_mib, ram_budget_mib=ram_budget_mib, disk_budget_mib=disk_budget_mib
+        )
+        self.cache_dir, self.cache_threads = cache_dir, cache_threads
+        self.progress, self.tune_store = progress, tune_store
+        self.background_fill = bool(background_fill)
         self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
         self._fills: list[Any] = []  # data sets filling in the background: no prefetch timing until all are full
         self._ram_left = 0  # bytes of the RAM budget not yet given to a cache, set at attach
@@ -237,6 +230,11 @@ class FastTraining(EngineHandler):
         say = logger.warning if warn else logger.info
         say("FastTraining %s: %s%s", lever, f"{setting}: " if applied else "left alone: ", reason)
 
+    def _decided(self, trainer: Engine, lever: str, *said: Any) -> None:
+        """`_say()` a decision taken while the trainer runs, and add it to the run's record."""
+        self._say(lever, *said)
+        self._record(trainer, only=lever)
+
     def _data(self, engine: Workflow, lever: str, device: torch.device, trainer: Engine) -> None:
         if self.loader is False or self.cache is False:
             self._say(lever, False, None, "switched off (loader=False or cache=False)")
@@ -296,8 +294,8 @@ class FastTraining(EngineHandler):
 
     def _prefetch_chosen(self, trainer: Engine, name: str, prefetch: bool, reason: str) -> None:
         measured = name in self._choices and self._choices[name].measured
-        self._say(name, True, "ahead" if prefetch else "on demand", f"measured {reason}" if measured else reason)
-        self._record(trainer, only=name)
+        reason = f"measured {reason}" if measured else reason
+        self._decided(trainer, name, True, "ahead" if prefetch else "on demand", reason)
 
     def _precision(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
         if self.precision is False:
@@ -346,9 +344,7 @@ class FastTraining(EngineHandler):
         """After the engine's first step: a lever whose handler found the step out of its reach is not applied."""
         if handler.unused is None or self.applied.get(lever, {}).get("applied") is False:
             return
-        setting = getattr(handler, "precision", None)
-        self._say(lever, False, setting, f"did not act: {handler.unused}")
-        self._record(trainer, only=lever)
+        self._decided(trainer, lever, False, getattr(handler, "precision", None), f"did not act: {handler.unused}")
 
     def _memory_format_lever(self, trainer: Workflow, device: torch.device) -> None:
         if self.memory_format is False:
@@ -366,8 +362,7 @@ class FastTraining(EngineHandler):
         )
         # both ways: a network the user (or a recipe) put in channels_last_3d goes back when contiguous wins
         network.to(memory_format=torch.channels_last_3d if choice == "channels_last_3d" else torch.contiguous_format)
-        self._say(Lever.MEMORY_FORMAT, choice == "channels_last_3d", choice, reason, evidence)
-        self._record(trainer, only=Lever.MEMORY_FORMAT)
+        self._decided(trainer, Lever.MEMORY_FORMAT, choice == "channels_last_3d", choice, reason, evidence)
 
     def _compile_lever(self, trainer: Workflow, evaluator: Workflow | None) -> None:
         engines = [(Lever.COMPILE, trainer), *([(Lever.VALIDATION_COMPILE, evaluator)] if evaluator else [])]
@@ -387,9 +382,8 @@ class FastTraining(EngineHandler):
 
     def _compiled(self, trainer: Engine, lever: Lever, compiled: bool, reason: str, evidence: dict[str, Any]) -> None:
         failed = not compiled and "failed" in reason  # no compiler here: one warning, not one per engine
-        self._say(
-            lever, compiled, "compiled" if compiled else "eager", reason, evidence, warn=failed and not self._warned
-        )
+        setting = "compiled" if compiled else "eager"
+        self._say(lever, compiled, setting, reason, evidence, warn=failed and not self._warned)
         self._warned = self._warned or failed
         self._record(trainer, only=lever)
 
@@ -434,13 +428,9 @@ class FastTraining(EngineHandler):
             lambda: self.amp.precision if self.amp is not None and self.amp.active else "fp32",
             device,
             self.tune_store,
-            on_result=functools.partial(self._validation_tuned, trainer),
+            on_result=functools.partial(self._decided, trainer, Lever.EVALUATOR),
         )
         self._add(tune, evaluator)
-
-    def _validation_tuned(self, trainer: Engine, applied: bool, setting: str | None, reason: str) -> None:
-        self._say(Lever.EVALUATOR, applied, setting, reason)
-        self._record(trainer, only=Lever.EVALUATOR)
 
     def _record(self, trainer: Engine, only: str | None = None) -> None:
         record = record_of(trainer)

@@ -25,11 +25,7 @@ _KEY = "preemption"  # the to_save entry holding every rank's random states and 
 
 
 class _SkipFirst:
-    """A loader whose next ``iter()`` starts ``n`` batches in (dropped after making, so random draws repeat).
-
-    During that pass its length counts only the batches still to come (``repeats`` included), so an
-    `EpochLengthGuard` sees a whole pass.
-    """
+    """A loader whose next pass starts ``n`` batches in (made and dropped) and counts only the batches to come."""
 
     def __init__(self, loader: Any, n: int) -> None:
         self.loader, self.n = loader, n

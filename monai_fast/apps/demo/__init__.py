@@ -6,14 +6,7 @@ these functions; every option of a `RaceSpec` is checked before anything trains 
 
 from monai_fast.apps.demo.bench import REFERENCES, BenchRun, bench, summarize
 from monai_fast.apps.demo.core import RaceEvents, RaceRun, TuneRun, checked_data, load_data, race, run_meta, tune_only
-from monai_fast.apps.demo.options import (
-    OptionError,
-    RacePlan,
-    RaceSpec,
-    SyntheticData,
-    TuneOptions,
-    plan_race,
-)
+from monai_fast.apps.demo.options import OptionError, RacePlan, RaceSpec, SyntheticData, TuneOptions, plan_race
 
 __all__ = [
     "REFERENCES",

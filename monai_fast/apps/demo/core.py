@@ -12,13 +12,7 @@ from typing import Any
 
 from monai_fast.apps.demo.headline import headline
 from monai_fast.apps.demo.interleave import run_interleaved
-from monai_fast.apps.demo.options import (
-    OptionError,
-    RacePlan,
-    RaceSpec,
-    TuneOptions,
-    plan_race,
-)
+from monai_fast.apps.demo.options import OptionError, RacePlan, RaceSpec, TuneOptions, plan_race
 from monai_fast.apps.training.data import NUM_CLASSES, DataSource, check_files, load_files
 from monai_fast.apps.training.options import check_writable_dir, recipe_config
 from monai_fast.apps.training.results import run_meta
@@ -156,15 +150,16 @@ def _tune(plan: RacePlan, train_files: Sequence[dict], val_files: Sequence[dict]
         raise TuningError(str(e)) from e
 
 
-def _diagnose(result: TrainResult) -> None:
+def _finished(result: TrainResult, events: RaceEvents) -> TrainResult:
     from monai_fast.report.doctor import doctor
 
-    if result.run_dir is None or not result.epochs:
-        return
-    try:
-        result.diagnosis = doctor(result.run_dir).to_dict()
-    except (FileNotFoundError, ValueError) as e:  # a race's results outlive a record the doctor cannot read
-        logger.warning("%s: no diagnosis: %s", result.recipe, e)
+    if result.run_dir is not None and result.epochs:
+        try:
+            result.diagnosis = doctor(result.run_dir).to_dict()
+        except (FileNotFoundError, ValueError) as e:  # a race's results outlive a record the doctor cannot read
+            logger.warning("%s: no diagnosis: %s", result.recipe, e)
+    events.recipe_finished(result)
+    return result
 
 
 def _run_one(
@@ -188,12 +183,6 @@ def _run_one(
         plan.run_dir,
         progress=spec.progress,
     )
-
-
-def _finished(result: TrainResult, events: RaceEvents) -> TrainResult:
-    _diagnose(result)
-    events.recipe_finished(result)
-    return result
 
 
 def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:

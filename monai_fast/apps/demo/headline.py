@@ -78,29 +78,16 @@ def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[
     return round(mx + (target - my) / slope, 1), half[0][0], half[-1][0], round(slope, 6)
 
 
-def _epoch_seconds(result: TrainResult, interleaved: int) -> list[float]:
-    """Wall seconds of each whole epoch among the first ``interleaved`` (all when none were)."""
+def _epoch_seconds(result: TrainResult, interleaved: int, cpu: bool = False) -> list[float]:
+    """Wall (or CPU) seconds of each whole epoch (training and validation) among the first ``interleaved``."""
     rows = result.epochs[:interleaved] or result.epochs
+    if cpu:
+        return [r.cpu_s for r in rows if r.cpu_s is not None]
     return [r.wall_s if r.wall_s is not None else r.train_s + r.val_s for r in rows]
 
 
-def _s_per_epoch(result: TrainResult, interleaved: int, cpu: bool = False) -> float | None:
-    """Mean wall (or CPU) seconds per whole epoch over the first ``interleaved`` epochs (all when none were).
-
-    An epoch is all it did on the recipe's clock: training, validation, a validation estimate.
-    """
-    rows = result.epochs[:interleaved] or result.epochs
-    if cpu:
-        values = [r.cpu_s for r in rows if r.cpu_s is not None]
-        return statistics.fmean(values) if values else None
-    return statistics.fmean(r.wall_s if r.wall_s is not None else r.train_s + r.val_s for r in rows) if rows else 0.0
-
-
 def _per_unit(result: TrainResult, interleaved: int) -> dict:
-    """Seconds per training crop and per validated volume over the first ``interleaved`` epochs (all when none were).
-
-    Recipes' epochs hold different work, so seconds per epoch are never compared across recipes.
-    """
+    """Seconds per training crop and per validated volume (what recipes compare: their epochs hold different work)."""
     rows = result.epochs[:interleaved] or result.epochs
     crops = [r.train_samples for r in rows if r.train_samples]
     validated = [r for r in rows if r.val_volumes]
@@ -168,31 +155,25 @@ def headline(
     if host is not None:
         doc["host"] = dict(host)
     for r in results:
-        per_epoch = _s_per_epoch(r, interleaved.get(r.recipe, 0))
+        n = interleaved.get(r.recipe, 0)
+        seconds, cpu = _epoch_seconds(r, n), _epoch_seconds(r, n, cpu=True)
+        per_epoch = statistics.fmean(seconds) if seconds else 0.0
         entry = {
             "s_per_epoch_interleaved": per_epoch,
-            "epochs_interleaved": interleaved.get(r.recipe, 0),
-            "cpu_s_per_epoch_interleaved": _s_per_epoch(r, interleaved.get(r.recipe, 0), cpu=True),
+            "epochs_interleaved": n,
+            "cpu_s_per_epoch_interleaved": statistics.fmean(cpu) if cpu else None,
             "epochs_run": r.epochs_run,
             "best_dice": r.best_dice,
             "data_wait_share": r.data_wait_share,
             "stopped": stop_reason(r, budget),
-            **_per_unit(r, interleaved.get(r.recipe, 0)),
+            **_per_unit(r, n),
         }
         if r.reached:
             entry["time_to_target_s"] = _figure(r.time_to_target_s, MEASURED)
             entry["epochs_to_target"] = _figure(r.epochs_to_target, MEASURED)
         else:
             limit = budget.get("others_epochs") if r.recipe != budget.get("lead") else None
-            entry.update(
-                _estimate(
-                    r,
-                    by.get(fast),
-                    per_epoch,
-                    limit if isinstance(limit, int) else None,
-                    _epoch_seconds(r, interleaved.get(r.recipe, 0)),
-                )
-            )
+            entry.update(_estimate(r, by.get(fast), per_epoch, limit if isinstance(limit, int) else None, seconds))
         entry["cpu_s_to_target"] = _cpu_to_target(r, entry)
         doc["recipes"][r.recipe] = entry
     doc["speedup"] = _cpu_beside(_speedup(doc["recipes"], fast, reference), doc["recipes"], fast, reference)
@@ -237,15 +218,13 @@ def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference
 def _estimate(
     r: TrainResult, fast: TrainResult | None, per_epoch: float, limit: int | None, epoch_seconds: Sequence[float] = ()
 ) -> dict:
-    """``r``'s estimated epochs and time to target from its first ``limit`` epochs (its epoch budget; ``None``: all).
-
-    Each estimated figure carries its range (``low``, ``high``) between the two ways of estimating it.
-    """
+    """``r``'s estimated epochs and time to target from its first ``limit`` epochs, each with its ``low``-``high``."""
     curve = [(e.epoch, e.val_dice) for e in r.epochs[:limit] if e.val_dice is not None]
     found = None
     if fast is not None and fast.reached and fast.epochs_to_target:
         found = epochs_by_progress(curve, [(e.epoch, e.val_dice) for e in fast.epochs], fast.epochs_to_target, r.target)
-    ways = [w[0] for w in (found, epochs_by_slope(curve, r.target)) if w is not None]
+    sloped = epochs_by_slope(curve, r.target)
+    ways = [w[0] for w in (found, sloped) if w is not None]
     if found is not None and found[0] > r.epochs_run:
         epochs, slow_epoch, dice, fast_epoch = found
         basis = (
@@ -253,7 +232,6 @@ def _estimate(
             f"{fast.epochs_to_target}: {slow_epoch} x {fast.epochs_to_target} / {fast_epoch}"
         )
     else:  # fast's full validations do not place that Dice before its own target epoch: the curve's own slope
-        sloped = epochs_by_slope(curve, r.target)
         if sloped is None:
             best = max((d for _, d in curve), default=0.0)
             why = (
@@ -271,11 +249,11 @@ def _estimate(
     seconds = r.setup_s + epochs * per_epoch
     floor = float(r.epochs_run + 1)
     e_low, e_high = max(floor, min([epochs, *ways])), max(floor, epochs, *ways)
-    s_low = r.setup_s + e_low * min(epoch_seconds or [per_epoch])
-    s_high = r.setup_s + e_high * max(epoch_seconds or [per_epoch])
+    fastest, slowest = min(epoch_seconds or [per_epoch]), max(epoch_seconds or [per_epoch])
+    s_low, s_high = r.setup_s + e_low * fastest, r.setup_s + e_high * slowest
     spread = (
         f"range {s_low:.0f}-{s_high:.0f} s: {e_low:g}-{e_high:g} epochs x its fastest and slowest epoch "
-        f"({min(epoch_seconds or [per_epoch]):.2f}-{max(epoch_seconds or [per_epoch]):.2f} s)"
+        f"({fastest:.2f}-{slowest:.2f} s)"
     )
     return {
         "epochs_to_target": {**_figure(epochs, ESTIMATED, basis), "low": e_low, "high": e_high},
@@ -313,9 +291,7 @@ def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
 
 
 def _equal_work(a: Mapping[str, object], b: Mapping[str, object]) -> dict:
-    """The reference's cost over the fast recipe's for equal work, each its own ratio: ``per_crop`` (training
-    seconds per training crop) and ``per_volume`` (full validation's seconds per validated volume); ``None``
-    where either recipe has no figure for it."""
+    """The reference's cost over the fast recipe's for equal work: ``per_crop`` and ``per_volume`` (``None``: n/a)."""
 
     def ratio(key: str) -> float | None:
         x, y = a.get(key), b.get(key)
@@ -380,22 +356,22 @@ def format_headline(doc: dict) -> str:
         for key in ("epochs_to_target", "time_to_target_s", "cpu_s_to_target"):
             if key in e and (e[key]["how"] == ESTIMATED or (e[key]["how"] != MEASURED and key != "cpu_s_to_target")):
                 out.append(f"{name} {_LABELS[key]}: {e[key]['how']}: {e[key]['basis']}")
-    epochs = doc["budget"].get("others_epochs")
+    budget = doc["budget"]
+    epochs = budget.get("others_epochs")
     for name, e in doc["recipes"].items():
         if (
-            epochs
-            and name != doc["budget"].get("lead")
-            and e.get("stopped") in ("wall-clock budget", "total time bound")
+            not epochs
+            or name == budget.get("lead")
+            or e.get("stopped") not in ("wall-clock budget", "total time bound")
         ):
-            if e["stopped"] == "total time bound":
-                what, flag = "the total time bound", "--total-budget"
-            else:
-                what = "its wall-clock budget"
-                flag = "--total-budget" if doc["budget"].get("total_budget_left_s") is not None else "--time-budget"
-            out.append(
-                f"{name}: stopped by {what} after {e['epochs_run']} of its {epochs} epochs: how far "
-                f"its Dice curve got depended on the host's speed ({flag} raises the cap)"
-            )
+            continue
+        bound = e["stopped"] == "total time bound"
+        what = "the total time bound" if bound else "its wall-clock budget"
+        flag = "--total-budget" if bound or budget.get("total_budget_left_s") is not None else "--time-budget"
+        out.append(
+            f"{name}: stopped by {what} after {e['epochs_run']} of its {epochs} epochs: how far "
+            f"its Dice curve got depended on the host's speed ({flag} raises the cap)"
+        )
     if doc.get("host"):
         out.append(describe_host_load(doc["host"], "the epochs taken in turns"))
     holds = [h for name, e in doc["recipes"].items() if (h := _holds(name, e)) is not None]

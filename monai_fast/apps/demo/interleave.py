@@ -56,11 +56,7 @@ def _left(deadline: float | None) -> float:
 
 
 def _fits(run: TargetRun, deadline: float | None) -> bool:
-    """Whether ``run``'s next epoch ends before ``deadline``, taken as long as its longest so far plus their spread.
-
-    An epoch cut by the clock has no validation, so it adds nothing to the Dice curve: past this
-    point the time is better left to the reports.
-    """
+    """Whether ``run``'s next epoch (its longest so far plus their spread) ends before ``deadline``."""
     if deadline is None:
         return True
     walls = [r.wall_s for r in run.recorder.rows if r.wall_s is not None]

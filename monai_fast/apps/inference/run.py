@@ -13,11 +13,7 @@ import numpy as np
 import torch
 from monai.data import DataLoader, Dataset, decollate_batch
 from monai.inferers import SlidingWindowInferer
-from monai.transforms import (
-    AsDiscreted,
-    Compose,
-    Invertd,
-)
+from monai.transforms import AsDiscreted, Compose, Invertd
 
 from monai_fast.apps.inference.backends import Predictor, build_predictor, precision_of, require
 from monai_fast.apps.inference.chain import ChainError, build_chain, recipe_chain
@@ -323,19 +319,13 @@ def tuned_window(
 
 
 def _pred_classes_innermost(item: dict) -> dict:
-    """The item with its CPU prediction's classes innermost, so the argmax over them is vectorised; the same values.
-
-    A plain callable, not a MONAI transform: nothing is added to the prediction's ``applied_operations``.
-    """
+    """The item with its CPU prediction's classes innermost (a vectorised argmax), outside ``applied_operations``."""
     pred = item["pred"]
     return {**item, "pred": classes_innermost(pred, dim=0)} if pred.device.type == "cpu" else item
 
 
 def _save(prediction: torch.Tensor, path: Path) -> None:
-    """Write a ``(1, *spatial)`` label map as ``uint8`` NIfTI, whole or not at all.
-
-    MONAI's writer directly: ``SaveImage`` turns a full disk into "cannot find a suitable writer".
-    """
+    """Write a ``(1, *spatial)`` label map as ``uint8`` NIfTI, whole or not at all (``SaveImage`` hides a full disk)."""
     writer = AtomicNiftiWriter(output_dtype=np.uint8)
     writer.set_data_array(prediction, channel_dim=0, squeeze_end_dims=True)
     writer.set_metadata(meta_dict=getattr(prediction, "meta", None), resample=False)

@@ -25,14 +25,7 @@ from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.validation_schedule import ValidationSchedule, estimator_like
 
-__all__ = [
-    "VAL_METRIC",
-    "Recipe",
-    "attach_validation_schedule",
-    "compose",
-    "fast_training",
-    "seed_everything",
-]
+__all__ = ["VAL_METRIC", "Recipe", "attach_validation_schedule", "compose", "fast_training", "seed_everything"]
 
 VAL_METRIC = "val_mean_dice"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -16,15 +17,7 @@ from monai_fast.data.planner import CACHE_CHOICES
 from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import check_precision
 
-__all__ = [
-    "DEFAULT_LR",
-    "NETWORKS",
-    "OPTIMIZERS",
-    "TUTORIAL_SIZES",
-    "RecipeConfig",
-    "tutorial_device",
-    "tutorial_size",
-]
+__all__ = ["DEFAULT_LR", "NETWORKS", "OPTIMIZERS", "TUTORIAL_SIZES", "RecipeConfig", "tutorial_device", "tutorial_size"]
 
 #: what a notebook's ``SIZE`` parameter accepts
 TUTORIAL_SIZES = ("test", "full", "auto")
@@ -35,6 +28,12 @@ DEFAULT_LR = {"adam": 1e-4, "adamw": 3e-3, "novograd": 2e-3}
 NETWORKS = ("unet", "segresnet")
 #: SegResNet's group norm splits the first level's features into this many groups
 SEGRESNET_GROUPS = 8
+#: the least value of each numeric option (``None`` is the recipe's own choice)
+_MINIMUMS = {
+    **dict.fromkeys(("batch_size", "num_samples", "sw_batch_size", "val_interval", "max_epochs", "val_every"), 1),
+    "val_subset": 1,
+    **dict.fromkeys(("num_res_units", "val_margin", "cache_budget_mib", "num_workers", "cache_threads"), 0),
+}
 
 
 @dataclass
@@ -110,9 +109,7 @@ class RecipeConfig:
         self.dropout = float(self.dropout)
         if len(self.patch_size) != 3 or min(self.patch_size) < 8:
             raise ValueError(f"patch_size must be three sizes >= 8, got {self.patch_size}")
-        down = 1
-        for s in self.strides:
-            down *= s
+        down = math.prod(self.strides)
         if any(p % down for p in self.patch_size):
             raise ValueError(f"patch_size {self.patch_size} must be divisible by the network's total stride {down}")
         if len(self.channels) < 2 or min(self.channels) < 1:
@@ -123,11 +120,9 @@ class RecipeConfig:
         if len(self.channels) != len(self.strides) + 1:
             raise ValueError(f"channels {self.channels} needs exactly one more entry than strides {self.strides}")
         self._check_network()
-        for name in ("batch_size", "num_samples", "sw_batch_size", "val_interval", "max_epochs"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_res_units < 0:
-            raise ValueError(f"num_res_units must be >= 0, got {self.num_res_units}")
+        for name, low in _MINIMUMS.items():
+            if getattr(self, name) is not None and not getattr(self, name) >= low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if not 0.0 <= self.sw_overlap < 1.0:
             raise ValueError(f"sw_overlap must be in [0, 1), got {self.sw_overlap}")
         if len(self.pixdim) != 3 or not all(math.isfinite(p) and p > 0 for p in self.pixdim):
@@ -150,22 +145,11 @@ class RecipeConfig:
                 f"validation must be 'every_epoch' or 'schedule' (or None: the recipe's default); "
                 f"got {self.validation!r}"
             )
-        for name in ("val_every", "val_subset"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.val_margin >= 0:
-            raise ValueError(f"val_margin must be >= 0, got {self.val_margin}")
         if self.cache not in CACHE_CHOICES:
             raise ValueError(f"cache must be one of {', '.join(CACHE_CHOICES)}; got {self.cache!r}")
         check_precision(self.precision, allow_auto=True)
         if self.cache == "disk" and not self.cache_dir:
             raise ValueError("cache='disk' needs cache_dir")
-        if self.cache_budget_mib is not None and self.cache_budget_mib < 0:
-            raise ValueError(f"cache_budget_mib must be >= 0, got {self.cache_budget_mib}")
-        for name in ("num_workers", "cache_threads"):
-            v = getattr(self, name)
-            if v is not None and v < 0:
-                raise ValueError(f"{name} must be >= 0 or None, got {v}")
 
     def _check_network(self) -> None:
         if self.network not in NETWORKS:
@@ -201,10 +185,7 @@ class RecipeConfig:
 
         Recipes call this first, so ``None`` means "the recipe's own choice".
         """
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(defaults) - known)
-        if unknown:
-            raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
+        _check_known(defaults)
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
     def tuned(
@@ -237,11 +218,15 @@ class RecipeConfig:
     @classmethod
     def from_dict(cls, d: dict) -> RecipeConfig:
         """Build from a dict, rejecting unknown keys by name."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
+        _check_known(d)
         return cls(**d)
+
+
+def _check_known(options: Mapping[str, object]) -> None:
+    known = {f.name for f in fields(RecipeConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
 
 
 def tutorial_device() -> torch.device:

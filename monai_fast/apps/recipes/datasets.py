@@ -78,10 +78,7 @@ def uncached_data(parts: RecipeParts, train_files: Sequence[dict], val_files: Se
 
 
 def guide_cached_data(
-    parts: RecipeParts,
-    train_files: Sequence[dict],
-    val_files: Sequence[dict],
-    progress: bool = True,
+    parts: RecipeParts, train_files: Sequence[dict], val_files: Sequence[dict], progress: bool = True
 ) -> DataPiece:
     """MONAI's guide: ``CacheDataset`` of everything, in GPU memory on CUDA, else RAM; a thread loader.
 

@@ -24,11 +24,7 @@ logger = logging.getLogger("monai_fast.tune")
 
 
 def default_space(
-    device: torch.device | str,
-    search_amp: bool = False,
-    precision: str | None = None,
-    recipe: str = "fast",
-    **kwargs,
+    device: torch.device | str, search_amp: bool = False, precision: str | None = None, recipe: str = "fast", **kwargs
 ) -> SearchSpace:
     """The search space of ``recipe``: the precision it trains in (its request), plus fp32 with ``search_amp``."""
     first = recipe_parts(recipe, RecipeConfig(precision=precision or "auto"), device).precision

@@ -64,10 +64,7 @@ def _local_path(remote: _Remote, cache_dir: Path) -> Path:
 
 
 def _cached_copy(url: str, cache_dir: Path) -> Path | None:
-    """The newest complete local copy of ``url`` (any version), or ``None``.
-
-    Only complete files carry the final name: a download in progress has a temporary name.
-    """
+    """The newest complete local copy of ``url`` (any version; a download in progress has a temporary name)."""
     name = _file_name(url)
     try:
         copies = [p for p in _url_dir(url, cache_dir).glob(f"*/{name}") if p.is_file()]

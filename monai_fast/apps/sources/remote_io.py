@@ -37,10 +37,7 @@ class _Stopped(Exception):
 
 
 class _Stall(Exception):
-    """A request got no answer, or a body brought too few bytes, within its time limit.
-
-    ``partial`` is how many bytes of the current piece had arrived when it stalled.
-    """
+    """No answer, or too few bytes, within the time limit; ``partial``: the bytes of the piece that had arrived."""
 
     def __init__(self, message: str, partial: int = 0) -> None:
         super().__init__(message)
@@ -96,11 +93,7 @@ def is_url(value: Any) -> bool:
 
 
 def _require_client(urls: Sequence[str]) -> None:
-    """Raise `MissingExtraError` naming the first URL whose client library is missing.
-
-    ``s3://`` needs ``s3fs`` (the ``s3`` extra); the check comes before any filesystem is made, so
-    no connection is tried and fsspec's own ``ImportError`` never surfaces.
-    """
+    """Raise `MissingExtraError` naming the first URL whose client library is missing, before any connection."""
     for url in urls:
         if _scheme(url) in _S3:
             require("s3fs", extra="s3", feature=f"reading {url}")
@@ -147,11 +140,7 @@ def _unreachable(err: BaseException) -> bool:
 
 
 def _run(fs: Any, make: Callable[[], Awaitable[Any]], timeout: float | None, stop: threading.Event | None) -> Any:
-    """Run a coroutine of the async filesystem ``fs`` on its event loop, cancelled at ``timeout`` or on ``stop``.
-
-    The calling thread waits in short steps, so a stop request (another download failed, Ctrl-C)
-    cancels the request within ``_POLL`` seconds however long the network read would block.
-    """
+    """Run a coroutine of ``fs`` on its event loop, cancelled at ``timeout`` or within ``_POLL`` s of ``stop``."""
 
     async def bounded() -> Any:
         try:
@@ -175,10 +164,7 @@ def _run(fs: Any, make: Callable[[], Awaitable[Any]], timeout: float | None, sto
 def _retrying(
     what: str, limits: _Limits, stop: threading.Event | None, call: Callable[[], Any], level: int = logging.INFO
 ) -> Any:
-    """``call()``, tried again ``limits.retries`` times on errors other than missing, forbidden or stopped.
-
-    Each failed try is logged at ``level``; the last one's error propagates.
-    """
+    """``call()``, retried ``limits.retries`` times (each failure logged) unless missing, forbidden or stopped."""
     for attempt in range(1, limits.retries + 2):
         try:
             return call()

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -82,8 +83,7 @@ class TrainJob:
     def __post_init__(self) -> None:
         from monai_fast.apps.recipes import RECIPES
 
-        paths = ("output_dir", "model_dir", "tensorboard_dir", "checkpoint_dir")
-        for name in paths:
+        for name in ("output_dir", "model_dir", "tensorboard_dir", "checkpoint_dir"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
         if self.model_dir is None:
@@ -161,29 +161,22 @@ def train_job(job: TrainJob) -> TrainOutcome:
     lead = idist.get_rank() == 0
     config = job.config
     output_dir = Path(job.output_dir)
-    owners: list[Any] = []
-    try:
+    with contextlib.ExitStack() as owners:
         if lead:  # results.json, epochs.csv and the model's default folder are the folder's own
             # a bad output folder, or a model folder without room for the model, named before anything is written
             _check_folders(job)
             _check_model_space(job, config)
-            owners.append(RunFolderLock(output_dir, what=OWNER).acquire())
+            owners.enter_context(RunFolderLock(output_dir, what=OWNER))
             # where TargetRun records: a process that writes the record there stops this run too
-            owners.append(record_lock(output_dir / job.recipe, 0, what=OWNER).acquire())
+            owners.enter_context(record_lock(output_dir / job.recipe, 0, what=OWNER))
         return _train_owned(job, config, lead)
-    finally:
-        for owner in reversed(owners):
-            owner.release()
 
 
 def _check_folders(job: TrainJob) -> None:
     """Every output folder made and writable, the run folder last (a refused one leaves the run folder empty)."""
-    check_writable_dir(Path(job.model_dir or ""), "model_dir")
-    if job.tensorboard_dir is not None:
-        check_writable_dir(job.tensorboard_dir, "tensorboard_dir")
-    if job.checkpoint_dir is not None:
-        check_writable_dir(job.checkpoint_dir, "checkpoint_dir")
-    check_writable_dir(job.output_dir, "output_dir")
+    for option in ("model_dir", "tensorboard_dir", "checkpoint_dir", "output_dir"):
+        if getattr(job, option) is not None:
+            check_writable_dir(getattr(job, option), option)
 
 
 def _check_model_space(job: TrainJob, config: RecipeConfig) -> None:
@@ -263,11 +256,7 @@ def model_bytes(config: RecipeConfig) -> int:
 
 
 def _save_model(built: Recipe, model_dir: Path) -> Path:
-    """``model.pth``: an inference checkpoint (weights + ``RecipeConfig``, ``monai-fast infer`` reads it);
-    ``recipe.json`` beside it.
-
-    Both written atomically.
-    """
+    """``model.pth`` (weights and ``RecipeConfig``, for ``monai-fast infer``) and ``recipe.json``, each atomically."""
     from monai_fast.apps.inference.checkpoint import save_checkpoint
     from monai_fast.files import write_json
 
@@ -305,11 +294,7 @@ def _stopped_message(preemption: Preemption, iteration: int, folder: str | os.Pa
 
 
 def _write_outputs(run: TargetRun, lead: bool, job: TrainJob, device: str, data_root: Any) -> TrainOutcome:
-    """After training: the model first, then epochs.csv, the doctor's report and the results, each on its own.
-
-    A write that fails (a full disk) is named and the others still run, and so is a run record that its full file
-    system cut short during training.
-    """
+    """The model, then epochs.csv, the doctor's report and the results: a write that fails is named, the rest run."""
     from monai_fast.apps.training.results import run_meta, write_results
     from monai_fast.handlers.record import record_of
     from monai_fast.report.doctor import doctor
@@ -349,11 +334,5 @@ def _write_outputs(run: TargetRun, lead: bool, job: TrainJob, device: str, data_
         results = None
     report = Path(result.run_dir or "") / "report.md"
     return TrainOutcome(
-        lead,
-        network,
-        result,
-        model,
-        results,
-        report if result.diagnosis and report.is_file() else None,
-        tuple(failed),
+        lead, network, result, model, results, report if result.diagnosis and report.is_file() else None, tuple(failed)
     )
