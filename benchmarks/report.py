@@ -142,6 +142,17 @@ def _rank_cache_memory(d: dict) -> str:
     return text
 
 
+def _beyond_ram(d: dict) -> str:
+    speed = d.get("median_speed_vs_ram", {})
+    share = min((r["items_share_min"] for r in d.get("rows", []) if r.get("items_share_min") is not None), default=None)
+    return (
+        f"per-epoch speed against all-in-RAM ({_s(d.get('cached_mib'), 0)} MiB cached, RAM budget "
+        f"{_s(d.get('ram_budget_mib'), 0)} MiB): crop-reading disk tier {_x(speed.get('disk'))}, MONAI's "
+        f"PersistentDataset {_x(speed.get('persistent'))}; items trained per epoch at least "
+        + ("-" if share is None else f"{share:.0%}")
+    )
+
+
 def _elastic_restart(d: dict) -> str:
     rows = d.get("rows", [])
     return "a rank SIGKILLed and restarted: " + ", ".join(
@@ -269,6 +280,7 @@ EXTRACTORS: dict[str, Extractor] = {
     "loader_overlap": _loader_overlap,
     "loader_variants": _loader_variants,
     "rank_cache_memory": _rank_cache_memory,
+    "beyond_ram": _beyond_ram,
     "elastic_restart": _elastic_restart,
     "ddp_scaling": _ddp_scaling,
     "inference": _inference,
