@@ -146,8 +146,8 @@ def _beyond_ram(d: dict) -> str:
     speed = d.get("median_speed_vs_ram", {})
     share = min((r["items_share_min"] for r in d.get("rows", []) if r.get("items_share_min") is not None), default=None)
     return (
-        f"per-epoch speed against all-in-RAM ({_s(d.get('cached_mib'), 0)} MiB cached, RAM budget "
-        f"{_s(d.get('ram_budget_mib'), 0)} MiB): crop-reading disk tier {_x(speed.get('disk'))}, MONAI's "
+        f"per-epoch speed against all-in-RAM ({d.get('cached_mib', 0):.0f} MiB cached, RAM budget "
+        f"{d.get('ram_budget_mib', 0):.0f} MiB): crop-reading disk tier {_x(speed.get('disk'))}, MONAI's "
         f"PersistentDataset {_x(speed.get('persistent'))}; items trained per epoch at least "
         + ("-" if share is None else f"{share:.0%}")
     )
