@@ -1,9 +1,9 @@
 """A rank that dies while the node's ranks fill their shared crop cache: real torchrun, two real gloo ranks.
 
 The user's trainer keeps its ``DistributedSampler`` and FastTraining fills one ``CropCacheDataset`` per node,
-each local rank writing its share. Rank 1 is killed (``os._exit``) in the middle of its share: the job must
-end within seconds with the launcher naming that rank, not wait at the fill's barrier; the items written
-are whole, and the restarted job reuses them, writing only the rest.
+each local rank writing its share. Once rank 0 has written its share, rank 1 is killed (``os._exit``) before
+its own: the job must end within seconds with the launcher naming that rank, not wait at the fill's barrier;
+the items written are whole, and the restarted job reuses them, writing only the rest.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from monai_fast.apps.sources.synthetic import generate_msd
 
 RANK_SCRIPT = """
-import json, os, sys
+import json, os, sys, time
 from pathlib import Path
 
 import ignite.distributed as idist
@@ -39,6 +39,9 @@ made = []
 def made_one(x):
     made.append(1)  # the kill's moment is read at call time: the chain, and so the cache's key, is the same
     if idist.get_rank() == 1 and len(made) == int(os.environ.get("KILL_AT_ITEM", 0)):
+        deadline = time.monotonic() + 120  # rank 0 has written its share (4 items) before rank 1 dies in its own
+        while len(list((out / "crops").glob("*/item.json"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
         os._exit(3)
     return x
 
@@ -94,7 +97,7 @@ def test_a_rank_killed_during_the_shared_fill_ends_the_job_and_a_restart_reuses_
     assert took < 120, took  # ended by the launcher, not by the process group's time-out (30 min)
     crops = tmp_path / "out" / "crops"
     written = [p for p in crops.iterdir() if (p / "item.json").exists()]
-    assert 0 < len(written) < len(files)  # rank 0's share, whole; rank 1's never written
+    assert len(written) == len(files) // 2  # rank 0's share, whole; rank 1's never written
     assert not [p for p in crops.iterdir() if p not in written and not p.name.startswith(".")], list(crops.iterdir())
 
     rc, log, _ = _launch(tmp_path, {})
