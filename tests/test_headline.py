@@ -232,11 +232,11 @@ def test_interleaved_race_gives_the_baseline_a_budget_derived_from_fasts_time(tm
     ):  # the epochs its budget gave it (time-bound: one or two here) made a curve to extrapolate
         assert est["value"] > 0 and "measured interleaved" in est["basis"]
     else:  # too few: no estimate, said why, and the headline is the speed-up for equal work, measured
-        assert (
-            est["how"] == "n/a"
-            and "too early in its curve" in est["basis"]
-            and doc["headline"]["speedup"]["per_crop"] > 0
-        )
+        assert est["how"] == "n/a" and "too early in its curve" in est["basis"]
+        per_crop = doc["headline"]["speedup"]["per_crop"]
+        crops = doc["headline"]["recipes"]["baseline"]["epoch_holds"]["train_crops_per_epoch"]
+        # a busy host can end the baseline's budget (fast's time to target) before it trained a whole epoch
+        assert per_crop > 0 if crops else per_crop is None, (base.epochs_run, crops, per_crop)
     assert doc["headline"]["recipes"]["fast"]["epochs_interleaved"] == fast.epochs_run
 
 
