@@ -109,6 +109,12 @@ def test_a_short_run_is_not_compiled_at_all(tiny_files, monkeypatch):
     choice.attach(trainer)
     _run_steps(trainer, 1)
     assert not choice.compiled and "steps left" in choice.reason and compiles == [], choice.reason
+    from ignite.engine import Events
+
+    from monai_fast.handlers.lifecycle import callbacks_on
+
+    on_every = callbacks_on(trainer, Events.ITERATION_STARTED) + callbacks_on(trainer, Events.ITERATION_COMPLETED)
+    assert choice._compiled_forward not in on_every and choice._eager_forward not in on_every  # eager costs nothing
 
 
 def test_mode_is_checked():

@@ -120,8 +120,6 @@ class CompileChoice(EngineHandler):
             self.on(engine, Events.ITERATION_COMPLETED(once=1), self._choose)
         else:
             self.on(engine, Events.ITERATION_STARTED(once=1), self._choose)
-        self.on(engine, Events.ITERATION_STARTED, self._compiled_forward)
-        self.on(engine, Events.ITERATION_COMPLETED, self._eager_forward, first=True)  # before any validation
 
     def _detached(self, engine: Engine) -> None:
         """The network eager again (a detached handler leaves nothing behind)."""
@@ -191,7 +189,7 @@ class CompileChoice(EngineHandler):
             )
         if compiled:
             try:
-                self._compile(net, fullgraph=bool(evidence.get("fullgraph")))
+                self._compile(engine, net, fullgraph=bool(evidence.get("fullgraph")))
             except Exception as e:  # noqa: BLE001 - a compiler failure leaves the run eager, said once
                 compiled, reason = False, f"eager kept: torch.compile failed on the network ({type(e).__name__}: {e})"
         self.compiled, self.reason, self.evidence = compiled, reason, evidence
@@ -200,7 +198,7 @@ class CompileChoice(EngineHandler):
         else:
             (logger.info if compiled or "failed" not in reason else logger.warning)("CompileChoice: %s", reason)
 
-    def _compile(self, net: torch.nn.Module, fullgraph: bool) -> None:
+    def _compile(self, engine: Engine, net: torch.nn.Module, fullgraph: bool) -> None:
         """The compiled forward, put in place for the engine's iterations (a trainer's from this one on).
 
         The first call compiles; where it fails and the same call runs eager (a compiler missing or
@@ -223,6 +221,11 @@ class CompileChoice(EngineHandler):
         self._forward = first_call
         self._hook = net.register_forward_pre_hook(strip_meta, with_kwargs=True)
         self._network = net
+        # per iteration only once compiled: an eager network costs the iterations nothing. The trainer's forward
+        # goes eager before its own iteration handlers (a validation every N iterations); an evaluator decides
+        # while ITERATION_COMPLETED fires, so its hook is added last there
+        self.on(engine, Events.ITERATION_STARTED, self._compiled_forward)
+        self.on(engine, Events.ITERATION_COMPLETED, self._eager_forward, first=not self.evaluation)
         if not self.evaluation:  # an evaluator decides at its first iteration's end: the next one compiles
             self._compiled_forward()
 

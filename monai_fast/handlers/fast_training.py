@@ -376,7 +376,7 @@ class FastTraining(EngineHandler):
                 on_choice=functools.partial(self._compiled, trainer, lever),
                 store=self.tune_store,  # the compile time beside the other measurements of this machine
                 evaluation=engine is not trainer,
-                runs_left=functools.partial(_validations_left, trainer),
+                runs_left=functools.partial(_validations_left, trainer) if engine is not trainer else None,
             )
             self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
 
