@@ -128,7 +128,9 @@ def _rebuild_no_space(
     return err
 
 
-def no_space_in(err: BaseException | None, path: str | os.PathLike | None = None) -> NoSpaceError | None:
+def no_space_in(
+    err: BaseException | None, path: str | os.PathLike | None = None, native: bool = False
+) -> NoSpaceError | None:
     """The `NoSpaceError` behind ``err``, or ``None`` when ``err`` is not about space.
 
     Writers report a full file system in several shapes: an ``OSError`` with ``ENOSPC``/``EDQUOT``,
@@ -141,8 +143,11 @@ def no_space_in(err: BaseException | None, path: str | os.PathLike | None = None
     Args:
         err: the exception raised by a write.
         path: the file being written, for the message.
+        native: the file was written from C (numpy's ``... requested and ... written``, a C++ stream), whose
+            errors carry no errno: one raised while ``path``'s file system has less than `FULL_BELOW` bytes
+            free counts as a full one (call it before the partial file is removed).
     """
-    found = _space_error_in(err)
+    found = _space_error_in(err, path if native else None)
     if found is None or isinstance(found, NoSpaceError):
         return found
     target = path if path is not None else (found.filename or "a file")
@@ -153,8 +158,9 @@ def no_space_in(err: BaseException | None, path: str | os.PathLike | None = None
     return NoSpaceError(target, free=free, code=found.errno)
 
 
-def _space_error_in(err: BaseException | None) -> OSError | None:
-    """The first `NoSpaceError`, else the first ENOSPC/EDQUOT ``OSError``, in ``err``'s chain."""
+def _space_error_in(err: BaseException | None, native_path: str | os.PathLike | None = None) -> OSError | None:
+    """The first `NoSpaceError`, else the first ENOSPC/EDQUOT ``OSError``, in ``err``'s chain; with
+    ``native_path``, an error raised while its file system is (almost) full stands for ENOSPC."""
     seen: set[int] = set()
     found: OSError | None = None
     while err is not None and id(err) not in seen:
@@ -164,6 +170,10 @@ def _space_error_in(err: BaseException | None) -> OSError | None:
         if found is None and isinstance(err, OSError) and err.errno in _NO_SPACE:
             found = err
         err = err.__cause__ or err.__context__
+    if found is None and seen and native_path is not None:
+        with contextlib.suppress(OSError):
+            if free_bytes(native_path) < FULL_BELOW:
+                found = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     return found
 
 
@@ -222,11 +232,7 @@ def _as_no_space(
     With ``native`` (a library wrote the file from C/C++, whose stream errors carry no errno), an
     error raised while the file system has less than `FULL_BELOW` bytes free counts as a full one.
     """
-    cause = _space_error_in(err)
-    if cause is None and native:
-        with contextlib.suppress(OSError):
-            if free_bytes(path.parent) < FULL_BELOW:
-                cause = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    cause = _space_error_in(err, path.parent if native else None)
     if cause is None:
         return err
     if isinstance(cause, NoSpaceError):  # a nested write's, already naming its file

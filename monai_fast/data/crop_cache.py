@@ -30,7 +30,7 @@ from monai.transforms.utils import map_binary_to_indices, map_classes_to_indices
 
 from monai_fast.data.fingerprint import ItemKeys, transform_fingerprint
 from monai_fast.data.items import named_item_errors
-from monai_fast.files import FULL_BELOW, clean_stale_tmp, free_bytes, tmp_path_for
+from monai_fast.files import clean_stale_tmp, no_space_in, tmp_path_for
 
 __all__ = ["PATCH_CROPS", "CropCacheDataset"]
 
@@ -213,30 +213,21 @@ class CropCacheDataset(torch.utils.data.Dataset):
                 shutil.rmtree(tmp, ignore_errors=True)
             return folder
         except OSError as err:
-            # numpy's short write ("... requested and ... written") carries no errno: measured before the partial
-            # item is removed, a file system with (almost) nothing free is the full one
-            full = err.errno in (errno.ENOSPC, errno.EDQUOT) or (err.errno is None and _nearly_full(self.cache_dir))
+            full = no_space_in(err, self.cache_dir, native=True)  # numpy writes from C: before the partial item goes
             shutil.rmtree(tmp, ignore_errors=True)
-            if not full:
+            if full is None:
                 raise
-            self.disk_full = err
+            self.disk_full = full
             logger.warning(
                 "CropCacheDataset: the cache folder %s is full (%s); the items not yet cached are computed "
                 "in memory from here on",
                 self.cache_dir,
-                err.strerror or os.strerror(errno.ENOSPC),
+                os.strerror(full.errno or errno.ENOSPC),
             )
             return None
         except TypeError as err:
             shutil.rmtree(tmp, ignore_errors=True)
             raise TypeError(f"CropCacheDataset: item {index} ({self.data[index]!r}) cannot be cached: {err}") from None
-
-
-def _nearly_full(folder: Path) -> bool:
-    try:
-        return free_bytes(folder) < FULL_BELOW
-    except OSError:
-        return False
 
 
 def _flatten(chain: Compose) -> list:
