@@ -117,6 +117,52 @@ def test_a_short_run_is_not_compiled_at_all(tiny_files, monkeypatch):
     assert choice._compiled_forward not in on_every and choice._eager_forward not in on_every  # eager costs nothing
 
 
+def test_a_run_whose_time_limit_cannot_repay_the_compile_is_not_compiled(tiny_files, monkeypatch):
+    # a long planned run (the eager steps would repay a cold compile many times) under a 30 s time limit: only
+    # the steps that fit in it count, and they cannot repay it
+    compiles = []
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or a[0])
+    net = _Known(eager_s=0.05, compiled_s=0.0)
+    trainer = _trainer(tiny_files, net, max_epochs=1_000_000)
+    choice = CompileChoice("auto", seconds_left=lambda: 30.0)
+    choice.attach(trainer)
+    _run_steps(trainer, 1)
+    assert not choice.compiled and compiles == [], choice.reason
+    assert "fit in the 30 s left of the run's time limit" in choice.reason, choice.reason
+    assert choice.evidence["planned_steps"] <= 30 / 0.05
+    # the same run without a limit would measure a compile: the limit, not the plan, kept it eager
+    unlimited = CompileChoice("auto", seconds_left=lambda: None)
+    trainer = _trainer(tiny_files, _Known(eager_s=0.05, compiled_s=0.0), max_epochs=1_000_000)
+    unlimited.attach(trainer)
+    _run_steps(trainer, 1)
+    assert compiles and "time limit" not in unlimited.reason, unlimited.reason
+
+
+def test_fast_training_counts_its_time_limit_from_the_trainers_start(tiny_files, monkeypatch):
+    from test_fast_training import _user_trainer
+
+    from monai_fast.handlers import FastTraining
+
+    compiles = []
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or a[0])
+    trainer, _ = _user_trainer(tiny_files, network=_Known(eager_s=0.05, compiled_s=0.0), max_epochs=1_000_000)
+    fast = FastTraining(
+        cache=False,
+        loader=False,
+        precision=False,
+        memory_format=False,
+        tune_store=None,
+        prefetch=False,
+        time_limit_s=20.0,
+    )
+    fast.attach(trainer)
+    _run_steps(trainer, 1)
+    reason = fast.applied["compile"]["reason"]
+    assert compiles == [] and "left of the run's time limit" in reason, reason
+    with pytest.raises(ValueError, match="time_limit_s"):
+        FastTraining(time_limit_s=0)
+
+
 def test_mode_is_checked():
     with pytest.raises(ValueError, match="mode"):
         CompileChoice("yes")

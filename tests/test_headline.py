@@ -375,6 +375,31 @@ def test_a_wall_clock_cap_cutting_the_epoch_budget_short_is_said():
     assert headline([fast, replace(base, epochs_run=6)], {}, budget)["recipes"]["baseline"]["stopped"] == "epoch budget"
 
 
+def test_a_lead_that_finished_no_epoch_sets_no_epoch_budget_and_the_bound_is_named():
+    # fast's share of the total bound ran out inside its first epoch: 100x "no epoch" is not one epoch
+    from monai_fast.apps.cli.race_cmds import budget_text
+
+    assert epochs_after_lead(0, 100.0) is None and epochs_after_lead(1, 100.0) == 100
+    how = {
+        "lead": "fast",
+        "lead_s": 10.0,
+        "lead_reached": False,
+        "lead_epochs": 0,
+        "multiple": None,
+        "time_budget_s": None,
+        "epoch_multiple": 100.0,
+        "others_epochs": None,
+        "total_budget_left_s": 19.0,
+    }
+    assert "no epoch budget without one of its epochs" in budget_text(19.0, how)
+    fast = replace(_result("fast", [0.0], 0.99, 1.0), epochs=[], epochs_run=0, best_dice=0.0)
+    base = _result("baseline", [0.1, 0.2, 0.3], 0.99, 4.0)
+    budget = {"lead": "fast", "others_epochs": None, "bound_stopped": ["fast", "baseline"]}
+    doc = headline([fast, base], {"fast": 0, "baseline": 1}, budget)
+    assert doc["recipes"]["baseline"]["stopped"] == "total time bound"
+    assert "baseline: stopped by the total time bound after 3 epochs: how far" in format_headline(doc)
+
+
 def test_where_fasts_validations_are_too_sparse_the_baselines_own_slope_is_extrapolated():
     # fast validated fully only at its target epoch: "fast reached Dice 0.3 at epoch 9" would make 30 x 9 / 9,
     # no more than the baseline ran (a bare lower bound); the line through its last half reaches 0.9 at epoch 90

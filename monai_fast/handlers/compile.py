@@ -12,6 +12,7 @@ Examples:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import time
@@ -73,6 +74,8 @@ class CompileChoice(EngineHandler):
             `default_store_path()`; ``None``: none kept).
         evaluation: the engine is an evaluator: its network's calls, without gradients, are compiled.
         runs_left: for an evaluator, its runs still planned, the current one included (``None``: this one).
+        seconds_left: the wall-clock seconds the run may still take, asked when the choice is made (``None``,
+            or a function that returns ``None``: no time limit); only the steps that fit in it repay a compile.
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
@@ -94,13 +97,14 @@ class CompileChoice(EngineHandler):
         store: str | os.PathLike | None = "default",
         evaluation: bool = False,
         runs_left: Callable[[], int | None] | None = None,
+        seconds_left: Callable[[], float | None] | None = None,
     ) -> None:
         if not (isinstance(mode, bool) or mode == "auto"):
             raise ValueError(f"CompileChoice: mode must be 'auto', True or False, got {mode!r}")
         super().__init__()
         self.mode, self.dtype, self.compile_seconds, self.on_choice = mode, dtype, compile_seconds, on_choice
         self.store = None if store is None else TuneStore(default_store_path() if store == "default" else store)
-        self.evaluation, self.runs_left = bool(evaluation), runs_left
+        self.evaluation, self.runs_left, self.seconds_left = bool(evaluation), runs_left, seconds_left
         self.compiled = False
         self.reason = "not decided yet"
         self._decided = False
@@ -168,6 +172,7 @@ class CompileChoice(EngineHandler):
         net, state = self._net(engine), engine.state
         dtype = self.dtype() if self.dtype is not None else None
         device = torch.device(getattr(state, "device", None) or "cpu")
+        left_s = self.seconds_left() if self.seconds_left is not None else None
         if self.evaluation:
             for hook in self._counter:
                 hook.remove()
@@ -179,13 +184,13 @@ class CompileChoice(EngineHandler):
             remaining = len(self._calls) * ((state.epoch_length or 1) - 1) + per_run * (max(1, runs or 1) - 1)
             # an evaluator may run on one rank only: each rank decides for itself (no gradients to agree on)
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's stream kept
-                compiled, reason, evidence = self._decide(net, shape, dtype, max(1, remaining), device, seen_s)
+                compiled, reason, evidence = self._decide(net, shape, dtype, max(1, remaining), device, seen_s, left_s)
         else:
             shape = batch_shape(state.batch)
             planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
             remaining = None if planned is None else max(1, planned - state.iteration + 1)
             compiled, reason, evidence = decided_on_rank0(
-                lambda: self._decide(net, shape, dtype, remaining, device), device
+                lambda: self._decide(net, shape, dtype, remaining, device, left_s=left_s), device
             )
         if compiled:
             try:
@@ -253,9 +258,11 @@ class CompileChoice(EngineHandler):
         planned: int | None,
         device: torch.device,
         seen_s: float | None = None,
+        left_s: float | None = None,
     ) -> tuple[bool, str, dict[str, Any]]:
         """``(compile?, reason, evidence)``; ``planned``: the steps (an evaluator's network calls) left in the run;
-        ``seen_s``: an eager call's seconds as the run timed it (the pay-back is then weighed before measuring)."""
+        ``seen_s``: an eager call's seconds as the run timed it (the pay-back is then weighed before measuring);
+        ``left_s``: the run's seconds left under its time limit (only the steps that fit in them count)."""
         if not isinstance(net, torch.nn.Module):
             return False, "eager kept: the engine has no network to compile", {}
         if shape is None:
@@ -282,15 +289,20 @@ class CompileChoice(EngineHandler):
 
         def repaid(eager_s: float) -> tuple[bool, str, dict[str, Any]] | None:
             """``None`` when the calls left can repay the compile at `EXPECTED_GAIN`, else the answer."""
-            saving_s = (planned or 0) * eager_s * (1 - 1 / EXPECTED_GAIN)
-            if planned is None or saving_s >= expected_compile_s:
+            steps, within = planned, ""
+            if left_s is not None and math.isfinite(left_s):
+                fit = max(0, int(left_s / max(eager_s, 1e-9)))
+                if steps is None or fit < steps:
+                    steps, within = fit, f" (those that fit in the {left_s:.0f} s left of the run's time limit)"
+            saving_s = (steps or 0) * eager_s * (1 - 1 / EXPECTED_GAIN)
+            if steps is None or saving_s >= expected_compile_s:
                 return None
             return (
                 False,
-                f"eager kept: {planned} {unit} left of {eager_s:.3f} s would save about {saving_s:.0f} s at "
+                f"eager kept: {steps} {unit} left{within} of {eager_s:.3f} s would save about {saving_s:.0f} s at "
                 f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
                 f"({'measured here before' if known is not None else 'assumed for a first compile'})",
-                {"eager_step_s": eager_s, "planned_steps": planned, "expected_compile_s": expected_compile_s},
+                {"eager_step_s": eager_s, "planned_steps": steps, "expected_compile_s": expected_compile_s},
             )
 
         if seen_s is not None and (answer := repaid(seen_s)) is not None:

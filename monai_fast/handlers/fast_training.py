@@ -6,6 +6,8 @@ import contextlib
 import functools
 import logging
 import os
+import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -63,6 +65,9 @@ class FastTraining(EngineHandler):
         prediction_layout: ``"auto"`` (measured on a CPU), ``True`` or ``False``.
         progress: progress bars while caches fill.
         tune_store: ``"default"``, a JSON file, or ``None`` (measure every run).
+        time_limit_s: the run's wall-clock limit (a job's time limit): seconds from the trainer's start, or a
+            function that returns the seconds left (``None``: no limit). A compile is weighed only against
+            the steps that fit in it.
 
     Raises:
         ValueError: an option outside its choices (named with the value given).
@@ -94,6 +99,7 @@ class FastTraining(EngineHandler):
         prediction_layout: Literal["auto"] | bool = "auto",
         progress: bool = False,
         tune_store: str | os.PathLike | None = "default",
+        time_limit_s: float | Callable[[], float | None] | None = None,
     ) -> None:
         _check("cache", cache, (*CACHE_CHOICES, False))
         _check("loader", loader, ("auto", "thread", False))
@@ -111,6 +117,8 @@ class FastTraining(EngineHandler):
         ):
             if v is not None and not v >= 0:
                 raise ValueError(f"FastTraining: {name} must be >= 0 or None, got {v}")
+        if not (time_limit_s is None or callable(time_limit_s) or time_limit_s > 0):
+            raise ValueError(f"FastTraining: time_limit_s must be > 0, a function or None, got {time_limit_s}")
         if cache == "disk" and cache_dir is None:
             raise ValueError("FastTraining: cache='disk' needs cache_dir")
         super().__init__()
@@ -121,7 +129,8 @@ class FastTraining(EngineHandler):
             gpu_budget_mib=gpu_budget_mib, ram_budget_mib=ram_budget_mib, disk_budget_mib=disk_budget_mib
         )
         self.cache_dir, self.cache_threads = cache_dir, cache_threads
-        self.progress, self.tune_store = progress, tune_store
+        self.progress, self.tune_store, self.time_limit_s = progress, tune_store, time_limit_s
+        self._started: float | None = None  # the trainer's start, for a time limit given in seconds
         self.background_fill = bool(background_fill)
         self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
         self._fills: list[Any] = []  # data sets filling in the background: no prefetch timing until all are full
@@ -164,7 +173,21 @@ class FastTraining(EngineHandler):
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             self._apply_levers(trainer, evaluator, device)  # measuring here must not shift the run's random stream
         self.on(trainer, Events.STARTED, self._record)
+        self.on(trainer, Events.STARTED, self._start_clock)
         self.on_run_end(trainer, self._conclude_prefetch)
+
+    def _start_clock(self, trainer: Engine) -> None:
+        if self._started is None:
+            self._started = time.monotonic()
+
+    def _seconds_left(self) -> float | None:
+        """The run's seconds left under ``time_limit_s`` (``None``: no limit)."""
+        limit = self.time_limit_s
+        if callable(limit):
+            return limit()
+        if limit is None:
+            return None
+        return limit - (time.monotonic() - self._started if self._started is not None else 0.0)
 
     def _conclude_prefetch(self, trainer: Engine) -> None:
         """Every prefetch choice still measuring when the trainer's run ends keeps its setting, with its reason."""
@@ -377,6 +400,7 @@ class FastTraining(EngineHandler):
                 store=self.tune_store,  # the compile time beside the other measurements of this machine
                 evaluation=engine is not trainer,
                 runs_left=functools.partial(_validations_left, trainer) if engine is not trainer else None,
+                seconds_left=self._seconds_left,
             )
             self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
 

@@ -257,6 +257,8 @@ def budget_text(time_budget_s: float, how: dict) -> str:
         else f"ran {how['lead_epochs']} epochs, {how['lead_s']:.1f} s without reaching it"
     )
     rules = [f"{how['epoch_multiple']:g}x its epochs"] if how.get("others_epochs") else []
+    if how.get("epoch_multiple") and not how.get("others_epochs") and how["lead_epochs"] < 1:
+        rules.append("no epoch budget without one of its epochs")
     rules += [f"{how['multiple']:g}x its time"] if how.get("multiple") else []
     if how.get("max_epochs") and how.get("others_epochs"):
         wanted = math.ceil(how["epoch_multiple"] * how["lead_epochs"])

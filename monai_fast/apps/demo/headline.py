@@ -359,17 +359,16 @@ def format_headline(doc: dict) -> str:
     budget = doc["budget"]
     epochs = budget.get("others_epochs")
     for name, e in doc["recipes"].items():
-        if (
-            not epochs
-            or name == budget.get("lead")
-            or e.get("stopped") not in ("wall-clock budget", "total time bound")
-        ):
+        if name == budget.get("lead") or e.get("stopped") not in ("wall-clock budget", "total time bound"):
             continue
         bound = e["stopped"] == "total time bound"
+        if not epochs and not bound:  # a time budget alone: the budget line says it
+            continue
         what = "the total time bound" if bound else "its wall-clock budget"
         flag = "--total-budget" if bound or budget.get("total_budget_left_s") is not None else "--time-budget"
+        of = f" of its {epochs}" if epochs else ""
         out.append(
-            f"{name}: stopped by {what} after {e['epochs_run']} of its {epochs} epochs: how far "
+            f"{name}: stopped by {what} after {e['epochs_run']}{of} epochs: how far "
             f"its Dice curve got depended on the host's speed ({flag} raises the cap)"
         )
     if doc.get("host"):

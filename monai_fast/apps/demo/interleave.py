@@ -35,9 +35,10 @@ def budget_after_lead(lead_s: float, multiple: float | None, cap: float | None) 
 def epochs_after_lead(lead_epochs: int, multiple: float | None, max_epochs: int | None = None) -> int | None:
     """Epochs the other recipes get: ``multiple`` x the lead's epochs (to target, or run), rounded up.
 
-    At most ``max_epochs``: a budget past it is never trained, so it is not promised.
+    At most ``max_epochs``: a budget past it is never trained, so it is not promised. ``None`` (no epoch
+    budget) when the lead finished no epoch: a multiple of less than one epoch is not a number of epochs.
     """
-    if multiple is None:
+    if multiple is None or lead_epochs < 1:
         return None
     epochs = max(1, math.ceil(multiple * lead_epochs))
     return epochs if max_epochs is None else min(epochs, max_epochs)

@@ -44,6 +44,7 @@ class Recipe:
         amp: whether mixed precision is on.
         setup_s: seconds spent building, cache filling included.
         notes: what the recipe chose and why, one line each.
+        fast_training: the `FastTraining` attached (the ``fast`` recipe), else ``None``.
     """
 
     name: str
@@ -59,6 +60,7 @@ class Recipe:
     config: RecipeConfig
     setup_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    fast_training: FastTraining | None = None
 
 
 def seed_everything(config: RecipeConfig) -> None:
@@ -223,6 +225,7 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
     NonFiniteGuard().attach(recipe.trainer)  # before AMPToggle, which then falls back through it
     if levers is not None:
         levers.attach(recipe.trainer, recipe.evaluator)
+        recipe.fast_training = levers
         recipe.train_loader, recipe.val_loader = recipe.trainer.data_loader, recipe.evaluator.data_loader
         recipe.amp = levers.applied["precision"]["applied"]
         recipe.notes.extend(

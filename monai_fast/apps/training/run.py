@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -151,6 +152,8 @@ class TargetRun:
             logger=logging.getLogger(f"{__name__}.{recipe}"),
         )  # lines that name the recipe
         self.stopper.attach(trainer, evaluator)
+        if self.built.fast_training is not None:  # a compile must pay back within this recipe's budget
+            self.built.fast_training.time_limit_s = self._seconds_left
         bars = show_progress(progress)
         self.recorder = EpochRecorder(recipe, self.stopper, self.breakdown, self.writer, log_epochs=not bars)
         self.recorder.attach(trainer, evaluator)
@@ -190,6 +193,10 @@ class TargetRun:
         return (self._paused_at if self._paused_at is not None else time.perf_counter()) - (
             self.stopper.start_time or 0.0
         )
+
+    def _seconds_left(self) -> float | None:
+        budget = self.time_budget_s
+        return None if budget is None or math.isinf(budget) else budget - self.elapsed()
 
     @property
     def done(self) -> bool:
