@@ -24,7 +24,7 @@ from monai.data import (
     list_data_collate,
     pad_list_data_collate,
 )
-from monai.transforms import Compose
+from monai.transforms import Compose, RandomizableTrait, Transform
 from torch.utils.data import (
     DataLoader,
     DistributedSampler,
@@ -35,9 +35,18 @@ from torch.utils.data import (
 )
 
 from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
-from monai_fast.data.crop_cache import CropCacheDataset
+from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset
 from monai_fast.data.loaders import SafeThreadDataLoader
-from monai_fast.data.planner import CACHE_CHOICES, CachePlan, budgets_in_bytes, force_plan, plan_cache, rank_partition
+from monai_fast.data.planner import (
+    CACHE_CHOICES,
+    CachePlan,
+    budgets_in_bytes,
+    default_ram_budget,
+    force_plan,
+    item_bytes,
+    plan_cache,
+    rank_partition,
+)
 from monai_fast.data.rng_state import randomizables
 from monai_fast.data.smartcache import SafeSmartCacheDataset
 from monai_fast.progress import show_progress
@@ -220,7 +229,8 @@ def adopt_loader(
     # put their generators and torch's back, so the adopted loader draws the crops the user's would
     with _random_states_kept(ds):
         if isinstance(ds, SmartCacheDataset) and (items is not None or _adoptable_smartcache(ds)):
-            dataset, plan, where, workers, notes = _adopt_smartcache(ds, items, loader.sampler)
+            window_dir = _window_tier(ds, cache, cache_dir, ram_budget_mib)
+            dataset, plan, where, workers, notes = _adopt_smartcache(ds, items, loader.sampler, window_dir)
         elif isinstance(ds, _CACHES) and items is None:
             dataset, plan, where, workers = ds, None, "user cache", 0
             notes = [f"the data set is already a {type(ds).__name__}: kept, only the loader changes"]
@@ -338,11 +348,37 @@ def _adoptable_smartcache(ds: SmartCacheDataset) -> bool:
     return not isinstance(ds, SafeSmartCacheDataset) and unknown_item_path(ds, rotation=True) is None
 
 
-def _adopt_smartcache(ds: SmartCacheDataset, items: list | None, sampler: Any) -> tuple[Any, None, str, int, list[str]]:
-    """``ds`` as a `SafeSmartCacheDataset` (over this rank's ``items`` under a ``DistributedSampler``)."""
+def _window_tier(
+    ds: SmartCacheDataset, cache: str, cache_dir: str | os.PathLike | None, ram_budget_mib: float | None
+) -> tuple[str | os.PathLike, str] | None:
+    """Where a SmartCache's window rotates over a crop-reading tier, and why; ``None``: it stays in RAM.
+
+    With ``cache="disk"``, or when the window MONAI cached already holds more than the RAM budget and the
+    chain's first random transform reads only its patch (`PATCH_CROPS`).
+    """
+    if cache_dir is None or cache not in ("auto", "disk"):
+        return None
+    if cache == "disk":
+        return cache_dir, "cache='disk'"
+    chain = ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform])
+    first = chain.get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform))
+    window = sum(item_bytes(x) for x in (ds._cache or []) if x is not None)
+    budget = budgets_in_bytes({"ram": ram_budget_mib})[0]
+    budget = default_ram_budget() if budget is None else budget
+    if first is None or not isinstance(chain.transforms[first], PATCH_CROPS) or window <= budget:
+        return None
+    return cache_dir, f"its window holds {window / 2**20:.1f} MiB, more than the RAM budget of {budget / 2**20:.1f} MiB"
+
+
+def _adopt_smartcache(
+    ds: SmartCacheDataset, items: list | None, sampler: Any, tier: tuple[str | os.PathLike, str] | None = None
+) -> tuple[Any, None, str, int, list[str]]:
+    """``ds`` as a `SafeSmartCacheDataset` (over this rank's ``items`` under a ``DistributedSampler``); with
+    ``tier`` (a folder and why), its window rotates over a `CropCacheDataset` there."""
     timeout = ds._rotation.timeout_s if isinstance(ds, SafeSmartCacheDataset) else 300.0
+    cache_dir = None if tier is None else tier[0]
     if items is None:
-        safe = SafeSmartCacheDataset.adopt(ds, timeout_s=timeout)
+        safe = SafeSmartCacheDataset.adopt(ds, timeout_s=timeout, cache_dir=cache_dir)
         note = (
             f"the data set is a MONAI {type(ds).__name__}: its items, window of {safe.cache_num}, "
             f"{safe.replace_num} replacements per epoch and random state adopted into a SafeSmartCacheDataset "
@@ -352,10 +388,15 @@ def _adopt_smartcache(ds: SmartCacheDataset, items: list | None, sampler: Any) -
         )
     else:
         share = min(len(items), math.ceil(ds.cache_num / sampler.num_replicas))
-        safe = SafeSmartCacheDataset.adopt(ds, data=items, cache_num=share, timeout_s=timeout)
+        safe = SafeSmartCacheDataset.adopt(ds, data=items, cache_num=share, timeout_s=timeout, cache_dir=cache_dir)
         note = (
             f"the data set is a {type(ds).__name__}: this rank rotates its partition in a SafeSmartCacheDataset "
             f"caching {share} of the window's {ds.cache_num} items, {safe.replace_num} replaced per epoch"
+        )
+    if tier is not None:
+        note += (
+            f"; the window rotates over a crop-reading tier in {tier[0]} ({tier[1]}): it holds item numbers, each "
+            "item's cached part is written there once and each random crop reads only its patch"
         )
     return safe, None, "smartcache", 0, [note]
 

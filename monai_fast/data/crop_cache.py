@@ -112,7 +112,10 @@ class CropCacheDataset(torch.utils.data.Dataset):
         return len(self.data)
 
     def __getitem__(self, index: int) -> Any:
-        item = self._cached(index)
+        return self.random_part(self.cached(index))
+
+    def random_part(self, item: dict) -> Any:
+        """The chain's random transforms over a `cached()` item (a crop reading the stored indices)."""
         if self._indices is not None:  # the user's set_random_state replaces the crop's generators
             self.suffix[0].R, self.suffix[0].cropper = self._user_crop.R, self._user_crop.cropper
         return self._run(item, self.suffix)
@@ -154,7 +157,9 @@ class CropCacheDataset(torch.utils.data.Dataset):
             )
         return dict(out)
 
-    def _cached(self, index: int) -> dict:
+    def cached(self, index: int) -> dict:
+        """Item ``index`` after the cached transforms: memory-mapped from its folder, written there first if
+        it is not yet (computed in memory once the disk is full)."""
         folder = self.item_dir(index)
         if folder.is_dir():
             try:

@@ -6,6 +6,7 @@ failing transform makes it spin forever (docs/data.md).
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 from monai.data import SmartCacheDataset
 
+from monai_fast.data.crop_cache import CropCacheDataset
 from monai_fast.data.items import DataItemError, describe_item, error_text
 from monai_fast.threads import forget_at_exit, stop_at_exit
 
@@ -72,10 +74,18 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         replace_rate: fraction of the cache replaced at each update (> 0).
         *args: further positional arguments of ``SmartCacheDataset`` (``cache_num``, ...).
         timeout_s: default longest wait of ``update_cache`` for one replacement, in seconds.
+        cache_dir: a folder for a `CropCacheDataset` tier under the window (``None``: the window holds the
+            items in RAM, as MONAI's does). With it the window holds only item numbers: each item's
+            deterministic part is written there once, a replacement of an item already written reads
+            nothing but its ``item.json``, and a random crop reads only its patch.
         **kwargs: further keyword arguments of ``SmartCacheDataset``.
+
+    Attributes:
+        tier: the `CropCacheDataset` under the window (with ``cache_dir``), else ``None``.
 
     Examples:
         >>> ds = SafeSmartCacheDataset(files, transform, cache_num=4, replace_rate=0.25)  # doctest: +SKIP
+        >>> tiered = SafeSmartCacheDataset(files, transform, 0.25, cache_num=4, cache_dir="/scratch")  # doctest: +SKIP
     """
 
     def __init__(
@@ -85,6 +95,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         replace_rate: float = 0.1,
         *args: Any,
         timeout_s: float = 300.0,
+        cache_dir: str | os.PathLike | None = None,
         **kwargs: Any,
     ) -> None:
         if not replace_rate > 0:
@@ -93,6 +104,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         # before MONAI's constructor, which calls set_data() and is_started()
         self._rotation = _Rotation(rate=float(replace_rate), timeout_s=float(timeout_s))
+        self.cache_dir, self.tier = cache_dir, None
         super().__init__(data, transform, replace_rate, *args, **kwargs)
 
     @classmethod
@@ -102,6 +114,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         data: Sequence | None = None,
         cache_num: int | None = None,
         timeout_s: float = 300.0,
+        cache_dir: str | os.PathLike | None = None,
     ) -> SafeSmartCacheDataset:
         """A safe rotation over what a MONAI ``SmartCacheDataset`` (or one of this class) holds.
 
@@ -112,7 +125,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             dataset: the data set to adopt; it is shut down first if its rotation runs.
             data: other items to rotate over instead (a rank's share); then ``cache_num`` may differ.
             cache_num: items to cache; default ``dataset.cache_num`` (at most the number of items).
-            timeout_s: as for the constructor.
+            timeout_s, cache_dir: as for the constructor (a window handed over stays in RAM until it rotates).
 
         Raises:
             TypeError: ``dataset`` is not a ``SmartCacheDataset``.
@@ -150,6 +163,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             copy_cache=dataset.copy_cache,
             as_contiguous=dataset.as_contiguous,
             timeout_s=timeout_s,
+            cache_dir=cache_dir,
         )
         safe._handed_over = None
         safe._adopted_from = weakref.ref(dataset)
@@ -166,6 +180,8 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     def _fill_cache(self, indices: Any = None) -> list:
         """MONAI's fill, or the window a data set being adopted has cached already (see `adopt()`)."""
+        if self.cache_dir is not None:  # over the items as ``set_data`` left them (shuffled, or a rank's share)
+            self.tier = CropCacheDataset(self.data, self.transform, self.cache_dir)
         handed = getattr(self, "_handed_over", None)
         if handed is not None and (indices is None or list(indices) == list(range(len(handed)))):
             self._handed_over = None
@@ -352,6 +368,24 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             raise self._item_error(f.index, f.error) from f.error
         self._cache = [cached[i] if i in cached else loaded[i] for i in self.window()]
 
+    def _load_cache_item(self, idx: int) -> Any:
+        """Item ``idx``'s deterministic part; with a tier, its number once it is written there (or the item
+        itself once the tier's disk is full)."""
+        if self.tier is None:
+            return super()._load_cache_item(idx)
+        if self.tier.disk_full is None:
+            self.tier.fill([idx])
+        return _OnDisk(idx) if self.tier.item_dir(idx).is_dir() else self.tier.cached(idx)
+
+    def _transform(self, index: int) -> Any:
+        """A window item from the tier (mapped afresh, so random transforms never change the window), else MONAI's."""
+        cached = self._cache[index] if self._cache is not None and 0 <= index < len(self._cache) else None
+        if isinstance(cached, _OnDisk) and self.tier is not None:
+            return self.tier[cached.index]
+        if isinstance(cached, dict) and self.tier is not None:  # computed in memory after the disk filled up
+            return self.tier.random_part(copy.deepcopy(cached) if self.copy_cache else cached)
+        return super()._transform(index)
+
     def _replacement_indices(self, position: int) -> list[int]:
         total = len(self.data)
         return [(position + self.cache_num + i) % total for i in range(self._rotation.replace_num)]
@@ -391,6 +425,13 @@ class SafeSmartCacheDataset(SmartCacheDataset):
                 f"{', ...' if rot.replace_num > 3 else ''}); raise timeout_s, lower replace_rate or add replace workers"
             )
         return None
+
+
+@dataclass(frozen=True)
+class _OnDisk:
+    """A window slot whose item is in the tier: its index into ``data``."""
+
+    index: int
 
 
 class _ItemFailure(Exception):

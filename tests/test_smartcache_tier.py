@@ -1,0 +1,166 @@
+"""A SmartCache window over the crop-reading tier, on real NIfTI files and MONAI chains: the same crops as MONAI's
+SmartCacheDataset, the window holding item numbers instead of volumes, and an item written once read back after."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from monai.data import DataLoader, SmartCacheDataset
+from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, MapTransform, RandCropByPosNegLabeld
+
+from monai_fast.apps.sources.msd import load_msd_datalist
+from monai_fast.apps.sources.synthetic import generate_msd
+from monai_fast.data.adopt import adopt_loader
+from monai_fast.data.planner import item_bytes
+from monai_fast.data.smartcache import SafeSmartCacheDataset
+
+#: the files each LoadImaged of this module read, in order (module level: a counter in the transform's own state
+#: would change its fingerprint, and with it the tier's key)
+READ: list[str] = []
+
+
+class CountedLoad(MapTransform):
+    """MONAI's LoadImaged, counting what it reads."""
+
+    def __init__(self, keys):
+        super().__init__(keys)
+        self.load = LoadImaged(keys)
+
+    def __call__(self, data):
+        READ.append(str(data["image"]))
+        return self.load(data)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = generate_msd(tmp_path_factory.mktemp("msd"), "spleen-like", num_cases=6, shape=(40, 36, 24), progress=False)
+    train, val = load_msd_datalist(root, val_fraction=0.2, seed=0)
+    return train + val
+
+
+def _chain() -> Compose:
+    keys = ["image", "label"]
+    return Compose(
+        [
+            CountedLoad(keys),
+            EnsureChannelFirstd(keys),
+            RandCropByPosNegLabeld(keys, "label", (16, 16, 16), pos=1, neg=1, num_samples=2, image_key="image"),
+        ]
+    )
+
+
+def _crops(ds) -> list[torch.Tensor]:
+    out = []
+    for i in range(len(ds)):
+        out += [torch.as_tensor(s["image"]).clone() for s in ds[i]]
+    return out
+
+
+def test_the_window_over_the_tier_gives_monais_crops_holds_no_volumes_and_reads_each_file_once(files, tmp_path):
+    reference = SafeSmartCacheDataset(files, _chain(), 0.5, cache_num=2, shuffle=False, progress=False)
+    tiered = SafeSmartCacheDataset(
+        files, _chain(), 0.5, cache_num=2, shuffle=False, progress=False, cache_dir=tmp_path / "tier"
+    )
+    assert tiered.tier is not None and tiered.tier.reads_patches
+    assert item_bytes(list(tiered._cache)) == 0 < item_bytes(list(reference._cache))  # item numbers, not volumes
+    READ.clear()
+    cycles = 2 * len(files) // tiered.replace_num  # the whole data set rotates through the window twice
+    for epoch in range(cycles):
+        for ds in (reference, tiered):  # the same random stream for each epoch's crops
+            ds.transform.set_random_state(seed=epoch)
+        a, b = _crops(reference), _crops(tiered)
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), f"epoch {epoch}"
+        assert reference.window() == tiered.window()
+        for ds in (reference, tiered):
+            ds.update_cache(timeout_s=60)
+    tiered.shutdown()
+    reference.shutdown()
+    assert len(list((tmp_path / "tier").iterdir())) == len(files)  # each item written once, as arrays
+
+
+def test_the_tier_loads_each_file_once_over_many_rotations(files, tmp_path):
+    tiered = SafeSmartCacheDataset(
+        files, _chain(), 0.5, cache_num=2, shuffle=False, progress=False, cache_dir=tmp_path / "tier"
+    )
+    READ.clear()
+    for _ in range(3 * len(files) // tiered.replace_num):  # three whole cycles of the data set
+        _crops(tiered)
+        tiered.update_cache(timeout_s=60)
+    tiered.shutdown()
+    # two items were loaded at construction (before READ was cleared); the rest once each, never again
+    assert sorted(READ) == sorted(str(x["image"]) for x in files[2:]), READ
+
+
+def test_a_full_disk_keeps_the_rest_of_the_window_in_ram_and_in_place_transforms_never_change_it(files, tmpfs, caplog):
+    class Zero(MapTransform):
+        def __call__(self, data):
+            d = dict(data)
+            d["image"].mul_(0)  # in place, on the crop (a view of the item it was cut from)
+            return d
+
+    keys = ["image", "label"]
+    chain = Compose(
+        [
+            LoadImaged(keys),
+            EnsureChannelFirstd(keys),
+            RandCropByPosNegLabeld(keys, "label", (16, 16, 16), pos=1, neg=1, num_samples=1, image_key="image"),
+            Zero(keys),
+        ]
+    )
+    folder = tmpfs("size=64k")  # one item's arrays fill it
+    with caplog.at_level("WARNING", logger="monai_fast.data"):
+        ds = SafeSmartCacheDataset(files, chain, 0.5, cache_num=2, shuffle=False, progress=False, cache_dir=folder)
+    assert ds.tier.disk_full is not None and "is full" in caplog.text
+    held = [x for x in ds._cache if isinstance(x, dict)]
+    assert held, ds._cache  # what did not fit is held in RAM, as MONAI holds it
+    before = float(held[0]["image"].abs().sum())
+    for i in range(len(ds)):
+        ds[i]
+    assert before > 0 and float(held[0]["image"].abs().sum()) == before  # the crops were zeroed, not the window
+    ds.shutdown()
+
+
+def test_fast_training_rotates_a_users_smartcache_over_the_tier_when_its_window_exceeds_the_ram_budget(files, tmp_path):
+    user = SmartCacheDataset(files, _chain(), replace_rate=0.5, cache_num=2, shuffle=False, progress=False)
+    window = item_bytes(list(user._cache))
+    loader = DataLoader(user, batch_size=1)
+    small = adopt_loader(loader, "cpu", cache_dir=tmp_path / "tier", ram_budget_mib=window / 2 / 2**20)
+    assert isinstance(small.dataset, SafeSmartCacheDataset) and small.dataset.tier is not None
+    assert "rotates over a crop-reading tier" in small.notes[0] and "more than the RAM budget" in small.notes[0]
+    batch = next(iter(small.loader))
+    assert batch["image"].shape[-3:] == (16, 16, 16)
+    small.dataset.shutdown()
+    # a window within the budget stays in RAM, as MONAI cached it
+    user = SmartCacheDataset(files, _chain(), replace_rate=0.5, cache_num=2, shuffle=False, progress=False)
+    roomy = adopt_loader(DataLoader(user, batch_size=1), "cpu", cache_dir=tmp_path / "t2", ram_budget_mib=1024)
+    assert roomy.dataset.tier is None and "tier" not in roomy.notes[0]
+    roomy.dataset.shutdown()
+
+
+def test_a_users_trainer_with_a_smartcache_beyond_its_ram_budget_trains_every_window_over_the_tier(
+    tiny_files, tmp_path
+):
+    from ignite.engine import Events
+    from monai.data import list_data_collate
+    from test_fast_training import _chain as user_chain
+    from test_fast_training import _user_trainer
+
+    from monai_fast.handlers import FastTraining
+
+    train_files, _ = tiny_files
+    chain = user_chain(True)
+    user = SmartCacheDataset(train_files, chain, replace_rate=0.5, cache_num=2, shuffle=False, progress=False)
+    window = item_bytes(list(user._cache))
+    loader = DataLoader(user, batch_size=1, shuffle=True, collate_fn=list_data_collate)
+    trainer, evaluator = _user_trainer(tiny_files, train_loader=loader, max_epochs=3)
+    fast = FastTraining(ram_budget_mib=window / 2 / 2**20, cache_dir=tmp_path / "tier", compile=False, tune_store=None)
+    fast.attach(trainer, evaluator)
+    safe = SafeSmartCacheDataset.adoption_of(user)
+    assert safe is not None and safe.tier is not None, fast.applied["data"]["reason"]
+    assert "crop-reading tier" in fast.applied["data"]["reason"]
+    windows = []
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: windows.append(safe.window()))
+    trainer.run()
+    assert trainer.state.epoch == 3 and len({tuple(w) for w in windows}) == 3  # the window rotated every epoch
+    rotated_in = {i for w in windows[1:] for i in w} - set(windows[0])  # the first window was handed over in RAM
+    assert rotated_in and all(safe.tier.item_dir(i).is_dir() for i in rotated_in)
