@@ -10,8 +10,10 @@ import contextlib
 import logging
 import math
 import os
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -293,8 +295,12 @@ def _shared_node_tier(
 
     with _random_states_kept(ds):
         dataset = CropCacheDataset(ds.data, ds.transform, cache_dir=cache_dir)
-        local, per_node = idist.get_local_rank(), max(1, idist.get_nproc_per_node())
-        written = dataset.fill(range(local, len(dataset), per_node))
+        shared_by_nodes = idist.get_nnodes() > 1 and _seen_by_every_node(Path(cache_dir))
+        if shared_by_nodes:  # one file system for the whole job: the job's ranks split the fill, one copy in all
+            share, copies = range(idist.get_rank(), len(dataset), idist.get_world_size()), "the job"
+        else:
+            share, copies = range(idist.get_local_rank(), len(dataset), max(1, idist.get_nproc_per_node())), "the node"
+        written = dataset.fill(share)
         if idist.get_world_size() > 1:
             idist.barrier()  # every rank reads items the others wrote (a dead rank ends this with the group's timeout)
         options = _kept_options(loader, 0)
@@ -309,13 +315,38 @@ def _shared_node_tier(
         )
     notes = [
         f"DistributedSampler kept (rank {sampler.rank} of {sampler.num_replicas}, shuffle={sampler.shuffle}, "
-        f"seed {sampler.seed}): every rank reads every item from one CropCacheDataset per node in {cache_dir} "
+        f"seed {sampler.seed}): every rank reads every item from one CropCacheDataset "
+        f"{'shared by all ' + str(idist.get_nnodes()) + ' nodes' if shared_by_nodes else 'per node'} in {cache_dir} "
         f"(the {type(transform.transforms[plan.first_random]).__name__} reads its patch from the memory map; "
-        f"{len(dataset)} items, this rank wrote {written}), so the node's page cache holds one copy",
+        f"{len(dataset)} items, this rank wrote {written} of {copies}'s one copy), so the node's page cache holds "
+        "one copy",
         f"SafeThreadDataLoader(batch_size={loader.batch_size}, the user's DistributedSampler, "
         f"drop_last={loader.drop_last}, 0 worker processes)",
     ]
     return AdoptedData(new, dataset, plan, "disk", notes)
+
+
+def _seen_by_every_node(folder: Path) -> bool:
+    """Whether every node of the job sees the same ``folder`` (a shared file system), agreed by all ranks.
+
+    Each node's first rank leaves a mark named by a token of this call; a node that sees every node's mark
+    shares the folder with them. Collective: every rank calls it.
+    """
+    import ignite.distributed as idist
+
+    token = idist.broadcast(secrets.token_hex(8) if idist.get_rank() == 0 else "", src=0)
+    marks = folder / ".nodes"
+    mark = marks / f"{token}-{idist.get_node_rank()}"
+    if idist.get_local_rank() == 0:
+        marks.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+    idist.barrier()
+    seen = all((marks / f"{token}-{k}").exists() for k in range(idist.get_nnodes()))
+    shared = bool(idist.all_reduce(int(seen), op="MIN"))
+    idist.barrier()  # every rank has looked before the marks go
+    if idist.get_local_rank() == 0:
+        mark.unlink(missing_ok=True)
+    return shared
 
 
 #: a ``DataLoader``'s worker options, kept when the adopted loader keeps worker processes

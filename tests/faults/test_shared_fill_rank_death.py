@@ -103,6 +103,6 @@ def test_a_rank_killed_during_the_shared_fill_ends_the_job_and_a_restart_reuses_
     rc, log, _ = _launch(tmp_path, {})
     assert rc == 0, log[-3000:]
     reasons = [(tmp_path / "out" / f"data.{r}").read_text() for r in (0, 1)]
-    wrote = [int(r.split("this rank wrote ")[1].split(")")[0]) for r in reasons]
+    wrote = [int(r.split("this rank wrote ")[1].split(" ")[0]) for r in reasons]
     assert wrote[0] == 0 and wrote[1] == len(files) - len(written), reasons  # only what was missing
     assert len([p for p in crops.iterdir() if (p / "item.json").exists()]) == len(files)
