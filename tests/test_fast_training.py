@@ -517,6 +517,25 @@ def test_the_trainer_and_the_evaluator_share_one_ram_budget(tiny_files):
     trainer.run()  # and it trains
 
 
+@pytest.mark.gpu
+def test_the_trainer_and_the_evaluator_share_one_gpu_budget(tiny_files):
+    """A GPU budget given holds both caches, as the RAM budget does."""
+    from monai_fast.data.planner import item_bytes
+
+    train_item = item_bytes(_chain(False)(dict(tiny_files[0][0])))
+    need = train_item * len(tiny_files[0]) * 1.2  # the planner's margin
+    trainer, evaluator = _user_trainer(tiny_files)
+    trainer.network.cuda()
+    for engine in (trainer, evaluator):
+        engine.state.device = torch.device("cuda")
+    fast = FastTraining(gpu_budget_mib=need * 1.3 / 2**20, memory_format=False, compile=False, prefetch=False)
+    fast.attach(trainer, evaluator)
+    assert fast.applied["data"]["setting"] == "gpu", fast.applied["data"]
+    assert "of the GPU budget left" in fast.applied["data"]["reason"]
+    assert fast.applied[Lever.VALIDATION_DATA]["setting"] != "gpu", fast.applied[Lever.VALIDATION_DATA]
+    trainer.run()
+
+
 def test_the_default_ram_budget_is_shared_by_the_nodes_ranks():
     import ignite.distributed as idist
 

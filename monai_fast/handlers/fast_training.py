@@ -54,7 +54,8 @@ class FastTraining(EngineHandler):
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
         compile: ``"auto"`` (measured, and only where it repays its compile), ``True`` or ``False``.
         evaluator: ``"auto"``, ``"tune"`` (also its ``sw_batch_size`` measured) or ``False``.
-        gpu_budget_mib: the planner's GPU budget (``None``: its default).
+        gpu_budget_mib: GPU memory for both engines' caches together (``None``: the planner's default, half
+            the free memory when each cache is planned).
         ram_budget_mib: RAM for the trainer's and the evaluator's caches together (``None``:
             `default_ram_budget()`, half of the available RAM shared by the node's ranks).
         disk_budget_mib: the planner's disk budget (``None``: its default).
@@ -135,6 +136,7 @@ class FastTraining(EngineHandler):
         self._train_cache: Any = None  # the trainer's adopted data set: the evaluator's background fill waits for it
         self._fills: list[Any] = []  # data sets filling in the background: no prefetch timing until all are full
         self._ram_left = 0  # bytes of the RAM budget not yet given to a cache, set at attach
+        self._gpu_left: int | None = None  # the same for a GPU budget given
         self._warned = False  # a compile failure was warned of (the evaluator's is then a log line)
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
         self.applied: dict[str, dict[str, Any]] = {}
@@ -198,6 +200,8 @@ class FastTraining(EngineHandler):
         record = record_of(trainer)  # with a RecordHandler attached first, the fill is in the doctor's wall clock
         ram = self.budgets["ram_budget_mib"]  # one budget for both engines' caches: the evaluator gets what is left
         self._ram_left = default_ram_budget() if ram is None else int(ram * 2**20)
+        gpu = self.budgets["gpu_budget_mib"]  # likewise a GPU budget given (the default follows the free memory)
+        self._gpu_left = None if gpu is None else int(gpu * 2**20)
         with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
             self._data(trainer, Lever.DATA, device, trainer)
         if evaluator is not None and self.evaluator_option is False:
@@ -277,11 +281,18 @@ class FastTraining(EngineHandler):
             force_thread=self.loader == "thread",
             background=self.background_fill,
             after=self._train_cache,
-            **{**self.budgets, "ram_budget_mib": self._ram_left / 2**20},
+            **{
+                **self.budgets,
+                "ram_budget_mib": self._ram_left / 2**20,
+                "gpu_budget_mib": None if self._gpu_left is None else self._gpu_left / 2**20,
+            },
         )
         if adopted.plan is not None and adopted.plan.ram_bytes:
             self._ram_left = max(0, self._ram_left - adopted.plan.ram_bytes)
             adopted.notes.append(f"{self._ram_left / 2**20:.1f} MiB of the RAM budget left for the next cache")
+        if adopted.plan is not None and adopted.plan.where == "gpu" and self._gpu_left is not None:
+            self._gpu_left = max(0, self._gpu_left - adopted.plan.total_bytes)
+            adopted.notes.append(f"{self._gpu_left / 2**20:.1f} MiB of the GPU budget left for the next cache")
         if self._train_cache is None:
             self._train_cache = adopted.dataset
         if isinstance(adopted.dataset, BackgroundCacheDataset):
