@@ -153,6 +153,15 @@ def _beyond_ram(d: dict) -> str:
     )
 
 
+def _smartcache_tier(d: dict) -> str:
+    ram, wait = d.get("window_ram_mib", {}), d.get("median_rotation_wait_s", {})
+    return (
+        f"SmartCache window over the crop-reading tier against the window in RAM: loading per epoch "
+        f"{_x(d.get('median_load_vs_ram'))}, window in RAM {ram.get('tier', 0):.1f} MiB against "
+        f"{ram.get('ram', 0):.1f} MiB, wait per rotation {_s(wait.get('tier'), 3)} against {_s(wait.get('ram'), 3)}"
+    )
+
+
 def _elastic_restart(d: dict) -> str:
     rows = d.get("rows", [])
     return "a rank SIGKILLed and restarted: " + ", ".join(
@@ -281,6 +290,7 @@ EXTRACTORS: dict[str, Extractor] = {
     "loader_variants": _loader_variants,
     "rank_cache_memory": _rank_cache_memory,
     "beyond_ram": _beyond_ram,
+    "smartcache_tier": _smartcache_tier,
     "elastic_restart": _elastic_restart,
     "ddp_scaling": _ddp_scaling,
     "inference": _inference,

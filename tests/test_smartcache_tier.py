@@ -164,3 +164,27 @@ def test_a_users_trainer_with_a_smartcache_beyond_its_ram_budget_trains_every_wi
     assert trainer.state.epoch == 3 and len({tuple(w) for w in windows}) == 3  # the window rotated every epoch
     rotated_in = {i for w in windows[1:] for i in w} - set(windows[0])  # the first window was handed over in RAM
     assert rotated_in and all(safe.tier.item_dir(i).is_dir() for i in rotated_in)
+
+
+def test_the_benchmark_runs_at_toy_size_and_writes_what_its_table_says(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    toy = ["--cases", "4", "--shape", "40", "40", "24", "--patch", "16", "16", "16", "--window", "2", "--repeats", "1"]
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "smartcache_tier.py"), "--out", str(tmp_path), *toy],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MONAI_FAST_CACHE": str(tmp_path / "cache")},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(next(tmp_path.glob("smartcache_tier_*.json")).read_text())
+    assert doc["window_ram_mib"]["tier"] == 0 < doc["window_ram_mib"]["ram"]
+    assert f"window {doc['window_ram_mib']['tier']:.1f} MiB in RAM" in out.stdout
+    assert {r["variant"] for r in doc["rows"]} == {"ram", "tier"}
+    assert all(e["crops"] == 2 * 4 for run in doc["runs"] for e in run["epochs"])  # the window's 2 items x 4 crops
