@@ -99,7 +99,9 @@ def test_with_the_server_down_a_fully_cached_folder_is_used_with_one_warning(s3,
     start = time.monotonic()
     offline = load_msd_datalist(root, val_fraction=0.34, seed=0, remote_options={"connect_timeout": 1.0})
     assert offline == online  # the same split of the same local copies
-    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # ours: aiohttp's "Unclosed connection" (asyncio's logger) comes whenever the garbage collector meets the session
+    # that clear_instance_cache() dropped above, a line of the test's own making
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("monai_fast")]
     assert len(warned) == 1 and "working offline" in warned[0].getMessage(), [r.getMessage() for r in warned]
     assert f"s3://{bucket}" in warned[0].getMessage() and str(cache_root() / "remote") in warned[0].getMessage()
     assert time.monotonic() - start < 30
