@@ -125,7 +125,8 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             dataset: the data set to adopt; it is shut down first if its rotation runs.
             data: other items to rotate over instead (a rank's share); then ``cache_num`` may differ.
             cache_num: items to cache; default ``dataset.cache_num`` (at most the number of items).
-            timeout_s, cache_dir: as for the constructor (a window handed over stays in RAM until it rotates).
+            timeout_s: as for the constructor.
+            cache_dir: as for the constructor (a window handed over stays in RAM until it rotates out).
 
         Raises:
             TypeError: ``dataset`` is not a ``SmartCacheDataset``.
