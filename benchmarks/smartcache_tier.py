@@ -32,8 +32,7 @@ from your_trainer import tutorial_chain
 
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import synthetic_dataset
-from monai_fast.data.planner import item_bytes
-from monai_fast.data.smartcache import SafeSmartCacheDataset
+from monai_fast.data.smartcache import SafeSmartCacheDataset, window_bytes
 from monai_fast.files import write_json
 from monai_fast.telemetry import device_description
 
@@ -72,7 +71,7 @@ def run_once(files: list[dict], args: argparse.Namespace, variant: str, folder: 
                 "load_s": load_s,
                 "rotation_wait_s": wait_s,
                 "crops": crops,
-                "window_ram_bytes": item_bytes(list(ds._cache)),
+                "window_ram_bytes": window_bytes(ds),
             }
         )
     ds.shutdown()

@@ -504,7 +504,7 @@ def test_data_beyond_the_ram_budget_go_to_a_crop_cache_on_disk_with_every_item_i
 
 def test_the_trainer_and_the_evaluator_share_one_ram_budget(tiny_files):
     """The RAM budget holds both caches: with room for the training items only, validation is not cached in RAM."""
-    from monai_fast.data.planner import item_bytes
+    from monai_fast.data.items import item_bytes
 
     train_item = item_bytes(_chain(False)(dict(tiny_files[0][0])))
     need = train_item * len(tiny_files[0]) * 1.2  # the planner's margin
@@ -520,7 +520,7 @@ def test_the_trainer_and_the_evaluator_share_one_ram_budget(tiny_files):
 @pytest.mark.gpu
 def test_the_trainer_and_the_evaluator_share_one_gpu_budget(tiny_files):
     """A GPU budget given holds both caches, as the RAM budget does."""
-    from monai_fast.data.planner import item_bytes
+    from monai_fast.data.items import item_bytes
 
     train_item = item_bytes(_chain(False)(dict(tiny_files[0][0])))
     need = train_item * len(tiny_files[0]) * 1.2  # the planner's margin

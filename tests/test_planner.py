@@ -5,8 +5,9 @@ from monai.transforms import Compose, RandGaussianNoised
 
 from monai_fast.apps.recipes.transforms import deterministic_transforms, random_transforms
 from monai_fast.data.crop_cache import CropCacheDataset
+from monai_fast.data.items import item_bytes
 from monai_fast.data.persistent import TrustedPersistentDataset
-from monai_fast.data.planner import item_bytes, plan_cache, rank_partition
+from monai_fast.data.planner import plan_cache, rank_partition
 
 MIB = 2**20
 

@@ -11,8 +11,7 @@ from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, MapTransf
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.data.adopt import adopt_loader
-from monai_fast.data.planner import item_bytes
-from monai_fast.data.smartcache import SafeSmartCacheDataset
+from monai_fast.data.smartcache import SafeSmartCacheDataset, window_bytes
 
 #: the files each LoadImaged of this module read, in order (module level: a counter in the transform's own state
 #: would change its fingerprint, and with it the tier's key)
@@ -62,7 +61,7 @@ def test_the_window_over_the_tier_gives_monais_crops_holds_no_volumes_and_reads_
         files, _chain(), 0.5, cache_num=2, shuffle=False, progress=False, cache_dir=tmp_path / "tier"
     )
     assert tiered.tier is not None and tiered.tier.reads_patches
-    assert item_bytes(list(tiered._cache)) == 0 < item_bytes(list(reference._cache))  # item numbers, not volumes
+    assert window_bytes(tiered) == 0 < window_bytes(reference)  # item numbers, not volumes
     READ.clear()
     cycles = 2 * len(files) // tiered.replace_num  # the whole data set rotates through the window twice
     for epoch in range(cycles):
@@ -122,7 +121,7 @@ def test_a_full_disk_keeps_the_rest_of_the_window_in_ram_and_in_place_transforms
 
 def test_fast_training_rotates_a_users_smartcache_over_the_tier_when_its_window_exceeds_the_ram_budget(files, tmp_path):
     user = SmartCacheDataset(files, _chain(), replace_rate=0.5, cache_num=2, shuffle=False, progress=False)
-    window = item_bytes(list(user._cache))
+    window = window_bytes(user)
     loader = DataLoader(user, batch_size=1)
     small = adopt_loader(loader, "cpu", cache_dir=tmp_path / "tier", ram_budget_mib=window / 2 / 2**20)
     assert isinstance(small.dataset, SafeSmartCacheDataset) and small.dataset.tier is not None
@@ -150,7 +149,7 @@ def test_a_users_trainer_with_a_smartcache_beyond_its_ram_budget_trains_every_wi
     train_files, _ = tiny_files
     chain = user_chain(True)
     user = SmartCacheDataset(train_files, chain, replace_rate=0.5, cache_num=2, shuffle=False, progress=False)
-    window = item_bytes(list(user._cache))
+    window = window_bytes(user)
     loader = DataLoader(user, batch_size=1, shuffle=True, collate_fn=list_data_collate)
     trainer, evaluator = _user_trainer(tiny_files, train_loader=loader, max_epochs=3)
     fast = FastTraining(ram_budget_mib=window / 2 / 2**20, cache_dir=tmp_path / "tier", compile=False, tune_store=None)

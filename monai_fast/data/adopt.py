@@ -45,12 +45,11 @@ from monai_fast.data.planner import (
     budgets_in_bytes,
     default_ram_budget,
     force_plan,
-    item_bytes,
     plan_cache,
     rank_partition,
 )
 from monai_fast.data.rng_state import randomizables
-from monai_fast.data.smartcache import SafeSmartCacheDataset
+from monai_fast.data.smartcache import SafeSmartCacheDataset, window_bytes
 from monai_fast.progress import show_progress
 
 __all__ = ["AdoptedData", "THREAD_SAFE_COLLATES", "adopt_loader", "unknown_item_path", "why_not_adoptable"]
@@ -393,7 +392,7 @@ def _window_tier(
         return cache_dir, "cache='disk'"
     chain = ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform])
     first = chain.get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform))
-    window = sum(item_bytes(x) for x in (ds._cache or []) if x is not None)
+    window = window_bytes(ds)
     budget = budgets_in_bytes({"ram": ram_budget_mib})[0]
     budget = default_ram_budget() if budget is None else budget
     if first is None or not isinstance(chain.transforms[first], PATCH_CROPS) or window <= budget:

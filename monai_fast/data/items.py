@@ -7,12 +7,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+import torch
+
 __all__ = [
     "DataItemError",
     "LoaderTimeoutError",
     "describe_item",
     "error_text",
     "fetch_item",
+    "item_bytes",
     "item_files",
     "item_line",
     "named_item_errors",
@@ -135,3 +139,16 @@ def named_item_errors(item: Any) -> Iterator[None]:
             raise
         reason = error_text(e)
         raise DataItemError(f"transforming {files} failed: {reason}", reason=reason) from e
+
+
+def item_bytes(item: Any) -> int:
+    """Bytes held by the arrays and tensors in a (nested) data item."""
+    if isinstance(item, torch.Tensor):
+        return item.element_size() * item.nelement()
+    if isinstance(item, np.ndarray):
+        return int(item.nbytes)
+    if isinstance(item, dict):
+        return sum(item_bytes(v) for v in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(item_bytes(v) for v in item)
+    return 0

@@ -22,6 +22,7 @@ from monai.transforms import Compose, RandomizableTrait, ToDeviced, Transform
 
 from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset
+from monai_fast.data.items import item_bytes
 from monai_fast.data.persistent import TrustedPersistentDataset
 from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
 from monai_fast.data.smartcache import SafeSmartCacheDataset
@@ -34,7 +35,6 @@ __all__ = [
     "budgets_in_bytes",
     "default_ram_budget",
     "force_plan",
-    "item_bytes",
     "plan_cache",
     "rank_partition",
 ]
@@ -74,19 +74,6 @@ def default_ram_budget(available: int | None = None) -> int:
     """
     available = psutil.virtual_memory().available if available is None else available
     return available // 2 // max(1, idist.get_nproc_per_node())
-
-
-def item_bytes(item: Any) -> int:
-    """Bytes held by the arrays and tensors in a (nested) data item."""
-    if isinstance(item, torch.Tensor):
-        return item.element_size() * item.nelement()
-    if isinstance(item, np.ndarray):
-        return int(item.nbytes)
-    if isinstance(item, dict):
-        return sum(item_bytes(v) for v in item.values())
-    if isinstance(item, (list, tuple)):
-        return sum(item_bytes(v) for v in item)
-    return 0
 
 
 def rank_partition(data: Sequence, rank: int, world_size: int, seed: int = 0) -> list:

@@ -22,10 +22,10 @@ import numpy as np
 from monai.data import SmartCacheDataset
 
 from monai_fast.data.crop_cache import CropCacheDataset
-from monai_fast.data.items import DataItemError, describe_item, error_text
+from monai_fast.data.items import DataItemError, describe_item, error_text, item_bytes
 from monai_fast.threads import forget_at_exit, stop_at_exit
 
-__all__ = ["SafeSmartCacheDataset", "replace_count"]
+__all__ = ["SafeSmartCacheDataset", "replace_count", "window_bytes"]
 
 logger = logging.getLogger("monai_fast.data")
 
@@ -43,6 +43,15 @@ def replace_count(dataset: SmartCacheDataset) -> int:
     if isinstance(dataset, SafeSmartCacheDataset):
         return dataset.replace_num
     return int(dataset._replace_num)
+
+
+def window_bytes(dataset: SmartCacheDataset) -> int:
+    """Bytes of the arrays and tensors a ``SmartCacheDataset``'s window holds in RAM now.
+
+    MONAI keeps the window only in its private ``_cache``; with `replace_count` this module is the one place
+    monai-fast reads MONAI's SmartCache state.
+    """
+    return sum(item_bytes(x) for x in (dataset._cache or []) if x is not None)
 
 
 @dataclass

@@ -118,7 +118,8 @@ class FastTraining(EngineHandler):
         ):
             if v is not None and not v >= 0:
                 raise ValueError(f"FastTraining: {name} must be >= 0 or None, got {v}")
-        if not (time_limit_s is None or callable(time_limit_s) or time_limit_s > 0):
+        seconds = isinstance(time_limit_s, (int, float)) and not isinstance(time_limit_s, bool)
+        if not (time_limit_s is None or callable(time_limit_s) or (seconds and time_limit_s > 0)):
             raise ValueError(f"FastTraining: time_limit_s must be > 0, a function or None, got {time_limit_s}")
         if cache == "disk" and cache_dir is None:
             raise ValueError("FastTraining: cache='disk' needs cache_dir")
