@@ -142,3 +142,17 @@ def test_node_local_folders_get_a_copy_each(job):
     assert all("per node" in d["reason"] and "the node's one copy" in d["reason"] for d in done), done
     assert [_wrote(d["reason"]) for d in done] == [len(files)] * 2  # one rank per node writes its node's copy
     assert [_items(f) for f in local] == [len(files)] * 2
+
+
+def test_a_read_only_folder_filled_before_trains_with_no_mark_and_no_wait(job, tmpfs):
+    # an earlier job filled the shared cache, which is now read-only: no node can leave its mark, so each node
+    # reads the folder as its own copy and writes nothing (before the marks were guarded, rank 0 raised and the
+    # other rank waited at the barrier)
+    tmp_path, files = job
+    shared = tmpfs("size=64M", "shared")
+    _two_nodes(tmp_path, [shared, shared])
+    subprocess.run(["mount", "-o", "remount,ro", str(shared)], check=True)
+    done = _two_nodes(tmp_path, [shared, shared])
+    assert all("per node" in d["reason"] for d in done), done
+    assert [_wrote(d["reason"]) for d in done] == [0, 0]
+    assert all(d["iterations"] == len(files) // 2 for d in done), done

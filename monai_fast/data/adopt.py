@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,7 +231,12 @@ def adopt_loader(
     # put their generators and torch's back, so the adopted loader draws the crops the user's would
     with _random_states_kept(ds):
         if isinstance(ds, SmartCacheDataset) and (items is not None or _adoptable_smartcache(ds)):
-            window_dir = _window_tier(ds, cache, cache_dir, ram_budget_mib)
+            share = (
+                1.0
+                if items is None  # each rank rotates its share of the window
+                else min(1.0, math.ceil(ds.cache_num / loader.sampler.num_replicas) / max(1, ds.cache_num))
+            )
+            window_dir = _window_tier(ds, cache, cache_dir, ram_budget_mib, disk_budget_mib, share)
             dataset, plan, where, workers, notes = _adopt_smartcache(ds, items, loader.sampler, window_dir)
         elif isinstance(ds, _CACHES) and items is None:
             dataset, plan, where, workers = ds, None, "user cache", 0
@@ -336,15 +342,19 @@ def _seen_by_every_node(folder: Path) -> bool:
     token = idist.broadcast(secrets.token_hex(8) if idist.get_rank() == 0 else "", src=0)
     marks = folder / ".nodes"
     mark = marks / f"{token}-{idist.get_node_rank()}"
+    marked = 1
     if idist.get_local_rank() == 0:
-        marks.mkdir(parents=True, exist_ok=True)
-        mark.touch()
-    idist.barrier()
-    seen = all((marks / f"{token}-{k}").exists() for k in range(idist.get_nnodes()))
-    shared = bool(idist.all_reduce(int(seen), op="MIN"))
-    idist.barrier()  # every rank has looked before the marks go
+        try:
+            marks.mkdir(parents=True, exist_ok=True)
+            mark.touch()
+        except OSError:  # a read-only or full folder: no mark, and so no shared copy; never a rank left waiting
+            marked = 0
+    marked = int(idist.all_reduce(marked, op="MIN"))  # also the barrier: every node's mark is down
+    seen = bool(marked) and all((marks / f"{token}-{k}").exists() for k in range(idist.get_nnodes()))
+    shared = bool(idist.all_reduce(int(seen), op="MIN"))  # also the barrier: every rank has looked
     if idist.get_local_rank() == 0:
-        mark.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            mark.unlink(missing_ok=True)
     return shared
 
 
@@ -379,25 +389,44 @@ def _adoptable_smartcache(ds: SmartCacheDataset) -> bool:
 
 
 def _window_tier(
-    ds: SmartCacheDataset, cache: str, cache_dir: str | os.PathLike | None, ram_budget_mib: float | None
+    ds: SmartCacheDataset,
+    cache: str,
+    cache_dir: str | os.PathLike | None,
+    ram_budget_mib: float | None,
+    disk_budget_mib: float | None,
+    share: float = 1.0,
 ) -> tuple[str | os.PathLike, str] | None:
     """Where a SmartCache's window rotates over a crop-reading tier, and why; ``None``: it stays in RAM.
 
-    With ``cache="disk"``, or when the window MONAI cached already holds more than the RAM budget and the
-    chain's first random transform reads only its patch (`PATCH_CROPS`).
+    Only for a chain whose first random transform reads its patch (`PATCH_CROPS`) and a data set whose items
+    (estimated from the window) fit the disk budget (default 80 % of the folder's free space); then with
+    ``cache="disk"``, or when this rank's ``share`` of the window holds more than the RAM budget.
     """
+    if isinstance(ds, SafeSmartCacheDataset) and ds.tier is not None:
+        return ds.cache_dir, "as it was built"
     if cache_dir is None or cache not in ("auto", "disk"):
+        return None
+    chain = ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform])
+    first = chain.get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform))
+    if first is None or not isinstance(chain.transforms[first], PATCH_CROPS):
+        return None
+    window = window_bytes(ds)
+    disk = budgets_in_bytes({"disk": disk_budget_mib})[0]
+    if disk is None:
+        os.makedirs(cache_dir, exist_ok=True)
+        disk = int(shutil.disk_usage(cache_dir).free * 0.8)
+    if window / max(1, ds.cache_num) * len(ds.data) * 1.2 > disk:  # every item is written once, with the margin
         return None
     if cache == "disk":
         return cache_dir, "cache='disk'"
-    chain = ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform])
-    first = chain.get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform))
-    window = window_bytes(ds)
-    budget = budgets_in_bytes({"ram": ram_budget_mib})[0]
-    budget = default_ram_budget() if budget is None else budget
-    if first is None or not isinstance(chain.transforms[first], PATCH_CROPS) or window <= budget:
+    ram = budgets_in_bytes({"ram": ram_budget_mib})[0]
+    ram = default_ram_budget() if ram is None else ram
+    if window * share <= ram:
         return None
-    return cache_dir, f"its window holds {window / 2**20:.1f} MiB, more than the RAM budget of {budget / 2**20:.1f} MiB"
+    return (
+        cache_dir,
+        f"its window holds {window * share / 2**20:.1f} MiB, more than the RAM budget of {ram / 2**20:.1f} MiB",
+    )
 
 
 def _adopt_smartcache(
@@ -423,7 +452,7 @@ def _adopt_smartcache(
             f"the data set is a {type(ds).__name__}: this rank rotates its partition in a SafeSmartCacheDataset "
             f"caching {share} of the window's {ds.cache_num} items, {safe.replace_num} replaced per epoch"
         )
-    if tier is not None:
+    if safe.tier is not None and tier is not None:
         note += (
             f"; the window rotates over a crop-reading tier in {tier[0]} ({tier[1]}): it holds item numbers, each "
             "item's cached part is written there once and each random crop reads only its patch"

@@ -51,7 +51,7 @@ def window_bytes(dataset: SmartCacheDataset) -> int:
     MONAI keeps the window only in its private ``_cache``; with `replace_count` this module is the one place
     monai-fast reads MONAI's SmartCache state.
     """
-    return sum(item_bytes(x) for x in (dataset._cache or []) if x is not None)
+    return sum(item_bytes(x.item if isinstance(x, _InMemory) else x) for x in (dataset._cache or []) if x is not None)
 
 
 @dataclass
@@ -85,8 +85,8 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         timeout_s: default longest wait of ``update_cache`` for one replacement, in seconds.
         cache_dir: a folder for a `CropCacheDataset` tier under the window (``None``: the window holds the
             items in RAM, as MONAI's does). With it the window holds only item numbers: each item's
-            deterministic part is written there once, a replacement of an item already written reads
-            nothing but its ``item.json``, and a random crop reads only its patch.
+            deterministic part is written there once, a replacement of an item already written only
+            finds its folder, and a random crop reads only its patch.
         **kwargs: further keyword arguments of ``SmartCacheDataset``.
 
     Attributes:
@@ -135,7 +135,9 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             data: other items to rotate over instead (a rank's share); then ``cache_num`` may differ.
             cache_num: items to cache; default ``dataset.cache_num`` (at most the number of items).
             timeout_s: as for the constructor.
-            cache_dir: as for the constructor (a window handed over stays in RAM until it rotates out).
+            cache_dir: as for the constructor (default: ``dataset``'s own, for one of this class). With it nothing
+                is handed over: ``dataset``'s window is released (indexing ``dataset`` itself computes an item
+                again) and the tier writes the window afresh.
 
         Raises:
             TypeError: ``dataset`` is not a ``SmartCacheDataset``.
@@ -157,8 +159,12 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             dataset.shutdown()
         items = list(dataset.data if data is None else data)
         num = min(len(items), int(dataset.cache_num if cache_num is None else cache_num))
+        if cache_dir is None and isinstance(dataset, SafeSmartCacheDataset):
+            cache_dir = dataset.cache_dir
         fresh = not isinstance(dataset, SafeSmartCacheDataset) and getattr(dataset, "_replace_mgr", True) is None
         handed = list(dataset._cache) if data is None and fresh and len(dataset._cache) == num else None
+        if cache_dir is not None and dataset._cache is not None:  # the window's RAM goes: the tier holds it now
+            handed, dataset._cache = None, [None] * len(dataset._cache)
         safe = cls.__new__(cls)
         safe._handed_over = handed
         safe.__init__(  # type: ignore[misc]
@@ -385,15 +391,17 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             return super()._load_cache_item(idx)
         if self.tier.disk_full is None:
             self.tier.fill([idx])
-        return _OnDisk(idx) if self.tier.item_dir(idx).is_dir() else self.tier.cached(idx)
+        return _OnDisk(idx) if self.tier.item_dir(idx).is_dir() else _InMemory(self.tier.cached(idx))
 
     def _transform(self, index: int) -> Any:
         """A window item from the tier (mapped afresh, so random transforms never change the window), else MONAI's."""
-        cached = self._cache[index] if self._cache is not None and 0 <= index < len(self._cache) else None
-        if isinstance(cached, _OnDisk) and self.tier is not None:
+        if self.tier is None or not self._cache:
+            return super()._transform(index)
+        cached = self._cache[index % len(self._cache)]
+        if isinstance(cached, _OnDisk):
             return self.tier[cached.index]
-        if isinstance(cached, dict) and self.tier is not None:  # computed in memory after the disk filled up
-            return self.tier.random_part(copy.deepcopy(cached) if self.copy_cache else cached)
+        if isinstance(cached, _InMemory):  # computed after the disk filled up
+            return self.tier.random_part(copy.deepcopy(cached.item) if self.copy_cache else cached.item)
         return super()._transform(index)
 
     def _replacement_indices(self, position: int) -> list[int]:
@@ -442,6 +450,13 @@ class _OnDisk:
     """A window slot whose item is in the tier: its index into ``data``."""
 
     index: int
+
+
+@dataclass(frozen=True)
+class _InMemory:
+    """A window slot whose item the tier computed in memory (its disk was full), stored indices included."""
+
+    item: dict
 
 
 class _ItemFailure(Exception):

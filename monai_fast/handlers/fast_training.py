@@ -66,9 +66,9 @@ class FastTraining(EngineHandler):
         prediction_layout: ``"auto"`` (measured on a CPU), ``True`` or ``False``.
         progress: progress bars while caches fill.
         tune_store: ``"default"``, a JSON file, or ``None`` (measure every run).
-        time_limit_s: the run's wall-clock limit (a job's time limit): seconds from the trainer's start, or a
-            function that returns the seconds left (``None``: no limit). A compile is weighed only against
-            the steps that fit in it.
+        time_limit_s: the run's wall-clock limit: seconds from the trainer's start (what attach spent is not
+            counted), or a function that returns the seconds left (``None``: no limit). A compile is weighed
+            only against the steps that fit in it.
 
     Raises:
         ValueError: an option outside its choices (named with the value given).
