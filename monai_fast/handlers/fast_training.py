@@ -31,6 +31,7 @@ from monai_fast.handlers.prefetch import PrefetchChoice, prefetch_for
 from monai_fast.handlers.record import describe_engine, record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
 from monai_fast.handlers.window_tune import SlidingWindowTune, sliding_window_of
+from monai_fast.telemetry import cuda_free_bytes
 from monai_fast.telemetry.precision import REQUESTS
 from monai_fast.telemetry.record import Kind, Lever, Source
 
@@ -54,8 +55,8 @@ class FastTraining(EngineHandler):
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
         compile: ``"auto"`` (measured, and only where it repays its compile), ``True`` or ``False``.
         evaluator: ``"auto"``, ``"tune"`` (also its ``sw_batch_size`` measured) or ``False``.
-        gpu_budget_mib: GPU memory for both engines' caches together (``None``: the planner's default, half
-            the free memory when each cache is planned).
+        gpu_budget_mib: GPU memory for both engines' caches together (``None``: half the memory free at
+            attach).
         ram_budget_mib: RAM for the trainer's and the evaluator's caches together (``None``:
             `default_ram_budget()`, half of the available RAM shared by the node's ranks).
         disk_budget_mib: the planner's disk budget (``None``: its default).
@@ -201,8 +202,9 @@ class FastTraining(EngineHandler):
         record = record_of(trainer)  # with a RecordHandler attached first, the fill is in the doctor's wall clock
         ram = self.budgets["ram_budget_mib"]  # one budget for both engines' caches: the evaluator gets what is left
         self._ram_left = default_ram_budget() if ram is None else int(ram * 2**20)
-        gpu = self.budgets["gpu_budget_mib"]  # likewise a GPU budget given (the default follows the free memory)
-        self._gpu_left = None if gpu is None else int(gpu * 2**20)
+        gpu = self.budgets["gpu_budget_mib"]  # likewise the GPU budget: given, or half the memory free at attach
+        free = cuda_free_bytes(device) if gpu is None else None
+        self._gpu_left = int(gpu * 2**20) if gpu is not None else None if free is None else free // 2
         with record.span("cache_fill", Source.FAST_TRAINING) if record is not None else contextlib.nullcontext():
             self._data(trainer, Lever.DATA, device, trainer)
         if evaluator is not None and self.evaluator_option is False:
