@@ -162,6 +162,16 @@ def _smartcache_tier(d: dict) -> str:
     )
 
 
+def _ddp_tier_epoch(d: dict) -> str:
+    rows = d.get("rows", [])
+    saw = min((r["rank0_items_share"] for r in rows if r.get("variant") == "shared"), default=None)
+    return (
+        f"a user's DDP trainer, {(d.get('options') or {}).get('ranks')} gloo ranks: the shared crop tier with the "
+        f"user's sampler at {_x(d.get('median_shared_speed_vs_partition'))} the per-epoch speed of a partition per "
+        "rank; rank 0 saw " + ("-" if saw is None else f"{saw:.0%}") + " of the data set"
+    )
+
+
 def _elastic_restart(d: dict) -> str:
     rows = d.get("rows", [])
     return "a rank SIGKILLed and restarted: " + ", ".join(
@@ -291,6 +301,7 @@ EXTRACTORS: dict[str, Extractor] = {
     "rank_cache_memory": _rank_cache_memory,
     "beyond_ram": _beyond_ram,
     "smartcache_tier": _smartcache_tier,
+    "ddp_tier_epoch": _ddp_tier_epoch,
     "elastic_restart": _elastic_restart,
     "ddp_scaling": _ddp_scaling,
     "inference": _inference,
