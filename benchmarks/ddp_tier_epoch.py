@@ -56,13 +56,12 @@ from monai.networks.nets import UNet
 from monai.utils import set_determinism
 from torch.utils.data import DistributedSampler
 
-sys.path.insert(0, sys.argv[5])
-from your_trainer import tutorial_chain
+from your_trainer import tutorial_chain  # benchmarks/ is on PYTHONPATH
 
 from monai_fast.handlers import FastTraining
 
 variant, files, out, folder = sys.argv[1], json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3]), sys.argv[4]
-args = json.loads(Path(sys.argv[6]).read_text())
+args = json.loads(Path(sys.argv[5]).read_text())
 idist.initialize("gloo")
 set_determinism(args["seed"])
 t0 = time.perf_counter()
@@ -112,8 +111,13 @@ def run_once(variant: str, files_json: Path, args_json: Path, ranks: int, work: 
     script.write_text(RANK)
     out = work / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), str(script)]
-    cmd += [variant, str(files_json), str(out), str(work / "crops"), str(HERE), str(args_json)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks)), "PYTHONWARNINGS": "ignore"}
+    cmd += [variant, str(files_json), str(out), str(work / "crops"), str(args_json)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ranks)),
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p),
+    }
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if done.returncode != 0 or not out.is_file():
         raise SystemExit(f"ddp_tier_epoch: the {variant} job failed:\n{(done.stdout + done.stderr)[-3000:]}")

@@ -195,3 +195,30 @@ def test_a_tiered_smartcache_keeps_its_tier_when_adopted_for_a_ranks_share(files
     assert share.tier is not None and share.tier.cache_dir == tmp_path and window_bytes(share) == 0
     built.shutdown()
     share.shutdown()
+
+
+def test_a_window_whose_data_set_would_not_fit_the_disk_budget_stays_in_ram(files, tmp_path):
+    # the tier writes every item over the rotations: where they cannot all fit, the window stays as MONAI keeps it
+    user = SmartCacheDataset(files, _chain(), replace_rate=0.5, cache_num=2, shuffle=False, progress=False)
+    window = window_bytes(user)
+    kept = adopt_loader(
+        DataLoader(user, batch_size=1),
+        "cpu",
+        cache="disk",
+        cache_dir=tmp_path / "tier",
+        ram_budget_mib=window / 2 / 2**20,
+        disk_budget_mib=window / 2**20,  # room for the window, not for the data set
+    )
+    assert kept.dataset.tier is None and "tier" not in kept.notes[0]
+    kept.dataset.shutdown()
+
+
+def test_cache_disk_takes_the_tier_only_for_a_chain_that_crops_by_the_patch(files, tmp_path):
+    from monai.transforms import RandGaussianNoised
+
+    keys = ["image", "label"]
+    chain = Compose([LoadImaged(keys), EnsureChannelFirstd(keys), RandGaussianNoised("image", prob=1.0)])
+    user = SmartCacheDataset(files, chain, replace_rate=0.5, cache_num=2, shuffle=False, progress=False)
+    kept = adopt_loader(DataLoader(user, batch_size=1), "cpu", cache="disk", cache_dir=tmp_path / "tier")
+    assert kept.dataset.tier is None and window_bytes(kept.dataset) > 0
+    kept.dataset.shutdown()
