@@ -411,6 +411,10 @@ def _window_tier(
     if first is None or not isinstance(chain.transforms[first], PATCH_CROPS):
         return None
     window = window_bytes(ds)
+    ram = budgets_in_bytes({"ram": ram_budget_mib})[0]
+    ram = default_ram_budget() if ram is None else ram
+    if cache == "auto" and window * share <= ram:  # the window fits: the folder is not even made
+        return None
     disk = budgets_in_bytes({"disk": disk_budget_mib})[0]
     if disk is None:
         os.makedirs(cache_dir, exist_ok=True)
@@ -419,10 +423,6 @@ def _window_tier(
         return None
     if cache == "disk":
         return cache_dir, "cache='disk'"
-    ram = budgets_in_bytes({"ram": ram_budget_mib})[0]
-    ram = default_ram_budget() if ram is None else ram
-    if window * share <= ram:
-        return None
     return (
         cache_dir,
         f"its window holds {window * share / 2**20:.1f} MiB, more than the RAM budget of {ram / 2**20:.1f} MiB",
