@@ -11,7 +11,6 @@ import logging
 import math
 import os
 import secrets
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from monai_fast.data.planner import (
     CACHE_CHOICES,
     CachePlan,
     budgets_in_bytes,
+    default_disk_budget,
     default_ram_budget,
     force_plan,
     plan_cache,
@@ -416,9 +416,7 @@ def _window_tier(
     if cache == "auto" and window * share <= ram:  # the window fits: the folder is not even made
         return None
     disk = budgets_in_bytes({"disk": disk_budget_mib})[0]
-    if disk is None:
-        os.makedirs(cache_dir, exist_ok=True)
-        disk = int(shutil.disk_usage(cache_dir).free * 0.8)
+    disk = default_disk_budget(cache_dir) if disk is None else disk
     if window / max(1, ds.cache_num) * len(ds.data) * 1.2 > disk:  # every item is written once, with the margin
         return None
     if cache == "disk":

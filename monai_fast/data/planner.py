@@ -33,6 +33,7 @@ __all__ = [
     "CACHE_PLACES",
     "CachePlan",
     "budgets_in_bytes",
+    "default_disk_budget",
     "default_ram_budget",
     "force_plan",
     "plan_cache",
@@ -62,6 +63,13 @@ def budgets_in_bytes(budgets_mib: dict[str, float | None]) -> list[int | None]:
             raise ValueError(f"{place}_budget_mib must be >= 0 MiB, got {mib}")
         out.append(None if mib is None else int(mib * _MIB))
     return out
+
+
+def default_disk_budget(cache_dir: str | os.PathLike) -> int:
+    """Bytes a disk cache in ``cache_dir`` may take by default: 80 % of its file system's free space (the
+    folder is made, so that its file system can be asked)."""
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    return int(shutil.disk_usage(cache_dir).free * 0.8)
 
 
 def default_ram_budget(available: int | None = None) -> int:
@@ -253,8 +261,7 @@ def plan_cache(
         return plan
     r.append(f"not in RAM: {head} exceeds the RAM budget of {_gib(ram_budget)}")
     if disk_budget is None and cache_dir is not None:  # the folder is made only when disk is considered
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        disk_budget = int(shutil.disk_usage(cache_dir).free * 0.8)
+        disk_budget = default_disk_budget(cache_dir)
         plan.budgets["disk"] = disk_budget
     if cache_dir is not None and disk_budget is not None and need <= disk_budget:
         plan.where = "disk"
