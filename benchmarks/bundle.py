@@ -7,10 +7,17 @@ the training epoch's data wait and compute (``TimeBreakdown``'s epoch rows) plus
 that epoch. The first epoch is reported apart (it carries cache filling and FastTraining's measurements); the
 per-epoch figure is the median of the epochs after it (the first alone when there is one epoch); the whole run is
 the run's wall clock from loading the bundle to its end (compiling, when FastTraining compiles, included). Ratios
-are published over fast, pair by pair. The final validation metric is the evaluator's (``BundleResult.metrics``).
+are published over each other variant, repeat by repeat. The final validation metric is the evaluator's
+(``BundleResult.metrics``).
+
+The variants (``--variants``): ``published`` (``--no-fast``), ``fast`` (FastTraining's defaults), ``eager``
+(``compile=False``) and ``compiled`` (``compile=True``). By default a run's plan is ``--epochs`` epochs
+(``max_epochs`` overridden); with ``--plan`` the bundle keeps its own ``max_epochs`` (the plan FastTraining weighs a
+compile against) and a handler appended to the trainer's handlers ends the run after ``--epochs`` epochs.
 
     python benchmarks/bundle.py --bundle /path/to/spleen_ct_segmentation --repeats 2 --epochs 3 \\
         dataset_dir=/data/Task09_Spleen "device=\\$torch.device('cpu')"
+    python benchmarks/bundle.py --bundle ... --plan --epochs 4 --variants published,fast,eager ...
 """
 
 from __future__ import annotations
@@ -37,13 +44,64 @@ from monai_fast.telemetry.precision import cpu_has_bf16_hardware
 ROOT = Path(__file__).resolve().parents[1]
 
 
-__all__ = ["epoch_times", "main", "run_variant", "summarise"]
+__all__ = ["StopAfterEpochs", "epoch_times", "main", "run_variant", "stop_after_overrides", "summarise"]
 
-VARIANTS = ("published", "fast")
+#: each variant's FastTraining options (``None``: the bundle as published, nothing attached)
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "published": None,
+    "fast": {},
+    "eager": {"compile": False},
+    "compiled": {"compile": True},
+}
+
+
+class StopAfterEpochs:
+    """Ends the trainer's run after ``epochs`` epochs, whatever its ``max_epochs``, once that epoch's handlers ran.
+
+    Appended last to a bundle's training handlers, so the epoch's validation has run when it terminates.
+    """
+
+    def __init__(self, epochs: int) -> None:
+        if int(epochs) < 1:
+            raise ValueError(f"StopAfterEpochs: epochs must be at least 1, got {epochs}")
+        self.epochs = int(epochs)
+
+    def attach(self, engine: Any) -> None:
+        from ignite.engine import Events
+
+        engine.add_event_handler(Events.EPOCH_COMPLETED(once=self.epochs), lambda e: e.terminate())
+
+
+def stop_after_overrides(
+    bundle: Path, config_file: str | None, trainer_id: str, epochs: int, overrides: dict[str, Any]
+) -> tuple[dict[str, Any], int]:
+    """The override that appends `StopAfterEpochs` to the trainer's ``train_handlers`` list (followed through a
+    ``@`` reference to the list's own id), and the trainer's planned ``max_epochs``.
+
+    Raises:
+        SystemExit: the trainer has no handler list to append to, named.
+    """
+    from monai.bundle import ConfigParser
+
+    from monai_fast.bundle import bundle_config_files
+
+    parser = ConfigParser()
+    parser.read_config([str(f) for f in bundle_config_files(bundle, None if config_file is None else str(config_file))])
+    for key, value in overrides.items():
+        parser[key] = value
+    handlers_id = f"{trainer_id}#train_handlers"
+    ref = parser.get(handlers_id)
+    if isinstance(ref, str) and ref.startswith("@"):
+        handlers_id = ref[1:]
+        ref = parser.get(handlers_id)
+    if not isinstance(ref, list):
+        raise SystemExit(f"bundle bench: --plan needs {trainer_id}#train_handlers as a list (or a reference to one)")
+    stop = {"_target_": "bundle.StopAfterEpochs", "epochs": epochs}
+    return {handlers_id: [*ref, stop]}, int(parser.get_parsed_content(f"{trainer_id}#max_epochs"))
 
 
 def epoch_times(rows: Sequence[dict]) -> list[dict[str, float]]:
-    """Per training epoch: ``train_s`` (data wait + compute), ``validation_s`` and their sum ``epoch_s``.
+    """Per training epoch: ``train_s`` (data wait ``data_s`` + compute), ``validation_s``, their sum ``epoch_s``.
 
     A validation span counts in the epoch whose ``TimeBreakdown`` row follows its end (the bundle's
     ``ValidationHandler`` runs at the end of the training epoch, before the row is written).
@@ -65,6 +123,7 @@ def epoch_times(rows: Sequence[dict]) -> list[dict[str, float]]:
         out.append(
             {
                 "epoch": int(e["epoch"]),
+                "data_s": round(float(e["data_s"]), 4),
                 "train_s": round(train, 4),
                 "validation_s": round(val, 4),
                 "epoch_s": round(train + val, 4),
@@ -91,12 +150,14 @@ def _child(args: argparse.Namespace) -> int:
     from monai_fast.telemetry.record import load_record
 
     overrides = parse_overrides(args.overrides)
+    options = VARIANTS[args.variant]
     start = time.perf_counter()
     result = run_bundle(
         args.bundle,
         config_files=args.config_file,
         overrides=overrides,
-        fast=args.variant == "fast",
+        fast=options is not None,
+        fast_options=options,
         logging_file=False,
         run_dir=args.run_dir,
         doctor=False,
@@ -140,7 +201,8 @@ def run_variant(
     if config_file:
         cmd += ["--config_file", config_file]
     cmd += list(overrides)
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    path = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}  # benchmarks/ for the StopAfterEpochs handler of --plan
     try:
         r = subprocess.run(cmd, cwd=copy, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as err:
@@ -153,41 +215,55 @@ def run_variant(
     return doc
 
 
-def summarise(runs: Sequence[dict]) -> dict[str, Any]:
-    """Pairs (published, fast) in run order with their per-epoch ratio, and the medians over pairs."""
+def summarise(runs: Sequence[dict], variants: Sequence[str] = ("published", "fast")) -> dict[str, Any]:
+    """Repeats (``variants`` in run order) with published over each other variant, per epoch and over the whole
+    run, and the medians over repeats. The ``fast`` variant's figures keep the plain keys (``fast_s``, ``ratio``,
+    ``run_ratio``); another variant ``v`` has ``v_s``, ``ratio_v``, ``run_ratio_v`` and ``v_metric``."""
+    n = len(variants)
     pairs = []
-    for i in range(0, len(runs) - 1, 2):
-        a, b = runs[i], runs[i + 1]
-        pa, pb = _per_epoch(a["epochs"]), _per_epoch(b["epochs"])
-        pairs.append(
-            {
-                "repeat": i // 2 + 1,
-                "published_s": pa,
-                "fast_s": pb,
-                "ratio": round(pa / pb, 4) if pa and pb else None,
-                "published_run_s": a["wall_s"],
-                "fast_run_s": b["wall_s"],
-                "run_ratio": round(a["wall_s"] / b["wall_s"], 4) if a["wall_s"] and b["wall_s"] else None,
-                "published_first_epoch_s": a["epochs"][0]["epoch_s"] if a["epochs"] else None,
-                "fast_first_epoch_s": b["epochs"][0]["epoch_s"] if b["epochs"] else None,
-                "published_metric": _dice(a["metrics"])[1],
-                "fast_metric": _dice(b["metrics"])[1],
-            }
-        )
-    ratios = [p["ratio"] for p in pairs if p["ratio"] is not None]
-    runs_ = [p["run_ratio"] for p in pairs if p["run_ratio"] is not None]
-    return {
-        "pairs": pairs,
-        "median_ratio": round(statistics.median(ratios), 4) if ratios else None,
-        "median_run_ratio": round(statistics.median(runs_), 4) if runs_ else None,
-    }
+    for i in range(0, len(runs) - n + 1, n):
+        group = dict(zip(variants, runs[i : i + n]))
+        a = group["published"]
+        pa = _per_epoch(a["epochs"])
+        pair: dict[str, Any] = {
+            "repeat": i // n + 1,
+            "published_s": pa,
+            "published_run_s": a["wall_s"],
+            "published_first_epoch_s": a["epochs"][0]["epoch_s"] if a["epochs"] else None,
+            "published_metric": _dice(a["metrics"])[1],
+        }
+        for v, b in group.items():
+            if v == "published":
+                continue
+            pb = _per_epoch(b["epochs"])
+            tag = "" if v == "fast" else f"_{v}"
+            pair.update(
+                {
+                    f"{v}_s": pb,
+                    f"ratio{tag}": round(pa / pb, 4) if pa and pb else None,
+                    f"{v}_run_s": b["wall_s"],
+                    f"run_ratio{tag}": round(a["wall_s"] / b["wall_s"], 4) if a["wall_s"] and b["wall_s"] else None,
+                    f"{v}_first_epoch_s": b["epochs"][0]["epoch_s"] if b["epochs"] else None,
+                    f"{v}_metric": _dice(b["metrics"])[1],
+                    f"{v}_compile": (b["applied"].get("compile") or {}).get("setting"),
+                }
+            )
+        pairs.append(pair)
+    out: dict[str, Any] = {"pairs": pairs}
+    for v in variants[1:]:
+        tag = "" if v == "fast" else f"_{v}"
+        for key in (f"ratio{tag}", f"run_ratio{tag}"):
+            values = [p[key] for p in pairs if p.get(key) is not None]
+            out[f"median_{key}"] = round(statistics.median(values), 4) if values else None
+    return out
 
 
 def _table(doc: dict) -> str:
+    variants = doc.get("variants", ["published", "fast"])
+    plan = f", the bundle's plan kept ({doc['plan_epochs']} epochs)" if doc.get("plan_epochs") else ""
     lines = [
-        f"bundle {doc['bundle']}: {doc['epochs']} epoch(s), {doc['repeats']} repeat(s), metric {doc['metric']}",
-        "| repeat | published s/epoch | fast s/epoch | ratio | first epoch published / fast s "
-        "| whole run published / fast s | run ratio | metric published | metric fast |",
+        f"bundle {doc['bundle']}: {doc['epochs']} epoch(s){plan}, {doc['repeats']} repeat(s), metric {doc['metric']}",
+        "| repeat | variant | s/epoch | ratio | first epoch s | whole run s | run ratio | metric | compile |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
 
@@ -195,16 +271,22 @@ def _table(doc: dict) -> str:
         return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
 
     for p in doc["summary"]["pairs"]:
+        for v in variants:
+            tag = "" if v in ("fast", "published") else f"_{v}"
+            ratio = None if v == "published" else p.get(f"ratio{tag}")
+            run_ratio = None if v == "published" else p.get(f"run_ratio{tag}")
+            lines.append(
+                f"| {p['repeat']} | {v} | {f(p.get(f'{v}_s'))} | {f(ratio)} | {f(p.get(f'{v}_first_epoch_s'))} | "
+                f"{f(p.get(f'{v}_run_s'))} | {f(run_ratio)} | {f(p.get(f'{v}_metric'))} | "
+                f"{f(p.get(f'{v}_compile'))} |"
+            )
+    summary = doc["summary"]
+    for v in variants[1:]:
+        tag = "" if v == "fast" else f"_{v}"
         lines.append(
-            f"| {p['repeat']} | {f(p['published_s'])} | {f(p['fast_s'])} | {f(p['ratio'])} | "
-            f"{f(p['published_first_epoch_s'])} / {f(p['fast_first_epoch_s'])} | "
-            f"{f(p.get('published_run_s'))} / {f(p.get('fast_run_s'))} | {f(p.get('run_ratio'))} | "
-            f"{f(p['published_metric'])} | {f(p['fast_metric'])} |"
+            f"median ratio (published / {v}): per epoch {f(summary.get(f'median_ratio{tag}'))}, "
+            f"whole run {f(summary.get(f'median_run_ratio{tag}'))}"
         )
-    lines.append(
-        f"median ratio (published / fast): per epoch {f(doc['summary']['median_ratio'])}, "
-        f"whole run {f(doc['summary'].get('median_run_ratio'))}"
-    )
     lines.append("levers applied: " + (", ".join(f"{k}: {v}" for k, v in doc["levers_applied"].items()) or "none"))
     if doc["levers_left_alone"]:
         lines.append("left alone: " + "; ".join(f"{k} ({v})" for k, v in doc["levers_left_alone"].items()))
@@ -221,8 +303,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="config file(s) as monai.bundle takes them (default configs/train.json|yaml)",
     )
-    ap.add_argument("--repeats", type=int, default=2, help="pairs of runs (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of the variants (default %(default)s)")
     ap.add_argument("--epochs", type=int, default=3, help="training epochs per run: train#trainer#max_epochs")
+    ap.add_argument(
+        "--plan",
+        action="store_true",
+        help="keep the bundle's own max_epochs (the plan a compile is weighed against) and stop after --epochs",
+    )
+    ap.add_argument(
+        "--variants",
+        default="published,fast",
+        help=f"comma-separated, published first, of {', '.join(VARIANTS)} (default %(default)s)",
+    )
+    ap.add_argument("--trainer-id", default="train#trainer", help="the trainer's config id (default %(default)s)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (default %(default)s)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="where the JSON goes")
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
@@ -236,12 +329,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"bundle bench: {args.bundle} has no configs/ folder")
     if args.repeats < 1 or args.epochs < 1:
         raise SystemExit("bundle bench: --repeats and --epochs must be at least 1")
-    overrides = [*args.overrides, f"train#trainer#max_epochs={args.epochs}"]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if variants[:1] != ["published"] or len(variants) < 2 or not set(variants) <= set(VARIANTS):
+        raise SystemExit(f"bundle bench: --variants {args.variants!r}: published first, then some of {list(VARIANTS)}")
+    plan_epochs = None
+    if args.plan:
+        from monai_fast.bundle import parse_overrides
+
+        extra, plan_epochs = stop_after_overrides(
+            args.bundle, args.config_file, args.trainer_id, args.epochs, parse_overrides(args.overrides)
+        )
+        if plan_epochs <= args.epochs:
+            raise SystemExit(f"bundle bench: --plan: the bundle plans {plan_epochs} epochs, not more than --epochs")
+        overrides = [*args.overrides, *(f"{k}={json.dumps(v)}" for k, v in extra.items())]
+    else:
+        overrides = [*args.overrides, f"{args.trainer_id}#max_epochs={args.epochs}"]
     work = Path(tempfile.mkdtemp(prefix="bundle-bench-"))
     runs = []
     try:
         for repeat in range(args.repeats):
-            for variant in VARIANTS:
+            for variant in variants:
                 doc = run_variant(args.bundle.resolve(), variant, overrides, args.config_file, work, args.timeout)
                 runs.append(doc)
                 print(
@@ -251,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    fast_applied = runs[1]["applied"]
+    fast_applied = runs[variants.index("fast") if "fast" in variants else 1]["applied"]
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     doc = {
         "benchmark": "bundle",
@@ -270,12 +377,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "overrides": overrides,
         "epochs": args.epochs,
+        "plan_epochs": plan_epochs,
+        "variants": variants,
         "repeats": args.repeats,
         "metric": _dice(runs[0]["metrics"])[0],
         "levers_applied": {k: v.get("setting") for k, v in fast_applied.items() if v.get("applied")},
         "levers_left_alone": {k: v.get("reason") for k, v in fast_applied.items() if not v.get("applied")},
         "runs": runs,
-        "summary": summarise(runs),
+        "summary": summarise(runs, variants),
     }
     print(_table(doc))
     out = write_json(doc, Path(args.out) / f"bundle_{args.bundle.name}_{dt.datetime.now():%Y%m%d-%H%M%S}.json")

@@ -177,6 +177,8 @@ class SweepRow:
     speedup_epochs: int = 0
     speedup_validated: bool = False
     speedup_reason: str = ""
+    speedup_plan_epochs: int | None = None
+    speedup_medians: dict[str, Any] = field(default_factory=dict)
 
 
 def _train_config(bundle: Path) -> Path | None:
@@ -354,7 +356,12 @@ def _case(rng: np.random.Generator, shape: Sequence[int], channels: int, classes
 
 
 def prepare(
-    bundle: Path, work: Path, seed: int = 0, volume: Sequence[int] | None = None, extra: dict[str, Any] | None = None
+    bundle: Path,
+    work: Path,
+    seed: int = 0,
+    volume: Sequence[int] | None = None,
+    extra: dict[str, Any] | None = None,
+    cases: tuple[int, int] = (4, 1),
 ) -> Prepared:
     """Copy ``bundle`` into ``work`` and write synthetic data shaped like its inputs; the overrides pointing to it.
 
@@ -364,6 +371,8 @@ def prepare(
         seed: the synthetic data's seed.
         volume: the synthetic images' spatial shape (default: the metadata's input shape, or :data:`CPU_SIZES`).
         extra: more overrides, applied last (sizes for a quick run).
+        cases: synthetic cases for training and for validation (a bundle's own split, for example the spleen
+            bundle's 32 and 9, gives its epochs their published length).
 
     Raises:
         Skip: the bundle reads its data in a way the sweep cannot shape, named.
@@ -383,7 +392,7 @@ def prepare(
     text = cfg_file.read_text(errors="replace")
     missing = _missing_packages(meta)
     try:
-        return _prepare(name, dst, cfg_file, config, inp, out, text, seed, volume, extra, missing)
+        return _prepare(name, dst, cfg_file, config, inp, out, text, seed, volume, extra, missing, cases)
     except Skip as why:
         raise Skip(f"{why}{_missing_text(missing)}") from None
 
@@ -428,6 +437,7 @@ def _prepare(
     volume: Sequence[int] | None,
     extra: dict[str, Any] | None,
     missing: list[str],
+    cases: tuple[int, int] = (4, 1),
 ) -> Prepared:
     trainer_id = _engine_id(config, "SupervisedTrainer", "train#trainer")
     evaluator_id = _engine_id(config, "SupervisedEvaluator", "validate#evaluator")
@@ -479,7 +489,7 @@ def _prepare(
     if len(image_keys) > 1 and channels % len(image_keys) == 0:
         channels //= len(image_keys)  # one input channel per image key, concatenated by the chain
     items = []
-    for i in range(5):
+    for i in range(sum(cases)):
         image, label = _case(rng, shape, channels, classes)
         item: dict[str, Any] = {}
         for key in keys:
@@ -507,9 +517,11 @@ def _prepare(
         if classify and "label" not in item:
             item["label"] = int(i % max(classes, 1)) if classes > 1 else 0
         items.append(item)
-    overrides: dict[str, Any] = {train_data: items[:4], f"{trainer_id}#max_epochs": 1, f"{trainer_id}#epoch_length": 2}
+    train_items, val_items = items[: cases[0]], items[cases[0] :]
+    overrides: dict[str, Any] = {train_data: train_items, f"{trainer_id}#max_epochs": 1}
+    overrides[f"{trainer_id}#epoch_length"] = 2
     if val_data is not None:
-        overrides[val_data] = items[4:]
+        overrides[val_data] = val_items
     if "device" in config:
         overrides["device"] = "$torch.device('cpu')"
     else:
@@ -652,17 +664,34 @@ def _bundle_bench() -> Any:
     return module
 
 
-def measure_speedup(prep: Prepared, row: SweepRow, epochs: int, repeats: int, timeout: float) -> None:
+def measure_speedup(
+    prep: Prepared,
+    row: SweepRow,
+    epochs: int,
+    repeats: int,
+    timeout: float,
+    plan: bool = False,
+    variants: Sequence[str] = ("published", "fast"),
+) -> None:
     """The per-epoch speed-up of a bundle that trains: published and fast runs taking turns, into ``row``.
 
     Each run is ``benchmarks/bundle.py``'s: its own process on its own copy of the prepared bundle, the sweep's
     overrides (the epoch length left to the data) and ``epochs`` epochs. The per-epoch time is training and
     validation from the run record, the first epoch excluded; the ratio is published over fast, pair by pair, and
     ``row.speedup`` their median. A failed run leaves ``row.speedup`` None and says why in ``row.speedup_reason``.
+    With ``plan``, the runs keep the bundle's own ``max_epochs`` and stop after ``epochs`` (``bundle.py --plan``);
+    ``variants`` are ``bundle.py``'s, published first, and ``row.speedup_medians`` holds each one's medians.
     """
     bench = _bundle_bench()
     overrides = {k: v for k, v in prep.overrides.items() if not k.endswith("#epoch_length")}
-    overrides[f"{prep.trainer_id}#max_epochs"] = epochs
+    if plan:
+        overrides.pop(f"{prep.trainer_id}#max_epochs", None)
+        stop, row.speedup_plan_epochs = bench.stop_after_overrides(
+            prep.bundle_dir, prep.config_file, prep.trainer_id, epochs, overrides
+        )
+        overrides.update(stop)
+    else:
+        overrides[f"{prep.trainer_id}#max_epochs"] = epochs
     args = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
     per_run = max(timeout, prep.timeout) * max(epochs, 1)
     work = prep.bundle_dir.parent / f"{prep.name}-speedup"
@@ -671,7 +700,7 @@ def measure_speedup(prep: Prepared, row: SweepRow, epochs: int, repeats: int, ti
     row.speedup_epochs = epochs
     try:
         for repeat in range(repeats):
-            for variant in bench.VARIANTS:
+            for variant in variants:
                 doc = bench.run_variant(prep.bundle_dir, variant, args, None, work, per_run)
                 runs.append(doc)
                 print(
@@ -681,13 +710,14 @@ def measure_speedup(prep: Prepared, row: SweepRow, epochs: int, repeats: int, ti
                 )
     except SystemExit as err:
         text = str(err)
-        row.speedup_reason = f"{len(runs)} of {2 * repeats} runs done; " + (
+        row.speedup_reason = f"{len(runs)} of {len(variants) * repeats} runs done; " + (
             text.splitlines()[0] if "limit" in text else _reason(text)
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    summary = bench.summarise(runs)
+    summary = bench.summarise(runs, variants)
     row.speedup_pairs = summary["pairs"]
+    row.speedup_medians = {k: v for k, v in summary.items() if k.startswith("median_")}
     row.speedup = summary["median_ratio"] if not row.speedup_reason else None
     row.speedup_validated = any(e["validation_s"] > 0 for run in runs for e in run["epochs"])
     if row.speedup is None and not row.speedup_reason:
@@ -704,6 +734,9 @@ def sweep(
     extra: dict[str, Any] | None = None,
     speedup_epochs: int = 0,
     repeats: int = 2,
+    plan: bool = False,
+    variants: Sequence[str] = ("published", "fast"),
+    cases: tuple[int, int] = (4, 1),
 ) -> list[SweepRow]:
     """Prepare and run each bundle in turn; a bundle that cannot be prepared is a row with the reason.
 
@@ -712,7 +745,7 @@ def sweep(
     rows = []
     for bundle in find_bundles(zoo, names):
         try:
-            prep = prepare(bundle, work, volume=volume, extra=extra)
+            prep = prepare(bundle, work, volume=volume, extra=extra, cases=cases)
         except Skip as why:
             rows.append(SweepRow(bundle=bundle.name, reason=str(why)))
         except Exception as err:  # noqa: BLE001 - a config the sweep cannot read is a row, not the end
@@ -720,7 +753,7 @@ def sweep(
         else:
             rows.append(run_prepared(prep, timeout, fast=fast))
             if speedup_epochs and rows[-1].trains:
-                measure_speedup(prep, rows[-1], speedup_epochs, repeats, timeout)
+                measure_speedup(prep, rows[-1], speedup_epochs, repeats, timeout, plan=plan, variants=variants)
         r = rows[-1]
         print(
             f"{r.bundle}: builds={r.builds} trains={r.trains} ({r.iterations} it, {r.seconds} s) "
@@ -798,11 +831,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="E",
         help="measure each bundle that trains: published and fast runs of E epochs taking turns (default: not)",
     )
-    ap.add_argument("--repeats", type=int, default=2, help="pairs of runs for --speedup-epochs (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of runs for --speedup-epochs (default %(default)s)")
+    ap.add_argument(
+        "--cases",
+        type=int,
+        nargs=2,
+        default=[4, 1],
+        metavar=("TRAIN", "VAL"),
+        help="synthetic cases for training and validation (default %(default)s; the spleen bundle's split: 32 9)",
+    )
+    ap.add_argument(
+        "--plan",
+        action="store_true",
+        help="--speedup-epochs runs keep each bundle's own max_epochs and stop after E (benchmarks/bundle.py --plan)",
+    )
+    ap.add_argument(
+        "--variants",
+        default="published,fast",
+        help="--speedup-epochs variants, published first (benchmarks/bundle.py --variants; default %(default)s)",
+    )
     ap.add_argument("--zoo-commit", default=None, help="the Model Zoo commit, where --zoo is not a git checkout")
     args = ap.parse_args(argv)
     if args.speedup_epochs and (args.speedup_epochs < 2 or args.repeats < 1):
         raise SystemExit("bundle_sweep: --speedup-epochs needs at least 2 (the first is left out), --repeats 1")
+    if min(args.cases) < 1:
+        raise SystemExit(f"bundle_sweep: --cases {args.cases[0]} {args.cases[1]}: at least 1 each")
     from monai_fast.bundle import parse_overrides
 
     extra = parse_overrides(args.set)
@@ -819,6 +872,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             extra=extra,
             speedup_epochs=args.speedup_epochs,
             repeats=args.repeats,
+            plan=args.plan,
+            cases=tuple(args.cases),
+            variants=[v.strip() for v in args.variants.split(",") if v.strip()],
         )
     finally:
         if not args.keep:
@@ -839,6 +895,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fast": not args.no_fast,
         "speedup_epochs": args.speedup_epochs,
         "repeats": args.repeats if args.speedup_epochs else 0,
+        "plan": args.plan,
+        "cases": args.cases,
+        "variants": args.variants,
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),

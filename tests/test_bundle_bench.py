@@ -69,8 +69,10 @@ def test_bundle_bench_pairs_published_and_fast_runs_and_its_table_says_what_its_
     assert pair["ratio"] == pytest.approx(pair["published_s"] / pair["fast_s"], rel=1e-3)
     assert doc["summary"]["median_ratio"] == pair["ratio"]
     assert pair["fast_metric"] == fast["metrics"]["validate/val_mean_dice"]
-    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("| 1 |"))
-    assert f"{pair['published_s']:.3f}" in row and f"{pair['fast_s']:.3f}" in row and f"{pair['ratio']:.3f}" in row
+    rows = {ln.split("|")[2].strip(): ln for ln in r.stdout.splitlines() if ln.startswith("| 1 |")}
+    assert f"| {pair['published_s']:.3f} | - |" in rows["published"]
+    assert f"| {pair['fast_s']:.3f} | {pair['ratio']:.3f} |" in rows["fast"]
+    assert rows["fast"].endswith(f"| {pair['fast_compile']} |")  # the compile decision, from the record
     assert pair["run_ratio"] == pytest.approx(published["wall_s"] / fast["wall_s"], rel=1e-3)  # the whole run
     assert f"median ratio (published / fast): per epoch {pair['ratio']:.3f}, whole run {pair['run_ratio']:.3f}" in (
         r.stdout
@@ -124,7 +126,7 @@ def _sweep(
 
 def test_sweep_makes_a_row_per_bundle_and_a_crash_is_a_row_and_measures_the_speedup_of_what_trains(tmp_path):
     zoo = _zoo(tmp_path)
-    more = ["--speedup-epochs", "2", "--repeats", "1"]
+    more = ["--speedup-epochs", "2", "--repeats", "1", "--cases", "3", "2", "--plan"]
     r, doc = _sweep(zoo, tmp_path / "out", ["seg3d", "needs_pkg"], timeout=300, more=more)
     rows = {row["bundle"]: row for row in doc["rows"]}
     assert set(rows) == {"seg3d", "needs_pkg"}
@@ -134,6 +136,8 @@ def test_sweep_makes_a_row_per_bundle_and_a_crash_is_a_row_and_measures_the_spee
     # only data lists, epochs, device and the sizes asked for are overridden
     assert seg["overrides"]["train#trainer#max_epochs"] == 1 and seg["overrides"]["train#trainer#epoch_length"] == 2
     assert seg["overrides"]["device"] == "$torch.device('cpu')"
+    assert doc["cases"] == [3, 2]
+    assert doc["plan"] and seg["speedup_plan_epochs"] == 100  # the runs kept the bundle's plan and stopped at 2
     bad = rows["needs_pkg"]
     assert not bad["builds"] and not bad["trains"] and "needs package not_a_real_package" in bad["reason"]
     assert doc["speedup_epochs"] == 2 and doc["repeats"] == 1
@@ -159,3 +163,65 @@ def test_sweep_ends_a_hanging_bundle_at_its_time_limit(tmp_path):
     assert not row["builds"] and not row["trains"]
     assert row["reason"] == "over the 10 s limit before two iterations"
     assert row["seconds"] < 60
+
+
+def test_bundle_bench_keeps_the_bundles_plan_stops_after_the_epochs_asked_and_compares_each_variant(data, tmp_path):
+    out = tmp_path / "results"
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bundle.py"),
+        "--bundle",
+        str(SEG3D),
+        "--repeats",
+        "1",
+        "--epochs",
+        "2",
+        "--plan",
+        "--variants",
+        "published,eager,fast",
+        "--out",
+        str(out),
+        f"dataset_dir={data}",
+        "num_val=1",
+        *TINY,
+        "device=$torch.device('cpu')",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (path,) = out.glob("bundle_seg3d_*.json")
+    doc = json.loads(path.read_text())
+    assert doc["plan_epochs"] == 100 and doc["variants"] == ["published", "eager", "fast"]
+    assert [run["variant"] for run in doc["runs"]] == ["published", "eager", "fast"]
+    for run in doc["runs"]:
+        assert [e["epoch"] for e in run["epochs"]] == [1, 2]  # stopped after 2 of the 100 planned epochs
+    eager, fast = doc["runs"][1:]
+    assert eager["applied"]["compile"]["reason"] == "switched off (compile=False)"
+    assert "switched off" not in fast["applied"]["compile"]["reason"]
+    (pair,) = doc["summary"]["pairs"]
+    assert pair["ratio_eager"] == pytest.approx(pair["published_s"] / pair["eager_s"], rel=1e-3)
+    assert doc["summary"]["median_ratio_eager"] == pair["ratio_eager"]
+    assert doc["summary"]["median_ratio"] == pair["ratio"]
+    assert "median ratio (published / eager): per epoch" in r.stdout
+    assert "the bundle's plan kept (100 epochs)" in r.stdout
+
+
+def test_bundle_bench_refuses_a_plan_no_longer_than_the_epochs_and_unknown_variants(tmp_path):
+    bench = [sys.executable, str(ROOT / "benchmarks" / "bundle.py"), "--bundle", str(SEG3D)]
+    r = subprocess.run([*bench, "--plan", "--epochs", "100"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode != 0 and "the bundle plans 100 epochs, not more than --epochs" in r.stderr
+    r = subprocess.run([*bench, "--variants", "fast,published"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode != 0 and "--variants 'fast,published': published first" in r.stderr
+
+
+def test_sweep_prepares_the_training_and_validation_cases_asked(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bundle_sweep_mod", ROOT / "benchmarks" / "bundle_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = sweep  # its dataclasses look their module up
+    spec.loader.exec_module(sweep)
+    prep = sweep.prepare(SEG3D, tmp_path, volume=(16, 16, 16), cases=(3, 2))
+    lists = {k: v for k, v in prep.overrides.items() if k.endswith("#data")}
+    assert sorted(len(v) for v in lists.values()) == [2, 3]
+    files = [Path(p) for items in lists.values() for item in items for p in item.values() if isinstance(p, str)]
+    assert len(files) == 10 and all(f.is_file() for f in files)  # an image and a label per case

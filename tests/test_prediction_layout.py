@@ -52,7 +52,8 @@ def test_classes_innermost_gives_the_evaluator_the_same_results_and_detaching_re
     before, dice_before = _validate(evaluator)
     layout = ClassesInnermost(True)
     layout.attach(evaluator)
-    assert layout.active and layout.reason == "requested" and evaluator.inferer is not inferer
+    assert layout.active and evaluator.inferer is not inferer
+    assert layout.reason == "requested; evaluator: its predictions and the argmax of 1 post-processing AsDiscreted"
     assert evaluator.inferer.sw_batch_size == inferer.sw_batch_size  # the sliding window's, read through
     evaluator.inferer.sw_batch_size = 3  # and set through
     assert inferer.sw_batch_size == 3
@@ -98,7 +99,7 @@ def test_only_cpu_predictions_are_converted_and_engines_without_an_inferer_are_r
     off_cpu = engine.inferer(torch.empty(1, 1, 4, 5, 6, device="meta"), lambda x: torch.cat([x, -x], 1))
     assert off_cpu.device.type == "meta" and off_cpu.is_contiguous()  # not on the CPU: passed unchanged
     assert engine.inferer.inner.__class__ is SimpleInferer  # other attributes are the inner inferer's
-    with pytest.raises(TypeError, match="needs a MONAI SupervisedEvaluator"):
+    with pytest.raises(TypeError, match="needs a MONAI trainer, or an evaluator"):
         ClassesInnermost().attach(Engine(lambda e, b: None))
     with pytest.raises(ValueError, match="mode must be 'auto' or True"):
         ClassesInnermost("yes")
@@ -113,7 +114,13 @@ def test_fast_training_applies_it_on_the_evaluator_and_unwraps_every_inferer_on_
     inferers = trainer.inferer, evaluator.inferer
     fast = FastTraining(precision="bf16", memory_format=False, prediction_layout=True)
     fast.attach(trainer, evaluator)
-    assert fast.applied["prediction_layout"] == {"applied": True, "setting": "classes innermost", "reason": "requested"}
+    layout = fast.applied["prediction_layout"]
+    assert layout["applied"] and layout["setting"] == "classes innermost"
+    # the test trainer's post-processing has no argmax; its evaluator's has one
+    assert layout["reason"] == (
+        "requested; trainer: nothing to reorder; "
+        "evaluator: its predictions and the argmax of 1 post-processing AsDiscreted"
+    )
     wrapper = evaluator.inferer
     assert isinstance(wrapper.inner.toggle, AMPToggle)  # ours around AMPToggle's: nested wrappers
     fast.detach(trainer)
@@ -190,3 +197,98 @@ def test_the_argmax_benchmark_runs_at_toy_size_and_checks_the_labels(tmp_path):
     assert all(r["ms"]["argmax"] / r["ms"]["innermost + argmax"] == pytest.approx(r["speedup_innermost"]) for r in rows)
     bad = subprocess.run([sys.executable, str(script), "--shapes", "2x8"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "CxDxHxW" in bad.stderr
+
+
+class _SeenStrides(AsDiscrete):
+    """An ``AsDiscrete`` that notes the strides of what it is given."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen = []
+
+    def __call__(self, img, *args, **kwargs):
+        self.seen.append(img.stride())
+        return super().__call__(img, *args, **kwargs)
+
+
+def test_a_post_processing_argmax_after_softmax_gets_the_classes_innermost_and_the_same_result():
+    from monai.transforms import Activationsd, AsDiscreted
+
+    from monai_fast.handlers.prediction_layout import _InnermostArgmax
+
+    x = torch.randn(2, 9, 10, 11)
+    x[1, 0] = x[0, 0]  # ties: the first class wins either way
+    item = {"pred": MetaTensor(x.movedim(0, -1).contiguous().movedim(-1, 0)), "label": torch.ones(1, 9, 10, 11)}
+    soft = Activationsd(keys="pred", softmax=True)(dict(item))
+    assert soft["pred"].is_contiguous() and soft["pred"].stride(0) != 1  # softmax loses the input's layout
+    plain = AsDiscreted(keys=["pred", "label"], argmax=[True, False], to_onehot=2)
+    ours = AsDiscreted(keys=["pred", "label"], argmax=[True, False], to_onehot=2)
+    spy = ours.converter = _SeenStrides()
+    ours.converter = _InnermostArgmax(spy)
+    a, b = plain(dict(soft)), ours(dict(soft))
+    assert (
+        torch.equal(a["pred"], b["pred"]) and torch.equal(a["label"], b["label"]) and a["pred"].dtype == b["pred"].dtype
+    )
+    assert spy.seen[0][0] == 1  # the argmax's input: classes innermost
+    assert spy.seen[1] == item["label"].stride()  # no argmax for the label: passed as it is
+    assert ours.converter.argmax is False  # other attributes are the inner AsDiscrete's
+
+
+def _trainer_with_post(tiny_files):
+    """The test trainer, with the spleen bundle's training post-processing (softmax, then argmax)."""
+    from monai.engines import SupervisedTrainer
+    from monai.transforms import Activationsd, AsDiscreted, Compose
+    from test_fast_training import _user_trainer
+
+    trainer, _ = _user_trainer(tiny_files)
+    post = Compose(
+        [
+            Activationsd(keys="pred", softmax=True),
+            AsDiscreted(keys=["pred", "label"], argmax=[True, False], to_onehot=2),
+        ]
+    )
+    trainer = SupervisedTrainer(
+        device="cpu",
+        max_epochs=1,
+        train_data_loader=trainer.data_loader,
+        network=trainer.network,
+        optimizer=trainer.optimizer,
+        loss_function=trainer.loss_function,
+        postprocessing=post,
+    )
+    seen = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append([o["pred"] for o in e.state.output]))
+    return trainer, post.transforms[1], seen
+
+
+def test_a_trainers_post_processing_argmax_gets_the_classes_innermost_with_the_same_results(tiny_files):
+    from monai_fast.handlers.prediction_layout import _InnermostArgmax
+
+    plain, _, before = _trainer_with_post(tiny_files)
+    plain.run()
+    trainer, discrete, after = _trainer_with_post(tiny_files)
+    converter, inferer = discrete.converter, trainer.inferer
+    layout = ClassesInnermost(True)
+    layout.attach(trainer)
+    assert isinstance(discrete.converter, _InnermostArgmax) and trainer.inferer is inferer  # the loss's input as it was
+    assert layout.argmax_transforms[id(trainer)] == ["AsDiscreted"]
+    assert layout.reason == "requested; trainer: the argmax of 1 post-processing AsDiscreted"
+    trainer.run()
+    assert len(before) == len(after) > 0
+    for b, a in zip(before, after):
+        assert all(torch.equal(pb, pa) for pb, pa in zip(b, a))
+    layout.detach(trainer)
+    assert discrete.converter is converter and not layout.active
+
+
+def test_fast_training_reorders_a_trainers_post_processing_argmax_without_an_evaluator(tiny_files):
+    trainer, discrete, _ = _trainer_with_post(tiny_files)
+    fast = FastTraining(
+        cache=False, loader=False, prefetch=False, precision=False, memory_format=False, prediction_layout=True
+    )
+    fast.attach(trainer)
+    layout = fast.applied["prediction_layout"]
+    assert layout["setting"] == "classes innermost", layout
+    assert layout["reason"].endswith("; trainer: the argmax of 1 post-processing AsDiscreted"), layout
+    fast.detach(trainer)
+    assert type(discrete.converter) is AsDiscrete

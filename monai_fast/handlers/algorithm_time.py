@@ -10,7 +10,7 @@ from typing import Any
 from ignite.engine import Engine, Events
 from ignite.metrics import Metric
 
-from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on
+from monai_fast.handlers.lifecycle import POSTPROCESSING, EngineHandler, callbacks_on, posttrans_of
 from monai_fast.handlers.record import add_row
 from monai_fast.telemetry.chain import transform_names
 from monai_fast.telemetry.cuda import Mark, seconds_between, time_mark
@@ -23,8 +23,7 @@ try:  # MONAI's workflows run their post-processing on MODEL_COMPLETED
 except ImportError:  # pragma: no cover - MONAI is a dependency
     IterationEvents = None
 
-# MONAI registers its post-processing and decollation as closures of these Workflow methods
-_POSTPROCESSING = "_register_postprocessing.<locals>._run_postprocessing"
+# MONAI registers its decollation as a closure of this Workflow method
 _DECOLLATE = "_register_decollate.<locals>._decollate_data"
 
 
@@ -59,14 +58,6 @@ def _metric_of(fn: Callable) -> tuple[Metric, str] | None:
     if isinstance(owner, Metric) and name in ("iteration_completed", "completed"):
         return owner, name
     return None
-
-
-def _transform_names(fn: Callable) -> list[str]:
-    """The class names of the transform a MONAI ``_run_postprocessing`` closure applies (MONAI keeps the transform
-    only in that closure: there is no public handle)."""
-    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
-    cell = cells.get("posttrans")
-    return list(dict.fromkeys(transform_names(cell.cell_contents if cell is not None else None) or []))
 
 
 class TrainingAlgorithmTime(EngineHandler):
@@ -121,9 +112,10 @@ class TrainingAlgorithmTime(EngineHandler):
                 if getattr(fn, "_monai_fast_timed", False):
                     continue
                 qualname = getattr(fn, "__qualname__", "")
-                if qualname.endswith(_POSTPROCESSING):
+                if qualname.endswith(POSTPROCESSING):
                     part = "postprocessing"
-                    self._postprocessing = _transform_names(fn) or ["postprocessing"]
+                    names = dict.fromkeys(transform_names(posttrans_of(fn)) or [])
+                    self._postprocessing = list(names) or ["postprocessing"]
                 elif qualname.endswith(_DECOLLATE):
                     part = "decollate"
                 elif (metric := _metric_of(fn)) is not None:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 from ignite.engine import Engine, Events
-from monai.engines import Workflow
+from monai.engines import Trainer, Workflow
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
@@ -239,7 +239,7 @@ class FastTraining(EngineHandler):
         self._compile_lever(trainer, evaluator)
         if evaluator is not None:
             self._validation_lever(trainer, evaluator, device)
-            self._prediction_layout_lever(evaluator, trainer)
+        self._prediction_layout_lever(trainer, evaluator)
 
     def _detached(self, engine: Engine) -> None:
         for helper in reversed(self._helpers):  # last wrapped, first unwrapped (inferer wrappers nest)
@@ -425,18 +425,21 @@ class FastTraining(EngineHandler):
         self._warned = self._warned or failed
         self._record(trainer, only=lever)
 
-    def _prediction_layout_lever(self, evaluator: Workflow, trainer: Workflow) -> None:
+    def _prediction_layout_lever(self, trainer: Workflow, evaluator: Workflow | None) -> None:
         if self.prediction_layout is False:
             self._say(Lever.PREDICTION_LAYOUT, False, None, "switched off (prediction_layout=False)")
             return
-        dims = describe_engine(evaluator)["spatial_dims"]  # from the network's convolutions, as the record reads them
+        dims = describe_engine(evaluator or trainer)["spatial_dims"]  # from the network's convolutions
         if self.prediction_layout == "auto" and dims is not None and dims != 3:
             self._say(Lever.PREDICTION_LAYOUT, False, None, f"a {dims}-D network: no 5-D predictions to reorder")
             return
         layout = ClassesInnermost(self.prediction_layout)
-        self._add(layout, evaluator)
-        self._say(Lever.PREDICTION_LAYOUT, layout.active, "classes innermost" if layout.active else None, layout.reason)
-        if layout.active:
+        for engine in (trainer if isinstance(trainer, Trainer) else None, evaluator):
+            if engine is not None:
+                self._add(layout, engine)
+        acts = layout.active and (evaluator is not None or bool(layout.argmax_transforms.get(id(trainer))))
+        self._say(Lever.PREDICTION_LAYOUT, acts, "classes innermost" if acts else None, layout.reason)
+        if layout.active and evaluator is not None:
             self.on(
                 evaluator,
                 Events.ITERATION_COMPLETED(once=1),

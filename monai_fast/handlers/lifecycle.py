@@ -82,6 +82,32 @@ def callbacks_on(engine: Engine, event: Any) -> list[Any]:
     return [entry[0] for entry in engine._event_handlers.get(event, [])]
 
 
+# MONAI registers a workflow's post-processing as a closure of this Workflow method, on MODEL_COMPLETED
+POSTPROCESSING = "_register_postprocessing.<locals>._run_postprocessing"
+
+
+def posttrans_of(fn: Callable) -> Any | None:
+    """The transform of a MONAI ``_run_postprocessing`` callback (ours wrapped around it looked through), else
+    ``None``. MONAI keeps the transform only in that closure's ``posttrans`` cell: there is no public handle."""
+    parent = getattr(fn, "_parent", None)
+    fn = parent() if parent is not None else fn
+    if not getattr(fn, "__qualname__", "").endswith(POSTPROCESSING):
+        return None
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    cell = cells.get("posttrans")
+    return cell.cell_contents if cell is not None else None
+
+
+def postprocessing_of(engine: Engine) -> Any | None:
+    """The post-processing transform of a MONAI workflow (``postprocessing=``), else ``None``."""
+    try:
+        from monai.engines.utils import IterationEvents
+    except ImportError:  # pragma: no cover - MONAI is a dependency
+        return None
+    found = (posttrans_of(fn) for fn in callbacks_on(engine, IterationEvents.MODEL_COMPLETED))
+    return next((t for t in found if t is not None), None)
+
+
 class _WrapHandle:
     """Puts a callable that `wrap_callback()` wrapped back in its place."""
 

@@ -1,4 +1,4 @@
-"""An evaluator's predictions with the class dimension innermost, where that makes the argmax over classes faster.
+"""The argmax over classes of an engine's predictions with the class dimension innermost, where that is faster.
 
 On a CPU, ``torch.argmax`` over a dimension that is not innermost is not vectorised
 (pytorch/pytorch#140000); ``channels_last_3d`` gives the same argmax, bit for bit.
@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 from ignite.engine import Engine, Events
+from monai.engines import Trainer
 from monai.inferers import Inferer
+from monai.transforms import AsDiscreted, Compose
 
-from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.handlers.lifecycle import EngineHandler, postprocessing_of
 
 __all__ = ["ClassesInnermost", "argmax_gain", "classes_innermost"]
 
@@ -80,12 +82,47 @@ class _ClassesInnermostInferer(Inferer):
         return out
 
 
-class ClassesInnermost(EngineHandler):
-    """Wraps a MONAI evaluator's inferer so its CPU predictions have the class dimension innermost.
+class _InnermostArgmax:
+    """An ``AsDiscrete`` that gets a CPU input with the classes innermost before it takes the argmax over them.
 
-    ``"auto"`` times the argmax both ways (about 0.1 s) and turns on where the innermost layout is
-    ``min_gain`` times faster; GPU and non-5-D predictions pass unchanged; `unused` says when the
-    step never calls the inferer.
+    MONAI's ``Activations(softmax=True)`` returns a contiguous tensor whatever its input's layout, so the layout
+    is set again right before the argmax: one copy, where the argmax itself is many times slower without it.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:  # only called for what this object does not have itself
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __call__(self, img: Any, argmax: bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        wanted = self.inner.argmax if argmax is None else argmax
+        if wanted and isinstance(img, torch.Tensor) and img.device.type == "cpu" and img.dim() >= 3:
+            if not img.movedim(0, -1).is_contiguous():
+                img = classes_innermost(img)
+        return self.inner(img, argmax, *args, **kwargs)
+
+
+def _argmax_transforms(transform: Any) -> list[Any]:
+    """The ``AsDiscreted`` transforms of a post-processing chain (nested ``Compose`` read) that take an argmax."""
+    if isinstance(transform, Compose):
+        return [t for inner in transform.transforms for t in _argmax_transforms(inner)]
+    if isinstance(transform, AsDiscreted) and any(transform.argmax):
+        return [transform]
+    return []
+
+
+class ClassesInnermost(EngineHandler):
+    """Gives the argmax over classes of a MONAI engine's CPU predictions the classes innermost in memory.
+
+    On an evaluator it wraps the inferer, so its 5-D predictions come with the classes innermost; on a
+    trainer or an evaluator, each ``AsDiscreted`` of the engine's post-processing that takes an argmax gets
+    its input that way (after ``Activationsd(softmax=True)``, which returns a contiguous tensor). A trainer's
+    own predictions are left as they are, since they feed its loss. ``"auto"`` times the argmax both ways
+    (about 0.1 s) and turns on where the innermost layout is ``min_gain`` times faster; GPU and non-5-D
+    predictions pass unchanged; `unused` says when an evaluator's step never calls the inferer.
 
     Args:
         mode: ``"auto"`` (measure) or ``True``.
@@ -93,11 +130,15 @@ class ClassesInnermost(EngineHandler):
 
     Raises:
         ValueError: an unknown ``mode`` or ``min_gain`` <= 1.
-        TypeError: (at attach) the engine has no MONAI ``Inferer``.
+        TypeError: (at attach) an engine that is neither a MONAI trainer nor has a MONAI ``Inferer``.
 
     Examples:
-        >>> ClassesInnermost().attach(evaluator)  # doctest: +SKIP
+        >>> layout = ClassesInnermost()
+        >>> layout.attach(trainer)  # doctest: +SKIP
+        >>> layout.attach(evaluator)  # doctest: +SKIP
     """
+
+    multi_engine = True  # one measurement for the trainer and its evaluator
 
     def __init__(self, mode: str | bool = "auto", min_gain: float = 1.2) -> None:
         if mode not in ("auto", True):
@@ -110,13 +151,16 @@ class ClassesInnermost(EngineHandler):
         self.reason = ""
         #: calls of the wrapped inferer
         self.calls = 0
-        #: why the layout did not act on the engine's step (found at its first iteration), else ``None``
+        #: post-processing transforms whose argmax gets the classes innermost, per engine (``id``)
+        self.argmax_transforms: dict[int, list[str]] = {}
+        #: why the layout did not act on the evaluator's step (found at its first iteration), else ``None``
         self.unused: str | None = None
         self._wrapper: _ClassesInnermostInferer | None = None
+        self._converters: dict[int, list[tuple[Any, Any]]] = {}
 
-    def _attach(self, engine: Engine) -> None:
-        if not isinstance(getattr(engine, "inferer", None), Inferer):
-            raise TypeError("ClassesInnermost needs a MONAI SupervisedEvaluator (an engine with an inferer)")
+    def _decide(self, engine: Engine) -> None:
+        if self.reason:  # decided at the first engine
+            return
         if self.mode is True:
             self.active, self.reason = True, "requested"
         else:  # the slow kernel is the CPU's: timed there, whatever the engine's device
@@ -129,7 +173,24 @@ class ClassesInnermost(EngineHandler):
         device = torch.device(getattr(engine.state, "device", None) or "cpu")
         if self.active and device.type != "cpu":
             self.reason += f"; predictions stitched on {device.type} pass unchanged (only those stitched on the CPU)"
-        if self.active:
+
+    def _attach(self, engine: Engine) -> None:
+        trainer = isinstance(engine, Trainer)
+        if not trainer and not isinstance(getattr(engine, "inferer", None), Inferer):
+            raise TypeError("ClassesInnermost needs a MONAI trainer, or an evaluator (an engine with an inferer)")
+        self._decide(engine)
+        if not self.active:
+            return
+        wrapped = []
+        for transform in _argmax_transforms(postprocessing_of(engine)):
+            wrapped.append((transform, transform.converter))
+            transform.converter = _InnermostArgmax(transform.converter)
+        self._converters[id(engine)] = wrapped
+        self.argmax_transforms[id(engine)] = [type(t).__name__ for t, _ in wrapped]
+        what = [] if trainer else ["its predictions"]
+        what += [f"the argmax of {len(wrapped)} post-processing AsDiscreted"] if wrapped else []
+        self.reason += f"; {'trainer' if trainer else 'evaluator'}: {' and '.join(what) or 'nothing to reorder'}"
+        if not trainer:
             self._wrapper = _ClassesInnermostInferer(engine.inferer, self)
             engine.inferer = self._wrapper
             self.on(engine, Events.ITERATION_COMPLETED(once=1), self._first_step, first=True)
@@ -137,22 +198,30 @@ class ClassesInnermost(EngineHandler):
     def _first_step(self, engine: Engine) -> None:
         if self.calls or not self.active:
             return
+        why = "the evaluator's step does not call its inferer (a step function of its own)"
+        if any(self.argmax_transforms.values()):  # the post-processing's argmax still gets the layout
+            logger.info("ClassesInnermost: %s: only the post-processing's argmax is reordered", why)
+            return
         self.active = False
-        self.unused = (
-            "the evaluator's step does not call its inferer (a step function of its own): "
-            "its predictions are left as they come"
-        )
+        self.unused = f"{why}: its predictions are left as they come"
         logger.warning("ClassesInnermost: turned off: %s", self.unused)
 
     def _detached(self, engine: Engine) -> None:
+        for transform, converter in self._converters.pop(id(engine), []):
+            transform.converter = converter
+        self.argmax_transforms.pop(id(engine), None)
+        if self._wrapper is None or isinstance(engine, Trainer):
+            self.active = self.active and bool(self._wiring)
+            return
         # unlink our wrapper wherever it sits in a chain of wrappers (AMPToggle's may be on top of it)
-        if self._wrapper is not None and engine.inferer is self._wrapper:
+        if engine.inferer is self._wrapper:
             engine.inferer = self._wrapper.inner
-        elif self._wrapper is not None:
+        else:
             outer = engine.inferer
             while "inner" in getattr(outer, "__dict__", {}):
                 if outer.inner is self._wrapper:
                     outer.inner = self._wrapper.inner
                     break
                 outer = outer.inner
-        self._wrapper, self.active = None, False
+        self._wrapper = None
+        self.active = self.active and bool(self._wiring)
