@@ -256,13 +256,22 @@ def _bundle_sweep(d: dict) -> str:
                 for p in pairs
                 if p.get("published_metric") is not None and p.get("fast_metric") is not None
             )
+            med = r.get("speedup_medians") or {}
+            plan = f" of its {r['speedup_plan_epochs']}-epoch plan" if r.get("speedup_plan_epochs") else ""
+            more = [f"whole run {med['median_run_ratio']:.2f}x"] if med.get("median_run_ratio") and not plan else []
+            for v in ("eager", "compiled"):
+                if med.get(f"median_ratio_{v}"):
+                    more.append(f"{v} {med[f'median_ratio_{v}']:.2f}x per epoch")
             measured.append(
-                f"{r['bundle']} {r['speedup']:.2f}x per epoch over {r.get('speedup_epochs')} epochs"
+                f"{r['bundle']} {r['speedup']:.2f}x per epoch over {r.get('speedup_epochs')} epochs{plan}"
+                + (f", {', '.join(more)}" if more else "")
                 + (f" (final metric published / fast {dice})" if dice else "")
                 + ("" if r.get("speedup_validated", True) else " (training only)")
             )
+    isa = (d.get("machine") or {}).get("onednn_max_cpu_isa")
     return (
-        f"Model Zoo sweep ({(d.get('zoo_commit') or '?')[:7]}): {len(rows)} bundle{'s' * (len(rows) != 1)}, "
+        (f"limited to {isa}: " if isa else "")
+        + f"Model Zoo sweep ({(d.get('zoo_commit') or '?')[:7]}): {len(rows)} bundle{'s' * (len(rows) != 1)}, "
         f"{builds} build{'s' * (builds == 1)}, "
         f"{trains} train{'s' * (trains == 1)} 2 iterations with FastTraining (the table is on the bundles page)"
         + ("; measured: " + "; ".join(measured) if measured else "")

@@ -10,6 +10,7 @@ from monai.inferers import SimpleInferer
 from monai.transforms import AsDiscrete
 
 from monai_fast.handlers import AMPToggle, ClassesInnermost, FastTraining
+from monai_fast.handlers.lifecycle import postprocessing_of
 from monai_fast.handlers.prediction_layout import argmax_gain
 
 
@@ -292,3 +293,26 @@ def test_fast_training_reorders_a_trainers_post_processing_argmax_without_an_eva
     assert layout["reason"].endswith("; trainer: the argmax of 1 post-processing AsDiscreted"), layout
     fast.detach(trainer)
     assert type(discrete.converter) is AsDiscrete
+
+
+def test_a_post_processing_chain_both_engines_share_is_wrapped_once_and_restored(tiny_files):
+    from monai.engines import SupervisedEvaluator
+    from monai.inferers import SimpleInferer
+
+    trainer, discrete, _ = _trainer_with_post(tiny_files)
+    post = postprocessing_of(trainer)
+    evaluator = SupervisedEvaluator(
+        device="cpu",
+        val_data_loader=trainer.data_loader,
+        network=trainer.network,
+        inferer=SimpleInferer(),
+        postprocessing=post,
+    )
+    converter = discrete.converter
+    layout = ClassesInnermost(True)
+    layout.attach(trainer)
+    layout.attach(evaluator)
+    assert discrete.converter.inner is converter  # wrapped once
+    layout.detach(trainer)
+    layout.detach(evaluator)
+    assert discrete.converter is converter

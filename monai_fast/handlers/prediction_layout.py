@@ -183,6 +183,8 @@ class ClassesInnermost(EngineHandler):
             return
         wrapped = []
         for transform in _argmax_transforms(postprocessing_of(engine)):
+            if isinstance(transform.converter, _InnermostArgmax):  # a chain the other engine shares
+                continue
             wrapped.append((transform, transform.converter))
             transform.converter = _InnermostArgmax(transform.converter)
         self._converters[id(engine)] = wrapped
