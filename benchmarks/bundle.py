@@ -44,7 +44,15 @@ from monai_fast.telemetry.precision import cpu_has_bf16_hardware
 ROOT = Path(__file__).resolve().parents[1]
 
 
-__all__ = ["StopAfterEpochs", "epoch_times", "main", "run_variant", "stop_after_overrides", "summarise"]
+__all__ = [
+    "StopAfterEpochs",
+    "check_variants",
+    "epoch_times",
+    "main",
+    "run_variant",
+    "stop_after_overrides",
+    "summarise",
+]
 
 #: each variant's FastTraining options (``None``: the bundle as published, nothing attached)
 VARIANTS: dict[str, dict[str, Any] | None] = {
@@ -56,9 +64,9 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
 
 
 class StopAfterEpochs:
-    """Ends the trainer's run after ``epochs`` epochs, whatever its ``max_epochs``, once that epoch's handlers ran.
+    """Ends the trainer's run after ``epochs`` epochs, whatever its ``max_epochs``.
 
-    Appended last to a bundle's training handlers, so the epoch's validation has run when it terminates.
+    ignite's ``terminate()`` only asks the engine to stop: the epoch's other handlers (its validation) still run.
     """
 
     def __init__(self, epochs: int) -> None:
@@ -70,6 +78,25 @@ class StopAfterEpochs:
         from ignite.engine import Events
 
         engine.add_event_handler(Events.EPOCH_COMPLETED(once=self.epochs), lambda e: e.terminate())
+
+
+def check_variants(text: str) -> list[str]:
+    """The variants of a comma-separated ``--variants``: ``published`` first, ``fast`` among them, each once.
+
+    Raises:
+        SystemExit: any other list, named.
+    """
+    variants = [v.strip() for v in text.split(",") if v.strip()]
+    if (
+        variants[:1] != ["published"]
+        or "fast" not in variants
+        or len(set(variants)) != len(variants)
+        or not set(variants) <= set(VARIANTS)
+    ):
+        raise SystemExit(
+            f"bundle bench: --variants {text!r}: published first, fast among them, each once, of {list(VARIANTS)}"
+        )
+    return variants
 
 
 def stop_after_overrides(
@@ -158,6 +185,7 @@ def _child(args: argparse.Namespace) -> int:
         overrides=overrides,
         fast=options is not None,
         fast_options=options,
+        trainer_id=args.trainer_id,
         logging_file=False,
         run_dir=args.run_dir,
         doctor=False,
@@ -176,7 +204,13 @@ def _child(args: argparse.Namespace) -> int:
 
 
 def run_variant(
-    bundle: Path, variant: str, overrides: Sequence[str], config_file: str | None, work: Path, timeout: float
+    bundle: Path,
+    variant: str,
+    overrides: Sequence[str],
+    config_file: str | None,
+    work: Path,
+    timeout: float,
+    trainer_id: str = "train#trainer",
 ) -> dict[str, Any]:
     """One run of ``bundle`` (``published`` or ``fast``) in its own process on its own copy; its result document.
 
@@ -197,6 +231,8 @@ def run_variant(
         str(out),
         "--run-dir",
         str(copy / "record"),
+        "--trainer-id",
+        trainer_id,
     ]
     if config_file:
         cmd += ["--config_file", config_file]
@@ -304,7 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="config file(s) as monai.bundle takes them (default configs/train.json|yaml)",
     )
     ap.add_argument("--repeats", type=int, default=2, help="rounds of the variants (default %(default)s)")
-    ap.add_argument("--epochs", type=int, default=3, help="training epochs per run: train#trainer#max_epochs")
+    ap.add_argument(
+        "--epochs", type=int, default=3, help="training epochs per run: the trainer's max_epochs, or where --plan stops"
+    )
     ap.add_argument(
         "--plan",
         action="store_true",
@@ -329,9 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"bundle bench: {args.bundle} has no configs/ folder")
     if args.repeats < 1 or args.epochs < 1:
         raise SystemExit("bundle bench: --repeats and --epochs must be at least 1")
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if variants[:1] != ["published"] or len(variants) < 2 or not set(variants) <= set(VARIANTS):
-        raise SystemExit(f"bundle bench: --variants {args.variants!r}: published first, then some of {list(VARIANTS)}")
+    variants = check_variants(args.variants)
     plan_epochs = None
     if args.plan:
         from monai_fast.bundle import parse_overrides
@@ -349,7 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for repeat in range(args.repeats):
             for variant in variants:
-                doc = run_variant(args.bundle.resolve(), variant, overrides, args.config_file, work, args.timeout)
+                doc = run_variant(
+                    args.bundle.resolve(), variant, overrides, args.config_file, work, args.timeout, args.trainer_id
+                )
                 runs.append(doc)
                 print(
                     f"repeat {repeat + 1} {variant}: {doc['wall_s']:.1f} s, per epoch "
@@ -358,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    fast_applied = runs[variants.index("fast") if "fast" in variants else 1]["applied"]
+    fast_applied = runs[variants.index("fast")]["applied"]
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     doc = {
         "benchmark": "bundle",

@@ -701,7 +701,7 @@ def measure_speedup(
     try:
         for repeat in range(repeats):
             for variant in variants:
-                doc = bench.run_variant(prep.bundle_dir, variant, args, None, work, per_run)
+                doc = bench.run_variant(prep.bundle_dir, variant, args, None, work, per_run, prep.trainer_id)
                 runs.append(doc)
                 print(
                     f"  {prep.name} repeat {repeat + 1} {variant}: {doc['wall_s']:.1f} s, per epoch "
@@ -858,6 +858,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"bundle_sweep: --cases {args.cases[0]} {args.cases[1]}: at least 1 each")
     from monai_fast.bundle import parse_overrides
 
+    variants = _bundle_bench().check_variants(args.variants)
     extra = parse_overrides(args.set)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bundle-sweep-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -874,7 +875,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             repeats=args.repeats,
             plan=args.plan,
             cases=tuple(args.cases),
-            variants=[v.strip() for v in args.variants.split(",") if v.strip()],
+            variants=variants,
         )
     finally:
         if not args.keep:
@@ -897,7 +898,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "repeats": args.repeats if args.speedup_epochs else 0,
         "plan": args.plan,
         "cases": args.cases,
-        "variants": args.variants,
+        "variants": variants,
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),

@@ -144,8 +144,13 @@ def test_sliding_window_and_validation_advice_follow_the_measured_windows_and_sh
 def test_a_run_stopped_by_ctrl_c_is_said_to_be_interrupted(tmp_path):
     trainer, _ = _engines(tmp_path, val_items=1, roi=16, epochs=4)
     trainer.add_event_handler(Events.EPOCH_COMPLETED(once=2), lambda e: signal.raise_signal(signal.SIGINT))
-    with pytest.raises(KeyboardInterrupt):
-        trainer.run()
+    # a suite started in the background (nohup, &) inherits SIGINT ignored: Ctrl-C's handler, as a terminal has it
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     d = doctor(tmp_path)
     assert d.numbers["raised"] == "KeyboardInterrupt"
     assert any(e.startswith("the run was interrupted (Ctrl-C) at epoch 2") for e in d.evidence), d.evidence

@@ -233,6 +233,40 @@ def test_a_post_processing_argmax_after_softmax_gets_the_classes_innermost_and_t
     assert spy.seen[0][0] == 1  # the argmax's input: classes innermost
     assert spy.seen[1] == item["label"].stride()  # no argmax for the label: passed as it is
     assert ours.converter.argmax is False  # other attributes are the inner AsDiscrete's
+    assert b["pred"].meta == a["pred"].meta and torch.equal(b["pred"].affine, a["pred"].affine)
+
+
+def test_the_argmax_dimension_asdiscrete_is_given_is_the_one_put_innermost():
+    from monai_fast.handlers.prediction_layout import _InnermostArgmax
+
+    batch = torch.randn(3, 4, 5, 6, 7)  # a batch of predictions, the classes in dimension 1
+    spy = _SeenStrides(argmax=True, dim=1)
+    out = _InnermostArgmax(spy)(batch)
+    assert spy.seen[0][1] == 1  # dimension 1 innermost, not the batch's
+    assert torch.equal(out, AsDiscrete(argmax=True, dim=1)(batch))
+
+
+def test_reattached_after_a_detach_it_decides_again_and_wraps_again(tiny_files):
+    trainer, discrete, _ = _trainer_with_post(tiny_files)
+    converter = discrete.converter
+    layout = ClassesInnermost(True)
+    for _ in range(2):
+        layout.attach(trainer)
+        assert layout.active and discrete.converter.inner is converter
+        assert layout.reason == "requested; trainer: the argmax of 1 post-processing AsDiscreted"
+        layout.detach(trainer)
+        assert not layout.active and layout.reason == "" and discrete.converter is converter
+
+
+def test_an_evaluator_that_never_calls_its_inferer_is_said_unused_whatever_the_trainers_chain(tiny_files):
+    trainer, _, _ = _trainer_with_post(tiny_files)
+    evaluator = Engine(lambda e, b: None)  # a step function of its own, no post-processing
+    evaluator.inferer = SimpleInferer()
+    layout = ClassesInnermost(True)
+    layout.attach(trainer)
+    layout.attach(evaluator)
+    evaluator.run([0], max_epochs=1)
+    assert layout.unused is not None and "does not call its inferer" in layout.unused
 
 
 def _trainer_with_post(tiny_files):
@@ -314,5 +348,6 @@ def test_a_post_processing_chain_both_engines_share_is_wrapped_once_and_restored
     layout.attach(evaluator)
     assert discrete.converter.inner is converter  # wrapped once
     layout.detach(trainer)
+    assert discrete.converter.inner is converter  # the evaluator still runs the chain: still wrapped
     layout.detach(evaluator)
     assert discrete.converter is converter

@@ -433,10 +433,13 @@ class FastTraining(EngineHandler):
         if self.prediction_layout == "auto" and dims is not None and dims != 3:
             self._say(Lever.PREDICTION_LAYOUT, False, None, f"a {dims}-D network: no 5-D predictions to reorder")
             return
+        engines = [e for e in (trainer if isinstance(trainer, Trainer) else None, evaluator) if e is not None]
+        if not engines:
+            self._say(Lever.PREDICTION_LAYOUT, False, None, "no MONAI trainer nor evaluator: no predictions to reorder")
+            return
         layout = ClassesInnermost(self.prediction_layout)
-        for engine in (trainer if isinstance(trainer, Trainer) else None, evaluator):
-            if engine is not None:
-                self._add(layout, engine)
+        for engine in engines:
+            self._add(layout, engine)
         acts = layout.active and (evaluator is not None or bool(layout.argmax_transforms.get(id(trainer))))
         self._say(Lever.PREDICTION_LAYOUT, acts, "classes innermost" if acts else None, layout.reason)
         if layout.active and evaluator is not None:

@@ -57,11 +57,12 @@ class _ClassesInnermostInferer(Inferer):
     keeps meaning the sliding window's.
     """
 
-    _OWN = ("inner", "handler")
+    _OWN = ("inner", "handler", "calls")
 
     def __init__(self, inner: Inferer, handler: ClassesInnermost) -> None:
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "handler", handler)
+        object.__setattr__(self, "calls", 0)
 
     def __getattr__(self, name: str) -> Any:  # only called for what this object does not have itself
         if name in self._OWN:
@@ -76,6 +77,7 @@ class _ClassesInnermostInferer(Inferer):
 
     def __call__(self, inputs: torch.Tensor, network: Callable, *args: Any, **kwargs: Any) -> Any:
         self.handler.calls += 1
+        self.calls += 1
         out = self.inner(inputs, network, *args, **kwargs)
         if self.handler.active and isinstance(out, torch.Tensor) and out.dim() == 5 and out.device.type == "cpu":
             return classes_innermost(out, dim=1)  # channels_last_3d: the same values; a MetaTensor stays one
@@ -99,9 +101,10 @@ class _InnermostArgmax:
 
     def __call__(self, img: Any, argmax: bool | None = None, *args: Any, **kwargs: Any) -> Any:
         wanted = self.inner.argmax if argmax is None else argmax
+        dim = self.inner.kwargs.get("dim", 0)  # the dimension AsDiscrete takes its argmax over
         if wanted and isinstance(img, torch.Tensor) and img.device.type == "cpu" and img.dim() >= 3:
-            if not img.movedim(0, -1).is_contiguous():
-                img = classes_innermost(img)
+            if not img.movedim(dim, -1).is_contiguous():
+                img = classes_innermost(img, dim)
         return self.inner(img, argmax, *args, **kwargs)
 
 
@@ -121,8 +124,9 @@ class ClassesInnermost(EngineHandler):
     trainer or an evaluator, each ``AsDiscreted`` of the engine's post-processing that takes an argmax gets
     its input that way (after ``Activationsd(softmax=True)``, which returns a contiguous tensor). A trainer's
     own predictions are left as they are, since they feed its loss. ``"auto"`` times the argmax both ways
-    (about 0.1 s) and turns on where the innermost layout is ``min_gain`` times faster; GPU and non-5-D
-    predictions pass unchanged; `unused` says when an evaluator's step never calls the inferer.
+    (about 0.1 s) and turns on where the innermost layout is ``min_gain`` times faster. GPU tensors pass
+    unchanged, and so do an inferer's predictions that are not 5-D; `unused` says when an evaluator's step
+    never calls the inferer and its post-processing takes no argmax.
 
     Args:
         mode: ``"auto"`` (measure) or ``True``.
@@ -155,8 +159,9 @@ class ClassesInnermost(EngineHandler):
         self.argmax_transforms: dict[int, list[str]] = {}
         #: why the layout did not act on the evaluator's step (found at its first iteration), else ``None``
         self.unused: str | None = None
-        self._wrapper: _ClassesInnermostInferer | None = None
-        self._converters: dict[int, list[tuple[Any, Any]]] = {}
+        self._wrappers: dict[int, _ClassesInnermostInferer] = {}
+        # id(transform) -> (the AsDiscreted, its own converter, the engines whose chain holds it)
+        self._owners: dict[int, tuple[Any, Any, set[int]]] = {}
 
     def _decide(self, engine: Engine) -> None:
         if self.reason:  # decided at the first engine
@@ -181,27 +186,27 @@ class ClassesInnermost(EngineHandler):
         self._decide(engine)
         if not self.active:
             return
-        wrapped = []
-        for transform in _argmax_transforms(postprocessing_of(engine)):
-            if isinstance(transform.converter, _InnermostArgmax):  # a chain the other engine shares
-                continue
-            wrapped.append((transform, transform.converter))
-            transform.converter = _InnermostArgmax(transform.converter)
-        self._converters[id(engine)] = wrapped
-        self.argmax_transforms[id(engine)] = [type(t).__name__ for t, _ in wrapped]
+        found = _argmax_transforms(postprocessing_of(engine))
+        for transform in found:  # a chain two engines share is wrapped once, and restored after the last
+            owner = self._owners.setdefault(id(transform), (transform, transform.converter, set()))
+            if not owner[2]:
+                transform.converter = _InnermostArgmax(owner[1])
+            owner[2].add(id(engine))
+        self.argmax_transforms[id(engine)] = [type(t).__name__ for t in found]
         what = [] if trainer else ["its predictions"]
-        what += [f"the argmax of {len(wrapped)} post-processing AsDiscreted"] if wrapped else []
+        what += [f"the argmax of {len(found)} post-processing AsDiscreted"] if found else []
         self.reason += f"; {'trainer' if trainer else 'evaluator'}: {' and '.join(what) or 'nothing to reorder'}"
         if not trainer:
-            self._wrapper = _ClassesInnermostInferer(engine.inferer, self)
-            engine.inferer = self._wrapper
+            self._wrappers[id(engine)] = wrapper = _ClassesInnermostInferer(engine.inferer, self)
+            engine.inferer = wrapper
             self.on(engine, Events.ITERATION_COMPLETED(once=1), self._first_step, first=True)
 
     def _first_step(self, engine: Engine) -> None:
-        if self.calls or not self.active:
+        wrapper = self._wrappers.get(id(engine))
+        if wrapper is None or wrapper.calls or not self.active:
             return
         why = "the evaluator's step does not call its inferer (a step function of its own)"
-        if any(self.argmax_transforms.values()):  # the post-processing's argmax still gets the layout
+        if self.argmax_transforms.get(id(engine)):  # its post-processing's argmax still gets the layout
             logger.info("ClassesInnermost: %s: only the post-processing's argmax is reordered", why)
             return
         self.active = False
@@ -209,21 +214,22 @@ class ClassesInnermost(EngineHandler):
         logger.warning("ClassesInnermost: turned off: %s", self.unused)
 
     def _detached(self, engine: Engine) -> None:
-        for transform, converter in self._converters.pop(id(engine), []):
-            transform.converter = converter
+        for key, (transform, converter, engines) in list(self._owners.items()):
+            engines.discard(id(engine))
+            if not engines:
+                transform.converter = converter
+                del self._owners[key]
         self.argmax_transforms.pop(id(engine), None)
-        if self._wrapper is None or isinstance(engine, Trainer):
-            self.active = self.active and bool(self._wiring)
-            return
-        # unlink our wrapper wherever it sits in a chain of wrappers (AMPToggle's may be on top of it)
-        if engine.inferer is self._wrapper:
-            engine.inferer = self._wrapper.inner
-        else:
-            outer = engine.inferer
-            while "inner" in getattr(outer, "__dict__", {}):
-                if outer.inner is self._wrapper:
-                    outer.inner = self._wrapper.inner
-                    break
-                outer = outer.inner
-        self._wrapper = None
-        self.active = self.active and bool(self._wiring)
+        wrapper = self._wrappers.pop(id(engine), None)
+        if wrapper is not None:  # unlink it wherever it sits in a chain of wrappers (AMPToggle's may be on top)
+            if engine.inferer is wrapper:
+                engine.inferer = wrapper.inner
+            else:
+                outer = engine.inferer
+                while "inner" in getattr(outer, "__dict__", {}):
+                    if outer.inner is wrapper:
+                        outer.inner = wrapper.inner
+                        break
+                    outer = outer.inner
+        if not self._wiring:  # off every engine: a later attach decides afresh
+            self.active, self.reason, self.unused, self.calls = False, "", None, 0
