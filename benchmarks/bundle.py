@@ -11,9 +11,10 @@ are published over each other variant, repeat by repeat. The final validation me
 (``BundleResult.metrics``).
 
 The variants (``--variants``): ``published`` (``--no-fast``), ``fast`` (FastTraining's defaults), ``eager``
-(``compile=False``) and ``compiled`` (``compile=True``). By default a run's plan is ``--epochs`` epochs
-(``max_epochs`` overridden); with ``--plan`` the bundle keeps its own ``max_epochs`` (the plan FastTraining weighs a
-compile against) and a handler appended to the trainer's handlers ends the run after ``--epochs`` epochs.
+(``compile=False``), ``compiled`` (``compile=True``) and ``channels_last`` (``memory_format="channels_last_3d"``).
+By default a run's plan is ``--epochs`` epochs (``max_epochs`` overridden); with ``--plan`` the bundle keeps its
+own ``max_epochs`` (the plan FastTraining weighs a compile against) and a handler appended to the trainer's
+handlers ends the run after ``--epochs`` epochs.
 
     python benchmarks/bundle.py --bundle /path/to/spleen_ct_segmentation --repeats 2 --epochs 3 \\
         dataset_dir=/data/Task09_Spleen "device=\\$torch.device('cpu')"
@@ -60,6 +61,7 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "fast": {},
     "eager": {"compile": False},
     "compiled": {"compile": True},
+    "channels_last": {"memory_format": "channels_last_3d"},
 }
 
 
