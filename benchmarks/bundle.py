@@ -110,14 +110,11 @@ def stop_after_overrides(
     Raises:
         SystemExit: the trainer has no handler list to append to, named.
     """
-    from monai.bundle import ConfigParser
-
     from monai_fast.bundle import bundle_config_files
+    from monai_fast.bundle.pieces import read_config
 
-    parser = ConfigParser()
-    parser.read_config([str(f) for f in bundle_config_files(bundle, None if config_file is None else str(config_file))])
-    for key, value in overrides.items():
-        parser[key] = value
+    files = bundle_config_files(bundle, None if config_file is None else str(config_file))
+    parser = read_config(Path(bundle), files, overrides)
     handlers_id = f"{trainer_id}#train_handlers"
     ref = parser.get(handlers_id)
     if isinstance(ref, str) and ref.startswith("@"):

@@ -76,7 +76,6 @@ class _ClassesInnermostInferer(Inferer):
             setattr(self.inner, name, value)
 
     def __call__(self, inputs: torch.Tensor, network: Callable, *args: Any, **kwargs: Any) -> Any:
-        self.handler.calls += 1
         self.calls += 1
         out = self.inner(inputs, network, *args, **kwargs)
         if self.handler.active and isinstance(out, torch.Tensor) and out.dim() == 5 and out.device.type == "cpu":
@@ -153,8 +152,6 @@ class ClassesInnermost(EngineHandler):
         self.mode, self.min_gain = mode, float(min_gain)
         self.active = False
         self.reason = ""
-        #: calls of the wrapped inferer
-        self.calls = 0
         #: post-processing transforms whose argmax gets the classes innermost, per engine (``id``)
         self.argmax_transforms: dict[int, list[str]] = {}
         #: why the layout did not act on the evaluator's step (found at its first iteration), else ``None``
@@ -232,4 +229,4 @@ class ClassesInnermost(EngineHandler):
                         break
                     outer = outer.inner
         if not self._wiring:  # off every engine: a later attach decides afresh
-            self.active, self.reason, self.unused, self.calls = False, "", None, 0
+            self.active, self.reason, self.unused = False, "", None
