@@ -384,3 +384,63 @@ def test_an_error_of_the_users_network_is_raised_as_it_is_not_taken_for_a_compil
     with pytest.raises(ValueError, match="the user's own bug"):
         engine.run([torch.zeros(1, 1, 4, 4, 4)], max_epochs=1)
     assert "failed" not in choice.reason
+
+
+class _KnownLayouts(torch.nn.Module):
+    """Two real 3-D convolutions: the eager step sleeps ``eager_s`` in either layout, the compiled one ``plain_s``
+    with contiguous weights and ``last_s`` with channels_last_3d weights (a layout that ties eager, pays compiled)."""
+
+    def __init__(self, eager_s: float, plain_s: float, last_s: float):
+        super().__init__()
+        self.first, self.second = torch.nn.Conv3d(1, 2, 3, padding=1), torch.nn.Conv3d(2, 2, 3, padding=1)
+        self.eager_s, self.plain_s, self.last_s = eager_s, plain_s, last_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # the weights' strides are constants of the traced graph
+            w = self.second.weight
+            last = w.is_contiguous(memory_format=torch.channels_last_3d) and not w.is_contiguous()
+            _compiled_pause(self.last_s if last else self.plain_s, x)
+        else:
+            _pause(self.eager_s)
+        return self.second(self.first(x))
+
+
+@pytest.mark.parametrize("last_s, layout", [(0.0, "channels_last_3d"), (0.25, "contiguous")])
+def test_the_compiled_step_is_measured_in_both_layouts_and_the_faster_one_is_kept(tiny_files, last_s, layout):
+    from monai_fast.handlers.memory_format import in_channels_last_3d
+
+    net = _KnownLayouts(eager_s=0.3, plain_s=0.12, last_s=last_s)
+    keys = list(net.state_dict())
+    trainer = _trainer(tiny_files, net, max_epochs=10_000)
+    choice = CompileChoice("auto", memory_formats=True)
+    choice.attach(trainer)
+    _run_steps(trainer, 2)
+    assert choice.compiled, choice.reason
+    rounds = choice.evidence["memory_format"]
+    assert (rounds["baseline"], rounds["choice"]) == ("contiguous", layout), choice.reason
+    assert len(rounds["rounds_s"]) >= 3 and "compiled in both layouts" in choice.reason
+    assert in_channels_last_3d(net) == (layout == "channels_last_3d") and list(net.state_dict()) == keys
+    # without the option, the compile leaves the layout as it found it
+    net = _KnownLayouts(eager_s=0.3, plain_s=0.12, last_s=0.0)
+    trainer = _trainer(tiny_files, net, max_epochs=10_000)
+    choice = CompileChoice("auto")
+    choice.attach(trainer)
+    _run_steps(trainer, 2)
+    assert choice.compiled and "memory_format" not in choice.evidence and not in_channels_last_3d(net)
+
+
+def test_fast_training_says_the_layout_the_compiled_step_chose(tiny_files):
+    from test_fast_training import _user_trainer
+
+    from monai_fast.handlers import FastTraining
+    from monai_fast.telemetry.record import Lever
+
+    trainer, evaluator = _user_trainer(
+        tiny_files, network=_KnownLayouts(eager_s=0.3, plain_s=0.12, last_s=0.0), max_epochs=10_000
+    )
+    fast = FastTraining(cache=False, precision=False, prefetch=False, evaluator=False, tune_store=None)
+    fast.attach(trainer)
+    _run_steps(trainer, 2)
+    said = fast.applied[Lever.MEMORY_FORMAT]
+    assert said["setting"] == "channels_last_3d" and said["reason"].endswith("(compiled)"), fast.applied
+    assert said["evidence"]["baseline"] == "contiguous" and fast.applied[Lever.COMPILE]["setting"] == "compiled"

@@ -147,3 +147,22 @@ def test_the_rounds_behind_the_layout_reach_the_record_and_the_doctors_report(ti
     report = (tmp_path / "run" / "report.md").read_text()
     line = next(x for x in report.splitlines() if "FastTraining memory_format" in x)
     assert "[rounds, contiguous/channels_last_3d s: " in line and line.count("/") >= 1 + len(rounds), line
+
+
+class _TurnsWithBatch(_Timed):
+    """A step whose channels_last_3d variant is slower at 2 items and faster at 8 (a fixed cost, a smaller one per
+    item), as a layout can tie or lose on a small batch and pay on the run's own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous()
+        n = x.shape[0]
+        time.sleep(0.03 + 0.004 * n if last else 0.012 * n)  # 2 items: 0.038 s against 0.024 s; 8: 0.062 against 0.096
+        return self.conv(x)
+
+
+def test_a_long_plan_measures_at_the_runs_own_batch_a_short_or_unknown_one_at_two_items():
+    batch = {"image": torch.zeros(8, 2, 8, 8, 8)}
+    for planned, n, layout in ((100_000, 8, "channels_last_3d"), (48, 2, "contiguous"), (None, 2, "contiguous")):
+        choice, why, rounds = choose_memory_format(_TurnsWithBatch(0, 0), batch, "cpu", None, planned_steps=planned)
+        assert (choice, f"(batch ({n}, 2, 8, 8, 8))" in why) == (layout, True), (planned, why)
+        assert len(rounds["rounds_s"]) >= 3

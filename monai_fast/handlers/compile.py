@@ -24,11 +24,13 @@ from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
 from monai_fast.handlers.lifecycle import EngineHandler
+from monai_fast.handlers.memory_format import in_channels_last_3d
 from monai_fast.handlers.throughput import batch_shape
 from monai_fast.telemetry import device_description, synchronize
 from monai_fast.tune.measure import inference_call_s, training_step_s
 from monai_fast.tune.result import model_signature
-from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, network_copy
+from monai_fast.tune.rounds import MIN_GAIN as ROUNDS_MIN_GAIN
+from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, measure_batch, network_copy
 from monai_fast.tune.store import TuneStore, default_store_path
 
 __all__ = ["COLD_COMPILE_S", "EXPECTED_GAIN", "MIN_GAIN", "CompileChoice", "strip_meta"]
@@ -43,6 +45,7 @@ EXPECTED_GAIN = 1.3
 #: the compile time assumed for a network never compiled here before (a 3-D UNet's first compile on a CPU
 #: takes minutes, with the compiler's cache warm seconds); a compile measured here replaces it
 COLD_COMPILE_S = 120.0
+_FORMATS = {"channels_last_3d": torch.channels_last_3d, "contiguous": torch.contiguous_format}
 
 
 def strip_meta(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -76,6 +79,10 @@ class CompileChoice(EngineHandler):
         runs_left: for an evaluator, its runs still planned, the current one included (``None``: this one).
         seconds_left: the wall-clock seconds the run may still take, asked when the choice is made (``None``,
             or a function that returns ``None``: no time limit); only the steps that fit in it repay a compile.
+        memory_formats: for a trainer of 3-D volumes, once compiling pays, a copy is also compiled in the
+            network's other memory format (``channels_last_3d`` or contiguous) and the network is moved to it
+            when its compiled step measures faster: a layout can tie eager and pay compiled. Only where the
+            planned steps repay that second compile at `monai_fast.tune.rounds.MIN_GAIN`.
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
@@ -98,6 +105,7 @@ class CompileChoice(EngineHandler):
         evaluation: bool = False,
         runs_left: Callable[[], int | None] | None = None,
         seconds_left: Callable[[], float | None] | None = None,
+        memory_formats: bool = False,
     ) -> None:
         if not (isinstance(mode, bool) or mode == "auto"):
             raise ValueError(f"CompileChoice: mode must be 'auto', True or False, got {mode!r}")
@@ -105,6 +113,7 @@ class CompileChoice(EngineHandler):
         self.mode, self.dtype, self.compile_seconds, self.on_choice = mode, dtype, compile_seconds, on_choice
         self.store = None if store is None else TuneStore(default_store_path() if store == "default" else store)
         self.evaluation, self.runs_left, self.seconds_left = bool(evaluation), runs_left, seconds_left
+        self.memory_formats = bool(memory_formats) and not self.evaluation
         self.compiled = False
         self.reason = "not decided yet"
         self._decided = False
@@ -194,6 +203,8 @@ class CompileChoice(EngineHandler):
             )
         if compiled:
             try:
+                if layout := (evidence.get("memory_format") or {}).get("choice"):  # chosen with the compiled step
+                    net.to(memory_format=_FORMATS[layout])
                 self._compile(engine, net, fullgraph=bool(evidence.get("fullgraph")))
             except Exception as e:  # noqa: BLE001 - a compiler failure leaves the run eager, said once
                 compiled, reason = False, f"eager kept: torch.compile failed on the network ({type(e).__name__}: {e})"
@@ -271,17 +282,14 @@ class CompileChoice(EngineHandler):
             return True, "compiled as requested", {"fullgraph": False}
         if self.evaluation:  # the windows as the evaluator batches them, no gradients
             x, step, unit = torch.randn(shape, device=device), inference_call_s, "network calls"
-        else:
-            x, step, unit = (
-                torch.randn(torch.Size([min(shape[0], 2), *shape[1:]]), device=device),
-                training_step_s,
-                "steps",
-            )
+        else:  # the run's own batch where the plan affords it (`measure_batch`)
+            x = torch.randn(torch.Size([measure_batch(shape[0], planned), *shape[1:]]), device=device)
+            step, unit = training_step_s, "steps"
 
         def copy() -> torch.nn.Module:
             return network_copy(net).to(device).train(not self.evaluation)
 
-        key = _compile_key(net, x.shape, dtype, device, self.evaluation)
+        key = _compile_key(net, shape, dtype, device, self.evaluation)  # the run's batch: what the network compiles at
         known = self.compile_seconds
         if known is None and self.store is not None:
             known = self.store.seconds(key)
@@ -345,7 +353,42 @@ class CompileChoice(EngineHandler):
             "rounds": d.as_row(),
         }
         breaks = "one graph" if graph_break is None else f"graph breaks (the first: {graph_break})"
-        return d.chose_candidate, f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}", evidence
+        reason = f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}"
+        if d.chose_candidate and self.memory_formats and x.dim() == 5 and planned is not None:
+            compiled_step_s = statistics.median(c for _, c in d.rounds)
+            if planned * compiled_step_s * (1 - 1 / ROUNDS_MIN_GAIN) >= compile_s:  # a second compile repaid
+                layouts = self._layouts(net, copy, compiled, x, dtype, planned)
+                if layouts is not None:
+                    evidence["memory_format"] = {**layouts.as_row(), "reason": layouts.reason}
+                    reason = f"{reason}; compiled in both layouts, {layouts.reason}"
+        return d.chose_candidate, reason, evidence
+
+    @staticmethod
+    def _layouts(
+        net: torch.nn.Module,
+        copy: Callable[[], torch.nn.Module],
+        compiled: torch.nn.Module,
+        x: torch.Tensor,
+        dtype: torch.dtype | None,
+        planned: int,
+    ) -> Decision | None:
+        """Rounds of the compiled step in the network's layout against a compiled copy in the other one
+        (``None`` when that copy does not compile or run)."""
+        mine = "channels_last_3d" if in_channels_last_3d(net) else "contiguous"
+        theirs = "contiguous" if mine == "channels_last_3d" else "channels_last_3d"
+        other = copy().to(memory_format=_FORMATS[theirs])
+        try:
+            other.forward = torch.compile(other.forward)  # its graph breaks were found on the first layout
+            training_step_s(other, x, dtype)
+        except Exception:  # noqa: BLE001 - a layout the network or the compiler rejects: the first one stays
+            logger.debug("CompileChoice: %s does not compile", theirs, exc_info=True)
+            return None
+        return decide(
+            lambda: training_step_s(compiled, x, dtype),
+            lambda: training_step_s(other, x, dtype),
+            names=(mine, theirs),
+            planned_steps=planned,
+        )
 
 
 def _compile_key(

@@ -111,12 +111,8 @@ class FastTraining(EngineHandler):
         for name, v in (("prefetch", prefetch), ("prediction_layout", prediction_layout), ("compile", compile)):
             if not (isinstance(v, bool) or v == "auto"):
                 raise ValueError(f"FastTraining: {name} must be 'auto', True or False, got {v!r}")
-        for name, v in (
-            ("gpu_budget_mib", gpu_budget_mib),
-            ("ram_budget_mib", ram_budget_mib),
-            ("disk_budget_mib", disk_budget_mib),
-            ("cache_threads", cache_threads),
-        ):
+        budgets = dict(gpu_budget_mib=gpu_budget_mib, ram_budget_mib=ram_budget_mib, disk_budget_mib=disk_budget_mib)
+        for name, v in {**budgets, "cache_threads": cache_threads}.items():
             if v is not None and not v >= 0:
                 raise ValueError(f"FastTraining: {name} must be >= 0 or None, got {v}")
         seconds = isinstance(time_limit_s, (int, float)) and not isinstance(time_limit_s, bool)
@@ -128,9 +124,7 @@ class FastTraining(EngineHandler):
         self.cache, self.loader, self.precision, self.memory_format = cache, loader, precision, memory_format
         self.evaluator_option, self.compile = evaluator, compile
         self.prefetch, self.prediction_layout = prefetch, prediction_layout
-        self.budgets = dict(
-            gpu_budget_mib=gpu_budget_mib, ram_budget_mib=ram_budget_mib, disk_budget_mib=disk_budget_mib
-        )
+        self.budgets = budgets
         self.cache_dir, self.cache_threads = cache_dir, cache_threads
         self.progress, self.tune_store, self.time_limit_s = progress, tune_store, time_limit_s
         self._started: float | None = None  # the trainer's start, for a time limit given in seconds
@@ -415,6 +409,7 @@ class FastTraining(EngineHandler):
                 evaluation=engine is not trainer,
                 runs_left=functools.partial(_validations_left, trainer) if engine is not trainer else None,
                 seconds_left=self._seconds_left,
+                memory_formats=self.memory_format == "auto",  # the layout measured again, compiled
             )
             self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
 
@@ -424,6 +419,10 @@ class FastTraining(EngineHandler):
         self._say(lever, compiled, setting, reason, evidence, warn=failed and not self._warned)
         self._warned = self._warned or failed
         self._record(trainer, only=lever)
+        layouts = evidence.get("memory_format") or {}
+        if compiled and layouts and layouts["choice"] == layouts["candidate"]:  # moved to the other layout, compiled
+            moved = (layouts["choice"] == "channels_last_3d", layouts["choice"], f"{layouts['reason']} (compiled)")
+            self._decided(trainer, Lever.MEMORY_FORMAT, *moved, layouts)
 
     def _prediction_layout_lever(self, trainer: Workflow, evaluator: Workflow | None) -> None:
         if self.prediction_layout is False:

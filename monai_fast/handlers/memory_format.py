@@ -22,7 +22,7 @@ import torch
 
 from monai_fast.handlers.throughput import batch_shape
 from monai_fast.tune.measure import training_step_s
-from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, network_copy
+from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, measure_batch, network_copy
 
 __all__ = ["choose_memory_format", "in_channels_last_3d"]
 
@@ -91,7 +91,8 @@ def choose_memory_format(
             or ``"contiguous"``.
         rounds: interleaved rounds per layout, at most (at least three are always run, or none).
         planned_steps: the run's planned training iterations (epochs x epoch length), which bound the
-            measurement's time; ``None``: every round unless the answer is clear.
+            measurement's time and say whether it runs at the batch's own size (`measure_batch`);
+            ``None``: every round unless the answer is clear, at a batch of at most 2.
 
     Returns:
         The layout, one sentence why, and the measured rounds (`Decision.as_row`; ``None`` when nothing
@@ -106,21 +107,26 @@ def choose_memory_format(
     found = batch_shape(batch)
     if found is None or len(found) != 5:
         return "contiguous", "the inputs are not 5-D volumes (N, C, D, H, W): nothing to reorder", None
-    shape = torch.Size([min(found[0], 2), *found[1:]])
     device = torch.device(device)
+    # the run's own batch where the plan affords it; a batch of 2 where it does not, or where it runs out of memory
+    batches = list(dict.fromkeys((measure_batch(found[0], planned_steps), min(found[0], 2))))
 
     def measure() -> list[Any]:
-        try:
-            if request == "channels_last_3d":  # one step in it: does the network accept the layout?
-                last = network_copy(net).to(device).train().to(memory_format=torch.channels_last_3d)
-                training_step_s(
-                    last, torch.randn(shape, device=device).contiguous(memory_format=torch.channels_last_3d), dtype
-                )
-                return ["channels_last_3d", "requested (the network accepts it)", None]
-            measured = _measure(net, shape, device, dtype, rounds, planned_steps, users_last)
-        except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
-            return ["contiguous", f"the network rejects channels_last_3d ({type(e).__name__}: {e})", None]
-        return [measured.choice, f"{measured.reason} (batch {tuple(shape)})", measured.as_row()]
+        for n in batches:
+            shape = torch.Size([n, *found[1:]])
+            try:
+                if request == "channels_last_3d":  # one step in it: does the network accept the layout?
+                    last = network_copy(net).to(device).train().to(memory_format=torch.channels_last_3d)
+                    x = torch.randn(shape, device=device).contiguous(memory_format=torch.channels_last_3d)
+                    training_step_s(last, x, dtype)
+                    return ["channels_last_3d", "requested (the network accepts it)", None]
+                measured = _measure(net, shape, device, dtype, rounds, planned_steps, users_last)
+            except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
+                if isinstance(e, torch.OutOfMemoryError) and n != batches[-1]:
+                    continue
+                return ["contiguous", f"the network rejects channels_last_3d ({type(e).__name__}: {e})", None]
+            return [measured.choice, f"{measured.reason} (batch {tuple(shape)})", measured.as_row()]
+        return ["contiguous", "nothing measured", None]  # not reached: the last batch returns
 
     layout, reason, evidence = decided_on_rank0(measure, device)
     return layout, reason, evidence
