@@ -281,6 +281,7 @@ def summarise(runs: Sequence[dict], variants: Sequence[str] = ("published", "fas
                     f"{v}_first_epoch_s": b["epochs"][0]["epoch_s"] if b["epochs"] else None,
                     f"{v}_metric": _dice(b["metrics"])[1],
                     f"{v}_compile": (b["applied"].get("compile") or {}).get("setting"),
+                    f"{v}_layout": (b["applied"].get("memory_format") or {}).get("setting"),
                 }
             )
         pairs.append(pair)
@@ -298,8 +299,8 @@ def _table(doc: dict) -> str:
     plan = f", the bundle's plan kept ({doc['plan_epochs']} epochs)" if doc.get("plan_epochs") else ""
     lines = [
         f"bundle {doc['bundle']}: {doc['epochs']} epoch(s){plan}, {doc['repeats']} repeat(s), metric {doc['metric']}",
-        "| repeat | variant | s/epoch | ratio | first epoch s | whole run s | run ratio | metric | compile |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| repeat | variant | s/epoch | ratio | first epoch s | whole run s | run ratio | metric | compile | layout |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def f(x: Any) -> str:
@@ -313,7 +314,7 @@ def _table(doc: dict) -> str:
             lines.append(
                 f"| {p['repeat']} | {v} | {f(p.get(f'{v}_s'))} | {f(ratio)} | {f(p.get(f'{v}_first_epoch_s'))} | "
                 f"{f(p.get(f'{v}_run_s'))} | {f(run_ratio)} | {f(p.get(f'{v}_metric'))} | "
-                f"{f(p.get(f'{v}_compile'))} |"
+                f"{f(p.get(f'{v}_compile'))} | {f(p.get(f'{v}_layout'))} |"
             )
     summary = doc["summary"]
     for v in variants[1:]:

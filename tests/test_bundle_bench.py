@@ -62,7 +62,9 @@ def test_bundle_bench_pairs_published_and_fast_runs_and_its_table_says_what_its_
     rows = {ln.split("|")[2].strip(): ln for ln in r.stdout.splitlines() if ln.startswith("| 1 |")}
     assert f"| {pair['published_s']:.3f} | - |" in rows["published"]
     assert f"| {pair['fast_s']:.3f} | {pair['ratio']:.3f} |" in rows["fast"]
-    assert rows["fast"].endswith(f"| {pair['fast_compile']} |")  # the compile decision, from the record
+    # the compile and memory-format decisions, from the record
+    assert rows["fast"].endswith(f"| {pair['fast_compile']} | {pair['fast_layout'] or '-'} |")
+    assert pair["fast_layout"] == (fast["applied"].get("memory_format") or {}).get("setting")
     assert pair["run_ratio"] == pytest.approx(published["wall_s"] / fast["wall_s"], rel=1e-3)  # the whole run
     assert f"median ratio (published / fast): per epoch {pair['ratio']:.3f}, whole run {pair['run_ratio']:.3f}" in (
         r.stdout

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing as mp
+import os
 
 import pytest
 import torch
@@ -118,3 +120,22 @@ def test_the_measurement_counts_cpu_work_so_other_processes_cannot_flip_it(monke
 def _spin() -> None:
     while True:
         pass
+
+
+def test_bf16_that_the_cpu_emulates_is_measured_once_not_for_every_round():
+    # oneDNN limited to AVX2 (as on a CPU without bf16 units): bf16 is emulated, tens of times slower than fp32
+    import subprocess
+    import sys
+
+    script = (
+        "import json; from monai_fast.telemetry import precision as prec;"
+        "reads = []; real = prec.time.thread_time;"
+        "prec.time.thread_time = lambda: reads.append(1) or real();"
+        "gain = prec.cpu_bf16_speedup(rounds=5); print(json.dumps([gain, len(reads)]))"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    gain, reads = json.loads(out.stdout.splitlines()[-1])
+    assert gain < 1 / prec.CLEAR_CPU_LOSS, gain
+    assert reads == 2 * (2 + 2), reads  # two readings per pass: the warm-up's two passes and one round's two

@@ -58,31 +58,22 @@ def strip_meta(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tupl
 class CompileChoice(EngineHandler):
     """Compiles an engine's network (``torch.compile``) when a copy of it measured faster compiled.
 
-    At the first iteration copies of the network are timed eager and compiled in interleaved rounds
-    (`monai_fast.tune.rounds.decide`); the real network is compiled only when the compiled step was
-    faster and the rest of the planned run repays the compile (a run too short to repay `COLD_COMPILE_S`,
-    or the time measured here before, at `EXPECTED_GAIN` is left eager). Only the engine's iterations run
-    compiled; parameters and ``state_dict`` keys are unchanged. On an evaluator (``evaluation=True``) the
-    first iteration runs eager and counts the network's calls (its sliding windows) and their shape; the
-    forward without gradients is then measured and weighed against the calls still planned. The rules
-    are in docs/fast-training.md.
+    At the first iteration (an evaluator's: after it, having counted its window calls) eager and compiled
+    copies are timed in interleaved rounds; the network is compiled only when the compiled step was faster
+    and the planned run repays the compile at `EXPECTED_GAIN`. Parameters and ``state_dict`` keys are
+    unchanged. The rules: docs/fast-training.md.
 
     Args:
         mode: ``"auto"`` (measure), ``True`` (compile without measuring) or ``False`` (never).
         dtype: the run's autocast dtype, asked at the first iteration (``None``: fp32).
-        compile_seconds: the compile time to expect (``None``: the one measured here before for the same
-            network, input shape, precision, device and torch, read from ``store``; else `COLD_COMPILE_S`).
+        compile_seconds: the compile time to expect (``None``: the one kept in ``store``, else `COLD_COMPILE_S`).
         on_choice: called once with ``(compiled, reason, evidence)`` when the choice is made.
-        store: the `TuneStore` file that keeps the compile times measured (``"default"``:
-            `default_store_path()`; ``None``: none kept).
+        store: the `TuneStore` file for compile times (``"default"``: `default_store_path()`; ``None``: none).
         evaluation: the engine is an evaluator: its network's calls, without gradients, are compiled.
         runs_left: for an evaluator, its runs still planned, the current one included (``None``: this one).
-        seconds_left: the wall-clock seconds the run may still take, asked when the choice is made (``None``,
-            or a function that returns ``None``: no time limit); only the steps that fit in it repay a compile.
-        memory_formats: for a trainer of 3-D volumes, once compiling pays, a copy is also compiled in the
-            network's other memory format (``channels_last_3d`` or contiguous) and the network is moved to it
-            when its compiled step measures faster: a layout can tie eager and pay compiled. Only where the
-            planned steps repay that second compile at `monai_fast.tune.rounds.MIN_GAIN`.
+        seconds_left: the run's wall-clock seconds left, asked at the choice (``None``: no limit).
+        memory_formats: a trainer's 3-D network is also compiled in its other memory format, and moved to
+            it where that compiled step is faster (a layout can tie eager and pay compiled).
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.

@@ -40,6 +40,10 @@ logger = logging.getLogger("monai_fast.telemetry")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: bf16 must beat fp32 by this factor on a CPU to be chosen
 MIN_CPU_GAIN = 1.1
+#: a bf16 pass this many times slower than fp32, in the warm-up and in the first round, ends the measurement:
+#: bf16 a CPU emulates (no matrix units, or oneDNN limited below them) is tens of times slower, and each
+#: further round would cost seconds for the same answer
+CLEAR_CPU_LOSS = 4.0
 #: capability flags (``torch.cpu.get_capabilities()`` / ``/proc/cpuinfo``) of native bf16 matrix hardware
 _BF16_FLAGS = ("amx_bf16", "avx512_bf16", "sve_bf16", "bf16")
 
@@ -118,7 +122,7 @@ def cpu_bf16_speedup(rounds: int = 5) -> float:
 
     Each cost is the calling thread's CPU time (``time.thread_time``) with torch on one thread, steady
     on a shared machine where wall-clock timings are not; interleaved rounds, each one's least
-    (docs/precision.md).
+    (docs/precision.md). A loss of `CLEAR_CPU_LOSS` in the warm-up and the first round ends it there.
 
     Examples:
         >>> cpu_bf16_speedup(rounds=1) > 0
@@ -138,11 +142,13 @@ def cpu_bf16_speedup(rounds: int = 5) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # all the work in this thread, where thread_time sees it
     try:
-        once("fp32"), once("bf16")  # warm-up: oneDNN picks and caches its kernels
+        warm = once("fp32"), once("bf16")  # warm-up: oneDNN picks and caches its kernels
         times: dict[str, list[float]] = {"fp32": [], "bf16": []}
         for _ in range(max(1, rounds)):
             for precision in ("fp32", "bf16"):
                 times[precision].append(once(precision))
+            if all(bf16 >= CLEAR_CPU_LOSS * fp32 for fp32, bf16 in (warm, (times["fp32"][0], times["bf16"][0]))):
+                break  # emulated bf16: a clear loss twice, no need for seconds more of it
     finally:
         torch.set_num_threads(threads)
     return min(times["fp32"]) / max(min(times["bf16"]), 1e-9)
