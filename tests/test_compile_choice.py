@@ -109,6 +109,8 @@ def test_a_short_run_is_not_compiled_at_all(tiny_files, monkeypatch):
     choice.attach(trainer)
     _run_steps(trainer, 1)
     assert not choice.compiled and "steps left" in choice.reason and compiles == [], choice.reason
+    n = trainer.state.batch[0]["image"].shape[0] * len(trainer.state.batch)  # a short plan measures at most 2 items
+    assert f"(measured on 2 of the batch's {n} items)" in choice.reason, choice.reason
     from ignite.engine import Events
 
     from monai_fast.handlers.lifecycle import callbacks_on

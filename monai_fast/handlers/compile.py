@@ -286,6 +286,8 @@ class CompileChoice(EngineHandler):
             known = self.store.seconds(key)
         expected_compile_s = known if known is not None else COLD_COMPILE_S
 
+        part = f" (measured on {x.shape[0]} of the batch's {shape[0]} items)" if x.shape[0] != shape[0] else ""
+
         def repaid(eager_s: float) -> tuple[bool, str, dict[str, Any]] | None:
             """``None`` when the calls left can repay the compile at `EXPECTED_GAIN`, else the answer."""
             steps, within = planned, ""
@@ -298,8 +300,8 @@ class CompileChoice(EngineHandler):
                 return None
             return (
                 False,
-                f"eager kept: {steps} {unit} left{within} of {eager_s:.3f} s would save about {saving_s:.0f} s at "
-                f"{EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
+                f"eager kept: {steps} {unit} left{within} of {eager_s:.3f} s{part} would save about "
+                f"{saving_s:.0f} s at {EXPECTED_GAIN}x, less than a compile's {expected_compile_s:.0f} s "
                 f"({'measured here before' if known is not None else 'assumed for a first compile'})",
                 {"eager_step_s": eager_s, "planned_steps": steps, "expected_compile_s": expected_compile_s},
             )
