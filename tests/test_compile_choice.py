@@ -413,7 +413,7 @@ def test_the_compiled_step_is_measured_in_both_layouts_and_the_faster_one_is_kep
 
     net = _KnownLayouts(eager_s=0.3, plain_s=0.12, last_s=last_s)
     keys = list(net.state_dict())
-    trainer = _trainer(tiny_files, net, max_epochs=10_000)
+    trainer = _trainer(tiny_files, net, max_epochs=100_000)  # repays a second compile, however slow the first
     choice = CompileChoice("auto", memory_formats=True)
     choice.attach(trainer)
     _run_steps(trainer, 2)
@@ -422,9 +422,11 @@ def test_the_compiled_step_is_measured_in_both_layouts_and_the_faster_one_is_kep
     assert (rounds["baseline"], rounds["choice"]) == ("contiguous", layout), choice.reason
     assert len(rounds["rounds_s"]) >= 3 and "compiled in both layouts" in choice.reason
     assert in_channels_last_3d(net) == (layout == "channels_last_3d") and list(net.state_dict()) == keys
+    choice.detach(trainer)
+    assert not in_channels_last_3d(net) and "forward" not in net.__dict__  # detached: its own layout, eager
     # without the option, the compile leaves the layout as it found it
     net = _KnownLayouts(eager_s=0.3, plain_s=0.12, last_s=0.0)
-    trainer = _trainer(tiny_files, net, max_epochs=10_000)
+    trainer = _trainer(tiny_files, net, max_epochs=100_000)
     choice = CompileChoice("auto")
     choice.attach(trainer)
     _run_steps(trainer, 2)
@@ -438,7 +440,7 @@ def test_fast_training_says_the_layout_the_compiled_step_chose(tiny_files):
     from monai_fast.telemetry.record import Lever
 
     trainer, evaluator = _user_trainer(
-        tiny_files, network=_KnownLayouts(eager_s=0.3, plain_s=0.12, last_s=0.0), max_epochs=10_000
+        tiny_files, network=_KnownLayouts(eager_s=0.3, plain_s=0.12, last_s=0.0), max_epochs=100_000
     )
     fast = FastTraining(cache=False, precision=False, prefetch=False, evaluator=False, tune_store=None)
     fast.attach(trainer)
@@ -446,3 +448,45 @@ def test_fast_training_says_the_layout_the_compiled_step_chose(tiny_files):
     said = fast.applied[Lever.MEMORY_FORMAT]
     assert said["setting"] == "channels_last_3d" and said["reason"].endswith("(compiled)"), fast.applied
     assert said["evidence"]["baseline"] == "contiguous" and fast.applied[Lever.COMPILE]["setting"] == "compiled"
+
+
+class _FlatWeight(_KnownLayouts):
+    """A 4-D weight beside the 3-D convolutions: ``channels_last_3d`` cannot be applied to the whole network."""
+
+    def __init__(self, *times: float):
+        super().__init__(*times)
+        self.flat = torch.nn.Conv2d(2, 2, 1)  # never called: its 4-D weight is what matters
+
+
+def test_a_network_that_refuses_the_other_layout_is_compiled_in_its_own(tiny_files):
+    net = _FlatWeight(0.3, 0.12, 0.0)
+    trainer = _trainer(tiny_files, net, max_epochs=100_000)
+    choice = CompileChoice("auto", memory_formats=True)
+    choice.attach(trainer)
+    _run_steps(trainer, 2)
+    assert choice.compiled and "memory_format" not in choice.evidence, choice.reason
+
+
+class _Oversized(_Known):
+    """A step on more than 2 items runs out of accelerator memory (a fake at the hardware edge)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _refuse_many(x)
+        return super().forward(x)
+
+
+@torch.compiler.disable
+def _refuse_many(x: torch.Tensor) -> None:
+    if x.shape[0] > 2:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_a_whole_batch_that_runs_out_of_memory_is_measured_on_two_items(tiny_files):
+    net = _Oversized(eager_s=0.25, compiled_s=0.0)
+    trainer = _trainer(tiny_files, net, max_epochs=100_000)  # long enough to measure on the whole batch
+    choice = CompileChoice("auto", compile_seconds=1.0)
+    choice.attach(trainer)
+    # the real batch of more than 2 items is refused too: the run itself fails, after the choice was made
+    with pytest.raises(torch.OutOfMemoryError):
+        _run_steps(trainer, 1)
+    assert choice.evidence["batch"][0] == 2 and "compiled faster" in choice.reason, choice.evidence

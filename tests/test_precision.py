@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import platform
 
 import pytest
 import torch
@@ -122,6 +123,7 @@ def _spin() -> None:
         pass
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN's AVX2 limit is x86's")
 def test_bf16_that_the_cpu_emulates_is_measured_once_not_for_every_round():
     # oneDNN limited to AVX2 (as on a CPU without bf16 units): bf16 is emulated, tens of times slower than fp32
     import subprocess

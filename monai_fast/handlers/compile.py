@@ -27,6 +27,7 @@ from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.memory_format import in_channels_last_3d
 from monai_fast.handlers.throughput import batch_shape
 from monai_fast.telemetry import device_description, synchronize
+from monai_fast.telemetry.memory import is_out_of_memory
 from monai_fast.tune.measure import inference_call_s, training_step_s
 from monai_fast.tune.result import model_signature
 from monai_fast.tune.rounds import MIN_GAIN as ROUNDS_MIN_GAIN
@@ -114,6 +115,7 @@ class CompileChoice(EngineHandler):
         self._hook: Any = None
         self._network: torch.nn.Module | None = None
         self._forward: Callable[..., Any] | None = None
+        self._moved_from: str | None = None  # the layout the network had before the compiled step chose another
 
     def _attach(self, engine: Engine) -> None:
         if self.mode is False:
@@ -126,8 +128,9 @@ class CompileChoice(EngineHandler):
             self.on(engine, Events.ITERATION_STARTED(once=1), self._choose)
 
     def _detached(self, engine: Engine) -> None:
-        """The network eager again (a detached handler leaves nothing behind)."""
+        """The network eager again, in its own layout (a detached handler leaves nothing behind)."""
         self._eager_forward()
+        self._restore_layout(self._network)
         for hook in (self._hook, *self._counter):
             if hook is not None:
                 hook.remove()
@@ -135,8 +138,13 @@ class CompileChoice(EngineHandler):
         self._counter = []
         self.compiled = self._decided = False
 
+    def _restore_layout(self, net: torch.nn.Module | None) -> None:
+        if net is not None and self._moved_from is not None:
+            net.to(memory_format=_FORMATS[self._moved_from])
+        self._moved_from = None
+
     def _compiled_forward(self) -> None:
-        if self._network is not None:
+        if self._network is not None and self._forward is not None:
             self._network.forward = self._forward  # an instance attribute: parameters and state_dict keys unchanged
 
     def _eager_forward(self) -> None:
@@ -189,15 +197,25 @@ class CompileChoice(EngineHandler):
             shape = batch_shape(state.batch)
             planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
             remaining = None if planned is None else max(1, planned - state.iteration + 1)
-            compiled, reason, evidence = decided_on_rank0(
-                lambda: self._decide(net, shape, dtype, remaining, device, left_s=left_s), device
-            )
+
+            def measured(items: int | None = None) -> tuple[bool, str, dict[str, Any]]:
+                try:
+                    return self._decide(net, shape, dtype, remaining, device, left_s=left_s, items=items)
+                except Exception as e:
+                    if items is not None or not is_out_of_memory(e) or shape is None or shape[0] <= 2:
+                        raise
+                    return measured(items=2)  # the whole batch did not fit beside the network's copies
+
+            compiled, reason, evidence = decided_on_rank0(measured, device)
         if compiled:
             try:
-                if layout := (evidence.get("memory_format") or {}).get("choice"):  # chosen with the compiled step
-                    net.to(memory_format=_FORMATS[layout])
+                layouts = evidence.get("memory_format") or {}
+                if layouts and layouts["choice"] == layouts["candidate"]:  # the compiled step is faster in it
+                    self._moved_from = layouts["baseline"]
+                    net.to(memory_format=_FORMATS[layouts["choice"]])
                 self._compile(engine, net, fullgraph=bool(evidence.get("fullgraph")))
             except Exception as e:  # noqa: BLE001 - a compiler failure leaves the run eager, said once
+                self._restore_layout(net)
                 compiled, reason = False, f"eager kept: torch.compile failed on the network ({type(e).__name__}: {e})"
         self.compiled, self.reason, self.evidence = compiled, reason, evidence
         if self.on_choice is not None:  # its caller says it (FastTraining: one line per lever)
@@ -237,11 +255,12 @@ class CompileChoice(EngineHandler):
             self._compiled_forward()
 
     def _give_up(self, error: Exception) -> None:
-        """Eager from now on, after the compiled forward failed where the eager one ran."""
+        """Eager from now on, after the compiled forward failed where the eager one ran (inside the step: a layout
+        chosen with the compiled step stays, since the step's autograd holds the weights; `_detached` restores it)."""
         self._eager_forward()
         if self._hook is not None:
             self._hook.remove()
-        self._network = self._hook = self._forward = None
+        self._hook = self._forward = None
         first = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
         self.compiled, self.reason = (
             False,
@@ -261,10 +280,12 @@ class CompileChoice(EngineHandler):
         device: torch.device,
         seen_s: float | None = None,
         left_s: float | None = None,
+        items: int | None = None,
     ) -> tuple[bool, str, dict[str, Any]]:
         """``(compile?, reason, evidence)``; ``planned``: the steps (an evaluator's network calls) left in the run;
         ``seen_s``: an eager call's seconds as the run timed it (the pay-back is then weighed before measuring);
-        ``left_s``: the run's seconds left under its time limit (only the steps that fit in them count)."""
+        ``left_s``: the run's seconds left under its time limit (only the steps that fit in them count); ``items``:
+        a training step measured on at most that many items (else `measure_batch`'s)."""
         if not isinstance(net, torch.nn.Module):
             return False, "eager kept: the engine has no network to compile", {}
         if shape is None:
@@ -274,13 +295,14 @@ class CompileChoice(EngineHandler):
         if self.evaluation:  # the windows as the evaluator batches them, no gradients
             x, step, unit = torch.randn(shape, device=device), inference_call_s, "network calls"
         else:  # the run's own batch where the plan affords it (`measure_batch`)
-            x = torch.randn(torch.Size([measure_batch(shape[0], planned), *shape[1:]]), device=device)
+            n = min(shape[0], items) if items is not None else measure_batch(shape[0], planned)
+            x = torch.randn(torch.Size([n, *shape[1:]]), device=device)
             step, unit = training_step_s, "steps"
 
         def copy() -> torch.nn.Module:
             return network_copy(net).to(device).train(not self.evaluation)
 
-        key = _compile_key(net, shape, dtype, device, self.evaluation)  # the run's batch: what the network compiles at
+        key = _compile_key(net, shape, dtype, device, self.evaluation)  # the run's batch: one key per run shape
         known = self.compile_seconds
         if known is None and self.store is not None:
             known = self.store.seconds(key)
@@ -288,13 +310,17 @@ class CompileChoice(EngineHandler):
 
         part = f" (measured on {x.shape[0]} of the batch's {shape[0]} items)" if x.shape[0] != shape[0] else ""
 
+        def steps_left(step_s: float) -> tuple[int | None, str]:
+            """The calls left in the plan, or fewer: those that fit in the time limit's seconds left."""
+            if left_s is not None and math.isfinite(left_s):
+                fit = max(0, int(left_s / max(step_s, 1e-9)))
+                if planned is None or fit < planned:
+                    return fit, f" (those that fit in the {left_s:.0f} s left of the run's time limit)"
+            return planned, ""
+
         def repaid(eager_s: float) -> tuple[bool, str, dict[str, Any]] | None:
             """``None`` when the calls left can repay the compile at `EXPECTED_GAIN`, else the answer."""
-            steps, within = planned, ""
-            if left_s is not None and math.isfinite(left_s):
-                fit = max(0, int(left_s / max(eager_s, 1e-9)))
-                if steps is None or fit < steps:
-                    steps, within = fit, f" (those that fit in the {left_s:.0f} s left of the run's time limit)"
+            steps, within = steps_left(eager_s)
             saving_s = (steps or 0) * eager_s * (1 - 1 / EXPECTED_GAIN)
             if steps is None or saving_s >= expected_compile_s:
                 return None
@@ -320,12 +346,16 @@ class CompileChoice(EngineHandler):
             compiled.forward = torch.compile(compiled.forward, fullgraph=True)
             step(compiled, x, dtype)
         except Exception as e:  # noqa: BLE001 - a graph break (or a compiler failure: tried again below)
+            if is_out_of_memory(e):
+                raise
             graph_break = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             compiled = copy()
             try:
                 compiled.forward = torch.compile(compiled.forward)
                 step(compiled, x, dtype)
             except Exception as e2:  # noqa: BLE001 - no compiler here: eager, said once
+                if is_out_of_memory(e2):
+                    raise
                 return False, f"eager kept: torch.compile failed ({type(e2).__name__}: {e2})", {}
         compile_s = time.perf_counter() - started
         if self.store is not None:
@@ -343,13 +373,16 @@ class CompileChoice(EngineHandler):
             "fullgraph": graph_break is None,
             "graph_break": graph_break,
             "planned_steps": planned,
+            "batch": list(x.shape),  # what was measured: the run's whole batch, or part of it
             "rounds": d.as_row(),
         }
         breaks = "one graph" if graph_break is None else f"graph breaks (the first: {graph_break})"
         reason = f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}"
-        if d.chose_candidate and self.memory_formats and x.dim() == 5 and planned is not None:
+        eager = None  # its memory, before a second compiled copy
+        if d.chose_candidate and self.memory_formats and x.dim() == 5:
             compiled_step_s = statistics.median(c for _, c in d.rounds)
-            if planned * compiled_step_s * (1 - 1 / ROUNDS_MIN_GAIN) >= compile_s:  # a second compile repaid
+            steps, _ = steps_left(compiled_step_s)
+            if steps is not None and steps * compiled_step_s * (1 - 1 / ROUNDS_MIN_GAIN) >= compile_s:  # repaid
                 layouts = self._layouts(net, copy, compiled, x, dtype, planned)
                 if layouts is not None:
                     evidence["memory_format"] = {**layouts.as_row(), "reason": layouts.reason}
@@ -369,19 +402,19 @@ class CompileChoice(EngineHandler):
         (``None`` when that copy does not compile or run)."""
         mine = "channels_last_3d" if in_channels_last_3d(net) else "contiguous"
         theirs = "contiguous" if mine == "channels_last_3d" else "channels_last_3d"
-        other = copy().to(memory_format=_FORMATS[theirs])
-        try:
+        try:  # a 4-D weight refuses channels_last_3d; a compiler or the memory may refuse the copy
+            other = copy().to(memory_format=_FORMATS[theirs])
             other.forward = torch.compile(other.forward)  # its graph breaks were found on the first layout
             training_step_s(other, x, dtype)
-        except Exception:  # noqa: BLE001 - a layout the network or the compiler rejects: the first one stays
-            logger.debug("CompileChoice: %s does not compile", theirs, exc_info=True)
+            return decide(
+                lambda: training_step_s(compiled, x, dtype),
+                lambda: training_step_s(other, x, dtype),
+                names=(mine, theirs),
+                planned_steps=planned,
+            )
+        except Exception:  # noqa: BLE001 - the first layout stays
+            logger.debug("CompileChoice: %s does not compile or run", theirs, exc_info=True)
             return None
-        return decide(
-            lambda: training_step_s(compiled, x, dtype),
-            lambda: training_step_s(other, x, dtype),
-            names=(mine, theirs),
-            planned_steps=planned,
-        )
 
 
 def _compile_key(

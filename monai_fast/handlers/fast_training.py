@@ -409,7 +409,7 @@ class FastTraining(EngineHandler):
                 evaluation=engine is not trainer,
                 runs_left=functools.partial(_validations_left, trainer) if engine is not trainer else None,
                 seconds_left=self._seconds_left,
-                memory_formats=self.memory_format == "auto",  # the layout measured again, compiled
+                memory_formats=self.memory_format in ("auto", True),  # the layout measured again, compiled
             )
             self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
 

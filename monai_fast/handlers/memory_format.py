@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from monai_fast.handlers.throughput import batch_shape
+from monai_fast.telemetry.memory import is_out_of_memory
 from monai_fast.tune.measure import training_step_s
 from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, measure_batch, network_copy
 
@@ -122,9 +123,10 @@ def choose_memory_format(
                     return ["channels_last_3d", "requested (the network accepts it)", None]
                 measured = _measure(net, shape, device, dtype, rounds, planned_steps, users_last)
             except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
-                if isinstance(e, torch.OutOfMemoryError) and n != batches[-1]:
+                if is_out_of_memory(e) and n != batches[-1]:
                     continue
-                return ["contiguous", f"the network rejects channels_last_3d ({type(e).__name__}: {e})", None]
+                why = "out of memory measuring it" if is_out_of_memory(e) else "the network rejects channels_last_3d"
+                return ["contiguous", f"{why} ({type(e).__name__}: {e})", None]
             return [measured.choice, f"{measured.reason} (batch {tuple(shape)})", measured.as_row()]
         return ["contiguous", "nothing measured", None]  # not reached: the last batch returns
 

@@ -66,7 +66,9 @@ def measure_budget_s(planned_steps: int | None, step_s: float) -> float:
 
 def measure_batch(batch: int, planned_steps: int | None, ways: int = 2) -> int:
     """The batch size a choice's rounds run at: the run's own ``batch`` when `MEASURE_SHARE` of the planned
-    steps holds a warm-up and `MIN_ROUNDS` rounds of each of ``ways`` at it, else at most 2.
+    steps holds a warm-up and `MIN_ROUNDS` rounds of each of ``ways`` at it twice over (a first step, or a
+    candidate's, is often slower than the rest, and `decide` refuses rounds its budget cannot hold), else at
+    most 2.
 
     Some choices turn over with the batch (a layout can tie at 2 items and pay at 8), so a long run
     measures the step it takes; a short or unknown one measures a cheaper, smaller step.
@@ -75,7 +77,7 @@ def measure_batch(batch: int, planned_steps: int | None, ways: int = 2) -> int:
         >>> measure_batch(8, 12_800), measure_batch(8, 48), measure_batch(8, None)
         (8, 2, 2)
     """
-    if planned_steps is not None and planned_steps * MEASURE_SHARE >= ways * (1 + MIN_ROUNDS):
+    if planned_steps is not None and planned_steps * MEASURE_SHARE >= 2 * ways * (1 + MIN_ROUNDS):
         return batch
     return min(batch, 2)
 
