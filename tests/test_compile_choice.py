@@ -392,18 +392,19 @@ class _KnownLayouts(torch.nn.Module):
     """Two real 3-D convolutions: the eager step sleeps ``eager_s`` in either layout, the compiled one ``plain_s``
     with contiguous weights and ``last_s`` with channels_last_3d weights (a layout that ties eager, pays compiled)."""
 
-    def __init__(self, eager_s: float, plain_s: float, last_s: float):
+    def __init__(self, eager_s: float, plain_s: float, last_s: float, eager_last_s: float | None = None):
         super().__init__()
         self.first, self.second = torch.nn.Conv3d(1, 2, 3, padding=1), torch.nn.Conv3d(2, 2, 3, padding=1)
         self.eager_s, self.plain_s, self.last_s = eager_s, plain_s, last_s
+        self.eager_last_s = eager_s if eager_last_s is None else eager_last_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # the weights' strides are constants of the traced graph
-            w = self.second.weight
-            last = w.is_contiguous(memory_format=torch.channels_last_3d) and not w.is_contiguous()
+        w = self.second.weight  # its strides are constants of the traced graph
+        last = w.is_contiguous(memory_format=torch.channels_last_3d) and not w.is_contiguous()
+        if torch.compiler.is_compiling():
             _compiled_pause(self.last_s if last else self.plain_s, x)
         else:
-            _pause(self.eager_s)
+            _pause(self.eager_last_s if last else self.eager_s)
         return self.second(self.first(x))
 
 
@@ -439,9 +440,9 @@ def test_fast_training_says_the_layout_the_compiled_step_chose(tiny_files):
     from monai_fast.handlers import FastTraining
     from monai_fast.telemetry.record import Lever
 
-    trainer, evaluator = _user_trainer(
-        tiny_files, network=_KnownLayouts(eager_s=0.3, plain_s=0.12, last_s=0.0), max_epochs=100_000
-    )
+    # channels_last_3d clearly slower eager (the layout lever keeps contiguous), clearly faster compiled
+    net = _KnownLayouts(eager_s=0.3, plain_s=0.12, last_s=0.0, eager_last_s=0.5)
+    trainer, evaluator = _user_trainer(tiny_files, network=net, max_epochs=100_000)
     fast = FastTraining(cache=False, precision=False, prefetch=False, evaluator=False, tune_store=None)
     fast.attach(trainer)
     _run_steps(trainer, 2)
