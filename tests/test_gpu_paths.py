@@ -83,3 +83,27 @@ def test_fast_training_on_cuda_caches_on_the_gpu_in_bf16_and_decides_the_memory_
     )
     assert conv.weight.is_contiguous(memory_format=torch.channels_last_3d) == (fmt["setting"] == "channels_last_3d")
     assert math.isfinite(evaluator.state.metrics["val_mean_dice"])
+
+
+@pytest.mark.gpu
+def test_fast_training_on_cuda_measures_a_long_plan_on_the_whole_batch_in_the_layout_it_keeps(tiny_files):
+    from ignite.engine import Events
+
+    yt = _your_trainer_module()
+    args = argparse.Namespace(seed=0, patch=(32, 32, 32), workers=0, channels=(4, 8, 16), epochs=2000)
+    trainer, evaluator = yt.build(tiny_files, args, "cuda")
+    fast = FastTraining(tune_store=None)
+    fast.attach(trainer, evaluator)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate())
+    trainer.run()  # thousands of planned steps: the levers measure the run's own batch
+    crops = trainer.data_loader.batch_size * 4  # RandCropByPosNegLabeld(num_samples=4)
+    fmt, compiled = fast.applied["memory_format"], fast.applied["compile"]
+    assert f"(batch ({crops}, 1, 32, 32, 32))" in fmt["reason"] or fmt["reason"].endswith("(compiled)"), fmt
+    if "batch" in compiled.get("evidence", {}):  # measured (a cold compile may not repay a tiny network)
+        assert compiled["evidence"]["batch"][0] == crops, compiled
+    conv = next(
+        m
+        for m in trainer.network.modules()
+        if isinstance(m, torch.nn.Conv3d) and m.in_channels > 1 and m.weight.shape[2] > 1
+    )
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last_3d) == (fmt["setting"] == "channels_last_3d")
