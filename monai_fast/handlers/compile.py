@@ -24,14 +24,14 @@ from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.memory_format import in_channels_last_3d
+from monai_fast.handlers.memory_format import MEMORY_FORMATS, in_channels_last_3d
 from monai_fast.handlers.throughput import batch_shape
 from monai_fast.telemetry import device_description, synchronize
 from monai_fast.telemetry.memory import is_out_of_memory
 from monai_fast.tune.measure import inference_call_s, training_step_s
 from monai_fast.tune.result import model_signature
 from monai_fast.tune.rounds import MIN_GAIN as ROUNDS_MIN_GAIN
-from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, measure_batch, network_copy
+from monai_fast.tune.rounds import Decision, at_measure_batch, decide, decided_on_rank0, network_copy
 from monai_fast.tune.store import TuneStore, default_store_path
 
 __all__ = ["COLD_COMPILE_S", "EXPECTED_GAIN", "MIN_GAIN", "CompileChoice", "strip_meta"]
@@ -46,7 +46,6 @@ EXPECTED_GAIN = 1.3
 #: the compile time assumed for a network never compiled here before (a 3-D UNet's first compile on a CPU
 #: takes minutes, with the compiler's cache warm seconds); a compile measured here replaces it
 COLD_COMPILE_S = 120.0
-_FORMATS = {"channels_last_3d": torch.channels_last_3d, "contiguous": torch.contiguous_format}
 
 
 def strip_meta(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -140,7 +139,7 @@ class CompileChoice(EngineHandler):
 
     def _restore_layout(self, net: torch.nn.Module | None) -> None:
         if net is not None and self._moved_from is not None:
-            net.to(memory_format=_FORMATS[self._moved_from])
+            net.to(memory_format=MEMORY_FORMATS[self._moved_from])
         self._moved_from = None
 
     def _compiled_forward(self) -> None:
@@ -198,21 +197,18 @@ class CompileChoice(EngineHandler):
             planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
             remaining = None if planned is None else max(1, planned - state.iteration + 1)
 
-            def measured(items: int | None = None) -> tuple[bool, str, dict[str, Any]]:
-                try:
-                    return self._decide(net, shape, dtype, remaining, device, left_s=left_s, items=items)
-                except Exception as e:
-                    if items is not None or not is_out_of_memory(e) or shape is None or shape[0] <= 2:
-                        raise
-                    return measured(items=2)  # the whole batch did not fit beside the network's copies
+            def measured(items: int | None) -> tuple[bool, str, dict[str, Any]]:
+                return self._decide(net, shape, dtype, remaining, device, left_s=left_s, items=items)
 
-            compiled, reason, evidence = decided_on_rank0(measured, device)
+            compiled, reason, evidence = decided_on_rank0(
+                lambda: measured(None) if shape is None else at_measure_batch(measured, shape[0], remaining), device
+            )
         if compiled:
             try:
                 layouts = evidence.get("memory_format") or {}
                 if layouts and layouts["choice"] == layouts["candidate"]:  # the compiled step is faster in it
                     self._moved_from = layouts["baseline"]
-                    net.to(memory_format=_FORMATS[layouts["choice"]])
+                    net.to(memory_format=MEMORY_FORMATS[layouts["choice"]])
                 self._compile(engine, net, fullgraph=bool(evidence.get("fullgraph")))
             except Exception as e:  # noqa: BLE001 - a compiler failure leaves the run eager, said once
                 self._restore_layout(net)
@@ -285,7 +281,7 @@ class CompileChoice(EngineHandler):
         """``(compile?, reason, evidence)``; ``planned``: the steps (an evaluator's network calls) left in the run;
         ``seen_s``: an eager call's seconds as the run timed it (the pay-back is then weighed before measuring);
         ``left_s``: the run's seconds left under its time limit (only the steps that fit in them count); ``items``:
-        a training step measured on at most that many items (else `measure_batch`'s)."""
+        the items a training step is measured on (`at_measure_batch`'s; ``None``: the whole batch)."""
         if not isinstance(net, torch.nn.Module):
             return False, "eager kept: the engine has no network to compile", {}
         if shape is None:
@@ -294,9 +290,8 @@ class CompileChoice(EngineHandler):
             return True, "compiled as requested", {"fullgraph": False}
         if self.evaluation:  # the windows as the evaluator batches them, no gradients
             x, step, unit = torch.randn(shape, device=device), inference_call_s, "network calls"
-        else:  # the run's own batch where the plan affords it (`measure_batch`)
-            n = min(shape[0], items) if items is not None else measure_batch(shape[0], planned)
-            x = torch.randn(torch.Size([n, *shape[1:]]), device=device)
+        else:
+            x = torch.randn(torch.Size([items or shape[0], *shape[1:]]), device=device)
             step, unit = training_step_s, "steps"
 
         def copy() -> torch.nn.Module:
@@ -403,7 +398,7 @@ class CompileChoice(EngineHandler):
         mine = "channels_last_3d" if in_channels_last_3d(net) else "contiguous"
         theirs = "contiguous" if mine == "channels_last_3d" else "channels_last_3d"
         try:  # a 4-D weight refuses channels_last_3d; a compiler or the memory may refuse the copy
-            other = copy().to(memory_format=_FORMATS[theirs])
+            other = copy().to(memory_format=MEMORY_FORMATS[theirs])
             other.forward = torch.compile(other.forward)  # its graph breaks were found on the first layout
             training_step_s(other, x, dtype)
             return decide(

@@ -24,7 +24,7 @@ from monai_fast.handlers.compile import CompileChoice
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on, is_running
-from monai_fast.handlers.memory_format import choose_memory_format
+from monai_fast.handlers.memory_format import MEMORY_FORMATS, choose_memory_format
 from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.prediction_layout import ClassesInnermost
 from monai_fast.handlers.prefetch import PrefetchChoice, prefetch_for
@@ -392,7 +392,7 @@ class FastTraining(EngineHandler):
             network, state.batch, device, dtype, self.memory_format, planned_steps=planned
         )
         # both ways: a network the user (or a recipe) put in channels_last_3d goes back when contiguous wins
-        network.to(memory_format=torch.channels_last_3d if choice == "channels_last_3d" else torch.contiguous_format)
+        network.to(memory_format=MEMORY_FORMATS[choice])
         self._decided(trainer, Lever.MEMORY_FORMAT, choice == "channels_last_3d", choice, reason, evidence)
 
     def _compile_lever(self, trainer: Workflow, evaluator: Workflow | None) -> None:

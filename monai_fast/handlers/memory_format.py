@@ -23,9 +23,12 @@ import torch
 from monai_fast.handlers.throughput import batch_shape
 from monai_fast.telemetry.memory import is_out_of_memory
 from monai_fast.tune.measure import training_step_s
-from monai_fast.tune.rounds import Decision, decide, decided_on_rank0, measure_batch, network_copy
+from monai_fast.tune.rounds import Decision, at_measure_batch, decide, decided_on_rank0, network_copy
 
-__all__ = ["choose_memory_format", "in_channels_last_3d"]
+__all__ = ["MEMORY_FORMATS", "choose_memory_format", "in_channels_last_3d"]
+
+#: the layouts by the names the choice and the run record use
+MEMORY_FORMATS = {"channels_last_3d": torch.channels_last_3d, "contiguous": torch.contiguous_format}
 
 
 def _measure(
@@ -38,8 +41,8 @@ def _measure(
     users_last: bool,
 ) -> Decision:
     """Interleaved rounds of a training step on copies in the network's own layout and in the other one."""
-    plain = network_copy(network).to(device).train().to(memory_format=torch.contiguous_format)
-    last = network_copy(network).to(device).train().to(memory_format=torch.channels_last_3d)
+    plain = network_copy(network).to(device).train().to(memory_format=MEMORY_FORMATS["contiguous"])
+    last = network_copy(network).to(device).train().to(memory_format=MEMORY_FORMATS["channels_last_3d"])
     x = torch.randn(shape, device=device)
     x_last = x.contiguous(memory_format=torch.channels_last_3d)
     ways = {
@@ -109,26 +112,24 @@ def choose_memory_format(
     if found is None or len(found) != 5:
         return "contiguous", "the inputs are not 5-D volumes (N, C, D, H, W): nothing to reorder", None
     device = torch.device(device)
-    # the run's own batch where the plan affords it; a batch of 2 where it does not, or where it runs out of memory
-    batches = list(dict.fromkeys((measure_batch(found[0], planned_steps), min(found[0], 2))))
+
+    def measure_at(n: int) -> list[Any]:
+        shape = torch.Size([n, *found[1:]])
+        if request == "channels_last_3d":  # one step in it: does the network accept the layout?
+            last = network_copy(net).to(device).train().to(memory_format=torch.channels_last_3d)
+            training_step_s(
+                last, torch.randn(shape, device=device).contiguous(memory_format=torch.channels_last_3d), dtype
+            )
+            return ["channels_last_3d", "requested (the network accepts it)", None]
+        measured = _measure(net, shape, device, dtype, rounds, planned_steps, users_last)
+        return [measured.choice, f"{measured.reason} (batch {tuple(shape)})", measured.as_row()]
 
     def measure() -> list[Any]:
-        for n in batches:
-            shape = torch.Size([n, *found[1:]])
-            try:
-                if request == "channels_last_3d":  # one step in it: does the network accept the layout?
-                    last = network_copy(net).to(device).train().to(memory_format=torch.channels_last_3d)
-                    x = torch.randn(shape, device=device).contiguous(memory_format=torch.channels_last_3d)
-                    training_step_s(last, x, dtype)
-                    return ["channels_last_3d", "requested (the network accepts it)", None]
-                measured = _measure(net, shape, device, dtype, rounds, planned_steps, users_last)
-            except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
-                if is_out_of_memory(e) and n != batches[-1]:
-                    continue
-                why = "out of memory measuring it" if is_out_of_memory(e) else "the network rejects channels_last_3d"
-                return ["contiguous", f"{why} ({type(e).__name__}: {e})", None]
-            return [measured.choice, f"{measured.reason} (batch {tuple(shape)})", measured.as_row()]
-        return ["contiguous", "nothing measured", None]  # not reached: the last batch returns
+        try:  # the run's own batch where the plan affords it, else (or where that runs out of memory) 2 items
+            return at_measure_batch(measure_at, found[0], planned_steps)
+        except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
+            why = "out of memory measuring it" if is_out_of_memory(e) else "the network rejects channels_last_3d"
+            return ["contiguous", f"{why} ({type(e).__name__}: {e})", None]
 
     layout, reason, evidence = decided_on_rank0(measure, device)
     return layout, reason, evidence

@@ -20,10 +20,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import ignite.distributed as idist
 import torch
+
+from monai_fast.telemetry.memory import is_out_of_memory
 
 __all__ = [
     "MEASURE_MIN_S",
@@ -33,6 +35,7 @@ __all__ = [
     "Decision",
     "decide",
     "decided_on_rank0",
+    "at_measure_batch",
     "measure_batch",
     "measure_budget_s",
     "network_copy",
@@ -80,6 +83,26 @@ def measure_batch(batch: int, planned_steps: int | None, ways: int = 2) -> int:
     if planned_steps is not None and planned_steps * MEASURE_SHARE >= 2 * ways * (1 + MIN_ROUNDS):
         return batch
     return min(batch, 2)
+
+
+T = TypeVar("T")
+
+
+def at_measure_batch(measure: Callable[[int], T], batch: int, planned_steps: int | None) -> T:
+    """``measure(n)`` at `measure_batch`'s size; where that size runs out of memory beside the network's
+    copies, ``measure`` again on at most 2 items (any other error, or one at 2 items, propagates).
+
+    Examples:
+        >>> at_measure_batch(lambda n: n, 8, 12_800)
+        8
+    """
+    n = measure_batch(batch, planned_steps)
+    try:
+        return measure(n)
+    except Exception as e:
+        if n <= 2 or not is_out_of_memory(e):
+            raise
+    return measure(min(batch, 2))
 
 
 @dataclass(frozen=True)
