@@ -131,6 +131,7 @@ def test_a_run_whose_time_limit_cannot_repay_the_compile_is_not_compiled(tiny_fi
     _run_steps(trainer, 1)
     assert not choice.compiled and compiles == [], choice.reason
     assert "fit in the 30 s left of the run's time limit" in choice.reason, choice.reason
+    assert "(measured on 2 of the batch's" in choice.reason  # a limit, not the plan, bounds the run: 2 items
     assert choice.evidence["planned_steps"] <= 30 / 0.05
     # the same run without a limit would measure a compile: the limit, not the plan, kept it eager
     unlimited = CompileChoice("auto", seconds_left=lambda: None)
