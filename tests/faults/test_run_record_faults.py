@@ -33,6 +33,10 @@ from monai_fast.report.doctor import doctor
 from monai_fast.report.prescription import prescribe
 from monai_fast.telemetry.record import Kind, Source, load_record, select
 
+#: thresholds under which no run is data-bound and a CPU run is compute-bound, whatever the host's load: the verdict
+#: whose fixes the advice tests read
+COMPUTE_BOUND = {"data_threshold": 1.01, "data_low": 1.01}
+
 #: one rank of a run: a real ignite engine timed into the record of ``rank`` in ``folder``
 RANK_SCRIPT = textwrap.dedent("""
     import sys, time
@@ -215,7 +219,7 @@ def test_a_restarted_job_continues_the_record_and_the_wall_clock_spans_both_proc
 def test_no_mixed_precision_advice_for_a_run_that_trained_in_bf16(tmp_path):
     trainer, _ = _segmentation_run(tmp_path, amp="bf16")
     trainer.run()
-    d = doctor(tmp_path, data_low=0.99)  # compute-bound whatever the host's load: its fixes name precision
+    d = doctor(tmp_path, **COMPUTE_BOUND)  # whatever the host's load: its fixes name precision
     assert d.verdict == "compute-bound"
     assert not any("mixed precision" in f for f in d.fixes), d.fixes
     assert any(f.startswith("already on in this run: precision (bf16") for f in d.fixes), d.fixes
@@ -263,7 +267,7 @@ def _patch_classifier_run(folder: Path) -> SupervisedTrainer:
 
 def test_no_3d_or_sliding_window_advice_for_a_2d_patch_classifier(tmp_path):
     _patch_classifier_run(tmp_path).run()
-    d = doctor(tmp_path, data_low=0.99)  # compute-bound: the verdict whose fixes name channels_last_3d and windows
+    d = doctor(tmp_path, **COMPUTE_BOUND)  # the verdict whose fixes name channels_last_3d and windows
     assert d.verdict == "compute-bound"
     assert d.numbers["wall_clock"]["shares"]["validation"] >= 0.3  # the validation advice is in play
     everything = d.text() + (tmp_path / "report.md").read_text()
@@ -301,7 +305,7 @@ def test_a_3d_unet_with_a_sliding_window_still_gets_that_advice(tmp_path):
     record.attach(evaluator)
     TimeBreakdown().attach(trainer)
     trainer.run()
-    d = doctor(tmp_path, data_low=0.99)  # compute-bound: the verdict whose fixes name the memory format
+    d = doctor(tmp_path, **COMPUTE_BOUND)  # the verdict whose fixes name the memory format
     assert d.verdict == "compute-bound" and d.numbers["wall_clock"]["shares"]["validation"] >= 0.3  # advice's evidence
     assert any("channels_last_3d" in f for f in d.fixes) and any("sw_batch_size" in f for f in d.fixes), d.fixes
     assert d.numbers["in_effect"]["spatial_dims"] == 3 and d.numbers["in_effect"]["sliding_window"] is True
