@@ -28,6 +28,26 @@ def test_without_bf16_hardware_auto_is_fp32_with_one_info_line_and_no_timing(mon
     assert len(lines) == 1 and lines[0].levelno == logging.INFO and "no bf16 matrix hardware" in lines[0].getMessage()
 
 
+@pytest.mark.parametrize("variable", ["ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"])
+def test_onednn_limited_below_bf16_counts_as_no_bf16_hardware(monkeypatch, caplog, variable):
+    # the flags may say avx512_bf16: with oneDNN held to AVX2 torch cannot use the units, as on an AVX2-only CPU
+    monkeypatch.setattr(prec, "_cpu_flags", lambda: {"avx2": True, "avx512_bf16": True, "amx_bf16": True})
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    assert prec.cpu_has_bf16_hardware() is True
+    for isa in ("AVX512_CORE_BF16", "AVX512_CORE_AMX", "ALL"):  # limits at or above the bf16 kernels
+        monkeypatch.setenv(variable, isa)
+        assert prec.cpu_has_bf16_hardware() is True, isa
+    monkeypatch.setenv(variable, "avx2")
+    assert prec.onednn_isa_limit() == "AVX2" and prec.cpu_has_bf16_hardware() is False
+    assert prec.cpu_has_bf16_hardware({"avx512_bf16": True}) is True  # flags given: judged as given
+    monkeypatch.setattr(prec, "cpu_bf16_speedup", _no_timing)
+    with caplog.at_level(logging.INFO, logger="monai_fast.telemetry"):
+        assert prec.choose_precision("auto", "cpu") == "fp32"
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "monai_fast.telemetry"]
+    assert "limited to AVX2 (ONEDNN_MAX_CPU_ISA)" in line, line
+
+
 @pytest.mark.parametrize("gain, expected, level", [(2.0, "bf16", logging.INFO), (1.0, "fp32", logging.WARNING)])
 def test_with_bf16_hardware_the_measurement_decides(monkeypatch, caplog, gain, expected, level):
     calls = []

@@ -14,6 +14,7 @@ Examples:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = [
     "choose_precision",
     "cpu_bf16_speedup",
     "cpu_has_bf16_hardware",
+    "onednn_isa_limit",
 ]
 
 logger = logging.getLogger("monai_fast.telemetry")
@@ -46,6 +48,8 @@ MIN_CPU_GAIN = 1.1
 CLEAR_CPU_LOSS = 4.0
 #: capability flags (``torch.cpu.get_capabilities()`` / ``/proc/cpuinfo``) of native bf16 matrix hardware
 _BF16_FLAGS = ("amx_bf16", "avx512_bf16", "sve_bf16", "bf16")
+#: oneDNN's x86 ISA limits (``ONEDNN_MAX_CPU_ISA``) below its bf16 kernels: bf16 is emulated under them
+_ISA_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
 
 
 def check_precision(name: str, allow_auto: bool = False) -> str:
@@ -101,8 +105,21 @@ def _cpu_flags() -> Mapping[str, Any]:
     return {}
 
 
+def onednn_isa_limit() -> str | None:
+    """oneDNN's CPU ISA limit (``ONEDNN_MAX_CPU_ISA``, or the older ``DNNL_MAX_CPU_ISA``) when it keeps
+    oneDNN below its bf16 kernels, else None: the hardware's bf16 units are then out of torch's reach.
+
+    Examples:
+        >>> onednn_isa_limit() in (None, *_ISA_WITHOUT_BF16)
+        True
+    """
+    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return isa if isa in _ISA_WITHOUT_BF16 else None
+
+
 def cpu_has_bf16_hardware(flags: Mapping[str, Any] | None = None) -> bool:
-    """Whether this CPU has native bf16 matrix instructions (AMX-BF16, AVX512-BF16, Arm BF16).
+    """Whether this CPU has native bf16 matrix instructions (AMX-BF16, AVX512-BF16, Arm BF16) that torch
+    can use: with ``flags`` None, oneDNN limited below them (`onednn_isa_limit()`) counts as none.
 
     Args:
         flags: capability flags to judge; default this CPU's (``torch.cpu.get_capabilities()``).
@@ -113,7 +130,10 @@ def cpu_has_bf16_hardware(flags: Mapping[str, Any] | None = None) -> bool:
         >>> cpu_has_bf16_hardware({"avx512_bf16": True})
         True
     """
-    flags = _cpu_flags() if flags is None else flags
+    if flags is None:
+        if onednn_isa_limit():
+            return False
+        flags = _cpu_flags()
     return any(bool(flags.get(name)) for name in _BF16_FLAGS)
 
 
@@ -157,7 +177,9 @@ def cpu_bf16_speedup(rounds: int = 5) -> float:
 def _decide_cpu() -> str:
     """This process's choice between bf16 and fp32 on its CPU (hardware first, then a measurement)."""
     if not cpu_has_bf16_hardware():
-        logger.info("precision: this CPU has no bf16 matrix hardware (AMX-BF16/AVX512-BF16); training in fp32")
+        limit = onednn_isa_limit()
+        why = f"oneDNN is limited to {limit} (ONEDNN_MAX_CPU_ISA), below" if limit else "this CPU has no"
+        logger.info("precision: %s bf16 matrix hardware (AMX-BF16/AVX512-BF16); training in fp32", why)
         return "fp32"
     gain = cpu_bf16_speedup()
     if gain < MIN_CPU_GAIN:
