@@ -83,6 +83,7 @@ def choose_memory_format(
     request: str = "auto",
     rounds: int = 5,
     planned_steps: int | None = None,
+    time_limited: bool = False,
 ) -> tuple[str, str, dict[str, Any] | None]:
     """``("channels_last_3d" | "contiguous", reason, evidence)`` for ``network`` on batches like ``batch``.
 
@@ -97,6 +98,8 @@ def choose_memory_format(
         planned_steps: the run's planned training iterations (epochs x epoch length), which bound the
             measurement's time and say whether it runs at the batch's own size (`measure_batch`);
             ``None``: every round unless the answer is clear, at a batch of at most 2.
+        time_limited: the run stops at a wall-clock limit: at most 2 items, whatever the plan (the steps it
+            will take are not known before one is timed).
 
     Returns:
         The layout, one sentence why, and the measured rounds (`Decision.as_row`; ``None`` when nothing
@@ -126,7 +129,7 @@ def choose_memory_format(
 
     def measure() -> list[Any]:
         try:  # the run's own batch where the plan affords it, else (or where that runs out of memory) 2 items
-            return at_measure_batch(measure_at, found[0], planned_steps)
+            return at_measure_batch(measure_at, found[0], None if time_limited else planned_steps)
         except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
             why = "out of memory measuring it" if is_out_of_memory(e) else "the network rejects channels_last_3d"
             return ["contiguous", f"{why} ({type(e).__name__}: {e})", None]
