@@ -57,6 +57,7 @@ def _engines(
     epochs: int = 2,
     record: bool = True,
     train_items: int = 2,
+    step_sleep_s: float = 0.0,
 ):
     """A plain MONAI trainer (fp32, a list of tensors: no cache) and its sliding-window evaluator, recorded."""
     torch.manual_seed(0)
@@ -78,7 +79,7 @@ def _engines(
         loader,
         net,
         torch.optim.SGD(net.parameters(), lr=0.01),
-        torch.nn.BCEWithLogitsLoss(),
+        _slow_loss(step_sleep_s),
         inferer=SimpleInferer(),
         train_handlers=[ValidationHandler(1, evaluator)],
     )
@@ -89,6 +90,19 @@ def _engines(
         InferenceSplit().attach(evaluator)
     TimeBreakdown().attach(trainer)
     return trainer, evaluator
+
+
+def _slow_loss(sleep_s: float):
+    """BCE whose every training step also takes ``sleep_s``: a wall-clock share no busy host can turn over."""
+    bce = torch.nn.BCEWithLogitsLoss()
+    if not sleep_s:
+        return bce
+
+    def loss(pred: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        time.sleep(sleep_s)
+        return bce(pred, label)
+
+    return loss
 
 
 def test_a_plain_trainer_gets_the_one_line_that_applies_the_levers_its_record_shows_unused(tmp_path, tiny_files):
@@ -134,7 +148,7 @@ def test_sliding_window_and_validation_advice_follow_the_measured_windows_and_sh
     assert d.numbers["in_effect"]["windows_per_volume"] > 1
     assert any("sw_batch_size" in f for f in d.fixes)
     # validation a small share of the wall clock: no advice to validate less
-    few, _ = _engines(tmp_path / "few", val_items=1, roi=16, val_size=8, epochs=3, train_items=16)
+    few, _ = _engines(tmp_path / "few", val_items=1, roi=16, val_size=8, epochs=3, train_items=16, step_sleep_s=0.05)
     few.run()
     d = doctor(tmp_path / "few")
     assert d.numbers["wall_clock"]["shares"]["validation"] < 0.3
