@@ -492,3 +492,55 @@ def test_a_whole_batch_that_runs_out_of_memory_is_measured_on_two_items(tiny_fil
     with pytest.raises(torch.OutOfMemoryError):
         _run_steps(trainer, 1)
     assert choice.evidence["batch"][0] == 2 and "compiled faster" in choice.reason, choice.evidence
+
+
+def _pinned_rank(local_rank: int, files, out) -> None:
+    """One rank of a DDP trainer built with ``find_unused_parameters=True`` around a network whose step is faster in
+    ``channels_last_3d``, eager and compiled; FastTraining's levers as they would act on it, written to ``out``."""
+    import json
+    import warnings
+
+    import ignite.distributed as idist
+    from test_fast_training import _user_trainer
+
+    from monai_fast.handlers import FastTraining
+    from monai_fast.handlers.memory_format import in_channels_last_3d
+    from monai_fast.telemetry.record import Lever
+
+    net = _KnownLayouts(eager_s=0.3, plain_s=0.12, last_s=0.0, eager_last_s=0.1)
+    ddp = torch.nn.parallel.DistributedDataParallel(net, find_unused_parameters=True)
+    trainer, _ = _user_trainer(files, network=ddp, max_epochs=100_000)  # repays any compile
+    fast = FastTraining(cache=False, loader=False, precision=False, prefetch=False, evaluator=False, tune_store=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast.attach(trainer)
+        _run_steps(trainer, 2)
+    said = {lever: fast.applied[lever] for lever in (Lever.MEMORY_FORMAT, Lever.COMPILE)}
+    doc = {
+        "layout": said[Lever.MEMORY_FORMAT]["setting"],
+        "layout_reason": said[Lever.MEMORY_FORMAT]["reason"],
+        "compiled": said[Lever.COMPILE]["setting"],
+        "compile_measured_layouts": "memory_format" in (said[Lever.COMPILE].get("evidence") or {}),
+        "weights_last": in_channels_last_3d(net),
+        "stride_warnings": [str(w.message)[:80] for w in caught if "strides do not match" in str(w.message)],
+    }
+    (out / f"rank{idist.get_rank()}.json").write_text(json.dumps(doc))
+
+
+def test_a_ddp_network_that_never_rebuilds_its_buckets_keeps_its_layout(tiny_files, tmp_path):
+    # DDP with find_unused_parameters=True builds its gradient buckets once, in the weights' layout at wrapping:
+    # weights moved afterwards would have each gradient copied across layouts every step, so neither the layout
+    # lever nor the compiled step's layout choice moves them (real 2-process gloo DDP, real compiles)
+    import json
+
+    import ignite.distributed as idist
+
+    from monai_fast.apps.launch import free_port
+
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) as parallel:
+        parallel.run(_pinned_rank, tiny_files, tmp_path)
+    for rank in range(2):
+        doc = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert doc["layout"] == "contiguous" and "find_unused_parameters=True" in doc["layout_reason"], doc
+        assert doc["compiled"] == "compiled" and not doc["compile_measured_layouts"], doc
+        assert not doc["weights_last"] and not doc["stride_warnings"], doc

@@ -24,7 +24,7 @@ from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.memory_format import MEMORY_FORMATS, in_channels_last_3d
+from monai_fast.handlers.memory_format import MEMORY_FORMATS, in_channels_last_3d, layout_pinned
 from monai_fast.handlers.throughput import batch_shape
 from monai_fast.telemetry import device_description, synchronize
 from monai_fast.telemetry.memory import is_out_of_memory
@@ -197,8 +197,12 @@ class CompileChoice(EngineHandler):
             planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
             remaining = None if planned is None else max(1, planned - state.iteration + 1)
 
+            pinned = layout_pinned(getattr(engine, "network", None)) is not None  # then no layout is measured
+
             def measured(items: int | None) -> tuple[bool, str, dict[str, Any]]:
-                return self._decide(net, shape, dtype, remaining, device, left_s=left_s, items=items)
+                return self._decide(
+                    net, shape, dtype, remaining, device, left_s=left_s, items=items, layouts=not pinned
+                )
 
             # under a wall-clock limit the steps the run will take are not known before one is timed: 2 items
             horizon = remaining if left_s is None or not math.isfinite(left_s) else None
@@ -279,11 +283,13 @@ class CompileChoice(EngineHandler):
         seen_s: float | None = None,
         left_s: float | None = None,
         items: int | None = None,
+        layouts: bool = True,
     ) -> tuple[bool, str, dict[str, Any]]:
         """``(compile?, reason, evidence)``; ``planned``: the steps (an evaluator's network calls) left in the run;
         ``seen_s``: an eager call's seconds as the run timed it (the pay-back is then weighed before measuring);
         ``left_s``: the run's seconds left under its time limit (only the steps that fit in them count); ``items``:
-        the items a training step is measured on (`at_measure_batch`'s; ``None``: the whole batch)."""
+        the items a training step is measured on (`at_measure_batch`'s; ``None``: the whole batch); ``layouts``: the
+        network may move to another layout (`memory_formats`)."""
         if not isinstance(net, torch.nn.Module):
             return False, "eager kept: the engine has no network to compile", {}
         if shape is None:
@@ -376,7 +382,7 @@ class CompileChoice(EngineHandler):
         breaks = "one graph" if graph_break is None else f"graph breaks (the first: {graph_break})"
         reason = f"{d.reason}; compiling took {compile_s:.1f} s, {breaks}"
         eager = None  # its memory, before a second compiled copy
-        if d.chose_candidate and self.memory_formats and x.dim() == 5:
+        if d.chose_candidate and self.memory_formats and layouts and x.dim() == 5:
             compiled_step_s = statistics.median(c for _, c in d.rounds)
             steps, _ = steps_left(compiled_step_s)
             if steps is not None and steps * compiled_step_s * (1 - 1 / ROUNDS_MIN_GAIN) >= compile_s:  # repaid

@@ -25,7 +25,7 @@ from monai_fast.telemetry.memory import is_out_of_memory
 from monai_fast.tune.measure import training_step_s
 from monai_fast.tune.rounds import Decision, at_measure_batch, decide, decided_on_rank0, network_copy
 
-__all__ = ["MEMORY_FORMATS", "choose_memory_format", "in_channels_last_3d"]
+__all__ = ["MEMORY_FORMATS", "choose_memory_format", "in_channels_last_3d", "layout_pinned"]
 
 #: the layouts by the names the choice and the run record use
 MEMORY_FORMATS = {"channels_last_3d": torch.channels_last_3d, "contiguous": torch.contiguous_format}
@@ -57,6 +57,24 @@ def _measure(
         max_rounds=max(3, max_rounds),
         planned_steps=planned_steps,
     )
+
+
+def layout_pinned(network: Any) -> str | None:
+    """Why ``network``'s weights must keep their layout, else None: a ``DistributedDataParallel`` built with
+    ``find_unused_parameters=True`` (and no static graph) never rebuilds its gradient buckets, so weights moved
+    after it was built would have every gradient copied across layouts for the rest of the run.
+
+    Examples:
+        >>> layout_pinned(torch.nn.Conv3d(1, 4, 3)) is None
+        True
+    """
+    ddp = isinstance(network, torch.nn.parallel.DistributedDataParallel)
+    if ddp and network.find_unused_parameters and not network.static_graph:
+        return (
+            "DistributedDataParallel(find_unused_parameters=True) keeps its gradient buckets in the layout it was "
+            "built in (move the network to channels_last_3d before wrapping it)"
+        )
+    return None
 
 
 def in_channels_last_3d(network: torch.nn.Module) -> bool:
@@ -105,10 +123,12 @@ def choose_memory_format(
         The layout, one sentence why, and the measured rounds (`Decision.as_row`; ``None`` when nothing
         was measured).
     """
-    if request == "contiguous":
-        return "contiguous", "the default layout requested", None
     net = getattr(network, "module", network)  # DDP / DataParallel
     users_last = in_channels_last_3d(net)
+    if pinned := layout_pinned(network):
+        return ("channels_last_3d" if users_last else "contiguous"), f"layout kept: {pinned}", None
+    if request == "contiguous":
+        return "contiguous", "the default layout requested", None
     if request == "channels_last_3d" and users_last:
         return "channels_last_3d", "requested (the weights are in it already)", None
     found = batch_shape(batch)
