@@ -1,8 +1,6 @@
 """Inference of a trained recipe network: sliding window over a data list, NIfTI predictions, fast backends.
 
-`save_checkpoint()` / `load_model()` keep a network with the `RecipeConfig` and chain that rebuild
-it; `infer()` writes ``<name>_seg.nii.gz`` predictions on each input's grid; `BACKENDS` and
-`build_predictor()` run the windows. ``monai-fast infer`` is the command line (docs/inference.md).
+``monai-fast infer`` is the command line (docs/inference.md).
 """
 
 from monai_fast.apps.inference.backends import (

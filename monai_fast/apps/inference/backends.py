@@ -1,12 +1,8 @@
-"""Inference backends: what runs the network on each sliding window (docs/inference.md).
-
-A backend this machine cannot run is one `BackendUnavailable` naming what is missing, before any
-volume is read.
-"""
+"""Inference backends: what runs the network on each sliding window (docs/inference.md); one this machine cannot
+run is one `BackendUnavailable` naming what is missing, before any volume is read."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import shutil
 import time
@@ -17,6 +13,7 @@ import numpy as np
 import torch
 
 from monai_fast.apps.inference.checkpoint import InferenceError
+from monai_fast.extras import available as _installed
 from monai_fast.extras import require as require_extra
 from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import autocast_for, cpu_has_bf16_hardware
@@ -36,7 +33,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("eager", "autocast", "compile", "onnx", "tensorrt")
-_INSTALL = 'pip install "monai-fast[onnx]"'
 
 
 class BackendUnavailable(InferenceError):
@@ -62,13 +58,6 @@ class Predictor:
         return self.fn(x)
 
 
-def _has(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a broken install, or an import blocked through sys.modules
-        return False
-
-
 def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
     """What ``backend`` needs on ``device`` that this machine lacks, in words; ``None`` when it can run.
 
@@ -88,16 +77,11 @@ def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
         )
     if backend == "compile" and device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         return "a C++ compiler (g++ or clang++) on the PATH for torch.compile's CPU kernels"
-    if backend == "onnx":
-        absent = [
-            name
-            for name, mod in (("onnx", "onnx"), ("onnxruntime", "onnxruntime"), ("onnxscript", "onnxscript"))
-            if not _has(mod)
-        ]
-        if absent:
-            return f"the Python package(s) {', '.join(absent)} ({_INSTALL})"
+    absent = [m for m in ("onnx", "onnxruntime", "onnxscript") if not _installed(m)] if backend == "onnx" else []
+    if absent:
+        return f'the Python package(s) {", ".join(absent)} (pip install "monai-fast[onnx]")'
     if backend == "tensorrt":
-        needs = [] if _has("torch_tensorrt") else ["the torch-tensorrt package (pip install torch-tensorrt)"]
+        needs = [] if _installed("torch_tensorrt") else ["the torch-tensorrt package (pip install torch-tensorrt)"]
         needs += [] if gpu else [f"a CUDA GPU (device is {str(device)!r})"]
         if needs:
             return " and ".join(needs)

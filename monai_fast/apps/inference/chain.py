@@ -1,8 +1,4 @@
-"""The validation chain a network was validated with, as a record a checkpoint carries and inference rebuilds.
-
-The record is plain data limited to `ALLOWED` (MONAI's deterministic preprocessing), never code;
-docs/inference.md shows one.
-"""
+"""The validation chain of a network as a plain-data record (never code) a checkpoint carries and inference rebuilds."""
 
 from __future__ import annotations
 
@@ -45,11 +41,7 @@ class ChainError(ValueError):
 
 
 def recipe_chain(config: RecipeConfig) -> list[dict[str, Any]]:
-    """The recipes' validation chain for ``config`` as a record (what their evaluators run on each volume).
-
-    The same transforms, in the same order and with the same arguments, as
-    `deterministic_transforms()` ``(config)``.
-    """
+    """The recipes' validation chain for ``config`` as a record: the same transforms as `deterministic_transforms()`."""
     keys = list(KEYS)
     return [
         {"_target_": "LoadImaged", "keys": keys},
@@ -102,9 +94,7 @@ def check_chain(record: Any) -> list[dict[str, Any]]:
 
 
 def build_chain(record: Sequence[Mapping[str, Any]], image_key: str = "image") -> Compose:
-    """The transforms of ``record``, built for items that may lack some of their keys (the label at inference).
-
-    Every transform gets ``allow_missing_keys=True``, so the image goes through exactly its validation steps.
+    """The transforms of ``record``, each with ``allow_missing_keys=True`` (the label is missing at inference).
 
     Raises:
         ChainError: a record entry that is not allowed, not plain, or not accepted by its transform;

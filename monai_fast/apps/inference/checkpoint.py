@@ -227,10 +227,7 @@ def load_model(
 def load_checkpoint(
     path: str | os.PathLike, config: RecipeConfig | None = None, device: torch.device | str = "cpu"
 ) -> tuple[torch.nn.Module, RecipeConfig]:
-    """The network of an inference checkpoint, weights loaded, in eval mode on ``device``, and its config.
-
-    `load_model()` without the chain; the same arguments and errors.
-    """
+    """`load_model()`'s network and config, without the chain; the same arguments and errors."""
     model = load_model(path, config=config, device=device)
     return model.network, model.config
 

@@ -1,7 +1,4 @@
-"""How far two predictions of the same volume agree: mean foreground Dice and the share of equal voxels.
-
-A backend is checked against eager fp32 with this: the mean Dice must be at least `MIN_DICE`.
-"""
+"""How far two predictions of the same volume agree: mean foreground Dice and the share of equal voxels."""
 
 from __future__ import annotations
 
@@ -14,10 +11,6 @@ __all__ = ["MIN_DICE", "agreement"]
 MIN_DICE = 0.99
 
 
-def _array(x: np.ndarray | torch.Tensor) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
 def agreement(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor, num_classes: int = 2) -> dict[str, float]:
     """Mean Dice over the classes ``1..num_classes-1`` between label maps ``a`` and ``b``; the share of equal voxels.
 
@@ -26,7 +19,7 @@ def agreement(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor, num_cl
     Raises:
         ValueError: the two maps differ in shape.
     """
-    a, b = _array(a), _array(b)
+    a, b = (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in (a, b))
     if a.shape != b.shape:
         raise ValueError(f"predictions of different shapes cannot be compared: {a.shape} and {b.shape}")
     dice = []

@@ -1,8 +1,7 @@
 """MONAI's NIfTI writer, writing whole files only (through `monai_fast.files.atomic_write()`).
 
-``SaveImage``'s writer saves in place, so a killed run would leave half a prediction under its
-final name; here the bytes are complete in memory first, and a full file system is one
-`NoSpaceError` naming the file before a byte is written.
+``SaveImage``'s writer saves in place, so a killed run would leave half a prediction under its final
+name; here a full file system is one `NoSpaceError` naming the file before a byte is written.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Write a Kubernetes ``PyTorchJob`` that runs a training script on several nodes with ``monai-fast launch``.
 
-Preemption-safe, the Kubernetes twin of `.sbatch`: a failed or evicted pod restarts and the job
-resumes from checkpoints on the shared ``volume_claim``. docs/distributed.md describes the manifest.
+A failed or evicted pod restarts and resumes from checkpoints on ``volume_claim`` (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -62,14 +61,8 @@ class PyTorchJobSpec:
         problems = _script_problems(self.script)
         if not self.image or any(c.isspace() for c in self.image):
             problems.append(f"image {self.image!r} is not an image reference like registry/name:tag")
-        for name, least in (
-            ("nodes", 1),
-            ("procs_per_node", 1),
-            ("cpus_per_node", 1),
-            ("gpus_per_node", 0),
-            ("grace_s", 0),
-            ("backoff_limit", 0),
-        ):
+        at_least = dict.fromkeys(("nodes", "procs_per_node", "cpus_per_node"), 1)
+        for name, least in {**at_least, "gpus_per_node": 0, "grace_s": 0, "backoff_limit": 0}.items():
             if getattr(self, name) < least:
                 problems.append(f"{name} must be >= {least}, got {getattr(self, name)}")
         for name in ("job_name", "namespace", "volume_claim"):
@@ -108,11 +101,8 @@ def _launch_line(spec: PyTorchJobSpec) -> str:
 
 
 def _pod_template(spec: PyTorchJobSpec) -> dict[str, Any]:
-    limits: dict[str, Any] = {"cpu": spec.cpus_per_node}
-    if spec.memory:
-        limits["memory"] = spec.memory
-    if spec.gpus_per_node:
-        limits["nvidia.com/gpu"] = spec.gpus_per_node
+    wanted = {"cpu": spec.cpus_per_node, "memory": spec.memory, "nvidia.com/gpu": spec.gpus_per_node}
+    limits = {k: v for k, v in wanted.items() if v}
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]  # DataLoader workers share tensors here
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     if spec.volume_claim:
@@ -151,14 +141,6 @@ def pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
     }
 
 
-def _scalar(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return str(v)
-    return json.dumps(v)  # a JSON string (or {} / [] / null) is valid YAML
-
-
 def _yaml(value: Any, indent: int = 0) -> list[str]:
     """Block-style YAML lines of dicts, lists and scalars (PyYAML is not a dependency)."""
     pad = "  " * indent
@@ -168,14 +150,14 @@ def _yaml(value: Any, indent: int = 0) -> list[str]:
             if isinstance(v, (dict, list)) and v:
                 lines += [f"{pad}{k}:", *_yaml(v, indent + 1)]
             else:
-                lines.append(f"{pad}{k}: {_scalar(v)}")
+                lines.append(f"{pad}{k}: {json.dumps(v)}")  # JSON scalars (and {} / [] / null) are valid YAML
         return lines
     for item in value:
         if isinstance(item, (dict, list)) and item:
             sub = _yaml(item, indent + 1)
             lines += [f"{pad}- {sub[0].lstrip()}", *sub[1:]]
         else:
-            lines.append(f"{pad}- {_scalar(item)}")
+            lines.append(f"{pad}- {json.dumps(item)}")
     return lines
 
 

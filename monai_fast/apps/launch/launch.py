@@ -1,7 +1,4 @@
-"""Run one training function unchanged under python, torchrun, horovodrun, srun/sbatch or a local spawn.
-
-``monai-fast launch``'s torchrun command line and rendezvous messages are in `monai_fast.apps.launch.torchrun`.
-"""
+"""Run one training function unchanged under python, torchrun, horovodrun, srun/sbatch or a local spawn."""
 
 from __future__ import annotations
 
@@ -34,11 +31,7 @@ def free_port() -> int:
 
 
 def setup_rank(seed: int | None = 0) -> torch.device:
-    """Per-process set-up inside a (possibly one-process) job: the device and the seeds; returns the device.
-
-    On CUDA each process takes its local rank's GPU; CPU ranks on a node split its cores. Seeds are
-    ``seed + rank`` so ranks draw different crops; weights still start equal (DDP broadcasts rank 0's).
-    """
+    """Per-process set-up: the local rank's GPU (or a share of the node's cores), seeds ``seed + rank``; the device."""
     device = idist.device()
     if device.type == "cuda":
         device = set_cuda_device(device)  # one process: ignite names no index, and the current device is kept
@@ -55,17 +48,11 @@ def _entry(local_rank: int, fn: Callable, seed: int | None, args: tuple, kwargs:
     try:
         fn(local_rank, *args, **kwargs)
     except BaseException as e:
-        # A run that ends by raising (``Preemption.exit_if_preempted``'s SystemExit, an error) keeps
-        # its frames, and with them the engines and the DDP module, alive in the traceback: clear
-        # their locals so that the collection below can free them.
-        traceback.clear_frames(e.__traceback__)
+        traceback.clear_frames(e.__traceback__)  # its frames would keep the engines and DDP module alive
         raise
     finally:
-        # Engines, DDP modules and metric gathers form reference cycles that would otherwise live on
-        # until interpreter shutdown, holding the process group. Its worker threads then release their
-        # last work (and its tensors) after Python has begun to finalise, and the process aborts with
-        # "terminate called without an active exception". Collect now, so that finalize() destroys
-        # the group and joins its threads while the interpreter is still whole.
+        # engines, DDP modules and metric gathers form reference cycles holding the process group: freed now,
+        # finalize() joins its threads before interpreter shutdown ("terminate called without an active exception")
         gc.collect()
 
 
@@ -82,8 +69,7 @@ def run(
 
     One process, N local processes (``nproc_per_node``), or the ranks torchrun, ``srun`` or horovodrun
     made. ``backend="auto"`` picks Horovod under horovodrun, NCCL with CUDA, gloo without; each rank
-    first runs `setup_rank()`. The process group gets ``timeout_s``, so a collective waiting for a dead
-    rank ends with an error instead of hanging. See docs/distributed.md.
+    first runs `setup_rank()`; a collective waiting ``timeout_s`` for a dead rank fails (docs/distributed.md).
 
     Examples:
         >>> if __name__ == "__main__":  # doctest: +SKIP
@@ -98,9 +84,7 @@ def run(
         raise ValueError(f"backend=None, but {env.launcher} started {env.world_size} processes; use backend='auto'")
     if nproc_per_node is not None and nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
-    pg: dict[str, Any] = {}
-    if backend is not None and backend != "horovod":
-        pg["timeout"] = dt.timedelta(seconds=timeout_s)
+    pg = {"timeout": dt.timedelta(seconds=timeout_s)} if backend not in (None, "horovod") else {}
     if backend is not None and nproc_per_node is not None and nproc_per_node > 1:
         logger.info("spawning %d local processes, backend %s", nproc_per_node, backend)
         with idist.Parallel(

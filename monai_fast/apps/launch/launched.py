@@ -42,20 +42,14 @@ def guard_ignite_spawn() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``argv[0]`` (a script, or ``-m MODULE``) with the rest as its arguments; 2 if it tried to spawn ranks itself.
-
-    A ``SystemExit`` of the script or module (``sys.exit(main())``) ends the rank with its status, as under python.
-    """
+    """Run ``argv[0]`` (a script, or ``-m MODULE``) with the rest as its arguments; 2 if it tried to spawn ranks."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    module = argv[:1] == ["-m"]
+    argv = argv[1:] if module else argv
     if not argv:
-        print("usage: python -m monai_fast.apps.launch.launched SCRIPT [ARGS...]", file=sys.stderr)
+        what = "-m MODULE" if module else "SCRIPT"
+        print(f"usage: python -m monai_fast.apps.launch.launched {what} [ARGS...]", file=sys.stderr)
         return 2
-    module = argv[0] == "-m"
-    if module:
-        argv = argv[1:]
-        if not argv:
-            print("usage: python -m monai_fast.apps.launch.launched -m MODULE [ARGS...]", file=sys.stderr)
-            return 2
     script = argv[0]
     guard_ignite_spawn()
     sys.argv = argv

@@ -1,10 +1,8 @@
-"""The SageMaker training toolkit's environment, read in one place; and the torchrun command of a multi-host job.
-
-Names and meanings follow the toolkit's ENVIRONMENT_VARIABLES.md (docs/sagemaker-s3.md).
-"""
+"""The SageMaker training toolkit's environment, read in one place; and the torchrun command of a multi-host job."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -103,10 +101,11 @@ class SageMakerEnv:
 
     def describe(self) -> str:
         """One line on the job: its hosts, GPUs and hyperparameters, saying which were not given."""
-        if self.hosts:
-            hosts = f"host {self.current_host} of {len(self.hosts)} ({', '.join(self.hosts)})"
-        else:
-            hosts = "one host (SM_HOSTS not set)"
+        hosts = (
+            f"host {self.current_host} of {len(self.hosts)} ({', '.join(self.hosts)})"
+            if self.hosts
+            else "one host (SM_HOSTS not set)"
+        )
         gpus = "GPUs: SM_NUM_GPUS not set" if self.num_gpus is None else f"{self.num_gpus} GPU(s)"
         channels = ", ".join(f"{c}={p}" for c, p in sorted(self.channels.items())) or "none"
         return (
@@ -125,10 +124,8 @@ def decode_hyperparameters(raw: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if isinstance(value, str):
-            try:
+            with contextlib.suppress(ValueError):
                 value = json.loads(value)
-            except ValueError:
-                pass
         out[str(key)] = value
     return out
 
@@ -195,29 +192,23 @@ def read_sagemaker_env(environ: Mapping[str, str] | None = None) -> SageMakerEnv
             raise SageMakerEnvError("SM_NUM_GPUS", f"must be >= 0, got {num_gpus}")
     hps, hps_from = _hyperparameters(environ)
     hosts, current = _hosts(environ)
-    output_data = path("SM_OUTPUT_DATA_DIR")
-    output = path("SM_OUTPUT_DIR")
-    tensorboard = output / "tensorboard" if output else (output_data / "tensorboard" if output_data else None)
+    output_data, model_dir = path("SM_OUTPUT_DATA_DIR"), path("SM_MODEL_DIR")
+    output = path("SM_OUTPUT_DIR") or output_data
+    checkpoints = model_dir.parent / "checkpoints" if model_dir is not None else None  # SageMaker's, if the job has one
     return SageMakerEnv(
         training_dir=path("SM_CHANNEL_TRAINING"),
         channels=_channels(environ),
         variables=tuple(sorted(k for k in environ if k.startswith("SM_"))),
-        model_dir=path("SM_MODEL_DIR"),
+        model_dir=model_dir,
         output_data_dir=output_data,
-        tensorboard_dir=tensorboard,
+        tensorboard_dir=output / "tensorboard" if output else None,
         hyperparameters=hps,
         hyperparameters_from=hps_from,
         num_gpus=num_gpus,
         hosts=hosts,
         current_host=current,
-        checkpoint_dir=_checkpoints(path("SM_MODEL_DIR")),
+        checkpoint_dir=checkpoints if checkpoints is not None and checkpoints.is_dir() else None,
     )
-
-
-def _checkpoints(model_dir: Path | None) -> Path | None:
-    """SageMaker's local checkpoint folder beside the model folder (``/opt/ml/checkpoints``), if the job has one."""
-    folder = model_dir.parent / "checkpoints" if model_dir is not None else None
-    return folder if folder is not None and folder.is_dir() else None
 
 
 def torchrun_command(env: SageMakerEnv, command: Sequence[str], nproc_per_node: int | None = None) -> list[str]:
@@ -231,19 +222,6 @@ def torchrun_command(env: SageMakerEnv, command: Sequence[str], nproc_per_node: 
     if len(env.hosts) < 2:
         raise SageMakerEnvError("SM_HOSTS", f"a rendezvous needs two or more hosts, got {list(env.hosts)}")
     nproc = nproc_per_node if nproc_per_node is not None else max(env.num_gpus or 0, 1)
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        str(len(env.hosts)),
-        "--nproc_per_node",
-        str(nproc),
-        "--master_addr",
-        env.hosts[0],
-        "--master_port",
-        str(MASTER_PORT),
-        "--node_rank",
-        str(env.node_rank),
-        *command,
-    ]
+    args = [("--nnodes", len(env.hosts)), ("--nproc_per_node", nproc), ("--master_addr", env.hosts[0])]
+    args += [("--master_port", MASTER_PORT), ("--node_rank", env.node_rank)]
+    return [sys.executable, "-m", "torch.distributed.run", *(str(a) for pair in args for a in pair), *command]

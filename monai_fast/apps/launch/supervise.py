@@ -1,7 +1,4 @@
-"""Run a local launcher (torchrun) as a child, pass stop signals to its ranks, leave no process behind.
-
-See docs/distributed.md.
-"""
+"""Run a local launcher (torchrun) as a child, pass stop signals to its ranks, leave no process behind."""
 
 from __future__ import annotations
 
@@ -216,7 +213,5 @@ def supervise(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if hasattr(s, "proc") and s.proc.poll() is None:  # an error in here: never leave the launcher behind
-            s.kill_all()
-            s.proc.kill()
-            s.proc.wait()
+            _stop_launcher(s)
     return exit_status(s.proc.returncode)

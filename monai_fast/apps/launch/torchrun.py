@@ -1,8 +1,4 @@
-"""The torchrun command line of ``monai-fast launch`` (one node, or several: static or c10d rendezvous).
-
-The rendezvous lines say where a node waits, why a rendezvous failed, and when an endpoint does
-not answer as a rendezvous store (docs/distributed.md).
-"""
+"""The torchrun command line and rendezvous messages of ``monai-fast launch`` (docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -130,23 +126,14 @@ def _static_problems(spec: LaunchSpec) -> list[str]:
 
 
 def _c10d_problems(spec: LaunchSpec) -> list[str]:
-    static = [
-        flag
-        for flag, v in (
-            ("--master-addr", spec.master_addr),
-            ("--master-port", spec.master_port),
-            ("--node-rank", spec.node_rank),
-        )
-        if v is not None
-    ]
-    problems = (
-        [
+    given = {"--master-addr": spec.master_addr, "--master-port": spec.master_port, "--node-rank": spec.node_rank}
+    static = [flag for flag, v in given.items() if v is not None]
+    problems: list[str] = []
+    if static:
+        problems.append(
             f"{' and '.join(static)} cannot be mixed with the c10d rendezvous (--rdzv-endpoint, --rdzv-id): "
             "use one form; under c10d torchrun numbers the nodes"
-        ]
-        if static
-        else []
-    )
+        )
     if not spec.rdzv_endpoint:
         return problems + ["--rdzv-id needs --rdzv-endpoint HOST:PORT"]
     host, _, port = spec.rdzv_endpoint.rpartition(":")
@@ -188,11 +175,8 @@ def torchrun_args(spec: LaunchSpec) -> list[str]:
 
 
 def torchrun_env(spec: LaunchSpec) -> dict[str, str]:
-    """Environment variables torchrun needs for ``spec``, beyond the caller's.
-
-    With restarts every round gets a TCP store of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``):
-    rounds sharing one keep stale process-group keys and a restarted rank 0 fails to connect.
-    """
+    """Environment variables torchrun needs for ``spec``: with restarts, a TCP store of each round's own
+    (rounds sharing one keep stale process-group keys, and a restarted rank 0 fails to connect)."""
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts else {}
 
 
@@ -225,11 +209,14 @@ def rendezvous_failure(error_file: str | os.PathLike, spec: LaunchSpec) -> str |
     return None
 
 
-def _meeting_point(spec: LaunchSpec) -> str:
-    """``HOST:PORT`` where this node's launcher meets the others."""
+def _meeting_point(spec: LaunchSpec) -> tuple[str, str, str, str]:
+    """``HOST:PORT`` where this node's launcher meets the others, its host, its port, and the flag giving the port."""
     if spec.form == "c10d":
-        return str(spec.rdzv_endpoint)
-    return f"{spec.master_addr}:{spec.master_port or DEFAULT_MASTER_PORT}"
+        where, flag = str(spec.rdzv_endpoint), "--rdzv-endpoint"
+    else:
+        where, flag = f"{spec.master_addr}:{spec.master_port or DEFAULT_MASTER_PORT}", "--master-port"
+    host, _, port = where.rpartition(":")
+    return where, host, port, flag
 
 
 def rendezvous_wait_line(spec: LaunchSpec) -> str | None:
@@ -239,7 +226,7 @@ def rendezvous_wait_line(spec: LaunchSpec) -> str | None:
     nodes = f"{spec.nnodes} node{'s' if spec.nnodes != 1 else ''}"
     who = f"--rdzv-id {spec.rdzv_id}" if spec.form == "c10d" else f"this one --node-rank {spec.node_rank}"
     return (
-        f"waiting for the rendezvous at {_meeting_point(spec)} ({nodes}, {who}) "
+        f"waiting for the rendezvous at {_meeting_point(spec)[0]} ({nodes}, {who}) "
         f"(up to {spec.rdzv_timeout_s:g} s; --rdzv-timeout)"
     )
 
@@ -271,8 +258,7 @@ def unanswered_endpoint_message(spec: LaunchSpec, answer_s: float = STORE_ANSWER
     """
     if spec.form == "standalone":
         return None
-    where = _meeting_point(spec)
-    host, _, port = where.rpartition(":")
+    where, host, port, flag = _meeting_point(spec)
     bound = min(answer_s, spec.rdzv_timeout_s)
     if _tcp_answer(host, int(port), min(bound, 2.0)) != "accepts":
         return None  # refused or unreachable: torchrun waits for the host node within --rdzv-timeout
@@ -280,10 +266,9 @@ def unanswered_endpoint_message(spec: LaunchSpec, answer_s: float = STORE_ANSWER
 
     def probe() -> None:
         try:
-            store = torch.distributed.TCPStore(
+            torch.distributed.TCPStore(
                 host.strip("[]"), int(port), is_master=False, timeout=dt.timedelta(seconds=bound)
             )
-            del store
             outcome.append(None)
         except Exception as e:  # a store client's error: the endpoint is not a store either
             outcome.append(e)
@@ -293,7 +278,6 @@ def unanswered_endpoint_message(spec: LaunchSpec, answer_s: float = STORE_ANSWER
     thread.join(bound)
     if outcome and outcome[0] is None:
         return None
-    flag = "--rdzv-endpoint" if spec.form == "c10d" else "--master-port"
     found = (
         f"did not answer as a rendezvous store within {bound:g} s"
         if not outcome
@@ -306,16 +290,10 @@ def unanswered_endpoint_message(spec: LaunchSpec, answer_s: float = STORE_ANSWER
 
 
 def rendezvous_timeout_message(spec: LaunchSpec, probe_s: float = 2.0) -> str:
-    """One line saying that no rendezvous formed within ``spec.rdzv_timeout_s``, what the endpoint does, and the remedy.
-
-    A plain TCP probe tells apart a port that accepts but hosts no rendezvous, one where nothing
-    listens (the host node has not started), and a host out of reach.
-    """
-    where = _meeting_point(spec)
-    host, _, port = where.rpartition(":")
+    """One line saying that no rendezvous formed within ``spec.rdzv_timeout_s``, what the endpoint does, the remedy."""
+    where, host, port, flag = _meeting_point(spec)
     head = f"no rendezvous at {where} within --rdzv-timeout {spec.rdzv_timeout_s:g} s"
     answer = _tcp_answer(host, int(port), probe_s)
-    flag = "--rdzv-endpoint" if spec.form == "c10d" else "--master-port"
     if answer == "accepts" and spec.nnodes == 1:
         return (
             f"{head}: {where} accepts connections but never answered as a rendezvous store: another program holds "

@@ -1,8 +1,7 @@
 """Reader for data sets in the Medical Segmentation Decathlon (MSD) layout, every listed file checked first.
 
-Unlike ``monai.data.load_decathlon_datalist`` it checks the folder first (a missing file or an
-image whose shape differs from its label's is one error naming the path), then lets MONAI's
-``load_decathlon_datalist`` list the pairs and its ``partition_dataset`` split them.
+Unlike ``monai.data.load_decathlon_datalist`` alone, a missing file or an image whose shape differs
+from its label's is one error naming the path; MONAI then lists the pairs and ``partition_dataset`` splits them.
 """
 
 from __future__ import annotations
@@ -174,16 +173,15 @@ def load_msd_datalist(
         unknown = sorted(wanted - set(ids))
         if unknown:
             raise MSDDataError(f"val_cases not listed in {listing}: {unknown}")
-        is_val = [i in wanted for i in ids]
+        val_idx = [i for i, c in enumerate(ids) if c in wanted]
     else:
         if not 0.0 < val_fraction < 1.0:
             raise MSDDataError(f"val_fraction must be in (0, 1), got {val_fraction}")
         n_val = min(max(1, round(len(items) * val_fraction)), len(items) - 1)
         _, val_idx = partition_dataset(range(len(items)), ratios=[len(items) - n_val, n_val], shuffle=True, seed=seed)
-        chosen = set(val_idx)
-        is_val = [i in chosen for i in range(len(items))]
-    train = [d for d, v in zip(items, is_val) if not v]
-    val = [d for d, v in zip(items, is_val) if v]
+    chosen = set(val_idx)
+    train = [d for i, d in enumerate(items) if i not in chosen]
+    val = [d for i, d in enumerate(items) if i in chosen]
     if not train or not val:
         raise MSDDataError(
             f"split of {len(items)} cases in {root} leaves {len(train)} for training and {len(val)} for validation"

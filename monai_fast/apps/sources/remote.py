@@ -1,7 +1,6 @@
 """Data lists on object storage: ``s3://`` (or any fsspec URL) entries fetched once into the local cache.
 
-Copies are kept by URL and object version; with the server unreachable the cached copies serve.
-docs/sagemaker-s3.md describes it.
+Copies are kept by URL and object version; with the server unreachable the cached copies serve (docs/sagemaker-s3.md).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import fsspec
-from fsspec.asyn import AsyncFileSystem
 
 from monai_fast.apps.sources.remote_fetch import _fetch_all
 from monai_fast.apps.sources.remote_io import (
@@ -29,9 +27,8 @@ from monai_fast.apps.sources.remote_io import (
     _parallel,
     _reason,
     _Remote,
+    _request,
     _require_client,
-    _retrying,
-    _run,
     _scheme,
     _unreachable,
     is_url,
@@ -130,25 +127,18 @@ def _lookup_all(
         raise FileNotFoundError(
             f"{len(missing)} remote file(s) in the data list do not exist: {_listed(missing, found)}"
         )
-    offline: dict[str, tuple[Path, BaseException]] = {}
-    uncached: list[str] = []
-    for u in urls:
-        e = results[u]
-        if isinstance(e, BaseException) and _unreachable(e):
-            copy = _cached_copy(u, cache_dir)
-            if copy is None:
-                uncached.append(u)
-            else:
-                offline[u] = (copy, e)
+    failed = {u: results[u] for u in urls if isinstance(results[u], BaseException)}
+    cut_off = {u: e for u, e in failed.items() if _unreachable(e)}
+    offline = {u: (copy, e) for u, e in cut_off.items() if (copy := _cached_copy(u, cache_dir)) is not None}
+    uncached = [u for u in cut_off if u not in offline]
     if uncached:
         first = results[uncached[0]]
         raise RemoteDataError(
             f"cannot reach the server ({_reason(first)}) and {len(uncached)} remote file(s) have no "
             f"local copy in {cache_dir} to work offline from: {_listed(uncached, found)}"
         ) from first
-    for u in urls:
-        e = results[u]
-        if isinstance(e, BaseException) and u not in offline:
+    for u, e in failed.items():
+        if u not in offline:
             raise RemoteDataError(f"cannot look up {u}: {_reason(e)}") from e
     return {u: r for u, r in results.items() if u not in offline}, offline
 
@@ -209,8 +199,7 @@ def localize(
         local[url] = str(dest)
         if not (dest.is_file() and (remote.size is None or dest.stat().st_size == remote.size)):
             todo[url] = (remote, dest)
-    for url, (copy, _) in offline.items():
-        local[url] = str(copy)
+    local.update({url: str(copy) for url, (copy, _) in offline.items()})
     if todo:
         mib = sum(r.size or 0 for r, _ in todo.values()) / 2**20
         logger.info("fetching %d of %d remote files (%.1f MiB) into %s", len(todo), len(remotes), mib, folder)
@@ -250,13 +239,7 @@ def read_remote_text(
     _require_client([url])
     try:
         fs, path = fsspec.core.url_to_fs(url, **_options(url, dict(storage_options or {}), limits))
-        if isinstance(fs, AsyncFileSystem):
-            data = _retrying(
-                f"reading {url}", limits, None, lambda: _run(fs, lambda: fs._cat_file(path), limits.request_s, None)
-            )
-        else:
-            data = _retrying(f"reading {url}", limits, None, lambda: fs.cat_file(path))
-        return data.decode("utf-8")
+        return _request(fs, "cat_file", path, f"reading {url}", limits).decode("utf-8")
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{url} not found") from e
     except Exception as e:

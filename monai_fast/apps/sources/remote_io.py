@@ -199,6 +199,15 @@ class _Remote:
     version: str
 
 
+def _request(fs: Any, method: str, path: str, what: str, limits: _Limits) -> Any:
+    """``fs.<method>(path)`` (its coroutine on an async filesystem, within ``limits.request_s``), retried."""
+    if isinstance(fs, AsyncFileSystem):
+        call = lambda: _run(fs, lambda: getattr(fs, f"_{method}")(path), limits.request_s, None)
+    else:
+        call = lambda: getattr(fs, method)(path)
+    return _retrying(what, limits, None, call)
+
+
 def _version(info: dict) -> str:
     etag = info.get("ETag") or info.get("etag") or info.get("e_tag")
     if etag:
@@ -210,12 +219,7 @@ def _version(info: dict) -> str:
 def _lookup(url: str, storage_options: dict, limits: _Limits) -> _Remote:
     fs, path = fsspec.core.url_to_fs(url, **_options(url, storage_options, limits))
     fs.invalidate_cache(path)  # a listing cached by fsspec must not hide a changed object
-    if isinstance(fs, AsyncFileSystem):
-        info = _retrying(
-            f"looking up {url}", limits, None, lambda: _run(fs, lambda: fs._info(path), limits.request_s, None)
-        )
-    else:
-        info = _retrying(f"looking up {url}", limits, None, lambda: fs.info(path))
+    info = _request(fs, "info", path, f"looking up {url}", limits)
     if info.get("type") == "directory":
         raise RemoteDataError(f"{url} is a folder, not a file")
     size = info.get("size")

@@ -1,7 +1,6 @@
-"""Synthetic 3D segmentation data in the Medical Segmentation Decathlon (MSD) layout.
+"""Synthetic 3D segmentation data in the Medical Segmentation Decathlon (MSD) layout; a seed writes the same bytes.
 
-``spleen-like`` (after Task09_Spleen) or ``brats-like`` (after Task01_BrainTumour); each case has
-its own random stream, so the same seed always writes the same bytes.
+``spleen-like`` (after Task09_Spleen) or ``brats-like`` (after Task01_BrainTumour).
 """
 
 from __future__ import annotations
@@ -48,22 +47,21 @@ _DESCRIPTIONS = {
 }
 
 
-def _grid(shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Voxel coordinates normalised to [-1, 1] along each axis (broadcastable, not materialised)."""
-    return tuple(  # type: ignore[return-value]
-        np.linspace(-1.0, 1.0, n, dtype=np.float32).reshape([-1 if i == a else 1 for i in range(3)])
+def _grid(shape: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """Coordinates normalised to [-1, 1] along each axis (broadcastable, not materialised)."""
+    return tuple(
+        np.linspace(-1.0, 1.0, n, dtype=np.float32).reshape([-1 if i == a else 1 for i in range(len(shape))])
         for a, n in enumerate(shape)
     )
 
 
 def _smooth_field(rng: np.random.Generator, grid, n_waves: int = 4, max_freq: float = 3.0) -> np.ndarray:
-    """A smooth random field in about [-1, 1]: a sum of a few low-frequency plane waves."""
-    x, y, z = grid
-    field = np.zeros(np.broadcast_shapes(x.shape, y.shape, z.shape), dtype=np.float32)
+    """A smooth random field in about [-1, 1] on ``grid`` (`_grid()`): a sum of a few low-frequency plane waves."""
+    field = np.zeros(np.broadcast_shapes(*(g.shape for g in grid)), dtype=np.float32)
     for _ in range(n_waves):
-        k = rng.uniform(-max_freq, max_freq, size=3).astype(np.float32)
+        k = rng.uniform(-max_freq, max_freq, size=len(grid)).astype(np.float32)
         phase = np.float32(rng.uniform(0, 2 * np.pi))
-        field += np.cos(np.pi * (k[0] * x + k[1] * y + k[2] * z) + phase)
+        field += np.cos(np.pi * sum(k[i] * g for i, g in enumerate(grid)) + phase)
     return field / np.float32(n_waves)
 
 
@@ -145,7 +143,7 @@ def brats_like_case(rng: np.random.Generator, shape: Sequence[int]) -> tuple[np.
 
 
 def _save_atomic(array: np.ndarray, affine: np.ndarray, path: Path) -> None:
-    """Write a NIfTI file through a temporary name in the same folder, then rename it into place."""
+    """Write a NIfTI file atomically."""
     img = nib.Nifti1Image(array, affine)
     img.header.set_xyzt_units("mm")
     data = img.to_bytes() if not path.name.endswith(".gz") else gzip.compress(img.to_bytes(), compresslevel=1, mtime=0)
@@ -161,9 +159,7 @@ def generate_msd(
     seed: int = 0,
     progress: bool = True,
 ) -> Path:
-    """Write a synthetic data set in MSD layout: ``imagesTr/``, ``labelsTr/`` and ``dataset.json``.
-
-    ``dataset.json`` is written last and atomically, so a folder holding it is complete.
+    """Write a synthetic data set in MSD layout: ``imagesTr/``, ``labelsTr/`` and ``dataset.json`` (last, atomically).
 
     Args:
         root: output folder (created if missing).
@@ -230,21 +226,23 @@ def generate_msd(
     return root
 
 
-def synthetic_dataset(kind: str, cases: int, shape: Sequence[int], seed: int, progress: bool = True) -> Path:
-    """The synthetic set for these parameters, written once under ``<cache_root()>/data`` and reused.
+def _recorded(root: Path) -> dict:
+    """The parameters ``root/dataset.json`` was written for (its ``monai_fast`` key); ``{}`` if missing or damaged."""
+    try:
+        meta = json.loads((root / "dataset.json").read_text()).get("monai_fast")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
-    A folder whose ``dataset.json`` is missing, damaged or written for other parameters is written again.
-    """
+
+def synthetic_dataset(kind: str, cases: int, shape: Sequence[int], seed: int, progress: bool = True) -> Path:
+    """The synthetic set for these parameters, written once under ``<cache_root()>/data`` and reused (a folder
+    whose ``dataset.json`` is missing, damaged or written for other parameters is written again)."""
     shape = tuple(int(s) for s in shape)
     root = cache_root() / "data" / f"{kind}-n{cases}-{'x'.join(map(str, shape))}-s{seed}"
-    ready = root / "dataset.json"
-    if ready.is_file():
-        try:
-            meta = json.loads(ready.read_text()).get("monai_fast", {})
-            if meta.get("shape") == list(shape) and meta.get("seed") == seed and meta.get("kind") == kind:
-                logger.info("reusing synthetic data in %s", root)
-                return root
-        except (OSError, json.JSONDecodeError, AttributeError):
-            pass  # a damaged folder is simply written again
+    meta = _recorded(root)
+    if {k: meta.get(k) for k in ("shape", "seed", "kind")} == {"shape": list(shape), "seed": seed, "kind": kind}:
+        logger.info("reusing synthetic data in %s", root)
+        return root
     logger.info("writing %d %s cases to %s", cases, kind, root)
     return generate_msd(root, kind=kind, num_cases=cases, shape=shape, seed=seed, progress=progress)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from monai_fast.apps.sources.synthetic import _grid, _recorded, _smooth_field
 from monai_fast.extras import require
 from monai_fast.files import atomic_write, clean_stale_tmp, write_json, write_text
 from monai_fast.folders import cache_root
@@ -40,23 +41,14 @@ class WSIDataError(ValueError):
     """A WSI data set folder that cannot be used; the message names the file and the key at fault."""
 
 
-def _smooth_field_2d(
-    rng: np.random.Generator, shape: tuple[int, int], n_waves: int = 5, max_freq: float = 3.0
-) -> np.ndarray:
-    """A smooth random field in about [-1, 1] on ``shape``: a sum of low-frequency plane waves."""
-    y = np.linspace(-1.0, 1.0, shape[0], dtype=np.float32)[:, None]
-    x = np.linspace(-1.0, 1.0, shape[1], dtype=np.float32)[None, :]
-    field = np.zeros(shape, dtype=np.float32)
-    for _ in range(n_waves):
-        ky, kx = rng.uniform(-max_freq, max_freq, size=2).astype(np.float32)
-        field += np.cos(np.pi * (ky * y + kx * x) + np.float32(rng.uniform(0, 2 * np.pi)))
-    return field / np.float32(n_waves)
+def _smooth_field_2d(rng: np.random.Generator, shape: tuple[int, int], max_freq: float) -> np.ndarray:
+    """A smooth random field in about [-1, 1] on ``shape``: a sum of five low-frequency plane waves."""
+    return _smooth_field(rng, _grid(shape), n_waves=5, max_freq=max_freq)
 
 
 def _masks(rng: np.random.Generator, coarse: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Tissue and tumour masks (bool) on the coarse grid: a lobed tissue section, 1-3 tumour blobs inside it."""
-    y = np.linspace(-1.0, 1.0, coarse[0], dtype=np.float32)[:, None]
-    x = np.linspace(-1.0, 1.0, coarse[1], dtype=np.float32)[None, :]
+    y, x = _grid(coarse)
     radius = np.sqrt((y / 0.85) ** 2 + (x / 0.85) ** 2)
     tissue = radius + 0.3 * _smooth_field_2d(rng, coarse, max_freq=2.5) < 0.9
     tumour = np.zeros(coarse, dtype=bool)
@@ -122,10 +114,7 @@ def _write_tiff(path: Path, levels: list[np.ndarray], tile: int) -> None:
     """A tiled TIFF, one page per level (reduced-resolution pages after the first), atomically."""
     tifffile = require("tifffile", extra="wsi", feature=f"writing the slide {path}")
 
-    with (
-        atomic_write(path, "wb", clean=False) as f,
-        tifffile.TiffWriter(f) as tif,
-    ):  # generate_wsi cleans each folder once
+    with atomic_write(path, "wb", clean=False) as f, tifffile.TiffWriter(f) as tif:  # generate_wsi cleans the folder
         for i, a in enumerate(levels):
             tiled = {"tile": (tile, tile)} if min(a.shape[:2]) >= tile else {}
             tif.write(
@@ -226,20 +215,14 @@ def generate_wsi(
         split = "validation" if i >= num_slides - n_val else "training"
         image, tissue, tumour = wsi_like_slide(np.random.default_rng([seed, i]), size)
         _write_tiff(root / "slides" / f"{name}.tif", _pyramid(image, levels), tile)
+        masks = {}
         for mask, kind in ((tissue, "tissue"), (tumour, "tumor")):
-            _write_tiff(root / "masks" / f"{name}_{kind}.tif", [mask.astype(np.uint8) * 255], tile)
+            masks[f"{kind}_mask"] = f"masks/{name}_{kind}.tif"
+            _write_tiff(root / masks[f"{kind}_mask"], [mask.astype(np.uint8) * 255], tile)
         for r, c, label in _patches(tissue, tumour, size, patch_size):
             lists[split].append({"image": f"slides/{name}.tif", "location": [r, c], "label": [label]})
             rows.append((name, c, r, label, split))
-        slides.append(
-            {
-                "name": name,
-                "image": f"slides/{name}.tif",
-                "split": split,
-                "tissue_mask": f"masks/{name}_tissue.tif",
-                "tumor_mask": f"masks/{name}_tumor.tif",
-            }
-        )
+        slides.append({"name": name, "image": f"slides/{name}.tif", "split": split, **masks})
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows([("image", "x", "y", "label", "split"), *rows])
     write_text(text.getvalue(), root / "patches.csv")
@@ -310,20 +293,13 @@ def synthetic_wsi_dataset(
     levels: int = 3,
     progress: bool = True,
 ) -> Path:
-    """The synthetic WSI set for these parameters, written once into the cache folder and reused.
-
-    The folder is ``<cache_root()>/data/wsi-n<slides>-<rows>x<cols>-p<patch>-s<seed>``; one whose
-    ``dataset.json`` is missing, damaged or written for other parameters is written again.
-    """
+    """The synthetic WSI set for these parameters, written once under ``<cache_root()>/data`` and reused."""
     size = tuple(int(s) for s in size)
     want = _params(num_slides, size, tile, levels, patch_size, seed)
     root = cache_root() / "data" / f"wsi-n{num_slides}-{size[0]}x{size[1]}-p{patch_size}-t{tile}-l{levels}-s{seed}"
-    try:
-        if json.loads((root / "dataset.json").read_text()).get("monai_fast") == want:
-            logger.info("reusing synthetic WSI data in %s", root)
-            return root
-    except (OSError, json.JSONDecodeError, AttributeError):
-        pass  # missing or damaged: written again
+    if _recorded(root) == want:
+        logger.info("reusing synthetic WSI data in %s", root)
+        return root
     return generate_wsi(
         root, num_slides, size, tile=tile, levels=levels, patch_size=patch_size, seed=seed, progress=progress
     )

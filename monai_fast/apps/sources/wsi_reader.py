@@ -98,23 +98,19 @@ class TiledTiffWSIReader(TiffFileWSIReader):
         ratio = self.get_downsample_ratio(wsi=wsi, level=level)
         top, left = (round(location[i] / ratio) for i in range(2))
         patch = self._region(wsi, level, top, left, tuple(size)).astype(dtype, copy=False)
-        if mode in "RGB" and patch.shape[-1] not in (3, 4):
-            raise ValueError(
-                f"The image is expected to have three or four color channels in '{mode}' mode "
-                f"but has {patch.shape[-1]}."
-            )
         if mode in "RGB":
+            if patch.shape[-1] not in (3, 4):
+                raise ValueError(
+                    f"The image is expected to have three or four color channels in '{mode}' mode "
+                    f"but has {patch.shape[-1]}."
+                )
             patch = patch[..., :3]
         return np.moveaxis(patch, -1, self.channel_dim)
 
 
 @dataclass(frozen=True)
 class WSIBackend:
-    """A chosen WSI backend: its ``name``, ``why`` it was chosen, and ``make(**kwargs)`` for a reader.
-
-    ``make`` returns what MONAI's ``PatchWSIDataset(reader=...)`` takes: a ``WSIReader`` or a
-    ``BaseWSIReader`` instance.
-    """
+    """A chosen WSI backend: its ``name``, ``why`` it was chosen, and ``make(**kwargs)`` for a MONAI reader."""
 
     name: str
     why: str
