@@ -92,12 +92,6 @@ REGISTRY: Mapping[str, RecipeSpec] = MappingProxyType(
 RECIPES = tuple(REGISTRY)
 
 
-def _spec(name: str) -> RecipeSpec:
-    if name not in REGISTRY:
-        raise ValueError(f"unknown recipe {name!r}; choose one of {RECIPES}")
-    return REGISTRY[name]
-
-
 def recipe_parts(name: str, config: RecipeConfig | None = None, device: str | torch.device = "cpu") -> RecipeParts:
     """The parts recipe ``name`` trains with ``config`` on ``device`` (its defaults filled in).
 
@@ -108,7 +102,9 @@ def recipe_parts(name: str, config: RecipeConfig | None = None, device: str | to
         >>> recipe_parts("fast", RecipeConfig(precision="fp32")).config.batch_size
         1
     """
-    spec = _spec(name)
+    if name not in REGISTRY:
+        raise ValueError(f"unknown recipe {name!r}; choose one of {RECIPES}")
+    spec = REGISTRY[name]
     config = (config or RecipeConfig()).with_defaults(**spec.defaults)
     device = torch.device(device)
     if spec.fast_training:
@@ -137,9 +133,8 @@ def build_recipe(
 ) -> Recipe:
     """Build recipe ``name`` (one of `RECIPES`): its `recipe_parts()` over its data, composed into engines.
 
-    Options left ``None`` in ``config`` take the recipe's `RecipeSpec.defaults`. Inside a distributed
-    job each rank takes and caches its share of the files, the network is wrapped in DDP (Horovod: its
-    optimizer) and validation Dice is gathered over all ranks (docs/distributed.md).
+    Options left ``None`` in ``config`` take the recipe's `RecipeSpec.defaults`. In a distributed job
+    each rank builds and caches its share of the files (docs/distributed.md).
 
     Raises:
         ValueError: for an unknown recipe name.
@@ -148,11 +143,10 @@ def build_recipe(
         >>> recipe = build_recipe("baseline", train_files, val_files, RecipeConfig(max_epochs=1))  # doctest: +SKIP
         >>> recipe.trainer.run()  # doctest: +SKIP
     """
-    spec = _spec(name)
-    # under DDP/Horovod each rank builds (and caches) only its share of the files
     train_files, val_files = rank_share(train_files, even=True), rank_share(val_files, even=False)
     t0 = time.perf_counter()
     parts = recipe_parts(name, config, device)
+    spec = REGISTRY[name]
     seed_everything(parts.config)
     if spec.guide_cache:
         data = guide_cached_data(parts, train_files, val_files, progress=progress)

@@ -1,12 +1,9 @@
-"""A recipe's parts and data put together: trainer, evaluator, precision, validation schedule.
-
-The ``fast`` recipe's `FastTraining` is attached to both engines exactly as a user attaches it.
-"""
+"""A recipe's parts and data put together: trainer, evaluator, precision, validation schedule."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -42,6 +39,7 @@ class Recipe:
         train_loader, val_loader: the data loaders.
         device: where training runs.
         amp: whether mixed precision is on.
+        config: the options it was built with.
         setup_s: seconds spent building, cache filling included.
         notes: what the recipe chose and why, one line each.
         fast_training: the `FastTraining` attached (the ``fast`` recipe), else ``None``.
@@ -70,77 +68,6 @@ def seed_everything(config: RecipeConfig) -> None:
     torch.backends.cudnn.benchmark = True
 
 
-def _assemble(
-    name: str,
-    config: RecipeConfig,
-    device: torch.device,
-    network: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    loss_function: Callable,
-    train_loader: DataLoader,
-    val_loader: DataLoader,
-    amp: bool,
-    t_start: float,
-    notes: Sequence[str] = (),
-) -> Recipe:
-    """Build the evaluator (sliding window, mean Dice) and the trainer that validates with it."""
-    # one process: unchanged; DDP: the trainer gets the DDP module, the evaluator the bare one
-    # (inference needs no gradient sync); Horovod: its DistributedOptimizer
-    network, optimizer = distribute(network, optimizer)
-    bare = getattr(network, "module", network)
-    stitch_on = _stitch_device(config, device)
-    post = _postprocessing(stitch_on)
-    evaluator = SupervisedEvaluator(
-        device=device,
-        val_data_loader=val_loader,
-        network=bare,
-        inferer=SlidingWindowInferer(
-            roi_size=config.patch_size,
-            sw_batch_size=config.sw_batch_size,
-            overlap=config.sw_overlap,
-            sw_device=device,
-            device=stitch_on,
-        ),
-        postprocessing=post,
-        key_val_metric=_val_metric(),
-        amp=amp,
-        compile=config.compile,
-    )
-    trainer = SupervisedTrainer(
-        device=device,
-        max_epochs=config.max_epochs,
-        train_data_loader=train_loader,
-        network=network,
-        optimizer=optimizer,
-        loss_function=loss_function,
-        inferer=SimpleInferer(),
-        # on a schedule, compose attaches a ValidationSchedule once the evaluator's data is final
-        train_handlers=(
-            [ValidationHandler(validator=evaluator, interval=config.val_interval)]
-            if config.validation in (None, "every_epoch")
-            else []
-        ),
-        amp=amp,
-        optim_set_to_none=True,
-        compile=config.compile,
-    )
-    return Recipe(
-        name=name,
-        trainer=trainer,
-        evaluator=evaluator,
-        network=network,
-        optimizer=optimizer,
-        loss_function=loss_function,
-        train_loader=train_loader,
-        val_loader=val_loader,
-        device=device,
-        amp=amp,
-        config=config,
-        setup_s=time.perf_counter() - t_start,
-        notes=list(notes),
-    )
-
-
 def _stitch_device(config: RecipeConfig, device: torch.device) -> torch.device | None:
     """Where the sliding-window output is stitched when not where the network runs (``None``: there)."""
     stitch_on = torch.device(config.val_device) if config.val_device else None
@@ -162,8 +89,7 @@ def _val_metric() -> dict:
 def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
     """A `ValidationSchedule` on ``recipe``'s trainer, as ``config.validation="schedule"`` asks.
 
-    The estimate is the mean Dice on the first ``config.val_subset`` items of the evaluator's (final)
-    data set, with the evaluator's network, inferer and precision.
+    Its estimate: mean Dice on the first ``config.val_subset`` items of the evaluator's data, with its network.
     """
     config, evaluator = recipe.config, recipe.evaluator
     dataset = evaluator.data_loader.dataset
@@ -184,22 +110,24 @@ def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
 def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTraining | None = None) -> Recipe:
     """Network, optimizer, loss and engines from ``parts`` over ``data``, precision applied.
 
-    The network is built after the data sets, so the seed's random stream is the same as always.
     With ``levers``, that `FastTraining` is attached to both engines and sets the precision
     (``parts.precision_by == "toggle"``); without, MONAI's own ``amp`` does (``"monai"``). Every
-    trainer gets a ``NonFiniteGuard``, whatever the precision.
+    trainer gets a ``NonFiniteGuard``.
+
+    Raises:
+        ValueError: ``levers`` given for ``precision_by="monai"``, or missing for ``"toggle"``.
     """
     if (parts.precision_by == "toggle") != (levers is not None):
         raise ValueError(
             f"recipe {parts.name!r}: precision_by={parts.precision_by!r} "
             f"{'needs' if levers is None else 'cannot take'} a FastTraining to apply it"
         )
-    config = parts.config
-    network = parts.network()
+    config, device, amp = parts.config, parts.device, parts.monai_amp
+    network = parts.network()  # after the data sets, so the seed's random stream is the same as always
     optimizer = parts.optimizer(network.parameters())
     loss = parts.loss()
     lr = optimizer.param_groups[0]["lr"]
-    precision_note = f"AMP {'on' if parts.monai_amp else 'off'}" if levers is None else f"precision {parts.precision}"
+    precision_note = f"AMP {'on' if amp else 'off'}" if levers is None else f"precision {parts.precision}"
     notes = [
         data.note()
         if levers is None
@@ -209,24 +137,52 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
         f"{type(optimizer).__name__}(lr={lr:g}), {precision_note}"
         + (", channels_last_3d weights" if parts.channels_last else ""),
     ]
-    recipe = _assemble(
-        parts.name,
-        config,
-        parts.device,
-        network,
-        optimizer,
-        loss,
-        data.train_loader,
-        data.val_loader,
-        amp=parts.monai_amp,
-        t_start=t_start,
-        notes=notes,
+    # DDP: the trainer gets the DDP module, the evaluator the bare one; Horovod: its DistributedOptimizer
+    network, optimizer = distribute(network, optimizer)
+    stitch_on = _stitch_device(config, device)
+    evaluator = SupervisedEvaluator(
+        device=device,
+        val_data_loader=data.val_loader,
+        network=getattr(network, "module", network),
+        inferer=SlidingWindowInferer(
+            roi_size=config.patch_size,
+            sw_batch_size=config.sw_batch_size,
+            overlap=config.sw_overlap,
+            sw_device=device,
+            device=stitch_on,
+        ),
+        postprocessing=_postprocessing(stitch_on),
+        key_val_metric=_val_metric(),
+        amp=amp,
+        compile=config.compile,
     )
-    NonFiniteGuard().attach(recipe.trainer)  # before AMPToggle, which then falls back through it
+    trainer = SupervisedTrainer(
+        device=device,
+        max_epochs=config.max_epochs,
+        train_data_loader=data.train_loader,
+        network=network,
+        optimizer=optimizer,
+        loss_function=loss,
+        inferer=SimpleInferer(),
+        # on a schedule, a ValidationSchedule is attached below instead
+        train_handlers=(
+            [ValidationHandler(validator=evaluator, interval=config.val_interval)]
+            if config.validation in (None, "every_epoch")
+            else []
+        ),
+        amp=amp,
+        optim_set_to_none=True,
+        compile=config.compile,
+    )
+    loaders = data.train_loader, data.val_loader
+    recipe = Recipe(
+        parts.name, trainer, evaluator, network, optimizer, loss, *loaders, device, amp, config, notes=notes
+    )
+    NonFiniteGuard().attach(trainer)  # before AMPToggle, which then falls back through it
     if levers is not None:
-        levers.attach(recipe.trainer, recipe.evaluator)
+        levers.attach(trainer, evaluator)
         recipe.fast_training = levers
-        recipe.train_loader, recipe.val_loader = recipe.trainer.data_loader, recipe.evaluator.data_loader
+        recipe.train_loader, recipe.val_loader = trainer.data_loader, evaluator.data_loader
         recipe.amp = levers.applied["precision"]["applied"]
         recipe.notes.extend(
             f"FastTraining {lever}: {what['setting'] if what['applied'] else 'left alone'} ({what['reason']})"
@@ -244,9 +200,8 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
 
 def fast_training(parts: RecipeParts, progress: bool = False) -> FastTraining:
     """The `FastTraining` the ``fast`` recipe attaches: its cache options, precision and layout."""
-    config = parts.config
+    config, on_cuda = parts.config, parts.device.type == "cuda"
     budget = config.cache_budget_mib
-    on_cuda = parts.device.type == "cuda"
     return FastTraining(
         cache=config.cache,
         precision=parts.precision,

@@ -40,26 +40,25 @@ _MINIMUMS = {
 class RecipeConfig:
     """What a recipe is built from, apart from the file lists and the device; a bad value is refused here.
 
-    ``None`` fields take the recipe's own value (its `RecipeSpec.defaults`). docs/recipes.md describes
-    the recipes, the networks, the validation schedule and the cache places.
+    ``None`` fields take the recipe's own value (`RecipeSpec.defaults`); docs/recipes.md has the details.
 
     Args:
         patch_size: training crop and sliding-window ROI, in voxels after resampling.
         batch_size, num_samples: volumes per training batch, crops per volume.
         network: ``"unet"`` or ``"segresnet"`` (then ``channels`` double per level from a multiple of 8).
         channels, strides, num_res_units, dropout: the network's levels, down-sampling, residual units, dropout.
-        pixdim, intensity_window: ``Spacingd``'s spacing in mm, ``ScaleIntensityRanged``'s CT window in HU.
-        optimizer, lr: ``"adam"``, ``"adamw"`` or ``"novograd"``; learning rate (default `DEFAULT_LR`).
-        sw_batch_size, sw_overlap, val_device: the sliding-window validation's batch, overlap and stitching device.
+        pixdim, intensity_window: spacing in mm, CT window in HU.
+        optimizer, lr: one of `OPTIMIZERS`; learning rate (default `DEFAULT_LR`).
+        sw_batch_size, sw_overlap, val_device: sliding-window batch, overlap and stitching device.
         val_interval: validate every this many epochs (``validation="every_epoch"``).
-        validation: ``"every_epoch"`` or ``"schedule"`` (a `ValidationSchedule`; ``fast``'s default).
+        validation: ``"every_epoch"`` or ``"schedule"`` (a `ValidationSchedule`).
         val_target, val_every, val_margin, val_subset: the schedule's settings.
         max_epochs: epoch limit of the trainer.
-        num_workers, cache_threads: the baseline's ``DataLoader`` workers; threads filling caches.
+        num_workers, cache_threads: ``DataLoader`` workers; threads filling caches.
         precision: one of `REQUESTS`; ``"auto"``: the recipe's default.
         compile: compile the network with ``torch.compile``.
-        cache, cache_dir, cache_budget_mib: where ``fast`` caches (``"auto"`` or one of `CACHE_PLACES`),
-            the disk cache's folder, the cache's memory budget (default half of what is free).
+        cache, cache_dir, cache_budget_mib: ``fast``'s cache place (``"auto"`` or one of `CACHE_PLACES`),
+            disk cache folder, memory budget (default half of what is free).
         background_fill: ``fast`` fills its caches while training runs.
         seed: seed for weights, crops and augmentation.
 
@@ -101,10 +100,8 @@ class RecipeConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.patch_size = tuple(int(s) for s in self.patch_size)  # type: ignore[assignment]
-        self.channels = tuple(int(c) for c in self.channels)
-        self.strides = tuple(int(s) for s in self.strides)
-        self.pixdim = tuple(float(p) for p in self.pixdim)  # type: ignore[assignment]
+        for name, kind in (("patch_size", int), ("channels", int), ("strides", int), ("pixdim", float)):
+            setattr(self, name, tuple(kind(v) for v in getattr(self, name)))
         self.intensity_window = tuple(float(w) for w in self.intensity_window)  # type: ignore[assignment]
         self.dropout = float(self.dropout)
         if len(self.patch_size) != 3 or min(self.patch_size) < 8:
@@ -181,10 +178,7 @@ class RecipeConfig:
         return self.cache_threads if self.cache_threads is not None else (os.cpu_count() or 1)
 
     def with_defaults(self, **defaults: object) -> RecipeConfig:
-        """A copy in which each option named in ``defaults`` that is ``None`` takes the given value.
-
-        Recipes call this first, so ``None`` means "the recipe's own choice".
-        """
+        """A copy in which each option named in ``defaults`` that is ``None`` takes the given value."""
         _check_known(defaults)
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
@@ -201,14 +195,13 @@ class RecipeConfig:
         ``"fp32"`` is kept; a mixed precision keeps the one this config asks for (``"auto"`` when it asked
         for fp32); ``cache_budget_mib`` is kept when ``None``.
         """
-        extra = {} if cache_budget_mib is None else {"cache_budget_mib": cache_budget_mib}
         return replace(
             self,
             batch_size=batch_size,
             sw_batch_size=sw_batch_size,
             val_device=val_device,
             precision="fp32" if precision == "fp32" else (self.precision if self.precision != "fp32" else "auto"),
-            **extra,
+            cache_budget_mib=self.cache_budget_mib if cache_budget_mib is None else cache_budget_mib,
         )
 
     def to_dict(self) -> dict:
@@ -224,8 +217,7 @@ class RecipeConfig:
 
 def _check_known(options: Mapping[str, object]) -> None:
     known = {f.name for f in fields(RecipeConfig)}
-    unknown = sorted(set(options) - known)
-    if unknown:
+    if unknown := sorted(set(options) - known):
         raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
 
 
@@ -248,5 +240,4 @@ def tutorial_size(size: str = "auto", device: torch.device | str | None = None) 
         raise ValueError(f"SIZE must be one of {TUTORIAL_SIZES}, got {size!r}")
     if size != "auto":
         return size
-    device = torch.device(device) if device is not None else tutorial_device()
-    return "full" if device.type == "cuda" else "test"
+    return "full" if torch.device(device if device is not None else tutorial_device()).type == "cuda" else "test"

@@ -1,9 +1,6 @@
 """The data pieces of the recipes: where the deterministic transforms' output lives, and who loads it.
 
-``uncached_data`` is plain MONAI (the ``fast`` recipe's `FastTraining` adopts it into planned
-caches); ``guide_cached_data`` is MONAI's fast-training guide (everything cached, a thread loader).
-Every chain is a `NamedItemsCompose`, so an unreadable file ends the build or the epoch with one
-`DataItemError` naming it (docs/data.md).
+Every chain is a `NamedItemsCompose`: an unreadable file raises one `DataItemError` naming it (docs/data.md).
 """
 
 from __future__ import annotations
@@ -23,10 +20,8 @@ __all__ = ["DataPiece", "guide_cached_data", "require_device", "uncached_data"]
 
 
 def require_device(device: torch.device) -> None:
-    """Raise one clear ``ValueError`` when ``device`` is CUDA and this torch build or machine has none.
-
-    Called first by every data piece, so a CPU-only build fails before any data is read.
-    """
+    """Raise one clear ``ValueError`` when ``device`` is CUDA and this torch build or machine has none (every data
+    piece calls it first, so a CPU-only build fails before any data is read)."""
     from monai_fast.telemetry import cuda_available
 
     if device.type == "cuda" and not cuda_available():
@@ -68,13 +63,11 @@ def uncached_data(parts: RecipeParts, train_files: Sequence[dict], val_files: Se
         >>> data = uncached_data(parts, train_files, val_files)  # doctest: +SKIP
     """
     require_device(parts.device)
-    config, pin = parts.config, parts.device.type == "cuda"
+    kw = {"num_workers": parts.config.loader_workers, "pin_memory": parts.device.type == "cuda"}
     train_ds = Dataset(data=list(train_files), transform=NamedItemsCompose.of(parts.train_transforms()))
     val_ds = Dataset(data=list(val_files), transform=NamedItemsCompose.of(parts.val_transforms()))
-    workers = config.loader_workers
-    train_loader = DataLoader(train_ds, batch_size=config.batch_size, shuffle=True, num_workers=workers, pin_memory=pin)
-    val_loader = DataLoader(val_ds, batch_size=1, num_workers=workers, pin_memory=pin)
-    return DataPiece(train_ds, train_loader, val_ds, val_loader, where="")
+    train_loader = DataLoader(train_ds, batch_size=parts.config.batch_size, shuffle=True, **kw)
+    return DataPiece(train_ds, train_loader, val_ds, DataLoader(val_ds, batch_size=1, **kw), where="")
 
 
 def guide_cached_data(

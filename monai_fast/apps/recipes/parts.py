@@ -1,8 +1,4 @@
-"""What a recipe trains, as one object, and what it is built from: network, optimizer, loss, precision, layout.
-
-The recipe's assembly builds engines from its `RecipeParts` and the tuner times the same parts,
-so it tunes exactly what the recipe trains.
-"""
+"""What a recipe trains, as one object (what the tuner times too): network, optimizer, loss, precision, layout."""
 
 from __future__ import annotations
 
@@ -132,20 +128,14 @@ def build_optimizer(config: RecipeConfig, params: Iterable[torch.nn.Parameter]) 
     """``config.optimizer`` (the recipe's ``with_defaults`` sets it) at ``config.lr`` or its default rate."""
     if config.optimizer is None:
         raise ValueError("build_optimizer needs config.optimizer; use config.with_defaults(optimizer=...)")
-    lr = config.lr or DEFAULT_LR[config.optimizer]
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr)  # PyTorch's default weight decay, 0.01
-    return Novograd(params, lr=lr)
+    optimizer = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "novograd": Novograd}[config.optimizer]
+    return optimizer(params, lr=config.lr or DEFAULT_LR[config.optimizer])  # AdamW: PyTorch's weight decay, 0.01
 
 
 def resolve_amp(config: RecipeConfig, device: torch.device, default_on_cuda: bool) -> bool:
     """Whether MONAI's fp16 ``amp`` is on: ``config.precision`` ``"fp16"`` on CUDA, ``"fp32"`` off,
-    ``"auto"``: ``default_on_cuda`` on CUDA and off on a CPU.
-
-    ``"bf16"`` is taken as ``"auto"`` with one warning: MONAI's ``amp=True`` runs fp16 autocast only,
-    and a race applies one precision request to every recipe (``fast`` honours bf16).
+    ``"auto"``: ``default_on_cuda`` on CUDA and off on a CPU; ``"bf16"`` as ``"auto"``, with a warning (MONAI's
+    ``amp=True`` is fp16 autocast only, and a race gives every recipe the same precision request).
     """
     if config.precision == "bf16":
         logger.warning(
@@ -204,10 +194,7 @@ def dice_ce_loss() -> Callable:
 
 
 def memory_format_for(device: torch.device, precision: str) -> torch.memory_format:
-    """``channels_last_3d`` weights, the layout oneDNN and cuDNN convolutions prefer, except on a CPU in bf16.
-
-    On a CPU running bf16 the default layout was measured faster (see ``benchmarks/README.md``).
-    """
+    """``channels_last_3d`` weights, except on a CPU in bf16 (measured slower: ``benchmarks/README.md``)."""
     if device.type == "cpu" and precision == "bf16":
         return torch.contiguous_format
     return torch.channels_last_3d

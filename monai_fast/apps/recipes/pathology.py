@@ -11,7 +11,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from ignite.metrics import Accuracy
 from monai.data import DataLoader, PatchWSIDataset
-from monai.engines import SupervisedEvaluator, SupervisedTrainer
+from monai.engines import SupervisedEvaluator, SupervisedTrainer, default_prepare_batch
 from monai.handlers import ROCAUC, ValidationHandler, from_engine
 from monai.networks.nets import DenseNet
 from monai.optimizers import Novograd
@@ -93,21 +93,21 @@ def classifier(config: PathologyConfig) -> torch.nn.Module:
 
 def _plain_transforms(train: bool, prob: float) -> Compose:
     """Per-patch CPU transforms, MONAI's dictionary transforms in the loader workers."""
-    tail = [ScaleIntensityRanged(keys="image", a_min=0.0, a_max=255.0, b_min=-1.0, b_max=1.0, clip=True)]
-    if not train:
-        return Compose([CastToTyped(keys="image", dtype=torch.float32), *tail])
+    augment = [
+        RandScaleIntensityd(keys="image", factors=0.25, prob=1.0),
+        RandFlipd(keys="image", prob=prob, spatial_axis=1),
+        RandRotate90d(keys="image", prob=prob, max_k=3),
+    ]
     return Compose(
         [
             CastToTyped(keys="image", dtype=torch.float32),
-            RandScaleIntensityd(keys="image", factors=0.25, prob=1.0),
-            RandFlipd(keys="image", prob=prob, spatial_axis=1),
-            RandRotate90d(keys="image", prob=prob, max_k=3),
-            *tail,
+            *(augment if train else []),
+            ScaleIntensityRanged(keys="image", a_min=0.0, a_max=255.0, b_min=-1.0, b_max=1.0, clip=True),
         ]
     )
 
 
-def _datasets(
+def _loaders(
     variant: str,
     train: Sequence[dict],
     val: Sequence[dict],
@@ -117,40 +117,27 @@ def _datasets(
     notes: dict[str, str],
 ) -> tuple[Any, Any]:
     """The training and validation loaders of ``variant``, reading with ``reader``."""
-    p = config.patch_size
     if variant == "plain":
         notes["reader"] = "tifffile (MONAI's TiffFileWSIReader: whole-level decode per patch)"
-        ds = [
-            PatchWSIDataset(
-                list(d),
-                patch_size=p,
-                patch_level=0,
-                transform=_plain_transforms(t, config.prob),
-                reader=reader.make(level=0),
-            )
-            for d, t in ((train, True), (val, False))
-        ]
         notes["augment"] = "MONAI per-patch transforms in loader workers (CPU)"
-        kw = {"num_workers": config.workers, "persistent_workers": config.workers > 0}
-        notes["loader"] = f"DataLoader ({config.workers} worker processes)"
-        return (
-            DataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
-            DataLoader(ds[1], batch_size=config.batch_size, **kw),
+        loader, workers = DataLoader, config.workers
+        transforms = [_plain_transforms(t, config.prob) for t in (True, False)]
+        notes["loader"] = f"DataLoader ({workers} worker processes)"
+    else:
+        notes["reader"] = ("tifffile, tile-aware" if reader.name == "tifffile" else reader.name) + f" ({reader.why})"
+        # a thread is enough for tile reads on a CPU; a GPU eats patches faster than one thread reads them.
+        # The safe thread loader raises a failing patch's error (slide and location named) in the training
+        # thread; MONAI's ThreadDataLoader would end the epoch there instead
+        loader, workers, transforms = SafeThreadDataLoader, config.workers if device.type == "cuda" else 0, [None, None]
+        notes["loader"] = (
+            f"SafeThreadDataLoader ({workers} worker processes)" if workers else "SafeThreadDataLoader (one thread)"
         )
-    notes["reader"] = ("tifffile, tile-aware" if reader.name == "tifffile" else reader.name) + f" ({reader.why})"
-    ds = [PatchWSIDataset(list(d), patch_size=p, patch_level=0, reader=reader.make(level=0)) for d in (train, val)]
-    # a thread is enough for tile reads on a CPU; a GPU eats patches faster than one thread reads them
-    workers = config.workers if device.type == "cuda" else 0
-    # the safe thread loader raises a failing patch's error (slide and location named) in the training thread;
-    # MONAI's ThreadDataLoader would end the epoch there instead
-    notes["loader"] = (
-        f"SafeThreadDataLoader ({workers} worker processes)" if workers else "SafeThreadDataLoader (one thread)"
+    kw = {"batch_size": config.batch_size, "num_workers": workers, "persistent_workers": workers > 0}
+    train_ds, val_ds = (
+        PatchWSIDataset(list(d), patch_size=config.patch_size, patch_level=0, transform=t, reader=reader.make(level=0))
+        for d, t in zip((train, val), transforms)
     )
-    kw = {"num_workers": workers, "persistent_workers": workers > 0}
-    return (
-        SafeThreadDataLoader(ds[0], batch_size=config.batch_size, shuffle=True, **kw),
-        SafeThreadDataLoader(ds[1], batch_size=config.batch_size, **kw),
-    )
+    return loader(train_ds, shuffle=True, **kw), loader(val_ds, **kw)
 
 
 def _engines(
@@ -163,11 +150,11 @@ def _engines(
 ) -> tuple[SupervisedTrainer, SupervisedEvaluator]:
     """MONAI's trainer and evaluator: BCE on one logit, ROC AUC and accuracy on the sigmoid."""
     fast = variant == "fast"
-    prepare = {}
+    prepare: Callable[..., Any] = default_prepare_batch
     if fast:
         why = cucim_status(device)
         notes["augment"] = "cuCIM GPU kernels (RandCuCIM)" if why is None else f"torch batch ops on {device} ({why})"
-        prepare = {"prepare_batch": AugmentingPrepareBatch(batch_augment(device, config.prob, quiet=True))}
+        prepare = AugmentingPrepareBatch(batch_augment(device, config.prob, quiet=True))
     stack = from_engine(["pred", "label"])
 
     def binary(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,16 +165,14 @@ def _engines(
         device=device,
         val_data_loader=loaders[1],
         network=network,
-        prepare_batch=AugmentingPrepareBatch(to_unit_range) if fast else PrepareBatchPlain(),
+        # plain: the loader's batches are float in [-1, 1] already, only moved to the device
+        prepare_batch=AugmentingPrepareBatch(to_unit_range if fast else lambda x: x),
         postprocessing=Activationsd(keys="pred", sigmoid=True),
         key_val_metric={METRIC: ROCAUC(output_transform=stack)},
         additional_metrics={"val_acc": Accuracy(output_transform=binary)},
     )
-    optimizer = (
-        Novograd(network.parameters(), lr=config.lr)
-        if fast
-        else torch.optim.SGD(network.parameters(), lr=config.lr, momentum=0.9)
-    )  # the example's baseline
+    params = network.parameters()  # plain: the example's baseline, SGD with momentum
+    optimizer = Novograd(params, lr=config.lr) if fast else torch.optim.SGD(params, lr=config.lr, momentum=0.9)
     notes["optimizer"] = type(optimizer).__name__
     trainer = SupervisedTrainer(
         device=device,
@@ -197,16 +182,9 @@ def _engines(
         optimizer=optimizer,
         loss_function=torch.nn.BCEWithLogitsLoss(),
         train_handlers=[ValidationHandler(validator=evaluator, interval=1, epoch_level=True)],
-        **prepare,
+        prepare_batch=prepare,
     )
     return trainer, evaluator
-
-
-class PrepareBatchPlain(AugmentingPrepareBatch):
-    """The plain pipeline's batches: already float in ``[-1, 1]`` from the loader; moved to the device only."""
-
-    def __init__(self) -> None:
-        super().__init__(lambda x: x)
 
 
 def build_pathology(
@@ -247,20 +225,17 @@ def build_pathology(
     reader = choose_wsi_backend("tifffile-monai" if variant == "plain" else config.backend, device, quiet=True)
     if config.preflight:  # a bad slide or location is named here, not in a loader thread in the middle of an epoch
         preflight_wsi({"training": train, "validation": val}, config.patch_size, reader=reader.make(level=0))
-    loaders = _datasets(variant, train, val, config, device, reader, notes)
+    loaders = _loaders(variant, train, val, config, device, reader, notes)
     network = classifier(config).to(device)
     trainer, evaluator = _engines(variant, loaders, network, config, device, notes)
     # first among the epoch's handlers: no validation, AUC or checkpoint comes from an epoch that ended short
     EpochLengthGuard("training").attach(trainer)
     EpochLengthGuard("validation").attach(evaluator)
-    amp = None
-    if variant == "fast":
-        amp = AMPToggle(config.precision)
+    amp = AMPToggle(config.precision) if variant == "fast" else None
+    if amp is not None:
         amp.attach(trainer)
         AMPToggle(amp.precision).attach(evaluator)  # the trainer's choice, not measured twice
-        notes["precision"] = amp.precision
-    else:
-        notes["precision"] = "fp32"
+    notes["precision"] = amp.precision if amp is not None else "fp32"
     breakdown, throughput = TimeBreakdown(), ThroughputMonitor(log_every_epoch=False)
     breakdown.attach(trainer)
     throughput.attach(trainer)

@@ -134,8 +134,6 @@ def batch_augment(
 class AugmentingPrepareBatch(PrepareBatch):
     """MONAI's default batch preparation (image and label to the device), then ``augment`` on the image there.
 
-    The loader ships ``uint8`` patches (a quarter of float32's bytes) and the device augments them.
-
     Examples:
         >>> prepare = AugmentingPrepareBatch(batch_augment(device))  # doctest: +SKIP
     """

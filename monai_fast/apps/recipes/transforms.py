@@ -47,19 +47,13 @@ def deterministic_transforms(
         plain_tensors: end with ``EnsureTyped(track_meta=False)``: plain tensors, cheaper to copy and transform.
         device: when a CUDA device, end with ``ToDeviced`` so the cache lives in GPU memory.
     """
+    low, high = config.intensity_window
     chain: list[MapTransform] = [
         LoadImaged(keys=KEYS),
         EnsureChannelFirstd(keys=KEYS),
         Orientationd(keys=KEYS, axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
         Spacingd(keys=KEYS, pixdim=config.pixdim, mode=("bilinear", "nearest")),
-        ScaleIntensityRanged(
-            keys="image",
-            a_min=config.intensity_window[0],
-            a_max=config.intensity_window[1],
-            b_min=0.0,
-            b_max=1.0,
-            clip=True,
-        ),
+        ScaleIntensityRanged(keys="image", a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True),
         CropForegroundd(keys=KEYS, source_key="image", allow_smaller=True),
         SpatialPadd(keys=KEYS, spatial_size=config.patch_size),
     ]
@@ -92,9 +86,7 @@ def random_transforms(config: RecipeConfig, *, precomputed_indices: bool = False
             fg_indices_key=FG if precomputed_indices else None,
             bg_indices_key=BG if precomputed_indices else None,
         ),
-        RandFlipd(keys=KEYS, spatial_axis=[0], prob=0.10),
-        RandFlipd(keys=KEYS, spatial_axis=[1], prob=0.10),
-        RandFlipd(keys=KEYS, spatial_axis=[2], prob=0.10),
+        *(RandFlipd(keys=KEYS, spatial_axis=[axis], prob=0.10) for axis in range(3)),
         RandRotate90d(keys=KEYS, prob=0.10, max_k=3),
         RandShiftIntensityd(keys="image", offsets=0.10, prob=0.50),
     ]

@@ -99,15 +99,12 @@ def tune_recipe(
     key = tuner.key()
     sizing = None
     if train_files is not None:
-        sizing = plan_cache(
-            parts.train_transforms(), list(train_files), device, gpu_budget_mib=0, ram_budget_mib=0
-        )  # sizes only
+        # sizes only: no budget
+        sizing = plan_cache(parts.train_transforms(), list(train_files), device, gpu_budget_mib=0, ram_budget_mib=0)
         key += f"|cache={sizing.n_items}x{sizing.bytes_per_item}B,tradeoff={cache_tradeoff:g}"
-    if not force:
-        cached = store.get(key)
-        if cached is not None:
-            logger.info("tuning: using the cached result from %s", store.path)
-            return cached
+    if not force and (cached := store.get(key)) is not None:
+        logger.info("tuning: using the cached result from %s", store.path)
+        return cached
     result = replace(tuner.run(progress=progress), key=key)
     if sizing is not None:
         choice = _place(result, parts, list(train_files), sizing.total_bytes, cache_tradeoff)

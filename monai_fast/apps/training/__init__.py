@@ -1,8 +1,7 @@
 """Train one recipe toward a target with its telemetry: the product behind ``monai-fast train``.
 
 `TrainJob` / `train_job()` train one recipe from its options into a run folder; `TargetRun` /
-`run_to_target()` below them train toward a target Dice. The race harness (`monai_fast.apps.demo`)
-builds on these; nothing here imports it.
+`run_to_target()` below them train toward a target Dice.
 """
 
 from monai_fast.apps.training.data import NUM_CLASSES, DataSource, SyntheticData, check_files, checked_files, load_files

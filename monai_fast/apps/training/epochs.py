@@ -76,11 +76,8 @@ class EpochRecorder:
         writer: SummaryWriter | None,
         log_epochs: bool = False,
     ):
-        self.name = recipe_name
+        self.name, self.stopper, self.breakdown, self.writer = recipe_name, stopper, breakdown, writer
         self.log_epochs = log_epochs
-        self.stopper = stopper
-        self.breakdown = breakdown
-        self.writer = writer
         self.rows: list[EpochRow] = []
         self._loss_sum = 0.0
         self._n = 0
@@ -119,7 +116,6 @@ class EpochRecorder:
 
     def _epoch_completed(self, engine: Engine) -> None:
         times = self.breakdown.epochs[-1]
-        loss = float(self._loss_sum / max(self._n, 1))
         row = EpochRow(
             recipe=self.name,
             epoch=engine.state.epoch,
@@ -129,7 +125,7 @@ class EpochRecorder:
             data_wait_s=times.data_s,
             compute_s=times.compute_s,
             data_share=times.data_share,
-            loss=loss,
+            loss=float(self._loss_sum / max(self._n, 1)),
             val_dice=self._val_dice,
             wall_s=self.stopper.elapsed() - self._started[0],
             cpu_s=process_tree_cpu_seconds() - self._started[1],
@@ -139,16 +135,8 @@ class EpochRecorder:
         self.rows.append(row)
         if self.log_epochs:  # where no bar is drawn: one line per epoch
             dice = "" if row.val_dice is None else f", val Dice {row.val_dice:.3f}"
-            logger.info(
-                "%s epoch %d: loss %.4f, %.1f s (train %.1f s, val %.1f s)%s",
-                self.name,
-                row.epoch,
-                row.loss,
-                row.train_s + row.val_s,
-                row.train_s,
-                row.val_s,
-                dice,
-            )
+            args = (self.name, row.epoch, row.loss, row.train_s + row.val_s, row.train_s, row.val_s, dice)
+            logger.info("%s epoch %d: loss %.4f, %.1f s (train %.1f s, val %.1f s)%s", *args)
         if self.writer is not None:
             wall = time.time()
             for tag, value in (

@@ -1,8 +1,4 @@
-"""One recipe trained from its options into a run folder: the model, the record, the report and the results.
-
-`TrainJob` holds the options (checked when made); `train_job()` runs it on one rank and returns a
-`TrainOutcome`.
-"""
+"""One recipe trained from its options (`TrainJob`) into a run folder: model, record, report, results."""
 
 from __future__ import annotations
 
@@ -138,12 +134,10 @@ class TrainOutcome:
 
 
 def train_job(job: TrainJob) -> TrainOutcome:
-    """Train ``job`` on this rank; rank 0 writes the model, the report and the results.
+    """Train ``job`` on this rank; rank 0 holds the output folder (`RunFolderLock`) and writes the outputs.
 
-    Rank 0 owns the output folder from start to end (`RunFolderLock`): a second run into it stops
-    before its set-up, naming the folder and its owner. Every output folder is checked before any
-    data is read; after training the model is written first, then each other output on its own. A
-    stop signal during the set-up stops the program at the start of training (exit status 143)
+    Every output folder is checked before any data is read; the model is written first, then each other
+    output on its own. A stop signal during set-up stops the program as training starts (exit status 143)
     unless ``job.checkpoint_dir`` is set; then it checkpoints and ``stopped`` says where.
 
     Raises:
@@ -155,6 +149,7 @@ def train_job(job: TrainJob) -> TrainOutcome:
     """
     from ignite import distributed as idist
 
+    from monai_fast.files import ensure_free_space
     from monai_fast.folders import RunFolderLock
     from monai_fast.telemetry.run_record import record_lock
 
@@ -163,30 +158,18 @@ def train_job(job: TrainJob) -> TrainOutcome:
     output_dir = Path(job.output_dir)
     with contextlib.ExitStack() as owners:
         if lead:  # results.json, epochs.csv and the model's default folder are the folder's own
-            # a bad output folder, or a model folder without room for the model, named before anything is written
-            _check_folders(job)
-            _check_model_space(job, config)
+            # every output folder writable, the run folder last (a refused one leaves it empty)
+            for option in ("model_dir", "tensorboard_dir", "checkpoint_dir", "output_dir"):
+                if getattr(job, option) is not None:
+                    check_writable_dir(getattr(job, option), option)
+            try:
+                ensure_free_space(Path(job.model_dir or "") / "model.pth", model_bytes(config), "the model")
+            except OSError as e:
+                raise OptionError("model_dir", f"{e}; free space there or give another") from None
             owners.enter_context(RunFolderLock(output_dir, what=OWNER))
             # where TargetRun records: a process that writes the record there stops this run too
             owners.enter_context(record_lock(output_dir / job.recipe, 0, what=OWNER))
         return _train_owned(job, config, lead)
-
-
-def _check_folders(job: TrainJob) -> None:
-    """Every output folder made and writable, the run folder last (a refused one leaves the run folder empty)."""
-    for option in ("model_dir", "tensorboard_dir", "checkpoint_dir", "output_dir"):
-        if getattr(job, option) is not None:
-            check_writable_dir(getattr(job, option), option)
-
-
-def _check_model_space(job: TrainJob, config: RecipeConfig) -> None:
-    """The model's folder with room for the model (`model_bytes()`), before any work."""
-    from monai_fast.files import ensure_free_space
-
-    try:
-        ensure_free_space(Path(job.model_dir or "") / "model.pth", model_bytes(config), "the model")
-    except OSError as e:
-        raise OptionError("model_dir", f"{e}; free space there or give another") from None
 
 
 def _train_owned(job: TrainJob, config: RecipeConfig, lead: bool) -> TrainOutcome:
@@ -209,8 +192,16 @@ def _train_owned(job: TrainJob, config: RecipeConfig, lead: bool) -> TrainOutcom
         job.progress and lead,
     )
     writer = _attach_tensorboard(run.built, Path(job.tensorboard_dir)) if lead and job.tensorboard_dir else None
-    preemption = _preemption(run.built, job) if job.checkpoint_dir is not None else None
-    if preemption is None:
+    preemption = None
+    if job.checkpoint_dir is not None:
+        from monai_fast.handlers import Preemption
+
+        built = run.built
+        state = {"trainer": built.trainer, "model": built.network, "optimizer": built.optimizer}
+        preemption = Preemption(state, job.checkpoint_dir, save_every=job.save_every)
+        preemption.attach(built.trainer)  # takes over a signal caught during set-up: the run stops at its start
+        preemption.resume()  # nothing to resume on a first start
+    else:
         end_of_setup(STOPPED_EXIT)  # a signal caught during set-up, with no checkpoint folder: stop here, saying so
     try:
         run.segment(epochs=None)
@@ -225,16 +216,11 @@ def _train_owned(job: TrainJob, config: RecipeConfig, lead: bool) -> TrainOutcom
 
 def _attach_tensorboard(built: Recipe, folder: Path) -> Any:
     """MONAI's TensorBoard handlers on ``built``'s trainer (loss per iteration) and evaluator (Dice per epoch)."""
-    from monai.handlers import TensorBoardStatsHandler, from_engine
+    from monai.handlers import TensorBoardStatsHandler
 
-    from monai_fast.extras import require
+    from monai_fast.apps.training.run import loss_writer
 
-    tensorboard = require("torch.utils.tensorboard", extra="plots", feature="train --tensorboard-dir")
-    folder.mkdir(parents=True, exist_ok=True)
-    writer = tensorboard.SummaryWriter(log_dir=str(folder))
-    TensorBoardStatsHandler(
-        summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
-    ).attach(built.trainer)
+    writer = loss_writer(folder, built.trainer, "train --tensorboard-dir")
     TensorBoardStatsHandler(
         summary_writer=writer,
         iteration_log=False,
@@ -255,32 +241,6 @@ def model_bytes(config: RecipeConfig) -> int:
     return int(tensors * MODEL_MARGIN[0]) + MODEL_MARGIN[1]
 
 
-def _save_model(built: Recipe, model_dir: Path) -> Path:
-    """``model.pth`` (weights and ``RecipeConfig``, for ``monai-fast infer``) and ``recipe.json``, each atomically."""
-    from monai_fast.apps.inference.checkpoint import save_checkpoint
-    from monai_fast.files import write_json
-
-    model_dir.mkdir(parents=True, exist_ok=True)
-    path = save_checkpoint(model_dir / "model.pth", built.network, built.config)
-    write_json({"recipe": built.name, "config": built.config.to_dict()}, model_dir / "recipe.json")
-    return path
-
-
-def _preemption(built: Recipe, job: TrainJob) -> Preemption:
-    """`Preemption` on ``built``'s trainer (model, optimizer, trainer), resumed from its
-    folder."""
-    from monai_fast.handlers import Preemption
-
-    preemption = Preemption(
-        {"trainer": built.trainer, "model": built.network, "optimizer": built.optimizer},
-        job.checkpoint_dir,
-        save_every=job.save_every,
-    )
-    preemption.attach(built.trainer)  # takes over a signal caught during set-up: the run stops at its start
-    preemption.resume()  # nothing to resume on a first start
-    return preemption
-
-
 def _stopped_message(preemption: Preemption, iteration: int, folder: str | os.PathLike | None) -> str:
     """What a stopped run says: the checkpoint written, or why none was needed."""
     name = preemption.stop_signal.name
@@ -295,7 +255,9 @@ def _stopped_message(preemption: Preemption, iteration: int, folder: str | os.Pa
 
 def _write_outputs(run: TargetRun, lead: bool, job: TrainJob, device: str, data_root: Any) -> TrainOutcome:
     """The model, then epochs.csv, the doctor's report and the results: a write that fails is named, the rest run."""
+    from monai_fast.apps.inference.checkpoint import save_checkpoint
     from monai_fast.apps.training.results import run_meta, write_results
+    from monai_fast.files import write_json
     from monai_fast.handlers.record import record_of
     from monai_fast.report.doctor import doctor
 
@@ -304,9 +266,11 @@ def _write_outputs(run: TargetRun, lead: bool, job: TrainJob, device: str, data_
     model_dir = Path(job.model_dir or "")
     record = record_of(run.built.trainer)
     cut = record.record.disk_full if record is not None else None  # the record's file system filled in training
-    if lead:
+    if lead:  # model.pth (weights and RecipeConfig, for monai-fast infer) and recipe.json, each atomically
         try:
-            model = _save_model(run.built, model_dir)
+            model_dir.mkdir(parents=True, exist_ok=True)
+            model = save_checkpoint(model_dir / "model.pth", run.built.network, run.built.config)
+            write_json({"recipe": run.built.name, "config": run.built.config.to_dict()}, model_dir / "recipe.json")
         except OSError as e:
             failed.append(f"model {model_dir / 'model.pth'}: {e}")
         if cut is not None:

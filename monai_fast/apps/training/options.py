@@ -74,8 +74,7 @@ def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
         OptionError: naming ``overrides``.
     """
     known = {f.name for f in fields(RecipeConfig)} - {"seed"}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
+    if unknown := sorted(set(overrides) - known):
         raise OptionError(
             "overrides",
             f"unknown recipe option(s) {unknown} (the seed is set by seed/train_seed); known: {sorted(known)}",

@@ -38,12 +38,7 @@ def run_meta(data_root: Path | str | None, device: str, options: Mapping[str, An
             "platform": platform.platform(),
             "python": platform.python_version(),
         },
-        "versions": {
-            "monai_fast": __version__,
-            "torch": torch.__version__,
-            "monai": monai.__version__,
-            "ignite": ignite.__version__,
-        },
+        "versions": {"monai_fast": __version__, **{m.__name__: m.__version__ for m in (torch, monai, ignite)}},
         "data": None if data_root is None else str(data_root),
         "command": " ".join(sys.argv),
         "options": dict(options or {}),

@@ -99,11 +99,10 @@ def run_to_target(
 
 
 class TargetRun:
-    """One recipe trained towards a target in segments, on a clock that runs only while it trains.
+    """One recipe trained towards a target in segments, on a clock that runs only while it trains (docs/recipes.md).
 
-    The clock starts before the data sets are built (caching counts) and stops between segments;
-    each run draws from its own copy of the global random generators (`OwnRandomStream`). The
-    telemetry attached and the interleaving: docs/recipes.md.
+    The clock starts before the data sets are built (caching counts) and stops between segments; each run
+    draws from its own copy of the global random generators (`OwnRandomStream`).
 
     Args:
         recipe: one of `monai_fast.apps.recipes.RECIPES`.
@@ -144,13 +143,8 @@ class TargetRun:
         self.writer = _attach_telemetry(self.built, self.out, t0)
         self.breakdown = TimeBreakdown()
         self.breakdown.attach(trainer)
-        self.stopper = TimeToTarget(
-            target=target,
-            metric_name=VAL_METRIC,
-            time_budget_s=time_budget_s,
-            start_time=t0,
-            logger=logging.getLogger(f"{__name__}.{recipe}"),
-        )  # lines that name the recipe
+        own_log = logging.getLogger(f"{__name__}.{recipe}")  # lines that name the recipe
+        self.stopper = TimeToTarget(target, VAL_METRIC, time_budget_s=time_budget_s, start_time=t0, logger=own_log)
         self.stopper.attach(trainer, evaluator)
         if self.built.fast_training is not None:  # a compile must pay back within this recipe's budget
             self.built.fast_training.time_limit_s = self._seconds_left
@@ -249,20 +243,47 @@ class TargetRun:
         if self._finished is None:
             if self.writer is not None:
                 self.writer.close()
-            self._finished = _result(
-                self.recipe,
-                self.target,
-                self.time_budget_s,
-                self.built,
-                self.stopper,
-                self.recorder.rows,
-                self.elapsed(),
-                self.out,
-                self.setup_cpu_s,
+            rows, stopper = self.recorder.rows, self.stopper
+            val_rows = [r for r in rows if r.val_dice is not None]
+            self._finished = TrainResult(
+                recipe=self.recipe,
+                target=self.target,
+                reached=stopper.reached_s is not None,
+                time_to_target_s=stopper.reached_s,
+                epochs_to_target=stopper.reached_epoch,
+                epochs_run=len(rows),
+                best_dice=stopper.best,
+                setup_s=self.built.setup_s,
+                total_s=self.elapsed(),
+                train_s_per_epoch=sum(r.train_s for r in rows) / max(len(rows), 1),
+                val_s_per_epoch=sum(r.val_s for r in val_rows) / max(len(val_rows), 1),
+                data_wait_share=data_share(sum(r.data_wait_s for r in rows), sum(r.compute_s for r in rows)),
+                time_budget_s=self.time_budget_s,
+                budget_exhausted=stopper.budget_exhausted,
+                device=device_description(self.built.device),
+                amp=self.built.amp,
+                run_dir=None if self.out is None else str(self.out),
+                notes=self.built.notes,
+                epochs=rows,
+                setup_cpu_s=self.setup_cpu_s,
             )
             if self.out is not None:
                 write_epochs_csv(self.recorder.rows, self.out / "epochs.csv")
         return self._finished
+
+
+def loss_writer(folder: Path, trainer: Engine, feature: str) -> SummaryWriter:
+    """A TensorBoard writer into ``folder`` (made) and MONAI's loss-per-iteration handler on ``trainer``.
+
+    Raises:
+        monai_fast.extras.MissingExtraError: tensorboard is not installed (``feature`` named).
+    """
+    tensorboard = require("torch.utils.tensorboard", extra="plots", feature=feature)
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = tensorboard.SummaryWriter(log_dir=str(folder))
+    loss = from_engine(["loss"], first=True)
+    TensorBoardStatsHandler(summary_writer=writer, tag_name="train/loss", output_transform=loss).attach(trainer)
+    return writer
 
 
 def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWriter | None:
@@ -273,11 +294,7 @@ def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWrit
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         if available("tensorboard"):  # a by-product of the run: without the extra it is skipped, not fatal
-            tensorboard = require("torch.utils.tensorboard", extra="plots", feature="a run's TensorBoard events")
-            writer = tensorboard.SummaryWriter(log_dir=str(out))
-            TensorBoardStatsHandler(
-                summary_writer=writer, tag_name="train/loss", output_transform=from_engine(["loss"], first=True)
-            ).attach(trainer)
+            writer = loss_writer(out, trainer, "a run's TensorBoard events")
         else:
             logger.warning(
                 "the run's TensorBoard events are skipped: they need tensorboard, which is not installed: "
@@ -300,40 +317,3 @@ def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWrit
         GPUSampler(interval_s=0.5, writer=writer).attach(trainer)
     ThroughputMonitor(writer=writer, log_every_epoch=False).attach(trainer)
     return writer
-
-
-def _result(
-    recipe: str,
-    target: float,
-    time_budget_s: float | None,
-    built: Recipe,
-    stopper: TimeToTarget,
-    rows: list[EpochRow],
-    total: float,
-    out: Path | None,
-    setup_cpu_s: float | None = None,
-) -> TrainResult:
-    n = max(len(rows), 1)
-    val_rows = [r for r in rows if r.val_dice is not None]
-    return TrainResult(
-        recipe=recipe,
-        target=target,
-        reached=stopper.reached_s is not None,
-        time_to_target_s=stopper.reached_s,
-        epochs_to_target=stopper.reached_epoch,
-        epochs_run=len(rows),
-        best_dice=stopper.best,
-        setup_s=built.setup_s,
-        total_s=total,
-        train_s_per_epoch=sum(r.train_s for r in rows) / n,
-        val_s_per_epoch=sum(r.val_s for r in val_rows) / max(len(val_rows), 1),
-        data_wait_share=data_share(sum(r.data_wait_s for r in rows), sum(r.compute_s for r in rows)),
-        time_budget_s=time_budget_s,
-        budget_exhausted=stopper.budget_exhausted,
-        device=device_description(built.device),
-        amp=built.amp,
-        run_dir=None if out is None else str(out),
-        notes=built.notes,
-        epochs=rows,
-        setup_cpu_s=setup_cpu_s,
-    )

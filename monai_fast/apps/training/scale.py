@@ -33,15 +33,6 @@ class DemoScale:
     name: str = "small"
 
 
-_SPLEEN_SCALE = SyntheticData(cases=40, shape=(240, 240, 96))  # 1.6 x 1.6 x 2.5 mm: ~256 x 256 x 120 at 1.5 x 1.5 x 2
-_TUTORIAL_UNET = {
-    "patch_size": (96, 96, 96),
-    "channels": (16, 32, 64, 128, 256),
-    "strides": (2, 2, 2, 2),
-    "num_res_units": 2,
-}
-
-
 def demo_scale(device: torch.device) -> DemoScale:
     """The default size on ``device``: spleen-scale with MONAI's tutorial UNet on CUDA, small elsewhere.
 
@@ -52,8 +43,8 @@ def demo_scale(device: torch.device) -> DemoScale:
     if device.type == "cuda":
         return DemoScale(
             "cuda",
-            _SPLEEN_SCALE,
-            dict(_TUTORIAL_UNET),
+            SyntheticData(cases=40, shape=(240, 240, 96)),  # 1.6 x 1.6 x 2.5 mm: ~256 x 256 x 120 at 1.5 x 1.5 x 2
+            dict(patch_size=(96, 96, 96), channels=(16, 32, 64, 128, 256), strides=(2, 2, 2, 2), num_res_units=2),
             "spleen-scale (like Task09 Spleen after resampling), MONAI's tutorial UNet",
         )
     return DemoScale(device.type, SyntheticData(), {}, "small, for a CPU")
