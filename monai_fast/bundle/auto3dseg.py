@@ -1,8 +1,4 @@
-"""An algorithm folder that Auto3DSeg generated, read for the bundle tuner.
-
-Its ``configs/`` holds ``hyper_parameters.yaml`` and its neighbours, all passed to the training
-script in name order, so ``configs/tuned.json`` is read after the files it overrides. The keys set
-are those of Auto3DSeg's own GPU customisation (docs/bundles.md).
+"""An algorithm folder that Auto3DSeg generated, read for the bundle tuner (the keys set: docs/bundles.md).
 
 Examples:
     >>> from monai_fast.bundle.auto3dseg import auto3dseg_config_files
@@ -43,11 +39,8 @@ _HYPER_PARAMETERS = "hyper_parameters.yaml"
 
 
 def auto3dseg_config_files(bundle_dir: str | os.PathLike, skip: Sequence[str | os.PathLike] = ()) -> list[Path]:
-    """The config files of an Auto3DSeg-generated algorithm, as Auto3DSeg passes them to its training script.
-
-    Every ``.yaml``/``.json`` file of ``<bundle_dir>/configs`` in name order (MONAI's ``BundleAlgo``
-    builds the training command the same way), less the files in ``skip`` (the override file being
-    rewritten, so an earlier tuning is not read as the algorithm's own setting).
+    """Every ``.yaml``/``.json`` file of ``<bundle_dir>/configs`` in name order, as Auto3DSeg passes them to its
+    training script, less the files in ``skip`` (the override file being rewritten).
 
     Raises:
         BundleError: the folder has no ``configs/hyper_parameters.yaml``.
@@ -73,8 +66,7 @@ def is_auto3dseg_algorithm(root: Path) -> bool:
 
 
 def reads_as_auto3dseg(parser: Any) -> bool:
-    """Whether a parsed config carries Auto3DSeg's hyper-parameters (``num_images_per_batch``, in ``training`` or at
-    the top), whichever files it came from."""
+    """Whether a parsed config carries Auto3DSeg's ``num_images_per_batch`` (in ``training`` or at the top)."""
     return any(cid in parser for cid in ("training#num_images_per_batch", "num_images_per_batch"))
 
 
@@ -88,9 +80,10 @@ def auto3dseg_pieces(parser: Any) -> TunerPieces:
                 return cid, parser.get_parsed_content(cid)
         return p + name, default
 
+    channels: dict[str, Any] = {}
     for name in ("input_channels", "output_classes"):
-        cid, v = value(name, name)
-        if v is None:
+        cid, channels[name] = value(name, name)
+        if channels[name] is None:
             raise BundleError(
                 f"{cid} is not set: Auto3DSeg fills it from the data analysis when it generates the algorithm "
                 f"(give it as {cid}=N)"
@@ -124,8 +117,8 @@ def auto3dseg_pieces(parser: Any) -> TunerPieces:
         overlap=float(overlap),
         num_samples=int(samples or 1),
         val_shape=_val_shape(parser, p) or roi,
-        in_channels=int(value("input_channels", "input_channels")[1]),
-        out_channels=int(value("output_classes", "output_classes")[1]),
+        in_channels=int(channels["input_channels"]),
+        out_channels=int(channels["output_classes"]),
         amp=bool(amp),
         keys=keys,
         layout="auto3dseg",
@@ -135,13 +128,8 @@ def auto3dseg_pieces(parser: Any) -> TunerPieces:
 
 
 def _fold_split(parser: Any) -> tuple[list[dict], list[dict], str] | None:
-    """The data list's training and validation items of the algorithm's fold, and the list's path.
-
-    As the algorithms' scripts split it: a ``validation`` list, when the data list has one, validates
-    and every ``training`` item trains; else the ``training`` items of ``fold`` validate and the rest
-    train. ``None`` when ``data_list_file_path`` is not set or not a file.
-    """
-
+    """The data list's training and validation items of the algorithm's fold, and the list's path, as the
+    algorithms' scripts split it (a ``validation`` list, else the ``fold``); ``None`` without a data list file."""
     listed = parsed(parser, "data_list_file_path")
     if not listed or not Path(str(listed)).is_file():
         return None
@@ -162,13 +150,7 @@ def _train_items(parser: Any) -> tuple[int | None, str]:
 
 
 def _val_shape(parser: Any, prefix: str) -> tuple[int, ...] | None:
-    """The spatial size of the algorithm's first validation image after resampling, from its header alone.
-
-    Reads the fold's first validation entry of the data list (``data_list_file_path``,
-    ``data_file_base_dir``, ``fold``; Auto3DSeg's ``fold`` key in each ``training`` item, or a
-    ``validation`` list), its NIfTI header through nibabel (no voxels read), and scales the shape by
-    the header's spacing over the algorithm's target spacing where it resamples.
-    """
+    """The spatial size of the fold's first validation image after resampling, from its NIfTI header alone."""
     import nibabel as nib
 
     split = _fold_split(parser)
@@ -186,16 +168,9 @@ def _val_shape(parser: Any, prefix: str) -> tuple[int, ...] | None:
     shape = tuple(int(s) for s in header.get_data_shape()[:3])
     # the templates name the target spacing ``resample_resolution`` (``resample_to_spacing`` in older ones);
     # those with a ``resample`` switch resample only where it is on
-    spacing = None
-    if "resample" not in parser or parsed(parser, "resample"):
-        spacing = next(
-            (
-                parsed(parser, c)
-                for c in (prefix + "resample_resolution", prefix + "resample_to_spacing", "resample_resolution")
-                if parsed(parser, c)
-            ),
-            None,
-        )
+    ids = (prefix + "resample_resolution", prefix + "resample_to_spacing", "resample_resolution")
+    resamples = "resample" not in parser or parsed(parser, "resample")
+    spacing = next((parsed(parser, c) for c in ids if parsed(parser, c)), None) if resamples else None
     if spacing:
         zooms = header.get_zooms()[:3]
         shape = tuple(max(1, round(s * z / float(t))) for s, z, t in zip(shape, zooms, spacing))

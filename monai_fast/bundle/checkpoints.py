@@ -1,10 +1,8 @@
 """A bundle's checkpoints written atomically: a full disk leaves the previous file whole and is named in one line.
 
-MONAI's ``CheckpointSaver`` writes through ignite's ``DiskSaver(atomic=False)`` and removes a
-fixed-name file before writing the next, so a full disk leaves a truncated ``model.pt`` and an
-unclear traceback. `atomic_checkpoints()` replaces each saver's public ``save_handler`` with one
-that writes through `monai_fast.files.atomic_path()`: complete files only, and a full file system
-is one `NoSpaceError` naming the checkpoint and the space missing.
+MONAI's ``CheckpointSaver`` writes through ignite's ``DiskSaver(atomic=False)`` and removes a fixed-name
+file before writing the next, so a full disk would leave a truncated ``model.pt``; `atomic_checkpoints()` writes
+complete files only, and a full file system is one `NoSpaceError` naming the checkpoint and the space missing.
 
 Examples:
     >>> from monai_fast.bundle.checkpoints import atomic_checkpoints
@@ -23,7 +21,7 @@ import torch
 from ignite import distributed as idist
 from ignite.handlers import Checkpoint, DiskSaver
 
-from monai_fast.bundle.checks import config_items
+from monai_fast.bundle.checks import config_targets
 from monai_fast.files import atomic_path
 
 __all__ = ["AtomicDiskSaver", "atomic_checkpoints", "config_checkpoint_savers"]
@@ -65,9 +63,7 @@ class AtomicDiskSaver(DiskSaver):
 
 
 def atomic_checkpoints(savers: Iterable[Any]) -> int:
-    """Make every MONAI ``CheckpointSaver`` among ``savers`` write its checkpoints atomically (see the module).
-
-    Call it before the engines run; other objects are left alone.
+    """Make every MONAI ``CheckpointSaver`` among ``savers`` write its checkpoints atomically, before the engines run.
 
     Args:
         savers: handlers, e.g. a bundle's ``train#handlers`` and ``validate#handlers``.
@@ -96,15 +92,7 @@ def atomic_checkpoints(savers: Iterable[Any]) -> int:
 
 
 def config_checkpoint_savers(parser: Any) -> list[Any]:
-    """The ``CheckpointSaver`` objects of a parsed bundle config (a MONAI ``ConfigParser``), wherever they are.
-
-    Each item whose ``_target_`` names ``CheckpointSaver`` is looked up by its id with
-    ``get_parsed_content``, which returns the object the engines were built with.
-    """
-    return [
-        parser.get_parsed_content(cid)
-        for cid, value in config_items(parser.get())
-        if isinstance(value, Mapping)
-        and isinstance(value.get("_target_"), str)
-        and value["_target_"].rsplit(".", 1)[-1] in _SAVER_TARGETS
-    ]
+    """The ``CheckpointSaver`` objects of a parsed bundle config (a MONAI ``ConfigParser``), wherever they are, as
+    the engines were built with them."""
+    savers = [cid for cid, target in config_targets(parser.get()) if target.rsplit(".", 1)[-1] in _SAVER_TARGETS]
+    return [parser.get_parsed_content(cid) for cid in savers]

@@ -1,17 +1,12 @@
 """A bundle's files, config ids and overrides checked before anything runs, each refusal one line naming its fault.
 
-The config files are read and merged as MONAI reads them (``ConfigParser.load_config_file(s)``), and ids
-are looked up as MONAI looks them up, so what passes here is what MONAI's workflow then builds.
-
-Examples:
-    >>> from monai_fast.bundle.checks import parse_overrides
-    >>> parse_overrides(["--train#trainer#max_epochs", "2"])
-    {'train#trainer#max_epochs': 2}
+Files are read and ids looked up as MONAI's ``ConfigParser`` does, so what passes here is what MONAI then builds.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import json
 import os
@@ -30,6 +25,7 @@ __all__ = [
     "check_overrides",
     "config_ids",
     "config_items",
+    "config_targets",
     "parse_overrides",
     "require_yaml_reader",
 ]
@@ -45,10 +41,8 @@ class BundleError(ValueError):
 def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
     """Overrides as ``monai.bundle`` takes them: ``--id value``, ``--id=value`` or ``id=value``.
 
-    Values are read as JSON, then as a Python literal, else kept as text (``%file#key`` macros and
-    ``$`` expressions stay text for the config parser to resolve).
-    MONAI's runner reads these tokens through python-fire, with no public parser in ``monai.bundle``: they
-    are read here, then merged into the config by MONAI's own ``ConfigWorkflow``.
+    Values are read as JSON, then as a Python literal, else kept as text (``%``, ``@`` and ``$`` values stay
+    text for the config parser). ``monai.bundle`` has no public parser for these tokens (its runner uses fire).
 
     Raises:
         BundleError: a token that is neither form, or an option without a value, named.
@@ -58,19 +52,15 @@ def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
         {'train#trainer#max_epochs': 2, 'device': "$torch.device('cpu')"}
     """
     out: dict[str, Any] = {}
-    i = 0
-    tokens = list(tokens)
-    while i < len(tokens):
-        tok = tokens[i]
+    left = list(tokens)[::-1]  # the tokens not read yet, the next one last
+    while left:
+        tok = left.pop()
         if tok.startswith("--"):
-            key = tok[2:]
-            if "=" in key:
-                key, value = key.split("=", 1)
-            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                value = tokens[i + 1]
-                i += 1
-            else:
-                raise BundleError(f"override {tok} has no value (write {tok} VALUE or {tok}=VALUE)")
+            key, has_value, value = tok[2:].partition("=")
+            if not has_value:
+                if not left or left[-1].startswith("--"):
+                    raise BundleError(f"override {tok} has no value (write {tok} VALUE or {tok}=VALUE)")
+                value = left.pop()
         elif "=" in tok and not tok.startswith("="):
             key, value = tok.split("=", 1)
         else:
@@ -78,21 +68,15 @@ def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
         if not key:
             raise BundleError(f"override {tok!r} names no config id")
         out[key] = _value(value)
-        i += 1
     return out
 
 
 def _value(text: str) -> Any:
-    if text.startswith(("$", "%", "@")):
-        return text
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+    if not text.startswith(("$", "%", "@")):
+        for read in (json.loads, ast.literal_eval):
+            with contextlib.suppress(ValueError, SyntaxError):
+                return read(text)
+    return text
 
 
 def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Sequence[str] | None = None) -> list[Path]:
@@ -100,9 +84,7 @@ def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Seque
 
     ``config_files`` may be a list, or a string as ``monai.bundle`` takes it (one path, or
     ``"['configs/train.json','fast.json']"``). A relative path is found in the working directory
-    first, then in the bundle folder. Without it: ``configs/train.json`` (or ``.yaml``).
-    MONAI's ``ConfigParser.load_config_files`` merges the list later; it looks in neither folder and names a
-    missing file only once parsing has started, so the paths are found and checked here.
+    first, then in the bundle folder (MONAI looks in neither). Without it: ``configs/train.json`` (or ``.yaml``).
 
     Raises:
         BundleError: the bundle folder or a config file is missing, named.
@@ -140,10 +122,7 @@ def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Seque
 
 
 def require_yaml_reader(files: Sequence[Path]) -> None:
-    """Check that the YAML files among ``files`` can be read, before any is.
-
-    MONAI reads YAML configs through pyyaml, which the ``bundle`` extra installs; without it MONAI
-    fails deep in the parse with a traceback.
+    """Check that the YAML files among ``files`` can be read (pyyaml, the ``bundle`` extra), before any is.
 
     Raises:
         MissingExtraError: naming the first YAML file and the extra to install.
@@ -163,13 +142,10 @@ def check_config_files(files: Sequence[str | os.PathLike]) -> None:
         BundleError: a JSON or YAML syntax error (file, line, column), a repeated key or an unreadable file.
     """
     from monai.bundle import ConfigParser
+    from monai.utils import optional_import
 
-    try:
-        import yaml
-
-        yaml_error: type[Exception] | tuple[()] = yaml.YAMLError
-    except ImportError:  # without pyyaml (the bundle extra) MONAI reads JSON configs only
-        yaml_error = ()
+    yaml, has_yaml = optional_import("yaml")  # without pyyaml (the bundle extra) MONAI reads JSON configs only
+    yaml_error: type[Exception] | tuple[()] = yaml.YAMLError if has_yaml else ()
     for path in files:
         try:
             ConfigParser.load_config_file(path)
@@ -186,10 +162,7 @@ def check_config_files(files: Sequence[str | os.PathLike]) -> None:
 
 def check_expressions(files: Sequence[str | os.PathLike], overrides: Mapping[str, Any] | None = None) -> None:
     """Refuse, before anything runs, a ``$`` expression of the merged config or of an override that is not
-    valid Python.
-
-    MONAI evaluates each expression only when it is reached (a ``run`` section's typo after the whole
-    set-up); its references (``@train#trainer``) read as names here, as MONAI replaces them with one.
+    valid Python (MONAI evaluates each only when it is reached).
 
     Raises:
         BundleError: the id of the expression, where it is written and Python's reason.
@@ -228,26 +201,27 @@ def config_ids(config: Any) -> list[str]:
     return [cid for cid, _ in config_items(config)]
 
 
+def config_targets(config: Any) -> Iterator[tuple[str, str]]:
+    """Every component of a config: its id and its ``_target_``."""
+    for cid, value in config_items(config):
+        if isinstance(value, Mapping) and isinstance(value.get("_target_"), str):
+            yield cid, value["_target_"]
+
+
 #: MONAI components of the Model Zoo's configs that need a package of an extra: (name part, module, extra)
 _COMPONENT_PACKAGES = (("TensorBoard", "tensorboard", "bundle"),)
 
 
 def check_component_packages(parser: Any) -> None:
-    """Refuse, before anything is built, a config whose components need a package that is not installed.
-
-    MONAI builds a ``TensorBoardStatsHandler`` only once the engines are made, after the data sets
-    may have cached for minutes, and then fails with a traceback that names neither the package nor
-    how to install it.
+    """Refuse, before anything is built (and the data sets cached), a config whose components need a package
+    that is not installed.
 
     Raises:
         MissingExtraError: naming the component, its config id and the extra that installs the package.
     """
     from monai_fast.extras import MissingExtraError, available
 
-    for cid, value in config_items(parser.get()):
-        target = value.get("_target_") if isinstance(value, Mapping) else None
-        if not isinstance(target, str):
-            continue
+    for cid, target in config_targets(parser.get()):
         for part, module, extra in _COMPONENT_PACKAGES:
             if part in target and not available(module):
                 raise MissingExtraError(module, extra, f"the config's {target.rsplit('.', 1)[-1]} ({cid})")
@@ -258,11 +232,8 @@ def check_overrides(
 ) -> None:
     """Refuse an override of an id the merged config files do not have, unless it is declared new.
 
-    The files are merged as MONAI merges them (``ConfigParser.load_config_files``) and each id is looked
-    up as MONAI looks it up (``id in parser``), so ``train#trainer#max_epochs`` and ``train::trainer::max_epochs``
-    both name the same one. An id a user means to add is named in ``new_keys`` (``--new-key``). A new argument
-    of a component (``network_def#init_features`` where ``network_def`` has a ``_target_``) passes: the
-    component's constructor refuses a name it does not take, so it cannot be ignored.
+    Ids are looked up as MONAI does (``a#b`` and ``a::b`` alike). A new argument of a component (an id under
+    one with a ``_target_``) passes: the component's constructor refuses a name it does not take.
 
     Raises:
         BundleError: the first unknown id, with the nearest ids the config has.

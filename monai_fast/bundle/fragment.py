@@ -1,7 +1,4 @@
-"""The bundle-native way: a config fragment that makes MONAI's own runner attach ``FastTraining``.
-
-Merged after a bundle's ``train.json``, it adds `attach_fast()` on the bundle's trainer and
-evaluator to ``+initialize`` (after the bundle's own set-up, before ``run``)::
+"""The bundle-native way: a config fragment that makes MONAI's own runner attach ``FastTraining``::
 
     monai-fast bundle fragment --out configs/fast.json
     python -m monai.bundle run --config_file "['configs/train.json','configs/fast.json']"
@@ -27,13 +24,9 @@ from monai_fast.files import write_text
 
 __all__ = ["ATTACH_CALL", "FRAGMENT", "attach_fast", "decision_lines", "printed_decisions", "write_fragment"]
 
-logger = logging.getLogger("monai_fast.bundle")
-
 ATTACH_CALL = "attach_fast("  #: what the fragment's ``initialize`` entry calls
 
-#: the fragment: record (a folder per run under ``eval/monai_fast``) and FastTraining on ``train#trainer`` /
-#: ``validate#evaluator``, atomic checkpoint writes for every ``CheckpointSaver`` in ``train#handlers`` and
-#: ``validate#handlers``
+#: the fragment: record and FastTraining on ``train#trainer`` / ``validate#evaluator``, atomic checkpoint writes
 FRAGMENT: dict[str, Any] = {
     "+imports": [
         "$from monai_fast.bundle import attach_fast",
@@ -58,16 +51,10 @@ def attach_fast(
 ) -> Any:
     """Attach a run record, the doctor's timers and ``FastTraining`` to a bundle's engines.
 
-    The one attach path for bundles (MONAI's runner through the fragment, ``monai-fast bundle run``
-    between ``initialize`` and ``run``): the record, a ``TimeBreakdown`` and a ``TrainingAlgorithmTime``
-    on the trainer, an ``InferenceSplit`` on an evaluator with a network, then ``FastTraining`` unless
-    ``fast=False``.
-
     Args:
         trainer: the bundle's ``SupervisedTrainer``.
         evaluator: its ``SupervisedEvaluator``, or ``None``.
-        records_dir: the folder in which this run's record folder
-            (``<fast|published>-<YYYYmmdd-HHMMSS>``) is made.
+        records_dir: the folder in which this run's record folder (``<fast|published>-<time>``) is made.
         run_dir: this run's record folder itself, instead (another run's is refused unless ``resume``).
             Neither given: no record.
         resume: continue the record in ``run_dir`` (a run resumed from its checkpoint).
@@ -123,9 +110,7 @@ class _DecisionLines(logging.Filter):
 
 @contextmanager
 def printed_decisions() -> Iterator[None]:
-    """While ``FastTraining`` attaches, keep its decisions out of the log: the caller prints them (one line each,
-    seen whatever logging set-up the bundle brings), so each is shown once. Decisions taken later, while training,
-    are logged as usual."""
+    """While ``FastTraining`` attaches, keep its decisions out of the log: the caller prints each once."""
     source = logging.getLogger("monai_fast.handlers")
     quiet = _DecisionLines()
     source.addFilter(quiet)
@@ -137,11 +122,10 @@ def printed_decisions() -> Iterator[None]:
 
 def decision_lines(applied: dict[str, dict[str, Any]]) -> list[str]:
     """FastTraining's decisions, one line per lever: ``FastTraining precision: bf16: <reason>``."""
-    lines = []
-    for lever, what in applied.items():
-        state = what.get("setting") if what.get("applied") else "left alone"
-        lines.append(f"FastTraining {lever}: {state}: {what.get('reason', '')}")
-    return lines
+    return [
+        f"FastTraining {k}: {v.get('setting') if v.get('applied') else 'left alone'}: {v.get('reason', '')}"
+        for k, v in applied.items()
+    ]
 
 
 def write_fragment(path: str | os.PathLike) -> Path:

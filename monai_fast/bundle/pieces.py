@@ -1,11 +1,4 @@
-"""What the bundle tuner takes from a bundle's config, and how it reads a Model Zoo bundle.
-
-The tuner (`Tuner`) times a training step and a sliding-window validation on
-synthetic tensors, so it needs the bundle's network, loss and optimizer and the sizes it trains and
-validates with: `TunerPieces`. `zoo_pieces()` reads them from the Model Zoo's layout
-(``network_def``, ``loss``, ``optimizer``, ``train#preprocessing``'s crop, ``validate#inferer``);
-`monai_fast.bundle.auto3dseg` reads an Auto3DSeg-generated algorithm with the helpers here.
-"""
+"""What the bundle tuner takes from a bundle's config (`TunerPieces`), and how it reads a Model Zoo bundle."""
 
 from __future__ import annotations
 
@@ -46,8 +39,7 @@ def read_config(bundle_dir: Path, files: Sequence[Path], overrides: Mapping[str,
     meta = bundle_dir / "configs" / "metadata.json"
     if meta.is_file() and meta not in files:
         parser.read_meta(str(meta))
-    pairs = {"bundle_root": str(bundle_dir), **dict(overrides)}
-    parser.update(pairs)
+    parser.update({"bundle_root": str(bundle_dir), **dict(overrides)})
     parser.parse(reset=True)
     return parser
 
@@ -70,12 +62,7 @@ def first_entry(parser: Any, ids: Sequence[str], what: str, instantiate: bool = 
 
 
 def optimizer_factory(parser: Any, ids: Sequence[str]) -> Callable[[Any], torch.optim.Optimizer]:
-    """``params -> optimizer`` built from the config's optimizer entry with the given parameters.
-
-    The entry is resolved but not instantiated, then instantiated with ``params`` for each trial: a
-    Model Zoo entry's own ``params`` (the bundle's network) is replaced, and an Auto3DSeg entry, which
-    names no ``params`` (its script adds them), gets them.
-    """
+    """``params -> optimizer`` built from the config's optimizer entry, its own ``params`` (if any) replaced."""
     from monai.bundle import ConfigComponent
 
     cid, entry = first_entry(parser, ids, "the optimizer", instantiate=False)
@@ -117,11 +104,9 @@ class TunerPieces:
         amp: whether the bundle trains with mixed precision.
         keys: which config id takes each tuned value (``batch``, ``sw_batch``, ``val_device``).
         layout: ``"zoo"`` or ``"auto3dseg"``.
-        train_items: volumes in the training set (one rank's share is taken by the caller), ``None``
-            when the config does not say in a form read without building the dataset.
+        train_items: volumes in the training set, ``None`` when unknown without building the dataset.
         train_items_from: where ``train_items`` was counted (a config id or a data list), or why it is unknown.
-        drop_last: whether the training loader drops an incomplete last batch (then a batch larger than a
-            rank's share of the training set trains no iteration at all).
+        drop_last: whether the training loader drops an incomplete last batch.
     """
 
     network: torch.nn.Module
@@ -184,8 +169,8 @@ def zoo_pieces(parser: Any) -> TunerPieces:
 
 
 def _train_items(parser: Any) -> tuple[int | None, str]:
-    """How many volumes the training loader reads, counted from its dataset's ``data`` list (the dataset
-    itself is not built: a ``CacheDataset`` would load every volume), and the config id counted, or why not."""
+    """How many volumes the training loader reads, from its dataset's ``data`` list (the dataset is not built),
+    and the config id counted, or why not."""
     dataset = "train#dataset"
     named = parser.get("train#dataloader#dataset")
     if isinstance(named, str) and named.startswith("@"):

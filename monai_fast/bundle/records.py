@@ -1,8 +1,5 @@
-"""Where a bundle run's record goes: one folder per run, never another run's, on a writable disk.
-
-Each run records into ``<output_dir>/monai_fast/<variant>-<YYYYmmdd-HHMMSS>`` (``fast-...`` or
-``published-...``), so side-by-side runs never share a record; every rank of a distributed run
-writes into rank 0's folder.
+"""Where a bundle run's record goes: one folder per run (``<output_dir>/monai_fast/<variant>-<time>``), never
+another run's, on a writable disk.
 
 Examples:
     >>> from monai_fast.bundle.records import FAST, new_run_folder
@@ -12,6 +9,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -38,10 +36,8 @@ FAST, PUBLISHED = "fast", "published"  #: the variants, as a run's record folder
 
 
 def new_run_folder(parent: str | os.PathLike, variant: str) -> Path:
-    """Make this run's own record folder under ``parent``: ``<variant>-<YYYYmmdd-HHMMSS>`` (``-2``, ... when taken).
-
-    Every process of a distributed run gets rank 0's folder, so the ranks' records stay together.
-    """
+    """Make this run's own record folder under ``parent``: ``<variant>-<YYYYmmdd-HHMMSS>`` (``-2``, ... when taken);
+    every rank gets rank 0's."""
     from ignite import distributed as idist  # here: writing the fragment loads no torch
 
     folder = Path(parent)
@@ -50,11 +46,9 @@ def new_run_folder(parent: str | os.PathLike, variant: str) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         for n in range(1, 1000):
             candidate = folder / (stamp if n == 1 else f"{stamp}-{n}")
-            try:
+            with contextlib.suppress(FileExistsError):
                 candidate.mkdir()
                 break
-            except FileExistsError:
-                continue
         folder = candidate
     if idist.get_world_size() > 1:
         folder = Path(idist.broadcast(str(folder), src=0))
@@ -97,8 +91,7 @@ def check_writable(folder: Path, bundle_root: str) -> None:
 
 
 def records_parent(parser: Any, root: Path) -> Path:
-    """The folder that holds the bundle's run records: ``<output_dir>/monai_fast``, else
-    ``<bundle_dir>/eval/monai_fast``."""
+    """The folder of the bundle's run records: ``<output_dir>/monai_fast``, else ``<bundle_dir>/eval/monai_fast``."""
     if "output_dir" in parser:
         try:
             out = parser.get_parsed_content("output_dir")

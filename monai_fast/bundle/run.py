@@ -1,11 +1,5 @@
-"""Run a MONAI bundle as ``python -m monai.bundle run`` does, with ``FastTraining`` on its engines.
-
-`run_bundle()` builds the bundle's engines through MONAI's public ``ConfigWorkflow`` (config files
-merged as MONAI merges them, ``key=value`` overrides, ``initialize`` / ``run`` / ``finalize``), then
-attaches the record, the doctor's timers and `FastTraining` with `attach_fast()` to the trainer and
-evaluator it finds (``train#trainer``, ``validate#evaluator`` or the ids given) before ``run``. With
-``fast=False`` the bundle runs as published, with the record only. Parsing a config runs the code in
-it, as MONAI's own runner does: run bundles you trust.
+"""Run a MONAI bundle as ``python -m monai.bundle run`` does (MONAI's ``ConfigWorkflow``), with ``FastTraining``
+on its engines. Parsing a config runs the code in it, as MONAI's own runner does: run bundles you trust.
 """
 
 from __future__ import annotations
@@ -59,9 +53,8 @@ class BundleResult:
         trainer_id: the config id of the trainer attached to.
         evaluator_id: the config id of the evaluator, ``None`` when the bundle has none.
         verdict: the doctor's verdict as text (``None`` when not asked for or not possible).
-        metrics: the engines' last metrics as numbers: ``"train/<name>"`` from the trainer,
-            ``"validate/<name>"`` from the evaluator's last validation, and ``"validate/best"`` (its best
-            key metric), so that a caller compares runs without reading the bundle's own output files.
+        metrics: the engines' last metrics as numbers: ``"train/<name>"``, ``"validate/<name>"`` and
+            ``"validate/best"`` (the evaluator's best key metric).
     """
 
     run_dir: Path
@@ -119,8 +112,7 @@ def run_bundle(
         config_files: see `bundle_config_files()`.
         meta_file: default ``configs/metadata.json`` when present.
         logging_file: default ``configs/logging.conf`` when present; ``False``: none.
-        overrides: config id -> value, as ``monai.bundle run --id value`` (`parse_overrides()`); an id the
-            config lacks is refused unless it is in ``new_keys``.
+        overrides: config id -> value (`parse_overrides()`); an id the config lacks is refused unless in ``new_keys``.
         fast: attach ``FastTraining``; ``False`` runs the bundle as published, with the record.
         fast_options: keyword arguments for ``FastTraining``.
         trainer_id: the trainer's config id.
@@ -130,7 +122,7 @@ def run_bundle(
         init_id: the config's initialize section.
         run_id: its run section (left at ``"run"``, an older ``"training"`` section stands in).
         final_id: its finalize section.
-        doctor: read the record at the end and return the doctor's verdict (rank 0, once all are done).
+        doctor: return the doctor's verdict on the record (rank 0, once all ranks are done).
         on_applied: called with FastTraining's decisions once attached, before training.
         new_keys: override ids the config does not have that the user adds on purpose.
         resume: continue the record in ``run_dir`` as its next segment.
@@ -141,6 +133,9 @@ def run_bundle(
     Raises:
         BundleError: a missing or malformed file, an unknown override or id, another run's record
             folder, named before any training.
+
+    Examples:
+        >>> run_bundle("spleen_ct_segmentation", overrides={"train#trainer#max_epochs": 2}).verdict  # doctest: +SKIP
     """
     from ignite import distributed as idist
     from monai.bundle import ConfigWorkflow
@@ -181,14 +176,13 @@ def run_bundle(
             raise
 
     workflow = make(run_id)
-    parser = workflow.parser
-    if run_id == RUN_ID and run_id not in parser and LEGACY_RUN_ID in parser:
+    if run_id == RUN_ID and run_id not in workflow.parser and LEGACY_RUN_ID in workflow.parser:
         logger.info(
             "bundle: no %r section: running %r, the older Model Zoo name of the run section", RUN_ID, LEGACY_RUN_ID
         )
         run_id = LEGACY_RUN_ID
         workflow = make(run_id)
-        parser = workflow.parser
+    parser = workflow.parser
     if trainer_id not in parser:
         raise BundleError(
             f"the config ({', '.join(f.name for f in files)}) has no {trainer_id!r}; name the trainer with --trainer-id"
@@ -215,17 +209,15 @@ def run_bundle(
         check_engine(evaluator, evaluator_id, "--evaluator-id")
     atomic_checkpoints(config_checkpoint_savers(parser))  # a full disk keeps the previous model.pt, named in one line
     with named_user_errors(parser, root, files):
-        if run_dir is not None:
-            folder = Path(run_dir)
-        else:
-            folder = new_run_folder(records_parent(parser, root), FAST if fast else PUBLISHED)
+        variant = FAST if fast else PUBLISHED
+        folder = Path(run_dir) if run_dir is not None else new_run_folder(records_parent(parser, root), variant)
         # resume=True: run_dir was refused above, on every rank before any wrote (here rank 0's rows could show)
         with printed_decisions() if on_applied is not None else nullcontext():
             handler = attach_fast(
                 trainer, evaluator, run_dir=folder, resume=True, fast=fast, announce=False, **dict(fast_options or {})
             )
-    result = BundleResult(run_dir=folder, config_files=files, trainer_id=trainer_id, evaluator_id=evaluator_id)
-    result.applied = handler.applied if handler is not None else {}
+    applied = handler.applied if handler is not None else {}
+    result = BundleResult(folder, applied, files, trainer_id, evaluator_id)
     if on_applied is not None:
         on_applied(result.applied)
     with named_user_errors(parser, root, files):

@@ -1,9 +1,6 @@
 """Bundle-aware tuning: measure a bundle's batch sizes on this device and write an override file.
 
-`tune_bundle()` reads the bundle's config with MONAI's ``ConfigParser``, runs the `Tuner` on the
-pieces it trains with, and writes ``configs/tuned.json``: the config ids it sets and their values,
-read by the bundle as one more config file. The layouts read (Model Zoo, Auto3DSeg algorithm) and
-the keys written are in docs/bundles.md.
+The layouts read (Model Zoo, Auto3DSeg algorithm) and the keys written are in docs/bundles.md.
 """
 
 from __future__ import annotations
@@ -93,8 +90,8 @@ def tune_bundle(
 
     Args:
         bundle_dir: a Model Zoo bundle, or an algorithm folder Auto3DSeg generated.
-        config_files: as for `run_bundle()`; default ``configs/train.json|yaml``, or for an Auto3DSeg
-            algorithm every config file of ``configs/`` (`auto3dseg_config_files()`).
+        config_files: as for `run_bundle()`; default ``configs/train.json|yaml``, or an Auto3DSeg
+            algorithm's (`auto3dseg_config_files()`).
         overrides: config overrides (data lists, device, ...), as for ``run_bundle``.
         out: the override file; default ``<bundle_dir>/configs/tuned.json``.
         batch_range: training batch sizes to search; its top is capped by one rank's share of the training set.
@@ -106,8 +103,7 @@ def tune_bundle(
         max_trials: most candidates run per search (`SearchSpace`).
         memory_cap_mib: most memory a candidate may use (`Tuner`).
         margin: share of the memory cap kept free (`SearchSpace`).
-        new_keys: override ids the config lacks that the user adds on purpose; any other is refused
-            (`check_overrides()`).
+        new_keys: override ids the config lacks that the user adds on purpose; any other is refused.
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial, passed to the tuner.
 
     Returns:
@@ -118,6 +114,10 @@ def tune_bundle(
             missing (named), the bundle is not a 3-D segmentation, the training set is empty, or no
             tuned key can be merged into the config.
         MissingExtraError: a YAML config without pyyaml (the ``bundle`` extra).
+
+    Examples:
+        >>> tune_bundle("spleen_ct_segmentation", batch_range=(1, 8)).overrides  # doctest: +SKIP
+        {'train#dataloader#batch_size': 4, 'validate#inferer#sw_batch_size': 8}
     """
     from monai_fast.tune import SearchSpace, Tuner
 
@@ -170,12 +170,13 @@ def tune_bundle(
         **timing,
     )
     most = tuner.most_trials()
+    patch, volume = "x".join(map(str, pieces.patch)), "x".join(map(str, pieces.val_shape))
     tell(
         f"tuning on {pieces.device} in {trained_in} ({because}): at most {most} trials: training batch "
-        f"{batch_range[0]}-{batch_range[1]} (patch {'x'.join(map(str, pieces.patch))} x {pieces.num_samples} crops), "
-        f"sliding-window batch {sw_batch_range[0]}-{sw_batch_range[1]} on a "
-        f"{'x'.join(map(str, pieces.val_shape))} volume; each trial {tuner.timing['warmup']} warm-up step(s), then "
-        f"at least {tuner.timing['min_iters']} timed ones and {tuner.timing['min_time_s']:g} s"
+        f"{batch_range[0]}-{batch_range[1]} (patch {patch} x {pieces.num_samples} crops), "
+        f"sliding-window batch {sw_batch_range[0]}-{sw_batch_range[1]} on a {volume} volume; "
+        f"each trial {tuner.timing['warmup']} warm-up step(s), then at least {tuner.timing['min_iters']} timed ones "
+        f"and {tuner.timing['min_time_s']:g} s"
     )
     result = tuner.run(progress=progress, on_trial=_trial_printer(tell, most))
     tuned, unset = _tuned_values(result, pieces, auto3dseg)
@@ -185,17 +186,9 @@ def tune_bundle(
     every = AUTO3DSEG_KEYS if auto3dseg else ZOO_KEYS
     absent = [every[k] for k in every if k not in pieces.keys]
     write_json(tuned, path)
-    logger.info(
-        "bundle tuning: %s -> %s (patch %s x %d crops, validation volume %s, %s on %s)%s",
-        tuned,
-        path,
-        "x".join(map(str, pieces.patch)),
-        pieces.num_samples,
-        "x".join(map(str, pieces.val_shape)),
-        trained_in,
-        pieces.device,
-        f"; the config has no key for {', '.join(absent)}" if absent else "",
-    )
+    what = f"patch {patch} x {pieces.num_samples} crops, validation volume {volume}, {trained_in} on {pieces.device}"
+    no_key = f"; the config has no key for {', '.join(absent)}" if absent else ""
+    logger.info("bundle tuning: %s -> %s (%s)%s", tuned, path, what, no_key)
     return BundleTuning(
         overrides=tuned,
         path=path,
@@ -226,8 +219,7 @@ def run_precision(parser: Any, pieces: TunerPieces, requested: str = "auto") -> 
         return "bf16" if dtype == torch.bfloat16 else "fp16", "the trainer's amp=True on CUDA, which FastTraining keeps"
     if requested == "fp32":
         return "fp32", "requested fp32"
-    chosen = _checked(requested, device)
-    return chosen, f"what FastTraining picks for {requested} on {device.type}"
+    return _checked(requested, device), f"what FastTraining picks for {requested} on {device.type}"
 
 
 def _checked(requested: str, device: torch.device) -> str:
@@ -242,9 +234,8 @@ def bundle_run_command(
 ) -> str:
     """The ``monai-fast bundle run`` command line that trains the bundle as it was tuned.
 
-    The config files read for the tuning, then the override file, and the overrides given to the tuning
-    (the sizes measured belong to them: a batch tuned at one patch does not hold at another), less those
-    of the keys the override file sets, which it would otherwise lose to them.
+    The config files read for the tuning, then the override file, and the tuning's overrides (the sizes
+    measured belong to them) less those of the keys the override file sets.
 
     Examples:
         >>> t = BundleTuning({"train#dataloader#batch_size": 4}, Path("/b/tuned.json"), config_files=[Path("/b/a")])
@@ -252,14 +243,12 @@ def bundle_run_command(
         monai-fast bundle run /b --config_file '["/b/a", "/b/tuned.json"]' 'patch_size=[64, 64, 64]'
     """
     files = list(dict.fromkeys(str(f) for f in [*tuning.config_files, tuning.path]))
-    words = ["monai-fast", "bundle", "run", shlex.quote(str(bundle_dir))]
-    words += ["--config_file", shlex.quote(json.dumps(files))]
-    if precision != "auto":
-        words += ["--precision", precision]
-    for key, value in overrides.items():
-        if key not in tuning.overrides:
-            words.append(shlex.quote(f"{key}={value if isinstance(value, str) else json.dumps(value)}"))
-    return " ".join(words)
+    words = ["monai-fast", "bundle", "run", str(bundle_dir), "--config_file", json.dumps(files)]
+    words += ["--precision", precision] if precision != "auto" else []
+    words += [
+        f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items() if k not in tuning.overrides
+    ]
+    return shlex.join(words)
 
 
 def _config_files(root: Path, config_files: str | Sequence[str] | None, out: Path) -> list[Path]:
@@ -288,7 +277,7 @@ def _config_files(root: Path, config_files: str | Sequence[str] | None, out: Pat
 
 
 def _check_writable(path: Path) -> None:
-    """Make the override file's folder and write a scratch file there, before any trial.
+    """Make the override file's folder and write a scratch file there, before any trial is lost to it.
 
     Raises:
         BundleError: naming the file and why it cannot be written.
@@ -306,14 +295,8 @@ def _check_writable(path: Path) -> None:
 
 
 def _unwritable_keys(files: Sequence[Path], keys: Mapping[str, str]) -> dict[str, str]:
-    """The tuned config ids that a later config file cannot set, and why.
-
-    Each id is set on the merged config of ``files`` (macros and references unresolved) as
-    ``ConfigParser`` merges a later file's key: an id inside an object the bundle builds with a ``$``
-    expression (``"$DataLoader(...)"``), a reference or a macro cannot be set, and would end the bundle's
-    run in a traceback. An id that can be set sits in a config dict, where the parser resolves it as the
-    plain value written.
-    """
+    """The tuned config ids that a later config file cannot set (inside a ``$`` expression, a reference or a
+    macro, where the bundle's run would end in a traceback), and why."""
     from monai.bundle import ConfigParser
 
     merged = ConfigParser.load_config_files([str(f) for f in files])

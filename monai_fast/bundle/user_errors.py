@@ -1,9 +1,4 @@
-"""A user's mistake met while a bundle builds or trains, told in one line instead of MONAI's traceback.
-
-MONAI's parser and transforms raise a user's mistake (a reference the config does not define, a
-missing file, a data item that cannot be loaded, a read-only folder) wrapped in errors of their own;
-the one line is found in the chain and raised as a `BundleError`. Any other error propagates as it is.
-"""
+"""A user's mistake met while a bundle builds or trains, found in MONAI's chain of errors and told in one line."""
 
 from __future__ import annotations
 
@@ -46,15 +41,10 @@ def _chain(e: BaseException) -> list[BaseException]:
 
 
 def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[Path]) -> str | None:
-    """The one line for a bundle that fails on the user's side (its config, its data, its folder), found in
-    ``e``'s chain as MONAI's parser and transforms raise it; ``None`` for another error.
+    """The one line for a bundle that fails on the user's side, found in ``e``'s chain; ``None`` for another error.
 
-    * a reference to an id the config does not define (``@loss`` where it says ``loss_fn``), with the nearest ids;
-    * a component given an argument its constructor does not take (a misspelt override of one);
-    * a data set with no items (torch's ``num_samples=0``), with the ``dataset_dir`` it read;
-    * a file that does not exist (a data list naming a missing file);
-    * a data item that cannot be loaded or transformed (a volume smaller than the patch): its one line;
-    * a folder that cannot be written (a read-only bundle folder), with the way on: ``bundle_root=`` elsewhere.
+    The user's side: a reference the config does not define, an argument a component does not take, an empty
+    data set, a missing file, a data item that cannot be loaded, a folder that cannot be written.
     """
     from monai_fast.data.items import DataItemError, item_line
 
@@ -62,14 +52,11 @@ def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[P
     texts = [str(c) for c in chain]
     component = next((m.group(1).rsplit(".", 1)[-1] for t in texts if (m := _COMPONENT.search(t))), None)
     built = f" (building {component})" if component else ""
-    for text in texts:
-        ref = _MISSING_REF.search(text)
-        if ref:
-            name = (ref.group(1) or ref.group(2)).replace("::", "#")
-            near = difflib.get_close_matches(name, config_ids(parser.get()), n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join('@' + n for n in near)}?" if near else ""
-            where = ", ".join(f.name for f in files)
-            return f"the config ({where}) refers to @{name}, which it does not define{hint}"
+    if ref := next(filter(None, map(_MISSING_REF.search, texts)), None):
+        name = (ref.group(1) or ref.group(2)).replace("::", "#")
+        near = difflib.get_close_matches(name, config_ids(parser.get()), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join('@' + n for n in near)}?" if near else ""
+        return f"the config ({', '.join(f.name for f in files)}) refers to @{name}, which it does not define{hint}"
     for cur in chain:
         if isinstance(cur, TypeError) and "unexpected keyword argument" in str(cur):
             return f"a component of the config takes no such argument{built}: {cur}"

@@ -1,11 +1,5 @@
 """What the doctor advises: per verdict the fixes, each with the ``FastTraining`` lever that applies it.
 
-The doctor (`monai_fast.report.doctor`) decides the verdict from the evidence; here the verdict's
-fixes are narrowed to the ones that fit the run (`fix_applies()`), what is on already is said once
-(`fixes_for()`), and a run without ``FastTraining`` is told which levers it left unused
-(`unused_levers()`). ``doctor --apply`` (`monai_fast.report.prescription`) writes the same advice
-as code.
-
 Examples:
     >>> from monai_fast.report.applied import InEffect
     >>> fixes_for("compute-bound", {}, InEffect(None, None, 2, None, None))[:1]  # no channels_last_3d for 2-D
@@ -70,10 +64,8 @@ FIXES: dict[str, list[tuple[Lever | None, str]]] = {
 
 
 def fix_applies(lever: Lever | None, text: str, run: InEffect) -> bool:
-    """Whether a fix fits the run: ``channels_last_3d`` needs a 3-D network, sliding-window settings a
-    sliding-window validation with more than one window per volume (`InEffect.batches_windows`),
-    precomputed crop indices a chain that crops with ``RandCropByPosNegLabeld`` and does not precompute
-    them yet (unknown counts as fitting)."""
+    """Whether a fix fits the run: a 3-D network for ``channels_last_3d``, several windows per volume for
+    sliding-window settings, a chain that needs them for precomputed crop indices (unknown counts as fitting)."""
     if lever == Lever.MEMORY_FORMAT and run.spatial_dims is not None and run.spatial_dims != 3:
         return False
     if "FgBgToIndicesd" in text and not crop_indices_advised(run.transforms):
@@ -110,9 +102,8 @@ ATTACH = "FastTraining().attach(trainer, evaluator)"
 
 
 def unused_levers(applied: dict[str, dict], run: InEffect) -> list[str]:
-    """The ``FastTraining`` levers a run without it left unused, each with the evidence from its record: fp32 on a
-    GPU or on a CPU with bf16 instructions, a training data set that is not a cache. Empty for a run with
-    ``FastTraining`` (its own rows say what it left alone) or a record that does not describe its engines.
+    """The ``FastTraining`` levers a run without it left unused (fp32 on a GPU or a bf16 CPU, a data set that is not
+    a cache), each with its evidence; empty for a run with ``FastTraining``.
 
     Examples:
         >>> run = InEffect(None, None, 3, True, False, device="cpu", cpu_bf16=True)

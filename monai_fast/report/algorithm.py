@@ -1,8 +1,5 @@
 """The user's own training post-processing and metrics: what they cost per epoch, named when it is notable.
 
-They are kept as built and timed by `TrainingAlgorithmTime`; the doctor names them, with ways to
-make them cheaper, when they take at least `ALGORITHM_SHARE` of the training epoch.
-
 Examples:
     >>> rows = [{"kind": "epoch", "source": "training_algorithm", "engine": "train", "epoch": 1, "epoch_s": 10.0,
     ...          "postprocessing_s": 1.5, "decollate_s": 0.5, "metrics_s": 2.0, "metrics": ["Accuracy"],
@@ -22,20 +19,15 @@ from monai_fast.telemetry.record import Kind, Source, select
 
 __all__ = ["ALGORITHM_SHARE", "algorithm_cost"]
 
-#: the share of the training epoch from which the doctor names the training post-processing and
-#: metrics. At 10 % making them cheaper (every N iterations, at validation only, on the device)
-#: gains about as much as the smaller levers the doctor advises (channels_last_3d, a larger
-#: sliding-window batch) and more than run-to-run noise of a per-epoch time; below it a
-#: user would change their algorithm for a gain they could not tell from noise.
+#: the share of the training epoch from which the doctor names the training post-processing and metrics: below
+#: it a gain would not stand out from the run-to-run noise of an epoch's time
 ALGORITHM_SHARE = 0.10
 
 
 def algorithm_cost(rows: list[dict], threshold: float = ALGORITHM_SHARE) -> dict | None:
     """The training post-processing and metrics' cost per epoch, when they take ``threshold`` of it or more.
 
-    Reads the training engine's ``training_algorithm`` epoch rows of the lowest rank (every rank
-    runs the same algorithm); the per-epoch figures are medians over the epochs, so a first epoch
-    that warms up does not set them.
+    Reads the lowest rank's ``training_algorithm`` epoch rows; the figures are medians over the epochs.
 
     Returns:
         ``None`` below ``threshold`` (or without such rows); else the figures, the evidence sentence
@@ -56,24 +48,22 @@ def algorithm_cost(rows: list[dict], threshold: float = ALGORITHM_SHARE) -> dict
     share = cost / epoch_s if epoch_s > 0 else 0.0
     if share < threshold:
         return None
-    named, plural = [], ""
+    named, what = [], []
     if post:
         named.append(f"the training post-processing {'/'.join(post)} ({parts['postprocessing_s']:.2f} s)")
+        what.append("post-processing")
     if parts["decollate_s"] >= 0.01:
         named.append(f"MONAI's decollation of each batch into items for it ({parts['decollate_s']:.2f} s)")
     if metrics:
-        plural = "s" if len(metrics) > 1 else ""
-        named.append(f"the training metric{plural} {', '.join(metrics)} ({parts['metrics_s']:.2f} s)")
+        what.append("metric" + ("s" if len(metrics) > 1 else ""))
+        named.append(f"the training {what[-1]} {', '.join(metrics)} ({parts['metrics_s']:.2f} s)")
     evidence = (
         f"your training algorithm costs {cost:.2f} s of {epoch_s:.2f} s per epoch ({100 * share:.0f}%): "
         + ", ".join(named)
         + "; monai-fast keeps them as you built them"
     )
-    what = " and ".join(
-        x for x, on in (("post-processing", post), ("metric" + plural if metrics else "", metrics)) if on
-    )
     fix = (
-        f"the training {what} are yours to change (monai-fast keeps them as built): compute them every N "
+        f"the training {' and '.join(what)} are yours to change (monai-fast keeps them as built): compute them every N "
         "iterations (the metric attached with an ignite MetricUsage whose iteration_completed is "
         "Events.ITERATION_COMPLETED(every=N)), or only at validation (no key_train_metric and no trainer "
         "postprocessing; the evaluator computes its own), or on the device (predictions kept on the GPU, "

@@ -1,9 +1,4 @@
-"""What a run had on, read from its record: the doctor advises only what applies to it.
-
-`in_effect()` reads ``FastTraining``'s ``fast_training`` rows, the precision the trainer ran in
-(``AMPToggle``'s ``amp`` rows, MONAI's ``amp`` flag) and what each engine runs (``RecordHandler``'s
-``engine`` rows: spatial dimensions, a sliding-window inferer, a cached training set). Records
-without ``engine`` rows leave those open (``None``), and the advice is given for the reader to judge.
+"""What a run had on, read from its record (``None`` where it does not say): the doctor advises only what applies.
 
 Examples:
     >>> rows = [{"kind": "event", "source": "record", "what": "engine", "engine": "train", "spatial_dims": 2},
@@ -25,32 +20,20 @@ _REDUCED = ("bf16", "fp16", "float16", "bfloat16")
 
 
 def latest_process(rows: list[dict]) -> list[dict]:
-    """The rows of the segments written by the writer of each rank's last segment.
-
-    A record continued by another run (a job resumed, another ``RecordHandler`` or command given the same
-    folder) holds the earlier run's rows too; what that run had on is not what the latest one had on. Each
-    ``segment_started`` row names its writer (the ``RunRecord`` that wrote it; pid and host in records
-    without that mark); a record without these rows is taken whole.
-    """
+    """The rows of the segments written by the writer of each rank's last segment (a record continued by another
+    run holds that run's rows too); a record without ``segment_started`` rows is taken whole."""
     starts: dict[tuple[int, int], tuple] = {}
     for r in select(rows, Kind.EVENT, Source.RECORD):
         if r.get("what") == "segment_started":
             who = (r["writer"],) if "writer" in r else (r.get("pid"), r.get("host"))
             starts[(r.get("rank", 0), r.get("segment", 0))] = who
-    last: dict[int, tuple[int, tuple]] = {}
-    for (rank, segment), who in starts.items():
-        if rank not in last or segment > last[rank][0]:
-            last[rank] = (segment, who)
-    keep = {key for key, who in starts.items() if who == last[key[0]][1]}
+    last = {rank: who for (rank, _), who in sorted(starts.items())}  # each rank's latest segment's writer
+    keep = {key for key, who in starts.items() if who == last[key[0]]}
     return [r for r in rows if r.get("rank", 0) not in last or (r.get("rank", 0), r.get("segment", 0)) in keep]
 
 
 def applied_levers(rows: list[dict]) -> dict[str, dict]:
-    """What ``FastTraining`` applied in this run (its ``fast_training`` rows), by lever; rank 0's view.
-
-    Only the latest process's rows count (`latest_process()`): a lever an earlier process applied to a
-    record this run continued is not this run's.
-    """
+    """What ``FastTraining`` applied in this run, by lever: rank 0's view of the `latest_process()` rows."""
     out: dict[str, dict] = {}
     for r in select(latest_process(rows), Kind.EVENT, Source.FAST_TRAINING):
         if r.get("rank", 0) == 0 or r["lever"] not in out:
@@ -82,7 +65,7 @@ class InEffect:
 
 
 def in_effect(rows: list[dict]) -> InEffect:
-    """Read `InEffect` from a run record's rows (see the module docstring for the sources)."""
+    """Read `InEffect` from a run record's ``fast_training``, ``amp``, ``engine`` and ``inference`` rows."""
     engines = [r for r in select(rows, Kind.EVENT, Source.RECORD) if r.get("what") == "engine"]
     train = [r for r in engines if r.get("engine", "train") == "train"]
     others = [r for r in engines if r.get("engine", "train") != "train"]
@@ -105,12 +88,10 @@ def in_effect(rows: list[dict]) -> InEffect:
     windows = [r["sliding_window"] for r in others if r.get("sliding_window") is not None]
     sliding = any(windows) if windows else (False if train and not others else None)
     data = levers.get(Lever.DATA)
-    cached: bool | None = None
-    if data is not None:
-        cached = bool(data.get("applied"))
+    cached = bool(data.get("applied")) if data is not None else None
     if not cached and any(r.get("data_cached") for r in train):
         cached = True
-    elif cached is None and train and any("data_cached" in r for r in train):
+    elif cached is None and any("data_cached" in r for r in train):
         cached = False
     chains = [r["transforms"] for r in train if r.get("transforms") is not None]
     transforms = tuple(chains[-1]) if chains else None
@@ -124,9 +105,6 @@ def in_effect(rows: list[dict]) -> InEffect:
 
 def sentence(text: str) -> str:
     """``text`` as a whole sentence: with a full stop at its end unless it ends with one (or ``!``, ``?``, ``:``).
-
-    Every line of prose the doctor prints or writes goes through here, so no line of a report
-    stops without its end.
 
     Examples:
         >>> sentence("raise the batch size"), sentence("done."), sentence("")

@@ -1,13 +1,11 @@
 """``monai-fast doctor``: name a run's bottleneck from its record alone, with the evidence and the fix.
 
-The doctor reads only the run record (``record.rank*.jsonl`` + ``summary.rank*.json``), so a run
-made on a cluster can be diagnosed on a laptop. The verdicts (``data-bound``, ``gpu-under-filled``,
-``compute-bound``, ``balanced``), the wall-clock accounting and what is advised when are described
-in docs/doctor.md; `THRESHOLDS` holds the verdicts' thresholds.
+The verdicts, the wall-clock accounting and what is advised when: docs/doctor.md.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -72,7 +70,7 @@ class Diagnosis:
 
 
 def diagnose(rows: list[dict], **thresholds: float) -> Diagnosis:
-    """Decide the verdict from record rows (see the module docstring for the rules).
+    """Decide the verdict from record rows.
 
     Args:
         rows: the record's rows (`monai_fast.telemetry.record.load_record()`).
@@ -81,8 +79,7 @@ def diagnose(rows: list[dict], **thresholds: float) -> Diagnosis:
 
     Raises:
         TypeError: a threshold that is not one of `THRESHOLDS`, naming it.
-        ValueError: if the rows hold no ``time_breakdown`` epochs of the training engine (attach
-            ``TimeBreakdown``).
+        ValueError: the rows hold no ``time_breakdown`` epochs of the training engine.
     """
     if unknown := sorted(set(thresholds) - set(THRESHOLDS)):
         raise TypeError(f"diagnose() has no threshold {', '.join(unknown)}; the thresholds are {', '.join(THRESHOLDS)}")
@@ -205,9 +202,7 @@ def _add_wall_clock(
 
 
 def _inference(wc: WallClock, rows: list[dict], run: InEffect) -> dict | None:
-    """The inference section: validation's (sliding-window inference's) time, its split into network and
-    sliding window when `InferenceSplit` timed it, and where faster inference is
-    measured."""
+    """The inference section: validation's time, its split into network and sliding window (`InferenceSplit`)."""
     sync, beside = wc.seconds.get("validation", 0.0), wc.overlapped.get("validation", 0.0)
     if sync + beside <= 0:
         return None
@@ -300,30 +295,23 @@ def _rounds_line(evidence: dict | None) -> str:
     return f" [rounds, {found.get('baseline')}/{found.get('candidate')} s: {pairs}]"
 
 
-_plots_warned = False  # the missing plots extra is said once per process
+@functools.cache  # the missing plots extra is said once per process
+def _warn_no_pictures(missing: str) -> None:
+    logger.warning("doctor: %s; report.md is written without them", missing)
 
 
 def _pictures() -> bool:
     """Whether the report's PNGs can be drawn; without matplotlib, one warning naming the ``plots`` extra."""
-    global _plots_warned
     missing = pyplot_missing("drawing the report's PNGs")
-    if missing is None:
-        return True
-    if not _plots_warned:
-        _plots_warned = True
-        logger.warning("doctor: %s; report.md is written without them", missing)
-    return False
+    if missing is not None:
+        _warn_no_pictures(str(missing))
+    return missing is None
 
 
 def write_report(
     run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[dict], summary: dict | None = None
 ) -> Path:
-    """Write ``report.md`` with ``time_breakdown.png``, ``wall_clock.png`` (with wall-clock spans) and
-    ``gpu_util.png`` (with GPU samples), and the diagnosis as ``doctor.json``.
-
-    The PNGs need matplotlib (the ``plots`` extra); without it the report is written without them,
-    says so in its last line, and one warning names ``pip install "monai-fast[plots]"``.
-    """
+    """Write ``report.md`` with its PNGs (without matplotlib: none, said in its last line) and ``doctor.json``."""
     run_dir = Path(run_dir)
     epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
     gpu = select(rows, Kind.INTERVAL, Source.GPU)
@@ -367,8 +355,7 @@ def write_report(
 def doctor(run_dir: str | os.PathLike, **thresholds: float) -> Diagnosis:
     """Load the record in ``run_dir``, diagnose it and write ``report.md``; returns the diagnosis.
 
-    A report that cannot be written (a read-only run folder) is logged with its path; the
-    diagnosis is returned all the same, with ``report=None``.
+    A report that cannot be written is logged; the diagnosis is returned all the same, with ``report=None``.
     """
     rows, summary = load_record(run_dir)
     diagnosis = diagnose(rows, **thresholds)

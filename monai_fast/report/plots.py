@@ -1,9 +1,7 @@
 """The PNG plots of a run's record: time per epoch (compute vs data wait), the wall clock's shares, GPU utilisation.
 
-Plots live here only; handlers write record rows and the reports draw them. matplotlib is the
-``plots`` extra, imported (with the Agg backend) when a plot is drawn: without it, each plot raises
-`MissingExtraError` naming ``pip install "monai-fast[plots]"``, and
-`pyplot_missing()` says so without raising, for a report whose pictures are a by-product.
+matplotlib is the ``plots`` extra: without it each plot raises `MissingExtraError`; `pyplot_missing()` says so
+without raising.
 
 Examples:
     >>> from monai_fast.report.plots import plot_breakdown
@@ -80,13 +78,8 @@ def _save(plt: ModuleType, fig: Figure, path: str | os.PathLike) -> Path:
 
 
 def breakdown_figure(epochs: list[dict]) -> Figure:
-    """The figure `plot_breakdown()` saves, for a notebook to show or restyle.
-
-    Bars of compute and data wait per epoch, one bar per rank side by side under DDP. Epochs of a
-    later run segment continue the x axis after a dashed line marked with the segment; the epoch
-    numbers are thinned by matplotlib's ``MaxNLocator`` so that they stay legible over any number
-    of epochs.
-    """
+    """The figure `plot_breakdown()` saves: compute and data wait per epoch, a bar per rank, a later segment
+    after a dashed line."""
     plt = _pyplot("drawing the time-per-epoch figure")
     ticker = require("matplotlib.ticker", extra="plots", feature="drawing the time-per-epoch figure")
     keys = sorted({(r.get("segment", 0), r["epoch"]) for r in epochs})
@@ -98,17 +91,9 @@ def breakdown_figure(epochs: list[dict]) -> Figure:
         xs = [k + (i - (len(ranks) - 1) / 2) * width for k, key in enumerate(keys) if key in mine]
         comp = [mine[key]["compute_s"] for key in keys if key in mine]
         data = [mine[key]["data_s"] for key in keys if key in mine]
-        suffix = f" (rank {rank})" if len(ranks) > 1 else ""
-        ax.bar(xs, comp, width=width, label=f"compute{suffix}", color="tab:green", alpha=1.0 - 0.5 * i / len(ranks))
-        ax.bar(
-            xs,
-            data,
-            width=width,
-            bottom=comp,
-            label=f"waiting for data{suffix}",
-            color="tab:red",
-            alpha=1.0 - 0.5 * i / len(ranks),
-        )
+        suffix, alpha = f" (rank {rank})" if len(ranks) > 1 else "", 1.0 - 0.5 * i / len(ranks)
+        ax.bar(xs, comp, width=width, label=f"compute{suffix}", color="tab:green", alpha=alpha)
+        ax.bar(xs, data, width=width, bottom=comp, label=f"waiting for data{suffix}", color="tab:red", alpha=alpha)
     for k, (segment, _) in enumerate(keys):
         if k and segment != keys[k - 1][0]:
             ax.axvline(k - 0.5, color="grey", linestyle="--", linewidth=1)
@@ -150,8 +135,7 @@ def plot_gpu(gpu: list[dict], path: str | os.PathLike) -> Path:
 
 
 def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
-    """One bar of the wall clock's critical path, split by category (seconds, share in the legend),
-    and a second bar of the work that overlapped training, when there was some.
+    """One bar of the wall clock's critical path by category, and one of the work that overlapped training.
 
     Args:
         wc: `monai_fast.report.wall_clock.WallClock.to_dict()`.

@@ -1,10 +1,5 @@
-"""``monai-fast doctor RUN --apply``: the exact ``FastTraining(...)`` line for a run, and the code changes it
-cannot make.
-
-Without ``FastTraining`` in the run: ``FastTraining().attach(trainer, evaluator)``, when the verdict
-has a fix one of its levers applies. With it: each lever it left alone, with its reason and the
-option or code change that lets it apply. Then the verdict's fixes that no lever applies and that
-fit the run, as code changes.
+"""``monai-fast doctor RUN --apply``: the exact ``FastTraining(...)`` line for a run (with it attached: what lets
+each lever it left alone apply), and the code changes no lever makes.
 
 Examples:
     >>> rows = [
@@ -44,10 +39,6 @@ _UNBLOCK = (
 )
 
 
-def _unblock(reason: str) -> str | None:
-    return next((fix for fragment, fix in _UNBLOCK if fragment in reason), None)
-
-
 def prescribe(rows: list[dict], diagnosis: Diagnosis | None = None) -> str:
     """The ``FastTraining`` line and the code changes for the run whose record rows are ``rows``.
 
@@ -83,7 +74,7 @@ def prescribe(rows: list[dict], diagnosis: Diagnosis | None = None) -> str:
         for lever, row in off.items():
             reason = str(row.get("reason", ""))
             lines.append(f"#   {lever}: {reason}")
-            if (fix := _unblock(reason)) is not None:
+            if fix := next((fix for fragment, fix in _UNBLOCK if fragment in reason), None):
                 lines.append(f"#     -> {fix}")
         if not off:
             lines.append("#   nothing: every lever applied")

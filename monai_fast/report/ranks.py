@@ -1,8 +1,4 @@
-"""The doctor's evidence across ranks, nodes and segments: per-rank time split, the straggler, which node each
-rank ran on, the record's segments (runs and restarts) and the ranks whose record stops before the run's end.
-
-Read from the run record's rows (all ranks' files merged by `monai_fast.telemetry.record.load_record()`);
-`monai_fast.report.doctor.diagnose()` adds these lines to its evidence for jobs of several ranks.
+"""The doctor's evidence across ranks, nodes and segments: the straggler, placement, restarts, ranks stopped early.
 
 Examples:
     >>> ranks = rank_times(
@@ -80,10 +76,9 @@ _NEW_SEGMENT = {**dict.fromkeys(("start", "last", "pid", "host", "ended", "raise
 
 
 def segments(rows: list[dict]) -> dict[int, list[dict]]:
-    """Per rank, its record's segments in order: ``segment``, ``start`` and ``last`` (time of the first and
-    last row), ``pid``, ``host``, ``ended`` (an end row was written; ``None`` for a record without segment rows),
-    ``raised`` (the exception that stopped it, e.g. ``"KeyboardInterrupt"``; ``None``: it ran to its end) and the
-    last ``epoch`` and ``iteration`` the trainer timed in it.
+    """Per rank, its record's segments in order: ``segment``, ``start`` and ``last`` (times of its first and last
+    row), ``pid``, ``host``, ``ended`` (``None``: no segment rows), ``raised`` (the exception that stopped it) and
+    the last ``epoch`` and ``iteration`` the trainer timed.
 
     Examples:
         >>> rows = [
@@ -110,7 +105,7 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
             s["ended"] = bool(s["ended"])
         elif what == "segment_ended":
             s["ended"] = True
-            s["raised"] = r.get("raised")  # what stopped it (KeyboardInterrupt: Ctrl-C); None: it ran to its end
+            s["raised"] = r.get("raised")
         elif (
             r.get("kind") == Kind.ITERATION.value
             and r.get("source") == Source.TIME_BREAKDOWN.value
@@ -124,11 +119,8 @@ def segments(rows: list[dict]) -> dict[int, list[dict]]:
 def last_run(rows: list[dict]) -> tuple[list[dict], list[str]]:
     """The rows of the record's last run, and the evidence line on the earlier runs left out (none: ``[]``).
 
-    A run folder written twice by one process (a notebook's attach cell run again) holds one record with
-    both runs' segments. A segment whose trainer started from iteration 0 (its ``engine`` row's
-    ``start_iteration``) in the process that wrote the segment before it begins a run of its own; the
-    segments that continue one (more epochs, a race's turns) start later, and a segment of a new process
-    continues the record (a restarted job). Records without the field are read whole.
+    A segment whose trainer started from iteration 0 in the process that wrote the segment before it (a
+    notebook cell run again) begins a new run; a segment of a new process continues the record (a restart).
 
     Examples:
         >>> rows = [{"kind": "event", "source": "record", "what": w, "engine": "train", "segment": s, "pid": 7,
@@ -147,7 +139,6 @@ def last_run(rows: list[dict]) -> tuple[list[dict], list[str]]:
         }
     )
     first = min((int(r.get("segment", 0)) for r in rows), default=0)
-    # a new run in the process that wrote the segment before it; a new process continues the record (a restart)
     starts = [s for s in starts if s > first and pids.get(s) is not None and pids.get(s) == pids.get(s - 1)]
     if not starts:
         return rows, []
@@ -182,19 +173,10 @@ def interrupted(rows: list[dict], numbers: dict) -> list[str]:
     ]
 
 
-def _runs_of_alike(segs: list[dict]) -> list[list[dict]]:
-    """``segs`` in groups of consecutive segments of one process that each ended alike (a race's turns, a
-    notebook's runs), so a record of many segments reads as a few parts, not one clause per segment."""
-    alike = operator.itemgetter("pid", "host", "ended", "raised")
-    return [list(group) for _, group in itertools.groupby(segs, key=alike)]
-
-
 def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:
     """The doctor's line on the record's segments (none for a record of one segment); adds them to ``numbers``.
 
-    Each segment is a run of the trainer: a notebook cell run again, or a new process (a restart) that
-    continued the record. The line gives each segment's process, how far it trained and whether it
-    ended, and the time from the first segment's start to the last row.
+    Consecutive segments of one process that ended alike (a race's turns) are told as one part.
     """
     per_rank = segments(rows)
     if not per_rank:
@@ -207,15 +189,14 @@ def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:
     restarts = sum(1 for a, b in zip(segs, segs[1:]) if b["pid"] is not None and a["pid"] != b["pid"])
     numbers["restarts"] = restarts
     parts = []
-    for group in _runs_of_alike(segs):
+    for _, grouped in itertools.groupby(segs, key=operator.itemgetter("pid", "host", "ended", "raised")):
+        group = list(grouped)
         s = group[-1]
         where = f"pid {s['pid']}" if s["pid"] is not None else "process unknown"
         if s["pid"] is not None and segs.index(group[0]) and segs[segs.index(group[0]) - 1]["pid"] != s["pid"]:
             where += ", a restart"
         stopped = "stopped without its end row (killed or crashed, or its file system filled)"
-        end = {True: "ended", False: stopped, None: "end unknown"}[s["ended"]]
-        if s["raised"]:
-            end = _raised(s["raised"])
+        end = _raised(s["raised"]) if s["raised"] else {True: "ended", False: stopped, None: "end unknown"}[s["ended"]]
         if len(group) == 1:
             parts.append(f"segment {s['segment']} ({where}) to epoch {s['epoch']}, iteration {s['iteration']}, {end}")
         else:
@@ -252,8 +233,8 @@ def stopped_early(rows: list[dict], numbers: dict) -> list[str]:
                 "without an end row (the process was killed or crashed, its file system filled, or it is still running)"
             )
         if behind:
-            ahead = [k for k, v in reach.items() if v == furthest]
-            why.append(f"while rank {ahead[0]} reached segment {furthest[0]}, iteration {furthest[1]}")
+            ahead = next(k for k, v in reach.items() if v == furthest)
+            why.append(f"while rank {ahead} reached segment {furthest[0]}, iteration {furthest[1]}")
         lines.append(
             f"rank {rank} stopped early: its record ends at segment {s['segment']}, epoch {s['epoch']}, "
             f"iteration {s['iteration']} " + " ".join(why)
@@ -264,12 +245,9 @@ def stopped_early(rows: list[dict], numbers: dict) -> list[str]:
 
 
 def missing_ranks(rows: list[dict], ranks_with_files: list[int], numbers: dict) -> list[str]:
-    """The doctor's lines naming the ranks of the job that left no rows: a record file that is empty (a rank
-    killed before its first row), or, where the job records every rank (two or more did), a rank below the job's
-    world size with no file at all. Adds ``missing_ranks`` to ``numbers``.
-
-    A job in which rank 0 alone records (``monai-fast train``, a script attaching ``RecordHandler`` on rank 0)
-    names no missing rank: its other ranks write nothing by design.
+    """The doctor's lines naming the ranks of the job that left no rows: an empty record file, or, where two or
+    more ranks recorded (not rank 0 alone, by design), a rank below the world size with no file. Adds
+    ``missing_ranks`` to ``numbers``.
 
     Examples:
         >>> rows = [{"rank": r, "what": "segment_started", "world_size": 3} for r in (0, 2)]

@@ -1,9 +1,7 @@
 """Where a run's wall clock went, in categories whose shares sum to 100 %, overlapped work listed apart.
 
-Read from the run record alone. Every instant of each ``trainer.run()`` (and the set-up before it)
-goes to exactly one category, the most specific at work on the trainer's thread; the order is in
-docs/doctor.md. Spans flagged ``overlapped`` are never in the shares: they are listed with the
-seconds they ran.
+Every instant of each ``trainer.run()`` (and the set-up before it) goes to the most specific category at work
+on the trainer's thread (the order: docs/doctor.md).
 
 Examples:
     >>> rows = [
@@ -22,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from monai_fast.report.ranks import segments
 from monai_fast.telemetry.record import Category, Kind, Lever, Source, select
 
 if TYPE_CHECKING:
@@ -42,6 +41,8 @@ LABELS = {
     "handlers": "handlers between iterations",
     "idle": "idle",
 }
+_Span = tuple[float, float]  #: (start, end)
+_Tagged = tuple[float, float, str]  #: (start, end, category)
 #: who gets an instant claimed by several categories: the first in this order
 _PRIORITY = ("checkpoint", "validation", "cache_fill", "data_wait", "compute", "setup", "paused", "handlers", "idle")
 
@@ -66,12 +67,10 @@ class WallClock:
         return {**asdict(self), "shares": {c: self.share(c) for c in self.seconds}}
 
 
-def _intervals(
-    rows: list[dict], engine: str
-) -> tuple[list[tuple[float, float, str]], dict[str, list[tuple[float, float]]]]:
+def _intervals(rows: list[dict], engine: str) -> tuple[list[_Tagged], dict[str, list[_Span]]]:
     """The trainer thread's intervals ``(start, end, category)`` and the overlapped spans by category."""
-    critical: list[tuple[float, float, str]] = []
-    overlapped: dict[str, list[tuple[float, float]]] = {}
+    critical: list[_Tagged] = []
+    overlapped: dict[str, list[_Span]] = {}
     for r in select(rows, Kind.SPAN):
         cat = r["category"]
         if cat == Category.RUN.value:
@@ -87,7 +86,7 @@ def _intervals(
     return critical, overlapped
 
 
-def _windows(frames: list[tuple[float, float]], critical: list[tuple[float, float, str]]) -> list[tuple[float, float]]:
+def _windows(frames: list[_Span], critical: list[_Tagged]) -> list[_Span]:
     """Each run's frame, reaching back to the spans recorded since the previous run ended (its set-up)."""
     out, previous_end = [], float("-inf")
     for start, end in sorted(frames):
@@ -97,7 +96,7 @@ def _windows(frames: list[tuple[float, float]], critical: list[tuple[float, floa
     return out
 
 
-def _union(intervals: list[tuple[float, float]]) -> float:
+def _union(intervals: list[_Span]) -> float:
     total, reach = 0.0, float("-inf")
     for s, e in sorted(intervals):
         if e > reach:
@@ -106,7 +105,7 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _sweep(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
+def _sweep(intervals: list[_Tagged]) -> dict[str, float]:
     """Seconds per category, each instant inside an ``idle`` window given to the first active one in ``_PRIORITY``."""
     index = {c: i for i, c in enumerate(_PRIORITY)}
     events = sorted((t, d, index[c]) for s, e, c in intervals if e > s and c in index for t, d in ((s, 1), (e, -1)))
@@ -121,7 +120,7 @@ def _sweep(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
     return {c: seconds[index[c]] for c in SHARES}
 
 
-def _unfinished_frames(mine: list[dict], framed: set[int]) -> list[tuple[float, float]]:
+def _unfinished_frames(mine: list[dict], framed: set[int]) -> list[_Span]:
     """A frame for each segment that began a run (``segment_started``) but has no ``run`` span: its process
     stopped before the run ended; the frame goes from the segment's start to its last row."""
     started = {
@@ -150,38 +149,22 @@ def _one_rank(rows: list[dict], rank: int) -> WallClock | None:
     windows = _windows(frames, critical)
     intervals = critical + [(s, e, "handlers") for s, e in frames] + [(s, e, "idle") for s, e in windows]
     seconds = _sweep(intervals)
-    return WallClock(
-        rank,
-        len(frames),
-        sum(seconds.values()),
-        seconds,
-        {c: _union(v) for c, v in sorted(overlapped.items())},
-        _end(mine),
-    )
+    beside = {c: _union(v) for c, v in sorted(overlapped.items())}
+    return WallClock(rank, len(frames), sum(seconds.values()), seconds, beside, _end(mine))
 
 
 def _end(mine: list[dict]) -> str:
     """What one rank's last segment ended with, in words: the end of training, Ctrl-C, an error, or no end row."""
-    last = max((r.get("segment", 0) for r in mine), default=0)
-    ends = [
-        r
-        for r in select(mine, Kind.EVENT, Source.RECORD, segment=last)
-        if r.get("what") in ("segment_started", "segment_ended")
-    ]
-    end = next((r for r in reversed(ends) if r["what"] == "segment_ended"), None)
-    if end is None and ends:
+    last = next(iter(segments(mine).values()))[-1]
+    if last["ended"] is False:
         return "its last row (no end row: the process was killed, or it is still running)"
-    raised = None if end is None else end.get("raised")
-    if raised == "KeyboardInterrupt":
+    if last["raised"] == "KeyboardInterrupt":
         return "its interruption (Ctrl-C)"
-    return f"the error that stopped it ({raised})" if raised else "the end of training"
+    return f"the error that stopped it ({last['raised']})" if last["raised"] else "the end of training"
 
 
 def wall_clock(rows: list[dict]) -> dict[int, WallClock]:
-    """Each rank's `WallClock` from a run record's rows (ranks without a ``run`` span are left out).
-
-    Rows without a rank count as rank 0.
-    """
+    """Each rank's `WallClock` from a run record's rows (rows without a rank: rank 0; ranks without a run: none)."""
     ranks = sorted({int(r.get("rank", 0)) for r in rows if r.get("kind") in (Kind.SPAN.value, Kind.EVENT.value)})
     rows = [r if "rank" in r else {**r, "rank": 0} for r in rows]
     out = {rank: _one_rank(rows, rank) for rank in ranks}
@@ -269,8 +252,7 @@ def wall_clock_advice(
     Args:
         wc: the run's wall clock.
         applied: `monai_fast.report.applied.applied_levers()` of the run.
-        run: what the run had on (`monai_fast.report.applied.in_effect()`): no mixed precision
-            advice for a run in reduced precision, no sliding-window advice for a validation without one.
+        run: what the run had on (`monai_fast.report.applied.in_effect()`).
     """
     top = sorted(wc.seconds, key=lambda c: -wc.seconds[c])[:3]
     evidence = [
