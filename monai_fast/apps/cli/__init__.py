@@ -13,9 +13,7 @@
 ``monai-fast infer``  sliding-window inference of a checkpoint into NIfTI predictions.
 ``monai-fast bundle`` run a MONAI bundle with FastTraining, or write the bundle config fragment.
 
-Each command lives in the module that registers it (`COMMANDS`), imported only when that command runs:
-``demo`` and ``bench`` in `race_cmds`, ``tune`` in `tune_cmd`, ``train``, ``infer`` and ``bundle`` in their
-own modules, ``launch``, ``sbatch``, ``k8s``, ``doctor`` and ``synth`` in `tools`.
+Each command lives in the module that registers it (`COMMANDS`), imported only when that command runs.
 
 Examples:
     >>> from monai_fast.apps.cli import main
@@ -87,11 +85,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 COMPUTE_COMMANDS = frozenset({"demo", "bench", "tune", "train", "infer", "launch", "bundle"})
 
 
-def _command(argv: Sequence[str]) -> str | None:
-    """The command named on the line: its first word that is not an option (the top-level options take no value)."""
-    return next((a for a in argv if not a.startswith("-")), None)
-
-
 def main(
     argv: Sequence[str] | None = None,
     startup_notes: Sequence[str] = (),
@@ -111,7 +104,8 @@ def main(
             per core first (`monai_fast.openmp.pin_openmp_workers()`; the entry point asks for it).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(_command(argv)).parse_args(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)  # the top-level options take no value
+    args = build_parser(command).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -131,8 +125,7 @@ def main(
         sys.stdout.flush()  # a reader that closed the pipe early fails here, inside the handler below
         return status
     except BrokenPipeError:  # `monai-fast doctor RUN | head`: the reader has what it wanted; stop quietly
-        # the Python docs' recipe (signal module, "Note on SIGPIPE"): point stdout at devnull so that the
-        # interpreter's own flush at exit does not fail a second time
+        # the signal module docs' "Note on SIGPIPE": stdout to devnull, so the flush at exit does not fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except Exception as e:  # a user's mistake or an output that cannot be written: one line, no traceback

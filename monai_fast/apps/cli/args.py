@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from monai_fast.apps.cli import add_options
 from monai_fast.apps.recipes import RecipeConfig
 from monai_fast.apps.training.data import VAL_FRACTION, SyntheticData
 from monai_fast.apps.training.scale import DemoScale, demo_scale
@@ -81,16 +82,14 @@ def add_data_options(p: argparse.ArgumentParser) -> None:
         help=f"synthetic volume size in voxels (default {_spaced(small.shape)}; demo and train on CUDA: "
         f"{_spaced(cuda.shape)})",
     )
-    g.add_argument(
-        "--val-fraction",
-        type=float,
-        default=VAL_FRACTION,
-        help="share of cases held out for validation (default %(default)s)",
+    add_options(
+        g,
+        (
+            ("--val-fraction", float, VAL_FRACTION, "share of cases held out for validation (default %(default)s)"),
+            ("--device", None, "auto", "'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)"),
+            ("--seed", int, 0, "seed of data, split, weights and crops (default %(default)s)"),
+        ),
     )
-    g.add_argument(
-        "--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)"
-    )
-    g.add_argument("--seed", type=int, default=0, help="seed of data, split, weights and crops (default %(default)s)")
     g.add_argument(
         "--no-preflight",
         action="store_true",

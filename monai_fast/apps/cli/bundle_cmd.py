@@ -28,6 +28,7 @@ _RUN_TEXT = (
     "An override of an id the config does not have is refused unless named with --new-key ID. Parsing a config runs "
     "the code in it: run bundles you trust."
 )
+_NOT_ATTACHED = "FastTraining: not attached (--no-fast): the bundle as published"
 _FRAGMENT_TEXT = (
     "Write the config fragment that makes MONAI's own runner attach FastTraining: merged after the bundle's train.json "
     "(python -m monai.bundle run --config_file \"['configs/train.json','configs/fast.json']\"), it appends to the "
@@ -98,29 +99,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from monai_fast.bundle.fragment import decision_lines
 
     args = _split(args)
-    # an engine logs the error that ends its run, then raises it: the error is shown once, as its one line or
-    # its traceback, not also as ignite's log line (which, for a DataLoader worker's error, holds its traceback)
+    # an engine logs the error that ends its run, then raises it: show it once, not also as ignite's log line
     logging.getLogger("ignite.engine.engine").setLevel(logging.CRITICAL)
     if args.resume and args.run_dir is None:
         raise SystemExit("monai-fast bundle run: --resume continues the record in --run-dir: name that folder")
+
+    def show(applied: dict) -> None:
+        for line in decision_lines(applied) if applied else [_NOT_ATTACHED]:
+            print(line, flush=True)
+
     try:
-        overrides = parse_overrides(args.overrides)
-        fast_options = {} if args.precision == "auto" else {"precision": args.precision}
-
-        def show(applied: dict) -> None:
-            plain = ["FastTraining: not attached (--no-fast): the bundle as published"]
-            lines = decision_lines(applied) if applied else plain
-            for line in lines:
-                print(line, flush=True)
-
         result = run_bundle(
             args.bundle_dir,
             config_files=args.config_file,
             meta_file=args.meta_file,
             logging_file=False if args.no_logging_file else args.logging_file,
-            overrides=overrides,
+            overrides=parse_overrides(args.overrides),
             fast=not args.no_fast,
-            fast_options=fast_options,
+            fast_options={} if args.precision == "auto" else {"precision": args.precision},
             trainer_id=args.trainer_id,
             evaluator_id=args.evaluator_id,
             run_dir=args.run_dir,

@@ -1,9 +1,7 @@
 """``monai-fast infer``: sliding-window inference of a checkpoint over an MSD folder or image files.
 
-Parses, calls `monai_fast.apps.inference.infer()`, prints one line. A bad checkpoint, an
-unavailable backend, a bad option, or an output that would replace an input or an existing file
-ends in one line naming it, before any volume is read; a full output disk ends in one line naming
-the prediction file and the space missing.
+Parses, calls `monai_fast.apps.inference.infer()`, prints one line; a bad input or an unwritable output ends
+in one line naming it.
 
 Examples:
     >>> from monai_fast.apps.cli import build_parser

@@ -1,9 +1,7 @@
 """``monai-fast demo | bench``: parse, call `monai_fast.apps.demo`, print.
 
-``demo`` and ``bench`` catch the stop signals (``SIGTERM``, ``SIGUSR1``) from their first line: one
-received while the synthetic data are written, checked and cached, or the recipes built, stops the
-command when training would start, with a one-line message and exit status 143
-(`STOPPED_EXIT`), instead of ending it silently.
+``demo`` and ``bench`` catch the stop signals (``SIGTERM``, ``SIGUSR1``) from their first line: one received
+during the set-up stops the command when training would start, with one line and exit status 143 (`STOPPED_EXIT`).
 
 Examples:
     >>> from monai_fast.apps.cli import build_parser
@@ -18,6 +16,7 @@ import argparse
 import datetime as dt
 import json
 import math
+from dataclasses import fields, replace
 
 import torch
 
@@ -42,19 +41,14 @@ class ProgressPrinter(RaceEvents):
         print(f"== repeat {index}/{repeats}", flush=True)
 
     def tuned(self, tuning) -> None:
-        cache = (
-            ""
-            if tuning.cache_where is None
-            else f", cache {tuning.cache_where} ({tuning.cache_budget_mib:.0f} MiB left for it)"
-        )
+        where = tuning.cache_where
+        cache = "" if where is None else f", cache {where} ({tuning.cache_budget_mib:.0f} MiB left for it)"
         how = (
-            " (from the tuning cache)"
-            if tuning.from_cache
-            else f" (tuning took {tuning.tuning_s:.1f} s, not counted below)"
+            "from the tuning cache" if tuning.from_cache else f"tuning took {tuning.tuning_s:.1f} s, not counted below"
         )
         print(
             f"-- tuned fast: batch_size={tuning.batch_size}, sw_batch_size={tuning.sw_batch_size}, "
-            f"val_device={tuning.val_device}, precision={tuning.precision}{cache}{how}",
+            f"val_device={tuning.val_device}, precision={tuning.precision}{cache} ({how})",
             flush=True,
         )
 
@@ -84,18 +78,10 @@ class ProgressPrinter(RaceEvents):
 
 
 def _tune_options(args: argparse.Namespace) -> TuneOptions:
-    return TuneOptions(
-        batch_range=tuple(args.batch_range),
-        sw_range=tuple(args.sw_range),
-        trials=args.trials,
-        margin=args.margin,
-        search_amp=args.search_amp,
-        memory_cap_mib=args.memory_cap_mib,
-        place_cache=args.place_cache,
-        cache_tradeoff=args.cache_tradeoff,
-        retune=args.retune,
-        store=args.tune_cache,
-    )
+    """The `TuneOptions` of the parsed options: each field is the option of its name (``store``: --tune-cache)."""
+    options = {f.name: getattr(args, f.name) for f in fields(TuneOptions) if f.name != "store"}
+    options.update(batch_range=tuple(args.batch_range), sw_range=tuple(args.sw_range))
+    return TuneOptions(**options, store=args.tune_cache)
 
 
 def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoScale | None = None) -> RaceSpec:
@@ -107,7 +93,6 @@ def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoS
         scale: the defaults for the options left unset (the demo's `demo_scale()`);
             ``None``: the CPU-sized ones.
     """
-    tune = getattr(args, "tune", True)  # the tune command always tunes
     synthetic, overrides = scaled_options(args, scale)
     return RaceSpec(
         recipes=getattr(args, "recipes", ("fast",)),
@@ -122,7 +107,7 @@ def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoS
         interleave=getattr(args, "interleave", False),
         device=args.device,
         overrides=overrides,
-        tune=_tune_options(args) if tune else None,
+        tune=_tune_options(args) if getattr(args, "tune", True) else None,  # the tune command always tunes
         run_dir=run_dir,
         progress=not args.no_progress,
         preflight=not args.no_preflight,
@@ -132,8 +117,6 @@ def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoS
 
 @stop_signals_caught()  # a signal while the data are written or cached, or the recipes built: kept
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from monai_fast.apps.demo.headline import format_headline
     from monai_fast.extras import require
 
@@ -144,10 +127,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if not args.total_budget >= 0:
         raise SystemExit(f"monai-fast demo: --total-budget must be >= 0 seconds (0: no bound), got {args.total_budget}")
     spec = replace(spec, total_budget_s=args.total_budget or None)  # 0: no bound
-    print(size_line(spec, scale), flush=True)
-    print(budget_line(spec), flush=True)
-    line = time_line(spec)
-    if line:
+    for line in filter(None, (size_line(spec, scale), budget_line(spec), time_line(spec))):
         print(line, flush=True)
     run = race(spec, ProgressPrinter())
     print()
@@ -187,8 +167,11 @@ def budget_line(spec: RaceSpec) -> str:
     if spec.time_budget_s is not None:
         lead_part = f"{lead} up to {spec.time_budget_s:.0f} s"
     else:
-        shared = _share_words(len(spec.recipes)) + " of the time left after the set-up"
-        lead_part = f"{lead} up to {shared}" if spec.total_budget_s else f"{lead} no limit"
+        n = len(spec.recipes)  # the lead's share under a total bound (`monai_fast.apps.demo.interleave.lead_share()`)
+        share = {1: "half", 2: "a third", 3: "a quarter"}.get(n, f"1/{n + 1}")
+        lead_part = (
+            f"{lead} up to {share} of the time left after the set-up" if spec.total_budget_s else f"{lead} no limit"
+        )
     max_epochs = recipe_config(spec.overrides, spec.seed).max_epochs
     rules = [
         f"{m:g}x {lead}'s {what} to target"
@@ -211,19 +194,6 @@ def budget_line(spec: RaceSpec) -> str:
     )
 
 
-def _share_words(recipes: int) -> str:
-    """The lead's share of the time under a total bound, in words (`monai_fast.apps.demo.interleave.lead_share()`)."""
-    return {1: "half", 2: "a third", 3: "a quarter"}.get(recipes, f"1/{recipes + 1}")
-
-
-def _duration(seconds: float) -> str:
-    """``seconds`` in words for a person: ``"10 min"``, ``"4 min 30 s"``, ``"45 s"``."""
-    minutes, rest = divmod(round(seconds), 60)
-    if not minutes:
-        return f"{rest} s"
-    return f"{minutes} min" + (f" {rest} s" if rest else "")
-
-
 def time_line(spec: RaceSpec) -> str | None:
     """The line that says up front how long the demo takes at most (``None`` without a total bound).
 
@@ -234,9 +204,10 @@ def time_line(spec: RaceSpec) -> str | None:
     """
     if not spec.total_budget_s:
         return None
-    bound = f"{_duration(spec.total_budget_s)} ({spec.total_budget_s:.0f} s)"
+    minutes, rest = divmod(round(spec.total_budget_s), 60)  # "10 min", "4 min 30 s", "45 s"
+    spoken = (f"{minutes} min" + (f" {rest} s" if rest else "")) if minutes else f"{rest} s"
     return (
-        f"time: at most {bound} from here on any machine: data, set-up, training of "
+        f"time: at most {spoken} ({spec.total_budget_s:.0f} s) from here on any machine: data, set-up, training of "
         f"{' and '.join(spec.recipes)}, reports (--total-budget)"
     )
 
@@ -288,13 +259,10 @@ _DEMO_TEXT = (
     "recipe on it until validation mean Dice reaches --target or --time-budget runs out, and print time to target, "
     "epochs, train/val seconds per epoch, data-wait share and the speed-up. Writes a run folder with results.json, "
     "epochs.csv, dice_vs_time.png and TensorBoard events. The recipes train an epoch at a time in turns, so their "
-    "seconds per epoch meet the same host load, each drawing its own random stream, so for a seed their Dice curves do "
-    "not depend on the load. fast's epochs to target then set the baseline's budget (--epoch-multiple times them, "
-    "printed up front). The whole demo ends within --total-budget seconds on any machine (said up front): fast may "
-    "train a third of the time left after the set-up, the baseline as long beside it, then alone until its epoch "
-    "budget is spent or the time is up. When the baseline does not reach the target in its budget, its time to target "
-    "is estimated (epochs from its Dice curve x its seconds per epoch measured beside fast's) and labelled "
-    "'estimated'. Every option is checked before training starts (an unwritable --run-dir fails at once)."
+    "seconds per epoch meet the same host load; fast's epochs to target then set the baseline's budget "
+    "(--epoch-multiple times them). The whole demo ends within --total-budget seconds on any machine (said up front). "
+    "A baseline that misses the target has its time to target estimated from its Dice curve and labelled 'estimated' "
+    "(docs/demo.md). Every option is checked before training starts (an unwritable --run-dir fails at once)."
 )
 
 _DEMO_HELP = (

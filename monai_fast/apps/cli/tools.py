@@ -44,17 +44,7 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
         problems.append(f"--grace-s must be >= 0, got {args.grace_s}")
     spec = None
     try:
-        spec = LaunchSpec(
-            nproc=args.nproc,
-            nnodes=args.nnodes,
-            node_rank=args.node_rank,
-            master_addr=args.master_addr,
-            master_port=args.master_port,
-            rdzv_endpoint=args.rdzv_endpoint,
-            rdzv_id=args.rdzv_id,
-            max_restarts=args.max_restarts,
-            rdzv_timeout_s=args.rdzv_timeout,
-        )
+        spec = LaunchSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(LaunchSpec)})
     except ValueError as e:
         problems.insert(0, str(e))
     if problems or spec is None:
@@ -79,23 +69,14 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     from monai_fast.distributed.env import LAUNCHED_BY
 
     spec = _launch_spec(args)
-    # each rank runs the script through monai_fast.apps.launch.launched (which stops a second spawn);
-    # torchrun's own shutdown wait (should it be signalled itself, e.g. by a cgroup-wide stop) matches --grace-s
-    target = ["-m", args.script] if args.module else [args.script]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *torchrun_args(spec),
-        "-m",
-        "monai_fast.apps.launch.launched",
-        *target,
-        *args.script_args,
-    ]
+    # each rank runs the script through monai_fast.apps.launch.launched (which stops a second spawn)
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(spec), "-m", "monai_fast.apps.launch.launched"]
+    cmd += ["-m", args.script] if args.module else [args.script]
+    cmd += args.script_args
     env = {
         **os.environ,
         LAUNCHED_BY: str(args.nproc),
-        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s)),
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s)),  # torchrun's own shutdown wait
         **torchrun_env(spec),
     }
     logger.info("running %s", " ".join(cmd))
@@ -118,31 +99,21 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     return status
 
 
-def _after_dashes(words: list[str]) -> list[str]:
-    """A trailing command as the user wrote it, without the ``--`` that separates it from our options."""
-    return words[1:] if words and words[0] == "--" else list(words)
-
-
-def _emit(text: str, out: str | None, submit: str) -> None:
-    """Write ``text`` to ``out`` atomically (saying how to submit it) or print it."""
+def _write_job(args: argparse.Namespace, spec_type: type, words: list[str], render, command: str, submit: str) -> int:
+    """Build a job writer's ``spec_type`` from the options named as its fields and the trailing command ``words``
+    (without a leading ``--``), then print what it renders or write it atomically to ``--out``."""
     from monai_fast.files import write_text
 
-    if out:
-        write_text(text, out)
-        print(f"wrote {out}; submit with: {submit} {out}")
-    else:
-        print(text, end="")
-
-
-def _write_job(args: argparse.Namespace, spec_type: type, words: list[str], render, command: str, submit: str) -> int:
-    """Build a job writer's ``spec_type`` from the options named as its fields (its checks name a bad value in one
-    line before anything is written), then print or write what it renders."""
     options = {f.name: getattr(args, f.name) for f in dataclasses.fields(spec_type)[1:] if hasattr(args, f.name)}
     try:
-        spec = spec_type(_after_dashes(words), **options)
+        spec = spec_type(words[1:] if words[:1] == ["--"] else list(words), **options)
     except ValueError as e:
         raise SystemExit(f"monai-fast {command}: {e}") from e
-    _emit(render(spec), args.out, submit)
+    if args.out:
+        write_text(render(spec), args.out)
+        print(f"wrote {args.out}; submit with: {submit} {args.out}")
+    else:
+        print(render(spec), end="")
     return 0
 
 
@@ -203,22 +174,12 @@ def _cmd_synth(args: argparse.Namespace) -> int:
             f"{'2 sizes (rows columns)' if wsi else '3 sizes (X Y Z)'}, got {len(shape)}"
         )
     cases = args.cases if args.cases is not None else (4 if wsi else 16)
+    common = {"seed": args.seed, "progress": not args.no_progress}
     try:
         if wsi:
-            root = generate_wsi(
-                args.out,
-                num_slides=cases,
-                size=shape,
-                tile=args.tile,
-                levels=args.levels,
-                patch_size=args.patch,
-                seed=args.seed,
-                progress=not args.no_progress,
-            )
+            root = generate_wsi(args.out, cases, shape, args.tile, args.levels, args.patch, **common)
         else:
-            root = generate_msd(
-                args.out, kind=args.kind, num_cases=cases, shape=shape, seed=args.seed, progress=not args.no_progress
-            )
+            root = generate_msd(args.out, args.kind, cases, shape, **common)
     except ValueError as e:  # a bad size, named by the generator
         raise SystemExit(f"monai-fast synth: {e}") from e
     print(
@@ -279,6 +240,7 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
         "--rdzv-timeout",
         type=float,
         default=DEFAULT_RDZV_TIMEOUT_S,
+        dest="rdzv_timeout_s",
         metavar="S",
         help="seconds to wait for the rendezvous (every node met, ranks started) before stopping with one "
         "line naming the endpoint (default %(default)g, torchrun's); an endpoint that accepts connections but does "
@@ -310,8 +272,7 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str, nodes_help: str) -> None:
-    """Nodes and ranks per node, the same for every job writer (sbatch, k8s); ``nodes_help`` says what a node is
-    there."""
+    """Nodes and ranks per node, the same for every job writer (sbatch, k8s); ``nodes_help``: what a node is."""
     p.add_argument("--nodes", type=int, default=nodes, help=f"{nodes_help} (default %(default)s)")
     p.add_argument(
         "--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)"

@@ -1,10 +1,7 @@
 """``monai-fast train``: train one recipe from hyperparameters, the SageMaker training toolkit's way when it is there.
 
-Outside SageMaker an ordinary command; inside a SageMaker training container the defaults come
-from the job (channel, model and output folders, device, hyperparameters; the command line wins),
-and on several hosts each starts this command under torchrun. Stop signals are caught from the
-first line; the model is written first, then each other output on its own; one run per output
-folder (`RunFolderLock`). docs/sagemaker-s3.md describes it.
+Inside a SageMaker training container the defaults come from the job (the command line wins); on several
+hosts each starts this command under torchrun. docs/sagemaker-s3.md describes it.
 
 Examples:
     >>> from monai_fast.apps.cli import build_parser

@@ -78,14 +78,12 @@ def _cmd_tune_bundle(args: argparse.Namespace) -> int:
         print(f"not written: {key}: {why}")
     if tuned.layout == "auto3dseg":
         reads = tuned.path.resolve().parent == (Path(args.bundle) / "configs").resolve()
-        print(
-            f"wrote {tuned.path}: "
-            + (
-                "Auto3DSeg reads every file of configs/ in name order, this one last"
-                if reads
-                else "Auto3DSeg reads only the algorithm's configs/: copy it there"
-            )
+        how = (
+            "every file of configs/ in name order, this one last"
+            if reads
+            else "only the algorithm's configs/: copy it there"
         )
+        print(f"wrote {tuned.path}: Auto3DSeg reads {how}")
     else:
         print(f"wrote {tuned.path}; train with it (measured with these overrides, in {tuned.precision}):")
         print("  " + bundle_run_command(tuned, args.bundle, overrides, args.precision))
@@ -109,12 +107,9 @@ _TUNE_TEXT = (
     "Search the training batch size (volumes per batch), the sliding-window batch size and where the validation output "
     "is stitched (GPU or CPU), and optionally fp32 against mixed precision and where the training cache goes "
     "(--place-cache), for the fast recipe's UNet on this device. Each candidate runs real iterations after a warm-up "
-    "and is scored by patches/s (training) or volumes/s (validation) within a memory budget (cap minus margin). "
-    "Out-of-memory candidates are recorded as infeasible and the search goes on. A range no longer than --trials is "
-    "tried value by value; a longer one by doubling from the low end until a candidate does not fit or two doublings "
-    "in a row gain under 5 %, then bisecting. The three best are then measured again, twice, dropping the weakest "
-    "after each round. Results are cached per device, memory, model, patch and volume size; 'monai-fast demo --tune' "
-    "applies them."
+    "and is scored by patches/s (training) or volumes/s (validation) within a memory budget (cap minus margin); "
+    "docs/tuner.md describes the search. Results are cached per device, memory, model, patch and volume size; "
+    "'monai-fast demo --tune' applies them."
 )
 
 _TUNE_HELP = "pick fast's batch size, sliding-window batch, validation device and precision by measured throughput"

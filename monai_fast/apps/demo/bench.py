@@ -41,9 +41,10 @@ def summarize(repeats: Sequence[Sequence[TrainResult]], recipes: Sequence[str]) 
     """Per recipe: how often it reached the target, medians over repeats, speed-ups against `REFERENCES`."""
     from monai_fast.apps.demo.compare import speedup
 
+    by_recipe = [{r.recipe: r for r in reversed(rs)} for rs in repeats]  # each repeat's first run of a recipe
     summary = {}
     for name in recipes:
-        runs = [next(r for r in rs if r.recipe == name) for rs in repeats]
+        runs = [by[name] for by in by_recipe]
         reached = [r for r in runs if r.reached]
         summary[name] = {
             "reached": f"{len(reached)}/{len(runs)}",
@@ -54,11 +55,8 @@ def summarize(repeats: Sequence[Sequence[TrainResult]], recipes: Sequence[str]) 
         }
         for ref in REFERENCES:  # same-run ratios against each reference that raced
             if ref in recipes and name != ref:
-                pairs = [
-                    (next(r for r in rs if r.recipe == name), next(r for r in rs if r.recipe == ref)) for rs in repeats
-                ]
                 summary[name][f"speedup_over_{ref}"] = [
-                    {"factor": f, "lower_bound": lb} for f, lb in (speedup(a, b) for a, b in pairs)
+                    {"factor": f, "lower_bound": lb} for f, lb in (speedup(by[name], by[ref]) for by in by_recipe)
                 ]
     return summary
 

@@ -27,8 +27,7 @@ def speedup(fast: TrainResult, slow: TrainResult) -> tuple[float | None, bool]:
 
 def best_dice_by(result: TrainResult, seconds: float) -> float | None:
     """Best validation Dice ``result`` had reached ``seconds`` after its clock started."""
-    seen = [e.val_dice for e in result.epochs if e.val_dice is not None and e.elapsed_s <= seconds]
-    return max(seen) if seen else None
+    return max((e.val_dice for e in result.epochs if e.val_dice is not None and e.elapsed_s <= seconds), default=None)
 
 
 def _fmt_s(v: float | None) -> str:
@@ -51,10 +50,7 @@ def format_table(results: Sequence[TrainResult], reference: str = "baseline") ->
     ]
     lines = []
     for r in results:
-        if r.reached:
-            ttt = _fmt_s(r.time_to_target_s)
-        else:
-            ttt = f"> {r.total_s:.0f} (not reached)"
+        ttt = _fmt_s(r.time_to_target_s) if r.reached else f"> {r.total_s:.0f} (not reached)"
         if ref is None or r is ref:
             sp = "1.0x (ref)" if r is ref else "-"
         else:

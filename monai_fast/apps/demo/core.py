@@ -32,11 +32,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: under a total bound, the share of it kept after training for the doctor and the results files, and for the
-#: iteration or validation pass that is under way when the clock runs out (a recipe stops at its next iteration)
+#: under a total bound, the share of it kept after training for the doctor, the results files and the pass under way
 REPORT_SHARE = 0.15
-#: and the seconds kept at the least: the reports cost about the same whatever the bound (a second or two on a
-#: quiet 2-core machine, several times that on a busy one), so a short bound keeps more than its share
+#: and the seconds kept at the least (the reports cost about the same whatever the bound)
 REPORT_MIN_S = 10.0
 
 
@@ -110,7 +108,8 @@ def load_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]
     Raises:
         FileNotFoundError, monai_fast.apps.sources.msd.MSDDataError: ``data_dir`` is missing or incomplete.
     """
-    return load_files(_source(spec), spec.progress)
+    source = DataSource(spec.data_dir, spec.synthetic, spec.val_fraction, spec.seed, spec.train_files, spec.val_files)
+    return load_files(source, spec.progress)
 
 
 def checked_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
@@ -122,10 +121,6 @@ def checked_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[di
     data_root, train_files, val_files = load_data(spec)
     check_files(train_files, val_files, recipe_config(spec.overrides, spec.seed), spec.preflight)
     return data_root, train_files, val_files
-
-
-def _source(spec: RaceSpec) -> DataSource:
-    return DataSource(spec.data_dir, spec.synthetic, spec.val_fraction, spec.seed, spec.train_files, spec.val_files)
 
 
 def _tune(plan: RacePlan, train_files: Sequence[dict], val_files: Sequence[dict]):
@@ -162,29 +157,6 @@ def _finished(result: TrainResult, events: RaceEvents) -> TrainResult:
     return result
 
 
-def _run_one(
-    spec: RaceSpec,
-    plan: RacePlan,
-    name: str,
-    config: Any,
-    train_files: Sequence[dict],
-    val_files: Sequence[dict],
-    events: RaceEvents,
-) -> TrainResult:
-    events.recipe_started(name, spec.target, spec.time_budget_s)
-    return run_to_target(
-        name,
-        train_files,
-        val_files,
-        config,
-        plan.device,
-        spec.target,
-        spec.time_budget_s,
-        plan.run_dir,
-        progress=spec.progress,
-    )
-
-
 def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     """Race ``spec.recipes`` to ``spec.target`` on the same data; diagnose each run; write the results files.
 
@@ -213,12 +185,9 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     events = events or RaceEvents()
     plan = plan_race(spec)
     data_root, train_files, val_files = checked_data(spec)
+    source = data_root or "the given file lists"
     logger.info(
-        "%d training / %d validation cases from %s on %s",
-        len(train_files),
-        len(val_files),
-        data_root or "the given file lists",
-        plan.device,
+        "%d training / %d validation cases from %s on %s", len(train_files), len(val_files), source, plan.device
     )
     configs = dict.fromkeys(spec.recipes, plan.config)
     tuning = None
@@ -249,10 +218,12 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         for r in results:
             _finished(r, events)
     else:
-        results = [
-            _finished(_run_one(spec, plan, name, configs[name], train_files, val_files, events), events)
-            for name in spec.recipes
-        ]
+        run_options = {"time_budget_s": spec.time_budget_s, "run_dir": plan.run_dir, "progress": spec.progress}
+        results = []
+        for name in spec.recipes:
+            events.recipe_started(name, spec.target, spec.time_budget_s)
+            result = run_to_target(name, train_files, val_files, configs[name], plan.device, spec.target, **run_options)
+            results.append(_finished(result, events))
         trained = time.monotonic()
     if tuning is not None:
         meta["tuning"] = {**tuning.to_dict(), "from_cache": tuning.from_cache}

@@ -60,8 +60,7 @@ def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[
     """Epochs to ``target`` where a least-squares line through the last half of the Dice ``curve`` reaches it.
 
     Returns ``(epochs, first, last, slope)``; ``None`` with fewer than 4 points, a best Dice below
-    ``MIN_PROGRESS * target``, or a line that does not rise. Used where the fast run's full
-    validations are too sparse to say when it passed the slow run's Dice.
+    ``MIN_PROGRESS * target``, or a line that does not rise.
 
     Examples:
         >>> epochs_by_slope([(e, 0.01 * e) for e in range(1, 31)], target=0.9)
@@ -71,11 +70,10 @@ def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[
     if len(points) < 4 or max(d for _, d in points) < MIN_PROGRESS * target:
         return None
     half = points[len(points) // 2 :]
-    mx, my = statistics.fmean(e for e, _ in half), statistics.fmean(d for _, d in half)
-    slope = sum((e - mx) * (d - my) for e, d in half) / sum((e - mx) ** 2 for e, _ in half)
+    slope, intercept = statistics.linear_regression([e for e, _ in half], [d for _, d in half])
     if not slope > 0:
         return None
-    return round(mx + (target - my) / slope, 1), half[0][0], half[-1][0], round(slope, 6)
+    return round((target - intercept) / slope, 1), half[0][0], half[-1][0], round(slope, 6)
 
 
 def _epoch_seconds(result: TrainResult, interleaved: int, cpu: bool = False) -> list[float]:
@@ -251,22 +249,14 @@ def _estimate(
     e_low, e_high = max(floor, min([epochs, *ways])), max(floor, epochs, *ways)
     fastest, slowest = min(epoch_seconds or [per_epoch]), max(epoch_seconds or [per_epoch])
     s_low, s_high = r.setup_s + e_low * fastest, r.setup_s + e_high * slowest
-    spread = (
-        f"range {s_low:.0f}-{s_high:.0f} s: {e_low:g}-{e_high:g} epochs x its fastest and slowest epoch "
+    time_basis = (
+        f"set-up {r.setup_s:.1f} s + {epochs:g} epochs x {per_epoch:.2f} s/epoch measured interleaved; range "
+        f"{s_low:.0f}-{s_high:.0f} s: {e_low:g}-{e_high:g} epochs x its fastest and slowest epoch "
         f"({fastest:.2f}-{slowest:.2f} s)"
     )
     return {
         "epochs_to_target": {**_figure(epochs, ESTIMATED, basis), "low": e_low, "high": e_high},
-        "time_to_target_s": {
-            **_figure(
-                seconds,
-                ESTIMATED,
-                f"set-up {r.setup_s:.1f} s + {epochs:g} epochs x "
-                f"{per_epoch:.2f} s/epoch measured interleaved; {spread}",
-            ),
-            "low": s_low,
-            "high": s_high,
-        },
+        "time_to_target_s": {**_figure(seconds, ESTIMATED, time_basis), "low": s_low, "high": s_high},
     }
 
 

@@ -35,8 +35,7 @@ def budget_after_lead(lead_s: float, multiple: float | None, cap: float | None) 
 def epochs_after_lead(lead_epochs: int, multiple: float | None, max_epochs: int | None = None) -> int | None:
     """Epochs the other recipes get: ``multiple`` x the lead's epochs (to target, or run), rounded up.
 
-    At most ``max_epochs``: a budget past it is never trained, so it is not promised. ``None`` (no epoch
-    budget) when the lead finished no epoch: a multiple of less than one epoch is not a number of epochs.
+    At most ``max_epochs``; ``None`` (no epoch budget) when the lead finished no epoch.
     """
     if multiple is None or lead_epochs < 1:
         return None
@@ -45,10 +44,7 @@ def epochs_after_lead(lead_epochs: int, multiple: float | None, max_epochs: int 
 
 
 def lead_share(recipes: int) -> float:
-    """With a deadline, the lead's share of the time left once ``recipes`` recipes are set up: ``1 / (recipes + 1)``.
-
-    The others train beside the lead in turns, which leaves them that share to train on alone.
-    """
+    """With a deadline, the lead's share of the time left once ``recipes`` recipes are set up: ``1 / (recipes + 1)``."""
     return 1.0 / (recipes + 1)
 
 
@@ -94,22 +90,13 @@ def run_interleaved(
         ``(results in recipes' order, epochs each ran interleaved, how the budgets were set, the host's load)``.
     """
     lead = lead_of(recipes)
+    cap = math.inf if time_budget_s is None else time_budget_s
     runs: dict[str, TargetRun] = {}
     for name in recipes:
         events.recipe_started(
             name, target, time_budget_s if deadline is None else min(time_budget_s or math.inf, _left(deadline))
         )
-        runs[name] = TargetRun(
-            name,
-            train_files,
-            val_files,
-            configs[name],
-            device,
-            target,
-            math.inf if time_budget_s is None else time_budget_s,
-            run_dir,
-            progress,
-        )
+        runs[name] = TargetRun(name, train_files, val_files, configs[name], device, target, cap, run_dir, progress)
     if deadline is not None:  # the lead's share of the time the set-up left
         left = _left(deadline)
         runs[lead].time_budget_s = min(

@@ -207,17 +207,8 @@ def run_lab(
     device = torch.device(device)
     run_dir = Path(run_dir)
     with DeviceMemory(device).peak() as peak:
-        run = TargetRun(
-            recipe,
-            train_files,
-            val_files,
-            config,
-            device,
-            target=target,
-            time_budget_s=None,
-            run_dir=run_dir,
-            progress=progress,
-        )
+        # time_budget_s None: no time limit
+        run = TargetRun(recipe, train_files, val_files, config, device, target, None, run_dir, progress)
         images = PredictionImages(run.writer, run.built.trainer)
         images.attach(run.built.evaluator)
         run.segment(epochs=None)

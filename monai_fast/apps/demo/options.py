@@ -1,7 +1,6 @@
 """What a race is asked to do, and the check of every option before anything runs.
 
-`plan_race()` raises `OptionError` naming the first bad option of a `RaceSpec`, so a mistake
-costs a second, not a race.
+`plan_race()` raises `OptionError` naming the first bad option of a `RaceSpec`.
 """
 
 from __future__ import annotations
@@ -200,8 +199,6 @@ def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
     space = None if spec.tune is None or "fast" not in spec.recipes else _search_space(spec.tune, config, device)
     run_dir = None
     if need_run_dir:
-        run_dir = (
-            Path(spec.run_dir) if spec.run_dir is not None else Path(f"runs/race-{dt.datetime.now():%Y%m%d-%H%M%S}")
-        )
+        run_dir = Path(f"runs/race-{dt.datetime.now():%Y%m%d-%H%M%S}" if spec.run_dir is None else spec.run_dir)
         check_writable_dir(run_dir, "run_dir")
     return RacePlan(spec=spec, device=device, config=config, run_dir=run_dir, space=space)
