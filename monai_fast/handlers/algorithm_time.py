@@ -9,6 +9,7 @@ from typing import Any
 
 from ignite.engine import Engine, Events
 from ignite.metrics import Metric
+from monai.engines.utils import IterationEvents
 
 from monai_fast.handlers.lifecycle import POSTPROCESSING, EngineHandler, callbacks_on, posttrans_of
 from monai_fast.handlers.record import add_row
@@ -17,11 +18,6 @@ from monai_fast.telemetry.cuda import Mark, seconds_between, time_mark
 from monai_fast.telemetry.record import Kind, Source
 
 __all__ = ["AlgorithmTimes", "TrainingAlgorithmTime"]
-
-try:  # MONAI's workflows run their post-processing on MODEL_COMPLETED
-    from monai.engines.utils import IterationEvents
-except ImportError:  # pragma: no cover - MONAI is a dependency
-    IterationEvents = None
 
 # MONAI registers its decollation as a closure of this Workflow method
 _DECOLLATE = "_register_decollate.<locals>._decollate_data"
@@ -104,10 +100,8 @@ class TrainingAlgorithmTime(EngineHandler):
 
     def _wrap_new(self, engine: Engine) -> None:
         """Wrap the post-processing, decollation and metric callbacks not wrapped yet."""
-        events: list[Any] = [Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED]
-        if IterationEvents is not None:
-            events.insert(0, IterationEvents.MODEL_COMPLETED)
-        for event in events:
+        # MONAI's workflows run their post-processing on MODEL_COMPLETED
+        for event in (IterationEvents.MODEL_COMPLETED, Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED):
             for fn in callbacks_on(engine, event):
                 if getattr(fn, "_monai_fast_timed", False):
                     continue

@@ -12,7 +12,7 @@ import torch
 from ignite.engine import Engine, Events
 from monai.inferers import Inferer
 
-from monai_fast.handlers.lifecycle import EngineHandler, handlers_on
+from monai_fast.handlers.lifecycle import EngineHandler, handlers_on, unwrap_inferer
 from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry.precision import PRECISIONS, REQUESTS, autocast_dtype, choose_precision
@@ -160,24 +160,23 @@ class AMPToggle(EngineHandler):
         self._forwards_before = 0
         self._hooks: _NetworkAutocast | None = None
 
+    def _guard_now(self) -> dict[str, Any]:
+        """The guard's state: the attached guard's, else the one kept while none is attached."""
+        return self._guard.state_dict() if self._guard is not None else self._guard_state
+
     @property
     def stats(self) -> dict[str, int]:
         """``nonfinite`` losses and ``skipped_steps`` (from the engine's guard), fp16 ``overflows``."""
-        g = self._guard.state_dict() if self._guard is not None else self._guard_state
-        return {
-            "nonfinite": g["stats"]["nonfinite"],
-            "skipped_steps": g["stats"]["skipped_steps"],
-            "overflows": self._overflows,
-        }
+        g = self._guard_now()["stats"]
+        return {"nonfinite": g["nonfinite"], "skipped_steps": g["skipped_steps"], "overflows": self._overflows}
 
     def state_dict(self) -> dict[str, Any]:
         """The chosen precision, whether it fell back to fp32, the on/off switch and the counts."""
-        g = self._guard.state_dict() if self._guard is not None else self._guard_state
         return {
             "precision": self.precision,
             "fell_back": self.fell_back,
             "enabled": self.enabled,
-            "streak": g["streak"],
+            "streak": self._guard_now()["streak"],
             "stats": dict(self.stats),
         }
 
@@ -200,14 +199,8 @@ class AMPToggle(EngineHandler):
         self._epoch_counts = dict(self.stats)
         self._restored = True
         self.autocast_dtype = autocast_dtype(self.precision)
-        e = self.engine
-        if (
-            e is not None
-            and self.precision == "fp16"
-            and hasattr(e, "optimizer")
-            and getattr(e, "scaler", None) is None
-        ):
-            e.scaler = torch.amp.GradScaler("cuda")
+        if self.engine is not None:
+            self._scale_fp16(self.engine)
         self._apply()
 
     @property
@@ -247,8 +240,7 @@ class AMPToggle(EngineHandler):
         if isinstance(network, torch.nn.Module):
             self._hooks = _NetworkAutocast(self, network)
         trains = hasattr(engine, "optimizer")
-        if trains and self.precision == "fp16" and getattr(engine, "scaler", None) is None:
-            engine.scaler = torch.amp.GradScaler("cuda")
+        self._scale_fp16(engine)
         self._apply()
         self.on(engine, Events.EPOCH_STARTED, self._epoch_started)
         self.on(engine, Events.EPOCH_COMPLETED, self._epoch_completed)
@@ -261,6 +253,11 @@ class AMPToggle(EngineHandler):
             self.on(engine, Events.ITERATION_STARTED, self._iteration_started)
             self.on(engine, Events.ITERATION_COMPLETED, self._iteration_completed)
         logger.info("AMPToggle: %s on %s for %s", self.precision, device, "training" if trains else "validation")
+
+    def _scale_fp16(self, engine: Engine) -> None:
+        """Give a trainer in fp16 a ``GradScaler`` when it has none."""
+        if self.precision == "fp16" and hasattr(engine, "optimizer") and getattr(engine, "scaler", None) is None:
+            engine.scaler = torch.amp.GradScaler("cuda")
 
     def _use_guard(self, engine: Engine) -> None:
         guard = handlers_on(engine).get(NonFiniteGuard)
@@ -302,16 +299,8 @@ class AMPToggle(EngineHandler):
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
-        # undo the inferer wrapping (also when another toggle's wrapper sits on top of ours) and MONAI's flags
-        outer = getattr(engine, "inferer", None)
-        if isinstance(outer, _AutocastInferer) and outer.toggle is self:
-            engine.inferer = outer = outer.inner
-        while "inner" in getattr(
-            outer, "__dict__", {}
-        ):  # through any wrapper above ours (ClassesInnermost's, another toggle's)
-            if isinstance(outer.inner, _AutocastInferer) and outer.inner.toggle is self:
-                outer.inner = outer.inner.inner
-            outer = outer.inner
+        # undo the inferer wrapping (also under ClassesInnermost's or another toggle's wrapper) and MONAI's flags
+        unwrap_inferer(engine, lambda inferer: isinstance(inferer, _AutocastInferer) and inferer.toggle is self)
         for name in ("amp", "amp_kwargs", "scaler"):
             if name in self._undo and hasattr(engine, name):
                 setattr(engine, name, self._undo[name])
@@ -359,10 +348,9 @@ class AMPToggle(EngineHandler):
         return True
 
     def _iteration_completed(self, engine: Engine) -> None:
-        if self._scale_before is not None:
-            scaler = engine.scaler
-            if scaler.get_scale() < self._scale_before:  # the scaler found inf/nan and skipped the step
-                self._overflows += 1
+        # a lower scale: the scaler found inf/nan and skipped the step
+        if self._scale_before is not None and engine.scaler.get_scale() < self._scale_before:
+            self._overflows += 1
 
     def _epoch_completed(self, engine: Engine) -> None:
         stats = self.stats

@@ -102,10 +102,7 @@ class BackgroundValidation(EngineHandler):
         self.on(trainer, Events.STARTED, self._started)
         self.on(trainer, Events.ITERATION_COMPLETED, self._raise_error)
         self.on(trainer, Events.EPOCH_COMPLETED, self._epoch_completed)
-        for event in (
-            Events.TERMINATE,
-            Events.COMPLETED,
-        ):  # before the run-end hooks, so an error is raised, not logged
+        for event in (Events.TERMINATE, Events.COMPLETED):  # before the run-end hooks: an error is raised, not logged
             self.on(trainer, event, self._completed, first=True)
         self.on_run_end(trainer, self._stop)
 
@@ -177,7 +174,6 @@ class BackgroundValidation(EngineHandler):
                 self.evaluator.terminate()  # stop at the next batch; nobody will read the result
             thread.join()
         if self._error is not None and failing:
-            epoch, error = self._error
-            self._error = None
+            (epoch, error), self._error = self._error, None
             self.logger.error("background validation of epoch %d's weights also failed: %r", epoch, error)
         torch.set_num_threads(self._threads_before)

@@ -167,20 +167,17 @@ class CheckpointFolder(Checkpoint):
             )
             return CheckpointFolderError(self.dirname, message)
         full = no_space_in(err)
-        if full is not None:
-            estimate = self._size_of(last) or next((self._size_of(self.dirname / k) for k in kept), None)
-            detail = f"{kept_text}; the run stops"
-            explained = NoSpaceError(
-                self.dirname / name,
-                needed=estimate,
-                free=full.free,
-                what="checkpoint",
-                code=full.errno,
-                written=full.written,
-                detail=detail,
-            )
-            return explained
-        return err
+        if full is None:
+            return err
+        return NoSpaceError(
+            self.dirname / name,
+            needed=self._size_of(last) or next((self._size_of(self.dirname / k) for k in kept), None),
+            free=full.free,
+            what="checkpoint",
+            code=full.errno,
+            written=full.written,
+            detail=f"{kept_text}; the run stops",
+        )
 
     @staticmethod
     def _size_of(path: Path | None) -> int | None:

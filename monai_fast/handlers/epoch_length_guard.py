@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 from ignite.engine import Engine, Events
 
 from monai_fast.handlers.lifecycle import EngineHandler
 
 __all__ = ["EpochLengthGuard", "ShortEpochError"]
-
-logger = logging.getLogger(__name__)
 
 
 class ShortEpochError(RuntimeError):

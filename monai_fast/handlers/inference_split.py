@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from dataclasses import asdict, dataclass
 
 import torch
 from ignite.engine import Engine, Events
+from monai.engines.utils import IterationEvents
 
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.record import add_row
@@ -15,11 +17,6 @@ from monai_fast.telemetry.cuda import Mark, seconds_between, time_mark
 from monai_fast.telemetry.record import Kind, Source
 
 __all__ = ["InferenceSplit", "InferenceTimes"]
-
-try:  # MONAI's engines fire FORWARD_COMPLETED right after the inferer returns
-    from monai.engines.utils import IterationEvents
-except ImportError:  # pragma: no cover - MONAI is a dependency; a plain ignite engine has no such event
-    IterationEvents = None
 
 
 @dataclass
@@ -87,11 +84,9 @@ class InferenceSplit(EngineHandler):
         self._hooks = [net.register_forward_pre_hook(self._before_call), net.register_forward_hook(self._after_call)]
         self.on(engine, Events.EPOCH_STARTED, self._run_started)
         self.on(engine, Events.ITERATION_STARTED, self._iteration_started)
-        if IterationEvents is not None:
-            try:
-                self.on(engine, IterationEvents.FORWARD_COMPLETED, self._forward_completed)
-            except ValueError:  # a plain ignite engine: the event is not registered there
-                pass
+        # MONAI's engines fire FORWARD_COMPLETED right after the inferer returns; a plain ignite Engine has none
+        with contextlib.suppress(ValueError):
+            self.on(engine, IterationEvents.FORWARD_COMPLETED, self._forward_completed)
         self.on(engine, Events.ITERATION_COMPLETED, self._iteration_completed)
         self.on(engine, Events.EPOCH_COMPLETED, self._run_completed)
 

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from ignite.engine import Engine, Events
 from ignite.engine.events import RemovableEventHandle
+from monai.engines.utils import IterationEvents
 
 __all__ = ["EngineHandler", "callbacks_on", "handlers_on", "is_running", "on_run_end", "wrap_callback"]
 
@@ -100,12 +101,21 @@ def posttrans_of(fn: Callable) -> Any | None:
 
 def postprocessing_of(engine: Engine) -> Any | None:
     """The post-processing transform of a MONAI workflow (``postprocessing=``), else ``None``."""
-    try:
-        from monai.engines.utils import IterationEvents
-    except ImportError:  # pragma: no cover - MONAI is a dependency
-        return None
     found = (posttrans_of(fn) for fn in callbacks_on(engine, IterationEvents.MODEL_COMPLETED))
     return next((t for t in found if t is not None), None)
+
+
+def unwrap_inferer(engine: Engine, ours: Callable[[Any], bool]) -> None:
+    """Unlink the wrappers ``ours`` matches from ``engine.inferer``, wherever they sit in its chain of wrappers
+    (each holding the next in ``inner``: another handler's wrapper may be on top)."""
+    while ours(getattr(engine, "inferer", None)):
+        engine.inferer = engine.inferer.inner
+    outer = getattr(engine, "inferer", None)
+    while "inner" in getattr(outer, "__dict__", {}):
+        if ours(outer.inner):
+            outer.inner = outer.inner.inner
+        else:
+            outer = outer.inner
 
 
 class _WrapHandle:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import ignite.distributed as idist
@@ -16,8 +15,6 @@ from monai_fast.telemetry.nvtx import NvtxBackend, PackageNvtx
 
 __all__ = ["COLORS", "NVTXHandler", "nvtx_range"]
 
-logger = logging.getLogger("monai_fast.handlers")
-
 COLORS = {
     "run": "purple",
     "epoch": "blue",
@@ -29,10 +26,6 @@ COLORS = {
     "optimizer step": "magenta",
     "transform": "grey",
 }
-
-
-def _default_backend() -> NvtxBackend:
-    return PackageNvtx()
 
 
 class NVTXHandler(EngineHandler):
@@ -51,7 +44,7 @@ class NVTXHandler(EngineHandler):
             raise ValueError("label must be a non-empty string or None")
         super().__init__()
         self.label = label
-        self.backend = backend if backend is not None else _default_backend()
+        self.backend = backend if backend is not None else PackageNvtx()
         self._stacks: dict[int, list[str]] = {}
         self._names: dict[int, str] = {}
         self._with_phases: set[int] = set()
@@ -176,8 +169,6 @@ def nvtx_range(transform: Any, name: str | None = None, backend: NvtxBackend | N
     Examples:
         >>> chain = Compose([nvtx_range(LoadImaged(keys="image")), nvtx_range(Spacingd("image", 1.5), "Spacing")])
     """
-    backend = backend if backend is not None else _default_backend()
-    name = name or type(transform).__name__
     random, invertible = isinstance(transform, Randomizable), isinstance(transform, InvertibleTransform)
     cls = {
         (False, False): _NVTXRange,
@@ -185,4 +176,4 @@ def nvtx_range(transform: Any, name: str | None = None, backend: NvtxBackend | N
         (False, True): _InvertibleNVTXRange,
         (True, True): _RandomInvertibleNVTXRange,
     }[(random, invertible)]
-    return cls(transform, name, backend)
+    return cls(transform, name or type(transform).__name__, backend if backend is not None else PackageNvtx())

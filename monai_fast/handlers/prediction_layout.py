@@ -18,7 +18,7 @@ from monai.engines import Trainer
 from monai.inferers import Inferer
 from monai.transforms import AsDiscreted, Compose
 
-from monai_fast.handlers.lifecycle import EngineHandler, postprocessing_of
+from monai_fast.handlers.lifecycle import EngineHandler, postprocessing_of, unwrap_inferer
 
 __all__ = ["ClassesInnermost", "argmax_gain", "classes_innermost"]
 
@@ -218,15 +218,7 @@ class ClassesInnermost(EngineHandler):
                 del self._owners[key]
         self.argmax_transforms.pop(id(engine), None)
         wrapper = self._wrappers.pop(id(engine), None)
-        if wrapper is not None:  # unlink it wherever it sits in a chain of wrappers (AMPToggle's may be on top)
-            if engine.inferer is wrapper:
-                engine.inferer = wrapper.inner
-            else:
-                outer = engine.inferer
-                while "inner" in getattr(outer, "__dict__", {}):
-                    if outer.inner is wrapper:
-                        outer.inner = wrapper.inner
-                        break
-                    outer = outer.inner
+        if wrapper is not None:  # wherever it sits in a chain of wrappers (AMPToggle's may be on top)
+            unwrap_inferer(engine, lambda inferer: inferer is wrapper)
         if not self._wiring:  # off every engine: a later attach decides afresh
             self.active, self.reason, self.unused = False, "", None

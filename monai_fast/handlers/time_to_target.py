@@ -87,10 +87,7 @@ class TimeToTarget(EngineHandler):
     @property
     def best(self) -> float | None:
         """Best metric value seen so far."""
-        values = [v for _, _, v in self.history]
-        if not values:
-            return None
-        return max(values) if self.mode == "max" else min(values)
+        return (max if self.mode == "max" else min)((v for _, _, v in self.history), default=None)
 
     def attach(self, trainer: Engine, evaluator: Engine | None = None) -> None:
         """Watch ``evaluator``'s metric (or ``trainer``'s, without one) and stop ``trainer``.

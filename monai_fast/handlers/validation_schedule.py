@@ -49,27 +49,27 @@ def estimator_like(
 class ValidationSchedule(EngineHandler):
     """Decides after each trainer epoch whether the full validation is worth running.
 
-        A cheap ``estimator`` (see `estimator_like()`) runs after every epoch while the target is far; the
-        full ``evaluator`` every ``every`` epochs, on the last one, and every epoch once an estimate came
-        within ``margin``. Use it instead of MONAI's ``ValidationHandler``; attach `TimeToTarget` to the
+    A cheap ``estimator`` (see `estimator_like()`) runs after every epoch while the target is far; the
+    full ``evaluator`` every ``every`` epochs, on the last one, and every epoch once an estimate came
+    within ``margin``. Use it instead of MONAI's ``ValidationHandler``; attach `TimeToTarget` to the
     full ``evaluator`` (docs/data.md).
 
-        Attributes:
-            estimates: ``(trainer_epoch, estimate)`` for every estimate.
-            full_epochs: trainer epochs after which the full validation ran.
-            close_epoch: first epoch whose estimate was within the margin, or ``None``.
+    Attributes:
+        estimates: ``(trainer_epoch, estimate)`` for every estimate.
+        full_epochs: trainer epochs after which the full validation ran.
+        close_epoch: first epoch whose estimate was within the margin, or ``None``.
 
-        Args:
-            evaluator: the full validation (a MONAI ``Evaluator``).
-            estimator: the cheap estimate (a MONAI ``Evaluator``, not ``evaluator``).
-            target: the metric value the run aims at.
-            margin: "close" is ``estimate >= target - margin`` (``mode="max"``), ``<= target + margin`` (``"min"``).
-            every: while far, full validation every this many epochs.
-            metric_name: the metric in both engines' ``state.metrics``; default: the key metric.
-            mode: ``"max"`` if higher is better (Dice), ``"min"`` if lower is.
+    Args:
+        evaluator: the full validation (a MONAI ``Evaluator``).
+        estimator: the cheap estimate (a MONAI ``Evaluator``, not ``evaluator``).
+        target: the metric value the run aims at.
+        margin: "close" is ``estimate >= target - margin`` (``mode="max"``), ``<= target + margin`` (``"min"``).
+        every: while far, full validation every this many epochs.
+        metric_name: the metric in both engines' ``state.metrics``; default: the key metric.
+        mode: ``"max"`` if higher is better (Dice), ``"min"`` if lower is.
 
-        Examples:
-            >>> ValidationSchedule(evaluator, estimator, target=0.9, every=5).attach(trainer)  # doctest: +SKIP
+    Examples:
+        >>> ValidationSchedule(evaluator, estimator, target=0.9, every=5).attach(trainer)  # doctest: +SKIP
     """
 
     def __init__(
