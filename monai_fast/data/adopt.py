@@ -230,7 +230,10 @@ def adopt_loader(
     # building caches and MONAI loaders reseeds the transforms (Compose.__init__, DataLoader.__init__):
     # put their generators and torch's back, so the adopted loader draws the crops the user's would
     with _random_states_kept(ds):
-        if isinstance(ds, SmartCacheDataset) and (items is not None or _adoptable_smartcache(ds)):
+        if isinstance(ds, SmartCacheDataset) and (
+            items is not None  # a rank's partition; else a MONAI one with MONAI's item path and rotation
+            or (not isinstance(ds, SafeSmartCacheDataset) and unknown_item_path(ds, rotation=True) is None)
+        ):
             share = (
                 1.0
                 if items is None  # each rank rotates its share of the window
@@ -259,17 +262,8 @@ def adopt_loader(
             dataset, where = _build(plan, data, ds.transform, cache_threads, progress, background, after), plan.where
             workers = 0 if plan.where in ("gpu", "ram", "smartcache") else loader.num_workers
             notes = [plan.reasons[-1]]
-        options = _kept_options(loader, workers)
-        new = SafeThreadDataLoader(
-            dataset,
-            batch_size=loader.batch_size,
-            drop_last=loader.drop_last,
-            collate_fn=loader.collate_fn,
-            num_workers=workers,
-            **options,
-            **fill_order_options(dataset, shuffle, generator),
-        )
-    repeats = f", repeats={options['repeats']}" if options.get("repeats", 1) != 1 else ""
+        new = _rebuilt_loader(loader, dataset, workers, **fill_order_options(dataset, shuffle, generator))
+    repeats = f", repeats={new.repeats}" if new.repeats != 1 else ""
     notes.append(
         f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}{repeats}, "
         f"{workers} worker processes)"
@@ -308,16 +302,7 @@ def _shared_node_tier(
         written = dataset.fill(share)
         if idist.get_world_size() > 1:
             idist.barrier()  # every rank reads items the others wrote (a dead rank ends this with the group's timeout)
-        options = _kept_options(loader, 0)
-        new = SafeThreadDataLoader(
-            dataset,
-            batch_size=loader.batch_size,
-            drop_last=loader.drop_last,
-            collate_fn=loader.collate_fn,
-            num_workers=0,
-            sampler=sampler,
-            **options,
-        )
+        new = _rebuilt_loader(loader, dataset, 0, sampler=sampler)
     notes = [
         f"DistributedSampler kept (rank {sampler.rank} of {sampler.num_replicas}, shuffle={sampler.shuffle}, "
         f"seed {sampler.seed}): every rank reads every item from one CropCacheDataset "
@@ -371,8 +356,9 @@ _WORKER_OPTIONS = (
 )
 
 
-def _kept_options(loader: DataLoader, workers: int) -> dict[str, Any]:
-    """The user's loader options kept: ``repeats``, buffer, timeout, and worker options where workers stay."""
+def _rebuilt_loader(loader: DataLoader, dataset: Any, workers: int, **order: Any) -> SafeThreadDataLoader:
+    """A `SafeThreadDataLoader` over ``dataset`` with the user's batches and options kept (``repeats``, buffer,
+    timeout, and worker options where workers stay); ``order``: its sampler or shuffle."""
     options: dict[str, Any] = {}
     if isinstance(loader, ThreadDataLoader):
         options.update(repeats=loader.repeats, buffer_size=loader.buffer_size, buffer_timeout=loader.buffer_timeout)
@@ -380,12 +366,15 @@ def _kept_options(loader: DataLoader, workers: int) -> dict[str, Any]:
         options["timeout_s"] = loader.timeout_s
     if workers > 0:
         options.update({name: getattr(loader, name) for name in _WORKER_OPTIONS if hasattr(loader, name)})
-    return options
-
-
-def _adoptable_smartcache(ds: SmartCacheDataset) -> bool:
-    """A MONAI ``SmartCacheDataset`` (not yet safe) whose item path and rotation are MONAI's own."""
-    return not isinstance(ds, SafeSmartCacheDataset) and unknown_item_path(ds, rotation=True) is None
+    return SafeThreadDataLoader(
+        dataset,
+        batch_size=loader.batch_size,
+        drop_last=loader.drop_last,
+        collate_fn=loader.collate_fn,
+        num_workers=workers,
+        **options,
+        **order,
+    )
 
 
 def _window_tier(
@@ -411,11 +400,10 @@ def _window_tier(
     if first is None or not isinstance(chain.transforms[first], PATCH_CROPS):
         return None
     window = window_bytes(ds)
-    ram = budgets_in_bytes({"ram": ram_budget_mib})[0]
+    ram, disk = budgets_in_bytes({"ram": ram_budget_mib, "disk": disk_budget_mib})
     ram = default_ram_budget() if ram is None else ram
     if cache == "auto" and window * share <= ram:  # the window fits: the folder is not even made
         return None
-    disk = budgets_in_bytes({"disk": disk_budget_mib})[0]
     disk = default_disk_budget(cache_dir) if disk is None else disk
     if window / max(1, ds.cache_num) * len(ds.data) * 1.2 > disk:  # every item is written once, with the margin
         return None

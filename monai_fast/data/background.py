@@ -79,8 +79,8 @@ class _Fill:
 
     def start(self, n: int) -> None:
         self.items, self.state, self.cursor, self.done = [None] * n, [_PENDING] * n, 0, 0
-        device = self.device if self.device is not None else current_cuda_device()
-        self.device = device
+        if self.device is None:
+            self.device = current_cuda_device()
         self.threads = [
             threading.Thread(target=self._run, name=f"monai-fast-fill-{i}", daemon=True)
             for i in range(min(self.workers, n))
@@ -127,23 +127,21 @@ class _Fill:
 
     def _check(self) -> None:
         """Raise the fill's failure, named (``cond`` held; the threads are joined outside it)."""
-        if self.error is not None or (self.pid != os.getpid() and not self.complete):
-            self.cond.release()
-            try:
-                self._raise()
-            finally:
-                self.cond.acquire()
-
-    def _raise(self) -> None:
-        if self.pid != os.getpid():
-            raise RuntimeError(
-                "a background cache fill runs in the process that made the data set; a loader worker "
-                "process cannot read it before it is complete: use num_workers=0 (a thread loader)"
-            )
-        self.stop(JOIN_S)
-        index, error = self.error  # type: ignore[misc]
-        text = f"background cache fill of {self.describe(index)} failed: {error_text(error)}"
-        raise DataItemError(text, reason=text) from error
+        if self.error is None and (self.pid == os.getpid() or self.complete):
+            return
+        self.cond.release()
+        try:
+            if self.pid != os.getpid():
+                raise RuntimeError(
+                    "a background cache fill runs in the process that made the data set; a loader worker "
+                    "process cannot read it before it is complete: use num_workers=0 (a thread loader)"
+                )
+            self.stop(JOIN_S)
+            index, error = self.error  # type: ignore[misc]
+            text = f"background cache fill of {self.describe(index)} failed: {error_text(error)}"
+            raise DataItemError(text, reason=text) from error
+        finally:
+            self.cond.acquire()
 
     def pick(self, pending: Sequence[int]) -> int:
         """Position in ``pending`` of the next index to hand out (see the module docstring)."""
@@ -223,7 +221,7 @@ class BackgroundCacheDataset(CacheDataset):
         **kwargs: Any,
     ) -> None:
         for bad in ("hash_as_key", "runtime_cache"):
-            if kwargs.get(bad):
+            if kwargs.pop(bad, None):
                 raise ValueError(f"BackgroundCacheDataset decides {bad}; do not pass it")
         workers = max(1, (os.cpu_count() or 2) - 1) if num_workers is None else max(1, int(num_workers))
         dev = torch.device(device) if device is not None else None
@@ -235,8 +233,6 @@ class BackgroundCacheDataset(CacheDataset):
             dev if dev is not None and dev.type == "cuda" else None,
             None if after is None else after.fill,
         )
-        kwargs.pop("runtime_cache", None)
-        kwargs.pop("hash_as_key", None)
         super().__init__(data, transform, *args, num_workers=workers, runtime_cache=self.fill, **kwargs)
 
     def set_data(self, data: Sequence) -> None:

@@ -169,13 +169,9 @@ class CropCacheDataset(torch.utils.data.Dataset):
                 shutil.rmtree(folder, ignore_errors=True)
         out = self._prefix(index)
         written = self._write(index, out)
-        return _read(written) if written is not None else self._with_indices(out)
-
-    def _with_indices(self, out: dict) -> dict:
-        """``out`` with the stored-indices keys the crop reads (for an item served from memory)."""
-        if self._indices is None:
-            return out
-        return {**out, **{k: v for k, v in _indices_of(out, self._indices).items()}}
+        if written is not None:
+            return _read(written)
+        return out if self._indices is None else {**out, **_indices_of(out, self._indices)}  # the keys the crop reads
 
     def _write(self, index: int, out: dict) -> Path | None:
         """Write ``out`` as item ``index``; its folder, or ``None`` when the disk is full."""
@@ -246,22 +242,21 @@ def _flatten(chain: Compose) -> list:
 def _indices_plan(crop: Any) -> dict | None:
     """What the crop needs precomputed (with its own settings), or ``None`` when it reads nothing extra."""
     if isinstance(crop, RandCropByPosNegLabeld) and (crop.fg_indices_key is None or crop.bg_indices_key is None):
-        return {
-            "kind": "posneg",
-            "label_key": crop.label_key,
-            "image_key": crop.image_key,
-            "image_threshold": float(crop.cropper.image_threshold),
-        }
-    if isinstance(crop, RandCropByLabelClassesd) and crop.indices_key is None:
-        return {
+        kind: dict[str, Any] = {"kind": "posneg"}
+    elif isinstance(crop, RandCropByLabelClassesd) and crop.indices_key is None:
+        kind = {
             "kind": "classes",
-            "label_key": crop.label_key,
-            "image_key": crop.image_key,
-            "image_threshold": float(crop.cropper.image_threshold),
             "num_classes": crop.cropper.num_classes,
             "max_samples_per_class": crop.cropper.max_samples_per_class,
         }
-    return None
+    else:
+        return None
+    return {
+        **kind,
+        "label_key": crop.label_key,
+        "image_key": crop.image_key,
+        "image_threshold": float(crop.cropper.image_threshold),
+    }
 
 
 def _indices_of(out: Mapping, plan: dict) -> dict[str, Any]:
@@ -302,19 +297,20 @@ def _read(folder: Path) -> dict:
     return out
 
 
+def _plain(value: torch.Tensor) -> torch.Tensor:
+    """``value`` detached, on the CPU, as a plain tensor (a ``MetaTensor``'s array without its metadata)."""
+    value = value.detach().cpu()
+    return value.as_tensor() if isinstance(value, MetaTensor) else value
+
+
 def _as_numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
-        value = value.as_tensor() if isinstance(value, MetaTensor) else value
-        return np.ascontiguousarray(value.numpy())
-    return np.ascontiguousarray(value)
+    return np.ascontiguousarray(_plain(value).numpy() if isinstance(value, torch.Tensor) else value)
 
 
 def _encode(value: Any, where: str) -> Any:
     """``value`` as JSON, with tensors, arrays and tuples tagged so that `_decode()` restores them."""
     if isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
-        value = value.as_tensor() if isinstance(value, MetaTensor) else value
+        value = _plain(value)
         return {"__tensor__": value.tolist(), "dtype": str(value.dtype).removeprefix("torch.")}
     if isinstance(value, np.ndarray):
         return {"__ndarray__": value.tolist(), "dtype": value.dtype.str}

@@ -130,9 +130,8 @@ class SafeThreadDataLoader(ThreadDataLoader):
             del items, drawn
             yield batch
 
-    def _fetch(self, index: int, progress: _Progress | None = None) -> Any:
-        if progress is not None:
-            progress.start(index)
+    def _fetch(self, index: int, progress: _Progress) -> Any:
+        progress.start(index)
         return fetch_item(self.dataset, index)
 
     def _worker_timeout(self) -> tuple[float, str]:

@@ -164,11 +164,6 @@ class CachePlan:
             return Dataset(data, named)
 
 
-def _split_index(transform: Compose) -> int:
-    idx = transform.get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform))
-    return len(transform.transforms) if idx is None else idx
-
-
 def plan_cache(
     transform: Compose | Sequence,
     data: Sequence[dict],
@@ -210,7 +205,10 @@ def plan_cache(
     )
     transform = transform if isinstance(transform, Compose) else Compose(list(transform))
     device = torch.device(device)
-    first_random = _split_index(transform)
+    first_random = transform.get_index_of_first(
+        lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform)
+    )
+    first_random = len(transform.transforms) if first_random is None else first_random
     deterministic = NamedItemsCompose.of(transform, transform.transforms[:first_random])
     n = max(1, min(sample, len(data)))
     samples = [deterministic(dict(data[i])) for i in range(n)]

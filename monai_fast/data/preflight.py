@@ -118,18 +118,12 @@ def _problems(image: str, label: str, img: dict, lab: dict, num_classes: int) ->
     if not lab["integer"]:
         out.append((label, "label has non-integer or non-finite values; a label map holds class numbers"))
     else:
-        values = lab.get("values")
+        values, classes = lab.get("values"), f"the {num_classes} classes 0..{num_classes - 1}"
         bad = [v for v in values if not 0 <= v < num_classes] if values is not None else None
         if bad is None or len(values) > _MAX_VALUES:
-            out.append(
-                (
-                    label,
-                    f"label values span {lab['min']:g}..{lab['max']:g}, not the {num_classes} classes "
-                    f"0..{num_classes - 1}",
-                )
-            )
+            out.append((label, f"label values span {lab['min']:g}..{lab['max']:g}, not {classes}"))
         elif bad:
-            out.append((label, f"label values {sorted(values)} outside the {num_classes} classes 0..{num_classes - 1}"))
+            out.append((label, f"label values {sorted(values)} outside {classes}"))
     mismatch = shape_mismatch(image, tuple(img["shape"]), label, tuple(lab["shape"]))
     if mismatch:
         out.append((image, mismatch))
@@ -214,17 +208,12 @@ def preflight(
         problems: list[tuple[str, str]] = []
         came: Counter[str] = Counter()
         for item in files:
-            for path in (str(item[image_key]), str(item[label_key])):
+            image, label = str(item[image_key]), str(item[label_key])
+            for path in (image, label):
                 if path not in scans:
                     scans[path], how = scan_through(store, path, scan_file)
                     came[how] += 1
-            problems += _problems(
-                str(item[image_key]),
-                str(item[label_key]),
-                scans[str(item[image_key])],
-                scans[str(item[label_key])],
-                num_classes,
-            )
+            problems += _problems(image, label, scans[image], scans[label], num_classes)
         read, hits = came["read"], came["stored"]
         if cache and read:
             save_scans(store, store_path)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from logging.handlers import BufferingHandler
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +25,6 @@ logger = logging.getLogger(__name__)
 
 #: bad patch locations named per slide; the rest of that slide's are counted
 _LOCATIONS_NAMED = 5
-
-
-class _LogCapture(logging.Handler):
-    """Collects what a library logs at WARNING or above while a file is opened (tifffile reports damage so)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def _is_tiff(path: str) -> bool:
@@ -62,7 +53,9 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
             levels = range(reader.get_level_count(wsi))
             return {"levels": [[int(v) for v in reader.get_size(wsi, level)] for level in levels]}
         tifffile = require("tifffile", extra="wsi", feature=f"reading the slide {path}")
-        capture, tiff_logger = _LogCapture(), logging.getLogger("tifffile")
+        # tifffile reports damage by logging it: what it logs at WARNING or above, kept (never flushed)
+        capture, tiff_logger = BufferingHandler(sys.maxsize), logging.getLogger("tifffile")
+        capture.setLevel(logging.WARNING)
         tiff_logger.addHandler(capture)
         try:
             with tifffile.TiffFile(path) as tif:
@@ -82,8 +75,8 @@ def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
                     levels.append([int(page.imagelength), int(page.imagewidth)])
         finally:
             tiff_logger.removeHandler(capture)
-        if capture.messages:
-            return {"error": f"tifffile reports a damaged file: {capture.messages[0]}"}
+        if capture.buffer:
+            return {"error": f"tifffile reports a damaged file: {capture.buffer[0].getMessage()}"}
         if not levels:
             return {"error": "the file holds no image"}
         return {"levels": levels}

@@ -151,17 +151,15 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             earlier._rotation.timeout_s = float(timeout_s)
             return earlier
         replace_num = replace_count(dataset)
-        if isinstance(dataset, SafeSmartCacheDataset):
-            rate = dataset._rotation.rate
-        else:
-            rate = replace_num / max(1, dataset.cache_num)
+        safe_already = isinstance(dataset, SafeSmartCacheDataset)
+        rate = dataset._rotation.rate if safe_already else replace_num / max(1, dataset.cache_num)
         if dataset.is_started():
             dataset.shutdown()
         items = list(dataset.data if data is None else data)
         num = min(len(items), int(dataset.cache_num if cache_num is None else cache_num))
-        if cache_dir is None and isinstance(dataset, SafeSmartCacheDataset):
+        if cache_dir is None and safe_already:
             cache_dir = dataset.cache_dir
-        fresh = not isinstance(dataset, SafeSmartCacheDataset) and getattr(dataset, "_replace_mgr", True) is None
+        fresh = not safe_already and getattr(dataset, "_replace_mgr", True) is None
         handed = list(dataset._cache) if data is None and fresh and len(dataset._cache) == num else None
         if cache_dir is not None and dataset._cache is not None:  # the window's RAM goes: the tier holds it now
             handed, dataset._cache = None, [None] * len(dataset._cache)

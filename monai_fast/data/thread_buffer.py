@@ -22,8 +22,7 @@ _IDLE_CHECK_S = 5.0  # an idle loader thread re-checks the stop flag this often 
 _EXIT_JOIN_S = 120.0  # at interpreter exit, the longest wait for a loader thread to finish its item (no timeout_s)
 
 
-class _End:
-    pass
+_END = object()  # the end of ``src``
 
 
 class _Failure:
@@ -170,7 +169,7 @@ class SafeThreadBuffer:
                 try:
                     value = next(run.it)
                 except StopIteration:
-                    run.put(_End())
+                    run.put(_END)
                     return
                 if not run.put(value):
                     return
@@ -218,7 +217,7 @@ class SafeThreadBuffer:
                 else:
                     value = self._receive(run, thread)
                     asked -= 1
-                if isinstance(value, _End):
+                if value is _END:
                     return
                 if isinstance(value, _Failure):
                     raise value.error
@@ -266,7 +265,7 @@ class SafeThreadBuffer:
         try:
             return next(it)
         except StopIteration:
-            return _End()
+            return _END
         finally:
             if watchdog is not None:
                 watchdog.end()

@@ -12,6 +12,7 @@ import torch
 
 __all__ = [
     "bf16_supported",
+    "cpuinfo_value",
     "cuda_available",
     "cuda_device_uuid",
     "cuda_free_bytes",
@@ -120,18 +121,17 @@ def device_description(device: torch.device | str) -> str:
     if dev.type == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(dev)
         return f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
-    return f"CPU {_cpu_model()} ({os.cpu_count()} logical CPUs, {torch.get_num_threads()} torch threads)"
+    model = cpuinfo_value("model name") or platform.processor() or platform.machine()
+    return f"CPU {model} ({os.cpu_count()} logical CPUs, {torch.get_num_threads()} torch threads)"
 
 
-def _cpu_model() -> str:
+def cpuinfo_value(*keys: str) -> str | None:
+    """The value of the first ``/proc/cpuinfo`` line that starts with one of ``keys``; ``None`` without one."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(keys)), None)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
 
 
 @contextmanager

@@ -116,10 +116,7 @@ def _malloc_trim() -> None:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` is an allocation failure: CUDA OOM, or the CPU allocator / Python out of memory."""
-    if isinstance(exc, MemoryError):
-        return True
-    oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
@@ -175,23 +172,19 @@ class DeviceMemory:
         return int(psutil.Process().memory_info().rss)
 
     @contextmanager
-    def peak(self) -> Iterator[_Peak]:
+    def peak(self) -> Iterator[_Peak | PeakRSS]:
         """Context manager yielding an object whose ``peak_bytes`` is set when the block ends."""
-        result = _Peak()
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-            try:
-                yield result
-            finally:
-                torch.cuda.synchronize(self.device)
-                result.peak_bytes = int(torch.cuda.max_memory_reserved(self.device))
+        if not self.cuda:
+            with PeakRSS(interval_s=0.005) as watcher:
+                yield watcher
             return
-        watcher = PeakRSS(interval_s=0.005).__enter__()
+        result = _Peak()
+        torch.cuda.reset_peak_memory_stats(self.device)
         try:
             yield result
         finally:
-            watcher.__exit__(None, None, None)
-            result.peak_bytes = watcher.peak_bytes
+            torch.cuda.synchronize(self.device)
+            result.peak_bytes = int(torch.cuda.max_memory_reserved(self.device))
 
 
 class _Peak:

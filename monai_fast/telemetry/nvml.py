@@ -6,6 +6,7 @@ Only this module touches NVML. ``open_nvml()`` returns a backend or raises
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Protocol
@@ -86,10 +87,8 @@ class PynvmlBackend:
         return out
 
     def shutdown(self) -> None:
-        try:
+        with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:
-            pass
 
 
 class FakeNvml:

@@ -23,7 +23,7 @@ import torch
 from ignite import distributed as idist
 
 from monai_fast.precision_names import PRECISIONS, REQUESTS
-from monai_fast.telemetry.cuda import bf16_supported
+from monai_fast.telemetry.cuda import bf16_supported, cpuinfo_value
 
 __all__ = [
     "PRECISIONS",
@@ -95,14 +95,7 @@ def _cpu_flags() -> Mapping[str, Any]:
     get = getattr(torch.cpu, "get_capabilities", None)
     if get is not None:
         return get()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return dict.fromkeys(line.split(":", 1)[1].split(), True)
-    except OSError:
-        pass
-    return {}
+    return dict.fromkeys((cpuinfo_value("flags", "Features") or "").split(), True)
 
 
 def onednn_isa_limit() -> str | None:

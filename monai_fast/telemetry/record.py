@@ -210,8 +210,7 @@ def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[li
     rows: list[dict] = []
     summaries: dict[str, dict] = {}
     for r, p in files.items():
-        text = p.read_text(encoding="utf-8", errors="replace")
-        lines = text.split("\n")
+        lines = p.read_text(encoding="utf-8", errors="replace").split("\n")
         for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue

@@ -1,13 +1,7 @@
 """Place the training cache next to the tuned batch: the memory a batch leaves is the cache's budget.
 
-The fast-training guide's biggest lever is caching the deterministic transforms in device memory
-(GPU memory on CUDA, RAM on a CPU), but the cache and the training step share that memory. The
-tuner measured each batch size's peak, so what is left for the cache is known: budget (cap minus
-margin) minus the pick's peak. `place_cache()` measures the cache's size the way the recipes
-do (`plan_cache()` on a few items), puts it in device memory when it
-fits next to the pick, and otherwise looks for a smaller measured batch whose throughput is within
-``tradeoff`` of the pick and that leaves room for it. Failing that, the cache goes where the
-planner sends it (RAM on CUDA, else disk or a rotating SmartCache).
+The cache (in GPU memory on CUDA, RAM on a CPU) and the training step share that memory; the tuner
+measured each batch size's peak, so what is left for the cache is known: budget minus the pick's peak.
 """
 
 from __future__ import annotations
@@ -56,6 +50,9 @@ def place_cache(
     tradeoff: float = 0.05,
 ) -> CacheChoice:
     """Choose the cache's place and the batch size it goes with, from the tuner's measured trials.
+
+    The cache goes in device memory when it fits next to the pick, else next to a smaller measured batch
+    whose throughput is within ``tradeoff`` of the pick's; failing that, where the planner sends it.
 
     Args:
         trials: the tuner's trials (``TuneResult.trials``); ``train`` trials of ``precision`` count.

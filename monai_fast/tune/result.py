@@ -66,9 +66,7 @@ class TuneResult:
     cache_reason: str = ""
 
     def to_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d.pop("from_cache")
-        return d
+        return {k: v for k, v in self.__dict__.items() if k != "from_cache"}
 
     @classmethod
     def from_dict(cls, d: dict) -> TuneResult:

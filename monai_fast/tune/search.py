@@ -226,7 +226,8 @@ class _Search:
             values = sorted(v for v, t in self.seen.items() if t.feasible)
             i = values.index(best.value)
             left = values[i - 1] if i > 0 else None
-            right = values[i + 1] if i + 1 < len(values) else _first_infeasible_above(self.seen, best.value)
+            above = (v for v, t in self.seen.items() if v > best.value and not t.feasible)
+            right = values[i + 1] if i + 1 < len(values) else min(above, default=None)
             gaps = []
             if right is not None and right - best.value > 1:
                 gaps.append((right - best.value, (best.value + right) // 2))
@@ -237,10 +238,6 @@ class _Search:
             _, mid = max(gaps)
             if mid in self.seen or self.try_value(mid) is None:
                 return
-
-
-def _first_infeasible_above(seen: dict[int, Trial], value: int) -> int | None:
-    return min((v for v, t in seen.items() if v > value and not t.feasible), default=None)
 
 
 def confirm_best(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2, top: int = 3) -> list[Trial]:

@@ -247,7 +247,9 @@ class Tuner:
         self._opt = self.optimizer_factory(self._net.parameters()) if self.optimizer_factory is not None else None
         # seconds of one gradient all-reduce (0 for one process): added to every step under DDP
         self._allreduce_s = allreduce_seconds(sum(p.numel() for p in self._net.parameters()))
-        self._bar = _progress(progress)
+        from monai_fast.progress import progress_bar
+
+        self._bar = progress_bar(desc="tune", unit="trial", leave=False, enabled=progress and idist.get_rank() == 0)
         try:
             yield started
         finally:
@@ -384,9 +386,3 @@ class Tuner:
         world = idist.get_world_size() if world_scale else 1
         throughput = per_step * world / (flags["seconds"] + reduce_s)
         return Trial(value, True, throughput, peak_mib, "", cost)
-
-
-def _progress(enabled: bool):
-    from monai_fast.progress import progress_bar
-
-    return progress_bar(desc="tune", unit="trial", leave=False, enabled=enabled and idist.get_rank() == 0)

@@ -94,8 +94,7 @@ def tune_validation(
         if cached is not None:
             logger.info("validation tuning: using the cached result from %s", store.path)
             return cached
-    result = tuner.run_validation(precision, progress=progress)
-    result = replace(result, key=key)
+    result = replace(tuner.run_validation(precision, progress=progress), key=key)
     if store is not None:
         store.put(result)
     return result
