@@ -1,12 +1,13 @@
 """The CPU's argmax over the class dimension: default layout vs the classes innermost (what ``prediction_layout`` does).
 
-MONAI's segmentation post-processing (``AsDiscrete(argmax=True)``) takes ``torch.argmax`` over the
-class dimension of each ``(classes, D, H, W)`` prediction. For each shape the script times, in
-interleaved rounds after one warm-up each: ``torch.argmax`` on the prediction as the sliding window
-returns it, the same after :func:`~monai_fast.handlers.prediction_layout.classes_innermost` (the
-conversion's time included), and ``torch.max(..., dim=0).indices``, and checks the three give the
-same labels. Shapes: a validation volume of ``your_trainer.py``, a CT at its original resolution
-(``monai-fast infer`` takes the argmax there, after ``Invertd``), a 14-class abdomen crop. Prints a
+MONAI's segmentation post-processing (``AsDiscrete(argmax=True)``) takes ``torch.argmax`` over the class
+dimension of each ``(classes, D, H, W)`` prediction. For each shape the script times, in interleaved rounds
+after one warm-up each: ``torch.argmax`` on the prediction as the sliding window returns it, the same after
+:func:`~monai_fast.handlers.prediction_layout.classes_innermost` (the conversion's time included), and
+``torch.max(..., dim=0).indices``, and checks the three give the same labels; and an evaluator's softmax then
+argmax, the prediction reordered before the softmax too or only before the argmax (the softmax over classes is
+slower on classes-innermost input). Shapes: a validation volume of ``your_trainer.py``, a CT at its original
+resolution (``monai-fast infer`` takes the argmax there, after ``Invertd``), a 14-class abdomen crop. Prints a
 table (medians, ms) and writes ``<out>/argmax_layout_<time>.json``::
 
     python benchmarks/argmax_layout.py            # about 1 minute on 2 CPU cores
@@ -34,6 +35,16 @@ VARIANTS = {
     "innermost + argmax": lambda p: torch.argmax(classes_innermost(p), dim=0, keepdim=True),
     "max().indices": lambda p: torch.max(p, dim=0, keepdim=True).indices,
 }
+#: an evaluator's softmax then argmax (MONAI's ``Activations(softmax=True)``, ``AsDiscrete(argmax=True)``): the
+#: prediction reordered before the softmax as well, or only before the argmax (what ``prediction_layout`` does)
+SOFTMAX_VARIANTS = {
+    "innermost + softmax + innermost + argmax": lambda p: torch.argmax(
+        classes_innermost(torch.softmax(classes_innermost(p), dim=0)), dim=0, keepdim=True
+    ),
+    "softmax + innermost + argmax": lambda p: torch.argmax(
+        classes_innermost(torch.softmax(p, dim=0)), dim=0, keepdim=True
+    ),
+}
 
 
 def time_shape(shape: tuple[int, ...], rounds: int) -> dict:
@@ -42,9 +53,12 @@ def time_shape(shape: tuple[int, ...], rounds: int) -> dict:
     pred[:, : shape[1] // 4] = 0.0  # a quarter of the voxels tied across every class: the first class wins
     results = {name: f(pred) for name, f in VARIANTS.items()}  # warm-up, and the labels to compare
     same = all(torch.equal(results["argmax"], r) for r in results.values())
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    soft = [f(pred) for f in SOFTMAX_VARIANTS.values()]  # compared with each other: softmax may round logits to ties
+    same = same and torch.equal(*soft)
+    variants = {**VARIANTS, **SOFTMAX_VARIANTS}
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
-        for name, f in VARIANTS.items():
+        for name, f in variants.items():
             start = time.perf_counter()
             f(pred)
             times[name].append((time.perf_counter() - start) * 1e3)
@@ -55,6 +69,7 @@ def time_shape(shape: tuple[int, ...], rounds: int) -> dict:
         "times_ms": times,
         "same_labels": same,
         "speedup_innermost": ms["argmax"] / ms["innermost + argmax"],
+        "speedup_softmax_as_given": ms["innermost + softmax + innermost + argmax"] / ms["softmax + innermost + argmax"],
     }
 
 
@@ -75,12 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or any(len(s) != 4 or min(s) < 1 for s in shapes):
         p.error("--rounds must be >= 1 and every shape CxDxHxW with positive sizes")
     rows = [time_shape(s, args.rounds) for s in shapes]
-    print(f"{'prediction':<16}" + "".join(f"{name + ' ms':>24}" for name in VARIANTS) + f"{'speed-up':>10}{'same':>6}")
+    names = [*VARIANTS, *SOFTMAX_VARIANTS]
+    print(f"{'prediction':<16}" + "".join(f"{n + ' ms':>{len(n) + 5}}" for n in names) + "  speed-ups  same")
     for r in rows:
         print(
             f"{'x'.join(map(str, r['shape'])):<16}"
-            + "".join(f"{r['ms'][n]:>24.1f}" for n in VARIANTS)
-            + f"{r['speedup_innermost']:>9.1f}x{'yes' if r['same_labels'] else 'NO':>6}"
+            + "".join(f"{r['ms'][n]:>{len(n) + 5}.1f}" for n in names)
+            + f"  {r['speedup_innermost']:.1f}x {r['speedup_softmax_as_given']:.1f}x"
+            + f"{'yes' if r['same_labels'] else 'NO':>6}"
         )
     doc = {
         "benchmark": "argmax_layout",

@@ -77,7 +77,11 @@ def _argmax_layout(d: dict) -> str:
     for row in rows[:3]:
         ms = row.get("ms", {})
         shape = "x".join(str(s) for s in row.get("shape", []))
-        parts.append(f"{shape}: {ms.get('argmax', 0):.1f} ms -> {ms.get('innermost + argmax', 0):.1f} ms")
+        part = f"{shape}: {ms.get('argmax', 0):.1f} ms -> {ms.get('innermost + argmax', 0):.1f} ms"
+        if "softmax + innermost + argmax" in ms:  # the softmax before it on the prediction as given
+            soft = ms["innermost + softmax + innermost + argmax"], ms["softmax + innermost + argmax"]
+            part += f" (after a softmax: {soft[0]:.1f} ms reordered first -> {soft[1]:.1f} ms as given)"
+        parts.append(part)
     return "argmax over classes, default layout -> classes innermost: " + "; ".join(parts)
 
 

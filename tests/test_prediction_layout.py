@@ -14,11 +14,23 @@ from monai_fast.handlers.lifecycle import postprocessing_of
 from monai_fast.handlers.prediction_layout import argmax_gain
 
 
-def _evaluator(tiny_files):
+def _evaluator(tiny_files, argmax: bool = True):
+    """The test evaluator; with ``argmax=False`` its post-processing takes no argmax (an argmax of the user's own,
+    or none: the predictions themselves get the classes innermost)."""
     from test_fast_training import _user_trainer
 
     _, evaluator = _user_trainer(tiny_files)
-    return evaluator
+    if argmax:
+        return evaluator
+    from monai.engines import SupervisedEvaluator
+
+    return SupervisedEvaluator(
+        device="cpu",
+        val_data_loader=evaluator.data_loader,
+        network=evaluator.network,
+        inferer=evaluator.inferer,
+        postprocessing=None,
+    )
 
 
 def _validate(evaluator):
@@ -48,19 +60,14 @@ def test_argmax_of_a_prediction_with_the_classes_innermost_is_the_same_with_ties
 
 
 def test_classes_innermost_gives_the_evaluator_the_same_results_and_detaching_restores_its_inferer(tiny_files):
+    # the evaluator's post-processing takes an argmax: its input is reordered there, the inferer is left alone
     evaluator = _evaluator(tiny_files)
     inferer = evaluator.inferer
     before, dice_before = _validate(evaluator)
     layout = ClassesInnermost(True)
     layout.attach(evaluator)
-    assert layout.active and evaluator.inferer is not inferer
-    assert layout.reason == "requested; evaluator: its predictions and the argmax of 1 post-processing AsDiscreted"
-    assert evaluator.inferer.sw_batch_size == inferer.sw_batch_size  # the sliding window's, read through
-    evaluator.inferer.sw_batch_size = 3  # and set through
-    assert inferer.sw_batch_size == 3
-    image = next(iter(evaluator.data_loader))["image"]
-    out = evaluator.inferer(image, evaluator.network)
-    assert out.dim() == 5 and out.stride(1) == 1  # the classes innermost
+    assert layout.active and evaluator.inferer is inferer
+    assert layout.reason == "requested; evaluator: the argmax of 1 post-processing AsDiscreted"
     after, dice_after = _validate(evaluator)
     assert len(before) == len(after) > 0
     for b, a in zip(before, after):
@@ -68,6 +75,52 @@ def test_classes_innermost_gives_the_evaluator_the_same_results_and_detaching_re
     assert dice_after == dice_before and math.isfinite(dice_after)
     layout.detach(evaluator)
     assert evaluator.inferer is inferer and not layout.active
+    # no argmax in its post-processing: the predictions themselves come with the classes innermost
+    evaluator = _evaluator(tiny_files, argmax=False)
+    inferer = evaluator.inferer
+    layout = ClassesInnermost(True)
+    layout.attach(evaluator)
+    assert layout.active and evaluator.inferer is not inferer
+    assert layout.reason == "requested; evaluator: its predictions"
+    assert evaluator.inferer.sw_batch_size == inferer.sw_batch_size  # the sliding window's, read through
+    evaluator.inferer.sw_batch_size = 3  # and set through
+    assert inferer.sw_batch_size == 3
+    image = next(iter(evaluator.data_loader))["image"]
+    plain = inferer(image, evaluator.network)
+    out = evaluator.inferer(image, evaluator.network)
+    assert out.dim() == 5 and out.stride(1) == 1 and torch.equal(out, plain)  # the classes innermost, same values
+    layout.detach(evaluator)
+    assert evaluator.inferer is inferer and not layout.active
+
+
+def test_a_softmax_before_the_evaluators_argmax_runs_on_the_layout_it_is_fast_in(tiny_files):
+    # MONAI's softmax over the classes is several times slower on classes-innermost input: an evaluator whose chain
+    # has an argmax keeps its predictions as the network gives them, and the argmax alone gets the classes innermost
+    from monai.engines import SupervisedEvaluator
+    from monai.transforms import Activationsd, AsDiscreted, Compose
+
+    from monai_fast.handlers.prediction_layout import _InnermostArgmax
+
+    seen = []
+
+    def softmax(item: dict) -> dict:  # MONAI's softmax, noting the layout of the prediction it is given
+        seen.append(item["pred"].stride())
+        return Activationsd(keys="pred", softmax=True)(item)
+
+    argmax = AsDiscreted(keys=["pred", "label"], argmax=[True, False], to_onehot=2)
+    base = _evaluator(tiny_files)
+    evaluator = SupervisedEvaluator(
+        device="cpu",
+        val_data_loader=base.data_loader,
+        network=base.network,
+        inferer=base.inferer,
+        postprocessing=Compose([softmax, argmax]),
+    )
+    layout = ClassesInnermost(True)
+    layout.attach(evaluator)
+    assert isinstance(argmax.converter, _InnermostArgmax) and evaluator.inferer is base.inferer
+    evaluator.run()
+    assert seen and all(stride[0] != 1 for stride in seen), seen  # the classes outermost, as the network gave them
 
 
 def test_auto_measures_the_argmax_and_stays_off_where_it_does_not_pay(tiny_files):
@@ -119,11 +172,9 @@ def test_fast_training_applies_it_on_the_evaluator_and_unwraps_every_inferer_on_
     assert layout["applied"] and layout["setting"] == "classes innermost"
     # the test trainer's post-processing has no argmax; its evaluator's has one
     assert layout["reason"] == (
-        "requested; trainer: nothing to reorder; "
-        "evaluator: its predictions and the argmax of 1 post-processing AsDiscreted"
+        "requested; trainer: nothing to reorder; evaluator: the argmax of 1 post-processing AsDiscreted"
     )
-    wrapper = evaluator.inferer
-    assert isinstance(wrapper.inner.toggle, AMPToggle)  # ours around AMPToggle's: nested wrappers
+    assert isinstance(evaluator.inferer.toggle, AMPToggle)  # AMPToggle's wrapper alone: ours is not needed
     fast.detach(trainer)
     assert (trainer.inferer, evaluator.inferer) == inferers  # both wrappers undone, in the right order
 
@@ -158,7 +209,7 @@ def test_monai_fast_infer_post_processing_gives_the_same_label_map_with_the_clas
 
 
 def test_either_wrapper_can_be_detached_first_whatever_sits_on_top(tiny_files):
-    evaluator = _evaluator(tiny_files)
+    evaluator = _evaluator(tiny_files, argmax=False)  # ClassesInnermost wraps the inferer
     inferer = evaluator.inferer
     amp, layout = AMPToggle("bf16"), ClassesInnermost(True)
     amp.attach(evaluator)
