@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import time
 
 import pytest
@@ -100,17 +101,17 @@ def test_fast_training_bounds_the_measurement_by_the_runs_planned_steps(tiny_fil
     fast = FastTraining(evaluator=False)
     fast.attach(trainer, evaluator)
     trainer.run()
-    assert seen["planned_steps"] == 2 * trainer.state.epoch_length > 0 and not seen["time_limited"]
+    assert seen["planned_steps"] == 2 * trainer.state.epoch_length > 0 and seen["left_s"] is None
     assert "memory_format" in fast.applied
     for limit in (3600.0, lambda: 3600.0):  # a wall-clock limit, in seconds or as a function: 2 items whatever the plan
         trainer, evaluator = _user_trainer(tiny_files, max_epochs=2)
         FastTraining(evaluator=False, time_limit_s=limit).attach(trainer, evaluator)
         trainer.run()
-        assert seen["time_limited"] is True
+        assert 0 < seen["left_s"] <= 3600.0
     trainer, evaluator = _user_trainer(tiny_files, max_epochs=2)
     FastTraining(evaluator=False, time_limit_s=lambda: None).attach(trainer, evaluator)  # the function says no limit
     trainer.run()
-    assert seen["time_limited"] is False
+    assert seen["left_s"] is None
 
 
 def test_a_network_with_handler_hooks_holding_a_lock_is_still_measured():
@@ -175,12 +176,13 @@ def test_a_long_plan_measures_at_the_runs_own_batch_a_short_or_unknown_one_at_tw
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiny convolution's own threads stall on a busy host; the sleeps decide
     try:
-        cases = [(100_000, False, 8, "channels_last_3d"), (48, False, 2, "contiguous"), (None, False, 2, "contiguous")]
-        cases.append((100_000, True, 2, "contiguous"))  # a long plan under a wall-clock limit: 2 items
-        for planned, limited, n, layout in cases:
+        cases = [(100_000, None, 8, "channels_last_3d"), (48, None, 2, "contiguous"), (None, None, 2, "contiguous")]
+        cases.append((100_000, 3600.0, 2, "contiguous"))  # a long plan under a wall-clock limit: 2 items
+        cases.append((100_000, math.inf, 8, "channels_last_3d"))  # a limit that never ends is none
+        for planned, left_s, n, layout in cases:
             net = _TurnsWithBatch(0, 0)
-            choice, why, rounds = choose_memory_format(net, batch, "cpu", None, "auto", 5, planned, limited)
-            assert (choice, f"(batch ({n}, 2, 8, 8, 8))" in why) == (layout, True), (planned, limited, why)
+            choice, why, rounds = choose_memory_format(net, batch, "cpu", None, planned_steps=planned, left_s=left_s)
+            assert (choice, f"(batch ({n}, 2, 8, 8, 8))" in why) == (layout, True), (planned, left_s, why)
             assert len(rounds["rounds_s"]) >= 3
     finally:
         torch.set_num_threads(threads)

@@ -204,10 +204,9 @@ class CompileChoice(EngineHandler):
                     net, shape, dtype, remaining, device, left_s=left_s, items=items, layouts=not pinned
                 )
 
-            # under a wall-clock limit the steps the run will take are not known before one is timed: 2 items
-            horizon = remaining if left_s is None or not math.isfinite(left_s) else None
             compiled, reason, evidence = decided_on_rank0(
-                lambda: measured(None) if shape is None else at_measure_batch(measured, shape[0], horizon), device
+                lambda: measured(None) if shape is None else at_measure_batch(measured, shape[0], remaining, left_s),
+                device,
             )
         if compiled:
             try:

@@ -388,9 +388,8 @@ class FastTraining(EngineHandler):
         dtype = self.amp.autocast_dtype if self.amp is not None and self.amp.active else None
         state = trainer.state
         planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
-        limited = (left := self._seconds_left()) is not None and left < float("inf")  # then 2 items, as compile's
         choice, reason, evidence = choose_memory_format(
-            network, state.batch, device, dtype, self.memory_format, planned_steps=planned, time_limited=limited
+            network, state.batch, device, dtype, self.memory_format, planned_steps=planned, left_s=self._seconds_left()
         )
         # both ways: a network the user (or a recipe) put in channels_last_3d goes back when contiguous wins
         network.to(memory_format=MEMORY_FORMATS[choice])

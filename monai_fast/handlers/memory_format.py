@@ -41,8 +41,8 @@ def _measure(
     users_last: bool,
 ) -> Decision:
     """Interleaved rounds of a training step on copies in the network's own layout and in the other one."""
-    plain = network_copy(network).to(device).train().to(memory_format=MEMORY_FORMATS["contiguous"])
-    last = network_copy(network).to(device).train().to(memory_format=MEMORY_FORMATS["channels_last_3d"])
+    plain = network_copy(network).to(device).train().to(memory_format=torch.contiguous_format)
+    last = network_copy(network).to(device).train().to(memory_format=torch.channels_last_3d)
     x = torch.randn(shape, device=device)
     x_last = x.contiguous(memory_format=torch.channels_last_3d)
     ways = {
@@ -101,7 +101,7 @@ def choose_memory_format(
     request: str = "auto",
     rounds: int = 5,
     planned_steps: int | None = None,
-    time_limited: bool = False,
+    left_s: float | None = None,
 ) -> tuple[str, str, dict[str, Any] | None]:
     """``("channels_last_3d" | "contiguous", reason, evidence)`` for ``network`` on batches like ``batch``.
 
@@ -116,8 +116,7 @@ def choose_memory_format(
         planned_steps: the run's planned training iterations (epochs x epoch length), which bound the
             measurement's time and say whether it runs at the batch's own size (`measure_batch`);
             ``None``: every round unless the answer is clear, at a batch of at most 2.
-        time_limited: the run stops at a wall-clock limit: at most 2 items, whatever the plan (the steps it
-            will take are not known before one is timed).
+        left_s: the run's seconds left under a wall-clock limit (``None``: no limit; `at_measure_batch`).
 
     Returns:
         The layout, one sentence why, and the measured rounds (`Decision.as_row`; ``None`` when nothing
@@ -149,7 +148,7 @@ def choose_memory_format(
 
     def measure() -> list[Any]:
         try:  # the run's own batch where the plan affords it, else (or where that runs out of memory) 2 items
-            return at_measure_batch(measure_at, found[0], None if time_limited else planned_steps)
+            return at_measure_batch(measure_at, found[0], planned_steps, left_s)
         except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
             why = "out of memory measuring it" if is_out_of_memory(e) else "the network rejects channels_last_3d"
             return ["contiguous", f"{why} ({type(e).__name__}: {e})", None]

@@ -88,15 +88,19 @@ def measure_batch(batch: int, planned_steps: int | None, ways: int = 2) -> int:
 T = TypeVar("T")
 
 
-def at_measure_batch(measure: Callable[[int], T], batch: int, planned_steps: int | None) -> T:
+def at_measure_batch(
+    measure: Callable[[int], T], batch: int, planned_steps: int | None, left_s: float | None = None
+) -> T:
     """``measure(n)`` at `measure_batch`'s size; where that size runs out of memory beside the network's
-    copies, ``measure`` again on at most 2 items (any other error, or one at 2 items, propagates).
+    copies, ``measure`` again on at most 2 items (any other error, or one at 2 items, propagates). A run
+    under a wall-clock limit (``left_s``, its seconds left, finite) measures at most 2 items whatever its
+    plan: the steps it will take are not known before one is timed.
 
     Examples:
-        >>> at_measure_batch(lambda n: n, 8, 12_800)
-        8
+        >>> at_measure_batch(lambda n: n, 8, 12_800), at_measure_batch(lambda n: n, 8, 12_800, left_s=600.0)
+        (8, 2)
     """
-    n = measure_batch(batch, planned_steps)
+    n = measure_batch(batch, planned_steps if left_s is None or not math.isfinite(left_s) else None)
     try:
         return measure(n)
     except Exception as e:
