@@ -121,7 +121,7 @@ class ClassesInnermost(EngineHandler):
 
     On a trainer or an evaluator, each ``AsDiscreted`` of the engine's post-processing that takes an argmax
     gets its input that way, right before the argmax (after ``Activationsd(softmax=True)``, which returns a
-    contiguous tensor, and runs about ten times slower on classes-innermost input). An evaluator whose
+    contiguous tensor, and is slower on classes-innermost input: benchmarks/argmax_layout.py). An evaluator whose
     post-processing takes no such argmax gets its inferer wrapped instead, so its 5-D predictions come with the
     classes innermost for an argmax of its own. A trainer's own predictions are left as they are, since they
     feed its loss. ``"auto"`` times the argmax both ways
@@ -193,7 +193,7 @@ class ClassesInnermost(EngineHandler):
             owner[2].add(id(engine))
         self.argmax_transforms[id(engine)] = [type(t).__name__ for t in found]
         # an evaluator's predictions themselves only where its chain has no argmax of ours: a softmax before the
-        # argmax runs about ten times slower on classes-innermost input, and the argmax gets its input reordered
+        # argmax is slower on classes-innermost input, and the argmax gets its input reordered
         wrap = not trainer and not found
         what = ["its predictions"] if wrap else []
         what += [f"the argmax of {len(found)} post-processing AsDiscreted"] if found else []
