@@ -110,13 +110,12 @@ def time_training_step(
     y = torch.randint(0, out_channels, (batch, 1, *patch_size), device=device).float()
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     dtype = None if precision == "fp32" else autocast_dtype(precision)
+
+    def step() -> float:
+        return training_step_s(network, x, dtype, y, loss_function, optimizer, scaler)
+
     try:
-        return _timed(
-            lambda: training_step_s(network, x, dtype, y, loss_function, optimizer, scaler),
-            warmup,
-            min_iters,
-            min_time_s,
-        )
+        return _timed(step, warmup, min_iters, min_time_s)
     finally:
         optimizer.zero_grad(set_to_none=True)
 

@@ -177,9 +177,17 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     common = {"seed": args.seed, "progress": not args.no_progress}
     try:
         if wsi:
-            root = generate_wsi(args.out, cases, shape, args.tile, args.levels, args.patch, **common)
+            root = generate_wsi(
+                args.out,
+                num_slides=cases,
+                size=shape,
+                tile=args.tile,
+                levels=args.levels,
+                patch_size=args.patch,
+                **common,
+            )
         else:
-            root = generate_msd(args.out, args.kind, cases, shape, **common)
+            root = generate_msd(args.out, kind=args.kind, num_cases=cases, shape=shape, **common)
     except ValueError as e:  # a bad size, named by the generator
         raise SystemExit(f"monai-fast synth: {e}") from e
     print(

@@ -207,8 +207,17 @@ def run_lab(
     device = torch.device(device)
     run_dir = Path(run_dir)
     with DeviceMemory(device).peak() as peak:
-        # time_budget_s None: no time limit
-        run = TargetRun(recipe, train_files, val_files, config, device, target, None, run_dir, progress)
+        run = TargetRun(
+            recipe,
+            train_files,
+            val_files,
+            config,
+            device,
+            target,
+            time_budget_s=None,
+            run_dir=run_dir,
+            progress=progress,
+        )
         images = PredictionImages(run.writer, run.built.trainer)
         images.attach(run.built.evaluator)
         run.segment(epochs=None)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from monai_fast import extras
 from monai_fast.apps.inference.checkpoint import InferenceError
-from monai_fast.extras import available as _installed
 from monai_fast.extras import require as require_extra
 from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import autocast_for, cpu_has_bf16_hardware
@@ -77,11 +77,13 @@ def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
         )
     if backend == "compile" and device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         return "a C++ compiler (g++ or clang++) on the PATH for torch.compile's CPU kernels"
-    absent = [m for m in ("onnx", "onnxruntime", "onnxscript") if not _installed(m)] if backend == "onnx" else []
+    absent = [m for m in ("onnx", "onnxruntime", "onnxscript") if not extras.available(m)] if backend == "onnx" else []
     if absent:
         return f'the Python package(s) {", ".join(absent)} (pip install "monai-fast[onnx]")'
     if backend == "tensorrt":
-        needs = [] if _installed("torch_tensorrt") else ["the torch-tensorrt package (pip install torch-tensorrt)"]
+        needs = (
+            [] if extras.available("torch_tensorrt") else ["the torch-tensorrt package (pip install torch-tensorrt)"]
+        )
         needs += [] if gpu else [f"a CUDA GPU (device is {str(device)!r})"]
         if needs:
             return " and ".join(needs)

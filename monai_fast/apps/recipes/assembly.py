@@ -174,9 +174,19 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
         optim_set_to_none=True,
         compile=config.compile,
     )
-    loaders = data.train_loader, data.val_loader
     recipe = Recipe(
-        parts.name, trainer, evaluator, network, optimizer, loss, *loaders, device, amp, config, notes=notes
+        name=parts.name,
+        trainer=trainer,
+        evaluator=evaluator,
+        network=network,
+        optimizer=optimizer,
+        loss_function=loss,
+        train_loader=data.train_loader,
+        val_loader=data.val_loader,
+        device=device,
+        amp=amp,
+        config=config,
+        notes=notes,
     )
     NonFiniteGuard().attach(trainer)  # before AMPToggle, which then falls back through it
     if levers is not None:

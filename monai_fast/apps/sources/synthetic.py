@@ -19,7 +19,16 @@ from monai_fast.files import clean_stale_tmp, write_bytes, write_json
 from monai_fast.folders import cache_root
 from monai_fast.progress import progress_bar
 
-__all__ = ["KINDS", "brats_like_case", "generate_msd", "spleen_like_case", "synthetic_dataset"]
+__all__ = [
+    "KINDS",
+    "brats_like_case",
+    "generate_msd",
+    "recorded_parameters",
+    "smooth_field",
+    "spleen_like_case",
+    "synthetic_dataset",
+    "unit_grid",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +56,7 @@ _DESCRIPTIONS = {
 }
 
 
-def _grid(shape: Sequence[int]) -> tuple[np.ndarray, ...]:
+def unit_grid(shape: Sequence[int]) -> tuple[np.ndarray, ...]:
     """Coordinates normalised to [-1, 1] along each axis (broadcastable, not materialised)."""
     return tuple(
         np.linspace(-1.0, 1.0, n, dtype=np.float32).reshape([-1 if i == a else 1 for i in range(len(shape))])
@@ -55,8 +64,10 @@ def _grid(shape: Sequence[int]) -> tuple[np.ndarray, ...]:
     )
 
 
-def _smooth_field(rng: np.random.Generator, grid, n_waves: int = 4, max_freq: float = 3.0) -> np.ndarray:
-    """A smooth random field in about [-1, 1] on ``grid`` (`_grid()`): a sum of a few low-frequency plane waves."""
+def smooth_field(
+    rng: np.random.Generator, grid: Sequence[np.ndarray], n_waves: int = 4, max_freq: float = 3.0
+) -> np.ndarray:
+    """A smooth random field in about [-1, 1] on ``grid`` (`unit_grid()`): a sum of a few low-frequency plane waves."""
     field = np.zeros(np.broadcast_shapes(*(g.shape for g in grid)), dtype=np.float32)
     for _ in range(n_waves):
         k = rng.uniform(-max_freq, max_freq, size=len(grid)).astype(np.float32)
@@ -69,7 +80,7 @@ def _blob(rng: np.random.Generator, grid, centre, radii, wobble: float = 0.25) -
     """Boolean mask of an ellipsoid whose surface is deformed by a smooth random field."""
     x, y, z = grid
     r = ((x - centre[0]) / radii[0]) ** 2 + ((y - centre[1]) / radii[1]) ** 2 + ((z - centre[2]) / radii[2]) ** 2
-    return (np.sqrt(r) + wobble * _smooth_field(rng, grid, max_freq=2.0)) < 1.0
+    return (np.sqrt(r) + wobble * smooth_field(rng, grid, max_freq=2.0)) < 1.0
 
 
 def _affine(spacing: Sequence[float], shape: Sequence[int], lps: bool) -> np.ndarray:
@@ -83,7 +94,7 @@ def _affine(spacing: Sequence[float], shape: Sequence[int], lps: bool) -> np.nda
 
 def spleen_like_case(rng: np.random.Generator, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """One CT-like volume (``int16``, HU) and its spleen label (``uint8``), both of ``shape``."""
-    g = _grid(shape)
+    g = unit_grid(shape)
     x, y, z = g
     img = np.full(tuple(shape), -1000.0, dtype=np.float32)  # air
     # body: an elliptic cylinder with a fat rim, slightly varying in size along z
@@ -102,14 +113,14 @@ def spleen_like_case(rng: np.random.Generator, shape: Sequence[int]) -> tuple[np
     spleen = _blob(rng, g, centre, radii, wobble=0.25) & (body_r < 0.8)
     img[spleen] = 115.0
     # smooth intensity inhomogeneity plus scanner noise
-    img += 12.0 * _smooth_field(rng, g, n_waves=3, max_freq=1.5)
+    img += 12.0 * smooth_field(rng, g, n_waves=3, max_freq=1.5)
     img += rng.normal(0.0, 18.0, size=img.shape).astype(np.float32)
     return np.clip(np.round(img), -1024, 3071).astype(np.int16), spleen.astype(np.uint8)
 
 
 def brats_like_case(rng: np.random.Generator, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """One four-channel MRI-like volume (``float32``, channels last as in MSD) and its label."""
-    g = _grid(shape)
+    g = unit_grid(shape)
     x, y, z = g
     brain = _blob(rng, g, (0.0, 0.0, 0.0), (0.8, 0.88, 0.8), wobble=0.05)
     centre = (rng.uniform(-0.35, 0.35), rng.uniform(-0.35, 0.35), rng.uniform(-0.3, 0.3))
@@ -136,7 +147,7 @@ def brats_like_case(rng: np.random.Generator, shape: Sequence[int]) -> tuple[np.
     channels = []
     for c in range(4):
         ch = table[c][cls]
-        ch *= 1.0 + 0.1 * _smooth_field(rng, g, n_waves=3, max_freq=1.5)  # bias field
+        ch *= 1.0 + 0.1 * smooth_field(rng, g, n_waves=3, max_freq=1.5)  # bias field
         ch += rng.normal(0.0, 25.0, size=ch.shape).astype(np.float32) * brain
         channels.append(np.clip(ch, 0.0, None))
     return np.stack(channels, axis=-1).astype(np.float32), label
@@ -226,7 +237,7 @@ def generate_msd(
     return root
 
 
-def _recorded(root: Path) -> dict:
+def recorded_parameters(root: Path) -> dict:
     """The parameters ``root/dataset.json`` was written for (its ``monai_fast`` key); ``{}`` if missing or damaged."""
     try:
         meta = json.loads((root / "dataset.json").read_text()).get("monai_fast")
@@ -240,7 +251,7 @@ def synthetic_dataset(kind: str, cases: int, shape: Sequence[int], seed: int, pr
     whose ``dataset.json`` is missing, damaged or written for other parameters is written again)."""
     shape = tuple(int(s) for s in shape)
     root = cache_root() / "data" / f"{kind}-n{cases}-{'x'.join(map(str, shape))}-s{seed}"
-    meta = _recorded(root)
+    meta = recorded_parameters(root)
     if {k: meta.get(k) for k in ("shape", "seed", "kind")} == {"shape": list(shape), "seed": seed, "kind": kind}:
         logger.info("reusing synthetic data in %s", root)
         return root

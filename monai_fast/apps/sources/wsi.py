@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from monai_fast.apps.sources.synthetic import _grid, _recorded, _smooth_field
+from monai_fast.apps.sources.synthetic import recorded_parameters, smooth_field, unit_grid
 from monai_fast.extras import require
 from monai_fast.files import atomic_write, clean_stale_tmp, write_json, write_text
 from monai_fast.folders import cache_root
@@ -43,12 +43,12 @@ class WSIDataError(ValueError):
 
 def _smooth_field_2d(rng: np.random.Generator, shape: tuple[int, int], max_freq: float) -> np.ndarray:
     """A smooth random field in about [-1, 1] on ``shape``: a sum of five low-frequency plane waves."""
-    return _smooth_field(rng, _grid(shape), n_waves=5, max_freq=max_freq)
+    return smooth_field(rng, unit_grid(shape), n_waves=5, max_freq=max_freq)
 
 
 def _masks(rng: np.random.Generator, coarse: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Tissue and tumour masks (bool) on the coarse grid: a lobed tissue section, 1-3 tumour blobs inside it."""
-    y, x = _grid(coarse)
+    y, x = unit_grid(coarse)
     radius = np.sqrt((y / 0.85) ** 2 + (x / 0.85) ** 2)
     tissue = radius + 0.3 * _smooth_field_2d(rng, coarse, max_freq=2.5) < 0.9
     tumour = np.zeros(coarse, dtype=bool)
@@ -297,7 +297,7 @@ def synthetic_wsi_dataset(
     size = tuple(int(s) for s in size)
     want = _params(num_slides, size, tile, levels, patch_size, seed)
     root = cache_root() / "data" / f"wsi-n{num_slides}-{size[0]}x{size[1]}-p{patch_size}-t{tile}-l{levels}-s{seed}"
-    if _recorded(root) == want:
+    if recorded_parameters(root) == want:
         logger.info("reusing synthetic WSI data in %s", root)
         return root
     return generate_wsi(
