@@ -13,7 +13,10 @@ the variants take turns, each one first in turn from repeat to repeat. Condition
 
 A third variant, ``prefetch="auto"`` (FastTraining's default), lets
 :class:`~monai_fast.handlers.prefetch.PrefetchChoice` time both over the first iterations and keep
-the faster. The table gives the medians over epochs 2.. of training seconds per epoch (the
+the faster. A fourth, ``prefetch_team``, is ``prefetch=True`` with the loader thread running torch's
+parallel code on its own OpenMP team, as torch does by default, instead of on the loader thread alone
+(:func:`~monai_fast.openmp.serial_openmp_here`): the ratio prefetch_team / prefetch says what that costs
+the step. The table gives the medians over epochs 2.. of training seconds per epoch (the
 iterations, data waits included), of the step alone, and of the data wait; below each condition,
 the ratios prefetch / on demand and prefetch / auto per repeat (above 1: faster than prefetch) and
 what auto chose. All variants draw the same crops, so their
@@ -38,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = ("prefetch", "on_demand", "auto")
+VARIANTS = ("prefetch", "on_demand", "auto", "prefetch_team")
 ISA_LIMITS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
 
 
@@ -52,6 +55,11 @@ def child(spec: dict) -> dict:
     from monai_fast.apps.sources.msd import load_msd_datalist
     from monai_fast.apps.sources.synthetic import synthetic_dataset
     from monai_fast.handlers import FastTraining
+
+    if spec["variant"] == "prefetch_team":  # the loader thread keeps torch's own team (the variant compared)
+        import monai_fast.data.thread_buffer as thread_buffer
+
+        thread_buffer.serial_openmp_here = lambda: False
 
     root = synthetic_dataset("spleen-like", spec["cases"], tuple(spec["shape"]), 0, progress=False)
     files = load_msd_datalist(root, val_fraction=0.25, seed=0)
@@ -73,7 +81,8 @@ def child(spec: dict) -> dict:
             ]
         )
     fast = FastTraining(
-        prefetch={"prefetch": True, "on_demand": False, "auto": "auto"}[spec["variant"]], progress=False
+        prefetch={"prefetch": True, "on_demand": False, "auto": "auto", "prefetch_team": True}[spec["variant"]],
+        progress=False,
     )
     fast.attach(trainer, evaluator)
     it: list[dict] = []
@@ -174,6 +183,7 @@ def report(runs: list[dict], isas: list[str], chains: list[str], repeats: int) -
                     {
                         "prefetch/on_demand": train["prefetch"] / train["on_demand"],
                         "prefetch/auto": train["prefetch"] / train["auto"],
+                        "prefetch_team/prefetch": train["prefetch_team"] / train["prefetch"],
                         "auto_chose": pair["auto"]["prefetch"]["setting"],
                     }
                 )
@@ -192,6 +202,7 @@ def report(runs: list[dict], isas: list[str], chains: list[str], repeats: int) -
                 "repeats": ratios,
                 "median_on_demand": statistics.median(x["prefetch/on_demand"] for x in ratios),
                 "median_auto": statistics.median(x["prefetch/auto"] for x in ratios),
+                "median_team": statistics.median(x["prefetch_team/prefetch"] for x in ratios),
                 "max_loss_difference": max(gaps) if gaps else None,
                 "loss_pairs_compared": len(gaps),
             }
@@ -199,10 +210,12 @@ def report(runs: list[dict], isas: list[str], chains: list[str], repeats: int) -
             on_demand = " ".join(f"{x['prefetch/on_demand']:.2f}" for x in ratios)
             auto = " ".join(f"{x['prefetch/auto']:.2f}" for x in ratios)
             chose = ", ".join(x["auto_chose"] for x in ratios)
+            team = " ".join(f"{x['prefetch_team/prefetch']:.2f}" for x in ratios)
             print(
                 f"{isa:<7}{chain:<9}training s/epoch, prefetch over on demand: {on_demand} "
                 f"(median {row['median_on_demand']:.2f}x); "
                 f"prefetch over auto: {auto} (median {row['median_auto']:.2f}x; auto chose {chose}); "
+                f"the loader thread's own team over it alone: {team} (median {row['median_team']:.2f}x); "
                 f"largest loss difference {row['max_loss_difference']} over {len(gaps)} pairs "
                 "with the same precision and layout"
             )
@@ -259,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.repeats):
         for isa in args.isa:
             for chain in args.chains:
-                order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]  # each variant first in turn
+                order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]  # each variant first in turn
                 for variant in order:
                     spec = {**base, "chain": chain, "isa": isa, "variant": variant}
                     print(f"-- repeat {r + 1}, {isa}, {chain} chain: {variant}", flush=True)

@@ -126,6 +126,7 @@ def _loader_overlap(d: dict) -> str:
     return "; ".join(
         f"{r.get('isa')} {r.get('chain')}: prefetch / on demand {_x(r.get('median_on_demand'))}, "
         f"prefetch / auto {_x(r.get('median_auto'))}"
+        + (f", loader thread's own team / alone {_x(r['median_team'])}" if r.get("median_team") else "")
         for r in d.get("rows", [])
     )
 

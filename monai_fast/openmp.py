@@ -3,7 +3,8 @@
 `bound_openmp_spin()` sets ``GOMP_SPINCOUNT`` to `BOUNDED_SPINCOUNT` before torch loads libgomp (a
 spinning thread on a busy host holds the core its partner needs); `pin_openmp_workers()` gives each
 worker of the main team a core of its own, and `on_core()` keeps the main thread on the core they left
-free (`free_core()`). Neither changes a result; why and when: docs/demo.md.
+free (`free_core()`); `serial_openmp_here()` keeps a helper thread from forming a team of its own. None
+changes a result; why and when: docs/demo.md and docs/data.md.
 
 Examples:
     >>> env = {}
@@ -17,6 +18,7 @@ Examples:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import sys
@@ -40,6 +42,7 @@ __all__ = [
     "openmp_loaded",
     "physical_cores",
     "pin_openmp_workers",
+    "serial_openmp_here",
 ]
 
 #: the variable libgomp reads for the rounds a waiting thread spins before it sleeps
@@ -62,6 +65,39 @@ def libgomp_mapped() -> bool:
         return "libgomp" in Path("/proc/self/maps").read_text()
     except OSError:  # not Linux: no /proc, and no libgomp to bound
         return False
+
+
+def serial_openmp_here() -> bool:
+    """Run the calling thread's OpenMP parallel regions on that thread alone; ``True`` where that was set.
+
+    A helper thread that has run torch's parallel code (a loader thread making batches) keeps an
+    OpenMP team of its own for as long as it lives. With more OpenMP threads than cores, libgomp
+    makes every team, the training thread's too, sleep at its barriers instead of spinning briefly,
+    which slows a step on the CPU while that helper sits idle (docs/data.md). ``torch.set_num_threads``
+    would also set the count of every thread started later (torch keeps it process-wide), so this sets
+    only the calling thread's count, through the runtime's ``omp_set_num_threads`` (a per-thread
+    setting in OpenMP). ``False`` without a mapped OpenMP runtime (libgomp, libiomp5, libomp) or off Linux.
+
+    Examples:
+        >>> import threading, torch
+        >>> seen = []
+        >>> t = threading.Thread(target=lambda: seen.append((serial_openmp_here(), torch.get_num_threads())))
+        >>> t.start(); t.join()
+        >>> seen[0] in [(True, 1), (False, torch.get_num_threads())]
+        True
+    """
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:  # not Linux
+        return False
+    runtime = re.search(r"(/\S*/lib(?:gomp|iomp5|omp)[\w.-]*\.so[\w.]*)$", maps, re.MULTILINE)
+    if runtime is None:
+        return False
+    import torch
+
+    torch.get_num_threads()  # torch sets a new thread's count at its first parallel call: before ours, not after
+    ctypes.CDLL(runtime[1]).omp_set_num_threads(1)
+    return True
 
 
 def openmp_loaded() -> bool:

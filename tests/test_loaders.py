@@ -116,6 +116,33 @@ def test_loader_thread_sets_no_cuda_device_without_cuda(monkeypatch):
     assert [e for e in events if e[0] == "set"] == []
 
 
+class _ThreadsSeen(torch.utils.data.Dataset):
+    """Each item: the intra-op threads torch would use where it is made, and whether that is the loader thread."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([torch.get_num_threads(), threading.current_thread().name == "monai-fast-loader"])
+
+
+@pytest.mark.skipif(cuda_available(), reason="checks the CPU build")
+def test_a_loader_thread_beside_a_cpu_step_runs_its_parallel_code_alone_and_changes_no_other_threads_count():
+    main = torch.get_num_threads()
+    if main < 2:
+        pytest.skip("torch runs one intra-op thread here: nothing to keep apart")
+    batches = list(SafeThreadDataLoader(_ThreadsSeen(), batch_size=1, prefetch=True))
+    assert [bool(b[0, 1]) for b in batches] == [True] * 3  # made ahead, in the loader thread
+    assert [int(b[0, 0]) for b in batches] == [1] * 3
+    on_demand = list(SafeThreadDataLoader(_ThreadsSeen(), batch_size=1, prefetch=False))
+    assert [tuple(map(int, b[0])) for b in on_demand] == [(main, 0)] * 3  # made in this thread, with its own team
+    later: list[int] = []
+    started = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    started.start()
+    started.join()
+    assert torch.get_num_threads() == main and later == [main]  # torch's process-wide default untouched
+
+
 @pytest.mark.gpu
 def test_batch_made_through_todeviced_lands_on_the_main_threads_gpu():
     from monai.transforms import ToDeviced

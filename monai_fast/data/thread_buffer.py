@@ -11,6 +11,7 @@ from queue import Empty, Full, Queue
 from typing import Any
 
 from monai_fast.data.items import LoaderTimeoutError
+from monai_fast.openmp import serial_openmp_here
 from monai_fast.telemetry.cuda import current_cuda_device, set_cuda_device
 from monai_fast.threads import forget_at_exit, stop_at_exit
 
@@ -165,6 +166,8 @@ class SafeThreadBuffer:
         try:
             if device is not None:  # a new thread starts on cuda:0, whatever device the trainer uses
                 set_cuda_device(device)
+            else:  # the step computes on the CPU's cores: a team of this thread's would slow it, even idle
+                serial_openmp_here()
             while run.wait_for_request():
                 try:
                     value = next(run.it)
