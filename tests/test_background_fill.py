@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+
+import pytest
 import torch
 from background_parts import Held, case_names, chain, planned, trainer, write_cases
 from ignite.engine import Events
 from monai.data import CacheDataset, Dataset
+from monai.transforms import Compose, Lambdad
 from torch.utils.data import DataLoader, DistributedSampler
 
 from monai_fast.data.adopt import adopt_loader
 from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
 from monai_fast.data.loaders import SafeThreadDataLoader
-from monai_fast.data.planner import rank_partition
+from monai_fast.data.planner import plan_cache, rank_partition
 
 
 def _loader(ds, seed: int = 0) -> SafeThreadDataLoader:
@@ -30,6 +34,24 @@ def test_training_first_iteration_starts_before_the_fill_finishes(tmp_path):
     assert isinstance(ds, BackgroundCacheDataset)
     assert not held.timed_out
     assert times["first_iteration"] < held.done["case_0"]
+
+
+def test_fill_threads_beside_cpu_steps_run_their_parallel_code_each_on_itself_alone(tmp_path):
+    if torch.get_num_threads() < 2 or torch.cuda.is_available():
+        pytest.skip("checks a CPU build with more than one intra-op thread")
+    files = write_cases(tmp_path)
+    seen: list[tuple[str, int]] = []
+
+    def note(image):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return image
+
+    transform = Compose([*chain(Held(), random=False).transforms, Lambdad("image", note)])
+    plan = plan_cache(Compose(transform.transforms[:2]), files[:1], "cpu", ram_budget_mib=1024, sample=1)
+    ds = plan.build(files, transform, background=True, num_workers=2)
+    assert ds.wait(60)
+    assert len(seen) == len(files) and {n for _, n in seen} == {1}, seen
+    assert all(name.startswith("monai-fast-fill-") for name, _ in seen)
 
 
 def test_first_epoch_over_a_partial_cache_sees_every_item_exactly_once(tmp_path):

@@ -126,6 +126,38 @@ def test_several_replace_workers_and_set_data_restart_the_rotation():
     assert [int(ds[i]["id"]) for i in range(4)] == [5, 6, 1, 2] and ds.state_dict()["start_pos"] == 4
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU build")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_rotation_beside_cpu_steps_runs_its_parallel_code_on_its_own_threads_alone(workers):
+    main = torch.get_num_threads()
+    if main < 2:
+        pytest.skip("torch runs one intra-op thread here: nothing to keep apart")
+    seen: list[tuple[str, int]] = []
+
+    def note(x):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return x
+
+    items = [{"image": f"/data/image{i}.nii.gz", "id": i} for i in range(1, 9)]
+    ds = SafeSmartCacheDataset(
+        items,
+        transform=Lambdad("id", note),
+        replace_rate=0.5,  # two replacements: with two workers, each in a worker thread
+        cache_num=4,
+        shuffle=False,
+        progress=False,
+        num_init_workers=1,
+        num_replace_workers=workers,
+    )
+    seen.clear()  # the first window is made in this thread
+    ds.start()
+    ds.update_cache(timeout_s=5)
+    ds.shutdown()
+    assert seen and all(n == 1 for _, n in seen), seen  # the rotation thread, or its worker threads
+    assert all(name != threading.current_thread().name for name, _ in seen)
+    assert torch.get_num_threads() == main
+
+
 def test_a_state_for_another_data_list_is_refused():
     with pytest.raises(ValueError, match="state is for 3 items"):
         _ds().load_state_dict({"start_pos": 1, "updates": 1, "total": 3})

@@ -23,6 +23,8 @@ from monai.data import SmartCacheDataset
 
 from monai_fast.data.crop_cache import CropCacheDataset
 from monai_fast.data.items import DataItemError, describe_item, error_text, item_bytes
+from monai_fast.openmp import serial_openmp_here
+from monai_fast.telemetry.cuda import current_cuda_device
 from monai_fast.threads import forget_at_exit, stop_at_exit
 
 __all__ = ["SafeSmartCacheDataset", "replace_count", "window_bytes"]
@@ -226,7 +228,10 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             rot.error, rot.failed, rot.ready = None, False, None
             rot.stop = threading.Event()
             rot.thread = threading.Thread(
-                target=self.manage_replacement, args=(rot.stop,), name="monai-fast-smartcache", daemon=True
+                target=self.manage_replacement,
+                args=(rot.stop, current_cuda_device() is None),  # no CUDA here: the steps run on the CPU's cores
+                name="monai-fast-smartcache",
+                daemon=True,
             )
             rot.thread.start()
         stop_at_exit(self)  # a replacement still being made in torch code at interpreter exit aborts the process
@@ -294,10 +299,16 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         exit aborts the process."""
         self.shutdown(wait_s=self._rotation.timeout_s)
 
-    def manage_replacement(self, stop: threading.Event | None = None) -> None:
-        """Body of the background thread: prepare the replacements for each new position until ``stop``."""
+    def manage_replacement(self, stop: threading.Event | None = None, beside_cpu_steps: bool = False) -> None:
+        """Body of the background thread: prepare the replacements for each new position until ``stop``.
+
+        ``beside_cpu_steps``: training runs on the CPU, so this thread and its workers run torch's parallel
+        code each on itself alone (`serial_openmp_here`).
+        """
         rot = self._rotation
         stop = rot.stop if stop is None else stop
+        if beside_cpu_steps:
+            serial_openmp_here()
         while True:
             with rot.cond:
                 while rot.ready is not None and not stop.is_set():
@@ -307,7 +318,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
                 position = rot.position
                 indices = self._replacement_indices(position)
             try:
-                items = self._load_items(indices, self.num_replace_workers, stop)
+                items = self._load_items(indices, self.num_replace_workers, stop, serial=beside_cpu_steps)
             except _ItemFailure as f:
                 with rot.cond:
                     if not stop.is_set():
@@ -406,7 +417,9 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         total = len(self.data)
         return [(position + self.cache_num + i) % total for i in range(self._rotation.replace_num)]
 
-    def _load_items(self, indices: list[int], workers: int | None, stop: threading.Event | None = None) -> list:
+    def _load_items(
+        self, indices: list[int], workers: int | None, stop: threading.Event | None = None, serial: bool = False
+    ) -> list:
         def load(index: int) -> Any:
             if stop is not None and stop.is_set():
                 return None
@@ -418,7 +431,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         workers = max(1, int(workers or os.cpu_count() or 1))
         if workers == 1 or len(indices) <= 1:
             return [load(i) for i in indices]
-        with ThreadPool(min(workers, len(indices))) as pool:
+        with ThreadPool(min(workers, len(indices)), initializer=serial_openmp_here if serial else None) as pool:
             return pool.map(load, indices)
 
     def _item_error(self, index: int, error: BaseException) -> DataItemError:
