@@ -74,6 +74,9 @@ class CompileChoice(EngineHandler):
         seconds_left: the run's wall-clock seconds left, asked at the choice (``None``: no limit).
         memory_formats: a trainer's 3-D network is also compiled in its other memory format, and moved to
             it where that compiled step is faster (a layout can tie eager and pay compiled).
+        eager_step: a trainer's eager step measured already, asked at the choice: ``(items, seconds)``
+            (FastTraining: the layout lever's rounds in the layout kept); a run it shows too short to repay
+            a compile is decided from it without another measurement.
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
@@ -97,6 +100,7 @@ class CompileChoice(EngineHandler):
         runs_left: Callable[[], int | None] | None = None,
         seconds_left: Callable[[], float | None] | None = None,
         memory_formats: bool = False,
+        eager_step: Callable[[], tuple[int, float] | None] | None = None,
     ) -> None:
         if not (isinstance(mode, bool) or mode == "auto"):
             raise ValueError(f"CompileChoice: mode must be 'auto', True or False, got {mode!r}")
@@ -105,6 +109,7 @@ class CompileChoice(EngineHandler):
         self.store = None if store is None else TuneStore(default_store_path() if store == "default" else store)
         self.evaluation, self.runs_left, self.seconds_left = bool(evaluation), runs_left, seconds_left
         self.memory_formats = bool(memory_formats) and not self.evaluation
+        self.eager_step = eager_step
         self.compiled = False
         self.reason = "not decided yet"
         self._decided = False
@@ -198,10 +203,14 @@ class CompileChoice(EngineHandler):
             remaining = None if planned is None else max(1, planned - state.iteration + 1)
 
             pinned = layout_pinned(getattr(engine, "network", None)) is not None  # then no layout is measured
+            known = self.eager_step() if self.eager_step is not None else None
 
             def measured(items: int | None) -> tuple[bool, str, dict[str, Any]]:
+                seen_s = (
+                    known[1] if known is not None and shape is not None and known[0] == (items or shape[0]) else None
+                )
                 return self._decide(
-                    net, shape, dtype, remaining, device, left_s=left_s, items=items, layouts=not pinned
+                    net, shape, dtype, remaining, device, seen_s=seen_s, left_s=left_s, items=items, layouts=not pinned
                 )
 
             compiled, reason, evidence = decided_on_rank0(
@@ -285,7 +294,7 @@ class CompileChoice(EngineHandler):
         layouts: bool = True,
     ) -> tuple[bool, str, dict[str, Any]]:
         """``(compile?, reason, evidence)``; ``planned``: the steps (an evaluator's network calls) left in the run;
-        ``seen_s``: an eager call's seconds as the run timed it (the pay-back is then weighed before measuring);
+        ``seen_s``: an eager call's seconds known already (the pay-back is then weighed before measuring);
         ``left_s``: the run's seconds left under its time limit (only the steps that fit in them count); ``items``:
         the items a training step is measured on (`at_measure_batch`'s; ``None``: the whole batch); ``layouts``: the
         network may move to another layout (`memory_formats`)."""

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -134,6 +135,7 @@ class FastTraining(EngineHandler):
         self._ram_left = 0  # bytes of the RAM budget not yet given to a cache, set at attach
         self._gpu_left: int | None = None  # the same for a GPU budget given
         self._warned = False  # a compile failure was warned of (the evaluator's is then a log line)
+        self._layout_step: tuple[int, float] | None = None  # the layout lever's (items, step s) in the layout kept
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
         self.applied: dict[str, dict[str, Any]] = {}
         self.amp: AMPToggle | None = None
@@ -393,6 +395,9 @@ class FastTraining(EngineHandler):
         )
         # both ways: a network the user (or a recipe) put in channels_last_3d goes back when contiguous wins
         network.to(memory_format=MEMORY_FORMATS[choice])
+        if evidence and evidence["rounds_s"]:  # the step in the layout kept: the compile gate's pay-back reads it
+            kept = 0 if choice == evidence["baseline"] else 1
+            self._layout_step = (evidence["batch"][0], statistics.median(r[kept] for r in evidence["rounds_s"]))
         self._decided(trainer, Lever.MEMORY_FORMAT, choice == "channels_last_3d", choice, reason, evidence)
 
     def _compile_lever(self, trainer: Workflow, evaluator: Workflow | None) -> None:
@@ -410,6 +415,7 @@ class FastTraining(EngineHandler):
                 runs_left=functools.partial(_validations_left, trainer) if engine is not trainer else None,
                 seconds_left=self._seconds_left,
                 memory_formats=self.memory_format in ("auto", True),  # the layout measured again, compiled
+                eager_step=(lambda: self._layout_step) if engine is trainer else None,
             )
             self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
 
@@ -455,17 +461,12 @@ class FastTraining(EngineHandler):
     def _validation_lever(self, trainer: Workflow, evaluator: Workflow, device: torch.device) -> None:
         inferer = getattr(evaluator, "inferer", None)  # a Workflow of one's own may have none
         if inferer is None or sliding_window_of(inferer) is None:  # said first: no sliding-window advice for it
-            self._say(
-                Lever.EVALUATOR,
-                False,
-                None,
-                f"the evaluator's inferer ({type(inferer).__name__}) is not a SlidingWindowInferer: nothing to tune",
-            )
+            why = f"the evaluator's inferer ({type(inferer).__name__}) is not a SlidingWindowInferer: nothing to tune"
+            self._say(Lever.EVALUATOR, False, None, why)
             return
         if self.evaluator_option == "auto" or self.evaluator_option is True:
-            self._say(
-                Lever.EVALUATOR, False, None, "sliding-window settings kept as built (evaluator='tune' measures them)"
-            )
+            why = "sliding-window settings kept as built (evaluator='tune' measures them)"
+            self._say(Lever.EVALUATOR, False, None, why)
             return
         tune = SlidingWindowTune(
             lambda: self.amp.precision if self.amp is not None and self.amp.active else "fp32",

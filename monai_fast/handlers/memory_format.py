@@ -119,8 +119,8 @@ def choose_memory_format(
         left_s: the run's seconds left under a wall-clock limit (``None``: no limit; `at_measure_batch`).
 
     Returns:
-        The layout, one sentence why, and the measured rounds (`Decision.as_row`; ``None`` when nothing
-        was measured).
+        The layout, one sentence why, and the measured rounds (`Decision.as_row` and the ``batch`` shape
+        measured; ``None`` when nothing was measured).
     """
     net = getattr(network, "module", network)  # DDP / DataParallel
     users_last = in_channels_last_3d(net)
@@ -144,7 +144,11 @@ def choose_memory_format(
             )
             return ["channels_last_3d", "requested (the network accepts it)", None]
         measured = _measure(net, shape, device, dtype, rounds, planned_steps, users_last)
-        return [measured.choice, f"{measured.reason} (batch {tuple(shape)})", measured.as_row()]
+        return [
+            measured.choice,
+            f"{measured.reason} (batch {tuple(shape)})",
+            {**measured.as_row(), "batch": list(shape)},
+        ]
 
     def measure() -> list[Any]:
         try:  # the run's own batch where the plan affords it, else (or where that runs out of memory) 2 items
