@@ -19,6 +19,7 @@ Examples:
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import re
 import sys
@@ -44,6 +45,8 @@ __all__ = [
     "pin_openmp_workers",
     "serial_openmp_here",
 ]
+
+logger = logging.getLogger("monai_fast.openmp")
 
 #: the variable libgomp reads for the rounds a waiting thread spins before it sleeps
 SPIN_ENV = "GOMP_SPINCOUNT"
@@ -76,7 +79,8 @@ def serial_openmp_here() -> bool:
     which slows a step on the CPU while that helper sits idle (docs/data.md). ``torch.set_num_threads``
     would also set the count of every thread started later (torch keeps it process-wide), so this sets
     only the calling thread's count, through the runtime's ``omp_set_num_threads`` (a per-thread
-    setting in OpenMP). ``False`` without a mapped OpenMP runtime (libgomp, libiomp5, libomp) or off Linux.
+    setting in OpenMP), in every OpenMP runtime mapped (libgomp, libiomp5, libomp: torch's and any other
+    library's). ``False`` without one, or off Linux.
 
     Examples:
         >>> import threading, torch
@@ -90,14 +94,21 @@ def serial_openmp_here() -> bool:
         maps = Path("/proc/self/maps").read_text()
     except OSError:  # not Linux
         return False
-    runtime = re.search(r"(/\S*/lib(?:gomp|iomp5|omp)[\w.-]*\.so[\w.]*)$", maps, re.MULTILINE)
-    if runtime is None:
+    pattern = r"(/\S*/lib(?:gomp|iomp5|omp)(?:-[0-9a-f]+)?\.so(?:\.\d+)*)$"  # wheels add a hash to the name
+    runtimes = dict.fromkeys(re.findall(pattern, maps, re.MULTILINE))
+    if not runtimes:
         return False
     import torch
 
     torch.get_num_threads()  # torch sets a new thread's count at its first parallel call: before ours, not after
-    ctypes.CDLL(runtime[1]).omp_set_num_threads(1)
-    return True
+    serial = False
+    for path in runtimes:
+        try:
+            ctypes.CDLL(path).omp_set_num_threads(1)
+            serial = True
+        except (OSError, AttributeError):  # a library that cannot be opened again, or lacks the call
+            logger.debug("serial_openmp_here: %s left alone", path, exc_info=True)
+    return serial
 
 
 def openmp_loaded() -> bool:

@@ -72,11 +72,10 @@ class CompileChoice(EngineHandler):
         evaluation: the engine is an evaluator: its network's calls, without gradients, are compiled.
         runs_left: for an evaluator, its runs still planned, the current one included (``None``: this one).
         seconds_left: the run's wall-clock seconds left, asked at the choice (``None``: no limit).
-        memory_formats: a trainer's 3-D network is also compiled in its other memory format, and moved to
-            it where that compiled step is faster (a layout can tie eager and pay compiled).
-        eager_step: a trainer's eager step measured already, asked at the choice: ``(items, seconds)``
-            (FastTraining: the layout lever's rounds in the layout kept); a run it shows too short to repay
-            a compile is decided from it without another measurement.
+        memory_formats: a trainer's 3-D network is also compiled in its other layout, and moved to it where
+            that compiled step is faster (a layout can tie eager and pay compiled).
+        eager_step: ``(items, seconds)`` of a trainer's eager step measured already, asked at the choice: a
+            run it shows too short to repay a compile is decided without measuring (FastTraining: the layout lever's).
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
