@@ -71,7 +71,7 @@ def libgomp_mapped() -> bool:
 
 
 def serial_openmp_here() -> bool:
-    """Run the calling thread's OpenMP parallel regions on that thread alone; ``True`` where that was set.
+    """Run the calling thread's OpenMP parallel regions on that thread alone.
 
     A helper thread that has run torch's parallel code (a loader thread making batches) keeps an
     OpenMP team of its own for as long as it lives. With more OpenMP threads than cores, libgomp
@@ -79,8 +79,12 @@ def serial_openmp_here() -> bool:
     which slows a step on the CPU while that helper sits idle (docs/data.md). ``torch.set_num_threads``
     would also set the count of every thread started later (torch keeps it process-wide), so this sets
     only the calling thread's count, through the runtime's ``omp_set_num_threads`` (a per-thread
-    setting in OpenMP), in every OpenMP runtime mapped (libgomp, libiomp5, libomp: torch's and any other
-    library's). ``False`` without one, or off Linux.
+    setting in OpenMP): the runtime torch ships (found in ``/proc/self/maps`` under torch's folders),
+    else every mapped libgomp. Intel's and LLVM's runtimes outside torch's folders are left alone:
+    calling one that has not started would start it beside the other, which aborts the process.
+
+    Returns:
+        Whether a runtime's count was set (``False`` off Linux, without such a runtime, or on any failure).
 
     Examples:
         >>> import threading, torch
@@ -91,24 +95,24 @@ def serial_openmp_here() -> bool:
         True
     """
     try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:  # not Linux
-        return False
-    pattern = r"(/\S*/lib(?:gomp|iomp5|omp)(?:-[0-9a-f]+)?\.so(?:\.\d+)*)$"  # wheels add a hash to the name
-    runtimes = dict.fromkeys(re.findall(pattern, maps, re.MULTILINE))
-    if not runtimes:
-        return False
-    import torch
+        maps = os.fsdecode(Path("/proc/self/maps").read_bytes())
+        # a mapping's path is its sixth field (it may hold spaces); wheels add a hash to a runtime's name
+        pattern = r"^(?:\S+\s+){5}(/.*/lib(?:gomp|iomp5|omp)(?:-[0-9a-f]+)?\.so(?:\.\d+)*)(?: \(deleted\))?$"
+        mapped = dict.fromkeys(re.findall(pattern, maps, re.MULTILINE))
+        if not mapped:
+            return False
+        import torch
 
-    torch.get_num_threads()  # torch sets a new thread's count at its first parallel call: before ours, not after
-    serial = False
-    for path in runtimes:
-        try:
+        home = Path(torch.__file__).resolve().parent
+        shipped = [p for p in mapped if Path(p).resolve().parent in (home / "lib", home.parent / "torch.libs")]
+        runtimes = shipped or [p for p in mapped if "/libgomp" in p]
+        torch.get_num_threads()  # torch sets a new thread's count at its first parallel call: before ours, not after
+        for path in runtimes:
             ctypes.CDLL(path).omp_set_num_threads(1)
-            serial = True
-        except (OSError, AttributeError):  # a library that cannot be opened again, or lacks the call
-            logger.debug("serial_openmp_here: %s left alone", path, exc_info=True)
-    return serial
+        return bool(runtimes)
+    except Exception:  # noqa: BLE001 - a helper thread keeps its team rather than fail the work it does
+        logger.debug("serial_openmp_here: the thread keeps its OpenMP team", exc_info=True)
+        return False
 
 
 def openmp_loaded() -> bool:

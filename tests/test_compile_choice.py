@@ -464,14 +464,15 @@ def test_a_short_run_weighs_the_compile_on_the_step_the_layout_lever_measured_wi
 
     compiles = []
     monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or a[0])
-    net = _KnownLayouts(eager_s=0.05, plain_s=0.0, last_s=0.0)  # the layouts tie eager: contiguous kept
+    net = _KnownLayouts(eager_s=0.05, plain_s=0.0, last_s=0.0)  # the layouts tie eager
     trainer, _ = _user_trainer(tiny_files, network=net, max_epochs=2)
     fast = FastTraining(cache=False, precision=False, prefetch=False, evaluator=False, tune_store=None)
     fast.attach(trainer)
     _run_steps(trainer, 1)
     layout, gate = fast.applied[Lever.MEMORY_FORMAT], fast.applied[Lever.COMPILE]
-    assert layout["setting"] == "contiguous" and len(layout["evidence"]["rounds_s"]) >= 3, layout
-    kept = statistics.median(r[0] for r in layout["evidence"]["rounds_s"])  # contiguous is the baseline
+    rounds = layout["evidence"]
+    assert len(rounds["rounds_s"]) >= 3, layout
+    kept = statistics.median(r[0 if rounds["choice"] == rounds["baseline"] else 1] for r in rounds["rounds_s"])
     assert gate["setting"] == "eager" and "steps left" in gate["reason"] and compiles == [], gate
     assert gate["evidence"]["eager_step_s"] == kept  # the layout lever's rounds, not a timing of its own
 

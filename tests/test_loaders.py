@@ -143,6 +143,16 @@ def test_a_loader_thread_beside_a_cpu_step_runs_its_parallel_code_alone_and_chan
     assert torch.get_num_threads() == main and later == [main]  # torch's process-wide default untouched
 
 
+def test_a_loader_thread_beside_a_cuda_step_keeps_torchs_team(monkeypatch):
+    from monai_fast.data import thread_buffer
+
+    main = torch.get_num_threads()
+    monkeypatch.setattr(thread_buffer, "current_cuda_device", lambda: torch.device("cuda", 0))  # the hardware edge
+    monkeypatch.setattr(thread_buffer, "set_cuda_device", lambda d: None)
+    batches = list(SafeThreadDataLoader(_ThreadsSeen(), batch_size=1, prefetch=True))
+    assert [tuple(map(int, b[0])) for b in batches] == [(main, 1)] * 3
+
+
 @pytest.mark.gpu
 def test_batch_made_through_todeviced_lands_on_the_main_threads_gpu():
     from monai.transforms import ToDeviced

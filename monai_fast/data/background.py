@@ -18,7 +18,7 @@ from torch.utils.data import RandomSampler, Sampler, SequentialSampler
 
 from monai_fast.data.items import DataItemError, describe_item, error_text
 from monai_fast.openmp import serial_openmp_here
-from monai_fast.telemetry.cuda import current_cuda_device, set_cuda_device, side_stream
+from monai_fast.telemetry.cuda import cuda_available, current_cuda_device, set_cuda_device, side_stream
 from monai_fast.threads import forget_at_exit, stop_at_exit
 
 __all__ = ["BackgroundCacheDataset", "FillOrderSampler", "fill_order_options"]
@@ -121,7 +121,7 @@ class _Fill:
     def _run(self) -> None:
         if self.device is not None:
             set_cuda_device(self.device)  # a new thread starts on cuda:0
-        else:  # beside a step on the CPU's cores: one thread each, no OpenMP team of its own (serial_openmp_here)
+        elif not cuda_available():  # the steps run on the CPU's cores: no OpenMP team of its own (serial_openmp_here)
             serial_openmp_here()
         if self.after is not None:
             self.after.wait_quietly(self.halt)

@@ -24,7 +24,7 @@ from monai.data import SmartCacheDataset
 from monai_fast.data.crop_cache import CropCacheDataset
 from monai_fast.data.items import DataItemError, describe_item, error_text, item_bytes
 from monai_fast.openmp import serial_openmp_here
-from monai_fast.telemetry.cuda import current_cuda_device
+from monai_fast.telemetry.cuda import cuda_available
 from monai_fast.threads import forget_at_exit, stop_at_exit
 
 __all__ = ["SafeSmartCacheDataset", "replace_count", "window_bytes"]
@@ -229,7 +229,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             rot.stop = threading.Event()
             rot.thread = threading.Thread(
                 target=self.manage_replacement,
-                args=(rot.stop, current_cuda_device() is None),  # no CUDA here: the steps run on the CPU's cores
+                args=(rot.stop, not cuda_available()),  # no CUDA here: the steps run on the CPU's cores
                 name="monai-fast-smartcache",
                 daemon=True,
             )
@@ -302,8 +302,10 @@ class SafeSmartCacheDataset(SmartCacheDataset):
     def manage_replacement(self, stop: threading.Event | None = None, beside_cpu_steps: bool = False) -> None:
         """Body of the background thread: prepare the replacements for each new position until ``stop``.
 
-        ``beside_cpu_steps``: training runs on the CPU, so this thread and its workers run torch's parallel
-        code each on itself alone (`serial_openmp_here`).
+        Args:
+            stop: set to end the thread (default: the rotation's own event).
+            beside_cpu_steps: training runs on the CPU, so this thread and its workers run torch's parallel
+                code each on itself alone (`serial_openmp_here`).
         """
         rot = self._rotation
         stop = rot.stop if stop is None else stop
