@@ -62,12 +62,21 @@ USER_BINDING_ENV = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFF
 LOCAL_RANKS_ENV = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE")
 
 
-def libgomp_mapped() -> bool:
-    """Whether GNU OpenMP's library is loaded in this process (read from ``/proc/self/maps``; ``False`` off Linux)."""
+def _mapped_runtimes() -> list[str]:
+    """The OpenMP runtimes (libgomp, libiomp5, libomp) mapped in this process, read from ``/proc/self/maps``
+    (none off Linux)."""
     try:
-        return "libgomp" in Path("/proc/self/maps").read_text()
-    except OSError:  # not Linux: no /proc, and no libgomp to bound
-        return False
+        maps = os.fsdecode(Path("/proc/self/maps").read_bytes())
+    except OSError:  # not Linux: no /proc
+        return []
+    # a mapping's path is its sixth field (it may hold spaces); wheels add a hash to a runtime's name
+    pattern = r"^(?:\S+\s+){5}(/.*/lib(?:gomp|iomp5|omp)(?:-[0-9a-f]+)?\.so(?:\.\d+)*)(?: \(deleted\))?$"
+    return list(dict.fromkeys(re.findall(pattern, maps, re.MULTILINE)))
+
+
+def libgomp_mapped() -> bool:
+    """Whether GNU OpenMP's library is loaded in this process (``False`` off Linux)."""
+    return any("/libgomp" in path for path in _mapped_runtimes())
 
 
 def serial_openmp_here() -> bool:
@@ -95,10 +104,7 @@ def serial_openmp_here() -> bool:
         True
     """
     try:
-        maps = os.fsdecode(Path("/proc/self/maps").read_bytes())
-        # a mapping's path is its sixth field (it may hold spaces); wheels add a hash to a runtime's name
-        pattern = r"^(?:\S+\s+){5}(/.*/lib(?:gomp|iomp5|omp)(?:-[0-9a-f]+)?\.so(?:\.\d+)*)(?: \(deleted\))?$"
-        mapped = dict.fromkeys(re.findall(pattern, maps, re.MULTILINE))
+        mapped = _mapped_runtimes()
         if not mapped:
             return False
         import torch

@@ -473,8 +473,9 @@ def test_a_short_run_weighs_the_compile_on_the_step_the_layout_lever_measured_wi
     rounds = layout["evidence"]
     assert len(rounds["rounds_s"]) >= 3, layout
     kept = statistics.median(r[0 if rounds["choice"] == rounds["baseline"] else 1] for r in rounds["rounds_s"])
+    assert rounds["step_s"] == pytest.approx(kept, abs=1e-6)
     assert gate["setting"] == "eager" and "steps left" in gate["reason"] and compiles == [], gate
-    assert gate["evidence"]["eager_step_s"] == kept  # the layout lever's rounds, not a timing of its own
+    assert gate["evidence"]["eager_step_s"] == rounds["step_s"]  # the layout lever's rounds, not a timing of its own
 
 
 class _FlatWeight(_KnownLayouts):

@@ -6,7 +6,6 @@ import contextlib
 import functools
 import logging
 import os
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -135,7 +134,6 @@ class FastTraining(EngineHandler):
         self._ram_left = 0  # bytes of the RAM budget not yet given to a cache, set at attach
         self._gpu_left: int | None = None  # the same for a GPU budget given
         self._warned = False  # a compile failure was warned of (the evaluator's is then a log line)
-        self._layout_step: tuple[int, float] | None = None  # the layout lever's (items, step s) in the layout kept
         #: per lever: {"applied": bool, "setting": ..., "reason": str}
         self.applied: dict[str, dict[str, Any]] = {}
         self.amp: AMPToggle | None = None
@@ -395,9 +393,6 @@ class FastTraining(EngineHandler):
         )
         # both ways: a network the user (or a recipe) put in channels_last_3d goes back when contiguous wins
         network.to(memory_format=MEMORY_FORMATS[choice])
-        if evidence and evidence["rounds_s"]:  # the step in the layout kept: the compile gate's pay-back reads it
-            kept = 0 if choice == evidence["baseline"] else 1
-            self._layout_step = (evidence["batch"][0], statistics.median(r[kept] for r in evidence["rounds_s"]))
         self._decided(trainer, Lever.MEMORY_FORMAT, choice == "channels_last_3d", choice, reason, evidence)
 
     def _compile_lever(self, trainer: Workflow, evaluator: Workflow | None) -> None:
@@ -415,9 +410,14 @@ class FastTraining(EngineHandler):
                 runs_left=functools.partial(_validations_left, trainer) if engine is not trainer else None,
                 seconds_left=self._seconds_left,
                 memory_formats=self.memory_format in ("auto", True),  # the layout measured again, compiled
-                eager_step=(lambda: self._layout_step) if engine is trainer else None,
+                eager_step=self._layout_step if engine is trainer else None,
             )
             self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
+
+    def _layout_step(self) -> tuple[int, float] | None:
+        """``(items, seconds)`` of the step the layout lever measured in the layout it kept (the compile gate's)."""
+        evidence = self.applied.get(Lever.MEMORY_FORMAT, {}).get("evidence") or {}
+        return (evidence["batch"][0], evidence["step_s"]) if evidence.get("step_s") else None
 
     def _compiled(self, trainer: Engine, lever: Lever, compiled: bool, reason: str, evidence: dict[str, Any]) -> None:
         failed = not compiled and "failed" in reason  # no compiler here: one warning, not one per engine

@@ -16,6 +16,7 @@ Examples:
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import torch
@@ -119,8 +120,8 @@ def choose_memory_format(
         left_s: the run's seconds left under a wall-clock limit (``None``: no limit; `at_measure_batch`).
 
     Returns:
-        The layout, one sentence why, and the measured rounds (`Decision.as_row` and the ``batch`` shape
-        measured; ``None`` when nothing was measured).
+        The layout, one sentence why, and the measured rounds (`Decision.as_row`, the ``batch`` shape measured
+        and ``step_s``, the median step in the layout kept; ``None`` when nothing was measured).
     """
     net = getattr(network, "module", network)  # DDP / DataParallel
     users_last = in_channels_last_3d(net)
@@ -144,10 +145,12 @@ def choose_memory_format(
             )
             return ["channels_last_3d", "requested (the network accepts it)", None]
         measured = _measure(net, shape, device, dtype, rounds, planned_steps, users_last)
+        kept = measured.names.index(measured.choice)
+        step_s = round(statistics.median(r[kept] for r in measured.rounds), 6) if measured.rounds else None
         return [
             measured.choice,
             f"{measured.reason} (batch {tuple(shape)})",
-            {**measured.as_row(), "batch": list(shape)},
+            {**measured.as_row(), "batch": list(shape), "step_s": step_s},
         ]
 
     def measure() -> list[Any]:
