@@ -171,25 +171,28 @@ def report(runs: list[dict], isas: list[str], chains: list[str], repeats: int) -
             ratios, gaps = [], []
             for r in range(1, repeats + 1):
                 pair = {x["variant"]: x for x in runs if x["repeat"] == r and x["isa"] == isa and x["chain"] == chain}
-                for v in VARIANTS:
+                present = [v for v in VARIANTS if v in pair]  # a result from before prefetch_team has three
+                for v in present:
                     s = pair[v]["summary"]
                     print(
                         f"{isa:<7}{chain:<9}{r:<7}{v:<11}{s['train_s']:>11.2f}{s['step_s']:>10.2f}{s['wait_s']:>10.2f}"
                         f"{s['val_s']:>9.2f}{pair[v]['applied'].get('precision') or 'fp32':>10}"
                         f"{pair[v]['applied'].get('memory_format') or 'contiguous':>17}"
                     )
-                train = {v: pair[v]["summary"]["train_s"] for v in VARIANTS}
+                train = {v: pair[v]["summary"]["train_s"] for v in present}
                 ratios.append(
                     {
                         "prefetch/on_demand": train["prefetch"] / train["on_demand"],
                         "prefetch/auto": train["prefetch"] / train["auto"],
-                        "prefetch_team/prefetch": train["prefetch_team"] / train["prefetch"],
                         "auto_chose": pair["auto"]["prefetch"]["setting"],
                     }
                 )
-                for other in VARIANTS[
-                    1:
-                ]:  # FastTraining's measured layout may differ between runs, and with it the numerics
+                if "prefetch_team" in train:  # the layout each measured may differ, and with it the step
+                    ratios[-1]["prefetch_team/prefetch"] = train["prefetch_team"] / train["prefetch"]
+                    ratios[-1]["team_same_layout"] = pair["prefetch_team"]["applied"].get("memory_format") == pair[
+                        "prefetch"
+                    ]["applied"].get("memory_format")
+                for other in present[1:]:  # FastTraining's measured layout may differ between runs, and the numerics
                     if all(
                         pair[other]["applied"].get(k) == pair["prefetch"]["applied"].get(k)
                         for k in ("precision", "memory_format")
@@ -202,7 +205,9 @@ def report(runs: list[dict], isas: list[str], chains: list[str], repeats: int) -
                 "repeats": ratios,
                 "median_on_demand": statistics.median(x["prefetch/on_demand"] for x in ratios),
                 "median_auto": statistics.median(x["prefetch/auto"] for x in ratios),
-                "median_team": statistics.median(x["prefetch_team/prefetch"] for x in ratios),
+                "median_team": statistics.median(teams)
+                if (teams := [x["prefetch_team/prefetch"] for x in ratios if "prefetch_team/prefetch" in x])
+                else None,
                 "max_loss_difference": max(gaps) if gaps else None,
                 "loss_pairs_compared": len(gaps),
             }
@@ -210,13 +215,21 @@ def report(runs: list[dict], isas: list[str], chains: list[str], repeats: int) -
             on_demand = " ".join(f"{x['prefetch/on_demand']:.2f}" for x in ratios)
             auto = " ".join(f"{x['prefetch/auto']:.2f}" for x in ratios)
             chose = ", ".join(x["auto_chose"] for x in ratios)
-            team = " ".join(f"{x['prefetch_team/prefetch']:.2f}" for x in ratios)
+            team = " ".join(
+                f"{x['prefetch_team/prefetch']:.2f}{'' if x['team_same_layout'] else ' (other layout)'}"
+                for x in ratios
+                if "prefetch_team/prefetch" in x
+            )
             print(
                 f"{isa:<7}{chain:<9}training s/epoch, prefetch over on demand: {on_demand} "
                 f"(median {row['median_on_demand']:.2f}x); "
                 f"prefetch over auto: {auto} (median {row['median_auto']:.2f}x; auto chose {chose}); "
-                f"the loader thread's own team over it alone: {team} (median {row['median_team']:.2f}x); "
-                f"largest loss difference {row['max_loss_difference']} over {len(gaps)} pairs "
+                + (
+                    f"the loader thread's own team over it alone: {team} (median {row['median_team']:.2f}x); "
+                    if team
+                    else ""
+                )
+                + f"largest loss difference {row['max_loss_difference']} over {len(gaps)} pairs "
                 "with the same precision and layout"
             )
     return rows
