@@ -3,6 +3,7 @@ the training thread naming the item, for the loader thread and for worker proces
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -48,12 +49,19 @@ def _new_children(before):
 
 def test_thread_loader_stuck_item_raises_naming_item_3_and_abandons_its_thread(tiny_files, release):
     files = _files(tiny_files)
-    # 6 s: items 0-2 (a few ms each) load within it on a busy host too; a suite run saw one take over 3 s
+    # 6 s: items 0-2 (a few ms each) load within it on a busy host too. The garbage of the tests before
+    # (torch DataLoader iterators whose clean-up joins worker processes for up to 5 s each) is collected
+    # here, not by the collector in the loader thread in the middle of item 1.
+    gc.collect()
     loader = SafeThreadDataLoader(_dataset(files, files[3]["image"], release.wait), batch_size=1, timeout_s=6)
     seen, start = 0, time.monotonic()
-    with pytest.raises(LoaderTimeoutError, match=r"timeout_s=6 s.*loading item 3 \(image=.*, label=.*\)") as info:
-        for _ in loader:
-            seen += 1
+    gc.disable()
+    try:
+        with pytest.raises(LoaderTimeoutError, match=r"timeout_s=6 s.*loading item 3 \(image=.*, label=.*\)") as info:
+            for _ in loader:
+                seen += 1
+    finally:
+        gc.enable()
     assert time.monotonic() - start < 15 and seen == 3
     assert files[3]["image"] in str(info.value) and files[3]["label"] in str(info.value)
     abandoned = [t for t in threading.enumerate() if t.name == "monai-fast-loader (abandoned)"]
