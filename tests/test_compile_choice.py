@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from ignite.engine import Events
 
 from monai_fast.handlers.compile import CompileChoice
 
@@ -446,7 +447,7 @@ def test_fast_training_says_the_layout_the_compiled_step_chose(tiny_files):
     trainer, evaluator = _user_trainer(tiny_files, network=net, max_epochs=100_000)
     fast = FastTraining(cache=False, precision=False, prefetch=False, evaluator=False, tune_store=None)
     fast.attach(trainer)
-    _run_steps(trainer, 2)
+    _run_steps(trainer, 9)  # the layout's warm-ups and three rounds on the run's own steps, then the compile
     said = fast.applied[Lever.MEMORY_FORMAT]
     assert said["setting"] == "channels_last_3d" and said["reason"].endswith("(compiled)"), fast.applied
     assert said["evidence"]["baseline"] == "contiguous" and fast.applied[Lever.COMPILE]["setting"] == "compiled"
@@ -465,17 +466,32 @@ def test_a_short_run_weighs_the_compile_on_the_step_the_layout_lever_measured_wi
     compiles = []
     monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or a[0])
     net = _KnownLayouts(eager_s=0.05, plain_s=0.0, last_s=0.0)  # the layouts tie eager
-    trainer, _ = _user_trainer(tiny_files, network=net, max_epochs=2)
+    trainer, _ = _user_trainer(tiny_files, network=net, max_epochs=8)  # 16 steps: up to 5 layout rounds fit
     fast = FastTraining(cache=False, precision=False, prefetch=False, evaluator=False, tune_store=None)
     fast.attach(trainer)
-    _run_steps(trainer, 1)
+    seen = []  # the compile gate decides once the layout is chosen, at the step after its rounds
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(Lever.COMPILE in fast.applied))
+    _run_steps(trainer, 16)
     layout, gate = fast.applied[Lever.MEMORY_FORMAT], fast.applied[Lever.COMPILE]
+    assert seen.index(True) == 2 + 2 * len(layout["evidence"]["rounds_s"]), seen
     rounds = layout["evidence"]
     assert len(rounds["rounds_s"]) >= 3, layout
     kept = statistics.median(r[0 if rounds["choice"] == rounds["baseline"] else 1] for r in rounds["rounds_s"])
     assert rounds["step_s"] == pytest.approx(kept, abs=1e-6)
     assert gate["setting"] == "eager" and "steps left" in gate["reason"] and compiles == [], gate
-    assert gate["evidence"]["eager_step_s"] == rounds["step_s"]  # the layout lever's rounds, not a timing of its own
+    # the layout lever's rounds on the run's batch, per item for the 2 items a short run weighs: no timing of its own
+    assert rounds["batch"][0] > 2 and "(measured on 2 of the batch's" in gate["reason"], gate
+    assert gate["evidence"]["eager_step_s"] == pytest.approx(rounds["step_s"] * 2 / rounds["batch"][0])
+
+
+def test_a_known_step_of_another_batch_size_is_weighed_per_item(tiny_files, monkeypatch):
+    compiles = []
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or a[0])
+    trainer = _trainer(tiny_files, _Known(eager_s=0.05, compiled_s=0.0), max_epochs=2)  # batches of 2 items
+    choice = CompileChoice("auto", eager_step=lambda: (8, 0.4), compile_seconds=100.0)
+    choice.attach(trainer)
+    _run_steps(trainer, 1)
+    assert not choice.compiled and compiles == [] and choice.evidence["eager_step_s"] == pytest.approx(0.1)
 
 
 class _FlatWeight(_KnownLayouts):

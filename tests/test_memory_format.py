@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import inspect
 import math
+import statistics
 import time
 
 import pytest
 import torch
+from ignite.engine import Events
 
 from monai_fast.handlers import memory_format
 from monai_fast.handlers.memory_format import choose_memory_format, in_channels_last_3d
@@ -82,14 +84,31 @@ def test_a_run_too_short_for_three_rounds_measures_none_and_keeps_the_layout(mon
     assert measure_budget_s(None, 5.0) == float("inf") and measure_budget_s(6, 65.0) == pytest.approx(3.9)
 
 
-def test_fast_training_bounds_the_measurement_by_the_runs_planned_steps(tiny_files, monkeypatch):
-    """FastTraining passes the trainer's max_epochs x epoch_length (a real MONAI trainer, 2 epochs); the real
-    measurement runs under the spy."""
+def test_fast_training_chooses_the_layout_on_the_runs_own_iterations(tiny_files, monkeypatch):
+    """A real MONAI trainer: FastTraining's layout comes from the run's own batches (nothing copied) where the plan
+    holds the rounds; a layout requested is checked on a copy, given the plan and the time limit."""
     from test_fast_training import _user_trainer
 
     from monai_fast.handlers import FastTraining
 
-    trainer, evaluator = _user_trainer(tiny_files, max_epochs=2)
+    copied = []
+    monkeypatch.setattr(
+        memory_format, "network_copy", lambda net: copied.append(net) or rounds_module.network_copy(net)
+    )
+    trainer, evaluator = _user_trainer(tiny_files, max_epochs=8)
+    shapes = []
+    trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: shapes.append(list(e.state.batch["image"].shape)))
+    fast = FastTraining(evaluator=False, compile=False)
+    fast.attach(trainer, evaluator)
+    trainer.run()
+    lever = fast.applied["memory_format"]
+    assert "the run's own iterations" in lever["reason"] and copied == [], lever
+    assert len(lever["evidence"]["rounds_s"]) >= 3 and lever["evidence"]["batch"] == shapes[0]
+    trainer, evaluator = _user_trainer(tiny_files, max_epochs=2)  # fewer iterations than the rounds need
+    fast = FastTraining(evaluator=False, compile=False)
+    fast.attach(trainer, evaluator)
+    trainer.run()
+    assert "cannot hold a warm-up and 3 rounds" in fast.applied["memory_format"]["reason"] and copied == []
     seen = {}
     original = memory_format.choose_memory_format
 
@@ -97,21 +116,14 @@ def test_fast_training_bounds_the_measurement_by_the_runs_planned_steps(tiny_fil
         seen.update(inspect.signature(original).bind(*args, **kwargs).arguments)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr("monai_fast.handlers.fast_training.choose_memory_format", spy)
-    fast = FastTraining(evaluator=False)
-    fast.attach(trainer, evaluator)
-    trainer.run()
-    assert seen["planned_steps"] == 2 * trainer.state.epoch_length > 0 and seen["left_s"] is None
-    assert "memory_format" in fast.applied
-    for limit in (3600.0, lambda: 3600.0):  # a wall-clock limit, in seconds or as a function: 2 items whatever the plan
-        trainer, evaluator = _user_trainer(tiny_files, max_epochs=2)
-        FastTraining(evaluator=False, time_limit_s=limit).attach(trainer, evaluator)
-        trainer.run()
-        assert 0 < seen["left_s"] <= 3600.0
+    monkeypatch.setattr(memory_format, "choose_memory_format", spy)
     trainer, evaluator = _user_trainer(tiny_files, max_epochs=2)
-    FastTraining(evaluator=False, time_limit_s=lambda: None).attach(trainer, evaluator)  # the function says no limit
+    FastTraining(evaluator=False, compile=False, memory_format="channels_last_3d", time_limit_s=3600.0).attach(
+        trainer, evaluator
+    )
     trainer.run()
-    assert seen["left_s"] is None
+    assert seen["planned_steps"] == 2 * trainer.state.epoch_length > 0 and 0 < seen["left_s"] <= 3600.0
+    assert seen["request"] == "channels_last_3d" and len(copied) == 1  # one step on a copy: does it run?
 
 
 def test_a_network_with_handler_hooks_holding_a_lock_is_still_measured():
@@ -144,7 +156,7 @@ def test_the_rounds_behind_the_layout_reach_the_record_and_the_doctors_report(ti
     from monai_fast.report.doctor import doctor
     from monai_fast.telemetry.record import load_record
 
-    trainer, evaluator = _user_trainer(tiny_files, max_epochs=1)
+    trainer, evaluator = _user_trainer(tiny_files, max_epochs=5)  # the rounds are the run's own iterations
     record = RecordHandler(tmp_path / "run")
     record.attach(trainer)
     TimeBreakdown().attach(trainer)
@@ -201,3 +213,119 @@ def test_a_whole_batch_that_runs_out_of_memory_is_measured_on_two_items():
     batch = {"image": torch.zeros(8, 2, 8, 8, 8)}
     choice, why, rounds = choose_memory_format(_Oversized(0.02, 0.2), batch, "cpu", None, planned_steps=100_000)
     assert choice == "contiguous" and "(batch (2, 2, 8, 8, 8))" in why and len(rounds["rounds_s"]) >= 3, why
+
+
+class _WeightTimed(torch.nn.Module):
+    """A real 3-D convolution whose forward takes ``plain_s`` with its weight contiguous and ``last_s`` with it in
+    channels_last_3d, and notes the layout of each call (the run's own iterations: the input is not reordered)."""
+
+    def __init__(self, plain_s: float, last_s: float):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(2, 4, 3, padding=1)
+        self.plain_s, self.last_s, self.seen = plain_s, last_s, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = in_channels_last_3d(self)
+        self.seen.append("l" if last else "c")
+        time.sleep(self.last_s if last else self.plain_s)
+        return self.conv(x)
+
+
+def _layout_run(net, iterations: int, stop_after: int | None = None, items: int | None = None, epochs: int = 1):
+    """A real MONAI trainer (Adam, a loss) on 5-D batches of 2 (``iterations`` of them, or of ``items`` a
+    ``epochs`` times), with `LayoutChoice` attached; ``(choice, trainer)``."""
+    from monai.engines import SupervisedTrainer
+
+    from monai_fast.handlers.memory_format import LayoutChoice
+
+    data = [{"image": torch.rand(2, 8, 8, 8), "label": torch.rand(4, 8, 8, 8)} for _ in range(items or 2 * iterations)]
+    loader = torch.utils.data.DataLoader(data, batch_size=2)
+    trainer = SupervisedTrainer(
+        device="cpu",
+        max_epochs=epochs,
+        train_data_loader=loader,
+        network=net,
+        optimizer=torch.optim.Adam(net.parameters(), 1e-3),
+        loss_function=torch.nn.MSELoss(),
+    )
+    chosen = []
+    choice = LayoutChoice(on_choice=lambda *a: chosen.append(a))
+    choice.attach(trainer)
+    if stop_after is not None:
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_after), lambda e: e.terminate())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny convolution's own threads stall on a busy host; the sleeps decide
+    try:
+        trainer.run()
+    finally:
+        torch.set_num_threads(threads)
+    assert len(chosen) == 1 and chosen[0][0] == choice.layout  # said once
+    return choice, trainer
+
+
+def test_the_runs_own_iterations_alternate_in_rounds_and_the_faster_layout_stays():
+    net = _WeightTimed(0.06, 0.01)  # channels_last_3d clearly faster
+    choice, trainer = _layout_run(net, 12)
+    assert choice.layout == "channels_last_3d" and "channels_last_3d faster" in choice.reason, choice.reason
+    assert "the run's own iterations, batch (2, 2, 8, 8, 8)" in choice.reason
+    # warm-ups (own, other), then rounds in alternating order, decided after three; then the layout kept
+    assert "".join(net.seen) == "cl" + "cl" + "lc" + "cl" + "l" * 4, net.seen
+    assert len(choice.evidence["rounds_s"]) == 3 and choice.evidence["batch"] == [2, 2, 8, 8, 8]
+    assert choice.evidence["step_s"] == pytest.approx(statistics.median(r[1] for r in choice.evidence["rounds_s"]))
+    # the optimizer trains the same weights on, its state in the layout kept
+    optimizer = trainer.optimizer
+    assert [id(p) for p in optimizer.param_groups[0]["params"]] == [id(p) for p in net.parameters()]
+    state = optimizer.state[net.conv.weight]
+    assert all(state[k].is_contiguous(memory_format=torch.channels_last_3d) for k in ("exp_avg", "exp_avg_sq"))
+    assert not state["exp_avg"].is_contiguous() and in_channels_last_3d(net)
+
+
+class _ShortLast(_WeightTimed):
+    """The same, with a batch of one item (an epoch's last) taking no time in either layout."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            self.seen.append("1")
+            return self.conv(x)
+        return super().forward(x)
+
+
+def test_an_epochs_short_last_batch_is_timed_in_neither_layout():
+    net = _ShortLast(0.06, 0.01)
+    choice, _ = _layout_run(net, 0, items=5, epochs=4)  # batches of 2, 2 and 1 in each epoch
+    # were a 1-item batch timed in either layout, a round would disagree and more than three would be needed
+    assert choice.layout == "channels_last_3d" and len(choice.evidence["rounds_s"]) == 3, choice.reason
+    assert "".join(net.seen[:12]) == "cl1cl1lc1cl1", net.seen
+
+
+def test_a_slower_other_layout_goes_back_and_a_near_tie_keeps_the_networks_own():
+    net = _WeightTimed(0.01, 0.06)
+    choice, _ = _layout_run(net, 12)
+    assert choice.layout == "contiguous" and net.seen[-4:] == ["c"] * 4, net.seen
+    assert not in_channels_last_3d(net)
+    net = _WeightTimed(0.08, 0.08).to(memory_format=torch.channels_last_3d)  # the user's layout, a tie
+    choice, _ = _layout_run(net, 16)
+    assert choice.layout == "channels_last_3d" and choice.reason.startswith("channels_last_3d kept"), choice.reason
+    assert net.seen[:2] == ["l", "c"] and net.seen[-2:] == ["l", "l"] and in_channels_last_3d(net)
+
+
+def test_a_run_too_short_for_the_rounds_or_ended_before_them_keeps_the_networks_layout():
+    net = _WeightTimed(0.06, 0.01)
+    choice, _ = _layout_run(net, 7)  # 2 warm-ups and 3 rounds of 2 need 8 iterations
+    assert choice.layout == "contiguous" and "cannot hold a warm-up and 3 rounds" in choice.reason, choice.reason
+    assert net.seen == ["c"] * 7 and choice.evidence is None
+    net = _WeightTimed(0.06, 0.01)
+    choice, trainer = _layout_run(net, 20, stop_after=5)  # terminated in the second round
+    assert choice.layout == "contiguous" and "the run ended after 1 of the 3 rounds" in choice.reason, choice.reason
+    assert "".join(net.seen) == "clcll" and not in_channels_last_3d(net)
+    state = trainer.optimizer.state[net.conv.weight]
+    assert state["exp_avg"].is_contiguous()  # moved back with the weights
+
+
+def test_layout_choice_options_are_checked():
+    from monai_fast.handlers.memory_format import LayoutChoice
+
+    with pytest.raises(ValueError, match="request must be 'auto'"):
+        LayoutChoice("channels_last")
+    with pytest.raises(ValueError, match="max_rounds must be >= 3"):
+        LayoutChoice(max_rounds=2)

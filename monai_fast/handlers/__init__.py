@@ -14,6 +14,7 @@ from monai_fast.handlers.fast_training import FastTraining
 from monai_fast.handlers.gpu_sampler import GPUSampler
 from monai_fast.handlers.inference_split import InferenceSplit, InferenceTimes
 from monai_fast.handlers.kernel_profiler import KernelProfiler
+from monai_fast.handlers.memory_format import LayoutChoice
 from monai_fast.handlers.nonfinite import NonFiniteGuard, NonFiniteLossError
 from monai_fast.handlers.nvtx import NVTXHandler
 from monai_fast.handlers.prediction_layout import ClassesInnermost
@@ -41,6 +42,7 @@ __all__ = [
     "InferenceSplit",
     "InferenceTimes",
     "KernelProfiler",
+    "LayoutChoice",
     "MainThreadCore",
     "NVTXHandler",
     "NonFiniteGuard",

@@ -74,8 +74,11 @@ class CompileChoice(EngineHandler):
         seconds_left: the run's wall-clock seconds left, asked at the choice (``None``: no limit).
         memory_formats: a trainer's 3-D network is also compiled in its other layout, and moved to it where
             that compiled step is faster (a layout can tie eager and pay compiled).
-        eager_step: ``(items, seconds)`` of a trainer's eager step measured already, asked at the choice: a
-            run it shows too short to repay a compile is decided without measuring (FastTraining: the layout lever's).
+        eager_step: ``(items, seconds)`` of a trainer's eager step measured already, asked at the choice (scaled
+            per item to the items weighed): a run it shows too short to repay a compile is decided without
+            measuring (FastTraining: the layout lever's).
+        ready: a trainer's choice waits for the first iteration at which this returns ``True`` (``None``: the
+            first iteration; FastTraining: once the layout is chosen, so that the step is timed in it).
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
@@ -100,6 +103,7 @@ class CompileChoice(EngineHandler):
         seconds_left: Callable[[], float | None] | None = None,
         memory_formats: bool = False,
         eager_step: Callable[[], tuple[int, float] | None] | None = None,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         if not (isinstance(mode, bool) or mode == "auto"):
             raise ValueError(f"CompileChoice: mode must be 'auto', True or False, got {mode!r}")
@@ -108,7 +112,7 @@ class CompileChoice(EngineHandler):
         self.store = None if store is None else TuneStore(default_store_path() if store == "default" else store)
         self.evaluation, self.runs_left, self.seconds_left = bool(evaluation), runs_left, seconds_left
         self.memory_formats = bool(memory_formats) and not self.evaluation
-        self.eager_step = eager_step
+        self.eager_step, self.ready = eager_step, ready
         self.compiled = False
         self.reason = "not decided yet"
         self._decided = False
@@ -128,7 +132,7 @@ class CompileChoice(EngineHandler):
             self.on(engine, Events.ITERATION_STARTED(once=1), self._count_calls)
             self.on(engine, Events.ITERATION_COMPLETED(once=1), self._choose)
         else:
-            self.on(engine, Events.ITERATION_STARTED(once=1), self._choose)
+            self.on(engine, Events.ITERATION_STARTED if self.ready else Events.ITERATION_STARTED(once=1), self._choose)
 
     def _detached(self, engine: Engine) -> None:
         """The network eager again, in its own layout (a detached handler leaves nothing behind)."""
@@ -177,7 +181,7 @@ class CompileChoice(EngineHandler):
         self._counter = [net.register_forward_pre_hook(before), net.register_forward_hook(after)]
 
     def _choose(self, engine: Engine) -> None:
-        if self._decided:  # an evaluator's later runs, a trainer run again
+        if self._decided or (self.ready is not None and not self.ready()):  # decided, or not yet
             return
         self._decided = True
         net, state = self._net(engine), engine.state
@@ -205,9 +209,7 @@ class CompileChoice(EngineHandler):
             known = self.eager_step() if self.eager_step is not None else None
 
             def measured(items: int | None) -> tuple[bool, str, dict[str, Any]]:
-                seen_s = (
-                    known[1] if known is not None and shape is not None and known[0] == (items or shape[0]) else None
-                )
+                seen_s = None if known is None or shape is None else known[1] * (items or shape[0]) / known[0]
                 return self._decide(
                     net, shape, dtype, remaining, device, seen_s=seen_s, left_s=left_s, items=items, layouts=not pinned
                 )

@@ -24,7 +24,7 @@ from monai_fast.handlers.compile import CompileChoice
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on, is_running
-from monai_fast.handlers.memory_format import MEMORY_FORMATS, choose_memory_format
+from monai_fast.handlers.memory_format import LayoutChoice
 from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.prediction_layout import ClassesInnermost
 from monai_fast.handlers.prefetch import PrefetchChoice, prefetch_for
@@ -140,6 +140,7 @@ class FastTraining(EngineHandler):
         self._pending_evaluator: Engine | None = None
         self._helpers: list[EngineHandler] = []
         self._choices: dict[str, PrefetchChoice] = {}  # by lever: the measured prefetch choices
+        self._layout: LayoutChoice | None = None  # the trainer network's layout choice
 
     def attach(self, trainer: Engine, evaluator: Engine | None = None) -> None:
         """Apply the levers to ``trainer`` (and ``evaluator``); call before ``trainer.run()``.
@@ -229,7 +230,7 @@ class FastTraining(EngineHandler):
                 ", ".join(timer.timed),
             )
         self._precision(trainer, evaluator, device)
-        self._memory_format_lever(trainer, device)
+        self._memory_format_lever(trainer)
         self._compile_lever(trainer, evaluator)
         if evaluator is not None:
             self._validation_lever(trainer, evaluator, device)
@@ -312,7 +313,7 @@ class FastTraining(EngineHandler):
             device,
             self.prefetch,
             functools.partial(self._prefetch_chosen, trainer, name),
-            ready=self._filled,
+            ready=self._ready_to_time,
             conclude_at_run_end=engine is trainer,  # an evaluator's short runs add up until the trainer's run ends
         )
         if choice is not None:
@@ -320,8 +321,15 @@ class FastTraining(EngineHandler):
             self._choices[name] = choice
         self._say(name, True, setting, why)
 
-    def _filled(self) -> bool:
-        return all(ds.complete for ds in self._fills)
+    def _ready_to_time(self) -> bool:
+        """Caches full and the layout chosen: a loader's timing is not disturbed by either."""
+        return all(ds.complete for ds in self._fills) and self._layout_settled()
+
+    def _layout_settled(self) -> bool:
+        return self._layout is None or self._layout.chosen
+
+    def _dtype(self) -> torch.dtype | None:
+        return self.amp.autocast_dtype if self.amp is not None and self.amp.active else None
 
     def _prefetch_chosen(self, trainer: Engine, name: str, prefetch: bool, reason: str) -> None:
         measured = name in self._choices and self._choices[name].measured
@@ -377,23 +385,17 @@ class FastTraining(EngineHandler):
             return
         self._decided(trainer, lever, False, getattr(handler, "precision", None), f"did not act: {handler.unused}")
 
-    def _memory_format_lever(self, trainer: Workflow, device: torch.device) -> None:
+    def _memory_format_lever(self, trainer: Workflow) -> None:
         if self.memory_format is False:
             self._say(Lever.MEMORY_FORMAT, False, None, "switched off (memory_format=False)")
             return
-        self.on(trainer, Events.ITERATION_STARTED(once=1), self._memory_format, device)
+        request = "auto" if self.memory_format is True else self.memory_format
+        on_choice = functools.partial(self._layout_chosen, trainer)
+        self._layout = LayoutChoice(request, self._dtype, on_choice, seconds_left=self._seconds_left)
+        self._add(self._layout, trainer)
 
-    def _memory_format(self, trainer: Workflow, device: torch.device) -> None:
-        network = trainer.network
-        dtype = self.amp.autocast_dtype if self.amp is not None and self.amp.active else None
-        state = trainer.state
-        planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
-        choice, reason, evidence = choose_memory_format(
-            network, state.batch, device, dtype, self.memory_format, planned_steps=planned, left_s=self._seconds_left()
-        )
-        # both ways: a network the user (or a recipe) put in channels_last_3d goes back when contiguous wins
-        network.to(memory_format=MEMORY_FORMATS[choice])
-        self._decided(trainer, Lever.MEMORY_FORMAT, choice == "channels_last_3d", choice, reason, evidence)
+    def _layout_chosen(self, trainer: Engine, layout: str, reason: str, evidence: dict[str, Any] | None) -> None:
+        self._decided(trainer, Lever.MEMORY_FORMAT, layout == "channels_last_3d", layout, reason, evidence)
 
     def _compile_lever(self, trainer: Workflow, evaluator: Workflow | None) -> None:
         engines = [(Lever.COMPILE, trainer), *([(Lever.VALIDATION_COMPILE, evaluator)] if evaluator else [])]
@@ -403,21 +405,17 @@ class FastTraining(EngineHandler):
                 continue
             choice = CompileChoice(
                 self.compile,
-                dtype=lambda: self.amp.autocast_dtype if self.amp is not None and self.amp.active else None,
+                dtype=self._dtype,
                 on_choice=functools.partial(self._compiled, trainer, lever),
                 store=self.tune_store,  # the compile time beside the other measurements of this machine
                 evaluation=engine is not trainer,
                 runs_left=functools.partial(_validations_left, trainer) if engine is not trainer else None,
                 seconds_left=self._seconds_left,
                 memory_formats=self.memory_format in ("auto", True),  # the layout measured again, compiled
-                eager_step=self._layout_step if engine is trainer else None,
+                eager_step=self._layout.step if engine is trainer and self._layout else None,
+                ready=self._layout_settled if engine is trainer else None,  # the step is timed in its layout
             )
             self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
-
-    def _layout_step(self) -> tuple[int, float] | None:
-        """``(items, seconds)`` of the step the layout lever measured in the layout it kept (the compile gate's)."""
-        evidence = self.applied.get(Lever.MEMORY_FORMAT, {}).get("evidence") or {}
-        return (evidence["batch"][0], evidence["step_s"]) if evidence.get("step_s") else None
 
     def _compiled(self, trainer: Engine, lever: Lever, compiled: bool, reason: str, evidence: dict[str, Any]) -> None:
         failed = not compiled and "failed" in reason  # no compiler here: one warning, not one per engine

@@ -36,9 +36,11 @@ __all__ = [
     "decide",
     "decided_on_rank0",
     "at_measure_batch",
+    "judge",
     "measure_batch",
     "measure_budget_s",
     "network_copy",
+    "settled",
 ]
 
 #: the fewest timed rounds a choice is ever made from
@@ -159,9 +161,53 @@ class Decision:
         }
 
 
-def _settled(ratios: list[float], min_gain: float) -> bool:
-    """Every round says the same: the candidate reached ``min_gain`` in each, or in none."""
-    return min(ratios) >= min_gain or max(ratios) < min_gain
+def settled(rounds: list[tuple[float, float]], min_gain: float = MIN_GAIN, min_rounds: int = MIN_ROUNDS) -> bool:
+    """Whether ``rounds`` (baseline, candidate seconds) settle a choice: at least ``min_rounds``, and the candidate
+    reached ``min_gain`` in every one or in none.
+
+    Examples:
+        >>> settled([(2.0, 1.0)] * 3), settled([(2.0, 1.0)] * 2), settled([(2.0, 1.0), (1.0, 1.0), (2.0, 1.0)])
+        (True, False, False)
+    """
+    ratios = [b / max(c, 1e-12) for b, c in rounds]
+    return len(rounds) >= min_rounds and (min(ratios) >= min_gain or max(ratios) < min_gain)
+
+
+def judge(
+    rounds: list[tuple[float, float]],
+    names: tuple[str, str] = ("baseline", "candidate"),
+    min_gain: float = MIN_GAIN,
+    warmup: tuple[float, float] | None = None,
+) -> Decision:
+    """The `Decision` that timed ``rounds`` (baseline, candidate seconds) make, by `decide`'s rule: the candidate
+    when every round had it ``min_gain`` faster, or when the median gain reaches ``min_gain`` with at most a
+    quarter of the rounds slower; else the baseline. Rounds timed elsewhere (a run's own iterations) are
+    judged here too.
+
+    Examples:
+        >>> judge([(2.0, 1.0), (2.1, 1.0), (1.9, 1.0)], ("contiguous", "channels_last_3d")).choice
+        'channels_last_3d'
+    """
+    if not rounds:
+        raise ValueError("judge: no rounds to judge")
+    base_name, cand_name = names
+    ratios = [b / max(c, 1e-12) for b, c in rounds]
+
+    def decision(choose_candidate: bool, clear: bool, reason: str) -> Decision:
+        choice = cand_name if choose_candidate else base_name
+        return Decision(names, choice, clear, tuple(rounds), warmup, min_gain, reason)
+
+    gain = statistics.median(ratios)
+    spread = f"{gain:.2f}x median over {len(rounds)} rounds, {min(ratios):.2f}x-{max(ratios):.2f}x"
+    if min(ratios) >= min_gain:
+        return decision(True, True, f"{cand_name} faster: {spread}")
+    if max(ratios) < min_gain:
+        return decision(False, True, f"{base_name} kept: {cand_name} measured {spread} (below {min_gain}x)")
+    if gain >= min_gain and sum(r < 1.0 for r in ratios) <= len(ratios) // 4:
+        return decision(True, True, f"{cand_name} faster: {spread} (rounds vary)")
+    return decision(
+        False, False, f"{base_name} kept: a near-tie or rounds that disagree ({cand_name} {spread}, {min_gain}x needed)"
+    )
 
 
 def decide(
@@ -201,24 +247,21 @@ def decide(
         raise ValueError(f"decide: need 2 <= min_rounds <= max_rounds, got {min_rounds} and {max_rounds}")
     if not min_gain >= 1.0:
         raise ValueError(f"decide: min_gain must be >= 1, got {min_gain}")
-    base_name, cand_name = names
     rounds: list[tuple[float, float]] = []
-
-    def decision(choose_candidate: bool, clear: bool, reason: str) -> Decision:
-        return Decision(
-            names, cand_name if choose_candidate else base_name, clear, tuple(rounds), warmup, min_gain, reason
-        )
-
     started = time.perf_counter()
     warmup = (baseline(), candidate())
     if planned_steps is not None:
         budget_s = min(budget_s, measure_budget_s(planned_steps, warmup[0]))
     need_s = min_rounds * (warmup[0] + warmup[1])
     if time.perf_counter() - started + need_s > budget_s:
-        return decision(
+        return Decision(
+            names,
+            names[0],
             False,
-            False,
-            f"{base_name} kept: {min_rounds} rounds would take about {need_s:.1f} s, more than the "
+            (),
+            warmup,
+            min_gain,
+            f"{names[0]} kept: {min_rounds} rounds would take about {need_s:.1f} s, more than the "
             f"{budget_s:.1f} s this run allows for measuring",
         )
     while len(rounds) < max_rounds:
@@ -229,20 +272,11 @@ def decide(
             c = candidate()
             b = baseline()
         rounds.append((b, c))
-        ratios = [x / max(y, 1e-12) for x, y in rounds]
-        if len(rounds) >= min_rounds and (_settled(ratios, min_gain) or time.perf_counter() - started >= budget_s):
+        if settled(rounds, min_gain, min_rounds) or (
+            len(rounds) >= min_rounds and time.perf_counter() - started >= budget_s
+        ):
             break
-    gain = statistics.median(ratios)
-    spread = f"{gain:.2f}x median over {len(rounds)} rounds, {min(ratios):.2f}x-{max(ratios):.2f}x"
-    if min(ratios) >= min_gain:
-        return decision(True, True, f"{cand_name} faster: {spread}")
-    if max(ratios) < min_gain:
-        return decision(False, True, f"{base_name} kept: {cand_name} measured {spread} (below {min_gain}x)")
-    if gain >= min_gain and sum(r < 1.0 for r in ratios) <= len(ratios) // 4:
-        return decision(True, True, f"{cand_name} faster: {spread} (rounds vary)")
-    return decision(
-        False, False, f"{base_name} kept: a near-tie or rounds that disagree ({cand_name} {spread}, {min_gain}x needed)"
-    )
+    return judge(rounds, names, min_gain, warmup)
 
 
 #: the ``nn.Module`` attributes that hold forward and backward hooks (torch has no public copy without them)
