@@ -11,7 +11,8 @@ are published over each other variant, repeat by repeat. The final validation me
 (``BundleResult.metrics``).
 
 The variants (``--variants``): ``published`` (``--no-fast``), ``fast`` (FastTraining's defaults), ``eager``
-(``compile=False``), ``compiled`` (``compile=True``) and ``channels_last`` (``memory_format="channels_last_3d"``).
+(``compile=False``), ``compiled`` (``compile=True``), ``channels_last`` (``memory_format="channels_last_3d"``) and
+``contiguous`` (``memory_format="contiguous"``).
 By default a run's plan is ``--epochs`` epochs (``max_epochs`` overridden); with ``--plan`` the bundle keeps its
 own ``max_epochs`` (the plan FastTraining weighs a compile against) and a handler appended to the trainer's
 handlers ends the run after ``--epochs`` epochs.
@@ -62,6 +63,7 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "eager": {"compile": False},
     "compiled": {"compile": True},
     "channels_last": {"memory_format": "channels_last_3d"},
+    "contiguous": {"memory_format": "contiguous"},
 }
 
 

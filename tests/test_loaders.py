@@ -70,12 +70,23 @@ def _explode(x):
     raise OSError("disk gone")
 
 
-def test_worker_process_errors_surface_too():
+def test_worker_process_errors_surface_too_and_the_workers_stop_with_them():
+    import gc
+
+    import psutil
+
     data = [{"x": torch.tensor([1.0])}] * 4
     ds = Dataset(data, RandLambdad(keys="x", func=_explode, prob=1.0))
-    with pytest.raises(Exception, match="disk gone"):
-        list(SafeThreadDataLoader(ds, batch_size=2, num_workers=1))
-    assert _loader_threads() == []
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    gc.disable()  # the workers stop as the error is raised, not when a collection finds their iterator
+    try:
+        with pytest.raises(DataItemError, match="disk gone") as info:
+            list(SafeThreadDataLoader(ds, batch_size=2, num_workers=1))
+        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()]
+        assert [p for p in left if p.status() != psutil.STATUS_ZOMBIE] == [], left
+    finally:
+        gc.enable()
+    assert _loader_threads() == [] and "item 0" in str(info.value)
 
 
 def test_fast_recipe_surfaces_a_failing_item_from_trainer_run(tiny_files, tiny_config):

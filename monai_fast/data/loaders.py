@@ -167,17 +167,19 @@ class SafeThreadDataLoader(ThreadDataLoader):
                 return
             except RuntimeError as e:
                 named = worker_item_error(e)  # a worker's failing item: its own message, not the whole traceback text
-                if named is not None:
-                    raise named from e
-                if TORCH_TIMEOUT_TEXT not in str(e):
+                if named is None and TORCH_TIMEOUT_TEXT not in str(e):
                     raise
+                cause = e.with_traceback(None) if named is not None else None  # its frames would hold the iterator
             else:
                 received += 1
                 yield batch
                 continue
-            # dropping the iterator makes PyTorch shut its workers down, terminating a stuck one
+            # dropping the iterator makes PyTorch shut its workers down now, terminating a stuck one, instead of
+            # whenever the garbage collector finds it, in whatever thread runs then (up to 5 s per worker)
             self._persistent = None
             del it, loader
+            if named is not None:
+                raise named from cause
             raise LoaderTimeoutError(self._worker_timeout_text(record, received)) from None
 
     def _worker_timeout_text(self, record: _Recorded, received: int) -> str:
