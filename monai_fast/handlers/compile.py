@@ -58,27 +58,21 @@ def strip_meta(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tupl
 class CompileChoice(EngineHandler):
     """Compiles an engine's network (``torch.compile``) when a copy of it measured faster compiled.
 
-    At the first iteration (an evaluator's: after it, having counted its window calls) eager and compiled
-    copies are timed in interleaved rounds; the network is compiled only when the compiled step was faster
-    and the planned run repays the compile at `EXPECTED_GAIN`. Parameters and ``state_dict`` keys are
-    unchanged. The rules: docs/fast-training.md.
+    Eager and compiled copies are timed in interleaved rounds; the network is compiled where the compiled step was
+    faster and the planned run repays it, parameters and ``state_dict`` keys unchanged (docs/fast-training.md).
 
     Args:
         mode: ``"auto"`` (measure), ``True`` (compile without measuring) or ``False`` (never).
-        dtype: the run's autocast dtype, asked at the first iteration (``None``: fp32).
-        compile_seconds: the compile time to expect (``None``: the one kept in ``store``, else `COLD_COMPILE_S`).
-        on_choice: called once with ``(compiled, reason, evidence)`` when the choice is made.
+        dtype: the run's autocast dtype, asked at the choice (``None``: fp32).
+        compile_seconds: the compile time to expect (``None``: ``store``'s, else `COLD_COMPILE_S`).
+        on_choice: called once with ``(compiled, reason, evidence)``.
         store: the `TuneStore` file for compile times (``"default"``: `default_store_path()`; ``None``: none).
-        evaluation: the engine is an evaluator: its network's calls, without gradients, are compiled.
-        runs_left: for an evaluator, its runs still planned, the current one included (``None``: this one).
+        evaluation: an evaluator: decided after its first iteration, which counts its network's calls.
+        runs_left: an evaluator's runs still planned, this one included (``None``: this one).
         seconds_left: the run's wall-clock seconds left, asked at the choice (``None``: no limit).
-        memory_formats: a trainer's 3-D network is also compiled in its other layout, and moved to it where
-            that compiled step is faster (a layout can tie eager and pay compiled).
-        eager_step: ``(items, seconds)`` of a trainer's eager step measured already, asked at the choice (scaled
-            per item to the items weighed): a run it shows too short to repay a compile is decided without
-            measuring (FastTraining: the layout lever's).
-        ready: a trainer's choice waits for the first iteration at which this returns ``True`` (``None``: the
-            first iteration; FastTraining: once the layout is chosen, so that the step is timed in it).
+        memory_formats: a trainer's 3-D network is also compiled in its other layout, and moved where faster.
+        eager_step: ``(items, seconds)`` of an eager step measured already, weighed per item before any copy.
+        ready: a trainer's choice waits for the first iteration at which this says ``True`` (``None``: the first).
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
@@ -86,8 +80,7 @@ class CompileChoice(EngineHandler):
     Examples:
         >>> from ignite.engine import Engine
         >>> choice = CompileChoice(False)
-        >>> choice.attach(Engine(lambda e, b: None))
-        >>> choice.compiled
+        >>> choice.attach(Engine(lambda e, b: None)); choice.compiled
         False
     """
 

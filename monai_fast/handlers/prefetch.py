@@ -32,17 +32,15 @@ __all__ = ["PrefetchChoice", "prefetch_for"]
 class PrefetchChoice(EngineHandler):
     """Alternates a loader's ``prefetch`` over the first iterations and keeps the faster setting.
 
-    The settings take turns in blocks of `BLOCK` iterations; a block's first iteration, the engine's
-    first and an epoch's first and last are not timed. The other setting replaces the loader's own
-    only when `MIN_GAIN` faster; a run that ends before ``pairs`` iterations were timed each way, or
-    epochs shorter than a block, keep the loader's setting (`measured` is then ``False``).
+    The settings take turns in blocks of `BLOCK` iterations (a block's first, the engine's first and an epoch's
+    first and last untimed); the other setting replaces the loader's own only when `MIN_GAIN` faster. A run that
+    ends before ``pairs`` timed iterations each way, or epochs shorter than a block, keep the loader's setting.
 
     Args:
         loader: the engine's loader, with a boolean ``prefetch`` read at each batch (`SafeThreadDataLoader`).
         pairs: iterations timed each way before choosing (>= 1).
         on_choice: called once with ``(prefetch, reason)`` when the choice is made.
-        ready: asked at each batch; while it returns ``False`` (a cache still filling in the background)
-            nothing is timed and the loader keeps its setting. ``None``: always ready.
+        ready: asked at each batch; while ``False`` (a cache filling) nothing is timed. ``None``: always ready.
         conclude_at_run_end: `conclude()` when a run of the engine ends.
 
     Raises:
@@ -53,10 +51,8 @@ class PrefetchChoice(EngineHandler):
         >>> from ignite.engine import Engine
         >>> from monai_fast.data.loaders import SafeThreadDataLoader
         >>> loader = SafeThreadDataLoader(list(range(8)), batch_size=1, prefetch=False)
-        >>> engine = Engine(lambda e, b: b)
-        >>> choice = PrefetchChoice(loader, pairs=2)
-        >>> choice.attach(engine)
-        >>> _ = engine.run(loader, max_epochs=1)
+        >>> choice, engine = PrefetchChoice(loader, pairs=2), Engine(lambda e, b: b)
+        >>> choice.attach(engine); _ = engine.run(loader, max_epochs=1)
         >>> choice.prefetch in (True, False) and loader.prefetch is choice.prefetch
         True
     """
