@@ -264,7 +264,7 @@ def _layout_run(net, iterations: int, stop_after: int | None = None, items: int 
 
 
 def test_the_runs_own_iterations_alternate_in_rounds_and_the_faster_layout_stays():
-    net = _WeightTimed(0.06, 0.01)  # channels_last_3d clearly faster
+    net = _WeightTimed(0.2, 0.02)  # channels_last_3d clearly faster
     choice, trainer = _layout_run(net, 12)
     assert choice.layout == "channels_last_3d" and "channels_last_3d faster" in choice.reason, choice.reason
     assert "the run's own iterations, batch (2, 2, 8, 8, 8)" in choice.reason
@@ -291,7 +291,7 @@ class _ShortLast(_WeightTimed):
 
 
 def test_an_epochs_short_last_batch_is_timed_in_neither_layout():
-    net = _ShortLast(0.06, 0.01)
+    net = _ShortLast(0.2, 0.02)
     choice, _ = _layout_run(net, 0, items=5, epochs=4)  # batches of 2, 2 and 1 in each epoch
     # were a 1-item batch timed in either layout, a round would disagree and more than three would be needed
     assert choice.layout == "channels_last_3d" and len(choice.evidence["rounds_s"]) == 3, choice.reason
@@ -299,7 +299,7 @@ def test_an_epochs_short_last_batch_is_timed_in_neither_layout():
 
 
 def test_a_slower_other_layout_goes_back_and_a_near_tie_keeps_the_networks_own():
-    net = _WeightTimed(0.01, 0.06)
+    net = _WeightTimed(0.02, 0.2)
     choice, _ = _layout_run(net, 12)
     assert choice.layout == "contiguous" and net.seen[-4:] == ["c"] * 4, net.seen
     assert not in_channels_last_3d(net)
