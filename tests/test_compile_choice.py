@@ -484,6 +484,25 @@ def test_a_short_run_weighs_the_compile_on_the_step_the_layout_lever_measured_wi
     assert gate["evidence"]["eager_step_s"] == pytest.approx(rounds["step_s"] * 2 / rounds["batch"][0])
 
 
+def test_a_run_that_ends_before_the_layout_is_chosen_says_the_compile_was_never_measured(tiny_files, monkeypatch):
+    from test_fast_training import _user_trainer
+
+    from monai_fast.handlers import FastTraining
+    from monai_fast.telemetry.record import Lever
+
+    compiles = []
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or a[0])
+    net = _KnownLayouts(eager_s=0.02, plain_s=0.0, last_s=0.0)
+    trainer, _ = _user_trainer(tiny_files, network=net, max_epochs=100_000)  # a plan that would repay a compile
+    fast = FastTraining(cache=False, precision=False, prefetch=False, evaluator=False, tune_store=None)
+    fast.attach(trainer)
+    _run_steps(trainer, 3)  # stopped inside the layout's rounds
+    layout, gate = fast.applied[Lever.MEMORY_FORMAT], fast.applied[Lever.COMPILE]
+    assert "the run ended after 0 of the 3 rounds" in layout["reason"], layout
+    assert gate["setting"] == "eager" and "the run ended before the choice was ready" in gate["reason"], gate
+    assert compiles == []
+
+
 def test_a_known_step_of_another_batch_size_is_weighed_per_item(tiny_files, monkeypatch):
     compiles = []
     monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(a) or a[0])

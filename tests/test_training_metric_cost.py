@@ -74,7 +74,7 @@ def _slow_trainer(epochs: int = 2) -> SupervisedTrainer:
 def _cheap_trainer(epochs: int = 2) -> SupervisedTrainer:
     """A trainer whose step outweighs its metric: an Accuracy on the batch's logits, no post-processing."""
     net = torch.nn.Sequential(
-        *[torch.nn.Conv2d(c, 48, 3, padding=1) for c in (1, 48, 48, 48)], torch.nn.Conv2d(48, 2, 1)
+        *[torch.nn.Conv2d(c, 64, 3, padding=1) for c in (1, 64, 64, 64)], torch.nn.Conv2d(64, 2, 1)
     )
     return SupervisedTrainer(
         device="cpu",

@@ -124,8 +124,22 @@ class CompileChoice(EngineHandler):
         if self.evaluation:  # every run's first iteration: the first one counts the calls, then decides
             self.on(engine, Events.ITERATION_STARTED(once=1), self._count_calls)
             self.on(engine, Events.ITERATION_COMPLETED(once=1), self._choose)
+        elif self.ready is None:
+            self.on(engine, Events.ITERATION_STARTED(once=1), self._choose)
         else:
-            self.on(engine, Events.ITERATION_STARTED if self.ready else Events.ITERATION_STARTED(once=1), self._choose)
+            self.on(engine, Events.ITERATION_STARTED, self._choose)
+            self.on_run_end(engine, self._run_ended)
+
+    def _run_ended(self, engine: Engine) -> None:
+        """A trainer's run that ends while the choice still waits for ``ready`` stays eager, and says so."""
+        if self._decided:
+            return
+        self._decided = True
+        self.reason, self.evidence = "eager kept: the run ended before the choice was ready to measure", {}
+        if self.on_choice is not None:
+            self.on_choice(False, self.reason, self.evidence)
+        else:
+            logger.info("CompileChoice: %s", self.reason)
 
     def _detached(self, engine: Engine) -> None:
         """The network eager again, in its own layout (a detached handler leaves nothing behind)."""
