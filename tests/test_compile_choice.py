@@ -450,6 +450,9 @@ def test_fast_training_says_the_layout_the_compiled_step_chose(tiny_files):
     _run_steps(trainer, 9)  # the layout's warm-ups and three rounds on the run's own steps, then the compile
     said = fast.applied[Lever.MEMORY_FORMAT]
     assert said["setting"] == "channels_last_3d" and said["reason"].endswith("(compiled)"), fast.applied
+    # the optimizer's state (made in the layout rounds' steps) moved with the weights: a fused optimizer needs it
+    for p in net.parameters():
+        assert all(v.stride() == p.stride() for v in trainer.optimizer.state[p].values() if v.shape == p.shape)
     assert said["evidence"]["baseline"] == "contiguous" and fast.applied[Lever.COMPILE]["setting"] == "compiled"
 
 

@@ -24,7 +24,7 @@ from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.memory_format import MEMORY_FORMATS, in_channels_last_3d, layout_pinned
+from monai_fast.handlers.memory_format import MEMORY_FORMATS, in_channels_last_3d, layout_pinned, to_layout
 from monai_fast.handlers.throughput import batch_shape
 from monai_fast.telemetry import device_description, synchronize
 from monai_fast.telemetry.memory import is_out_of_memory
@@ -116,6 +116,7 @@ class CompileChoice(EngineHandler):
         self._network: torch.nn.Module | None = None
         self._forward: Callable[..., Any] | None = None
         self._moved_from: str | None = None  # the layout the network had before the compiled step chose another
+        self._optimizer: Any = None  # the trainer's, whose state moves with the weights' layout
 
     def _attach(self, engine: Engine) -> None:
         if self.mode is False:
@@ -154,7 +155,7 @@ class CompileChoice(EngineHandler):
 
     def _restore_layout(self, net: torch.nn.Module | None) -> None:
         if net is not None and self._moved_from is not None:
-            net.to(memory_format=MEMORY_FORMATS[self._moved_from])
+            to_layout(net, self._optimizer, self._moved_from)
         self._moved_from = None
 
     def _compiled_forward(self) -> None:
@@ -229,8 +230,8 @@ class CompileChoice(EngineHandler):
             try:
                 layouts = evidence.get("memory_format") or {}
                 if layouts and layouts["choice"] == layouts["candidate"]:  # the compiled step is faster in it
-                    self._moved_from = layouts["baseline"]
-                    net.to(memory_format=MEMORY_FORMATS[layouts["choice"]])
+                    self._moved_from, self._optimizer = layouts["baseline"], getattr(engine, "optimizer", None)
+                    to_layout(net, self._optimizer, layouts["choice"])
                 self._compile(engine, net, fullgraph=bool(evidence.get("fullgraph")))
             except Exception as e:  # noqa: BLE001 - a compiler failure leaves the run eager, said once
                 self._restore_layout(net)

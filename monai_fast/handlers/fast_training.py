@@ -325,8 +325,9 @@ class FastTraining(EngineHandler):
         """Caches full and the layout chosen: a loader's timing is not disturbed by either."""
         return all(ds.complete for ds in self._fills) and self._layout_settled()
 
-    def _layout_settled(self) -> bool:
-        return self._layout is None or self._layout.chosen
+    def _layout_settled(self, trainer: Engine | None = None) -> bool:
+        layout = self._layout  # with the trainer: also a batch of the shape its rounds timed (a full one)
+        return layout is None or (layout.settled_at(trainer.state.batch) if trainer else layout.chosen)
 
     def _dtype(self) -> torch.dtype | None:
         return self.amp.autocast_dtype if self.amp is not None and self.amp.active else None
@@ -413,7 +414,7 @@ class FastTraining(EngineHandler):
                 seconds_left=self._seconds_left,
                 memory_formats=self.memory_format in ("auto", True),  # the layout measured again, compiled
                 eager_step=self._layout.step if engine is trainer and self._layout else None,
-                ready=self._layout_settled if engine is trainer else None,  # the step is timed in its layout
+                ready=functools.partial(self._layout_settled, trainer) if engine is trainer else None,
             )
             self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
 

@@ -43,7 +43,14 @@ from monai_fast.tune.rounds import (
     settled,
 )
 
-__all__ = ["MEMORY_FORMATS", "LayoutChoice", "choose_memory_format", "in_channels_last_3d", "layout_pinned"]
+__all__ = [
+    "MEMORY_FORMATS",
+    "LayoutChoice",
+    "choose_memory_format",
+    "in_channels_last_3d",
+    "layout_pinned",
+    "to_layout",
+]
 
 #: the layouts by the names the choice and the run record use
 MEMORY_FORMATS = {"channels_last_3d": torch.channels_last_3d, "contiguous": torch.contiguous_format}
@@ -190,17 +197,23 @@ def choose_memory_format(
     return layout, reason, evidence
 
 
-def _to_layout(network: torch.nn.Module, optimizer: Any, layout: str) -> None:
-    """``network`` (weights and gradients) and ``optimizer``'s per-weight state in ``layout``; the same values."""
-    fmt = MEMORY_FORMATS[layout]
-    network.to(memory_format=fmt)
+def to_layout(network: torch.nn.Module, optimizer: Any, layout: str) -> None:
+    """``network`` (weights and gradients) in ``layout``, and ``optimizer``'s per-weight state in its weight's
+    strides; the same values. A fused optimizer refuses state in another layout than its weight's.
+
+    Examples:
+        >>> net = torch.nn.Conv3d(2, 4, 3)
+        >>> to_layout(net, None, "channels_last_3d"); in_channels_last_3d(net)
+        True
+    """
+    network.to(memory_format=MEMORY_FORMATS[layout])
     state = getattr(optimizer, "state", None)
     if not isinstance(optimizer, torch.optim.Optimizer) or not state:
         return
     for param in network.parameters():
         for key, value in state.get(param, {}).items():
-            if isinstance(value, torch.Tensor) and value.dim() == 5 and value.shape == param.shape:
-                state[param][key] = value.contiguous(memory_format=fmt)
+            if isinstance(value, torch.Tensor) and value.shape == param.shape and value.stride() != param.stride():
+                state[param][key] = torch.empty_like(param, dtype=value.dtype, device=value.device).copy_(value)
 
 
 class LayoutChoice(EngineHandler):
@@ -258,6 +271,7 @@ class LayoutChoice(EngineHandler):
         self._open: tuple[int, float] | None = None  # (way, start) of the iteration running
         self._device = torch.device("cpu")
         self._shape: tuple[int, ...] | None = None  # the first batch's: only batches of its shape are timed
+        self._skipped = 0  # batches of another shape, not timed
 
     @property
     def chosen(self) -> bool:
@@ -268,6 +282,11 @@ class LayoutChoice(EngineHandler):
         """``(items, seconds)`` of the step measured in the layout kept (``None``: none was measured)."""
         evidence = self.evidence or {}
         return (evidence["batch"][0], evidence["step_s"]) if evidence.get("step_s") else None
+
+    def _detached(self, engine: Engine) -> None:
+        """Detached while measuring: the network (and its optimizer's state) back in its own layout."""
+        if not self.chosen and (self._plan or self._warmup):
+            to_layout(engine.network, getattr(engine, "optimizer", None), self._names[0])
 
     def _attach(self, engine: Engine) -> None:
         self.on(engine, Events.ITERATION_STARTED, self._before)
@@ -282,9 +301,12 @@ class LayoutChoice(EngineHandler):
             if self.chosen:
                 return
         if batch_shape(engine.state.batch) != self._shape:  # an epoch's short last batch: neither way is timed on it
+            self._skipped += 1
+            if self._skipped > 2 * (2 + 2 * MIN_ROUNDS):  # batches that keep changing shape: no fair rounds
+                self._run_ended(engine, f"{self._skipped} batches differed from the first one's shape")
             return
         way = self._plan[0]
-        _to_layout(engine.network, getattr(engine, "optimizer", None), self._names[way])
+        to_layout(engine.network, getattr(engine, "optimizer", None), self._names[way])
         synchronize(self._device)
         self._open = (way, time.perf_counter())
 
@@ -293,8 +315,9 @@ class LayoutChoice(EngineHandler):
         network, state = engine.network, engine.state
         self._device = torch.device(getattr(state, "device", None) or "cpu")
         self._shape = batch_shape(state.batch)
+        optimizer = getattr(engine, "optimizer", None)
         if (kept := _unmeasured(network, state.batch, self.request)) is not None:
-            network.to(memory_format=MEMORY_FORMATS[kept[0]])
+            to_layout(network, optimizer, kept[0])
             self._settle(engine, *kept, None)
             return
         planned = state.max_epochs * state.epoch_length if state.max_epochs and state.epoch_length else None
@@ -304,7 +327,7 @@ class LayoutChoice(EngineHandler):
             layout, reason, evidence = choose_memory_format(
                 network, state.batch, self._device, dtype, self.request, planned_steps=planned, left_s=left_s
             )
-            network.to(memory_format=MEMORY_FORMATS[layout])  # both ways: a network in channels_last_3d goes back
+            to_layout(network, optimizer, layout)  # both ways: a network in channels_last_3d goes back
             self._settle(engine, layout, reason, evidence)
             return
         own = "channels_last_3d" if in_channels_last_3d(getattr(network, "module", network)) else "contiguous"
@@ -315,7 +338,31 @@ class LayoutChoice(EngineHandler):
             why = f"the run's {left} iterations cannot hold a warm-up and {MIN_ROUNDS} rounds each way ({need})"
             self._settle(engine, own, f"{own} kept: {why}", None)
             return
+        if own == "contiguous" and (why := self._rejected(network)) is not None:
+            self._settle(engine, own, f"{own} kept: {why}", None)
+            return
         self._plan = [0, 1, 0, 1]
+
+    def _rejected(self, network: torch.nn.Module) -> str | None:
+        """Why the network cannot train in ``channels_last_3d``, from one step of a copy on at most 2 items (a
+        4-D weight, a ``view`` of a convolution's output, the memory), else ``None``; the run's random stream
+        is kept."""
+        assert self._shape is not None
+        with torch.random.fork_rng(devices=[self._device] if self._device.type == "cuda" else []):
+            try:
+                last = network_copy(getattr(network, "module", network)).to(self._device).train()
+                x = torch.randn(min(2, self._shape[0]), *self._shape[1:], device=self._device)
+                dtype = self.dtype() if self.dtype is not None else None
+                last.to(memory_format=torch.channels_last_3d)
+                training_step_s(last, x.contiguous(memory_format=torch.channels_last_3d), dtype)
+            except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
+                what = "out of memory trying it" if is_out_of_memory(e) else "the network rejects channels_last_3d"
+                return f"{what} ({type(e).__name__}: {str(e).strip()[:200]})"
+        return None
+
+    def settled_at(self, batch: Any) -> bool:
+        """Chosen, and ``batch`` of the shape the rounds timed (a step measured after them measures a full one)."""
+        return self.chosen and (self._shape is None or batch_shape(batch) == self._shape)
 
     def _after(self, engine: Engine) -> None:
         if self._open is None:
@@ -339,13 +386,13 @@ class LayoutChoice(EngineHandler):
 
     def _conclude(self, engine: Engine) -> None:
         d: Decision = judge(self.rounds, self._names, warmup=(self._warmup[0], self._warmup[1]))
-        _to_layout(engine.network, getattr(engine, "optimizer", None), d.choice)
+        to_layout(engine.network, getattr(engine, "optimizer", None), d.choice)
         kept = d.names.index(d.choice)
         shape = list(self._shape or ())
         evidence = {**d.as_row(), "batch": shape, "step_s": round(statistics.median(r[kept] for r in d.rounds), 6)}
         self._settle(engine, d.choice, f"{d.reason} (the run's own iterations, batch {tuple(shape)})", evidence)
 
-    def _run_ended(self, engine: Engine) -> None:
+    def _run_ended(self, engine: Engine, why: str | None = None) -> None:
         """A run that ends before the rounds settle: judged on `MIN_ROUNDS` or more, else the network's layout."""
         if self.chosen:
             return
@@ -354,8 +401,9 @@ class LayoutChoice(EngineHandler):
             return
         if self._plan or self._warmup:  # measuring: back to the network's own layout
             own = self._names[0]
-            _to_layout(engine.network, getattr(engine, "optimizer", None), own)
-            why = f"the run ended after {len(self.rounds)} of the {MIN_ROUNDS} rounds needed"
+            to_layout(engine.network, getattr(engine, "optimizer", None), own)
+            why = why or f"the run ended after {len(self.rounds)} of the {MIN_ROUNDS} rounds needed"
+            self._shape = None  # no shape to wait for
         else:
             own = (
                 "channels_last_3d"
