@@ -232,23 +232,27 @@ class _WeightTimed(torch.nn.Module):
         return self.conv(x)
 
 
+def _trainer(net, data, batch_size: int, epochs: int = 1, loss=None):
+    """A real MONAI trainer of ``net`` (Adam, MSE unless ``loss``) over ``data``."""
+    from monai.engines import SupervisedTrainer
+
+    return SupervisedTrainer(
+        device="cpu",
+        max_epochs=epochs,
+        train_data_loader=torch.utils.data.DataLoader(data, batch_size=batch_size),
+        network=net,
+        optimizer=torch.optim.Adam(net.parameters(), 1e-3),
+        loss_function=loss or torch.nn.MSELoss(),
+    )
+
+
 def _layout_run(net, iterations: int, stop_after: int | None = None, items: int | None = None, epochs: int = 1):
     """A real MONAI trainer (Adam, a loss) on 5-D batches of 2 (``iterations`` of them, or of ``items`` a
     ``epochs`` times), with `LayoutChoice` attached; ``(choice, trainer)``."""
-    from monai.engines import SupervisedTrainer
-
     from monai_fast.handlers.memory_format import LayoutChoice
 
     data = [{"image": torch.rand(2, 8, 8, 8), "label": torch.rand(4, 8, 8, 8)} for _ in range(items or 2 * iterations)]
-    loader = torch.utils.data.DataLoader(data, batch_size=2)
-    trainer = SupervisedTrainer(
-        device="cpu",
-        max_epochs=epochs,
-        train_data_loader=loader,
-        network=net,
-        optimizer=torch.optim.Adam(net.parameters(), 1e-3),
-        loss_function=torch.nn.MSELoss(),
-    )
+    trainer = _trainer(net, data, 2, epochs)
     chosen = []
     choice = LayoutChoice(on_choice=lambda *a: chosen.append(a))
     choice.attach(trainer)
@@ -349,20 +353,11 @@ def test_a_network_that_cannot_train_in_channels_last_3d_keeps_its_layout_and_th
 
 
 def test_batches_that_keep_changing_shape_settle_the_networks_layout_and_a_later_full_batch_is_awaited():
-    from monai.engines import SupervisedTrainer
-
     from monai_fast.handlers.memory_format import LayoutChoice
 
     net = _WeightTimed(0.02, 0.002)
     data = [{"image": torch.rand(2, s, 8, 8), "label": torch.rand(4, s, 8, 8)} for s in range(6, 30)]
-    trainer = SupervisedTrainer(
-        device="cpu",
-        max_epochs=1,
-        train_data_loader=torch.utils.data.DataLoader(data, batch_size=1),
-        network=net,
-        optimizer=torch.optim.Adam(net.parameters(), 1e-3),
-        loss_function=lambda out, y: out.mean(),
-    )
+    trainer = _trainer(net, data, 1, loss=lambda out, y: out.mean())
     choice = LayoutChoice()
     choice.attach(trainer)
     trainer.run()
@@ -378,20 +373,10 @@ def test_a_short_last_batch_is_not_where_a_step_is_measured_after_the_rounds():
 
 
 def test_detached_while_measuring_puts_the_network_and_its_optimizer_state_back():
-    from monai.engines import SupervisedTrainer
-
     from monai_fast.handlers.memory_format import LayoutChoice
 
     net = _WeightTimed(0.02, 0.002)
-    data = [{"image": torch.rand(2, 8, 8, 8), "label": torch.rand(4, 8, 8, 8)} for _ in range(20)]
-    trainer = SupervisedTrainer(
-        device="cpu",
-        max_epochs=1,
-        train_data_loader=torch.utils.data.DataLoader(data, batch_size=2),
-        network=net,
-        optimizer=torch.optim.Adam(net.parameters(), 1e-3),
-        loss_function=torch.nn.MSELoss(),
-    )
+    trainer = _trainer(net, [{"image": torch.rand(2, 8, 8, 8), "label": torch.rand(4, 8, 8, 8)} for _ in range(20)], 2)
     choice = LayoutChoice()
     choice.attach(trainer)
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: choice.detach(e))  # after the other's
