@@ -199,7 +199,7 @@ def choose_memory_format(
 
 def to_layout(network: torch.nn.Module, optimizer: Any, layout: str) -> None:
     """``network`` (weights and gradients) in ``layout``, and ``optimizer``'s per-weight state in its weight's
-    strides; the same values. A fused optimizer refuses state in another layout than its weight's.
+    strides; the same values (an optimizer's elementwise update then reads matching strides).
 
     Examples:
         >>> net = torch.nn.Conv3d(2, 4, 3)
