@@ -1,15 +1,7 @@
 """monai-fast: fast 3D medical-image training with MONAI and PyTorch-Ignite.
 
-The package's face is the plugin: handlers that ``attach(engine)`` to any ignite ``Engine``
-(MONAI's ``SupervisedTrainer`` and ``SupervisedEvaluator`` included), importable from here::
-
-    from monai_fast import FastTraining
-
-    FastTraining().attach(trainer, evaluator)
-    trainer.run()
-
-The names are resolved on first use, so ``import monai_fast`` alone (the ``monai-fast`` command's
-start, ``monai_fast.__version__``) does not load torch or MONAI.
+Handlers that ``attach(engine)`` to any ignite ``Engine`` (``FastTraining().attach(trainer, evaluator)``),
+importable from here. The names load on first use: ``import monai_fast`` alone does not load torch or MONAI.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The ``monai-fast`` command's entry point (also ``python -m monai_fast``).
 
-It bounds OpenMP's spin before torch loads (`monai_fast.openmp.bound_openmp_spin()`), then
-hands over to `monai_fast.apps.cli.main()`, which pins OpenMP's worker threads for a command that
-computes here (`monai_fast.openmp.pin_openmp_workers()`) and logs what was set.
-
-Examples:
-    >>> from monai_fast.__main__ import main
-    >>> main(["synth", "/tmp/mf-synth", "--cases", "1", "--shape", "16", "16", "16", "--no-progress"])  # doctest: +SKIP
-    0
+It bounds OpenMP's spin before torch loads (`monai_fast.openmp.bound_openmp_spin()`), then hands over to
+`monai_fast.apps.cli.main()`, which pins OpenMP's worker threads for a command that computes here.
 """
 
 from __future__ import annotations
@@ -21,9 +15,7 @@ from monai_fast.openmp import bound_openmp_spin, libgomp_mapped
 def main(argv: Sequence[str] | None = None) -> int:
     """Bound OpenMP's spin (while torch is not loaded yet), then run the command line.
 
-    The line saying so is logged by a command that computes, once its module has loaded torch, and
-    only when torch did load GNU OpenMP (a torch built on another threading library ignores the
-    variable).
+    A command that computes logs it once torch has loaded, if torch loaded GNU OpenMP (others ignore it).
     """
     note = bound_openmp_spin()
     from monai_fast.apps.cli import main as cli_main  # loads the command's module (and torch) when it parses

@@ -1,16 +1,7 @@
-"""Ground floor: optional dependencies, each named with the extra that installs it.
+"""Ground floor: optional dependencies, each named with the extra that installs it (docs/getting-started.md).
 
-The core install (torch, MONAI, PyTorch-Ignite, NumPy, nibabel, psutil, tqdm, filelock) runs
-``FastTraining`` and the handlers; everything else is an extra (``s3``, ``wsi``, ``onnx``, ``plots``,
-``notebooks``, ``nvidia``, ``bundle``, ``all``, ``dev``: see docs/getting-started.md). `require()` imports
-a module or raises `MissingExtraError` with the one line that installs it, before the work starts.
-This module imports nothing else of monai-fast.
-
-Examples:
-    >>> from monai_fast.extras import require
-    >>> json = require("json", extra="plots", feature="a demo")  # installed: returned as imported
-    >>> json.dumps([1])
-    '[1]'
+`require()` imports a module or raises `MissingExtraError` with the one line that installs it, before the
+work starts. This module imports nothing else of monai-fast.
 """
 
 from __future__ import annotations
@@ -36,9 +27,7 @@ class MissingExtraError(ImportError):
     """An optional dependency is not installed; the message names the extra that installs it."""
 
     def __init__(self, module: str, extra: str, feature: str) -> None:
-        self.module = module
-        self.extra = extra
-        self.feature = feature
+        self.module, self.extra, self.feature = module, extra, feature
         super().__init__(
             f'{feature} needs {module}, which is not installed: pip install "monai-fast[{extra}]"', name=module
         )
@@ -55,16 +44,16 @@ def available(module: str) -> bool:
 def require(module: str, extra: str, feature: str) -> ModuleType:
     """Import ``module`` with MONAI's `optional_import`, or raise `MissingExtraError` naming ``extra``.
 
-    A module that is installed, with the extra's packages, but fails to import is a broken install,
-    not a missing extra: MONAI's ``OptionalImportError`` is raised then, with the import's own traceback.
+    A module installed with the extra's packages that fails to import is a broken install: MONAI's
+    ``OptionalImportError`` is raised then, with the import's own traceback.
 
     Args:
         module: the module to import (``"s3fs"``, ``"matplotlib.pyplot"``).
         extra: the extra that installs it (a key of `EXTRAS`).
         feature: what needs it, for the message (``"reading s3://bucket/Task"``).
 
-    Returns:
-        The imported module.
+    Example:
+        >>> plt = require("matplotlib.pyplot", extra="plots", feature="the demo's plot")
     """
     if extra not in EXTRAS:
         raise ValueError(f"unknown extra {extra!r}; one of {sorted(EXTRAS)}")

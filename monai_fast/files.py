@@ -1,15 +1,7 @@
 """Ground floor: atomic file writes, and a full file system named with the space missing.
 
-`atomic_write()` / `atomic_path()` write beside the target and rename into place (a reader sees the old
-file or the new one); `clean_stale_tmp()` removes killed writers' leftovers; `NoSpaceError` names the
-file and the space missing. Ours because ignite's ``DiskSaver(atomic=True)`` neither syncs nor
-recognises a killed writer's leftovers (docs/faults.md). This module imports nothing else of monai-fast.
-
-Examples:
-    >>> import json, tempfile
-    >>> p = write_json({"x": 1}, tempfile.mkdtemp() + "/b.json")
-    >>> json.loads(p.read_text())
-    {'x': 1}
+`atomic_write()` / `atomic_path()` write beside the target and rename into place (a reader sees the old file or
+the new one); `clean_stale_tmp()` removes killed writers' leftovers (docs/faults.md). Imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -50,18 +42,16 @@ logger = logging.getLogger("monai_fast.files")
 
 def _mib(n: int | float) -> str:
     """``n`` bytes in the unit that shows it best (KiB, MiB or GiB)."""
-    if n >= 2**30:
-        return f"{n / 2**30:.1f} GiB"
-    if n >= 2**20:
-        return f"{n / 2**20:.1f} MiB"
+    for unit, name in ((2**30, "GiB"), (2**20, "MiB")):
+        if n >= unit:
+            return f"{n / unit:.1f} {name}"
     return f"{n / 2**10:.1f} KiB"
 
 
 class NoSpaceError(OSError):
     """A file could not be written for lack of space; the message names the file and the shortfall.
 
-    It is an `OSError` with ``errno.ENOSPC`` (or ``EDQUOT`` for a quota), so code that
-    handles ``OSError`` still does.
+    An `OSError` with ``errno.ENOSPC`` (``EDQUOT`` for a quota), so code that handles ``OSError`` still does.
 
     Attributes:
         path: the file (or folder) that could not be written.
@@ -82,18 +72,14 @@ class NoSpaceError(OSError):
     ) -> None:
         text = str(path)
         if "\n" in text and needed is None and free is None and written is None:
-            # rebuilt from a message alone (a DataLoader worker re-raises ``type(err)(traceback_text)``):
-            # keep the original one-line message, not the traceback as a path
+            # a DataLoader worker re-raises ``type(err)(traceback_text)``: keep the one-line message
             lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
             named = [ln.split("NoSpaceError: ", 1)[1] for ln in lines if "NoSpaceError: " in ln]
             line = named[-1] if named else lines[-1]
             self.path, self.needed, self.free, self.written = Path(line.split(": ", 1)[0]), None, None, None
             super().__init__(code, line)
             return
-        self.path = Path(path)
-        self.needed = needed
-        self.free = free
-        self.written = written
+        self.path, self.needed, self.free, self.written = Path(path), needed, free, written
         problem = "disk quota exceeded" if code == errno.EDQUOT else "no space left on the device"
         parts = [f"{what + ' ' if what else ''}{self.path}: {problem}"]
         if _no_inodes_left(self.path):  # bytes may be free while the file system has no room for another file
@@ -133,34 +119,25 @@ def no_space_in(
 ) -> NoSpaceError | None:
     """The `NoSpaceError` behind ``err``, or ``None`` when ``err`` is not about space.
 
-    Writers report a full file system in several shapes: an ``OSError`` with ``ENOSPC``/``EDQUOT``,
-    or another exception raised while handling one (``torch.save`` raises ``RuntimeError: unexpected
-    pos ...`` from its zip writer after the file object's ``OSError``). This walks ``err``'s
-    chain (``__cause__``, ``__context__``) and returns the first `NoSpaceError` found, or
-    one built from the first ``ENOSPC``/``EDQUOT`` error, naming ``path`` (else the error's own
-    ``filename``, else ``"a file"``) and the space free.
+    Walks ``err``'s chain (``__cause__``, ``__context__``: ``torch.save`` raises a ``RuntimeError`` over the
+    ``OSError``) for a `NoSpaceError`, else builds one from the first ``ENOSPC``/``EDQUOT`` error.
 
     Args:
         err: the exception raised by a write.
-        path: the file being written, for the message.
-        native: the file was written from C (numpy's ``... requested and ... written``, a C++ stream), whose
-            errors carry no errno: one raised while ``path``'s file system has less than `FULL_BELOW` bytes
-            free counts as a full one (call it before the partial file is removed).
+        path: the file being written, for the message (else the error's ``filename``, else ``"a file"``).
+        native: written from C (no errno): an error while ``path``'s file system has less than `FULL_BELOW`
+            bytes free counts as a full one (call it before the partial file is removed).
     """
     found = _space_error_in(err, path if native else None)
     if found is None or isinstance(found, NoSpaceError):
         return found
     target = path if path is not None else (found.filename or "a file")
-    try:
-        free = free_bytes(target) if (path is not None or found.filename) else None
-    except OSError:
-        free = None
+    free = _free_or_none(target) if (path is not None or found.filename) else None
     return NoSpaceError(target, free=free, code=found.errno)
 
 
 def _space_error_in(err: BaseException | None, native_path: str | os.PathLike | None = None) -> OSError | None:
-    """The first `NoSpaceError`, else the first ENOSPC/EDQUOT ``OSError``, in ``err``'s chain; with
-    ``native_path``, an error raised while its file system is (almost) full stands for ENOSPC."""
+    """The first `NoSpaceError`, else ENOSPC/EDQUOT ``OSError``, in ``err``'s chain (``native_path``: `no_space_in`)."""
     seen: set[int] = set()
     found: OSError | None = None
     while err is not None and id(err) not in seen:
@@ -186,7 +163,6 @@ def _existing(path: str | os.PathLike) -> Path:
 
 
 def _no_inodes_left(path: Path) -> bool:
-    """Whether the file system holding ``path`` (its nearest existing parent) has no free inodes."""
     try:
         st = os.statvfs(_existing(path))
     except (OSError, AttributeError):  # no statvfs (Windows), or the path went away
@@ -199,24 +175,22 @@ def free_bytes(path: str | os.PathLike) -> int:
     return shutil.disk_usage(_existing(path)).free
 
 
-def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") -> int:
-    """Raise `NoSpaceError` unless the file system holding ``path`` has ``need_bytes`` free.
+def _free_or_none(path: str | os.PathLike) -> int | None:
+    try:
+        return free_bytes(path)
+    except OSError:
+        return None
 
-    Call it before work whose output would be lost if it could not be written (a model written
-    after hours of training), with the output's size estimated from what is known at the start.
+
+def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") -> int:
+    """Raise `NoSpaceError` unless the file system holding ``path`` has ``need_bytes`` free; return the bytes free.
+
+    Call it before work whose output would be lost if it could not be written (a model after hours of training).
 
     Args:
         path: the file or folder to be written (it need not exist yet).
         need_bytes: the bytes the output needs.
         what: what the output is, for the message (``"model"``).
-
-    Returns:
-        The bytes free.
-
-    Examples:
-        >>> import tempfile
-        >>> ensure_free_space(tempfile.gettempdir(), 1) > 0
-        True
     """
     free = free_bytes(path)
     if free < need_bytes:
@@ -227,11 +201,7 @@ def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") 
 def _as_no_space(
     err: BaseException, path: Path, tmp: Path, needed: int | None = None, native: bool = False
 ) -> BaseException:
-    """``err`` as a `NoSpaceError` naming ``path`` when it is, or arose from, ENOSPC/EDQUOT, else ``err``.
-
-    With ``native`` (a library wrote the file from C/C++, whose stream errors carry no errno), an
-    error raised while the file system has less than `FULL_BELOW` bytes free counts as a full one.
-    """
+    """``err`` as a `NoSpaceError` naming ``path`` when it is, or arose from, ENOSPC/EDQUOT, else ``err``."""
     cause = _space_error_in(err, path.parent if native else None)
     if cause is None:
         return err
@@ -243,11 +213,7 @@ def _as_no_space(
         written = None
     with contextlib.suppress(OSError):
         tmp.unlink()  # before measuring what is free: the partial file is not kept
-    try:
-        free = free_bytes(path.parent)
-    except OSError:
-        free = None
-    return NoSpaceError(path, needed=needed, free=free, code=cause.errno, written=written)
+    return NoSpaceError(path, needed=needed, free=_free_or_none(path.parent), code=cause.errno, written=written)
 
 
 def _host() -> str:
@@ -271,14 +237,12 @@ def _writer_gone(tmp: Path, max_age_s: float, now: float) -> bool:
     except FileNotFoundError:
         return False
     if host == _host() and pid.isdigit():
-        if int(pid) == os.getpid():
-            return False
         try:
-            os.kill(int(pid), 0)
+            os.kill(int(pid), 0)  # this process's own pid, or another user's (PermissionError): alive
         except ProcessLookupError:
             return True
-        except PermissionError:  # alive, another user's
-            return False
+        except PermissionError:
+            pass
         return False
     return age > max_age_s
 
@@ -286,9 +250,8 @@ def _writer_gone(tmp: Path, max_age_s: float, now: float) -> bool:
 def clean_stale_tmp(folder: str | os.PathLike, target: str | None = None, max_age_s: float = 86400.0) -> list[Path]:
     """Remove temporary files (and folders) that killed writers left in ``folder``.
 
-    A temporary file or folder is removed when the process that made it no longer runs on this host, or,
-    when it was made on another host (a shared file system), when it is older than ``max_age_s``.
-    Files of running writers and files not named by `tmp_path_for()` are left alone.
+    One is removed when its process no longer runs on this host or, made on another host (a shared file
+    system), when it is older than ``max_age_s``. Files not named by `tmp_path_for()` are left alone.
 
     Args:
         folder: the folder to clean (a missing folder is fine).
@@ -299,11 +262,10 @@ def clean_stale_tmp(folder: str | os.PathLike, target: str | None = None, max_ag
         The paths removed.
     """
     folder = Path(folder)
-    pattern = f".{target}.*{_TMP_SUFFIX}" if target else f".*{_TMP_SUFFIX}"
-    removed = []
+    removed: list[Path] = []
     now = time.time()
     try:
-        candidates = list(folder.glob(pattern))
+        candidates = list(folder.glob(f".{target}.*{_TMP_SUFFIX}" if target else f".*{_TMP_SUFFIX}"))
     except OSError:
         return removed
     for tmp in candidates:
@@ -336,10 +298,8 @@ def atomic_write(
     Args:
         path: the final file.
         mode: ``"w"`` (text) or ``"wb"`` (bytes).
-        fsync: flush the file and the folder's entry to stable storage before returning (checkpoints,
-            tuning results: files that must survive a power cut).
-        clean: first remove leftovers of killed writers of this file; a writer of many files into one
-            folder passes ``False`` and calls `clean_stale_tmp()` on the folder once.
+        fsync: flush the file and the folder's entry to stable storage before returning (survives a power cut).
+        clean: first remove leftovers of killed writers of this file (``False``: the caller cleans the folder once).
         size: the bytes the file will hold, where known, for the space missing in the error.
         open_kwargs: passed to `open()` (``encoding``, ...).
 
@@ -357,19 +317,9 @@ def atomic_path(
 ) -> contextlib.AbstractContextManager[Path]:
     """A temporary path beside ``path`` for a writer that takes a file name; renamed onto ``path`` on a clean exit.
 
-    The counterpart of `atomic_write()` for libraries that open the file themselves
-    (``nib.save(img, name)``), with the same guarantees; a C/C++ writer's stream error, which carries
-    no errno, counts as a full file system when less than `FULL_BELOW` bytes are left. The temporary
-    name ends in ``.tmp``: a writer that picks its format from the suffix needs the format passed.
-
-    Args:
-        path: the final file.
-        fsync: flush the file and the folder's entry to stable storage before returning.
-        clean: first remove leftovers of killed writers of this file.
-        size: the bytes the file will hold, where known (for the space missing in the error).
-
-    Yields:
-        The temporary path to write to.
+    `atomic_write()` for libraries that open the file themselves (``nib.save(img, name)``); a C/C++ writer's
+    error counts as a full file system when less than `FULL_BELOW` bytes are left. The temporary name ends
+    in ``.tmp``: a writer that picks its format from the suffix needs the format passed. Args as `atomic_write()`.
 
     Raises:
         FileNotFoundError: the writer returned without writing the temporary path.
@@ -381,7 +331,6 @@ def atomic_path(
 def _renamed_into_place(
     path: str | os.PathLike, fsync: bool, clean: bool, size: int | None, native: bool
 ) -> Iterator[Path]:
-    """A fresh temporary name beside ``path``, renamed onto it on a clean exit, removed on an error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if clean:
@@ -416,7 +365,6 @@ def _remove_tmp(tmp: Path) -> None:
 
 
 def _fsync(path: Path) -> None:
-    """Flush the file or folder ``path`` to stable storage."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

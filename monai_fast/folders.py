@@ -1,16 +1,7 @@
 """Ground floor: the folders monai-fast owns, a run folder (one run at a time) and the cache folder.
 
-A run folder has one owner at a time: `RunFolderLock` holds a `filelock` lock (``fcntl.flock`` on
-POSIX) on a file inside it. The kernel drops the lock when its process ends, however it ends, so a
-crash never leaves a folder locked. `cache_root()` says where cached items and tuning results go.
-
-This module imports nothing else of monai-fast.
-
-Examples:
-    >>> import tempfile
-    >>> from monai_fast.folders import RunFolderLock
-    >>> with RunFolderLock(tempfile.mkdtemp(), what="a notebook run"):
-    ...     pass
+`RunFolderLock` gives a run folder one owner at a time; `cache_root()` says where cached items and tuning
+results go. This module imports nothing else of monai-fast.
 """
 
 from __future__ import annotations
@@ -32,20 +23,17 @@ LOCK_NAME = ".monai-fast.lock"  #: the lock file `RunFolderLock` holds inside a 
 def cache_root(create: bool = False) -> Path:
     """monai-fast's cache folder.
 
-    ``$MONAI_FAST_CACHE`` when set and not empty; else ``$XDG_CACHE_HOME/monai-fast`` when that is
-    set to an absolute path (the XDG spec says to ignore an empty or relative value); else
-    ``~/.cache/monai-fast``.
+    ``$MONAI_FAST_CACHE`` when set and not empty; else ``$XDG_CACHE_HOME/monai-fast`` when that is an
+    absolute path (the XDG spec ignores an empty or relative one); else ``~/.cache/monai-fast``.
 
     Args:
         create: make the folder (and its parents) if it does not exist.
     """
-    own = os.environ.get("MONAI_FAST_CACHE", "")
+    own, xdg = os.environ.get("MONAI_FAST_CACHE", ""), os.environ.get("XDG_CACHE_HOME", "")
     if own:
         root = Path(own).expanduser()
     else:
-        xdg = os.environ.get("XDG_CACHE_HOME", "")
-        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-        root = base / APP
+        root = (Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache") / APP
     if create:
         root.mkdir(parents=True, exist_ok=True)
     return root
@@ -64,13 +52,10 @@ def _sign(fd: int) -> None:
 class RunFolderLock:
     """One run per folder at a time: a lock on ``<folder>/.monai-fast.lock`` (or ``name``).
 
-    The lock is `filelock.FileLock` (``fcntl.flock`` on POSIX): the kernel releases it when the
-    owning process exits or is killed, so a crash never leaves the folder locked. filelock leaves
-    its file in place on release and records no owner, so this class adds both: the lock file keeps
-    the owner's host, pid and command line for the message a second claimant gets, and the last
-    release removes the file while still holding it (a claimant that opened it just before sees
-    the file unlinked and takes the new one). Taking the lock again in the process that holds it,
-    from any thread, is counted (a notebook cell run twice): the last `release()` frees it.
+    A `filelock.FileLock` (``fcntl.flock`` on POSIX): the kernel releases it when the owner exits or is
+    killed, so a crash never leaves the folder locked. The lock file names the owner's host, pid and
+    command line for a second claimant's message; the last release removes it. Taking the lock again in
+    the process that holds it, from any thread, is counted (a notebook cell run twice).
 
     Args:
         folder: the run folder (created if missing).
@@ -79,9 +64,7 @@ class RunFolderLock:
             (``".monai-fast.rank1.lock"``), so two runs clash rank by rank.
 
     Examples:
-        >>> import tempfile
-        >>> folder = tempfile.mkdtemp()
-        >>> with RunFolderLock(folder):
+        >>> with RunFolderLock("runs/notebook", what="a notebook run"):
         ...     pass
     """
 
@@ -90,9 +73,7 @@ class RunFolderLock:
     def __init__(self, folder: str | os.PathLike, what: str = "a monai-fast run", name: str = LOCK_NAME) -> None:
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"RunFolderLock name must be a plain file name, got {name!r}")
-        self.folder = Path(folder)
-        self.what = what
-        self.name = name
+        self.folder, self.what, self.name = Path(folder), what, name
         self._lock: FileLock | None = None
 
     @property
@@ -126,10 +107,10 @@ class RunFolderLock:
         lock, self._lock = self._lock, None
         if lock is None:
             return
-        if lock.lock_counter == 1:  # still held: no one else can hold this file, so it goes
+        if lock.lock_counter == 1:  # removed while still held: a claimant that opened it takes the new one
             RunFolderLock._held.pop(lock.lock_file, None)
             with contextlib.suppress(OSError):
-                Path(lock.lock_file).unlink()  # a clean end leaves no lock file naming a process that is gone
+                Path(lock.lock_file).unlink()
         lock.release()
 
     def __enter__(self) -> RunFolderLock:

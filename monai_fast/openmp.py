@@ -1,19 +1,8 @@
 """GNU OpenMP's threads made to share a busy host well: their spin bounded, the main team's workers pinned.
 
-`bound_openmp_spin()` sets ``GOMP_SPINCOUNT`` to `BOUNDED_SPINCOUNT` before torch loads libgomp (a
-spinning thread on a busy host holds the core its partner needs); `pin_openmp_workers()` gives each
-worker of the main team a core of its own, and `on_core()` keeps the main thread on the core they left
-free (`free_core()`); `serial_openmp_here()` keeps a helper thread from forming a team of its own. None
-changes a result; why and when: docs/demo.md and docs/data.md.
-
-Examples:
-    >>> env = {}
-    >>> bound_openmp_spin(env, loaded=False)
-    'OpenMP threads spin at most 10000 rounds before sleeping (GOMP_SPINCOUNT; set it to choose another value)'
-    >>> env
-    {'GOMP_SPINCOUNT': '10000'}
-    >>> bound_openmp_spin({"OMP_WAIT_POLICY": "ACTIVE"}, loaded=False) is None
-    True
+`bound_openmp_spin()` bounds the spin before torch loads libgomp; `pin_openmp_workers()` gives each worker a core
+and `on_core()` keeps the main thread on the free one; `serial_openmp_here()` keeps a helper thread from forming a
+team. None changes a result (docs/data.md).
 """
 
 from __future__ import annotations
@@ -63,8 +52,7 @@ LOCAL_RANKS_ENV = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LO
 
 
 def _mapped_runtimes() -> list[str]:
-    """The OpenMP runtimes (libgomp, libiomp5, libomp) mapped in this process, read from ``/proc/self/maps``
-    (none off Linux)."""
+    """The OpenMP runtimes (libgomp, libiomp5, libomp) mapped in this process (none off Linux)."""
     try:
         maps = os.fsdecode(Path("/proc/self/maps").read_bytes())
     except OSError:  # not Linux: no /proc
@@ -82,26 +70,12 @@ def libgomp_mapped() -> bool:
 def serial_openmp_here() -> bool:
     """Run the calling thread's OpenMP parallel regions on that thread alone.
 
-    A helper thread that has run torch's parallel code (a loader thread making batches) keeps an
-    OpenMP team of its own for as long as it lives. With more OpenMP threads than cores, libgomp
-    makes every team, the training thread's too, sleep at its barriers instead of spinning briefly,
-    which slows a step on the CPU while that helper sits idle (docs/data.md). ``torch.set_num_threads``
-    would also set the count of every thread started later (torch keeps it process-wide), so this sets
-    only the calling thread's count, through the runtime's ``omp_set_num_threads`` (a per-thread
-    setting in OpenMP): the runtime torch ships (found in ``/proc/self/maps`` under torch's folders),
-    else every mapped libgomp. Intel's and LLVM's runtimes outside torch's folders are left alone:
-    calling one that has not started would start it beside the other, which aborts the process.
+    A helper thread that ran torch's parallel code (a loader thread) keeps an OpenMP team while it lives;
+    with more OpenMP threads than cores every team sleeps at its barriers (docs/data.md). This calls the
+    runtime's per-thread ``omp_set_num_threads(1)`` (``torch.set_num_threads`` is process-wide).
 
     Returns:
         Whether a runtime's count was set (``False`` off Linux, without such a runtime, or on any failure).
-
-    Examples:
-        >>> import threading, torch
-        >>> seen = []
-        >>> t = threading.Thread(target=lambda: seen.append((serial_openmp_here(), torch.get_num_threads())))
-        >>> t.start(); t.join()
-        >>> seen[0] in [(True, 1), (False, torch.get_num_threads())]
-        True
     """
     try:
         mapped = _mapped_runtimes()
@@ -110,6 +84,7 @@ def serial_openmp_here() -> bool:
         import torch
 
         home = Path(torch.__file__).resolve().parent
+        # the runtime torch ships, else every libgomp: starting another (Intel's, LLVM's) aborts the process
         shipped = [p for p in mapped if Path(p).resolve().parent in (home / "lib", home.parent / "torch.libs")]
         runtimes = shipped or [p for p in mapped if "/libgomp" in p]
         torch.get_num_threads()  # torch sets a new thread's count at its first parallel call: before ours, not after
@@ -134,17 +109,15 @@ def bound_openmp_spin(environ: MutableMapping[str, str] | None = None, loaded: b
         loaded: whether libgomp has loaded already (default: `openmp_loaded()`); then nothing is set.
 
     Returns:
-        The line to log when it set the variable, else ``None`` (a ``GOMP_SPINCOUNT`` or
-        ``OMP_WAIT_POLICY`` was already set, or libgomp had loaded).
+        The line to log when it set the variable, else ``None`` (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``
+        already set, or libgomp loaded).
 
     Examples:
-        >>> bound_openmp_spin({"GOMP_SPINCOUNT": "5"}, loaded=False) is None
-        True
+        >>> bound_openmp_spin({}, loaded=False)
+        'OpenMP threads spin at most 10000 rounds before sleeping (GOMP_SPINCOUNT; set it to choose another value)'
     """
     env = os.environ if environ is None else environ
-    if SPIN_ENV in env or WAIT_POLICY_ENV in env:
-        return None
-    if openmp_loaded() if loaded is None else loaded:
+    if SPIN_ENV in env or WAIT_POLICY_ENV in env or (openmp_loaded() if loaded is None else loaded):
         return None
     env[SPIN_ENV] = str(BOUNDED_SPINCOUNT)
     return (
@@ -160,11 +133,6 @@ def physical_cores(allowed: set[int] | None = None) -> list[frozenset[int]]:
 
     Args:
         allowed: logical CPUs to consider (default: this process's affinity, ``os.sched_getaffinity(0)``).
-
-    Examples:
-        >>> cores = physical_cores()
-        >>> sum(len(c) for c in cores) == len(os.sched_getaffinity(0))
-        True
     """
     allowed = set(os.sched_getaffinity(0)) if allowed is None else set(allowed)
     cores: dict[frozenset[int], None] = {}
@@ -203,10 +171,6 @@ def pin_openmp_workers(environ: Mapping[str, str] | None = None) -> str | None:
 
     Returns:
         The line to log when it pinned, else ``None``.
-
-    Examples:
-        >>> pin_openmp_workers({"MONAI_FAST_PIN_OPENMP": "0"}) is None
-        True
     """
     env = os.environ if environ is None else environ
     if env.get(PIN_ENV, "1") == "0" or any(env.get(k) for k in USER_BINDING_ENV):
@@ -243,8 +207,7 @@ def _int(value: str | None) -> int:
 def free_core(process_cpus: set[int] | None = None) -> frozenset[int] | None:
     """The first core of this process that none of its pinned threads holds: where its main thread computes.
 
-    A thread is pinned when its CPU mask is narrower than the process's (``/proc/self/task``).
-    ``None`` when no thread is pinned (nothing to keep apart) or every core is held.
+    A thread is pinned when its CPU mask is narrower than the process's; ``None`` when none is or every core is held.
 
     Args:
         process_cpus: the process's CPUs (default: the calling thread's mask; call it while that is the whole set).
@@ -268,11 +231,7 @@ def free_core(process_cpus: set[int] | None = None) -> frozenset[int] | None:
 
 
 def main_thread_core() -> frozenset[int] | None:
-    """`free_core()` when called on the main thread, else ``None``: only the main thread computes on that core.
-
-    A thread of its own (a background validation) keeps its mask: on the free core it would compete
-    with the main thread's iterations.
-    """
+    """`free_core()` on the main thread, else ``None`` (a background validation keeps its mask)."""
     return free_core() if threading.current_thread() is threading.main_thread() else None
 
 
@@ -280,8 +239,7 @@ def main_thread_core() -> frozenset[int] | None:
 def on_core(core: frozenset[int] | None) -> Iterator[None]:
     """Run the calling thread on ``core`` inside the block, then give it its whole mask back (``None``: no change).
 
-    Threads and processes it starts inside the block inherit the one-core mask, so the block should
-    only compute (a training or validation iteration).
+    Threads and processes started inside inherit the one-core mask: the block should only compute.
     """
     if core is None:
         yield

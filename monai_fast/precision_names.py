@@ -1,12 +1,6 @@
 """The precisions a run can train in and what a user may ask for, by name.
 
-Kept apart from `monai_fast.telemetry.precision` (which needs torch) so that a command line
-lists them as choices without loading torch.
-
-Examples:
-    >>> from monai_fast.precision_names import REQUESTS
-    >>> REQUESTS
-    ('auto', 'bf16', 'fp16', 'fp32')
+Apart from `monai_fast.telemetry.precision` (which needs torch): a command line lists them without loading torch.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""The one home of the decision "show a progress bar?" and the bar factory every bar of the package uses.
+"""The decision "show a progress bar?" and the bar factory every bar of the package uses.
 
-A bar redraws its line with carriage returns: right on a terminal or in a notebook, noise in a
-captured log (``monai-fast demo > log 2>&1``). `show_progress()` is true only when the caller
-asked for bars *and* stderr is an interactive terminal or the code runs in a Jupyter kernel;
-elsewhere callers log one line per step instead. Ground floor: imports nothing of ours.
-
-Examples:
-    >>> import io
-    >>> show_progress(True, stream=io.StringIO())  # a file, not a terminal
-    False
-    >>> bar = progress_bar(range(3), enabled=False)
-    >>> list(bar)
-    [0, 1, 2]
+Bars show only on a terminal or in a notebook; in a captured log (``monai-fast demo > log 2>&1``) their
+redraws are noise, and callers log one line per step instead. Ground floor: imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -24,12 +14,7 @@ __all__ = ["in_notebook", "progress_bar", "show_progress"]
 
 
 def in_notebook() -> bool:
-    """Whether this process is a Jupyter (IPython) kernel, where tqdm draws widgets instead of redraws.
-
-    Examples:
-        >>> in_notebook()
-        False
-    """
+    """Whether this process is a Jupyter (IPython) kernel, where tqdm draws widgets instead of redraws."""
     shell = sys.modules.get("IPython")
     if shell is None:
         return False
@@ -46,11 +31,6 @@ def show_progress(requested: bool, stream: IO[str] | None = None) -> bool:
     Args:
         requested: the caller's wish (``progress=True``, no ``--no-progress``).
         stream: where the bars would be drawn; default ``sys.stderr``, read at call time.
-
-    Examples:
-        >>> import io
-        >>> show_progress(False), show_progress(True, stream=io.StringIO())
-        (False, False)
     """
     if not requested:
         return False

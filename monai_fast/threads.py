@@ -1,25 +1,7 @@
 """Background threads stopped before the interpreter exits, so that a stopped run ends cleanly.
 
-A daemon thread inside torch's C++ code at interpreter shutdown aborts the process
-(``std::terminate``, exit status -6), which under ``torchrun`` fails the whole job. Objects that run
-such threads register with `stop_at_exit()`; one ``atexit`` hook asks each to stop
-(`ExitStoppable.stop_for_exit()`) before the interpreter tears down. The registry holds weak references.
-
-Examples:
-    >>> import threading
-    >>> class Ticker:
-    ...     def __init__(self):
-    ...         self.halt = threading.Event()
-    ...         self.thread = threading.Thread(target=self.halt.wait, daemon=True)
-    ...         self.thread.start()
-    ...         stop_at_exit(self)  # stopped and joined before the interpreter exits
-    ...     def stop_for_exit(self) -> None:
-    ...         self.halt.set()
-    ...         self.thread.join(5)
-    >>> t = Ticker()
-    >>> stop_all_now()  # what the exit hook does
-    >>> t.thread.is_alive()
-    False
+A daemon thread inside torch's C++ code at interpreter shutdown aborts the process (exit status -6). Objects
+running such threads register with `stop_at_exit()` (weakly); an ``atexit`` hook calls their ``stop_for_exit()``.
 """
 
 from __future__ import annotations

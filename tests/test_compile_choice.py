@@ -608,3 +608,25 @@ def test_a_ddp_network_that_never_rebuilds_its_buckets_keeps_its_layout(tiny_fil
         assert doc["layout"] == "contiguous" and "find_unused_parameters=True" in doc["layout_reason"], doc
         assert doc["compiled"] == "compiled" and not doc["compile_measured_layouts"], doc
         assert not doc["weights_last"] and not doc["stride_warnings"], doc
+
+
+def test_an_evaluator_that_is_not_ready_decides_at_the_first_run_that_begins_ready(tiny_files, monkeypatch):
+    """While the trainer's layout is being measured the evaluator's choice waits: nothing is copied or counted in
+    that run, and the first run that begins ready counts its calls and decides."""
+    import monai_fast.handlers.compile as compile_module
+
+    copies, ready = [], [False]
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: a[0])
+    real_copy = compile_module.network_copy
+    monkeypatch.setattr(compile_module, "network_copy", lambda net: copies.append(net) or real_copy(net))
+    net = _Known(eager_s=0.01, compiled_s=0.0)
+    evaluator = _evaluator(tiny_files, net)
+    choice = CompileChoice("auto", evaluation=True, runs_left=lambda: 3, store=None, ready=lambda: ready[0])
+    choice.attach(evaluator)
+    evaluator.run()
+    assert choice.reason == "not decided yet" and copies == [] and choice._counter == []
+    evaluator.run()  # still not ready
+    ready[0] = True
+    evaluator.run()
+    assert not choice.compiled and "network calls left" in choice.reason, choice.reason
+    assert choice.evidence["eager_step_s"] >= 0.01 and choice._counter == []

@@ -1,10 +1,4 @@
-"""An algorithm folder that Auto3DSeg generated, read for the bundle tuner (the keys set: docs/bundles.md).
-
-Examples:
-    >>> from monai_fast.bundle.auto3dseg import auto3dseg_config_files
-    >>> [f.name for f in auto3dseg_config_files("work_dir/swinunetr_0")]  # doctest: +SKIP
-    ['hyper_parameters.yaml', 'network.yaml', 'transforms_infer.yaml', 'transforms_train.yaml', ...]
-"""
+"""An algorithm folder that Auto3DSeg generated, read for the bundle tuner (the keys set: docs/bundles.md)."""
 
 from __future__ import annotations
 
@@ -28,13 +22,8 @@ __all__ = [
     "reads_as_auto3dseg",
 ]
 
-#: what the tuner sets in an Auto3DSeg-generated algorithm's ``hyper_parameters.yaml`` (the names below
-#: its ``training`` section; the templates without that section keep them at the top)
-AUTO3DSEG_KEYS = {
-    "batch": "num_images_per_batch",
-    "sw_batch": "num_sw_batch_size",
-    "val_device": "sw_input_on_cpu",
-}
+#: what the tuner sets in an Auto3DSeg algorithm's ``hyper_parameters.yaml`` (under ``training``, else at the top)
+AUTO3DSEG_KEYS = {"batch": "num_images_per_batch", "sw_batch": "num_sw_batch_size", "val_device": "sw_input_on_cpu"}
 _HYPER_PARAMETERS = "hyper_parameters.yaml"
 
 
@@ -45,6 +34,10 @@ def auto3dseg_config_files(bundle_dir: str | os.PathLike, skip: Sequence[str | o
     Raises:
         BundleError: the folder has no ``configs/hyper_parameters.yaml``.
         MissingExtraError: pyyaml, which reads the YAML files, is not installed (the ``bundle`` extra).
+
+    Examples:
+        >>> [f.name for f in auto3dseg_config_files("work_dir/swinunetr_0")]  # doctest: +SKIP
+        ['hyper_parameters.yaml', 'network.yaml', 'transforms_infer.yaml', 'transforms_train.yaml', ...]
     """
     configs = Path(bundle_dir) / "configs"
     if not (configs / _HYPER_PARAMETERS).is_file():
@@ -92,8 +85,7 @@ def auto3dseg_pieces(parser: Any) -> TunerPieces:
         parser, ["network", p + "network", "training_network#network", "network_def"], "the network"
     )
     _, loss = first_entry(parser, [p + "loss", "loss"], "the training loss")
-    # the algorithms' scripts wrap the loss so that a network with deep supervision (segresnet's
-    # SegResNetDS returns one output per depth when training) is trained on every output
+    # as the algorithms' scripts do: a network with deep supervision (SegResNetDS) trains on every output
     from monai.losses import DeepSupervisionLoss
 
     loss = DeepSupervisionLoss(loss)
@@ -128,8 +120,8 @@ def auto3dseg_pieces(parser: Any) -> TunerPieces:
 
 
 def _fold_split(parser: Any) -> tuple[list[dict], list[dict], str] | None:
-    """The data list's training and validation items of the algorithm's fold, and the list's path, as the
-    algorithms' scripts split it (a ``validation`` list, else the ``fold``); ``None`` without a data list file."""
+    """The fold's training and validation items and the data list's path, split as the algorithms' scripts do;
+    ``None`` without a data list file."""
     listed = parsed(parser, "data_list_file_path")
     if not listed or not Path(str(listed)).is_file():
         return None
@@ -166,8 +158,7 @@ def _val_shape(parser: Any, prefix: str) -> tuple[int, ...] | None:
     except (OSError, nib.filebasedimages.ImageFileError) as err:
         raise BundleError(f"validation image {path} (from {listed}) cannot be read: {err}") from err
     shape = tuple(int(s) for s in header.get_data_shape()[:3])
-    # the templates name the target spacing ``resample_resolution`` (``resample_to_spacing`` in older ones);
-    # those with a ``resample`` switch resample only where it is on
+    # the target spacing (``resample_to_spacing`` in older templates); a ``resample`` switch turns it off
     ids = (prefix + "resample_resolution", prefix + "resample_to_spacing", "resample_resolution")
     resamples = "resample" not in parser or parsed(parser, "resample")
     spacing = next((parsed(parser, c) for c in ids if parsed(parser, c)), None) if resamples else None

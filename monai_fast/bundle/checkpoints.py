@@ -1,14 +1,5 @@
-"""A bundle's checkpoints written atomically: a full disk leaves the previous file whole and is named in one line.
-
-MONAI's ``CheckpointSaver`` writes through ignite's ``DiskSaver(atomic=False)`` and removes a fixed-name
-file before writing the next, so a full disk would leave a truncated ``model.pt``; `atomic_checkpoints()` writes
-complete files only, and a full file system is one `NoSpaceError` naming the checkpoint and the space missing.
-
-Examples:
-    >>> from monai_fast.bundle.checkpoints import atomic_checkpoints
-    >>> atomic_checkpoints(["not a saver"])  # only MONAI CheckpointSavers are changed
-    0
-"""
+"""A bundle's checkpoints written atomically: a full disk leaves the previous file whole and is named in one line
+(MONAI's ``CheckpointSaver`` writes in place, so a full disk would leave a truncated ``model.pt``)."""
 
 from __future__ import annotations
 
@@ -36,8 +27,7 @@ class AtomicDiskSaver(DiskSaver):
 
     Args:
         dirname: the checkpoint folder.
-        filename: a fixed name for every checkpoint (MONAI's ``final_filename`` / ``key_metric_filename``),
-            or ``None`` for ignite's names.
+        filename: a fixed name for every checkpoint (MONAI's ``final_filename``), or ``None`` for ignite's names.
         save_on_rank: the rank that writes (ignite's ``DiskSaver`` argument).
     """
 
@@ -46,11 +36,8 @@ class AtomicDiskSaver(DiskSaver):
         self.filename = filename
 
     def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
-        """Write ``checkpoint`` to a temporary file beside its final path, then rename it into place.
-
-        Raises:
-            NoSpaceError: the file system is full; the message names the checkpoint's final path.
-        """
+        """Write ``checkpoint`` to a temporary file beside its final path, then rename it into place (a full file
+        system raises `NoSpaceError` naming the final path)."""
         if self.save_on_rank != idist.get_rank():
             return
         with atomic_path(self.dirname / (self.filename or filename), fsync=True) as tmp:
@@ -63,13 +50,12 @@ class AtomicDiskSaver(DiskSaver):
 
 
 def atomic_checkpoints(savers: Iterable[Any]) -> int:
-    """Make every MONAI ``CheckpointSaver`` among ``savers`` write its checkpoints atomically, before the engines run.
+    """Make every MONAI ``CheckpointSaver`` among ``savers`` (a bundle's handlers) write its checkpoints atomically;
+    returns how many ignite ``Checkpoint`` objects now do.
 
-    Args:
-        savers: handlers, e.g. a bundle's ``train#handlers`` and ``validate#handlers``.
-
-    Returns:
-        How many ignite ``Checkpoint`` objects now write atomically.
+    Examples:
+        >>> atomic_checkpoints(["not a saver"])
+        0
     """
     from monai.handlers import CheckpointSaver
 

@@ -1,7 +1,5 @@
-"""A bundle's files, config ids and overrides checked before anything runs, each refusal one line naming its fault.
-
-Files are read and ids looked up as MONAI's ``ConfigParser`` does, so what passes here is what MONAI then builds.
-"""
+"""A bundle's files, config ids and overrides checked, as MONAI's ``ConfigParser`` reads them, before anything
+runs: each refusal is one line naming its fault."""
 
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ class BundleError(ValueError):
 def parse_overrides(tokens: Sequence[str]) -> dict[str, Any]:
     """Overrides as ``monai.bundle`` takes them: ``--id value``, ``--id=value`` or ``id=value``.
 
-    Values are read as JSON, then as a Python literal, else kept as text (``%``, ``@`` and ``$`` values stay
-    text for the config parser). ``monai.bundle`` has no public parser for these tokens (its runner uses fire).
+    Values are read as JSON, then as a Python literal, else kept as text (as are ``%``, ``@`` and ``$`` values).
 
     Raises:
         BundleError: a token that is neither form, or an option without a value, named.
@@ -80,11 +77,10 @@ def _value(text: str) -> Any:
 
 
 def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Sequence[str] | None = None) -> list[Path]:
-    """The config files to merge, each checked to exist.
+    """The config files to merge, each checked to exist; default ``configs/train.json`` (or ``.yaml``).
 
-    ``config_files`` may be a list, or a string as ``monai.bundle`` takes it (one path, or
-    ``"['configs/train.json','fast.json']"``). A relative path is found in the working directory
-    first, then in the bundle folder (MONAI looks in neither). Without it: ``configs/train.json`` (or ``.yaml``).
+    ``config_files`` may be a list, or a string as ``monai.bundle`` takes it (one path, or ``"['a.json','b.json']"``).
+    A relative path is found in the working directory first, then in the bundle folder.
 
     Raises:
         BundleError: the bundle folder or a config file is missing, named.
@@ -122,11 +118,7 @@ def bundle_config_files(bundle_dir: str | os.PathLike, config_files: str | Seque
 
 
 def require_yaml_reader(files: Sequence[Path]) -> None:
-    """Check that the YAML files among ``files`` can be read (pyyaml, the ``bundle`` extra), before any is.
-
-    Raises:
-        MissingExtraError: naming the first YAML file and the extra to install.
-    """
+    """Raise `MissingExtraError` naming the first YAML file among ``files`` when pyyaml is not installed."""
     from monai_fast.extras import require
 
     for f in files:
@@ -136,11 +128,8 @@ def require_yaml_reader(files: Sequence[Path]) -> None:
 
 
 def check_config_files(files: Sequence[str | os.PathLike]) -> None:
-    """Read each config file as MONAI does (``ConfigParser.load_config_file``) and name the first that is not valid.
-
-    Raises:
-        BundleError: a JSON or YAML syntax error (file, line, column), a repeated key or an unreadable file.
-    """
+    """Read each config file as MONAI does and raise a `BundleError` naming the first that is not valid (a syntax
+    error with its file, line and column, a repeated key, an unreadable file)."""
     from monai.bundle import ConfigParser
     from monai.utils import optional_import
 
@@ -161,12 +150,8 @@ def check_config_files(files: Sequence[str | os.PathLike]) -> None:
 
 
 def check_expressions(files: Sequence[str | os.PathLike], overrides: Mapping[str, Any] | None = None) -> None:
-    """Refuse, before anything runs, a ``$`` expression of the merged config or of an override that is not
-    valid Python (MONAI evaluates each only when it is reached).
-
-    Raises:
-        BundleError: the id of the expression, where it is written and Python's reason.
-    """
+    """Refuse (`BundleError`: its id, where it is written, Python's reason) a ``$`` expression of the merged config
+    or of an override that is not valid Python, before MONAI reaches it."""
     from monai.bundle import ConfigParser, ReferenceResolver
 
     where = f"the config ({', '.join(Path(f).name for f in files)})"
@@ -213,12 +198,8 @@ _COMPONENT_PACKAGES = (("TensorBoard", "tensorboard", "bundle"),)
 
 
 def check_component_packages(parser: Any) -> None:
-    """Refuse, before anything is built (and the data sets cached), a config whose components need a package
-    that is not installed.
-
-    Raises:
-        MissingExtraError: naming the component, its config id and the extra that installs the package.
-    """
+    """Refuse (`MissingExtraError`) before anything is built a config whose components need a package that is
+    not installed."""
     from monai_fast.extras import MissingExtraError, available
 
     for cid, target in config_targets(parser.get()):
@@ -230,14 +211,8 @@ def check_component_packages(parser: Any) -> None:
 def check_overrides(
     files: Sequence[str | os.PathLike], keys: Sequence[str], new_keys: Sequence[str] = (), exempt: Sequence[str] = ()
 ) -> None:
-    """Refuse an override of an id the merged config files do not have, unless it is declared new.
-
-    Ids are looked up as MONAI does (``a#b`` and ``a::b`` alike). A new argument of a component (an id under
-    one with a ``_target_``) passes: the component's constructor refuses a name it does not take.
-
-    Raises:
-        BundleError: the first unknown id, with the nearest ids the config has.
-    """
+    """Refuse (`BundleError`, with the nearest ids) an override of an id the merged config files do not have,
+    unless declared new; a new argument of a component (under a ``_target_``) passes, its constructor checks it."""
     from monai.bundle import ConfigParser, ReferenceResolver
 
     parser = ConfigParser(ConfigParser.load_config_files([str(f) for f in files]))
@@ -259,11 +234,7 @@ def check_overrides(
 
 
 def check_engine(engine: Any, cid: str | None, option: str) -> None:
-    """Refuse, before anything is attached, an id that names something else than an ignite engine.
-
-    Raises:
-        BundleError: naming the id, what it builds and the option that names the engine.
-    """
+    """Refuse (`BundleError`) an id that names something else than an ignite engine."""
     from ignite.engine import Engine
 
     if not isinstance(engine, Engine):

@@ -1,12 +1,7 @@
 """The bundle-native way: a config fragment that makes MONAI's own runner attach ``FastTraining``::
 
-    monai-fast bundle fragment --out configs/fast.json
-    python -m monai.bundle run --config_file "['configs/train.json','configs/fast.json']"
-
-Examples:
-    >>> from monai_fast.bundle import FRAGMENT
-    >>> FRAGMENT["+imports"][0]
-    '$from monai_fast.bundle import attach_fast'
+monai-fast bundle fragment --out configs/fast.json
+python -m monai.bundle run --config_file "['configs/train.json','configs/fast.json']"
 """
 
 from __future__ import annotations
@@ -56,7 +51,6 @@ def attach_fast(
         evaluator: its ``SupervisedEvaluator``, or ``None``.
         records_dir: the folder in which this run's record folder (``<fast|published>-<time>``) is made.
         run_dir: this run's record folder itself, instead (another run's is refused unless ``resume``).
-            Neither given: no record.
         resume: continue the record in ``run_dir`` (a run resumed from its checkpoint).
         fast: attach ``FastTraining``; ``False`` records the bundle as published.
         announce: print the record folder and each decision once, whatever logging the bundle brings.
@@ -64,9 +58,6 @@ def attach_fast(
 
     Returns:
         The attached ``FastTraining``, ``None`` with ``fast=False``.
-
-    Raises:
-        monai_fast.bundle.BundleError: ``run_dir`` holds another run's record and ``resume`` is not set.
 
     Examples:
         >>> fast = attach_fast(trainer, evaluator, records_dir="eval/monai_fast")  # doctest: +SKIP
@@ -101,23 +92,20 @@ def attach_fast(
     return handler
 
 
-class _DecisionLines(logging.Filter):
-    """Drops FastTraining's ``FastTraining <lever>: ...`` INFO lines."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.INFO and record.getMessage().startswith("FastTraining "))
+def _not_a_decision(record: logging.LogRecord) -> bool:
+    """A log filter dropping FastTraining's ``FastTraining <lever>: ...`` INFO lines."""
+    return not (record.levelno == logging.INFO and record.getMessage().startswith("FastTraining "))
 
 
 @contextmanager
 def printed_decisions() -> Iterator[None]:
     """While ``FastTraining`` attaches, keep its decisions out of the log: the caller prints each once."""
     source = logging.getLogger("monai_fast.handlers")
-    quiet = _DecisionLines()
-    source.addFilter(quiet)
+    source.addFilter(_not_a_decision)
     try:
         yield
     finally:
-        source.removeFilter(quiet)
+        source.removeFilter(_not_a_decision)
 
 
 def decision_lines(applied: dict[str, dict[str, Any]]) -> list[str]:

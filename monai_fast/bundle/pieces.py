@@ -50,11 +50,8 @@ def parsed(parser: Any, cid: str, default: Any = None) -> Any:
 
 
 def first_entry(parser: Any, ids: Sequence[str], what: str, instantiate: bool = True) -> tuple[str, Any]:
-    """The first of ``ids`` the config has, and its parsed content (a ``ConfigComponent`` unless ``instantiate``).
-
-    Raises:
-        BundleError: none of them, naming them all and ``what`` they are for.
-    """
+    """The first of ``ids`` the config has, and its parsed content (a ``ConfigComponent`` unless ``instantiate``);
+    a `BundleError` naming them all and ``what`` they are for when it has none."""
     for cid in ids:
         if cid in parser:
             return cid, parser.get_parsed_content(cid, instantiate=instantiate)
@@ -91,22 +88,14 @@ class TunerPieces:
 
     Attributes:
         network: the bundle's network (copied to the device before timing).
-        loss: the training loss.
         optimizer: ``params -> optimizer``, the bundle's optimizer with its settings.
-        device: where the bundle trains.
         patch: the training crop (D, H, W).
         roi: the sliding window's ROI (D, H, W).
-        overlap: the sliding window's overlap.
-        num_samples: crops per volume.
         val_shape: the spatial size of one validation volume.
-        in_channels: input channels.
-        out_channels: output channels (classes).
-        amp: whether the bundle trains with mixed precision.
         keys: which config id takes each tuned value (``batch``, ``sw_batch``, ``val_device``).
         layout: ``"zoo"`` or ``"auto3dseg"``.
         train_items: volumes in the training set, ``None`` when unknown without building the dataset.
         train_items_from: where ``train_items`` was counted (a config id or a data list), or why it is unknown.
-        drop_last: whether the training loader drops an incomplete last batch.
     """
 
     network: torch.nn.Module
@@ -169,8 +158,7 @@ def zoo_pieces(parser: Any) -> TunerPieces:
 
 
 def _train_items(parser: Any) -> tuple[int | None, str]:
-    """How many volumes the training loader reads, from its dataset's ``data`` list (the dataset is not built),
-    and the config id counted, or why not."""
+    """How many volumes the training loader's ``data`` list holds, and the config id counted (or why not)."""
     dataset = "train#dataset"
     named = parser.get("train#dataloader#dataset")
     if isinstance(named, str) and named.startswith("@"):

@@ -1,11 +1,5 @@
 """Where a bundle run's record goes: one folder per run (``<output_dir>/monai_fast/<variant>-<time>``), never
-another run's, on a writable disk.
-
-Examples:
-    >>> from monai_fast.bundle.records import FAST, new_run_folder
-    >>> new_run_folder("/tmp/records", FAST).name.startswith("fast-")  # doctest: +SKIP
-    True
-"""
+another run's, on a writable disk."""
 
 from __future__ import annotations
 
@@ -56,11 +50,7 @@ def new_run_folder(parent: str | os.PathLike, variant: str) -> Path:
 
 
 def refuse_foreign_record(run_dir: str | os.PathLike, resume: bool) -> None:
-    """Refuse a record folder that holds another run's record, unless this run resumes it.
-
-    Raises:
-        BundleError: naming the folder and the two ways on.
-    """
+    """Refuse (`BundleError`) a record folder that holds another run's record, unless this run resumes it."""
     held = sorted(Path(run_dir).glob("record.rank*.jsonl"))
     if held and not resume:
         raise BundleError(
@@ -80,11 +70,7 @@ def read_only_line(target: str, why: str, bundle_root: str) -> str:
 
 
 def check_writable(folder: Path, bundle_root: str) -> None:
-    """Refuse, before any work, a record folder that cannot be made: its nearest existing folder is read-only.
-
-    Raises:
-        BundleError: naming the folder and the way on (``bundle_root=`` elsewhere).
-    """
+    """Refuse (`BundleError`) a record folder that cannot be made: its nearest existing folder is read-only."""
     existing = next(p for p in (folder, *folder.parents) if p.exists())
     if not os.access(existing, os.W_OK):
         raise BundleError(read_only_line(str(existing), "not writable", bundle_root))

@@ -1,6 +1,5 @@
 """Run a MONAI bundle as ``python -m monai.bundle run`` does (MONAI's ``ConfigWorkflow``), with ``FastTraining``
-on its engines. Parsing a config runs the code in it, as MONAI's own runner does: run bundles you trust.
-"""
+on its engines. Parsing a config runs the code in it, as MONAI's own runner does: run bundles you trust."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ class BundleResult:
         trainer_id: the config id of the trainer attached to.
         evaluator_id: the config id of the evaluator, ``None`` when the bundle has none.
         verdict: the doctor's verdict as text (``None`` when not asked for or not possible).
-        metrics: the engines' last metrics as numbers: ``"train/<name>"``, ``"validate/<name>"`` and
-            ``"validate/best"`` (the evaluator's best key metric).
+        metrics: the engines' last metrics: ``"train/<name>"``, ``"validate/<name>"``, ``"validate/best"``.
     """
 
     run_dir: Path
@@ -72,7 +70,7 @@ def _default(root: Path, name: str) -> Path | None:
 
 
 def _drop_fragment(parser: Any, init_id: str, files: Sequence[Path]) -> None:
-    """Leave out of the ``initialize`` section the fragment's ``attach_fast`` entry: this run attaches once itself."""
+    """Leave the fragment's ``attach_fast`` out of the ``initialize`` section: this run attaches once itself."""
     entries = parser.get(init_id)
     if not isinstance(entries, list):
         return
@@ -107,6 +105,8 @@ def run_bundle(
 ) -> BundleResult:
     """Run a bundle's training workflow with ``FastTraining`` attached (or without, ``fast=False``).
 
+    A user's mistake raises a one-line `BundleError`; ``init_id``, ``run_id``, ``final_id`` name the config's sections.
+
     Args:
         bundle_dir: the bundle folder (``configs/`` inside); ``bundle_root`` is set to it unless overridden.
         config_files: see `bundle_config_files()`.
@@ -117,25 +117,11 @@ def run_bundle(
         fast_options: keyword arguments for ``FastTraining``.
         trainer_id: the trainer's config id.
         evaluator_id: the evaluator's config id; ``None``, or the default id the config lacks: none.
-        run_dir: where the run record goes (another run's record folder is refused unless ``resume``);
-            default ``<output_dir>/monai_fast/<fast|published>-<time>``, or ``<bundle_dir>/eval/...``.
-        init_id: the config's initialize section.
-        run_id: its run section (left at ``"run"``, an older ``"training"`` section stands in).
-        final_id: its finalize section.
+        run_dir: the record's folder (another run's is refused unless ``resume``); default a new one of its own.
         doctor: return the doctor's verdict on the record (rank 0, once all ranks are done).
         on_applied: called with FastTraining's decisions once attached, before training.
         new_keys: override ids the config does not have that the user adds on purpose.
         resume: continue the record in ``run_dir`` as its next segment.
-
-    Returns:
-        What the run did (`BundleResult`).
-
-    Raises:
-        BundleError: a missing or malformed file, an unknown override or id, another run's record
-            folder, named before any training.
-
-    Examples:
-        >>> run_bundle("spleen_ct_segmentation", overrides={"train#trainer#max_epochs": 2}).verdict  # doctest: +SKIP
     """
     from ignite import distributed as idist
     from monai.bundle import ConfigWorkflow
@@ -233,7 +219,7 @@ def run_bundle(
 
 
 def _metrics(trainer: Any, evaluator: Any) -> dict[str, float]:
-    """The engines' last metrics that read as one number each (per-class tensors and the like are left out)."""
+    """The engines' last metrics that read as one number each."""
     out: dict[str, float] = {}
     for prefix, engine in (("train", trainer), ("validate", evaluator)):
         state = getattr(engine, "state", None)

@@ -1,7 +1,4 @@
-"""Bundle-aware tuning: measure a bundle's batch sizes on this device and write an override file.
-
-The layouts read (Model Zoo, Auto3DSeg algorithm) and the keys written are in docs/bundles.md.
-"""
+"""Bundle-aware tuning: measure a bundle's batch sizes on this device and write an override file (docs/bundles.md)."""
 
 from __future__ import annotations
 
@@ -86,18 +83,18 @@ def tune_bundle(
     new_keys: Sequence[str] = (),
     **timing: float,
 ) -> BundleTuning:
-    """Measure a bundle's batch sizes on its device and write the override file.
+    """Measure a bundle's batch sizes on its device and write the override file; returns a `BundleTuning`.
+
+    What stops the tuning raises a `BundleError` before any trial (a YAML config without pyyaml: `MissingExtraError`).
 
     Args:
         bundle_dir: a Model Zoo bundle, or an algorithm folder Auto3DSeg generated.
-        config_files: as for `run_bundle()`; default ``configs/train.json|yaml``, or an Auto3DSeg
-            algorithm's (`auto3dseg_config_files()`).
-        overrides: config overrides (data lists, device, ...), as for ``run_bundle``.
+        config_files: as for `run_bundle()`; default the train config, or an Auto3DSeg algorithm's.
+        overrides: config overrides (data lists, device, ...), as for `run_bundle()`.
         out: the override file; default ``<bundle_dir>/configs/tuned.json``.
         batch_range: training batch sizes to search; its top is capped by one rank's share of the training set.
         sw_batch_range: sliding-window batch sizes to search.
-        precision: as ``monai-fast bundle run --precision`` takes it (`REQUESTS`); trials run in what the
-            run resolves it to (`run_precision()`).
+        precision: as ``bundle run --precision`` takes it; trials run in what the run resolves (`run_precision()`).
         progress: a progress bar over the trials (on a terminal only).
         say: where the progress lines go; default the ``monai_fast.bundle`` logger at INFO.
         max_trials: most candidates run per search (`SearchSpace`).
@@ -105,19 +102,6 @@ def tune_bundle(
         margin: share of the memory cap kept free (`SearchSpace`).
         new_keys: override ids the config lacks that the user adds on purpose; any other is refused.
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial, passed to the tuner.
-
-    Returns:
-        What was measured and written (`BundleTuning`).
-
-    Raises:
-        BundleError: before any trial: the override file cannot be written, a piece the tuner needs is
-            missing (named), the bundle is not a 3-D segmentation, the training set is empty, or no
-            tuned key can be merged into the config.
-        MissingExtraError: a YAML config without pyyaml (the ``bundle`` extra).
-
-    Examples:
-        >>> tune_bundle("spleen_ct_segmentation", batch_range=(1, 8)).overrides  # doctest: +SKIP
-        {'train#dataloader#batch_size': 4, 'validate#inferer#sw_batch_size': 8}
     """
     from monai_fast.tune import SearchSpace, Tuner
 
@@ -232,10 +216,8 @@ def _checked(requested: str, device: torch.device) -> str:
 def bundle_run_command(
     tuning: BundleTuning, bundle_dir: str | os.PathLike, overrides: Mapping[str, Any], precision: str = "auto"
 ) -> str:
-    """The ``monai-fast bundle run`` command line that trains the bundle as it was tuned.
-
-    The config files read for the tuning, then the override file, and the tuning's overrides (the sizes
-    measured belong to them) less those of the keys the override file sets.
+    """The ``monai-fast bundle run`` command line that trains the bundle as it was tuned: the config files read,
+    the override file, and the tuning's overrides less those of the keys the override file sets.
 
     Examples:
         >>> t = BundleTuning({"train#dataloader#batch_size": 4}, Path("/b/tuned.json"), config_files=[Path("/b/a")])
@@ -252,11 +234,7 @@ def bundle_run_command(
 
 
 def _config_files(root: Path, config_files: str | Sequence[str] | None, out: Path) -> list[Path]:
-    """The config files to read: as given, the Auto3DSeg algorithm's, or the Model Zoo's train config.
-
-    Raises:
-        BundleError: a folder with neither layout and no files named, saying what is missing and what works.
-    """
+    """The config files to read: as given, the Auto3DSeg algorithm's, or the Model Zoo's train config."""
     if config_files is not None:
         return bundle_config_files(root, config_files)
     if is_auto3dseg_algorithm(root):
@@ -264,24 +242,16 @@ def _config_files(root: Path, config_files: str | Sequence[str] | None, out: Pat
     configs = root / "configs"
     if not any((configs / n).is_file() for n in TRAIN_CONFIG_NAMES):
         inside = sorted(str(d) for d in root.iterdir() if (d / "configs" / "hyper_parameters.yaml").is_file())
-        hint = (
-            f"; the algorithms Auto3DSeg generated here are {', '.join(inside)}: tune one with --bundle"
-            if inside
-            else ""
-        )
+        hint = f"; the algorithms Auto3DSeg generated here are {', '.join(inside)}: tune one with --bundle"
         raise BundleError(
             f"{configs} has no train.json or train.yaml (a Model Zoo bundle) and no hyper_parameters.yaml "
-            f"(an Auto3DSeg algorithm): name the bundle's config file(s) with --bundle-config{hint}"
+            f"(an Auto3DSeg algorithm): name the bundle's config file(s) with --bundle-config{hint if inside else ''}"
         )
     return bundle_config_files(root, None)
 
 
 def _check_writable(path: Path) -> None:
-    """Make the override file's folder and write a scratch file there, before any trial is lost to it.
-
-    Raises:
-        BundleError: naming the file and why it cannot be written.
-    """
+    """Make the override file's folder and write a scratch file there, before any trial is lost to it."""
     if path.is_dir():
         raise BundleError(f"the override file {path} is a folder: name a file with --bundle-out")
     try:
@@ -296,7 +266,7 @@ def _check_writable(path: Path) -> None:
 
 def _unwritable_keys(files: Sequence[Path], keys: Mapping[str, str]) -> dict[str, str]:
     """The tuned config ids that a later config file cannot set (inside a ``$`` expression, a reference or a
-    macro, where the bundle's run would end in a traceback), and why."""
+    macro), and why."""
     from monai.bundle import ConfigParser
 
     merged = ConfigParser.load_config_files([str(f) for f in files])
@@ -327,11 +297,7 @@ def _why_not(merged: dict, cid: str) -> str:
 
 
 def _capped(batch_range: tuple[int, int], pieces: TunerPieces, tell: Callable[[str], None]) -> tuple[int, int]:
-    """``batch_range`` with its top at one rank's share of the training set, so no batch empties an epoch.
-
-    Raises:
-        BundleError: the training set is empty.
-    """
+    """``batch_range`` with its top at one rank's share of the training set (an empty set is refused)."""
     lo, hi = batch_range
     n = pieces.train_items
     if n is None:

@@ -41,11 +41,8 @@ def _chain(e: BaseException) -> list[BaseException]:
 
 
 def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[Path]) -> str | None:
-    """The one line for a bundle that fails on the user's side, found in ``e``'s chain; ``None`` for another error.
-
-    The user's side: a reference the config does not define, an argument a component does not take, an empty
-    data set, a missing file, a data item that cannot be loaded, a folder that cannot be written.
-    """
+    """The one line for a bundle that fails on the user's side (an undefined reference, a bad argument, an empty
+    data set, a missing file, a bad data item, a read-only folder), found in ``e``'s chain; else ``None``."""
     from monai_fast.data.items import DataItemError, item_line
 
     chain = _chain(e)

@@ -1,7 +1,6 @@
 """Adopt a user's ``DataLoader``: the same batches from a planned cache and a safe thread loader.
 
-What cannot be adopted is a reason, never half-done. The rules (random streams,
-``DistributedSampler``, caches kept, the item path): docs/data.md.
+What cannot be adopted is a reason, never half-done; the rules are in docs/data.md.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from monai.data import (
     CacheDataset,
@@ -26,7 +26,7 @@ from monai.data import (
     list_data_collate,
     pad_list_data_collate,
 )
-from monai.transforms import Compose, RandomizableTrait, Transform
+from monai.transforms import Compose
 from torch.utils.data import (
     DataLoader,
     DistributedSampler,
@@ -38,7 +38,8 @@ from torch.utils.data import (
 
 from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
 from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset
-from monai_fast.data.loaders import SafeThreadDataLoader
+from monai_fast.data.fingerprint import first_random
+from monai_fast.data.loaders import WORKER_OPTIONS, SafeThreadDataLoader
 from monai_fast.data.planner import (
     CACHE_CHOICES,
     CachePlan,
@@ -61,7 +62,7 @@ logger = logging.getLogger("monai_fast.data")
 THREAD_SAFE_COLLATES: tuple[Callable, ...] = (default_collate, list_data_collate, pad_list_data_collate)
 _CACHES = (CacheDataset, PersistentDataset, SmartCacheDataset)
 #: MONAI's classes whose item is ``transform(data[index])`` (cached or not, a SmartCache's over its window)
-KNOWN_ITEM_PATHS: tuple[type, ...] = (Dataset, CacheDataset, PersistentDataset, SmartCacheDataset)
+KNOWN_ITEM_PATHS: tuple[type, ...] = (Dataset, *_CACHES)
 _ITEM_PATH = ("__getitem__", "__getitems__", "_transform", "__len__")
 _ROTATION = (
     "set_data",
@@ -83,26 +84,19 @@ _ROTATION = (
 )
 
 
-def _own_methods(dataset: Any, names: tuple[str, ...]) -> list[str]:
-    """``Class.name`` for each of ``names`` that the class of ``dataset`` takes from outside the known classes."""
+def unknown_item_path(dataset: Any, rotation: bool = False) -> str | None:
+    """Why ``dataset``'s items cannot be rebuilt from its ``.data`` and ``.transform``, or ``None`` when they can.
+
+    The methods making an item (with ``rotation``, a SmartCache's rotation too) must be MONAI's or monai-fast's.
+    """
     own = []
-    for name in names:
+    for name in _ITEM_PATH + (_ROTATION if rotation else ()):
         owner = next((c for c in type(dataset).__mro__ if name in vars(c)), None)
         if owner is None or owner in KNOWN_ITEM_PATHS or owner.__module__.split(".")[0] in ("monai_fast", "builtins"):
             continue
         if owner.__module__.startswith("monai.") and owner in SmartCacheDataset.__mro__:  # Randomizable's own
             continue
         own.append(f"{owner.__name__}.{name}")
-    return own
-
-
-def unknown_item_path(dataset: Any, rotation: bool = False) -> str | None:
-    """Why ``dataset``'s items cannot be rebuilt from its ``.data`` and ``.transform``, or ``None`` when they can.
-
-    The methods making an item (with ``rotation``, a SmartCache's rotation too) must resolve to
-    MONAI's own data set classes or to monai-fast's.
-    """
-    own = _own_methods(dataset, _ITEM_PATH + (_ROTATION if rotation else ()))
     if not own:
         return None
     names = ", ".join(sorted({o.rsplit(".", 1)[1] for o in own}))
@@ -125,11 +119,7 @@ class AdoptedData:
 
     @property
     def smartcache(self) -> bool:
-        """Whether the data set is a safe rotation (a `SafeSmartCacheDataset`): it needs a ``SmartCacheUpdater``.
-
-        A ``SmartCacheDataset`` subclass with its own rotation is kept as the user built it and
-        rotated by the script's own handlers, as without monai-fast.
-        """
+        """Whether the data set is a `SafeSmartCacheDataset`, which needs a ``SmartCacheUpdater``."""
         return isinstance(self.dataset, SafeSmartCacheDataset)
 
 
@@ -290,8 +280,6 @@ def _shared_node_tier(
     )
     if not plan.reads_patches or (cache == "auto" and plan.where != "disk"):
         return None
-    import ignite.distributed as idist
-
     with _random_states_kept(ds):
         dataset = CropCacheDataset(ds.data, ds.transform, cache_dir=cache_dir)
         shared_by_nodes = idist.get_nnodes() > 1 and _seen_by_every_node(Path(cache_dir))
@@ -322,8 +310,6 @@ def _seen_by_every_node(folder: Path) -> bool:
     Each node's first rank leaves a mark named by a token of this call; a node that sees every node's mark
     shares the folder with them. Collective: every rank calls it.
     """
-    import ignite.distributed as idist
-
     token = idist.broadcast(secrets.token_hex(8) if idist.get_rank() == 0 else "", src=0)
     marks = folder / ".nodes"
     mark = marks / f"{token}-{idist.get_node_rank()}"
@@ -343,29 +329,17 @@ def _seen_by_every_node(folder: Path) -> bool:
     return shared
 
 
-#: a ``DataLoader``'s worker options, kept when the adopted loader keeps worker processes
-_WORKER_OPTIONS = (
-    "pin_memory",
-    "worker_init_fn",
-    "prefetch_factor",
-    "persistent_workers",
-    "timeout",
-    "multiprocessing_context",
-    "pin_memory_device",
-    "in_order",
-)
-
-
 def _rebuilt_loader(loader: DataLoader, dataset: Any, workers: int, **order: Any) -> SafeThreadDataLoader:
-    """A `SafeThreadDataLoader` over ``dataset`` with the user's batches and options kept (``repeats``, buffer,
-    timeout, and worker options where workers stay); ``order``: its sampler or shuffle."""
+    """A `SafeThreadDataLoader` over ``dataset`` with the user's batches and options kept; ``order``: its sampler
+    or shuffle."""
     options: dict[str, Any] = {}
     if isinstance(loader, ThreadDataLoader):
         options.update(repeats=loader.repeats, buffer_size=loader.buffer_size, buffer_timeout=loader.buffer_timeout)
     if isinstance(loader, SafeThreadDataLoader):
         options["timeout_s"] = loader.timeout_s
     if workers > 0:
-        options.update({name: getattr(loader, name) for name in _WORKER_OPTIONS if hasattr(loader, name)})
+        kept = (*WORKER_OPTIONS, "timeout")
+        options.update({name: getattr(loader, name) for name in kept if hasattr(loader, name)})
     return SafeThreadDataLoader(
         dataset,
         batch_size=loader.batch_size,
@@ -387,17 +361,16 @@ def _window_tier(
 ) -> tuple[str | os.PathLike, str] | None:
     """Where a SmartCache's window rotates over a crop-reading tier, and why; ``None``: it stays in RAM.
 
-    Only for a chain whose first random transform reads its patch (`PATCH_CROPS`) and a data set whose items
-    (estimated from the window) fit the disk budget (default 80 % of the folder's free space); then with
-    ``cache="disk"``, or when this rank's ``share`` of the window holds more than the RAM budget.
+    The rules (a patch crop, the disk budget, ``cache="disk"`` or this rank's ``share`` over the RAM budget):
+    docs/data.md.
     """
     if isinstance(ds, SafeSmartCacheDataset) and ds.tier is not None:
         return ds.cache_dir, "as it was built"
     if cache_dir is None or cache not in ("auto", "disk"):
         return None
     chain = ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform])
-    first = chain.get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform))
-    if first is None or not isinstance(chain.transforms[first], PATCH_CROPS):
+    first = first_random(chain.transforms)
+    if first == len(chain.transforms) or not isinstance(chain.transforms[first], PATCH_CROPS):
         return None
     window = window_bytes(ds)
     ram, disk = budgets_in_bytes({"ram": ram_budget_mib, "disk": disk_budget_mib})
@@ -418,8 +391,7 @@ def _window_tier(
 def _adopt_smartcache(
     ds: SmartCacheDataset, items: list | None, sampler: Any, tier: tuple[str | os.PathLike, str] | None = None
 ) -> tuple[Any, None, str, int, list[str]]:
-    """``ds`` as a `SafeSmartCacheDataset` (over this rank's ``items`` under a ``DistributedSampler``); with
-    ``tier`` (a folder and why), its window rotates over a `CropCacheDataset` there."""
+    """``ds`` as a `SafeSmartCacheDataset` (over this rank's ``items``), its window over ``tier``'s folder if given."""
     timeout = ds._rotation.timeout_s if isinstance(ds, SafeSmartCacheDataset) else 300.0
     cache_dir = None if tier is None else tier[0]
     if items is None:

@@ -1,7 +1,6 @@
 """A cache that fills in the background while training draws from what is cached (docs/data.md).
 
-Uses MONAI's private ``CacheDataset._load_cache_item``: no public way runs one item's
-deterministic part as MONAI caches it.
+Uses MONAI's private ``CacheDataset._load_cache_item``, the one way to run an item's cached part as MONAI does.
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ class _Fill:
         device: torch.device | None,
         after: _Fill | None,
     ) -> None:
-        self.load, self.describe, self.workers, self.after = load, describe, workers, after
-        self.device = device
+        self.load, self.describe, self.workers, self.device, self.after = load, describe, workers, device, after
         self.items: list[Any] = []
         self.state: list[int] = []
         self.cursor = 0  # every index below is claimed or done
@@ -147,7 +145,8 @@ class _Fill:
             self.cond.acquire()
 
     def pick(self, pending: Sequence[int]) -> int:
-        """Position in ``pending`` of the next index to hand out (see the module docstring)."""
+        """Position in ``pending`` of the next index to hand out: the first cached, else the first not started,
+        else the first to finish."""
         with self.cond:
             while True:
                 self._check()
@@ -176,7 +175,6 @@ class _Fill:
                 self.cond.wait(0.1)
 
     def stop_for_exit(self) -> None:
-        """Stop the fill before the interpreter exits (`monai_fast.threads.stop_at_exit()`)."""
         self.stop(JOIN_S)
 
     def stop(self, join_s: float = JOIN_S) -> None:
@@ -204,10 +202,8 @@ class BackgroundCacheDataset(CacheDataset):
         num_workers: fill threads; default all CPUs but one (the training thread's), at least 1.
         device: a CUDA device the chain copies to: the fill threads run there, on a side stream.
         after: another background cache whose fill completes before this one starts.
-        **kwargs: further keyword arguments of ``CacheDataset`` (not ``hash_as_key`` or ``runtime_cache``).
-
-    Raises:
-        ValueError: for ``hash_as_key`` or ``runtime_cache``, which this class decides.
+        **kwargs: further keyword arguments of ``CacheDataset``; ``hash_as_key`` and ``runtime_cache`` raise
+            ``ValueError`` (this class decides them).
 
     Examples:
         >>> ds = BackgroundCacheDataset(files, transforms, copy_cache=False)  # doctest: +SKIP
@@ -269,8 +265,6 @@ class BackgroundCacheDataset(CacheDataset):
 class FillOrderSampler(Sampler[int]):
     """``sampler``'s order, but an epoch that starts before ``dataset`` is full hands out cached items first.
 
-    Which items such an epoch sees, and in what order: docs/data.md.
-
     Args:
         sampler: the loader's sampler (``RandomSampler``, ``SequentialSampler``, a ``DistributedSampler``...).
         dataset: a `BackgroundCacheDataset`; any other data set leaves ``sampler``'s order unchanged.
@@ -300,9 +294,8 @@ class FillOrderSampler(Sampler[int]):
 
 
 def fill_order_options(dataset: Any, shuffle: bool, generator: torch.Generator | None = None) -> dict[str, Any]:
-    """Loader keyword arguments for ``dataset``: over a background cache, a `FillOrderSampler`.
-
-    The loader then draws the same order as ``DataLoader(dataset, shuffle=shuffle, generator=generator)``.
+    """Loader keyword arguments for ``dataset`` (over a background cache, a `FillOrderSampler`) that draw
+    the order of ``DataLoader(dataset, shuffle=shuffle, generator=generator)``.
 
     Examples:
         >>> loader = SafeThreadDataLoader(ds, batch_size=2, **fill_order_options(ds, shuffle=True))  # doctest: +SKIP

@@ -7,7 +7,6 @@ import errno
 import json
 import logging
 import os
-import secrets
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -20,15 +19,13 @@ from monai.transforms import (
     Compose,
     RandCropByLabelClassesd,
     RandCropByPosNegLabeld,
-    RandomizableTrait,
     RandSpatialCropd,
     RandSpatialCropSamplesd,
-    Transform,
 )
 from monai.transforms.compose import execute_compose
 from monai.transforms.utils import map_binary_to_indices, map_classes_to_indices
 
-from monai_fast.data.fingerprint import ItemKeys, transform_fingerprint
+from monai_fast.data.fingerprint import ItemKeys, chain_key, first_random
 from monai_fast.data.items import named_item_errors
 from monai_fast.files import clean_stale_tmp, no_space_in, tmp_path_for
 
@@ -46,14 +43,14 @@ _ITEM = "item.json"
 class CropCacheDataset(torch.utils.data.Dataset):
     """Items whose deterministic transforms ran once and were written as raw arrays, read back by the patch.
 
-    Each item is ``.npy`` arrays plus ``item.json`` (no pickle), memory-mapped, written whole, keyed as
-    in `TrustedPersistentDataset`; the first access of an item writes it (`fill()`: all).
+    Each item is ``.npy`` arrays plus ``item.json`` (no pickle), memory-mapped, keyed as in
+    `TrustedPersistentDataset`, and written on first access (`fill()`: all).
 
     Args:
         data: items, e.g. ``{"image": path, "label": path}``.
         transform: the chain; everything before its first random transform is cached.
         cache_dir: the cache folder (created); items of other chains and files can share it.
-        identity: ``"stat"`` (size and modification time, default) or ``"content"`` (SHA-1 of the bytes).
+        identity: ``"stat"`` (size and modification time) or ``"content"`` (SHA-1 of the bytes).
 
     Attributes:
         reads_patches: whether the first random transform is a crop that reads only its patch.
@@ -81,10 +78,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         clean_stale_tmp(self.cache_dir)  # item folders of killed writers
         flat = _flatten(self.transform)
-        first = next(
-            (i for i, t in enumerate(flat) if isinstance(t, RandomizableTrait) or not isinstance(t, Transform)),
-            len(flat),
-        )
+        first = first_random(flat)
         self.prefix, self.suffix = flat[:first], flat[first:]
         crop = self.suffix[0] if self.suffix and isinstance(self.suffix[0], PATCH_CROPS) else None
         self.reads_patches = crop is not None
@@ -97,16 +91,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
             else:
                 crop.indices_key = _CLASSES
             self.suffix = [crop, *self.suffix[1:]]
-        fingerprint = transform_fingerprint([*self.prefix, self._indices])
-        self.chain_key = fingerprint.digest[:16]
-        if fingerprint.untrusted:  # a key no other run matches: recomputed rather than served stale
-            self.chain_key += "-" + secrets.token_hex(4)
-            logger.warning(
-                "CropCacheDataset: the cached transforms hold callables whose behaviour cannot be "
-                "fingerprinted (%s); their items in %s are recomputed in each run instead of reused",
-                ", ".join(fingerprint.untrusted),
-                self.cache_dir,
-            )
+        self.chain_key, _ = chain_key([*self.prefix, self._indices], "CropCacheDataset", "items", self.cache_dir)
 
     def __len__(self) -> int:
         return len(self.data)
@@ -121,7 +106,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
         return self._run(item, self.suffix)
 
     def _run(self, item: Any, transforms: list) -> Any:
-        """``transforms`` over ``item`` as the user's ``Compose`` runs them; a failure names the item's files."""
+        """``transforms`` over ``item`` with the settings of the user's ``Compose``, failures named."""
         with named_item_errors(item):
             return execute_compose(
                 item,
@@ -133,11 +118,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
             )
 
     def fill(self, indices: Sequence[int] | None = None) -> int:
-        """Compute and write the items not yet in the cache (all, or those of ``indices``).
-
-        Returns:
-            How many items were written.
-        """
+        """Compute and write the items not yet in the cache (all, or those of ``indices``); returns how many."""
         written = 0
         for i in range(len(self)) if indices is None else indices:
             if not self.item_dir(i).is_dir():
@@ -158,8 +139,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
         return dict(out)
 
     def cached(self, index: int) -> dict:
-        """Item ``index`` after the cached transforms: memory-mapped from its folder, written there first if
-        it is not yet (computed in memory once the disk is full)."""
+        """Item ``index`` after the cached transforms, memory-mapped from its folder (written first if need be)."""
         folder = self.item_dir(index)
         if folder.is_dir():
             try:
@@ -240,7 +220,7 @@ def _flatten(chain: Compose) -> list:
 
 
 def _indices_plan(crop: Any) -> dict | None:
-    """What the crop needs precomputed (with its own settings), or ``None`` when it reads nothing extra."""
+    """The indices the crop needs precomputed, with its own settings; ``None`` when none."""
     if isinstance(crop, RandCropByPosNegLabeld) and (crop.fg_indices_key is None or crop.bg_indices_key is None):
         kind: dict[str, Any] = {"kind": "posneg"}
     elif isinstance(crop, RandCropByLabelClassesd) and crop.indices_key is None:
@@ -260,7 +240,7 @@ def _indices_plan(crop: Any) -> dict | None:
 
 
 def _indices_of(out: Mapping, plan: dict) -> dict[str, Any]:
-    """The indices the crop would compute from ``out``, with MONAI's functions and the crop's settings."""
+    """The indices the crop would compute from ``out``, with MONAI's functions."""
     label = out[plan["label_key"]]
     image = out.get(plan["image_key"]) if plan["image_key"] is not None else None
     if plan["kind"] == "posneg":
@@ -298,7 +278,7 @@ def _read(folder: Path) -> dict:
 
 
 def _plain(value: torch.Tensor) -> torch.Tensor:
-    """``value`` detached, on the CPU, as a plain tensor (a ``MetaTensor``'s array without its metadata)."""
+    """``value`` detached, on the CPU, as a plain tensor (no ``MetaTensor`` metadata)."""
     value = value.detach().cpu()
     return value.as_tensor() if isinstance(value, MetaTensor) else value
 

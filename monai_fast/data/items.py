@@ -24,14 +24,6 @@ __all__ = [
 ]
 
 
-def item_line(e: BaseException) -> str:
-    """The one line of a `DataItemError` that names the file, also when a DataLoader worker
-    process re-raised it with the worker's traceback in its text."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    named = [ln.split("DataItemError: ", 1)[1] for ln in lines if "DataItemError: " in ln]
-    return named[-1] if named else (lines[0] if lines else type(e).__name__)
-
-
 class DataItemError(RuntimeError):
     """Producing one data item failed; the message names the item and its files.
 
@@ -44,11 +36,23 @@ class DataItemError(RuntimeError):
         self.reason = reason
 
 
-def item_files(item: Any) -> str:
-    """The file names an item carries, ``"image=/a.nii.gz, label=/b.nii.gz"``; ``""`` when none.
+class LoaderTimeoutError(DataItemError):
+    """No batch arrived within the loader's ``timeout_s``; the message names what was being loaded."""
 
-    Paths are found as strings or as a loaded image's ``meta["filename_or_obj"]``.
-    """
+
+_WORKER_TYPE = f"{DataItemError.__name__}: "
+
+
+def item_line(e: BaseException) -> str:
+    """The line of a `DataItemError` that names the file, also inside a DataLoader worker's traceback text."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    named = [ln.split(_WORKER_TYPE, 1)[1] for ln in lines if _WORKER_TYPE in ln]
+    return named[-1] if named else (lines[0] if lines else type(e).__name__)
+
+
+def item_files(item: Any) -> str:
+    """The file names an item carries (strings or a loaded image's ``meta["filename_or_obj"]``), e.g.
+    ``"image=/a.nii.gz, label=/b.nii.gz"``; ``""`` when none."""
     if isinstance(item, (str, os.PathLike)):
         return str(item)
     if not isinstance(item, dict):
@@ -63,9 +67,8 @@ def item_files(item: Any) -> str:
 
 def describe_item(dataset: Any, index: int) -> str:
     """``index`` and the file paths of item ``index`` of a MONAI dataset (its ``data`` list)."""
-    data = getattr(dataset, "data", None)
     try:
-        item = data[index] if data is not None else None
+        item = dataset.data[index]
     except Exception:
         item = None
     files = item_files(item)
@@ -73,9 +76,10 @@ def describe_item(dataset: Any, index: int) -> str:
 
 
 def error_text(e: BaseException) -> str:
-    """``Type: message`` of the root cause of ``e``; MONAI wraps transform errors as
-    ``RuntimeError("applying transform <...>")``, which then follows as "in ...". A
-    `DataItemError` with a known ``reason`` gives that reason (its files are named already)."""
+    """``Type: message`` of the root cause of ``e``, then ``in <e>`` when MONAI wrapped it.
+
+    A `DataItemError` with a known ``reason`` gives that reason (its files are named already).
+    """
     if isinstance(e, DataItemError) and e.reason:
         return e.reason
     root = e
@@ -85,9 +89,7 @@ def error_text(e: BaseException) -> str:
 
 
 def fetch_item(dataset: Any, index: int) -> Any:
-    """``dataset[index]``; a failure is raised as `DataItemError` naming the index and the item's files.
-
-    The one place a loader reads an item, in any thread or worker, so a failing item reads the same.
+    """``dataset[index]``, as every loader reads an item; a failure is a `DataItemError` naming it.
 
     Raises:
         DataItemError: ``"loading item 3 (image=/d/a.nii.gz) failed: EOFError: ..."``, the cause chained.
@@ -99,15 +101,8 @@ def fetch_item(dataset: Any, index: int) -> Any:
         raise DataItemError(f"loading {describe_item(dataset, index)} failed: {reason}", reason=reason) from e
 
 
-_WORKER_TYPE = f"{DataItemError.__name__}: "
-
-
 def worker_item_error(e: BaseException) -> DataItemError | None:
-    """The `DataItemError` a DataLoader worker process raised, rebuilt with its own message; else ``None``.
-
-    PyTorch re-raises a worker's error over the worker's whole traceback text; the message is the text
-    after its last ``DataItemError:``.
-    """
+    """The `DataItemError` a DataLoader worker process raised, rebuilt with its own message; else ``None``."""
     if not isinstance(e, DataItemError):
         return None
     text = str(e)
@@ -118,16 +113,11 @@ def worker_item_error(e: BaseException) -> DataItemError | None:
     return type(e)(message, reason=reason if sep else None)
 
 
-class LoaderTimeoutError(DataItemError):
-    """No batch arrived within the loader's ``timeout_s``; the message names what was being loaded."""
-
-
 @contextmanager
 def named_item_errors(item: Any) -> Iterator[None]:
     """Re-raise a failure of the block as a `DataItemError` naming ``item``'s files.
 
-    An item without file names re-raises as it was, and a `DataItemError` passes through unchanged,
-    so nested chains name the files once.
+    An item without file names re-raises as it was, and a `DataItemError` passes through unchanged.
     """
     try:
         yield

@@ -1,7 +1,4 @@
-"""A ``ThreadDataLoader`` that never hides a failing item (docs/data.md).
-
-MONAI's ``ThreadDataLoader`` ends an epoch early, with no error, when a transform raises in its thread.
-"""
+"""A ``ThreadDataLoader`` that never hides a failing item, where MONAI's ends the epoch early (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -43,14 +40,11 @@ class _Progress:
         return f"{doing} for {time.monotonic() - self.since:.1f} s (batch {self.batch} of the epoch)"
 
 
-# DataLoader options copied to the loader that runs the worker processes (those this torch has)
-_WORKER_OPTIONS = (
-    "num_workers",
-    "collate_fn",
+#: ``DataLoader`` options of its worker processes (those this torch has are copied)
+WORKER_OPTIONS = (
     "pin_memory",
     "worker_init_fn",
     "multiprocessing_context",
-    "generator",
     "prefetch_factor",
     "persistent_workers",
     "pin_memory_device",
@@ -76,11 +70,8 @@ class _Recorded:
 
 
 class _NamedItems(Dataset):
-    """A map-style data set read through `fetch_item()`: what worker processes load.
-
-    Its ``__dict__`` holds the data set itself, so MONAI's ``worker_init_fn`` (``set_rnd``) seeds
-    the same random transforms in the same order as over the bare data set.
-    """
+    """A data set read through `fetch_item()` in worker processes; MONAI's ``worker_init_fn`` finds (and seeds)
+    the random transforms through its ``dataset`` as over the bare data set."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
@@ -93,11 +84,11 @@ class _NamedItems(Dataset):
 
 
 class SafeThreadDataLoader(ThreadDataLoader):
-    """MONAI's ``ThreadDataLoader`` with errors surfaced and a watchdog.
+    """MONAI's ``ThreadDataLoader`` with errors surfaced and a watchdog (docs/data.md).
 
-    Same arguments, plus ``timeout_s`` (seconds one batch may take, 600 by default; ``None``: no
-    watchdog; also PyTorch's worker ``timeout`` unless a smaller one is given) and ``prefetch``
-    (``False``: each batch made in the training thread when asked for). See docs/data.md.
+    Same arguments, plus ``timeout_s`` (seconds one batch may take; ``None``: no watchdog; also PyTorch's
+    worker ``timeout`` unless a smaller one is given) and ``prefetch`` (``False``: each batch made in the
+    training thread when asked for).
 
     Examples:
         >>> loader = SafeThreadDataLoader(cache_ds, batch_size=2, shuffle=True, timeout_s=120)  # doctest: +SKIP
@@ -116,9 +107,8 @@ class SafeThreadDataLoader(ThreadDataLoader):
         self._persistent: tuple[DataLoader, _Recorded] | None = None
 
     def _batches(self, progress: _Progress) -> Iterator[Any]:
-        # DataLoader's single-process fetch, done here so the failing (or stuck) index is known. torch's
-        # iterator draws one number from the loader's generator (a base seed for workers) before the
-        # sampler draws its order; drawing it too keeps the order equal to DataLoader's
+        # DataLoader's single-process fetch, so the failing (or stuck) index is known; the number drawn first is
+        # the workers' base seed torch's iterator draws, so the sampler's order equals DataLoader's
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         batched = self.batch_sampler is not None
         for drawn in self.batch_sampler if batched else self.sampler:
@@ -141,10 +131,12 @@ class SafeThreadDataLoader(ThreadDataLoader):
         return ours, "timeout_s"
 
     def _worker_loader(self) -> tuple[DataLoader, _Recorded]:
-        """A plain ``DataLoader`` over this one's dataset and sampler whose batches are recorded."""
+        """A plain ``DataLoader`` over this one's dataset and recorded sampler."""
         if self._persistent is not None:
             return self._persistent
-        options = {k: getattr(self, k) for k in _WORKER_OPTIONS if hasattr(self, k)}
+        options = {
+            k: getattr(self, k) for k in ("num_workers", "collate_fn", "generator", *WORKER_OPTIONS) if hasattr(self, k)
+        }
         options["timeout"] = self._worker_timeout()[0]
         if self.batch_sampler is not None:
             record = _Recorded(self.batch_sampler)
@@ -170,17 +162,15 @@ class SafeThreadDataLoader(ThreadDataLoader):
                 if named is None and TORCH_TIMEOUT_TEXT not in str(e):
                     raise
                 cause = e.with_traceback(None) if named is not None else None  # its frames would hold the iterator
-            else:
-                received += 1
-                yield batch
-                continue
-            # dropping the iterator makes PyTorch shut its workers down now, terminating a stuck one, instead of
-            # whenever the garbage collector finds it, in whatever thread runs then (up to 5 s per worker)
-            self._persistent = None
-            del it, loader
-            if named is not None:
-                raise named from cause
-            raise LoaderTimeoutError(self._worker_timeout_text(record, received)) from None
+                break
+            received += 1
+            yield batch
+        # dropping the iterator shuts PyTorch's workers down now (a stuck one terminated), not at garbage collection
+        self._persistent = None
+        del it, loader
+        if named is not None:
+            raise named from cause
+        raise LoaderTimeoutError(self._worker_timeout_text(record, received)) from None
 
     def _worker_timeout_text(self, record: _Recorded, received: int) -> str:
         seconds, option = self._worker_timeout()
@@ -215,11 +205,8 @@ class SafeThreadDataLoader(ThreadDataLoader):
 
 
 def prefetch_pays(device: torch.device | str) -> tuple[bool, str]:
-    """Whether making the next batch while the step computes surely pays, and why.
-
-    Yes on a CUDA device; on a CPU the loader thread competes with the step's OpenMP team, so
-    ``False``: a measurement (`PrefetchChoice`) decides.
-    """
+    """Whether making the next batch while the step computes surely pays, and why: on a CUDA device yes;
+    on a CPU ``False``, a measurement (`PrefetchChoice`) decides."""
     device = torch.device(device)
     if device.type != "cpu":
         return True, f"the step runs on {device.type}: the next batch is made while it computes"

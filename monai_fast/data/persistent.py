@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import secrets
 import warnings
 from collections.abc import Callable, Sequence
 from copy import deepcopy
@@ -15,10 +14,9 @@ from typing import Any, Literal
 import torch
 from monai.data import PersistentDataset
 from monai.data.utils import SUPPORTED_PICKLE_MOD
-from monai.transforms import RandomizableTrait, Transform
 from monai.utils import convert_to_tensor, look_up_option
 
-from monai_fast.data.fingerprint import ItemKeys, transform_fingerprint
+from monai_fast.data.fingerprint import ItemKeys, chain_key, first_random
 from monai_fast.files import NoSpaceError, atomic_write, clean_stale_tmp
 
 __all__ = ["TrustedPersistentDataset"]
@@ -53,8 +51,7 @@ class TrustedPersistentDataset(PersistentDataset):
         identity: Literal["stat", "content"] = "stat",
         **kwargs: Any,
     ) -> None:
-        if identity not in ("stat", "content"):
-            raise ValueError(f"identity must be 'stat' or 'content', got {identity!r}")
+        self._item_key = ItemKeys(identity)  # refuses an unknown identity
         for bad in ("hash_func", "hash_transform"):
             if bad in kwargs:
                 raise ValueError(f"{bad} is set by TrustedPersistentDataset; do not pass it")
@@ -62,26 +59,14 @@ class TrustedPersistentDataset(PersistentDataset):
             raise ValueError("cache_dir is required (use CacheDataset for an in-memory cache)")
         self.identity = identity
         self.disk_full: NoSpaceError | None = None
-        self._item_key = ItemKeys(identity)
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         clean_stale_tmp(cache_dir)  # leftovers of killed writers, once per data set
         super().__init__(data=data, transform=transform, cache_dir=cache_dir, hash_func=self._item_key, **kwargs)
-        deterministic = []
-        for t in self.transform.flatten().transforms:
-            if isinstance(t, RandomizableTrait) or not isinstance(t, Transform):
-                break
-            deterministic.append(t)
-        fingerprint = transform_fingerprint(deterministic)
-        self.trusted = not fingerprint.untrusted
-        self.transform_hash = fingerprint.digest[:16]
-        if not self.trusted:  # a key that never matches another run's: recompute rather than serve stale items
-            self.transform_hash += "-" + secrets.token_hex(4)
-            logger.warning(
-                "TrustedPersistentDataset: the cached transforms hold callables whose behaviour cannot be "
-                "fingerprinted (%s); their cache files in %s are recomputed in each run instead of reused",
-                ", ".join(fingerprint.untrusted),
-                cache_dir,
-            )
+        flat = self.transform.flatten().transforms
+        deterministic = flat[: first_random(flat)]
+        self.transform_hash, self.trusted = chain_key(
+            deterministic, "TrustedPersistentDataset", "cache files", cache_dir
+        )
 
     def _cachecheck(self, item_transformed: Any) -> Any:
         key = self.hash_func(item_transformed).decode("utf-8") + self.transform_hash
@@ -91,7 +76,7 @@ class TrustedPersistentDataset(PersistentDataset):
                 return torch.load(hashfile, weights_only=self.weights_only)
             except PermissionError:
                 raise
-            except Exception as e:  # any damage: rebuild instead of crashing or training on garbage
+            except Exception as e:  # any damage: rebuilt, never trained on
                 warnings.warn(
                     f"cache file {hashfile} is damaged ({type(e).__name__}: {e}); rebuilding it", stacklevel=2
                 )

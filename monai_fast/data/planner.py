@@ -1,7 +1,4 @@
-"""Where to cache: GPU memory, RAM, disk or a rotating SmartCache, measured, within budgets (docs/data.md).
-
-Under DDP each rank plans only its partition (`rank_partition()`), so no rank caches a full copy.
-"""
+"""Where to cache: GPU memory, RAM, disk or a rotating SmartCache, measured, within budgets (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -18,10 +15,11 @@ import numpy as np
 import psutil
 import torch
 from monai.data import CacheDataset, Dataset, partition_dataset
-from monai.transforms import Compose, RandomizableTrait, ToDeviced, Transform
+from monai.transforms import Compose, ToDeviced
 
 from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset
+from monai_fast.data.fingerprint import first_random
 from monai_fast.data.items import item_bytes
 from monai_fast.data.persistent import TrustedPersistentDataset
 from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
@@ -52,11 +50,7 @@ CACHE_CHOICES: tuple[str, ...] = ("auto", *CACHE_PLACES)
 
 
 def budgets_in_bytes(budgets_mib: dict[str, float | None]) -> list[int | None]:
-    """Each ``place: MiB`` budget in bytes (``None`` stays ``None``: the planner's default).
-
-    Raises:
-        ValueError: for a negative budget, naming it.
-    """
+    """Each ``place: MiB`` budget in bytes (``None`` stays ``None``); a negative one raises ``ValueError``."""
     out = []
     for place, mib in budgets_mib.items():
         if mib is not None and not mib >= 0:
@@ -66,20 +60,14 @@ def budgets_in_bytes(budgets_mib: dict[str, float | None]) -> list[int | None]:
 
 
 def default_disk_budget(cache_dir: str | os.PathLike) -> int:
-    """Bytes a disk cache in ``cache_dir`` may take by default: 80 % of its file system's free space (the
-    folder is made, so that its file system can be asked)."""
+    """Bytes a disk cache in ``cache_dir`` (made here) may take by default: 80 % of its file system's free space."""
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     return int(shutil.disk_usage(cache_dir).free * 0.8)
 
 
 def default_ram_budget(available: int | None = None) -> int:
-    """Bytes of RAM one process may cache by default: half of what is available, shared by the node's ranks.
-
-    Every rank on a node plans at once from the same free memory, so N ranks plan half the node, not N halves.
-
-    Args:
-        available: bytes available on the node; default what the operating system says now.
-    """
+    """Bytes of RAM one process may cache by default: half of ``available`` (default: the node's now), shared by
+    the node's ranks (N ranks planning at once take half the node, not N halves)."""
     available = psutil.virtual_memory().available if available is None else available
     return available // 2 // max(1, idist.get_nproc_per_node())
 
@@ -132,11 +120,10 @@ class CachePlan:
         return "\n".join(self.reasons)
 
     def build(self, data: Sequence, transform: Compose, background: bool = False, **kwargs: Any) -> Dataset:
-        """The data set this plan calls for (``kwargs`` go to the MONAI class); its chain becomes a `NamedItemsCompose`.
+        """The data set this plan calls for (``kwargs`` go to its class), its chain a `NamedItemsCompose`.
 
-        ``gpu`` / ``ram``: a ``CacheDataset`` (a `BackgroundCacheDataset` with ``background=True``);
-        ``disk``: a `CropCacheDataset` where the first random transform reads its patch, else a
-        `TrustedPersistentDataset`; ``smartcache``: a `SafeSmartCacheDataset`; ``none``: a ``Dataset``.
+        ``gpu`` / ``ram``: a ``CacheDataset`` (a `BackgroundCacheDataset` with ``background=True``); ``disk``: a
+        `CropCacheDataset` or `TrustedPersistentDataset`; ``smartcache``: a `SafeSmartCacheDataset`.
         """
         if self.where in ("gpu", "ram", "smartcache"):
             kwargs.setdefault("progress", False)
@@ -205,11 +192,8 @@ def plan_cache(
     )
     transform = transform if isinstance(transform, Compose) else Compose(list(transform))
     device = torch.device(device)
-    first_random = transform.get_index_of_first(
-        lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform)
-    )
-    first_random = len(transform.transforms) if first_random is None else first_random
-    deterministic = NamedItemsCompose.of(transform, transform.transforms[:first_random])
+    first = first_random(transform.transforms)
+    deterministic = NamedItemsCompose.of(transform, transform.transforms[:first])
     n = max(1, min(sample, len(data)))
     samples = [deterministic(dict(data[i])) for i in range(n)]
     per_item = int(np.mean([item_bytes(x) for x in samples]))
@@ -227,7 +211,7 @@ def plan_cache(
         ram_budget = default_ram_budget()
     plan = CachePlan(
         where="none",
-        first_random=first_random,
+        first_random=first,
         n_items=len(data),
         bytes_per_item=per_item,
         margin=margin,
@@ -235,15 +219,12 @@ def plan_cache(
         device=str(device),
         cache_dir=None if cache_dir is None else str(cache_dir),
         tensor_keys=keys,
-        reads_patches=first_random < len(transform.transforms)
-        and isinstance(transform.transforms[first_random], PATCH_CROPS),
+        reads_patches=first < len(transform.transforms) and isinstance(transform.transforms[first], PATCH_CROPS),
     )
     need = plan.total_bytes
     head = f"{len(data)} items x {_gib(per_item)} = {_gib(per_item * len(data))} (x{margin:g} margin: {_gib(need)})"
     r = plan.reasons
-    r.append(
-        f"cached part: the first {first_random} of {len(transform.transforms)} transforms (up to the first random one)"
-    )
+    r.append(f"cached part: the first {first} of {len(transform.transforms)} transforms (up to the first random one)")
     if device.type == "cuda" and gpu_budget is not None and need <= gpu_budget:
         plan.where = "gpu"
         r.append(
@@ -264,7 +245,7 @@ def plan_cache(
     if cache_dir is not None and disk_budget is not None and need <= disk_budget:
         plan.where = "disk"
         how = (
-            f"CropCacheDataset in {cache_dir}: the {type(transform.transforms[first_random]).__name__} "
+            f"CropCacheDataset in {cache_dir}: the {type(transform.transforms[first]).__name__} "
             "after it reads only its patches"
             if plan.reads_patches
             else f"TrustedPersistentDataset in {cache_dir}: whole items, the first random transform is no crop"

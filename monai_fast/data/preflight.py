@@ -8,7 +8,8 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,15 +55,8 @@ class PreflightError(ValueError):
 
 @dataclass
 class PreflightReport:
-    """What `preflight()` found.
-
-    Attributes:
-        checked: items checked.
-        from_cache: files whose scan came from the cache (not read again).
-        read: files read in this call.
-        seconds: wall time of the check.
-        problems: ``(path, reason)`` for every file at fault.
-    """
+    """What `preflight()` found: items ``checked``, files ``read`` now or taken ``from_cache``, the wall time in
+    ``seconds``, and ``(path, reason)`` for every file at fault in ``problems``."""
 
     checked: int
     from_cache: int
@@ -104,7 +98,6 @@ def scan_file(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _problems(image: str, label: str, img: dict, lab: dict, num_classes: int) -> list[tuple[str, str]]:
-    """The reasons ``image``/``label`` cannot be trained on, from their scans."""
     out = []
     for path, scan, what in ((image, img, "image"), (label, lab, "label")):
         if "error" in scan:
@@ -130,37 +123,57 @@ def _problems(image: str, label: str, img: dict, lab: dict, num_classes: int) ->
     return out
 
 
-def scan_identity(path: str) -> str:
-    """The key of a file's scan in the store: the scan version, the path, its size and modification time."""
-    st = os.stat(path)
-    return f"{SCAN_VERSION}|{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}"
+class ScanStore:
+    """The stored scans of one check, by file identity; ``came`` counts ``"missing"``, ``"stored"``, ``"read"``."""
+
+    def __init__(self, scans: dict[str, dict]) -> None:
+        self.scans, self.came = scans, Counter[str]()
+
+    def scan(self, path: str, scan: Callable[[str], dict], prefix: str = "", keep_failed: bool = True) -> dict:
+        """``path``'s stored scan, else ``scan(path)``, stored unless it failed and not ``keep_failed``."""
+        if not os.path.isfile(path):
+            self.came["missing"] += 1
+            return {"error": "no such file"}
+        st = os.stat(path)
+        key = f"{prefix}{SCAN_VERSION}|{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}"
+        if key in self.scans:
+            self.came["stored"] += 1
+            return self.scans[key]
+        found = scan(path)
+        if keep_failed or "error" not in found:
+            self.scans[key] = found
+        self.came["read"] += 1
+        return found
 
 
-def scan_through(
-    store: dict[str, dict], path: str, scan: Callable[[str], dict], prefix: str = "", keep_failed: bool = True
-) -> tuple[dict, str]:
-    """``path``'s scan and where it came from: ``"missing"`` (no file), ``"stored"`` (``store``) or ``"read"``.
+@contextmanager
+def scan_store(cache: bool, cache_path: str | os.PathLike | None) -> Iterator[ScanStore]:
+    """The scans stored at ``cache_path`` (default ``cache_root()/preflight.json``; none unless ``cache``),
+    one check at a time in this process, saved back when the check read a file.
 
-    A scan made here is kept in ``store`` under ``prefix`` + `scan_identity()` (one that failed: if ``keep_failed``).
+    A store that is missing or damaged is empty (the files are read again); one that cannot be written
+    (a full disk) costs a re-read next time, not the run.
     """
-    if not os.path.isfile(path):
-        return {"error": "no such file"}, "missing"
-    key = prefix + scan_identity(path)
-    if key in store:
-        return store[key], "stored"
-    found = scan(path)
-    if keep_failed or "error" not in found:
-        store[key] = found
-    return found, "read"
-
-
-def load_scans(path: Path) -> dict[str, dict]:
-    """The stored scans (empty when the store is missing or damaged: the files are read again)."""
-    try:
-        store = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return store if isinstance(store, dict) else {}
+    path = Path(cache_path) if cache_path is not None else cache_root() / "preflight.json"
+    with SCANS_LOCK:
+        scans: Any = {}
+        if cache:
+            try:
+                scans = json.loads(path.read_text())
+            except (OSError, ValueError):
+                pass
+        store = ScanStore(scans if isinstance(scans, dict) else {})
+        yield store
+        if cache and store.came["read"]:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_json(store.scans, path, indent=None)
+            except OSError as err:
+                logger.warning(
+                    "preflight: the check cache %s could not be written (%s); the next run reads the files again",
+                    path,
+                    err,
+                )
 
 
 def preflight(
@@ -184,9 +197,6 @@ def preflight(
         cache_path: the scans' JSON file; default ``cache_root()/preflight.json``.
         raise_error: raise `PreflightError` when a file is at fault (else only report it).
 
-    Returns:
-        A `PreflightReport`.
-
     Raises:
         PreflightError: listing every ``(path, reason)``, when ``raise_error`` and any file is at fault.
         ValueError: ``num_classes`` < 2 or an item without both keys.
@@ -201,25 +211,17 @@ def preflight(
     for i, item in enumerate(files):
         if not isinstance(item, dict) or image_key not in item or label_key not in item:
             raise ValueError(f"files[{i}] must have {image_key!r} and {label_key!r}, got {item!r}")
-    store_path = Path(cache_path) if cache_path is not None else cache_root() / "preflight.json"
-    with SCANS_LOCK:
-        store = load_scans(store_path) if cache else {}
+    with scan_store(cache, cache_path) as store:
         scans: dict[str, dict] = {}
         problems: list[tuple[str, str]] = []
-        came: Counter[str] = Counter()
         for item in files:
             image, label = str(item[image_key]), str(item[label_key])
             for path in (image, label):
                 if path not in scans:
-                    scans[path], how = scan_through(store, path, scan_file)
-                    came[how] += 1
+                    scans[path] = store.scan(path, scan_file)
             problems += _problems(image, label, scans[image], scans[label], num_classes)
-        read, hits = came["read"], came["stored"]
-        if cache and read:
-            save_scans(store, store_path)
-    report = PreflightReport(
-        checked=len(files), from_cache=hits, read=read, seconds=time.perf_counter() - t0, problems=problems
-    )
+    read, hits = store.came["read"], store.came["stored"]
+    report = PreflightReport(len(files), hits, read, time.perf_counter() - t0, problems)
     logger.info(
         "preflight: %d items, %d files read, %d from the cache, %d problem(s) in %.1f s",
         report.checked,
@@ -238,8 +240,7 @@ def patch_padding(
 ) -> str | None:
     """A warning when ``patch_size`` is larger than volumes after resampling to ``pixdim`` (RAS axes); else ``None``.
 
-    Such items are padded up to the patch on every load, which costs time and trains on padding.
-    Headers only: shape and voxel size of each ``files[i][key]``.
+    Such items are padded up to the patch on every load. Reads headers only.
     """
     worst, where, n = [0, 0, 0], "", 0
     for item in files:
@@ -266,16 +267,3 @@ def patch_padding(
         f"{tuple(pixdim)} (e.g. {where}): each such item is padded on every load, by up to {tuple(worst)} voxels; "
         "use a smaller --patch-size"
     )
-
-
-def save_scans(store: dict, store_path: Path) -> None:
-    """Keep the scans for the next run; a cache that cannot be written (a full disk) costs a re-read, not the run."""
-    try:
-        store_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(store, store_path, indent=None)
-    except OSError as err:
-        logger.warning(
-            "preflight: the check cache %s could not be written (%s); the next run reads the files again",
-            store_path,
-            err,
-        )

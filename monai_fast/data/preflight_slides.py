@@ -1,6 +1,6 @@
 """A fast check of a whole-slide patch list before training: every bad slide and patch named at once.
 
-Slide scans share the store of `monai_fast.data.preflight` (``preflight.json``); see docs/pathology.md.
+Slide scans share the store of `monai_fast.data.preflight`; see docs/pathology.md.
 """
 
 from __future__ import annotations
@@ -9,44 +9,37 @@ import logging
 import os
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from logging.handlers import BufferingHandler
-from pathlib import Path
 from typing import Any
 
-from monai_fast.data.preflight import SCANS_LOCK, PreflightError, PreflightReport, load_scans, save_scans, scan_through
+from monai_fast.data.preflight import PreflightError, PreflightReport, scan_store
 from monai_fast.extras import MissingExtraError, require
-from monai_fast.folders import cache_root
 
 __all__ = ["preflight_wsi", "scan_slide"]
 
 logger = logging.getLogger(__name__)
 
-#: bad patch locations named per slide; the rest of that slide's are counted
-_LOCATIONS_NAMED = 5
-
-
-def _is_tiff(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+_LOCATIONS_NAMED = 5  # bad patch locations named per slide; the rest of that slide's are counted
 
 
 def scan_slide(path: str | os.PathLike, reader: Any = None) -> dict[str, Any]:
     """The level sizes of a whole-slide image, after checking that every level can be read to its end.
 
-    A TIFF slide is opened with ``tifffile`` (every tile inside the file, each page's last tile
-    decodes, no damaged page chain); another format with ``reader`` (a MONAI WSI reader).
+    A TIFF slide is checked with ``tifffile`` (every tile inside the file, each page's last tile decodes);
+    another format is opened with ``reader`` (a MONAI WSI reader).
 
     Returns:
         ``{"levels": [[rows, columns], ...]}`` (level 0 first), or ``{"error": "..."}``.
 
     Raises:
-        MissingExtraError: a TIFF slide without ``tifffile`` installed (the ``wsi`` extra).
+        MissingExtraError: a TIFF slide without ``tifffile`` (the ``wsi`` extra).
     """
     path = str(path)
     try:
-        if not _is_tiff(path):
+        with open(path, "rb") as f:
+            tiff = f.read(4) in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+        if not tiff:
             if reader is None:
                 return {"error": "not a TIFF file, and no WSI reader was given to open it"}
             wsi = reader.read(path)
@@ -123,11 +116,12 @@ def preflight_wsi(
 ) -> PreflightReport:
     """Check a whole-slide patch list before training: every slide readable, every patch inside its slide.
 
-    Patches are located as MONAI's ``PatchWSIDataset`` locates them; scans are cached like `preflight()`'s.
+    Patches are located as MONAI's ``PatchWSIDataset`` locates them; slide scans are cached like `preflight()`'s.
+    The report counts items in ``checked``, slides in ``read`` and ``from_cache``.
 
     Args:
-        files: ``{"image", "location"}`` items (``"patch_size"`` and ``"patch_level"`` in an item
-            override the defaults), or a mapping of list names to such lists, so problems name the list.
+        files: ``{"image", "location"}`` items (an item's ``"patch_size"`` / ``"patch_level"`` override the
+            defaults), or a mapping of list names to such lists, so problems name the list.
         patch_size: patch side, or (rows, columns), at ``level``.
         level: the pyramid level patches are read at.
         center_location: ``location`` is the patch's centre (MONAI's default) rather than its top-left.
@@ -136,13 +130,10 @@ def preflight_wsi(
         cache_path: the scans' JSON file; default ``cache_root()/preflight.json``.
         raise_error: raise `PreflightError` when anything is at fault (else only report it).
 
-    Returns:
-        A `PreflightReport` (``checked``: items; ``read`` / ``from_cache``: slides).
-
     Raises:
         PreflightError: every slide at fault, and up to five bad locations per slide with a count of the rest.
         ValueError: an item without ``"image"`` or ``"location"``.
-        MissingExtraError: a TIFF slide to read without ``tifffile`` installed (``pip install "monai-fast[wsi]"``).
+        MissingExtraError: a TIFF slide without ``tifffile`` (the ``wsi`` extra).
 
     Examples:
         >>> preflight_wsi({"training": train, "validation": val}, patch_size=96).ok  # doctest: +SKIP
@@ -154,20 +145,15 @@ def preflight_wsi(
         for i, item in enumerate(items):
             if not isinstance(item, dict) or "image" not in item or "location" not in item:
                 raise ValueError(f"{name}[{i}] must have 'image' and 'location', got {item!r}")
-    store_path = Path(cache_path) if cache_path is not None else cache_root() / "preflight.json"
     problems: list[tuple[str, str]] = []
-    with SCANS_LOCK:
-        store = load_scans(store_path) if cache else {}
+    with scan_store(cache, cache_path) as store:
         scans: dict[str, dict] = {}
-        came: Counter[str] = Counter()
         bad: dict[str, list[str]] = {}
         for name, items in lists.items():
             for i, item in enumerate(items):
                 path = str(item["image"])
-                if path not in scans:
-                    # a damaged slide is not kept: it is read again next time (it may be rewritten)
-                    scans[path], how = scan_through(store, path, lambda p: scan_slide(p, reader), "wsi|", False)
-                    came[how] += 1
+                if path not in scans:  # a damaged slide is not stored: it may be rewritten
+                    scans[path] = store.scan(path, lambda p: scan_slide(p, reader), "wsi|", keep_failed=False)
                     if "error" in scans[path]:
                         problems.append((path, f"cannot read the slide: {scans[path]['error']}"))
                 if "error" in scans[path]:
@@ -179,18 +165,14 @@ def preflight_wsi(
                 )
                 if why is not None:
                     bad.setdefault(path, []).append(f"{name}[{i}]: {why}")
-        for path, reasons in bad.items():
-            problems += [(path, r) for r in reasons[:_LOCATIONS_NAMED]]
-            if len(reasons) > _LOCATIONS_NAMED:
-                more = len(reasons) - _LOCATIONS_NAMED
-                problems.append((path, f"... and {more} more patch(es) of this slide at fault"))
-        read, hits = came["read"], came["stored"]
-        if cache and read:
-            save_scans(store, store_path)
+    for path, reasons in bad.items():
+        problems += [(path, r) for r in reasons[:_LOCATIONS_NAMED]]
+        if len(reasons) > _LOCATIONS_NAMED:
+            more = len(reasons) - _LOCATIONS_NAMED
+            problems.append((path, f"... and {more} more patch(es) of this slide at fault"))
+    read, hits = store.came["read"], store.came["stored"]
     checked = sum(len(items) for items in lists.values())
-    report = PreflightReport(
-        checked=checked, from_cache=hits, read=read, seconds=time.perf_counter() - t0, problems=problems
-    )
+    report = PreflightReport(checked, hits, read, time.perf_counter() - t0, problems)
     logger.info(
         "preflight (WSI): %d patches on %d slide(s), %d read, %d from the cache, %d problem(s) in %.1f s",
         checked,

@@ -1,8 +1,5 @@
-"""Capture and restore every random state a MONAI training run draws from.
-
-Besides the global generators, every MONAI ``Randomizable`` transform reachable from a data set
-has its own ``.R``, reseeded by MONAI's loaders, which random crops and flips draw from.
-"""
+"""Capture and restore every random state a MONAI training run draws from: the global generators and
+the ``.R`` of every ``Randomizable`` transform reachable from a data set."""
 
 from __future__ import annotations
 
@@ -18,12 +15,15 @@ from monai_fast.telemetry.cuda import cuda_rng_states, set_cuda_rng_states
 __all__ = ["OwnRandomStream", "capture", "randomizables", "restore"]
 
 _WALK = ("dataset", "transform", "transforms", "loader")
+_RANDOM_PARTS = (Transform, Randomizable)
 
 
 def randomizables(root: Any, _seen: set[int] | None = None) -> list[Any]:
-    """Objects with a ``numpy.random.RandomState`` ``R`` reachable from ``root`` through the
-    attributes data sets and transforms nest by (``dataset``, ``transform``, ``transforms``), in
-    a fixed order. Objects sharing one ``RandomState`` appear once."""
+    """Objects with a ``numpy.random.RandomState`` ``R`` reachable from ``root``, in a fixed order.
+
+    The walk follows ``dataset``, ``transform``, ``transforms``, ``loader`` and nested transforms (a
+    cropper inside ``RandCropByPosNegLabeld``); objects sharing one ``RandomState`` appear once.
+    """
     seen = set() if _seen is None else _seen
     found: list[Any] = []
     if root is None or id(root) in seen or isinstance(root, (str, bytes, int, float, torch.Tensor, np.ndarray)):
@@ -37,14 +37,11 @@ def randomizables(root: Any, _seen: set[int] | None = None) -> list[Any]:
     if isinstance(rs, np.random.RandomState) and id(rs) not in seen:
         seen.add(id(rs))
         found.append(root)
-    attrs = getattr(root, "__dict__", {})
-    for name, child in attrs.items():
-        # data sets / loaders point to their transform chain; transforms hold inner transforms
-        # (RandCropByPosNegLabeld's cropper, RandShiftIntensityd's shifter) with their own R
+    for name, child in getattr(root, "__dict__", {}).items():
         if (
             name in _WALK
-            or isinstance(child, (Transform, Randomizable))
-            or (isinstance(child, (list, tuple)) and child and isinstance(child[0], (Transform, Randomizable)))
+            or isinstance(child, _RANDOM_PARTS)
+            or (isinstance(child, (list, tuple)) and child and isinstance(child[0], _RANDOM_PARTS))
         ):
             found += randomizables(child, seen)
     return found
@@ -92,8 +89,7 @@ class OwnRandomStream:
     the run seeded itself.
 
     Examples:
-        >>> mine = OwnRandomStream()
-        >>> with mine:
+        >>> with OwnRandomStream():
         ...     a = torch.rand(1)
     """
 

@@ -18,7 +18,7 @@ __all__ = ["NamedItemsCompose", "threads_joined_on_error"]
 class NamedItemsCompose(Compose):
     """A ``Compose`` whose failure on an item that carries file names is a `DataItemError` naming them.
 
-    MONAI's ``RuntimeError("applying transform ...")`` names no file; items without file names raise as before.
+    Items without file names raise as with MONAI's ``Compose``.
 
     Examples:
         >>> chain = NamedItemsCompose([LoadImaged(keys="image")])
@@ -47,8 +47,7 @@ class NamedItemsCompose(Compose):
 def threads_joined_on_error(timeout_s: float = 300.0) -> Iterator[None]:
     """On an error in the block, wait (at most ``timeout_s``) for the threads started in it, then re-raise.
 
-    MONAI's ``CacheDataset`` terminates its fill pool on the first failing item without waiting; a
-    process that exits while those threads are inside torch code aborts (exit 134).
+    A process exiting while MONAI's cache-fill threads are inside torch code aborts (exit 134).
     """
     before = set(threading.enumerate())
     try:

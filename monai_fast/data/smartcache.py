@@ -1,8 +1,4 @@
-"""A ``SmartCacheDataset`` that owns a safe rotation: bounded waits, named errors, resumable state.
-
-MONAI's rotation thread holds the lock ``update_cache()`` waits on, so no wait can time out and a
-failing transform makes it spin forever (docs/data.md).
-"""
+"""A ``SmartCacheDataset`` that owns a safe rotation: bounded waits, named errors, resumable state (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -31,28 +27,19 @@ __all__ = ["SafeSmartCacheDataset", "replace_count", "window_bytes"]
 
 logger = logging.getLogger("monai_fast.data")
 
-
 #: each adopted user's data set and the safe data set rotating in its place (see `SafeSmartCacheDataset.adopt()`)
 _ADOPTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def replace_count(dataset: SmartCacheDataset) -> int:
-    """Items a ``SmartCacheDataset`` replaces at each update.
-
-    MONAI keeps this count only in its private ``_replace_num``; this function is the one place
-    monai-fast reads it (a `SafeSmartCacheDataset` has it public as ``replace_num``).
-    """
+    """Items a ``SmartCacheDataset`` replaces at each update (the one read of MONAI's private ``_replace_num``)."""
     if isinstance(dataset, SafeSmartCacheDataset):
         return dataset.replace_num
     return int(dataset._replace_num)
 
 
 def window_bytes(dataset: SmartCacheDataset) -> int:
-    """Bytes of the arrays and tensors a ``SmartCacheDataset``'s window holds in RAM now.
-
-    MONAI keeps the window only in its private ``_cache``; with `replace_count` this module is the one place
-    monai-fast reads MONAI's SmartCache state.
-    """
+    """Bytes of the arrays and tensors a ``SmartCacheDataset``'s window (MONAI's private ``_cache``) holds in RAM."""
     return sum(item_bytes(x.item if isinstance(x, _InMemory) else x) for x in (dataset._cache or []) if x is not None)
 
 
@@ -85,10 +72,8 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         replace_rate: fraction of the cache replaced at each update (> 0).
         *args: further positional arguments of ``SmartCacheDataset`` (``cache_num``, ...).
         timeout_s: default longest wait of ``update_cache`` for one replacement, in seconds.
-        cache_dir: a folder for a `CropCacheDataset` tier under the window (``None``: the window holds the
-            items in RAM, as MONAI's does). With it the window holds only item numbers: each item's
-            deterministic part is written there once, a replacement of an item already written only
-            finds its folder, and a random crop reads only its patch.
+        cache_dir: a folder for a `CropCacheDataset` tier: the window then holds item numbers, not items
+            (``None``: the items in RAM, as MONAI's).
         **kwargs: further keyword arguments of ``SmartCacheDataset``.
 
     Attributes:
@@ -96,7 +81,6 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     Examples:
         >>> ds = SafeSmartCacheDataset(files, transform, cache_num=4, replace_rate=0.25)  # doctest: +SKIP
-        >>> tiered = SafeSmartCacheDataset(files, transform, 0.25, cache_num=4, cache_dir="/scratch")  # doctest: +SKIP
     """
 
     def __init__(
@@ -130,16 +114,15 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         """A safe rotation over what a MONAI ``SmartCacheDataset`` (or one of this class) holds.
 
         Items, order, settings and random state carry over; a window never rotated is handed over, not
-        transformed again. Adopting the same data set again gives the same safe one.
+        transformed again (with ``cache_dir``, released and written to the tier afresh). Adopting the same
+        data set again gives the same safe one.
 
         Args:
-            dataset: the data set to adopt; it is shut down first if its rotation runs.
+            dataset: the data set to adopt; its running rotation is shut down.
             data: other items to rotate over instead (a rank's share); then ``cache_num`` may differ.
             cache_num: items to cache; default ``dataset.cache_num`` (at most the number of items).
             timeout_s: as for the constructor.
-            cache_dir: as for the constructor (default: ``dataset``'s own, for one of this class). With it nothing
-                is handed over: ``dataset``'s window is released (indexing ``dataset`` itself computes an item
-                again) and the tier writes the window afresh.
+            cache_dir: as for the constructor; default that of ``dataset`` (one of this class).
 
         Raises:
             TypeError: ``dataset`` is not a ``SmartCacheDataset``.
@@ -205,7 +188,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         return super()._fill_cache(indices)
 
     def set_data(self, data: Sequence) -> None:
-        """MONAI's ``set_data`` (stop, shuffle, re-cache the first items), then restart the rotation at 0."""
+        """MONAI's ``set_data`` (stop, shuffle, re-cache the first items); the rotation restarts at 0."""
         self.shutdown()
         super().set_data(data)
         rot = self._rotation
@@ -237,12 +220,10 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         stop_at_exit(self)  # a replacement still being made in torch code at interpreter exit aborts the process
 
     def update_cache(self, timeout_s: float | None = None) -> None:
-        """Swap the oldest ``replace_num`` cached items for the prepared replacements.
-
-        Starts the background thread if it is not running, unless a replacement failed: that error is raised.
+        """Swap the oldest ``replace_num`` cached items for the prepared replacements (starting the thread).
 
         Args:
-            timeout_s: longest wait for the replacement; the dataset's ``timeout_s`` when ``None``.
+            timeout_s: longest wait for the replacement; default the dataset's ``timeout_s``.
 
         Raises:
             DataItemError: preparing a replacement failed; names the item and its files.
@@ -273,11 +254,8 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             rot.cond.notify_all()  # the thread prepares the next replacement
 
     def shutdown(self, wait_s: float | None = None) -> None:
-        """Stop the background thread; the position and the cache stay where they are.
-
-        Args:
-            wait_s: longest wait for the current item; default ``timeout_s``, or none after a failed update.
-        """
+        """Stop the background thread, waiting at most ``wait_s`` for its item (default ``timeout_s``, none after a
+        failed update); the position and the cache stay where they are."""
         rot = self._rotation
         with rot.cond:
             thread = rot.thread
@@ -294,9 +272,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             forget_at_exit(self)
 
     def stop_for_exit(self) -> None:
-        """`shutdown()` before the interpreter exits (`monai_fast.threads.stop_at_exit()`), waiting up to
-        ``timeout_s`` for the thread to finish its item even after a failed update: a thread still in torch code at
-        exit aborts the process."""
+        """`shutdown()` at interpreter exit, waiting up to ``timeout_s`` even after a failed update."""
         self.shutdown(wait_s=self._rotation.timeout_s)
 
     def manage_replacement(self, stop: threading.Event | None = None, beside_cpu_steps: bool = False) -> None:
@@ -304,8 +280,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
         Args:
             stop: set to end the thread (default: the rotation's own event).
-            beside_cpu_steps: training runs on the CPU, so this thread and its workers run torch's parallel
-                code each on itself alone (`serial_openmp_here`).
+            beside_cpu_steps: training runs on the CPU: this thread and its workers run OpenMP serially.
         """
         rot = self._rotation
         stop = rot.stop if stop is None else stop
@@ -336,11 +311,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
 
     @staticmethod
     def adoption_of(dataset: SmartCacheDataset) -> SafeSmartCacheDataset | None:
-        """The data set that rotates in place of the user's ``dataset`` (`adopt()`), or ``None``.
-
-        MONAI's object itself never rotates once adopted; this one does while it holds the same items in
-        the same order.
-        """
+        """The data set that rotates in place of the user's ``dataset`` (`adopt()`) while it holds the same items."""
         safe = _ADOPTIONS.get(dataset)
         if safe is None or len(safe.data) != len(dataset.data):
             return None
@@ -373,10 +344,10 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         return {"start_pos": rot.position, "updates": rot.updates, "total": len(self.data)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Move the rotation to a saved position and rebuild the cache there (stops the thread first).
+        """Stop the thread, move the rotation to a saved position and rebuild the cache there.
 
         Raises:
-            ValueError: if the state is for another number of items.
+            ValueError: the state is for another number of items.
         """
         total = len(self.data)
         if state.get("total") != total:
@@ -396,8 +367,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         self._cache = [cached[i] if i in cached else loaded[i] for i in self.window()]
 
     def _load_cache_item(self, idx: int) -> Any:
-        """Item ``idx``'s deterministic part; with a tier, its number once it is written there (or the item
-        itself once the tier's disk is full)."""
+        """Item ``idx``'s deterministic part; with a tier, its number once written there (the item once it is full)."""
         if self.tier is None:
             return super()._load_cache_item(idx)
         if self.tier.disk_full is None:
@@ -405,7 +375,7 @@ class SafeSmartCacheDataset(SmartCacheDataset):
         return _OnDisk(idx) if self.tier.item_dir(idx).is_dir() else _InMemory(self.tier.cached(idx))
 
     def _transform(self, index: int) -> Any:
-        """A window item from the tier (mapped afresh, so random transforms never change the window), else MONAI's."""
+        """A window item: from the tier, mapped afresh (random transforms never change the window), else MONAI's."""
         if self.tier is None or not self._cache:
             return super()._transform(index)
         cached = self._cache[index % len(self._cache)]
@@ -437,16 +407,15 @@ class SafeSmartCacheDataset(SmartCacheDataset):
             return pool.map(load, indices)
 
     def _item_error(self, index: int, error: BaseException) -> DataItemError:
-        return DataItemError(f"SmartCache replacement of {describe_item(self, index)} failed: {error_text(error)}")
+        named = DataItemError(f"SmartCache replacement of {describe_item(self, index)} failed: {error_text(error)}")
+        named.__cause__ = error
+        return named
 
     def _failure(self, deadline: float, timeout: float) -> BaseException | None:
         """The error that ends a wait for a replacement, or ``None`` to keep waiting (``cond`` held)."""
         rot = self._rotation
         if rot.error is not None:
-            index, error = rot.error
-            failure = self._item_error(index, error)
-            failure.__cause__ = error
-            return failure
+            return self._item_error(*rot.error)
         if not self.is_started():
             return RuntimeError("SmartCache's replacement thread stopped without finishing a replacement")
         if time.monotonic() >= deadline:

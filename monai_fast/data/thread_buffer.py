@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -21,14 +22,12 @@ logger = logging.getLogger("monai_fast.data.loaders")  # one logger for the load
 
 _IDLE_CHECK_S = 5.0  # an idle loader thread re-checks the stop flag this often (a stop also wakes it)
 _EXIT_JOIN_S = 120.0  # at interpreter exit, the longest wait for a loader thread to finish its item (no timeout_s)
-
-
 _END = object()  # the end of ``src``
 
 
+@dataclass
 class _Failure:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
+    error: BaseException
 
 
 class _Run:
@@ -44,19 +43,14 @@ class _Run:
 
     def put(self, value: Any) -> bool:
         while self.running:
-            try:
+            with contextlib.suppress(Full):
                 self.queue.put(value, timeout=self.timeout)
                 return True
-            except Full:
-                continue
         return False
 
     def wait_for_request(self) -> bool:
-        """Block until the consumer asks for an item; ``False`` once it has stopped.
-
-        The wait sleeps without polling (the stop wakes it): a thread waking up every few
-        milliseconds takes the GIL from the training step.
-        """
+        """Sleep until the consumer asks for an item (no polling: that takes the GIL from the step); ``False``
+        once it has stopped."""
         while self.running:
             if self.asked.acquire(timeout=_IDLE_CHECK_S):
                 return self.running
@@ -67,11 +61,7 @@ class _Run:
         self.asked.release()
 
     def stop_for_exit(self) -> None:
-        """Stop and join the loader thread before the interpreter exits.
-
-        An epoch left unfinished (a terminated trainer, an exception) leaves its iteration open; a
-        loader thread still making a batch in torch's code at exit would abort the process.
-        """
+        """Stop and join the loader thread of an iteration left open, before the interpreter exits."""
         self.stop()
         thread = self.thread
         if thread is not None and thread is not threading.current_thread() and not self.stuck:
@@ -80,9 +70,8 @@ class _Run:
                 logger.warning("at exit: the loader thread is still busy after %.0f s; left behind", self.exit_join_s)
 
     def close(self) -> None:
-        close = getattr(self.it, "close", None)
-        if close is not None:  # a generator's clean-up (worker shutdown) runs now, not at GC
-            close()
+        if hasattr(self.it, "close"):  # a generator's clean-up (worker shutdown) runs now, not at GC
+            self.it.close()
 
 
 class _Watchdog:
@@ -136,7 +125,7 @@ class _Watchdog:
 
 @dataclass(eq=False, repr=False)
 class SafeThreadBuffer:
-    """Iterates ``src`` in a background thread, or item by item in the consumer's; errors and end reach the consumer.
+    """Iterates ``src`` in a background thread, or item by item in the consumer's; errors reach the consumer.
 
     Args:
         src: the iterable to run.
@@ -181,16 +170,8 @@ class SafeThreadBuffer:
         finally:
             run.close()
 
-    def _timed_out(self, waited: float) -> LoaderTimeoutError:
-        doing = self.working_on() if self.working_on is not None else "working"
-        return LoaderTimeoutError(
-            f"no batch from the loader thread within timeout_s={self.timeout_s:g} s ({waited:.1f} s waited): "
-            f"it has been {doing}. A Python thread cannot be stopped: it is left behind as a daemon. "
-            "If the data is only slow, raise timeout_s (None turns the watchdog off)."
-        )
-
     def __iter__(self) -> Iterator[Any]:
-        # one run's own iterator, queue and signals: a thread abandoned by an earlier run cannot touch them
+        # this run's own iterator, queue and signals: a thread abandoned by an earlier run cannot touch them
         exit_join_s = _EXIT_JOIN_S if self.timeout_s is None else self.timeout_s
         run = _Run(iter(self.src), self.buffer_size, self.timeout, exit_join_s)
         thread: threading.Thread | None = None
@@ -198,15 +179,13 @@ class SafeThreadBuffer:
 
         def ask() -> None:
             nonlocal asked, thread
-            if thread is None:
-                device = current_cuda_device()  # the training thread's, at the start of the epoch
-                started = threading.Thread(
-                    target=self._produce, args=(run, device), name="monai-fast-loader", daemon=True
-                )
-                run.thread = started
+            if thread is None:  # on the training thread's CUDA device at the start of the epoch
+                device = current_cuda_device()
+                run.thread = threading.Thread(target=self._produce, args=(run, device), name="monai-fast-loader")
+                run.thread.daemon = True
                 stop_at_exit(run)  # an iteration left open when the run ends is stopped before exit
-                started.start()
-                thread = started
+                run.thread.start()
+                thread = run.thread
             asked += 1
             run.asked.release()
 
@@ -245,6 +224,9 @@ class SafeThreadBuffer:
     def _prefetch_now(self) -> bool:
         return bool(self.prefetch() if callable(self.prefetch) else self.prefetch)
 
+    def _doing(self) -> str:
+        return self.working_on() if self.working_on is not None else "working"
+
     def _receive(self, run: _Run, thread: threading.Thread | None) -> Any:
         """The next item from the loader thread, waiting at most ``timeout_s``."""
         start = time.monotonic()
@@ -259,7 +241,11 @@ class SafeThreadBuffer:
                 waited = time.monotonic() - start
                 if self.timeout_s is not None and waited > self.timeout_s:
                     run.stuck = True
-                    raise self._timed_out(waited) from None
+                    raise LoaderTimeoutError(
+                        f"no batch from the loader thread within timeout_s={self.timeout_s:g} s ({waited:.1f} s "
+                        f"waited): it has been {self._doing()}. A Python thread cannot be stopped: it is left behind "
+                        "as a daemon. If the data is only slow, raise timeout_s (None turns the watchdog off)."
+                    ) from None
 
     def _make_here(self, it: Iterator[Any], watchdog: _Watchdog | None) -> Any:
         """The next item, made in the consumer's thread (not interruptible: past ``timeout_s`` it is only logged)."""
@@ -274,12 +260,11 @@ class SafeThreadBuffer:
                 watchdog.end()
 
     def _log_stuck(self, since: float) -> None:
-        doing = self.working_on() if self.working_on is not None else "working"
         logger.error(
             "no batch within timeout_s=%g s (%.1f s so far): the training thread has been %s; a batch made "
             "on demand cannot be interrupted (prefetch=True makes it in the loader thread, whose watchdog "
             "raises)",
             self.timeout_s,
             time.monotonic() - since,
-            doing,
+            self._doing(),
         )

@@ -18,17 +18,10 @@ def allreduce_seconds(
     numel: int, repeats: int = 5, statistic: Callable[[Sequence[float]], float] = statistics.median
 ) -> float:
     """Seconds of one all-reduce of ``numel`` float32 values (``statistic`` of ``repeats``, slowest rank); 0 for
-    one process.
+    one process. Every rank must call it.
 
-    Every rank must call it. The device is synchronised around each call, so on CUDA the time
-    is NCCL's work, not the launch of an asynchronous kernel. The median (default) is what a
-    training step pays; ``min`` is the link's floor, what a latency/bandwidth fit wants on a host
-    where other processes delay a rank now and then.
-
-    Examples:
-        >>> from monai_fast.distributed.comm import allreduce_seconds
-        >>> allreduce_seconds(1000)  # one process: nothing to reduce
-        0.0
+    The device is synchronised around each call, so on CUDA the time is NCCL's work. The median (default) is what
+    a training step pays; ``min`` is the link's floor, what a latency/bandwidth fit wants on a busy host.
     """
     if idist.get_world_size() == 1:
         return 0.0

@@ -23,10 +23,8 @@ class LaunchEnv:
         world_size: processes in the job (1 for ``"none"``).
         rank: this process's global rank.
         local_rank: this process's rank on its node.
-        node_rank: the node's index in the job (torchrun's ``GROUP_RANK``, SLURM's ``SLURM_NODEID``,
-            Horovod's ``HOROVOD_CROSS_RANK``); 0 on one node.
-        nnodes: nodes in the job (torchrun's ``GROUP_WORLD_SIZE``, ``SLURM_NNODES``,
-            ``HOROVOD_CROSS_SIZE``); 1 on one node.
+        node_rank: the node's index in the job; 0 on one node.
+        nnodes: nodes in the job; 1 on one node.
     """
 
     launcher: str
@@ -48,28 +46,19 @@ def _int(env: Mapping[str, str], *names: str, default: int = 0) -> int:
 
 
 def detect(environ: Mapping[str, str] | None = None) -> LaunchEnv:
-    """Read the launcher from the environment (``torchrun`` first: it may run inside a SLURM job).
+    """Read the launcher from the environment: torchrun's ``TORCHELASTIC_RUN_ID`` first (it may run inside a SLURM
+    job), then Horovod, then SLURM with more than one task, then other ``env://`` launchers (``LOCAL_RANK``).
 
-    - torchrun / ``torch.distributed.run`` (also ``monai-fast launch``, on one node or several):
-      ``TORCHELASTIC_RUN_ID``; other ``env://`` launchers (``torch.distributed.launch``):
-      ``LOCAL_RANK`` + ``WORLD_SIZE`` without SLURM ranks;
-    - horovodrun: ``HOROVOD_RANK`` (gloo controller) or Open MPI's ``OMPI_COMM_WORLD_RANK`` with
-      ``HOROVOD_*`` settings;
-    - SLURM (``srun``, or ``sbatch`` steps): ``SLURM_JOB_ID`` with ``SLURM_PROCID`` and
-      ``SLURM_NTASKS`` > 1 (a one-task allocation is a plain single process).
-
-    Examples:
-        >>> from monai_fast.distributed import detect
-        >>> detect({"LOCAL_RANK": "0", "RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x",
-        ...         "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"})
-        LaunchEnv(launcher='torchrun', world_size=4, rank=3, local_rank=0, node_rank=1, nnodes=2)
+    Example:
+        >>> detect({"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})
+        LaunchEnv(launcher='torchrun', world_size=4, rank=3, local_rank=0, node_rank=0, nnodes=1)
     """
     env = os.environ if environ is None else environ
     if "TORCHELASTIC_RUN_ID" in env:
         return _ranks(env, "torchrun")
     if "HOROVOD_RANK" in env or ("OMPI_COMM_WORLD_RANK" in env and any(k.startswith("HOROVOD_") for k in env)):
         return _ranks(env, "horovod")
-    if _slurm_ranks(env):
+    if "SLURM_JOB_ID" in env and "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", default=1) > 1:  # srun's tasks
         return _ranks(env, "slurm")
     if "LOCAL_RANK" in env and "WORLD_SIZE" in env:  # torch.distributed.launch and other env:// launchers
         return _ranks(env, "torchrun")
@@ -97,8 +86,7 @@ _VARIABLES: dict[str, tuple[tuple[str, ...], ...]] = {
 
 
 def _ranks(env: Mapping[str, str], launcher: str) -> LaunchEnv:
-    """``launcher``'s variables read into a `LaunchEnv` (torchrun's ``GROUP_RANK`` is the node, static or c10d
-    rendezvous alike); a count that is not set is 1, a rank 0."""
+    """``launcher``'s variables read into a `LaunchEnv`; a count that is not set is 1, a rank 0."""
     size, rank, local, node, nodes = _VARIABLES[launcher]
     return LaunchEnv(
         launcher,
@@ -110,23 +98,10 @@ def _ranks(env: Mapping[str, str], launcher: str) -> LaunchEnv:
     )
 
 
-def _slurm_ranks(env: Mapping[str, str]) -> bool:
-    """Whether srun made this process one of several tasks (a one-task allocation is a plain single process)."""
-    return "SLURM_JOB_ID" in env and "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", default=1) > 1
-
-
 def placement(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Where this process runs: the host's name and `detect()`'s node and local rank, for the run record.
 
-    Several "nodes" may share one host name (two ``monai-fast launch`` processes on one machine,
-    containers), so a node is told apart by ``node_rank`` with ``host`` beside it.
-
-    Examples:
-        >>> p = placement(
-        ...     {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1"}
-        ... )
-        >>> p["launcher"], p["node_rank"], p["local_rank"], isinstance(p["host"], str)
-        ('torchrun', 1, 0, True)
+    Several "nodes" may share one host name (containers), so a node is told apart by ``node_rank``.
     """
     env = detect(environ)
     return {
@@ -148,12 +123,7 @@ def pick_backend(env: LaunchEnv, cuda: bool, nproc_per_node: int | None = None) 
 
 
 def nested_spawn_message(nproc_per_node: int, env: LaunchEnv, environ: Mapping[str, str] | None = None) -> str:
-    """Why a rank must not start ``nproc_per_node`` processes of its own, and what to change.
-
-    Examples:
-        >>> print(nested_spawn_message(2, LaunchEnv("torchrun", 2), {LAUNCHED_BY: "2"}))  # doctest: +ELLIPSIS
-        nproc_per_node=2 was given, but this process was already started by monai-fast launch (torchrun, ...
-    """
+    """Why a rank must not start ``nproc_per_node`` processes of its own, and what to change."""
     environ = os.environ if environ is None else environ
     by = f"monai-fast launch (torchrun, --nproc {environ[LAUNCHED_BY]})" if LAUNCHED_BY in environ else env.launcher
     return (

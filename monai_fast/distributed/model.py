@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-import logging
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -13,22 +13,16 @@ from monai_fast.data.planner import rank_partition
 
 __all__ = ["distribute", "fix_zero_grad_signature", "rank_share"]
 
-logger = logging.getLogger("monai_fast.distributed")
-
 
 def fix_zero_grad_signature(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """Let ``optimizer.zero_grad(set_to_none=...)`` work on optimizers whose ``zero_grad()`` takes no argument.
 
-    Horovod's ``DistributedOptimizer`` (0.28.1) overrides ``zero_grad(self)``, so MONAI's
-    ``SupervisedTrainer``, which calls ``zero_grad(set_to_none=...)``, fails with a TypeError. The
-    wrapper keeps Horovod's own check (no ``zero_grad`` between backward and step) and then sets
-    the gradients to ``None`` or zero as asked. Optimizers that accept the argument are returned
-    untouched.
+    Horovod's ``DistributedOptimizer`` has ``zero_grad(self)``, which MONAI's trainers call with ``set_to_none``.
+    The wrapper keeps Horovod's own check, then sets the gradients to ``None`` or zero as asked; optimizers that
+    accept the argument are returned untouched.
     """
     original = optimizer.zero_grad
     try:
-        import inspect
-
         if "set_to_none" in inspect.signature(original).parameters:
             return optimizer
     except (TypeError, ValueError):
@@ -56,10 +50,8 @@ def distribute(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """``idist.auto_model`` + ``idist.auto_optim`` for the current backend; a no-op for one process.
 
-    Under torch.distributed the network becomes a ``DistributedDataParallel`` (rank 0's weights
-    are broadcast); under Horovod the parameters are broadcast and the optimizer becomes Horovod's
-    ``DistributedOptimizer``, made callable the way MONAI's trainers call it
-    (`fix_zero_grad_signature()`).
+    Under torch.distributed the network becomes a ``DistributedDataParallel``; under Horovod the parameters are
+    broadcast and the optimizer becomes Horovod's, callable as MONAI's trainers call it (`fix_zero_grad_signature()`).
     """
     if idist.get_world_size() == 1:
         return network, optimizer
@@ -73,9 +65,8 @@ def distribute(
 def rank_share(files: Sequence[dict], even: bool = True, seed: int = 0) -> list[dict]:
     """This rank's share of ``files``; all of them for one process.
 
-    ``even=True`` (training) pads by repeating items so every rank runs the same number of
-    iterations, which DDP's collectives need; ``even=False`` (validation) splits without repeats
-    (MONAI's metrics gather uneven shares), so no case is counted twice.
+    ``even=True`` (training) pads by repeating items so every rank runs the same number of iterations, as DDP
+    needs; ``even=False`` (validation) splits without repeats, so no case is counted twice.
     """
     world, rank = idist.get_world_size(), idist.get_rank()
     if world == 1:

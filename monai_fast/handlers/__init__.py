@@ -1,6 +1,5 @@
-"""Ignite event handlers; each one ``attach(engine)``es to any ignite ``Engine``, MONAI's included.
+"""Ignite event handlers, their results and errors; each one ``attach(engine)``es to any ignite ``Engine``.
 
-The namespace holds the handlers, their results and errors; their helpers stay in their modules.
 See docs/handlers.md.
 """
 

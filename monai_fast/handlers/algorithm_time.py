@@ -46,8 +46,7 @@ class AlgorithmTimes:
 
 
 def _metric_of(fn: Callable) -> tuple[Metric, str] | None:
-    """The ignite ``Metric`` whose ``iteration_completed`` / ``completed`` ``fn`` is (through ignite's event
-    filters too), with the method's name."""
+    """The ignite ``Metric`` whose ``iteration_completed`` / ``completed`` ``fn`` is, with the method's name."""
     parent = getattr(fn, "_parent", None)
     target = parent() if parent is not None else fn
     owner, name = getattr(target, "__self__", None), getattr(target, "__name__", "")
@@ -59,8 +58,7 @@ def _metric_of(fn: Callable) -> tuple[Metric, str] | None:
 class TrainingAlgorithmTime(EngineHandler):
     """Times a MONAI trainer's own post-processing and training metrics, per epoch.
 
-    Each callback of the trainer's ``postprocessing`` and metrics runs inside a timer in its place;
-    each epoch's `AlgorithmTimes` goes to `epochs` and the run record. See docs/monitoring.md.
+    Each epoch's `AlgorithmTimes` goes to `epochs` and the run record. See docs/monitoring.md.
 
     Args:
         logger: where the per-epoch line (debug level) goes; default ``monai_fast.handlers``.
@@ -99,8 +97,7 @@ class TrainingAlgorithmTime(EngineHandler):
         return list(dict.fromkeys(self._postprocessing + list(self._metrics.values())))
 
     def _wrap_new(self, engine: Engine) -> None:
-        """Wrap the post-processing, decollation and metric callbacks not wrapped yet."""
-        # MONAI's workflows run their post-processing on MODEL_COMPLETED
+        """Wrap the post-processing (on MODEL_COMPLETED), decollation and metric callbacks not wrapped yet."""
         for event in (IterationEvents.MODEL_COMPLETED, Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED):
             for fn in callbacks_on(engine, event):
                 if getattr(fn, "_monai_fast_timed", False):

@@ -48,18 +48,15 @@ def _as_fp32(out: Any) -> Any:
 class _InertHooks:
     """What a pickled network's precision hooks become: they do nothing (the toggle stays with its engine)."""
 
-    def before(self, module: torch.nn.Module, args: Any) -> None:
-        """Nothing: a pickled copy of the network is not the engine's."""
+    def before(self, *args: Any) -> None: ...
 
-    def after(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        """Nothing: a pickled copy of the network is not the engine's."""
+    def after(self, *args: Any) -> None: ...
 
 
 class _NetworkAutocast:
     """Forward hooks that autocast ``engine.network`` for a step of the user's own (``iteration_update=``).
 
-    They act only inside the engine's iterations, only on that network object (not a deep copy), and
-    never inside an autocast already on; the output is handed on in fp32.
+    They act only inside the engine's iterations, on that network object, outside any autocast; output in fp32.
     """
 
     def __init__(self, toggle: AMPToggle, network: torch.nn.Module) -> None:
@@ -100,7 +97,6 @@ class _NetworkAutocast:
         return _as_fp32(output)
 
     def remove(self) -> None:
-        """Unregister both hooks."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -109,14 +105,13 @@ class _NetworkAutocast:
 class AMPToggle(EngineHandler):
     """Autocast on a MONAI ``SupervisedTrainer`` / ``SupervisedEvaluator`` that can change at runtime.
 
-    Unlike MONAI's ``amp=True`` (fixed at construction, CUDA only) it follows the engine's device;
-    ``schedule(epoch)`` or `enable()` / `disable()` switch it, and `state_dict()` resumes the same
-    precision. On a trainer it brings a `NonFiniteGuard`. See docs/precision.md.
+    Unlike MONAI's ``amp=True`` (fixed, CUDA only) it follows the engine's device; ``schedule(epoch)`` or
+    `enable()` / `disable()` switch it; on a trainer it brings a `NonFiniteGuard`. See docs/precision.md.
 
     Args:
         precision: ``"auto"``, ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"`` (autocast off): `REQUESTS`.
         schedule: ``epoch -> bool``, called at each epoch's start; ``None`` keeps it on.
-        max_nonfinite: consecutive non-finite losses before the fallback to fp32 (for the guard it attaches).
+        max_nonfinite: consecutive non-finite losses before the fallback to fp32.
 
     Examples:
         >>> amp = AMPToggle("auto", schedule=lambda epoch: epoch > 1)  # fp32 for the first epoch
@@ -136,14 +131,9 @@ class AMPToggle(EngineHandler):
             raise TypeError("schedule must be callable: epoch -> bool")
         if max_nonfinite < 1:
             raise ValueError(f"max_nonfinite must be >= 1, got {max_nonfinite}")
-        self.requested = precision
-        self.schedule = schedule
-        self.max_nonfinite = max_nonfinite
-        self.enabled = True
-        self.fell_back = False
-        self.precision = "fp32"
-        self.device_type = "cpu"
-        self.autocast_dtype = torch.bfloat16
+        self.requested, self.schedule, self.max_nonfinite = precision, schedule, max_nonfinite
+        self.enabled, self.fell_back = True, False
+        self.precision, self.device_type, self.autocast_dtype = "fp32", "cpu", torch.bfloat16
         self._guard: NonFiniteGuard | None = None
         self._own_guard = False
         self._guard_state: dict[str, Any] = NonFiniteGuard().state_dict()  # counts while no guard is attached
@@ -161,7 +151,6 @@ class AMPToggle(EngineHandler):
         self._hooks: _NetworkAutocast | None = None
 
     def _guard_now(self) -> dict[str, Any]:
-        """The guard's state: the attached guard's, else the one kept while none is attached."""
         return self._guard.state_dict() if self._guard is not None else self._guard_state
 
     @property
@@ -181,11 +170,7 @@ class AMPToggle(EngineHandler):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore `state_dict()`; before `attach()` it replaces the precision decision.
-
-        Raises:
-            ValueError: for an unknown precision in ``state``.
-        """
+        """Restore `state_dict()`; before `attach()` it replaces the precision decision (`ValueError`: unknown)."""
         if state["precision"] not in PRECISIONS:
             raise ValueError(f"AMPToggle state holds an unknown precision {state['precision']!r}")
         self.precision = state["precision"]
@@ -219,27 +204,19 @@ class AMPToggle(EngineHandler):
         self._apply()
 
     def _attach(self, engine: Engine) -> None:
-        """Take over precision on a MONAI engine (a `TypeError` for one without an ``inferer``)."""
         if not isinstance(getattr(engine, "inferer", None), Inferer):
             raise TypeError(
                 "AMPToggle needs a MONAI SupervisedTrainer or SupervisedEvaluator (an engine with an inferer)"
             )
         device = torch.device(getattr(engine.state, "device", None) or "cpu")
-        precision = self.precision if self._restored else choose_precision(self.requested, device)
-        self.precision = precision  # a resumed run keeps the precision its checkpoint chose
-        self.device_type = device.type
-        self.autocast_dtype = autocast_dtype(self.precision)
-        self._undo = {
-            "inferer": engine.inferer,
-            "amp": getattr(engine, "amp", False),
-            "amp_kwargs": getattr(engine, "amp_kwargs", {}),
-            "scaler": getattr(engine, "scaler", None),
-        }
+        if not self._restored:  # a resumed run keeps the precision its checkpoint chose
+            self.precision = choose_precision(self.requested, device)
+        self.device_type, self.autocast_dtype = device.type, autocast_dtype(self.precision)
+        self._undo = {k: getattr(engine, k, d) for k, d in (("amp", False), ("amp_kwargs", {}), ("scaler", None))}
         engine.inferer = _AutocastInferer(engine.inferer, self)
         network = getattr(engine, "network", None)
         if isinstance(network, torch.nn.Module):
             self._hooks = _NetworkAutocast(self, network)
-        trains = hasattr(engine, "optimizer")
         self._scale_fp16(engine)
         self._apply()
         self.on(engine, Events.EPOCH_STARTED, self._epoch_started)
@@ -248,14 +225,13 @@ class AMPToggle(EngineHandler):
         # first: an evaluator run from the trainer's ITERATION_COMPLETED is not the trainer's step
         self.on(engine, Events.ITERATION_COMPLETED, self._step_completed, first=True)
         self.on_run_end(engine, self._step_ended)
-        if trains:
+        if trains := hasattr(engine, "optimizer"):
             self._use_guard(engine)
             self.on(engine, Events.ITERATION_STARTED, self._iteration_started)
             self.on(engine, Events.ITERATION_COMPLETED, self._iteration_completed)
         logger.info("AMPToggle: %s on %s for %s", self.precision, device, "training" if trains else "validation")
 
-    def _scale_fp16(self, engine: Engine) -> None:
-        """Give a trainer in fp16 a ``GradScaler`` when it has none."""
+    def _scale_fp16(self, engine: Engine) -> None:  # a trainer in fp16 needs a GradScaler
         if self.precision == "fp16" and hasattr(engine, "optimizer") and getattr(engine, "scaler", None) is None:
             engine.scaler = torch.amp.GradScaler("cuda")
 
@@ -301,9 +277,9 @@ class AMPToggle(EngineHandler):
             self._hooks = None
         # undo the inferer wrapping (also under ClassesInnermost's or another toggle's wrapper) and MONAI's flags
         unwrap_inferer(engine, lambda inferer: isinstance(inferer, _AutocastInferer) and inferer.toggle is self)
-        for name in ("amp", "amp_kwargs", "scaler"):
-            if name in self._undo and hasattr(engine, name):
-                setattr(engine, name, self._undo[name])
+        for name, value in self._undo.items():
+            if hasattr(engine, name):
+                setattr(engine, name, value)
         guard, self._guard = self._guard, None
         if guard is not None:
             self._guard_state = guard.state_dict()
@@ -333,7 +309,7 @@ class AMPToggle(EngineHandler):
         self._scale_before = scaler.get_scale() if engine.amp and scaler is not None else None
 
     def _fall_back(self, engine: Engine) -> bool:
-        """The guard's fallback: fp32 for the rest of the run; ``False`` when autocast is off already."""
+        """The guard's fallback: fp32 for the rest of the run (``False``: off already)."""
         if self.fell_back or not self.active:
             return False
         self.fell_back = True

@@ -34,10 +34,6 @@ class BackgroundValidation(EngineHandler):
     ``evaluator.run(epoch)`` starts in a thread; a failure is raised on the training thread as
     `BackgroundValidationError` naming the epoch. See docs/data.md.
 
-    Attributes:
-        validated_epochs: epochs whose weights were validated, in order.
-        skipped_epochs: epochs left out because a validation was still running.
-
     Args:
         evaluator: a MONAI ``Evaluator`` with a ``network`` (e.g. ``SupervisedEvaluator``).
         interval: validate every this many epochs.
@@ -74,8 +70,8 @@ class BackgroundValidation(EngineHandler):
         half = max(1, torch.get_num_threads() // 2)
         self.threads = tuple(threads) if threads is not None else (half, half)
         self.logger = logger or logging.getLogger("monai_fast.handlers")
-        self.validated_epochs: list[int] = []
-        self.skipped_epochs: list[int] = []
+        self.validated_epochs: list[int] = []  # epochs whose weights were validated, in order
+        self.skipped_epochs: list[int] = []  # epochs left out because a validation was still running
         self._thread: threading.Thread | None = None
         self._error: tuple[int, BaseException] | None = None
         self._source: torch.nn.Module | None = None
@@ -151,15 +147,8 @@ class BackgroundValidation(EngineHandler):
         except BaseException as e:  # handed to the training thread, never dropped
             self._error = (epoch, e)
             return
-        add_row(
-            trainer,
-            Kind.EPOCH,
-            Source.VALIDATION,
-            epoch=epoch,
-            background=True,
-            full=True,
-            full_s=time.perf_counter() - start,
-        )
+        full_s = time.perf_counter() - start
+        add_row(trainer, Kind.EPOCH, Source.VALIDATION, epoch=epoch, background=True, full=True, full_s=full_s)
 
     def _completed(self, trainer: Engine) -> None:
         if self._thread is not None:

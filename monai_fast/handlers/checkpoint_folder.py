@@ -1,7 +1,6 @@
 """Preemption's second half: a folder of whole checkpoints ``ckpt-<iteration>.pt``, the newest valid ones kept.
 
-Why it differs from ignite's ``Checkpoint`` (atomic writes, rotation by validity, one error on
-every rank): docs/preemption.md.
+How it differs from ignite's ``Checkpoint``: docs/preemption.md.
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def _as_rank_failure(said: str, path: Path) -> Exception:
     return RuntimeError(f"checkpoint {path} was not written ({kind} on another rank): {message}")
 
 
-def _span(engine: Engine) -> AbstractContextManager[None]:
+def _span(engine: Engine) -> AbstractContextManager[None]:  # a ``checkpoint`` span of the run record
     record = record_of(engine)
     return nullcontext() if record is None else record.span(Category.CHECKPOINT, source=Source.CHECKPOINT)
 
@@ -109,45 +108,41 @@ class CheckpointFolder(Checkpoint):
         self._last: Path | None = None  # the checkpoint this process wrote last
 
     def __call__(self, engine: Engine) -> None:
-        """ignite's ``Checkpoint.__call__``, timed as a ``checkpoint`` span of the engine's run record."""
         with _span(engine):
             super().__call__(engine)
 
     def write(self, engine: Engine) -> Path:
         """Write ``ckpt-<engine.state.iteration>.pt`` (all ranks call it; a ``checkpoint`` span), then prune."""
         with _span(engine):
-            return self._write(engine)
-
-    def _write(self, engine: Engine) -> Path:
-        self.reset()  # rotation is prune()'s: ignite would unlink a same-named file before rewriting it
-        name = f"ckpt-{engine.state.iteration:09d}.pt"
-        failure: BaseException | None = None
-        path = self.dirname / name
-        try:
-            if idist.get_rank() == 0 and self.dirname.exists() and not self.dirname.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(self.dirname))
-            self(engine)
-            path = Path(self.last_checkpoint)
-            if idist.get_rank() == 0:
-                st = path.stat()
-                self._valid[(path.name, st.st_size, st.st_mtime_ns)] = True  # written whole here: no need to read it
-                self.prune(path)
-        except Exception as err:  # noqa: BLE001 - explained, agreed across ranks, raised below
-            failure = self._explain(err, name)
-            if failure is not err:
-                failure.__cause__ = err
-        if idist.get_world_size() > 1:  # also the barrier: the file is complete when write() returns
-            mine = f"{type(failure).__name__}\t{failure}" if failure is not None else ""
-            said = [m for m in idist.all_gather(mine) if m]
-            if said and failure is None:
-                failure = _as_rank_failure(said[0], path)
-        if failure is not None:
-            raise failure
-        self._last = path
-        return path
+            self.reset()  # rotation is prune()'s: ignite would unlink a same-named file before rewriting it
+            name = f"ckpt-{engine.state.iteration:09d}.pt"
+            failure: BaseException | None = None
+            path = self.dirname / name
+            try:
+                if idist.get_rank() == 0 and self.dirname.exists() and not self.dirname.is_dir():
+                    raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(self.dirname))
+                self(engine)
+                path = Path(self.last_checkpoint)
+                if idist.get_rank() == 0:
+                    st = path.stat()  # written whole here: no need to read it
+                    self._valid[(path.name, st.st_size, st.st_mtime_ns)] = True
+                    self.prune(path)
+            except Exception as err:  # noqa: BLE001 - explained, agreed across ranks, raised below
+                failure = self._explain(err, name)
+                if failure is not err:
+                    failure.__cause__ = err
+            if idist.get_world_size() > 1:  # also the barrier: the file is complete when write() returns
+                mine = f"{type(failure).__name__}\t{failure}" if failure is not None else ""
+                said = [m for m in idist.all_gather(mine) if m]
+                if said and failure is None:
+                    failure = _as_rank_failure(said[0], path)
+            if failure is not None:
+                raise failure
+            self._last = path
+            return path
 
     def _explain(self, err: BaseException, name: str) -> BaseException:
-        """``err`` as one clear error naming the folder, the space missing and what is kept; else ``err``."""
+        """``err`` as one error naming the folder, the space missing and what is kept; else ``err``."""
         kept = [p.name for p in self.checkpoints() if self.is_valid(p)] if self.dirname.is_dir() else []
         kept_text = (
             f"the checkpoints in {self.dirname} are kept ({', '.join(kept)})"
@@ -160,12 +155,12 @@ class CheckpointFolder(Checkpoint):
             written = (
                 f"the last checkpoint this run wrote there is {last.name}" if last else "this run wrote none there"
             )
-            message = (
+            return CheckpointFolderError(
+                self.dirname,
                 f"checkpoint folder {self.dirname} is no longer a folder ({what} replaced it): {name} "
                 f"was not written and the run stops; {written}; move the file away or give another folder, "
-                f"then resume"
+                f"then resume",
             )
-            return CheckpointFolderError(self.dirname, message)
         full = no_space_in(err)
         if full is None:
             return err
@@ -238,10 +233,9 @@ class CheckpointFolder(Checkpoint):
         return removed
 
     def newest_loadable(self) -> tuple[Path, dict[str, Any]] | None:
-        """Load the newest checkpoint that every rank can read (a collective; unreadable ones skipped with a warning).
+        """``(path, checkpoint dict)`` of the newest checkpoint every rank can read, or ``None``.
 
-        Returns:
-            ``(path, checkpoint dict)``, or ``None`` when no checkpoint can be read.
+        A collective; unreadable checkpoints are skipped with a warning.
         """
         if idist.get_rank() == 0:
             clean_stale_tmp(self.dirname)

@@ -72,16 +72,14 @@ class CompileChoice(EngineHandler):
         seconds_left: the run's wall-clock seconds left, asked at the choice (``None``: no limit).
         memory_formats: a trainer's 3-D network is also compiled in its other layout, and moved where faster.
         eager_step: ``(items, seconds)`` of an eager step measured already, weighed per item before any copy.
-        ready: a trainer's choice waits for the first iteration at which this says ``True`` (``None``: the first).
+        ready: the choice waits for the first iteration (an evaluator's: of a run) at which this says ``True``.
 
     Raises:
         ValueError: ``mode`` is not ``"auto"``, ``True`` or ``False``.
 
     Examples:
-        >>> from ignite.engine import Engine
-        >>> choice = CompileChoice(False)
-        >>> choice.attach(Engine(lambda e, b: None)); choice.compiled
-        False
+        >>> choice = CompileChoice("auto")
+        >>> choice.attach(trainer)  # doctest: +SKIP
     """
 
     def __init__(
@@ -111,12 +109,12 @@ class CompileChoice(EngineHandler):
         self._decided = False
         self._calls: list[tuple[torch.Size, float]] = []  # an evaluator's first iteration: each call's shape, seconds
         self._counter: list[Any] = []
+        self._counting = False  # an evaluator's run counts its network's calls (it began ready)
         self.evidence: dict[str, Any] = {}
         self._hook: Any = None
         self._network: torch.nn.Module | None = None
         self._forward: Callable[..., Any] | None = None
         self._moved_from: str | None = None  # the layout the network had before the compiled step chose another
-        self._optimizer: Any = None  # the trainer's, whose state moves with the weights' layout
 
     def _attach(self, engine: Engine) -> None:
         if self.mode is False:
@@ -145,17 +143,17 @@ class CompileChoice(EngineHandler):
     def _detached(self, engine: Engine) -> None:
         """The network eager again, in its own layout (a detached handler leaves nothing behind)."""
         self._eager_forward()
-        self._restore_layout(self._network)
+        self._restore_layout(self._network, engine)
         for hook in (self._hook, *self._counter):
             if hook is not None:
                 hook.remove()
         self._network = self._hook = self._forward = None
         self._counter = []
-        self.compiled = self._decided = False
+        self.compiled = self._decided = self._counting = False
 
-    def _restore_layout(self, net: torch.nn.Module | None) -> None:
+    def _restore_layout(self, net: torch.nn.Module | None, engine: Engine) -> None:
         if net is not None and self._moved_from is not None:
-            to_layout(net, self._optimizer, self._moved_from)
+            to_layout(net, getattr(engine, "optimizer", None), self._moved_from)
         self._moved_from = None
 
     def _compiled_forward(self) -> None:
@@ -172,8 +170,10 @@ class CompileChoice(EngineHandler):
         return getattr(network, "module", network)  # DDP / DataParallel: compile what they call
 
     def _count_calls(self, engine: Engine) -> None:
-        net = self._net(engine)
-        if self._decided or not isinstance(net, torch.nn.Module):
+        if self._decided or (self.ready is not None and not self.ready()):
+            return
+        self._counting, net = True, self._net(engine)
+        if not isinstance(net, torch.nn.Module):
             return
         self._calls, began = [], []
 
@@ -190,6 +190,8 @@ class CompileChoice(EngineHandler):
 
     def _choose(self, engine: Engine) -> None:
         if self._decided or (self.ready is not None and not self.ready()):  # decided, or not yet
+            return
+        if self.evaluation and not self._counting:  # a run that began before it was ready: the next run decides
             return
         self._decided = True
         net, state = self._net(engine), engine.state
@@ -230,11 +232,11 @@ class CompileChoice(EngineHandler):
             try:
                 layouts = evidence.get("memory_format") or {}
                 if layouts and layouts["choice"] == layouts["candidate"]:  # the compiled step is faster in it
-                    self._moved_from, self._optimizer = layouts["baseline"], getattr(engine, "optimizer", None)
-                    to_layout(net, self._optimizer, layouts["choice"])
+                    self._moved_from = layouts["baseline"]
+                    to_layout(net, getattr(engine, "optimizer", None), layouts["choice"])
                 self._compile(engine, net, fullgraph=bool(evidence.get("fullgraph")))
             except Exception as e:  # noqa: BLE001 - a compiler failure leaves the run eager, said once
-                self._restore_layout(net)
+                self._restore_layout(net, engine)
                 compiled, reason = False, f"eager kept: torch.compile failed on the network ({type(e).__name__}: {e})"
         self.compiled, self.reason, self.evidence = compiled, reason, evidence
         if self.on_choice is not None:  # its caller says it (FastTraining: one line per lever)

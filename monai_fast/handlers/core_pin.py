@@ -1,7 +1,4 @@
-"""Keep an engine's main thread on its own core during each iteration, apart from OpenMP's pinned workers.
-
-See docs/handlers.md.
-"""
+"""Keep an engine's main thread on its own core during each iteration, apart from OpenMP's pinned workers."""
 
 from __future__ import annotations
 
@@ -23,12 +20,11 @@ _FREE_CORE = object()  # the default: the core the pinned workers left free
 class MainThreadCore(EngineHandler):
     """During each iteration, the main thread on the core OpenMP's pinned workers left free.
 
-    Args:
-        core: the logical CPUs to compute on (default `monai_fast.openmp.free_core()`: the first
-            core no pinned thread holds); ``None`` (also when no thread is pinned) registers nothing.
+    See docs/handlers.md.
 
-    Raises:
-        ValueError: ``core`` is empty or outside this thread's CPUs.
+    Args:
+        core: the logical CPUs to compute on (default `monai_fast.openmp.free_core()`); ``None`` (also when
+            no thread is pinned) registers nothing; `ValueError` when empty or outside this thread's CPUs.
 
     Examples:
         >>> from monai_fast.openmp import pin_openmp_workers  # doctest: +SKIP
@@ -48,7 +44,7 @@ class MainThreadCore(EngineHandler):
                     f"MainThreadCore: core {sorted(core)} is not within this thread's CPUs {sorted(allowed)}"
                 )
         self.core: frozenset[int] | None = core  # type: ignore[assignment]
-        self._held: ExitStack | None = None  # the on_core block held from ITERATION_STARTED to ITERATION_COMPLETED
+        self._held: ExitStack | None = None  # the on_core block held during an iteration
 
     def _attach(self, engine: Engine) -> None:
         if self.core is None:

@@ -43,10 +43,11 @@ logger = logging.getLogger("monai_fast.handlers")
 class FastTraining(EngineHandler):
     """Applies the fast-training guide's levers to an existing MONAI trainer (and its evaluator).
 
-    Attach before ``trainer.run()``. Each lever is ``"auto"`` (applied where it pays), a setting,
-    or ``False`` (left alone); one log line and one record row per lever say what was applied and
-    why. The network, loss, optimizer, learning rate and batch size are never changed. Levers and
-    when each is left alone: docs/fast-training.md.
+    Each lever is ``"auto"`` (applied where the device and a measurement say it pays), a setting, or ``False``;
+    one log line and one record row per lever say why. The network, loss, optimizer, learning rate and batch
+    size are never changed. The budgets and settings beside the levers (``gpu_budget_mib``, ``ram_budget_mib``,
+    ``disk_budget_mib``, ``cache_dir``, ``cache_threads``, ``background_fill``, ``progress``, ``tune_store``,
+    ``time_limit_s``) and when each lever is left alone: docs/fast-training.md.
 
     Args:
         cache: ``"auto"``, a place in `CACHE_PLACES`, or ``False``.
@@ -55,32 +56,15 @@ class FastTraining(EngineHandler):
         memory_format: ``"auto"``, ``"channels_last_3d"``, ``"contiguous"`` or ``False``.
         compile: ``"auto"`` (measured, and only where it repays its compile), ``True`` or ``False``.
         evaluator: ``"auto"``, ``"tune"`` (also its ``sw_batch_size`` measured) or ``False``.
-        gpu_budget_mib: GPU memory for both engines' caches together (``None``: half the memory free at
-            attach).
-        ram_budget_mib: RAM for the trainer's and the evaluator's caches together (``None``:
-            `default_ram_budget()`, half of the available RAM shared by the node's ranks).
-        disk_budget_mib: the planner's disk budget (``None``: its default).
-        cache_dir: where a disk cache may go (default ``crops`` under `cache_root`).
-        cache_threads: threads that fill the caches (default: all CPUs).
-        background_fill: fill GPU/RAM caches while training runs instead of before it.
         prefetch: ``"auto"`` (measured on a CPU), ``True`` (batches made ahead) or ``False``.
         prediction_layout: ``"auto"`` (measured on a CPU), ``True`` or ``False``.
-        progress: progress bars while caches fill.
-        tune_store: ``"default"``, a JSON file, or ``None`` (measure every run).
-        time_limit_s: the run's wall-clock limit: seconds from the trainer's start (what attach spent is not
-            counted), or a function that returns the seconds left (``None``: no limit). A compile is weighed
-            only against the steps that fit in it.
 
     Raises:
         ValueError: an option outside its choices (named with the value given).
-        TypeError: at attach, the trainer is not a MONAI workflow.
-        RuntimeError: at attach, the trainer or the evaluator is inside ``run()``.
 
     Examples:
         >>> fast = FastTraining(evaluator="tune")
         >>> fast.attach(trainer, evaluator)  # doctest: +SKIP
-        >>> fast.applied["precision"]  # doctest: +SKIP
-        {'applied': True, 'setting': 'bf16', 'reason': '...'}
     """
 
     def __init__(
@@ -414,7 +398,7 @@ class FastTraining(EngineHandler):
                 seconds_left=self._seconds_left,
                 memory_formats=self.memory_format in ("auto", True),  # the layout measured again, compiled
                 eager_step=self._layout.step if engine is trainer and self._layout else None,
-                ready=functools.partial(self._layout_settled, trainer) if engine is trainer else None,
+                ready=functools.partial(self._layout_settled, trainer) if engine is trainer else self._layout_settled,
             )
             self._add(choice, engine)  # after the memory format: the copy it measures is in the chosen layout
 

@@ -26,6 +26,8 @@ __all__ = ["GPUSampler"]
 
 logger = logging.getLogger("monai_fast.handlers")
 
+_AGGREGATED = ("gpu_util", "mem_used_mib", "power_w")  # the readings summarised per GPU, also sent to TensorBoard
+
 
 class GPUSampler(EngineHandler):
     """Samples GPU utilisation, memory, power, temperature and SM clock on a background thread.
@@ -69,8 +71,7 @@ class GPUSampler(EngineHandler):
         self.n_samples = 0
         self.summary: dict[str, dict] = {}
         self._agg: dict[int, dict] = {}
-        self._csv_file = None
-        self._csv = None
+        self._csv_file = self._csv = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -128,7 +129,7 @@ class GPUSampler(EngineHandler):
                     if record is not None:
                         record.add(Kind.INTERVAL, Source.GPU, **row)
                     if self.writer is not None:
-                        for k in ("gpu_util", "mem_used_mib", "power_w"):
+                        for k in _AGGREGATED:
                             self.writer.add_scalar(f"rank{rank}/gpu{g}/{k}", values[k], round_, walltime=now)
                 if self._stop.wait(self.interval_s):
                     return
@@ -137,21 +138,13 @@ class GPUSampler(EngineHandler):
             self._error = (no_space_in(e, csv_path) or e) if isinstance(e, Exception) else e
 
     def _keep(self, row: dict) -> None:
-        agg = self._agg.setdefault(
-            row["gpu"],
-            {"n": 0, "util_sum": 0.0, "util_n": 0, "util_peak": None, "mem_peak": None, "power_sum": 0.0, "power_n": 0},
-        )
+        agg = self._agg.setdefault(row["gpu"], {"n": 0, **{k: [0.0, 0, None] for k in _AGGREGATED}})
         agg["n"] += 1
         agg["mem_total"] = row["mem_total_mib"]
-        if not math.isnan(row["gpu_util"]):
-            agg["util_sum"] += row["gpu_util"]
-            agg["util_n"] += 1
-            agg["util_peak"] = max(agg["util_peak"] or 0.0, row["gpu_util"])
-        if not math.isnan(row["mem_used_mib"]):
-            agg["mem_peak"] = max(agg["mem_peak"] or 0.0, row["mem_used_mib"])
-        if not math.isnan(row["power_w"]):
-            agg["power_sum"] += row["power_w"]
-            agg["power_n"] += 1
+        for k in _AGGREGATED:  # [sum, count, peak] of the readings NVML gave (NaN: not supported)
+            if not math.isnan(value := row[k]):
+                total = agg[k]
+                total[0], total[1], total[2] = total[0] + value, total[1] + 1, max(total[2] or 0.0, value)
         if self._csv is not None:
             self._csv.writerow(
                 [
@@ -182,15 +175,15 @@ class GPUSampler(EngineHandler):
             self._csv_file.close()
             self._csv_file = self._csv = None
         for g, a in self._agg.items():
+            util, mem, power = (a[k] for k in _AGGREGATED)
             self.summary[f"gpu{g}"] = {
                 "name": self._backend.name(g),  # type: ignore[union-attr]
                 "samples": a["n"],
-                "gpu_util_mean": a["util_sum"] / a["util_n"] if a["util_n"] else None,
-                "gpu_util_peak": a["util_peak"],
-                "mem_used_peak_mib": a["mem_peak"],
+                "gpu_util_mean": util[0] / util[1] if util[1] else None,
+                "gpu_util_peak": util[2],
+                "mem_used_peak_mib": mem[2],
                 "mem_total_mib": a.get("mem_total"),
-                "power_mean_w": a["power_sum"] / a["power_n"] if a["power_n"] else None,
+                "power_mean_w": power[0] / power[1] if power[1] else None,
             }
-        record = record_of(engine)
-        if record is not None:
+        if (record := record_of(engine)) is not None:
             record.set_summary(Source.GPU, self.summary)

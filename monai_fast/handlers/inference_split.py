@@ -46,11 +46,8 @@ class InferenceSplit(EngineHandler):
     See docs/monitoring.md.
 
     Args:
-        network: the module the inferer calls; default the engine's ``network`` attribute.
+        network: the module the inferer calls; default the engine's ``network`` (`ValueError` at attach: none).
         logger: where the per-run line (debug level) and warnings go; default ``monai_fast.handlers``.
-
-    Raises:
-        ValueError: at ``attach``, when no network is given and the engine has none.
 
     Examples:
         >>> split = InferenceSplit()
@@ -65,7 +62,7 @@ class InferenceSplit(EngineHandler):
         self.logger = logger or logging.getLogger("monai_fast.handlers")
         self.runs: list[InferenceTimes] = []
         self._hooks: list = []
-        self._thread: int | None = None
+        self._thread: int | None = None  # the thread whose iteration is timed
         self._device = None
         self._totals = InferenceTimes()
         self._start: Mark | None = None
@@ -95,16 +92,13 @@ class InferenceSplit(EngineHandler):
             hook.remove()
         self._hooks = []
 
-    def _mine(self) -> bool:
-        return self._thread == threading.get_ident()
-
     def _before_call(self, module: torch.nn.Module, args: tuple) -> None:
-        if self._mine():
+        if self._thread == threading.get_ident():
             windows = args[0].shape[0] if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0 else 1
             self._calls.append([time_mark(self._device), None, windows])
 
     def _after_call(self, module: torch.nn.Module, args: tuple, output: object) -> None:
-        if self._mine() and self._calls and self._calls[-1][1] is None:
+        if self._thread == threading.get_ident() and self._calls and self._calls[-1][1] is None:
             self._calls[-1][1] = time_mark(self._device)
 
     def _run_started(self, engine: Engine) -> None:
@@ -151,8 +145,5 @@ class InferenceSplit(EngineHandler):
                 "before %.0f%%, after %.0f%%",
                 t.iterations,
                 t.iteration_s,
-                100 * t.network_s / t.iteration_s,
-                100 * t.sliding_window_s / t.iteration_s,
-                100 * t.before_s / t.iteration_s,
-                100 * t.after_s / t.iteration_s,
+                *(100 * part / t.iteration_s for part in (t.network_s, t.sliding_window_s, t.before_s, t.after_s)),
             )

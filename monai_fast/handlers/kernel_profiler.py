@@ -22,11 +22,6 @@ __all__ = ["KernelProfiler", "summarise_profile"]
 logger = logging.getLogger("monai_fast.handlers")
 
 
-def _is_device_kernel(e: Any) -> bool:
-    """A device kernel row (``device_type`` CUDA or another accelerator), not a CPU op or a user range."""
-    return "CPU" not in str(getattr(e, "device_type", "CPU")) and not getattr(e, "is_user_annotation", False)
-
-
 def summarise_profile(key_averages: Any, top: int = 15) -> dict:
     """A DLProf-like summary of ``prof.key_averages()``: device kernels and CPU ops counted apart.
 
@@ -34,8 +29,8 @@ def summarise_profile(key_averages: Any, top: int = 15) -> dict:
     or the ops by CPU time when nothing ran on a device.
     """
     ops, kernels = [], []
-    for e in key_averages:
-        device = _is_device_kernel(e)
+    for e in key_averages:  # a device kernel: not a CPU op, nor a user range
+        device = "CPU" not in str(getattr(e, "device_type", "CPU")) and not getattr(e, "is_user_annotation", False)
         (kernels if device else ops).append(
             {
                 "name": e.key,
@@ -45,11 +40,8 @@ def summarise_profile(key_averages: Any, top: int = 15) -> dict:
             }
         )
     on_gpu = bool(kernels)
-    ranked = (
-        sorted(kernels, key=lambda r: r["gpu_time_ns"], reverse=True)
-        if on_gpu
-        else sorted(ops, key=lambda r: r["cpu_time_ns"], reverse=True)
-    )
+    ranked_by = "gpu_time_ns" if on_gpu else "cpu_time_ns"
+    ranked = sorted(kernels if on_gpu else ops, key=lambda r: r[ranked_by], reverse=True)
     return {
         "All kernels": {
             "# Kernels": len(kernels),
@@ -58,7 +50,7 @@ def summarise_profile(key_averages: Any, top: int = 15) -> dict:
             "CPU Time (ns)": sum(r["cpu_time_ns"] for r in ops),
             "GPU Time (ns)": sum(r["gpu_time_ns"] for r in kernels),
         },
-        "ranked_by": "gpu_time_ns" if on_gpu else "cpu_time_ns",
+        "ranked_by": ranked_by,
         "top": ranked[:top],
     }
 
@@ -98,14 +90,13 @@ class KernelProfiler(EngineHandler):
             raise PermissionError(f"KernelProfiler output_dir {self.output_dir} is not writable")
         super().__init__()
         self.wait, self.warmup, self.active = wait, warmup, active
-        self.record_shapes = record_shapes
-        self.top = top
+        self.record_shapes, self.top = record_shapes, top
         self.summary: dict | None = None
         self._prof: profile | None = None
 
     @property
     def profiling(self) -> bool:
-        """Whether the profiler is running now (between the run's start and the window's end or the run's end)."""
+        """Whether the profiler is running now (from the run's start to the window's or the run's end)."""
         return self._prof is not None
 
     def _attach(self, engine: Engine) -> None:
@@ -144,16 +135,16 @@ class KernelProfiler(EngineHandler):
             write_json(self.summary, self.output_dir / f"kernels_rank{rank}.json")
         except NoSpaceError as err:
             logger.warning("KernelProfiler: profile not written: %s", err)
+        totals = self.summary["All kernels"]
         if self.engine is not None and (record := record_of(self.engine)) is not None:
             record.set_summary(
-                Source.KERNELS,
-                self.summary["All kernels"] | {"ranked_by": self.summary["ranked_by"], "top": self.summary["top"][:5]},
+                Source.KERNELS, totals | {"ranked_by": self.summary["ranked_by"], "top": self.summary["top"][:5]}
             )
         logger.info(
             "profiled %d iterations: %d ops, CPU %.1f ms, GPU %.1f ms -> %s",
             self.active,
-            self.summary["All kernels"]["# Ops"],
-            self.summary["All kernels"]["CPU Time (ns)"] / 1e6,
-            self.summary["All kernels"]["GPU Time (ns)"] / 1e6,
+            totals["# Ops"],
+            totals["CPU Time (ns)"] / 1e6,
+            totals["GPU Time (ns)"] / 1e6,
             self.output_dir,
         )

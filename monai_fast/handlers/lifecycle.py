@@ -1,7 +1,6 @@
 """One attach discipline for every monai-fast handler (`EngineHandler`), and run-end hooks that always fire.
 
-The rules (attach twice, replace on re-attach, one engine per instance, cleanup however a run
-ends) are in docs/handlers.md.
+The rules are in docs/handlers.md.
 """
 
 from __future__ import annotations
@@ -52,11 +51,8 @@ def _on_exception(engine: Engine, e: BaseException) -> None:
 def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False) -> _RunEndHandle:
     """Call ``fn(engine)`` when each run of ``engine`` ends: completed, terminated, or raised (before it propagates).
 
-    ``fn`` may be called twice for one run (``TERMINATE`` then ``COMPLETED``): make it idempotent.
-    Hooks with ``last=True`` run after all others.
-
-    Returns:
-        A handle whose ``remove()`` unregisters ``fn``.
+    ``fn`` may run twice for one run (``TERMINATE`` then ``COMPLETED``): make it idempotent. Hooks with
+    ``last=True`` run after all others. Returns a handle whose ``remove()`` unregisters ``fn``.
     """
     hooks = getattr(engine, _RUN_END, None)
     if hooks is None:
@@ -73,7 +69,7 @@ def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False)
 
 
 def _move_last_to_front(engine: Engine, event: Any) -> None:
-    """Make the handler added last for ``event`` run first (ignite has no public way to order handlers)."""
+    """Make the handler added last for ``event`` run first (ignite has no public way)."""
     handlers = engine._event_handlers[event]
     handlers.insert(0, handlers.pop())
 
@@ -88,8 +84,7 @@ POSTPROCESSING = "_register_postprocessing.<locals>._run_postprocessing"
 
 
 def posttrans_of(fn: Callable) -> Any | None:
-    """The transform of a MONAI ``_run_postprocessing`` callback (ours wrapped around it looked through), else
-    ``None``. MONAI keeps the transform only in that closure's ``posttrans`` cell: there is no public handle."""
+    """The transform in a MONAI ``_run_postprocessing`` closure's ``posttrans`` cell (through our wrappers)."""
     parent = getattr(fn, "_parent", None)
     fn = parent() if parent is not None else fn
     if not getattr(fn, "__qualname__", "").endswith(POSTPROCESSING):
@@ -106,8 +101,8 @@ def postprocessing_of(engine: Engine) -> Any | None:
 
 
 def unwrap_inferer(engine: Engine, ours: Callable[[Any], bool]) -> None:
-    """Unlink the wrappers ``ours`` matches from ``engine.inferer``, wherever they sit in its chain of wrappers
-    (each holding the next in ``inner``: another handler's wrapper may be on top)."""
+    """Unlink the wrappers ``ours`` matches from ``engine.inferer``'s chain of wrappers (each holds the next in
+    ``inner``)."""
     while ours(getattr(engine, "inferer", None)):
         engine.inferer = engine.inferer.inner
     outer = getattr(engine, "inferer", None)
@@ -133,13 +128,10 @@ class _WrapHandle:
 
 
 def wrap_callback(engine: Engine, event: Any, fn: Callable, wrapper: Callable) -> _WrapHandle | None:
-    """Run ``wrapper`` in place of ``fn`` among ``engine``'s handlers for ``event``, in the same position.
+    """Run ``wrapper`` (which gets ``fn``'s arguments and calls ``fn``) in ``fn``'s place for ``event``.
 
-    ``wrapper`` gets ``fn``'s registered arguments and must call ``fn`` itself;
-    ``has_event_handler(fn)`` and ``remove_event_handler(fn, event)`` keep working.
-
-    Returns:
-        A handle whose ``remove()`` puts ``fn`` back, or ``None`` when ``fn`` is not registered for ``event``.
+    ``has_event_handler(fn)`` and ``remove_event_handler(fn, event)`` keep working. Returns a handle whose
+    ``remove()`` puts ``fn`` back, or ``None`` when ``fn`` is not registered for ``event``.
     """
     handlers = engine._event_handlers.get(event, [])
     for i, (registered, args, kwargs) in enumerate(handlers):
@@ -151,13 +143,9 @@ def wrap_callback(engine: Engine, event: Any, fn: Callable, wrapper: Callable) -
     return None
 
 
-#: the events after which an engine is between runs (ignite's ``last_event_name``; ``None``: never run)
-_BETWEEN_RUNS = (None, Events.COMPLETED, Events.TERMINATE, Events.EXCEPTION_RAISED)
-
-
 def is_running(engine: Engine) -> bool:
     """Whether ``engine`` is inside ``run()`` (also paused by ``interrupt()``), from ignite's ``last_event_name``."""
-    return engine.last_event_name not in _BETWEEN_RUNS
+    return engine.last_event_name not in (None, Events.COMPLETED, Events.TERMINATE, Events.EXCEPTION_RAISED)
 
 
 def handlers_on(engine: Engine) -> dict[type, EngineHandler]:
@@ -192,8 +180,7 @@ class EngineHandler(ABC):
         """Wire this handler into ``engine``, replacing another instance of the same class there.
 
         Raises:
-            RuntimeError: already attached to ``engine``, or to another engine while the class
-                serves one engine per instance.
+            RuntimeError: already attached to ``engine``, or to another one and not ``multi_engine``.
         """
         name = type(self).__name__
         if self.is_attached(engine):
@@ -263,5 +250,5 @@ class EngineHandler(ABC):
     def _attach(self, engine: Engine) -> None:
         """Register this handler's callbacks on ``engine`` (with `on()` / `on_run_end()`)."""
 
-    def _detached(self, engine: Engine) -> None:  # noqa: B027 (an optional hook: most handlers have nothing to stop)
-        """Stop threads, close files: called once the handler is off ``engine``. Default: nothing."""
+    def _detached(self, engine: Engine) -> None:  # noqa: B027 (an optional hook)
+        """Stop threads, close files: called once the handler is off ``engine``."""

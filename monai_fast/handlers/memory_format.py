@@ -18,6 +18,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -56,34 +57,6 @@ __all__ = [
 MEMORY_FORMATS = {"channels_last_3d": torch.channels_last_3d, "contiguous": torch.contiguous_format}
 
 
-def _measure(
-    network: torch.nn.Module,
-    shape: torch.Size,
-    device: torch.device,
-    dtype: torch.dtype | None,
-    max_rounds: int,
-    planned_steps: int | None,
-    users_last: bool,
-) -> Decision:
-    """Interleaved rounds of a training step on copies in the network's own layout and in the other one."""
-    plain = network_copy(network).to(device).train().to(memory_format=torch.contiguous_format)
-    last = network_copy(network).to(device).train().to(memory_format=torch.channels_last_3d)
-    x = torch.randn(shape, device=device)
-    x_last = x.contiguous(memory_format=torch.channels_last_3d)
-    ways = {
-        "contiguous": lambda: training_step_s(plain, x, dtype),
-        "channels_last_3d": lambda: training_step_s(last, x_last, dtype),
-    }
-    names = ("channels_last_3d", "contiguous") if users_last else ("contiguous", "channels_last_3d")
-    return decide(
-        ways[names[0]],
-        ways[names[1]],
-        names=names,
-        max_rounds=max(3, max_rounds),
-        planned_steps=planned_steps,
-    )
-
-
 def layout_pinned(network: Any) -> str | None:
     """Why ``network``'s weights must keep their layout, else None: a ``DistributedDataParallel`` built with
     ``find_unused_parameters=True`` (and no static graph) never rebuilds its gradient buckets, so weights moved
@@ -118,14 +91,31 @@ def in_channels_last_3d(network: torch.nn.Module) -> bool:
     return all(last) and any(is_last and not p.is_contiguous() for p, is_last in zip(weights, last, strict=True))
 
 
+def _own_layout(network: Any) -> str:
+    """The layout ``network``'s weights are in (a DDP wrapper looked through)."""
+    return "channels_last_3d" if in_channels_last_3d(getattr(network, "module", network)) else "contiguous"
+
+
+def _step_in_channels_last(network: torch.nn.Module, shape: Any, device: torch.device, dtype: Any) -> None:
+    """One training step of a copy of ``network`` in ``channels_last_3d``: raises where the network cannot train in
+    it (a 4-D weight, a ``view`` of a convolution's output, the memory)."""
+    last = network_copy(network).to(device).train().to(memory_format=torch.channels_last_3d)
+    training_step_s(last, torch.randn(shape, device=device).contiguous(memory_format=torch.channels_last_3d), dtype)
+
+
+def _rejection(e: Exception) -> str:
+    what = "out of memory trying it" if is_out_of_memory(e) else "the network rejects channels_last_3d"
+    return f"{what} ({type(e).__name__}: {str(e).strip()[:200]})"
+
+
 def _unmeasured(network: Any, batch: Any, request: str) -> tuple[str, str] | None:
     """``(layout, reason)`` where nothing needs measuring (a pinned layout, a request, no 5-D input), else None."""
-    users_last = in_channels_last_3d(getattr(network, "module", network))
+    own = _own_layout(network)
     if pinned := layout_pinned(network):
-        return ("channels_last_3d" if users_last else "contiguous"), f"layout kept: {pinned}"
+        return own, f"layout kept: {pinned}"
     if request == "contiguous":
         return "contiguous", "the default layout requested"
-    if request == "channels_last_3d" and users_last:
+    if request == "channels_last_3d" and own == "channels_last_3d":
         return "channels_last_3d", "requested (the weights are in it already)"
     found = batch_shape(batch)
     if found is None or len(found) != 5:
@@ -163,21 +153,27 @@ def choose_memory_format(
         and ``step_s``, the median step in the layout kept; ``None`` when nothing was measured).
     """
     net = getattr(network, "module", network)  # DDP / DataParallel
-    users_last = in_channels_last_3d(net)
     if (kept := _unmeasured(network, batch, request)) is not None:
         return (*kept, None)
     found = batch_shape(batch) or ()  # 5-D: `_unmeasured` answered for any other
     device = torch.device(device)
+    own = _own_layout(net)
 
     def measure_at(n: int) -> list[Any]:
         shape = torch.Size([n, *found[1:]])
         if request == "channels_last_3d":  # one step in it: does the network accept the layout?
-            last = network_copy(net).to(device).train().to(memory_format=torch.channels_last_3d)
-            training_step_s(
-                last, torch.randn(shape, device=device).contiguous(memory_format=torch.channels_last_3d), dtype
-            )
+            _step_in_channels_last(net, shape, device, dtype)
             return ["channels_last_3d", "requested (the network accepts it)", None]
-        measured = _measure(net, shape, device, dtype, rounds, planned_steps, users_last)
+        copies = {name: network_copy(net).to(device).train().to(memory_format=f) for name, f in MEMORY_FORMATS.items()}
+        x = torch.randn(shape, device=device)
+        xs = {"contiguous": x, "channels_last_3d": x.contiguous(memory_format=torch.channels_last_3d)}
+        names = (own, "contiguous" if own == "channels_last_3d" else "channels_last_3d")
+        measured = decide(
+            *(functools.partial(training_step_s, copies[n], xs[n], dtype) for n in names),
+            names=names,
+            max_rounds=max(3, rounds),
+            planned_steps=planned_steps,
+        )
         kept = measured.names.index(measured.choice)
         step_s = round(statistics.median(r[kept] for r in measured.rounds), 6) if measured.rounds else None
         return [
@@ -190,8 +186,7 @@ def choose_memory_format(
         try:  # the run's own batch where the plan affords it, else (or where that runs out of memory) 2 items
             return at_measure_batch(measure_at, found[0], planned_steps, left_s)
         except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
-            why = "out of memory measuring it" if is_out_of_memory(e) else "the network rejects channels_last_3d"
-            return ["contiguous", f"{why} ({type(e).__name__}: {e})", None]
+            return ["contiguous", _rejection(e), None]
 
     layout, reason, evidence = decided_on_rank0(measure, device)
     return layout, reason, evidence
@@ -330,7 +325,7 @@ class LayoutChoice(EngineHandler):
             to_layout(network, optimizer, layout)  # both ways: a network in channels_last_3d goes back
             self._settle(engine, layout, reason, evidence)
             return
-        own = "channels_last_3d" if in_channels_last_3d(getattr(network, "module", network)) else "contiguous"
+        own = _own_layout(network)
         self._names = (own, "contiguous" if own == "channels_last_3d" else "channels_last_3d")
         need = 2 + 2 * MIN_ROUNDS
         left = None if planned is None else planned - state.iteration + 1
@@ -344,20 +339,16 @@ class LayoutChoice(EngineHandler):
         self._plan = [0, 1, 0, 1]
 
     def _rejected(self, network: torch.nn.Module) -> str | None:
-        """Why the network cannot train in ``channels_last_3d``, from one step of a copy on at most 2 items (a
-        4-D weight, a ``view`` of a convolution's output, the memory), else ``None``; the run's random stream
-        is kept."""
+        """Why the network cannot train in ``channels_last_3d`` (one step of a copy on at most 2 items), else
+        ``None``; the run's random stream is kept."""
         assert self._shape is not None
+        shape = (min(2, self._shape[0]), *self._shape[1:])
         with torch.random.fork_rng(devices=[self._device] if self._device.type == "cuda" else []):
             try:
-                last = network_copy(getattr(network, "module", network)).to(self._device).train()
-                x = torch.randn(min(2, self._shape[0]), *self._shape[1:], device=self._device)
                 dtype = self.dtype() if self.dtype is not None else None
-                last.to(memory_format=torch.channels_last_3d)
-                training_step_s(last, x.contiguous(memory_format=torch.channels_last_3d), dtype)
+                _step_in_channels_last(getattr(network, "module", network), shape, self._device, dtype)
             except Exception as e:  # noqa: BLE001 - a network that rejects the layout keeps its own
-                what = "out of memory trying it" if is_out_of_memory(e) else "the network rejects channels_last_3d"
-                return f"{what} ({type(e).__name__}: {str(e).strip()[:200]})"
+                return _rejection(e)
         return None
 
     def settled_at(self, batch: Any) -> bool:
@@ -405,11 +396,7 @@ class LayoutChoice(EngineHandler):
             why = why or f"the run ended after {len(self.rounds)} of the {MIN_ROUNDS} rounds needed"
             self._shape = None  # no shape to wait for
         else:
-            own = (
-                "channels_last_3d"
-                if in_channels_last_3d(getattr(engine.network, "module", engine.network))
-                else "contiguous"
-            )
+            own = _own_layout(engine.network)
             why = "the run ended before its first iteration"
         self._settle(engine, own, f"{own} kept: {why}", None)
 

@@ -1,7 +1,4 @@
-"""A non-finite loss never reaches the weights, in any precision, and ranks decide together.
-
-The semantics (skipped steps, fallback, inputs named): docs/precision.md.
-"""
+"""A non-finite loss never reaches the weights, in any precision, and ranks decide together (docs/precision.md)."""
 
 from __future__ import annotations
 
@@ -57,14 +54,11 @@ def files_with_nonfinite_voxels(items: Iterable[Any]) -> list[str]:
 class NonFiniteGuard(EngineHandler):
     """Skip steps with a non-finite loss and stop when they persist (docs/precision.md).
 
+    ``stats`` counts ``nonfinite`` losses, ``skipped_steps`` and ``bad_inputs`` batches (agreed across ranks).
+
     Args:
         max_nonfinite: non-finite losses in a row (finite inputs) before the fallback, or the error.
         max_bad_inputs: batches with NaN/Inf in their image or label before the error.
-
-    Attributes:
-        stats: ``nonfinite`` losses, ``skipped_steps``, ``bad_inputs`` batches (agreed across ranks).
-        fallback: ``engine -> bool``, called when a streak reaches ``max_nonfinite``; returns whether
-            it changed something (then the streak starts again). Set by ``AMPToggle``.
 
     Examples:
         >>> NonFiniteGuard(max_nonfinite=5).attach(trainer)  # doctest: +SKIP
@@ -76,10 +70,10 @@ class NonFiniteGuard(EngineHandler):
             raise ValueError(f"max_nonfinite must be >= 1, got {max_nonfinite}")
         if max_bad_inputs < 1:
             raise ValueError(f"max_bad_inputs must be >= 1, got {max_bad_inputs}")
-        self.max_nonfinite = max_nonfinite
-        self.max_bad_inputs = max_bad_inputs
+        self.max_nonfinite, self.max_bad_inputs = max_nonfinite, max_bad_inputs
         self.stats = {"nonfinite": 0, "skipped_steps": 0, "bad_inputs": 0}
         self.streak = 0
+        #: called when a streak reaches ``max_nonfinite`` (set by ``AMPToggle``); ``True``: the streak starts again
         self.fallback: Callable[[Engine], bool] | None = None
         self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -120,15 +114,14 @@ class NonFiniteGuard(EngineHandler):
         flags = torch.tensor([float(bad_loss), float(bad_input)])
         if idist.get_world_size() > 1:  # every rank steps, or none does
             flags = idist.all_reduce(flags, op="MAX")
-        any_bad, any_bad_input = bool(flags[0]), bool(flags[1])
-        if not any_bad:
+        if not flags[0]:
             self.streak = 0
             return
         self._skip_step(engine)
         self.stats["nonfinite"] += 1
         self.stats["skipped_steps"] += 1
         where = f"iteration {engine.state.iteration} (epoch {engine.state.epoch})"
-        if any_bad_input:
+        if flags[1]:
             self.stats["bad_inputs"] += 1
             logger.warning("NonFiniteGuard: NaN/Inf in the input at %s; step skipped", where)
             if self.stats["bad_inputs"] >= self.max_bad_inputs:

@@ -83,12 +83,11 @@ class NVTXHandler(EngineHandler):
         self._names.pop(id(engine), None)
         self._with_phases.discard(id(engine))
 
-    # -- range bookkeeping: one stack per engine, always popped in order
     def _push(self, engine: Engine, phase: str, detail: str = "") -> None:
         self.backend.push(f"{self._names[id(engine)]}: {phase}{detail}", COLORS[phase])
         self._stacks[id(engine)].append(phase)
 
-    def _pop_to(self, engine: Engine, phase: str) -> None:
+    def _pop_to(self, engine: Engine, phase: str) -> None:  # one stack per engine, always popped in order
         stack = self._stacks[id(engine)]
         if phase not in stack:
             return
@@ -163,17 +162,13 @@ class _RandomInvertibleNVTXRange(_InvertibleNVTXRange, _RandomNVTXRange):
 def nvtx_range(transform: Any, name: str | None = None, backend: NvtxBackend | None = None) -> Transform:
     """Wrap a transform so each call is an NVTX range (like MONAI's ``Range``, on the ``nvtx`` package).
 
-    The wrapper stays ``Randomizable`` and ``InvertibleTransform`` where the transform is, so caching
-    and ``Compose.inverse`` treat it as before.
+    The wrapper stays ``Randomizable`` / ``InvertibleTransform`` where the transform is (caching, ``inverse``).
 
     Examples:
         >>> chain = Compose([nvtx_range(LoadImaged(keys="image")), nvtx_range(Spacingd("image", 1.5), "Spacing")])
     """
-    random, invertible = isinstance(transform, Randomizable), isinstance(transform, InvertibleTransform)
-    cls = {
-        (False, False): _NVTXRange,
-        (True, False): _RandomNVTXRange,
-        (False, True): _InvertibleNVTXRange,
-        (True, True): _RandomInvertibleNVTXRange,
-    }[(random, invertible)]
+    if isinstance(transform, InvertibleTransform):
+        cls = _RandomInvertibleNVTXRange if isinstance(transform, Randomizable) else _InvertibleNVTXRange
+    else:
+        cls = _RandomNVTXRange if isinstance(transform, Randomizable) else _NVTXRange
     return cls(transform, name or type(transform).__name__, backend if backend is not None else PackageNvtx())

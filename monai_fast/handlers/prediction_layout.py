@@ -1,7 +1,6 @@
 """The argmax over classes of an engine's predictions with the class dimension innermost, where that is faster.
 
-On a CPU, ``torch.argmax`` over a dimension that is not innermost is not vectorised
-(pytorch/pytorch#140000); ``channels_last_3d`` gives the same argmax, bit for bit.
+Why and when: docs/handlers.md.
 """
 
 from __future__ import annotations
@@ -33,9 +32,9 @@ def classes_innermost(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
 def argmax_gain(classes: int = 2, size: int = 48, rounds: int = 3) -> tuple[float, float]:
     """Median seconds of the CPU's ``torch.argmax`` over the class dimension: as it is, and converted first.
 
-    Measured on a random prediction from a generator of its own, so the run's random stream does not move.
+    The random prediction comes from a generator of its own: the run's random stream does not move.
     """
-    x = torch.randn(classes, size, size, size, generator=torch.Generator().manual_seed(0))  # not the run's generator
+    x = torch.randn(classes, size, size, size, generator=torch.Generator().manual_seed(0))
 
     def once(convert: bool) -> float:
         start = time.perf_counter()
@@ -53,8 +52,7 @@ def argmax_gain(classes: int = 2, size: int = 48, rounds: int = 3) -> tuple[floa
 class _ClassesInnermostInferer(Inferer):
     """Runs the engine's own inferer and returns a 5-D prediction in ``channels_last_3d``.
 
-    Other attributes are the inner inferer's, read and set through: ``evaluator.inferer.sw_batch_size``
-    keeps meaning the sliding window's.
+    Other attributes are the inner inferer's, read and set through (``evaluator.inferer.sw_batch_size``).
     """
 
     _OWN = ("inner", "handler", "calls")
@@ -84,11 +82,7 @@ class _ClassesInnermostInferer(Inferer):
 
 
 class _InnermostArgmax:
-    """An ``AsDiscrete`` that gets a CPU input with the classes innermost before it takes the argmax over them.
-
-    MONAI's ``Activations(softmax=True)`` returns a contiguous tensor whatever its input's layout, so the layout
-    is set again right before the argmax: one copy, where the argmax itself is many times slower without it.
-    """
+    """An ``AsDiscrete`` that gets a CPU input with the classes innermost right before its argmax over them."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -119,15 +113,9 @@ def _argmax_transforms(transform: Any) -> list[Any]:
 class ClassesInnermost(EngineHandler):
     """Gives the argmax over classes of a MONAI engine's CPU predictions the classes innermost in memory.
 
-    On a trainer or an evaluator, each ``AsDiscreted`` of the engine's post-processing that takes an argmax
-    gets its input that way, right before the argmax (after ``Activationsd(softmax=True)``, which returns a
-    contiguous tensor, and is slower on classes-innermost input: benchmarks/argmax_layout.py). An evaluator whose
-    post-processing takes no such argmax gets its inferer wrapped instead, so its 5-D predictions come with the
-    classes innermost for an argmax of its own. A trainer's own predictions are left as they are, since they
-    feed its loss. ``"auto"`` times the argmax both ways
-    (about 0.1 s) and turns on where the innermost layout is ``min_gain`` times faster. GPU tensors pass
-    unchanged, and so do an inferer's predictions that are not 5-D; `unused` says when an evaluator's step
-    never calls the inferer and its post-processing takes no argmax.
+    Each post-processing ``AsDiscreted`` that takes an argmax gets its input that way; an evaluator without
+    one gets its 5-D predictions that way. ``"auto"`` times the argmax both ways and turns on where the
+    innermost layout is ``min_gain`` times faster. `unused` says why it did not act. See docs/handlers.md.
 
     Args:
         mode: ``"auto"`` (measure) or ``True``.
@@ -192,9 +180,7 @@ class ClassesInnermost(EngineHandler):
                 transform.converter = _InnermostArgmax(owner[1])
             owner[2].add(id(engine))
         self.argmax_transforms[id(engine)] = [type(t).__name__ for t in found]
-        # an evaluator's predictions themselves only where its chain has no argmax of ours: a softmax before the
-        # argmax is slower on classes-innermost input, and the argmax gets its input reordered
-        wrap = not trainer and not found
+        wrap = not trainer and not found  # a softmax before the argmax is slower on classes-innermost input
         what = ["its predictions"] if wrap else []
         what += [f"the argmax of {len(found)} post-processing AsDiscreted"] if found else []
         self.reason += f"; {'trainer' if trainer else 'evaluator'}: {' and '.join(what) or 'nothing to reorder'}"
@@ -221,8 +207,7 @@ class ClassesInnermost(EngineHandler):
                 transform.converter = converter
                 del self._owners[key]
         self.argmax_transforms.pop(id(engine), None)
-        wrapper = self._wrappers.pop(id(engine), None)
-        if wrapper is not None:  # wherever it sits in a chain of wrappers (AMPToggle's may be on top)
+        if (wrapper := self._wrappers.pop(id(engine), None)) is not None:  # wherever it sits in a chain of wrappers
             unwrap_inferer(engine, lambda inferer: inferer is wrapper)
         if not self._wiring:  # off every engine: a later attach decides afresh
             self.active, self.reason, self.unused = False, "", None

@@ -37,8 +37,7 @@ class _SkipFirst:
         return len(self.loader)
 
     @property
-    def repeats(self) -> int:
-        """The loader's ``repeats`` (1 during the shortened pass, whose length counts them already)."""
+    def repeats(self) -> int:  # 1 during the shortened pass: its length counts them already
         return 1 if self._dropped else int(getattr(self.loader, "repeats", 1))
 
     def __iter__(self) -> Iterator[Any]:
@@ -69,13 +68,11 @@ class _RankStates:
 class Preemption(EngineHandler):
     """Survive preemption: on a signal, finish the iteration, checkpoint atomically, requeue, stop.
 
-    Every rank stops at the same iteration; one whole ``ckpt-<iteration>.pt`` is written and, under
-    SLURM, the job requeued. `resume()` loads the newest readable checkpoint and replays the loader
-    to the same batch. See docs/preemption.md.
+    Every rank stops at the same iteration and one whole ``ckpt-<iteration>.pt`` is written; `resume()`
+    loads the newest readable one and replays the loader to the same batch. See docs/preemption.md.
 
     Args:
-        to_save: name -> object with ``state_dict``/``load_state_dict``; must include the engine
-            this handler is attached to. DDP-wrapped models are saved unwrapped.
+        to_save: name -> object with ``state_dict``/``load_state_dict``, the engine included.
         dirname: checkpoint folder (shared by all ranks).
         signals: signal names to catch (installed only from the main thread).
         requeue: ``scontrol requeue $SLURM_JOB_ID`` after the checkpoint; ``None``: when in a SLURM job.
@@ -131,8 +128,7 @@ class Preemption(EngineHandler):
                 "to_save['trainer'] = trainer), or a resumed run would start again at iteration 1"
             )
         self._folder = CheckpointFolder({**self.to_save, _KEY: self._ranks}, self.dirname, self.n_saved)
-        # first at STARTED and EPOCH_STARTED: the run's state and the epoch's random states are
-        # restored (or taken) before anyone else looks at them or draws
+        # first: the run's state and the epoch's random states are restored before anyone else draws
         self.on(engine, Events.STARTED, self._on_started, first=True)
         self.on(engine, Events.EPOCH_STARTED, self._on_epoch_started, first=True)
         self.on(engine, Events.ITERATION_STARTED, self._on_iteration_started)
@@ -160,9 +156,7 @@ class Preemption(EngineHandler):
                 engine.state.max_epochs,
             )
             return
-        # last at ITERATION_COMPLETED and EPOCH_COMPLETED (registered now, after the user's
-        # handlers): a checkpoint comes after per-iteration scheduler steps, validation and
-        # per-epoch steps
+        # last (registered now, after the user's handlers): a checkpoint comes after their steps and validation
         if not self._late_hooks:
             self.on(engine, Events.ITERATION_COMPLETED, self._on_iteration_completed)
             self.on(engine, Events.EPOCH_COMPLETED, self._on_epoch_completed)
@@ -236,9 +230,7 @@ class Preemption(EngineHandler):
         return path
 
     def resume(self) -> int | None:
-        """Load the newest readable checkpoint into ``to_save``; returns its iteration (``None``: none).
-
-        Unreadable files are skipped with a warning; under DDP all ranks agree on the checkpoint.
+        """Load the newest readable checkpoint (all ranks agree) into ``to_save``; returns its iteration or ``None``.
 
         Raises:
             KeyError: the checkpoint has no state for an entry of ``to_save`` (names the file).

@@ -31,8 +31,7 @@ def record_of(engine: Engine) -> EngineRecord | None:
 
 def add_row(engine: Engine, kind: Kind | str, source: Source | str, **fields: Any) -> None:
     """Add a row to the record attached to ``engine``; without a record (no `RecordHandler`), nothing."""
-    record = record_of(engine)
-    if record is not None:
+    if (record := record_of(engine)) is not None:
         record.add(kind, source, **fields)
 
 
@@ -41,25 +40,12 @@ def add_iteration_row(engine: Engine, source: Source | str, **fields: Any) -> No
     add_row(engine, Kind.ITERATION, source, epoch=engine.state.epoch, iteration=engine.state.iteration, **fields)
 
 
-_CONV_DIMS = (
-    (torch.nn.Conv3d, 3),
-    (torch.nn.ConvTranspose3d, 3),
-    (torch.nn.Conv2d, 2),
-    (torch.nn.ConvTranspose2d, 2),
-    (torch.nn.Conv1d, 1),
-    (torch.nn.ConvTranspose1d, 1),
-)
-
-
 def cached_dataset(engine: Engine) -> str | None:
-    """The class name of the data set ``engine`` runs on when it is a cache (MONAI's ``CacheDataset``,
-    ``PersistentDataset``, their subclasses and `CropCacheDataset`), else ``None``."""
+    """The class name of ``engine``'s data set when it is a cache (MONAI's or `CropCacheDataset`), else ``None``."""
     from monai_fast.data.crop_cache import CropCacheDataset
 
-    loader = loader_of(engine)
-    dataset = getattr(loader, "dataset", None)
-    caches = (CacheDataset, PersistentDataset, CropCacheDataset)
-    return type(dataset).__name__ if isinstance(dataset, caches) else None
+    dataset = getattr(loader_of(engine), "dataset", None)
+    return type(dataset).__name__ if isinstance(dataset, (CacheDataset, PersistentDataset, CropCacheDataset)) else None
 
 
 def loader_of(engine: Engine) -> Any:
@@ -67,12 +53,23 @@ def loader_of(engine: Engine) -> Any:
     return getattr(engine.state, "dataloader", None) or getattr(engine, "data_loader", None)
 
 
+_CONVS = (
+    torch.nn.Conv1d,
+    torch.nn.Conv2d,
+    torch.nn.Conv3d,
+    torch.nn.ConvTranspose1d,
+    torch.nn.ConvTranspose2d,
+    torch.nn.ConvTranspose3d,
+)
+
+
 def describe_engine(engine: Engine) -> dict[str, Any]:
     """What an engine runs, for the record: network, spatial dimensions, inferer, sliding window, amp, cache."""
     network = getattr(engine, "network", None)
     dims = None
-    if isinstance(network, torch.nn.Module):
-        dims = next((d for m in network.modules() for kind, d in _CONV_DIMS if isinstance(m, kind)), None)
+    if isinstance(network, torch.nn.Module):  # the first convolution's (transposed or not) spatial dimensions
+        convs = (m for m in network.modules() if isinstance(m, _CONVS))
+        dims = next((len(m.kernel_size) for m in convs), None)
     inferer = getattr(engine, "inferer", None)
     window = sliding_window_of(inferer) if inferer is not None else None
     device = getattr(getattr(engine, "state", None), "device", None)  # a MONAI workflow's, None on a plain Engine
@@ -85,7 +82,6 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
         "sw_batch_size": getattr(window, "sw_batch_size", None),
         "amp": getattr(engine, "amp", None),
         "device": None if device is None else str(device),
-        # whether reduced precision has hardware on this CPU: the doctor's case for FastTraining's precision lever
         "cpu_bf16": cpu_has_bf16_hardware() if device is not None and str(device).startswith("cpu") else None,
         "data_cached": cached_dataset(engine) is not None,
         "transforms": transform_names(getattr(getattr(loader, "dataset", None), "transform", None)),
@@ -101,9 +97,8 @@ def _default_name(taken: list[str]) -> str:
 class RecordHandler(EngineHandler):
     """Creates the run's record and shares it with every monai-fast handler on the engines.
 
-    Attach it to the trainer first, then the same instance to the evaluator. Each trainer run is a
-    segment of the same file; a run folder another process writes raises `RunFolderBusyError` before
-    any work. The rows: docs/doctor.md.
+    Attach it to the trainer first, then the same instance to the evaluator. Each trainer run is a segment
+    of the same file; a run folder another process writes raises `RunFolderBusyError`. Rows: docs/doctor.md.
 
     Args:
         run_dir: the run folder; ``None`` keeps the record in memory.
@@ -126,17 +121,15 @@ class RecordHandler(EngineHandler):
 
     @property
     def segment(self) -> int:
-        """The record's current segment: the rows of the trainer's latest run carry it
-        (``select(rows, segment=...)``)."""
+        """The record's current segment, carried by the rows of the trainer's latest run."""
         return self.record.segment
 
     def span(self, category: Category | str, **fields: Any) -> AbstractContextManager[None]:
-        """`RunRecord.span()`: time a ``with`` block
-        (your own set-up: ``category="setup"``, or ``"cache_fill"``) into the run record."""
+        """`RunRecord.span()`: time a ``with`` block (your set-up: ``category="setup"``) into the run record."""
         return self.record.span(category, **fields)
 
     def attach(self, engine: Engine, name: str | None = None) -> None:
-        """Share the record with ``engine``; the first engine attached owns it.
+        """Share the record with ``engine`` (the trainer first: it owns the record, then its evaluators).
 
         Args:
             engine: the trainer (first), then its evaluator(s).
@@ -158,20 +151,16 @@ class RecordHandler(EngineHandler):
     def _run_started(self, engine: Engine) -> None:
         if self.engine is engine:  # the owner: its runs are the record's segments
             self.record.begin_segment()
-            # where this rank runs (host, node, launcher): the doctor lists the job's nodes from these rows
             self.record.add(Kind.EVENT, Source.RECORD, what="placement", **placement())
         if self._described.get(id(engine)) != self.record.segment:
             self._described[id(engine)] = self.record.segment
             described = describe_engine(engine)
-            # where the run starts: from iteration 0 it is a run of its own (a notebook's attach cell run again),
-            # from later on it continues the earlier segments (more epochs, a resumed job, a race's turns)
             described.update(start_epoch=engine.state.epoch, start_iteration=engine.state.iteration)
             record_of(engine).add(Kind.EVENT, Source.RECORD, what="engine", **described)  # type: ignore[union-attr]
         self._started[id(engine)] = time.time()
 
     def _run_ended(self, engine: Engine) -> None:
-        # a run that raised (Ctrl-C, an error) ends here inside ignite's except block: its end row says what stopped it;
-        # engine.terminate() also ends a run from inside one, and that is a normal end
+        # a run that raised ends here inside ignite's except block; engine.terminate() is a normal end
         error = None if engine.should_terminate else sys.exc_info()[1]
         start = self._started.pop(id(engine), None)  # None: the second call for one run (TERMINATE, COMPLETED)
         owner = self.engine is engine

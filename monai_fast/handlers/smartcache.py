@@ -1,7 +1,4 @@
-"""Drive a SmartCache rotation from an ignite engine: bounded waits, named errors, rank agreement, resumable.
-
-`SmartCacheUpdater` finds the ``SmartCacheDataset`` in the trainer's loader (docs/data.md).
-"""
+"""Drive a SmartCache rotation from an ignite engine: bounded waits, named errors, rank agreement, resumable."""
 
 from __future__ import annotations
 
@@ -35,7 +32,7 @@ class SmartCacheUpdater(EngineHandler):
 
     Raises:
         TypeError: ``dataset`` is not a ``SmartCacheDataset``, or (at attach) the loader holds none.
-        ValueError: ``timeout_s`` is not positive, or (at attach) MONAI's data set cannot be adopted.
+        ValueError: ``timeout_s`` <= 0, or (at attach) MONAI's data set cannot be adopted.
         RuntimeError: at attach, the engine is inside ``run()``.
 
     Examples:
@@ -54,13 +51,12 @@ class SmartCacheUpdater(EngineHandler):
         self._given = dataset
         self.dataset: SafeSmartCacheDataset | None = dataset if isinstance(dataset, SafeSmartCacheDataset) else None
         self.timeout_s = float(timeout_s)
-        #: "safe" or "adopted" once attached; ``None`` before
-        self.mode: str | None = None
+        self.mode: str | None = None  # "safe" or "adopted" once attached
         self._pending: dict[str, Any] | None = None  # a state loaded before attach
 
     @property
     def updates(self) -> int:
-        """Rotations done so far (one ``update_cache`` per epoch), as in `state_dict()`; 0 before attach."""
+        """Rotations done so far (one per epoch), as in `state_dict()`; 0 before attach."""
         return 0 if self.dataset is None else self.dataset.updates
 
     def _attach(self, engine: Engine) -> None:
@@ -87,7 +83,7 @@ class SmartCacheUpdater(EngineHandler):
             self.load_state_dict(state)
 
     def _choose(self, engine: Engine, loader: Any, ds: SmartCacheDataset) -> tuple[str, SafeSmartCacheDataset]:
-        """The safe data set to rotate: ``ds`` itself, or MONAI's adopted (its own rotation can hang)."""
+        """The safe data set to rotate: ``ds``, or MONAI's adopted (its own rotation can hang)."""
         if isinstance(ds, SafeSmartCacheDataset):
             logger.info("SmartCacheUpdater: rotates the SafeSmartCacheDataset (timeout_s=%g)", self.timeout_s)
             return "safe", ds
@@ -141,7 +137,7 @@ class SmartCacheUpdater(EngineHandler):
         return self.dataset.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Move the rotation to a saved position and rebuild the cache there (held until attach when not attached)."""
+        """Move the rotation to a saved position and rebuild the cache there (at attach, before it)."""
         if self.mode is None:
             self._pending = dict(state)
         else:
@@ -153,12 +149,9 @@ def _take_over_from_monais_handler(engine: Engine, dataset: SmartCacheDataset) -
     sources = [dataset]
     if isinstance(dataset, SafeSmartCacheDataset) and dataset.adopted_from is not None:
         sources.append(dataset.adopted_from)
-    found: list[SmartCacheHandler] = []
-    for fn in callbacks_on(engine, Events.EPOCH_COMPLETED):
-        owner = getattr(fn, "__self__", None)
-        if isinstance(owner, SmartCacheHandler) and any(owner.smartcacher is s for s in sources) and owner not in found:
-            found.append(owner)
-    for handler in found:
+    owners = (getattr(fn, "__self__", None) for fn in callbacks_on(engine, Events.EPOCH_COMPLETED))
+    found = [h for h in owners if isinstance(h, SmartCacheHandler) and any(h.smartcacher is s for s in sources)]
+    for handler in dict.fromkeys(found):
         for event, fn in (
             (Events.STARTED, handler.started),
             (Events.EPOCH_COMPLETED, handler.epoch_completed),

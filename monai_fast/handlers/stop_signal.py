@@ -1,7 +1,6 @@
 """Preemption's first half: catch the stop signals, agree on the stop across ranks, requeue under SLURM.
 
-`catch_stop_signals()`, called first thing, records a signal that arrives during set-up instead of
-dying of it; a `Preemption` takes it over at ``attach``. See docs/preemption.md.
+See docs/preemption.md.
 """
 
 from __future__ import annotations
@@ -40,10 +39,7 @@ class StopSignal:
     """Record that a stop signal arrived (a flag only); `agreed()` tells every rank at a safe point.
 
     Args:
-        signals: signal names, e.g. ``("SIGTERM", "SIGUSR1")``.
-
-    Raises:
-        ValueError: an unknown signal name.
+        signals: signal names, e.g. ``("SIGTERM", "SIGUSR1")`` (`ValueError` for an unknown one).
     """
 
     def __init__(self, signals: Sequence[str]) -> None:
@@ -58,7 +54,6 @@ class StopSignal:
 
     @property
     def installed(self) -> bool:
-        """Whether this object's handlers are in place."""
         return bool(self._previous)
 
     @property
@@ -67,7 +62,7 @@ class StopSignal:
         return signal.Signals(self.received).name if self.received is not None else "a signal on another rank"
 
     def install(self) -> None:
-        """Put this object's handler on each signal (main thread only), taking over a set-up catcher and its signal."""
+        """Put this object's handler on each signal (main thread only), taking over a set-up catcher."""
         if self.installed:
             return
         if threading.current_thread() is not threading.main_thread():
@@ -99,7 +94,7 @@ class StopSignal:
 
 
 def _remove_setup_catcher() -> StopSignal | None:
-    """Remove the set-up catcher, giving the signals their previous handlers back; returns it (``None``: none)."""
+    """Remove the set-up catcher (``None``: none), giving the signals their previous handlers back."""
     global _setup_catcher
     catcher, _setup_catcher = _setup_catcher, None
     if catcher is not None:
@@ -108,7 +103,7 @@ def _remove_setup_catcher() -> StopSignal | None:
 
 
 def _take_over_setup_catcher(heir: StopSignal) -> None:
-    """Remove the set-up catcher (if any, and not ``heir`` itself), handing its recorded signal to ``heir``."""
+    """Remove the set-up catcher (unless ``heir`` itself), handing its recorded signal to ``heir``."""
     if _setup_catcher is None or _setup_catcher is heir:
         return
     catcher = _remove_setup_catcher()
@@ -121,14 +116,8 @@ def _take_over_setup_catcher(heir: StopSignal) -> None:
 def catch_stop_signals(signals: Sequence[str] = STOP_SIGNALS) -> StopSignal:
     """Record stop signals from now on instead of dying of them; call it first thing in a program.
 
-    Only signals with the default handler are caught; the catcher stays until the next `StopSignal`
-    is installed or `end_of_setup()`; a second call returns it.
-
-    Args:
-        signals: signal names (default ``SIGTERM`` and ``SIGUSR1``).
-
-    Returns:
-        The catcher; its ``received`` is the signal number recorded, if any.
+    Only signals with the default handler are caught, until the next `StopSignal` is installed or
+    `end_of_setup()`; a second call returns the same catcher, whose ``received`` is the signal number.
     """
     global _setup_catcher
     if _setup_catcher is not None:

@@ -22,8 +22,7 @@ logger = logging.getLogger("monai_fast.handlers")
 def batch_shape(batch: Any) -> tuple[int, ...] | None:
     """Shape of the input tensor of a batch: ``batch["image"]``, else the first tensor found.
 
-    A batch that MONAI's engines decollated after the iteration (``decollate=True``, their
-    default: a list of one dict per sample) counts its samples: ``(len(batch), *sample_shape)``.
+    A batch MONAI's engines decollated (a list of one dict per sample) is ``(len(batch), *sample_shape)``.
     """
     if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, dict) for b in batch):
         sample = batch_shape(batch[0])
@@ -69,9 +68,7 @@ class ThroughputMonitor(EngineHandler):
         if not callable(shape_fn):
             raise TypeError("shape_fn must be callable")
         super().__init__()
-        self.shape_fn = shape_fn
-        self.writer = writer
-        self.log_every_epoch = log_every_epoch
+        self.shape_fn, self.writer, self.log_every_epoch = shape_fn, writer, log_every_epoch
         self.last: dict[str, float] = {}
         self.epochs: list[dict[str, float]] = []
         self.epoch_ends: list[float] = []
@@ -94,8 +91,7 @@ class ThroughputMonitor(EngineHandler):
             self.epoch_ends.append(self._t_epoch - self._t_last_iter)
         self._t_prev = self._t_last_iter = self._t_epoch
         self._log_pending(self.epoch_ends)
-        self._samples = 0
-        self._voxels = 0
+        self._samples = self._voxels = 0
 
     def _iteration_completed(self, engine: Engine) -> None:
         # an iteration's time runs from the previous one's end, so it includes the data wait
@@ -113,16 +109,12 @@ class ThroughputMonitor(EngineHandler):
         }
         add_iteration_row(engine, Source.THROUGHPUT, samples=n, **self.last)
 
-    def _eta(self, engine: Engine, elapsed: float) -> tuple[float, float]:
-        iters = engine.state.epoch_length or 0
-        remaining = max((engine.state.max_epochs or 0) * iters - engine.state.iteration, 0)
-        train = remaining * (elapsed / iters if iters else 0.0)
-        ends = sum(self.epoch_ends) / len(self.epoch_ends) if self.epoch_ends else 0.0
-        return train, max((engine.state.max_epochs or 0) - engine.state.epoch, 0) * ends
-
     def _epoch_completed(self, engine: Engine) -> None:
         elapsed = (self._t_last_iter or self._t_epoch) - self._t_epoch
-        eta_train, eta_end = self._eta(engine, elapsed)
+        iters, max_epochs = engine.state.epoch_length or 0, engine.state.max_epochs or 0
+        eta_train = max(max_epochs * iters - engine.state.iteration, 0) * (elapsed / iters if iters else 0.0)
+        epochs_left = max(max_epochs - engine.state.epoch, 0)
+        eta_end = epochs_left * (sum(self.epoch_ends) / len(self.epoch_ends) if self.epoch_ends else 0.0)
         stats = {
             "epoch": engine.state.epoch,
             "epoch_s": elapsed,
@@ -135,30 +127,22 @@ class ThroughputMonitor(EngineHandler):
             "eta_s": eta_train + eta_end,
         }
         self.epochs.append(stats)
-        record = record_of(engine)
-        if record is not None:
+        if (record := record_of(engine)) is not None:
             record.add(Kind.EPOCH, Source.THROUGHPUT, **stats)
-            record.set_summary(
-                Source.THROUGHPUT,
-                {
-                    "samples_per_s_mean": sum(e["samples_per_s"] for e in self.epochs) / len(self.epochs),
-                    "voxels_per_s_mean": sum(e["voxels_per_s"] for e in self.epochs) / len(self.epochs),
-                },
-            )
+            rates = ("samples_per_s", "voxels_per_s")
+            means = {f"{k}_mean": sum(e[k] for e in self.epochs) / len(self.epochs) for k in rates}
+            record.set_summary(Source.THROUGHPUT, means)
         if self.writer is not None:
             for k in ("samples_per_s", "voxels_per_s", "eta_s", "epoch_s"):
                 self.writer.add_scalar(f"throughput/{k}", stats[k], engine.state.epoch)
         if self.log_every_epoch:  # said once this epoch's end work (validation) is over and measured
-            self._pending = (stats, max((engine.state.max_epochs or 0) - engine.state.epoch, 0))
+            self._pending = (stats, epochs_left)
 
     def _log_pending(self, ends: list[float]) -> None:
-        """Log the last epoch's line, its ETA counting the epoch-end work measured so far (``ends``, the last its
-        own)."""
+        """Log the last epoch's line, its ETA counting the epoch-end work measured so far (the last its own)."""
         if self._pending is None or not ends:
             return
-        stats, left = self._pending
-        self._pending = None
-        end_s = ends[-1]
+        (stats, left), self._pending = self._pending, None
         eta_end = left * sum(ends) / len(ends)
         logger.info(
             "epoch %d: %.1f samples/s, %.3g voxels/s, %.1f s, %.1f s of epoch-end work (validation, handlers); "
@@ -167,7 +151,7 @@ class ThroughputMonitor(EngineHandler):
             stats["samples_per_s"],
             stats["voxels_per_s"],
             stats["epoch_s"],
-            end_s,
+            ends[-1],
             stats["eta_train_s"] + eta_end,
             eta_end,
         )

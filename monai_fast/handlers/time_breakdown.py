@@ -44,8 +44,8 @@ class TimeBreakdown(EngineHandler):
 
     Args:
         warn_threshold: data share (0..1] above which an epoch is reported as loader-bound.
-        cuda_sync: ``True`` to synchronise CUDA before each reading, ``"auto"`` on a CUDA engine
-            device, ``False`` never (``True`` on a CPU-only build warns once and acts as ``False``).
+        cuda_sync: synchronise CUDA before each reading: ``True``, ``"auto"`` (on a CUDA engine device) or
+            ``False``; ``True`` without CUDA warns and acts as ``False``.
         logger: where warnings and per-epoch summaries go; default ``monai_fast.handlers``.
 
     Examples:
@@ -63,15 +63,12 @@ class TimeBreakdown(EngineHandler):
         if cuda_sync not in (True, False, "auto"):
             raise ValueError(f"cuda_sync must be True, False or 'auto', got {cuda_sync!r}")
         super().__init__()
-        self.warn_threshold = warn_threshold
-        self.cuda_sync = cuda_sync
+        self.warn_threshold, self.cuda_sync = warn_threshold, cuda_sync
         self.logger = logger or logging.getLogger("monai_fast.handlers")
         self.epochs: list[EpochTimes] = []
-        self.last_data_s = 0.0
-        self.last_compute_s = 0.0
+        self.last_data_s = self.last_compute_s = 0.0
         self._sync_device = None
-        self._t_get = self._t_got = 0.0
-        self._data_s = self._compute_s = 0.0
+        self._t_get = self._t_got = self._data_s = self._compute_s = 0.0
         self._iters = 0
 
     def _attach(self, engine: Engine) -> None:
@@ -99,15 +96,6 @@ class TimeBreakdown(EngineHandler):
         # each run's own epochs: a run started again (a notebook cell, more epochs) does not count the last one's
         engine.state.time_breakdown = []
 
-    def _cache_on(self, engine: Engine) -> str | None:
-        """Where the engine's data is cached already (``None``: not cached, as far as the run shows)."""
-        record = record_of(engine)
-        lever = record.lever(Source.FAST_TRAINING, Lever.DATA) if record is not None else None
-        if lever is not None and lever.get("applied"):
-            return f"FastTraining cached them ({lever.get('setting')})"
-        name = cached_dataset(engine)
-        return f"the loader reads a {name}" if name is not None else None
-
     def _epoch_started(self, engine: Engine) -> None:
         self._data_s = self._compute_s = 0.0
         self._iters = 0
@@ -127,13 +115,25 @@ class TimeBreakdown(EngineHandler):
         add_iteration_row(engine, Source.TIME_BREAKDOWN, data_s=self.last_data_s, compute_s=self.last_compute_s)
 
     @staticmethod
-    def _more_fixes(engine: Engine) -> str:
-        """The rest of a cached run's fix: more threads, and precomputed crop indices where the chain crops by label
-        and does not precompute them (an unreadable chain gets the advice)."""
+    def _fix(engine: Engine) -> str:
+        """The fix for a loader-bound epoch: caching, or, where the data are cached already, the rest."""
+        record = record_of(engine)
+        lever = record.lever(Source.FAST_TRAINING, Lever.DATA) if record is not None else None
+        if lever is not None and lever.get("applied"):
+            cached = f"FastTraining cached them ({lever.get('setting')})"
+        elif (name := cached_dataset(engine)) is not None:
+            cached = f"the loader reads a {name}"
+        else:
+            return "cache deterministic transforms (CacheDataset / GPU cache) or use ThreadDataLoader"
         names = transform_names(getattr(getattr(loader_of(engine), "dataset", None), "transform", None))
-        crops = crop_indices_advised(names)
-        more = ", or precompute crop indices (FgBgToIndicesd)" if crops else ""
-        return f", load with more threads{more}" if more else " or load with more threads"
+        if crop_indices_advised(names):  # the chain crops by label without precomputed indices
+            more = ", load with more threads, or precompute crop indices (FgBgToIndicesd)"
+        else:
+            more = " or load with more threads"
+        return (
+            f"the deterministic transforms are cached ({cached}): run the random transforms on the device "
+            f"(ToDeviced before them){more}"
+        )
 
     def _epoch_completed(self, engine: Engine) -> None:
         times = EpochTimes(engine.state.epoch, self._iters, self._data_s, self._compute_s)
@@ -143,18 +143,11 @@ class TimeBreakdown(EngineHandler):
         engine.state.time_breakdown.append(times)
         add_row(engine, Kind.EPOCH, Source.TIME_BREAKDOWN, **times.as_dict())
         if times.data_share > self.warn_threshold:
-            cached = self._cache_on(engine)
-            fix = (
-                "cache deterministic transforms (CacheDataset / GPU cache) or use ThreadDataLoader"
-                if cached is None
-                else f"the deterministic transforms are cached ({cached}): run the random transforms on the device "
-                f"(ToDeviced before them){self._more_fixes(engine)}"
-            )
             self.logger.warning(
                 "epoch %d: %.0f%% of iteration time is spent waiting for data (%.2f s of %.2f s); %s",
                 times.epoch,
                 100 * times.data_share,
                 times.data_s,
                 times.data_s + times.compute_s,
-                fix,
+                self._fix(engine),
             )

@@ -20,20 +20,13 @@ class TimeToTarget(EngineHandler):
     """Measures wall-clock time to a target metric and ends the run there.
 
     The clock starts at ``start_time`` (taken before building the data sets, so caching counts) or at
-    `attach()`; see docs/monitoring.md.
-
-    Attributes:
-        history: ``(elapsed_s, validated_epoch, value)`` for every metric reading.
-        reached_s: elapsed seconds when the target was first met, or ``None``.
-        reached_epoch: epoch of the weights that first met the target, or ``None``.
-        stable_s: elapsed seconds when two consecutive readings had met the target, or ``None``.
-        stable_epoch: epoch of the second of those two readings, or ``None``.
-        budget_exhausted: whether the budget ended the run.
+    `attach()`. `history` holds ``(elapsed_s, validated_epoch, value)`` per reading; ``reached_s`` /
+    ``reached_epoch`` the first met, ``stable_s`` / ``stable_epoch`` the second in a row; see docs/monitoring.md.
 
     Args:
         target: the value to reach.
         metric_name: key in ``engine.state.metrics``; default: the evaluator's key metric.
-        time_budget_s: stop after this many seconds; ``None`` for no limit.
+        time_budget_s: stop after this many seconds (``budget_exhausted`` then); ``None`` for no limit.
         start_time: `time.perf_counter()` value at which the clock started.
         mode: ``"max"`` if higher is better (Dice), ``"min"`` if lower is (loss).
         stop_on: ``"first"`` reading at the target, or ``"stable"``: the second consecutive one.
@@ -62,17 +55,13 @@ class TimeToTarget(EngineHandler):
         if stop_on not in ("first", "stable"):
             raise ValueError(f"stop_on must be 'first' or 'stable', got {stop_on!r}")
         super().__init__()
-        self.target = float(target)
-        self.metric_name = metric_name
-        self.time_budget_s = time_budget_s
-        self.start_time = start_time
-        self.mode = mode
-        self.stop_on = stop_on
+        self.target, self.metric_name, self.time_budget_s = float(target), metric_name, time_budget_s
+        self.start_time, self.mode, self.stop_on = start_time, mode, stop_on
         self.logger = logger or logging.getLogger("monai_fast.handlers")
         self.history: list[tuple[float, int, float]] = []
-        self.reached_s: float | None = None
-        self.reached_epoch: int | None = None
-        self.stable_s: float | None = None
+        self.reached_s: float | None = None  # elapsed seconds when the target was first met
+        self.reached_epoch: int | None = None  # the epoch of the weights that met it
+        self.stable_s: float | None = None  # elapsed seconds when two readings in a row had met it
         self.stable_epoch: int | None = None
         self.budget_exhausted = False
         self._lock = threading.Lock()
@@ -90,11 +79,7 @@ class TimeToTarget(EngineHandler):
         return (max if self.mode == "max" else min)((v for _, _, v in self.history), default=None)
 
     def attach(self, trainer: Engine, evaluator: Engine | None = None) -> None:
-        """Watch ``evaluator``'s metric (or ``trainer``'s, without one) and stop ``trainer``.
-
-        Raises:
-            RuntimeError: if already attached.
-        """
+        """Watch ``evaluator``'s metric (or ``trainer``'s, without one) and stop ``trainer``."""
         self._pending_evaluator = evaluator
         super().attach(trainer)
 

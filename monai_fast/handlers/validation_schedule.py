@@ -29,8 +29,8 @@ def estimator_like(
 ) -> SupervisedEvaluator:
     """A cheap copy of ``evaluator`` over ``val_data_loader``: same network, device, batch preparation and precision.
 
-    ``inferer`` defaults to the evaluator's own; ``key_val_metric`` is copied, so the same dict may be
-    the evaluator's. MONAI keeps no public handle on an evaluator's post-processing: pass it again.
+    ``inferer`` defaults to the evaluator's own; ``key_val_metric`` is copied (it may be the evaluator's dict);
+    pass the ``postprocessing`` again (MONAI keeps no public handle on it).
     """
     return SupervisedEvaluator(
         device=evaluator.state.device,
@@ -51,13 +51,8 @@ class ValidationSchedule(EngineHandler):
 
     A cheap ``estimator`` (see `estimator_like()`) runs after every epoch while the target is far; the
     full ``evaluator`` every ``every`` epochs, on the last one, and every epoch once an estimate came
-    within ``margin``. Use it instead of MONAI's ``ValidationHandler``; attach `TimeToTarget` to the
-    full ``evaluator`` (docs/data.md).
-
-    Attributes:
-        estimates: ``(trainer_epoch, estimate)`` for every estimate.
-        full_epochs: trainer epochs after which the full validation ran.
-        close_epoch: first epoch whose estimate was within the margin, or ``None``.
+    within ``margin`` (``close_epoch``). Use it instead of MONAI's ``ValidationHandler``; attach `TimeToTarget`
+    to the full ``evaluator`` (docs/data.md).
 
     Args:
         evaluator: the full validation (a MONAI ``Evaluator``).
@@ -103,9 +98,9 @@ class ValidationSchedule(EngineHandler):
         self.target, self.margin, self.every = float(target), float(margin), every
         self.metric_name, self.mode = metric_name, mode
         self.logger = logger or logging.getLogger("monai_fast.handlers")
-        self.estimates: list[tuple[int, float]] = []
-        self.full_epochs: list[int] = []
-        self.close_epoch: int | None = None
+        self.estimates: list[tuple[int, float]] = []  # (trainer epoch, estimate)
+        self.full_epochs: list[int] = []  # trainer epochs after which the full validation ran
+        self.close_epoch: int | None = None  # the first epoch whose estimate was within the margin
 
     def _attach(self, trainer: Engine) -> None:
         self.on(trainer, Events.EPOCH_COMPLETED, self._epoch_completed)
@@ -122,9 +117,7 @@ class ValidationSchedule(EngineHandler):
 
     def is_close(self, estimate: float) -> bool:
         """Whether ``estimate`` is within the margin of the target (or past it)."""
-        if self.mode == "max":
-            return estimate >= self.target - self.margin
-        return estimate <= self.target + self.margin
+        return estimate >= self.target - self.margin if self.mode == "max" else estimate <= self.target + self.margin
 
     def _epoch_completed(self, trainer: Engine) -> None:
         epoch = trainer.state.epoch

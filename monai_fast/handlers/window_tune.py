@@ -25,7 +25,7 @@ def sliding_window_of(inferer: Any) -> SlidingWindowInferer | None:
 
 
 def _first_image(loader: Any) -> torch.Tensor | None:
-    """The image tensor of the first item of ``loader``'s data set (the first crop when it gives a list)."""
+    """The image of the first item of ``loader``'s data set (its first crop for a list)."""
     item = loader.dataset[0]
     if isinstance(item, (list, tuple)) and item:
         item = item[0]
@@ -37,15 +37,13 @@ class SlidingWindowTune(EngineHandler):
     """At the evaluator's first run, times its sliding window on a volume of its first item's size and sets the batch.
 
     The measure is kept in the tuning store; the stitching device and the global random state are kept.
+    A `TypeError` at attach when the engine's inferer holds no ``SlidingWindowInferer``.
 
     Args:
         precision: called at the first run: the evaluator's precision (``"bf16"``, ``"fp16"``, ``"fp32"``).
         device: where the network runs (the stitching device, when the window has none).
         store: the tuning store: ``"default"``, a JSON file, or ``None`` (measure every run).
         on_result: called once with ``(applied, setting, reason)``.
-
-    Raises:
-        TypeError: (at attach) the engine's inferer holds no ``SlidingWindowInferer``.
 
     Examples:
         >>> SlidingWindowTune(lambda: "bf16", "cpu", store=None).attach(evaluator)  # doctest: +SKIP

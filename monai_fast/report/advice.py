@@ -1,10 +1,4 @@
-"""What the doctor advises: per verdict the fixes, each with the ``FastTraining`` lever that applies it.
-
-Examples:
-    >>> from monai_fast.report.applied import InEffect
-    >>> fixes_for("compute-bound", {}, InEffect(None, None, 2, None, None))[:1]  # no channels_last_3d for 2-D
-    ["mixed precision: FastTraining(precision='auto') (bf16 where supported, else fp16 + GradScaler)"]
-"""
+"""What the doctor advises: per verdict the fixes, each with the ``FastTraining`` lever that applies it."""
 
 from __future__ import annotations
 
@@ -103,13 +97,7 @@ ATTACH = "FastTraining().attach(trainer, evaluator)"
 
 def unused_levers(applied: dict[str, dict], run: InEffect) -> list[str]:
     """The ``FastTraining`` levers a run without it left unused (fp32 on a GPU or a bf16 CPU, a data set that is not
-    a cache), each with its evidence; empty for a run with ``FastTraining``.
-
-    Examples:
-        >>> run = InEffect(None, None, 3, True, False, device="cpu", cpu_bf16=True)
-        >>> [u.split(" (")[0] for u in unused_levers({}, run)]
-        ['precision', 'data']
-    """
+    a cache), each with its evidence; empty for a run with ``FastTraining``."""
     if applied:
         return []
     out = []

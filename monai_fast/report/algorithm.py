@@ -1,15 +1,4 @@
-"""The user's own training post-processing and metrics: what they cost per epoch, named when it is notable.
-
-Examples:
-    >>> rows = [{"kind": "epoch", "source": "training_algorithm", "engine": "train", "epoch": 1, "epoch_s": 10.0,
-    ...          "postprocessing_s": 1.5, "decollate_s": 0.5, "metrics_s": 2.0, "metrics": ["Accuracy"],
-    ...          "postprocessing": ["Activationsd", "AsDiscreted"]}]
-    >>> found = algorithm_cost(rows)
-    >>> round(found["share"], 2), found["metrics"]
-    (0.4, ['Accuracy'])
-    >>> algorithm_cost(rows, threshold=0.5) is None
-    True
-"""
+"""The user's own training post-processing and metrics: what they cost per epoch, named when it is notable."""
 
 from __future__ import annotations
 
@@ -19,20 +8,13 @@ from monai_fast.telemetry.record import Kind, Source, select
 
 __all__ = ["ALGORITHM_SHARE", "algorithm_cost"]
 
-#: the share of the training epoch from which the doctor names the training post-processing and metrics: below
-#: it a gain would not stand out from the run-to-run noise of an epoch's time
+#: the share of the training epoch from which the doctor names the training post-processing and metrics
 ALGORITHM_SHARE = 0.10
 
 
 def algorithm_cost(rows: list[dict], threshold: float = ALGORITHM_SHARE) -> dict | None:
-    """The training post-processing and metrics' cost per epoch, when they take ``threshold`` of it or more.
-
-    Reads the lowest rank's ``training_algorithm`` epoch rows; the figures are medians over the epochs.
-
-    Returns:
-        ``None`` below ``threshold`` (or without such rows); else the figures, the evidence sentence
-        (``evidence``) and the fix (``fix``).
-    """
+    """The training post-processing and metrics' cost per epoch (medians of the lowest rank's ``training_algorithm``
+    rows), with the ``evidence`` sentence and the ``fix``; ``None`` below ``threshold`` or without such rows."""
     epochs = select(rows, Kind.EPOCH, Source.TRAINING_ALGORITHM, engine="train")
     if not epochs:
         return None

@@ -1,12 +1,4 @@
-"""What a run had on, read from its record (``None`` where it does not say): the doctor advises only what applies.
-
-Examples:
-    >>> rows = [{"kind": "event", "source": "record", "what": "engine", "engine": "train", "spatial_dims": 2},
-    ...         {"kind": "epoch", "source": "amp", "engine": "train", "precision": "bf16", "active": True}]
-    >>> run = in_effect(rows)
-    >>> run.precision, run.spatial_dims, run.sliding_window
-    ('bf16', 2, False)
-"""
+"""What a run had on, read from its record (``None`` where it does not say): the doctor advises only what applies."""
 
 from __future__ import annotations
 
@@ -104,11 +96,6 @@ def in_effect(rows: list[dict]) -> InEffect:
 
 
 def sentence(text: str) -> str:
-    """``text`` as a whole sentence: with a full stop at its end unless it ends with one (or ``!``, ``?``, ``:``).
-
-    Examples:
-        >>> sentence("raise the batch size"), sentence("done."), sentence("")
-        ('raise the batch size.', 'done.', '')
-    """
+    """``text`` as a whole sentence: with a full stop at its end unless it ends with one (or ``!``, ``?``, ``:``)."""
     text = text.rstrip()
     return text if not text or text[-1] in ".!?:" else text + "."

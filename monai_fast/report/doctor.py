@@ -34,7 +34,7 @@ __all__ = ["THRESHOLDS", "Diagnosis", "diagnose", "doctor", "write_report"]
 
 logger = logging.getLogger("monai_fast.report")
 
-#: the verdict's thresholds and their defaults (see the module docstring); `diagnose()` and `doctor()` take any of them
+#: the verdict's thresholds and their defaults (docs/doctor.md); `diagnose()` and `doctor()` take any of them
 THRESHOLDS: dict[str, float] = {
     "data_threshold": 0.2,
     "data_low": 0.05,
@@ -74,8 +74,7 @@ def diagnose(rows: list[dict], **thresholds: float) -> Diagnosis:
 
     Args:
         rows: the record's rows (`monai_fast.telemetry.record.load_record()`).
-        thresholds: any of `THRESHOLDS` (``data_threshold``, ``data_low``, ``util_low``, ``mem_low``,
-            ``algorithm_share``), replacing its default.
+        thresholds: any of `THRESHOLDS`, replacing its default.
 
     Raises:
         TypeError: a threshold that is not one of `THRESHOLDS`, naming it.
@@ -176,12 +175,7 @@ def diagnose(rows: list[dict], **thresholds: float) -> Diagnosis:
 
 
 def _add_wall_clock(
-    rows: list[dict],
-    applied: dict[str, dict],
-    run: InEffect,
-    numbers: dict,
-    evidence: list[str],
-    fixes: list[str],
+    rows: list[dict], applied: dict[str, dict], run: InEffect, numbers: dict, evidence: list[str], fixes: list[str]
 ) -> None:
     """The wall clock's evidence and fixes; its fixes go first when what they address outweighs the iterations."""
     clocks = wall_clock(rows)
@@ -300,14 +294,6 @@ def _warn_no_pictures(missing: str) -> None:
     logger.warning("doctor: %s; report.md is written without them", missing)
 
 
-def _pictures() -> bool:
-    """Whether the report's PNGs can be drawn; without matplotlib, one warning naming the ``plots`` extra."""
-    missing = pyplot_missing("drawing the report's PNGs")
-    if missing is not None:
-        _warn_no_pictures(str(missing))
-    return missing is None
-
-
 def write_report(
     run_dir: str | os.PathLike, diagnosis: Diagnosis, rows: list[dict], summary: dict | None = None
 ) -> Path:
@@ -315,7 +301,10 @@ def write_report(
     run_dir = Path(run_dir)
     epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
     gpu = select(rows, Kind.INTERVAL, Source.GPU)
-    pictures = _pictures()
+    missing = pyplot_missing("drawing the report's PNGs")
+    if missing is not None:
+        _warn_no_pictures(str(missing))
+    pictures = missing is None
     if pictures:
         plot_breakdown(epochs, run_dir / "time_breakdown.png")
     md = [f"# monai-fast doctor: {run_dir.name}", "", f"**Verdict: {diagnosis.verdict}**", "", "## Evidence", ""]

@@ -2,12 +2,6 @@
 
 matplotlib is the ``plots`` extra: without it each plot raises `MissingExtraError`; `pyplot_missing()` says so
 without raising.
-
-Examples:
-    >>> from monai_fast.report.plots import plot_breakdown
-    >>> rows = [{"epoch": 1, "rank": 0, "data_s": 0.2, "compute_s": 3.0}]
-    >>> plot_breakdown(rows, "/tmp/monai-fast-doctest-breakdown.png").name
-    'monai-fast-doctest-breakdown.png'
 """
 
 from __future__ import annotations
@@ -38,7 +32,6 @@ _COLOURS = {
     "idle": "lightgray",
 }
 
-
 _agg = False  # the Agg backend is chosen once, by the first plot
 
 
@@ -53,12 +46,7 @@ def _pyplot(feature: str) -> ModuleType:
 
 
 def pyplot_missing(feature: str) -> MissingExtraError | None:
-    """The error a plot for ``feature`` would raise (matplotlib not installed), or ``None`` when plots can be drawn.
-
-    Examples:
-        >>> pyplot_missing("the doctor's PNGs") is None  # with the plots extra installed
-        True
-    """
+    """The error a plot for ``feature`` would raise (matplotlib not installed), or ``None`` when plots can be drawn."""
     try:
         _pyplot(feature)
     except MissingExtraError as e:
@@ -105,9 +93,7 @@ def breakdown_figure(epochs: list[dict]) -> Figure:
         ticker.FuncFormatter(lambda x, _: str(keys[int(x)][1]) if 0 <= int(x) < len(keys) and x == int(x) else "")
     )
     ax.set_xlim(-0.6, len(keys) - 0.4)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("seconds")
-    ax.set_title("Time per epoch: compute vs data wait")
+    ax.set(xlabel="epoch", ylabel="seconds", title="Time per epoch: compute vs data wait")
     ax.legend(
         loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2 * min(len(ranks), 2), frameon=False, fontsize="small"
     )
@@ -126,21 +112,15 @@ def plot_gpu(gpu: list[dict], path: str | os.PathLike) -> Path:
     for key in sorted({(r.get("rank", 0), r["gpu"]) for r in gpu}):
         pts = [r for r in gpu if (r.get("rank", 0), r["gpu"]) == key]
         ax.plot([r["t"] for r in pts], [r["gpu_util"] for r in pts], label=f"rank {key[0]} GPU {key[1]}")
-    ax.set_ylim(0, 105)
-    ax.set_xlabel("seconds since start")
-    ax.set_ylabel("GPU utilisation %")
+    ax.set(ylim=(0, 105), xlabel="seconds since start", ylabel="GPU utilisation %")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     return _save(plt, fig, path)
 
 
 def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
-    """One bar of the wall clock's critical path by category, and one of the work that overlapped training.
-
-    Args:
-        wc: `monai_fast.report.wall_clock.WallClock.to_dict()`.
-        path: the PNG to write.
-    """
+    """One bar of the wall clock's critical path by category (``wc``: `WallClock.to_dict()`), one of the work that
+    overlapped training."""
     plt = _pyplot(f"drawing {Path(path).name}")
     bars = [("wall clock", wc["seconds"])] + ([("overlapped", wc["overlapped"])] if wc["overlapped"] else [])
     fig, ax = plt.subplots(figsize=(6, 1.8 + 0.4 * len(bars)), dpi=100)
@@ -150,18 +130,11 @@ def plot_wall_clock(wc: dict, path: str | os.PathLike) -> Path:
             if seconds <= 0:
                 continue
             share = f"{100 * wc['shares'][cat]:.0f}%" if y == 0 else f"{seconds:.1f} s beside training"
-            ax.barh(
-                y,
-                seconds,
-                left=left,
-                color=_COLOURS.get(cat, "tab:cyan"),
-                hatch="//" if y else None,
-                label=f"{LABELS.get(cat, cat)} ({share})",
-            )
+            label = f"{LABELS.get(cat, cat)} ({share})"
+            ax.barh(y, seconds, left=left, color=_COLOURS.get(cat, "tab:cyan"), hatch="//" if y else None, label=label)
             left += seconds
     ax.set_yticks(range(len(bars)), [name for name, _ in bars])
     ax.invert_yaxis()
-    ax.set_xlabel("seconds")
-    ax.set_title(f"Where the wall clock went (rank {wc['rank']}, {wc['total_s']:.1f} s)")
+    ax.set(xlabel="seconds", title=f"Where the wall clock went (rank {wc['rank']}, {wc['total_s']:.1f} s)")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")
     return _save(plt, fig, path)

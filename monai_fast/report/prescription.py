@@ -1,13 +1,5 @@
 """``monai-fast doctor RUN --apply``: the exact ``FastTraining(...)`` line for a run (with it attached: what lets
-each lever it left alone apply), and the code changes no lever makes.
-
-Examples:
-    >>> rows = [
-    ...     {"kind": "epoch", "source": "time_breakdown", "epoch": 1, "iterations": 4, "data_s": 5.0, "compute_s": 5.0}
-    ... ]
-    >>> print(prescribe(rows).splitlines()[0])
-    FastTraining().attach(trainer, evaluator)
-"""
+each lever it left alone apply), and the code changes no lever makes."""
 
 from __future__ import annotations
 
@@ -45,6 +37,9 @@ def prescribe(rows: list[dict], diagnosis: Diagnosis | None = None) -> str:
     Args:
         rows: the run record's rows (`load_record()`).
         diagnosis: the doctor's verdict for them; computed when ``None``.
+
+    Example:
+        >>> print(prescribe(load_record("runs/demo/baseline")[0]))
     """
     diagnosis = diagnosis or diagnose(rows)
     rows = last_run(rows)[0]  # the levers of the run the verdict is about

@@ -1,13 +1,4 @@
-"""The doctor's evidence across ranks, nodes and segments: the straggler, placement, restarts, ranks stopped early.
-
-Examples:
-    >>> ranks = rank_times(
-    ...     [{"rank": 0, "data_s": 1.0, "compute_s": 9.0}, {"rank": 1, "data_s": 1.0, "compute_s": 14.0}]
-    ... )
-    >>> print(rank_evidence(ranks, numbers := {})[1])  # doctest: +NORMALIZE_WHITESPACE
-    slowest rank 1 (15.0 s) vs fastest rank 0 (10.0 s): 1.50x - a straggler holds every other rank back at
-    each all-reduce
-"""
+"""The doctor's evidence across ranks, nodes and segments: the straggler, placement, restarts, ranks stopped early."""
 
 from __future__ import annotations
 
@@ -20,12 +11,7 @@ __all__ = ["node_evidence", "rank_evidence", "rank_times", "segment_evidence", "
 
 
 def rank_times(epochs: list[dict]) -> dict[int, dict]:
-    """Per rank: epochs, data-wait and compute seconds, their sum (``busy_s``) and the data share, from epoch rows.
-
-    Examples:
-        >>> rank_times([{"rank": 1, "data_s": 1.0, "compute_s": 3.0}])[1]["data_share"]
-        0.25
-    """
+    """Per rank: epochs, data-wait and compute seconds, their sum (``busy_s``) and the data share, from epoch rows."""
     ranks: dict[int, dict] = {}
     for r in epochs:
         agg = ranks.setdefault(int(r.get("rank", 0)), {"epochs": 0, "data_s": 0.0, "compute_s": 0.0})
@@ -78,18 +64,7 @@ _NEW_SEGMENT = {**dict.fromkeys(("start", "last", "pid", "host", "ended", "raise
 def segments(rows: list[dict]) -> dict[int, list[dict]]:
     """Per rank, its record's segments in order: ``segment``, ``start`` and ``last`` (times of its first and last
     row), ``pid``, ``host``, ``ended`` (``None``: no segment rows), ``raised`` (the exception that stopped it) and
-    the last ``epoch`` and ``iteration`` the trainer timed.
-
-    Examples:
-        >>> rows = [
-        ...     {"kind": "event", "source": "record", "what": "segment_started", "segment": 0, "time": 1.0, "pid": 7},
-        ...     {"kind": "iteration", "source": "time_breakdown", "segment": 0, "time": 2.0, "epoch": 1,
-        ...      "iteration": 3},
-        ... ]
-        >>> s = segments(rows)[0][0]
-        >>> s["ended"], s["iteration"], s["pid"]
-        (False, 3, 7)
-    """
+    the last ``epoch`` and ``iteration`` the trainer timed."""
     out: dict[int, dict[int, dict]] = {}
     for r in rows:
         rank, seg = int(r.get("rank", 0)), int(r.get("segment", 0))
@@ -121,13 +96,6 @@ def last_run(rows: list[dict]) -> tuple[list[dict], list[str]]:
 
     A segment whose trainer started from iteration 0 in the process that wrote the segment before it (a
     notebook cell run again) begins a new run; a segment of a new process continues the record (a restart).
-
-    Examples:
-        >>> rows = [{"kind": "event", "source": "record", "what": w, "engine": "train", "segment": s, "pid": 7,
-        ...          "start_iteration": 0} for s in (0, 1) for w in ("segment_started", "engine")]
-        >>> kept, said = last_run(rows)
-        >>> sorted({r["segment"] for r in kept}), said[0].startswith("this folder's record holds 1 earlier run")
-        ([1], True)
     """
     per_rank = segments(rows)
     pids = {s["segment"]: s["pid"] for s in per_rank[min(per_rank)]} if per_rank else {}
@@ -174,10 +142,8 @@ def interrupted(rows: list[dict], numbers: dict) -> list[str]:
 
 
 def segment_evidence(rows: list[dict], numbers: dict) -> list[str]:
-    """The doctor's line on the record's segments (none for a record of one segment); adds them to ``numbers``.
-
-    Consecutive segments of one process that ended alike (a race's turns) are told as one part.
-    """
+    """The doctor's line on the record's segments (none for one segment), consecutive ones of a process that ended
+    alike told as one part; adds them to ``numbers``."""
     per_rank = segments(rows)
     if not per_rank:
         return []
@@ -247,13 +213,7 @@ def stopped_early(rows: list[dict], numbers: dict) -> list[str]:
 def missing_ranks(rows: list[dict], ranks_with_files: list[int], numbers: dict) -> list[str]:
     """The doctor's lines naming the ranks of the job that left no rows: an empty record file, or, where two or
     more ranks recorded (not rank 0 alone, by design), a rank below the world size with no file. Adds
-    ``missing_ranks`` to ``numbers``.
-
-    Examples:
-        >>> rows = [{"rank": r, "what": "segment_started", "world_size": 3} for r in (0, 2)]
-        >>> missing_ranks(rows, [0, 2], {})
-        ['rank 1 of 3 left no record: it was killed or failed before its first row, or its record.rank1.jsonl is gone']
-    """
+    ``missing_ranks`` to ``numbers``."""
     with_rows = {int(r.get("rank", 0)) for r in rows}
     world = max((int(r.get("world_size") or 1) for r in rows if r.get("what") == "segment_started"), default=1)
     empty = sorted(set(ranks_with_files) - with_rows)

@@ -2,17 +2,6 @@
 
 Every instant of each ``trainer.run()`` (and the set-up before it) goes to the most specific category at work
 on the trainer's thread (the order: docs/doctor.md).
-
-Examples:
-    >>> rows = [
-    ...     {"kind": "span", "category": "setup", "start": 0.0, "end": 2.0, "overlapped": False},
-    ...     {"kind": "span", "category": "run", "start": 2.0, "end": 10.0, "overlapped": False},
-    ...     {"kind": "span", "category": "validation", "start": 6.0, "end": 9.0, "overlapped": False},
-    ...     {"kind": "iteration", "source": "time_breakdown", "time": 6.0, "data_s": 1.0, "compute_s": 3.0},
-    ... ]
-    >>> wc = wall_clock(rows)[0]
-    >>> wc.total_s, wc.seconds["validation"], wc.seconds["compute"], wc.seconds["handlers"]
-    (10.0, 3.0, 3.0, 1.0)
 """
 
 from __future__ import annotations
@@ -242,18 +231,11 @@ _ADVICE: tuple[tuple[str, float, tuple[Lever, str | None] | None, str], ...] = (
 
 
 def wall_clock_advice(
-    wc: WallClock,
-    applied: dict[str, dict],
-    run: InEffect | None = None,
+    wc: WallClock, applied: dict[str, dict], run: InEffect | None = None
 ) -> tuple[list[str], list[tuple[float, str]]]:
     """Evidence lines and ``(share, fix)`` pairs from the wall clock, one fix line per category that takes much
-    of it; a fix ``FastTraining`` already applied, or that does not fit the run, is left out.
-
-    Args:
-        wc: the run's wall clock.
-        applied: `monai_fast.report.applied.applied_levers()` of the run.
-        run: what the run had on (`monai_fast.report.applied.in_effect()`).
-    """
+    of it; a fix that ``FastTraining`` already applied (``applied``: `applied_levers()`), or that does not fit the
+    ``run`` (`in_effect()`), is left out."""
     top = sorted(wc.seconds, key=lambda c: -wc.seconds[c])[:3]
     evidence = [
         f"wall clock {wc.total_s:.1f} s (rank {wc.rank}): "

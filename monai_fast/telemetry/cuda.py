@@ -73,15 +73,8 @@ def cuda_device_uuid(device: torch.device | str | None = None) -> str | None:
 def current_cuda_device() -> torch.device | None:
     """The calling thread's current CUDA device, ``None`` when this process has not initialised CUDA.
 
-    CUDA's current device is per thread: a new thread starts on device 0. A thread that works for
-    another one (a loader thread) calls `set_cuda_device()` with what this returned there.
-    Without CUDA (a CPU build, or CUDA never used in this process) it returns ``None`` and creates
-    no CUDA context.
-
-    Examples:
-        >>> from monai_fast.telemetry.cuda import current_cuda_device
-        >>> current_cuda_device() is None  # on a CPU-only machine
-        True
+    CUDA's current device is per thread (a new thread starts on device 0): a thread that works for another one
+    (a loader thread) calls `set_cuda_device()` with what this returned there. It never creates a CUDA context.
     """
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
@@ -91,8 +84,7 @@ def current_cuda_device() -> torch.device | None:
 def set_cuda_device(device: torch.device | str) -> torch.device:
     """Make ``device`` the current CUDA device of this process; a no-op for CPU devices.
 
-    ``"cuda"`` without an index (what ``ignite.distributed.device()`` gives a one-process run)
-    means the device that is current already, so it leaves the choice as it is.
+    ``"cuda"`` without an index (``ignite.distributed.device()`` of a one-process run) leaves the current device.
 
     Returns:
         ``device``, with the index of the current CUDA device where it named none.
@@ -138,17 +130,9 @@ def cpuinfo_value(*keys: str) -> str | None:
 def side_stream(device: torch.device | str | None) -> Iterator[None]:
     """Run the block on a fresh CUDA stream of ``device``; a plain block elsewhere (CPU, no CUDA, ``None``).
 
-    A background thread (a cache fill, a validation) then does not queue behind the training
-    thread's kernels on the default stream.
-
-    The new stream first waits for the work already queued on the current stream (a weight
-    snapshot copied there is complete before the block reads it), and is synchronized on exit, so
-    the block's results are ready when it ends. Work queued meanwhile on other streams (training)
-    overlaps with it.
-
-    Examples:
-        >>> with side_stream("cpu"):  # no CUDA: just runs the block
-        ...     x = 1 + 1
+    A background thread (a cache fill, a validation) then does not queue behind the training thread's kernels.
+    The stream first waits for the work queued on the current stream and is synchronized on exit, so the block
+    sees complete inputs and its results are ready when it ends.
     """
     dev = torch.device(device) if device is not None else None
     if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
@@ -166,16 +150,9 @@ Mark = float | torch.cuda.Event
 
 
 def time_mark(device: torch.device | str | None) -> Mark:
-    """A point in time on ``device``'s timeline without waiting for it.
+    """A point in time on ``device``'s timeline without waiting for it, for `seconds_between()`.
 
-    On a CUDA device this records a timing event on the current stream (the point the stream
-    reaches once the work queued before it has run); elsewhere it reads ``time.perf_counter()``.
-    Use `seconds_between()` on two marks of the same device.
-
-    Examples:
-        >>> a = time_mark("cpu"); b = time_mark("cpu")
-        >>> seconds_between(a, b) >= 0
-        True
+    On a CUDA device a timing event recorded on the current stream; elsewhere ``time.perf_counter()``.
     """
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and torch.cuda.is_available():

@@ -1,18 +1,8 @@
 """How much of this host's CPU other processes took during a window: the competing load a timing ran under.
 
-A ratio of two timings taken side by side is only as host-independent as the two workloads'
-response to load; the demo therefore says how busy the host was while it measured. The share
-is the CPU time the whole host spent busy (``/proc/stat`` via psutil: every state but idle and
-iowait) minus what this process and its children spent, over the window's wall time times the
-logical CPUs. Two processes spinning on a 2-core host give about 0.5 (they get about half of
-it), a quiet host about 0.
-
-Examples:
-    >>> from monai_fast.telemetry.host import HostLoad
-    >>> load = HostLoad().start()
-    >>> share = load.stop()
-    >>> sorted(share)
-    ['cpus', 'others_cpu_share', 'wall_s']
+The share is the host's busy CPU time (``/proc/stat`` via psutil: every state but idle and iowait) minus this
+process tree's, over the window's wall time times the logical CPUs: two processes spinning on a 2-core host
+give about 0.5, a quiet host about 0.
 """
 
 from __future__ import annotations
@@ -30,12 +20,7 @@ BUSY_SHARE = 0.1
 def process_tree_cpu_seconds() -> float:
     """CPU seconds of this process (all threads), its ended children, and its live descendants (loader workers).
 
-    A loader worker's CPU time counts from the moment it is spent, not only once the worker has
-    been reaped (a worker ends when its iterator is dropped, which may be after the epoch that used it).
-
-    Examples:
-        >>> process_tree_cpu_seconds() > 0
-        True
+    A live loader worker's CPU time counts as it is spent, not only once the worker is reaped.
     """
     me = psutil.Process()
     t = me.cpu_times()
@@ -56,7 +41,13 @@ def _busy_cpu_s() -> float:
 
 
 class HostLoad:
-    """Measures the share of the host's CPUs that other processes took between `start()` and `stop()`."""
+    """Measures the share of the host's CPUs that other processes took between `start()` and `stop()`.
+
+    Example:
+        >>> load = HostLoad().start()
+        >>> sorted(load.stop())
+        ['cpus', 'others_cpu_share', 'wall_s']
+    """
 
     def __init__(self) -> None:
         self._start: tuple[float, float, float] | None = None
@@ -82,12 +73,7 @@ class HostLoad:
 
 
 def describe_host_load(load: dict | None, what: str) -> str:
-    """One line on how busy the host was while ``what`` was measured (``load`` from `HostLoad.stop()`).
-
-    Examples:
-        >>> describe_host_load({"others_cpu_share": 0.48, "cpus": 2, "wall_s": 60.0}, "the epochs taken in turns")
-        'host: other processes took 48% of the 2 CPUs during the epochs taken in turns: a busy host'
-    """
+    """One line on how busy the host was while ``what`` was measured (``load`` from `HostLoad.stop()`)."""
     if not load:
         return "host: load not measured"
     share, cpus = load["others_cpu_share"], load["cpus"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import threading
 from collections.abc import Iterator
@@ -14,15 +16,13 @@ __all__ = ["DeviceMemory", "PeakRSS", "is_out_of_memory"]
 
 
 class PeakRSS:
-    """Context manager: the peak RSS of this process while the block runs.
+    """Context manager: the peak RSS of this process (children not counted) while the block runs.
 
-    On Linux the kernel's peak (``VmHWM``) is reset on entry and read on exit, so a spike of any
-    length counts; elsewhere RSS is sampled every ``interval_s`` (docs/tuner.md). Child processes are
-    not counted. The reset is process-wide: blocks open together still each see their whole span, and
-    other readers of ``VmHWM`` / ``ru_maxrss`` see it restart at each block.
+    On Linux the kernel's peak (``VmHWM``) is reset on entry and read on exit, so a spike of any length counts;
+    elsewhere RSS is sampled every ``interval_s``. The reset is process-wide: blocks open together each still see
+    their whole span, and other readers of ``VmHWM`` / ``ru_maxrss`` see it restart at each block.
 
-    Examples:
-        >>> from monai_fast.telemetry.memory import PeakRSS
+    Example:
         >>> with PeakRSS() as mem:
         ...     buf = bytearray(64 * 2**20)
         >>> mem.growth_mib >= 60
@@ -76,8 +76,7 @@ class PeakRSS:
         self.growth_mib = (self._peak - self._base) / 2**20
 
 
-# the kernel keeps one peak per process: the blocks that rely on it, so a reset can tell them
-# the peak it is about to erase (a registry of a process-wide resource, not configuration)
+# the blocks that rely on the kernel's one peak per process, so a reset can tell them the peak it is about to erase
 _OPEN: list[PeakRSS] = []
 _OPEN_LOCK = threading.Lock()
 
@@ -104,16 +103,6 @@ def _reset_high_water_mark() -> bool:
     return _high_water_mark() is not None
 
 
-def _malloc_trim() -> None:
-    """Hand freed heap pages back to the OS (glibc only), so RSS readings start from what is live."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: RSS readings are just less tight
-        pass
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` is an allocation failure: CUDA OOM, or the CPU allocator / Python out of memory."""
     if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
@@ -128,14 +117,10 @@ class DeviceMemory:
     On CUDA torch's caching allocator (``max_memory_reserved``: what runs out); on a CPU this process's
     peak resident set size (`PeakRSS`), after glibc returns freed pages.
 
-    Examples:
-        >>> import torch
-        >>> from monai_fast.telemetry.memory import DeviceMemory
-        >>> mem = DeviceMemory(torch.device("cpu"))
+    Example:
+        >>> mem = DeviceMemory("cpu")
         >>> with mem.peak() as p:
         ...     x = torch.ones(32, 2**20)
-        >>> p.peak_bytes >= mem.live_bytes() - 2**20
-        True
     """
 
     def __init__(self, device: torch.device | str) -> None:
@@ -154,16 +139,15 @@ class DeviceMemory:
         """Collect garbage and return cached/freed memory (CUDA cache, glibc heap).
 
         Args:
-            full: collect all garbage generations. A full collection walks every tracked object
-                (about 0.2 s in a process that has imported MONAI); ``False`` collects only the
-                young generations, where the garbage of a block that just ended sits unless the
-                block raised (a traceback's frames make cycles that may have aged).
+            full: collect all generations (slow in a process that imported MONAI); ``False`` collects only the
+                young ones, where a block's garbage sits unless the block raised.
         """
         gc.collect(2 if full else 1)
         if self.cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
-        _malloc_trim()
+        with contextlib.suppress(OSError, AttributeError):  # not glibc: RSS readings are just less tight
+            ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap pages back to the OS: RSS shows what is live
 
     def live_bytes(self) -> int:
         """Bytes in use now: tensors allocated on CUDA, resident set size on a CPU."""

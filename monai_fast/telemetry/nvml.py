@@ -1,8 +1,4 @@
-"""NVML backends: nvidia-ml-py (``import pynvml``) for real, and a fake for tests.
-
-Only this module touches NVML. ``open_nvml()`` returns a backend or raises
-`NvmlUnavailable` with the reason (no driver library on a CPU machine, no GPU, ...).
-"""
+"""NVML backends: nvidia-ml-py (``import pynvml``) for real, and a fake for tests; only this module touches NVML."""
 
 from __future__ import annotations
 
@@ -22,13 +18,9 @@ class NvmlUnavailable(RuntimeError):
 
 class NvmlBackend(Protocol):
     def device_count(self) -> int: ...
-
     def name(self, index: int) -> str: ...
-
     def uuid(self, index: int) -> str: ...
-
     def sample(self, index: int) -> dict[str, float]: ...
-
     def shutdown(self) -> None: ...
 
 
@@ -92,11 +84,8 @@ class PynvmlBackend:
 
 
 class FakeNvml:
-    """A deterministic stand-in for tests: utilisation follows ``util`` (a list cycled per sample).
-
-    Records the thread of every sample in `threads`, so tests can check that sampling never
-    happens on the training thread.
-    """
+    """A deterministic stand-in for tests: utilisation follows ``util`` (cycled per sample); `threads` holds the
+    thread of every sample."""
 
     def __init__(self, count: int = 1, util: list[float] | None = None, mem_total_mib: float = 81920.0) -> None:
         self.count = count
@@ -146,16 +135,9 @@ def open_nvml() -> NvmlBackend:
 def visible_gpu_indices(local_rank: int, backend: NvmlBackend | None = None, cuda_uuid: str | None = None) -> list[int]:
     """The NVML index of the GPU this process uses (one GPU per rank).
 
-    NVML numbers GPUs in PCI bus order; CUDA numbers the visible ones in ``CUDA_DEVICE_ORDER``
-    (fastest first by default) after ``CUDA_VISIBLE_DEVICES`` (indices, ``GPU-`` UUIDs or ``MIG-``
-    ids) has filtered them, so the two numbers differ on many machines. In order of reliability:
-
-    1. ``cuda_uuid``, the UUID of the CUDA device the process uses (from torch): the NVML device
-       with that UUID.
-    2. The ``CUDA_VISIBLE_DEVICES`` entry of ``local_rank``: a UUID is looked up in NVML; an index
-       is taken as the NVML index (right with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, or when the GPUs
-       are all of one model; step 1 avoids the question wherever torch has initialised CUDA).
-    3. ``local_rank`` itself.
+    NVML and CUDA number GPUs differently, so in order of reliability: the NVML device with ``cuda_uuid`` (the
+    torch device's UUID); else ``local_rank``'s entry of ``CUDA_VISIBLE_DEVICES`` (a UUID looked up in NVML, an
+    index taken as it is); else ``local_rank`` itself.
     """
     if cuda_uuid and backend is not None:
         found = _index_of_uuid(backend, cuda_uuid)

@@ -1,8 +1,7 @@
 """NVTX backends: the ``nvtx`` package for real, and a recorder for tests.
 
-The ``nvtx`` package (NVIDIA's) works on CPU-only builds and is a no-op unless a profiler such
-as Nsight Systems is attached. MONAI's ``RangeHandler`` calls the private ``torch._C._nvtx``
-instead, which a CPU-only torch does not have.
+NVIDIA's ``nvtx`` package works on CPU-only builds (a no-op unless a profiler such as Nsight Systems is attached),
+unlike the private ``torch._C._nvtx`` that MONAI's ``RangeHandler`` calls.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ class NvtxBackend(Protocol):
     """Push and pop nested ranges on the calling thread."""
 
     def push(self, message: str, color: str) -> None: ...
-
     def pop(self) -> None: ...
 
 

@@ -2,13 +2,6 @@
 
 ``"auto"`` is bf16 on a GPU that runs it natively, else fp16; on a CPU bf16 only where it measures
 faster (`choose_precision()`; the rules: docs/precision.md).
-
-Examples:
-    >>> from monai_fast.telemetry.precision import autocast_dtype, choose_precision
-    >>> choose_precision("fp32", "cpu")
-    'fp32'
-    >>> autocast_dtype("bf16")
-    torch.bfloat16
 """
 
 from __future__ import annotations
@@ -42,9 +35,7 @@ logger = logging.getLogger("monai_fast.telemetry")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: bf16 must beat fp32 by this factor on a CPU to be chosen
 MIN_CPU_GAIN = 1.1
-#: a bf16 pass this many times slower than fp32, in the warm-up and in the first round, ends the measurement:
-#: bf16 a CPU emulates (no matrix units, or oneDNN limited below them) is tens of times slower, and each
-#: further round would cost seconds for the same answer
+#: a bf16 pass this many times slower than fp32, in the warm-up and in the first round, ends the measurement
 CLEAR_CPU_LOSS = 4.0
 #: capability flags (``torch.cpu.get_capabilities()`` / ``/proc/cpuinfo``) of native bf16 matrix hardware
 _BF16_FLAGS = ("amx_bf16", "avx512_bf16", "sve_bf16", "bf16")
@@ -57,10 +48,6 @@ def check_precision(name: str, allow_auto: bool = False) -> str:
 
     Raises:
         ValueError: naming the allowed values.
-
-    Examples:
-        >>> check_precision("bf16")
-        'bf16'
     """
     allowed = REQUESTS if allow_auto else PRECISIONS
     if name not in allowed:
@@ -69,22 +56,12 @@ def check_precision(name: str, allow_auto: bool = False) -> str:
 
 
 def autocast_dtype(precision: str) -> torch.dtype:
-    """The dtype autocast runs in for ``precision`` (fp32: ``torch.float32``, autocast off).
-
-    Examples:
-        >>> autocast_dtype("fp16")
-        torch.float16
-    """
+    """The dtype autocast runs in for ``precision`` (fp32: ``torch.float32``, autocast off)."""
     return _DTYPES.get(check_precision(precision), torch.float32)
 
 
 def autocast_for(precision: str, device: torch.device | str) -> torch.autocast:
-    """``torch.autocast`` for ``"bf16"``/``"fp16"`` on ``device``'s type; disabled for ``"fp32"``.
-
-    Examples:
-        >>> with autocast_for("bf16", torch.device("cpu")):
-        ...     torch.ones(2, 2) @ torch.ones(2, 2)  # doctest: +SKIP
-    """
+    """``torch.autocast`` for ``"bf16"``/``"fp16"`` on ``device``'s type; disabled for ``"fp32"``."""
     dtype = autocast_dtype(precision)
     on = precision != "fp32"
     return torch.autocast(torch.device(device).type, dtype=dtype if on else torch.bfloat16, enabled=on)
@@ -100,28 +77,17 @@ def _cpu_flags() -> Mapping[str, Any]:
 
 def onednn_isa_limit() -> str | None:
     """oneDNN's CPU ISA limit (``ONEDNN_MAX_CPU_ISA``, or the older ``DNNL_MAX_CPU_ISA``) when it keeps
-    oneDNN below its bf16 kernels, else None: the hardware's bf16 units are then out of torch's reach.
-
-    Examples:
-        >>> onednn_isa_limit() in (None, *_ISA_WITHOUT_BF16)
-        True
-    """
+    oneDNN below its bf16 kernels, else None: the hardware's bf16 units are then out of torch's reach."""
     isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
     return isa if isa in _ISA_WITHOUT_BF16 else None
 
 
 def cpu_has_bf16_hardware(flags: Mapping[str, Any] | None = None) -> bool:
-    """Whether this CPU has native bf16 matrix instructions (AMX-BF16, AVX512-BF16, Arm BF16) that torch
-    can use: with ``flags`` None, oneDNN limited below them (`onednn_isa_limit()`) counts as none.
+    """Whether this CPU has native bf16 matrix instructions (AMX-BF16, AVX512-BF16, Arm BF16) that torch can use.
 
     Args:
-        flags: capability flags to judge; default this CPU's (``torch.cpu.get_capabilities()``).
-
-    Examples:
-        >>> cpu_has_bf16_hardware({"avx2": True})
-        False
-        >>> cpu_has_bf16_hardware({"avx512_bf16": True})
-        True
+        flags: capability flags to judge; default this CPU's, where oneDNN limited below them
+            (`onednn_isa_limit()`) counts as none.
     """
     if flags is None:
         if onednn_isa_limit():
@@ -133,13 +99,8 @@ def cpu_has_bf16_hardware(flags: Mapping[str, Any] | None = None) -> bool:
 def cpu_bf16_speedup(rounds: int = 5) -> float:
     """fp32 time / bf16-autocast time of a small 3D convolution stack on this CPU (> 1: bf16 helps).
 
-    Each cost is the calling thread's CPU time (``time.thread_time``) with torch on one thread, steady
-    on a shared machine where wall-clock timings are not; interleaved rounds, each one's least
-    (docs/precision.md). A loss of `CLEAR_CPU_LOSS` in the warm-up and the first round ends it there.
-
-    Examples:
-        >>> cpu_bf16_speedup(rounds=1) > 0
-        True
+    Each cost is the calling thread's CPU time with torch on one thread, the least of interleaved rounds
+    (docs/precision.md); a loss of `CLEAR_CPU_LOSS` in the warm-up and the first round ends it there.
     """
     net = torch.nn.Sequential(
         torch.nn.Conv3d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv3d(16, 8, 3, padding=1)
@@ -187,15 +148,14 @@ def _decide_cpu() -> str:
 def choose_precision(requested: str, device: torch.device | str) -> str:
     """Resolve ``"auto"``/``"bf16"``/``"fp16"``/``"fp32"`` for ``device`` (the rules: docs/precision.md).
 
-    An explicit precision is returned as it is (fp16 needs CUDA). ``"auto"`` on a CPU inside a
-    distributed job of several processes is decided on rank 0 and broadcast to all ranks, so
-    every rank must call this at the same point.
+    An explicit precision is returned as it is (fp16 needs CUDA). ``"auto"`` on a CPU in a job of several
+    processes is decided on rank 0 and broadcast, so every rank must call this at the same point.
 
     Raises:
         ValueError: for ``"fp16"`` on a CPU, or an unknown name.
 
-    Examples:
-        >>> choose_precision("bf16", "cpu")
+    Example:
+        >>> choose_precision("auto", "cuda")  # on a GPU that runs bf16 natively
         'bf16'
     """
     check_precision(requested, allow_auto=True)

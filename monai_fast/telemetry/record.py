@@ -1,24 +1,8 @@
 """The run record's rows and how they are read: the one contract between the handlers that write and the reports.
 
-Each row has a ``kind`` (`Kind`), a ``source`` (`Source`), the ``rank``, the ``engine``, the run
-``segment`` and the wall-clock ``time``, plus the handler's fields; ``FastTraining``'s event rows
-carry a ``lever`` (`Lever`). Readers find the files with `record_files()` (exactly
-``record.rank<R>.jsonl``; a stray copy is named and left out), select rows with `select()` and
-compute the data share with `data_share()`. Nothing here imports torch or a hardware library.
-
-Examples:
-    >>> import tempfile
-    >>> from monai_fast.telemetry.run_record import RunRecord
-    >>> run1 = tempfile.mkdtemp()
-    >>> rec = RunRecord(run1)
-    >>> _ = rec.add(Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train", epoch=1, data_s=0.2, compute_s=3.1)
-    >>> rec.set_summary(Source.TIME_BREAKDOWN, {"data_share": 0.06})
-    >>> rec.close()
-    >>> rows, summary = load_record(run1)
-    >>> [r["data_s"] for r in select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")]
-    [0.2]
-    >>> summary["time_breakdown"]["data_share"]
-    0.06
+Each row has a ``kind`` (`Kind`), a ``source`` (`Source`), the ``rank``, the ``engine``, the run ``segment`` and
+the wall-clock ``time``, plus the handler's fields; ``FastTraining``'s event rows carry a ``lever`` (`Lever`).
+Nothing here imports torch or a hardware library.
 """
 
 from __future__ import annotations
@@ -82,10 +66,7 @@ class Source(str, Enum):
 
 class Lever(str, Enum):
     """What a ``FastTraining`` event row (``lever=``) and ``FastTraining.applied`` are about, named as the option
-    that sets it (``evaluator`` for the evaluator's sliding-window settings, ``prediction_layout``, ...).
-
-    Its text is its value (``str(Lever.EVALUATOR) == "evaluator"``), so log lines and f-strings read as the key.
-    """
+    that sets it; its text is its value (``str(Lever.EVALUATOR) == "evaluator"``)."""
 
     DATA = "data"  #: the training set's cache and loader (options ``cache`` and ``loader``)
     PREFETCH = "prefetch"  #: the next training batch moved to the device ahead
@@ -123,8 +104,7 @@ def select(
 ) -> list[dict]:
     """The rows that match every given criterion (``None`` matches anything).
 
-    Rows written before the ``engine`` field existed count as ``"train"``; rows without a
-    ``segment`` count as segment 0.
+    Rows without an ``engine`` count as ``"train"``, rows without a ``segment`` as segment 0.
     """
     kind, source = jsonable(kind), jsonable(source)
     return [
@@ -153,12 +133,8 @@ def jsonable(v: Any) -> Any:
 
 
 def record_files(run_dir: str | os.PathLike) -> tuple[dict[int, Path], list[Path]]:
-    """The run's record files by rank, and the files that look like one but are not the run's.
-
-    A record file is named exactly ``record.rank<R>.jsonl``; anything else that starts with
-    ``record`` and ends in ``.jsonl`` (``record.rank0 (copy).jsonl``, ``record.rank0.jsonl.bak``
-    renamed back, ...) is a stray: returned in the second list, never read.
-    """
+    """The run's record files by rank, and the strays: files named like one (``record.rank0 (copy).jsonl``) but
+    not exactly ``record.rank<R>.jsonl``, never read."""
     run_dir = Path(run_dir)
     ranks: dict[int, Path] = {}
     strays: list[Path] = []
@@ -176,20 +152,19 @@ def record_files(run_dir: str | os.PathLike) -> tuple[dict[int, Path], list[Path
 def load_record(run_dir: str | os.PathLike, rank: int | None = None) -> tuple[list[dict], dict]:
     """Read a run folder's record: all ranks' rows (or one rank's) and their summaries.
 
-    Only the files `record_files()` names as the run's are read; strays are named in a
-    warning. A last line cut short (a rank killed while writing it) is left out with a warning.
+    Only `record_files()`'s files are read (strays are named in a warning). A last line cut short (a rank killed
+    while writing it) is left out, and a missing or damaged summary reads as empty, each with a warning.
 
     Returns:
-        ``(rows, summary)``; with several ranks, ``summary`` maps ``"rank<R>"`` to each summary,
-        with one rank it is that rank's summary.
-
-    A summary file that is missing or damaged reads as empty, with a warning naming it: the rows
-    alone carry every number the doctor needs.
+        ``(rows, summary)``; with several ranks ``summary`` maps ``"rank<R>"`` to each summary.
 
     Raises:
-        FileNotFoundError: if the folder has no ``record.rank<R>.jsonl``, naming the folder (and the run
-            folders in it that hold one: ``monai-fast bundle run`` keeps a folder per run).
+        FileNotFoundError: if the folder has no ``record.rank<R>.jsonl``, naming it (and the run folders in it).
         ValueError: for a line that is not a JSON object, naming file and line.
+
+    Example:
+        >>> rows, summary = load_record("runs/demo/fast")
+        >>> epochs = select(rows, Kind.EPOCH, Source.TIME_BREAKDOWN, engine="train")
     """
     run_dir = Path(run_dir)
     files, strays = record_files(run_dir)

@@ -1,14 +1,6 @@
 """Writing the run record: `RunRecord` streams one rank's rows and summaries into its run folder.
 
-Rows are appended to ``record.rank<R>.jsonl`` as they are added, summaries written atomically to
-``summary.rank<R>.json`` at close; segments, the folder's lock and a full file system: docs/monitoring.md.
-
-Examples:
-    >>> import tempfile
-    >>> from monai_fast.telemetry.record import Kind, Source
-    >>> rec = RunRecord(tempfile.mkdtemp())
-    >>> _ = rec.add(Kind.EVENT, Source.USER, what="started")
-    >>> rec.close()
+Segments, the folder's lock and a full file system: docs/monitoring.md.
 """
 
 from __future__ import annotations
@@ -43,22 +35,25 @@ _TAIL_BYTES = 1 << 16
 class RunRecord(SpanWriter):
     """Rows and summaries of one run on one rank, streamed to the run folder.
 
-    With a run folder, rows are appended to the file and not kept in memory; without one
-    (``run_dir=None``) they are kept in `rows`. Spans are written with `span()` / `add_span()`. A
-    folder that holds this rank's record already is continued as the next segment, never erased; its
-    per-rank lock is held until `close()`. A full file system while a row is written is not raised:
-    see `disk_full`.
+    Rows are appended to ``record.rank<R>.jsonl`` as they are added (without a folder they are kept in `rows`),
+    summaries written atomically to ``summary.rank<R>.json`` at `close()`. A record already in the folder is
+    continued as the next segment, never erased; the rank's folder lock is held until `close()`. A full file
+    system is not raised: see `disk_full`.
 
     Args:
-        run_dir: the run folder (created; must be writable, checked here). ``None``: in memory only.
-        rank: this process's rank; default 0.
-        flush_every: rows buffered before they are written; 1 (the default) writes each row as it is
-            added, so a killed process loses none.
+        run_dir: the run folder (created; must be writable). ``None``: in memory only.
+        rank: this process's rank.
+        flush_every: rows buffered before they are written; 1 writes each row as it is added.
 
     Raises:
         PermissionError: if ``run_dir`` cannot be written, naming it.
-        monai_fast.folders.RunFolderBusyError: if another process writes this rank's record in
-            ``run_dir``, naming the folder and that process.
+        monai_fast.folders.RunFolderBusyError: if another process writes this rank's record in ``run_dir``.
+
+    Example:
+        >>> rec = RunRecord("runs/exp1", rank=0)
+        >>> with rec.span("setup"):
+        ...     datasets = build_datasets()
+        >>> rec.close()
     """
 
     def __init__(self, run_dir: str | os.PathLike | None, rank: int = 0, flush_every: int = 1) -> None:
@@ -77,8 +72,7 @@ class RunRecord(SpanWriter):
         self._warned_closed = False
         self._started = False
         self._segment = 0
-        #: this record object's own mark in its ``segment_started`` rows: a later run that continues the record (another
-        #: process, another ``RecordHandler``) writes another, so a reader tells what each run had on
+        #: this record object's mark in its ``segment_started`` rows, telling it apart from a later run's
         self.writer = secrets.token_hex(6)
         self._file: Any = None
         self._events: dict[tuple[str, str], dict] = {}  # (source, lever) -> the latest fast_training-style event
@@ -96,11 +90,8 @@ class RunRecord(SpanWriter):
             self.path = self.run_dir / f"record.rank{rank}.jsonl"
             last = _last_segment(self.path)
             self._segment = 0 if last is None else last + 1  # a record already here: continue it
-            self.summary = {
-                k: v
-                for k, v in load_summary(self.run_dir / f"summary.rank{rank}.json").items()
-                if k not in ("rank", "segments")
-            }
+            summary = load_summary(self.run_dir / f"summary.rank{rank}.json")
+            self.summary = {k: v for k, v in summary.items() if k not in ("rank", "segments")}
             self._open()
 
     def _open(self) -> None:
@@ -122,23 +113,18 @@ class RunRecord(SpanWriter):
 
     @property
     def segment(self) -> int:
-        """The current run segment: one more than the record's last (0 for a new record), then one more for each
-        later `begin_segment()`."""
+        """The current run segment: one more than the record's last (0 for a new record) at first."""
         return self._segment
 
     def begin_segment(self) -> int:
-        """Start recording a new run of the engines (a second ``trainer.run()``).
+        """Start recording a run of the engines (a ``trainer.run()``); returns its segment number.
 
-        The first call marks the start of the segment this record opened with; later calls reopen
-        a closed record (taking the folder's lock again; rows are appended to the same file, a
-        record stopped by a full file system tries again) and count one more segment. Either way a
-        ``segment_started`` event with the process id and host is written. The calling thread is
-        the trainer's from now on (spans from other threads are overlapped). Returns the segment
-        number.
+        The first call starts the segment the record opened with; later calls reopen a closed record (its lock
+        taken again, a full file system tried again) as one more segment. Either way a ``segment_started`` event
+        is written, and the calling thread is the trainer's from now on.
 
         Raises:
-            monai_fast.folders.RunFolderBusyError: another process took the run folder since this
-                record was closed.
+            monai_fast.folders.RunFolderBusyError: another process took the run folder since `close()`.
         """
         with self._lock:
             if self._closed and self._folder_lock is not None:
@@ -163,9 +149,8 @@ class RunRecord(SpanWriter):
         return segment
 
     def add(self, kind: Kind | str, source: Source | str, **fields: Any) -> dict:
-        """Append one row; safe to call from any thread. Rows added after `close()` are dropped
-        (with a warning, once) until `begin_segment()` reopens the record; so are rows added once
-        the file system filled (`disk_full`; one warning)."""
+        """Append one row; safe from any thread. Rows are dropped (one warning) after `close()` until
+        `begin_segment()`, and once the file system filled (`disk_full`)."""
         kind, source = jsonable(kind), jsonable(source)
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -194,11 +179,7 @@ class RunRecord(SpanWriter):
         return row
 
     def lever(self, source: Source | str, lever: Lever | str) -> dict | None:
-        """The latest event row of ``source`` about ``lever`` (e.g. ``FastTraining``'s `Lever.DATA`), or ``None``.
-
-        Handlers read what another handler applied in this run here (kept in memory; the rows
-        themselves are streamed to the file).
-        """
+        """The latest event row of ``source`` about ``lever`` (e.g. ``FastTraining``'s `Lever.DATA`), or ``None``."""
         with self._lock:
             return self._events.get((jsonable(source), lever))
 
@@ -245,9 +226,7 @@ class RunRecord(SpanWriter):
                 self._last_iteration = row["iteration"]
 
     def _stop_on_full_disk(self, err: NoSpaceError, rows: list[dict], lines: list[bytes], written: int) -> None:
-        """The file system filled while ``lines`` were written (``written`` bytes of them went in): keep the rows
-        that went in whole, cut off the rest, close the file and warn once; no more rows are written in this
-        segment."""
+        """Keep the rows that went in whole, cut off the rest, close the file and warn once."""
         free = None
         with contextlib.suppress(OSError):
             free = free_bytes(self.path)  # at the time of the error, before the cut frees a little
@@ -274,8 +253,8 @@ class RunRecord(SpanWriter):
         logger.warning("%s", self.disk_full)
 
     def close(self, **fields: Any) -> None:
-        """End the segment: write a ``segment_ended`` event (with ``fields``), flush the rows, write the
-        summary JSON atomically and give the run folder's lock back. Idempotent."""
+        """End the segment: a ``segment_ended`` event (with ``fields``), the rows flushed, the summary written and
+        the folder's lock given back. Idempotent."""
         if not self._closed and self._started:
             self.add(Kind.EVENT, Source.RECORD, what="segment_ended", **fields)
         with self._lock:
@@ -301,15 +280,8 @@ class RunRecord(SpanWriter):
 def record_lock(run_dir: str | os.PathLike, rank: int = 0, what: str | None = None) -> RunFolderLock:
     """The lock that owns ``run_dir`` for ``rank``'s record (``.monai-fast.rank<R>.lock``), not yet taken.
 
-    `RunRecord` takes it before it writes. A command that does set-up work before it makes
-    the record (``monai-fast train`` builds data sets and caches first) takes the same lock at its
-    start, so a second run into the folder stops before that work; the record's own taking of it
-    later in the same process is counted, not refused.
-
-    Examples:
-        >>> import tempfile
-        >>> with record_lock(tempfile.mkdtemp(), rank=0, what="monai-fast train"):
-        ...     pass  # set-up, then RecordHandler(...) on the same folder
+    `RunRecord` takes it; a command that does set-up work first (``monai-fast train``) takes it at its start, so a
+    second run into the folder stops before that work. Taking it again in the same process is counted, not refused.
     """
     return RunFolderLock(run_dir, what=what or f"the run record of rank {rank}", name=f".monai-fast.rank{rank}.lock")
 
@@ -341,8 +313,7 @@ def _tail(f: Any) -> tuple[int, bytes]:
 class EngineRecord(SpanWriter):
     """A `RunRecord` as one engine writes to it: every row is stamped with the engine's name.
 
-    Summaries of the ``"train"`` engine are stored under their source's name, those of other
-    engines under ``"<source>.<engine>"`` (e.g. ``"throughput.validation"``).
+    Summaries of engines other than ``"train"`` go under ``"<source>.<engine>"`` (``"throughput.validation"``).
     """
 
     def __init__(self, record: RunRecord, engine: str) -> None:

@@ -1,17 +1,8 @@
 """Wall-clock spans: where a run's time went, as rows of the run record (``kind="span"``).
 
-A span is one stretch of work of one `Category` from ``start`` to ``end`` (``time.time()``
-seconds); it is ``overlapped`` (listed apart, never in the shares) when written from a thread other
-than the trainer's, unless ``overlapped=`` says otherwise. Who writes which: docs/design.md.
-
-Examples:
-    >>> from monai_fast.telemetry.run_record import RunRecord
-    >>> rec = RunRecord(None)
-    >>> with rec.span("setup"):
-    ...     data = list(range(10))  # build the data sets, fill caches, ...
-    >>> row = rec.rows[-1]
-    >>> row["kind"], row["category"], row["overlapped"], row["duration_s"] >= 0
-    ('span', 'setup', False, True)
+A span is one stretch of work of one `Category` from ``start`` to ``end`` (``time.time()`` seconds); it is
+``overlapped`` (listed apart, never in the shares) when written from a thread other than the trainer's, unless
+``overlapped=`` says otherwise. Who writes which: docs/design.md.
 """
 
 from __future__ import annotations
@@ -63,11 +54,8 @@ def _category(category: Category | str) -> str:
 
 
 class SpanWriter(ABC):
-    """The span API of the run record (the base of ``RunRecord`` and ``EngineRecord``).
-
-    Subclasses implement `add()` and `on_critical_thread()`; a class that lacks either
-    cannot be instantiated.
-    """
+    """The span API of the run record (the base of ``RunRecord`` and ``EngineRecord``, which implement `add()` and
+    `on_critical_thread()`)."""
 
     @abstractmethod
     def add(self, kind: Any, source: Any, **fields: Any) -> dict:
@@ -90,11 +78,9 @@ class SpanWriter(ABC):
 
         Args:
             category: one of `RECORDABLE`.
-            start, end: when it began and ended (``end >= start``); see `wall_time()` for a
-                `time.perf_counter()` reading.
-            source: who writes it (a ``Source``); default ``"user"``.
-            overlapped: whether it ran beside training; ``None``: when written from a thread
-                other than the trainer's.
+            start, end: when it began and ended (``end >= start``); `wall_time()` converts a `time.perf_counter()`.
+            source: who writes it (a ``Source``).
+            overlapped: whether it ran beside training; ``None``: when written from another thread than the trainer's.
             fields: more fields of the row.
 
         Raises:
@@ -118,21 +104,13 @@ class SpanWriter(ABC):
 
     @contextmanager
     def span(
-        self,
-        category: Category | str,
-        source: Any = "user",
-        overlapped: bool | None = None,
-        **fields: Any,
+        self, category: Category | str, source: Any = "user", overlapped: bool | None = None, **fields: Any
     ) -> Iterator[None]:
         """Record the wall-clock time of a ``with`` block as a span (also when the block raises).
 
-        Examples:
-            >>> from monai_fast.telemetry.run_record import RunRecord
-            >>> rec = RunRecord(None)
-            >>> with rec.span("cache_fill", items=32):
-            ...     pass
-            >>> rec.rows[-1]["items"]
-            32
+        Example:
+            >>> with record.span("cache_fill", items=32):
+            ...     dataset = CacheDataset(files, transform)
         """
         _category(category)  # a bad category fails before the work, not after it
         if overlapped is None:

@@ -1,9 +1,7 @@
 """Auto-tuning of batch size, sliding-window batch, validation device and precision by measured throughput.
 
-The tuner itself (`Tuner`, `tune_validation()`, the search, the store) measures a
-network and needs nothing above `monai_fast.telemetry`, so handlers may use it. Its
-binding to the recipes (`tune_recipe()` and its helpers) is
-`monai_fast.apps.recipes.tuning`; ``import monai_fast.tune`` never pulls the recipes in.
+It needs nothing above `monai_fast.telemetry`, so handlers may use it; its binding to the recipes
+(`tune_recipe()`) is `monai_fast.apps.recipes.tuning`, which ``import monai_fast.tune`` never loads.
 """
 
 from monai_fast.tune.cache import CacheChoice, place_cache

@@ -1,8 +1,4 @@
-"""Place the training cache next to the tuned batch: the memory a batch leaves is the cache's budget.
-
-The cache (in GPU memory on CUDA, RAM on a CPU) and the training step share that memory; the tuner
-measured each batch size's peak, so what is left for the cache is known: budget minus the pick's peak.
-"""
+"""Place the training cache next to the tuned batch: the budget minus the batch's measured peak is the cache's."""
 
 from __future__ import annotations
 
@@ -21,12 +17,9 @@ class CacheChoice:
     """Where the training cache goes, for which batch size, and why.
 
     Attributes:
-        where: the planner's choice for that budget: ``"gpu"``, ``"ram"``, ``"disk"``,
-            ``"smartcache"`` or ``"none"``.
-        batch_size: the training batch size it goes with (the throughput pick, or a smaller
-            measured one traded for a cache in device memory).
-        budget_mib: device memory left for the cache next to that batch (cap minus margin minus
-            the batch's measured peak); the recipes' ``cache_budget_mib``.
+        where: ``"gpu"``, ``"ram"``, ``"disk"``, ``"smartcache"`` or ``"none"``.
+        batch_size: the training batch it goes with (the pick, or a smaller one traded for a device cache).
+        budget_mib: device memory left for the cache next to that batch; the recipes' ``cache_budget_mib``.
         cache_mib: the cache's measured size, safety margin included.
         reasons: how the choice was made, for the tuning table and the run's notes.
     """
@@ -49,10 +42,8 @@ def place_cache(
     plan_for: Callable[[int], str] | None = None,
     tradeoff: float = 0.05,
 ) -> CacheChoice:
-    """Choose the cache's place and the batch size it goes with, from the tuner's measured trials.
-
-    The cache goes in device memory when it fits next to the pick, else next to a smaller measured batch
-    whose throughput is within ``tradeoff`` of the pick's; failing that, where the planner sends it.
+    """Choose the cache's place and the batch size it goes with, from the tuner's measured trials: device memory
+    next to the pick, else next to a smaller batch within ``tradeoff`` of its throughput, else the planner's place.
 
     Args:
         trials: the tuner's trials (``TuneResult.trials``); ``train`` trials of ``precision`` count.
@@ -62,16 +53,11 @@ def place_cache(
         cache_bytes: the cache's size with its safety margin (``CachePlan.total_bytes``).
         device: the training device; device memory is GPU memory on CUDA, RAM on a CPU.
         val_peak_mib: the picked validation setting's peak, which the cache has to live with too.
-        plan_for: where the planner puts a cache that does not fit in device memory, given a budget in
-            bytes (default: ``"ram"`` on CUDA, ``"smartcache"`` on a CPU).
+        plan_for: budget bytes -> the planner's place (default ``"ram"`` on CUDA, ``"smartcache"`` on a CPU).
         tradeoff: largest share of training throughput given up for a cache in device memory.
 
-    Returns:
-        The `CacheChoice`.
-
     Raises:
-        ValueError: ``pick`` has no feasible ``train`` trial of ``precision``, or a bad ``tradeoff`` /
-            ``cache_bytes``, naming it.
+        ValueError: ``pick`` has no feasible ``train`` trial of ``precision``, or a bad ``tradeoff`` / ``cache_bytes``.
 
     Examples:
         >>> trials = [{"phase": "train", "precision": "fp32", "value": v, "feasible": True, "throughput": t,

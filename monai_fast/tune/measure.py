@@ -1,7 +1,6 @@
 """Timed real iterations: one training step (of a network or a copy of it), one sliding-window validation pass.
 
-Inputs are random tensors of the right shape on the right device: a step's cost does not depend on
-the voxel values, and the data path is measured elsewhere (``TimeBreakdown``, the doctor).
+Inputs are random tensors of the right shape: a step's cost does not depend on the voxel values.
 """
 
 from __future__ import annotations
@@ -9,6 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from monai.inferers import sliding_window_inference
@@ -30,14 +30,9 @@ def training_step_s(
 ) -> float:
     """Seconds of one training step of ``network`` on ``x`` under autocast to ``dtype`` (``None``: fp32).
 
-    The step is the forward, the loss (``loss_function(out, target)``, else the output's mean), the
-    backward (through ``scaler`` when given) and the ``optimizer``'s step when given; the gradients are
-    dropped afterwards and an accelerator is waited for. Without an optimizer the weights stay as they
-    are, so a copy of a network (a layout, a compiled copy) can be timed in its place.
-
-    Examples:
-        >>> training_step_s(torch.nn.Conv3d(1, 2, 3), torch.zeros(1, 1, 4, 4, 4), None) > 0
-        True
+    The step is the forward, the loss (``loss_function(out, target)``, else the output's mean), the backward
+    (through ``scaler`` when given) and the ``optimizer``'s step when given; the gradients are then dropped.
+    Without an optimizer the weights stay as they are, so a copy of a network can be timed in its place.
     """
     t0 = time.perf_counter()
     with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
@@ -60,12 +55,7 @@ def training_step_s(
 
 def inference_call_s(network: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> float:
     """Seconds of one forward of ``network`` on ``x`` without gradients, under autocast to ``dtype`` (``None``: fp32),
-    as an evaluator calls it on a batch of sliding windows; an accelerator is waited for.
-
-    Examples:
-        >>> inference_call_s(torch.nn.Conv3d(1, 2, 3).eval(), torch.zeros(1, 1, 4, 4, 4), None) > 0
-        True
-    """
+    as an evaluator calls it on a batch of sliding windows."""
     t0 = time.perf_counter()
     with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
         network(x)
@@ -100,20 +90,15 @@ def time_training_step(
     min_iters: int = 3,
     min_time_s: float = 0.5,
 ) -> float:
-    """Median seconds of one forward + loss + backward + optimizer step on ``batch`` patches.
-
-    fp16 uses a ``GradScaler`` as MONAI's trainer does; bf16 and fp32 need none.
-    """
+    """Median seconds of one forward + loss + backward + optimizer step on ``batch`` patches (fp16 with a
+    ``GradScaler``, as MONAI's trainer)."""
     network.train()
     x = torch.rand(batch, in_channels, *patch_size, device=device)
     # class indices as float, as MONAI's loaders give labels (``LoadImaged``): losses that resize them take no ints
     y = torch.randint(0, out_channels, (batch, 1, *patch_size), device=device).float()
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     dtype = None if precision == "fp32" else autocast_dtype(precision)
-
-    def step() -> float:
-        return training_step_s(network, x, dtype, y, loss_function, optimizer, scaler)
-
+    step = partial(training_step_s, network, x, dtype, y, loss_function, optimizer, scaler)
     try:
         return _timed(step, warmup, min_iters, min_time_s)
     finally:
@@ -134,12 +119,8 @@ def time_inference(
     min_iters: int = 2,
     min_time_s: float = 0.5,
 ) -> float:
-    """Median seconds of a sliding-window pass over one ``volume_shape`` volume.
-
-    The network runs on ``device``; the volume and the stitched output live on ``val_device``
-    (MONAI's ``sw_device`` / ``device``), which is what Auto3DSeg's ``validation_data_device``
-    chooses: CPU there saves GPU memory on large volumes at the cost of copies.
-    """
+    """Median seconds of a sliding-window pass over one ``volume_shape`` volume: the network on ``device``, the
+    volume and the stitched output on ``val_device`` (MONAI's ``sw_device`` / ``device``)."""
     network.eval()
     image = torch.rand(1, in_channels, *volume_shape, device=val_device)
 

@@ -11,12 +11,7 @@ __all__ = ["agree_on_trial", "gather_errors"]
 
 
 def agree_on_trial(oom: bool, over: bool, error: bool, peak: int, seconds: float) -> dict:
-    """Max over ranks of the flags, the peak memory and the step time (a no-op for one process).
-
-    Examples:
-        >>> agree_on_trial(False, False, False, 1024, 0.5)["peak"]
-        1024
-    """
+    """Max over ranks of the flags, the peak memory and the step time (a no-op for one process)."""
     if idist.get_world_size() == 1:
         return {"oom": oom, "over": over, "error": error, "peak": peak, "seconds": seconds}
     secs = seconds if math.isfinite(seconds) else 0.0  # NaN on failed ranks
@@ -26,12 +21,7 @@ def agree_on_trial(oom: bool, over: bool, error: bool, peak: int, seconds: float
 
 
 def gather_errors(error: BaseException | None) -> str:
-    """Every rank's error of this trial, one ``rank N: Type: message`` each, joined by ``; ``.
-
-    Examples:
-        >>> gather_errors(KeyError("x"))
-        "rank 0: KeyError: 'x'"
-    """
+    """Every rank's error of this trial, one ``rank N: Type: message`` each, joined by ``; ``."""
     mine = "" if error is None else f"rank {idist.get_rank()}: {type(error).__name__}: {error}"
     if idist.get_world_size() == 1:
         return mine

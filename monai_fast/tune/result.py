@@ -37,15 +37,13 @@ class TuneResult:
         train_samples_per_s: training patches/s of the pick (all ranks together).
         val_volumes_per_s: validation volumes/s of the pick (per rank).
         budget_mib: memory a candidate may peak at (cap minus margin).
-        leak_mib: how far live memory after a trial rose above its level after the first trial
-            (CUDA: allocated tensors; CPU: resident set size): memory kept from one trial to
-            the next, which should be none.
+        leak_mib: how far live memory after a trial rose above its level after the first trial (should be 0).
         tuning_s: wall seconds the search took.
         trials: one dict per trial (``phase`` is ``train`` or ``val``).
         from_cache: the result was read from the cache file, nothing was run.
-        cache_where, cache_budget_mib, cache_reason: where the training cache goes next to the
-            pick, the memory left for it and why (set by ``tune_recipe(..., train_files=...)``,
-            see `place_cache()`; ``None`` when not placed).
+        cache_where: where the training cache goes next to the pick (`place_cache()`; ``None``: not placed).
+        cache_budget_mib: the memory left for it.
+        cache_reason: why.
     """
 
     key: str
@@ -73,8 +71,7 @@ class TuneResult:
         return cls(**d)
 
     def apply(self, config: _Config) -> _Config:
-        """A copy of ``config`` with the tuned settings, by its ``tuned`` method
-        (`RecipeConfig.tuned()`)."""
+        """A copy of ``config`` with the tuned settings, by its ``tuned`` method (`RecipeConfig.tuned()`)."""
         return config.tuned(
             batch_size=self.batch_size,
             sw_batch_size=self.sw_batch_size,
@@ -106,10 +103,9 @@ class TuneResult:
             res = trial_throughput(t) if t["feasible"] else "infeasible"
             peak = f"{t['peak_mib']:.0f}" if t["peak_mib"] is not None else "-"
             mark = "* " if self.is_pick(t) else ""
-            line = (
+            lines.append(
                 f"{t['phase']:<6} {trial_setting(t):<34} {res:>14} {peak:>9} {t['cost_s']:>7.1f}  {mark}{t['reason']}"
             )
-            lines.append(line)
         lines.append(
             f"pick: batch_size={self.batch_size}, sw_batch_size={self.sw_batch_size}, val_device={self.val_device}, "
             f"precision={self.precision}; budget {self.budget_mib:.0f} MiB; tuning took {self.tuning_s:.1f} s"
@@ -132,8 +128,7 @@ def trial_throughput(trial: dict) -> str:
 
 
 def model_signature(network: torch.nn.Module) -> str:
-    """Class name, parameter count and a hash of the module tree (part of a result's key): equal
-    for equal architectures."""
+    """Class name, parameter count and a hash of the module tree (part of a result's key)."""
     n = sum(p.numel() for p in network.parameters())
     digest = hashlib.sha1(repr(network).encode()).hexdigest()[:10]
     return f"{type(network).__name__}-{n}-{digest}"

@@ -1,15 +1,5 @@
-"""A choice between two ways of doing the same work, made from interleaved rounds of timings.
-
-One timing decides nothing: a warm-up, a busy neighbour or a frequency step can make either way
-look faster once. `decide()` keeps the user's way (the baseline) unless the rounds agree that the
-candidate is faster by the required gain; every round is kept in the returned `Decision`.
-
-Examples:
-    >>> from monai_fast.tune.rounds import decide
-    >>> d = decide(lambda: 2.0, lambda: 1.0, names=("eager", "compiled"))  # each call returns its seconds
-    >>> d.choice, len(d.rounds), round(d.gain, 2)
-    ('compiled', 3, 2.0)
-"""
+"""A choice between two ways of doing the same work, made from interleaved rounds of timings: `decide()` keeps
+the user's way (the baseline) unless the rounds agree that the candidate is faster by the required gain."""
 
 from __future__ import annotations
 
@@ -55,15 +45,7 @@ MEASURE_MIN_S = 10.0
 
 def measure_budget_s(planned_steps: int | None, step_s: float) -> float:
     """Seconds a measurement made during a run may take: `MEASURE_SHARE` of the planned run, at least
-    `MEASURE_MIN_S`; unbounded when the run's length is not known.
-
-    A near-tie costs a long run more than the measurement does, a short run less: a 6-iteration run of a
-    network whose step takes 6 s cannot afford three rounds, a 2000-iteration one can.
-
-    Examples:
-        >>> measure_budget_s(6, 6.5), measure_budget_s(2000, 6.5)
-        (10.0, 130.0)
-    """
+    `MEASURE_MIN_S`; unbounded when the run's length is not known."""
     if planned_steps is None or planned_steps <= 0:
         return float("inf")
     return max(MEASURE_MIN_S, MEASURE_SHARE * planned_steps * step_s)
@@ -71,12 +53,8 @@ def measure_budget_s(planned_steps: int | None, step_s: float) -> float:
 
 def measure_batch(batch: int, planned_steps: int | None, ways: int = 2) -> int:
     """The batch size a choice's rounds run at: the run's own ``batch`` when `MEASURE_SHARE` of the planned
-    steps holds a warm-up and `MIN_ROUNDS` rounds of each of ``ways`` at it twice over (a first step, or a
-    candidate's, is often slower than the rest, and `decide` refuses rounds its budget cannot hold), else at
-    most 2.
-
-    Some choices turn over with the batch (a layout can tie at 2 items and pay at 8), so a long run
-    measures the step it takes; a short or unknown one measures a cheaper, smaller step.
+    steps holds a warm-up and `MIN_ROUNDS` rounds of each of ``ways`` twice over, else at most 2 (a choice
+    can turn over with the batch, so a long run measures the step it takes).
 
     Examples:
         >>> measure_batch(8, 12_800), measure_batch(8, 48), measure_batch(8, None)
@@ -93,15 +71,9 @@ T = TypeVar("T")
 def at_measure_batch(
     measure: Callable[[int], T], batch: int, planned_steps: int | None, left_s: float | None = None
 ) -> T:
-    """``measure(n)`` at `measure_batch`'s size; where that size runs out of memory beside the network's
-    copies, ``measure`` again on at most 2 items (any other error, or one at 2 items, propagates). A run
-    under a wall-clock limit (``left_s``, its seconds left, finite) measures at most 2 items whatever its
-    plan: the steps it will take are not known before one is timed.
-
-    Examples:
-        >>> at_measure_batch(lambda n: n, 8, 12_800), at_measure_batch(lambda n: n, 8, 12_800, left_s=600.0)
-        (8, 2)
-    """
+    """``measure(n)`` at `measure_batch`'s size, again on at most 2 items where that runs out of memory (any
+    other error propagates). A run under a finite wall-clock limit (``left_s`` seconds left) measures at most
+    2 items, as its steps are not known before one is timed."""
     n = measure_batch(batch, planned_steps if left_s is None or not math.isfinite(left_s) else None)
     try:
         return measure(n)
@@ -118,8 +90,7 @@ class Decision:
     Attributes:
         names: (baseline, candidate), as the reason names them.
         choice: the name chosen: the candidate only when the rounds showed it faster by ``min_gain``.
-        clear: whether the rounds decided it (``False``: kept the baseline for a near-tie, rounds that
-            disagree, or a budget too small for `MIN_ROUNDS`).
+        clear: whether the rounds decided it (``False``: a near-tie, disagreeing rounds or too small a budget).
         rounds: (baseline seconds, candidate seconds) per timed round, warm-up left out.
         warmup: the untimed first call of each, in seconds (``None`` when nothing ran).
         min_gain: the speed-up the candidate had to show.
@@ -163,12 +134,7 @@ class Decision:
 
 def settled(rounds: list[tuple[float, float]], min_gain: float = MIN_GAIN, min_rounds: int = MIN_ROUNDS) -> bool:
     """Whether ``rounds`` (baseline, candidate seconds) settle a choice: at least ``min_rounds``, and the candidate
-    reached ``min_gain`` in every one or in none.
-
-    Examples:
-        >>> settled([(2.0, 1.0)] * 3), settled([(2.0, 1.0)] * 2), settled([(2.0, 1.0), (1.0, 1.0), (2.0, 1.0)])
-        (True, False, False)
-    """
+    reached ``min_gain`` in every one or in none."""
     ratios = [b / max(c, 1e-12) for b, c in rounds]
     return len(rounds) >= min_rounds and (min(ratios) >= min_gain or max(ratios) < min_gain)
 
@@ -179,10 +145,7 @@ def judge(
     min_gain: float = MIN_GAIN,
     warmup: tuple[float, float] | None = None,
 ) -> Decision:
-    """The `Decision` that timed ``rounds`` (baseline, candidate seconds) make, by `decide`'s rule: the candidate
-    when every round had it ``min_gain`` faster, or when the median gain reaches ``min_gain`` with at most a
-    quarter of the rounds slower; else the baseline. Rounds timed elsewhere (a run's own iterations) are
-    judged here too.
+    """The `Decision` that timed ``rounds`` (baseline, candidate seconds) make, by `decide`'s rule.
 
     Examples:
         >>> judge([(2.0, 1.0), (2.1, 1.0), (1.9, 1.0)], ("contiguous", "channels_last_3d")).choice
@@ -223,11 +186,10 @@ def decide(
 ) -> Decision:
     """Time ``baseline`` and ``candidate`` in interleaved rounds and say which to keep.
 
-    Each callable does the work once and returns its seconds. The first call of each is an uncounted
-    warm-up; the rounds then alternate which goes first, and stop after ``min_rounds`` once every round
-    agrees, else at ``max_rounds`` or when ``budget_s`` is spent. The candidate is chosen when every
-    round had it ``min_gain`` faster, or when the median gain reaches ``min_gain`` with at most a
-    quarter of the rounds slower; a budget that cannot hold ``min_rounds`` keeps the baseline.
+    Each callable does the work once and returns its seconds; the first call of each is an uncounted warm-up.
+    The rounds alternate which goes first and stop once ``min_rounds`` agree, else at ``max_rounds`` or when
+    ``budget_s`` is spent. The candidate wins when every round, or the median with at most a quarter of the
+    rounds slower, shows ``min_gain``; a budget too small for ``min_rounds`` keeps the baseline.
 
     Args:
         baseline: the user's way (kept unless the candidate is shown faster).
@@ -237,11 +199,14 @@ def decide(
         min_rounds: the fewest timed rounds a choice is made from (>= 2).
         max_rounds: the most timed rounds (>= ``min_rounds``).
         budget_s: the seconds the whole measurement may take, warm-up included.
-        planned_steps: the run's planned training steps: the budget is then at most
-            `measure_budget_s` of them at the baseline's warm-up seconds a step.
+        planned_steps: the run's planned steps: the budget is then at most their `measure_budget_s`.
 
     Raises:
         ValueError: ``min_rounds`` < 2, ``max_rounds`` < ``min_rounds`` or ``min_gain`` < 1.
+
+    Examples:
+        >>> decide(lambda: 2.0, lambda: 1.0, names=("eager", "compiled")).choice
+        'compiled'
     """
     if min_rounds < 2 or max_rounds < min_rounds:
         raise ValueError(f"decide: need 2 <= min_rounds <= max_rounds, got {min_rounds} and {max_rounds}")
@@ -254,23 +219,16 @@ def decide(
         budget_s = min(budget_s, measure_budget_s(planned_steps, warmup[0]))
     need_s = min_rounds * (warmup[0] + warmup[1])
     if time.perf_counter() - started + need_s > budget_s:
-        return Decision(
-            names,
-            names[0],
-            False,
-            (),
-            warmup,
-            min_gain,
+        why = (
             f"{names[0]} kept: {min_rounds} rounds would take about {need_s:.1f} s, more than the "
-            f"{budget_s:.1f} s this run allows for measuring",
+            f"{budget_s:.1f} s this run allows for measuring"
         )
+        return Decision(names, names[0], False, (), warmup, min_gain, why)
     while len(rounds) < max_rounds:
         if len(rounds) % 2 == 0:
-            b = baseline()
-            c = candidate()
+            b, c = baseline(), candidate()
         else:
-            c = candidate()
-            b = baseline()
+            c, b = candidate(), baseline()
         rounds.append((b, c))
         if settled(rounds, min_gain, min_rounds) or (
             len(rounds) >= min_rounds and time.perf_counter() - started >= budget_s
@@ -279,7 +237,7 @@ def decide(
     return judge(rounds, names, min_gain, warmup)
 
 
-#: the ``nn.Module`` attributes that hold forward and backward hooks (torch has no public copy without them)
+#: the ``nn.Module`` attributes that hold forward and backward hooks
 _HOOK_DICTS = (
     "_forward_pre_hooks",
     "_forward_pre_hooks_with_kwargs",
@@ -292,19 +250,8 @@ _HOOK_DICTS = (
 
 
 def network_copy(net: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy of ``net`` without its forward and backward hooks, to be measured in place of it.
-
-    The hooks belong to the engines' handlers (autocast, timing, the run record), which hold threads and
-    locks that cannot be copied, and they are not the arithmetic a measurement compares. Torch offers no
-    public copy that leaves them out, so the copy maps each module's hook dictionaries (`_HOOK_DICTS`)
-    to empty ones.
-
-    Examples:
-        >>> net = torch.nn.Conv3d(1, 2, 3)
-        >>> _ = net.register_forward_hook(lambda m, i, o: None)
-        >>> len(network_copy(net)._forward_hooks), len(net._forward_hooks)
-        (0, 1)
-    """
+    """A deep copy of ``net`` without its forward and backward hooks (the handlers' hooks hold threads and
+    locks that cannot be copied, and are not the arithmetic a measurement compares)."""
     memo: dict[int, Any] = {}
     for module in net.modules():
         for name in _HOOK_DICTS:
@@ -315,11 +262,8 @@ def network_copy(net: torch.nn.Module) -> torch.nn.Module:
 
 
 def decided_on_rank0(choose: Callable[[], Any], device: torch.device) -> Any:
-    """``choose()`` run on rank 0 with the run's random stream untouched; every rank gets its answer.
-
-    DDP's ranks must make the same choice (the same layout, the same graphs). The answer travels as
-    JSON, so a tuple arrives as a list.
-    """
+    """``choose()`` run on rank 0 with the run's random stream untouched; every rank gets its answer (as JSON:
+    a tuple arrives as a list), so DDP's ranks make the same choice."""
     answer = None
     if idist.get_rank() == 0:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

@@ -1,8 +1,4 @@
-"""Grow-then-bisect search of one integer setting for the highest measured throughput.
-
-`grow_then_bisect()` doubles from the low end, then bisects or narrows within ``max_trials``;
-`confirm_best()` measures the best few again before `pick_best()` chooses. The rules: docs/tuner.md.
-"""
+"""Grow-then-bisect search of one integer setting for the highest measured throughput (rules: docs/tuner.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-if TYPE_CHECKING:  # only its attributes are read here; space.py imports the telemetry (and torch)
+if TYPE_CHECKING:  # space.py imports torch
     from monai_fast.tune.space import SearchSpace
 
 T = TypeVar("T")
@@ -29,7 +25,7 @@ class Trial:
         feasible: whether it ran within the memory budget.
         throughput: samples (or volumes) per second; ``None`` when infeasible.
         peak_mib: peak device memory during the trial, MiB (``None`` when not run).
-        reason: why it is infeasible ("out of memory", "peak 3.1 GiB > budget 2.7 GiB", ...).
+        reason: why it is infeasible ("out of memory", ...).
         cost_s: wall seconds the trial took (0 for a predicted-infeasible one).
         predicted: infeasible by extrapolating measured memory; not run.
     """
@@ -46,12 +42,13 @@ class Trial:
         return asdict(self)
 
 
-def pick_best(trials: list[Trial], tie: float = 0.02) -> Trial | None:
-    """The feasible trial with the highest throughput; among those within ``tie`` of it, the smallest value.
+#: ``(value, trials so far) -> reason`` when the value surely does not fit, else ``None``
+Predict = Callable[[int, list[Trial]], str | None]
 
-    Preferring the smaller setting inside measurement noise saves memory (room for the cache)
-    and keeps batches closer to what the learning rate was tuned for.
-    """
+
+def pick_best(trials: list[Trial], tie: float = 0.02) -> Trial | None:
+    """The feasible trial with the highest throughput; among those within ``tie`` of it, the smallest value
+    (inside measurement noise the smaller setting saves memory)."""
     ok = [t for t in trials if t.feasible and t.throughput is not None]
     if not ok:
         return None
@@ -62,15 +59,7 @@ def pick_best(trials: list[Trial], tie: float = 0.02) -> Trial | None:
 
 def peak_over_budget(value: int, trials: list[Trial], budget_bytes: int, slack: float = 1.25) -> str | None:
     """Why ``value`` need not be run: the peak memory extrapolated from the two largest measured trials exceeds
-    ``slack`` x ``budget_bytes`` (a line through them); ``None`` with fewer than two measured trials or within it.
-
-    Examples:
-        >>> trials = [Trial(1, True, 1.0, 100.0), Trial(2, True, 1.5, 200.0)]
-        >>> peak_over_budget(8, trials, budget_bytes=500 * 2**20)
-        'predicted peak 800 MiB > budget 500 MiB'
-        >>> peak_over_budget(4, trials, budget_bytes=500 * 2**20) is None
-        True
-    """
+    ``slack`` x ``budget_bytes`` (a line through them); ``None`` with fewer than two measured trials or within it."""
     points = {t.value: t.peak_mib for t in trials if t.feasible and t.peak_mib is not None}
     if len(points) < 2:
         return None
@@ -87,32 +76,28 @@ def grow_then_bisect(
     high: int,
     max_trials: int = 8,
     plateau: float | None = 0.05,
-    predict_infeasible: Callable[[int, list[Trial]], str | None] | None = None,
+    predict_infeasible: Predict | None = None,
     patience: int = 1,
 ) -> list[Trial]:
-    """Search ``[low, high]`` for the value with the highest throughput, using at most ``max_trials`` runs.
+    """Search ``[low, high]`` for the value with the highest throughput in at most ``max_trials`` runs.
 
     A range of no more values than ``max_trials`` is run whole, in order, up to the first that does not fit.
 
     Args:
         evaluate: runs one candidate and returns its `Trial` (must not raise on OOM).
-        low, high: the inclusive range (``1 <= low <= high``).
+        low: the range's first value (``>= 1``).
+        high: its last value (inclusive).
         max_trials: most candidates actually run (predicted-infeasible ones are free).
-        plateau: a doubling that gains less than this share of throughput stops the growth;
-            ``None``: grow until a value does not fit or the range ends.
-        predict_infeasible: given a value and the trials so far, a reason when it surely does not fit
-            (recorded as infeasible without running), else ``None``.
+        plateau: a doubling gaining less than this share stops the growth; ``None``: grow until one does not fit.
+        predict_infeasible: ``(value, trials so far) -> reason`` when it surely does not fit, else ``None``.
         patience: doublings in a row that gain less than ``plateau`` before the growth stops.
 
     Returns:
         The trials in the order they were made.
 
     Examples:
-        >>> from monai_fast.tune.search import Trial, grow_then_bisect, pick_best
-        >>> def fake(b):  # throughput saturates at 8, and 12 or more does not fit
-        ...     return Trial(b, b < 12, min(b, 8) * 10.0 if b < 12 else None)
-        >>> trials = grow_then_bisect(fake, 1, 64)
-        >>> pick_best(trials).value
+        >>> fake = lambda b: Trial(b, b < 12, min(b, 8) * 10.0 if b < 12 else None)  # flat from 8, 12+ do not fit
+        >>> pick_best(grow_then_bisect(fake, 1, 64)).value
         8
     """
     if not 1 <= low <= high:
@@ -134,12 +119,7 @@ def grow_then_bisect(
 class _Search:
     """The phases of `grow_then_bisect()`, sharing its trials and its budget."""
 
-    def __init__(
-        self,
-        evaluate: Callable[[int], Trial],
-        max_trials: int,
-        predict_infeasible: Callable[[int, list[Trial]], str | None] | None,
-    ) -> None:
+    def __init__(self, evaluate: Callable[[int], Trial], max_trials: int, predict_infeasible: Predict | None) -> None:
         self.evaluate, self.max_trials, self.predict_infeasible = evaluate, max_trials, predict_infeasible
         self.trials: list[Trial] = []
         self.seen: dict[int, Trial] = {}
@@ -157,8 +137,7 @@ class _Search:
         return t
 
     def sweep(self, low: int, high: int) -> None:
-        """The budget covers the range: every value, up to the first that does not fit (a narrow peak
-        on a flat curve cannot be stepped over)."""
+        """Every value, up to the first that does not fit (the budget covers the range)."""
         for v in range(low, high + 1):
             t = self.try_value(v)
             if t is None or not t.feasible:
@@ -177,10 +156,8 @@ class _Search:
         self._narrow()
 
     def _grow(self, first: Trial, high: int, stop_gain: float, patience: int) -> tuple[Trial, int | None] | None:
-        """Double until infeasible, the end of the range, a plateau, or the budget (then ``None``).
-
-        Returns the last feasible trial and the first infeasible value above it (if one was met).
-        """
+        """Double until infeasible, the range's end or a plateau: the last feasible trial and the first
+        infeasible value above it (if met); ``None`` once the budget is spent."""
         last_ok, best_tp, misses = first, first.throughput, 0
         while last_ok.value < high:
             nxt = self.try_value(min(2 * last_ok.value, high))
@@ -188,9 +165,7 @@ class _Search:
                 return None
             if not nxt.feasible:
                 return last_ok, nxt.value
-            # still rising: a gain over the best so far, or over the previous reading when that came out
-            # lower (after a low reading the curve may still climb; judged against the best alone, the
-            # next doubling would have to make up the dip too)
+            # still rising: a gain over the best so far, or over the previous reading when that came out lower
             if nxt.throughput >= min(best_tp, last_ok.throughput) * (1.0 + stop_gain):  # type: ignore[operator,type-var]
                 best_tp, misses = max(best_tp, nxt.throughput), 0  # type: ignore[type-var]
             else:
@@ -201,10 +176,7 @@ class _Search:
         return last_ok, None
 
     def _bisect_edge(self, last_ok: Trial, limit: int, rise: float) -> bool:
-        """Throughput was still rising at ``last_ok``: bisect towards the memory edge while it rises.
-
-        Returns ``False`` when the budget ran out.
-        """
+        """Bisect from ``last_ok`` towards the memory edge while throughput rises; ``False`` once the budget ran out."""
         lo, hi = last_ok.value, limit
         while hi - lo > 1:
             t = self.try_value((lo + hi) // 2)
@@ -243,9 +215,9 @@ class _Search:
 def confirm_best(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: int = 2, top: int = 3) -> list[Trial]:
     """Measure the ``top`` best feasible trials again, in place, so one lucky reading cannot win.
 
-    Each of ``rounds`` rounds measures every candidate still in once more (best first), then drops the
-    weakest while more than two remain. A candidate's ``throughput`` becomes the median of its
-    readings and its ``cost_s`` includes the new runs; one that no longer fits is marked infeasible.
+    Each round measures every candidate still in once more, then drops the weakest while more than two
+    remain. A candidate's ``throughput`` becomes the median of its readings, its ``cost_s`` includes the
+    new runs, and one that no longer fits is marked infeasible.
 
     Args:
         trials: a search's trials; the ``top`` best feasible ones are updated.
@@ -255,7 +227,6 @@ def confirm_best(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: 
 
     Returns:
         The finalists, best first (empty when no round ran): pick among these.
-
     """
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
@@ -296,14 +267,10 @@ def best_over(
     value_range: tuple[int, int],
     labels: Callable[[T], dict],
     space: SearchSpace,
-    predict_infeasible: Callable[[int, list[Trial]], str | None] | None = None,
+    predict_infeasible: Predict | None = None,
 ) -> tuple[list[dict], tuple[T, Trial] | None]:
-    """One search of ``value_range`` per option, as ``space`` says; every trial labelled, and the option whose
-    pick is best by over 2 %.
-
-    Each search grows then bisects (or runs the grid), measures its best few again (``space.confirm``
-    rounds among ``space.confirm_top``) and picks (`pick_best()`).
-    """
+    """One search of ``value_range`` per option (grid or grow-then-bisect, then `confirm_best()` and
+    `pick_best()`, as ``space`` says): every trial labelled, and the option whose pick is best by over 2 %."""
     records: list[dict] = []
     best: tuple[T, Trial] | None = None
     for option in options:

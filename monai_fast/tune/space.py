@@ -18,23 +18,19 @@ class SearchSpace:
     """What to search, in the spirit of Auto3DSeg's ``gpu_customization_specs``.
 
     Args:
-        batch_range: inclusive range of training batch sizes (volumes per batch; each gives
-            ``num_samples`` patches), Auto3DSeg's ``range_num_images_per_batch``.
+        batch_range: inclusive range of training batch sizes in volumes (``range_num_images_per_batch``).
         sw_batch_range: inclusive range of sliding-window batch sizes (``range_num_sw_batch_size``).
-        val_devices: where the validation volume and stitched output live; ``None``: the
-            training device, plus ``"cpu"`` when that is a GPU.
-        precisions: precisions to compare (``"bf16"``, ``"fp16"``, ``"fp32"``); the first is
-            also used for validation timing unless another wins.
+        val_devices: where the validation volume and stitched output live; ``None``: the training device,
+            plus ``"cpu"`` when that is a GPU.
+        precisions: precisions to compare (``"bf16"``, ``"fp16"``, ``"fp32"``).
         max_trials: most candidates run per search (``num_trials``).
-        plateau: a doubling that gains less than this share of throughput ends the growth;
-            ``None``: grow until a candidate does not fit (Auto3DSeg's fill-the-memory).
+        plateau: a doubling gaining less than this share ends the growth; ``None``: grow until one does not fit.
         margin: share of the memory cap kept free (fragmentation, the data cache, spikes).
         strategy: ``"search"`` (grow, then bisect) or ``"grid"`` (every value of both ranges).
         confirm: confirmation rounds among the best candidates of a search (`confirm_best()`); 0: none.
         confirm_top: candidates that enter the confirmation rounds (at least 2).
 
     Examples:
-        >>> from monai_fast.tune import SearchSpace
         >>> SearchSpace.from_auto3dseg({"range_num_images_per_batch": [1, 20], "num_trials": 6}).batch_range
         (1, 20)
     """
@@ -76,16 +72,9 @@ class SearchSpace:
     def most_runs(self, value_range: tuple[int, int]) -> int:
         """Most trials one search of ``value_range`` runs: its candidates, then the confirmation rounds among its best.
 
-        What a caller promises up front (``tune --bundle`` prints it before the first trial): the
-        candidates are the whole range for ``"grid"``, else at most `max_trials`; the confirmation adds
-        `confirm` rounds over at most `confirm_top` of them, one fewer each round while more
-        than two remain.
-
         Examples:
             >>> SearchSpace(max_trials=8).most_runs((1, 16))  # 8 candidates, then rounds of 3 and 2
             13
-            >>> SearchSpace(max_trials=8).most_runs((2, 2))  # one candidate: nothing to confirm
-            1
         """
         lo, hi = value_range
         searched = hi - lo + 1 if self.strategy == "grid" else min(hi - lo + 1, self.max_trials)
@@ -98,13 +87,7 @@ class SearchSpace:
 
     def budget_bytes(self, memory: DeviceMemory, cap_mib: float | None = None) -> int:
         """Bytes a trial may peak at: ``cap_mib``, else the GPU's memory, else this process's RSS plus the
-        available RAM; less the `margin` share.
-
-        Examples:
-            >>> import torch
-            >>> SearchSpace(margin=0.25).budget_bytes(DeviceMemory(torch.device("cpu")), cap_mib=100) == 75 * 2**20
-            True
-        """
+        available RAM; less the `margin` share."""
         if cap_mib is not None:
             cap = cap_mib * 2**20
         elif memory.cuda:

@@ -26,18 +26,14 @@ def default_store_path() -> Path:
 class TuneStore:
     """Tuning results and measured times on disk, so a second run on the same machine and model tunes nothing.
 
-    Writes are atomic (`monai_fast.files.write_json()`) and made by rank 0
-    only. A damaged file is reported with its path and set aside, never silently overwritten. A
-    file system too full for the file keeps it as it was, with a warning naming it and the space
-    missing: the result is still returned to the caller, and the next run tunes again.
+    Rank 0 writes, atomically. A damaged file is set aside with a warning; a full file system keeps the
+    file as it was, with a warning (the next run tunes again).
 
     Args:
         path: the JSON file (created on first ``put``).
 
     Examples:
-        >>> from monai_fast.tune import TuneStore
-        >>> store = TuneStore("/tmp/monai-fast-doctest-tune.json")
-        >>> store.get("no such key") is None
+        >>> TuneStore("/tmp/monai-fast-doctest-tune.json").get("no such key") is None
         True
     """
 

@@ -1,10 +1,7 @@
-"""Pick batch size, sliding-window batch, validation device and precision by measured throughput.
+"""`Tuner`: pick batch size, sliding-window batch, validation device and precision by measured throughput.
 
-MONAI's Auto3DSeg "GPU customization" tries ``num_images_per_batch`` / ``num_sw_batch_size`` /
-``validation_data_device`` and keeps what fits in memory. `Tuner` keeps what runs
-fastest within a memory budget: every candidate runs a few real iterations after a warm-up, an
-out-of-memory candidate is recorded as infeasible (memory released, search goes on), and under
-``ignite.distributed`` all ranks try the same candidate and agree on its outcome.
+Where Auto3DSeg's "GPU customization" keeps what fits in memory, `Tuner` keeps what runs fastest within a
+memory budget; an out-of-memory candidate is infeasible, not a crash (docs/tuner.md).
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from functools import partial
 
 import torch
 from ignite import distributed as idist
@@ -34,7 +31,6 @@ __all__ = ["SearchSpace", "TuneResult", "Tuner", "TuningError", "model_signature
 logger = logging.getLogger("monai_fast.tune")
 
 MIB = 2**20
-T = TypeVar("T")
 
 
 class TuningError(RuntimeError):
@@ -46,34 +42,21 @@ class Tuner:
 
     Args:
         network: the model; a private copy is tuned, the original's weights are not touched.
-        loss_function: training loss taking ``(prediction, integer label map)`` (``None`` for `run_validation()`).
-        optimizer_factory: builds the copy's optimizer, e.g. ``lambda p: Novograd(p, 2e-3)`` (``None`` likewise).
+        loss_function: training loss taking ``(prediction, label map)``; ``None`` for `run_validation()`.
+        optimizer_factory: builds the copy's optimizer, e.g. ``lambda p: Novograd(p, 2e-3)``; ``None`` likewise.
         patch_size: training patch and sliding-window ROI.
         val_shape: spatial size of a typical validation volume.
         device: where training runs.
         num_samples: patches per volume (a batch size ``b`` means ``b * num_samples`` patches).
-        in_channels, out_channels: image channels and classes.
+        in_channels: image channels.
+        out_channels: classes.
         space: what to search (`SearchSpace`).
-        memory_cap_mib: most memory a candidate may use; default the GPU's memory, or on a CPU this
-            process's resident set size now plus the RAM available (no swapping).
+        memory_cap_mib: most memory a candidate may use; default the GPU's, or on a CPU RSS plus available RAM.
         overlap: sliding-window overlap.
-        warmup, min_iters, min_time_s: per trial: untimed iterations, then at least this many timed
-            ones lasting at least this long (median taken).
+        warmup: untimed iterations per trial.
+        min_iters: fewest timed iterations per trial (their median is the trial's time).
+        min_time_s: fewest seconds of timed iterations per trial.
         memory_format: the weights' layout at a precision, as the recipe trains them; ``None``: as given.
-
-    Examples:
-        >>> import torch
-        >>> from monai.losses import DiceCELoss
-        >>> from monai.networks.nets import UNet
-        >>> from monai_fast.tune import SearchSpace, Tuner
-        >>> net = UNet(3, 1, 2, channels=(4, 8), strides=(2,))
-        >>> tuner = Tuner(net, DiceCELoss(to_onehot_y=True, softmax=True),
-        ...               lambda p: torch.optim.SGD(p, lr=0.01), patch_size=(16, 16, 16),
-        ...               val_shape=(24, 24, 24), device="cpu", num_samples=1,
-        ...               space=SearchSpace(batch_range=(1, 2), sw_batch_range=(1, 2), max_trials=2),
-        ...               min_time_s=0.0, min_iters=1)
-        >>> tuner.run().batch_size in (1, 2)
-        True
     """
 
     def __init__(
@@ -117,19 +100,12 @@ class Tuner:
                 raise ValueError(f"val_devices may hold the training device or 'cpu', got {d}")
         if "fp16" in self.space.precisions and self.device.type != "cuda":
             raise ValueError("precision 'fp16' needs a CUDA device; use 'bf16' or 'fp32' on a CPU")
-        self.source_network = network
-        self.loss_function = loss_function
-        self.optimizer_factory = optimizer_factory
-        self.num_samples = num_samples
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.memory_cap_mib = memory_cap_mib
-        self.overlap = overlap
+        self.source_network, self.loss_function, self.optimizer_factory = network, loss_function, optimizer_factory
+        self.num_samples, self.in_channels, self.out_channels = num_samples, in_channels, out_channels
+        self.memory_cap_mib, self.overlap, self.memory_format = memory_cap_mib, overlap, memory_format
         self.timing = {"warmup": warmup, "min_iters": min_iters, "min_time_s": min_time_s}
-        self.memory_format = memory_format
         self._on_trial: Callable[[dict], None] | None = None
 
-    # ------------------------------------------------------------------ public
     def key(self) -> str:
         """Cache key: device, its memory, model, shapes, search space and world size."""
         total = self.memory.total_bytes() // MIB
@@ -157,31 +133,29 @@ class Tuner:
         )
 
     def most_trials(self) -> int:
-        """Most trials `run()` makes: a training search per precision and a sliding-window search per
-        validation device, each with its confirmation rounds (`SearchSpace.most_runs()`)."""
+        """Most trials `run()` makes: `SearchSpace.most_runs()` per precision and per validation device."""
         s = self.space
         return len(s.precisions) * s.most_runs(s.batch_range) + len(self.val_devices) * s.most_runs(s.sw_batch_range)
 
     def run(self, progress: bool = False, on_trial: Callable[[dict], None] | None = None) -> TuneResult:
-        """Run the searches and return the pick; never raises for out-of-memory candidates.
+        """Run the searches and return the pick; out-of-memory candidates are infeasible, never raised.
 
         Args:
             progress: a progress bar over the trials (on a terminal only).
-            on_trial: called after each trial that ran with its record (as in `TuneResult.trials`:
-                ``phase``, ``value``, ``precision``, ``val_device``, ``feasible``, ``throughput``,
-                ``peak_mib``, ``reason``, ``cost_s``), so a caller can report every trial as it ends.
+            on_trial: called with each trial's record (as in `TuneResult.trials`) as the trial ends.
 
         Raises:
-            TuningError: a trial failed for another reason (a bug, a bad shape) on any rank, or
-                not even the smallest batch fits.
+            TuningError: a trial failed for another reason on any rank, or not even the smallest batch fits.
         """
         self._on_trial = on_trial
         with self._session(progress) as started:
-            records, best_train = self._best_over(
+            records, best_train = best_over(
                 self.space.precisions,
                 lambda p: lambda b: self._train_trial(b, p),
                 self.space.batch_range,
                 lambda p: {"phase": "train", "precision": p, "val_device": ""},
+                self.space,
+                partial(peak_over_budget, budget_bytes=self._budget),
             )
             if best_train is None:
                 raise TuningError(
@@ -196,9 +170,8 @@ class Tuner:
     def run_validation(self, precision: str, progress: bool = False) -> TuneResult:
         """Search only the sliding-window batch and stitching device, for a network trained at ``precision``.
 
-        The result's training fields are empty (``batch_size`` 0, no training throughput): only
-        ``sw_batch_size``, ``val_device`` and ``val_volumes_per_s`` are measured. ``loss_function``
-        and ``optimizer_factory`` may be ``None``.
+        The result's training fields are empty (``batch_size`` 0); ``loss_function`` and ``optimizer_factory``
+        may be ``None``.
 
         Raises:
             TuningError: as `run()`; also for ``precision`` outside the search space's.
@@ -259,11 +232,13 @@ class Tuner:
 
     def _validation_phase(self, precision: str) -> tuple[list[dict], tuple[torch.device, Trial]]:
         self._set_layout(precision)
-        records, best = self._best_over(
+        records, best = best_over(
             self.val_devices,
             lambda v: lambda s: self._val_trial(s, v, precision),
             self.space.sw_batch_range,
             lambda v: {"phase": "val", "precision": precision, "val_device": str(v)},
+            self.space,
+            partial(peak_over_budget, budget_bytes=self._budget),
         )
         if best is None:
             raise TuningError(
@@ -271,23 +246,6 @@ class Tuner:
                 f"{self._budget / MIB:.0f} MiB for a {self.val_shape} volume on {self.device}"
             )
         return records, best
-
-    # ------------------------------------------------------------------ trials
-    def _best_over(
-        self,
-        options: Sequence[T],
-        evaluate_for: Callable[[T], Callable[[int], Trial]],
-        value_range: tuple[int, int],
-        labels: Callable[[T], dict],
-    ) -> tuple[list[dict], tuple[T, Trial] | None]:
-        return best_over(
-            options,
-            evaluate_for,
-            value_range,
-            labels,
-            self.space,
-            lambda value, trials: peak_over_budget(value, trials, self._budget),
-        )
 
     def _set_layout(self, precision: str) -> None:
         """Put the copy's weights in the layout the recipe trains at ``precision`` (in place)."""
@@ -298,7 +256,7 @@ class Tuner:
         patches = batch * self.num_samples
         self._bar.set_description(f"tune train batch_size={batch} ({precision})")
         self._set_layout(precision)
-        trial = self._trial(
+        return self._trial(
             batch,
             lambda: time_training_step(
                 self._net,
@@ -314,12 +272,12 @@ class Tuner:
             ),
             per_step=patches,
             reduce_s=self._allreduce_s,
+            labels={"phase": "train", "precision": precision, "val_device": ""},
         )
-        return self._reported(trial, {"phase": "train", "precision": precision, "val_device": ""})
 
     def _val_trial(self, sw_batch: int, val_device: torch.device, precision: str) -> Trial:
         self._bar.set_description(f"tune val sw_batch_size={sw_batch} ({val_device})")
-        trial = self._trial(
+        return self._trial(
             sw_batch,
             lambda: time_inference(
                 self._net,
@@ -335,19 +293,20 @@ class Tuner:
             ),
             per_step=1,
             reduce_s=0.0,
+            labels={"phase": "val", "precision": precision, "val_device": str(val_device)},
             world_scale=False,
         )
-        return self._reported(trial, {"phase": "val", "precision": precision, "val_device": str(val_device)})
-
-    def _reported(self, trial: Trial, labels: dict) -> Trial:
-        """``trial``, passed first to the caller's ``on_trial`` as a labelled record."""
-        if self._on_trial is not None:
-            self._on_trial(dict(trial.to_dict(), **labels))
-        return trial
 
     def _trial(
-        self, value: int, measure: Callable[[], float], per_step: int, reduce_s: float, world_scale: bool = True
+        self,
+        value: int,
+        measure: Callable[[], float],
+        per_step: int,
+        reduce_s: float,
+        labels: dict,
+        world_scale: bool = True,
     ) -> Trial:
+        """Run ``measure`` once as a trial of ``value``, agreed on by all ranks and reported to ``on_trial``."""
         t0 = time.perf_counter()
         seconds, oom, error = float("nan"), False, None
         with self.memory.peak() as peak:
@@ -378,11 +337,14 @@ class Tuner:
         cost = time.perf_counter() - t0
         peak_mib = flags["peak"] / MIB
         if flags["oom"]:
-            return Trial(value, False, None, None, "out of memory", cost)
-        if flags["over"]:
-            return Trial(
+            trial = Trial(value, False, None, None, "out of memory", cost)
+        elif flags["over"]:
+            trial = Trial(
                 value, False, None, peak_mib, f"peak {peak_mib:.0f} MiB > budget {self._budget / MIB:.0f} MiB", cost
             )
-        world = idist.get_world_size() if world_scale else 1
-        throughput = per_step * world / (flags["seconds"] + reduce_s)
-        return Trial(value, True, throughput, peak_mib, "", cost)
+        else:
+            world = idist.get_world_size() if world_scale else 1
+            trial = Trial(value, True, per_step * world / (flags["seconds"] + reduce_s), peak_mib, "", cost)
+        if self._on_trial is not None:
+            self._on_trial(dict(trial.to_dict(), **labels))
+        return trial

@@ -1,17 +1,6 @@
 """Tune a sliding-window evaluator on its own: windows per forward pass and where the output is stitched.
 
-`tune_validation()` times MONAI's ``sliding_window_inference`` on a volume of the validation set's
-size for each stitching device and ``sw_batch_size``, and keeps the fastest that fits; results are
-kept in the tuning store. `FastTraining` uses it for ``evaluator="tune"``.
-
-Examples:
-    >>> from monai.networks.nets import UNet
-    >>> from monai_fast.tune.validation import tune_validation
-    >>> net = UNet(3, 1, 2, channels=(4, 8), strides=(2,))
-    >>> pick = tune_validation(net, (16, 16, 16), (24, 24, 24), "cpu", "fp32", store=None,
-    ...                        sw_batch_range=(1, 2), min_time_s=0.0, min_iters=1)
-    >>> pick.sw_batch_size in (1, 2)
-    True
+`FastTraining` uses it for ``evaluator="tune"``.
 """
 
 from __future__ import annotations
@@ -47,7 +36,8 @@ def tune_validation(
     progress: bool = False,
     **timing: float,
 ) -> TuneResult:
-    """The fastest ``sw_batch_size`` and stitching device for ``network`` on ``val_shape`` volumes.
+    """The fastest ``sw_batch_size`` and stitching device for ``network`` on ``val_shape`` volumes, timed with
+    MONAI's ``sliding_window_inference`` and kept in the tuning store.
 
     Args:
         network: the evaluator's network (a private copy is timed; DDP wrappers looked through).
@@ -58,15 +48,13 @@ def tune_validation(
         overlap: the window overlap.
         in_channels: image channels.
         sw_batch_range: inclusive range of windows per forward pass to search.
-        store: a `TuneStore`, a path to one, ``"default"``
-            (`default_store_path()`) or ``None`` (no caching).
+        store: a `TuneStore`, a path to one, ``"default"`` (`default_store_path()`) or ``None`` (no caching).
         force: tune again even when the store holds a result.
         progress: a progress bar over trials.
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial (default 1, 2, 0.3 s).
 
     Returns:
-        A `TuneResult` whose ``sw_batch_size``, ``val_device`` and ``val_volumes_per_s``
-        are measured (its training fields are empty).
+        A `TuneResult` whose ``sw_batch_size``, ``val_device`` and ``val_volumes_per_s`` are measured.
 
     Raises:
         TuningError: a trial failed for a reason other than memory, or not even one window fits.

@@ -14,12 +14,6 @@
 ``monai-fast bundle`` run a MONAI bundle with FastTraining, or write the bundle config fragment.
 
 Each command lives in the module that registers it (`COMMANDS`), imported only when that command runs.
-
-Examples:
-    >>> from monai_fast.apps.cli import main
-    >>> main(["synth", "/tmp/mf-synth", "--cases", "1", "--shape", "16", "16", "16", "--no-progress"])  # doctest: +SKIP
-    wrote 1 spleen-like cases in MSD layout to /tmp/mf-synth
-    0
 """
 
 from __future__ import annotations
@@ -52,19 +46,21 @@ COMMANDS = {
 }
 
 
-def add_options(g: argparse._ActionsContainer, options: Iterable[tuple[str, type | None, Any, str]]) -> None:
-    """Add each ``(flag, type, default, help)`` of ``options`` to the parser or group ``g``, in order."""
-    for flag, kind, default, text in options:
-        g.add_argument(flag, type=kind, default=default, help=text)
+def add_options(g: argparse._ActionsContainer, options: Iterable[tuple[Any, ...]]) -> None:
+    """Add each ``(flag, type, default, help)`` of ``options`` to the parser or group ``g``, in order.
+
+    A fifth item, a dict, holds more ``add_argument`` keywords (``choices``, ``nargs``, ``metavar``...).
+    """
+    for flag, kind, default, text, *more in options:
+        g.add_argument(flag, type=kind, default=default, help=text, **(more[0] if more else {}))
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``monai-fast`` argument parser.
 
     Args:
-        command: register only this command (the module that registers it is the only one imported, so
-            ``monai-fast bundle fragment`` does not load torch); ``None`` or a name that is not a command:
-            every command, for the full help and argparse's own message on a misspelt command.
+        command: register only this command (only its module is imported: ``bundle fragment`` loads no torch);
+            ``None`` or not a command: every command (the full help, argparse's message on a misspelt one).
     """
     parser = argparse.ArgumentParser(
         prog="monai-fast",
@@ -91,17 +87,13 @@ def main(
     pin_openmp: bool = False,
     startup_check: Callable[[], bool] | None = None,
 ) -> int:
-    """Run one ``monai-fast`` command; bad input, an output that cannot be written or a missing extra ends in one
-    line naming it, no traceback.
+    """Run one ``monai-fast`` command: bad input, an unwritable output, a missing extra end in one line.
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
-        startup_notes: what the entry point set up before torch loaded (`monai_fast.__main__`),
-            logged once for the commands that compute.
-        startup_check: whether ``startup_notes`` apply, asked once the command's module (and torch)
-            has loaded (the entry point's: did torch load GNU OpenMP); ``None``: they apply.
-        pin_openmp: for a command that trains or infers in this process, pin OpenMP's worker threads one
-            per core first (`monai_fast.openmp.pin_openmp_workers()`; the entry point asks for it).
+        startup_notes: what the entry point set up before torch loaded, logged for the commands that compute.
+        pin_openmp: for a command that computes in this process, pin OpenMP's workers first (`pin_openmp_workers()`).
+        startup_check: whether ``startup_notes`` apply, asked once torch has loaded; ``None``: they apply.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)  # the top-level options take no value
@@ -124,8 +116,7 @@ def main(
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that closed the pipe early fails here, inside the handler below
         return status
-    except BrokenPipeError:  # `monai-fast doctor RUN | head`: the reader has what it wanted; stop quietly
-        # the signal module docs' "Note on SIGPIPE": stdout to devnull, so the flush at exit does not fail again
+    except BrokenPipeError:  # `monai-fast doctor RUN | head`: stdout to devnull, so the flush at exit does not fail
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except Exception as e:  # a user's mistake or an output that cannot be written: one line, no traceback
@@ -136,7 +127,7 @@ def main(
 
 
 def _user_line(e: Exception, command: str) -> str | None:
-    """The one line that ends the command for a user's mistake or an unwritable output (``None``: raise ``e``)."""
+    """The line that ends the command for a user's mistake or an unwritable output (``None``: raise ``e``)."""
     from monai_fast.apps.cli.args import flag_of
     from monai_fast.apps.sources.msd import MSDDataError
     from monai_fast.apps.training.options import OptionError
@@ -158,7 +149,7 @@ def _user_line(e: Exception, command: str) -> str | None:
 
 
 def _output_line(e: BaseException) -> str | None:
-    """The message of an output that could not be written, found anywhere in ``e``'s chain (``None``: none)."""
+    """The message of an output that could not be written, anywhere in ``e``'s chain (``None``: none)."""
     from monai_fast.files import no_space_in
     from monai_fast.folders import RunFolderBusyError
     from monai_fast.handlers.checkpoint_folder import CheckpointFolderError

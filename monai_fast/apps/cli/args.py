@@ -1,14 +1,6 @@
 """The options shared by ``demo``, ``bench``, ``tune`` and ``train``, and their translation into recipe options.
 
 Each default shown comes from where it is defined (`RecipeConfig`, the synthetic set, `demo_scale()`).
-
-Examples:
-    >>> import argparse
-    >>> p = argparse.ArgumentParser()
-    >>> add_race_options(p, budget=60.0, recipes=("fast",))
-    >>> data, overrides = scaled_options(p.parse_args(["--target", "0.8", "--max-epochs", "3"]))
-    >>> overrides["max_epochs"], data.cases
-    (3, 16)
 """
 
 from __future__ import annotations
@@ -49,53 +41,55 @@ FLAGS = {
 }
 """The command-line name of an `OptionError`'s option where it is not ``--<option>``."""
 
+#: the help of the options whose help is long and fixed
+_HELP = {
+    "--data-dir": "an MSD-layout folder with dataset.json (e.g. Task09_Spleen), or its URL (s3://bucket/Task09_Spleen, "
+    "any fsspec URL); default: synthetic spleen-like data",
+    "--no-preflight": "skip the check of every file before training (unreadable files, 2D volumes, NaN/Inf, labels "
+    "outside the classes, shape mismatches; cached per file, so only the first run reads them)",
+    "--cache": "where fast caches its training data (default auto: measured by the cache planner)",
+    "--tune": "tune fast's batch size, sliding-window batch, validation device and precision first (cached per machine "
+    "and model; see 'monai-fast tune --help')",
+    "--place-cache": "also place the training cache: in device memory (GPU on CUDA, RAM on a CPU) when it fits beside "
+    "the pick's measured peak, else beside a smaller batch within --cache-tradeoff of its throughput, else where the "
+    "cache planner sends it",
+    "--cache-tradeoff": "largest share of training throughput given up to fit the cache in device memory "
+    "(default %(default)s)",
+    "--tune-cache": "the JSON file of tuning results "
+    "(default $MONAI_FAST_CACHE/tuning.json or ~/.cache/monai-fast/tuning.json)",
+    "--time-budget": "seconds each recipe may run before it is stopped (default %(default)s; the demo: none, "
+    "--total-budget bounds the whole run)",
+    "--background-fill": "fast: fill the caches while training runs (first epoch in fill order; runs not reproducible)",
+    "--run-dir": "where results.json, epochs.csv, the PNG and TensorBoard events go (default runs/<command>-<time>)",
+}
+
 
 def flag_of(option: str) -> str:
-    """The command-line option that sets the option ``option`` (of a race or a training job).
-
-    Examples:
-        >>> flag_of("run_dir"), flag_of("time_budget_s")
-        ('--run-dir', '--time-budget')
-    """
+    """The command-line option that sets the option ``option`` (``"time_budget_s"``: ``"--time-budget"``)."""
     return FLAGS.get(option, "--" + option.replace("_", "-"))
 
 
 def add_data_options(p: argparse.ArgumentParser) -> None:
     """Where the data comes from, the device and the seed."""
     g = p.add_argument_group("data")
-    g.add_argument(
-        "--data-dir",
-        help="an MSD-layout folder with dataset.json (e.g. Task09_Spleen), or its URL "
-        "(s3://bucket/Task09_Spleen, any fsspec URL); default: synthetic spleen-like data",
-    )
+    g.add_argument("--data-dir", help=_HELP["--data-dir"])
     small, cuda = SyntheticData(), demo_scale(torch.device("cuda")).synthetic
-    g.add_argument(
-        "--cases",
-        type=int,
-        help=f"synthetic cases to generate (default {small.cases}; demo and train on CUDA: {cuda.cases})",
-    )
-    g.add_argument(
-        "--shape",
-        type=int,
-        nargs=3,
-        metavar=("X", "Y", "Z"),
-        help=f"synthetic volume size in voxels (default {_spaced(small.shape)}; demo and train on CUDA: "
-        f"{_spaced(cuda.shape)})",
-    )
+    cases = f"{small.cases}; demo and train on CUDA: {cuda.cases}"
+    shape = f"{_spaced(small.shape)}; demo and train on CUDA: {_spaced(cuda.shape)}"
     add_options(
         g,
         (
+            ("--cases", int, None, f"synthetic cases to generate (default {cases})"),
+            ("--shape", int, None, f"synthetic volume size in voxels (default {shape})", _XYZ),
             ("--val-fraction", float, VAL_FRACTION, "share of cases held out for validation (default %(default)s)"),
             ("--device", None, "auto", "'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)"),
             ("--seed", int, 0, "seed of data, split, weights and crops (default %(default)s)"),
         ),
     )
-    g.add_argument(
-        "--no-preflight",
-        action="store_true",
-        help="skip the check of every file before training (unreadable files, 2D volumes, NaN/Inf, labels outside the "
-        "classes, shape mismatches; cached per file, so only the first run reads them)",
-    )
+    g.add_argument("--no-preflight", action="store_true", help=_HELP["--no-preflight"])
+
+
+_XYZ = {"nargs": 3, "metavar": ("X", "Y", "Z")}
 
 
 def _spaced(values: Sequence[int]) -> str:
@@ -124,8 +118,7 @@ def add_validation_options(g: argparse._ActionsContainer) -> None:
 
 
 def add_model_options(p: argparse.ArgumentParser, race: bool, sized: bool = False) -> None:
-    """Network size, patch and batch options (``race``: also those only a race uses; ``sized``: the defaults
-    depend on the device, `demo_scale()`, as in ``demo`` and ``train``)."""
+    """Network size, patch and batch options (``race``: a race's too; ``sized``: defaults by device, `demo_scale()`)."""
     cfg = RecipeConfig()
     cuda = demo_scale(torch.device("cuda")).overrides if sized else {}
 
@@ -135,11 +128,7 @@ def add_model_options(p: argparse.ArgumentParser, race: bool, sized: bool = Fals
 
     g = p.add_argument_group("model and batches")
     g.add_argument(
-        "--patch-size",
-        type=int,
-        nargs=3,
-        metavar=("X", "Y", "Z"),
-        help=f"training patch / sliding-window ROI {default('patch_size')}",
+        "--patch-size", type=int, help=f"training patch / sliding-window ROI {default('patch_size')}", **_XYZ
     )
     if race:
         g.add_argument(
@@ -160,11 +149,7 @@ def add_model_options(p: argparse.ArgumentParser, race: bool, sized: bool = Fals
     )
     if race:
         g.add_argument("--compile", action="store_true", help="torch.compile the network (slower first iterations)")
-        g.add_argument(
-            "--cache",
-            choices=CACHE_CHOICES,
-            help="where fast caches its training data (default auto: measured by the cache planner)",
-        )
+        g.add_argument("--cache", choices=CACHE_CHOICES, help=_HELP["--cache"])
         g.add_argument("--cache-dir", help="folder for a disk cache (needed by --cache disk)")
 
 
@@ -172,102 +157,50 @@ def add_tuning_options(p: argparse.ArgumentParser, race: bool) -> None:
     """The tuner's search options (``race``: with the ``--tune`` switch)."""
     g = p.add_argument_group("auto-tuning" + (" (with --tune)" if race else ""))
     if race:
-        g.add_argument(
-            "--tune",
-            action="store_true",
-            help="tune fast's batch size, sliding-window batch, validation device "
-            "and precision first (cached per machine and model; see 'monai-fast tune --help')",
-        )
-    for flag, high, what in (
-        ("--batch-range", 8, "training batch sizes (volumes)"),
-        ("--sw-range", 16, "sliding-window batch sizes"),
-    ):
-        g.add_argument(
-            flag,
-            type=int,
-            nargs=2,
-            default=(1, high),
-            metavar=("LO", "HI"),
-            help=f"{what} to search (default %(default)s)",
-        )
-    g.add_argument("--trials", type=int, default=8, help="most candidates run per search (default %(default)s)")
-    g.add_argument(
-        "--memory-cap-mib",
-        type=float,
-        help="most memory a candidate may use "
-        "(default: the GPU's memory; on a CPU, this process's RAM plus what is free)",
-    )
-    g.add_argument(
-        "--margin",
-        type=float,
-        default=0.1,
-        help="share of the cap kept free for the data cache and spikes (default %(default)s)",
+        g.add_argument("--tune", action="store_true", help=_HELP["--tune"])
+    range_ = {"nargs": 2, "metavar": ("LO", "HI")}
+    cap = "the GPU's memory; on a CPU, this process's RAM plus what is free"
+    add_options(
+        g,
+        (
+            ("--batch-range", int, (1, 8), "training batch sizes (volumes) to search (default %(default)s)", range_),
+            ("--sw-range", int, (1, 16), "sliding-window batch sizes to search (default %(default)s)", range_),
+            ("--trials", int, 8, "most candidates run per search (default %(default)s)"),
+            ("--memory-cap-mib", float, None, f"most memory a candidate may use (default: {cap})"),
+            ("--margin", float, 0.1, "share of the cap kept free for the data cache and spikes (default %(default)s)"),
+        ),
     )
     g.add_argument("--search-amp", action="store_true", help="also compare fp32 with the automatic mixed precision")
-    g.add_argument(
-        "--place-cache",
-        action="store_true",
-        help="also place the training cache: in device memory (GPU on CUDA, "
-        "RAM on a CPU) when it fits beside the pick's measured peak, else beside a smaller batch within "
-        "--cache-tradeoff of its throughput, else where the cache planner sends it",
-    )
-    g.add_argument(
-        "--cache-tradeoff",
-        type=float,
-        default=0.05,
-        help="largest share of training throughput given up to fit the cache in device memory (default %(default)s)",
-    )
+    g.add_argument("--place-cache", action="store_true", help=_HELP["--place-cache"])
+    g.add_argument("--cache-tradeoff", type=float, default=0.05, help=_HELP["--cache-tradeoff"])
     g.add_argument("--retune", action="store_true", help="tune again even when the cache holds a result")
-    g.add_argument(
-        "--tune-cache",
-        help="the JSON file of tuning results "
-        "(default $MONAI_FAST_CACHE/tuning.json or ~/.cache/monai-fast/tuning.json)",
-    )
+    g.add_argument("--tune-cache", help=_HELP["--tune-cache"])
 
 
 def add_race_options(
     p: argparse.ArgumentParser, budget: float | None, recipes: Sequence[str], sized: bool = False
 ) -> None:
-    """Every option of a race (``demo``, ``bench``), with this default budget and these default recipes
-    (``sized``: the data and network defaults depend on the device, as in ``demo``)."""
+    """Every option of a race (``demo``, ``bench``), with these default budget and recipes (``sized``: see above)."""
     from monai_fast.apps.recipes import RECIPES
 
     add_data_options(p)
     g = p.add_argument_group("race")
-    g.add_argument(
-        "--recipes",
-        nargs="+",
-        choices=RECIPES,
-        default=list(recipes),
-        help="recipes to run, in this order (default %(default)s)",
+    recipe_list = {"nargs": "+", "choices": RECIPES}
+    add_options(
+        g,
+        (
+            ("--recipes", None, list(recipes), "recipes to run, in this order (default %(default)s)", recipe_list),
+            ("--target", float, 0.9, "validation mean Dice (no background) to reach, in (0, 1] (default %(default)s)"),
+            ("--time-budget", float, budget, _HELP["--time-budget"]),
+            ("--max-epochs", int, 200, "epoch limit per recipe (default %(default)s)"),
+        ),
     )
-    g.add_argument(
-        "--target",
-        type=float,
-        default=0.9,
-        help="validation mean Dice (no background) to reach, in (0, 1] (default %(default)s)",
-    )
-    g.add_argument(
-        "--time-budget",
-        type=float,
-        default=budget,
-        help="seconds each recipe may run before it is stopped (default %(default)s; the demo: none, "
-        "--total-budget bounds the whole run)",
-    )
-    g.add_argument("--max-epochs", type=int, default=200, help="epoch limit per recipe (default %(default)s)")
     add_validation_options(g)
-    g.add_argument(
-        "--background-fill",
-        action="store_true",
-        help="fast: fill the caches while training runs (first epoch in fill order; runs not reproducible)",
-    )
+    g.add_argument("--background-fill", action="store_true", help=_HELP["--background-fill"])
     add_model_options(p, race=True, sized=sized)
     add_tuning_options(p, race=True)
     g = p.add_argument_group("output")
-    g.add_argument(
-        "--run-dir",
-        help="where results.json, epochs.csv, the PNG and TensorBoard events go (default runs/<command>-<time>)",
-    )
+    g.add_argument("--run-dir", help=_HELP["--run-dir"])
     g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
 
 
@@ -294,8 +227,7 @@ def recipe_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def scaled_options(args: argparse.Namespace, scale: DemoScale | None = None) -> tuple[SyntheticData, dict[str, Any]]:
-    """The synthetic set and recipe options of the parsed options ``args``, those of ``scale`` where they set none
-    (their --channels: their network); ``scale`` ``None``: the CPU-sized ones."""
+    """The synthetic set and recipe options of ``args``, ``scale``'s where they set none (``None``: CPU-sized ones)."""
     scale = scale or demo_scale(torch.device("cpu"))
     syn = SyntheticData(
         cases=scale.synthetic.cases if args.cases is None else args.cases,

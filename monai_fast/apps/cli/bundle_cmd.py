@@ -1,11 +1,4 @@
-"""``monai-fast bundle run | fragment``: MONAI bundles with FastTraining. Parses, calls, prints.
-
-Examples:
-    >>> from monai_fast.apps.cli import build_parser
-    >>> args = build_parser("bundle").parse_args(["bundle", "run", "spleen_ct_segmentation"])
-    >>> args.trainer_id, args.evaluator_id, args.precision
-    ('train#trainer', 'validate#evaluator', 'auto')
-"""
+"""``monai-fast bundle run | fragment``: MONAI bundles with FastTraining. Parses, calls, prints."""
 
 from __future__ import annotations
 
@@ -19,14 +12,12 @@ __all__ = ["add_bundle_command"]
 _HELP = "run a MONAI bundle with FastTraining, or write the bundle config fragment"
 _TEXT = "MONAI bundles with FastTraining: 'run' runs one, 'fragment' writes the config fragment a bundle can ship."
 _RUN_TEXT = (
-    "Run the MONAI bundle in BUNDLE_DIR as 'python -m monai.bundle run' does (its configs/train.json or the "
-    "--config_file list, merged as MONAI merges them; --meta_file, --logging_file; overrides as 'id=value' or '--id "
-    "value'; the config's initialize, run and finalize sections), with FastTraining attached to the config's trainer "
-    "(train#trainer) and evaluator (validate#evaluator), a run record, FastTraining's decisions printed before "
-    "training and the doctor's verdict at the end. --no-fast runs the bundle as published, with the record, for a "
-    "side-by-side. Each run records into a folder of its own (<output_dir>/monai_fast/fast-<time>, published-<time>). "
-    "An override of an id the config does not have is refused unless named with --new-key ID. Parsing a config runs "
-    "the code in it: run bundles you trust."
+    "Run the MONAI bundle in BUNDLE_DIR as 'python -m monai.bundle run' does (--config_file, --meta_file, "
+    "--logging_file; overrides as 'id=value' or '--id value'), with FastTraining attached to the config's trainer and "
+    "evaluator, a run record in a folder of its own, FastTraining's decisions printed before training and the doctor's "
+    "verdict at the end (docs/bundles.md). --no-fast runs the bundle as published, with the record, for a "
+    "side-by-side. An override of an id the config does not have is refused unless named with --new-key ID. Parsing "
+    "a config runs the code in it: run bundles you trust."
 )
 _NOT_ATTACHED = "FastTraining: not attached (--no-fast): the bundle as published"
 _FRAGMENT_TEXT = (
@@ -36,50 +27,36 @@ _FRAGMENT_TEXT = (
 )
 
 
+_RUN_HELP = {
+    "--evaluator-id": "the evaluator's config id (default %(default)s; left out when the config has none)",
+    "--precision": "FastTraining's precision (default auto; fp32: the engines' precision is left as built)",
+    "--run-dir": "where the run record goes (default a folder of this run's own, <output_dir>/monai_fast/fast-<time> "
+    "or published-<time>); a folder holding another run's record is refused",
+    "--resume": "continue the record in --run-dir (a run resumed from its checkpoint) as its next segment",
+    "--new-key": "an override id the config does not have, added on purpose (repeatable); without it an override "
+    "of an id the config lacks (max_epoch for max_epochs) is refused, naming the nearest ids",
+    "overrides": "config overrides as monai.bundle takes them: id=value or --id value "
+    "(e.g. --train#trainer#max_epochs 2 dataset_dir=/data/Task09_Spleen)",
+}
+
+
 def _own_options(r: argparse.ArgumentParser) -> None:
     """The options of ``bundle run`` itself (the rest of the line is config overrides)."""
+    config_file = "config file(s) to merge: a path or \"['configs/train.json','extra.json']\""
     for name, text in (
-        (
-            "config_file",
-            "config file(s) to merge: a path or \"['configs/train.json','extra.json']\" "
-            "(default configs/train.json or .yaml)",
-        ),
+        ("config_file", f"{config_file} (default configs/train.json or .yaml)"),
         ("meta_file", "default configs/metadata.json when present"),
         ("logging_file", "default configs/logging.conf when present"),
     ):
         r.add_argument(f"--{name}", "--" + name.replace("_", "-"), help=text)
     r.add_argument("--no-logging-file", action="store_true", help="apply no logging file")
     r.add_argument("--trainer-id", default="train#trainer", help="the trainer's config id (default %(default)s)")
-    r.add_argument(
-        "--evaluator-id",
-        default="validate#evaluator",
-        help="the evaluator's config id (default %(default)s; left out when the config has none)",
-    )
+    r.add_argument("--evaluator-id", default="validate#evaluator", help=_RUN_HELP["--evaluator-id"])
     r.add_argument("--no-fast", action="store_true", help="run the bundle as published (with the run record)")
-    r.add_argument(
-        "--precision",
-        choices=REQUESTS,
-        default="auto",
-        help="FastTraining's precision (default auto; fp32: the engines' precision is left as built)",
-    )
-    r.add_argument(
-        "--run-dir",
-        help="where the run record goes (default a folder of this run's own, "
-        "<output_dir>/monai_fast/fast-<time> or published-<time>); a folder holding another run's record is refused",
-    )
-    r.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the record in --run-dir (a run resumed from its checkpoint) as its next segment",
-    )
-    r.add_argument(
-        "--new-key",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="an override id the config does not have, added on purpose (repeatable); without it an override "
-        "of an id the config lacks (max_epoch for max_epochs) is refused, naming the nearest ids",
-    )
+    r.add_argument("--precision", choices=REQUESTS, default="auto", help=_RUN_HELP["--precision"])
+    r.add_argument("--run-dir", help=_RUN_HELP["--run-dir"])
+    r.add_argument("--resume", action="store_true", help=_RUN_HELP["--resume"])
+    r.add_argument("--new-key", action="append", default=[], metavar="ID", help=_RUN_HELP["--new-key"])
 
 
 def _split(args: argparse.Namespace) -> argparse.Namespace:
@@ -138,9 +115,8 @@ def _cmd_fragment(args: argparse.Namespace) -> int:
     from monai_fast.bundle import write_fragment
 
     path = write_fragment(args.out)
-    print(
-        f"wrote {path}: merge it after the bundle's train.json with --config_file \"['configs/train.json','{path}']\""
-    )
+    merge = f"--config_file \"['configs/train.json','{path}']\""
+    print(f"wrote {path}: merge it after the bundle's train.json with {merge}")
     return 0
 
 
@@ -151,12 +127,7 @@ def add_bundle_command(sub: argparse._SubParsersAction) -> None:
     r = bsub.add_parser("run", help="run a bundle's training with FastTraining attached", description=_RUN_TEXT)
     r.add_argument("bundle_dir", metavar="BUNDLE_DIR", help="the bundle folder (configs/ inside)")
     _own_options(r)
-    r.add_argument(
-        "overrides",
-        nargs=argparse.REMAINDER,
-        help="config overrides as monai.bundle takes them: id=value or --id value "
-        "(e.g. --train#trainer#max_epochs 2 dataset_dir=/data/Task09_Spleen)",
-    )
+    r.add_argument("overrides", nargs=argparse.REMAINDER, help=_RUN_HELP["overrides"])
     r.set_defaults(func=_cmd_run)
     f = bsub.add_parser("fragment", help="write the config fragment a bundle can ship", description=_FRAGMENT_TEXT)
     f.add_argument("--out", default="configs/fast.json", help="where to write it (default %(default)s)")

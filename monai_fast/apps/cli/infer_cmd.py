@@ -2,12 +2,6 @@
 
 Parses, calls `monai_fast.apps.inference.infer()`, prints one line; a bad input or an unwritable output ends
 in one line naming it.
-
-Examples:
-    >>> from monai_fast.apps.cli import build_parser
-    >>> args = build_parser("infer").parse_args(["infer", "model.pt", "Task09_Spleen", "--out", "predictions"])
-    >>> args.backend, args.split, args.device
-    ('eager', 'val', 'auto')
 """
 
 from __future__ import annotations
@@ -17,18 +11,23 @@ import argparse
 __all__ = ["add_infer_command"]
 
 _TEXT = (
-    "Run sliding-window inference of CHECKPOINT (written by monai_fast.apps.inference.save_checkpoint or monai-fast"
-    " train: a recipe network's weights, its RecipeConfig and the chain it was validated with) over DATA, an MSD "
-    "folder (its --split) or NIfTI image files, and write OUT/<name>_seg.nii.gz label maps with each input's affine"
-    " and shape. Each image goes through the checkpoint's validation chain (orientation, spacing, intensity window,"
-    " crop to the foreground, pad) and the prediction is inverted back onto the image's grid. A checkpoint of "
-    "weights only (a MONAI CheckpointSaver file) needs --recipe-config. Every image is checked first (readable, 3D,"
-    " finite), and every output path: none may be an input, none may exist without --overwrite. Backends: eager "
-    "(fp32), autocast (bf16 on a CPU with bf16 hardware, fp16 on CUDA), compile (torch.compile), onnx (ONNX "
-    'Runtime; pip install "monai-fast[onnx]"), tensorrt (torch-tensorrt and a CUDA GPU). benchmarks/inference.py '
-    "times them all and checks each agrees with eager."
+    "Run sliding-window inference of CHECKPOINT (written by monai_fast.apps.inference.save_checkpoint or monai-fast "
+    "train) over DATA, an MSD folder (its --split) or NIfTI image files, and write OUT/<name>_seg.nii.gz label maps "
+    "on each input's grid: the checkpoint's validation chain is inverted (docs/inference.md). A checkpoint of weights "
+    "only needs --recipe-config. Every image and output path is checked first (none may exist without --overwrite). "
+    "Backends: eager (fp32), autocast (bf16 on a CPU with bf16 hardware, fp16 on CUDA), compile (torch.compile), onnx "
+    '(ONNX Runtime; pip install "monai-fast[onnx]"), tensorrt (torch-tensorrt and a CUDA GPU).'
 )
 
+_OPTION_HELP = {
+    "--split": "an MSD folder's cases: the validation split of training (same --val-fraction and the checkpoint's "
+    "seed), train, all, or the test images (default %(default)s)",
+    "--sw-batch-size": "windows per network call, or 'auto' to measure it (and the stitching device) on the first "
+    "image's size, cached in the tuning store (default: the checkpoint's config)",
+    "--recipe-config": "the RecipeConfig the network was trained with, for a checkpoint that holds weights only (a "
+    "MONAI CheckpointSaver or Preemption file): the recipe.json monai-fast train writes beside model.pth, or a JSON "
+    "object of RecipeConfig options; it builds the network and its validation chain",
+}
 _HELP = "sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, compile, onnx, tensorrt)"
 
 
@@ -90,36 +89,15 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("data", nargs="+", help="an MSD folder with dataset.json, or NIfTI image files")
     p.add_argument("--out", default="predictions", help="folder for <name>_seg.nii.gz (default %(default)s)")
     p.add_argument("--backend", choices=BACKENDS, default="eager", help="what runs the network (default %(default)s)")
-    p.add_argument(
-        "--device", default="auto", help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)"
-    )
-    p.add_argument(
-        "--split",
-        choices=SPLITS,
-        default="val",
-        help="an MSD folder's cases: the validation split of training (same --val-fraction and the checkpoint's "
-        "seed), train, all, or the test images (default %(default)s)",
-    )
+    device = "'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)"
+    p.add_argument("--device", default="auto", help=device)
+    p.add_argument("--split", choices=SPLITS, default="val", help=_OPTION_HELP["--split"])
     p.add_argument("--val-fraction", type=float, default=0.25, help="as in training (default %(default)s)")
-    p.add_argument(
-        "--sw-batch-size",
-        type=_sw_batch,
-        help="windows per network call, or 'auto' to measure it (and the stitching device) on the first image's size, "
-        "cached in the tuning store (default: the checkpoint's config)",
-    )
+    p.add_argument("--sw-batch-size", type=_sw_batch, help=_OPTION_HELP["--sw-batch-size"])
     p.add_argument("--overlap", type=float, help="sliding-window overlap in [0, 1) (default: the checkpoint's config)")
-    p.add_argument(
-        "--recipe-config",
-        metavar="FILE",
-        help="the RecipeConfig the network was trained with, for a checkpoint that holds weights only (a MONAI "
-        "CheckpointSaver or Preemption file): the recipe.json monai-fast train writes beside model.pth, or a JSON "
-        "object of RecipeConfig options; it builds the network and its validation chain",
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace prediction files that exist already (an input image is never replaced)",
-    )
+    p.add_argument("--recipe-config", metavar="FILE", help=_OPTION_HELP["--recipe-config"])
+    overwrite = "replace prediction files that exist already (an input image is never replaced)"
+    p.add_argument("--overwrite", action="store_true", help=overwrite)
     p.add_argument("--no-preflight", action="store_true", help="skip the check of every image before inference")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (a log line per volume instead)")
     p.set_defaults(func=_cmd_infer)

@@ -1,13 +1,7 @@
 """``monai-fast demo | bench``: parse, call `monai_fast.apps.demo`, print.
 
-``demo`` and ``bench`` catch the stop signals (``SIGTERM``, ``SIGUSR1``) from their first line: one received
-during the set-up stops the command when training would start, with one line and exit status 143 (`STOPPED_EXIT`).
-
-Examples:
-    >>> from monai_fast.apps.cli import build_parser
-    >>> args = build_parser("demo").parse_args(["demo", "--target", "0.8"])
-    >>> args.recipes, args.target, args.total_budget
-    (['fast', 'baseline'], 0.8, 600.0)
+A stop signal (``SIGTERM``, ``SIGUSR1``) during the set-up stops the command when training would start,
+with one line and exit status 143 (`STOPPED_EXIT`).
 """
 
 from __future__ import annotations
@@ -20,6 +14,7 @@ from dataclasses import fields, replace
 
 import torch
 
+from monai_fast.apps.cli import add_options
 from monai_fast.apps.cli.args import add_race_options, scaled_options
 from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race
 from monai_fast.apps.demo.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
@@ -43,9 +38,8 @@ class ProgressPrinter(RaceEvents):
     def tuned(self, tuning) -> None:
         where = tuning.cache_where
         cache = "" if where is None else f", cache {where} ({tuning.cache_budget_mib:.0f} MiB left for it)"
-        how = (
-            "from the tuning cache" if tuning.from_cache else f"tuning took {tuning.tuning_s:.1f} s, not counted below"
-        )
+        how = f"tuning took {tuning.tuning_s:.1f} s, not counted below"
+        how = "from the tuning cache" if tuning.from_cache else how
         print(
             f"-- tuned fast: batch_size={tuning.batch_size}, sw_batch_size={tuning.sw_batch_size}, "
             f"val_device={tuning.val_device}, precision={tuning.precision}{cache} ({how})",
@@ -85,13 +79,9 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
 
 
 def race_spec(args: argparse.Namespace, run_dir: str | None = None, scale: DemoScale | None = None) -> RaceSpec:
-    """The `RaceSpec` of a parsed ``demo``, ``bench`` or ``tune`` command line.
+    """The `RaceSpec` of a parsed ``demo``, ``bench`` or ``tune`` command line, in ``run_dir``.
 
-    Args:
-        args: the parsed options.
-        run_dir: the run folder.
-        scale: the defaults for the options left unset (the demo's `demo_scale()`);
-            ``None``: the CPU-sized ones.
+    ``scale`` gives the defaults for the options left unset (the demo's `demo_scale()`; ``None``: CPU-sized ones).
     """
     synthetic, overrides = scaled_options(args, scale)
     return RaceSpec(
@@ -146,17 +136,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def budget_line(spec: RaceSpec) -> str:
     """The line the demo prints before it starts: how long each recipe may run, and how to change it.
 
-    Examples:
-        >>> spec = RaceSpec(time_budget_s=600, epoch_multiple=5, interleave=True)
-        >>> print(budget_line(spec))  # doctest: +NORMALIZE_WHITESPACE
-        budget: fast up to 600 s; baseline 5x fast's epochs to target, at most 600 s, at most 100 epochs
-        (--max-epochs) (--epoch-multiple, --budget-multiple, --time-budget); epochs interleaved
-        >>> spec = RaceSpec(time_budget_s=None, total_budget_s=300, epoch_multiple=4, interleave=True,
-        ...                 overrides={"max_epochs": 6})
-        >>> print(budget_line(spec))  # doctest: +NORMALIZE_WHITESPACE
-        budget: fast up to a third of the time left after the set-up; baseline 4x fast's epochs to target, or
-        until the time is up, at most 6 epochs (--max-epochs) (--epoch-multiple, --budget-multiple,
-        --time-budget, --total-budget); epochs interleaved
+    Example: ``budget: fast up to 600 s; baseline 5x fast's epochs to target, at most 600 s, at most 100 epochs
+    (--max-epochs) (--epoch-multiple, --budget-multiple, --time-budget); epochs interleaved``.
     """
     from monai_fast.apps.demo.interleave import lead_of
     from monai_fast.apps.training.options import recipe_config
@@ -173,11 +154,8 @@ def budget_line(spec: RaceSpec) -> str:
             f"{lead} up to {share} of the time left after the set-up" if spec.total_budget_s else f"{lead} no limit"
         )
     max_epochs = recipe_config(spec.overrides, spec.seed).max_epochs
-    rules = [
-        f"{m:g}x {lead}'s {what} to target"
-        for m, what in ((spec.epoch_multiple, "epochs"), (spec.budget_multiple, "time"))
-        if m
-    ]
+    multiples = ((spec.epoch_multiple, "epochs"), (spec.budget_multiple, "time"))
+    rules = [f"{m:g}x {lead}'s {what} to target" for m, what in multiples if m]
     if spec.total_budget_s:
         rule = ", ".join([*rules, *([cap] if spec.time_budget_s is not None else [])]) + ", or until the time is up"
         rule = rule.lstrip(", ")
@@ -195,13 +173,7 @@ def budget_line(spec: RaceSpec) -> str:
 
 
 def time_line(spec: RaceSpec) -> str | None:
-    """The line that says up front how long the demo takes at most (``None`` without a total bound).
-
-    Examples:
-        >>> print(time_line(RaceSpec(total_budget_s=600, interleave=True)))  # doctest: +NORMALIZE_WHITESPACE
-        time: at most 10 min (600 s) from here on any machine: data, set-up, training of fast and baseline,
-        reports (--total-budget)
-    """
+    """The line that says up front how long the demo takes at most (``None`` without a total bound)."""
     if not spec.total_budget_s:
         return None
     minutes, rest = divmod(round(spec.total_budget_s), 60)  # "10 min", "4 min 30 s", "45 s"
@@ -215,18 +187,11 @@ def time_line(spec: RaceSpec) -> str | None:
 def budget_text(time_budget_s: float, how: dict) -> str:
     """What a recipe other than the lead got once the lead was done: its epochs and its seconds, and from what.
 
-    Examples:
-        >>> print(budget_text(600.0, {"lead": "fast", "lead_s": 20.0, "lead_reached": True, "lead_epochs": 8,
-        ...                           "multiple": None, "time_budget_s": 600.0, "epoch_multiple": 5.0,
-        ...                           "others_epochs": 40}))
-        budget 40 epochs (fast reached the target in 8 epochs, 20.0 s; 5x its epochs), at most 600 s on its own clock
+    Example: ``budget 40 epochs (fast reached the target in 8 epochs, 20.0 s; 5x its epochs), at most 600 s on
+    its own clock``.
     """
-    lead = how["lead"]
-    done = (
-        f"reached the target in {how['lead_epochs']} epochs, {how['lead_s']:.1f} s"
-        if how["lead_reached"]
-        else f"ran {how['lead_epochs']} epochs, {how['lead_s']:.1f} s without reaching it"
-    )
+    lead, ran = how["lead"], f"{how['lead_epochs']} epochs, {how['lead_s']:.1f} s"
+    done = f"reached the target in {ran}" if how["lead_reached"] else f"ran {ran} without reaching it"
     rules = [f"{how['epoch_multiple']:g}x its epochs"] if how.get("others_epochs") else []
     if how.get("epoch_multiple") and not how.get("others_epochs") and how["lead_epochs"] < 1:
         rules.append("no epoch budget without one of its epochs")
@@ -245,9 +210,8 @@ def budget_text(time_budget_s: float, how: dict) -> str:
 
 @stop_signals_caught()  # a signal while the data are written or cached, or the recipes built: kept
 def _cmd_bench(args: argparse.Namespace) -> int:
-    done = bench(
-        race_spec(args, args.run_dir), repeats=args.repeats, out_dir=args.out, events=ProgressPrinter(table=True)
-    )
+    spec = race_spec(args, args.run_dir)
+    done = bench(spec, repeats=args.repeats, out_dir=args.out, events=ProgressPrinter(table=True))
     print("\nsummary (medians over repeats):")
     print(json.dumps(done.summary, indent=2))
     print(f"\nwrote {done.path}")
@@ -269,6 +233,20 @@ _DEMO_HELP = (
     "race the fast recipe against a plain-MONAI baseline to a target Dice (at most --total-budget, "
     f"{DEMO_TOTAL_BUDGET_S:.0f} s, in all)"
 )
+_TOTAL_BUDGET = (
+    "the whole demo (data, set-up, both recipes, reports) ends within S seconds on any machine: fast trains at most a "
+    "third of the time left after the set-up (the baseline as long beside it, in turns), then the baseline its epoch "
+    "budget or until the time is up; 0: no bound (default %(default)g)"
+)
+_EPOCH_MULTIPLE = (
+    "the other recipes train at most this many times fast's epochs to target (its epochs run when it missed), "
+    "within --time-budget; a count of epochs, so how far their Dice curves get does not depend on the host's load; "
+    "0: no epoch budget (default %(default)s)"
+)
+_BUDGET_MULTIPLE = (
+    "also stop the other recipes after this many times fast's time to target (its time run when it missed), within "
+    "--time-budget (default: no such limit)"
+)
 _BENCH_HELP = "time-to-Dice benchmark of all three recipes with repeats; writes JSON to benchmarks/results/"
 _BENCH_TEXT = (
     "The demo's race with every recipe (baseline, monai_tutorial, fast), repeated, with a longer budget; writes one "
@@ -280,38 +258,23 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``demo`` and ``bench`` to the sub-command parsers ``sub``."""
     p = sub.add_parser("demo", description=_DEMO_TEXT, help=_DEMO_HELP)
     add_race_options(p, budget=None, recipes=("fast", "baseline"), sized=True)
-    p.add_argument(
-        "--total-budget",
-        type=float,
-        default=DEMO_TOTAL_BUDGET_S,
-        metavar="S",
-        help="the whole demo (data, set-up, both recipes, reports) ends within S seconds on any machine: fast trains "
-        "at most a third of the time left after the set-up (the baseline as long beside it, in turns), then the "
-        "baseline its epoch budget or until the time is up; 0: no bound (default %(default)g)",
-    )
-    p.add_argument(
-        "--epoch-multiple",
-        type=float,
-        default=DEMO_EPOCH_MULTIPLE,
-        help="the other recipes train at most this many times fast's epochs to target (its epochs run when it "
-        "missed), within --time-budget; a count of epochs, so how far their Dice curves get does not depend on the "
-        "host's load; 0: no epoch budget (default %(default)s)",
-    )
-    p.add_argument(
-        "--budget-multiple",
-        type=float,
-        help="also stop the other recipes after this many times fast's "
-        "time to target (its time run when it missed), within --time-budget (default: no such limit)",
+    add_options(
+        p,
+        (
+            ("--total-budget", float, DEMO_TOTAL_BUDGET_S, _TOTAL_BUDGET, {"metavar": "S"}),
+            ("--epoch-multiple", float, DEMO_EPOCH_MULTIPLE, _EPOCH_MULTIPLE),
+            ("--budget-multiple", float, None, _BUDGET_MULTIPLE),
+        ),
     )
     p.set_defaults(func=_cmd_demo, interleave=True)
 
     p = sub.add_parser("bench", help=_BENCH_HELP, description=_BENCH_TEXT)
     add_race_options(p, budget=TIME_BUDGET_S, recipes=("baseline", "monai_tutorial", "fast"))
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="repeats with different seeds for weights and crops (default %(default)s)",
+    add_options(
+        p,
+        (
+            ("--repeats", int, 1, "repeats with different seeds for weights and crops (default %(default)s)"),
+            ("--out", None, "benchmarks/results", "folder for the result JSON (default %(default)s)"),
+        ),
     )
-    p.add_argument("--out", default="benchmarks/results", help="folder for the result JSON (default %(default)s)")
     p.set_defaults(func=_cmd_bench)

@@ -1,11 +1,4 @@
-"""``monai-fast launch | sbatch | k8s | doctor | synth``: parse, call the library, print.
-
-Examples:
-    >>> from monai_fast.apps.cli import build_parser
-    >>> args = build_parser("launch").parse_args(["launch", "--nproc", "2", "train.py", "--epochs", "3"])
-    >>> args.nproc, args.script, args.script_args
-    (2, 'train.py', ['--epochs', '3'])
-"""
+"""``monai-fast launch | sbatch | k8s | doctor | synth``: parse, call the library, print."""
 
 from __future__ import annotations
 
@@ -31,13 +24,9 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
     from monai_fast.apps.launch.torchrun import LaunchSpec
 
     if getattr(args, "module", False):
-        import importlib.util
+        from monai_fast.extras import available
 
-        try:
-            found = importlib.util.find_spec(args.script) is not None
-        except (ImportError, ValueError):
-            found = False
-        problems = [] if found else [f"module {args.script} not found (-m)"]
+        problems = [] if available(args.script) else [f"module {args.script} not found (-m)"]
     else:
         problems = [] if Path(args.script).is_file() else [f"script {args.script} not found"]
     if args.grace_s < 0:
@@ -57,51 +46,37 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
+    from monai_fast.apps.launch import torchrun
     from monai_fast.apps.launch.supervise import NoRankStarted, supervise
-    from monai_fast.apps.launch.torchrun import (
-        rendezvous_failure,
-        rendezvous_timeout_message,
-        rendezvous_wait_line,
-        torchrun_args,
-        torchrun_env,
-        unanswered_endpoint_message,
-    )
     from monai_fast.distributed.env import LAUNCHED_BY
 
     spec = _launch_spec(args)
-    # each rank runs the script through monai_fast.apps.launch.launched (which stops a second spawn)
-    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(spec), "-m", "monai_fast.apps.launch.launched"]
-    cmd += ["-m", args.script] if args.module else [args.script]
-    cmd += args.script_args
-    env = {
-        **os.environ,
-        LAUNCHED_BY: str(args.nproc),
-        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(args.grace_s)),  # torchrun's own shutdown wait
-        **torchrun_env(spec),
-    }
+    # each rank runs the script through monai_fast.apps.launch.launched, which stops a second spawn
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun.torchrun_args(spec)]
+    cmd += ["-m", "monai_fast.apps.launch.launched", *(["-m"] if args.module else []), args.script, *args.script_args]
+    shutdown = str(math.ceil(args.grace_s))  # torchrun's own shutdown wait
+    env = {**os.environ, LAUNCHED_BY: str(args.nproc), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": shutdown}
+    env.update(torchrun.torchrun_env(spec))
     logger.info("running %s", " ".join(cmd))
     with tempfile.TemporaryDirectory(prefix="monai-fast-launch-") as tmp:
-        # torchrun's own error (ranks get theirs)
-        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(tmp, "torchrun-error.json")
-        wait_line = rendezvous_wait_line(spec)
-        if wait_line:
+        env["TORCHELASTIC_ERROR_FILE"] = os.path.join(tmp, "torchrun-error.json")  # torchrun's own (ranks get theirs)
+        if wait_line := torchrun.rendezvous_wait_line(spec):
             logger.info("%s", wait_line)
-        held = unanswered_endpoint_message(spec)
-        if held:
+        if held := torchrun.unanswered_endpoint_message(spec):
             raise SystemExit(f"monai-fast launch: {held}")
         try:
             status = supervise(cmd, grace_s=args.grace_s, env=env, start_timeout_s=spec.rdzv_timeout_s)
         except NoRankStarted:
-            raise SystemExit(f"monai-fast launch: {rendezvous_timeout_message(spec)}") from None
-        why = rendezvous_failure(env["TORCHELASTIC_ERROR_FILE"], spec) if status else None
+            raise SystemExit(f"monai-fast launch: {torchrun.rendezvous_timeout_message(spec)}") from None
+        why = torchrun.rendezvous_failure(env["TORCHELASTIC_ERROR_FILE"], spec) if status else None
     if why:
         logger.error("monai-fast launch: %s", why)
     return status
 
 
 def _write_job(args: argparse.Namespace, spec_type: type, words: list[str], render, command: str, submit: str) -> int:
-    """Build a job writer's ``spec_type`` from the options named as its fields and the trailing command ``words``
-    (without a leading ``--``), then print what it renders or write it atomically to ``--out``."""
+    """Build ``spec_type`` from the options named as its fields and the command ``words`` (less a leading ``--``),
+    then print what ``render`` makes of it or write it atomically to ``--out``."""
     from monai_fast.files import write_text
 
     options = {f.name: getattr(args, f.name) for f in dataclasses.fields(spec_type)[1:] if hasattr(args, f.name)}
@@ -177,15 +152,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     common = {"seed": args.seed, "progress": not args.no_progress}
     try:
         if wsi:
-            root = generate_wsi(
-                args.out,
-                num_slides=cases,
-                size=shape,
-                tile=args.tile,
-                levels=args.levels,
-                patch_size=args.patch,
-                **common,
-            )
+            tiles = {"tile": args.tile, "levels": args.levels, "patch_size": args.patch}
+            root = generate_wsi(args.out, num_slides=cases, size=shape, **tiles, **common)
         else:
             root = generate_msd(args.out, kind=args.kind, num_cases=cases, shape=shape, **common)
     except ValueError as e:  # a bad size, named by the generator
@@ -199,20 +167,15 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 _LAUNCH_TEXT = (
     "Start SCRIPT --nproc times on this machine with torchrun so a script that calls monai_fast.apps.launch.run(train) "
-    "trains with DDP. One node: a --standalone rendezvous on a free port. Several nodes without SLURM: run the same "
-    "command on each node with --nnodes N and either --master-addr HOST --master-port P --node-rank I (static: node 0 "
-    "is HOST) or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d: torchrun numbers the nodes); every option is checked "
-    "before anything starts. It says at once where it waits for the other nodes, and stops with one line naming that "
-    "endpoint and the likely cause when no rendezvous forms within --rdzv-timeout seconds. The same script also runs "
-    "unchanged under plain python, torchrun, srun/sbatch and horovodrun. If one process dies, torchrun stops the "
-    "others on its node; the other nodes' ranks fail at their next collective (at the latest after run()'s timeout_s). "
-    "Then, with --max-restarts K, torchrun starts all ranks again (at most K times) and a script with "
-    "monai_fast.handlers.Preemption(save_every=N) resumes from its latest checkpoint; without, this command exits "
-    "non-zero. Under c10d a lost node's replacement (the same command) joins the restart; losing the node whose "
-    "launcher holds --rdzv-endpoint ends the job on every node, with a message saying to start all nodes again. "
-    "SIGTERM, SIGINT and SIGUSR1 sent to this command (docker stop, kill, Ctrl-C, a Kubernetes eviction) are passed on "
-    "to every rank of this node; it waits up to --grace-s for them to checkpoint and stop, kills what is left, and "
-    "exits with the job's status (128+N for a death by signal N). A script that spawns its own processes "
+    "trains with DDP (docs/distributed.md). One node: a --standalone rendezvous on a free port. Several nodes without "
+    "SLURM: run the same command on each node with --nnodes N and either --master-addr HOST --master-port P "
+    "--node-rank I (static: node 0 is HOST) or --rdzv-endpoint HOST:PORT --rdzv-id JOB (c10d: torchrun numbers the "
+    "nodes). Every option is checked before anything starts; it says where it waits for the other nodes, and stops "
+    "with one line naming that endpoint when no rendezvous forms within --rdzv-timeout seconds. If a rank dies, "
+    "torchrun stops the others on its node; with --max-restarts K it starts all ranks again (a script with "
+    "monai_fast.handlers.Preemption resumes from its latest checkpoint), else this command exits non-zero. SIGTERM, "
+    "SIGINT and SIGUSR1 are passed on to every rank of this node, which get --grace-s to checkpoint and stop; it exits "
+    "with the job's status (128+N for a death by signal N). A script that spawns its own processes "
     "(idist.Parallel(nproc_per_node=N)) is stopped with a message to drop nproc_per_node."
 )
 _LAUNCH_HELP = (
@@ -227,6 +190,14 @@ _SBATCH_TEXT = (
 )
 
 _SBATCH_HELP = "write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit"
+_DEFAULT = "(default %(default)s)"
+_SBATCH_OPTIONS = (
+    ("--job-name", None, "monai-fast", "(default %(default)s)"),
+    ("--partition", None, None, "SLURM partition"),
+    ("--account", None, None, "SLURM account"),
+    ("--mem", None, None, "memory per node, e.g. 64G"),
+    ("--out", None, None, "write the script here instead of printing it"),
+)
 
 _LAUNCH_OPTIONS = (
     ("--nproc", int, 2, "processes to start (default %(default)s; one per GPU on a GPU machine)"),
@@ -254,26 +225,17 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
         "line naming the endpoint (default %(default)g, torchrun's); an endpoint that accepts connections but does "
         f"not answer as a rendezvous store within {STORE_ANSWER_S:g} s stops the launch at once",
     )
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        help="when a rank dies, restart all ranks up to this many times; "
-        "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)",
+    restarts = "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)"
+    stop = "on SIGTERM, SIGINT or SIGUSR1 (passed on to every rank), seconds the ranks may take to checkpoint"
+    add_options(
+        p,
+        (
+            ("--max-restarts", int, 0, f"when a rank dies, restart all ranks up to this many times; {restarts}"),
+            ("--grace-s", float, 120.0, f"{stop} and stop before they are killed (default %(default)s)"),
+        ),
     )
-    p.add_argument(
-        "--grace-s",
-        type=float,
-        default=120.0,
-        help="on SIGTERM, SIGINT or SIGUSR1 (passed on to every "
-        "rank), seconds the ranks may take to checkpoint and stop before they are killed (default %(default)s)",
-    )
-    p.add_argument(
-        "-m",
-        "--module",
-        action="store_true",
-        help="SCRIPT is a module, run as python -m SCRIPT (e.g. -m monai_fast bundle run BUNDLE_DIR)",
-    )
+    module = "SCRIPT is a module, run as python -m SCRIPT (e.g. -m monai_fast bundle run BUNDLE_DIR)"
+    p.add_argument("-m", "--module", action="store_true", help=module)
     p.add_argument("script", help="the training script (or, with -m, the module)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(func=_cmd_launch)
@@ -281,48 +243,40 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
 
 def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str, nodes_help: str) -> None:
     """Nodes and ranks per node, the same for every job writer (sbatch, k8s); ``nodes_help``: what a node is."""
-    p.add_argument("--nodes", type=int, default=nodes, help=f"{nodes_help} (default %(default)s)")
-    p.add_argument(
-        "--gpus-per-node", type=int, default=1, help="one rank per GPU; 0 for CPU nodes (default %(default)s)"
-    )
-    p.add_argument(
-        cpu_ranks_flag, type=int, default=1, help="ranks per node when --gpus-per-node is 0 (default %(default)s)"
+    add_options(
+        p,
+        (
+            ("--nodes", int, nodes, f"{nodes_help} (default %(default)s)"),
+            ("--gpus-per-node", int, 1, "one rank per GPU; 0 for CPU nodes (default %(default)s)"),
+            (cpu_ranks_flag, int, 1, "ranks per node when --gpus-per-node is 0 (default %(default)s)"),
+        ),
     )
 
 
 def _add_sbatch(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sbatch", description=_SBATCH_TEXT, help=_SBATCH_HELP)
     _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node", nodes_help="nodes to allocate (#SBATCH --nodes)")
-    p.add_argument(
-        "--cpus-per-task", type=int, default=8, help="cores per rank for loading and caching (default %(default)s)"
-    )
-    p.add_argument("--time", default="04:00:00", help="wall-clock limit (default %(default)s)")
-    p.add_argument(
-        "--signal-lead",
-        dest="signal_lead_s",
-        metavar="SIGNAL_LEAD",
-        type=int,
-        default=120,
-        help="seconds before the limit to send SIGUSR1; 0: none (default %(default)s)",
+    lead = {"dest": "signal_lead_s", "metavar": "SIGNAL_LEAD"}
+    add_options(
+        p,
+        (
+            ("--cpus-per-task", int, 8, "cores per rank for loading and caching (default %(default)s)"),
+            ("--time", None, "04:00:00", "wall-clock limit (default %(default)s)"),
+            ("--signal-lead", int, 120, "seconds before the limit to send SIGUSR1; 0: none " + _DEFAULT, lead),
+        ),
     )
     p.add_argument("--no-requeue", dest="requeue", action="store_false", help="do not let SLURM requeue the job")
-    p.add_argument("--job-name", default="monai-fast", help="(default %(default)s)")
-    p.add_argument("--partition", help="SLURM partition")
-    p.add_argument("--account", help="SLURM account")
-    p.add_argument("--mem", help="memory per node, e.g. 64G")
-    p.add_argument("--out", help="write the script here instead of printing it")
+    add_options(p, _SBATCH_OPTIONS)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
     p.set_defaults(func=_cmd_sbatch)
 
 
 _K8S_TEXT = (
-    "Print (or --out) a Kubernetes PyTorchJob (Kubeflow training operator, kubeflow.org/v1) that runs SCRIPT on "
-    "--nodes pods (one Master, the rest Workers) with monai-fast launch: one rank per GPU (or --procs-per-node on CPU "
-    "pods), the rendezvous at the master through the MASTER_ADDR, MASTER_PORT and RANK the operator sets. On an "
-    "eviction the ranks get SIGTERM and --grace-s to checkpoint (monai_fast.handlers.Preemption); a failed or evicted "
-    "pod restarts (restartPolicy OnFailure, at most --backoff-limit times) and the job resumes from the checkpoints on "
-    "--volume-claim. Example: monai-fast k8s --image me/monai-fast:1 --nodes 2 --gpus-per-node 4 --volume-claim runs "
-    "-- train.py --checkpoint-dir /workspace/run/ckpt"
+    "Print (or --out) a Kubernetes PyTorchJob (Kubeflow training operator) that runs SCRIPT on --nodes pods with "
+    "monai-fast launch: one rank per GPU (or --procs-per-node on CPU pods). On an eviction the ranks get SIGTERM and "
+    "--grace-s to checkpoint; a failed or evicted pod restarts (at most --backoff-limit times) and the job resumes "
+    "from the checkpoints on --volume-claim. Example: monai-fast k8s --image me/monai-fast:1 --nodes 2 "
+    "--gpus-per-node 4 --volume-claim runs -- train.py --checkpoint-dir /workspace/run/ckpt"
 )
 
 _K8S_HELP = "write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace"
@@ -345,9 +299,8 @@ def _add_k8s(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image", required=True, help="container image with monai-fast installed")
     _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node", nodes_help="nodes, one pod each")
     add_options(p, _K8S_OPTIONS)
-    p.add_argument(
-        "script", nargs=argparse.REMAINDER, help="the training script (in the image) and its arguments, after '--'"
-    )
+    script = "the training script (in the image) and its arguments, after '--'"
+    p.add_argument("script", nargs=argparse.REMAINDER, help=script)
     p.set_defaults(func=_cmd_k8s)
 
 
@@ -367,6 +320,16 @@ _SYNTH_TEXT = (
     "with tumour regions, their tissue and tumour masks, patches.csv and a dataset.json of patch locations and labels "
     "for MONAI's PatchWSIDataset."
 )
+_SYNTH_SHAPE = "volume size X Y Z (default 128 128 64); wsi: level-0 rows columns (default 4096 4096)"
+_SYNTH_OPTIONS = (
+    ("--kind", None, "spleen-like", "(default %(default)s)", {"choices": ("spleen-like", "brats-like", "wsi")}),
+    ("--cases", int, None, "cases, or slides for wsi (default 16; wsi: 4)"),
+    ("--shape", int, None, _SYNTH_SHAPE, {"nargs": "+", "metavar": "N"}),
+    ("--tile", int, 256, "wsi: TIFF tile size (default %(default)s)"),
+    ("--levels", int, 3, "wsi: pyramid levels (default %(default)s)"),
+    ("--patch", int, 96, "wsi: patch size of the patch grid (default %(default)s)"),
+    ("--seed", int, 0, "(default %(default)s)"),
+)
 
 
 def add_tool_commands(sub: argparse._SubParsersAction) -> None:
@@ -377,29 +340,12 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help=_DOCTOR_HELP, description=_DOCTOR_TEXT)
     p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")
     add_options(p, _DOCTOR_OPTIONS)
-    p.add_argument(
-        "--apply",
-        action="store_true",
-        help="also print the exact FastTraining(...) line for this run, and the code changes it cannot make",
-    )
+    apply = "also print the exact FastTraining(...) line for this run, and the code changes it cannot make"
+    p.add_argument("--apply", action="store_true", help=apply)
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("synth", help=_SYNTH_HELP, description=_SYNTH_TEXT)
     p.add_argument("out", help="output folder")
-    p.add_argument(
-        "--kind", choices=("spleen-like", "brats-like", "wsi"), default="spleen-like", help="(default %(default)s)"
-    )
-    p.add_argument("--cases", type=int, help="cases, or slides for wsi (default 16; wsi: 4)")
-    p.add_argument(
-        "--shape",
-        type=int,
-        nargs="+",
-        metavar="N",
-        help="volume size X Y Z (default 128 128 64); wsi: level-0 rows columns (default 4096 4096)",
-    )
-    p.add_argument("--tile", type=int, default=256, help="wsi: TIFF tile size (default %(default)s)")
-    p.add_argument("--levels", type=int, default=3, help="wsi: pyramid levels (default %(default)s)")
-    p.add_argument("--patch", type=int, default=96, help="wsi: patch size of the patch grid (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="(default %(default)s)")
+    add_options(p, _SYNTH_OPTIONS)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_synth)

@@ -1,13 +1,7 @@
 """``monai-fast train``: train one recipe from hyperparameters, the SageMaker training toolkit's way when it is there.
 
 Inside a SageMaker training container the defaults come from the job (the command line wins); on several
-hosts each starts this command under torchrun. docs/sagemaker-s3.md describes it.
-
-Examples:
-    >>> from monai_fast.apps.cli import build_parser
-    >>> args = build_parser("train").parse_args(["train", "--max-epochs", "2"])
-    >>> args.recipe, args.max_epochs, args.target
-    ('fast', 2, 1.0)
+hosts each starts this command under torchrun (docs/sagemaker-s3.md).
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from monai_fast.apps.cli import add_options
 from monai_fast.apps.cli.args import add_data_options, add_model_options, add_validation_options, scaled_options
 from monai_fast.apps.launch.sagemaker import SageMakerEnv, SageMakerEnvError, read_sagemaker_env, torchrun_command
 from monai_fast.apps.recipes import RecipeConfig
@@ -34,20 +29,30 @@ logger = logging.getLogger("monai_fast")
 
 _TEXT = (
     "Train one recipe (default fast) on an MSD-layout folder (--data-dir; default: synthetic spleen-like data) until "
-    "--max-epochs, --target or --time-budget; write the final model (model.pth, a checkpoint monai-fast infer reads; "
-    "recipe.json to rebuild it) into --model-dir, and the run record, the doctor's report, results.json, epochs.csv "
-    "and plots into --output-dir. In a SageMaker training job (any SM_* variable set) the defaults come from the job: "
-    "the data from its input channel (SM_CHANNEL_<NAME>: the only one, the one --channel names, else 'training'; never "
-    "synthetic data), SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, SM_NUM_GPUS, TensorBoard under /opt/ml/output/tensorboard; and "
-    "its hyperparameters (SM_HPS or hyperparameters.json) set any option below by name (max_epochs or max-epochs: "
-    "--max-epochs); the command line wins. With several hosts (SM_HOSTS) each host runs this command under torchrun, "
-    "the rendezvous on the first host."
+    "--max-epochs, --target or --time-budget; write the final model (model.pth, which monai-fast infer reads, and "
+    "recipe.json) into --model-dir, and the run record, the doctor's report, results and plots into --output-dir. In a "
+    "SageMaker training job (any SM_* variable set) the defaults come from the job: its input channel "
+    "(SM_CHANNEL_<NAME>; never synthetic data), SM_MODEL_DIR, SM_OUTPUT_DATA_DIR, SM_NUM_GPUS, and its hyperparameters "
+    "(SM_HPS or hyperparameters.json) set any option below by name; the command line wins. With several hosts "
+    "(SM_HOSTS) each host runs this command under torchrun (docs/sagemaker-s3.md)."
 )
 
 _HELP = "train one recipe and save the model; SageMaker's channels, model dir and hyperparameters when present"
 
 OUTPUT_FAILED_EXIT = 1  #: exit status of a run whose model was saved but another output could not be written
 _JOB = {f.name: f.default for f in fields(TrainJob)}  # the job's defaults, shown as the options'
+_EVERY = "(default %(default)s: run every epoch)"
+
+
+_FOLDERS = {
+    "--output-dir": "run record, report, results and plots (default $SM_OUTPUT_DATA_DIR, else runs/train-<time>)",
+    "--model-dir": "the final model.pth and recipe.json (default $SM_MODEL_DIR, else <output-dir>/model)",
+    "--tensorboard-dir": "also write TensorBoard loss and Dice here (default in SageMaker: $SM_OUTPUT_DIR/tensorboard, "
+    "where its TensorBoardOutputConfig collects them; else only <output-dir>/<recipe>)",
+    "--checkpoint-dir": "make the run preemption-safe: on SIGTERM/SIGUSR1 (a spot reclaim, scancel) finish the "
+    "iteration, checkpoint here and exit 143; the same command resumes from here (default in SageMaker: "
+    "/opt/ml/checkpoints when the job has checkpointing configured)",
+}
 
 
 def _train_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -57,57 +62,34 @@ def _train_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     cfg = RecipeConfig()
     add_data_options(parser)
     g = parser.add_argument_group("training")
-    g.add_argument(
-        "--channel",
-        help="in a SageMaker job: the input channel to train on (its folder is "
-        "SM_CHANNEL_<NAME>; default: the job's only channel, else 'training')",
+    channel = "SM_CHANNEL_<NAME>; default: the job's only channel, else 'training'"
+    network = f"MONAI's UNet or SegResNet (init_filters = the first of --channels) (default {cfg.network})"
+    add_options(
+        g,
+        (
+            ("--channel", None, None, f"in a SageMaker job: the input channel to train on (its folder is {channel})"),
+            ("--recipe", None, _JOB["recipe"], "the recipe to train (default %(default)s)", {"choices": RECIPES}),
+            ("--network", None, None, network, {"choices": NETWORKS}),
+            ("--dropout", float, None, f"dropout probability of the network (default {cfg.dropout})"),
+            ("--optimizer", None, None, "default: the recipe's own (fast: adamw)", {"choices": OPTIMIZERS}),
+        ),
     )
-    g.add_argument(
-        "--recipe", choices=RECIPES, default=_JOB["recipe"], help="the recipe to train (default %(default)s)"
-    )
-    g.add_argument(
-        "--network",
-        choices=NETWORKS,
-        help=f"MONAI's UNet or SegResNet (init_filters = the first of --channels) (default {cfg.network})",
-    )
-    g.add_argument("--dropout", type=float, help=f"dropout probability of the network (default {cfg.dropout})")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, help="default: the recipe's own (fast: adamw)")
     g.add_argument("--lr", "--learning-rate", type=float, help="learning rate (default: the optimizer's default here)")
     g.add_argument("--max-epochs", "--epochs", type=int, help=f"epochs to train (default {cfg.max_epochs})")
-    g.add_argument(
-        "--target",
-        type=float,
-        default=_JOB["target"],
-        help="stop once validation mean Dice reaches this, in (0, 1] (default %(default)s: run every epoch)",
+    add_options(
+        g,
+        (
+            ("--target", float, _JOB["target"], "stop once validation mean Dice reaches this, in (0, 1] " + _EVERY),
+            ("--time-budget", float, None, "stop after this many seconds (default: no limit)"),
+        ),
     )
-    g.add_argument("--time-budget", type=float, help="stop after this many seconds (default: no limit)")
     add_validation_options(g)
     add_model_options(parser, race=True, sized=True)
     g = parser.add_argument_group("output")
-    g.add_argument(
-        "--output-dir",
-        help="run record, report, results and plots (default $SM_OUTPUT_DATA_DIR, else runs/train-<time>)",
-    )
-    g.add_argument(
-        "--model-dir", help="the final model.pth and recipe.json (default $SM_MODEL_DIR, else <output-dir>/model)"
-    )
-    g.add_argument(
-        "--tensorboard-dir",
-        help="also write TensorBoard loss and Dice here (default in SageMaker: "
-        "$SM_OUTPUT_DIR/tensorboard, where its TensorBoardOutputConfig collects them; else only <output-dir>/<recipe>)",
-    )
-    g.add_argument(
-        "--checkpoint-dir",
-        help="make the run preemption-safe: on SIGTERM/SIGUSR1 (a spot reclaim, scancel) "
-        "finish the iteration, checkpoint here and exit 143; the same command resumes from here (default in "
-        "SageMaker: /opt/ml/checkpoints when the job has checkpointing configured)",
-    )
-    g.add_argument(
-        "--save-every",
-        type=int,
-        help="with a checkpoint folder, also checkpoint every N iterations, so a crash "
-        "loses at most N (default: only on a signal)",
-    )
+    for flag, text in _FOLDERS.items():
+        g.add_argument(flag, help=text)
+    save_every = "with a checkpoint folder, also checkpoint every N iterations, so a crash loses at most N"
+    g.add_argument("--save-every", type=int, help=f"{save_every} (default: only on a signal)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars (for logs)")
     return parser
 
@@ -127,14 +109,12 @@ def _hp_tokens(name: str, value: Any) -> list[str]:
 def hyperparameter_values(hyperparameters: dict[str, Any], source: str) -> dict[str, Any]:
     """The ``train`` options that ``hyperparameters`` set, by destination name; one error naming a bad one.
 
-    Keys SageMaker adds for its own use (``sagemaker_*``) and ``None`` values are skipped.
+    Keys SageMaker adds for its own use (``sagemaker_*``) and ``None`` values are skipped; ``source`` names
+    where they came from in the `SystemExit` that refuses a bad one.
 
-    Raises:
-        SystemExit: naming the hyperparameter, where it came from, and why it is refused.
-
-    Examples:
-        >>> hyperparameter_values({"epochs": 2, "network": "segresnet", "patch_size": "32 32 32"}, "SM_HPS")
-        {'max_epochs': 2, 'network': 'segresnet', 'patch_size': [32, 32, 32]}
+    Example:
+        >>> hyperparameter_values({"epochs": 2, "patch_size": "32 32 32"}, "SM_HPS")
+        {'max_epochs': 2, 'patch_size': [32, 32, 32]}
     """
     parser = _train_parser(
         argparse.ArgumentParser(prog="monai-fast train", exit_on_error=False, add_help=False, allow_abbrev=False)
@@ -182,8 +162,7 @@ def _merged(args: argparse.Namespace, sm: SageMakerEnv) -> argparse.Namespace:
 
 
 def _job(args: argparse.Namespace, sm: SageMakerEnv) -> TrainJob:
-    """The `TrainJob` of the merged options ``args``: the job's folders where the command line gives none,
-    the data and network sized for the device where it sets none."""
+    """The `TrainJob` of the merged ``args``: the job's folders, data and network sized for the device, where unset."""
     import torch
 
     from monai_fast.apps.training.options import resolve_device
@@ -215,15 +194,13 @@ def _job(args: argparse.Namespace, sm: SageMakerEnv) -> TrainJob:
 
 
 def _train_rank(local_rank: int, job: TrainJob) -> None:
-    """One rank of the command: `train_job()`, then its outcome printed."""
     from monai_fast.apps.training.job import train_job
 
     _print_outcome(train_job(job), job)
 
 
 def _print_outcome(outcome: TrainOutcome, job: TrainJob) -> None:
-    """What the command says of ``outcome``; a stopped run exits `STOPPED_EXIT`, a run with an output not
-    written `OUTPUT_FAILED_EXIT`."""
+    """Print ``outcome``; a stopped run exits `STOPPED_EXIT`, one with an output not written `OUTPUT_FAILED_EXIT`."""
     if outcome.stopped is not None:
         if outcome.lead:
             print(outcome.stopped, flush=True)

@@ -1,11 +1,4 @@
-"""``monai-fast tune``: the fast recipe's settings measured on this device, or a MONAI bundle's (``--bundle``).
-
-Examples:
-    >>> from monai_fast.apps.cli import build_parser
-    >>> args = build_parser("tune").parse_args(["tune", "--trials", "4"])
-    >>> args.batch_range, args.sw_range, args.trials
-    ((1, 8), (1, 16), 4)
-"""
+"""``monai-fast tune``: the fast recipe's settings measured on this device, or a MONAI bundle's (``--bundle``)."""
 
 from __future__ import annotations
 
@@ -59,11 +52,11 @@ def _cmd_tune_bundle(args: argparse.Namespace) -> int:
             config_files=args.bundle_config,
             overrides=overrides,
             out=args.bundle_out,
-            batch_range=tuple(args.batch_range),
-            sw_batch_range=tuple(args.sw_range),
             precision=args.precision,
             progress=not args.no_progress,
             say=say,
+            batch_range=tuple(args.batch_range),
+            sw_batch_range=tuple(args.sw_range),
             max_trials=args.trials,
             memory_cap_mib=args.memory_cap_mib,
             margin=args.margin,
@@ -112,6 +105,19 @@ _TUNE_TEXT = (
     "'monai-fast demo --tune' applies them."
 )
 
+_BUNDLE_HELP = {
+    "--bundle": "tune this bundle's training batch, sliding-window batch and stitching device for its network and "
+    "patch on this device, and write an override file the bundle merges as one more config (the Model Zoo's or "
+    "Auto3DSeg's keys). With it apply --set, --bundle-config, --bundle-out, --batch-range (capped by the training "
+    "set), --sw-range, --trials, --memory-cap-mib, --margin and --precision (what 'monai-fast bundle run "
+    "--precision' will train in; the trials run in it); it prints the plan first, a line per trial, the trials' "
+    "table and the 'monai-fast bundle run' line that trains with the result and the same --set overrides",
+    "--bundle-config": "the bundle's config file(s), as monai.bundle takes them (default configs/train.json; for an "
+    "Auto3DSeg algorithm every file of configs/)",
+    "--set": "a bundle config override, as monai.bundle takes it (repeat: --set dataset_dir=/data ...); an id the "
+    "config does not have is refused, naming the nearest, unless named with --new-key",
+    "--new-key": "a --set id the bundle's config does not have, added on purpose (repeatable)",
+}
 _TUNE_HELP = "pick fast's batch size, sliding-window batch, validation device and precision by measured throughput"
 
 
@@ -124,35 +130,9 @@ def add_tune_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="also write the result (with every trial) to this JSON file")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     b = p.add_argument_group("a MONAI bundle instead of a recipe")
-    b.add_argument(
-        "--bundle",
-        metavar="DIR",
-        help="tune this bundle's training batch, sliding-window batch and stitching device for its network and patch "
-        "on this device, and write an override file the bundle merges as one more config (the Model Zoo's or "
-        "Auto3DSeg's keys). With it apply --set, --bundle-config, --bundle-out, --batch-range (capped by the training "
-        "set), --sw-range, --trials, --memory-cap-mib, --margin and --precision (what 'monai-fast bundle run "
-        "--precision' will train in; the trials run in it); it prints the plan first, a line per trial, the trials' "
-        "table and the 'monai-fast bundle run' line that trains with the result and the same --set overrides",
-    )
-    b.add_argument(
-        "--bundle-config",
-        help="the bundle's config file(s), as monai.bundle takes them (default configs/train.json; for an "
-        "Auto3DSeg algorithm every file of configs/)",
-    )
-    b.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="ID=VALUE",
-        help="a bundle config override, as monai.bundle takes it (repeat: --set dataset_dir=/data ...); an id "
-        "the config does not have is refused, naming the nearest, unless named with --new-key",
-    )
-    b.add_argument(
-        "--new-key",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="a --set id the bundle's config does not have, added on purpose (repeatable)",
-    )
+    b.add_argument("--bundle", metavar="DIR", help=_BUNDLE_HELP["--bundle"])
+    b.add_argument("--bundle-config", help=_BUNDLE_HELP["--bundle-config"])
+    b.add_argument("--set", action="append", default=[], metavar="ID=VALUE", help=_BUNDLE_HELP["--set"])
+    b.add_argument("--new-key", action="append", default=[], metavar="ID", help=_BUNDLE_HELP["--new-key"])
     b.add_argument("--bundle-out", help="the override file (default <DIR>/configs/tuned.json)")
     p.set_defaults(func=_cmd_tune)

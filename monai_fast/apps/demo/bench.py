@@ -71,14 +71,13 @@ def bench(
 
     Args:
         spec: the race's options; ``run_dir`` ``None`` means ``runs/bench-<time>`` (a ``repeat<i>/`` each).
-        repeats: how many races.
+        repeats, events: how many races; hooks told of each step.
         out_dir: folder of the JSON, ``time_to_dice_<time>.json``.
-        events: hooks told of each step.
 
     Raises:
         OptionError: a bad option (``repeats``, ``out_dir`` or any of ``spec``), before anything runs.
 
-    Examples:
+    Example:
         >>> done = bench(RaceSpec(device="cuda"), repeats=3, out_dir="benchmarks/results")  # doctest: +SKIP
     """
     if repeats < 1:

@@ -12,11 +12,10 @@ __all__ = ["best_dice_by", "format_table", "plot_dice_vs_time", "speedup", "writ
 
 
 def speedup(fast: TrainResult, slow: TrainResult) -> tuple[float | None, bool]:
-    """How many times sooner ``fast`` reached the target than ``slow``.
+    """How many times sooner ``fast`` reached the target than ``slow``: ``(factor, is_lower_bound)``.
 
-    Returns:
-        ``(factor, is_lower_bound)``. When only ``fast`` reached it, ``slow`` is credited with the
-        time it ran, so the factor is a lower bound. ``None`` when ``fast`` did not reach it.
+    When only ``fast`` reached it, ``slow`` is credited with the time it ran, so the factor is a lower
+    bound; the factor is ``None`` when ``fast`` did not reach it.
     """
     if not fast.reached or not fast.time_to_target_s:
         return None, False
@@ -37,17 +36,7 @@ def _fmt_s(v: float | None) -> str:
 def format_table(results: Sequence[TrainResult], reference: str = "baseline") -> str:
     """A plain-text table, one row per recipe, with the speed-up over ``reference``."""
     ref = next((r for r in results if r.recipe == reference), None)
-    head = [
-        "recipe",
-        "time to target s",
-        "epochs",
-        "setup s",
-        "train s/ep",
-        "val s/ep",
-        "data wait",
-        "best Dice",
-        "speed-up",
-    ]
+    head = "recipe|time to target s|epochs|setup s|train s/ep|val s/ep|data wait|best Dice|speed-up".split("|")
     lines = []
     for r in results:
         ttt = _fmt_s(r.time_to_target_s) if r.reached else f"> {r.total_s:.0f} (not reached)"
@@ -56,19 +45,9 @@ def format_table(results: Sequence[TrainResult], reference: str = "baseline") ->
         else:
             factor, lower = speedup(r, ref)
             sp = "-" if factor is None else f"{'>= ' if lower else ''}{factor:.1f}x"
-        lines.append(
-            [
-                r.recipe,
-                ttt,
-                str(r.epochs_to_target if r.reached else r.epochs_run),
-                _fmt_s(r.setup_s),
-                f"{r.train_s_per_epoch:.2f}",
-                f"{r.val_s_per_epoch:.2f}",
-                f"{100 * r.data_wait_share:.1f}%",
-                "-" if r.best_dice is None else f"{r.best_dice:.3f}",
-                sp,
-            ]
-        )
+        start = [r.recipe, ttt, str(r.epochs_to_target if r.reached else r.epochs_run), _fmt_s(r.setup_s)]
+        times = [f"{r.train_s_per_epoch:.2f}", f"{r.val_s_per_epoch:.2f}", f"{100 * r.data_wait_share:.1f}%"]
+        lines.append([*start, *times, "-" if r.best_dice is None else f"{r.best_dice:.3f}", sp])
     widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
@@ -88,11 +67,7 @@ def format_table(results: Sequence[TrainResult], reference: str = "baseline") ->
 def write_race(
     results: Sequence[TrainResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline"
 ) -> dict:
-    """Write the race's results files with the speed-ups over ``reference`` (`write_results()`).
-
-    Returns:
-        The dict written to ``results.json``.
-    """
+    """Write the race's results files with the speed-ups over ``reference`` (`write_results()`); returns its dict."""
     ref = next((r for r in results if r.recipe == reference), None)
     speedups = {}
     if ref is not None:

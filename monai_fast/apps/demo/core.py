@@ -13,26 +13,16 @@ from typing import Any
 from monai_fast.apps.demo.headline import headline
 from monai_fast.apps.demo.interleave import run_interleaved
 from monai_fast.apps.demo.options import OptionError, RacePlan, RaceSpec, TuneOptions, plan_race
-from monai_fast.apps.training.data import NUM_CLASSES, DataSource, check_files, load_files
+from monai_fast.apps.training.data import DataSource, check_files, load_files
 from monai_fast.apps.training.options import check_writable_dir, recipe_config
 from monai_fast.apps.training.results import run_meta
 from monai_fast.apps.training.run import TrainResult, run_to_target
 
-__all__ = [
-    "NUM_CLASSES",
-    "RaceEvents",
-    "RaceRun",
-    "TuneRun",
-    "checked_data",
-    "load_data",
-    "race",
-    "run_meta",
-    "tune_only",
-]
+__all__ = ["RaceEvents", "RaceRun", "TuneRun", "checked_data", "load_data", "race", "run_meta", "tune_only"]
 
 logger = logging.getLogger(__name__)
 
-#: under a total bound, the share of it kept after training for the doctor, the results files and the pass under way
+#: under a total bound, the share of it kept after training for the doctor and the results files
 REPORT_SHARE = 0.15
 #: and the seconds kept at the least (the reports cost about the same whatever the bound)
 REPORT_MIN_S = 10.0
@@ -59,8 +49,7 @@ class RaceEvents:
         """``recipe``'s budget was set from the lead's time (``how``: cap, multiple, lead, lead's seconds)."""
 
     def time_shared(self, recipe: str, time_budget_s: float, left_s: float) -> None:
-        """Under a total bound, the lead ``recipe`` may run ``time_budget_s`` on its clock (``left_s`` left after
-        set-up)."""
+        """Under a total bound, the lead ``recipe`` may run ``time_budget_s`` (``left_s`` left after set-up)."""
 
     def recipe_finished(self, result: TrainResult) -> None:
         """``recipe`` stopped (target, budget or epochs); ``result.diagnosis`` is filled when it trained."""
@@ -103,21 +92,13 @@ class TuneRun:
 
 
 def load_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
-    """``(data_root, train_files, val_files)`` of ``spec`` (`load_files()`).
-
-    Raises:
-        FileNotFoundError, monai_fast.apps.sources.msd.MSDDataError: ``data_dir`` is missing or incomplete.
-    """
+    """``(data_root, train_files, val_files)`` of ``spec`` (`load_files()`, with its errors)."""
     source = DataSource(spec.data_dir, spec.synthetic, spec.val_fraction, spec.seed, spec.train_files, spec.val_files)
     return load_files(source, spec.progress)
 
 
 def checked_data(spec: RaceSpec) -> tuple[Path | str | None, list[dict], list[dict]]:
-    """`load_data()`, then (unless ``spec.preflight`` is off) `check_files()`.
-
-    Raises:
-        monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
-    """
+    """`load_data()`, then `check_files()` with ``spec.preflight``; `PreflightError` names every bad file."""
     data_root, train_files, val_files = load_data(spec)
     check_files(train_files, val_files, recipe_config(spec.overrides, spec.seed), spec.preflight)
     return data_root, train_files, val_files
@@ -166,29 +147,23 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         spec: the race's options.
         events: hooks told of each step (printing is the caller's).
 
-    Returns:
-        A `RaceRun`.
-
     Raises:
         OptionError: a bad option, named, before anything runs.
         monai_fast.tune.TuningError: tuning found nothing that fits.
 
-    Examples:
+    Example:
         >>> run = race(RaceSpec(recipes=("fast", "baseline"), target=0.8, device="cpu"))  # doctest: +SKIP
     """
     from monai_fast.apps.demo.compare import write_race
 
     started = time.monotonic()
-    deadline = (
-        None if spec.total_budget_s is None else started + spec.total_budget_s - report_reserve_s(spec.total_budget_s)
-    )
+    bound = spec.total_budget_s
+    deadline = None if bound is None else started + bound - report_reserve_s(bound)
     events = events or RaceEvents()
     plan = plan_race(spec)
     data_root, train_files, val_files = checked_data(spec)
-    source = data_root or "the given file lists"
-    logger.info(
-        "%d training / %d validation cases from %s on %s", len(train_files), len(val_files), source, plan.device
-    )
+    cases = (len(train_files), len(val_files), data_root or "the given file lists", plan.device)
+    logger.info("%d training / %d validation cases from %s on %s", *cases)
     configs = dict.fromkeys(spec.recipes, plan.config)
     tuning = None
     if spec.tune is not None and "fast" in spec.recipes:
@@ -227,18 +202,16 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
         trained = time.monotonic()
     if tuning is not None:
         meta["tuning"] = {**tuning.to_dict(), "from_cache": tuning.from_cache}
-    if spec.total_budget_s is not None:  # where a bounded race's time went, for whoever checks the bound
+    if bound is not None:  # where a bounded race's time went, for whoever checks the bound
         meta["clock"] = {
-            "total_budget_s": spec.total_budget_s,
-            "reports_reserved_s": report_reserve_s(spec.total_budget_s),
+            "total_budget_s": bound,
+            "reports_reserved_s": report_reserve_s(bound),
             "set_up_s": set_up - started,
             "training_s": trained - set_up,
             "headline_and_doctor_s": time.monotonic() - trained,
         }
     write_race(results, plan.run_dir, meta)
-    run = RaceRun(
-        results=results, meta=meta, run_dir=plan.run_dir, data_root=data_root, device=plan.device, tuning=tuning
-    )
+    run = RaceRun(results, meta, plan.run_dir, data_root, plan.device, tuning)
     events.race_finished(run)
     return run
 

@@ -1,7 +1,6 @@
 """The demo's headline: fast's speed-up over the baseline, each figure marked measured or estimated.
 
-A baseline that misses the target has its time to target estimated from its Dice curve; below
-`MIN_PROGRESS` the headline is the measured speed-up for equal work. docs/demo.md describes the estimate.
+A baseline that misses the target has its time to target estimated from its Dice curve (docs/demo.md).
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ __all__ = [
 
 MEASURED = "measured"
 ESTIMATED = "estimated"
-
-
 #: the share of the target the reference's best Dice must reach before its time to target is estimated
 MIN_PROGRESS = 0.15
 
@@ -38,10 +35,6 @@ def epochs_by_progress(
 
     Returns ``(epochs, slow_epoch, dice, fast_epoch)``: the estimate is ``slow_epoch * fast_epochs /
     fast_epoch``. ``None`` when the best Dice is below ``MIN_PROGRESS * target`` or the fast run never reached it.
-
-    Examples:
-        >>> epochs_by_progress([(5, 0.2), (20, 0.5)], [(1, 0.3), (2, 0.5), (4, 0.9)], fast_epochs=4, target=0.9)
-        (40.0, 20, 0.5, 2)
     """
     points = [(e, d) for e, d in curve if d is not None]
     if not points:
@@ -61,10 +54,6 @@ def epochs_by_slope(curve: Sequence[tuple[int, float]], target: float) -> tuple[
 
     Returns ``(epochs, first, last, slope)``; ``None`` with fewer than 4 points, a best Dice below
     ``MIN_PROGRESS * target``, or a line that does not rise.
-
-    Examples:
-        >>> epochs_by_slope([(e, 0.01 * e) for e in range(1, 31)], target=0.9)
-        (90.0, 16, 30, 0.01)
     """
     points = [(e, d) for e, d in curve if d is not None]
     if len(points) < 4 or max(d for _, d in points) < MIN_PROGRESS * target:
@@ -105,10 +94,8 @@ def _per_unit(result: TrainResult, interleaved: int) -> dict:
 
 
 def stop_reason(result: TrainResult, budget: Mapping[str, object]) -> str:
-    """Why ``result``'s recipe stopped.
-
-    One of ``"target"``, ``"epoch budget"``, ``"total time bound"``, ``"wall-clock budget"``, ``"epoch limit"``.
-    """
+    """Why ``result``'s recipe stopped: ``"target"``, ``"epoch budget"``, ``"total time bound"``, ``"wall-clock
+    budget"`` or ``"epoch limit"``."""
     if result.reached:
         return "target"
     epochs = budget.get("others_epochs")
@@ -133,20 +120,14 @@ def headline(
     reference: str = "baseline",
     host: Mapping[str, object] | None = None,
 ) -> dict:
-    """The headline of an interleaved race: per recipe its figures (each ``{"value", "how", "basis"}``) and the
-    speed-up.
+    """The headline of an interleaved race: per recipe its figures (each ``{"value", "how", "basis"}``), the speed-up.
 
     Args:
         results: the race's results (``fast`` and ``reference`` among them).
         interleaved: per recipe, how many of its first epochs ran interleaved with the others.
         budget: how the budgets were set (written as is).
         fast, reference: the recipe whose speed-up is the headline, and the one it is measured against.
-        host: how busy the host was while the epochs were taken in turns
-            (`monai_fast.telemetry.host.HostLoad.stop()`); printed under the table.
-
-    Examples:
-        >>> headline([], {}, {})["speedup"]["how"]
-        'n/a'
+        host: the host's load while the epochs were taken in turns (`HostLoad.stop()`).
     """
     by = {r.recipe: r for r in results}
     doc: dict = {"method": "interleaved epochs", "budget": dict(budget), "recipes": {}}
@@ -179,8 +160,7 @@ def headline(
 
 
 def _cpu_to_target(r: TrainResult, entry: dict) -> dict:
-    """``r``'s CPU seconds to the target: its set-up's plus its epochs' (measured), or per epoch x epochs
-    (estimated)."""
+    """``r``'s CPU seconds to the target: set-up plus its epochs (measured), or per epoch x epochs (estimated)."""
     epochs = entry["epochs_to_target"]
     if r.setup_cpu_s is None or epochs["value"] is None:
         return _figure(None, "n/a", "no CPU times recorded" if r.setup_cpu_s is None else epochs["basis"])
@@ -201,8 +181,7 @@ def _cpu_to_target(r: TrainResult, entry: dict) -> dict:
 
 
 def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
-    """``speedup`` (the wall clock's) with the same ratio in CPU seconds beside it: ``cpu_factor`` (``None`` where a
-    recipe has no CPU time for it)."""
+    """``speedup`` (the wall clock's) with the same ratio in CPU seconds beside it as ``cpu_factor``."""
     out = {**speedup, "clock": "wall", "cpu_factor": None}
     a, b = recipes.get(fast), recipes.get(reference)
     if a is None or b is None:
@@ -315,16 +294,9 @@ def _cell(fig: dict, fmt: str) -> str:
 
 def format_headline(doc: dict) -> str:
     """The printed table of `headline()`: each figure with ``(measured)`` or ``(estimated)``, then the bases."""
-    head = [
-        "recipe",
-        "time to target s",
-        "CPU s to target",
-        "epochs to target",
-        "s/epoch interleaved",
-        "CPU s/epoch",
-        "data wait",
-        "best Dice",
-    ]
+    head = (
+        "recipe|time to target s|CPU s to target|epochs to target|s/epoch interleaved|CPU s/epoch|data wait|best Dice"
+    ).split("|")
     rows = [
         [
             name,

@@ -1,7 +1,6 @@
 """The single-GPU SegResNet lab: one run of a recipe around MONAI's SegResNet, its images and its measured table.
 
-``tutorials/segresnet_lab.py`` and ``tutorials/segresnet_lab.ipynb`` are two front ends of `run_lab()`.
-"""
+``tutorials/segresnet_lab.py`` and ``tutorials/segresnet_lab.ipynb`` are two front ends of `run_lab()`."""
 
 from __future__ import annotations
 
@@ -90,8 +89,7 @@ class PredictionImages:
 def prediction_figure(volumes: dict[str, np.ndarray]) -> Figure:
     """Input, ground truth and prediction side by side on the axial slice with the most labelled voxels.
 
-    A ``matplotlib.figure.Figure`` built without pyplot: a notebook shows it with ``display``, a script saves it.
-    """
+    A ``matplotlib.figure.Figure`` built without pyplot: a notebook shows it with ``display``, a script saves it."""
     if not volumes:
         raise ValueError("no validation images to draw: the evaluator has not run (PredictionImages saw nothing)")
     image, label, pred = volumes["input"][0], volumes["label"][0], volumes["prediction"][0]
@@ -134,10 +132,7 @@ def performance(
 
 def performance_table(p: dict) -> str:
     """``p`` (from `performance()`) as the lab's markdown table."""
-
-    def num(v: float | None, fmt: str) -> str:
-        return "n/a" if v is None else format(v, fmt)
-
+    num = lambda v, fmt: "n/a" if v is None else format(v, fmt)
     rows = [
         ("device", p["device"]),
         ("network", p["network"]),
@@ -161,8 +156,7 @@ def lab_data(
     """The lab's files and recipe options at ``size`` (a key of `LAB_SIZES`), validating every epoch.
 
     Without ``data_dir`` a synthetic spleen-like set is written once into the cache; with it, that MSD
-    folder is read (a quarter held out for validation).
-    """
+    folder is read (a quarter held out for validation)."""
     if size not in LAB_SIZES:
         raise ValueError(f"size={size!r}: one of {sorted(LAB_SIZES)}")
     if max_epochs is not None and max_epochs < 1:
@@ -201,23 +195,13 @@ def run_lab(
     TensorBoard events and the run record (``<run_dir>/<recipe>/``), ``prediction.png``,
     ``performance.json`` and ``performance.md``; ``target`` stops at that Dice (1.0: every epoch runs).
 
-    Examples:
+    Example:
         >>> lab = run_lab(*lab_data("cpu"), "cpu", "runs/lab")  # doctest: +SKIP
     """
     device = torch.device(device)
     run_dir = Path(run_dir)
     with DeviceMemory(device).peak() as peak:
-        run = TargetRun(
-            recipe,
-            train_files,
-            val_files,
-            config,
-            device,
-            target,
-            time_budget_s=None,
-            run_dir=run_dir,
-            progress=progress,
-        )
+        run = TargetRun(recipe, train_files, val_files, config, device, target, None, run_dir, progress)
         images = PredictionImages(run.writer, run.built.trainer)
         images.attach(run.built.evaluator)
         run.segment(epochs=None)

@@ -1,12 +1,8 @@
-"""What a race is asked to do, and the check of every option before anything runs.
-
-`plan_race()` raises `OptionError` naming the first bad option of a `RaceSpec`.
-"""
+"""What a race is asked to do (`RaceSpec`), and `plan_race()`, which checks every option before anything runs."""
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,14 +33,10 @@ __all__ = [
     "plan_race",
 ]
 
-logger = logging.getLogger(__name__)
-
 #: seconds on each recipe's own clock before it is stopped, unless a race sets another cap
 TIME_BUDGET_S = 1200.0
-
 #: the demo's whole wall clock by default: data, set-up, both recipes' training and the reports
 DEMO_TOTAL_BUDGET_S = 600.0
-
 #: the demo's epoch budget of the baseline by default, in multiples of fast's epochs to target
 DEMO_EPOCH_MULTIPLE = 4.0
 
@@ -82,11 +74,9 @@ class RaceSpec:
             epochs, to target (what it ran when it missed); ``None``: no such limit.
         interleave: train the recipes an epoch at a time, the one whose clock is behind next.
         device: ``"auto"`` (CUDA if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
-        overrides: `RecipeConfig` fields set for every recipe.
-        tune: tune ``fast`` first with these options; ``None``: no tuning.
+        overrides, tune: `RecipeConfig` fields set for every recipe; tune ``fast`` first with these options.
         run_dir: the run folder; ``None``: ``runs/race-<time>``.
-        progress: progress bars.
-        preflight: check every file of the data before training (`preflight()`).
+        progress, preflight: progress bars; check every file of the data before training (`preflight()`).
         record_options: what ``results.json`` records under ``options``.
     """
 
@@ -178,14 +168,11 @@ def _search_space(options: TuneOptions, config: RecipeConfig, device: str):
 
 
 def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
-    """Check every option of ``spec`` before anything is trained; make the run folder.
+    """Check every option of ``spec`` before anything is trained; make the run folder; return the `RacePlan`.
 
     Args:
         spec: the race's options.
         need_run_dir: check (and create) the run folder; ``False`` for tuning alone.
-
-    Returns:
-        The `RacePlan` to run.
 
     Raises:
         OptionError: naming the first bad option.

@@ -14,7 +14,6 @@ import torch
 
 from monai_fast import extras
 from monai_fast.apps.inference.checkpoint import InferenceError
-from monai_fast.extras import require as require_extra
 from monai_fast.telemetry import cuda_available
 from monai_fast.telemetry.precision import autocast_for, cpu_has_bf16_hardware
 
@@ -91,11 +90,7 @@ def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
 
 
 def require(backend: str, device: torch.device | str = "cpu") -> None:
-    """Raise `BackendUnavailable` naming ``backend`` and what it lacks when it cannot run on ``device``.
-
-    Examples:
-        >>> require("eager", "cpu")
-    """
+    """Raise `BackendUnavailable` naming ``backend`` and what it lacks when it cannot run on ``device``."""
     lacking = missing(backend, device)
     if lacking is not None:
         raise BackendUnavailable(f"backend {backend!r} is not available here: it needs {lacking}")
@@ -122,11 +117,7 @@ class _FixedBatch:
 
 
 def onnx_model(network: torch.nn.Module, example: torch.Tensor) -> bytes:
-    """``network`` exported to ONNX (``torch.onnx.export``) for inputs shaped like ``example``, serialised.
-
-    Examples:
-        >>> data = onnx_model(torch.nn.Conv3d(1, 2, 3, padding=1).eval(), torch.zeros(1, 1, 8, 8, 8))  # doctest: +SKIP
-    """
+    """``network`` exported to ONNX (``torch.onnx.export``) for inputs shaped like ``example``, serialised."""
     exporter_log = logging.getLogger("torch.onnx")
     level = exporter_log.level
     exporter_log.setLevel(logging.ERROR)  # not a line per torchvision op it skips
@@ -140,8 +131,7 @@ def onnx_model(network: torch.nn.Module, example: torch.Tensor) -> bytes:
 
 
 def _onnx(network: torch.nn.Module, example: torch.Tensor, device: torch.device) -> tuple[Callable, str]:
-    ort = require_extra("onnxruntime", extra="onnx", feature="backend 'onnx'")
-
+    ort = extras.require("onnxruntime", extra="onnx", feature="backend 'onnx'")
     model = onnx_model(network, example)
     providers = ["CPUExecutionProvider"]
     if device.type == "cuda":
@@ -208,14 +198,12 @@ def build_predictor(
 ) -> Predictor:
     """``network`` (moved to ``device``, eval mode) behind ``backend``, built and warmed up on one window batch.
 
-    Static-shape backends pad a short last batch and cut it back.
-
     Args:
         network: the trained network (``in_channels`` read from it, default 1).
-        backend: one of `BACKENDS`.
+        backend, device: one of `BACKENDS`; where the network runs.
         roi_size: the sliding window's size (the recipe's ``patch_size``).
-        sw_batch_size: windows per call; static-shape backends are built for exactly this many.
-        device: where the network runs.
+        sw_batch_size: windows per call; static-shape backends are built for exactly this many (a short last
+            batch padded and cut back).
 
     Raises:
         BackendUnavailable: the backend cannot run here (what is missing named), or building it failed.

@@ -104,7 +104,7 @@ def build_chain(record: Sequence[Mapping[str, Any]], image_key: str = "image") -
     transforms: list[MapTransform] = []
     for i, entry in enumerate(entries):
         name = entry.pop("_target_")
-        args = {k: (tuple(map(_tuple, v)) if isinstance(v, list) else v) for k, v in entry.items()}
+        args = {k: _tuple(v) for k, v in entry.items()}
         try:
             transforms.append(getattr(monai.transforms, name)(**args, allow_missing_keys=True))
         except (TypeError, ValueError) as e:

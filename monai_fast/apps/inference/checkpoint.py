@@ -85,33 +85,24 @@ def save_checkpoint(
     """Write ``network``'s weights, ``config`` and its validation chain as an inference checkpoint (atomically).
 
     Args:
-        path: the file to write (``.pt``).
+        path: the file to write (``.pt``); returned.
         network: the trained network (DDP / ``DataParallel`` unwrapped).
         config: the `RecipeConfig` it was built from (``recipe.config``).
         chain: the chain record it was validated with; default `recipe_chain()` of ``config``.
 
-    Returns:
-        ``path``.
-
     Raises:
         ChainError: ``chain`` names a transform inference cannot rebuild, before anything is written.
 
-    Examples:
+    Example:
         >>> save_checkpoint("model.pt", recipe.network, recipe.config)  # doctest: +SKIP
     """
     record = check_chain(list(chain) if chain is not None else recipe_chain(config))
     bare = getattr(network, "module", network)
     state = {k: v.detach().cpu() for k, v in bare.state_dict().items()}
-    payload = {
-        "format": FORMAT,
-        "version": _VERSION,
-        "config": config.to_dict(),
-        "out_channels": int(getattr(bare, "out_channels", 2)),
-        "chain": record,
-        "model": state,
-    }
+    out_channels = int(getattr(bare, "out_channels", 2))
+    payload = {"format": FORMAT, "version": _VERSION, "config": config.to_dict(), "out_channels": out_channels}
     with atomic_write(path, "wb", fsync=True) as f:
-        torch.save(payload, f)
+        torch.save({**payload, "chain": record, "model": state}, f)
     return Path(path)
 
 

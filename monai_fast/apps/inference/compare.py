@@ -14,10 +14,7 @@ MIN_DICE = 0.99
 def agreement(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor, num_classes: int = 2) -> dict[str, float]:
     """Mean Dice over the classes ``1..num_classes-1`` between label maps ``a`` and ``b``; the share of equal voxels.
 
-    A class absent from both counts as Dice 1.
-
-    Raises:
-        ValueError: the two maps differ in shape.
+    A class absent from both counts as Dice 1; maps of different shapes raise ``ValueError``.
     """
     a, b = (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in (a, b))
     if a.shape != b.shape:

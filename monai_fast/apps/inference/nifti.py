@@ -26,8 +26,7 @@ class AtomicNiftiWriter(NibabelWriter):
     def write(self, filename: str | os.PathLike, verbose: bool = False, **obj_kwargs: Any) -> None:
         """Write the data set by ``set_data_array``/``set_metadata`` to ``filename`` whole or not at all.
 
-        Raises:
-            NoSpaceError: no room for it (named, with the bytes needed and free); ``filename`` is left as it was.
+        With no room for it, `NoSpaceError` names it (bytes needed and free) and ``filename`` is left as it was.
         """
         affine = np.eye(4) if self.affine is None else convert_data_type(self.affine, np.ndarray)[0]
         image = self.create_backend_obj(self.data_obj, affine=affine, dtype=self.output_dtype, **obj_kwargs)

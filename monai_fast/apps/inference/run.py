@@ -123,19 +123,12 @@ def check_images(paths: Sequence[str]) -> None:
 def output_name(image: str | os.PathLike) -> str:
     """The prediction's file name for ``image``, without the extension: ``case_1.nii.gz`` -> ``case_1_seg``."""
     name = Path(image).name
-    for ext in (".nii.gz", ".nii"):
-        if name.endswith(ext):
-            return name[: -len(ext)] + "_seg"
-    return Path(name).stem + "_seg"
+    return (name.removesuffix(".nii.gz") if name.endswith(".nii.gz") else Path(name).stem) + "_seg"
 
 
 def inference_transforms(config: RecipeConfig, chain: Sequence[dict] | None = None) -> Compose:
-    """The preprocessing of an ``{"image": path}`` item, invertible by ``Invertd``.
-
-    Args:
-        config: the network's config.
-        chain: the validation chain record; default the recipes' validation chain for ``config``.
-    """
+    """The preprocessing of an ``{"image": path}`` item, invertible by ``Invertd``: ``chain`` (a validation chain
+    record), by default the recipes' validation chain for ``config``."""
     return build_chain(chain if chain is not None else recipe_chain(config))
 
 
@@ -197,18 +190,15 @@ def infer(
     """Run sliding-window inference of ``model`` over ``data`` and write one NIfTI prediction per image.
 
     Args:
-        model: an inference checkpoint (`save_checkpoint()`), or a network (then ``config`` is needed,
-            as for a checkpoint of weights only).
+        model: an inference checkpoint (`save_checkpoint()`), or a network (then ``config`` is needed).
         data: an MSD folder (its ``split``), an image file, or a list of image files / ``{"image": path}``.
         out_dir: where ``<name>_seg.nii.gz`` files go (created).
-        backend: one of `BACKENDS`.
+        backend, device: one of `BACKENDS`; where the network runs.
         config: the network's `RecipeConfig`; default the checkpoint's (window and sliding-window defaults).
-        device: where the network runs.
         split, val_fraction: which of an MSD folder's cases (`data_list()`).
         sw_batch_size, overlap: override the config's; ``"auto"`` measures the batch (`tuned_window()`).
         tune_store, sw_batch_range: where ``"auto"`` keeps its measurement; the range it searches.
-        preflight: check every image before any inference.
-        progress: a progress bar where one fits, else a log line per volume.
+        preflight, progress: check every image first; a progress bar where one fits, else a log line per volume.
         overwrite: replace prediction files that exist already (an input is never replaced).
         chain: for a network, the chain record it was validated with; a checkpoint brings its own.
 
@@ -265,15 +255,8 @@ def infer(
     )
     _run(predictor, inferer, pre, paths, outputs, device, result, progress)
     result.total_s = time.perf_counter() - t0
-    logger.info(
-        "infer %s: %d volumes in %.1f s (%.2f volumes/s of inference; backend built in %.1f s) -> %s",
-        backend,
-        len(paths),
-        result.total_s,
-        result.volumes_per_s,
-        result.prepare_s,
-        out_dir,
-    )
+    took = (backend, len(paths), result.total_s, result.volumes_per_s, result.prepare_s, out_dir)
+    logger.info("infer %s: %d volumes in %.1f s (%.2f volumes/s of inference; backend built in %.1f s) -> %s", *took)
     return result
 
 
@@ -288,10 +271,8 @@ def tuned_window(
     sw_batch_range: tuple[int, int] = (1, 32),
     pre: Compose | None = None,
 ) -> tuple[int, torch.device]:
-    """The fastest ``sw_batch_size`` and stitching device for ``network`` on volumes of ``image``'s size after ``pre``.
-
-    Measured by `tune_validation()` at the backend's precision and kept in the tuning store.
-    """
+    """The fastest ``sw_batch_size`` and stitching device for ``network`` on volumes of ``image``'s size after ``pre``,
+    measured by `tune_validation()` at the backend's precision and kept in the tuning store."""
     from monai_fast.tune.validation import tune_validation  # the tuner loads only when asked for
 
     pre = pre if pre is not None else inference_transforms(config)
@@ -307,14 +288,8 @@ def tuned_window(
         sw_batch_range=sw_batch_range,
         store=store,
     )
-    logger.info(
-        "infer: sw_batch_size %d, stitching on %s, measured on %s volumes at %s (%.2f volumes/s)",
-        pick.sw_batch_size,
-        pick.val_device,
-        "x".join(map(str, shape)),
-        precision,
-        pick.val_volumes_per_s,
-    )
+    found = (pick.sw_batch_size, pick.val_device, "x".join(map(str, shape)), precision, pick.val_volumes_per_s)
+    logger.info("infer: sw_batch_size %d, stitching on %s, measured on %s volumes at %s (%.2f volumes/s)", *found)
     return pick.sw_batch_size, torch.device(pick.val_device)
 
 

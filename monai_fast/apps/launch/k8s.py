@@ -21,24 +21,18 @@ _NAME_MAX = 45  # pod names add "-worker-<i>" and stay DNS labels (63 characters
 
 @dataclass
 class PyTorchJobSpec:
-    """What the job needs.
+    """What the job needs; every bad field is named in one `ValueError`.
 
     Args:
-        script: the training script and its arguments, e.g. ``["train.py", "--checkpoint-dir",
-            "/workspace/run/ckpt"]``, as ``monai-fast launch`` takes them (a path inside the image).
+        script: the training script (a path inside the image) and its arguments, as ``monai-fast launch`` takes them.
         image: the container image, with monai-fast installed.
         nodes: pods, one per node: one ``Master`` and ``nodes - 1`` ``Worker`` replicas.
-        gpus_per_node: GPUs per pod (``nvidia.com/gpu``), one rank each; 0 for CPU pods.
-        procs_per_node: ranks per pod when ``gpus_per_node`` is 0.
-        cpus_per_node: CPU cores per pod (requested and the limit).
-        memory: memory per pod, a Kubernetes quantity (``"64Gi"``); ``None``: the namespace default.
-        job_name: the PyTorchJob's name (lower-case letters, digits and ``-``).
-        namespace: the namespace; ``None``: kubectl's current one.
+        gpus_per_node, procs_per_node: GPUs per pod (one rank each); ranks per pod when ``gpus_per_node`` is 0.
+        cpus_per_node, memory: CPU cores per pod; memory per pod, a Kubernetes quantity (``"64Gi"``; ``None``: default).
+        job_name, namespace: the PyTorchJob's name (lower-case letters, digits, ``-``); ``None``: kubectl's namespace.
         grace_s: seconds the ranks get to checkpoint after ``SIGTERM`` (``monai-fast launch --grace-s``).
         backoff_limit: pod restarts (failures, evictions) before the job counts as failed.
-        volume_claim: a PersistentVolumeClaim (ReadWriteMany) mounted at ``mount_path`` in every
-            pod: data, checkpoints and run records that outlive a pod.
-        mount_path: where ``volume_claim`` is mounted.
+        volume_claim, mount_path: a ReadWriteMany PersistentVolumeClaim for data, checkpoints and records; its mount.
         port: the rendezvous port on the master (the operator's default is 23456).
     """
 
@@ -58,7 +52,15 @@ class PyTorchJobSpec:
     port: int = 23456
 
     def __post_init__(self) -> None:
-        problems = _script_problems(self.script)
+        problems = []
+        if not self.script:
+            problems.append(
+                "the script is empty: give the training script and its arguments, e.g. train.py --checkpoint-dir /ckpt"
+            )
+        elif re.match(r"^(.*/)?python[\d.]*$", self.script[0]):
+            problems.append(
+                f"give the script without {self.script[0]!r}: monai-fast launch runs it with python on every rank"
+            )
         if not self.image or any(c.isspace() for c in self.image):
             problems.append(f"image {self.image!r} is not an image reference like registry/name:tag")
         at_least = dict.fromkeys(("nodes", "procs_per_node", "cpus_per_node"), 1)
@@ -83,16 +85,8 @@ class PyTorchJobSpec:
         return self.gpus_per_node if self.gpus_per_node > 0 else self.procs_per_node
 
 
-def _script_problems(script: Sequence[str]) -> list[str]:
-    if not script:
-        return ["the script is empty: give the training script and its arguments, e.g. train.py --checkpoint-dir /ckpt"]
-    if re.match(r"^(.*/)?python[\d.]*$", script[0]):
-        return [f"give the script without {script[0]!r}: monai-fast launch runs it with python on every rank"]
-    return []
-
-
 def _launch_line(spec: PyTorchJobSpec) -> str:
-    """The container's shell command: ``monai-fast launch`` with the rendezvous the operator set up."""
+    """``monai-fast launch`` with the rendezvous the operator set up."""
     return (
         f'exec monai-fast launch --nnodes {spec.nodes} --nproc {spec.ranks_per_node} --node-rank "$RANK" '
         f'--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" --grace-s {spec.grace_s} '
@@ -164,10 +158,8 @@ def _yaml(value: Any, indent: int = 0) -> list[str]:
 def render_pytorchjob(spec: PyTorchJobSpec) -> str:
     """The PyTorchJob manifest for ``spec`` as YAML, for ``kubectl apply -f``.
 
-    Examples:
-        >>> spec = PyTorchJobSpec(["train.py"], image="me/monai-fast:1", nodes=3, gpus_per_node=8)
-        >>> print(render_pytorchjob(spec).splitlines()[0])
-        # 24 ranks: 3 node(s) x 8 GPU(s), one rank per GPU (NCCL)
+    Example:
+        >>> yaml = render_pytorchjob(PyTorchJobSpec(["train.py"], image="me/monai-fast:1", nodes=3, gpus_per_node=8))
     """
     world = spec.nodes * spec.ranks_per_node
     head = [

@@ -38,20 +38,16 @@ class SageMakerEnv:
     """What the toolkit's environment says; every field ``None`` (or empty) outside SageMaker.
 
     Attributes:
-        training_dir: ``SM_CHANNEL_TRAINING``.
+        training_dir, model_dir, output_data_dir: ``SM_CHANNEL_TRAINING``, ``SM_MODEL_DIR``, ``SM_OUTPUT_DATA_DIR``.
         channels: every input channel's folder by channel name (``SM_CHANNEL_<NAME>``, lower case).
-        model_dir: ``SM_MODEL_DIR``.
-        output_data_dir: ``SM_OUTPUT_DATA_DIR``.
         tensorboard_dir: where TensorBoard events go for SageMaker to collect.
         checkpoint_dir: ``/opt/ml/checkpoints`` when it exists (SageMaker syncs it and restores it on a spot restart).
         hyperparameters: ``SM_HPS``, else ``hyperparameters.json``, values decoded (`decode_hyperparameters()`).
         hyperparameters_from: which of the two they came from (for messages).
-        num_gpus: ``SM_NUM_GPUS``.
-        hosts: ``SM_HOSTS``.
-        current_host: ``SM_CURRENT_HOST``.
+        num_gpus, hosts, current_host: ``SM_NUM_GPUS``, ``SM_HOSTS``, ``SM_CURRENT_HOST``.
         variables: the names of the ``SM_*`` variables set.
 
-    Examples:
+    Example:
         >>> read_sagemaker_env({"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2"}).node_rank
         1
     """
@@ -90,28 +86,19 @@ class SageMakerEnv:
         if "training" in self.channels:
             return self.channels["training"]
         if not self.channels:
-            raise SageMakerEnvError(
-                "SM_CHANNEL_<NAME>",
-                "no input channel: none of SM_CHANNELS and SM_CHANNEL_* is "
-                "set, and synthetic data do not stand in for a job's data",
-            )
-        raise SageMakerEnvError(
-            "SM_CHANNEL_<NAME>", f"several input channels and none named 'training' ({found}): name one with --channel"
-        )
+            why = "none of SM_CHANNELS and SM_CHANNEL_* is set, and synthetic data do not stand in for a job's data"
+            raise SageMakerEnvError("SM_CHANNEL_<NAME>", f"no input channel: {why}")
+        why = f"several input channels and none named 'training' ({found}): name one with --channel"
+        raise SageMakerEnvError("SM_CHANNEL_<NAME>", why)
 
     def describe(self) -> str:
         """One line on the job: its hosts, GPUs and hyperparameters, saying which were not given."""
-        hosts = (
-            f"host {self.current_host} of {len(self.hosts)} ({', '.join(self.hosts)})"
-            if self.hosts
-            else "one host (SM_HOSTS not set)"
-        )
+        hosts = f"host {self.current_host} of {len(self.hosts)} ({', '.join(self.hosts)})"
+        hosts = hosts if self.hosts else "one host (SM_HOSTS not set)"
         gpus = "GPUs: SM_NUM_GPUS not set" if self.num_gpus is None else f"{self.num_gpus} GPU(s)"
         channels = ", ".join(f"{c}={p}" for c, p in sorted(self.channels.items())) or "none"
-        return (
-            f"{hosts}, {gpus}, channels: {channels}, "
-            f"hyperparameters: {'from ' + self.hyperparameters_from if self.hyperparameters_from else 'none'}"
-        )
+        hps = "from " + self.hyperparameters_from if self.hyperparameters_from else "none"
+        return f"{hosts}, {gpus}, channels: {channels}, hyperparameters: {hps}"
 
     @property
     def node_rank(self) -> int:

@@ -17,16 +17,12 @@ class SbatchSpec:
     """What the job needs.
 
     Args:
-        command: the training command, e.g. ``["python", "train.py", "--checkpoint-dir", "ckpt"]``;
-            ``srun`` starts it once per task (one task per GPU, or ``tasks_per_node`` on CPUs).
-        nodes: nodes to allocate.
-        gpus_per_node: GPUs per node (0 for CPU-only jobs, then ``tasks_per_node`` ranks per node).
-        tasks_per_node: ranks per node when ``gpus_per_node`` is 0.
-        cpus_per_task: cores per rank (data loading, cache filling).
+        command: the training command (``["python", "train.py", "--checkpoint-dir", "ckpt"]``); ``srun`` starts it
+            once per task: one task per GPU, or ``tasks_per_node`` per node when ``gpus_per_node`` is 0.
+        nodes, gpus_per_node, tasks_per_node, cpus_per_task: the allocation (cores per rank load and cache data).
         time: wall-clock limit, SLURM format (``"04:00:00"``, ``"1-12:00:00"``).
         requeue: let SLURM requeue the job (preemption, node failure); the script resumes.
-        signal_lead_s: seconds before the time limit (or a preemption) at which SLURM sends
-            SIGUSR1 to the tasks, so `Preemption` can checkpoint; 0: none.
+        signal_lead_s: seconds before the time limit at which SLURM sends SIGUSR1 (for `Preemption`); 0: none.
         job_name, partition, account, mem: the usual SLURM options (``None``: cluster default).
     """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -17,8 +18,7 @@ __all__ = ["FORWARDED", "NoRankStarted", "exit_status", "supervise"]
 
 logger = logging.getLogger("monai_fast.distributed")
 
-FORWARDED: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-"""The signals passed on to the ranks."""
+FORWARDED: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  #: passed on to the ranks
 
 _LAUNCHER_EXIT_S = 10.0  # after the ranks are killed, how long torchrun may take to report them
 _REMIND_S = 30.0  # while no rank has started, how often the wait is logged
@@ -57,10 +57,8 @@ class _Supervision:
     def start(self, cmd: list[str], env: dict[str, str] | None) -> None:
         """Start the launcher in a session of its own (a signal to our group reaches it only through us)."""
         self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):  # it ended already
             self._launcher = psutil.Process(self.proc.pid)
-        except psutil.NoSuchProcess:  # it ended already
-            pass
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
@@ -74,10 +72,8 @@ class _Supervision:
 
     def signal_launcher(self, sig: signal.Signals) -> None:
         """Send ``sig`` to the launcher's own process group (it leads a session of its own)."""
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError, AttributeError):
             os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError, AttributeError):
-            pass
 
     def find_ranks(self) -> None:
         """Remember the launcher's children (torchrun's ranks) while it lives: orphans are found by pid later."""
@@ -106,7 +102,7 @@ class _Supervision:
     def kill_all(self) -> None:
         """SIGKILL each rank's process group (or the rank alone when it leads none), then its other descendants."""
         for rank in self.alive_ranks():
-            try:
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
                 family = rank.children(recursive=True)
                 if os.getpgid(rank.pid) == rank.pid:
                     os.killpg(rank.pid, signal.SIGKILL)
@@ -114,8 +110,6 @@ class _Supervision:
                     rank.kill()
                 for p in family:
                     p.kill()
-            except (psutil.Error, ProcessLookupError):
-                pass
 
 
 def _stop_launcher(s: _Supervision) -> None:
@@ -142,20 +136,16 @@ def _wait(s: _Supervision, poll_s: float, start_timeout_s: float | None) -> None
                 reminded = now
                 logger.info("still waiting for the rendezvous: %.0f s left", start_timeout_s - (now - s.started_at))
         if launcher_done and not s.received:  # orphans: the launcher died under them
+            orphans = sorted(p.pid for p in s.alive_ranks())
             logger.warning(
-                "the launcher ended (status %s) but ranks %s live on: stopping them",
-                s.proc.returncode,
-                sorted(p.pid for p in s.alive_ranks()),
+                "the launcher ended (status %s) but ranks %s live on: stopping them", s.proc.returncode, orphans
             )
             s.on_signal(signal.SIGTERM, None)
         s.deliver()
         if s.deadline is not None and time.monotonic() > s.deadline:
             if s.ranks:
-                logger.warning(
-                    "the ranks did not stop within %.0f s: killing %s",
-                    s.grace_s,
-                    sorted(p.pid for p in s.alive_ranks()) or "the launcher",
-                )
+                left = sorted(p.pid for p in s.alive_ranks()) or "the launcher"
+                logger.warning("the ranks did not stop within %.0f s: killing %s", s.grace_s, left)
             else:
                 logger.warning(
                     "the launcher, still at its rendezvous, did not stop within %.0f s: killing it", _LAUNCHER_EXIT_S
@@ -196,10 +186,6 @@ def supervise(
 
     Raises:
         NoRankStarted: no rank started within ``start_timeout_s`` (the launcher is killed first).
-
-    Examples:
-        >>> supervise([sys.executable, "-c", "import sys; sys.exit(3)"], grace_s=5.0)
-        3
     """
     if grace_s < 0:
         raise ValueError(f"grace_s must be >= 0, got {grace_s}")

@@ -25,11 +25,12 @@ __all__ = [
     "unanswered_endpoint_message",
 ]
 
-DEFAULT_MASTER_PORT = 29500
-"""torchrun's own default for ``--master-port``."""
-
-DEFAULT_RDZV_TIMEOUT_S = 600.0
-"""How long ``monai-fast launch`` waits for the rendezvous by default (torchrun's own c10d join time-out)."""
+DEFAULT_MASTER_PORT = 29500  #: torchrun's own default for ``--master-port``
+DEFAULT_RDZV_TIMEOUT_S = (
+    600.0  #: how long ``monai-fast launch`` waits for the rendezvous (torchrun's c10d join time-out)
+)
+STORE_ANSWER_S = 10.0  #: how long an endpoint that accepts connections has to answer as a rendezvous store
+_TORCHRUN_JOIN_TIMEOUT_S = 600  # torchrun's c10d join_timeout when --rdzv-conf does not set one
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,8 @@ class LaunchSpec:
         max_restarts: restarts of every rank when one dies (several nodes need the c10d form).
         rdzv_timeout_s: seconds to wait for the rendezvous before one line names the endpoint.
 
-    Examples:
-        >>> torchrun_args(LaunchSpec(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500))[:2]
-        ['--nnodes=2', '--node-rank=1']
+    Example:
+        >>> spec = LaunchSpec(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1")
     """
 
     nproc: int = 2
@@ -146,37 +146,25 @@ def _c10d_problems(spec: LaunchSpec) -> list[str]:
     return problems
 
 
-_TORCHRUN_JOIN_TIMEOUT_S = 600  # torchrun's c10d join_timeout when --rdzv-conf does not set one
-
-
 def torchrun_args(spec: LaunchSpec) -> list[str]:
     """torchrun's options for ``spec``: where the nodes meet, ranks per node, restarts."""
+    nnodes = f"--nnodes={spec.nnodes}"
     if spec.form == "c10d":
-        where = [
-            f"--nnodes={spec.nnodes}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={spec.rdzv_endpoint}",
-            f"--rdzv-id={spec.rdzv_id}",
-        ]
+        where = [nnodes, "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id}"]
         join_timeout = math.ceil(spec.rdzv_timeout_s)
         if join_timeout != _TORCHRUN_JOIN_TIMEOUT_S:  # only what differs from torchrun's own default
             where.append(f"--rdzv-conf=join_timeout={join_timeout}")
     elif spec.form == "static":
-        where = [
-            f"--nnodes={spec.nnodes}",
-            f"--node-rank={spec.node_rank or 0}",
-            f"--master-addr={spec.master_addr}",
-            f"--master-port={spec.master_port or DEFAULT_MASTER_PORT}",
-            "--rdzv-backend=static",
-        ]
+        where = [nnodes, f"--node-rank={spec.node_rank or 0}", f"--master-addr={spec.master_addr}"]
+        where += [f"--master-port={spec.master_port or DEFAULT_MASTER_PORT}", "--rdzv-backend=static"]
     else:
         where = ["--standalone"]
     return [*where, f"--nproc-per-node={spec.nproc}", f"--max-restarts={spec.max_restarts}", "--monitor-interval=1"]
 
 
 def torchrun_env(spec: LaunchSpec) -> dict[str, str]:
-    """Environment variables torchrun needs for ``spec``: with restarts, a TCP store of each round's own
-    (rounds sharing one keep stale process-group keys, and a restarted rank 0 fails to connect)."""
+    """Environment variables torchrun needs for ``spec``: with restarts, a TCP store per round (a shared one keeps
+    stale process-group keys, and a restarted rank 0 fails to connect)."""
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.max_restarts else {}
 
 
@@ -242,19 +230,11 @@ def _tcp_answer(host: str, port: int, timeout_s: float) -> str:
         return "unreachable"
 
 
-STORE_ANSWER_S = 10.0
-"""How long ``monai-fast launch`` gives a rendezvous endpoint that accepts connections to answer as a store."""
-
-
 def unanswered_endpoint_message(spec: LaunchSpec, answer_s: float = STORE_ANSWER_S) -> str | None:
     """One line when the meeting point accepts connections but is no rendezvous store; ``None`` otherwise.
 
-    torch's store client waits without a time-out for a program that accepts and never answers, so
-    the endpoint is probed first with a `torch.distributed.TCPStore` client on a daemon thread.
-
-    Args:
-        spec: the launch; one node alone (``--standalone``) has no endpoint to probe.
-        answer_s: seconds the endpoint has to answer (at most ``--rdzv-timeout``).
+    torch's store client waits forever on a program that accepts and never answers: a `TCPStore` client on a
+    daemon thread probes the endpoint for ``answer_s`` (at most ``--rdzv-timeout``) first.
     """
     if spec.form == "standalone":
         return None

@@ -49,8 +49,8 @@ class RecipeSpec:
     Attributes:
         defaults: what ``None`` in `RecipeConfig` means for this recipe (`RecipeConfig.with_defaults()`).
         loss: builds its training loss.
-        fast_training: `fast_training()` is attached to trainer and evaluator (planned caches, the
-            precision `choose_precision()` picks); without, MONAI's own fp16 ``amp`` (`resolve_amp()`).
+        fast_training: `fast_training()` is attached to both engines (planned caches, `choose_precision()`);
+            without, MONAI's own fp16 ``amp`` (`resolve_amp()`).
         amp_on_cuda: without ``fast_training``, MONAI's ``amp`` is on by default on CUDA.
         cache_form: the chains end in a cache's form (crop indices precomputed, plain tensors).
         guide_cache: cached as MONAI's fast-training guide does (`guide_cached_data()`), else `uncached_data()`.
@@ -93,10 +93,8 @@ RECIPES = tuple(REGISTRY)
 
 
 def recipe_parts(name: str, config: RecipeConfig | None = None, device: str | torch.device = "cpu") -> RecipeParts:
-    """The parts recipe ``name`` trains with ``config`` on ``device`` (its defaults filled in).
-
-    Raises:
-        ValueError: for an unknown recipe name.
+    """The parts recipe ``name`` trains with ``config`` on ``device`` (its defaults filled in); an unknown name
+    is a ``ValueError``.
 
     Examples:
         >>> recipe_parts("fast", RecipeConfig(precision="fp32")).config.batch_size
@@ -111,16 +109,9 @@ def recipe_parts(name: str, config: RecipeConfig | None = None, device: str | to
         precision = choose_precision(config.precision, device)
     else:
         precision = "fp16" if resolve_amp(config, device, default_on_cuda=spec.amp_on_cuda) else "fp32"
-    return RecipeParts(
-        name,
-        config,
-        device,
-        precision,
-        "toggle" if spec.fast_training else "monai",
-        spec.loss,
-        cache_form=spec.cache_form,
-        memory_format=partial(memory_format_for, device) if spec.channels_last else contiguous,
-    )
+    layout = partial(memory_format_for, device) if spec.channels_last else contiguous
+    by = "toggle" if spec.fast_training else "monai"
+    return RecipeParts(name, config, device, precision, by, spec.loss, cache_form=spec.cache_form, memory_format=layout)
 
 
 def build_recipe(
@@ -133,11 +124,8 @@ def build_recipe(
 ) -> Recipe:
     """Build recipe ``name`` (one of `RECIPES`): its `recipe_parts()` over its data, composed into engines.
 
-    Options left ``None`` in ``config`` take the recipe's `RecipeSpec.defaults`. In a distributed job
-    each rank builds and caches its share of the files (docs/distributed.md).
-
-    Raises:
-        ValueError: for an unknown recipe name.
+    In a distributed job each rank builds and caches its share of the files (docs/distributed.md). An
+    unknown name is a ``ValueError``.
 
     Examples:
         >>> recipe = build_recipe("baseline", train_files, val_files, RecipeConfig(max_epochs=1))  # doctest: +SKIP

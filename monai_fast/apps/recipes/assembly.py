@@ -32,14 +32,11 @@ class Recipe:
     """A ready-to-run training set-up: call ``recipe.trainer.run()``.
 
     Attributes:
-        name: recipe name.
-        trainer: MONAI ``SupervisedTrainer``; validation runs through a ``ValidationHandler``.
+        name, config: recipe name; the options it was built with.
+        trainer: MONAI ``SupervisedTrainer``; validation runs through a ``ValidationHandler`` or a schedule.
         evaluator: MONAI ``SupervisedEvaluator``; key metric ``val_mean_dice`` (mean Dice without background).
-        network, optimizer, loss_function: what the trainer uses.
-        train_loader, val_loader: the data loaders.
-        device: where training runs.
-        amp: whether mixed precision is on.
-        config: the options it was built with.
+        network, optimizer, loss_function, train_loader, val_loader: what the engines use.
+        device, amp: where training runs; whether mixed precision is on.
         setup_s: seconds spent building, cache filling included.
         notes: what the recipe chose and why, one line each.
         fast_training: the `FastTraining` attached (the ``fast`` recipe), else ``None``.
@@ -87,10 +84,8 @@ def _val_metric() -> dict:
 
 
 def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
-    """A `ValidationSchedule` on ``recipe``'s trainer, as ``config.validation="schedule"`` asks.
-
-    Its estimate: mean Dice on the first ``config.val_subset`` items of the evaluator's data, with its network.
-    """
+    """A `ValidationSchedule` on ``recipe``'s trainer, as ``config.validation="schedule"`` asks; its estimate is
+    the mean Dice on the first ``config.val_subset`` items of the evaluator's data."""
     config, evaluator = recipe.config, recipe.evaluator
     dataset = evaluator.data_loader.dataset
     subset = DataLoader(Subset(dataset, range(min(config.val_subset, len(dataset)))), batch_size=1, num_workers=0)
@@ -110,12 +105,9 @@ def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
 def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTraining | None = None) -> Recipe:
     """Network, optimizer, loss and engines from ``parts`` over ``data``, precision applied.
 
-    With ``levers``, that `FastTraining` is attached to both engines and sets the precision
-    (``parts.precision_by == "toggle"``); without, MONAI's own ``amp`` does (``"monai"``). Every
-    trainer gets a ``NonFiniteGuard``.
-
-    Raises:
-        ValueError: ``levers`` given for ``precision_by="monai"``, or missing for ``"toggle"``.
+    With ``levers`` (needed for ``parts.precision_by == "toggle"``, refused for ``"monai"``: a ``ValueError``),
+    that `FastTraining` is attached to both engines and sets the precision; without, MONAI's own ``amp`` does.
+    Every trainer gets a ``NonFiniteGuard``.
     """
     if (parts.precision_by == "toggle") != (levers is not None):
         raise ValueError(
@@ -156,6 +148,8 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
         amp=amp,
         compile=config.compile,
     )
+    every_epoch = config.validation in (None, "every_epoch")  # else a ValidationSchedule is attached below
+    handlers = [ValidationHandler(validator=evaluator, interval=config.val_interval)] if every_epoch else []
     trainer = SupervisedTrainer(
         device=device,
         max_epochs=config.max_epochs,
@@ -164,29 +158,14 @@ def compose(parts: RecipeParts, data: DataPiece, t_start: float, levers: FastTra
         optimizer=optimizer,
         loss_function=loss,
         inferer=SimpleInferer(),
-        # on a schedule, a ValidationSchedule is attached below instead
-        train_handlers=(
-            [ValidationHandler(validator=evaluator, interval=config.val_interval)]
-            if config.validation in (None, "every_epoch")
-            else []
-        ),
+        train_handlers=handlers,
         amp=amp,
         optim_set_to_none=True,
         compile=config.compile,
     )
+    loaders = data.train_loader, data.val_loader
     recipe = Recipe(
-        name=parts.name,
-        trainer=trainer,
-        evaluator=evaluator,
-        network=network,
-        optimizer=optimizer,
-        loss_function=loss,
-        train_loader=data.train_loader,
-        val_loader=data.val_loader,
-        device=device,
-        amp=amp,
-        config=config,
-        notes=notes,
+        parts.name, trainer, evaluator, network, optimizer, loss, *loaders, device, amp, config, notes=notes
     )
     NonFiniteGuard().attach(trainer)  # before AMPToggle, which then falls back through it
     if levers is not None:

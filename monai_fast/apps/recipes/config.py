@@ -38,28 +38,20 @@ _MINIMUMS = {
 
 @dataclass
 class RecipeConfig:
-    """What a recipe is built from, apart from the file lists and the device; a bad value is refused here.
-
-    ``None`` fields take the recipe's own value (`RecipeSpec.defaults`); docs/recipes.md has the details.
+    """What a recipe is built from besides its files and device; a bad value is refused here, named.
 
     Args:
-        patch_size: training crop and sliding-window ROI, in voxels after resampling.
-        batch_size, num_samples: volumes per training batch, crops per volume.
-        network: ``"unet"`` or ``"segresnet"`` (then ``channels`` double per level from a multiple of 8).
-        channels, strides, num_res_units, dropout: the network's levels, down-sampling, residual units, dropout.
-        pixdim, intensity_window: spacing in mm, CT window in HU.
-        optimizer, lr: one of `OPTIMIZERS`; learning rate (default `DEFAULT_LR`).
+        patch_size, batch_size, num_samples: training crop and sliding-window ROI (voxels after resampling);
+            volumes per batch; crops per volume (``None``: the recipe's `RecipeSpec.defaults`, as below).
+        network, channels, strides, num_res_units, dropout: one of `NETWORKS` and its shape.
+        pixdim, intensity_window, optimizer, lr: spacing (mm); CT window (HU); one of `OPTIMIZERS`; its rate.
         sw_batch_size, sw_overlap, val_device: sliding-window batch, overlap and stitching device.
-        val_interval: validate every this many epochs (``validation="every_epoch"``).
-        validation: ``"every_epoch"`` or ``"schedule"`` (a `ValidationSchedule`).
-        val_target, val_every, val_margin, val_subset: the schedule's settings.
-        max_epochs: epoch limit of the trainer.
-        num_workers, cache_threads: ``DataLoader`` workers; threads filling caches.
-        precision: one of `REQUESTS`; ``"auto"``: the recipe's default.
-        compile: compile the network with ``torch.compile``.
-        cache, cache_dir, cache_budget_mib: ``fast``'s cache place (``"auto"`` or one of `CACHE_PLACES`),
-            disk cache folder, memory budget (default half of what is free).
-        background_fill: ``fast`` fills its caches while training runs.
+        val_interval, validation, max_epochs: validate every this many epochs, or on a schedule
+            (``validation="schedule"``: ``val_target``, ``val_every``, ``val_margin``, ``val_subset``).
+        num_workers, cache_threads, precision, compile: loader workers; cache-filling threads; one of
+            `REQUESTS` (``"auto"``: the recipe's default); compile the network with ``torch.compile``.
+        cache, cache_dir, cache_budget_mib, background_fill: ``fast``'s cache place (``"auto"`` or one of
+            `CACHE_PLACES`), disk folder, memory budget, and filling while training runs.
         seed: seed for weights, crops and augmentation.
 
     Examples:
@@ -192,8 +184,7 @@ class RecipeConfig:
     ) -> RecipeConfig:
         """A copy with a tuner's pick (`monai_fast.tune.TuneResult.apply()` calls this).
 
-        ``"fp32"`` is kept; a mixed precision keeps the one this config asks for (``"auto"`` when it asked
-        for fp32); ``cache_budget_mib`` is kept when ``None``.
+        A mixed ``precision`` keeps this config's request (``"auto"`` for fp32); a ``None`` budget keeps its own.
         """
         return replace(
             self,
@@ -229,12 +220,8 @@ def tutorial_device() -> torch.device:
 def tutorial_size(size: str = "auto", device: torch.device | str | None = None) -> str:
     """``"test"`` or ``"full"``: ``size`` itself, or for ``"auto"`` the size ``device`` runs in minutes.
 
-    Args:
-        size: a notebook's ``SIZE`` parameter, one of `TUTORIAL_SIZES`.
-        device: where the notebook trains; default `tutorial_device()`.
-
-    Raises:
-        ValueError: ``size`` is not one of `TUTORIAL_SIZES` (named).
+    ``size`` is a notebook's ``SIZE`` (one of `TUTORIAL_SIZES`, else a ``ValueError``); ``device`` defaults
+    to `tutorial_device()`.
     """
     if size not in TUTORIAL_SIZES:
         raise ValueError(f"SIZE must be one of {TUTORIAL_SIZES}, got {size!r}")

@@ -20,8 +20,7 @@ __all__ = ["DataPiece", "guide_cached_data", "require_device", "uncached_data"]
 
 
 def require_device(device: torch.device) -> None:
-    """Raise one clear ``ValueError`` when ``device`` is CUDA and this torch build or machine has none (every data
-    piece calls it first, so a CPU-only build fails before any data is read)."""
+    """Raise one clear ``ValueError`` when ``device`` is CUDA and there is none, before any data is read."""
     from monai_fast.telemetry import cuda_available
 
     if device.type == "cuda" and not cuda_available():
@@ -57,11 +56,7 @@ class DataPiece:
 
 
 def uncached_data(parts: RecipeParts, train_files: Sequence[dict], val_files: Sequence[dict]) -> DataPiece:
-    """``Dataset`` + multi-process ``DataLoader``: every transform runs every epoch.
-
-    Examples:
-        >>> data = uncached_data(parts, train_files, val_files)  # doctest: +SKIP
-    """
+    """``Dataset`` + multi-process ``DataLoader``: every transform runs every epoch."""
     require_device(parts.device)
     kw = {"num_workers": parts.config.loader_workers, "pin_memory": parts.device.type == "cuda"}
     train_ds = Dataset(data=list(train_files), transform=NamedItemsCompose.of(parts.train_transforms()))
@@ -73,11 +68,7 @@ def uncached_data(parts: RecipeParts, train_files: Sequence[dict], val_files: Se
 def guide_cached_data(
     parts: RecipeParts, train_files: Sequence[dict], val_files: Sequence[dict], progress: bool = True
 ) -> DataPiece:
-    """MONAI's guide: ``CacheDataset`` of everything, in GPU memory on CUDA, else RAM; a thread loader.
-
-    Examples:
-        >>> data = guide_cached_data(parts, train_files, val_files, progress=False)  # doctest: +SKIP
-    """
+    """MONAI's guide: ``CacheDataset`` of everything, in GPU memory on CUDA, else RAM; a thread loader."""
     require_device(parts.device)
     on_gpu = parts.device.type == "cuda"
     train_ds = _cache(parts, train_files, parts.train_transforms(to_device=on_gpu), progress)

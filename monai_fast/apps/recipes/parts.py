@@ -44,10 +44,8 @@ class RecipeParts:
     """The parts of one recipe for one config and device.
 
     Attributes:
-        name: recipe name.
-        config: the options, the recipe's defaults filled in (``with_defaults``).
-        device: where training runs.
-        precision: ``"bf16"``, ``"fp16"`` or ``"fp32"`` (`monai_fast.telemetry.precision`).
+        name, config: recipe name; the options, the recipe's defaults filled in (``with_defaults``).
+        device, precision: where training runs; ``"bf16"``, ``"fp16"`` or ``"fp32"``.
         precision_by: ``"monai"`` (MONAI's own ``amp=True``: CUDA fp16) or ``"toggle"`` (an `AMPToggle`).
         loss_factory: builds the training loss.
         cache_form: the deterministic chain ends in a cache's form and the random crop uses its indices.
@@ -95,17 +93,9 @@ class RecipeParts:
         return build_optimizer(self.config, params)
 
     def cached_transforms(self, to_device: bool = False) -> list[MapTransform]:
-        """The deterministic head of the training chain (what a cache holds).
-
-        Args:
-            to_device: end with ``ToDeviced`` to `device` (a cache in GPU memory).
-        """
-        return deterministic_transforms(
-            self.config,
-            precompute_indices=self.cache_form,
-            plain_tensors=self.cache_form,
-            device=self.device if to_device else None,
-        )
+        """The deterministic head of the training chain (what a cache holds); ``to_device``: then to `device`."""
+        form, device = self.cache_form, self.device if to_device else None
+        return deterministic_transforms(self.config, precompute_indices=form, plain_tensors=form, device=device)
 
     def random_transforms(self) -> list[MapTransform]:
         """The random tail of the training chain: crops and augmentation."""
@@ -117,11 +107,8 @@ class RecipeParts:
 
     def val_transforms(self, to_device: bool = False) -> Compose:
         """The validation chain: the deterministic transforms, no crop indices."""
-        return Compose(
-            deterministic_transforms(
-                self.config, plain_tensors=self.cache_form, device=self.device if to_device else None
-            )
-        )
+        device = self.device if to_device else None
+        return Compose(deterministic_transforms(self.config, plain_tensors=self.cache_form, device=device))
 
 
 def build_optimizer(config: RecipeConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -133,10 +120,8 @@ def build_optimizer(config: RecipeConfig, params: Iterable[torch.nn.Parameter]) 
 
 
 def resolve_amp(config: RecipeConfig, device: torch.device, default_on_cuda: bool) -> bool:
-    """Whether MONAI's fp16 ``amp`` is on: ``config.precision`` ``"fp16"`` on CUDA, ``"fp32"`` off,
-    ``"auto"``: ``default_on_cuda`` on CUDA and off on a CPU; ``"bf16"`` as ``"auto"``, with a warning (MONAI's
-    ``amp=True`` is fp16 autocast only, and a race gives every recipe the same precision request).
-    """
+    """Whether MONAI's fp16 ``amp`` is on: ``"fp16"`` on CUDA, ``"fp32"`` off, ``"auto"`` (and ``"bf16"``, with
+    a warning: MONAI's ``amp`` is fp16 only) ``default_on_cuda`` on CUDA and off on a CPU."""
     if config.precision == "bf16":
         logger.warning(
             "precision 'bf16': this recipe runs MONAI's amp, which is fp16 autocast only; it takes its automatic "
@@ -152,14 +137,7 @@ def resolve_amp(config: RecipeConfig, device: torch.device, default_on_cuda: boo
 
 
 def build_network(config: RecipeConfig, device: torch.device, out_channels: int = 2) -> torch.nn.Module:
-    """``config.network`` sized by ``config``: MONAI's 3D ``UNet`` with batch norm (as in MONAI's spleen
-    tutorials) or its ``SegResNet`` (``init_filters=channels[0]``, one level per entry of ``channels``).
-
-    Examples:
-        >>> cfg = RecipeConfig(network="segresnet", channels=(16, 32, 64, 128), dropout=0.2)
-        >>> type(build_network(cfg, torch.device("cpu"))).__name__
-        'SegResNet'
-    """
+    """``config.network`` sized by ``config``: MONAI's 3D ``UNet`` with batch norm, or its ``SegResNet``."""
     if config.network == "segresnet":
         levels = len(config.channels)
         return SegResNet(

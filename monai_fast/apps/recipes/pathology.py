@@ -125,9 +125,7 @@ def _loaders(
         notes["loader"] = f"DataLoader ({workers} worker processes)"
     else:
         notes["reader"] = ("tifffile, tile-aware" if reader.name == "tifffile" else reader.name) + f" ({reader.why})"
-        # a thread is enough for tile reads on a CPU; a GPU eats patches faster than one thread reads them.
-        # The safe thread loader raises a failing patch's error (slide and location named) in the training
-        # thread; MONAI's ThreadDataLoader would end the epoch there instead
+        # one thread reads tiles fast enough for a CPU, not for a GPU (docs/pathology.md)
         loader, workers, transforms = SafeThreadDataLoader, config.workers if device.type == "cuda" else 0, [None, None]
         notes["loader"] = (
             f"SafeThreadDataLoader ({workers} worker processes)" if workers else "SafeThreadDataLoader (one thread)"
@@ -198,17 +196,15 @@ def build_pathology(
     run_dir: str | os.PathLike | None = None,
     start_time: float | None = None,
 ) -> PathologyRun:
-    """Build ``variant`` (``"plain"`` or ``"fast"``) on the patch lists of `load_wsi_datalist()`.
+    """Build ``variant`` (one of `VARIANTS`) on the patch lists of `load_wsi_datalist()`.
 
     Args:
-        variant: one of `VARIANTS`.
         train, val: ``{"image", "location", "label"}`` patch dicts (a centre at level 0).
-        config: the options; default `PathologyConfig`.
-        device: where the network trains.
+        config, device: the options (default `PathologyConfig`); where the network trains.
         target: validation ROC AUC at which ``TimeToTarget`` stops training.
-        time_budget_s: wall-clock limit from ``start_time``; ``None`` for none.
+        time_budget_s, start_time: wall-clock limit (``None``: none) counted from ``start_time``
+            (``time.perf_counter()`` when the clock started; default now).
         run_dir: if given, ``run_dir/<variant>/`` receives the run record (``RecordHandler``).
-        start_time: ``time.perf_counter()`` when the clock started; default now.
 
     Raises:
         ValueError: for an unknown ``variant`` or a bad option.
@@ -290,10 +286,7 @@ def run_pathology(
 ) -> dict[str, Any]:
     """Build and train ``variant`` to ``target`` AUC (or ``config.max_epochs`` / the budget); `summarize()` it.
 
-    Arguments as `build_pathology()`, but the clock starts here.
-
-    Raises:
-        SystemExit: 143, when a stop signal arrived during the set-up.
+    Arguments as `build_pathology()`, but the clock starts here; a stop signal during the set-up exits with 143.
 
     Examples:
         >>> result = run_pathology("fast", train, val, SIZES["tiny"].config(), "cpu", target=0.9)  # doctest: +SKIP
@@ -306,8 +299,7 @@ def run_pathology(
         run.trainer.run()
         out = summarize(run, time.perf_counter() - t0)
     finally:
-        # the engines and handlers form reference cycles that keep the persistent loader workers alive; collected
-        # here, their iterators shut down in this process, not later inside a forked worker of the next run
+        # reference cycles keep persistent loader workers alive: collected here, not in the next run's forked worker
         del run
         gc.collect()
     out["config"] = asdict(config or PathologyConfig())

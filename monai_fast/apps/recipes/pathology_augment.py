@@ -1,8 +1,5 @@
-"""Patch augmentation on whole batches on the training device: cuCIM GPU kernels, or the same in torch.
-
-MONAI's example chain where cuCIM, CuPy and CUDA are present, else `TorchBatchAugment`
-(docs/pathology.md).
-"""
+"""Patch augmentation on whole batches on the training device: MONAI's example chain of cuCIM GPU kernels where
+cuCIM, CuPy and CUDA are present, else the same in torch (`TorchBatchAugment`; docs/pathology.md)."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ def to_unit_range(x: torch.Tensor) -> torch.Tensor:
 class TorchBatchAugment:
     """Colour jitter, a random horizontal flip and a random 90-degree rotation of a ``uint8`` NCHW batch, in torch.
 
-    Each patch draws its own factors; hue is left out (its RGB<->HSV round trip costs more than the
-    rest on a CPU). Returns float32 in ``[-1, 1]`` on the batch's device.
+    Each patch draws its own factors; hue is left out (docs/pathology.md). Returns float32 in ``[-1, 1]``.
 
     Args:
         prob: probability of the flip, and of the rotation.
@@ -105,25 +101,18 @@ def batch_augment(
     """The training augmentation of a ``uint8`` NCHW batch already on ``device``; float32 in ``[-1, 1]`` out.
 
     Args:
-        device: where the batch is.
-        prob: probability of the flip and of the rotation.
-        use_cucim: ``None``: cuCIM when it can run here (else torch, with one info line saying
-            why); ``True``: cuCIM or a ``RuntimeError`` naming what is missing; ``False``: torch.
+        device, prob: where the batch is; probability of the flip and of the rotation.
+        use_cucim: ``None``: cuCIM when it can run here (else torch, with one info line saying why);
+            ``True``: cuCIM or a ``RuntimeError`` saying why not; ``False``: torch.
         quiet: no log line (the caller says what was chosen, with `cucim_status()`).
-
-    Raises:
-        RuntimeError: ``use_cucim=True`` where cuCIM cannot run (the message says why).
     """
     device = torch.device(device)
     why = cucim_status(device)
     if use_cucim and why is not None:
         raise RuntimeError(f"cuCIM GPU transforms asked for, but {why}")
     if use_cucim is not False and why is None:
-        logger.log(
-            logging.DEBUG if quiet else logging.INFO,
-            "augmentation: cuCIM on %s (colour jitter, flip, rotate-90 as GPU kernels)",
-            device,
-        )
+        level = logging.DEBUG if quiet else logging.INFO
+        logger.log(level, "augmentation: cuCIM on %s (colour jitter, flip, rotate-90 as GPU kernels)", device)
         return _cucim_chain(device, prob)
     if use_cucim is None and not quiet and why not in _told:
         _told.add(why)

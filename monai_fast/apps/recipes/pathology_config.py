@@ -16,16 +16,13 @@ class PathologyConfig:
     """Options of both pipelines; sizes come from `SIZES` (``SIZES[name].config()``).
 
     Args:
-        patch_size: patch side at level 0, in pixels.
-        batch_size: patches per batch.
+        patch_size, batch_size: patch side at level 0, in pixels; patches per batch.
         init_features, growth_rate, block_config: MONAI ``DenseNet`` width and depth.
-        max_epochs: epochs at most.
-        lr: learning rate (Novograd in ``fast``, SGD with momentum 0.9 in ``plain``).
+        max_epochs, lr: epochs at most; learning rate (Novograd in ``fast``, SGD with momentum 0.9 in ``plain``).
         precision: ``fast``'s ``AMPToggle`` request (``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``).
         workers: loader worker processes of ``plain``, and of ``fast`` on a GPU (on a CPU it reads in a thread).
         backend: ``fast``'s WSI backend (`monai_fast.apps.sources.wsi_reader.BACKENDS`).
-        prob: probability of the flip and of the rotation.
-        seed: weights, shuffling and augmentation.
+        prob, seed: probability of the flip and of the rotation; seed of weights, shuffling and augmentation.
         preflight: check every slide and patch location before training (`preflight_wsi()`).
     """
 

@@ -67,10 +67,7 @@ def deterministic_transforms(
 
 
 def random_transforms(config: RecipeConfig, *, precomputed_indices: bool = False) -> list[MapTransform]:
-    """Positive/negative crops around the organ plus light flips, rotations and intensity shift.
-
-    ``config.num_samples`` must be set (recipes fill it from their defaults).
-    """
+    """Positive/negative crops (``config.num_samples`` per volume) plus light flips, rotations, intensity shift."""
     if config.num_samples is None:
         raise ValueError("random_transforms needs config.num_samples; use config.with_defaults(num_samples=...)")
     return [

@@ -61,17 +61,13 @@ def tune_recipe(
     """Tune ``recipe``'s own parts (`recipe_parts()`: network, layout, loss, optimizer, precision); cached.
 
     Args:
-        config: the recipe options (network size, patch size, crops per volume, overlap).
+        config, recipe: the recipe options; a registered recipe name (`RECIPES`).
         val_shape: spatial size of a typical validation volume after the cached transforms.
-        device: where training runs.
-        space: what to search; default: the recipe's precision, default ranges.
-        memory_cap_mib: memory a candidate may use (see `Tuner`).
-        store: the cache file (or a `TuneStore`); default `default_store_path()`.
-        force: tune again even when the cache holds a result.
-        progress: a progress bar over trials.
-        train_files: the training items; given, the training cache is placed beside the pick (`place_cache()`).
-        cache_tradeoff: largest share of training throughput given up for a cache in device memory.
-        recipe: a registered recipe name (`RECIPES`).
+        device, space: where training runs; what to search (default: the recipe's precision, default ranges).
+        memory_cap_mib, progress: memory a candidate may use (see `Tuner`); a progress bar over trials.
+        store, force: the cache file or `TuneStore` (default `default_store_path()`); tune again even if cached.
+        train_files, cache_tradeoff: given, the training cache is placed beside the pick (`place_cache()`),
+            giving up at most this share of training throughput for a cache in device memory.
         **timing: ``warmup``, ``min_iters``, ``min_time_s`` passed to the tuner.
 
     Examples:

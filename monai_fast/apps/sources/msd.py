@@ -40,14 +40,8 @@ def case_id(path: str | os.PathLike) -> str:
 def read_dataset_json(root: str | os.PathLike, remote_options: Mapping[str, Any] | None = None) -> dict:
     """Read and minimally validate ``root/dataset.json``; a URL's is fetched into the local cache like the data.
 
-    Args:
-        root: the MSD folder, local or a URL.
-        remote_options: keyword arguments for `localize()` when ``root`` is a URL.
-
-    Raises:
-        FileNotFoundError: if ``root`` or its ``dataset.json`` does not exist.
-        MSDDataError: not JSON, or no non-empty ``training`` list of ``{"image", "label"}`` entries.
-        RemoteDataError: a URL's ``dataset.json`` cannot be fetched nor read from the cache.
+    ``remote_options`` are keyword arguments for `localize()` when ``root`` is a URL. A missing folder or file
+    is a ``FileNotFoundError``; not JSON, or no ``training`` list of ``{"image", "label"}``, an `MSDDataError`.
     """
     if is_url(str(root)):
         meta, _, offline = _remote_meta(str(root), dict(remote_options or {}))
@@ -115,12 +109,12 @@ def _items(root: str | os.PathLike, remote_options: Mapping[str, Any] | None) ->
     return files, listing
 
 
-def _spatial_shape(path: Path, n_channels_last: int | None) -> tuple[int, ...]:
+def _spatial_shape(path: Path) -> tuple[int, ...]:
+    """The first three sizes (a channels-last image's channels left out), from the header only."""
     try:
-        shape = tuple(int(s) for s in nib.load(str(path)).shape)  # reads the header only
+        return tuple(int(s) for s in nib.load(str(path)).shape)[:3]
     except Exception as e:  # nibabel raises several types for unreadable files
         raise MSDDataError(f"cannot read {path}: {e}") from e
-    return shape[:3] if n_channels_last is None or len(shape) > 3 else shape
 
 
 def load_msd_datalist(
@@ -135,8 +129,8 @@ def load_msd_datalist(
 
     Args:
         root: folder holding ``dataset.json``, ``imagesTr/`` and ``labelsTr/``, or its fsspec URL (`localize()`).
-        val_fraction: share of cases validated on when ``val_cases`` is not given (at least one case each side).
-        seed: seed of the split.
+        val_fraction, seed: share of cases validated on when ``val_cases`` is not given (at least one case
+            each side); seed of the split.
         val_cases: the user's own fold: case or image file names to validate on; unknown ones are an error.
         check_shapes: compare each image's spatial shape with its label's (header reads only).
         remote_options: keyword arguments for `localize()` when ``root`` is a URL.
@@ -145,33 +139,27 @@ def load_msd_datalist(
         ``(train_files, val_files)``: ``{"image", "label"}`` dicts with absolute paths, in ``dataset.json``'s order.
 
     Raises:
-        FileNotFoundError: no such folder, no ``dataset.json``, or listed files missing (named).
-        RemoteDataError: a URL's files cannot be fetched, or have no cached copy offline (each named).
-        MSDDataError: a malformed ``dataset.json``, an unreadable file, a shape mismatch, an unknown
-            validation case, or a split leaving one side empty.
+        FileNotFoundError, RemoteDataError: a missing folder, listing or file; a URL that cannot be fetched.
+        MSDDataError: a malformed listing, unreadable file, shape mismatch, unknown case or an empty side.
 
     Examples:
         >>> train, val = load_msd_datalist("/data/Task09_Spleen", val_fraction=0.2, seed=0)  # doctest: +SKIP
     """
     items, listing = _items(root, remote_options)
 
-    missing = [p for d in items for p in (d["image"], d["label"]) if not Path(p).is_file()]
-    if missing:
+    if missing := [p for d in items for p in (d["image"], d["label"]) if not Path(p).is_file()]:
         more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
         raise FileNotFoundError(f"{listing} lists files that do not exist: {', '.join(missing[:10])}{more}")
     if check_shapes:
         for d in items:
-            img = _spatial_shape(Path(d["image"]), n_channels_last=1)
-            lab = _spatial_shape(Path(d["label"]), n_channels_last=None)
-            mismatch = shape_mismatch(d["image"], img, d["label"], lab)
-            if mismatch:
+            shapes = _spatial_shape(Path(d["image"])), _spatial_shape(Path(d["label"]))
+            if mismatch := shape_mismatch(d["image"], shapes[0], d["label"], shapes[1]):
                 raise MSDDataError(mismatch)
 
     ids = [case_id(d["image"]) for d in items]
     if val_cases is not None:
         wanted = {case_id(c) for c in val_cases}
-        unknown = sorted(wanted - set(ids))
-        if unknown:
+        if unknown := sorted(wanted - set(ids)):
             raise MSDDataError(f"val_cases not listed in {listing}: {unknown}")
         val_idx = [i for i, c in enumerate(ids) if c in wanted]
     else:

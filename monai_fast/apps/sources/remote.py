@@ -92,9 +92,7 @@ def _substitute(value: Any, local: dict[str, str]) -> Any:
 
 
 def _listed(urls: Sequence[str], found: list[tuple[str, str]]) -> str:
-    where: dict[str, str] = {}
-    for w, u in found:
-        where.setdefault(u, w)
+    where = {u: w for w, u in reversed(found)}  # where each URL is listed first
     more = f" and {len(urls) - 10} more" if len(urls) > 10 else ""
     return ", ".join(f"{u} (at {where[u]})" for u in urls[:10]) + more
 
@@ -154,28 +152,22 @@ def localize(
     retries: int = 3,
     on_offline: Callable[[str], object] = logger.warning,
 ) -> list[dict]:
-    """The data list with every URL replaced by the path of a local copy, fetched if missing or changed.
+    """A new data list with every URL replaced by the path of a local copy, fetched if missing or changed.
 
     Args:
         datalist: MONAI-style list of dicts; every string `is_url()` accepts is fetched (``file://``: its path).
-        cache_dir: folder of the copies; default `remote_cache_dir()`.
-        workers: parallel lookups and downloads.
+        cache_dir, workers: folder of the copies (default `remote_cache_dir()`); parallel lookups and downloads.
         progress: a byte progress bar where bars are shown.
         storage_options: passed to fsspec for every URL (for S3 its ``config_kwargs`` win over the limits).
-        connect_timeout, read_timeout: seconds to connect; seconds within which a request is answered
-            and a body brings at least 64 KiB.
-        retries: further tries after a stall, a dropped connection or a short body.
+        connect_timeout, read_timeout, retries: seconds to connect; seconds within which a request is answered
+            and a body brings 64 KiB; further tries after a stall, a dropped connection or a short body.
         on_offline: called with the sentence saying the list is served from local copies.
-
-    Returns:
-        A new list of new dicts; the input is not changed.
 
     Raises:
         FileNotFoundError: missing objects, all named, before anything is downloaded.
-        RemoteDataError: a lookup or download failed, or the server is unreachable and some URLs have
-            no copy; the URLs named, no partial file at a final path.
-        ValueError: a negative ``retries``, a time limit that is not positive, ``workers < 1``.
-        MissingExtraError: an ``s3://`` URL without ``s3fs``, before any lookup.
+        RemoteDataError: a failed lookup or download (no partial file is left), or an unreachable server and
+            URLs without a copy; the URLs named.
+        ValueError, MissingExtraError: a bad option; an ``s3://`` URL without ``s3fs``, before any lookup.
 
     Examples:
         >>> files = localize([{"image": "s3://bucket/imagesTr/spleen_1.nii.gz"}])  # doctest: +SKIP
@@ -230,10 +222,8 @@ def read_remote_text(
 ) -> str:
     """The text of a small remote file, read directly, not cached, within the same time limits as `localize()`.
 
-    Raises:
-        FileNotFoundError: no such object (the URL is named).
-        RemoteDataError: any other failure to read it.
-        MissingExtraError: an ``s3://`` URL without ``s3fs`` installed (the ``s3`` extra).
+    A missing object is a ``FileNotFoundError``, any other failure a `RemoteDataError` (both name the URL); an
+    ``s3://`` URL without ``s3fs`` is a ``MissingExtraError``.
     """
     limits = _limits(connect_timeout, read_timeout, retries)
     _require_client([url])

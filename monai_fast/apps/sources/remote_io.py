@@ -76,28 +76,22 @@ def _limits(connect_timeout: float, read_timeout: float, retries: int) -> _Limit
 
 def _scheme(value: str) -> str | None:
     match = _SCHEME.match(value)
-    if match is None:
-        return None
-    scheme = match.group(1).lower()
+    scheme = match.group(1).lower() if match else None
     return scheme if scheme in known_implementations or scheme in fsspec.available_protocols() else None
 
 
 def is_url(value: Any) -> bool:
     """Whether ``value`` is a string URL whose scheme fsspec knows (``file://`` counts: it is used in place).
 
-    Examples:
-        >>> is_url("s3://b/k.nii.gz"), is_url("https://x.org/a.nii"), is_url("C:/data/a.nii"), is_url(3)
-        (True, True, False, False)
+    ``"s3://b/k.nii.gz"`` and ``"https://x.org/a.nii"`` are; ``"C:/data/a.nii"`` and ``3`` are not.
     """
     return isinstance(value, str) and _scheme(value) is not None
 
 
 def _require_client(urls: Sequence[str]) -> None:
     """Raise `MissingExtraError` naming the first URL whose client library is missing, before any connection."""
-    for url in urls:
-        if _scheme(url) in _S3:
-            require("s3fs", extra="s3", feature=f"reading {url}")
-            return
+    if (url := next((u for u in urls if _scheme(u) in _S3), None)) is not None:
+        require("s3fs", extra="s3", feature=f"reading {url}")
 
 
 def _options(url: str, storage_options: dict, limits: _Limits) -> dict:
@@ -105,13 +99,12 @@ def _options(url: str, storage_options: dict, limits: _Limits) -> dict:
     options = dict(storage_options)
     if _scheme(url) in _S3:
         # botocore's own retries would multiply ours; one attempt per try, ours counted and bounded
-        config = {
+        options["config_kwargs"] = {
             "connect_timeout": limits.connect_timeout,
             "read_timeout": limits.read_timeout,
             "retries": {"total_max_attempts": 1},
+            **(options.get("config_kwargs") or {}),
         }
-        config.update(options.get("config_kwargs") or {})
-        options["config_kwargs"] = config
     return options
 
 
@@ -174,19 +167,12 @@ def _retrying(
             if attempt > limits.retries:
                 raise
             pause = limits.backoff(attempt + 1)
-            logger.log(
-                level,
-                "%s: try %d of %d failed (%s); trying again in %.2f s",
-                what,
-                attempt,
-                limits.retries + 1,
-                _reason(e),
-                pause,
-            )
-            if stop is not None and stop.wait(pause):
-                raise _Stopped() from e
+            tries = f"try {attempt} of {limits.retries + 1}"
+            logger.log(level, f"{what}: {tries} failed ({_reason(e)}); trying again in {pause:.2f} s")
             if stop is None:
                 time.sleep(pause)
+            elif stop.wait(pause):
+                raise _Stopped() from e
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -173,19 +173,13 @@ def generate_msd(
     """Write a synthetic data set in MSD layout: ``imagesTr/``, ``labelsTr/`` and ``dataset.json`` (last, atomically).
 
     Args:
-        root: output folder (created if missing).
-        kind: ``"spleen-like"`` or ``"brats-like"``.
-        num_cases: number of training cases (image + label pairs).
-        shape: spatial shape of every volume, in voxels.
+        root, kind: output folder (created if missing); ``"spleen-like"`` or ``"brats-like"``.
+        num_cases, shape: number of image + label pairs; spatial shape of every volume, in voxels.
         spacing: voxel size in mm; default 1.6 x 1.6 x 2.5 (spleen-like) or 1 mm (brats-like).
-        seed: random seed; the same seed writes the same data.
-        progress: show a progress bar.
+        seed, progress: random seed (the same seed writes the same data); show a progress bar.
 
     Returns:
-        The data set folder, ready for `load_msd_datalist()`.
-
-    Raises:
-        ValueError: on an unknown ``kind`` or a non-positive size, naming the option at fault.
+        The data set folder, ready for `load_msd_datalist()`; an unknown ``kind`` or bad size is a ``ValueError``.
 
     Examples:
         >>> root = generate_msd("/tmp/spleen_like", kind="spleen-like", num_cases=4, shape=(64, 64, 32))
@@ -247,8 +241,8 @@ def recorded_parameters(root: Path) -> dict:
 
 
 def synthetic_dataset(kind: str, cases: int, shape: Sequence[int], seed: int, progress: bool = True) -> Path:
-    """The synthetic set for these parameters, written once under ``<cache_root()>/data`` and reused (a folder
-    whose ``dataset.json`` is missing, damaged or written for other parameters is written again)."""
+    """The synthetic set for these parameters, written once under ``<cache_root()>/data`` and reused (written
+    again when its ``dataset.json`` is missing, damaged or for other parameters)."""
     shape = tuple(int(s) for s in shape)
     root = cache_root() / "data" / f"{kind}-n{cases}-{'x'.join(map(str, shape))}-s{seed}"
     meta = recorded_parameters(root)

@@ -70,8 +70,7 @@ def _nuclei(rng: np.random.Generator, shape: tuple[int, int], cell: int, density
 def wsi_like_slide(rng: np.random.Generator, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One H&E-like slide at level 0 (``uint8``, H x W x 3) and its tissue and tumour masks (bool, coarse).
 
-    The masks have shape ``size // MASK_DOWNSAMPLE``; the slide is rendered in bands of rows, so
-    memory stays at a few bytes per pixel.
+    The masks have shape ``size // MASK_DOWNSAMPLE``; the slide is rendered in bands of rows to bound memory.
     """
     h, w = size
     coarse = (h // MASK_DOWNSAMPLE, w // MASK_DOWNSAMPLE)
@@ -83,11 +82,10 @@ def wsi_like_slide(rng: np.random.Generator, size: tuple[int, int]) -> tuple[np.
     band = MASK_DOWNSAMPLE * max(1, 1024 // MASK_DOWNSAMPLE)
     for r0 in range(0, h, band):
         rows = slice(r0 // MASK_DOWNSAMPLE, min(h, r0 + band) // MASK_DOWNSAMPLE)
-        up = [
+        tissue, tumour, shade = (
             np.repeat(np.repeat(m[rows], MASK_DOWNSAMPLE, axis=0), MASK_DOWNSAMPLE, axis=1)
             for m in (tissue_c, tumour_c, shade_c)
-        ]
-        tissue, tumour, shade = up
+        )
         shape = tissue.shape
         img = np.broadcast_to(_BACKGROUND, (*shape, 3)).copy()
         img[tissue] = _STROMA * stain
@@ -182,21 +180,18 @@ def generate_wsi(
     """Write a synthetic WSI data set: ``slides/``, ``masks/``, ``patches.csv`` and ``dataset.json`` (written last).
 
     Args:
-        root: output folder (created if missing).
-        num_slides: slides to write (>= 2); the last quarter of them (at least one) is validation.
-        size: level-0 size of every slide, (rows, columns), multiples of `MASK_DOWNSAMPLE`.
-        tile: TIFF tile size in pixels (a multiple of 16).
-        levels: pyramid levels, each half the size of the one before.
+        root, num_slides: output folder (created if missing); slides to write (>= 2), the last quarter of them
+            (at least one) for validation.
+        size, tile, levels: level-0 size (rows, columns) in multiples of `MASK_DOWNSAMPLE`; TIFF tile size (a
+            multiple of 16); pyramid levels, each half the size of the one before.
         patch_size: patch size at level 0 of the patch grid in ``patches.csv`` / ``dataset.json``.
-        seed: random seed; the same seed writes the same data.
-        progress: show a progress bar.
+        seed, progress: random seed (the same seed writes the same data); show a progress bar.
 
     Returns:
         The data set folder, ready for `load_wsi_datalist()`.
 
     Raises:
-        ValueError: on a bad option, naming it.
-        MissingExtraError: ``tifffile`` is not installed (the ``wsi`` extra), said before anything is written.
+        ValueError, MissingExtraError: a bad option, named; no ``tifffile`` (the ``wsi`` extra), before any write.
 
     Examples:
         >>> root = generate_wsi("/tmp/wsi_like", num_slides=2, size=(512, 512))  # doctest: +SKIP
@@ -238,13 +233,8 @@ def generate_wsi(
         },
         root / "dataset.json",
     )
-    logger.info(
-        "wrote %d wsi-like slides (%d training / %d validation patches) to %s",
-        num_slides,
-        len(lists["training"]),
-        len(lists["validation"]),
-        root,
-    )
+    counts = len(lists["training"]), len(lists["validation"])
+    logger.info("wrote %d wsi-like slides (%d training / %d validation patches) to %s", num_slides, *counts, root)
     return root
 
 
@@ -271,8 +261,7 @@ def load_wsi_datalist(root: str | os.PathLike) -> tuple[list[dict], list[dict]]:
         for n, item in enumerate(items):
             if not isinstance(item, dict):
                 raise WSIDataError(f"{path}: {key}[{n}] must be a patch entry (a mapping), got {item!r}")
-            missing = [k for k in ("image", "location", "label") if k not in item]
-            if missing:
+            if missing := [k for k in ("image", "location", "label") if k not in item]:
                 raise WSIDataError(f"{path}: {key}[{n}] has no {missing[0]!r}")
             if not isinstance(item["image"], str):
                 raise WSIDataError(f"{path}: {key}[{n}]['image'] must be one slide path, got {item['image']!r}")

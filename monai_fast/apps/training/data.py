@@ -55,9 +55,7 @@ class DataSource:
 def load_files(source: DataSource, progress: bool = True) -> tuple[Path | str | None, list[dict], list[dict]]:
     """``(data_root, train_files, val_files)`` of ``source``: its file lists, its ``data_dir`` or its synthetic data.
 
-    Args:
-        source: where the cases come from.
-        progress: a progress bar while synthetic data is written.
+    ``progress`` draws a progress bar while synthetic data is written.
 
     Raises:
         FileNotFoundError, monai_fast.apps.sources.msd.MSDDataError: ``data_dir`` is missing or incomplete.
@@ -80,12 +78,8 @@ def load_files(source: DataSource, progress: bool = True) -> tuple[Path | str | 
 def check_files(
     train_files: Sequence[dict], val_files: Sequence[dict], config: RecipeConfig, preflight: bool = True
 ) -> None:
-    """Every file checked before any training (unless ``preflight`` is off); a patch larger than the volumes logged.
-
-    Args:
-        train_files, val_files: ``{"image", "label"}`` dicts.
-        config: the recipe options the cases are trained with.
-        preflight: check every file (`monai_fast.data.preflight.preflight()`).
+    """Every file checked (`preflight()`) before any training unless ``preflight`` is off; a patch larger than the
+    volumes of ``config`` logged.
 
     Raises:
         monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
@@ -103,11 +97,7 @@ def check_files(
 def checked_files(
     source: DataSource, config: RecipeConfig, preflight: bool = True, progress: bool = True
 ) -> tuple[Path | str | None, list[dict], list[dict]]:
-    """`load_files()` of ``source``, then `check_files()` (arguments as theirs).
-
-    Raises:
-        monai_fast.data.preflight.PreflightError: listing every bad file with its reason.
-    """
+    """`load_files()` of ``source``, then `check_files()` (arguments and errors as theirs)."""
     data_root, train_files, val_files = load_files(source, progress)
     check_files(train_files, val_files, config, preflight)
     return data_root, train_files, val_files

@@ -79,12 +79,9 @@ class EpochRecorder:
         self.name, self.stopper, self.breakdown, self.writer = recipe_name, stopper, breakdown, writer
         self.log_epochs = log_epochs
         self.rows: list[EpochRow] = []
-        self._loss_sum = 0.0
-        self._n = 0
-        self._val_s = 0.0
+        self._loss_sum, self._n, self._val_s = 0.0, 0, 0.0
         self._val_dice: float | None = None
-        self._samples = 0
-        self._volumes = 0
+        self._samples, self._volumes = 0, 0
 
     def attach(self, trainer: Engine, evaluator: Engine) -> None:
         trainer.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)

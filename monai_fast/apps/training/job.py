@@ -41,19 +41,17 @@ class TrainJob:
         model_dir: ``model.pth`` and ``recipe.json``; ``None``: ``<output_dir>/model``.
         data_dir: an MSD-layout folder or its URL; ``None``: ``synthetic`` data.
         synthetic, val_fraction, seed: the synthetic set, the validation share, the seed of everything.
-        preflight: check every file of the data before training.
-        overrides: `RecipeConfig` fields.
+        preflight, overrides: check every file of the data before training; `RecipeConfig` fields.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         target, time_budget_s: validation mean Dice to stop at (1: every epoch runs); seconds of training.
-        progress: progress bars (on rank 0).
-        tensorboard_dir: also write TensorBoard events here.
+        progress, tensorboard_dir: progress bars (on rank 0); also write TensorBoard events here.
         checkpoint_dir, save_every: make the run preemption-safe (`Preemption`), checkpointing every N iterations.
         record_options: what ``results.json`` records under ``options``.
 
     Raises:
         OptionError: naming the first bad option, before anything runs.
 
-    Examples:
+    Example:
         >>> TrainJob(output_dir="runs/x", device="cpu").model_dir
         PosixPath('runs/x/model')
     """
@@ -112,15 +110,11 @@ class TrainOutcome:
     """What `train_job()` did on one rank.
 
     Attributes:
-        lead: this rank wrote the outputs (rank 0).
-        network: the network trained (``"unet"``, ``"segresnet"``).
+        lead, network: this rank wrote the outputs (rank 0); the network trained (``"unet"``, ``"segresnet"``).
         result: the run's `TrainResult`; ``None`` when a stop signal stopped it.
-        model: ``model.pth`` where it was written, else ``None``.
-        results: ``results.json`` where it was written, else ``None``.
-        report: the doctor's ``report.md`` where it was written, else ``None``.
+        model, results, report: ``model.pth``, ``results.json``, the doctor's ``report.md`` where written.
         failed: the outputs that could not be written, each with why (a full disk: the space missing).
-        stopped: what a run stopped by a stop signal says (the checkpoint written, or why none was needed);
-            ``None`` when it ran to its end.
+        stopped: what a run stopped by a stop signal says (the checkpoint written, or why none was needed).
     """
 
     lead: bool
@@ -144,7 +138,7 @@ def train_job(job: TrainJob) -> TrainOutcome:
         OptionError: an output folder that cannot be written, or a model folder without room for the model.
         monai_fast.folders.RunFolderBusyError: another run holds the output folder.
 
-    Examples:
+    Example:
         >>> outcome = train_job(TrainJob(output_dir="runs/mine", device="cpu"))  # doctest: +SKIP
     """
     from ignite import distributed as idist
@@ -180,16 +174,9 @@ def _train_owned(job: TrainJob, config: RecipeConfig, lead: bool) -> TrainOutcom
 
     device = resolve_device(job.device)
     data_root, train_files, val_files = checked_files(job.source, config, job.preflight, job.progress)
+    out = job.output_dir if lead else None
     run = TargetRun(
-        job.recipe,
-        train_files,
-        val_files,
-        config,
-        device,
-        job.target,
-        job.time_budget_s,
-        job.output_dir if lead else None,
-        job.progress and lead,
+        job.recipe, train_files, val_files, config, device, job.target, job.time_budget_s, out, job.progress and lead
     )
     writer = _attach_tensorboard(run.built, Path(job.tensorboard_dir)) if lead and job.tensorboard_dir else None
     preemption = None

@@ -15,11 +15,9 @@ __all__ = ["OptionError", "check_writable_dir", "recipe_config", "resolve_device
 
 
 class OptionError(ValueError):
-    """An option of a run is invalid; ``option`` names it (a field name, dotted for nested ones).
+    """An option of a run is invalid; ``option`` names it (a field name, dotted for nested ones; the CLI's flag).
 
-    The command line turns ``option`` into its flag.
-
-    Examples:
+    Example:
         >>> str(OptionError("target", "must be in (0, 1], got 2"))
         'target: must be in (0, 1], got 2'
     """
@@ -31,11 +29,8 @@ class OptionError(ValueError):
 
 
 def resolve_device(name: str) -> str:
-    """``"auto"`` -> ``"cuda"`` or ``"cpu"``; a CUDA name on a build without CUDA is an error.
-
-    Raises:
-        OptionError: naming ``device``.
-    """
+    """``"auto"`` -> ``"cuda"`` or ``"cpu"``; a bad name, or a CUDA name on a build without CUDA, raises
+    `OptionError` naming ``device``."""
     import torch
 
     from monai_fast.telemetry import cuda_available
@@ -52,11 +47,7 @@ def resolve_device(name: str) -> str:
 
 
 def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
-    """Create ``path`` (with parents) and write a scratch file there; raise naming ``option`` if either fails.
-
-    Raises:
-        OptionError: naming ``option`` and why the folder cannot be written.
-    """
+    """Create ``path`` (and parents) and write a scratch file there; if either fails, `OptionError` names ``option``."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -68,11 +59,7 @@ def check_writable_dir(path: str | os.PathLike, option: str) -> Path:
 
 
 def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
-    """The `RecipeConfig` of ``overrides`` with ``seed``; unknown or bad fields raise naming ``overrides``.
-
-    Raises:
-        OptionError: naming ``overrides``.
-    """
+    """The `RecipeConfig` of ``overrides`` with ``seed``; a bad or unknown field raises `OptionError` (overrides)."""
     known = {f.name for f in fields(RecipeConfig)} - {"seed"}
     if unknown := sorted(set(overrides) - known):
         raise OptionError(
@@ -86,11 +73,8 @@ def recipe_config(overrides: Mapping[str, Any], seed: int) -> RecipeConfig:
 
 
 def check_run_numbers(target: float, time_budget_s: float | None, val_fraction: float) -> None:
-    """The target Dice in (0, 1], a time budget > 0 (or ``None``), the validation share in (0, 1).
-
-    Raises:
-        OptionError: naming the first bad one.
-    """
+    """The target Dice in (0, 1], a time budget > 0 (or ``None``), the validation share in (0, 1); else `OptionError`
+    naming the first bad one."""
     if not 0.0 < target <= 1.0:
         raise OptionError("target", f"must be in (0, 1], got {target}")
     if time_budget_s is not None and not time_budget_s > 0:
@@ -100,11 +84,8 @@ def check_run_numbers(target: float, time_budget_s: float | None, val_fraction: 
 
 
 def check_synthetic(kind: str, cases: int, shape: tuple[int, ...]) -> None:
-    """A synthetic set that can be generated: a known kind, at least one case, three sizes of at least 8.
-
-    Raises:
-        OptionError: naming ``synthetic.kind``, ``synthetic.cases`` or ``synthetic.shape``.
-    """
+    """A synthetic set that can be generated: a known kind, at least one case, three sizes of at least 8; else
+    `OptionError` naming ``synthetic.kind``, ``synthetic.cases`` or ``synthetic.shape``."""
     from monai_fast.apps.sources.synthetic import KINDS
 
     if kind not in KINDS:
@@ -116,10 +97,7 @@ def check_synthetic(kind: str, cases: int, shape: tuple[int, ...]) -> None:
 
 
 def check_precision(config: RecipeConfig, device: str) -> None:
-    """fp16 only on a CUDA device (bf16, fp32 and the automatic choice run anywhere).
-
-    Raises:
-        OptionError: naming ``precision``.
-    """
+    """fp16 only on a CUDA device (bf16, fp32 and the automatic choice run anywhere); else `OptionError` naming
+    ``precision``."""
     if config.precision == "fp16" and not str(device).startswith("cuda"):
         raise OptionError("precision", f"'fp16' runs on a CUDA device only, not on {device}: use auto, bf16 or fp32")

@@ -46,10 +46,8 @@ def run_meta(data_root: Path | str | None, device: str, options: Mapping[str, An
 
 
 def plot_dice_vs_time(results: Sequence[TrainResult], path: str | os.PathLike, target: float | None = None) -> Path:
-    """PNG of validation Dice against wall-clock seconds (caching included), one line per recipe.
-
-    The figure is drawn without pyplot, so the caller's matplotlib backend stays as it is.
-    """
+    """PNG of validation Dice against wall-clock seconds (caching included), one line per recipe, drawn without
+    pyplot (the caller's matplotlib backend stays as it is)."""
     figure = require("matplotlib.figure", extra="plots", feature="the Dice-vs-time PNG of a race")
     fig = figure.Figure(figsize=(7, 4.2), dpi=110)
     ax = fig.subplots()
@@ -79,19 +77,11 @@ def write_results(
     meta: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
 ) -> dict:
-    """Write ``results.json``, ``epochs.csv`` (all results) and ``dice_vs_time.png`` into ``run_dir``.
+    """Write ``results.json``, ``epochs.csv`` (all results) and ``dice_vs_time.png`` into ``run_dir`` (created).
 
     Each file is tried on its own: one that cannot be written (a full disk) is logged with its path,
-    the others are still written, and the first failure is raised at the end.
-
-    Args:
-        results: one result per recipe run.
-        run_dir: the folder written into (created).
-        meta: what ``results.json`` holds before the results (`run_meta()`).
-        extra: what ``results.json`` holds after them (a race's speed-ups).
-
-    Returns:
-        The dict written to ``results.json``.
+    the others are still written, and the first failure is raised at the end. ``results.json`` holds
+    ``meta`` (`run_meta()`), the results, then ``extra`` (a race's speed-ups); that dict is returned.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -88,9 +88,9 @@ def run_to_target(
 ) -> TrainResult:
     """Build ``recipe`` and train it until validation mean Dice >= ``target`` or the budget is spent.
 
-    A `TargetRun` (arguments as its own) run to its end in one segment; returns its `TrainResult`.
+    A `TargetRun` (arguments as its own) run to its end in one segment.
 
-    Examples:
+    Example:
         >>> result = run_to_target("fast", train_files, val_files, device="cpu", time_budget_s=60)  # doctest: +SKIP
     """
     run = TargetRun(recipe, train_files, val_files, config, *args, **kwargs)
@@ -107,14 +107,13 @@ class TargetRun:
     Args:
         recipe: one of `monai_fast.apps.recipes.RECIPES`.
         train_files, val_files: ``{"image", "label"}`` dicts, e.g. from `load_msd_datalist()`.
-        config: recipe options.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        config, device: recipe options; ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         target: validation mean Dice (background excluded) to reach.
         time_budget_s: wall-clock limit in seconds; ``None``: ``config.max_epochs`` is the only limit.
         run_dir: if given, ``run_dir/<recipe>/`` receives TensorBoard events, ``epochs.csv`` and the run record.
         progress: a progress bar per epoch where one fits, else a log line per epoch.
 
-    Examples:
+    Example:
         >>> run = TargetRun("baseline", train_files, val_files, device="cpu", time_budget_s=600)  # doctest: +SKIP
         >>> run.segment(epochs=1); result = run.finish()  # doctest: +SKIP
     """
@@ -152,15 +151,9 @@ class TargetRun:
         self.recorder = EpochRecorder(recipe, self.stopper, self.breakdown, self.writer, log_epochs=not bars)
         self.recorder.attach(trainer, evaluator)
         if bars:
-            loss_of = from_engine(["loss"], first=True)
-            stopper = self.stopper
-            ProgressBar(persist=False, desc=f"{recipe}").attach(
-                trainer,
-                output_transform=lambda out: {
-                    "loss": loss_of(out),
-                    "last val Dice": stopper.history[-1][2] if stopper.history else 0.0,
-                },
-            )
+            loss_of, seen = from_engine(["loss"], first=True), self.stopper
+            shown = lambda out: {"loss": loss_of(out), "last val Dice": seen.history[-1][2] if seen.history else 0.0}
+            ProgressBar(persist=False, desc=f"{recipe}").attach(trainer, output_transform=shown)
         self._segment_end = 0
         trainer.add_event_handler(Events.EPOCH_COMPLETED, self._maybe_pause)
         trainer.add_event_handler(Events.STARTED, self._record_pause)
@@ -184,9 +177,8 @@ class TargetRun:
 
     def elapsed(self) -> float:
         """Seconds on this recipe's clock (setup and its own segments only)."""
-        return (self._paused_at if self._paused_at is not None else time.perf_counter()) - (
-            self.stopper.start_time or 0.0
-        )
+        now = self._paused_at if self._paused_at is not None else time.perf_counter()
+        return now - (self.stopper.start_time or 0.0)
 
     def _seconds_left(self) -> float | None:
         budget = self.time_budget_s
@@ -201,9 +193,7 @@ class TargetRun:
         return self.stopper.reached_s is not None or self.stopper.budget_exhausted or over or state.epoch >= max_epochs
 
     def segment(self, epochs: int | None = 1) -> None:
-        """Train ``epochs`` more epochs (``None``: to the end), the clock running only meanwhile.
-
-        It ends the program's set-up (`end_of_setup()`).
+        """Train ``epochs`` more epochs (``None``: to the end), the clock running only meanwhile; ends the set-up.
 
         Raises:
             SystemExit: 143, when a stop signal arrived during the set-up and no ``Preemption`` took it over.
@@ -223,8 +213,7 @@ class TargetRun:
             self._paused_at = time.perf_counter()
 
     def _record_pause(self, engine: Engine) -> None:
-        """The time since its last segment (the other recipes' set-up and turns) as a ``paused`` span: not idle
-        time of its own, so the doctor gives it no advice."""
+        """The time since its last segment as a ``paused`` span, which the doctor gives no advice on."""
         record = record_of(engine)
         if self._pause is not None and record is not None:
             record.add_span(Category.PAUSED, *self._pause, source=Source.RECIPE)
@@ -237,8 +226,7 @@ class TargetRun:
     def finish(self) -> TrainResult:
         """Close the TensorBoard writer, write ``epochs.csv`` and return the `TrainResult` (once).
 
-        The result is kept before ``epochs.csv`` is written, so after a failed write (`NoSpaceError`) a
-        second call still returns it.
+        The result is kept before ``epochs.csv`` is written: after a failed write a second call still returns it.
         """
         if self._finished is None:
             if self.writer is not None:
@@ -287,8 +275,7 @@ def loss_writer(folder: Path, trainer: Engine, feature: str) -> SummaryWriter:
 
 
 def _attach_telemetry(built: Recipe, out: Path | None, t0: float) -> SummaryWriter | None:
-    """TensorBoard, the run record (its set-up span from ``t0``), NVTX, the GPU sampler and throughput on
-    ``built``'s engines."""
+    """TensorBoard, the run record (its set-up span from ``t0``), NVTX, GPU sampler and throughput on the engines."""
     trainer, evaluator = built.trainer, built.evaluator
     writer = None
     if out is not None:

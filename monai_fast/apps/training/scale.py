@@ -1,8 +1,4 @@
-"""How big a run on synthetic data is by default on a device (``demo`` and ``train``), with no CUDA call.
-
-Small on a CPU (16 volumes, a small UNet); on CUDA a spleen-scale set with MONAI's tutorial UNet
-(docs/demo.md).
-"""
+"""How big a run on synthetic data is by default on a device (``demo`` and ``train``), with no CUDA call."""
 
 from __future__ import annotations
 
@@ -21,10 +17,9 @@ class DemoScale:
     """The default data and network of a run on a device (the demo's and train's).
 
     Attributes:
-        device: the device type it is for (``"cuda"``, ``"cpu"``).
+        device, name: the device type it is for (``"cuda"``, ``"cpu"``); what the default is, in words.
         synthetic: the synthetic set generated when no data is given.
         overrides: `RecipeConfig` fields (patch, network) set for every recipe.
-        name: what the default is, in words.
     """
 
     device: str
@@ -34,9 +29,9 @@ class DemoScale:
 
 
 def demo_scale(device: torch.device) -> DemoScale:
-    """The default size on ``device``: spleen-scale with MONAI's tutorial UNet on CUDA, small elsewhere.
+    """The default size on ``device``: spleen-scale with MONAI's tutorial UNet on CUDA, small elsewhere (docs/demo.md).
 
-    Examples:
+    Example:
         >>> demo_scale(torch.device("cpu")).overrides
         {}
     """
