@@ -630,3 +630,36 @@ def test_an_evaluator_that_is_not_ready_decides_at_the_first_run_that_begins_rea
     evaluator.run()
     assert not choice.compiled and "network calls left" in choice.reason, choice.reason
     assert choice.evidence["eager_step_s"] >= 0.01 and choice._counter == []
+
+
+def test_fast_training_decides_the_evaluators_compile_only_once_the_trainers_layout_is_chosen(tiny_files, monkeypatch):
+    """Validations that run while the trainer's layout is measured (2-iteration epochs, rounds over 8 or more
+    iterations) leave the evaluator's compile undecided; the first one after the choice decides it; a run that
+    ends before any validation could decide says so."""
+    from ignite.engine import Events
+    from test_fast_training import _user_trainer
+
+    from monai_fast.handlers import FastTraining
+    from monai_fast.telemetry.record import Lever
+
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: a[0])
+    net = _KnownLayouts(eager_s=0.02, plain_s=0.0, last_s=0.0)
+    trainer, evaluator = _user_trainer(tiny_files, network=net, max_epochs=20)
+    fast = FastTraining(cache=False, precision=False, prefetch=False, prediction_layout=False, tune_store=None)
+    fast.attach(trainer, evaluator)
+    seen = []  # at each validation's end: (the layout chosen, the evaluator's compile decided)
+    evaluator.add_event_handler(
+        Events.COMPLETED, lambda e: seen.append((fast._layout.chosen, Lever.VALIDATION_COMPILE in fast.applied))
+    )
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: seen and seen[-1][1] and e.terminate())
+    trainer.run()
+    assert seen[0] == (False, False) and seen[-1] == (True, True), seen
+    assert [decided for _, decided in seen].count(True) == 1  # decided at the first validation after the choice
+    assert seen[-2][1] is False and "the run ended" not in fast.applied[Lever.VALIDATION_COMPILE]["reason"]
+
+    trainer, evaluator = _user_trainer(tiny_files, network=_KnownLayouts(0.02, 0.0, 0.0), max_epochs=20)
+    fast = FastTraining(cache=False, precision=False, prefetch=False, prediction_layout=False, tune_store=None)
+    fast.attach(trainer, evaluator)
+    _run_steps(trainer, 3)  # one validation, inside the layout's rounds
+    said = fast.applied[Lever.VALIDATION_COMPILE]
+    assert said["setting"] == "eager" and "the run ended before the choice was ready" in said["reason"], said

@@ -127,11 +127,12 @@ class CompileChoice(EngineHandler):
             self.on(engine, Events.ITERATION_STARTED(once=1), self._choose)
         else:
             self.on(engine, Events.ITERATION_STARTED, self._choose)
-            self.on_run_end(engine, self._run_ended)
+            self.on_run_end(engine, self.conclude)
 
-    def _run_ended(self, engine: Engine) -> None:
-        """A trainer's run that ends while the choice still waits for ``ready`` stays eager, and says so."""
-        if self._decided:
+    def conclude(self, engine: Engine | None = None) -> None:
+        """A choice still waiting for ``ready`` stays eager, and says so (a trainer's at its run's end; an
+        evaluator's where its owner calls this when the training ends)."""
+        if self._decided or self.mode is False:
             return
         self._decided = True
         self.reason, self.evidence = "eager kept: the run ended before the choice was ready to measure", {}

@@ -157,7 +157,7 @@ class FastTraining(EngineHandler):
             self._apply_levers(trainer, evaluator, device)  # measuring here must not shift the run's random stream
         self.on(trainer, Events.STARTED, self._record)
         self.on(trainer, Events.STARTED, self._start_clock)
-        self.on_run_end(trainer, self._conclude_prefetch)
+        self.on_run_end(trainer, self._conclude)
 
     def _start_clock(self, trainer: Engine) -> None:
         if self._started is None:
@@ -172,10 +172,11 @@ class FastTraining(EngineHandler):
             return None
         return limit - (time.monotonic() - self._started if self._started is not None else 0.0)
 
-    def _conclude_prefetch(self, trainer: Engine) -> None:
-        """Every prefetch choice still measuring when the trainer's run ends keeps its setting, with its reason."""
-        for choice in self._choices.values():
-            choice.conclude()
+    def _conclude(self, trainer: Engine) -> None:
+        """Every choice still measuring or waiting when the trainer's run ends keeps its setting, with its reason."""
+        for helper in self._helpers:
+            if isinstance(helper, (PrefetchChoice, CompileChoice)):
+                helper.conclude()
 
     def _apply_levers(self, trainer: Workflow, evaluator: Workflow | None, device: torch.device) -> None:
         record = record_of(trainer)  # with a RecordHandler attached first, the fill is in the doctor's wall clock

@@ -109,12 +109,25 @@ class _Transfer:
             raise EOFError(f"the body ended after {self.written} of the object's {size} bytes")
 
 
-class _Temporaries(set):
-    """The temporary files of the downloads in progress (``add`` and ``discard`` are atomic on a ``set``)."""
+class _Temporaries:
+    """The temporary files of the downloads in progress, removed by the caller when it is interrupted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: set[str] = set()
+
+    def add(self, path: str) -> None:
+        with self._lock:
+            self._paths.add(path)
+
+    def discard(self, path: str) -> None:
+        with self._lock:
+            self._paths.discard(path)
 
     def remove_all(self) -> None:
-        """Remove them: the caller was interrupted."""
-        for path in list(self):
+        with self._lock:
+            paths, self._paths = self._paths, set()
+        for path in paths:
             with contextlib.suppress(OSError):
                 os.unlink(path)
 

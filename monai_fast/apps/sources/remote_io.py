@@ -167,8 +167,8 @@ def _retrying(
             if attempt > limits.retries:
                 raise
             pause = limits.backoff(attempt + 1)
-            tries = f"try {attempt} of {limits.retries + 1}"
-            logger.log(level, f"{what}: {tries} failed ({_reason(e)}); trying again in {pause:.2f} s")
+            tries = (attempt, limits.retries + 1, _reason(e), pause)
+            logger.log(level, "%s: try %d of %d failed (%s); trying again in %.2f s", what, *tries)
             if stop is None:
                 time.sleep(pause)
             elif stop.wait(pause):
