@@ -662,4 +662,10 @@ def test_fast_training_decides_the_evaluators_compile_only_once_the_trainers_lay
     fast.attach(trainer, evaluator)
     _run_steps(trainer, 3)  # one validation, inside the layout's rounds
     said = fast.applied[Lever.VALIDATION_COMPILE]
-    assert said["setting"] == "eager" and "the run ended before the choice was ready" in said["reason"], said
+    assert said["setting"] == "eager" and "every validation so far began before the choice was ready" in said["reason"]
+    # a run that ends before any validation has nothing to say of it: a later run's validation decides
+    trainer, evaluator = _user_trainer(tiny_files, network=_KnownLayouts(0.02, 0.0, 0.0), max_epochs=20)
+    fast = FastTraining(cache=False, precision=False, prefetch=False, prediction_layout=False, tune_store=None)
+    fast.attach(trainer, evaluator)
+    _run_steps(trainer, 1)
+    assert Lever.VALIDATION_COMPILE not in fast.applied

@@ -110,6 +110,7 @@ class CompileChoice(EngineHandler):
         self._calls: list[tuple[torch.Size, float]] = []  # an evaluator's first iteration: each call's shape, seconds
         self._counter: list[Any] = []
         self._counting = False  # an evaluator's run counts its network's calls (it began ready)
+        self._waited = False  # an evaluator's run began before it was ready, since the last `conclude`
         self.evidence: dict[str, Any] = {}
         self._hook: Any = None
         self._network: torch.nn.Module | None = None
@@ -130,12 +131,18 @@ class CompileChoice(EngineHandler):
             self.on_run_end(engine, self.conclude)
 
     def conclude(self, engine: Engine | None = None) -> None:
-        """A choice still waiting for ``ready`` stays eager, and says so (a trainer's at its run's end; an
-        evaluator's where its owner calls this when the training ends)."""
-        if self._decided or self.mode is False:
+        """A choice still waiting for ``ready`` says it stays eager: a trainer's for good, at its run's end; an
+        evaluator's whose runs all began before it was ready (its owner calls this at the training's run end)
+        until a later run that begins ready decides."""
+        if self._decided or self.mode is False or (self.evaluation and not self._waited):
             return
-        self._decided = True
-        self.reason, self.evidence = "eager kept: the run ended before the choice was ready to measure", {}
+        self._decided, self._waited = not self.evaluation, False
+        self.reason = (
+            "eager kept: every validation so far began before the choice was ready to measure"
+            if self.evaluation
+            else "eager kept: the run ended before the choice was ready to measure"
+        )
+        self.evidence = {}
         if self.on_choice is not None:
             self.on_choice(False, self.reason, self.evidence)
         else:
@@ -171,7 +178,10 @@ class CompileChoice(EngineHandler):
         return getattr(network, "module", network)  # DDP / DataParallel: compile what they call
 
     def _count_calls(self, engine: Engine) -> None:
-        if self._decided or (self.ready is not None and not self.ready()):
+        if self._decided:
+            return
+        if self.ready is not None and not self.ready():
+            self._waited = True  # a run of an evaluator that began before it was ready: `conclude` says so
             return
         self._counting, net = True, self._net(engine)
         if not isinstance(net, torch.nn.Module):
