@@ -319,3 +319,15 @@ def test_tune_command_then_demo_applies_the_cached_pick(tmp_path, capsys):
 def test_tune_command_names_bad_ranges():
     with pytest.raises(SystemExit, match="batch_range"):
         main(["tune", "--cases", "3", "--shape", "16", "16", "16", "--batch-range", "4", "2", "--no-progress"])
+
+
+def test_add_options_takes_keywords_as_a_fifth_item_and_names_an_option_with_more():
+    import argparse
+
+    from monai_fast.apps.cli import add_options
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, [("--a", int, 1, "a"), ("--b", int, None, "b", {"nargs": 2, "metavar": "N"})])
+    assert vars(parser.parse_args(["--b", "3", "4"])) == {"a": 1, "b": [3, 4]}
+    with pytest.raises(ValueError, match="--c: .* got 6 items"):
+        add_options(parser, [("--c", int, 1, "c", {}, "stray")])

@@ -52,6 +52,8 @@ def add_options(g: argparse._ActionsContainer, options: Iterable[tuple[Any, ...]
     A fifth item, a dict, holds more ``add_argument`` keywords (``choices``, ``nargs``, ``metavar``...).
     """
     for flag, kind, default, text, *more in options:
+        if len(more) > 1:
+            raise ValueError(f"add_options: {flag}: (flag, type, default, help[, keywords]), got {4 + len(more)} items")
         g.add_argument(flag, type=kind, default=default, help=text, **(more[0] if more else {}))
 
 
