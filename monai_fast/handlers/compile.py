@@ -24,7 +24,7 @@ from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.handlers.memory_format import MEMORY_FORMATS, in_channels_last_3d, layout_pinned, to_layout
+from monai_fast.handlers.memory_format import MEMORY_FORMATS, layout_pinned, layouts_of, to_layout
 from monai_fast.handlers.throughput import batch_shape
 from monai_fast.telemetry import device_description, synchronize
 from monai_fast.telemetry.memory import is_out_of_memory
@@ -433,8 +433,7 @@ class CompileChoice(EngineHandler):
     ) -> Decision | None:
         """Rounds of the compiled step in the network's layout against a compiled copy in the other one
         (``None`` when that copy does not compile or run)."""
-        mine = "channels_last_3d" if in_channels_last_3d(net) else "contiguous"
-        theirs = "contiguous" if mine == "channels_last_3d" else "channels_last_3d"
+        mine, theirs = layouts_of(net)
         try:  # a 4-D weight refuses channels_last_3d; a compiler or the memory may refuse the copy
             other = copy().to(memory_format=MEMORY_FORMATS[theirs])
             other.forward = torch.compile(other.forward)  # its graph breaks were found on the first layout

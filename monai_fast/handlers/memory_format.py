@@ -50,6 +50,7 @@ __all__ = [
     "choose_memory_format",
     "in_channels_last_3d",
     "layout_pinned",
+    "layouts_of",
     "to_layout",
 ]
 
@@ -91,9 +92,15 @@ def in_channels_last_3d(network: torch.nn.Module) -> bool:
     return all(last) and any(is_last and not p.is_contiguous() for p, is_last in zip(weights, last, strict=True))
 
 
-def _own_layout(network: Any) -> str:
-    """The layout ``network``'s weights are in (a DDP wrapper looked through)."""
-    return "channels_last_3d" if in_channels_last_3d(getattr(network, "module", network)) else "contiguous"
+def layouts_of(network: Any) -> tuple[str, str]:
+    """``(the layout network's weights are in, the other one)``, a DDP wrapper looked through.
+
+    Examples:
+        >>> layouts_of(torch.nn.Conv3d(2, 4, 3))
+        ('contiguous', 'channels_last_3d')
+    """
+    last = in_channels_last_3d(getattr(network, "module", network))
+    return ("channels_last_3d", "contiguous") if last else ("contiguous", "channels_last_3d")
 
 
 def _step_in_channels_last(network: torch.nn.Module, shape: Any, device: torch.device, dtype: Any) -> None:
@@ -110,7 +117,7 @@ def _rejection(e: Exception) -> str:
 
 def _unmeasured(network: Any, batch: Any, request: str) -> tuple[str, str] | None:
     """``(layout, reason)`` where nothing needs measuring (a pinned layout, a request, no 5-D input), else None."""
-    own = _own_layout(network)
+    own = layouts_of(network)[0]
     if pinned := layout_pinned(network):
         return own, f"layout kept: {pinned}"
     if request == "contiguous":
@@ -157,7 +164,7 @@ def choose_memory_format(
         return (*kept, None)
     found = batch_shape(batch) or ()  # 5-D: `_unmeasured` answered for any other
     device = torch.device(device)
-    own = _own_layout(net)
+    names = layouts_of(net)
 
     def measure_at(n: int) -> list[Any]:
         shape = torch.Size([n, *found[1:]])
@@ -167,7 +174,6 @@ def choose_memory_format(
         copies = {name: network_copy(net).to(device).train().to(memory_format=f) for name, f in MEMORY_FORMATS.items()}
         x = torch.randn(shape, device=device)
         xs = {"contiguous": x, "channels_last_3d": x.contiguous(memory_format=torch.channels_last_3d)}
-        names = (own, "contiguous" if own == "channels_last_3d" else "channels_last_3d")
         measured = decide(
             *(functools.partial(training_step_s, copies[n], xs[n], dtype) for n in names),
             names=names,
@@ -325,8 +331,8 @@ class LayoutChoice(EngineHandler):
             to_layout(network, optimizer, layout)  # both ways: a network in channels_last_3d goes back
             self._settle(engine, layout, reason, evidence)
             return
-        own = _own_layout(network)
-        self._names = (own, "contiguous" if own == "channels_last_3d" else "channels_last_3d")
+        self._names = layouts_of(network)
+        own = self._names[0]
         need = 2 + 2 * MIN_ROUNDS
         left = None if planned is None else planned - state.iteration + 1
         if left is not None and left < need:
@@ -396,7 +402,7 @@ class LayoutChoice(EngineHandler):
             why = why or f"the run ended after {len(self.rounds)} of the {MIN_ROUNDS} rounds needed"
             self._shape = None  # no shape to wait for
         else:
-            own = _own_layout(engine.network)
+            own = layouts_of(engine.network)[0]
             why = "the run ended before its first iteration"
         self._settle(engine, own, f"{own} kept: {why}", None)
 
