@@ -34,8 +34,7 @@ from pathlib import Path
 from busy import busy_cores
 
 from monai_fast.apps.demo.headline import format_headline, headline
-from monai_fast.apps.training.epochs import EpochRow
-from monai_fast.apps.training.run import TrainResult
+from monai_fast.apps.training.run import EpochRow, TrainResult
 from monai_fast.files import write_json
 
 

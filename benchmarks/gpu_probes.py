@@ -91,7 +91,7 @@ def probe_kernels(args: argparse.Namespace) -> dict:
     from monai.networks.nets import UNet
     from torch.profiler import ProfilerActivity, profile
 
-    from monai_fast.handlers.kernel_profiler import summarise_profile
+    from monai_fast.handlers.profiling import summarise_profile
 
     dev = torch.device(args.device)
     channels, patch, batch = ((4, 8, 16), 32, 1) if args.tiny else ((16, 32, 64, 128, 256), 96, 2)

@@ -32,8 +32,7 @@ import torch
 from monai.inferers import SlidingWindowInferer
 
 from monai_fast.apps.inference import BACKENDS, BackendUnavailable, agreement, build_predictor, load_checkpoint, missing
-from monai_fast.apps.inference.backends import precision_of
-from monai_fast.apps.inference.compare import MIN_DICE
+from monai_fast.apps.inference.backends import MIN_DICE, precision_of
 from monai_fast.apps.inference.run import inference_transforms
 from monai_fast.apps.recipes import RecipeConfig, build_recipe
 from monai_fast.apps.recipes.parts import build_network

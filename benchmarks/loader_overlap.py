@@ -57,7 +57,7 @@ def child(spec: dict) -> dict:
     from monai_fast.handlers import FastTraining
 
     if spec["variant"] == "prefetch_team":  # the loader thread keeps torch's own team (the variant compared)
-        import monai_fast.data.thread_buffer as thread_buffer
+        import monai_fast.data.loaders as thread_buffer
 
         thread_buffer.serial_openmp_here = lambda: False
 

@@ -15,16 +15,16 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "FastTraining": "monai_fast.handlers.fast_training",
     "AMPToggle": "monai_fast.handlers.amp",
-    "BackgroundValidation": "monai_fast.handlers.background_validation",
+    "BackgroundValidation": "monai_fast.handlers.validation_schedule",
     "ClassesInnermost": "monai_fast.handlers.prediction_layout",
     "CompileChoice": "monai_fast.handlers.compile",
-    "EpochLengthGuard": "monai_fast.handlers.epoch_length_guard",
-    "GPUSampler": "monai_fast.handlers.gpu_sampler",
-    "InferenceSplit": "monai_fast.handlers.inference_split",
-    "KernelProfiler": "monai_fast.handlers.kernel_profiler",
+    "EpochLengthGuard": "monai_fast.handlers.guards",
+    "GPUSampler": "monai_fast.handlers.profiling",
+    "InferenceSplit": "monai_fast.handlers.time_breakdown",
+    "KernelProfiler": "monai_fast.handlers.profiling",
     "MainThreadCore": "monai_fast.handlers.core_pin",
-    "NVTXHandler": "monai_fast.handlers.nvtx",
-    "NonFiniteGuard": "monai_fast.handlers.nonfinite",
+    "NVTXHandler": "monai_fast.handlers.profiling",
+    "NonFiniteGuard": "monai_fast.handlers.guards",
     "Preemption": "monai_fast.handlers.preemption",
     "PrefetchChoice": "monai_fast.handlers.prefetch",
     "RecordHandler": "monai_fast.handlers.record",
@@ -32,7 +32,7 @@ _EXPORTS = {
     "SmartCacheUpdater": "monai_fast.handlers.smartcache",
     "ThroughputMonitor": "monai_fast.handlers.throughput",
     "TimeBreakdown": "monai_fast.handlers.time_breakdown",
-    "TimeToTarget": "monai_fast.handlers.time_to_target",
+    "TimeToTarget": "monai_fast.handlers.validation_schedule",
     "ValidationSchedule": "monai_fast.handlers.validation_schedule",
     "SafeThreadDataLoader": "monai_fast.data.loaders",
     "SafeSmartCacheDataset": "monai_fast.data.smartcache",
@@ -48,24 +48,24 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on f
     from monai_fast.data.planner import plan_cache as plan_cache
     from monai_fast.data.smartcache import SafeSmartCacheDataset as SafeSmartCacheDataset
     from monai_fast.handlers.amp import AMPToggle as AMPToggle
-    from monai_fast.handlers.background_validation import BackgroundValidation as BackgroundValidation
     from monai_fast.handlers.compile import CompileChoice as CompileChoice
     from monai_fast.handlers.core_pin import MainThreadCore as MainThreadCore
-    from monai_fast.handlers.epoch_length_guard import EpochLengthGuard as EpochLengthGuard
     from monai_fast.handlers.fast_training import FastTraining as FastTraining
-    from monai_fast.handlers.gpu_sampler import GPUSampler as GPUSampler
-    from monai_fast.handlers.inference_split import InferenceSplit as InferenceSplit
-    from monai_fast.handlers.kernel_profiler import KernelProfiler as KernelProfiler
-    from monai_fast.handlers.nonfinite import NonFiniteGuard as NonFiniteGuard
-    from monai_fast.handlers.nvtx import NVTXHandler as NVTXHandler
+    from monai_fast.handlers.guards import EpochLengthGuard as EpochLengthGuard
+    from monai_fast.handlers.guards import NonFiniteGuard as NonFiniteGuard
     from monai_fast.handlers.prediction_layout import ClassesInnermost as ClassesInnermost
     from monai_fast.handlers.preemption import Preemption as Preemption
     from monai_fast.handlers.prefetch import PrefetchChoice as PrefetchChoice
+    from monai_fast.handlers.profiling import GPUSampler as GPUSampler
+    from monai_fast.handlers.profiling import KernelProfiler as KernelProfiler
+    from monai_fast.handlers.profiling import NVTXHandler as NVTXHandler
     from monai_fast.handlers.record import RecordHandler as RecordHandler
     from monai_fast.handlers.smartcache import SmartCacheUpdater as SmartCacheUpdater
     from monai_fast.handlers.throughput import ThroughputMonitor as ThroughputMonitor
+    from monai_fast.handlers.time_breakdown import InferenceSplit as InferenceSplit
     from monai_fast.handlers.time_breakdown import TimeBreakdown as TimeBreakdown
-    from monai_fast.handlers.time_to_target import TimeToTarget as TimeToTarget
+    from monai_fast.handlers.validation_schedule import BackgroundValidation as BackgroundValidation
+    from monai_fast.handlers.validation_schedule import TimeToTarget as TimeToTarget
     from monai_fast.handlers.validation_schedule import ValidationSchedule as ValidationSchedule
     from monai_fast.handlers.window_tune import SlidingWindowTune as SlidingWindowTune
 

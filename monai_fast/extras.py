@@ -21,6 +21,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "nvidia": ("nvtx", "nvidia-ml-py"),
     "bundle": ("fire", "pyyaml", "tensorboard"),
 }
+#: a distribution's top-level module where it is not its name with ``_`` for ``-``
+_MODULE_OF = {"nvidia-ml-py": "pynvml", "pyyaml": "yaml"}
 
 
 class MissingExtraError(ImportError):
@@ -62,12 +64,6 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
     found, ok = optional_import(module)
     if ok:
         return found
-    if available(module) and all(available(m) for m in _distribution_modules(extra)):
+    if available(module) and all(available(_MODULE_OF.get(d, d.replace("-", "_"))) for d in EXTRAS[extra]):
         found()  # raises the OptionalImportError that carries the failed import's traceback
     raise MissingExtraError(module, extra, feature)
-
-
-def _distribution_modules(extra: str) -> tuple[str, ...]:
-    """Top-level module names of an extra's distributions (``nvidia-ml-py`` -> ``pynvml``)."""
-    renames = {"nvidia-ml-py": "pynvml", "pyyaml": "yaml"}
-    return tuple(renames.get(d, d.replace("-", "_")) for d in EXTRAS[extra])

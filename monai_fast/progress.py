@@ -15,13 +15,8 @@ __all__ = ["in_notebook", "progress_bar", "show_progress"]
 
 def in_notebook() -> bool:
     """Whether this process is a Jupyter (IPython) kernel, where tqdm draws widgets instead of redraws."""
-    shell = sys.modules.get("IPython")
-    if shell is None:
-        return False
-    try:
-        ip = shell.get_ipython()  # type: ignore[attr-defined]
-    except AttributeError:
-        return False
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)  # only where IPython is loaded already
+    ip = get_ipython() if get_ipython is not None else None
     return ip is not None and "IPKernelApp" in getattr(ip, "config", {})
 
 

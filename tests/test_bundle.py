@@ -279,8 +279,7 @@ def test_a_bundle_with_monais_smartcache_and_its_handler_rotates_once_per_epoch(
 
 
 def test_a_bundle_whose_volumes_are_one_window_each_gets_no_sliding_window_advice(bundle, data):
-    from monai_fast.report.doctor import doctor
-    from monai_fast.report.prescription import prescribe
+    from monai_fast.report.doctor import doctor, prescribe
 
     # a window larger than any validation volume: the evaluator's sliding window is one window per volume
     overrides = {**small(data), "validate#inferer#roi_size": [64, 64, 64]}

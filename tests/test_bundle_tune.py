@@ -273,7 +273,7 @@ def algo(tmp_path_factory):
 def test_an_auto3dseg_algorithm_gets_its_training_keys_and_reads_them_as_auto3dseg_passes_its_configs(algo):
     from monai.bundle import ConfigParser
 
-    from monai_fast.bundle.auto3dseg import AUTO3DSEG_KEYS, auto3dseg_config_files
+    from monai_fast.bundle.pieces import AUTO3DSEG_KEYS, auto3dseg_config_files
 
     root, overrides = algo
     (root / "configs" / "tuned.json").write_text(json.dumps({"training#num_images_per_batch": 99}))  # an old one

@@ -199,7 +199,7 @@ def test_s3_and_wsi_without_their_extras_are_one_line_each_before_any_connection
 
         from monai_fast.apps.cli import main
         from monai_fast.apps.sources.msd import load_msd_datalist
-        from monai_fast.data.preflight_slides import preflight_wsi
+        from monai_fast.data.preflight import preflight_wsi
         from monai_fast.apps.sources.remote import is_url, localize, read_remote_text
         from monai_fast.apps.sources.wsi import generate_wsi
         from monai_fast.apps.sources.wsi_reader import WSIBackendError, choose_wsi_backend

@@ -7,8 +7,8 @@ import torch
 
 from monai_fast.apps.cli import build_parser
 from monai_fast.apps.cli.race_cmds import race_spec
-from monai_fast.apps.demo.options import RaceSpec, SyntheticData
-from monai_fast.apps.demo.scale import demo_scale, size_line
+from monai_fast.apps.demo.options import RaceSpec, SyntheticData, size_line
+from monai_fast.apps.training.data import demo_scale
 from monai_fast.apps.training.options import recipe_config
 
 

@@ -424,7 +424,7 @@ def test_tutorial_under_horovodrun(tmp_path, tiny_spleen):
 
 
 def test_sbatch_generator_checks_options():
-    from monai_fast.apps.launch.sbatch import SbatchSpec, render_sbatch
+    from monai_fast.apps.launch.jobs import SbatchSpec, render_sbatch
 
     text = render_sbatch(
         SbatchSpec(["python", "train.py", "--lr", "1e-3"], nodes=4, gpus_per_node=8, time="1-00:00:00", partition="gpu")

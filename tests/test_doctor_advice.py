@@ -29,8 +29,7 @@ from monai.transforms import AsDiscreted
 from monai_fast.apps.cli import main
 from monai_fast.apps.recipes import RecipeConfig
 from monai_fast.handlers import InferenceSplit, RecordHandler, ThroughputMonitor, TimeBreakdown
-from monai_fast.report.doctor import doctor
-from monai_fast.report.prescription import prescribe
+from monai_fast.report.doctor import doctor, prescribe
 from monai_fast.telemetry.precision import cpu_has_bf16_hardware
 from monai_fast.telemetry.record import load_record
 from tests.test_doctor import _record_recipe

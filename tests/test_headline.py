@@ -22,9 +22,8 @@ from monai_fast.apps.demo.headline import (
     headline,
 )
 from monai_fast.apps.demo.interleave import budget_after_lead, epochs_after_lead
-from monai_fast.apps.training.epochs import EpochRow
 from monai_fast.apps.training.options import recipe_config
-from monai_fast.apps.training.run import TargetRun, TrainResult
+from monai_fast.apps.training.run import EpochRow, TargetRun, TrainResult
 from monai_fast.telemetry.host import describe_host_load
 
 TINY_RACE = {"max_epochs": 6, "patch_size": (32, 32, 32), "channels": (4, 8), "strides": (2,), "precision": "fp32"}

@@ -13,7 +13,7 @@ import pytest
 
 from monai_fast.apps.cli import build_parser, main
 from monai_fast.apps.cli.tools import _launch_spec
-from monai_fast.apps.launch.k8s import PyTorchJobSpec, pytorchjob, render_pytorchjob
+from monai_fast.apps.launch.jobs import PyTorchJobSpec, pytorchjob, render_pytorchjob
 
 yaml = pytest.importorskip("yaml")  # PyYAML reads the manifest in the test; rendering does not need it
 

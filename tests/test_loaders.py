@@ -110,7 +110,7 @@ def test_fast_recipe_surfaces_a_failing_item_from_trainer_run(tiny_files, tiny_c
 
 
 def _record_devices(monkeypatch, main_device):
-    from monai_fast.data import thread_buffer as loaders  # where the loader thread sets its device
+    from monai_fast.data import loaders  # where the loader thread sets its device
 
     events = []
     monkeypatch.setattr(loaders, "current_cuda_device", lambda: main_device)  # the hardware edge
@@ -165,7 +165,7 @@ def test_a_loader_thread_beside_a_cpu_step_runs_its_parallel_code_alone_and_chan
 
 
 def test_a_loader_thread_beside_a_cuda_step_keeps_torchs_team(monkeypatch):
-    from monai_fast.data import thread_buffer
+    from monai_fast.data import loaders as thread_buffer
 
     main = torch.get_num_threads()
     monkeypatch.setattr(thread_buffer, "current_cuda_device", lambda: torch.device("cuda", 0))  # the hardware edge

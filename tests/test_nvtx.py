@@ -6,7 +6,7 @@ from monai.handlers import StatsHandler
 from monai.transforms import Compose, Lambdad, RandLambdad
 
 from monai_fast.handlers import NVTXHandler
-from monai_fast.handlers.nvtx import nvtx_range
+from monai_fast.handlers.profiling import nvtx_range
 from monai_fast.telemetry.nvtx import PackageNvtx, RecordingNvtx
 
 

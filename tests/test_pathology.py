@@ -130,7 +130,7 @@ def test_cucim_path_augments_on_the_gpu_and_reads_what_the_tiled_reader_reads(pa
 
 def test_both_pipelines_check_their_slides_and_guard_their_epochs(patches):
     from monai_fast.data.loaders import SafeThreadDataLoader
-    from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
+    from monai_fast.handlers.guards import EpochLengthGuard
 
     for variant in ("plain", "fast"):
         run = build_pathology(variant, *patches, SIZES["tiny"].config(precision="fp32"), "cpu")

@@ -8,8 +8,7 @@ import pytest
 import torch
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, ScaleIntensityRanged
 
-from monai_fast.data.fingerprint import transform_fingerprint
-from monai_fast.data.persistent import TrustedPersistentDataset
+from monai_fast.data.persistent import TrustedPersistentDataset, transform_fingerprint
 
 
 def _chain(a_max=164.0):

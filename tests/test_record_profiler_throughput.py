@@ -122,7 +122,7 @@ def _event(key, device_type, cpu_us, device_us):
 
 
 def test_kernel_summary_counts_gpu_time_once_like_torchs_table():
-    from monai_fast.handlers.kernel_profiler import summarise_profile
+    from monai_fast.handlers.profiling import summarise_profile
 
     # an op that launched a kernel reports the kernel's time as its own "self device time" too
     events = [
@@ -142,7 +142,7 @@ def test_kernel_summary_counts_gpu_time_once_like_torchs_table():
 def test_kernel_summary_matches_torchs_device_total_on_cuda(tmp_path):
     from torch.profiler import ProfilerActivity, profile
 
-    from monai_fast.handlers.kernel_profiler import summarise_profile
+    from monai_fast.handlers.profiling import summarise_profile
 
     net = torch.nn.Conv3d(1, 8, 3).cuda()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

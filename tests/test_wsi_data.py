@@ -161,7 +161,7 @@ def test_synth_command_writes_a_wsi_set(tmp_path, capsys):
 
 
 def test_the_slide_scan_gives_every_level_and_opens_other_formats_only_with_a_reader(wsi_root, tmp_path):
-    from monai_fast.data.preflight_slides import scan_slide
+    from monai_fast.data.preflight import scan_slide
 
     assert scan_slide(wsi_root / "slides" / "slide_001.tif") == {"levels": [[512, 384], [256, 192], [128, 96]]}
     other = tmp_path / "slide.svs-like"

@@ -43,7 +43,7 @@ from monai.transforms import (
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.handlers import TimeBreakdown, TimeToTarget
-from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup
+from monai_fast.handlers.preemption import catch_stop_signals, end_of_setup
 
 
 def main() -> None:

@@ -53,7 +53,7 @@ from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.distributed import detect
 from monai_fast.handlers import Preemption, RecordHandler, TimeBreakdown
-from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup
+from monai_fast.handlers.preemption import catch_stop_signals, end_of_setup
 
 
 def weights_digest(network: torch.nn.Module) -> str:

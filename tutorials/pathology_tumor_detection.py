@@ -36,7 +36,7 @@ from monai_fast.apps.recipes.pathology_augment import cucim_status
 from monai_fast.apps.sources.wsi import load_wsi_datalist, synthetic_wsi_dataset
 from monai_fast.apps.sources.wsi_reader import BACKENDS, choose_wsi_backend
 from monai_fast.files import write_json
-from monai_fast.handlers.stop_signal import stop_signals_caught
+from monai_fast.handlers.preemption import stop_signals_caught
 from monai_fast.telemetry import cuda_available
 
 

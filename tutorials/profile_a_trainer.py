@@ -29,7 +29,7 @@ from monai_fast.apps.recipes import RECIPES, RecipeConfig, build_recipe
 from monai_fast.apps.sources.msd import load_msd_datalist
 from monai_fast.apps.sources.synthetic import generate_msd
 from monai_fast.handlers import GPUSampler, KernelProfiler, NVTXHandler, RecordHandler, ThroughputMonitor, TimeBreakdown
-from monai_fast.handlers.stop_signal import catch_stop_signals, end_of_setup
+from monai_fast.handlers.preemption import catch_stop_signals, end_of_setup
 from monai_fast.report.doctor import doctor
 
 

@@ -34,7 +34,7 @@ import torch
 
 from monai_fast.apps.demo.lab import lab_data, run_lab
 from monai_fast.apps.recipes import RECIPES
-from monai_fast.handlers.stop_signal import stop_signals_caught
+from monai_fast.handlers.preemption import stop_signals_caught
 from monai_fast.report.doctor import doctor
 from monai_fast.telemetry import cuda_available
 

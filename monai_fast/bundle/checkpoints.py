@@ -19,8 +19,6 @@ __all__ = ["AtomicDiskSaver", "atomic_checkpoints", "config_checkpoint_savers"]
 
 logger = logging.getLogger("monai_fast.bundle")
 
-_SAVER_TARGETS = ("CheckpointSaver",)  #: the ``_target_`` names (last dotted part) of MONAI's checkpoint saver
-
 
 class AtomicDiskSaver(DiskSaver):
     """ignite's ``DiskSaver`` writing each checkpoint atomically, optionally always under one fixed file name.
@@ -80,5 +78,5 @@ def atomic_checkpoints(savers: Iterable[Any]) -> int:
 def config_checkpoint_savers(parser: Any) -> list[Any]:
     """The ``CheckpointSaver`` objects of a parsed bundle config (a MONAI ``ConfigParser``), wherever they are, as
     the engines were built with them."""
-    savers = [cid for cid, target in config_targets(parser.get()) if target.rsplit(".", 1)[-1] in _SAVER_TARGETS]
+    savers = [cid for cid, target in config_targets(parser.get()) if target.rsplit(".", 1)[-1] == "CheckpointSaver"]
     return [parser.get_parsed_content(cid) for cid in savers]

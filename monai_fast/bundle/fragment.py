@@ -1,4 +1,5 @@
-"""The bundle-native way: a config fragment that makes MONAI's own runner attach ``FastTraining``::
+"""The bundle-native way: a config fragment that makes MONAI's own runner attach ``FastTraining`` and a run record
+(one folder per run, never another run's)::
 
 monai-fast bundle fragment --out configs/fast.json
 python -m monai.bundle run --config_file "['configs/train.json','configs/fast.json']"
@@ -9,17 +10,30 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
-from monai_fast.bundle.records import FAST, PUBLISHED, new_run_folder, refuse_foreign_record
+from monai_fast.bundle.checks import BundleError
 from monai_fast.files import write_text
 
-__all__ = ["ATTACH_CALL", "FRAGMENT", "attach_fast", "decision_lines", "printed_decisions", "write_fragment"]
+__all__ = [
+    "ATTACH_CALL",
+    "FAST",
+    "FRAGMENT",
+    "PUBLISHED",
+    "attach_fast",
+    "decision_lines",
+    "new_run_folder",
+    "printed_decisions",
+    "refuse_foreign_record",
+    "write_fragment",
+]
 
 ATTACH_CALL = "attach_fast("  #: what the fragment's ``initialize`` entry calls
+FAST, PUBLISHED = "fast", "published"  #: the variants, as a run's record folder names them
 
 #: the fragment: record and FastTraining on ``train#trainer`` / ``validate#evaluator``, atomic checkpoint writes
 FRAGMENT: dict[str, Any] = {
@@ -119,3 +133,33 @@ def decision_lines(applied: dict[str, dict[str, Any]]) -> list[str]:
 def write_fragment(path: str | os.PathLike) -> Path:
     """Write `FRAGMENT` as JSON to ``path`` (atomically); returns the path."""
     return write_text(json.dumps(FRAGMENT, indent=2) + "\n", path)
+
+
+def new_run_folder(parent: str | os.PathLike, variant: str) -> Path:
+    """Make this run's own record folder under ``parent``: ``<variant>-<YYYYmmdd-HHMMSS>`` (``-2``, ... when taken);
+    every rank gets rank 0's."""
+    from ignite import distributed as idist  # here: writing the fragment loads no torch
+
+    folder = Path(parent)
+    if idist.get_rank() == 0:
+        stamp = f"{variant}-{time.strftime('%Y%m%d-%H%M%S')}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            candidate = folder / (stamp if n == 1 else f"{stamp}-{n}")
+            with suppress(FileExistsError):
+                candidate.mkdir()
+                break
+        folder = candidate
+    if idist.get_world_size() > 1:
+        folder = Path(idist.broadcast(str(folder), src=0))
+    return folder
+
+
+def refuse_foreign_record(run_dir: str | os.PathLike, resume: bool) -> None:
+    """Refuse (`BundleError`) a record folder that holds another run's record, unless this run resumes it."""
+    held = sorted(Path(run_dir).glob("record.rank*.jsonl"))
+    if held and not resume:
+        raise BundleError(
+            f"run folder {run_dir} holds another run's record ({held[0].name}); "
+            "name a new folder, leave --run-dir out for a folder of this run's own, or pass --resume to continue it"
+        )

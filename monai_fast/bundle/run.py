@@ -1,12 +1,17 @@
 """Run a MONAI bundle as ``python -m monai.bundle run`` does (MONAI's ``ConfigWorkflow``), with ``FastTraining``
-on its engines. Parsing a config runs the code in it, as MONAI's own runner does: run bundles you trust."""
+on its engines, its record under ``<output_dir>/monai_fast`` and a user's mistake told in one line. Parsing a config
+runs the code in it, as MONAI's own runner does: run bundles you trust."""
 
 from __future__ import annotations
 
+import difflib
+import errno
 import logging
 import os
-from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+import re
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,19 +24,29 @@ from monai_fast.bundle.checks import (
     check_engine,
     check_expressions,
     check_overrides,
+    config_ids,
 )
-from monai_fast.bundle.fragment import ATTACH_CALL, attach_fast, printed_decisions
-from monai_fast.bundle.records import (
+from monai_fast.bundle.fragment import (
+    ATTACH_CALL,
     FAST,
     PUBLISHED,
-    check_writable,
+    attach_fast,
     new_run_folder,
-    records_parent,
+    printed_decisions,
     refuse_foreign_record,
 )
-from monai_fast.bundle.user_errors import named_user_errors, raised_by_logging_config
 
-__all__ = ["BundleResult", "run_bundle"]
+__all__ = [
+    "RECORDS",
+    "BundleResult",
+    "check_writable",
+    "named_user_errors",
+    "raised_by_logging_config",
+    "read_only_line",
+    "records_parent",
+    "run_bundle",
+    "user_error_line",
+]
 
 logger = logging.getLogger("monai_fast.bundle")
 
@@ -39,6 +54,7 @@ TRAINER_ID = "train#trainer"  #: where the Model Zoo's train configs put the tra
 EVALUATOR_ID = "validate#evaluator"  #: and the evaluator
 RUN_ID = "run"  #: the run section of the Model Zoo's train configs
 LEGACY_RUN_ID = "training"  #: its older name, run when a config has no ``run`` section
+RECORDS = "monai_fast"  #: the folder under the bundle's output folder that holds one record folder per run
 
 
 @dataclass
@@ -250,3 +266,109 @@ def _verdict(folder: Path) -> str | None:
     except (OSError, ValueError) as err:
         logger.warning("bundle: the doctor could not read %s (%s)", folder, err)
         return None
+
+
+def read_only_line(target: str, why: str, bundle_root: str) -> str:
+    """The line for a folder that cannot be written; the way on where it is under the bundle's ``bundle_root``."""
+    if not Path(target).resolve().is_relative_to(Path(bundle_root).resolve()):
+        return f"cannot write {target} ({why})"
+    return (
+        f"cannot write {target} ({why}): the bundle writes its outputs under its bundle_root ({bundle_root}); "
+        "run with bundle_root=<a writable folder> (the configs are still read from the bundle folder)"
+    )
+
+
+def check_writable(folder: Path, bundle_root: str) -> None:
+    """Refuse (`BundleError`) a record folder that cannot be made: its nearest existing folder is read-only."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise BundleError(read_only_line(str(existing), "not writable", bundle_root))
+
+
+def records_parent(parser: Any, root: Path) -> Path:
+    """The folder of the bundle's run records: ``<output_dir>/monai_fast``, else ``<bundle_dir>/eval/monai_fast``."""
+    if "output_dir" in parser:
+        try:
+            out = parser.get_parsed_content("output_dir")
+            if isinstance(out, (str, os.PathLike)):
+                return Path(out) / RECORDS
+        except Exception as err:  # noqa: BLE001 - an output_dir expression the parser cannot evaluate yet
+            logger.info("bundle: output_dir could not be read (%s); the record goes to %s/eval", err, root)
+    return root / "eval" / RECORDS
+
+
+def raised_by_logging_config(e: BaseException) -> bool:
+    """Whether ``e`` came from applying a logging file (``logging.config.fileConfig`` or MONAI's check of it)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return any(Path(f.filename).match("logging/config.py") for f in frames) or "logging config file" in str(e)
+
+
+_MISSING_REF = re.compile(r"the referring item `@([^`]+)` is not defined|can not find expected ID '([^']+)'")
+_COMPONENT = re.compile(r"Failed to instantiate component '([^']+)'")
+_TRANSFORM = re.compile(r"applying transform <([\w.]+)")
+_ERROR_LINE = re.compile(r"^\w+(?:Error|Exception): .+$", re.MULTILINE)
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """``e`` and the errors it was raised from, outermost first."""
+    out: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and all(cur is not c for c in out):
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def user_error_line(e: BaseException, parser: Any, root: Path, files: Sequence[Path]) -> str | None:
+    """The one line for a bundle that fails on the user's side (an undefined reference, a bad argument, an empty
+    data set, a missing file, a bad data item, a read-only folder), found in ``e``'s chain; else ``None``."""
+    from monai_fast.data.items import DataItemError, item_line
+
+    chain = _chain(e)
+    texts = [str(c) for c in chain]
+    component = next((m.group(1).rsplit(".", 1)[-1] for t in texts if (m := _COMPONENT.search(t))), None)
+    built = f" (building {component})" if component else ""
+    if ref := next(filter(None, map(_MISSING_REF.search, texts)), None):
+        name = (ref.group(1) or ref.group(2)).replace("::", "#")
+        near = difflib.get_close_matches(name, config_ids(parser.get()), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join('@' + n for n in near)}?" if near else ""
+        return f"the config ({', '.join(f.name for f in files)}) refers to @{name}, which it does not define{hint}"
+    for cur in chain:
+        if isinstance(cur, TypeError) and "unexpected keyword argument" in str(cur):
+            return f"a component of the config takes no such argument{built}: {cur}"
+    for cur in chain:
+        if isinstance(cur, DataItemError):
+            return f"bad data: {item_line(cur)}"
+    for cur in chain:
+        if isinstance(cur, ValueError) and "num_samples=0" in str(cur):
+            data = parser.get("dataset_dir")
+            read = f": dataset_dir {data} holds no items it lists" if isinstance(data, str) else ""
+            return f"a data set of the config is empty{built}{read} (or too few for its validation split)"
+    for cur in chain:
+        if isinstance(cur, OSError) and cur.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            target = os.fsdecode(cur.filename) if cur.filename is not None else str(cur)
+            return read_only_line(target, os.strerror(cur.errno), parser.get("bundle_root", str(root)))
+    missing = [c for c in chain if isinstance(c, FileNotFoundError)]
+    if missing:
+        named = next((c for c in missing if c.filename is not None), None)
+        return (f"{os.fsdecode(named.filename)}: no such file" if named else str(missing[0])) + built
+    transform = next((m.group(1).rsplit(".", 1)[-1] for t in texts if (m := _TRANSFORM.search(t))), None)
+    if transform is not None:  # MONAI's own loader: the first error in the chain's text is the cause
+        causes = [m.group(0) for t in reversed(texts) for m in _ERROR_LINE.finditer(t)]
+        cause = causes[0] if causes else f"{type(chain[-1]).__name__}: {chain[-1]}"
+        return f"bad data: {transform} failed: {cause}"
+    return None
+
+
+@contextmanager
+def named_user_errors(parser: Any, root: Path, files: Sequence[Path]) -> Iterator[None]:
+    """Turn a user's mistake raised while the bundle builds or trains into a one-line `BundleError`."""
+    try:
+        yield
+    except BundleError:
+        raise
+    except Exception as e:
+        line = user_error_line(e, parser, root, files)
+        if line is None:
+            raise
+        raise BundleError(line) from e

@@ -18,13 +18,6 @@ from typing import Any
 import torch
 from ignite import distributed as idist
 
-from monai_fast.bundle.auto3dseg import (
-    AUTO3DSEG_KEYS,
-    auto3dseg_config_files,
-    auto3dseg_pieces,
-    is_auto3dseg_algorithm,
-    reads_as_auto3dseg,
-)
 from monai_fast.bundle.checks import (
     TRAIN_CONFIG_NAMES,
     BundleError,
@@ -32,7 +25,18 @@ from monai_fast.bundle.checks import (
     check_config_files,
     check_overrides,
 )
-from monai_fast.bundle.pieces import ZOO_KEYS, TunerPieces, parsed, read_config, zoo_pieces
+from monai_fast.bundle.pieces import (
+    AUTO3DSEG_KEYS,
+    ZOO_KEYS,
+    TunerPieces,
+    auto3dseg_config_files,
+    auto3dseg_pieces,
+    is_auto3dseg_algorithm,
+    parsed,
+    read_config,
+    reads_as_auto3dseg,
+    zoo_pieces,
+)
 from monai_fast.files import write_json
 from monai_fast.telemetry.precision import REQUESTS, choose_precision
 from monai_fast.tune.result import trial_setting, trial_throughput

@@ -38,8 +38,8 @@ from torch.utils.data import (
 
 from monai_fast.data.background import BackgroundCacheDataset, fill_order_options
 from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset
-from monai_fast.data.fingerprint import first_random
 from monai_fast.data.loaders import WORKER_OPTIONS, SafeThreadDataLoader
+from monai_fast.data.persistent import first_random
 from monai_fast.data.planner import (
     CACHE_CHOICES,
     CachePlan,
@@ -82,6 +82,10 @@ _ROTATION = (
     "_compute_replacements",
     "_try_manage_replacement",
 )
+
+
+def _chain(transform: Any) -> Compose:
+    return transform if isinstance(transform, Compose) else Compose([transform])
 
 
 def unknown_item_path(dataset: Any, rotation: bool = False) -> str | None:
@@ -209,8 +213,7 @@ def adopt_loader(
     budgets_in_bytes({"gpu": gpu_budget_mib, "ram": ram_budget_mib, "disk": disk_budget_mib})  # a bad one fails first
     if cache not in CACHE_CHOICES:
         raise ValueError(f"cache must be one of {', '.join(map(repr, CACHE_CHOICES))}, got {cache!r}")
-    why = why_not_adoptable(loader, force_thread)
-    if why is not None:
+    if (why := why_not_adoptable(loader, force_thread)) is not None:
         raise ValueError(why)
     ds, device = loader.dataset, torch.device(device)
     shared = _shared_node_tier(loader, device, cache, cache_dir, disk_budget_mib) if cache in ("auto", "disk") else None
@@ -238,9 +241,9 @@ def adopt_loader(
             if why is not None:
                 notes[0] += f" (its rotation is left to the script's own handlers: {why})"
         else:
-            data = items if items is not None else list(ds.data)
+            data, chain = items if items is not None else list(ds.data), _chain(ds.transform)
             plan = plan_cache(
-                ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform]),
+                chain,
                 data,
                 device,
                 gpu_budget_mib=gpu_budget_mib,
@@ -249,7 +252,7 @@ def adopt_loader(
                 cache_dir=cache_dir,
             )
             plan = plan if cache == "auto" else force_plan(plan, cache)
-            dataset, where = _build(plan, data, ds.transform, cache_threads, progress, background, after), plan.where
+            dataset, where = _build(plan, data, chain, cache_threads, progress, background, after), plan.where
             workers = 0 if plan.where in ("gpu", "ram", "smartcache") else loader.num_workers
             notes = [plan.reasons[-1]]
         new = _rebuilt_loader(loader, dataset, workers, **fill_order_options(dataset, shuffle, generator))
@@ -274,7 +277,7 @@ def _shared_node_tier(
         return None
     if type(ds) is not Dataset or not ds.data:  # a cache of the user's own is adopted as before
         return None
-    transform = ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform])
+    transform = _chain(ds.transform)
     plan = plan_cache(
         transform, list(ds.data), device, ram_budget_mib=0, disk_budget_mib=disk_budget_mib, cache_dir=cache_dir
     )
@@ -305,11 +308,8 @@ def _shared_node_tier(
 
 
 def _seen_by_every_node(folder: Path) -> bool:
-    """Whether every node of the job sees the same ``folder`` (a shared file system), agreed by all ranks.
-
-    Each node's first rank leaves a mark named by a token of this call; a node that sees every node's mark
-    shares the folder with them. Collective: every rank calls it.
-    """
+    """Whether every node sees the same ``folder``: each node's first rank leaves a mark, every rank looks for all
+    the nodes' marks, and all ranks agree (collective)."""
     token = idist.broadcast(secrets.token_hex(8) if idist.get_rank() == 0 else "", src=0)
     marks = folder / ".nodes"
     mark = marks / f"{token}-{idist.get_node_rank()}"
@@ -359,16 +359,12 @@ def _window_tier(
     disk_budget_mib: float | None,
     share: float = 1.0,
 ) -> tuple[str | os.PathLike, str] | None:
-    """Where a SmartCache's window rotates over a crop-reading tier, and why; ``None``: it stays in RAM.
-
-    The rules (a patch crop, the disk budget, ``cache="disk"`` or this rank's ``share`` over the RAM budget):
-    docs/data.md.
-    """
+    """Where a SmartCache's window rotates over a crop-reading tier, and why; ``None``: in RAM (docs/data.md)."""
     if isinstance(ds, SafeSmartCacheDataset) and ds.tier is not None:
         return ds.cache_dir, "as it was built"
     if cache_dir is None or cache not in ("auto", "disk"):
         return None
-    chain = ds.transform if isinstance(ds.transform, Compose) else Compose([ds.transform])
+    chain = _chain(ds.transform)
     first = first_random(chain.transforms)
     if first == len(chain.transforms) or not isinstance(chain.transforms[first], PATCH_CROPS):
         return None
@@ -421,7 +417,6 @@ def _adopt_smartcache(
 def _build(
     plan: CachePlan, data: list, transform: Any, cache_threads: int | None, progress: bool, background: bool, after: Any
 ) -> Any:
-    transform = transform if isinstance(transform, Compose) else Compose([transform])
     spare = (os.cpu_count() or 2) - 1 if background and plan.where in ("gpu", "ram") else (os.cpu_count() or 1)
     threads = cache_threads if cache_threads is not None else max(1, spare)  # background: the trainer keeps a core
     kwargs: dict = {}

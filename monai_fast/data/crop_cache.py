@@ -25,8 +25,8 @@ from monai.transforms import (
 from monai.transforms.compose import execute_compose
 from monai.transforms.utils import map_binary_to_indices, map_classes_to_indices
 
-from monai_fast.data.fingerprint import ItemKeys, chain_key, first_random
 from monai_fast.data.items import named_item_errors
+from monai_fast.data.persistent import ItemKeys, chain_key, first_random
 from monai_fast.files import clean_stale_tmp, no_space_in, tmp_path_for
 
 __all__ = ["PATCH_CROPS", "CropCacheDataset"]

@@ -19,10 +19,8 @@ from monai.transforms import Compose, ToDeviced
 
 from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset
-from monai_fast.data.fingerprint import first_random
-from monai_fast.data.items import item_bytes
-from monai_fast.data.persistent import TrustedPersistentDataset
-from monai_fast.data.safe_chain import NamedItemsCompose, threads_joined_on_error
+from monai_fast.data.items import NamedItemsCompose, item_bytes, threads_joined_on_error
+from monai_fast.data.persistent import TrustedPersistentDataset, first_random
 from monai_fast.data.smartcache import SafeSmartCacheDataset
 from monai_fast.telemetry import cuda_free_bytes
 
@@ -207,8 +205,7 @@ def plan_cache(
     if gpu_budget is None and device.type == "cuda":
         free = cuda_free_bytes(device)
         gpu_budget = None if free is None else free // 2
-    if ram_budget is None:
-        ram_budget = default_ram_budget()
+    ram_budget = default_ram_budget() if ram_budget is None else ram_budget
     plan = CachePlan(
         where="none",
         first_random=first,

@@ -74,9 +74,8 @@ def restore(state: dict, data: Any = None) -> None:
         objs = randomizables(data)
         if len(objs) != len(state["transforms"]):
             raise ValueError(
-                f"the data's transform chain has {len(objs)} random transforms, "
-                f"the saved state {len(state['transforms'])}: "
-                "resume with the same transforms"
+                f"the data's transform chain has {len(objs)} random transforms, the saved state "
+                f"{len(state['transforms'])}: resume with the same transforms"
             )
         for obj, s in zip(objs, state["transforms"]):
             obj.R.set_state(s)

@@ -31,15 +31,7 @@ def fix_zero_grad_signature(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
     @functools.wraps(original)
     def zero_grad(set_to_none: bool = True) -> None:
         original()
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.detach_()
-                    p.grad.zero_()
+        torch.optim.Optimizer.zero_grad(optimizer, set_to_none=set_to_none)
 
     optimizer.zero_grad = zero_grad  # type: ignore[method-assign]
     return optimizer

@@ -12,8 +12,8 @@ import torch
 from ignite.engine import Engine, Events
 from monai.inferers import Inferer
 
+from monai_fast.handlers.guards import NonFiniteGuard
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on, unwrap_inferer
-from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry.precision import PRECISIONS, REQUESTS, autocast_dtype, choose_precision
 

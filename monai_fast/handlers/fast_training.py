@@ -18,18 +18,17 @@ from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
 from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.planner import CACHE_CHOICES, default_ram_budget
 from monai_fast.folders import cache_root
-from monai_fast.handlers.algorithm_time import TrainingAlgorithmTime
 from monai_fast.handlers.amp import AMPToggle
 from monai_fast.handlers.compile import CompileChoice
 from monai_fast.handlers.core_pin import MainThreadCore
-from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
+from monai_fast.handlers.guards import EpochLengthGuard, NonFiniteGuard
 from monai_fast.handlers.lifecycle import EngineHandler, handlers_on, is_running
 from monai_fast.handlers.memory_format import LayoutChoice
-from monai_fast.handlers.nonfinite import NonFiniteGuard
 from monai_fast.handlers.prediction_layout import ClassesInnermost
 from monai_fast.handlers.prefetch import PrefetchChoice, prefetch_for
 from monai_fast.handlers.record import describe_engine, record_of
 from monai_fast.handlers.smartcache import SmartCacheUpdater
+from monai_fast.handlers.time_breakdown import TrainingAlgorithmTime
 from monai_fast.handlers.window_tune import SlidingWindowTune, sliding_window_of
 from monai_fast.telemetry import cuda_free_bytes
 from monai_fast.telemetry.precision import REQUESTS

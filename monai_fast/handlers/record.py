@@ -88,12 +88,6 @@ def describe_engine(engine: Engine) -> dict[str, Any]:
     }
 
 
-def _default_name(taken: list[str]) -> str:
-    if not taken:
-        return "train"
-    return "validation" if "validation" not in taken else f"engine{len(taken)}"
-
-
 class RecordHandler(EngineHandler):
     """Creates the run's record and shares it with every monai-fast handler on the engines.
 
@@ -139,8 +133,10 @@ class RecordHandler(EngineHandler):
         super().attach(engine)
 
     def _attach(self, engine: Engine) -> None:
-        name = self._pending_name or _default_name(list(self._names.values()))
-        if name in self._names.values():
+        taken = list(self._names.values())
+        default = "validation" if "validation" not in taken else f"engine{len(taken)}"
+        name = self._pending_name or (default if taken else "train")
+        if name in taken:
             raise ValueError(f"RecordHandler: engine name {name!r} is taken; pass another name=")
         self._names[id(engine)] = name
         engine.state.run_record = EngineRecord(self.record, name)

@@ -12,7 +12,7 @@ from monai.inferers import SlidingWindowInferer
 from monai.utils import CommonKeys
 
 from monai_fast.handlers.lifecycle import EngineHandler
-from monai_fast.tune.validation import tune_validation  # the tuner core, below handlers (docs/design.md)
+from monai_fast.tune.tuner import tune_validation  # the tuner core, below handlers (docs/design.md)
 
 __all__ = ["SlidingWindowTune", "sliding_window_of"]
 
@@ -22,15 +22,6 @@ def sliding_window_of(inferer: Any) -> SlidingWindowInferer | None:
     while not isinstance(inferer, SlidingWindowInferer) and "inner" in getattr(inferer, "__dict__", {}):
         inferer = inferer.inner
     return inferer if isinstance(inferer, SlidingWindowInferer) else None
-
-
-def _first_image(loader: Any) -> torch.Tensor | None:
-    """The image of the first item of ``loader``'s data set (its first crop for a list)."""
-    item = loader.dataset[0]
-    if isinstance(item, (list, tuple)) and item:
-        item = item[0]
-    image = item.get(CommonKeys.IMAGE) if isinstance(item, dict) else None
-    return torch.as_tensor(image) if image is not None else None
 
 
 class SlidingWindowTune(EngineHandler):
@@ -76,7 +67,11 @@ class SlidingWindowTune(EngineHandler):
         if self._done:
             return
         self._done = True
-        window, image = self._window, _first_image(engine.data_loader)
+        window, item = self._window, engine.data_loader.dataset[0]
+        if isinstance(item, (list, tuple)) and item:  # a list of crops: the first one
+            item = item[0]
+        image = item.get(CommonKeys.IMAGE) if isinstance(item, dict) else None
+        image = torch.as_tensor(image) if image is not None else None
         if image is None or image.dim() != 4:
             self._result(False, None, "the first validation item has no 4-D image (C, D, H, W): nothing to tune")
             return

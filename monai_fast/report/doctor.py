@@ -11,10 +11,10 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import median
 
 from monai_fast.files import write_json, write_text
-from monai_fast.report.advice import ATTACH, fixes_for, unused_levers
-from monai_fast.report.algorithm import ALGORITHM_SHARE, algorithm_cost
+from monai_fast.report.advice import ATTACH, FIXES, fix_applies, fixes_for, unused_levers
 from monai_fast.report.applied import InEffect, applied_levers, in_effect, sentence
 from monai_fast.report.plots import plot_breakdown, plot_gpu, plot_wall_clock, pyplot_missing
 from monai_fast.report.ranks import (
@@ -30,9 +30,75 @@ from monai_fast.report.ranks import (
 from monai_fast.report.wall_clock import WallClock, table_lines, wall_clock, wall_clock_advice
 from monai_fast.telemetry.record import Kind, Source, data_share, load_record, record_files, select
 
-__all__ = ["THRESHOLDS", "Diagnosis", "diagnose", "doctor", "write_report"]
+__all__ = [
+    "ALGORITHM_SHARE",
+    "THRESHOLDS",
+    "Diagnosis",
+    "algorithm_cost",
+    "diagnose",
+    "doctor",
+    "prescribe",
+    "write_report",
+]
 
 logger = logging.getLogger("monai_fast.report")
+
+#: the share of the training epoch from which the doctor names the training post-processing and metrics
+ALGORITHM_SHARE = 0.10
+
+
+def algorithm_cost(rows: list[dict], threshold: float = ALGORITHM_SHARE) -> dict | None:
+    """The training post-processing and metrics' cost per epoch (medians of the lowest rank's ``training_algorithm``
+    rows), with the ``evidence`` sentence and the ``fix``; ``None`` below ``threshold`` or without such rows."""
+    epochs = select(rows, Kind.EPOCH, Source.TRAINING_ALGORITHM, engine="train")
+    if not epochs:
+        return None
+    rank = min(r.get("rank", 0) for r in epochs)
+    epochs = [r for r in epochs if r.get("rank", 0) == rank]
+    metrics = sorted({m for r in epochs for m in r.get("metrics") or []})
+    post = list(dict.fromkeys(p for r in epochs for p in r.get("postprocessing") or []))
+    if not metrics and not post:  # only MONAI's decollation: no algorithm of the user's to name
+        return None
+    parts = {k: median(float(r.get(k, 0.0)) for r in epochs) for k in ("postprocessing_s", "decollate_s", "metrics_s")}
+    epoch_s = median(float(r.get("epoch_s", 0.0)) for r in epochs)
+    cost = sum(parts.values())
+    share = cost / epoch_s if epoch_s > 0 else 0.0
+    if share < threshold:
+        return None
+    named, what = [], []
+    if post:
+        named.append(f"the training post-processing {'/'.join(post)} ({parts['postprocessing_s']:.2f} s)")
+        what.append("post-processing")
+    if parts["decollate_s"] >= 0.01:
+        named.append(f"MONAI's decollation of each batch into items for it ({parts['decollate_s']:.2f} s)")
+    if metrics:
+        what.append("metric" + ("s" if len(metrics) > 1 else ""))
+        named.append(f"the training {what[-1]} {', '.join(metrics)} ({parts['metrics_s']:.2f} s)")
+    evidence = (
+        f"your training algorithm costs {cost:.2f} s of {epoch_s:.2f} s per epoch ({100 * share:.0f}%): "
+        + ", ".join(named)
+        + "; monai-fast keeps them as you built them"
+    )
+    fix = (
+        f"the training {' and '.join(what)} are yours to change (monai-fast keeps them as built): compute them every N "
+        "iterations (the metric attached with an ignite MetricUsage whose iteration_completed is "
+        "Events.ITERATION_COMPLETED(every=N)), or only at validation (no key_train_metric and no trainer "
+        "postprocessing; the evaluator computes its own), or on the device (predictions kept on the GPU, "
+        "without decollating them into CPU transforms first)"
+    )
+    return {
+        "epoch_s": epoch_s,
+        "algorithm_s": cost,
+        **parts,
+        "share": share,
+        "threshold": threshold,
+        "metrics": metrics,
+        "postprocessing": post,
+        "epochs": len(epochs),
+        "evidence": evidence,
+        "fix": fix,
+    }
+
 
 #: the verdict's thresholds and their defaults (docs/doctor.md); `diagnose()` and `doctor()` take any of them
 THRESHOLDS: dict[str, float] = {
@@ -362,3 +428,73 @@ def doctor(run_dir: str | os.PathLike, **thresholds: float) -> Diagnosis:
     except OSError as e:
         logger.warning("doctor: could not write the report in %s (%s); the verdict stands", run_dir, e)
     return diagnosis
+
+
+#: (a fragment of the reason FastTraining logged, what unblocks the lever)
+_UNBLOCK = (
+    ("not known to be thread-safe", "FastTraining(loader='thread') runs your collate function in the loader thread"),
+    ("no .data and .transform", "wrap your items in monai.data.Dataset(data, transform) (or CacheDataset)"),
+    ("IterableDataset", "give FastTraining a map-style MONAI Dataset (items it can cache)"),
+    ("custom sampler", "use shuffle=True / a DistributedSampler, or keep your sampler (the data lever stays off)"),
+    (
+        "custom batch sampler",
+        "use batch_size= in your DataLoader, or keep your batch sampler (the data lever stays off)",
+    ),
+    ("amp=True", "build the trainer with amp=False and let FastTraining(precision='auto') choose"),
+    ("rejects channels_last_3d", "keep the default layout: FastTraining(memory_format=False)"),
+    ("evaluator='tune'", "FastTraining(evaluator='tune') measures your evaluator's sw_batch_size at its first run"),
+    ("validation='tune'", "FastTraining(evaluator='tune') measures your evaluator's sw_batch_size at its first run"),
+    (
+        "not rebuilt from .data and .transform",
+        "move the extra work into a transform of the chain (a Lambdad), or keep your class (the data lever stays off)",
+    ),
+)
+
+
+def prescribe(rows: list[dict], diagnosis: Diagnosis | None = None) -> str:
+    """The ``FastTraining`` line and the code changes for the run whose record rows are ``rows``.
+
+    Args:
+        rows: the run record's rows (`load_record()`).
+        diagnosis: the doctor's verdict for them; computed when ``None``.
+
+    Example:
+        >>> print(prescribe(load_record("runs/demo/baseline")[0]))
+    """
+    diagnosis = diagnosis or diagnose(rows)
+    rows = last_run(rows)[0]  # the levers of the run the verdict is about
+    levers = applied_levers(rows)
+    lines: list[str] = []
+    lever_fixes = [lever for lever, _ in FIXES[diagnosis.verdict] if lever is not None]
+    run = in_effect(rows)
+    if not levers:
+        lines.append(ATTACH)
+        if unused := unused_levers(levers, run):
+            lines.append("#   applies the levers this run left unused: " + "; ".join(unused))
+        if lever_fixes:
+            lines.append(
+                f"#   applies what the {diagnosis.verdict} verdict calls for: " + ", ".join(dict.fromkeys(lever_fixes))
+            )
+        elif not unused:
+            lines.append("#   the guide's levers, measured on your device (the verdict itself needs no lever)")
+        options = [
+            text
+            for lever, text in FIXES[diagnosis.verdict]
+            if lever is not None and "FastTraining(" in text and "'auto'" not in text and fix_applies(lever, text, run)
+        ]
+        lines += [f"#   an option of it where it fits: {text}" for text in options]
+    else:
+        lines.append("# FastTraining is attached already; what it left alone, and what lets it apply:")
+        off = {k: v for k, v in levers.items() if not v.get("applied")}
+        for lever, row in off.items():
+            reason = str(row.get("reason", ""))
+            lines.append(f"#   {lever}: {reason}")
+            if fix := next((fix for fragment, fix in _UNBLOCK if fragment in reason), None):
+                lines.append(f"#     -> {fix}")
+        if not off:
+            lines.append("#   nothing: every lever applied")
+    code = [text for lever, text in FIXES[diagnosis.verdict] if lever is None and fix_applies(lever, text, run)]
+    if code:
+        lines.append(f"# code changes for the {diagnosis.verdict} verdict that no FastTraining option makes:")
+        lines += [f"#   - {text}" for text in code]
+    return "\n".join(lines)

@@ -188,45 +188,42 @@ _KEEP_CACHE = (
     "keep the cache across runs: FastTraining(cache='disk', cache_dir=...) (a trusted disk cache; the next run "
     "skips the fill)"
 )
-#: (category, share at or above which it is worth a fix, FastTraining lever and setting that applies it or None, fix)
-_ADVICE: tuple[tuple[str, float, tuple[Lever, str | None] | None, str], ...] = (
+#: per category: the share of the wall clock at or above which it is worth a fix
+_WORTH_A_FIX = {"validation": 0.3, "setup": 0.3, "cache_fill": 0.3, "checkpoint": 0.1, "handlers": 0.2, "idle": 0.2}
+#: (category, FastTraining lever and setting that applies the fix or None, fix)
+_ADVICE: tuple[tuple[str, tuple[Lever, str | None] | None, str], ...] = (
     (
         "validation",
-        0.3,
         None,
         "validate less often: ValidationHandler(interval=N) on your trainer (RecipeConfig.val_interval in the recipes)",
     ),
     (
         "validation",
-        0.3,
         None,
         "cheaper validation at the same accuracy: a larger SlidingWindowInferer sw_batch_size "
         "(`monai-fast tune` measures the fastest)",
     ),
-    ("validation", 0.3, None, "validate a subset while the target is far"),
+    ("validation", None, "validate a subset while the target is far"),
     (
         "validation",
-        0.3,
         (Lever.PRECISION, None),
         "mixed precision for the evaluator too: FastTraining(precision='auto') (set on the trainer and the evaluator)",
     ),
-    ("setup", 0.3, (Lever.DATA, "disk"), _KEEP_CACHE),
-    ("cache_fill", 0.3, (Lever.DATA, "disk"), _KEEP_CACHE),
+    ("setup", (Lever.DATA, "disk"), _KEEP_CACHE),
+    ("cache_fill", (Lever.DATA, "disk"), _KEEP_CACHE),
     (
         "checkpoint",
-        0.1,
         None,
         "checkpoint less often: a larger Preemption(save_every=...) (or your ignite "
         "Checkpoint / MONAI CheckpointSaver's interval)",
     ),
     (
         "handlers",
-        0.2,
         None,
         "between iterations: log and compute metrics less often, persistent_workers=True in your "
         "DataLoader (worker start-up at every epoch), or time your own handlers with RecordHandler.span",
     ),
-    ("idle", 0.2, None, "time outside the recorded work: wrap your set-up in RecordHandler.span('setup') to see it"),
+    ("idle", None, "time outside the recorded work: wrap your set-up in RecordHandler.span('setup') to see it"),
 )
 
 
@@ -246,8 +243,8 @@ def wall_clock_advice(
             "overlapped with training: " + ", ".join(f"{LABELS.get(c, c)} {s:.1f} s" for c, s in wc.overlapped.items())
         )
     texts: dict[str, list[str]] = {}
-    for category, threshold, lever, text in _ADVICE:
-        if wc.share(category) < threshold or any(text in t for t in texts.values()):
+    for category, lever, text in _ADVICE:
+        if wc.share(category) < _WORTH_A_FIX[category] or any(text in t for t in texts.values()):
             continue
         on = applied.get(lever[0]) if lever else None
         if on is not None and on.get("applied") and (lever[1] is None or on.get("setting") == lever[1]):  # type: ignore[index]

@@ -71,10 +71,9 @@ def cuda_device_uuid(device: torch.device | str | None = None) -> str | None:
 
 
 def current_cuda_device() -> torch.device | None:
-    """The calling thread's current CUDA device, ``None`` when this process has not initialised CUDA.
+    """The calling thread's current CUDA device (per thread), ``None`` before CUDA is initialised; creates no context.
 
-    CUDA's current device is per thread (a new thread starts on device 0): a thread that works for another one
-    (a loader thread) calls `set_cuda_device()` with what this returned there. It never creates a CUDA context.
+    A thread that works for another one (a loader thread) calls `set_cuda_device()` with what this returned there.
     """
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
@@ -82,9 +81,7 @@ def current_cuda_device() -> torch.device | None:
 
 
 def set_cuda_device(device: torch.device | str) -> torch.device:
-    """Make ``device`` the current CUDA device of this process; a no-op for CPU devices.
-
-    ``"cuda"`` without an index (``ignite.distributed.device()`` of a one-process run) leaves the current device.
+    """Make ``device`` the current CUDA device; a no-op for CPU devices and for ``"cuda"`` without an index.
 
     Returns:
         ``device``, with the index of the current CUDA device where it named none.
@@ -101,9 +98,7 @@ def set_cuda_device(device: torch.device | str) -> torch.device:
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait for all queued kernels on a CUDA ``device``; a no-op for CPU devices."""
     dev = torch.device(device) if device is not None else None
-    if dev is not None and dev.type != "cuda":
-        return
-    if torch.cuda.is_available():
+    if (dev is None or dev.type == "cuda") and torch.cuda.is_available():
         torch.cuda.synchronize(dev)
 
 
@@ -130,9 +125,8 @@ def cpuinfo_value(*keys: str) -> str | None:
 def side_stream(device: torch.device | str | None) -> Iterator[None]:
     """Run the block on a fresh CUDA stream of ``device``; a plain block elsewhere (CPU, no CUDA, ``None``).
 
-    A background thread (a cache fill, a validation) then does not queue behind the training thread's kernels.
-    The stream first waits for the work queued on the current stream and is synchronized on exit, so the block
-    sees complete inputs and its results are ready when it ends.
+    The stream waits for the work queued on the current stream and is synchronized on exit: a background thread
+    does not queue behind the training thread's kernels, and its results are ready when the block ends.
     """
     dev = torch.device(device) if device is not None else None
     if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
@@ -150,10 +144,7 @@ Mark = float | torch.cuda.Event
 
 
 def time_mark(device: torch.device | str | None) -> Mark:
-    """A point in time on ``device``'s timeline without waiting for it, for `seconds_between()`.
-
-    On a CUDA device a timing event recorded on the current stream; elsewhere ``time.perf_counter()``.
-    """
+    """A point on ``device``'s timeline, without waiting, for `seconds_between()`: a CUDA event, else a host clock."""
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
         event = torch.cuda.Event(enable_timing=True)

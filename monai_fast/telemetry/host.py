@@ -18,10 +18,7 @@ BUSY_SHARE = 0.1
 
 
 def process_tree_cpu_seconds() -> float:
-    """CPU seconds of this process (all threads), its ended children, and its live descendants (loader workers).
-
-    A live loader worker's CPU time counts as it is spent, not only once the worker is reaped.
-    """
+    """CPU seconds of this process (all threads), its ended children, and its live descendants (loader workers)."""
     me = psutil.Process()
     t = me.cpu_times()
     total = t.user + t.system + t.children_user + t.children_system

@@ -2,7 +2,9 @@
 
 Each row has a ``kind`` (`Kind`), a ``source`` (`Source`), the ``rank``, the ``engine``, the run ``segment`` and
 the wall-clock ``time``, plus the handler's fields; ``FastTraining``'s event rows carry a ``lever`` (`Lever`).
-Nothing here imports torch or a hardware library.
+A ``span`` row is one stretch of work of one `Category` from ``start`` to ``end`` (``time.time()`` seconds); it is
+``overlapped`` (listed apart, never in the shares) when written from a thread other than the trainer's, unless
+``overlapped=`` says otherwise. Who writes which: docs/design.md. Nothing here imports torch or a hardware library.
 """
 
 from __future__ import annotations
@@ -11,26 +13,31 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from monai_fast.telemetry.spans import Category
-
 __all__ = [
+    "DERIVED",
     "KINDS",
+    "RECORDABLE",
     "RECORD_NAME",
     "Category",
     "Kind",
     "Lever",
     "Source",
+    "SpanWriter",
     "data_share",
     "jsonable",
     "load_record",
     "load_summary",
     "record_files",
     "select",
+    "wall_time",
 ]
 
 logger = logging.getLogger("monai_fast.telemetry")
@@ -43,7 +50,7 @@ class Kind(str, Enum):
     INTERVAL = "interval"  #: one sample of a background sampler (GPU)
     EPOCH = "epoch"  #: one epoch of an engine
     EVENT = "event"  #: something that happened once (a fallback, a run segment starting)
-    SPAN = "span"  #: a stretch of wall-clock time of one Category (see monai_fast.telemetry.spans)
+    SPAN = "span"  #: a stretch of wall-clock time of one Category (see `SpanWriter`)
 
 
 class Source(str, Enum):
@@ -83,9 +90,32 @@ class Lever(str, Enum):
         return self.value
 
 
+class Category(str, Enum):
+    """What a stretch of wall-clock time was spent on."""
+
+    RUN = "run"  #: the frame: one run of the trainer (not a share of its own)
+    SETUP = "setup"  #: building data sets, networks, engines before training
+    CACHE_FILL = "cache_fill"  #: filling a cache (in RAM, GPU memory, on disk)
+    DATA_WAIT = "data_wait"  #: the trainer waiting for its loader (from TimeBreakdown)
+    COMPUTE = "compute"  #: the training step (from TimeBreakdown)
+    VALIDATION = "validation"  #: a run of the evaluator
+    CHECKPOINT = "checkpoint"  #: writing a checkpoint
+    PAUSED = "paused"  #: between a run's segments while another run had its turn (a race's recipes take turns)
+    HANDLERS = "handlers"  #: between iterations, in event handlers (derived)
+    IDLE = "idle"  #: none of the above (derived)
+
+
+#: categories derived by the doctor or taken from TimeBreakdown's rows, never written as spans
+DERIVED = (Category.DATA_WAIT, Category.COMPUTE, Category.HANDLERS, Category.IDLE)
+#: categories a span row may have
+RECORDABLE = tuple(c.value for c in Category if c not in DERIVED)
+
+
 KINDS = tuple(k.value for k in Kind)
 #: the name of a rank's record file; nothing else in a run folder is read as a record
 RECORD_NAME = re.compile(r"record\.rank(\d+)\.jsonl")
+#: what a row without the field counts as
+_ROW_DEFAULTS = {"engine": "train", "segment": 0}
 
 
 def data_share(data_s: float, compute_s: float) -> float:
@@ -106,16 +136,9 @@ def select(
 
     Rows without an ``engine`` count as ``"train"``, rows without a ``segment`` as segment 0.
     """
-    kind, source = jsonable(kind), jsonable(source)
-    return [
-        r
-        for r in rows
-        if (kind is None or r.get("kind") == kind)
-        and (source is None or r.get("source") == source)
-        and (engine is None or r.get("engine", "train") == engine)
-        and (rank is None or r.get("rank") == rank)
-        and (segment is None or r.get("segment", 0) == segment)
-    ]
+    criteria = {"kind": jsonable(kind), "source": jsonable(source), "engine": engine, "rank": rank, "segment": segment}
+    wanted = {field: value for field, value in criteria.items() if value is not None}
+    return [r for r in rows if all(r.get(f, _ROW_DEFAULTS.get(f)) == v for f, v in wanted.items())]
 
 
 def jsonable(v: Any) -> Any:
@@ -216,3 +239,87 @@ def load_summary(path: Path) -> dict:
         logger.warning("run summary %s is unreadable (%s); reading the rows without it", path, e)
         return {}
     return summary
+
+
+def wall_time(perf_counter_value: float) -> float:
+    """The ``time.time()`` reading for a past `time.perf_counter()` reading (e.g. a recipe's ``t0``)."""
+    return time.time() - (time.perf_counter() - perf_counter_value)
+
+
+def _category(category: Category | str) -> str:
+    value = category.value if isinstance(category, Category) else category
+    if value not in RECORDABLE:
+        raise ValueError(
+            f"span category must be one of {', '.join(RECORDABLE)} (data_wait, compute, handlers and idle "
+            f"are derived by the doctor), got {category!r}"
+        )
+    return value
+
+
+class SpanWriter(ABC):
+    """The span API of the run record (the base of ``RunRecord`` and ``EngineRecord``, which implement `add()` and
+    `on_critical_thread()`)."""
+
+    @abstractmethod
+    def add(self, kind: Any, source: Any, **fields: Any) -> dict:
+        """Append one row of ``kind`` from ``source`` with ``fields``; returns the row as written."""
+
+    @abstractmethod
+    def on_critical_thread(self) -> bool:
+        """Whether the calling thread is the one whose time is the run's critical path (the trainer's)."""
+
+    def add_span(
+        self,
+        category: Category | str,
+        start: float,
+        end: float,
+        source: Any = "user",
+        overlapped: bool | None = None,
+        **fields: Any,
+    ) -> dict:
+        """Record a span that is over: ``start`` and ``end`` are ``time.time()`` readings.
+
+        Args:
+            category: one of `RECORDABLE`.
+            start, end: when it began and ended (``end >= start``); `wall_time()` converts a `time.perf_counter()`.
+            source: who writes it (a ``Source``).
+            overlapped: whether it ran beside training; ``None``: when written from another thread than the trainer's.
+            fields: more fields of the row.
+
+        Raises:
+            ValueError: an unknown category, or ``end`` before ``start``, naming it.
+        """
+        value = _category(category)
+        if not end >= start:
+            raise ValueError(f"span {value!r}: end ({end}) is before start ({start})")
+        if overlapped is None:
+            overlapped = not self.on_critical_thread()
+        return self.add(
+            "span",
+            source,
+            category=value,
+            start=float(start),
+            end=float(end),
+            duration_s=float(end - start),
+            overlapped=bool(overlapped),
+            **fields,
+        )
+
+    @contextmanager
+    def span(
+        self, category: Category | str, source: Any = "user", overlapped: bool | None = None, **fields: Any
+    ) -> Iterator[None]:
+        """Record the wall-clock time of a ``with`` block as a span (also when the block raises).
+
+        Example:
+            >>> with record.span("cache_fill", items=32):
+            ...     dataset = CacheDataset(files, transform)
+        """
+        _category(category)  # a bad category fails before the work, not after it
+        if overlapped is None:
+            overlapped = not self.on_critical_thread()
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.add_span(category, start, max(time.time(), start), source=source, overlapped=overlapped, **fields)

@@ -19,10 +19,9 @@ from typing import Any
 
 import ignite.distributed as idist
 
-from monai_fast.files import NoSpaceError, free_bytes, no_space_in, write_json
+from monai_fast.files import NoSpaceError, no_space_in, write_json
 from monai_fast.folders import RunFolderLock
-from monai_fast.telemetry.record import KINDS, Kind, Lever, Source, jsonable, load_summary
-from monai_fast.telemetry.spans import SpanWriter
+from monai_fast.telemetry.record import KINDS, Kind, Lever, Source, SpanWriter, jsonable, load_summary
 
 __all__ = ["EngineRecord", "RunRecord", "record_lock"]
 
@@ -227,9 +226,6 @@ class RunRecord(SpanWriter):
 
     def _stop_on_full_disk(self, err: NoSpaceError, rows: list[dict], lines: list[bytes], written: int) -> None:
         """Keep the rows that went in whole, cut off the rest, close the file and warn once."""
-        free = None
-        with contextlib.suppress(OSError):
-            free = free_bytes(self.path)  # at the time of the error, before the cut frees a little
         whole, size = 0, 0
         while whole < len(lines) and size + len(lines[whole]) <= written:
             size += len(lines[whole])
@@ -244,7 +240,7 @@ class RunRecord(SpanWriter):
         self.disk_full = NoSpaceError(
             self.path,
             needed=sum(len(line) for line in lines[whole:]),
-            free=free,
+            free=err.free,  # measured at the error, before the cut frees a little
             what="run record",
             code=err.errno or errno.ENOSPC,
             detail=f"the record keeps its whole rows and ends{ends} (segment {self._segment}); rank {self.rank} "

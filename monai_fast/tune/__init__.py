@@ -4,13 +4,11 @@ It needs nothing above `monai_fast.telemetry`, so handlers may use it; its bindi
 (`tune_recipe()`) is `monai_fast.apps.recipes.tuning`, which ``import monai_fast.tune`` never loads.
 """
 
-from monai_fast.tune.cache import CacheChoice, place_cache
-from monai_fast.tune.result import TuneResult
+from monai_fast.tune.result import CacheChoice, TuneResult, place_cache
 from monai_fast.tune.search import Trial, confirm_best, grow_then_bisect, pick_best
 from monai_fast.tune.space import SearchSpace
 from monai_fast.tune.store import TuneStore, default_store_path
-from monai_fast.tune.tuner import Tuner, TuningError
-from monai_fast.tune.validation import tune_validation
+from monai_fast.tune.tuner import Tuner, TuningError, tune_validation
 
 __all__ = [
     "CacheChoice",

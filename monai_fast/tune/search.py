@@ -102,10 +102,9 @@ def grow_then_bisect(
     """
     if not 1 <= low <= high:
         raise ValueError(f"need 1 <= low <= high, got low={low}, high={high}")
-    if max_trials < 1:
-        raise ValueError(f"max_trials must be >= 1, got {max_trials}")
-    if patience < 0:
-        raise ValueError(f"patience must be >= 0, got {patience}")
+    for name, value, least in (("max_trials", max_trials, 1), ("patience", patience, 0)):
+        if value < least:
+            raise ValueError(f"{name} must be >= {least}, got {value}")
     if plateau is not None and plateau < 0:
         raise ValueError(f"plateau must be >= 0 or None, got {plateau}")
     search = _Search(evaluate, max_trials, predict_infeasible)
@@ -228,10 +227,9 @@ def confirm_best(trials: list[Trial], evaluate: Callable[[int], Trial], rounds: 
     Returns:
         The finalists, best first (empty when no round ran): pick among these.
     """
-    if rounds < 0:
-        raise ValueError(f"rounds must be >= 0, got {rounds}")
-    if top < 2:
-        raise ValueError(f"top must be >= 2, got {top}")
+    for name, value, least in (("rounds", rounds, 0), ("top", top, 2)):
+        if value < least:
+            raise ValueError(f"{name} must be >= {least}, got {value}")
     entered = sorted((t for t in trials if t.feasible and t.throughput is not None), key=lambda t: -t.throughput)[:top]  # type: ignore[operator]
     if len(entered) < 2 or rounds == 0:
         return []

@@ -56,12 +56,9 @@ class SearchSpace:
         if bad or not self.precisions:
             raise ValueError(f"precisions must be a non-empty subset of bf16, fp16, fp32; got {list(self.precisions)}")
         self.precisions = tuple(dict.fromkeys(self.precisions))
-        if self.max_trials < 1:
-            raise ValueError(f"max_trials must be >= 1, got {self.max_trials}")
-        if self.confirm < 0:
-            raise ValueError(f"confirm must be >= 0, got {self.confirm}")
-        if self.confirm_top < 2:
-            raise ValueError(f"confirm_top must be >= 2, got {self.confirm_top}")
+        for name, least in (("max_trials", 1), ("confirm", 0), ("confirm_top", 2)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
         if self.strategy not in ("search", "grid"):
             raise ValueError(f"strategy must be 'search' or 'grid', got {self.strategy!r}")
         if not 0.0 <= self.margin < 1.0:

@@ -1,7 +1,8 @@
 """`Tuner`: pick batch size, sliding-window batch, validation device and precision by measured throughput.
 
 Where Auto3DSeg's "GPU customization" keeps what fits in memory, `Tuner` keeps what runs fastest within a
-memory budget; an out-of-memory candidate is infeasible, not a crash (docs/tuner.md).
+memory budget; an out-of-memory candidate is infeasible, not a crash (docs/tuner.md). `tune_validation()` tunes
+a sliding-window evaluator on its own (`FastTraining`'s ``evaluator="tune"``).
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -21,20 +25,36 @@ from monai_fast.openmp import main_thread_core, on_core
 from monai_fast.telemetry import device_description
 from monai_fast.telemetry.memory import DeviceMemory, is_out_of_memory
 from monai_fast.tune.measure import time_inference, time_training_step
-from monai_fast.tune.ranks import agree_on_trial, gather_errors
-from monai_fast.tune.result import TuneResult, layout_name, model_signature
+from monai_fast.tune.result import MIB, TuneResult, layout_name, model_signature
 from monai_fast.tune.search import Trial, best_over, peak_over_budget
 from monai_fast.tune.space import SearchSpace
+from monai_fast.tune.store import TuneStore, default_store_path
 
-__all__ = ["SearchSpace", "TuneResult", "Tuner", "TuningError", "model_signature"]  # re-exported from their homes
+__all__ = ["SearchSpace", "TuneResult", "Tuner", "TuningError", "model_signature", "tune_validation"]
 
 logger = logging.getLogger("monai_fast.tune")
-
-MIB = 2**20
 
 
 class TuningError(RuntimeError):
     """A trial failed for a reason other than memory (on any rank); the message names the candidate."""
+
+
+def agree_on_trial(oom: bool, over: bool, error: bool, peak: int, seconds: float) -> dict:
+    """Max over ranks of the flags, the peak memory and the step time (a no-op for one process)."""
+    if idist.get_world_size() == 1:
+        return {"oom": oom, "over": over, "error": error, "peak": peak, "seconds": seconds}
+    secs = seconds if math.isfinite(seconds) else 0.0  # NaN on failed ranks
+    t = torch.tensor([float(oom), float(over), float(error), float(peak), secs], dtype=torch.float64)
+    t = idist.all_reduce(t, op="MAX")
+    return {"oom": t[0] > 0, "over": t[1] > 0, "error": t[2] > 0, "peak": int(t[3]), "seconds": float(t[4])}
+
+
+def gather_errors(error: BaseException | None) -> str:
+    """Every rank's error of this trial, one ``rank N: Type: message`` each, joined by ``; ``."""
+    mine = "" if error is None else f"rank {idist.get_rank()}: {type(error).__name__}: {error}"
+    if idist.get_world_size() == 1:
+        return mine
+    return "; ".join(m for m in idist.all_gather(mine) if m)
 
 
 class Tuner:
@@ -108,29 +128,24 @@ class Tuner:
 
     def key(self) -> str:
         """Cache key: device, its memory, model, shapes, search space and world size."""
-        total = self.memory.total_bytes() // MIB
         s = self.space
-        return "|".join(
-            [
-                device_description(self.device).split(" (")[0],
-                f"mem={total}MiB",
-                f"cap={self.memory_cap_mib or 'auto'}",
-                model_signature(self.source_network),
-                f"patch={'x'.join(map(str, self.patch_size))}",
-                f"samples={self.num_samples}",
-                f"val={'x'.join(map(str, self.val_shape))}",
-                f"batch={s.batch_range[0]}-{s.batch_range[1]}",
-                f"sw={s.sw_batch_range[0]}-{s.sw_batch_range[1]}",
-                f"prec={','.join(s.precisions)}",
-                f"valdev={','.join(str(d) for d in self.val_devices)}",
-                f"world={idist.get_world_size()}",
-            ]
-            + (
-                [f"layout={','.join(layout_name(self.memory_format(p)) for p in s.precisions)}"]
-                if self.memory_format
-                else []
-            )
-        )
+        parts = [
+            device_description(self.device).split(" (")[0],
+            f"mem={self.memory.total_bytes() // MIB}MiB",
+            f"cap={self.memory_cap_mib or 'auto'}",
+            model_signature(self.source_network),
+            f"patch={'x'.join(map(str, self.patch_size))}",
+            f"samples={self.num_samples}",
+            f"val={'x'.join(map(str, self.val_shape))}",
+            f"batch={s.batch_range[0]}-{s.batch_range[1]}",
+            f"sw={s.sw_batch_range[0]}-{s.sw_batch_range[1]}",
+            f"prec={','.join(s.precisions)}",
+            f"valdev={','.join(str(d) for d in self.val_devices)}",
+            f"world={idist.get_world_size()}",
+        ]
+        if self.memory_format:
+            parts.append(f"layout={','.join(layout_name(self.memory_format(p)) for p in s.precisions)}")
+        return "|".join(parts)
 
     def most_trials(self) -> int:
         """Most trials `run()` makes: `SearchSpace.most_runs()` per precision and per validation device."""
@@ -270,7 +285,7 @@ class Tuner:
                 precision,
                 **self.timing,
             ),
-            per_step=patches,
+            per_step=patches * idist.get_world_size(),
             reduce_s=self._allreduce_s,
             labels={"phase": "train", "precision": precision, "val_device": ""},
         )
@@ -294,18 +309,9 @@ class Tuner:
             per_step=1,
             reduce_s=0.0,
             labels={"phase": "val", "precision": precision, "val_device": str(val_device)},
-            world_scale=False,
         )
 
-    def _trial(
-        self,
-        value: int,
-        measure: Callable[[], float],
-        per_step: int,
-        reduce_s: float,
-        labels: dict,
-        world_scale: bool = True,
-    ) -> Trial:
+    def _trial(self, value: int, measure: Callable[[], float], per_step: int, reduce_s: float, labels: dict) -> Trial:
         """Run ``measure`` once as a trial of ``value``, agreed on by all ranks and reported to ``on_trial``."""
         t0 = time.perf_counter()
         seconds, oom, error = float("nan"), False, None
@@ -343,8 +349,71 @@ class Tuner:
                 value, False, None, peak_mib, f"peak {peak_mib:.0f} MiB > budget {self._budget / MIB:.0f} MiB", cost
             )
         else:
-            world = idist.get_world_size() if world_scale else 1
-            trial = Trial(value, True, per_step * world / (flags["seconds"] + reduce_s), peak_mib, "", cost)
+            trial = Trial(value, True, per_step / (flags["seconds"] + reduce_s), peak_mib, "", cost)
         if self._on_trial is not None:
             self._on_trial(dict(trial.to_dict(), **labels))
         return trial
+
+
+def tune_validation(
+    network: torch.nn.Module,
+    roi_size: Sequence[int],
+    val_shape: Sequence[int],
+    device: str | torch.device,
+    precision: str,
+    overlap: float = 0.25,
+    in_channels: int = 1,
+    sw_batch_range: tuple[int, int] = (1, 32),
+    store: TuneStore | str | os.PathLike | None = "default",
+    force: bool = False,
+    progress: bool = False,
+    **timing: float,
+) -> TuneResult:
+    """The fastest ``sw_batch_size`` and stitching device for ``network`` on ``val_shape`` volumes, timed with
+    MONAI's ``sliding_window_inference`` and kept in the tuning store.
+
+    Args:
+        network: the evaluator's network (a private copy is timed; DDP wrappers looked through).
+        roi_size: the sliding window's ROI.
+        val_shape: spatial size of a typical validation volume (as the evaluator sees it).
+        device: where the network runs.
+        precision: the evaluator's precision (``"fp32"``, ``"bf16"``, ``"fp16"``).
+        overlap: the window overlap.
+        in_channels: image channels.
+        sw_batch_range: inclusive range of windows per forward pass to search.
+        store: a `TuneStore`, a path to one, ``"default"`` (`default_store_path()`) or ``None`` (no caching).
+        force: tune again even when the store holds a result.
+        progress: a progress bar over trials.
+        **timing: ``warmup``, ``min_iters``, ``min_time_s`` per trial (default 1, 2, 0.3 s).
+
+    Returns:
+        A `TuneResult` whose ``sw_batch_size``, ``val_device`` and ``val_volumes_per_s`` are measured.
+
+    Raises:
+        TuningError: a trial failed for a reason other than memory, or not even one window fits.
+    """
+    timing = {"warmup": 1, "min_iters": 2, "min_time_s": 0.3, **timing}
+    tuner = Tuner(
+        getattr(network, "module", network),
+        None,
+        None,
+        patch_size=roi_size,
+        val_shape=val_shape,
+        device=device,
+        in_channels=in_channels,
+        space=SearchSpace(precisions=[precision], sw_batch_range=sw_batch_range),
+        overlap=overlap,
+        **timing,
+    )
+    if store is not None and not isinstance(store, TuneStore):
+        store = TuneStore(default_store_path() if store == "default" else store)
+    key = tuner.key() + f"|overlap={overlap:g}|validation-only"
+    if store is not None and not force:
+        cached = store.get(key)
+        if cached is not None:
+            logger.info("validation tuning: using the cached result from %s", store.path)
+            return cached
+    result = replace(tuner.run_validation(precision, progress=progress), key=key)
+    if store is not None:
+        store.put(result)
+    return result

@@ -11,7 +11,7 @@ import torch
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 
 from monai_fast.handlers import BackgroundValidation, BackgroundValidationError
-from monai_fast.handlers.background_validation import THREAD_NAME
+from monai_fast.handlers.validation_schedule import THREAD_NAME
 
 
 class Flaky(torch.nn.Module):

@@ -16,8 +16,7 @@ import pytest
 from monai_fast.apps.cli import main
 from monai_fast.apps.demo.core import report_reserve_s
 from monai_fast.apps.demo.headline import ESTIMATED, format_headline, headline
-from monai_fast.apps.training.epochs import EpochRow
-from monai_fast.apps.training.run import TrainResult
+from monai_fast.apps.training.run import EpochRow, TrainResult
 
 TINY_DEMO = [
     "--cases",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from monai_fast.apps.launch.sbatch import SbatchSpec, render_sbatch
+from monai_fast.apps.launch.jobs import SbatchSpec, render_sbatch
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,8 +20,8 @@ import torch
 
 from monai_fast.apps.cli import main
 from monai_fast.apps.inference import CheckpointError, infer, load_model, save_checkpoint
-from monai_fast.apps.inference.chain import ChainError, build_chain, recipe_chain
-from monai_fast.apps.inference.compare import agreement
+from monai_fast.apps.inference.backends import agreement
+from monai_fast.apps.inference.checkpoint import ChainError, build_chain, recipe_chain
 from monai_fast.apps.recipes import VAL_METRIC, RecipeConfig, build_recipe
 from monai_fast.apps.recipes.transforms import deterministic_transforms
 from monai_fast.apps.sources.msd import load_msd_datalist

@@ -13,7 +13,7 @@ from ignite.engine import Events
 from monai.data import DataLoader
 from monai.engines import SupervisedTrainer
 
-from monai_fast.apps.launch.launch import run
+from monai_fast.apps.launch import run
 from monai_fast.apps.recipes import build_recipe
 from monai_fast.handlers import NonFiniteGuard, NonFiniteLossError
 from monai_fast.handlers.lifecycle import handlers_on

@@ -29,8 +29,7 @@ from monai.transforms import Lambdad, RandLambdad
 
 from monai_fast.handlers import AMPToggle, RecordHandler, TimeBreakdown
 from monai_fast.handlers.record import record_of
-from monai_fast.report.doctor import doctor
-from monai_fast.report.prescription import prescribe
+from monai_fast.report.doctor import doctor, prescribe
 from monai_fast.telemetry.record import Kind, Source, load_record, select
 
 #: thresholds under which no run is data-bound and a CPU run is compute-bound, whatever the host's load: the verdict
@@ -415,7 +414,7 @@ GROUP_RANK_SCRIPT = textwrap.dedent("""
 
 
 def test_a_rank_that_left_no_record_is_named_by_the_world_size_the_others_recorded(tmp_path):
-    from monai_fast.apps.launch.launch import free_port
+    from monai_fast.apps.launch import free_port
 
     script, folder, port = tmp_path / "group_rank.py", tmp_path / "run", str(free_port())
     script.write_text(GROUP_RANK_SCRIPT)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_demo_budget import TINY_DEMO
 
-from monai_fast.handlers.stop_signal import STOPPED_EXIT
+from monai_fast.handlers.preemption import STOPPED_EXIT
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -84,7 +84,7 @@ def test_a_changed_function_is_recomputed_not_served_stale(tiny_files, tmp_path,
 def test_an_unreadable_callable_is_not_trusted_and_says_so(tiny_files, tmp_path):
     from monai.transforms import Lambdad
 
-    from monai_fast.data.fingerprint import transform_fingerprint
+    from monai_fast.data.persistent import transform_fingerprint
 
     class Opaque:
         __slots__ = ()

@@ -13,7 +13,7 @@ import pytest
 
 from monai_fast.apps.cli import main
 from monai_fast.apps.launch.sagemaker import read_sagemaker_env
-from monai_fast.handlers.stop_signal import STOPPED_EXIT
+from monai_fast.handlers.preemption import STOPPED_EXIT
 
 TINY = [
     "--patch-size",

@@ -23,7 +23,7 @@ from monai_fast.apps.cli import main
 from monai_fast.apps.cli.train import hyperparameter_values
 from monai_fast.apps.inference.checkpoint import load_checkpoint
 from monai_fast.apps.launch.sagemaker import SageMakerEnvError, read_sagemaker_env
-from monai_fast.handlers.stop_signal import STOPPED_EXIT
+from monai_fast.handlers.preemption import STOPPED_EXIT
 
 TINY = [
     "--patch-size",

@@ -27,9 +27,8 @@ from monai_fast.apps.recipes.pathology import SIZES, build_pathology, run_pathol
 from monai_fast.apps.sources.wsi import generate_wsi, load_wsi_datalist
 from monai_fast.apps.sources.wsi_reader import TiledTiffWSIReader
 from monai_fast.data.items import DataItemError
-from monai_fast.data.preflight import PreflightError
-from monai_fast.data.preflight_slides import preflight_wsi, scan_slide
-from monai_fast.handlers.epoch_length_guard import EpochLengthGuard, ShortEpochError
+from monai_fast.data.preflight import PreflightError, preflight_wsi, scan_slide
+from monai_fast.handlers.guards import EpochLengthGuard, ShortEpochError
 
 ROOT = Path(__file__).resolve().parents[2]
 PATCH = 32

@@ -34,7 +34,7 @@ __all__ = ["COMMANDS", "COMPUTE_COMMANDS", "add_options", "build_parser", "main"
 COMMANDS = {
     "demo": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
     "bench": ("monai_fast.apps.cli.race_cmds", "add_race_commands"),
-    "tune": ("monai_fast.apps.cli.tune_cmd", "add_tune_command"),
+    "tune": ("monai_fast.apps.cli.race_cmds", "add_tune_command"),
     "launch": ("monai_fast.apps.cli.tools", "add_tool_commands"),
     "sbatch": ("monai_fast.apps.cli.tools", "add_tool_commands"),
     "k8s": ("monai_fast.apps.cli.tools", "add_tool_commands"),
@@ -136,6 +136,9 @@ def _user_line(e: Exception, command: str) -> str | None:
     from monai_fast.data.items import DataItemError, item_line
     from monai_fast.data.preflight import PreflightError
     from monai_fast.extras import MissingExtraError
+    from monai_fast.files import no_space_in
+    from monai_fast.folders import RunFolderBusyError
+    from monai_fast.handlers.checkpoint_folder import CheckpointFolderError
     from monai_fast.tune import TuningError
 
     if isinstance(e, OptionError):
@@ -146,25 +149,15 @@ def _user_line(e: Exception, command: str) -> str | None:
         return f"monai-fast {command}: {e}"
     if isinstance(e, DataItemError):  # a file that cannot be read or transformed, named
         return f"monai-fast {command}: bad data: {item_line(e)}"
-    stop = _output_line(e)  # a full disk or a replaced output folder: the one line naming the path
-    return None if stop is None else f"monai-fast {command}: {stop}"
-
-
-def _output_line(e: BaseException) -> str | None:
-    """The message of an output that could not be written, anywhere in ``e``'s chain (``None``: none)."""
-    from monai_fast.files import no_space_in
-    from monai_fast.folders import RunFolderBusyError
-    from monai_fast.handlers.checkpoint_folder import CheckpointFolderError
-
-    full = no_space_in(e)
+    full = no_space_in(e)  # a full disk or a replaced output folder, anywhere in e's chain: the line naming the path
     if full is not None:
-        return str(full)
+        return f"monai-fast {command}: {full}"
     seen: set[int] = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         if isinstance(cur, (CheckpointFolderError, RunFolderBusyError)):
-            return str(cur)
+            return f"monai-fast {command}: {cur}"
         cur = cur.__cause__ or cur.__context__
     return None
 

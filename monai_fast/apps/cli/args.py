@@ -13,8 +13,7 @@ import torch
 
 from monai_fast.apps.cli import add_options
 from monai_fast.apps.recipes import RecipeConfig
-from monai_fast.apps.training.data import VAL_FRACTION, SyntheticData
-from monai_fast.apps.training.scale import DemoScale, demo_scale
+from monai_fast.apps.training.data import VAL_FRACTION, DemoScale, SyntheticData, demo_scale
 from monai_fast.data.planner import CACHE_CHOICES
 from monai_fast.telemetry.precision import REQUESTS
 

@@ -1,6 +1,6 @@
-"""``monai-fast demo | bench``: parse, call `monai_fast.apps.demo`, print.
+"""``monai-fast demo | bench | tune``: parse, call `monai_fast.apps.demo` (``tune --bundle``: the bundle tuner), print.
 
-A stop signal (``SIGTERM``, ``SIGUSR1``) during the set-up stops the command when training would start,
+A stop signal (``SIGTERM``, ``SIGUSR1``) during a race's set-up stops the command when training would start,
 with one line and exit status 143 (`STOPPED_EXIT`).
 """
 
@@ -10,20 +10,29 @@ import argparse
 import datetime as dt
 import json
 import math
+import sys
 from dataclasses import fields, replace
+from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from monai_fast.apps.cli import add_options
-from monai_fast.apps.cli.args import add_race_options, scaled_options
-from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race
-from monai_fast.apps.demo.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S
-from monai_fast.apps.demo.scale import DemoScale, demo_scale, size_line
+from monai_fast.apps.cli.args import (
+    add_data_options,
+    add_model_options,
+    add_race_options,
+    add_tuning_options,
+    scaled_options,
+)
+from monai_fast.apps.demo import RaceEvents, RaceRun, RaceSpec, TuneOptions, bench, race, tune_only
+from monai_fast.apps.demo.options import DEMO_EPOCH_MULTIPLE, DEMO_TOTAL_BUDGET_S, TIME_BUDGET_S, size_line
+from monai_fast.apps.training.data import DemoScale, demo_scale
 from monai_fast.apps.training.options import resolve_device
 from monai_fast.apps.training.run import TrainResult
-from monai_fast.handlers.stop_signal import stop_signals_caught
+from monai_fast.handlers.preemption import stop_signals_caught
 
-__all__ = ["ProgressPrinter", "add_race_commands", "race_spec"]
+__all__ = ["ProgressPrinter", "add_race_commands", "add_tune_command", "race_spec"]
 
 
 class ProgressPrinter(RaceEvents):
@@ -66,7 +75,7 @@ class ProgressPrinter(RaceEvents):
 
     def race_finished(self, run: RaceRun) -> None:
         if self.table:
-            from monai_fast.apps.demo.compare import format_table
+            from monai_fast.apps.demo.core import format_table
 
             print(format_table(run.results), flush=True)
 
@@ -278,3 +287,121 @@ def add_race_commands(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.set_defaults(func=_cmd_bench)
+
+
+#: the ``tune`` options that apply with ``--bundle`` (the rest describe the fast recipe's model and data)
+_BUNDLE_TUNE_OPTIONS = frozenset(
+    {"bundle", "bundle_config", "set", "bundle_out", "precision", "batch_range", "sw_range", "trials"}
+    | {"memory_cap_mib", "margin", "no_progress", "verbose", "subcommand", "func"}
+)
+
+
+def _cmd_tune_bundle(args: argparse.Namespace) -> int:
+    from monai_fast.apps.cli import build_parser
+    from monai_fast.bundle import BundleError, parse_overrides
+    from monai_fast.bundle.tune import bundle_run_command, tune_bundle
+
+    defaults = vars(build_parser().parse_args(["tune", "--bundle", "."]))  # recipe options given: the bundle sets those
+    given = [k for k, v in vars(args).items() if k not in _BUNDLE_TUNE_OPTIONS and v != defaults.get(k, v)]
+    if given:
+        stray = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise SystemExit(
+            f"monai-fast tune --bundle: {stray}: not used with --bundle (the bundle's config sets the "
+            "model, data and device: change them with --set ID=VALUE; name the override file with --bundle-out)"
+        )
+
+    def say(line: str) -> None:
+        tqdm.write(line)  # above the progress bar on a terminal; a plain line elsewhere
+        sys.stdout.flush()
+
+    try:
+        overrides = parse_overrides(args.set)
+        tuned = tune_bundle(
+            args.bundle,
+            config_files=args.bundle_config,
+            overrides=overrides,
+            out=args.bundle_out,
+            precision=args.precision,
+            progress=not args.no_progress,
+            say=say,
+            batch_range=tuple(args.batch_range),
+            sw_batch_range=tuple(args.sw_range),
+            max_trials=args.trials,
+            memory_cap_mib=args.memory_cap_mib,
+            margin=args.margin,
+            new_keys=args.new_key,
+        )
+    except BundleError as e:
+        raise SystemExit(f"monai-fast tune --bundle: {e}") from e
+    print(tuned.table)
+    for key, value in tuned.overrides.items():
+        print(f"{key} = {value}")
+    for key, why in tuned.not_written.items():
+        print(f"not written: {key}: {why}")
+    if tuned.layout == "auto3dseg":
+        reads = tuned.path.resolve().parent == (Path(args.bundle) / "configs").resolve()
+        how = (
+            "every file of configs/ in name order, this one last"
+            if reads
+            else "only the algorithm's configs/: copy it there"
+        )
+        print(f"wrote {tuned.path}: Auto3DSeg reads {how}")
+    else:
+        print(f"wrote {tuned.path}; train with it (measured with these overrides, in {tuned.precision}):")
+        print("  " + bundle_run_command(tuned, args.bundle, overrides, args.precision))
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    if args.bundle:
+        return _cmd_tune_bundle(args)
+    tuned = tune_only(race_spec(args), out=args.out)
+    print(tuned.result.table())
+    if tuned.result.from_cache:
+        print("(from the tuning cache; --retune to measure again)")
+    print("\nuse it: monai-fast demo --tune ...   or in Python: tune_recipe(...).apply(RecipeConfig(...))")
+    if tuned.path is not None:
+        print(f"wrote {tuned.path}")
+    return 0
+
+
+_TUNE_TEXT = (
+    "Search the training batch size (volumes per batch), the sliding-window batch size and where the validation output "
+    "is stitched (GPU or CPU), and optionally fp32 against mixed precision and where the training cache goes "
+    "(--place-cache), for the fast recipe's UNet on this device. Each candidate runs real iterations after a warm-up "
+    "and is scored by patches/s (training) or volumes/s (validation) within a memory budget (cap minus margin); "
+    "docs/tuner.md describes the search. Results are cached per device, memory, model, patch and volume size; "
+    "'monai-fast demo --tune' applies them."
+)
+
+_BUNDLE_HELP = {
+    "--bundle": "tune this bundle's training batch, sliding-window batch and stitching device for its network and "
+    "patch on this device, and write an override file the bundle merges as one more config (the Model Zoo's or "
+    "Auto3DSeg's keys). With it apply --set, --bundle-config, --bundle-out, --batch-range (capped by the training "
+    "set), --sw-range, --trials, --memory-cap-mib, --margin and --precision (what 'monai-fast bundle run "
+    "--precision' will train in; the trials run in it); it prints the plan first, a line per trial, the trials' "
+    "table and the 'monai-fast bundle run' line that trains with the result and the same --set overrides",
+    "--bundle-config": "the bundle's config file(s), as monai.bundle takes them (default configs/train.json; for an "
+    "Auto3DSeg algorithm every file of configs/)",
+    "--set": "a bundle config override, as monai.bundle takes it (repeat: --set dataset_dir=/data ...); an id the "
+    "config does not have is refused, naming the nearest, unless named with --new-key",
+    "--new-key": "a --set id the bundle's config does not have, added on purpose (repeatable)",
+}
+_TUNE_HELP = "pick fast's batch size, sliding-window batch, validation device and precision by measured throughput"
+
+
+def add_tune_command(sub: argparse._SubParsersAction) -> None:
+    """Add ``tune`` to the sub-command parsers ``sub``."""
+    p = sub.add_parser("tune", description=_TUNE_TEXT, help=_TUNE_HELP)
+    add_data_options(p)
+    add_model_options(p, race=False)
+    add_tuning_options(p, race=False)
+    p.add_argument("--out", help="also write the result (with every trial) to this JSON file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b = p.add_argument_group("a MONAI bundle instead of a recipe")
+    b.add_argument("--bundle", metavar="DIR", help=_BUNDLE_HELP["--bundle"])
+    b.add_argument("--bundle-config", help=_BUNDLE_HELP["--bundle-config"])
+    b.add_argument("--set", action="append", default=[], metavar="ID=VALUE", help=_BUNDLE_HELP["--set"])
+    b.add_argument("--new-key", action="append", default=[], metavar="ID", help=_BUNDLE_HELP["--new-key"])
+    b.add_argument("--bundle-out", help="the override file (default <DIR>/configs/tuned.json)")
+    p.set_defaults(func=_cmd_tune)

@@ -93,13 +93,13 @@ def _write_job(args: argparse.Namespace, spec_type: type, words: list[str], rend
 
 
 def _cmd_sbatch(args: argparse.Namespace) -> int:
-    from monai_fast.apps.launch.sbatch import SbatchSpec, render_sbatch
+    from monai_fast.apps.launch.jobs import SbatchSpec, render_sbatch
 
     return _write_job(args, SbatchSpec, args.command, render_sbatch, "sbatch", "sbatch")
 
 
 def _cmd_k8s(args: argparse.Namespace) -> int:
-    from monai_fast.apps.launch.k8s import PyTorchJobSpec, render_pytorchjob
+    from monai_fast.apps.launch.jobs import PyTorchJobSpec, render_pytorchjob
 
     return _write_job(args, PyTorchJobSpec, args.script, render_pytorchjob, "k8s", "kubectl apply -f")
 
@@ -130,7 +130,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     print(diagnosis.text())
     print(f"\nreport: {diagnosis.report}" if diagnosis.report else "\nreport: not written (see the warning above)")
     if args.apply:
-        from monai_fast.report.prescription import prescribe
+        from monai_fast.report.doctor import prescribe
         from monai_fast.telemetry.record import load_record
 
         print("\nto apply (add before trainer.run()):\n" + prescribe(load_record(args.run_dir)[0], diagnosis))
@@ -188,9 +188,7 @@ _SBATCH_TEXT = (
     "with monai_fast.handlers.Preemption checkpoints and requeues itself, and a log that survives restarts. Example: "
     "monai-fast sbatch --nodes 2 --gpus-per-node 4 --time 08:00:00 -- python train.py --checkpoint-dir ckpt"
 )
-
 _SBATCH_HELP = "write an sbatch script for a training script: ranks per GPU, requeue, USR1 before the time limit"
-_DEFAULT = "(default %(default)s)"
 _SBATCH_OPTIONS = (
     ("--job-name", None, "monai-fast", "(default %(default)s)"),
     ("--partition", None, None, "SLURM partition"),
@@ -210,37 +208,6 @@ _LAUNCH_OPTIONS = (
 )
 
 
-def _add_launch(sub: argparse._SubParsersAction) -> None:
-    from monai_fast.apps.launch.torchrun import DEFAULT_RDZV_TIMEOUT_S, STORE_ANSWER_S
-
-    p = sub.add_parser("launch", description=_LAUNCH_TEXT, help=_LAUNCH_HELP)
-    add_options(p, _LAUNCH_OPTIONS)
-    p.add_argument(
-        "--rdzv-timeout",
-        type=float,
-        default=DEFAULT_RDZV_TIMEOUT_S,
-        dest="rdzv_timeout_s",
-        metavar="S",
-        help="seconds to wait for the rendezvous (every node met, ranks started) before stopping with one "
-        "line naming the endpoint (default %(default)g, torchrun's); an endpoint that accepts connections but does "
-        f"not answer as a rendezvous store within {STORE_ANSWER_S:g} s stops the launch at once",
-    )
-    restarts = "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)"
-    stop = "on SIGTERM, SIGINT or SIGUSR1 (passed on to every rank), seconds the ranks may take to checkpoint"
-    add_options(
-        p,
-        (
-            ("--max-restarts", int, 0, f"when a rank dies, restart all ranks up to this many times; {restarts}"),
-            ("--grace-s", float, 120.0, f"{stop} and stop before they are killed (default %(default)s)"),
-        ),
-    )
-    module = "SCRIPT is a module, run as python -m SCRIPT (e.g. -m monai_fast bundle run BUNDLE_DIR)"
-    p.add_argument("-m", "--module", action="store_true", help=module)
-    p.add_argument("script", help="the training script (or, with -m, the module)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
-    p.set_defaults(func=_cmd_launch)
-
-
 def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str, nodes_help: str) -> None:
     """Nodes and ranks per node, the same for every job writer (sbatch, k8s); ``nodes_help``: what a node is."""
     add_options(
@@ -253,24 +220,6 @@ def _add_job_shape(p: argparse.ArgumentParser, nodes: int, cpu_ranks_flag: str, 
     )
 
 
-def _add_sbatch(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sbatch", description=_SBATCH_TEXT, help=_SBATCH_HELP)
-    _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node", nodes_help="nodes to allocate (#SBATCH --nodes)")
-    lead = {"dest": "signal_lead_s", "metavar": "SIGNAL_LEAD"}
-    add_options(
-        p,
-        (
-            ("--cpus-per-task", int, 8, "cores per rank for loading and caching (default %(default)s)"),
-            ("--time", None, "04:00:00", "wall-clock limit (default %(default)s)"),
-            ("--signal-lead", int, 120, "seconds before the limit to send SIGUSR1; 0: none " + _DEFAULT, lead),
-        ),
-    )
-    p.add_argument("--no-requeue", dest="requeue", action="store_false", help="do not let SLURM requeue the job")
-    add_options(p, _SBATCH_OPTIONS)
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
-    p.set_defaults(func=_cmd_sbatch)
-
-
 _K8S_TEXT = (
     "Print (or --out) a Kubernetes PyTorchJob (Kubeflow training operator) that runs SCRIPT on --nodes pods with "
     "monai-fast launch: one rank per GPU (or --procs-per-node on CPU pods). On an eviction the ranks get SIGTERM and "
@@ -278,9 +227,7 @@ _K8S_TEXT = (
     "from the checkpoints on --volume-claim. Example: monai-fast k8s --image me/monai-fast:1 --nodes 2 "
     "--gpus-per-node 4 --volume-claim runs -- train.py --checkpoint-dir /workspace/run/ckpt"
 )
-
 _K8S_HELP = "write a Kubernetes PyTorchJob manifest for a training script: pods per node, GPUs, SIGTERM grace"
-
 _K8S_OPTIONS = (
     ("--cpus-per-node", int, 8, "CPU cores per pod (default %(default)s)"),
     ("--memory", None, None, "memory per pod, e.g. 64Gi"),
@@ -292,16 +239,6 @@ _K8S_OPTIONS = (
     ("--mount-path", None, "/workspace/run", "where --volume-claim is mounted (default %(default)s)"),
     ("--out", None, None, "write the manifest here instead of printing it"),
 )
-
-
-def _add_k8s(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("k8s", description=_K8S_TEXT, help=_K8S_HELP)
-    p.add_argument("--image", required=True, help="container image with monai-fast installed")
-    _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node", nodes_help="nodes, one pod each")
-    add_options(p, _K8S_OPTIONS)
-    script = "the training script (in the image) and its arguments, after '--'"
-    p.add_argument("script", nargs=argparse.REMAINDER, help=script)
-    p.set_defaults(func=_cmd_k8s)
 
 
 _DOCTOR_HELP = "name a run's bottleneck (data-bound, compute-bound, GPU under-filled, balanced) from its record"
@@ -334,9 +271,55 @@ _SYNTH_OPTIONS = (
 
 def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``launch``, ``sbatch``, ``k8s``, ``doctor`` and ``synth`` to the sub-command parsers ``sub``."""
-    _add_launch(sub)
-    _add_sbatch(sub)
-    _add_k8s(sub)
+    from monai_fast.apps.launch.torchrun import DEFAULT_RDZV_TIMEOUT_S, STORE_ANSWER_S
+
+    p = sub.add_parser("launch", description=_LAUNCH_TEXT, help=_LAUNCH_HELP)
+    rdzv = (
+        "seconds to wait for the rendezvous (every node met, ranks started) before stopping with one line naming the "
+        "endpoint (default %(default)g, torchrun's); an endpoint that accepts connections but does not answer as a "
+        f"rendezvous store within {STORE_ANSWER_S:g} s stops the launch at once"
+    )
+    restarts = "a script with Preemption(save_every=N) resumes from its latest checkpoint (default %(default)s)"
+    stop = "on SIGTERM, SIGINT or SIGUSR1 (passed on to every rank), seconds the ranks may take to checkpoint"
+    add_options(
+        p,
+        (
+            *_LAUNCH_OPTIONS,
+            ("--rdzv-timeout", float, DEFAULT_RDZV_TIMEOUT_S, rdzv, {"dest": "rdzv_timeout_s", "metavar": "S"}),
+            ("--max-restarts", int, 0, f"when a rank dies, restart all ranks up to this many times; {restarts}"),
+            ("--grace-s", float, 120.0, f"{stop} and stop before they are killed (default %(default)s)"),
+        ),
+    )
+    module = "SCRIPT is a module, run as python -m SCRIPT (e.g. -m monai_fast bundle run BUNDLE_DIR)"
+    p.add_argument("-m", "--module", action="store_true", help=module)
+    p.add_argument("script", help="the training script (or, with -m, the module)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(func=_cmd_launch)
+
+    p = sub.add_parser("sbatch", description=_SBATCH_TEXT, help=_SBATCH_HELP)
+    _add_job_shape(p, nodes=1, cpu_ranks_flag="--tasks-per-node", nodes_help="nodes to allocate (#SBATCH --nodes)")
+    lead = "seconds before the limit to send SIGUSR1; 0: none (default %(default)s)"
+    add_options(
+        p,
+        (
+            ("--cpus-per-task", int, 8, "cores per rank for loading and caching (default %(default)s)"),
+            ("--time", None, "04:00:00", "wall-clock limit (default %(default)s)"),
+            ("--signal-lead", int, 120, lead, {"dest": "signal_lead_s", "metavar": "SIGNAL_LEAD"}),
+        ),
+    )
+    p.add_argument("--no-requeue", dest="requeue", action="store_false", help="do not let SLURM requeue the job")
+    add_options(p, _SBATCH_OPTIONS)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after '--'")
+    p.set_defaults(func=_cmd_sbatch)
+
+    p = sub.add_parser("k8s", description=_K8S_TEXT, help=_K8S_HELP)
+    p.add_argument("--image", required=True, help="container image with monai-fast installed")
+    _add_job_shape(p, nodes=2, cpu_ranks_flag="--procs-per-node", nodes_help="nodes, one pod each")
+    add_options(p, _K8S_OPTIONS)
+    script = "the training script (in the image) and its arguments, after '--'"
+    p.add_argument("script", nargs=argparse.REMAINDER, help=script)
+    p.set_defaults(func=_cmd_k8s)
+
     p = sub.add_parser("doctor", help=_DOCTOR_HELP, description=_DOCTOR_TEXT)
     p.add_argument("run_dir", help="a run folder holding record.rank*.jsonl (for the demo: runs/demo-*/<recipe>)")
     add_options(p, _DOCTOR_OPTIONS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import os
 import re
 import sys
 from dataclasses import fields
@@ -21,7 +22,7 @@ from monai_fast.apps.launch.sagemaker import SageMakerEnv, SageMakerEnvError, re
 from monai_fast.apps.recipes import RecipeConfig
 from monai_fast.apps.recipes.config import NETWORKS, OPTIMIZERS
 from monai_fast.apps.training.job import TrainJob, TrainOutcome
-from monai_fast.handlers.stop_signal import STOPPED_EXIT, end_of_setup, stop_signals_caught
+from monai_fast.handlers.preemption import STOPPED_EXIT, end_of_setup, stop_signals_caught
 
 __all__ = ["add_train_command", "hyperparameter_values"]
 
@@ -165,8 +166,8 @@ def _job(args: argparse.Namespace, sm: SageMakerEnv) -> TrainJob:
     """The `TrainJob` of the merged ``args``: the job's folders, data and network sized for the device, where unset."""
     import torch
 
+    from monai_fast.apps.training.data import demo_scale
     from monai_fast.apps.training.options import resolve_device
-    from monai_fast.apps.training.scale import demo_scale
 
     output = Path(args.output_dir or sm.output_data_dir or f"runs/train-{dt.datetime.now():%Y%m%d-%H%M%S}")
     tensorboard = args.tensorboard_dir or sm.tensorboard_dir
@@ -231,7 +232,9 @@ def _print_outcome(outcome: TrainOutcome, job: TrainJob) -> None:
 @stop_signals_caught()  # a signal while the job is read, the data checked or cached: kept
 def _cmd_train(args: argparse.Namespace) -> int:
     from monai_fast.apps.launch import run
+    from monai_fast.apps.launch.supervise import supervise
     from monai_fast.distributed import detect
+    from monai_fast.distributed.env import LAUNCHED_BY
 
     try:
         sm = read_sagemaker_env()
@@ -240,24 +243,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if sm.present:
         logger.info("SageMaker job: %s", sm.describe())
     args = _merged(args, sm)
-    if len(sm.hosts) > 1 and detect().launcher == "none":
+    if len(sm.hosts) > 1 and detect().launcher == "none":  # this host's share: this command line under torchrun
         end_of_setup()  # the launcher passes signals on to the ranks from here
-        return _launch_hosts(sm)
+        cmd = torchrun_command(sm, ["-m", "monai_fast.apps.cli", *sys.argv[1:]])  # rendezvous on the first host
+        print("launching: " + " ".join(cmd), flush=True)
+        return supervise(cmd, grace_s=120.0, env={**os.environ, LAUNCHED_BY: str(len(sm.hosts))})
     job = _job(args, sm)  # every option checked before any process starts or any data is read
     run(_train_rank, job, seed=args.seed)
     return 0
-
-
-def _launch_hosts(sm: SageMakerEnv) -> int:
-    """This host's share of a multi-host job: this same command line under torchrun, rendezvous on the first host."""
-    import os
-
-    from monai_fast.apps.launch.supervise import supervise
-    from monai_fast.distributed.env import LAUNCHED_BY
-
-    cmd = torchrun_command(sm, ["-m", "monai_fast.apps.cli", *sys.argv[1:]])
-    print("launching: " + " ".join(cmd), flush=True)
-    return supervise(cmd, grace_s=120.0, env={**os.environ, LAUNCHED_BY: str(len(sm.hosts))})
 
 
 def add_train_command(sub: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from monai_fast.apps.demo.core import RaceEvents, RaceRun, race
+from monai_fast.apps.demo.core import RaceEvents, RaceRun, race, speedup
 from monai_fast.apps.demo.options import OptionError, RaceSpec, plan_race
 from monai_fast.apps.training.options import check_writable_dir
 from monai_fast.apps.training.run import TrainResult
@@ -39,8 +39,6 @@ def _median_or_none(values: Sequence[float]) -> float | None:
 
 def summarize(repeats: Sequence[Sequence[TrainResult]], recipes: Sequence[str]) -> dict:
     """Per recipe: how often it reached the target, medians over repeats, speed-ups against `REFERENCES`."""
-    from monai_fast.apps.demo.compare import speedup
-
     by_recipe = [{r.recipe: r for r in reversed(rs)} for rs in repeats]  # each repeat's first run of a recipe
     summary = {}
     for name in recipes:

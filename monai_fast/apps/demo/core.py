@@ -1,4 +1,4 @@
-"""The race: data -> optional tuning -> each recipe to the target -> doctor -> results files."""
+"""The race: data -> optional tuning -> each recipe to the target -> doctor -> results files, and their report."""
 
 from __future__ import annotations
 
@@ -15,10 +15,24 @@ from monai_fast.apps.demo.interleave import run_interleaved
 from monai_fast.apps.demo.options import OptionError, RacePlan, RaceSpec, TuneOptions, plan_race
 from monai_fast.apps.training.data import DataSource, check_files, load_files
 from monai_fast.apps.training.options import check_writable_dir, recipe_config
-from monai_fast.apps.training.results import run_meta
+from monai_fast.apps.training.results import run_meta, write_results
 from monai_fast.apps.training.run import TrainResult, run_to_target
+from monai_fast.files import write_json
 
-__all__ = ["RaceEvents", "RaceRun", "TuneRun", "checked_data", "load_data", "race", "run_meta", "tune_only"]
+__all__ = [
+    "RaceEvents",
+    "RaceRun",
+    "TuneRun",
+    "best_dice_by",
+    "checked_data",
+    "format_table",
+    "load_data",
+    "race",
+    "run_meta",
+    "speedup",
+    "tune_only",
+    "write_race",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +152,73 @@ def _finished(result: TrainResult, events: RaceEvents) -> TrainResult:
     return result
 
 
+def speedup(fast: TrainResult, slow: TrainResult) -> tuple[float | None, bool]:
+    """How many times sooner ``fast`` reached the target than ``slow``: ``(factor, is_lower_bound)``.
+
+    When only ``fast`` reached it, ``slow`` is credited with the time it ran, so the factor is a lower
+    bound; the factor is ``None`` when ``fast`` did not reach it.
+    """
+    if not fast.reached or not fast.time_to_target_s:
+        return None, False
+    if slow.reached and slow.time_to_target_s:
+        return slow.time_to_target_s / fast.time_to_target_s, False
+    return slow.total_s / fast.time_to_target_s, True
+
+
+def best_dice_by(result: TrainResult, seconds: float) -> float | None:
+    """Best validation Dice ``result`` had reached ``seconds`` after its clock started."""
+    return max((e.val_dice for e in result.epochs if e.val_dice is not None and e.elapsed_s <= seconds), default=None)
+
+
+def _fmt_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def format_table(results: Sequence[TrainResult], reference: str = "baseline") -> str:
+    """A plain-text table, one row per recipe, with the speed-up over ``reference``."""
+    ref = next((r for r in results if r.recipe == reference), None)
+    head = "recipe|time to target s|epochs|setup s|train s/ep|val s/ep|data wait|best Dice|speed-up".split("|")
+    lines = []
+    for r in results:
+        ttt = _fmt_s(r.time_to_target_s) if r.reached else f"> {r.total_s:.0f} (not reached)"
+        if ref is None or r is ref:
+            sp = "1.0x (ref)" if r is ref else "-"
+        else:
+            factor, lower = speedup(r, ref)
+            sp = "-" if factor is None else f"{'>= ' if lower else ''}{factor:.1f}x"
+        start = [r.recipe, ttt, str(r.epochs_to_target if r.reached else r.epochs_run), _fmt_s(r.setup_s)]
+        times = [f"{r.train_s_per_epoch:.2f}", f"{r.val_s_per_epoch:.2f}", f"{100 * r.data_wait_share:.1f}%"]
+        lines.append([*start, *times, "-" if r.best_dice is None else f"{r.best_dice:.3f}", sp])
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*row) for row in lines]
+    if ref is not None:
+        for r in results:
+            if r is ref or not r.reached or r.time_to_target_s is None:
+                continue
+            at = best_dice_by(ref, r.time_to_target_s)
+            out.append(
+                f"when {r.recipe} reached Dice {r.target:g} ({r.time_to_target_s:.0f} s), {ref.recipe} was at "
+                + ("no validation yet" if at is None else f"Dice {at:.3f}")
+            )
+    return "\n".join(out)
+
+
+def write_race(
+    results: Sequence[TrainResult], run_dir: str | os.PathLike, meta: dict, reference: str = "baseline"
+) -> dict:
+    """Write the race's results files with the speed-ups over ``reference`` (`write_results()`); returns its dict."""
+    ref = next((r for r in results if r.recipe == reference), None)
+    speedups = {}
+    if ref is not None:
+        for r in results:
+            if r is not ref:
+                factor, lower = speedup(r, ref)
+                speedups[r.recipe] = {"over": reference, "factor": factor, "lower_bound": lower}
+    return write_results(results, run_dir, meta, {"speedups": speedups})
+
+
 def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     """Race ``spec.recipes`` to ``spec.target`` on the same data; diagnose each run; write the results files.
 
@@ -154,8 +235,6 @@ def race(spec: RaceSpec, events: RaceEvents | None = None) -> RaceRun:
     Example:
         >>> run = race(RaceSpec(recipes=("fast", "baseline"), target=0.8, device="cpu"))  # doctest: +SKIP
     """
-    from monai_fast.apps.demo.compare import write_race
-
     started = time.monotonic()
     bound = spec.total_budget_s
     deadline = None if bound is None else started + bound - report_reserve_s(bound)
@@ -223,8 +302,6 @@ def tune_only(spec: RaceSpec, out: str | os.PathLike | None = None) -> TuneRun:
         spec: the data, device, recipe options and tuning options (recipes, target and run folder unused).
         out: also write the result with every trial (and the machine, versions, options) to this JSON file.
     """
-    from monai_fast.files import write_json
-
     spec = replace(spec, recipes=("fast",), tune=spec.tune or TuneOptions())
     plan = plan_race(spec, need_run_dir=False)
     if out is not None:

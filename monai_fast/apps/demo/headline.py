@@ -155,7 +155,7 @@ def headline(
             entry.update(_estimate(r, by.get(fast), per_epoch, limit if isinstance(limit, int) else None, seconds))
         entry["cpu_s_to_target"] = _cpu_to_target(r, entry)
         doc["recipes"][r.recipe] = entry
-    doc["speedup"] = _cpu_beside(_speedup(doc["recipes"], fast, reference), doc["recipes"], fast, reference)
+    doc["speedup"] = _speedup(doc["recipes"], fast, reference)
     return doc
 
 
@@ -178,18 +178,6 @@ def _cpu_to_target(r: TrainResult, entry: dict) -> dict:
         f"set-up {r.setup_cpu_s:.1f} CPU s + {epochs['value']:g} epochs x {per_epoch:.2f} CPU s/epoch "
         "measured interleaved",
     )
-
-
-def _cpu_beside(speedup: dict, recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
-    """``speedup`` (the wall clock's) with the same ratio in CPU seconds beside it as ``cpu_factor``."""
-    out = {**speedup, "clock": "wall", "cpu_factor": None}
-    a, b = recipes.get(fast), recipes.get(reference)
-    if a is None or b is None:
-        return out
-    ta, tb = a["cpu_s_to_target"], b["cpu_s_to_target"]
-    if ta["how"] == MEASURED and ta["value"] and tb["value"] is not None:
-        out.update(cpu_factor=tb["value"] / ta["value"], cpu_how=MEASURED if tb["how"] == MEASURED else ESTIMATED)
-    return out
 
 
 def _estimate(
@@ -240,22 +228,28 @@ def _estimate(
 
 
 def _speedup(recipes: Mapping[str, dict], fast: str, reference: str) -> dict:
+    """``reference``'s time to target over ``fast``'s on the wall clock, the same ratio in CPU seconds beside it."""
     a, b = recipes.get(fast), recipes.get(reference)
     if a is None or b is None:
-        return {"over": reference, "factor": None, "how": "n/a", "basis": f"needs both {fast} and {reference}"}
+        out = {"over": reference, "factor": None, "how": "n/a", "basis": f"needs both {fast} and {reference}"}
+        return {**out, "clock": "wall", "cpu_factor": None}
     ta, tb = a["time_to_target_s"], b["time_to_target_s"]
     if ta["how"] != MEASURED or not ta["value"] or tb["value"] is None:
         why = f"{fast} did not reach the target" if ta["how"] != MEASURED else f"{reference}'s time to target: n/a"
-        return {"over": reference, "factor": None, "how": "n/a", "basis": why, **_equal_work(a, b)}
-    how = MEASURED if tb["how"] == MEASURED else ESTIMATED
-    out = {
-        "over": reference,
-        "factor": tb["value"] / ta["value"],
-        "how": how,
-        "basis": f"{reference}'s time to target ({tb['how']}) / {fast}'s (measured)",
-    }
-    if "low" in tb and "high" in tb:
-        out.update(low=tb["low"] / ta["value"], high=tb["high"] / ta["value"])
+        out = {"over": reference, "factor": None, "how": "n/a", "basis": why, **_equal_work(a, b)}
+    else:
+        out = {
+            "over": reference,
+            "factor": tb["value"] / ta["value"],
+            "how": MEASURED if tb["how"] == MEASURED else ESTIMATED,
+            "basis": f"{reference}'s time to target ({tb['how']}) / {fast}'s (measured)",
+        }
+        if "low" in tb and "high" in tb:
+            out.update(low=tb["low"] / ta["value"], high=tb["high"] / ta["value"])
+    out.update(clock="wall", cpu_factor=None)
+    ca, cb = a["cpu_s_to_target"], b["cpu_s_to_target"]
+    if ca["how"] == MEASURED and ca["value"] and cb["value"] is not None:
+        out.update(cpu_factor=cb["value"] / ca["value"], cpu_how=MEASURED if cb["how"] == MEASURED else ESTIMATED)
     return out
 
 

@@ -1,4 +1,5 @@
-"""What a race is asked to do (`RaceSpec`), and `plan_race()`, which checks every option before anything runs."""
+"""What a race is asked to do (`RaceSpec`), `plan_race()`, which checks every option before anything runs, and
+`size_line()`, the line the demo prints on its size."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from monai_fast.apps.recipes import RECIPES, RecipeConfig
-from monai_fast.apps.training.data import VAL_FRACTION, SyntheticData
+from monai_fast.apps.training.data import VAL_FRACTION, DemoScale, SyntheticData
 from monai_fast.apps.training.options import (
     OptionError,
     check_precision,
@@ -31,6 +32,7 @@ __all__ = [
     "SyntheticData",
     "TuneOptions",
     "plan_race",
+    "size_line",
 ]
 
 #: seconds on each recipe's own clock before it is stopped, unless a race sets another cap
@@ -116,16 +118,16 @@ class RacePlan:
 
 def _check_numbers(spec: RaceSpec) -> None:
     check_run_numbers(spec.target, spec.time_budget_s, spec.val_fraction)
-    if spec.total_budget_s is not None and not spec.total_budget_s > 0:
-        raise OptionError("total_budget_s", f"must be > 0 (or None for no bound), got {spec.total_budget_s}")
-    if spec.total_budget_s is not None and not spec.interleave:
-        raise OptionError("total_budget_s", "needs interleave=True (the recipes share the time in turns)")
-    for name, what in (("budget_multiple", "time"), ("epoch_multiple", "epochs")):
+    for name, none_is, why in (
+        ("total_budget_s", "None for no bound", "the recipes share the time in turns"),
+        ("budget_multiple", "None", "the lead's time to target sets the others' budget"),
+        ("epoch_multiple", "None", "the lead's epochs to target sets the others' budget"),
+    ):
         value = getattr(spec, name)
         if value is not None and not value > 0:
-            raise OptionError(name, f"must be > 0 (or None), got {value}")
+            raise OptionError(name, f"must be > 0 (or {none_is}), got {value}")
         if value is not None and not spec.interleave:
-            raise OptionError(name, f"needs interleave=True (the lead's {what} to target sets the others' budget)")
+            raise OptionError(name, f"needs interleave=True ({why})")
 
 
 def _check_recipes(recipes: Sequence[str]) -> None:
@@ -189,3 +191,17 @@ def plan_race(spec: RaceSpec, need_run_dir: bool = True) -> RacePlan:
         run_dir = Path(f"runs/race-{dt.datetime.now():%Y%m%d-%H%M%S}" if spec.run_dir is None else spec.run_dir)
         check_writable_dir(run_dir, "run_dir")
     return RacePlan(spec=spec, device=device, config=config, run_dir=run_dir, space=space)
+
+
+def size_line(spec: RaceSpec, scale: DemoScale) -> str:
+    """The one line the demo prints on its size: the data, patch and network it will train, and ``scale``'s default."""
+    config = recipe_config(spec.overrides, spec.seed)
+    if spec.data_dir is not None or spec.train_files is not None:
+        data = f"data from {spec.data_dir or 'the given file lists'}"
+    else:
+        data = f"{spec.synthetic.cases} synthetic volumes of {'x'.join(map(str, spec.synthetic.shape))} voxels"
+    return (
+        f"sized for {scale.device} (default: {scale.name}): {data}, {'x'.join(map(str, config.patch_size))} patches, "
+        f"UNet {'-'.join(map(str, config.channels))} with {config.num_res_units} residual unit(s); "
+        "--cases, --shape, --patch-size, --channels change it"
+    )

@@ -7,21 +7,23 @@ from monai_fast.apps.inference.backends import (
     BACKENDS,
     BackendUnavailable,
     Predictor,
+    agreement,
     available,
     build_predictor,
     missing,
 )
-from monai_fast.apps.inference.chain import ChainError, build_chain, recipe_chain
 from monai_fast.apps.inference.checkpoint import (
+    ChainError,
     CheckpointError,
     InferenceError,
     LoadedModel,
+    build_chain,
     load_checkpoint,
     load_model,
     read_recipe_config,
+    recipe_chain,
     save_checkpoint,
 )
-from monai_fast.apps.inference.compare import agreement
 from monai_fast.apps.inference.run import SPLITS, InferenceResult, data_list, infer
 
 __all__ = [

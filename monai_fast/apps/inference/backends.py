@@ -1,5 +1,6 @@
 """Inference backends: what runs the network on each sliding window (docs/inference.md); one this machine cannot
-run is one `BackendUnavailable` naming what is missing, before any volume is read."""
+run is one `BackendUnavailable` naming what is missing, before any volume is read. `agreement()` compares their
+predictions."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from monai_fast.telemetry.precision import autocast_for, cpu_has_bf16_hardware
 
 __all__ = [
     "BACKENDS",
+    "MIN_DICE",
     "BackendUnavailable",
     "Predictor",
+    "agreement",
     "available",
     "build_predictor",
     "missing",
@@ -80,12 +83,10 @@ def missing(backend: str, device: torch.device | str = "cpu") -> str | None:
     if absent:
         return f'the Python package(s) {", ".join(absent)} (pip install "monai-fast[onnx]")'
     if backend == "tensorrt":
-        needs = (
-            [] if extras.available("torch_tensorrt") else ["the torch-tensorrt package (pip install torch-tensorrt)"]
-        )
-        needs += [] if gpu else [f"a CUDA GPU (device is {str(device)!r})"]
-        if needs:
-            return " and ".join(needs)
+        needs = [] if gpu else [f"a CUDA GPU (device is {str(device)!r})"]
+        if not extras.available("torch_tensorrt"):
+            needs.insert(0, "the torch-tensorrt package (pip install torch-tensorrt)")
+        return " and ".join(needs) or None
     return None
 
 
@@ -155,15 +156,6 @@ def _onnx(network: torch.nn.Module, example: torch.Tensor, device: torch.device)
     return run, f"ONNX Runtime {session.get_providers()[0]}"
 
 
-def _tensorrt(network: torch.nn.Module, example: torch.Tensor) -> tuple[Callable, str]:
-    import torch_tensorrt
-
-    engine = torch_tensorrt.compile(
-        network, ir="dynamo", inputs=[example], enabled_precisions={torch.float16, torch.float32}
-    )
-    return (lambda x: engine(x).float()), "TensorRT (torch-tensorrt, fp16 kernels)"
-
-
 def precision_of(backend: str, device: torch.device | str) -> str:
     """The precision ``backend``'s network runs at on ``device``: fp16 (CUDA) or bf16 for autocast, else fp32."""
     if backend == "autocast":
@@ -186,7 +178,12 @@ def _build(network: torch.nn.Module, backend: str, example: torch.Tensor, device
         return torch.compile(network, dynamic=False), "torch.compile (inductor)"
     if backend == "onnx":
         return _onnx(network, example, device)
-    return _tensorrt(network, example)
+    import torch_tensorrt
+
+    engine = torch_tensorrt.compile(
+        network, ir="dynamo", inputs=[example], enabled_precisions={torch.float16, torch.float32}
+    )
+    return (lambda x: engine(x).float()), "TensorRT (torch-tensorrt, fp16 kernels)"
 
 
 def build_predictor(
@@ -225,3 +222,23 @@ def build_predictor(
     prepare_s = time.perf_counter() - t0
     logger.info("backend %s (%s) ready on %s in %.1f s", backend, detail, device, prepare_s)
     return Predictor(backend, detail, fn, prepare_s)
+
+
+#: the mean Dice between a backend's predictions and eager fp32's that counts as agreeing
+MIN_DICE = 0.99
+
+
+def agreement(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor, num_classes: int = 2) -> dict[str, float]:
+    """Mean Dice over the classes ``1..num_classes-1`` between label maps ``a`` and ``b``; the share of equal voxels.
+
+    A class absent from both counts as Dice 1; maps of different shapes raise ``ValueError``.
+    """
+    a, b = (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in (a, b))
+    if a.shape != b.shape:
+        raise ValueError(f"predictions of different shapes cannot be compared: {a.shape} and {b.shape}")
+    dice = []
+    for c in range(1, num_classes):
+        in_a, in_b = a == c, b == c
+        total = int(in_a.sum()) + int(in_b.sum())
+        dice.append(1.0 if total == 0 else 2.0 * int(np.logical_and(in_a, in_b).sum()) / total)
+    return {"dice": float(np.mean(dice)), "voxels": float((a == b).mean()) if a.size else 1.0}

@@ -1,4 +1,5 @@
-"""The inference checkpoint: a recipe network's weights, the `RecipeConfig` that rebuilds it, and its chain.
+"""The inference checkpoint: a recipe network's weights, the `RecipeConfig` that rebuilds it, and its chain: the
+validation chain as a plain-data record (never code) that inference rebuilds.
 
 One ``torch.save`` dict, readable with ``torch.load(..., weights_only=True)`` (docs/inference.md);
 whatever is wrong with the file is one `CheckpointError` naming it, before any volume is read.
@@ -10,27 +11,33 @@ import json
 import logging
 import os
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from monai.transforms import Compose, MapTransform
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from monai_fast.apps.inference.chain import ChainError, check_chain, recipe_chain
 from monai_fast.apps.recipes.config import RecipeConfig
 from monai_fast.apps.recipes.parts import build_network
+from monai_fast.apps.recipes.transforms import recipe_chain, transform_of
 from monai_fast.files import atomic_write
 
 __all__ = [
+    "ALLOWED",
     "FORMAT",
+    "ChainError",
     "CheckpointError",
     "InferenceError",
     "LoadedModel",
+    "build_chain",
+    "check_chain",
     "load_checkpoint",
     "load_model",
     "read_recipe_config",
+    "recipe_chain",
     "save_checkpoint",
 ]
 
@@ -50,15 +57,6 @@ class CheckpointError(InferenceError):
     """A checkpoint cannot be used; the message names the file and what is wrong with it."""
 
 
-#: what to give when a checkpoint holds weights but nothing to rebuild the network from
-_HOW_TO_GIVE_CONFIG = (
-    "give the RecipeConfig the network was trained with: on the command line --recipe-config FILE (the recipe.json "
-    "that monai-fast train writes beside model.pth, or a JSON object of RecipeConfig options such as "
-    '{"channels": [16, 32, 64, 128], "strides": [2, 2, 2], "patch_size": [96, 96, 96]}), from Python '
-    "infer(..., config=RecipeConfig(...)) or load_model(path, config=RecipeConfig(...))"
-)
-
-
 @dataclass
 class LoadedModel:
     """A checkpoint's network, weights loaded, with what inference needs to run it as it was validated.
@@ -66,7 +64,7 @@ class LoadedModel:
     Attributes:
         network: the network in eval mode.
         config: its `RecipeConfig` (patch size, sliding-window settings).
-        chain: the validation chain record (`monai_fast.apps.inference.chain`).
+        chain: the validation chain record (`check_chain()`).
         chain_recorded: whether ``chain`` is the checkpoint's own record (else derived from ``config``).
     """
 
@@ -152,7 +150,11 @@ def _config(path: Path, obj: dict[str, Any], config: RecipeConfig | None) -> Rec
     if "config" not in obj:
         raise CheckpointError(
             f"checkpoint {path} holds network weights but no 'config' to rebuild the network from "
-            f"(a MONAI CheckpointSaver or training checkpoint?): {_HOW_TO_GIVE_CONFIG}"
+            "(a MONAI CheckpointSaver or training checkpoint?): give the RecipeConfig the network was trained with: "
+            "on the command line --recipe-config FILE (the recipe.json that monai-fast train writes beside model.pth, "
+            'or a JSON object of RecipeConfig options such as {"channels": [16, 32, 64, 128], "strides": [2, 2, 2], '
+            '"patch_size": [96, 96, 96]}), from Python infer(..., config=RecipeConfig(...)) or '
+            "load_model(path, config=RecipeConfig(...))"
         )
     try:
         return RecipeConfig.from_dict(dict(obj["config"]))
@@ -246,3 +248,84 @@ def read_recipe_config(path: str | os.PathLike) -> RecipeConfig:
         return RecipeConfig.from_dict(obj)
     except (TypeError, ValueError) as e:
         raise InferenceError(f"recipe config {path}: {e}") from e
+
+
+#: the MONAI dictionary transforms a chain record may name: deterministic preprocessing, invertible where it
+#: changes the grid, so that ``Invertd`` takes a prediction back onto the input's grid
+ALLOWED = frozenset(
+    {
+        "LoadImaged",
+        "EnsureChannelFirstd",
+        "Orientationd",
+        "Spacingd",
+        "ScaleIntensityRanged",
+        "ScaleIntensityd",
+        "NormalizeIntensityd",
+        "ClipIntensityPercentilesd",
+        "CropForegroundd",
+        "SpatialPadd",
+        "DivisiblePadd",
+        "CenterSpatialCropd",
+        "ResizeWithPadOrCropd",
+        "Resized",
+    }
+)
+_PLAIN = (str, int, float, bool, type(None))
+
+
+class ChainError(ValueError):
+    """A chain record that cannot be rebuilt; the message names the entry and what is wrong with it."""
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, _PLAIN)
+
+
+def check_chain(record: Any) -> list[dict[str, Any]]:
+    """``record`` as a list of transform entries, each naming an `ALLOWED` transform with plain arguments.
+
+    Raises:
+        ChainError: naming the first entry at fault.
+    """
+    if not isinstance(record, (list, tuple)) or not record:
+        raise ChainError(f"the chain record is not a list of transforms (got {type(record).__name__})")
+    entries = []
+    for i, entry in enumerate(record):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("_target_"), str):
+            raise ChainError(f"chain entry {i} is not a mapping with a '_target_' transform name: {entry!r:.120}")
+        name = entry["_target_"]
+        if name not in ALLOWED:
+            raise ChainError(
+                f"chain entry {i} names {name!r}, which is not one of the deterministic MONAI transforms "
+                f"inference rebuilds ({', '.join(sorted(ALLOWED))})"
+            )
+        bad = [k for k, v in entry.items() if not isinstance(k, str) or not _plain(v)]
+        if bad:
+            raise ChainError(f"chain entry {i} ({name}): argument(s) {bad} are not plain values (text, numbers, lists)")
+        entries.append(dict(entry))
+    return entries
+
+
+def build_chain(record: Sequence[Mapping[str, Any]], image_key: str = "image") -> Compose:
+    """The transforms of ``record``, each with ``allow_missing_keys=True`` (the label is missing at inference).
+
+    Raises:
+        ChainError: a record entry that is not allowed, not plain, or not accepted by its transform;
+            or a record whose transforms never touch ``image_key``.
+    """
+    entries = check_chain(record)
+    transforms: list[MapTransform] = []
+    for i, entry in enumerate(entries):
+        name = entry.pop("_target_")
+        try:
+            transforms.append(transform_of({"_target_": name, **entry}, allow_missing_keys=True))
+        except (TypeError, ValueError) as e:
+            raise ChainError(f"chain entry {i} ({name}) cannot be built from its arguments {entry}: {e}") from e
+    if not any(image_key in t.keys for t in transforms):
+        raise ChainError(
+            f"no transform of the chain record acts on {image_key!r} (keys: "
+            f"{sorted({k for t in transforms for k in t.keys})})"
+        )
+    return Compose(transforms)

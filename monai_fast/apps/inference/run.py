@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
 import time
@@ -11,17 +12,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from monai.data import DataLoader, Dataset, decollate_batch
+from monai.data import DataLoader, Dataset, NibabelWriter, decollate_batch
+from monai.data.utils import to_affine_nd
 from monai.inferers import SlidingWindowInferer
 from monai.transforms import AsDiscreted, Compose, Invertd
+from monai.utils import convert_data_type
 
-from monai_fast.apps.inference.backends import Predictor, build_predictor, precision_of, require
-from monai_fast.apps.inference.chain import ChainError, build_chain, recipe_chain
-from monai_fast.apps.inference.checkpoint import CheckpointError, InferenceError, load_model
-from monai_fast.apps.inference.nifti import AtomicNiftiWriter
+from monai_fast.apps.inference.backends import build_predictor, precision_of, require
+from monai_fast.apps.inference.checkpoint import ChainError, CheckpointError, InferenceError, build_chain, load_model
 from monai_fast.apps.recipes.config import RecipeConfig
+from monai_fast.apps.recipes.transforms import recipe_chain
+from monai_fast.data.items import NamedItemsCompose
 from monai_fast.data.preflight import PreflightError, scan_file
-from monai_fast.data.safe_chain import NamedItemsCompose
+from monai_fast.files import ensure_free_space, write_bytes
 from monai_fast.handlers.prediction_layout import argmax_gain, classes_innermost
 from monai_fast.openmp import main_thread_core, on_core
 from monai_fast.progress import progress_bar, show_progress
@@ -253,7 +256,32 @@ def infer(
     inferer = SlidingWindowInferer(
         roi_size=config.patch_size, sw_batch_size=sw_batch_size, overlap=overlap, sw_device=device, device=stitch
     )
-    _run(predictor, inferer, pre, paths, outputs, device, result, progress)
+    plain_s, inner_s = argmax_gain()  # PyTorch's CPU argmax over a dimension that is not innermost (pytorch#140000)
+    innermost = [_pred_classes_innermost] if plain_s >= 1.2 * inner_s else []
+    post = Compose(
+        [
+            Invertd(keys="pred", transform=pre, orig_keys="image", nearest_interp=False, to_tensor=True),
+            *innermost,
+            AsDiscreted(keys="pred", argmax=True),
+        ]
+    )
+    loader = DataLoader(
+        Dataset([{"image": p} for p in paths], transform=NamedItemsCompose.of(pre)), batch_size=1, num_workers=0
+    )
+    bars = show_progress(progress)
+    core = main_thread_core()  # with OpenMP's workers pinned, the main thread computes the windows on the free core
+    for i, batch in enumerate(
+        progress_bar(loader, enabled=progress, desc=f"infer ({backend})", unit="volume", total=len(paths))
+    ):
+        t = time.perf_counter()
+        with torch.no_grad(), on_core(core):
+            batch["pred"] = inferer(batch["image"].to(device), predictor)
+        synchronize(device)
+        result.seconds.append(time.perf_counter() - t)
+        item = post(decollate_batch(batch)[0])
+        _save(item["pred"], outputs[i])
+        if not bars:
+            logger.info("infer %d/%d: %s -> %s in %.2f s", i + 1, len(paths), paths[i], outputs[i], result.seconds[-1])
     result.total_s = time.perf_counter() - t0
     took = (backend, len(paths), result.total_s, result.volumes_per_s, result.prepare_s, out_dir)
     logger.info("infer %s: %d volumes in %.1f s (%.2f volumes/s of inference; backend built in %.1f s) -> %s", *took)
@@ -273,7 +301,7 @@ def tuned_window(
 ) -> tuple[int, torch.device]:
     """The fastest ``sw_batch_size`` and stitching device for ``network`` on volumes of ``image``'s size after ``pre``,
     measured by `tune_validation()` at the backend's precision and kept in the tuning store."""
-    from monai_fast.tune.validation import tune_validation  # the tuner loads only when asked for
+    from monai_fast.tune.tuner import tune_validation  # the tuner loads only when asked for
 
     pre = pre if pre is not None else inference_transforms(config)
     shape = tuple(pre({"image": image})["image"].shape[1:])
@@ -300,47 +328,20 @@ def _pred_classes_innermost(item: dict) -> dict:
 
 
 def _save(prediction: torch.Tensor, path: Path) -> None:
-    """Write a ``(1, *spatial)`` label map as ``uint8`` NIfTI, whole or not at all (``SaveImage`` hides a full disk)."""
-    writer = AtomicNiftiWriter(output_dtype=np.uint8)
+    """Write a ``(1, *spatial)`` label map as ``uint8`` NIfTI, whole or not at all (`write_bytes()`).
+
+    ``SaveImage`` writes in place and hides a full disk; here `NoSpaceError` names the file before a byte is written.
+    """
+    writer = NibabelWriter(output_dtype=np.uint8)
     writer.set_data_array(prediction, channel_dim=0, squeeze_end_dims=True)
     writer.set_metadata(meta_dict=getattr(prediction, "meta", None), resample=False)
-    writer.write(path)
-
-
-def _run(
-    predictor: Predictor,
-    inferer: SlidingWindowInferer,
-    pre: Compose,
-    paths: Sequence[str],
-    outputs: Sequence[Path],
-    device: torch.device,
-    result: InferenceResult,
-    progress: bool,
-) -> None:
-    """Load, infer, invert and save each volume in turn."""
-    plain_s, inner_s = argmax_gain()  # PyTorch's CPU argmax over a dimension that is not innermost (pytorch#140000)
-    innermost = [_pred_classes_innermost] if plain_s >= 1.2 * inner_s else []
-    post = Compose(
-        [
-            Invertd(keys="pred", transform=pre, orig_keys="image", nearest_interp=False, to_tensor=True),
-            *innermost,
-            AsDiscreted(keys="pred", argmax=True),
-        ]
-    )
-    loader = DataLoader(
-        Dataset([{"image": p} for p in paths], transform=NamedItemsCompose.of(pre)), batch_size=1, num_workers=0
-    )
-    bars = show_progress(progress)
-    core = main_thread_core()  # with OpenMP's workers pinned, the main thread computes the windows on the free core
-    for i, batch in enumerate(
-        progress_bar(loader, enabled=progress, desc=f"infer ({predictor.backend})", unit="volume", total=len(paths))
-    ):
-        t = time.perf_counter()
-        with torch.no_grad(), on_core(core):
-            batch["pred"] = inferer(batch["image"].to(device), predictor)
-        synchronize(device)
-        result.seconds.append(time.perf_counter() - t)
-        item = post(decollate_batch(batch)[0])
-        _save(item["pred"], outputs[i])
-        if not bars:
-            logger.info("infer %d/%d: %s -> %s in %.2f s", i + 1, len(paths), paths[i], outputs[i], result.seconds[-1])
+    affine = np.eye(4) if writer.affine is None else convert_data_type(writer.affine, np.ndarray)[0]
+    image = writer.create_backend_obj(writer.data_obj, affine=affine, dtype=writer.output_dtype)
+    affine = to_affine_nd(r=3, affine=affine)
+    image.set_sform(affine, code=1)
+    image.set_qform(affine, code=1)
+    data = image.to_bytes()
+    if path.name.endswith(".gz"):
+        data = gzip.compress(data, compresslevel=1)
+    ensure_free_space(path, len(data), what="prediction")
+    write_bytes(data, path)

@@ -15,9 +15,16 @@ from types import MappingProxyType
 
 import torch
 
-from monai_fast.apps.recipes.assembly import VAL_METRIC, Recipe, compose, fast_training, seed_everything
+from monai_fast.apps.recipes.assembly import (
+    VAL_METRIC,
+    Recipe,
+    compose,
+    fast_training,
+    guide_cached_data,
+    seed_everything,
+    uncached_data,
+)
 from monai_fast.apps.recipes.config import RecipeConfig
-from monai_fast.apps.recipes.datasets import guide_cached_data, uncached_data
 from monai_fast.apps.recipes.parts import (
     RecipeParts,
     contiguous,

@@ -1,30 +1,116 @@
-"""A recipe's parts and data put together: trainer, evaluator, precision, validation schedule."""
+"""A recipe's data, and its parts and data put together: trainer, evaluator, precision, validation schedule.
+
+Every data chain is a `NamedItemsCompose`: an unreadable file raises one `DataItemError` naming it (docs/data.md).
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from monai.data import CacheDataset, DataLoader, Dataset, ThreadDataLoader
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.handlers import MeanDice, ValidationHandler, from_engine
 from monai.inferers import SimpleInferer, SlidingWindowInferer
 from monai.transforms import AsDiscreted, Compose, ToDeviced
 from monai.utils import set_determinism
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import Subset
 
 from monai_fast.apps.recipes.config import RecipeConfig
-from monai_fast.apps.recipes.datasets import DataPiece
 from monai_fast.apps.recipes.parts import RecipeParts
+from monai_fast.data.items import NamedItemsCompose, threads_joined_on_error
 from monai_fast.distributed.model import distribute
 from monai_fast.handlers.fast_training import FastTraining
-from monai_fast.handlers.nonfinite import NonFiniteGuard
+from monai_fast.handlers.guards import NonFiniteGuard
 from monai_fast.handlers.validation_schedule import ValidationSchedule, estimator_like
+from monai_fast.progress import show_progress
+from monai_fast.telemetry import cuda_available
 
-__all__ = ["VAL_METRIC", "Recipe", "attach_validation_schedule", "compose", "fast_training", "seed_everything"]
+__all__ = [
+    "VAL_METRIC",
+    "DataPiece",
+    "Recipe",
+    "attach_validation_schedule",
+    "compose",
+    "fast_training",
+    "guide_cached_data",
+    "require_device",
+    "seed_everything",
+    "uncached_data",
+]
 
 VAL_METRIC = "val_mean_dice"
+
+
+def require_device(device: torch.device) -> None:
+    """Raise one clear ``ValueError`` when ``device`` is CUDA and there is none, before any data is read."""
+    if device.type == "cuda" and not cuda_available():
+        raise ValueError(f"device {str(device)!r}: this torch build or machine has no CUDA device; use device='cpu'")
+
+
+@dataclass
+class DataPiece:
+    """Training and validation data of a recipe.
+
+    Attributes:
+        train_ds, train_loader, val_ds, val_loader: what the engines iterate.
+        where: where the training data is cached, in words; empty when nothing is cached.
+    """
+
+    train_ds: Dataset
+    train_loader: DataLoader
+    val_ds: Dataset
+    val_loader: DataLoader
+    where: str
+
+    def note(self) -> str:
+        """One line: data set class, where it lives, sizes and the loader."""
+        loader = f"{type(self.train_loader).__name__}({self.train_loader.num_workers} workers)"
+        if not self.where:
+            return f"{type(self.train_ds).__name__} + {loader}: all transforms every epoch"
+        return (
+            f"{type(self.train_ds).__name__} in {self.where} ({len(self.train_ds)} train + {len(self.val_ds)} val "
+            f"items), {loader}"
+        )
+
+
+def uncached_data(parts: RecipeParts, train_files: Sequence[dict], val_files: Sequence[dict]) -> DataPiece:
+    """``Dataset`` + multi-process ``DataLoader``: every transform runs every epoch."""
+    require_device(parts.device)
+    kw = {"num_workers": parts.config.loader_workers, "pin_memory": parts.device.type == "cuda"}
+    train_ds = Dataset(data=list(train_files), transform=NamedItemsCompose.of(parts.train_transforms()))
+    val_ds = Dataset(data=list(val_files), transform=NamedItemsCompose.of(parts.val_transforms()))
+    train_loader = DataLoader(train_ds, batch_size=parts.config.batch_size, shuffle=True, **kw)
+    return DataPiece(train_ds, train_loader, val_ds, DataLoader(val_ds, batch_size=1, **kw), where="")
+
+
+def guide_cached_data(
+    parts: RecipeParts, train_files: Sequence[dict], val_files: Sequence[dict], progress: bool = True
+) -> DataPiece:
+    """MONAI's guide: ``CacheDataset`` of everything, in GPU memory on CUDA, else RAM; a thread loader."""
+    require_device(parts.device)
+    on_gpu = parts.device.type == "cuda"
+    train_ds = _cache(parts, train_files, parts.train_transforms(to_device=on_gpu), progress)
+    train_loader = ThreadDataLoader(train_ds, num_workers=0, batch_size=parts.config.batch_size, shuffle=True)
+    val_ds = _cache(parts, val_files, parts.val_transforms(to_device=on_gpu), progress)
+    val_loader = ThreadDataLoader(val_ds, num_workers=0, batch_size=1)
+    where = f"GPU memory ({parts.device})" if on_gpu else "CPU RAM"
+    return DataPiece(train_ds, train_loader, val_ds, val_loader, where=where)
+
+
+def _cache(parts: RecipeParts, files: Sequence[dict], chain: Compose, progress: bool) -> CacheDataset:
+    """Everything cached as MONAI's guide does; a failing file named, the fill's threads finished first."""
+    with threads_joined_on_error():
+        return CacheDataset(
+            data=list(files),
+            transform=NamedItemsCompose.of(chain),
+            cache_rate=1.0,
+            num_workers=parts.config.cache_thread_count,
+            copy_cache=False,
+            progress=show_progress(progress),
+        )
 
 
 @dataclass
@@ -48,8 +134,8 @@ class Recipe:
     network: torch.nn.Module
     optimizer: torch.optim.Optimizer
     loss_function: Callable
-    train_loader: DataLoader
-    val_loader: DataLoader
+    train_loader: torch.utils.data.DataLoader
+    val_loader: torch.utils.data.DataLoader
     device: torch.device
     amp: bool
     config: RecipeConfig
@@ -88,7 +174,8 @@ def attach_validation_schedule(recipe: Recipe) -> ValidationSchedule:
     the mean Dice on the first ``config.val_subset`` items of the evaluator's data."""
     config, evaluator = recipe.config, recipe.evaluator
     dataset = evaluator.data_loader.dataset
-    subset = DataLoader(Subset(dataset, range(min(config.val_subset, len(dataset)))), batch_size=1, num_workers=0)
+    first_items = Subset(dataset, range(min(config.val_subset, len(dataset))))
+    subset = torch.utils.data.DataLoader(first_items, batch_size=1, num_workers=0)
     estimator = estimator_like(evaluator, subset, _val_metric(), _postprocessing(_stitch_device(config, recipe.device)))
     schedule = ValidationSchedule(
         evaluator,

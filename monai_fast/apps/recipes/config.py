@@ -108,7 +108,22 @@ class RecipeConfig:
             )
         if len(self.channels) != len(self.strides) + 1:
             raise ValueError(f"channels {self.channels} needs exactly one more entry than strides {self.strides}")
-        self._check_network()
+        if self.network not in NETWORKS:
+            raise ValueError(f"network must be one of {NETWORKS}, got {self.network!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.network == "segresnet" and any(s != 2 for s in self.strides):
+            raise ValueError(
+                f"network 'segresnet' halves the size at every level: strides must all be 2, got {self.strides}"
+            )
+        doubling = tuple(self.channels[0] * 2**i for i in range(len(self.channels)))
+        if self.network == "segresnet" and (self.channels[0] % SEGRESNET_GROUPS or self.channels != doubling):
+            like = doubling if self.channels[0] % SEGRESNET_GROUPS == 0 else (16, 32, 64, 128)
+            raise ValueError(
+                f"network 'segresnet' doubles its features per level from init_filters=channels[0], a "
+                f"multiple of {SEGRESNET_GROUPS} (its group norm): channels must be like {like}, "
+                f"got {self.channels}"
+            )
         for name, low in _MINIMUMS.items():
             if getattr(self, name) is not None and not getattr(self, name) >= low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
@@ -139,26 +154,6 @@ class RecipeConfig:
         check_precision(self.precision, allow_auto=True)
         if self.cache == "disk" and not self.cache_dir:
             raise ValueError("cache='disk' needs cache_dir")
-
-    def _check_network(self) -> None:
-        if self.network not in NETWORKS:
-            raise ValueError(f"network must be one of {NETWORKS}, got {self.network!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.network != "segresnet":
-            return
-        if any(s != 2 for s in self.strides):
-            raise ValueError(
-                f"network 'segresnet' halves the size at every level: strides must all be 2, got {self.strides}"
-            )
-        doubling = tuple(self.channels[0] * 2**i for i in range(len(self.channels)))
-        if self.channels[0] % SEGRESNET_GROUPS or self.channels != doubling:
-            like = doubling if self.channels[0] % SEGRESNET_GROUPS == 0 else (16, 32, 64, 128)
-            raise ValueError(
-                f"network 'segresnet' doubles its features per level from init_filters=channels[0], a "
-                f"multiple of {SEGRESNET_GROUPS} (its group norm): channels must be like {like}, "
-                f"got {self.channels}"
-            )
 
     @property
     def loader_workers(self) -> int:

@@ -12,7 +12,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +35,13 @@ from monai.transforms import (
 from monai.utils import set_determinism
 
 from monai_fast.apps.recipes.pathology_augment import AugmentingPrepareBatch, batch_augment, cucim_status, to_unit_range
-from monai_fast.apps.recipes.pathology_config import SIZES, PathologyConfig, PathologySize
-from monai_fast.apps.sources.wsi_reader import WSIBackend, choose_wsi_backend
+from monai_fast.apps.sources.wsi_reader import BACKENDS, WSIBackend, choose_wsi_backend
 from monai_fast.data.loaders import SafeThreadDataLoader
-from monai_fast.data.preflight_slides import preflight_wsi
+from monai_fast.data.preflight import preflight_wsi
 from monai_fast.handlers import AMPToggle, RecordHandler, ThroughputMonitor, TimeBreakdown, TimeToTarget
-from monai_fast.handlers.epoch_length_guard import EpochLengthGuard
-from monai_fast.handlers.stop_signal import end_of_setup, stop_signals_caught
+from monai_fast.handlers.guards import EpochLengthGuard
+from monai_fast.handlers.preemption import end_of_setup, stop_signals_caught
+from monai_fast.telemetry.precision import check_precision
 
 __all__ = [
     "METRIC",
@@ -63,6 +63,106 @@ VARIANTS = ("plain", "fast")
 METRIC = "val_auc"
 
 
+@dataclass(frozen=True)
+class PathologyConfig:
+    """Options of both pipelines; sizes come from `SIZES` (``SIZES[name].config()``).
+
+    Args:
+        patch_size, batch_size: patch side at level 0, in pixels; patches per batch.
+        init_features, growth_rate, block_config: MONAI ``DenseNet`` width and depth.
+        max_epochs, lr: epochs at most; learning rate (Novograd in ``fast``, SGD with momentum 0.9 in ``plain``).
+        precision: ``fast``'s ``AMPToggle`` request (``"auto"``, ``"bf16"``, ``"fp16"``, ``"fp32"``).
+        workers: loader worker processes of ``plain``, and of ``fast`` on a GPU (on a CPU it reads in a thread).
+        backend: ``fast``'s WSI backend (`monai_fast.apps.sources.wsi_reader.BACKENDS`).
+        prob, seed: probability of the flip and of the rotation; seed of weights, shuffling and augmentation.
+        preflight: check every slide and patch location before training (`preflight_wsi()`).
+    """
+
+    patch_size: int = 64
+    batch_size: int = 32
+    init_features: int = 16
+    growth_rate: int = 16
+    block_config: tuple[int, ...] = (2, 4, 4)
+    max_epochs: int = 5
+    lr: float = 1e-3
+    precision: str = "auto"
+    workers: int = 2
+    backend: str = "auto"
+    prob: float = 0.5
+    seed: int = 0
+    preflight: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("patch_size", "batch_size", "init_features", "growth_rate", "max_epochs"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not 0.0 <= self.prob <= 1.0:
+            raise ValueError(f"prob must be in [0, 1], got {self.prob}")
+        check_precision(self.precision, allow_auto=True)
+
+
+@dataclass(frozen=True)
+class PathologySize:
+    """One size of the task: the synthetic slides and the pipeline options."""
+
+    slides: int
+    shape: tuple[int, int]
+    tile: int
+    levels: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def patch_size(self) -> int:
+        return int(self.options.get("patch_size", PathologyConfig.patch_size))
+
+    def config(self, **overrides: Any) -> PathologyConfig:
+        """The `PathologyConfig` of this size, with ``overrides`` (``None`` values ignored)."""
+        return PathologyConfig(**{**self.options, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+#: ``tiny``: seconds on a CPU (tests); ``cpu``: a few minutes on a laptop; ``gpu``: Camelyon-like patches
+#: (224 pixels) and DenseNet-121's layout on a GPU
+SIZES = {
+    "tiny": PathologySize(
+        3,
+        (384, 384),
+        128,
+        2,
+        dict(
+            patch_size=32, batch_size=16, init_features=8, growth_rate=8, block_config=(2, 2), max_epochs=2, workers=1
+        ),
+    ),
+    "cpu": PathologySize(
+        4,
+        (3072, 3072),
+        256,
+        3,
+        dict(patch_size=64, batch_size=32, init_features=8, growth_rate=8, block_config=(2, 2, 2), max_epochs=6),
+    ),
+    "gpu": PathologySize(
+        8,
+        (8192, 8192),
+        256,
+        4,
+        dict(
+            patch_size=224,
+            batch_size=64,
+            init_features=64,
+            growth_rate=32,
+            block_config=(6, 12, 24, 16),
+            max_epochs=10,
+            workers=8,
+        ),
+    ),
+}
+
+
 @dataclass
 class PathologyRun:
     """A built pipeline: its engines, network, loaders, handlers and what it chose (``notes``)."""
@@ -77,18 +177,6 @@ class PathologyRun:
     amp: AMPToggle | None
     notes: dict[str, str]
     setup_s: float
-
-
-def classifier(config: PathologyConfig) -> torch.nn.Module:
-    """MONAI's 2D ``DenseNet``: 3 input channels (RGB), one logit (tumour)."""
-    return DenseNet(
-        spatial_dims=2,
-        in_channels=3,
-        out_channels=1,
-        init_features=config.init_features,
-        growth_rate=config.growth_rate,
-        block_config=tuple(config.block_config),
-    )
 
 
 def _plain_transforms(train: bool, prob: float) -> Compose:
@@ -222,7 +310,14 @@ def build_pathology(
     if config.preflight:  # a bad slide or location is named here, not in a loader thread in the middle of an epoch
         preflight_wsi({"training": train, "validation": val}, config.patch_size, reader=reader.make(level=0))
     loaders = _loaders(variant, train, val, config, device, reader, notes)
-    network = classifier(config).to(device)
+    network = DenseNet(  # RGB in, one logit (tumour) out
+        spatial_dims=2,
+        in_channels=3,
+        out_channels=1,
+        init_features=config.init_features,
+        growth_rate=config.growth_rate,
+        block_config=tuple(config.block_config),
+    ).to(device)
     trainer, evaluator = _engines(variant, loaders, network, config, device, notes)
     # first among the epoch's handlers: no validation, AUC or checkpoint comes from an epoch that ended short
     EpochLengthGuard("training").attach(trainer)

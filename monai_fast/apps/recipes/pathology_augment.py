@@ -78,23 +78,6 @@ def cucim_status(device: torch.device | str) -> str | None:
     return None
 
 
-def _cucim_chain(device: torch.device, prob: float) -> Callable[[Any], torch.Tensor]:
-    """MONAI's tumour-detection GPU chain: cuCIM colour jitter, flip, rotation, scaling; a torch tensor out."""
-    from monai.transforms import CastToType, Compose, CuCIM, RandCuCIM, ToCupy, ToTensor
-
-    return Compose(
-        [
-            ToCupy(),
-            RandCuCIM(name="rand_color_jitter", prob=1.0, **JITTER),
-            RandCuCIM(name="rand_image_flip", prob=prob, spatial_axis=-1),
-            RandCuCIM(name="rand_image_rotate_90", prob=prob, max_k=3, spatial_axis=(-2, -1)),
-            CastToType(dtype=np.float32),
-            CuCIM(name="scale_intensity_range", a_min=0.0, a_max=255.0, b_min=-1.0, b_max=1.0),
-            ToTensor(device=device, track_meta=False),
-        ]
-    )
-
-
 def batch_augment(
     device: torch.device | str, prob: float = 0.5, use_cucim: bool | None = None, quiet: bool = False
 ) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -113,7 +96,19 @@ def batch_augment(
     if use_cucim is not False and why is None:
         level = logging.DEBUG if quiet else logging.INFO
         logger.log(level, "augmentation: cuCIM on %s (colour jitter, flip, rotate-90 as GPU kernels)", device)
-        return _cucim_chain(device, prob)
+        from monai.transforms import CastToType, Compose, CuCIM, RandCuCIM, ToCupy, ToTensor
+
+        return Compose(  # MONAI's tumour-detection GPU chain; a torch tensor out
+            [
+                ToCupy(),
+                RandCuCIM(name="rand_color_jitter", prob=1.0, **JITTER),
+                RandCuCIM(name="rand_image_flip", prob=prob, spatial_axis=-1),
+                RandCuCIM(name="rand_image_rotate_90", prob=prob, max_k=3, spatial_axis=(-2, -1)),
+                CastToType(dtype=np.float32),
+                CuCIM(name="scale_intensity_range", a_min=0.0, a_max=255.0, b_min=-1.0, b_max=1.0),
+                ToTensor(device=device, track_meta=False),
+            ]
+        )
     if use_cucim is None and not quiet and why not in _told:
         _told.add(why)
         logger.info("augmentation: torch on %s instead of cuCIM GPU kernels: %s", device, why)

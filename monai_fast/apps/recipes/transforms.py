@@ -5,31 +5,60 @@ Everything before the first random transform is deterministic and may be cached;
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import monai.transforms
 import torch
 from monai.transforms import (
-    CropForegroundd,
-    EnsureChannelFirstd,
     EnsureTyped,
     FgBgToIndicesd,
-    LoadImaged,
     MapTransform,
-    Orientationd,
     RandCropByPosNegLabeld,
     RandFlipd,
     RandRotate90d,
     RandShiftIntensityd,
-    ScaleIntensityRanged,
-    Spacingd,
-    SpatialPadd,
     ToDeviced,
 )
 
 from monai_fast.apps.recipes.config import RecipeConfig
 
-__all__ = ["KEYS", "deterministic_transforms", "random_transforms"]
+__all__ = ["KEYS", "deterministic_transforms", "random_transforms", "recipe_chain", "transform_of"]
 
 KEYS = ("image", "label")
 FG, BG = "label_fg", "label_bg"
+
+
+def recipe_chain(config: RecipeConfig) -> list[dict[str, Any]]:
+    """The recipes' validation chain for ``config`` as a record; `deterministic_transforms()` builds it."""
+    keys = list(KEYS)
+    return [
+        {"_target_": "LoadImaged", "keys": keys},
+        {"_target_": "EnsureChannelFirstd", "keys": keys},
+        {"_target_": "Orientationd", "keys": keys, "axcodes": "RAS", "labels": [["L", "R"], ["P", "A"], ["I", "S"]]},
+        {"_target_": "Spacingd", "keys": keys, "pixdim": list(config.pixdim), "mode": ["bilinear", "nearest"]},
+        {
+            "_target_": "ScaleIntensityRanged",
+            "keys": "image",
+            "a_min": config.intensity_window[0],
+            "a_max": config.intensity_window[1],
+            "b_min": 0.0,
+            "b_max": 1.0,
+            "clip": True,
+        },
+        {"_target_": "CropForegroundd", "keys": keys, "source_key": "image", "allow_smaller": True},
+        {"_target_": "SpatialPadd", "keys": keys, "spatial_size": list(config.patch_size)},
+    ]
+
+
+def transform_of(entry: Mapping[str, Any], **extra: Any) -> MapTransform:
+    """The MONAI dictionary transform of one chain record entry (its lists as tuples), with ``extra`` arguments."""
+
+    def tuples(value: Any) -> Any:
+        return tuple(tuples(v) for v in value) if isinstance(value, list) else value
+
+    args = {k: tuples(v) for k, v in entry.items() if k != "_target_"}
+    return getattr(monai.transforms, entry["_target_"])(**args, **extra)
 
 
 def deterministic_transforms(
@@ -47,16 +76,7 @@ def deterministic_transforms(
         plain_tensors: end with ``EnsureTyped(track_meta=False)``: plain tensors, cheaper to copy and transform.
         device: when a CUDA device, end with ``ToDeviced`` so the cache lives in GPU memory.
     """
-    low, high = config.intensity_window
-    chain: list[MapTransform] = [
-        LoadImaged(keys=KEYS),
-        EnsureChannelFirstd(keys=KEYS),
-        Orientationd(keys=KEYS, axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
-        Spacingd(keys=KEYS, pixdim=config.pixdim, mode=("bilinear", "nearest")),
-        ScaleIntensityRanged(keys="image", a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True),
-        CropForegroundd(keys=KEYS, source_key="image", allow_smaller=True),
-        SpatialPadd(keys=KEYS, spatial_size=config.patch_size),
-    ]
+    chain = [transform_of(entry) for entry in recipe_chain(config)]
     if precompute_indices:
         chain.append(FgBgToIndicesd(keys="label", fg_postfix="_fg", bg_postfix="_bg", image_key="image"))
     if plain_tensors:

@@ -10,10 +10,9 @@ from dataclasses import replace
 
 import torch
 
-from monai_fast.apps.recipes import RecipeConfig, RecipeParts, recipe_parts
+from monai_fast.apps.recipes import RecipeConfig, recipe_parts
 from monai_fast.data.planner import plan_cache
-from monai_fast.tune.cache import CacheChoice, place_cache
-from monai_fast.tune.result import TuneResult
+from monai_fast.tune.result import TuneResult, place_cache
 from monai_fast.tune.space import SearchSpace
 from monai_fast.tune.store import TuneStore, default_store_path
 from monai_fast.tune.tuner import Tuner
@@ -103,7 +102,31 @@ def tune_recipe(
         return cached
     result = replace(tuner.run(progress=progress), key=key)
     if sizing is not None:
-        choice = _place(result, parts, list(train_files), sizing.total_bytes, cache_tradeoff)
+        files, cuda, chain = list(train_files), device.type == "cuda", parts.train_transforms()
+
+        def plan_for(budget: int) -> str:
+            """Where `plan_cache()` puts the training cache with ``budget`` bytes of the device's memory."""
+            return plan_cache(
+                chain,
+                files,
+                device,
+                gpu_budget_mib=budget / 2**20 if cuda else None,
+                ram_budget_mib=None if cuda else budget / 2**20,
+                cache_dir=parts.config.cache_dir,
+            ).where
+
+        val = result.picked("val") or {}
+        choice = place_cache(
+            result.trials,
+            result.batch_size,
+            result.precision,
+            result.budget_mib,
+            sizing.total_bytes,
+            device,
+            val_peak_mib=val.get("peak_mib") or 0.0,
+            plan_for=plan_for,
+            tradeoff=cache_tradeoff,
+        )
         chosen = result.picked("train", choice.batch_size)
         result = replace(
             result,
@@ -116,34 +139,3 @@ def tune_recipe(
         logger.info("tuning: cache %s; %s", choice.where, result.cache_reason)
     store.put(result)
     return result
-
-
-def _place(
-    result: TuneResult, parts: RecipeParts, train_files: list[dict], cache_bytes: int, tradeoff: float
-) -> CacheChoice:
-    """Where the training cache goes next to the tuner's pick (`place_cache()`)."""
-    device, chain = parts.device, parts.train_transforms()
-    cuda = device.type == "cuda"
-
-    def plan_for(budget: int) -> str:
-        return plan_cache(
-            chain,
-            train_files,
-            device,
-            gpu_budget_mib=budget / 2**20 if cuda else None,
-            ram_budget_mib=None if cuda else budget / 2**20,
-            cache_dir=parts.config.cache_dir,
-        ).where
-
-    val = result.picked("val")
-    return place_cache(
-        result.trials,
-        result.batch_size,
-        result.precision,
-        result.budget_mib,
-        cache_bytes,
-        device,
-        val_peak_mib=(val or {}).get("peak_mib") or 0.0,
-        plan_for=plan_for,
-        tradeoff=tradeoff,
-    )

@@ -154,7 +154,6 @@ def brats_like_case(rng: np.random.Generator, shape: Sequence[int]) -> tuple[np.
 
 
 def _save_atomic(array: np.ndarray, affine: np.ndarray, path: Path) -> None:
-    """Write a NIfTI file atomically."""
     img = nib.Nifti1Image(array, affine)
     img.header.set_xyzt_units("mm")
     data = img.to_bytes() if not path.name.endswith(".gz") else gzip.compress(img.to_bytes(), compresslevel=1, mtime=0)

@@ -41,22 +41,17 @@ class WSIDataError(ValueError):
     """A WSI data set folder that cannot be used; the message names the file and the key at fault."""
 
 
-def _smooth_field_2d(rng: np.random.Generator, shape: tuple[int, int], max_freq: float) -> np.ndarray:
-    """A smooth random field in about [-1, 1] on ``shape``: a sum of five low-frequency plane waves."""
-    return smooth_field(rng, unit_grid(shape), n_waves=5, max_freq=max_freq)
-
-
 def _masks(rng: np.random.Generator, coarse: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Tissue and tumour masks (bool) on the coarse grid: a lobed tissue section, 1-3 tumour blobs inside it."""
     y, x = unit_grid(coarse)
     radius = np.sqrt((y / 0.85) ** 2 + (x / 0.85) ** 2)
-    tissue = radius + 0.3 * _smooth_field_2d(rng, coarse, max_freq=2.5) < 0.9
+    tissue = radius + 0.3 * smooth_field(rng, (y, x), n_waves=5, max_freq=2.5) < 0.9
     tumour = np.zeros(coarse, dtype=bool)
     for _ in range(int(rng.integers(1, 4))):
         cy, cx = rng.uniform(-0.45, 0.45, size=2)
         ry, rx = rng.uniform(0.15, 0.3, size=2)
         r = np.sqrt(((y - cy) / ry) ** 2 + ((x - cx) / rx) ** 2)
-        tumour |= r + 0.25 * _smooth_field_2d(rng, coarse, max_freq=3.0) < 1.0
+        tumour |= r + 0.25 * smooth_field(rng, (y, x), n_waves=5, max_freq=3.0) < 1.0
     return tissue, tumour & tissue
 
 
@@ -75,7 +70,8 @@ def wsi_like_slide(rng: np.random.Generator, size: tuple[int, int]) -> tuple[np.
     h, w = size
     coarse = (h // MASK_DOWNSAMPLE, w // MASK_DOWNSAMPLE)
     tissue_c, tumour_c = _masks(rng, coarse)
-    shade_c = 1.0 + 0.08 * _smooth_field_2d(rng, coarse, max_freq=4.0)  # staining varies across the slide
+    # staining varies across the slide
+    shade_c = 1.0 + 0.08 * smooth_field(rng, unit_grid(coarse), n_waves=5, max_freq=4.0)
     stain = rng.uniform(0.9, 1.1, size=3).astype(np.float32)  # ... and from slide to slide
     normal_density, tumour_density = rng.uniform(0.05, 0.09), rng.uniform(0.11, 0.16)
     slide = np.empty((h, w, 3), dtype=np.uint8)

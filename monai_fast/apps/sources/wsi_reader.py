@@ -9,6 +9,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -127,11 +128,10 @@ def _missing(name: str, device: torch.device) -> str | None:
     return None
 
 
-def _make(name: str, **defaults: Any) -> Callable[..., BaseWSIReader]:
+def _make(name: str) -> Callable[..., BaseWSIReader]:
     if name == "tifffile":
-        return lambda **kw: TiledTiffWSIReader(**{**defaults, **kw})
-    backend = "tifffile" if name == "tifffile-monai" else name
-    return lambda **kw: WSIReader(backend=backend, **{**defaults, **kw})
+        return TiledTiffWSIReader
+    return partial(WSIReader, backend="tifffile" if name == "tifffile-monai" else name)
 
 
 def choose_wsi_backend(requested: str = "auto", device: torch.device | str = "cpu", quiet: bool = False) -> WSIBackend:

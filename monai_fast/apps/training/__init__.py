@@ -4,13 +4,27 @@
 `run_to_target()` below them train toward a target Dice.
 """
 
-from monai_fast.apps.training.data import NUM_CLASSES, DataSource, SyntheticData, check_files, checked_files, load_files
-from monai_fast.apps.training.epochs import EpochRecorder, EpochRow, write_epochs_csv
+from monai_fast.apps.training.data import (
+    NUM_CLASSES,
+    DataSource,
+    DemoScale,
+    SyntheticData,
+    check_files,
+    checked_files,
+    demo_scale,
+    load_files,
+)
 from monai_fast.apps.training.job import TrainJob, TrainOutcome, train_job
 from monai_fast.apps.training.options import OptionError, check_writable_dir, recipe_config, resolve_device
 from monai_fast.apps.training.results import plot_dice_vs_time, run_meta, write_results
-from monai_fast.apps.training.run import TargetRun, TrainResult, run_to_target
-from monai_fast.apps.training.scale import DemoScale, demo_scale
+from monai_fast.apps.training.run import (
+    EpochRecorder,
+    EpochRow,
+    TargetRun,
+    TrainResult,
+    run_to_target,
+    write_epochs_csv,
+)
 
 __all__ = [
     "NUM_CLASSES",

@@ -1,4 +1,7 @@
-"""A run's data: an MSD-layout folder or URL, given file lists, or cached synthetic data; every file checked first."""
+"""A run's data: an MSD-layout folder or URL, given file lists, or cached synthetic data; every file checked first.
+
+Also how big a run on synthetic data is by default on a device (``demo`` and ``train``), with no CUDA call.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,24 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
+
     from monai_fast.apps.recipes import RecipeConfig
 
-__all__ = ["NUM_CLASSES", "VAL_FRACTION", "DataSource", "SyntheticData", "check_files", "checked_files", "load_files"]
+__all__ = [
+    "NUM_CLASSES",
+    "VAL_FRACTION",
+    "DataSource",
+    "DemoScale",
+    "SyntheticData",
+    "check_files",
+    "checked_files",
+    "demo_scale",
+    "load_files",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +45,39 @@ class SyntheticData:
     kind: str = "spleen-like"
     cases: int = 16
     shape: tuple[int, int, int] = (128, 128, 64)
+
+
+@dataclass(frozen=True)
+class DemoScale:
+    """The default data and network of a run on a device (the demo's and train's).
+
+    Attributes:
+        device, name: the device type it is for (``"cuda"``, ``"cpu"``); what the default is, in words.
+        synthetic: the synthetic set generated when no data is given.
+        overrides: `RecipeConfig` fields (patch, network) set for every recipe.
+    """
+
+    device: str
+    synthetic: SyntheticData
+    overrides: dict[str, Any] = field(default_factory=dict)
+    name: str = "small"
+
+
+def demo_scale(device: torch.device) -> DemoScale:
+    """The default size on ``device``: spleen-scale with MONAI's tutorial UNet on CUDA, small elsewhere (docs/demo.md).
+
+    Example:
+        >>> demo_scale(torch.device("cpu")).overrides
+        {}
+    """
+    if device.type == "cuda":
+        return DemoScale(
+            "cuda",
+            SyntheticData(cases=40, shape=(240, 240, 96)),  # 1.6 x 1.6 x 2.5 mm: ~256 x 256 x 120 at 1.5 x 1.5 x 2
+            dict(patch_size=(96, 96, 96), channels=(16, 32, 64, 128, 256), strides=(2, 2, 2, 2), num_res_units=2),
+            "spleen-scale (like Task09 Spleen after resampling), MONAI's tutorial UNet",
+        )
+    return DemoScale(device.type, SyntheticData(), {}, "small, for a CPU")
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ def _train_owned(job: TrainJob, config: RecipeConfig, lead: bool) -> TrainOutcom
     """`train_job()` once the options and outputs are checked and the run folder is this run's."""
     from monai_fast.apps.training.data import checked_files
     from monai_fast.apps.training.run import TargetRun
-    from monai_fast.handlers.stop_signal import STOPPED_EXIT, end_of_setup
+    from monai_fast.handlers.preemption import STOPPED_EXIT, end_of_setup
 
     device = resolve_device(job.device)
     data_root, train_files, val_files = checked_files(job.source, config, job.preflight, job.progress)

@@ -11,8 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from monai_fast.apps.training.epochs import write_epochs_csv
-from monai_fast.apps.training.run import TrainResult
+from monai_fast.apps.training.run import TrainResult, write_epochs_csv
 from monai_fast.extras import require
 from monai_fast.files import atomic_write, write_json
 
