@@ -20,8 +20,6 @@ from glob import escape as glob_escape
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
-
 __all__ = [
     "NoSpaceError",
     "atomic_path",
@@ -239,7 +237,13 @@ def _writer_gone(tmp: Path, max_age_s: float, now: float) -> bool:
     except FileNotFoundError:
         return False
     if host == _host() and pid.isdigit():
-        return not psutil.pid_exists(int(pid))
+        try:
+            os.kill(int(pid), 0)  # this process's own pid, or another user's (PermissionError): alive
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
     return age > max_age_s
 
 

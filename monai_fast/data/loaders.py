@@ -186,11 +186,12 @@ class SafeThreadBuffer:
             nonlocal asked
             if run.thread is None:  # on the training thread's CUDA device at the start of the epoch
                 device = current_cuda_device()
-                run.thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._produce, args=(run, device), name="monai-fast-loader", daemon=True
                 )
                 stop_at_exit(run)  # an iteration left open when the run ends is stopped before exit
-                run.thread.start()
+                thread.start()
+                run.thread = thread  # only once started: the `finally` below joins a started thread
             asked += 1
             run.asked.release()
 

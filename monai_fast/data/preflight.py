@@ -394,6 +394,7 @@ def preflight_wsi(
     """
     t0 = time.perf_counter()
     lists = dict(files) if isinstance(files, dict) else {"items": files}
+    default_size = tuple(int(v) for v in (patch_size if isinstance(patch_size, Sequence) else (patch_size, patch_size)))
     for name, items in lists.items():
         for i, item in enumerate(items):
             if not isinstance(item, dict) or "image" not in item or "location" not in item:
@@ -411,7 +412,7 @@ def preflight_wsi(
                         problems.append((path, f"cannot read the slide: {scans[path]['error']}"))
                 if "error" in scans[path]:
                     continue
-                size = item.get("patch_size", patch_size)
+                size = item.get("patch_size", default_size)
                 size = tuple(int(v) for v in (size if isinstance(size, Sequence) else (size, size)))
                 why = _patch_problem(
                     scans[path]["levels"], item["location"], size, int(item.get("patch_level", level)), center_location

@@ -1,7 +1,7 @@
 """Preemption-safe training: checkpoint on SIGTERM/SIGUSR1, requeue under SLURM, resume at the same iteration.
 
-`StopSignal` catches the stop signals and agrees on the stop across ranks; `CheckpointFolder` keeps the whole
-checkpoints ``ckpt-<iteration>.pt`` (how it differs from ignite's ``Checkpoint``: docs/preemption.md).
+`StopSignal` catches the stop signals and agrees on the stop across ranks; `Preemption` checkpoints into a
+`monai_fast.handlers.checkpoint_folder.CheckpointFolder` and resumes from it (docs/preemption.md).
 """
 
 from __future__ import annotations

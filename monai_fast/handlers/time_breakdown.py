@@ -1,6 +1,5 @@
 """Where an engine's time goes: data wait versus compute (`TimeBreakdown`), a trainer's own post-processing and
-metrics (`TrainingAlgorithmTime`), an evaluator's network versus the sliding window around it (`InferenceSplit`);
-and what it yields: samples/s and voxels/s with an ETA (`ThroughputMonitor`).
+metrics (`TrainingAlgorithmTime`), an evaluator's network versus the sliding window around it (`InferenceSplit`).
 """
 
 from __future__ import annotations

@@ -286,7 +286,7 @@ def test_a_3d_unet_with_a_sliding_window_still_gets_that_advice(tmp_path):
     items = _items(4, (1, 16, 16, 16))
     evaluator = SupervisedEvaluator(
         device="cpu",
-        val_data_loader=DataLoader(Dataset(_items(32, (1, 16, 16, 16))), batch_size=1),  # most of the wall clock
+        val_data_loader=DataLoader(Dataset(_items(64, (1, 16, 16, 16))), batch_size=1),  # most of the wall clock
         network=net,
         inferer=SlidingWindowInferer((8, 8, 8), sw_batch_size=2),
     )

@@ -7,8 +7,6 @@ import logging
 
 from monai_fast.precision_names import REQUESTS
 
-logger = logging.getLogger("monai_fast")
-
 __all__ = ["add_bundle_command"]
 
 

@@ -1,11 +1,12 @@
-"""``monai-fast infer``: sliding-window inference of a checkpoint over an MSD folder or image files."""
+"""``monai-fast infer``: sliding-window inference of a checkpoint over an MSD folder or image files.
+
+Parses, calls `monai_fast.apps.inference.infer()`, prints one line; a bad input or an unwritable output ends
+in one line naming it.
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
-
-logger = logging.getLogger("monai_fast")
 
 __all__ = ["add_infer_command"]
 

@@ -28,6 +28,7 @@ __all__ = [
 DEFAULT_MASTER_PORT = 29500  #: torchrun's own default for ``--master-port``
 #: how long ``monai-fast launch`` waits for the rendezvous (torchrun's c10d join time-out)
 DEFAULT_RDZV_TIMEOUT_S = 600.0
+_TORCHRUN_JOIN_TIMEOUT_S = 600  # torchrun's c10d join_timeout when --rdzv-conf does not set one
 STORE_ANSWER_S = 10.0  #: how long an endpoint that accepts connections has to answer as a rendezvous store
 
 
@@ -150,7 +151,7 @@ def torchrun_args(spec: LaunchSpec) -> list[str]:
     if spec.form == "c10d":
         where = [nnodes, "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id}"]
         join_timeout = math.ceil(spec.rdzv_timeout_s)
-        if join_timeout != DEFAULT_RDZV_TIMEOUT_S:  # only what differs from torchrun's own default
+        if join_timeout != _TORCHRUN_JOIN_TIMEOUT_S:  # only what differs from torchrun's own default
             where.append(f"--rdzv-conf=join_timeout={join_timeout}")
     elif spec.form == "static":
         where = [nnodes, f"--node-rank={spec.node_rank or 0}", f"--master-addr={spec.master_addr}"]

@@ -67,6 +67,7 @@ def demo_scale(device: torch.device) -> DemoScale:
     """The default size on ``device``: spleen-scale with MONAI's tutorial UNet on CUDA, small elsewhere (docs/demo.md).
 
     Example:
+        >>> import torch
         >>> demo_scale(torch.device("cpu")).overrides
         {}
     """
