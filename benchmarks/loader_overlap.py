@@ -57,9 +57,9 @@ def child(spec: dict) -> dict:
     from monai_fast.handlers import FastTraining
 
     if spec["variant"] == "prefetch_team":  # the loader thread keeps torch's own team (the variant compared)
-        import monai_fast.data.loaders as thread_buffer
+        import monai_fast.data.loaders as loaders
 
-        thread_buffer.serial_openmp_here = lambda: False
+        loaders.serial_openmp_here = lambda: False
 
     root = synthetic_dataset("spleen-like", spec["cases"], tuple(spec["shape"]), 0, progress=False)
     files = load_msd_datalist(root, val_fraction=0.25, seed=0)
