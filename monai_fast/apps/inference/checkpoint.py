@@ -318,11 +318,11 @@ def build_chain(record: Sequence[Mapping[str, Any]], image_key: str = "image") -
     entries = check_chain(record)
     transforms: list[MapTransform] = []
     for i, entry in enumerate(entries):
-        name = entry.pop("_target_")
         try:
-            transforms.append(transform_of({"_target_": name, **entry}, allow_missing_keys=True))
+            transforms.append(transform_of(entry, allow_missing_keys=True))
         except (TypeError, ValueError) as e:
-            raise ChainError(f"chain entry {i} ({name}) cannot be built from its arguments {entry}: {e}") from e
+            name, args = entry["_target_"], {k: v for k, v in entry.items() if k != "_target_"}
+            raise ChainError(f"chain entry {i} ({name}) cannot be built from its arguments {args}: {e}") from e
     if not any(image_key in t.keys for t in transforms):
         raise ChainError(
             f"no transform of the chain record acts on {image_key!r} (keys: "
