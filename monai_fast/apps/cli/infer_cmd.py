@@ -10,8 +10,7 @@ import argparse
 
 __all__ = ["add_infer_command"]
 
-
-_INFER_TEXT = (
+_TEXT = (
     "Run sliding-window inference of CHECKPOINT (written by monai_fast.apps.inference.save_checkpoint or monai-fast "
     "train) over DATA, an MSD folder (its --split) or NIfTI image files, and write OUT/<name>_seg.nii.gz label maps "
     "on each input's grid: the checkpoint's validation chain is inverted (docs/inference.md). A checkpoint of weights "
@@ -20,7 +19,7 @@ _INFER_TEXT = (
     '(ONNX Runtime; pip install "monai-fast[onnx]"), tensorrt (torch-tensorrt and a CUDA GPU).'
 )
 
-_INFER_OPTION_HELP = {
+_OPTION_HELP = {
     "--split": "an MSD folder's cases: the validation split of training (same --val-fraction and the checkpoint's "
     "seed), train, all, or the test images (default %(default)s)",
     "--sw-batch-size": "windows per network call, or 'auto' to measure it (and the stitching device) on the first "
@@ -29,9 +28,7 @@ _INFER_OPTION_HELP = {
     "MONAI CheckpointSaver or Preemption file): the recipe.json monai-fast train writes beside model.pth, or a JSON "
     "object of RecipeConfig options; it builds the network and its validation chain",
 }
-_INFER_HELP = (
-    "sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, compile, onnx, tensorrt)"
-)
+_HELP = "sliding-window inference of a checkpoint into NIfTI predictions (eager, autocast, compile, onnx, tensorrt)"
 
 
 def _sw_batch(text: str) -> int | str:
@@ -87,18 +84,18 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
     from monai_fast.apps.inference.backends import BACKENDS
     from monai_fast.apps.inference.run import SPLITS
 
-    p = sub.add_parser("infer", description=_INFER_TEXT, help=_INFER_HELP)
+    p = sub.add_parser("infer", description=_TEXT, help=_HELP)
     p.add_argument("checkpoint", help="the model file (monai_fast.apps.inference.save_checkpoint)")
     p.add_argument("data", nargs="+", help="an MSD folder with dataset.json, or NIfTI image files")
     p.add_argument("--out", default="predictions", help="folder for <name>_seg.nii.gz (default %(default)s)")
     p.add_argument("--backend", choices=BACKENDS, default="eager", help="what runs the network (default %(default)s)")
     device = "'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1' (default %(default)s)"
     p.add_argument("--device", default="auto", help=device)
-    p.add_argument("--split", choices=SPLITS, default="val", help=_INFER_OPTION_HELP["--split"])
+    p.add_argument("--split", choices=SPLITS, default="val", help=_OPTION_HELP["--split"])
     p.add_argument("--val-fraction", type=float, default=0.25, help="as in training (default %(default)s)")
-    p.add_argument("--sw-batch-size", type=_sw_batch, help=_INFER_OPTION_HELP["--sw-batch-size"])
+    p.add_argument("--sw-batch-size", type=_sw_batch, help=_OPTION_HELP["--sw-batch-size"])
     p.add_argument("--overlap", type=float, help="sliding-window overlap in [0, 1) (default: the checkpoint's config)")
-    p.add_argument("--recipe-config", metavar="FILE", help=_INFER_OPTION_HELP["--recipe-config"])
+    p.add_argument("--recipe-config", metavar="FILE", help=_OPTION_HELP["--recipe-config"])
     overwrite = "replace prediction files that exist already (an input image is never replaced)"
     p.add_argument("--overwrite", action="store_true", help=overwrite)
     p.add_argument("--no-preflight", action="store_true", help="skip the check of every image before inference")
