@@ -120,3 +120,32 @@ def tmpfs(tmp_path):
     yield mount
     for folder in reversed(mounted):
         subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def in_child_as_another_user(fn, max_processes: int | None = None) -> str:
+    """``fn()``'s text (or its exception as ``"Type: message"``) from a forked child that runs as another user.
+
+    Under root the child becomes ``nobody`` (65534), so it may not signal this process; ``max_processes`` sets
+    the child's ``RLIMIT_NPROC``, which the kernel enforces on threads too once the child is not root.
+    """
+    import resource
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        os.close(read)
+        try:
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            if max_processes is not None:
+                resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))
+            text = str(fn())
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            text = f"{type(e).__name__}: {e}"
+        os.write(write, text.encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as f:
+        return f.read()

@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from conftest import in_child_as_another_user
 
 from monai_fast.files import atomic_write, clean_stale_tmp, tmp_path_for, write_json, write_text
 from monai_fast.folders import cache_root
@@ -77,6 +79,23 @@ def test_clean_stale_tmp_keeps_live_writers_and_foreign_files(tmp_path):
     old = time.time() - 3 * 86400
     os.utime(other_host, (old, old))
     assert clean_stale_tmp(tmp_path, max_age_s=86400) == [other_host]
+
+
+def test_a_live_writer_that_this_user_may_not_signal_keeps_its_temporary():
+    """``os.kill(pid, 0)`` answers PermissionError for another user's process: alive, so its file stays."""
+    with tempfile.TemporaryDirectory() as shared:  # under the system's temporary folder, which every user reaches
+        folder = Path(shared)
+        folder.chmod(0o777)
+        live = tmp_path_for(folder / "theirs.json")  # written by this live process
+        if os.geteuid() != 0:  # pid 1 belongs to root: the child, not root, may not signal it
+            live = live.with_name(live.name.replace(f"-{os.getpid()}.", "-1."))
+        live.write_text("in progress")
+
+        def clean_and_list() -> list[str]:
+            clean_stale_tmp(folder)
+            return [p.name for p in folder.iterdir()]
+
+        assert in_child_as_another_user(clean_and_list) == str([live.name])
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ import weakref
 
 import pytest
 import torch
+from conftest import in_child_as_another_user
 from monai.data import CacheDataset, Dataset, ThreadDataLoader
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandLambdad
 
@@ -231,3 +232,9 @@ def test_batches_made_on_demand_start_one_watchdog_thread_per_epoch_not_one_per_
     assert len(batches) == 12
     threads = [t for t in started - {threading.current_thread()} if not t.name.startswith("Dummy")]  # a thread ending
     assert len(threads) == 1, threads  # the watchdog; a timer per batch would be 12
+
+
+def test_a_loader_thread_the_system_refuses_raises_the_systems_error():
+    """Under a process limit no new thread starts: the epoch raises that error, not one from joining."""
+    loader = SafeThreadDataLoader(Dataset(list(range(4))), batch_size=1)
+    assert in_child_as_another_user(lambda: list(loader), max_processes=1) == "RuntimeError: can't start new thread"
