@@ -315,7 +315,7 @@ class AMPToggle(EngineHandler):
         self.fell_back = True
         self._apply()
         logger.warning(
-            "AMPToggle: %d non-finite losses in a row at iteration %d; falling back to fp32 for the rest of the run",
+            "AMPToggle: %d non-finite steps in a row at iteration %d; falling back to fp32 for the rest of the run",
             self._guard.streak if self._guard is not None else 0,
             engine.state.iteration,
         )

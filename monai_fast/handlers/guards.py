@@ -1,5 +1,5 @@
-"""Guards of a run's results: a non-finite loss never reaches the weights, in any precision, and ranks decide
-together (`NonFiniteGuard`, docs/precision.md); an epoch that ends short is an error, not a smaller epoch
+"""Guards of a run's results: a non-finite loss or gradient never reaches the weights, in any precision, and
+ranks decide together (`NonFiniteGuard`, docs/precision.md); an epoch that ends short is an error, not a smaller epoch
 (`EpochLengthGuard`, docs/handlers.md)."""
 
 from __future__ import annotations
@@ -36,6 +36,22 @@ def _finite(x: Any) -> bool:
     return not (isinstance(x, torch.Tensor) and x.is_floating_point()) or bool(torch.isfinite(x).all())
 
 
+def _scaled(engine: Engine) -> bool:
+    """Whether the engine steps through an active ``GradScaler``, which skips steps with NaN/Inf gradients."""
+    scaler = getattr(engine, "scaler", None)
+    return bool(getattr(engine, "amp", False)) and scaler is not None and scaler.is_enabled()
+
+
+def _grads_finite(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether every gradient the optimizer would apply is finite (one host sync per device)."""
+    flags: dict[torch.device, list[torch.Tensor]] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                flags.setdefault(p.grad.device, []).append(torch.isfinite(p.grad).all())
+    return all(bool(torch.stack(found).all()) for found in flags.values())
+
+
 def batch_files(batch: Any, image_key: str = "image") -> list[str] | None:
     """Per sample, the file each sample of a collated MONAI batch came from; ``None`` without metadata."""
     if not isinstance(batch, dict):
@@ -61,12 +77,12 @@ def files_with_nonfinite_voxels(items: Iterable[Any]) -> list[str]:
 
 
 class NonFiniteGuard(EngineHandler):
-    """Skip steps with a non-finite loss and stop when they persist (docs/precision.md).
+    """Skip steps with a non-finite loss or gradient and stop when they persist (docs/precision.md).
 
     ``stats`` counts ``nonfinite`` losses, ``skipped_steps`` and ``bad_inputs`` batches (agreed across ranks).
 
     Args:
-        max_nonfinite: non-finite losses in a row (finite inputs) before the fallback, or the error.
+        max_nonfinite: non-finite steps in a row (finite inputs) before the fallback, or the error.
         max_bad_inputs: batches with NaN/Inf in their image or label before the error.
 
     Examples:
@@ -119,7 +135,9 @@ class NonFiniteGuard(EngineHandler):
         out = engine.state.output
         bad_loss = not _finite(out["loss"])
         bad_input = bad_loss and not all(_finite(out.get(k)) for k in ("image", "label"))
-        flags = torch.tensor([float(bad_loss), float(bad_input)])
+        # a finite loss can still give NaN/Inf gradients (bf16, a division at zero); a GradScaler skips those itself
+        bad_grad = not bad_loss and not _scaled(engine) and not _grads_finite(engine.optimizer)
+        flags = torch.tensor([float(bad_loss or bad_grad), float(bad_input)])
         if idist.get_world_size() > 1:  # every rank steps, or none does
             flags = idist.all_reduce(flags, op="MAX")
         if not flags[0]:
@@ -142,7 +160,8 @@ class NonFiniteGuard(EngineHandler):
                 )
             return
         self.streak += 1
-        logger.warning("NonFiniteGuard: non-finite loss at %s; step skipped (%d in a row)", where, self.streak)
+        what = "gradient from a finite loss" if bad_grad else "loss"
+        logger.warning("NonFiniteGuard: non-finite %s at %s; step skipped (%d in a row)", what, where, self.streak)
         if self.streak < self.max_nonfinite:
             return
         if self.fallback is not None and self.fallback(engine):
@@ -150,7 +169,7 @@ class NonFiniteGuard(EngineHandler):
             return
         self._stop(
             engine,
-            f"{self.streak} non-finite losses in a row from finite inputs, the last at {where}, and no "
+            f"{self.streak} non-finite steps in a row from finite inputs, the last at {where} (its {what}), and no "
             "lower precision to fall back to; lower the learning rate or check the loss",
             bad_loss,
             bad_input,
@@ -159,7 +178,7 @@ class NonFiniteGuard(EngineHandler):
     def _skip_step(self, engine: Engine) -> None:
         for b, copy in self._saved:
             b.data.copy_(copy)
-        if getattr(engine, "amp", False) and getattr(engine, "scaler", None) is not None:
+        if _scaled(engine):
             # the scaler must see the step as non-finite on every rank: it skips it and lowers its scale
             for group in engine.optimizer.param_groups:
                 for p in group["params"]:

@@ -116,11 +116,33 @@ def test_a_single_nan_batch_in_fp32_is_skipped_and_training_goes_on(source):
     assert all(torch.isfinite(p).all() for p in t.network.parameters())
 
 
+def test_a_finite_loss_with_nan_gradients_skips_its_step_and_training_goes_on(caplog):
+    t = _tiny_trainer(_volumes(8))
+    inner = t.loss_function
+
+    def loss(pred, label):  # finite (sqrt(0) = 0), but its gradient is 0 * inf = NaN at iteration 2
+        zero = torch.sqrt(pred.sum() * 0) if t.state.iteration == 2 else 0
+        return inner(pred, label) + zero
+
+    t.loss_function = loss
+    guard = NonFiniteGuard()
+    guard.attach(t)
+    snaps = {}
+    t.add_event_handler(Events.ITERATION_COMPLETED, lambda e: snaps.__setitem__(e.state.iteration, _params(t.network)))
+    with caplog.at_level("WARNING", logger="monai_fast.handlers"):
+        t.run()
+    assert guard.stats["skipped_steps"] == 1 and guard.streak == 0
+    assert all(torch.equal(a, b) for a, b in zip(snaps[1], snaps[2], strict=True))  # the NaN gradient never applied
+    assert not all(torch.equal(a, b) for a, b in zip(snaps[2], snaps[3], strict=True))
+    assert all(torch.isfinite(p).all() for p in t.network.parameters())
+    assert "non-finite gradient from a finite loss at iteration 2 (epoch 1)" in caplog.text
+
+
 def test_nonfinite_losses_in_a_row_in_fp32_stop_with_the_iteration_and_epoch():
     t = _tiny_trainer(_volumes(4), epochs=3)
     _nan_loss_at(t, {3, 4, 5, 6})
     NonFiniteGuard(max_nonfinite=2).attach(t)
-    with pytest.raises(NonFiniteLossError, match=r"2 non-finite losses in a row .*iteration 4 \(epoch 2\)"):
+    with pytest.raises(NonFiniteLossError, match=r"2 non-finite steps in a row .*iteration 4 \(epoch 2\)"):
         t.run()
     assert all(torch.isfinite(p).all() for p in t.network.parameters())
 
