@@ -15,7 +15,7 @@ import pickle
 import pytest
 import torch
 from ignite.engine import Events
-from monai.data import DataLoader, Dataset, ThreadDataLoader, list_data_collate
+from monai.data import DataLoader, Dataset, SmartCacheDataset, ThreadDataLoader, list_data_collate
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.inferers import SimpleInferer
 from torch.utils.data import RandomSampler
@@ -212,6 +212,82 @@ def test_a_sampler_drawing_with_replacement_is_left_alone_and_says_why():
     fast.attach(trainer)
     assert trainer.data_loader is loader
     assert not fast.applied["data"]["applied"] and "with replacement" in fast.applied["data"]["reason"]
+
+
+def _changing_items(fast: bool, how: str) -> list[list[int]]:
+    """The ids each epoch trains on when a handler changes the data set's items after each epoch."""
+    ds = Dataset(_items(4))
+    trainer = _trainer(torch.nn.Conv3d(1, 1, 1), loader=DataLoader(ds, batch_size=2), max_epochs=3)
+    seen: list[list[int]] = []
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: seen.append([]))
+    trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: seen[-1].extend(int(i) for i in e.state.batch["id"]))
+
+    def curriculum(engine):  # the next epoch's items: replaced as a list, or one item replaced in place
+        step = 10 * engine.state.epoch
+        if how == "list":
+            ds.data = [{**item, "id": item["id"] + step} for item in _items(4)]
+        else:
+            ds.data[0] = {**ds.data[0], "id": step}
+
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, curriculum)
+    if fast:
+        fast_training = FastTraining(precision=False, memory_format=False, prefetch=False)
+        fast_training.attach(trainer)
+        assert fast_training.applied["data"]["setting"] == "ram"
+    trainer.run()
+    return seen
+
+
+@pytest.mark.parametrize("how", ["list", "item"])
+def test_items_the_script_changes_between_epochs_are_the_ones_trained_on(how, caplog):
+    with caplog.at_level(logging.WARNING, logger="monai_fast"):
+        assert _changing_items(True, how) == _changing_items(False, how)
+    said = [m.getMessage() for m in caplog.records if "changed its data set's items" in m.getMessage()]
+    assert len(said) == 1 and "before epoch 2" in said[0]
+
+
+def test_a_smartcache_that_the_script_does_not_rotate_is_left_as_it_is():
+    ds = SmartCacheDataset(_items(6), transform=None, cache_num=3, replace_rate=0.34, progress=False)
+    loader = DataLoader(ds, batch_size=3)
+    trainer = _trainer(torch.nn.Conv3d(1, 1, 1), loader=loader, max_epochs=3)
+    seen: list[list[int]] = []
+    trainer.add_event_handler(
+        Events.ITERATION_STARTED, lambda e: seen.append(sorted(int(i) for i in e.state.batch["id"]))
+    )
+    fast = FastTraining(precision=False, memory_format=False, prefetch=False)
+    fast.attach(trainer)
+    assert trainer.data_loader is loader and "window never rotates" in fast.applied["data"]["reason"]
+    trainer.run()
+    assert len(seen[0]) == 3 and seen == [seen[0]] * 3  # MONAI's window, never rotated by the script, stays
+
+
+def test_an_evaluator_alone_is_refused_before_anything_changes():
+    evaluator = SupervisedEvaluator(
+        device="cpu",
+        val_data_loader=DataLoader(Dataset(_items(2)), batch_size=1),
+        network=_net(),
+        inferer=SimpleInferer(),
+    )
+    loader = evaluator.data_loader
+    with pytest.raises(TypeError, match="an evaluator goes second, beside its trainer"):
+        FastTraining().attach(evaluator)
+    assert evaluator.data_loader is loader and not evaluator._event_handlers.get(Events.ITERATION_COMPLETED)
+
+
+def test_detaching_gives_the_engines_their_own_loaders_back():
+    trainer = _trainer(torch.nn.Conv3d(1, 1, 1))
+    evaluator = SupervisedEvaluator(
+        device="cpu",
+        val_data_loader=DataLoader(Dataset(_items(2)), batch_size=1),
+        network=_net(),
+        inferer=SimpleInferer(),
+    )
+    loaders = (trainer.data_loader, evaluator.data_loader)
+    fast = FastTraining(precision=False, memory_format=False, prefetch=False)
+    fast.attach(trainer, evaluator)
+    assert (trainer.data_loader, evaluator.data_loader) != loaders
+    fast.detach(trainer)
+    assert (trainer.data_loader, evaluator.data_loader) == loaders
 
 
 # ---- attached during a run; the prefetch decision of a short run --------------------------------------

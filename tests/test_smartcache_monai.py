@@ -223,7 +223,7 @@ def test_monais_smartcache_handler_left_in_the_script_is_taken_over_not_run_twic
 
 def test_fast_training_keeps_the_users_smartcache_and_attaches_the_updater():
     ds = _ds(shuffle=True, seed=1)
-    trainer = _trainer(ds, [], max_epochs=2)
+    trainer = _trainer(ds, [], max_epochs=2, train_handlers=[SmartCacheHandler(ds)])
     fast = FastTraining(precision=False, memory_format=False, prefetch=False)
     fast.attach(trainer)
     row = fast.applied["data"]
@@ -366,7 +366,7 @@ def test_a_rerun_attach_cell_on_a_new_trainer_goes_on_with_the_users_smartcache_
     ds = _ds()
     seen = []
     for _ in range(2):  # the cell, run twice
-        trainer = _trainer(ds, seen, max_epochs=2)
+        trainer = _trainer(ds, seen, max_epochs=2, train_handlers=[SmartCacheHandler(ds)])
         FastTraining(precision=False, memory_format=False, prefetch=False).attach(trainer)
         updater = handlers_on(trainer)[SmartCacheUpdater]
         trainer.run()

@@ -141,6 +141,7 @@ def test_a_users_trainer_with_a_smartcache_beyond_its_ram_budget_trains_every_wi
 ):
     from ignite.engine import Events
     from monai.data import list_data_collate
+    from monai.handlers import SmartCacheHandler
     from test_fast_training import _chain as user_chain
     from test_fast_training import _user_trainer
 
@@ -152,6 +153,7 @@ def test_a_users_trainer_with_a_smartcache_beyond_its_ram_budget_trains_every_wi
     window = window_bytes(user)
     loader = DataLoader(user, batch_size=1, shuffle=True, collate_fn=list_data_collate)
     trainer, evaluator = _user_trainer(tiny_files, train_loader=loader, max_epochs=3)
+    SmartCacheHandler(user).attach(trainer)  # the script rotates its window
     fast = FastTraining(ram_budget_mib=window / 2 / 2**20, cache_dir=tmp_path / "tier", compile=False, tune_store=None)
     fast.attach(trainer, evaluator)
     safe = SafeSmartCacheDataset.adoption_of(user)

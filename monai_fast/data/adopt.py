@@ -10,8 +10,8 @@ import logging
 import math
 import os
 import secrets
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +120,22 @@ class AdoptedData:
     plan: CachePlan | None  #: ``None`` when the user's data set was already a cache
     where: str  #: "gpu", "ram", "disk", "smartcache", "none" or "user cache"
     notes: list[str] = field(default_factory=list)
+    #: the user's data set, and its items as they were when copied into ``dataset`` (``None``: not copied)
+    source: Any = None
+    copied: list | None = None
 
     @property
     def smartcache(self) -> bool:
         """Whether the data set is a `SafeSmartCacheDataset`, which needs a ``SmartCacheUpdater``."""
         return isinstance(self.dataset, SafeSmartCacheDataset)
+
+    def source_changed(self) -> bool:
+        """Whether the user's data set no longer holds the items copied at adoption (the script replaced its
+        ``data`` or an item of it): the adopted data set still serves the old ones."""
+        if self.copied is None:
+            return False
+        now = getattr(self.source, "data", None)
+        return now is None or len(now) != len(self.copied) or any(a is not b for a, b in zip(now, self.copied))
 
 
 def why_not_adoptable(loader: Any, force_thread: bool = False) -> str | None:
@@ -216,9 +227,10 @@ def adopt_loader(
     if (why := why_not_adoptable(loader, force_thread)) is not None:
         raise ValueError(why)
     ds, device = loader.dataset, torch.device(device)
+    copied = list(ds.data) if isinstance(getattr(ds, "data", None), Sequence) else None
     shared = _shared_node_tier(loader, device, cache, cache_dir, disk_budget_mib) if cache in ("auto", "disk") else None
     if shared is not None:
-        return shared
+        return replace(shared, source=ds, copied=copied)
     items, shuffle, generator, order_note = _order(loader)
     # building caches and MONAI loaders reseeds the transforms (Compose.__init__, DataLoader.__init__):
     # put their generators and torch's back, so the adopted loader draws the crops the user's would
@@ -261,7 +273,7 @@ def adopt_loader(
         f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}{repeats}, "
         f"{workers} worker processes)"
     )
-    return AdoptedData(new, dataset, plan, where, notes)
+    return AdoptedData(new, dataset, plan, where, notes, source=ds, copied=None if dataset is ds else copied)
 
 
 def _shared_node_tier(

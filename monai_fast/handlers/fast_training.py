@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import torch
 from ignite.engine import Engine, Events
+from monai.data import SmartCacheDataset
 from monai.engines import Trainer, Workflow
 
 from monai_fast.data.adopt import AdoptedData, adopt_loader, why_not_adoptable
@@ -27,7 +28,7 @@ from monai_fast.handlers.memory_format import LayoutChoice
 from monai_fast.handlers.prediction_layout import ClassesInnermost
 from monai_fast.handlers.prefetch import PrefetchChoice, prefetch_for
 from monai_fast.handlers.record import describe_engine, record_of
-from monai_fast.handlers.smartcache import SmartCacheUpdater
+from monai_fast.handlers.smartcache import SmartCacheUpdater, rotated_on
 from monai_fast.handlers.time_breakdown import TrainingAlgorithmTime
 from monai_fast.handlers.window_tune import SlidingWindowTune, sliding_window_of
 from monai_fast.telemetry import cuda_free_bytes
@@ -124,17 +125,19 @@ class FastTraining(EngineHandler):
         self._helpers: list[EngineHandler] = []
         self._choices: dict[str, PrefetchChoice] = {}  # by lever: the measured prefetch choices
         self._layout: LayoutChoice | None = None  # the trainer network's layout choice
+        self._built_with: dict[int, tuple[Engine, Any]] = {}  # by engine: the loader it was built with
 
     def attach(self, trainer: Engine, evaluator: Engine | None = None) -> None:
         """Apply the levers to ``trainer`` (and ``evaluator``); call before ``trainer.run()``.
 
         Raises:
-            TypeError: ``trainer`` is not a MONAI workflow.
+            TypeError: ``trainer`` is not a MONAI workflow with an optimizer (an evaluator alone).
             RuntimeError: already attached, or the trainer or the evaluator is inside ``run()``.
         """
-        if not isinstance(trainer, Workflow):
+        if not isinstance(trainer, Workflow) or not hasattr(trainer, "optimizer"):
             raise TypeError(
-                f"FastTraining needs a MONAI SupervisedTrainer (a monai.engines.Workflow), got {type(trainer).__name__}"
+                "FastTraining needs a MONAI SupervisedTrainer (a monai.engines.Workflow with an optimizer) first, got "
+                f"a {type(trainer).__name__}; an evaluator goes second, beside its trainer"
             )
         if evaluator is not None and not isinstance(evaluator, Workflow):
             raise TypeError(
@@ -225,6 +228,10 @@ class FastTraining(EngineHandler):
             for e in helper.engines:
                 helper.detach(e)
         self._helpers.clear()
+        for e, loader in self._built_with.values():  # a run keeps the loader it started with
+            if not is_running(e):
+                e.data_loader = loader
+        self._built_with.clear()
 
     def _add(self, handler: EngineHandler, engine: Engine) -> None:
         handler.attach(engine)
@@ -249,10 +256,18 @@ class FastTraining(EngineHandler):
             self._say(lever, False, None, "switched off (loader=False or cache=False)")
             return
         why = why_not_adoptable(engine.data_loader, force_thread=self.loader == "thread")
+        ds = getattr(engine.data_loader, "dataset", None)
+        if why is None and isinstance(ds, SmartCacheDataset) and not rotated_on(engine, ds):
+            why = (
+                f"the {type(ds).__name__}'s window never rotates (no SmartCacheHandler on the engine), so every epoch "
+                "trains on the same items, as the script does; SmartCacheHandler(ds) or SmartCacheUpdater() rotates it"
+            )
+            self._say(lever, False, None, why, warn=True)
+            return
         if why is not None:
             self._say(lever, False, None, why)
             return
-        before = len(engine.data_loader)
+        user, before = engine.data_loader, len(engine.data_loader)
         adopted: AdoptedData = adopt_loader(
             engine.data_loader,
             device,
@@ -280,13 +295,12 @@ class FastTraining(EngineHandler):
         if isinstance(adopted.dataset, BackgroundCacheDataset):
             self._fills.append(adopted.dataset)
         engine.data_loader = adopted.loader
+        self._built_with[id(engine)] = (engine, user)
+        if adopted.copied is not None:  # the script may change its data set's items between epochs
+            self.on(engine, Events.EPOCH_STARTED, functools.partial(self._follow_items, lever, adopted), owner=trainer)
         if len(adopted.loader) != before:
-            logger.warning(
-                "FastTraining %s: %d batches per epoch instead of %d (the per-rank partition pads evenly)",
-                lever,
-                len(adopted.loader),
-                before,
-            )
+            why = f"{len(adopted.loader)} batches per epoch instead of {before} (the per-rank partition pads evenly)"
+            logger.warning("FastTraining %s: %s", lever, why)
         if adopted.smartcache:
             updater = SmartCacheUpdater(adopted.dataset)
             self._add(updater, engine)
@@ -304,6 +318,19 @@ class FastTraining(EngineHandler):
             self._add(choice, engine)
             self._choices[name] = choice
         self._say(name, True, setting, why)
+
+    def _follow_items(self, lever: str, adopted: AdoptedData, engine: Engine) -> None:
+        """Once the script changed the items of its data set, its own loader serves them (uncached), as without us."""
+        if engine.data_loader is not adopted.loader or not adopted.source_changed():
+            return
+        # the pass under way ends as it would; ignite starts the next one (and a later run) from the script's loader
+        engine.data_loader = engine.state.dataloader = self._built_with[id(engine)][1]
+        logger.warning(
+            "FastTraining %s: the script changed its data set's items before epoch %d: the cache holds the old "
+            "ones, so the script's own loader serves from here, uncached (a MONAI CacheDataset's set_data() keeps one)",
+            lever,
+            engine.state.epoch,
+        )
 
     def _ready_to_time(self) -> bool:
         """Caches full and the layout chosen: a loader's timing is not disturbed by either."""
@@ -337,19 +364,11 @@ class FastTraining(EngineHandler):
         amp = AMPToggle("auto" if self.precision is True else self.precision)
         self._add(amp, trainer)
         self.amp = amp
-        self.on(trainer, Events.ITERATION_COMPLETED(once=1), self._acted, Lever.PRECISION, amp, trainer)
+        self._after_first_step(trainer, Lever.PRECISION, amp, trainer)
         if evaluator is not None and not (getattr(evaluator, "amp", False) and device.type == "cuda"):
             ev = AMPToggle(amp.precision)
             self._add(ev, evaluator)
-            self.on(
-                evaluator,
-                Events.ITERATION_COMPLETED(once=1),
-                self._acted,
-                "validation precision",
-                ev,
-                trainer,
-                owner=trainer,
-            )
+            self._after_first_step(evaluator, "validation precision", ev, trainer)
         reason = {
             "bf16": f"{device.type} runs bf16 natively" + (" and it measured faster" if device.type == "cpu" else ""),
             "fp16": "this GPU has no fast bf16: fp16 with a GradScaler",
@@ -363,6 +382,10 @@ class FastTraining(EngineHandler):
                 f"for reduced precision; {reason or 'requested ' + str(self.precision)}"
             )
         self._say(Lever.PRECISION, amp.precision != "fp32", amp.precision, reason or f"requested {self.precision}")
+
+    def _after_first_step(self, engine: Engine, lever: str, handler: Any, trainer: Engine) -> None:
+        """`_acted()` once ``engine`` has taken its first step."""
+        self.on(engine, Events.ITERATION_COMPLETED(once=1), self._acted, lever, handler, trainer, owner=trainer)
 
     def _acted(self, engine: Engine, lever: str, handler: Any, trainer: Engine) -> None:
         """After the engine's first step: a lever whose handler found the step out of its reach is not applied."""
@@ -431,15 +454,7 @@ class FastTraining(EngineHandler):
         acts = layout.active and (evaluator is not None or bool(layout.argmax_transforms.get(id(trainer))))
         self._say(Lever.PREDICTION_LAYOUT, acts, "classes innermost" if acts else None, layout.reason)
         if layout.active and evaluator is not None:
-            self.on(
-                evaluator,
-                Events.ITERATION_COMPLETED(once=1),
-                self._acted,
-                Lever.PREDICTION_LAYOUT,
-                layout,
-                trainer,
-                owner=trainer,
-            )
+            self._after_first_step(evaluator, Lever.PREDICTION_LAYOUT, layout, trainer)
 
     def _validation_lever(self, trainer: Workflow, evaluator: Workflow, device: torch.device) -> None:
         inferer = getattr(evaluator, "inferer", None)  # a Workflow of one's own may have none

@@ -13,7 +13,7 @@ from monai.handlers import SmartCacheHandler
 
 from monai_fast.data.adopt import adopt_loader, unknown_item_path, why_not_adoptable
 from monai_fast.data.smartcache import SafeSmartCacheDataset
-from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on, is_running
+from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on, handlers_on, is_running
 
 __all__ = ["SmartCacheUpdater"]
 
@@ -144,14 +144,27 @@ class SmartCacheUpdater(EngineHandler):
             self.dataset.load_state_dict(state)
 
 
-def _take_over_from_monais_handler(engine: Engine, dataset: SmartCacheDataset) -> None:
-    """Remove MONAI's ``SmartCacheHandler`` for ``dataset`` (or its source): it would rotate a second time."""
+def _monais_handlers(engine: Engine, dataset: SmartCacheDataset) -> list[SmartCacheHandler]:
+    """MONAI's ``SmartCacheHandler``s on ``engine`` that rotate ``dataset`` (or the data set it was adopted from)."""
     sources = [dataset]
     if isinstance(dataset, SafeSmartCacheDataset) and dataset.adopted_from is not None:
         sources.append(dataset.adopted_from)
     owners = (getattr(fn, "__self__", None) for fn in callbacks_on(engine, Events.EPOCH_COMPLETED))
     found = [h for h in owners if isinstance(h, SmartCacheHandler) and any(h.smartcacher is s for s in sources)]
-    for handler in dict.fromkeys(found):
+    return list(dict.fromkeys(found))
+
+
+def rotated_on(engine: Engine, dataset: SmartCacheDataset) -> bool:
+    """Whether ``engine`` rotates ``dataset``'s window: MONAI's ``SmartCacheHandler`` for it or a `SmartCacheUpdater`
+    is attached, or an earlier adoption of it (`SafeSmartCacheDataset.adoption_of`) took that rotation over."""
+    if SmartCacheUpdater in handlers_on(engine) or _monais_handlers(engine, dataset):
+        return True
+    return SafeSmartCacheDataset.adoption_of(dataset) is not None
+
+
+def _take_over_from_monais_handler(engine: Engine, dataset: SmartCacheDataset) -> None:
+    """Remove MONAI's ``SmartCacheHandler`` for ``dataset`` (or its source): it would rotate a second time."""
+    for handler in _monais_handlers(engine, dataset):
         for event, fn in (
             (Events.STARTED, handler.started),
             (Events.EPOCH_COMPLETED, handler.epoch_completed),
