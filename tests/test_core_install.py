@@ -349,6 +349,48 @@ def test_a_recipe_trains_with_the_core_alone_and_the_demo_names_its_extra_before
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
+def test_train_on_the_core_skips_its_png_and_refuses_an_asked_tensorboard_folder_before_any_work(core_site, tmp_path):
+    data = tmp_path / "data"
+    small = ["--data-dir", str(data), "--patch-size", "16", "16", "16", "--channels", "4", "8", "--max-epochs", "1"]
+    code = f"""
+        import logging
+        from monai_fast.apps.cli import main
+        from monai_fast.apps.sources.synthetic import generate_msd
+        from monai_fast.apps.demo.lab import lab_data
+        from monai_fast.extras import MissingExtraError
+        from monai_fast.handlers import NVTXHandler
+
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        generate_msd({str(data)!r}, "spleen-like", num_cases=4, shape=(32, 32, 32), progress=False)
+        for name, extra in (("asked", ["--tensorboard-dir", {str(tmp_path / "tb")!r}]), ("plain", [])):
+            out = {str(tmp_path)!r} + "/" + name
+            try:
+                rc = main(["train", *{small!r}, "--no-progress", "--output-dir", out, *extra])
+            except SystemExit as stop:
+                rc = stop.code
+            print(name, "|", rc)
+        print("nvtx |", NVTXHandler().backend)
+        try:
+            lab_data("tiny")
+        except MissingExtraError as e:
+            print("lab |", e)
+    """
+    r = _run_core(core_site, code)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    said = r.stdout + r.stderr
+    # asked for TensorBoard: one line naming the extra, before any folder is made or any data read
+    assert "train --tensorboard-dir needs torch.utils.tensorboard" in said and "asked | 0" not in said, said[-3000:]
+    assert not (tmp_path / "asked").exists() and not (tmp_path / "tb").exists()
+    # not asked: it trains and writes its results; the PNG, a by-product, is skipped with one warning
+    assert "plain | 0" in r.stdout, said[-3000:]
+    assert (tmp_path / "plain" / "results.json").is_file() and not list(tmp_path.rglob("dice_vs_time.png"))
+    assert len([line for line in r.stderr.splitlines() if "dice_vs_time.png: it needs matplotlib" in line]) == 1
+    # NVTX ranges without the nvidia extra: one warning, no ranges; the lab names its extra before writing data
+    assert "nvtx | None" in r.stdout and "NVTXHandler: NVTX ranges" in r.stderr, said[-3000:]
+    assert "lab | the lab (its TensorBoard images and prediction figure) needs matplotlib" in r.stdout, said[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
 def test_a_yaml_bundle_or_auto3dseg_folder_without_pyyaml_is_one_line_naming_the_bundle_extra(core_site, tmp_path):
     zoo = tmp_path / "zoo" / "configs"
     zoo.mkdir(parents=True)

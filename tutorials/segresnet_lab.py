@@ -34,6 +34,7 @@ import torch
 
 from monai_fast.apps.demo.lab import lab_data, run_lab
 from monai_fast.apps.recipes import RECIPES
+from monai_fast.extras import MissingExtraError
 from monai_fast.handlers.preemption import stop_signals_caught
 from monai_fast.report.doctor import doctor
 from monai_fast.telemetry import cuda_available
@@ -59,8 +60,11 @@ def _options() -> argparse.Namespace:
 
 def main() -> None:
     """Run the lab; a SIGTERM/SIGUSR1 before training starts stops it there with a message (exit 143)."""
-    with stop_signals_caught():  # first: a signal while the data are written and cached, the recipe built: kept
-        _lab(_options())  # its first epoch ends the set-up (TargetRun.segment): a signal kept stops it there
+    try:
+        with stop_signals_caught():  # first: a signal while the data are written and cached, the recipe built: kept
+            _lab(_options())  # its first epoch ends the set-up (TargetRun.segment): a signal kept stops it there
+    except MissingExtraError as e:  # the plots extra, named before any data are written
+        raise SystemExit(f"segresnet_lab: {e}") from None
 
 
 def _lab(args: argparse.Namespace) -> None:

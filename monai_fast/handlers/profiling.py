@@ -21,6 +21,7 @@ from monai.engines.utils import IterationEvents
 from monai.transforms import InvertibleTransform, Randomizable, Transform
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from monai_fast.extras import MissingExtraError
 from monai_fast.files import NoSpaceError, atomic_path, no_space_in, write_json
 from monai_fast.handlers.lifecycle import EngineHandler
 from monai_fast.handlers.record import record_of
@@ -343,7 +344,8 @@ class NVTXHandler(EngineHandler):
 
     Args:
         label: role in range names; default ``"validation"`` for MONAI evaluators, else ``"train"``.
-        backend: where ranges go; default the ``nvtx`` package (no-op without a profiler).
+        backend: where ranges go; default the ``nvtx`` package (no-op without a profiler; without the package, one
+            warning and no ranges).
 
     Examples:
         >>> NVTXHandler().attach(trainer)  # doctest: +SKIP
@@ -354,7 +356,12 @@ class NVTXHandler(EngineHandler):
             raise ValueError("label must be a non-empty string or None")
         super().__init__()
         self.label = label
-        self.backend = backend if backend is not None else PackageNvtx()
+        if backend is None:
+            try:
+                backend = PackageNvtx()
+            except MissingExtraError as e:  # ranges are for a profiler: without the package, none are marked
+                logger.warning("NVTXHandler: %s; no NVTX ranges are marked, training is unaffected", e)
+        self.backend: NvtxBackend | None = backend
         self._stacks: dict[int, list[str]] = {}
         self._names: dict[int, str] = {}
         self._with_phases: set[int] = set()
@@ -362,6 +369,8 @@ class NVTXHandler(EngineHandler):
     multi_engine = True  # ranges are kept per engine
 
     def _attach(self, engine: Engine) -> None:
+        if self.backend is None:
+            return
         label = self.label or ("validation" if "Evaluator" in type(engine).__name__ else "train")
         self._names[id(engine)] = f"rank{idist.get_rank()} {label}"
         self._stacks[id(engine)] = []

@@ -168,9 +168,15 @@ def _job(args: argparse.Namespace, sm: SageMakerEnv) -> TrainJob:
 
     from monai_fast.apps.training.data import demo_scale
     from monai_fast.apps.training.options import resolve_device
+    from monai_fast.extras import available, require
 
     output = Path(args.output_dir or sm.output_data_dir or f"runs/train-{dt.datetime.now():%Y%m%d-%H%M%S}")
     tensorboard = args.tensorboard_dir or sm.tensorboard_dir
+    if args.tensorboard_dir:  # asked for: checked before any data is read
+        require("torch.utils.tensorboard", extra="plots", feature="train --tensorboard-dir")
+    elif tensorboard and not available("tensorboard"):  # SageMaker's own folder, not asked for: a by-product
+        logger.warning("SageMaker's TensorBoard folder is left empty: tensorboard is not installed (the plots extra)")
+        tensorboard = None
     synthetic, overrides = scaled_options(args, demo_scale(torch.device(resolve_device(args.device))))
     chosen = {k: getattr(args, k) for k in ("network", "dropout", "optimizer", "lr") if getattr(args, k) is not None}
     return TrainJob(

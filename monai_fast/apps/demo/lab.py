@@ -150,6 +150,11 @@ def performance_table(p: dict) -> str:
     return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]) + "\n"
 
 
+def _require_plots() -> None:
+    for module in ("matplotlib", "tensorboard"):
+        require(module, extra="plots", feature="the lab (its TensorBoard images and prediction figure)")
+
+
 def lab_data(
     size: str, data_dir: str | os.PathLike | None = None, max_epochs: int | None = None, progress: bool = False
 ) -> tuple[list[dict], list[dict], RecipeConfig]:
@@ -157,6 +162,7 @@ def lab_data(
 
     Without ``data_dir`` a synthetic spleen-like set is written once into the cache; with it, that MSD
     folder is read (a quarter held out for validation)."""
+    _require_plots()  # the lab's first step: before any data are written
     if size not in LAB_SIZES:
         raise ValueError(f"size={size!r}: one of {sorted(LAB_SIZES)}")
     if max_epochs is not None and max_epochs < 1:
@@ -198,6 +204,7 @@ def run_lab(
     Example:
         >>> lab = run_lab(*lab_data("cpu"), "cpu", "runs/lab")  # doctest: +SKIP
     """
+    _require_plots()
     device = torch.device(device)
     run_dir = Path(run_dir)
     with DeviceMemory(device).peak() as peak:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from monai_fast.apps.training.run import TrainResult, write_epochs_csv
-from monai_fast.extras import require
+from monai_fast.extras import available, require
 from monai_fast.files import atomic_write, write_json
 
 __all__ = ["plot_dice_vs_time", "run_meta", "write_results"]
@@ -76,7 +76,8 @@ def write_results(
     meta: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
 ) -> dict:
-    """Write ``results.json``, ``epochs.csv`` (all results) and ``dice_vs_time.png`` into ``run_dir`` (created).
+    """Write ``results.json``, ``epochs.csv`` (all results) and ``dice_vs_time.png`` (with the plots extra) into
+    ``run_dir`` (created).
 
     Each file is tried on its own: one that cannot be written (a full disk) is logged with its path,
     the others are still written, and the first failure is raised at the end. ``results.json`` holds
@@ -89,8 +90,13 @@ def write_results(
     writes = [
         (run_dir / "results.json", lambda path: write_json(doc, path)),
         (run_dir / "epochs.csv", lambda path: write_epochs_csv((e for r in results for e in r.epochs), path)),
-        (run_dir / "dice_vs_time.png", lambda path: plot_dice_vs_time(results, path, target)),
     ]
+    if available("matplotlib"):  # a by-product of the run, like its TensorBoard events: skipped without the extra
+        writes.append((run_dir / "dice_vs_time.png", lambda path: plot_dice_vs_time(results, path, target)))
+    else:
+        logger.warning(
+            'not written: %s: it needs matplotlib: pip install "monai-fast[plots]"', run_dir / "dice_vs_time.png"
+        )
     failed: list[OSError] = []
     for path, write in writes:  # each output on its own: one that does not fit costs only itself
         try:
