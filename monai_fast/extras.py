@@ -17,7 +17,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "wsi": ("tifffile",),
     "onnx": ("onnx", "onnxruntime", "onnxscript"),
     "plots": ("matplotlib", "tensorboard"),
-    "notebooks": ("nbclient", "nbformat", "ipykernel"),
+    "notebooks": ("nbclient", "nbformat", "ipykernel", "matplotlib", "tensorboard", "tifffile"),
     "nvidia": ("nvtx", "nvidia-ml-py"),
     "bundle": ("fire", "pyyaml", "tensorboard"),
 }

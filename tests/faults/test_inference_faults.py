@@ -66,6 +66,15 @@ def test_the_cli_says_a_missing_backend_in_one_line(model_file, tiny_spleen, tmp
     assert text.startswith("monai-fast infer: backend 'tensorrt' is not available here") and "\n" not in text
 
 
+def test_the_cli_says_in_one_line_that_it_reads_no_url(model_file, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(["infer", str(model_file), "s3://bucket/Task09", "--out", str(tmp_path / "out"), "--no-progress"])
+    text = str(e.value.code)
+    assert (
+        text == "monai-fast infer: s3://bucket/Task09: infer reads local files; copy the images to this machine first"
+    )
+
+
 def _other_network(path: Path) -> Path:
     write_model(path, RecipeConfig(**{**CONFIG.to_dict(), "channels": (2, 4, 8)}))
     data = torch.load(path, weights_only=True)

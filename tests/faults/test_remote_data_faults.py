@@ -128,3 +128,38 @@ def test_with_the_server_down_each_file_missing_from_the_cache_is_named(s3, tiny
         copy.unlink()  # without its listing nothing can be known offline
     with pytest.raises(RemoteDataError, match=f"{root}/dataset.json"):
         load_msd_datalist(root, remote_options={"connect_timeout": 1.0})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/Task09", "gs://bucket/Task09"])
+def test_train_on_a_url_it_cannot_read_ends_in_one_line_naming_it(url, tmp_path):
+    """An S3 endpoint where nothing listens, and a scheme whose fsspec client is not installed."""
+    import subprocess
+    import sys
+
+    import fsspec
+
+    if url.startswith("gs://"):
+        try:
+            fsspec.get_filesystem_class("gs")
+            pytest.skip("gcsfs is installed here")
+        except ImportError:
+            pass
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+        "MONAI_FAST_CACHE": str(tmp_path / "cache"),
+    }
+    cmd = [sys.executable, "-m", "monai_fast.apps.cli", "train", "--data-dir", url, "--output-dir", str(tmp_path / "o")]
+    r = subprocess.run([*cmd, "--no-progress"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("monai-fast train: ") and f"{url}/dataset.json" in last, last
+    assert ("cannot reach the server" if url.startswith("s3") else "gs:// client is not installed") in last

@@ -132,6 +132,7 @@ def _user_line(e: Exception, command: str) -> str | None:
     """The line that ends the command for a user's mistake or an unwritable output (``None``: raise ``e``)."""
     from monai_fast.apps.cli.args import flag_of
     from monai_fast.apps.sources.msd import MSDDataError
+    from monai_fast.apps.sources.remote_io import RemoteDataError
     from monai_fast.apps.training.options import OptionError
     from monai_fast.data.items import DataItemError, item_line
     from monai_fast.data.preflight import PreflightError
@@ -145,7 +146,7 @@ def _user_line(e: Exception, command: str) -> str | None:
         return f"monai-fast {command}: {flag_of(e.option)}: {e.message}"
     if isinstance(e, TuningError):
         return f"monai-fast: tuning failed: {e}"
-    if isinstance(e, (FileNotFoundError, MSDDataError, PreflightError, MissingExtraError)):
+    if isinstance(e, (FileNotFoundError, MSDDataError, PreflightError, MissingExtraError, RemoteDataError)):
         return f"monai-fast {command}: {e}"
     if isinstance(e, DataItemError):  # a file that cannot be read or transformed, named
         return f"monai-fast {command}: bad data: {item_line(e)}"

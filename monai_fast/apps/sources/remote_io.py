@@ -89,9 +89,16 @@ def is_url(value: Any) -> bool:
 
 
 def _require_client(urls: Sequence[str]) -> None:
-    """Raise `MissingExtraError` naming the first URL whose client library is missing, before any connection."""
-    if (url := next((u for u in urls if _scheme(u) in _S3), None)) is not None:
-        require("s3fs", extra="s3", feature=f"reading {url}")
+    """Raise `MissingExtraError` (S3: the ``s3`` extra) or `RemoteDataError` (another scheme whose fsspec client is
+    not installed) naming a URL of each scheme whose client library is missing, before any connection."""
+    for scheme, url in {_scheme(u): u for u in urls}.items():
+        if scheme in _S3:
+            require("s3fs", extra="s3", feature=f"reading {url}")
+        elif scheme is not None:
+            try:
+                fsspec.get_filesystem_class(scheme)
+            except ImportError as e:
+                raise RemoteDataError(f"cannot read {url}: fsspec's {scheme}:// client is not installed: {e}") from None
 
 
 def _options(url: str, storage_options: dict, limits: _Limits) -> dict:
