@@ -155,6 +155,11 @@ def test_an_override_of_an_id_the_config_lacks_is_refused_with_the_nearest(tmp_p
         doctor=False,
     )
     assert trained(bundle) and result.run_dir.name.startswith("published-")
+    # a new id under a parent the config lacks: named, before anything is built
+    with pytest.raises(
+        BundleError, match=r"override 'extra#value' \(--new-key\): the config has no 'extra' to hold it"
+    ):
+        run_bundle(bundle, overrides={"extra#value": 1}, new_keys=["extra#value"], logging_file=False)
 
 
 def test_the_command_line_refuses_a_misspelt_override_in_one_line_and_documents_new_key(tmp_path, data):
@@ -273,6 +278,8 @@ def test_an_engine_id_that_names_something_else_is_refused_before_attaching(tmp_
         run_bundle(bundle, trainer_id="network", logging_file=False)
     with pytest.raises(BundleError, match=r"'loss' builds a DiceLoss, not an engine: .*--evaluator-id"):
         run_bundle(bundle, evaluator_id="loss", logging_file=False)
+    with pytest.raises(BundleError, match=r"--trainer-id and --evaluator-id both name 'train#trainer'"):
+        run_bundle(bundle, evaluator_id="train::trainer", logging_file=False)
     assert not trained(bundle)
     with pytest.raises(BundleError, match=r"is a file, not a folder"):
         run_bundle(bundle / "configs" / "train.json", logging_file=False)

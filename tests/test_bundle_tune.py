@@ -233,6 +233,14 @@ def test_an_override_file_that_cannot_be_written_fails_before_any_trial(bundle, 
     assert lines == []  # not even the config was read
 
 
+def test_a_misspelt_nested_override_is_named_with_the_nearest_id_before_any_trial(bundle):
+    root, overrides = bundle
+    lines: list[str] = []
+    with pytest.raises(BundleError, match=r"override 'train#dataloadr#batch_size'.*did you mean train#dataloader"):
+        tune_bundle(root, overrides={**overrides, "train#dataloadr#batch_size": 1}, say=lines.append, **FAST)
+    assert not any("trial" in line for line in lines)
+
+
 def test_a_folder_with_neither_layout_says_what_is_missing_and_what_works(tmp_path):
     (tmp_path / "work" / "configs").mkdir(parents=True)
     (tmp_path / "work" / "configs" / "network.yaml").write_text("network: {}\n")

@@ -217,10 +217,13 @@ def check_overrides(
 
     parser = ConfigParser(ConfigParser.load_config_files([str(f) for f in files]))
     declared = {ReferenceResolver.normalize_id(k) for k in new_keys}
-    for key in keys:
+    for i, key in enumerate(keys):
+        parent = ReferenceResolver.split_id(key, last=True)[0] if len(ReferenceResolver.split_id(key)) > 1 else ""
+        if ReferenceResolver.normalize_id(key) in declared and parent and parent not in parser:
+            if ReferenceResolver.normalize_id(parent) not in {ReferenceResolver.normalize_id(k) for k in keys[:i]}:
+                raise BundleError(f"override {key!r} (--new-key): the config has no {parent!r} to hold it")
         if key in exempt or key.startswith(META) or ReferenceResolver.normalize_id(key) in declared or key in parser:
             continue  # the metadata (``_meta_#...``) is merged by the workflow, from the meta file
-        parent = ReferenceResolver.split_id(key, last=True)[0] if len(ReferenceResolver.split_id(key)) > 1 else ""
         component = parser.get(parent) if parent and parent in parser else None
         if isinstance(component, Mapping) and "_target_" in component:
             continue  # an argument of a component: its constructor refuses a name it does not take

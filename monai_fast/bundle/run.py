@@ -187,8 +187,11 @@ def run_bundle(
     parser = workflow.parser
     if trainer_id not in parser:
         raise BundleError(
-            f"the config ({', '.join(f.name for f in files)}) has no {trainer_id!r}; name the trainer with --trainer-id"
+            f"the config ({', '.join(f.name for f in files)}) has no {trainer_id!r}; name the trainer with "
+            "--trainer-id (bundle run attaches to a trainer; a config that only evaluates runs with monai.bundle)"
         )
+    if evaluator_id is not None and evaluator_id.replace("::", "#") == trainer_id.replace("::", "#"):
+        raise BundleError(f"--trainer-id and --evaluator-id both name {trainer_id!r}: name two engines")
     if evaluator_id is not None and evaluator_id not in parser:
         if evaluator_id != EVALUATOR_ID:
             raise BundleError(f"the config has no {evaluator_id!r} (--evaluator-id)")

@@ -128,7 +128,11 @@ def tune_bundle(
     check_config_files(files)
     _check_writable(path)
     tell(f"reading {', '.join(f.name for f in files)} of {root} (the network, the crop, one validation volume)")
-    parser = read_config(root, files, overrides or {})
+    try:
+        parser = read_config(root, files, overrides or {})
+    except KeyError as err:  # an override under an id the config lacks (MONAI's update): named, nearest ids first
+        check_overrides(files, list(overrides or {}), new_keys, exempt=("bundle_root",))
+        raise BundleError(f"an override's id is not in the config: {err.args[0]}") from None
     auto3dseg = reads_as_auto3dseg(parser)
     if not auto3dseg:  # an Auto3DSeg algorithm's runner takes keys its templates lack (data_list_file_path, ...)
         check_overrides(files, list(overrides or {}), new_keys, exempt=("bundle_root",))
