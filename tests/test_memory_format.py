@@ -392,3 +392,13 @@ def test_layout_choice_options_are_checked():
         LayoutChoice("channels_last")
     with pytest.raises(ValueError, match="max_rounds must be >= 3"):
         LayoutChoice(max_rounds=2)
+
+
+def test_the_input_of_a_batch_without_an_image_key_is_its_largest_tensor_not_an_id():
+    from monai_fast.handlers.throughput import batch_shape
+
+    volume = torch.zeros(2, 1, 8, 8, 8)
+    assert batch_shape({"id": torch.arange(2), "img": volume, "seg": volume[:, :, :4]}) == (2, 1, 8, 8, 8)
+    assert batch_shape((torch.arange(2), volume)) == (2, 1, 8, 8, 8)
+    assert batch_shape({"image": torch.zeros(2, 3), "seg": volume}) == (2, 3)  # "image" is the input, as named
+    assert memory_format._unmeasured(torch.nn.Conv3d(1, 2, 3), {"id": torch.arange(2), "img": volume}, "auto") is None

@@ -40,7 +40,8 @@ class PrefetchChoice(EngineHandler):
         loader: the engine's loader, with a boolean ``prefetch`` read at each batch (`SafeThreadDataLoader`).
         pairs: iterations timed each way before choosing (>= 1).
         on_choice: called once with ``(prefetch, reason)`` when the choice is made.
-        ready: asked at each batch; while ``False`` (a cache filling) nothing is timed. ``None``: always ready.
+        ready: asked at each batch; while ``False`` (a cache filling, another lever measuring) nothing is timed.
+            ``None``: always ready.
         conclude_at_run_end: `conclude()` when a run of the engine ends.
 
     Raises:
@@ -109,7 +110,7 @@ class PrefetchChoice(EngineHandler):
             return
         kept = "prefetch" if self._initial else "on demand"
         if self._waiting:
-            why = "the caches were still filling in the background when the run ended, so nothing was timed"
+            why = "the run ended while its caches filled or another lever measured (the layout's rounds): nothing timed"
         else:
             why = (
                 f"the run ended after {len(self.times[True])} timed iteration(s) with prefetch and "

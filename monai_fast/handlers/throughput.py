@@ -20,7 +20,8 @@ logger = logging.getLogger("monai_fast.handlers")
 
 
 def batch_shape(batch: Any) -> tuple[int, ...] | None:
-    """Shape of the input tensor of a batch: ``batch["image"]``, else the first tensor found.
+    """Shape of the input tensor of a batch: ``batch["image"]``, else the first of the tensors found with the most
+    dimensions (an item's id or class is not the input).
 
     A batch MONAI's engines decollated (a list of one dict per sample) is ``(len(batch), *sample_shape)``.
     """
@@ -37,11 +38,8 @@ def batch_shape(batch: Any) -> tuple[int, ...] | None:
         items = list(batch)
     else:
         return None
-    for item in items:
-        shape = batch_shape(item)
-        if shape is not None:
-            return shape
-    return None
+    shapes = [shape for shape in map(batch_shape, items) if shape is not None]
+    return max(shapes, key=len, default=None)
 
 
 class ThroughputMonitor(EngineHandler):
