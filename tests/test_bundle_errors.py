@@ -135,7 +135,7 @@ def test_a_malformed_yaml_config_is_named_with_its_line_and_column(tmp_path, dat
         run_bundle(bundle, logging_file=False)
 
 
-def test_an_override_of_an_id_the_config_lacks_is_refused_with_the_nearest(tmp_path, data):
+def test_an_override_of_an_id_the_config_lacks_is_refused_with_the_nearest(tmp_path, data, capfd):
     bundle = write_bundle(tmp_path / "b", config(data))
     with pytest.raises(BundleError, match=r"'max_epoch'.*did you mean max_epochs\?.*--new-key max_epoch"):
         run_bundle(bundle, overrides={"max_epoch": 1}, logging_file=False)
@@ -155,6 +155,7 @@ def test_an_override_of_an_id_the_config_lacks_is_refused_with_the_nearest(tmp_p
         doctor=False,
     )
     assert trained(bundle) and result.run_dir.name.startswith("published-")
+    assert "metadata" not in "".join(capfd.readouterr())  # no metadata.json: none read, no MONAI error line
     # a new id under a parent the config lacks: named, before anything is built
     with pytest.raises(
         BundleError, match=r"override 'extra#value' \(--new-key\): the config has no 'extra' to hold it"

@@ -370,6 +370,9 @@ def test_train_on_the_core_skips_its_png_and_refuses_an_asked_tensorboard_folder
                 rc = stop.code
             print(name, "|", rc)
         print("nvtx |", NVTXHandler().backend)
+        from ignite.engine import Engine
+        from monai_fast.handlers import GPUSampler
+        GPUSampler().attach(Engine(lambda engine, batch: None))
         try:
             lab_data("tiny")
         except MissingExtraError as e:
@@ -387,6 +390,10 @@ def test_train_on_the_core_skips_its_png_and_refuses_an_asked_tensorboard_folder
     assert len([line for line in r.stderr.splitlines() if "dice_vs_time.png: it needs matplotlib" in line]) == 1
     # NVTX ranges without the nvidia extra: one warning, no ranges; the lab names its extra before writing data
     assert "nvtx | None" in r.stdout and "NVTXHandler: NVTX ranges" in r.stderr, said[-3000:]
+    # GPU sampling without the nvidia extra: the extra is advised only where NVIDIA's driver runs
+    sampler = [line for line in r.stderr.splitlines() if "GPU sampling is off" in line]
+    driver = Path("/proc/driver/nvidia").exists()
+    assert len(sampler) == 1 and ("monai-fast[nvidia]" in sampler[0]) == driver, sampler
     assert "lab | the lab (its TensorBoard images and prediction figure) needs matplotlib" in r.stdout, said[-3000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
 

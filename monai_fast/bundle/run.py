@@ -165,7 +165,7 @@ def run_bundle(
         try:
             return ConfigWorkflow(
                 config_file=[str(f) for f in files],
-                meta_file=str(meta) if meta is not None else None,
+                meta_file=str(meta) if meta is not None else [],  # none: no metadata, not MONAI's error line
                 logging_file=str(logging_file) if logging_file else False,
                 init_id=init_id,
                 run_id=run,

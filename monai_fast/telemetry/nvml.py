@@ -32,8 +32,9 @@ class PynvmlBackend:
 
         try:
             pynvml = require("pynvml", extra="nvidia", feature="GPU sampling through NVML")
-        except MissingExtraError as e:
-            raise NvmlUnavailable(str(e)) from e
+        except MissingExtraError as e:  # the extra helps only where NVIDIA's driver runs
+            why = str(e) if os.path.exists("/proc/driver/nvidia") else "no NVIDIA driver on this machine"
+            raise NvmlUnavailable(why) from e
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:
