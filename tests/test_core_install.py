@@ -349,7 +349,7 @@ def test_a_recipe_trains_with_the_core_alone_and_the_demo_names_its_extra_before
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
 
 
-def test_train_on_the_core_skips_its_png_and_refuses_an_asked_tensorboard_folder_before_any_work(core_site, tmp_path):
+def test_on_the_core_train_the_lab_the_profilers_and_the_fragment_name_or_skip_their_extras(core_site, tmp_path):
     data = tmp_path / "data"
     small = ["--data-dir", str(data), "--patch-size", "16", "16", "16", "--channels", "4", "8", "--max-epochs", "1"]
     code = f"""
@@ -369,6 +369,7 @@ def test_train_on_the_core_skips_its_png_and_refuses_an_asked_tensorboard_folder
             except SystemExit as stop:
                 rc = stop.code
             print(name, "|", rc)
+        main(["bundle", "fragment", "--out", {str(tmp_path / "fast.json")!r}])
         print("nvtx |", NVTXHandler().backend)
         from ignite.engine import Engine
         from monai_fast.handlers import GPUSampler
@@ -390,6 +391,10 @@ def test_train_on_the_core_skips_its_png_and_refuses_an_asked_tensorboard_folder
     assert len([line for line in r.stderr.splitlines() if "dice_vs_time.png: it needs matplotlib" in line]) == 1
     # NVTX ranges without the nvidia extra: one warning, no ranges; the lab names its extra before writing data
     assert "nvtx | None" in r.stdout and "NVTXHandler: NVTX ranges" in r.stderr, said[-3000:]
+    # the fragment is written; the command it suggests names the extra MONAI's command line needs
+    assert (
+        tmp_path / "fast.json"
+    ).is_file() and 'needs fire, which is not installed: pip install "monai-fast[bundle]"' in r.stdout
     # GPU sampling without the nvidia extra: the extra is advised only where NVIDIA's driver runs
     sampler = [line for line in r.stderr.splitlines() if "GPU sampling is off" in line]
     driver = Path("/proc/driver/nvidia").exists()

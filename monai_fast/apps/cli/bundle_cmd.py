@@ -117,6 +117,10 @@ def _cmd_fragment(args: argparse.Namespace) -> int:
     path = write_fragment(args.out)
     merge = f"--config_file \"['configs/train.json','{path}']\""
     print(f"wrote {path}: merge it after the bundle's train.json with {merge}")
+    from monai_fast.extras import available
+
+    if not available("fire"):  # MONAI's command line parses with fire
+        print('python -m monai.bundle run needs fire, which is not installed: pip install "monai-fast[bundle]"')
     return 0
 
 
