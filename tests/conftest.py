@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -134,6 +135,7 @@ def in_child_as_another_user(fn, max_processes: int | None = None) -> str:
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         os.close(read)
+        signal.alarm(120)  # a child that hangs ends, and the test with it
         try:
             if os.geteuid() == 0:
                 os.setgid(65534)

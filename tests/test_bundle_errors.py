@@ -156,6 +156,11 @@ def test_an_override_of_an_id_the_config_lacks_is_refused_with_the_nearest(tmp_p
     )
     assert trained(bundle) and result.run_dir.name.startswith("published-")
     assert "metadata" not in "".join(capfd.readouterr())  # no metadata.json: none read, no MONAI error line
+    # text where the config holds a number: named before anything is built (MONAI would fail inside the run)
+    with pytest.raises(
+        BundleError, match=r"override max_epochs=two: the config \(train.json\) holds a int there \(1\)"
+    ):
+        run_bundle(bundle, overrides={"max_epochs": "two"}, logging_file=False)
     # a new id under a parent the config lacks: named, before anything is built
     with pytest.raises(
         BundleError, match=r"override 'extra#value' \(--new-key\): the config has no 'extra' to hold it"

@@ -21,6 +21,7 @@ from monai.inferers import SimpleInferer
 from torch.utils.data import RandomSampler
 
 from monai_fast.handlers import FastTraining, RecordHandler
+from monai_fast.handlers.lifecycle import callbacks_on, handlers_on
 from monai_fast.telemetry.record import Kind, Source, load_record, select
 
 
@@ -226,6 +227,8 @@ def _changing_items(fast: bool, how: str) -> list[list[int]]:
         step = 10 * engine.state.epoch
         if how == "list":
             ds.data = [{**item, "id": item["id"] + step} for item in _items(4)]
+        elif how == "more":  # a curriculum that grows: more batches per pass from then on
+            ds.data = [{**item, "id": item["id"] + step} for item in _items(4 + 2 * engine.state.epoch)]
         else:
             ds.data[0] = {**ds.data[0], "id": step}
 
@@ -235,15 +238,33 @@ def _changing_items(fast: bool, how: str) -> list[list[int]]:
         fast_training.attach(trainer)
         assert fast_training.applied["data"]["setting"] == "ram"
     trainer.run()
+    if fast:  # the record says the cache stopped serving, and why
+        row = fast_training.applied["data"]
+        assert not row["applied"] and "changed its data set's items" in row["reason"]
     return seen
 
 
-@pytest.mark.parametrize("how", ["list", "item"])
+@pytest.mark.parametrize("how", ["list", "item", "more"])
 def test_items_the_script_changes_between_epochs_are_the_ones_trained_on(how, caplog):
     with caplog.at_level(logging.WARNING, logger="monai_fast"):
         assert _changing_items(True, how) == _changing_items(False, how)
     said = [m.getMessage() for m in caplog.records if "changed its data set's items" in m.getMessage()]
     assert len(said) == 1 and "before epoch 2" in said[0]
+
+
+def test_a_data_set_whose_items_stay_keeps_its_cache_and_detaching_mid_run_gives_the_loader_back_at_its_end():
+    ds = Dataset(_items(4))
+    loader = DataLoader(ds, batch_size=2)
+    trainer = _trainer(torch.nn.Conv3d(1, 1, 1), loader=loader, max_epochs=3)
+    fast = FastTraining(precision=False, memory_format=False, prefetch=False)
+    fast.attach(trainer)
+    adopted = trainer.data_loader
+    held = []
+    trainer.add_event_handler(Events.EPOCH_COMPLETED(once=2), lambda e: fast.detach(e))
+    trainer.add_event_handler(Events.EPOCH_COMPLETED(once=3), lambda e: held.append(e.data_loader))
+    trainer.run()
+    assert fast.applied["data"]["applied"] and held == [adopted]  # nothing changed: the cache served every epoch
+    assert trainer.data_loader is loader  # detached while running: given back when the run ended
 
 
 def test_a_smartcache_that_the_script_does_not_rotate_is_left_as_it_is():
@@ -271,7 +292,8 @@ def test_an_evaluator_alone_is_refused_before_anything_changes():
     loader = evaluator.data_loader
     with pytest.raises(TypeError, match="an evaluator goes second, beside its trainer"):
         FastTraining().attach(evaluator)
-    assert evaluator.data_loader is loader and not evaluator._event_handlers.get(Events.ITERATION_COMPLETED)
+    assert evaluator.data_loader is loader and not handlers_on(evaluator)
+    assert not any(callbacks_on(evaluator, event) for event in (Events.STARTED, Events.ITERATION_STARTED))
 
 
 def test_detaching_gives_the_engines_their_own_loaders_back():

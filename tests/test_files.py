@@ -89,6 +89,7 @@ def test_a_live_writer_that_this_user_may_not_signal_keeps_its_temporary():
         live = tmp_path_for(folder / "theirs.json")  # written by this live process
         if os.geteuid() != 0:  # pid 1 belongs to root: the child, not root, may not signal it
             live = live.with_name(live.name.replace(f"-{os.getpid()}.", "-1."))
+            assert "-1." in live.name
         live.write_text("in progress")
 
         def clean_and_list() -> list[str]:

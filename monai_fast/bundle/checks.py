@@ -167,6 +167,23 @@ def check_expressions(files: Sequence[str | os.PathLike], overrides: Mapping[str
                 raise BundleError(f"{source} at {cid}: {value} is not valid Python: {err.msg}") from None
 
 
+def check_override_types(files: Sequence[str | os.PathLike], overrides: Mapping[str, Any] | None) -> None:
+    """Refuse (`BundleError`) an override whose plain text replaces a number or a boolean of the merged config
+    (``epochs=two``), which MONAI would only trip over once training runs; expressions and references pass."""
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser(ConfigParser.load_config_files([str(f) for f in files]))
+    for key, value in (overrides or {}).items():
+        if not isinstance(value, str) or value[:1] in ("$", "@", "%") or key not in parser:
+            continue
+        held = parser.get(key)
+        if isinstance(held, (bool, int, float)):
+            raise BundleError(
+                f"override {key}={value}: the config ({', '.join(Path(f).name for f in files)}) holds a "
+                f"{type(held).__name__} there ({held!r}), not text: give one (or a $ expression)"
+            )
+
+
 def config_items(config: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Every id of a config, in MONAI's ``a#b#0`` form, with what it holds (parents before their children)."""
     if isinstance(config, Mapping):

@@ -23,6 +23,7 @@ from monai_fast.bundle.checks import (
     BundleError,
     bundle_config_files,
     check_config_files,
+    check_override_types,
     check_overrides,
 )
 from monai_fast.bundle.pieces import (
@@ -136,6 +137,7 @@ def tune_bundle(
     auto3dseg = reads_as_auto3dseg(parser)
     if not auto3dseg:  # an Auto3DSeg algorithm's runner takes keys its templates lack (data_list_file_path, ...)
         check_overrides(files, list(overrides or {}), new_keys, exempt=("bundle_root",))
+        check_override_types(files, overrides)
     pieces = auto3dseg_pieces(parser) if auto3dseg else zoo_pieces(parser)
     not_written = _unwritable_keys(files, pieces.keys)
     for cid, why in not_written.items():

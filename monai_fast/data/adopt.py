@@ -10,7 +10,7 @@ import logging
 import math
 import os
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -227,7 +227,9 @@ def adopt_loader(
     if (why := why_not_adoptable(loader, force_thread)) is not None:
         raise ValueError(why)
     ds, device = loader.dataset, torch.device(device)
-    copied = list(ds.data) if isinstance(getattr(ds, "data", None), Sequence) else None
+    # a list the data set holds (not one it makes on each access) can be watched for the script's changes
+    held = getattr(ds, "data", None)
+    copied = list(held) if isinstance(held, list) and held is getattr(ds, "data", None) else None
     shared = _shared_node_tier(loader, device, cache, cache_dir, disk_budget_mib) if cache in ("auto", "disk") else None
     if shared is not None:
         return replace(shared, source=ds, copied=copied)
@@ -273,7 +275,8 @@ def adopt_loader(
         f"SafeThreadDataLoader(batch_size={loader.batch_size}, {order_note}, drop_last={loader.drop_last}{repeats}, "
         f"{workers} worker processes)"
     )
-    return AdoptedData(new, dataset, plan, where, notes, source=ds, copied=None if dataset is ds else copied)
+    followed = dataset is not ds and not isinstance(dataset, SafeSmartCacheDataset)  # a window rotates on its own
+    return AdoptedData(new, dataset, plan, where, notes, source=ds, copied=copied if followed else None)
 
 
 def _shared_node_tier(

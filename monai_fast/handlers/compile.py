@@ -34,7 +34,7 @@ from monai_fast.tune.rounds import MIN_GAIN as ROUNDS_MIN_GAIN
 from monai_fast.tune.rounds import Decision, at_measure_batch, decide, decided_on_rank0, network_copy
 from monai_fast.tune.store import TuneStore, default_store_path
 
-__all__ = ["COLD_COMPILE_S", "EXPECTED_GAIN", "MIN_GAIN", "CompileChoice", "strip_meta"]
+__all__ = ["COLD_COMPILE_S", "EXPECTED_GAIN", "MIN_GAIN", "CompileChoice", "strip_meta", "validations_left"]
 
 logger = logging.getLogger("monai_fast.handlers")
 
@@ -456,3 +456,12 @@ def _compile_key(
     where = device_description(device).split(" (")[0]
     kind = "compile-eval" if evaluation else "compile"
     return f"{kind}|{model_signature(net)}|{tuple(shape)}|{dtype}|{where}|torch {torch.__version__}"
+
+
+def validations_left(trainer: Engine) -> int | None:
+    """The evaluator's runs still planned, the current one included, read at its first run: a first validation
+    after epoch ``e`` is taken to repeat every ``e`` epochs (``None``: the trainer's plan is unknown)."""
+    epoch, planned = trainer.state.epoch, trainer.state.max_epochs
+    if not epoch or not planned:
+        return None
+    return 1 + max(0, planned - epoch) // epoch

@@ -20,10 +20,10 @@ from monai_fast.data.background import BackgroundCacheDataset
 from monai_fast.data.planner import CACHE_CHOICES, default_ram_budget
 from monai_fast.folders import cache_root
 from monai_fast.handlers.amp import AMPToggle
-from monai_fast.handlers.compile import CompileChoice
+from monai_fast.handlers.compile import CompileChoice, validations_left
 from monai_fast.handlers.core_pin import MainThreadCore
 from monai_fast.handlers.guards import EpochLengthGuard, NonFiniteGuard
-from monai_fast.handlers.lifecycle import EngineHandler, handlers_on, is_running
+from monai_fast.handlers.lifecycle import EngineHandler, handlers_on, is_running, on_run_end
 from monai_fast.handlers.memory_format import LayoutChoice
 from monai_fast.handlers.prediction_layout import ClassesInnermost
 from monai_fast.handlers.prefetch import PrefetchChoice, prefetch_for
@@ -228,8 +228,10 @@ class FastTraining(EngineHandler):
             for e in helper.engines:
                 helper.detach(e)
         self._helpers.clear()
-        for e, loader in self._built_with.values():  # a run keeps the loader it started with
-            if not is_running(e):
+        for e, loader in self._built_with.values():  # a run keeps the loader it started with: given back at its end
+            if is_running(e):
+                on_run_end(e, lambda engine, loader=loader: setattr(engine, "data_loader", loader), once=True)
+            else:
                 e.data_loader = loader
         self._built_with.clear()
 
@@ -257,7 +259,8 @@ class FastTraining(EngineHandler):
             return
         why = why_not_adoptable(engine.data_loader, force_thread=self.loader == "thread")
         ds = getattr(engine.data_loader, "dataset", None)
-        if why is None and isinstance(ds, SmartCacheDataset) and not rotated_on(engine, ds):
+        rotated = isinstance(ds, SmartCacheDataset) and (rotated_on(engine, ds) or rotated_on(trainer, ds))
+        if why is None and isinstance(ds, SmartCacheDataset) and not rotated:
             why = (
                 f"the {type(ds).__name__}'s window never rotates (no SmartCacheHandler on the engine), so every epoch "
                 "trains on the same items, as the script does; SmartCacheHandler(ds) or SmartCacheUpdater() rotates it"
@@ -297,7 +300,8 @@ class FastTraining(EngineHandler):
         engine.data_loader = adopted.loader
         self._built_with[id(engine)] = (engine, user)
         if adopted.copied is not None:  # the script may change its data set's items between epochs
-            self.on(engine, Events.EPOCH_STARTED, functools.partial(self._follow_items, lever, adopted), owner=trainer)
+            follow = functools.partial(self._follow_items, lever, adopted, trainer)
+            self.on(engine, Events.EPOCH_STARTED, follow, owner=trainer)
         if len(adopted.loader) != before:
             why = f"{len(adopted.loader)} batches per epoch instead of {before} (the per-rank partition pads evenly)"
             logger.warning("FastTraining %s: %s", lever, why)
@@ -319,18 +323,23 @@ class FastTraining(EngineHandler):
             self._choices[name] = choice
         self._say(name, True, setting, why)
 
-    def _follow_items(self, lever: str, adopted: AdoptedData, engine: Engine) -> None:
+    def _follow_items(self, lever: str, adopted: AdoptedData, trainer: Engine, engine: Engine) -> None:
         """Once the script changed the items of its data set, its own loader serves them (uncached), as without us."""
         if engine.data_loader is not adopted.loader or not adopted.source_changed():
             return
         # the pass under way ends as it would; ignite starts the next one (and a later run) from the script's loader
         engine.data_loader = engine.state.dataloader = self._built_with[id(engine)][1]
-        logger.warning(
-            "FastTraining %s: the script changed its data set's items before epoch %d: the cache holds the old "
-            "ones, so the script's own loader serves from here, uncached (a MONAI CacheDataset's set_data() keeps one)",
-            lever,
-            engine.state.epoch,
+        if adopted.dataset in self._fills:
+            self._fills.remove(adopted.dataset)  # no timing waits for a cache nothing reads
+        choice = self._choices.pop(Lever.PREFETCH if lever is Lever.DATA else Lever.VALIDATION_PREFETCH, None)
+        if choice is not None:  # it would time the script's loader while switching the cached one
+            choice.detach(engine)
+            self._helpers.remove(choice)
+        why = (
+            f"the script changed its data set's items before epoch {engine.state.epoch}: the cache holds the old "
+            "ones, so the script's own loader serves from here, uncached (a MONAI CacheDataset's set_data() keeps one)"
         )
+        self._decided(trainer, lever, False, None, why, None, True)
 
     def _ready_to_time(self) -> bool:
         """Caches full and the layout chosen: a loader's timing is not disturbed by either."""
@@ -417,7 +426,7 @@ class FastTraining(EngineHandler):
                 on_choice=functools.partial(self._compiled, trainer, lever),
                 store=self.tune_store,  # the compile time beside the other measurements of this machine
                 evaluation=engine is not trainer,
-                runs_left=functools.partial(_validations_left, trainer) if engine is not trainer else None,
+                runs_left=functools.partial(validations_left, trainer) if engine is not trainer else None,
                 seconds_left=self._seconds_left,
                 memory_formats=self.memory_format in ("auto", True),  # the layout measured again, compiled
                 eager_step=self._layout.step if engine is trainer and self._layout else None,
@@ -487,12 +496,3 @@ class FastTraining(EngineHandler):
 def _check(name: str, value: Any, allowed: tuple) -> None:
     if value is not True and value not in allowed:
         raise ValueError(f"FastTraining: {name} must be one of {', '.join(map(repr, allowed))} or True, got {value!r}")
-
-
-def _validations_left(trainer: Engine) -> int | None:
-    """The evaluator's runs still planned, the current one included, read at its first run: a first validation
-    after epoch ``e`` is taken to repeat every ``e`` epochs (``None``: the trainer's plan is unknown)."""
-    epoch, planned = trainer.state.epoch, trainer.state.max_epochs
-    if not epoch or not planned:
-        return None
-    return 1 + max(0, planned - epoch) // epoch

@@ -43,16 +43,20 @@ def _scaled(engine: Engine) -> bool:
 
 
 def _grads_finite(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether every gradient the optimizer would apply is finite, read from one sum per gradient (a NaN or Inf
-    anywhere makes it non-finite; one pass over the gradients, a tenth of ``isfinite``'s time) and one host sync
-    per device."""
+    """Whether every gradient the optimizer would apply is finite.
+
+    One float32 sum per gradient and one host sync per device decide it where the sums are finite (a NaN or Inf
+    anywhere makes a sum non-finite); only otherwise are the gradients read element by element, so a finite
+    gradient too large for a float32 sum still passes. The sums take a tenth of ``isfinite``'s time.
+    """
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
     sums: dict[torch.device, list[torch.Tensor]] = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is not None:
-                wide = torch.float64 if p.grad.dtype == torch.float64 else torch.float32
-                sums.setdefault(p.grad.device, []).append(p.grad.sum(dtype=wide))
-    return all(bool(torch.stack(found).sum().isfinite()) for found in sums.values())
+    for g in grads:
+        sums.setdefault(g.device, []).append(g.sum(dtype=torch.float32))
+    if all(bool(torch.stack(found).sum().isfinite()) for found in sums.values()):
+        return True
+    return all(bool(torch.isfinite(g).all()) for g in grads)
 
 
 def batch_files(batch: Any, image_key: str = "image") -> list[str] | None:
@@ -82,7 +86,8 @@ def files_with_nonfinite_voxels(items: Iterable[Any]) -> list[str]:
 class NonFiniteGuard(EngineHandler):
     """Skip steps with a non-finite loss or gradient and stop when they persist (docs/precision.md).
 
-    ``stats`` counts ``nonfinite`` losses, ``skipped_steps`` and ``bad_inputs`` batches (agreed across ranks).
+    ``stats`` counts ``nonfinite`` steps (a loss or its gradients), ``skipped_steps`` and ``bad_inputs`` batches
+    (agreed across ranks).
 
     Args:
         max_nonfinite: non-finite steps in a row (finite inputs) before the fallback, or the error.
@@ -215,6 +220,15 @@ class NonFiniteGuard(EngineHandler):
         return ", ".join(bad) if bad else "none of the training files holds NaN/Inf voxels (a transform made them)"
 
 
+def _pass_length(loader: Any) -> int | None:
+    """Batches in one pass of ``loader`` (MONAI's ``ThreadDataLoader(repeats=n)`` yields each n times); ``None``:
+    it has no length."""
+    try:
+        return len(loader) * int(getattr(loader, "repeats", 1))
+    except TypeError:
+        return None
+
+
 class ShortEpochError(RuntimeError):
     """A data pass or an epoch ended before its length; the message names the engine and the counts."""
 
@@ -233,6 +247,7 @@ class EpochLengthGuard(EngineHandler):
         super().__init__()
         self.name = name
         self._taken = 0  # batches from the loader's current pass
+        self._planned: int | None = None  # that pass's length, read at its first batch (the data may change later)
         self._first_epoch = True  # the first epoch of a run may resume in its middle
         self._offset = 0  # iterations of this epoch done before the run started (a resume)
         self._start = 0  # engine.state.iteration when this epoch started
@@ -258,6 +273,8 @@ class EpochLengthGuard(EngineHandler):
         self._ended_on_purpose = False
 
     def _batch(self, engine: Engine) -> None:
+        if self._taken == 0:
+            self._planned = _pass_length(engine.state.dataloader)
         self._taken += 1
 
     def _ended_early(self, engine: Engine, iter_counter: int = 0) -> None:  # TERMINATE_SINGLE_EPOCH passes a count
@@ -265,12 +282,7 @@ class EpochLengthGuard(EngineHandler):
         self._taken = 0  # ignite starts a new pass after a terminated epoch (a terminated run: at its next start)
 
     def _pass_ended(self, engine: Engine) -> None:
-        loader = engine.state.dataloader
-        try:
-            # MONAI's ThreadDataLoader(repeats=n) yields each of its len() batches n times
-            expected = len(loader) * int(getattr(loader, "repeats", 1))  # type: ignore[arg-type]
-        except TypeError:  # no len(): nothing to compare with
-            expected = None
+        expected = self._planned if self._taken else _pass_length(engine.state.dataloader)
         taken, self._taken = self._taken, 0
         if expected is not None and taken != expected:
             raise ShortEpochError(

@@ -48,12 +48,20 @@ def _on_exception(engine: Engine, e: BaseException) -> None:
     raise e
 
 
-def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False) -> _RunEndHandle:
+def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False, once: bool = False) -> _RunEndHandle:
     """Call ``fn(engine)`` when each run of ``engine`` ends: completed, terminated, or raised (before it propagates).
 
     ``fn`` may run twice for one run (``TERMINATE`` then ``COMPLETED``): make it idempotent. Hooks with
-    ``last=True`` run after all others. Returns a handle whose ``remove()`` unregisters ``fn``.
+    ``last=True`` run after all others; with ``once=True`` only at the end of the current run. Returns a handle
+    whose ``remove()`` unregisters ``fn``.
     """
+    if once:
+        inner = fn
+
+        def fn(e: Engine) -> None:
+            handle.remove()
+            inner(e)
+
     hooks = getattr(engine, _RUN_END, None)
     if hooks is None:
         hooks = []
@@ -65,7 +73,8 @@ def on_run_end(engine: Engine, fn: Callable[[Engine], None], last: bool = False)
         _move_last_to_front(engine, Events.EXCEPTION_RAISED)
     entry = (fn, last)
     hooks.append(entry)
-    return _RunEndHandle(engine, entry)
+    handle = _RunEndHandle(engine, entry)
+    return handle
 
 
 def _move_last_to_front(engine: Engine, event: Any) -> None:

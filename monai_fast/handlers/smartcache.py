@@ -15,7 +15,7 @@ from monai_fast.data.adopt import adopt_loader, unknown_item_path, why_not_adopt
 from monai_fast.data.smartcache import SafeSmartCacheDataset
 from monai_fast.handlers.lifecycle import EngineHandler, callbacks_on, handlers_on, is_running
 
-__all__ = ["SmartCacheUpdater"]
+__all__ = ["SmartCacheUpdater", "rotated_on"]
 
 logger = logging.getLogger("monai_fast.handlers")
 

@@ -138,6 +138,29 @@ def test_a_finite_loss_with_nan_gradients_skips_its_step_and_training_goes_on(ca
     assert "non-finite gradient from a finite loss at iteration 2 (epoch 1)" in caplog.text
 
 
+def test_finite_gradients_too_large_for_a_float32_sum_pass_and_a_nan_anywhere_does_not():
+    from monai_fast.handlers.guards import _grads_finite
+
+    w, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
+    optimizer = torch.optim.SGD([w, b], lr=0.1)
+    w.grad, b.grad = torch.full((4,), 3e38), torch.full((2,), 3e38, dtype=torch.bfloat16)
+    assert _grads_finite(optimizer)  # finite, though their sum overflows float32
+    b.grad[1] = float("nan")
+    assert not _grads_finite(optimizer)
+
+
+def test_a_nan_loss_under_monais_amp_on_a_cpu_leaves_the_weights_finite():
+    """MONAI's amp=True on a CPU steps through a GradScaler that is off: the step is dropped, not filled with NaN."""
+    t = _tiny_trainer(_volumes(8))
+    t.amp, t.scaler = True, torch.amp.GradScaler("cpu", enabled=False)
+    _nan_loss_at(t, {2})
+    guard = NonFiniteGuard()
+    guard.attach(t)
+    t.run()
+    assert guard.stats["skipped_steps"] == 1 and t.state.iteration == 4
+    assert all(torch.isfinite(p).all() for p in t.network.parameters())
+
+
 def test_nonfinite_losses_in_a_row_in_fp32_stop_with_the_iteration_and_epoch():
     t = _tiny_trainer(_volumes(4), epochs=3)
     _nan_loss_at(t, {3, 4, 5, 6})

@@ -173,7 +173,7 @@ def _job(args: argparse.Namespace, sm: SageMakerEnv) -> TrainJob:
     output = Path(args.output_dir or sm.output_data_dir or f"runs/train-{dt.datetime.now():%Y%m%d-%H%M%S}")
     tensorboard = args.tensorboard_dir or sm.tensorboard_dir
     if args.tensorboard_dir:  # asked for: checked before any data is read
-        require("torch.utils.tensorboard", extra="plots", feature="train --tensorboard-dir")
+        require("tensorboard", extra="plots", feature="train --tensorboard-dir")
     elif tensorboard and not available("tensorboard"):  # SageMaker's own folder, not asked for: a by-product
         logger.warning("SageMaker's TensorBoard folder is left empty: tensorboard is not installed (the plots extra)")
         tensorboard = None

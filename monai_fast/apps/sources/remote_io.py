@@ -90,8 +90,8 @@ def is_url(value: Any) -> bool:
 
 def _require_client(urls: Sequence[str]) -> None:
     """Raise `MissingExtraError` (S3: the ``s3`` extra) or `RemoteDataError` (another scheme whose fsspec client is
-    not installed) naming a URL of each scheme whose client library is missing, before any connection."""
-    for scheme, url in {_scheme(u): u for u in urls}.items():
+    not installed) naming the first URL of a scheme whose client library is missing, before any connection."""
+    for scheme, url in {_scheme(u): u for u in reversed(urls)}.items():
         if scheme in _S3:
             require("s3fs", extra="s3", feature=f"reading {url}")
         elif scheme is not None:
