@@ -129,3 +129,10 @@ def test_cli_names_every_bad_option():
     assert message.startswith("monai-fast k8s: ") and message.count("monai-fast k8s:") == 1
     for named in ("nodes must be >= 1", "job_name 'Spleen_Job'", "memory '64GB'", "without 'python'"):
         assert named in message, (named, message)
+
+
+def test_the_monai_fast_command_as_the_script_is_refused_naming_the_module_form():
+    with pytest.raises(SystemExit) as e:
+        main(["k8s", "--image", "me/mf:1", "--", "monai-fast", "train", "--checkpoint-dir", "/ckpt/x"])
+    message = str(e.value)
+    assert "give -m monai_fast train instead of 'monai-fast'" in message, message

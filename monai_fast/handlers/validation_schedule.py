@@ -362,6 +362,22 @@ class TimeToTarget(EngineHandler):
         """Seconds since the clock started."""
         return time.perf_counter() - (self.start_time if self.start_time is not None else time.perf_counter())
 
+    def state_dict(self) -> dict:
+        """The readings, the target's moments and the clock, for a checkpoint: a resumed run goes on with them."""
+        return {
+            "history": [list(h) for h in self.history],
+            "reached": [self.reached_s, self.reached_epoch],
+            "stable": [self.stable_s, self.stable_epoch],
+            "elapsed_s": self.elapsed(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()`; the clock goes on from the seconds it had counted (the time between is not)."""
+        self.history = [(float(t), int(e), float(v)) for t, e, v in state["history"]]
+        self.reached_s, self.reached_epoch = state["reached"]
+        self.stable_s, self.stable_epoch = state["stable"]
+        self.start_time = time.perf_counter() - float(state["elapsed_s"])
+
     @property
     def best(self) -> float | None:
         """Best metric value seen so far."""

@@ -152,6 +152,11 @@ class PyTorchJobSpec:
             problems.append(
                 f"give the script without {self.script[0]!r}: monai-fast launch runs it with python on every rank"
             )
+        elif re.match(r"^(.*/)?monai-fast$", self.script[0]):
+            problems.append(
+                f"give -m monai_fast {' '.join(self.script[1:2])} instead of {self.script[0]!r}: monai-fast launch "
+                "runs a script or a module with python on every rank"
+            )
         if not self.image or any(c.isspace() for c in self.image):
             problems.append(f"image {self.image!r} is not an image reference like registry/name:tag")
         at_least = dict.fromkeys(("nodes", "procs_per_node", "cpus_per_node"), 1)

@@ -135,7 +135,8 @@ def train_job(job: TrainJob) -> TrainOutcome:
     unless ``job.checkpoint_dir`` is set; then it checkpoints and ``stopped`` says where.
 
     Raises:
-        OptionError: an output folder that cannot be written, or a model folder without room for the model.
+        OptionError: an output folder that cannot be written or that holds another run's record (unless this run
+            resumes from its checkpoint), or a model folder without room for the model.
         monai_fast.folders.RunFolderBusyError: another run holds the output folder.
 
     Example:
@@ -163,6 +164,14 @@ def train_job(job: TrainJob) -> TrainOutcome:
             owners.enter_context(RunFolderLock(output_dir, what=OWNER))
             # where TargetRun records: a process that writes the record there stops this run too
             owners.enter_context(record_lock(output_dir / job.recipe, 0, what=OWNER))
+            held = sorted((output_dir / job.recipe).glob("record.rank*.jsonl"))
+            resumes = job.checkpoint_dir is not None and any(Path(job.checkpoint_dir).glob("ckpt-*.pt"))
+            if held and not resumes:  # a record goes on only in the run that wrote it, resumed from its checkpoint
+                raise OptionError(
+                    "output_dir",
+                    f"{output_dir} holds another run's record ({held[0]}): give a new folder, or that run's "
+                    "--checkpoint-dir to resume it",
+                )
         return _train_owned(job, config, lead)
 
 
@@ -185,6 +194,7 @@ def _train_owned(job: TrainJob, config: RecipeConfig, lead: bool) -> TrainOutcom
 
         built = run.built
         state = {"trainer": built.trainer, "model": built.network, "optimizer": built.optimizer}
+        state.update(clock=run.stopper, epochs=run.recorder)  # results.json and epochs.csv cover the whole run
         preemption = Preemption(state, job.checkpoint_dir, save_every=job.save_every)
         preemption.attach(built.trainer)  # takes over a signal caught during set-up: the run stops at its start
         preemption.resume()  # nothing to resume on a first start

@@ -103,6 +103,8 @@ class EpochRecorder:
         self._loss_sum, self._n, self._val_s = 0.0, 0, 0.0
         self._val_dice: float | None = None
         self._samples, self._volumes = 0, 0
+        self._started: tuple[int, float, float] = (0, 0.0, 0.0)  # the epoch, its start's elapsed and CPU seconds
+        self._resumed: list | None = None  # `_started` as a checkpoint held it, until the run resumes
 
     def attach(self, trainer: Engine, evaluator: Engine) -> None:
         trainer.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
@@ -111,10 +113,31 @@ class EpochRecorder:
         evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._val_iteration_completed)
         evaluator.add_event_handler(Events.COMPLETED, self._val_completed)
 
+    def state_dict(self) -> dict:
+        """The epochs recorded and the one under way, for a checkpoint: a resumed run's rows go on from them."""
+        partial = [self._loss_sum, self._n, self._samples, self._volumes, self._val_s, self._val_dice]
+        epoch, elapsed, cpu = self._started
+        return {
+            "rows": [asdict(r) for r in self.rows],
+            "partial": partial,
+            "started": [epoch, elapsed, process_tree_cpu_seconds() - cpu],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()`: the epoch under way at the checkpoint goes on (its counts, seconds and CPU seconds)
+        where the run resumes in it."""
+        self.rows = [EpochRow(**row) for row in state["rows"]]
+        self._loss_sum, self._n, self._samples, self._volumes, self._val_s, self._val_dice = state["partial"]
+        self._resumed = state["started"]
+
     def _epoch_started(self, engine: Engine) -> None:
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None and resumed[0] == engine.state.epoch:  # the checkpoint's epoch, resumed: it goes on
+            self._started = (engine.state.epoch, float(resumed[1]), process_tree_cpu_seconds() - float(resumed[2]))
+            return
         self._loss_sum, self._n, self._val_s, self._val_dice = 0.0, 0, 0.0, None
         self._samples, self._volumes = 0, 0
-        self._started = (self.stopper.elapsed(), process_tree_cpu_seconds())
+        self._started = (engine.state.epoch, self.stopper.elapsed(), process_tree_cpu_seconds())
 
     def _iteration_completed(self, engine: Engine) -> None:
         # MONAI's trainer has already turned the loss into a Python float (decollated output)
@@ -145,8 +168,8 @@ class EpochRecorder:
             data_share=times.data_share,
             loss=float(self._loss_sum / max(self._n, 1)),
             val_dice=self._val_dice,
-            wall_s=self.stopper.elapsed() - self._started[0],
-            cpu_s=process_tree_cpu_seconds() - self._started[1],
+            wall_s=self.stopper.elapsed() - self._started[1],
+            cpu_s=process_tree_cpu_seconds() - self._started[2],
             train_samples=self._samples,
             val_volumes=self._volumes if self._val_dice is not None else 0,
         )
