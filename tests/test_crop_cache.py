@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -211,3 +212,19 @@ def test_bad_input_is_named():
         CropCacheDataset([], _chain(), "/tmp/x", identity="mtime")
     with pytest.raises(ValueError, match="cache_dir is required"):
         CropCacheDataset([], _chain(), "")
+
+
+class _InterruptedPath(os.PathLike):
+    """An item's value whose path, read as the item is written into its folder, raises as Ctrl-C would there."""
+
+    def __fspath__(self) -> str:
+        if sys._getframe(1).f_code.co_name == "_encode":  # the item's record, after its arrays are saved
+            raise KeyboardInterrupt
+        return "/nonexistent/note"
+
+
+def test_an_interrupt_while_an_item_is_written_leaves_no_partial_folder(files, tmp_path):
+    ds = CropCacheDataset([{**files[0], "note": _InterruptedPath()}], _chain(), tmp_path / "cache")
+    with pytest.raises(KeyboardInterrupt):
+        ds[0]
+    assert not list((tmp_path / "cache").rglob("*.tmp")), "a half-written item is left in this live process's name"

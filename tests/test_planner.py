@@ -1,6 +1,6 @@
 import pytest
 import torch
-from monai.data import CacheDataset, Dataset, SmartCacheDataset
+from monai.data import CacheDataset, Dataset, MetaTensor, SmartCacheDataset
 from monai.transforms import Compose, RandGaussianNoised
 
 from monai_fast.apps.recipes.transforms import deterministic_transforms, random_transforms
@@ -53,7 +53,15 @@ def test_budgets_move_the_cache_down_the_hierarchy(chain, tiny_files, tiny_confi
         noisy, files, "cpu", ram_budget_mib=need / 2 / MIB, disk_budget_mib=10 * need / MIB, cache_dir=tmp_path
     )
     assert whole.where == "disk" and "whole items" in whole.describe()
-    assert isinstance(whole.build(files, noisy), TrustedPersistentDataset)
+    whole_items = whole.build(files, noisy)
+    assert isinstance(whole_items, TrustedPersistentDataset)
+    # read back from disk (a second read, and a data set built again as a rerun would), items keep their metadata:
+    # the affine and the applied operations that MONAI's Invertd undoes
+    computed = whole_items[0][0]["image"]  # the first of the item's crops
+    for read in (whole_items[0][0]["image"], whole.build(files, noisy)[0][0]["image"]):
+        spacing = read.affine[:3, :3].abs()  # a random flip after the cache turns an axis, not its spacing
+        assert isinstance(read, MetaTensor) and torch.equal(spacing, computed.affine[:3, :3].abs())
+        assert [op["class"] for op in read.applied_operations] == [op["class"] for op in computed.applied_operations]
     smart = plan_cache(
         chain, files, "cpu", ram_budget_mib=need / 2 / MIB, disk_budget_mib=need / 10 / MIB, cache_dir=tmp_path
     )
@@ -112,3 +120,15 @@ def test_item_bytes_counts_nested_tensors():
         item_bytes({"a": torch.zeros(10, dtype=torch.float32), "b": [torch.zeros(2, dtype=torch.int16)], "c": "x"})
         == 44
     )
+
+
+def test_a_nested_compose_is_planned_over_its_transforms(chain, tiny_files, tmp_path):
+    files = _files(tiny_files)
+    nested = Compose(
+        [Compose(chain.transforms[:3]), *chain.transforms[3:]]
+    )  # the loading steps in a chain of their own
+    flat = plan_cache(chain, files, "cpu", ram_budget_mib=10 * 2**10)
+    plan = plan_cache(nested, files, "cpu", ram_budget_mib=10 * 2**10)
+    assert plan.first_random == flat.first_random == 7 and plan.bytes_per_item == flat.bytes_per_item
+    cached = plan.build(files, nested)
+    assert isinstance(cached, CacheDataset) and torch.is_tensor(cached._cache[0]["image"])  # volumes, not paths

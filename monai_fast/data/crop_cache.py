@@ -29,7 +29,7 @@ from monai_fast.data.items import named_item_errors
 from monai_fast.data.persistent import ItemKeys, chain_key, first_random
 from monai_fast.files import clean_stale_tmp, no_space_in, tmp_path_for
 
-__all__ = ["PATCH_CROPS", "CropCacheDataset"]
+__all__ = ["CropCacheDataset", "PATCH_CROPS", "flat_transforms"]
 
 logger = logging.getLogger("monai_fast.data")
 
@@ -77,7 +77,7 @@ class CropCacheDataset(torch.utils.data.Dataset):
         self.disk_full: OSError | None = None
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         clean_stale_tmp(self.cache_dir)  # item folders of killed writers
-        flat = _flatten(self.transform)
+        flat = flat_transforms(self.transform)
         first = first_random(flat)
         self.prefix, self.suffix = flat[:first], flat[first:]
         crop = self.suffix[0] if self.suffix and isinstance(self.suffix[0], PATCH_CROPS) else None
@@ -209,13 +209,16 @@ class CropCacheDataset(torch.utils.data.Dataset):
         except TypeError as err:
             shutil.rmtree(tmp, ignore_errors=True)
             raise TypeError(f"CropCacheDataset: item {index} ({self.data[index]!r}) cannot be cached: {err}") from None
+        except BaseException:  # Ctrl-C in a notebook: this live process's half-written item is not left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
-def _flatten(chain: Compose) -> list:
+def flat_transforms(chain: Compose) -> list:
     """``chain``'s transforms, nested ``Compose`` expanded (``Compose.flatten`` would reseed every transform)."""
     out = []
     for t in chain.transforms:
-        out.extend(_flatten(t) if type(t) is Compose else [t])
+        out.extend(flat_transforms(t) if type(t) is Compose else [t])
     return out
 
 

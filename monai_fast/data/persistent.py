@@ -248,6 +248,8 @@ class TrustedPersistentDataset(PersistentDataset):
         self.transform_hash, self.trusted = chain_key(
             deterministic, "TrustedPersistentDataset", "cache files", cache_dir
         )
+        if self.track_meta:  # files of plain tensors and of MetaTensors are not each other's
+            self.transform_hash += "-meta"
 
     def _cachecheck(self, item_transformed: Any) -> Any:
         key = self.hash_func(item_transformed).decode("utf-8") + self.transform_hash

@@ -18,7 +18,7 @@ from monai.data import CacheDataset, Dataset, partition_dataset
 from monai.transforms import Compose, ToDeviced
 
 from monai_fast.data.background import BackgroundCacheDataset
-from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset
+from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset, flat_transforms
 from monai_fast.data.items import NamedItemsCompose, item_bytes, threads_joined_on_error
 from monai_fast.data.persistent import TrustedPersistentDataset, first_random
 from monai_fast.data.smartcache import SafeSmartCacheDataset
@@ -125,7 +125,9 @@ class CachePlan:
         """
         if self.where in ("gpu", "ram", "smartcache"):
             kwargs.setdefault("progress", False)
-        named = transform if isinstance(transform, NamedItemsCompose) else NamedItemsCompose.of(transform)
+        flat = flat_transforms(transform)  # the transforms `first_random` counts (a chain is made anew only if nested)
+        as_given = isinstance(transform, NamedItemsCompose) and flat == list(transform.transforms)
+        named = transform if as_given else NamedItemsCompose.of(transform, flat)
         cache_cls = BackgroundCacheDataset if background else CacheDataset
         if background and self.where == "smartcache":
             logger.info(
@@ -142,8 +144,10 @@ class CachePlan:
                 return cache_cls(data, named, cache_rate=1.0, **kwargs)
             if self.where == "disk" and self.reads_patches:
                 return CropCacheDataset(data, named, cache_dir=self.cache_dir, **kwargs)
-            if self.where == "disk":
-                return TrustedPersistentDataset(data, named, cache_dir=self.cache_dir, **kwargs)
+            if self.where == "disk":  # MetaTensors kept: the affine and the applied operations (Invertd) read back
+                return TrustedPersistentDataset(
+                    data, named, cache_dir=self.cache_dir, track_meta=True, weights_only=False, **kwargs
+                )
             if self.where == "smartcache":
                 return SafeSmartCacheDataset(data, named, cache_num=self.cache_num, **kwargs)
             return Dataset(data, named)
@@ -189,9 +193,10 @@ def plan_cache(
         {"gpu": gpu_budget_mib, "ram": ram_budget_mib, "disk": disk_budget_mib}
     )
     transform = transform if isinstance(transform, Compose) else Compose(list(transform))
+    flat = flat_transforms(transform)  # a nested Compose is not itself random: its transforms are counted
     device = torch.device(device)
-    first = first_random(transform.transforms)
-    deterministic = NamedItemsCompose.of(transform, transform.transforms[:first])
+    first = first_random(flat)
+    deterministic = NamedItemsCompose.of(transform, flat[:first])
     n = max(1, min(sample, len(data)))
     samples = [deterministic(dict(data[i])) for i in range(n)]
     per_item = int(np.mean([item_bytes(x) for x in samples]))
@@ -216,12 +221,12 @@ def plan_cache(
         device=str(device),
         cache_dir=None if cache_dir is None else str(cache_dir),
         tensor_keys=keys,
-        reads_patches=first < len(transform.transforms) and isinstance(transform.transforms[first], PATCH_CROPS),
+        reads_patches=first < len(flat) and isinstance(flat[first], PATCH_CROPS),
     )
     need = plan.total_bytes
     head = f"{len(data)} items x {_gib(per_item)} = {_gib(per_item * len(data))} (x{margin:g} margin: {_gib(need)})"
     r = plan.reasons
-    r.append(f"cached part: the first {first} of {len(transform.transforms)} transforms (up to the first random one)")
+    r.append(f"cached part: the first {first} of {len(flat)} transforms (up to the first random one)")
     if device.type == "cuda" and gpu_budget is not None and need <= gpu_budget:
         plan.where = "gpu"
         r.append(
@@ -242,8 +247,7 @@ def plan_cache(
     if cache_dir is not None and disk_budget is not None and need <= disk_budget:
         plan.where = "disk"
         how = (
-            f"CropCacheDataset in {cache_dir}: the {type(transform.transforms[first]).__name__} "
-            "after it reads only its patches"
+            f"CropCacheDataset in {cache_dir}: the {type(flat[first]).__name__} after it reads only its patches"
             if plan.reads_patches
             else f"TrustedPersistentDataset in {cache_dir}: whole items, the first random transform is no crop"
         )
