@@ -16,6 +16,7 @@ from ignite.engine import Engine, Events
 from tutorial_runs import TUTORIAL, tutorial_args
 
 from monai_fast.handlers import Preemption
+from monai_fast.handlers.preemption import STOPPED_EXIT
 
 _args = tutorial_args
 
@@ -50,7 +51,7 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, tin
     with open(tmp_path / "first.log", "w") as log:
         rc = _signal_after(cmd, prog, stop_after, sig, log=log)
     first = _progress(prog)
-    assert rc == 0, (tmp_path / "first.log").read_text()[-3000:]
+    assert rc == STOPPED_EXIT, (tmp_path / "first.log").read_text()[-3000:]  # stopped: a supervisor restarts it
     assert not (out / "rank0.json").exists()  # it stopped early, as asked
     saved = sorted(p.name for p in ck.iterdir())
     assert saved == [f"ckpt-{first[-1]:09d}.pt"], saved  # checkpoint at the last completed iteration
@@ -93,7 +94,7 @@ def _resume_against_reference(tmp_path: Path, data: Path, reference: Path, stop_
         *_args(data, out, "--checkpoint-dir", str(ck), "--progress-file", str(prog), "--save-weights"),
     ]
     with open(tmp_path / "first.log", "w") as log:
-        assert _signal_after(cmd, prog, stop_after, log=log) == 0, (tmp_path / "first.log").read_text()[-3000:]
+        assert _signal_after(cmd, prog, stop_after, log=log) == STOPPED_EXIT, (tmp_path / "first.log").read_text()
     stopped_after = _progress(prog)[-1]  # the iteration running when the signal came is finished first
     (saved,) = ck.iterdir()
     at_checkpoint = torch.load(saved, map_location="cpu", weights_only=False)["model"]
@@ -247,7 +248,7 @@ def test_two_torchrun_ranks_stop_together_when_one_is_signalled(tmp_path, tiny_s
         ]
         rank1 = next(c for c in ranks if c.environ().get("RANK") == "1")
         os.kill(rank1.pid, signal.SIGUSR1)  # only rank 1 is told; rank 0 must stop at the same iteration
-        assert launcher.wait(timeout=120) == 0, launcher.stderr.read()[-3000:]
+        assert launcher.wait(timeout=120) == STOPPED_EXIT, launcher.stderr.read()[-3000:]
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -378,10 +378,15 @@ class Preemption(EngineHandler):
             requeue_slurm_job()
         engine.terminate()
 
-    def exit_if_preempted(self, code: int = 0) -> None:
-        """``sys.exit(code)`` when the run stopped for preemption (call it right after ``run()``)."""
+    def exit_if_preempted(self, code: int | None = None) -> None:
+        """``sys.exit`` when the run stopped for preemption (call it right after ``run()``).
+
+        By default with 0 where it requeued its SLURM job (SLURM runs it again) and `STOPPED_EXIT` (143) elsewhere:
+        a supervisor that restarts a failed job (Kubernetes, SageMaker, ``monai-fast launch``'s callers) restarts
+        it, and none takes it for done.
+        """
         if self.preempted:
-            raise SystemExit(code)
+            raise SystemExit((0 if self.requeue else STOPPED_EXIT) if code is None else code)
 
     def save(self, engine: Engine, epoch_iteration: int | None = None) -> Path:
         """Write a checkpoint now (all ranks must call it); returns its file."""

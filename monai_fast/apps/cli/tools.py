@@ -47,8 +47,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import tempfile
 
     from monai_fast.apps.launch import torchrun
+    from monai_fast.apps.launch.launched import STOPPED_DIR
     from monai_fast.apps.launch.supervise import NoRankStarted, supervise
     from monai_fast.distributed.env import LAUNCHED_BY
+    from monai_fast.handlers.preemption import STOPPED_EXIT
 
     spec = _launch_spec(args)
     # each rank runs the script through monai_fast.apps.launch.launched, which stops a second spawn
@@ -60,6 +62,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     logger.info("running %s", " ".join(cmd))
     with tempfile.TemporaryDirectory(prefix="monai-fast-launch-") as tmp:
         env["TORCHELASTIC_ERROR_FILE"] = os.path.join(tmp, "torchrun-error.json")  # torchrun's own (ranks get theirs)
+        env[STOPPED_DIR] = tmp  # where ranks stopped by a signal say so
         if wait_line := torchrun.rendezvous_wait_line(spec):
             logger.info("%s", wait_line)
         if held := torchrun.unanswered_endpoint_message(spec):
@@ -69,6 +72,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         except NoRankStarted:
             raise SystemExit(f"monai-fast launch: {torchrun.rendezvous_timeout_message(spec)}") from None
         why = torchrun.rendezvous_failure(env["TORCHELASTIC_ERROR_FILE"], spec) if status else None
+        stopped = len(list(Path(tmp).glob("stopped.*")))
+    if status and stopped == args.nproc:  # torchrun reports a failure; every rank checkpointed and stopped
+        print(f"monai-fast launch: the {stopped} ranks stopped for a signal (exit {STOPPED_EXIT})", file=sys.stderr)
+        return STOPPED_EXIT
     if why:
         logger.error("monai-fast launch: %s", why)
     return status

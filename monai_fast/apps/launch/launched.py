@@ -14,7 +14,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NestedSpawnError", "guard_ignite_spawn", "main"]
+__all__ = ["STOPPED_DIR", "NestedSpawnError", "guard_ignite_spawn", "main"]
+
+#: where a rank that exits with `STOPPED_EXIT` (stopped by a signal, checkpointed) leaves ``stopped.<local rank>``
+STOPPED_DIR = "MONAI_FAST_STOPPED_DIR"
 
 logger = logging.getLogger("monai_fast.distributed")
 
@@ -63,6 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NestedSpawnError as e:
         print(f"monai-fast launch: {script}: {e}", file=sys.stderr, flush=True)
         return 2
+    except SystemExit as e:  # a rank stopped by a signal says so to the launch, which then exits as it did
+        from monai_fast.handlers.preemption import STOPPED_EXIT
+
+        if e.code == STOPPED_EXIT and os.environ.get(STOPPED_DIR):
+            with open(os.path.join(os.environ[STOPPED_DIR], f"stopped.{os.environ.get('LOCAL_RANK', '0')}"), "w"):
+                pass
+        raise
     return 0
 
 
