@@ -132,3 +132,17 @@ def test_a_nested_compose_is_planned_over_its_transforms(chain, tiny_files, tmp_
     assert plan.first_random == flat.first_random == 7 and plan.bytes_per_item == flat.bytes_per_item
     cached = plan.build(files, nested)
     assert isinstance(cached, CacheDataset) and torch.is_tensor(cached._cache[0]["image"])  # volumes, not paths
+
+
+def test_the_crop_tier_is_planned_with_the_crop_indices_it_writes(chain, tiny_files, tmp_path):
+    files = _files(tiny_files)
+    need = int(plan_cache(chain, files, "cpu").bytes_per_item * len(files) * 1.2)  # the items alone, with margin
+    ample = plan_cache(chain, files, "cpu", ram_budget_mib=0, disk_budget_mib=100 * need / MIB, cache_dir=tmp_path)
+    assert ample.where == "disk" and "crop indices per item" in ample.describe()
+    crops = ample.build(files, chain)
+    for i in range(len(crops)):  # every item written, its indices beside it
+        crops[i]
+    written = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    assert written > need  # the indices are not small: planning without them would overrun the budget
+    tight = plan_cache(chain, files, "cpu", ram_budget_mib=0, disk_budget_mib=need / MIB, cache_dir=tmp_path / "t")
+    assert tight.where != "disk" and "crop indices per item" in tight.describe()

@@ -29,7 +29,7 @@ from monai_fast.data.items import named_item_errors
 from monai_fast.data.persistent import ItemKeys, chain_key, first_random
 from monai_fast.files import clean_stale_tmp, no_space_in, tmp_path_for
 
-__all__ = ["CropCacheDataset", "PATCH_CROPS", "flat_transforms"]
+__all__ = ["CropCacheDataset", "PATCH_CROPS", "flat_transforms", "index_bytes"]
 
 logger = logging.getLogger("monai_fast.data")
 
@@ -240,6 +240,16 @@ def _indices_plan(crop: Any) -> dict | None:
         "image_key": crop.image_key,
         "image_threshold": float(crop.cropper.image_threshold),
     }
+
+
+def index_bytes(crop: Any, item: Any) -> int:
+    """Bytes of the int64 crop indices `CropCacheDataset` stores beside ``item`` (a cached part) for ``crop``: 0
+    for a crop that needs none."""
+    plan = _indices_plan(crop)
+    if plan is None or not isinstance(item, Mapping):
+        return 0
+    found = _indices_of(item, plan).values()
+    return sum(8 * int(np.asarray(a).size) for v in found for a in (v if isinstance(v, list) else [v]))
 
 
 def _indices_of(out: Mapping, plan: dict) -> dict[str, Any]:

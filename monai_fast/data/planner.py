@@ -18,7 +18,7 @@ from monai.data import CacheDataset, Dataset, partition_dataset
 from monai.transforms import Compose, ToDeviced
 
 from monai_fast.data.background import BackgroundCacheDataset
-from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset, flat_transforms
+from monai_fast.data.crop_cache import PATCH_CROPS, CropCacheDataset, flat_transforms, index_bytes
 from monai_fast.data.items import NamedItemsCompose, item_bytes, threads_joined_on_error
 from monai_fast.data.persistent import TrustedPersistentDataset, first_random
 from monai_fast.data.smartcache import SafeSmartCacheDataset
@@ -244,7 +244,12 @@ def plan_cache(
     if disk_budget is None and cache_dir is not None:  # the folder is made only when disk is considered
         disk_budget = default_disk_budget(cache_dir)
         plan.budgets["disk"] = disk_budget
-    if cache_dir is not None and disk_budget is not None and need <= disk_budget:
+    # the crop tier also writes the crop's int64 indices (a label-driven crop's foreground/background or classes)
+    index = int(np.mean([index_bytes(flat[first], x) for x in samples])) if plan.reads_patches else 0
+    on_disk = need + int(index * len(data) * margin)
+    if index:
+        head += f", and {_gib(index)} of crop indices per item ({_gib(on_disk)} on disk)"
+    if cache_dir is not None and disk_budget is not None and on_disk <= disk_budget:
         plan.where = "disk"
         how = (
             f"CropCacheDataset in {cache_dir}: the {type(flat[first]).__name__} after it reads only its patches"
@@ -254,7 +259,7 @@ def plan_cache(
         r.append(f"cache on disk ({how}): {head} fits the disk budget of {_gib(disk_budget)}")
         return plan
     if cache_dir is not None:
-        r.append(f"not on disk: exceeds the disk budget of {_gib(disk_budget or 0)} in {cache_dir}")
+        r.append(f"not on disk: {head} exceeds the disk budget of {_gib(disk_budget or 0)} in {cache_dir}")
     fit = int(ram_budget // max(1, per_item * margin))
     if fit >= 2:
         plan.where, plan.cache_num = "smartcache", min(fit, len(data))
