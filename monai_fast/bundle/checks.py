@@ -167,23 +167,6 @@ def check_expressions(files: Sequence[str | os.PathLike], overrides: Mapping[str
                 raise BundleError(f"{source} at {cid}: {value} is not valid Python: {err.msg}") from None
 
 
-def check_override_types(files: Sequence[str | os.PathLike], overrides: Mapping[str, Any] | None) -> None:
-    """Refuse (`BundleError`) an override whose plain text replaces a number or a boolean of the merged config
-    (``epochs=two``), which MONAI would only trip over once training runs; expressions and references pass."""
-    from monai.bundle import ConfigParser
-
-    parser = ConfigParser(ConfigParser.load_config_files([str(f) for f in files]))
-    for key, value in (overrides or {}).items():
-        if not isinstance(value, str) or value[:1] in ("$", "@", "%") or key not in parser:
-            continue
-        held = parser.get(key)
-        if isinstance(held, (bool, int, float)):
-            raise BundleError(
-                f"override {key}={value}: the config ({', '.join(Path(f).name for f in files)}) holds a "
-                f"{type(held).__name__} there ({held!r}), not text: give one (or a $ expression)"
-            )
-
-
 def config_items(config: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Every id of a config, in MONAI's ``a#b#0`` form, with what it holds (parents before their children)."""
     if isinstance(config, Mapping):
@@ -226,20 +209,35 @@ def check_component_packages(parser: Any) -> None:
 
 
 def check_overrides(
-    files: Sequence[str | os.PathLike], keys: Sequence[str], new_keys: Sequence[str] = (), exempt: Sequence[str] = ()
+    files: Sequence[str | os.PathLike],
+    overrides: Mapping[str, Any],
+    new_keys: Sequence[str] = (),
+    exempt: Sequence[str] = (),
 ) -> None:
-    """Refuse (`BundleError`, with the nearest ids) an override of an id the merged config files do not have,
-    unless declared new; a new argument of a component (under a ``_target_``) passes, its constructor checks it."""
+    """Refuse (`BundleError`) an override of an id the merged config files do not have (with the nearest ids),
+    unless declared new and under a parent the config has; a new argument of a component (under a ``_target_``)
+    passes, its constructor checks it. Plain text where the config holds a number or a boolean (``epochs=two``),
+    which MONAI would only trip over once training runs, is refused too; expressions and references pass."""
     from monai.bundle import ConfigParser, ReferenceResolver
 
     parser = ConfigParser(ConfigParser.load_config_files([str(f) for f in files]))
+    names = ", ".join(Path(f).name for f in files)
     declared = {ReferenceResolver.normalize_id(k) for k in new_keys}
-    for i, key in enumerate(keys):
+    seen: set[str] = set()
+    for key, value in overrides.items():
         parent = ReferenceResolver.split_id(key, last=True)[0] if len(ReferenceResolver.split_id(key)) > 1 else ""
-        if ReferenceResolver.normalize_id(key) in declared and parent and parent not in parser:
-            if ReferenceResolver.normalize_id(parent) not in {ReferenceResolver.normalize_id(k) for k in keys[:i]}:
-                raise BundleError(f"override {key!r} (--new-key): the config has no {parent!r} to hold it")
-        if key in exempt or key.startswith(META) or ReferenceResolver.normalize_id(key) in declared or key in parser:
+        new = ReferenceResolver.normalize_id(key) in declared
+        seen.add(ReferenceResolver.normalize_id(key))
+        if new and parent and parent not in parser and ReferenceResolver.normalize_id(parent) not in seen:
+            raise BundleError(f"override {key!r} (--new-key): the config has no {parent!r} to hold it")
+        if key in parser and isinstance(value, str) and value[:1] not in ("$", "@", "%"):
+            held = parser.get(key)
+            if isinstance(held, (bool, int, float)):
+                raise BundleError(
+                    f"override {key}={value}: the config ({names}) holds a {type(held).__name__} there ({held!r}), "
+                    "not text: give one (or a $ expression)"
+                )
+        if key in exempt or key.startswith(META) or new or key in parser:
             continue  # the metadata (``_meta_#...``) is merged by the workflow, from the meta file
         component = parser.get(parent) if parent and parent in parser else None
         if isinstance(component, Mapping) and "_target_" in component:
@@ -248,8 +246,7 @@ def check_overrides(
         near = difflib.get_close_matches(key.replace("::", "#"), known, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
         raise BundleError(
-            f"override {key!r}: the config ({', '.join(Path(f).name for f in files)}) has no such id{hint} "
-            f"(to add it, pass --new-key {key})"
+            f"override {key!r}: the config ({names}) has no such id{hint} (to add it, pass --new-key {key})"
         )
 
 

@@ -23,7 +23,6 @@ from monai_fast.bundle.checks import (
     check_config_files,
     check_engine,
     check_expressions,
-    check_override_types,
     check_overrides,
     config_ids,
 )
@@ -156,9 +155,8 @@ def run_bundle(
         raise BundleError(f"logging file {logging_file} not found")
     check_config_files([*files, *([meta] if meta is not None else [])])
     pairs = dict(overrides or {})
-    check_overrides(files, list(pairs), new_keys, exempt=("bundle_root",))
+    check_overrides(files, pairs, new_keys, exempt=("bundle_root",))
     check_expressions(files, pairs)
-    check_override_types(files, pairs)
     if run_dir is not None:  # checked by every rank before initialize's rendezvous, so before any rank writes
         refuse_foreign_record(run_dir, resume)
     pairs.setdefault("bundle_root", str(root))

@@ -23,7 +23,6 @@ from monai_fast.bundle.checks import (
     BundleError,
     bundle_config_files,
     check_config_files,
-    check_override_types,
     check_overrides,
 )
 from monai_fast.bundle.pieces import (
@@ -132,12 +131,11 @@ def tune_bundle(
     try:
         parser = read_config(root, files, overrides or {})
     except KeyError as err:  # an override under an id the config lacks (MONAI's update): named, nearest ids first
-        check_overrides(files, list(overrides or {}), new_keys, exempt=("bundle_root",))
+        check_overrides(files, overrides or {}, new_keys, exempt=("bundle_root",))
         raise BundleError(f"an override's id is not in the config: {err.args[0]}") from None
     auto3dseg = reads_as_auto3dseg(parser)
     if not auto3dseg:  # an Auto3DSeg algorithm's runner takes keys its templates lack (data_list_file_path, ...)
-        check_overrides(files, list(overrides or {}), new_keys, exempt=("bundle_root",))
-        check_override_types(files, overrides)
+        check_overrides(files, overrides or {}, new_keys, exempt=("bundle_root",))
     pieces = auto3dseg_pieces(parser) if auto3dseg else zoo_pieces(parser)
     not_written = _unwritable_keys(files, pieces.keys)
     for cid, why in not_written.items():

@@ -24,11 +24,21 @@ from monai_fast.files import NoSpaceError, atomic_write, clean_stale_tmp, no_spa
 from monai_fast.handlers.record import record_of
 from monai_fast.telemetry.record import Category, Source
 
-__all__ = ["CheckpointFolder", "CheckpointFolderError"]
+__all__ = ["CheckpointFolder", "CheckpointFolderError", "checkpoints_in"]
 
 logger = logging.getLogger("monai_fast.handlers")
 
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+
+
+def checkpoints_in(folder: str | os.PathLike) -> list[Path]:
+    """The ``ckpt-<iteration>.pt`` files a `CheckpointFolder` wrote in ``folder``, highest iteration first (none
+    where the folder cannot be read)."""
+    try:
+        found = [p for p in Path(folder).expanduser().iterdir() if _NAME.match(p.name) and p.is_file()]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
 
 
 class CheckpointFolderError(OSError):
@@ -183,11 +193,7 @@ class CheckpointFolder(Checkpoint):
 
     def checkpoints(self) -> list[Path]:
         """The ``ckpt-<iteration>.pt`` files in the folder, highest iteration first."""
-        try:
-            found = [p for p in self.dirname.iterdir() if _NAME.match(p.name) and p.is_file()]
-        except OSError:
-            return []
-        return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
+        return checkpoints_in(self.dirname)
 
     def is_valid(self, path: Path) -> bool:
         """Whether ``path`` is a whole ``torch.save`` archive (every member's CRC checked; cached per file version)."""

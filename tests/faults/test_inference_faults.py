@@ -66,9 +66,10 @@ def test_the_cli_says_a_missing_backend_in_one_line(model_file, tiny_spleen, tmp
     assert text.startswith("monai-fast infer: backend 'tensorrt' is not available here") and "\n" not in text
 
 
-def test_the_cli_says_in_one_line_that_it_reads_no_url(model_file, tmp_path):
+@pytest.mark.parametrize("data", [["s3://bucket/Task09"], ["a.nii.gz", "s3://bucket/Task09"]])
+def test_the_cli_says_in_one_line_that_it_reads_no_url(model_file, tmp_path, data):
     with pytest.raises(SystemExit) as e:
-        main(["infer", str(model_file), "s3://bucket/Task09", "--out", str(tmp_path / "out"), "--no-progress"])
+        main(["infer", str(model_file), *data, "--out", str(tmp_path / "out"), "--no-progress"])
     text = str(e.value.code)
     assert (
         text == "monai-fast infer: s3://bucket/Task09: infer reads local files; copy the images to this machine first"

@@ -113,12 +113,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_fragment(args: argparse.Namespace) -> int:
     from monai_fast.bundle import write_fragment
+    from monai_fast.extras import available
 
     path = write_fragment(args.out)
     merge = f"--config_file \"['configs/train.json','{path}']\""
     print(f"wrote {path}: merge it after the bundle's train.json with {merge}")
-    from monai_fast.extras import available
-
     if not available("fire"):  # MONAI's command line parses with fire
         print('python -m monai.bundle run needs fire, which is not installed: pip install "monai-fast[bundle]"')
     return 0

@@ -82,8 +82,10 @@ def data_list(
 
     The ``val`` split is `load_msd_datalist()`'s with the same ``val_fraction`` and ``seed``.
     """
-    if isinstance(data, str) and "://" in data:  # a Path would fold the URL's "//" into one slash
-        raise InferenceError(f"{data}: infer reads local files; copy the images to this machine first")
+    from monai_fast.apps.sources.remote_io import is_url
+
+    if url := next((d for d in ([data] if isinstance(data, (str, os.PathLike)) else data) if is_url(d)), None):
+        raise InferenceError(f"{url}: infer reads local files; copy the images to this machine first")
     if isinstance(data, (str, os.PathLike)):
         root = Path(data)
         if not root.is_dir():

@@ -146,6 +146,7 @@ def train_job(job: TrainJob) -> TrainOutcome:
 
     from monai_fast.files import ensure_free_space
     from monai_fast.folders import RunFolderLock
+    from monai_fast.handlers.checkpoint_folder import checkpoints_in
     from monai_fast.telemetry.run_record import record_lock
 
     lead = idist.get_rank() == 0
@@ -165,7 +166,7 @@ def train_job(job: TrainJob) -> TrainOutcome:
             # where TargetRun records: a process that writes the record there stops this run too
             owners.enter_context(record_lock(output_dir / job.recipe, 0, what=OWNER))
             held = sorted((output_dir / job.recipe).glob("record.rank*.jsonl"))
-            resumes = job.checkpoint_dir is not None and any(Path(job.checkpoint_dir).glob("ckpt-*.pt"))
+            resumes = job.checkpoint_dir is not None and bool(checkpoints_in(job.checkpoint_dir))
             if held and not resumes:  # a record goes on only in the run that wrote it, resumed from its checkpoint
                 raise OptionError(
                     "output_dir",
